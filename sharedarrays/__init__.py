@@ -1,0 +1,42 @@
+"""sharedarrays: share GPU (and host) arrays between processes without copying.
+
+Create an array with :func:`empty`, :func:`zeros`, :func:`ones`, :func:`full` or
+:func:`from_array`; pass it to other processes by pickling it (multiprocessing does that for
+you). Every process maps the same memory.
+"""
+
+from __future__ import annotations
+
+from .allocation import Allocation, live_allocations
+from .array import SharedDeviceArray, load
+from .creation import empty, from_array, full, ones, zeros
+from .device import Device
+from .errors import (
+    BackendUnavailable,
+    ClosedArrayError,
+    HandleUnavailable,
+    PayloadError,
+    PermissionDenied,
+    SharedArrayError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Allocation",
+    "BackendUnavailable",
+    "ClosedArrayError",
+    "Device",
+    "HandleUnavailable",
+    "PayloadError",
+    "PermissionDenied",
+    "SharedArrayError",
+    "SharedDeviceArray",
+    "empty",
+    "from_array",
+    "full",
+    "live_allocations",
+    "load",
+    "ones",
+    "zeros",
+]

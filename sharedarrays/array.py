@@ -1,0 +1,375 @@
+"""SharedDeviceArray: a view (dtype, shape, strides, byte offset) over an allocation.
+
+Views of one allocation share it; pickling a view never copies data: it writes a payload
+(see :mod:`sharedarrays.payload`) that another process of the same user turns back into a
+view of the same memory.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+from multiprocessing import reduction
+from multiprocessing.context import get_spawning_popen
+from types import EllipsisType
+from typing import Any
+
+import numpy as np
+
+from . import transport
+from .allocation import Allocation, lookup
+from .backends import get_backend
+from .device import Device
+from .errors import ClosedArrayError, PayloadError
+from .payload import Payload, view_extent
+
+__all__ = ["SharedDeviceArray"]
+
+_BASIC_INDEX = (int, slice, EllipsisType, type(None), np.integer)
+
+
+def _check_key(key: object) -> tuple[Any, ...]:
+    """Return ``key`` as a tuple of basic indices, or raise TypeError."""
+    items = key if isinstance(key, tuple) else (key,)
+    for item in items:
+        if isinstance(item, (bool, np.bool_)) or not isinstance(item, _BASIC_INDEX):
+            raise TypeError(
+                f"SharedDeviceArray supports basic indexing only (ints, slices, ..., None), "
+                f"not {type(item).__name__}; for advanced indexing use a.array[...], which "
+                "returns a native array (a copy where NumPy/CuPy would copy)"
+            )
+    return items
+
+
+class _Probe:
+    """A NumPy array interface over an address that is never read: used to let NumPy work
+    out the layout of a basic-indexing view without touching (possibly device) memory."""
+
+    __slots__ = ("__array_interface__",)
+
+    def __init__(self, address: int, dtype: np.dtype[Any], shape: tuple[int, ...],
+                 strides: tuple[int, ...]) -> None:
+        self.__array_interface__ = {
+            "version": 3, "shape": shape, "typestr": dtype.str, "strides": strides,
+            "data": (address, True),
+        }
+
+
+class SharedDeviceArray:
+    """An array in memory that other processes can map without copying.
+
+    Create one with :func:`sharedarrays.empty`, :func:`~sharedarrays.zeros`,
+    :func:`~sharedarrays.full` or :func:`~sharedarrays.from_array`; pass it to another process
+    by pickling it (multiprocessing does this for you).
+
+    Lifecycle
+    ---------
+    :meth:`close` closes this view: later use of its data raises :class:`ClosedArrayError`.
+    The allocation's mapping in this process is released when no open view and no native array
+    (from :attr:`array`) refers to it any more; other processes are not affected. The memory
+    itself is freed when the last process that maps it or holds one of its handles lets go.
+    """
+
+    __slots__ = ("_alloc", "_dtype", "_shape", "_strides", "_offset", "_readonly", "_native",
+                 "__weakref__")
+
+    def __init__(
+        self,
+        allocation: Allocation,
+        dtype: np.dtype[Any],
+        shape: tuple[int, ...],
+        strides: tuple[int, ...],
+        offset: int,
+        readonly: bool = False,
+    ) -> None:
+        low, high = view_extent(dtype.itemsize, shape, strides)
+        if offset + low < 0 or offset + high > allocation.size or not 0 <= offset <= allocation.size:
+            raise ValueError("view reaches outside its allocation")
+        self._alloc: Allocation | None = allocation
+        self._dtype = dtype
+        self._shape = shape
+        self._strides = strides
+        self._offset = offset
+        self._readonly = readonly
+        self._native: Any = None
+
+    # metadata ---------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Length of each axis."""
+        return self._shape
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        """Element type."""
+        return self._dtype
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """Bytes to step in each axis (may be negative)."""
+        return self._strides
+
+    @property
+    def ndim(self) -> int:
+        """Number of axes."""
+        return len(self._shape)
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        n = 1
+        for s in self._shape:
+            n *= s
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the elements (``size * itemsize``)."""
+        return self.size * self._dtype.itemsize
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return self._dtype.itemsize
+
+    @property
+    def offset(self) -> int:
+        """Byte offset of the first element from the start of the allocation."""
+        return self._offset
+
+    @property
+    def readonly(self) -> bool:
+        """Whether writes through this view are refused."""
+        return self._readonly
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called on this view."""
+        return self._alloc is None
+
+    @property
+    def allocation(self) -> Allocation:
+        """The reservation, chunks, mappings and origin behind this view."""
+        alloc = self._alloc
+        if alloc is None:
+            raise ClosedArrayError("this SharedDeviceArray is closed; attach or load it again")
+        return alloc
+
+    @property
+    def device(self) -> Device:
+        """Where the memory lives."""
+        return self.allocation.device
+
+    @property
+    def backend(self) -> str:
+        """Name of the memory system: ``"host"`` or ``"cuda-vmm"``."""
+        return self.allocation.backend.name
+
+    @property
+    def address(self) -> int:
+        """Address of the first element in this process."""
+        return self.allocation.address + self._offset
+
+    # data -------------------------------------------------------------------------------
+    @property
+    def array(self) -> Any:
+        """The zero-copy native array: a :class:`numpy.ndarray` on ``cpu``, a
+        :class:`cupy.ndarray` on CUDA. It keeps the mapping alive while it exists."""
+        native = self._native
+        if native is None:
+            alloc = self.allocation
+            native = alloc.backend.as_native(
+                alloc.address, alloc.size, self._offset, alloc, self._dtype, self._shape,
+                self._strides, self._readonly,
+            )
+            self._native = native
+        return native
+
+    def __getitem__(self, key: object) -> SharedDeviceArray:
+        """A view of the same allocation (basic indexing only)."""
+        items = _check_key(key)
+        if not any(i is Ellipsis for i in items):
+            items = (*items, Ellipsis)  # keeps NumPy from returning a scalar it would read
+        alloc = self.allocation
+        base = alloc.address + self._offset
+        probe = np.asarray(_Probe(base, self._dtype, self._shape, self._strides))
+        view = probe[items]
+        delta = view.__array_interface__["data"][0] - base
+        return SharedDeviceArray(alloc, self._dtype, tuple(view.shape), tuple(view.strides),
+                                 self._offset + delta, self._readonly)
+
+    def __setitem__(self, key: object, value: object) -> None:
+        """Write through to shared memory."""
+        _check_key(key)
+        if self._readonly:
+            raise ValueError("this SharedDeviceArray is read-only")
+        self.array[key] = value
+
+    def get(self) -> np.ndarray[Any, Any]:
+        """Copy the data into a new NumPy array in host memory."""
+        native = self.array
+        if isinstance(native, np.ndarray):
+            return native.copy()
+        return native.get()  # type: ignore[no-any-return]
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
+        if self.device.is_cuda:
+            raise TypeError(
+                "Implicit conversion of a CUDA SharedDeviceArray to a NumPy array is not "
+                "allowed; use a.get() to copy it to the host"
+            )
+        native: np.ndarray[Any, Any] = self.array
+        if copy:
+            native = native.copy()
+        if dtype is not None and np.dtype(dtype) != native.dtype:
+            if copy is False:
+                raise ValueError("a dtype conversion needs a copy")
+            native = native.astype(dtype)
+        return native
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self.array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.array.__dlpack_device__()  # type: ignore[no-any-return]
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """The CUDA Array Interface (v3) of CUDA arrays; absent on ``cpu`` arrays."""
+        if not self.device.is_cuda:
+            raise AttributeError("a cpu SharedDeviceArray has no __cuda_array_interface__")
+        return self.array.__cuda_array_interface__  # type: ignore[no-any-return]
+
+    def __len__(self) -> int:
+        if not self._shape:
+            raise TypeError("len() of a 0-d array")
+        return self._shape[0]
+
+    # lifecycle --------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close this view.
+
+        Later data access through it raises :class:`ClosedArrayError`. When no open view and
+        no native array in this process refers to the allocation any more, its mapping is
+        released (synchronised first on CUDA) and its handles closed here. Other processes
+        keep their mappings. Closing twice is allowed.
+        """
+        self._native = None
+        self._alloc = None
+
+    def __enter__(self) -> SharedDeviceArray:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        if self._alloc is None:
+            return f"<SharedDeviceArray shape={self._shape} dtype={self._dtype} closed>"
+        a = self._alloc
+        where = "created here" if a.origin.created_here else f"imported from pid {a.origin.pid}"
+        ro = " readonly" if self._readonly else ""
+        return (
+            f"<SharedDeviceArray shape={self._shape} dtype={self._dtype} device={a.device} "
+            f"backend={a.backend.name}{ro} allocation={a.id[:12]} offset={self._offset} "
+            f"({len(a.chunks)} chunk{'s' if len(a.chunks) != 1 else ''}, {where})>"
+        )
+
+    # pickling ---------------------------------------------------------------------------
+    def payload(self) -> Payload:
+        """What a pickle of this view carries (starts this process's handle server)."""
+        alloc = self.allocation
+        return Payload(
+            backend=alloc.backend.name,
+            device=alloc.device.index,
+            alloc_id=alloc.id,
+            secret=alloc.secret,
+            pid=os.getpid(),
+            server=transport.server_address(),
+            chunks=tuple(alloc.chunk_sizes()),
+            dtype=self._dtype,
+            shape=self._shape,
+            strides=self._strides,
+            offset=self._offset,
+            readonly=self._readonly,
+            sync=alloc.backend.export_sync(),
+        )
+
+    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
+        return _rebuild, (self.payload().to_bytes(),)
+
+
+def _reduce_for_multiprocessing(a: SharedDeviceArray) -> tuple[Any, tuple[Any, ...]]:
+    """Pickle for multiprocessing: while a Process is being spawned, its arguments carry the
+    chunk fds themselves (multiprocessing's DupFd), so the child needs no connection."""
+    blob = a.payload().to_bytes()
+    if get_spawning_popen() is not None:
+        return _rebuild, (blob, tuple(reduction.DupFd(fd) for fd in a.allocation.chunk_fds()))
+    return _rebuild, (blob,)
+
+
+reduction.ForkingPickler.register(SharedDeviceArray, _reduce_for_multiprocessing)
+
+
+def load(data: bytes, fds: tuple[Any, ...] | None = None) -> SharedDeviceArray:
+    """Turn a payload back into a view, mapping its allocation on first sight.
+
+    Parameters
+    ----------
+    data : bytes
+        The payload, as written by pickling a SharedDeviceArray.
+    fds : tuple, optional
+        Handles that travelled with it (multiprocessing's DupFd objects), if any.
+
+    Raises
+    ------
+    PayloadError
+        Malformed or altered payload, or one that does not match the allocation.
+    HandleUnavailable
+        The allocation is not mapped here and its exporter is gone.
+    PermissionDenied
+        Another user, or the wrong secret.
+    BackendUnavailable
+        Its memory system cannot be used in this process.
+    """
+    p = Payload.from_bytes(data)
+    received: list[int] = []
+    if fds is not None:
+        if type(fds) is not tuple or len(fds) != len(p.chunks):
+            raise PayloadError("the handles that travelled with the payload do not match it")
+        received = [d.detach() for d in fds]
+    alloc = lookup(p.alloc_id)
+    if alloc is not None:
+        for fd in received:
+            os.close(fd)
+        if alloc.chunk_sizes() != list(p.chunks) or alloc.backend.name != p.backend:
+            raise PayloadError(f"payload does not match allocation {p.alloc_id} mapped here")
+    else:
+        try:
+            backend = get_backend(Device("cuda" if p.backend != "host" else "cpu", p.device),
+                                  p.backend)
+        except BaseException:
+            for fd in received:
+                os.close(fd)
+            raise
+        if fds is None:
+            sizes, received = transport.fetch_handles(p.server, p.pid, p.alloc_id, p.secret)
+            if sizes != list(p.chunks):
+                for fd in received:
+                    os.close(fd)
+                raise PayloadError("payload's chunk sizes do not match its exporter's allocation")
+        alloc = Allocation.import_(backend, p.alloc_id, p.secret, list(p.chunks), received, p.pid)
+    if p.sync is not None and p.pid != os.getpid():
+        alloc.backend.import_sync(p.sync)
+    return SharedDeviceArray(alloc, p.dtype, p.shape, p.strides, p.offset, p.readonly)
+
+
+def _rebuild(data: bytes, fds: tuple[Any, ...] | None = None) -> SharedDeviceArray:
+    return load(data, fds)
+
+
+def operator_index(n: object) -> int:
+    """``operator.index`` that refuses bools."""
+    if isinstance(n, (bool, np.bool_)):
+        raise TypeError("a bool is not a valid size")
+    return operator.index(n)  # type: ignore[arg-type]

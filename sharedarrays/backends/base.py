@@ -1,0 +1,150 @@
+"""The Backend protocol: what every memory system provides.
+
+A backend knows how to make and import *chunks* (physical allocations with an exported OS
+handle), *reserve* address ranges, *map* chunks into them, set *access*, and wrap a mapped
+range as the native array type of its device. It knows nothing of pickling, payloads,
+registries or widgets: those live above it (``allocation.py``, ``array.py``).
+
+Every method that creates an OS resource either returns an object that owns it or raises
+having released everything it made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+
+import numpy as np
+
+from ..device import Device
+
+__all__ = ["Access", "Chunk", "Backend", "round_up"]
+
+Access = Literal["rw", "r", "none"]
+"""Who may touch a mapping: read-write, read-only, or nobody."""
+
+
+def round_up(n: int, multiple: int) -> int:
+    """Round ``n`` up to a multiple of ``multiple`` (a positive int)."""
+    return -(-n // multiple) * multiple
+
+
+@dataclass
+class Chunk:
+    """One physical allocation and its exported handle, owned by this process.
+
+    Attributes
+    ----------
+    size : int
+        Size in bytes, a multiple of the backend's granularity.
+    handle : int
+        The backend's native handle (a memfd on the host backend, a
+        ``CUmemGenericAllocationHandle`` value on CUDA).
+    fd : int
+        The exported POSIX file descriptor (on the host backend the memfd itself). It is
+        kept open for the chunk's lifetime so that it can be served to importers without
+        exporting again. ``-1`` once released.
+    """
+
+    size: int
+    handle: int
+    fd: int
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """One memory system on one device.
+
+    Attributes
+    ----------
+    name : str
+        The backend's name in payloads and widgets: ``"host"`` or ``"cuda-vmm"``.
+    zeroed : bool
+        Whether new chunks are guaranteed to read as zeros (memfd is; cuMemCreate is not).
+    device : Device
+        The device whose memory this backend allocates.
+    """
+
+    name: ClassVar[str]
+    zeroed: ClassVar[bool]
+    device: Device
+
+    @property
+    def granularity(self) -> int:
+        """Chunk sizes and mapping offsets are multiples of this many bytes."""
+        ...
+
+    def create_chunk(self, size: int) -> Chunk:
+        """Allocate a chunk of ``size`` bytes (a multiple of the granularity) and export it."""
+        ...
+
+    def import_chunk(self, fd: int, size: int) -> Chunk:
+        """Import a chunk from an exported handle.
+
+        Takes ownership of ``fd`` on success and on failure (it is closed if the import
+        fails). Raises :class:`~sharedarrays.PayloadError` if the handle does not describe a
+        chunk of ``size`` bytes.
+        """
+        ...
+
+    def release_chunk(self, chunk: Chunk) -> None:
+        """Release this process's reference to a chunk and close its fd. Idempotent."""
+        ...
+
+    def reserve(self, size: int) -> int:
+        """Reserve ``size`` bytes of address space and return its start address."""
+        ...
+
+    def free_reservation(self, address: int, size: int) -> None:
+        """Give back a reservation made by :meth:`reserve` (nothing may be mapped in it)."""
+        ...
+
+    def map(self, address: int, size: int, chunk: Chunk, chunk_offset: int = 0) -> None:
+        """Map ``size`` bytes of ``chunk`` from ``chunk_offset`` at ``address``."""
+        ...
+
+    def set_access(self, address: int, size: int, access: Access) -> None:
+        """Set the access of the owning device to a mapped range."""
+        ...
+
+    def unmap(self, address: int, size: int) -> None:
+        """Unmap a range mapped by :meth:`map`, after work that may use it has finished."""
+        ...
+
+    def synchronize(self) -> None:
+        """Wait for all work this process queued that may touch mapped memory."""
+        ...
+
+    def as_native(
+        self,
+        address: int,
+        size: int,
+        offset: int,
+        owner: object,
+        dtype: np.dtype[Any],
+        shape: tuple[int, ...],
+        strides: tuple[int, ...],
+        readonly: bool,
+    ) -> Any:
+        """Wrap mapped memory as the device's native array type, without copying.
+
+        ``address`` and ``size`` are the whole mapped range (the reservation); the array's
+        first element is at ``address + offset`` and its strides may be negative. ``owner``
+        is kept alive by the returned array (and by every view of it).
+        """
+        ...
+
+    def to_native(self, obj: Any) -> Any:
+        """Convert ``obj`` to an array of this device's native type (may copy)."""
+        ...
+
+    def export_sync(self) -> bytes | None:
+        """Record what an importer must wait for before using memory handed off now.
+
+        Returns opaque bytes for the payload, or ``None`` where no ordering is needed.
+        """
+        ...
+
+    def import_sync(self, token: bytes) -> None:
+        """Make this process's current work wait for the point recorded by :meth:`export_sync`."""
+        ...

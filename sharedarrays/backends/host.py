@@ -1,0 +1,197 @@
+"""The host backend: memfd chunks mapped into reserved address ranges.
+
+The same model as CUDA VMM, on any Linux machine:
+
+========== ============================================
+reservation ``mmap(PROT_NONE, MAP_PRIVATE|MAP_ANONYMOUS|MAP_NORESERVE)``
+chunk       ``memfd_create`` + ``ftruncate`` (sealed against resizing)
+mapping     ``mmap(MAP_FIXED|MAP_SHARED)`` of the memfd inside the reservation
+access      ``mprotect``
+handle      the memfd itself
+========== ============================================
+
+Python's :mod:`mmap` module cannot map at a fixed address, so the three calls it lacks
+(``mmap`` with ``MAP_FIXED``, ``munmap``, ``mprotect``) go through libc with :mod:`ctypes`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import mmap
+import os
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..device import CPU, Device
+from ..errors import PayloadError
+from .base import Access, Chunk
+
+__all__ = ["HostBackend"]
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = (
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_long,
+)
+_libc.munmap.restype = ctypes.c_int
+_libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+_libc.mprotect.restype = ctypes.c_int
+_libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+
+_MAP_FAILED = ctypes.c_void_p(-1).value
+_MAP_FIXED = 0x10
+_MAP_NORESERVE = 0x4000
+_PROT = {"rw": mmap.PROT_READ | mmap.PROT_WRITE, "r": mmap.PROT_READ, "none": 0}
+_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+
+
+def _check_mmap(result: int | None, what: str) -> int:
+    if result is None or result == _MAP_FAILED:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+    return result
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+class _HostMemory:
+    """Exposes a mapped range to NumPy; NumPy keeps it (and so ``owner``) alive."""
+
+    __slots__ = ("__array_interface__", "owner")
+
+    def __init__(
+        self,
+        address: int,
+        owner: object,
+        dtype: np.dtype[Any],
+        shape: tuple[int, ...],
+        strides: tuple[int, ...],
+        readonly: bool,
+    ) -> None:
+        self.owner = owner
+        self.__array_interface__ = {
+            "version": 3,
+            "shape": shape,
+            "typestr": dtype.str,
+            "descr": dtype.descr,
+            "strides": strides,
+            "data": (address, readonly),
+        }
+
+
+class HostBackend:
+    """Host memory shared through memfd file descriptors (the ``"host"`` backend)."""
+
+    name: ClassVar[str] = "host"
+    zeroed: ClassVar[bool] = True
+
+    def __init__(self) -> None:
+        self.device: Device = CPU
+
+    @property
+    def granularity(self) -> int:
+        """The page size."""
+        return mmap.PAGESIZE
+
+    # chunks -----------------------------------------------------------------------------
+    def create_chunk(self, size: int) -> Chunk:
+        fd = os.memfd_create("sharedarrays", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(fd, size)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+        except BaseException:
+            os.close(fd)
+            raise
+        return Chunk(size=size, handle=fd, fd=fd)
+
+    def import_chunk(self, fd: int, size: int) -> Chunk:
+        try:
+            actual = os.fstat(fd).st_size
+            if actual != size:
+                raise PayloadError(
+                    f"the handle describes {actual} bytes but the payload says {size}; "
+                    "the payload does not belong to this allocation"
+                )
+        except BaseException:
+            os.close(fd)
+            raise
+        return Chunk(size=size, handle=fd, fd=fd)
+
+    def release_chunk(self, chunk: Chunk) -> None:
+        if chunk.fd >= 0:
+            fd, chunk.fd, chunk.handle = chunk.fd, -1, -1
+            os.close(fd)
+
+    # address space ----------------------------------------------------------------------
+    def reserve(self, size: int) -> int:
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE
+        return _check_mmap(_libc.mmap(None, size, 0, flags, -1, 0), "reserve")
+
+    def free_reservation(self, address: int, size: int) -> None:
+        _check(_libc.munmap(address, size), "free reservation")
+
+    def map(self, address: int, size: int, chunk: Chunk, chunk_offset: int = 0) -> None:
+        flags = mmap.MAP_SHARED | _MAP_FIXED
+        got = _check_mmap(_libc.mmap(address, size, 0, flags, chunk.fd, chunk_offset), "map")
+        if got != address:  # pragma: no cover - MAP_FIXED either lands or fails
+            raise OSError(f"map landed at {got:#x}, not {address:#x}")
+
+    def set_access(self, address: int, size: int, access: Access) -> None:
+        _check(_libc.mprotect(address, size, _PROT[access]), "set access")
+
+    def unmap(self, address: int, size: int) -> None:
+        # Put the reservation's PROT_NONE placeholder back rather than leaving a hole that
+        # another mmap could take.
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE | _MAP_FIXED
+        _check_mmap(_libc.mmap(address, size, 0, flags, -1, 0), "unmap")
+
+    def synchronize(self) -> None:
+        """Nothing to wait for: host memory is accessed synchronously."""
+
+    # arrays -----------------------------------------------------------------------------
+    def as_native(
+        self,
+        address: int,
+        size: int,
+        offset: int,
+        owner: object,
+        dtype: np.dtype[Any],
+        shape: tuple[int, ...],
+        strides: tuple[int, ...],
+        readonly: bool,
+    ) -> np.ndarray[Any, Any]:
+        return np.asarray(_HostMemory(address + offset, owner, dtype, shape, strides, readonly))
+
+    def to_native(self, obj: Any) -> np.ndarray[Any, Any]:
+        if isinstance(obj, np.ndarray):
+            return obj
+        if hasattr(obj, "__cuda_array_interface__"):
+            get = getattr(obj, "get", None)  # CuPy
+            if callable(get):
+                return np.asarray(get())
+            cpu = getattr(obj, "cpu", None)  # torch
+            if callable(cpu):
+                return np.asarray(cpu())
+        try:
+            return np.asarray(obj)
+        except TypeError:
+            if hasattr(obj, "__dlpack__"):
+                return np.from_dlpack(obj)
+            raise
+
+    def export_sync(self) -> bytes | None:
+        return None
+
+    def import_sync(self, token: bytes) -> None:
+        """Nothing to wait for on the host backend."""

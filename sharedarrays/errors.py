@@ -1,0 +1,50 @@
+"""Exceptions raised by sharedarrays.
+
+Every message says what happened and what to do about it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "SharedArrayError",
+    "BackendUnavailable",
+    "ClosedArrayError",
+    "HandleUnavailable",
+    "PermissionDenied",
+    "PayloadError",
+]
+
+
+class SharedArrayError(Exception):
+    """Base class of every error sharedarrays raises on purpose."""
+
+
+class BackendUnavailable(SharedArrayError):
+    """The requested memory system cannot be used in this process.
+
+    The message names the missing piece: no driver, no device, a package that is not
+    installed, or a CUDA context that cannot be used after ``fork``.
+    """
+
+
+class ClosedArrayError(SharedArrayError, ValueError):
+    """The array was closed with :meth:`SharedDeviceArray.close` and cannot be used."""
+
+
+class HandleUnavailable(SharedArrayError):
+    """The handles of an allocation cannot be obtained.
+
+    The process that exported the array has exited (or released it) and no other process
+    holds its handles.
+    """
+
+
+class PermissionDenied(SharedArrayError, PermissionError):
+    """The requesting process may not import this allocation.
+
+    Raised for another OS user, a wrong secret, or a process outside the allow-list.
+    """
+
+
+class PayloadError(SharedArrayError, ValueError):
+    """A payload is malformed, truncated, tampered with, or of an unknown version."""

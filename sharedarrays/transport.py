@@ -1,0 +1,297 @@
+"""Moving chunk handles (file descriptors) between processes.
+
+Two ways, both ending in ``SCM_RIGHTS``:
+
+* **The handle server.** Every process that pickles an array runs one small thread that
+  listens on a Unix ``SOCK_SEQPACKET`` socket in a private directory (mode 0700, owned by the
+  user). An importer connects, names the allocation and proves it holds the payload's
+  32-byte secret; the server checks the peer's uid with ``SO_PEERCRED`` (same user only) and
+  the secret, then sends the chunks' fds. This serves plain ``pickle.loads`` in any process
+  of the same user, and multiprocessing's pools and queues alike: an importer that already
+  maps the allocation never connects at all.
+* **At process spawn**, arrays in a ``multiprocessing.Process``'s arguments carry their fds
+  with :func:`multiprocessing.reduction.DupFd`, so the child needs no connection.
+
+Nothing here knows about arrays; it moves ``(sizes, fds)`` for an allocation id.
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import hmac
+import json
+import os
+import socket
+import stat
+import struct
+import tempfile
+import threading
+from pathlib import Path
+
+from . import allocation
+from .errors import HandleUnavailable, PayloadError, PermissionDenied
+
+__all__ = ["runtime_dir", "server_address", "fetch_handles", "shutdown_server"]
+
+_REQUEST = struct.Struct("4s16s32s")
+_REQUEST_MAGIC = b"SAH1"
+_REPLY = struct.Struct("4sBI")  # magic, status, number of chunks; then JSON sizes
+_REPLY_MAGIC = b"SAR1"
+_OK, _GONE, _BAD_SECRET, _BAD_UID, _BAD_REQUEST = range(5)
+_FDS_PER_MESSAGE = 250  # SCM_MAX_FD is 253
+_CRED = struct.Struct("3i")
+TIMEOUT = 10.0
+"""Seconds an importer waits for a handle server (and a server for a client)."""
+
+
+def runtime_dir() -> Path:
+    """The private directory of this user's sockets, created with mode 0700 if missing.
+
+    ``$XDG_RUNTIME_DIR/sharedarrays`` when that is set, else ``<tmp>/sharedarrays-<uid>``.
+
+    Raises
+    ------
+    PermissionDenied
+        The directory exists but belongs to another user, is a symlink, or is open to
+        others.
+    """
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    uid = os.getuid()
+    path = Path(base) / "sharedarrays" if base else Path(tempfile.gettempdir()) / f"sharedarrays-{uid}"
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o077:
+        raise PermissionDenied(
+            f"{path} is not a private directory of this user (owner uid {st.st_uid}, mode "
+            f"{stat.filemode(st.st_mode)}); remove it or set XDG_RUNTIME_DIR to a private directory"
+        )
+    return path
+
+
+def _peer(sock: socket.socket) -> tuple[int, int, int]:
+    pid, uid, gid = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
+    return pid, uid, gid
+
+
+class HandleServer:
+    """Serves this process's allocations' fds to authenticated importers.
+
+    One per process, started on first need by :func:`server_address`, stopped at exit.
+    """
+
+    def __init__(self) -> None:
+        directory = runtime_dir()
+        _remove_stale_sockets(directory)
+        self.path = str(directory / f"{os.getpid()}-{os.urandom(4).hex()}.sock")
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._sock.bind(self.path)
+            os.chmod(self.path, 0o600)
+            self._sock.listen(64)
+        except BaseException:
+            self._sock.close()
+            raise
+        self._pid = os.getpid()
+        self._closed = False
+        self._thread = threading.Thread(target=self._serve, name="sharedarrays-handles", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return  # closed
+            with conn:
+                try:
+                    conn.settimeout(TIMEOUT)
+                    self._answer(conn)
+                except OSError:
+                    pass  # the client went away; nothing to clean up beyond the socket
+
+    def _answer(self, conn: socket.socket) -> None:
+        pid, uid, _ = _peer(conn)
+        if uid != os.getuid():
+            conn.send(_REPLY.pack(_REPLY_MAGIC, _BAD_UID, 0))
+            return
+        request = conn.recv(_REQUEST.size + 1)
+        if len(request) != _REQUEST.size:
+            conn.send(_REPLY.pack(_REPLY_MAGIC, _BAD_REQUEST, 0))
+            return
+        magic, raw_id, secret = _REQUEST.unpack(request)
+        if magic != _REQUEST_MAGIC:
+            conn.send(_REPLY.pack(_REPLY_MAGIC, _BAD_REQUEST, 0))
+            return
+        alloc = allocation.lookup(raw_id.hex())
+        if alloc is None or alloc.released:
+            conn.send(_REPLY.pack(_REPLY_MAGIC, _GONE, 0))
+            return
+        if not hmac.compare_digest(secret, alloc.secret):
+            conn.send(_REPLY.pack(_REPLY_MAGIC, _BAD_SECRET, 0))
+            return
+        # ``alloc`` is a strong reference: the fds stay open until they are sent.
+        sizes = alloc.chunk_sizes()
+        fds = alloc.chunk_fds()
+        header = _REPLY.pack(_REPLY_MAGIC, _OK, len(fds)) + json.dumps(sizes).encode()
+        socket.send_fds(conn, [header], fds[:_FDS_PER_MESSAGE])
+        for i in range(_FDS_PER_MESSAGE, len(fds), _FDS_PER_MESSAGE):
+            socket.send_fds(conn, [b"+"], fds[i : i + _FDS_PER_MESSAGE])
+        alloc.record_served(pid)
+        del alloc
+
+    def close(self) -> None:
+        """Stop serving and remove the socket file. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._pid == os.getpid():
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._sock.close()
+
+
+def _remove_stale_sockets(directory: Path) -> None:
+    """Remove sockets left by processes of this user that died without cleaning up."""
+    for entry in directory.glob("*.sock"):
+        pid_text = entry.name.split("-", 1)[0]
+        if not pid_text.isdigit():
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+        except ProcessLookupError:
+            try:
+                entry.unlink()
+            except FileNotFoundError:
+                pass
+        except PermissionError:
+            pass
+
+
+_server: HandleServer | None = None
+_server_lock = threading.Lock()
+
+
+def server_address() -> str:
+    """The path of this process's handle server, starting it on first call."""
+    global _server
+    server = _server
+    if server is not None:
+        return server.path
+    with _server_lock:
+        if _server is None:
+            _server = HandleServer()
+        return _server.path
+
+
+def shutdown_server() -> None:
+    """Stop this process's handle server (at exit; importers then get HandleUnavailable)."""
+    global _server
+    with _server_lock:
+        if _server is not None:
+            _server.close()
+            _server = None
+
+
+def _forget_server_in_child() -> None:
+    # A forked child has the parent's listening socket but not its thread: drop both.
+    global _server, _server_lock
+    _server_lock = threading.Lock()
+    if _server is not None:
+        _server._sock.close()
+        _server._closed = True
+        _server = None
+
+
+os.register_at_fork(after_in_child=_forget_server_in_child)
+atexit.register(shutdown_server)
+
+
+def fetch_handles(server: str, pid: int, alloc_id: str, secret: bytes) -> tuple[list[int], list[int]]:
+    """Ask the handle server at ``server`` for the chunks of an allocation.
+
+    Returns
+    -------
+    sizes, fds : list of int
+        The chunk sizes and the received fds (owned by the caller).
+
+    Raises
+    ------
+    HandleUnavailable
+        The server is gone (its process exited) or no longer has the allocation.
+    PermissionDenied
+        Another user's server or directory, or the secret is wrong.
+    """
+    gone = (
+        f"the handles of allocation {alloc_id} are no longer available: the process that "
+        f"shared it (pid {pid}) has exited or closed every view of it. Keep that process and "
+        "one open view alive until every importer has loaded the array"
+    )
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    fds: list[int] = []
+    try:
+        sock.settimeout(TIMEOUT)
+        try:
+            sock.connect(server)
+        except (FileNotFoundError, ConnectionRefusedError):
+            raise HandleUnavailable(gone) from None
+        except PermissionError:
+            raise PermissionDenied(
+                f"cannot connect to the handle server {server}: it belongs to another user. "
+                "Arrays are shared only between processes of the same user"
+            ) from None
+        _, server_uid, _ = _peer(sock)
+        if server_uid != os.getuid():
+            raise PermissionDenied(f"the handle server {server} runs as another user (uid {server_uid})")
+        sock.sendall(_REQUEST.pack(_REQUEST_MAGIC, bytes.fromhex(alloc_id), secret))
+        msg, got, _, _ = socket.recv_fds(sock, 1 << 20, _FDS_PER_MESSAGE)
+        fds.extend(got)
+        if len(msg) < _REPLY.size:
+            raise HandleUnavailable(f"{gone} (the server closed the connection)")
+        magic, status, count = _REPLY.unpack_from(msg)
+        if magic != _REPLY_MAGIC:
+            raise PayloadError(f"{server} is not a sharedarrays handle server")
+        if status == _GONE:
+            raise HandleUnavailable(gone)
+        if status == _BAD_SECRET:
+            raise PermissionDenied(
+                f"the process that shared allocation {alloc_id} (pid {pid}) refused the "
+                "payload's secret; the payload does not belong to that allocation"
+            )
+        if status == _BAD_UID:
+            raise PermissionDenied("the handle server refused this process: another user")
+        if status != _OK:
+            raise PayloadError("the handle server rejected the request as malformed")
+        sizes = json.loads(msg[_REPLY.size :])
+        while len(fds) < count:
+            _, more, _, _ = socket.recv_fds(sock, 16, _FDS_PER_MESSAGE)
+            if not more:
+                raise HandleUnavailable(f"{gone} (the server stopped while sending)")
+            fds.extend(more)
+        if type(sizes) is not list or len(sizes) != count or len(fds) != count:
+            raise PayloadError("the handle server sent an inconsistent reply")
+        result = fds
+        fds = []
+        return sizes, result
+    except socket.timeout:
+        raise HandleUnavailable(
+            f"the process that shared allocation {alloc_id} (pid {pid}) did not answer within "
+            f"{TIMEOUT:g} s"
+        ) from None
+    except OSError as e:
+        if e.errno in (errno.ECONNRESET, errno.EPIPE):
+            raise HandleUnavailable(gone) from None
+        raise
+    finally:
+        for fd in fds:
+            os.close(fd)
+        sock.close()
