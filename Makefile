@@ -1,0 +1,111 @@
+# sharedarrays: the two commands a fresh machine needs are `make demo` and `make test`.
+#
+# Both create .venv from nothing (python3 -m venv, upgrade pip, pip install -e '.[EXTRAS]'),
+# re-installing only when pyproject.toml changes (a stamp file records the last install).
+#
+# Variables:
+#   PYTHON=python3        the interpreter that creates .venv (or runs everything, see below)
+#   PYTHON_ENV=system     skip .venv and use $(PYTHON) as it is (for a machine without a
+#                         package registry, e.g. the GPU machine); nothing is installed
+#   EXTRAS=cuda13,notebook,test,dev   the extras installed into .venv
+#   DEMO_ARGS=...         extra arguments for `python -m sharedarrays demo`
+#   PYTEST_ARGS=...       extra arguments for pytest
+
+PYTHON ?= python3
+PYTHON_ENV ?= venv
+EXTRAS ?= cuda13,notebook,test,dev
+VENV ?= .venv
+DEMO_ARGS ?=
+PYTEST_ARGS ?=
+
+# Only the source folders that exist (an empty folder does not survive a git clone).
+LINT_PATHS := $(wildcard sharedarrays tests benchmarks)
+
+ifeq ($(PYTHON_ENV),system)
+PY := $(PYTHON)
+ENV_DEPS :=
+ENV_PATH := $(PATH)
+PY_FOR_SCRIPTS := $(PYTHON)
+else
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+ENV_DEPS := $(STAMP)
+ENV_PATH := $(abspath $(VENV))/bin:$(PATH)
+PY_FOR_SCRIPTS := $(abspath $(VENV))/bin/python
+endif
+
+.DEFAULT_GOAL := help
+.PHONY: help venv test demo gpu-check lint typecheck docs pytest clean
+
+help:
+	@echo "make demo       create .venv if needed, then run python -m sharedarrays demo"
+	@echo "make test       create .venv if needed, then ruff, mypy, docs (-W), pytest"
+	@echo "make lint       ruff check"
+	@echo "make typecheck  mypy sharedarrays"
+	@echo "make docs       Sphinx HTML into docs/_build/html, warnings are errors"
+	@echo "make pytest     the test suite only"
+	@echo "make gpu-check  bash scripts/gpu_check.sh"
+	@echo "make clean      remove .venv, build outputs and caches"
+	@echo "PYTHON_ENV=system uses \$$PYTHON ($(PYTHON)) as it is, without .venv"
+
+# ---------------------------------------------------------------------------------------------
+# the environment
+
+ifneq ($(PYTHON_ENV),system)
+$(VENV)/bin/python:
+	@# a half-made venv (no ensurepip, pip upgrade failed) is removed so the next run retries
+	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); exit 1; }
+	$(VENV)/bin/python -m pip install --upgrade pip || { rm -rf $(VENV); exit 1; }
+
+$(STAMP): pyproject.toml | $(VENV)/bin/python
+	@start=$$(date +%s); \
+	$(VENV)/bin/python -m pip install -e '.[$(EXTRAS)]' && \
+	echo "installed .[$(EXTRAS)] in $$(( $$(date +%s) - start )) s"
+	@touch $@
+endif
+
+venv: $(ENV_DEPS)
+
+# ---------------------------------------------------------------------------------------------
+# the two set-up commands
+
+# Every stage runs even when an earlier one fails, so one run shows every problem; the target
+# fails if any stage failed. pytest's exit status is kept as it is: 5 (no tests collected)
+# is a failure too.
+test: $(ENV_DEPS)
+	@failed=""; \
+	$(MAKE) --no-print-directory lint      || failed="$$failed lint"; \
+	$(MAKE) --no-print-directory typecheck || failed="$$failed typecheck"; \
+	$(MAKE) --no-print-directory docs      || failed="$$failed docs"; \
+	$(MAKE) --no-print-directory pytest    || failed="$$failed pytest"; \
+	if [ -n "$$failed" ]; then echo "make test: FAILED:$$failed"; exit 1; fi; \
+	echo "make test: all stages passed"
+
+demo: $(ENV_DEPS)
+	$(PY) -m sharedarrays demo $(DEMO_ARGS)
+
+gpu-check: $(ENV_DEPS)
+	@# the script finds the interpreter as $$PYTHON, or as python/python3 on PATH
+	PATH="$(ENV_PATH)" PYTHON="$(PY_FOR_SCRIPTS)" bash scripts/gpu_check.sh
+
+# ---------------------------------------------------------------------------------------------
+# the stages
+
+lint: $(ENV_DEPS)
+	$(PY) -m ruff check $(LINT_PATHS)
+
+typecheck: $(ENV_DEPS)
+	$(PY) -m mypy sharedarrays
+
+docs: $(ENV_DEPS)
+	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
+
+pytest: $(ENV_DEPS)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+# ---------------------------------------------------------------------------------------------
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info docs/_build .pytest_cache .mypy_cache .ruff_cache \
+		.hypothesis artifacts
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,8 @@
+"""``python -m sharedarrays``: see :mod:`sharedarrays.cli`."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""Command line: ``python -m sharedarrays demo`` (more commands come with later features)."""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import pickle
+import re
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["main", "parse_size"]
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """Parse ``"256M"``, ``"1G"``, ``"4096"`` (binary units) into bytes."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    if m is None:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 256M or 1G)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+
+
+def _sync(native: Any) -> None:
+    if not isinstance(native, np.ndarray):
+        import cupy
+
+        cupy.cuda.get_current_stream().synchronize()
+
+
+def _transform_shared(view: Any) -> int:
+    """Worker task: transform a shared slice in place (x -> 2x + 1)."""
+    x = view.array
+    x *= 2
+    x += 1
+    _sync(x)
+    return int(view.size)
+
+
+def _transform_copy(data: bytes, on_cuda: bool) -> bytes:
+    """Worker task of the copy path: unpickle a host copy, transform it, send it back."""
+    x = pickle.loads(data)
+    if on_cuda:
+        import cupy
+
+        g = cupy.asarray(x)
+        g *= 2
+        g += 1
+        x = cupy.asnumpy(g)
+    else:
+        x *= 2
+        x += 1
+    return pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _noop(_: object) -> None:
+    return None
+
+
+def _fill_pattern(native: Any, n: int, progress: bool) -> None:
+    """Write ``i % 1000`` into a flat float32 array, block by block, with a progress bar."""
+    from tqdm.auto import tqdm
+
+    xp = np if isinstance(native, np.ndarray) else __import__("cupy")
+    block = 1 << 24
+    with tqdm(total=n * 4, unit="B", unit_scale=True, desc="fill", disable=not progress) as bar:
+        for start in range(0, n, block):
+            stop = min(n, start + block)
+            native[start:stop] = xp.arange(start, stop, dtype=xp.float32) % 1000
+            bar.update((stop - start) * 4)
+    _sync(native)
+
+
+def _verify(native: Any, n: int) -> int:
+    """Count elements that are not ``2 * (i % 1000) + 1``."""
+    xp = np if isinstance(native, np.ndarray) else __import__("cupy")
+    bad = 0
+    block = 1 << 24
+    for start in range(0, n, block):
+        stop = min(n, start + block)
+        want = (xp.arange(start, stop, dtype=xp.float32) % 1000) * 2 + 1
+        bad += int((native[start:stop] != want).sum())
+    return bad
+
+
+def demo(size: int | None, workers: int, device: str | None, progress: bool) -> int:
+    """The main job: share a large array with a Pool, transform it in place, verify."""
+    import sharedarrays as sa
+
+    dev = sa.Device("cpu") if device == "cpu" else None
+    if device not in (None, "auto", "cpu"):
+        from .device import parse_device
+
+        dev = parse_device(device)
+    a = sa.empty(1, "float32", device=dev)
+    on_cuda = a.device.is_cuda
+    a.close()
+    if size is None:
+        size = (1 << 30) if on_cuda else (256 << 20)
+    n = max(workers, size // 4)
+    print(f"sharedarrays demo: {n * 4 / 2**20:.0f} MiB float32 on {dev or ('cuda:0' if on_cuda else 'cpu')}, "
+          f"{workers} spawn workers")
+    a = sa.empty(n, "float32", device=dev)
+    _fill_pattern(a.array, n, progress)
+    bounds = np.linspace(0, n, workers + 1).astype(int)
+    slices = [a[int(bounds[i]) : int(bounds[i + 1])] for i in range(workers)]
+    method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+    rows: list[tuple[str, float, int]] = []
+    with mp.get_context(method).Pool(workers) as pool:
+        pool.map(_noop, range(workers * 4))  # start the workers
+        t = time.perf_counter()
+        pool.map(_noop, range(workers))
+        rows.append(("empty tasks (floor)", time.perf_counter() - t, 0))
+
+        t = time.perf_counter()
+        done = pool.map(_transform_shared, slices, chunksize=1)
+        rows.append(("sharedarrays (in place)", time.perf_counter() - t,
+                     sum(len(pickle.dumps(s)) for s in slices)))
+        assert sum(done) == n
+        bad = _verify(a.array, n)
+
+        _fill_pattern(a.array, n, progress)
+        t = time.perf_counter()
+        sent = 0
+        blobs = []
+        for s in slices:
+            blobs.append(pickle.dumps(s.get(), protocol=pickle.HIGHEST_PROTOCOL))
+            sent += len(blobs[-1])
+        results = pool.starmap(_transform_copy, [(b, on_cuda) for b in blobs], chunksize=1)
+        for s, r in zip(slices, results):
+            s[...] = pickle.loads(r)
+        _sync(a.array)
+        rows.append(("plain copy (pickle)", time.perf_counter() - t, 2 * sent))
+        bad += _verify(a.array, n)
+    print(f"\n{'method':<26}{'time':>12}{'bytes pickled':>16}")
+    for name, sec, nbytes in rows:
+        print(f"{name:<26}{sec * 1e3:>9.2f} ms{nbytes:>16,}")
+    print()
+    print(a.allocation.describe())
+    for s in slices:
+        s.close()
+    a.close()
+    if bad:
+        print(f"\nFAILED: {bad} elements differ from the expected values", file=sys.stderr)
+        return 1
+    print("\nall elements verified")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m sharedarrays`` and the ``sharedarrays`` script."""
+    parser = argparse.ArgumentParser(prog="python -m sharedarrays")
+    sub = parser.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("demo", help="share a large array with a Pool and transform it in place")
+    d.add_argument("--size", type=parse_size, default=None,
+                   help="array size (default 1G on GPU, 256M on host)")
+    d.add_argument("--workers", type=int, default=4)
+    d.add_argument("--device", default=None, help="auto (default), cpu, cuda or cuda:N")
+    d.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        if args.workers < 1:
+            parser.error("--workers must be at least 1")
+        return demo(args.size, args.workers, args.device, not args.no_progress)
+    return 2  # pragma: no cover - argparse rejects unknown commands

@@ -1,0 +1,54 @@
+"""Shared fixtures. Tests mirror the package: test_<module>.py per module."""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# Spawned children import helper functions from ``workers``: make tests/ importable there.
+TESTS = str(Path(__file__).parent)
+if TESTS not in sys.path:
+    sys.path.insert(0, TESTS)
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (TESTS, str(Path(TESTS).parent), os.environ.get("PYTHONPATH", "")) if p
+)
+
+
+def open_fds() -> int:
+    """Number of open file descriptors of this process (after a full collection)."""
+    import psutil
+
+    gc.collect()
+    return psutil.Process().num_fds()
+
+
+@pytest.fixture
+def fd_baseline() -> Iterator[None]:
+    """Fail the test if it leaves file descriptors open."""
+    before = open_fds()
+    yield
+    after = open_fds()
+    assert after == before, f"{after - before} file descriptors leaked"
+
+
+def cuda_reason() -> str | None:
+    from sharedarrays.backends import cuda_usable
+
+    return cuda_usable(0)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    reason = None
+    checked = False
+    for item in items:
+        if item.get_closest_marker("gpu") is None:
+            continue
+        if not checked:
+            reason, checked = cuda_reason(), True
+        if reason is not None:
+            item.add_marker(pytest.mark.skip(reason=f"no usable CUDA device: {reason}"))

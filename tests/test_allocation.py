@@ -1,0 +1,112 @@
+from __future__ import annotations
+
+import gc
+import mmap
+
+import numpy as np
+import pytest
+
+import sharedarrays as sa
+from sharedarrays.allocation import Allocation, chunk_sizes, live_allocations, lookup
+from sharedarrays.backends import get_backend
+from sharedarrays.device import CPU
+
+
+def mapped(address: int) -> bool:
+    with open("/proc/self/maps") as f:
+        for line in f:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= address < hi:
+                return "memfd:sharedarrays" in line
+    return False
+
+
+def test_chunk_policy() -> None:
+    assert chunk_sizes(0, 4096) == [4096]
+    assert chunk_sizes(1, 4096) == [4096]
+    assert chunk_sizes(10_000, 4096, 8192) == [8192, 4096]
+    assert chunk_sizes(3 << 30, 2 << 20) == [2 << 30, 1 << 30]
+    assert chunk_sizes(5000, 4096, 100) == [4096, 4096]  # chunk_bytes rounds up to a granule
+    with pytest.raises(ValueError, match="chunk_bytes"):
+        chunk_sizes(10, 4096, 0)
+    with pytest.raises(ValueError, match="larger chunk_bytes"):
+        chunk_sizes(1 << 40, 4096, 4096)
+
+
+def test_env_chunk_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHAREDARRAYS_CHUNK_BYTES", "8192")
+    assert chunk_sizes(20_000, 4096) == [8192, 8192, 4096]
+    monkeypatch.setenv("SHAREDARRAYS_CHUNK_BYTES", "lots")
+    with pytest.raises(ValueError, match="SHAREDARRAYS_CHUNK_BYTES"):
+        chunk_sizes(1, 4096)
+
+
+def test_multi_chunk_allocation_is_contiguous(fd_baseline: None) -> None:
+    page = mmap.PAGESIZE
+    a = sa.empty(10 * page // 8 + 3, "float64", device="cpu", chunk_bytes=3 * page)
+    alloc = a.allocation
+    assert [c.size for c in alloc.chunks] == [3 * page, 3 * page, 3 * page, 2 * page]
+    assert [m.offset for m in alloc.mappings] == [0, 3 * page, 6 * page, 9 * page]
+    assert len({c.fd for c in alloc.chunks}) == 4
+    ref = np.arange(a.size, dtype=np.float64)
+    a[...] = ref  # one array spans chunk boundaries
+    np.testing.assert_array_equal(a.get(), ref)
+    assert "mapping" in alloc.describe() and alloc.describe().count(" rw") == 4
+    del alloc
+    a.close()
+
+
+def test_release_unmaps_and_closes_fds(fd_baseline: None) -> None:
+    a = sa.zeros(1 << 16, device="cpu", chunk_bytes=1 << 16)
+    address, alloc_id = a.address, a.allocation.id
+    assert mapped(address)
+    assert lookup(alloc_id) is not None
+    a.close()
+    gc.collect()
+    assert lookup(alloc_id) is None
+    assert not mapped(address)
+
+
+def test_registry_lists_live_allocations() -> None:
+    a = sa.zeros(4, device="cpu")
+    b = sa.zeros(4, device="cpu")
+    ids = [x.id for x in live_allocations()]
+    assert a.allocation.id in ids and b.allocation.id in ids
+    assert ids.index(a.allocation.id) < ids.index(b.allocation.id)
+
+
+def test_failed_build_releases_everything(fd_baseline: None) -> None:
+    backend = get_backend(CPU)
+
+    class Exploding:
+        def __init__(self) -> None:
+            self.n = 0
+
+        def __call__(self, size: int) -> object:
+            self.n += 1
+            if self.n == 3:
+                raise OSError("chunk 3 failed")
+            return backend.create_chunk(size)
+
+    with pytest.raises(OSError, match="chunk 3 failed"):
+        Allocation._build(backend, "0" * 32, b"x" * 32, [4096] * 4, Exploding(), "rw",
+                          sa.allocation.Origin(True, 1, 0.0))
+    assert lookup("0" * 32) is None
+
+
+def test_import_with_mismatched_sizes_closes_fds(fd_baseline: None) -> None:
+    import os
+
+    backend = get_backend(CPU)
+    r, w = os.pipe()
+    with pytest.raises(sa.PayloadError):
+        Allocation.import_(backend, "1" * 32, b"y" * 32, [4096], [r, w], 1)
+
+
+def test_import_of_wrong_size_handle_is_payload_error(fd_baseline: None) -> None:
+    a = sa.zeros(10, device="cpu")
+    import os
+
+    fd = os.dup(a.allocation.chunks[0].fd)
+    with pytest.raises(sa.PayloadError, match="describes"):
+        Allocation.import_(get_backend(CPU), "2" * 32, b"z" * 32, [8192], [fd], 1)
