@@ -1,0 +1,214 @@
+"""Handoff by pickle: every start method, every multiprocessing channel, plain pickle."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing as mp
+import os
+import pickle
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import workers
+
+import sharedarrays as sa
+from sharedarrays.allocation import lookup
+
+METHODS = [m for m in ("fork", "spawn", "forkserver") if m in mp.get_all_start_methods()]
+
+
+@pytest.fixture(scope="module", params=METHODS)
+def pool(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    with mp.get_context(request.param).Pool(2) as p:
+        yield p
+
+
+def test_pool_workers_write_their_slices(pool) -> None:  # type: ignore[no-untyped-def]
+    a = sa.full((4, 1000), 3.0, device="cpu")
+    sums = pool.map(workers.double_slice, [(a, i) for i in range(4)])
+    assert sums == [7000.0] * 4
+    np.testing.assert_array_equal(a.get(), 7.0)
+
+
+def test_views_with_offsets_and_strides_reach_workers(pool) -> None:  # type: ignore[no-untyped-def]
+    ref = np.arange(60, dtype=np.int32).reshape(6, 10)
+    a = sa.from_array(ref, device="cpu")
+    views = [a[1:5, ::3], a[::-2, 7], a[2, 1:9:2], a[..., None, ::-1]]
+    assert pool.map(workers.checksum, views) == [float(ref[1:5, ::3].sum()),
+                                                 float(ref[::-2, 7].sum()),
+                                                 float(ref[2, 1:9:2].sum()),
+                                                 float(ref.sum())]
+    back = pool.map(workers.add_one, [a[1:5, ::3]])[0]
+    assert back.allocation is a.allocation  # it came home: the same mapping, no new one
+    ref[1:5, ::3] += 1
+    np.testing.assert_array_equal(a.get(), ref)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_queue(method: str) -> None:
+    ctx = mp.get_context(method)
+    q, done = ctx.Queue(), ctx.Queue()
+    a = sa.zeros((10, 10), device="cpu")
+    p = ctx.Process(target=workers.queue_consumer, args=(q, done))
+    p.start()
+    q.put(a[2:])
+    assert done.get(timeout=60) == 400.0
+    p.join(60)
+    assert p.exitcode == 0
+    assert a.get()[2:].sum() == 400 and a.get()[:2].sum() == 0
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_pipe(method: str) -> None:
+    ctx = mp.get_context(method)
+    parent, child = ctx.Pipe()
+    a = sa.full(8, 2, "int64", device="cpu")
+    p = ctx.Process(target=workers.pipe_consumer, args=(child,))
+    p.start()
+    parent.send(a)
+    assert parent.recv() == a.allocation.id
+    p.join(60)
+    assert a.get().tolist() == [6] * 8
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_process_arguments(method: str) -> None:
+    ctx = mp.get_context(method)
+    q = ctx.Queue()
+    a = sa.zeros((3, 4), "int16", device="cpu")
+    p = ctx.Process(target=workers.process_arg_consumer, args=(a, q))
+    p.start()
+    origin_pid, alloc_id = q.get(timeout=60)
+    p.join(60)
+    assert p.exitcode == 0 and alloc_id == a.allocation.id
+    np.testing.assert_array_equal(a.get(), np.arange(12).reshape(3, 4))
+    if method != "fork":  # at spawn the fds travelled with the arguments (DupFd), no fetch
+        assert origin_pid == os.getpid()
+        assert a.allocation.served == ()
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_process_pool_executor(method: str) -> None:
+    a = sa.zeros(100, "float32", device="cpu")
+    with cf.ProcessPoolExecutor(2, mp_context=mp.get_context(method)) as ex:
+        results = list(ex.map(workers.fill_value, [a[:50], a[50:]], [1.0, 2.0]))
+    assert {r[1] for r in results} == {a.allocation.id}
+    assert a.get()[:50].sum() == 50 and a.get()[50:].sum() == 100
+
+
+def test_load_in_exporter_is_the_same_memory() -> None:
+    a = sa.zeros(5, device="cpu")
+    b = pickle.loads(pickle.dumps(a[1:]))
+    assert b.allocation is a.allocation and b.address == a.address + 8
+    b[0] = 9
+    assert a.array[1] == 9
+
+
+def test_one_mapping_per_allocation_in_an_importer(tmp_path: Path) -> None:
+    a = sa.zeros(5, device="cpu")
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(1) as p:
+        same, live = p.apply(workers.import_twice, (pickle.dumps(a[1:]),))
+        assert same and live == 1
+        # a worker that still maps it does not fetch the handles again
+        p.apply(workers.hold, (a,))
+        fetched = len(a.allocation.served)
+        p.apply(workers.checksum, (a[2:],))
+        p.apply(workers.checksum, (a,))
+        assert len(a.allocation.served) == fetched
+        assert p.apply(workers.release_held) == 1
+        p.apply(workers.checksum, (a,))  # released there: this one maps it anew
+        assert len(a.allocation.served) == fetched + 1
+
+
+def test_plain_pickle_through_a_file_to_a_fresh_interpreter(tmp_path: Path) -> None:
+    a = sa.from_array(np.arange(12.0).reshape(3, 4), device="cpu")
+    path = tmp_path / "a.pkl"
+    with open(path, "wb") as f:
+        pickle.dump(a[1:, ::-1], f)
+    code = (
+        "import pickle, sys\n"
+        f"b = pickle.load(open({str(path)!r}, 'rb'))\n"
+        "assert b.shape == (2, 4), b.shape\n"
+        "print(b.get().tolist()); b.array[...] = -1\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(np.arange(12.0).reshape(3, 4)[1:, ::-1].tolist())
+    np.testing.assert_array_equal(a.get()[1:], -1)
+    np.testing.assert_array_equal(a.get()[0], [0, 1, 2, 3])
+
+
+def test_exporter_exits_first_and_the_importer_keeps_working(tmp_path: Path) -> None:
+    path, ready, go = tmp_path / "a.pkl", tmp_path / "ready", tmp_path / "go"
+    code = (f"import workers; workers.exporter_main({str(path)!r}, {str(ready)!r}, {str(go)!r})")
+    exporter = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.time() + 60
+        while not ready.exists():
+            assert exporter.poll() is None and time.time() < deadline, "exporter failed"
+            time.sleep(0.01)
+        with open(path, "rb") as f:
+            a = pickle.load(f)
+        go.touch()
+        assert exporter.wait(60) == 0
+        assert not os.path.exists(f"/proc/{exporter.pid}")
+        # the exporter is gone: our mapping still holds the data, and writes still work
+        np.testing.assert_array_equal(a.get(), np.arange(1000))
+        a[...] = 7
+        assert a.get().sum() == 7000
+        # ...and a second process can still import it, from us
+        blob = pickle.dumps(a[10:20])
+        with mp.get_context("spawn").Pool(1) as p:
+            assert p.apply(workers.checksum, (pickle.loads(blob),)) == 70.0
+        # but the original payload names a dead exporter: a clear error
+        with open(path, "rb") as f:
+            stale = f.read()
+        a.close()
+        import gc
+
+        gc.collect()
+        with pytest.raises(sa.HandleUnavailable, match=f"pid {exporter.pid}"):
+            pickle.loads(stale)
+    finally:
+        exporter.kill()
+        exporter.wait()
+
+
+def test_payload_of_a_closed_array_is_unavailable() -> None:
+    a = sa.zeros(4, device="cpu")
+    blob = pickle.dumps(a)
+    alloc_id = a.allocation.id
+    a.close()
+    import gc
+
+    gc.collect()
+    assert lookup(alloc_id) is None
+    code = f"import pickle; pickle.loads({blob!r})"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "HandleUnavailable" in out.stderr
+    assert "Keep that process" in out.stderr
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_fd_counts_return_to_baseline_after_200_round_trips(method: str) -> None:
+    from conftest import open_fds
+
+    with mp.get_context(method).Pool(1) as p:
+        p.apply(workers.add_one, (sa.zeros(1, device="cpu"),))  # both handle servers start
+        worker_before = p.apply(workers.num_fds)
+
+        before = open_fds()
+        for i in range(200):
+            a = sa.full(64, float(i), device="cpu")
+            back = p.apply(workers.add_one, (a,))
+            assert back.allocation is a.allocation and a.array[0] == i + 1
+            del a, back
+        after = open_fds()
+        worker_after = p.apply(workers.num_fds)
+    assert after == before, f"exporter leaked {after - before} fds"
+    assert worker_after == worker_before, f"worker leaked {worker_after - worker_before} fds"

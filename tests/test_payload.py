@@ -1,0 +1,125 @@
+from __future__ import annotations
+
+import json
+import pickle
+import pickletools
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import sharedarrays as sa
+from sharedarrays.payload import MAGIC, TAG_BYTES, Payload, _tag
+
+_A = sa.from_array(np.arange(48, dtype=np.float32).reshape(6, 8), device="cpu")
+_BLOB = _A[1:, ::2].payload().to_bytes()
+
+
+def reseal(doc: dict[str, object]) -> bytes:
+    """A payload with altered fields but a valid tag: only validation can catch it."""
+    body = json.dumps(doc, separators=(",", ":")).encode()
+    return MAGIC + _tag(body, bytes.fromhex(str(doc["secret"]))) + body
+
+
+def fields() -> dict[str, object]:
+    return json.loads(_BLOB[len(MAGIC) + TAG_BYTES :])
+
+
+def test_round_trip() -> None:
+    p = Payload.from_bytes(_BLOB)
+    assert p.to_bytes() == _BLOB
+    assert p.alloc_id == _A.allocation.id and p.secret == _A.allocation.secret
+    assert p.shape == (5, 4) and p.strides == (32, 8) and p.offset == 32
+    assert p.dtype == np.float32
+
+
+def test_pickle_names_only_the_reconstructor() -> None:
+    ops = list(pickletools.genops(pickle.dumps(_A)))
+    assert [op.name for op, _, _ in ops if "GLOBAL" in op.name] == ["STACK_GLOBAL"]
+    strings = [arg for op, arg, _ in ops if op.name in ("SHORT_BINUNICODE", "BINUNICODE")]
+    assert strings == ["sharedarrays.array", "_rebuild"]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_any_byte_level_tampering_is_a_payload_error(data: st.DataObject) -> None:
+    blob = bytearray(_BLOB)
+    kind = data.draw(st.sampled_from(["flip", "truncate", "insert", "replace_tail"]))
+    if kind == "flip":
+        i = data.draw(st.integers(0, len(blob) - 1))
+        blob[i] ^= data.draw(st.integers(1, 255))
+    elif kind == "truncate":
+        blob = blob[: data.draw(st.integers(0, len(blob) - 1))]
+    elif kind == "insert":
+        i = data.draw(st.integers(0, len(blob)))
+        blob[i:i] = data.draw(st.binary(min_size=1, max_size=8))
+    else:
+        i = data.draw(st.integers(0, len(blob) - 1))
+        blob[i:] = data.draw(st.binary(max_size=64))
+    if bytes(blob) == _BLOB:
+        return
+    with pytest.raises(sa.PayloadError):
+        sa.load(bytes(blob))
+
+
+_JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(key=st.sampled_from(sorted(set(fields()) - {"secret"})), value=_JSONISH)
+def test_resealed_field_tampering_is_a_payload_error(key: str, value: object) -> None:
+    doc = fields()
+    if doc[key] == value and type(doc[key]) is type(value):
+        return
+    doc[key] = value
+    try:
+        p = Payload.from_bytes(reseal(doc))
+    except sa.PayloadError:
+        return
+    # The few alterations that still describe a valid view of the allocation must stay in it.
+    assert key in ("offset", "shape", "strides", "readonly", "pid", "device", "sync", "server")
+    assert p.offset + p.dtype.itemsize <= p.size or 0 in p.shape
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("shape", [5, 4000]), ("strides", [32, -80]), ("offset", 10**9), ("dtype", "O"),
+     ("dtype", "<U4"), ("dtype", "V8"), ("chunks", []), ("chunks", [0]), ("id", "zz"),
+     ("backend", "rocm"), ("server", "relative.sock"), ("shape", [1] * 65),
+     ("shape", [2**40, 2**40]), ("pid", 0), ("device", True), ("readonly", 1),
+     ("sync", "abc")],
+)
+def test_specific_bad_fields(key: str, value: object) -> None:
+    doc = fields()
+    doc[key] = value
+    with pytest.raises(sa.PayloadError):
+        Payload.from_bytes(reseal(doc))
+
+
+def test_missing_or_extra_fields() -> None:
+    doc = fields()
+    del doc["shape"]
+    with pytest.raises(sa.PayloadError, match="fields"):
+        Payload.from_bytes(reseal(doc))
+    doc = fields()
+    doc["evil"] = "__import__('os')"
+    with pytest.raises(sa.PayloadError, match="fields"):
+        Payload.from_bytes(reseal(doc))
+
+
+@pytest.mark.parametrize("bad", [None, "SA1", 12, b"", b"SA2" + _BLOB[3:], b"x" * (2 << 20)])
+def test_not_a_payload(bad: object) -> None:
+    with pytest.raises(sa.PayloadError):
+        sa.load(bad)  # type: ignore[arg-type]
+
+
+def test_payload_with_wrong_chunks_for_a_mapped_allocation() -> None:
+    doc = fields()
+    doc["chunks"] = [doc["chunks"][0] * 2]  # type: ignore[index]
+    with pytest.raises(sa.PayloadError, match="does not match"):
+        sa.load(reseal(doc))

@@ -1,0 +1,157 @@
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import pwd
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import sharedarrays as sa
+from sharedarrays import transport
+from sharedarrays.payload import MAGIC, TAG_BYTES, _tag
+
+
+def test_runtime_dir_is_private() -> None:
+    d = transport.runtime_dir()
+    st_ = os.lstat(d)
+    assert stat.S_ISDIR(st_.st_mode) and st_.st_uid == os.getuid()
+    assert st_.st_mode & 0o777 == 0o700
+    server = Path(transport.server_address())
+    assert server.parent == d and stat.S_ISSOCK(os.lstat(server).st_mode)
+
+
+def test_runtime_dir_open_to_others_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    (tmp_path / "sharedarrays").mkdir(mode=0o777)
+    os.chmod(tmp_path / "sharedarrays", 0o777)
+    with pytest.raises(sa.PermissionDenied, match="private directory"):
+        transport.runtime_dir()
+
+
+def test_wrong_secret_is_refused(fd_baseline: None) -> None:
+    a = sa.zeros(16, device="cpu")
+    server = transport.server_address()
+    with pytest.raises(sa.PermissionDenied, match="secret"):
+        transport.fetch_handles(server, os.getpid(), a.allocation.id, b"\0" * 32)
+
+
+def test_unknown_allocation_is_unavailable(fd_baseline: None) -> None:
+    server = transport.server_address()
+    with pytest.raises(sa.HandleUnavailable, match="no longer available"):
+        transport.fetch_handles(server, os.getpid(), "ab" * 16, b"\0" * 32)
+
+
+def test_dead_server_is_unavailable(tmp_path: Path, fd_baseline: None) -> None:
+    with pytest.raises(sa.HandleUnavailable, match="has exited"):
+        transport.fetch_handles(str(tmp_path / "gone.sock"), 12345, "ab" * 16, b"\0" * 32)
+
+
+def test_fetch_returns_working_fds(fd_baseline: None) -> None:
+    a = sa.from_array(np.arange(10.0), device="cpu")
+    sizes, fds = transport.fetch_handles(transport.server_address(), os.getpid(),
+                                         a.allocation.id, a.allocation.secret)
+    try:
+        assert sizes == a.allocation.chunk_sizes() and len(fds) == 1
+        assert os.fstat(fds[0]).st_size == sizes[0]
+        assert os.fstat(fds[0]).st_ino == os.fstat(a.allocation.chunks[0].fd).st_ino
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert a.allocation.served[-1].pid == os.getpid()
+
+
+def test_a_payload_whose_secret_was_swapped_is_refused_by_the_exporter(tmp_path: Path) -> None:
+    a = sa.zeros(8, device="cpu")
+    blob = pickle.dumps(a)
+    start = blob.index(MAGIC)
+    length = int.from_bytes(blob[start - 4 : start], "little")
+    payload = blob[start : start + length]
+    doc = json.loads(payload[len(MAGIC) + TAG_BYTES :])
+    doc["secret"] = "11" * 32
+    body = json.dumps(doc, separators=(",", ":")).encode()
+    forged = MAGIC + _tag(body, bytes.fromhex(doc["secret"])) + body
+    path = tmp_path / "forged.bin"
+    path.write_bytes(forged)
+    code = f"import sharedarrays as sa; sa.load(open({str(path)!r}, 'rb').read())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert "PermissionDenied" in out.stderr and "secret" in out.stderr
+
+
+def _other_user() -> str | None:
+    if os.getuid() != 0:
+        return None
+    name = "sa-test-other"
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        useradd = shutil.which("useradd")
+        if useradd is None:
+            return None
+        r = subprocess.run([useradd, "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+                           capture_output=True)
+        if r.returncode != 0:
+            return None
+    return name
+
+
+_RAW_CLIENT = """
+import socket, struct, sys
+path, alloc_id, secret = sys.argv[1], sys.argv[2], bytes.fromhex(sys.argv[3])
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+try:
+    s.connect(path)
+except PermissionError:
+    print("EACCES"); sys.exit(0)
+s.sendall(struct.pack("4s16s32s", b"SAH1", bytes.fromhex(alloc_id), secret))
+msg, fds, _, _ = socket.recv_fds(s, 4096, 10)
+print("STATUS", msg[4], "FDS", len(fds))
+"""
+
+
+@pytest.mark.parametrize("open_socket", [False, True], ids=["private-dir", "socket-opened"])
+def test_another_user_is_denied(open_socket: bool) -> None:
+    """A second OS user holding the right secret gets no fds: the 0700 directory stops it,
+    and where the socket is reachable, the SO_PEERCRED uid check does."""
+    user = _other_user()
+    python = "/usr/bin/python3"
+    if user is None or not os.access(python, os.X_OK):
+        pytest.skip("needs root (to create a second OS user), useradd and /usr/bin/python3")
+    a = sa.from_array(np.arange(4.0), device="cpu")
+    server = transport.server_address()
+    directory = os.path.dirname(server)
+    if open_socket:
+        os.chmod(directory, 0o711)
+        os.chmod(server, 0o777)
+    try:
+        out = subprocess.run(
+            [python, "-c", _RAW_CLIENT, server, a.allocation.id, a.allocation.secret.hex()],
+            user=user, capture_output=True, text=True, timeout=60, cwd="/",
+            env={"PATH": "/usr/bin:/bin"},
+        )
+    finally:
+        os.chmod(directory, 0o700)
+        os.chmod(server, 0o600)
+    assert out.returncode == 0, out.stderr
+    if open_socket:
+        assert out.stdout.split() == ["STATUS", str(transport._BAD_UID), "FDS", "0"]
+    else:
+        assert out.stdout.strip() == "EACCES"
+    assert a.allocation.served == ()
+
+
+def test_stale_socket_files_are_removed() -> None:
+    d = transport.runtime_dir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    stale = d / f"{dead}-deadbeef.sock"
+    stale.touch()
+    transport._remove_stale_sockets(d)
+    assert not stale.exists()
