@@ -164,8 +164,14 @@ def live_allocations() -> list[Allocation]:
     return sorted(allocs, key=lambda a: a.origin.time)
 
 
-def _teardown(backend: Backend, address: int, size: int, mapped: list[tuple[int, int]],
-              chunks: list[Chunk], state: dict[str, bool]) -> None:
+def _teardown(
+    backend: Backend,
+    address: int,
+    size: int,
+    mapped: list[tuple[int, int]],
+    chunks: list[Chunk],
+    state: dict[str, bool],
+) -> None:
     """Release everything an allocation holds, in the order the driver needs."""
     state["released"] = True
     errors: list[BaseException] = []
@@ -304,7 +310,12 @@ class Allocation:
 
             try:
                 return cls._build(
-                    backend, alloc_id, secret, sizes, import_next, access,
+                    backend,
+                    alloc_id,
+                    secret,
+                    sizes,
+                    import_next,
+                    access,
                     Origin(False, source_pid, time.time()),
                 )
             finally:
@@ -312,8 +323,16 @@ class Allocation:
                     os.close(fd)
 
     @classmethod
-    def _build(cls, backend: Backend, alloc_id: str, secret: bytes, sizes: list[int],
-               make_chunk: Any, access: Access, origin: Origin) -> Allocation:
+    def _build(
+        cls,
+        backend: Backend,
+        alloc_id: str,
+        secret: bytes,
+        sizes: list[int],
+        make_chunk: Any,
+        access: Access,
+        origin: Origin,
+    ) -> Allocation:
         total = sum(sizes)
         chunks: list[Chunk] = []
         mapped: list[tuple[int, int]] = []

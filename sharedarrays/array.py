@@ -19,7 +19,7 @@ import numpy as np
 from . import transport
 from .allocation import Allocation, lookup
 from .backends import get_backend
-from .device import Device
+from .device import CPU, Device
 from .errors import ClosedArrayError, PayloadError
 from .payload import Payload, view_extent
 
@@ -47,10 +47,14 @@ class _Probe:
 
     __slots__ = ("__array_interface__",)
 
-    def __init__(self, address: int, dtype: np.dtype[Any], shape: tuple[int, ...],
-                 strides: tuple[int, ...]) -> None:
+    def __init__(
+        self, address: int, dtype: np.dtype[Any], shape: tuple[int, ...], strides: tuple[int, ...]
+    ) -> None:
         self.__array_interface__ = {
-            "version": 3, "shape": shape, "typestr": dtype.str, "strides": strides,
+            "version": 3,
+            "shape": shape,
+            "typestr": dtype.str,
+            "strides": strides,
             "data": (address, True),
         }
 
@@ -70,8 +74,16 @@ class SharedDeviceArray:
     itself is freed when the last process that maps it or holds one of its handles lets go.
     """
 
-    __slots__ = ("_alloc", "_dtype", "_shape", "_strides", "_offset", "_readonly", "_native",
-                 "__weakref__")
+    __slots__ = (
+        "_alloc",
+        "_dtype",
+        "_shape",
+        "_strides",
+        "_offset",
+        "_readonly",
+        "_native",
+        "__weakref__",
+    )
 
     def __init__(
         self,
@@ -83,7 +95,11 @@ class SharedDeviceArray:
         readonly: bool = False,
     ) -> None:
         low, high = view_extent(dtype.itemsize, shape, strides)
-        if offset + low < 0 or offset + high > allocation.size or not 0 <= offset <= allocation.size:
+        if (
+            offset + low < 0
+            or offset + high > allocation.size
+            or not 0 <= offset <= allocation.size
+        ):
             raise ValueError("view reaches outside its allocation")
         self._alloc: Allocation | None = allocation
         self._dtype = dtype
@@ -179,8 +195,14 @@ class SharedDeviceArray:
         if native is None:
             alloc = self.allocation
             native = alloc.backend.as_native(
-                alloc.address, alloc.size, self._offset, alloc, self._dtype, self._shape,
-                self._strides, self._readonly,
+                alloc.address,
+                alloc.size,
+                self._offset,
+                alloc,
+                self._dtype,
+                self._shape,
+                self._strides,
+                self._readonly,
             )
             self._native = native
         return native
@@ -195,8 +217,14 @@ class SharedDeviceArray:
         probe = np.asarray(_Probe(base, self._dtype, self._shape, self._strides))
         view = probe[items]
         delta = view.__array_interface__["data"][0] - base
-        return SharedDeviceArray(alloc, self._dtype, tuple(view.shape), tuple(view.strides),
-                                 self._offset + delta, self._readonly)
+        return SharedDeviceArray(
+            alloc,
+            self._dtype,
+            tuple(view.shape),
+            tuple(view.strides),
+            self._offset + delta,
+            self._readonly,
+        )
 
     def __setitem__(self, key: object, value: object) -> None:
         """Write through to shared memory."""
@@ -209,7 +237,7 @@ class SharedDeviceArray:
         """Copy the data into a new NumPy array in host memory."""
         native = self.array
         if isinstance(native, np.ndarray):
-            return native.copy()
+            return np.array(native, copy=True)
         return native.get()  # type: ignore[no-any-return]
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
@@ -346,8 +374,8 @@ def load(data: bytes, fds: tuple[Any, ...] | None = None) -> SharedDeviceArray:
             raise PayloadError(f"payload does not match allocation {p.alloc_id} mapped here")
     else:
         try:
-            backend = get_backend(Device("cuda" if p.backend != "host" else "cpu", p.device),
-                                  p.backend)
+            device = CPU if p.backend == "host" else Device("cuda", p.device)
+            backend = get_backend(device, p.backend)
         except BaseException:
             for fd in received:
                 os.close(fd)

@@ -103,8 +103,11 @@ def demo(size: int | None, workers: int, device: str | None, progress: bool) -> 
     if size is None:
         size = (1 << 30) if on_cuda else (256 << 20)
     n = max(workers, size // 4)
-    print(f"sharedarrays demo: {n * 4 / 2**20:.0f} MiB float32 on {dev or ('cuda:0' if on_cuda else 'cpu')}, "
-          f"{workers} spawn workers")
+    where = dev or ("cuda:0" if on_cuda else "cpu")
+    print(
+        f"sharedarrays demo: {n * 4 / 2**20:.0f} MiB float32 on {where}, "
+        f"{workers} spawn workers"
+    )
     a = sa.empty(n, "float32", device=dev)
     _fill_pattern(a.array, n, progress)
     bounds = np.linspace(0, n, workers + 1).astype(int)
@@ -119,8 +122,13 @@ def demo(size: int | None, workers: int, device: str | None, progress: bool) -> 
 
         t = time.perf_counter()
         done = pool.map(_transform_shared, slices, chunksize=1)
-        rows.append(("sharedarrays (in place)", time.perf_counter() - t,
-                     sum(len(pickle.dumps(s)) for s in slices)))
+        rows.append(
+            (
+                "sharedarrays (in place)",
+                time.perf_counter() - t,
+                sum(len(pickle.dumps(s)) for s in slices),
+            )
+        )
         assert sum(done) == n
         bad = _verify(a.array, n)
 
@@ -157,8 +165,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sharedarrays")
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="share a large array with a Pool and transform it in place")
-    d.add_argument("--size", type=parse_size, default=None,
-                   help="array size (default 1G on GPU, 256M on host)")
+    d.add_argument(
+        "--size", type=parse_size, default=None, help="array size (default 1G on GPU, 256M on host)"
+    )
     d.add_argument("--workers", type=int, default=4)
     d.add_argument("--device", default=None, help="auto (default), cpu, cuda or cuda:N")
     d.add_argument("--no-progress", action="store_true")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, SupportsIndex, Union
+from typing import Any, SupportsIndex
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -15,7 +15,7 @@ from .device import Device, DeviceLike, parse_device
 
 __all__ = ["empty", "zeros", "ones", "full", "from_array", "ShapeLike"]
 
-ShapeLike = Union[SupportsIndex, Sequence[SupportsIndex]]
+ShapeLike = SupportsIndex | Sequence[SupportsIndex]
 
 
 def _shape(shape: ShapeLike) -> tuple[int, ...]:
@@ -53,8 +53,9 @@ def _contiguous_strides(shape: tuple[int, ...], itemsize: int, order: str) -> tu
     return tuple(strides)
 
 
-def _new(shape: ShapeLike, dtype: DTypeLike, device: Device, order: str,
-         chunk_bytes: int | None) -> SharedDeviceArray:
+def _new(
+    shape: ShapeLike, dtype: DTypeLike, device: Device, order: str, chunk_bytes: int | None
+) -> SharedDeviceArray:
     if order not in ("C", "F"):
         raise ValueError(f"order must be 'C' or 'F', not {order!r}")
     shp = _shape(shape)
@@ -156,7 +157,7 @@ def _source_device(obj: Any) -> Device | None:
     if hasattr(obj, "__dlpack_device__"):
         try:
             kind, index = obj.__dlpack_device__()
-        except Exception:  # noqa: BLE001 - a broken producer falls back to the default
+        except Exception:
             return None
         if int(kind) in (2, 13):  # kDLCUDA, kDLCUDAManaged
             return Device("cuda", int(index))

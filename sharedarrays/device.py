@@ -73,9 +73,7 @@ def parse_device(device: DeviceLike) -> Device:
             return CPU
         m = _CUDA_RE.match(name)
         if m is None:
-            raise ValueError(
-                f"unknown device {device!r}: use 'cpu', 'cuda', 'cuda:N' or an int N"
-            )
+            raise ValueError(f"unknown device {device!r}: use 'cpu', 'cuda', 'cuda:N' or an int N")
         dev = Device("cuda", int(m.group(1) or 0))
     else:
         raise TypeError(

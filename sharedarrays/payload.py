@@ -31,8 +31,21 @@ MAX_PAYLOAD_BYTES = 1 << 20
 MAX_NDIM = 64
 MAX_SIZE = 1 << 56
 _KEYS = frozenset(
-    ("backend", "device", "id", "secret", "pid", "server", "chunks", "dtype", "shape",
-     "strides", "offset", "readonly", "sync")
+    (
+        "backend",
+        "device",
+        "id",
+        "secret",
+        "pid",
+        "server",
+        "chunks",
+        "dtype",
+        "shape",
+        "strides",
+        "offset",
+        "readonly",
+        "sync",
+    )
 )
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -208,7 +221,9 @@ class Payload:
         try:
             dtype = np.dtype(dtype_str)
         except TypeError:
-            raise PayloadError(f"payload field 'dtype' is not a numeric dtype: {dtype_str!r}") from None
+            raise PayloadError(
+                f"payload field 'dtype' is not a numeric dtype: {dtype_str!r}"
+            ) from None
         device = _int(doc, "device", 0, 1 << 16)
         pid = _int(doc, "pid", 1, 1 << 31)
         chunks = _ints(doc, "chunks", 1, MAX_SIZE, 1 << 16)

@@ -58,7 +58,9 @@ def runtime_dir() -> Path:
     """
     base = os.environ.get("XDG_RUNTIME_DIR")
     uid = os.getuid()
-    path = Path(base) / "sharedarrays" if base else Path(tempfile.gettempdir()) / f"sharedarrays-{uid}"
+    path = (
+        Path(base) / "sharedarrays" if base else Path(tempfile.gettempdir()) / f"sharedarrays-{uid}"
+    )
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
@@ -97,7 +99,9 @@ class HandleServer:
             raise
         self._pid = os.getpid()
         self._closed = False
-        self._thread = threading.Thread(target=self._serve, name="sharedarrays-handles", daemon=True)
+        self._thread = threading.Thread(
+            target=self._serve, name="sharedarrays-handles", daemon=True
+        )
         self._thread.start()
 
     def _serve(self) -> None:
@@ -115,10 +119,10 @@ class HandleServer:
 
     def _answer(self, conn: socket.socket) -> None:
         pid, uid, _ = _peer(conn)
+        request = conn.recv(_REQUEST.size + 1)
         if uid != os.getuid():
             conn.send(_REPLY.pack(_REPLY_MAGIC, _BAD_UID, 0))
             return
-        request = conn.recv(_REQUEST.size + 1)
         if len(request) != _REQUEST.size:
             conn.send(_REPLY.pack(_REPLY_MAGIC, _BAD_REQUEST, 0))
             return
@@ -216,7 +220,9 @@ os.register_at_fork(after_in_child=_forget_server_in_child)
 atexit.register(shutdown_server)
 
 
-def fetch_handles(server: str, pid: int, alloc_id: str, secret: bytes) -> tuple[list[int], list[int]]:
+def fetch_handles(
+    server: str, pid: int, alloc_id: str, secret: bytes
+) -> tuple[list[int], list[int]]:
     """Ask the handle server at ``server`` for the chunks of an allocation.
 
     Returns
@@ -251,7 +257,9 @@ def fetch_handles(server: str, pid: int, alloc_id: str, secret: bytes) -> tuple[
             ) from None
         _, server_uid, _ = _peer(sock)
         if server_uid != os.getuid():
-            raise PermissionDenied(f"the handle server {server} runs as another user (uid {server_uid})")
+            raise PermissionDenied(
+                f"the handle server {server} runs as another user (uid {server_uid})"
+            )
         sock.sendall(_REQUEST.pack(_REQUEST_MAGIC, bytes.fromhex(alloc_id), secret))
         msg, got, _, _ = socket.recv_fds(sock, 1 << 20, _FDS_PER_MESSAGE)
         fds.extend(got)
@@ -282,7 +290,7 @@ def fetch_handles(server: str, pid: int, alloc_id: str, secret: bytes) -> tuple[
         result = fds
         fds = []
         return sizes, result
-    except socket.timeout:
+    except TimeoutError:
         raise HandleUnavailable(
             f"the process that shared allocation {alloc_id} (pid {pid}) did not answer within "
             f"{TIMEOUT:g} s"

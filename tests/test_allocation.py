@@ -89,8 +89,15 @@ def test_failed_build_releases_everything(fd_baseline: None) -> None:
             return backend.create_chunk(size)
 
     with pytest.raises(OSError, match="chunk 3 failed"):
-        Allocation._build(backend, "0" * 32, b"x" * 32, [4096] * 4, Exploding(), "rw",
-                          sa.allocation.Origin(True, 1, 0.0))
+        Allocation._build(
+            backend,
+            "0" * 32,
+            b"x" * 32,
+            [4096] * 4,
+            Exploding(),
+            "rw",
+            sa.allocation.Origin(True, 1, 0.0),
+        )
     assert lookup("0" * 32) is None
 
 

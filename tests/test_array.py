@@ -12,7 +12,9 @@ import sharedarrays as sa
 from sharedarrays.allocation import live_allocations
 
 
-def make(shape: tuple[int, ...] = (4, 6), dtype: str = "int64") -> tuple[sa.SharedDeviceArray, np.ndarray]:
+def make(
+    shape: tuple[int, ...] = (4, 6), dtype: str = "int64"
+) -> tuple[sa.SharedDeviceArray, np.ndarray]:
     ref = np.arange(int(np.prod(shape)), dtype=dtype).reshape(shape)
     return sa.from_array(ref, device="cpu"), ref
 
@@ -54,8 +56,18 @@ def test_integer_index_gives_zero_d_view() -> None:
     assert a.array[1, 2] == 99
 
 
-@pytest.mark.parametrize("key", [[0, 1], np.array([1, 2]), np.array([True, False, True, False]),
-                                 (slice(None), [0]), 1.5, "x", True])
+@pytest.mark.parametrize(
+    "key",
+    [
+        [0, 1],
+        np.array([1, 2]),
+        np.array([True, False, True, False]),
+        (slice(None), [0]),
+        1.5,
+        "x",
+        True,
+    ],
+)
 def test_advanced_indexing_is_refused_with_advice(key: object) -> None:
     a, _ = make()
     with pytest.raises(TypeError, match=r"a\.array\[\.\.\.\]"):
@@ -66,7 +78,7 @@ def test_advanced_indexing_is_refused_with_advice(key: object) -> None:
 
 
 def test_get_is_a_copy_and_array_is_not() -> None:
-    a, ref = make()
+    a, _ = make()
     g = a.get()
     g[0, 0] = 1234
     assert a.array[0, 0] == 0
@@ -106,8 +118,13 @@ def test_close_then_use_raises() -> None:
     a.close()
     assert a.closed
     assert "closed" in repr(a)
-    for use in (lambda: a.array, lambda: a.get(), lambda: a[0], lambda: a.allocation,
-                lambda: np.asarray(a)):
+    for use in (
+        lambda: a.array,
+        lambda: a.get(),
+        lambda: a[0],
+        lambda: a.allocation,
+        lambda: np.asarray(a),
+    ):
         with pytest.raises(sa.ClosedArrayError):
             use()
     with pytest.raises(sa.ClosedArrayError):

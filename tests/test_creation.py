@@ -6,8 +6,22 @@ import pytest
 import sharedarrays as sa
 from sharedarrays.backends import cuda_usable
 
-DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
-          "float16", "float32", "float64", "complex64", "complex128"]
+DTYPES = [
+    "bool",
+    "int8",
+    "uint8",
+    "int16",
+    "uint16",
+    "int32",
+    "uint32",
+    "int64",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -90,8 +104,14 @@ def test_from_shared_array() -> None:
 
 @pytest.mark.parametrize(
     ("shape", "error"),
-    [(-1, ValueError), ((2, -3), ValueError), (2.5, TypeError), ("3", TypeError),
-     ((True,), TypeError), ((1,) * 65, ValueError)],
+    [
+        (-1, ValueError),
+        ((2, -3), ValueError),
+        (2.5, TypeError),
+        ("3", TypeError),
+        ((True,), TypeError),
+        ((1,) * 65, ValueError),
+    ],
 )
 def test_bad_shapes(shape: object, error: type[Exception]) -> None:
     with pytest.raises(error):

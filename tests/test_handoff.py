@@ -38,10 +38,12 @@ def test_views_with_offsets_and_strides_reach_workers(pool) -> None:  # type: ig
     ref = np.arange(60, dtype=np.int32).reshape(6, 10)
     a = sa.from_array(ref, device="cpu")
     views = [a[1:5, ::3], a[::-2, 7], a[2, 1:9:2], a[..., None, ::-1]]
-    assert pool.map(workers.checksum, views) == [float(ref[1:5, ::3].sum()),
-                                                 float(ref[::-2, 7].sum()),
-                                                 float(ref[2, 1:9:2].sum()),
-                                                 float(ref.sum())]
+    assert pool.map(workers.checksum, views) == [
+        float(ref[1:5, ::3].sum()),
+        float(ref[::-2, 7].sum()),
+        float(ref[2, 1:9:2].sum()),
+        float(ref.sum()),
+    ]
     back = pool.map(workers.add_one, [a[1:5, ::3]])[0]
     assert back.allocation is a.allocation  # it came home: the same mapping, no new one
     ref[1:5, ::3] += 1
@@ -145,7 +147,7 @@ def test_plain_pickle_through_a_file_to_a_fresh_interpreter(tmp_path: Path) -> N
 
 def test_exporter_exits_first_and_the_importer_keeps_working(tmp_path: Path) -> None:
     path, ready, go = tmp_path / "a.pkl", tmp_path / "ready", tmp_path / "go"
-    code = (f"import workers; workers.exporter_main({str(path)!r}, {str(ready)!r}, {str(go)!r})")
+    code = f"import workers; workers.exporter_main({str(path)!r}, {str(ready)!r}, {str(go)!r})"
     exporter = subprocess.Popen([sys.executable, "-c", code])
     try:
         deadline = time.time() + 60

@@ -27,7 +27,9 @@ def test_runtime_dir_is_private() -> None:
     assert server.parent == d and stat.S_ISSOCK(os.lstat(server).st_mode)
 
 
-def test_runtime_dir_open_to_others_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_runtime_dir_open_to_others_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     (tmp_path / "sharedarrays").mkdir(mode=0o777)
     os.chmod(tmp_path / "sharedarrays", 0o777)
@@ -55,8 +57,9 @@ def test_dead_server_is_unavailable(tmp_path: Path, fd_baseline: None) -> None:
 
 def test_fetch_returns_working_fds(fd_baseline: None) -> None:
     a = sa.from_array(np.arange(10.0), device="cpu")
-    sizes, fds = transport.fetch_handles(transport.server_address(), os.getpid(),
-                                         a.allocation.id, a.allocation.secret)
+    sizes, fds = transport.fetch_handles(
+        transport.server_address(), os.getpid(), a.allocation.id, a.allocation.secret
+    )
     try:
         assert sizes == a.allocation.chunk_sizes() and len(fds) == 1
         assert os.fstat(fds[0]).st_size == sizes[0]
@@ -95,8 +98,9 @@ def _other_user() -> str | None:
         useradd = shutil.which("useradd")
         if useradd is None:
             return None
-        r = subprocess.run([useradd, "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-                           capture_output=True)
+        r = subprocess.run(
+            [useradd, "--no-create-home", "--shell", "/usr/sbin/nologin", name], capture_output=True
+        )
         if r.returncode != 0:
             return None
     return name
@@ -133,7 +137,11 @@ def test_another_user_is_denied(open_socket: bool) -> None:
     try:
         out = subprocess.run(
             [python, "-c", _RAW_CLIENT, server, a.allocation.id, a.allocation.secret.hex()],
-            user=user, capture_output=True, text=True, timeout=60, cwd="/",
+            user=user,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd="/",
             env={"PATH": "/usr/bin:/bin"},
         )
     finally:
@@ -149,8 +157,9 @@ def test_another_user_is_denied(open_socket: bool) -> None:
 
 def test_stale_socket_files_are_removed() -> None:
     d = transport.runtime_dir()
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    ).stdout.strip()
     stale = d / f"{dead}-deadbeef.sock"
     stale.touch()
     transport._remove_stale_sockets(d)

@@ -183,12 +183,9 @@ class HostBackend:
             cpu = getattr(obj, "cpu", None)  # torch
             if callable(cpu):
                 return np.asarray(cpu())
-        try:
-            return np.asarray(obj)
-        except TypeError:
-            if hasattr(obj, "__dlpack__"):
-                return np.from_dlpack(obj)
-            raise
+        if hasattr(obj, "__dlpack__") and not hasattr(obj, "__array__"):
+            return np.from_dlpack(obj)
+        return np.asarray(obj)
 
     def export_sync(self) -> bytes | None:
         return None
