@@ -164,3 +164,46 @@ def test_stale_socket_files_are_removed() -> None:
     stale.touch()
     transport._remove_stale_sockets(d)
     assert not stale.exists()
+
+
+@pytest.mark.parametrize("open_socket", [False, True], ids=["private-dir", "socket-opened"])
+def test_another_user_loading_a_payload_gets_permission_denied(open_socket: bool) -> None:
+    """The whole load path as a second OS user: a forked child drops to that user, forgets
+    the parent's mappings and loads the payload."""
+    user = _other_user()
+    if user is None:
+        pytest.skip("needs root (to create a second OS user) and useradd")
+    pw = pwd.getpwnam(user)
+    a = sa.from_array(np.arange(4.0), device="cpu")
+    blob = pickle.dumps(a)
+    server = transport.server_address()
+    directory = os.path.dirname(server)
+    if open_socket:
+        os.chmod(directory, 0o711)
+        os.chmod(server, 0o777)
+    try:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child
+            code = 3
+            try:
+                os.setgroups([])
+                os.setgid(pw.pw_gid)
+                os.setuid(pw.pw_uid)
+                from sharedarrays import allocation
+
+                allocation._registry.clear()
+                try:
+                    pickle.loads(blob)
+                    code = 1
+                except sa.PermissionDenied:
+                    code = 0
+                except BaseException:
+                    code = 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        os.chmod(directory, 0o700)
+        os.chmod(server, 0o600)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert a.allocation.served == ()
