@@ -19,14 +19,13 @@ import os
 import secrets
 import threading
 import time
-import weakref
-from collections import deque
+from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from .backends import Access, Backend, Chunk, round_up
 from .device import Device
-from .errors import PayloadError
+from .errors import ClosedArrayError, PayloadError
 
 __all__ = [
     "Allocation",
@@ -36,7 +35,11 @@ __all__ = [
     "Served",
     "DEFAULT_CHUNK_BYTES",
     "chunk_sizes",
+    "Lease",
     "live_allocations",
+    "parked_allocations",
+    "drop_parked",
+    "keep_imports",
     "lookup",
 ]
 
@@ -148,20 +151,68 @@ class MappingInfo:
     access: Access
 
 
-_registry: weakref.WeakValueDictionary[str, Allocation] = weakref.WeakValueDictionary()
+_registry: dict[str, Allocation] = {}
 _registry_lock = threading.RLock()
+_parked: OrderedDict[str, Allocation] = OrderedDict()
+
+release_hooks: list[Callable[[Allocation], None]] = []
+"""Called with each allocation this process releases (the transport layer tells the
+processes it served, so that they drop their parked mappings too)."""
+
+
+def keep_imports() -> int:
+    """How many imported allocations with no live view this process keeps mapped.
+
+    A worker that receives the same array again then finds it mapped (a *warm* handoff: no
+    connection, no import, no map). Set by ``SHAREDARRAYS_KEEP_IMPORTS`` (default 64; 0 turns
+    parking off). A parked mapping is dropped as soon as its exporter releases the allocation
+    or exits, and the oldest is dropped when the limit is reached.
+    """
+    value = os.environ.get("SHAREDARRAYS_KEEP_IMPORTS", "64")
+    try:
+        return max(0, int(value))
+    except ValueError:
+        raise ValueError(f"SHAREDARRAYS_KEEP_IMPORTS={value!r} is not an integer") from None
 
 
 def lookup(alloc_id: str) -> Allocation | None:
-    """Return this process's live allocation with id ``alloc_id``, if any."""
+    """Return this process's mapped allocation with id ``alloc_id``, if any."""
     return _registry.get(alloc_id)
 
 
 def live_allocations() -> list[Allocation]:
-    """Every allocation currently mapped in this process, oldest first."""
+    """Every allocation currently mapped in this process (parked ones too), oldest first."""
     with _registry_lock:
         allocs = list(_registry.values())
     return sorted(allocs, key=lambda a: a.origin.time)
+
+
+def parked_allocations() -> list[Allocation]:
+    """Imported allocations kept mapped with no live view, least recently used first."""
+    with _registry_lock:
+        return list(_parked.values())
+
+
+def drop_parked(only_orphans: bool = False) -> int:
+    """Release parked allocations: all of them, or only those whose source process is gone.
+
+    Returns how many were released.
+    """
+    with _registry_lock:
+        victims = [a for a in _parked.values() if not only_orphans or not _alive(a.origin.pid)]
+    for a in victims:
+        a.release()
+    return len(victims)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _teardown(
@@ -170,10 +221,8 @@ def _teardown(
     size: int,
     mapped: list[tuple[int, int]],
     chunks: list[Chunk],
-    state: dict[str, bool],
 ) -> None:
     """Release everything an allocation holds, in the order the driver needs."""
-    state["released"] = True
     errors: list[BaseException] = []
     if mapped:
         try:
@@ -199,11 +248,31 @@ def _teardown(
         raise errors[0]
 
 
+class Lease:
+    """One user's hold on an allocation: each view and the native arrays built over it.
+
+    When the last lease of an allocation goes away, the allocation is released (in the
+    exporter) or parked (in an importer, see :func:`keep_imports`).
+    """
+
+    __slots__ = ("allocation",)
+
+    def __init__(self, allocation: Allocation) -> None:
+        self.allocation = allocation
+
+    def __del__(self) -> None:
+        try:
+            self.allocation._unlease()
+        except Exception:
+            pass
+
+
 class Allocation:
     """A reservation with its chunks mapped back to back: the memory of one array.
 
     Do not construct directly: use :meth:`create` (exporter) or :meth:`import_` (importer).
-    Every :class:`~sharedarrays.SharedDeviceArray` view keeps its allocation alive.
+    Views hold :class:`Lease` objects on it; the mapping is released when the last lease
+    goes (in an importer it may stay *parked* a while, ready for the next handoff).
 
     Attributes
     ----------
@@ -228,7 +297,6 @@ class Allocation:
         chunks: list[Chunk],
         access: Access,
         origin: Origin,
-        state: dict[str, bool],
     ) -> None:
         self.id = alloc_id
         self.secret = secret
@@ -239,16 +307,12 @@ class Allocation:
         self._access: Access = access
         self.origin = origin
         self._served: deque[Served] = deque(maxlen=_SERVED_HISTORY)
+        self._servers: set[str] = set()
         self._lock = threading.Lock()
-        self._state = state
-        mapped = []
-        offset = 0
-        for c in chunks:
-            mapped.append((offset, c.size))
-            offset += c.size
-        self._finalizer = weakref.finalize(
-            self, _teardown, backend, address, self.size, mapped, chunks, state
-        )
+        self._leases = 0
+        self._released = False
+        self._orphaned = False
+        self.pid = os.getpid()  # a forked child inherits the object but is not this process
         with _registry_lock:
             _registry[alloc_id] = self
 
@@ -329,7 +393,7 @@ class Allocation:
         alloc_id: str,
         secret: bytes,
         sizes: list[int],
-        make_chunk: Any,
+        make_chunk: Callable[[int], Chunk],
         access: Access,
         origin: Origin,
     ) -> Allocation:
@@ -337,7 +401,6 @@ class Allocation:
         chunks: list[Chunk] = []
         mapped: list[tuple[int, int]] = []
         address = 0
-        state = {"released": False}
         try:
             address = backend.reserve(total)
             offset = 0
@@ -349,9 +412,72 @@ class Allocation:
                 offset += size
             backend.set_access(address, total, access)
         except BaseException:
-            _teardown(backend, address, total, mapped, chunks, state)
+            _teardown(backend, address, total, mapped, chunks)
             raise
-        return cls(backend, alloc_id, secret, address, chunks, access, origin, state)
+        return cls(backend, alloc_id, secret, address, chunks, access, origin)
+
+    # lifetime ---------------------------------------------------------------------------
+    def lease(self) -> Lease:
+        """A new hold on this allocation (each view takes one). Unparks it if parked."""
+        with self._lock:
+            if self._released:
+                raise ClosedArrayError(f"allocation {self.id} was released in this process")
+            self._leases += 1
+            parked = self._leases == 1 and not self.origin.created_here
+        if parked:
+            with _registry_lock:
+                _parked.pop(self.id, None)
+        return Lease(self)
+
+    def _unlease(self) -> None:
+        with self._lock:
+            self._leases -= 1
+            if self._leases or self._released:
+                return
+            park = not self.origin.created_here and not self._orphaned
+        limit = keep_imports() if park else 0
+        if limit == 0:
+            self.release()
+            return
+        with _registry_lock:
+            _parked[self.id] = self
+            _parked.move_to_end(self.id)
+            evict = list(_parked.values())[: max(0, len(_parked) - limit)]
+        for a in evict:
+            a.release()
+
+    def orphan(self) -> None:
+        """The source released this allocation: release it here too once nothing uses it."""
+        with self._lock:
+            self._orphaned = True
+            unused = self._leases == 0
+        if unused:
+            self.release()
+
+    def release(self) -> None:
+        """Unmap and close everything this process holds of the allocation, now.
+
+        Called when the last lease goes (or a parked mapping is dropped). Views still holding
+        a lease must not exist: use :meth:`SharedDeviceArray.close` on views instead.
+        Idempotent.
+        """
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+        with _registry_lock:
+            if _registry.get(self.id) is self:
+                del _registry[self.id]
+            _parked.pop(self.id, None)
+        mapped = [(m.offset, m.size) for m in self.mappings]
+        try:
+            _teardown(self.backend, self.address, self.size, mapped, self._chunks)
+        finally:
+            for hook in release_hooks:
+                try:
+                    hook(self)
+                except Exception:
+                    continue
 
     # description ------------------------------------------------------------------------
     @property
@@ -362,7 +488,17 @@ class Allocation:
     @property
     def released(self) -> bool:
         """Whether this process has already released the allocation."""
-        return self._state["released"]
+        return self._released
+
+    @property
+    def parked(self) -> bool:
+        """Whether this importer keeps the allocation mapped with no live view."""
+        return self.id in _parked and not self._released
+
+    @property
+    def leases(self) -> int:
+        """How many views (and native arrays through them) hold the allocation here."""
+        return self._leases
 
     @property
     def chunks(self) -> tuple[ChunkInfo, ...]:
@@ -390,10 +526,18 @@ class Allocation:
         with self._lock:
             return tuple(self._served)
 
-    def record_served(self, pid: int) -> None:
-        """Note that the handles were sent to process ``pid`` (called by the handle server)."""
+    def record_served(self, pid: int, server: str | None = None) -> None:
+        """Note that the handles were sent to process ``pid``, whose own handle server (if
+        given) is told when this process releases the allocation."""
         with self._lock:
             self._served.append(Served(pid, time.time()))
+            if server:
+                self._servers.add(server)
+
+    def served_servers(self) -> list[str]:
+        """Handle servers of the processes this one served (told on release)."""
+        with self._lock:
+            return sorted(self._servers)
 
     def chunk_fds(self) -> list[int]:
         """The exported fds of the chunks, owned by this allocation (do not close them)."""

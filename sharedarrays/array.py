@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import operator
 import os
+import weakref
 from multiprocessing import reduction
 from multiprocessing.context import get_spawning_popen
 from types import EllipsisType
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from . import transport
-from .allocation import Allocation, lookup
+from .allocation import Allocation, Lease, lookup
 from .backends import get_backend
 from .device import CPU, Device
 from .errors import ClosedArrayError, PayloadError
@@ -26,6 +27,8 @@ from .payload import Payload, view_extent
 __all__ = ["SharedDeviceArray"]
 
 _BASIC_INDEX = (int, slice, EllipsisType, type(None), np.integer)
+
+_live_views: weakref.WeakSet[SharedDeviceArray] = weakref.WeakSet()  # read by widgets/
 
 
 def _check_key(key: object) -> tuple[Any, ...]:
@@ -75,7 +78,7 @@ class SharedDeviceArray:
     """
 
     __slots__ = (
-        "_alloc",
+        "_lease",
         "_dtype",
         "_shape",
         "_strides",
@@ -101,13 +104,14 @@ class SharedDeviceArray:
             or not 0 <= offset <= allocation.size
         ):
             raise ValueError("view reaches outside its allocation")
-        self._alloc: Allocation | None = allocation
+        self._lease: Lease | None = allocation.lease()
         self._dtype = dtype
         self._shape = shape
         self._strides = strides
         self._offset = offset
         self._readonly = readonly
         self._native: Any = None
+        _live_views.add(self)
 
     # metadata ---------------------------------------------------------------------------
     @property
@@ -161,15 +165,15 @@ class SharedDeviceArray:
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` was called on this view."""
-        return self._alloc is None
+        return self._lease is None
 
     @property
     def allocation(self) -> Allocation:
         """The reservation, chunks, mappings and origin behind this view."""
-        alloc = self._alloc
-        if alloc is None:
+        lease = self._lease
+        if lease is None:
             raise ClosedArrayError("this SharedDeviceArray is closed; attach or load it again")
-        return alloc
+        return lease.allocation
 
     @property
     def device(self) -> Device:
@@ -198,7 +202,7 @@ class SharedDeviceArray:
                 alloc.address,
                 alloc.size,
                 self._offset,
-                alloc,
+                self._lease,  # the native array holds the mapping through this view's lease
                 self._dtype,
                 self._shape,
                 self._strides,
@@ -231,7 +235,14 @@ class SharedDeviceArray:
         _check_key(key)
         if self._readonly:
             raise ValueError("this SharedDeviceArray is read-only")
-        self.array[key] = value
+        native = self.array
+        if not isinstance(value, type(native)) and (
+            isinstance(value, (np.ndarray, SharedDeviceArray))
+            or hasattr(value, "__cuda_array_interface__")
+            or hasattr(value, "__dlpack__")
+        ):
+            value = self.allocation.backend.to_native(value)  # e.g. NumPy into CuPy
+        native[key] = value
 
     def get(self) -> np.ndarray[Any, Any]:
         """Copy the data into a new NumPy array in host memory."""
@@ -283,7 +294,7 @@ class SharedDeviceArray:
         keep their mappings. Closing twice is allowed.
         """
         self._native = None
-        self._alloc = None
+        self._lease = None
 
     def __enter__(self) -> SharedDeviceArray:
         return self
@@ -291,10 +302,22 @@ class SharedDeviceArray:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def show(self) -> Any:
+        """The memory map of this view's allocation (see :func:`sharedarrays.show`)."""
+        from .widgets import MemoryMap
+
+        return MemoryMap(self)
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        """Jupyter display: text, an HTML table, a PNG memory map, the live widget."""
+        from .widgets import mimebundle
+
+        return mimebundle(self, include, exclude)
+
     def __repr__(self) -> str:
-        if self._alloc is None:
+        if self._lease is None:
             return f"<SharedDeviceArray shape={self._shape} dtype={self._dtype} closed>"
-        a = self._alloc
+        a = self._lease.allocation
         where = "created here" if a.origin.created_here else f"imported from pid {a.origin.pid}"
         ro = " readonly" if self._readonly else ""
         return (
@@ -381,7 +404,9 @@ def load(data: bytes, fds: tuple[Any, ...] | None = None) -> SharedDeviceArray:
                 os.close(fd)
             raise
         if fds is None:
-            sizes, received = transport.fetch_handles(p.server, p.pid, p.alloc_id, p.secret)
+            sizes, received = transport.fetch_handles(
+                p.server, p.pid, p.alloc_id, p.secret, reply_to=transport.server_address()
+            )
             if sizes != list(p.chunks):
                 for fd in received:
                     os.close(fd)

@@ -22,6 +22,7 @@ import errno
 import hmac
 import json
 import os
+import queue
 import socket
 import stat
 import struct
@@ -34,8 +35,10 @@ from .errors import HandleUnavailable, PayloadError, PermissionDenied
 
 __all__ = ["runtime_dir", "server_address", "fetch_handles", "shutdown_server"]
 
-_REQUEST = struct.Struct("4s16s32s")
+_REQUEST = struct.Struct("4s16s32s")  # then, optionally, the importer's own server path
 _REQUEST_MAGIC = b"SAH1"
+_NOTICE_MAGIC = b"SAX1"  # "I released this allocation": same layout, no reply
+_MAX_PATH = 107
 _REPLY = struct.Struct("4sBI")  # magic, status, number of chunks; then JSON sizes
 _REPLY_MAGIC = b"SAR1"
 _OK, _GONE, _BAD_SECRET, _BAD_UID, _BAD_REQUEST = range(5)
@@ -43,6 +46,8 @@ _FDS_PER_MESSAGE = 250  # SCM_MAX_FD is 253
 _CRED = struct.Struct("3i")
 TIMEOUT = 10.0
 """Seconds an importer waits for a handle server (and a server for a client)."""
+HOUSEKEEPING = 5.0
+"""Seconds between the server's checks for parked mappings whose source process died."""
 
 
 def runtime_dir() -> Path:
@@ -105,9 +110,13 @@ class HandleServer:
         self._thread.start()
 
     def _serve(self) -> None:
+        self._sock.settimeout(HOUSEKEEPING)
         while True:
             try:
                 conn, _ = self._sock.accept()
+            except TimeoutError:
+                allocation.drop_parked(only_orphans=True)
+                continue
             except OSError:
                 return  # closed
             with conn:
@@ -119,15 +128,16 @@ class HandleServer:
 
     def _answer(self, conn: socket.socket) -> None:
         pid, uid, _ = _peer(conn)
-        request = conn.recv(_REQUEST.size + 1)
+        request = conn.recv(_REQUEST.size + _MAX_PATH + 1)
         if uid != os.getuid():
             conn.send(_REPLY.pack(_REPLY_MAGIC, _BAD_UID, 0))
             return
-        if len(request) != _REQUEST.size:
+        if len(request) < _REQUEST.size or len(request) > _REQUEST.size + _MAX_PATH:
             conn.send(_REPLY.pack(_REPLY_MAGIC, _BAD_REQUEST, 0))
             return
-        magic, raw_id, secret = _REQUEST.unpack(request)
-        if magic != _REQUEST_MAGIC:
+        magic, raw_id, secret = _REQUEST.unpack_from(request)
+        reply_to = request[_REQUEST.size :].decode(errors="replace")
+        if magic not in (_REQUEST_MAGIC, _NOTICE_MAGIC):
             conn.send(_REPLY.pack(_REPLY_MAGIC, _BAD_REQUEST, 0))
             return
         alloc = allocation.lookup(raw_id.hex())
@@ -137,14 +147,20 @@ class HandleServer:
         if not hmac.compare_digest(secret, alloc.secret):
             conn.send(_REPLY.pack(_REPLY_MAGIC, _BAD_SECRET, 0))
             return
+        if magic == _NOTICE_MAGIC:
+            conn.send(_REPLY.pack(_REPLY_MAGIC, _OK, 0))
+            alloc.orphan()
+            return
         # ``alloc`` is a strong reference: the fds stay open until they are sent.
         sizes = alloc.chunk_sizes()
         fds = alloc.chunk_fds()
         header = _REPLY.pack(_REPLY_MAGIC, _OK, len(fds)) + json.dumps(sizes).encode()
+        # Record first: the importer may use the array and hand it back before this thread
+        # runs again, and a release must then know whom to tell.
+        alloc.record_served(pid, reply_to if reply_to.startswith("/") else None)
         socket.send_fds(conn, [header], fds[:_FDS_PER_MESSAGE])
         for i in range(_FDS_PER_MESSAGE, len(fds), _FDS_PER_MESSAGE):
             socket.send_fds(conn, [b"+"], fds[i : i + _FDS_PER_MESSAGE])
-        alloc.record_served(pid)
         del alloc
 
     def close(self) -> None:
@@ -221,7 +237,7 @@ atexit.register(shutdown_server)
 
 
 def fetch_handles(
-    server: str, pid: int, alloc_id: str, secret: bytes
+    server: str, pid: int, alloc_id: str, secret: bytes, reply_to: str | None = None
 ) -> tuple[list[int], list[int]]:
     """Ask the handle server at ``server`` for the chunks of an allocation.
 
@@ -260,7 +276,8 @@ def fetch_handles(
             raise PermissionDenied(
                 f"the handle server {server} runs as another user (uid {server_uid})"
             )
-        sock.sendall(_REQUEST.pack(_REQUEST_MAGIC, bytes.fromhex(alloc_id), secret))
+        tail = reply_to.encode() if reply_to and len(reply_to.encode()) <= _MAX_PATH else b""
+        sock.sendall(_REQUEST.pack(_REQUEST_MAGIC, bytes.fromhex(alloc_id), secret) + tail)
         msg, got, _, _ = socket.recv_fds(sock, 1 << 20, _FDS_PER_MESSAGE)
         fds.extend(got)
         if len(msg) < _REPLY.size:
@@ -303,3 +320,40 @@ def fetch_handles(
         for fd in fds:
             os.close(fd)
         sock.close()
+
+
+_notices: queue.SimpleQueue[tuple[list[str], bytes, bytes]] = queue.SimpleQueue()
+_notifier: threading.Thread | None = None
+
+
+def _send_notices() -> None:
+    while True:
+        servers, raw_id, secret = _notices.get()
+        for path in servers:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+                try:
+                    sock.settimeout(1.0)
+                    sock.connect(path)
+                    sock.sendall(_REQUEST.pack(_NOTICE_MAGIC, raw_id, secret))
+                    sock.recv(_REPLY.size)
+                except OSError:
+                    continue  # that process is gone: nothing to tell
+
+
+def _notify_importers(alloc: allocation.Allocation) -> None:
+    """Tell the processes this one served that it released ``alloc``, so that they drop
+    their parked mappings of it (and the memory can return). Best effort, off-thread."""
+    global _notifier
+    if alloc.pid != os.getpid():
+        return  # inherited across fork: the parent still holds it
+    own = _server.path if _server is not None else None
+    servers = [p for p in alloc.served_servers() if p != own]
+    if not servers:
+        return
+    if _notifier is None or not _notifier.is_alive():
+        _notifier = threading.Thread(target=_send_notices, name="sharedarrays-notices", daemon=True)
+        _notifier.start()
+    _notices.put((servers, bytes.fromhex(alloc.id), alloc.secret))
+
+
+allocation.release_hooks.append(_notify_importers)

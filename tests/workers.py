@@ -99,3 +99,31 @@ def release_held(_: object = None) -> int:
     _held.clear()
     gc.collect()
     return n
+
+
+def parked_ids(_: object = None) -> list[str]:
+    from sharedarrays.allocation import parked_allocations
+
+    gc.collect()
+    return [a.id for a in parked_allocations()]
+
+
+def mapped_ids(_: object = None) -> list[str]:
+    from sharedarrays.allocation import live_allocations
+
+    gc.collect()
+    return [a.id for a in live_allocations()]
+
+
+def increment(a: Any) -> None:
+    a.array[...] += 1
+
+
+def fd_targets(_: object = None) -> list[str]:
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out.append(f"{fd}->{os.readlink(f'/proc/self/fd/{fd}')}")
+        except OSError:
+            pass
+    return sorted(out)

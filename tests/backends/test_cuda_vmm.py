@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import importlib.util
 import json
 import os
 import pickle
@@ -177,14 +178,14 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDriver]:
     monkeypatch.setattr(cuda_vmm, "_device_count", 0)
     monkeypatch.setattr(cuda_vmm, "_forked_from_cuda", False)
     monkeypatch.setattr(cuda_vmm, "_parent_had_cuda", False)
-    real_find_spec = cuda_vmm.importlib.util.find_spec
+    real_find_spec = importlib.util.find_spec
 
     def find_spec(name: str, *args: Any) -> Any:
         if name == "cupy":
             return object()
         return real_find_spec(name, *args)
 
-    monkeypatch.setattr(cuda_vmm.importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
     yield driver
 
 
@@ -203,7 +204,7 @@ def test_fake_no_bindings(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_fake_no_cupy(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cuda_vmm.importlib.util, "find_spec", lambda name, *a: None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     reason = why_unusable()
     assert reason is not None and "CuPy" in reason and INSTALL_HINT in reason
 
@@ -403,7 +404,7 @@ class Owner:
 
 def f32(be: CudaVmmBackend, address: int, nbytes: int, owner: object = None) -> Any:
     n = nbytes // 4
-    return be.as_native(address, nbytes, owner, np.dtype(np.float32), (n,), (4,), False)
+    return be.as_native(address, nbytes, 0, owner, np.dtype(np.float32), (n,), (4,), False)
 
 
 _SPIN_SOURCE = r"""
@@ -521,15 +522,12 @@ def test_round_trip(be: CudaVmmBackend) -> None:
             b = f32(be, alias, g)  # the same chunk mapped twice sees the same bytes
             assert float(b[12345].get()) == 12345.0
             # A 2-D view with an offset and a negative stride.
-            rev = be.as_native(
-                address + 4 * 99, 400, None, np.dtype(np.float32), (100,), (-4,), True
-            )
+            f4 = np.dtype(np.float32)
+            rev = be.as_native(address, g, 4 * 99, None, f4, (100,), (-4,), True)
             assert rev.get().tolist() == list(range(99, -1, -1))
-            two_d = be.as_native(
-                address + 4 * 8, 4 * 64, None, np.dtype(np.float32), (8, 8), (64, 8), False
-            )
+            two_d = be.as_native(address, g, 4 * 8, None, f4, (8, 8), (64, 8), False)
             assert two_d.get()[1, 1] == 8 + 16 + 2
-            empty = be.as_native(address, 0, None, np.dtype(np.float32), (0, 3), (12, 4), False)
+            empty = be.as_native(address, g, 0, None, f4, (0, 3), (12, 4), False)
             assert empty.shape == (0, 3)
             view = a[10:20]
             del a, b, rev, two_d, empty
@@ -557,19 +555,15 @@ def test_multi_chunk_mapping(be: CudaVmmBackend) -> None:
                 expect = np.arange(g // 4, 2 * g // 4, dtype=np.float32)
                 assert np.array_equal(f32(be, middle, g).get(), expect)
             del whole
-        # Part of a chunk, from an offset.
-        with mapped(be, [big]) as address:
-            f32(be, address, 2 * g)[...] = cupy.arange(2 * g // 4, dtype=cupy.float32)
-            part = be.reserve(g)
-            try:
+        # CUDA maps whole chunks only: no offset into one, no part of one.
+        part = be.reserve(g)
+        try:
+            with pytest.raises(ValueError, match="whole chunks"):
                 be.map(part, g, big, chunk_offset=g)
-                be.set_access(part, g, "rw")
-                assert float(f32(be, part, g)[0].get()) == g // 4
-                be.unmap(part, g)
-            finally:
-                be.free_reservation(part, g)
-        with pytest.raises(ValueError):
-            be.map(0, g, big, chunk_offset=2 * g)
+            with pytest.raises(ValueError, match="whole chunks"):
+                be.map(part, g, big)
+        finally:
+            be.free_reservation(part, g)
     finally:
         for c in [*chunks, big]:
             be.release_chunk(c)
@@ -646,6 +640,49 @@ def test_works_from_a_thread_without_a_context(be: CudaVmmBackend) -> None:
     t.join()
     assert "error" not in out, out.get("error")
     assert out["before"] == 0 and out["value"] == 2.0 and out["after"] == be._ctx_int
+
+
+@pytest.mark.gpu
+def test_works_under_another_current_context(be: CudaVmmBackend) -> None:
+    driver = cuda_vmm.load_driver()
+    out: dict[str, Any] = {}
+
+    def work() -> None:
+        other = None
+        chunk = None
+        address = 0
+        g = be.granularity
+        try:
+            dev = cuda_vmm.check(driver.cuDeviceGet(0), "cuDeviceGet")
+            other = cuda_vmm.check(driver.cuCtxCreate(None, 0, dev), "cuCtxCreate")
+            # Every backend call works while a foreign context is current, and leaves it so.
+            chunk = be.create_chunk(g)
+            address = be.reserve(g)
+            be.map(address, g, chunk)
+            be.set_access(address, g, "rw")
+            be.synchronize()
+            current = cuda_vmm.check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
+            out["restored"] = int(current) == int(other)
+            cuda_vmm.check(driver.cuCtxDestroy(other), "cuCtxDestroy")
+            other = None
+            # CuPy (the primary context) sees the memory mapped meanwhile.
+            f32(be, address, g).fill(6.0)
+            out["value"] = float(f32(be, address, g)[0].get())
+            be.unmap(address, g)
+            be.free_reservation(address, g)
+            be.release_chunk(chunk)
+        except BaseException:
+            out["error"] = traceback.format_exc()
+        finally:
+            if other is not None:
+                driver.cuCtxDestroy(other)
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert "error" not in out, out.get("error")
+    assert out["restored"]  # the caller's context is current again
+    assert out["value"] == 6.0
 
 
 @pytest.mark.gpu

@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# Run the whole GPU part of the test suite on a machine with a CUDA device, in one go, and
+# write a report.
+#
+#   scripts/gpu_check.sh [--bench] [PYTEST_ARGS...]
+#
+# Uses the machine's own `python3` (no virtual environment): it must already have numpy,
+# cupy, cuda-bindings and pytest (torch and psutil are used where present). The repository is
+# put on PYTHONPATH, so nothing is installed.
+#
+# Runs `python3 -m pytest -m gpu -ra tests` (or the PYTEST_ARGS given, e.g. a single test
+# file), then `python3 -m sharedarrays demo`, and with --bench `python3 -m sharedarrays bench`.
+# Writes, under $OUT (./artifacts when OUT is unset):
+#   gpu-report.md   date (UTC), host, GPU and driver, package versions, pass/fail/skip
+#                   counts, the end of the pytest output, the demo's (and bench's) output
+#   junit.xml       pytest's JUnit XML
+#   pytest.log      pytest's whole output
+#   demo.log, bench.log
+#
+# The demo and the benchmark are each stopped after $GPU_CHECK_TIMEOUT seconds (300).
+#
+# Exit status: non-zero when a gpu test failed or errored, or none passed.
+set -uo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT="$PWD"
+
+BENCH=0
+PYTEST_ARGS=()
+for arg in "$@"; do
+    case "$arg" in
+        --bench) BENCH=1 ;;
+        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+        *) PYTEST_ARGS+=("$arg") ;;
+    esac
+done
+if [ "${#PYTEST_ARGS[@]}" -eq 0 ]; then
+    PYTEST_ARGS=(tests)
+fi
+
+OUT="${OUT:-$ROOT/artifacts}"
+mkdir -p "$OUT"
+REPORT="$OUT/gpu-report.md"
+JUNIT="$OUT/junit.xml"
+PYLOG="$OUT/pytest.log"
+PYTHON="${PYTHON:-python3}"
+
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+export PYTHONDONTWRITEBYTECODE=1
+
+log() { printf '\n== gpu_check: %s\n' "$*"; }
+
+# --------------------------------------------------------------------------------------------
+# the tests
+
+log "pytest -m gpu ${PYTEST_ARGS[*]}"
+start=$(date +%s)
+"$PYTHON" -m pytest -m gpu -ra -p no:cacheprovider --junitxml="$JUNIT" "${PYTEST_ARGS[@]}" \
+    2>&1 | tee "$PYLOG"
+pytest_rc=${PIPESTATUS[0]}
+pytest_s=$(( $(date +%s) - start ))
+
+# passed failed errors skipped, from the JUnit XML (all zeros when it is missing)
+read -r passed failed errors skipped < <("$PYTHON" - "$JUNIT" <<'EOF'
+import sys
+import xml.etree.ElementTree as ET
+
+try:
+    root = ET.parse(sys.argv[1]).getroot()
+except Exception:
+    print(0, 0, 0, 0)
+    raise SystemExit
+suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
+n = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+for suite in suites:
+    for key in n:
+        n[key] += int(suite.get(key, 0))
+passed = n["tests"] - n["failures"] - n["errors"] - n["skipped"]
+print(passed, n["failures"], n["errors"], n["skipped"])
+EOF
+)
+
+# --------------------------------------------------------------------------------------------
+# the demo and the benchmark (each guarded: their failure is reported, not fatal)
+
+run_guarded() {  # name logfile command...
+    local name="$1" logfile="$2"
+    shift 2
+    log "$name"
+    if "$PYTHON" -c 'import sharedarrays.cli' >/dev/null 2>&1; then
+        timeout "${GPU_CHECK_TIMEOUT:-300}" "$@" 2>&1 | tee "$logfile"
+        local rc=${PIPESTATUS[0]}
+        echo "(exit status $rc)" >>"$logfile"
+    else
+        echo "skipped: sharedarrays.cli does not import here" | tee "$logfile"
+    fi
+}
+
+run_guarded "demo" "$OUT/demo.log" "$PYTHON" -m sharedarrays demo
+if [ "$BENCH" -eq 1 ]; then
+    run_guarded "bench" "$OUT/bench.log" "$PYTHON" -m sharedarrays bench
+fi
+
+# --------------------------------------------------------------------------------------------
+# the report
+
+gpu="$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null \
+    || echo 'nvidia-smi not available')"
+versions="$("$PYTHON" - <<'EOF'
+import platform
+from importlib import metadata
+
+print(f"- python {platform.python_version()} ({platform.python_implementation()})")
+for name in ("numpy", "cupy-cuda13x", "cupy-cuda12x", "cupy", "cuda-bindings", "cuda-core",
+             "torch", "pytest", "psutil", "hypothesis"):
+    try:
+        print(f"- {name} {metadata.version(name)}")
+    except metadata.PackageNotFoundError:
+        pass
+try:
+    from cuda.bindings import driver
+
+    err, version = driver.cuDriverGetVersion()
+    print(f"- CUDA driver API {version // 1000}.{version % 1000 // 10}")
+except Exception as exc:
+    print(f"- CUDA driver API: unknown ({type(exc).__name__})")
+EOF
+)"
+commit="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo 'unknown')"
+dirty="$(git -C "$ROOT" status --porcelain 2>/dev/null | head -1)"
+
+verdict="PASSED"
+status=0
+if [ "$failed" -gt 0 ] || [ "$errors" -gt 0 ]; then
+    verdict="FAILED"
+    status=1
+elif [ "$passed" -eq 0 ]; then
+    verdict="FAILED (no gpu test passed)"
+    status=1
+elif [ "$pytest_rc" -ne 0 ]; then
+    verdict="FAILED (pytest exit status $pytest_rc)"
+    status=1
+fi
+
+{
+    echo "# GPU test report"
+    echo
+    echo "| | |"
+    echo "| --- | --- |"
+    echo "| result | **$verdict** |"
+    echo "| date (UTC) | $(date -u '+%Y-%m-%d %H:%M:%S') |"
+    echo "| host | $(hostname) |"
+    echo "| GPU (name, driver, memory) | $gpu |"
+    echo "| commit | $commit${dirty:+ (with uncommitted changes)} |"
+    echo "| command | \`pytest -m gpu ${PYTEST_ARGS[*]}\` |"
+    echo "| passed / failed / errors / skipped | $passed / $failed / $errors / $skipped |"
+    echo "| pytest time | ${pytest_s} s (exit status $pytest_rc) |"
+    echo
+    echo "## Versions"
+    echo
+    echo "$versions"
+    echo
+    echo "## pytest (last 60 lines)"
+    echo
+    echo '```'
+    tail -n 60 "$PYLOG"
+    echo '```'
+    echo
+    echo "## demo"
+    echo
+    echo '```'
+    cat "$OUT/demo.log" 2>/dev/null
+    echo '```'
+    if [ "$BENCH" -eq 1 ]; then
+        echo
+        echo "## bench"
+        echo
+        echo '```'
+        cat "$OUT/bench.log" 2>/dev/null
+        echo '```'
+    fi
+} >"$REPORT"
+
+log "$verdict: $passed passed, $failed failed, $errors errors, $skipped skipped; report: $REPORT"
+exit "$status"
