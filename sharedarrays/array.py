@@ -412,7 +412,7 @@ def load(data: bytes, fds: tuple[Any, ...] | None = None) -> SharedDeviceArray:
                     os.close(fd)
                 raise PayloadError("payload's chunk sizes do not match its exporter's allocation")
         alloc = Allocation.import_(backend, p.alloc_id, p.secret, list(p.chunks), received, p.pid)
-    if p.sync is not None and p.pid != os.getpid():
+    if p.sync is not None:
         alloc.backend.import_sync(p.sync)
     return SharedDeviceArray(alloc, p.dtype, p.shape, p.strides, p.offset, p.readonly)
 

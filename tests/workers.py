@@ -127,3 +127,58 @@ def fd_targets(_: object = None) -> list[str]:
         except OSError:
             pass
     return sorted(out)
+
+
+# -- CUDA workers (cupy is imported inside, so CPU-only runs never need it) ---------------------
+
+
+def cuda_write_slice(args: tuple[Any, int]) -> tuple[str, int, float]:
+    """Write ``i + 1`` into row ``i`` of a CUDA array; report the module and device used."""
+    import cupy
+
+    a, i = args
+    x = a.array
+    row = x[i]
+    row[...] = i + 1
+    cupy.cuda.get_current_stream().synchronize()
+    return type(x).__module__.split(".")[0], int(x.device.id), float(row.sum().get())
+
+
+def cuda_read_sum(a: Any) -> float:
+    import cupy
+
+    value = float(a.array.astype(cupy.float64).sum().get())
+    return value
+
+
+def cuda_min_max(a: Any) -> tuple[float, float]:
+    """Min and max of a CUDA array as it is the moment the worker reads it."""
+    x = a.array
+    return float(x.min().get()), float(x.max().get())
+
+
+def cuda_sample(a: Any, step: int) -> tuple[float, float, float]:
+    """Read a strided sample of a huge array and write its last element."""
+    import cupy
+
+    x = a.array
+    sample = float(x[::step].astype(cupy.float64).sum().get())
+    x[-1] = -1
+    cupy.cuda.get_current_stream().synchronize()
+    return sample, float(x[0].get()), float(x[-1].get())
+
+
+def cuda_fork_child_load(blob: bytes) -> str:
+    """In a forked child of a CUDA parent: loading and using a CUDA payload must say why not."""
+    import pickle
+
+    import sharedarrays as sa
+
+    try:
+        a = pickle.loads(blob)
+        a.array  # noqa: B018 - touching the memory is the point
+    except sa.BackendUnavailable as e:
+        return "BackendUnavailable: " + str(e)
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return "loaded"

@@ -1,0 +1,220 @@
+"""SharedDeviceArray on the CUDA VMM backend, end to end (marker ``gpu``)."""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing as mp
+import pickle
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import workers
+
+import sharedarrays as sa
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+          "float16", "float32", "float64", "complex64", "complex128"]
+
+
+def free_memory() -> int:
+    import cupy
+
+    gc.collect()
+    cupy.get_default_memory_pool().free_all_blocks()
+    cupy.cuda.Device(0).synchronize()
+    free, _ = cupy.cuda.runtime.memGetInfo()
+    return int(free)
+
+
+def test_default_device_is_cuda_and_native_is_cupy() -> None:
+    import cupy
+
+    a = sa.zeros((4, 5), "float32")
+    assert str(a.device) == "cuda:0" and a.backend == "cuda-vmm"
+    assert isinstance(a.array, cupy.ndarray) and a.array.data.ptr == a.address
+    assert a.allocation.backend.granularity == 2 << 20
+    with pytest.raises(TypeError, match="get"):
+        np.asarray(a)
+    cai = a.__cuda_array_interface__
+    assert cai["version"] >= 3 and cai["data"][0] == a.address and "stream" in cai
+    assert a.__dlpack_device__() == (2, 0)
+    assert cupy.asarray(a).data.ptr == a.address
+    assert np.all(a.get() == 0)
+
+
+def test_zero_copy_interop_with_torch() -> None:
+    torch = pytest.importorskip("torch")
+    a = sa.zeros(1000, "float32")
+    t = torch.from_dlpack(a)
+    assert t.is_cuda and t.data_ptr() == a.address
+    t += 3
+    torch.cuda.synchronize()
+    assert float(a.array.sum().get()) == 3000.0
+    b = sa.from_array(torch.arange(6, device="cuda", dtype=torch.int64).reshape(2, 3))
+    assert b.device == sa.Device("cuda", 0) and b.get().tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_dtype_round_trips(dtype: str) -> None:
+    ref = (np.arange(48).reshape(4, 12) % 5).astype(dtype)
+    a = sa.from_array(ref)
+    assert a.device.is_cuda and a.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(a.get(), ref)
+    b = pickle.loads(pickle.dumps(a[1:, ::-3]))
+    np.testing.assert_array_equal(b.get(), ref[1:, ::-3])
+
+
+@pytest.mark.parametrize("shape", [0, (3, 0), ()])
+def test_zero_size(shape: object) -> None:
+    a = sa.zeros(shape, "float64")  # type: ignore[arg-type]
+    assert a.get().shape == np.zeros(shape).shape  # type: ignore[call-overload]
+
+
+def test_from_cupy_and_numpy_and_views_write_through() -> None:
+    import cupy
+
+    src = cupy.arange(60, dtype=cupy.float32).reshape(6, 10)
+    a = sa.from_array(src)
+    assert a.array.data.ptr != src.data.ptr
+    ref = cupy.asnumpy(src)
+    v = a[1:5, ::-3]
+    v[...] = np.full(v.shape, -1, np.float32)  # NumPy values are copied to the device
+    ref[1:5, ::-3] = -1
+    np.testing.assert_array_equal(a.get(), ref)
+    w = sa.from_array(np.asfortranarray(ref))
+    assert w.array.flags.f_contiguous
+    np.testing.assert_array_equal(w.get(), ref)
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_pool_of_four_writes_slices(method: str) -> None:
+    a = sa.zeros((4, 1 << 18), "float32")
+    with mp.get_context(method).Pool(4) as pool:
+        out = pool.map(workers.cuda_write_slice, [(a, i) for i in range(4)], chunksize=1)
+    assert [o[0] for o in out] == ["cupy"] * 4 and {o[1] for o in out} == {0}
+    assert [o[2] for o in out] == [float((i + 1) << 18) for i in range(4)]
+    got = a.get()
+    for i in range(4):
+        assert np.all(got[i] == i + 1)
+
+
+def test_plain_pickle_through_a_file_to_a_fresh_interpreter(tmp_path: Path) -> None:
+    a = sa.from_array(np.arange(12.0).reshape(3, 4))
+    path = tmp_path / "a.pkl"
+    path.write_bytes(pickle.dumps(a[1:, ::-1]))
+    code = (
+        "import pickle, cupy\n"
+        f"b = pickle.load(open({str(path)!r}, 'rb'))\n"
+        "print(b.device, b.get().tolist()); b.array[...] = -1\n"
+        "cupy.cuda.get_current_stream().synchronize()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "cuda:0 " + str(np.arange(12.0).reshape(3, 4)[1:, ::-1].tolist())
+    np.testing.assert_array_equal(a.get()[1:], -1)
+
+
+def test_producer_exits_before_the_consumer_reads(tmp_path: Path) -> None:
+    path, ready, go = tmp_path / "a.pkl", tmp_path / "ready", tmp_path / "go"
+    code = (
+        "import os, pickle, time, cupy, sharedarrays as sa\n"
+        "a = sa.from_array(cupy.arange(1 << 20, dtype=cupy.int64))\n"
+        f"open({str(path)!r}, 'wb').write(pickle.dumps(a))\n"
+        f"open({str(ready)!r}, 'w').close()\n"
+        f"while not os.path.exists({str(go)!r}): time.sleep(0.01)\n"
+    )
+    producer = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.time() + 120
+        while not ready.exists():
+            assert producer.poll() is None and time.time() < deadline, "producer failed"
+            time.sleep(0.01)
+        a = pickle.loads(path.read_bytes())
+        go.touch()
+        assert producer.wait(60) == 0  # the producer released everything and exited
+        got = a.get()
+        np.testing.assert_array_equal(got, np.arange(1 << 20))
+        a[...] = 5
+        assert int(a.array.sum().get()) == 5 << 20
+    finally:
+        producer.kill()
+        producer.wait()
+
+
+def test_device_memory_returns_to_baseline() -> None:
+    before = free_memory()
+    a = sa.zeros(256 << 20, "uint8")
+    assert free_memory() <= before - (256 << 20) + (2 << 20)
+    with mp.get_context("spawn").Pool(2) as pool:
+        assert pool.map(workers.cuda_read_sum, [a[: 1 << 20], a[1 << 20 :]]) == [0.0, 0.0]
+        a.close()
+        del a
+        pool.close()
+        pool.join()
+    after = free_memory()
+    assert abs(after - before) <= 2 << 20, f"{(before - after) / 2**20:.1f} MiB not returned"
+
+
+def test_a_running_producer_kernel_is_complete_when_the_consumer_reads() -> None:
+    from cuda_helpers import Spin
+
+    spin = Spin()
+    a = sa.zeros(1 << 22, "float32")
+    with mp.get_context("spawn").Pool(1) as pool:
+        pool.apply(workers.cuda_min_max, (a[:1],))  # worker up, allocation imported
+        spin(a.array, 42.0, 1.5)  # still running for ~1.5 s when the payload is made
+        t = time.perf_counter()
+        low, high = pool.apply(workers.cuda_min_max, (a,))
+        waited = time.perf_counter() - t
+    assert (low, high) == (42.0, 42.0)
+    assert waited > 0.5  # the consumer really waited on the producer's event
+
+
+def test_32_gib_array_is_handed_off_without_a_copy() -> None:
+    import cupy
+
+    n = (32 << 30) // 4
+    if free_memory() < (32 << 30) + (4 << 30):
+        pytest.skip("needs 36 GiB of free device memory")
+    a = sa.empty(n, "float32")
+    a.array.fill(1.0)
+    assert len(a.allocation.chunks) == 16
+    step = 1 << 20
+    with mp.get_context("spawn").Pool(1) as pool:
+        pool.apply(workers.cuda_read_sum, (sa.zeros(1, "float32"),))  # start the worker
+        t = time.perf_counter()
+        sample, first, last = pool.apply(workers.cuda_sample, (a, step))
+        elapsed = time.perf_counter() - t
+    assert sample == len(range(0, n, step)) and first == 1.0 and last == -1.0
+    assert float(a.array[-1].get()) == -1.0
+    print(f"32 GiB cold handoff + strided read: {elapsed * 1e3:.1f} ms")
+    del a
+    cupy.get_default_memory_pool().free_all_blocks()
+
+
+def test_forked_child_of_a_cuda_parent_is_told_to_use_spawn() -> None:
+    a = sa.zeros(4, "float32")
+    a.array.fill(1)
+    blob = pickle.dumps(a)
+    with mp.get_context("fork").Pool(1) as pool:
+        message = pool.apply(workers.cuda_fork_child_load, (blob,))
+    assert message.startswith("BackendUnavailable") and "spawn" in message, message
+
+
+@pytest.mark.parametrize("device", ["cuda:7", 7, "cuda:64"])
+def test_device_selection_errors_are_clear(device: object) -> None:
+    with pytest.raises(sa.BackendUnavailable, match=r"out of range|device"):
+        sa.empty(3, device=device)  # type: ignore[arg-type]
+
+
+def test_no_sync_payload_carries_no_event() -> None:
+    a = sa.zeros(4, "float32")
+    assert a.payload().sync is not None
+    with sa.no_sync():
+        assert a.payload().sync is None
