@@ -116,6 +116,11 @@ def demo(size: int | None, workers: int, device: str | None, progress: bool) -> 
     rows: list[tuple[str, float, int]] = []
     with mp.get_context(method).Pool(workers) as pool:
         pool.map(_noop, range(workers * 4))  # start the workers
+        # warm the workers up (CUDA context, CuPy kernels) so that neither path below pays it
+        warm = sa.zeros((workers, 1024), "float32", device=dev)
+        pool.map(_transform_shared, [warm[i] for i in range(workers)], chunksize=1)
+        pool.starmap(_transform_copy, [(pickle.dumps(np.ones(8, np.float32)), on_cuda)] * workers)
+        warm.close()
         t = time.perf_counter()
         pool.map(_noop, range(workers))
         rows.append(("empty tasks (floor)", time.perf_counter() - t, 0))
