@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .allocation import Allocation, live_allocations
 from .array import SharedDeviceArray, load
+from .backends import cuda_vmm as _cuda_vmm  # noqa: F401 - installs the fork-after-CUDA hook
 from .creation import empty, from_array, full, ones, zeros
 from .device import Device
 from .errors import (
@@ -19,6 +20,9 @@ from .errors import (
     PermissionDenied,
     SharedArrayError,
 )
+from .pool import Pool, ProcessPoolExecutor
+from .sync import no_sync
+from .widgets import MemoryMap, show
 
 __version__ = "0.1.0"
 
@@ -37,6 +41,11 @@ __all__ = [
     "full",
     "live_allocations",
     "load",
+    "no_sync",
+    "MemoryMap",
+    "Pool",
+    "ProcessPoolExecutor",
+    "show",
     "ones",
     "zeros",
 ]

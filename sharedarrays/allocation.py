@@ -36,6 +36,9 @@ __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "chunk_sizes",
     "Lease",
+    "PACK_BYTES",
+    "SLAB_BYTES",
+    "pack_into_slab",
     "live_allocations",
     "parked_allocations",
     "drop_parked",
@@ -47,6 +50,15 @@ DEFAULT_CHUNK_BYTES = 2 << 30
 """Largest chunk made by default (2 GiB). Larger allocations are several chunks, mapped
 back to back in one reservation. Override per array with ``chunk_bytes=`` or for the process
 with the ``SHAREDARRAYS_CHUNK_BYTES`` environment variable."""
+
+PACK_BYTES = 64 << 10
+"""Arrays of at most this many bytes are packed into slabs by default (see ``pack=``)."""
+
+SLAB_BYTES = 2 << 20
+"""Size of one slab allocation (rounded up to the backend's granularity)."""
+
+PACK_ALIGN = 256
+"""Packed arrays start at multiples of this many bytes (CuPy's and cuBLAS's alignment)."""
 
 MAX_CHUNKS = 1 << 16
 """No allocation has more chunks than this (a payload claiming more is rejected)."""
@@ -583,3 +595,36 @@ def _fmt(n: int) -> str:
         if n >= 1 << shift:
             return f"{n / (1 << shift):.4g} {unit}"
     return f"{n} B"
+
+
+_slabs: dict[tuple[str, Device], tuple[Lease, int]] = {}
+_slabs_lock = threading.Lock()
+
+
+def pack_into_slab(backend: Backend, nbytes: int) -> tuple[Allocation, int]:
+    """Carve ``nbytes`` out of this process's current slab for ``backend``'s device.
+
+    A slab is an ordinary allocation of :data:`SLAB_BYTES` that small arrays are placed in
+    back to back (a bump allocator: space is never reused, so a region another process still
+    maps never changes owner). The current slab stays mapped while it has room; each slab is
+    released, like any allocation, once no array in it is alive anywhere in this process.
+
+    Returns
+    -------
+    allocation, offset
+        The slab and the byte offset of the new array in it.
+    """
+    need = round_up(max(nbytes, 1), PACK_ALIGN)
+    size = round_up(SLAB_BYTES, backend.granularity)
+    if need > size:
+        raise ValueError(f"an array of {nbytes} bytes does not fit a {size}-byte slab; pack=False")
+    key = (backend.name, backend.device)
+    with _slabs_lock:
+        current = _slabs.get(key)
+        if current is None or current[1] + need > current[0].allocation.size:
+            lease = Allocation.create(backend, size).lease()
+            offset = 0
+        else:
+            lease, offset = current
+        _slabs[key] = (lease, offset + need)  # the previous slab's lease goes here, if replaced
+        return lease.allocation, offset

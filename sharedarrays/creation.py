@@ -8,12 +8,12 @@ from typing import Any, SupportsIndex
 import numpy as np
 from numpy.typing import DTypeLike
 
-from .allocation import Allocation
+from .allocation import PACK_BYTES, Allocation, pack_into_slab
 from .array import SharedDeviceArray, operator_index
 from .backends import get_backend
 from .device import Device, DeviceLike, parse_device
 
-__all__ = ["empty", "zeros", "ones", "full", "from_array", "ShapeLike"]
+__all__ = ["empty", "zeros", "ones", "full", "from_array", "ShapeLike", "PROGRESS_BYTES"]
 
 ShapeLike = SupportsIndex | Sequence[SupportsIndex]
 
@@ -53,8 +53,42 @@ def _contiguous_strides(shape: tuple[int, ...], itemsize: int, order: str) -> tu
     return tuple(strides)
 
 
+PROGRESS_BYTES = 256 << 20
+"""Fills and copies of at least this many bytes show a progress bar unless told not to."""
+
+_BLOCK_BYTES = 64 << 20
+
+
+def _blocks(a: SharedDeviceArray, progress: bool | None, desc: str) -> Any:
+    """Yield ``(native, slice)`` blocks along the first axis, with a tqdm.auto bar."""
+    from tqdm.auto import tqdm
+
+    native = a.array
+    show = a.nbytes >= PROGRESS_BYTES if progress is None else progress
+    if a.ndim == 0 or a.nbytes == 0:
+        yield native, ...
+        return
+    row = max(a.nbytes // max(a.shape[0], 1), 1)
+    step = max(_BLOCK_BYTES // row, 1)
+    with tqdm(total=a.nbytes, unit="B", unit_scale=True, desc=desc, disable=not show) as bar:
+        for start in range(0, a.shape[0], step):
+            stop = min(a.shape[0], start + step)
+            yield native, slice(start, stop)
+            bar.update((stop - start) * row)
+
+
+def _fill(a: SharedDeviceArray, value: Any, progress: bool | None) -> None:
+    for native, key in _blocks(a, progress, "fill"):
+        native[key] = value
+
+
 def _new(
-    shape: ShapeLike, dtype: DTypeLike, device: Device, order: str, chunk_bytes: int | None
+    shape: ShapeLike,
+    dtype: DTypeLike,
+    device: Device,
+    order: str,
+    chunk_bytes: int | None,
+    pack: bool | None = None,
 ) -> SharedDeviceArray:
     if order not in ("C", "F"):
         raise ValueError(f"order must be 'C' or 'F', not {order!r}")
@@ -64,8 +98,17 @@ def _new(
     for s in shp:
         n *= s
     backend = get_backend(device)
-    alloc = Allocation.create(backend, n * dt.itemsize, chunk_bytes)
-    return SharedDeviceArray(alloc, dt, shp, _contiguous_strides(shp, dt.itemsize, order), 0)
+    nbytes = n * dt.itemsize
+    if pack is None:
+        pack = chunk_bytes is None and nbytes <= PACK_BYTES
+    if pack:
+        if chunk_bytes is not None:
+            raise ValueError("pack=True and chunk_bytes cannot be combined")
+        alloc, offset = pack_into_slab(backend, nbytes)
+    else:
+        alloc, offset = Allocation.create(backend, nbytes, chunk_bytes), 0
+    strides = _contiguous_strides(shp, dt.itemsize, order)
+    return SharedDeviceArray(alloc, dt, shp, strides, offset)
 
 
 def empty(
@@ -75,6 +118,7 @@ def empty(
     device: DeviceLike = None,
     order: str = "C",
     chunk_bytes: int | None = None,
+    pack: bool | None = None,
 ) -> SharedDeviceArray:
     """A new shared array whose contents are undefined.
 
@@ -92,6 +136,14 @@ def empty(
     chunk_bytes : int, optional
         Largest chunk of the allocation (default 2 GiB, see
         :data:`sharedarrays.allocation.DEFAULT_CHUNK_BYTES`).
+    pack : bool, optional
+        Carve the array out of a shared 2 MiB *slab* allocation instead of giving it an
+        allocation of its own. The default packs arrays of at most
+        :data:`~sharedarrays.allocation.PACK_BYTES` (64 KiB), so that many small arrays cost
+        one chunk, one handle and one import between them rather than one granule (2 MiB on
+        CUDA) each. Arrays packed together share a slab's secret: a process that can import
+        one of them could map its neighbours too. Pass ``pack=False`` for an array that must
+        be shared with nobody who should not see the others.
 
     Raises
     ------
@@ -100,7 +152,7 @@ def empty(
     TypeError, ValueError
         A bad shape, dtype, order or device.
     """
-    return _new(shape, dtype, parse_device(device), order, chunk_bytes)
+    return _new(shape, dtype, parse_device(device), order, chunk_bytes, pack)
 
 
 def zeros(
@@ -110,11 +162,14 @@ def zeros(
     device: DeviceLike = None,
     order: str = "C",
     chunk_bytes: int | None = None,
+    pack: bool | None = None,
+    progress: bool | None = None,
 ) -> SharedDeviceArray:
-    """A new shared array of zeros (parameters as :func:`empty`)."""
-    a = _new(shape, dtype, parse_device(device), order, chunk_bytes)
+    """A new shared array of zeros (parameters as :func:`empty`; ``progress`` as
+    :func:`full`)."""
+    a = _new(shape, dtype, parse_device(device), order, chunk_bytes, pack)
     if not a.allocation.backend.zeroed:
-        a.array.fill(0)
+        _fill(a, 0, progress)
     return a
 
 
@@ -125,10 +180,13 @@ def ones(
     device: DeviceLike = None,
     order: str = "C",
     chunk_bytes: int | None = None,
+    pack: bool | None = None,
+    progress: bool | None = None,
 ) -> SharedDeviceArray:
-    """A new shared array of ones (parameters as :func:`empty`)."""
-    a = _new(shape, dtype, parse_device(device), order, chunk_bytes)
-    a.array.fill(1)
+    """A new shared array of ones (parameters as :func:`empty`; ``progress`` as
+    :func:`full`)."""
+    a = _new(shape, dtype, parse_device(device), order, chunk_bytes, pack)
+    _fill(a, 1, progress)
     return a
 
 
@@ -140,15 +198,20 @@ def full(
     device: DeviceLike = None,
     order: str = "C",
     chunk_bytes: int | None = None,
+    pack: bool | None = None,
+    progress: bool | None = None,
 ) -> SharedDeviceArray:
     """A new shared array with every element set to ``fill_value``.
 
     ``dtype`` defaults to NumPy's type for ``fill_value``; other parameters as :func:`empty`.
+    ``progress``: show a tqdm.auto progress bar (a widget in Jupyter, text in a terminal)
+    while filling; ``None`` (the default) shows one for arrays of at least
+    :data:`PROGRESS_BYTES`, ``False`` never.
     """
     if dtype is None:
         dtype = np.asarray(fill_value).dtype
-    a = _new(shape, dtype, parse_device(device), order, chunk_bytes)
-    a.array.fill(fill_value)
+    a = _new(shape, dtype, parse_device(device), order, chunk_bytes, pack)
+    _fill(a, fill_value, progress)
     return a
 
 
@@ -174,6 +237,8 @@ def from_array(
     *,
     device: DeviceLike = None,
     chunk_bytes: int | None = None,
+    pack: bool | None = None,
+    progress: bool | None = None,
 ) -> SharedDeviceArray:
     """A new shared array holding a copy of ``obj``.
 
@@ -186,12 +251,16 @@ def from_array(
         Where to put the copy. ``None``: the source's CUDA device if it is on one, otherwise
         as :func:`empty` decides.
 
+    progress : bool, optional
+        Show a progress bar while copying (as :func:`full`).
+
     The copy keeps the source's layout when it is Fortran-contiguous, else C order.
     """
     dev = parse_device(device if device is not None else _source_device(obj))
     backend = get_backend(dev)
     src = backend.to_native(obj)
     order = "F" if src.flags.f_contiguous and not src.flags.c_contiguous else "C"
-    a = _new(src.shape, src.dtype, dev, order, chunk_bytes)
-    a.array[...] = src
+    a = _new(src.shape, src.dtype, dev, order, chunk_bytes, pack)
+    for native, key in _blocks(a, progress, "copy"):
+        native[key] = src[key]
     return a

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import gc
+import itertools
 import mmap
 
 import numpy as np
@@ -68,8 +69,8 @@ def test_release_unmaps_and_closes_fds(fd_baseline: None) -> None:
 
 
 def test_registry_lists_live_allocations() -> None:
-    a = sa.zeros(4, device="cpu")
-    b = sa.zeros(4, device="cpu")
+    a = sa.zeros(4, device="cpu", pack=False)
+    b = sa.zeros(4, device="cpu", pack=False)
     ids = [x.id for x in live_allocations()]
     assert a.allocation.id in ids and b.allocation.id in ids
     assert ids.index(a.allocation.id) < ids.index(b.allocation.id)
@@ -111,9 +112,50 @@ def test_import_with_mismatched_sizes_closes_fds(fd_baseline: None) -> None:
 
 
 def test_import_of_wrong_size_handle_is_payload_error(fd_baseline: None) -> None:
-    a = sa.zeros(10, device="cpu")
+    a = sa.zeros(10, device="cpu", pack=False)
     import os
 
     fd = os.dup(a.allocation.chunks[0].fd)
     with pytest.raises(sa.PayloadError, match="describes"):
         Allocation.import_(get_backend(CPU), "2" * 32, b"z" * 32, [8192], [fd], 1)
+
+
+def test_small_arrays_are_packed_into_shared_slabs() -> None:
+    from sharedarrays.allocation import PACK_BYTES, SLAB_BYTES
+
+    arrays = [sa.full(512, float(i), device="cpu") for i in range(2000)]  # 4 KiB each
+    slabs = {a.allocation.id: a.allocation.size for a in arrays}
+    payload = sum(a.nbytes for a in arrays)
+    assert len(slabs) == -(-payload // SLAB_BYTES)
+    assert sum(slabs.values()) <= 1.25 * payload
+    assert all(a.address % 256 == 0 for a in arrays)
+    assert [float(a.array[0]) for a in arrays[::97]] == [float(i) for i in range(0, 2000, 97)]
+    by_slab: dict[str, list[tuple[int, int]]] = {}
+    for a in arrays:
+        by_slab.setdefault(a.allocation.id, []).append((a.offset, a.offset + a.nbytes))
+    for spans in by_slab.values():  # no two arrays overlap
+        spans.sort()
+        assert all(hi <= lo for (_, hi), (lo, _) in itertools.pairwise(spans))
+    big = sa.zeros(PACK_BYTES // 8 + 1, device="cpu")
+    assert big.allocation.id not in slabs  # above the threshold: an allocation of its own
+    with pytest.raises(ValueError, match="pack=False"):
+        sa.zeros(SLAB_BYTES + 1, "uint8", device="cpu", pack=True)
+    with pytest.raises(ValueError, match="cannot be combined"):
+        sa.zeros(4, device="cpu", pack=True, chunk_bytes=4096)
+
+
+def test_a_full_slab_is_released_when_its_arrays_go() -> None:
+    from sharedarrays.allocation import SLAB_BYTES
+
+    per_slab = SLAB_BYTES // 4096
+    arrays = [sa.zeros(512, device="cpu") for _ in range(2 * per_slab + 1)]
+    first = arrays[0].allocation
+    first_id = first.id
+    assert arrays[per_slab * 2].allocation is not first  # later arrays went to new slabs
+    del first
+    for a in arrays[:per_slab]:
+        a.close()
+    del a
+    gc.collect()
+    assert lookup(first_id) is None  # full, no longer current, no array left: released
+    assert lookup(arrays[-1].allocation.id) is not None

@@ -28,7 +28,7 @@ def pool(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
 
 
 def test_pool_workers_write_their_slices(pool) -> None:  # type: ignore[no-untyped-def]
-    a = sa.full((4, 1000), 3.0, device="cpu")
+    a = sa.full((4, 1000), 3.0, device="cpu", pack=False)
     sums = pool.map(workers.double_slice, [(a, i) for i in range(4)])
     assert sums == [7000.0] * 4
     np.testing.assert_array_equal(a.get(), 7.0)
@@ -36,7 +36,7 @@ def test_pool_workers_write_their_slices(pool) -> None:  # type: ignore[no-untyp
 
 def test_views_with_offsets_and_strides_reach_workers(pool) -> None:  # type: ignore[no-untyped-def]
     ref = np.arange(60, dtype=np.int32).reshape(6, 10)
-    a = sa.from_array(ref, device="cpu")
+    a = sa.from_array(ref, device="cpu", pack=False)
     views = [a[1:5, ::3], a[::-2, 7], a[2, 1:9:2], a[..., None, ::-1]]
     assert pool.map(workers.checksum, views) == [
         float(ref[1:5, ::3].sum()),
@@ -54,7 +54,7 @@ def test_views_with_offsets_and_strides_reach_workers(pool) -> None:  # type: ig
 def test_queue(method: str) -> None:
     ctx = mp.get_context(method)
     q, done = ctx.Queue(), ctx.Queue()
-    a = sa.zeros((10, 10), device="cpu")
+    a = sa.zeros((10, 10), device="cpu", pack=False)
     p = ctx.Process(target=workers.queue_consumer, args=(q, done))
     p.start()
     q.put(a[2:])
@@ -68,7 +68,7 @@ def test_queue(method: str) -> None:
 def test_pipe(method: str) -> None:
     ctx = mp.get_context(method)
     parent, child = ctx.Pipe()
-    a = sa.full(8, 2, "int64", device="cpu")
+    a = sa.full(8, 2, "int64", device="cpu", pack=False)
     p = ctx.Process(target=workers.pipe_consumer, args=(child,))
     p.start()
     parent.send(a)
@@ -81,7 +81,7 @@ def test_pipe(method: str) -> None:
 def test_process_arguments(method: str) -> None:
     ctx = mp.get_context(method)
     q = ctx.Queue()
-    a = sa.zeros((3, 4), "int16", device="cpu")
+    a = sa.zeros((3, 4), "int16", device="cpu", pack=False)
     p = ctx.Process(target=workers.process_arg_consumer, args=(a, q))
     p.start()
     origin_pid, alloc_id = q.get(timeout=60)
@@ -95,7 +95,7 @@ def test_process_arguments(method: str) -> None:
 
 @pytest.mark.parametrize("method", METHODS)
 def test_process_pool_executor(method: str) -> None:
-    a = sa.zeros(100, "float32", device="cpu")
+    a = sa.zeros(100, "float32", device="cpu", pack=False)
     with cf.ProcessPoolExecutor(2, mp_context=mp.get_context(method)) as ex:
         results = list(ex.map(workers.fill_value, [a[:50], a[50:]], [1.0, 2.0]))
     assert {r[1] for r in results} == {a.allocation.id}
@@ -103,7 +103,7 @@ def test_process_pool_executor(method: str) -> None:
 
 
 def test_load_in_exporter_is_the_same_memory() -> None:
-    a = sa.zeros(5, device="cpu")
+    a = sa.zeros(5, device="cpu", pack=False)
     b = pickle.loads(pickle.dumps(a[1:]))
     assert b.allocation is a.allocation and b.address == a.address + 8
     b[0] = 9
@@ -111,7 +111,7 @@ def test_load_in_exporter_is_the_same_memory() -> None:
 
 
 def test_one_mapping_per_allocation_in_an_importer() -> None:
-    a = sa.zeros(5, device="cpu")
+    a = sa.zeros(5, device="cpu", pack=False)
     ctx = mp.get_context("spawn")
     with ctx.Pool(1) as p:
         same, live = p.apply(workers.import_twice, (pickle.dumps(a[1:]),))
@@ -127,7 +127,7 @@ def test_one_mapping_per_allocation_in_an_importer() -> None:
 def test_warm_handoffs_are_parked_and_dropped_when_the_exporter_releases() -> None:
     ctx = mp.get_context("spawn")
     with ctx.Pool(1) as p:
-        a = sa.zeros(5, device="cpu")
+        a = sa.zeros(5, device="cpu", pack=False)
         alloc_id = a.allocation.id
         for _ in range(5):
             p.apply(workers.increment, (a,))
@@ -145,7 +145,7 @@ def test_warm_handoffs_are_parked_and_dropped_when_the_exporter_releases() -> No
 
 def test_parking_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SHAREDARRAYS_KEEP_IMPORTS", "2")  # spawned workers inherit it
-    arrays = [sa.zeros(3, device="cpu") for _ in range(4)]
+    arrays = [sa.zeros(3, device="cpu", pack=False) for _ in range(4)]
     with mp.get_context("spawn").Pool(1) as p:
         for x in arrays:
             p.apply(workers.checksum, (x,))
@@ -153,7 +153,7 @@ def test_parking_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_plain_pickle_through_a_file_to_a_fresh_interpreter(tmp_path: Path) -> None:
-    a = sa.from_array(np.arange(12.0).reshape(3, 4), device="cpu")
+    a = sa.from_array(np.arange(12.0).reshape(3, 4), device="cpu", pack=False)
     path = tmp_path / "a.pkl"
     with open(path, "wb") as f:
         pickle.dump(a[1:, ::-1], f)
@@ -207,7 +207,7 @@ def test_exporter_exits_first_and_the_importer_keeps_working(tmp_path: Path) -> 
 
 
 def test_payload_of_a_closed_array_is_unavailable() -> None:
-    a = sa.zeros(4, device="cpu")
+    a = sa.zeros(4, device="cpu", pack=False)
     blob = pickle.dumps(a)
     alloc_id = a.allocation.id
     a.close()
@@ -226,12 +226,14 @@ def test_fd_counts_return_to_baseline_after_200_round_trips(method: str) -> None
     from conftest import open_fds
 
     with mp.get_context(method).Pool(1) as p:
-        p.apply(workers.add_one, (sa.zeros(1, device="cpu"),))  # both handle servers start
+        p.apply(
+            workers.add_one, (sa.zeros(1, device="cpu", pack=False),)
+        )  # both handle servers start
         worker_before = p.apply(workers.num_fds)
 
         before = open_fds()
         for i in range(200):
-            a = sa.full(64, float(i), device="cpu")
+            a = sa.full(64, float(i), device="cpu", pack=False)
             back = p.apply(workers.add_one, (a,))
             assert back.allocation is a.allocation and a.array[0] == i + 1
             del a, back
@@ -244,3 +246,13 @@ def test_fd_counts_return_to_baseline_after_200_round_trips(method: str) -> None
             time.sleep(0.05)
     assert after == before, f"exporter leaked {after - before} fds"
     assert worker_after == worker_before, f"worker leaked {worker_after - worker_before} fds"
+
+
+def test_a_list_of_small_arrays_imports_each_slab_once() -> None:
+    arrays = [sa.full(512, float(i), device="cpu") for i in range(1500)]
+    slabs = {a.allocation.id for a in arrays}
+    with mp.get_context("spawn").Pool(1) as p:
+        assert p.apply(workers.checksum_list, (arrays,)) == float(sum(range(1500)))
+        assert sorted(p.apply(workers.mapped_ids)) == sorted(slabs)
+    served = sum(len(a.allocation.served) for a in {x.allocation.id: x for x in arrays}.values())
+    assert served == len(slabs)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import sharedarrays as sa
 from sharedarrays.payload import MAGIC, TAG_BYTES, Payload, _tag, view_extent
 
-_A = sa.from_array(np.arange(48, dtype=np.float32).reshape(6, 8), device="cpu")
+_A = sa.from_array(np.arange(48, dtype=np.float32).reshape(6, 8), device="cpu", pack=False)
 _BLOB = _A[1:, ::2].payload().to_bytes()
 
 

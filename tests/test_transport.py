@@ -38,7 +38,7 @@ def test_runtime_dir_open_to_others_is_refused(
 
 
 def test_wrong_secret_is_refused(fd_baseline: None) -> None:
-    a = sa.zeros(16, device="cpu")
+    a = sa.zeros(16, device="cpu", pack=False)
     server = transport.server_address()
     with pytest.raises(sa.PermissionDenied, match="secret"):
         transport.fetch_handles(server, os.getpid(), a.allocation.id, b"\0" * 32)
@@ -56,7 +56,7 @@ def test_dead_server_is_unavailable(tmp_path: Path, fd_baseline: None) -> None:
 
 
 def test_fetch_returns_working_fds(fd_baseline: None) -> None:
-    a = sa.from_array(np.arange(10.0), device="cpu")
+    a = sa.from_array(np.arange(10.0), device="cpu", pack=False)
     sizes, fds = transport.fetch_handles(
         transport.server_address(), os.getpid(), a.allocation.id, a.allocation.secret
     )
@@ -71,7 +71,7 @@ def test_fetch_returns_working_fds(fd_baseline: None) -> None:
 
 
 def test_a_payload_whose_secret_was_swapped_is_refused_by_the_exporter(tmp_path: Path) -> None:
-    a = sa.zeros(8, device="cpu")
+    a = sa.zeros(8, device="cpu", pack=False)
     blob = pickle.dumps(a)
     start = blob.index(MAGIC)
     length = int.from_bytes(blob[start - 4 : start], "little")
@@ -128,7 +128,7 @@ def test_another_user_is_denied(open_socket: bool) -> None:
     python = "/usr/bin/python3"
     if user is None or not os.access(python, os.X_OK):
         pytest.skip("needs root (to create a second OS user), useradd and /usr/bin/python3")
-    a = sa.from_array(np.arange(4.0), device="cpu")
+    a = sa.from_array(np.arange(4.0), device="cpu", pack=False)
     server = transport.server_address()
     directory = os.path.dirname(server)
     if open_socket:
@@ -174,7 +174,7 @@ def test_another_user_loading_a_payload_gets_permission_denied(open_socket: bool
     if user is None:
         pytest.skip("needs root (to create a second OS user) and useradd")
     pw = pwd.getpwnam(user)
-    a = sa.from_array(np.arange(4.0), device="cpu")
+    a = sa.from_array(np.arange(4.0), device="cpu", pack=False)
     blob = pickle.dumps(a)
     server = transport.server_address()
     directory = os.path.dirname(server)
