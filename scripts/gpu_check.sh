@@ -46,6 +46,14 @@ PYLOG="$OUT/pytest.log"
 PYTHON="${PYTHON:-python3}"
 
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+
+# Packages the machine lacks (the notebook tests' nbclient, ipykernel, ...) may travel as
+# wheels in .whl/ (see docs/gpu-report.md for the call); they go to a private folder.
+if compgen -G "$ROOT/.whl/*.whl" >/dev/null; then
+    SITE="${TMPDIR:-/tmp}/sharedarrays-site"
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$SITE" "$ROOT"/.whl/*.whl && export PYTHONPATH="$PYTHONPATH:$SITE"
+fi
 export PYTHONUNBUFFERED=1
 export PYTHONDONTWRITEBYTECODE=1
 
@@ -54,9 +62,9 @@ log() { printf '\n== gpu_check: %s\n' "$*"; }
 # --------------------------------------------------------------------------------------------
 # the tests
 
-log "pytest -m gpu ${PYTEST_ARGS[*]}"
+log "pytest -m 'gpu or notebook' ${PYTEST_ARGS[*]}"
 start=$(date +%s)
-"$PYTHON" -m pytest -m gpu -ra -p no:cacheprovider --junitxml="$JUNIT" "${PYTEST_ARGS[@]}" \
+"$PYTHON" -m pytest -m "gpu or notebook" -ra -p no:cacheprovider --junitxml="$JUNIT" "${PYTEST_ARGS[@]}" \
     2>&1 | tee "$PYLOG"
 pytest_rc=${PIPESTATUS[0]}
 pytest_s=$(( $(date +%s) - start ))
@@ -155,7 +163,7 @@ fi
     echo "| host | $(hostname) |"
     echo "| GPU (name, driver, memory) | $gpu |"
     echo "| commit | $commit${dirty:+ (with uncommitted changes)} |"
-    echo "| command | \`pytest -m gpu ${PYTEST_ARGS[*]}\` |"
+    echo "| command | \`pytest -m 'gpu or notebook' ${PYTEST_ARGS[*]}\` |"
     echo "| passed / failed / errors / skipped | $passed / $failed / $errors / $skipped |"
     echo "| pytest time | ${pytest_s} s (exit status $pytest_rc) |"
     echo

@@ -447,7 +447,8 @@ class Allocation:
             if self._leases or self._released:
                 return
             park = not self.origin.created_here and not self._orphaned
-        limit = keep_imports() if park else 0
+        # a mapping whose source process has exited will not be handed to us again: drop it
+        limit = keep_imports() if park and _alive(self.origin.pid) else 0
         if limit == 0:
             self.release()
             return

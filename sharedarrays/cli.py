@@ -176,7 +176,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     d.add_argument("--workers", type=int, default=4)
     d.add_argument("--device", default=None, help="auto (default), cpu, cuda or cuda:N")
     d.add_argument("--no-progress", action="store_true")
+    from . import bench
+
+    b = sub.add_parser("bench", help="time handing arrays to a Pool worker against every peer")
+    bench.add_arguments(b)
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        return bench.run_from_args(args)
     if args.command == "demo":
         if args.workers < 1:
             parser.error("--workers must be at least 1")

@@ -33,6 +33,7 @@ def test_saved_without_outputs(name):
             assert cell.outputs == [] and cell.execution_count is None, name
 
 
+@pytest.mark.notebook
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", NAMES)
 def test_notebook_runs(name, tmp_path, monkeypatch):
