@@ -19,9 +19,9 @@ import numpy as np
 
 from . import transport
 from .allocation import Allocation, Lease, lookup
-from .backends import get_backend
+from .backends import Access, get_backend
 from .device import CPU, Device
-from .errors import ClosedArrayError, PayloadError
+from .errors import ClosedArrayError, HandleUnavailable, PayloadError
 from .payload import Payload, view_extent
 
 __all__ = ["SharedDeviceArray"]
@@ -85,6 +85,7 @@ class SharedDeviceArray:
         "_offset",
         "_readonly",
         "_native",
+        "_encoded",
         "__weakref__",
     )
 
@@ -111,6 +112,7 @@ class SharedDeviceArray:
         self._offset = offset
         self._readonly = readonly
         self._native: Any = None
+        self._encoded: tuple[int, bytes] | None = None
         _live_views.add(self)
 
     # metadata ---------------------------------------------------------------------------
@@ -342,33 +344,67 @@ class SharedDeviceArray:
             shape=self._shape,
             strides=self._strides,
             offset=self._offset,
-            readonly=self._readonly,
-            sync=alloc.backend.export_sync(),
+            readonly=self._readonly or alloc.export_readonly,
         )
 
-    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
-        return _rebuild, (self.payload().to_bytes(),)
+    def _payload_bytes(self) -> bytes:
+        """The encoded payload, made once per view and process (it never changes)."""
+        cached = self._encoded
+        if cached is None or cached[0] != os.getpid():
+            cached = (os.getpid(), self.payload().to_bytes())
+            self._encoded = cached
+        return cached[1]
+
+    def park(self) -> None:
+        """Hand this array's handles to this user's keeper (started if needed), so that a
+        payload of it (``pickle.dumps(a)``) still loads after this process exits.
+
+        Idempotent. The keeper holds the memory until :meth:`unpark` is called in some
+        process; see :mod:`sharedarrays.named`.
+        """
+        from .named import park
+
+        park(self)
+
+    def unpark(self) -> None:
+        """Let the keeper drop this parked array: the memory returns once no process maps
+        it. Raises :class:`~sharedarrays.NameNotFound` if the keeper does not hold it."""
+        from .named import unpark
+
+        unpark(self)
+
+    def __reduce__(self) -> tuple[Any, tuple[bytes, bytes | None]]:
+        blob = self._payload_bytes()
+        return _rebuild, (blob, self.allocation.backend.export_sync())
 
 
 def _reduce_for_multiprocessing(a: SharedDeviceArray) -> tuple[Any, tuple[Any, ...]]:
     """Pickle for multiprocessing: while a Process is being spawned, its arguments carry the
     chunk fds themselves (multiprocessing's DupFd), so the child needs no connection."""
-    blob = a.payload().to_bytes()
-    if get_spawning_popen() is not None:
-        return _rebuild, (blob, tuple(reduction.DupFd(fd) for fd in a.allocation.chunk_fds()))
-    return _rebuild, (blob,)
+    blob = a._payload_bytes()
+    alloc = a.allocation
+    sync = alloc.backend.export_sync()
+    if get_spawning_popen() is not None and alloc.allow_pids is None:
+        return _rebuild, (blob, sync, tuple(reduction.DupFd(fd) for fd in alloc.chunk_fds()))
+    return _rebuild, (blob, sync)
 
 
 reduction.ForkingPickler.register(SharedDeviceArray, _reduce_for_multiprocessing)
 
 
-def load(data: bytes, fds: tuple[Any, ...] | None = None) -> SharedDeviceArray:
+def load(
+    data: bytes, sync: bytes | None = None, fds: tuple[Any, ...] | None = None
+) -> SharedDeviceArray:
     """Turn a payload back into a view, mapping its allocation on first sight.
 
     Parameters
     ----------
     data : bytes
-        The payload, as written by pickling a SharedDeviceArray.
+        The payload, as written by pickling a SharedDeviceArray (or by
+        :meth:`SharedDeviceArray.payload`).
+    sync : bytes, optional
+        The ordering token that travelled with it (an IPC event on CUDA): this process's
+        current stream waits for it before the view is returned.
     fds : tuple, optional
         Handles that travelled with it (multiprocessing's DupFd objects), if any.
 
@@ -384,6 +420,8 @@ def load(data: bytes, fds: tuple[Any, ...] | None = None) -> SharedDeviceArray:
         Its memory system cannot be used in this process.
     """
     p = Payload.from_bytes(data)
+    if sync is not None and (type(sync) is not bytes or not 0 < len(sync) <= 256):
+        raise PayloadError("the ordering token that travelled with the payload is malformed")
     received: list[int] = []
     if fds is not None:
         if type(fds) is not tuple or len(fds) != len(p.chunks):
@@ -404,21 +442,32 @@ def load(data: bytes, fds: tuple[Any, ...] | None = None) -> SharedDeviceArray:
                 os.close(fd)
             raise
         if fds is None:
-            sizes, received = transport.fetch_handles(
-                p.server, p.pid, p.alloc_id, p.secret, reply_to=transport.server_address()
-            )
+            try:
+                sizes, received = transport.fetch_handles(
+                    p.server, p.pid, p.alloc_id, p.secret, reply_to=transport.server_address()
+                )
+            except HandleUnavailable as gone:  # the exporter is gone: a keeper may hold it
+                from . import keeper
+
+                sizes, received, _ = keeper.fetch_handles(p.alloc_id, p.secret, gone)
             if sizes != list(p.chunks):
                 for fd in received:
                     os.close(fd)
                 raise PayloadError("payload's chunk sizes do not match its exporter's allocation")
-        alloc = Allocation.import_(backend, p.alloc_id, p.secret, list(p.chunks), received, p.pid)
-    if p.sync is not None:
-        alloc.backend.import_sync(p.sync)
-    return SharedDeviceArray(alloc, p.dtype, p.shape, p.strides, p.offset, p.readonly)
+        access: Access = "r" if p.readonly else "rw"
+        alloc = Allocation.import_(
+            backend, p.alloc_id, p.secret, list(p.chunks), received, p.pid, access
+        )
+    if sync is not None:
+        alloc.backend.import_sync(sync)
+    readonly = p.readonly or alloc.access != "rw"
+    return SharedDeviceArray(alloc, p.dtype, p.shape, p.strides, p.offset, readonly)
 
 
-def _rebuild(data: bytes, fds: tuple[Any, ...] | None = None) -> SharedDeviceArray:
-    return load(data, fds)
+def _rebuild(
+    data: bytes, sync: bytes | None = None, fds: tuple[Any, ...] | None = None
+) -> SharedDeviceArray:
+    return load(data, sync, fds)
 
 
 def operator_index(n: object) -> int:

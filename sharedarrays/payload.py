@@ -44,14 +44,16 @@ _KEYS = frozenset(
         "strides",
         "offset",
         "readonly",
-        "sync",
     )
 )
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_HEXANY = re.compile(r"^(?:[0-9a-f]{2}){1,256}$")
 _DTYPE = re.compile(r"^[<>|=]?[biufc][0-9]{1,2}$")
 _BACKENDS = ("host", "cuda-vmm")
+
+
+_DECODED_LIMIT = 4096
+_decoded: dict[bytes, Payload] = {}  # validated payloads by their bytes: warm loads skip JSON
 
 
 def view_extent(itemsize: int, shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, int]:
@@ -115,8 +117,9 @@ class Payload:
         Byte offset of the view's first element from the reservation's start.
     readonly : bool
         Whether the view is read-only.
-    sync : bytes or None
-        What the importer waits for before using the memory (an IPC event handle on CUDA).
+
+    The ordering token (an IPC event on CUDA) travels beside the payload, not in it: a
+    payload is the same bytes at every handoff of a view, so both ends can cache it.
     """
 
     backend: str
@@ -131,7 +134,6 @@ class Payload:
     strides: tuple[int, ...]
     offset: int
     readonly: bool
-    sync: bytes | None
 
     @property
     def size(self) -> int:
@@ -154,7 +156,6 @@ class Payload:
                 "strides": list(self.strides),
                 "offset": self.offset,
                 "readonly": self.readonly,
-                "sync": None if self.sync is None else self.sync.hex(),
             },
             separators=(",", ":"),
         ).encode()
@@ -162,14 +163,18 @@ class Payload:
 
     @classmethod
     def from_bytes(cls, data: object) -> Payload:
-        """Decode and validate a payload.
+        """Decode and validate a payload (remembering the result for the same bytes).
 
         Raises
         ------
         PayloadError
             For anything but an unaltered, well-formed payload of this version.
         """
-        if not isinstance(data, bytes):
+        if type(data) is bytes:
+            known = _decoded.get(data)
+            if known is not None:
+                return known
+        elif not isinstance(data, bytes):
             raise PayloadError(f"a payload is bytes, not {type(data).__name__}")
         if len(data) > MAX_PAYLOAD_BYTES:
             raise PayloadError(f"payload of {len(data)} bytes is larger than any valid one")
@@ -191,7 +196,11 @@ class Payload:
         secret = bytes.fromhex(secret_hex)
         if len(tag) != TAG_BYTES or not hmac.compare_digest(tag, _tag(body, secret)):
             raise PayloadError("payload was altered or truncated after it was made (tag mismatch)")
-        return cls._validate(doc, secret)
+        payload = cls._validate(doc, secret)
+        if len(_decoded) >= _DECODED_LIMIT:
+            _decoded.clear()
+        _decoded[bytes(data)] = payload
+        return payload
 
     @classmethod
     def _validate(cls, doc: dict[str, Any], secret: bytes) -> Payload:
@@ -209,9 +218,6 @@ class Payload:
             or len(server.encode()) > 107
         ):
             raise PayloadError("payload field 'server' must be an absolute socket path")
-        sync = doc["sync"]
-        if sync is not None and (type(sync) is not str or not _HEXANY.match(sync)):
-            raise PayloadError("payload field 'sync' must be hex bytes or null")
         readonly = doc["readonly"]
         if type(readonly) is not bool:
             raise PayloadError("payload field 'readonly' must be a bool")
@@ -259,5 +265,4 @@ class Payload:
             strides=strides,
             offset=offset,
             readonly=readonly,
-            sync=None if sync is None else bytes.fromhex(sync),
         )

@@ -131,6 +131,17 @@ def _process_start_time(pid: int) -> int | None:
         return None
 
 
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists (a cheap check for events already opened from it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _my_start_time() -> int:
     global _start_time_cache
     if _start_time_cache is None:
@@ -230,8 +241,10 @@ def _event_for(driver: Any, token: bytes) -> Any | None:
         if event is None:
             raise PayloadError("the sync token names an event this process never exported")
         return event
-    alive = _process_start_time(pid)
     cached = _opened.get(handle)
+    if cached is not None and cached[:2] == (pid, start) and _running(pid):
+        return cached[2]  # the steady state: no /proc read, no open
+    alive = _process_start_time(pid)
     if alive is None or (start and alive != start):
         # The exporter has exited: its work is over, and its events are gone.
         if cached is not None:

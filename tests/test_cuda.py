@@ -215,6 +215,6 @@ def test_device_selection_errors_are_clear(device: object) -> None:
 
 def test_no_sync_payload_carries_no_event() -> None:
     a = sa.zeros(4, "float32")
-    assert a.payload().sync is not None
+    assert a.__reduce__()[1][1] is not None  # (payload, ordering token)
     with sa.no_sync():
-        assert a.payload().sync is None
+        assert a.__reduce__()[1][1] is None

@@ -1,0 +1,121 @@
+"""Where the time of a warm handoff goes: one process tree, each step timed on its own.
+
+Run on the GPU machine: ``python benchmarks/profile_handoff.py [--device cuda:0|cpu]``.
+Prints the median of each measurement in microseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import pickle
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import sharedarrays as sa
+
+REPEATS = 301
+
+
+def median_us(fn: Callable[[], Any], repeats: int = REPEATS) -> float:
+    for _ in range(20):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t)
+    return statistics.median(samples) * 1e6
+
+
+def noop(_: object = None) -> None:
+    return None
+
+
+def touch(a: Any) -> int:
+    return len(a.array.shape)
+
+
+def load_in_task(payload: bytes) -> float:
+    """Load, touch and drop inside the task, timed there (seconds)."""
+    t = time.perf_counter()
+    a = sa.load(payload)
+    a.array  # noqa: B018
+    del a
+    return time.perf_counter() - t
+
+
+def load_steps(blob: bytes, payload: bytes) -> dict[str, float]:
+    """In the worker: time the parts of loading a payload of an array already mapped here."""
+    from sharedarrays.allocation import lookup
+    from sharedarrays.array import SharedDeviceArray
+    from sharedarrays.payload import Payload
+
+    p = Payload.from_bytes(payload)
+    alloc = lookup(p.alloc_id)
+    assert alloc is not None, "map it first"
+    out = {
+        "worker: pickle.loads (whole load)": median_us(lambda: pickle.loads(blob)),
+        "worker: Payload.from_bytes": median_us(lambda: Payload.from_bytes(payload)),
+        "worker: new view (lease)": median_us(
+            lambda: SharedDeviceArray(alloc, p.dtype, p.shape, p.strides, p.offset)
+        ),
+        "worker: view + .array": median_us(
+            lambda: SharedDeviceArray(alloc, p.dtype, p.shape, p.strides, p.offset).array
+        ),
+    }
+    if p.sync is not None:
+        sync = p.sync
+        out["worker: import_sync"] = median_us(lambda: alloc.backend.import_sync(sync))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", default=None)
+    args = parser.parse_args()
+    a = sa.zeros(1 << 18, "float32", device=args.device)
+    print(f"device {a.device}, backend {a.backend}")
+    rows: dict[str, float] = {}
+    rows["parent: pickle.dumps(a)"] = median_us(lambda: pickle.dumps(a))
+    with sa.no_sync():
+        rows["parent: pickle.dumps(a), no_sync"] = median_us(lambda: pickle.dumps(a))
+    rows["parent: export_sync"] = median_us(lambda: a.allocation.backend.export_sync())
+    in_thread: list[float] = []
+    t = threading.Thread(target=lambda: in_thread.append(median_us(lambda: pickle.dumps(a))))
+    t.start()
+    t.join()
+    rows["parent: pickle.dumps(a) from another thread"] = in_thread[0]
+    rows["parent: pickle.loads in the exporter"] = median_us(lambda: pickle.loads(pickle.dumps(a)))
+    with mp.get_context("spawn").Pool(1) as pool:
+        pool.apply(touch, (a,))  # map it in the worker (then it stays parked)
+        rows["pool: floor (empty task)"] = median_us(lambda: pool.apply(noop, (1,)), 201)
+        rows["pool: warm handoff"] = median_us(lambda: pool.apply(touch, (a,)), 201)
+        with sa.no_sync():
+            rows["pool: warm handoff, no_sync"] = median_us(lambda: pool.apply(touch, (a,)), 201)
+        blob = pickle.dumps(a)
+        rows["pool: send the payload bytes only"] = median_us(
+            lambda: pool.apply(noop, (blob,)), 201
+        )
+        payload = a.payload().to_bytes()
+        rows["pool: payload bytes, sa.load in the task"] = median_us(
+            lambda: pool.apply(load_in_task, (payload,)), 201
+        )
+        inside = [pool.apply(load_in_task, (a.payload().to_bytes(),)) for _ in range(201)]
+        rows["worker: load + .array + drop, timed inside"] = statistics.median(inside) * 1e6
+        rows.update(pool.apply(load_steps, (blob, payload)))
+        c = sa.zeros(1 << 18, "float32", device="cpu", pack=False)
+        pool.apply(touch, (c,))
+        rows["pool: warm handoff of a host array, same pool"] = median_us(
+            lambda: pool.apply(touch, (c,)), 201
+        )
+    width = max(map(len, rows))
+    for name, us in rows.items():
+        print(f"{name:<{width}}  {us:9.1f} us")
+
+
+if __name__ == "__main__":
+    main()
