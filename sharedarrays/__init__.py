@@ -16,10 +16,14 @@ from .errors import (
     BackendUnavailable,
     ClosedArrayError,
     HandleUnavailable,
+    KeeperError,
+    NameExists,
+    NameNotFound,
     PayloadError,
     PermissionDenied,
     SharedArrayError,
 )
+from .named import NamedArray, attach, list_named, unlink
 from .pool import Pool, ProcessPoolExecutor
 from .sync import no_sync
 from .widgets import MemoryMap, show
@@ -32,13 +36,19 @@ __all__ = [
     "ClosedArrayError",
     "Device",
     "HandleUnavailable",
+    "KeeperError",
+    "NameExists",
+    "NameNotFound",
+    "NamedArray",
     "PayloadError",
     "PermissionDenied",
     "SharedArrayError",
     "SharedDeviceArray",
+    "attach",
     "empty",
     "from_array",
     "full",
+    "list_named",
     "live_allocations",
     "load",
     "no_sync",
@@ -47,5 +57,6 @@ __all__ = [
     "ProcessPoolExecutor",
     "show",
     "ones",
+    "unlink",
     "zeros",
 ]

@@ -325,6 +325,10 @@ class Allocation:
         self._released = False
         self._orphaned = False
         self.pid = os.getpid()  # a forked child inherits the object but is not this process
+        self.allow_pids: frozenset[int] | None = None
+        """Processes allowed to import it (besides this one); ``None``: any of this user."""
+        self.export_readonly = False
+        """Whether importers get read-only mappings (payloads say ``readonly``)."""
         with _registry_lock:
             _registry[alloc_id] = self
 

@@ -180,7 +180,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     b = sub.add_parser("bench", help="time handing arrays to a Pool worker against every peer")
     bench.add_arguments(b)
+    from . import keeper_cli
+
+    keeper_cli.add_parsers(sub)
     args = parser.parse_args(argv)
+    if args.command in keeper_cli.COMMANDS:
+        return keeper_cli.run(args)
     if args.command == "bench":
         return bench.run_from_args(args)
     if args.command == "demo":

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, SupportsIndex
 
 import numpy as np
@@ -89,9 +89,21 @@ def _new(
     order: str,
     chunk_bytes: int | None,
     pack: bool | None = None,
+    name: str | None = None,
+    allow_pids: Iterable[int] | None = None,
+    readonly: bool = False,
 ) -> SharedDeviceArray:
     if order not in ("C", "F"):
         raise ValueError(f"order must be 'C' or 'F', not {order!r}")
+    from . import keeper, named
+
+    if name is not None:
+        keeper.check_name(name)
+    allowed = None if allow_pids is None else frozenset(operator_index(p) for p in allow_pids)
+    if name is not None or allowed is not None or readonly:
+        if pack:
+            raise ValueError("pack=True cannot be combined with name, allow_pids or readonly")
+        pack = False  # a slab's neighbours would share the name, the pid list or the secret
     shp = _shape(shape)
     dt = _dtype(dtype)
     n = 1
@@ -107,8 +119,13 @@ def _new(
         alloc, offset = pack_into_slab(backend, nbytes)
     else:
         alloc, offset = Allocation.create(backend, nbytes, chunk_bytes), 0
+        alloc.allow_pids = allowed
+        alloc.export_readonly = bool(readonly)
     strides = _contiguous_strides(shp, dt.itemsize, order)
-    return SharedDeviceArray(alloc, dt, shp, strides, offset)
+    a = SharedDeviceArray(alloc, dt, shp, strides, offset)
+    if name is not None:
+        named.publish(a, name)
+    return a
 
 
 def empty(
@@ -119,6 +136,9 @@ def empty(
     order: str = "C",
     chunk_bytes: int | None = None,
     pack: bool | None = None,
+    name: str | None = None,
+    allow_pids: Iterable[int] | None = None,
+    readonly: bool = False,
 ) -> SharedDeviceArray:
     """A new shared array whose contents are undefined.
 
@@ -143,16 +163,33 @@ def empty(
         one chunk, one handle and one import between them rather than one granule (2 MiB on
         CUDA) each. Arrays packed together share a slab's secret: a process that can import
         one of them could map its neighbours too. Pass ``pack=False`` for an array that must
-        be shared with nobody who should not see the others.
+        be shared with nobody who should not see the others. Named, restricted
+        (``allow_pids``) and ``readonly`` arrays are never packed.
+    name : str, optional
+        Give the array this name in this user's keeper (started if needed): any process of
+        the same user can then :func:`~sharedarrays.attach` it, also after this one exited,
+        until :func:`~sharedarrays.unlink` removes the name. 1 to 128 characters from
+        ``A-Z a-z 0-9 . _ -``. The name exists as soon as the memory does (before a fill).
+    allow_pids : iterable of int, optional
+        Only these processes (and this one) may import the array: others get
+        :class:`~sharedarrays.PermissionDenied` from this process's handle server and from
+        the keeper. Default: any process of this user that holds a payload (or the name).
+    readonly : bool, default False
+        Importers get read-only mappings (``PROT_READ`` on the host, a read-only
+        ``cuMemSetAccess`` on CUDA) and read-only views. This process keeps writing.
 
     Raises
     ------
     BackendUnavailable
         CUDA was asked for and cannot be used here; the message says why.
+    NameExists
+        ``name`` is taken (the new memory is released again).
     TypeError, ValueError
-        A bad shape, dtype, order or device.
+        A bad shape, dtype, order, device or name.
     """
-    return _new(shape, dtype, parse_device(device), order, chunk_bytes, pack)
+    return _new(
+        shape, dtype, parse_device(device), order, chunk_bytes, pack, name, allow_pids, readonly
+    )
 
 
 def zeros(
@@ -164,10 +201,15 @@ def zeros(
     chunk_bytes: int | None = None,
     pack: bool | None = None,
     progress: bool | None = None,
+    name: str | None = None,
+    allow_pids: Iterable[int] | None = None,
+    readonly: bool = False,
 ) -> SharedDeviceArray:
     """A new shared array of zeros (parameters as :func:`empty`; ``progress`` as
     :func:`full`)."""
-    a = _new(shape, dtype, parse_device(device), order, chunk_bytes, pack)
+    a = _new(
+        shape, dtype, parse_device(device), order, chunk_bytes, pack, name, allow_pids, readonly
+    )
     if not a.allocation.backend.zeroed:
         _fill(a, 0, progress)
     return a
@@ -182,10 +224,15 @@ def ones(
     chunk_bytes: int | None = None,
     pack: bool | None = None,
     progress: bool | None = None,
+    name: str | None = None,
+    allow_pids: Iterable[int] | None = None,
+    readonly: bool = False,
 ) -> SharedDeviceArray:
     """A new shared array of ones (parameters as :func:`empty`; ``progress`` as
     :func:`full`)."""
-    a = _new(shape, dtype, parse_device(device), order, chunk_bytes, pack)
+    a = _new(
+        shape, dtype, parse_device(device), order, chunk_bytes, pack, name, allow_pids, readonly
+    )
     _fill(a, 1, progress)
     return a
 
@@ -200,6 +247,9 @@ def full(
     chunk_bytes: int | None = None,
     pack: bool | None = None,
     progress: bool | None = None,
+    name: str | None = None,
+    allow_pids: Iterable[int] | None = None,
+    readonly: bool = False,
 ) -> SharedDeviceArray:
     """A new shared array with every element set to ``fill_value``.
 
@@ -210,7 +260,9 @@ def full(
     """
     if dtype is None:
         dtype = np.asarray(fill_value).dtype
-    a = _new(shape, dtype, parse_device(device), order, chunk_bytes, pack)
+    a = _new(
+        shape, dtype, parse_device(device), order, chunk_bytes, pack, name, allow_pids, readonly
+    )
     _fill(a, fill_value, progress)
     return a
 
@@ -239,6 +291,9 @@ def from_array(
     chunk_bytes: int | None = None,
     pack: bool | None = None,
     progress: bool | None = None,
+    name: str | None = None,
+    allow_pids: Iterable[int] | None = None,
+    readonly: bool = False,
 ) -> SharedDeviceArray:
     """A new shared array holding a copy of ``obj``.
 
@@ -260,7 +315,9 @@ def from_array(
     backend = get_backend(dev)
     src = backend.to_native(obj)
     order = "F" if src.flags.f_contiguous and not src.flags.c_contiguous else "C"
-    a = _new(src.shape, src.dtype, dev, order, chunk_bytes, pack)
+    a = _new(
+        src.shape, src.dtype, dev, order, chunk_bytes, pack, name, allow_pids, readonly
+    )
     for native, key in _blocks(a, progress, "copy"):
         native[key] = src[key]
     return a

@@ -12,6 +12,9 @@ __all__ = [
     "HandleUnavailable",
     "PermissionDenied",
     "PayloadError",
+    "NameExists",
+    "NameNotFound",
+    "KeeperError",
 ]
 
 
@@ -48,3 +51,21 @@ class PermissionDenied(SharedArrayError, PermissionError):
 
 class PayloadError(SharedArrayError, ValueError):
     """A payload is malformed, truncated, tampered with, or of an unknown version."""
+
+
+class NameExists(SharedArrayError, FileExistsError):
+    """An array of that name exists already (for this user, in the keeper).
+
+    Attach to it with :func:`sharedarrays.attach`, or remove the name first with
+    :func:`sharedarrays.unlink`.
+    """
+
+
+class NameNotFound(SharedArrayError, FileNotFoundError):
+    """No array of that name exists for this user (it was never made, was unlinked, or the
+    keeper that held it was stopped)."""
+
+
+class KeeperError(SharedArrayError):
+    """The keeper refused a request as malformed, or answered with something that is not a
+    keeper reply."""

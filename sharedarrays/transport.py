@@ -41,7 +41,7 @@ _NOTICE_MAGIC = b"SAX1"  # "I released this allocation": same layout, no reply
 _MAX_PATH = 107
 _REPLY = struct.Struct("4sBI")  # magic, status, number of chunks; then JSON sizes
 _REPLY_MAGIC = b"SAR1"
-_OK, _GONE, _BAD_SECRET, _BAD_UID, _BAD_REQUEST = range(5)
+_OK, _GONE, _BAD_SECRET, _BAD_UID, _BAD_REQUEST, _NOT_ALLOWED = range(6)
 _FDS_PER_MESSAGE = 250  # SCM_MAX_FD is 253
 _CRED = struct.Struct("3i")
 TIMEOUT = 10.0
@@ -150,6 +150,9 @@ class HandleServer:
         if magic == _NOTICE_MAGIC:
             conn.send(_REPLY.pack(_REPLY_MAGIC, _OK, 0))
             alloc.orphan()
+            return
+        if alloc.allow_pids is not None and pid not in alloc.allow_pids and pid != self._pid:
+            conn.send(_REPLY.pack(_REPLY_MAGIC, _NOT_ALLOWED, 0))
             return
         # ``alloc`` is a strong reference: the fds stay open until they are sent.
         sizes = alloc.chunk_sizes()
@@ -294,6 +297,10 @@ def fetch_handles(
             )
         if status == _BAD_UID:
             raise PermissionDenied("the handle server refused this process: another user")
+        if status == _NOT_ALLOWED:
+            raise PermissionDenied(
+                f"process {os.getpid()} is not in the allow_pids of allocation {alloc_id}"
+            )
         if status != _OK:
             raise PayloadError("the handle server rejected the request as malformed")
         sizes = json.loads(msg[_REPLY.size :])

@@ -1,0 +1,146 @@
+"""Shared by the keeper, fault and fuzz tests: a private keeper per test, subprocess helpers."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from sharedarrays import keeper, transport
+
+IDLE = "2"  # seconds a test keeper waits, holding nothing, before it exits
+
+
+@pytest.fixture
+def private_keeper(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A fresh runtime directory (so a fresh keeper) for this test and its subprocesses.
+
+    A short path under /tmp: Unix socket paths are limited to 107 bytes.
+    """
+    transport.server_address()  # this process's handle server stays in the usual directory
+    base = Path(tempfile.mkdtemp(prefix="sa-", dir="/tmp"))
+    os.chmod(base, 0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(base))
+    monkeypatch.setenv("SHAREDARRAYS_KEEPER_IDLE", IDLE)
+    keeper.disconnect()
+    try:
+        yield base / "sharedarrays"
+    finally:
+        keeper.disconnect()
+        pid = lock_holder(base / "sharedarrays")
+        if pid is not None:
+            try:
+                os.kill(pid, signal.SIGTERM)
+                wait_gone(pid)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def lock_holder(directory: Path) -> int | None:
+    """The pid of the live keeper of ``directory`` (from its lock file), if any."""
+    try:
+        text = (directory / "keeper.lock").read_text().strip()
+    except FileNotFoundError:
+        return None
+    if not text.isdigit():
+        return None
+    pid = int(text)
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+    except psutil.NoSuchProcess:
+        return None
+    return pid
+
+
+def wait_gone(pid: int, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"process {pid} did not exit within {timeout} s")
+
+
+def keeper_memfds(pid: int) -> int:
+    """How many memfd chunks the process ``pid`` holds open."""
+    n = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/memfd:sharedarrays"):
+                n += 1
+        except OSError:
+            continue
+    return n
+
+
+def keeper_status() -> dict[str, object]:
+    status, body, _ = keeper.request({"op": "status"}, start=False)
+    assert status == keeper.OK
+    return body
+
+
+def py(code: str, timeout: float = 60, **kw: object) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter; fail with its stderr if it fails."""
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, **kw
+    )  # type: ignore[call-overload]
+    assert r.returncode == 0, f"subprocess failed ({r.returncode}):\n{r.stderr}"
+    return r  # type: ignore[no-any-return]
+
+
+def spawn(code: str) -> subprocess.Popen[str]:
+    """Start ``code`` in a fresh interpreter with pipes for stdin and stdout."""
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def read_json_line(proc: subprocess.Popen[str], timeout: float = 60) -> dict[str, object]:
+    """The next stdout line of ``proc``, as JSON (fails on EOF)."""
+    assert proc.stdout is not None
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    if not sel.select(timeout):
+        raise AssertionError("subprocess said nothing in time")
+    line = proc.stdout.readline()
+    if not line:
+        err = proc.stderr.read() if proc.stderr else ""
+        raise AssertionError(f"subprocess ended early:\n{err}")
+    return json.loads(line)  # type: ignore[no-any-return]
+
+
+def pid_of(_: object) -> int:
+    """Pool task: the worker's pid."""
+    return os.getpid()
+
+
+def checksum_blob(blob: bytes) -> float:
+    """Pool task: load a plain-pickle payload and sum it (float64)."""
+    import pickle
+
+    import numpy as np
+
+    a = pickle.loads(blob)
+    return float(np.asarray(a.array, dtype=np.float64).sum())
