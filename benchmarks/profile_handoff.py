@@ -48,7 +48,31 @@ def load_in_task(payload: bytes) -> float:
     return time.perf_counter() - t
 
 
-def load_steps(blob: bytes, payload: bytes) -> dict[str, float]:
+def loads_timed(blob: bytes) -> tuple[float, int]:
+    """Unpickle (and touch) a pickled list of arrays inside the task: seconds, count."""
+    t = time.perf_counter()
+    arrays = pickle.loads(blob)
+    for x in arrays:
+        x.array  # noqa: B018
+    return time.perf_counter() - t, len(arrays)
+
+
+def interleaved(pool: Any, a: Any, n: int = 201) -> tuple[float, float, float]:
+    """Floor and warm handoff measured alternately: medians of floor, warm, warm - floor."""
+    floors, warms = [], []
+    for _ in range(n):
+        t = time.perf_counter()
+        pool.apply(noop, (1,))
+        t1 = time.perf_counter()
+        pool.apply(touch, (a,))
+        t2 = time.perf_counter()
+        floors.append(t1 - t)
+        warms.append(t2 - t1)
+    diffs = [w - f for w, f in zip(warms, floors)]
+    return tuple(statistics.median(x) * 1e6 for x in (floors, warms, diffs))  # type: ignore[return-value]
+
+
+def load_steps(blob: bytes, payload: bytes, sync: bytes | None) -> dict[str, float]:
     """In the worker: time the parts of loading a payload of an array already mapped here."""
     from sharedarrays.allocation import lookup
     from sharedarrays.array import SharedDeviceArray
@@ -67,8 +91,7 @@ def load_steps(blob: bytes, payload: bytes) -> dict[str, float]:
             lambda: SharedDeviceArray(alloc, p.dtype, p.shape, p.strides, p.offset).array
         ),
     }
-    if p.sync is not None:
-        sync = p.sync
+    if sync is not None:
         out["worker: import_sync"] = median_us(lambda: alloc.backend.import_sync(sync))
     return out
 
@@ -96,17 +119,29 @@ def main() -> None:
         rows["pool: warm handoff"] = median_us(lambda: pool.apply(touch, (a,)), 201)
         with sa.no_sync():
             rows["pool: warm handoff, no_sync"] = median_us(lambda: pool.apply(touch, (a,)), 201)
+        f, w, d = interleaved(pool, a)
+        rows["pool (interleaved): floor"] = f
+        rows["pool (interleaved): warm handoff"] = w
+        rows["pool (interleaved): warm - floor, per pair"] = d
+        smalls = [sa.full(512, float(i), "float64", device=args.device) for i in range(10_000)]
+        t = time.perf_counter()
+        small_blob = pickle.dumps(smalls)
+        rows["10k x 4 KiB: pickle.dumps in the parent (total)"] = (time.perf_counter() - t) * 1e6
+        secs, count = pool.apply(loads_timed, (small_blob,))
+        rows["10k x 4 KiB: pickle.loads + .array in the worker (first)"] = secs * 1e6
+        secs, count = pool.apply(loads_timed, (pickle.dumps(smalls),))
+        rows["10k x 4 KiB: pickle.loads + .array in the worker (again)"] = secs * 1e6
         blob = pickle.dumps(a)
         rows["pool: send the payload bytes only"] = median_us(
             lambda: pool.apply(noop, (blob,)), 201
         )
         payload = a.payload().to_bytes()
-        rows["pool: payload bytes, sa.load in the task"] = median_us(
+        rows["pool: payload bytes, sa.load in the task (no sync)"] = median_us(
             lambda: pool.apply(load_in_task, (payload,)), 201
         )
         inside = [pool.apply(load_in_task, (a.payload().to_bytes(),)) for _ in range(201)]
         rows["worker: load + .array + drop, timed inside"] = statistics.median(inside) * 1e6
-        rows.update(pool.apply(load_steps, (blob, payload)))
+        rows.update(pool.apply(load_steps, (blob, payload, a.__reduce__()[1][1])))
         c = sa.zeros(1 << 18, "float32", device="cpu", pack=False)
         pool.apply(touch, (c,))
         rows["pool: warm handoff of a host array, same pool"] = median_us(

@@ -56,15 +56,22 @@ _DECODED_LIMIT = 4096
 _decoded: dict[bytes, Payload] = {}  # validated payloads by their bytes: warm loads skip JSON
 
 
-def view_extent(itemsize: int, shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, int]:
+def view_extent(
+    itemsize: int, shape: tuple[int, ...], strides: tuple[int, ...]
+) -> tuple[int, int]:
     """Lowest and one-past-highest byte a view touches, relative to its offset.
 
     A view with a zero-length axis touches nothing: ``(0, 0)``.
     """
-    if any(n == 0 for n in shape):
-        return 0, 0
-    low = sum(s * (n - 1) for n, s in zip(shape, strides) if s < 0)
-    high = sum(s * (n - 1) for n, s in zip(shape, strides) if s > 0) + itemsize
+    low = 0
+    high = itemsize
+    for n, s in zip(shape, strides):
+        if n == 0:
+            return 0, 0
+        if s < 0:
+            low += s * (n - 1)
+        else:
+            high += s * (n - 1)
     return low, high
 
 
