@@ -127,9 +127,9 @@ def main() -> None:
         t = time.perf_counter()
         small_blob = pickle.dumps(smalls)
         rows["10k x 4 KiB: pickle.dumps in the parent (total)"] = (time.perf_counter() - t) * 1e6
-        secs, count = pool.apply(loads_timed, (small_blob,))
+        secs, _ = pool.apply(loads_timed, (small_blob,))
         rows["10k x 4 KiB: pickle.loads + .array in the worker (first)"] = secs * 1e6
-        secs, count = pool.apply(loads_timed, (pickle.dumps(smalls),))
+        secs, _ = pool.apply(loads_timed, (pickle.dumps(smalls),))
         rows["10k x 4 KiB: pickle.loads + .array in the worker (again)"] = secs * 1e6
         blob = pickle.dumps(a)
         rows["pool: send the payload bytes only"] = median_us(
