@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from .backends import Access, Backend, Chunk, round_up
 from .device import Device
 from .errors import ClosedArrayError, PayloadError
+from .process import running
 
 __all__ = [
     "Allocation",
@@ -211,20 +212,10 @@ def drop_parked(only_orphans: bool = False) -> int:
     Returns how many were released.
     """
     with _registry_lock:
-        victims = [a for a in _parked.values() if not only_orphans or not _alive(a.origin.pid)]
+        victims = [a for a in _parked.values() if not only_orphans or not running(a.origin.pid)]
     for a in victims:
         a.release()
     return len(victims)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _teardown(
@@ -452,7 +443,7 @@ class Allocation:
                 return
             park = not self.origin.created_here and not self._orphaned
         # a mapping whose source process has exited will not be handed to us again: drop it
-        limit = keep_imports() if park and _alive(self.origin.pid) else 0
+        limit = keep_imports() if park and running(self.origin.pid) else 0
         if limit == 0:
             self.release()
             return

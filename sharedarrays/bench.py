@@ -70,6 +70,8 @@ from typing import Any
 
 import numpy as np
 
+from .cli import parse_size
+
 __all__ = [
     "TASKS",
     "GPU_METHODS",
@@ -132,14 +134,6 @@ TARGETS = {
 # configuration
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
-def parse_size(text: str) -> int:
-    """Parse ``"256M"``, ``"1G"``, ``"4096"`` (binary units) into bytes."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
-    if m is None:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 256M or 1G)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
 
 
 def size_label(n: int) -> str:

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .errors import PayloadError
+from .process import running, start_time
 
 if TYPE_CHECKING:
     from .backends.cuda_vmm import CudaVmmBackend
@@ -116,36 +117,10 @@ def _reset_after_fork() -> None:
         _start_time_cache = None
 
 
-def _process_start_time(pid: int) -> int | None:
-    """A process's start time in clock ticks since boot, or ``None`` if it does not exist."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    # Fields after the command name, which is in parentheses and may hold spaces.
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
-
-
-def _running(pid: int) -> bool:
-    """Whether process ``pid`` exists (a cheap check for events already opened from it)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _my_start_time() -> int:
     global _start_time_cache
     if _start_time_cache is None:
-        _start_time_cache = _process_start_time(os.getpid()) or 0
+        _start_time_cache = start_time(os.getpid()) or 0
     return _start_time_cache
 
 
@@ -242,9 +217,9 @@ def _event_for(driver: Any, token: bytes) -> Any | None:
             raise PayloadError("the sync token names an event this process never exported")
         return event
     cached = _opened.get(handle)
-    if cached is not None and cached[:2] == (pid, start) and _running(pid):
+    if cached is not None and cached[:2] == (pid, start) and running(pid):
         return cached[2]  # the steady state: no /proc read, no open
-    alive = _process_start_time(pid)
+    alive = start_time(pid)
     if alive is None or (start and alive != start):
         # The exporter has exited: its work is over, and its events are gone.
         if cached is not None:

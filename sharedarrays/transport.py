@@ -18,6 +18,7 @@ Nothing here knows about arrays; it moves ``(sizes, fds)`` for an allocation id.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import hmac
 import json
@@ -32,6 +33,7 @@ from pathlib import Path
 
 from . import allocation
 from .errors import HandleUnavailable, PayloadError, PermissionDenied
+from .process import running
 
 __all__ = ["runtime_dir", "server_address", "fetch_handles", "shutdown_server"]
 
@@ -189,15 +191,9 @@ def _remove_stale_sockets(directory: Path) -> None:
         pid_text = entry.name.split("-", 1)[0]
         if not pid_text.isdigit():
             continue
-        try:
-            os.kill(int(pid_text), 0)
-        except ProcessLookupError:
-            try:
+        if not running(int(pid_text)):
+            with contextlib.suppress(FileNotFoundError):
                 entry.unlink()
-            except FileNotFoundError:
-                pass
-        except PermissionError:
-            pass
 
 
 _server: HandleServer | None = None

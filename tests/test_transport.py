@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -8,6 +9,7 @@ import shutil
 import stat
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -106,6 +108,22 @@ def _other_user() -> str | None:
     return name
 
 
+@contextlib.contextmanager
+def _server_opened_to_others(open_socket: bool) -> Iterator[str]:
+    """This process's handle server path; with ``open_socket`` its directory and socket are
+    opened to every user for the block, so that only the SO_PEERCRED check stands."""
+    server = transport.server_address()
+    directory = os.path.dirname(server)
+    if open_socket:
+        os.chmod(directory, 0o711)
+        os.chmod(server, 0o777)
+    try:
+        yield server
+    finally:
+        os.chmod(directory, 0o700)
+        os.chmod(server, 0o600)
+
+
 _RAW_CLIENT = """
 import socket, struct, sys
 path, alloc_id, secret = sys.argv[1], sys.argv[2], bytes.fromhex(sys.argv[3])
@@ -129,12 +147,7 @@ def test_another_user_is_denied(open_socket: bool) -> None:
     if user is None or not os.access(python, os.X_OK):
         pytest.skip("needs root (to create a second OS user), useradd and /usr/bin/python3")
     a = sa.from_array(np.arange(4.0), device="cpu", pack=False)
-    server = transport.server_address()
-    directory = os.path.dirname(server)
-    if open_socket:
-        os.chmod(directory, 0o711)
-        os.chmod(server, 0o777)
-    try:
+    with _server_opened_to_others(open_socket) as server:
         out = subprocess.run(
             [python, "-c", _RAW_CLIENT, server, a.allocation.id, a.allocation.secret.hex()],
             user=user,
@@ -144,9 +157,6 @@ def test_another_user_is_denied(open_socket: bool) -> None:
             cwd="/",
             env={"PATH": "/usr/bin:/bin"},
         )
-    finally:
-        os.chmod(directory, 0o700)
-        os.chmod(server, 0o600)
     assert out.returncode == 0, out.stderr
     if open_socket:
         assert out.stdout.split() == ["STATUS", str(transport._BAD_UID), "FDS", "0"]
@@ -176,12 +186,7 @@ def test_another_user_loading_a_payload_gets_permission_denied(open_socket: bool
     pw = pwd.getpwnam(user)
     a = sa.from_array(np.arange(4.0), device="cpu", pack=False)
     blob = pickle.dumps(a)
-    server = transport.server_address()
-    directory = os.path.dirname(server)
-    if open_socket:
-        os.chmod(directory, 0o711)
-        os.chmod(server, 0o777)
-    try:
+    with _server_opened_to_others(open_socket):
         pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the child
             code = 3
@@ -202,8 +207,5 @@ def test_another_user_loading_a_payload_gets_permission_denied(open_socket: bool
             finally:
                 os._exit(code)
         _, status = os.waitpid(pid, 0)
-    finally:
-        os.chmod(directory, 0o700)
-        os.chmod(server, 0o600)
     assert os.waitstatus_to_exitcode(status) == 0
     assert a.allocation.served == ()

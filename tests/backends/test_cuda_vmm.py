@@ -51,6 +51,7 @@ from sharedarrays.backends.cuda_vmm import (
 )
 from sharedarrays.device import Device
 from sharedarrays.errors import BackendUnavailable, PayloadError
+from sharedarrays.process import start_time
 
 ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
@@ -363,8 +364,8 @@ def test_sync_token_checks() -> None:
 
 
 def test_process_start_time() -> None:
-    assert sync._process_start_time(os.getpid()) == sync._my_start_time() > 0
-    assert sync._process_start_time(2**31 + 7) is None
+    assert start_time(os.getpid()) == sync._my_start_time() > 0
+    assert start_time(2**31 + 7) is None
 
 
 # ============================================================================================
