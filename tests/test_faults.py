@@ -47,9 +47,11 @@ LOOP_IMPORTS = (
 
 
 def _wait_fds(target: int, timeout: float = 10.0) -> int:
+    """Open fds once they are back to ``target`` or fewer (other tests' pools may still be
+    closing theirs in the background: fewer is not a leak), or after ``timeout``."""
     deadline = time.monotonic() + timeout
     n = open_fds()
-    while n != target and time.monotonic() < deadline:
+    while n > target and time.monotonic() < deadline:
         time.sleep(0.02)
         n = open_fds()
     return n
@@ -73,7 +75,7 @@ def test_sigkill_consumer_mid_import() -> None:
         for f in (child.stdin, child.stdout, child.stderr):
             if f is not None:
                 f.close()
-    assert _wait_fds(baseline) == baseline, "the exporter leaked fds to killed importers"
+    assert _wait_fds(baseline) <= baseline, "the exporter leaked fds to killed importers"
     np.testing.assert_array_equal(a.get(), want)
 
 
@@ -155,7 +157,7 @@ def test_sigkill_producer_right_after_export(private_keeper: Path) -> None:
         del a, b
     gc.collect()
     sa.allocation.drop_parked()
-    assert _wait_fds(baseline) == baseline
+    assert _wait_fds(baseline) <= baseline
 
 
 def test_sigkill_keeper_while_serving_and_restart(private_keeper: Path) -> None:
@@ -212,6 +214,7 @@ def test_sigkill_keeper_while_serving_and_restart(private_keeper: Path) -> None:
 
 PROCESSES = 16
 HANDOFFS = 100
+LIMIT = 180  # seconds for each round of handoffs
 
 
 def _checksum(view: sa.SharedDeviceArray) -> float:
@@ -242,11 +245,12 @@ def test_16_processes_100_handoffs_of_random_views() -> None:
     want = [_checksum(v) for v in views]
     start = time.perf_counter()
     with mp.get_context("forkserver").Pool(PROCESSES) as pool:
-        got = pool.map(workers.checksum, views, chunksize=4)
-        pids = set(pool.map(keeper_helpers.pid_of, range(PROCESSES * 4), chunksize=1))
+        # map_async + get(timeout): a hang fails the test instead of stalling the suite
+        got = pool.map_async(workers.checksum, views, chunksize=4).get(LIMIT)
+        pids = set(pool.map_async(keeper_helpers.pid_of, range(PROCESSES * 4), 1).get(LIMIT))
         # plain pickle bytes as well, through a keeper-less path, half of them
         blobs = [pickle.dumps(v) for v in views[::2]]
-        got_blobs = pool.map(keeper_helpers.checksum_blob, blobs, chunksize=4)
+        got_blobs = pool.map_async(keeper_helpers.checksum_blob, blobs, 4).get(LIMIT)
     elapsed = time.perf_counter() - start
     assert len(pids) >= 2
     bad = [i for i, (g, w) in enumerate(zip(got, want)) if not np.isclose(g, w, rtol=1e-5)]

@@ -70,16 +70,12 @@ def test_named_lifecycle_across_processes(private_keeper: Path) -> None:
 
 
 def test_the_last_holder_exiting_frees_an_unlinked_array(private_keeper: Path) -> None:
+    a = sa.zeros(100, device="cpu", name="x")
     holder = spawn(
         "import sharedarrays as sa, sys, json; a = sa.attach('x'); "
         "print(json.dumps({'sum': float(a.get().sum())}), flush=True); sys.stdin.read()"
     )
     try:
-        a = sa.zeros(100, device="cpu", name="x")
-        holder = spawn(
-            "import sharedarrays as sa, sys, json; a = sa.attach('x'); "
-            "print(json.dumps({'sum': float(a.get().sum())}), flush=True); sys.stdin.read()"
-        )
         assert read_json_line(holder) == {"sum": 0.0}
         kpid = lock_holder(private_keeper)
         assert kpid is not None
