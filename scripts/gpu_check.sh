@@ -9,7 +9,8 @@
 # put on PYTHONPATH, so nothing is installed.
 #
 # Runs `python3 -m pytest -m gpu -ra tests` (or the PYTEST_ARGS given, e.g. a single test
-# file), then `python3 -m sharedarrays demo`, and with --bench `python3 -m sharedarrays bench`.
+# file), then `make demo PYTHON_ENV=system`, and with --bench `python3 -m sharedarrays bench`
+# (its JSON and plot go under $OUT too).
 # Writes, under $OUT (./artifacts when OUT is unset):
 #   gpu-report.md   date (UTC), host, GPU and driver, package versions, pass/fail/skip
 #                   counts, the end of the pytest output, the demo's (and bench's) output
@@ -105,9 +106,12 @@ run_guarded() {  # name logfile command...
     fi
 }
 
-run_guarded "demo" "$OUT/demo.log" "$PYTHON" -m sharedarrays demo
+# The README's own command, on this machine's python3 (no registry here, so no .venv).
+run_guarded "demo" "$OUT/demo.log" \
+    make -C "$ROOT" demo PYTHON_ENV=system PYTHON="$PYTHON" DEMO_ARGS=--no-progress
 if [ "$BENCH" -eq 1 ]; then
-    run_guarded "bench" "$OUT/bench.log" "$PYTHON" -m sharedarrays bench
+    run_guarded "bench" "$OUT/bench.log" "$PYTHON" -m sharedarrays bench \
+        --json "$OUT/bench.json" --plot "$OUT/bench.png"
 fi
 
 # --------------------------------------------------------------------------------------------
