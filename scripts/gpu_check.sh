@@ -142,7 +142,7 @@ EOF
 # The device machine gets a copy of the tree without .git: the caller may pass SA_COMMIT
 # (and SA_DIRTY=1) from the checkout it sent.
 commit="${SA_COMMIT:-$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo 'unknown')}"
-dirty="${SA_DIRTY:-$(git -C "$ROOT" status --porcelain 2>/dev/null | head -1)}"
+dirty="${SA_DIRTY-$(git -C "$ROOT" status --porcelain 2>/dev/null | head -1)}"
 
 verdict="PASSED"
 status=0
