@@ -551,6 +551,29 @@ class Allocation:
         """The exported fds of the chunks, owned by this allocation (do not close them)."""
         return [c.fd for c in self._chunks]
 
+    def handles_for_importers(self) -> tuple[list[int], list[int]]:
+        """The fds to hand to another process, and those of them the caller must close.
+
+        The chunks' own fds, except for a read-only export on a memory system that can
+        reopen a handle read-only (the host backend): then new read-only fds, so that the
+        importer cannot map the memory writable even if it tried.
+        """
+        fds = self.chunk_fds()
+        if not self.export_readonly:
+            return fds, []
+        reopened: list[int] = []
+        try:
+            for fd in fds:
+                ro = self.backend.reopen_readonly(fd)
+                if ro is None:
+                    return fds, reopened
+                reopened.append(ro)
+        except BaseException:
+            for fd in reopened:
+                os.close(fd)
+            raise
+        return reopened, reopened
+
     def chunk_sizes(self) -> list[int]:
         """The chunk sizes, in reservation order."""
         return [c.size for c in self._chunks]

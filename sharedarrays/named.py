@@ -129,7 +129,12 @@ def _keep(a: SharedDeviceArray, name: str | None) -> None:
             f"the keeper holds arrays of at most {keeper.MAX_FDS} chunks; this one has "
             f"{len(alloc.chunk_sizes())} (pass a larger chunk_bytes)"
         )
-    status, body, fds = keeper.request(req, alloc.chunk_fds())
+    handles, temporary = alloc.handles_for_importers()  # read-only ones for readonly arrays
+    try:
+        status, body, fds = keeper.request(req, handles)
+    finally:
+        for fd in temporary:
+            os.close(fd)
     for fd in fds:
         os.close(fd)
     what = f"cannot name the array {name!r}" if name else "cannot park the array"

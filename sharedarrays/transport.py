@@ -158,14 +158,18 @@ class HandleServer:
             return
         # ``alloc`` is a strong reference: the fds stay open until they are sent.
         sizes = alloc.chunk_sizes()
-        fds = alloc.chunk_fds()
-        header = _REPLY.pack(_REPLY_MAGIC, _OK, len(fds)) + json.dumps(sizes).encode()
-        # Record first: the importer may use the array and hand it back before this thread
-        # runs again, and a release must then know whom to tell.
-        alloc.record_served(pid, reply_to if reply_to.startswith("/") else None)
-        socket.send_fds(conn, [header], fds[:_FDS_PER_MESSAGE])
-        for i in range(_FDS_PER_MESSAGE, len(fds), _FDS_PER_MESSAGE):
-            socket.send_fds(conn, [b"+"], fds[i : i + _FDS_PER_MESSAGE])
+        fds, temporary = alloc.handles_for_importers()
+        try:
+            header = _REPLY.pack(_REPLY_MAGIC, _OK, len(fds)) + json.dumps(sizes).encode()
+            # Record first: the importer may use the array and hand it back before this
+            # thread runs again, and a release must then know whom to tell.
+            alloc.record_served(pid, reply_to if reply_to.startswith("/") else None)
+            socket.send_fds(conn, [header], fds[:_FDS_PER_MESSAGE])
+            for i in range(_FDS_PER_MESSAGE, len(fds), _FDS_PER_MESSAGE):
+                socket.send_fds(conn, [b"+"], fds[i : i + _FDS_PER_MESSAGE])
+        finally:
+            for fd in temporary:
+                os.close(fd)
         del alloc
 
     def close(self) -> None:

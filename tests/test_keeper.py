@@ -237,6 +237,12 @@ READONLY_CHILD = (
     "start = format(a.allocation.address, 'x')\n"
     "out['maps'] = [l.split()[1] for l in open('/proc/self/maps') if l.startswith(start + '-')]\n"
     "out['access'] = a.allocation.access\n"
+    "try:  # a hostile importer asks for write access to its mapping\n"
+    "    al = a.allocation\n"
+    "    al.backend.set_access(al.address, al.size, 'rw')\n"
+    "    out['escalate'] = 'allowed'\n"
+    "except OSError as e:\n"
+    "    out['escalate'] = 'refused: ' + str(e)\n"
     "print(json.dumps(out), flush=True)\n"
 )
 
@@ -254,16 +260,19 @@ def test_readonly_importers_get_prot_read_mappings() -> None:
     assert out["readonly"] is True and out["sum"] == 16.0
     assert "read-only" in str(out["setitem"]) and "read-only" in str(out["native"])
     assert out["maps"] == ["r--s"] and out["access"] == "r"
+    assert out["escalate"].startswith("refused")  # the fd itself is read-only
     assert a.get()[0] == 10  # nothing was written
 
 
 def test_readonly_named_arrays(private_keeper: Path) -> None:
     a = sa.full(4, 3.0, device="cpu", name="ro", readonly=True)
     r = py(
-        "import sharedarrays as sa, json; b = sa.attach('ro'); "
-        "print(json.dumps([b.readonly, b.allocation.access, float(b.get().sum())]))"
+        "import sharedarrays as sa, json; b = sa.attach('ro'); al = b.allocation\n"
+        "try:\n    al.backend.set_access(al.address, al.size, 'rw'); esc = 'allowed'\n"
+        "except OSError:\n    esc = 'refused'\n"
+        "print(json.dumps([b.readonly, al.access, float(b.get().sum()), esc]))"
     )
-    assert json.loads(r.stdout) == [True, "r", 12.0]
+    assert json.loads(r.stdout) == [True, "r", 12.0, "refused"]
     assert sa.list_named()[0].readonly
     sa.unlink("ro")
     del a

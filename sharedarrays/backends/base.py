@@ -78,6 +78,12 @@ class Backend(Protocol):
         """Allocate a chunk of ``size`` bytes (a multiple of the granularity) and export it."""
         ...
 
+    def reopen_readonly(self, fd: int) -> int | None:
+        """A new handle of the same chunk that can only be mapped read-only, or ``None``
+        where the memory system has no such handle (CUDA: access is then set by the
+        importer, and a read-only export is a promise, not a guarantee)."""
+        ...
+
     def import_chunk(self, fd: int, size: int) -> Chunk:
         """Import a chunk from an exported handle.
 

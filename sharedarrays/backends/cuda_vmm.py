@@ -553,6 +553,11 @@ class CudaVmmBackend:
             raise
         return Chunk(size=size, handle=int(handle), fd=fd)
 
+    def reopen_readonly(self, fd: int) -> int | None:
+        """CUDA's shareable fds carry no access mode: read-only is set by each importer
+        with ``cuMemSetAccess`` (see ``set_access``)."""
+        return None
+
     def import_chunk(self, fd: int, size: int) -> Chunk:
         """Import a chunk from an fd exported by :meth:`create_chunk` (in any process).
 

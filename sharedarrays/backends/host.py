@@ -115,6 +115,10 @@ class HostBackend:
             raise
         return Chunk(size=size, handle=fd, fd=fd)
 
+    def reopen_readonly(self, fd: int) -> int | None:
+        """Open the memfd again read-only: a mapping of it can never be made writable."""
+        return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+
     def import_chunk(self, fd: int, size: int) -> Chunk:
         try:
             actual = os.fstat(fd).st_size
