@@ -78,11 +78,14 @@ def wait_gone(pid: int, timeout: float = 15.0) -> None:
 
 
 def keeper_memfds(pid: int) -> int:
-    """How many memfd chunks the process ``pid`` holds open."""
+    """How many chunk handles the process ``pid`` holds open: memfds of the host backend,
+    and CUDA's exported handles (fds of /dev/nvidiactl; the keeper has no CUDA context, so
+    every such fd it holds is a chunk)."""
     n = 0
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
-            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/memfd:sharedarrays"):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("/memfd:sharedarrays") or target == "/dev/nvidiactl":
                 n += 1
         except OSError:
             continue
@@ -143,4 +146,4 @@ def checksum_blob(blob: bytes) -> float:
     import numpy as np
 
     a = pickle.loads(blob)
-    return float(np.asarray(a.array, dtype=np.float64).sum())
+    return float(a.get().astype(np.float64).sum())

@@ -1,4 +1,7 @@
-"""SIGKILL at each stage, and many processes handing views around (host backend).
+"""SIGKILL at each stage, and many processes handing views around.
+
+Every test runs on the host backend (CI) and on CUDA (marker ``gpu``, in
+``scripts/gpu_check.sh``), where device memory must also come back once every process let go.
 
 After every kill: no fd leaked in the survivors, the data the survivors see is intact, and a
 payload whose handles are gone fails with a clear SharedArrayError. The counts these tests
@@ -36,6 +39,37 @@ __all__ = ["private_keeper"]
 
 KILLS = 8  # kills per stage
 
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def _free_device_memory(device: str) -> int | None:
+    """Free bytes of the device (CUDA), after CuPy gave back its cached blocks; None on cpu."""
+    if device == "cpu":
+        return None
+    import cupy
+
+    gc.collect()
+    cupy.get_default_memory_pool().free_all_blocks()
+    cupy.cuda.Device(0).synchronize()
+    return int(cupy.cuda.runtime.memGetInfo()[0])
+
+
+def _assert_device_memory_back(device: str, before: int | None, timeout: float = 20.0) -> None:
+    """On CUDA: free memory returns to within 2 MiB of ``before`` (other processes exit and
+    release asynchronously, so wait a little)."""
+    if before is None:
+        return
+    deadline = time.monotonic() + timeout
+    free = _free_device_memory(device)
+    while free is not None and free < before - (2 << 20) and time.monotonic() < deadline:
+        sa.allocation.drop_parked()
+        time.sleep(0.1)
+        free = _free_device_memory(device)
+    assert free is not None and free >= before - (2 << 20), (
+        f"{(before - free) / 2**20:.1f} MiB of device memory not returned"
+    )
+
+
 LOOP_IMPORTS = (
     "import sharedarrays as sa, pickle, sys, json\n"
     "blob = bytes.fromhex(sys.stdin.readline())\n"
@@ -57,8 +91,10 @@ def _wait_fds(target: int, timeout: float = 10.0) -> int:
     return n
 
 
-def test_sigkill_consumer_mid_import() -> None:
-    a = sa.from_array(np.arange(4096.0), device="cpu", pack=False)
+@pytest.mark.parametrize("device", DEVICES)
+def test_sigkill_consumer_mid_import(device: str) -> None:
+    free_before = _free_device_memory(device)
+    a = sa.from_array(np.arange(4096.0), device=device, pack=False)
     want = a.get()
     blob = pickle.dumps(a)
     baseline = open_fds()
@@ -77,10 +113,15 @@ def test_sigkill_consumer_mid_import() -> None:
                 f.close()
     assert _wait_fds(baseline) <= baseline, "the exporter leaked fds to killed importers"
     np.testing.assert_array_equal(a.get(), want)
+    a.close()
+    del a
+    _assert_device_memory_back(device, free_before)
 
 
-def test_sigkill_consumer_holding_a_mapping(private_keeper: Path) -> None:
-    a = sa.from_array(np.arange(1000.0), device="cpu", name="held")
+@pytest.mark.parametrize("device", DEVICES)
+def test_sigkill_consumer_holding_a_mapping(private_keeper: Path, device: str) -> None:
+    free_before = _free_device_memory(device)
+    a = sa.from_array(np.arange(1000.0), device=device, name="held")
     kpid = lock_holder(private_keeper)
     assert kpid is not None
     holder_code = (
@@ -110,15 +151,17 @@ def test_sigkill_consumer_holding_a_mapping(private_keeper: Path) -> None:
     while keeper_memfds(kpid) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert keeper_memfds(kpid) == 0  # nothing leaked in the keeper either
+    _assert_device_memory_back(device, free_before)
 
 
-def test_sigkill_producer_right_after_export(private_keeper: Path) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_sigkill_producer_right_after_export(private_keeper: Path, device: str) -> None:
     producer_code = (
         "import sharedarrays as sa, numpy as np, pickle, sys, json\n"
-        "n = int(sys.argv[1])\n"
-        "a = sa.from_array(np.full(512, n, dtype=np.int64), device='cpu', name=f'p{n}')\n"
-        "b = sa.from_array(np.full(64, n, dtype=np.int64), device='cpu', pack=False); b.park()\n"
-        "c = sa.from_array(np.full(8, n, dtype=np.int64), device='cpu', pack=False)\n"
+        "n, dev = int(sys.argv[1]), sys.argv[2]\n"
+        "a = sa.from_array(np.full(512, n, dtype=np.int64), device=dev, name=f'p{n}')\n"
+        "b = sa.from_array(np.full(64, n, dtype=np.int64), device=dev, pack=False); b.park()\n"
+        "c = sa.from_array(np.full(8, n, dtype=np.int64), device=dev, pack=False)\n"
         "print(json.dumps({'parked': pickle.dumps(b).hex(), 'plain': pickle.dumps(c).hex()}),"
         " flush=True)\n"
         "sys.stdin.read()\n"
@@ -126,10 +169,11 @@ def test_sigkill_producer_right_after_export(private_keeper: Path) -> None:
     import subprocess
     import sys
 
+    free_before = _free_device_memory(device)
     payloads = []
     for n in range(KILLS):
         p = subprocess.Popen(
-            [sys.executable, "-c", producer_code, str(n)],
+            [sys.executable, "-c", producer_code, str(n), device],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -158,9 +202,11 @@ def test_sigkill_producer_right_after_export(private_keeper: Path) -> None:
     gc.collect()
     sa.allocation.drop_parked()
     assert _wait_fds(baseline) <= baseline
+    _assert_device_memory_back(device, free_before)
 
 
-def test_sigkill_keeper_while_serving_and_restart(private_keeper: Path) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_sigkill_keeper_while_serving_and_restart(private_keeper: Path, device: str) -> None:
     attach_loop = (
         "import sharedarrays as sa, json, sys\n"
         "ok = errors = 0\n"
@@ -174,8 +220,9 @@ def test_sigkill_keeper_while_serving_and_restart(private_keeper: Path) -> None:
         "print(json.dumps({'ok': ok, 'errors': errors}), flush=True)\n"
     )
     survivors = 0
+    free_before = _free_device_memory(device)
     for round_ in range(KILLS // 2):
-        a = sa.from_array(np.arange(100.0), device="cpu", name="served")
+        a = sa.from_array(np.arange(100.0), device=device, name="served")
         kpid = lock_holder(private_keeper)
         assert kpid is not None
         loaders = [spawn(attach_loop) for _ in range(2)]
@@ -197,13 +244,14 @@ def test_sigkill_keeper_while_serving_and_restart(private_keeper: Path) -> None:
         # a new keeper starts on next need, replacing the dead one's socket
         with pytest.raises(sa.NameNotFound):
             sa.attach("served")
-        b = sa.zeros(1, device="cpu", name="served")
+        b = sa.zeros(1, device=device, name="served")
         assert lock_holder(private_keeper) not in (None, kpid)
         sa.unlink("served")
         a.close()
         del a, b
         gc.collect()
     assert survivors == KILLS // 2
+    _assert_device_memory_back(device, free_before)
     before = open_fds()
     keeper.disconnect()
     assert open_fds() == before - 1  # just our keeper connection
@@ -233,13 +281,15 @@ def _views(base: sa.SharedDeviceArray, rng: random.Random, n: int) -> list[sa.Sh
     return out
 
 
-def test_16_processes_100_handoffs_of_random_views() -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_16_processes_100_handoffs_of_random_views(device: str) -> None:
     import keeper_helpers
     import workers
 
     rng = random.Random(1616)
+    free_before = _free_device_memory(device)
     base = sa.from_array(
-        np.random.default_rng(0).standard_normal((256, 256)).astype(np.float32), device="cpu"
+        np.random.default_rng(0).standard_normal((256, 256)).astype(np.float32), device=device
     )
     views = _views(base, rng, PROCESSES * HANDOFFS)
     want = [_checksum(v) for v in views]
@@ -258,3 +308,5 @@ def test_16_processes_100_handoffs_of_random_views() -> None:
     assert all(np.isclose(g, w, rtol=1e-5) for g, w in zip(got_blobs, want[::2]))
     print(f"{len(views) + len(blobs)} handoffs in {elapsed:.1f} s")
     assert psutil.Process().num_fds() < 200
+    del views, base
+    _assert_device_memory_back(device, free_before)

@@ -28,7 +28,7 @@ def fill_value(a: Any, value: float) -> tuple[int, str]:
 
 
 def checksum(a: Any) -> float:
-    return float(np.asarray(a.array, dtype=np.float64).sum())
+    return float(a.get().astype(np.float64).sum())
 
 
 def echo(a: Any) -> Any:
