@@ -492,20 +492,9 @@ class Keeper:
     def _serve(
         self, peer: _Peer, req: dict[str, Any], op: str
     ) -> tuple[int, dict[str, Any], list[int]]:
-        if op == "attach":
-            name = _name(req)
-            alloc_id = self._names.get(name or "")
-            entry = None if alloc_id is None else self._entries.get(alloc_id)
-            if entry is None or not entry.linked:
-                return NOT_FOUND, {"error": f"no array named {name!r}"}, []
-        else:
-            alloc_id = _hex(req, "id", _HEX32)
-            secret = bytes.fromhex(_hex(req, "secret", _HEX64))
-            entry = self._entries.get(alloc_id)
-            if entry is None or not entry.linked:
-                return NOT_FOUND, {"error": f"the keeper does not hold allocation {alloc_id}"}, []
-            if not hmac.compare_digest(secret, entry.secret):
-                return DENIED, {"error": "wrong secret"}, []
+        entry, refusal = self._find(req, by_name=op == "attach")
+        if entry is None:
+            return refusal
         if not entry.allows(peer.pid):
             return DENIED, {"error": f"pid {peer.pid} is not in the array's allow_pids"}, []
         self._hold(peer, entry)
@@ -519,21 +508,32 @@ class Keeper:
         }
         return OK, body, list(entry.fds)
 
-    def _unlink(self, req: dict[str, Any]) -> tuple[int, dict[str, Any], list[int]]:
-        if "name" in req:
+    def _find(
+        self, req: dict[str, Any], by_name: bool
+    ) -> tuple[_Entry | None, tuple[int, dict[str, Any], list[int]]]:
+        """The linked entry a request names (by name, or by id with its secret), or ``None``
+        and the reply that refuses it. (A name maps only to linked entries: unlink drops it.)"""
+        if by_name:
             name = _name(req)
             alloc_id = self._names.get(name or "")
             entry = None if alloc_id is None else self._entries.get(alloc_id)
-            if entry is None:
-                return NOT_FOUND, {"error": f"no array named {name!r}"}, []
-        else:
-            alloc_id = _hex(req, "id", _HEX32)
-            secret = bytes.fromhex(_hex(req, "secret", _HEX64))
-            entry = self._entries.get(alloc_id)
             if entry is None or not entry.linked:
-                return NOT_FOUND, {"error": f"the keeper does not hold allocation {alloc_id}"}, []
-            if not hmac.compare_digest(secret, entry.secret):
-                return DENIED, {"error": "wrong secret"}, []
+                return None, (NOT_FOUND, {"error": f"no array named {name!r}"}, [])
+            return entry, (OK, {}, [])
+        alloc_id = _hex(req, "id", _HEX32)
+        secret = bytes.fromhex(_hex(req, "secret", _HEX64))
+        entry = self._entries.get(alloc_id)
+        if entry is None or not entry.linked:
+            error = f"the keeper does not hold allocation {alloc_id}"
+            return None, (NOT_FOUND, {"error": error}, [])
+        if not hmac.compare_digest(secret, entry.secret):
+            return None, (DENIED, {"error": "wrong secret"}, [])
+        return entry, (OK, {}, [])
+
+    def _unlink(self, req: dict[str, Any]) -> tuple[int, dict[str, Any], list[int]]:
+        entry, refusal = self._find(req, by_name="name" in req)
+        if entry is None:
+            return refusal
         entry.linked = False
         if entry.name is not None and self._names.get(entry.name) == entry.id:
             del self._names[entry.name]
