@@ -19,6 +19,25 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 )
 
 
+NUMERIC_DTYPES = [
+    "bool",
+    "int8",
+    "uint8",
+    "int16",
+    "uint16",
+    "int32",
+    "uint32",
+    "int64",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+]
+"""Every dtype a shared array holds."""
+
+
 def open_fds() -> int:
     """Number of open file descriptors of this process (after a full collection)."""
     import psutil

@@ -2,26 +2,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import NUMERIC_DTYPES
 
 import sharedarrays as sa
 from sharedarrays.backends import cuda_usable
 
-DTYPES = [
-    "bool",
-    "int8",
-    "uint8",
-    "int16",
-    "uint16",
-    "int32",
-    "uint32",
-    "int64",
-    "uint64",
-    "float16",
-    "float32",
-    "float64",
-    "complex64",
-    "complex128",
-]
+DTYPES = NUMERIC_DTYPES
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

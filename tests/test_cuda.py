@@ -13,13 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import workers
+from conftest import NUMERIC_DTYPES
 
 import sharedarrays as sa
 
 pytestmark = pytest.mark.gpu
 
-DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
-          "float16", "float32", "float64", "complex64", "complex128"]
+DTYPES = NUMERIC_DTYPES
 
 
 def free_memory() -> int:
@@ -102,22 +102,6 @@ def test_pool_of_four_writes_slices(method: str) -> None:
     got = a.get()
     for i in range(4):
         assert np.all(got[i] == i + 1)
-
-
-def test_plain_pickle_through_a_file_to_a_fresh_interpreter(tmp_path: Path) -> None:
-    a = sa.from_array(np.arange(12.0).reshape(3, 4))
-    path = tmp_path / "a.pkl"
-    path.write_bytes(pickle.dumps(a[1:, ::-1]))
-    code = (
-        "import pickle, cupy\n"
-        f"b = pickle.load(open({str(path)!r}, 'rb'))\n"
-        "print(b.device, b.get().tolist()); b.array[...] = -1\n"
-        "cupy.cuda.get_current_stream().synchronize()\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "cuda:0 " + str(np.arange(12.0).reshape(3, 4)[1:, ::-1].tolist())
-    np.testing.assert_array_equal(a.get()[1:], -1)
 
 
 def test_producer_exits_before_the_consumer_reads(tmp_path: Path) -> None:

@@ -152,8 +152,9 @@ def test_parking_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
         assert p.apply(workers.parked_ids) == [x.allocation.id for x in arrays[2:]]
 
 
-def test_plain_pickle_through_a_file_to_a_fresh_interpreter(tmp_path: Path) -> None:
-    a = sa.from_array(np.arange(12.0).reshape(3, 4), device="cpu", pack=False)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_plain_pickle_through_a_file_to_a_fresh_interpreter(tmp_path: Path, device: str) -> None:
+    a = sa.from_array(np.arange(12.0).reshape(3, 4), device=device, pack=False)
     path = tmp_path / "a.pkl"
     with open(path, "wb") as f:
         pickle.dump(a[1:, ::-1], f)
@@ -161,11 +162,14 @@ def test_plain_pickle_through_a_file_to_a_fresh_interpreter(tmp_path: Path) -> N
         "import pickle, sys\n"
         f"b = pickle.load(open({str(path)!r}, 'rb'))\n"
         "assert b.shape == (2, 4), b.shape\n"
-        "print(b.get().tolist()); b.array[...] = -1\n"
+        "print(b.device, b.get().tolist()); b[...] = -1\n"
+        "if b.device.is_cuda:\n"
+        "    import cupy; cupy.cuda.get_current_stream().synchronize()\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == str(np.arange(12.0).reshape(3, 4)[1:, ::-1].tolist())
+    want = np.arange(12.0).reshape(3, 4)[1:, ::-1].tolist()
+    assert out.stdout.strip() == f"{a.device} {want}"
     np.testing.assert_array_equal(a.get()[1:], -1)
     np.testing.assert_array_equal(a.get()[0], [0, 1, 2, 3])
 
