@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .allocation import Allocation, live_allocations
 from .array import SharedDeviceArray, load
+from .backends import backends
 from .backends import cuda_vmm as _cuda_vmm  # noqa: F401 - installs the fork-after-CUDA hook
 from .creation import empty, from_array, full, ones, zeros
 from .device import Device
@@ -45,6 +46,7 @@ __all__ = [
     "SharedArrayError",
     "SharedDeviceArray",
     "attach",
+    "backends",
     "empty",
     "from_array",
     "full",

@@ -21,3 +21,15 @@ def test_bad_names(bad: str) -> None:
 def test_negative_index() -> None:
     with pytest.raises(ValueError, match=">= 0"):
         parse_device(-2)
+
+
+def test_backends_lists_every_memory_system_and_why() -> None:
+    import sharedarrays as sa
+    from sharedarrays.backends import cuda_usable
+
+    listed = sa.backends()
+    assert set(listed) == {"host", "cuda-vmm"}
+    assert listed["host"] is None
+    assert listed["cuda-vmm"] == cuda_usable(0)
+    if listed["cuda-vmm"] is not None:
+        assert isinstance(listed["cuda-vmm"], str) and listed["cuda-vmm"]

@@ -12,7 +12,16 @@ from ..device import Device
 from ..errors import BackendUnavailable
 from .base import Access, Backend, Chunk, round_up
 
-__all__ = ["Access", "Backend", "Chunk", "round_up", "get_backend", "cuda_usable", "BACKEND_NAMES"]
+__all__ = [
+    "Access",
+    "Backend",
+    "Chunk",
+    "round_up",
+    "get_backend",
+    "cuda_usable",
+    "backends",
+    "BACKEND_NAMES",
+]
 
 BACKEND_NAMES = ("host", "cuda-vmm")
 
@@ -31,6 +40,22 @@ def cuda_usable(index: int | None = None) -> str | None:
     from . import cuda_vmm
 
     return cuda_vmm.why_unusable(index)
+
+
+def backends() -> dict[str, str | None]:
+    """Every memory system sharedarrays knows, and why each unusable one cannot be used here.
+
+    Returns
+    -------
+    dict
+        Backend name -> ``None`` when it can be used in this process, else the reason.
+
+    Examples
+    --------
+    >>> sharedarrays.backends()  # doctest: +SKIP
+    {'host': None, 'cuda-vmm': 'no NVIDIA driver: libcuda could not be loaded (...)'}
+    """
+    return {"host": None, "cuda-vmm": cuda_usable(0)}
 
 
 def get_backend(device: Device, name: str | None = None) -> Backend:
