@@ -117,6 +117,18 @@ def _reset_after_fork() -> None:
         _start_time_cache = None
 
 
+_head_cache: tuple[int, bytes] | None = None
+
+
+def _token_head() -> bytes:
+    """This process's part of every token it makes (pid and start time), made once."""
+    global _head_cache
+    pid = os.getpid()
+    if _head_cache is None or _head_cache[0] != pid:
+        _head_cache = (pid, _HEAD.pack(pid, _my_start_time()))
+    return _head_cache[1]
+
+
 def _my_start_time() -> int:
     global _start_time_cache
     if _start_time_cache is None:
@@ -196,7 +208,7 @@ def export_sync(backend: CudaVmmBackend) -> bytes | None:
         ring = _rings.setdefault(backend.device.index, _Ring())
         event, handle = _next_slot(driver, ring)
         check(driver.cuEventRecord(event, stream), "cuEventRecord")
-    return _HEAD.pack(os.getpid(), _my_start_time()) + handle
+    return _token_head() + handle
 
 
 # --------------------------------------------------------------------------------------------

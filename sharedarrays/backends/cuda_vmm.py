@@ -478,12 +478,12 @@ class CudaVmmBackend:
     def _forked(self) -> bool:
         return os.getpid() != self._pid
 
-    @contextlib.contextmanager
-    def context(self) -> Iterator[None]:
-        """Make this device's primary context current for the ``with`` block.
+    def context(self) -> contextlib.AbstractContextManager[None]:
+        """Make this device's primary context current for a ``with`` block.
 
-        Does nothing when it already is; makes it current (and leaves it so) when no context
-        is; pushes it and pops it afterwards when another context is current.
+        Does nothing when it already is (the common case, and a cheap one: one
+        ``cuCtxGetCurrent``); makes it current (and leaves it so) when no context is; pushes
+        it and pops it afterwards when another context is current.
 
         Raises
         ------
@@ -492,12 +492,15 @@ class CudaVmmBackend:
         """
         if self._forked():
             raise BackendUnavailable(f"cannot use {self.device}: {FORK_REASON}")
+        current = check(self._d.cuCtxGetCurrent(), "cuCtxGetCurrent")
+        if current is not None and int(current) == self._ctx_int:
+            return contextlib.nullcontext()
+        return self._make_current(0 if current is None else int(current))
+
+    @contextlib.contextmanager
+    def _make_current(self, current_int: int) -> Iterator[None]:
         d = self._d
-        current = check(d.cuCtxGetCurrent(), "cuCtxGetCurrent")
-        current_int = int(current) if current is not None else 0
-        if current_int == self._ctx_int:
-            yield
-        elif current_int == 0:
+        if current_int == 0:
             check(d.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
             yield
         else:
