@@ -57,6 +57,37 @@ def loads_timed(blob: bytes) -> tuple[float, int]:
     return time.perf_counter() - t, len(arrays)
 
 
+def cold_steps(payloads: list[bytes]) -> dict[str, float]:
+    """In the worker: time the parts of a first import, one fresh allocation per payload."""
+    from sharedarrays import transport
+    from sharedarrays.allocation import Allocation
+    from sharedarrays.backends import get_backend
+    from sharedarrays.device import CPU, Device
+    from sharedarrays.payload import Payload
+
+    steps: dict[str, list[float]] = {
+        "decode": [],
+        "fetch fds": [],
+        "import+map+access": [],
+        "release": [],
+    }
+    for blob in payloads:
+        t0 = time.perf_counter()
+        p = Payload.from_bytes(blob)
+        device = CPU if p.backend == "host" else Device("cuda", p.device)
+        backend = get_backend(device, p.backend)
+        t1 = time.perf_counter()
+        sizes, fds = transport.fetch_handles(p.server, p.pid, p.alloc_id, p.secret)
+        t2 = time.perf_counter()
+        alloc = Allocation.import_(backend, p.alloc_id, p.secret, sizes, fds, p.pid)
+        t3 = time.perf_counter()
+        alloc.release()
+        t4 = time.perf_counter()
+        for name, dt in zip(steps, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+            steps[name].append(dt)
+    return {f"worker cold: {k}": statistics.median(v) * 1e6 for k, v in steps.items()}
+
+
 def interleaved(pool: Any, a: Any, n: int = 201) -> tuple[float, float, float]:
     """Floor and warm handoff measured alternately: medians of floor, warm, warm - floor."""
     floors, warms = [], []
@@ -142,6 +173,8 @@ def main() -> None:
         inside = [pool.apply(load_in_task, (a.payload().to_bytes(),)) for _ in range(201)]
         rows["worker: load + .array + drop, timed inside"] = statistics.median(inside) * 1e6
         rows.update(pool.apply(load_steps, (blob, payload, a.__reduce__()[1][1])))
+        fresh = [sa.empty(1 << 18, "float32", device=args.device, pack=False) for _ in range(51)]
+        rows.update(pool.apply(cold_steps, ([x.payload().to_bytes() for x in fresh],)))
         c = sa.zeros(1 << 18, "float32", device="cpu", pack=False)
         pool.apply(touch, (c,))
         rows["pool: warm handoff of a host array, same pool"] = median_us(
