@@ -22,6 +22,7 @@ from .errors import (
     NameNotFound,
     PayloadError,
     PermissionDenied,
+    ResizeRefused,
     SharedArrayError,
 )
 from .named import NamedArray, attach, list_named, unlink
@@ -43,6 +44,7 @@ __all__ = [
     "NamedArray",
     "PayloadError",
     "PermissionDenied",
+    "ResizeRefused",
     "SharedArrayError",
     "SharedDeviceArray",
     "attach",

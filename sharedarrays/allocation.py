@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from .backends import Access, Backend, Chunk, round_up
 from .device import Device
-from .errors import ClosedArrayError, PayloadError
+from .errors import ClosedArrayError, PayloadError, ResizeRefused
 from .process import running
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "Served",
     "DEFAULT_CHUNK_BYTES",
     "chunk_sizes",
+    "growth_sizes",
     "Lease",
     "PACK_BYTES",
     "SLAB_BYTES",
@@ -112,6 +113,51 @@ def chunk_sizes(nbytes: int, granularity: int, chunk_bytes: int | None = None) -
             f"{nbytes} bytes in chunks of {step} bytes would need {len(sizes)} chunks "
             f"(at most {MAX_CHUNKS}); pass a larger chunk_bytes"
         )
+    return sizes
+
+
+def growth_sizes(
+    mapped: int, nbytes: int, granularity: int, capacity: int, chunk_bytes: int | None = None
+) -> list[int]:
+    """The chunks a growable allocation adds so that at least ``nbytes`` are mapped.
+
+    The growth policy: each new chunk is at least as large as what is mapped already
+    (doubling, so ``n`` appends make ``O(log n)`` chunks and fds) and at least what is still
+    missing, at most ``chunk_bytes`` (default :data:`DEFAULT_CHUNK_BYTES`), rounded up to the
+    granularity. Near the end of the reservation a chunk is cut to the room left when the
+    rest fits there; otherwise the sizes run past ``capacity`` and the caller moves the
+    allocation to a larger reservation. Mapped memory is therefore at most
+    ``max(2 * needed, needed + chunk_bytes)``.
+
+    Parameters
+    ----------
+    mapped : int
+        Bytes mapped now (a multiple of ``granularity``).
+    nbytes : int
+        Bytes needed.
+    granularity : int
+        The backend's granularity.
+    capacity : int
+        Bytes reserved now.
+    chunk_bytes : int, optional
+        Largest chunk.
+    """
+    if chunk_bytes is None:
+        chunk_bytes = _default_chunk_bytes()
+    if chunk_bytes <= 0:
+        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    target = round_up(max(nbytes, 1), granularity)
+    largest = round_up(chunk_bytes, granularity)
+    sizes: list[int] = []
+    total = mapped
+    while total < target:
+        missing = target - total
+        step = round_up(min(max(missing, total), largest), granularity)
+        room = capacity - total
+        if step > room >= missing:
+            step = room
+        sizes.append(step)
+        total += step
     return sizes
 
 
@@ -224,8 +270,10 @@ def _teardown(
     size: int,
     mapped: list[tuple[int, int]],
     chunks: list[Chunk],
+    free: bool = True,
 ) -> None:
-    """Release everything an allocation holds, in the order the driver needs."""
+    """Release everything an allocation holds, in the order the driver needs (``free``:
+    also give back the reservation)."""
     errors: list[BaseException] = []
     if mapped:
         try:
@@ -237,7 +285,7 @@ def _teardown(
             backend.unmap(address + offset, length)
         except BaseException as e:
             errors.append(e)
-    if address:
+    if address and free:
         try:
             backend.free_reservation(address, size)
         except BaseException as e:
@@ -252,22 +300,59 @@ def _teardown(
 
 
 class Lease:
-    """One user's hold on an allocation: each view and the native arrays built over it.
+    """One user's hold on an allocation: each view, and each native array built over it.
 
     When the last lease of an allocation goes away, the allocation is released (in the
     exporter) or parked (in an importer, see :func:`keep_imports`).
+
+    Attributes
+    ----------
+    allocation : Allocation
+        What it holds.
+    end : int
+        One past the highest byte its holder may touch (shrinking never unmaps below it).
+    reservation : object or None
+        For a native array: the reservation its addresses are in, kept mapped while the
+        native array lives even after the allocation moved to a larger one.
     """
 
-    __slots__ = ("allocation",)
+    __slots__ = ("allocation", "end", "reservation")
 
-    def __init__(self, allocation: Allocation) -> None:
+    def __init__(self, allocation: Allocation, end: int, reservation: object = None) -> None:
         self.allocation = allocation
+        self.end = end
+        self.reservation = reservation
 
     def __del__(self) -> None:
+        self.reservation = None  # an abandoned reservation is freed before the allocation
         try:
-            self.allocation._unlease()
+            self.allocation._unlease(self.end)
         except Exception:
             pass
+
+
+class _Reservation:
+    """One reservation of an allocation in this process.
+
+    The current one is torn down with the allocation. One the allocation moved away from
+    (:meth:`Allocation.grow` beyond the capacity) is *retired*: it keeps its mappings of the
+    chunks until the last native array using its addresses goes, then unmaps and frees itself.
+    """
+
+    __slots__ = ("backend", "address", "size", "retired", "__weakref__")
+
+    def __init__(self, backend: Backend, address: int, size: int) -> None:
+        self.backend = backend
+        self.address = address
+        self.size = size
+        self.retired: list[tuple[int, int]] | None = None  # its mappings, once retired
+
+    def __del__(self) -> None:
+        if self.retired is not None:
+            try:
+                _teardown(self.backend, self.address, self.size, self.retired, [])
+            except Exception:
+                pass
 
 
 class Allocation:
@@ -284,9 +369,17 @@ class Allocation:
     backend : Backend
         The memory system it lives in.
     address : int
-        Start of this process's reservation.
+        Start of this process's reservation (it changes when a growable allocation moves to
+        a larger reservation).
     size : int
-        Bytes reserved (and mapped): the sum of the chunk sizes.
+        Bytes mapped: the sum of the chunk sizes, back to back from the reservation's start.
+    capacity : int
+        Bytes reserved (``size`` unless the allocation is growable).
+    used : int
+        Bytes of the growable array (what its exporter's last resize asked for); ``size`` for
+        others.
+    generation : int
+        Counts the changes of chunks or address in this process (payload caches key on it).
     origin : Origin
         Created here, or imported from which process and when.
     """
@@ -300,12 +393,25 @@ class Allocation:
         chunks: list[Chunk],
         access: Access,
         origin: Origin,
+        capacity: int | None = None,
     ) -> None:
         self.id = alloc_id
         self.secret = secret
         self.backend = backend
         self.address = address
         self.size = sum(c.size for c in chunks)
+        self.capacity = self.size if capacity is None else capacity
+        self.used = self.size
+        self.generation = 0
+        self._reservation = _Reservation(backend, address, self.capacity)
+        self._growable = capacity is not None
+        self._chunk_bytes: int | None = None
+        self._ends: dict[int, int] = {}
+        self._served_chunks: dict[int, int] = {}
+        self.growth_lock = threading.RLock()
+        """Held while chunks are added, removed or served (so an fd is never sent closed)."""
+        self.source_server: str | None = None
+        """For an imported growable allocation: its exporter's handle server."""
         self._chunks = chunks
         self._access: Access = access
         self.origin = origin
@@ -325,7 +431,13 @@ class Allocation:
 
     # construction -----------------------------------------------------------------------
     @classmethod
-    def create(cls, backend: Backend, nbytes: int, chunk_bytes: int | None = None) -> Allocation:
+    def create(
+        cls,
+        backend: Backend,
+        nbytes: int,
+        chunk_bytes: int | None = None,
+        capacity: int | None = None,
+    ) -> Allocation:
         """Make a new allocation of at least ``nbytes`` bytes in this process (the exporter).
 
         Parameters
@@ -335,10 +447,15 @@ class Allocation:
         nbytes : int
             Bytes needed; rounded up to the backend's granularity.
         chunk_bytes : int, optional
-            Largest chunk (see :func:`chunk_sizes`).
+            Largest chunk (see :func:`chunk_sizes`, and :func:`growth_sizes` for growth).
+        capacity : int, optional
+            Make a *growable* allocation: reserve this many bytes of address space (rounded
+            up to the granularity, at least what ``nbytes`` maps) and map only ``nbytes``.
         """
         sizes = chunk_sizes(nbytes, backend.granularity, chunk_bytes)
-        return cls._build(
+        if capacity is not None:
+            capacity = max(round_up(capacity, backend.granularity), sum(sizes))
+        alloc = cls._build(
             backend,
             secrets.token_hex(16),
             secrets.token_bytes(32),
@@ -346,7 +463,11 @@ class Allocation:
             backend.create_chunk,
             "rw",
             Origin(True, os.getpid(), time.time()),
+            capacity,
         )
+        alloc._chunk_bytes = chunk_bytes
+        alloc.used = nbytes
+        return alloc
 
     @classmethod
     def import_(
@@ -358,11 +479,13 @@ class Allocation:
         fds: list[int],
         source_pid: int,
         access: Access = "rw",
+        capacity: int | None = None,
     ) -> Allocation:
         """Map an allocation from its chunks' handles (an importer).
 
         Takes ownership of every fd in ``fds``, on success and on failure. If this process
         already maps ``alloc_id``, the fds are closed and the existing allocation returned.
+        ``capacity`` makes it growable, reserving that many bytes (at least the chunks' sum).
         """
         if len(sizes) != len(fds):
             for fd in fds:
@@ -388,6 +511,7 @@ class Allocation:
                     import_next,
                     access,
                     Origin(False, source_pid, time.time()),
+                    None if capacity is None else max(capacity, sum(sizes)),
                 )
             finally:
                 for fd in pending:
@@ -403,13 +527,15 @@ class Allocation:
         make_chunk: Callable[[int], Chunk],
         access: Access,
         origin: Origin,
+        capacity: int | None = None,
     ) -> Allocation:
         total = sum(sizes)
+        reserved = total if capacity is None else round_up(capacity, backend.granularity)
         chunks: list[Chunk] = []
         mapped: list[tuple[int, int]] = []
         address = 0
         try:
-            address = backend.reserve(total)
+            address = backend.reserve(reserved)
             offset = 0
             for size in sizes:
                 chunk = make_chunk(size)
@@ -419,25 +545,43 @@ class Allocation:
                 offset += size
             backend.set_access(address, total, access)
         except BaseException:
-            _teardown(backend, address, total, mapped, chunks)
+            _teardown(backend, address, reserved, mapped, chunks)
             raise
-        return cls(backend, alloc_id, secret, address, chunks, access, origin)
+        return cls(backend, alloc_id, secret, address, chunks, access, origin, capacity)
 
     # lifetime ---------------------------------------------------------------------------
-    def lease(self) -> Lease:
-        """A new hold on this allocation (each view takes one). Unparks it if parked."""
+    def lease(self, end: int | None = None, pin: bool = False) -> Lease:
+        """A new hold on this allocation (each view takes one). Unparks it if parked.
+
+        Parameters
+        ----------
+        end : int, optional
+            One past the highest byte the holder may touch (default: all mapped bytes).
+        pin : bool
+            Keep the current reservation mapped while the lease lives, even after the
+            allocation moves (native arrays hold addresses in it).
+        """
+        if end is None:
+            end = self.size
         with self._lock:
             if self._released:
                 raise ClosedArrayError(f"allocation {self.id} was released in this process")
             self._leases += 1
+            self._ends[end] = self._ends.get(end, 0) + 1
             parked = self._leases == 1 and not self.origin.created_here
+            reservation = self._reservation if pin else None
         if parked:
             with _registry_lock:
                 _parked.pop(self.id, None)
-        return Lease(self)
+        return Lease(self, end, reservation)
 
-    def _unlease(self) -> None:
+    def _unlease(self, end: int) -> None:
         with self._lock:
+            left = self._ends.get(end, 0) - 1
+            if left > 0:
+                self._ends[end] = left
+            else:
+                self._ends.pop(end, None)
             self._leases -= 1
             if self._leases or self._released:
                 return
@@ -465,12 +609,13 @@ class Allocation:
     def release(self) -> None:
         """Unmap and close everything this process holds of the allocation, now.
 
-        Called when the last lease goes (or a parked mapping is dropped). Views still holding
-        a lease must not exist: use :meth:`SharedDeviceArray.close` on views instead.
-        Idempotent.
+        Called when the last lease goes, or to drop a parked mapping. Does nothing while a
+        view (a lease) still uses the allocation, so a mapping is never taken from under a
+        view: another thread may have just leased a parked allocation again. Close views with
+        :meth:`SharedDeviceArray.close` instead. Idempotent.
         """
         with self._lock:
-            if self._released:
+            if self._released or self._leases:
                 return
             self._released = True
         with _registry_lock:
@@ -479,7 +624,7 @@ class Allocation:
             _parked.pop(self.id, None)
         mapped = [(m.offset, m.size) for m in self.mappings]
         try:
-            _teardown(self.backend, self.address, self.size, mapped, self._chunks)
+            _teardown(self.backend, self.address, self.capacity, mapped, self._chunks)
         finally:
             for hook in release_hooks:
                 try:
@@ -505,7 +650,7 @@ class Allocation:
 
     @property
     def leases(self) -> int:
-        """How many views (and native arrays through them) hold the allocation here."""
+        """How many views and native arrays (a lease each) hold the allocation here."""
         return self._leases
 
     @property
@@ -534,18 +679,174 @@ class Allocation:
         with self._lock:
             return tuple(self._served)
 
-    def record_served(self, pid: int, server: str | None = None) -> None:
+    def record_served(self, pid: int, server: str | None = None, chunks: int = 0) -> None:
         """Note that the handles were sent to process ``pid``, whose own handle server (if
-        given) is told when this process releases the allocation."""
+        given) is told when this process releases the allocation; ``chunks``: how many
+        chunks it may map now (shrinking below that is refused while it runs)."""
         with self._lock:
             self._served.append(Served(pid, time.time()))
             if server:
                 self._servers.add(server)
+            if chunks > self._served_chunks.get(pid, 0):
+                self._served_chunks[pid] = chunks
 
     def served_servers(self) -> list[str]:
         """Handle servers of the processes this one served (told on release)."""
         with self._lock:
             return sorted(self._servers)
+
+    # growth -----------------------------------------------------------------------------
+    @property
+    def growable(self) -> bool:
+        """Whether the allocation was made with a ``capacity`` (and so may grow and shrink)."""
+        return self._growable
+
+    def reach(self, exclude: Lease | None = None) -> int:
+        """One past the highest byte any lease here (but ``exclude``) may touch."""
+        with self._lock:
+            ends = dict(self._ends)
+        if exclude is not None and exclude.allocation is self:
+            left = ends.get(exclude.end, 0) - 1
+            if left > 0:
+                ends[exclude.end] = left
+            else:
+                ends.pop(exclude.end, None)
+        return max(ends, default=0)
+
+    def grow(self, nbytes: int) -> None:
+        """Map new chunks at the end so that at least ``nbytes`` are mapped (the exporter).
+
+        Chunk sizes follow :func:`growth_sizes`. Existing data and addresses do not change,
+        unless the chunks do not fit the capacity: then the allocation first *moves* to a
+        new reservation of at least twice the capacity, mapping the same chunks there (no
+        data is copied); native arrays made before keep the old reservation mapped while
+        they live.
+        """
+        with self.growth_lock:
+            sizes = growth_sizes(
+                self.size, nbytes, self.backend.granularity, self.capacity, self._chunk_bytes
+            )
+            if sizes:
+                self._add_chunks(sizes, self.backend.create_chunk, 0)
+
+    def extend(self, sizes: list[int], fds: list[int], capacity: int = 0) -> None:
+        """Map chunks the exporter added (an importer), at the end; takes ownership of
+        ``fds``. ``capacity``: the exporter's capacity, reserved if the chunks need a move."""
+        pending = list(fds)
+        try:
+            if len(sizes) != len(pending):
+                raise PayloadError(f"{len(sizes)} chunk sizes but {len(pending)} handles")
+
+            def import_next(size: int) -> Chunk:
+                return self.backend.import_chunk(pending.pop(0), size)
+
+            with self.growth_lock:
+                self._add_chunks(sizes, import_next, capacity)
+        finally:
+            for fd in pending:
+                os.close(fd)
+
+    def shrink(self, nbytes: int, exclude: Lease | None = None) -> None:
+        """Unmap and release the chunks that lie wholly past ``nbytes`` (the exporter).
+
+        Raises
+        ------
+        ResizeRefused
+            A lease here (but ``exclude``) reaches into those chunks, or a running process
+            was served them.
+        """
+        with self.growth_lock:
+            target = round_up(max(nbytes, 1), self.backend.granularity)
+            keep, kept = 0, 0
+            while keep < len(self._chunks) and kept < target:
+                kept += self._chunks[keep].size
+                keep += 1
+            if keep == len(self._chunks):
+                return
+            reach = self.reach(exclude)
+            if reach > kept:
+                raise ResizeRefused(
+                    f"cannot unmap bytes {kept}-{self.size} of allocation {self.id}: a view or "
+                    f"native array in this process reaches byte {reach}. Close those views "
+                    "(a.close()) and drop those native arrays first"
+                )
+            with self._lock:
+                holders = sorted(
+                    pid
+                    for pid, n in self._served_chunks.items()
+                    if n > keep and pid != os.getpid() and running(pid)
+                )
+            if holders:
+                raise ResizeRefused(
+                    f"cannot unmap chunks {keep}-{len(self._chunks) - 1} of allocation "
+                    f"{self.id}: process{'es' if len(holders) > 1 else ''} "
+                    f"{', '.join(map(str, holders))} imported them and may still map them "
+                    "(an importer keeps its mapping until it exits). Shrink after they exited, "
+                    "or leave the array at its length"
+                )
+            dropped = self._chunks[keep:]
+            start = kept
+            self.size = kept  # new views and payloads stop here before anything is unmapped
+            self._chunks = self._chunks[:keep]
+            self.generation += 1
+            mapped = []
+            for c in dropped:
+                mapped.append((start, c.size))
+                start += c.size
+            _teardown(self.backend, self.address, self.capacity, mapped, dropped, free=False)
+
+    def _add_chunks(
+        self, sizes: list[int], make_chunk: Callable[[int], Chunk], capacity: int
+    ) -> None:
+        if len(self._chunks) + len(sizes) > MAX_CHUNKS:
+            raise ValueError(
+                f"allocation {self.id} would have more than {MAX_CHUNKS} chunks; "
+                "pass a larger chunk_bytes"
+            )
+        total = self.size + sum(sizes)
+        if total > self.capacity:
+            self._move(max(total, 2 * self.capacity, capacity))
+        backend = self.backend
+        try:
+            for size in sizes:
+                address = self.address + self.size
+                chunk = make_chunk(size)
+                mapped: list[tuple[int, int]] = []
+                try:
+                    backend.map(address, size, chunk, 0)
+                    mapped.append((self.size, size))
+                    backend.set_access(address, size, self._access)
+                except BaseException:
+                    _teardown(backend, self.address, 0, mapped, [chunk], free=False)
+                    raise
+                self._chunks.append(chunk)
+                self.size += size  # only now may views reach it: nobody sees a hole
+        finally:
+            self.generation += 1
+
+    def _move(self, capacity: int) -> None:
+        """Map the chunks into a new, larger reservation and retire the old one."""
+        backend = self.backend
+        capacity = round_up(capacity, backend.granularity)
+        address = backend.reserve(capacity)
+        mapped: list[tuple[int, int]] = []
+        try:
+            offset = 0
+            for c in self._chunks:
+                backend.map(address + offset, c.size, c, 0)
+                mapped.append((offset, c.size))
+                offset += c.size
+            backend.set_access(address, offset, self._access)
+        except BaseException:
+            _teardown(backend, address, capacity, mapped, [])
+            raise
+        old = self._reservation
+        old.retired = mapped  # the same layout at the old address
+        self._reservation = _Reservation(backend, address, capacity)
+        self.address = address
+        self.capacity = capacity
+        self.generation += 1
+        del old  # freed now unless a native array still uses its addresses
 
     def chunk_fds(self) -> list[int]:
         """The exported fds of the chunks, owned by this allocation (do not close them)."""
@@ -585,7 +886,8 @@ class Allocation:
         stamp = time.strftime("%H:%M:%S", time.localtime(o.time))
         lines = [
             f"allocation {self.id} on {self.device} ({self.backend.name}), {where} at {stamp}",
-            f"reservation {self.address:#x}-{self.address + self.size:#x} ({_fmt(self.size)})",
+            f"reservation {self.address:#x}-{self.address + self.capacity:#x} "
+            f"({_fmt(self.capacity)}, {_fmt(self.size)} mapped)",
             f"{'mapping':>8} {'offset':>12} {'size':>10} {'chunk':>6} {'fd':>4} access",
         ]
         for m in self.mappings:

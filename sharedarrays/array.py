@@ -105,14 +105,14 @@ class SharedDeviceArray:
             or not 0 <= offset <= allocation.size
         ):
             raise ValueError("view reaches outside its allocation")
-        self._lease: Lease | None = allocation.lease()
+        self._lease: Lease | None = allocation.lease(offset + high)
         self._dtype = dtype
         self._shape = shape
         self._strides = strides
         self._offset = offset
         self._readonly = readonly
         self._native: Any = None
-        self._encoded: tuple[int, bytes] | None = None
+        self._encoded: tuple[int, int, bytes] | None = None  # pid, generation, payload
         _live_views.add(self)
 
     # metadata ---------------------------------------------------------------------------
@@ -200,11 +200,14 @@ class SharedDeviceArray:
         native = self._native
         if native is None:
             alloc = self.allocation
+            _, high = view_extent(self._dtype.itemsize, self._shape, self._strides)
             native = alloc.backend.as_native(
                 alloc.address,
                 alloc.size,
                 self._offset,
-                self._lease,  # the native array holds the mapping through this view's lease
+                # the native array holds the mapping (and its addresses) through a lease of
+                # its own, which outlives this view's if it must
+                alloc.lease(self._offset + high, pin=True),
                 self._dtype,
                 self._shape,
                 self._strides,
@@ -332,28 +335,87 @@ class SharedDeviceArray:
     def payload(self) -> Payload:
         """What a pickle of this view carries (starts this process's handle server)."""
         alloc = self.allocation
+        pid, server = os.getpid(), alloc.source_server  # a growable array names its exporter
+        if server is None:
+            server = transport.server_address()
+        else:
+            pid = alloc.origin.pid
         return Payload(
             backend=alloc.backend.name,
             device=alloc.device.index,
             alloc_id=alloc.id,
             secret=alloc.secret,
-            pid=os.getpid(),
-            server=transport.server_address(),
+            pid=pid,
+            server=server,
             chunks=tuple(alloc.chunk_sizes()),
             dtype=self._dtype,
             shape=self._shape,
             strides=self._strides,
             offset=self._offset,
             readonly=self._readonly or alloc.export_readonly,
+            capacity=alloc.capacity if alloc.growable else None,
         )
 
     def _payload_bytes(self) -> bytes:
-        """The encoded payload, made once per view and process (it never changes)."""
+        """The encoded payload, made once per view, process and generation of the allocation
+        (it changes only when a growable allocation gains or loses chunks, or moves)."""
         cached = self._encoded
-        if cached is None or cached[0] != os.getpid():
-            cached = (os.getpid(), self.payload().to_bytes())
+        generation = self.allocation.generation
+        if cached is None or cached[0] != os.getpid() or cached[1] != generation:
+            cached = (os.getpid(), generation, self.payload().to_bytes())
             self._encoded = cached
-        return cached[1]
+        return cached[2]
+
+    # growth -----------------------------------------------------------------------------
+    def resize(self, length: int) -> None:
+        """Change the length along axis 0 of a growable array, in place, without copying.
+
+        Growing maps new chunks at the end of the reservation: existing data and the
+        address of every element stay where they are, and the new rows are uninitialised
+        (zeros on the host). Growing past the capacity moves the allocation to a reservation
+        of at least twice the capacity (the slow path: the same chunks mapped again, still
+        no copy); :attr:`address` then changes, while native arrays made before keep the old
+        addresses, which stay mapped until they are gone. Shrinking unmaps the whole chunks
+        past the new end.
+
+        Only an array made with ``capacity=`` can resize, only in the process that created
+        it, and only through a C-contiguous view that starts at the allocation's first byte
+        (the array as created, or ``a[:k]``). Other views keep their shape and stay valid.
+
+        Parameters
+        ----------
+        length : int
+            The new length of axis 0.
+
+        Raises
+        ------
+        ValueError
+            Not a growable array, not such a view, or a negative length.
+        ResizeRefused
+            A shrink would unmap chunks that a view or native array here, or a running
+            process that imported them, may still use; or this process is an importer.
+        """
+        from .growth import resize
+
+        resize(self, length)
+
+    def append(self, values: Any) -> None:
+        """Append one row (shape ``a.shape[1:]``) or rows (shape ``(k, *a.shape[1:])``)
+        along axis 0 of a growable array, in place (see :meth:`resize`)."""
+        from .growth import append
+
+        append(self, values)
+
+    def refresh(self) -> None:
+        """Set the length along axis 0 of a growable array to its exporter's current length.
+
+        In an importer this asks the exporter's handle server and maps the chunks it added
+        since (never copying); in the exporter it takes the length of the last resize. Same
+        view conditions as :meth:`resize`.
+        """
+        from .growth import refresh
+
+        refresh(self)
 
     def park(self) -> None:
         """Hand this array's handles to this user's keeper (started if needed), so that a
@@ -384,7 +446,8 @@ def _reduce_for_multiprocessing(a: SharedDeviceArray) -> tuple[Any, tuple[Any, .
     blob = a._payload_bytes()
     alloc = a.allocation
     sync = alloc.backend.export_sync()
-    if get_spawning_popen() is not None and alloc.allow_pids is None:
+    # (a growable array's chunks come from its handle server, which records who maps them)
+    if get_spawning_popen() is not None and alloc.allow_pids is None and not alloc.growable:
         return _rebuild, (blob, sync, tuple(reduction.DupFd(fd) for fd in alloc.chunk_fds()))
     return _rebuild, (blob, sync)
 
@@ -428,7 +491,11 @@ def load(
             raise PayloadError("the handles that travelled with the payload do not match it")
         received = [d.detach() for d in fds]
     alloc = lookup(p.alloc_id)
-    if alloc is not None:
+    if p.capacity is not None:  # a growable array: maps the chunks added since, if any
+        from .growth import map_payload
+
+        alloc = map_payload(alloc, p, received)
+    elif alloc is not None:
         for fd in received:
             os.close(fd)
         if alloc.chunk_sizes() != list(p.chunks) or alloc.backend.name != p.backend:
@@ -461,7 +528,14 @@ def load(
     if sync is not None:
         alloc.backend.import_sync(sync)
     readonly = p.readonly or alloc.access != "rw"
-    return SharedDeviceArray(alloc, p.dtype, p.shape, p.strides, p.offset, readonly)
+    try:
+        return SharedDeviceArray(alloc, p.dtype, p.shape, p.strides, p.offset, readonly)
+    except ClosedArrayError:
+        if fds is not None:
+            raise
+        # A parked mapping was dropped (a release notice, the limit) between the lookup and
+        # the new view: it is gone from the registry now, so this maps it anew.
+        return load(data, sync)
 
 
 def _rebuild(

@@ -92,9 +92,22 @@ def _new(
     name: str | None = None,
     allow_pids: Iterable[int] | None = None,
     readonly: bool = False,
+    capacity: int | None = None,
 ) -> SharedDeviceArray:
     if order not in ("C", "F"):
         raise ValueError(f"order must be 'C' or 'F', not {order!r}")
+    if capacity is not None:
+        capacity = operator_index(capacity)
+        if pack:
+            raise ValueError("pack=True and capacity cannot be combined: a slab cannot grow")
+        if name is not None:
+            raise ValueError(
+                "a named array cannot be growable (the keeper holds a fixed set of chunks); "
+                "leave out name= or capacity="
+            )
+        if order != "C":
+            raise ValueError("a growable array grows along axis 0 and must be in C order")
+        pack = False
     from . import keeper, named
 
     if name is not None:
@@ -113,12 +126,18 @@ def _new(
     nbytes = n * dt.itemsize
     if pack is None:
         pack = chunk_bytes is None and nbytes <= PACK_BYTES
+    if capacity is not None and (not shp or capacity < nbytes):
+        raise ValueError(
+            f"capacity={capacity} bytes does not hold the {nbytes} bytes of shape {shp}"
+            if shp
+            else "a growable array has at least one axis; a 0-d array cannot grow"
+        )
     if pack:
         if chunk_bytes is not None:
             raise ValueError("pack=True and chunk_bytes cannot be combined")
         alloc, offset = pack_into_slab(backend, nbytes)
     else:
-        alloc, offset = Allocation.create(backend, nbytes, chunk_bytes), 0
+        alloc, offset = Allocation.create(backend, nbytes, chunk_bytes, capacity), 0
         alloc.allow_pids = allowed
         alloc.export_readonly = bool(readonly)
     strides = _contiguous_strides(shp, dt.itemsize, order)
@@ -139,6 +158,7 @@ def empty(
     name: str | None = None,
     allow_pids: Iterable[int] | None = None,
     readonly: bool = False,
+    capacity: int | None = None,
 ) -> SharedDeviceArray:
     """A new shared array whose contents are undefined.
 
@@ -177,6 +197,16 @@ def empty(
     readonly : bool, default False
         Importers get read-only mappings (``PROT_READ`` on the host, a read-only
         ``cuMemSetAccess`` on CUDA) and read-only views. This process keeps writing.
+    capacity : int, optional
+        Make a *growable* array: reserve this many bytes of address space up front (rounded
+        up to the granularity) and back only what ``shape`` needs with chunks. The array then
+        grows and shrinks along axis 0 without copying (:meth:`SharedDeviceArray.resize`,
+        :meth:`~SharedDeviceArray.append`; importers see the growth on their next load or
+        :meth:`~SharedDeviceArray.refresh`). Each growth maps a chunk at least as large as
+        what is mapped already, at most ``chunk_bytes`` (see
+        :func:`sharedarrays.allocation.growth_sizes`). Growing past the capacity still works
+        but moves the array to a new reservation (its address changes). Growable arrays are
+        C-ordered, never packed and never named.
 
     Raises
     ------
@@ -188,7 +218,16 @@ def empty(
         A bad shape, dtype, order, device or name.
     """
     return _new(
-        shape, dtype, parse_device(device), order, chunk_bytes, pack, name, allow_pids, readonly
+        shape,
+        dtype,
+        parse_device(device),
+        order,
+        chunk_bytes,
+        pack,
+        name,
+        allow_pids,
+        readonly,
+        capacity,
     )
 
 
@@ -204,11 +243,21 @@ def zeros(
     name: str | None = None,
     allow_pids: Iterable[int] | None = None,
     readonly: bool = False,
+    capacity: int | None = None,
 ) -> SharedDeviceArray:
     """A new shared array of zeros (parameters as :func:`empty`; ``progress`` as
     :func:`full`)."""
     a = _new(
-        shape, dtype, parse_device(device), order, chunk_bytes, pack, name, allow_pids, readonly
+        shape,
+        dtype,
+        parse_device(device),
+        order,
+        chunk_bytes,
+        pack,
+        name,
+        allow_pids,
+        readonly,
+        capacity,
     )
     if not a.allocation.backend.zeroed:
         _fill(a, 0, progress)
@@ -227,11 +276,21 @@ def ones(
     name: str | None = None,
     allow_pids: Iterable[int] | None = None,
     readonly: bool = False,
+    capacity: int | None = None,
 ) -> SharedDeviceArray:
     """A new shared array of ones (parameters as :func:`empty`; ``progress`` as
     :func:`full`)."""
     a = _new(
-        shape, dtype, parse_device(device), order, chunk_bytes, pack, name, allow_pids, readonly
+        shape,
+        dtype,
+        parse_device(device),
+        order,
+        chunk_bytes,
+        pack,
+        name,
+        allow_pids,
+        readonly,
+        capacity,
     )
     _fill(a, 1, progress)
     return a
@@ -250,6 +309,7 @@ def full(
     name: str | None = None,
     allow_pids: Iterable[int] | None = None,
     readonly: bool = False,
+    capacity: int | None = None,
 ) -> SharedDeviceArray:
     """A new shared array with every element set to ``fill_value``.
 
@@ -261,7 +321,16 @@ def full(
     if dtype is None:
         dtype = np.asarray(fill_value).dtype
     a = _new(
-        shape, dtype, parse_device(device), order, chunk_bytes, pack, name, allow_pids, readonly
+        shape,
+        dtype,
+        parse_device(device),
+        order,
+        chunk_bytes,
+        pack,
+        name,
+        allow_pids,
+        readonly,
+        capacity,
     )
     _fill(a, fill_value, progress)
     return a
@@ -294,6 +363,7 @@ def from_array(
     name: str | None = None,
     allow_pids: Iterable[int] | None = None,
     readonly: bool = False,
+    capacity: int | None = None,
 ) -> SharedDeviceArray:
     """A new shared array holding a copy of ``obj``.
 
@@ -308,15 +378,19 @@ def from_array(
 
     progress : bool, optional
         Show a progress bar while copying (as :func:`full`).
+    capacity : int, optional
+        Make the copy growable, reserving this many bytes (as :func:`empty`; the copy is
+        then in C order).
 
     The copy keeps the source's layout when it is Fortran-contiguous, else C order.
     """
     dev = parse_device(device if device is not None else _source_device(obj))
     backend = get_backend(dev)
     src = backend.to_native(obj)
-    order = "F" if src.flags.f_contiguous and not src.flags.c_contiguous else "C"
+    fortran = src.flags.f_contiguous and not src.flags.c_contiguous and capacity is None
+    order = "F" if fortran else "C"
     a = _new(
-        src.shape, src.dtype, dev, order, chunk_bytes, pack, name, allow_pids, readonly
+        src.shape, src.dtype, dev, order, chunk_bytes, pack, name, allow_pids, readonly, capacity
     )
     for native, key in _blocks(a, progress, "copy"):
         native[key] = src[key]

@@ -15,6 +15,7 @@ __all__ = [
     "NameExists",
     "NameNotFound",
     "KeeperError",
+    "ResizeRefused",
 ]
 
 
@@ -69,3 +70,14 @@ class NameNotFound(SharedArrayError, FileNotFoundError):
 class KeeperError(SharedArrayError):
     """The keeper refused a request as malformed, or answered with something that is not a
     keeper reply."""
+
+
+class ResizeRefused(SharedArrayError, RuntimeError):
+    """A growable array cannot be resized now.
+
+    Shrinking is refused while something still maps the chunks it would remove: a view or a
+    native array in this process that reaches past the new end, or another process that
+    imported those chunks and is still running. Resizing is refused in importers (only the
+    exporter resizes; importers call :meth:`SharedDeviceArray.refresh`). The message says
+    which and what to do.
+    """

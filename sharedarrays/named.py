@@ -115,6 +115,11 @@ def _allow(pids: Iterable[int] | None) -> list[int] | None:
 
 def _keep(a: SharedDeviceArray, name: str | None) -> None:
     alloc = a.allocation
+    if alloc.growable:
+        raise ValueError(
+            "a growable array (capacity=) cannot be named or parked: the keeper holds a "
+            "fixed set of chunks. Keep its creator running while others load it"
+        )
     req = {
         "op": "keep",
         "id": alloc.id,

@@ -124,6 +124,10 @@ class Payload:
         Byte offset of the view's first element from the reservation's start.
     readonly : bool
         Whether the view is read-only.
+    capacity : int or None
+        For a growable array, the bytes its exporter reserves (``None`` otherwise). Its
+        ``chunks`` are then the allocation's *generation* when the payload was made: an
+        importer that maps fewer chunks maps the new ones. Encoded only when set.
 
     The ordering token (an IPC event on CUDA) travels beside the payload, not in it: a
     payload is the same bytes at every handoff of a view, so both ends can cache it.
@@ -141,6 +145,7 @@ class Payload:
     strides: tuple[int, ...]
     offset: int
     readonly: bool
+    capacity: int | None = None
 
     @property
     def size(self) -> int:
@@ -149,23 +154,23 @@ class Payload:
 
     def to_bytes(self) -> bytes:
         """Encode as ``b"SA1" + tag + JSON``."""
-        body = json.dumps(
-            {
-                "backend": self.backend,
-                "device": self.device,
-                "id": self.alloc_id,
-                "secret": self.secret.hex(),
-                "pid": self.pid,
-                "server": self.server,
-                "chunks": list(self.chunks),
-                "dtype": self.dtype.str,
-                "shape": list(self.shape),
-                "strides": list(self.strides),
-                "offset": self.offset,
-                "readonly": self.readonly,
-            },
-            separators=(",", ":"),
-        ).encode()
+        doc: dict[str, Any] = {
+            "backend": self.backend,
+            "device": self.device,
+            "id": self.alloc_id,
+            "secret": self.secret.hex(),
+            "pid": self.pid,
+            "server": self.server,
+            "chunks": list(self.chunks),
+            "dtype": self.dtype.str,
+            "shape": list(self.shape),
+            "strides": list(self.strides),
+            "offset": self.offset,
+            "readonly": self.readonly,
+        }
+        if self.capacity is not None:
+            doc["capacity"] = self.capacity
+        body = json.dumps(doc, separators=(",", ":")).encode()
         return MAGIC + _tag(body, self.secret) + body
 
     @classmethod
@@ -195,7 +200,7 @@ class Payload:
             doc = json.loads(body)
         except (UnicodeDecodeError, ValueError, RecursionError):
             raise PayloadError("payload is corrupted: its body is not valid JSON") from None
-        if type(doc) is not dict or set(doc) != _KEYS:
+        if type(doc) is not dict or set(doc) - {"capacity"} != _KEYS:
             raise PayloadError("payload is corrupted: wrong set of fields")
         secret_hex = doc["secret"]
         if type(secret_hex) is not str or not _HEX64.match(secret_hex):
@@ -259,6 +264,7 @@ class Payload:
                 f"payload's view reaches bytes [{offset + low}, {offset + high}) outside its "
                 f"allocation of {size} bytes"
             )
+        capacity = _int(doc, "capacity", size, MAX_SIZE) if "capacity" in doc else None
         return cls(
             backend=backend,
             device=device,
@@ -272,4 +278,5 @@ class Payload:
             strides=strides,
             offset=offset,
             readonly=readonly,
+            capacity=capacity,
         )

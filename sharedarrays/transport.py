@@ -30,15 +30,18 @@ import struct
 import tempfile
 import threading
 from pathlib import Path
+from typing import Any
 
 from . import allocation
 from .errors import HandleUnavailable, PayloadError, PermissionDenied
 from .process import running
 
-__all__ = ["runtime_dir", "server_address", "fetch_handles", "shutdown_server"]
+__all__ = ["runtime_dir", "server_address", "fetch_handles", "fetch_growth", "shutdown_server"]
 
 _REQUEST = struct.Struct("4s16s32s")  # then, optionally, the importer's own server path
 _REQUEST_MAGIC = b"SAH1"
+_GROW = struct.Struct("4s16s32sI")  # the chunks from index k, and the size and capacity
+_GROW_MAGIC = b"SAG1"
 _NOTICE_MAGIC = b"SAX1"  # "I released this allocation": same layout, no reply
 _MAX_PATH = 107
 _REPLY = struct.Struct("4sBI")  # magic, status, number of chunks; then JSON sizes
@@ -130,16 +133,18 @@ class HandleServer:
 
     def _answer(self, conn: socket.socket) -> None:
         pid, uid, _ = _peer(conn)
-        request = conn.recv(_REQUEST.size + _MAX_PATH + 1)
+        request = conn.recv(_GROW.size + _MAX_PATH + 1)
         if uid != os.getuid():
             conn.send(_REPLY.pack(_REPLY_MAGIC, _BAD_UID, 0))
             return
-        if len(request) < _REQUEST.size or len(request) > _REQUEST.size + _MAX_PATH:
+        size = _GROW.size if request.startswith(_GROW_MAGIC) else _REQUEST.size
+        if len(request) < size or len(request) > size + _MAX_PATH:
             conn.send(_REPLY.pack(_REPLY_MAGIC, _BAD_REQUEST, 0))
             return
         magic, raw_id, secret = _REQUEST.unpack_from(request)
-        reply_to = request[_REQUEST.size :].decode(errors="replace")
-        if magic not in (_REQUEST_MAGIC, _NOTICE_MAGIC):
+        first = _GROW.unpack_from(request)[3] if magic == _GROW_MAGIC else 0
+        reply_to = request[size:].decode(errors="replace")
+        if magic not in (_REQUEST_MAGIC, _NOTICE_MAGIC, _GROW_MAGIC):
             conn.send(_REPLY.pack(_REPLY_MAGIC, _BAD_REQUEST, 0))
             return
         alloc = allocation.lookup(raw_id.hex())
@@ -157,19 +162,27 @@ class HandleServer:
             conn.send(_REPLY.pack(_REPLY_MAGIC, _NOT_ALLOWED, 0))
             return
         # ``alloc`` is a strong reference: the fds stay open until they are sent.
-        sizes = alloc.chunk_sizes()
-        fds, temporary = alloc.handles_for_importers()
-        try:
-            header = _REPLY.pack(_REPLY_MAGIC, _OK, len(fds)) + json.dumps(sizes).encode()
-            # Record first: the importer may use the array and hand it back before this
-            # thread runs again, and a release must then know whom to tell.
-            alloc.record_served(pid, reply_to if reply_to.startswith("/") else None)
-            socket.send_fds(conn, [header], fds[:_FDS_PER_MESSAGE])
-            for i in range(_FDS_PER_MESSAGE, len(fds), _FDS_PER_MESSAGE):
-                socket.send_fds(conn, [b"+"], fds[i : i + _FDS_PER_MESSAGE])
-        finally:
-            for fd in temporary:
-                os.close(fd)
+        with alloc.growth_lock:  # a shrink waits: the fds stay open until they are sent
+            sizes = alloc.chunk_sizes()
+            fds, temporary = alloc.handles_for_importers()
+            try:
+                body = json.dumps(sizes)
+                if magic == _GROW_MAGIC:  # a growable array's importer: chunks from ``first``
+                    fds = fds[first:]
+                    body = json.dumps(
+                        {"sizes": sizes, "capacity": alloc.capacity, "used": alloc.used}
+                    )
+                header = _REPLY.pack(_REPLY_MAGIC, _OK, len(fds)) + body.encode()
+                # Record first: the importer may use the array and hand it back before this
+                # thread runs again, and a release must then know whom to tell.
+                server = reply_to if reply_to.startswith("/") else None
+                alloc.record_served(pid, server, len(sizes))
+                socket.send_fds(conn, [header], fds[:_FDS_PER_MESSAGE])
+                for i in range(_FDS_PER_MESSAGE, len(fds), _FDS_PER_MESSAGE):
+                    socket.send_fds(conn, [b"+"], fds[i : i + _FDS_PER_MESSAGE])
+            finally:
+                for fd in temporary:
+                    os.close(fd)
         del alloc
 
     def close(self) -> None:
@@ -256,6 +269,63 @@ def fetch_handles(
     PermissionDenied
         Another user's server or directory, or the secret is wrong.
     """
+    sizes, fds = _fetch(server, pid, alloc_id, secret, reply_to, None)
+    if type(sizes) is not list or len(sizes) != len(fds):
+        for fd in fds:
+            os.close(fd)
+        raise PayloadError("the handle server sent an inconsistent reply")
+    return sizes, fds
+
+
+def fetch_growth(
+    server: str, pid: int, alloc_id: str, secret: bytes, first: int, reply_to: str | None = None
+) -> tuple[list[int], int, int, list[int]]:
+    """Ask the exporter of a growable array for its current chunks from index ``first``.
+
+    Returns
+    -------
+    sizes : list of int
+        All its chunk sizes now (the first ``first`` are those the caller maps, unless the
+        array was shrunk meanwhile).
+    capacity, used : int
+        Its reserved bytes and the bytes of the array now.
+    fds : list of int
+        The fds of the chunks from ``first`` on (owned by the caller).
+
+    Raises
+    ------
+    HandleUnavailable, PermissionDenied
+        As :func:`fetch_handles`.
+    """
+    doc, fds = _fetch(server, pid, alloc_id, secret, reply_to, first)
+    try:
+        if type(doc) is not dict or set(doc) != {"sizes", "capacity", "used"}:
+            raise PayloadError("the handle server sent an inconsistent reply")
+        sizes, capacity, used = doc["sizes"], doc["capacity"], doc["used"]
+        if (
+            type(sizes) is not list
+            or not all(type(n) is int and n > 0 for n in sizes)
+            or type(capacity) is not int
+            or type(used) is not int
+            or len(fds) != max(len(sizes) - first, 0)
+        ):
+            raise PayloadError("the handle server sent an inconsistent reply")
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return sizes, capacity, used, fds
+
+
+def _fetch(
+    server: str,
+    pid: int,
+    alloc_id: str,
+    secret: bytes,
+    reply_to: str | None,
+    first: int | None,
+) -> tuple[Any, list[int]]:
+    """One request to a handle server: the reply's JSON and the fds (owned by the caller)."""
     gone = (
         f"the handles of allocation {alloc_id} are no longer available: the process that "
         f"shared it (pid {pid}) has exited or closed every view of it. Keep that process and "
@@ -280,7 +350,12 @@ def fetch_handles(
                 f"the handle server {server} runs as another user (uid {server_uid})"
             )
         tail = reply_to.encode() if reply_to and len(reply_to.encode()) <= _MAX_PATH else b""
-        sock.sendall(_REQUEST.pack(_REQUEST_MAGIC, bytes.fromhex(alloc_id), secret) + tail)
+        raw_id = bytes.fromhex(alloc_id)
+        if first is None:
+            request = _REQUEST.pack(_REQUEST_MAGIC, raw_id, secret)
+        else:
+            request = _GROW.pack(_GROW_MAGIC, raw_id, secret, first)
+        sock.sendall(request + tail)
         msg, got, _, _ = socket.recv_fds(sock, 1 << 20, _FDS_PER_MESSAGE)
         fds.extend(got)
         if len(msg) < _REPLY.size:
@@ -309,7 +384,7 @@ def fetch_handles(
             if not more:
                 raise HandleUnavailable(f"{gone} (the server stopped while sending)")
             fds.extend(more)
-        if type(sizes) is not list or len(sizes) != count or len(fds) != count:
+        if len(fds) != count:
             raise PayloadError("the handle server sent an inconsistent reply")
         result = fds
         fds = []

@@ -159,3 +159,29 @@ def test_a_full_slab_is_released_when_its_arrays_go() -> None:
     gc.collect()
     assert lookup(first_id) is None  # full, no longer current, no array left: released
     assert lookup(arrays[-1].allocation.id) is not None
+
+
+def test_release_never_takes_a_mapping_from_under_a_view() -> None:
+    """A parked import leased again (say by another thread) is not dropped: release() does
+    nothing while a view uses the allocation."""
+    import os
+
+    from sharedarrays.allocation import drop_parked, parked_allocations
+
+    a = sa.from_array(np.arange(512.0), device="cpu", pack=False)
+    fd = os.dup(a.allocation.chunks[0].fd)
+    imported = Allocation.import_(
+        get_backend(CPU), "3" * 32, b"w" * 32, a.allocation.chunk_sizes(), [fd], os.getpid()
+    )
+    view = sa.SharedDeviceArray(imported, a.dtype, a.shape, a.strides, 0)
+    del imported
+    view.close()
+    gc.collect()
+    assert [p.id for p in parked_allocations()] == ["3" * 32]  # parked, no view
+    again = sa.SharedDeviceArray(lookup("3" * 32), a.dtype, a.shape, a.strides, 0)  # unparks
+    lookup("3" * 32).release()  # e.g. a release notice racing the new view: refused
+    drop_parked()
+    assert again.get().sum() == np.arange(512.0).sum()  # still mapped
+    again.close()
+    gc.collect()
+    assert drop_parked() == 1 and lookup("3" * 32) is None

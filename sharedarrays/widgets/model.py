@@ -95,18 +95,19 @@ class ReservationMap:
     granularity : int
         The backend's granularity in bytes.
     address, size : int
-        Start and length of this process's reservation.
+        Start and length of this process's reservation (a growable array's capacity).
     chunks : tuple of ChunkBar
         The mapped chunks, in address order.
     gaps : tuple of Gap
-        Reserved ranges with nothing mapped.
+        Reserved ranges with nothing mapped (a growable array's free capacity is the last).
     views : tuple of ViewBracket
         The live views of the allocation in this process.
     used : int
-        One past the highest byte any live view touches (the reservation size when no view
-        is known).
+        One past the highest byte any live view touches (the mapped size when no view is
+        known).
     waste : int
-        Bytes reserved beyond ``used``: what rounding up to the granularity costs.
+        Bytes mapped beyond ``used``: what rounding up to the granularity (and a growable
+        array's chunk ahead) costs.
     access : dict of str to str
         Access per device, ``"rw"``, ``"r"`` or ``"none"``.
     created_here : bool
@@ -135,6 +136,8 @@ class ReservationMap:
     origin_pid: int
     origin_time: float
     served: tuple[ServedInfo, ...]
+    mapped: int = -1
+    """Bytes mapped from the reservation's start (``size`` unless growable; -1: unknown)."""
 
     @property
     def short_id(self) -> str:
@@ -241,8 +244,9 @@ def build_map(
         if b.start > pos:
             gaps.append(Gap(pos, b.start - pos))
         pos = max(pos, b.start + b.size)
-    if pos < allocation.size:
-        gaps.append(Gap(pos, allocation.size - pos))
+    capacity = int(getattr(allocation, "capacity", allocation.size))  # reserved bytes
+    if pos < capacity:
+        gaps.append(Gap(pos, capacity - pos))
 
     spans = []
     for v in vs:
@@ -262,7 +266,7 @@ def build_map(
         device=str(allocation.device),
         granularity=int(allocation.backend.granularity),
         address=allocation.address,
-        size=allocation.size,
+        size=capacity,
         chunks=bars,
         gaps=tuple(gaps),
         views=brackets,
@@ -273,6 +277,7 @@ def build_map(
         origin_pid=origin.pid,
         origin_time=origin.time,
         served=tuple(ServedInfo(s.pid, s.time) for s in allocation.served),
+        mapped=allocation.size,
     )
 
 
@@ -328,7 +333,8 @@ def table_rows(maps: Sequence[ReservationMap]) -> list[TableRow]:
                 )
             )
         for g in m.gaps:
-            rows.append(TableRow(m.short_id, "unmapped", a + g.start, a + g.start + g.size, ""))
+            free = "free capacity" if g.start >= m.mapped >= 0 else ""
+            rows.append(TableRow(m.short_id, "unmapped", a + g.start, a + g.start + g.size, free))
         if m.waste:
             rows.append(
                 TableRow(m.short_id, "waste", a + m.used, a + m.size, "reserved beyond the views")

@@ -111,8 +111,9 @@ def _svg_block(m: ReservationMap, y0: int) -> tuple[list[str], int]:
     out = []
     access = ", ".join(f"{d}: {a}" for d, a in m.access.items())
     head = (
-        f"{m.short_id}  {m.backend} {m.device}  {fmt_bytes(m.size)} reserved in "
-        f"{len(m.chunks)} chunk{'s' if len(m.chunks) != 1 else ''}  ·  {m.origin_text}"
+        f"{m.short_id}  {m.backend} {m.device}  {fmt_bytes(m.size)} reserved"
+        + (f", {fmt_bytes(m.mapped)} mapped" if 0 <= m.mapped < m.size else "")
+        + f" in {len(m.chunks)} chunk{'s' if len(m.chunks) != 1 else ''}  ·  {m.origin_text}"
     )
     out.append(f'<text x="{_PAD}" y="{y0 + 14}" font-weight="bold">{_e(head)}</text>')
     out.append(
@@ -162,7 +163,7 @@ def _svg_block(m: ReservationMap, y0: int) -> tuple[list[str], int]:
     if m.waste:
         tip = (
             f"waste: {fmt_bytes(m.waste)} reserved beyond the views "
-            f"({m.address + m.used:#x}-{m.address + m.size:#x})"
+            f"({m.address + m.used:#x}-{m.address + m.used + m.waste:#x})"
         )
         out.append(
             f'<rect class="sa-waste" x="{x(m.used):.1f}" y="{bar_y}" width="{w(m.waste):.1f}" '
