@@ -247,21 +247,20 @@ def zeros(
 ) -> SharedDeviceArray:
     """A new shared array of zeros (parameters as :func:`empty`; ``progress`` as
     :func:`full`)."""
-    a = _new(
+    return full(
         shape,
+        0,
         dtype,
-        parse_device(device),
-        order,
-        chunk_bytes,
-        pack,
-        name,
-        allow_pids,
-        readonly,
-        capacity,
+        device=device,
+        order=order,
+        chunk_bytes=chunk_bytes,
+        pack=pack,
+        progress=progress,
+        name=name,
+        allow_pids=allow_pids,
+        readonly=readonly,
+        capacity=capacity,
     )
-    if not a.allocation.backend.zeroed:
-        _fill(a, 0, progress)
-    return a
 
 
 def ones(
@@ -280,20 +279,20 @@ def ones(
 ) -> SharedDeviceArray:
     """A new shared array of ones (parameters as :func:`empty`; ``progress`` as
     :func:`full`)."""
-    a = _new(
+    return full(
         shape,
+        1,
         dtype,
-        parse_device(device),
-        order,
-        chunk_bytes,
-        pack,
-        name,
-        allow_pids,
-        readonly,
-        capacity,
+        device=device,
+        order=order,
+        chunk_bytes=chunk_bytes,
+        pack=pack,
+        progress=progress,
+        name=name,
+        allow_pids=allow_pids,
+        readonly=readonly,
+        capacity=capacity,
     )
-    _fill(a, 1, progress)
-    return a
 
 
 def full(
@@ -332,7 +331,9 @@ def full(
         readonly,
         capacity,
     )
-    _fill(a, fill_value, progress)
+    fresh_memory_reads_zero = a.allocation.backend.zeroed  # memfd; slabs are never reused
+    if not (fresh_memory_reads_zero and np.ndim(fill_value) == 0 and fill_value == 0):
+        _fill(a, fill_value, progress)
     return a
 
 
