@@ -719,6 +719,7 @@ def request(
     """
     data = MAGIC + json.dumps(req, separators=(",", ":")).encode()
     with _lock:
+        _flush_deferred()
         for attempt in (1, 2, 3):
             sock = _connect(start)
             try:
@@ -782,21 +783,46 @@ def raise_for(status: int, body: dict[str, Any], what: str) -> None:
 def hold(alloc_id: str) -> None:
     """Note that the keeper counts this process as a holder of ``alloc_id``."""
     with _lock:
+        _flush_deferred()  # first: a deferred release of the same id predates this hold
         _held.add(alloc_id)
 
 
+_deferred: list[str] = []  # releases that found the lock taken, sent with the next request
+
+
 def release(alloc_id: str) -> None:
-    """Tell the keeper this process no longer holds ``alloc_id`` (no reply, best effort)."""
-    with _lock:
-        if alloc_id not in _held:
-            return
-        _held.discard(alloc_id)
-        if _conn is None:
-            return
-        try:
-            _conn.send(MAGIC + json.dumps({"op": "release", "id": alloc_id}).encode())
-        except OSError:
-            pass
+    """Tell the keeper this process no longer holds ``alloc_id`` (no reply, best effort).
+
+    Never blocks: it runs from finalizers (a view's lease going away), which may run in any
+    thread, at any allocation, while another thread holds the client's lock (and may even
+    be waiting for the finalizing thread to start). Then the release is deferred to this
+    process's next keeper request, or to its exit, which the keeper sees anyway.
+    """
+    if not _lock.acquire(blocking=False):
+        _deferred.append(alloc_id)
+        return
+    try:
+        _release_locked(alloc_id)
+    finally:
+        _lock.release()
+
+
+def _release_locked(alloc_id: str) -> None:
+    if alloc_id not in _held:
+        return
+    _held.discard(alloc_id)
+    if _conn is None:
+        return
+    try:
+        _conn.send(MAGIC + json.dumps({"op": "release", "id": alloc_id}).encode())
+    except OSError:
+        pass
+
+
+def _flush_deferred() -> None:
+    """Send the releases deferred by :func:`release` (the caller holds ``_lock``)."""
+    while _deferred:
+        _release_locked(_deferred.pop())
 
 
 def fetch_handles(
@@ -849,6 +875,7 @@ def _forget_in_child() -> None:
         _conn.close()  # the child's copy only: the parent's connection stays open
     _conn = _conn_path = None
     _held.clear()
+    _deferred.clear()
 
 
 allocation.release_hooks.append(_on_release)

@@ -226,6 +226,7 @@ def server_address() -> str:
     with _server_lock:
         if _server is None:
             _server = HandleServer()
+            _start_notifier()  # now, never from a finalizer (see _notify_importers)
         return _server.path
 
 
@@ -422,19 +423,25 @@ def _send_notices() -> None:
                     continue  # that process is gone: nothing to tell
 
 
+def _start_notifier() -> None:
+    """Start the thread that sends release notices, if it does not run (after a fork)."""
+    global _notifier
+    if _notifier is None or not _notifier.is_alive():
+        _notifier = threading.Thread(target=_send_notices, name="sharedarrays-notices", daemon=True)
+        _notifier.start()
+
+
 def _notify_importers(alloc: allocation.Allocation) -> None:
     """Tell the processes this one served that it released ``alloc``, so that they drop
-    their parked mappings of it (and the memory can return). Best effort, off-thread."""
-    global _notifier
+    their parked mappings of it (and the memory can return). Best effort, off-thread: this
+    runs from finalizers, so it only queues (the sending thread starts with the handle
+    server, which served those processes)."""
     if alloc.pid != os.getpid():
         return  # inherited across fork: the parent still holds it
     own = _server.path if _server is not None else None
     servers = [p for p in alloc.served_servers() if p != own]
     if not servers:
         return
-    if _notifier is None or not _notifier.is_alive():
-        _notifier = threading.Thread(target=_send_notices, name="sharedarrays-notices", daemon=True)
-        _notifier.start()
     _notices.put((servers, bytes.fromhex(alloc.id), alloc.secret))
 
 

@@ -364,3 +364,26 @@ def test_fork_child_does_not_inherit_the_keeper_connection(private_keeper: Path)
     assert sa.list_named()[0].pids == (os.getpid(),)
     sa.unlink("forked")
     del a
+
+
+def test_a_release_from_a_finalizer_never_blocks_on_the_client_lock(private_keeper: Path) -> None:
+    """Leases die in finalizers, in any thread, possibly while another thread holds the
+    keeper client's lock and waits for that very thread (Thread.start): the release must
+    not wait for the lock; it is deferred to the next request."""
+    import threading
+
+    from sharedarrays import keeper
+
+    a = sa.full(3, 1.0, device="cpu", name="fin")
+    alloc_id = a.allocation.id
+    done = threading.Event()
+    with keeper._lock:
+        t = threading.Thread(target=lambda: (keeper.release(alloc_id), done.set()))
+        t.start()
+        assert done.wait(5), "keeper.release blocked on the client lock"
+        assert alloc_id in keeper._deferred
+    t.join()
+    sa.list_named()  # the next request sends it
+    assert alloc_id not in keeper._deferred and alloc_id not in keeper._held
+    sa.unlink("fin")
+    del a
