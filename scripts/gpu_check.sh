@@ -6,9 +6,21 @@
 #
 # Uses the machine's own `python3` (no virtual environment): it must already have numpy,
 # cupy, cuda-bindings and pytest (torch and psutil are used where present). The repository is
-# put on PYTHONPATH, so nothing is installed.
+# put on PYTHONPATH. The notebook tests also need nbclient, nbformat, ipykernel,
+# jupyter_client and ipywidgets, which the lent H200 lacks and cannot download: make them here
+# as wheels in .whl/ (ignored by git) and pass `carry: [".whl"]` to the device call; they are
+# installed into a private folder:
 #
-# Runs `python3 -m pytest -m gpu -ra tests` (or the PYTEST_ARGS given, e.g. a single test
+#   python3 -m pip download --only-binary=:all: --python-version 3.12 --implementation cp \
+#       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+#       --platform manylinux2014_x86_64 -d .whl nbclient nbformat ipykernel jupyter_client ipywidgets
+#   rm .whl/attrs-* .whl/packaging-* .whl/psutil-* .whl/pygments-* \
+#      .whl/python_dateutil-* .whl/typing_extensions-*   # already there, keep theirs
+#
+# The whole call, as last run (report in docs/gpu-report.md):
+#   SA_COMMIT=$(git rev-parse --short HEAD) SA_DIRTY= bash scripts/gpu_check.sh [--bench]
+#
+# Runs `python3 -m pytest -m "gpu or notebook" -ra tests` (or the PYTEST_ARGS given, e.g. a single test
 # file), then `make demo PYTHON_ENV=system`, and with --bench `python3 -m sharedarrays bench`
 # (its JSON and plot go under $OUT too).
 # Writes, under $OUT (./artifacts when OUT is unset):
