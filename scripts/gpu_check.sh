@@ -43,7 +43,7 @@ PYTEST_ARGS=()
 for arg in "$@"; do
     case "$arg" in
         --bench) BENCH=1 ;;
-        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 0 ;;
         *) PYTEST_ARGS+=("$arg") ;;
     esac
 done
