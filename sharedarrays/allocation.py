@@ -259,9 +259,7 @@ def drop_parked(only_orphans: bool = False) -> int:
     """
     with _registry_lock:
         victims = [a for a in _parked.values() if not only_orphans or not running(a.origin.pid)]
-    for a in victims:
-        a.release()
-    return len(victims)
+    return sum(a.release() for a in victims)
 
 
 def _teardown(
@@ -602,21 +600,24 @@ class Allocation:
         """The source released this allocation: release it here too once nothing uses it."""
         with self._lock:
             self._orphaned = True
-            unused = self._leases == 0
-        if unused:
-            self.release()
+        self.release()  # does nothing while a view uses it: its last lease releases it then
 
-    def release(self) -> None:
+    def release(self) -> bool:
         """Unmap and close everything this process holds of the allocation, now.
 
         Called when the last lease goes, or to drop a parked mapping. Does nothing while a
         view (a lease) still uses the allocation, so a mapping is never taken from under a
         view: another thread may have just leased a parked allocation again. Close views with
         :meth:`SharedDeviceArray.close` instead. Idempotent.
+
+        Returns
+        -------
+        bool
+            Whether this call released it.
         """
         with self._lock:
             if self._released or self._leases:
-                return
+                return False
             self._released = True
         with _registry_lock:
             if _registry.get(self.id) is self:
@@ -631,6 +632,7 @@ class Allocation:
                     hook(self)
                 except Exception:
                     continue
+        return True
 
     # description ------------------------------------------------------------------------
     @property

@@ -200,14 +200,14 @@ class SharedDeviceArray:
         native = self._native
         if native is None:
             alloc = self.allocation
-            _, high = view_extent(self._dtype.itemsize, self._shape, self._strides)
+            assert self._lease is not None  # self.allocation raised if closed
             native = alloc.backend.as_native(
                 alloc.address,
                 alloc.size,
                 self._offset,
                 # the native array holds the mapping (and its addresses) through a lease of
-                # its own, which outlives this view's if it must
-                alloc.lease(self._offset + high, pin=True),
+                # its own, reaching as far as this view's, which outlives it if it must
+                alloc.lease(self._lease.end, pin=True),
                 self._dtype,
                 self._shape,
                 self._strides,
@@ -443,13 +443,12 @@ class SharedDeviceArray:
 def _reduce_for_multiprocessing(a: SharedDeviceArray) -> tuple[Any, tuple[Any, ...]]:
     """Pickle for multiprocessing: while a Process is being spawned, its arguments carry the
     chunk fds themselves (multiprocessing's DupFd), so the child needs no connection."""
-    blob = a._payload_bytes()
+    rebuild, args = a.__reduce__()
     alloc = a.allocation
-    sync = alloc.backend.export_sync()
     # (a growable array's chunks come from its handle server, which records who maps them)
     if get_spawning_popen() is not None and alloc.allow_pids is None and not alloc.growable:
-        return _rebuild, (blob, sync, tuple(reduction.DupFd(fd) for fd in alloc.chunk_fds()))
-    return _rebuild, (blob, sync)
+        return rebuild, (*args, tuple(reduction.DupFd(fd) for fd in alloc.chunk_fds()))
+    return rebuild, args
 
 
 reduction.ForkingPickler.register(SharedDeviceArray, _reduce_for_multiprocessing)

@@ -12,6 +12,7 @@ from .allocation import PACK_BYTES, Allocation, pack_into_slab
 from .array import SharedDeviceArray, operator_index
 from .backends import get_backend
 from .device import Device, DeviceLike, parse_device
+from .payload import contiguous_strides
 
 __all__ = ["empty", "zeros", "ones", "full", "from_array", "ShapeLike", "PROGRESS_BYTES"]
 
@@ -41,16 +42,6 @@ def _dtype(dtype: DTypeLike) -> np.dtype[Any]:
             "numbers (object, string, datetime and structured dtypes cannot be shared)"
         )
     return dt
-
-
-def _contiguous_strides(shape: tuple[int, ...], itemsize: int, order: str) -> tuple[int, ...]:
-    strides = [0] * len(shape)
-    step = itemsize
-    axes = range(len(shape) - 1, -1, -1) if order == "C" else range(len(shape))
-    for ax in axes:
-        strides[ax] = step
-        step *= max(shape[ax], 1)
-    return tuple(strides)
 
 
 PROGRESS_BYTES = 256 << 20
@@ -140,7 +131,7 @@ def _new(
         alloc, offset = Allocation.create(backend, nbytes, chunk_bytes, capacity), 0
         alloc.allow_pids = allowed
         alloc.export_readonly = bool(readonly)
-    strides = _contiguous_strides(shp, dt.itemsize, order)
+    strides = contiguous_strides(shp, dt.itemsize, order)
     a = SharedDeviceArray(alloc, dt, shp, strides, offset)
     if name is not None:
         named.publish(a, name)

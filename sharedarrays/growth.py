@@ -32,7 +32,7 @@ from .allocation import Allocation
 from .backends import Access, get_backend
 from .device import CPU, Device
 from .errors import PayloadError, ResizeRefused
-from .payload import Payload, view_extent
+from .payload import Payload, contiguous_strides, view_extent
 
 if TYPE_CHECKING:
     from .array import SharedDeviceArray
@@ -50,12 +50,7 @@ def _row_bytes(view: SharedDeviceArray, what: str) -> tuple[Allocation, int]:
         )
     if view.ndim == 0:
         raise ValueError(f"cannot {what} a 0-d array")
-    c_strides = []
-    step = view.itemsize
-    for n in reversed(view.shape):
-        c_strides.append(step)
-        step *= max(n, 1)
-    if view.offset != 0 or view.strides != tuple(reversed(c_strides)):
+    if view.offset != 0 or view.strides != contiguous_strides(view.shape, view.itemsize):
         raise ValueError(
             f"cannot {what} this view: only a C-contiguous view that starts at the "
             "allocation's first byte (the array as created, or a[:k]) changes length along "

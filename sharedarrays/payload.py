@@ -23,7 +23,7 @@ import numpy as np
 
 from .errors import PayloadError
 
-__all__ = ["Payload", "MAX_PAYLOAD_BYTES", "view_extent"]
+__all__ = ["Payload", "MAX_PAYLOAD_BYTES", "contiguous_strides", "view_extent"]
 
 MAGIC = b"SA1"
 TAG_BYTES = 16
@@ -73,6 +73,17 @@ def view_extent(
         else:
             high += s * (n - 1)
     return low, high
+
+
+def contiguous_strides(shape: tuple[int, ...], itemsize: int, order: str = "C") -> tuple[int, ...]:
+    """The strides of a contiguous array of ``shape`` in ``order`` (``"C"`` or ``"F"``)."""
+    strides = [0] * len(shape)
+    step = itemsize
+    axes = range(len(shape) - 1, -1, -1) if order == "C" else range(len(shape))
+    for ax in axes:
+        strides[ax] = step
+        step *= max(shape[ax], 1)
+    return tuple(strides)
 
 
 def _tag(body: bytes, secret: bytes) -> bytes:

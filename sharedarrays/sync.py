@@ -238,8 +238,6 @@ def _event_for(driver: Any, token: bytes) -> Any | None:
             del _opened[handle]
             driver.cuEventDestroy(cached[2])
         return None
-    if cached is not None and cached[:2] == (pid, start):
-        return cached[2]
     ipc = driver.CUipcEventHandle()
     ipc.reserved = handle
     event = check(driver.cuIpcOpenEventHandle(ipc), "cuIpcOpenEventHandle")

@@ -166,12 +166,13 @@ class HandleServer:
             sizes = alloc.chunk_sizes()
             fds, temporary = alloc.handles_for_importers()
             try:
-                body = json.dumps(sizes)
                 if magic == _GROW_MAGIC:  # a growable array's importer: chunks from ``first``
                     fds = fds[first:]
                     body = json.dumps(
                         {"sizes": sizes, "capacity": alloc.capacity, "used": alloc.used}
                     )
+                else:
+                    body = json.dumps(sizes)
                 header = _REPLY.pack(_REPLY_MAGIC, _OK, len(fds)) + body.encode()
                 # Record first: the importer may use the array and hand it back before this
                 # thread runs again, and a release must then know whom to tell.
