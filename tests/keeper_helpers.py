@@ -118,6 +118,13 @@ def spawn(code: str) -> subprocess.Popen[str]:
     )
 
 
+def close_pipes(proc: subprocess.Popen[str]) -> None:
+    """Close a finished child's pipes (each test counts its fds)."""
+    for f in (proc.stdin, proc.stdout, proc.stderr):
+        if f is not None:
+            f.close()
+
+
 def read_json_line(proc: subprocess.Popen[str], timeout: float = 60) -> dict[str, object]:
     """The next stdout line of ``proc``, as JSON (fails on EOF)."""
     assert proc.stdout is not None

@@ -24,6 +24,7 @@ import psutil
 import pytest
 from conftest import open_fds
 from keeper_helpers import (
+    close_pipes,
     keeper_memfds,
     lock_holder,
     private_keeper,
@@ -108,9 +109,7 @@ def test_sigkill_consumer_mid_import(device: str) -> None:
         time.sleep(rng.uniform(0, 0.05))  # somewhere inside connect / recv_fds / mmap
         child.send_signal(signal.SIGKILL)
         child.wait()
-        for f in (child.stdin, child.stdout, child.stderr):
-            if f is not None:
-                f.close()
+        close_pipes(child)
     assert _wait_fds(baseline) <= baseline, "the exporter leaked fds to killed importers"
     np.testing.assert_array_equal(a.get(), want)
     a.close()
@@ -135,9 +134,7 @@ def test_sigkill_consumer_holding_a_mapping(private_keeper: Path, device: str) -
         assert holder.pid in sa.list_named()[0].pids
         holder.kill()
         holder.wait()
-        for f in (holder.stdin, holder.stdout, holder.stderr):
-            if f is not None:
-                f.close()
+        close_pipes(holder)
         deadline = time.monotonic() + 10
         while holder.pid in sa.list_named()[0].pids and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -182,9 +179,7 @@ def test_sigkill_producer_right_after_export(private_keeper: Path, device: str) 
         payloads.append(read_json_line(p))
         p.kill()  # right after exporting: its handle server dies with it
         p.wait()
-        for f in (p.stdin, p.stdout, p.stderr):
-            if f is not None:
-                f.close()
+        close_pipes(p)
     keeper.ensure_running()  # our keeper connection is not a leak
     baseline = open_fds()
     for n, blobs in enumerate(payloads):
@@ -235,9 +230,7 @@ def test_sigkill_keeper_while_serving_and_restart(private_keeper: Path, device: 
             out = read_json_line(p, timeout=120)
             assert p.wait(60) == 0
             assert int(out["errors"]) > 0  # a clean SharedArrayError, no hang, no crash
-            for f in (p.stdin, p.stdout, p.stderr):
-                if f is not None:
-                    f.close()
+            close_pipes(p)
         # the survivor (us) still has its data; the name went with the keeper
         np.testing.assert_array_equal(a.get(), np.arange(100.0))
         survivors += 1

@@ -267,6 +267,22 @@ def test_fake_unexpected_error_does_not_raise(fake: FakeDriver) -> None:
     assert reason is not None and "unexpectedly" in reason and "boom" in reason
 
 
+def _why_unusable_in_a_forked_child() -> str:
+    """What ``why_unusable()`` answers in a child forked from this process."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        try:
+            os.write(write, (why_unusable() or "usable").encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        answer = f.read().decode()
+    os.waitpid(pid, 0)
+    return answer
+
+
 def test_fork_after_our_init_is_named(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cuda_vmm, "_init_pid", os.getpid() + 100000)  # "initialised in a parent"
     reason = why_unusable()
@@ -281,33 +297,13 @@ def test_fork_child_is_marked_by_the_hook(
     fake.initialised = True
     monkeypatch.setitem(sys.modules, "cuda.bindings.driver", fake)
     assert why_unusable() is None  # the parent itself is fine (and this cached "usable")
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - runs in the child
-        try:
-            os.write(write, (why_unusable() or "usable").encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as f:
-        answer = f.read().decode()
-    os.waitpid(pid, 0)
+    answer = _why_unusable_in_a_forked_child()
     assert answer == FORK_REASON
     assert why_unusable() is None  # the parent is not marked
 
 
 def test_fork_without_cuda_is_fine(fake: FakeDriver) -> None:
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - runs in the child
-        try:
-            os.write(write, (why_unusable() or "usable").encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as f:
-        answer = f.read().decode()
-    os.waitpid(pid, 0)
+    answer = _why_unusable_in_a_forked_child()
     assert answer == "usable"
 
 
