@@ -10,7 +10,7 @@ from __future__ import annotations
 from .allocation import Allocation, live_allocations
 from .array import SharedDeviceArray, load
 from .backends import backends
-from .backends import cuda_vmm as _cuda_vmm  # noqa: F401 - installs the fork-after-CUDA hook
+from .backends import cuda_driver as _cuda_driver  # noqa: F401 - installs the fork-after-CUDA hook
 from .creation import empty, from_array, full, ones, zeros
 from .device import Device
 from .errors import (

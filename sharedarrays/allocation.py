@@ -22,8 +22,9 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
-from .backends import Access, Backend, Chunk, round_up
+from .backends import Access, Backend, Chunk, MappingBackend, round_up
 from .device import Device
 from .errors import ClosedArrayError, PayloadError, ResizeRefused
 from .process import running
@@ -44,6 +45,10 @@ __all__ = [
     "live_allocations",
     "parked_allocations",
     "drop_parked",
+    "draining_allocations",
+    "reap_draining",
+    "wait_draining",
+    "held_elsewhere",
     "keep_imports",
     "lookup",
 ]
@@ -213,6 +218,7 @@ class MappingInfo:
 _registry: dict[str, Allocation] = {}
 _registry_lock = threading.RLock()
 _parked: OrderedDict[str, Allocation] = OrderedDict()
+_draining: dict[str, Allocation] = {}
 
 release_hooks: list[Callable[[Allocation], None]] = []
 """Called with each allocation this process releases (the transport layer tells the
@@ -234,9 +240,14 @@ def keep_imports() -> int:
         raise ValueError(f"SHAREDARRAYS_KEEP_IMPORTS={value!r} is not an integer") from None
 
 
-def lookup(alloc_id: str) -> Allocation | None:
-    """Return this process's mapped allocation with id ``alloc_id``, if any."""
-    return _registry.get(alloc_id)
+def lookup(alloc_id: str, draining: bool = False) -> Allocation | None:
+    """Return this process's mapped allocation with id ``alloc_id``, if any (``draining``:
+    also one released here but still held by other processes, see
+    :func:`draining_allocations`)."""
+    alloc = _registry.get(alloc_id)
+    if alloc is None and draining:
+        alloc = _draining.get(alloc_id)
+    return alloc
 
 
 def live_allocations() -> list[Allocation]:
@@ -262,6 +273,47 @@ def drop_parked(only_orphans: bool = False) -> int:
     return sum(a.release() for a in victims)
 
 
+def draining_allocations() -> list[Allocation]:
+    """Allocations of exporter-owned memory (cuda-ipc, cuda-pool) that this process released
+    but cannot free yet: other processes still hold them (see :attr:`Allocation.holders`)."""
+    with _registry_lock:
+        return list(_draining.values())
+
+
+def reap_draining() -> int:
+    """Free the draining allocations whose holders have all closed or exited.
+
+    Returns how many are still waiting.
+    """
+    for alloc in draining_allocations():
+        alloc.closed_by(None)
+    with _registry_lock:
+        return len(_draining)
+
+
+def held_elsewhere() -> list[Allocation]:
+    """Exporter-owned allocations made here (live or draining) that other running processes
+    still hold (see :attr:`Allocation.holders`)."""
+    with _registry_lock:
+        mine = [a for a in _registry.values() if a.origin.created_here] + list(_draining.values())
+    return [a for a in mine if a.backend.exporter_owned and a.holders]
+
+
+def wait_draining(timeout: float) -> list[Allocation]:
+    """Wait up to ``timeout`` seconds until no other process holds exporter-owned memory
+    made here, freeing draining allocations as their holders go (used at exit).
+
+    Returns those still held afterwards.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        reap_draining()
+        held = held_elsewhere()
+        if not held or time.monotonic() >= deadline:
+            return held
+        time.sleep(0.05)
+
+
 def _teardown(
     backend: Backend,
     address: int,
@@ -278,16 +330,18 @@ def _teardown(
             backend.synchronize()
         except BaseException as e:  # keep going: fds must be closed regardless
             errors.append(e)
-    for offset, length in mapped:
-        try:
-            backend.unmap(address + offset, length)
-        except BaseException as e:
-            errors.append(e)
-    if address and free:
-        try:
-            backend.free_reservation(address, size)
-        except BaseException as e:
-            errors.append(e)
+    if backend.maps:
+        mapper = cast(MappingBackend, backend)
+        for offset, length in mapped:
+            try:
+                mapper.unmap(address + offset, length)
+            except BaseException as e:
+                errors.append(e)
+        if address and free:
+            try:
+                mapper.free_reservation(address, size)
+            except BaseException as e:
+                errors.append(e)
     for chunk in chunks:
         try:
             backend.release_chunk(chunk)
@@ -415,6 +469,7 @@ class Allocation:
         self.origin = origin
         self._served: deque[Served] = deque(maxlen=_SERVED_HISTORY)
         self._servers: set[str] = set()
+        self._holders: set[int] = set()  # exporter-owned memory: importers not done yet
         self._lock = threading.Lock()
         self._leases = 0
         self._released = False
@@ -449,8 +504,19 @@ class Allocation:
         capacity : int, optional
             Make a *growable* allocation: reserve this many bytes of address space (rounded
             up to the granularity, at least what ``nbytes`` maps) and map only ``nbytes``.
+
+        On a pointer backend (cuda-ipc, cuda-pool) the allocation is one chunk, and neither
+        ``chunk_bytes`` nor ``capacity`` can be given.
         """
-        sizes = chunk_sizes(nbytes, backend.granularity, chunk_bytes)
+        if backend.maps:
+            sizes = chunk_sizes(nbytes, backend.granularity, chunk_bytes)
+        elif chunk_bytes is not None or capacity is not None:
+            raise ValueError(
+                f"chunk_bytes= and capacity= need a backend that maps chunks into a reservation "
+                f"(cuda-vmm, host); a {backend.name} allocation is one piece of memory"
+            )
+        else:
+            sizes = [round_up(max(nbytes, 1), backend.granularity)]
         if capacity is not None:
             capacity = max(round_up(capacity, backend.granularity), sum(sizes))
         alloc = cls._build(
@@ -478,17 +544,27 @@ class Allocation:
         source_pid: int,
         access: Access = "rw",
         capacity: int | None = None,
+        exports: tuple[bytes, ...] = (),
     ) -> Allocation:
         """Map an allocation from its chunks' handles (an importer).
 
         Takes ownership of every fd in ``fds``, on success and on failure. If this process
         already maps ``alloc_id``, the fds are closed and the existing allocation returned.
         ``capacity`` makes it growable, reserving that many bytes (at least the chunks' sum).
+        A pointer backend's chunk comes from its portable handle in ``exports`` (and, for
+        cuda-pool, the pool's fd in ``fds``, which may be empty).
         """
-        if len(sizes) != len(fds):
+        bad = (
+            len(sizes) != len(fds)
+            if backend.maps
+            else len(sizes) != 1 or len(exports) != 1 or len(fds) > 1
+        )
+        if bad:
             for fd in fds:
                 os.close(fd)
-            raise PayloadError(f"{len(sizes)} chunk sizes but {len(fds)} handles")
+            raise PayloadError(
+                f"{len(sizes)} chunk sizes but {len(fds)} handles and {len(exports)} exports"
+            )
         with _registry_lock:
             existing = _registry.get(alloc_id)
             if existing is not None:
@@ -498,7 +574,8 @@ class Allocation:
             pending = list(fds)
 
             def import_next(size: int) -> Chunk:
-                return backend.import_chunk(pending.pop(0), size)
+                fd = pending.pop(0) if pending else -1
+                return backend.import_chunk(fd, size, exports[0] if exports else b"")
 
             try:
                 return cls._build(
@@ -528,20 +605,24 @@ class Allocation:
         capacity: int | None = None,
     ) -> Allocation:
         total = sum(sizes)
+        if not backend.maps:  # the chunk comes with its own address
+            chunk = make_chunk(total)
+            return cls(backend, alloc_id, secret, chunk.address, [chunk], access, origin)
+        mapper = cast(MappingBackend, backend)
         reserved = total if capacity is None else round_up(capacity, backend.granularity)
         chunks: list[Chunk] = []
         mapped: list[tuple[int, int]] = []
         address = 0
         try:
-            address = backend.reserve(reserved)
+            address = mapper.reserve(reserved)
             offset = 0
             for size in sizes:
                 chunk = make_chunk(size)
                 chunks.append(chunk)
-                backend.map(address + offset, size, chunk, 0)
+                mapper.map(address + offset, size, chunk, 0)
                 mapped.append((offset, size))
                 offset += size
-            backend.set_access(address, total, access)
+            mapper.set_access(address, total, access)
         except BaseException:
             _teardown(backend, address, reserved, mapped, chunks)
             raise
@@ -610,6 +691,12 @@ class Allocation:
         view: another thread may have just leased a parked allocation again. Close views with
         :meth:`SharedDeviceArray.close` instead. Idempotent.
 
+        Exporter-owned memory (cuda-ipc, cuda-pool) that other processes still hold is not
+        freed yet: the allocation leaves the registry (nothing new is served) and *drains*
+        until its last holder closes it or exits (:attr:`holders`,
+        :func:`draining_allocations`); the processes it was served to are told to drop
+        their parked mappings.
+
         Returns
         -------
         bool
@@ -623,9 +710,12 @@ class Allocation:
             if _registry.get(self.id) is self:
                 del _registry[self.id]
             _parked.pop(self.id, None)
-        mapped = [(m.offset, m.size) for m in self.mappings]
+            drain = bool(self.holders)
+            if drain:
+                _draining[self.id] = self
         try:
-            _teardown(self.backend, self.address, self.capacity, mapped, self._chunks)
+            if not drain:
+                self._free()
         finally:
             for hook in release_hooks:
                 try:
@@ -633,6 +723,23 @@ class Allocation:
                 except Exception:
                     continue
         return True
+
+    def _free(self) -> None:
+        mapped = [(m.offset, m.size) for m in self.mappings] if self.backend.maps else []
+        _teardown(self.backend, self.address, self.capacity, mapped, self._chunks)
+
+    def closed_by(self, pid: int | None) -> None:
+        """Process ``pid`` no longer holds this exporter-owned allocation (it said so, or it
+        exited); ``None`` only forgets holders that exited. Frees a draining allocation
+        once no holder is left."""
+        with self._lock:
+            self._holders.discard(-1 if pid is None else pid)
+        if self.holders:
+            return
+        with _registry_lock:
+            if _draining.pop(self.id, None) is not self:
+                return
+        self._free()
 
     # description ------------------------------------------------------------------------
     @property
@@ -676,6 +783,23 @@ class Allocation:
         return self._access
 
     @property
+    def lifetime(self) -> str:
+        """Who keeps the memory alive: ``"any holder"`` (host, cuda-vmm: every process that
+        maps it or holds a handle) or ``"exporter"`` (cuda-ipc, cuda-pool: only the process
+        that made it, which must outlive every importer; it waits for them before it frees
+        the memory)."""
+        return "exporter" if self.backend.exporter_owned else "any holder"
+
+    @property
+    def holders(self) -> tuple[int, ...]:
+        """In the exporter of exporter-owned memory: the running processes it was served to
+        that have not closed it yet (it is freed only after they have). Empty otherwise."""
+        with self._lock:
+            alive = {pid for pid in self._holders if running(pid)}
+            self._holders = alive
+        return tuple(sorted(alive))
+
+    @property
     def served(self) -> tuple[Served, ...]:
         """The most recent processes this process served the handles to (pid, time)."""
         with self._lock:
@@ -689,6 +813,8 @@ class Allocation:
             self._served.append(Served(pid, time.time()))
             if server:
                 self._servers.add(server)
+            if self.backend.exporter_owned and self.origin.created_here:
+                self._holders.add(pid)
             if chunks > self._served_chunks.get(pid, 0):
                 self._served_chunks[pid] = chunks
 
@@ -808,7 +934,7 @@ class Allocation:
         total = self.size + sum(sizes)
         if total > self.capacity:
             self._move(max(total, 2 * self.capacity, capacity))
-        backend = self.backend
+        backend = cast(MappingBackend, self.backend)
         try:
             for size in sizes:
                 address = self.address + self.size
@@ -828,7 +954,7 @@ class Allocation:
 
     def _move(self, capacity: int) -> None:
         """Map the chunks into a new, larger reservation and retire the old one."""
-        backend = self.backend
+        backend = cast(MappingBackend, self.backend)
         capacity = round_up(capacity, backend.granularity)
         address = backend.reserve(capacity)
         mapped: list[tuple[int, int]] = []
@@ -851,8 +977,15 @@ class Allocation:
         del old  # freed now unless a native array still uses its addresses
 
     def chunk_fds(self) -> list[int]:
-        """The exported fds of the chunks, owned by this allocation (do not close them)."""
-        return [c.fd for c in self._chunks]
+        """The exported fds of the chunks, owned by this allocation (do not close them).
+
+        On a pointer backend: the fds an importer needs besides :meth:`exports` (cuda-pool:
+        the pool's; cuda-ipc: none)."""
+        return [c.fd for c in self._chunks if c.fd >= 0 or self.backend.maps]
+
+    def exports(self) -> tuple[bytes, ...]:
+        """A pointer backend's portable chunk handles (empty on a mapping backend)."""
+        return () if self.backend.maps else tuple(c.export for c in self._chunks)
 
     def handles_for_importers(self) -> tuple[list[int], list[int]]:
         """The fds to hand to another process, and those of them the caller must close.
@@ -888,6 +1021,10 @@ class Allocation:
         stamp = time.strftime("%H:%M:%S", time.localtime(o.time))
         lines = [
             f"allocation {self.id} on {self.device} ({self.backend.name}), {where} at {stamp}",
+            f"memory kept alive by: {self.lifetime}"
+            + (
+                " (the exporter must outlive every importer)" if self.backend.exporter_owned else ""
+            ),
             f"reservation {self.address:#x}-{self.address + self.capacity:#x} "
             f"({_fmt(self.capacity)}, {_fmt(self.size)} mapped)",
             f"{'mapping':>8} {'offset':>12} {'size':>10} {'chunk':>6} {'fd':>4} access",

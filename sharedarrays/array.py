@@ -354,6 +354,7 @@ class SharedDeviceArray:
             offset=self._offset,
             readonly=self._readonly or alloc.export_readonly,
             capacity=alloc.capacity if alloc.growable else None,
+            handles=alloc.exports(),
         )
 
     def _payload_bytes(self) -> bytes:
@@ -446,7 +447,13 @@ def _reduce_for_multiprocessing(a: SharedDeviceArray) -> tuple[Any, tuple[Any, .
     rebuild, args = a.__reduce__()
     alloc = a.allocation
     # (a growable array's chunks come from its handle server, which records who maps them)
-    if get_spawning_popen() is not None and alloc.allow_pids is None and not alloc.growable:
+    # (and exporter-owned memory's exporter must see every importer, to outlive it)
+    if (
+        get_spawning_popen() is not None
+        and alloc.allow_pids is None
+        and not alloc.growable
+        and alloc.backend.maps
+    ):
         return rebuild, (*args, tuple(reduction.DupFd(fd) for fd in alloc.chunk_fds()))
     return rebuild, args
 
@@ -513,6 +520,8 @@ def load(
                     p.server, p.pid, p.alloc_id, p.secret, reply_to=transport.server_address()
                 )
             except HandleUnavailable as gone:  # the exporter is gone: a keeper may hold it
+                if backend.exporter_owned:  # not this memory: it went with its exporter
+                    raise
                 from . import keeper
 
                 sizes, received, _ = keeper.fetch_handles(p.alloc_id, p.secret, gone)
@@ -522,8 +531,17 @@ def load(
                 raise PayloadError("payload's chunk sizes do not match its exporter's allocation")
         access: Access = "r" if p.readonly else "rw"
         alloc = Allocation.import_(
-            backend, p.alloc_id, p.secret, list(p.chunks), received, p.pid, access
+            backend,
+            p.alloc_id,
+            p.secret,
+            list(p.chunks),
+            received,
+            p.pid,
+            access,
+            exports=p.handles,
         )
+        if backend.exporter_owned:  # payloads made here name the exporter, which must
+            alloc.source_server = p.server  # see every importer; told when this one closes
     if sync is not None:
         alloc.backend.import_sync(sync)
     readonly = p.readonly or alloc.access != "rw"

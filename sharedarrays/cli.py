@@ -104,10 +104,7 @@ def demo(size: int | None, workers: int, device: str | None, progress: bool) -> 
         size = (1 << 30) if on_cuda else (256 << 20)
     n = max(workers, size // 4)
     where = dev or ("cuda:0" if on_cuda else "cpu")
-    print(
-        f"sharedarrays demo: {n * 4 / 2**20:.0f} MiB float32 on {where}, "
-        f"{workers} spawn workers"
-    )
+    print(f"sharedarrays demo: {n * 4 / 2**20:.0f} MiB float32 on {where}, {workers} spawn workers")
     a = sa.empty(n, "float32", device=dev)
     _fill_pattern(a.array, n, progress)
     bounds = np.linspace(0, n, workers + 1).astype(int)

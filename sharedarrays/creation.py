@@ -10,7 +10,7 @@ from numpy.typing import DTypeLike
 
 from .allocation import PACK_BYTES, Allocation, pack_into_slab
 from .array import SharedDeviceArray, operator_index
-from .backends import get_backend
+from .backends import choose_backend, get_backend
 from .device import Device, DeviceLike, parse_device
 from .payload import contiguous_strides
 
@@ -77,6 +77,7 @@ def _new(
     shape: ShapeLike,
     dtype: DTypeLike,
     device: Device,
+    backend_name: str,
     order: str,
     chunk_bytes: int | None,
     pack: bool | None = None,
@@ -113,7 +114,17 @@ def _new(
     n = 1
     for s in shp:
         n *= s
-    backend = get_backend(device)
+    backend = get_backend(device, choose_backend(device, backend_name))
+    if not backend.maps and capacity is not None:
+        raise ValueError(
+            f"capacity= needs a backend that maps chunks into a reservation (cuda-vmm, host); "
+            f"{backend.name} memory cannot grow in place"
+        )
+    if backend.exporter_owned and name is not None:
+        raise ValueError(
+            f"a named array must outlive its creator, and {backend.name} memory lives only as "
+            "long as the process that made it; use backend='cuda-vmm' (or 'auto') for name="
+        )
     nbytes = n * dt.itemsize
     if pack is None:
         pack = chunk_bytes is None and nbytes <= PACK_BYTES
@@ -143,6 +154,7 @@ def empty(
     dtype: DTypeLike = "float64",
     *,
     device: DeviceLike = None,
+    backend: str = "auto",
     order: str = "C",
     chunk_bytes: int | None = None,
     pack: bool | None = None,
@@ -162,6 +174,15 @@ def empty(
     device : str, int or None
         ``None`` picks ``"cuda:0"`` when a CUDA device is usable, else ``"cpu"``; also
         ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``N``.
+    backend : str, default "auto"
+        The memory system: ``"cuda-vmm"`` (CUDA virtual memory management, handles are fds;
+        memory lives while any process holds it), ``"cuda-ipc"`` (``cudaMalloc`` memory
+        shared by legacy CUDA IPC handles; the creating process must outlive every importer),
+        ``"cuda-pool"`` (a stream-ordered memory pool exported once, arrays allocated on the
+        current stream; the creating process must outlive every importer) or ``"host"``
+        (for ``device="cpu"``). ``"auto"`` takes host on the CPU and, on a CUDA device, the
+        first of cuda-vmm, cuda-ipc, cuda-pool that the device supports
+        (:func:`sharedarrays.backends` says which can be used here, and why not).
     order : {"C", "F"}
         Row-major or column-major layout.
     chunk_bytes : int, optional
@@ -202,7 +223,7 @@ def empty(
     Raises
     ------
     BackendUnavailable
-        CUDA was asked for and cannot be used here; the message says why.
+        CUDA (or the backend asked for) cannot be used here; the message says why.
     NameExists
         ``name`` is taken (the new memory is released again).
     TypeError, ValueError
@@ -212,6 +233,7 @@ def empty(
         shape,
         dtype,
         parse_device(device),
+        backend,
         order,
         chunk_bytes,
         pack,
@@ -227,6 +249,7 @@ def zeros(
     dtype: DTypeLike = "float64",
     *,
     device: DeviceLike = None,
+    backend: str = "auto",
     order: str = "C",
     chunk_bytes: int | None = None,
     pack: bool | None = None,
@@ -243,6 +266,7 @@ def zeros(
         0,
         dtype,
         device=device,
+        backend=backend,
         order=order,
         chunk_bytes=chunk_bytes,
         pack=pack,
@@ -259,6 +283,7 @@ def ones(
     dtype: DTypeLike = "float64",
     *,
     device: DeviceLike = None,
+    backend: str = "auto",
     order: str = "C",
     chunk_bytes: int | None = None,
     pack: bool | None = None,
@@ -275,6 +300,7 @@ def ones(
         1,
         dtype,
         device=device,
+        backend=backend,
         order=order,
         chunk_bytes=chunk_bytes,
         pack=pack,
@@ -292,6 +318,7 @@ def full(
     dtype: DTypeLike | None = None,
     *,
     device: DeviceLike = None,
+    backend: str = "auto",
     order: str = "C",
     chunk_bytes: int | None = None,
     pack: bool | None = None,
@@ -314,6 +341,7 @@ def full(
         shape,
         dtype,
         parse_device(device),
+        backend,
         order,
         chunk_bytes,
         pack,
@@ -349,6 +377,7 @@ def from_array(
     obj: Any,
     *,
     device: DeviceLike = None,
+    backend: str = "auto",
     chunk_bytes: int | None = None,
     pack: bool | None = None,
     progress: bool | None = None,
@@ -377,12 +406,21 @@ def from_array(
     The copy keeps the source's layout when it is Fortran-contiguous, else C order.
     """
     dev = parse_device(device if device is not None else _source_device(obj))
-    backend = get_backend(dev)
-    src = backend.to_native(obj)
+    src = get_backend(dev, choose_backend(dev, backend)).to_native(obj)
     fortran = src.flags.f_contiguous and not src.flags.c_contiguous and capacity is None
     order = "F" if fortran else "C"
     a = _new(
-        src.shape, src.dtype, dev, order, chunk_bytes, pack, name, allow_pids, readonly, capacity
+        src.shape,
+        src.dtype,
+        dev,
+        backend,
+        order,
+        chunk_bytes,
+        pack,
+        name,
+        allow_pids,
+        readonly,
+        capacity,
     )
     for native, key in _blocks(a, progress, "copy"):
         native[key] = src[key]

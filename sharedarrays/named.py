@@ -115,6 +115,12 @@ def _allow(pids: Iterable[int] | None) -> list[int] | None:
 
 def _keep(a: SharedDeviceArray, name: str | None) -> None:
     alloc = a.allocation
+    if alloc.backend.exporter_owned:
+        raise ValueError(
+            f"a {alloc.backend.name} array cannot be named or parked: its memory lives only as "
+            "long as the process that made it, and the keeper holds fds, not processes. Make "
+            "it with backend='cuda-vmm' (the default where the device supports it)"
+        )
     if alloc.growable:
         raise ValueError(
             "a growable array (capacity=) cannot be named or parked: the keeper holds a "

@@ -49,16 +49,17 @@ _KEYS = frozenset(
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _DTYPE = re.compile(r"^[<>|=]?[biufc][0-9]{1,2}$")
-_BACKENDS = ("host", "cuda-vmm")
+_BACKENDS = ("host", "cuda-vmm", "cuda-ipc", "cuda-pool")
+_OPTIONAL = frozenset(("capacity", "handles"))
+MAX_HANDLE_BYTES = 256
+"""Longest portable chunk handle a payload may carry (cuda-pool's is 80 bytes)."""
 
 
 _DECODED_LIMIT = 4096
 _decoded: dict[bytes, Payload] = {}  # validated payloads by their bytes: warm loads skip JSON
 
 
-def view_extent(
-    itemsize: int, shape: tuple[int, ...], strides: tuple[int, ...]
-) -> tuple[int, int]:
+def view_extent(itemsize: int, shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, int]:
     """Lowest and one-past-highest byte a view touches, relative to its offset.
 
     A view with a zero-length axis touches nothing: ``(0, 0)``.
@@ -107,6 +108,21 @@ def _ints(doc: dict[str, Any], key: str, low: int, high: int, max_len: int) -> t
     return tuple(v)
 
 
+def _handles(doc: dict[str, Any], count: int) -> tuple[bytes, ...]:
+    v = doc["handles"]
+    if type(v) is not list or len(v) != count or not v:
+        raise PayloadError(f"payload field 'handles' must be a list of {count} hex strings")
+    out = []
+    for h in v:
+        if type(h) is not str or not 0 < len(h) <= 2 * MAX_HANDLE_BYTES or len(h) % 2:
+            raise PayloadError("payload field 'handles' has an entry that is no handle")
+        try:
+            out.append(bytes.fromhex(h))
+        except ValueError:
+            raise PayloadError("payload field 'handles' has an entry that is not hex") from None
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class Payload:
     """The validated content of a pickled SharedDeviceArray.
@@ -139,6 +155,11 @@ class Payload:
         For a growable array, the bytes its exporter reserves (``None`` otherwise). Its
         ``chunks`` are then the allocation's *generation* when the payload was made: an
         importer that maps fewer chunks maps the new ones. Encoded only when set.
+    handles : tuple of bytes
+        A pointer backend's portable chunk handles (cuda-ipc's IPC handle, cuda-pool's pool
+        id and pointer data), one per chunk; empty for mapping backends, whose handles are
+        fds. Encoded only when set. Its ``pid`` and ``server`` always name the exporter,
+        which records every importer (the memory must outlive them).
 
     The ordering token (an IPC event on CUDA) travels beside the payload, not in it: a
     payload is the same bytes at every handoff of a view, so both ends can cache it.
@@ -157,6 +178,7 @@ class Payload:
     offset: int
     readonly: bool
     capacity: int | None = None
+    handles: tuple[bytes, ...] = ()
 
     @property
     def size(self) -> int:
@@ -181,6 +203,8 @@ class Payload:
         }
         if self.capacity is not None:
             doc["capacity"] = self.capacity
+        if self.handles:
+            doc["handles"] = [h.hex() for h in self.handles]
         body = json.dumps(doc, separators=(",", ":")).encode()
         return MAGIC + _tag(body, self.secret) + body
 
@@ -211,7 +235,7 @@ class Payload:
             doc = json.loads(body)
         except (UnicodeDecodeError, ValueError, RecursionError):
             raise PayloadError("payload is corrupted: its body is not valid JSON") from None
-        if type(doc) is not dict or set(doc) - {"capacity"} != _KEYS:
+        if type(doc) is not dict or set(doc) - _OPTIONAL != _KEYS:
             raise PayloadError("payload is corrupted: wrong set of fields")
         secret_hex = doc["secret"]
         if type(secret_hex) is not str or not _HEX64.match(secret_hex):
@@ -276,6 +300,13 @@ class Payload:
                 f"allocation of {size} bytes"
             )
         capacity = _int(doc, "capacity", size, MAX_SIZE) if "capacity" in doc else None
+        handles = _handles(doc, len(chunks)) if "handles" in doc else ()
+        if (backend in ("cuda-ipc", "cuda-pool")) != bool(handles):
+            raise PayloadError(
+                f"payload of backend {backend!r} must carry chunk handles"
+                if handles == ()
+                else f"payload of backend {backend!r} carries handles it cannot have"
+            )
         return cls(
             backend=backend,
             device=device,
@@ -290,4 +321,5 @@ class Payload:
             offset=offset,
             readonly=readonly,
             capacity=capacity,
+            handles=handles,
         )

@@ -56,9 +56,9 @@ def cuda_initialised() -> bool:
     Asks the CUDA backend where it can tell; otherwise counts an imported ``cupy`` as
     initialised.
     """
-    from .backends import cuda_vmm
+    from .backends import cuda_driver
 
-    probe = getattr(cuda_vmm, "_cuda_initialised_here", None)
+    probe = getattr(cuda_driver, "_cuda_initialised_here", None)
     if callable(probe):
         try:
             return bool(probe())
@@ -76,9 +76,7 @@ def get_context(method: ContextLike = None) -> multiprocessing.context.BaseConte
         ``"fork"`` while CUDA is initialised in this process.
     """
     if method is None:
-        ctx: multiprocessing.context.BaseContext = multiprocessing.get_context(
-            DEFAULT_START_METHOD
-        )
+        ctx: multiprocessing.context.BaseContext = multiprocessing.get_context(DEFAULT_START_METHOD)
     elif isinstance(method, str):
         ctx = multiprocessing.get_context(method)
     else:
@@ -286,9 +284,7 @@ class Pool(multiprocessing.pool.Pool):
         error_callback: Callable[[BaseException], object] | None = None,
     ) -> multiprocessing.pool.AsyncResult[list[T]]:
         """Like :meth:`starmap`, returning an ``AsyncResult``."""
-        return super().starmap_async(
-            by_value(func), iterable, chunksize, callback, error_callback
-        )
+        return super().starmap_async(by_value(func), iterable, chunksize, callback, error_callback)
 
 
 class ProcessPoolExecutor(concurrent.futures.ProcessPoolExecutor):
@@ -345,5 +341,4 @@ class ProcessPoolExecutor(concurrent.futures.ProcessPoolExecutor):
         **kwargs: Any,
     ) -> Iterator[T]:
         """Like the built-in ``map(fn, *iterables)``, computed by the workers."""
-        return super().map(by_value(fn), *iterables, timeout=timeout, chunksize=chunksize,
-                           **kwargs)
+        return super().map(by_value(fn), *iterables, timeout=timeout, chunksize=chunksize, **kwargs)

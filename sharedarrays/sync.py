@@ -45,7 +45,7 @@ from .errors import PayloadError
 from .process import running, start_time
 
 if TYPE_CHECKING:
-    from .backends.cuda_vmm import CudaVmmBackend
+    from .backends.cuda_driver import CudaDevice
 
 __all__ = ["no_sync", "sync_enabled", "export_sync", "import_sync", "current_stream", "RING_LIMIT"]
 
@@ -158,7 +158,7 @@ def current_stream(device_index: int) -> int:
 
 def _next_slot(driver: Any, ring: _Ring) -> tuple[Any, bytes]:
     """The ring's next reusable event and its handle, creating one when the next is pending."""
-    from .backends.cuda_vmm import check
+    from .backends.cuda_driver import check, opaque_bytes
 
     n = len(ring.slots)
     if n:
@@ -177,7 +177,7 @@ def _next_slot(driver: Any, ring: _Ring) -> tuple[Any, bytes]:
     )
     event = check(driver.cuEventCreate(flags), "cuEventCreate(INTERPROCESS)")
     try:
-        handle = bytes(check(driver.cuIpcGetEventHandle(event), "cuIpcGetEventHandle").reserved)
+        handle = opaque_bytes(check(driver.cuIpcGetEventHandle(event), "cuIpcGetEventHandle"))
     except BaseException:
         driver.cuEventDestroy(event)
         raise
@@ -188,7 +188,7 @@ def _next_slot(driver: Any, ring: _Ring) -> tuple[Any, bytes]:
     return slot
 
 
-def export_sync(backend: CudaVmmBackend) -> bytes | None:
+def export_sync(backend: CudaDevice) -> bytes | None:
     """Record an event on the current stream of the backend's device; return its token.
 
     Returns
@@ -199,7 +199,7 @@ def export_sync(backend: CudaVmmBackend) -> bytes | None:
     """
     if _no_sync.get():
         return None
-    from .backends.cuda_vmm import check, load_driver
+    from .backends.cuda_driver import check, load_driver
 
     driver = load_driver()
     stream = current_stream(backend.device.index)
@@ -217,7 +217,7 @@ def export_sync(backend: CudaVmmBackend) -> bytes | None:
 
 def _event_for(driver: Any, token: bytes) -> Any | None:
     """The event a token names, opened once per process; ``None`` if no wait is needed."""
-    from .backends.cuda_vmm import check
+    from .backends.cuda_driver import check, opaque_from_bytes
 
     if len(token) != TOKEN_SIZE:
         raise PayloadError(f"a sync token has {TOKEN_SIZE} bytes, not {len(token)}")
@@ -238,8 +238,7 @@ def _event_for(driver: Any, token: bytes) -> Any | None:
             del _opened[handle]
             driver.cuEventDestroy(cached[2])
         return None
-    ipc = driver.CUipcEventHandle()
-    ipc.reserved = handle
+    ipc = opaque_from_bytes(driver.CUipcEventHandle, handle)
     event = check(driver.cuIpcOpenEventHandle(ipc), "cuIpcOpenEventHandle")
     if cached is not None:
         driver.cuEventDestroy(cached[2])
@@ -247,7 +246,7 @@ def _event_for(driver: Any, token: bytes) -> Any | None:
     return event
 
 
-def import_sync(backend: CudaVmmBackend, token: bytes) -> None:
+def import_sync(backend: CudaDevice, token: bytes) -> None:
     """Make the current stream of the backend's device wait for the event a token names.
 
     Does not block the CPU. A token from a process that has exited needs no wait.
@@ -259,7 +258,7 @@ def import_sync(backend: CudaVmmBackend, token: bytes) -> None:
     CudaDriverError
         Opening the event or waiting on it failed.
     """
-    from .backends.cuda_vmm import check, load_driver
+    from .backends.cuda_driver import check, load_driver
 
     driver = load_driver()
     stream = current_stream(backend.device.index)

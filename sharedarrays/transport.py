@@ -27,6 +27,7 @@ import queue
 import socket
 import stat
 import struct
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -42,7 +43,8 @@ _REQUEST = struct.Struct("4s16s32s")  # then, optionally, the importer's own ser
 _REQUEST_MAGIC = b"SAH1"
 _GROW = struct.Struct("4s16s32sI")  # the chunks from index k, and the size and capacity
 _GROW_MAGIC = b"SAG1"
-_NOTICE_MAGIC = b"SAX1"  # "I released this allocation": same layout, no reply
+_NOTICE_MAGIC = b"SAX1"  # exporter -> importer "I released this allocation": same layout
+_CLOSED_MAGIC = b"SAC1"  # importer -> exporter of exporter-owned memory: "I closed it"
 _MAX_PATH = 107
 _REPLY = struct.Struct("4sBI")  # magic, status, number of chunks; then JSON sizes
 _REPLY_MAGIC = b"SAR1"
@@ -121,6 +123,7 @@ class HandleServer:
                 conn, _ = self._sock.accept()
             except TimeoutError:
                 allocation.drop_parked(only_orphans=True)
+                allocation.reap_draining()
                 continue
             except OSError:
                 return  # closed
@@ -144,8 +147,16 @@ class HandleServer:
         magic, raw_id, secret = _REQUEST.unpack_from(request)
         first = _GROW.unpack_from(request)[3] if magic == _GROW_MAGIC else 0
         reply_to = request[size:].decode(errors="replace")
-        if magic not in (_REQUEST_MAGIC, _NOTICE_MAGIC, _GROW_MAGIC):
+        if magic not in (_REQUEST_MAGIC, _NOTICE_MAGIC, _GROW_MAGIC, _CLOSED_MAGIC):
             conn.send(_REPLY.pack(_REPLY_MAGIC, _BAD_REQUEST, 0))
+            return
+        if magic == _CLOSED_MAGIC:  # the peer freed its import: maybe the memory can go now
+            alloc = allocation.lookup(raw_id.hex(), draining=True)
+            if alloc is not None and hmac.compare_digest(secret, alloc.secret):
+                conn.send(_REPLY.pack(_REPLY_MAGIC, _OK, 0))
+                alloc.closed_by(pid)
+            else:
+                conn.send(_REPLY.pack(_REPLY_MAGIC, _GONE, 0))
             return
         alloc = allocation.lookup(raw_id.hex())
         if alloc is None or alloc.released:
@@ -262,7 +273,10 @@ def fetch_handles(
     Returns
     -------
     sizes, fds : list of int
-        The chunk sizes and the received fds (owned by the caller).
+        The chunk sizes and the received fds (owned by the caller): one per chunk for a
+        mapping backend; a pointer backend's allocation sends what its importer needs
+        besides the payload's exports (cuda-pool: the pool's fd; cuda-ipc: none), and the
+        server records the caller as a holder of exporter-owned memory.
 
     Raises
     ------
@@ -272,7 +286,7 @@ def fetch_handles(
         Another user's server or directory, or the secret is wrong.
     """
     sizes, fds = _fetch(server, pid, alloc_id, secret, reply_to, None)
-    if type(sizes) is not list or len(sizes) != len(fds):
+    if type(sizes) is not list or len(fds) > len(sizes):
         for fd in fds:
             os.close(fd)
         raise PayloadError("the handle server sent an inconsistent reply")
@@ -406,19 +420,19 @@ def _fetch(
         sock.close()
 
 
-_notices: queue.SimpleQueue[tuple[list[str], bytes, bytes]] = queue.SimpleQueue()
+_notices: queue.SimpleQueue[tuple[list[str], bytes, bytes, bytes]] = queue.SimpleQueue()
 _notifier: threading.Thread | None = None
 
 
 def _send_notices() -> None:
     while True:
-        servers, raw_id, secret = _notices.get()
+        servers, magic, raw_id, secret = _notices.get()
         for path in servers:
             with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
                 try:
                     sock.settimeout(1.0)
                     sock.connect(path)
-                    sock.sendall(_REQUEST.pack(_NOTICE_MAGIC, raw_id, secret))
+                    sock.sendall(_REQUEST.pack(magic, raw_id, secret))
                     sock.recv(_REPLY.size)
                 except OSError:
                     continue  # that process is gone: nothing to tell
@@ -432,18 +446,61 @@ def _start_notifier() -> None:
         _notifier.start()
 
 
-def _notify_importers(alloc: allocation.Allocation) -> None:
+def _notify_on_release(alloc: allocation.Allocation) -> None:
     """Tell the processes this one served that it released ``alloc``, so that they drop
-    their parked mappings of it (and the memory can return). Best effort, off-thread: this
-    runs from finalizers, so it only queues (the sending thread starts with the handle
-    server, which served those processes)."""
+    their parked mappings of it (and the memory can return); and, for an imported
+    allocation of exporter-owned memory (cuda-ipc, cuda-pool), tell its exporter that this
+    process closed it, so that the exporter may free it. Best effort, off-thread: this runs
+    from finalizers, so it only queues (the sending thread starts with the handle server)."""
     if alloc.pid != os.getpid():
         return  # inherited across fork: the parent still holds it
+    raw_id = bytes.fromhex(alloc.id)
+    if alloc.backend.exporter_owned and not alloc.origin.created_here and alloc.source_server:
+        _start_notifier()
+        _notices.put(([alloc.source_server], _CLOSED_MAGIC, raw_id, alloc.secret))
     own = _server.path if _server is not None else None
     servers = [p for p in alloc.served_servers() if p != own]
-    if not servers:
+    if servers:
+        _notices.put((servers, _NOTICE_MAGIC, raw_id, alloc.secret))
+
+
+allocation.release_hooks.append(_notify_on_release)
+
+EXIT_WAIT = 10.0
+"""Seconds a process waits at exit for other processes to close the exporter-owned memory
+(cuda-ipc, cuda-pool) it made, before it exits anyway (``SHAREDARRAYS_EXIT_WAIT``)."""
+
+
+def _drain_at_exit() -> None:
+    """At exit, before the handle server stops: wait for the importers of exporter-owned
+    memory (cuda-ipc, cuda-pool) made here to close it, telling them to drop what they only
+    keep parked; then say who did not (their views of it become invalid when this process's
+    CUDA context goes)."""
+    held = allocation.held_elsewhere()
+    if not held:
         return
-    _notices.put((servers, bytes.fromhex(alloc.id), alloc.secret))
+    for alloc in held:
+        if not alloc.released:  # a live array at exit: its importers may have it parked
+            servers = alloc.served_servers()
+            if servers:
+                _start_notifier()
+                _notices.put((servers, _NOTICE_MAGIC, bytes.fromhex(alloc.id), alloc.secret))
+    try:
+        timeout = float(os.environ.get("SHAREDARRAYS_EXIT_WAIT", EXIT_WAIT))
+    except ValueError:
+        timeout = EXIT_WAIT
+    left = allocation.wait_draining(timeout)
+    if left:
+        held_by = "; ".join(
+            f"{a.backend.name} allocation {a.id[:12]} by pid {', '.join(map(str, a.holders))}"
+            for a in left
+        )
+        print(
+            f"sharedarrays: exiting after {timeout:g} s although other processes still hold "
+            f"memory this process made ({held_by}); their views of it are invalid from now "
+            "on. Close those views (or end those processes) before the exporter exits",
+            file=sys.stderr,
+        )
 
 
-allocation.release_hooks.append(_notify_importers)
+atexit.register(_drain_at_exit)  # registered after shutdown_server, so it runs before it

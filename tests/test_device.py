@@ -28,8 +28,9 @@ def test_backends_lists_every_memory_system_and_why() -> None:
     from sharedarrays.backends import cuda_usable
 
     listed = sa.backends()
-    assert set(listed) == {"host", "cuda-vmm"}
+    assert set(listed) == {"host", "cuda-vmm", "cuda-ipc", "cuda-pool"}
     assert listed["host"] is None
-    assert listed["cuda-vmm"] == cuda_usable(0)
-    if listed["cuda-vmm"] is not None:
-        assert isinstance(listed["cuda-vmm"], str) and listed["cuda-vmm"]
+    for name in ("cuda-vmm", "cuda-ipc", "cuda-pool"):
+        assert listed[name] == cuda_usable(0, name)
+        if listed[name] is not None:
+            assert isinstance(listed[name], str) and listed[name]

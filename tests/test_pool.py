@@ -116,9 +116,9 @@ def test_fork_allowed_without_cuda(monkeypatch):
 
 
 def test_cuda_initialised_counts_cupy(monkeypatch):
-    from sharedarrays.backends import cuda_vmm
+    from sharedarrays.backends import cuda_driver
 
-    monkeypatch.delattr(cuda_vmm, "_cuda_initialised_here", raising=False)
+    monkeypatch.delattr(cuda_driver, "_cuda_initialised_here", raising=False)
     monkeypatch.setitem(sys.modules, "cupy", object())
     assert sa_pool.cuda_initialised()
     monkeypatch.delitem(sys.modules, "cupy")

@@ -1,9 +1,19 @@
-"""The Backend protocol: what every memory system provides.
+"""The Backend protocols: what every memory system provides.
 
-A backend knows how to make and import *chunks* (physical allocations with an exported OS
-handle), *reserve* address ranges, *map* chunks into them, set *access*, and wrap a mapped
-range as the native array type of its device. It knows nothing of pickling, payloads,
-registries or widgets: those live above it (``allocation.py``, ``array.py``).
+A backend knows how to make and import *chunks* (physical allocations with an exported
+handle) and wrap memory as the native array type of its device. It knows nothing of
+pickling, payloads, registries or widgets: those live above it (``allocation.py``,
+``array.py``).
+
+Memory systems come in two shapes:
+
+* **mapping** backends (:class:`MappingBackend`: ``host``, ``cuda-vmm``) also *reserve*
+  address ranges, *map* chunks into them and set *access*; their handles are file
+  descriptors, and the memory lives as long as any process holds a handle or a mapping;
+* **pointer** backends (``cuda-ipc``, ``cuda-pool``) hand out memory whose address the
+  driver chooses (:attr:`Chunk.address`), one chunk per allocation; their handles are
+  portable bytes (:attr:`Chunk.export`, plus for ``cuda-pool`` the pool's fd), and the
+  memory lives only while its exporter keeps it (:attr:`Backend.exporter_owned`).
 
 Every method that creates an OS resource either returns an object that owns it or raises
 having released everything it made.
@@ -18,7 +28,7 @@ import numpy as np
 
 from ..device import Device
 
-__all__ = ["Access", "Chunk", "Backend", "round_up"]
+__all__ = ["Access", "Chunk", "Backend", "MappingBackend", "round_up"]
 
 Access = Literal["rw", "r", "none"]
 """Who may touch a mapping: read-write, read-only, or nobody."""
@@ -39,16 +49,29 @@ class Chunk:
         Size in bytes, a multiple of the backend's granularity.
     handle : int
         The backend's native handle (a memfd on the host backend, a
-        ``CUmemGenericAllocationHandle`` value on CUDA).
+        ``CUmemGenericAllocationHandle`` value on cuda-vmm, the device pointer on cuda-ipc
+        and cuda-pool).
     fd : int
-        The exported POSIX file descriptor (on the host backend the memfd itself). It is
-        kept open for the chunk's lifetime so that it can be served to importers without
-        exporting again. ``-1`` once released.
+        The exported POSIX file descriptor (on the host backend the memfd itself; on
+        cuda-pool the pool's, which the backend owns; ``-1`` on cuda-ipc). It is kept open
+        for the chunk's lifetime so that it can be served to importers without exporting
+        again. ``-1`` once released.
+    address : int
+        Pointer backends: where the chunk is in this process (``0`` on mapping backends,
+        whose chunks are placed by :meth:`MappingBackend.map`).
+    export : bytes
+        Pointer backends: the portable handle an importer opens (``b""`` on mapping
+        backends).
+    imported : bool
+        Whether this process imported the chunk (rather than created it).
     """
 
     size: int
     handle: int
     fd: int
+    address: int = 0
+    export: bytes = b""
+    imported: bool = False
 
 
 @runtime_checkable
@@ -58,15 +81,25 @@ class Backend(Protocol):
     Attributes
     ----------
     name : str
-        The backend's name in payloads and widgets: ``"host"`` or ``"cuda-vmm"``.
+        The backend's name in payloads and widgets: ``"host"``, ``"cuda-vmm"``,
+        ``"cuda-ipc"`` or ``"cuda-pool"``.
     zeroed : bool
         Whether new chunks are guaranteed to read as zeros (memfd is; cuMemCreate is not).
+    maps : bool
+        Whether it is a :class:`MappingBackend` (chunks mapped into reservations, handles are
+        fds); otherwise each chunk comes with its own address and an allocation is one chunk.
+    exporter_owned : bool
+        Whether the memory lives only while the exporter keeps it (cuda-ipc, cuda-pool):
+        importers must release it before the exporter frees it. Otherwise any process that
+        holds a handle or a mapping keeps it alive.
     device : Device
         The device whose memory this backend allocates.
     """
 
     name: ClassVar[str]
     zeroed: ClassVar[bool]
+    maps: ClassVar[bool]
+    exporter_owned: ClassVar[bool]
     device: Device
 
     @property
@@ -84,37 +117,19 @@ class Backend(Protocol):
         importer, and a read-only export is a promise, not a guarantee)."""
         ...
 
-    def import_chunk(self, fd: int, size: int) -> Chunk:
-        """Import a chunk from an exported handle.
+    def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
+        """Import a chunk from an exported handle: ``fd`` (mapping backends; cuda-pool's pool
+        fd, or ``-1`` once this process has that pool) and ``export`` (pointer backends).
 
         Takes ownership of ``fd`` on success and on failure (it is closed if the import
-        fails). Raises :class:`~sharedarrays.PayloadError` if the handle does not describe a
-        chunk of ``size`` bytes.
+        fails or the backend does not keep it). Raises :class:`~sharedarrays.PayloadError`
+        if the handle does not describe a chunk of ``size`` bytes, and
+        :class:`~sharedarrays.HandleUnavailable` if its exporter no longer has it.
         """
         ...
 
     def release_chunk(self, chunk: Chunk) -> None:
         """Release this process's reference to a chunk and close its fd. Idempotent."""
-        ...
-
-    def reserve(self, size: int) -> int:
-        """Reserve ``size`` bytes of address space and return its start address."""
-        ...
-
-    def free_reservation(self, address: int, size: int) -> None:
-        """Give back a reservation made by :meth:`reserve` (nothing may be mapped in it)."""
-        ...
-
-    def map(self, address: int, size: int, chunk: Chunk, chunk_offset: int = 0) -> None:
-        """Map ``size`` bytes of ``chunk`` from ``chunk_offset`` at ``address``."""
-        ...
-
-    def set_access(self, address: int, size: int, access: Access) -> None:
-        """Set the access of the owning device to a mapped range."""
-        ...
-
-    def unmap(self, address: int, size: int) -> None:
-        """Unmap a range mapped by :meth:`map`, after work that may use it has finished."""
         ...
 
     def synchronize(self) -> None:
@@ -153,4 +168,30 @@ class Backend(Protocol):
 
     def import_sync(self, token: bytes) -> None:
         """Make this process's current work wait for the point recorded by :meth:`export_sync`."""
+        ...
+
+
+@runtime_checkable
+class MappingBackend(Backend, Protocol):
+    """A backend whose chunks are mapped into reservations (``maps`` is true): the host
+    backend and cuda-vmm. Chunk sizes and mapping offsets are multiples of the granularity."""
+
+    def reserve(self, size: int) -> int:
+        """Reserve ``size`` bytes of address space and return its start address."""
+        ...
+
+    def free_reservation(self, address: int, size: int) -> None:
+        """Give back a reservation made by :meth:`reserve` (nothing may be mapped in it)."""
+        ...
+
+    def map(self, address: int, size: int, chunk: Chunk, chunk_offset: int = 0) -> None:
+        """Map ``size`` bytes of ``chunk`` from ``chunk_offset`` at ``address``."""
+        ...
+
+    def set_access(self, address: int, size: int, access: Access) -> None:
+        """Set the access of the owning device to a mapped range."""
+        ...
+
+    def unmap(self, address: int, size: int) -> None:
+        """Unmap a range mapped by :meth:`map`, after work that may use it has finished."""
         ...

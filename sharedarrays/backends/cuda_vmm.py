@@ -14,73 +14,21 @@ handle      the exported fd; an importer turns it back into a chunk with
             ``cuMemImportFromShareableHandle`` and keeps it too, so it can serve it on
 =========== =================================================================
 
-Every driver call runs with the device's *primary context* current (the one CuPy, PyTorch
-and the runtime API use). Where another context is current, the primary context is pushed
-for the call and popped after it, so the caller's current device is never changed behind its
-back; where none is current, it is made current and left so, as the runtime would.
-
-Nothing here imports ``cuda.bindings`` or ``cupy`` at import time: :func:`why_unusable` and
-:class:`CudaVmmBackend` import them on first use.
-
-Fork safety
------------
-A process forked from one that had initialised CUDA cannot use CUDA. This module notices it
-in three ways, each cheap:
-
-1. It records the pid in which *it* called ``cuInit``; a child has another pid.
-2. An ``os.register_at_fork`` hook asks, just before every fork, whether CUDA was
-   initialised in the forking process by anyone (CuPy, PyTorch, ...): where
-   ``cuda.bindings.driver`` is already imported, or CuPy or PyTorch is, ``cuCtxGetCurrent``
-   answers ``CUDA_ERROR_NOT_INITIALIZED`` exactly when nobody called ``cuInit``. The child
-   is marked. (The hook exists from the import of this module on: ``sharedarrays`` imports
-   it early for that reason.)
-3. PyTorch's own mark (``torch.cuda._is_in_bad_fork()``) where PyTorch is imported.
-
-:func:`why_unusable` then says to use the ``spawn`` or ``forkserver`` start method, and a
-backend object inherited through fork refuses to make driver calls (teardown calls become
-no-ops there: the child's copy of the CUDA state is not usable, and its fds are closed).
+Driver loading, errors, fork safety, the primary context and cross-process ordering are
+shared by the CUDA backends and live in :mod:`~sharedarrays.backends.cuda_driver`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import importlib
-import importlib.util
 import os
-import sys
-import threading
-from collections.abc import Iterator
 from typing import Any, ClassVar
 
-import numpy as np
-
 from ..device import Device
-from ..errors import BackendUnavailable, PayloadError, SharedArrayError
+from ..errors import PayloadError
 from .base import Access, Chunk
+from .cuda_driver import CudaDevice, CudaDriverError, check
 
-__all__ = [
-    "CudaVmmBackend",
-    "CudaDriverError",
-    "CudaOutOfMemory",
-    "why_unusable",
-    "load_driver",
-    "check",
-    "INSTALL_HINT",
-    "FORK_REASON",
-]
-
-INSTALL_HINT = "pip install 'sharedarrays[cuda13]'"
-
-FORK_REASON = (
-    "this process was forked from a process that had already initialised CUDA, and CUDA "
-    "cannot be used in such a child; start worker processes with the 'spawn' or "
-    "'forkserver' start method, e.g. multiprocessing.get_context('spawn') or "
-    "concurrent.futures.ProcessPoolExecutor(mp_context=multiprocessing.get_context('spawn'))"
-)
-
-_CUDA_SUCCESS = 0
-_CUDA_ERROR_OUT_OF_MEMORY = 2
-_CUDA_ERROR_NOT_INITIALIZED = 3
+__all__ = ["CudaVmmBackend"]
 
 # What cuMemImportFromShareableHandle answers for an fd that is no exported allocation.
 _NOT_AN_ALLOCATION = frozenset(
@@ -94,308 +42,8 @@ _NOT_AN_ALLOCATION = frozenset(
     }
 )
 
-# Modules whose presence means CUDA may have been initialised in this process.
-_CUDA_USERS = ("cuda.bindings.driver", "cupy", "torch", "numba.cuda", "jax")
 
-
-# --------------------------------------------------------------------------------------------
-# errors
-
-
-class CudaDriverError(SharedArrayError, OSError):
-    """A CUDA driver call failed.
-
-    Attributes
-    ----------
-    call : str
-        The driver function (and what it was asked for).
-    code : int
-        The ``CUresult`` value.
-    error_name : str
-        Its name, e.g. ``"CUDA_ERROR_INVALID_VALUE"``.
-    """
-
-    def __init__(self, call: str, code: int, error_name: str, description: str = "") -> None:
-        self.call = call
-        self.code = code
-        self.error_name = error_name
-        self.description = description
-        message = f"{call} failed: {error_name}"
-        if description:
-            message += f" ({description})"
-        super().__init__(message)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.call, self.code, self.error_name, self.description))
-
-
-class CudaOutOfMemory(CudaDriverError, MemoryError):
-    """The device has too little free memory for a chunk (``CUDA_ERROR_OUT_OF_MEMORY``)."""
-
-
-def _error_name(err: Any) -> str:
-    name = getattr(err, "name", None)
-    return name if isinstance(name, str) else f"CUresult {int(err)}"
-
-
-def _error_description(driver: Any, err: Any) -> str:
-    try:
-        res, text = driver.cuGetErrorString(err)
-    except Exception:
-        return ""
-    if int(res) != _CUDA_SUCCESS or not text:
-        return ""
-    return text.decode(errors="replace") if isinstance(text, bytes) else str(text)
-
-
-def _raise(err: Any, call: str) -> None:
-    code = int(err)
-    cls = CudaOutOfMemory if code == _CUDA_ERROR_OUT_OF_MEMORY else CudaDriverError
-    raise cls(call, code, _error_name(err), _error_description(_driver, err))
-
-
-def check(result: Any, call: str) -> Any:
-    """Check the ``CUresult`` of a ``cuda.bindings.driver`` call and return its values.
-
-    Parameters
-    ----------
-    result : tuple
-        What the binding returned: ``(err,)``, ``(err, value)`` or ``(err, v1, v2, ...)``.
-    call : str
-        What was called, for the error message.
-
-    Returns
-    -------
-    None, the value, or a tuple of the values.
-
-    Raises
-    ------
-    CudaDriverError
-        ``err`` is not ``CUDA_SUCCESS`` (:class:`CudaOutOfMemory` for out of memory).
-    """
-    err = result[0]
-    if int(err) != _CUDA_SUCCESS:
-        _raise(err, call)
-    if len(result) == 1:
-        return None
-    if len(result) == 2:
-        return result[1]
-    return result[1:]
-
-
-# --------------------------------------------------------------------------------------------
-# loading the driver bindings, and whether CUDA can be used here
-
-_driver: Any = None
-_lock = threading.RLock()
-_reasons: dict[int | None, str | None] = {}  # device index (None: the driver) -> reason
-_reasons_pid = os.getpid()
-_device_count = 0
-_init_pid: int | None = None  # the pid in which this module's cuInit succeeded
-_parent_had_cuda = False  # set just before a fork; read in the child
-_forked_from_cuda = False  # this process is a fork child of a process that had CUDA
-
-
-def load_driver() -> Any:
-    """Import and return ``cuda.bindings.driver`` (raises ``ImportError`` if absent)."""
-    global _driver
-    if _driver is None:
-        _driver = importlib.import_module("cuda.bindings.driver")
-    return _driver
-
-
-def _cuda_initialised_here() -> bool:
-    """Best effort: has anyone called ``cuInit`` in this process?"""
-    if _init_pid == os.getpid():
-        return True
-    if not any(name in sys.modules for name in _CUDA_USERS):
-        return False
-    try:
-        driver = load_driver()
-        err = driver.cuCtxGetCurrent()[0]
-    except Exception:
-        return False
-    return int(err) != _CUDA_ERROR_NOT_INITIALIZED
-
-
-def _before_fork() -> None:
-    global _parent_had_cuda
-    try:
-        _parent_had_cuda = _cuda_initialised_here()
-    except Exception:  # pragma: no cover - a fork hook must never raise
-        _parent_had_cuda = False
-
-
-def _after_fork_in_child() -> None:
-    global _forked_from_cuda
-    if _parent_had_cuda:
-        _forked_from_cuda = True
-
-
-def _after_fork_in_parent() -> None:
-    global _parent_had_cuda
-    _parent_had_cuda = False
-
-
-os.register_at_fork(
-    before=_before_fork, after_in_child=_after_fork_in_child, after_in_parent=_after_fork_in_parent
-)
-
-
-def _fork_reason() -> str | None:
-    if _forked_from_cuda or (_init_pid is not None and _init_pid != os.getpid()):
-        return FORK_REASON
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        try:
-            if torch.cuda._is_in_bad_fork():
-                return FORK_REASON
-        except Exception:
-            pass
-    return None
-
-
-def _driver_reason() -> str | None:
-    """Why the driver cannot be used at all, or ``None``; sets ``_device_count``."""
-    global _init_pid, _device_count
-    try:
-        driver = load_driver()
-    except ImportError as exc:
-        return (
-            f"the CUDA backend needs the cuda-bindings package, which is not installed ({exc}): "
-            f"{INSTALL_HINT}"
-        )
-    try:
-        has_cupy = importlib.util.find_spec("cupy") is not None
-    except (ImportError, ValueError):
-        has_cupy = False
-    if not has_cupy:
-        return (
-            "the CUDA backend needs CuPy, which is not installed: "
-            f"{INSTALL_HINT} (it installs cupy-cuda13x)"
-        )
-    try:
-        (err,) = driver.cuInit(0)
-    except RuntimeError as exc:  # cuda.bindings could not dlopen libcuda.so.1
-        return (
-            f"no NVIDIA driver: libcuda could not be loaded ({exc}); this machine needs an "
-            "NVIDIA GPU and its driver"
-        )
-    name = _error_name(err)
-    if int(err) == _CUDA_ERROR_NOT_INITIALIZED:
-        return (
-            f"cuInit failed with {name}; if this process was forked from one that had "
-            "initialised CUDA, use the 'spawn' or 'forkserver' start method"
-        )
-    if name == "CUDA_ERROR_NO_DEVICE":
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        where = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
-        return f"no CUDA device is visible{where}: cuInit failed with CUDA_ERROR_NO_DEVICE"
-    if int(err) != _CUDA_SUCCESS:
-        text = _error_description(driver, err)
-        return f"cuInit failed with {name}" + (f" ({text})" if text else "")
-    _init_pid = os.getpid()
-    err, count = driver.cuDeviceGetCount()
-    if int(err) != _CUDA_SUCCESS:
-        return f"cuDeviceGetCount failed with {_error_name(err)}"
-    if count == 0:
-        return "no CUDA device is visible (cuDeviceGetCount returned 0)"
-    _device_count = int(count)
-    return None
-
-
-def _device_name(driver: Any, dev: Any) -> str:
-    err, raw = driver.cuDeviceGetName(256, dev)
-    if int(err) != _CUDA_SUCCESS:
-        return "unknown device"
-    text = raw.split(b"\0", 1)[0] if isinstance(raw, bytes) else str(raw)
-    return text.decode(errors="replace") if isinstance(text, bytes) else text
-
-
-def _device_reason(index: int) -> str | None:
-    """Why device ``index`` cannot serve the backend, or ``None``."""
-    if index < 0:
-        return f"device index must be >= 0, got {index}"
-    if index >= _device_count:
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        where = f", CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else ""
-        return (
-            f"device index {index} is out of range: {_device_count} CUDA device(s) visible "
-            f"(cuda:0 to cuda:{_device_count - 1}{where})"
-        )
-    driver = load_driver()
-    err, dev = driver.cuDeviceGet(index)
-    if int(err) != _CUDA_SUCCESS:
-        return f"cuDeviceGet({index}) failed with {_error_name(err)}"
-    attr = driver.CUdevice_attribute
-    wanted = (
-        (
-            attr.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-            "does not support CUDA virtual memory management (cuMemCreate/cuMemMap)",
-        ),
-        (
-            attr.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
-            "cannot export memory as POSIX file descriptors",
-        ),
-    )
-    for attribute, lack in wanted:
-        err, value = driver.cuDeviceGetAttribute(attribute, dev)
-        if int(err) != _CUDA_SUCCESS:
-            return f"cuDeviceGetAttribute({attribute.name}) failed with {_error_name(err)}"
-        if not value:
-            return (
-                f"cuda:{index} ({_device_name(driver, dev)}) {lack}, which the cuda-vmm "
-                "backend needs"
-            )
-    return None
-
-
-def why_unusable(index: int | None = None) -> str | None:
-    """Say why the CUDA VMM backend cannot be used here, or return ``None`` when it can.
-
-    Cheap after the first call (the answer is cached per process and device), never raises,
-    and imports nothing heavy: ``cuda.bindings`` is imported (and ``cuInit`` called) on the
-    first call, CuPy is only looked for.
-
-    Parameters
-    ----------
-    index : int, optional
-        The device ordinal to check as well (default 0).
-
-    Returns
-    -------
-    str or None
-        A sentence naming what is missing and what to do: a package to install, no driver,
-        a ``cuInit`` error, no device, an ordinal out of range, a device without VMM or
-        POSIX-fd handles, or a process forked after CUDA was initialised.
-    """
-    global _reasons_pid
-    idx = 0 if index is None else int(index)
-    try:
-        fork = _fork_reason()
-        if fork is not None:
-            return fork
-        with _lock:
-            if _reasons_pid != os.getpid():
-                _reasons.clear()
-                _reasons_pid = os.getpid()
-            if None not in _reasons:
-                _reasons[None] = _driver_reason()
-            reason = _reasons[None]
-            if reason is not None:
-                return reason
-            if idx not in _reasons:
-                _reasons[idx] = _device_reason(idx)
-            return _reasons[idx]
-    except Exception as exc:  # never raise: this answers a question
-        return f"checking CUDA failed unexpectedly ({type(exc).__name__}: {exc})"
-
-
-# --------------------------------------------------------------------------------------------
-# the backend
-
-
-class CudaVmmBackend:
+class CudaVmmBackend(CudaDevice):
     """Device memory of one CUDA device, shared through exported fds (``"cuda-vmm"``).
 
     Parameters
@@ -419,19 +67,12 @@ class CudaVmmBackend:
     name: ClassVar[str] = "cuda-vmm"
     zeroed: ClassVar[bool] = False  # cuMemCreate does not clear memory
 
+    maps: ClassVar[bool] = True
+    exporter_owned: ClassVar[bool] = False
+
     def __init__(self, device: Device) -> None:
-        if not device.is_cuda:
-            raise BackendUnavailable(f"the cuda-vmm backend needs a CUDA device, not {device}")
-        why = why_unusable(device.index)
-        if why is not None:
-            raise BackendUnavailable(f"cannot use {device}: {why}")
-        self.device: Device = device
-        self._pid = os.getpid()
-        d = load_driver()
-        self._d = d
-        self._dev = check(d.cuDeviceGet(device.index), f"cuDeviceGet({device.index})")
-        self._ctx = check(d.cuDevicePrimaryCtxRetain(self._dev), "cuDevicePrimaryCtxRetain")
-        self._ctx_int = int(self._ctx)
+        super().__init__(device)
+        d = self._d
 
         prop = d.CUmemAllocationProp()
         prop.type = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
@@ -466,55 +107,10 @@ class CudaVmmBackend:
             desc.flags = flag
             self._access[access] = [desc]
 
-    def __repr__(self) -> str:
-        return f"CudaVmmBackend({self.device})"
-
     @property
     def granularity(self) -> int:
         """The recommended allocation granularity of this device (2 MiB on an H200)."""
         return self._granularity
-
-    # process and context --------------------------------------------------------------
-    def _forked(self) -> bool:
-        return os.getpid() != self._pid
-
-    def context(self) -> contextlib.AbstractContextManager[None]:
-        """Make this device's primary context current for a ``with`` block.
-
-        Does nothing when it already is (the common case, and a cheap one: one
-        ``cuCtxGetCurrent``); makes it current (and leaves it so) when no context is; pushes
-        it and pops it afterwards when another context is current.
-
-        Raises
-        ------
-        BackendUnavailable
-            This backend object was inherited through ``fork``.
-        """
-        if self._forked():
-            raise BackendUnavailable(f"cannot use {self.device}: {FORK_REASON}")
-        current = check(self._d.cuCtxGetCurrent(), "cuCtxGetCurrent")
-        if current is not None and int(current) == self._ctx_int:
-            return contextlib.nullcontext()
-        return self._make_current(0 if current is None else int(current))
-
-    @contextlib.contextmanager
-    def _make_current(self, current_int: int) -> Iterator[None]:
-        d = self._d
-        if current_int == 0:
-            check(d.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
-            yield
-        else:
-            check(d.cuCtxPushCurrent(self._ctx), "cuCtxPushCurrent")
-            try:
-                yield
-            finally:
-                d.cuCtxPopCurrent()
-
-    def mem_get_info(self) -> tuple[int, int]:
-        """Free and total memory of the device in bytes (``cuMemGetInfo``)."""
-        with self.context():
-            free, total = check(self._d.cuMemGetInfo(), "cuMemGetInfo")
-        return int(free), int(total)
 
     def _check_size(self, size: int, what: str) -> None:
         if size <= 0 or size % self._granularity:
@@ -561,7 +157,7 @@ class CudaVmmBackend:
         with ``cuMemSetAccess`` (see ``set_access``)."""
         return None
 
-    def import_chunk(self, fd: int, size: int) -> Chunk:
+    def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
         """Import a chunk from an fd exported by :meth:`create_chunk` (in any process).
 
         Takes ownership of ``fd`` (closed on failure; kept open in the chunk on success so it
@@ -614,7 +210,7 @@ class CudaVmmBackend:
             os.set_inheritable(fd, False)
         except OSError:
             pass
-        return Chunk(size=size, handle=int(handle), fd=fd)
+        return Chunk(size=size, handle=int(handle), fd=fd, imported=True)
 
     def release_chunk(self, chunk: Chunk) -> None:
         """Release this process's handle of the chunk and close its fd. Idempotent.
@@ -710,74 +306,3 @@ class CudaVmmBackend:
         self.synchronize()
         with self.context():
             check(self._d.cuMemUnmap(address, size), f"cuMemUnmap({size} bytes at {address:#x})")
-
-    def synchronize(self) -> None:
-        """Wait for all work queued in this device's primary context, on every stream."""
-        with self.context():
-            check(self._d.cuCtxSynchronize(), "cuCtxSynchronize")
-
-    # arrays -----------------------------------------------------------------------------
-    def as_native(
-        self,
-        address: int,
-        size: int,
-        offset: int,
-        owner: object,
-        dtype: np.dtype[Any],
-        shape: tuple[int, ...],
-        strides: tuple[int, ...],
-        readonly: bool,
-    ) -> Any:
-        """Wrap mapped memory as a ``cupy.ndarray``, without copying.
-
-        The CuPy memory object spans the whole mapped range (``address``, ``size``), names
-        this device explicitly and holds ``owner``, so every CuPy view keeps the mapping
-        alive; the array starts ``offset`` bytes in. CuPy has no read-only arrays:
-        ``readonly`` is the caller's to enforce.
-        """
-        import cupy
-
-        memory = cupy.cuda.UnownedMemory(address, size, owner, self.device.index)
-        pointer = cupy.cuda.MemoryPointer(memory, offset)
-        return cupy.ndarray(shape, dtype=dtype, memptr=pointer, strides=strides)
-
-    def to_native(self, obj: Any) -> Any:
-        """Return ``obj`` as a ``cupy.ndarray`` on this device (copying only when needed).
-
-        Accepts CuPy arrays, NumPy arrays, objects with ``__dlpack__`` (PyTorch tensors, JAX
-        arrays; CUDA ones without a copy), objects with ``__cuda_array_interface__``, and
-        anything ``numpy.asarray`` accepts. An array on another device is copied here.
-        """
-        import cupy
-
-        index = self.device.index
-        with cupy.cuda.Device(index):
-            if isinstance(obj, cupy.ndarray):
-                return obj if obj.device.id == index else obj.copy()
-            if isinstance(obj, np.ndarray):
-                return cupy.asarray(obj)
-            dlpack_device = getattr(obj, "__dlpack_device__", None)
-            if callable(dlpack_device) and hasattr(obj, "__dlpack__"):
-                kind = int(dlpack_device()[0])
-                if kind == 1:  # kDLCPU
-                    return cupy.asarray(np.from_dlpack(obj))
-                if kind in (2, 3, 13):  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
-                    arr = cupy.from_dlpack(obj)
-                    return arr if arr.device.id == index else arr.copy()
-            if hasattr(obj, "__cuda_array_interface__"):
-                arr = cupy.asarray(obj)
-                return arr if arr.device.id == index else arr.copy()
-            return cupy.asarray(np.asarray(obj))
-
-    # ordering ---------------------------------------------------------------------------
-    def export_sync(self) -> bytes | None:
-        """Record an interprocess event on the current stream; see :mod:`sharedarrays.sync`."""
-        from ..sync import export_sync
-
-        return export_sync(self)
-
-    def import_sync(self, token: bytes) -> None:
-        """Make the current stream wait for an exported event; see :mod:`sharedarrays.sync`."""
-        from ..sync import import_sync
-
-        import_sync(self, token)

@@ -95,6 +95,8 @@ class HostBackend:
 
     name: ClassVar[str] = "host"
     zeroed: ClassVar[bool] = True
+    maps: ClassVar[bool] = True
+    exporter_owned: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.device: Device = CPU
@@ -119,7 +121,7 @@ class HostBackend:
         """Open the memfd again read-only: a mapping of it can never be made writable."""
         return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
 
-    def import_chunk(self, fd: int, size: int) -> Chunk:
+    def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
         try:
             actual = os.fstat(fd).st_size
             if actual != size:

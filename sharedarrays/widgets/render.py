@@ -218,9 +218,7 @@ def _table(rows: Sequence[TableRow]) -> str:
 def _provenance(maps: Sequence[ReservationMap]) -> str:
     body = []
     for m in maps:
-        served = (
-            ", ".join(f"pid {s.pid} at {_stamp(s.time)}" for s in m.served) or "nobody yet"
-        )
+        served = ", ".join(f"pid {s.pid} at {_stamp(s.time)}" for s in m.served) or "nobody yet"
         body.append(
             f'<tr class="sa-provenance-row"><td>{_e(m.short_id)}</td><td>{_e(m.origin_text)}'
             f"</td><td>{_e(served)}</td></tr>"
@@ -297,40 +295,71 @@ def render_png(maps: Sequence[ReservationMap], dpi: int = 100) -> bytes:
             x0, w = c.start / size, c.size / size
             ax.add_patch(
                 Rectangle(
-                    (x0, bar_y), w, 0.3, facecolor=PALETTE[c.chunk % len(PALETTE)],
+                    (x0, bar_y),
+                    w,
+                    0.3,
+                    facecolor=PALETTE[c.chunk % len(PALETTE)],
                     edgecolor="white",
                 )
             )
             label = _chunk_label(c.chunk, c.size, w, 0.0095)
             if label:
-                ax.text(x0 + w / 2, bar_y + 0.15, label, color="white", fontsize=7,
-                        ha="center", va="center")
+                ax.text(
+                    x0 + w / 2,
+                    bar_y + 0.15,
+                    label,
+                    color="white",
+                    fontsize=7,
+                    ha="center",
+                    va="center",
+                )
         for g in m.gaps:
             ax.add_patch(
                 Rectangle(
-                    (g.start / size, bar_y), max(g.size / size, 0.003), 0.3,
-                    facecolor="#f4f4f4", edgecolor="#999", hatch="//", linestyle="--",
+                    (g.start / size, bar_y),
+                    max(g.size / size, 0.003),
+                    0.3,
+                    facecolor="#f4f4f4",
+                    edgecolor="#999",
+                    hatch="//",
+                    linestyle="--",
                 )
             )
         if m.waste:
             ax.add_patch(
                 Rectangle(
-                    (m.used / size, bar_y), max(m.waste / size, 0.003), 0.3,
-                    facecolor="none", edgecolor="#c00", hatch="xxx",
+                    (m.used / size, bar_y),
+                    max(m.waste / size, 0.003),
+                    0.3,
+                    facecolor="none",
+                    edgecolor="#c00",
+                    hatch="xxx",
                 )
             )
-            ax.text(0.5, bar_y - 0.12, f"waste {fmt_bytes(m.waste)} beyond the views",
-                    color="#c00", fontsize=7, ha="center", va="center")
-        ax.text(0, bar_y - 0.12, f"{m.address:#x}", fontsize=7, family="monospace",
-                va="center")
-        ax.text(1, bar_y - 0.12, f"{m.address + m.size:#x}", fontsize=7, family="monospace",
-                ha="right", va="center")
+            ax.text(
+                0.5,
+                bar_y - 0.12,
+                f"waste {fmt_bytes(m.waste)} beyond the views",
+                color="#c00",
+                fontsize=7,
+                ha="center",
+                va="center",
+            )
+        ax.text(0, bar_y - 0.12, f"{m.address:#x}", fontsize=7, family="monospace", va="center")
+        ax.text(
+            1,
+            bar_y - 0.12,
+            f"{m.address + m.size:#x}",
+            fontsize=7,
+            family="monospace",
+            ha="right",
+            va="center",
+        )
         for v in m.views:
             top = bar_y + 0.36 + 0.28 * v.level
             x1, x2 = v.start / size, max(v.stop / size, v.start / size + 0.002)
             ax.plot([x1, x1, x2, x2], [top, top + 0.07, top + 0.07, top], color="#333", lw=1)
-            ax.text((x1 + x2) / 2, top + 0.14, v.label, fontsize=6.5, ha="center",
-                    va="center")
+            ax.text((x1 + x2) / 2, top + 0.14, v.label, fontsize=6.5, ha="center", va="center")
         y_top -= h
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)

@@ -39,16 +39,16 @@ import pytest
 from cuda_helpers import Spin
 
 from sharedarrays import sync
-from sharedarrays.backends import cuda_vmm
+from sharedarrays.backends import cuda_driver
 from sharedarrays.backends.base import Backend, Chunk
-from sharedarrays.backends.cuda_vmm import (
+from sharedarrays.backends.cuda_driver import (
     FORK_REASON,
     INSTALL_HINT,
     CudaDriverError,
     CudaOutOfMemory,
-    CudaVmmBackend,
     why_unusable,
 )
+from sharedarrays.backends.cuda_vmm import CudaVmmBackend
 from sharedarrays.device import Device
 from sharedarrays.errors import BackendUnavailable, PayloadError
 from sharedarrays.process import start_time
@@ -171,15 +171,15 @@ class FakeDriver:
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDriver]:
-    """Point cuda_vmm at a fake driver with fresh caches (restored afterwards)."""
+    """Point cuda_driver at a fake driver with fresh caches (restored afterwards)."""
     driver = FakeDriver()
-    monkeypatch.setattr(cuda_vmm, "_driver", driver)
-    monkeypatch.setattr(cuda_vmm, "_reasons", {})
-    monkeypatch.setattr(cuda_vmm, "_reasons_pid", os.getpid())
-    monkeypatch.setattr(cuda_vmm, "_init_pid", None)
-    monkeypatch.setattr(cuda_vmm, "_device_count", 0)
-    monkeypatch.setattr(cuda_vmm, "_forked_from_cuda", False)
-    monkeypatch.setattr(cuda_vmm, "_parent_had_cuda", False)
+    monkeypatch.setattr(cuda_driver, "_driver", driver)
+    monkeypatch.setattr(cuda_driver, "_reasons", {})
+    monkeypatch.setattr(cuda_driver, "_reasons_pid", os.getpid())
+    monkeypatch.setattr(cuda_driver, "_init_pid", None)
+    monkeypatch.setattr(cuda_driver, "_device_count", 0)
+    monkeypatch.setattr(cuda_driver, "_forked_from_cuda", False)
+    monkeypatch.setattr(cuda_driver, "_parent_had_cuda", False)
     real_find_spec = importlib.util.find_spec
 
     def find_spec(name: str, *args: Any) -> Any:
@@ -195,11 +195,11 @@ def test_fake_usable_and_cached(fake: FakeDriver) -> None:
     assert why_unusable() is None
     assert why_unusable(0) is None
     assert fake.init_calls == 1
-    assert cuda_vmm._init_pid == os.getpid()
+    assert cuda_driver._init_pid == os.getpid()
 
 
 def test_fake_no_bindings(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cuda_vmm, "_driver", None)
+    monkeypatch.setattr(cuda_driver, "_driver", None)
     monkeypatch.setitem(sys.modules, "cuda.bindings.driver", None)
     reason = why_unusable()
     assert reason is not None and "cuda-bindings" in reason and INSTALL_HINT in reason
@@ -284,7 +284,7 @@ def _why_unusable_in_a_forked_child() -> str:
 
 
 def test_fork_after_our_init_is_named(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cuda_vmm, "_init_pid", os.getpid() + 100000)  # "initialised in a parent"
+    monkeypatch.setattr(cuda_driver, "_init_pid", os.getpid() + 100000)  # "initialised in a parent"
     reason = why_unusable()
     assert reason == FORK_REASON
     assert "'spawn'" in reason and "'forkserver'" in reason
@@ -312,11 +312,11 @@ def test_fork_without_cuda_is_fine(fake: FakeDriver) -> None:
 
 
 def test_check_and_errors() -> None:
-    assert cuda_vmm.check((FakeResult.CUDA_SUCCESS,), "x") is None
-    assert cuda_vmm.check((FakeResult.CUDA_SUCCESS, 5), "x") == 5
-    assert cuda_vmm.check((FakeResult.CUDA_SUCCESS, 5, 6), "x") == (5, 6)
+    assert cuda_driver.check((FakeResult.CUDA_SUCCESS,), "x") is None
+    assert cuda_driver.check((FakeResult.CUDA_SUCCESS, 5), "x") == 5
+    assert cuda_driver.check((FakeResult.CUDA_SUCCESS, 5, 6), "x") == (5, 6)
     with pytest.raises(CudaDriverError, match="cuFoo failed: CUDA_ERROR_INVALID_VALUE") as info:
-        cuda_vmm.check((FakeResult.CUDA_ERROR_INVALID_VALUE,), "cuFoo")
+        cuda_driver.check((FakeResult.CUDA_ERROR_INVALID_VALUE,), "cuFoo")
     assert info.value.code == 1 and isinstance(info.value, OSError)
     err = CudaOutOfMemory("cuMemCreate", 2, "CUDA_ERROR_OUT_OF_MEMORY")
     assert isinstance(err, MemoryError) and isinstance(err, CudaDriverError)
@@ -573,18 +573,18 @@ def test_import_in_same_process(be: CudaVmmBackend) -> None:
 
 @pytest.mark.gpu
 def test_works_from_a_thread_without_a_context(be: CudaVmmBackend) -> None:
-    driver = cuda_vmm.load_driver()
+    driver = cuda_driver.load_driver()
     out: dict[str, Any] = {}
 
     def work() -> None:
         try:
-            out["before"] = int(cuda_vmm.check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent"))
+            out["before"] = int(cuda_driver.check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent"))
             chunk = be.create_chunk(be.granularity)
             with mapped(be, [chunk]) as address:
                 f32(be, address, be.granularity).fill(2.0)
                 out["value"] = float(f32(be, address, be.granularity)[0].get())
             be.release_chunk(chunk)
-            out["after"] = int(cuda_vmm.check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent"))
+            out["after"] = int(cuda_driver.check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent"))
         except BaseException:
             out["error"] = traceback.format_exc()
 
@@ -597,7 +597,7 @@ def test_works_from_a_thread_without_a_context(be: CudaVmmBackend) -> None:
 
 @pytest.mark.gpu
 def test_works_under_another_current_context(be: CudaVmmBackend) -> None:
-    driver = cuda_vmm.load_driver()
+    driver = cuda_driver.load_driver()
     out: dict[str, Any] = {}
 
     def work() -> None:
@@ -606,17 +606,17 @@ def test_works_under_another_current_context(be: CudaVmmBackend) -> None:
         address = 0
         g = be.granularity
         try:
-            dev = cuda_vmm.check(driver.cuDeviceGet(0), "cuDeviceGet")
-            other = cuda_vmm.check(driver.cuCtxCreate(None, 0, dev), "cuCtxCreate")
+            dev = cuda_driver.check(driver.cuDeviceGet(0), "cuDeviceGet")
+            other = cuda_driver.check(driver.cuCtxCreate(None, 0, dev), "cuCtxCreate")
             # Every backend call works while a foreign context is current, and leaves it so.
             chunk = be.create_chunk(g)
             address = be.reserve(g)
             be.map(address, g, chunk)
             be.set_access(address, g, "rw")
             be.synchronize()
-            current = cuda_vmm.check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
+            current = cuda_driver.check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
             out["restored"] = int(current) == int(other)
-            cuda_vmm.check(driver.cuCtxDestroy(other), "cuCtxDestroy")
+            cuda_driver.check(driver.cuCtxDestroy(other), "cuCtxDestroy")
             other = None
             # CuPy (the primary context) sees the memory mapped meanwhile.
             f32(be, address, g).fill(6.0)
@@ -784,7 +784,7 @@ def _child_wait_read(fd: int, size: int, conn: Any) -> None:
     try:
         be = CudaVmmBackend(Device("cuda", 0))
         chunk = be.import_chunk(fd, size)
-        driver = cuda_vmm.load_driver()
+        driver = cuda_driver.load_driver()
         with mapped(be, [chunk]) as address:
             arr = f32(be, address, size)
             arr[-1:].get()  # everything loaded before the clock starts
@@ -869,8 +869,8 @@ def test_export_ring_grows_only_while_pending(be: CudaVmmBackend, spin: Spin) ->
 def _fork_probe(conn: Any) -> None:
     out: dict[str, Any] = {"why": why_unusable(0)}
     try:
-        driver = cuda_vmm.load_driver()
-        out["cuInit"] = cuda_vmm._error_name(driver.cuInit(0)[0])
+        driver = cuda_driver.load_driver()
+        out["cuInit"] = cuda_driver._error_name(driver.cuInit(0)[0])
     except BaseException as exc:
         out["cuInit"] = repr(exc)
     conn.send(out)
@@ -898,18 +898,18 @@ _CUPY_ONLY_FORK = textwrap.dedent(
     import json, os, sys
     import cupy
     cupy.zeros(1)  # CuPy (the runtime) initialises CUDA; sharedarrays has not
-    from sharedarrays.backends import cuda_vmm
-    assert cuda_vmm._init_pid is None
+    from sharedarrays.backends import cuda_driver
+    assert cuda_driver._init_pid is None
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:
-        os.write(write, json.dumps([cuda_vmm.why_unusable(0)]).encode())
+        os.write(write, json.dumps([cuda_driver.why_unusable(0)]).encode())
         os._exit(0)
     os.close(write)
     with os.fdopen(read) as f:
         answer = json.loads(f.read())[0]
     os.waitpid(pid, 0)
-    print(json.dumps({"child": answer, "parent": cuda_vmm.why_unusable(0)}))
+    print(json.dumps({"child": answer, "parent": cuda_driver.why_unusable(0)}))
     """
 )
 
