@@ -555,7 +555,7 @@ class Allocation:
         cuda-pool, the pool's fd in ``fds``, which may be empty).
         """
         bad = (
-            len(sizes) != len(fds)
+            len(sizes) != len(fds) or bool(exports)
             if backend.maps
             else len(sizes) != 1 or len(exports) != 1 or len(fds) > 1
         )

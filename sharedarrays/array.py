@@ -508,7 +508,7 @@ def load(
             raise PayloadError(f"payload does not match allocation {p.alloc_id} mapped here")
     else:
         try:
-            device = CPU if p.backend == "host" else Device("cuda", p.device)
+            device = Device("cuda", p.device) if p.backend.startswith("cuda") else CPU
             backend = get_backend(device, p.backend)
         except BaseException:
             for fd in received:

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from .backends import factories
 from .errors import PayloadError
 
 __all__ = ["Payload", "MAX_PAYLOAD_BYTES", "contiguous_strides", "view_extent"]
@@ -49,7 +50,6 @@ _KEYS = frozenset(
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _DTYPE = re.compile(r"^[<>|=]?[biufc][0-9]{1,2}$")
-_BACKENDS = ("host", "cuda-vmm", "cuda-ipc", "cuda-pool")
 _OPTIONAL = frozenset(("capacity", "handles"))
 MAX_HANDLE_BYTES = 256
 """Longest portable chunk handle a payload may carry (cuda-pool's is 80 bytes)."""
@@ -252,7 +252,7 @@ class Payload:
     @classmethod
     def _validate(cls, doc: dict[str, Any], secret: bytes) -> Payload:
         backend = doc["backend"]
-        if backend not in _BACKENDS:
+        if type(backend) is not str or backend not in factories:
             raise PayloadError(f"unknown backend {backend!r} in payload")
         alloc_id = doc["id"]
         if type(alloc_id) is not str or not _HEX32.match(alloc_id):
@@ -301,12 +301,6 @@ class Payload:
             )
         capacity = _int(doc, "capacity", size, MAX_SIZE) if "capacity" in doc else None
         handles = _handles(doc, len(chunks)) if "handles" in doc else ()
-        if (backend in ("cuda-ipc", "cuda-pool")) != bool(handles):
-            raise PayloadError(
-                f"payload of backend {backend!r} must carry chunk handles"
-                if handles == ()
-                else f"payload of backend {backend!r} carries handles it cannot have"
-            )
         return cls(
             backend=backend,
             device=device,

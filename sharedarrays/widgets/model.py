@@ -138,6 +138,11 @@ class ReservationMap:
     served: tuple[ServedInfo, ...]
     mapped: int = -1
     """Bytes mapped from the reservation's start (``size`` unless growable; -1: unknown)."""
+    lifetime: str = "any holder"
+    """Who keeps the memory alive: ``"any holder"`` or ``"exporter"`` (cuda-ipc, cuda-pool:
+    the creating process must outlive every importer); see ``Allocation.lifetime``."""
+    holders: tuple[int, ...] = ()
+    """Exporter-owned memory made here: the processes that still hold it."""
 
     @property
     def short_id(self) -> str:
@@ -149,8 +154,15 @@ class ReservationMap:
         """``"created here at 12:00:01"`` or ``"imported from pid 123 at 12:00:01"``."""
         stamp = time.strftime("%H:%M:%S", time.localtime(self.origin_time))
         if self.created_here:
-            return f"created here at {stamp}"
-        return f"imported from pid {self.origin_pid} at {stamp}"
+            text = f"created here at {stamp}"
+            if self.lifetime == "exporter":
+                held = ", ".join(map(str, self.holders)) or "nobody"
+                text += f"; exporter-owned: must outlive its importers (held by {held})"
+            return text
+        text = f"imported from pid {self.origin_pid} at {stamp}"
+        if self.lifetime == "exporter":
+            text += f"; lives only while pid {self.origin_pid} does"
+        return text
 
 
 @dataclass(frozen=True)
@@ -278,6 +290,8 @@ def build_map(
         origin_time=origin.time,
         served=tuple(ServedInfo(s.pid, s.time) for s in allocation.served),
         mapped=allocation.size,
+        lifetime=allocation.lifetime,
+        holders=allocation.holders,
     )
 
 
