@@ -27,6 +27,7 @@ from .errors import (
 )
 from .named import NamedArray, attach, list_named, unlink
 from .pool import Pool, ProcessPoolExecutor
+from .semaphore import ExternalSemaphore, Timeline
 from .sync import no_sync
 from .widgets import MemoryMap, show
 
@@ -37,6 +38,7 @@ __all__ = [
     "BackendUnavailable",
     "ClosedArrayError",
     "Device",
+    "ExternalSemaphore",
     "HandleUnavailable",
     "KeeperError",
     "NameExists",
@@ -47,6 +49,7 @@ __all__ = [
     "ResizeRefused",
     "SharedArrayError",
     "SharedDeviceArray",
+    "Timeline",
     "attach",
     "backends",
     "empty",

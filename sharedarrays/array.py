@@ -13,7 +13,7 @@ import weakref
 from multiprocessing import reduction
 from multiprocessing.context import get_spawning_popen
 from types import EllipsisType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from .backends import Access, get_backend
 from .device import CPU, Device
 from .errors import ClosedArrayError, HandleUnavailable, PayloadError
 from .payload import Payload, view_extent
+
+if TYPE_CHECKING:
+    from .semaphore import ExternalSemaphore, Timeline
 
 __all__ = ["SharedDeviceArray"]
 
@@ -184,7 +187,8 @@ class SharedDeviceArray:
 
     @property
     def backend(self) -> str:
-        """Name of the memory system: ``"host"`` or ``"cuda-vmm"``."""
+        """Name of the memory system: ``"host"``, ``"cuda-vmm"``, ``"cuda-ipc"`` or
+        ``"cuda-pool"``."""
         return self.allocation.backend.name
 
     @property
@@ -417,6 +421,36 @@ class SharedDeviceArray:
         from .growth import refresh
 
         refresh(self)
+
+    # ordering ---------------------------------------------------------------------------
+    def wait_for(self, sem: ExternalSemaphore | Timeline, value: int | None = None) -> None:
+        """Make later work on this array's device (its current stream) wait for ``sem``.
+
+        Parameters
+        ----------
+        sem : ExternalSemaphore or Timeline
+            A semaphore another API exported (:meth:`ExternalSemaphore.from_fd`), or a
+            :class:`~sharedarrays.Timeline` counter; it must be on this array's device.
+        value : int, optional
+            The value to wait for: required for timelines, omitted for binary semaphores.
+        """
+        self._same_device(sem).wait(value)
+
+    def signal(self, sem: ExternalSemaphore | Timeline, value: int | None = None) -> None:
+        """Signal ``sem`` once the work queued so far on this array's device (its current
+        stream) is done: a timeline is set to ``value``; a binary semaphore takes none."""
+        self._same_device(sem).signal(value)
+
+    def _same_device(self, sem: ExternalSemaphore | Timeline) -> ExternalSemaphore | Timeline:
+        from .semaphore import ExternalSemaphore, Timeline
+
+        if not isinstance(sem, (ExternalSemaphore, Timeline)):
+            raise TypeError(
+                f"expected an ExternalSemaphore or a Timeline, not {type(sem).__name__}"
+            )
+        if sem.device != self.device:
+            raise ValueError(f"the semaphore is on {sem.device}, this array on {self.device}")
+        return sem
 
     def park(self) -> None:
         """Hand this array's handles to this user's keeper (started if needed), so that a

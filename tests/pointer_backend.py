@@ -56,7 +56,9 @@ class HostPointerBackend(HostBackend):
         finally:
             if fd >= 0:
                 os.close(fd)
-        return Chunk(size=size, handle=address, fd=-1, address=address, export=export, imported=True)
+        return Chunk(
+            size=size, handle=address, fd=-1, address=address, export=export, imported=True
+        )
 
     def release_chunk(self, chunk: Chunk) -> None:
         if chunk.address:

@@ -251,7 +251,7 @@ def test_bad_arguments_say_what_to_do(target: Target) -> None:
         pytest.skip("the refusals below are those of pointer backends")
     with pytest.raises(ValueError, match="capacity= needs a backend that maps"):
         sa.zeros(10, device=target.device, backend=target.backend, capacity=1 << 20)
-    with pytest.raises(ValueError, match="cannot be named|named array must outlive"):
+    with pytest.raises(ValueError, match="named array must outlive"):
         sa.zeros(10, device=target.device, backend=target.backend, name="conformance-x")
     with pytest.raises(ValueError, match="chunk_bytes= and capacity= need"):
         sa.zeros(10, device=target.device, backend=target.backend, chunk_bytes=1 << 20)
