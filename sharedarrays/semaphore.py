@@ -224,6 +224,9 @@ class Timeline:
     ``cuStreamWaitValue64(..., CU_STREAM_WAIT_VALUE_GEQ)`` on the current stream: the CPU
     does not wait. A waiting stream blocks the GPU work queued after it, in that process,
     until some process signals a value at least as large; signal values should only grow.
+    While a stream waits, calls that synchronise the whole device stall behind it: loading a
+    kernel for the first time (CuPy compiles and loads each kernel on its first use),
+    ``cudaDeviceSynchronize``. Run each kernel once before queueing a wait it guards.
     On the host backend :meth:`signal` stores the value and :meth:`wait` polls it (the CPU
     waits). A Timeline pickles as its array and index.
     """

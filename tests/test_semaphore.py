@@ -34,6 +34,9 @@ def cuda_consumer(data: Any, timeline: Any, queued: Any) -> None:
     """Queue: wait for 1, double the data, signal 2; the CPU does not wait for any of it."""
     import cupy
 
+    warm = cupy.ones(16, dtype=data.dtype)  # load the kernel now: a module load waits for
+    warm *= 2  # the whole device, which would wait forever behind the blocked stream
+    cupy.cuda.get_current_stream().synchronize()
     timeline.wait(1)
     data.array[...] *= 2
     timeline.signal(2)

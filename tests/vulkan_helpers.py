@@ -583,7 +583,7 @@ class VulkanSemaphore:
 
     def _need(self, timeline: bool, what: str) -> None:
         if self.is_timeline != timeline:
-            kind = "binary" if timeline else "timeline"
+            kind = "timeline" if timeline else "binary"
             raise TypeError(f"{what} is for {kind} semaphores only")
 
     # -- export -----------------------------------------------------------------------------
@@ -697,7 +697,10 @@ class VulkanSemaphore:
         A ``vkQueueSubmit`` with no command buffers that waits on the semaphore (at
         ``VK_PIPELINE_STAGE_ALL_COMMANDS_BIT``) and signals a fence, then
         ``vkWaitForFences``. Vulkan requires the signal that this wait consumes (from
-        :meth:`queue_signal`, or from CUDA on the imported semaphore) to be submitted first.
+        :meth:`queue_signal`, or from CUDA on the imported semaphore: signal on a stream and
+        synchronize it) to be submitted first. Waiting with no signal pending is invalid
+        usage, and some drivers then block inside ``vkQueueSubmit``, ignoring ``timeout_s``
+        (seen with Mesa's lavapipe).
 
         Parameters
         ----------
