@@ -17,8 +17,13 @@
 #   rm .whl/attrs-* .whl/packaging-* .whl/psutil-* .whl/pygments-* \
 #      .whl/python_dateutil-* .whl/typing_extensions-*   # already there, keep theirs
 #
+# The Vulkan semaphore tests also need the `vulkan`, `cffi` and `pycparser` wheels in .whl/
+# and the Vulkan loader's .deb files in .gl/ (carry ".gl" too); tests/vulkan_helpers.py says
+# how to fetch them. Without them those two tests skip with the reason.
+#
 # The whole call, as last run (report in docs/gpu-report.md):
 #   SA_COMMIT=$(git rev-parse --short HEAD) SA_DIRTY= bash scripts/gpu_check.sh [--bench]
+#   (device call with carry: [".whl", ".gl"])
 #
 # Runs `python3 -m pytest -m "gpu or notebook" -ra tests` (or the PYTEST_ARGS given, e.g. a single test
 # file), then `make demo PYTHON_ENV=system`, and with --bench `python3 -m sharedarrays bench`
@@ -66,6 +71,14 @@ if compgen -G "$ROOT/.whl/*.whl" >/dev/null; then
     SITE="${TMPDIR:-/tmp}/sharedarrays-site"
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target "$SITE" "$ROOT"/.whl/*.whl && export PYTHONPATH="$PYTHONPATH:$SITE"
+fi
+# The Vulkan loader for the external-semaphore tests may travel as .deb files in .gl/
+# (see tests/vulkan_helpers.py); the driver's ICD is on the machine.
+if compgen -G "$ROOT/.gl/*.deb" >/dev/null; then
+    for f in "$ROOT"/.gl/*.deb; do dpkg -x "$f" / 2>/dev/null; done
+    ldconfig 2>/dev/null
+    ICD=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+    [ -f "$ICD" ] && export VK_DRIVER_FILES="$ICD"
 fi
 export PYTHONUNBUFFERED=1
 export PYTHONDONTWRITEBYTECODE=1

@@ -157,3 +157,60 @@ def test_cuda_timeline_orders_a_consumer_stream_in_another_process(backend: str)
             t.signal(1)
             child.join(10)
             child.kill()
+
+
+def _vulkan() -> Any:
+    import vulkan_helpers
+
+    why = vulkan_helpers.vulkan_unavailable()
+    if why is not None:
+        pytest.skip(f"Vulkan cannot be used here: {why}")
+    return vulkan_helpers
+
+
+def _warm(a: Any) -> None:
+    import cupy
+
+    w = cupy.zeros(16, dtype=a.dtype)  # load the kernel before any stream waits (see Timeline)
+    w += 1
+    cupy.cuda.get_current_stream().synchronize()
+
+
+@pytest.mark.gpu
+def test_vulkan_timeline_semaphore_orders_cuda_work() -> None:
+    vh = _vulkan()
+    with vh.VulkanDevice() as vk, vk.timeline(0) as sem:
+        ext = sa.ExternalSemaphore.from_fd(sem.export_fd(), kind="timeline")
+        with ext:
+            a = sa.zeros(N, "float32", device="cuda:0", pack=False)
+            _warm(a)
+            a.wait_for(ext, 1)  # CUDA waits for Vulkan's 1 ...
+            a.array[...] += 1
+            a.signal(ext, 2)  # ... and tells Vulkan with 2
+            time.sleep(0.3)
+            assert sem.value() == 0  # nothing ran: CUDA is waiting
+            sem.signal(1)  # the host signals through Vulkan
+            assert sem.wait(2, timeout_s=30), f"CUDA never signalled 2 (value {sem.value()})"
+            np.testing.assert_array_equal(a.get(), 1.0)
+
+
+@pytest.mark.gpu
+def test_vulkan_binary_semaphores_both_ways() -> None:
+    vh = _vulkan()
+    with vh.VulkanDevice() as vk, vk.binary() as to_cuda, vk.binary() as to_vulkan:
+        wait = sa.ExternalSemaphore.from_fd(to_cuda.export_fd(), kind="opaque")
+        done = sa.ExternalSemaphore.from_fd(to_vulkan.export_fd(), kind="opaque")
+        with wait, done:
+            a = sa.zeros(N, "float32", device="cuda:0", pack=False)
+            _warm(a)
+            to_cuda.queue_signal()  # a Vulkan queue signals ...
+            a.wait_for(wait)  # ... CUDA waits for it, works, signals back ...
+            a.array[...] += 1
+            a.signal(done)
+            import cupy
+
+            cupy.cuda.get_current_stream().synchronize()  # Vulkan may only wait on a binary
+            assert to_vulkan.queue_wait(timeout_s=30)  # semaphore whose signal is submitted
+            np.testing.assert_array_equal(a.get(), 1.0)
+            with pytest.raises(ValueError, match="takes no value"):
+                a.signal(done, 3)
