@@ -244,6 +244,14 @@ class Timeline:
             raise IndexError(f"index {index!r} does not name one element of shape {array.shape}")
         if word.address % 8:
             raise ValueError("the counter must be 8-byte aligned")
+        if array.backend == "cuda-pool":
+            raise ValueError(
+                "a Timeline cannot live in a cuda-pool array: the driver refuses stream memory "
+                "operations on pool memory imported by another process (cuStreamWaitValue64 "
+                "answers CUDA_ERROR_INVALID_VALUE, seen on an H200 with driver 580). Put the "
+                "counter in a cuda-vmm or cuda-ipc array: sa.zeros(1, 'uint64', "
+                "backend='cuda-vmm')"
+            )
         self.array = array
         self.index = index
         self._word = word
