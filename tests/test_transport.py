@@ -209,3 +209,40 @@ def test_another_user_loading_a_payload_gets_permission_denied(open_socket: bool
         _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert a.allocation.served == ()
+
+
+def test_exporter_of_exporter_owned_memory_waits_then_names_its_holders(tmp_path: Path) -> None:
+    """SHAREDARRAYS_EXIT_WAIT bounds the wait; stderr then says who still held what."""
+    import gc
+    import time
+
+    import pointer_backend  # noqa: F401 - registers host-pointer here
+
+    tests = Path(__file__).parent
+    path, go = tmp_path / "payload", tmp_path / "go"
+    env = dict(os.environ, SHAREDARRAYS_EXIT_WAIT="1")
+    exporter = subprocess.Popen(
+        [sys.executable, str(tests / "conformance_workers.py"), str(path), "cpu", "host-pointer",
+         str(go)],
+        cwd=tests, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        a = pickle.loads(path.read_bytes())
+        go.touch()
+        start = time.monotonic()
+        out, err = exporter.communicate(timeout=60)
+        waited = time.monotonic() - start
+        assert exporter.returncode == 0
+        assert 0.9 <= waited < 30, waited
+        assert "still hold" in err and f"by pid {os.getpid()}" in err and "host-pointer" in err
+        assert a.get().sum() == float(np.arange(4096, dtype=np.float32).sum())  # (a memfd)
+    finally:
+        if exporter.poll() is None:
+            exporter.kill()
+            exporter.communicate()
+    a.close()
+    del a
+    gc.collect()

@@ -120,6 +120,9 @@ class FakeResult(enum.IntEnum):
 class FakeAttribute(enum.IntEnum):
     CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102
     CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED = 103
+    CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING = 41
+    CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED = 115
+    CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES = 119
 
 
 class FakeDriver:
@@ -139,6 +142,11 @@ class FakeDriver:
         self.init, self.count, self.vmm, self.posix_fd = init, count, vmm, posix_fd
         self.initialised = initialised
         self.init_calls = 0
+        self.attrs: dict[Any, int] = {  # the other backends' features, all present
+            FakeAttribute.CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: 1,
+            FakeAttribute.CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: 1,
+            FakeAttribute.CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES: 0b1001,
+        }
 
     def cuInit(self, flags: int) -> tuple[Any]:
         self.init_calls += 1
@@ -155,6 +163,8 @@ class FakeDriver:
     def cuDeviceGetAttribute(self, attribute: Any, dev: int) -> tuple[Any, int]:
         if attribute is FakeAttribute.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
             return FakeResult.CUDA_SUCCESS, self.vmm
+        if attribute in self.attrs:
+            return FakeResult.CUDA_SUCCESS, self.attrs[attribute]
         return FakeResult.CUDA_SUCCESS, self.posix_fd
 
     def cuDeviceGetName(self, length: int, dev: int) -> tuple[Any, bytes]:
@@ -259,6 +269,44 @@ def test_fake_no_posix_fd(fake: FakeDriver) -> None:
     fake.posix_fd = 0
     reason = why_unusable()
     assert reason is not None and "POSIX file descriptors" in reason
+
+
+@pytest.mark.parametrize(
+    ("backend", "attribute", "value", "says"),
+    [
+        ("cuda-ipc", "CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING", 0, "unified addressing"),
+        ("cuda-pool", "CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED", 0, "memory pools"),
+        ("cuda-pool", "CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES", 0b1000, "POSIX"),
+    ],
+)
+def test_fake_each_backend_names_the_feature_it_lacks(
+    fake: FakeDriver, backend: str, attribute: str, value: int, says: str
+) -> None:
+    assert why_unusable(0, backend) is None
+    cuda_driver._reasons.clear()
+    fake.attrs[FakeAttribute[attribute]] = value
+    reason = why_unusable(0, backend)
+    assert reason is not None and says in reason and backend in reason and "Fake GPU" in reason
+    assert why_unusable(0, "cuda-vmm") is None  # the others do not need it
+
+
+def test_fake_vmm_missing_leaves_the_other_backends(fake: FakeDriver) -> None:
+    from sharedarrays.backends import choose_backend, cuda_usable
+
+    fake.vmm = 0
+    assert why_unusable(0, "cuda-vmm") is not None
+    assert cuda_usable(0) is None  # "any": cuda-ipc can
+    assert choose_backend(Device("cuda", 0)) == "cuda-ipc"
+    fake.attrs[FakeAttribute.CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING] = 0
+    cuda_driver._reasons.clear()
+    assert choose_backend(Device("cuda", 0)) == "cuda-pool"
+    fake.attrs[FakeAttribute.CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED] = 0
+    cuda_driver._reasons.clear()
+    with pytest.raises(BackendUnavailable, match="no CUDA backend can use cuda:0") as info:
+        choose_backend(Device("cuda", 0))
+    for name in ("cuda-vmm:", "cuda-ipc:", "cuda-pool:"):
+        assert name in str(info.value)
+    assert why_unusable(0, "cuda-hip") is not None and "unknown" in why_unusable(0, "cuda-hip")
 
 
 def test_fake_unexpected_error_does_not_raise(fake: FakeDriver) -> None:
