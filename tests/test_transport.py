@@ -233,7 +233,7 @@ def test_exporter_of_exporter_owned_memory_waits_then_names_its_holders(tmp_path
         a = pickle.loads(path.read_bytes())
         go.touch()
         start = time.monotonic()
-        out, err = exporter.communicate(timeout=60)
+        _, err = exporter.communicate(timeout=60)
         waited = time.monotonic() - start
         assert exporter.returncode == 0
         assert 0.9 <= waited < 30, waited

@@ -18,7 +18,7 @@ def test_auto_is_host_on_the_cpu_and_names_pass_through() -> None:
 
 
 def test_unknown_backend_names_the_choices() -> None:
-    with pytest.raises(ValueError, match="unknown backend 'rocm'.*cuda-vmm, cuda-ipc, cuda-pool"):
+    with pytest.raises(ValueError, match=r"unknown backend 'rocm'.*cuda-vmm, cuda-ipc, cuda-pool"):
         choose_backend(CPU, "rocm")
     with pytest.raises(ValueError, match="unknown backend"):
         sa.zeros(4, device="cpu", backend="rocm")
