@@ -23,6 +23,7 @@ from .backends import Access, get_backend
 from .device import CPU, Device
 from .errors import ClosedArrayError, HandleUnavailable, PayloadError
 from .payload import Payload, view_extent
+from .sync import one_record
 
 if TYPE_CHECKING:
     from .semaphore import ExternalSemaphore, Timeline
@@ -493,6 +494,20 @@ def _reduce_for_multiprocessing(a: SharedDeviceArray) -> tuple[Any, tuple[Any, .
 
 
 reduction.ForkingPickler.register(SharedDeviceArray, _reduce_for_multiprocessing)
+
+_forking_dumps = reduction.ForkingPickler.dumps.__func__  # type: ignore[attr-defined]
+
+
+def _dumps_with_one_record(
+    cls: type[reduction.ForkingPickler], obj: Any, protocol: int | None = None
+) -> Any:
+    """``ForkingPickler.dumps`` (every pool task, queue item and pipe message), with the
+    arrays in one message sharing one ordering event (:func:`sync.one_record`)."""
+    with one_record():
+        return _forking_dumps(cls, obj, protocol)
+
+
+reduction.ForkingPickler.dumps = classmethod(_dumps_with_one_record)  # type: ignore[assignment,method-assign]
 
 
 def load(

@@ -30,7 +30,10 @@ Methods (one line each in the table and the plot):
 * ``sharedarrays-warm``: the same :class:`~sharedarrays.SharedDeviceArray` again (the
   worker keeps its mapping parked between tasks); ``sharedarrays-cold``: a new array each
   repeat, created before the timer and closed after it (and the worker's parked mapping
-  dropped), so each task is a first import in that worker.
+  dropped), so each task is a first import in that worker. These use the default memory
+  system (cuda-vmm on a GPU, host on the CPU).
+* ``sa.ipc-warm`` / ``sa.ipc-cold`` and ``sa.pool-warm`` / ``sa.pool-cold`` (GPU only): the
+  same with ``backend="cuda-ipc"`` and ``backend="cuda-pool"``.
 
 Cold methods create the new object before the timer and release it after; warm methods
 create one object per size and send it ``warmup + repeats`` times.
@@ -94,6 +97,10 @@ GPU_METHODS = (
     "floor",
     "sharedarrays-warm",
     "sharedarrays-cold",
+    "sa.ipc-warm",
+    "sa.ipc-cold",
+    "sa.pool-warm",
+    "sa.pool-cold",
     "torch-warm",
     "torch-cold",
     "cuda.core-warm",
@@ -630,11 +637,13 @@ class Peers:
             self._torch.cuda.empty_cache()
 
 
-def _sa_methods(cfg: Config) -> list[Method]:
+def _sa_methods(cfg: Config, backend: str = "auto", prefix: str = "sharedarrays") -> list[Method]:
+    """sharedarrays warm and cold, on ``backend`` (``sa.ipc-*``: cuda-ipc, ``sa.pool-*``:
+    cuda-pool; ``sharedarrays-*``: the default, cuda-vmm)."""
     import sharedarrays as sa
 
     def new(size: int) -> list[Any]:
-        a = sa.empty(size // 4, "float32", device=cfg.device)
+        a = sa.empty(size // 4, "float32", device=cfg.device, backend=backend)
         if not cfg.is_cuda:
             a.array[...] = 1  # touch the pages, as the other host methods do
         return [a]
@@ -644,9 +653,9 @@ def _sa_methods(cfg: Config) -> list[Method]:
         box.clear()
 
     return [
-        Method("sharedarrays-warm", _task_sharedarrays, new, _first, free, cold=False),
+        Method(f"{prefix}-warm", _task_sharedarrays, new, _first, free, cold=False),
         Method(
-            "sharedarrays-cold",
+            f"{prefix}-cold",
             _task_sharedarrays,
             new,
             _first,
@@ -1178,6 +1187,8 @@ class Run:
         )
         self.group("base", lambda: [_floor_method(), *_sa_methods(cfg)])
         if cfg.is_cuda:
+            self.group("sa.ipc", lambda: _sa_methods(cfg, "cuda-ipc", "sa.ipc"))
+            self.group("sa.pool", lambda: _sa_methods(cfg, "cuda-pool", "sa.pool"))
             self.group("torch", lambda: _torch_methods(self.peers), preload="torch")
             self.group(
                 "cuda.core",

@@ -47,14 +47,23 @@ from .process import running, start_time
 if TYPE_CHECKING:
     from .backends.cuda_driver import CudaDevice
 
-__all__ = ["no_sync", "sync_enabled", "export_sync", "import_sync", "current_stream", "RING_LIMIT"]
+__all__ = [
+    "no_sync",
+    "one_record",
+    "sync_enabled",
+    "export_sync",
+    "import_sync",
+    "current_stream",
+    "RING_LIMIT",
+]
 
 RING_LIMIT = 256
 """Most events in one device's ring."""
 
 _HEAD = struct.Struct("<QQ")  # exporter pid, exporter start time (clock ticks since boot)
 _HANDLE_SIZE = 64
-TOKEN_SIZE = _HEAD.size + _HANDLE_SIZE
+_SEQ = struct.Struct("<Q")  # which record of the event: a token names one point in time
+TOKEN_SIZE = _HEAD.size + _HANDLE_SIZE + _SEQ.size
 
 _CUDA_SUCCESS = 0
 _CUDA_ERROR_NOT_READY = 600
@@ -62,6 +71,25 @@ _CUDA_ERROR_NOT_READY = 600
 _no_sync: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "sharedarrays_no_sync", default=False
 )
+_batch: contextvars.ContextVar[dict[tuple[int, int], bytes] | None] = contextvars.ContextVar(
+    "sharedarrays_sync_batch", default=None
+)
+
+
+@contextlib.contextmanager
+def one_record() -> Iterator[None]:
+    """Inside this block, every export on one device and stream shares one event record.
+
+    For one pickling: ``multiprocessing``'s ``ForkingPickler.dumps`` runs in it (see
+    ``array.py``), so a task with 10,000 arrays records one event, its token is pickled once
+    (pickle's memo) and the importer waits once. Safe because no work can be queued between
+    the exports of one pickling; do not run GPU work inside the block.
+    """
+    token = _batch.set({})
+    try:
+        yield
+    finally:
+        _batch.reset(token)
 
 
 @contextlib.contextmanager
@@ -103,6 +131,8 @@ _state_pid = os.getpid()
 _rings: dict[int, _Ring] = {}  # device index -> ring
 _own: dict[bytes, Any] = {}  # handle bytes -> an event of this process's rings
 _opened: dict[bytes, tuple[int, int, Any]] = {}  # handle bytes -> (pid, start, opened event)
+_waited: dict[tuple[int, int], bytes] = {}  # (device, stream) -> the last token it waited for
+_records = 0  # events recorded by this process (the tokens' sequence numbers)
 _start_time_cache: int | None = None
 
 
@@ -113,6 +143,7 @@ def _reset_after_fork() -> None:
         _rings.clear()
         _own.clear()
         _opened.clear()
+        _waited.clear()
         _state_pid = os.getpid()
         _start_time_cache = None
 
@@ -194,21 +225,32 @@ def export_sync(backend: CudaDevice) -> bytes | None:
     Returns
     -------
     bytes or None
-        ``None`` inside :func:`no_sync`; else 80 bytes: exporter pid, its start time and the
-        event's IPC handle.
+        ``None`` inside :func:`no_sync`; else 88 bytes: exporter pid, its start time, the
+        event's IPC handle and the record's sequence number. Inside :func:`one_record` the
+        same token (the same object) for every export on that device and stream.
     """
+    global _records
     if _no_sync.get():
         return None
     from .backends.cuda_driver import check, load_driver
 
     driver = load_driver()
     stream = current_stream(backend.device.index)
+    batch = _batch.get()
+    if batch is not None:
+        known = batch.get((backend.device.index, stream))
+        if known is not None:
+            return known
     with _lock, backend.context():
         _reset_after_fork()
         ring = _rings.setdefault(backend.device.index, _Ring())
         event, handle = _next_slot(driver, ring)
         check(driver.cuEventRecord(event, stream), "cuEventRecord")
-    return _token_head() + handle
+        _records += 1
+        token = _token_head() + handle + _SEQ.pack(_records)
+    if batch is not None:
+        batch[(backend.device.index, stream)] = token
+    return token
 
 
 # --------------------------------------------------------------------------------------------
@@ -222,7 +264,7 @@ def _event_for(driver: Any, token: bytes) -> Any | None:
     if len(token) != TOKEN_SIZE:
         raise PayloadError(f"a sync token has {TOKEN_SIZE} bytes, not {len(token)}")
     pid, start = _HEAD.unpack_from(token)
-    handle = bytes(token[_HEAD.size :])
+    handle = bytes(token[_HEAD.size : _HEAD.size + _HANDLE_SIZE])
     if pid == os.getpid():
         event = _own.get(handle)
         if event is None:
@@ -249,7 +291,8 @@ def _event_for(driver: Any, token: bytes) -> Any | None:
 def import_sync(backend: CudaDevice, token: bytes) -> None:
     """Make the current stream of the backend's device wait for the event a token names.
 
-    Does not block the CPU. A token from a process that has exited needs no wait.
+    Does not block the CPU. A token from a process that has exited needs no wait, nor does
+    the token the stream waited for last (many arrays of one pickling share one).
 
     Raises
     ------
@@ -261,9 +304,12 @@ def import_sync(backend: CudaDevice, token: bytes) -> None:
     from .backends.cuda_driver import check, load_driver
 
     driver = load_driver()
-    stream = current_stream(backend.device.index)
+    key = (backend.device.index, current_stream(backend.device.index))
+    if _waited.get(key) == token and _state_pid == os.getpid():
+        return  # this stream already waits for that very record
     with _lock, backend.context():
         _reset_after_fork()
         event = _event_for(driver, token)
         if event is not None:
-            check(driver.cuStreamWaitEvent(stream, event, 0), "cuStreamWaitEvent")
+            check(driver.cuStreamWaitEvent(key[1], event, 0), "cuStreamWaitEvent")
+        _waited[key] = token

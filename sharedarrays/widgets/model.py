@@ -290,8 +290,8 @@ def build_map(
         origin_time=origin.time,
         served=tuple(ServedInfo(s.pid, s.time) for s in allocation.served),
         mapped=allocation.size,
-        lifetime=allocation.lifetime,
-        holders=allocation.holders,
+        lifetime=str(getattr(allocation, "lifetime", "any holder")),
+        holders=tuple(getattr(allocation, "holders", ())),
     )
 
 

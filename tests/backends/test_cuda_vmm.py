@@ -399,10 +399,10 @@ def test_sync_token_checks() -> None:
         check=True,
     )
     dead = int(proc.stdout)
-    token = sync._HEAD.pack(dead, 12345) + bytes(64)
+    token = sync._HEAD.pack(dead, 12345) + bytes(64) + bytes(8)
     assert sync._event_for(None, token) is None
     # A token naming this process but no event of it is malformed.
-    mine = sync._HEAD.pack(os.getpid(), 0) + b"\x01" * 64
+    mine = sync._HEAD.pack(os.getpid(), 0) + b"\x01" * 64 + bytes(8)
     with pytest.raises(PayloadError, match="never exported"):
         sync._event_for(None, mine)
 
@@ -884,6 +884,29 @@ def test_ipc_event_orders_consumer_after_producer(be: CudaVmmBackend, spin: Spin
             del arr
     finally:
         be.release_chunk(chunk)
+
+
+@pytest.mark.gpu
+def test_one_multiprocessing_message_records_one_event() -> None:
+    """Every pool task, queue item or pipe message (ForkingPickler.dumps) records one event
+    for all the arrays in it, pickled once; plain pickle records one per array; a stream
+    waits once for a token it has just waited for."""
+    from multiprocessing.reduction import ForkingPickler
+
+    import sharedarrays as sa
+
+    arrays = [sa.full(16, i, "float32", device="cuda:0") for i in range(50)]
+    before = sync._records
+    one = bytes(ForkingPickler.dumps(arrays))
+    assert sync._records == before + 1
+    pickle.dumps(arrays)
+    assert sync._records == before + 51
+    tokens = [a.__reduce__()[1][1] for a in arrays[:2]]
+    assert tokens[0] != tokens[1]  # two records: their sequence numbers differ
+    back = pickle.loads(one)  # in the exporter itself: its own event
+    assert [float(b.array[0]) for b in back] == list(range(50))
+    waited = dict(sync._waited)
+    assert len(waited) == 1  # one stream, and the token it waited for last
 
 
 @pytest.mark.gpu
