@@ -851,7 +851,7 @@ def _child_wait_read(fd: int, size: int, conn: Any) -> None:
                 "pending": pending,
                 "unsynced": unsynced,
                 "waited": waited,
-                "cached": sync._opened.get(bytes(token[16:])) is not None,
+                "cached": sync._opened.get(bytes(token[16:80])) is not None,
             }
             del arr
         be.release_chunk(chunk)
