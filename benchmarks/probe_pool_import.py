@@ -38,8 +38,12 @@ def probe(gib: float) -> str:
     p = ctx.Process(target=_child, args=(pickle.dumps(a), child_end))
     start = time.perf_counter()
     p.start()
+    child_end.close()  # so that a crashed child is seen at once
     ok = parent.poll(60)
-    answer = parent.recv() if ok else None
+    try:
+        answer = parent.recv() if ok else None
+    except EOFError:
+        answer = None
     p.join(10)
     if p.is_alive():
         p.kill()
