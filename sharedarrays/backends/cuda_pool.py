@@ -40,14 +40,47 @@ from .cuda_driver import (
     opaque_from_bytes,
 )
 
-__all__ = ["CudaPoolBackend", "GRANULARITY", "EXPORT_BYTES"]
+__all__ = ["CudaPoolBackend", "GRANULARITY", "EXPORT_BYTES", "MAX_BYTES", "max_bytes"]
 
 GRANULARITY = 512
 """cuda-pool chunk sizes are multiples of 512 bytes (the pool sub-allocates)."""
 
+MAX_BYTES = 4 << 30
+"""Largest cuda-pool allocation (``SHAREDARRAYS_POOL_MAX_BYTES`` overrides it). Measured on
+an H200 with driver 580.159 (``benchmarks/probe_pool_import.py``): another process that
+imports a pool allocation of 5.25 GiB or more crashes with a segmentation fault inside
+``cuMemPoolImportPointer`` (cuda.core's IPC buffers crash the same way at 8 GiB), while 1 to
+5 GiB work. Both sides refuse larger sizes, so that no importer can crash."""
+
 POOL_ID_BYTES = 16
 EXPORT_BYTES = POOL_ID_BYTES + OPAQUE_BYTES
 """A chunk's portable handle: the pool's random id, then ``cuMemPoolExportPointer``'s data."""
+
+
+def max_bytes() -> int:
+    """The largest cuda-pool allocation allowed here: :data:`MAX_BYTES` unless the
+    ``SHAREDARRAYS_POOL_MAX_BYTES`` environment variable says otherwise."""
+    value = os.environ.get("SHAREDARRAYS_POOL_MAX_BYTES")
+    if not value:
+        return MAX_BYTES
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(
+            f"SHAREDARRAYS_POOL_MAX_BYTES={value!r} is not a number of bytes"
+        ) from None
+
+
+def _too_large(size: int) -> str | None:
+    limit = max_bytes()
+    if size <= limit:
+        return None
+    return (
+        f"a cuda-pool allocation of {size} bytes is larger than {limit} "
+        "(SHAREDARRAYS_POOL_MAX_BYTES): importing pool allocations above about 5 GiB crashes "
+        "the importing process inside cuMemPoolImportPointer (driver 580, H200). Use "
+        "backend='cuda-vmm' or 'cuda-ipc' for large arrays"
+    )
 
 
 class CudaPoolBackend(CudaDevice):
@@ -121,6 +154,9 @@ class CudaPoolBackend(CudaDevice):
         the allocation, and export the pointer (once)."""
         if size <= 0 or size % GRANULARITY:
             raise ValueError(f"a chunk size must be a positive multiple of {GRANULARITY}")
+        why = _too_large(size)
+        if why is not None:
+            raise ValueError(why)
         pool = self._own_pool()
         d = self._d
         stream = self.current_stream()
@@ -150,7 +186,8 @@ class CudaPoolBackend(CudaDevice):
         Raises
         ------
         PayloadError
-            ``export`` is not :data:`EXPORT_BYTES` long, or ``fd`` is no exported pool.
+            ``export`` is not :data:`EXPORT_BYTES` long, ``fd`` is no exported pool, or
+            ``size`` is above :func:`max_bytes` (the driver would crash this process).
         HandleUnavailable
             The pool is not known here and no fd came with it, or the driver refused the
             pointer (its memory was freed).
@@ -158,6 +195,9 @@ class CudaPoolBackend(CudaDevice):
         try:
             if len(export) != EXPORT_BYTES:
                 raise PayloadError(f"a cuda-pool handle is {EXPORT_BYTES} bytes, not {len(export)}")
+            why = _too_large(size)
+            if why is not None:
+                raise PayloadError(f"refusing to import: {why}")
             pool_id, data = export[:POOL_ID_BYTES], export[POOL_ID_BYTES:]
             d = self._d
             with self._lock, self.context():
