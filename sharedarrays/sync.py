@@ -6,7 +6,10 @@ the returned *token* in the payload; the importer makes its current stream wait 
 event (:func:`import_sync`) before user code sees the array. Neither side blocks the CPU.
 
 Steady-state cost is one ``cuEventRecord`` on the exporter and one ``cuStreamWaitEvent`` on the
-importer: no event is created and no handle is opened per handoff.
+importer: no event is created and no handle is opened per handoff. When the exporter's stream
+is idle at the handoff (``cuStreamQuery``: everything queued on it is done) no event is
+recorded at all and the importer does not wait; one pickling (a pool task, a queue item)
+records at most one event for all the arrays in it (:func:`one_record`).
 
 - Each process keeps, per device, a *ring* of events created with
   ``CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING``, each with its 64-byte IPC handle
@@ -225,9 +228,11 @@ def export_sync(backend: CudaDevice) -> bytes | None:
     Returns
     -------
     bytes or None
-        ``None`` inside :func:`no_sync`; else 88 bytes: exporter pid, its start time, the
-        event's IPC handle and the record's sequence number. Inside :func:`one_record` the
-        same token (the same object) for every export on that device and stream.
+        ``None`` inside :func:`no_sync`, and when the stream has nothing left to run
+        (``cuStreamQuery`` says so: everything queued on it so far is done, so an importer
+        has nothing to wait for); else 88 bytes: exporter pid, its start time, the event's
+        IPC handle and the record's sequence number. Inside :func:`one_record` the same
+        token (the same object) for every export on that device and stream.
     """
     global _records
     if _no_sync.get():
@@ -240,8 +245,12 @@ def export_sync(backend: CudaDevice) -> bytes | None:
     if batch is not None:
         known = batch.get((backend.device.index, stream))
         if known is not None:
-            return known
+            return known or None  # b"": the stream was idle
     with _lock, backend.context():
+        if int(driver.cuStreamQuery(stream)[0]) == _CUDA_SUCCESS:  # idle: nothing to order
+            if batch is not None:
+                batch[(backend.device.index, stream)] = b""
+            return None
         _reset_after_fork()
         ring = _rings.setdefault(backend.device.index, _Ring())
         event, handle = _next_slot(driver, ring)

@@ -198,7 +198,14 @@ def test_device_selection_errors_are_clear(device: object) -> None:
 
 
 def test_no_sync_payload_carries_no_event() -> None:
+    import cupy
+    from cuda_helpers import Spin
+
     a = sa.zeros(4, "float32")
+    cupy.cuda.get_current_stream().synchronize()
+    assert a.__reduce__()[1][1] is None  # an idle stream: nothing to order
+    Spin()(cupy.zeros(16, dtype=cupy.float32), 1.0, seconds=1.0)
     assert a.__reduce__()[1][1] is not None  # (payload, ordering token)
     with sa.no_sync():
         assert a.__reduce__()[1][1] is None
+    cupy.cuda.get_current_stream().synchronize()

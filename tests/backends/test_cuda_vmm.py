@@ -887,26 +887,34 @@ def test_ipc_event_orders_consumer_after_producer(be: CudaVmmBackend, spin: Spin
 
 
 @pytest.mark.gpu
-def test_one_multiprocessing_message_records_one_event() -> None:
-    """Every pool task, queue item or pipe message (ForkingPickler.dumps) records one event
-    for all the arrays in it, pickled once; plain pickle records one per array; a stream
-    waits once for a token it has just waited for."""
+def test_one_multiprocessing_message_records_one_event(spin: Spin) -> None:
+    """An idle stream needs no event at all. Otherwise every pool task, queue item or pipe
+    message (ForkingPickler.dumps) records one event for all the arrays in it, pickled once;
+    plain pickle records one per array; a stream waits once for a token it just waited for."""
     from multiprocessing.reduction import ForkingPickler
+
+    import cupy
 
     import sharedarrays as sa
 
     arrays = [sa.full(16, i, "float32", device="cuda:0") for i in range(50)]
+    scratch = cupy.zeros(1024, dtype=cupy.float32)
+    cupy.cuda.get_current_stream().synchronize()
     before = sync._records
+    idle = bytes(ForkingPickler.dumps(arrays))
+    assert sync._records == before and arrays[0].__reduce__()[1][1] is None  # idle: no event
+    spin(scratch, 1.0, seconds=3.0)  # the stream is busy from here on
     one = bytes(ForkingPickler.dumps(arrays))
     assert sync._records == before + 1
     pickle.dumps(arrays)
     assert sync._records == before + 51
     tokens = [a.__reduce__()[1][1] for a in arrays[:2]]
-    assert tokens[0] != tokens[1]  # two records: their sequence numbers differ
+    assert tokens[0] is not None and tokens[0] != tokens[1]  # two records, two sequence numbers
+    assert len(one) < len(idle) + 2 * sync.TOKEN_SIZE  # the token went once into the message
     back = pickle.loads(one)  # in the exporter itself: its own event
     assert [float(b.array[0]) for b in back] == list(range(50))
-    waited = dict(sync._waited)
-    assert len(waited) == 1  # one stream, and the token it waited for last
+    assert len(sync._waited) == 1  # one stream, and the token it waited for last
+    assert float(scratch[0]) == 1.0
 
 
 @pytest.mark.gpu
@@ -926,6 +934,8 @@ def test_export_ring_grows_only_while_pending(be: CudaVmmBackend, spin: Spin) ->
     assert tokens[-1] is not None
     be.import_sync(tokens[-1])
     be.synchronize()
+    assert be.export_sync() is None  # an idle stream: nothing to wait for, no record
+    spin(scratch, 1.0, seconds=0.5)
     more = [be.export_sync() for _ in range(3)]
     assert len(ring.slots) == n0 + 2  # completed slots are reused
     assert all(t is not None for t in more)
