@@ -19,9 +19,9 @@ import numpy as np
 
 from . import transport
 from .allocation import Allocation, Lease, lookup
-from .backends import Access, get_backend
+from .backends import Access, cuda_usable, get_backend
 from .device import CPU, Device
-from .errors import ClosedArrayError, HandleUnavailable, PayloadError
+from .errors import BackendUnavailable, ClosedArrayError, HandleUnavailable, PayloadError
 from .payload import Payload, view_extent
 from .sync import one_record
 
@@ -546,6 +546,14 @@ def load(
             raise PayloadError("the handles that travelled with the payload do not match it")
         received = [d.detach() for d in fds]
     alloc = lookup(p.alloc_id)
+    if alloc is not None and alloc.pid != os.getpid() and alloc.device.is_cuda:
+        # inherited through fork: CUDA cannot be used here (no driver call may notice it
+        # later when the stream was idle and the token is None)
+        why = cuda_usable(alloc.device.index, alloc.backend.name)
+        if why is not None:
+            for fd in received:
+                os.close(fd)
+            raise BackendUnavailable(f"cannot use {alloc.device}: {why}")
     if p.capacity is not None:  # a growable array: maps the chunks added since, if any
         from .growth import map_payload
 
