@@ -154,34 +154,25 @@ class ExternalSemaphore:
         """Enqueue a signal on the current stream: ``value`` for a timeline, none for a
         binary semaphore. Returns at once; the semaphore is signalled when the stream's
         earlier work is done."""
-        from .backends.cuda_driver import check
-
-        handle, fence = self._live(), self._value(value)
-        b = self._backend
-        params = b._d.CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS()
-        params.params.fence.value = fence
-        params.flags = 0
-        with b.context():
-            check(
-                b._d.cuSignalExternalSemaphoresAsync([handle], [params], 1, b.current_stream()),
-                "cuSignalExternalSemaphoresAsync",
-            )
+        self._enqueue("Signal", value)
 
     def wait(self, value: int | None = None) -> None:
         """Enqueue a wait on the current stream (until a timeline reaches ``value``, or a
         binary semaphore is signalled). Returns at once; later work on the stream waits."""
+        self._enqueue("Wait", value)
+
+    def _enqueue(self, op: Literal["Signal", "Wait"], value: int | None) -> None:
+        """``cu{op}ExternalSemaphoresAsync`` of this semaphore on the current stream."""
         from .backends.cuda_driver import check
 
         handle, fence = self._live(), self._value(value)
         b = self._backend
-        params = b._d.CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS()
+        params = getattr(b._d, f"CUDA_EXTERNAL_SEMAPHORE_{op.upper()}_PARAMS")()
         params.params.fence.value = fence
         params.flags = 0
+        call = f"cu{op}ExternalSemaphoresAsync"
         with b.context():
-            check(
-                b._d.cuWaitExternalSemaphoresAsync([handle], [params], 1, b.current_stream()),
-                "cuWaitExternalSemaphoresAsync",
-            )
+            check(getattr(b._d, call)([handle], [params], 1, b.current_stream()), call)
 
     def close(self) -> None:
         """Destroy the imported semaphore (``cuDestroyExternalSemaphore``). Idempotent."""

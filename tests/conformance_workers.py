@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import os
 import pickle
+import subprocess
 import sys
 import time
 from typing import Any
@@ -63,6 +64,31 @@ def exporter_main(path: str, device: str, backend: str, go: str) -> None:
     while not os.path.exists(go):
         time.sleep(0.02)
     print("exporter exiting", flush=True)
+
+
+def start_exporter(
+    path: Any, device: str, backend: str, go: Any, exit_wait: float
+) -> tuple[subprocess.Popen[str], Any]:
+    """Run :func:`exporter_main` in a fresh interpreter (``SHAREDARRAYS_EXIT_WAIT`` =
+    ``exit_wait``) and load the array it writes to ``path``. Returns the process and the
+    array; the exporter exits once ``go`` exists."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    exporter = subprocess.Popen(
+        [sys.executable, os.path.join(here, "conformance_workers.py"), str(path), device,
+         backend, str(go)],
+        cwd=here, env=dict(os.environ, SHAREDARRAYS_EXIT_WAIT=str(exit_wait)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with open(path, "rb") as f:
+            return exporter, pickle.load(f)
+    except BaseException:
+        exporter.kill()
+        exporter.communicate()
+        raise
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import gc
 import multiprocessing as mp
-import os
 import pickle
 import subprocess
 import sys
@@ -174,17 +173,8 @@ def test_exporter_exit(target: Target, tmp_path: Path) -> None:
     """Any holder: the exporter exits at once and the importer keeps the data. Exporter-
     owned: the exporter's exit waits until the importer closed its views."""
     path, go = tmp_path / "payload", tmp_path / "go"
-    env = dict(os.environ, SHAREDARRAYS_EXIT_WAIT="60")
-    exporter = subprocess.Popen(
-        [sys.executable, str(TESTS / "conformance_workers.py"), str(path), target.device,
-         target.backend, str(go)],
-        cwd=TESTS, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    exporter, a = cw.start_exporter(path, target.device, target.backend, go, exit_wait=60)
     try:
-        deadline = time.monotonic() + 60
-        while not path.exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        a = pickle.loads(path.read_bytes())
         expected = float(np.arange(4096, dtype=np.float32).sum())
         go.touch()
         if target.exporter_owned:

@@ -216,21 +216,11 @@ def test_exporter_of_exporter_owned_memory_waits_then_names_its_holders(tmp_path
     import gc
     import time
 
-    import pointer_backend  # noqa: F401 - registers host-pointer here
+    from conformance_workers import start_exporter  # (registers host-pointer here)
 
-    tests = Path(__file__).parent
     path, go = tmp_path / "payload", tmp_path / "go"
-    env = dict(os.environ, SHAREDARRAYS_EXIT_WAIT="1")
-    exporter = subprocess.Popen(
-        [sys.executable, str(tests / "conformance_workers.py"), str(path), "cpu", "host-pointer",
-         str(go)],
-        cwd=tests, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    exporter, a = start_exporter(path, "cpu", "host-pointer", go, exit_wait=1)
     try:
-        deadline = time.monotonic() + 60
-        while not path.exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        a = pickle.loads(path.read_bytes())
         go.touch()
         start = time.monotonic()
         _, err = exporter.communicate(timeout=60)
