@@ -1,0 +1,352 @@
+"""The CUDA driver layer (``sharedarrays.backends.cuda_driver``), on the CPU.
+
+:func:`why_unusable` gives a reason and never raises, against the real environment and
+against a fake driver module (per backend: cuda-vmm, cuda-ipc, cuda-pool); ``check`` and the
+error types; the lazy imports. The GPU side (the backends on a real device, fork after CUDA
+was initialised) is in ``test_cuda_vmm.py``.
+"""
+
+
+from __future__ import annotations
+
+import enum
+import importlib.util
+import os
+import pickle
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sharedarrays.backends import cuda_driver
+from sharedarrays.backends.cuda_driver import (
+    FORK_REASON,
+    INSTALL_HINT,
+    CudaDriverError,
+    CudaOutOfMemory,
+    why_unusable,
+)
+from sharedarrays.backends.cuda_vmm import CudaVmmBackend
+from sharedarrays.device import Device
+from sharedarrays.errors import BackendUnavailable
+
+ROOT = Path(__file__).resolve().parents[2]
+MiB = 1 << 20
+
+
+def child_env() -> dict[str, str]:
+    """The environment for a fresh interpreter that must import sharedarrays from here."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return dict(os.environ, PYTHONPATH=path)
+
+
+# ============================================================================================
+# CPU: why_unusable against the real environment
+
+
+def test_why_unusable_answers_without_raising() -> None:
+    reason = why_unusable()
+    assert reason is None or (isinstance(reason, str) and reason)
+    assert why_unusable() == reason  # cached, stable
+    assert why_unusable(0) == reason
+    far = why_unusable(4096)
+    assert isinstance(far, str) and far
+
+
+def test_why_unusable_here_without_a_driver() -> None:
+    reason = why_unusable()
+    if reason is None:
+        pytest.skip("CUDA is usable on this machine")
+    # Whatever is missing here (cuda-bindings, CuPy, or the driver), the answer says so.
+    assert any(
+        word in reason for word in ("cuda-bindings", "CuPy", "NVIDIA driver", "device", "cuInit")
+    ), reason
+
+
+def test_backend_refuses_with_the_reason() -> None:
+    reason = why_unusable(0)
+    if reason is None:
+        pytest.skip("CUDA is usable on this machine")
+    with pytest.raises(BackendUnavailable, match="cannot use cuda:0"):
+        CudaVmmBackend(Device("cuda", 0))
+
+
+def test_importing_loads_no_cuda_module() -> None:
+    code = (
+        "import sys\n"
+        "import sharedarrays.backends.cuda_vmm, sharedarrays.sync\n"
+        "bad = [m for m in sys.modules if m == 'cupy' or m.startswith(('cupy.', 'cuda.'))"
+        " or m in ('cuda', 'torch')]\n"
+        "assert not bad, bad\n"
+    )
+    env = child_env()
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=ROOT)
+
+
+# ============================================================================================
+# CPU: why_unusable against a fake driver
+
+
+class FakeResult(enum.IntEnum):
+    CUDA_SUCCESS = 0
+    CUDA_ERROR_NOT_INITIALIZED = 3
+    CUDA_ERROR_NO_DEVICE = 100
+    CUDA_ERROR_INVALID_VALUE = 1
+
+
+class FakeAttribute(enum.IntEnum):
+    CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102
+    CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED = 103
+    CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING = 41
+    CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED = 115
+    CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES = 119
+
+
+class FakeDriver:
+    """Just enough of ``cuda.bindings.driver`` for :func:`why_unusable`."""
+
+    CUresult = FakeResult
+    CUdevice_attribute = FakeAttribute
+
+    def __init__(
+        self,
+        init: Any = FakeResult.CUDA_SUCCESS,
+        count: int = 1,
+        vmm: int = 1,
+        posix_fd: int = 1,
+        initialised: bool = False,
+    ) -> None:
+        self.init, self.count, self.vmm, self.posix_fd = init, count, vmm, posix_fd
+        self.initialised = initialised
+        self.init_calls = 0
+        self.attrs: dict[Any, int] = {  # the other backends' features, all present
+            FakeAttribute.CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: 1,
+            FakeAttribute.CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: 1,
+            FakeAttribute.CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES: 0b1001,
+        }
+
+    def cuInit(self, flags: int) -> tuple[Any]:
+        self.init_calls += 1
+        if isinstance(self.init, BaseException):
+            raise self.init
+        return (self.init,)
+
+    def cuDeviceGetCount(self) -> tuple[Any, int]:
+        return FakeResult.CUDA_SUCCESS, self.count
+
+    def cuDeviceGet(self, index: int) -> tuple[Any, int]:
+        return FakeResult.CUDA_SUCCESS, index
+
+    def cuDeviceGetAttribute(self, attribute: Any, dev: int) -> tuple[Any, int]:
+        if attribute is FakeAttribute.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+            return FakeResult.CUDA_SUCCESS, self.vmm
+        if attribute in self.attrs:
+            return FakeResult.CUDA_SUCCESS, self.attrs[attribute]
+        return FakeResult.CUDA_SUCCESS, self.posix_fd
+
+    def cuDeviceGetName(self, length: int, dev: int) -> tuple[Any, bytes]:
+        return FakeResult.CUDA_SUCCESS, b"Fake GPU\0\0\0"
+
+    def cuGetErrorString(self, err: Any) -> tuple[Any, bytes]:
+        return FakeResult.CUDA_SUCCESS, b"described"
+
+    def cuCtxGetCurrent(self) -> tuple[Any, int]:
+        if self.initialised:
+            return FakeResult.CUDA_SUCCESS, 0
+        return FakeResult.CUDA_ERROR_NOT_INITIALIZED, 0
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDriver]:
+    """Point cuda_driver at a fake driver with fresh caches (restored afterwards)."""
+    driver = FakeDriver()
+    monkeypatch.setattr(cuda_driver, "_driver", driver)
+    monkeypatch.setattr(cuda_driver, "_reasons", {})
+    monkeypatch.setattr(cuda_driver, "_reasons_pid", os.getpid())
+    monkeypatch.setattr(cuda_driver, "_init_pid", None)
+    monkeypatch.setattr(cuda_driver, "_device_count", 0)
+    monkeypatch.setattr(cuda_driver, "_forked_from_cuda", False)
+    monkeypatch.setattr(cuda_driver, "_parent_had_cuda", False)
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name: str, *args: Any) -> Any:
+        if name == "cupy":
+            return object()
+        return real_find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    yield driver
+
+
+def test_fake_usable_and_cached(fake: FakeDriver) -> None:
+    assert why_unusable() is None
+    assert why_unusable(0) is None
+    assert fake.init_calls == 1
+    assert cuda_driver._init_pid == os.getpid()
+
+
+def test_fake_no_bindings(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cuda_driver, "_driver", None)
+    monkeypatch.setitem(sys.modules, "cuda.bindings.driver", None)
+    reason = why_unusable()
+    assert reason is not None and "cuda-bindings" in reason and INSTALL_HINT in reason
+
+
+def test_fake_no_cupy(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    reason = why_unusable()
+    assert reason is not None and "CuPy" in reason and INSTALL_HINT in reason
+
+
+def test_fake_libcuda_missing(fake: FakeDriver) -> None:
+    fake.init = RuntimeError("Failed to dlopen libcuda.so.1")
+    reason = why_unusable()
+    assert reason is not None and "no NVIDIA driver" in reason and "libcuda" in reason
+
+
+def test_fake_no_device(fake: FakeDriver) -> None:
+    fake.init = FakeResult.CUDA_ERROR_NO_DEVICE
+    reason = why_unusable()
+    assert reason is not None and "no CUDA device" in reason
+
+
+def test_fake_zero_devices(fake: FakeDriver) -> None:
+    fake.count = 0
+    reason = why_unusable()
+    assert reason is not None and "no CUDA device" in reason
+
+
+def test_fake_init_error_named(fake: FakeDriver) -> None:
+    fake.init = FakeResult.CUDA_ERROR_INVALID_VALUE
+    reason = why_unusable()
+    assert reason is not None and "CUDA_ERROR_INVALID_VALUE" in reason
+
+
+def test_fake_not_initialized_hints_at_fork(fake: FakeDriver) -> None:
+    fake.init = FakeResult.CUDA_ERROR_NOT_INITIALIZED
+    reason = why_unusable()
+    assert reason is not None and "CUDA_ERROR_NOT_INITIALIZED" in reason and "spawn" in reason
+
+
+def test_fake_index_out_of_range(fake: FakeDriver) -> None:
+    assert why_unusable(0) is None
+    reason = why_unusable(3)
+    assert reason is not None and "out of range" in reason and "1 CUDA device" in reason
+    reason = why_unusable(-1)
+    assert reason is not None and ">= 0" in reason
+
+
+def test_fake_no_vmm(fake: FakeDriver) -> None:
+    fake.vmm = 0
+    reason = why_unusable()
+    assert reason is not None and "virtual memory management" in reason and "Fake GPU" in reason
+
+
+def test_fake_no_posix_fd(fake: FakeDriver) -> None:
+    fake.posix_fd = 0
+    reason = why_unusable()
+    assert reason is not None and "POSIX file descriptors" in reason
+
+
+@pytest.mark.parametrize(
+    ("backend", "attribute", "value", "says"),
+    [
+        ("cuda-ipc", "CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING", 0, "unified addressing"),
+        ("cuda-pool", "CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED", 0, "memory pools"),
+        ("cuda-pool", "CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES", 0b1000, "POSIX"),
+    ],
+)
+def test_fake_each_backend_names_the_feature_it_lacks(
+    fake: FakeDriver, backend: str, attribute: str, value: int, says: str
+) -> None:
+    assert why_unusable(0, backend) is None
+    cuda_driver._reasons.clear()
+    fake.attrs[FakeAttribute[attribute]] = value
+    reason = why_unusable(0, backend)
+    assert reason is not None and says in reason and backend in reason and "Fake GPU" in reason
+    assert why_unusable(0, "cuda-vmm") is None  # the others do not need it
+
+
+def test_fake_vmm_missing_leaves_the_other_backends(fake: FakeDriver) -> None:
+    from sharedarrays.backends import choose_backend, cuda_usable
+
+    fake.vmm = 0
+    assert why_unusable(0, "cuda-vmm") is not None
+    assert cuda_usable(0) is None  # "any": cuda-ipc can
+    assert choose_backend(Device("cuda", 0)) == "cuda-ipc"
+    fake.attrs[FakeAttribute.CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING] = 0
+    cuda_driver._reasons.clear()
+    assert choose_backend(Device("cuda", 0)) == "cuda-pool"
+    fake.attrs[FakeAttribute.CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED] = 0
+    cuda_driver._reasons.clear()
+    with pytest.raises(BackendUnavailable, match="no CUDA backend can use cuda:0") as info:
+        choose_backend(Device("cuda", 0))
+    for name in ("cuda-vmm:", "cuda-ipc:", "cuda-pool:"):
+        assert name in str(info.value)
+    assert why_unusable(0, "cuda-hip") is not None and "unknown" in why_unusable(0, "cuda-hip")
+
+
+def test_fake_unexpected_error_does_not_raise(fake: FakeDriver) -> None:
+    fake.init = ValueError("boom")
+    reason = why_unusable()
+    assert reason is not None and "unexpectedly" in reason and "boom" in reason
+
+
+def _why_unusable_in_a_forked_child() -> str:
+    """What ``why_unusable()`` answers in a child forked from this process."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        try:
+            os.write(write, (why_unusable() or "usable").encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        answer = f.read().decode()
+    os.waitpid(pid, 0)
+    return answer
+
+
+def test_fork_after_our_init_is_named(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cuda_driver, "_init_pid", os.getpid() + 100000)  # "initialised in a parent"
+    reason = why_unusable()
+    assert reason == FORK_REASON
+    assert "'spawn'" in reason and "'forkserver'" in reason
+
+
+def test_fork_child_is_marked_by_the_hook(
+    fake: FakeDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Someone else (CuPy, say) initialised CUDA here: the driver answers cuCtxGetCurrent.
+    fake.initialised = True
+    monkeypatch.setitem(sys.modules, "cuda.bindings.driver", fake)
+    assert why_unusable() is None  # the parent itself is fine (and this cached "usable")
+    answer = _why_unusable_in_a_forked_child()
+    assert answer == FORK_REASON
+    assert why_unusable() is None  # the parent is not marked
+
+
+def test_fork_without_cuda_is_fine(fake: FakeDriver) -> None:
+    answer = _why_unusable_in_a_forked_child()
+    assert answer == "usable"
+
+
+# ============================================================================================
+# CPU: errors, helpers, sync switches
+
+
+def test_check_and_errors() -> None:
+    assert cuda_driver.check((FakeResult.CUDA_SUCCESS,), "x") is None
+    assert cuda_driver.check((FakeResult.CUDA_SUCCESS, 5), "x") == 5
+    assert cuda_driver.check((FakeResult.CUDA_SUCCESS, 5, 6), "x") == (5, 6)
+    with pytest.raises(CudaDriverError, match="cuFoo failed: CUDA_ERROR_INVALID_VALUE") as info:
+        cuda_driver.check((FakeResult.CUDA_ERROR_INVALID_VALUE,), "cuFoo")
+    assert info.value.code == 1 and isinstance(info.value, OSError)
+    err = CudaOutOfMemory("cuMemCreate", 2, "CUDA_ERROR_OUT_OF_MEMORY")
+    assert isinstance(err, MemoryError) and isinstance(err, CudaDriverError)
+    again = pickle.loads(pickle.dumps(err))
+    assert type(again) is CudaOutOfMemory and str(again) == str(err)
