@@ -20,7 +20,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import cast
 
@@ -446,6 +446,7 @@ class Allocation:
         access: Access,
         origin: Origin,
         capacity: int | None = None,
+        peers: Mapping[int, Access] | None = None,
     ) -> None:
         self.id = alloc_id
         self.secret = secret
@@ -466,6 +467,10 @@ class Allocation:
         """For an imported growable allocation: its exporter's handle server."""
         self._chunks = chunks
         self._access: Access = access
+        self._peers: dict[int, Access] = dict(peers or {})
+        self.native_device: int | None = None
+        """The device index of the native arrays made here, when this process reads the
+        memory as a peer from another CUDA device (``None``: the memory's own device)."""
         self.origin = origin
         self._served: deque[Served] = deque(maxlen=_SERVED_HISTORY)
         self._servers: set[str] = set()
@@ -490,6 +495,7 @@ class Allocation:
         nbytes: int,
         chunk_bytes: int | None = None,
         capacity: int | None = None,
+        peers: Mapping[int, Access] | None = None,
     ) -> Allocation:
         """Make a new allocation of at least ``nbytes`` bytes in this process (the exporter).
 
@@ -504,6 +510,9 @@ class Allocation:
         capacity : int, optional
             Make a *growable* allocation: reserve this many bytes of address space (rounded
             up to the granularity, at least what ``nbytes`` maps) and map only ``nbytes``.
+        peers : mapping of int to Access, optional
+            Other devices (by index) that get access to the memory in this process, and
+            which (CUDA VMM only: see :meth:`grant`).
 
         On a pointer backend (cuda-ipc, cuda-pool) the allocation is one chunk, and neither
         ``chunk_bytes`` nor ``capacity`` can be given.
@@ -528,6 +537,7 @@ class Allocation:
             "rw",
             Origin(True, os.getpid(), time.time()),
             capacity,
+            peers,
         )
         alloc._chunk_bytes = chunk_bytes
         alloc.used = nbytes
@@ -545,6 +555,7 @@ class Allocation:
         access: Access = "rw",
         capacity: int | None = None,
         exports: tuple[bytes, ...] = (),
+        peers: Mapping[int, Access] | None = None,
     ) -> Allocation:
         """Map an allocation from its chunks' handles (an importer).
 
@@ -587,6 +598,7 @@ class Allocation:
                     access,
                     Origin(False, source_pid, time.time()),
                     None if capacity is None else max(capacity, sum(sizes)),
+                    peers,
                 )
             finally:
                 for fd in pending:
@@ -603,9 +615,15 @@ class Allocation:
         access: Access,
         origin: Origin,
         capacity: int | None = None,
+        peers: Mapping[int, Access] | None = None,
     ) -> Allocation:
         total = sum(sizes)
         if not backend.maps:  # the chunk comes with its own address
+            if peers:
+                raise ValueError(
+                    f"access for other devices needs backend='cuda-vmm' ({backend.name} memory "
+                    "cannot be granted to peers here)"
+                )
             chunk = make_chunk(total)
             return cls(backend, alloc_id, secret, chunk.address, [chunk], access, origin)
         mapper = cast(MappingBackend, backend)
@@ -622,11 +640,11 @@ class Allocation:
                 mapper.map(address + offset, size, chunk, 0)
                 mapped.append((offset, size))
                 offset += size
-            mapper.set_access(address, total, access)
+            mapper.set_access(address, total, access, peers)
         except BaseException:
             _teardown(backend, address, reserved, mapped, chunks)
             raise
-        return cls(backend, alloc_id, secret, address, chunks, access, origin, capacity)
+        return cls(backend, alloc_id, secret, address, chunks, access, origin, capacity, peers)
 
     # lifetime ---------------------------------------------------------------------------
     def lease(self, end: int | None = None, pin: bool = False) -> Lease:
@@ -779,8 +797,44 @@ class Allocation:
 
     @property
     def access(self) -> Access:
-        """This process's access to the whole reservation."""
+        """This process's access to the whole reservation, from the memory's own device."""
         return self._access
+
+    @property
+    def access_by_device(self) -> dict[Device, Access]:
+        """Every device that may touch the memory in this process, and how: the memory's own
+        device, and the peers granted access (:meth:`grant`, ``access=``)."""
+        out: dict[Device, Access] = {self.device: self._access}
+        for index, mode in sorted(self._peers.items()):
+            out[Device(self.device.kind, index)] = mode
+        return out
+
+    def grant(self, index: int, access: Access = "rw") -> None:
+        """Give device ``index`` (a peer of the memory's device) ``access`` to the whole
+        reservation in this process (``cuMemSetAccess``; also for chunks mapped later).
+
+        Raises
+        ------
+        ValueError
+            Not a CUDA VMM allocation, or a bad access mode.
+        PeerAccessUnavailable
+            That device cannot reach this memory (``cuDeviceCanAccessPeer`` is 0).
+        """
+        if access not in ("rw", "r", "none"):
+            raise ValueError(f"access must be 'rw', 'r' or 'none', not {access!r}")
+        if not self.backend.maps or not self.device.is_cuda:
+            raise ValueError(
+                f"access for other devices needs backend='cuda-vmm', not {self.backend.name}"
+            )
+        if index == self.device.index:
+            raise ValueError(
+                f"{self.device} is the memory's own device; its access is set when the array "
+                "is made (readonly=) or imported"
+            )
+        with self.growth_lock:
+            mapper = cast(MappingBackend, self.backend)
+            mapper.set_access(self.address, self.size, self._access, {index: access})
+            self._peers[index] = access
 
     @property
     def lifetime(self) -> str:
@@ -943,7 +997,7 @@ class Allocation:
                 try:
                     backend.map(address, size, chunk, 0)
                     mapped.append((self.size, size))
-                    backend.set_access(address, size, self._access)
+                    backend.set_access(address, size, self._access, self._peers)
                 except BaseException:
                     _teardown(backend, self.address, 0, mapped, [chunk], free=False)
                     raise
@@ -964,7 +1018,7 @@ class Allocation:
                 backend.map(address + offset, c.size, c, 0)
                 mapped.append((offset, c.size))
                 offset += c.size
-            backend.set_access(address, offset, self._access)
+            backend.set_access(address, offset, self._access, self._peers)
         except BaseException:
             _teardown(backend, address, capacity, mapped, [])
             raise

@@ -20,7 +20,7 @@ import numpy as np
 from . import transport
 from .allocation import Allocation, Lease, lookup
 from .backends import Access, cuda_usable, get_backend
-from .device import CPU, Device
+from .device import CPU, Device, DeviceLike, parse_device
 from .errors import BackendUnavailable, ClosedArrayError, HandleUnavailable, PayloadError
 from .payload import Payload, view_extent
 from .sync import one_record
@@ -187,6 +187,33 @@ class SharedDeviceArray:
         return self.allocation.device
 
     @property
+    def access(self) -> dict[str, str]:
+        """Which devices may touch this array's memory in this process, and how (``"rw"``,
+        ``"r"``): the memory's own device and every peer granted access."""
+        return {str(d): a for d, a in self.allocation.access_by_device.items()}
+
+    def grant(self, device: DeviceLike, mode: Access = "rw") -> None:
+        """Let another CUDA device read (``"r"``) or read and write (``"rw"``) this array's
+        memory in this process, over NVLink or PCIe, without copying (``cuMemSetAccess``).
+        The grant covers the whole allocation (every view of it) in this process; other
+        processes grant their own devices (an importer whose current device is another one
+        is granted it when it loads the array).
+
+        Raises
+        ------
+        ValueError
+            Not a cuda-vmm array, the memory's own device, or a bad mode.
+        PeerAccessUnavailable
+            That device cannot reach this memory (``cuDeviceCanAccessPeer`` is 0).
+        BackendUnavailable
+            No such device.
+        """
+        dev = parse_device(device)
+        if not dev.is_cuda:
+            raise ValueError(f"grant() takes a CUDA device, not {dev}")
+        self.allocation.grant(dev.index, mode)
+
+    @property
     def backend(self) -> str:
         """Name of the memory system: ``"host"``, ``"cuda-vmm"``, ``"cuda-ipc"`` or
         ``"cuda-pool"``."""
@@ -217,6 +244,7 @@ class SharedDeviceArray:
                 self._shape,
                 self._strides,
                 self._readonly,
+                alloc.native_device,
             )
             self._native = native
         return native
@@ -587,6 +615,8 @@ def load(
                     os.close(fd)
                 raise PayloadError("payload's chunk sizes do not match its exporter's allocation")
         access: Access = "r" if p.readonly else "rw"
+        here = _reading_device(p) if backend.maps and device.is_cuda else p.device
+        peers = {here: access} if here != p.device else None
         alloc = Allocation.import_(
             backend,
             p.alloc_id,
@@ -596,7 +626,10 @@ def load(
             p.pid,
             access,
             exports=p.handles,
+            peers=peers,
         )
+        if peers:  # this process works on another device: it reads the memory as a peer
+            alloc.native_device = here
         if backend.exporter_owned:  # payloads made here name the exporter, which must
             alloc.source_server = p.server  # see every importer; told when this one closes
     if sync is not None:
@@ -610,6 +643,13 @@ def load(
         # A parked mapping was dropped (a release notice, the limit) between the lookup and
         # the new view: it is gone from the registry now, so this maps it anew.
         return load(data, sync)
+
+
+def _reading_device(p: Payload) -> int:
+    """The CUDA device this process works on, which must be able to reach the memory."""
+    from .backends.cuda_driver import current_device_index
+
+    return current_device_index(p.device)
 
 
 def _rebuild(

@@ -10,13 +10,45 @@ from numpy.typing import DTypeLike
 
 from .allocation import PACK_BYTES, Allocation, pack_into_slab
 from .array import SharedDeviceArray, operator_index
-from .backends import choose_backend, get_backend
+from .backends import Access, choose_backend, get_backend
 from .device import Device, DeviceLike, parse_device
 from .payload import contiguous_strides
 
 __all__ = ["empty", "zeros", "ones", "full", "from_array", "ShapeLike", "PROGRESS_BYTES"]
 
 ShapeLike = SupportsIndex | Sequence[SupportsIndex]
+
+AccessList = Sequence[DeviceLike | tuple[DeviceLike, str]]
+"""``access=``: devices (read-write), or ``(device, "rw" | "r")`` pairs."""
+
+
+def _peers(access: AccessList | None, device: Device) -> dict[int, Access]:
+    """The peer devices ``access=`` names (besides ``device``), with their access."""
+    if access is None:
+        return {}
+    if isinstance(access, (str, bytes, Device, int)):
+        raise TypeError("access= takes a list of devices, e.g. ['cuda:0', 'cuda:1']")
+    peers: dict[int, Access] = {}
+    for item in access:
+        dev_like, mode = item if isinstance(item, tuple) else (item, "rw")
+        if mode not in ("rw", "r"):
+            raise ValueError(f"access mode must be 'rw' or 'r', not {mode!r}")
+        dev = parse_device(dev_like)
+        if dev.kind != device.kind:
+            raise ValueError(
+                f"{device} memory cannot be granted to {dev}: "
+                + ("host memory is accessed by the cpu only" if not device.is_cuda else
+                   "access= lists CUDA devices")
+            )  # fmt: skip
+        if dev == device:
+            if mode != "rw":
+                raise ValueError(
+                    f"{device} is the memory's own device and keeps read-write access in the "
+                    "creating process; readonly=True makes importers read-only"
+                )
+            continue
+        peers[dev.index] = "r" if mode == "r" else "rw"
+    return peers
 
 
 def _shape(shape: ShapeLike) -> tuple[int, ...]:
@@ -85,6 +117,7 @@ def _new(
     allow_pids: Iterable[int] | None = None,
     readonly: bool = False,
     capacity: int | None = None,
+    access: AccessList | None = None,
 ) -> SharedDeviceArray:
     if order not in ("C", "F"):
         raise ValueError(f"order must be 'C' or 'F', not {order!r}")
@@ -114,6 +147,11 @@ def _new(
     n = 1
     for s in shp:
         n *= s
+    peers = _peers(access, device)
+    if peers:
+        if pack:
+            raise ValueError("pack=True cannot be combined with access= for other devices")
+        pack = False  # a slab's neighbours would share the grant
     backend = get_backend(device, choose_backend(device, backend_name))
     if not backend.maps and capacity is not None:
         raise ValueError(
@@ -139,7 +177,7 @@ def _new(
             raise ValueError("pack=True and chunk_bytes cannot be combined")
         alloc, offset = pack_into_slab(backend, nbytes)
     else:
-        alloc, offset = Allocation.create(backend, nbytes, chunk_bytes, capacity), 0
+        alloc, offset = Allocation.create(backend, nbytes, chunk_bytes, capacity, peers), 0
         alloc.allow_pids = allowed
         alloc.export_readonly = bool(readonly)
     strides = contiguous_strides(shp, dt.itemsize, order)
@@ -162,6 +200,7 @@ def empty(
     allow_pids: Iterable[int] | None = None,
     readonly: bool = False,
     capacity: int | None = None,
+    access: AccessList | None = None,
 ) -> SharedDeviceArray:
     """A new shared array whose contents are undefined.
 
@@ -209,6 +248,13 @@ def empty(
     readonly : bool, default False
         Importers get read-only mappings (``PROT_READ`` on the host, a read-only
         ``cuMemSetAccess`` on CUDA) and read-only views. This process keeps writing.
+    access : list of devices or (device, mode) pairs, optional
+        Other CUDA devices that may read and write (``"rw"``, the default) or only read
+        (``"r"``) the memory in this process, over NVLink or PCIe, without copies, e.g.
+        ``access=["cuda:0", "cuda:1"]`` or ``[("cuda:1", "r")]`` (the memory's own device is
+        always read-write here). cuda-vmm only; see also
+        :meth:`SharedDeviceArray.grant`. An importer whose current device is another one
+        gets access for that device when it loads the array.
     capacity : int, optional
         Make a *growable* array: reserve this many bytes of address space up front (rounded
         up to the granularity) and back only what ``shape`` needs with chunks. The array then
@@ -224,6 +270,8 @@ def empty(
     ------
     BackendUnavailable
         CUDA (or the backend asked for) cannot be used here; the message says why.
+    PeerAccessUnavailable
+        A device in ``access`` cannot reach the memory (``cuDeviceCanAccessPeer`` is 0).
     NameExists
         ``name`` is taken (the new memory is released again).
     TypeError, ValueError
@@ -241,6 +289,7 @@ def empty(
         allow_pids,
         readonly,
         capacity,
+        access,
     )
 
 
@@ -258,6 +307,7 @@ def zeros(
     allow_pids: Iterable[int] | None = None,
     readonly: bool = False,
     capacity: int | None = None,
+    access: AccessList | None = None,
 ) -> SharedDeviceArray:
     """A new shared array of zeros (parameters as :func:`empty`; ``progress`` as
     :func:`full`)."""
@@ -275,6 +325,7 @@ def zeros(
         allow_pids=allow_pids,
         readonly=readonly,
         capacity=capacity,
+        access=access,
     )
 
 
@@ -292,6 +343,7 @@ def ones(
     allow_pids: Iterable[int] | None = None,
     readonly: bool = False,
     capacity: int | None = None,
+    access: AccessList | None = None,
 ) -> SharedDeviceArray:
     """A new shared array of ones (parameters as :func:`empty`; ``progress`` as
     :func:`full`)."""
@@ -309,6 +361,7 @@ def ones(
         allow_pids=allow_pids,
         readonly=readonly,
         capacity=capacity,
+        access=access,
     )
 
 
@@ -327,6 +380,7 @@ def full(
     allow_pids: Iterable[int] | None = None,
     readonly: bool = False,
     capacity: int | None = None,
+    access: AccessList | None = None,
 ) -> SharedDeviceArray:
     """A new shared array with every element set to ``fill_value``.
 
@@ -349,6 +403,7 @@ def full(
         allow_pids,
         readonly,
         capacity,
+        access,
     )
     fresh_memory_reads_zero = a.allocation.backend.zeroed  # memfd; slabs are never reused
     if not (fresh_memory_reads_zero and np.ndim(fill_value) == 0 and fill_value == 0):
@@ -385,6 +440,7 @@ def from_array(
     allow_pids: Iterable[int] | None = None,
     readonly: bool = False,
     capacity: int | None = None,
+    access: AccessList | None = None,
 ) -> SharedDeviceArray:
     """A new shared array holding a copy of ``obj``.
 
@@ -421,6 +477,7 @@ def from_array(
         allow_pids,
         readonly,
         capacity,
+        access,
     )
     for native, key in _blocks(a, progress, "copy"):
         native[key] = src[key]

@@ -8,6 +8,7 @@ from __future__ import annotations
 __all__ = [
     "SharedArrayError",
     "BackendUnavailable",
+    "PeerAccessUnavailable",
     "ClosedArrayError",
     "HandleUnavailable",
     "PermissionDenied",
@@ -29,6 +30,11 @@ class BackendUnavailable(SharedArrayError):
     The message names the missing piece: no driver, no device, a package that is not
     installed, or a CUDA context that cannot be used after ``fork``.
     """
+
+
+class PeerAccessUnavailable(BackendUnavailable):
+    """A device cannot reach another device's memory (``cuDeviceCanAccessPeer`` is 0): it
+    cannot be granted access to an array there, nor import one on it."""
 
 
 class ClosedArrayError(SharedArrayError, ValueError):

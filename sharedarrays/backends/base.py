@@ -21,6 +21,7 @@ having released everything it made.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
@@ -146,12 +147,15 @@ class Backend(Protocol):
         shape: tuple[int, ...],
         strides: tuple[int, ...],
         readonly: bool,
+        device_index: int | None = None,
     ) -> Any:
         """Wrap mapped memory as the device's native array type, without copying.
 
         ``address`` and ``size`` are the whole mapped range (the reservation); the array's
         first element is at ``address + offset`` and its strides may be negative. ``owner``
-        is kept alive by the returned array (and by every view of it).
+        is kept alive by the returned array (and by every view of it). ``device_index``: the
+        device the native array belongs to, when another device than the memory's own reads
+        it as a peer (CUDA; default the memory's device).
         """
         ...
 
@@ -188,8 +192,12 @@ class MappingBackend(Backend, Protocol):
         """Map ``size`` bytes of ``chunk`` from ``chunk_offset`` at ``address``."""
         ...
 
-    def set_access(self, address: int, size: int, access: Access) -> None:
-        """Set the access of the owning device to a mapped range."""
+    def set_access(
+        self, address: int, size: int, access: Access, peers: Mapping[int, Access] | None = None
+    ) -> None:
+        """Set the access of the owning device to a mapped range, and of ``peers`` (other
+        devices of the same kind, by index, each with its own access) where the memory
+        system has them (CUDA; the host has none and refuses any)."""
         ...
 
     def unmap(self, address: int, size: int) -> None:

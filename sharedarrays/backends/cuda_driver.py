@@ -60,6 +60,8 @@ __all__ = [
     "load_driver",
     "check",
     "opaque_bytes",
+    "peer_reason",
+    "current_device_index",
     "opaque_from_bytes",
     "OPAQUE_BYTES",
     "CUDA_BACKENDS",
@@ -437,6 +439,53 @@ def why_unusable(index: int | None = None, backend: str = "cuda-vmm") -> str | N
         return f"checking CUDA failed unexpectedly ({type(exc).__name__}: {exc})"
 
 
+_peers: dict[tuple[int, int], str | None] = {}
+
+
+def peer_reason(index: int, owner: int) -> str | None:
+    """Why device ``index`` cannot access memory of device ``owner``, or ``None`` when it
+    can (``cuDeviceCanAccessPeer``, cached per process). Never raises."""
+    key = (index, owner)
+    if key in _peers:
+        return _peers[key]
+    why = why_unusable(index, "cuda-vmm") or why_unusable(owner, "cuda-vmm")
+    if why is None and index != owner:
+        try:
+            d = load_driver()
+            peer, dev = d.cuDeviceGet(index)[1], d.cuDeviceGet(owner)[1]
+            can = check(d.cuDeviceCanAccessPeer(peer, dev), "cuDeviceCanAccessPeer")
+            if not can:
+                why = (
+                    f"cuda:{index} ({_device_name(d, peer)}) cannot access the memory of "
+                    f"cuda:{owner} ({_device_name(d, dev)}): cuDeviceCanAccessPeer is 0 (no "
+                    "NVLink or PCIe peer path between them). Copy the data to that device "
+                    "instead, or use a device that can reach it"
+                )
+        except Exception as exc:
+            why = f"checking peer access cuda:{index} -> cuda:{owner} failed: {exc}"
+    _peers[key] = why
+    return why
+
+
+def current_device_index(default: int) -> int:
+    """The CUDA device this process works on: CuPy's current device where CuPy is imported,
+    else PyTorch's where it has initialised CUDA, else ``default``."""
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        try:
+            return int(cupy.cuda.runtime.getDevice())
+        except Exception:
+            pass
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch.cuda.is_initialized():
+                return int(torch.cuda.current_device())
+        except Exception:
+            pass
+    return default
+
+
 # --------------------------------------------------------------------------------------------
 # what the CUDA backends share
 
@@ -544,17 +593,20 @@ class CudaDevice:
         shape: tuple[int, ...],
         strides: tuple[int, ...],
         readonly: bool,
+        device_index: int | None = None,
     ) -> Any:
         """Wrap mapped memory as a ``cupy.ndarray``, without copying.
 
         The CuPy memory object spans the whole mapped range (``address``, ``size``), names
-        this device explicitly and holds ``owner``, so every CuPy view keeps the mapping
-        alive; the array starts ``offset`` bytes in. CuPy has no read-only arrays:
-        ``readonly`` is the caller's to enforce.
+        its device explicitly (this one, or ``device_index`` where a peer device reads it)
+        and holds ``owner``, so every CuPy view keeps the mapping alive; the array starts
+        ``offset`` bytes in. CuPy has no read-only arrays: ``readonly`` is the caller's to
+        enforce.
         """
         import cupy
 
-        memory = cupy.cuda.UnownedMemory(address, size, owner, self.device.index)
+        index = self.device.index if device_index is None else device_index
+        memory = cupy.cuda.UnownedMemory(address, size, owner, index)
         pointer = cupy.cuda.MemoryPointer(memory, offset)
         return cupy.ndarray(shape, dtype=dtype, memptr=pointer, strides=strides)
 

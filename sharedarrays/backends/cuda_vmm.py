@@ -21,12 +21,13 @@ shared by the CUDA backends and live in :mod:`~sharedarrays.backends.cuda_driver
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from ..device import Device
-from ..errors import PayloadError
+from ..errors import PayloadError, PeerAccessUnavailable
 from .base import Access, Chunk
-from .cuda_driver import CudaDevice, CudaDriverError, check
+from .cuda_driver import CudaDevice, CudaDriverError, check, peer_reason
 
 __all__ = ["CudaVmmBackend"]
 
@@ -94,23 +95,31 @@ class CudaVmmBackend(CudaDevice):
                 )
             )
 
-        flags = d.CUmemAccess_flags
-        self._access: dict[str, list[Any]] = {}
-        for access, flag in (
-            ("rw", flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE),
-            ("r", flags.CU_MEM_ACCESS_FLAGS_PROT_READ),
-            ("none", flags.CU_MEM_ACCESS_FLAGS_PROT_NONE),
-        ):
-            desc = d.CUmemAccessDesc()
-            desc.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-            desc.location.id = device.index
-            desc.flags = flag
-            self._access[access] = [desc]
+        self._access: dict[str, list[Any]] = {
+            access: [self._desc(device.index, access)] for access in ("rw", "r", "none")
+        }
 
     @property
     def granularity(self) -> int:
         """The recommended allocation granularity of this device (2 MiB on an H200)."""
         return self._granularity
+
+    def _desc(self, index: int, access: Access) -> Any:
+        """A ``CUmemAccessDesc`` giving device ``index`` ``access``."""
+        d = self._d
+        flags = d.CUmemAccess_flags
+        flag = {
+            "rw": flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            "r": flags.CU_MEM_ACCESS_FLAGS_PROT_READ,
+            "none": flags.CU_MEM_ACCESS_FLAGS_PROT_NONE,
+        }.get(access)
+        if flag is None:
+            raise ValueError(f"access must be 'rw', 'r' or 'none', not {access!r}")
+        desc = d.CUmemAccessDesc()
+        desc.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        desc.location.id = index
+        desc.flags = flag
+        return desc
 
     def _check_size(self, size: int, what: str) -> None:
         if size <= 0 or size % self._granularity:
@@ -279,16 +288,33 @@ class CudaVmmBackend(CudaDevice):
                     ) from exc
                 raise
 
-    def set_access(self, address: int, size: int, access: Access) -> None:
-        """Set this device's access to a mapped range: ``"rw"``, ``"r"`` or ``"none"``.
+    def set_access(
+        self, address: int, size: int, access: Access, peers: Mapping[int, Access] | None = None
+    ) -> None:
+        """Set this device's access to a mapped range (``"rw"``, ``"r"`` or ``"none"``), and
+        that of the ``peers`` (other CUDA devices by index, each with its access), in one
+        ``cuMemSetAccess``.
 
         Lowering access waits first (:meth:`synchronize`) for queued work that may still
         touch the range.
+
+        Raises
+        ------
+        PeerAccessUnavailable
+            A peer cannot access this device's memory (``cuDeviceCanAccessPeer`` is 0).
         """
-        descs = self._access.get(access)
-        if descs is None:
+        own = self._access.get(access)
+        if own is None:
             raise ValueError(f"access must be 'rw', 'r' or 'none', not {access!r}")
-        if access != "rw":
+        descs = list(own)
+        for index, mode in sorted((peers or {}).items()):
+            if index == self.device.index:
+                continue
+            why = peer_reason(index, self.device.index)
+            if why is not None:
+                raise PeerAccessUnavailable(why)
+            descs.append(self._desc(index, mode))
+        if access != "rw" or any(m != "rw" for m in (peers or {}).values()):
             self.synchronize()
         with self.context():
             check(

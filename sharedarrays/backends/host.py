@@ -20,6 +20,7 @@ import ctypes
 import fcntl
 import mmap
 import os
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -153,7 +154,11 @@ class HostBackend:
         if got != address:  # pragma: no cover - MAP_FIXED either lands or fails
             raise OSError(f"map landed at {got:#x}, not {address:#x}")
 
-    def set_access(self, address: int, size: int, access: Access) -> None:
+    def set_access(
+        self, address: int, size: int, access: Access, peers: Mapping[int, Access] | None = None
+    ) -> None:
+        if peers:
+            raise ValueError("host memory has no peer devices: access= takes 'cpu' only")
         _check(_libc.mprotect(address, size, _PROT[access]), "set access")
 
     def unmap(self, address: int, size: int) -> None:
@@ -176,6 +181,7 @@ class HostBackend:
         shape: tuple[int, ...],
         strides: tuple[int, ...],
         readonly: bool,
+        device_index: int | None = None,
     ) -> np.ndarray[Any, Any]:
         return np.asarray(_HostMemory(address + offset, owner, dtype, shape, strides, readonly))
 

@@ -270,7 +270,11 @@ def build_map(
     used = max((b.stop for b in brackets), default=allocation.size)
     used = min(used, allocation.size)
 
-    access = {str(allocation.device): str(getattr(allocation, "access", "rw"))}
+    by_device = getattr(allocation, "access_by_device", None)
+    if by_device is not None:  # every device that may touch it here: own and peers
+        access = {str(d): str(a) for d, a in by_device.items()}
+    else:
+        access = {str(allocation.device): str(getattr(allocation, "access", "rw"))}
     origin = allocation.origin
     return ReservationMap(
         alloc_id=allocation.id,

@@ -122,6 +122,7 @@ class FakeDriver:
         self.init, self.count, self.vmm, self.posix_fd = init, count, vmm, posix_fd
         self.initialised = initialised
         self.init_calls = 0
+        self.peer_access = 1
         self.attrs: dict[Any, int] = {  # the other backends' features, all present
             FakeAttribute.CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: 1,
             FakeAttribute.CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: 1,
@@ -147,6 +148,9 @@ class FakeDriver:
             return FakeResult.CUDA_SUCCESS, self.attrs[attribute]
         return FakeResult.CUDA_SUCCESS, self.posix_fd
 
+    def cuDeviceCanAccessPeer(self, dev: int, peer: int) -> tuple[Any, int]:
+        return FakeResult.CUDA_SUCCESS, self.peer_access
+
     def cuDeviceGetName(self, length: int, dev: int) -> tuple[Any, bytes]:
         return FakeResult.CUDA_SUCCESS, b"Fake GPU\0\0\0"
 
@@ -170,6 +174,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDriver]:
     monkeypatch.setattr(cuda_driver, "_device_count", 0)
     monkeypatch.setattr(cuda_driver, "_forked_from_cuda", False)
     monkeypatch.setattr(cuda_driver, "_parent_had_cuda", False)
+    monkeypatch.setattr(cuda_driver, "_peers", {})
     real_find_spec = importlib.util.find_spec
 
     def find_spec(name: str, *args: Any) -> Any:
@@ -350,3 +355,14 @@ def test_check_and_errors() -> None:
     assert isinstance(err, MemoryError) and isinstance(err, CudaDriverError)
     again = pickle.loads(pickle.dumps(err))
     assert type(again) is CudaOutOfMemory and str(again) == str(err)
+
+
+def test_fake_peer_access(fake: FakeDriver) -> None:
+    fake.count = 2
+    assert cuda_driver.peer_reason(1, 0) is None
+    assert cuda_driver.peer_reason(0, 0) is None  # a device reaches its own memory
+    fake.peer_access = 0
+    cuda_driver._peers.clear()
+    why = cuda_driver.peer_reason(1, 0)
+    assert why is not None and "cuda:1" in why and "cuDeviceCanAccessPeer is 0" in why
+    assert "out of range" in (cuda_driver.peer_reason(2, 0) or "")
