@@ -19,6 +19,7 @@ import os
 import secrets
 import threading
 import time
+import warnings
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -757,7 +758,15 @@ class Allocation:
         with _registry_lock:
             if _draining.pop(self.id, None) is not self:
                 return
-        self._free()
+        try:  # this runs in the handle server's thread, which must go on serving
+            self._free()
+        except Exception as exc:
+            warnings.warn(
+                f"sharedarrays: freeing allocation {self.id} after its importers closed it "
+                f"failed: {exc}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     # description ------------------------------------------------------------------------
     @property
@@ -867,8 +876,8 @@ class Allocation:
             self._served.append(Served(pid, time.time()))
             if server:
                 self._servers.add(server)
-            if self.backend.exporter_owned and self.origin.created_here:
-                self._holders.add(pid)
+            if self.backend.exporter_owned and self.origin.created_here and pid != os.getpid():
+                self._holders.add(pid)  # (this process asking its own server imports nothing)
             if chunks > self._served_chunks.get(pid, 0):
                 self._served_chunks[pid] = chunks
 

@@ -387,7 +387,6 @@ class SharedDeviceArray:
             offset=self._offset,
             readonly=self._readonly or alloc.export_readonly,
             capacity=alloc.capacity if alloc.growable else None,
-            handles=alloc.exports(),
         )
 
     def _payload_bytes(self) -> bytes:
@@ -599,9 +598,10 @@ def load(
             for fd in received:
                 os.close(fd)
             raise
+        exports: tuple[bytes, ...] = ()
         if fds is None:
             try:
-                sizes, received = transport.fetch_handles(
+                sizes, received, exports = transport.fetch_handles(
                     p.server, p.pid, p.alloc_id, p.secret, reply_to=transport.server_address()
                 )
             except HandleUnavailable as gone:  # the exporter is gone: a keeper may hold it
@@ -625,7 +625,7 @@ def load(
             received,
             p.pid,
             access,
-            exports=p.handles,
+            exports=exports,
             peers=peers,
         )
         if peers:  # this process works on another device: it reads the memory as a peer

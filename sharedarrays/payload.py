@@ -50,9 +50,7 @@ _KEYS = frozenset(
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _DTYPE = re.compile(r"^[<>|=]?[biufc][0-9]{1,2}$")
-_OPTIONAL = frozenset(("capacity", "handles"))
-MAX_HANDLE_BYTES = 256
-"""Longest portable chunk handle a payload may carry (cuda-pool's is 80 bytes)."""
+_OPTIONAL = frozenset(("capacity",))
 
 
 _DECODED_LIMIT = 4096
@@ -108,21 +106,6 @@ def _ints(doc: dict[str, Any], key: str, low: int, high: int, max_len: int) -> t
     return tuple(v)
 
 
-def _handles(doc: dict[str, Any], count: int) -> tuple[bytes, ...]:
-    v = doc["handles"]
-    if type(v) is not list or len(v) != count or not v:
-        raise PayloadError(f"payload field 'handles' must be a list of {count} hex strings")
-    out = []
-    for h in v:
-        if type(h) is not str or not 0 < len(h) <= 2 * MAX_HANDLE_BYTES or len(h) % 2:
-            raise PayloadError("payload field 'handles' has an entry that is no handle")
-        try:
-            out.append(bytes.fromhex(h))
-        except ValueError:
-            raise PayloadError("payload field 'handles' has an entry that is not hex") from None
-    return tuple(out)
-
-
 @dataclass(frozen=True)
 class Payload:
     """The validated content of a pickled SharedDeviceArray.
@@ -155,11 +138,12 @@ class Payload:
         For a growable array, the bytes its exporter reserves (``None`` otherwise). Its
         ``chunks`` are then the allocation's *generation* when the payload was made: an
         importer that maps fewer chunks maps the new ones. Encoded only when set.
-    handles : tuple of bytes
-        A pointer backend's portable chunk handles (cuda-ipc's IPC handle, cuda-pool's pool
-        id and pointer data), one per chunk; empty for mapping backends, whose handles are
-        fds. Encoded only when set. Its ``pid`` and ``server`` always name the exporter,
-        which records every importer (the memory must outlive them).
+
+    A pointer backend's payload (cuda-ipc, cuda-pool) always names the exporter in ``pid``
+    and ``server``, even when an importer pickles it on: the exporter records every importer
+    (its memory must outlive them) and hands out the chunk's portable handle itself, after
+    the same checks as for fds, so that a payload never carries anything another user could
+    open.
 
     The ordering token (an IPC event on CUDA) travels beside the payload, not in it: a
     payload is the same bytes at every handoff of a view, so both ends can cache it.
@@ -178,7 +162,6 @@ class Payload:
     offset: int
     readonly: bool
     capacity: int | None = None
-    handles: tuple[bytes, ...] = ()
 
     @property
     def size(self) -> int:
@@ -203,8 +186,6 @@ class Payload:
         }
         if self.capacity is not None:
             doc["capacity"] = self.capacity
-        if self.handles:
-            doc["handles"] = [h.hex() for h in self.handles]
         body = json.dumps(doc, separators=(",", ":")).encode()
         return MAGIC + _tag(body, self.secret) + body
 
@@ -300,7 +281,6 @@ class Payload:
                 f"allocation of {size} bytes"
             )
         capacity = _int(doc, "capacity", size, MAX_SIZE) if "capacity" in doc else None
-        handles = _handles(doc, len(chunks)) if "handles" in doc else ()
         return cls(
             backend=backend,
             device=device,
@@ -315,5 +295,4 @@ class Payload:
             offset=offset,
             readonly=readonly,
             capacity=capacity,
-            handles=handles,
         )

@@ -182,8 +182,12 @@ class HandleServer:
                     body = json.dumps(
                         {"sizes": sizes, "capacity": alloc.capacity, "used": alloc.used}
                     )
-                else:
+                elif alloc.backend.maps:
                     body = json.dumps(sizes)
+                else:  # a pointer backend: its portable handle, only after the checks above
+                    body = json.dumps(
+                        {"sizes": sizes, "exports": [e.hex() for e in alloc.exports()]}
+                    )
                 header = _REPLY.pack(_REPLY_MAGIC, _OK, len(fds)) + body.encode()
                 # Record first: the importer may use the array and hand it back before this
                 # thread runs again, and a release must then know whom to tell.
@@ -267,16 +271,19 @@ atexit.register(shutdown_server)
 
 def fetch_handles(
     server: str, pid: int, alloc_id: str, secret: bytes, reply_to: str | None = None
-) -> tuple[list[int], list[int]]:
+) -> tuple[list[int], list[int], tuple[bytes, ...]]:
     """Ask the handle server at ``server`` for the chunks of an allocation.
 
     Returns
     -------
     sizes, fds : list of int
         The chunk sizes and the received fds (owned by the caller): one per chunk for a
-        mapping backend; a pointer backend's allocation sends what its importer needs
-        besides the payload's exports (cuda-pool: the pool's fd; cuda-ipc: none), and the
-        server records the caller as a holder of exporter-owned memory.
+        mapping backend; for a pointer backend what its importer needs besides the exports
+        (cuda-pool: the pool's fd; cuda-ipc: none), and the server records the caller as a
+        holder of the exporter-owned memory.
+    exports : tuple of bytes
+        A pointer backend's portable chunk handles (cuda-ipc's IPC handle, cuda-pool's pool
+        id and pointer data); empty for a mapping backend.
 
     Raises
     ------
@@ -285,12 +292,26 @@ def fetch_handles(
     PermissionDenied
         Another user's server or directory, or the secret is wrong.
     """
-    sizes, fds = _fetch(server, pid, alloc_id, secret, reply_to, None)
-    if type(sizes) is not list or len(fds) > len(sizes):
+    doc, fds = _fetch(server, pid, alloc_id, secret, reply_to, None)
+    try:
+        sizes, exports = doc, []
+        if type(doc) is dict and set(doc) == {"sizes", "exports"}:
+            sizes, exports = doc["sizes"], doc["exports"]
+        if (
+            type(sizes) is not list
+            or len(fds) > len(sizes)
+            or type(exports) is not list
+            or not all(type(e) is str and 0 < len(e) <= 512 for e in exports)
+        ):
+            raise PayloadError("the handle server sent an inconsistent reply")
+        try:
+            return sizes, fds, tuple(bytes.fromhex(e) for e in exports)
+        except ValueError:
+            raise PayloadError("the handle server sent an inconsistent reply") from None
+    except BaseException:
         for fd in fds:
             os.close(fd)
-        raise PayloadError("the handle server sent an inconsistent reply")
-    return sizes, fds
+        raise
 
 
 def fetch_growth(

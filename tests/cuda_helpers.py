@@ -1,8 +1,20 @@
-"""GPU test helpers shared by the CUDA test modules (imported only where CUDA is usable)."""
+"""Helpers shared by the CUDA test modules (nothing CUDA is imported until a Spin is made)."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+"""The repository's root (where ``sharedarrays`` is importable from)."""
+
+
+def child_env() -> dict[str, str]:
+    """The environment for a fresh interpreter that must import sharedarrays from here."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return dict(os.environ, PYTHONPATH=path)
+
 
 _SPIN_SOURCE = r"""
 extern "C" __global__ void spin_fill(float* out, unsigned long long n, float value,

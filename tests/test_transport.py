@@ -59,11 +59,11 @@ def test_dead_server_is_unavailable(tmp_path: Path, fd_baseline: None) -> None:
 
 def test_fetch_returns_working_fds(fd_baseline: None) -> None:
     a = sa.from_array(np.arange(10.0), device="cpu", pack=False)
-    sizes, fds = transport.fetch_handles(
+    sizes, fds, exports = transport.fetch_handles(
         transport.server_address(), os.getpid(), a.allocation.id, a.allocation.secret
     )
     try:
-        assert sizes == a.allocation.chunk_sizes() and len(fds) == 1
+        assert sizes == a.allocation.chunk_sizes() and len(fds) == 1 and exports == ()
         assert os.fstat(fds[0]).st_size == sizes[0]
         assert os.fstat(fds[0]).st_ino == os.fstat(a.allocation.chunks[0].fd).st_ino
     finally:
@@ -236,3 +236,24 @@ def test_exporter_of_exporter_owned_memory_waits_then_names_its_holders(tmp_path
     a.close()
     del a
     gc.collect()
+
+
+def test_a_pointer_backends_handle_comes_only_from_the_server(fd_baseline: None) -> None:
+    """The payload never carries the portable handle: the server sends it after the uid,
+    secret and allow_pids checks, and records the importer as a holder."""
+    import pointer_backend  # noqa: F401 - registers host-pointer here
+
+    a = sa.from_array(np.arange(10.0), device="cpu", backend="host-pointer", pack=False)
+    export = a.allocation.exports()[0]
+    assert export not in pickle.dumps(a) and export.hex().encode() not in pickle.dumps(a)
+    server = transport.server_address()
+    sizes, fds, exports = transport.fetch_handles(
+        server, os.getpid(), a.allocation.id, a.allocation.secret
+    )
+    try:
+        assert sizes == a.allocation.chunk_sizes() and exports == (export,) and len(fds) == 1
+    finally:
+        for fd in fds:
+            os.close(fd)
+    with pytest.raises(sa.PermissionDenied):
+        transport.fetch_handles(server, os.getpid(), a.allocation.id, b"\0" * 32)

@@ -5,8 +5,9 @@ For devices or drivers where VMM with POSIX-fd handles is unavailable. Called th
 
 =========== =================================================================
 chunk       ``cuMemAlloc``: one per allocation, at an address the driver chooses
-handle      ``cuIpcGetMemHandle``: 64 portable bytes, taken once per chunk; payloads carry
-            them, so no file descriptor travels
+handle      ``cuIpcGetMemHandle``: 64 portable bytes, taken once per chunk; no file
+            descriptor travels (the exporter's handle server sends the bytes, after its
+            checks: any process that saw them could open the memory)
 importer    ``cuIpcOpenMemHandle`` (``CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS``) once per process
             (the registry of allocations is the cache; CUDA allows one open per context),
             ``cuIpcCloseMemHandle`` when it releases the allocation

@@ -9,8 +9,8 @@ pool        ``cuMemPoolCreate`` (pinned memory of this device, handle type
             server sends, once per importer of each allocation
 chunk       ``cuMemAllocFromPoolAsync`` on the current stream (then synchronised, so the
             allocation is complete before any importer can see it); one per allocation
-handle      ``cuMemPoolExportPointer``: 64 bytes, carried in the payload after the pool's
-            16-byte id
+handle      ``cuMemPoolExportPointer``: 64 bytes after the pool's 16-byte id, sent with
+            the pool's fd by the exporter's handle server
 importer    ``cuMemPoolImportFromShareableHandle`` once per pool (kept while any pointer of
             it is open), ``cuMemPoolImportPointer`` per allocation, ``cuMemFree`` when it
             releases the allocation

@@ -6,7 +6,6 @@ error types; the lazy imports. The GPU side (the backends on a real device, fork
 was initialised) is in ``test_cuda_vmm.py``.
 """
 
-
 from __future__ import annotations
 
 import enum
@@ -16,10 +15,10 @@ import pickle
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+from cuda_helpers import ROOT, child_env
 
 from sharedarrays.backends import cuda_driver
 from sharedarrays.backends.cuda_driver import (
@@ -32,16 +31,6 @@ from sharedarrays.backends.cuda_driver import (
 from sharedarrays.backends.cuda_vmm import CudaVmmBackend
 from sharedarrays.device import Device
 from sharedarrays.errors import BackendUnavailable
-
-ROOT = Path(__file__).resolve().parents[2]
-MiB = 1 << 20
-
-
-def child_env() -> dict[str, str]:
-    """The environment for a fresh interpreter that must import sharedarrays from here."""
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    return dict(os.environ, PYTHONPATH=path)
-
 
 # ============================================================================================
 # CPU: why_unusable against the real environment

@@ -27,12 +27,11 @@ import traceback
 import weakref
 from collections.abc import Iterator
 from multiprocessing.reduction import DupFd
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from cuda_helpers import Spin
+from cuda_helpers import ROOT, Spin, child_env
 
 from sharedarrays import sync
 from sharedarrays.backends import cuda_driver
@@ -45,14 +44,7 @@ from sharedarrays.backends.cuda_vmm import CudaVmmBackend
 from sharedarrays.device import Device
 from sharedarrays.errors import PayloadError
 
-ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
-
-
-def child_env() -> dict[str, str]:
-    """The environment for a fresh interpreter that must import sharedarrays from here."""
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    return dict(os.environ, PYTHONPATH=path)
 
 
 # ============================================================================================
