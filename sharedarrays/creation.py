@@ -248,7 +248,7 @@ def empty(
     readonly : bool, default False
         Importers get read-only mappings (``PROT_READ`` on the host, a read-only
         ``cuMemSetAccess`` on CUDA) and read-only views. This process keeps writing.
-    access : list of devices or (device, mode) pairs, optional
+    access : sequence, optional
         Other CUDA devices that may read and write (``"rw"``, the default) or only read
         (``"r"``) the memory in this process, over NVLink or PCIe, without copies, e.g.
         ``access=["cuda:0", "cuda:1"]`` or ``[("cuda:1", "r")]`` (the memory's own device is
