@@ -257,3 +257,49 @@ def test_a_pointer_backends_handle_comes_only_from_the_server(fd_baseline: None)
             os.close(fd)
     with pytest.raises(sa.PermissionDenied):
         transport.fetch_handles(server, os.getpid(), a.allocation.id, b"\0" * 32)
+
+
+_SEND_CLOSED = """
+import socket, sys
+from sharedarrays import transport
+path, raw_id, secret = sys.argv[1], bytes.fromhex(sys.argv[2]), bytes.fromhex(sys.argv[3])
+with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+    s.connect(path)
+    s.sendall(transport._REQUEST.pack(transport._CLOSED_MAGIC, raw_id, secret))
+    print(transport._REPLY.unpack_from(s.recv(64))[1])
+"""
+
+
+def test_closed_notices_count_only_for_their_sender_with_the_secret() -> None:
+    """SAC1 ("I closed it"): the server believes it only with the allocation's secret, and
+    only for the process that sends it (SO_PEERCRED), so nobody can free memory that
+    another importer still uses."""
+    import pointer_backend  # noqa: F401 - registers host-pointer here
+
+    from sharedarrays.allocation import draining_allocations
+
+    a = sa.from_array(np.arange(10.0), device="cpu", backend="host-pointer", pack=False)
+    alloc = a.allocation
+    server = transport.server_address()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        alloc.record_served(other.pid, None, 1)  # as if that process had imported it
+        assert alloc.holders == (other.pid,)
+
+        def send(secret: bytes) -> str:
+            out = subprocess.run(
+                [sys.executable, "-c", _SEND_CLOSED, server, alloc.id, secret.hex()],
+                capture_output=True, text=True, check=True, timeout=60,
+            )  # fmt: skip
+            return out.stdout.strip()
+
+        del a
+        assert [x.id for x in draining_allocations()] == [alloc.id]  # kept for the holder
+        assert send(b"\0" * 32) != "0"  # wrong secret: refused, nothing changes
+        assert send(alloc.secret) == "0"  # right secret, but from a process that holds nothing
+        assert alloc.holders == (other.pid,) and alloc in draining_allocations()
+    finally:
+        other.kill()
+        other.wait()
+    alloc.closed_by(None)  # the holder exited: the housekeeping's call frees it
+    assert draining_allocations() == [] and alloc.chunk_fds() == []
