@@ -30,6 +30,8 @@ def _peers(access: AccessList | None, device: Device) -> dict[int, Access]:
         raise TypeError("access= takes a list of devices, e.g. ['cuda:0', 'cuda:1']")
     peers: dict[int, Access] = {}
     for item in access:
+        if isinstance(item, tuple) and len(item) != 2:
+            raise ValueError(f"access= items are devices or (device, mode) pairs, not {item!r}")
         dev_like, mode = item if isinstance(item, tuple) else (item, "rw")
         if mode not in ("rw", "r"):
             raise ValueError(f"access mode must be 'rw' or 'r', not {mode!r}")

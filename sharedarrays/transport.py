@@ -443,6 +443,19 @@ def _fetch(
 
 _notices: queue.SimpleQueue[tuple[list[str], bytes, bytes, bytes]] = queue.SimpleQueue()
 _notifier: threading.Thread | None = None
+_in_flight: list[None] = []  # one item per notice queued and not yet sent (append/pop: no lock)
+
+
+def pending_notices() -> int:
+    """How many release and close notices this process has queued and not yet sent (each
+    holds a socket open while it is sent)."""
+    return len(_in_flight)
+
+
+def _queue_notice(servers: list[str], magic: bytes, raw_id: bytes, secret: bytes) -> None:
+    """Queue a notice for the notifier thread. Never blocks: it runs from finalizers."""
+    _in_flight.append(None)
+    _notices.put((servers, magic, raw_id, secret))
 
 
 def _send_notices() -> None:
@@ -457,6 +470,7 @@ def _send_notices() -> None:
                     sock.recv(_REPLY.size)
                 except OSError:
                     continue  # that process is gone: nothing to tell
+        _in_flight.pop()
 
 
 def _start_notifier() -> None:
@@ -478,11 +492,11 @@ def _notify_on_release(alloc: allocation.Allocation) -> None:
     raw_id = bytes.fromhex(alloc.id)
     if alloc.backend.exporter_owned and not alloc.origin.created_here and alloc.source_server:
         _start_notifier()
-        _notices.put(([alloc.source_server], _CLOSED_MAGIC, raw_id, alloc.secret))
+        _queue_notice([alloc.source_server], _CLOSED_MAGIC, raw_id, alloc.secret)
     own = _server.path if _server is not None else None
     servers = [p for p in alloc.served_servers() if p != own]
     if servers:
-        _notices.put((servers, _NOTICE_MAGIC, raw_id, alloc.secret))
+        _queue_notice(servers, _NOTICE_MAGIC, raw_id, alloc.secret)
 
 
 allocation.release_hooks.append(_notify_on_release)
@@ -505,7 +519,7 @@ def _drain_at_exit() -> None:
             servers = alloc.served_servers()
             if servers:
                 _start_notifier()
-                _notices.put((servers, _NOTICE_MAGIC, bytes.fromhex(alloc.id), alloc.secret))
+                _queue_notice(servers, _NOTICE_MAGIC, bytes.fromhex(alloc.id), alloc.secret)
     try:
         timeout = float(os.environ.get("SHAREDARRAYS_EXIT_WAIT", EXIT_WAIT))
     except ValueError:

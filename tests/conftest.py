@@ -39,10 +39,18 @@ NUMERIC_DTYPES = [
 
 
 def open_fds() -> int:
-    """Number of open file descriptors of this process (after a full collection)."""
+    """Number of open file descriptors of this process (after a full collection, and once
+    the notifier thread has sent what it was asked to: it holds a socket while it sends)."""
+    import time
+
     import psutil
 
+    from sharedarrays import transport
+
     gc.collect()
+    deadline = time.monotonic() + 10
+    while transport.pending_notices() and time.monotonic() < deadline:
+        time.sleep(0.01)
     return psutil.Process().num_fds()
 
 

@@ -53,7 +53,7 @@ def test_host_memory_has_one_device() -> None:
     [
         ("cpu", TypeError, "a list of devices"),
         ([("cpu", "w")], ValueError, "'rw' or 'r'"),
-        ([("cpu", "rw", 3)], ValueError, ""),
+        ([("cpu", "rw", 3)], ValueError, "devices or \\(device, mode\\) pairs"),
     ],
 )
 def test_access_arguments(access: Any, error: type[Exception], match: str) -> None:

@@ -238,7 +238,7 @@ def test_exporter_of_exporter_owned_memory_waits_then_names_its_holders(tmp_path
     gc.collect()
 
 
-def test_a_pointer_backends_handle_comes_only_from_the_server(fd_baseline: None) -> None:
+def test_a_pointer_backends_handle_comes_only_from_the_server() -> None:
     """The payload never carries the portable handle: the server sends it after the uid,
     secret and allow_pids checks, and records the importer as a holder."""
     import pointer_backend  # noqa: F401 - registers host-pointer here
