@@ -89,6 +89,15 @@ def _default_chunk_bytes() -> int:
     return n
 
 
+def _chunk_limit(chunk_bytes: int | None) -> int:
+    """The largest chunk: ``chunk_bytes``, or the process default when ``None``."""
+    if chunk_bytes is None:
+        chunk_bytes = _default_chunk_bytes()
+    if chunk_bytes <= 0:
+        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    return chunk_bytes
+
+
 def chunk_sizes(nbytes: int, granularity: int, chunk_bytes: int | None = None) -> list[int]:
     """Split an allocation of ``nbytes`` into chunk sizes.
 
@@ -105,10 +114,7 @@ def chunk_sizes(nbytes: int, granularity: int, chunk_bytes: int | None = None) -
     chunk_bytes : int, optional
         Largest chunk; default :data:`DEFAULT_CHUNK_BYTES`.
     """
-    if chunk_bytes is None:
-        chunk_bytes = _default_chunk_bytes()
-    if chunk_bytes <= 0:
-        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    chunk_bytes = _chunk_limit(chunk_bytes)
     total = round_up(max(nbytes, 1), granularity)
     step = round_up(chunk_bytes, granularity)
     sizes = [step] * (total // step)
@@ -148,10 +154,7 @@ def growth_sizes(
     chunk_bytes : int, optional
         Largest chunk.
     """
-    if chunk_bytes is None:
-        chunk_bytes = _default_chunk_bytes()
-    if chunk_bytes <= 0:
-        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    chunk_bytes = _chunk_limit(chunk_bytes)
     target = round_up(max(nbytes, 1), granularity)
     largest = round_up(chunk_bytes, granularity)
     sizes: list[int] = []
@@ -520,7 +523,12 @@ class Allocation:
         """
         if backend.maps:
             sizes = chunk_sizes(nbytes, backend.granularity, chunk_bytes)
-        elif chunk_bytes is not None or capacity is not None:
+        elif capacity is not None:
+            raise ValueError(
+                "capacity= needs a backend that maps chunks into a reservation (cuda-vmm, "
+                f"host); {backend.name} memory cannot grow in place"
+            )
+        elif chunk_bytes is not None:
             raise ValueError(
                 f"chunk_bytes= and capacity= need a backend that maps chunks into a reservation "
                 f"(cuda-vmm, host); a {backend.name} allocation is one piece of memory"

@@ -19,7 +19,7 @@ import numpy as np
 
 from . import transport
 from .allocation import Allocation, Lease, lookup
-from .backends import Access, cuda_usable, get_backend
+from .backends import Access, cuda_usable, current_cuda_device, get_backend
 from .device import CPU, Device, DeviceLike, parse_device
 from .errors import BackendUnavailable, ClosedArrayError, HandleUnavailable, PayloadError
 from .payload import Payload, view_extent
@@ -615,7 +615,7 @@ def load(
                     os.close(fd)
                 raise PayloadError("payload's chunk sizes do not match its exporter's allocation")
         access: Access = "r" if p.readonly else "rw"
-        here = _reading_device(p) if backend.maps and device.is_cuda else p.device
+        here = current_cuda_device(p.device) if backend.maps and device.is_cuda else p.device
         peers = {here: access} if here != p.device else None
         alloc = Allocation.import_(
             backend,
@@ -643,13 +643,6 @@ def load(
         # A parked mapping was dropped (a release notice, the limit) between the lookup and
         # the new view: it is gone from the registry now, so this maps it anew.
         return load(data, sync)
-
-
-def _reading_device(p: Payload) -> int:
-    """The CUDA device this process works on, which must be able to reach the memory."""
-    from .backends.cuda_driver import current_device_index
-
-    return current_device_index(p.device)
 
 
 def _rebuild(

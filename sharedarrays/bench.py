@@ -1351,15 +1351,23 @@ def evaluate_targets(data: dict[str, Any]) -> list[dict[str, Any]]:
                 out.append((s, a, b))
         return out
 
-    warm = per_size("sharedarrays-warm", "floor")
-    worst = max(warm, key=lambda r: r[1] - r[2]) if warm else None
-    row(
+    def over_floor(name: str, kind: str, limit: float) -> None:
+        """The row of a target on ``sharedarrays-<kind>`` minus the floor, at its worst size."""
+        measured = per_size(f"sharedarrays-{kind}", "floor")
+        worst = max(measured, key=lambda r: r[1] - r[2]) if measured else None
+        row(
+            name,
+            None if worst is None else worst[1] - worst[2] <= limit,
+            "not measured"
+            if worst is None
+            else f"worst {worst[1] - worst[2]:+.3f} ms at {size_label(worst[0])} "
+            f"({kind} {worst[1]:.3f}, floor {worst[2]:.3f})",
+        )
+
+    over_floor(
         f"warm overhead over floor <= {TARGETS['warm_overhead_ms']} ms at every size",
-        None if worst is None else worst[1] - worst[2] <= TARGETS["warm_overhead_ms"],
-        "not measured"
-        if worst is None
-        else f"worst {worst[1] - worst[2]:+.3f} ms at {size_label(worst[0])} "
-        f"(warm {worst[1]:.3f}, floor {worst[2]:.3f})",
+        "warm",
+        TARGETS["warm_overhead_ms"],
     )
     vs_torch = per_size("torch-warm", "sharedarrays-warm")
     low = min(vs_torch, key=lambda r: r[1] / r[2]) if vs_torch else None
@@ -1371,15 +1379,10 @@ def evaluate_targets(data: dict[str, Any]) -> list[dict[str, Any]]:
         else f"lowest {low[1] / low[2]:.2f}x at {size_label(low[0])} "
         f"(torch {low[1]:.3f} ms, sharedarrays {low[2]:.3f} ms)",
     )
-    cold = per_size("sharedarrays-cold", "floor")
-    worst = max(cold, key=lambda r: r[1] - r[2]) if cold else None
-    row(
+    over_floor(
         f"cold <= floor + {TARGETS['cold_overhead_ms']} ms at every size",
-        None if worst is None else worst[1] - worst[2] <= TARGETS["cold_overhead_ms"],
-        "not measured"
-        if worst is None
-        else f"worst {worst[1] - worst[2]:+.3f} ms at {size_label(worst[0])} "
-        f"(cold {worst[1]:.3f}, floor {worst[2]:.3f})",
+        "cold",
+        TARGETS["cold_overhead_ms"],
     )
     gib = 1 << 30
     copy, sa_cold = (_median(data, m, "handoff", gib) for m in ("copy", "sharedarrays-cold"))

@@ -155,11 +155,6 @@ def _new(
             raise ValueError("pack=True cannot be combined with access= for other devices")
         pack = False  # a slab's neighbours would share the grant
     backend = get_backend(device, choose_backend(device, backend_name))
-    if not backend.maps and capacity is not None:
-        raise ValueError(
-            f"capacity= needs a backend that maps chunks into a reservation (cuda-vmm, host); "
-            f"{backend.name} memory cannot grow in place"
-        )
     if backend.exporter_owned and name is not None:
         raise ValueError(
             f"a named array must outlive its creator, and {backend.name} memory lives only as "

@@ -23,6 +23,7 @@ __all__ = [
     "choose_backend",
     "factories",
     "cuda_usable",
+    "current_cuda_device",
     "backends",
     "BACKEND_NAMES",
 ]
@@ -94,6 +95,14 @@ def cuda_usable(index: int | None = None, backend: str = "any") -> str | None:
         return cuda_driver.why_unusable(index, backend)
     reasons = [cuda_driver.why_unusable(index, name) for name in cuda_driver.CUDA_BACKENDS]
     return None if None in reasons else reasons[0]
+
+
+def current_cuda_device(default: int) -> int:
+    """The CUDA device this process works on (CuPy's or PyTorch's current one), else
+    ``default``; see :func:`~sharedarrays.backends.cuda_driver.current_device_index`."""
+    from . import cuda_driver
+
+    return cuda_driver.current_device_index(default)
 
 
 def backends(device: str | int | Device | None = None) -> dict[str, str | None]:
