@@ -24,12 +24,14 @@ import hmac
 import json
 import os
 import queue
+import selectors
 import socket
 import stat
 import struct
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,8 @@ _FDS_PER_MESSAGE = 250  # SCM_MAX_FD is 253
 _CRED = struct.Struct("3i")
 TIMEOUT = 10.0
 """Seconds an importer waits for a handle server (and a server for a client)."""
+MAX_CONNECTIONS = 256
+"""Importer connections a handle server keeps open at most (the longest idle is closed)."""
 HOUSEKEEPING = 5.0
 """Seconds between the server's checks for parked mappings whose source process died."""
 
@@ -94,7 +98,11 @@ def _peer(sock: socket.socket) -> tuple[int, int, int]:
 class HandleServer:
     """Serves this process's allocations' fds to authenticated importers.
 
-    One per process, started on first need by :func:`server_address`, stopped at exit.
+    One per process, started on first need by :func:`server_address`, stopped at exit. An
+    importer may keep its connection open and send one request after another on it (each
+    is checked on its own: the uid and pid from ``SO_PEERCRED`` at connect, the secret per
+    request); the server keeps at most :data:`MAX_CONNECTIONS` open, closing the longest
+    idle first, and closes one when its importer hangs up or exits.
     """
 
     def __init__(self) -> None:
@@ -111,32 +119,85 @@ class HandleServer:
             raise
         self._pid = os.getpid()
         self._closed = False
+        self._conns: dict[socket.socket, tuple[int, int, int]] = {}  # oldest use first
         self._thread = threading.Thread(
             target=self._serve, name="sharedarrays-handles", daemon=True
         )
         self._thread.start()
 
-    def _serve(self) -> None:
-        self._sock.settimeout(HOUSEKEEPING)
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except TimeoutError:
-                allocation.drop_parked(only_orphans=True)
-                allocation.reap_draining()
-                continue
-            except OSError:
-                return  # closed
-            with conn:
-                try:
-                    conn.settimeout(TIMEOUT)
-                    self._answer(conn)
-                except OSError:
-                    pass  # the client went away; nothing to clean up beyond the socket
+    @property
+    def connections(self) -> int:
+        """How many importer connections are open now."""
+        return len(self._conns)
 
-    def _answer(self, conn: socket.socket) -> None:
-        pid, uid, _ = _peer(conn)
-        request = conn.recv(_GROW.size + _MAX_PATH + 1)
+    def _serve(self) -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(self._sock, selectors.EVENT_READ)
+        next_housekeeping = time.monotonic() + HOUSEKEEPING
+        try:
+            while not self._closed:
+                events = sel.select(max(next_housekeeping - time.monotonic(), 0.0))
+                if time.monotonic() >= next_housekeeping:
+                    allocation.drop_parked(only_orphans=True)
+                    allocation.reap_draining()
+                    next_housekeeping = time.monotonic() + HOUSEKEEPING
+                for key, _ in events:
+                    if key.fileobj is self._sock:
+                        if not self._accept(sel):
+                            return  # closed
+                    else:
+                        self._request(sel, key.fileobj)  # type: ignore[arg-type]
+        except OSError:
+            return  # closed under the selector
+        finally:
+            for conn in list(self._conns):
+                conn.close()
+            self._conns.clear()
+            sel.close()
+
+    def _accept(self, sel: selectors.BaseSelector) -> bool:
+        try:
+            conn, _ = self._sock.accept()
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        try:
+            conn.settimeout(TIMEOUT)
+            peer = _peer(conn)
+        except OSError:
+            conn.close()
+            return True
+        while len(self._conns) >= MAX_CONNECTIONS:  # the longest idle goes
+            self._drop(sel, next(iter(self._conns)))
+        self._conns[conn] = peer
+        sel.register(conn, selectors.EVENT_READ)
+        return True
+
+    def _drop(self, sel: selectors.BaseSelector, conn: socket.socket) -> None:
+        self._conns.pop(conn, None)
+        with contextlib.suppress(KeyError, ValueError):
+            sel.unregister(conn)
+        conn.close()
+
+    def _request(self, sel: selectors.BaseSelector, conn: socket.socket) -> None:
+        peer = self._conns.pop(conn, None)
+        if peer is None:
+            self._drop(sel, conn)
+            return
+        try:
+            request = conn.recv(_GROW.size + _MAX_PATH + 1)
+            if request:
+                self._answer(conn, peer, request)
+        except OSError:
+            request = b""  # the client went away; nothing to clean up beyond the socket
+        if request and peer[1] == os.getuid():
+            self._conns[conn] = peer  # most recently used last
+        else:  # hung up, or another user (told so once)
+            self._drop(sel, conn)
+
+    def _answer(self, conn: socket.socket, peer: tuple[int, int, int], request: bytes) -> None:
+        pid, uid, _ = peer
         if uid != os.getuid():
             conn.send(_REPLY.pack(_REPLY_MAGIC, _BAD_UID, 0))
             return
@@ -256,10 +317,18 @@ def shutdown_server() -> None:
 
 
 def _forget_server_in_child() -> None:
-    # A forked child has the parent's listening socket but not its thread: drop both.
-    global _server, _server_lock
+    # A forked child has the parent's listening socket but not its thread: drop both. It
+    # also has the parent's connections to other servers, which name the parent's pid.
+    global _server, _server_lock, _connections_lock
     _server_lock = threading.Lock()
+    _connections_lock = threading.Lock()
+    for sock in _connections.values():
+        sock.close()
+    _connections.clear()
     if _server is not None:
+        for conn in _server._conns:
+            conn.close()
+        _server._conns.clear()
         _server._sock.close()
         _server._closed = True
         _server = None
@@ -354,22 +423,36 @@ def fetch_growth(
     return sizes, capacity, used, fds
 
 
-def _fetch(
-    server: str,
-    pid: int,
-    alloc_id: str,
-    secret: bytes,
-    reply_to: str | None,
-    first: int | None,
-) -> tuple[Any, list[int]]:
-    """One request to a handle server: the reply's JSON and the fds (owned by the caller)."""
-    gone = (
-        f"the handles of allocation {alloc_id} are no longer available: the process that "
-        f"shared it (pid {pid}) has exited or closed every view of it. Keep that process and "
-        "one open view alive until every importer has loaded the array"
-    )
+_connections: dict[str, socket.socket] = {}
+"""This process's open connections to handle servers, by server path: one per exporter,
+reused by the next request (no connect and accept per import). A request takes its
+connection out while it runs, so two threads never share one."""
+_connections_lock = threading.Lock()
+MAX_CLIENT_CONNECTIONS = 64
+"""Connections to handle servers this process keeps open at most (the oldest is closed)."""
+
+
+def open_connections() -> int:
+    """How many sockets this process keeps open for handle traffic between requests: its
+    connections to other processes' handle servers and, when it serves, its importers'
+    connections to it."""
+    server = _server
+    return len(_connections) + (server.connections if server is not None else 0)
+
+
+def close_connections() -> None:
+    """Close this process's idle connections to handle servers (the next request connects
+    again)."""
+    with _connections_lock:
+        socks = list(_connections.values())
+        _connections.clear()
+    for sock in socks:
+        sock.close()
+
+
+def _connect(server: str, gone: str) -> socket.socket:
+    """A new connection to the handle server at ``server``, checked to run as this user."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    fds: list[int] = []
     try:
         sock.settimeout(TIMEOUT)
         try:
@@ -386,20 +469,75 @@ def _fetch(
             raise PermissionDenied(
                 f"the handle server {server} runs as another user (uid {server_uid})"
             )
-        tail = reply_to.encode() if reply_to and len(reply_to.encode()) <= _MAX_PATH else b""
-        raw_id = bytes.fromhex(alloc_id)
-        if first is None:
-            request = _REQUEST.pack(_REQUEST_MAGIC, raw_id, secret)
-        else:
-            request = _GROW.pack(_GROW_MAGIC, raw_id, secret, first)
-        sock.sendall(request + tail)
-        msg, got, _, _ = socket.recv_fds(sock, 1 << 20, _FDS_PER_MESSAGE)
-        fds.extend(got)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _keep_connection(server: str, sock: socket.socket) -> None:
+    """Put a connection back for the next request (or close it if another one is kept)."""
+    with _connections_lock:
+        if server not in _connections:
+            while len(_connections) >= MAX_CLIENT_CONNECTIONS:
+                _connections.pop(next(iter(_connections))).close()
+            _connections[server] = sock
+            return
+    sock.close()
+
+
+def _fetch(
+    server: str,
+    pid: int,
+    alloc_id: str,
+    secret: bytes,
+    reply_to: str | None,
+    first: int | None,
+) -> tuple[Any, list[int]]:
+    """One request to a handle server: the reply's JSON and the fds (owned by the caller).
+
+    Sent on this process's kept connection to that server when there is one; if that
+    connection turns out to be closed before any reply came (the server dropped it), the
+    request is sent once more on a new one.
+    """
+    gone = (
+        f"the handles of allocation {alloc_id} are no longer available: the process that "
+        f"shared it (pid {pid}) has exited or closed every view of it. Keep that process and "
+        "one open view alive until every importer has loaded the array"
+    )
+    tail = reply_to.encode() if reply_to and len(reply_to.encode()) <= _MAX_PATH else b""
+    raw_id = bytes.fromhex(alloc_id)
+    if first is None:
+        request = _REQUEST.pack(_REQUEST_MAGIC, raw_id, secret) + tail
+    else:
+        request = _GROW.pack(_GROW_MAGIC, raw_id, secret, first) + tail
+    with _connections_lock:
+        sock = _connections.pop(server, None)
+    reused = sock is not None
+    fds: list[int] = []
+    try:
+        while True:
+            if sock is None:
+                sock = _connect(server, gone)
+            try:
+                sock.sendall(request)
+                msg, got, _, _ = socket.recv_fds(sock, 1 << 20, _FDS_PER_MESSAGE)
+            except (BrokenPipeError, ConnectionResetError):
+                msg, got = b"", []
+            fds.extend(got)
+            if msg or not reused:
+                break
+            sock.close()  # a kept connection the server had closed: once more, anew
+            sock, reused = None, False
+        assert sock is not None  # (the loop ends holding a connection)
         if len(msg) < _REPLY.size:
             raise HandleUnavailable(f"{gone} (the server closed the connection)")
         magic, status, count = _REPLY.unpack_from(msg)
         if magic != _REPLY_MAGIC:
             raise PayloadError(f"{server} is not a sharedarrays handle server")
+        if status not in (_OK, _BAD_UID):  # a refusal: the connection serves the next request
+            _keep_connection(server, sock)
+            sock = None
         if status == _GONE:
             raise HandleUnavailable(gone)
         if status == _BAD_SECRET:
@@ -425,6 +563,8 @@ def _fetch(
             raise PayloadError("the handle server sent an inconsistent reply")
         result = fds
         fds = []
+        _keep_connection(server, sock)
+        sock = None
         return sizes, result
     except TimeoutError:
         raise HandleUnavailable(
@@ -438,7 +578,8 @@ def _fetch(
     finally:
         for fd in fds:
             os.close(fd)
-        sock.close()
+        if sock is not None:
+            sock.close()
 
 
 _notices: queue.SimpleQueue[tuple[list[str], bytes, bytes, bytes]] = queue.SimpleQueue()

@@ -72,6 +72,71 @@ def test_fetch_returns_working_fds(fd_baseline: None) -> None:
     assert a.allocation.served[-1].pid == os.getpid()
 
 
+def _fetch_and_close(a: sa.SharedDeviceArray) -> None:
+    _, fds, _ = transport.fetch_handles(
+        transport.server_address(), os.getpid(), a.allocation.id, a.allocation.secret
+    )
+    for fd in fds:
+        os.close(fd)
+
+
+def test_requests_to_one_server_reuse_one_connection(fd_baseline: None) -> None:
+    a, b = (sa.zeros(16, device="cpu", pack=False) for _ in range(2))
+    server = transport.server_address()
+    transport.close_connections()
+    _fetch_and_close(a)
+    kept = transport._connections[server]
+    _fetch_and_close(b)
+    _fetch_and_close(a)
+    assert transport._connections[server] is kept  # no new connect per request
+    assert transport._server is not None and transport._server.connections == 1
+    assert transport.open_connections() == 2  # this process at both ends
+    transport.close_connections()
+    assert server not in transport._connections
+
+
+def test_a_kept_connection_the_server_dropped_is_replaced(
+    monkeypatch: pytest.MonkeyPatch, fd_baseline: None
+) -> None:
+    a = sa.zeros(16, device="cpu", pack=False)
+    server = transport.server_address()
+    transport.close_connections()
+    _fetch_and_close(a)
+    kept = transport._connections[server]
+    monkeypatch.setattr(transport, "MAX_CONNECTIONS", 1)
+    other = transport._connect(server, "gone")  # the server closes the longest idle: ours
+    try:
+        other.sendall(b"?")  # a malformed request: answered, so the eviction has happened
+        assert other.recv(64)[:4] == b"SAR1"
+        _fetch_and_close(a)  # sent on the dead connection first, then once more anew
+        assert transport._connections[server] is not kept
+    finally:
+        other.close()
+        transport.close_connections()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="fork")
+def test_a_forked_child_does_not_use_its_parents_connections(tmp_path: Path) -> None:
+    a = sa.zeros(16, device="cpu", pack=False, allow_pids=[os.getpid()])
+    _fetch_and_close(a)  # the parent now keeps a connection, authenticated as its pid
+    blob = pickle.dumps(a)
+    server = transport.server_address()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports by exit status
+        code = 3
+        try:
+            try:
+                transport._fetch(server, 1, a.allocation.id, a.allocation.secret, None, None)
+                code = 1  # served as the parent
+            except sa.PermissionDenied:
+                code = 0  # asked on a connection of its own
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    assert pickle.loads(blob).allocation is a.allocation
+
+
 def test_a_payload_whose_secret_was_swapped_is_refused_by_the_exporter(tmp_path: Path) -> None:
     a = sa.zeros(8, device="cpu", pack=False)
     blob = pickle.dumps(a)
