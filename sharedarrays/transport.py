@@ -530,14 +530,15 @@ def _fetch(
             sock.close()  # a kept connection the server had closed: once more, anew
             sock, reused = None, False
         assert sock is not None  # (the loop ends holding a connection)
+        conn = sock
         if len(msg) < _REPLY.size:
             raise HandleUnavailable(f"{gone} (the server closed the connection)")
         magic, status, count = _REPLY.unpack_from(msg)
         if magic != _REPLY_MAGIC:
             raise PayloadError(f"{server} is not a sharedarrays handle server")
         if status not in (_OK, _BAD_UID):  # a refusal: the connection serves the next request
-            _keep_connection(server, sock)
             sock = None
+            _keep_connection(server, conn)
         if status == _GONE:
             raise HandleUnavailable(gone)
         if status == _BAD_SECRET:
@@ -555,7 +556,7 @@ def _fetch(
             raise PayloadError("the handle server rejected the request as malformed")
         sizes = json.loads(msg[_REPLY.size :])
         while len(fds) < count:
-            _, more, _, _ = socket.recv_fds(sock, 16, _FDS_PER_MESSAGE)
+            _, more, _, _ = socket.recv_fds(conn, 16, _FDS_PER_MESSAGE)
             if not more:
                 raise HandleUnavailable(f"{gone} (the server stopped while sending)")
             fds.extend(more)
@@ -563,8 +564,8 @@ def _fetch(
             raise PayloadError("the handle server sent an inconsistent reply")
         result = fds
         fds = []
-        _keep_connection(server, sock)
         sock = None
+        _keep_connection(server, conn)
         return sizes, result
     except TimeoutError:
         raise HandleUnavailable(
