@@ -93,10 +93,10 @@ def main() -> None:
     served: list[float] = []
     answer = transport.HandleServer._answer
 
-    def timed_answer(self: Any, conn: Any) -> None:
+    def timed_answer(self: Any, conn: Any, peer: Any, request: bytes) -> None:
         t = time.perf_counter()
         try:
-            answer(self, conn)
+            answer(self, conn, peer, request)
         finally:
             served.append(time.perf_counter() - t)
 

@@ -191,6 +191,9 @@ class HandleServer:
                 self._answer(conn, peer, request)
         except OSError:
             request = b""  # the client went away; nothing to clean up beyond the socket
+        except Exception as e:  # a bug must not stop the server: this client gets EOF
+            print(f"sharedarrays: handle server: {e!r} answering pid {peer[0]}", file=sys.stderr)
+            request = b""
         if request and peer[1] == os.getuid():
             self._conns[conn] = peer  # most recently used last
         else:  # hung up, or another user (told so once)
