@@ -222,8 +222,9 @@ def empty(
     order : {"C", "F"}
         Row-major or column-major layout.
     chunk_bytes : int, optional
-        Largest chunk of the allocation (default 2 GiB, see
-        :data:`sharedarrays.allocation.DEFAULT_CHUNK_BYTES`).
+        Largest chunk of the allocation. By default an array is one chunk (each chunk costs
+        every importer an import and a map) and a growable array maps at most 2 GiB at a
+        time (:data:`sharedarrays.allocation.DEFAULT_CHUNK_BYTES`).
     pack : bool, optional
         Carve the array out of a shared 2 MiB *slab* allocation instead of giving it an
         allocation of its own. The default packs arrays of at most

@@ -26,7 +26,8 @@ def test_chunk_policy() -> None:
     assert chunk_sizes(0, 4096) == [4096]
     assert chunk_sizes(1, 4096) == [4096]
     assert chunk_sizes(10_000, 4096, 8192) == [8192, 4096]
-    assert chunk_sizes(3 << 30, 2 << 20) == [2 << 30, 1 << 30]
+    assert chunk_sizes(3 << 30, 2 << 20) == [3 << 30]  # one chunk unless told otherwise
+    assert chunk_sizes(3 << 30, 2 << 20, 2 << 30) == [2 << 30, 1 << 30]
     assert chunk_sizes(5000, 4096, 100) == [4096, 4096]  # chunk_bytes rounds up to a granule
     with pytest.raises(ValueError, match="chunk_bytes"):
         chunk_sizes(10, 4096, 0)

@@ -168,7 +168,7 @@ def test_32_gib_array_is_handed_off_without_a_copy() -> None:
         pytest.skip("needs 36 GiB of free device memory")
     a = sa.empty(n, "float32")
     a.array.fill(1.0)
-    assert len(a.allocation.chunks) == 16
+    assert len(a.allocation.chunks) == 1  # one import and one map in the worker
     step = 1 << 20
     with mp.get_context("spawn").Pool(1) as pool:
         pool.apply(workers.cuda_read_sum, (sa.zeros(1, "float32"),))  # start the worker
