@@ -77,7 +77,7 @@ def cold_steps(payloads: list[bytes]) -> dict[str, float]:
         device = CPU if p.backend == "host" else Device("cuda", p.device)
         backend = get_backend(device, p.backend)
         t1 = time.perf_counter()
-        sizes, fds = transport.fetch_handles(p.server, p.pid, p.alloc_id, p.secret)
+        sizes, fds, _ = transport.fetch_handles(p.server, p.pid, p.alloc_id, p.secret)
         t2 = time.perf_counter()
         alloc = Allocation.import_(backend, p.alloc_id, p.secret, sizes, fds, p.pid)
         t3 = time.perf_counter()
@@ -88,19 +88,21 @@ def cold_steps(payloads: list[bytes]) -> dict[str, float]:
     return {f"worker cold: {k}": statistics.median(v) * 1e6 for k, v in steps.items()}
 
 
-def interleaved(pool: Any, a: Any, n: int = 201) -> tuple[float, float, float]:
-    """Floor and warm handoff measured alternately: medians of floor, warm, warm - floor."""
-    floors, warms = [], []
+def interleaved(
+    pool: Any, fn: Callable[[Any], Any], arg: Any, n: int = 201
+) -> tuple[float, float, float]:
+    """The floor and ``fn(arg)`` measured alternately: medians of floor, task, task - floor."""
+    floors, tasks = [], []
     for _ in range(n):
         t = time.perf_counter()
         pool.apply(noop, (1,))
         t1 = time.perf_counter()
-        pool.apply(touch, (a,))
+        pool.apply(fn, (arg,))
         t2 = time.perf_counter()
         floors.append(t1 - t)
-        warms.append(t2 - t1)
-    diffs = [w - f for w, f in zip(warms, floors)]
-    return tuple(statistics.median(x) * 1e6 for x in (floors, warms, diffs))  # type: ignore[return-value]
+        tasks.append(t2 - t1)
+    diffs = [w - f for w, f in zip(tasks, floors)]
+    return tuple(statistics.median(x) * 1e6 for x in (floors, tasks, diffs))  # type: ignore[return-value]
 
 
 def load_steps(blob: bytes, payload: bytes, sync: bytes | None) -> dict[str, float]:
@@ -150,10 +152,14 @@ def main() -> None:
         rows["pool: warm handoff"] = median_us(lambda: pool.apply(touch, (a,)), 201)
         with sa.no_sync():
             rows["pool: warm handoff, no_sync"] = median_us(lambda: pool.apply(touch, (a,)), 201)
-        f, w, d = interleaved(pool, a)
+        f, w, d = interleaved(pool, touch, a)
         rows["pool (interleaved): floor"] = f
         rows["pool (interleaved): warm handoff"] = w
         rows["pool (interleaved): warm - floor, per pair"] = d
+        same_size = bytes(len(pickle.dumps(a)))  # what the Pool moves, without sharedarrays
+        rows["pool (interleaved): bytes of a pickled array's size - floor"] = interleaved(
+            pool, noop, same_size
+        )[2]
         smalls = [sa.full(512, float(i), "float64", device=args.device) for i in range(10_000)]
         t = time.perf_counter()
         small_blob = pickle.dumps(smalls)
