@@ -35,6 +35,16 @@ def noop(_: object = None) -> None:
     return None
 
 
+_kept: list[Any] = []
+
+
+def keep(a: Any) -> None:
+    """Hold the view past the task (its teardown is not part of the handoff)."""
+    _kept.append(a)
+    if len(_kept) > 100:
+        _kept.clear()
+
+
 def touch(a: Any) -> int:
     return len(a.array.shape)
 
@@ -156,6 +166,14 @@ def main() -> None:
         rows["pool (interleaved): floor"] = f
         rows["pool (interleaved): warm handoff"] = w
         rows["pool (interleaved): warm - floor, per pair"] = d
+        with sa.no_sync():
+            rows["pool (interleaved): warm - floor, no_sync"] = interleaved(pool, touch, a)[2]
+        rows["pool (interleaved): array received, .array not taken - floor"] = interleaved(
+            pool, noop, a
+        )[2]
+        rows["pool (interleaved): array received and kept, .array not taken - floor"] = interleaved(
+            pool, keep, a
+        )[2]
         same_size = bytes(len(pickle.dumps(a)))  # what the Pool moves, without sharedarrays
         rows["pool (interleaved): bytes of a pickled array's size - floor"] = interleaved(
             pool, noop, same_size
