@@ -45,6 +45,12 @@ def keep(a: Any) -> None:
         _kept.clear()
 
 
+def touch_close(a: Any) -> int:
+    n = len(a.array.shape)
+    a.close()
+    return n
+
+
 def touch(a: Any) -> int:
     return len(a.array.shape)
 
@@ -99,7 +105,7 @@ def cold_steps(payloads: list[bytes]) -> dict[str, float]:
 
 
 def interleaved(
-    pool: Any, fn: Callable[[Any], Any], arg: Any, n: int = 201
+    pool: Any, fn: Callable[[Any], Any], arg: Any, n: int = 1001
 ) -> tuple[float, float, float]:
     """The floor and ``fn(arg)`` measured alternately: medians of floor, task, task - floor."""
     floors, tasks = [], []
@@ -166,17 +172,25 @@ def main() -> None:
         rows["pool (interleaved): floor"] = f
         rows["pool (interleaved): warm handoff"] = w
         rows["pool (interleaved): warm - floor, per pair"] = d
-        with sa.no_sync():
-            rows["pool (interleaved): warm - floor, no_sync"] = interleaved(pool, touch, a)[2]
-        rows["pool (interleaved): array received, .array not taken - floor"] = interleaved(
-            pool, noop, a
-        )[2]
-        rows["pool (interleaved): array received and kept, .array not taken - floor"] = interleaved(
-            pool, keep, a
-        )[2]
+        # a ladder, each rung adding one thing (1,001 pairs each):
         same_size = bytes(len(pickle.dumps(a)))  # what the Pool moves, without sharedarrays
-        rows["pool (interleaved): bytes of a pickled array's size - floor"] = interleaved(
-            pool, noop, same_size
+        ladder: list[tuple[str, Callable[[Any], Any], Any]] = [
+            ("bytes of a pickled array's size (control)", noop, same_size),
+            ("array received and kept (no .array, no teardown)", keep, a),
+            ("array received, dropped after the task", noop, a),
+            ("+ .array in the task", touch, a),
+            ("+ close in the task (as the bench)", touch_close, a),
+        ]
+        for name, fn, arg in ladder:
+            rows[f"pool (pairs): {name} - floor"] = interleaved(pool, fn, arg)[2]
+        with sa.no_sync():
+            rows["pool (pairs): as the bench, no_sync - floor"] = interleaved(pool, touch_close, a)[
+                2
+            ]
+        c = sa.zeros(1 << 18, "float32", device="cpu", pack=False)
+        pool.apply(touch, (c,))
+        rows["pool (pairs): a host array as the bench, same pool - floor"] = interleaved(
+            pool, touch_close, c
         )[2]
         smalls = [sa.full(512, float(i), "float64", device=args.device) for i in range(10_000)]
         t = time.perf_counter()
