@@ -74,6 +74,18 @@ def _settle_parent(pool: Any) -> None:
     time.sleep(0.002)
 
 
+def _pair(pool: Any, size: int, device: str | None) -> tuple[float, float]:
+    """An empty task, then the cold handoff of a new array (closed here after): seconds."""
+    a = sa.empty(size // 4, "float32", device=device, pack=False)
+    t = time.perf_counter()
+    pool.apply(noop, (1,))
+    t1 = time.perf_counter()
+    pool.apply(touch_close, (a,))
+    t2 = time.perf_counter()
+    a.close()
+    return t1 - t, t2 - t1
+
+
 def med(xs: list[float]) -> float:
     return statistics.median(xs) * 1e6
 
@@ -109,13 +121,7 @@ def main() -> None:
             floors, colds, pickles, inside, cold_loose, floors_loose = [], [], [], [], [], []
             served.clear()
             for i in range(args.pairs + 2):
-                a = sa.empty(size // 4, "float32", device=device, pack=False)
-                t = time.perf_counter()
-                pool.apply(noop, (1,))
-                t1 = time.perf_counter()
-                pool.apply(touch_close, (a,))
-                t2 = time.perf_counter()
-                a.close()
+                floor, cold = _pair(pool, size, device)
                 _settle_parent(pool)
                 b = sa.empty(size // 4, "float32", device=device, pack=False)
                 t3 = time.perf_counter()
@@ -124,22 +130,16 @@ def main() -> None:
                 inside_s = pool.apply(loads_timed, (blob,))
                 b.close()
                 _settle_parent(pool)
-                c = sa.empty(size // 4, "float32", device=device, pack=False)
-                t5 = time.perf_counter()
-                pool.apply(noop, (1,))
-                t6 = time.perf_counter()
-                pool.apply(touch_close, (c,))
-                t7 = time.perf_counter()
-                c.close()
+                floor_loose, cold_loose_s = _pair(pool, size, device)
                 pool.apply(settle)  # as the bench: no wait for the parent's notices
                 if i < 2:
                     continue
-                floors.append(t1 - t)
-                colds.append(t2 - t1)
+                floors.append(floor)
+                colds.append(cold)
                 pickles.append(t4 - t3)
                 inside.append(inside_s)
-                floors_loose.append(t6 - t5)
-                cold_loose.append(t7 - t6)
+                floors_loose.append(floor_loose)
+                cold_loose.append(cold_loose_s)
             diffs = [c - f for c, f in zip(colds, floors)]
             loose = [c - f for c, f in zip(cold_loose, floors_loose)]
             rows = {
