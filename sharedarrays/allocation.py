@@ -29,6 +29,7 @@ from .backends import Access, Backend, Chunk, MappingBackend, round_up
 from .device import Device
 from .errors import ClosedArrayError, PayloadError, ResizeRefused
 from .process import running
+from .settings import env_number
 
 __all__ = [
     "Allocation",
@@ -76,18 +77,7 @@ _SERVED_HISTORY = 256
 
 
 def _default_chunk_bytes() -> int:
-    value = os.environ.get("SHAREDARRAYS_CHUNK_BYTES")
-    if not value:
-        return DEFAULT_CHUNK_BYTES
-    try:
-        n = int(value)
-    except ValueError:
-        raise ValueError(
-            f"SHAREDARRAYS_CHUNK_BYTES={value!r} is not an integer number of bytes"
-        ) from None
-    if n <= 0:
-        raise ValueError(f"SHAREDARRAYS_CHUNK_BYTES must be positive, got {n}")
-    return n
+    return env_number("SHAREDARRAYS_CHUNK_BYTES", DEFAULT_CHUNK_BYTES, 1)
 
 
 def _chunk_limit(chunk_bytes: int | None) -> int:
@@ -119,7 +109,7 @@ def chunk_sizes(nbytes: int, granularity: int, chunk_bytes: int | None = None) -
         Largest chunk; by default ``SHAREDARRAYS_CHUNK_BYTES`` if set, else no limit.
     """
     total = round_up(max(nbytes, 1), granularity)
-    if chunk_bytes is None and not os.environ.get("SHAREDARRAYS_CHUNK_BYTES"):
+    if chunk_bytes is None and not os.environ.get("SHAREDARRAYS_CHUNK_BYTES", "").strip():
         return [total]
     chunk_bytes = _chunk_limit(chunk_bytes)
     step = round_up(chunk_bytes, granularity)
@@ -243,11 +233,7 @@ def keep_imports() -> int:
     parking off). A parked mapping is dropped as soon as its exporter releases the allocation
     or exits, and the oldest is dropped when the limit is reached.
     """
-    value = os.environ.get("SHAREDARRAYS_KEEP_IMPORTS", "64")
-    try:
-        return max(0, int(value))
-    except ValueError:
-        raise ValueError(f"SHAREDARRAYS_KEEP_IMPORTS={value!r} is not an integer") from None
+    return env_number("SHAREDARRAYS_KEEP_IMPORTS", 64, 0)
 
 
 def lookup(alloc_id: str, draining: bool = False) -> Allocation | None:

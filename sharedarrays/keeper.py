@@ -68,6 +68,7 @@ from .errors import (
     NameNotFound,
     PermissionDenied,
 )
+from .settings import env_number
 
 __all__ = [
     "OK",
@@ -135,12 +136,7 @@ def idle_seconds() -> float:
     ``SHAREDARRAYS_KEEPER_IDLE`` in the keeper's environment (inherited from the process that
     started it), default 30.
     """
-    value = os.environ.get("SHAREDARRAYS_KEEPER_IDLE", "30")
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise ValueError(f"SHAREDARRAYS_KEEPER_IDLE={value!r} is not a number") from None
-    return max(0.0, seconds)
+    return env_number("SHAREDARRAYS_KEEPER_IDLE", 30.0, 0.0)
 
 
 def socket_path() -> Path:

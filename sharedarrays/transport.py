@@ -38,6 +38,7 @@ from typing import Any
 from . import allocation
 from .errors import HandleUnavailable, PayloadError, PermissionDenied
 from .process import running
+from .settings import env_number
 
 __all__ = ["runtime_dir", "server_address", "fetch_handles", "fetch_growth", "shutdown_server"]
 
@@ -666,8 +667,9 @@ def _drain_at_exit() -> None:
                 _start_notifier()
                 _queue_notice(servers, _NOTICE_MAGIC, bytes.fromhex(alloc.id), alloc.secret)
     try:
-        timeout = float(os.environ.get("SHAREDARRAYS_EXIT_WAIT", EXIT_WAIT))
-    except ValueError:
+        timeout = env_number("SHAREDARRAYS_EXIT_WAIT", EXIT_WAIT, 0.0)
+    except ValueError as e:  # at exit: say so, and wait the default
+        print(f"sharedarrays: {e}; waiting {EXIT_WAIT:g} s", file=sys.stderr)
         timeout = EXIT_WAIT
     left = allocation.wait_draining(timeout)
     if left:

@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 
 from ..device import Device
 from ..errors import HandleUnavailable, PayloadError
+from ..settings import env_number
 from .base import Chunk
 from .cuda_driver import (
     OPAQUE_BYTES,
@@ -60,15 +61,7 @@ EXPORT_BYTES = POOL_ID_BYTES + OPAQUE_BYTES
 def max_bytes() -> int:
     """The largest cuda-pool allocation allowed here: :data:`MAX_BYTES` unless the
     ``SHAREDARRAYS_POOL_MAX_BYTES`` environment variable says otherwise."""
-    value = os.environ.get("SHAREDARRAYS_POOL_MAX_BYTES")
-    if not value:
-        return MAX_BYTES
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(
-            f"SHAREDARRAYS_POOL_MAX_BYTES={value!r} is not a number of bytes"
-        ) from None
+    return env_number("SHAREDARRAYS_POOL_MAX_BYTES", MAX_BYTES, 1)
 
 
 def _too_large(size: int) -> str | None:
