@@ -527,6 +527,19 @@ class CudaDevice:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.device})"
 
+    @property
+    def granularity(self) -> int:
+        """Chunk sizes (and, where the backend maps, reservation and mapping sizes) are
+        multiples of this many bytes; each backend says its own."""
+        raise NotImplementedError
+
+    def _check_size(self, size: int, what: str) -> None:
+        if size <= 0 or size % self.granularity:
+            raise ValueError(
+                f"{what} must be a positive multiple of the granularity "
+                f"({self.granularity} bytes), got {size}"
+            )
+
     # process and context --------------------------------------------------------------
     def _forked(self) -> bool:
         return os.getpid() != self._pid

@@ -85,8 +85,7 @@ class CudaIpcBackend(CudaDevice):
 
     def create_chunk(self, size: int) -> Chunk:
         """Allocate ``size`` bytes with ``cuMemAlloc`` and take its IPC handle (once)."""
-        if size <= 0 or size % GRANULARITY:
-            raise ValueError(f"a chunk size must be a positive multiple of {GRANULARITY}")
+        self._check_size(size, "a chunk size")
         d = self._d
         with self.context():
             ptr = check(d.cuMemAlloc(size), f"cuMemAlloc({size} bytes on {self.device})")

@@ -145,8 +145,7 @@ class CudaPoolBackend(CudaDevice):
     def create_chunk(self, size: int) -> Chunk:
         """Allocate ``size`` bytes from this process's pool on the current stream, wait for
         the allocation, and export the pointer (once)."""
-        if size <= 0 or size % GRANULARITY:
-            raise ValueError(f"a chunk size must be a positive multiple of {GRANULARITY}")
+        self._check_size(size, "a chunk size")
         why = _too_large(size)
         if why is not None:
             raise ValueError(why)

@@ -121,13 +121,6 @@ class CudaVmmBackend(CudaDevice):
         desc.flags = flag
         return desc
 
-    def _check_size(self, size: int, what: str) -> None:
-        if size <= 0 or size % self._granularity:
-            raise ValueError(
-                f"{what} must be a positive multiple of the granularity "
-                f"({self._granularity} bytes), got {size}"
-            )
-
     def _handle(self, chunk: Chunk) -> Any:
         if chunk.handle < 0:
             raise ValueError("the chunk was released")
