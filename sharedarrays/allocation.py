@@ -109,8 +109,8 @@ def chunk_sizes(nbytes: int, granularity: int, chunk_bytes: int | None = None) -
         Largest chunk; by default ``SHAREDARRAYS_CHUNK_BYTES`` if set, else no limit.
     """
     total = round_up(max(nbytes, 1), granularity)
-    if chunk_bytes is None and not os.environ.get("SHAREDARRAYS_CHUNK_BYTES", "").strip():
-        return [total]
+    if chunk_bytes is None:  # unset: one chunk
+        chunk_bytes = env_number("SHAREDARRAYS_CHUNK_BYTES", total, 1)
     chunk_bytes = _chunk_limit(chunk_bytes)
     step = round_up(chunk_bytes, granularity)
     sizes = [step] * (total // step)
