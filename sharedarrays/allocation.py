@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 import threading
 import time
 import warnings
@@ -224,6 +225,25 @@ release_hooks: list[Callable[[Allocation], None]] = []
 """Called with each allocation this process releases (the transport layer tells the
 processes it served, so that they drop their parked mappings too)."""
 
+hand_over_hooks: list[Callable[[Allocation, int, float], None]] = []
+"""Called, before an allocation of memory that outlives its exporter leaves this process
+(released, or the process exits), with the number of its payloads still in flight and the
+seconds left of their bound: the keeper layer takes over their handles. A hook that fails
+raises; the allocation is then released all the same."""
+
+IN_FLIGHT_SECONDS = 300.0
+"""Default bound on how long a payload in flight keeps its memory alive (seconds)."""
+
+
+def in_flight_seconds() -> float:
+    """How long a payload in flight (pickled here, not yet loaded) keeps its memory alive
+    after this process let go of it: ``SHAREDARRAYS_IN_FLIGHT`` seconds (default 300).
+
+    Within the bound a payload loads even when its sender closed its last view or exited
+    in the meantime; a payload loaded later raises :class:`~sharedarrays.HandleUnavailable`
+    (park or name the array to keep it longer)."""
+    return env_number("SHAREDARRAYS_IN_FLIGHT", IN_FLIGHT_SECONDS, 0.0)
+
 
 def keep_imports() -> int:
     """How many imported allocations with no live view this process keeps mapped.
@@ -292,7 +312,7 @@ def held_elsewhere() -> list[Allocation]:
     still hold (see :attr:`Allocation.holders`)."""
     with _registry_lock:
         mine = [a for a in _registry.values() if a.origin.created_here] + list(_draining.values())
-    return [a for a in mine if a.backend.exporter_owned and a.holders]
+    return [a for a in mine if a.backend.exporter_owned and (a.holders or a.busy())]
 
 
 def wait_draining(timeout: float) -> list[Allocation]:
@@ -480,6 +500,9 @@ class Allocation:
         """Processes allowed to import it (besides this one); ``None``: any of this user."""
         self.export_readonly = False
         """Whether importers get read-only mappings (payloads say ``readonly``)."""
+        self._sent = 0  # payloads pickled here that name this process's handle server
+        self._sent_at = 0.0  # time.monotonic() of the last
+        self._fetched = 0  # handle requests for it this process answered
         with _registry_lock:
             _registry[alloc_id] = self
 
@@ -725,16 +748,20 @@ class Allocation:
             if self._released or self._leases:
                 return False
             self._released = True
-        with _registry_lock:
-            if _registry.get(self.id) is self:
-                del _registry[self.id]
-            _parked.pop(self.id, None)
-            drain = bool(self.holders)
-            if drain:
-                _draining[self.id] = self
+        if not self.backend.exporter_owned:
+            # still registered: a load asks this process until the keeper has the handles
+            self.hand_over()
         try:
-            if not drain:
-                self._free()
+            with self.growth_lock:  # the handle server sends no fd while they are closed
+                with _registry_lock:
+                    if _registry.get(self.id) is self:
+                        del _registry[self.id]
+                    _parked.pop(self.id, None)
+                    drain = self.backend.exporter_owned and (bool(self.holders) or self.busy())
+                    if drain:
+                        _draining[self.id] = self
+                if not drain:
+                    self._free()
         finally:
             for hook in release_hooks:
                 try:
@@ -750,10 +777,12 @@ class Allocation:
     def closed_by(self, pid: int | None) -> None:
         """Process ``pid`` no longer holds this exporter-owned allocation (it said so, or it
         exited); ``None`` only forgets holders that exited. Frees a draining allocation
-        once no holder is left."""
+        once no holder is left and no payload of it is in flight."""
         with self._lock:
             self._holders.discard(-1 if pid is None else pid)
-        if self.holders:
+            if pid is not None:  # it loaded what was sent to it before it closed
+                self._fetched = max(self._fetched, self._sent)
+        if self.holders or self.busy():
             return
         with _registry_lock:
             if _draining.pop(self.id, None) is not self:
@@ -767,6 +796,83 @@ class Allocation:
                 RuntimeWarning,
                 stacklevel=2,
             )
+
+    def _adopt(self) -> None:
+        """In a forked child: make this inherited mapping this process's import from the
+        parent, with no record of what the parent served or sent."""
+        self._lock = threading.Lock()
+        self.growth_lock = threading.RLock()
+        if self.origin.created_here:  # (made by the process that forked this one)
+            self.origin = Origin(False, self.pid, self.origin.time)
+        self.pid = os.getpid()
+        self._served.clear()
+        self._servers.clear()
+        self._holders.clear()
+        self._served_chunks.clear()
+        self._sent = self._fetched = 0
+
+    # payloads in flight ----------------------------------------------------------------
+    def note_sent(self) -> None:
+        """A payload naming this process's handle server was pickled (and may be loaded by
+        another process later): see :meth:`in_flight`."""
+        with self._lock:
+            self._sent += 1
+            self._sent_at = time.monotonic()
+
+    def note_loaded(self) -> None:
+        """One of the payloads pickled here was loaded here: it is no longer in flight."""
+        with self._lock:
+            self._fetched += 1
+
+    def in_flight(self) -> tuple[int, float]:
+        """Payloads pickled here that may still be loaded, and the seconds left of their
+        bound (:func:`in_flight_seconds`, counted from the last one pickled).
+
+        Every payload pickled here counts until as many handle requests were answered here,
+        or the bound passed: a process that already mapped the allocation loads a payload
+        without a request, so the count errs on the side of keeping memory alive.
+
+        Returns
+        -------
+        count, seconds
+            ``(0, 0.0)`` when nothing is in flight.
+        """
+        with self._lock:
+            count, sent_at = self._sent - self._fetched, self._sent_at
+        left = sent_at + in_flight_seconds() - time.monotonic() if count > 0 else 0.0
+        return (count, left) if left > 0 else (0, 0.0)
+
+    def busy(self) -> bool:
+        """Whether a payload of this allocation pickled here may still be loaded
+        (:meth:`in_flight`)."""
+        return self.in_flight()[0] > 0
+
+    def hand_over(self) -> None:
+        """Give the handles of the payloads in flight to something that outlives this
+        process (the :data:`hand_over_hooks`: the keeper), for the rest of their bound.
+
+        Called when the allocation is released here and at exit, for memory that outlives
+        its exporter (host, cuda-vmm); does nothing when no payload is in flight. A hook's
+        failure is said on stderr (this runs from finalizers): those payloads will not load.
+        """
+        if self.pid != os.getpid() or self.growable or not self.backend.maps:
+            return
+        count, seconds = self.in_flight()
+        if not count:
+            return
+        for hook in hand_over_hooks:
+            try:
+                hook(self, count, seconds)
+            except Exception as exc:
+                print(
+                    f"sharedarrays: {count} payload(s) of allocation {self.id} are in flight "
+                    f"but their memory could not be handed to the keeper ({exc}); they will "
+                    "not load. Keep a view open until they are loaded, or park() the array",
+                    file=sys.stderr,
+                )
+                return
+        with self._lock:  # handed over: the keeper answers for them from now on
+            self._fetched = self._sent
 
     # description ------------------------------------------------------------------------
     @property
@@ -859,6 +965,8 @@ class Allocation:
         that have not closed it yet (it is freed only after they have). Empty otherwise."""
         with self._lock:
             alive = {pid for pid in self._holders if running(pid)}
+            if alive != self._holders:  # (what was sent to those is loaded, or never will be)
+                self._fetched = max(self._fetched, self._sent)
             self._holders = alive
         return tuple(sorted(alive))
 
@@ -873,6 +981,7 @@ class Allocation:
         given) is told when this process releases the allocation; ``chunks``: how many
         chunks it may map now (shrinking below that is refused while it runs)."""
         with self._lock:
+            self._fetched += 1
             self._served.append(Served(pid, time.time()))
             if server:
                 self._servers.add(server)
@@ -1122,6 +1231,37 @@ def _fmt(n: int) -> str:
 
 _slabs: dict[tuple[str, Device], tuple[Lease, int]] = {}
 _slabs_lock = threading.Lock()
+_inherited: list[object] = []
+"""In a forked child: what it inherited and never releases (its parent's slabs and parked
+mappings), so that nothing runs on them here."""
+
+
+def _reset_in_child() -> None:
+    """A forked child starts with its own per-process state.
+
+    It gets new locks (another thread of the parent may have held them), no slab (its small
+    arrays never share its parent's or a sibling's free space), no parked mappings and no
+    draining allocations. The host allocations it inherited mapped, with the views that use
+    them, become its own imports from the parent (it may hand them on and serve them); CUDA
+    and growable ones stay the parent's (CUDA cannot be used after fork; a growable array's
+    chunks are served by its exporter).
+    """
+    global _registry_lock, _slabs_lock
+    _registry_lock = threading.RLock()
+    _slabs_lock = threading.Lock()
+    _inherited.extend(_slabs.values())
+    _slabs.clear()
+    for alloc in _parked.values():
+        _registry.pop(alloc.id, None)
+        _inherited.append(alloc)
+    _parked.clear()
+    _draining.clear()
+    for alloc in _registry.values():
+        if not alloc.device.is_cuda and not alloc.growable:
+            alloc._adopt()
+
+
+os.register_at_fork(after_in_child=_reset_in_child)
 
 
 def pack_into_slab(backend: Backend, nbytes: int) -> tuple[Allocation, int]:

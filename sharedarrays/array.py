@@ -500,13 +500,15 @@ class SharedDeviceArray:
 
     def __reduce__(self) -> tuple[Any, tuple[bytes, bytes | None]]:
         blob = self._payload_bytes()
-        return _rebuild, (blob, self.allocation.backend.export_sync())
+        alloc = self.allocation
+        if alloc.source_server is None:  # the payload names this process: it is in flight
+            alloc.note_sent()
+        return _rebuild, (blob, alloc.backend.export_sync())
 
 
 def _reduce_for_multiprocessing(a: SharedDeviceArray) -> tuple[Any, tuple[Any, ...]]:
     """Pickle for multiprocessing: while a Process is being spawned, its arguments carry the
     chunk fds themselves (multiprocessing's DupFd), so the child needs no connection."""
-    rebuild, args = a.__reduce__()
     alloc = a.allocation
     # (a growable array's chunks come from its handle server, which records who maps them)
     # (and exporter-owned memory's exporter must see every importer, to outlive it)
@@ -515,9 +517,10 @@ def _reduce_for_multiprocessing(a: SharedDeviceArray) -> tuple[Any, tuple[Any, .
         and alloc.allow_pids is None
         and not alloc.growable
         and alloc.backend.maps
-    ):
-        return rebuild, (*args, tuple(reduction.DupFd(fd) for fd in alloc.chunk_fds()))
-    return rebuild, args
+    ):  # the handles travel with it: nothing is left in flight
+        args = (a._payload_bytes(), alloc.backend.export_sync())
+        return _rebuild, (*args, tuple(reduction.DupFd(fd) for fd in alloc.chunk_fds()))
+    return a.__reduce__()
 
 
 reduction.ForkingPickler.register(SharedDeviceArray, _reduce_for_multiprocessing)
@@ -590,6 +593,8 @@ def load(
             os.close(fd)
         if alloc.chunk_sizes() != list(p.chunks) or alloc.backend.name != p.backend:
             raise PayloadError(f"payload does not match allocation {p.alloc_id} mapped here")
+        if p.pid == os.getpid():  # one of this process's payloads came back: not in flight
+            alloc.note_loaded()
     else:
         try:
             device = Device("cuda", p.device) if p.backend.startswith("cuda") else CPU

@@ -39,6 +39,7 @@ and never stops the keeper.
 
 from __future__ import annotations
 
+import atexit
 import errno
 import fcntl
 import hmac
@@ -104,6 +105,8 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _CRED = struct.Struct("3i")
 TIMEOUT = 10.0
 """Seconds a client waits for the keeper to start or to answer."""
+MAX_IN_FLIGHT = 7 * 86400.0
+"""Longest bound the keeper accepts for payloads in flight (seconds)."""
 _MAX_SIZE = 1 << 56
 
 
@@ -181,6 +184,8 @@ class _Entry:
     created: float
     linked: bool = True
     holders: set[int] = field(default_factory=set)  # peer keys (connection fds)
+    expires: float | None = None  # payloads in flight: unlinked at this time.monotonic()
+    loads: int = 0  # payloads in flight: unlinked after this many fetches
 
     def allows(self, pid: int) -> bool:
         return self.allow_pids is None or pid == self.creator or pid in self.allow_pids
@@ -286,6 +291,7 @@ class Keeper:
                         self._accept()
                     else:
                         self._read(key.data)
+                self._expire()
                 if self._entries:
                     self._idle_since = time.monotonic()
                 elif time.monotonic() - self._idle_since > self.idle:
@@ -389,6 +395,17 @@ class Keeper:
                 entry.holders.discard(key)
                 self._maybe_free(entry)
 
+    def _expire(self) -> None:
+        """Unlink the entries of payloads in flight whose bound has passed."""
+        now = time.monotonic()
+        for entry in list(self._entries.values()):
+            if entry.expires is not None and entry.expires <= now:
+                self._end_flight(entry)
+
+    def _end_flight(self, entry: _Entry) -> None:
+        entry.expires, entry.loads, entry.linked = None, 0, False
+        self._maybe_free(entry)
+
     def _maybe_free(self, entry: _Entry) -> None:
         if not entry.linked and not entry.holders:
             self._free(entry)
@@ -452,6 +469,15 @@ class Keeper:
             raise _BadRequest("field 'doc' must be a JSON object")
         allow = req.get("allow_pids")
         allow_pids = None if allow is None else _int_list(allow, "allow_pids", 1, 1 << 31, 4096)
+        flight = req.get("in_flight")
+        if flight is not None:
+            if type(flight) is not dict or name is not None:
+                raise _BadRequest("field 'in_flight' must be an object, and only without a name")
+            loads = _int_list([flight.get("loads")], "in_flight.loads", 1, 1 << 31, 1)[0]
+            seconds = flight.get("seconds")
+            if not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_IN_FLIGHT:
+                raise _BadRequest(f"field 'in_flight.seconds' must be in (0, {MAX_IN_FLIGHT}]")
+            expires = time.monotonic() + seconds
         if len(fds) != len(sizes):
             raise _BadRequest(f"{len(sizes)} chunk sizes but {len(fds)} file descriptors")
         for fd, size in zip(fds, sizes):
@@ -462,6 +488,13 @@ class Keeper:
         if existing is not None:
             if not hmac.compare_digest(secret, existing.secret):
                 return DENIED, {"error": "wrong secret for an allocation the keeper holds"}, []
+            if flight is None:  # named or parked now: kept until unlinked
+                existing.expires, existing.loads = None, 0
+            elif existing.expires is not None:  # more payloads in flight
+                existing.expires = max(existing.expires, expires)
+                existing.loads += loads
+            if flight is not None and not existing.linked:  # an ended flight takes off again
+                existing.linked, existing.expires, existing.loads = True, expires, loads
             if name is not None and name != existing.name:
                 if existing.name is not None or name in self._names:
                     return EXISTS, {"error": f"the allocation is kept as {existing.name!r}"}, []
@@ -474,6 +507,8 @@ class Keeper:
         entry = _Entry(
             alloc_id, secret, name, sizes, list(fds), doc, allow_pids, peer.pid, time.time()
         )
+        if flight is not None:
+            entry.expires, entry.loads = expires, loads
         fds.clear()  # adopted
         self._entries[alloc_id] = entry
         if name is not None:
@@ -495,6 +530,10 @@ class Keeper:
             return DENIED, {"error": f"pid {peer.pid} is not in the array's allow_pids"}, []
         self._hold(peer, entry)
         self.served += 1
+        if entry.expires is not None:  # one payload in flight less
+            entry.loads -= 1
+            if entry.loads <= 0:
+                self._end_flight(entry)  # (the fetcher holds it now)
         body = {
             "id": entry.id,
             "secret": entry.secret.hex(),
@@ -553,6 +592,7 @@ class Keeper:
             "linked": e.linked,
             "readonly": doc.get("readonly") is True,
             "allow_pids": e.allow_pids,
+            "in_flight": e.loads if e.expires is not None else 0,
         }
 
     def _status(self) -> dict[str, Any]:
@@ -638,7 +678,10 @@ def _launch() -> None:
     finally:
         os.close(log)
     # reap it if it exits before we do (it usually outlives us: then init reaps it)
-    threading.Thread(target=proc.wait, name="sharedarrays-keeper-reaper", daemon=True).start()
+    try:
+        threading.Thread(target=proc.wait, name="sharedarrays-keeper-reaper", daemon=True).start()
+    except RuntimeError:  # at interpreter shutdown (a hand-over at exit): init reaps it
+        pass
 
 
 def _try_connect(path: str) -> socket.socket | None:
@@ -664,12 +707,8 @@ def _try_connect(path: str) -> socket.socket | None:
     return sock
 
 
-def _connect(start: bool) -> socket.socket:
-    global _conn, _conn_path
-    path = str(socket_path())
-    if _conn is not None and _conn_path == path:
-        return _conn
-    disconnect()
+def _open(path: str, start: bool) -> socket.socket:
+    """A new connection to the keeper at ``path``, starting one first if ``start``."""
     sock = _try_connect(path)
     if sock is None and start:
         _launch()
@@ -682,8 +721,17 @@ def _connect(start: bool) -> socket.socket:
             "no sharedarrays keeper is running for this user"
             + (f" (it did not start within {TIMEOUT:g} s; see {path[:-4]}log)" if start else "")
         )
-    _conn, _conn_path = sock, path
     return sock
+
+
+def _connect(start: bool) -> socket.socket:
+    global _conn, _conn_path
+    path = str(socket_path())
+    if _conn is not None and _conn_path == path:
+        return _conn
+    disconnect()
+    _conn, _conn_path = _open(path, start), path
+    return _conn
 
 
 def disconnect() -> None:
@@ -741,19 +789,69 @@ def request(
                 if attempt == 3:
                     raise HandleUnavailable("the keeper closed the connection")
                 continue
-            try:
-                if len(msg) < _STATUS.size:
-                    raise KeeperError("the keeper sent a truncated reply")
-                magic, status = _STATUS.unpack_from(msg)
-                body = json.loads(msg[_STATUS.size :])
-                if magic != MAGIC or type(body) is not dict:
-                    raise KeeperError("the keeper sent something that is not a keeper reply")
-            except (ValueError, KeeperError) as e:
-                for fd in got:
-                    os.close(fd)
-                raise KeeperError(str(e)) from None
-            return status, body, got
+            return _reply(msg, got)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _reply(msg: bytes, fds: list[int]) -> tuple[int, dict[str, Any], list[int]]:
+    """Decode a keeper reply: ``(status, body, fds)`` (the fds are closed if it is bad)."""
+    try:
+        if len(msg) < _STATUS.size:
+            raise KeeperError("the keeper sent a truncated reply")
+        magic, status = _STATUS.unpack_from(msg)
+        body = json.loads(msg[_STATUS.size :])
+        if magic != MAGIC or type(body) is not dict:
+            raise KeeperError("the keeper sent something that is not a keeper reply")
+    except (ValueError, KeeperError) as e:
+        for fd in fds:
+            os.close(fd)
+        raise KeeperError(str(e)) from None
+    return status, body, fds
+
+
+def hand_over(alloc: allocation.Allocation, loads: int, seconds: float) -> None:
+    """Give the keeper (started if needed) ``alloc``'s handles for ``loads`` payloads in
+    flight, for at most ``seconds``: they then load after this process let go of the
+    memory or exited (an :data:`allocation.hand_over_hooks` hook).
+
+    Uses a connection of its own, opened and closed here: it runs from finalizers, in any
+    thread, maybe while this thread is inside :func:`request`. The keeper serves the handles
+    by id and secret, and drops them after ``loads`` fetches or ``seconds``, whichever comes
+    first (and once no process it served holds them).
+    """
+    doc = {"backend": alloc.backend.name, "device": alloc.device.index}
+    doc["readonly"] = alloc.export_readonly
+    req = {
+        "op": "keep",
+        "id": alloc.id,
+        "secret": alloc.secret.hex(),
+        "sizes": alloc.chunk_sizes(),
+        "doc": doc,
+        "allow_pids": None if alloc.allow_pids is None else sorted(alloc.allow_pids),
+        "in_flight": {"loads": min(loads, 1 << 31), "seconds": min(seconds, MAX_IN_FLIGHT)},
+    }
+    data = MAGIC + json.dumps(req, separators=(",", ":")).encode()
+    handles, temporary = alloc.handles_for_importers()  # read-only ones for readonly arrays
+    try:
+        with _open(str(socket_path()), start=True) as sock:
+            socket.send_fds(sock, [data], handles)
+            msg, got, _, _ = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
+    except OSError as e:
+        raise KeeperError(f"the keeper did not take the handles: {e}") from None
+    finally:
+        for fd in temporary:
+            os.close(fd)
+    status, body, got = _reply(msg, got)
+    for fd in got:
+        os.close(fd)
+    raise_for(status, body, f"the keeper refused allocation {alloc.id}")
+
+
+def _hand_over_at_exit() -> None:
+    """At exit: hand the payloads in flight of every allocation still mapped here to the
+    keeper (a Queue's feeder thread has pickled its items by then)."""
+    for alloc in allocation.live_allocations():
+        alloc.hand_over()
 
 
 def ensure_running() -> int:
@@ -875,4 +973,9 @@ def _forget_in_child() -> None:
 
 
 allocation.release_hooks.append(_on_release)
+allocation.hand_over_hooks.append(hand_over)
 os.register_at_fork(after_in_child=_forget_in_child)
+# At exit, after multiprocessing's own finalizers (a Queue's feeder thread is joined at
+# priority -5): a forked Process ends with os._exit, so atexit alone would not do.
+atexit.register(_hand_over_at_exit)
+util.Finalize(None, _hand_over_at_exit, exitpriority=-20)

@@ -223,8 +223,8 @@ class HandleServer:
             else:
                 conn.send(_REPLY.pack(_REPLY_MAGIC, _GONE, 0))
             return
-        alloc = allocation.lookup(raw_id.hex())
-        if alloc is None or alloc.released:
+        alloc = allocation.lookup(raw_id.hex())  # (released, it is still served until it
+        if alloc is None:  # leaves the registry: it may be handing its handles to the keeper)
             conn.send(_REPLY.pack(_REPLY_MAGIC, _GONE, 0))
             return
         if not hmac.compare_digest(secret, alloc.secret):
@@ -238,7 +238,10 @@ class HandleServer:
             conn.send(_REPLY.pack(_REPLY_MAGIC, _NOT_ALLOWED, 0))
             return
         # ``alloc`` is a strong reference: the fds stay open until they are sent.
-        with alloc.growth_lock:  # a shrink waits: the fds stay open until they are sent
+        with alloc.growth_lock:  # a shrink or a release waits: the fds stay open until sent
+            if allocation.lookup(alloc.id) is not alloc:  # released since: closed
+                conn.send(_REPLY.pack(_REPLY_MAGIC, _GONE, 0))
+                return
             sizes = alloc.chunk_sizes()
             fds, temporary = alloc.handles_for_importers()
             try:
@@ -323,9 +326,13 @@ def shutdown_server() -> None:
 def _forget_server_in_child() -> None:
     # A forked child has the parent's listening socket but not its thread: drop both. It
     # also has the parent's connections to other servers, which name the parent's pid.
-    global _server, _server_lock, _connections_lock
+    # Notices the parent queued are the parent's to send.
+    global _server, _server_lock, _connections_lock, _notices, _notifier
     _server_lock = threading.Lock()
     _connections_lock = threading.Lock()
+    _notices = queue.SimpleQueue()
+    _notifier = None
+    _in_flight.clear()
     for sock in _connections.values():
         sock.close()
     _connections.clear()
@@ -674,13 +681,18 @@ def _drain_at_exit() -> None:
     left = allocation.wait_draining(timeout)
     if left:
         held_by = "; ".join(
-            f"{a.backend.name} allocation {a.id[:12]} by pid {', '.join(map(str, a.holders))}"
+            f"{a.backend.name} allocation {a.id[:12]} by "
+            + (f"pid {', '.join(map(str, a.holders))}" if a.holders else "")
+            + (" and " if a.holders and a.busy() else "")
+            + (f"{a.in_flight()[0]} payload(s) in flight, not loaded yet" if a.busy() else "")
             for a in left
         )
         print(
             f"sharedarrays: exiting after {timeout:g} s although other processes still hold "
             f"memory this process made ({held_by}); their views of it are invalid from now "
-            "on. Close those views (or end those processes) before the exporter exits",
+            "on, and those payloads will not load. Close those views (or end those processes) "
+            "and let every payload be loaded before the exporter exits (SHAREDARRAYS_EXIT_WAIT "
+            "sets how long it waits)",
             file=sys.stderr,
         )
 

@@ -200,15 +200,44 @@ def test_exporter_exit(target: Target, tmp_path: Path) -> None:
 
 
 def test_import_after_the_exporter_exited_is_refused(target: Target, tmp_path: Path) -> None:
+    """With no bound for payloads in flight (``SHAREDARRAYS_IN_FLIGHT=0``) nothing keeps
+    the memory of an exporter that exited."""
     path, go = tmp_path / "payload", tmp_path / "go"
     go.touch()  # the exporter exits as soon as it has written the payload
     subprocess.run(
         [sys.executable, str(TESTS / "conformance_workers.py"), str(path), target.device,
          target.backend, str(go)],
         cwd=TESTS, check=True, timeout=120, capture_output=True,
+        env=dict(os.environ, SHAREDARRAYS_IN_FLIGHT="0"),
     )  # fmt: skip
     with pytest.raises(sa.HandleUnavailable):
         pickle.loads(path.read_bytes())
+
+
+@pytest.mark.timeout(180)
+def test_a_payload_in_flight_loads_after_its_exporter_exited(
+    target: Target, tmp_path: Path
+) -> None:
+    """The exporter exits right after pickling: memory that outlives its exporter is handed
+    to the keeper at exit; an exporter of exporter-owned memory waits at exit until the
+    payload was loaded and closed."""
+    path, go = tmp_path / "payload", tmp_path / "go"
+    go.touch()
+    exporter, a = cw.start_exporter(path, target.device, target.backend, go, exit_wait=60)
+    try:
+        ref = float(np.arange(4096, dtype=np.float32).sum())
+        assert cw.checksum(a) == ref
+        if not target.exporter_owned:
+            exporter.communicate(timeout=60)
+            assert cw.checksum(a) == ref  # the exporter is gone, the memory is not
+            assert pickle.loads(path.read_bytes()).get().sum() == ref  # nor the payload
+    finally:
+        a.close()
+        del a
+        gc.collect()
+        drop_parked()  # (an exporter-owned array's exporter is told it was closed)
+        _, err = exporter.communicate(timeout=60)
+    assert exporter.returncode == 0 and "still hold" not in err, err
 
 
 def _fd_targets() -> set[str]:

@@ -210,7 +210,8 @@ def test_exporter_exits_first_and_the_importer_keeps_working(tmp_path: Path) -> 
         exporter.wait()
 
 
-def test_payload_of_a_closed_array_is_unavailable() -> None:
+def test_payload_of_a_closed_array_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHAREDARRAYS_IN_FLIGHT", "0")  # no payload in flight is kept
     a = sa.zeros(4, device="cpu", pack=False)
     blob = pickle.dumps(a)
     alloc_id = a.allocation.id

@@ -160,7 +160,10 @@ def test_unparked_payload_of_a_dead_exporter_is_a_clear_error(private_keeper: Pa
         "import sharedarrays as sa, pickle, sys; "
         "sys.stdout.buffer.write(pickle.dumps(sa.zeros(4, device='cpu', pack=False)))"
     )
-    blob = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60).stdout
+    env = dict(os.environ, SHAREDARRAYS_IN_FLIGHT="0")  # no payload in flight is kept
+    blob = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, timeout=60, env=env
+    ).stdout
     with pytest.raises(sa.HandleUnavailable, match="no keeper holds it"):
         pickle.loads(blob)
 

@@ -9,6 +9,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -89,7 +90,11 @@ def test_requests_to_one_server_reuse_one_connection(fd_baseline: None) -> None:
     _fetch_and_close(b)
     _fetch_and_close(a)
     assert transport._connections[server] is kept  # no new connect per request
-    assert transport._server is not None and transport._server.connections == 1
+    assert transport._server is not None
+    deadline = time.monotonic() + 10  # the server thread files the connection after replying
+    while transport._server.connections != 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert transport._server.connections == 1
     assert transport.open_connections() == 2  # this process at both ends
     transport.close_connections()
     assert server not in transport._connections
@@ -303,10 +308,14 @@ def test_exporter_of_exporter_owned_memory_waits_then_names_its_holders(tmp_path
     gc.collect()
 
 
-def test_a_pointer_backends_handle_comes_only_from_the_server() -> None:
+def test_a_pointer_backends_handle_comes_only_from_the_server(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The payload never carries the portable handle: the server sends it after the uid,
     secret and allow_pids checks, and records the importer as a holder."""
     import pointer_backend  # noqa: F401 - registers host-pointer here
+
+    monkeypatch.setenv("SHAREDARRAYS_IN_FLIGHT", "0")  # the payloads below are never loaded
 
     a = sa.from_array(np.arange(10.0), device="cpu", backend="host-pointer", pack=False)
     export = a.allocation.exports()[0]
