@@ -231,13 +231,13 @@ hand_over_hooks: list[Callable[[Allocation, int, float], None]] = []
 seconds left of their bound: the keeper layer takes over their handles. A hook that fails
 raises; the allocation is then released all the same."""
 
-IN_FLIGHT_SECONDS = 300.0
+IN_FLIGHT_SECONDS = 60.0
 """Default bound on how long a payload in flight keeps its memory alive (seconds)."""
 
 
 def in_flight_seconds() -> float:
     """How long a payload in flight (pickled here, not yet loaded) keeps its memory alive
-    after this process let go of it: ``SHAREDARRAYS_IN_FLIGHT`` seconds (default 300).
+    after this process let go of it: ``SHAREDARRAYS_IN_FLIGHT`` seconds (default 60).
 
     Within the bound a payload loads even when its sender closed its last view or exited
     in the meantime; a payload loaded later raises :class:`~sharedarrays.HandleUnavailable`
@@ -263,6 +263,19 @@ def lookup(alloc_id: str, draining: bool = False) -> Allocation | None:
     alloc = _registry.get(alloc_id)
     if alloc is None and draining:
         alloc = _draining.get(alloc_id)
+    return alloc
+
+
+def revive(alloc_id: str) -> Allocation | None:
+    """Put a draining allocation made here back in the registry and return it (``None`` if
+    none drains under that id): a payload of it came back to its exporter, which maps it
+    still (a pointer backend cannot import its own memory)."""
+    with _registry_lock:
+        alloc = _draining.pop(alloc_id, None)
+        if alloc is not None:
+            with alloc._lock:
+                alloc._released = False
+            _registry[alloc_id] = alloc
     return alloc
 
 
@@ -784,11 +797,12 @@ class Allocation:
                 self._fetched = max(self._fetched, self._sent)
         if self.holders or self.busy():
             return
-        with _registry_lock:
-            if _draining.pop(self.id, None) is not self:
-                return
         try:  # this runs in the handle server's thread, which must go on serving
-            self._free()
+            with self.growth_lock:  # (the server sends no fd while they are closed)
+                with _registry_lock:
+                    if _draining.pop(self.id, None) is not self:
+                        return
+                self._free()
         except Exception as exc:
             warnings.warn(
                 f"sharedarrays: freeing allocation {self.id} after its importers closed it "

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import transport
-from .allocation import Allocation, Lease, lookup
+from .allocation import Allocation, Lease, lookup, revive
 from .backends import Access, cuda_usable, current_cuda_device, get_backend
 from .device import CPU, Device, DeviceLike, parse_device
 from .errors import BackendUnavailable, ClosedArrayError, HandleUnavailable, PayloadError
@@ -576,6 +576,8 @@ def load(
             raise PayloadError("the handles that travelled with the payload do not match it")
         received = [d.detach() for d in fds]
     alloc = lookup(p.alloc_id)
+    if alloc is None and p.pid == os.getpid():  # back at its exporter, which let go of it
+        alloc = revive(p.alloc_id)
     if alloc is not None and alloc.pid != os.getpid() and alloc.device.is_cuda:
         # inherited through fork: CUDA cannot be used here (no driver call may notice it
         # later when the stream was idle and the token is None)

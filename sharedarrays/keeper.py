@@ -39,7 +39,6 @@ and never stops the keeper.
 
 from __future__ import annotations
 
-import atexit
 import errno
 import fcntl
 import hmac
@@ -69,6 +68,7 @@ from .errors import (
     NameNotFound,
     PermissionDenied,
 )
+from .process import at_exit
 from .settings import env_number
 
 __all__ = [
@@ -975,7 +975,4 @@ def _forget_in_child() -> None:
 allocation.release_hooks.append(_on_release)
 allocation.hand_over_hooks.append(hand_over)
 os.register_at_fork(after_in_child=_forget_in_child)
-# At exit, after multiprocessing's own finalizers (a Queue's feeder thread is joined at
-# priority -5): a forked Process ends with os._exit, so atexit alone would not do.
-atexit.register(_hand_over_at_exit)
-util.Finalize(None, _hand_over_at_exit, exitpriority=-20)
+at_exit(_hand_over_at_exit)

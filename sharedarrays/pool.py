@@ -12,6 +12,15 @@
   distinct function once and reuses it, so its globals persist across tasks.
 
 Shared arrays in the arguments and results are passed without copying, as everywhere.
+
+* **A result that cannot be loaded is that task's error, never a hung pool.** The standard
+  library unpickles results in one thread of the pool (``Pool``) or of the executor's
+  manager; an exception there ends that thread and the pool waits forever (``Pool``) or
+  breaks (``ProcessPoolExecutor``). Here each result is pickled on its own in the worker
+  (:class:`_Returned`) and loaded in the parent where its caller's result is set, so the error (say,
+  :class:`~sharedarrays.HandleUnavailable`) is raised where the caller waits for that
+  result (``map``, ``apply``, ``AsyncResult.get``, ``Future.result``, the
+  ``error_callback``), and the pool goes on working.
 """
 
 from __future__ import annotations
@@ -25,7 +34,8 @@ import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from multiprocessing import reduction
+from typing import Any, TypeVar, cast
 
 from .errors import SharedArrayError
 
@@ -167,6 +177,107 @@ def by_value(fn: Callable[..., T]) -> Callable[..., T]:
 
 
 # --------------------------------------------------------------------------------------------
+# results that load in the parent under a guard
+
+
+class _Pending:
+    """A task's result as it reaches the parent: pickled bytes, loaded by :func:`_load_pending`
+    where the caller's result is set (so a failure to load it is that task's error)."""
+
+    __slots__ = ("blob",)
+
+    def __init__(self, blob: bytes) -> None:
+        self.blob = blob
+
+
+class _Returned:
+    """A task's result, pickled on its own in the worker (multiprocessing's pickler: shared
+    arrays travel as payloads); it arrives in the parent as a :class:`_Pending`."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
+        return _Pending, (bytes(reduction.ForkingPickler.dumps(self.value)),)
+
+
+def _load_pending(value: Any) -> Any:
+    """A result as it arrived (one value, or a chunk's list of them), with its pending
+    parts loaded. Raises what loading raises."""
+    if isinstance(value, _Pending):
+        return reduction.ForkingPickler.loads(value.blob)
+    if type(value) is list and any(isinstance(v, _Pending) for v in value):
+        return [_load_pending(v) for v in value]
+    return value
+
+
+class _Task:
+    """The function a worker runs: the user's, with its result wrapped in :class:`_Returned`."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> _Returned:
+        return _Returned(self.fn(*args, **kwargs))
+
+    def __reduce__(self) -> tuple[Any, tuple[Callable[..., Any]]]:
+        return _Task, (self.fn,)
+
+
+def _task(fn: Callable[..., T]) -> Callable[..., T]:
+    """``fn`` as a worker runs it (by value where needed, result wrapped once)."""
+    return cast(Callable[..., T], fn if isinstance(fn, _Task) else _Task(by_value(fn)))
+
+
+def _guarded_get(recv: Callable[[], Any]) -> Any:
+    """``Pool``'s result reader: loads each result, and one that fails to load becomes that
+    task's error (the pool's result thread goes on)."""
+    task = recv()
+    if type(task) is tuple and len(task) == 3 and type(task[2]) is tuple:
+        job, i, (ok, value) = task
+        if ok:
+            try:
+                return job, i, (True, _load_pending(value))
+            except Exception as e:
+                return job, i, (False, e)
+    return task
+
+
+class _ResultFuture(Future[Any]):
+    """The future :meth:`ProcessPoolExecutor.submit` returns: it follows the executor's own
+    and fails with the load error when the result could not be loaded here."""
+
+    def __init__(self, inner: Future[Any]) -> None:
+        super().__init__()
+        self._inner: Future[Any] | None = inner
+        inner.add_done_callback(self._follow)
+
+    def _follow(self, inner: Future[Any]) -> None:
+        self._inner = None  # no cycle: the result goes with the last reference to this
+        if inner.cancelled():
+            super().cancel()
+            return
+        error = inner.exception()
+        if error is None:
+            try:
+                value = _load_pending(inner.result())  # (the executor keeps the last result it
+            except Exception as e:  # got: only the bytes, so the arrays go with this)
+                error = e
+        if error is not None:
+            self.set_exception(error)
+        else:
+            self.set_result(value)
+
+    def cancel(self) -> bool:
+        inner = self._inner
+        return inner is not None and inner.cancel() and self.cancelled()
+
+
+# --------------------------------------------------------------------------------------------
 # the pools
 
 
@@ -217,6 +328,10 @@ class Pool(multiprocessing.pool.Pool):
             initializer = by_value(initializer)
         super().__init__(processes, initializer, initargs, maxtasksperchild, ctx)
 
+    def _setup_queues(self) -> None:
+        super()._setup_queues()  # type: ignore[misc]
+        self._quick_get = functools.partial(_guarded_get, self._quick_get)  # type: ignore[has-type]
+
     def apply(
         self,
         func: Callable[..., T],
@@ -224,7 +339,7 @@ class Pool(multiprocessing.pool.Pool):
         kwds: Mapping[str, Any] = {},
     ) -> T:
         """Call ``func(*args, **kwds)`` in a worker and wait for the result."""
-        return super().apply(by_value(func), args, kwds)
+        return super().apply(_task(func), args, kwds)
 
     def apply_async(
         self,
@@ -235,13 +350,13 @@ class Pool(multiprocessing.pool.Pool):
         error_callback: Callable[[BaseException], object] | None = None,
     ) -> multiprocessing.pool.AsyncResult[T]:
         """Like :meth:`apply`, returning an ``AsyncResult``."""
-        return super().apply_async(by_value(func), args, kwds, callback, error_callback)
+        return super().apply_async(_task(func), args, kwds, callback, error_callback)
 
     def map(
         self, func: Callable[[Any], T], iterable: Iterable[Any], chunksize: int | None = None
     ) -> list[T]:
         """``[func(x) for x in iterable]``, computed by the workers."""
-        return super().map(by_value(func), iterable, chunksize)
+        return super().map(_task(func), iterable, chunksize)
 
     def map_async(
         self,
@@ -252,19 +367,19 @@ class Pool(multiprocessing.pool.Pool):
         error_callback: Callable[[BaseException], object] | None = None,
     ) -> multiprocessing.pool.MapResult[T]:
         """Like :meth:`map`, returning an ``AsyncResult``."""
-        return super().map_async(by_value(func), iterable, chunksize, callback, error_callback)
+        return super().map_async(_task(func), iterable, chunksize, callback, error_callback)
 
     def imap(
         self, func: Callable[[Any], T], iterable: Iterable[Any], chunksize: int | None = 1
     ) -> multiprocessing.pool.IMapIterator[T]:
         """Like :meth:`map`, yielding results in order as they come."""
-        return super().imap(by_value(func), iterable, chunksize)
+        return super().imap(_task(func), iterable, chunksize)
 
     def imap_unordered(
         self, func: Callable[[Any], T], iterable: Iterable[Any], chunksize: int | None = 1
     ) -> multiprocessing.pool.IMapIterator[T]:
         """Like :meth:`imap`, in completion order."""
-        return super().imap_unordered(by_value(func), iterable, chunksize)
+        return super().imap_unordered(_task(func), iterable, chunksize)
 
     def starmap(
         self,
@@ -273,7 +388,7 @@ class Pool(multiprocessing.pool.Pool):
         chunksize: int | None = None,
     ) -> list[T]:
         """``[func(*args) for args in iterable]``, computed by the workers."""
-        return super().starmap(by_value(func), iterable, chunksize)
+        return super().starmap(_task(func), iterable, chunksize)
 
     def starmap_async(
         self,
@@ -284,7 +399,7 @@ class Pool(multiprocessing.pool.Pool):
         error_callback: Callable[[BaseException], object] | None = None,
     ) -> multiprocessing.pool.AsyncResult[list[T]]:
         """Like :meth:`starmap`, returning an ``AsyncResult``."""
-        return super().starmap_async(by_value(func), iterable, chunksize, callback, error_callback)
+        return super().starmap_async(_task(func), iterable, chunksize, callback, error_callback)
 
 
 class ProcessPoolExecutor(concurrent.futures.ProcessPoolExecutor):
@@ -330,7 +445,7 @@ class ProcessPoolExecutor(concurrent.futures.ProcessPoolExecutor):
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         """Schedule ``fn(*args, **kwargs)`` in a worker; returns a Future."""
-        return super().submit(by_value(fn), *args, **kwargs)
+        return _ResultFuture(super().submit(_task(fn), *args, **kwargs))
 
     def map(
         self,

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+from collections.abc import Callable
+from multiprocessing import util
 
-__all__ = ["running", "start_time"]
+__all__ = ["running", "start_time", "at_exit"]
 
 
 def running(pid: int) -> bool:
@@ -34,3 +37,34 @@ def start_time(pid: int) -> int | None:
         return int(fields[19])
     except (IndexError, ValueError):
         return None
+
+
+class _Registrations:
+    """What :func:`at_exit` registered (multiprocessing keeps after-fork hooks by weak
+    reference to an object: this one lives as long as the module)."""
+
+    def __init__(self) -> None:
+        self.functions: list[Callable[[], None]] = []
+
+    def finalize_all(self) -> None:
+        for fn in self.functions:
+            util.Finalize(None, fn, exitpriority=-20)
+
+
+_registrations = _Registrations()
+
+
+def at_exit(fn: Callable[[], None]) -> None:
+    """Run ``fn`` when this process exits, also when it is a ``multiprocessing.Process``.
+
+    ``atexit`` covers the interpreter's own exit; a Process runs multiprocessing's
+    finalizers instead (a forked one ends with ``os._exit``, which runs no atexit handler,
+    and a Process clears the finalizers it inherited when it starts): ``fn`` is registered
+    there too, anew in each Process, at a priority below a Queue's (-5), so that its feeder
+    thread has pickled every item first. ``fn`` may run twice: it must be idempotent.
+    """
+    atexit.register(fn)
+    util.Finalize(None, fn, exitpriority=-20)
+    if not _registrations.functions:
+        util.register_after_fork(_registrations, _Registrations.finalize_all)
+    _registrations.functions.append(fn)

@@ -37,7 +37,7 @@ from typing import Any
 
 from . import allocation
 from .errors import HandleUnavailable, PayloadError, PermissionDenied
-from .process import running
+from .process import at_exit, running
 from .settings import env_number
 
 __all__ = ["runtime_dir", "server_address", "fetch_handles", "fetch_growth", "shutdown_server"]
@@ -223,8 +223,10 @@ class HandleServer:
             else:
                 conn.send(_REPLY.pack(_REPLY_MAGIC, _GONE, 0))
             return
-        alloc = allocation.lookup(raw_id.hex())  # (released, it is still served until it
-        if alloc is None:  # leaves the registry: it may be handing its handles to the keeper)
+        # (released, it is served until it leaves the registry, handing its handles to the
+        # keeper, and exporter-owned memory while it drains: the new importer holds it too)
+        alloc = allocation.lookup(raw_id.hex(), draining=True)
+        if alloc is None:
             conn.send(_REPLY.pack(_REPLY_MAGIC, _GONE, 0))
             return
         if not hmac.compare_digest(secret, alloc.secret):
@@ -239,7 +241,7 @@ class HandleServer:
             return
         # ``alloc`` is a strong reference: the fds stay open until they are sent.
         with alloc.growth_lock:  # a shrink or a release waits: the fds stay open until sent
-            if allocation.lookup(alloc.id) is not alloc:  # released since: closed
+            if allocation.lookup(alloc.id, draining=True) is not alloc:  # freed since
                 conn.send(_REPLY.pack(_REPLY_MAGIC, _GONE, 0))
                 return
             sizes = alloc.chunk_sizes()
@@ -629,9 +631,15 @@ def _send_notices() -> None:
 def _start_notifier() -> None:
     """Start the thread that sends release notices, if it does not run (after a fork)."""
     global _notifier
+    if sys.is_finalizing():  # no thread starts now (it would hang): the process is ending,
+        return  # and those it would tell see that for themselves
     if _notifier is None or not _notifier.is_alive():
-        _notifier = threading.Thread(target=_send_notices, name="sharedarrays-notices", daemon=True)
-        _notifier.start()
+        notifier = threading.Thread(target=_send_notices, name="sharedarrays-notices", daemon=True)
+        try:
+            notifier.start()
+        except RuntimeError:  # at interpreter shutdown (3.12: no new threads)
+            return
+        _notifier = notifier
 
 
 def _notify_on_release(alloc: allocation.Allocation) -> None:
@@ -667,12 +675,11 @@ def _drain_at_exit() -> None:
     held = allocation.held_elsewhere()
     if not held:
         return
-    for alloc in held:
-        if not alloc.released:  # a live array at exit: its importers may have it parked
-            servers = alloc.served_servers()
-            if servers:
-                _start_notifier()
-                _queue_notice(servers, _NOTICE_MAGIC, bytes.fromhex(alloc.id), alloc.secret)
+    for alloc in held:  # its importers may have it parked (also those served since the
+        servers = alloc.served_servers()  # release, which loaded payloads in flight)
+        if servers:
+            _start_notifier()
+            _queue_notice(servers, _NOTICE_MAGIC, bytes.fromhex(alloc.id), alloc.secret)
     try:
         timeout = env_number("SHAREDARRAYS_EXIT_WAIT", EXIT_WAIT, 0.0)
     except ValueError as e:  # at exit: say so, and wait the default
@@ -697,4 +704,4 @@ def _drain_at_exit() -> None:
         )
 
 
-atexit.register(_drain_at_exit)  # registered after shutdown_server, so it runs before it
+at_exit(_drain_at_exit)  # registered after shutdown_server, so it runs before it

@@ -1,0 +1,76 @@
+"""What the pattern matrix's worker processes run (importable by name; importing it
+registers the ``host-pointer`` test backend in spawned children too)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from typing import Any
+
+import numpy as np
+import pointer_backend  # noqa: F401 - registers host-pointer
+
+import sharedarrays as sa
+
+N = 1 << 16
+"""Elements of the arrays the patterns hand around (int64: 512 KiB, never packed)."""
+
+
+def make(args: tuple[str, int]) -> sa.SharedDeviceArray:
+    """A new array of ``N`` copies of ``value``, made in this (worker) process."""
+    backend, value = args
+    return sa.full((N,), value, dtype="int64", device="cpu", backend=backend, pack=False)
+
+
+def make_small(value: int) -> sa.SharedDeviceArray:
+    """A new small (packed) array made in this process."""
+    return sa.full(4, value, dtype="int64", device="cpu")
+
+
+def write_and_view(a: sa.SharedDeviceArray) -> sa.SharedDeviceArray:
+    """Write into the parent's array and return a view of it."""
+    a.array[1:3] = 7
+    return a[1:3]
+
+
+def produce(out: Any, backend: str, value: int) -> None:
+    """A Process that puts (Queue) or sends (Pipe connection) a new array, then exits."""
+    a = make((backend, value))
+    if hasattr(out, "put"):
+        out.put(a)
+    else:
+        out.send(a)
+
+
+def pass_on(a: sa.SharedDeviceArray, method: str, out: Any) -> None:
+    """A process hands the parent's array, and one it made, on to a process of its own,
+    which writes to both; it sends its own array back (and exits before it is read)."""
+    b = make(("host", 0))
+    p = mp.get_context(method).Process(target=write_both, args=(a, b))
+    p.start()
+    p.join(60)
+    out.put((p.exitcode, b))
+
+
+def write_both(a: sa.SharedDeviceArray, b: sa.SharedDeviceArray) -> None:
+    a.array[0] = 42
+    b.array[0] = 43
+
+
+def first(a: sa.SharedDeviceArray) -> int:
+    return int(np.asarray(a.get())[0])
+
+
+class Unloadable:
+    """A result that pickles in the worker and fails to load in the parent, as a result
+    whose memory is gone does."""
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        return _gone, ()
+
+
+def _gone() -> None:
+    raise sa.HandleUnavailable("this result's memory is gone")
+
+
+def unloadable(_: object = None) -> Unloadable:
+    return Unloadable()

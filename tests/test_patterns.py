@@ -1,0 +1,235 @@
+"""Every multiprocessing pattern users rely on, with every start method and memory system.
+
+The matrix: start methods (spawn, fork, forkserver) x patterns (an argument written in
+place; a result returned through ``map``, ``imap_unordered``, ``apply_async`` with a
+callback and ``ProcessPoolExecutor.map``; a ``Queue`` and a ``Pipe`` whose producer exits
+before the consumer reads; a view of the parent's array returned; a process passing the
+parent's array and one of its own on to a process of its own) x memory systems (``host`` and the
+``host-pointer`` double of exporter-owned memory here; the GPU run adds cuda-vmm, cuda-ipc
+and cuda-pool through ``tests/test_conformance.py``). Each case checks the values, that
+writes are seen both ways where the memory is shared, and that this process's fds return to
+their baseline. Every case has a time limit, so a hang fails.
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing as mp
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pattern_workers as pw
+import pytest
+from conftest import open_fds
+from keeper_helpers import private_keeper  # noqa: F401 - fixture
+
+import sharedarrays as sa
+from sharedarrays import keeper, transport
+from sharedarrays.allocation import drop_parked
+
+METHODS = ["spawn", "fork", "forkserver"]
+BACKENDS = ["host", "host-pointer"]
+pytestmark = pytest.mark.timeout(240)
+
+
+IN_FLIGHT = 15
+"""The bound on payloads in flight in these tests (seconds): long enough for every load
+here, short enough that what a case kept for payloads it cannot know were loaded (a forked
+child loads its parent's payloads from the mapping it inherited, asking nobody) is
+returned before the fd check gives up."""
+
+
+@pytest.fixture
+def clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This process's fds back to their baseline afterwards. (No private keeper: the
+    forkserver, started once, would give its children a runtime directory gone since.)"""
+    monkeypatch.setenv("SHAREDARRAYS_IN_FLIGHT", str(IN_FLIGHT))
+    from multiprocessing import forkserver, resource_tracker
+
+    resource_tracker.ensure_running()  # (started once per process, and kept: not a leak)
+    forkserver.ensure_running()
+    transport.server_address()  # (this process's handle server, started once)
+    drop_parked()
+    before, targets = open_fds(), _fd_targets()
+    yield
+    deadline = time.monotonic() + IN_FLIGHT + 30
+    while True:
+        gc.collect()
+        drop_parked()
+        keeper.disconnect()  # (the one connection a process keeps to the keeper)
+        if open_fds() == before or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert open_fds() == before, f"file descriptors leaked: {_fd_targets() - targets}"
+
+
+def _fd_targets() -> set[str]:
+    out = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out.add(f"{fd} -> {os.readlink(f'/proc/self/fd/{fd}')}")
+        except OSError:
+            continue
+    return out
+
+
+def _keeper_holds() -> int:
+    try:
+        _, body, _ = keeper.request({"op": "status"}, start=False)
+    except sa.HandleUnavailable:
+        return 0
+    return int(body["arrays"])
+
+
+def _values(arrays: list[sa.SharedDeviceArray]) -> list[int]:
+    return [int(a.get()[0]) for a in arrays]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("method", METHODS)
+def test_results_made_in_workers(method: str, backend: str, clean: None) -> None:
+    tasks = [(backend, i) for i in range(6)]
+    with sa.Pool(2, context=method) as pool:
+        got = pool.map(pw.make, tasks)
+        assert _values(got) == list(range(6))
+        assert sorted(_values(list(pool.imap_unordered(pw.make, tasks)))) == list(range(6))
+        seen: list[sa.SharedDeviceArray] = []
+        pool.apply_async(pw.make, ((backend, 9),), callback=seen.append).get(60)
+        assert _values(seen) == [9]
+        got[0].array[5] = 123  # the parent's writes reach the memory a worker made
+        assert pool.apply(pw.first, (got[0][5:],)) == 123
+    with sa.ProcessPoolExecutor(2, mp_context=method) as ex:
+        assert _values(list(ex.map(pw.make, tasks))) == list(range(6))
+    assert all(a.allocation.origin.pid != 0 for a in got)
+    del got, seen
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("method", METHODS)
+def test_arguments_written_in_place_and_views_returned(
+    method: str, backend: str, clean: None
+) -> None:
+    a = sa.from_array(np.zeros(pw.N, dtype=np.int64), device="cpu", backend=backend)
+    with sa.Pool(2, context=method) as pool:
+        views = pool.map(pw.write_and_view, [a, a, a])
+    assert [v.shape for v in views] == [(2,)] * 3
+    assert (a.get()[1:3] == 7).all()  # the workers' writes, seen here
+    a.array[1] = 8  # and this process's, seen through the views the workers returned
+    assert [int(v.get()[0]) for v in views] == [8, 8, 8]
+    del views, a
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("channel", ["queue", "pipe"])
+def test_producer_exits_before_the_consumer_reads(
+    method: str, backend: str, channel: str, clean: None
+) -> None:
+    ctx = mp.get_context(method)
+    if channel == "queue":
+        q = ctx.Queue()
+        out, read = q, q.get
+    else:
+        receiver, sender = ctx.Pipe(duplex=False)
+        out, read = sender, receiver.recv
+    p = ctx.Process(target=pw.produce, args=(out, backend, 5))
+    p.start()
+    if backend == "host":  # exporter-owned memory's producer waits at exit for the load
+        p.join(60)
+        assert p.exitcode == 0
+    a = read()
+    assert int(a.get()[0]) == 5 and int(a.get().sum()) == 5 * pw.N
+    a.array[0] = 6
+    assert int(a.get()[0]) == 6
+    del a
+    gc.collect()
+    drop_parked()  # (host-pointer: the producer is told this process closed it)
+    p.join(60)
+    assert p.exitcode == 0
+    if channel == "queue":
+        q.close()
+        q.join_thread()
+    else:
+        receiver.close()
+        sender.close()
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_process_passes_arrays_on(method: str, clean: None) -> None:
+    a = sa.from_array(np.zeros(pw.N, dtype=np.int64), device="cpu")
+    ctx = mp.get_context(method)
+    q = ctx.Queue()
+    p = ctx.Process(target=pw.pass_on, args=(a, method, q))
+    p.start()
+    exitcode, b = q.get(timeout=120)
+    p.join(60)
+    assert exitcode == 0 and p.exitcode == 0
+    assert int(a.get()[0]) == 42  # written by the grandchild
+    assert int(b.get()[0]) == 43 and int(b.get()[1:].sum()) == 0  # the child's, gone since
+    q.close()
+    q.join_thread()
+    del a, b
+
+
+@pytest.mark.timeout(120)
+def test_fork_after_use_never_aliases_memory() -> None:
+    """Regression: fork children inherited the parent's slab and handed out its free space.
+    (No fd check: this process's current slab stays mapped while it has room.)"""
+    before = sa.full(3, -1, dtype="int64", device="cpu")  # the parent's slab is in use
+    with sa.Pool(4, context="fork") as pool:
+        got = pool.map(pw.make_small, range(16))
+    assert _values(got) == list(range(16))
+    after = [sa.full(4, 100 + i, dtype="int64", device="cpu") for i in range(8)]
+    assert _values(got) == list(range(16))  # nothing the parent made since overwrote them
+    assert _values(after) == [100 + i for i in range(8)] and int(before.get()[0]) == -1
+    regions = {(a.allocation.id, a.offset) for a in got + after + [before]}
+    assert len(regions) == len(got) + len(after) + 1
+    del got, after, before
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", METHODS)
+def test_a_result_that_cannot_load_is_an_error_and_the_pool_goes_on(method: str) -> None:
+    """Regression: the standard library's result thread died and ``map`` hung forever."""
+    with sa.Pool(2, context=method) as pool:
+        for _ in range(2):
+            with pytest.raises(sa.HandleUnavailable, match="gone"):
+                pool.map(pw.unloadable, range(4))
+        with pytest.raises(sa.HandleUnavailable):
+            list(pool.imap_unordered(pw.unloadable, range(2)))
+        errors: list[BaseException] = []
+        r = pool.apply_async(pw.unloadable, error_callback=errors.append)
+        with pytest.raises(sa.HandleUnavailable):
+            r.get(60)
+        assert [type(e) for e in errors] == [sa.HandleUnavailable]
+        assert pool.map(pw.first, [sa.full(3, 4, device="cpu")] * 2) == [4, 4]  # still works
+    with sa.ProcessPoolExecutor(2, mp_context=method) as ex:
+        with pytest.raises(sa.HandleUnavailable):
+            list(ex.map(pw.unloadable, range(3)))
+        with pytest.raises(sa.HandleUnavailable):
+            ex.submit(pw.unloadable).result(60)
+        assert ex.submit(pw.first, sa.full(3, 5, device="cpu")).result(60) == 5
+
+
+@pytest.mark.timeout(120)
+def test_a_payload_never_loaded_leaks_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+    private_keeper: Path,  # noqa: F811
+    clean: None,
+) -> None:
+    """The keeper keeps a payload in flight for its bound, then lets the memory go."""
+    import pickle
+
+    monkeypatch.setenv("SHAREDARRAYS_IN_FLIGHT", "1")
+    a = sa.zeros(pw.N, device="cpu", pack=False)
+    pickle.dumps(a)  # never loaded
+    del a
+    gc.collect()
+    assert _keeper_holds() == 1  # handed over when the last view went
+    deadline = time.monotonic() + 30
+    while _keeper_holds() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _keeper_holds() == 0
