@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["running", "start_time"]
+__all__ = ["PID_MAX_LIMIT", "running", "start_time"]
+
+PID_MAX_LIMIT = 1 << 22
+"""No Linux process has a larger pid (the kernel's ``PID_MAX_LIMIT``, the most that
+``/proc/sys/kernel/pid_max`` may be set to on 64-bit machines)."""
 
 
 def running(pid: int) -> bool:
-    """Whether process ``pid`` exists (``kill(pid, 0)``; another user's process counts)."""
+    """Whether process ``pid`` exists (``kill(pid, 0)``; another user's process counts).
+
+    Any int is accepted: one outside ``1..PID_MAX_LIMIT`` names no process and gives False
+    (``kill`` would take 0 and negative numbers for process groups, and overflow on huge ones).
+    """
+    if not 0 < pid <= PID_MAX_LIMIT:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -23,6 +33,8 @@ def start_time(pid: int) -> int | None:
 
     With the pid it names one process for good: a pid reused later has another start time.
     """
+    if not 0 < pid <= PID_MAX_LIMIT:
+        return None
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()

@@ -111,8 +111,22 @@ def test_resealed_field_tampering_never_escapes(key: str, value: object) -> None
         ("shape", [1] * 65),
         ("shape", [2**40, 2**40]),
         ("pid", 0),
+        ("pid", -1),
+        ("pid", 2**22 + 1),
+        ("pid", 2**31),
+        ("pid", 2**64),
         ("device", True),
+        ("device", -1),
+        ("device", 1 << 10),
+        ("device", 2**63),
         ("readonly", 1),
+        ("chunks", [2**47 + 4096]),
+        ("chunks", [2**46, 2**46, 4096]),
+        ("offset", 2**63),
+        ("strides", [2**48, 4]),
+        ("shape", [2**48, 0]),
+        ("capacity", 2**47 + 4096),
+        ("capacity", 2**64),
     ],
 )
 def test_specific_bad_fields(key: str, value: object) -> None:
@@ -178,3 +192,31 @@ def test_unknown_backend_is_a_payload_error() -> None:
     doc["backend"] = "cuda-hip"
     with pytest.raises(sa.PayloadError, match="unknown backend"):
         Payload.from_bytes(reseal(doc))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    key=st.sampled_from(["pid", "device", "offset", "capacity"]),
+    value=st.integers(min_value=-(2**70), max_value=2**70),
+)
+def test_numeric_fields_are_bounded_by_what_the_os_allows(key: str, value: int) -> None:
+    """Every number either lies within its bound (pid up to Linux's PID_MAX_LIMIT, device
+    ordinals below MAX_DEVICES, byte counts within the address space) or is a PayloadError."""
+    from sharedarrays.payload import MAX_DEVICES, MAX_SIZE
+    from sharedarrays.process import PID_MAX_LIMIT
+
+    doc = fields()
+    doc[key] = value
+    size = sum(doc["chunks"])  # type: ignore[call-overload]
+    low, high = {
+        "pid": (1, PID_MAX_LIMIT),
+        "device": (0, MAX_DEVICES - 1),
+        "offset": (0, size),
+        "capacity": (size, MAX_SIZE),
+    }[key]
+    try:
+        Payload.from_bytes(reseal(doc))
+    except sa.PayloadError:
+        assert not low <= value <= high or key == "offset"  # (an offset may put the view out)
+        return
+    assert low <= value <= high
