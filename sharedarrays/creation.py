@@ -174,9 +174,9 @@ def _new(
             raise ValueError("pack=True and chunk_bytes cannot be combined")
         alloc, offset = pack_into_slab(backend, nbytes)
     else:
-        alloc, offset = Allocation.create(backend, nbytes, chunk_bytes, capacity, peers), 0
+        alloc = Allocation.create(backend, nbytes, chunk_bytes, capacity, peers, bool(readonly))
+        offset = 0
         alloc.allow_pids = allowed
-        alloc.export_readonly = bool(readonly)
     strides = contiguous_strides(shp, dt.itemsize, order)
     a = SharedDeviceArray(alloc, dt, shp, strides, offset)
     if name is not None:
@@ -245,7 +245,12 @@ def empty(
         the keeper. Default: any process of this user that holds a payload (or the name).
     readonly : bool, default False
         Importers get read-only mappings (``PROT_READ`` on the host, a read-only
-        ``cuMemSetAccess`` on CUDA) and read-only views. This process keeps writing.
+        ``cuMemSetAccess`` on CUDA) and read-only views; this process's views stay
+        writable. On the host the kernel enforces it: once mapped here, the memory is sealed
+        against every new write (``F_SEAL_FUTURE_WRITE``), so no other process can write it
+        by any means, and the array cannot grow past its ``capacity``. On CUDA it is each
+        importer's own access setting, which a process of the same user can change (see the
+        user guide's security model).
     access : sequence, optional
         Other CUDA devices that may read and write (``"rw"``, the default) or only read
         (``"r"``) the memory in this process, over NVLink or PCIe, without copies, e.g.

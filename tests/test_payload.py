@@ -220,3 +220,33 @@ def test_numeric_fields_are_bounded_by_what_the_os_allows(key: str, value: int) 
         assert not low <= value <= high or key == "offset"  # (an offset may put the view out)
         return
     assert low <= value <= high
+
+
+READONLY_FORGER = (
+    "import json, pickle, sys\n"
+    "import sharedarrays as sa\n"
+    "try:\n"
+    "    sa.load(bytes.fromhex(sys.stdin.readline()))\n"
+    "    out = {'loaded': True}\n"
+    "except Exception as e:\n"
+    "    out = {'error': type(e).__name__, 'library': isinstance(e, sa.SharedArrayError),\n"
+    "           'message': str(e)}\n"
+    "print(json.dumps(out), flush=True)\n"
+)
+
+
+@pytest.mark.timeout(120)
+def test_a_payload_resealed_without_readonly_is_permission_denied() -> None:
+    """The secret is in the payload, so anyone holding one can recompute its tag: an importer
+    that flips ``readonly`` gets a library error that says what happened, not an OSError."""
+    from keeper_helpers import py
+
+    a = sa.from_array(np.arange(8.0), device="cpu", readonly=True)
+    doc = json.loads(a.payload().to_bytes()[len(MAGIC) + TAG_BYTES :])
+    assert doc["readonly"] is True
+    doc["readonly"] = False
+    r = py(READONLY_FORGER, input=reseal(doc).hex() + "\n", timeout=60)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["error"] == "PermissionDenied" and out["library"], out
+    assert "readonly=True" in out["message"]

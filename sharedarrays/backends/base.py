@@ -112,6 +112,18 @@ class Backend(Protocol):
         """Allocate a chunk of ``size`` bytes (a multiple of the granularity) and export it."""
         ...
 
+    def seal(self, chunk: Chunk, readonly: bool) -> bool:
+        """Called once on each chunk this process made, after mapping it (before its handle
+        leaves the process): forbid what must never change of it (a host chunk's size); with
+        ``readonly``, forbid every new write to it in every process, this one included (the
+        mappings made so far keep their access).
+
+        Returns whether the memory system enforces ``readonly`` (host:
+        ``F_SEAL_FUTURE_WRITE``); ``False`` where read-only is each importer's own access
+        setting, which a process of the same user may change (CUDA).
+        """
+        ...
+
     def reopen_readonly(self, fd: int) -> int | None:
         """A new handle of the same chunk that can only be mapped read-only, or ``None``
         where the memory system has no such handle (CUDA: access is then set by the

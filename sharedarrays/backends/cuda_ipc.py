@@ -96,6 +96,10 @@ class CudaIpcBackend(CudaDevice):
                 raise
         return Chunk(size=size, handle=int(ptr), fd=-1, address=int(ptr), export=export)
 
+    def seal(self, chunk: Chunk, readonly: bool) -> bool:
+        """Nothing to seal: IPC handles carry no access mode (read-only is a promise)."""
+        return False
+
     def reopen_readonly(self, fd: int) -> int | None:
         """IPC handles carry no access mode: a read-only export is the importer's promise."""
         return None

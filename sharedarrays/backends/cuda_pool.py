@@ -166,6 +166,10 @@ class CudaPoolBackend(CudaDevice):
         export = self._pool_id + opaque_bytes(data)
         return Chunk(size=size, handle=int(ptr), fd=self._pool_fd, address=int(ptr), export=export)
 
+    def seal(self, chunk: Chunk, readonly: bool) -> bool:
+        """Nothing to seal: pool handles carry no access mode (read-only is a promise)."""
+        return False
+
     def reopen_readonly(self, fd: int) -> int | None:
         """Pool handles carry no access mode: a read-only export is the importer's promise."""
         return None

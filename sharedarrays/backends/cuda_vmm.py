@@ -154,6 +154,12 @@ class CudaVmmBackend(CudaDevice):
             raise
         return Chunk(size=size, handle=int(handle), fd=fd)
 
+    def seal(self, chunk: Chunk, readonly: bool) -> bool:
+        """Nothing to seal: a CUDA chunk's size is fixed, and its shareable fd carries no
+        access mode. Read-only is set by each importer with ``cuMemSetAccess``, for its own
+        mappings: a process of the same user holding the fd can set itself read-write."""
+        return False
+
     def reopen_readonly(self, fd: int) -> int | None:
         """CUDA's shareable fds carry no access mode: read-only is set by each importer
         with ``cuMemSetAccess`` (see ``set_access``)."""

@@ -4,7 +4,8 @@ The same model as CUDA VMM, on any Linux machine:
 
 ========== ============================================
 reservation ``mmap(PROT_NONE, MAP_PRIVATE|MAP_ANONYMOUS|MAP_NORESERVE)``
-chunk       ``memfd_create`` + ``ftruncate`` (sealed against resizing)
+chunk       ``memfd_create`` + ``ftruncate`` (sealed against resizing; a read-only
+            array's chunks also against every new write, ``F_SEAL_FUTURE_WRITE``)
 mapping     ``mmap(MAP_FIXED|MAP_SHARED)`` of the memfd inside the reservation
 access      ``mprotect``
 handle      the memfd itself
@@ -17,6 +18,7 @@ Python's :mod:`mmap` module cannot map at a fixed address, so the three calls it
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import mmap
 import os
@@ -26,7 +28,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..device import CPU, Device
-from ..errors import PayloadError
+from ..errors import BackendUnavailable, PayloadError, PermissionDenied
 from .base import Access, Chunk
 
 __all__ = ["HostBackend"]
@@ -51,6 +53,7 @@ _MAP_FIXED = 0x10
 _MAP_NORESERVE = 0x4000
 _PROT = {"rw": mmap.PROT_READ | mmap.PROT_WRITE, "r": mmap.PROT_READ, "none": 0}
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+_F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x0010)  # Linux 5.1; not in fcntl
 
 
 def _check_mmap(result: int | None, what: str) -> int:
@@ -112,14 +115,42 @@ class HostBackend:
         fd = os.memfd_create("sharedarrays", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(fd, size)
-            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
         except BaseException:
             os.close(fd)
             raise
         return Chunk(size=size, handle=fd, fd=fd)
 
+    def seal(self, chunk: Chunk, readonly: bool) -> bool:
+        """Seal a chunk made here once this process has mapped it: no further seals, and with
+        ``readonly`` no new write either (``F_SEAL_FUTURE_WRITE``): no process, this one
+        included, can map it writable again, ``mprotect`` a mapping of it writable or
+        ``write`` to it, through any fd (also one opened again through ``/proc``). The
+        mappings made before keep their access.
+
+        Raises
+        ------
+        BackendUnavailable
+            ``readonly`` on a kernel older than Linux 5.1, which has no such seal.
+        """
+        try:
+            fcntl.fcntl(
+                chunk.fd, fcntl.F_ADD_SEALS, (_F_SEAL_FUTURE_WRITE if readonly else 0) | _SEALS
+            )
+        except OSError as e:
+            if not readonly or e.errno != errno.EINVAL:
+                raise
+            raise BackendUnavailable(
+                "readonly=True on host memory needs Linux 5.1 or later (F_SEAL_FUTURE_WRITE), "
+                f"and this kernel is {os.uname().release}; leave out readonly= (and share the "
+                "array only with processes you trust not to write), or update the kernel"
+            ) from None
+        return True
+
     def reopen_readonly(self, fd: int) -> int | None:
-        """Open the memfd again read-only: a mapping of it can never be made writable."""
+        """Open the memfd again ``O_RDONLY``, so that a mistake cannot map it writable (a
+        deliberate attempt can open it again read-write through ``/proc``: what stops that
+        is the seal against new writes, :meth:`seal`)."""
         return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
 
     def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
@@ -157,9 +188,19 @@ class HostBackend:
     def set_access(
         self, address: int, size: int, access: Access, peers: Mapping[int, Access] | None = None
     ) -> None:
+        """``mprotect``. A chunk of a ``readonly=True`` array mapped by a process other than
+        its creator (or anew by the creator) cannot become writable: the kernel refuses."""
         if peers:
             raise ValueError("host memory has no peer devices: access= takes 'cpu' only")
-        _check(_libc.mprotect(address, size, _PROT[access]), "set access")
+        if _libc.mprotect(address, size, _PROT[access]) != 0:
+            err = ctypes.get_errno()
+            if err in (errno.EACCES, errno.EPERM):
+                raise PermissionDenied(
+                    "this memory was made readonly=True by its creator and cannot be mapped "
+                    "writable here (its memfd is sealed against writing). Load it from an "
+                    "unaltered payload, which says readonly, and read it only"
+                )
+            raise OSError(err, f"set access: {os.strerror(err)}")
 
     def unmap(self, address: int, size: int) -> None:
         # Put the reservation's PROT_NONE placeholder back rather than leaving a hole that

@@ -1,0 +1,136 @@
+"""The host backend: sealed memfds (read-only for real, no SIGBUS from a shrunk handle),
+and a memory check at creation."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from keeper_helpers import py
+
+import sharedarrays as sa
+
+ATTACKS = (
+    "import ctypes, errno, json, mmap, os, pickle, sys\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long)\n"
+    "out = {}\n"
+    "def attempt(name, f):\n"
+    "    try:\n"
+    "        f()\n"
+    "        out[name] = 'written'\n"
+    "    except OSError as e:\n"
+    "        out[name] = errno.errorcode[e.errno] if e.errno else type(e).__name__\n"
+    "def attack(fd, size, address):\n"
+    "    rw = os.open(f'/proc/self/fd/{fd}', os.O_RDWR)  # opening again is allowed ...\n"
+    "    def map_rw():\n"
+    "        m = mmap.mmap(rw, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)\n"
+    "        m[:8] = b'\\xff' * 8\n"
+    "    attempt('reopen O_RDWR + mmap PROT_WRITE', map_rw)\n"
+    "    attempt('reopen O_RDWR + pwrite', lambda: os.pwrite(rw, b'\\xff' * 8, 0))\n"
+    "    attempt('pwrite on the fd', lambda: os.pwrite(fd, b'\\xff' * 8, 0))\n"
+    "    def punch():\n"
+    "        if libc.fallocate(rw, 3, 0, size):  # PUNCH_HOLE | KEEP_SIZE: zeroes the data\n"
+    "            e = ctypes.get_errno()\n"
+    "            raise OSError(e, os.strerror(e))\n"
+    "    attempt('fallocate punch hole', punch)\n"
+    "    def proc_mem():\n"
+    "        with open('/proc/self/mem', 'r+b', buffering=0) as f:\n"
+    "            f.seek(address)\n"
+    "            f.write(b'\\xff' * 8)\n"
+    "    attempt('write /proc/self/mem at the mapping', proc_mem)\n"
+    "    os.close(rw)\n"
+)
+
+IMPORTER = ATTACKS + (
+    "import sharedarrays as sa\n"
+    "a = pickle.loads(bytes.fromhex(sys.stdin.readline()))\n"
+    "al = a.allocation\n"
+    "attempt('mprotect PROT_WRITE', lambda: al.backend.set_access(al.address, al.size, 'rw'))\n"
+    "attack(al.chunks[0].fd, al.size, al.address)\n"
+    "out['maps'] = [l.split()[1] for l in open('/proc/self/maps')\n"
+    "               if l.startswith(format(al.address, 'x') + '-')]\n"
+    "out['sum'] = float(a.get().sum())\n"
+    "print(json.dumps(out), flush=True)\n"
+)
+
+FD_HOLDER = ATTACKS + (
+    "libc.mmap.restype = ctypes.c_void_p\n"
+    "libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,\n"
+    "                      ctypes.c_int, ctypes.c_long)\n"
+    "libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)\n"
+    "fd, size = int(sys.argv[1]), int(sys.argv[2])\n"
+    "address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)\n"
+    "def mprotect():\n"
+    "    if libc.mprotect(address, size, mmap.PROT_READ | mmap.PROT_WRITE):\n"
+    "        e = ctypes.get_errno()\n"
+    "        raise OSError(e, os.strerror(e))\n"
+    "attempt('mprotect PROT_WRITE', mprotect)\n"
+    "attack(fd, size, address)\n"
+    "print(json.dumps(out), flush=True)\n"
+)
+
+REFUSED = {"EPERM", "EACCES", "EIO", "EBADF", "PermissionDenied"}
+
+
+@pytest.mark.timeout(120)
+def test_readonly_importers_cannot_write_by_any_means() -> None:
+    """The attacks of an importer of a readonly=True array: each is refused by the kernel,
+    and the creator sees no change (its own view stays writable)."""
+    a = sa.from_array(np.arange(512.0), device="cpu", readonly=True)
+    a[0] = 10.0  # the creator keeps writing
+    expected = a.get().copy()
+    r = py(IMPORTER, input=pickle.dumps(a).hex() + "\n", timeout=60)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out.pop("maps") == ["r--s"]
+    assert out.pop("sum") == float(expected.sum())
+    assert len(out) == 6 and set(out.values()) <= REFUSED, out
+    assert np.array_equal(a.get(), expected)  # nothing was written
+    a[1] = 11.0  # and the creator still writes
+    assert a.get()[1] == 11.0
+
+
+@pytest.mark.timeout(120)
+def test_readonly_memory_refuses_even_the_creators_own_fd() -> None:
+    """A process holding the creator's own (O_RDWR) fd, as multiprocessing's DupFd gives a
+    spawned child, cannot write either."""
+    a = sa.from_array(np.arange(512.0), device="cpu", readonly=True)
+    expected = a.get().copy()
+    fd = a.allocation.chunk_fds()[0]
+    assert fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDWR
+    r = subprocess.run(
+        [sys.executable, "-c", FD_HOLDER, str(fd), str(a.allocation.size)],
+        pass_fds=[fd],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert len(out) == 6 and set(out.values()) <= REFUSED, out
+    assert np.array_equal(a.get(), expected)
+
+
+def test_readonly_growable_arrays_seal_new_chunks_and_cannot_move() -> None:
+    a = sa.zeros(512, "uint8", device="cpu", readonly=True, capacity=16 * 4096)
+    a.resize(8 * 4096)  # a new chunk: mapped here, writable, then sealed
+    a[8 * 4096 - 1] = 7
+    for fd in a.allocation.chunk_fds():
+        assert fcntl.fcntl(fd, fcntl.F_GET_SEALS) & 0x0010  # F_SEAL_FUTURE_WRITE
+    with pytest.raises(sa.ResizeRefused, match="larger capacity="):
+        a.resize(64 * 4096)  # would map the sealed chunks again
+    assert a.shape == (8 * 4096,) and a.get()[-1] == 7
+
+
+def test_ordinary_arrays_are_not_write_sealed() -> None:
+    a = sa.zeros(4096, device="cpu")
+    seals = fcntl.fcntl(a.allocation.chunk_fds()[0], fcntl.F_GET_SEALS)
+    assert seals & fcntl.F_SEAL_SEAL and seals & fcntl.F_SEAL_SHRINK and not seals & 0x0010
+    assert not a.allocation.write_sealed
