@@ -31,7 +31,7 @@ from ..device import CPU, Device
 from ..errors import BackendUnavailable, PayloadError, PermissionDenied
 from .base import Access, Chunk
 
-__all__ = ["HostBackend"]
+__all__ = ["HostBackend", "check_chunk_fd"]
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
@@ -54,6 +54,39 @@ _MAP_NORESERVE = 0x4000
 _PROT = {"rw": mmap.PROT_READ | mmap.PROT_WRITE, "r": mmap.PROT_READ, "none": 0}
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 _F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x0010)  # Linux 5.1; not in fcntl
+
+
+def check_chunk_fd(fd: int, size: int) -> None:
+    """Refuse a received handle that is not a chunk of ``size`` bytes sealed against shrinking.
+
+    A memfd that its sender could still shrink would kill the process that maps it with
+    ``SIGBUS`` at the first touch past the new end; ``F_GET_SEALS`` also refuses anything that
+    is not a memfd (a file, a socket, a pipe). Does not close ``fd``.
+
+    Raises
+    ------
+    PayloadError
+        Not a memfd, not sealed against shrinking, or not ``size`` bytes long.
+    """
+    try:
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+        actual = os.fstat(fd).st_size
+    except OSError as e:
+        raise PayloadError(
+            f"the handle received for a host chunk is not a memfd ({e.strerror}): it was not "
+            "made by sharedarrays; load only payloads of arrays made by this user's processes"
+        ) from None
+    if not seals & fcntl.F_SEAL_SHRINK:
+        raise PayloadError(
+            "the handle received for a host chunk is a memfd that is not sealed against "
+            "shrinking (its sender could make this process crash with SIGBUS): it was not "
+            "made by sharedarrays; load only payloads of arrays made by this user's processes"
+        )
+    if actual != size:
+        raise PayloadError(
+            f"the handle describes {actual} bytes but the payload says {size}; "
+            "the payload does not belong to this allocation"
+        )
 
 
 def _check_mmap(result: int | None, what: str) -> int:
@@ -154,13 +187,9 @@ class HostBackend:
         return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
 
     def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
+        """Take a received memfd as a chunk (see :func:`check_chunk_fd`); closes it if not."""
         try:
-            actual = os.fstat(fd).st_size
-            if actual != size:
-                raise PayloadError(
-                    f"the handle describes {actual} bytes but the payload says {size}; "
-                    "the payload does not belong to this allocation"
-                )
+            check_chunk_fd(fd, size)
         except BaseException:
             os.close(fd)
             raise

@@ -15,6 +15,7 @@ import pytest
 from keeper_helpers import py
 
 import sharedarrays as sa
+from sharedarrays.payload import MAGIC, TAG_BYTES
 
 ATTACKS = (
     "import ctypes, errno, json, mmap, os, pickle, sys\n"
@@ -134,3 +135,106 @@ def test_ordinary_arrays_are_not_write_sealed() -> None:
     seals = fcntl.fcntl(a.allocation.chunk_fds()[0], fcntl.F_GET_SEALS)
     assert seals & fcntl.F_SEAL_SEAL and seals & fcntl.F_SEAL_SHRINK and not seals & 0x0010
     assert not a.allocation.write_sealed
+
+
+class _Handed:
+    """Stands for multiprocessing's DupFd: a handle that travelled with a payload."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def detach(self) -> int:
+        return self.fd
+
+
+def _as_another_allocation(a: sa.SharedDeviceArray, **changes: object) -> bytes:
+    """``a``'s payload under a fresh allocation id (so loading it imports the handles that
+    come with it), with ``changes`` to its fields, and a valid tag."""
+    from sharedarrays.payload import _tag
+
+    doc = json.loads(a.payload().to_bytes()[len(MAGIC) + TAG_BYTES :])
+    doc.update(id=os.urandom(16).hex(), **changes)
+    body = json.dumps(doc, separators=(",", ":")).encode()
+    return MAGIC + _tag(body, bytes.fromhex(doc["secret"])) + body
+
+
+def _unsealed_memfd(size: int) -> int:
+    fd = os.memfd_create("forged", os.MFD_CLOEXEC)  # what a same-user forger could send
+    os.ftruncate(fd, size)
+    return fd
+
+
+@pytest.mark.parametrize("seals", [None, fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL])
+def test_an_unsealed_handle_is_refused_and_closed(seals: int | None, fd_baseline: None) -> None:
+    a = sa.zeros(512, device="cpu", pack=False)
+    size = a.allocation.size
+    if seals is None:
+        fd = _unsealed_memfd(size)
+    else:  # sealable, sealed against everything but shrinking
+        fd = os.memfd_create("forged", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        os.ftruncate(fd, size)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    with pytest.raises(sa.PayloadError, match="not sealed against shrinking"):
+        sa.load(_as_another_allocation(a), None, (_Handed(fd),))
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed
+    a.close()
+
+
+@pytest.mark.parametrize("kind", ["pipe", "file"])
+def test_a_handle_that_is_not_a_memfd_is_refused_and_closed(
+    kind: str, fd_baseline: None, tmp_path: object
+) -> None:
+    a = sa.zeros(512, device="cpu", pack=False)
+    if kind == "pipe":
+        fd, w = os.pipe()
+        os.close(w)
+    else:
+        fd = os.open(os.path.join(str(tmp_path), "f"), os.O_RDWR | os.O_CREAT)
+        os.ftruncate(fd, a.allocation.size)
+    with pytest.raises(sa.PayloadError, match=r"not a memfd|not sealed"):
+        sa.load(_as_another_allocation(a), None, (_Handed(fd),))
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    a.close()
+
+
+UNSEALED = (
+    "import json, os, sys\n"
+    "import psutil\n"
+    "import sharedarrays as sa\n"
+    "class Handed:\n"
+    "    def __init__(self, fd): self.fd = fd\n"
+    "    def detach(self): return self.fd\n"
+    "blob, size = bytes.fromhex(sys.argv[1]), int(sys.argv[2])\n"
+    "before = psutil.Process().num_fds()\n"
+    "fd = os.memfd_create('forged', os.MFD_CLOEXEC)  # a same-user forger: no seals\n"
+    "os.ftruncate(fd, size)\n"
+    "forger = os.dup(fd)\n"
+    "try:\n"
+    "    a = sa.load(blob, None, (Handed(fd),))\n"
+    "    os.ftruncate(forger, 0)  # shrunk under the mapping\n"
+    "    out = {'loaded': True, 'sum': float(a.get().sum())}  # SIGBUS without the check\n"
+    "except sa.SharedArrayError as e:\n"
+    "    out = {'error': type(e).__name__, 'message': str(e)}\n"
+    "os.close(forger)\n"
+    "out['leaked'] = psutil.Process().num_fds() - before\n"
+    "print(json.dumps(out), flush=True)\n"
+)
+
+
+@pytest.mark.timeout(120)
+def test_a_shrinkable_handle_never_crashes_the_importer() -> None:
+    """A forger sends an unsealed memfd and shrinks it once mapped: without the seal check
+    the importer dies of SIGBUS at the first touch."""
+    a = sa.zeros(512, device="cpu", pack=False)
+    r = subprocess.run(
+        [sys.executable, "-c", UNSEALED, _as_another_allocation(a).hex(), str(a.allocation.size)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, f"the importer died ({r.returncode}): {r.stderr}"
+    out = json.loads(r.stdout)
+    assert out["error"] == "PayloadError" and "sealed" in out["message"]
+    assert out["leaked"] == 0
