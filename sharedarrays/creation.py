@@ -273,6 +273,9 @@ def empty(
     ------
     BackendUnavailable
         CUDA (or the backend asked for) cannot be used here; the message says why.
+    OutOfMemory
+        A host array larger than the memory available (see the user guide), or a capacity
+        larger than the address space this process can reserve.
     PeerAccessUnavailable
         A device in ``access`` cannot reach the memory (``cuDeviceCanAccessPeer`` is 0).
     NameExists

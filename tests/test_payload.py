@@ -222,6 +222,35 @@ def test_numeric_fields_are_bounded_by_what_the_os_allows(key: str, value: int) 
     assert low <= value <= high
 
 
+def _growable_payload_of_a_new_allocation(capacity: int) -> tuple[bytes, int]:
+    """A resealed growable payload under a fresh id, and a dup of its chunk's fd."""
+    import os
+
+    g = sa.zeros(512, "uint8", device="cpu", capacity=1 << 20)
+    doc = json.loads(g.payload().to_bytes()[len(MAGIC) + TAG_BYTES :])
+    doc.update(id=os.urandom(16).hex(), capacity=capacity)
+    return reseal(doc), os.dup(g.allocation.chunk_fds()[0])
+
+
+class _Handed:
+    """Stands for multiprocessing's DupFd: a handle that travelled with a payload."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def detach(self) -> int:
+        return self.fd
+
+
+def test_a_capacity_no_process_can_reserve_is_out_of_memory(fd_baseline: None) -> None:
+    from sharedarrays.payload import MAX_SIZE
+
+    blob, fd = _growable_payload_of_a_new_allocation(MAX_SIZE)  # valid, yet cannot be reserved
+    with pytest.raises(sa.OutOfMemory, match="address space") as err:
+        sa.load(blob, None, (_Handed(fd),))
+    assert isinstance(err.value, sa.SharedArrayError)
+
+
 READONLY_FORGER = (
     "import json, pickle, sys\n"
     "import sharedarrays as sa\n"

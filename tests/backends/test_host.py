@@ -238,3 +238,39 @@ def test_a_shrinkable_handle_never_crashes_the_importer() -> None:
     out = json.loads(r.stdout)
     assert out["error"] == "PayloadError" and "sealed" in out["message"]
     assert out["leaked"] == 0
+
+
+def test_a_huge_host_array_fails_at_creation(fd_baseline: None) -> None:
+    from sharedarrays.backends.host import memory_available
+
+    known = memory_available()
+    if known is None:
+        pytest.skip("vm.overcommit_memory=1: the administrator asked for no memory check")
+    size = 1 << 40  # 1 TiB
+    if known[0] >= size:
+        pytest.skip(f"this machine has {known[0]} bytes available")
+    with pytest.raises(sa.OutOfMemory, match=f"{size} bytes") as err:
+        sa.empty(size, "uint8", device="cpu")
+    assert isinstance(err.value, MemoryError) and isinstance(err.value, sa.SharedArrayError)
+    assert "available" in str(err.value) and "MemAvailable" in str(err.value)
+    assert all(al.size < size for al in sa.allocation.live_allocations())
+
+
+def test_strict_overcommit_counts_the_commit_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sharedarrays.backends import host
+
+    monkeypatch.setattr(host, "_overcommit_mode", lambda: 2)
+    known = host.memory_available()
+    assert known is not None
+    with open("/proc/meminfo") as f:
+        info = {k: int(v.split()[0]) * 1024 for k, v in (line.split(":") for line in f)}
+    commit = max(info["CommitLimit"] - info["Committed_AS"], 0)
+    assert known[0] <= commit + (64 << 20)  # (Committed_AS moves while we read)
+    monkeypatch.setattr(host, "_overcommit_mode", lambda: 1)
+    assert host.memory_available() is None
+    sa.empty(1 << 40, "uint8", device="cpu", pack=False).close()  # asked for: no check
+
+
+def test_a_capacity_beyond_the_address_space_is_out_of_memory(fd_baseline: None) -> None:
+    with pytest.raises(sa.OutOfMemory, match="address space"):
+        sa.empty(8, "uint8", device="cpu", capacity=1 << 47)
