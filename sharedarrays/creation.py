@@ -233,7 +233,8 @@ def empty(
         CUDA) each. Arrays packed together share a slab's secret: a process that can import
         one of them could map its neighbours too. Pass ``pack=False`` for an array that must
         be shared with nobody who should not see the others. Named, restricted
-        (``allow_pids``) and ``readonly`` arrays are never packed.
+        (``allow_pids``), ``readonly`` and growable arrays, and those given ``chunk_bytes``
+        or ``access``, are never packed.
     name : str, optional
         Give the array this name in this user's keeper (started if needed): any process of
         the same user can then :func:`~sharedarrays.attach` it, also after this one exited,
