@@ -540,6 +540,7 @@ class Allocation:
             sizes = [round_up(max(nbytes, 1), backend.granularity)]
         if capacity is not None:
             capacity = max(round_up(capacity, backend.granularity), sum(sizes))
+        backend.check_memory(sum(sizes))
         alloc = cls._build(
             backend,
             secrets.token_hex(16),
@@ -947,6 +948,7 @@ class Allocation:
                 self.size, nbytes, self.backend.granularity, self.capacity, self._chunk_bytes
             )
             if sizes:
+                self.backend.check_memory(sum(sizes))
                 self._add_chunks(sizes, self.backend.create_chunk, 0, seal=True)
 
     def extend(self, sizes: list[int], fds: list[int], capacity: int = 0) -> None:

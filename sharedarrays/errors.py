@@ -94,7 +94,8 @@ class OutOfMemory(SharedArrayError, MemoryError):
     """The memory or address space an array needs is not there.
 
     Raised when a new array, or the growth of one, is larger than the memory this machine
-    has available (host memory: ``MemAvailable`` plus free swap, see the user guide), or
-    when this process cannot reserve or map the address range. The message gives the size
-    asked for and what is available, and what to do.
+    has available (host memory: ``MemAvailable`` plus free swap, see the user guide; on CUDA
+    the driver's refusal, ``CudaOutOfMemory``), or when this process cannot reserve or map
+    the address range. The message gives the size asked for and what is available, and
+    what to do.
     """

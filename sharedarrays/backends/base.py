@@ -108,6 +108,16 @@ class Backend(Protocol):
         """Chunk sizes and mapping offsets are multiples of this many bytes."""
         ...
 
+    def check_memory(self, nbytes: int) -> None:
+        """Refuse, before any of it is made, new memory of ``nbytes`` bytes (an allocation's
+        chunks, or a growth's) that the memory system cannot back.
+
+        Raises :class:`~sharedarrays.OutOfMemory` with the size and what is available. Host
+        memory is taken only when first touched, so the host backend checks what is
+        available now; CUDA takes device memory when a chunk is made, and fails there.
+        """
+        ...
+
     def create_chunk(self, size: int) -> Chunk:
         """Allocate a chunk of ``size`` bytes (a multiple of the granularity) and export it."""
         ...

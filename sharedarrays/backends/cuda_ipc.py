@@ -83,6 +83,10 @@ class CudaIpcBackend(CudaDevice):
         """Chunk sizes are multiples of 2 MiB (:data:`GRANULARITY`)."""
         return GRANULARITY
 
+    def check_memory(self, nbytes: int) -> None:
+        """Nothing to check beforehand: ``cuMemAlloc`` takes the device memory at once, and
+        fails with :class:`CudaOutOfMemory` (an :class:`~sharedarrays.OutOfMemory`)."""
+
     def create_chunk(self, size: int) -> Chunk:
         """Allocate ``size`` bytes with ``cuMemAlloc`` and take its IPC handle (once)."""
         self._check_size(size, "a chunk size")

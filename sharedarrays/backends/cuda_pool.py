@@ -142,6 +142,10 @@ class CudaPoolBackend(CudaDevice):
             self._pool, self._pool_fd = pool, fd
             return pool
 
+    def check_memory(self, nbytes: int) -> None:
+        """Nothing to check beforehand: ``cuMemAllocFromPoolAsync`` takes the device memory
+        at once, and fails with :class:`CudaOutOfMemory` (an :class:`~sharedarrays.OutOfMemory`)."""
+
     def create_chunk(self, size: int) -> Chunk:
         """Allocate ``size`` bytes from this process's pool on the current stream, wait for
         the allocation, and export the pointer (once)."""

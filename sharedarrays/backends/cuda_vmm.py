@@ -127,6 +127,10 @@ class CudaVmmBackend(CudaDevice):
         return self._d.CUmemGenericAllocationHandle(chunk.handle)
 
     # chunks -----------------------------------------------------------------------------
+    def check_memory(self, nbytes: int) -> None:
+        """Nothing to check beforehand: ``cuMemCreate`` takes the device memory at once, and
+        fails with :class:`CudaOutOfMemory` (an :class:`~sharedarrays.OutOfMemory`)."""
+
     def create_chunk(self, size: int) -> Chunk:
         """Allocate ``size`` bytes of pinned device memory and export its fd (once)."""
         self._check_size(size, "a chunk size")

@@ -144,27 +144,6 @@ def _gib(n: int) -> str:
     return f"{n / (1 << 30):.1f} GiB"
 
 
-def _check_memory(size: int) -> None:
-    """Refuse a chunk larger than the memory available for it (see :func:`memory_available`).
-
-    ``ftruncate`` of a memfd never fails for its size: without this check a chunk beyond the
-    machine's memory would be made, and its first touch would end the process (``SIGBUS``)
-    or wake the OOM killer. A chunk of at most half the free RAM is accepted without
-    reading ``/proc/meminfo`` (``sysconf``, 0.4 us, against 35 us).
-    """
-    if _overcommit_mode() != 2 and size <= os.sysconf("SC_AVPHYS_PAGES") * mmap.PAGESIZE // 2:
-        return
-    known = memory_available()
-    if known is None or size <= known[0]:
-        return
-    available, how = known
-    raise OutOfMemory(
-        f"cannot make a host array of {_gib(size)} ({size} bytes): this machine has "
-        f"{_gib(available)} ({available} bytes) available ({how}). Make the array smaller "
-        "or in several parts, free memory (close other arrays and processes), or add swap"
-    )
-
-
 def _check_mmap(result: int | None, what: str) -> int:
     if result is None or result == _MAP_FAILED:
         err = ctypes.get_errno()
@@ -220,15 +199,33 @@ class HostBackend:
         return mmap.PAGESIZE
 
     # chunks -----------------------------------------------------------------------------
-    def create_chunk(self, size: int) -> Chunk:
-        """A sealed memfd of ``size`` bytes.
+    def check_memory(self, nbytes: int) -> None:
+        """Refuse new memory larger than what is available (:func:`memory_available`).
+
+        ``ftruncate`` of a memfd never fails for its size: without this check memory beyond
+        the machine's would be made, and its first touch would end the process (``SIGBUS``)
+        or wake the OOM killer. At most half the free RAM is accepted without reading
+        ``/proc/meminfo`` (``sysconf``, 0.4 us, against 35 us).
 
         Raises
         ------
         OutOfMemory
-            ``size`` is more than the memory available (:func:`memory_available`).
+            ``nbytes`` is more than the memory available.
         """
-        _check_memory(size)
+        if _overcommit_mode() != 2 and nbytes <= os.sysconf("SC_AVPHYS_PAGES") * mmap.PAGESIZE // 2:
+            return
+        known = memory_available()
+        if known is None or nbytes <= known[0]:
+            return
+        available, how = known
+        raise OutOfMemory(
+            f"cannot make {_gib(nbytes)} ({nbytes} bytes) of host memory: this machine has "
+            f"{_gib(available)} ({available} bytes) available ({how}). Make the array smaller "
+            "or in several parts, free memory (close other arrays and processes), or add swap"
+        )
+
+    def create_chunk(self, size: int) -> Chunk:
+        """A memfd of ``size`` bytes, sealed against resizing (see :meth:`check_memory`)."""
         fd = os.memfd_create("sharedarrays", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(fd, size)

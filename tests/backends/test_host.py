@@ -256,6 +256,26 @@ def test_a_huge_host_array_fails_at_creation(fd_baseline: None) -> None:
     assert all(al.size < size for al in sa.allocation.live_allocations())
 
 
+@pytest.mark.parametrize("how", ["chunk_bytes", "growth"])
+def test_memory_is_checked_for_all_the_chunks_at_once(how: str, fd_baseline: None) -> None:
+    """Many chunks that each fit, together too large: refused before any is made."""
+    from sharedarrays.backends.host import memory_available
+
+    known = memory_available()
+    if known is None:
+        pytest.skip("vm.overcommit_memory=1: the administrator asked for no memory check")
+    size = max(1 << 40, 2 * known[0])
+    if how == "chunk_bytes":
+        with pytest.raises(sa.OutOfMemory, match=f"{size} bytes"):
+            sa.empty(size, "uint8", device="cpu", chunk_bytes=1 << 30)
+        return
+    a = sa.zeros(4096, "uint8", device="cpu", capacity=2 * size, chunk_bytes=1 << 30)
+    with pytest.raises(sa.OutOfMemory, match="host memory"):
+        a.resize(size)
+    assert a.shape == (4096,) and len(a.allocation.chunks) == 1
+    a.close()
+
+
 def test_strict_overcommit_counts_the_commit_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     from sharedarrays.backends import host
 
