@@ -46,7 +46,8 @@ class HandleUnavailable(SharedArrayError):
     """The handles of an allocation cannot be obtained.
 
     The process that exported the array has exited (or released it) and no other process
-    holds its handles.
+    holds its handles; or this process cannot open one more (too many open files: the
+    message gives the limit).
     """
 
 

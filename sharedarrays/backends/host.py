@@ -23,13 +23,20 @@ import fcntl
 import functools
 import mmap
 import os
+import resource
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
 
 from ..device import CPU, Device
-from ..errors import BackendUnavailable, OutOfMemory, PayloadError, PermissionDenied
+from ..errors import (
+    BackendUnavailable,
+    HandleUnavailable,
+    OutOfMemory,
+    PayloadError,
+    PermissionDenied,
+)
 from .base import Access, Chunk
 
 __all__ = ["HostBackend", "check_chunk_fd", "memory_available"]
@@ -225,8 +232,24 @@ class HostBackend:
         )
 
     def create_chunk(self, size: int) -> Chunk:
-        """A memfd of ``size`` bytes, sealed against resizing (see :meth:`check_memory`)."""
-        fd = os.memfd_create("sharedarrays", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        """A memfd of ``size`` bytes, sealed against resizing (see :meth:`check_memory`).
+
+        Raises
+        ------
+        HandleUnavailable
+            This process (or the system) has as many open files as it may.
+        """
+        try:
+            fd = os.memfd_create("sharedarrays", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        except OSError as e:
+            if e.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+            limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            raise HandleUnavailable(
+                f"cannot make a memfd for new memory: {e.strerror} (this process may have "
+                f"{limit} open, ulimit -n). Close arrays this process no longer needs "
+                "(a.close()), or raise the limit"
+            ) from None
         try:
             os.ftruncate(fd, size)
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)

@@ -3,6 +3,7 @@ and a memory check at creation."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -294,3 +295,13 @@ def test_strict_overcommit_counts_the_commit_limit(monkeypatch: pytest.MonkeyPat
 def test_a_capacity_beyond_the_address_space_is_out_of_memory(fd_baseline: None) -> None:
     with pytest.raises(sa.OutOfMemory, match="address space"):
         sa.empty(8, "uint8", device="cpu", capacity=1 << 47)
+
+
+@pytest.mark.parametrize("err", [errno.EMFILE, errno.ENFILE])
+def test_too_many_open_files_is_a_library_error(err: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    def memfd_create(name: str, flags: int = 0) -> int:
+        raise OSError(err, os.strerror(err))
+
+    monkeypatch.setattr(os, "memfd_create", memfd_create)
+    with pytest.raises(sa.HandleUnavailable, match="ulimit -n"):
+        sa.zeros(10000, device="cpu")
