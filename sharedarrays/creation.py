@@ -13,6 +13,7 @@ from .array import SharedDeviceArray, operator_index
 from .backends import Access, choose_backend, get_backend
 from .device import Device, DeviceLike, parse_device
 from .payload import contiguous_strides
+from .process import PID_MAX_LIMIT
 
 __all__ = ["empty", "zeros", "ones", "full", "from_array", "ShapeLike", "PROGRESS_BYTES"]
 
@@ -140,6 +141,10 @@ def _new(
     if name is not None:
         keeper.check_name(name)
     allowed = None if allow_pids is None else frozenset(operator_index(p) for p in allow_pids)
+    if allowed is not None and not all(0 < p <= PID_MAX_LIMIT for p in allowed):
+        raise ValueError(
+            f"allow_pids are process ids, from 1 to {PID_MAX_LIMIT}: got {sorted(allowed)}"
+        )
     if name is not None or allowed is not None or readonly:
         if pack:
             raise ValueError("pack=True cannot be combined with name, allow_pids or readonly")

@@ -165,3 +165,9 @@ def test_restricted_small_arrays_never_share_a_slab(private_keeper: Path) -> Non
     for a in restricted:
         assert a.offset == 0 and a.allocation.size == a.allocation.backend.granularity
     sa.unlink("small-named")
+
+
+@pytest.mark.parametrize("pids", [[0], [-5], [2**22 + 1], [2**31], [1, 2**64]])
+def test_allow_pids_are_process_ids(pids: list[int], fd_baseline: None) -> None:
+    with pytest.raises(ValueError, match="allow_pids are process ids"):
+        sa.zeros(8, device="cpu", allow_pids=pids)
