@@ -252,14 +252,23 @@ def test_a_capacity_no_process_can_reserve_is_out_of_memory(fd_baseline: None) -
 
 
 READONLY_FORGER = (
-    "import json, pickle, sys\n"
+    "import gc, json, pickle, sys\n"
+    "import psutil\n"
     "import sharedarrays as sa\n"
+    "from sharedarrays import transport\n"
+    "def fds():\n"
+    "    gc.collect()\n"
+    "    return psutil.Process().num_fds() - transport.open_connections()\n"
+    "transport.server_address()  # (its socket and selector are no leak)\n"
+    "before = fds()\n"
     "try:\n"
     "    sa.load(bytes.fromhex(sys.stdin.readline()))\n"
     "    out = {'loaded': True}\n"
     "except Exception as e:\n"
     "    out = {'error': type(e).__name__, 'library': isinstance(e, sa.SharedArrayError),\n"
     "           'message': str(e)}\n"
+    "out['leaked'] = fds() - before\n"
+    "out['mapped'] = len(sa.allocation.live_allocations())\n"
     "print(json.dumps(out), flush=True)\n"
 )
 
@@ -279,3 +288,4 @@ def test_a_payload_resealed_without_readonly_is_permission_denied() -> None:
     out = json.loads(r.stdout)
     assert out["error"] == "PermissionDenied" and out["library"], out
     assert "readonly=True" in out["message"]
+    assert out["leaked"] == 0 and out["mapped"] == 0  # the fd closed, nothing left mapped
