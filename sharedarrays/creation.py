@@ -12,7 +12,7 @@ from .allocation import PACK_BYTES, Allocation, pack_into_slab
 from .array import SharedDeviceArray, operator_index
 from .backends import Access, choose_backend, get_backend
 from .device import Device, DeviceLike, parse_device
-from .payload import contiguous_strides
+from .payload import MAX_SIZE, contiguous_strides
 from .process import PID_MAX_LIMIT
 
 __all__ = ["empty", "zeros", "ones", "full", "from_array", "ShapeLike", "PROGRESS_BYTES"]
@@ -126,6 +126,11 @@ def _new(
         raise ValueError(f"order must be 'C' or 'F', not {order!r}")
     if capacity is not None:
         capacity = operator_index(capacity)
+        if capacity > MAX_SIZE:
+            raise ValueError(
+                f"capacity={capacity} is more than any process can reserve; at most {MAX_SIZE} "
+                "bytes (128 TiB, what a payload may name)"
+            )
         if pack:
             raise ValueError("pack=True and capacity cannot be combined: a slab cannot grow")
         if name is not None:
@@ -287,7 +292,8 @@ def empty(
     NameExists
         ``name`` is taken (the new memory is released again).
     TypeError, ValueError
-        A bad shape, dtype, order, device or name.
+        A bad shape, dtype, order, device, name, allow_pids (process ids) or capacity
+        (at most 128 TiB).
     """
     return _new(
         shape,

@@ -171,3 +171,8 @@ def test_restricted_small_arrays_never_share_a_slab(private_keeper: Path) -> Non
 def test_allow_pids_are_process_ids(pids: list[int], fd_baseline: None) -> None:
     with pytest.raises(ValueError, match="allow_pids are process ids"):
         sa.zeros(8, device="cpu", allow_pids=pids)
+
+
+def test_a_capacity_beyond_what_a_payload_may_name_is_refused(fd_baseline: None) -> None:
+    with pytest.raises(ValueError, match="at most 140737488355328 bytes"):
+        sa.zeros(8, device="cpu", capacity=2**47 + 1)
