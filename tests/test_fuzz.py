@@ -224,6 +224,7 @@ def test_keeper_survives_fuzzing_without_leaks(fuzz_client: _Client, private_kee
     """Run after the fuzz test's pattern: junk, then check the keeper's fds balance."""
     kpid = lock_holder(private_keeper)
     assert kpid is not None
+    fuzz_client.replies_until_hello()  # the keeper has accepted our connection: counted
     before = len(os.listdir(f"/proc/{kpid}/fd"))
     for i in range(300):
         fuzz_client.send(keeper.MAGIC + json.dumps({"op": "keep", "id": i}).encode(), 2)
