@@ -513,6 +513,9 @@ class Allocation:
         """Processes allowed to import it (besides this one); ``None``: any of this user."""
         self.export_readonly = False
         """Whether importers get read-only mappings (payloads say ``readonly``)."""
+        self.write_sealed = False
+        """Whether the kernel forbids every new write to the memory (``readonly=True`` on the
+        host backend): only the creator's mappings made before can write."""
         self._sent = 0  # payloads pickled here that name this process's handle server
         self._sent_at = 0.0  # time.monotonic() of the last
         self._fetched = 0  # handle requests for it this process answered
@@ -528,6 +531,7 @@ class Allocation:
         chunk_bytes: int | None = None,
         capacity: int | None = None,
         peers: Mapping[int, Access] | None = None,
+        readonly: bool = False,
     ) -> Allocation:
         """Make a new allocation of at least ``nbytes`` bytes in this process (the exporter).
 
@@ -545,6 +549,13 @@ class Allocation:
         peers : mapping of int to Access, optional
             Other devices (by index) that get access to the memory in this process, and
             which (CUDA VMM only: see :meth:`grant`).
+        readonly : bool
+            Read-only for every other process (:attr:`export_readonly`). Where the memory
+            system enforces it (:meth:`Backend.seal`, the host backend) the chunks are sealed
+            against every new write once this process has mapped them: its mappings stay
+            writable, and nothing (importers, a mapping made anew here, a ``write`` on an fd
+            opened again through ``/proc``) can write otherwise; such an allocation cannot
+            grow past its capacity (it would have to map its chunks again).
 
         On a pointer backend (cuda-ipc, cuda-pool) the allocation is one chunk, and neither
         ``chunk_bytes`` nor ``capacity`` can be given.
@@ -565,6 +576,7 @@ class Allocation:
             sizes = [round_up(max(nbytes, 1), backend.granularity)]
         if capacity is not None:
             capacity = max(round_up(capacity, backend.granularity), sum(sizes))
+        backend.check_memory(sum(sizes))
         alloc = cls._build(
             backend,
             secrets.token_hex(16),
@@ -575,6 +587,8 @@ class Allocation:
             Origin(True, os.getpid(), time.time()),
             capacity,
             peers,
+            seal=True,
+            readonly=readonly,
         )
         alloc._chunk_bytes = chunk_bytes
         alloc.used = nbytes
@@ -653,8 +667,13 @@ class Allocation:
         origin: Origin,
         capacity: int | None = None,
         peers: Mapping[int, Access] | None = None,
+        seal: bool = False,
+        readonly: bool = False,
     ) -> Allocation:
+        """Make the chunks, map them, set access and, with ``seal`` (chunks made here), seal
+        them (``readonly``: against every new write); everything is released on failure."""
         total = sum(sizes)
+        write_sealed = False
         if not backend.maps:  # the chunk comes with its own address
             if peers:
                 raise ValueError(
@@ -662,7 +681,14 @@ class Allocation:
                     "cannot be granted to peers here)"
                 )
             chunk = make_chunk(total)
-            return cls(backend, alloc_id, secret, chunk.address, [chunk], access, origin)
+            try:
+                write_sealed = seal and backend.seal(chunk, readonly)
+            except BaseException:
+                _teardown(backend, 0, 0, [], [chunk])
+                raise
+            alloc = cls(backend, alloc_id, secret, chunk.address, [chunk], access, origin)
+            alloc.export_readonly, alloc.write_sealed = readonly, write_sealed and readonly
+            return alloc
         mapper = cast(MappingBackend, backend)
         reserved = total if capacity is None else round_up(capacity, backend.granularity)
         chunks: list[Chunk] = []
@@ -678,10 +704,14 @@ class Allocation:
                 mapped.append((offset, size))
                 offset += size
             mapper.set_access(address, total, access, peers)
+            if seal:
+                write_sealed = all([backend.seal(c, readonly) for c in chunks])
         except BaseException:
             _teardown(backend, address, reserved, mapped, chunks)
             raise
-        return cls(backend, alloc_id, secret, address, chunks, access, origin, capacity, peers)
+        alloc = cls(backend, alloc_id, secret, address, chunks, access, origin, capacity, peers)
+        alloc.export_readonly, alloc.write_sealed = readonly, write_sealed and readonly
+        return alloc
 
     # lifetime ---------------------------------------------------------------------------
     def lease(self, end: int | None = None, pin: bool = False) -> Lease:
@@ -1041,7 +1071,8 @@ class Allocation:
                 self.size, nbytes, self.backend.granularity, self.capacity, self._chunk_bytes
             )
             if sizes:
-                self._add_chunks(sizes, self.backend.create_chunk, 0)
+                self.backend.check_memory(sum(sizes))
+                self._add_chunks(sizes, self.backend.create_chunk, 0, seal=True)
 
     def extend(self, sizes: list[int], fds: list[int], capacity: int = 0) -> None:
         """Map chunks the exporter added (an importer), at the end; takes ownership of
@@ -1110,7 +1141,11 @@ class Allocation:
             _teardown(self.backend, self.address, self.capacity, mapped, dropped, free=False)
 
     def _add_chunks(
-        self, sizes: list[int], make_chunk: Callable[[int], Chunk], capacity: int
+        self,
+        sizes: list[int],
+        make_chunk: Callable[[int], Chunk],
+        capacity: int,
+        seal: bool = False,
     ) -> None:
         if len(self._chunks) + len(sizes) > MAX_CHUNKS:
             raise ValueError(
@@ -1130,6 +1165,8 @@ class Allocation:
                     backend.map(address, size, chunk, 0)
                     mapped.append((self.size, size))
                     backend.set_access(address, size, self._access, self._peers)
+                    if seal:  # made here: sealed like the first chunks
+                        backend.seal(chunk, self.export_readonly)
                 except BaseException:
                     _teardown(backend, self.address, 0, mapped, [chunk], free=False)
                     raise
@@ -1140,6 +1177,12 @@ class Allocation:
 
     def _move(self, capacity: int) -> None:
         """Map the chunks into a new, larger reservation and retire the old one."""
+        if self.write_sealed:
+            raise ResizeRefused(
+                f"allocation {self.id} is readonly=True: its chunks are sealed against every "
+                f"new writable mapping, so it cannot move past its capacity of {self.capacity} "
+                "bytes (that maps them again). Make it with a larger capacity="
+            )
         backend = cast(MappingBackend, self.backend)
         capacity = round_up(capacity, backend.granularity)
         address = backend.reserve(capacity)
@@ -1177,8 +1220,9 @@ class Allocation:
         """The fds to hand to another process, and those of them the caller must close.
 
         The chunks' own fds, except for a read-only export on a memory system that can
-        reopen a handle read-only (the host backend): then new read-only fds, so that the
-        importer cannot map the memory writable even if it tried.
+        reopen a handle read-only (the host backend): then new ``O_RDONLY`` fds. (That alone
+        would not stop an importer, which can open such an fd again read-write through
+        ``/proc``; what does is the seal against new writes, see :meth:`create`.)
         """
         fds = self.chunk_fds()
         if not self.export_readonly:

@@ -12,7 +12,8 @@ from .allocation import PACK_BYTES, Allocation, pack_into_slab
 from .array import SharedDeviceArray, operator_index
 from .backends import Access, choose_backend, get_backend
 from .device import Device, DeviceLike, parse_device
-from .payload import contiguous_strides
+from .payload import MAX_SIZE, contiguous_strides
+from .process import PID_MAX_LIMIT
 
 __all__ = ["empty", "zeros", "ones", "full", "from_array", "ShapeLike", "PROGRESS_BYTES"]
 
@@ -125,6 +126,11 @@ def _new(
         raise ValueError(f"order must be 'C' or 'F', not {order!r}")
     if capacity is not None:
         capacity = operator_index(capacity)
+        if capacity > MAX_SIZE:
+            raise ValueError(
+                f"capacity={capacity} is more than any process can reserve; at most {MAX_SIZE} "
+                "bytes (128 TiB, what a payload may name)"
+            )
         if pack:
             raise ValueError("pack=True and capacity cannot be combined: a slab cannot grow")
         if name is not None:
@@ -140,6 +146,10 @@ def _new(
     if name is not None:
         keeper.check_name(name)
     allowed = None if allow_pids is None else frozenset(operator_index(p) for p in allow_pids)
+    if allowed is not None and not all(0 < p <= PID_MAX_LIMIT for p in allowed):
+        raise ValueError(
+            f"allow_pids are process ids, from 1 to {PID_MAX_LIMIT}: got {sorted(allowed)}"
+        )
     if name is not None or allowed is not None or readonly:
         if pack:
             raise ValueError("pack=True cannot be combined with name, allow_pids or readonly")
@@ -174,9 +184,9 @@ def _new(
             raise ValueError("pack=True and chunk_bytes cannot be combined")
         alloc, offset = pack_into_slab(backend, nbytes)
     else:
-        alloc, offset = Allocation.create(backend, nbytes, chunk_bytes, capacity, peers), 0
+        alloc = Allocation.create(backend, nbytes, chunk_bytes, capacity, peers, bool(readonly))
+        offset = 0
         alloc.allow_pids = allowed
-        alloc.export_readonly = bool(readonly)
     strides = contiguous_strides(shp, dt.itemsize, order)
     a = SharedDeviceArray(alloc, dt, shp, strides, offset)
     if name is not None:
@@ -233,7 +243,8 @@ def empty(
         CUDA) each. Arrays packed together share a slab's secret: a process that can import
         one of them could map its neighbours too. Pass ``pack=False`` for an array that must
         be shared with nobody who should not see the others. Named, restricted
-        (``allow_pids``) and ``readonly`` arrays are never packed.
+        (``allow_pids``), ``readonly`` and growable arrays, and those given ``chunk_bytes``
+        or ``access``, are never packed.
     name : str, optional
         Give the array this name in this user's keeper (started if needed): any process of
         the same user can then :func:`~sharedarrays.attach` it, also after this one exited,
@@ -245,7 +256,12 @@ def empty(
         the keeper. Default: any process of this user that holds a payload (or the name).
     readonly : bool, default False
         Importers get read-only mappings (``PROT_READ`` on the host, a read-only
-        ``cuMemSetAccess`` on CUDA) and read-only views. This process keeps writing.
+        ``cuMemSetAccess`` on CUDA) and read-only views; this process's views stay
+        writable. On the host the kernel enforces it: once mapped here, the memory is sealed
+        against every new write (``F_SEAL_FUTURE_WRITE``), so no other process can write it
+        by any means, and the array cannot grow past its ``capacity``. On CUDA it is each
+        importer's own access setting, which a process of the same user can change (see the
+        user guide's security model).
     access : sequence, optional
         Other CUDA devices that may read and write (``"rw"``, the default) or only read
         (``"r"``) the memory in this process, over NVLink or PCIe, without copies, e.g.
@@ -268,12 +284,16 @@ def empty(
     ------
     BackendUnavailable
         CUDA (or the backend asked for) cannot be used here; the message says why.
+    OutOfMemory
+        A host array larger than the memory available (see the user guide), or a capacity
+        larger than the address space this process can reserve.
     PeerAccessUnavailable
         A device in ``access`` cannot reach the memory (``cuDeviceCanAccessPeer`` is 0).
     NameExists
         ``name`` is taken (the new memory is released again).
     TypeError, ValueError
-        A bad shape, dtype, order, device or name.
+        A bad shape, dtype, order, device, name, allow_pids (process ids) or capacity
+        (at most 128 TiB).
     """
     return _new(
         shape,

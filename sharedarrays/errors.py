@@ -17,6 +17,7 @@ __all__ = [
     "NameNotFound",
     "KeeperError",
     "ResizeRefused",
+    "OutOfMemory",
 ]
 
 
@@ -45,7 +46,8 @@ class HandleUnavailable(SharedArrayError):
     """The handles of an allocation cannot be obtained.
 
     The process that exported the array has exited (or released it) and no other process
-    holds its handles.
+    holds its handles; or this process cannot open one more (too many open files: the
+    message gives the limit).
     """
 
 
@@ -86,4 +88,15 @@ class ResizeRefused(SharedArrayError, RuntimeError):
     imported those chunks and is still running. Resizing is refused in importers (only the
     exporter resizes; importers call :meth:`SharedDeviceArray.refresh`). The message says
     which and what to do.
+    """
+
+
+class OutOfMemory(SharedArrayError, MemoryError):
+    """The memory or address space an array needs is not there.
+
+    Raised when a new array, or the growth of one, is larger than the memory this machine
+    has available (host memory: ``MemAvailable`` plus free swap, see the user guide; on CUDA
+    the driver's refusal, ``CudaOutOfMemory``), or when this process cannot reserve or map
+    the address range. The message gives the size asked for and what is available, and
+    what to do.
     """

@@ -480,10 +480,15 @@ class Keeper:
             expires = time.monotonic() + seconds
         if len(fds) != len(sizes):
             raise _BadRequest(f"{len(sizes)} chunk sizes but {len(fds)} file descriptors")
-        for fd, size in zip(fds, sizes):
-            st = os.fstat(fd)
-            if doc.get("backend") == "host" and st.st_size != size:
-                raise _BadRequest(f"a handle of {st.st_size} bytes where the request says {size}")
+        if doc.get("backend") == "host":
+            from .backends.host import check_chunk_fd
+            from .errors import PayloadError
+
+            for fd, size in zip(fds, sizes):
+                try:  # an unsealed memfd would let its sender crash every attacher (SIGBUS)
+                    check_chunk_fd(fd, size)
+                except PayloadError as e:
+                    raise _BadRequest(str(e)) from None
         existing = self._entries.get(alloc_id)
         if existing is not None:
             if not hmac.compare_digest(secret, existing.secret):

@@ -23,6 +23,7 @@ import numpy as np
 
 from .backends import factories
 from .errors import PayloadError
+from .process import PID_MAX_LIMIT
 
 __all__ = ["Payload", "MAX_PAYLOAD_BYTES", "contiguous_strides", "view_extent"]
 
@@ -30,7 +31,11 @@ MAGIC = b"SA1"
 TAG_BYTES = 16
 MAX_PAYLOAD_BYTES = 1 << 20
 MAX_NDIM = 64
-MAX_SIZE = 1 << 56
+MAX_SIZE = 1 << 47
+"""No allocation, chunk, capacity, offset, stride or element count is larger: a process's
+address space on x86-64 (4-level paging) is 128 TiB, and no memory system maps more."""
+MAX_DEVICES = 1 << 10
+"""Device ordinals are below this (more devices than one machine has)."""
 _KEYS = frozenset(
     (
         "backend",
@@ -258,12 +263,16 @@ class Payload:
             raise PayloadError(
                 f"payload field 'dtype' is not a numeric dtype: {dtype_str!r}"
             ) from None
-        device = _int(doc, "device", 0, 1 << 16)
-        pid = _int(doc, "pid", 1, 1 << 31)
+        device = _int(doc, "device", 0, MAX_DEVICES - 1)
+        pid = _int(doc, "pid", 1, PID_MAX_LIMIT)
         chunks = _ints(doc, "chunks", 1, MAX_SIZE, 1 << 16)
         if not chunks:
             raise PayloadError("payload has no chunks")
         size = sum(chunks)
+        if size > MAX_SIZE:
+            raise PayloadError(
+                f"payload's chunks add up to {size} bytes, more than any address space holds"
+            )
         shape = _ints(doc, "shape", 0, MAX_SIZE, MAX_NDIM)
         strides = _ints(doc, "strides", -MAX_SIZE, MAX_SIZE, MAX_NDIM)
         if len(shape) != len(strides):

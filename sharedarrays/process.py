@@ -7,11 +7,21 @@ import os
 from collections.abc import Callable
 from multiprocessing import util
 
-__all__ = ["running", "start_time", "at_exit"]
+__all__ = ["PID_MAX_LIMIT", "running", "start_time", "at_exit"]
+
+PID_MAX_LIMIT = 1 << 22
+"""No Linux process has a larger pid (the kernel's ``PID_MAX_LIMIT``, the most that
+``/proc/sys/kernel/pid_max`` may be set to on 64-bit machines)."""
 
 
 def running(pid: int) -> bool:
-    """Whether process ``pid`` exists (``kill(pid, 0)``; another user's process counts)."""
+    """Whether process ``pid`` exists (``kill(pid, 0)``; another user's process counts).
+
+    Any int is accepted: one outside ``1..PID_MAX_LIMIT`` names no process and gives False
+    (``kill`` would take 0 and negative numbers for process groups, and overflow on huge ones).
+    """
+    if not 0 < pid <= PID_MAX_LIMIT:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -26,6 +36,8 @@ def start_time(pid: int) -> int | None:
 
     With the pid it names one process for good: a pid reused later has another start time.
     """
+    if not 0 < pid <= PID_MAX_LIMIT:
+        return None
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()

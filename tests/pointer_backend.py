@@ -44,6 +44,11 @@ class HostPointerBackend(HostBackend):
         chunk.export = os.urandom(16)
         return chunk
 
+    def seal(self, chunk: Chunk, readonly: bool) -> bool:
+        """Like cuda-ipc: read-only is the importer's promise (its mapping is read-write)."""
+        super().seal(chunk, False)
+        return False
+
     def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
         try:
             if fd < 0:

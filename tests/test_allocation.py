@@ -186,3 +186,29 @@ def test_release_never_takes_a_mapping_from_under_a_view() -> None:
     again.close()
     gc.collect()
     assert drop_parked() == 1 and lookup("3" * 32) is None
+
+
+@pytest.mark.parametrize("pid", [2**22 + 1, 2**31, 2**63, 2**80, 0, -1, -(2**40)])
+def test_a_closed_import_never_stays_live_whatever_its_source_pid(
+    pid: int, fd_baseline: None
+) -> None:
+    """``running`` takes any int: an import whose source pid names no process (too large
+    for ``kill``, or 0 and negatives, which ``kill`` takes for process groups) is released
+    when its last view closes, not kept in the registry for good."""
+    import os
+
+    from sharedarrays.process import running, start_time
+
+    assert not running(pid) and start_time(pid) is None
+    a = sa.zeros(512, device="cpu", pack=False)
+    fd = os.dup(a.allocation.chunk_fds()[0])
+    alloc = Allocation.import_(
+        get_backend(CPU), "7" * 32, b"s" * 32, [a.allocation.size], [fd], pid
+    )
+    v = sa.SharedDeviceArray(alloc, np.dtype("float64"), (512,), (8,), 0)
+    del alloc
+    v.close()
+    gc.collect()
+    assert lookup("7" * 32) is None
+    assert all(al.id != "7" * 32 for al in live_allocations())
+    a.close()

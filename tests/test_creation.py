@@ -1,13 +1,18 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from conftest import NUMERIC_DTYPES
+from keeper_helpers import private_keeper
 
 import sharedarrays as sa
 from sharedarrays.backends import cuda_usable
 
 DTYPES = NUMERIC_DTYPES
+
+__all__ = ["private_keeper"]  # a fixture, used by name
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -135,3 +140,39 @@ def test_cuda_without_cuda_raises_backend_unavailable(device: object) -> None:
 def test_default_device_is_cpu_without_cuda() -> None:
     a = sa.zeros(3)
     assert str(a.device) == "cpu" and a.backend == "host"
+
+
+@pytest.mark.timeout(60)
+def test_restricted_small_arrays_never_share_a_slab(private_keeper: Path) -> None:
+    """A slab's neighbours share its secret and handles: whoever may import one packed array
+    can map them all. So an array whose importers are restricted (allow_pids), read-only, or
+    named gets an allocation of its own; ordinary small arrays still pack."""
+    import os
+
+    ordinary = [sa.zeros(8, device="cpu") for _ in range(2)]
+    assert ordinary[0].allocation is ordinary[1].allocation  # packed together
+    restricted = [
+        sa.zeros(8, device="cpu", allow_pids=[os.getpid()]),
+        sa.zeros(8, device="cpu", allow_pids=[]),
+        sa.zeros(8, device="cpu", readonly=True),
+        sa.zeros(8, device="cpu", name="small-named"),
+        sa.from_array(np.arange(3), device="cpu", readonly=True),
+    ]
+    after = sa.zeros(8, device="cpu")
+    assert after.allocation is ordinary[0].allocation  # the slab was not handed to them
+    allocations = {id(a.allocation) for a in ordinary + restricted}
+    assert len(allocations) == 1 + len(restricted)  # one slab, and one each
+    for a in restricted:
+        assert a.offset == 0 and a.allocation.size == a.allocation.backend.granularity
+    sa.unlink("small-named")
+
+
+@pytest.mark.parametrize("pids", [[0], [-5], [2**22 + 1], [2**31], [1, 2**64]])
+def test_allow_pids_are_process_ids(pids: list[int], fd_baseline: None) -> None:
+    with pytest.raises(ValueError, match="allow_pids are process ids"):
+        sa.zeros(8, device="cpu", allow_pids=pids)
+
+
+def test_a_capacity_beyond_what_a_payload_may_name_is_refused(fd_baseline: None) -> None:
+    with pytest.raises(ValueError, match="at most 140737488355328 bytes"):
+        sa.zeros(8, device="cpu", capacity=2**47 + 1)

@@ -7,6 +7,7 @@ with no fd leaked. The counts are recorded in docs/reliability.md.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pickle
@@ -156,9 +157,10 @@ class _Client:
         return s
 
     def send(self, msg: bytes, nfds: int) -> None:
-        fds = [os.memfd_create("fuzz", os.MFD_CLOEXEC) for _ in range(nfds)]
-        for fd in fds:
+        fds = [os.memfd_create("fuzz", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING) for _ in range(nfds)]
+        for fd in fds:  # sealed like a chunk: the keeper refuses a memfd that could shrink
             os.ftruncate(fd, 4096)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
         try:
             socket.send_fds(self.sock, [msg], fds) if fds else self.sock.send(msg)
         except OSError:
@@ -222,6 +224,7 @@ def test_keeper_survives_fuzzing_without_leaks(fuzz_client: _Client, private_kee
     """Run after the fuzz test's pattern: junk, then check the keeper's fds balance."""
     kpid = lock_holder(private_keeper)
     assert kpid is not None
+    fuzz_client.replies_until_hello()  # the keeper has accepted our connection: counted
     before = len(os.listdir(f"/proc/{kpid}/fd"))
     for i in range(300):
         fuzz_client.send(keeper.MAGIC + json.dumps({"op": "keep", "id": i}).encode(), 2)

@@ -390,3 +390,36 @@ def test_a_release_from_a_finalizer_never_blocks_on_the_client_lock(private_keep
     assert alloc_id not in keeper._deferred and alloc_id not in keeper._held
     sa.unlink("fin")
     del a
+
+
+@pytest.mark.timeout(60)
+def test_the_keeper_refuses_an_unsealed_memfd(private_keeper: Path) -> None:
+    """An unsealed memfd could be shrunk by its sender after the keeper served it, killing
+    every process that attached it with SIGBUS: the keeper refuses it and closes it."""
+    kpid = keeper.ensure_running()
+    before = keeper_memfds(kpid)
+    a = sa.zeros(512, device="cpu", pack=False)
+    size = a.allocation.size
+    forged = os.memfd_create("sharedarrays", os.MFD_CLOEXEC)  # no seals
+    os.ftruncate(forged, size)
+    req = {
+        "op": "keep",
+        "id": "ab" * 16,
+        "secret": "cd" * 32,
+        "name": "unsealed",
+        "sizes": [size],
+        "doc": {"backend": "host"},
+        "allow_pids": None,
+    }
+    try:
+        status, body, fds = keeper.request(req, [forged])
+    finally:
+        os.close(forged)
+    assert fds == [] and status == keeper.ERROR
+    assert "not sealed against shrinking" in str(body["error"])
+    assert "unsealed" not in [n.name for n in sa.list_named()]
+    assert keeper_memfds(kpid) == before  # closed, not kept
+    # a sealed chunk of a real array is still kept
+    sa.SharedDeviceArray.park(a)
+    a.unpark()
+    a.close()

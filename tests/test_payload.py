@@ -111,8 +111,22 @@ def test_resealed_field_tampering_never_escapes(key: str, value: object) -> None
         ("shape", [1] * 65),
         ("shape", [2**40, 2**40]),
         ("pid", 0),
+        ("pid", -1),
+        ("pid", 2**22 + 1),
+        ("pid", 2**31),
+        ("pid", 2**64),
         ("device", True),
+        ("device", -1),
+        ("device", 1 << 10),
+        ("device", 2**63),
         ("readonly", 1),
+        ("chunks", [2**47 + 4096]),
+        ("chunks", [2**46, 2**46, 4096]),
+        ("offset", 2**63),
+        ("strides", [2**48, 4]),
+        ("shape", [2**48, 0]),
+        ("capacity", 2**47 + 4096),
+        ("capacity", 2**64),
     ],
 )
 def test_specific_bad_fields(key: str, value: object) -> None:
@@ -178,3 +192,100 @@ def test_unknown_backend_is_a_payload_error() -> None:
     doc["backend"] = "cuda-hip"
     with pytest.raises(sa.PayloadError, match="unknown backend"):
         Payload.from_bytes(reseal(doc))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    key=st.sampled_from(["pid", "device", "offset", "capacity"]),
+    value=st.integers(min_value=-(2**70), max_value=2**70),
+)
+def test_numeric_fields_are_bounded_by_what_the_os_allows(key: str, value: int) -> None:
+    """Every number either lies within its bound (pid up to Linux's PID_MAX_LIMIT, device
+    ordinals below MAX_DEVICES, byte counts within the address space) or is a PayloadError."""
+    from sharedarrays.payload import MAX_DEVICES, MAX_SIZE
+    from sharedarrays.process import PID_MAX_LIMIT
+
+    doc = fields()
+    doc[key] = value
+    size = sum(doc["chunks"])  # type: ignore[call-overload]
+    low, high = {
+        "pid": (1, PID_MAX_LIMIT),
+        "device": (0, MAX_DEVICES - 1),
+        "offset": (0, size),
+        "capacity": (size, MAX_SIZE),
+    }[key]
+    try:
+        Payload.from_bytes(reseal(doc))
+    except sa.PayloadError:
+        assert not low <= value <= high or key == "offset"  # (an offset may put the view out)
+        return
+    assert low <= value <= high
+
+
+def _growable_payload_of_a_new_allocation(capacity: int) -> tuple[bytes, int]:
+    """A resealed growable payload under a fresh id, and a dup of its chunk's fd."""
+    import os
+
+    g = sa.zeros(512, "uint8", device="cpu", capacity=1 << 20)
+    doc = json.loads(g.payload().to_bytes()[len(MAGIC) + TAG_BYTES :])
+    doc.update(id=os.urandom(16).hex(), capacity=capacity)
+    return reseal(doc), os.dup(g.allocation.chunk_fds()[0])
+
+
+class _Handed:
+    """Stands for multiprocessing's DupFd: a handle that travelled with a payload."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def detach(self) -> int:
+        return self.fd
+
+
+def test_a_capacity_no_process_can_reserve_is_out_of_memory(fd_baseline: None) -> None:
+    from sharedarrays.payload import MAX_SIZE
+
+    blob, fd = _growable_payload_of_a_new_allocation(MAX_SIZE)  # valid, yet cannot be reserved
+    with pytest.raises(sa.OutOfMemory, match="address space") as err:
+        sa.load(blob, None, (_Handed(fd),))
+    assert isinstance(err.value, sa.SharedArrayError)
+
+
+READONLY_FORGER = (
+    "import gc, json, pickle, sys\n"
+    "import psutil\n"
+    "import sharedarrays as sa\n"
+    "from sharedarrays import transport\n"
+    "def fds():\n"
+    "    gc.collect()\n"
+    "    return psutil.Process().num_fds() - transport.open_connections()\n"
+    "transport.server_address()  # (its socket and selector are no leak)\n"
+    "before = fds()\n"
+    "try:\n"
+    "    sa.load(bytes.fromhex(sys.stdin.readline()))\n"
+    "    out = {'loaded': True}\n"
+    "except Exception as e:\n"
+    "    out = {'error': type(e).__name__, 'library': isinstance(e, sa.SharedArrayError),\n"
+    "           'message': str(e)}\n"
+    "out['leaked'] = fds() - before\n"
+    "out['mapped'] = len(sa.allocation.live_allocations())\n"
+    "print(json.dumps(out), flush=True)\n"
+)
+
+
+@pytest.mark.timeout(120)
+def test_a_payload_resealed_without_readonly_is_permission_denied() -> None:
+    """The secret is in the payload, so anyone holding one can recompute its tag: an importer
+    that flips ``readonly`` gets a library error that says what happened, not an OSError."""
+    from keeper_helpers import py
+
+    a = sa.from_array(np.arange(8.0), device="cpu", readonly=True)
+    doc = json.loads(a.payload().to_bytes()[len(MAGIC) + TAG_BYTES :])
+    assert doc["readonly"] is True
+    doc["readonly"] = False
+    r = py(READONLY_FORGER, input=reseal(doc).hex() + "\n", timeout=60)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["error"] == "PermissionDenied" and out["library"], out
+    assert "readonly=True" in out["message"]
+    assert out["leaked"] == 0 and out["mapped"] == 0  # the fd closed, nothing left mapped

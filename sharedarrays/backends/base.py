@@ -108,8 +108,30 @@ class Backend(Protocol):
         """Chunk sizes and mapping offsets are multiples of this many bytes."""
         ...
 
+    def check_memory(self, nbytes: int) -> None:
+        """Refuse, before any of it is made, new memory of ``nbytes`` bytes (an allocation's
+        chunks, or a growth's) that the memory system cannot back.
+
+        Raises :class:`~sharedarrays.OutOfMemory` with the size and what is available. Host
+        memory is taken only when first touched, so the host backend checks what is
+        available now; CUDA takes device memory when a chunk is made, and fails there.
+        """
+        ...
+
     def create_chunk(self, size: int) -> Chunk:
         """Allocate a chunk of ``size`` bytes (a multiple of the granularity) and export it."""
+        ...
+
+    def seal(self, chunk: Chunk, readonly: bool) -> bool:
+        """Called once on each chunk this process made, after mapping it (before its handle
+        leaves the process): forbid what must never change of it (a host chunk's size); with
+        ``readonly``, forbid every new write to it in every process, this one included (the
+        mappings made so far keep their access).
+
+        Returns whether the memory system enforces ``readonly`` (host:
+        ``F_SEAL_FUTURE_WRITE``); ``False`` where read-only is each importer's own access
+        setting, which a process of the same user may change (CUDA).
+        """
         ...
 
     def reopen_readonly(self, fd: int) -> int | None:

@@ -50,7 +50,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..device import Device
-from ..errors import BackendUnavailable, SharedArrayError
+from ..errors import BackendUnavailable, OutOfMemory, SharedArrayError
 
 __all__ = [
     "CudaDevice",
@@ -120,7 +120,7 @@ class CudaDriverError(SharedArrayError, OSError):
         return (type(self), (self.call, self.code, self.error_name, self.description))
 
 
-class CudaOutOfMemory(CudaDriverError, MemoryError):
+class CudaOutOfMemory(CudaDriverError, OutOfMemory):
     """The device has too little free memory for a chunk (``CUDA_ERROR_OUT_OF_MEMORY``)."""
 
 

@@ -83,6 +83,10 @@ class CudaIpcBackend(CudaDevice):
         """Chunk sizes are multiples of 2 MiB (:data:`GRANULARITY`)."""
         return GRANULARITY
 
+    def check_memory(self, nbytes: int) -> None:
+        """Nothing to check beforehand: ``cuMemAlloc`` takes the device memory at once, and
+        fails with :class:`CudaOutOfMemory` (an :class:`~sharedarrays.OutOfMemory`)."""
+
     def create_chunk(self, size: int) -> Chunk:
         """Allocate ``size`` bytes with ``cuMemAlloc`` and take its IPC handle (once)."""
         self._check_size(size, "a chunk size")
@@ -95,6 +99,10 @@ class CudaIpcBackend(CudaDevice):
                 d.cuMemFree(ptr)
                 raise
         return Chunk(size=size, handle=int(ptr), fd=-1, address=int(ptr), export=export)
+
+    def seal(self, chunk: Chunk, readonly: bool) -> bool:
+        """Nothing to seal: IPC handles carry no access mode (read-only is a promise)."""
+        return False
 
     def reopen_readonly(self, fd: int) -> int | None:
         """IPC handles carry no access mode: a read-only export is the importer's promise."""

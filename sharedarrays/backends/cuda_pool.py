@@ -142,6 +142,10 @@ class CudaPoolBackend(CudaDevice):
             self._pool, self._pool_fd = pool, fd
             return pool
 
+    def check_memory(self, nbytes: int) -> None:
+        """Nothing to check beforehand: ``cuMemAllocFromPoolAsync`` takes the device memory
+        at once, and fails with :class:`CudaOutOfMemory` (an :class:`~sharedarrays.OutOfMemory`)."""
+
     def create_chunk(self, size: int) -> Chunk:
         """Allocate ``size`` bytes from this process's pool on the current stream, wait for
         the allocation, and export the pointer (once)."""
@@ -165,6 +169,10 @@ class CudaPoolBackend(CudaDevice):
                 raise
         export = self._pool_id + opaque_bytes(data)
         return Chunk(size=size, handle=int(ptr), fd=self._pool_fd, address=int(ptr), export=export)
+
+    def seal(self, chunk: Chunk, readonly: bool) -> bool:
+        """Nothing to seal: pool handles carry no access mode (read-only is a promise)."""
+        return False
 
     def reopen_readonly(self, fd: int) -> int | None:
         """Pool handles carry no access mode: a read-only export is the importer's promise."""

@@ -127,6 +127,10 @@ class CudaVmmBackend(CudaDevice):
         return self._d.CUmemGenericAllocationHandle(chunk.handle)
 
     # chunks -----------------------------------------------------------------------------
+    def check_memory(self, nbytes: int) -> None:
+        """Nothing to check beforehand: ``cuMemCreate`` takes the device memory at once, and
+        fails with :class:`CudaOutOfMemory` (an :class:`~sharedarrays.OutOfMemory`)."""
+
     def create_chunk(self, size: int) -> Chunk:
         """Allocate ``size`` bytes of pinned device memory and export its fd (once)."""
         self._check_size(size, "a chunk size")
@@ -153,6 +157,12 @@ class CudaVmmBackend(CudaDevice):
                 d.cuMemRelease(handle)
             raise
         return Chunk(size=size, handle=int(handle), fd=fd)
+
+    def seal(self, chunk: Chunk, readonly: bool) -> bool:
+        """Nothing to seal: a CUDA chunk's size is fixed, and its shareable fd carries no
+        access mode. Read-only is set by each importer with ``cuMemSetAccess``, for its own
+        mappings: a process of the same user holding the fd can set itself read-write."""
+        return False
 
     def reopen_readonly(self, fd: int) -> int | None:
         """CUDA's shareable fds carry no access mode: read-only is set by each importer

@@ -4,7 +4,8 @@ The same model as CUDA VMM, on any Linux machine:
 
 ========== ============================================
 reservation ``mmap(PROT_NONE, MAP_PRIVATE|MAP_ANONYMOUS|MAP_NORESERVE)``
-chunk       ``memfd_create`` + ``ftruncate`` (sealed against resizing)
+chunk       ``memfd_create`` + ``ftruncate`` (sealed against resizing; a read-only
+            array's chunks also against every new write, ``F_SEAL_FUTURE_WRITE``)
 mapping     ``mmap(MAP_FIXED|MAP_SHARED)`` of the memfd inside the reservation
 access      ``mprotect``
 handle      the memfd itself
@@ -17,19 +18,28 @@ Python's :mod:`mmap` module cannot map at a fixed address, so the three calls it
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
+import functools
 import mmap
 import os
+import resource
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
 
 from ..device import CPU, Device
-from ..errors import PayloadError
+from ..errors import (
+    BackendUnavailable,
+    HandleUnavailable,
+    OutOfMemory,
+    PayloadError,
+    PermissionDenied,
+)
 from .base import Access, Chunk
 
-__all__ = ["HostBackend"]
+__all__ = ["HostBackend", "check_chunk_fd", "memory_available"]
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
@@ -51,6 +61,94 @@ _MAP_FIXED = 0x10
 _MAP_NORESERVE = 0x4000
 _PROT = {"rw": mmap.PROT_READ | mmap.PROT_WRITE, "r": mmap.PROT_READ, "none": 0}
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+_F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x0010)  # Linux 5.1; not in fcntl
+
+
+def check_chunk_fd(fd: int, size: int) -> None:
+    """Refuse a received handle that is not a chunk of ``size`` bytes sealed against shrinking.
+
+    A memfd that its sender could still shrink would kill the process that maps it with
+    ``SIGBUS`` at the first touch past the new end; ``F_GET_SEALS`` also refuses anything that
+    is not a memfd (a file, a socket, a pipe). Does not close ``fd``.
+
+    Raises
+    ------
+    PayloadError
+        Not a memfd, not sealed against shrinking, or not ``size`` bytes long.
+    """
+    try:
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+        actual = os.fstat(fd).st_size
+    except OSError as e:
+        raise PayloadError(
+            f"the handle received for a host chunk is not a memfd ({e.strerror}): it was not "
+            "made by sharedarrays; load only payloads of arrays made by this user's processes"
+        ) from None
+    if not seals & fcntl.F_SEAL_SHRINK:
+        raise PayloadError(
+            "the handle received for a host chunk is a memfd that is not sealed against "
+            "shrinking (its sender could make this process crash with SIGBUS): it was not "
+            "made by sharedarrays; load only payloads of arrays made by this user's processes"
+        )
+    if actual != size:
+        raise PayloadError(
+            f"the handle describes {actual} bytes but the payload says {size}; "
+            "the payload does not belong to this allocation"
+        )
+
+
+@functools.cache
+def _overcommit_mode() -> int:
+    """``vm.overcommit_memory`` (0 heuristic, 1 always, 2 strict; read once per process)."""
+    try:
+        with open("/proc/sys/vm/overcommit_memory", "rb") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 0
+
+
+def memory_available() -> tuple[int, str] | None:
+    """Bytes of memory a new host chunk may still use, and how that was reckoned.
+
+    ``MemAvailable + SwapFree`` from ``/proc/meminfo`` (memfd pages are taken when first
+    touched, and may be swapped out); under ``vm.overcommit_memory=2`` (strict) at most
+    ``CommitLimit - Committed_AS``, which the kernel charges those pages against. ``None``
+    under ``vm.overcommit_memory=1`` (the administrator asked for no such check) or when
+    ``/proc`` cannot be read.
+    """
+    mode = _overcommit_mode()
+    if mode == 1:
+        return None
+    info: dict[bytes, int] = {}
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                key, _, rest = line.partition(b":")
+                fields = rest.split()
+                if fields:
+                    info[key] = int(fields[0]) * 1024  # kB
+    except (OSError, ValueError):
+        return None
+    if b"MemAvailable" not in info:
+        return None
+    available = info[b"MemAvailable"] + info.get(b"SwapFree", 0)
+    how = (
+        f"MemAvailable {_gib(info[b'MemAvailable'])} + SwapFree "
+        f"{_gib(info.get(b'SwapFree', 0))} in /proc/meminfo"
+    )
+    if mode == 2 and b"CommitLimit" in info and b"Committed_AS" in info:
+        commit = max(info[b"CommitLimit"] - info[b"Committed_AS"], 0)
+        if commit < available:
+            available = commit
+            how = (
+                "CommitLimit - Committed_AS in /proc/meminfo, vm.overcommit_memory=2 "
+                "(MemAvailable + SwapFree would allow more)"
+            )
+    return available, how
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB"
 
 
 def _check_mmap(result: int | None, what: str) -> int:
@@ -108,28 +206,94 @@ class HostBackend:
         return mmap.PAGESIZE
 
     # chunks -----------------------------------------------------------------------------
+    def check_memory(self, nbytes: int) -> None:
+        """Refuse new memory larger than what is available (:func:`memory_available`).
+
+        ``ftruncate`` of a memfd never fails for its size: without this check memory beyond
+        the machine's would be made, and its first touch would end the process (``SIGBUS``)
+        or wake the OOM killer. At most half the free RAM is accepted without reading
+        ``/proc/meminfo`` (``sysconf``, 0.4 us, against 35 us).
+
+        Raises
+        ------
+        OutOfMemory
+            ``nbytes`` is more than the memory available.
+        """
+        if _overcommit_mode() != 2 and nbytes <= os.sysconf("SC_AVPHYS_PAGES") * mmap.PAGESIZE // 2:
+            return
+        known = memory_available()
+        if known is None or nbytes <= known[0]:
+            return
+        available, how = known
+        raise OutOfMemory(
+            f"cannot make {_gib(nbytes)} ({nbytes} bytes) of host memory: this machine has "
+            f"{_gib(available)} ({available} bytes) available ({how}). Make the array smaller "
+            "or in several parts, free memory (close other arrays and processes), or add swap"
+        )
+
     def create_chunk(self, size: int) -> Chunk:
-        fd = os.memfd_create("sharedarrays", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        """A memfd of ``size`` bytes, sealed against resizing (see :meth:`check_memory`).
+
+        Raises
+        ------
+        HandleUnavailable
+            This process (or the system) has as many open files as it may.
+        """
+        try:
+            fd = os.memfd_create("sharedarrays", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        except OSError as e:
+            if e.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+            limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            raise HandleUnavailable(
+                f"cannot make a memfd for new memory: {e.strerror} (this process may have "
+                f"{limit} open, ulimit -n). Close arrays this process no longer needs "
+                "(a.close()), or raise the limit"
+            ) from None
         try:
             os.ftruncate(fd, size)
-            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
         except BaseException:
             os.close(fd)
             raise
         return Chunk(size=size, handle=fd, fd=fd)
 
+    def seal(self, chunk: Chunk, readonly: bool) -> bool:
+        """Seal a chunk made here once this process has mapped it: no further seals, and with
+        ``readonly`` no new write either (``F_SEAL_FUTURE_WRITE``): no process, this one
+        included, can map it writable again, ``mprotect`` a mapping of it writable or
+        ``write`` to it, through any fd (also one opened again through ``/proc``). The
+        mappings made before keep their access.
+
+        Raises
+        ------
+        BackendUnavailable
+            ``readonly`` on a kernel older than Linux 5.1, which has no such seal.
+        """
+        try:
+            fcntl.fcntl(
+                chunk.fd, fcntl.F_ADD_SEALS, (_F_SEAL_FUTURE_WRITE if readonly else 0) | _SEALS
+            )
+        except OSError as e:
+            if not readonly or e.errno != errno.EINVAL:
+                raise
+            raise BackendUnavailable(
+                "readonly=True on host memory needs Linux 5.1 or later (F_SEAL_FUTURE_WRITE), "
+                f"and this kernel is {os.uname().release}; leave out readonly= (and share the "
+                "array only with processes you trust not to write), or update the kernel"
+            ) from None
+        return True
+
     def reopen_readonly(self, fd: int) -> int | None:
-        """Open the memfd again read-only: a mapping of it can never be made writable."""
+        """Open the memfd again ``O_RDONLY``, so that a mistake cannot map it writable (a
+        deliberate attempt can open it again read-write through ``/proc``: what stops that
+        is the seal against new writes, :meth:`seal`)."""
         return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
 
     def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
+        """Take a received memfd as a chunk (see :func:`check_chunk_fd`); closes it if not."""
         try:
-            actual = os.fstat(fd).st_size
-            if actual != size:
-                raise PayloadError(
-                    f"the handle describes {actual} bytes but the payload says {size}; "
-                    "the payload does not belong to this allocation"
-                )
+            check_chunk_fd(fd, size)
         except BaseException:
             os.close(fd)
             raise
@@ -143,23 +307,59 @@ class HostBackend:
     # address space ----------------------------------------------------------------------
     def reserve(self, size: int) -> int:
         flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE
-        return _check_mmap(_libc.mmap(None, size, 0, flags, -1, 0), "reserve")
+        address: int | None = _libc.mmap(None, size, 0, flags, -1, 0)
+        if address is None or address == _MAP_FAILED:
+            err = ctypes.get_errno()
+            raise OutOfMemory(
+                f"cannot reserve {_gib(size)} ({size} bytes) of address space in this process "
+                f"(mmap: {os.strerror(err)}). Ask for less (a smaller capacity=), or raise the "
+                "process's address-space limit (ulimit -v)"
+            )
+        return address
 
     def free_reservation(self, address: int, size: int) -> None:
         _check(_libc.munmap(address, size), "free reservation")
 
     def map(self, address: int, size: int, chunk: Chunk, chunk_offset: int = 0) -> None:
         flags = mmap.MAP_SHARED | _MAP_FIXED
-        got = _check_mmap(_libc.mmap(address, size, 0, flags, chunk.fd, chunk_offset), "map")
+        got = _libc.mmap(address, size, 0, flags, chunk.fd, chunk_offset)
+        if got is None or got == _MAP_FAILED:
+            err = ctypes.get_errno()
+            if err == errno.ENOMEM:
+                raise OutOfMemory(
+                    f"cannot map {size} bytes of host memory: this process has too many "
+                    "mappings (vm.max_map_count) or no address space left. Close arrays it "
+                    "no longer needs (a.close()), or use fewer, larger chunks"
+                )
+            raise PayloadError(
+                f"cannot map the handle received for a host chunk (mmap: {os.strerror(err)}): "
+                "it was not made by sharedarrays; load only payloads of arrays made by this "
+                "user's processes"
+            )
         if got != address:  # pragma: no cover - MAP_FIXED either lands or fails
             raise OSError(f"map landed at {got:#x}, not {address:#x}")
 
     def set_access(
         self, address: int, size: int, access: Access, peers: Mapping[int, Access] | None = None
     ) -> None:
+        """``mprotect``. A chunk of a ``readonly=True`` array mapped by a process other than
+        its creator (or anew by the creator) cannot become writable: the kernel refuses."""
         if peers:
             raise ValueError("host memory has no peer devices: access= takes 'cpu' only")
-        _check(_libc.mprotect(address, size, _PROT[access]), "set access")
+        if _libc.mprotect(address, size, _PROT[access]) != 0:
+            err = ctypes.get_errno()
+            if err in (errno.EACCES, errno.EPERM):
+                raise PermissionDenied(
+                    "this memory was made readonly=True by its creator and cannot be mapped "
+                    "writable here (its memfd is sealed against writing). Load it from an "
+                    "unaltered payload, which says readonly, and read it only"
+                )
+            if err == errno.ENOMEM:
+                raise OutOfMemory(
+                    f"cannot set access to {size} bytes of host memory: this process has too "
+                    "many mappings (vm.max_map_count). Close arrays it no longer needs"
+                )
+            raise OSError(err, f"set access: {os.strerror(err)}")  # pragma: no cover - a bug
 
     def unmap(self, address: int, size: int) -> None:
         # Put the reservation's PROT_NONE placeholder back rather than leaving a hole that
