@@ -612,7 +612,14 @@ def running_pid() -> int | None:
 def _launch() -> None:
     """Start a keeper in the background, as multiprocessing starts its resource tracker:
     a fresh interpreter with this one's flags. It runs in a session of its own, so that it
-    outlives this process and a Ctrl-C in a terminal does not reach it."""
+    outlives this process and a Ctrl-C in a terminal does not reach it.
+
+    It runs in the private runtime directory, with this package's root first on
+    ``PYTHONPATH`` and only the absolute entries of the caller's after it: ``-c`` puts the
+    working directory first on ``sys.path``, and an empty or relative ``PYTHONPATH`` entry
+    means it too, so in the caller's directory (a shared ``/tmp`` folder, say) another user's
+    ``json.py`` would run as this user."""
+    directory = transport.runtime_dir()
     exe = spawn.get_executable()
     cmd = [
         exe,
@@ -622,8 +629,9 @@ def _launch() -> None:
     ]
     env = dict(os.environ)
     package_root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-    log_path = transport.runtime_dir() / "keeper.log"
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if os.path.isabs(p)]
+    env["PYTHONPATH"] = os.pathsep.join([package_root, *paths])
+    log_path = directory / "keeper.log"
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         proc = subprocess.Popen(
@@ -632,6 +640,7 @@ def _launch() -> None:
             stdout=log,
             stderr=log,
             env=env,
+            cwd=directory,
             start_new_session=True,
             close_fds=True,
         )

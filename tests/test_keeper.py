@@ -387,3 +387,46 @@ def test_a_release_from_a_finalizer_never_blocks_on_the_client_lock(private_keep
     assert alloc_id not in keeper._deferred and alloc_id not in keeper._held
     sa.unlink("fin")
     del a
+
+
+PLANTED = (
+    "import os, pathlib\n"
+    "pathlib.Path({marker!r}).write_text(f'{{__name__}} ran in pid {{os.getpid()}}')\n"
+    "raise ImportError('a planted module ran')\n"
+)
+
+
+@pytest.mark.timeout(120)
+def test_the_keeper_imports_nothing_from_the_callers_directory(
+    private_keeper: Path, tmp_path: Path
+) -> None:
+    """Another user who can write the directory a process runs in (a shared 1777 folder)
+    plants ``json.py``: the keeper that process starts must not run it, nor anything an
+    empty ``PYTHONPATH`` entry (the working directory again) would find."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    marker = tmp_path / "planted-ran"
+    for module in ("json", "secrets", "selectors"):
+        (shared / f"{module}.py").write_text(PLANTED.format(marker=str(marker)))
+    # the caller imports what it needs before it moves there (a planted module that ran
+    # would say in which process)
+    code = (
+        "import os, secrets, sharedarrays as sa; "
+        f"os.chdir({str(shared)!r}); "
+        "sa.zeros(4, device='cpu', name='planted'); print(sa.keeper.running_pid())"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert not marker.exists(), marker.read_text()
+    assert r.returncode == 0, r.stderr
+    kpid = int(r.stdout.split()[-1])
+    assert lock_holder(private_keeper) == kpid
+    assert os.readlink(f"/proc/{kpid}/cwd") == str(private_keeper)
+    sa.unlink("planted")
