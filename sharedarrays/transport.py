@@ -32,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -60,35 +61,98 @@ MAX_CONNECTIONS = 256
 """Importer connections a handle server keeps open at most (the longest idle is closed)."""
 HOUSEKEEPING = 5.0
 """Seconds between the server's checks for parked mappings whose source process died."""
+RUN_USER = Path("/run/user")
+"""Where systemd makes each logged-in user's private runtime directory (``<uid>``)."""
+RUNTIME_DIR_TRIES = 100
+"""Names the fallback runtime directory under the temporary directory may take
+(``sharedarrays-<uid>``, then ``-1``, ``-2``, ...) while other users hold the earlier ones."""
 
 
 def runtime_dir() -> Path:
     """The private directory of this user's sockets, created with mode 0700 if missing.
 
-    ``$XDG_RUNTIME_DIR/sharedarrays`` when that is set, else ``<tmp>/sharedarrays-<uid>``.
+    The first of these, the same in every process of the user:
+
+    * ``$XDG_RUNTIME_DIR/sharedarrays`` when that is set;
+    * ``/run/user/<uid>/sharedarrays`` when ``/run/user/<uid>`` is this user's and closed to
+      others (systemd makes it at login);
+    * ``<tmp>/sharedarrays-<uid>``; where another user made that name first (``/tmp`` is
+      open to everyone), ``<tmp>/sharedarrays-<uid>-1``, then ``-2``, ... up to
+      :data:`RUNTIME_DIR_TRIES` names: the first that is this user's or can be made.
 
     Raises
     ------
     PermissionDenied
-        The directory exists but belongs to another user, is a symlink, or is open to
-        others.
+        The directory cannot be made, is this user's but open to others, or (for
+        ``$XDG_RUNTIME_DIR``) belongs to another user or is a symlink; or every fallback name
+        belongs to another user.
     """
-    base = os.environ.get("XDG_RUNTIME_DIR")
     uid = os.getuid()
-    path = (
-        Path(base) / "sharedarrays" if base else Path(tempfile.gettempdir()) / f"sharedarrays-{uid}"
+    login = _login_dir(uid)
+    if login is not None:
+        path = login / "sharedarrays"
+        if _make_private(path, uid) is None:
+            _refuse(path, os.lstat(path))
+        return path
+    tmp = Path(tempfile.gettempdir())
+    for n in range(RUNTIME_DIR_TRIES):
+        path = tmp / (f"sharedarrays-{uid}-{n}" if n else f"sharedarrays-{uid}")
+        if _make_private(path, uid) is not None:
+            return path
+    raise PermissionDenied(
+        f"{tmp / f'sharedarrays-{uid}'} and the next {RUNTIME_DIR_TRIES - 1} names after it "
+        "belong to other users; set XDG_RUNTIME_DIR to a private directory of this user "
+        "(mode 0700)"
     )
+
+
+def _login_dir(uid: int) -> Path | None:
+    """``$XDG_RUNTIME_DIR`` when set, else ``/run/user/<uid>`` when it is ``uid``'s and closed
+    to others, else ``None``."""
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    if base:
+        return Path(base)
+    login = RUN_USER / str(uid)
     try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o077:
+        st = os.stat(login)
+    except OSError:
+        return None
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077:
+        return login
+    return None
+
+
+def _make_private(path: Path, uid: int) -> Path | None:
+    """``path``, made with mode 0700 unless it exists; ``None`` where it is not a directory
+    of ``uid`` (another user took the name).
+
+    Raises
+    ------
+    PermissionDenied
+        It cannot be made, or it is this user's but open to others.
+    """
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o700)
+        st = os.lstat(path)
+    except OSError as e:
         raise PermissionDenied(
-            f"{path} is not a private directory of this user (owner uid {st.st_uid}, mode "
-            f"{stat.filemode(st.st_mode)}); remove it or set XDG_RUNTIME_DIR to a private directory"
-        )
+            f"cannot make the runtime directory {path}: {e.strerror}; set XDG_RUNTIME_DIR to "
+            "a private directory of this user (mode 0700)"
+        ) from None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
+        return None
+    if st.st_mode & 0o077:
+        _refuse(path, st)
     return path
+
+
+def _refuse(path: Path, st: os.stat_result) -> typing.NoReturn:
+    """Raise PermissionDenied: ``path`` is not a private directory of this user."""
+    raise PermissionDenied(
+        f"{path} is not a private directory of this user (owner uid {st.st_uid}, mode "
+        f"{stat.filemode(st.st_mode)}); remove it or set XDG_RUNTIME_DIR to a private directory"
+    )
 
 
 def _peer(sock: socket.socket) -> tuple[int, int, int]:

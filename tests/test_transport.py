@@ -6,9 +6,11 @@ import os
 import pickle
 import pwd
 import shutil
+import signal
 import stat
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -368,3 +370,106 @@ def test_closed_notices_count_only_for_their_sender_with_the_secret() -> None:
         other.wait()
     alloc.closed_by(None)  # the holder exited: the housekeeping's call frees it
     assert draining_allocations() == [] and alloc.chunk_fds() == []
+
+
+def _squat(path: Path, user: str) -> None:
+    """Make ``path`` a private directory of ``user`` (what that user could do first)."""
+    pw = pwd.getpwnam(user)
+    path.mkdir(mode=0o700)
+    os.chown(path, pw.pw_uid, pw.pw_gid)
+
+
+def test_the_runtime_dir_passes_over_names_another_user_took(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    user = _other_user()
+    if user is None:
+        pytest.skip("needs root (to create a second OS user) and useradd")
+    uid = os.getuid()
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    os.chmod(tmp, 0o1777)
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    monkeypatch.setattr(transport, "RUN_USER", tmp_path / "run")
+    _squat(tmp / f"sharedarrays-{uid}", user)
+    assert transport.runtime_dir() == tmp / f"sharedarrays-{uid}-1"
+    assert transport.runtime_dir() == tmp / f"sharedarrays-{uid}-1"  # found again
+    st_ = os.lstat(tmp / f"sharedarrays-{uid}-1")
+    assert st_.st_uid == uid and st_.st_mode & 0o777 == 0o700
+    # every name taken: a clear error saying what to do
+    monkeypatch.setattr(transport, "RUNTIME_DIR_TRIES", 3)
+    os.rmdir(tmp / f"sharedarrays-{uid}-1")
+    _squat(tmp / f"sharedarrays-{uid}-1", user)
+    _squat(tmp / f"sharedarrays-{uid}-2", user)
+    with pytest.raises(sa.PermissionDenied, match="XDG_RUNTIME_DIR"):
+        transport.runtime_dir()
+    # systemd's /run/user/<uid>, when it is ours, comes first
+    (tmp_path / "run" / str(uid)).mkdir(parents=True, mode=0o700)
+    assert transport.runtime_dir() == tmp_path / "run" / str(uid) / "sharedarrays"
+
+
+SQUATTED_EXPORTER = """
+import json, pickle, sys
+import numpy as np
+import sharedarrays as sa
+from sharedarrays import keeper, transport
+a = sa.from_array(np.arange(10.0), device="cpu", name="squatted")
+b = sa.from_array(np.arange(20.0), device="cpu", pack=False)
+print(json.dumps({"blob": pickle.dumps(b).hex(), "server": transport.server_address(),
+                  "keeper": keeper.running_pid()}), flush=True)
+sys.stdin.read()
+"""
+
+SQUATTED_IMPORTER = """
+import json, pickle, sys
+import sharedarrays as sa
+a = sa.attach("squatted")
+b = pickle.loads(bytes.fromhex(sys.stdin.read()))
+print(json.dumps([float(a.get().sum()), float(b.get().sum())]))
+sa.unlink("squatted")
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_squatted_runtime_dir_does_not_stop_sharing() -> None:
+    """Another user made ``<tmp>/sharedarrays-<uid>`` first: processes of this user still
+    share arrays by pickle and by name, all through the next name."""
+    from keeper_helpers import close_pipes, lock_holder, read_json_line, wait_gone
+
+    user = _other_user()
+    if user is None:
+        pytest.skip("needs root (to create a second OS user) and useradd")
+    uid = os.getuid()
+    tmp = Path(tempfile.mkdtemp(prefix="sa-", dir="/tmp"))  # short: socket paths <= 107 bytes
+    os.chmod(tmp, 0o1777)
+    env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
+    env.update(TMPDIR=str(tmp), SHAREDARRAYS_KEEPER_IDLE="2")
+    expected = tmp / f"sharedarrays-{uid}-1"
+    exporter = None
+    try:
+        _squat(tmp / f"sharedarrays-{uid}", user)
+        exporter = subprocess.Popen(
+            [sys.executable, "-c", SQUATTED_EXPORTER],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, env=env,
+        )  # fmt: skip
+        out = read_json_line(exporter)
+        assert Path(str(out["server"])).parent == expected
+        assert lock_holder(expected) == out["keeper"]
+        r = subprocess.run(
+            [sys.executable, "-c", SQUATTED_IMPORTER],
+            input=str(out["blob"]), capture_output=True, text=True, env=env, timeout=60,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout) == [45.0, 190.0]
+    finally:
+        if exporter is not None:
+            exporter.kill()
+            exporter.wait(30)
+            close_pipes(exporter)
+        kpid = lock_holder(expected)
+        if kpid is not None:
+            os.kill(kpid, signal.SIGTERM)
+            wait_gone(kpid)
+        shutil.rmtree(tmp, ignore_errors=True)
