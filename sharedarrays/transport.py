@@ -61,6 +61,9 @@ MAX_CONNECTIONS = 256
 """Importer connections a handle server keeps open at most (the longest idle is closed)."""
 HOUSEKEEPING = 5.0
 """Seconds between the server's checks for parked mappings whose source process died."""
+BACKOFF = 0.05
+"""Seconds a server waits after an error it cannot blame on one connection (EMFILE with no
+idle connection to close) before it serves again."""
 RUN_USER = Path("/run/user")
 """Where systemd makes each logged-in user's private runtime directory (``<uid>``)."""
 RUNTIME_DIR_TRIES = 100
@@ -191,6 +194,11 @@ class HandleServer:
         self._thread.start()
 
     @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    @property
     def connections(self) -> int:
         """How many importer connections are open now."""
         return len(self._conns)
@@ -199,45 +207,56 @@ class HandleServer:
         sel = selectors.DefaultSelector()
         sel.register(self._sock, selectors.EVENT_READ)
         next_housekeeping = time.monotonic() + HOUSEKEEPING
+        failing = False  # reported the current run of errors already
         try:
             while not self._closed:
-                events = sel.select(max(next_housekeeping - time.monotonic(), 0.0))
-                if time.monotonic() >= next_housekeeping:
-                    allocation.drop_parked(only_orphans=True)
-                    allocation.reap_draining()
-                    next_housekeeping = time.monotonic() + HOUSEKEEPING
-                for key, _ in events:
-                    if key.fileobj is self._sock:
-                        if not self._accept(sel):
-                            return  # closed
-                    else:
-                        self._request(sel, key.fileobj)  # type: ignore[arg-type]
-        except OSError:
-            return  # closed under the selector
+                try:
+                    events = sel.select(max(next_housekeeping - time.monotonic(), 0.0))
+                    if time.monotonic() >= next_housekeeping:
+                        allocation.drop_parked(only_orphans=True)
+                        allocation.reap_draining()
+                        next_housekeeping = time.monotonic() + HOUSEKEEPING
+                    for key, _ in events:
+                        if key.fileobj is self._sock:
+                            self._accept(sel)
+                        else:
+                            self._request(sel, key.fileobj)  # type: ignore[arg-type]
+                    failing = False
+                except Exception as e:  # EMFILE and the like: back off, keep serving
+                    if self.closed:
+                        return  # closed under the selector
+                    if not failing:
+                        print(f"sharedarrays: handle server: {e!r}; retrying", file=sys.stderr)
+                    failing = True
+                    time.sleep(BACKOFF)
         finally:
             for conn in list(self._conns):
                 conn.close()
             self._conns.clear()
             sel.close()
 
-    def _accept(self, sel: selectors.BaseSelector) -> bool:
+    def _accept(self, sel: selectors.BaseSelector) -> None:
+        """Accept one importer (its sends never block the server: a peer that does not
+        read its replies is dropped when its socket buffer is full)."""
         try:
             conn, _ = self._sock.accept()
         except BlockingIOError:
-            return True
-        except OSError:
-            return False
+            return
+        except OSError as e:
+            if e.errno not in (errno.EMFILE, errno.ENFILE) or not self._conns:
+                raise
+            self._drop(sel, next(iter(self._conns)))  # no fd left: the longest idle goes
+            return  # and the next round accepts
         try:
-            conn.settimeout(TIMEOUT)
+            conn.setblocking(False)
             peer = _peer(conn)
         except OSError:
             conn.close()
-            return True
+            return
         while len(self._conns) >= MAX_CONNECTIONS:  # the longest idle goes
             self._drop(sel, next(iter(self._conns)))
         self._conns[conn] = peer
         sel.register(conn, selectors.EVENT_READ)
-        return True
 
     def _drop(self, sel: selectors.BaseSelector, conn: socket.socket) -> None:
         self._conns.pop(conn, None)
@@ -250,16 +269,22 @@ class HandleServer:
         if peer is None:
             self._drop(sel, conn)
             return
+        request: bytes | None
         try:
             request = conn.recv(_GROW.size + _MAX_PATH + 1)
+        except BlockingIOError:
+            request = None  # nothing to read after all: kept
+        except OSError:
+            request = b""  # the client went away; nothing to clean up beyond the socket
+        try:
             if request:
                 self._answer(conn, peer, request)
         except OSError:
-            request = b""  # the client went away; nothing to clean up beyond the socket
+            request = b""  # gone, or not reading its replies (its socket buffer is full)
         except Exception as e:  # a bug must not stop the server: this client gets EOF
             print(f"sharedarrays: handle server: {e!r} answering pid {peer[0]}", file=sys.stderr)
             request = b""
-        if request and peer[1] == os.getuid():
+        if request is None or (request and peer[1] == os.getuid()):
             self._conns[conn] = peer  # most recently used last
         else:  # hung up, or another user (told so once)
             self._drop(sel, conn)

@@ -1,16 +1,19 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import pickle
 import pwd
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -370,6 +373,140 @@ def test_closed_notices_count_only_for_their_sender_with_the_secret() -> None:
         other.wait()
     alloc.closed_by(None)  # the holder exited: the housekeeping's call frees it
     assert draining_allocations() == [] and alloc.chunk_fds() == []
+
+
+# ---------------------------------------------------------------------------------------------
+# the handle server under pressure, and what a load may raise
+
+EXPORTER = """
+import json, os, pickle, resource, sys
+import numpy as np
+import sharedarrays as sa
+from sharedarrays import transport
+a = sa.from_array(np.arange(1000.0), device="cpu", pack=False)
+blob = pickle.dumps(a)
+spare = int(sys.argv[1])
+if spare:  # room for ``spare`` more fds: the handle server runs out first
+    n = len(os.listdir("/proc/self/fd"))
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (n + spare, hard))
+print(json.dumps({"blob": blob.hex(), "server": transport.server_address(),
+                  "id": a.allocation.id, "secret": a.allocation.secret.hex()}), flush=True)
+sys.stdin.read()
+"""
+
+
+@contextlib.contextmanager
+def _exporter(spare_fds: int = 0) -> Iterator[tuple[subprocess.Popen[str], dict[str, str]]]:
+    """A child process sharing ``np.arange(1000.0)``: itself and what it printed (the
+    payload ``blob`` in hex, its ``server``, the allocation ``id`` and ``secret``)."""
+    from keeper_helpers import close_pipes, read_json_line, spawn
+
+    child = spawn(EXPORTER.replace("sys.argv[1]", str(spare_fds)))
+    try:
+        yield child, {k: str(v) for k, v in read_json_line(child).items()}
+    finally:
+        if child.poll() is None:
+            os.kill(child.pid, signal.SIGCONT)
+            child.kill()
+        child.wait(30)
+        close_pipes(child)
+
+
+def _raw(server: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.settimeout(5)
+    sock.connect(server)
+    return sock
+
+
+@pytest.mark.timeout(120)
+def test_a_handle_server_out_of_fds_keeps_serving() -> None:
+    """EMFILE on accept (the exporter's fd table full) closes the longest idle connection
+    and goes on; it used to end the server thread, and every later load waited 10 s."""
+    with _exporter(spare_fds=8) as (_, out):
+        flood = [_raw(out["server"]) for _ in range(40)]  # more than the exporter has fds for
+        try:
+            start = time.monotonic()
+            b = pickle.loads(bytes.fromhex(out["blob"]))
+            took = time.monotonic() - start
+            assert b.get().sum() == np.arange(1000.0).sum()
+            for s in flood:
+                s.setblocking(False)
+            closed = sum(1 for s in flood if _closed_by_peer(s))
+        finally:
+            for s in flood:
+                s.close()
+        assert closed > 0, "the server never ran out of fds: the test did not test"
+        assert took < 5, f"a load took {took:.1f} s"
+        b.close()
+        del b
+        gc.collect()
+        sa.allocation.drop_parked()
+        ms = took * 1000
+        print(f"EMFILE: 40 idle connections, {closed} closed by the server, load in {ms:.1f} ms")
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    """Whether the other end closed ``sock`` (non-blocking), after the replies queued."""
+    try:
+        while sock.recv(1 << 16):
+            pass
+    except BlockingIOError:
+        return False
+    except OSError:
+        pass
+    return True
+
+
+@pytest.mark.timeout(180)
+def test_importers_that_never_read_their_replies_do_not_stall_the_server() -> None:
+    """Five connections queue requests and never read the replies: the server drops each
+    when its socket buffer is full instead of waiting 10 s on it, and a load goes through."""
+    import threading
+
+    with _exporter() as (_, out):
+        request = transport._REQUEST.pack(
+            transport._REQUEST_MAGIC, bytes.fromhex(out["id"]), bytes.fromhex(out["secret"])
+        )
+        sent = [0] * 5
+        floods = [_raw(out["server"]) for _ in range(5)]
+
+        def flood(i: int) -> None:
+            sock = floods[i]
+            sock.settimeout(15)
+            try:
+                for _ in range(1000):
+                    sock.send(request)
+                    sent[i] += 1
+            except OSError:
+                pass  # dropped by the server (EPIPE), or it stopped reading (15 s)
+
+        threads = [threading.Thread(target=flood, args=(i,)) for i in range(5)]
+        try:
+            for t in threads:
+                t.start()
+            time.sleep(0.5)  # the floods are queued
+            start = time.monotonic()
+            b = pickle.loads(bytes.fromhex(out["blob"]))
+            took = time.monotonic() - start
+            assert b.get().sum() == np.arange(1000.0).sum()
+        finally:
+            for t in threads:
+                t.join(30)
+            for s in floods:
+                s.setblocking(False)
+            dropped = sum(1 for s in floods if _closed_by_peer(s))
+            for s in floods:
+                s.close()
+        assert took < 5, f"a load waited {took:.1f} s behind importers that never read"
+        assert dropped == 5, f"{5 - dropped} flooding connections kept ({sent} sent)"
+        b.close()
+        del b
+        gc.collect()
+        sa.allocation.drop_parked()
+        ms = took * 1000
+        print(f"slow readers: {sent} requests sent, {dropped} of 5 dropped, load in {ms:.1f} ms")
 
 
 def _squat(path: Path, user: str) -> None:
