@@ -176,14 +176,18 @@ class HandleServer:
     def __init__(self) -> None:
         directory = runtime_dir()
         _remove_stale_sockets(directory)
-        self.path = str(directory / f"{os.getpid()}-{os.urandom(4).hex()}.sock")
+        name = f"{os.getpid()}-{os.urandom(4).hex()}"
+        self.path = str(directory / f"{name}.sock")
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            self._sock.bind(self.path)
-            os.chmod(self.path, 0o600)
+        try:  # bound under another name until it listens: a "<pid>-*.sock" always accepts
+            self._sock.bind(str(directory / f"{name}.new"))
+            os.chmod(directory / f"{name}.new", 0o600)
             self._sock.listen(64)
+            os.rename(directory / f"{name}.new", self.path)
         except BaseException:
             self._sock.close()
+            with contextlib.suppress(OSError):
+                os.unlink(directory / f"{name}.new")
             raise
         self._pid = os.getpid()
         self._closed = False
@@ -373,14 +377,26 @@ class HandleServer:
 
 
 def _remove_stale_sockets(directory: Path) -> None:
-    """Remove sockets left by processes of this user that died without cleaning up."""
+    """Remove sockets left by processes of this user that died without cleaning up.
+
+    A handle server's socket file is named ``<pid>-<random>.sock`` and listens from the
+    moment it has that name. One whose pid runs here is kept; otherwise it is removed only if
+    connecting to it is refused (nothing listens there any more): a process in another pid
+    namespace that shares this directory, whose pid means nothing here, keeps its socket.
+    """
     for entry in directory.glob("*.sock"):
         pid_text = entry.name.split("-", 1)[0]
-        if not pid_text.isdigit():
+        if not pid_text.isdigit() or running(int(pid_text)):
             continue
-        if not running(int(pid_text)):
-            with contextlib.suppress(FileNotFoundError):
-                entry.unlink()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as probe:
+            probe.setblocking(False)
+            try:
+                probe.connect(str(entry))
+            except ConnectionRefusedError:
+                with contextlib.suppress(FileNotFoundError):
+                    entry.unlink()
+            except OSError:
+                pass  # it listens with a full queue, is gone already, or is not ours to judge
 
 
 _server: HandleServer | None = None

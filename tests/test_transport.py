@@ -509,6 +509,35 @@ def test_importers_that_never_read_their_replies_do_not_stall_the_server() -> No
         print(f"slow readers: {sent} requests sent, {dropped} of 5 dropped, load in {ms:.1f} ms")
 
 
+def _dead_pid() -> int:
+    """A pid no process has now (one that just exited)."""
+    p = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True)
+    return int(p.stdout)
+
+
+def test_a_live_server_whose_pid_means_nothing_here_keeps_its_socket(tmp_path: Path) -> None:
+    """A process in another pid namespace (a container sharing the runtime directory) has a
+    pid that does not run here: its socket survives the cleanup while it listens; a socket
+    nothing listens on any more is removed."""
+    directory = tmp_path / "rt"
+    directory.mkdir(mode=0o700)
+    pid = _dead_pid()
+    live = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    live.bind(str(directory / f"{pid}-11111111.sock"))
+    live.listen(1)
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    dead.bind(str(directory / f"{pid}-22222222.sock"))
+    dead.listen(1)
+    dead.close()  # its process died: the file stays
+    (directory / f"{pid}-33333333.sock").touch()
+    try:
+        transport._remove_stale_sockets(directory)
+        left = sorted(p.name for p in directory.iterdir())
+        assert left == [f"{pid}-11111111.sock"]
+    finally:
+        live.close()
+
+
 def _squat(path: Path, user: str) -> None:
     """Make ``path`` a private directory of ``user`` (what that user could do first)."""
     pw = pwd.getpwnam(user)
