@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from . import allocation
-from .errors import HandleUnavailable, PayloadError, PermissionDenied
+from .errors import HandleUnavailable, PayloadError, PermissionDenied, SharedArrayError
 from .process import running
 from .settings import env_number
 
@@ -560,28 +560,64 @@ def close_connections() -> None:
 
 
 def _connect(server: str, gone: str) -> socket.socket:
-    """A new connection to the handle server at ``server``, checked to run as this user."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        sock.settimeout(TIMEOUT)
+    """A new connection to the handle server at ``server``, checked to run as this user.
+
+    A server whose queue of connections to accept is full (``EAGAIN``: it is stopped or
+    overloaded) is tried again until :data:`TIMEOUT`.
+
+    Raises
+    ------
+    HandleUnavailable
+        Nothing listens there (``gone``), it did not accept in time, or ``server`` is not a
+        socket a connection can be made to (the message says why).
+    PermissionDenied
+        The socket or its server belongs to another user.
+    """
+    deadline = time.monotonic() + TIMEOUT
+    while True:
         try:
-            sock.connect(server)
-        except (FileNotFoundError, ConnectionRefusedError):
-            raise HandleUnavailable(gone) from None
-        except PermissionError:
-            raise PermissionDenied(
-                f"cannot connect to the handle server {server}: it belongs to another user. "
-                "Arrays are shared only between processes of the same user"
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        except OSError as e:
+            raise HandleUnavailable(
+                f"cannot open a socket to ask {server} for handles: {e.strerror or e}. "
+                "Close some files or connections in this process and try again"
             ) from None
-        _, server_uid, _ = _peer(sock)
-        if server_uid != os.getuid():
-            raise PermissionDenied(
-                f"the handle server {server} runs as another user (uid {server_uid})"
-            )
-    except BaseException:
-        sock.close()
-        raise
-    return sock
+        try:
+            sock.settimeout(TIMEOUT)
+            try:
+                sock.connect(server)
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise HandleUnavailable(
+                        f"the handle server {server} did not accept a connection within "
+                        f"{TIMEOUT:g} s: its process is stopped or overloaded. Try again "
+                        "when it runs"
+                    ) from None
+                sock.close()
+                time.sleep(BACKOFF)
+                continue
+            except (FileNotFoundError, ConnectionRefusedError):
+                raise HandleUnavailable(gone) from None
+            except PermissionError:
+                raise PermissionDenied(
+                    f"cannot connect to the handle server {server}: it belongs to another user. "
+                    "Arrays are shared only between processes of the same user"
+                ) from None
+            except OSError as e:  # ENOTDIR, ELOOP, EPROTOTYPE, a path too long...
+                raise HandleUnavailable(
+                    f"cannot connect to {server}, named as the handle server of the array: "
+                    f"{e.strerror or e}. It is not a sharedarrays handle server: the payload was "
+                    "made for another machine or altered; ask its exporter for a new one"
+                ) from None
+            _, server_uid, _ = _peer(sock)
+            if server_uid != os.getuid():
+                raise PermissionDenied(
+                    f"the handle server {server} runs as another user (uid {server_uid})"
+                )
+        except BaseException:
+            sock.close()
+            raise
+        return sock
 
 
 def _keep_connection(server: str, sock: socket.socket) -> None:
@@ -630,10 +666,11 @@ def _fetch(
                 sock = _connect(server, gone)
             try:
                 sock.sendall(request)
-                msg, got, _, _ = socket.recv_fds(sock, 1 << 20, _FDS_PER_MESSAGE)
+                msg, got, flags, _ = socket.recv_fds(sock, 1 << 20, _FDS_PER_MESSAGE)
             except (BrokenPipeError, ConnectionResetError):
-                msg, got = b"", []
+                msg, got, flags = b"", [], 0
             fds.extend(got)
+            _check_truncated(flags)
             if msg or not reused:
                 break
             sock.close()  # a kept connection the server had closed: once more, anew
@@ -663,12 +700,16 @@ def _fetch(
             )
         if status != _OK:
             raise PayloadError("the handle server rejected the request as malformed")
-        sizes = json.loads(msg[_REPLY.size :])
+        try:
+            sizes = json.loads(msg[_REPLY.size :])
+        except ValueError:
+            raise PayloadError("the handle server sent an inconsistent reply") from None
         while len(fds) < count:
-            _, more, _, _ = socket.recv_fds(conn, 16, _FDS_PER_MESSAGE)
+            _, more, flags, _ = socket.recv_fds(conn, 16, _FDS_PER_MESSAGE)
+            fds.extend(more)
+            _check_truncated(flags)
             if not more:
                 raise HandleUnavailable(f"{gone} (the server stopped while sending)")
-            fds.extend(more)
         if len(fds) != count:
             raise PayloadError("the handle server sent an inconsistent reply")
         result = fds
@@ -676,20 +717,36 @@ def _fetch(
         sock = None
         _keep_connection(server, conn)
         return sizes, result
+    except SharedArrayError:
+        raise
     except TimeoutError:
         raise HandleUnavailable(
             f"the process that shared allocation {alloc_id} (pid {pid}) did not answer within "
-            f"{TIMEOUT:g} s"
+            f"{TIMEOUT:g} s: it is stopped or overloaded. Try again when it runs"
         ) from None
     except OSError as e:
         if e.errno in (errno.ECONNRESET, errno.EPIPE):
             raise HandleUnavailable(gone) from None
-        raise
+        raise HandleUnavailable(
+            f"asking the process that shared allocation {alloc_id} (pid {pid}) for its "
+            f"handles failed: {e.strerror or e}. Close some files in this process if it has "
+            "too many open, and try again"
+        ) from None
     finally:
         for fd in fds:
             os.close(fd)
         if sock is not None:
             sock.close()
+
+
+def _check_truncated(flags: int) -> None:
+    """Raise if the kernel dropped file descriptors of a reply (this process's fd table was
+    full: ``RLIMIT_NOFILE``)."""
+    if flags & socket.MSG_CTRUNC:
+        raise HandleUnavailable(
+            "this process has no room for the handles it was sent: it has as many files open "
+            "as its limit allows (ulimit -n). Close some, or raise the limit, and try again"
+        )
 
 
 _notices: queue.SimpleQueue[tuple[list[str], bytes, bytes, bytes]] = queue.SimpleQueue()

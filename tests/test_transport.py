@@ -538,6 +538,75 @@ def test_a_live_server_whose_pid_means_nothing_here_keeps_its_socket(tmp_path: P
         live.close()
 
 
+def _forged(blob: bytes, **fields: object) -> bytes:
+    """``blob``'s payload with ``fields`` changed, sealed again with its own secret (what a
+    process holding the payload can do)."""
+    start = blob.index(MAGIC)
+    length = int.from_bytes(blob[start - 4 : start], "little")
+    doc = json.loads(blob[start + len(MAGIC) + TAG_BYTES : start + length])
+    doc.update(fields)
+    body = json.dumps(doc, separators=(",", ":")).encode()
+    return MAGIC + _tag(body, bytes.fromhex(doc["secret"])) + body
+
+
+@pytest.mark.parametrize("kind", ["file", "through-a-file", "symlink-loop", "datagram"])
+def test_a_forged_server_path_is_a_shared_array_error(tmp_path: Path, kind: str) -> None:
+    """Whatever a payload names as its server, a load fails with a SharedArrayError that
+    says what is wrong, never a raw OSError (ENOTDIR, ELOOP, EPROTOTYPE...)."""
+    a = sa.zeros(8, device="cpu", pack=False)
+    regular = tmp_path / "file"
+    regular.write_text("not a socket")
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    dgram = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    dgram.bind(str(tmp_path / "dgram"))
+    server = {
+        "file": regular,
+        "through-a-file": regular / "x.sock",
+        "symlink-loop": loop,
+        "datagram": tmp_path / "dgram",
+    }[kind]
+    blob = _forged(pickle.dumps(a), id=os.urandom(16).hex(), server=str(server))
+    try:
+        with pytest.raises(sa.SharedArrayError) as e:
+            sa.load(blob)
+        assert not isinstance(e.value, (sa.PayloadError, sa.PermissionDenied)), e.value
+    finally:
+        dgram.close()
+    print(f"{kind}: {type(e.value).__name__}: {e.value}")
+
+
+@pytest.mark.timeout(120)
+def test_loads_from_a_stopped_exporter_fail_as_handle_unavailable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """100 loads at once from an exporter stopped with SIGSTOP: its listen queue (64) fills,
+    and connect says EAGAIN to the rest. Each is retried until the timeout; every load
+    fails with HandleUnavailable, none with a raw BlockingIOError."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setattr(transport, "TIMEOUT", 2.0)
+    with _exporter() as (child, out):
+        blob = bytes.fromhex(out["blob"])
+        os.kill(child.pid, signal.SIGSTOP)
+
+        def load(_: int) -> str:
+            try:
+                pickle.loads(blob)
+            except Exception as e:
+                return type(e).__name__
+            return "loaded"
+
+        start = time.monotonic()
+        with ThreadPoolExecutor(100) as pool:
+            outcomes = list(pool.map(load, range(100)))
+        took = time.monotonic() - start
+        os.kill(child.pid, signal.SIGCONT)
+    counts = {k: outcomes.count(k) for k in set(outcomes)}
+    print(f"stopped exporter: 100 concurrent loads in {took:.1f} s: {counts}")
+    assert counts == {"HandleUnavailable": 100}, counts
+
+
 def _squat(path: Path, user: str) -> None:
     """Make ``path`` a private directory of ``user`` (what that user could do first)."""
     pw = pwd.getpwnam(user)
