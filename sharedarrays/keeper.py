@@ -39,12 +39,14 @@ and never stops the keeper.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hmac
 import json
 import os
 import re
+import resource
 import selectors
 import signal
 import socket
@@ -81,6 +83,7 @@ __all__ = [
     "Keeper",
     "check_name",
     "idle_seconds",
+    "max_connections",
     "socket_path",
     "lock_path",
     "ensure_running",
@@ -104,6 +107,8 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _CRED = struct.Struct("3i")
 TIMEOUT = 10.0
 """Seconds a client waits for the keeper to start or to answer."""
+MAX_CONNECTIONS = 1024
+"""Connections the keeper keeps open at most, by default (:func:`max_connections`)."""
 _MAX_SIZE = 1 << 56
 
 
@@ -137,6 +142,17 @@ def idle_seconds() -> float:
     started it), default 30.
     """
     return env_number("SHAREDARRAYS_KEEPER_IDLE", 30.0, 0.0)
+
+
+def max_connections() -> int:
+    """Connections the keeper keeps open at most: past it, a new one closes the longest idle
+    (one whose process holds nothing through it first; a process whose connection was
+    closed reconnects on its next request, and the keeper no longer counts it as a holder).
+
+    ``SHAREDARRAYS_KEEPER_CONNECTIONS`` in the keeper's environment, default
+    :data:`MAX_CONNECTIONS`.
+    """
+    return env_number("SHAREDARRAYS_KEEPER_CONNECTIONS", MAX_CONNECTIONS, 1)
 
 
 def socket_path() -> Path:
@@ -235,6 +251,8 @@ class Keeper:
         The private runtime directory (its socket and lock file go there).
     idle : float
         Seconds to wait, holding nothing, before :meth:`serve_forever` returns.
+    max_connections : int
+        Connections kept open at most (the longest idle is closed for a new one).
 
     Raises
     ------
@@ -242,8 +260,11 @@ class Keeper:
         Another keeper holds the lock in ``directory``.
     """
 
-    def __init__(self, directory: Path, idle: float) -> None:
+    def __init__(
+        self, directory: Path, idle: float, max_connections: int = MAX_CONNECTIONS
+    ) -> None:
         self.idle = idle
+        self.max_connections = max_connections
         self.path = str(directory / "keeper.sock")
         self._lock_fd = os.open(directory / "keeper.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
@@ -266,7 +287,7 @@ class Keeper:
         self._selector.register(self._listener, selectors.EVENT_READ, None)
         self._entries: dict[str, _Entry] = {}
         self._names: dict[str, str] = {}
-        self._peers: dict[int, _Peer] = {}
+        self._peers: dict[int, _Peer] = {}  # by connection fd, the longest idle first
         self._idle_since = time.monotonic()
         self._stop = False
         self.served = 0
@@ -316,9 +337,12 @@ class Keeper:
             conn, _ = self._listener.accept()
         except BlockingIOError:
             return
-        except OSError as e:  # EMFILE and the like: back off, keep serving the others
+        except OSError as e:
+            if e.errno in (errno.EMFILE, errno.ENFILE) and self._peers:
+                self._drop(self._idlest())  # no fd left: make room, the next round accepts
+                return
             print(f"sharedarrays keeper: accept failed: {e}", file=sys.stderr, flush=True)
-            time.sleep(0.05)
+            time.sleep(0.05)  # back off, keep serving the others
             return
         try:
             pid, uid = _peer(conn)
@@ -330,6 +354,8 @@ class Keeper:
         except OSError:
             conn.close()
             return
+        while len(self._peers) >= self.max_connections:
+            self._drop(self._idlest())
         peer = _Peer(conn, pid)
         self._peers[conn.fileno()] = peer
         self._selector.register(conn, selectors.EVENT_READ, peer)
@@ -347,6 +373,8 @@ class Keeper:
             self._drop(peer)  # EOF: the process closed its connection or died
             return
         self._idle_since = time.monotonic()
+        key = peer.sock.fileno()
+        self._peers[key] = self._peers.pop(key)  # most recently used last
         try:
             if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
                 raise _BadRequest(f"message too long (at most {MAX_MESSAGE} bytes, {MAX_FDS} fds)")
@@ -372,6 +400,13 @@ class Keeper:
                 peer.sock.send(data)
         except OSError:
             self._drop(peer)  # gone, or not reading its replies
+
+    def _idlest(self) -> _Peer:
+        """The connection to close for room: the longest idle of those that hold nothing,
+        else the longest idle."""
+        return next((p for p in self._peers.values() if not p.held), None) or next(
+            iter(self._peers.values())
+        )
 
     def _drop(self, peer: _Peer) -> None:
         key = peer.sock.fileno()
@@ -564,6 +599,7 @@ class Keeper:
             "bytes": sum(sum(e.sizes) for e in self._entries.values()),
             "fds": sum(len(e.fds) for e in self._entries.values()),
             "connections": len(self._peers),
+            "max_connections": self.max_connections,
             "served": self.served,
             "errors": self.errors,
             "idle": self.idle,
@@ -576,9 +612,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Returns 0 when it served and exited, 3 when another keeper already runs.
     """
-    idle = idle_seconds()
+    idle, limit = idle_seconds(), max_connections()
+    _raise_fd_limit()
     try:
-        keeper = Keeper(transport.runtime_dir(), idle)
+        keeper = Keeper(transport.runtime_dir(), idle, limit)
     except BlockingIOError:
         return 3  # a live keeper holds the lock: never a second one
     signal.signal(signal.SIGTERM, lambda *_: keeper.stop())
@@ -587,6 +624,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def _raise_fd_limit() -> None:
+    """Raise this process's soft limit of open files to its hard limit (the keeper holds a
+    connection per process and a handle per chunk; 1024 is a common soft limit)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 # ---------------------------------------------------------------------------------------------
