@@ -696,27 +696,58 @@ def _launch() -> None:
     threading.Thread(target=proc.wait, name="sharedarrays-keeper-reaper", daemon=True).start()
 
 
-def _try_connect(path: str) -> socket.socket | None:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        sock.settimeout(TIMEOUT)
-        sock.connect(path)
-    except (FileNotFoundError, ConnectionRefusedError):
-        sock.close()
-        return None
-    except PermissionError:
-        sock.close()
-        raise PermissionDenied(
-            f"cannot connect to the keeper {path}: it belongs to another user"
-        ) from None
-    except BaseException:
-        sock.close()
-        raise
-    _, uid = _peer(sock)
-    if uid != os.getuid():
-        sock.close()
-        raise PermissionDenied(f"the keeper {path} runs as another user (uid {uid})")
-    return sock
+def _try_connect(path: str, deadline: float) -> socket.socket | None:
+    """A connection to the keeper at ``path``, or ``None`` where none listens there.
+
+    A keeper whose queue of connections to accept is full (``EAGAIN``: it is overloaded or
+    stopped) is tried again until ``deadline`` (``time.monotonic()``).
+
+    Raises
+    ------
+    KeeperError
+        It did not accept by ``deadline``, or connecting failed otherwise.
+    PermissionDenied
+        The socket or the keeper belongs to another user.
+    """
+    while True:
+        try:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        except OSError as e:
+            raise KeeperError(
+                f"cannot open a socket to the keeper: {e.strerror or e}. Close some files in "
+                "this process and try again"
+            ) from None
+        try:
+            sock.settimeout(TIMEOUT)
+            sock.connect(path)
+            _, uid = _peer(sock)
+        except BlockingIOError:
+            sock.close()
+            if time.monotonic() >= deadline:
+                raise KeeperError(
+                    f"the keeper ({path}) did not accept a connection within {TIMEOUT:g} s: it "
+                    "is overloaded or stopped. Try again; python -m sharedarrays status shows it"
+                ) from None
+            time.sleep(0.02)
+            continue
+        except (FileNotFoundError, ConnectionRefusedError):
+            sock.close()
+            return None
+        except PermissionError:
+            sock.close()
+            raise PermissionDenied(
+                f"cannot connect to the keeper {path}: it belongs to another user"
+            ) from None
+        except OSError as e:
+            sock.close()
+            raise KeeperError(f"cannot connect to the keeper {path}: {e.strerror or e}") from None
+        except BaseException:
+            sock.close()
+            raise
+        if uid != os.getuid():
+            sock.close()
+            raise PermissionDenied(f"the keeper {path} runs as another user (uid {uid})")
+        return sock
 
 
 def _connect(start: bool) -> socket.socket:
@@ -725,13 +756,13 @@ def _connect(start: bool) -> socket.socket:
     if _conn is not None and _conn_path == path:
         return _conn
     disconnect()
-    sock = _try_connect(path)
+    sock = _try_connect(path, time.monotonic() + TIMEOUT)
     if sock is None and start:
         _launch()
         deadline = time.monotonic() + TIMEOUT
         while sock is None and time.monotonic() < deadline:
             time.sleep(0.02)
-            sock = _try_connect(path)
+            sock = _try_connect(path, deadline)
     if sock is None:
         raise HandleUnavailable(
             "no sharedarrays keeper is running for this user"
@@ -762,11 +793,14 @@ def request(
     Raises
     ------
     HandleUnavailable
-        No keeper (and ``start`` is false, or it did not start).
+        No keeper runs (nothing listens on its socket), and ``start`` is false or it did not
+        start.
     PermissionDenied
         The keeper's socket belongs to another user.
     KeeperError
-        The keeper sent something that is not a keeper reply.
+        A keeper runs but did not accept or answer within :data:`TIMEOUT` (it is overloaded
+        or stopped), the connection failed otherwise, or it sent something that is not a
+        keeper reply. Never "no keeper": a name it holds is not reported missing.
     """
     data = MAGIC + json.dumps(req, separators=(",", ":")).encode()
     with _lock:
@@ -780,21 +814,31 @@ def request(
                     sock.send(data)
                 if req.get("op") == "release":
                     return OK, {}, []
-                msg, got, _, _ = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
+                msg, got, flags, _ = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
             except TimeoutError:
                 disconnect()
-                raise HandleUnavailable(f"the keeper did not answer within {TIMEOUT:g} s") from None
+                raise KeeperError(
+                    f"the keeper did not answer within {TIMEOUT:g} s: it is overloaded or "
+                    "stopped. Try again; python -m sharedarrays status shows it"
+                ) from None
             except OSError as e:
-                if e.errno not in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN) or attempt == 3:
-                    raise
                 disconnect()
-                continue
+                if e.errno in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN) and attempt < 3:
+                    continue
+                raise KeeperError(f"asking the keeper failed: {e.strerror or e}") from None
+            if flags & socket.MSG_CTRUNC:
+                for fd in got:
+                    os.close(fd)
+                raise KeeperError(
+                    "this process has no room for the handles the keeper sent: it has as many "
+                    "files open as its limit allows (ulimit -n). Close some and try again"
+                )
             if not msg:
                 for fd in got:
                     os.close(fd)
                 disconnect()  # the keeper exited (idle) or died: reconnect, maybe restart it
                 if attempt == 3:
-                    raise HandleUnavailable("the keeper closed the connection")
+                    raise KeeperError("the keeper closed the connection three times; try again")
                 continue
             try:
                 if len(msg) < _STATUS.size:
@@ -897,6 +941,8 @@ def fetch_handles(
         )
     except HandleUnavailable:
         raise HandleUnavailable(f"{gone}; no keeper holds it either (see a.park())") from None
+    except KeeperError as e:
+        raise HandleUnavailable(f"{gone}; nor could the keeper be asked: {e}") from None
     try:
         if status == NOT_FOUND:
             raise HandleUnavailable(f"{gone}; the keeper does not hold it either") from None

@@ -526,3 +526,42 @@ def test_a_keeper_out_of_fds_keeps_serving(private_keeper: Path) -> None:
         keeper.disconnect()
         proc.terminate()
         proc.communicate(timeout=30)
+
+
+@pytest.mark.timeout(60)
+def test_a_keeper_that_does_not_answer_is_not_reported_missing(
+    private_keeper: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A keeper that is overloaded or stopped (simulated: a socket that never accepts, then
+    one whose listen queue is full) gives KeeperError, never NameNotFound "no keeper runs"
+    nor an empty list_named()."""
+    monkeypatch.setattr(keeper, "TIMEOUT", 1.0)
+    private_keeper.mkdir(mode=0o700, exist_ok=True)
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    silent.bind(str(private_keeper / "keeper.sock"))
+    silent.listen(4)
+    queued: list[socket.socket] = []
+    try:
+        with pytest.raises(sa.KeeperError, match="did not answer"):
+            sa.attach("x")
+        with pytest.raises(sa.KeeperError, match="did not answer"):
+            sa.list_named()
+        while True:  # fill its listen queue: connect then says EAGAIN
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            s.setblocking(False)
+            try:
+                s.connect(str(private_keeper / "keeper.sock"))
+            except BlockingIOError:
+                s.close()
+                break
+            queued.append(s)
+        keeper.disconnect()
+        with pytest.raises(sa.KeeperError, match="did not accept"):
+            sa.attach("x")
+        with pytest.raises(sa.KeeperError, match="did not accept"):
+            sa.unlink("x")
+    finally:
+        for s in queued:
+            s.close()
+        silent.close()
+        keeper.disconnect()
