@@ -16,16 +16,20 @@ Process model (like :mod:`multiprocessing.resource_tracker`)
 ------------------------------------------------------------
 The keeper is started on first need by :func:`ensure_running` (or explicitly with
 ``python -m sharedarrays keeper``): a fresh interpreter, in its own session, that outlives the
-process that started it. It listens on ``keeper.sock`` in the private runtime directory
-(:func:`sharedarrays.transport.runtime_dir`, mode 0700) and holds ``keeper.lock`` there with
-``fcntl.flock`` for its whole life, so a second keeper never runs beside a live one; a socket
-file left by a keeper that died is replaced by the next one. It exits when it has held nothing
+process that started it, running in the private runtime directory (never in its starter's
+working directory, where another user may have planted modules: :func:`_launch`). It
+listens on ``keeper.sock`` in that directory (:func:`sharedarrays.transport.runtime_dir`,
+mode 0700) and holds ``keeper.lock`` there with ``fcntl.flock`` for its whole life, so a
+second keeper never runs beside a live one; a socket file left by a keeper that died is
+replaced by the next one. It exits when it has held nothing
 for :func:`idle_seconds` (``SHAREDARRAYS_KEEPER_IDLE``, default 30 s).
 
-Every process that uses it keeps **one connection** open. The keeper records, per connection,
-the arrays that process holds (created, attached or fetched), so ``ls`` shows true attached
-pids and an unlinked array's fds are closed as soon as the last holder releases it, exits or
-is killed (the kernel closes a dead process's connection).
+Every process that uses it keeps **one connection** open (at most :func:`max_connections`:
+past it the longest idle is closed, one holding nothing first, and so on ``EMFILE``). The
+keeper records, per connection, the arrays that process holds (created, attached or
+fetched), so ``ls`` shows true attached pids and an unlinked array's fds are closed as soon
+as the last holder releases it, exits or is killed (the kernel closes a dead process's
+connection).
 
 Wire format
 -----------
