@@ -404,14 +404,30 @@ _server_lock = threading.Lock()
 
 
 def server_address() -> str:
-    """The path of this process's handle server, starting it on first call."""
+    """The path of this process's handle server, starting it on first call.
+
+    Raises
+    ------
+    PermissionDenied
+        No private runtime directory (:func:`runtime_dir`).
+    HandleUnavailable
+        The server's socket cannot be made there (say, a path longer than Unix sockets
+        allow, or no file descriptor left).
+    """
     global _server
     server = _server
     if server is not None:
         return server.path
     with _server_lock:
         if _server is None:
-            _server = HandleServer()
+            try:
+                _server = HandleServer()
+            except OSError as e:
+                raise HandleUnavailable(
+                    f"cannot start this process's handle server in {runtime_dir()}: "
+                    f"{e.strerror or e}. Unix socket paths are limited to {_MAX_PATH} bytes: "
+                    "set XDG_RUNTIME_DIR to a short private directory, or close some files"
+                ) from None
             _start_notifier()  # now, never from a finalizer (see _notify_importers)
         return _server.path
 

@@ -708,3 +708,23 @@ def test_a_squatted_runtime_dir_does_not_stop_sharing() -> None:
             os.kill(kpid, signal.SIGTERM)
             wait_gone(kpid)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_a_handle_server_that_cannot_start_is_a_shared_array_error(tmp_path: Path) -> None:
+    """A runtime directory too deep for a Unix socket path (107 bytes): pickling says so with
+    a SharedArrayError, not a raw OSError."""
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir(mode=0o700)
+    code = (
+        "import pickle, sharedarrays as sa\n"
+        "try:\n"
+        "    pickle.dumps(sa.zeros(4, device='cpu', pack=False))\n"
+        "except sa.SharedArrayError as e:\n"
+        "    print(type(e).__name__, e)\n"
+    )
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(deep))
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("HandleUnavailable") and "XDG_RUNTIME_DIR" in r.stdout, r.stdout
