@@ -530,7 +530,7 @@ def test_a_keeper_out_of_fds_keeps_serving(private_keeper: Path) -> None:
 
 @pytest.mark.timeout(60)
 def test_a_keeper_that_does_not_answer_is_not_reported_missing(
-    private_keeper: Path, monkeypatch: pytest.MonkeyPatch
+    private_keeper: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A keeper that is overloaded or stopped (simulated: a socket that never accepts, then
     one whose listen queue is full) gives KeeperError, never NameNotFound "no keeper runs"
@@ -546,6 +546,8 @@ def test_a_keeper_that_does_not_answer_is_not_reported_missing(
             sa.attach("x")
         with pytest.raises(sa.KeeperError, match="did not answer"):
             sa.list_named()
+        assert cli_main(["status"]) == 1
+        assert "the keeper runs but cannot be asked" in capsys.readouterr().out
         while True:  # fill its listen queue: connect then says EAGAIN
             s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             s.setblocking(False)
