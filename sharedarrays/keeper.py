@@ -378,7 +378,8 @@ class Keeper:
             return
         self._idle_since = time.monotonic()
         key = peer.sock.fileno()
-        self._peers[key] = self._peers.pop(key)  # most recently used last
+        if self._peers.get(key) is peer:
+            self._peers[key] = self._peers.pop(key)  # most recently used last
         try:
             if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
                 raise _BadRequest(f"message too long (at most {MAX_MESSAGE} bytes, {MAX_FDS} fds)")
