@@ -76,8 +76,9 @@ class NameNotFound(SharedArrayError, FileNotFoundError):
 
 
 class KeeperError(SharedArrayError):
-    """The keeper refused a request as malformed, or answered with something that is not a
-    keeper reply."""
+    """The keeper refused a request as malformed, answered with something that is not a
+    keeper reply, or runs but did not accept or answer in time (it is overloaded or stopped:
+    try again; ``python -m sharedarrays status`` shows it)."""
 
 
 class ResizeRefused(SharedArrayError, RuntimeError):

@@ -16,16 +16,20 @@ Process model (like :mod:`multiprocessing.resource_tracker`)
 ------------------------------------------------------------
 The keeper is started on first need by :func:`ensure_running` (or explicitly with
 ``python -m sharedarrays keeper``): a fresh interpreter, in its own session, that outlives the
-process that started it. It listens on ``keeper.sock`` in the private runtime directory
-(:func:`sharedarrays.transport.runtime_dir`, mode 0700) and holds ``keeper.lock`` there with
-``fcntl.flock`` for its whole life, so a second keeper never runs beside a live one; a socket
-file left by a keeper that died is replaced by the next one. It exits when it has held nothing
+process that started it, running in the private runtime directory (never in its starter's
+working directory, where another user may have planted modules: :func:`_launch`). It
+listens on ``keeper.sock`` in that directory (:func:`sharedarrays.transport.runtime_dir`,
+mode 0700) and holds ``keeper.lock`` there with ``fcntl.flock`` for its whole life, so a
+second keeper never runs beside a live one; a socket file left by a keeper that died is
+replaced by the next one. It exits when it has held nothing
 for :func:`idle_seconds` (``SHAREDARRAYS_KEEPER_IDLE``, default 30 s).
 
-Every process that uses it keeps **one connection** open. The keeper records, per connection,
-the arrays that process holds (created, attached or fetched), so ``ls`` shows true attached
-pids and an unlinked array's fds are closed as soon as the last holder releases it, exits or
-is killed (the kernel closes a dead process's connection).
+Every process that uses it keeps **one connection** open (at most :func:`max_connections`:
+past it the longest idle is closed, one holding nothing first, and so on ``EMFILE``). The
+keeper records, per connection, the arrays that process holds (created, attached or
+fetched), so ``ls`` shows true attached pids and an unlinked array's fds are closed as soon
+as the last holder releases it, exits or is killed (the kernel closes a dead process's
+connection).
 
 Wire format
 -----------
@@ -39,12 +43,14 @@ and never stops the keeper.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hmac
 import json
 import os
 import re
+import resource
 import selectors
 import signal
 import socket
@@ -82,6 +88,7 @@ __all__ = [
     "Keeper",
     "check_name",
     "idle_seconds",
+    "max_connections",
     "socket_path",
     "lock_path",
     "ensure_running",
@@ -107,6 +114,8 @@ TIMEOUT = 10.0
 """Seconds a client waits for the keeper to start or to answer."""
 MAX_IN_FLIGHT = 7 * 86400.0
 """Longest bound the keeper accepts for payloads in flight (seconds)."""
+MAX_CONNECTIONS = 1024
+"""Connections the keeper keeps open at most, by default (:func:`max_connections`)."""
 _MAX_SIZE = 1 << 56
 
 
@@ -140,6 +149,17 @@ def idle_seconds() -> float:
     started it), default 30.
     """
     return env_number("SHAREDARRAYS_KEEPER_IDLE", 30.0, 0.0)
+
+
+def max_connections() -> int:
+    """Connections the keeper keeps open at most: past it, a new one closes the longest idle
+    (one whose process holds nothing through it first; a process whose connection was
+    closed reconnects on its next request, and the keeper no longer counts it as a holder).
+
+    ``SHAREDARRAYS_KEEPER_CONNECTIONS`` in the keeper's environment, default
+    :data:`MAX_CONNECTIONS`.
+    """
+    return env_number("SHAREDARRAYS_KEEPER_CONNECTIONS", MAX_CONNECTIONS, 1)
 
 
 def socket_path() -> Path:
@@ -240,6 +260,8 @@ class Keeper:
         The private runtime directory (its socket and lock file go there).
     idle : float
         Seconds to wait, holding nothing, before :meth:`serve_forever` returns.
+    max_connections : int
+        Connections kept open at most (the longest idle is closed for a new one).
 
     Raises
     ------
@@ -247,8 +269,11 @@ class Keeper:
         Another keeper holds the lock in ``directory``.
     """
 
-    def __init__(self, directory: Path, idle: float) -> None:
+    def __init__(
+        self, directory: Path, idle: float, max_connections: int = MAX_CONNECTIONS
+    ) -> None:
         self.idle = idle
+        self.max_connections = max_connections
         self.path = str(directory / "keeper.sock")
         self._lock_fd = os.open(directory / "keeper.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
@@ -271,7 +296,7 @@ class Keeper:
         self._selector.register(self._listener, selectors.EVENT_READ, None)
         self._entries: dict[str, _Entry] = {}
         self._names: dict[str, str] = {}
-        self._peers: dict[int, _Peer] = {}
+        self._peers: dict[int, _Peer] = {}  # by connection fd, the longest idle first
         self._idle_since = time.monotonic()
         self._stop = False
         self.served = 0
@@ -322,9 +347,12 @@ class Keeper:
             conn, _ = self._listener.accept()
         except BlockingIOError:
             return
-        except OSError as e:  # EMFILE and the like: back off, keep serving the others
+        except OSError as e:
+            if e.errno in (errno.EMFILE, errno.ENFILE) and self._peers:
+                self._drop(self._idlest())  # no fd left: make room, the next round accepts
+                return
             print(f"sharedarrays keeper: accept failed: {e}", file=sys.stderr, flush=True)
-            time.sleep(0.05)
+            time.sleep(0.05)  # back off, keep serving the others
             return
         try:
             pid, uid = _peer(conn)
@@ -336,6 +364,8 @@ class Keeper:
         except OSError:
             conn.close()
             return
+        while len(self._peers) >= self.max_connections:
+            self._drop(self._idlest())
         peer = _Peer(conn, pid)
         self._peers[conn.fileno()] = peer
         self._selector.register(conn, selectors.EVENT_READ, peer)
@@ -353,6 +383,9 @@ class Keeper:
             self._drop(peer)  # EOF: the process closed its connection or died
             return
         self._idle_since = time.monotonic()
+        key = peer.sock.fileno()
+        if self._peers.get(key) is peer:
+            self._peers[key] = self._peers.pop(key)  # most recently used last
         try:
             if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
                 raise _BadRequest(f"message too long (at most {MAX_MESSAGE} bytes, {MAX_FDS} fds)")
@@ -378,6 +411,13 @@ class Keeper:
                 peer.sock.send(data)
         except OSError:
             self._drop(peer)  # gone, or not reading its replies
+
+    def _idlest(self) -> _Peer:
+        """The connection to close for room: the longest idle of those that hold nothing,
+        else the longest idle."""
+        return next((p for p in self._peers.values() if not p.held), None) or next(
+            iter(self._peers.values())
+        )
 
     def _drop(self, peer: _Peer) -> None:
         key = peer.sock.fileno()
@@ -609,6 +649,7 @@ class Keeper:
             "bytes": sum(sum(e.sizes) for e in self._entries.values()),
             "fds": sum(len(e.fds) for e in self._entries.values()),
             "connections": len(self._peers),
+            "max_connections": self.max_connections,
             "served": self.served,
             "errors": self.errors,
             "idle": self.idle,
@@ -621,9 +662,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Returns 0 when it served and exited, 3 when another keeper already runs.
     """
-    idle = idle_seconds()
+    idle, limit = idle_seconds(), max_connections()
+    _raise_fd_limit()
     try:
-        keeper = Keeper(transport.runtime_dir(), idle)
+        keeper = Keeper(transport.runtime_dir(), idle, limit)
     except BlockingIOError:
         return 3  # a live keeper holds the lock: never a second one
     signal.signal(signal.SIGTERM, lambda *_: keeper.stop())
@@ -632,6 +674,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def _raise_fd_limit() -> None:
+    """Raise this process's soft limit of open files to its hard limit (the keeper holds a
+    connection per process and a handle per chunk; 1024 is a common soft limit)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -657,7 +708,14 @@ def running_pid() -> int | None:
 def _launch() -> None:
     """Start a keeper in the background, as multiprocessing starts its resource tracker:
     a fresh interpreter with this one's flags. It runs in a session of its own, so that it
-    outlives this process and a Ctrl-C in a terminal does not reach it."""
+    outlives this process and a Ctrl-C in a terminal does not reach it.
+
+    It runs in the private runtime directory, with this package's root first on
+    ``PYTHONPATH`` and only the absolute entries of the caller's after it: ``-c`` puts the
+    working directory first on ``sys.path``, and an empty or relative ``PYTHONPATH`` entry
+    means it too, so in the caller's directory (a shared ``/tmp`` folder, say) another user's
+    ``json.py`` would run as this user."""
+    directory = transport.runtime_dir()
     exe = spawn.get_executable()
     cmd = [
         exe,
@@ -667,8 +725,9 @@ def _launch() -> None:
     ]
     env = dict(os.environ)
     package_root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-    log_path = transport.runtime_dir() / "keeper.log"
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if os.path.isabs(p)]
+    env["PYTHONPATH"] = os.pathsep.join([package_root, *paths])
+    log_path = directory / "keeper.log"
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         proc = subprocess.Popen(
@@ -677,6 +736,7 @@ def _launch() -> None:
             stdout=log,
             stderr=log,
             env=env,
+            cwd=directory,
             start_new_session=True,
             close_fds=True,
         )
@@ -689,38 +749,69 @@ def _launch() -> None:
         pass
 
 
-def _try_connect(path: str) -> socket.socket | None:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        sock.settimeout(TIMEOUT)
-        sock.connect(path)
-    except (FileNotFoundError, ConnectionRefusedError):
-        sock.close()
-        return None
-    except PermissionError:
-        sock.close()
-        raise PermissionDenied(
-            f"cannot connect to the keeper {path}: it belongs to another user"
-        ) from None
-    except BaseException:
-        sock.close()
-        raise
-    _, uid = _peer(sock)
-    if uid != os.getuid():
-        sock.close()
-        raise PermissionDenied(f"the keeper {path} runs as another user (uid {uid})")
-    return sock
+def _try_connect(path: str, deadline: float) -> socket.socket | None:
+    """A connection to the keeper at ``path``, or ``None`` where none listens there.
+
+    A keeper whose queue of connections to accept is full (``EAGAIN``: it is overloaded or
+    stopped) is tried again until ``deadline`` (``time.monotonic()``).
+
+    Raises
+    ------
+    KeeperError
+        It did not accept by ``deadline``, or connecting failed otherwise.
+    PermissionDenied
+        The socket or the keeper belongs to another user.
+    """
+    while True:
+        try:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        except OSError as e:
+            raise KeeperError(
+                f"cannot open a socket to the keeper: {e.strerror or e}. Close some files in "
+                "this process and try again"
+            ) from None
+        try:
+            sock.settimeout(TIMEOUT)
+            sock.connect(path)
+            _, uid = _peer(sock)
+        except BlockingIOError:
+            sock.close()
+            if time.monotonic() >= deadline:
+                raise KeeperError(
+                    f"the keeper ({path}) did not accept a connection within {TIMEOUT:g} s: it "
+                    "is overloaded or stopped. Try again; python -m sharedarrays status shows it"
+                ) from None
+            time.sleep(0.02)
+            continue
+        except (FileNotFoundError, ConnectionRefusedError):
+            sock.close()
+            return None
+        except PermissionError:
+            sock.close()
+            raise PermissionDenied(
+                f"cannot connect to the keeper {path}: it belongs to another user"
+            ) from None
+        except OSError as e:
+            sock.close()
+            raise KeeperError(f"cannot connect to the keeper {path}: {e.strerror or e}") from None
+        except BaseException:
+            sock.close()
+            raise
+        if uid != os.getuid():
+            sock.close()
+            raise PermissionDenied(f"the keeper {path} runs as another user (uid {uid})")
+        return sock
 
 
 def _open(path: str, start: bool) -> socket.socket:
     """A new connection to the keeper at ``path``, starting one first if ``start``."""
-    sock = _try_connect(path)
+    sock = _try_connect(path, time.monotonic() + TIMEOUT)
     if sock is None and start:
         _launch()
         deadline = time.monotonic() + TIMEOUT
         while sock is None and time.monotonic() < deadline:
             time.sleep(0.02)
-            sock = _try_connect(path)
+            sock = _try_connect(path, deadline)
     if sock is None:
         raise HandleUnavailable(
             "no sharedarrays keeper is running for this user"
@@ -760,11 +851,14 @@ def request(
     Raises
     ------
     HandleUnavailable
-        No keeper (and ``start`` is false, or it did not start).
+        No keeper runs (nothing listens on its socket), and ``start`` is false or it did not
+        start.
     PermissionDenied
         The keeper's socket belongs to another user.
     KeeperError
-        The keeper sent something that is not a keeper reply.
+        A keeper runs but did not accept or answer within :data:`TIMEOUT` (it is overloaded
+        or stopped), the connection failed otherwise, or it sent something that is not a
+        keeper reply. Never "no keeper": a name it holds is not reported missing.
     """
     data = MAGIC + json.dumps(req, separators=(",", ":")).encode()
     with _lock:
@@ -778,21 +872,31 @@ def request(
                     sock.send(data)
                 if req.get("op") == "release":
                     return OK, {}, []
-                msg, got, _, _ = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
+                msg, got, flags, _ = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
             except TimeoutError:
                 disconnect()
-                raise HandleUnavailable(f"the keeper did not answer within {TIMEOUT:g} s") from None
+                raise KeeperError(
+                    f"the keeper did not answer within {TIMEOUT:g} s: it is overloaded or "
+                    "stopped. Try again; python -m sharedarrays status shows it"
+                ) from None
             except OSError as e:
-                if e.errno not in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN) or attempt == 3:
-                    raise
                 disconnect()
-                continue
+                if e.errno in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN) and attempt < 3:
+                    continue
+                raise KeeperError(f"asking the keeper failed: {e.strerror or e}") from None
+            if flags & socket.MSG_CTRUNC:
+                for fd in got:
+                    os.close(fd)
+                raise KeeperError(
+                    "this process has no room for the handles the keeper sent: it has as many "
+                    "files open as its limit allows (ulimit -n). Close some and try again"
+                )
             if not msg:
                 for fd in got:
                     os.close(fd)
                 disconnect()  # the keeper exited (idle) or died: reconnect, maybe restart it
                 if attempt == 3:
-                    raise HandleUnavailable("the keeper closed the connection")
+                    raise KeeperError("the keeper closed the connection three times; try again")
                 continue
             return _reply(msg, got)
     raise AssertionError("unreachable")  # pragma: no cover
@@ -945,6 +1049,8 @@ def fetch_handles(
         )
     except HandleUnavailable:
         raise HandleUnavailable(f"{gone}; no keeper holds it either (see a.park())") from None
+    except KeeperError as e:
+        raise HandleUnavailable(f"{gone}; nor could the keeper be asked: {e}") from None
     try:
         if status == NOT_FOUND:
             raise HandleUnavailable(f"{gone}; the keeper does not hold it either") from None

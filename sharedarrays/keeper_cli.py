@@ -40,7 +40,7 @@ def _size(n: int) -> str:
 def run(args: argparse.Namespace) -> int:
     """Run one of :data:`COMMANDS`; return the exit status."""
     from . import keeper, named
-    from .errors import NameNotFound
+    from .errors import HandleUnavailable, NameNotFound, SharedArrayError
 
     if args.command == "ls":
         rows = named.list_named(parked=args.all)
@@ -101,8 +101,11 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "status":
         try:
             status, body, _ = keeper.request({"op": "status"}, start=False)
-        except Exception as e:
+        except HandleUnavailable as e:
             print(f"no keeper running ({e})")
+            return 1
+        except SharedArrayError as e:  # it runs, but is busy or stopped
+            print(f"the keeper runs but cannot be asked: {e}")
             return 1
         keeper.raise_for(status, body, "status")
         for key, value in body.items():

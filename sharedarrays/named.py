@@ -205,6 +205,8 @@ def attach(name: str) -> SharedDeviceArray:
     ------
     NameNotFound
         No array has that name (none was made, it was unlinked, or no keeper runs).
+    KeeperError
+        The keeper runs but did not answer in time (it is overloaded or stopped).
     PermissionDenied
         The array was created with ``allow_pids`` that do not include this process.
     ValueError, TypeError
@@ -269,6 +271,8 @@ def unlink(name: str) -> None:
     ------
     NameNotFound
         No array has that name.
+    KeeperError
+        The keeper runs but did not answer in time (it is overloaded or stopped).
     """
     keeper.check_name(name)
     try:
@@ -285,6 +289,11 @@ def list_named(parked: bool = False) -> list[NamedArray]:
     ----------
     parked : bool, default False
         Also list parked unnamed arrays and unlinked arrays that are still held.
+
+    Raises
+    ------
+    KeeperError
+        The keeper runs but did not answer in time (it is overloaded or stopped).
     """
     try:
         status, body, _ = keeper.request({"op": "list"}, start=False)

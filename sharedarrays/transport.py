@@ -32,11 +32,12 @@ import sys
 import tempfile
 import threading
 import time
+import typing
 from pathlib import Path
 from typing import Any
 
 from . import allocation
-from .errors import HandleUnavailable, PayloadError, PermissionDenied
+from .errors import HandleUnavailable, PayloadError, PermissionDenied, SharedArrayError
 from .process import at_exit, running
 from .settings import env_number
 
@@ -60,35 +61,101 @@ MAX_CONNECTIONS = 256
 """Importer connections a handle server keeps open at most (the longest idle is closed)."""
 HOUSEKEEPING = 5.0
 """Seconds between the server's checks for parked mappings whose source process died."""
+BACKOFF = 0.05
+"""Seconds a server waits after an error it cannot blame on one connection (EMFILE with no
+idle connection to close) before it serves again."""
+RUN_USER = Path("/run/user")
+"""Where systemd makes each logged-in user's private runtime directory (``<uid>``)."""
+RUNTIME_DIR_TRIES = 100
+"""Names the fallback runtime directory under the temporary directory may take
+(``sharedarrays-<uid>``, then ``-1``, ``-2``, ...) while other users hold the earlier ones."""
 
 
 def runtime_dir() -> Path:
     """The private directory of this user's sockets, created with mode 0700 if missing.
 
-    ``$XDG_RUNTIME_DIR/sharedarrays`` when that is set, else ``<tmp>/sharedarrays-<uid>``.
+    The first of these, the same in every process of the user:
+
+    * ``$XDG_RUNTIME_DIR/sharedarrays`` when that is set;
+    * ``/run/user/<uid>/sharedarrays`` when ``/run/user/<uid>`` is this user's and closed to
+      others (systemd makes it at login);
+    * ``<tmp>/sharedarrays-<uid>``; where another user made that name first (``/tmp`` is
+      open to everyone), ``<tmp>/sharedarrays-<uid>-1``, then ``-2``, ... up to
+      :data:`RUNTIME_DIR_TRIES` names: the first that is this user's or can be made.
 
     Raises
     ------
     PermissionDenied
-        The directory exists but belongs to another user, is a symlink, or is open to
-        others.
+        The directory cannot be made, is this user's but open to others, or (for
+        ``$XDG_RUNTIME_DIR``) belongs to another user or is a symlink; or every fallback name
+        belongs to another user.
     """
-    base = os.environ.get("XDG_RUNTIME_DIR")
     uid = os.getuid()
-    path = (
-        Path(base) / "sharedarrays" if base else Path(tempfile.gettempdir()) / f"sharedarrays-{uid}"
+    login = _login_dir(uid)
+    if login is not None:
+        path = login / "sharedarrays"
+        if _make_private(path, uid) is None:
+            _refuse(path, os.lstat(path))
+        return path
+    tmp = Path(tempfile.gettempdir())
+    for n in range(RUNTIME_DIR_TRIES):
+        path = tmp / (f"sharedarrays-{uid}-{n}" if n else f"sharedarrays-{uid}")
+        if _make_private(path, uid) is not None:
+            return path
+    raise PermissionDenied(
+        f"{tmp / f'sharedarrays-{uid}'} and the next {RUNTIME_DIR_TRIES - 1} names after it "
+        "belong to other users; set XDG_RUNTIME_DIR to a private directory of this user "
+        "(mode 0700)"
     )
+
+
+def _login_dir(uid: int) -> Path | None:
+    """``$XDG_RUNTIME_DIR`` when set, else ``/run/user/<uid>`` when it is ``uid``'s and closed
+    to others, else ``None``."""
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    if base:
+        return Path(base)
+    login = RUN_USER / str(uid)
     try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o077:
+        st = os.stat(login)
+    except OSError:
+        return None
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077:
+        return login
+    return None
+
+
+def _make_private(path: Path, uid: int) -> Path | None:
+    """``path``, made with mode 0700 unless it exists; ``None`` where it is not a directory
+    of ``uid`` (another user took the name).
+
+    Raises
+    ------
+    PermissionDenied
+        It cannot be made, or it is this user's but open to others.
+    """
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o700)
+        st = os.lstat(path)
+    except OSError as e:
         raise PermissionDenied(
-            f"{path} is not a private directory of this user (owner uid {st.st_uid}, mode "
-            f"{stat.filemode(st.st_mode)}); remove it or set XDG_RUNTIME_DIR to a private directory"
-        )
+            f"cannot make the runtime directory {path}: {e.strerror}; set XDG_RUNTIME_DIR to "
+            "a private directory of this user (mode 0700)"
+        ) from None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
+        return None
+    if st.st_mode & 0o077:
+        _refuse(path, st)
     return path
+
+
+def _refuse(path: Path, st: os.stat_result) -> typing.NoReturn:
+    """Raise PermissionDenied: ``path`` is not a private directory of this user."""
+    raise PermissionDenied(
+        f"{path} is not a private directory of this user (owner uid {st.st_uid}, mode "
+        f"{stat.filemode(st.st_mode)}); remove it or set XDG_RUNTIME_DIR to a private directory"
+    )
 
 
 def _peer(sock: socket.socket) -> tuple[int, int, int]:
@@ -109,14 +176,18 @@ class HandleServer:
     def __init__(self) -> None:
         directory = runtime_dir()
         _remove_stale_sockets(directory)
-        self.path = str(directory / f"{os.getpid()}-{os.urandom(4).hex()}.sock")
+        name = f"{os.getpid()}-{os.urandom(4).hex()}"
+        self.path = str(directory / f"{name}.sock")
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            self._sock.bind(self.path)
-            os.chmod(self.path, 0o600)
+        try:  # bound under another name until it listens: a "<pid>-*.sock" always accepts
+            self._sock.bind(str(directory / f"{name}.new"))
+            os.chmod(directory / f"{name}.new", 0o600)
             self._sock.listen(64)
+            os.rename(directory / f"{name}.new", self.path)
         except BaseException:
             self._sock.close()
+            with contextlib.suppress(OSError):
+                os.unlink(directory / f"{name}.new")
             raise
         self._pid = os.getpid()
         self._closed = False
@@ -127,6 +198,11 @@ class HandleServer:
         self._thread.start()
 
     @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    @property
     def connections(self) -> int:
         """How many importer connections are open now."""
         return len(self._conns)
@@ -135,45 +211,56 @@ class HandleServer:
         sel = selectors.DefaultSelector()
         sel.register(self._sock, selectors.EVENT_READ)
         next_housekeeping = time.monotonic() + HOUSEKEEPING
+        failing = False  # reported the current run of errors already
         try:
             while not self._closed:
-                events = sel.select(max(next_housekeeping - time.monotonic(), 0.0))
-                if time.monotonic() >= next_housekeeping:
-                    allocation.drop_parked(only_orphans=True)
-                    allocation.reap_draining()
-                    next_housekeeping = time.monotonic() + HOUSEKEEPING
-                for key, _ in events:
-                    if key.fileobj is self._sock:
-                        if not self._accept(sel):
-                            return  # closed
-                    else:
-                        self._request(sel, key.fileobj)  # type: ignore[arg-type]
-        except OSError:
-            return  # closed under the selector
+                try:
+                    events = sel.select(max(next_housekeeping - time.monotonic(), 0.0))
+                    if time.monotonic() >= next_housekeeping:
+                        allocation.drop_parked(only_orphans=True)
+                        allocation.reap_draining()
+                        next_housekeeping = time.monotonic() + HOUSEKEEPING
+                    for key, _ in events:
+                        if key.fileobj is self._sock:
+                            self._accept(sel)
+                        else:
+                            self._request(sel, key.fileobj)  # type: ignore[arg-type]
+                    failing = False
+                except Exception as e:  # EMFILE and the like: back off, keep serving
+                    if self.closed:
+                        return  # closed under the selector
+                    if not failing:
+                        print(f"sharedarrays: handle server: {e!r}; retrying", file=sys.stderr)
+                    failing = True
+                    time.sleep(BACKOFF)
         finally:
             for conn in list(self._conns):
                 conn.close()
             self._conns.clear()
             sel.close()
 
-    def _accept(self, sel: selectors.BaseSelector) -> bool:
+    def _accept(self, sel: selectors.BaseSelector) -> None:
+        """Accept one importer (its sends never block the server: a peer that does not
+        read its replies is dropped when its socket buffer is full)."""
         try:
             conn, _ = self._sock.accept()
         except BlockingIOError:
-            return True
-        except OSError:
-            return False
+            return
+        except OSError as e:
+            if e.errno not in (errno.EMFILE, errno.ENFILE) or not self._conns:
+                raise
+            self._drop(sel, next(iter(self._conns)))  # no fd left: the longest idle goes
+            return  # and the next round accepts
         try:
-            conn.settimeout(TIMEOUT)
+            conn.setblocking(False)
             peer = _peer(conn)
         except OSError:
             conn.close()
-            return True
+            return
         while len(self._conns) >= MAX_CONNECTIONS:  # the longest idle goes
             self._drop(sel, next(iter(self._conns)))
         self._conns[conn] = peer
         sel.register(conn, selectors.EVENT_READ)
-        return True
 
     def _drop(self, sel: selectors.BaseSelector, conn: socket.socket) -> None:
         self._conns.pop(conn, None)
@@ -186,16 +273,22 @@ class HandleServer:
         if peer is None:
             self._drop(sel, conn)
             return
+        request: bytes | None
         try:
             request = conn.recv(_GROW.size + _MAX_PATH + 1)
+        except BlockingIOError:
+            request = None  # nothing to read after all: kept
+        except OSError:
+            request = b""  # the client went away; nothing to clean up beyond the socket
+        try:
             if request:
                 self._answer(conn, peer, request)
         except OSError:
-            request = b""  # the client went away; nothing to clean up beyond the socket
+            request = b""  # gone, or not reading its replies (its socket buffer is full)
         except Exception as e:  # a bug must not stop the server: this client gets EOF
             print(f"sharedarrays: handle server: {e!r} answering pid {peer[0]}", file=sys.stderr)
             request = b""
-        if request and peer[1] == os.getuid():
+        if request is None or (request and peer[1] == os.getuid()):
             self._conns[conn] = peer  # most recently used last
         else:  # hung up, or another user (told so once)
             self._drop(sel, conn)
@@ -289,14 +382,26 @@ class HandleServer:
 
 
 def _remove_stale_sockets(directory: Path) -> None:
-    """Remove sockets left by processes of this user that died without cleaning up."""
+    """Remove sockets left by processes of this user that died without cleaning up.
+
+    A handle server's socket file is named ``<pid>-<random>.sock`` and listens from the
+    moment it has that name. One whose pid runs here is kept; otherwise it is removed only if
+    connecting to it is refused (nothing listens there any more): a process in another pid
+    namespace that shares this directory, whose pid means nothing here, keeps its socket.
+    """
     for entry in directory.glob("*.sock"):
         pid_text = entry.name.split("-", 1)[0]
-        if not pid_text.isdigit():
+        if not pid_text.isdigit() or running(int(pid_text)):
             continue
-        if not running(int(pid_text)):
-            with contextlib.suppress(FileNotFoundError):
-                entry.unlink()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as probe:
+            probe.setblocking(False)
+            try:
+                probe.connect(str(entry))
+            except ConnectionRefusedError:
+                with contextlib.suppress(FileNotFoundError):
+                    entry.unlink()
+            except OSError:
+                pass  # it listens with a full queue, is gone already, or is not ours to judge
 
 
 _server: HandleServer | None = None
@@ -304,14 +409,30 @@ _server_lock = threading.Lock()
 
 
 def server_address() -> str:
-    """The path of this process's handle server, starting it on first call."""
+    """The path of this process's handle server, starting it on first call.
+
+    Raises
+    ------
+    PermissionDenied
+        No private runtime directory (:func:`runtime_dir`).
+    HandleUnavailable
+        The server's socket cannot be made there (say, a path longer than Unix sockets
+        allow, or no file descriptor left).
+    """
     global _server
     server = _server
     if server is not None:
         return server.path
     with _server_lock:
         if _server is None:
-            _server = HandleServer()
+            try:
+                _server = HandleServer()
+            except OSError as e:
+                raise HandleUnavailable(
+                    f"cannot start this process's handle server in {runtime_dir()}: "
+                    f"{e.strerror or e}. Unix socket paths are limited to {_MAX_PATH} bytes: "
+                    "set XDG_RUNTIME_DIR to a short private directory, or close some files"
+                ) from None
             _start_notifier()  # now, never from a finalizer (see _notify_importers)
         return _server.path
 
@@ -464,28 +585,64 @@ def close_connections() -> None:
 
 
 def _connect(server: str, gone: str) -> socket.socket:
-    """A new connection to the handle server at ``server``, checked to run as this user."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        sock.settimeout(TIMEOUT)
+    """A new connection to the handle server at ``server``, checked to run as this user.
+
+    A server whose queue of connections to accept is full (``EAGAIN``: it is stopped or
+    overloaded) is tried again until :data:`TIMEOUT`.
+
+    Raises
+    ------
+    HandleUnavailable
+        Nothing listens there (``gone``), it did not accept in time, or ``server`` is not a
+        socket a connection can be made to (the message says why).
+    PermissionDenied
+        The socket or its server belongs to another user.
+    """
+    deadline = time.monotonic() + TIMEOUT
+    while True:
         try:
-            sock.connect(server)
-        except (FileNotFoundError, ConnectionRefusedError):
-            raise HandleUnavailable(gone) from None
-        except PermissionError:
-            raise PermissionDenied(
-                f"cannot connect to the handle server {server}: it belongs to another user. "
-                "Arrays are shared only between processes of the same user"
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        except OSError as e:
+            raise HandleUnavailable(
+                f"cannot open a socket to ask {server} for handles: {e.strerror or e}. "
+                "Close some files or connections in this process and try again"
             ) from None
-        _, server_uid, _ = _peer(sock)
-        if server_uid != os.getuid():
-            raise PermissionDenied(
-                f"the handle server {server} runs as another user (uid {server_uid})"
-            )
-    except BaseException:
-        sock.close()
-        raise
-    return sock
+        try:
+            sock.settimeout(TIMEOUT)
+            try:
+                sock.connect(server)
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise HandleUnavailable(
+                        f"the handle server {server} did not accept a connection within "
+                        f"{TIMEOUT:g} s: its process is stopped or overloaded. Try again "
+                        "when it runs"
+                    ) from None
+                sock.close()
+                time.sleep(BACKOFF)
+                continue
+            except (FileNotFoundError, ConnectionRefusedError):
+                raise HandleUnavailable(gone) from None
+            except PermissionError:
+                raise PermissionDenied(
+                    f"cannot connect to the handle server {server}: it belongs to another user. "
+                    "Arrays are shared only between processes of the same user"
+                ) from None
+            except OSError as e:  # ENOTDIR, ELOOP, EPROTOTYPE, a path too long...
+                raise HandleUnavailable(
+                    f"cannot connect to {server}, named as the handle server of the array: "
+                    f"{e.strerror or e}. It is not a sharedarrays handle server: the payload was "
+                    "made for another machine or altered; ask its exporter for a new one"
+                ) from None
+            _, server_uid, _ = _peer(sock)
+            if server_uid != os.getuid():
+                raise PermissionDenied(
+                    f"the handle server {server} runs as another user (uid {server_uid})"
+                )
+        except BaseException:
+            sock.close()
+            raise
+        return sock
 
 
 def _keep_connection(server: str, sock: socket.socket) -> None:
@@ -534,10 +691,11 @@ def _fetch(
                 sock = _connect(server, gone)
             try:
                 sock.sendall(request)
-                msg, got, _, _ = socket.recv_fds(sock, 1 << 20, _FDS_PER_MESSAGE)
+                msg, got, flags, _ = socket.recv_fds(sock, 1 << 20, _FDS_PER_MESSAGE)
             except (BrokenPipeError, ConnectionResetError):
-                msg, got = b"", []
+                msg, got, flags = b"", [], 0
             fds.extend(got)
+            _check_truncated(flags)
             if msg or not reused:
                 break
             sock.close()  # a kept connection the server had closed: once more, anew
@@ -567,12 +725,16 @@ def _fetch(
             )
         if status != _OK:
             raise PayloadError("the handle server rejected the request as malformed")
-        sizes = json.loads(msg[_REPLY.size :])
+        try:
+            sizes = json.loads(msg[_REPLY.size :])
+        except ValueError:
+            raise PayloadError("the handle server sent an inconsistent reply") from None
         while len(fds) < count:
-            _, more, _, _ = socket.recv_fds(conn, 16, _FDS_PER_MESSAGE)
+            _, more, flags, _ = socket.recv_fds(conn, 16, _FDS_PER_MESSAGE)
+            fds.extend(more)
+            _check_truncated(flags)
             if not more:
                 raise HandleUnavailable(f"{gone} (the server stopped while sending)")
-            fds.extend(more)
         if len(fds) != count:
             raise PayloadError("the handle server sent an inconsistent reply")
         result = fds
@@ -580,20 +742,36 @@ def _fetch(
         sock = None
         _keep_connection(server, conn)
         return sizes, result
+    except SharedArrayError:
+        raise
     except TimeoutError:
         raise HandleUnavailable(
             f"the process that shared allocation {alloc_id} (pid {pid}) did not answer within "
-            f"{TIMEOUT:g} s"
+            f"{TIMEOUT:g} s: it is stopped or overloaded. Try again when it runs"
         ) from None
     except OSError as e:
         if e.errno in (errno.ECONNRESET, errno.EPIPE):
             raise HandleUnavailable(gone) from None
-        raise
+        raise HandleUnavailable(
+            f"asking the process that shared allocation {alloc_id} (pid {pid}) for its "
+            f"handles failed: {e.strerror or e}. Close some files in this process if it has "
+            "too many open, and try again"
+        ) from None
     finally:
         for fd in fds:
             os.close(fd)
         if sock is not None:
             sock.close()
+
+
+def _check_truncated(flags: int) -> None:
+    """Raise if the kernel dropped file descriptors of a reply (this process's fd table was
+    full: ``RLIMIT_NOFILE``)."""
+    if flags & socket.MSG_CTRUNC:
+        raise HandleUnavailable(
+            "this process has no room for the handles it was sent: it has as many files open "
+            "as its limit allows (ulimit -n). Close some, or raise the limit, and try again"
+        )
 
 
 _notices: queue.SimpleQueue[tuple[list[str], bytes, bytes, bytes]] = queue.SimpleQueue()

@@ -190,6 +190,7 @@ class _Client:
 def fuzz_client(private_keeper: Path) -> Iterator[_Client]:
     keeper.ensure_running()
     client = _Client(str(private_keeper / "keeper.sock"))
+    client.replies_until_hello()  # accepted: the keeper's fds now count this connection
     yield client
     client.sock.close()
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from keeper_helpers import (
     keeper_memfds,
+    keeper_status,
     lock_holder,
     private_keeper,
     py,
@@ -423,3 +424,182 @@ def test_the_keeper_refuses_an_unsealed_memfd(private_keeper: Path) -> None:
     sa.SharedDeviceArray.park(a)
     a.unpark()
     a.close()
+
+
+PLANTED = (
+    "import os, pathlib\n"
+    "pathlib.Path({marker!r}).write_text(f'{{__name__}} ran in pid {{os.getpid()}}')\n"
+    "raise ImportError('a planted module ran')\n"
+)
+
+
+@pytest.mark.timeout(120)
+def test_the_keeper_imports_nothing_from_the_callers_directory(
+    private_keeper: Path, tmp_path: Path
+) -> None:
+    """Another user who can write the directory a process runs in (a shared 1777 folder)
+    plants ``json.py``: the keeper that process starts must not run it, nor anything an
+    empty ``PYTHONPATH`` entry (the working directory again) would find."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    marker = tmp_path / "planted-ran"
+    for module in ("json", "secrets", "selectors"):
+        (shared / f"{module}.py").write_text(PLANTED.format(marker=str(marker)))
+    # the caller imports what it needs before it moves there (a planted module that ran
+    # would say in which process)
+    code = (
+        "import os, secrets, sharedarrays as sa; "
+        f"os.chdir({str(shared)!r}); "
+        "sa.zeros(4, device='cpu', name='planted'); print(sa.keeper.running_pid())"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert not marker.exists(), marker.read_text()
+    assert r.returncode == 0, r.stderr
+    kpid = int(r.stdout.split()[-1])
+    assert lock_holder(private_keeper) == kpid
+    assert os.readlink(f"/proc/{kpid}/cwd") == str(private_keeper)
+    sa.unlink("planted")
+
+
+def _hello(path: Path) -> socket.socket:
+    """A raw connection to the keeper at ``path`` that said hello and was answered."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.settimeout(30)
+    s.connect(str(path))
+    s.send(keeper.MAGIC + b'{"op":"hello"}')
+    assert s.recv(1024)[:4] == keeper.MAGIC
+    return s
+
+
+def _closed(sock: socket.socket) -> bool:
+    """Whether the keeper closed ``sock`` (after the replies it had queued)."""
+    sock.setblocking(False)
+    try:
+        while sock.recv(1 << 16):
+            pass
+    except BlockingIOError:
+        return False
+    except OSError:
+        pass
+    return True
+
+
+@pytest.mark.timeout(120)
+def test_the_keeper_caps_its_connections(
+    private_keeper: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Past SHAREDARRAYS_KEEPER_CONNECTIONS the longest idle connection is closed, one that
+    holds nothing first: a process holding an array keeps its connection and its hold."""
+    monkeypatch.setenv("SHAREDARRAYS_KEEPER_CONNECTIONS", "16")
+    a = sa.zeros(4, device="cpu", name="capped")
+    idle = [_hello(private_keeper / "keeper.sock") for _ in range(60)]
+    try:
+        status = keeper_status()
+        assert status["max_connections"] == 16
+        assert status["connections"] == 16
+        assert sa.list_named()[0].pids == (os.getpid(),)  # our hold survived
+        assert cli_main(["status"]) == 0
+        assert "max_connections 16" in capsys.readouterr().out
+        assert sum(_closed(s) for s in idle) == 60 - 15  # ours is one of the 16
+    finally:
+        for s in idle:
+            s.close()
+    b = sa.attach("capped")
+    assert b.allocation is a.allocation
+    sa.unlink("capped")
+
+
+@pytest.mark.timeout(120)
+def test_a_keeper_out_of_fds_keeps_serving(private_keeper: Path) -> None:
+    """A keeper whose fd table is full (RLIMIT_NOFILE 64 here, ~1,000 idle connections on a
+    common 1024 limit) closes the longest idle connection to accept a new one: an attach
+    still works, and never says that no keeper runs."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sharedarrays", "keeper", "--foreground"],
+        preexec_fn=limit,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    flood: list[socket.socket] = []
+    try:
+        deadline = time.monotonic() + 30
+        while lock_holder(private_keeper) != proc.pid and time.monotonic() < deadline:
+            time.sleep(0.05)
+        a = sa.from_array(np.arange(5.0), device="cpu", name="crowded")
+        for _ in range(100):  # more than it has fds for; those it cannot accept yet queue
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            s.settimeout(30)
+            s.connect(str(private_keeper / "keeper.sock"))
+            s.send(keeper.MAGIC + b'{"op":"hello"}')
+            flood.append(s)
+        keeper.disconnect()  # a new connection, behind the flood
+        start = time.monotonic()
+        b = sa.attach("crowded")
+        took = time.monotonic() - start
+        assert b.get().tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+        assert int(str(keeper_status()["connections"])) < 64
+        closed = sum(_closed(s) for s in flood)
+        assert closed > 0, "the keeper never ran out of fds: the test did not test"
+        print(f"keeper at 64 fds, 100 idle connections, {closed} closed: attach in {took:.3f} s")
+        sa.unlink("crowded")
+        del a, b
+    finally:
+        for s in flood:
+            s.close()
+        keeper.disconnect()
+        proc.terminate()
+        proc.communicate(timeout=30)
+
+
+@pytest.mark.timeout(60)
+def test_a_keeper_that_does_not_answer_is_not_reported_missing(
+    private_keeper: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A keeper that is overloaded or stopped (simulated: a socket that never accepts, then
+    one whose listen queue is full) gives KeeperError, never NameNotFound "no keeper runs"
+    nor an empty list_named()."""
+    monkeypatch.setattr(keeper, "TIMEOUT", 1.0)
+    private_keeper.mkdir(mode=0o700, exist_ok=True)
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    silent.bind(str(private_keeper / "keeper.sock"))
+    silent.listen(4)
+    queued: list[socket.socket] = []
+    try:
+        with pytest.raises(sa.KeeperError, match="did not answer"):
+            sa.attach("x")
+        with pytest.raises(sa.KeeperError, match="did not answer"):
+            sa.list_named()
+        assert cli_main(["status"]) == 1
+        assert "the keeper runs but cannot be asked" in capsys.readouterr().out
+        while True:  # fill its listen queue: connect then says EAGAIN
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            s.setblocking(False)
+            try:
+                s.connect(str(private_keeper / "keeper.sock"))
+            except BlockingIOError:
+                s.close()
+                break
+            queued.append(s)
+        keeper.disconnect()
+        with pytest.raises(sa.KeeperError, match="did not accept"):
+            sa.attach("x")
+        with pytest.raises(sa.KeeperError, match="did not accept"):
+            sa.unlink("x")
+    finally:
+        for s in queued:
+            s.close()
+        silent.close()
+        keeper.disconnect()
