@@ -823,8 +823,6 @@ class Allocation:
         once no holder is left and no payload of it is in flight."""
         with self._lock:
             self._holders.discard(-1 if pid is None else pid)
-            if pid is not None:  # it loaded what was sent to it before it closed
-                self._fetched = max(self._fetched, self._sent)
         if self.holders or self.busy():
             return
         try:  # this runs in the handle server's thread, which must go on serving
@@ -1009,8 +1007,6 @@ class Allocation:
         that have not closed it yet (it is freed only after they have). Empty otherwise."""
         with self._lock:
             alive = {pid for pid in self._holders if running(pid)}
-            if alive != self._holders:  # (what was sent to those is loaded, or never will be)
-                self._fetched = max(self._fetched, self._sent)
             self._holders = alive
         return tuple(sorted(alive))
 

@@ -597,6 +597,8 @@ def load(
             raise PayloadError(f"payload does not match allocation {p.alloc_id} mapped here")
         if p.pid == os.getpid():  # one of this process's payloads came back: not in flight
             alloc.note_loaded()
+        elif alloc.backend.exporter_owned:  # its exporter waits for its payloads: say so
+            transport.report_load(p.server, p.alloc_id, p.secret)
     else:
         try:
             device = Device("cuda", p.device) if p.backend.startswith("cuda") else CPU

@@ -49,6 +49,8 @@ _GROW = struct.Struct("4s16s32sI")  # the chunks from index k, and the size and 
 _GROW_MAGIC = b"SAG1"
 _NOTICE_MAGIC = b"SAX1"  # exporter -> importer "I released this allocation": same layout
 _CLOSED_MAGIC = b"SAC1"  # importer -> exporter of exporter-owned memory: "I closed it"
+_LOADED_MAGIC = b"SAL1"  # importer -> exporter of exporter-owned memory: "I loaded one of
+# your payloads from the mapping I had" (no reply: sent on the kept connection, see report_load)
 _MAX_PATH = 107
 _REPLY = struct.Struct("4sBI")  # magic, status, number of chunks; then JSON sizes
 _REPLY_MAGIC = b"SAR1"
@@ -305,6 +307,11 @@ class HandleServer:
         magic, raw_id, secret = _REQUEST.unpack_from(request)
         first = _GROW.unpack_from(request)[3] if magic == _GROW_MAGIC else 0
         reply_to = request[size:].decode(errors="replace")
+        if magic == _LOADED_MAGIC:  # one payload in flight less (no reply)
+            alloc = allocation.lookup(raw_id.hex(), draining=True)
+            if alloc is not None and hmac.compare_digest(secret, alloc.secret):
+                alloc.note_loaded()
+            return
         if magic not in (_REQUEST_MAGIC, _NOTICE_MAGIC, _GROW_MAGIC, _CLOSED_MAGIC):
             conn.send(_REPLY.pack(_REPLY_MAGIC, _BAD_REQUEST, 0))
             return
@@ -654,6 +661,23 @@ def _keep_connection(server: str, sock: socket.socket) -> None:
             _connections[server] = sock
             return
     sock.close()
+
+
+def report_load(server: str, alloc_id: str, secret: bytes) -> None:
+    """Tell the exporter of exporter-owned memory (cuda-ipc, cuda-pool) that this process
+    loaded one of its payloads from a mapping it already had, so that the exporter does not
+    wait for that payload (:meth:`Allocation.in_flight`). One send, no reply, and only on a
+    connection this process keeps to that server (a warm handoff connects to nothing)."""
+    with _connections_lock:
+        sock = _connections.pop(server, None)
+    if sock is None:
+        return  # (the exporter counts it in flight until its bound: it errs on the safe side)
+    try:
+        sock.send(_REQUEST.pack(_LOADED_MAGIC, bytes.fromhex(alloc_id), secret))
+    except OSError:
+        sock.close()
+        return
+    _keep_connection(server, sock)
 
 
 def _fetch(

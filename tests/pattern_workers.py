@@ -15,10 +15,16 @@ N = 1 << 16
 """Elements of the arrays the patterns hand around (int64: 512 KiB, never packed)."""
 
 
+def device_of(backend: str) -> str:
+    """The device a memory system's arrays live on in these tests."""
+    return "cuda:0" if backend.startswith("cuda") else "cpu"
+
+
 def make(args: tuple[str, int]) -> sa.SharedDeviceArray:
     """A new array of ``N`` copies of ``value``, made in this (worker) process."""
     backend, value = args
-    return sa.full((N,), value, dtype="int64", device="cpu", backend=backend, pack=False)
+    device = device_of(backend)
+    return sa.full((N,), value, dtype="int64", device=device, backend=backend, pack=False)
 
 
 def make_small(value: int) -> sa.SharedDeviceArray:
@@ -44,7 +50,7 @@ def produce(out: Any, backend: str, value: int) -> None:
 def pass_on(a: sa.SharedDeviceArray, method: str, out: Any) -> None:
     """A process hands the parent's array, and one it made, on to a process of its own,
     which writes to both; it sends its own array back (and exits before it is read)."""
-    b = make(("host", 0))
+    b = make((a.backend, 0))
     p = mp.get_context(method).Process(target=write_both, args=(a, b))
     p.start()
     p.join(60)
@@ -54,6 +60,7 @@ def pass_on(a: sa.SharedDeviceArray, method: str, out: Any) -> None:
 def write_both(a: sa.SharedDeviceArray, b: sa.SharedDeviceArray) -> None:
     a.array[0] = 42
     b.array[0] = 43
+    a.allocation.backend.synchronize()  # (CUDA: the writes are done before this exits)
 
 
 def first(a: sa.SharedDeviceArray) -> int:
