@@ -28,7 +28,7 @@ from .errors import (
     SharedArrayError,
 )
 from .named import NamedArray, attach, list_named, unlink
-from .pool import Pool, ProcessPoolExecutor
+from .pool import ForkAfterCudaError, Pool, ProcessPoolExecutor
 from .semaphore import ExternalSemaphore, Timeline
 from .sync import no_sync
 from .widgets import MemoryMap, show
@@ -65,6 +65,7 @@ __all__ = [
     "no_sync",
     "MemoryMap",
     "Pool",
+    "ForkAfterCudaError",
     "ProcessPoolExecutor",
     "show",
     "ones",
