@@ -762,45 +762,35 @@ def _try_connect(path: str, deadline: float) -> socket.socket | None:
     PermissionDenied
         The socket or the keeper belongs to another user.
     """
-    while True:
-        try:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        except OSError as e:
+    try:
+        sock = transport.connect_unix(path, deadline, TIMEOUT)
+    except TimeoutError:
+        raise KeeperError(
+            f"the keeper ({path}) did not accept a connection within {TIMEOUT:g} s: it is "
+            "overloaded or stopped. Try again; python -m sharedarrays status shows it"
+        ) from None
+    except (FileNotFoundError, ConnectionRefusedError):
+        return None
+    except PermissionError:
+        raise PermissionDenied(
+            f"cannot connect to the keeper {path}: it belongs to another user"
+        ) from None
+    except OSError as e:
+        if e.errno in (errno.EMFILE, errno.ENFILE):
             raise KeeperError(
-                f"cannot open a socket to the keeper: {e.strerror or e}. Close some files in "
-                "this process and try again"
+                f"cannot open a socket to the keeper: {e.strerror}. Close some files in this "
+                "process and try again"
             ) from None
-        try:
-            sock.settimeout(TIMEOUT)
-            sock.connect(path)
-            _, uid = _peer(sock)
-        except BlockingIOError:
-            sock.close()
-            if time.monotonic() >= deadline:
-                raise KeeperError(
-                    f"the keeper ({path}) did not accept a connection within {TIMEOUT:g} s: it "
-                    "is overloaded or stopped. Try again; python -m sharedarrays status shows it"
-                ) from None
-            time.sleep(0.02)
-            continue
-        except (FileNotFoundError, ConnectionRefusedError):
-            sock.close()
-            return None
-        except PermissionError:
-            sock.close()
-            raise PermissionDenied(
-                f"cannot connect to the keeper {path}: it belongs to another user"
-            ) from None
-        except OSError as e:
-            sock.close()
-            raise KeeperError(f"cannot connect to the keeper {path}: {e.strerror or e}") from None
-        except BaseException:
-            sock.close()
-            raise
-        if uid != os.getuid():
-            sock.close()
-            raise PermissionDenied(f"the keeper {path} runs as another user (uid {uid})")
-        return sock
+        raise KeeperError(f"cannot connect to the keeper {path}: {e.strerror or e}") from None
+    try:
+        _, uid = _peer(sock)
+    except OSError as e:
+        sock.close()
+        raise KeeperError(f"cannot connect to the keeper {path}: {e.strerror or e}") from None
+    if uid != os.getuid():
+        sock.close()
+        raise PermissionDenied(f"the keeper {path} runs as another user (uid {uid})")
+    return sock
 
 
 def _open(path: str, start: bool) -> socket.socket:

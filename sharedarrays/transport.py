@@ -591,6 +591,38 @@ def close_connections() -> None:
         sock.close()
 
 
+def connect_unix(path: str, deadline: float, timeout: float) -> socket.socket:
+    """A new ``SOCK_SEQPACKET`` connection to the Unix socket ``path`` (with ``timeout`` set
+    on it), for the handle servers and the keeper alike.
+
+    A listener whose queue of connections to accept is full (``EAGAIN``: its process is
+    stopped or overloaded) is tried again until ``deadline`` (``time.monotonic()``).
+
+    Raises
+    ------
+    TimeoutError
+        It did not accept by ``deadline``.
+    OSError
+        Anything else ``socket()`` or ``connect()`` raised (no file, refused, not a socket,
+        another user's, no fd left); the caller says what it means.
+    """
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(path)
+        except BlockingIOError:
+            sock.close()
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{path} did not accept a connection") from None
+            time.sleep(BACKOFF)
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+
 def _connect(server: str, gone: str) -> socket.socket:
     """A new connection to the handle server at ``server``, checked to run as this user.
 
@@ -605,51 +637,41 @@ def _connect(server: str, gone: str) -> socket.socket:
     PermissionDenied
         The socket or its server belongs to another user.
     """
-    deadline = time.monotonic() + TIMEOUT
-    while True:
-        try:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        except OSError as e:
+    try:
+        sock = connect_unix(server, time.monotonic() + TIMEOUT, TIMEOUT)
+    except TimeoutError:
+        raise HandleUnavailable(
+            f"the handle server {server} did not accept a connection within {TIMEOUT:g} s: its "
+            "process is stopped or overloaded. Try again when it runs"
+        ) from None
+    except (FileNotFoundError, ConnectionRefusedError):
+        raise HandleUnavailable(gone) from None
+    except PermissionError:
+        raise PermissionDenied(
+            f"cannot connect to the handle server {server}: it belongs to another user. "
+            "Arrays are shared only between processes of the same user"
+        ) from None
+    except OSError as e:
+        if e.errno in (errno.EMFILE, errno.ENFILE):
             raise HandleUnavailable(
-                f"cannot open a socket to ask {server} for handles: {e.strerror or e}. "
-                "Close some files or connections in this process and try again"
+                f"cannot open a socket to ask {server} for handles: {e.strerror}. Close some "
+                "files or connections in this process and try again"
             ) from None
-        try:
-            sock.settimeout(TIMEOUT)
-            try:
-                sock.connect(server)
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise HandleUnavailable(
-                        f"the handle server {server} did not accept a connection within "
-                        f"{TIMEOUT:g} s: its process is stopped or overloaded. Try again "
-                        "when it runs"
-                    ) from None
-                sock.close()
-                time.sleep(BACKOFF)
-                continue
-            except (FileNotFoundError, ConnectionRefusedError):
-                raise HandleUnavailable(gone) from None
-            except PermissionError:
-                raise PermissionDenied(
-                    f"cannot connect to the handle server {server}: it belongs to another user. "
-                    "Arrays are shared only between processes of the same user"
-                ) from None
-            except OSError as e:  # ENOTDIR, ELOOP, EPROTOTYPE, a path too long...
-                raise HandleUnavailable(
-                    f"cannot connect to {server}, named as the handle server of the array: "
-                    f"{e.strerror or e}. It is not a sharedarrays handle server: the payload was "
-                    "made for another machine or altered; ask its exporter for a new one"
-                ) from None
-            _, server_uid, _ = _peer(sock)
-            if server_uid != os.getuid():
-                raise PermissionDenied(
-                    f"the handle server {server} runs as another user (uid {server_uid})"
-                )
-        except BaseException:
-            sock.close()
-            raise
-        return sock
+        raise HandleUnavailable(  # ENOTDIR, ELOOP, EPROTOTYPE, a path too long...
+            f"cannot connect to {server}, named as the handle server of the array: "
+            f"{e.strerror or e}. It is not a sharedarrays handle server: the payload was "
+            "made for another machine or altered; ask its exporter for a new one"
+        ) from None
+    try:
+        _, server_uid, _ = _peer(sock)
+        if server_uid != os.getuid():
+            raise PermissionDenied(
+                f"the handle server {server} runs as another user (uid {server_uid})"
+            )
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def _keep_connection(server: str, sock: socket.socket) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -67,6 +68,31 @@ def open_fds() -> int:
             break
         last = now
     return last
+
+
+def fd_targets() -> set[str]:
+    """This process's open fds as ``"N -> target"`` lines (to say which ones leaked)."""
+    out = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out.add(f"{fd} -> {os.readlink(f'/proc/self/fd/{fd}')}")
+        except OSError:
+            continue
+    return out
+
+
+def closed_by_peer(sock: socket.socket) -> bool:
+    """Whether the other end closed ``sock`` (read without blocking, after the replies it had
+    queued)."""
+    sock.setblocking(False)
+    try:
+        while sock.recv(1 << 16):
+            pass
+    except BlockingIOError:
+        return False
+    except OSError:
+        pass
+    return True
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ import conformance_workers as cw
 import numpy as np
 import pointer_backend  # noqa: F401 - registers host-pointer
 import pytest
-from conftest import open_fds
+from conftest import fd_targets, open_fds
 
 import sharedarrays as sa
 from sharedarrays.allocation import draining_allocations, drop_parked, lookup
@@ -240,16 +240,6 @@ def test_a_payload_in_flight_loads_after_its_exporter_exited(
     assert exporter.returncode == 0 and "still hold" not in err, err
 
 
-def _fd_targets() -> set[str]:
-    out = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            out.add(f"{fd} -> {os.readlink(f'/proc/self/fd/{fd}')}")
-        except OSError:
-            continue
-    return out
-
-
 def test_round_trips_leak_no_fds_and_no_memory(target: Target, pool: Any) -> None:
     ref = np.ones(1 << 18, dtype=np.float32)  # 1 MiB
     warm = target.from_array(ref, pack=False)
@@ -257,7 +247,7 @@ def test_round_trips_leak_no_fds_and_no_memory(target: Target, pool: Any) -> Non
     del warm
     gc.collect()
     time.sleep(0.5)
-    fds, free, before = open_fds(), target.device_free(), _fd_targets()
+    fds, free, before = open_fds(), target.device_free(), fd_targets()
     for _ in range(20):
         a = target.from_array(ref, pack=False)
         assert pool.map(cw.checksum, [a, a[::2]]) == [float(1 << 18), float(1 << 17)]
@@ -270,7 +260,7 @@ def test_round_trips_leak_no_fds_and_no_memory(target: Target, pool: Any) -> Non
     deadline = time.monotonic() + 20
     while open_fds() != fds and time.monotonic() < deadline:
         time.sleep(0.05)  # the notifier thread may still be telling busy workers (a socket)
-    assert open_fds() == fds, (sorted(_fd_targets() - before), sorted(before - _fd_targets()))
+    assert open_fds() == fds, (sorted(fd_targets() - before), sorted(before - fd_targets()))
     if free is not None:
         after = target.device_free()
         assert after is not None and after >= free - (8 << 20), (free, after)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import closed_by_peer
 from keeper_helpers import (
     keeper_memfds,
     keeper_status,
@@ -479,19 +480,6 @@ def _hello(path: Path) -> socket.socket:
     return s
 
 
-def _closed(sock: socket.socket) -> bool:
-    """Whether the keeper closed ``sock`` (after the replies it had queued)."""
-    sock.setblocking(False)
-    try:
-        while sock.recv(1 << 16):
-            pass
-    except BlockingIOError:
-        return False
-    except OSError:
-        pass
-    return True
-
-
 @pytest.mark.timeout(120)
 def test_the_keeper_caps_its_connections(
     private_keeper: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
@@ -508,7 +496,7 @@ def test_the_keeper_caps_its_connections(
         assert sa.list_named()[0].pids == (os.getpid(),)  # our hold survived
         assert cli_main(["status"]) == 0
         assert "max_connections 16" in capsys.readouterr().out
-        assert sum(_closed(s) for s in idle) == 60 - 15  # ours is one of the 16
+        assert sum(closed_by_peer(s) for s in idle) == 60 - 15  # ours is one of the 16
     finally:
         for s in idle:
             s.close()
@@ -551,7 +539,7 @@ def test_a_keeper_out_of_fds_keeps_serving(private_keeper: Path) -> None:
         took = time.monotonic() - start
         assert b.get().tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
         assert int(str(keeper_status()["connections"])) < 64
-        closed = sum(_closed(s) for s in flood)
+        closed = sum(closed_by_peer(s) for s in flood)
         assert closed > 0, "the keeper never ran out of fds: the test did not test"
         print(f"keeper at 64 fds, 100 idle connections, {closed} closed: attach in {took:.3f} s")
         sa.unlink("crowded")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import gc
 import multiprocessing as mp
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 
 import pattern_workers as pw
 import pytest
-from conftest import open_fds
+from conftest import fd_targets, open_fds
 from keeper_helpers import private_keeper  # noqa: F401 - fixture
 
 import sharedarrays as sa
@@ -58,8 +57,9 @@ def clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     resource_tracker.ensure_running()  # (started once per process, and kept: not a leak)
     forkserver.ensure_running()
     transport.server_address()  # (this process's handle server, started once)
+    keeper.disconnect()  # (the one connection a process keeps to the keeper: counted apart)
     drop_parked()
-    before, targets = open_fds(), _fd_targets()
+    before, targets = open_fds(), fd_targets()
     yield
     deadline = time.monotonic() + IN_FLIGHT + 30
     while True:
@@ -69,17 +69,7 @@ def clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         if open_fds() == before or time.monotonic() > deadline:
             break
         time.sleep(0.05)
-    assert open_fds() == before, f"file descriptors leaked: {_fd_targets() - targets}"
-
-
-def _fd_targets() -> set[str]:
-    out = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            out.add(f"{fd} -> {os.readlink(f'/proc/self/fd/{fd}')}")
-        except OSError:
-            continue
-    return out
+    assert open_fds() == before, f"file descriptors leaked: {fd_targets() - targets}"
 
 
 @pytest.fixture

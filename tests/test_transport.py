@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import closed_by_peer
 
 import sharedarrays as sa
 from sharedarrays import transport
@@ -441,7 +442,7 @@ def test_a_handle_server_out_of_fds_keeps_serving() -> None:
             assert b.get().sum() == np.arange(1000.0).sum()
             for s in flood:
                 s.setblocking(False)
-            closed = sum(1 for s in flood if _closed_by_peer(s))
+            closed = sum(1 for s in flood if closed_by_peer(s))
         finally:
             for s in flood:
                 s.close()
@@ -453,18 +454,6 @@ def test_a_handle_server_out_of_fds_keeps_serving() -> None:
         sa.allocation.drop_parked()
         ms = took * 1000
         print(f"EMFILE: 40 idle connections, {closed} closed by the server, load in {ms:.1f} ms")
-
-
-def _closed_by_peer(sock: socket.socket) -> bool:
-    """Whether the other end closed ``sock`` (non-blocking), after the replies queued."""
-    try:
-        while sock.recv(1 << 16):
-            pass
-    except BlockingIOError:
-        return False
-    except OSError:
-        pass
-    return True
 
 
 @pytest.mark.timeout(180)
@@ -504,7 +493,7 @@ def test_importers_that_never_read_their_replies_do_not_stall_the_server() -> No
                 t.join(30)
             for s in floods:
                 s.setblocking(False)
-            dropped = sum(1 for s in floods if _closed_by_peer(s))
+            dropped = sum(1 for s in floods if closed_by_peer(s))
             for s in floods:
                 s.close()
         assert took < 5, f"a load waited {took:.1f} s behind importers that never read"
