@@ -941,6 +941,7 @@ import ctypes, errno, mmap
 libc = ctypes.CDLL(None, use_errno=True)
 libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
 libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 v = pickle.loads(bytes.fromhex(sys.stdin.readline()))
 arr = np.asarray(v.array)
 addr = arr.__array_interface__["data"][0]
@@ -974,7 +975,9 @@ refused("mmap PROT_WRITE of /proc/self/fd reopened O_RDWR",
 refused("pwrite", lambda: os.pwrite(rw, b"X", 0))
 refused("fallocate punch hole",
         lambda: libc.fallocate(rw, 3, 0, size) == 0 or oserr())  # PUNCH_HOLE|KEEP_SIZE
+refused("ftruncate to 0", lambda: os.ftruncate(rw, 0))
 refused("mprotect PROT_WRITE", lambda: libc.mprotect(addr, size, 3) == 0 or oserr())
+refused("madvise MADV_REMOVE", lambda: libc.madvise(addr, size, 9) == 0 or oserr())
 def procmem():
     with open("/proc/self/mem", "r+b", buffering=0) as m:
         m.seek(addr); m.write(b"X")
@@ -986,9 +989,9 @@ say(results=results, reopened=reopened, first=first, now=int(np.asarray(v.array)
 
 def readonly_writes(row: Row) -> None:
     """An importer of a readonly=True host array tries every way to write it."""
-    row.tries *= 5
+    row.tries *= 7
     with runtime() as (env, _):
-        for _ in range(row.tries // 5):
+        for _ in range(row.tries // 7):
             with Child(RO_CREATOR, env) as creator:
                 blob = creator.line()["blob"]
                 r = run_child(RO_WRITER, env, stdin=blob + "\n", timeout=30)
@@ -1679,7 +1682,8 @@ ATTACKS: list[tuple[str, Callable[[Row], None], int, str, set[str]]] = [
         readonly_writes,
         5,
         "importer of a readonly=True host array: /proc/self/fd reopened O_RDWR + mmap "
-        "PROT_WRITE, pwrite, fallocate punch hole, mprotect, write /proc/self/mem",
+        "PROT_WRITE, pwrite, fallocate punch hole, ftruncate, mprotect, madvise MADV_REMOVE, "
+        "write /proc/self/mem",
         {"refused"},
     ),
     (
