@@ -920,7 +920,7 @@ def squatted_runtime_dir(row: Row) -> None:
         finally:
             stop_keeper(tmp / f"sharedarrays-{uid}-1")
             shutil.rmtree(tmp, ignore_errors=True)
-    row.lost(f"both used <tmp>/sharedarrays-{uid}-1; the squatter's dir untouched", True)
+    row.lost(f"both used `<tmp>/sharedarrays-{uid}-1`; the squatter's dir untouched", True)
 
 
 RO_CREATOR = (
@@ -1139,7 +1139,10 @@ def keeper_unsealed(row: Row) -> None:
         if "outcome" in x:
             row.add(x["outcome"])
     last = r.last
-    row.lost(f"keeper memfds {last['before']}->{last['after']}", last["before"] == last["after"])
+    row.lost(
+        f"keeper memfds {last['before']}->{last['after']} (a real named array's chunk)",
+        last["before"] == last["after"],
+    )
 
 
 HUGE = (
@@ -1674,7 +1677,8 @@ ATTACKS: list[tuple[str, Callable[[Row], None], int, str, set[str]]] = [
         "squatted-runtime-dir",
         squatted_runtime_dir,
         3,
-        "another OS user made /tmp/sharedarrays-<uid> first; share by name and by pickle",
+        "another OS user made `<tmp>/sharedarrays-<uid>` first (`TMPDIR` a fresh 1777 dir, standing "
+        "for /tmp); share by name and by pickle",
         {"shared by name and pickle"},
     ),
     (
@@ -1709,7 +1713,7 @@ ATTACKS: list[tuple[str, Callable[[Row], None], int, str, set[str]]] = [
         "importer reseals a readonly=True payload with readonly false",
         {"PermissionDenied"},
     ),
-    ("pid-2-31", pid_2_31, 10, "payload resealed with pid 2**31", {"PayloadError"}),
+    ("pid-2-31", pid_2_31, 10, "payload resealed with pid `2**31`", {"PayloadError"}),
     (
         "other-user",
         other_user_access,

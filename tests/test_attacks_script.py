@@ -24,7 +24,9 @@ def test_the_attack_script_runs_one_attack(tmp_path: Path) -> None:
     )
     assert r.returncode == 0, r.stdout + r.stderr
     rows = [line for line in r.stdout.splitlines() if line.startswith("| payload resealed")]
-    assert rows == ["| payload resealed with pid 2**31 | 1 | 1/1 PayloadError | fds +0 |"], r.stdout
+    assert rows == ["| payload resealed with pid `2**31` | 1 | 1/1 PayloadError | fds +0 |"], (
+        r.stdout
+    )
     assert rows[0] in out.read_text()
 
 
