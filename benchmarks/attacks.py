@@ -503,11 +503,12 @@ def planted_modules(row: Row) -> None:
                 else:
                     cwd = os.readlink(f"/proc/{kpid}/cwd")
                     row.add("nothing planted ran")
-                    if cwd != str(rdir):
-                        row.lost(f"keeper cwd {cwd}", False)
+                    if cwd == str(rdir):
+                        row.lost("keeper's cwd is the runtime dir", True)
+                    else:
+                        row.lost(f"keeper's cwd is {cwd}", False)
             finally:
                 shutil.rmtree(work, ignore_errors=True)
-    row.lost("keeper's cwd is the runtime dir", True)
 
 
 def handle_server_emfile(row: Row) -> None:
@@ -915,12 +916,22 @@ def squatted_runtime_dir(row: Row) -> None:
                 out = exp.line()
                 res = run_child(SQUATTED_IMPORTER, env, stdin=out["blob"] + "\n", timeout=30).last
             row.add(res["outcome"])
-            if res.get("dir") and res["dir"] != str(tmp / f"sharedarrays-{uid}-1"):
-                row.lost(f"runtime dir {res['dir']}", False)
+            used = res.get("dir") == str(tmp / f"sharedarrays-{uid}-1")
+            st = os.lstat(squat)
+            untouched = st.st_uid == pw.pw_uid and not os.listdir(squat)
+            row.lost(
+                f"both used `<tmp>/sharedarrays-{uid}-1`"
+                if used
+                else f"runtime dir {res.get('dir')}",
+                used,
+            )
+            row.lost(
+                "the squatter's dir untouched" if untouched else "the squatter's dir CHANGED",
+                untouched,
+            )
         finally:
             stop_keeper(tmp / f"sharedarrays-{uid}-1")
             shutil.rmtree(tmp, ignore_errors=True)
-    row.lost(f"both used `<tmp>/sharedarrays-{uid}-1`; the squatter's dir untouched", True)
 
 
 RO_CREATOR = (
@@ -1001,13 +1012,13 @@ def readonly_writes(row: Row) -> None:
                 res = r.last
                 for what, outcome in res["results"].items():
                     row.add("refused" if outcome.startswith("refused") else f"{what}: {outcome}")
-                same = creator.ask("check")["same"]
-                if not same or res["first"] != res["now"]:
-                    row.lost("creator's data CHANGED", False)
-        how = ", ".join(
-            f"{k.split(' of ')[0]}: {v.split(' ', 1)[-1]}" for k, v in res["results"].items()
-        )
-    row.lost(f"creator's data unchanged; reopen O_RDWR {res['reopened']}, then {how}", True)
+                same = creator.ask("check")["same"] and res["first"] == res["now"]
+                row.lost("creator's data unchanged" if same else "creator's data CHANGED", same)
+                how = ", ".join(
+                    f"{k.split(' of ')[0]}: {v.split(' ', 1)[-1]}"
+                    for k, v in res["results"].items()
+                )
+                row.lost(f"reopen O_RDWR {res['reopened']}, then {how}", True)
 
 
 FAKE_SERVER = (
