@@ -15,6 +15,11 @@ tests/test_transport.py does); not root, those rows are skipped with the reason.
 Every attack runs in a runtime directory of its own (``XDG_RUNTIME_DIR`` a fresh private
 directory under /tmp), so it starts its own keeper, which is stopped at the end.
 
+``--tries N`` sets every attack's count: repetitions; for an attack of several variants (the
+forged server paths, the ways to write a read-only array, ...) each repetition runs each
+variant once and the row counts every variant; for the stopped exporter the number of
+concurrent loads, for the load flood the number of loads (a multiple of 8 processes).
+
 The table's columns: attack | tries | outcome (counted) | lost or leaked (open fds of the
 victim before/after, counted in /proc/<pid>/fd; memfds the keeper still holds; whether the
 victim's data is unchanged). The script exits 1 if any row's outcome is not the defended one
@@ -671,7 +676,7 @@ def forged_server_paths(row: Row) -> None:
         if "outcome" in x:
             row.add(x["outcome"])
     leaked = r.last.get("leaked")
-    row.lost(f"loader fds {'+' if leaked is not None and leaked >= 0 else ''}{leaked}", leaked == 0)
+    row.lost(f"loader fds {signed(leaked)}", leaked == 0)
 
 
 def _flood_keeper(path: str, n: int) -> list[socket.socket]:
