@@ -33,6 +33,7 @@ import tempfile
 import threading
 import time
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -334,7 +335,7 @@ class HandleServer:
             return
         if magic == _NOTICE_MAGIC:
             conn.send(_REPLY.pack(_REPLY_MAGIC, _OK, 0))
-            alloc.orphan()
+            _off_thread(alloc.orphan)  # a release may hand over to the keeper: not here
             return
         if alloc.allow_pids is not None and pid not in alloc.allow_pids and pid != self._pid:
             conn.send(_REPLY.pack(_REPLY_MAGIC, _NOT_ALLOWED, 0))
@@ -386,6 +387,15 @@ class HandleServer:
             except OSError:
                 pass
         self._sock.close()
+
+
+def _off_thread(fn: Callable[[], object]) -> None:
+    """Run ``fn`` in a thread of its own (daemon), so that the handle server goes on serving;
+    inline where no thread can start (at interpreter shutdown)."""
+    try:
+        threading.Thread(target=fn, name="sharedarrays-release", daemon=True).start()
+    except RuntimeError:
+        fn()
 
 
 def _remove_stale_sockets(directory: Path) -> None:

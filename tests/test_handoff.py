@@ -230,6 +230,9 @@ def test_payload_of_a_closed_array_is_unavailable(monkeypatch: pytest.MonkeyPatc
 def test_fd_counts_return_to_baseline_after_200_round_trips(method: str) -> None:
     from conftest import open_fds
 
+    from sharedarrays import keeper
+
+    keeper.ensure_running()  # (a worker that starts it holds the launch's pipes meanwhile)
     with mp.get_context(method).Pool(1) as p:
         p.apply(
             workers.add_one, (sa.zeros(1, device="cpu", pack=False),)
