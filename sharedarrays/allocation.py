@@ -519,6 +519,8 @@ class Allocation:
         self._sent = 0  # payloads pickled here that name this process's handle server
         self._sent_at = 0.0  # time.monotonic() of the last
         self._fetched = 0  # handle requests for it this process answered
+        self._returned: dict[str, int] = {}  # payloads of it loaded here, by their sender's
+        # handle server (one this process served): told to that process when released here
         with _registry_lock:
             _registry[alloc_id] = self
 
@@ -851,6 +853,7 @@ class Allocation:
         self._servers.clear()
         self._holders.clear()
         self._served_chunks.clear()
+        self._returned.clear()
         self._sent = self._fetched = 0
 
     # payloads in flight ----------------------------------------------------------------
@@ -861,10 +864,24 @@ class Allocation:
             self._sent += 1
             self._sent_at = time.monotonic()
 
-    def note_loaded(self) -> None:
-        """One of the payloads pickled here was loaded here: it is no longer in flight."""
+    def note_loaded(self, count: int = 1) -> None:
+        """``count`` payloads pickled here were loaded (here, or where the process they came
+        back to said so): they are no longer in flight."""
         with self._lock:
-            self._fetched += 1
+            self._fetched += count
+
+    def note_returned(self, server: str) -> None:
+        """A payload of this allocation from the process whose handle server is ``server``
+        was loaded here. Counted only for processes this one served (those it tells when it
+        releases the allocation: :meth:`returned`), so that they need not keep it in flight."""
+        with self._lock:
+            if server in self._servers:
+                self._returned[server] = self._returned.get(server, 0) + 1
+
+    def returned(self, server: str) -> int:
+        """How many payloads from the process of handle server ``server`` were loaded here."""
+        with self._lock:
+            return self._returned.get(server, 0)
 
     def in_flight(self) -> tuple[int, float]:
         """Payloads pickled here that may still be loaded, and the seconds left of their

@@ -48,10 +48,11 @@ _REQUEST = struct.Struct("4s16s32s")  # then, optionally, the importer's own ser
 _REQUEST_MAGIC = b"SAH1"
 _GROW = struct.Struct("4s16s32sI")  # the chunks from index k, and the size and capacity
 _GROW_MAGIC = b"SAG1"
-_NOTICE_MAGIC = b"SAX1"  # exporter -> importer "I released this allocation": same layout
+_NOTICE_MAGIC = b"SAX1"  # exporter -> importer "I released this allocation": _GROW's layout,
+# the count being how many of the importer's payloads of it the exporter loaded
 _CLOSED_MAGIC = b"SAC1"  # importer -> exporter of exporter-owned memory: "I closed it"
-_LOADED_MAGIC = b"SAL1"  # importer -> exporter of exporter-owned memory: "I loaded one of
-# your payloads from the mapping I had" (no reply: sent on the kept connection, see report_load)
+_LOADED_MAGIC = b"SAL1"  # importer -> sender: "I loaded one of your payloads from the mapping
+# I had" (no reply: sent on the kept connection, see report_load)
 _MAX_PATH = 107
 _REPLY = struct.Struct("4sBI")  # magic, status, number of chunks; then JSON sizes
 _REPLY_MAGIC = b"SAR1"
@@ -301,12 +302,13 @@ class HandleServer:
         if uid != os.getuid():
             conn.send(_REPLY.pack(_REPLY_MAGIC, _BAD_UID, 0))
             return
-        size = _GROW.size if request.startswith(_GROW_MAGIC) else _REQUEST.size
+        counted = request.startswith((_GROW_MAGIC, _NOTICE_MAGIC))  # (with a count)
+        size = _GROW.size if counted else _REQUEST.size
         if len(request) < size or len(request) > size + _MAX_PATH:
             conn.send(_REPLY.pack(_REPLY_MAGIC, _BAD_REQUEST, 0))
             return
         magic, raw_id, secret = _REQUEST.unpack_from(request)
-        first = _GROW.unpack_from(request)[3] if magic == _GROW_MAGIC else 0
+        first = _GROW.unpack_from(request)[3] if counted else 0
         reply_to = request[size:].decode(errors="replace")
         if magic == _LOADED_MAGIC:  # one payload in flight less (no reply)
             alloc = allocation.lookup(raw_id.hex(), draining=True)
@@ -335,6 +337,7 @@ class HandleServer:
             return
         if magic == _NOTICE_MAGIC:
             conn.send(_REPLY.pack(_REPLY_MAGIC, _OK, 0))
+            alloc.note_loaded(first)  # its payloads that came back to their exporter
             _off_thread(alloc.orphan)  # a release may hand over to the keeper: not here
             return
         if alloc.allow_pids is not None and pid not in alloc.allow_pids and pid != self._pid:
@@ -696,10 +699,11 @@ def _keep_connection(server: str, sock: socket.socket) -> None:
 
 
 def report_load(server: str, alloc_id: str, secret: bytes) -> None:
-    """Tell the exporter of exporter-owned memory (cuda-ipc, cuda-pool) that this process
-    loaded one of its payloads from a mapping it already had, so that the exporter does not
-    wait for that payload (:meth:`Allocation.in_flight`). One send, no reply, and only on a
-    connection this process keeps to that server (a warm handoff connects to nothing)."""
+    """Tell the process whose handle server is ``server`` that this process loaded one of
+    its payloads from a mapping it already had, so that it does not count that payload in
+    flight (:meth:`Allocation.in_flight`: it would hand it to the keeper when it lets go of
+    the memory, or, for exporter-owned memory, wait for it). One send, no reply, and only on
+    a connection this process keeps to that server (a warm handoff connects to nothing)."""
     with _connections_lock:
         sock = _connections.pop(server, None)
     if sock is None:
@@ -830,7 +834,7 @@ def _check_truncated(flags: int) -> None:
         )
 
 
-_notices: queue.SimpleQueue[tuple[list[str], bytes, bytes, bytes]] = queue.SimpleQueue()
+_notices: queue.SimpleQueue[tuple[list[str], list[bytes]]] = queue.SimpleQueue()
 _notifier: threading.Thread | None = None
 _in_flight: list[None] = []  # one item per notice queued and not yet sent (append/pop: no lock)
 
@@ -841,21 +845,33 @@ def pending_notices() -> int:
     return len(_in_flight)
 
 
-def _queue_notice(servers: list[str], magic: bytes, raw_id: bytes, secret: bytes) -> None:
-    """Queue a notice for the notifier thread. Never blocks: it runs from finalizers."""
+def _queue_notice(
+    servers: list[str], magic: bytes, raw_id: bytes, secret: bytes, alloc: Any = None
+) -> None:
+    """Queue a notice for the notifier thread. Never blocks: it runs from finalizers.
+
+    A release notice (``SAX1``) tells each server how many of its process's payloads of
+    ``alloc`` this process loaded (:meth:`Allocation.returned`)."""
+    if magic == _NOTICE_MAGIC:
+        messages = [
+            _GROW.pack(magic, raw_id, secret, min(alloc.returned(path) if alloc else 0, 1 << 31))
+            for path in servers
+        ]
+    else:
+        messages = [_REQUEST.pack(magic, raw_id, secret)] * len(servers)
     _in_flight.append(None)
-    _notices.put((servers, magic, raw_id, secret))
+    _notices.put((servers, messages))
 
 
 def _send_notices() -> None:
     while True:
-        servers, magic, raw_id, secret = _notices.get()
-        for path in servers:
+        servers, messages = _notices.get()
+        for path, message in zip(servers, messages):
             with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
                 try:
                     sock.settimeout(1.0)
                     sock.connect(path)
-                    sock.sendall(_REQUEST.pack(magic, raw_id, secret))
+                    sock.sendall(message)
                     sock.recv(_REPLY.size)
                 except OSError:
                     continue  # that process is gone: nothing to tell
@@ -891,7 +907,7 @@ def _notify_on_release(alloc: allocation.Allocation) -> None:
     own = _server.path if _server is not None else None
     servers = [p for p in alloc.served_servers() if p != own]
     if servers:
-        _queue_notice(servers, _NOTICE_MAGIC, raw_id, alloc.secret)
+        _queue_notice(servers, _NOTICE_MAGIC, raw_id, alloc.secret, alloc)
 
 
 allocation.release_hooks.append(_notify_on_release)
@@ -913,7 +929,7 @@ def _drain_at_exit() -> None:
         servers = alloc.served_servers()  # release, which loaded payloads in flight)
         if servers:
             _start_notifier()
-            _queue_notice(servers, _NOTICE_MAGIC, bytes.fromhex(alloc.id), alloc.secret)
+            _queue_notice(servers, _NOTICE_MAGIC, bytes.fromhex(alloc.id), alloc.secret, alloc)
     try:
         timeout = env_number("SHAREDARRAYS_EXIT_WAIT", EXIT_WAIT, 0.0)
     except ValueError as e:  # at exit: say so, and wait the default

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import gc
 import multiprocessing as mp
 import os
 import pickle
@@ -234,9 +235,14 @@ def test_fd_counts_return_to_baseline_after_200_round_trips(method: str) -> None
 
     keeper.ensure_running()  # (a worker that starts it holds the launch's pipes meanwhile)
     with mp.get_context(method).Pool(1) as p:
-        p.apply(
-            workers.add_one, (sa.zeros(1, device="cpu", pack=False),)
-        )  # both handle servers start
+        first = sa.zeros(1, device="cpu", pack=False)
+        p.apply(workers.add_one, (first,))  # both handle servers start
+        first_id = first.allocation.id
+        del first
+        gc.collect()
+        deadline = time.time() + 30  # the worker drops it when told of the release
+        while first_id in p.apply(workers.mapped_ids) and time.time() < deadline:
+            time.sleep(0.05)
         worker_before = p.apply(workers.num_fds)
 
         before = open_fds()

@@ -265,3 +265,26 @@ def test_a_payload_never_loaded_leaks_nothing(
     while _keeper_holds() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _keeper_holds() == 0
+
+
+@pytest.mark.timeout(120)
+def test_arrays_returned_to_their_exporter_are_not_left_in_flight(
+    private_keeper: Path,  # noqa: F811
+) -> None:
+    """A worker that returns the parent's array (``return a``) counts those payloads in
+    flight; the parent's release notice says how many came back to it, so the worker's
+    release hands nothing to the keeper (no keeper starts, no memory kept for the bound)."""
+    import workers
+
+    a = sa.zeros(pw.N, dtype="int64", device="cpu")
+    alloc_id = a.allocation.id
+    with sa.Pool(1, context="spawn") as pool:
+        back = pool.map(workers.add_one, [a] * 5)
+        assert [int(b.get()[0]) for b in back] == [5] * 5 and back[0].allocation is a.allocation
+        del a, back
+        gc.collect()
+        deadline = time.monotonic() + 60  # the worker drops it when told of the release
+        while alloc_id in pool.apply(workers.mapped_ids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert alloc_id not in pool.apply(workers.mapped_ids)
+    assert keeper.running_pid() is None  # nothing was ever handed over
