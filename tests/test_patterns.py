@@ -62,14 +62,15 @@ def clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     before, targets = open_fds(), fd_targets()
     yield
     deadline = time.monotonic() + IN_FLIGHT + 30
-    while True:
+    while True:  # (pools and their threads close their pipes a moment after they end)
         gc.collect()
         drop_parked()
         keeper.disconnect()  # (the one connection a process keeps to the keeper)
-        if open_fds() == before or time.monotonic() > deadline:
+        after = open_fds()
+        if after == before or time.monotonic() > deadline:
             break
         time.sleep(0.05)
-    assert open_fds() == before, f"file descriptors leaked: {fd_targets() - targets}"
+    assert after == before, f"file descriptors leaked: {fd_targets() - targets}"
 
 
 @pytest.fixture
