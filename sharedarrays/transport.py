@@ -51,8 +51,8 @@ _GROW_MAGIC = b"SAG1"
 _NOTICE_MAGIC = b"SAX1"  # exporter -> importer "I released this allocation": _GROW's layout,
 # the count being how many of the importer's payloads of it the exporter loaded
 _CLOSED_MAGIC = b"SAC1"  # importer -> exporter of exporter-owned memory: "I closed it"
-_LOADED_MAGIC = b"SAL1"  # importer -> sender: "I loaded one of your payloads from the mapping
-# I had" (no reply: sent on the kept connection, see report_load)
+_LOADED_MAGIC = b"SAL1"  # importer -> sender, _GROW's layout: "I loaded this many of your
+# payloads from the mapping I had" (no reply: sent on the kept connection, see report_load)
 _MAX_PATH = 107
 _REPLY = struct.Struct("4sBI")  # magic, status, number of chunks; then JSON sizes
 _REPLY_MAGIC = b"SAR1"
@@ -332,7 +332,7 @@ class HandleServer:
         if uid != os.getuid():
             conn.send(_REPLY.pack(_REPLY_MAGIC, _BAD_UID, 0))
             return
-        counted = request.startswith((_GROW_MAGIC, _NOTICE_MAGIC))  # (with a count)
+        counted = request.startswith((_GROW_MAGIC, _NOTICE_MAGIC, _LOADED_MAGIC))  # (a count)
         size = _GROW.size if counted else _REQUEST.size
         if len(request) < size or len(request) > size + _MAX_PATH:
             conn.send(_REPLY.pack(_REPLY_MAGIC, _BAD_REQUEST, 0))
@@ -341,7 +341,7 @@ class HandleServer:
         first = _GROW.unpack_from(request)[3] if counted else 0
         reply_to = request[size:].decode(errors="replace")
         if magic == _LOADED_MAGIC:  # no reply
-            self._loaded(conn, raw_id, secret)
+            self._loaded(conn, raw_id, secret, first)
             return
         if magic not in (_REQUEST_MAGIC, _NOTICE_MAGIC, _GROW_MAGIC, _CLOSED_MAGIC):
             conn.send(_REPLY.pack(_REPLY_MAGIC, _BAD_REQUEST, 0))
@@ -403,19 +403,19 @@ class HandleServer:
                     os.close(fd)
         del alloc
 
-    def _loaded(self, conn: socket.socket, raw_id: bytes, secret: bytes) -> None:
-        """An importer loaded one of this process's payloads from the mapping it had: one
-        payload in flight less. Several may wait on ``conn`` (they have no reply): those
-        that follow are read now too."""
+    def _loaded(self, conn: socket.socket, raw_id: bytes, secret: bytes, count: int) -> None:
+        """An importer loaded ``count`` of this process's payloads from the mapping it had:
+        as many in flight less. Several reports may wait on ``conn`` (they have no reply):
+        those that follow are read now too."""
         while True:
             alloc = allocation.lookup(raw_id.hex(), draining=True)
             if alloc is not None and hmac.compare_digest(secret, alloc.secret):
-                alloc.note_loaded()
+                alloc.note_loaded(count)
             try:
-                ahead = conn.recv(_REQUEST.size, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-                if len(ahead) < _REQUEST.size or not ahead.startswith(_LOADED_MAGIC):
+                ahead = conn.recv(_GROW.size, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+                if len(ahead) < _GROW.size or not ahead.startswith(_LOADED_MAGIC):
                     return
-                _, raw_id, secret = _REQUEST.unpack_from(conn.recv(_REQUEST.size))
+                _, raw_id, secret, count = _GROW.unpack_from(conn.recv(_GROW.size))
             except OSError:
                 return
 
@@ -514,12 +514,14 @@ def _forget_server_in_child() -> None:
     # A forked child has the parent's listening socket but not its thread: drop both. It
     # also has the parent's connections to other servers, which name the parent's pid.
     # Notices the parent queued are the parent's to send.
-    global _server, _server_lock, _connections_lock, _notices, _notifier
+    global _server, _server_lock, _connections_lock, _notices, _notifier, _unreported_lock
     _server_lock = threading.Lock()
     _connections_lock = threading.Lock()
     _notices = queue.SimpleQueue()
     _notifier = None
     _in_flight.clear()
+    _unreported.clear()
+    _unreported_lock = threading.Lock()
     for sock in _connections.values():
         sock.close()
     _connections.clear()
@@ -744,22 +746,46 @@ def _keep_connection(server: str, sock: socket.socket) -> None:
     sock.close()
 
 
+_unreported: dict[tuple[str, str, bytes], int] = {}
+"""Warm loads not yet reported, by (sender's server, allocation id, secret)."""
+_unreported_lock = threading.Lock()
+
+
 def report_load(server: str, alloc_id: str, secret: bytes) -> None:
     """Tell the process whose handle server is ``server`` that this process loaded one of
     its payloads from a mapping it already had, so that it does not count that payload in
     flight (:meth:`Allocation.in_flight`: it would hand it to the keeper when it lets go of
-    the memory, or, for exporter-owned memory, wait for it). One send, no reply, and only on
-    a connection this process keeps to that server (a warm handoff connects to nothing)."""
-    with _connections_lock:
-        sock = _connections.pop(server, None)
-    if sock is None:
-        return  # (the exporter counts it in flight until its bound: it errs on the safe side)
-    try:
-        sock.send(_REQUEST.pack(_LOADED_MAGIC, bytes.fromhex(alloc_id), secret))
-    except OSError:
-        sock.close()
-        return
-    _keep_connection(server, sock)
+    the memory, or, for exporter-owned memory, wait for it).
+
+    Counted here and sent by the notifier thread, one message (``SAL1`` with the count, no
+    reply) per sender and allocation for all the loads since the last, and only on a
+    connection this process keeps to that sender (a warm handoff connects to nothing)."""
+    key = (server, alloc_id, secret)
+    with _unreported_lock:
+        first = not _unreported
+        _unreported[key] = _unreported.get(key, 0) + 1
+    if first:  # the notifier sends what has gathered by the time it gets to it
+        _start_notifier()
+        _in_flight.append(None)
+        _notices.put(([], []))
+
+
+def _send_reports() -> None:
+    """Send the warm-load counts gathered by :func:`report_load` (in the notifier thread)."""
+    global _unreported
+    with _unreported_lock:
+        reports, _unreported = _unreported, {}
+    for (server, alloc_id, secret), count in reports.items():
+        with _connections_lock:
+            sock = _connections.pop(server, None)
+        if sock is None:
+            continue  # (the sender counts them in flight until the bound: the safe side)
+        try:
+            sock.send(_GROW.pack(_LOADED_MAGIC, bytes.fromhex(alloc_id), secret, count))
+        except OSError:
+            sock.close()
+            continue
+        _keep_connection(server, sock)
 
 
 def _fetch(
@@ -912,6 +938,8 @@ def _queue_notice(
 def _send_notices() -> None:
     while True:
         servers, messages = _notices.get()
+        if not servers:  # (queued by report_load)
+            _send_reports()
         for path, message in zip(servers, messages):
             with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
                 try:
