@@ -597,9 +597,10 @@ def load(
             raise PayloadError(f"payload does not match allocation {p.alloc_id} mapped here")
         if p.pid == os.getpid():  # one of this process's payloads came back: not in flight
             alloc.note_loaded()
-        else:  # its sender counts it in flight until told: now, on the connection kept to
-            transport.report_load(p.server, p.alloc_id, p.secret)  # it, if there is one, else
-            alloc.note_returned(p.server)  # when this process releases it, if it served it
+        else:  # its sender counts it in flight until told
+            alloc.note_returned(p.server)  # (when this process releases it, if it served it)
+            if alloc.backend.exporter_owned:  # the exporter waits for its payloads: say so
+                transport.report_load(p.server, p.alloc_id, p.secret)
     else:
         try:
             device = Device("cuda", p.device) if p.backend.startswith("cuda") else CPU

@@ -752,10 +752,10 @@ _unreported_lock = threading.Lock()
 
 
 def report_load(server: str, alloc_id: str, secret: bytes) -> None:
-    """Tell the process whose handle server is ``server`` that this process loaded one of
-    its payloads from a mapping it already had, so that it does not count that payload in
-    flight (:meth:`Allocation.in_flight`: it would hand it to the keeper when it lets go of
-    the memory, or, for exporter-owned memory, wait for it).
+    """Tell the exporter of exporter-owned memory (cuda-ipc, cuda-pool), whose handle server
+    is ``server``, that this process loaded one of its payloads from a mapping it already
+    had, so that it does not wait for that payload (:meth:`Allocation.in_flight`). (Not done
+    for other memory: it costs the warm handoff about 80 us on the H200, two threads woken.)
 
     Counted here and sent by the notifier thread, one message (``SAL1`` with the count, no
     reply) per sender and allocation for all the loads since the last, and only on a
