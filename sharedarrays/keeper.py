@@ -743,6 +743,8 @@ def _launch() -> None:
     finally:
         os.close(log)
     # reap it if it exits before we do (it usually outlives us: then init reaps it)
+    if sys.is_finalizing():  # no thread starts now (it would hang): init reaps it
+        return
     try:
         threading.Thread(target=proc.wait, name="sharedarrays-keeper-reaper", daemon=True).start()
     except RuntimeError:  # at interpreter shutdown (a hand-over at exit): init reaps it

@@ -213,7 +213,7 @@ class HandleServer:
         """Wait (at most ``timeout`` seconds) until the server has read what its importers
         had sent by now: the warm-load reports (``SAL1``) that lower a payload count in
         flight. Does nothing in the server's own thread."""
-        if threading.current_thread() is self._thread or self._closed:
+        if threading.current_thread() is self._thread or self._closed or sys.is_finalizing():
             return
         done = threading.Event()
         self._settled.append(done)
@@ -439,6 +439,9 @@ class HandleServer:
 def _off_thread(fn: Callable[[], object]) -> None:
     """Run ``fn`` in a thread of its own (daemon), so that the handle server goes on serving;
     inline where no thread can start (at interpreter shutdown)."""
+    if sys.is_finalizing():
+        fn()
+        return
     try:
         threading.Thread(target=fn, name="sharedarrays-release", daemon=True).start()
     except RuntimeError:
