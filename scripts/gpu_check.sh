@@ -143,7 +143,8 @@ fi
 # the report
 
 gpu="$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null \
-    || echo 'nvidia-smi not available')"
+    | paste -sd ';' - | sed 's/;/; /g')"  # one table cell, however many GPUs
+[ -n "$gpu" ] || gpu='nvidia-smi not available'
 versions="$("$PYTHON" - <<'EOF'
 import platform
 from importlib import metadata
