@@ -807,8 +807,10 @@ def _fetch(
     """
     gone = (
         f"the handles of allocation {alloc_id} are no longer available: the process that "
-        f"shared it (pid {pid}) has exited or closed every view of it. Keep that process and "
-        "one open view alive until every importer has loaded the array"
+        f"shared it (pid {pid}) has exited or closed every view of it, and the payload was not "
+        "kept in flight (killed, or older than SHAREDARRAYS_IN_FLIGHT seconds). Keep that "
+        "process and one open view alive until every importer has loaded the array, or name "
+        "or park() it"
     )
     tail = reply_to.encode() if reply_to and len(reply_to.encode()) <= _MAX_PATH else b""
     raw_id = bytes.fromhex(alloc_id)
