@@ -891,9 +891,12 @@ class Allocation:
         """Payloads pickled here that may still be loaded, and the seconds left of their
         bound (:func:`in_flight_seconds`, counted from the last one pickled).
 
-        Every payload pickled here counts until as many handle requests were answered here,
-        or the bound passed: a process that already mapped the allocation loads a payload
-        without a request, so the count errs on the side of keeping memory alive.
+        Every payload pickled here counts until as many were counted loaded
+        (:meth:`note_loaded`: a handle request answered here, a payload loaded back here, the
+        loads its exporter's release notice reports, the warm loads importers of
+        exporter-owned memory report), or the bound passed. Other warm loads (a process that
+        already maps the allocation asks nothing) are not counted, so the count errs on the
+        side of keeping memory alive.
 
         Returns
         -------
