@@ -96,7 +96,11 @@ def _blocks(a: SharedDeviceArray, progress: bool | None, desc: str) -> Any:
         return
     row = max(a.nbytes // max(a.shape[0], 1), 1)
     step = max(_BLOCK_BYTES // row, 1)
-    with tqdm(total=a.nbytes, unit="B", unit_scale=True, desc=desc, disable=not show) as bar:
+    if not show:  # no tqdm at all: even a disabled bar makes tqdm's multiprocessing lock, a
+        for start in range(0, a.shape[0], step):  # named semaphore that a pool worker
+            yield native, slice(start, min(a.shape[0], start + step))  # killed at the pool's
+        return  # end leaves to multiprocessing's resource tracker ("leaked semaphore")
+    with tqdm(total=a.nbytes, unit="B", unit_scale=True, desc=desc) as bar:
         for start in range(0, a.shape[0], step):
             stop = min(a.shape[0], start + step)
             yield native, slice(start, stop)
