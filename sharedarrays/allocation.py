@@ -231,10 +231,6 @@ hand_over_hooks: list[Callable[[Allocation, int, float], None]] = []
 seconds left of their bound: the keeper layer takes over their handles. A hook that fails
 raises; the allocation is then released all the same."""
 
-settle_hooks: list[Callable[[], None]] = []
-"""Called before the payloads in flight are counted for a hand-over: the transport layer
-reads the warm-load reports that importers sent by now."""
-
 IN_FLIGHT_SECONDS = 60.0
 """Default bound on how long a payload in flight keeps its memory alive (seconds)."""
 
@@ -923,10 +919,6 @@ class Allocation:
         """
         if self.pid != os.getpid() or self.growable or not self.backend.maps:
             return
-        if not self.busy():
-            return
-        for settle in settle_hooks:  # reports of loads on their way may lower the count
-            settle()
         count, seconds = self.in_flight()
         if not count:
             return

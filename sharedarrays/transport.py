@@ -196,9 +196,6 @@ class HandleServer:
         self._pid = os.getpid()
         self._closed = False
         self._conns: dict[socket.socket, tuple[int, int, int]] = {}  # oldest use first
-        self._wake_r, self._wake_w = socket.socketpair()  # settle(): one more round, now
-        self._wake_r.setblocking(False)
-        self._settled: list[threading.Event] = []
         self._thread = threading.Thread(
             target=self._serve, name="sharedarrays-handles", daemon=True
         )
@@ -209,20 +206,6 @@ class HandleServer:
         """Whether :meth:`close` was called."""
         return self._closed
 
-    def settle(self, timeout: float = 0.5) -> None:
-        """Wait (at most ``timeout`` seconds) until the server has read what its importers
-        had sent by now: the warm-load reports (``SAL1``) that lower a payload count in
-        flight. Does nothing in the server's own thread."""
-        if threading.current_thread() is self._thread or self._closed or sys.is_finalizing():
-            return
-        done = threading.Event()
-        self._settled.append(done)
-        try:
-            self._wake_w.send(b"!")
-        except OSError:
-            return
-        done.wait(timeout)
-
     @property
     def connections(self) -> int:
         """How many importer connections are open now."""
@@ -231,7 +214,6 @@ class HandleServer:
     def _serve(self) -> None:
         sel = selectors.DefaultSelector()
         sel.register(self._sock, selectors.EVENT_READ)
-        sel.register(self._wake_r, selectors.EVENT_READ)
         next_housekeeping = time.monotonic() + HOUSEKEEPING
         failing = False  # reported the current run of errors already
         try:
@@ -242,19 +224,11 @@ class HandleServer:
                         allocation.drop_parked(only_orphans=True)
                         allocation.reap_draining()
                         next_housekeeping = time.monotonic() + HOUSEKEEPING
-                    woken = False
                     for key, _ in events:
                         if key.fileobj is self._sock:
                             self._accept(sel)
-                        elif key.fileobj is self._wake_r:
-                            woken = True
                         else:
                             self._request(sel, key.fileobj)  # type: ignore[arg-type]
-                    if woken:  # every importer's message of this round is read: say so
-                        with contextlib.suppress(OSError):
-                            self._wake_r.recv(4096)
-                        while self._settled:
-                            self._settled.pop().set()
                     failing = False
                 except Exception as e:  # EMFILE and the like: back off, keep serving
                     if self.closed:
@@ -268,10 +242,6 @@ class HandleServer:
                 conn.close()
             self._conns.clear()
             sel.close()
-            self._wake_r.close()
-            self._wake_w.close()
-            while self._settled:
-                self._settled.pop().set()
 
     def _accept(self, sel: selectors.BaseSelector) -> None:
         """Accept one importer (its sends never block the server: a peer that does not
@@ -533,8 +503,6 @@ def _forget_server_in_child() -> None:
             conn.close()
         _server._conns.clear()
         _server._sock.close()
-        _server._wake_r.close()
-        _server._wake_w.close()
         _server._closed = True
         _server = None
 
@@ -989,16 +957,7 @@ def _notify_on_release(alloc: allocation.Allocation) -> None:
         _queue_notice(servers, _NOTICE_MAGIC, raw_id, alloc.secret, alloc)
 
 
-def settle() -> None:
-    """Let this process's handle server read the warm-load reports its importers sent by
-    now (an :data:`allocation.settle_hooks` hook; nothing when no server runs)."""
-    server = _server
-    if server is not None:
-        server.settle()
-
-
 allocation.release_hooks.append(_notify_on_release)
-allocation.settle_hooks.append(settle)
 
 EXIT_WAIT = 10.0
 """Seconds a process waits at exit for other processes to close the exporter-owned memory
