@@ -50,7 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sharedarrays import keeper, transport
+from sharedarrays.transport import handles as transport
+from sharedarrays.transport import keeper
 
 OTHER_USER = "sa-test-other"
 CHILD_TIMEOUT = 60.0  # seconds any one child process may run, unless an attack says more
@@ -383,8 +384,10 @@ PRELUDE = r"""
 import gc, json, os, pickle, sys, time
 import numpy as np
 import sharedarrays as sa
-from sharedarrays import transport
-from sharedarrays.payload import MAGIC, TAG_BYTES, _tag
+from sharedarrays.memory import allocation
+from sharedarrays.transport import handles as transport
+from sharedarrays.transport import keeper
+from sharedarrays.protocol.payload import MAGIC, TAG_BYTES, _tag
 
 def say(**kw):
     print(json.dumps(kw), flush=True)
@@ -393,7 +396,7 @@ def fds():
     # open fds, after a collection and with parked mappings dropped, less the connections
     # to handle servers kept on purpose (one per peer, bounded)
     gc.collect()
-    sa.allocation.drop_parked()
+    allocation.drop_parked()
     time.sleep(0.05)
     return len(os.listdir("/proc/self/fd")) - transport.open_connections()
 
@@ -495,7 +498,7 @@ def planted_modules(row: Row) -> None:
                 code = (
                     "import os, secrets, sharedarrays as sa; "
                     f"os.chdir({str(shared)!r}); "
-                    "sa.zeros(4, device='cpu', name='planted'); print(sa.keeper.running_pid())"
+                    "sa.zeros(4, device='cpu', name='planted'); from sharedarrays.transport import keeper; print(keeper.running_pid())"
                 )
                 env = dict(env, PYTHONPATH=os.pathsep + env.get("PYTHONPATH", ""))
                 r = run_child(code, env, cwd=str(work), timeout=30)
@@ -697,7 +700,7 @@ HOLDER = (
     PRELUDE
     + r"""
 a = sa.from_array(np.arange(5.0), device="cpu", name=sys.argv[1])
-say(keeper=sa.keeper.running_pid())
+say(keeper=keeper.running_pid())
 sys.stdin.readline()
 sa.unlink(sys.argv[1])
 a.close()
@@ -713,7 +716,7 @@ try:
     b = sa.attach(sys.argv[1])
     ok = b.get().tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
     took = time.monotonic() - t
-    status = sa.keeper.request({"op": "status"}, start=False)[1]
+    status = keeper.request({"op": "status"}, start=False)[1]
     b.close()
     say(outcome="attached" if ok else "wrong data", took=took, connections=status.get("connections"))
 except Exception as e:
@@ -796,7 +799,7 @@ def keeper_emfile(row: Row) -> None:
 SILENT_ASKER = (
     PRELUDE
     + r"""
-sa.keeper.TIMEOUT = 1.0  # no setting for it: the module constant, lowered in this process
+keeper.TIMEOUT = 1.0  # no setting for it: the module constant, lowered in this process
 for op in ("attach", "list_named"):
     try:
         got = sa.attach("x") if op == "attach" else sa.list_named()
@@ -1114,7 +1117,7 @@ KEEP_UNSEALED = (
     + r"""
 import socket
 sa.zeros(4, device="cpu", name="real")  # starts the keeper; one sealed chunk kept
-kpid = sa.keeper.running_pid()
+kpid = keeper.running_pid()
 def memfds():
     n = 0
     for fd in os.listdir(f"/proc/{kpid}/fd"):
@@ -1131,15 +1134,15 @@ for i in range(int(sys.argv[1])):
            "name": f"unsealed{i}", "sizes": [4096], "doc": {"backend": "host"}, "allow_pids": None}
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     s.settimeout(10)
-    s.connect(str(sa.keeper.socket_path()))
-    socket.send_fds(s, [sa.keeper.MAGIC + json.dumps(req).encode()], [fd])
+    s.connect(str(keeper.socket_path()))
+    socket.send_fds(s, [keeper.MAGIC + json.dumps(req).encode()], [fd])
     os.close(fd)
     reply = s.recv(1 << 16)
     s.close()
-    status = reply[len(sa.keeper.MAGIC)]
+    status = reply[len(keeper.MAGIC)]
     kept = f"unsealed{i}" in [n.name for n in sa.list_named()]
-    say(outcome="error reply, nothing kept" if status == sa.keeper.ERROR and not kept
-        else f"status {status}, kept {kept}", message=reply[len(sa.keeper.MAGIC) + 1:].decode())
+    say(outcome="error reply, nothing kept" if status == keeper.ERROR and not kept
+        else f"status {status}, kept {kept}", message=reply[len(keeper.MAGIC) + 1:].decode())
 time.sleep(0.2)
 say(before=before, after=memfds())
 sa.unlink("real")
@@ -1263,7 +1266,8 @@ AS_OTHER = r"""
 import json, os, pickle, socket, sys
 import sharedarrays as sa
 import ctypes, fcntl, hmac, mmap, resource, selectors, threading  # noqa
-from sharedarrays import growth, keeper, named, transport  # noqa
+from sharedarrays.api import growth, named  # noqa
+from sharedarrays.transport import handles as transport, keeper  # noqa
 from sharedarrays.backends import host  # (all imported while this user can read them)
 # a fresh interpreter of this user drops to the other user before it does anything: the
 # interpreter lives under /root, which the other user could not even start
@@ -1364,7 +1368,7 @@ FUZZER = (
     PRELUDE
     + r"""
 import random
-from sharedarrays.payload import view_extent
+from sharedarrays.protocol.payload import view_extent
 rng = random.Random(15)
 base = sa.from_array(np.arange(64, dtype=np.int32).reshape(8, 8), device="cpu", pack=False)
 good = base[2:, 1::3].payload().to_bytes()
@@ -1515,7 +1519,7 @@ blob = bytes.fromhex(sys.stdin.readline())
 say(ready=True)
 while True:
     a = pickle.loads(blob); a.close(); del a
-    sa.allocation.drop_parked()
+    allocation.drop_parked()
 """
 )
 

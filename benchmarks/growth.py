@@ -86,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     conn.recv()
     t = time.perf_counter()
     a.resize(2 * n)  # past the capacity: the allocation moves (no copy)
-    print(f"resize {n} -> {2 * n} rows past the capacity (move): {(time.perf_counter() - t) * 1e3:.2f} ms")
+    print(
+        f"resize {n} -> {2 * n} rows past the capacity (move): {(time.perf_counter() - t) * 1e3:.2f} ms"
+    )
     conn.send(None)
     shape, took = conn.recv()
     print(f"importer refresh() to {shape}: {took * 1e3:.2f} ms")

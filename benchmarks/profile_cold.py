@@ -26,8 +26,8 @@ import time
 from typing import Any
 
 import sharedarrays as sa
-from sharedarrays import transport
 from sharedarrays.bench import parse_size, size_label
+from sharedarrays.transport import handles as transport
 
 
 def noop(_: object = None) -> None:
@@ -51,7 +51,7 @@ def loads_timed(blob: bytes) -> float:
 
 def settle(_: object = None) -> int:
     """In the worker: release parked mappings and wait until their notices are sent."""
-    from sharedarrays.allocation import drop_parked
+    from sharedarrays.memory.allocation import drop_parked
 
     drop_parked()
     deadline = time.monotonic() + 5

@@ -75,11 +75,11 @@ def loads_timed(blob: bytes) -> tuple[float, int]:
 
 def cold_steps(payloads: list[bytes]) -> dict[str, float]:
     """In the worker: time the parts of a first import, one fresh allocation per payload."""
-    from sharedarrays import transport
-    from sharedarrays.allocation import Allocation
     from sharedarrays.backends import get_backend
-    from sharedarrays.device import CPU, Device
-    from sharedarrays.payload import Payload
+    from sharedarrays.backends.device import CPU, Device
+    from sharedarrays.memory.allocation import Allocation
+    from sharedarrays.protocol.payload import Payload
+    from sharedarrays.transport import handles as transport
 
     steps: dict[str, list[float]] = {
         "decode": [],
@@ -123,9 +123,9 @@ def interleaved(
 
 def load_steps(blob: bytes, payload: bytes, sync: bytes | None) -> dict[str, float]:
     """In the worker: time the parts of loading a payload of an array already mapped here."""
-    from sharedarrays.allocation import lookup
-    from sharedarrays.array import SharedDeviceArray
-    from sharedarrays.payload import Payload
+    from sharedarrays.api.array import SharedDeviceArray
+    from sharedarrays.memory.allocation import lookup
+    from sharedarrays.protocol.payload import Payload
 
     p = Payload.from_bytes(payload)
     alloc = lookup(p.alloc_id)

@@ -7,13 +7,17 @@ you). Every process maps the same memory.
 
 from __future__ import annotations
 
-from .allocation import Allocation, live_allocations
-from .array import SharedDeviceArray, load
-from .backends import backends
-from .backends import cuda_driver as _cuda_driver  # noqa: F401 - installs the fork-after-CUDA hook
-from .creation import empty, from_array, full, ones, zeros
-from .device import Device
-from .errors import (
+from sharedarrays.api.array import SharedDeviceArray, load
+from sharedarrays.api.creation import empty, from_array, full, ones, zeros
+from sharedarrays.api.named import NamedArray, attach, list_named, unlink
+from sharedarrays.api.pool import ForkAfterCudaError, Pool, ProcessPoolExecutor
+from sharedarrays.api.semaphore import ExternalSemaphore, Timeline
+from sharedarrays.api.widgets import MemoryMap, show
+from sharedarrays.backends import backends
+from sharedarrays.backends.cuda import driver as _cuda_driver  # noqa: F401 - installs the fork-after-CUDA hook
+from sharedarrays.backends.cuda.sync import no_sync
+from sharedarrays.backends.device import Device
+from sharedarrays.errors import (
     BackendUnavailable,
     ClosedArrayError,
     HandleUnavailable,
@@ -27,11 +31,7 @@ from .errors import (
     ResizeRefused,
     SharedArrayError,
 )
-from .named import NamedArray, attach, list_named, unlink
-from .pool import ForkAfterCudaError, Pool, ProcessPoolExecutor
-from .semaphore import ExternalSemaphore, Timeline
-from .sync import no_sync
-from .widgets import MemoryMap, show
+from sharedarrays.memory.allocation import Allocation, live_allocations
 
 __version__ = "0.1.0"
 

@@ -73,7 +73,7 @@ from typing import Any
 
 import numpy as np
 
-from .cli import parse_size
+from sharedarrays.cli import parse_size
 
 __all__ = [
     "TASKS",
@@ -252,11 +252,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _resolve_device(text: str) -> str:
     if text in ("cpu", "host"):
         return "cpu"
-    from .backends import cuda_usable
+    from sharedarrays.backends import cuda_usable
 
     if text == "auto":
         return "cuda:0" if cuda_usable() is None else "cpu"
-    from .device import parse_device
+    from sharedarrays.backends.device import parse_device
 
     dev = parse_device(text)
     return str(dev) if dev.is_cuda else "cpu"
@@ -443,7 +443,7 @@ def _task_many(arrays: list[Any]) -> int:
 
 def _task_drop(pause: float) -> int:
     """Release this worker's parked mappings (so a cold repeat's memory returns)."""
-    from .allocation import drop_parked
+    from sharedarrays.memory.allocation import drop_parked
 
     drop_parked()
     if pause:
@@ -452,7 +452,7 @@ def _task_drop(pause: float) -> int:
 
 
 def _task_cleanup(_: object) -> int:
-    from .allocation import drop_parked
+    from sharedarrays.memory.allocation import drop_parked
 
     gc.collect()
     drop_parked()
@@ -507,8 +507,8 @@ def _task_steps(blob: bytes, sync: bytes | None, repeats: int) -> dict[str, floa
     """Where a warm sharedarrays load spends its time in the worker (medians, microseconds).
 
     ``blob`` is the payload of an array this worker already maps (a warm load)."""
-    from . import array as array_mod
-    from .payload import Payload
+    from sharedarrays.api import array as array_mod
+    from sharedarrays.protocol.payload import Payload
 
     steps: dict[str, list[float]] = {
         "payload_from_bytes": [],
@@ -1306,7 +1306,7 @@ def _gpu_info(index: int) -> dict[str, Any]:
 
 def environment(cfg: Config) -> dict[str, Any]:
     """Date (UTC), machine, GPU and package versions, for the JSON."""
-    from . import __version__
+    from sharedarrays import __version__
 
     meta: dict[str, Any] = {
         "date_utc": _utc_now(),

@@ -94,7 +94,7 @@ def demo(size: int | None, workers: int, device: str | None, progress: bool) -> 
 
     dev = sa.Device("cpu") if device == "cpu" else None
     if device not in (None, "auto", "cpu"):
-        from .device import parse_device
+        from sharedarrays.backends.device import parse_device
 
         dev = parse_device(device)
     a = sa.empty(1, "float32", device=dev)
@@ -173,11 +173,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     d.add_argument("--workers", type=int, default=4)
     d.add_argument("--device", default=None, help="auto (default), cpu, cuda or cuda:N")
     d.add_argument("--no-progress", action="store_true")
-    from . import bench
+    from sharedarrays import bench
 
     b = sub.add_parser("bench", help="time handing arrays to a Pool worker against every peer")
     bench.add_arguments(b)
-    from . import keeper_cli
+    from sharedarrays import keeper_cli
 
     keeper_cli.add_parsers(sub)
     args = parser.parse_args(argv)

@@ -39,8 +39,9 @@ def _size(n: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run one of :data:`COMMANDS`; return the exit status."""
-    from . import keeper, named
-    from .errors import HandleUnavailable, NameNotFound, SharedArrayError
+    from sharedarrays.api import named
+    from sharedarrays.errors import HandleUnavailable, NameNotFound, SharedArrayError
+    from sharedarrays.transport import keeper
 
     if args.command == "ls":
         rows = named.list_named(parked=args.all)

@@ -46,7 +46,7 @@ def hold_then_read(blob: bytes, ready: Any, go: Any, result: Any) -> None:
     a.close()
     del a
     gc.collect()
-    import sharedarrays.allocation as al
+    import sharedarrays.memory.allocation as al
 
     al.drop_parked()
     time.sleep(0.5)  # the close notice is sent off-thread

@@ -43,12 +43,13 @@ def open_fds() -> int:
     """Number of open file descriptors of this process (after a full collection, and once
     the notifier thread has sent what it was asked to: it holds a socket while it sends),
     not counting the handle connections transport keeps open on purpose (one per peer
-    process, bounded, closed with their peer: :func:`sharedarrays.transport.open_connections`)."""
+    process, bounded, closed with their peer:
+    :func:`sharedarrays.transport.handles.open_connections`)."""
     import time
 
     import psutil
 
-    from sharedarrays import transport
+    from sharedarrays.transport import handles as transport
 
     gc.collect()
     deadline = time.monotonic() + 10

@@ -18,9 +18,7 @@ def _describe(a: Any) -> tuple[tuple[int, ...], float, int, int]:
     """Shape, sum of column 0, address of element 0, chunks mapped here."""
     data = _host(a)
     col = data[:, 0] if data.ndim > 1 else data
-    return tuple(a.shape), float(col.astype(np.float64).sum()), a.address, len(
-        a.allocation.chunks
-    )
+    return tuple(a.shape), float(col.astype(np.float64).sum()), a.address, len(a.allocation.chunks)
 
 
 def importer(conn: Any) -> None:

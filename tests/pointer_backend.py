@@ -20,8 +20,8 @@ import os
 from typing import ClassVar
 
 from sharedarrays.backends import Chunk, factories
+from sharedarrays.backends.device import CPU, Device
 from sharedarrays.backends.host import HostBackend, _check, _check_mmap, _libc
-from sharedarrays.device import CPU, Device
 from sharedarrays.errors import HandleUnavailable, PayloadError
 
 NAME = "host-pointer"

@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 
 import sharedarrays as sa
-from sharedarrays.widgets.model import build_map
+from sharedarrays.api.widgets.model import build_map
 
 
 def cuda_devices() -> int:
     if sa.backends()["cuda-vmm"] is not None:
         return 0
-    from sharedarrays.backends.cuda_driver import load_driver
+    from sharedarrays.backends.cuda.driver import load_driver
 
     return int(load_driver().cuDeviceGetCount()[1])
 

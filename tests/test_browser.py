@@ -109,7 +109,9 @@ def jupyterlab(tmp_path: Path) -> Iterator[str]:
     log = open(tmp_path / "jupyterlab.log", "wb")  # noqa: SIM115 - closed in finally
     proc = subprocess.Popen(
         [
-            sys.executable, "-m", "jupyterlab",
+            sys.executable,
+            "-m",
+            "jupyterlab",
             "--no-browser",
             "--ServerApp.ip=127.0.0.1",
             f"--ServerApp.port={port}",
@@ -151,9 +153,7 @@ def test_memory_map_renders_in_jupyterlab(jupyterlab: str) -> None:
         pytest.skip(f"no chromium at {CHROMIUM} (apt-get install chromium)")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS
-        )
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 1600})
             page.set_default_timeout(120_000)
@@ -163,9 +163,7 @@ def test_memory_map_renders_in_jupyterlab(jupyterlab: str) -> None:
                 _settle_kernel(page)
                 page.get_by_role("menuitem", name="Run", exact=True).click()
                 page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
-                marker = page.locator(
-                    f".sa-memory-map[data-allocations='{EXPECTED_ALLOCATIONS}']"
-                )
+                marker = page.locator(f".sa-memory-map[data-allocations='{EXPECTED_ALLOCATIONS}']")
                 marker.wait_for(state="visible", timeout=120_000)
                 assert marker.get_attribute("data-chunks") == str(EXPECTED_CHUNKS)
                 assert marker.get_attribute("data-rows") == str(EXPECTED_ROWS)

@@ -37,9 +37,9 @@ import pytest
 from conftest import fd_targets, open_fds
 
 import sharedarrays as sa
-from sharedarrays.allocation import draining_allocations, drop_parked, lookup
 from sharedarrays.backends import get_backend
-from sharedarrays.device import parse_device
+from sharedarrays.backends.device import parse_device
+from sharedarrays.memory.allocation import draining_allocations, drop_parked, lookup
 
 TESTS = Path(__file__).parent
 BACKENDS = [

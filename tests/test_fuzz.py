@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from keeper_helpers import lock_holder, private_keeper
 
 import sharedarrays as sa
-from sharedarrays import keeper
-from sharedarrays.payload import MAGIC, TAG_BYTES, _tag
+from sharedarrays.protocol.payload import MAGIC, TAG_BYTES, _tag
+from sharedarrays.transport import keeper
 
 __all__ = ["private_keeper"]
 
@@ -95,7 +95,7 @@ def test_malformed_payloads_raise_shared_array_errors(case: tuple[str, bytes]) -
     kind, blob = case
     try:
         if kind == "pickle":  # the reconstructor called with junk arguments
-            from sharedarrays.array import _rebuild
+            from sharedarrays.api.array import _rebuild
 
             v = _rebuild(pickle.loads(blob))
         else:
@@ -105,7 +105,7 @@ def test_malformed_payloads_raise_shared_array_errors(case: tuple[str, bytes]) -
     # a forged payload may be well formed: then it is a view inside the same allocation
     _COUNT["loaded"] += 1
     assert v.allocation is _A.allocation
-    from sharedarrays.payload import view_extent
+    from sharedarrays.protocol.payload import view_extent
 
     low, high = view_extent(v.itemsize, v.shape, v.strides)
     assert v.offset + low >= 0 and v.offset + high <= _A.allocation.size

@@ -17,7 +17,7 @@ import pytest
 import workers
 
 import sharedarrays as sa
-from sharedarrays.allocation import lookup
+from sharedarrays.memory.allocation import lookup
 
 METHODS = [m for m in ("fork", "spawn", "forkserver") if m in mp.get_all_start_methods()]
 
@@ -231,7 +231,7 @@ def test_payload_of_a_closed_array_is_unavailable(monkeypatch: pytest.MonkeyPatc
 def test_fd_counts_return_to_baseline_after_200_round_trips(method: str) -> None:
     from conftest import open_fds
 
-    from sharedarrays import keeper
+    from sharedarrays.transport import keeper
 
     keeper.ensure_running()  # (a worker that starts it holds the launch's pipes meanwhile)
     with mp.get_context(method).Pool(1) as p:

@@ -40,8 +40,9 @@ def test_notebook_runs(name, tmp_path, monkeypatch):
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     # The kernel "python3" is started with this interpreter: jupyter_client runs a kernel
     # whose command starts with "python" as sys.executable.
-    monkeypatch.setenv("PATH", os.pathsep.join([str(Path(sys.executable).parent),
-                                                os.environ.get("PATH", "")]))
+    monkeypatch.setenv(
+        "PATH", os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    )
     client = nbclient.NotebookClient(
         nb,
         timeout=240,

@@ -26,8 +26,9 @@ from conftest import fd_targets, open_fds
 from keeper_helpers import private_keeper  # noqa: F401 - fixture
 
 import sharedarrays as sa
-from sharedarrays import keeper, transport
-from sharedarrays.allocation import drop_parked
+from sharedarrays.memory.allocation import drop_parked
+from sharedarrays.transport import handles as transport
+from sharedarrays.transport import keeper
 
 METHODS = ["spawn", "fork", "forkserver"]
 BACKENDS = [

@@ -38,7 +38,7 @@ def echo(a: Any) -> Any:
 def num_fds(_: object = None) -> int:
     import psutil
 
-    from sharedarrays import transport
+    from sharedarrays.transport import handles as transport
 
     gc.collect()
     return psutil.Process().num_fds() - transport.open_connections()
@@ -66,7 +66,7 @@ def import_twice(blob: bytes) -> tuple[bool, int]:
     """Load one payload twice in a fresh process: one mapping, same address."""
     x = pickle.loads(blob)
     y = pickle.loads(blob)
-    import sharedarrays.allocation as al
+    import sharedarrays.memory.allocation as al
 
     return x.allocation is y.allocation and x.address == y.address, len(al.live_allocations())
 
@@ -104,14 +104,14 @@ def release_held(_: object = None) -> int:
 
 
 def parked_ids(_: object = None) -> list[str]:
-    from sharedarrays.allocation import parked_allocations
+    from sharedarrays.memory.allocation import parked_allocations
 
     gc.collect()
     return [a.id for a in parked_allocations()]
 
 
 def mapped_ids(_: object = None) -> list[str]:
-    from sharedarrays.allocation import live_allocations
+    from sharedarrays.memory.allocation import live_allocations
 
     gc.collect()
     return [a.id for a in live_allocations()]

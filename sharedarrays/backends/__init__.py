@@ -9,9 +9,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from ..device import Device, parse_device
-from ..errors import BackendUnavailable
-from .base import Access, Backend, Chunk, MappingBackend, round_up
+from sharedarrays.backends.base import Access, Backend, Chunk, MappingBackend, round_up
+from sharedarrays.backends.device import Device, parse_device
+from sharedarrays.errors import BackendUnavailable
 
 __all__ = [
     "Access",
@@ -41,7 +41,7 @@ def _make_host(device: Device) -> Backend:
             f"the host backend only serves device 'cpu', not {device}; for a CUDA device use "
             "backend='auto', 'cuda-vmm', 'cuda-ipc' or 'cuda-pool'"
         )
-    from .host import HostBackend
+    from sharedarrays.backends.host import HostBackend
 
     return HostBackend()
 
@@ -55,14 +55,14 @@ def _make_cuda(name: str) -> Callable[[Device], Backend]:
                 f"the {name} backend needs a CUDA device (device='cuda:N'), not {device}{because}"
             )
         if name == "cuda-vmm":
-            from .cuda_vmm import CudaVmmBackend
+            from sharedarrays.backends.cuda.vmm import CudaVmmBackend
 
             return CudaVmmBackend(device)
         if name == "cuda-ipc":
-            from .cuda_ipc import CudaIpcBackend
+            from sharedarrays.backends.cuda.ipc import CudaIpcBackend
 
             return CudaIpcBackend(device)
-        from .cuda_pool import CudaPoolBackend
+        from sharedarrays.backends.cuda.pool import CudaPoolBackend
 
         return CudaPoolBackend(device)
 
@@ -89,7 +89,7 @@ def cuda_usable(index: int | None = None, backend: str = "any") -> str | None:
         ``"cuda-vmm"``, ``"cuda-ipc"`` or ``"cuda-pool"``; ``"any"`` (default): whether at
         least one of them can (the reason given is cuda-vmm's otherwise).
     """
-    from . import cuda_driver
+    from sharedarrays.backends.cuda import driver as cuda_driver
 
     if backend != "any":
         return cuda_driver.why_unusable(index, backend)
@@ -99,8 +99,8 @@ def cuda_usable(index: int | None = None, backend: str = "any") -> str | None:
 
 def current_cuda_device(default: int) -> int:
     """The CUDA device this process works on (CuPy's or PyTorch's current one), else
-    ``default``; see :func:`~sharedarrays.backends.cuda_driver.current_device_index`."""
-    from . import cuda_driver
+    ``default``; see :func:`~sharedarrays.backends.cuda.driver.current_device_index`."""
+    from sharedarrays.backends.cuda import driver as cuda_driver
 
     return cuda_driver.current_device_index(default)
 

@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..device import Device
+from sharedarrays.backends.device import Device
 
 __all__ = ["Access", "Chunk", "Backend", "MappingBackend", "round_up"]
 

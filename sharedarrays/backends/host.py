@@ -29,15 +29,15 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..device import CPU, Device
-from ..errors import (
+from sharedarrays.backends.base import Access, Chunk
+from sharedarrays.backends.device import CPU, Device
+from sharedarrays.errors import (
     BackendUnavailable,
     HandleUnavailable,
     OutOfMemory,
     PayloadError,
     PermissionDenied,
 )
-from .base import Access, Chunk
 
 __all__ = ["HostBackend", "check_chunk_fd", "memory_available"]
 

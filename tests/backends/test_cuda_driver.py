@@ -1,4 +1,4 @@
-"""The CUDA driver layer (``sharedarrays.backends.cuda_driver``), on the CPU.
+"""The CUDA driver layer (``sharedarrays.backends.cuda.driver``), on the CPU.
 
 :func:`why_unusable` gives a reason and never raises, against the real environment and
 against a fake driver module (per backend: cuda-vmm, cuda-ipc, cuda-pool); ``check`` and the
@@ -20,16 +20,16 @@ from typing import Any
 import pytest
 from cuda_helpers import ROOT, child_env
 
-from sharedarrays.backends import cuda_driver
-from sharedarrays.backends.cuda_driver import (
+from sharedarrays.backends.cuda import driver as cuda_driver
+from sharedarrays.backends.cuda.driver import (
     FORK_REASON,
     INSTALL_HINT,
     CudaDriverError,
     CudaOutOfMemory,
     why_unusable,
 )
-from sharedarrays.backends.cuda_vmm import CudaVmmBackend
-from sharedarrays.device import Device
+from sharedarrays.backends.cuda.vmm import CudaVmmBackend
+from sharedarrays.backends.device import Device
 from sharedarrays.errors import BackendUnavailable
 
 # ============================================================================================
@@ -66,7 +66,7 @@ def test_backend_refuses_with_the_reason() -> None:
 def test_importing_loads_no_cuda_module() -> None:
     code = (
         "import sys\n"
-        "import sharedarrays.backends.cuda_vmm, sharedarrays.sync\n"
+        "import sharedarrays.backends.cuda.vmm, sharedarrays.backends.cuda.sync\n"
         "bad = [m for m in sys.modules if m == 'cupy' or m.startswith(('cupy.', 'cuda.'))"
         " or m in ('cuda', 'torch')]\n"
         "assert not bad, bad\n"

@@ -1,4 +1,4 @@
-"""The CUDA VMM backend and cross-process ordering (``sharedarrays.sync``).
+"""The CUDA VMM backend and cross-process ordering (``sharedarrays.backends.cuda.sync``).
 
 The CPU half lives in ``test_cuda_driver.py`` (why_unusable, a fake driver, errors) and
 ``tests/test_sync.py`` (no_sync, tokens). Here:
@@ -33,15 +33,15 @@ import numpy as np
 import pytest
 from cuda_helpers import ROOT, Spin, child_env
 
-from sharedarrays import sync
-from sharedarrays.backends import cuda_driver
 from sharedarrays.backends.base import Backend, Chunk
-from sharedarrays.backends.cuda_driver import (
+from sharedarrays.backends.cuda import driver as cuda_driver
+from sharedarrays.backends.cuda import sync
+from sharedarrays.backends.cuda.driver import (
     FORK_REASON,
     why_unusable,
 )
-from sharedarrays.backends.cuda_vmm import CudaVmmBackend
-from sharedarrays.device import Device
+from sharedarrays.backends.cuda.vmm import CudaVmmBackend
+from sharedarrays.backends.device import Device
 from sharedarrays.errors import PayloadError
 
 MiB = 1 << 20

@@ -16,7 +16,7 @@ import pytest
 from keeper_helpers import py
 
 import sharedarrays as sa
-from sharedarrays.payload import MAGIC, TAG_BYTES
+from sharedarrays.protocol.payload import MAGIC, TAG_BYTES
 
 ATTACKS = (
     "import ctypes, errno, json, mmap, os, pickle, sys\n"
@@ -151,7 +151,7 @@ class _Handed:
 def _as_another_allocation(a: sa.SharedDeviceArray, **changes: object) -> bytes:
     """``a``'s payload under a fresh allocation id (so loading it imports the handles that
     come with it), with ``changes`` to its fields, and a valid tag."""
-    from sharedarrays.payload import _tag
+    from sharedarrays.protocol.payload import _tag
 
     doc = json.loads(a.payload().to_bytes()[len(MAGIC) + TAG_BYTES :])
     doc.update(id=os.urandom(16).hex(), **changes)
@@ -254,7 +254,7 @@ def test_a_huge_host_array_fails_at_creation(fd_baseline: None) -> None:
         sa.empty(size, "uint8", device="cpu")
     assert isinstance(err.value, MemoryError) and isinstance(err.value, sa.SharedArrayError)
     assert "available" in str(err.value) and "MemAvailable" in str(err.value)
-    assert all(al.size < size for al in sa.allocation.live_allocations())
+    assert all(al.size < size for al in sa.live_allocations())
 
 
 @pytest.mark.parametrize("how", ["chunk_bytes", "growth"])

@@ -6,7 +6,7 @@ import pytest
 
 import sharedarrays as sa
 from sharedarrays.backends import BACKEND_NAMES, choose_backend, factories
-from sharedarrays.device import CPU
+from sharedarrays.backends.device import CPU
 
 
 def test_auto_is_host_on_the_cpu_and_names_pass_through() -> None:
@@ -32,7 +32,7 @@ def test_a_cuda_backend_on_the_cpu_says_what_to_do(name: str) -> None:
 
 def test_host_on_a_cuda_device_is_refused() -> None:
     from sharedarrays.backends import get_backend
-    from sharedarrays.device import Device
+    from sharedarrays.backends.device import Device
 
     with pytest.raises(sa.BackendUnavailable, match="only serves device 'cpu'"):
         get_backend(Device("cuda", 0), "host")

@@ -1,0 +1,507 @@
+"""Making new shared arrays: empty, zeros, ones, full, from_array."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, SupportsIndex
+
+import numpy as np
+from numpy.typing import DTypeLike
+
+from sharedarrays.api.array import SharedDeviceArray, operator_index
+from sharedarrays.backends import Access, choose_backend, get_backend
+from sharedarrays.backends.device import Device, DeviceLike, parse_device
+from sharedarrays.memory.allocation import PACK_BYTES, Allocation, pack_into_slab
+from sharedarrays.process import PID_MAX_LIMIT
+from sharedarrays.protocol.payload import MAX_SIZE, contiguous_strides
+
+__all__ = ["empty", "zeros", "ones", "full", "from_array", "ShapeLike", "PROGRESS_BYTES"]
+
+ShapeLike = SupportsIndex | Sequence[SupportsIndex]
+
+AccessList = Sequence[DeviceLike | tuple[DeviceLike, str]]
+"""``access=``: devices (read-write), or ``(device, "rw" | "r")`` pairs."""
+
+
+def _peers(access: AccessList | None, device: Device) -> dict[int, Access]:
+    """The peer devices ``access=`` names (besides ``device``), with their access."""
+    if access is None:
+        return {}
+    if isinstance(access, (str, bytes, Device, int)):
+        raise TypeError("access= takes a list of devices, e.g. ['cuda:0', 'cuda:1']")
+    peers: dict[int, Access] = {}
+    for item in access:
+        if isinstance(item, tuple) and len(item) != 2:
+            raise ValueError(f"access= items are devices or (device, mode) pairs, not {item!r}")
+        dev_like, mode = item if isinstance(item, tuple) else (item, "rw")
+        if mode not in ("rw", "r"):
+            raise ValueError(f"access mode must be 'rw' or 'r', not {mode!r}")
+        dev = parse_device(dev_like)
+        if dev.kind != device.kind:
+            raise ValueError(
+                f"{device} memory cannot be granted to {dev}: "
+                + ("host memory is accessed by the cpu only" if not device.is_cuda else
+                   "access= lists CUDA devices")
+            )  # fmt: skip
+        if dev == device:
+            if mode != "rw":
+                raise ValueError(
+                    f"{device} is the memory's own device and keeps read-write access in the "
+                    "creating process; readonly=True makes importers read-only"
+                )
+            continue
+        peers[dev.index] = "r" if mode == "r" else "rw"
+    return peers
+
+
+def _shape(shape: ShapeLike) -> tuple[int, ...]:
+    items = shape if isinstance(shape, Sequence) else (shape,)
+    if isinstance(shape, (str, bytes)):
+        raise TypeError(f"shape must be an int or a sequence of ints, not {shape!r}")
+    try:
+        out = tuple(operator_index(n) for n in items)
+    except TypeError:
+        raise TypeError(f"shape must be an int or a sequence of ints, not {shape!r}") from None
+    if any(n < 0 for n in out):
+        raise ValueError(f"negative dimensions are not allowed: {out}")
+    if len(out) > 64:
+        raise ValueError(f"at most 64 dimensions, got {len(out)}")
+    return out
+
+
+def _dtype(dtype: DTypeLike) -> np.dtype[Any]:
+    dt = np.dtype(dtype)
+    if dt.kind not in "biufc" or dt.fields is not None or dt.subdtype is not None:
+        raise TypeError(
+            f"dtype {dt} is not supported: shared arrays hold bool, integer, float or complex "
+            "numbers (object, string, datetime and structured dtypes cannot be shared)"
+        )
+    return dt
+
+
+PROGRESS_BYTES = 256 << 20
+"""Fills and copies of at least this many bytes show a progress bar unless told not to."""
+
+_BLOCK_BYTES = 64 << 20
+
+
+def _blocks(a: SharedDeviceArray, progress: bool | None, desc: str) -> Any:
+    """Yield ``(native, slice)`` blocks along the first axis, with a tqdm.auto bar."""
+    from tqdm.auto import tqdm
+
+    native = a.array
+    show = a.nbytes >= PROGRESS_BYTES if progress is None else progress
+    if a.ndim == 0 or a.nbytes == 0:
+        yield native, ...
+        return
+    row = max(a.nbytes // max(a.shape[0], 1), 1)
+    step = max(_BLOCK_BYTES // row, 1)
+    if not show:  # no tqdm at all: even a disabled bar makes tqdm's multiprocessing lock, a
+        for start in range(0, a.shape[0], step):  # named semaphore that a pool worker
+            yield native, slice(start, min(a.shape[0], start + step))  # killed at the pool's
+        return  # end leaves to multiprocessing's resource tracker ("leaked semaphore")
+    with tqdm(total=a.nbytes, unit="B", unit_scale=True, desc=desc) as bar:
+        for start in range(0, a.shape[0], step):
+            stop = min(a.shape[0], start + step)
+            yield native, slice(start, stop)
+            bar.update((stop - start) * row)
+
+
+def _fill(a: SharedDeviceArray, value: Any, progress: bool | None) -> None:
+    for native, key in _blocks(a, progress, "fill"):
+        native[key] = value
+
+
+def _new(
+    shape: ShapeLike,
+    dtype: DTypeLike,
+    device: Device,
+    backend_name: str,
+    order: str,
+    chunk_bytes: int | None,
+    pack: bool | None = None,
+    name: str | None = None,
+    allow_pids: Iterable[int] | None = None,
+    readonly: bool = False,
+    capacity: int | None = None,
+    access: AccessList | None = None,
+) -> SharedDeviceArray:
+    if order not in ("C", "F"):
+        raise ValueError(f"order must be 'C' or 'F', not {order!r}")
+    if capacity is not None:
+        capacity = operator_index(capacity)
+        if capacity > MAX_SIZE:
+            raise ValueError(
+                f"capacity={capacity} is more than any process can reserve; at most {MAX_SIZE} "
+                "bytes (128 TiB, what a payload may name)"
+            )
+        if pack:
+            raise ValueError("pack=True and capacity cannot be combined: a slab cannot grow")
+        if name is not None:
+            raise ValueError(
+                "a named array cannot be growable (the keeper holds a fixed set of chunks); "
+                "leave out name= or capacity="
+            )
+        if order != "C":
+            raise ValueError("a growable array grows along axis 0 and must be in C order")
+        pack = False
+    from sharedarrays.api import named
+    from sharedarrays.transport import keeper
+
+    if name is not None:
+        keeper.check_name(name)
+    allowed = None if allow_pids is None else frozenset(operator_index(p) for p in allow_pids)
+    if allowed is not None and not all(0 < p <= PID_MAX_LIMIT for p in allowed):
+        raise ValueError(
+            f"allow_pids are process ids, from 1 to {PID_MAX_LIMIT}: got {sorted(allowed)}"
+        )
+    if name is not None or allowed is not None or readonly:
+        if pack:
+            raise ValueError("pack=True cannot be combined with name, allow_pids or readonly")
+        pack = False  # a slab's neighbours would share the name, the pid list or the secret
+    shp = _shape(shape)
+    dt = _dtype(dtype)
+    n = 1
+    for s in shp:
+        n *= s
+    peers = _peers(access, device)
+    if peers:
+        if pack:
+            raise ValueError("pack=True cannot be combined with access= for other devices")
+        pack = False  # a slab's neighbours would share the grant
+    backend = get_backend(device, choose_backend(device, backend_name))
+    if backend.exporter_owned and name is not None:
+        raise ValueError(
+            f"a named array must outlive its creator, and {backend.name} memory lives only as "
+            "long as the process that made it; use backend='cuda-vmm' (or 'auto') for name="
+        )
+    nbytes = n * dt.itemsize
+    if pack is None:
+        pack = chunk_bytes is None and nbytes <= PACK_BYTES
+    if capacity is not None and (not shp or capacity < nbytes):
+        raise ValueError(
+            f"capacity={capacity} bytes does not hold the {nbytes} bytes of shape {shp}"
+            if shp
+            else "a growable array has at least one axis; a 0-d array cannot grow"
+        )
+    if pack:
+        if chunk_bytes is not None:
+            raise ValueError("pack=True and chunk_bytes cannot be combined")
+        alloc, offset = pack_into_slab(backend, nbytes)
+    else:
+        alloc = Allocation.create(backend, nbytes, chunk_bytes, capacity, peers, bool(readonly))
+        offset = 0
+        alloc.allow_pids = allowed
+    strides = contiguous_strides(shp, dt.itemsize, order)
+    a = SharedDeviceArray(alloc, dt, shp, strides, offset)
+    if name is not None:
+        named.publish(a, name)
+    return a
+
+
+def empty(
+    shape: ShapeLike,
+    dtype: DTypeLike = "float64",
+    *,
+    device: DeviceLike = None,
+    backend: str = "auto",
+    order: str = "C",
+    chunk_bytes: int | None = None,
+    pack: bool | None = None,
+    name: str | None = None,
+    allow_pids: Iterable[int] | None = None,
+    readonly: bool = False,
+    capacity: int | None = None,
+    access: AccessList | None = None,
+) -> SharedDeviceArray:
+    """A new shared array whose contents are undefined.
+
+    Parameters
+    ----------
+    shape : int or sequence of int
+        Length of each axis.
+    dtype : dtype-like, default "float64"
+        A bool, integer, float or complex type.
+    device : str, int or None
+        ``None`` picks ``"cuda:0"`` when a CUDA device is usable, else ``"cpu"``; also
+        ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``N``.
+    backend : str, default "auto"
+        The memory system: ``"cuda-vmm"`` (CUDA virtual memory management, handles are fds;
+        memory lives while any process holds it), ``"cuda-ipc"`` (``cudaMalloc`` memory
+        shared by legacy CUDA IPC handles; the creating process must outlive every importer),
+        ``"cuda-pool"`` (a stream-ordered memory pool exported once, arrays allocated on the
+        current stream; the creating process must outlive every importer) or ``"host"``
+        (for ``device="cpu"``). ``"auto"`` takes host on the CPU and, on a CUDA device, the
+        first of cuda-vmm, cuda-ipc, cuda-pool that the device supports
+        (:func:`sharedarrays.backends` says which can be used here, and why not).
+    order : {"C", "F"}
+        Row-major or column-major layout.
+    chunk_bytes : int, optional
+        Largest chunk of the allocation. By default an array is one chunk (each chunk costs
+        every importer an import and a map) and a growable array maps at most 2 GiB at a
+        time (:data:`sharedarrays.memory.allocation.DEFAULT_CHUNK_BYTES`).
+    pack : bool, optional
+        Carve the array out of a shared 2 MiB *slab* allocation instead of giving it an
+        allocation of its own. The default packs arrays of at most
+        :data:`~sharedarrays.memory.allocation.PACK_BYTES` (64 KiB), so that many small arrays cost
+        one chunk, one handle and one import between them rather than one granule (2 MiB on
+        CUDA) each. Arrays packed together share a slab's secret: a process that can import
+        one of them could map its neighbours too. Pass ``pack=False`` for an array that must
+        be shared with nobody who should not see the others. Named, restricted
+        (``allow_pids``), ``readonly`` and growable arrays, and those given ``chunk_bytes``
+        or ``access``, are never packed.
+    name : str, optional
+        Give the array this name in this user's keeper (started if needed): any process of
+        the same user can then :func:`~sharedarrays.attach` it, also after this one exited,
+        until :func:`~sharedarrays.unlink` removes the name. 1 to 128 characters from
+        ``A-Z a-z 0-9 . _ -``. The name exists as soon as the memory does (before a fill).
+    allow_pids : iterable of int, optional
+        Only these processes (and this one) may import the array: others get
+        :class:`~sharedarrays.PermissionDenied` from this process's handle server and from
+        the keeper. Default: any process of this user that holds a payload (or the name).
+    readonly : bool, default False
+        Importers get read-only mappings (``PROT_READ`` on the host, a read-only
+        ``cuMemSetAccess`` on CUDA) and read-only views; this process's views stay
+        writable. On the host the kernel enforces it: once mapped here, the memory is sealed
+        against every new write (``F_SEAL_FUTURE_WRITE``), so no other process can write it
+        by any means, and the array cannot grow past its ``capacity``. On CUDA it is each
+        importer's own access setting, which a process of the same user can change (see the
+        user guide's security model).
+    access : sequence, optional
+        Other CUDA devices that may read and write (``"rw"``, the default) or only read
+        (``"r"``) the memory in this process, over NVLink or PCIe, without copies, e.g.
+        ``access=["cuda:0", "cuda:1"]`` or ``[("cuda:1", "r")]`` (the memory's own device is
+        always read-write here). cuda-vmm only; see also
+        :meth:`SharedDeviceArray.grant`. An importer whose current device is another one
+        gets access for that device when it loads the array.
+    capacity : int, optional
+        Make a *growable* array: reserve this many bytes of address space up front (rounded
+        up to the granularity) and back only what ``shape`` needs with chunks. The array then
+        grows and shrinks along axis 0 without copying (:meth:`SharedDeviceArray.resize`,
+        :meth:`~SharedDeviceArray.append`; importers see the growth on their next load or
+        :meth:`~SharedDeviceArray.refresh`). Each growth maps a chunk at least as large as
+        what is mapped already, at most ``chunk_bytes`` (see
+        :func:`sharedarrays.memory.allocation.growth_sizes`). Growing past the capacity still works
+        but moves the array to a new reservation (its address changes). Growable arrays are
+        C-ordered, never packed and never named.
+
+    Raises
+    ------
+    BackendUnavailable
+        CUDA (or the backend asked for) cannot be used here; the message says why.
+    OutOfMemory
+        A host array larger than the memory available (see the user guide), or a capacity
+        larger than the address space this process can reserve.
+    PeerAccessUnavailable
+        A device in ``access`` cannot reach the memory (``cuDeviceCanAccessPeer`` is 0).
+    NameExists
+        ``name`` is taken (the new memory is released again).
+    TypeError, ValueError
+        A bad shape, dtype, order, device, name, allow_pids (process ids) or capacity
+        (at most 128 TiB).
+    """
+    return _new(
+        shape,
+        dtype,
+        parse_device(device),
+        backend,
+        order,
+        chunk_bytes,
+        pack,
+        name,
+        allow_pids,
+        readonly,
+        capacity,
+        access,
+    )
+
+
+def zeros(
+    shape: ShapeLike,
+    dtype: DTypeLike = "float64",
+    *,
+    device: DeviceLike = None,
+    backend: str = "auto",
+    order: str = "C",
+    chunk_bytes: int | None = None,
+    pack: bool | None = None,
+    progress: bool | None = None,
+    name: str | None = None,
+    allow_pids: Iterable[int] | None = None,
+    readonly: bool = False,
+    capacity: int | None = None,
+    access: AccessList | None = None,
+) -> SharedDeviceArray:
+    """A new shared array of zeros (parameters as :func:`empty`; ``progress`` as
+    :func:`full`)."""
+    return full(
+        shape,
+        0,
+        dtype,
+        device=device,
+        backend=backend,
+        order=order,
+        chunk_bytes=chunk_bytes,
+        pack=pack,
+        progress=progress,
+        name=name,
+        allow_pids=allow_pids,
+        readonly=readonly,
+        capacity=capacity,
+        access=access,
+    )
+
+
+def ones(
+    shape: ShapeLike,
+    dtype: DTypeLike = "float64",
+    *,
+    device: DeviceLike = None,
+    backend: str = "auto",
+    order: str = "C",
+    chunk_bytes: int | None = None,
+    pack: bool | None = None,
+    progress: bool | None = None,
+    name: str | None = None,
+    allow_pids: Iterable[int] | None = None,
+    readonly: bool = False,
+    capacity: int | None = None,
+    access: AccessList | None = None,
+) -> SharedDeviceArray:
+    """A new shared array of ones (parameters as :func:`empty`; ``progress`` as
+    :func:`full`)."""
+    return full(
+        shape,
+        1,
+        dtype,
+        device=device,
+        backend=backend,
+        order=order,
+        chunk_bytes=chunk_bytes,
+        pack=pack,
+        progress=progress,
+        name=name,
+        allow_pids=allow_pids,
+        readonly=readonly,
+        capacity=capacity,
+        access=access,
+    )
+
+
+def full(
+    shape: ShapeLike,
+    fill_value: Any,
+    dtype: DTypeLike | None = None,
+    *,
+    device: DeviceLike = None,
+    backend: str = "auto",
+    order: str = "C",
+    chunk_bytes: int | None = None,
+    pack: bool | None = None,
+    progress: bool | None = None,
+    name: str | None = None,
+    allow_pids: Iterable[int] | None = None,
+    readonly: bool = False,
+    capacity: int | None = None,
+    access: AccessList | None = None,
+) -> SharedDeviceArray:
+    """A new shared array with every element set to ``fill_value``.
+
+    ``dtype`` defaults to NumPy's type for ``fill_value``; other parameters as :func:`empty`.
+    ``progress``: show a tqdm.auto progress bar (a widget in Jupyter, text in a terminal)
+    while filling; ``None`` (the default) shows one for arrays of at least
+    :data:`PROGRESS_BYTES`, ``False`` never.
+    """
+    if dtype is None:
+        dtype = np.asarray(fill_value).dtype
+    a = _new(
+        shape,
+        dtype,
+        parse_device(device),
+        backend,
+        order,
+        chunk_bytes,
+        pack,
+        name,
+        allow_pids,
+        readonly,
+        capacity,
+        access,
+    )
+    fresh_memory_reads_zero = a.allocation.backend.zeroed  # memfd; slabs are never reused
+    if not (fresh_memory_reads_zero and np.ndim(fill_value) == 0 and fill_value == 0):
+        _fill(a, fill_value, progress)
+    return a
+
+
+def _source_device(obj: Any) -> Device | None:
+    """The CUDA device of a CuPy/torch/CAI/DLPack object, or None for host objects."""
+    if hasattr(obj, "__dlpack_device__"):
+        try:
+            kind, index = obj.__dlpack_device__()
+        except Exception:
+            return None
+        if int(kind) in (2, 13):  # kDLCUDA, kDLCUDAManaged
+            return Device("cuda", int(index))
+        return None
+    if hasattr(obj, "__cuda_array_interface__"):
+        dev = getattr(obj, "device", None)
+        index = getattr(dev, "id", getattr(dev, "index", 0))
+        return Device("cuda", int(index or 0))
+    return None
+
+
+def from_array(
+    obj: Any,
+    *,
+    device: DeviceLike = None,
+    backend: str = "auto",
+    chunk_bytes: int | None = None,
+    pack: bool | None = None,
+    progress: bool | None = None,
+    name: str | None = None,
+    allow_pids: Iterable[int] | None = None,
+    readonly: bool = False,
+    capacity: int | None = None,
+    access: AccessList | None = None,
+) -> SharedDeviceArray:
+    """A new shared array holding a copy of ``obj``.
+
+    Parameters
+    ----------
+    obj : array-like
+        A NumPy or CuPy array, a torch tensor, anything with ``__dlpack__``,
+        ``__cuda_array_interface__`` or ``__array__``, or a nested sequence.
+    device : str, int or None
+        Where to put the copy. ``None``: the source's CUDA device if it is on one, otherwise
+        as :func:`empty` decides.
+
+    progress : bool, optional
+        Show a progress bar while copying (as :func:`full`).
+    capacity : int, optional
+        Make the copy growable, reserving this many bytes (as :func:`empty`; the copy is
+        then in C order).
+
+    The copy keeps the source's layout when it is Fortran-contiguous, else C order.
+    """
+    dev = parse_device(device if device is not None else _source_device(obj))
+    src = get_backend(dev, choose_backend(dev, backend)).to_native(obj)
+    fortran = src.flags.f_contiguous and not src.flags.c_contiguous and capacity is None
+    order = "F" if fortran else "C"
+    a = _new(
+        src.shape,
+        src.dtype,
+        dev,
+        backend,
+        order,
+        chunk_bytes,
+        pack,
+        name,
+        allow_pids,
+        readonly,
+        capacity,
+        access,
+    )
+    for native, key in _blocks(a, progress, "copy"):
+        native[key] = src[key]
+    return a

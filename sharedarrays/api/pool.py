@@ -1,0 +1,459 @@
+"""Process pools that work from notebooks and never fork after CUDA was initialised.
+
+:class:`Pool` and :class:`ProcessPoolExecutor` are the standard library's, with two changes:
+
+* **spawn by default.** A process forked after CUDA was initialised cannot use CUDA, so the
+  default start method is ``"spawn"``; ``"forkserver"`` may be asked for, and ``"fork"`` is
+  refused with :class:`ForkAfterCudaError` when CUDA was initialised in this process.
+* **Functions defined in a notebook (or any ``__main__``) work.** A spawned worker cannot
+  import a function from the notebook's ``__main__``, nor a lambda or a nested function.
+  Such functions are shipped by value with cloudpickle, wrapped in a small picklable
+  callable; functions importable by name are sent by name as usual. A worker unpickles each
+  distinct function once and reuses it, so its globals persist across tasks.
+
+Shared arrays in the arguments and results are passed without copying, as everywhere.
+
+* **A result that cannot be loaded is that task's error, never a hung pool.** The standard
+  library unpickles results in one thread of the pool (``Pool``) or of the executor's
+  manager; an exception there ends that thread and the pool waits forever (``Pool``) or
+  breaks (``ProcessPoolExecutor``). Here each result is pickled on its own in the worker
+  (:class:`_Returned`) and loaded in the parent where its caller's result is set, so the error (say,
+  :class:`~sharedarrays.HandleUnavailable`) is raised where the caller waits for that
+  result (``map``, ``apply``, ``AsyncResult.get``, ``Future.result``, the
+  ``error_callback``), and the pool goes on working.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import multiprocessing
+import multiprocessing.context
+import multiprocessing.pool
+import sys
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Future
+from multiprocessing import reduction
+from typing import Any, TypeVar, cast
+
+from sharedarrays.errors import SharedArrayError
+
+__all__ = [
+    "Pool",
+    "ProcessPoolExecutor",
+    "ForkAfterCudaError",
+    "DEFAULT_START_METHOD",
+    "get_context",
+    "cuda_initialised",
+    "by_value",
+]
+
+DEFAULT_START_METHOD = "spawn"
+"""The start method used when none is given."""
+
+T = TypeVar("T")
+ContextLike = str | multiprocessing.context.BaseContext | None
+
+
+class ForkAfterCudaError(SharedArrayError, ValueError):
+    """The ``fork`` start method was asked for in a process that has initialised CUDA."""
+
+
+def cuda_initialised() -> bool:
+    """Best effort: has CUDA been initialised in this process?
+
+    Asks the CUDA backend where it can tell; otherwise counts an imported ``cupy`` as
+    initialised.
+    """
+    from sharedarrays.backends.cuda import driver as cuda_driver
+
+    probe = getattr(cuda_driver, "_cuda_initialised_here", None)
+    if callable(probe):
+        try:
+            return bool(probe())
+        except Exception:
+            pass
+    return "cupy" in sys.modules
+
+
+def get_context(method: ContextLike = None) -> multiprocessing.context.BaseContext:
+    """The multiprocessing context for ``method`` (default :data:`DEFAULT_START_METHOD`).
+
+    Raises
+    ------
+    ForkAfterCudaError
+        ``"fork"`` while CUDA is initialised in this process.
+    """
+    if method is None:
+        ctx: multiprocessing.context.BaseContext = multiprocessing.get_context(DEFAULT_START_METHOD)
+    elif isinstance(method, str):
+        ctx = multiprocessing.get_context(method)
+    else:
+        ctx = method
+    if ctx.get_start_method() == "fork" and cuda_initialised():
+        raise ForkAfterCudaError(
+            "the 'fork' start method cannot be used after CUDA was initialised in this "
+            "process (a forked child cannot use CUDA); use 'spawn' (the default) or "
+            "'forkserver'"
+        )
+    return ctx
+
+
+# --------------------------------------------------------------------------------------------
+# shipping functions by value
+
+_loaded: dict[bytes, Callable[..., Any]] = {}
+_loaded_lock = threading.Lock()
+_LOADED_MAX = 128
+
+
+def _load(blob: bytes) -> Callable[..., Any]:
+    fn = _loaded.get(blob)
+    if fn is None:
+        import cloudpickle
+
+        fn = cloudpickle.loads(blob)
+        with _loaded_lock:
+            if len(_loaded) >= _LOADED_MAX:
+                _loaded.pop(next(iter(_loaded)))
+            _loaded[blob] = fn
+    return fn
+
+
+class ByValue:
+    """A picklable callable that carries a function pickled with cloudpickle.
+
+    Attributes
+    ----------
+    blob : bytes
+        The cloudpickle bytes of the function.
+    name : str
+        The function's qualified name (for messages).
+    """
+
+    __slots__ = ("blob", "name")
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        import cloudpickle
+
+        self.blob: bytes = cloudpickle.dumps(fn)
+        self.name: str = getattr(fn, "__qualname__", type(fn).__name__)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _load(self.blob)(*args, **kwargs)
+
+    def __reduce__(self) -> tuple[Any, tuple[bytes, str]]:
+        return _rebuild, (self.blob, self.name)
+
+    def __repr__(self) -> str:
+        return f"<by-value {self.name} ({len(self.blob)} bytes)>"
+
+
+def _rebuild(blob: bytes, name: str) -> ByValue:
+    obj = ByValue.__new__(ByValue)
+    obj.blob = blob
+    obj.name = name
+    return obj
+
+
+def _needs_value(fn: object) -> bool:
+    if isinstance(fn, ByValue):
+        return False
+    if isinstance(fn, functools.partial):
+        return _needs_value(fn.func)
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", "")
+    return module in (None, "__main__", "__mp_main__") or "<" in qualname
+
+
+def by_value(fn: Callable[..., T]) -> Callable[..., T]:
+    """``fn`` wrapped to be pickled by value when a spawned worker could not import it by
+    name (defined in ``__main__`` or a notebook, a lambda, a nested function); otherwise
+    ``fn`` itself."""
+    if _needs_value(fn):
+        return ByValue(fn)
+    return fn
+
+
+# --------------------------------------------------------------------------------------------
+# results that load in the parent under a guard
+
+
+class _Pending:
+    """A task's result as it reaches the parent: pickled bytes, loaded by :func:`_load_pending`
+    where the caller's result is set (so a failure to load it is that task's error)."""
+
+    __slots__ = ("blob",)
+
+    def __init__(self, blob: bytes) -> None:
+        self.blob = blob
+
+
+class _Returned:
+    """A task's result, pickled on its own in the worker (multiprocessing's pickler: shared
+    arrays travel as payloads); it arrives in the parent as a :class:`_Pending`."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
+        return _Pending, (bytes(reduction.ForkingPickler.dumps(self.value)),)
+
+
+def _load_pending(value: Any) -> Any:
+    """A result as it arrived (one value, or a chunk's list of them), with its pending
+    parts loaded. Raises what loading raises."""
+    if isinstance(value, _Pending):
+        return reduction.ForkingPickler.loads(value.blob)
+    if type(value) is list and any(isinstance(v, _Pending) for v in value):
+        return [_load_pending(v) for v in value]
+    return value
+
+
+class _Task:
+    """The function a worker runs: the user's, with its result wrapped in :class:`_Returned`."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> _Returned:
+        return _Returned(self.fn(*args, **kwargs))
+
+    def __reduce__(self) -> tuple[Any, tuple[Callable[..., Any]]]:
+        return _Task, (self.fn,)
+
+
+def _task(fn: Callable[..., T]) -> Callable[..., T]:
+    """``fn`` as a worker runs it (by value where needed, result wrapped once)."""
+    return cast(Callable[..., T], fn if isinstance(fn, _Task) else _Task(by_value(fn)))
+
+
+def _guarded_get(recv: Callable[[], Any]) -> Any:
+    """``Pool``'s result reader: loads each result, and one that fails to load becomes that
+    task's error (the pool's result thread goes on)."""
+    task = recv()
+    if type(task) is tuple and len(task) == 3 and type(task[2]) is tuple:
+        job, i, (ok, value) = task
+        if ok:
+            try:
+                return job, i, (True, _load_pending(value))
+            except Exception as e:
+                return job, i, (False, e)
+    return task
+
+
+class _ResultFuture(Future[Any]):
+    """The future :meth:`ProcessPoolExecutor.submit` returns: it follows the executor's own
+    and fails with the load error when the result could not be loaded here."""
+
+    def __init__(self, inner: Future[Any]) -> None:
+        super().__init__()
+        self._inner: Future[Any] | None = inner
+        inner.add_done_callback(self._follow)
+
+    def _follow(self, inner: Future[Any]) -> None:
+        self._inner = None  # no cycle: the result goes with the last reference to this
+        if inner.cancelled():
+            super().cancel()
+            return
+        error = inner.exception()
+        if error is None:
+            try:
+                value = _load_pending(inner.result())  # (the executor keeps the last result it
+            except Exception as e:  # got: only the bytes, so the arrays go with this)
+                error = e
+        if error is not None:
+            self.set_exception(error)
+        else:
+            self.set_result(value)
+
+    def cancel(self) -> bool:
+        inner = self._inner
+        return inner is not None and inner.cancel() and self.cancelled()
+
+
+# --------------------------------------------------------------------------------------------
+# the pools
+
+
+class Pool(multiprocessing.pool.Pool):
+    """:class:`multiprocessing.pool.Pool` with the spawn start method by default and
+    notebook-defined functions shipped by value.
+
+    Parameters
+    ----------
+    processes : int, optional
+        Number of workers (default ``os.cpu_count()``).
+    initializer : callable, optional
+        Called in each worker on start with ``initargs``.
+    initargs : tuple
+        Arguments of ``initializer``.
+    maxtasksperchild : int, optional
+        Replace a worker after this many tasks.
+    context : str or multiprocessing context, optional
+        ``"spawn"`` (the default), ``"forkserver"``, or ``"fork"`` (refused after CUDA
+        was initialised in this process).
+
+    Raises
+    ------
+    ForkAfterCudaError
+        ``"fork"`` asked for after CUDA was initialised.
+
+    Examples
+    --------
+    >>> import sharedarrays as sa
+    >>> def square(x):  # defined in a notebook cell
+    ...     return x * x
+    >>> with sa.Pool(2) as pool:  # doctest: +SKIP
+    ...     pool.map(square, range(4))
+    [0, 1, 4, 9]
+    """
+
+    def __init__(
+        self,
+        processes: int | None = None,
+        initializer: Callable[..., object] | None = None,
+        initargs: Iterable[Any] = (),
+        maxtasksperchild: int | None = None,
+        context: ContextLike = None,
+    ) -> None:
+        self.__dict__["_state"] = "CLOSE"  # lets Pool.__del__ pass if get_context raises
+        ctx = get_context(context)
+        if initializer is not None:
+            initializer = by_value(initializer)
+        super().__init__(processes, initializer, initargs, maxtasksperchild, ctx)
+
+    def _setup_queues(self) -> None:
+        super()._setup_queues()  # type: ignore[misc]
+        self._quick_get = functools.partial(_guarded_get, self._quick_get)  # type: ignore[has-type]
+
+    def apply(
+        self,
+        func: Callable[..., T],
+        args: Iterable[Any] = (),
+        kwds: Mapping[str, Any] = {},
+    ) -> T:
+        """Call ``func(*args, **kwds)`` in a worker and wait for the result."""
+        return super().apply(_task(func), args, kwds)
+
+    def apply_async(
+        self,
+        func: Callable[..., T],
+        args: Iterable[Any] = (),
+        kwds: Mapping[str, Any] = {},
+        callback: Callable[[T], object] | None = None,
+        error_callback: Callable[[BaseException], object] | None = None,
+    ) -> multiprocessing.pool.AsyncResult[T]:
+        """Like :meth:`apply`, returning an ``AsyncResult``."""
+        return super().apply_async(_task(func), args, kwds, callback, error_callback)
+
+    def map(
+        self, func: Callable[[Any], T], iterable: Iterable[Any], chunksize: int | None = None
+    ) -> list[T]:
+        """``[func(x) for x in iterable]``, computed by the workers."""
+        return super().map(_task(func), iterable, chunksize)
+
+    def map_async(
+        self,
+        func: Callable[[Any], T],
+        iterable: Iterable[Any],
+        chunksize: int | None = None,
+        callback: Callable[[list[T]], object] | None = None,
+        error_callback: Callable[[BaseException], object] | None = None,
+    ) -> multiprocessing.pool.MapResult[T]:
+        """Like :meth:`map`, returning an ``AsyncResult``."""
+        return super().map_async(_task(func), iterable, chunksize, callback, error_callback)
+
+    def imap(
+        self, func: Callable[[Any], T], iterable: Iterable[Any], chunksize: int | None = 1
+    ) -> multiprocessing.pool.IMapIterator[T]:
+        """Like :meth:`map`, yielding results in order as they come."""
+        return super().imap(_task(func), iterable, chunksize)
+
+    def imap_unordered(
+        self, func: Callable[[Any], T], iterable: Iterable[Any], chunksize: int | None = 1
+    ) -> multiprocessing.pool.IMapIterator[T]:
+        """Like :meth:`imap`, in completion order."""
+        return super().imap_unordered(_task(func), iterable, chunksize)
+
+    def starmap(
+        self,
+        func: Callable[..., T],
+        iterable: Iterable[Iterable[Any]],
+        chunksize: int | None = None,
+    ) -> list[T]:
+        """``[func(*args) for args in iterable]``, computed by the workers."""
+        return super().starmap(_task(func), iterable, chunksize)
+
+    def starmap_async(
+        self,
+        func: Callable[..., T],
+        iterable: Iterable[Iterable[Any]],
+        chunksize: int | None = None,
+        callback: Callable[[list[T]], object] | None = None,
+        error_callback: Callable[[BaseException], object] | None = None,
+    ) -> multiprocessing.pool.AsyncResult[list[T]]:
+        """Like :meth:`starmap`, returning an ``AsyncResult``."""
+        return super().starmap_async(_task(func), iterable, chunksize, callback, error_callback)
+
+
+class ProcessPoolExecutor(concurrent.futures.ProcessPoolExecutor):
+    """:class:`concurrent.futures.ProcessPoolExecutor` with the spawn start method by
+    default and notebook-defined functions shipped by value.
+
+    Parameters
+    ----------
+    max_workers : int, optional
+        Number of workers (default ``os.cpu_count()``).
+    mp_context : str or multiprocessing context, optional
+        ``"spawn"`` (the default), ``"forkserver"``, or ``"fork"`` (refused after CUDA
+        was initialised in this process).
+    initializer : callable, optional
+        Called in each worker on start with ``initargs``.
+    initargs : tuple
+        Arguments of ``initializer``.
+    max_tasks_per_child : int, optional
+        Replace a worker after this many tasks (Python 3.11 and newer).
+
+    Raises
+    ------
+    ForkAfterCudaError
+        ``"fork"`` asked for after CUDA was initialised.
+    """
+
+    def __init__(
+        self,
+        max_workers: int | None = None,
+        mp_context: ContextLike = None,
+        initializer: Callable[..., object] | None = None,
+        initargs: tuple[Any, ...] = (),
+        *,
+        max_tasks_per_child: int | None = None,
+    ) -> None:
+        ctx = get_context(mp_context)
+        if initializer is not None:
+            initializer = by_value(initializer)
+        extra: dict[str, Any] = {}
+        if max_tasks_per_child is not None:
+            extra["max_tasks_per_child"] = max_tasks_per_child
+        super().__init__(max_workers, ctx, initializer, initargs, **extra)
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        """Schedule ``fn(*args, **kwargs)`` in a worker; returns a Future."""
+        return _ResultFuture(super().submit(_task(fn), *args, **kwargs))
+
+    def map(
+        self,
+        fn: Callable[..., T],
+        *iterables: Iterable[Any],
+        timeout: float | None = None,
+        chunksize: int = 1,
+        **kwargs: Any,
+    ) -> Iterator[T]:
+        """Like the built-in ``map(fn, *iterables)``, computed by the workers."""
+        return super().map(by_value(fn), *iterables, timeout=timeout, chunksize=chunksize, **kwargs)

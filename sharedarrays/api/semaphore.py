@@ -1,0 +1,378 @@
+"""Ordering that other APIs and other processes can drive: external semaphores and timelines.
+
+:mod:`sharedarrays.backends.cuda.sync` orders a handoff (the importer waits for the
+exporter's work at the moment of pickling). Work that keeps going back and forth needs a
+primitive both sides signal and wait on:
+
+- :class:`ExternalSemaphore` imports a semaphore another API exported as a file descriptor
+  (a Vulkan binary or timeline semaphore, ``VK_KHR_external_semaphore_fd``) with
+  ``cuImportExternalSemaphore``; :meth:`~ExternalSemaphore.signal` and
+  :meth:`~ExternalSemaphore.wait` enqueue ``cuSignalExternalSemaphoresAsync`` /
+  ``cuWaitExternalSemaphoresAsync`` on the current stream, so a Vulkan producer and CUDA
+  consumers of a shared array order their access without the CPU.
+- :class:`Timeline` is a 64-bit counter in a shared array: :meth:`~Timeline.signal` enqueues
+  ``cuStreamWriteValue64`` and :meth:`~Timeline.wait` ``cuStreamWaitValue64`` (greater or
+  equal) on the current stream. It pickles with its array, so any process that has the array
+  can wait for another's work, in stream order, CUDA only. On the host backend the same
+  class writes and polls the word from the CPU.
+
+``SharedDeviceArray.wait_for(sem, value)`` and ``SharedDeviceArray.signal(sem, value)`` do the
+same on the array's device.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from sharedarrays.backends import get_backend
+from sharedarrays.backends.device import Device, DeviceLike, parse_device
+from sharedarrays.errors import BackendUnavailable, ClosedArrayError
+
+if TYPE_CHECKING:
+    from sharedarrays.api.array import SharedDeviceArray
+    from sharedarrays.backends.cuda.driver import CudaDevice
+
+__all__ = ["ExternalSemaphore", "Timeline", "SemaphoreKind"]
+
+SemaphoreKind = Literal["opaque", "timeline"]
+
+
+def _cuda(device: Device, what: str) -> CudaDevice:
+    if not device.is_cuda:
+        raise BackendUnavailable(f"{what} needs a CUDA device, not {device}")
+    from sharedarrays.backends.cuda.driver import CudaDevice
+
+    backend = get_backend(device)
+    assert isinstance(backend, CudaDevice)
+    return backend
+
+
+class ExternalSemaphore:
+    """A semaphore exported by another API (Vulkan, say), imported into CUDA.
+
+    Make one with :meth:`from_fd`. Release it with :meth:`close` (or a ``with`` block); CUDA
+    owns the imported fd.
+
+    Attributes
+    ----------
+    kind : {"opaque", "timeline"}
+        A binary semaphore (``CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_FD``) or a timeline
+        semaphore (``..._TIMELINE_SEMAPHORE_FD``) with a 64-bit value.
+    device : Device
+        The CUDA device it was imported into.
+    """
+
+    def __init__(self, handle: Any, kind: SemaphoreKind, backend: CudaDevice) -> None:
+        self._handle: Any = handle
+        self.kind: SemaphoreKind = kind
+        self.device = backend.device
+        self._backend = backend
+        self._pid = os.getpid()
+
+    @classmethod
+    def from_fd(
+        cls, fd: int, kind: SemaphoreKind = "opaque", device: DeviceLike = None
+    ) -> ExternalSemaphore:
+        """Import a semaphore from a file descriptor another API exported.
+
+        Parameters
+        ----------
+        fd : int
+            The exported fd (``vkGetSemaphoreFdKHR`` with
+            ``VK_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_FD_BIT``). CUDA takes ownership of it
+            on success; on failure it is closed too, so the caller never closes it.
+        kind : {"opaque", "timeline"}
+            ``"opaque"`` for a binary semaphore, ``"timeline"`` for a timeline semaphore.
+        device : str, int or Device, optional
+            The CUDA device to import it into (default ``cuda:0``).
+
+        Raises
+        ------
+        ValueError
+            ``kind`` is neither, or ``fd`` is not an open descriptor.
+        BackendUnavailable
+            No usable CUDA device.
+        CudaDriverError
+            The driver refused the handle (not a semaphore of that kind, or another device's).
+        """
+        from sharedarrays.backends.cuda.driver import check
+
+        try:
+            if kind not in ("opaque", "timeline"):
+                raise ValueError(f"kind must be 'opaque' or 'timeline', not {kind!r}")
+            if isinstance(fd, bool) or not isinstance(fd, int) or fd < 0:
+                raise ValueError(f"fd must be an open file descriptor, not {fd!r}")
+            os.fstat(fd)  # a closed fd is a ValueError here, not a driver error
+            dev = parse_device("cuda:0" if device is None else device)
+            backend = _cuda(dev, "an external semaphore")
+            d = backend._d
+            types = d.CUexternalSemaphoreHandleType
+            desc = d.CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC()
+            desc.type = (
+                types.CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_FD
+                if kind == "opaque"
+                else types.CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_FD
+            )
+            desc.handle.fd = fd
+            desc.flags = 0
+            with backend.context():
+                handle = check(
+                    d.cuImportExternalSemaphore(desc), f"cuImportExternalSemaphore({kind})"
+                )
+        except OSError as exc:
+            raise ValueError(f"fd {fd} is not an open file descriptor ({exc})") from None
+        except BaseException:
+            try:
+                os.close(fd)
+            except (OSError, TypeError):
+                pass
+            raise
+        return cls(handle, kind, backend)
+
+    def _value(self, value: int | None) -> int:
+        if self.kind == "timeline":
+            if value is None or isinstance(value, bool) or not 0 <= int(value) < 1 << 64:
+                raise ValueError("a timeline semaphore needs a value in [0, 2**64)")
+            return int(value)
+        if value is not None:
+            raise ValueError("a binary ('opaque') semaphore takes no value")
+        return 0
+
+    def _live(self) -> Any:
+        if self._handle is None:
+            raise ClosedArrayError("this external semaphore was closed")
+        if os.getpid() != self._pid:
+            raise BackendUnavailable("an external semaphore cannot be used after fork")
+        return self._handle
+
+    def signal(self, value: int | None = None) -> None:
+        """Enqueue a signal on the current stream: ``value`` for a timeline, none for a
+        binary semaphore. Returns at once; the semaphore is signalled when the stream's
+        earlier work is done."""
+        self._enqueue("Signal", value)
+
+    def wait(self, value: int | None = None) -> None:
+        """Enqueue a wait on the current stream (until a timeline reaches ``value``, or a
+        binary semaphore is signalled). Returns at once; later work on the stream waits."""
+        self._enqueue("Wait", value)
+
+    def _enqueue(self, op: Literal["Signal", "Wait"], value: int | None) -> None:
+        """``cu{op}ExternalSemaphoresAsync`` of this semaphore on the current stream."""
+        from sharedarrays.backends.cuda.driver import check
+
+        handle, fence = self._live(), self._value(value)
+        b = self._backend
+        params = getattr(b._d, f"CUDA_EXTERNAL_SEMAPHORE_{op.upper()}_PARAMS")()
+        params.params.fence.value = fence
+        params.flags = 0
+        call = f"cu{op}ExternalSemaphoresAsync"
+        with b.context():
+            check(getattr(b._d, call)([handle], [params], 1, b.current_stream()), call)
+
+    def close(self) -> None:
+        """Destroy the imported semaphore (``cuDestroyExternalSemaphore``). Idempotent."""
+        handle, self._handle = self._handle, None
+        if handle is None or os.getpid() != self._pid:
+            return
+        with self._backend.context():
+            self._backend._d.cuDestroyExternalSemaphore(handle)
+
+    def __enter__(self) -> ExternalSemaphore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        state = "closed" if self._handle is None else "open"
+        return f"<ExternalSemaphore {self.kind} on {self.device} ({state})>"
+
+
+class Timeline:
+    """A 64-bit counter in a shared array that processes signal and wait on, in stream order.
+
+    Parameters
+    ----------
+    array : SharedDeviceArray
+        An array of ``uint64`` or ``int64``; the counter is one element of it.
+    index : int or tuple of int
+        Which element (default: the first).
+
+    Notes
+    -----
+    On CUDA, :meth:`signal` and :meth:`wait` enqueue ``cuStreamWriteValue64`` and
+    ``cuStreamWaitValue64(..., CU_STREAM_WAIT_VALUE_GEQ)`` on the current stream: the CPU
+    does not wait. A waiting stream blocks the GPU work queued after it, in that process,
+    until some process signals a value at least as large; signal values should only grow.
+    While a stream waits, calls that synchronise the whole device stall behind it: loading a
+    kernel for the first time (CuPy compiles and loads each kernel on its first use),
+    ``cudaDeviceSynchronize``. Run each kernel once before queueing a wait it guards.
+    On the host backend :meth:`signal` stores the value and :meth:`wait` polls it (the CPU
+    waits). A Timeline pickles as its array and index.
+    """
+
+    def __init__(self, array: SharedDeviceArray, index: int | tuple[int, ...] = 0) -> None:
+        if array.dtype not in (np.dtype("uint64"), np.dtype("int64")):
+            raise TypeError(f"a Timeline counter is uint64 or int64, not {array.dtype}")
+        key = index if isinstance(index, tuple) else (index,)
+        if array.ndim == 0:
+            if key not in ((), (0,)):
+                raise IndexError("a 0-d array has one element: index 0")
+            key = ()
+        word = array[key] if key else array
+        if word.ndim != 0:
+            raise IndexError(f"index {index!r} does not name one element of shape {array.shape}")
+        if word.address % 8:
+            raise ValueError("the counter must be 8-byte aligned")
+        if array.backend == "cuda-pool":
+            raise ValueError(
+                "a Timeline cannot live in a cuda-pool array: the driver refuses stream memory "
+                "operations on pool memory imported by another process (cuStreamWaitValue64 "
+                "answers CUDA_ERROR_INVALID_VALUE, seen on an H200 with driver 580). Put the "
+                "counter in a cuda-vmm or cuda-ipc array: sa.zeros(1, 'uint64', "
+                "backend='cuda-vmm')"
+            )
+        self.array = array
+        self.index = index
+        self._word = word
+        self._reader: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def device(self) -> Device:
+        """Where the counter lives."""
+        return self.array.device
+
+    @property
+    def address(self) -> int:
+        """The counter's address in this process."""
+        return self._word.address
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return Timeline, (self.array, self.index)
+
+    def _check(self, value: int | None) -> int:
+        if value is None or isinstance(value, bool) or not 0 <= int(value) < 1 << 64:
+            raise ValueError(f"a timeline value is in [0, 2**64), not {value!r}")
+        return int(value)
+
+    def signal(self, value: int | None) -> None:
+        """Set the counter to ``value`` once the current stream's earlier work is done
+        (CUDA; returns at once), or now (host)."""
+        v = self._check(value)
+        if not self.device.is_cuda:
+            self._host()[...] = np.uint64(v).view(self.array.dtype)
+            return
+        from sharedarrays.backends.cuda.driver import check
+
+        b = self._backend()
+        with b.context():
+            check(
+                b._d.cuStreamWriteValue64(b.current_stream(), self.address, v, 0),
+                "cuStreamWriteValue64",
+            )
+
+    def wait(self, value: int | None, timeout: float | None = None) -> None:
+        """Make the current stream's later work wait until the counter is at least
+        ``value`` (CUDA; returns at once), or wait on the CPU (host).
+
+        Raises
+        ------
+        TimeoutError
+            Host only: the counter did not reach ``value`` within ``timeout`` seconds.
+        """
+        v = self._check(value)
+        if not self.device.is_cuda:
+            self.wait_host(v, timeout)
+            return
+        from sharedarrays.backends.cuda.driver import check
+
+        b = self._backend()
+        geq = int(b._d.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
+        with b.context():
+            check(
+                b._d.cuStreamWaitValue64(b.current_stream(), self.address, v, geq),
+                "cuStreamWaitValue64",
+            )
+
+    @property
+    def value(self) -> int:
+        """The counter now, read without waiting for any stream (CUDA: a copy on a private
+        non-blocking stream, so a stream blocked in :meth:`wait` does not block this)."""
+        if not self.device.is_cuda:
+            return int(self._host().view(np.uint64))
+        from sharedarrays.backends.cuda.driver import check
+
+        b = self._backend()
+        d = b._d
+        out = np.zeros(1, dtype=np.uint64)
+        with self._lock, b.context():
+            if self._reader is None:
+                flags = int(d.CUstream_flags.CU_STREAM_NON_BLOCKING)
+                self._reader = check(d.cuStreamCreate(flags), "cuStreamCreate")
+            check(
+                d.cuMemcpyDtoHAsync(out.ctypes.data, self.address, 8, self._reader),
+                "cuMemcpyDtoHAsync",
+            )
+            check(d.cuStreamSynchronize(self._reader), "cuStreamSynchronize")
+        return int(out[0])
+
+    def wait_host(self, value: int, timeout: float | None = None) -> None:
+        """Wait on the CPU until the counter is at least ``value``.
+
+        Raises
+        ------
+        TimeoutError
+            Not reached within ``timeout`` seconds (``None``: wait forever).
+        """
+        v = self._check(value)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 1e-5
+        while self.value < v:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"the timeline stayed at {self.value} < {v} for {timeout:g} s; is the "
+                    "process that signals it running?"
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 1e-3)
+
+    def _backend(self) -> CudaDevice:
+        from sharedarrays.backends.cuda.driver import CudaDevice
+
+        backend = self.array.allocation.backend
+        assert isinstance(backend, CudaDevice)
+        return backend
+
+    def _host(self) -> np.ndarray[Any, Any]:
+        native = self._word.array
+        assert isinstance(native, np.ndarray)
+        return native
+
+    def close(self) -> None:
+        """Release the private reading stream (CUDA). The array is the caller's."""
+        reader, self._reader = self._reader, None
+        if reader is not None and self.device.is_cuda:
+            b = self._backend()
+            with b.context():
+                b._d.cuStreamDestroy(reader)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        return f"<Timeline {self.array.dtype} at {self.address:#x} on {self.device}>"

@@ -1,0 +1,362 @@
+"""The memory map as plain data, computed from allocations' metadata only.
+
+Everything the widgets draw comes from here: one :class:`ReservationMap` per allocation (its
+chunk bars, unmapped gaps, granularity waste, access, the views over it, where it came from
+and whom it was served to) and the rows of the side table. Nothing here imports ipywidgets or
+matplotlib, and nothing reads or writes array memory, so it works for host and CUDA alike.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sharedarrays.api.array import SharedDeviceArray, _live_views
+from sharedarrays.memory.allocation import Allocation, live_allocations
+from sharedarrays.protocol.payload import view_extent
+
+__all__ = [
+    "ChunkBar",
+    "Gap",
+    "ViewBracket",
+    "ServedInfo",
+    "ReservationMap",
+    "TableRow",
+    "views_of",
+    "build_map",
+    "build_maps",
+    "table_rows",
+    "fmt_bytes",
+]
+
+
+def fmt_bytes(n: int) -> str:
+    """Bytes as a short human-readable size (binary units): ``"4 KiB"``, ``"1.5 MiB"``."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.4g} {unit}"
+    return f"{n} B"
+
+
+@dataclass(frozen=True)
+class ChunkBar:
+    """One mapping of one chunk: ``size`` bytes at ``start`` bytes into the reservation."""
+
+    chunk: int
+    start: int
+    size: int
+    chunk_offset: int
+    fd: int
+    access: str
+
+
+@dataclass(frozen=True)
+class Gap:
+    """A part of the reservation that nothing is mapped at."""
+
+    start: int
+    size: int
+
+
+@dataclass(frozen=True)
+class ViewBracket:
+    """The bytes ``[start, stop)`` of the reservation that one live view touches.
+
+    ``level`` is the row the bracket is drawn in, so that overlapping views do not overlap
+    on screen (0 is nearest the bar).
+    """
+
+    start: int
+    stop: int
+    label: str
+    level: int
+
+
+@dataclass(frozen=True)
+class ServedInfo:
+    """One time this process served the allocation's handles to process ``pid``."""
+
+    pid: int
+    time: float
+
+
+@dataclass(frozen=True)
+class ReservationMap:
+    """Everything the memory map shows about one allocation in this process.
+
+    Attributes
+    ----------
+    alloc_id : str
+        The allocation id (the same in every process).
+    backend, device : str
+        Memory system and device, e.g. ``"host"`` and ``"cpu"``.
+    granularity : int
+        The backend's granularity in bytes.
+    address, size : int
+        Start and length of this process's reservation (a growable array's capacity).
+    chunks : tuple of ChunkBar
+        The mapped chunks, in address order.
+    gaps : tuple of Gap
+        Reserved ranges with nothing mapped (a growable array's free capacity is the last).
+    views : tuple of ViewBracket
+        The live views of the allocation in this process.
+    used : int
+        One past the highest byte any live view touches (the mapped size when no view is
+        known).
+    waste : int
+        Bytes mapped beyond ``used``: what rounding up to the granularity (and a growable
+        array's chunk ahead) costs.
+    access : dict of str to str
+        Access per device, ``"rw"``, ``"r"`` or ``"none"``.
+    created_here : bool
+        Created in this process, or imported.
+    origin_pid : int
+        The creating process (this one) or the process it was imported from.
+    origin_time : float
+        When it was created or imported.
+    served : tuple of ServedInfo
+        The processes this process served its handles to.
+    """
+
+    alloc_id: str
+    backend: str
+    device: str
+    granularity: int
+    address: int
+    size: int
+    chunks: tuple[ChunkBar, ...]
+    gaps: tuple[Gap, ...]
+    views: tuple[ViewBracket, ...]
+    used: int
+    waste: int
+    access: dict[str, str]
+    created_here: bool
+    origin_pid: int
+    origin_time: float
+    served: tuple[ServedInfo, ...]
+    mapped: int = -1
+    """Bytes mapped from the reservation's start (``size`` unless growable; -1: unknown)."""
+    lifetime: str = "any holder"
+    """Who keeps the memory alive: ``"any holder"`` or ``"exporter"`` (cuda-ipc, cuda-pool:
+    the creating process must outlive every importer); see ``Allocation.lifetime``."""
+    holders: tuple[int, ...] = ()
+    """Exporter-owned memory made here: the processes that still hold it."""
+
+    @property
+    def short_id(self) -> str:
+        """The first 8 hex digits of the id."""
+        return self.alloc_id[:8]
+
+    @property
+    def origin_text(self) -> str:
+        """``"created here at 12:00:01"`` or ``"imported from pid 123 at 12:00:01"``."""
+        stamp = time.strftime("%H:%M:%S", time.localtime(self.origin_time))
+        if self.created_here:
+            text = f"created here at {stamp}"
+            if self.lifetime == "exporter":
+                held = ", ".join(map(str, self.holders)) or "nobody"
+                text += f"; exporter-owned: must outlive its importers (held by {held})"
+            return text
+        text = f"imported from pid {self.origin_pid} at {stamp}"
+        if self.lifetime == "exporter":
+            text += f"; lives only while pid {self.origin_pid} does"
+        return text
+
+
+@dataclass(frozen=True)
+class TableRow:
+    """One row of the side table: what, where (absolute addresses) and how big."""
+
+    alloc_id: str
+    kind: str
+    start: int
+    stop: int
+    detail: str
+
+    @property
+    def size(self) -> int:
+        """``stop - start`` in bytes."""
+        return self.stop - self.start
+
+
+def _snapshot_views() -> list[SharedDeviceArray]:
+    # Another thread may add a view while we copy the weak set; copy again if so.
+    for _ in range(10):
+        try:
+            return list(_live_views)
+        except RuntimeError:
+            continue
+    return []
+
+
+def views_of(allocation: Allocation) -> list[SharedDeviceArray]:
+    """The open views of ``allocation`` in this process, by offset then size."""
+    out = []
+    for v in _snapshot_views():
+        if v.closed:
+            continue
+        try:
+            if v.allocation is allocation:
+                out.append(v)
+        except Exception:  # closed meanwhile
+            continue
+    return sorted(out, key=lambda v: (v.offset, -v.nbytes))
+
+
+def _levels(spans: Sequence[tuple[int, int]]) -> list[int]:
+    """Give each span ``[start, stop)`` the lowest level no earlier overlapping span has."""
+    ends: list[int] = []  # per level, the stop of the last span placed there
+    levels = []
+    for start, stop in spans:
+        for level, end in enumerate(ends):
+            if start >= end:
+                ends[level] = max(stop, start + 1)
+                levels.append(level)
+                break
+        else:
+            ends.append(max(stop, start + 1))
+            levels.append(len(ends) - 1)
+    return levels
+
+
+def _view_label(v: SharedDeviceArray) -> str:
+    shape = "×".join(str(n) for n in v.shape) or "scalar"
+    step = v.itemsize
+    contiguous = True
+    for n, stride in reversed(list(zip(v.shape, v.strides))):
+        if n > 1 and stride != step:
+            contiguous = False
+        step *= n
+    return f"{shape} {v.dtype}" + ("" if contiguous else " (strided)")
+
+
+def build_map(
+    allocation: Allocation, views: Iterable[SharedDeviceArray] | None = None
+) -> ReservationMap:
+    """Describe one allocation for the memory map.
+
+    Parameters
+    ----------
+    allocation : Allocation
+        The allocation; only its metadata is read.
+    views : iterable of SharedDeviceArray, optional
+        The views to draw as brackets; default: every open view of it in this process.
+    """
+    vs = views_of(allocation) if views is None else [v for v in views if not v.closed]
+    fds = {c.index: c.fd for c in allocation.chunks}
+    bars = tuple(
+        ChunkBar(m.chunk, m.offset, m.size, m.chunk_offset, fds.get(m.chunk, -1), str(m.access))
+        for m in sorted(allocation.mappings, key=lambda m: m.offset)
+    )
+    gaps = []
+    pos = 0
+    for b in bars:
+        if b.start > pos:
+            gaps.append(Gap(pos, b.start - pos))
+        pos = max(pos, b.start + b.size)
+    capacity = int(getattr(allocation, "capacity", allocation.size))  # reserved bytes
+    if pos < capacity:
+        gaps.append(Gap(pos, capacity - pos))
+
+    spans = []
+    for v in vs:
+        low, high = view_extent(v.itemsize, v.shape, v.strides)
+        spans.append((v.offset + low, v.offset + high, _view_label(v)))
+    spans.sort(key=lambda s: (s[0], -(s[1] - s[0])))
+    levels = _levels([(s[0], s[1]) for s in spans])
+    brackets = tuple(ViewBracket(s[0], s[1], s[2], lv) for s, lv in zip(spans, levels))
+    used = max((b.stop for b in brackets), default=allocation.size)
+    used = min(used, allocation.size)
+
+    by_device = getattr(allocation, "access_by_device", None)
+    if by_device is not None:  # every device that may touch it here: own and peers
+        access = {str(d): str(a) for d, a in by_device.items()}
+    else:
+        access = {str(allocation.device): str(getattr(allocation, "access", "rw"))}
+    origin = allocation.origin
+    return ReservationMap(
+        alloc_id=allocation.id,
+        backend=allocation.backend.name,
+        device=str(allocation.device),
+        granularity=int(allocation.backend.granularity),
+        address=allocation.address,
+        size=capacity,
+        chunks=bars,
+        gaps=tuple(gaps),
+        views=brackets,
+        used=used,
+        waste=allocation.size - used,
+        access=access,
+        created_here=origin.created_here,
+        origin_pid=origin.pid,
+        origin_time=origin.time,
+        served=tuple(ServedInfo(s.pid, s.time) for s in allocation.served),
+        mapped=allocation.size,
+        lifetime=str(getattr(allocation, "lifetime", "any holder")),
+        holders=tuple(getattr(allocation, "holders", ())),
+    )
+
+
+def build_maps(target: Any = None) -> list[ReservationMap]:
+    """The maps to show for ``target``.
+
+    Parameters
+    ----------
+    target : SharedDeviceArray, Allocation, sequence of them, or None
+        ``None``: every live allocation in this process (re-read on every call). A view:
+        its allocation, with every open view of it. An allocation: itself.
+    """
+    if target is None:
+        return [build_map(a) for a in live_allocations()]
+    items = target if isinstance(target, (list, tuple)) else [target]
+    out = []
+    seen: set[str] = set()
+    for item in items:
+        alloc = item.allocation if isinstance(item, SharedDeviceArray) else item
+        if not isinstance(alloc, Allocation):
+            raise TypeError(
+                f"expected a SharedDeviceArray or an Allocation, not {type(item).__name__}"
+            )
+        if alloc.id not in seen:
+            seen.add(alloc.id)
+            out.append(build_map(alloc))
+    return out
+
+
+def table_rows(maps: Sequence[ReservationMap]) -> list[TableRow]:
+    """The side table: per allocation its reservation, each chunk mapping, each unmapped
+    gap, the waste (if any) and each view, with absolute addresses."""
+    rows = []
+    for m in maps:
+        a = m.address
+        rows.append(
+            TableRow(
+                m.short_id,
+                "reservation",
+                a,
+                a + m.size,
+                f"{m.backend} {m.device}, granularity {fmt_bytes(m.granularity)}",
+            )
+        )
+        for c in m.chunks:
+            rows.append(
+                TableRow(
+                    m.short_id,
+                    f"chunk {c.chunk}",
+                    a + c.start,
+                    a + c.start + c.size,
+                    f"fd {c.fd}, {m.device}: {c.access}",
+                )
+            )
+        for g in m.gaps:
+            free = "free capacity" if g.start >= m.mapped >= 0 else ""
+            rows.append(TableRow(m.short_id, "unmapped", a + g.start, a + g.start + g.size, free))
+        if m.waste:
+            rows.append(
+                TableRow(m.short_id, "waste", a + m.used, a + m.size, "reserved beyond the views")
+            )
+        for v in m.views:
+            rows.append(TableRow(m.short_id, "view", a + v.start, a + v.stop, v.label))
+    return rows

@@ -1,0 +1,266 @@
+"""MemoryMap: the live memory-map view (ipywidgets) and the static mime bundle.
+
+ipywidgets and matplotlib are imported only when a widget or a PNG is actually made.
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+import time
+import weakref
+from typing import Any
+
+from sharedarrays.api.array import SharedDeviceArray
+from sharedarrays.api.widgets.model import ReservationMap, build_maps
+from sharedarrays.api.widgets.render import render_html, render_png, render_text
+from sharedarrays.memory.allocation import Allocation
+
+__all__ = ["MemoryMap", "mimebundle", "widgets_available", "in_kernel", "WIDGET_MIME"]
+
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+
+
+def widgets_available() -> bool:
+    """Whether ipywidgets 8 can be imported."""
+    try:
+        import ipywidgets
+    except ImportError:
+        return False
+    return str(ipywidgets.__version__).split(".")[0] >= "8"
+
+
+def in_kernel() -> bool:
+    """Whether this process is a Jupyter kernel (where a live widget can be shown)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+def _filter(bundle: dict[str, Any], include: Any, exclude: Any) -> dict[str, Any]:
+    if include:
+        bundle = {k: v for k, v in bundle.items() if k in include}
+    if exclude:
+        bundle = {k: v for k, v in bundle.items() if k not in exclude}
+    return bundle
+
+
+def _static_bundle(maps: list[ReservationMap], text: str, title: str) -> dict[str, Any]:
+    bundle: dict[str, Any] = {"text/plain": text, "text/html": render_html(maps, title)}
+    try:
+        bundle["image/png"] = base64.b64encode(render_png(maps)).decode("ascii")
+    except ImportError:  # matplotlib missing: the HTML still shows the map
+        pass
+    return bundle
+
+
+class MemoryMap:
+    """The memory map of shared allocations in this process, live in Jupyter.
+
+    Shows each allocation's reservation as a bar over its address range: mapped chunks in
+    colour with their sizes, unmapped parts grey, the waste beyond the views hatched red,
+    the access per device, the live views as brackets; a table of exact addresses; and
+    where each allocation came from and to which processes its handles were served.
+
+    In Jupyter with ipywidgets the view has a *refresh* button and an *auto-refresh* toggle
+    with an interval (seconds); auto-refresh runs in a daemon thread that stops when the
+    toggle is turned off, when :meth:`close` is called or the widget is closed, and when
+    this object is garbage-collected. It never blocks the kernel.
+
+    Elsewhere (nbconvert, GitHub, a terminal) it displays as text, an HTML table and a PNG.
+
+    Parameters
+    ----------
+    target : SharedDeviceArray, Allocation, a list of them, or None
+        What to show; ``None`` (the default) shows every live allocation of this process,
+        re-read from the registry on each refresh. The map holds only weak references, so
+        it never keeps memory mapped.
+    interval : float, default 2.0
+        Seconds between automatic refreshes.
+    auto_refresh : bool, default False
+        Start refreshing automatically (only once the widget exists).
+    """
+
+    def __init__(
+        self, target: Any = None, *, interval: float = 2.0, auto_refresh: bool = False
+    ) -> None:
+        self._refs: list[weakref.ref[Allocation]] | None = None
+        if target is not None:
+            items = target if isinstance(target, (list, tuple)) else [target]
+            self._refs = []
+            for item in items:
+                alloc = item.allocation if isinstance(item, SharedDeviceArray) else item
+                if not isinstance(alloc, Allocation):
+                    raise TypeError(
+                        f"expected a SharedDeviceArray or an Allocation, not {type(item).__name__}"
+                    )
+                self._refs.append(weakref.ref(alloc))
+        self._title = "shared memory map" if target is None else "memory map"
+        self._interval = float(interval)
+        self._auto_start = auto_refresh
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._ui: dict[str, Any] | None = None
+        self.updated = 0.0
+        self.maps: list[ReservationMap] = self._read()
+
+    # data -------------------------------------------------------------------------------
+    def _read(self) -> list[ReservationMap]:
+        if self._refs is None:
+            return build_maps(None)
+        allocs = [a for a in (r() for r in self._refs) if a is not None and not a.released]
+        return build_maps(allocs)
+
+    def refresh(self) -> list[ReservationMap]:
+        """Re-read the registry (or the chosen allocations) and redraw; returns the maps."""
+        with self._lock:
+            self.maps = self._read()
+            self.updated = time.time()
+            ui = self._ui
+            if ui is not None:
+                ui["html"].value = render_html(self.maps, self._title)
+                ui["status"].value = f"updated {time.strftime('%H:%M:%S')}"
+            return self.maps
+
+    def __repr__(self) -> str:
+        return render_text(self.maps)
+
+    # the live widget ----------------------------------------------------------------------
+    @property
+    def widget(self) -> Any:
+        """The ipywidgets view (made on first use; needs ipywidgets 8)."""
+        if self._ui is None:
+            import ipywidgets as w
+
+            refresh = w.Button(description="refresh", icon="refresh", tooltip="re-read now")
+            auto = w.ToggleButton(value=False, description="auto-refresh", icon="clock-o")
+            interval = w.BoundedFloatText(
+                value=self._interval,
+                min=0.2,
+                max=3600.0,
+                step=0.5,
+                description="every (s)",
+                layout=w.Layout(width="160px"),
+            )
+            status = w.Label(value="")
+            html = w.HTML(value=render_html(self.maps, self._title))
+            box = w.VBox([w.HBox([refresh, auto, interval, status]), html])
+            self._ui = {
+                "box": box,
+                "refresh": refresh,
+                "auto": auto,
+                "interval": interval,
+                "status": status,
+                "html": html,
+            }
+            refresh.on_click(lambda _b: self.refresh())
+            auto.observe(self._on_toggle, names="value")
+            interval.observe(self._on_interval, names="value")
+            if self._auto_start:
+                auto.value = True
+        return self._ui["box"]
+
+    def _on_toggle(self, change: dict[str, Any]) -> None:
+        if change["new"]:
+            self.start()
+        else:
+            self.stop()
+
+    def _on_interval(self, change: dict[str, Any]) -> None:
+        self._interval = float(change["new"])
+
+    @property
+    def auto_refreshing(self) -> bool:
+        """Whether the auto-refresh thread is running."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, interval: float | None = None) -> None:
+        """Start refreshing every ``interval`` seconds in a daemon thread."""
+        if interval is not None:
+            self._interval = float(interval)
+        if self.auto_refreshing:
+            return
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=_auto_refresh,
+            args=(weakref.ref(self), self._stop),
+            name="sharedarrays-memory-map",
+            daemon=True,
+        )
+        self._thread.start()
+        if self._ui is not None and not self._ui["auto"].value:
+            self._ui["auto"].value = True
+
+    def stop(self, timeout: float | None = 5.0) -> None:
+        """Stop auto-refreshing (waits up to ``timeout`` seconds for the thread to end)."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        self._thread = None
+        if self._ui is not None and self._ui["auto"].value:
+            self._ui["auto"].value = False
+
+    def close(self) -> None:
+        """Stop auto-refreshing and close the widget (if one was made)."""
+        self.stop()
+        ui, self._ui = self._ui, None
+        if ui is not None:
+            for key in ("refresh", "auto", "interval", "status", "html", "box"):
+                ui[key].close()
+
+    def __del__(self) -> None:
+        stop = getattr(self, "_stop", None)
+        if stop is not None:
+            stop.set()
+
+    # display ----------------------------------------------------------------------------
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        """text/plain, text/html and image/png; plus the live widget in a Jupyter kernel."""
+        return self.mimebundle(include, exclude)
+
+    def mimebundle(
+        self, include: Any = None, exclude: Any = None, text: str | None = None
+    ) -> dict[str, Any]:
+        """The display data: the static views, and the live widget where it can be shown."""
+        bundle = _static_bundle(self.maps, text or render_text(self.maps), self._title)
+        if in_kernel() and widgets_available():
+            live = self.widget._repr_mimebundle_()
+            if live and WIDGET_MIME in live:
+                bundle[WIDGET_MIME] = live[WIDGET_MIME]
+        return _filter(bundle, include, exclude)
+
+
+def _auto_refresh(ref: weakref.ref[MemoryMap], stop: threading.Event) -> None:
+    """The auto-refresh loop: ends on ``stop``, when the map is gone or its widget closed."""
+    while True:
+        view = ref()
+        if view is None:
+            return
+        interval = view._interval
+        ui = view._ui
+        if ui is not None and ui["box"].comm is None:  # closed from outside
+            return
+        del view, ui
+        if stop.wait(interval):
+            return
+        view = ref()
+        if view is None:
+            return
+        try:
+            view.refresh()
+        except Exception:  # a refresh must never kill the kernel; try again next time
+            pass
+        del view
+
+
+def mimebundle(target: Any, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+    """The Jupyter display data of a view (``SharedDeviceArray._repr_mimebundle_``)."""
+    if isinstance(target, SharedDeviceArray) and target.closed:
+        return _filter({"text/plain": repr(target)}, include, exclude)
+    view = MemoryMap(target)
+    return view.mimebundle(include, exclude, text=repr(target))

@@ -1,0 +1,671 @@
+"""The CUDA driver, shared by the CUDA backends: loading it, errors, fork safety, and the
+device's primary context.
+
+Every driver call goes through ``cuda.bindings.driver`` (the tuple-returning driver bindings,
+``err, value = driver.cuX(...)``) and :func:`check`. The three CUDA backends
+(:mod:`~sharedarrays.backends.cuda.vmm`, :mod:`~sharedarrays.backends.cuda.ipc`,
+:mod:`~sharedarrays.backends.cuda.pool`) differ in how they make and share chunks; what they
+share is here: :func:`why_unusable` (per backend), and :class:`CudaDevice`, their base class
+(context, synchronisation, CuPy arrays, cross-process ordering).
+
+Every driver call runs with the device's *primary context* current (the one CuPy, PyTorch
+and the runtime API use). Where another context is current, the primary context is pushed
+for the call and popped after it, so the caller's current device is never changed behind its
+back; where none is current, it is made current and left so, as the runtime would.
+
+Nothing here imports ``cuda.bindings`` or ``cupy`` at import time: :func:`why_unusable` and
+the backends import them on first use.
+
+Fork safety
+-----------
+A process forked from one that had initialised CUDA cannot use CUDA. This module notices it
+in three ways, each cheap:
+
+1. It records the pid in which *it* called ``cuInit``; a child has another pid.
+2. An ``os.register_at_fork`` hook asks, just before every fork, whether CUDA was
+   initialised in the forking process by anyone (CuPy, PyTorch, ...): where
+   ``cuda.bindings.driver`` is already imported, or CuPy or PyTorch is, ``cuCtxGetCurrent``
+   answers ``CUDA_ERROR_NOT_INITIALIZED`` exactly when nobody called ``cuInit``. The child
+   is marked. (The hook exists from the import of this module on: ``sharedarrays`` imports
+   it early for that reason.)
+3. PyTorch's own mark (``torch.cuda._is_in_bad_fork()``) where PyTorch is imported.
+
+:func:`why_unusable` then says to use the ``spawn`` or ``forkserver`` start method, and a
+backend object inherited through fork refuses to make driver calls (teardown calls become
+no-ops there: the child's copy of the CUDA state is not usable, and its fds are closed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib
+import importlib.util
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import numpy as np
+
+from sharedarrays.backends.device import Device
+from sharedarrays.errors import BackendUnavailable, OutOfMemory, SharedArrayError
+
+__all__ = [
+    "CudaDevice",
+    "CudaDriverError",
+    "CudaOutOfMemory",
+    "why_unusable",
+    "load_driver",
+    "check",
+    "opaque_bytes",
+    "peer_reason",
+    "current_device_index",
+    "opaque_from_bytes",
+    "OPAQUE_BYTES",
+    "CUDA_BACKENDS",
+    "INSTALL_HINT",
+    "FORK_REASON",
+]
+
+INSTALL_HINT = "pip install 'sharedarrays[cuda13]'"
+
+FORK_REASON = (
+    "this process was forked from a process that had already initialised CUDA, and CUDA "
+    "cannot be used in such a child; start worker processes with the 'spawn' or "
+    "'forkserver' start method, e.g. multiprocessing.get_context('spawn') or "
+    "concurrent.futures.ProcessPoolExecutor(mp_context=multiprocessing.get_context('spawn'))"
+)
+
+OPAQUE_BYTES = 64
+"""Size of CUDA's IPC handles and pool export data."""
+
+_CUDA_SUCCESS = 0
+_CUDA_ERROR_OUT_OF_MEMORY = 2
+_CUDA_ERROR_NOT_INITIALIZED = 3
+
+# Modules whose presence means CUDA may have been initialised in this process.
+_CUDA_USERS = ("cuda.bindings.driver", "cupy", "torch", "numba.cuda", "jax")
+
+
+# --------------------------------------------------------------------------------------------
+# errors
+
+
+class CudaDriverError(SharedArrayError, OSError):
+    """A CUDA driver call failed.
+
+    Attributes
+    ----------
+    call : str
+        The driver function (and what it was asked for).
+    code : int
+        The ``CUresult`` value.
+    error_name : str
+        Its name, e.g. ``"CUDA_ERROR_INVALID_VALUE"``.
+    """
+
+    def __init__(self, call: str, code: int, error_name: str, description: str = "") -> None:
+        self.call = call
+        self.code = code
+        self.error_name = error_name
+        self.description = description
+        message = f"{call} failed: {error_name}"
+        if description:
+            message += f" ({description})"
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.call, self.code, self.error_name, self.description))
+
+
+class CudaOutOfMemory(CudaDriverError, OutOfMemory):
+    """The device has too little free memory for a chunk (``CUDA_ERROR_OUT_OF_MEMORY``)."""
+
+
+def _error_name(err: Any) -> str:
+    name = getattr(err, "name", None)
+    return name if isinstance(name, str) else f"CUresult {int(err)}"
+
+
+def _error_description(driver: Any, err: Any) -> str:
+    try:
+        res, text = driver.cuGetErrorString(err)
+    except Exception:
+        return ""
+    if int(res) != _CUDA_SUCCESS or not text:
+        return ""
+    return text.decode(errors="replace") if isinstance(text, bytes) else str(text)
+
+
+def _raise(err: Any, call: str) -> None:
+    code = int(err)
+    cls = CudaOutOfMemory if code == _CUDA_ERROR_OUT_OF_MEMORY else CudaDriverError
+    raise cls(call, code, _error_name(err), _error_description(_driver, err))
+
+
+def check(result: Any, call: str) -> Any:
+    """Check the ``CUresult`` of a ``cuda.bindings.driver`` call and return its values.
+
+    Parameters
+    ----------
+    result : tuple
+        What the binding returned: ``(err,)``, ``(err, value)`` or ``(err, v1, v2, ...)``.
+    call : str
+        What was called, for the error message.
+
+    Returns
+    -------
+    None, the value, or a tuple of the values.
+
+    Raises
+    ------
+    CudaDriverError
+        ``err`` is not ``CUDA_SUCCESS`` (:class:`CudaOutOfMemory` for out of memory).
+    """
+    err = result[0]
+    if int(err) != _CUDA_SUCCESS:
+        _raise(err, call)
+    if len(result) == 1:
+        return None
+    if len(result) == 2:
+        return result[1]
+    return result[1:]
+
+
+def opaque_bytes(handle: Any) -> bytes:
+    """The 64 bytes of an opaque driver struct (``CUipcMemHandle``, ``CUipcEventHandle``,
+    ``CUmemPoolPtrExportData``): its ``reserved`` field where the bindings expose it, else the
+    struct's memory (``getPtr()``; cuda-bindings 13.5 has no ``reserved``)."""
+    reserved = getattr(handle, "reserved", None)
+    if reserved is not None:
+        return bytes(reserved)
+    return ctypes.string_at(handle.getPtr(), OPAQUE_BYTES)
+
+
+def opaque_from_bytes(cls: Any, data: bytes) -> Any:
+    """A new opaque driver struct of type ``cls`` holding ``data`` (64 bytes)."""
+    if len(data) != OPAQUE_BYTES:
+        raise ValueError(f"an opaque CUDA handle is {OPAQUE_BYTES} bytes, not {len(data)}")
+    handle = cls()
+    try:
+        handle.reserved = data
+    except AttributeError:
+        ctypes.memmove(handle.getPtr(), data, OPAQUE_BYTES)
+    return handle
+
+
+# --------------------------------------------------------------------------------------------
+# loading the driver bindings, and whether CUDA can be used here
+
+_driver: Any = None
+_lock = threading.RLock()
+_reasons: dict[tuple[int, str] | None, str | None] = {}  # (device, backend); None: the driver
+_reasons_pid = os.getpid()
+_device_count = 0
+_init_pid: int | None = None  # the pid in which this module's cuInit succeeded
+_parent_had_cuda = False  # set just before a fork; read in the child
+_forked_from_cuda = False  # this process is a fork child of a process that had CUDA
+
+
+def load_driver() -> Any:
+    """Import and return ``cuda.bindings.driver`` (raises ``ImportError`` if absent)."""
+    global _driver
+    if _driver is None:
+        _driver = importlib.import_module("cuda.bindings.driver")
+    return _driver
+
+
+def _cuda_initialised_here() -> bool:
+    """Best effort: has anyone called ``cuInit`` in this process?"""
+    if _init_pid == os.getpid():
+        return True
+    if not any(name in sys.modules for name in _CUDA_USERS):
+        return False
+    try:
+        driver = load_driver()
+        err = driver.cuCtxGetCurrent()[0]
+    except Exception:
+        return False
+    return int(err) != _CUDA_ERROR_NOT_INITIALIZED
+
+
+def _before_fork() -> None:
+    global _parent_had_cuda
+    try:
+        _parent_had_cuda = _cuda_initialised_here()
+    except Exception:  # pragma: no cover - a fork hook must never raise
+        _parent_had_cuda = False
+
+
+def _after_fork_in_child() -> None:
+    global _forked_from_cuda
+    if _parent_had_cuda:
+        _forked_from_cuda = True
+
+
+def _after_fork_in_parent() -> None:
+    global _parent_had_cuda
+    _parent_had_cuda = False
+
+
+os.register_at_fork(
+    before=_before_fork, after_in_child=_after_fork_in_child, after_in_parent=_after_fork_in_parent
+)
+
+
+def _fork_reason() -> str | None:
+    if _forked_from_cuda or (_init_pid is not None and _init_pid != os.getpid()):
+        return FORK_REASON
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch.cuda._is_in_bad_fork():
+                return FORK_REASON
+        except Exception:
+            pass
+    return None
+
+
+def _driver_reason() -> str | None:
+    """Why the driver cannot be used at all, or ``None``; sets ``_device_count``."""
+    global _init_pid, _device_count
+    try:
+        driver = load_driver()
+    except ImportError as exc:
+        return (
+            f"the CUDA backend needs the cuda-bindings package, which is not installed ({exc}): "
+            f"{INSTALL_HINT}"
+        )
+    try:
+        has_cupy = importlib.util.find_spec("cupy") is not None
+    except (ImportError, ValueError):
+        has_cupy = False
+    if not has_cupy:
+        return (
+            "the CUDA backend needs CuPy, which is not installed: "
+            f"{INSTALL_HINT} (it installs cupy-cuda13x)"
+        )
+    try:
+        (err,) = driver.cuInit(0)
+    except RuntimeError as exc:  # cuda.bindings could not dlopen libcuda.so.1
+        return (
+            f"no NVIDIA driver: libcuda could not be loaded ({exc}); this machine needs an "
+            "NVIDIA GPU and its driver"
+        )
+    name = _error_name(err)
+    if int(err) == _CUDA_ERROR_NOT_INITIALIZED:
+        return (
+            f"cuInit failed with {name}; if this process was forked from one that had "
+            "initialised CUDA, use the 'spawn' or 'forkserver' start method"
+        )
+    if name == "CUDA_ERROR_NO_DEVICE":
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        where = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
+        return f"no CUDA device is visible{where}: cuInit failed with CUDA_ERROR_NO_DEVICE"
+    if int(err) != _CUDA_SUCCESS:
+        text = _error_description(driver, err)
+        return f"cuInit failed with {name}" + (f" ({text})" if text else "")
+    _init_pid = os.getpid()
+    err, count = driver.cuDeviceGetCount()
+    if int(err) != _CUDA_SUCCESS:
+        return f"cuDeviceGetCount failed with {_error_name(err)}"
+    if count == 0:
+        return "no CUDA device is visible (cuDeviceGetCount returned 0)"
+    _device_count = int(count)
+    return None
+
+
+def _device_name(driver: Any, dev: Any) -> str:
+    err, raw = driver.cuDeviceGetName(256, dev)
+    if int(err) != _CUDA_SUCCESS:
+        return "unknown device"
+    text = raw.split(b"\0", 1)[0] if isinstance(raw, bytes) else str(raw)
+    return text.decode(errors="replace") if isinstance(text, bytes) else text
+
+
+# What each CUDA backend needs of a device: (attribute, bits that must be set, what lacks).
+_NEEDS: dict[str, tuple[tuple[str, int, str], ...]] = {
+    "cuda-vmm": (
+        (
+            "CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED",
+            1,
+            "does not support CUDA virtual memory management (cuMemCreate/cuMemMap)",
+        ),
+        (
+            "CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED",
+            1,
+            "cannot export memory as POSIX file descriptors",
+        ),
+    ),
+    "cuda-ipc": (
+        (
+            "CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING",
+            1,
+            "has no unified addressing, which CUDA IPC (cuIpcGetMemHandle) needs",
+        ),
+    ),
+    "cuda-pool": (
+        (
+            "CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED",
+            1,
+            "does not support stream-ordered memory pools (cuMemPoolCreate)",
+        ),
+        (
+            "CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES",
+            1,  # CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+            "cannot export memory pools as POSIX file descriptors",
+        ),
+    ),
+}
+CUDA_BACKENDS = tuple(_NEEDS)
+"""The names of the CUDA backends, in the order ``backend="auto"`` tries them."""
+
+
+def _device_reason(index: int, backend: str) -> str | None:
+    """Why device ``index`` cannot serve ``backend``, or ``None``."""
+    if index < 0:
+        return f"device index must be >= 0, got {index}"
+    if index >= _device_count:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        where = f", CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else ""
+        return (
+            f"device index {index} is out of range: {_device_count} CUDA device(s) visible "
+            f"(cuda:0 to cuda:{_device_count - 1}{where})"
+        )
+    driver = load_driver()
+    err, dev = driver.cuDeviceGet(index)
+    if int(err) != _CUDA_SUCCESS:
+        return f"cuDeviceGet({index}) failed with {_error_name(err)}"
+    for name, bits, lack in _NEEDS[backend]:
+        attribute = getattr(driver.CUdevice_attribute, name)
+        err, value = driver.cuDeviceGetAttribute(attribute, dev)
+        if int(err) != _CUDA_SUCCESS:
+            return f"cuDeviceGetAttribute({name}) failed with {_error_name(err)}"
+        if int(value) & bits != bits:
+            return (
+                f"cuda:{index} ({_device_name(driver, dev)}) {lack}, which the {backend} "
+                "backend needs"
+            )
+    return None
+
+
+def why_unusable(index: int | None = None, backend: str = "cuda-vmm") -> str | None:
+    """Say why a CUDA backend cannot be used here, or return ``None`` when it can.
+
+    Cheap after the first call (the answer is cached per process, device and backend), never
+    raises, and imports nothing heavy: ``cuda.bindings`` is imported (and ``cuInit`` called)
+    on the first call, CuPy is only looked for.
+
+    Parameters
+    ----------
+    index : int, optional
+        The device ordinal to check as well (default 0).
+    backend : str
+        ``"cuda-vmm"`` (default), ``"cuda-ipc"`` or ``"cuda-pool"``: the device features
+        checked are those this backend needs.
+
+    Returns
+    -------
+    str or None
+        A sentence naming what is missing and what to do: a package to install, no driver,
+        a ``cuInit`` error, no device, an ordinal out of range, a device without the
+        backend's features (VMM and POSIX-fd handles; unified addressing; memory pools with
+        POSIX-fd handles), or a process forked after CUDA was initialised.
+    """
+    global _reasons_pid
+    idx = 0 if index is None else int(index)
+    if backend not in _NEEDS:
+        return f"unknown CUDA backend {backend!r}; the CUDA backends are {', '.join(_NEEDS)}"
+    try:
+        fork = _fork_reason()
+        if fork is not None:
+            return fork
+        with _lock:
+            if _reasons_pid != os.getpid():
+                _reasons.clear()
+                _reasons_pid = os.getpid()
+            if None not in _reasons:
+                _reasons[None] = _driver_reason()
+            reason = _reasons[None]
+            if reason is not None:
+                return reason
+            key = (idx, backend)
+            if key not in _reasons:
+                _reasons[key] = _device_reason(idx, backend)
+            return _reasons[key]
+    except Exception as exc:  # never raise: this answers a question
+        return f"checking CUDA failed unexpectedly ({type(exc).__name__}: {exc})"
+
+
+_peers: dict[tuple[int, int], str | None] = {}
+
+
+def peer_reason(index: int, owner: int) -> str | None:
+    """Why device ``index`` cannot access memory of device ``owner``, or ``None`` when it
+    can (``cuDeviceCanAccessPeer``, cached per process). Never raises."""
+    key = (index, owner)
+    if key in _peers:
+        return _peers[key]
+    why = why_unusable(index, "cuda-vmm") or why_unusable(owner, "cuda-vmm")
+    if why is None and index != owner:
+        try:
+            d = load_driver()
+            peer, dev = d.cuDeviceGet(index)[1], d.cuDeviceGet(owner)[1]
+            can = check(d.cuDeviceCanAccessPeer(peer, dev), "cuDeviceCanAccessPeer")
+            if not can:
+                why = (
+                    f"cuda:{index} ({_device_name(d, peer)}) cannot access the memory of "
+                    f"cuda:{owner} ({_device_name(d, dev)}): cuDeviceCanAccessPeer is 0 (no "
+                    "NVLink or PCIe peer path between them). Copy the data to that device "
+                    "instead, or use a device that can reach it"
+                )
+        except Exception as exc:
+            why = f"checking peer access cuda:{index} -> cuda:{owner} failed: {exc}"
+    _peers[key] = why
+    return why
+
+
+def current_device_index(default: int) -> int:
+    """The CUDA device this process works on: CuPy's current device where CuPy is imported,
+    else PyTorch's where it has initialised CUDA, else ``default``."""
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        try:
+            return int(cupy.cuda.runtime.getDevice())
+        except Exception:
+            pass
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch.cuda.is_initialized():
+                return int(torch.cuda.current_device())
+        except Exception:
+            pass
+    return default
+
+
+# --------------------------------------------------------------------------------------------
+# what the CUDA backends share
+
+
+class CudaDevice:
+    """The base of the CUDA backends: one device, its primary context, its streams.
+
+    Parameters
+    ----------
+    device : Device
+        A CUDA device (``Device("cuda", N)``).
+
+    Raises
+    ------
+    BackendUnavailable
+        :func:`why_unusable` gave a reason for this backend (its ``name``).
+
+    Notes
+    -----
+    The device's primary context is retained once and kept for the life of the process.
+    """
+
+    name: ClassVar[str]
+
+    def __init__(self, device: Device) -> None:
+        if not device.is_cuda:
+            raise BackendUnavailable(f"the {self.name} backend needs a CUDA device, not {device}")
+        why = why_unusable(device.index, self.name)
+        if why is not None:
+            raise BackendUnavailable(f"cannot use {device}: {why}")
+        self.device: Device = device
+        self._pid = os.getpid()
+        d = load_driver()
+        self._d = d
+        self._dev = check(d.cuDeviceGet(device.index), f"cuDeviceGet({device.index})")
+        self._ctx = check(d.cuDevicePrimaryCtxRetain(self._dev), "cuDevicePrimaryCtxRetain")
+        self._ctx_int = int(self._ctx)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.device})"
+
+    @property
+    def granularity(self) -> int:
+        """Chunk sizes (and, where the backend maps, reservation and mapping sizes) are
+        multiples of this many bytes; each backend says its own."""
+        raise NotImplementedError
+
+    def _check_size(self, size: int, what: str) -> None:
+        if size <= 0 or size % self.granularity:
+            raise ValueError(
+                f"{what} must be a positive multiple of the granularity "
+                f"({self.granularity} bytes), got {size}"
+            )
+
+    # process and context --------------------------------------------------------------
+    def _forked(self) -> bool:
+        return os.getpid() != self._pid
+
+    def context(self) -> contextlib.AbstractContextManager[None]:
+        """Make this device's primary context current for a ``with`` block.
+
+        Does nothing when it already is (the common case, and a cheap one: one
+        ``cuCtxGetCurrent``); makes it current (and leaves it so) when no context is; pushes
+        it and pops it afterwards when another context is current.
+
+        Raises
+        ------
+        BackendUnavailable
+            This backend object was inherited through ``fork``.
+        """
+        if self._forked():
+            raise BackendUnavailable(f"cannot use {self.device}: {FORK_REASON}")
+        current = check(self._d.cuCtxGetCurrent(), "cuCtxGetCurrent")
+        if current is not None and int(current) == self._ctx_int:
+            return contextlib.nullcontext()
+        return self._make_current(0 if current is None else int(current))
+
+    @contextlib.contextmanager
+    def _make_current(self, current_int: int) -> Iterator[None]:
+        d = self._d
+        if current_int == 0:
+            check(d.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
+            yield
+        else:
+            check(d.cuCtxPushCurrent(self._ctx), "cuCtxPushCurrent")
+            try:
+                yield
+            finally:
+                d.cuCtxPopCurrent()
+
+    def mem_get_info(self) -> tuple[int, int]:
+        """Free and total memory of the device in bytes (``cuMemGetInfo``)."""
+        with self.context():
+            free, total = check(self._d.cuMemGetInfo(), "cuMemGetInfo")
+        return int(free), int(total)
+
+    def synchronize(self) -> None:
+        """Wait for all work queued in this device's primary context, on every stream."""
+        with self.context():
+            check(self._d.cuCtxSynchronize(), "cuCtxSynchronize")
+
+    def current_stream(self) -> int:
+        """The stream work is queued on here, as an int: CuPy's current stream for this device
+        when CuPy is imported, else 0, the legacy default stream (see
+        :func:`sharedarrays.backends.cuda.sync.current_stream`)."""
+        from sharedarrays.backends.cuda.sync import current_stream
+
+        return current_stream(self.device.index)
+
+    # arrays -----------------------------------------------------------------------------
+    def as_native(
+        self,
+        address: int,
+        size: int,
+        offset: int,
+        owner: object,
+        dtype: np.dtype[Any],
+        shape: tuple[int, ...],
+        strides: tuple[int, ...],
+        readonly: bool,
+        device_index: int | None = None,
+    ) -> Any:
+        """Wrap mapped memory as a ``cupy.ndarray``, without copying.
+
+        The CuPy memory object spans the whole mapped range (``address``, ``size``), names
+        its device explicitly (this one, or ``device_index`` where a peer device reads it)
+        and holds ``owner``, so every CuPy view keeps the mapping alive; the array starts
+        ``offset`` bytes in. CuPy has no read-only arrays: ``readonly`` is the caller's to
+        enforce.
+        """
+        import cupy
+
+        index = self.device.index if device_index is None else device_index
+        memory = cupy.cuda.UnownedMemory(address, size, owner, index)
+        pointer = cupy.cuda.MemoryPointer(memory, offset)
+        return cupy.ndarray(shape, dtype=dtype, memptr=pointer, strides=strides)
+
+    def to_native(self, obj: Any) -> Any:
+        """Return ``obj`` as a ``cupy.ndarray`` on this device (copying only when needed).
+
+        Accepts CuPy arrays, NumPy arrays, objects with ``__dlpack__`` (PyTorch tensors, JAX
+        arrays; CUDA ones without a copy), objects with ``__cuda_array_interface__``, and
+        anything ``numpy.asarray`` accepts. An array on another device is copied here.
+        """
+        import cupy
+
+        index = self.device.index
+        with cupy.cuda.Device(index):
+            if isinstance(obj, cupy.ndarray):
+                return obj if obj.device.id == index else obj.copy()
+            if isinstance(obj, np.ndarray):
+                return cupy.asarray(obj)
+            dlpack_device = getattr(obj, "__dlpack_device__", None)
+            if callable(dlpack_device) and hasattr(obj, "__dlpack__"):
+                kind = int(dlpack_device()[0])
+                if kind == 1:  # kDLCPU
+                    return cupy.asarray(np.from_dlpack(obj))
+                if kind in (2, 3, 13):  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
+                    arr = cupy.from_dlpack(obj)
+                    return arr if arr.device.id == index else arr.copy()
+            if hasattr(obj, "__cuda_array_interface__"):
+                arr = cupy.asarray(obj)
+                return arr if arr.device.id == index else arr.copy()
+            return cupy.asarray(np.asarray(obj))
+
+    # ordering ---------------------------------------------------------------------------
+    def export_sync(self) -> bytes | None:
+        """Record an interprocess event on the current stream.
+
+        See :mod:`sharedarrays.backends.cuda.sync`.
+        """
+        from sharedarrays.backends.cuda.sync import export_sync
+
+        return export_sync(self)
+
+    def import_sync(self, token: bytes) -> None:
+        """Make the current stream wait for an exported event.
+
+        See :mod:`sharedarrays.backends.cuda.sync`.
+        """
+        from sharedarrays.backends.cuda.sync import import_sync
+
+        import_sync(self, token)

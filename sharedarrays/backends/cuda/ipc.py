@@ -1,0 +1,167 @@
+"""The CUDA IPC backend: ``cuMemAlloc`` memory shared by legacy CUDA IPC handles.
+
+For devices or drivers where VMM with POSIX-fd handles is unavailable. Called through
+``cuda.bindings.driver``:
+
+=========== =================================================================
+chunk       ``cuMemAlloc``: one per allocation, at an address the driver chooses
+handle      ``cuIpcGetMemHandle``: 64 portable bytes, taken once per chunk; no file
+            descriptor travels (the exporter's handle server sends the bytes, after its
+            checks: any process that saw them could open the memory)
+importer    ``cuIpcOpenMemHandle`` (``CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS``) once per process
+            (the registry of allocations is the cache; CUDA allows one open per context),
+            ``cuIpcCloseMemHandle`` when it releases the allocation
+=========== =================================================================
+
+Lifetime: the memory belongs to the exporter (``exporter_owned``). Freeing it while an
+importer still has it open is undefined behaviour in CUDA, so an exporter that releases an
+allocation keeps the memory until every process it served has closed it or exited (see
+:meth:`sharedarrays.Allocation.release`); at exit it waits for them a while and then says who
+still held it. An import after the exporter is gone raises
+:class:`~sharedarrays.HandleUnavailable`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import ClassVar
+
+from sharedarrays.backends.base import Chunk
+from sharedarrays.backends.cuda.driver import (
+    OPAQUE_BYTES,
+    CudaDevice,
+    CudaDriverError,
+    check,
+    opaque_bytes,
+    opaque_from_bytes,
+)
+from sharedarrays.backends.device import Device
+from sharedarrays.errors import HandleUnavailable, PayloadError
+
+__all__ = ["CudaIpcBackend", "GRANULARITY"]
+
+GRANULARITY = 2 << 20
+"""cuda-ipc chunk sizes are multiples of 2 MiB: an IPC handle names a whole ``cuMemAlloc``
+allocation, which the driver places on 2 MiB pages anyway (small arrays share slabs)."""
+
+# What cuIpcOpenMemHandle answers for a handle whose memory is gone or never existed.
+_STALE = frozenset(
+    {
+        "CUDA_ERROR_INVALID_VALUE",
+        "CUDA_ERROR_INVALID_HANDLE",
+        "CUDA_ERROR_MAP_FAILED",
+        "CUDA_ERROR_NOT_FOUND",
+    }
+)
+
+
+class CudaIpcBackend(CudaDevice):
+    """Device memory of one CUDA device, shared by CUDA IPC handles (``"cuda-ipc"``).
+
+    Parameters
+    ----------
+    device : Device
+        A CUDA device (``Device("cuda", N)``).
+
+    Raises
+    ------
+    BackendUnavailable
+        :func:`~sharedarrays.backends.cuda.driver.why_unusable` gave a reason.
+    """
+
+    name: ClassVar[str] = "cuda-ipc"
+    zeroed: ClassVar[bool] = False  # cuMemAlloc does not clear memory
+    maps: ClassVar[bool] = False
+    exporter_owned: ClassVar[bool] = True
+
+    def __init__(self, device: Device) -> None:
+        super().__init__(device)
+        self._flags = int(self._d.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+
+    @property
+    def granularity(self) -> int:
+        """Chunk sizes are multiples of 2 MiB (:data:`GRANULARITY`)."""
+        return GRANULARITY
+
+    def check_memory(self, nbytes: int) -> None:
+        """Nothing to check beforehand: ``cuMemAlloc`` takes the device memory at once, and
+        fails with :class:`CudaOutOfMemory` (an :class:`~sharedarrays.OutOfMemory`)."""
+
+    def create_chunk(self, size: int) -> Chunk:
+        """Allocate ``size`` bytes with ``cuMemAlloc`` and take its IPC handle (once)."""
+        self._check_size(size, "a chunk size")
+        d = self._d
+        with self.context():
+            ptr = check(d.cuMemAlloc(size), f"cuMemAlloc({size} bytes on {self.device})")
+            try:
+                export = opaque_bytes(check(d.cuIpcGetMemHandle(ptr), "cuIpcGetMemHandle"))
+            except BaseException:
+                d.cuMemFree(ptr)
+                raise
+        return Chunk(size=size, handle=int(ptr), fd=-1, address=int(ptr), export=export)
+
+    def seal(self, chunk: Chunk, readonly: bool) -> bool:
+        """Nothing to seal: IPC handles carry no access mode (read-only is a promise)."""
+        return False
+
+    def reopen_readonly(self, fd: int) -> int | None:
+        """IPC handles carry no access mode: a read-only export is the importer's promise."""
+        return None
+
+    def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
+        """Open an IPC handle (``export``, 64 bytes) of another process's chunk.
+
+        ``fd`` is unused (closed if given). The opened range must hold ``size`` bytes.
+
+        Raises
+        ------
+        PayloadError
+            ``export`` is not 64 bytes, or the memory is smaller than ``size``.
+        HandleUnavailable
+            The driver refused the handle: its memory was freed or its process exited.
+        """
+        if fd >= 0:
+            os.close(fd)
+        if len(export) != OPAQUE_BYTES:
+            raise PayloadError(f"a CUDA IPC handle is {OPAQUE_BYTES} bytes, not {len(export)}")
+        d = self._d
+        handle = opaque_from_bytes(d.CUipcMemHandle, export)
+        with self.context():
+            try:
+                ptr = check(d.cuIpcOpenMemHandle(handle, self._flags), "cuIpcOpenMemHandle")
+            except CudaDriverError as exc:
+                if exc.error_name in _STALE:
+                    raise HandleUnavailable(
+                        f"{exc}: the memory behind this CUDA IPC handle is gone (its exporter "
+                        "freed it or exited). cuda-ipc memory lives only as long as the "
+                        "process that made it"
+                    ) from exc
+                raise
+            try:
+                base, length = check(d.cuMemGetAddressRange(ptr), "cuMemGetAddressRange")
+                if int(length) - (int(ptr) - int(base)) < size:
+                    raise PayloadError(
+                        f"the IPC handle names {int(length)} bytes, but the payload says {size}"
+                    )
+            except BaseException:
+                d.cuIpcCloseMemHandle(ptr)
+                raise
+        return Chunk(
+            size=size, handle=int(ptr), fd=-1, address=int(ptr), export=export, imported=True
+        )
+
+    def release_chunk(self, chunk: Chunk) -> None:
+        """Wait for queued work, then close an imported handle (``cuIpcCloseMemHandle``) or
+        free the exporter's memory (``cuMemFree``). Idempotent; a no-op in a forked child."""
+        ptr = chunk.handle
+        if ptr < 0:
+            return
+        chunk.handle = -1
+        if self._forked():
+            return
+        self.synchronize()
+        with self.context():
+            if chunk.imported:
+                check(self._d.cuIpcCloseMemHandle(ptr), "cuIpcCloseMemHandle")
+            else:
+                check(self._d.cuMemFree(ptr), "cuMemFree")

@@ -1,0 +1,307 @@
+"""Payloads: what a pickled SharedDeviceArray carries, and their validation.
+
+A payload is plain data: ``b"SA1"``, a 16-byte keyed BLAKE2b tag, then a JSON object. It
+names the allocation (id and secret), the process to fetch the handles from (pid and the path
+of its handle server), the chunk sizes, and the view (dtype, shape, strides, byte offset).
+Loading one never calls anything it names; every field is checked, and anything malformed,
+truncated or altered raises :class:`~sharedarrays.PayloadError`.
+
+The tag is keyed with the allocation's secret. It does not make the payload secret (the secret
+travels inside it) but it rejects any payload that was altered after it was made.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from sharedarrays.backends import factories
+from sharedarrays.errors import PayloadError
+from sharedarrays.process import PID_MAX_LIMIT
+
+__all__ = ["Payload", "MAX_PAYLOAD_BYTES", "contiguous_strides", "view_extent"]
+
+MAGIC = b"SA1"
+TAG_BYTES = 16
+MAX_PAYLOAD_BYTES = 1 << 20
+MAX_NDIM = 64
+MAX_SIZE = 1 << 47
+"""No allocation, chunk, capacity, offset, stride or element count is larger: a process's
+address space on x86-64 (4-level paging) is 128 TiB, and no memory system maps more."""
+MAX_DEVICES = 1 << 10
+"""Device ordinals are below this (more devices than one machine has)."""
+_KEYS = frozenset(
+    (
+        "backend",
+        "device",
+        "id",
+        "secret",
+        "pid",
+        "server",
+        "chunks",
+        "dtype",
+        "shape",
+        "strides",
+        "offset",
+        "readonly",
+    )
+)
+_HEX32 = re.compile(r"^[0-9a-f]{32}$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_DTYPE = re.compile(r"^[<>|=]?[biufc][0-9]{1,2}$")
+_OPTIONAL = frozenset(("capacity",))
+
+
+_DECODED_LIMIT = 4096
+_decoded: dict[bytes, Payload] = {}  # validated payloads by their bytes: warm loads skip JSON
+
+
+def view_extent(itemsize: int, shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, int]:
+    """Lowest and one-past-highest byte a view touches, relative to its offset.
+
+    A view with a zero-length axis touches nothing: ``(0, 0)``.
+    """
+    low = 0
+    high = itemsize
+    for n, s in zip(shape, strides):
+        if n == 0:
+            return 0, 0
+        if s < 0:
+            low += s * (n - 1)
+        else:
+            high += s * (n - 1)
+    return low, high
+
+
+def contiguous_strides(shape: tuple[int, ...], itemsize: int, order: str = "C") -> tuple[int, ...]:
+    """The strides of a contiguous array of ``shape`` in ``order`` (``"C"`` or ``"F"``)."""
+    strides = [0] * len(shape)
+    step = itemsize
+    axes = range(len(shape) - 1, -1, -1) if order == "C" else range(len(shape))
+    for ax in axes:
+        strides[ax] = step
+        step *= max(shape[ax], 1)
+    return tuple(strides)
+
+
+def _tag(body: bytes, secret: bytes) -> bytes:
+    return hashlib.blake2b(body, key=secret, digest_size=TAG_BYTES).digest()
+
+
+def _int(doc: dict[str, Any], key: str, low: int, high: int) -> int:
+    v = doc[key]
+    if type(v) is not int or not low <= v <= high:
+        raise PayloadError(f"payload field {key!r} must be an int in [{low}, {high}], got {v!r}")
+    return v
+
+
+def _ints(doc: dict[str, Any], key: str, low: int, high: int, max_len: int) -> tuple[int, ...]:
+    v = doc[key]
+    if type(v) is not list or len(v) > max_len:
+        raise PayloadError(f"payload field {key!r} must be a list of at most {max_len} ints")
+    for x in v:
+        if type(x) is not int or not low <= x <= high:
+            raise PayloadError(f"payload field {key!r} has {x!r}, not an int in [{low}, {high}]")
+    return tuple(v)
+
+
+@dataclass(frozen=True)
+class Payload:
+    """The validated content of a pickled SharedDeviceArray.
+
+    Attributes
+    ----------
+    backend : str
+        ``"host"`` or ``"cuda-vmm"``.
+    device : int
+        Device ordinal of the memory.
+    alloc_id : str
+        The allocation's id (32 hex digits).
+    secret : bytes
+        The allocation's 32-byte secret; whoever holds it may import the allocation.
+    pid : int
+        The process that made the payload, which serves the handles.
+    server : str
+        Path of that process's handle server socket.
+    chunks : tuple of int
+        Chunk sizes in reservation order.
+    dtype : numpy.dtype
+        Element type (numeric and bool only).
+    shape, strides : tuple of int
+        The view's layout (strides in bytes, may be negative).
+    offset : int
+        Byte offset of the view's first element from the reservation's start.
+    readonly : bool
+        Whether the view is read-only.
+    capacity : int or None
+        For a growable array, the bytes its exporter reserves (``None`` otherwise). Its
+        ``chunks`` are then the allocation's *generation* when the payload was made: an
+        importer that maps fewer chunks maps the new ones. Encoded only when set.
+
+    A pointer backend's payload (cuda-ipc, cuda-pool) always names the exporter in ``pid``
+    and ``server``, even when an importer pickles it on: the exporter records every importer
+    (its memory must outlive them) and hands out the chunk's portable handle itself, after
+    the same checks as for fds, so that a payload never carries anything another user could
+    open.
+
+    The ordering token (an IPC event on CUDA) travels beside the payload, not in it: a
+    payload is the same bytes at every handoff of a view, so both ends can cache it.
+    """
+
+    backend: str
+    device: int
+    alloc_id: str
+    secret: bytes
+    pid: int
+    server: str
+    chunks: tuple[int, ...]
+    dtype: np.dtype[Any]
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int
+    readonly: bool
+    capacity: int | None = None
+
+    @property
+    def size(self) -> int:
+        """Bytes of the whole allocation (the sum of the chunk sizes)."""
+        return sum(self.chunks)
+
+    def to_bytes(self) -> bytes:
+        """Encode as ``b"SA1" + tag + JSON``."""
+        doc: dict[str, Any] = {
+            "backend": self.backend,
+            "device": self.device,
+            "id": self.alloc_id,
+            "secret": self.secret.hex(),
+            "pid": self.pid,
+            "server": self.server,
+            "chunks": list(self.chunks),
+            "dtype": self.dtype.str,
+            "shape": list(self.shape),
+            "strides": list(self.strides),
+            "offset": self.offset,
+            "readonly": self.readonly,
+        }
+        if self.capacity is not None:
+            doc["capacity"] = self.capacity
+        body = json.dumps(doc, separators=(",", ":")).encode()
+        return MAGIC + _tag(body, self.secret) + body
+
+    @classmethod
+    def from_bytes(cls, data: object) -> Payload:
+        """Decode and validate a payload (remembering the result for the same bytes).
+
+        Raises
+        ------
+        PayloadError
+            For anything but an unaltered, well-formed payload of this version.
+        """
+        if type(data) is bytes:
+            known = _decoded.get(data)
+            if known is not None:
+                return known
+        elif not isinstance(data, bytes):
+            raise PayloadError(f"a payload is bytes, not {type(data).__name__}")
+        if len(data) > MAX_PAYLOAD_BYTES:
+            raise PayloadError(f"payload of {len(data)} bytes is larger than any valid one")
+        if not data.startswith(MAGIC):
+            raise PayloadError(
+                "not a sharedarrays payload of version 1 (was it made by another version of "
+                "sharedarrays? use the same version in every process)"
+            )
+        tag, body = data[len(MAGIC) : len(MAGIC) + TAG_BYTES], data[len(MAGIC) + TAG_BYTES :]
+        try:
+            doc = json.loads(body)
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            raise PayloadError("payload is corrupted: its body is not valid JSON") from None
+        if type(doc) is not dict or set(doc) - _OPTIONAL != _KEYS:
+            raise PayloadError("payload is corrupted: wrong set of fields")
+        secret_hex = doc["secret"]
+        if type(secret_hex) is not str or not _HEX64.match(secret_hex):
+            raise PayloadError("payload field 'secret' must be 64 hex digits")
+        secret = bytes.fromhex(secret_hex)
+        if len(tag) != TAG_BYTES or not hmac.compare_digest(tag, _tag(body, secret)):
+            raise PayloadError("payload was altered or truncated after it was made (tag mismatch)")
+        payload = cls._validate(doc, secret)
+        if len(_decoded) >= _DECODED_LIMIT:
+            _decoded.clear()
+        _decoded[bytes(data)] = payload
+        return payload
+
+    @classmethod
+    def _validate(cls, doc: dict[str, Any], secret: bytes) -> Payload:
+        backend = doc["backend"]
+        if type(backend) is not str or backend not in factories:
+            raise PayloadError(f"unknown backend {backend!r} in payload")
+        alloc_id = doc["id"]
+        if type(alloc_id) is not str or not _HEX32.match(alloc_id):
+            raise PayloadError("payload field 'id' must be 32 hex digits")
+        server = doc["server"]
+        if (
+            type(server) is not str
+            or not server.startswith("/")
+            or "\0" in server
+            or len(server.encode()) > 107
+        ):
+            raise PayloadError("payload field 'server' must be an absolute socket path")
+        readonly = doc["readonly"]
+        if type(readonly) is not bool:
+            raise PayloadError("payload field 'readonly' must be a bool")
+        dtype_str = doc["dtype"]
+        if type(dtype_str) is not str or not _DTYPE.match(dtype_str):
+            raise PayloadError(f"payload field 'dtype' is not a numeric dtype: {dtype_str!r}")
+        try:
+            dtype = np.dtype(dtype_str)
+        except TypeError:
+            raise PayloadError(
+                f"payload field 'dtype' is not a numeric dtype: {dtype_str!r}"
+            ) from None
+        device = _int(doc, "device", 0, MAX_DEVICES - 1)
+        pid = _int(doc, "pid", 1, PID_MAX_LIMIT)
+        chunks = _ints(doc, "chunks", 1, MAX_SIZE, 1 << 16)
+        if not chunks:
+            raise PayloadError("payload has no chunks")
+        size = sum(chunks)
+        if size > MAX_SIZE:
+            raise PayloadError(
+                f"payload's chunks add up to {size} bytes, more than any address space holds"
+            )
+        shape = _ints(doc, "shape", 0, MAX_SIZE, MAX_NDIM)
+        strides = _ints(doc, "strides", -MAX_SIZE, MAX_SIZE, MAX_NDIM)
+        if len(shape) != len(strides):
+            raise PayloadError(f"payload has {len(shape)} dims in shape but {len(strides)} strides")
+        count = 1
+        for n in shape:
+            count *= n
+        if count > MAX_SIZE:
+            raise PayloadError(f"payload's shape {shape} has more elements than any valid array")
+        offset = _int(doc, "offset", 0, size)
+        low, high = view_extent(dtype.itemsize, shape, strides)
+        if offset + low < 0 or offset + high > size:
+            raise PayloadError(
+                f"payload's view reaches bytes [{offset + low}, {offset + high}) outside its "
+                f"allocation of {size} bytes"
+            )
+        capacity = _int(doc, "capacity", size, MAX_SIZE) if "capacity" in doc else None
+        return cls(
+            backend=backend,
+            device=device,
+            alloc_id=alloc_id,
+            secret=secret,
+            pid=pid,
+            server=server,
+            chunks=chunks,
+            dtype=dtype,
+            shape=shape,
+            strides=strides,
+            offset=offset,
+            readonly=readonly,
+            capacity=capacity,
+        )

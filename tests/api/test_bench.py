@@ -1,0 +1,113 @@
+"""The benchmark command runs end to end on the host backend (no timing assertions)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sharedarrays import bench
+
+ROOT = Path(__file__).resolve().parents[2]
+REPEATS = 21
+
+
+def test_bench_cpu_quick(tmp_path: Path) -> None:
+    out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sharedarrays",
+            "bench",
+            "--device",
+            "cpu",
+            "--quick",
+            "--repeats",
+            str(REPEATS),
+            "--json",
+            str(out_json),
+            "--plot",
+            str(out_png),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out_json.read_text())
+    assert data["config"]["device"] == "cpu"
+    assert not data["skipped"], data["skipped"]
+    for method in bench.HOST_METHODS:
+        result = data["results"][method]
+        for task in bench.TASKS:
+            cases = result[task]
+            assert len(cases) == len(data["config"]["sizes"]), (method, task)
+            for case in cases.values():
+                assert case["repeats"] >= REPEATS
+                assert len(case["samples_ms"]) == case["repeats"]
+                assert case["median_ms"] > 0
+                assert case["p10_ms"] <= case["median_ms"] <= case["p90_ms"]
+    assert data["bandwidth"]["ratio"] > 0
+    assert data["many"]["count"] > 0 and data["many"]["arrays_per_s"] > 0
+    assert set(data["scaling"]) == {"1", "4"}
+    assert {t["status"] for t in data["targets"]} <= {"PASS", "MISS", "n/a"}
+    for key in ("date_utc", "hostname", "python", "versions"):
+        assert key in data["meta"]
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "handoff: median ms (x floor)" in proc.stdout
+    assert "sharedarrays-warm" in proc.stdout and "targets" in proc.stdout
+
+
+def test_targets_and_table_from_partial_results() -> None:
+    gib = 1 << 30
+    data = {
+        "meta": {"date_utc": "d", "hostname": "h", "machine": "x86_64", "cpus": 1},
+        "config": {"sizes": [gib], "tasks": ["handoff"]},
+        "skipped": {"torch-warm": "not available"},
+        "results": {
+            m: {"handoff": {str(gib): {"median_ms": v, "p10_ms": v, "p90_ms": v, "size": gib}}}
+            for m, v in [
+                ("floor", 0.1),
+                ("sharedarrays-warm", 0.12),
+                ("sharedarrays-cold", 0.9),
+                ("copy", 5000.0),
+            ]
+        },
+    }
+
+    def status(*words: str) -> str:
+        """The status of the one target whose name has all ``words``."""
+        (found,) = [r["status"] for r in bench.evaluate_targets(data)
+                    if all(w in r["target"] for w in words)]  # fmt: skip
+        return str(found)
+
+    assert status("warm overhead", "every size") == "PASS"
+    assert status("warm overhead", "interleaved pairs") == "n/a"  # no steps part in this run
+    assert status("torch") == "n/a"
+    assert status("cold") == "MISS"
+    assert status("1 GiB") == "PASS"
+    data["steps"] = {"pairs": {"warm_minus_floor_us": 61.0, "control_minus_floor_us": 1.0,
+                               "pairs": 1001}}  # fmt: skip
+    assert status("warm overhead", "interleaved pairs") == "MISS"
+    data["steps"]["pairs"]["warm_minus_floor_us"] = 12.0  # type: ignore[index]
+    assert status("warm overhead", "interleaved pairs") == "PASS"
+    data["targets"] = bench.evaluate_targets(data)
+    table = bench.format_table(data)
+    assert "skipped torch-warm" in table and "PASS" in table
+
+
+@pytest.mark.parametrize(("text", "n"), [("4K", 4096), ("1M", 1 << 20), ("32G", 32 << 30)])
+def test_sizes(text: str, n: int) -> None:
+    assert bench.parse_size(text) == n
+    assert bench.size_label(n) == text

@@ -1,0 +1,129 @@
+"""sa.Pool and sa.ProcessPoolExecutor: spawn by default, no fork after CUDA, functions
+defined in __main__ (as in a notebook) shipped by value."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import sharedarrays as sa
+from sharedarrays.api import pool as sa_pool
+
+SCRIPT = textwrap.dedent(
+    """
+    import os
+    import sharedarrays as sa
+
+    calls = []
+
+    def scale(args):                      # defined in __main__: not importable by a worker
+        a, i, k = args
+        a.array[i] *= k
+        return i
+
+    def add(x, y):
+        return x + y
+
+    def remember(x):                      # module globals persist in a worker
+        calls.append(x)
+        return len(calls)
+
+    def main():
+        a = sa.full((4, 1000), 1.0, device="cpu")
+        with sa.Pool(2) as pool:
+            assert pool._ctx.get_start_method() == "spawn"
+            assert sorted(pool.map(scale, [(a, i, i + 1) for i in range(4)])) == [0, 1, 2, 3]
+            assert list(pool.imap(lambda x: x * x, range(5))) == [0, 1, 4, 9, 16]
+            assert sorted(pool.imap_unordered(abs, [-1, -2])) == [1, 2]
+            assert pool.starmap(add, [(1, 2), (3, 4)]) == [3, 7]
+            assert pool.apply_async(add, (5, 6)).get(60) == 11
+            assert pool.apply(add, (1,), {"y": 1}) == 2
+            assert pool.map_async(add.__call__, [], 1).get(60) == []
+        with sa.Pool(1, initializer=remember, initargs=(0,)) as pool:
+            counts = [pool.apply(remember, (i,)) for i in range(3)]
+            assert counts == [2, 3, 4], counts  # the initializer's call, then one per task
+        for i in range(4):
+            assert (a.array[i] == i + 1).all()
+        with sa.ProcessPoolExecutor(2) as ex:
+            assert ex.submit(add, 2, y=3).result(60) == 5
+            assert list(ex.map(add, [1, 2], [10, 20])) == [11, 22]
+            assert list(ex.map(lambda x: -x, range(3), chunksize=2)) == [0, -1, -2]
+        print("OK")
+
+    if __name__ == "__main__":
+        main()
+    """
+)
+
+
+def test_main_functions_work_in_spawned_workers(tmp_path):
+    script = tmp_path / "notebook_like.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**os.environ},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith("OK")
+
+
+def test_by_value_only_where_needed():
+    assert sa_pool.by_value(os.getpid) is os.getpid
+    assert sa_pool.by_value(pickle.dumps) is pickle.dumps
+    f = sa_pool.by_value(lambda x: x + 1)
+    assert isinstance(f, sa_pool.ByValue)
+    g = pickle.loads(pickle.dumps(f))
+    assert g(1) == 2
+    assert sa_pool.by_value(f) is f
+    assert "lambda" in repr(f)
+
+
+def test_nested_function_by_value():
+    k = 3
+
+    def times_k(x):
+        return x * k
+
+    f = pickle.loads(pickle.dumps(sa_pool.by_value(times_k)))
+    assert f(2) == 6
+
+
+def test_default_is_spawn():
+    assert sa_pool.get_context().get_start_method() == "spawn"
+    assert sa_pool.get_context("forkserver").get_start_method() == "forkserver"
+
+
+def test_fork_refused_after_cuda_init(monkeypatch):
+    monkeypatch.setattr(sa_pool, "cuda_initialised", lambda: True)
+    with pytest.raises(sa_pool.ForkAfterCudaError, match="spawn"):
+        sa.Pool(1, context="fork")
+    with pytest.raises(sa_pool.ForkAfterCudaError):
+        sa.ProcessPoolExecutor(1, mp_context="fork")
+    import multiprocessing
+
+    with pytest.raises(ValueError):
+        sa_pool.get_context(multiprocessing.get_context("fork"))
+
+
+def test_fork_allowed_without_cuda(monkeypatch):
+    monkeypatch.setattr(sa_pool, "cuda_initialised", lambda: False)
+    assert sa_pool.get_context("fork").get_start_method() == "fork"
+
+
+def test_cuda_initialised_counts_cupy(monkeypatch):
+    from sharedarrays.backends.cuda import driver as cuda_driver
+
+    monkeypatch.delattr(cuda_driver, "_cuda_initialised_here", raising=False)
+    monkeypatch.setitem(sys.modules, "cupy", object())
+    assert sa_pool.cuda_initialised()
+    monkeypatch.delitem(sys.modules, "cupy")
+    assert not sa_pool.cuda_initialised()

@@ -1,0 +1,181 @@
+"""Display of the memory map: mime bundles, the PNG, the HTML marker, the live widget.
+
+Arrays here are larger than the small-array packing threshold (64 KiB), or pass
+``chunk_bytes``, so that each has an allocation of its own."""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import re
+import time
+
+import pytest
+
+import sharedarrays as sa
+from sharedarrays.api.widgets import MemoryMap, render_html, render_png, render_text
+from sharedarrays.api.widgets.view import WIDGET_MIME
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _decode_png(data: str) -> tuple[int, ...]:
+    import matplotlib.image
+
+    raw = base64.b64decode(data)
+    assert raw.startswith(PNG_MAGIC)
+    return matplotlib.image.imread(io.BytesIO(raw), format="png").shape
+
+
+def test_array_mimebundle_has_three_types():
+    a = sa.zeros((4, 1000), device="cpu", chunk_bytes=8192)
+    bundle = a._repr_mimebundle_()
+    assert {"text/plain", "text/html", "image/png"} <= set(bundle)
+    assert WIDGET_MIME not in bundle  # not in a kernel
+    assert bundle["text/plain"] == repr(a)
+    h, w, _ = _decode_png(bundle["image/png"])
+    assert w == 900 and h > 50
+    html = bundle["text/html"]
+    assert 'class="sa-memory-map"' in html
+    assert 'data-chunks="4"' in html
+    assert html.count('class="sa-chunk"') == 4
+    assert 'data-views="1"' in html
+
+
+def test_mimebundle_include_exclude():
+    a = sa.zeros(10, device="cpu")
+    assert set(a._repr_mimebundle_(include=["text/plain"])) == {"text/plain"}
+    assert "image/png" not in a._repr_mimebundle_(exclude=["image/png"])
+
+
+def test_closed_array_mimebundle_is_text_only():
+    a = sa.zeros(10, device="cpu")
+    a.close()
+    assert set(a._repr_mimebundle_()) == {"text/plain"}
+
+
+def test_registry_view_counts_rows_and_chunks():
+    a = sa.zeros(10_000, device="cpu")
+    b = sa.zeros((3, 4096), dtype="uint8", device="cpu", chunk_bytes=4096)
+    m = sa.show([a, b])
+    html = m._repr_mimebundle_()["text/html"]
+    rows = int(re.search(r'data-rows="(\d+)"', html).group(1))
+    # a: reservation, chunk, waste, view; b: reservation, 3 chunks, view
+    assert rows == 4 + 5
+    assert html.count('class="sa-row"') == rows
+    assert html.count('class="sa-chunk"') == 4
+    assert html.count('class="sa-waste"') == 1
+    assert "created here" in html
+    assert a.allocation.id[:8] in repr(m)
+
+
+def test_empty_map_renders():
+    html = render_html([])
+    assert 'data-allocations="0"' in html
+    assert render_png([]).startswith(PNG_MAGIC)
+    assert "no live" in render_text([])
+
+
+def test_refresh_rereads_registry():
+    m = sa.show()
+    before = {x.alloc_id for x in m.maps}
+    a = sa.zeros(100_000, device="cpu")
+    assert a.allocation.id not in before
+    after = {x.alloc_id for x in m.refresh()}
+    assert a.allocation.id in after
+    assert m.updated > 0
+
+
+def test_array_map_follows_views_and_release():
+    a = sa.zeros((8, 4096), device="cpu")
+    m = a.show()
+    assert len(m.maps) == 1 and len(m.maps[0].views) == 1
+    v = a[2:4]
+    assert len(m.refresh()[0].views) == 2
+    del v
+    a.close()
+    assert m.refresh() == []  # the map holds no reference to the allocation
+
+
+def _pid_and_sum(a):
+    return os.getpid(), float(a.array.sum())
+
+
+def test_served_importers_in_provenance():
+    a = sa.full(100_000, 2.0, device="cpu")
+    with sa.Pool(1) as pool:
+        pid, total = pool.apply(_pid_and_sum, (a,))
+    assert total == 200_000.0
+    m = a.show()
+    assert [s.pid for s in m.maps[0].served] == [pid]
+    html = render_html(m.maps)
+    assert f"pid {pid} at" in html
+    assert f"served to {pid}" in repr(m)
+
+
+def test_widget_refresh_and_auto_refresh_stop_on_close():
+    pytest.importorskip("ipywidgets")
+    a = sa.zeros(100_000, device="cpu")
+    m = MemoryMap(a, interval=0.05)
+    box = m.widget
+    assert box is m.widget
+    html = m._ui["html"]
+    b = a[1:3]
+    m._ui["refresh"].click()
+    assert html.value.count('class="sa-view"') == 2
+    m._ui["auto"].value = True
+    assert m.auto_refreshing
+    thread = m._thread
+    first = m.updated
+    deadline = time.time() + 5
+    while m.updated == first and time.time() < deadline:
+        time.sleep(0.02)
+    assert m.updated > first, "auto-refresh did not refresh"
+    m._ui["interval"].value = 0.5
+    assert m._interval == 0.5
+    m.close()
+    assert not thread.is_alive()
+    assert not m.auto_refreshing
+    del b
+
+
+def test_auto_refresh_stops_when_widget_closed_from_outside():
+    pytest.importorskip("ipywidgets")
+    m = sa.show(interval=0.05)
+    box = m.widget
+    m.start()
+    thread = m._thread
+    box.close()  # e.g. Widget.close_all()
+    thread.join(5)
+    assert not thread.is_alive()
+    m.close()
+
+
+def test_toggle_off_stops_thread():
+    pytest.importorskip("ipywidgets")
+    m = sa.show(interval=0.05, auto_refresh=True)
+    assert m.widget is not None
+    assert m.auto_refreshing
+    thread = m._thread
+    m._ui["auto"].value = False
+    assert not thread.is_alive()
+    m.close()
+
+
+def test_import_is_lazy():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, sharedarrays as sa; a = sa.zeros(3, device='cpu'); sa.show(a); "
+        "print(sorted(m for m in ('ipywidgets', 'matplotlib') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ},
+    ).stdout
+    assert out.strip() == "[]"

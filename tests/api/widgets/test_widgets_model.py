@@ -1,0 +1,140 @@
+"""The memory-map model, computed from real host allocations.
+
+Arrays here are larger than the small-array packing threshold (64 KiB), or pass
+``chunk_bytes``, so that each has an allocation of its own."""
+
+from __future__ import annotations
+
+import mmap
+
+import pytest
+
+import sharedarrays as sa
+from sharedarrays.api.widgets import build_map, build_maps, table_rows, views_of
+from sharedarrays.api.widgets.model import _levels
+
+PAGE = mmap.PAGESIZE
+
+
+def _pages(n: int) -> int:
+    return -(-n // PAGE) * PAGE
+
+
+def test_single_chunk_waste_and_view():
+    a = sa.zeros(10_000, dtype="float64", device="cpu")  # 80 000 bytes
+    m = build_map(a.allocation)
+    assert m.size == _pages(80_000)
+    assert [(c.chunk, c.start, c.size) for c in m.chunks] == [(0, 0, _pages(80_000))]
+    assert m.gaps == ()
+    assert m.used == 80_000
+    assert m.waste == _pages(80_000) - 80_000
+    assert [(v.start, v.stop, v.label) for v in m.views] == [(0, 80_000, "10000 float64")]
+    assert m.access == {"cpu": "rw"}
+    assert m.created_here and m.origin_text.startswith("created here")
+    assert m.backend == "host" and m.device == "cpu" and m.granularity == PAGE
+    assert m.address == a.allocation.address
+
+
+def test_multi_chunk_bars_cover_reservation():
+    a = sa.zeros((5, PAGE), dtype="uint8", device="cpu", chunk_bytes=2 * PAGE)
+    m = build_map(a.allocation)
+    assert [(c.chunk, c.start, c.size) for c in m.chunks] == [
+        (0, 0, 2 * PAGE),
+        (1, 2 * PAGE, 2 * PAGE),
+        (2, 4 * PAGE, PAGE),
+    ]
+    assert [c.fd for c in m.chunks] == [c.fd for c in a.allocation.chunks]
+    assert m.waste == 0 and m.gaps == ()
+
+
+def test_views_are_brackets_on_levels():
+    a = sa.zeros((4, 8192), dtype="float32", device="cpu")  # rows of 32 KiB
+    row = a[1]
+    rev = a[::-1]
+    m = build_map(a.allocation)
+    spans = {(v.start, v.stop, v.label) for v in m.views}
+    assert (0, 4 * 32768, "4×8192 float32") in spans
+    assert (0, 4 * 32768, "4×8192 float32 (strided)") in spans  # the reversed view
+    assert (32768, 65536, "8192 float32") in spans
+    assert len({v.level for v in m.views}) == 3  # all three overlap
+    assert len(views_of(a.allocation)) == 3
+    row.close()
+    rev.close()
+    assert len(build_map(a.allocation).views) == 1
+
+
+def test_closed_and_collected_views_disappear():
+    a = sa.zeros(100_000, device="cpu")
+    v = a[2:4]
+    assert len(views_of(a.allocation)) == 2
+    del v
+    assert len(views_of(a.allocation)) == 1
+
+
+def test_levels_reuse_free_rows():
+    assert _levels([(0, 10), (2, 5), (10, 20), (5, 8)]) == [0, 1, 0, 1]
+
+
+def test_table_rows():
+    a = sa.zeros((3, PAGE // 8), device="cpu", chunk_bytes=PAGE)
+    b = sa.zeros(10_000, device="cpu")
+    v = a[1]
+    maps = build_maps([a, b, v])  # a and v share one allocation
+    assert len(maps) == 2
+    rows = table_rows(maps)
+    kinds = [(r.alloc_id, r.kind) for r in rows]
+    ida, idb = a.allocation.id[:8], b.allocation.id[:8]
+    assert kinds == [
+        (ida, "reservation"),
+        (ida, "chunk 0"),
+        (ida, "chunk 1"),
+        (ida, "chunk 2"),
+        (ida, "view"),
+        (ida, "view"),
+        (idb, "reservation"),
+        (idb, "chunk 0"),
+        (idb, "waste"),
+        (idb, "view"),
+    ]
+    base = a.allocation.address
+    assert (rows[2].start, rows[2].stop, rows[2].size) == (base + PAGE, base + 2 * PAGE, PAGE)
+    waste = rows[8]
+    assert waste.stop == b.allocation.address + b.allocation.size
+    assert waste.size == _pages(80_000) - 80_000
+
+
+def test_registry_maps_include_every_live_allocation():
+    a = sa.zeros(100_000, device="cpu")
+    ids = {m.alloc_id for m in build_maps(None)}
+    assert a.allocation.id in ids
+
+
+def test_unmapped_gaps_from_mappings():
+    """Gaps come from the mappings: a stand-in allocation with a hole in the middle."""
+    from types import SimpleNamespace
+
+    from sharedarrays.memory.allocation import ChunkInfo, MappingInfo, Origin
+
+    fake = SimpleNamespace(
+        id="f" * 32,
+        address=0x1000_0000,
+        size=4 * PAGE,
+        chunks=(ChunkInfo(0, PAGE, 7), ChunkInfo(1, PAGE, 8)),
+        mappings=(MappingInfo(0, PAGE, 0, 0, "rw"), MappingInfo(2 * PAGE, PAGE, 1, 0, "r")),
+        device=sa.Device("cpu"),
+        access="rw",
+        backend=SimpleNamespace(name="host", granularity=PAGE),
+        origin=Origin(False, 4242, 0.0),
+        served=(),
+    )
+    m = build_map(fake, views=[])  # type: ignore[arg-type]
+    assert [(g.start, g.size) for g in m.gaps] == [(PAGE, PAGE), (3 * PAGE, PAGE)]
+    assert [c.access for c in m.chunks] == ["rw", "r"]
+    assert m.origin_text.startswith("imported from pid 4242")
+    kinds = [r.kind for r in table_rows([m])]
+    assert kinds == ["reservation", "chunk 0", "chunk 1", "unmapped", "unmapped"]
+
+
+def test_build_maps_rejects_other_objects():
+    with pytest.raises(TypeError):
+        build_maps([object()])

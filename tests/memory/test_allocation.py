@@ -1,0 +1,215 @@
+from __future__ import annotations
+
+import gc
+import itertools
+import mmap
+
+import numpy as np
+import pytest
+
+import sharedarrays as sa
+from sharedarrays.backends import get_backend
+from sharedarrays.backends.device import CPU
+from sharedarrays.memory import allocation as sa_allocation
+from sharedarrays.memory.allocation import Allocation, chunk_sizes, live_allocations, lookup
+
+
+def mapped(address: int) -> bool:
+    with open("/proc/self/maps") as f:
+        for line in f:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= address < hi:
+                return "memfd:sharedarrays" in line
+    return False
+
+
+def test_chunk_policy() -> None:
+    assert chunk_sizes(0, 4096) == [4096]
+    assert chunk_sizes(1, 4096) == [4096]
+    assert chunk_sizes(10_000, 4096, 8192) == [8192, 4096]
+    assert chunk_sizes(3 << 30, 2 << 20) == [3 << 30]  # one chunk unless told otherwise
+    assert chunk_sizes(3 << 30, 2 << 20, 2 << 30) == [2 << 30, 1 << 30]
+    assert chunk_sizes(5000, 4096, 100) == [4096, 4096]  # chunk_bytes rounds up to a granule
+    with pytest.raises(ValueError, match="chunk_bytes"):
+        chunk_sizes(10, 4096, 0)
+    with pytest.raises(ValueError, match="larger chunk_bytes"):
+        chunk_sizes(1 << 40, 4096, 4096)
+
+
+def test_env_chunk_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHAREDARRAYS_CHUNK_BYTES", "8192")
+    assert chunk_sizes(20_000, 4096) == [8192, 8192, 4096]
+    monkeypatch.setenv("SHAREDARRAYS_CHUNK_BYTES", "lots")
+    with pytest.raises(ValueError, match="SHAREDARRAYS_CHUNK_BYTES"):
+        chunk_sizes(1, 4096)
+
+
+def test_multi_chunk_allocation_is_contiguous(fd_baseline: None) -> None:
+    page = mmap.PAGESIZE
+    a = sa.empty(10 * page // 8 + 3, "float64", device="cpu", chunk_bytes=3 * page)
+    alloc = a.allocation
+    assert [c.size for c in alloc.chunks] == [3 * page, 3 * page, 3 * page, 2 * page]
+    assert [m.offset for m in alloc.mappings] == [0, 3 * page, 6 * page, 9 * page]
+    assert len({c.fd for c in alloc.chunks}) == 4
+    ref = np.arange(a.size, dtype=np.float64)
+    a[...] = ref  # one array spans chunk boundaries
+    np.testing.assert_array_equal(a.get(), ref)
+    assert "mapping" in alloc.describe() and alloc.describe().count(" rw") == 4
+    del alloc
+    a.close()
+
+
+def test_release_unmaps_and_closes_fds(fd_baseline: None) -> None:
+    a = sa.zeros(1 << 16, device="cpu", chunk_bytes=1 << 16)
+    address, alloc_id = a.address, a.allocation.id
+    assert mapped(address)
+    assert lookup(alloc_id) is not None
+    a.close()
+    gc.collect()
+    assert lookup(alloc_id) is None
+    assert not mapped(address)
+
+
+def test_registry_lists_live_allocations() -> None:
+    a = sa.zeros(4, device="cpu", pack=False)
+    b = sa.zeros(4, device="cpu", pack=False)
+    ids = [x.id for x in live_allocations()]
+    assert a.allocation.id in ids and b.allocation.id in ids
+    assert ids.index(a.allocation.id) < ids.index(b.allocation.id)
+
+
+def test_failed_build_releases_everything(fd_baseline: None) -> None:
+    backend = get_backend(CPU)
+
+    class Exploding:
+        def __init__(self) -> None:
+            self.n = 0
+
+        def __call__(self, size: int) -> object:
+            self.n += 1
+            if self.n == 3:
+                raise OSError("chunk 3 failed")
+            return backend.create_chunk(size)
+
+    with pytest.raises(OSError, match="chunk 3 failed"):
+        Allocation._build(
+            backend,
+            "0" * 32,
+            b"x" * 32,
+            [4096] * 4,
+            Exploding(),
+            "rw",
+            sa_allocation.Origin(True, 1, 0.0),
+        )
+    assert lookup("0" * 32) is None
+
+
+def test_import_with_mismatched_sizes_closes_fds(fd_baseline: None) -> None:
+    import os
+
+    backend = get_backend(CPU)
+    r, w = os.pipe()
+    with pytest.raises(sa.PayloadError):
+        Allocation.import_(backend, "1" * 32, b"y" * 32, [4096], [r, w], 1)
+
+
+def test_import_of_wrong_size_handle_is_payload_error(fd_baseline: None) -> None:
+    a = sa.zeros(10, device="cpu", pack=False)
+    import os
+
+    fd = os.dup(a.allocation.chunks[0].fd)
+    with pytest.raises(sa.PayloadError, match="describes"):
+        Allocation.import_(get_backend(CPU), "2" * 32, b"z" * 32, [8192], [fd], 1)
+
+
+def test_small_arrays_are_packed_into_shared_slabs() -> None:
+    from sharedarrays.memory.allocation import PACK_BYTES, SLAB_BYTES
+
+    arrays = [sa.full(512, float(i), device="cpu") for i in range(2000)]  # 4 KiB each
+    slabs = {a.allocation.id: a.allocation.size for a in arrays}
+    payload = sum(a.nbytes for a in arrays)
+    assert len(slabs) == -(-payload // SLAB_BYTES)
+    assert sum(slabs.values()) <= 1.25 * payload
+    assert all(a.address % 256 == 0 for a in arrays)
+    assert [float(a.array[0]) for a in arrays[::97]] == [float(i) for i in range(0, 2000, 97)]
+    by_slab: dict[str, list[tuple[int, int]]] = {}
+    for a in arrays:
+        by_slab.setdefault(a.allocation.id, []).append((a.offset, a.offset + a.nbytes))
+    for spans in by_slab.values():  # no two arrays overlap
+        spans.sort()
+        assert all(hi <= lo for (_, hi), (lo, _) in itertools.pairwise(spans))
+    big = sa.zeros(PACK_BYTES // 8 + 1, device="cpu")
+    assert big.allocation.id not in slabs  # above the threshold: an allocation of its own
+    with pytest.raises(ValueError, match="pack=False"):
+        sa.zeros(SLAB_BYTES + 1, "uint8", device="cpu", pack=True)
+    with pytest.raises(ValueError, match="cannot be combined"):
+        sa.zeros(4, device="cpu", pack=True, chunk_bytes=4096)
+
+
+def test_a_full_slab_is_released_when_its_arrays_go() -> None:
+    from sharedarrays.memory.allocation import SLAB_BYTES
+
+    per_slab = SLAB_BYTES // 4096
+    arrays = [sa.zeros(512, device="cpu") for _ in range(2 * per_slab + 1)]
+    first = arrays[0].allocation
+    first_id = first.id
+    assert arrays[per_slab * 2].allocation is not first  # later arrays went to new slabs
+    del first
+    for a in arrays[:per_slab]:
+        a.close()
+    del a
+    gc.collect()
+    assert lookup(first_id) is None  # full, no longer current, no array left: released
+    assert lookup(arrays[-1].allocation.id) is not None
+
+
+def test_release_never_takes_a_mapping_from_under_a_view() -> None:
+    """A parked import leased again (say by another thread) is not dropped: release() does
+    nothing while a view uses the allocation."""
+    import os
+
+    from sharedarrays.memory.allocation import drop_parked, parked_allocations
+
+    a = sa.from_array(np.arange(512.0), device="cpu", pack=False)
+    fd = os.dup(a.allocation.chunks[0].fd)
+    imported = Allocation.import_(
+        get_backend(CPU), "3" * 32, b"w" * 32, a.allocation.chunk_sizes(), [fd], os.getpid()
+    )
+    view = sa.SharedDeviceArray(imported, a.dtype, a.shape, a.strides, 0)
+    del imported
+    view.close()
+    gc.collect()
+    assert [p.id for p in parked_allocations()] == ["3" * 32]  # parked, no view
+    again = sa.SharedDeviceArray(lookup("3" * 32), a.dtype, a.shape, a.strides, 0)  # unparks
+    lookup("3" * 32).release()  # e.g. a release notice racing the new view: refused
+    drop_parked()
+    assert again.get().sum() == np.arange(512.0).sum()  # still mapped
+    again.close()
+    gc.collect()
+    assert drop_parked() == 1 and lookup("3" * 32) is None
+
+
+@pytest.mark.parametrize("pid", [2**22 + 1, 2**31, 2**63, 2**80, 0, -1, -(2**40)])
+def test_a_closed_import_never_stays_live_whatever_its_source_pid(
+    pid: int, fd_baseline: None
+) -> None:
+    """``running`` takes any int: an import whose source pid names no process (too large
+    for ``kill``, or 0 and negatives, which ``kill`` takes for process groups) is released
+    when its last view closes, not kept in the registry for good."""
+    import os
+
+    from sharedarrays.process import running, start_time
+
+    assert not running(pid) and start_time(pid) is None
+    a = sa.zeros(512, device="cpu", pack=False)
+    fd = os.dup(a.allocation.chunk_fds()[0])
+    alloc = Allocation.import_(
+        get_backend(CPU), "7" * 32, b"s" * 32, [a.allocation.size], [fd], pid
+    )
+    v = sa.SharedDeviceArray(alloc, np.dtype("float64"), (512,), (8,), 0)
+    del alloc
+    v.close()
+    gc.collect()
+    assert lookup("7" * 32) is None
+    assert all(al.id != "7" * 32 for al in live_allocations())
+    a.close()

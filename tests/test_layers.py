@@ -1,0 +1,151 @@
+"""The package's layers, drawn from its imports (docs/architecture.md draws the same picture).
+
+Every ``import`` and ``from ... import`` of a ``sharedarrays`` module counts, at module level
+or inside a function, under ``TYPE_CHECKING`` or not. Two rules:
+
+- no import circles between modules;
+- a module imports only modules of its own layer or of layers below it.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "sharedarrays"
+
+# bottom to top; a module belongs to the layer of the longest prefix that names it
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("foundation", ("sharedarrays.errors", "sharedarrays.settings", "sharedarrays.process")),
+    ("protocol", ("sharedarrays.protocol",)),
+    ("backends", ("sharedarrays.backends",)),
+    ("memory", ("sharedarrays.memory",)),
+    ("transport", ("sharedarrays.transport", "sharedarrays.keeper")),
+    ("importing", ("sharedarrays.importing",)),
+    ("api", ("sharedarrays.api",)),
+    ("package", ("sharedarrays",)),
+    ("tools", ("sharedarrays.cli", "sharedarrays.bench", "sharedarrays.__main__")),
+]
+
+
+def modules() -> dict[str, tuple[Path, bool]]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        if is_package:
+            parts = parts[:-1]
+        found[".".join(parts)] = (path, is_package)
+    return found
+
+
+def imports() -> dict[str, set[str]]:
+    """Module -> the ``sharedarrays`` modules it imports."""
+    known = modules()
+
+    def resolve(name: str) -> str | None:
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    edges: dict[str, set[str]] = defaultdict(set)
+    for name, (path, is_package) in known.items():
+        here = name.split(".") if is_package else name.split(".")[:-1]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = here[: len(here) - node.level + 1]
+                    module = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    module = node.module or ""
+                for alias in node.names:
+                    # ``from pkg import mod`` imports pkg.mod; ``from mod import name`` imports mod
+                    full = f"{module}.{alias.name}"
+                    targets.append(full if full in known else module)
+            for target in targets:
+                if not target.startswith("sharedarrays"):
+                    continue
+                resolved = resolve(target)
+                if resolved and resolved != name:
+                    edges[name].add(resolved)
+    return edges
+
+
+def layer_of(module: str) -> int:
+    matches = [
+        (len(prefix), index)
+        for index, (_, prefixes) in enumerate(LAYERS)
+        for prefix in prefixes
+        if module == prefix or module.startswith(prefix + ".")
+    ]
+    if not matches:
+        raise AssertionError(f"{module} is in no layer: add it to LAYERS and docs/architecture.md")
+    return max(matches)[1]
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(modules()):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_checker_sees_imports_inside_functions() -> None:
+    edges = imports()
+    # the CLI imports the bench inside a function only
+    assert "sharedarrays.bench" in edges["sharedarrays.cli"]
+
+
+def test_no_import_circles() -> None:
+    assert cycles(imports()) == []
+
+
+def test_cycle_finder_finds_a_circle() -> None:
+    circle = {"sharedarrays.errors": {"sharedarrays.settings"}}
+    circle["sharedarrays.settings"] = {"sharedarrays.errors"}
+    assert cycles(circle) == [["sharedarrays.errors", "sharedarrays.settings"]]
+
+
+@pytest.mark.parametrize("module", sorted(modules()))
+def test_imports_point_down_the_layers(module: str) -> None:
+    mine = layer_of(module)
+    upward = sorted(
+        f"{target} ({LAYERS[layer_of(target)][0]})"
+        for target in imports().get(module, ())
+        if layer_of(target) > mine
+    )
+    assert not upward, f"{module} ({LAYERS[mine][0]}) imports upwards: {', '.join(upward)}"

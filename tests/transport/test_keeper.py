@@ -1,0 +1,595 @@
+"""Named arrays, parking, allow_pids, readonly, and the keeper process itself (host backend)."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import closed_by_peer
+from keeper_helpers import (
+    keeper_memfds,
+    keeper_status,
+    lock_holder,
+    private_keeper,
+    py,
+    read_json_line,
+    spawn,
+    wait_gone,
+)
+
+import sharedarrays as sa
+from sharedarrays.cli import main as cli_main
+from sharedarrays.memory import allocation as sa_allocation
+from sharedarrays.transport import keeper
+
+__all__ = ["private_keeper"]  # a fixture, used by name
+
+CREATE = (
+    "import sharedarrays as sa, numpy as np; "
+    "sa.from_array(np.arange({n}, dtype=np.float32), device='cpu', name={name!r})"
+)
+
+
+def test_named_lifecycle_across_processes(private_keeper: Path) -> None:
+    # created in one process that then exits
+    py(CREATE.format(n=1000, name="features"))
+    kpid = lock_holder(private_keeper)
+    assert kpid is not None
+    (info,) = sa.list_named()
+    assert info.name == "features" and info.shape == (1000,) and info.dtype == np.float32
+    assert info.size >= 4000 and info.pids == () and info.device == sa.Device("cpu")
+    # attached in another, which writes; the data persists in the keeper after it exits
+    py("import sharedarrays as sa; a = sa.attach('features'); a.array[:] += 1")
+    a = sa.attach("features")
+    np.testing.assert_array_equal(a.get(), np.arange(1000, dtype=np.float32) + 1)
+    assert sa.list_named()[0].pids == (os.getpid(),)
+    assert keeper_memfds(kpid) == 1
+    # unlinked: no longer attachable, but our mapping stays valid until we release it
+    sa.unlink("features")
+    with pytest.raises(sa.NameNotFound):
+        sa.attach("features")
+    assert a.get()[5] == 6
+    assert keeper_memfds(kpid) == 1  # we still hold it
+    a.close()
+    del a
+    gc.collect()
+    sa_allocation.drop_parked()
+    deadline = time.monotonic() + 10
+    while keeper_memfds(kpid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert keeper_memfds(kpid) == 0, "the keeper kept an unlinked array after its last holder"
+    # and, holding nothing, it exits after its idle time
+    wait_gone(kpid)
+
+
+def test_the_last_holder_exiting_frees_an_unlinked_array(private_keeper: Path) -> None:
+    a = sa.zeros(100, device="cpu", name="x")
+    holder = spawn(
+        "import sharedarrays as sa, sys, json; a = sa.attach('x'); "
+        "print(json.dumps({'sum': float(a.get().sum())}), flush=True); sys.stdin.read()"
+    )
+    try:
+        assert read_json_line(holder) == {"sum": 0.0}
+        kpid = lock_holder(private_keeper)
+        assert kpid is not None
+        assert sorted(sa.list_named()[0].pids) == sorted([os.getpid(), holder.pid])
+        sa.unlink("x")
+        a.close()
+        del a
+        gc.collect()
+        assert keeper_memfds(kpid) == 1  # the holder still maps it
+        holder.kill()  # a crash frees it too: the kernel closes its keeper connection
+        holder.wait()
+        deadline = time.monotonic() + 10
+        while keeper_memfds(kpid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert keeper_memfds(kpid) == 0
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_name_exists_and_not_found(private_keeper: Path) -> None:
+    a = sa.zeros(4, device="cpu", name="dup")
+    with pytest.raises(sa.NameExists) as e:
+        sa.ones(8, device="cpu", name="dup")
+    assert isinstance(e.value, FileExistsError) and isinstance(e.value, sa.SharedArrayError)
+    with pytest.raises(sa.NameNotFound) as nf:
+        sa.attach("nope")
+    assert isinstance(nf.value, FileNotFoundError)
+    with pytest.raises(sa.NameNotFound):
+        sa.unlink("nope")
+    b = sa.attach("dup")
+    assert b.allocation is a.allocation  # this process maps it already: the same mapping
+    sa.unlink("dup")
+    # the name is free again
+    c = sa.zeros(2, device="cpu", name="dup")
+    assert c.allocation is not a.allocation
+    sa.unlink("dup")
+
+
+@pytest.mark.parametrize(
+    "bad", ["", "a" * 129, "has space", "../etc", "-x", "x/y", "ü", "a\0b", ".hidden"]
+)
+def test_invalid_names(bad: str) -> None:
+    with pytest.raises(ValueError, match="invalid array name"):
+        sa.zeros(2, device="cpu", name=bad)
+    with pytest.raises(ValueError):
+        sa.attach(bad)
+
+
+def test_no_keeper_means_not_found_and_starts_nothing(private_keeper: Path) -> None:
+    with pytest.raises(sa.NameNotFound, match="no keeper"):
+        sa.attach("x")
+    assert sa.list_named() == []
+    assert lock_holder(private_keeper) is None
+
+
+def test_park_lets_a_plain_pickle_load_after_the_exporter_exited(private_keeper: Path) -> None:
+    code = (
+        "import sharedarrays as sa, numpy as np, pickle, sys; "
+        "a = sa.from_array(np.arange(12.0).reshape(3, 4), device='cpu', pack=False); "
+        "a.park(); a.park(); sys.stdout.buffer.write(pickle.dumps(a[1:, ::2]))"
+    )
+    exporter = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    assert exporter.returncode == 0, exporter.stderr.decode()
+    b = pickle.loads(exporter.stdout)
+    np.testing.assert_array_equal(b.get(), np.arange(12.0).reshape(3, 4)[1:, ::2])
+    assert b.allocation.origin.pid != os.getpid()
+    (info,) = sa.list_named(parked=True)
+    assert info.name is None and info.pids == (os.getpid(),)
+    assert sa.list_named() == []  # parked arrays are not named
+    b.unpark()
+    with pytest.raises(sa.NameNotFound):
+        b.unpark()
+    # unparked: a second loader has nowhere to get the handles from
+    code = f"import pickle; pickle.loads({exporter.stdout!r})"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "HandleUnavailable" in r.stderr and "keeper" in r.stderr
+
+
+def test_unparked_payload_of_a_dead_exporter_is_a_clear_error(private_keeper: Path) -> None:
+    code = (
+        "import sharedarrays as sa, pickle, sys; "
+        "sys.stdout.buffer.write(pickle.dumps(sa.zeros(4, device='cpu', pack=False)))"
+    )
+    env = dict(os.environ, SHAREDARRAYS_IN_FLIGHT="0")  # no payload in flight is kept
+    blob = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, timeout=60, env=env
+    ).stdout
+    with pytest.raises(sa.HandleUnavailable, match="no keeper holds it"):
+        pickle.loads(blob)
+
+
+CHILD_LOADS = (
+    "import sharedarrays as sa, pickle, sys, json\n"
+    "blob = bytes.fromhex(sys.stdin.readline())\n"
+    "try:\n"
+    "    a = pickle.loads(blob); out = {'ok': float(a.get().sum())}\n"
+    "except sa.SharedArrayError as e:\n"
+    "    out = {'error': type(e).__name__, 'message': str(e)}\n"
+    "print(json.dumps(out), flush=True)\n"
+)
+
+
+def _load_in(child: subprocess.Popen[str], blob: bytes) -> dict[str, object]:
+    assert child.stdin is not None
+    child.stdin.write(blob.hex() + "\n")
+    child.stdin.flush()
+    out = read_json_line(child)
+    child.wait(30)
+    return out
+
+
+def test_allow_pids_at_the_handle_server_and_the_keeper(private_keeper: Path) -> None:
+    allowed, other = spawn(CHILD_LOADS), spawn(CHILD_LOADS)
+    try:
+        a = sa.full(10, 2.0, device="cpu", allow_pids=[allowed.pid])
+        assert a.allocation.allow_pids == frozenset([allowed.pid])
+        blob = pickle.dumps(a)
+        assert _load_in(allowed, blob) == {"ok": 20.0}
+        denied = _load_in(other, blob)
+        assert denied["error"] == "PermissionDenied" and "allow_pids" in str(denied["message"])
+    finally:
+        for p in (allowed, other):
+            p.kill()
+            p.wait()
+    # the same check at the keeper, for names
+    attach = (
+        "import sharedarrays as sa, sys, json\n"
+        "sys.stdin.readline()\n"
+        "try:\n"
+        "    out = {'ok': float(sa.attach('secret').get().sum())}\n"
+        "except sa.PermissionDenied as e:\n"
+        "    out = {'error': str(e)}\n"
+        "print(json.dumps(out), flush=True)\n"
+    )
+    allowed, other = spawn(attach), spawn(attach)
+    try:
+        b = sa.full(3, 1.0, device="cpu", name="secret", allow_pids=[allowed.pid])
+        assert sa.list_named()[0].allow_pids == (allowed.pid,)
+        assert _load_in(allowed, b"") == {"ok": 3.0}
+        assert "allow_pids" in str(_load_in(other, b"")["error"])
+        sa.unlink("secret")
+        del b
+    finally:
+        for p in (allowed, other):
+            p.kill()
+            p.wait()
+
+
+READONLY_CHILD = (
+    "import sharedarrays as sa, pickle, sys, json\n"
+    "a = pickle.loads(bytes.fromhex(sys.stdin.readline()))\n"
+    "out = {'readonly': a.readonly, 'sum': float(a.get().sum())}\n"
+    "try:\n"
+    "    a[0] = 5\n"
+    "except ValueError as e:\n"
+    "    out['setitem'] = str(e)\n"
+    "try:\n"
+    "    a.array[0] = 5\n"
+    "except ValueError as e:\n"
+    "    out['native'] = str(e)\n"
+    "start = format(a.allocation.address, 'x')\n"
+    "out['maps'] = [l.split()[1] for l in open('/proc/self/maps') if l.startswith(start + '-')]\n"
+    "out['access'] = a.allocation.access\n"
+    "try:  # a hostile importer asks for write access to its mapping\n"
+    "    al = a.allocation\n"
+    "    al.backend.set_access(al.address, al.size, 'rw')\n"
+    "    out['escalate'] = 'allowed'\n"
+    "except OSError as e:\n"
+    "    out['escalate'] = 'refused: ' + str(e)\n"
+    "print(json.dumps(out), flush=True)\n"
+)
+
+
+def test_readonly_importers_get_prot_read_mappings() -> None:
+    a = sa.from_array(np.arange(4.0), device="cpu", readonly=True)
+    assert not a.readonly  # the creator keeps writing
+    a[0] = 10
+    child = spawn(READONLY_CHILD)
+    try:
+        out = _load_in(child, pickle.dumps(a))
+    finally:
+        child.kill()
+        child.wait()
+    assert out["readonly"] is True and out["sum"] == 16.0
+    assert "read-only" in str(out["setitem"]) and "read-only" in str(out["native"])
+    assert out["maps"] == ["r--s"] and out["access"] == "r"
+    assert out["escalate"].startswith("refused")  # the fd itself is read-only
+    assert a.get()[0] == 10  # nothing was written
+
+
+def test_readonly_named_arrays(private_keeper: Path) -> None:
+    a = sa.full(4, 3.0, device="cpu", name="ro", readonly=True)
+    r = py(
+        "import sharedarrays as sa, json; b = sa.attach('ro'); al = b.allocation\n"
+        "try:\n    al.backend.set_access(al.address, al.size, 'rw'); esc = 'allowed'\n"
+        "except OSError:\n    esc = 'refused'\n"
+        "print(json.dumps([b.readonly, al.access, float(b.get().sum()), esc]))"
+    )
+    assert json.loads(r.stdout) == [True, "r", 12.0, "refused"]
+    assert sa.list_named()[0].readonly
+    sa.unlink("ro")
+    del a
+
+
+def test_restricted_arrays_are_never_packed() -> None:
+    with pytest.raises(ValueError, match="pack=True"):
+        sa.zeros(4, device="cpu", readonly=True, pack=True)
+    assert sa.zeros(4, device="cpu", allow_pids=[1]).allocation.size >= 4096
+
+
+def test_one_keeper_per_user_and_stale_sockets_are_replaced(private_keeper: Path) -> None:
+    pid = keeper.ensure_running()
+    assert lock_holder(private_keeper) == pid
+    # a second keeper never starts beside a live one
+    r = subprocess.run(
+        [sys.executable, "-m", "sharedarrays", "keeper", "--foreground"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 3 and f"pid {pid}" in r.stderr
+    assert keeper.ensure_running() == pid
+    # killed, it leaves its socket file behind: the next keeper replaces it
+    os.kill(pid, signal.SIGKILL)
+    wait_gone(pid)
+    assert (private_keeper / "keeper.sock").exists()
+    new = keeper.ensure_running()
+    assert new != pid and lock_holder(private_keeper) == new
+
+
+def test_a_client_survives_the_keeper_exiting_while_idle(private_keeper: Path) -> None:
+    first = keeper.ensure_running()
+    wait_gone(first)  # idle for IDLE seconds, holding nothing
+    assert not (private_keeper / "keeper.sock").exists()
+    a = sa.zeros(3, device="cpu", name="again")  # our old connection is dead: reconnects
+    assert lock_holder(private_keeper) not in (None, first)
+    sa.unlink("again")
+    del a
+
+
+def test_another_users_keeper_socket_is_refused(private_keeper: Path) -> None:
+    pid = keeper.ensure_running()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.connect(str(private_keeper / "keeper.sock"))
+        s.send(keeper.MAGIC + b'{"op":"hello"}')
+        assert json.loads(s.recv(1024)[5:])["pid"] == pid
+    os.chmod(private_keeper, 0o755)
+    with pytest.raises(sa.PermissionDenied, match="private directory"):
+        sa.attach("x")
+    os.chmod(private_keeper, 0o700)
+
+
+def test_cli_ls_rm_status_keeper(private_keeper: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["status"]) == 1
+    assert "no keeper" in capsys.readouterr().out
+    assert cli_main(["keeper"]) == 0
+    assert "keeper running, pid" in capsys.readouterr().out
+    a = sa.zeros((2, 3), dtype="int16", device="cpu", name="cli-test")
+    assert cli_main(["ls"]) == 0
+    out = capsys.readouterr().out
+    assert "cli-test" in out and "(2, 3)" in out and "int16" in out and str(os.getpid()) in out
+    assert cli_main(["ls", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["name"] == "cli-test" and row["pids"] == [os.getpid()]
+    assert cli_main(["status"]) == 0
+    assert "named        1" in capsys.readouterr().out
+    assert cli_main(["rm", "cli-test", "missing"]) == 1
+    assert "missing" in capsys.readouterr().err
+    assert sa.list_named() == []
+    assert cli_main(["ls", "--all"]) == 0
+    assert "(unlinked)" in capsys.readouterr().out
+    del a
+
+
+def test_fork_child_does_not_inherit_the_keeper_connection(private_keeper: Path) -> None:
+    a = sa.zeros(2, device="cpu", name="forked")
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 0
+        try:
+            assert keeper._conn is None and not keeper._held
+            assert [i.name for i in sa.list_named()] == ["forked"]
+        except BaseException:
+            code = 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert sa.list_named()[0].pids == (os.getpid(),)
+    sa.unlink("forked")
+    del a
+
+
+def test_a_release_from_a_finalizer_never_blocks_on_the_client_lock(private_keeper: Path) -> None:
+    """Leases die in finalizers, in any thread, possibly while another thread holds the
+    keeper client's lock and waits for that very thread (Thread.start): the release must
+    not wait for the lock; it is deferred to the next request."""
+    import threading
+
+    from sharedarrays.transport import keeper
+
+    a = sa.full(3, 1.0, device="cpu", name="fin")
+    alloc_id = a.allocation.id
+    done = threading.Event()
+    with keeper._lock:
+        t = threading.Thread(target=lambda: (keeper.release(alloc_id), done.set()))
+        t.start()
+        assert done.wait(5), "keeper.release blocked on the client lock"
+        assert alloc_id in keeper._deferred
+    t.join()
+    sa.list_named()  # the next request sends it
+    assert alloc_id not in keeper._deferred and alloc_id not in keeper._held
+    sa.unlink("fin")
+    del a
+
+
+@pytest.mark.timeout(60)
+def test_the_keeper_refuses_an_unsealed_memfd(private_keeper: Path) -> None:
+    """An unsealed memfd could be shrunk by its sender after the keeper served it, killing
+    every process that attached it with SIGBUS: the keeper refuses it and closes it."""
+    kpid = keeper.ensure_running()
+    before = keeper_memfds(kpid)
+    a = sa.zeros(512, device="cpu", pack=False)
+    size = a.allocation.size
+    forged = os.memfd_create("sharedarrays", os.MFD_CLOEXEC)  # no seals
+    os.ftruncate(forged, size)
+    req = {
+        "op": "keep",
+        "id": "ab" * 16,
+        "secret": "cd" * 32,
+        "name": "unsealed",
+        "sizes": [size],
+        "doc": {"backend": "host"},
+        "allow_pids": None,
+    }
+    try:
+        status, body, fds = keeper.request(req, [forged])
+    finally:
+        os.close(forged)
+    assert fds == [] and status == keeper.ERROR
+    assert "not sealed against shrinking" in str(body["error"])
+    assert "unsealed" not in [n.name for n in sa.list_named()]
+    assert keeper_memfds(kpid) == before  # closed, not kept
+    # a sealed chunk of a real array is still kept
+    sa.SharedDeviceArray.park(a)
+    a.unpark()
+    a.close()
+
+
+PLANTED = (
+    "import os, pathlib\n"
+    "pathlib.Path({marker!r}).write_text(f'{{__name__}} ran in pid {{os.getpid()}}')\n"
+    "raise ImportError('a planted module ran')\n"
+)
+
+
+@pytest.mark.timeout(120)
+def test_the_keeper_imports_nothing_from_the_callers_directory(
+    private_keeper: Path, tmp_path: Path
+) -> None:
+    """Another user who can write the directory a process runs in (a shared 1777 folder)
+    plants ``json.py``: the keeper that process starts must not run it, nor anything an
+    empty ``PYTHONPATH`` entry (the working directory again) would find."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    marker = tmp_path / "planted-ran"
+    for module in ("json", "secrets", "selectors"):
+        (shared / f"{module}.py").write_text(PLANTED.format(marker=str(marker)))
+    # the caller imports what it needs before it moves there (a planted module that ran
+    # would say in which process)
+    code = (
+        "import os, secrets, sharedarrays as sa; "
+        f"os.chdir({str(shared)!r}); "
+        "sa.zeros(4, device='cpu', name='planted'); "
+        "from sharedarrays.transport import keeper; print(keeper.running_pid())"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert not marker.exists(), marker.read_text()
+    assert r.returncode == 0, r.stderr
+    kpid = int(r.stdout.split()[-1])
+    assert lock_holder(private_keeper) == kpid
+    assert os.readlink(f"/proc/{kpid}/cwd") == str(private_keeper)
+    sa.unlink("planted")
+
+
+def _hello(path: Path) -> socket.socket:
+    """A raw connection to the keeper at ``path`` that said hello and was answered."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.settimeout(30)
+    s.connect(str(path))
+    s.send(keeper.MAGIC + b'{"op":"hello"}')
+    assert s.recv(1024)[:4] == keeper.MAGIC
+    return s
+
+
+@pytest.mark.timeout(120)
+def test_the_keeper_caps_its_connections(
+    private_keeper: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Past SHAREDARRAYS_KEEPER_CONNECTIONS the longest idle connection is closed, one that
+    holds nothing first: a process holding an array keeps its connection and its hold."""
+    monkeypatch.setenv("SHAREDARRAYS_KEEPER_CONNECTIONS", "16")
+    a = sa.zeros(4, device="cpu", name="capped")
+    idle = [_hello(private_keeper / "keeper.sock") for _ in range(60)]
+    try:
+        status = keeper_status()
+        assert status["max_connections"] == 16
+        assert status["connections"] == 16
+        assert sa.list_named()[0].pids == (os.getpid(),)  # our hold survived
+        assert cli_main(["status"]) == 0
+        assert "max_connections 16" in capsys.readouterr().out
+        assert sum(closed_by_peer(s) for s in idle) == 60 - 15  # ours is one of the 16
+    finally:
+        for s in idle:
+            s.close()
+    b = sa.attach("capped")
+    assert b.allocation is a.allocation
+    sa.unlink("capped")
+
+
+@pytest.mark.timeout(120)
+def test_a_keeper_out_of_fds_keeps_serving(private_keeper: Path) -> None:
+    """A keeper whose fd table is full (RLIMIT_NOFILE 64 here, ~1,000 idle connections on a
+    common 1024 limit) closes the longest idle connection to accept a new one: an attach
+    still works, and never says that no keeper runs."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sharedarrays", "keeper", "--foreground"],
+        preexec_fn=limit,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    flood: list[socket.socket] = []
+    try:
+        deadline = time.monotonic() + 30
+        while lock_holder(private_keeper) != proc.pid and time.monotonic() < deadline:
+            time.sleep(0.05)
+        a = sa.from_array(np.arange(5.0), device="cpu", name="crowded")
+        for _ in range(100):  # more than it has fds for; those it cannot accept yet queue
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            s.settimeout(30)
+            s.connect(str(private_keeper / "keeper.sock"))
+            s.send(keeper.MAGIC + b'{"op":"hello"}')
+            flood.append(s)
+        keeper.disconnect()  # a new connection, behind the flood
+        start = time.monotonic()
+        b = sa.attach("crowded")
+        took = time.monotonic() - start
+        assert b.get().tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+        assert int(str(keeper_status()["connections"])) < 64
+        closed = sum(closed_by_peer(s) for s in flood)
+        assert closed > 0, "the keeper never ran out of fds: the test did not test"
+        print(f"keeper at 64 fds, 100 idle connections, {closed} closed: attach in {took:.3f} s")
+        sa.unlink("crowded")
+        del a, b
+    finally:
+        for s in flood:
+            s.close()
+        keeper.disconnect()
+        proc.terminate()
+        proc.communicate(timeout=30)
+
+
+@pytest.mark.timeout(60)
+def test_a_keeper_that_does_not_answer_is_not_reported_missing(
+    private_keeper: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A keeper that is overloaded or stopped (simulated: a socket that never accepts, then
+    one whose listen queue is full) gives KeeperError, never NameNotFound "no keeper runs"
+    nor an empty list_named()."""
+    monkeypatch.setattr(keeper, "TIMEOUT", 1.0)
+    private_keeper.mkdir(mode=0o700, exist_ok=True)
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    silent.bind(str(private_keeper / "keeper.sock"))
+    silent.listen(4)
+    queued: list[socket.socket] = []
+    try:
+        with pytest.raises(sa.KeeperError, match="did not answer"):
+            sa.attach("x")
+        with pytest.raises(sa.KeeperError, match="did not answer"):
+            sa.list_named()
+        assert cli_main(["status"]) == 1
+        assert "the keeper runs but cannot be asked" in capsys.readouterr().out
+        while True:  # fill its listen queue: connect then says EAGAIN
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            s.setblocking(False)
+            try:
+                s.connect(str(private_keeper / "keeper.sock"))
+            except BlockingIOError:
+                s.close()
+                break
+            queued.append(s)
+        keeper.disconnect()
+        with pytest.raises(sa.KeeperError, match="did not accept"):
+            sa.attach("x")
+        with pytest.raises(sa.KeeperError, match="did not accept"):
+            sa.unlink("x")
+    finally:
+        for s in queued:
+            s.close()
+        silent.close()
+        keeper.disconnect()
