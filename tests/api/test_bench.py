@@ -111,3 +111,45 @@ def test_targets_and_table_from_partial_results() -> None:
 def test_sizes(text: str, n: int) -> None:
     assert sizes.parse_size(text) == n
     assert sizes.size_label(n) == text
+
+
+def _run_python(code: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
+    )
+
+
+def test_import_sharedarrays_leaves_the_tools_out() -> None:
+    """The benchmark and the command line are tools on top of the library, not part of it."""
+    proc = _run_python(
+        "import sys, sharedarrays\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('sharedarrays.bench', "
+        "'sharedarrays.cli', 'sharedarrays.keeper_cli'))))"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+def test_the_command_line_loads_the_measuring_code_only_to_run_the_bench() -> None:
+    proc = _run_python(
+        "import sys\n"
+        "from sharedarrays.cli import main\n"
+        "main(['status'])\n"
+        "print(sorted(m for m in sys.modules if m.startswith('sharedarrays.bench')))"
+    )
+    assert proc.returncode == 0, proc.stderr
+    loaded = proc.stdout.strip().splitlines()[-1]
+    assert "sharedarrays.bench.config" in loaded  # the bench's options are on the parser
+    assert "sharedarrays.bench.measure" not in loaded and "sharedarrays.bench.worker" not in loaded
+
+
+def test_python_m_sharedarrays_bench_takes_the_same_options() -> None:
+    proc = _run_python("from sharedarrays.bench.command import main; main(['--help'])")
+    via_cli = _run_python("from sharedarrays.cli import main; main(['bench', '--help'])")
+    assert proc.returncode == 0 and via_cli.returncode == 0, proc.stderr + via_cli.stderr
+    options = proc.stdout.partition("options:")[2]
+    assert "--sizes" in options and options == via_cli.stdout.partition("options:")[2]
