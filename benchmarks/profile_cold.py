@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 import sharedarrays as sa
-from sharedarrays.bench import parse_size, size_label
+from sharedarrays.bench.sizes import parse_size, size_label
 from sharedarrays.transport import handles as transport
 
 

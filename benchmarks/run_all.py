@@ -19,6 +19,6 @@ ROOT = Path(__file__).resolve().parents[1]
 if __name__ == "__main__":
     os.chdir(ROOT)  # results land in benchmarks/results of this checkout
     sys.path.insert(0, str(ROOT))
-    from sharedarrays.bench import main
+    from sharedarrays.bench.command import main
 
     sys.exit(main(["--full", *sys.argv[1:]]))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import pickle
-import re
 import sys
 import time
 from collections.abc import Sequence
@@ -13,17 +12,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["main", "parse_size"]
-
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
-def parse_size(text: str) -> int:
-    """Parse ``"256M"``, ``"1G"``, ``"4096"`` (binary units) into bytes."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
-    if m is None:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 256M or 1G)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+__all__ = ["main"]
 
 
 def _sync(native: Any) -> None:
@@ -164,6 +153,10 @@ def demo(size: int | None, workers: int, device: str | None, progress: bool) -> 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m sharedarrays`` and the ``sharedarrays`` script."""
+    from sharedarrays import keeper_cli
+    from sharedarrays.bench import config as bench_config
+    from sharedarrays.bench.sizes import parse_size
+
     parser = argparse.ArgumentParser(prog="python -m sharedarrays")
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="share a large array with a Pool and transform it in place")
@@ -173,17 +166,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     d.add_argument("--workers", type=int, default=4)
     d.add_argument("--device", default=None, help="auto (default), cpu, cuda or cuda:N")
     d.add_argument("--no-progress", action="store_true")
-    from sharedarrays import bench
-
     b = sub.add_parser("bench", help="time handing arrays to a Pool worker against every peer")
-    bench.add_arguments(b)
-    from sharedarrays import keeper_cli
-
+    bench_config.add_arguments(b)
     keeper_cli.add_parsers(sub)
     args = parser.parse_args(argv)
     if args.command in keeper_cli.COMMANDS:
         return keeper_cli.run(args)
     if args.command == "bench":
+        from sharedarrays.bench import command as bench  # the measuring code: only to run it
+
         return bench.run_from_args(args)
     if args.command == "demo":
         if args.workers < 1:

@@ -126,8 +126,8 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_checker_sees_imports_inside_functions() -> None:
     edges = imports()
-    # the CLI imports the bench inside a function only
-    assert "sharedarrays.bench" in edges["sharedarrays.cli"]
+    # the CLI imports the bench's measuring code inside a function only
+    assert "sharedarrays.bench.command" in edges["sharedarrays.cli"]
 
 
 def test_no_import_circles() -> None:

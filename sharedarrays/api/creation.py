@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any, SupportsIndex
 
@@ -9,49 +10,15 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from sharedarrays.api.array import SharedDeviceArray, operator_index
-from sharedarrays.backends import Access, choose_backend, get_backend
-from sharedarrays.backends.device import Device, DeviceLike, parse_device
+from sharedarrays.api.options import AccessList, CreationOptions
+from sharedarrays.backends import choose_backend, get_backend
+from sharedarrays.backends.device import Device, DeviceLike
 from sharedarrays.memory.allocation import PACK_BYTES, Allocation, pack_into_slab
-from sharedarrays.process import PID_MAX_LIMIT
-from sharedarrays.protocol.payload import MAX_SIZE, contiguous_strides
+from sharedarrays.protocol.payload import contiguous_strides
 
 __all__ = ["empty", "zeros", "ones", "full", "from_array", "ShapeLike", "PROGRESS_BYTES"]
 
 ShapeLike = SupportsIndex | Sequence[SupportsIndex]
-
-AccessList = Sequence[DeviceLike | tuple[DeviceLike, str]]
-"""``access=``: devices (read-write), or ``(device, "rw" | "r")`` pairs."""
-
-
-def _peers(access: AccessList | None, device: Device) -> dict[int, Access]:
-    """The peer devices ``access=`` names (besides ``device``), with their access."""
-    if access is None:
-        return {}
-    if isinstance(access, (str, bytes, Device, int)):
-        raise TypeError("access= takes a list of devices, e.g. ['cuda:0', 'cuda:1']")
-    peers: dict[int, Access] = {}
-    for item in access:
-        if isinstance(item, tuple) and len(item) != 2:
-            raise ValueError(f"access= items are devices or (device, mode) pairs, not {item!r}")
-        dev_like, mode = item if isinstance(item, tuple) else (item, "rw")
-        if mode not in ("rw", "r"):
-            raise ValueError(f"access mode must be 'rw' or 'r', not {mode!r}")
-        dev = parse_device(dev_like)
-        if dev.kind != device.kind:
-            raise ValueError(
-                f"{device} memory cannot be granted to {dev}: "
-                + ("host memory is accessed by the cpu only" if not device.is_cuda else
-                   "access= lists CUDA devices")
-            )  # fmt: skip
-        if dev == device:
-            if mode != "rw":
-                raise ValueError(
-                    f"{device} is the memory's own device and keeps read-write access in the "
-                    "creating process; readonly=True makes importers read-only"
-                )
-            continue
-        peers[dev.index] = "r" if mode == "r" else "rw"
-    return peers
 
 
 def _shape(shape: ShapeLike) -> tuple[int, ...]:
@@ -112,72 +79,26 @@ def _fill(a: SharedDeviceArray, value: Any, progress: bool | None) -> None:
         native[key] = value
 
 
-def _new(
-    shape: ShapeLike,
-    dtype: DTypeLike,
-    device: Device,
-    backend_name: str,
-    order: str,
-    chunk_bytes: int | None,
-    pack: bool | None = None,
-    name: str | None = None,
-    allow_pids: Iterable[int] | None = None,
-    readonly: bool = False,
-    capacity: int | None = None,
-    access: AccessList | None = None,
-) -> SharedDeviceArray:
-    if order not in ("C", "F"):
-        raise ValueError(f"order must be 'C' or 'F', not {order!r}")
-    if capacity is not None:
-        capacity = operator_index(capacity)
-        if capacity > MAX_SIZE:
-            raise ValueError(
-                f"capacity={capacity} is more than any process can reserve; at most {MAX_SIZE} "
-                "bytes (128 TiB, what a payload may name)"
-            )
-        if pack:
-            raise ValueError("pack=True and capacity cannot be combined: a slab cannot grow")
-        if name is not None:
-            raise ValueError(
-                "a named array cannot be growable (the keeper holds a fixed set of chunks); "
-                "leave out name= or capacity="
-            )
-        if order != "C":
-            raise ValueError("a growable array grows along axis 0 and must be in C order")
-        pack = False
+def _new(shape: ShapeLike, dtype: DTypeLike, options: CreationOptions) -> SharedDeviceArray:
+    """Make the array: what depends on its shape, dtype and memory system is checked here."""
     from sharedarrays.api import named
-    from sharedarrays.transport import keeper
 
-    if name is not None:
-        keeper.check_name(name)
-    allowed = None if allow_pids is None else frozenset(operator_index(p) for p in allow_pids)
-    if allowed is not None and not all(0 < p <= PID_MAX_LIMIT for p in allowed):
-        raise ValueError(
-            f"allow_pids are process ids, from 1 to {PID_MAX_LIMIT}: got {sorted(allowed)}"
-        )
-    if name is not None or allowed is not None or readonly:
-        if pack:
-            raise ValueError("pack=True cannot be combined with name, allow_pids or readonly")
-        pack = False  # a slab's neighbours would share the name, the pid list or the secret
     shp = _shape(shape)
     dt = _dtype(dtype)
     n = 1
     for s in shp:
         n *= s
-    peers = _peers(access, device)
-    if peers:
-        if pack:
-            raise ValueError("pack=True cannot be combined with access= for other devices")
-        pack = False  # a slab's neighbours would share the grant
-    backend = get_backend(device, choose_backend(device, backend_name))
+    device, capacity, name = options.device, options.capacity, options.name
+    backend = get_backend(device, choose_backend(device, options.backend))
     if backend.exporter_owned and name is not None:
         raise ValueError(
             f"a named array must outlive its creator, and {backend.name} memory lives only as "
             "long as the process that made it; use backend='cuda-vmm' (or 'auto') for name="
         )
     nbytes = n * dt.itemsize
+    pack = options.pack
     if pack is None:
-        pack = chunk_bytes is None and nbytes <= PACK_BYTES
+        pack = options.chunk_bytes is None and nbytes <= PACK_BYTES
     if capacity is not None and (not shp or capacity < nbytes):
         raise ValueError(
             f"capacity={capacity} bytes does not hold the {nbytes} bytes of shape {shp}"
@@ -185,17 +106,29 @@ def _new(
             else "a growable array has at least one axis; a 0-d array cannot grow"
         )
     if pack:
-        if chunk_bytes is not None:
-            raise ValueError("pack=True and chunk_bytes cannot be combined")
         alloc, offset = pack_into_slab(backend, nbytes)
     else:
-        alloc = Allocation.create(backend, nbytes, chunk_bytes, capacity, peers, bool(readonly))
+        alloc = Allocation.create(
+            backend, nbytes, options.chunk_bytes, capacity, options.peers, options.readonly
+        )
         offset = 0
-        alloc.allow_pids = allowed
-    strides = contiguous_strides(shp, dt.itemsize, order)
+        alloc.allow_pids = options.allow_pids
+    strides = contiguous_strides(shp, dt.itemsize, options.order)
     a = SharedDeviceArray(alloc, dt, shp, strides, offset)
     if name is not None:
         named.publish(a, name)
+    return a
+
+
+def _full(
+    shape: ShapeLike, fill_value: Any, dtype: DTypeLike | None, options: CreationOptions
+) -> SharedDeviceArray:
+    if dtype is None:
+        dtype = np.asarray(fill_value).dtype
+    a = _new(shape, dtype, options)
+    fresh_memory_reads_zero = a.allocation.backend.zeroed  # memfd; slabs are never reused
+    if not (fresh_memory_reads_zero and np.ndim(fill_value) == 0 and fill_value == 0):
+        _fill(a, fill_value, options.progress)
     return a
 
 
@@ -303,16 +236,18 @@ def empty(
     return _new(
         shape,
         dtype,
-        parse_device(device),
-        backend,
-        order,
-        chunk_bytes,
-        pack,
-        name,
-        allow_pids,
-        readonly,
-        capacity,
-        access,
+        CreationOptions.from_keywords(
+            device=device,
+            backend=backend,
+            order=order,
+            chunk_bytes=chunk_bytes,
+            pack=pack,
+            name=name,
+            allow_pids=allow_pids,
+            readonly=readonly,
+            capacity=capacity,
+            access=access,
+        ),
     )
 
 
@@ -334,21 +269,23 @@ def zeros(
 ) -> SharedDeviceArray:
     """A new shared array of zeros (parameters as :func:`empty`; ``progress`` as
     :func:`full`)."""
-    return full(
+    return _full(
         shape,
         0,
         dtype,
-        device=device,
-        backend=backend,
-        order=order,
-        chunk_bytes=chunk_bytes,
-        pack=pack,
-        progress=progress,
-        name=name,
-        allow_pids=allow_pids,
-        readonly=readonly,
-        capacity=capacity,
-        access=access,
+        CreationOptions.from_keywords(
+            device=device,
+            backend=backend,
+            order=order,
+            chunk_bytes=chunk_bytes,
+            pack=pack,
+            progress=progress,
+            name=name,
+            allow_pids=allow_pids,
+            readonly=readonly,
+            capacity=capacity,
+            access=access,
+        ),
     )
 
 
@@ -370,21 +307,23 @@ def ones(
 ) -> SharedDeviceArray:
     """A new shared array of ones (parameters as :func:`empty`; ``progress`` as
     :func:`full`)."""
-    return full(
+    return _full(
         shape,
         1,
         dtype,
-        device=device,
-        backend=backend,
-        order=order,
-        chunk_bytes=chunk_bytes,
-        pack=pack,
-        progress=progress,
-        name=name,
-        allow_pids=allow_pids,
-        readonly=readonly,
-        capacity=capacity,
-        access=access,
+        CreationOptions.from_keywords(
+            device=device,
+            backend=backend,
+            order=order,
+            chunk_bytes=chunk_bytes,
+            pack=pack,
+            progress=progress,
+            name=name,
+            allow_pids=allow_pids,
+            readonly=readonly,
+            capacity=capacity,
+            access=access,
+        ),
     )
 
 
@@ -412,26 +351,24 @@ def full(
     while filling; ``None`` (the default) shows one for arrays of at least
     :data:`PROGRESS_BYTES`, ``False`` never.
     """
-    if dtype is None:
-        dtype = np.asarray(fill_value).dtype
-    a = _new(
+    return _full(
         shape,
+        fill_value,
         dtype,
-        parse_device(device),
-        backend,
-        order,
-        chunk_bytes,
-        pack,
-        name,
-        allow_pids,
-        readonly,
-        capacity,
-        access,
+        CreationOptions.from_keywords(
+            device=device,
+            backend=backend,
+            order=order,
+            chunk_bytes=chunk_bytes,
+            pack=pack,
+            progress=progress,
+            name=name,
+            allow_pids=allow_pids,
+            readonly=readonly,
+            capacity=capacity,
+            access=access,
+        ),
     )
-    fresh_memory_reads_zero = a.allocation.backend.zeroed  # memfd; slabs are never reused
-    if not (fresh_memory_reads_zero and np.ndim(fill_value) == 0 and fill_value == 0):
-        _fill(a, fill_value, progress)
-    return a
 
 
 def _source_device(obj: Any) -> Device | None:
@@ -484,24 +421,22 @@ def from_array(
 
     The copy keeps the source's layout when it is Fortran-contiguous, else C order.
     """
-    dev = parse_device(device if device is not None else _source_device(obj))
-    src = get_backend(dev, choose_backend(dev, backend)).to_native(obj)
-    fortran = src.flags.f_contiguous and not src.flags.c_contiguous and capacity is None
-    order = "F" if fortran else "C"
-    a = _new(
-        src.shape,
-        src.dtype,
-        dev,
-        backend,
-        order,
-        chunk_bytes,
-        pack,
-        name,
-        allow_pids,
-        readonly,
-        capacity,
-        access,
+    options = CreationOptions.from_keywords(
+        device=device if device is not None else _source_device(obj),
+        backend=backend,
+        chunk_bytes=chunk_bytes,
+        pack=pack,
+        progress=progress,
+        name=name,
+        allow_pids=allow_pids,
+        readonly=readonly,
+        capacity=capacity,
+        access=access,
     )
-    for native, key in _blocks(a, progress, "copy"):
+    src = get_backend(options.device, choose_backend(options.device, backend)).to_native(obj)
+    if src.flags.f_contiguous and not src.flags.c_contiguous and capacity is None:
+        options = dataclasses.replace(options, order="F")  # keep a Fortran source's layout
+    a = _new(src.shape, src.dtype, options)
+    for native, key in _blocks(a, options.progress, "copy"):
         native[key] = src[key]
     return a

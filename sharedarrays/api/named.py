@@ -154,14 +154,14 @@ def _keep(a: SharedDeviceArray, name: str | None) -> None:
 
 
 def publish(a: SharedDeviceArray, name: str) -> None:
-    """Give ``a``'s handles to the keeper under ``name`` (creation calls this).
+    """Give ``a``'s handles to the keeper under ``name`` (creation calls this, with a name
+    :class:`~sharedarrays.api.options.CreationOptions` has checked).
 
     Raises
     ------
     NameExists
         The name is taken.
     """
-    keeper.check_name(name)
     _keep(a, name)
 
 

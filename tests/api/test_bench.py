@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sharedarrays import bench
+from sharedarrays.bench import config, report, sizes
 
 ROOT = Path(__file__).resolve().parents[2]
 REPEATS = 21
@@ -48,9 +48,9 @@ def test_bench_cpu_quick(tmp_path: Path) -> None:
     data = json.loads(out_json.read_text())
     assert data["config"]["device"] == "cpu"
     assert not data["skipped"], data["skipped"]
-    for method in bench.HOST_METHODS:
+    for method in config.HOST_METHODS:
         result = data["results"][method]
-        for task in bench.TASKS:
+        for task in config.TASKS:
             cases = result[task]
             assert len(cases) == len(data["config"]["sizes"]), (method, task)
             for case in cases.values():
@@ -88,7 +88,7 @@ def test_targets_and_table_from_partial_results() -> None:
 
     def status(*words: str) -> str:
         """The status of the one target whose name has all ``words``."""
-        (found,) = [r["status"] for r in bench.evaluate_targets(data)
+        (found,) = [r["status"] for r in report.evaluate_targets(data)
                     if all(w in r["target"] for w in words)]  # fmt: skip
         return str(found)
 
@@ -102,12 +102,54 @@ def test_targets_and_table_from_partial_results() -> None:
     assert status("warm overhead", "interleaved pairs") == "MISS"
     data["steps"]["pairs"]["warm_minus_floor_us"] = 12.0  # type: ignore[index]
     assert status("warm overhead", "interleaved pairs") == "PASS"
-    data["targets"] = bench.evaluate_targets(data)
-    table = bench.format_table(data)
+    data["targets"] = report.evaluate_targets(data)
+    table = report.format_table(data)
     assert "skipped torch-warm" in table and "PASS" in table
 
 
 @pytest.mark.parametrize(("text", "n"), [("4K", 4096), ("1M", 1 << 20), ("32G", 32 << 30)])
 def test_sizes(text: str, n: int) -> None:
-    assert bench.parse_size(text) == n
-    assert bench.size_label(n) == text
+    assert sizes.parse_size(text) == n
+    assert sizes.size_label(n) == text
+
+
+def _run_python(code: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
+    )
+
+
+def test_import_sharedarrays_leaves_the_tools_out() -> None:
+    """The benchmark and the command line are tools on top of the library, not part of it."""
+    proc = _run_python(
+        "import sys, sharedarrays\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('sharedarrays.bench', "
+        "'sharedarrays.cli', 'sharedarrays.keeper_cli'))))"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+def test_the_command_line_loads_the_measuring_code_only_to_run_the_bench() -> None:
+    proc = _run_python(
+        "import sys\n"
+        "from sharedarrays.cli import main\n"
+        "main(['status'])\n"
+        "print(sorted(m for m in sys.modules if m.startswith('sharedarrays.bench')))"
+    )
+    assert proc.returncode == 0, proc.stderr
+    loaded = proc.stdout.strip().splitlines()[-1]
+    assert "sharedarrays.bench.config" in loaded  # the bench's options are on the parser
+    assert "sharedarrays.bench.measure" not in loaded and "sharedarrays.bench.worker" not in loaded
+
+
+def test_python_m_sharedarrays_bench_takes_the_same_options() -> None:
+    proc = _run_python("from sharedarrays.bench.command import main; main(['--help'])")
+    via_cli = _run_python("from sharedarrays.cli import main; main(['bench', '--help'])")
+    assert proc.returncode == 0 and via_cli.returncode == 0, proc.stderr + via_cli.stderr
+    options = proc.stdout.partition("options:")[2]
+    assert "--sizes" in options and options == via_cli.stdout.partition("options:")[2]

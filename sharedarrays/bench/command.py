@@ -1,0 +1,55 @@
+"""``python -m sharedarrays bench``: run with the parsed options, print the table, write
+the JSON and the plot."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from sharedarrays.bench.config import Config, add_arguments, config_from_args
+from sharedarrays.bench.measure import Run
+from sharedarrays.bench.report import format_table, plot
+
+__all__ = ["run", "run_from_args", "main"]
+
+
+def run(cfg: Config) -> dict[str, Any]:
+    """Run the benchmark, print the table, write the JSON and the plot.
+
+    Returns
+    -------
+    dict
+        Everything measured (what the JSON holds).
+    """
+    data = Run(cfg).run()
+    print()
+    print(format_table(data), flush=True)
+    if cfg.plot_path:
+        try:
+            plot(data, cfg.plot_path)
+            print(f"\nplot: {cfg.plot_path}")
+        except Exception as e:  # a missing matplotlib must not lose the numbers
+            print(f"\nno plot: {type(e).__name__}: {e}", file=sys.stderr)
+    if cfg.json_path:
+        print(f"json: {cfg.json_path}")
+    return data
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Entry point of ``python -m sharedarrays bench`` once its options are parsed."""
+    try:
+        cfg = config_from_args(args)
+    except argparse.ArgumentTypeError as e:
+        print(f"bench: {e}", file=sys.stderr)
+        return 2
+    run(cfg)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``bench`` options (as :func:`add_arguments`) and run."""
+    parser = argparse.ArgumentParser(prog="python -m sharedarrays bench")
+    add_arguments(parser)
+    return run_from_args(parser.parse_args(argv))

@@ -1,0 +1,241 @@
+"""What one run measures: sizes, device, methods, tasks and parts, from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sharedarrays.bench.environment import device_slug, today
+from sharedarrays.bench.sizes import parse_size
+
+__all__ = [
+    "TASKS",
+    "GPU_METHODS",
+    "HOST_METHODS",
+    "PARTS",
+    "COPY_MAX_BYTES",
+    "TASK_TIMEOUT",
+    "Config",
+    "add_arguments",
+    "config_from_args",
+]
+
+TASKS = ("handoff", "read")
+"""Task kinds: ``handoff`` materialises the native array; ``read`` also sums it."""
+
+GPU_METHODS = (
+    "floor",
+    "sharedarrays-warm",
+    "sharedarrays-cold",
+    "sa.ipc-warm",
+    "sa.ipc-cold",
+    "sa.pool-warm",
+    "sa.pool-cold",
+    "torch-warm",
+    "torch-cold",
+    "cuda.core-warm",
+    "cuda.core-cold",
+    "copy",
+)
+HOST_METHODS = ("floor", "sharedarrays-warm", "sharedarrays-cold", "shm-warm", "shm-cold", "copy")
+
+PARTS = ("bandwidth", "many", "scaling", "steps")
+"""Measurements besides the method x size table (``--skip`` takes these names)."""
+
+COPY_MAX_BYTES = 1 << 30
+"""The copy path runs up to this size only (about 5 s per GiB on an H200)."""
+
+DEFAULT_SIZES = {"cuda": "1M,64M,1G,8G,32G", "cpu": "1M,64M,256M"}
+QUICK_SIZES = {"cuda": "1M,64M", "cpu": "1M,16M"}
+DEFAULT_BANDWIDTH = {"cuda": "4G", "cpu": "256M"}
+QUICK_BANDWIDTH = {"cuda": "256M", "cpu": "16M"}
+TASK_TIMEOUT = float(os.environ.get("SHAREDARRAYS_BENCH_TIMEOUT", "120"))
+"""Seconds one task may take before its method is abandoned (a dead worker never answers);
+``SHAREDARRAYS_BENCH_TIMEOUT`` overrides it. ``SHAREDARRAYS_BENCH_DEBUG=1`` makes every
+worker dump its threads' stacks to stderr every 20 s (to see where a task hangs)."""
+
+
+@dataclass
+class Config:
+    """What one benchmark run measures.
+
+    Attributes
+    ----------
+    device : str
+        ``"cpu"`` or ``"cuda:N"``.
+    sizes : list of int
+        Array sizes in bytes.
+    repeats : int
+        Timed samples per case (after ``warmup`` untimed ones); a case whose samples take
+        longer than ``case_seconds`` in all stops early with at least 3.
+    methods : list of str
+        Methods to run (``floor`` always runs: every ratio needs it).
+    tasks : list of str
+        Task kinds (:data:`TASKS`).
+    workers : list of int
+        Worker counts of the fan-out measurement.
+    skip : list of str
+        Parts of :data:`PARTS` not to run.
+    pairs : int
+        Interleaved floor / warm-handoff pairs of the ``steps`` part (``--pairs``).
+    """
+
+    device: str
+    sizes: list[int]
+    repeats: int = 21
+    warmup: int = 3
+    methods: list[str] = field(default_factory=list)
+    tasks: list[str] = field(default_factory=lambda: list(TASKS))
+    workers: list[int] = field(default_factory=lambda: [1, 4, 16])
+    skip: list[str] = field(default_factory=list)
+    many_count: int = 10000
+    many_bytes: int = 4096
+    bandwidth_bytes: int = 4 << 30
+    bandwidth_repeats: int = 21
+    pairs: int = 1001
+    case_seconds: float = 10.0
+    quick: bool = False
+    json_path: str | None = None
+    plot_path: str | None = None
+
+    @property
+    def is_cuda(self) -> bool:
+        """Whether the run is on a CUDA device."""
+        return self.device.startswith("cuda")
+
+    @property
+    def index(self) -> int:
+        """The CUDA device ordinal (0 on cpu)."""
+        return int(self.device.split(":")[1]) if ":" in self.device else 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the ``bench`` options to a parser."""
+    p.add_argument("--device", default="auto", help="auto (default), cpu or cuda:N")
+    p.add_argument(
+        "--sizes",
+        default=None,
+        help="comma-separated sizes (default 1M,64M,1G,8G,32G on GPU, 1M,64M,256M on host)",
+    )
+    p.add_argument("--repeats", type=int, default=21, help="timed samples per case (>= 1)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed samples before them")
+    p.add_argument(
+        "--methods",
+        default=None,
+        help="comma-separated methods or families (sharedarrays, torch, cuda.core, copy, shm); "
+        "default all of the backend's",
+    )
+    p.add_argument("--tasks", default="handoff,read", help="handoff, read or both")
+    p.add_argument("--workers", default="1,4,16", help="worker counts of the fan-out")
+    p.add_argument("--skip", default="", help=f"parts not to run: {', '.join(PARTS)}")
+    p.add_argument("--many", type=int, default=None, help="small arrays in one task (10000)")
+    p.add_argument("--many-size", type=parse_size, default=4096, help="bytes each (4K)")
+    p.add_argument("--bandwidth-size", type=parse_size, default=None, help="copy-kernel bytes")
+    p.add_argument(
+        "--case-seconds",
+        type=float,
+        default=10.0,
+        help="a case stops early (with >= 3 samples) once its samples took this long",
+    )
+    p.add_argument("--json", default=None, help="write raw results here")
+    p.add_argument("--plot", default=None, help="write a PNG plot here")
+    p.add_argument(
+        "--pairs",
+        type=int,
+        default=None,
+        help="interleaved floor / warm pairs in the steps part (default 1001, 101 with --quick)",
+    )
+    p.add_argument("--quick", action="store_true", help="fewer, smaller sizes (a smoke test)")
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="the committed defaults; writes benchmarks/results/<device>-<date>.json/.png",
+    )
+
+
+def _resolve_device(text: str) -> str:
+    if text in ("cpu", "host"):
+        return "cpu"
+    from sharedarrays.backends import cuda_usable
+
+    if text == "auto":
+        return "cuda:0" if cuda_usable() is None else "cpu"
+    from sharedarrays.backends.device import parse_device
+
+    dev = parse_device(text)
+    return str(dev) if dev.is_cuda else "cpu"
+
+
+def _expand_methods(text: str | None, available: Sequence[str]) -> list[str]:
+    if not text:
+        return list(available)
+    chosen: list[str] = ["floor"]
+    for word in (w.strip() for w in text.split(",")):
+        if not word:
+            continue
+        matches = [m for m in available if m == word or m.rsplit("-", 1)[0] == word]
+        if not matches:
+            raise argparse.ArgumentTypeError(
+                f"unknown method {word!r} for this device; choose from {', '.join(available)}"
+            )
+        chosen.extend(m for m in matches if m not in chosen)
+    return [m for m in available if m in chosen]
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """Turn parsed ``bench`` options into a :class:`Config`.
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        A bad size, method, task or worker count.
+    """
+    device = _resolve_device(args.device)
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    sizes_text = args.sizes or (QUICK_SIZES if args.quick else DEFAULT_SIZES)[kind]
+    sizes = sorted({parse_size(s) for s in sizes_text.split(",") if s.strip()})
+    if not sizes or sizes[0] < 4:
+        raise argparse.ArgumentTypeError("sizes must be at least 4 bytes")
+    if args.repeats < 1 or args.warmup < 0:
+        raise argparse.ArgumentTypeError("--repeats must be >= 1 and --warmup >= 0")
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if not tasks or any(t not in TASKS for t in tasks):
+        raise argparse.ArgumentTypeError(f"--tasks takes {', '.join(TASKS)}")
+    workers_text = "1,4" if args.quick and args.workers == "1,4,16" else args.workers
+    workers = [int(w) for w in workers_text.split(",") if w.strip()]
+    if any(w < 1 for w in workers):
+        raise argparse.ArgumentTypeError("--workers must be positive")
+    skip = [s.strip() for s in args.skip.split(",") if s.strip()]
+    if any(s not in PARTS for s in skip):
+        raise argparse.ArgumentTypeError(f"--skip takes {', '.join(PARTS)}")
+    available = GPU_METHODS if kind == "cuda" else HOST_METHODS
+    bandwidth = args.bandwidth_size or parse_size(
+        (QUICK_BANDWIDTH if args.quick else DEFAULT_BANDWIDTH)[kind]
+    )
+    many = args.many if args.many is not None else (1000 if args.quick else 10000)
+    json_path, plot_path = args.json, args.plot
+    if args.full:
+        stem = Path("benchmarks") / "results" / f"{device_slug(device)}-{today()}"
+        json_path = json_path or str(stem.with_suffix(".json"))
+        plot_path = plot_path or str(stem.with_suffix(".png"))
+    return Config(
+        device=device,
+        sizes=sizes,
+        repeats=args.repeats,
+        warmup=args.warmup if not args.quick else min(args.warmup, 2),
+        methods=_expand_methods(args.methods, available),
+        tasks=tasks,
+        workers=workers,
+        skip=skip,
+        many_count=many,
+        pairs=args.pairs if args.pairs is not None else (101 if args.quick else 1001),
+        many_bytes=args.many_size,
+        bandwidth_bytes=bandwidth,
+        case_seconds=args.case_seconds,
+        quick=args.quick,
+        json_path=json_path,
+        plot_path=plot_path,
+    )

@@ -1,0 +1,243 @@
+"""The worker side: tasks run in the spawn Pool's workers (module-level functions, so that
+a worker unpickles them by importing this module)."""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import os
+import pickle
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "init_worker",
+    "raise_fd_limit",
+    "cuda_core",
+    "task_floor",
+    "task_sharedarrays",
+    "task_copy",
+    "task_torch",
+    "task_cuda_core",
+    "task_shm",
+    "task_many",
+    "task_drop",
+    "task_cleanup",
+    "task_bandwidth",
+    "task_steps",
+]
+
+_worker_state: dict[str, Any] = {}
+
+
+def raise_fd_limit() -> None:
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or hard > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
+def init_worker(device: str, memory_resource: Any = None, preload: str | None = None) -> None:
+    """Pool initializer: raise the fd limit, start CUDA and the peer's library (so no task
+    pays for them), and keep the cuda.core memory resource alive (its registry holds it
+    only weakly)."""
+    raise_fd_limit()
+    if os.environ.get("SHAREDARRAYS_BENCH_DEBUG"):
+        import faulthandler
+
+        faulthandler.enable()
+        faulthandler.dump_traceback_later(20, repeat=True)
+    if device.startswith("cuda"):
+        import cupy
+
+        index = int(device.split(":")[1])
+        _worker_state.update(cuda=True, index=index)
+        cupy.cuda.Device(index).use()
+        float(cupy.arange(4, dtype=cupy.float32).sum())
+        if memory_resource is not None:
+            _worker_state["mr"] = memory_resource
+            cuda_core().Device(index).set_current()
+        if preload == "torch":
+            torch = importlib.import_module("torch")
+            float(torch.ones(4, device=device).sum())
+
+
+def _consume(x: Any, read: bool) -> float:
+    """The end of every task: a tiny value (handoff) or the synchronised sum (read)."""
+    if read:
+        return float(x.sum())  # float() of a CuPy/torch scalar waits for the kernel
+    return float(x.shape[0])
+
+
+def task_floor(arg: bytes, read: bool) -> float:
+    return float(len(arg))
+
+
+def task_sharedarrays(a: Any, read: bool) -> float:
+    x = a.array
+    value = _consume(x, read)
+    del x
+    a.close()
+    return value
+
+
+def task_copy(host: np.ndarray[Any, Any], read: bool) -> float:
+    x: Any = host
+    if _worker_state.get("cuda"):
+        import cupy
+
+        x = cupy.asarray(host)
+    return _consume(x, read)
+
+
+def task_torch(t: Any, read: bool) -> float:
+    return _consume(t, read)
+
+
+def task_cuda_core(blob: bytes, read: bool) -> float:
+    import cupy
+
+    buf = pickle.loads(blob)  # the memory resource comes from the registry
+    mem = cupy.cuda.UnownedMemory(int(buf.handle), buf.size, buf, _worker_state["index"])
+    x = cupy.ndarray((buf.size // 4,), cupy.float32, cupy.cuda.MemoryPointer(mem, 0))
+    value = _consume(x, read)
+    del x, mem
+    buf.close()
+    return value
+
+
+def task_shm(spec: tuple[str, int], read: bool) -> float:
+    from multiprocessing import shared_memory
+
+    name, nbytes = spec
+    shm = shared_memory.SharedMemory(name=name)
+    x = np.ndarray((nbytes // 4,), np.float32, buffer=shm.buf)
+    value = _consume(x, read)
+    del x
+    shm.close()
+    return value
+
+
+def task_many(arrays: list[Any]) -> int:
+    natives = [a.array for a in arrays]
+    count = len(natives)
+    del natives
+    for a in arrays:
+        a.close()
+    return count
+
+
+def task_drop(pause: float) -> int:
+    """Release this worker's parked mappings (so a cold repeat's memory returns)."""
+    from sharedarrays.memory.allocation import drop_parked
+
+    drop_parked()
+    if pause:
+        time.sleep(pause)
+    return os.getpid()
+
+
+def task_cleanup(_: object) -> int:
+    from sharedarrays.memory.allocation import drop_parked
+
+    gc.collect()
+    drop_parked()
+    if _worker_state.get("cuda"):
+        import cupy
+
+        cupy.get_default_memory_pool().free_all_blocks()
+    return os.getpid()
+
+
+def task_bandwidth(x_shared: Any, y_shared: Any, repeats: int) -> dict[str, list[float]]:
+    """Time ``copyto(y, x)`` on shared arrays and on plain ones of the same size, alternating."""
+    xs, ys = x_shared.array, y_shared.array
+    if isinstance(xs, np.ndarray):
+        xp_, yp = np.ones_like(xs), np.empty_like(ys)
+
+        def run(src: Any, dst: Any) -> float:
+            t = time.perf_counter()
+            np.copyto(dst, src)
+            return (time.perf_counter() - t) * 1e3
+
+    else:
+        import cupy
+
+        xp_, yp = cupy.ones_like(xs), cupy.empty_like(ys)
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+
+        def run(src: Any, dst: Any) -> float:
+            start.record()
+            cupy.copyto(dst, src)
+            end.record()
+            end.synchronize()
+            return float(cupy.cuda.get_elapsed_time(start, end))
+
+    xs[...] = 1
+    for _ in range(2):
+        run(xs, ys)
+        run(xp_, yp)
+    shared: list[float] = []
+    plain: list[float] = []
+    for _ in range(repeats):
+        shared.append(run(xs, ys))
+        plain.append(run(xp_, yp))
+    del xs, ys, xp_, yp
+    x_shared.close()
+    y_shared.close()
+    task_cleanup(None)
+    return {"shared_ms": shared, "plain_ms": plain}
+
+
+def task_steps(blob: bytes, sync: bytes | None, repeats: int) -> dict[str, float]:
+    """Where a warm sharedarrays load spends its time in the worker (medians, microseconds).
+
+    ``blob`` is the payload of an array this worker already maps (a warm load)."""
+    import sharedarrays as sa
+    from sharedarrays.protocol.payload import Payload
+
+    steps: dict[str, list[float]] = {
+        "payload_from_bytes": [],
+        "load": [],
+        "native_array": [],
+        "close": [],
+        "import_sync": [],
+    }
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        Payload.from_bytes(blob)  # a warm load finds it decoded already
+        t1 = time.perf_counter()
+        view = sa.load(blob)
+        t2 = time.perf_counter()
+        x = view.array
+        t3 = time.perf_counter()
+        del x
+        view.close()
+        t4 = time.perf_counter()
+        steps["payload_from_bytes"].append(t1 - t0)
+        steps["load"].append(t2 - t1)
+        steps["native_array"].append(t3 - t2)
+        steps["close"].append(t4 - t3)
+        if sync is not None:
+            keep = sa.load(blob)  # holds the allocation while import_sync is timed
+            backend = keep.allocation.backend
+            t5 = time.perf_counter()
+            backend.import_sync(sync)
+            steps["import_sync"].append(time.perf_counter() - t5)
+            keep.close()
+    return {k: statistics.median(v) * 1e6 for k, v in steps.items() if v}
+
+
+def cuda_core() -> Any:
+    """The cuda.core module (``cuda.core`` in 1.x, ``cuda.core.experimental`` before)."""
+    mod = importlib.import_module("cuda.core")
+    if not hasattr(mod, "DeviceMemoryResource"):
+        mod = importlib.import_module("cuda.core.experimental")
+    return mod
