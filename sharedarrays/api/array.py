@@ -1,43 +1,50 @@
 """SharedDeviceArray: a view (dtype, shape, strides, byte offset) over an allocation.
 
 Views of one allocation share it; pickling a view never copies data: it writes a payload
-(see :mod:`sharedarrays.protocol.payload`) that another process of the same user turns back into a
-view of the same memory.
+(see :mod:`sharedarrays.protocol.payload`) that another process of the same user turns back
+into a view of the same memory (:func:`load`: :mod:`sharedarrays.importing` finds or maps
+the allocation, this module makes the view).
 """
 
 from __future__ import annotations
 
 import operator
 import os
-import weakref
 from multiprocessing import reduction
 from multiprocessing.context import get_spawning_popen
 from types import EllipsisType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from sharedarrays.backends import Access, cuda_usable, current_cuda_device, get_backend
+from sharedarrays import importing
+from sharedarrays.api import keeping, views
+from sharedarrays.backends import Access
 from sharedarrays.backends.cuda.sync import one_record
-from sharedarrays.backends.device import CPU, Device, DeviceLike, parse_device
-from sharedarrays.errors import (
-    BackendUnavailable,
-    ClosedArrayError,
-    HandleUnavailable,
-    PayloadError,
-)
-from sharedarrays.memory.allocation import Allocation, Lease, lookup, revive
-from sharedarrays.protocol.payload import Payload, view_extent
+from sharedarrays.backends.device import Device, DeviceLike, parse_device
+from sharedarrays.errors import ClosedArrayError, ResizeRefused
+from sharedarrays.memory.allocation import Allocation, Lease
+from sharedarrays.protocol.payload import Payload, contiguous_strides, view_extent
 from sharedarrays.transport import handles as transport
 
-if TYPE_CHECKING:
-    from sharedarrays.api.semaphore import ExternalSemaphore, Timeline
-
-__all__ = ["SharedDeviceArray"]
+__all__ = ["SharedDeviceArray", "Semaphore", "load"]
 
 _BASIC_INDEX = (int, slice, EllipsisType, type(None), np.integer)
 
-_live_views: weakref.WeakSet[SharedDeviceArray] = weakref.WeakSet()  # read by widgets/
+
+@runtime_checkable
+class Semaphore(Protocol):
+    """What :meth:`SharedDeviceArray.wait_for` and :meth:`~SharedDeviceArray.signal` take:
+    a :class:`~sharedarrays.ExternalSemaphore`, a :class:`~sharedarrays.Timeline`, or any
+    object with a ``device`` and these two methods, which order the work of the current
+    stream on that device."""
+
+    @property
+    def device(self) -> Device: ...
+
+    def wait(self, value: int | None) -> None: ...
+
+    def signal(self, value: int | None) -> None: ...
 
 
 def _check_key(key: object) -> tuple[Any, ...]:
@@ -122,7 +129,7 @@ class SharedDeviceArray:
         self._readonly = readonly
         self._native: Any = None
         self._encoded: tuple[int, int, bytes] | None = None  # pid, generation, payload
-        _live_views.add(self)
+        views.track(self)
 
     # metadata ---------------------------------------------------------------------------
     @property
@@ -419,6 +426,8 @@ class SharedDeviceArray:
         Only an array made with ``capacity=`` can resize, only in the process that created
         it, and only through a C-contiguous view that starts at the allocation's first byte
         (the array as created, or ``a[:k]``). Other views keep their shape and stay valid.
+        Importers see the growth on their next load or :meth:`refresh`; the exporter
+        refuses to unmap chunks that a still-running process was served.
 
         Parameters
         ----------
@@ -433,53 +442,123 @@ class SharedDeviceArray:
             A shrink would unmap chunks that a view or native array here, or a running
             process that imported them, may still use; or this process is an importer.
         """
-        from sharedarrays.api.growth import resize
-
-        resize(self, length)
+        if isinstance(length, (bool, np.bool_)):
+            raise TypeError("a bool is not a valid length")
+        n = operator.index(length)
+        if n < 0:
+            raise ValueError(f"a length is not negative, got {n}")
+        alloc, row = self._row_bytes("resize")
+        if not alloc.origin.created_here:
+            raise ResizeRefused(
+                f"only the process that created a growable array resizes it; this one "
+                f"imported it from pid {alloc.origin.pid}. Call a.refresh() to see its "
+                "current length"
+            )
+        nbytes = n * row
+        with alloc.growth_lock:
+            if nbytes > alloc.size:
+                alloc.grow(nbytes)
+            elif n < self._shape[0]:
+                self._native = None  # its lease reaches the old end
+                alloc.shrink(nbytes, exclude=self._lease)
+            alloc.used = nbytes
+            self._set_length(n)
 
     def append(self, values: Any) -> None:
         """Append one row (shape ``a.shape[1:]``) or rows (shape ``(k, *a.shape[1:])``)
         along axis 0 of a growable array, in place (see :meth:`resize`)."""
-        from sharedarrays.api.growth import append
-
-        append(self, values)
+        alloc, _ = self._row_bytes("append to")
+        if self._readonly:
+            raise ValueError("this SharedDeviceArray is read-only")
+        src = alloc.backend.to_native(values)
+        if src.ndim == self.ndim - 1:
+            src = src.reshape((1, *src.shape))
+        if src.ndim != self.ndim or tuple(src.shape[1:]) != self._shape[1:]:
+            raise ValueError(
+                f"cannot append values of shape {tuple(src.shape)} to an array of shape "
+                f"{self._shape}: give one row of shape {self._shape[1:]} or rows of shape "
+                f"(k, {', '.join(map(str, self._shape[1:]))})".replace(", )", ")")
+            )
+        start = self._shape[0]
+        self.resize(start + src.shape[0])
+        try:
+            self.array[start:] = src
+        except BaseException:
+            self.resize(start)
+            raise
 
     def refresh(self) -> None:
         """Set the length along axis 0 of a growable array to its exporter's current length.
 
         In an importer this asks the exporter's handle server and maps the chunks it added
-        since (never copying); in the exporter it takes the length of the last resize. Same
-        view conditions as :meth:`resize`.
+        since (never copying, :func:`sharedarrays.importing.catch_up`); in the exporter it
+        takes the length of the last resize. Same view conditions as :meth:`resize`.
         """
-        from sharedarrays.api.growth import refresh
+        alloc, row = self._row_bytes("refresh")
+        if not alloc.origin.created_here:
+            importing.catch_up(alloc)
+        self._set_length(min(alloc.used, alloc.size) // row)
 
-        refresh(self)
+    def _row_bytes(self, what: str) -> tuple[Allocation, int]:
+        """The allocation and the bytes per row of a view that may change its length."""
+        alloc = self.allocation
+        if not alloc.growable:
+            raise ValueError(
+                f"cannot {what} an array made without capacity=: only arrays created with "
+                "sa.empty(..., capacity=...) (or zeros/full/from_array with capacity=) can grow"
+            )
+        if self.ndim == 0:
+            raise ValueError(f"cannot {what} a 0-d array")
+        if self._offset != 0 or self._strides != contiguous_strides(self._shape, self.itemsize):
+            raise ValueError(
+                f"cannot {what} this view: only a C-contiguous view that starts at the "
+                "allocation's first byte (the array as created, or a[:k]) changes length along "
+                f"axis 0; this one has offset {self._offset} and strides {self._strides}"
+            )
+        row = self.itemsize
+        for n in self._shape[1:]:
+            row *= n
+        if row == 0:
+            raise ValueError(f"cannot {what} an array whose rows hold no bytes")
+        return alloc, row
+
+    def _set_length(self, length: int) -> None:
+        """Give this view ``length`` rows: a new lease reaching its new end, no cached
+        native array or payload."""
+        alloc = self.allocation
+        shape = (length, *self._shape[1:])
+        _, high = view_extent(self.itemsize, shape, self._strides)
+        lease = alloc.lease(self._offset + high)
+        self._shape = shape
+        self._native = None
+        self._encoded = None
+        self._lease = lease
 
     # ordering ---------------------------------------------------------------------------
-    def wait_for(self, sem: ExternalSemaphore | Timeline, value: int | None = None) -> None:
+    def wait_for(self, sem: Semaphore, value: int | None = None) -> None:
         """Make later work on this array's device (its current stream) wait for ``sem``.
 
         Parameters
         ----------
         sem : ExternalSemaphore or Timeline
             A semaphore another API exported (:meth:`ExternalSemaphore.from_fd`), or a
-            :class:`~sharedarrays.Timeline` counter; it must be on this array's device.
+            :class:`~sharedarrays.Timeline` counter (any :class:`Semaphore`); it must be on
+            this array's device.
         value : int, optional
             The value to wait for: required for timelines, omitted for binary semaphores.
         """
         self._same_device(sem).wait(value)
 
-    def signal(self, sem: ExternalSemaphore | Timeline, value: int | None = None) -> None:
+    def signal(self, sem: Semaphore, value: int | None = None) -> None:
         """Signal ``sem`` once the work queued so far on this array's device (its current
         stream) is done: a timeline is set to ``value``; a binary semaphore takes none."""
         self._same_device(sem).signal(value)
 
-    def _same_device(self, sem: ExternalSemaphore | Timeline) -> ExternalSemaphore | Timeline:
-        from sharedarrays.api.semaphore import ExternalSemaphore, Timeline
-
-        if not isinstance(sem, (ExternalSemaphore, Timeline)):
+    def _same_device(self, sem: Semaphore) -> Semaphore:
+        if not isinstance(sem, Semaphore):
             raise TypeError(
-                f"expected an ExternalSemaphore or a Timeline, not {type(sem).__name__}"
+                f"expected an ExternalSemaphore or a Timeline (an object with a device, wait "
+                f"and signal), not {type(sem).__name__}"
             )
         if sem.device != self.device:
             raise ValueError(f"the semaphore is on {sem.device}, this array on {self.device}")
@@ -490,25 +569,34 @@ class SharedDeviceArray:
         payload of it (``pickle.dumps(a)``) still loads after this process exits.
 
         Idempotent. The keeper holds the memory until :meth:`unpark` is called in some
-        process; see :mod:`sharedarrays.api.named`.
+        process; see :mod:`sharedarrays.api.named` and :mod:`sharedarrays.api.keeping`.
         """
-        from sharedarrays.api.named import park
-
-        park(self)
+        keeping.keep(self, None)
 
     def unpark(self) -> None:
         """Let the keeper drop this parked array: the memory returns once no process maps
         it. Raises :class:`~sharedarrays.NameNotFound` if the keeper does not hold it."""
-        from sharedarrays.api.named import unpark
+        keeping.unpark(self.allocation)
 
-        unpark(self)
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return _reduce(self, carry_fds=False)
 
-    def __reduce__(self) -> tuple[Any, tuple[bytes, bytes | None]]:
-        blob = self._payload_bytes()
-        alloc = self.allocation
-        if alloc.source_server is None:  # the payload names this process: it is in flight
-            alloc.note_sent()
-        return _rebuild, (blob, alloc.backend.export_sync())
+
+def _reduce(a: SharedDeviceArray, carry_fds: bool) -> tuple[Any, tuple[Any, ...]]:
+    """The one reduction of a view: :func:`_rebuild` and its arguments (the payload, the
+    ordering token and, with ``carry_fds``, the chunks' fds as multiprocessing's DupFd).
+
+    A payload that names this process's handle server is counted in flight
+    (:meth:`Allocation.note_sent`) until a load is reported. Carried fds leave nothing in
+    flight (the child asks no server), so that form is not counted."""
+    blob = a._payload_bytes()
+    alloc = a.allocation
+    if carry_fds:  # the handles travel with it: nothing is left in flight
+        args = (blob, alloc.backend.export_sync())
+        return _rebuild, (*args, tuple(reduction.DupFd(fd) for fd in alloc.chunk_fds()))
+    if alloc.source_server is None:  # the payload names this process: it is in flight
+        alloc.note_sent()
+    return _rebuild, (blob, alloc.backend.export_sync())
 
 
 def _reduce_for_multiprocessing(a: SharedDeviceArray) -> tuple[Any, tuple[Any, ...]]:
@@ -517,15 +605,13 @@ def _reduce_for_multiprocessing(a: SharedDeviceArray) -> tuple[Any, tuple[Any, .
     alloc = a.allocation
     # (a growable array's chunks come from its handle server, which records who maps them)
     # (and exporter-owned memory's exporter must see every importer, to outlive it)
-    if (
+    carry_fds = (
         get_spawning_popen() is not None
         and alloc.allow_pids is None
         and not alloc.growable
         and alloc.backend.maps
-    ):  # the handles travel with it: nothing is left in flight
-        args = (a._payload_bytes(), alloc.backend.export_sync())
-        return _rebuild, (*args, tuple(reduction.DupFd(fd) for fd in alloc.chunk_fds()))
-    return a.__reduce__()
+    )
+    return _reduce(a, carry_fds)
 
 
 reduction.ForkingPickler.register(SharedDeviceArray, _reduce_for_multiprocessing)
@@ -550,6 +636,10 @@ def load(
 ) -> SharedDeviceArray:
     """Turn a payload back into a view, mapping its allocation on first sight.
 
+    The allocation is found by :func:`sharedarrays.importing.load_payload`: already mapped
+    here, else from the handles that travelled with the payload, its exporter's handle
+    server, or this user's keeper.
+
     Parameters
     ----------
     data : bytes
@@ -572,87 +662,12 @@ def load(
     BackendUnavailable
         Its memory system cannot be used in this process.
     """
-    p = Payload.from_bytes(data)
-    if sync is not None and (type(sync) is not bytes or not 0 < len(sync) <= 256):
-        raise PayloadError("the ordering token that travelled with the payload is malformed")
-    received: list[int] = []
-    if fds is not None:
-        if type(fds) is not tuple or len(fds) != len(p.chunks):
-            raise PayloadError("the handles that travelled with the payload do not match it")
-        received = [d.detach() for d in fds]
-    alloc = lookup(p.alloc_id)
-    if alloc is None and p.pid == os.getpid():  # back at its exporter, which let go of it
-        alloc = revive(p.alloc_id)
-    if alloc is not None and alloc.pid != os.getpid() and alloc.device.is_cuda:
-        # inherited through fork: CUDA cannot be used here (no driver call may notice it
-        # later when the stream was idle and the token is None)
-        why = cuda_usable(alloc.device.index, alloc.backend.name)
-        if why is not None:
-            for fd in received:
-                os.close(fd)
-            raise BackendUnavailable(f"cannot use {alloc.device}: {why}")
-    if p.capacity is not None:  # a growable array: maps the chunks added since, if any
-        from sharedarrays.api.growth import map_payload
-
-        alloc = map_payload(alloc, p, received)
-    elif alloc is not None:
-        for fd in received:
-            os.close(fd)
-        if alloc.chunk_sizes() != list(p.chunks) or alloc.backend.name != p.backend:
-            raise PayloadError(f"payload does not match allocation {p.alloc_id} mapped here")
-        if p.pid == os.getpid():  # one of this process's payloads came back: not in flight
-            alloc.note_loaded()
-        else:  # its sender counts it in flight until told
-            alloc.note_returned(p.server)  # (when this process releases it, if it served it)
-            if alloc.backend.exporter_owned:  # the exporter waits for its payloads: say so
-                transport.report_load(p.server, p.alloc_id, p.secret)
-    else:
-        try:
-            device = Device("cuda", p.device) if p.backend.startswith("cuda") else CPU
-            backend = get_backend(device, p.backend)
-        except BaseException:
-            for fd in received:
-                os.close(fd)
-            raise
-        exports: tuple[bytes, ...] = ()
-        if fds is None:
-            try:
-                sizes, received, exports = transport.fetch_handles(
-                    p.server, p.pid, p.alloc_id, p.secret, reply_to=transport.server_address()
-                )
-            except HandleUnavailable as gone:  # the exporter is gone: a keeper may hold it
-                if backend.exporter_owned:  # not this memory: it went with its exporter
-                    raise
-                from sharedarrays.transport import keeper
-
-                sizes, received, _ = keeper.fetch_handles(p.alloc_id, p.secret, gone)
-            if sizes != list(p.chunks):
-                for fd in received:
-                    os.close(fd)
-                raise PayloadError("payload's chunk sizes do not match its exporter's allocation")
-        access: Access = "r" if p.readonly else "rw"
-        here = current_cuda_device(p.device) if backend.maps and device.is_cuda else p.device
-        peers = {here: access} if here != p.device else None
-        alloc = Allocation.import_(
-            backend,
-            p.alloc_id,
-            p.secret,
-            list(p.chunks),
-            received,
-            p.pid,
-            access,
-            exports=exports,
-            peers=peers,
-        )
-        if peers:  # this process works on another device: it reads the memory as a peer
-            alloc.native_device = here
-        if backend.exporter_owned:  # payloads made here name the exporter, which must
-            alloc.source_server = p.server  # see every importer; told when this one closes
-    if sync is not None:
-        alloc.backend.import_sync(sync)
-    readonly = p.readonly or alloc.access != "rw"
+    found = importing.load_payload(data, sync, fds)
+    p = found.payload
     try:
-        return SharedDeviceArray(alloc, p.dtype, p.shape, p.strides, p.offset, readonly)
+        return SharedDeviceArray(
+            found.allocation, p.dtype, p.shape, p.strides, p.offset, found.readonly
+        )
     except ClosedArrayError:
         if fds is not None:
             raise

@@ -17,26 +17,27 @@ that nobody unlinks lives as long as the keeper.
 
 ``a.park()`` does the same for an unnamed array: the keeper holds its handles, so a payload
 (``pickle.dumps(a)``) still loads after the exporter exited. ``a.unpark()`` (in any process
-that holds a view of it) lets it go again.
+that holds a view of it) lets it go again. Both names and parking hand the handles over
+through :mod:`sharedarrays.api.keeping`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from sharedarrays.api import keeping
 from sharedarrays.api.array import SharedDeviceArray, load
 from sharedarrays.backends.device import CPU, Device
 from sharedarrays.errors import HandleUnavailable, KeeperError, NameNotFound, SharedArrayError
-from sharedarrays.protocol.payload import MAGIC, TAG_BYTES, Payload
+from sharedarrays.protocol.payload import MAGIC, Payload
 from sharedarrays.transport import keeper
 
-__all__ = ["NamedArray", "attach", "list_named", "unlink", "publish", "park", "unpark"]
+__all__ = ["NamedArray", "attach", "list_named", "unlink", "publish"]
 
 
 @dataclass(frozen=True)
@@ -99,60 +100,6 @@ class _Fd:
         return self.fd
 
 
-def _doc(a: SharedDeviceArray) -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads(a.payload().to_bytes()[len(MAGIC) + TAG_BYTES :])
-    return doc
-
-
-def _allow(pids: Iterable[int] | None) -> list[int] | None:
-    if pids is None:
-        return None
-    out = sorted({int(p) for p in pids})
-    if any(p <= 0 for p in out):
-        raise ValueError(f"allow_pids must be positive process ids, got {out}")
-    return out
-
-
-def _keep(a: SharedDeviceArray, name: str | None) -> None:
-    alloc = a.allocation
-    if alloc.backend.exporter_owned:
-        raise ValueError(
-            f"a {alloc.backend.name} array cannot be named or parked: its memory lives only as "
-            "long as the process that made it, and the keeper holds fds, not processes. Make "
-            "it with backend='cuda-vmm' (the default where the device supports it)"
-        )
-    if alloc.growable:
-        raise ValueError(
-            "a growable array (capacity=) cannot be named or parked: the keeper holds a "
-            "fixed set of chunks. Keep its creator running while others load it"
-        )
-    req = {
-        "op": "keep",
-        "id": alloc.id,
-        "secret": alloc.secret.hex(),
-        "name": name,
-        "sizes": alloc.chunk_sizes(),
-        "doc": _doc(a),
-        "allow_pids": _allow(alloc.allow_pids),
-    }
-    if len(alloc.chunk_sizes()) > keeper.MAX_FDS:
-        raise ValueError(
-            f"the keeper holds arrays of at most {keeper.MAX_FDS} chunks; this one has "
-            f"{len(alloc.chunk_sizes())} (pass a larger chunk_bytes)"
-        )
-    handles, temporary = alloc.handles_for_importers()  # read-only ones for readonly arrays
-    try:
-        status, body, fds = keeper.request(req, handles)
-    finally:
-        for fd in temporary:
-            os.close(fd)
-    for fd in fds:
-        os.close(fd)
-    what = f"cannot name the array {name!r}" if name else "cannot park the array"
-    keeper.raise_for(status, body, what)
-    keeper.hold(alloc.id)
-
-
 def publish(a: SharedDeviceArray, name: str) -> None:
     """Give ``a``'s handles to the keeper under ``name`` (creation calls this, with a name
     :class:`~sharedarrays.api.options.CreationOptions` has checked).
@@ -162,31 +109,7 @@ def publish(a: SharedDeviceArray, name: str) -> None:
     NameExists
         The name is taken.
     """
-    _keep(a, name)
-
-
-def park(a: SharedDeviceArray) -> None:
-    """Give ``a``'s handles to the keeper, so that its payloads load after this process
-    exits. Idempotent. Undo with :func:`unpark`."""
-    _keep(a, None)
-
-
-def unpark(a: SharedDeviceArray) -> None:
-    """Let the keeper drop a parked array (the memory returns once no process maps it).
-
-    Raises
-    ------
-    NameNotFound
-        The keeper does not hold it.
-    """
-    alloc = a.allocation
-    try:
-        status, body, _ = keeper.request(
-            {"op": "unlink", "id": alloc.id, "secret": alloc.secret.hex()}, start=False
-        )
-    except HandleUnavailable:
-        raise NameNotFound(f"allocation {alloc.id} is not parked: no keeper runs") from None
-    keeper.raise_for(status, body, f"cannot unpark allocation {alloc.id}")
+    keeping.keep(a, name)
 
 
 def attach(name: str) -> SharedDeviceArray:

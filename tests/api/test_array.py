@@ -161,3 +161,29 @@ def test_readonly_view_refuses_writes_before_touching_memory() -> None:
         ro[0, 0] = 1
     assert not ro.array.flags.writeable
     assert a.array[0, 0] == 0
+
+
+def test_wait_for_and_signal_take_any_semaphore_on_the_array_s_device() -> None:
+    """The Semaphore protocol: any object with a device, wait and signal."""
+    a = sa.zeros(4, device="cpu")
+    calls: list[tuple[str, int | None]] = []
+
+    class Counter:
+        device = a.device
+
+        def wait(self, value: int | None) -> None:
+            calls.append(("wait", value))
+
+        def signal(self, value: int | None) -> None:
+            calls.append(("signal", value))
+
+    a.signal(Counter(), 3)
+    a.wait_for(Counter(), 3)
+    assert calls == [("signal", 3), ("wait", 3)]
+
+    class Elsewhere(Counter):
+        device = sa.Device("cuda", 0)
+
+    with pytest.raises(ValueError, match="the semaphore is on cuda:0"):
+        a.wait_for(Elsewhere())
+    assert len(calls) == 2

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sharedarrays.api.array import SharedDeviceArray, _live_views
+from sharedarrays.api.views import ArrayView, is_view, live_views
 from sharedarrays.memory.allocation import Allocation, live_allocations
 from sharedarrays.protocol.payload import view_extent
 
@@ -181,20 +181,10 @@ class TableRow:
         return self.stop - self.start
 
 
-def _snapshot_views() -> list[SharedDeviceArray]:
-    # Another thread may add a view while we copy the weak set; copy again if so.
-    for _ in range(10):
-        try:
-            return list(_live_views)
-        except RuntimeError:
-            continue
-    return []
-
-
-def views_of(allocation: Allocation) -> list[SharedDeviceArray]:
+def views_of(allocation: Allocation) -> list[ArrayView]:
     """The open views of ``allocation`` in this process, by offset then size."""
     out = []
-    for v in _snapshot_views():
+    for v in live_views():
         if v.closed:
             continue
         try:
@@ -221,7 +211,7 @@ def _levels(spans: Sequence[tuple[int, int]]) -> list[int]:
     return levels
 
 
-def _view_label(v: SharedDeviceArray) -> str:
+def _view_label(v: ArrayView) -> str:
     shape = "×".join(str(n) for n in v.shape) or "scalar"
     step = v.itemsize
     contiguous = True
@@ -232,9 +222,7 @@ def _view_label(v: SharedDeviceArray) -> str:
     return f"{shape} {v.dtype}" + ("" if contiguous else " (strided)")
 
 
-def build_map(
-    allocation: Allocation, views: Iterable[SharedDeviceArray] | None = None
-) -> ReservationMap:
+def build_map(allocation: Allocation, views: Iterable[ArrayView] | None = None) -> ReservationMap:
     """Describe one allocation for the memory map.
 
     Parameters
@@ -314,7 +302,7 @@ def build_maps(target: Any = None) -> list[ReservationMap]:
     out = []
     seen: set[str] = set()
     for item in items:
-        alloc = item.allocation if isinstance(item, SharedDeviceArray) else item
+        alloc = item.allocation if is_view(item) else item
         if not isinstance(alloc, Allocation):
             raise TypeError(
                 f"expected a SharedDeviceArray or an Allocation, not {type(item).__name__}"

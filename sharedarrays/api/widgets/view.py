@@ -11,7 +11,7 @@ import time
 import weakref
 from typing import Any
 
-from sharedarrays.api.array import SharedDeviceArray
+from sharedarrays.api.views import is_view
 from sharedarrays.api.widgets.model import ReservationMap, build_maps
 from sharedarrays.api.widgets.render import render_html, render_png, render_text
 from sharedarrays.memory.allocation import Allocation
@@ -92,7 +92,7 @@ class MemoryMap:
             items = target if isinstance(target, (list, tuple)) else [target]
             self._refs = []
             for item in items:
-                alloc = item.allocation if isinstance(item, SharedDeviceArray) else item
+                alloc = item.allocation if is_view(item) else item
                 if not isinstance(alloc, Allocation):
                     raise TypeError(
                         f"expected a SharedDeviceArray or an Allocation, not {type(item).__name__}"
@@ -104,6 +104,8 @@ class MemoryMap:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # stops the auto-refresh thread when this map is garbage-collected (see start)
+        self._finalizer: weakref.finalize[Any, Any] | None = None
         self._ui: dict[str, Any] | None = None
         self.updated = 0.0
         self.maps: list[ReservationMap] = self._read()
@@ -185,6 +187,9 @@ class MemoryMap:
         if self.auto_refreshing:
             return
         self._stop = threading.Event()
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, self._stop.set)
         self._thread = threading.Thread(
             target=_auto_refresh,
             args=(weakref.ref(self), self._stop),
@@ -212,11 +217,6 @@ class MemoryMap:
         if ui is not None:
             for key in ("refresh", "auto", "interval", "status", "html", "box"):
                 ui[key].close()
-
-    def __del__(self) -> None:
-        stop = getattr(self, "_stop", None)
-        if stop is not None:
-            stop.set()
 
     # display ----------------------------------------------------------------------------
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
@@ -260,7 +260,7 @@ def _auto_refresh(ref: weakref.ref[MemoryMap], stop: threading.Event) -> None:
 
 def mimebundle(target: Any, include: Any = None, exclude: Any = None) -> dict[str, Any]:
     """The Jupyter display data of a view (``SharedDeviceArray._repr_mimebundle_``)."""
-    if isinstance(target, SharedDeviceArray) and target.closed:
+    if is_view(target) and target.closed:
         return _filter({"text/plain": repr(target)}, include, exclude)
     view = MemoryMap(target)
     return view.mimebundle(include, exclude, text=repr(target))

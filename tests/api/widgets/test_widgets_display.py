@@ -163,6 +163,20 @@ def test_toggle_off_stops_thread():
     m.close()
 
 
+def test_auto_refresh_stops_when_the_map_is_collected():
+    """A finalizer (weakref.finalize) wakes the thread: it does not sleep out its interval."""
+    import gc
+
+    m = sa.show(interval=60.0)
+    m.start()
+    thread = m._thread
+    assert thread is not None and thread.is_alive()
+    del m
+    gc.collect()
+    thread.join(5)
+    assert not thread.is_alive()
+
+
 def test_import_is_lazy():
     import subprocess
     import sys

@@ -1,0 +1,112 @@
+"""Handing an array's handles to this user's keeper: naming and parking.
+
+:func:`keep` gives the keeper an array's handles, under a name (``sa.empty(...,
+name=...)``, see :mod:`sharedarrays.api.named`) or unnamed (``a.park()``), so that it can be
+attached or its payloads loaded after its creator exited; :func:`unpark` lets a parked
+array go again. Both take anything with the array's :attr:`allocation` and :meth:`payload`
+(:class:`Keepable`), so this module needs neither the array class nor named arrays.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from sharedarrays.errors import HandleUnavailable, NameNotFound
+from sharedarrays.memory.allocation import Allocation
+from sharedarrays.protocol.payload import MAGIC, TAG_BYTES, Payload
+from sharedarrays.transport import keeper
+
+__all__ = ["Keepable", "keep", "unpark"]
+
+
+class Keepable(Protocol):
+    """A view whose handles the keeper can hold (a :class:`~sharedarrays.SharedDeviceArray`)."""
+
+    @property
+    def allocation(self) -> Allocation: ...
+
+    def payload(self) -> Payload: ...
+
+
+def _doc(a: Keepable) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(a.payload().to_bytes()[len(MAGIC) + TAG_BYTES :])
+    return doc
+
+
+def _allow(pids: Iterable[int] | None) -> list[int] | None:
+    if pids is None:
+        return None
+    out = sorted({int(p) for p in pids})
+    if any(p <= 0 for p in out):
+        raise ValueError(f"allow_pids must be positive process ids, got {out}")
+    return out
+
+
+def keep(a: Keepable, name: str | None) -> None:
+    """Give ``a``'s handles to the keeper (started if needed), under ``name`` or, with
+    ``None``, parked unnamed. Idempotent for a parked array.
+
+    Raises
+    ------
+    ValueError
+        Exporter-owned memory, a growable array, or too many chunks.
+    NameExists
+        The name is taken.
+    """
+    alloc = a.allocation
+    if alloc.backend.exporter_owned:
+        raise ValueError(
+            f"a {alloc.backend.name} array cannot be named or parked: its memory lives only as "
+            "long as the process that made it, and the keeper holds fds, not processes. Make "
+            "it with backend='cuda-vmm' (the default where the device supports it)"
+        )
+    if alloc.growable:
+        raise ValueError(
+            "a growable array (capacity=) cannot be named or parked: the keeper holds a "
+            "fixed set of chunks. Keep its creator running while others load it"
+        )
+    req = {
+        "op": "keep",
+        "id": alloc.id,
+        "secret": alloc.secret.hex(),
+        "name": name,
+        "sizes": alloc.chunk_sizes(),
+        "doc": _doc(a),
+        "allow_pids": _allow(alloc.allow_pids),
+    }
+    if len(alloc.chunk_sizes()) > keeper.MAX_FDS:
+        raise ValueError(
+            f"the keeper holds arrays of at most {keeper.MAX_FDS} chunks; this one has "
+            f"{len(alloc.chunk_sizes())} (pass a larger chunk_bytes)"
+        )
+    handles, temporary = alloc.handles_for_importers()  # read-only ones for readonly arrays
+    try:
+        status, body, fds = keeper.request(req, handles)
+    finally:
+        for fd in temporary:
+            os.close(fd)
+    for fd in fds:
+        os.close(fd)
+    what = f"cannot name the array {name!r}" if name else "cannot park the array"
+    keeper.raise_for(status, body, what)
+    keeper.hold(alloc.id)
+
+
+def unpark(alloc: Allocation) -> None:
+    """Let the keeper drop a parked allocation (the memory returns once no process maps it).
+
+    Raises
+    ------
+    NameNotFound
+        The keeper does not hold it.
+    """
+    try:
+        status, body, _ = keeper.request(
+            {"op": "unlink", "id": alloc.id, "secret": alloc.secret.hex()}, start=False
+        )
+    except HandleUnavailable:
+        raise NameNotFound(f"allocation {alloc.id} is not parked: no keeper runs") from None
+    keeper.raise_for(status, body, f"cannot unpark allocation {alloc.id}")

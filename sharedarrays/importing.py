@@ -1,0 +1,423 @@
+"""Importing: turn a payload into the allocation it names, mapped in this process.
+
+A payload (see :mod:`sharedarrays.protocol.payload`) names an allocation by id, secret and
+chunk sizes. Loading it asks a chain of *resolvers*, in order; each answers one question and
+either returns the allocation or passes (returns ``None``) to the next:
+
+1. :func:`mapped_here`: does this process map it already? (a warm load: nothing is asked)
+2. :func:`in_message`: did its handles travel with the message? (multiprocessing's DupFd
+   while a Process is being spawned, or the keeper's reply to ``attach``)
+3. :func:`from_exporter`: does the exporter's handle server still serve them?
+4. :func:`from_keeper`: does this user's keeper hold them? (a parked or named array)
+
+A resolver that finds nothing records why (a :class:`HandleUnavailable`); when every one
+passed, the last of those errors is raised: its message says what was tried (the exporter,
+then the keeper). Errors that are not about finding handles (a malformed payload, another
+user, a backend unusable here) are raised at once.
+
+Growable arrays
+---------------
+An array made with ``capacity=`` has an allocation whose reservation is larger than its
+chunks; only its exporter resizes it. A payload of it names its exporter (whoever pickles
+it) and carries the allocation's chunk list at that moment, its *generation*. An importer
+that maps fewer chunks than a payload names fetches the missing ones from the exporter's
+handle server (:func:`sharedarrays.transport.handles.fetch_growth`) before the view is made,
+so a view never reaches an unmapped hole; :func:`catch_up` asks for the current length on
+demand (``SharedDeviceArray.refresh``). No keeper holds a growable array.
+
+This layer returns allocations; :mod:`sharedarrays.api.array` makes the views.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sharedarrays.backends import Access, Backend, cuda_usable, current_cuda_device, get_backend
+from sharedarrays.backends.device import CPU, Device
+from sharedarrays.errors import BackendUnavailable, HandleUnavailable, PayloadError
+from sharedarrays.memory.allocation import Allocation, lookup, revive
+from sharedarrays.protocol.payload import Payload
+from sharedarrays.transport import handles as transport
+from sharedarrays.transport import keeper
+
+__all__ = [
+    "Imported",
+    "Request",
+    "Handles",
+    "Resolver",
+    "RESOLVERS",
+    "load_payload",
+    "resolve",
+    "mapped_here",
+    "in_message",
+    "from_exporter",
+    "from_keeper",
+    "catch_up",
+]
+
+
+@dataclass(frozen=True)
+class Imported:
+    """What a load found: the allocation mapped here and the payload's view of it.
+
+    Attributes
+    ----------
+    allocation : Allocation
+        The allocation, mapped in this process.
+    payload : Payload
+        The decoded payload (dtype, shape, strides and offset of the view).
+    """
+
+    allocation: Allocation
+    payload: Payload
+
+    @property
+    def readonly(self) -> bool:
+        """Whether the view is read-only: the payload says so, or this process maps the
+        allocation without write access."""
+        return self.payload.readonly or self.allocation.access != "rw"
+
+
+@dataclass
+class Handles:
+    """Chunk handles found for an allocation not mapped here yet (the fds are owned).
+
+    Attributes
+    ----------
+    sizes : list of int
+        The allocation's chunk sizes, as its source reported them.
+    fds : list of int
+        The received fds (one per chunk for a mapping backend).
+    exports : tuple of bytes
+        A pointer backend's portable chunk handles (from the exporter's handle server).
+    capacity, used : int
+        A growable array's reserved bytes and length in bytes, as its exporter reported
+        them (0: not reported).
+    """
+
+    sizes: list[int]
+    fds: list[int]
+    exports: tuple[bytes, ...] = ()
+    capacity: int = 0
+    used: int = 0
+
+
+class Request:
+    """One payload being loaded: what the resolvers share.
+
+    Attributes
+    ----------
+    payload : Payload
+        The decoded payload.
+    carried : list of int or None
+        The fds that travelled with the payload (owned here until a resolver uses or
+        closes them), or ``None`` when none did.
+    failures : list of HandleUnavailable
+        Why each source asked so far could not give the handles, oldest first.
+    """
+
+    def __init__(self, payload: Payload, carried: list[int] | None = None) -> None:
+        self.payload = payload
+        self.carried = carried
+        self.failures: list[HandleUnavailable] = []
+        self._backend: Backend | None = None
+
+    def backend(self) -> Backend:
+        """The payload's memory system in this process (closes the carried fds if it
+        cannot be used here)."""
+        if self._backend is None:
+            p = self.payload
+            try:
+                device = Device("cuda", p.device) if p.backend.startswith("cuda") else CPU
+                self._backend = get_backend(device, p.backend)
+            except BaseException:
+                _close(self.carried or [])
+                raise
+        return self._backend
+
+    def unavailable(self) -> HandleUnavailable:
+        """The error to raise when every resolver passed: the last source's, which says
+        what was tried."""
+        if self.failures:
+            return self.failures[-1]
+        return HandleUnavailable(  # pragma: no cover - from_exporter always records one
+            f"allocation {self.payload.alloc_id} is not mapped here and no source of its "
+            "handles answered"
+        )
+
+
+Resolver = Callable[[Request], Allocation | None]
+"""A step of the chain: the allocation, or ``None`` to pass to the next step."""
+
+
+def _close(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
+# the resolvers ------------------------------------------------------------------------------
+def mapped_here(req: Request) -> Allocation | None:
+    """The allocation if this process maps it already (a growable one catches up with the
+    chunks the payload names); the carried fds are then closed, or used to catch up."""
+    p = req.payload
+    alloc = lookup(p.alloc_id)
+    if alloc is None and p.pid == os.getpid():  # back at its exporter, which let go of it
+        alloc = revive(p.alloc_id)
+    if alloc is None:
+        return None
+    received = req.carried or []
+    if alloc.pid != os.getpid() and alloc.device.is_cuda:
+        # inherited through fork: CUDA cannot be used here (no driver call may notice it
+        # later when the stream was idle and the token is None)
+        why = cuda_usable(alloc.device.index, alloc.backend.name)
+        if why is not None:
+            _close(received)
+            raise BackendUnavailable(f"cannot use {alloc.device}: {why}")
+    if p.capacity is not None:  # a growable array: maps the chunks added since, if any
+        return _catch_up_to(alloc, p, received)
+    _close(received)
+    if alloc.chunk_sizes() != list(p.chunks) or alloc.backend.name != p.backend:
+        raise PayloadError(f"payload does not match allocation {p.alloc_id} mapped here")
+    if p.pid == os.getpid():  # one of this process's payloads came back: not in flight
+        alloc.note_loaded()
+    else:  # its sender counts it in flight until told
+        alloc.note_returned(p.server)  # (when this process releases it, if it served it)
+        if alloc.backend.exporter_owned:  # the exporter waits for its payloads: say so
+            transport.report_load(p.server, p.alloc_id, p.secret)
+    return alloc
+
+
+def in_message(req: Request) -> Allocation | None:
+    """The allocation mapped from the fds that travelled with the payload, if any did."""
+    if req.carried is None:
+        return None
+    req.backend()
+    return _map(req, Handles(list(req.payload.chunks), req.carried))
+
+
+def from_exporter(req: Request) -> Allocation | None:
+    """The allocation mapped from handles the exporter's handle server sends, or ``None``
+    (recorded in ``req.failures``) when it is gone or no longer has them."""
+    p = req.payload
+    req.backend()
+    try:
+        if p.capacity is not None:
+            sizes, capacity, used, fds = transport.fetch_growth(
+                p.server, p.pid, p.alloc_id, p.secret, 0, reply_to=transport.server_address()
+            )
+            found = Handles(sizes, fds, capacity=capacity, used=used)
+        else:
+            sizes, fds, exports = transport.fetch_handles(
+                p.server, p.pid, p.alloc_id, p.secret, reply_to=transport.server_address()
+            )
+            found = Handles(sizes, fds, exports)
+    except HandleUnavailable as gone:  # the exporter is gone: a keeper may hold it
+        req.failures.append(gone)
+        return None
+    return _map(req, found)
+
+
+def from_keeper(req: Request) -> Allocation | None:
+    """The allocation mapped from handles this user's keeper holds (a parked or named
+    array; no keeper is started), or ``None`` (recorded) when it does not hold them.
+
+    Passes at once for memory no keeper can hold: exporter-owned memory went with its
+    exporter, and a growable array is never parked."""
+    p = req.payload
+    if not req.failures or p.capacity is not None or req.backend().exporter_owned:
+        return None
+    try:
+        sizes, fds, _ = keeper.fetch_handles(p.alloc_id, p.secret, req.failures[-1])
+    except HandleUnavailable as gone:  # its message says the exporter was asked too
+        req.failures.append(gone)
+        return None
+    return _map(req, Handles(sizes, fds))
+
+
+RESOLVERS: tuple[Resolver, ...] = (mapped_here, in_message, from_exporter, from_keeper)
+"""The chain :func:`load_payload` asks, in order."""
+
+
+def resolve(req: Request, resolvers: tuple[Resolver, ...] = RESOLVERS) -> Allocation:
+    """Ask ``resolvers`` in order for ``req``'s allocation; the first answer wins.
+
+    Raises
+    ------
+    HandleUnavailable
+        Every resolver passed (the message says what was tried).
+    """
+    for resolver in resolvers:
+        alloc = resolver(req)
+        if alloc is not None:
+            return alloc
+    raise req.unavailable()
+
+
+def load_payload(
+    data: bytes, sync: bytes | None = None, fds: tuple[Any, ...] | None = None
+) -> Imported:
+    """Decode a payload and find its allocation through :data:`RESOLVERS`, mapping it on
+    first sight; then wait for the ordering token ``sync``, if one travelled with it.
+
+    Parameters are those of :func:`sharedarrays.load` (``fds``: objects with a
+    ``detach()`` that returns an fd, such as multiprocessing's DupFd).
+
+    Raises
+    ------
+    PayloadError
+        Malformed or altered payload, or one that does not match the allocation.
+    HandleUnavailable
+        The allocation is not mapped here and no source of its handles is left.
+    PermissionDenied
+        Another user, or the wrong secret.
+    BackendUnavailable
+        Its memory system cannot be used in this process.
+    """
+    p = Payload.from_bytes(data)
+    if sync is not None and (type(sync) is not bytes or not 0 < len(sync) <= 256):
+        raise PayloadError("the ordering token that travelled with the payload is malformed")
+    carried: list[int] | None = None
+    if fds is not None:
+        if type(fds) is not tuple or len(fds) != len(p.chunks):
+            raise PayloadError("the handles that travelled with the payload do not match it")
+        carried = [d.detach() for d in fds]
+    alloc = resolve(Request(p, carried))
+    if sync is not None:
+        alloc.backend.import_sync(sync)
+    return Imported(alloc, p)
+
+
+# mapping what was found ----------------------------------------------------------------------
+def _map(req: Request, found: Handles) -> Allocation:
+    """Map an allocation from the handles a resolver found (takes ``found.fds``)."""
+    p = req.payload
+    backend = req.backend()
+    access: Access = "r" if p.readonly else "rw"
+    if p.capacity is not None:
+        if found.sizes[: len(p.chunks)] != list(p.chunks):
+            _close(found.fds)
+            raise PayloadError(
+                f"allocation {p.alloc_id} was shrunk since this payload was made; pickle the "
+                "array again"
+            )
+        alloc = Allocation.import_(
+            backend,
+            p.alloc_id,
+            p.secret,
+            found.sizes,
+            found.fds,
+            p.pid,
+            access,
+            capacity=max(found.capacity, p.capacity),
+        )
+        if alloc.source_server is None:
+            alloc.source_server = p.server
+            alloc.used = found.used or p.size
+        return alloc
+    if found.sizes != list(p.chunks):
+        _close(found.fds)
+        raise PayloadError("payload's chunk sizes do not match its exporter's allocation")
+    device = backend.device
+    here = current_cuda_device(p.device) if backend.maps and device.is_cuda else p.device
+    peers = {here: access} if here != p.device else None
+    alloc = Allocation.import_(
+        backend,
+        p.alloc_id,
+        p.secret,
+        found.sizes,
+        found.fds,
+        p.pid,
+        access,
+        exports=found.exports,
+        peers=peers,
+    )
+    if peers:  # this process works on another device: it reads the memory as a peer
+        alloc.native_device = here
+    if backend.exporter_owned:  # payloads made here name the exporter, which must
+        alloc.source_server = p.server  # see every importer; told when this one closes
+    return alloc
+
+
+# growable arrays: catching up with the exporter -----------------------------------------------
+def _catch_up_to(alloc: Allocation, p: Payload, received: list[int]) -> Allocation:
+    """``alloc``, a growable array mapped here, with at least the chunks payload ``p``
+    names: one with fewer maps the new ones (from ``received``, the fds that travelled
+    with it, if any, else from its exporter); one with more (an older payload) is used as
+    it is. Takes ownership of ``received``."""
+    with alloc.growth_lock:
+        local = alloc.chunk_sizes()
+        n = len(p.chunks)
+        if (
+            not alloc.growable
+            or alloc.backend.name != p.backend
+            or list(p.chunks[: len(local)]) != local[:n]
+        ):
+            _close(received)
+            raise PayloadError(f"payload does not match allocation {p.alloc_id} mapped here")
+        if n <= len(local):  # the same or an older generation: all mapped already
+            _close(received)
+            return alloc
+        if alloc.origin.created_here:
+            _close(received)
+            raise PayloadError(
+                f"allocation {p.alloc_id} was shrunk since this payload was made; pickle the "
+                "array again"
+            )
+        if received:
+            _close(received[: len(local)])
+            alloc.extend(list(p.chunks[len(local) :]), received[len(local) :], p.capacity or 0)
+            return alloc
+        sizes, capacity, used, fds = transport.fetch_growth(
+            p.server, p.pid, p.alloc_id, p.secret, len(local), reply_to=transport.server_address()
+        )
+        _extend(alloc, local, sizes, capacity, fds)
+        alloc.used = used
+        return alloc
+
+
+def catch_up(alloc: Allocation) -> None:
+    """Map the chunks the exporter of ``alloc`` (a growable array imported here) added
+    since, and take its current length (``alloc.used``), asking its handle server.
+
+    Raises
+    ------
+    PayloadError
+        The exporter shrank and grew it again since (its chunks differ from those mapped
+        here), or ``alloc`` does not know its exporter.
+    HandleUnavailable, PermissionDenied
+        As :func:`sharedarrays.transport.handles.fetch_growth`.
+    """
+    server = alloc.source_server
+    if server is None:  # pragma: no cover - every growable import sets it
+        raise PayloadError(f"allocation {alloc.id} does not know its exporter")
+    with alloc.growth_lock:
+        local = alloc.chunk_sizes()
+        sizes, capacity, used, fds = transport.fetch_growth(
+            server,
+            alloc.origin.pid,
+            alloc.id,
+            alloc.secret,
+            len(local),
+            reply_to=transport.server_address(),
+        )
+        _extend(alloc, local, sizes, capacity, fds)
+        alloc.used = used
+
+
+def _extend(
+    alloc: Allocation, local: list[int], sizes: list[int], capacity: int, fds: list[int]
+) -> None:
+    """Map the chunks an exporter reported beyond those mapped here (takes ``fds``)."""
+    if sizes[: len(local)] != local:
+        _close(fds)
+        raise PayloadError(
+            f"allocation {alloc.id} was shrunk and grown again since this process mapped it "
+            "(its chunks differ); close its views here and load a new payload"
+        )
+    if len(sizes) > len(local):
+        alloc.extend(sizes[len(local) :], fds, capacity)
+    else:
+        _close(fds)

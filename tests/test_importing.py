@@ -1,0 +1,239 @@
+"""Importing a payload: each resolver of the chain on the host backend, and the chain's end.
+
+The exporter is another process (a fresh interpreter), so that the allocation is not mapped
+here until a resolver maps it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from keeper_helpers import private_keeper, py, spawn
+
+import sharedarrays as sa
+from sharedarrays import importing
+from sharedarrays.api import keeping
+from sharedarrays.importing import (
+    RESOLVERS,
+    Request,
+    catch_up,
+    from_exporter,
+    from_keeper,
+    in_message,
+    mapped_here,
+    resolve,
+)
+from sharedarrays.memory.allocation import Allocation
+from sharedarrays.protocol.payload import Payload
+from sharedarrays.transport import handles as transport
+
+__all__ = ["private_keeper"]  # a fixture, used by name
+
+_EXPORTER = """
+import sys
+import numpy as np
+import sharedarrays as sa
+a = sa.from_array(np.arange(16.0), device="cpu"{options})
+{before}
+print(a.payload().to_bytes().hex(), flush=True)
+for line in sys.stdin:
+    if line.strip() == "grow":
+        a.append(np.arange(1_000_000.0))
+        print(len(a.allocation.chunks), a.allocation.used, flush=True)
+    else:
+        break
+"""
+
+
+def _payload_of_exited(before: str = "", options: str = "") -> Payload:
+    """The payload of an array whose exporter exited."""
+    out = py(_EXPORTER.format(before=before, options=options), input="exit\n")
+    return Payload.from_bytes(bytes.fromhex(out.stdout.split()[0]))
+
+
+class _Exporter:
+    """A running exporter of one array, driven line by line over its stdin."""
+
+    def __init__(self, options: str = "") -> None:
+        self.proc = spawn(_EXPORTER.format(before="", options=options))
+        assert self.proc.stdout is not None
+        self.payload = Payload.from_bytes(bytes.fromhex(self.proc.stdout.readline().strip()))
+
+    def ask(self, line: str) -> list[str]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline().split()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+@pytest.fixture
+def exporter() -> Iterator[_Exporter]:
+    e = _Exporter()
+    try:
+        yield e
+    finally:
+        e.stop()
+
+
+def _data(alloc: Allocation, p: Payload) -> np.ndarray[Any, Any]:
+    with sa.SharedDeviceArray(alloc, p.dtype, p.shape, p.strides, p.offset) as view:
+        return view.get()
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def test_the_chain_asks_in_order() -> None:
+    assert (mapped_here, in_message, from_exporter, from_keeper) == RESOLVERS
+
+
+def test_resolve_stops_at_the_first_answer() -> None:
+    asked: list[str] = []
+    found: Any = object()
+
+    def passes(req: Request) -> Allocation | None:
+        asked.append("passes")
+        return None
+
+    def answers(req: Request) -> Allocation | None:
+        asked.append("answers")
+        return found  # type: ignore[no-any-return]
+
+    def never(req: Request) -> Allocation | None:
+        raise AssertionError("asked after an answer")
+
+    a = sa.zeros(4, device="cpu")
+    assert resolve(Request(a.payload()), (passes, answers, never)) is found
+    assert asked == ["passes", "answers"]
+
+
+def test_mapped_here_finds_this_process_s_allocation_and_closes_carried_fds() -> None:
+    a = sa.from_array(np.arange(4.0), device="cpu", pack=False)
+    carried = [os.dup(fd) for fd in a.allocation.chunk_fds()]
+    req = Request(a.payload(), carried)
+    assert mapped_here(req) is a.allocation
+    assert not any(_is_open(fd) for fd in carried)
+
+
+def test_mapped_here_passes_for_an_allocation_not_mapped_here(exporter: _Exporter) -> None:
+    req = Request(exporter.payload)
+    assert mapped_here(req) is None
+    assert req.failures == []
+
+
+def test_in_message_passes_when_no_fds_travelled(exporter: _Exporter) -> None:
+    req = Request(exporter.payload)
+    assert in_message(req) is None
+    assert req.failures == []
+
+
+def test_in_message_maps_fds_that_travelled(exporter: _Exporter) -> None:
+    p = exporter.payload
+    sizes, fds, _ = transport.fetch_handles(p.server, p.pid, p.alloc_id, p.secret)
+    assert sizes == list(p.chunks)
+    exporter.stop()  # from here on nobody serves it: the fds alone map it
+    alloc = in_message(Request(p, fds))
+    assert alloc is not None
+    assert alloc.origin.pid == p.pid and not alloc.origin.created_here
+    np.testing.assert_array_equal(_data(alloc, p), np.arange(16.0))
+
+
+def test_from_exporter_asks_the_exporter_s_handle_server(exporter: _Exporter) -> None:
+    p = exporter.payload
+    req = Request(p)
+    alloc = from_exporter(req)
+    assert alloc is not None and req.failures == []
+    assert alloc.chunk_sizes() == list(p.chunks)
+    np.testing.assert_array_equal(_data(alloc, p), np.arange(16.0))
+
+
+def test_from_exporter_records_why_it_passes() -> None:
+    p = _payload_of_exited()
+    req = Request(p)
+    assert from_exporter(req) is None
+    (gone,) = req.failures
+    assert isinstance(gone, sa.HandleUnavailable) and f"pid {p.pid}" in str(gone)
+
+
+def test_from_keeper_maps_a_parked_array_after_its_exporter_exited(private_keeper: Path) -> None:
+    p = _payload_of_exited(before="a.park()")
+    req = Request(p)
+    assert from_exporter(req) is None  # the exporter is gone ...
+    alloc = from_keeper(req)  # ... the keeper holds it
+    assert alloc is not None
+    np.testing.assert_array_equal(_data(alloc, p), np.arange(16.0))
+    keeping.unpark(alloc)
+
+
+def test_from_keeper_passes_without_a_failure_before_it(exporter: _Exporter) -> None:
+    req = Request(exporter.payload)
+    assert from_keeper(req) is None  # the exporter was not asked: nothing to fall back from
+    assert req.failures == []
+
+
+def test_none_left_raises_what_was_tried(private_keeper: Path) -> None:
+    p = _payload_of_exited()
+    with pytest.raises(sa.HandleUnavailable) as caught:
+        importing.load_payload(p.to_bytes())
+    text = str(caught.value)
+    assert f"pid {p.pid}" in text  # the exporter was asked ...
+    assert "no keeper holds it either (see a.park())" in text  # ... then the keeper
+
+
+def test_a_growable_array_is_never_asked_of_the_keeper(private_keeper: Path) -> None:
+    p = _payload_of_exited(options=", capacity=1 << 20")
+    req = Request(p)
+    with pytest.raises(sa.HandleUnavailable) as caught:
+        resolve(req)
+    assert req.failures == [caught.value]  # the exporter's answer, the keeper not asked
+    assert "keeper" not in str(caught.value)
+
+
+def test_load_payload_returns_the_allocation_and_the_view_s_layout(exporter: _Exporter) -> None:
+    found = importing.load_payload(exporter.payload.to_bytes())
+    assert found.payload == exporter.payload
+    assert found.allocation.id == exporter.payload.alloc_id
+    assert not found.readonly
+    again = importing.load_payload(exporter.payload.to_bytes())  # a warm load
+    assert again.allocation is found.allocation
+
+
+def test_catch_up_maps_the_chunks_a_growable_array_added() -> None:
+    e = _Exporter(options=", capacity=1 << 26")
+    try:
+        p = e.payload
+        alloc = from_exporter(Request(p))
+        assert alloc is not None and alloc.growable
+        before = len(alloc.chunks)
+        chunks, used = (int(n) for n in e.ask("grow"))
+        assert chunks > before
+        catch_up(alloc)
+        assert len(alloc.chunks) == chunks and alloc.used == used
+        # a payload of the older generation loads from the mapping as it is
+        assert mapped_here(Request(p)) is alloc
+    finally:
+        e.stop()
