@@ -73,6 +73,7 @@ from typing import Any
 
 import numpy as np
 
+from sharedarrays.backends.device import parse_name
 from sharedarrays.cli import parse_size
 
 __all__ = [
@@ -197,7 +198,7 @@ class Config:
     @property
     def is_cuda(self) -> bool:
         """Whether the run is on a CUDA device."""
-        return self.device.startswith("cuda")
+        return parse_name(self.device).is_cuda
 
     @property
     def index(self) -> int:
@@ -252,10 +253,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _resolve_device(text: str) -> str:
     if text in ("cpu", "host"):
         return "cpu"
-    from sharedarrays.backends import cuda_usable
+    from sharedarrays.backends import kind_unusable
 
     if text == "auto":
-        return "cuda:0" if cuda_usable() is None else "cpu"
+        return "cuda:0" if kind_unusable("cuda") is None else "cpu"
     from sharedarrays.backends.device import parse_device
 
     dev = parse_device(text)
@@ -287,7 +288,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         A bad size, method, task or worker count.
     """
     device = _resolve_device(args.device)
-    kind = "cuda" if device.startswith("cuda") else "cpu"
+    kind = "cuda" if parse_name(device).is_cuda else "cpu"
     sizes_text = args.sizes or (QUICK_SIZES if args.quick else DEFAULT_SIZES)[kind]
     sizes = sorted({parse_size(s) for s in sizes_text.split(",") if s.strip()})
     if not sizes or sizes[0] < 4:
@@ -361,7 +362,7 @@ def _init_worker(device: str, memory_resource: Any = None, preload: str | None =
 
         faulthandler.enable()
         faulthandler.dump_traceback_later(20, repeat=True)
-    if device.startswith("cuda"):
+    if parse_name(device).is_cuda:
         import cupy
 
         index = int(device.split(":")[1])
@@ -1333,7 +1334,7 @@ def environment(cfg: Config) -> dict[str, Any]:
 
 
 def _device_slug(device: str) -> str:
-    if not device.startswith("cuda"):
+    if not parse_name(device).is_cuda:
         return "cpu"
     name = str(_gpu_info(int(device.split(":")[1])).get("name", "cuda"))
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "cuda"

@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sharedarrays.backends import Access, cuda_usable, current_cuda_device, get_backend
-from sharedarrays.backends.cuda.sync import one_record
-from sharedarrays.backends.device import CPU, Device, DeviceLike, parse_device
+from sharedarrays.backends import Access, device_of, get_backend, why_unusable
+from sharedarrays.backends.device import Device, DeviceLike, parse_device
 from sharedarrays.errors import (
     BackendUnavailable,
     ClosedArrayError,
@@ -214,7 +213,7 @@ class SharedDeviceArray:
             No such device.
         """
         dev = parse_device(device)
-        if not dev.is_cuda:
+        if not dev.needs_context:
             raise ValueError(f"grant() takes a CUDA device, not {dev}")
         self.allocation.grant(dev.index, mode)
 
@@ -295,7 +294,7 @@ class SharedDeviceArray:
         return native.get()  # type: ignore[no-any-return]
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
-        if self.device.is_cuda:
+        if self.device.needs_context:
             raise TypeError(
                 "Implicit conversion of a CUDA SharedDeviceArray to a NumPy array is not "
                 "allowed; use a.get() to copy it to the host"
@@ -503,12 +502,12 @@ class SharedDeviceArray:
 
         unpark(self)
 
-    def __reduce__(self) -> tuple[Any, tuple[bytes, bytes | None]]:
+    def __reduce__(self) -> tuple[Any, tuple[bytes, object]]:
         blob = self._payload_bytes()
         alloc = self.allocation
         if alloc.source_server is None:  # the payload names this process: it is in flight
             alloc.note_sent()
-        return _rebuild, (blob, alloc.backend.export_sync())
+        return _rebuild, (blob, alloc.backend.export_fence())
 
 
 def _reduce_for_multiprocessing(a: SharedDeviceArray) -> tuple[Any, tuple[Any, ...]]:
@@ -523,26 +522,12 @@ def _reduce_for_multiprocessing(a: SharedDeviceArray) -> tuple[Any, tuple[Any, .
         and not alloc.growable
         and alloc.backend.maps
     ):  # the handles travel with it: nothing is left in flight
-        args = (a._payload_bytes(), alloc.backend.export_sync())
+        args = (a._payload_bytes(), alloc.backend.export_fence())
         return _rebuild, (*args, tuple(reduction.DupFd(fd) for fd in alloc.chunk_fds()))
     return a.__reduce__()
 
 
 reduction.ForkingPickler.register(SharedDeviceArray, _reduce_for_multiprocessing)
-
-_forking_dumps = reduction.ForkingPickler.dumps.__func__  # type: ignore[attr-defined]
-
-
-def _dumps_with_one_record(
-    cls: type[reduction.ForkingPickler], obj: Any, protocol: int | None = None
-) -> Any:
-    """``ForkingPickler.dumps`` (every pool task, queue item and pipe message), with the
-    arrays in one message sharing one ordering event (:func:`sync.one_record`)."""
-    with one_record():
-        return _forking_dumps(cls, obj, protocol)
-
-
-reduction.ForkingPickler.dumps = classmethod(_dumps_with_one_record)  # type: ignore[assignment,method-assign]
 
 
 def load(
@@ -583,10 +568,10 @@ def load(
     alloc = lookup(p.alloc_id)
     if alloc is None and p.pid == os.getpid():  # back at its exporter, which let go of it
         alloc = revive(p.alloc_id)
-    if alloc is not None and alloc.pid != os.getpid() and alloc.device.is_cuda:
+    if alloc is not None and alloc.pid != os.getpid() and alloc.device.needs_context:
         # inherited through fork: CUDA cannot be used here (no driver call may notice it
         # later when the stream was idle and the token is None)
-        why = cuda_usable(alloc.device.index, alloc.backend.name)
+        why = why_unusable(alloc.backend.name, alloc.device.index)
         if why is not None:
             for fd in received:
                 os.close(fd)
@@ -608,7 +593,7 @@ def load(
                 transport.report_load(p.server, p.alloc_id, p.secret)
     else:
         try:
-            device = Device("cuda", p.device) if p.backend.startswith("cuda") else CPU
+            device = device_of(p.backend, p.device)
             backend = get_backend(device, p.backend)
         except BaseException:
             for fd in received:
@@ -631,7 +616,7 @@ def load(
                     os.close(fd)
                 raise PayloadError("payload's chunk sizes do not match its exporter's allocation")
         access: Access = "r" if p.readonly else "rw"
-        here = current_cuda_device(p.device) if backend.maps and device.is_cuda else p.device
+        here = backend.current_device() if backend.peer_access else p.device
         peers = {here: access} if here != p.device else None
         alloc = Allocation.import_(
             backend,

@@ -27,8 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sharedarrays.backends import Access, get_backend
-from sharedarrays.backends.device import CPU, Device
+from sharedarrays.backends import Access, device_of, get_backend
 from sharedarrays.errors import PayloadError, ResizeRefused
 from sharedarrays.memory.allocation import Allocation
 from sharedarrays.protocol.payload import Payload, contiguous_strides, view_extent
@@ -177,7 +176,7 @@ def map_payload(alloc: Allocation | None, p: Payload, received: list[int]) -> Al
     """
     if alloc is None:
         try:
-            device = CPU if p.backend == "host" else Device("cuda", p.device)
+            device = device_of(p.backend, p.device)
             backend = get_backend(device, p.backend)
             if received:
                 sizes, capacity, used, fds = list(p.chunks), 0, 0, received
