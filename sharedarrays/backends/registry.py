@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from sharedarrays.backends.base import Backend
 from sharedarrays.backends.device import Device, add_kind, kinds, parse_name
-from sharedarrays.errors import BackendUnavailable
+from sharedarrays.errors import BackendUnavailable, PayloadError
 
 __all__ = [
     "Registration",
@@ -140,11 +140,17 @@ def device_of(name: str, index: int) -> Device:
 
     Raises
     ------
-    ValueError
-        No backend of that name is registered.
+    PayloadError
+        No backend of that name is registered here (a payload of a backend whose module
+        this process has not imported).
     """
-    kind = registration(name).kind
-    return Device(kind, 0 if kind == "cpu" else int(index))
+    reg = _registry.get(name)
+    if reg is None:
+        raise PayloadError(
+            f"unknown backend {name!r} in payload; the backends here are {', '.join(names())} "
+            "(import the module that registers it first)"
+        )
+    return Device(reg.kind, 0 if reg.kind == "cpu" else int(index))
 
 
 def why_unusable(name: str, index: int = 0) -> str | None:

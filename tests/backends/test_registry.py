@@ -27,7 +27,7 @@ from sharedarrays.backends import (
 from sharedarrays.backends import device as device_mod
 from sharedarrays.backends.device import CPU, Device, kinds, parse_device, parse_name
 from sharedarrays.backends.host import HostBackend, check_chunk_fd
-from sharedarrays.errors import BackendUnavailable
+from sharedarrays.errors import BackendUnavailable, PayloadError
 
 PACKAGE = Path(__file__).resolve().parents[2] / "sharedarrays"
 
@@ -136,7 +136,7 @@ def test_device_of_places_a_payload_on_its_kind() -> None:
     assert device_of("fake-a", 3) == Device("fake", 3)
     assert device_of("host", 0) == CPU and device_of("host", 5) == CPU
     assert device_of("cuda-ipc", 1) == Device("cuda", 1)  # does not ask whether it is usable
-    with pytest.raises(ValueError, match="unknown backend 'nope'"):
+    with pytest.raises(PayloadError, match="unknown backend 'nope' in payload"):
         device_of("nope", 0)
 
 
@@ -216,3 +216,24 @@ def test_nothing_outside_backends_asks_which_vendor() -> None:
         for line, what in _vendor_decisions(ast.parse(path.read_text(), str(path))):
             offenders.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {what}")
     assert offenders == [], "ask the backend registry instead:\n" + "\n".join(offenders)
+
+
+def test_the_cuda_backends_offer_the_stream_operations() -> None:
+    """What ``api/semaphore.py`` asks of a backend (StreamBackend), and what only the host
+    lacks; checked on the classes, since no CUDA device is needed for that."""
+    from typing import _get_protocol_attrs  # type: ignore[attr-defined]
+
+    from sharedarrays.backends import Backend, StreamBackend
+    from sharedarrays.backends.cuda.ipc import CudaIpcBackend
+    from sharedarrays.backends.cuda.pool import CudaPoolBackend
+    from sharedarrays.backends.cuda.vmm import CudaVmmBackend
+
+    members = _get_protocol_attrs(StreamBackend) - {"device"}  # set in __init__
+    assert {"write_value", "wait_value", "value_reader", "import_semaphore"} <= members
+    for cls in (CudaVmmBackend, CudaIpcBackend, CudaPoolBackend):
+        assert not [m for m in members if not hasattr(cls, m)], cls
+    assert CudaVmmBackend.peer_access and not CudaIpcBackend.peer_access
+    assert CudaPoolBackend.values_refused and CudaVmmBackend.values_refused is None
+    host = HostBackend()
+    assert isinstance(host, Backend) and not isinstance(host, StreamBackend)
+    assert not host.peer_access and host.export_fence() is None
