@@ -35,8 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sharedarrays.backends import Access, Backend, cuda_usable, current_cuda_device, get_backend
-from sharedarrays.backends.device import CPU, Device
+from sharedarrays.backends import Access, Backend, device_of, get_backend, why_unusable
 from sharedarrays.errors import BackendUnavailable, HandleUnavailable, PayloadError
 from sharedarrays.memory.allocation import Allocation, lookup, revive
 from sharedarrays.protocol.payload import Payload
@@ -131,8 +130,7 @@ class Request:
         if self._backend is None:
             p = self.payload
             try:
-                device = Device("cuda", p.device) if p.backend.startswith("cuda") else CPU
-                self._backend = get_backend(device, p.backend)
+                self._backend = get_backend(device_of(p.backend, p.device), p.backend)
             except BaseException:
                 _close(self.carried or [])
                 raise
@@ -169,10 +167,10 @@ def mapped_here(req: Request) -> Allocation | None:
     if alloc is None:
         return None
     received = req.carried or []
-    if alloc.pid != os.getpid() and alloc.device.is_cuda:
+    if alloc.pid != os.getpid() and alloc.device.needs_context:
         # inherited through fork: CUDA cannot be used here (no driver call may notice it
         # later when the stream was idle and the token is None)
-        why = cuda_usable(alloc.device.index, alloc.backend.name)
+        why = why_unusable(alloc.backend.name, alloc.device.index)
         if why is not None:
             _close(received)
             raise BackendUnavailable(f"cannot use {alloc.device}: {why}")
@@ -320,8 +318,7 @@ def _map(req: Request, found: Handles) -> Allocation:
     if found.sizes != list(p.chunks):
         _close(found.fds)
         raise PayloadError("payload's chunk sizes do not match its exporter's allocation")
-    device = backend.device
-    here = current_cuda_device(p.device) if backend.maps and device.is_cuda else p.device
+    here = backend.current_device() if backend.peer_access else p.device
     peers = {here: access} if here != p.device else None
     alloc = Allocation.import_(
         backend,

@@ -106,9 +106,9 @@ def fd_baseline() -> Iterator[None]:
 
 
 def cuda_reason() -> str | None:
-    from sharedarrays.backends import cuda_usable
+    from sharedarrays.backends import kind_unusable
 
-    return cuda_usable(0)
+    return kind_unusable("cuda", 0)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -8,7 +8,7 @@ the handle server (as cuda-pool gets its pool's fd). Underneath it is a memfd ma
 ``mmap`` (so unlike CUDA IPC the memory would in fact outlive its exporter; the tests check
 the protocol, not the driver).
 
-Importing this module registers it in :data:`sharedarrays.backends.factories`; spawned
+Importing this module registers it (:func:`sharedarrays.backends.register`); spawned
 workers that receive such arrays must import it first (the functions in
 ``pointer_workers`` do).
 """
@@ -19,7 +19,7 @@ import mmap
 import os
 from typing import ClassVar
 
-from sharedarrays.backends import Chunk, factories
+from sharedarrays.backends import Chunk, Registration, register
 from sharedarrays.backends.device import CPU, Device
 from sharedarrays.backends.host import HostBackend, _check, _check_mmap, _libc
 from sharedarrays.errors import HandleUnavailable, PayloadError
@@ -86,4 +86,13 @@ def _make(device: Device) -> HostPointerBackend:
     return HostPointerBackend()
 
 
-factories[NAME] = _make
+register(
+    Registration(
+        name=NAME,
+        kind="cpu",
+        factory=_make,
+        preference=1,  # backend="auto" keeps choosing host
+        maps=HostPointerBackend.maps,
+        exporter_owned=HostPointerBackend.exporter_owned,
+    )
+)

@@ -20,7 +20,6 @@ import numpy as np
 from sharedarrays import importing
 from sharedarrays.api import keeping, views
 from sharedarrays.backends import Access
-from sharedarrays.backends.cuda.sync import one_record
 from sharedarrays.backends.device import Device, DeviceLike, parse_device
 from sharedarrays.errors import ClosedArrayError, ResizeRefused
 from sharedarrays.memory.allocation import Allocation, Lease
@@ -221,7 +220,7 @@ class SharedDeviceArray:
             No such device.
         """
         dev = parse_device(device)
-        if not dev.is_cuda:
+        if not dev.needs_context:
             raise ValueError(f"grant() takes a CUDA device, not {dev}")
         self.allocation.grant(dev.index, mode)
 
@@ -302,7 +301,7 @@ class SharedDeviceArray:
         return native.get()  # type: ignore[no-any-return]
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
-        if self.device.is_cuda:
+        if self.device.needs_context:
             raise TypeError(
                 "Implicit conversion of a CUDA SharedDeviceArray to a NumPy array is not "
                 "allowed; use a.get() to copy it to the host"
@@ -592,11 +591,11 @@ def _reduce(a: SharedDeviceArray, carry_fds: bool) -> tuple[Any, tuple[Any, ...]
     blob = a._payload_bytes()
     alloc = a.allocation
     if carry_fds:  # the handles travel with it: nothing is left in flight
-        args = (blob, alloc.backend.export_sync())
+        args = (blob, alloc.backend.export_fence())
         return _rebuild, (*args, tuple(reduction.DupFd(fd) for fd in alloc.chunk_fds()))
     if alloc.source_server is None:  # the payload names this process: it is in flight
         alloc.note_sent()
-    return _rebuild, (blob, alloc.backend.export_sync())
+    return _rebuild, (blob, alloc.backend.export_fence())
 
 
 def _reduce_for_multiprocessing(a: SharedDeviceArray) -> tuple[Any, tuple[Any, ...]]:
@@ -615,20 +614,6 @@ def _reduce_for_multiprocessing(a: SharedDeviceArray) -> tuple[Any, tuple[Any, .
 
 
 reduction.ForkingPickler.register(SharedDeviceArray, _reduce_for_multiprocessing)
-
-_forking_dumps = reduction.ForkingPickler.dumps.__func__  # type: ignore[attr-defined]
-
-
-def _dumps_with_one_record(
-    cls: type[reduction.ForkingPickler], obj: Any, protocol: int | None = None
-) -> Any:
-    """``ForkingPickler.dumps`` (every pool task, queue item and pipe message), with the
-    arrays in one message sharing one ordering event (:func:`sync.one_record`)."""
-    with one_record():
-        return _forking_dumps(cls, obj, protocol)
-
-
-reduction.ForkingPickler.dumps = classmethod(_dumps_with_one_record)  # type: ignore[assignment,method-assign]
 
 
 def load(
@@ -677,9 +662,13 @@ def load(
 
 
 def _rebuild(
-    data: bytes, sync: bytes | None = None, fds: tuple[Any, ...] | None = None
+    data: bytes, sync: object = None, fds: tuple[Any, ...] | None = None
 ) -> SharedDeviceArray:
-    return load(data, sync, fds)
+    if sync is not None and type(sync) is not bytes:
+        # copy.copy calls this with the reduction's own ordering argument (a fence, which a
+        # pickle carries as its token): its token is what load waits for
+        sync = getattr(sync, "token", sync)
+    return load(data, sync, fds)  # type: ignore[arg-type]  # load refuses what is not bytes
 
 
 def operator_index(n: object) -> int:

@@ -32,7 +32,8 @@ import numpy as np
 
 from sharedarrays.api import keeping
 from sharedarrays.api.array import SharedDeviceArray, load
-from sharedarrays.backends.device import CPU, Device
+from sharedarrays.backends import device_of
+from sharedarrays.backends.device import Device
 from sharedarrays.errors import HandleUnavailable, KeeperError, NameNotFound, SharedArrayError
 from sharedarrays.protocol.payload import MAGIC, Payload
 from sharedarrays.transport import keeper
@@ -235,7 +236,7 @@ def list_named(parked: bool = False) -> list[NamedArray]:
 
 
 def _info(e: dict[str, Any]) -> NamedArray:
-    device = CPU if e["backend"] == "host" else Device("cuda", int(e["device"]))
+    device = device_of(e["backend"], int(e["device"]))
     allow = e.get("allow_pids")
     return NamedArray(
         name=e["name"],

@@ -176,7 +176,7 @@ def _peers(access: AccessList | None, device: Device) -> dict[int, Access]:
         if dev.kind != device.kind:
             raise ValueError(
                 f"{device} memory cannot be granted to {dev}: "
-                + ("host memory is accessed by the cpu only" if not device.is_cuda else
+                + ("host memory is accessed by the cpu only" if not device.needs_context else
                    "access= lists CUDA devices")
             )  # fmt: skip
         if dev == device:

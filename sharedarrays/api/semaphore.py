@@ -29,34 +29,32 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from sharedarrays.backends import get_backend
+from sharedarrays.backends import StreamBackend, get_backend
+from sharedarrays.backends.base import ValueReader
 from sharedarrays.backends.device import Device, DeviceLike, parse_device
 from sharedarrays.errors import BackendUnavailable, ClosedArrayError
 
 if TYPE_CHECKING:
     from sharedarrays.api.array import SharedDeviceArray
-    from sharedarrays.backends.cuda.driver import CudaDevice
 
 __all__ = ["ExternalSemaphore", "Timeline", "SemaphoreKind"]
 
 SemaphoreKind = Literal["opaque", "timeline"]
 
 
-def _cuda(device: Device, what: str) -> CudaDevice:
-    if not device.is_cuda:
+def _streams(device: Device, what: str) -> StreamBackend:
+    """The backend of ``device``, which must queue work on streams (CUDA)."""
+    backend = get_backend(device) if device.needs_context else None
+    if not isinstance(backend, StreamBackend):
         raise BackendUnavailable(f"{what} needs a CUDA device, not {device}")
-    from sharedarrays.backends.cuda.driver import CudaDevice
-
-    backend = get_backend(device)
-    assert isinstance(backend, CudaDevice)
     return backend
 
 
 class ExternalSemaphore:
     """A semaphore exported by another API (Vulkan, say), imported into CUDA.
 
-    Make one with :meth:`from_fd`. Release it with :meth:`close` (or a ``with`` block); CUDA
-    owns the imported fd.
+    Make one with :meth:`from_fd`. Release it with :meth:`close` (or a ``with`` block, or by
+    dropping it); CUDA owns the imported fd.
 
     Attributes
     ----------
@@ -67,7 +65,7 @@ class ExternalSemaphore:
         The CUDA device it was imported into.
     """
 
-    def __init__(self, handle: Any, kind: SemaphoreKind, backend: CudaDevice) -> None:
+    def __init__(self, handle: Any, kind: SemaphoreKind, backend: StreamBackend) -> None:
         self._handle: Any = handle
         self.kind: SemaphoreKind = kind
         self.device = backend.device
@@ -100,8 +98,6 @@ class ExternalSemaphore:
         CudaDriverError
             The driver refused the handle (not a semaphore of that kind, or another device's).
         """
-        from sharedarrays.backends.cuda.driver import check
-
         try:
             if kind not in ("opaque", "timeline"):
                 raise ValueError(f"kind must be 'opaque' or 'timeline', not {kind!r}")
@@ -109,21 +105,8 @@ class ExternalSemaphore:
                 raise ValueError(f"fd must be an open file descriptor, not {fd!r}")
             os.fstat(fd)  # a closed fd is a ValueError here, not a driver error
             dev = parse_device("cuda:0" if device is None else device)
-            backend = _cuda(dev, "an external semaphore")
-            d = backend._d
-            types = d.CUexternalSemaphoreHandleType
-            desc = d.CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC()
-            desc.type = (
-                types.CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_FD
-                if kind == "opaque"
-                else types.CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_FD
-            )
-            desc.handle.fd = fd
-            desc.flags = 0
-            with backend.context():
-                handle = check(
-                    d.cuImportExternalSemaphore(desc), f"cuImportExternalSemaphore({kind})"
-                )
+            backend = _streams(dev, "an external semaphore")
+            handle = backend.import_semaphore(fd, kind == "timeline")
         except OSError as exc:
             raise ValueError(f"fd {fd} is not an open file descriptor ({exc})") from None
         except BaseException:
@@ -154,45 +137,27 @@ class ExternalSemaphore:
         """Enqueue a signal on the current stream: ``value`` for a timeline, none for a
         binary semaphore. Returns at once; the semaphore is signalled when the stream's
         earlier work is done."""
-        self._enqueue("Signal", value)
+        handle, fence = self._live(), self._value(value)
+        self._backend.signal_semaphore(handle, fence)
 
     def wait(self, value: int | None = None) -> None:
         """Enqueue a wait on the current stream (until a timeline reaches ``value``, or a
         binary semaphore is signalled). Returns at once; later work on the stream waits."""
-        self._enqueue("Wait", value)
-
-    def _enqueue(self, op: Literal["Signal", "Wait"], value: int | None) -> None:
-        """``cu{op}ExternalSemaphoresAsync`` of this semaphore on the current stream."""
-        from sharedarrays.backends.cuda.driver import check
-
         handle, fence = self._live(), self._value(value)
-        b = self._backend
-        params = getattr(b._d, f"CUDA_EXTERNAL_SEMAPHORE_{op.upper()}_PARAMS")()
-        params.params.fence.value = fence
-        params.flags = 0
-        call = f"cu{op}ExternalSemaphoresAsync"
-        with b.context():
-            check(getattr(b._d, call)([handle], [params], 1, b.current_stream()), call)
+        self._backend.wait_semaphore(handle, fence)
 
     def close(self) -> None:
-        """Destroy the imported semaphore (``cuDestroyExternalSemaphore``). Idempotent."""
+        """Destroy the imported semaphore (``cuDestroyExternalSemaphore``). Idempotent; the
+        semaphore is also destroyed when this object is freed."""
         handle, self._handle = self._handle, None
-        if handle is None or os.getpid() != self._pid:
-            return
-        with self._backend.context():
-            self._backend._d.cuDestroyExternalSemaphore(handle)
+        if handle is not None:
+            self._backend.destroy_semaphore(handle)
 
     def __enter__(self) -> ExternalSemaphore:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self) -> str:
         state = "closed" if self._handle is None else "open"
@@ -235,18 +200,17 @@ class Timeline:
             raise IndexError(f"index {index!r} does not name one element of shape {array.shape}")
         if word.address % 8:
             raise ValueError("the counter must be 8-byte aligned")
-        if array.backend == "cuda-pool":
+        backend = array.allocation.backend
+        streams = backend if isinstance(backend, StreamBackend) else None
+        if streams is not None and streams.values_refused is not None:
             raise ValueError(
-                "a Timeline cannot live in a cuda-pool array: the driver refuses stream memory "
-                "operations on pool memory imported by another process (cuStreamWaitValue64 "
-                "answers CUDA_ERROR_INVALID_VALUE, seen on an H200 with driver 580). Put the "
-                "counter in a cuda-vmm or cuda-ipc array: sa.zeros(1, 'uint64', "
-                "backend='cuda-vmm')"
+                f"a Timeline cannot live in a {backend.name} array: {streams.values_refused}"
             )
         self.array = array
         self.index = index
         self._word = word
-        self._reader: Any = None
+        self._streams = streams  # None: the CPU signals and polls the word
+        self._reader: ValueReader | None = None
         self._lock = threading.Lock()
 
     @property
@@ -271,17 +235,10 @@ class Timeline:
         """Set the counter to ``value`` once the current stream's earlier work is done
         (CUDA; returns at once), or now (host)."""
         v = self._check(value)
-        if not self.device.is_cuda:
+        if self._streams is None:
             self._host()[...] = np.uint64(v).view(self.array.dtype)
             return
-        from sharedarrays.backends.cuda.driver import check
-
-        b = self._backend()
-        with b.context():
-            check(
-                b._d.cuStreamWriteValue64(b.current_stream(), self.address, v, 0),
-                "cuStreamWriteValue64",
-            )
+        self._streams.write_value(self.address, v)
 
     def wait(self, value: int | None, timeout: float | None = None) -> None:
         """Make the current stream's later work wait until the counter is at least
@@ -293,40 +250,22 @@ class Timeline:
             Host only: the counter did not reach ``value`` within ``timeout`` seconds.
         """
         v = self._check(value)
-        if not self.device.is_cuda:
+        if self._streams is None:
             self.wait_host(v, timeout)
             return
-        from sharedarrays.backends.cuda.driver import check
-
-        b = self._backend()
-        geq = int(b._d.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
-        with b.context():
-            check(
-                b._d.cuStreamWaitValue64(b.current_stream(), self.address, v, geq),
-                "cuStreamWaitValue64",
-            )
+        self._streams.wait_value(self.address, v)
 
     @property
     def value(self) -> int:
         """The counter now, read without waiting for any stream (CUDA: a copy on a private
         non-blocking stream, so a stream blocked in :meth:`wait` does not block this)."""
-        if not self.device.is_cuda:
+        if self._streams is None:
             return int(self._host().view(np.uint64))
-        from sharedarrays.backends.cuda.driver import check
-
-        b = self._backend()
-        d = b._d
-        out = np.zeros(1, dtype=np.uint64)
-        with self._lock, b.context():
+        with self._lock:
             if self._reader is None:
-                flags = int(d.CUstream_flags.CU_STREAM_NON_BLOCKING)
-                self._reader = check(d.cuStreamCreate(flags), "cuStreamCreate")
-            check(
-                d.cuMemcpyDtoHAsync(out.ctypes.data, self.address, 8, self._reader),
-                "cuMemcpyDtoHAsync",
-            )
-            check(d.cuStreamSynchronize(self._reader), "cuStreamSynchronize")
-        return int(out[0])
+                self._reader = self._streams.value_reader()
+            reader = self._reader
+        return reader.read(self.address)
 
     def wait_host(self, value: int, timeout: float | None = None) -> None:
         """Wait on the CPU until the counter is at least ``value``.
@@ -348,31 +287,18 @@ class Timeline:
             time.sleep(pause)
             pause = min(pause * 2, 1e-3)
 
-    def _backend(self) -> CudaDevice:
-        from sharedarrays.backends.cuda.driver import CudaDevice
-
-        backend = self.array.allocation.backend
-        assert isinstance(backend, CudaDevice)
-        return backend
-
     def _host(self) -> np.ndarray[Any, Any]:
         native = self._word.array
         assert isinstance(native, np.ndarray)
         return native
 
     def close(self) -> None:
-        """Release the private reading stream (CUDA). The array is the caller's."""
-        reader, self._reader = self._reader, None
-        if reader is not None and self.device.is_cuda:
-            b = self._backend()
-            with b.context():
-                b._d.cuStreamDestroy(reader)
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
+        """Release the private reading stream (CUDA; also released when this object is
+        freed). The array is the caller's."""
+        with self._lock:
+            reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.close()
 
     def __repr__(self) -> str:
         return f"<Timeline {self.array.dtype} at {self.address:#x} on {self.device}>"

@@ -29,7 +29,15 @@ import numpy as np
 
 from sharedarrays.backends.device import Device
 
-__all__ = ["Access", "Chunk", "Backend", "MappingBackend", "round_up"]
+__all__ = [
+    "Access",
+    "Chunk",
+    "Backend",
+    "MappingBackend",
+    "StreamBackend",
+    "ValueReader",
+    "round_up",
+]
 
 Access = Literal["rw", "r", "none"]
 """Who may touch a mapping: read-write, read-only, or nobody."""
@@ -93,6 +101,9 @@ class Backend(Protocol):
         Whether the memory lives only while the exporter keeps it (cuda-ipc, cuda-pool):
         importers must release it before the exporter frees it. Otherwise any process that
         holds a handle or a mapping keeps it alive.
+    peer_access : bool
+        Whether other devices of the same kind may be granted access to its mappings and read
+        them as peers (cuda-vmm); see :meth:`MappingBackend.set_access`.
     device : Device
         The device whose memory this backend allocates.
     """
@@ -101,6 +112,7 @@ class Backend(Protocol):
     zeroed: ClassVar[bool]
     maps: ClassVar[bool]
     exporter_owned: ClassVar[bool]
+    peer_access: ClassVar[bool]
     device: Device
 
     @property
@@ -185,10 +197,25 @@ class Backend(Protocol):
         """Convert ``obj`` to an array of this device's native type (may copy)."""
         ...
 
-    def export_sync(self) -> bytes | None:
-        """Record what an importer must wait for before using memory handed off now.
+    def current_device(self) -> int:
+        """The index of the device of this backend's kind that this process works on now
+        (CUDA: CuPy's or PyTorch's current device), else the memory's own device's."""
+        ...
 
-        Returns opaque bytes for the payload, or ``None`` where no ordering is needed.
+    def export_sync(self) -> bytes | None:
+        """Record, now, what an importer must wait for before using memory handed off now.
+
+        Returns opaque bytes (an ordering token), or ``None`` where no ordering is needed.
+        """
+        ...
+
+    def export_fence(self) -> object | None:
+        """The ordering argument of one message (a pickling) that hands memory off now.
+
+        ``None`` where no ordering is needed; else an object that pickles as
+        :meth:`export_sync`'s token (bytes, or ``None`` for nothing to wait for) and is
+        shared by every call of this thread while it is alive, so every array of one pickling
+        (whose memo keeps it alive) shares one record, written once.
         """
         ...
 
@@ -224,4 +251,70 @@ class MappingBackend(Backend, Protocol):
 
     def unmap(self, address: int, size: int) -> None:
         """Unmap a range mapped by :meth:`map`, after work that may use it has finished."""
+        ...
+
+
+class ValueReader(Protocol):
+    """Reads 64-bit words of device memory now, without waiting for any stream."""
+
+    def read(self, address: int) -> int:
+        """The word at ``address``."""
+        ...
+
+    def close(self) -> None:
+        """Release what it holds. Idempotent."""
+        ...
+
+
+@runtime_checkable
+class StreamBackend(Backend, Protocol):
+    """A backend whose work is queued on streams (CUDA): stream-ordered 64-bit values and
+    external semaphores, each on the current stream of the backend's device.
+
+    Attributes
+    ----------
+    values_refused : str or None
+        Why :meth:`write_value` and :meth:`wait_value` cannot be used on this backend's
+        memory (a sentence saying what to use instead), or ``None`` when they can.
+    """
+
+    values_refused: ClassVar[str | None]
+
+    def current_stream(self) -> int:
+        """The stream work is queued on here (as an int)."""
+        ...
+
+    def write_value(self, address: int, value: int) -> None:
+        """Enqueue a write of the 64-bit ``value`` at device ``address`` on the current
+        stream (done once the stream's earlier work is)."""
+        ...
+
+    def wait_value(self, address: int, value: int) -> None:
+        """Make the current stream's later work wait until the 64-bit word at ``address`` is
+        at least ``value``."""
+        ...
+
+    def value_reader(self) -> ValueReader:
+        """A reader of 64-bit words of this device's memory that waits for no stream (its
+        own private one), released by its ``close`` or when it is freed."""
+        ...
+
+    def import_semaphore(self, fd: int, timeline: bool) -> object:
+        """Import an external semaphore exported as a file descriptor (a binary one, or a
+        timeline with ``timeline``); takes ownership of ``fd`` (closed on failure too).
+        The handle returned is released by :meth:`destroy_semaphore` or when it is freed."""
+        ...
+
+    def signal_semaphore(self, semaphore: object, value: int) -> None:
+        """Enqueue a signal of an imported semaphore (to ``value``, timelines) on the
+        current stream."""
+        ...
+
+    def wait_semaphore(self, semaphore: object, value: int) -> None:
+        """Make the current stream wait for an imported semaphore (to reach ``value``,
+        timelines)."""
+        ...
+
+    def destroy_semaphore(self, semaphore: object) -> None:
+        """Release an imported semaphore now. Idempotent."""
         ...

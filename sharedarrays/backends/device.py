@@ -1,18 +1,51 @@
-"""Device names: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``N``."""
+"""Devices: ``"cpu"``, and the kinds the backends register (``"cuda"``: ``"cuda"``,
+``"cuda:N"`` or ``N``).
+
+The ``cpu`` kind is always there (host memory, which the CPU addresses directly). Every
+other kind is an accelerator whose devices are numbered; a backend registration adds its kind
+here (:func:`add_kind`, called by :func:`sharedarrays.backends.registry.register`) with the
+function that says why a device of that kind cannot be used. This module imports no backend.
+"""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Union
 
 from sharedarrays.errors import BackendUnavailable
 
-__all__ = ["Device", "DeviceLike", "parse_device"]
+__all__ = ["Device", "DeviceLike", "CPU", "add_kind", "kinds", "parse_name", "parse_device"]
 
 DeviceLike = Union["Device", str, int, None]
 
-_CUDA_RE = re.compile(r"^cuda(?::(\d+))?$")
+_NAME_RE = re.compile(r"^([a-z][a-z0-9_]*)(?::(\d+))?$")
+
+_kinds: dict[str, Callable[[int], str | None]] = {}
+"""Accelerator kind -> why its device N cannot be used here (``None`` when it can), in the
+order ``device=None`` tries them."""
+
+
+def add_kind(kind: str, why_unusable: Callable[[int], str | None]) -> None:
+    """Register an accelerator device kind (a backend registration does it for its kind).
+
+    Parameters
+    ----------
+    kind : str
+        The kind's name, lower case (``"cuda"``); devices are named ``kind`` and ``kind:N``.
+    why_unusable : callable
+        ``why_unusable(index)``: why device ``kind:index`` cannot be used in this process, or
+        ``None`` when it can. It must not raise.
+    """
+    if kind == "cpu" or not _NAME_RE.match(kind) or ":" in kind:
+        raise ValueError(f"{kind!r} cannot be a device kind")
+    _kinds.setdefault(kind, why_unusable)
+
+
+def kinds() -> tuple[str, ...]:
+    """Every device kind: ``"cpu"`` and the registered accelerator kinds."""
+    return ("cpu", *_kinds)
 
 
 @dataclass(frozen=True)
@@ -22,7 +55,7 @@ class Device:
     Attributes
     ----------
     kind : str
-        ``"cpu"`` or ``"cuda"``.
+        ``"cpu"`` or a registered accelerator kind (``"cuda"``).
     index : int
         The device ordinal (always 0 for ``"cpu"``).
     """
@@ -31,60 +64,91 @@ class Device:
     index: int = 0
 
     def __str__(self) -> str:
-        return "cpu" if self.kind == "cpu" else f"cuda:{self.index}"
+        return "cpu" if self.kind == "cpu" else f"{self.kind}:{self.index}"
 
     @property
     def is_cuda(self) -> bool:
-        """Whether this is a CUDA device."""
+        """Whether this is a CUDA device (its kind is ``"cuda"``)."""
         return self.kind == "cuda"
+
+    @property
+    def needs_context(self) -> bool:
+        """Whether this device's memory needs a GPU context: it is not host memory, the CPU
+        does not address it directly, and a process forked after the context was made cannot
+        use it. False for ``cpu`` only."""
+        return self.kind != "cpu"
 
 
 CPU = Device("cpu", 0)
 
 
+def _forms() -> str:
+    names = ", ".join(f"'{k}', '{k}:N'" for k in _kinds)
+    return "'cpu', " + (names + " or an int N" if names else "or an int N")
+
+
+def parse_name(device: DeviceLike) -> Device:
+    """Turn a device argument into a :class:`Device` by its form only, without asking whether
+    it can be used here (see :func:`parse_device`); ``None`` is not accepted.
+
+    An int ``N`` is device ``N`` of the first registered accelerator kind.
+
+    Raises
+    ------
+    ValueError
+        The name is not one of the accepted forms, or an index is negative.
+    TypeError
+        Neither a Device, a str nor an int.
+    """
+    if isinstance(device, Device):
+        dev = device
+    elif isinstance(device, bool) or device is None:
+        raise TypeError(f"device must be {_forms()}, not {device!r}")
+    elif isinstance(device, int):
+        if not _kinds:
+            raise ValueError(f"no accelerator device kind is registered for device {device}")
+        dev = Device(next(iter(_kinds)), device)
+    elif isinstance(device, str):
+        name = device.strip().lower()
+        if name == "cpu":
+            return CPU
+        m = _NAME_RE.match(name)
+        if m is None or m.group(1) not in _kinds:
+            raise ValueError(f"unknown device {device!r}: use {_forms()}")
+        dev = Device(m.group(1), int(m.group(2) or 0))
+    else:
+        raise TypeError(f"device must be None, {_forms()}, not {type(device).__name__}")
+    if dev.kind != "cpu" and dev.kind not in _kinds:
+        raise ValueError(f"unknown device kind {dev.kind!r}: use {_forms()}")
+    if dev.index < 0:
+        raise ValueError(f"device index must be >= 0, got {dev.index}")
+    return dev
+
+
 def parse_device(device: DeviceLike) -> Device:
-    """Turn a user's device argument into a :class:`Device`.
+    """Turn a user's device argument into a :class:`Device` that can be used here.
 
     Parameters
     ----------
     device : Device, str, int or None
-        ``None`` picks ``cuda:0`` when a CUDA device is usable, else ``cpu``.
+        ``None`` picks device 0 of the first registered kind that can be used here
+        (``cuda:0`` when a CUDA device is usable), else ``cpu``.
 
     Raises
     ------
     ValueError
         The name is not one of the accepted forms.
     BackendUnavailable
-        CUDA was asked for explicitly and cannot be used here.
+        An accelerator device was asked for explicitly and cannot be used here.
     """
-    if isinstance(device, Device):
-        dev = device
-    elif device is None:
-        from sharedarrays.backends import cuda_usable
-
-        return Device("cuda", 0) if cuda_usable() is None else CPU
-    elif isinstance(device, bool):
-        raise TypeError("device must be None, 'cpu', 'cuda', 'cuda:N' or an int, not a bool")
-    elif isinstance(device, int):
-        dev = Device("cuda", device)
-    elif isinstance(device, str):
-        name = device.strip().lower()
-        if name == "cpu":
-            return CPU
-        m = _CUDA_RE.match(name)
-        if m is None:
-            raise ValueError(f"unknown device {device!r}: use 'cpu', 'cuda', 'cuda:N' or an int N")
-        dev = Device("cuda", int(m.group(1) or 0))
-    else:
-        raise TypeError(
-            f"device must be None, 'cpu', 'cuda', 'cuda:N' or an int, not {type(device).__name__}"
-        )
-    if dev.kind == "cuda":
-        if dev.index < 0:
-            raise ValueError(f"device index must be >= 0, got {dev.index}")
-        from sharedarrays.backends import cuda_usable
-
-        why = cuda_usable(dev.index)
+    if device is None:
+        for kind, why_unusable in _kinds.items():
+            if why_unusable(0) is None:
+                return Device(kind, 0)
+        return CPU
+    dev = parse_name(device)
+    if dev.kind != "cpu":
+        why = _kinds[dev.kind](dev.index)
         if why is not None:
             raise BackendUnavailable(f"cannot use {dev}: {why}")
     return dev

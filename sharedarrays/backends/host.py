@@ -31,6 +31,7 @@ import numpy as np
 
 from sharedarrays.backends.base import Access, Chunk
 from sharedarrays.backends.device import CPU, Device
+from sharedarrays.backends.registry import Registration, register
 from sharedarrays.errors import (
     BackendUnavailable,
     HandleUnavailable,
@@ -196,6 +197,7 @@ class HostBackend:
     zeroed: ClassVar[bool] = True
     maps: ClassVar[bool] = True
     exporter_owned: ClassVar[bool] = False
+    peer_access: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.device: Device = CPU
@@ -399,8 +401,29 @@ class HostBackend:
             return np.from_dlpack(obj)
         return np.asarray(obj)
 
+    def current_device(self) -> int:
+        """The host has one device: 0."""
+        return 0
+
     def export_sync(self) -> bytes | None:
+        return None
+
+    def export_fence(self) -> object | None:
+        """Nothing to order on the host backend."""
         return None
 
     def import_sync(self, token: bytes) -> None:
         """Nothing to wait for on the host backend."""
+
+
+register(
+    Registration(
+        name=HostBackend.name,
+        kind="cpu",
+        factory=lambda device: HostBackend(),
+        preference=0,
+        maps=HostBackend.maps,
+        exporter_owned=HostBackend.exporter_owned,
+        check_handle=check_chunk_fd,
+    )
+)

@@ -65,6 +65,6 @@ internals, which it measures or needs to measure fairly:
 * ``sharedarrays.protocol.payload.Payload.from_bytes`` (a step of a warm load);
 * ``sharedarrays.memory.allocation.drop_parked`` (a worker forgets its parked mappings, so
   that each cold repeat is a first import);
-* ``sharedarrays.backends.cuda_usable`` and ``sharedarrays.backends.device.parse_device``
+* ``sharedarrays.backends.kind_unusable`` and ``sharedarrays.backends.device.parse_device``
   (``--device``).
 """

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sharedarrays.backends.device import parse_name
 from sharedarrays.bench.environment import device_slug, today
 from sharedarrays.bench.sizes import parse_size
 
@@ -104,7 +105,7 @@ class Config:
     @property
     def is_cuda(self) -> bool:
         """Whether the run is on a CUDA device."""
-        return self.device.startswith("cuda")
+        return parse_name(self.device).is_cuda
 
     @property
     def index(self) -> int:
@@ -159,10 +160,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _resolve_device(text: str) -> str:
     if text in ("cpu", "host"):
         return "cpu"
-    from sharedarrays.backends import cuda_usable
+    from sharedarrays.backends import kind_unusable
 
     if text == "auto":
-        return "cuda:0" if cuda_usable() is None else "cpu"
+        return "cuda:0" if kind_unusable("cuda") is None else "cpu"
     from sharedarrays.backends.device import parse_device
 
     dev = parse_device(text)
@@ -194,7 +195,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         A bad size, method, task or worker count.
     """
     device = _resolve_device(args.device)
-    kind = "cuda" if device.startswith("cuda") else "cpu"
+    kind = "cuda" if parse_name(device).is_cuda else "cpu"
     sizes_text = args.sizes or (QUICK_SIZES if args.quick else DEFAULT_SIZES)[kind]
     sizes = sorted({parse_size(s) for s in sizes_text.split(",") if s.strip()})
     if not sizes or sizes[0] < 4:

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from sharedarrays.backends.device import parse_name
+
 __all__ = ["environment", "device_slug", "today", "utc_now"]
 
 
@@ -101,7 +103,7 @@ def environment(is_cuda: bool, index: int) -> dict[str, Any]:
 
 def device_slug(device: str) -> str:
     """``"cpu"``, or the GPU's name as a file name part (``"nvidia-h200"``)."""
-    if not device.startswith("cuda"):
+    if not parse_name(device).is_cuda:
         return "cpu"
     name = str(_gpu_info(int(device.split(":")[1])).get("name", "cuda"))
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "cuda"

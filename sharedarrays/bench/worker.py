@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from sharedarrays.backends.device import parse_name
+
 __all__ = [
     "init_worker",
     "raise_fd_limit",
@@ -54,7 +56,7 @@ def init_worker(device: str, memory_resource: Any = None, preload: str | None = 
 
         faulthandler.enable()
         faulthandler.dump_traceback_later(20, repeat=True)
-    if device.startswith("cuda"):
+    if parse_name(device).is_cuda:
         import cupy
 
         index = int(device.split(":")[1])

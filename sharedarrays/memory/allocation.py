@@ -999,7 +999,7 @@ class Allocation:
         """
         if access not in ("rw", "r", "none"):
             raise ValueError(f"access must be 'rw', 'r' or 'none', not {access!r}")
-        if not self.backend.maps or not self.device.is_cuda:
+        if not self.backend.peer_access:
             raise ValueError(
                 f"access for other devices needs backend='cuda-vmm', not {self.backend.name}"
             )
@@ -1331,7 +1331,7 @@ def _reset_in_child() -> None:
     _parked.clear()
     _draining.clear()
     for alloc in _registry.values():
-        if not alloc.device.is_cuda and not alloc.growable:
+        if not alloc.device.needs_context and not alloc.growable:
             alloc._adopt()
 
 

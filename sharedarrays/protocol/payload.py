@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from sharedarrays.backends import factories
+from sharedarrays.backends import names as backend_names
 from sharedarrays.errors import PayloadError
 from sharedarrays.process import PID_MAX_LIMIT
 
@@ -238,7 +238,7 @@ class Payload:
     @classmethod
     def _validate(cls, doc: dict[str, Any], secret: bytes) -> Payload:
         backend = doc["backend"]
-        if type(backend) is not str or backend not in factories:
+        if type(backend) is not str or backend not in backend_names():
             raise PayloadError(f"unknown backend {backend!r} in payload")
         alloc_id = doc["id"]
         if type(alloc_id) is not str or not _HEX32.match(alloc_id):

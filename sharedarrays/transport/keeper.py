@@ -521,8 +521,10 @@ class Keeper:
             expires = time.monotonic() + seconds
         if len(fds) != len(sizes):
             raise _BadRequest(f"{len(sizes)} chunk sizes but {len(fds)} file descriptors")
-        if doc.get("backend") == "host":
-            from sharedarrays.backends.host import check_chunk_fd
+        from sharedarrays.backends import handle_check
+
+        check_chunk_fd = handle_check(doc.get("backend"))
+        if check_chunk_fd is not None:
             from sharedarrays.errors import PayloadError
 
             for fd, size in zip(fds, sizes):

@@ -187,3 +187,22 @@ def test_wait_for_and_signal_take_any_semaphore_on_the_array_s_device() -> None:
     with pytest.raises(ValueError, match="the semaphore is on cuda:0"):
         a.wait_for(Elsewhere())
     assert len(calls) == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cuda-vmm", "cuda-ipc", "cuda-pool"])
+def test_copy_of_a_cuda_array_is_a_view_of_the_same_memory(backend: str) -> None:
+    # copy.copy rebuilds from the reduction directly: its ordering argument is the fence
+    # object itself, not the token a pickle would carry
+    import copy
+
+    import cupy
+
+    a = sa.zeros(1 << 20, dtype="f4", device="cuda:0", backend=backend)
+    a.array[:] = 3
+    b = copy.copy(a)
+    assert b.allocation is a.allocation
+    b.array[7] = 5
+    assert float(a.array[7]) == 5 and float(cupy.sum(a.array)) == 3 * (1 << 20) + 2
+    b.close()
+    a.close()

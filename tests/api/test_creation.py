@@ -8,7 +8,7 @@ from conftest import NUMERIC_DTYPES
 from keeper_helpers import private_keeper
 
 import sharedarrays as sa
-from sharedarrays.backends import cuda_usable
+from sharedarrays.backends import kind_unusable
 
 DTYPES = NUMERIC_DTYPES
 
@@ -128,7 +128,7 @@ def test_bad_device_names(device: object) -> None:
         sa.empty(3, device=device)  # type: ignore[arg-type]
 
 
-@pytest.mark.skipif(cuda_usable(0) is None, reason="a CUDA device is usable here")
+@pytest.mark.skipif(kind_unusable("cuda", 0) is None, reason="a CUDA device is usable here")
 @pytest.mark.parametrize("device", ["cuda", "cuda:0", 0, "cuda:3"])
 def test_cuda_without_cuda_raises_backend_unavailable(device: object) -> None:
     with pytest.raises(sa.BackendUnavailable, match="cannot use cuda") as info:
@@ -136,7 +136,7 @@ def test_cuda_without_cuda_raises_backend_unavailable(device: object) -> None:
     assert str(info.value).strip()
 
 
-@pytest.mark.skipif(cuda_usable(0) is None, reason="a CUDA device is usable here")
+@pytest.mark.skipif(kind_unusable("cuda", 0) is None, reason="a CUDA device is usable here")
 def test_default_device_is_cpu_without_cuda() -> None:
     a = sa.zeros(3)
     assert str(a.device) == "cpu" and a.backend == "host"

@@ -265,11 +265,11 @@ def test_fake_each_backend_names_the_feature_it_lacks(
 
 
 def test_fake_vmm_missing_leaves_the_other_backends(fake: FakeDriver) -> None:
-    from sharedarrays.backends import choose_backend, cuda_usable
+    from sharedarrays.backends import choose_backend, kind_unusable
 
     fake.vmm = 0
     assert why_unusable(0, "cuda-vmm") is not None
-    assert cuda_usable(0) is None  # "any": cuda-ipc can
+    assert kind_unusable("cuda", 0) is None  # any of them: cuda-ipc can
     assert choose_backend(Device("cuda", 0)) == "cuda-ipc"
     fake.attrs[FakeAttribute.CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING] = 0
     cuda_driver._reasons.clear()

@@ -524,8 +524,9 @@ def test_ipc_event_orders_consumer_after_producer(be: CudaVmmBackend, spin: Spin
 @pytest.mark.gpu
 def test_one_multiprocessing_message_records_one_event(spin: Spin) -> None:
     """An idle stream needs no event at all. Otherwise every pool task, queue item or pipe
-    message (ForkingPickler.dumps) records one event for all the arrays in it, pickled once;
-    plain pickle records one per array; a stream waits once for a token it just waited for."""
+    message (ForkingPickler.dumps), and every plain pickle.dumps, records one event for all
+    the arrays in it, pickled once (the message's fence); the next message records anew; a
+    stream waits once for a token it just waited for."""
     from multiprocessing.reduction import ForkingPickler
 
     import cupy
@@ -536,15 +537,22 @@ def test_one_multiprocessing_message_records_one_event(spin: Spin) -> None:
     scratch = cupy.zeros(1024, dtype=cupy.float32)
     cupy.cuda.get_current_stream().synchronize()
     before = sync._records
+
+    def token(a: Any) -> Any:
+        """What an importer receives as the ordering token of a message holding ``a`` alone
+        (the fence dies with its pickler when this returns)."""
+        return pickle.loads(pickle.dumps(a.__reduce__()[1][1]))
+
     idle = bytes(ForkingPickler.dumps(arrays))
-    assert sync._records == before and arrays[0].__reduce__()[1][1] is None  # idle: no event
+    assert sync._records == before and token(arrays[0]) is None  # idle: no event
     spin(scratch, 1.0, seconds=3.0)  # the stream is busy from here on
     one = bytes(ForkingPickler.dumps(arrays))
     assert sync._records == before + 1
-    pickle.dumps(arrays)
-    assert sync._records == before + 51
-    tokens = [a.__reduce__()[1][1] for a in arrays[:2]]
-    assert tokens[0] is not None and tokens[0] != tokens[1]  # two records, two sequence numbers
+    pickle.dumps(arrays)  # plain pickle: one record for the message too
+    assert sync._records == before + 2
+    tokens = [token(a) for a in arrays[:2]]  # two messages
+    assert isinstance(tokens[0], bytes) and tokens[0] != tokens[1]  # two records, two numbers
+    assert sync._records == before + 4
     assert len(one) < len(idle) + 2 * sync.TOKEN_SIZE  # the token went once into the message
     back = pickle.loads(one)  # in the exporter itself: its own event
     assert [float(b.array[0]) for b in back] == list(range(50))
@@ -614,7 +622,7 @@ _CUPY_ONLY_FORK = textwrap.dedent(
     import json, os, sys
     import cupy
     cupy.zeros(1)  # CuPy (the runtime) initialises CUDA; sharedarrays has not
-    from sharedarrays.backends import cuda_driver
+    from sharedarrays.backends.cuda import driver as cuda_driver
     assert cuda_driver._init_pid is None
     read, write = os.pipe()
     pid = os.fork()

@@ -25,12 +25,14 @@ def test_negative_index() -> None:
 
 def test_backends_lists_every_memory_system_and_why() -> None:
     import sharedarrays as sa
-    from sharedarrays.backends import cuda_usable
+    from sharedarrays.backends import names, why_unusable
 
     listed = sa.backends()
-    assert set(listed) == {"host", "cuda-vmm", "cuda-ipc", "cuda-pool"}
+    assert list(listed) == list(names())
+    assert {"host", "cuda-vmm", "cuda-ipc", "cuda-pool"} <= set(listed)
+    assert set(listed) - {"host", "cuda-vmm", "cuda-ipc", "cuda-pool"} <= {"host-pointer"}
     assert listed["host"] is None
     for name in ("cuda-vmm", "cuda-ipc", "cuda-pool"):
-        assert listed[name] == cuda_usable(0, name)
+        assert listed[name] == why_unusable(name, 0)
         if listed[name] is not None:
             assert isinstance(listed[name], str) and listed[name]

@@ -1,21 +1,26 @@
 """Cross-process ordering (``sharedarrays.backends.cuda.sync``) on the CPU: the ``no_sync``
-switch, token parsing, process start times. The GPU side (events ordering a consumer after a
-producer, one record per message, the ring) is in ``backends/test_cuda_vmm.py``.
+switch, token parsing, process start times, one record per message (the fence's lifetime).
+The GPU side (events ordering a consumer after a producer, one record per message, the ring)
+is in ``backends/test_cuda_vmm.py``.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import subprocess
 import sys
 import threading
+import weakref
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from sharedarrays.backends.cuda import sync
 from sharedarrays.errors import PayloadError
 from sharedarrays.process import start_time
+from sharedarrays.protocol.token import OrderingToken, encode
 
 ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
@@ -54,10 +59,10 @@ def test_sync_token_checks() -> None:
         check=True,
     )
     dead = int(proc.stdout)
-    token = sync._HEAD.pack(dead, 12345) + bytes(64) + bytes(8)
+    token = encode(OrderingToken(dead, 12345, bytes(64), 0))
     assert sync._event_for(None, token) is None
     # A token naming this process but no event of it is malformed.
-    mine = sync._HEAD.pack(os.getpid(), 0) + b"\x01" * 64 + bytes(8)
+    mine = encode(OrderingToken(os.getpid(), 0, b"\x01" * 64, 0))
     with pytest.raises(PayloadError, match="never exported"):
         sync._event_for(None, mine)
 
@@ -65,3 +70,108 @@ def test_sync_token_checks() -> None:
 def test_process_start_time() -> None:
     assert start_time(os.getpid()) == sync._my_start_time() > 0
     assert start_time(2**31 + 7) is None
+
+
+# --------------------------------------------------------------------------------------------
+# one record per message: the fence lives as long as the pickling that holds it
+
+
+class _Recorder:
+    """A fake ``export_sync``: counts records, each a new token."""
+
+    def __init__(self, idle: bool = False) -> None:
+        self.records = 0
+        self.idle = idle
+
+    def __call__(self) -> bytes | None:
+        self.records += 1
+        return None if self.idle else b"token-%d" % self.records
+
+
+_recorder = _Recorder()
+
+
+class _Item:
+    """Stands for an array: its reducer passes the message's fence as ordering argument."""
+
+    def __init__(self, i: int) -> None:
+        self.i = i
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return _loaded, (self.i, sync.fence("test-device", _recorder))
+
+
+def _loaded(i: int, token: bytes | None) -> tuple[int, bytes | None]:
+    return i, token
+
+
+def _tokens(loaded: list[tuple[int, bytes | None]]) -> set[bytes | None]:
+    return {token for _, token in loaded}
+
+
+@pytest.mark.parametrize("dumps", ["pickle", "ForkingPickler"])
+def test_one_record_per_message(dumps: str) -> None:
+    from multiprocessing.reduction import ForkingPickler
+
+    dump = pickle.dumps if dumps == "pickle" else lambda obj: bytes(ForkingPickler.dumps(obj))
+    before = _recorder.records
+    items = [_Item(i) for i in range(1000)]
+    first = dump(items)
+    assert _recorder.records == before + 1  # one record for the 1,000 items of the message
+    loaded = pickle.loads(first)
+    assert [i for i, _ in loaded] == list(range(1000))
+    assert _tokens(loaded) == {b"token-%d" % (before + 1)}
+    assert len({id(token) for _, token in loaded}) == 1  # pickled once, then memo references
+    assert first.count(b"token-%d" % (before + 1)) == 1  # written once into the message
+    second = pickle.loads(dump(items))
+    assert _recorder.records == before + 2  # the next message records anew
+    assert _tokens(second) == {b"token-%d" % (before + 2)}
+
+
+def test_the_fence_dies_with_its_pickler() -> None:
+    fence = sync.fence("test-device", _recorder)
+    assert sync.fence("test-device", _recorder) is fence  # alive: shared
+    assert sync.fence("other-stream", _recorder) is not fence  # one per device and stream
+    seen: list[sync.Fence] = []
+    t = threading.Thread(target=lambda: seen.append(sync.fence("test-device", _recorder)))
+    t.start()
+    t.join()
+    assert seen[0] is not fence  # one per thread
+    ref = weakref.ref(fence)
+    token = fence.token
+    seen.clear()
+    del fence
+    assert ref() is None  # only held weakly here
+    assert sync.fence("test-device", _recorder).token != token
+
+
+def test_an_idle_stream_pickles_as_no_token() -> None:
+    idle = _Recorder(idle=True)
+    fence = sync.fence("idle-device", idle)
+    assert fence.token is None and pickle.loads(pickle.dumps(fence)) is None
+    assert sync.fence("idle-device", idle) is fence and idle.records == 1  # asked once
+    del fence
+    busy = sync.fence("busy-device", _Recorder())
+    assert pickle.loads(pickle.dumps(busy)) == busy.token and type(busy.token) is bytes
+
+
+def test_a_queue_message_records_once() -> None:
+    import multiprocessing
+
+    queue = multiprocessing.get_context("spawn").Queue()
+    try:
+        before = _recorder.records
+        queue.put([_Item(i) for i in range(100)])  # pickled by the queue's feeder thread
+        got = queue.get(timeout=30)
+        assert _recorder.records == before + 1 and len(_tokens(got)) == 1
+        queue.put([_Item(i) for i in range(100)])
+        again = queue.get(timeout=30)
+        assert _recorder.records == before + 2 and _tokens(again) != _tokens(got)
+    finally:
+        queue.close()
+        queue.join_thread()
+
+
+def test_no_fence_inside_no_sync() -> None:
+    with sync.no_sync():
+        assert sync.export_fence(object()) is None  # type: ignore[arg-type]

@@ -5,8 +5,9 @@ Every driver call goes through ``cuda.bindings.driver`` (the tuple-returning dri
 ``err, value = driver.cuX(...)``) and :func:`check`. The three CUDA backends
 (:mod:`~sharedarrays.backends.cuda.vmm`, :mod:`~sharedarrays.backends.cuda.ipc`,
 :mod:`~sharedarrays.backends.cuda.pool`) differ in how they make and share chunks; what they
-share is here: :func:`why_unusable` (per backend), and :class:`CudaDevice`, their base class
-(context, synchronisation, CuPy arrays, cross-process ordering).
+share is here: :func:`why_unusable` (per backend), :func:`check`, the current device and
+stream; their base class :class:`~sharedarrays.backends.cuda.device.CudaDevice` (context,
+synchronisation, CuPy arrays, stream operations, cross-process ordering) is beside it.
 
 Every driver call runs with the device's *primary context* current (the one CuPy, PyTorch
 and the runtime API use). Where another context is current, the primary context is pushed
@@ -44,16 +45,13 @@ import importlib.util
 import os
 import sys
 import threading
-from collections.abc import Iterator
-from typing import Any, ClassVar
-
-import numpy as np
+from typing import Any, Protocol
 
 from sharedarrays.backends.device import Device
-from sharedarrays.errors import BackendUnavailable, OutOfMemory, SharedArrayError
+from sharedarrays.errors import OutOfMemory, SharedArrayError
 
 __all__ = [
-    "CudaDevice",
+    "OnDevice",
     "CudaDriverError",
     "CudaOutOfMemory",
     "why_unusable",
@@ -62,9 +60,9 @@ __all__ = [
     "opaque_bytes",
     "peer_reason",
     "current_device_index",
+    "current_stream",
     "opaque_from_bytes",
     "OPAQUE_BYTES",
-    "CUDA_BACKENDS",
     "INSTALL_HINT",
     "FORK_REASON",
 ]
@@ -87,6 +85,16 @@ _CUDA_ERROR_NOT_INITIALIZED = 3
 
 # Modules whose presence means CUDA may have been initialised in this process.
 _CUDA_USERS = ("cuda.bindings.driver", "cupy", "torch", "numba.cuda", "jax")
+
+
+class OnDevice(Protocol):
+    """What the ordering (:mod:`~.sync`) and semaphore (:mod:`~.semaphore`) code needs of a
+    CUDA backend: its device, and its primary context made current for a block."""
+
+    @property
+    def device(self) -> Device: ...
+
+    def context(self) -> contextlib.AbstractContextManager[None]: ...
 
 
 # --------------------------------------------------------------------------------------------
@@ -359,8 +367,6 @@ _NEEDS: dict[str, tuple[tuple[str, int, str], ...]] = {
         ),
     ),
 }
-CUDA_BACKENDS = tuple(_NEEDS)
-"""The names of the CUDA backends, in the order ``backend="auto"`` tries them."""
 
 
 def _device_reason(index: int, backend: str) -> str | None:
@@ -486,186 +492,15 @@ def current_device_index(default: int) -> int:
     return default
 
 
-# --------------------------------------------------------------------------------------------
-# what the CUDA backends share
-
-
-class CudaDevice:
-    """The base of the CUDA backends: one device, its primary context, its streams.
-
-    Parameters
-    ----------
-    device : Device
-        A CUDA device (``Device("cuda", N)``).
-
-    Raises
-    ------
-    BackendUnavailable
-        :func:`why_unusable` gave a reason for this backend (its ``name``).
-
-    Notes
-    -----
-    The device's primary context is retained once and kept for the life of the process.
-    """
-
-    name: ClassVar[str]
-
-    def __init__(self, device: Device) -> None:
-        if not device.is_cuda:
-            raise BackendUnavailable(f"the {self.name} backend needs a CUDA device, not {device}")
-        why = why_unusable(device.index, self.name)
-        if why is not None:
-            raise BackendUnavailable(f"cannot use {device}: {why}")
-        self.device: Device = device
-        self._pid = os.getpid()
-        d = load_driver()
-        self._d = d
-        self._dev = check(d.cuDeviceGet(device.index), f"cuDeviceGet({device.index})")
-        self._ctx = check(d.cuDevicePrimaryCtxRetain(self._dev), "cuDevicePrimaryCtxRetain")
-        self._ctx_int = int(self._ctx)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.device})"
-
-    @property
-    def granularity(self) -> int:
-        """Chunk sizes (and, where the backend maps, reservation and mapping sizes) are
-        multiples of this many bytes; each backend says its own."""
-        raise NotImplementedError
-
-    def _check_size(self, size: int, what: str) -> None:
-        if size <= 0 or size % self.granularity:
-            raise ValueError(
-                f"{what} must be a positive multiple of the granularity "
-                f"({self.granularity} bytes), got {size}"
-            )
-
-    # process and context --------------------------------------------------------------
-    def _forked(self) -> bool:
-        return os.getpid() != self._pid
-
-    def context(self) -> contextlib.AbstractContextManager[None]:
-        """Make this device's primary context current for a ``with`` block.
-
-        Does nothing when it already is (the common case, and a cheap one: one
-        ``cuCtxGetCurrent``); makes it current (and leaves it so) when no context is; pushes
-        it and pops it afterwards when another context is current.
-
-        Raises
-        ------
-        BackendUnavailable
-            This backend object was inherited through ``fork``.
-        """
-        if self._forked():
-            raise BackendUnavailable(f"cannot use {self.device}: {FORK_REASON}")
-        current = check(self._d.cuCtxGetCurrent(), "cuCtxGetCurrent")
-        if current is not None and int(current) == self._ctx_int:
-            return contextlib.nullcontext()
-        return self._make_current(0 if current is None else int(current))
-
-    @contextlib.contextmanager
-    def _make_current(self, current_int: int) -> Iterator[None]:
-        d = self._d
-        if current_int == 0:
-            check(d.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
-            yield
-        else:
-            check(d.cuCtxPushCurrent(self._ctx), "cuCtxPushCurrent")
-            try:
-                yield
-            finally:
-                d.cuCtxPopCurrent()
-
-    def mem_get_info(self) -> tuple[int, int]:
-        """Free and total memory of the device in bytes (``cuMemGetInfo``)."""
-        with self.context():
-            free, total = check(self._d.cuMemGetInfo(), "cuMemGetInfo")
-        return int(free), int(total)
-
-    def synchronize(self) -> None:
-        """Wait for all work queued in this device's primary context, on every stream."""
-        with self.context():
-            check(self._d.cuCtxSynchronize(), "cuCtxSynchronize")
-
-    def current_stream(self) -> int:
-        """The stream work is queued on here, as an int: CuPy's current stream for this device
-        when CuPy is imported, else 0, the legacy default stream (see
-        :func:`sharedarrays.backends.cuda.sync.current_stream`)."""
-        from sharedarrays.backends.cuda.sync import current_stream
-
-        return current_stream(self.device.index)
-
-    # arrays -----------------------------------------------------------------------------
-    def as_native(
-        self,
-        address: int,
-        size: int,
-        offset: int,
-        owner: object,
-        dtype: np.dtype[Any],
-        shape: tuple[int, ...],
-        strides: tuple[int, ...],
-        readonly: bool,
-        device_index: int | None = None,
-    ) -> Any:
-        """Wrap mapped memory as a ``cupy.ndarray``, without copying.
-
-        The CuPy memory object spans the whole mapped range (``address``, ``size``), names
-        its device explicitly (this one, or ``device_index`` where a peer device reads it)
-        and holds ``owner``, so every CuPy view keeps the mapping alive; the array starts
-        ``offset`` bytes in. CuPy has no read-only arrays: ``readonly`` is the caller's to
-        enforce.
-        """
-        import cupy
-
-        index = self.device.index if device_index is None else device_index
-        memory = cupy.cuda.UnownedMemory(address, size, owner, index)
-        pointer = cupy.cuda.MemoryPointer(memory, offset)
-        return cupy.ndarray(shape, dtype=dtype, memptr=pointer, strides=strides)
-
-    def to_native(self, obj: Any) -> Any:
-        """Return ``obj`` as a ``cupy.ndarray`` on this device (copying only when needed).
-
-        Accepts CuPy arrays, NumPy arrays, objects with ``__dlpack__`` (PyTorch tensors, JAX
-        arrays; CUDA ones without a copy), objects with ``__cuda_array_interface__``, and
-        anything ``numpy.asarray`` accepts. An array on another device is copied here.
-        """
-        import cupy
-
-        index = self.device.index
-        with cupy.cuda.Device(index):
-            if isinstance(obj, cupy.ndarray):
-                return obj if obj.device.id == index else obj.copy()
-            if isinstance(obj, np.ndarray):
-                return cupy.asarray(obj)
-            dlpack_device = getattr(obj, "__dlpack_device__", None)
-            if callable(dlpack_device) and hasattr(obj, "__dlpack__"):
-                kind = int(dlpack_device()[0])
-                if kind == 1:  # kDLCPU
-                    return cupy.asarray(np.from_dlpack(obj))
-                if kind in (2, 3, 13):  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
-                    arr = cupy.from_dlpack(obj)
-                    return arr if arr.device.id == index else arr.copy()
-            if hasattr(obj, "__cuda_array_interface__"):
-                arr = cupy.asarray(obj)
-                return arr if arr.device.id == index else arr.copy()
-            return cupy.asarray(np.asarray(obj))
-
-    # ordering ---------------------------------------------------------------------------
-    def export_sync(self) -> bytes | None:
-        """Record an interprocess event on the current stream.
-
-        See :mod:`sharedarrays.backends.cuda.sync`.
-        """
-        from sharedarrays.backends.cuda.sync import export_sync
-
-        return export_sync(self)
-
-    def import_sync(self, token: bytes) -> None:
-        """Make the current stream wait for an exported event.
-
-        See :mod:`sharedarrays.backends.cuda.sync`.
-        """
-        from sharedarrays.backends.cuda.sync import import_sync
-
-        import_sync(self, token)
+def current_stream(device_index: int) -> int:
+    """The stream handle work is queued on for a device: CuPy's current stream for that
+    device when CuPy is imported, else ``0`` (the legacy default stream of the current
+    context, which PyTorch also uses unless told otherwise)."""
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        try:
+            return int(cupy.cuda.get_current_stream(device_index).ptr)
+        except TypeError:  # a CuPy without the device_id argument
+            with cupy.cuda.Device(device_index):
+                return int(cupy.cuda.get_current_stream().ptr)
+    return 0

@@ -27,15 +27,17 @@ import os
 from typing import ClassVar
 
 from sharedarrays.backends.base import Chunk
+from sharedarrays.backends.cuda.device import CudaDevice
 from sharedarrays.backends.cuda.driver import (
     OPAQUE_BYTES,
-    CudaDevice,
     CudaDriverError,
     check,
     opaque_bytes,
     opaque_from_bytes,
+    why_unusable,
 )
 from sharedarrays.backends.device import Device
+from sharedarrays.backends.registry import Registration, register
 from sharedarrays.errors import HandleUnavailable, PayloadError
 
 __all__ = ["CudaIpcBackend", "GRANULARITY"]
@@ -165,3 +167,16 @@ class CudaIpcBackend(CudaDevice):
                 check(self._d.cuIpcCloseMemHandle(ptr), "cuIpcCloseMemHandle")
             else:
                 check(self._d.cuMemFree(ptr), "cuMemFree")
+
+
+register(
+    Registration(
+        name=CudaIpcBackend.name,
+        kind="cuda",
+        factory=CudaIpcBackend,
+        preference=1,
+        maps=CudaIpcBackend.maps,
+        exporter_owned=CudaIpcBackend.exporter_owned,
+        why_unusable=lambda index: why_unusable(index, CudaIpcBackend.name),
+    )
+)

@@ -29,15 +29,17 @@ import threading
 from typing import Any, ClassVar
 
 from sharedarrays.backends.base import Chunk
+from sharedarrays.backends.cuda.device import CudaDevice
 from sharedarrays.backends.cuda.driver import (
     OPAQUE_BYTES,
-    CudaDevice,
     CudaDriverError,
     check,
     opaque_bytes,
     opaque_from_bytes,
+    why_unusable,
 )
 from sharedarrays.backends.device import Device
+from sharedarrays.backends.registry import Registration, register
 from sharedarrays.errors import HandleUnavailable, PayloadError
 from sharedarrays.settings import env_number
 
@@ -95,6 +97,12 @@ class CudaPoolBackend(CudaDevice):
     zeroed: ClassVar[bool] = False
     maps: ClassVar[bool] = False
     exporter_owned: ClassVar[bool] = True
+    values_refused: ClassVar[str | None] = (
+        "the driver refuses stream memory operations on pool memory imported by another "
+        "process (cuStreamWaitValue64 answers CUDA_ERROR_INVALID_VALUE, seen on an H200 with "
+        "driver 580). Put the counter in a cuda-vmm or cuda-ipc array: sa.zeros(1, 'uint64', "
+        "backend='cuda-vmm')"
+    )
 
     def __init__(self, device: Device) -> None:
         super().__init__(device)
@@ -260,3 +268,16 @@ class CudaPoolBackend(CudaDevice):
                     if entry[1] <= 0:
                         del self._imported[pool_id]
                         check(d.cuMemPoolDestroy(entry[0]), "cuMemPoolDestroy(imported pool)")
+
+
+register(
+    Registration(
+        name=CudaPoolBackend.name,
+        kind="cuda",
+        factory=CudaPoolBackend,
+        preference=2,
+        maps=CudaPoolBackend.maps,
+        exporter_owned=CudaPoolBackend.exporter_owned,
+        why_unusable=lambda index: why_unusable(index, CudaPoolBackend.name),
+    )
+)

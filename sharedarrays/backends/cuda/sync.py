@@ -8,8 +8,8 @@ event (:func:`import_sync`) before user code sees the array. Neither side blocks
 Steady-state cost is one ``cuEventRecord`` on the exporter and one ``cuStreamWaitEvent`` on the
 importer: no event is created and no handle is opened per handoff. When the exporter's stream
 is idle at the handoff (``cuStreamQuery``: everything queued on it is done) no event is
-recorded at all and the importer does not wait; one pickling (a pool task, a queue item)
-records at most one event for all the arrays in it (:func:`one_record`).
+recorded at all and the importer does not wait; one pickling (a pool task, a queue item,
+a ``pickle.dumps``) records at most one event for all the arrays in it (:func:`export_fence`).
 
 - Each process keeps, per device, a *ring* of events created with
   ``CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING``, each with its 64-byte IPC handle
@@ -25,6 +25,7 @@ records at most one event for all the arrays in it (:func:`one_record`).
   very process uses the event itself (CUDA cannot open its own IPC handles), and a token
   from a process that has exited needs no wait (its work is over), and its cached event is
   dropped.
+- A token's bytes are :mod:`sharedarrays.protocol.token`'s format.
 - "Current stream" is CuPy's current stream for the device when CuPy is imported, else the
   legacy default stream (which PyTorch also uses unless told otherwise). Work queued on other
   streams is not covered; synchronise those yourself or make them current.
@@ -37,36 +38,41 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
-import struct
-import sys
 import threading
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from sharedarrays.backends.cuda.driver import (
+    OnDevice,
+    check,
+    current_stream,
+    load_driver,
+    opaque_bytes,
+    opaque_from_bytes,
+)
 from sharedarrays.errors import PayloadError
 from sharedarrays.process import running, start_time
-
-if TYPE_CHECKING:
-    from sharedarrays.backends.cuda.driver import CudaDevice
+from sharedarrays.protocol import token as wire
 
 __all__ = [
+    "Fence",
     "no_sync",
-    "one_record",
     "sync_enabled",
+    "fence",
+    "export_fence",
     "export_sync",
     "import_sync",
-    "current_stream",
     "RING_LIMIT",
+    "TOKEN_SIZE",
 ]
 
 RING_LIMIT = 256
 """Most events in one device's ring."""
 
-_HEAD = struct.Struct("<QQ")  # exporter pid, exporter start time (clock ticks since boot)
-_HANDLE_SIZE = 64
-_SEQ = struct.Struct("<Q")  # which record of the event: a token names one point in time
-TOKEN_SIZE = _HEAD.size + _HANDLE_SIZE + _SEQ.size
+TOKEN_SIZE = wire.TOKEN_SIZE
+"""Bytes of an ordering token."""
 
 _CUDA_SUCCESS = 0
 _CUDA_ERROR_NOT_READY = 600
@@ -74,25 +80,6 @@ _CUDA_ERROR_NOT_READY = 600
 _no_sync: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "sharedarrays_no_sync", default=False
 )
-_batch: contextvars.ContextVar[dict[tuple[int, int], bytes] | None] = contextvars.ContextVar(
-    "sharedarrays_sync_batch", default=None
-)
-
-
-@contextlib.contextmanager
-def one_record() -> Iterator[None]:
-    """Inside this block, every export on one device and stream shares one event record.
-
-    For one pickling: ``multiprocessing``'s ``ForkingPickler.dumps`` runs in it (see
-    ``array.py``), so a task with 10,000 arrays records one event, its token is pickled once
-    (pickle's memo) and the importer waits once. Safe because no work can be queued between
-    the exports of one pickling; do not run GPU work inside the block.
-    """
-    token = _batch.set({})
-    try:
-        yield
-    finally:
-        _batch.reset(token)
 
 
 @contextlib.contextmanager
@@ -117,6 +104,79 @@ def no_sync() -> Iterator[None]:
 def sync_enabled() -> bool:
     """Whether :func:`export_sync` records events here (``False`` inside :func:`no_sync`)."""
     return not _no_sync.get()
+
+
+# --------------------------------------------------------------------------------------------
+# one record per message
+
+
+class Fence:
+    """The ordering of one message: one record (or none: the stream was idle) on one
+    device's stream, shared by every array of the message.
+
+    A pickling puts the fence in the message as each array's ordering argument; it pickles
+    as its token (``bytes``, or ``None``: nothing to wait for), so an importer receives the
+    token itself. The pickler's memo holds a strong reference to every object it pickled
+    until the pickler is freed (``pickle.py``'s ``memoize``; ``_pickle.c``'s
+    ``PyMemoTable_Set``), and :func:`fence` holds the fence only weakly: so while one
+    ``dumps`` runs every array of it finds the same fence (written once, then a memo
+    reference), and the next message, whose pickler is a new one, makes a new fence and a
+    new record. A pickler reused for several ``dump`` calls shares one fence among them, as
+    it already shares each object it pickled.
+
+    Attributes
+    ----------
+    token : bytes or None
+        The record's ordering token, or ``None`` when there was nothing to order.
+    """
+
+    __slots__ = ("token", "__weakref__")
+
+    def __init__(self, token: bytes | None) -> None:
+        self.token = token
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        if self.token is None:
+            return type(None), ()
+        return bytes, (self.token,)
+
+    def __repr__(self) -> str:
+        return f"<Fence {'idle' if self.token is None else self.token[-8:].hex()}>"
+
+
+_fences = threading.local()
+
+
+def fence(key: Hashable, record: Callable[[], bytes | None]) -> Fence:
+    """This thread's live fence for ``key`` (a device and stream), or a new one holding what
+    ``record()`` returns.
+
+    Only a weak reference is kept here: the fence lives as long as someone holds it (the
+    memo of the pickling that is putting it in a message), then the next call records anew.
+    """
+    refs: dict[Hashable, weakref.ref[Fence]] | None = getattr(_fences, "refs", None)
+    if refs is None:
+        refs = _fences.refs = {}
+    ref = refs.get(key)
+    found = None if ref is None else ref()
+    if found is not None:
+        return found
+    made = Fence(record())
+    refs[key] = weakref.ref(made)
+    return made
+
+
+def export_fence(on: OnDevice) -> Fence | None:
+    """The ordering argument of one message handing memory of ``on``'s device off now: the
+    live :class:`Fence` of this thread and the device's current stream, else a new one
+    (which records an event with :func:`export_sync`, unless the stream is idle).
+
+    Returns ``None`` inside :func:`no_sync`.
+    """
+    if _no_sync.get():
+        return None
+    index = on.device.index
+    return fence((index, current_stream(index)), lambda: export_sync(on))
 
 
 # --------------------------------------------------------------------------------------------
@@ -151,39 +211,11 @@ def _reset_after_fork() -> None:
         _start_time_cache = None
 
 
-_head_cache: tuple[int, bytes] | None = None
-
-
-def _token_head() -> bytes:
-    """This process's part of every token it makes (pid and start time), made once."""
-    global _head_cache
-    pid = os.getpid()
-    if _head_cache is None or _head_cache[0] != pid:
-        _head_cache = (pid, _HEAD.pack(pid, _my_start_time()))
-    return _head_cache[1]
-
-
 def _my_start_time() -> int:
     global _start_time_cache
     if _start_time_cache is None:
         _start_time_cache = start_time(os.getpid()) or 0
     return _start_time_cache
-
-
-def current_stream(device_index: int) -> int:
-    """The stream handle that export and import use for a device.
-
-    CuPy's current stream for that device when CuPy is imported, else ``0`` (the legacy
-    default stream of the current context).
-    """
-    cupy = sys.modules.get("cupy")
-    if cupy is not None:
-        try:
-            return int(cupy.cuda.get_current_stream(device_index).ptr)
-        except TypeError:  # a CuPy without the device_id argument
-            with cupy.cuda.Device(device_index):
-                return int(cupy.cuda.get_current_stream().ptr)
-    return 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -192,8 +224,6 @@ def current_stream(device_index: int) -> int:
 
 def _next_slot(driver: Any, ring: _Ring) -> tuple[Any, bytes]:
     """The ring's next reusable event and its handle, creating one when the next is pending."""
-    from sharedarrays.backends.cuda.driver import check, opaque_bytes
-
     n = len(ring.slots)
     if n:
         slot = ring.slots[ring.cursor]
@@ -222,44 +252,32 @@ def _next_slot(driver: Any, ring: _Ring) -> tuple[Any, bytes]:
     return slot
 
 
-def export_sync(backend: CudaDevice) -> bytes | None:
-    """Record an event on the current stream of the backend's device; return its token.
+def export_sync(on: OnDevice) -> bytes | None:
+    """Record an event on the current stream of ``on``'s device now; return its token.
 
     Returns
     -------
     bytes or None
         ``None`` inside :func:`no_sync`, and when the stream has nothing left to run
         (``cuStreamQuery`` says so: everything queued on it so far is done, so an importer
-        has nothing to wait for); else 88 bytes: exporter pid, its start time, the event's
-        IPC handle and the record's sequence number. Inside :func:`one_record` the same
-        token (the same object) for every export on that device and stream.
+        has nothing to wait for); else a :mod:`~sharedarrays.protocol.token` (exporter pid,
+        its start time, the event's IPC handle and the record's sequence number).
     """
     global _records
     if _no_sync.get():
         return None
-    from sharedarrays.backends.cuda.driver import check, load_driver
-
     driver = load_driver()
-    stream = current_stream(backend.device.index)
-    batch = _batch.get()
-    if batch is not None:
-        known = batch.get((backend.device.index, stream))
-        if known is not None:
-            return known or None  # b"": the stream was idle
-    with _lock, backend.context():
+    index = on.device.index
+    stream = current_stream(index)
+    with _lock, on.context():
         if int(driver.cuStreamQuery(stream)[0]) == _CUDA_SUCCESS:  # idle: nothing to order
-            if batch is not None:
-                batch[(backend.device.index, stream)] = b""
             return None
         _reset_after_fork()
-        ring = _rings.setdefault(backend.device.index, _Ring())
+        ring = _rings.setdefault(index, _Ring())
         event, handle = _next_slot(driver, ring)
         check(driver.cuEventRecord(event, stream), "cuEventRecord")
         _records += 1
-        token = _token_head() + handle + _SEQ.pack(_records)
-    if batch is not None:
-        batch[(backend.device.index, stream)] = token
-    return token
+        return wire.encode(wire.OrderingToken(os.getpid(), _my_start_time(), handle, _records))
 
 
 # --------------------------------------------------------------------------------------------
@@ -268,12 +286,8 @@ def export_sync(backend: CudaDevice) -> bytes | None:
 
 def _event_for(driver: Any, token: bytes) -> Any | None:
     """The event a token names, opened once per process; ``None`` if no wait is needed."""
-    from sharedarrays.backends.cuda.driver import check, opaque_from_bytes
-
-    if len(token) != TOKEN_SIZE:
-        raise PayloadError(f"a sync token has {TOKEN_SIZE} bytes, not {len(token)}")
-    pid, start = _HEAD.unpack_from(token)
-    handle = bytes(token[_HEAD.size : _HEAD.size + _HANDLE_SIZE])
+    record = wire.decode(token)
+    pid, start, handle = record.pid, record.start, record.handle
     if pid == os.getpid():
         event = _own.get(handle)
         if event is None:
@@ -297,8 +311,8 @@ def _event_for(driver: Any, token: bytes) -> Any | None:
     return event
 
 
-def import_sync(backend: CudaDevice, token: bytes) -> None:
-    """Make the current stream of the backend's device wait for the event a token names.
+def import_sync(on: OnDevice, token: bytes) -> None:
+    """Make the current stream of ``on``'s device wait for the event a token names.
 
     Does not block the CPU. A token from a process that has exited needs no wait, nor does
     the token the stream waited for last (many arrays of one pickling share one).
@@ -310,13 +324,11 @@ def import_sync(backend: CudaDevice, token: bytes) -> None:
     CudaDriverError
         Opening the event or waiting on it failed.
     """
-    from sharedarrays.backends.cuda.driver import check, load_driver
-
     driver = load_driver()
-    key = (backend.device.index, current_stream(backend.device.index))
+    key = (on.device.index, current_stream(on.device.index))
     if _waited.get(key) == token and _state_pid == os.getpid():
         return  # this stream already waits for that very record
-    with _lock, backend.context():
+    with _lock, on.context():
         _reset_after_fork()
         event = _event_for(driver, token)
         if event is not None:

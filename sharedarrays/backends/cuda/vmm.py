@@ -25,8 +25,10 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from sharedarrays.backends.base import Access, Chunk
-from sharedarrays.backends.cuda.driver import CudaDevice, CudaDriverError, check, peer_reason
+from sharedarrays.backends.cuda.device import CudaDevice
+from sharedarrays.backends.cuda.driver import CudaDriverError, check, peer_reason, why_unusable
 from sharedarrays.backends.device import Device
+from sharedarrays.backends.registry import Registration, register
 from sharedarrays.errors import PayloadError, PeerAccessUnavailable
 
 __all__ = ["CudaVmmBackend"]
@@ -70,6 +72,7 @@ class CudaVmmBackend(CudaDevice):
 
     maps: ClassVar[bool] = True
     exporter_owned: ClassVar[bool] = False
+    peer_access: ClassVar[bool] = True
 
     def __init__(self, device: Device) -> None:
         super().__init__(device)
@@ -335,3 +338,16 @@ class CudaVmmBackend(CudaDevice):
         self.synchronize()
         with self.context():
             check(self._d.cuMemUnmap(address, size), f"cuMemUnmap({size} bytes at {address:#x})")
+
+
+register(
+    Registration(
+        name=CudaVmmBackend.name,
+        kind="cuda",
+        factory=CudaVmmBackend,
+        preference=0,
+        maps=CudaVmmBackend.maps,
+        exporter_owned=CudaVmmBackend.exporter_owned,
+        why_unusable=lambda index: why_unusable(index, CudaVmmBackend.name),
+    )
+)

@@ -1,0 +1,308 @@
+"""The base of the CUDA backends: one device, its primary context, its streams.
+
+:class:`CudaDevice` is what the three CUDA backends (:mod:`~sharedarrays.backends.cuda.vmm`,
+:mod:`~sharedarrays.backends.cuda.ipc`, :mod:`~sharedarrays.backends.cuda.pool`) share: the
+context (see :mod:`~sharedarrays.backends.cuda.driver`), synchronisation, CuPy arrays,
+cross-process ordering (:mod:`~sharedarrays.backends.cuda.sync`), and the public stream
+operations everything above the backends uses instead of driver calls: the current stream,
+writing and waiting for a 64-bit value on it, reading one without waiting, and external
+semaphores (:mod:`~sharedarrays.backends.cuda.semaphore`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import weakref
+from collections.abc import Iterator
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+
+from sharedarrays.backends.cuda import semaphore, sync
+from sharedarrays.backends.cuda.driver import (
+    FORK_REASON,
+    OnDevice,
+    check,
+    current_device_index,
+    current_stream,
+    load_driver,
+    why_unusable,
+)
+from sharedarrays.backends.device import Device
+from sharedarrays.errors import BackendUnavailable, ClosedArrayError
+
+__all__ = ["CudaDevice", "ValueReader"]
+
+
+def _destroy_stream(on: OnDevice, stream: Any, pid: int) -> None:
+    if os.getpid() != pid:
+        return
+    with on.context():
+        load_driver().cuStreamDestroy(stream)
+
+
+class ValueReader:
+    """Reads 64-bit words of device memory on a private non-blocking stream, so a stream
+    blocked in a wait does not block the read. The stream is destroyed by :meth:`close` or
+    when this object is freed."""
+
+    def __init__(self, on: OnDevice) -> None:
+        d = load_driver()
+        self._on = on
+        with on.context():
+            flags = int(d.CUstream_flags.CU_STREAM_NON_BLOCKING)
+            self._stream = check(d.cuStreamCreate(flags), "cuStreamCreate")
+        self._lock = threading.Lock()
+        self._finalizer = weakref.finalize(self, _destroy_stream, on, self._stream, os.getpid())
+
+    def read(self, address: int) -> int:
+        """The 64-bit word at ``address`` now (a copy to the host on the private stream)."""
+        d = load_driver()
+        out = np.zeros(1, dtype=np.uint64)
+        with self._lock, self._on.context():
+            if not self._finalizer.alive:
+                raise ClosedArrayError("this value reader was closed")
+            check(
+                d.cuMemcpyDtoHAsync(out.ctypes.data, address, 8, self._stream),
+                "cuMemcpyDtoHAsync",
+            )
+            check(d.cuStreamSynchronize(self._stream), "cuStreamSynchronize")
+        return int(out[0])
+
+    def close(self) -> None:
+        """Destroy the private stream. Idempotent."""
+        self._finalizer()
+
+
+class CudaDevice:
+    """The base of the CUDA backends: one device, its primary context, its streams.
+
+    Parameters
+    ----------
+    device : Device
+        A CUDA device (``Device("cuda", N)``).
+
+    Raises
+    ------
+    BackendUnavailable
+        :func:`why_unusable` gave a reason for this backend (its ``name``).
+
+    Notes
+    -----
+    The device's primary context is retained once and kept for the life of the process.
+    """
+
+    name: ClassVar[str]
+    peer_access: ClassVar[bool] = False
+    values_refused: ClassVar[str | None] = None
+
+    def __init__(self, device: Device) -> None:
+        if not device.is_cuda:
+            raise BackendUnavailable(f"the {self.name} backend needs a CUDA device, not {device}")
+        why = why_unusable(device.index, self.name)
+        if why is not None:
+            raise BackendUnavailable(f"cannot use {device}: {why}")
+        self.device: Device = device
+        self._pid = os.getpid()
+        d = load_driver()
+        self._d = d
+        self._dev = check(d.cuDeviceGet(device.index), f"cuDeviceGet({device.index})")
+        self._ctx = check(d.cuDevicePrimaryCtxRetain(self._dev), "cuDevicePrimaryCtxRetain")
+        self._ctx_int = int(self._ctx)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.device})"
+
+    @property
+    def granularity(self) -> int:
+        """Chunk sizes (and, where the backend maps, reservation and mapping sizes) are
+        multiples of this many bytes; each backend says its own."""
+        raise NotImplementedError
+
+    def _check_size(self, size: int, what: str) -> None:
+        if size <= 0 or size % self.granularity:
+            raise ValueError(
+                f"{what} must be a positive multiple of the granularity "
+                f"({self.granularity} bytes), got {size}"
+            )
+
+    # process and context --------------------------------------------------------------
+    def _forked(self) -> bool:
+        return os.getpid() != self._pid
+
+    def context(self) -> contextlib.AbstractContextManager[None]:
+        """Make this device's primary context current for a ``with`` block.
+
+        Does nothing when it already is (the common case, and a cheap one: one
+        ``cuCtxGetCurrent``); makes it current (and leaves it so) when no context is; pushes
+        it and pops it afterwards when another context is current.
+
+        Raises
+        ------
+        BackendUnavailable
+            This backend object was inherited through ``fork``.
+        """
+        if self._forked():
+            raise BackendUnavailable(f"cannot use {self.device}: {FORK_REASON}")
+        current = check(self._d.cuCtxGetCurrent(), "cuCtxGetCurrent")
+        if current is not None and int(current) == self._ctx_int:
+            return contextlib.nullcontext()
+        return self._make_current(0 if current is None else int(current))
+
+    @contextlib.contextmanager
+    def _make_current(self, current_int: int) -> Iterator[None]:
+        d = self._d
+        if current_int == 0:
+            check(d.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
+            yield
+        else:
+            check(d.cuCtxPushCurrent(self._ctx), "cuCtxPushCurrent")
+            try:
+                yield
+            finally:
+                d.cuCtxPopCurrent()
+
+    def mem_get_info(self) -> tuple[int, int]:
+        """Free and total memory of the device in bytes (``cuMemGetInfo``)."""
+        with self.context():
+            free, total = check(self._d.cuMemGetInfo(), "cuMemGetInfo")
+        return int(free), int(total)
+
+    def synchronize(self) -> None:
+        """Wait for all work queued in this device's primary context, on every stream."""
+        with self.context():
+            check(self._d.cuCtxSynchronize(), "cuCtxSynchronize")
+
+    def current_device(self) -> int:
+        """The CUDA device this process works on now (CuPy's or PyTorch's current device),
+        else this backend's."""
+        return current_device_index(self.device.index)
+
+    # stream operations ------------------------------------------------------------------
+    def current_stream(self) -> int:
+        """The stream work is queued on here, as an int: CuPy's current stream for this device
+        when CuPy is imported, else 0, the legacy default stream (see
+        :func:`sharedarrays.backends.cuda.driver.current_stream`)."""
+        return current_stream(self.device.index)
+
+    def write_value(self, address: int, value: int) -> None:
+        """Enqueue ``cuStreamWriteValue64`` of ``value`` at ``address`` on the current stream."""
+        stream = self.current_stream()
+        with self.context():
+            check(self._d.cuStreamWriteValue64(stream, address, value, 0), "cuStreamWriteValue64")
+
+    def wait_value(self, address: int, value: int) -> None:
+        """Enqueue ``cuStreamWaitValue64(..., CU_STREAM_WAIT_VALUE_GEQ)`` on the current
+        stream: its later work waits until the word at ``address`` is at least ``value``."""
+        stream = self.current_stream()
+        geq = int(self._d.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
+        with self.context():
+            check(self._d.cuStreamWaitValue64(stream, address, value, geq), "cuStreamWaitValue64")
+
+    def value_reader(self) -> ValueReader:
+        """A reader of 64-bit words on a private non-blocking stream of this device."""
+        return ValueReader(self)
+
+    def import_semaphore(self, fd: int, timeline: bool) -> semaphore.ImportedSemaphore:
+        """Import an external semaphore exported as ``fd`` (see
+        :func:`~sharedarrays.backends.cuda.semaphore.import_semaphore`)."""
+        return semaphore.import_semaphore(self, fd, timeline)
+
+    def signal_semaphore(self, sem: object, value: int) -> None:
+        """Enqueue a signal of ``sem`` (to ``value``, timelines) on the current stream."""
+        self._enqueue("Signal", sem, value)
+
+    def wait_semaphore(self, sem: object, value: int) -> None:
+        """Make the current stream wait for ``sem`` (to reach ``value``, timelines)."""
+        self._enqueue("Wait", sem, value)
+
+    def _enqueue(self, op: Literal["Signal", "Wait"], sem: object, value: int) -> None:
+        if not isinstance(sem, semaphore.ImportedSemaphore):
+            raise TypeError(f"not a semaphore imported into CUDA: {sem!r}")
+        semaphore.enqueue(self, op, sem, value, self.current_stream())
+
+    def destroy_semaphore(self, sem: object) -> None:
+        """Release ``sem`` now. Idempotent."""
+        if not isinstance(sem, semaphore.ImportedSemaphore):
+            raise TypeError(f"not a semaphore imported into CUDA: {sem!r}")
+        sem.close()
+
+    # arrays -----------------------------------------------------------------------------
+    def as_native(
+        self,
+        address: int,
+        size: int,
+        offset: int,
+        owner: object,
+        dtype: np.dtype[Any],
+        shape: tuple[int, ...],
+        strides: tuple[int, ...],
+        readonly: bool,
+        device_index: int | None = None,
+    ) -> Any:
+        """Wrap mapped memory as a ``cupy.ndarray``, without copying.
+
+        The CuPy memory object spans the whole mapped range (``address``, ``size``), names
+        its device explicitly (this one, or ``device_index`` where a peer device reads it)
+        and holds ``owner``, so every CuPy view keeps the mapping alive; the array starts
+        ``offset`` bytes in. CuPy has no read-only arrays: ``readonly`` is the caller's to
+        enforce.
+        """
+        import cupy
+
+        index = self.device.index if device_index is None else device_index
+        memory = cupy.cuda.UnownedMemory(address, size, owner, index)
+        pointer = cupy.cuda.MemoryPointer(memory, offset)
+        return cupy.ndarray(shape, dtype=dtype, memptr=pointer, strides=strides)
+
+    def to_native(self, obj: Any) -> Any:
+        """Return ``obj`` as a ``cupy.ndarray`` on this device (copying only when needed).
+
+        Accepts CuPy arrays, NumPy arrays, objects with ``__dlpack__`` (PyTorch tensors, JAX
+        arrays; CUDA ones without a copy), objects with ``__cuda_array_interface__``, and
+        anything ``numpy.asarray`` accepts. An array on another device is copied here.
+        """
+        import cupy
+
+        index = self.device.index
+        with cupy.cuda.Device(index):
+            if isinstance(obj, cupy.ndarray):
+                return obj if obj.device.id == index else obj.copy()
+            if isinstance(obj, np.ndarray):
+                return cupy.asarray(obj)
+            dlpack_device = getattr(obj, "__dlpack_device__", None)
+            if callable(dlpack_device) and hasattr(obj, "__dlpack__"):
+                kind = int(dlpack_device()[0])
+                if kind == 1:  # kDLCPU
+                    return cupy.asarray(np.from_dlpack(obj))
+                if kind in (2, 3, 13):  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
+                    arr = cupy.from_dlpack(obj)
+                    return arr if arr.device.id == index else arr.copy()
+            if hasattr(obj, "__cuda_array_interface__"):
+                arr = cupy.asarray(obj)
+                return arr if arr.device.id == index else arr.copy()
+            return cupy.asarray(np.asarray(obj))
+
+    # ordering ---------------------------------------------------------------------------
+    def export_sync(self) -> bytes | None:
+        """Record an interprocess event on the current stream now; its token.
+
+        See :func:`sharedarrays.backends.cuda.sync.export_sync`.
+        """
+        return sync.export_sync(self)
+
+    def export_fence(self) -> sync.Fence | None:
+        """The ordering argument of one message: one record shared by the message's arrays.
+
+        See :func:`sharedarrays.backends.cuda.sync.export_fence`.
+        """
+        return sync.export_fence(self)
+
+    def import_sync(self, token: bytes) -> None:
+        """Make the current stream wait for an exported event.
+
+        See :func:`sharedarrays.backends.cuda.sync.import_sync`.
+        """
+        sync.import_sync(self, token)
