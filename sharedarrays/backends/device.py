@@ -102,8 +102,10 @@ def parse_name(device: DeviceLike) -> Device:
     """
     if isinstance(device, Device):
         dev = device
-    elif isinstance(device, bool) or device is None:
-        raise TypeError(f"device must be {_forms()}, not {device!r}")
+    elif isinstance(device, bool):
+        raise TypeError(f"device must be None, {_forms()}, not a bool")
+    elif device is None:
+        raise TypeError(f"device must be {_forms()}, not None")
     elif isinstance(device, int):
         if not _kinds:
             raise ValueError(f"no accelerator device kind is registered for device {device}")
