@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sharedarrays.backends import Access, cuda_usable, current_cuda_device, get_backend
+from sharedarrays.backends import Access, cuda_usable, current_cuda_device, factories, get_backend
 from sharedarrays.backends.cuda.sync import one_record
 from sharedarrays.backends.device import CPU, Device, DeviceLike, parse_device
 from sharedarrays.errors import (
@@ -573,6 +573,8 @@ def load(
         Its memory system cannot be used in this process.
     """
     p = Payload.from_bytes(data)
+    if p.backend not in factories:  # (a payload is checked for the name's shape only)
+        raise PayloadError(f"unknown backend {p.backend!r} in payload")
     if sync is not None and (type(sync) is not bytes or not 0 < len(sync) <= 256):
         raise PayloadError("the ordering token that travelled with the payload is malformed")
     received: list[int] = []
