@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from sharedarrays.transport import handles as transport
+from sharedarrays.protocol import keeper as wire
 from sharedarrays.transport import keeper
 
 IDLE = "2"  # seconds a test keeper waits, holding nothing, before it exits
@@ -94,8 +95,8 @@ def keeper_memfds(pid: int) -> int:
 
 
 def keeper_status() -> dict[str, object]:
-    status, body, _ = keeper.request({"op": "status"}, start=False)
-    assert status == keeper.OK
+    status, body, _ = keeper.request(wire.Status(), start=False)
+    assert status == wire.OK
     return body
 
 

@@ -28,6 +28,7 @@ from sharedarrays.errors import (
 )
 from sharedarrays.memory.allocation import Allocation, Lease, lookup, revive
 from sharedarrays.protocol.payload import Payload, view_extent
+from sharedarrays.transport import client, notices
 from sharedarrays.transport import handles as transport
 
 if TYPE_CHECKING:
@@ -607,7 +608,7 @@ def load(
         else:  # its sender counts it in flight until told
             alloc.note_returned(p.server)  # (when this process releases it, if it served it)
             if alloc.backend.exporter_owned:  # the exporter waits for its payloads: say so
-                transport.report_load(p.server, p.alloc_id, p.secret)
+                notices.report_load(p.server, p.alloc_id, p.secret)
     else:
         try:
             device = Device("cuda", p.device) if p.backend.startswith("cuda") else CPU
@@ -619,7 +620,7 @@ def load(
         exports: tuple[bytes, ...] = ()
         if fds is None:
             try:
-                sizes, received, exports = transport.fetch_handles(
+                sizes, received, exports = client.fetch_handles(
                     p.server, p.pid, p.alloc_id, p.secret, reply_to=transport.server_address()
                 )
             except HandleUnavailable as gone:  # the exporter is gone: a keeper may hold it

@@ -146,10 +146,10 @@ def _new(
             raise ValueError("a growable array grows along axis 0 and must be in C order")
         pack = False
     from sharedarrays.api import named
-    from sharedarrays.transport import keeper
+    from sharedarrays.protocol.keeper import check_name
 
     if name is not None:
-        keeper.check_name(name)
+        check_name(name)
     allowed = None if allow_pids is None else frozenset(operator_index(p) for p in allow_pids)
     if allowed is not None and not all(0 < p <= PID_MAX_LIMIT for p in allowed):
         raise ValueError(

@@ -10,7 +10,7 @@ reservation (the same chunks mapped again, still no copy).
 Only the exporter resizes. A payload of a growable array names its exporter (whoever
 pickles it) and carries the allocation's chunk list at that moment, its *generation*. An
 importer that maps fewer chunks than a payload names fetches the missing ones from the
-exporter's handle server (:func:`sharedarrays.transport.handles.fetch_growth`) before it makes the
+exporter's handle server (:func:`sharedarrays.transport.client.fetch_growth`) before it makes the
 view, so a view never reaches an unmapped hole; :func:`refresh` asks the exporter for the
 current length on demand.
 
@@ -32,6 +32,7 @@ from sharedarrays.backends.device import CPU, Device
 from sharedarrays.errors import PayloadError, ResizeRefused
 from sharedarrays.memory.allocation import Allocation
 from sharedarrays.protocol.payload import Payload, contiguous_strides, view_extent
+from sharedarrays.transport import client
 from sharedarrays.transport import handles as transport
 
 if TYPE_CHECKING:
@@ -134,7 +135,7 @@ def refresh(view: SharedDeviceArray) -> None:
             raise PayloadError(f"allocation {alloc.id} does not know its exporter")
         with alloc.growth_lock:
             local = alloc.chunk_sizes()
-            sizes, capacity, used, fds = transport.fetch_growth(
+            sizes, capacity, used, fds = client.fetch_growth(
                 server,
                 alloc.origin.pid,
                 alloc.id,
@@ -182,7 +183,7 @@ def map_payload(alloc: Allocation | None, p: Payload, received: list[int]) -> Al
             if received:
                 sizes, capacity, used, fds = list(p.chunks), 0, 0, received
             else:
-                sizes, capacity, used, fds = transport.fetch_growth(
+                sizes, capacity, used, fds = client.fetch_growth(
                     p.server, p.pid, p.alloc_id, p.secret, 0, reply_to=transport.server_address()
                 )
         except BaseException:
@@ -233,7 +234,7 @@ def map_payload(alloc: Allocation | None, p: Payload, received: list[int]) -> Al
             _close(received[: len(local)])
             alloc.extend(list(p.chunks[len(local) :]), received[len(local) :], p.capacity or 0)
             return alloc
-        sizes, capacity, used, fds = transport.fetch_growth(
+        sizes, capacity, used, fds = client.fetch_growth(
             p.server, p.pid, p.alloc_id, p.secret, len(local), reply_to=transport.server_address()
         )
         _catch_up(alloc, local, sizes, capacity, fds)

@@ -33,6 +33,7 @@ import numpy as np
 from sharedarrays.api.array import SharedDeviceArray, load
 from sharedarrays.backends.device import CPU, Device
 from sharedarrays.errors import HandleUnavailable, KeeperError, NameNotFound, SharedArrayError
+from sharedarrays.protocol import keeper as keeper_protocol
 from sharedarrays.protocol.payload import MAGIC, TAG_BYTES, Payload
 from sharedarrays.transport import keeper
 
@@ -126,18 +127,12 @@ def _keep(a: SharedDeviceArray, name: str | None) -> None:
             "a growable array (capacity=) cannot be named or parked: the keeper holds a "
             "fixed set of chunks. Keep its creator running while others load it"
         )
-    req = {
-        "op": "keep",
-        "id": alloc.id,
-        "secret": alloc.secret.hex(),
-        "name": name,
-        "sizes": alloc.chunk_sizes(),
-        "doc": _doc(a),
-        "allow_pids": _allow(alloc.allow_pids),
-    }
-    if len(alloc.chunk_sizes()) > keeper.MAX_FDS:
+    req = keeper_protocol.Keep(
+        alloc.id, alloc.secret, name, alloc.chunk_sizes(), _doc(a), _allow(alloc.allow_pids)
+    )
+    if len(alloc.chunk_sizes()) > keeper_protocol.MAX_FDS:
         raise ValueError(
-            f"the keeper holds arrays of at most {keeper.MAX_FDS} chunks; this one has "
+            f"the keeper holds arrays of at most {keeper_protocol.MAX_FDS} chunks; this one has "
             f"{len(alloc.chunk_sizes())} (pass a larger chunk_bytes)"
         )
     handles, temporary = alloc.handles_for_importers()  # read-only ones for readonly arrays
@@ -161,7 +156,7 @@ def publish(a: SharedDeviceArray, name: str) -> None:
     NameExists
         The name is taken.
     """
-    keeper.check_name(name)
+    keeper_protocol.check_name(name)
     _keep(a, name)
 
 
@@ -182,7 +177,7 @@ def unpark(a: SharedDeviceArray) -> None:
     alloc = a.allocation
     try:
         status, body, _ = keeper.request(
-            {"op": "unlink", "id": alloc.id, "secret": alloc.secret.hex()}, start=False
+            keeper_protocol.Unlink(alloc_id=alloc.id, secret=alloc.secret), start=False
         )
     except HandleUnavailable:
         raise NameNotFound(f"allocation {alloc.id} is not parked: no keeper runs") from None
@@ -212,9 +207,9 @@ def attach(name: str) -> SharedDeviceArray:
     ValueError, TypeError
         Not a valid name.
     """
-    keeper.check_name(name)
+    keeper_protocol.check_name(name)
     try:
-        status, body, fds = keeper.request({"op": "attach", "name": name}, start=False)
+        status, body, fds = keeper.request(keeper_protocol.Attach(name), start=False)
     except HandleUnavailable:
         raise NameNotFound(f"no array named {name!r}: no keeper runs for this user") from None
     try:
@@ -274,9 +269,9 @@ def unlink(name: str) -> None:
     KeeperError
         The keeper runs but did not answer in time (it is overloaded or stopped).
     """
-    keeper.check_name(name)
+    keeper_protocol.check_name(name)
     try:
-        status, body, _ = keeper.request({"op": "unlink", "name": name}, start=False)
+        status, body, _ = keeper.request(keeper_protocol.Unlink(name), start=False)
     except HandleUnavailable:
         raise NameNotFound(f"no array named {name!r}: no keeper runs for this user") from None
     keeper.raise_for(status, body, f"cannot unlink {name!r}")
@@ -296,7 +291,7 @@ def list_named(parked: bool = False) -> list[NamedArray]:
         The keeper runs but did not answer in time (it is overloaded or stopped).
     """
     try:
-        status, body, _ = keeper.request({"op": "list"}, start=False)
+        status, body, _ = keeper.request(keeper_protocol.List(), start=False)
     except HandleUnavailable:
         return []
     keeper.raise_for(status, body, "cannot list the keeper's arrays")

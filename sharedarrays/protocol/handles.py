@@ -45,6 +45,8 @@ __all__ = [
     "Handles",
     "Growth",
     "MAX_REQUEST",
+    "COUNTED_SIZE",
+    "REPLY_SIZE",
     "MAX_EXPORT",
 ]
 
@@ -56,6 +58,8 @@ REPLY_SIZE = _REPLY.size
 """Bytes of a reply before its JSON body."""
 MAX_REQUEST = _COUNTED.size + MAX_PATH
 """Longest request in bytes."""
+COUNTED_SIZE = _COUNTED.size
+"""Bytes of a request of a counted kind (``GROW``, ``RELEASED``, ``LOADED``) with no path."""
 MAX_EXPORT = 512
 """Longest portable chunk handle a :class:`Handles` reply carries, in hex digits."""
 _INCONSISTENT = "the handle server sent an inconsistent reply"
@@ -209,7 +213,8 @@ class Handles:
         """The body's bytes (JSON)."""
         if self.exports is None:
             return json.dumps(self.sizes).encode()
-        return json.dumps({"sizes": self.sizes, "exports": [e.hex() for e in self.exports]}).encode()
+        doc = {"sizes": self.sizes, "exports": [e.hex() for e in self.exports]}
+        return json.dumps(doc).encode()
 
     @classmethod
     def decode(cls, body: bytes) -> Handles:
