@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sharedarrays.transport import handles as transport
 from sharedarrays.protocol import keeper as wire
+from sharedarrays.transport import handles as transport
 from sharedarrays.transport import keeper
 
 IDLE = "2"  # seconds a test keeper waits, holding nothing, before it exits

@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from keeper_helpers import lock_holder, private_keeper
 
 import sharedarrays as sa
-from sharedarrays.protocol.payload import MAGIC, TAG_BYTES, _tag
 from sharedarrays.protocol import keeper as wire
+from sharedarrays.protocol.payload import MAGIC, TAG_BYTES, _tag
 from sharedarrays.transport import keeper
 
 __all__ = ["private_keeper"]

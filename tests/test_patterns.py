@@ -27,9 +27,8 @@ from keeper_helpers import private_keeper  # noqa: F401 - fixture
 
 import sharedarrays as sa
 from sharedarrays.memory.allocation import drop_parked
+from sharedarrays.protocol import keeper as wire
 from sharedarrays.transport import handles as transport
-from sharedarrays.protocol import keeper as wire
-from sharedarrays.protocol import keeper as wire
 from sharedarrays.transport import keeper
 
 METHODS = ["spawn", "fork", "forkserver"]

@@ -397,9 +397,11 @@ def decode_request(msg: bytes, fds: int = 0) -> Request:
     Raises
     ------
     BadRequest
-        A wrong magic, a body that is not a JSON object, an unknown op, fds with an op
-        other than ``keep``, or a field missing or invalid.
+        Too long, a wrong magic, a body that is not a JSON object, an unknown op, fds with
+        an op other than ``keep``, or a field missing or invalid.
     """
+    if len(msg) > MAX_MESSAGE or fds > MAX_FDS:
+        raise BadRequest(f"message too long (at most {MAX_MESSAGE} bytes, {MAX_FDS} fds)")
     if not msg.startswith(MAGIC):
         raise BadRequest("not a sharedarrays keeper request (bad magic)")
     try:

@@ -23,9 +23,9 @@ from conftest import closed_by_peer
 
 import sharedarrays as sa
 from sharedarrays.memory import allocation as sa_allocation
-from sharedarrays.protocol.payload import MAGIC, TAG_BYTES, _tag
 from sharedarrays.protocol import unix
 from sharedarrays.protocol.handles import Kind, Request, Status
+from sharedarrays.protocol.payload import MAGIC, TAG_BYTES, _tag
 from sharedarrays.transport import client
 from sharedarrays.transport import handles as transport
 from sharedarrays.transport import server as handle_server
