@@ -41,6 +41,9 @@ __all__ = [
     "fetch_growth",
     "close_connections",
     "kept_connections",
+    "take_connection",
+    "keep_connection",
+    "forget_in_child",
 ]
 
 TIMEOUT = 10.0

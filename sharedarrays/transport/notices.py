@@ -21,7 +21,7 @@ from typing import Any
 from sharedarrays.protocol.handles import REPLY_SIZE, Kind, Request
 from sharedarrays.transport import client
 
-__all__ = ["report_load", "pending_notices", "queue_notice", "start_notifier"]
+__all__ = ["report_load", "pending_notices", "queue_notice", "start_notifier", "forget_in_child"]
 
 _unreported: dict[tuple[str, str, bytes], int] = {}
 """Warm loads not yet reported, by (sender's server, allocation id, secret)."""
