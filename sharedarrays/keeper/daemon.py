@@ -394,13 +394,8 @@ class Keeper:
 
     def _keep(self, peer: _Peer, req: Request, fds: list[int]) -> _Answer:
         assert isinstance(req, Keep)
-        alloc_id, secret, name, sizes, flight = (
-            req.alloc_id,
-            req.secret,
-            req.name,
-            req.sizes,
-            req.in_flight,
-        )
+        alloc_id, secret, name, sizes = req.alloc_id, req.secret, req.name, req.sizes
+        flight = req.in_flight
         if flight is not None:
             loads, expires = flight.loads, time.monotonic() + flight.seconds
         if len(fds) != len(sizes):
