@@ -50,8 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sharedarrays.transport import handles as transport
-from sharedarrays.transport import keeper
+from sharedarrays.protocol import keeper as wire
+from sharedarrays.protocol.handles import Kind, Request
 
 OTHER_USER = "sa-test-other"
 CHILD_TIMEOUT = 60.0  # seconds any one child process may run, unless an attack says more
@@ -385,9 +385,12 @@ import gc, json, os, pickle, sys, time
 import numpy as np
 import sharedarrays as sa
 from sharedarrays.memory import allocation
-from sharedarrays.transport import handles as transport
+from sharedarrays.transport import client, handles as transport
 from sharedarrays.transport import keeper
+from sharedarrays.protocol import keeper as wire
+from sharedarrays.protocol.handles import Reply, Status
 from sharedarrays.protocol.payload import MAGIC, TAG_BYTES, _tag
+from sharedarrays.protocol.unix import runtime_dir
 
 def say(**kw):
     print(json.dumps(kw), flush=True)
@@ -563,9 +566,7 @@ def slow_readers(row: Row) -> None:
             exp, out = exporter(env)
             with exp:
                 base = fd_count(exp.pid)
-                request = transport._REQUEST.pack(
-                    transport._REQUEST_MAGIC, bytes.fromhex(out["id"]), bytes.fromhex(out["secret"])
-                )
+                request = Request(Kind.FETCH, out["id"], bytes.fromhex(out["secret"])).encode()
                 floods = [raw_connect(out["server"], timeout=15) for _ in range(5)]
 
                 def flood(sock: socket.socket, request: bytes) -> None:
@@ -603,7 +604,7 @@ STOPPED_LOADS = (
     PRELUDE
     + r"""
 from concurrent.futures import ThreadPoolExecutor
-transport.TIMEOUT = 2.0  # no setting for it: the module constant, lowered in this process
+client.TIMEOUT = 2.0  # no setting for it: the module constant, lowered in this process
 blob = bytes.fromhex(sys.stdin.readline())
 n = int(sys.argv[1])
 def load(_):
@@ -637,7 +638,7 @@ def stopped_exporter(row: Row) -> None:
                 row.add(o)
             same = data_same(exp)
     row.lost(
-        f"all answered in {res['took']:.1f} s (transport.TIMEOUT lowered to 2 s in the "
+        f"all answered in {res['took']:.1f} s (client.TIMEOUT lowered to 2 s in the "
         "loader; no environment setting for it); data unchanged: " + ("yes" if same else "NO"),
         same,
     )
@@ -691,7 +692,7 @@ def _flood_keeper(path: str, n: int) -> list[socket.socket]:
         except OSError:
             continue
         with contextlib.suppress(OSError):
-            s.send(keeper.MAGIC + b'{"op":"hello"}')
+            s.send(wire.MAGIC + b'{"op":"hello"}')
         out.append(s)
     return out
 
@@ -716,7 +717,7 @@ try:
     b = sa.attach(sys.argv[1])
     ok = b.get().tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
     took = time.monotonic() - t
-    status = keeper.request({"op": "status"}, start=False)[1]
+    status = keeper.request(wire.Status(), start=False)[1]
     b.close()
     say(outcome="attached" if ok else "wrong data", took=took, connections=status.get("connections"))
 except Exception as e:
@@ -895,7 +896,7 @@ try:
     a = sa.attach("squatted")
     b = pickle.loads(bytes.fromhex(sys.stdin.readline()))
     ok = [float(a.get().sum()), float(b.get().sum())] == [45.0, 190.0]
-    say(outcome="shared by name and pickle" if ok else "wrong data", dir=str(transport.runtime_dir()))
+    say(outcome="shared by name and pickle" if ok else "wrong data", dir=str(runtime_dir()))
     sa.unlink("squatted")
 except Exception as e:
     say(outcome=err(e), message=str(e))
@@ -1045,7 +1046,7 @@ conn.settimeout(30)
 conn.recv(4096)
 fd = os.memfd_create("sharedarrays", os.MFD_CLOEXEC)  # no seals
 os.ftruncate(fd, size)
-reply = transport._REPLY.pack(transport._REPLY_MAGIC, transport._OK, 1) + json.dumps([size]).encode()
+reply = Reply(Status.OK, 1, json.dumps([size]).encode()).encode()
 socket.send_fds(conn, [reply], [fd])
 time.sleep(0.2)
 os.ftruncate(fd, 0)  # then shrink it: a mapping of it would SIGBUS at the first touch
@@ -1135,14 +1136,14 @@ for i in range(int(sys.argv[1])):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     s.settimeout(10)
     s.connect(str(keeper.socket_path()))
-    socket.send_fds(s, [keeper.MAGIC + json.dumps(req).encode()], [fd])
+    socket.send_fds(s, [wire.MAGIC + json.dumps(req).encode()], [fd])
     os.close(fd)
     reply = s.recv(1 << 16)
     s.close()
-    status = reply[len(keeper.MAGIC)]
+    status = reply[len(wire.MAGIC)]
     kept = f"unsealed{i}" in [n.name for n in sa.list_named()]
-    say(outcome="error reply, nothing kept" if status == keeper.ERROR and not kept
-        else f"status {status}, kept {kept}", message=reply[len(keeper.MAGIC) + 1:].decode())
+    say(outcome="error reply, nothing kept" if status == wire.ERROR and not kept
+        else f"status {status}, kept {kept}", message=reply[len(wire.MAGIC) + 1:].decode())
 time.sleep(0.2)
 say(before=before, after=memfds())
 sa.unlink("real")
@@ -1267,7 +1268,8 @@ import json, os, pickle, socket, sys
 import sharedarrays as sa
 import ctypes, fcntl, hmac, mmap, resource, selectors, threading  # noqa
 from sharedarrays.api import growth, named  # noqa
-from sharedarrays.transport import handles as transport, keeper  # noqa
+from sharedarrays.transport import client, handles as transport, keeper, notices, server  # noqa
+from sharedarrays.protocol import handles as handle_wire, keeper as wire, unix  # noqa
 from sharedarrays.backends import host  # (all imported while this user can read them)
 # a fresh interpreter of this user drops to the other user before it does anything: the
 # interpreter lives under /root, which the other user could not even start
@@ -1295,7 +1297,7 @@ try:
             say("EACCES at connect")
             sys.exit(0)
         try:  # (the keeper may have answered and closed before this is sent)
-            s.send(keeper.MAGIC + b'{"op":"attach","name":"victim"}')
+            s.send(wire.MAGIC + b'{"op":"attach","name":"victim"}')
         except OSError:
             pass
         try:
@@ -1304,10 +1306,10 @@ try:
             reply = b""
         if not reply:
             say("closed by the keeper")
-        elif reply[len(keeper.MAGIC)] == keeper.DENIED:
+        elif reply[len(wire.MAGIC)] == wire.DENIED:
             say("DENIED reply", reply.decode(errors="replace"))
         else:
-            say(f"ANSWERED status {reply[len(keeper.MAGIC)]}", reply.decode(errors="replace"))
+            say(f"ANSWERED status {reply[len(wire.MAGIC)]}", reply.decode(errors="replace"))
 except Exception as e:
     say(type(e).__name__ if isinstance(e, sa.SharedArrayError) else "raw " + type(e).__name__,
         str(e))

@@ -27,7 +27,8 @@ from typing import Any
 
 import sharedarrays as sa
 from sharedarrays.bench.sizes import parse_size, size_label
-from sharedarrays.transport import handles as transport
+from sharedarrays.transport import notices
+from sharedarrays.transport.server import HandleServer
 
 
 def noop(_: object = None) -> None:
@@ -55,7 +56,7 @@ def settle(_: object = None) -> int:
 
     drop_parked()
     deadline = time.monotonic() + 5
-    while transport.pending_notices() and time.monotonic() < deadline:
+    while notices.pending_notices() and time.monotonic() < deadline:
         time.sleep(0.0002)
     return 0
 
@@ -69,7 +70,7 @@ def warm_up(_: object = None) -> int:
 def _settle_parent(pool: Any) -> None:
     pool.apply(settle)
     deadline = time.monotonic() + 5
-    while transport.pending_notices() and time.monotonic() < deadline:
+    while notices.pending_notices() and time.monotonic() < deadline:
         time.sleep(0.0002)
     time.sleep(0.002)
 
@@ -103,7 +104,7 @@ def main() -> None:
     probe.close()
 
     served: list[float] = []
-    answer = transport.HandleServer._answer
+    answer = HandleServer._answer
 
     def timed_answer(self: Any, conn: Any, peer: Any, request: bytes) -> None:
         t = time.perf_counter()
@@ -112,7 +113,7 @@ def main() -> None:
         finally:
             served.append(time.perf_counter() - t)
 
-    transport.HandleServer._answer = timed_answer  # type: ignore[method-assign]
+    HandleServer._answer = timed_answer  # type: ignore[method-assign]
 
     with mp.get_context("spawn").Pool(1) as pool:
         if is_cuda:

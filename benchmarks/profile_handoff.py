@@ -79,7 +79,7 @@ def cold_steps(payloads: list[bytes]) -> dict[str, float]:
     from sharedarrays.backends.device import CPU, Device
     from sharedarrays.memory.allocation import Allocation
     from sharedarrays.protocol.payload import Payload
-    from sharedarrays.transport import handles as transport
+    from sharedarrays.transport import client
 
     steps: dict[str, list[float]] = {
         "decode": [],
@@ -93,7 +93,7 @@ def cold_steps(payloads: list[bytes]) -> dict[str, float]:
         device = CPU if p.backend == "host" else Device("cuda", p.device)
         backend = get_backend(device, p.backend)
         t1 = time.perf_counter()
-        sizes, fds, _ = transport.fetch_handles(p.server, p.pid, p.alloc_id, p.secret)
+        sizes, fds, _ = client.fetch_handles(p.server, p.pid, p.alloc_id, p.secret)
         t2 = time.perf_counter()
         alloc = Allocation.import_(backend, p.alloc_id, p.secret, sizes, fds, p.pid)
         t3 = time.perf_counter()

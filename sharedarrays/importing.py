@@ -21,7 +21,7 @@ An array made with ``capacity=`` has an allocation whose reservation is larger t
 chunks; only its exporter resizes it. A payload of it names its exporter (whoever pickles
 it) and carries the allocation's chunk list at that moment, its *generation*. An importer
 that maps fewer chunks than a payload names fetches the missing ones from the exporter's
-handle server (:func:`sharedarrays.transport.handles.fetch_growth`) before the view is made,
+handle server (:func:`sharedarrays.transport.client.fetch_growth`) before the view is made,
 so a view never reaches an unmapped hole; :func:`catch_up` asks for the current length on
 demand (``SharedDeviceArray.refresh``). No keeper holds a growable array.
 
@@ -39,8 +39,8 @@ from sharedarrays.backends import Access, Backend, device_of, get_backend, why_u
 from sharedarrays.errors import BackendUnavailable, HandleUnavailable, PayloadError
 from sharedarrays.memory.allocation import Allocation, lookup, revive
 from sharedarrays.protocol.payload import Payload
+from sharedarrays.transport import client, keeper, notices
 from sharedarrays.transport import handles as transport
-from sharedarrays.transport import keeper
 
 __all__ = [
     "Imported",
@@ -184,7 +184,7 @@ def mapped_here(req: Request) -> Allocation | None:
     else:  # its sender counts it in flight until told
         alloc.note_returned(p.server)  # (when this process releases it, if it served it)
         if alloc.backend.exporter_owned:  # the exporter waits for its payloads: say so
-            transport.report_load(p.server, p.alloc_id, p.secret)
+            notices.report_load(p.server, p.alloc_id, p.secret)
     return alloc
 
 
@@ -203,12 +203,12 @@ def from_exporter(req: Request) -> Allocation | None:
     req.backend()
     try:
         if p.capacity is not None:
-            sizes, capacity, used, fds = transport.fetch_growth(
+            sizes, capacity, used, fds = client.fetch_growth(
                 p.server, p.pid, p.alloc_id, p.secret, 0, reply_to=transport.server_address()
             )
             found = Handles(sizes, fds, capacity=capacity, used=used)
         else:
-            sizes, fds, exports = transport.fetch_handles(
+            sizes, fds, exports = client.fetch_handles(
                 p.server, p.pid, p.alloc_id, p.secret, reply_to=transport.server_address()
             )
             found = Handles(sizes, fds, exports)
@@ -367,7 +367,7 @@ def _catch_up_to(alloc: Allocation, p: Payload, received: list[int]) -> Allocati
             _close(received[: len(local)])
             alloc.extend(list(p.chunks[len(local) :]), received[len(local) :], p.capacity or 0)
             return alloc
-        sizes, capacity, used, fds = transport.fetch_growth(
+        sizes, capacity, used, fds = client.fetch_growth(
             p.server, p.pid, p.alloc_id, p.secret, len(local), reply_to=transport.server_address()
         )
         _extend(alloc, local, sizes, capacity, fds)
@@ -385,14 +385,14 @@ def catch_up(alloc: Allocation) -> None:
         The exporter shrank and grew it again since (its chunks differ from those mapped
         here), or ``alloc`` does not know its exporter.
     HandleUnavailable, PermissionDenied
-        As :func:`sharedarrays.transport.handles.fetch_growth`.
+        As :func:`sharedarrays.transport.client.fetch_growth`.
     """
     server = alloc.source_server
     if server is None:  # pragma: no cover - every growable import sets it
         raise PayloadError(f"allocation {alloc.id} does not know its exporter")
     with alloc.growth_lock:
         local = alloc.chunk_sizes()
-        sizes, capacity, used, fds = transport.fetch_growth(
+        sizes, capacity, used, fds = client.fetch_growth(
             server,
             alloc.origin.pid,
             alloc.id,

@@ -41,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
     """Run one of :data:`COMMANDS`; return the exit status."""
     from sharedarrays.api import named
     from sharedarrays.errors import HandleUnavailable, NameNotFound, SharedArrayError
+    from sharedarrays.keeper.daemon import main as keeper_main
+    from sharedarrays.protocol.keeper import Status
     from sharedarrays.transport import keeper
 
     if args.command == "ls":
@@ -93,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         if args.idle is not None:
             os.environ["SHAREDARRAYS_KEEPER_IDLE"] = str(args.idle)
         if args.foreground:
-            rc = keeper.main()
+            rc = keeper_main()
             if rc == 3:
                 print(f"a keeper is running already (pid {keeper.running_pid()})", file=sys.stderr)
             return rc
@@ -101,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.command == "status":
         try:
-            status, body, _ = keeper.request({"op": "status"}, start=False)
+            status, body, _ = keeper.request(Status(), start=False)
         except HandleUnavailable as e:
             print(f"no keeper running ({e})")
             return 1

@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from sharedarrays.protocol import keeper as wire
 from sharedarrays.transport import handles as transport
 from sharedarrays.transport import keeper
 
@@ -94,8 +95,8 @@ def keeper_memfds(pid: int) -> int:
 
 
 def keeper_status() -> dict[str, object]:
-    status, body, _ = keeper.request({"op": "status"}, start=False)
-    assert status == keeper.OK
+    status, body, _ = keeper.request(wire.Status(), start=False)
+    assert status == wire.OK
     return body
 
 

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from keeper_helpers import lock_holder, private_keeper
 
 import sharedarrays as sa
+from sharedarrays.protocol import keeper as wire
 from sharedarrays.protocol.payload import MAGIC, TAG_BYTES, _tag
 from sharedarrays.transport import keeper
 
@@ -134,15 +135,15 @@ def keeper_messages(draw: st.DrawFn) -> tuple[bytes, int]:
     if kind == "raw":
         return draw(st.binary(min_size=1, max_size=200)), nfds
     if kind == "magic-junk":
-        return keeper.MAGIC + draw(st.binary(max_size=200)), nfds
+        return wire.MAGIC + draw(st.binary(max_size=200)), nfds
     if kind == "json":
-        return keeper.MAGIC + json.dumps(draw(_JSON)).encode(), nfds
+        return wire.MAGIC + json.dumps(draw(_JSON)).encode(), nfds
     req: dict[str, object] = {"op": draw(st.sampled_from(_OPS) | st.text(max_size=8) | _JSON)}
     for key in draw(st.lists(st.sampled_from(_FIELDS[1:]), max_size=6, unique=True)):
         req[key] = draw(st.just(_GOOD[key]) | _JSON | st.text(max_size=140))
     if draw(st.booleans()) and "name" in req:
         req["name"] = draw(st.sampled_from(["x" * 129, "../x", "", "ok-name", "a b"]))
-    return keeper.MAGIC + json.dumps(req).encode(), nfds
+    return wire.MAGIC + json.dumps(req).encode(), nfds
 
 
 class _Client:
@@ -172,16 +173,16 @@ class _Client:
 
     def replies_until_hello(self) -> list[tuple[int, dict[str, object]]]:
         """Ping the keeper and collect every reply up to the ping's (a liveness check)."""
-        self.sock.send(keeper.MAGIC + b'{"op":"hello","ping":1}')
+        self.sock.send(wire.MAGIC + b'{"op":"hello","ping":1}')
         out = []
         while True:
-            msg, fds, _, _ = socket.recv_fds(self.sock, keeper.MAX_MESSAGE, keeper.MAX_FDS)
+            msg, fds, _, _ = socket.recv_fds(self.sock, wire.MAX_MESSAGE, wire.MAX_FDS)
             for fd in fds:
                 os.close(fd)
             assert msg, "the keeper closed the connection"
-            assert msg[:4] == keeper.MAGIC
+            assert msg[:4] == wire.MAGIC
             status, body = msg[4], json.loads(msg[5:])
-            if status == keeper.OK and set(body) == {"pid", "version"}:
+            if status == wire.OK and set(body) == {"pid", "version"}:
                 return out
             out.append((status, body))
 
@@ -206,8 +207,8 @@ def test_malformed_keeper_messages_get_error_replies(
     replies = fuzz_client.replies_until_hello()
     assert len(replies) <= 1
     for status, body in replies:
-        assert status in (keeper.OK, keeper.ERROR, keeper.NOT_FOUND, keeper.EXISTS, keeper.DENIED)
-        if status != keeper.OK:
+        assert status in (wire.OK, wire.ERROR, wire.NOT_FOUND, wire.EXISTS, wire.DENIED)
+        if status != wire.OK:
             assert isinstance(body.get("error"), str)
 
 
@@ -228,19 +229,19 @@ def test_keeper_survives_fuzzing_without_leaks(fuzz_client: _Client, private_kee
     fuzz_client.replies_until_hello()  # the keeper has accepted our connection: counted
     before = len(os.listdir(f"/proc/{kpid}/fd"))
     for i in range(300):
-        fuzz_client.send(keeper.MAGIC + json.dumps({"op": "keep", "id": i}).encode(), 2)
-        fuzz_client.send(b"\xff" * (keeper.MAX_MESSAGE + 10), 1)  # too long: truncated
+        fuzz_client.send(wire.MAGIC + json.dumps({"op": "keep", "id": i}).encode(), 2)
+        fuzz_client.send(b"\xff" * (wire.MAX_MESSAGE + 10), 1)  # too long: truncated
     fuzz_client.replies_until_hello()
     # a too-long message may make the client reconnect; the keeper closes the old connection
     # when it reads its EOF, which can come after it answered the new one's hello
     assert _settled_fd_count(kpid, before) == before
     # a keep with valid fields is kept, and freed when unlinked
     req = {"op": "keep", **_GOOD}
-    fuzz_client.send(keeper.MAGIC + json.dumps(req).encode(), 1)
+    fuzz_client.send(wire.MAGIC + json.dumps(req).encode(), 1)
     [(status, _)] = fuzz_client.replies_until_hello()
-    assert status == keeper.OK
+    assert status == wire.OK
     assert _settled_fd_count(kpid, before + 1) == before + 1
-    fuzz_client.send(keeper.MAGIC + b'{"op":"unlink","name":"fuzz"}', 0)
+    fuzz_client.send(wire.MAGIC + b'{"op":"unlink","name":"fuzz"}', 0)
     fuzz_client.replies_until_hello()
     fuzz_client.sock.close()  # our connection held it: now nobody does
     fuzz_client.sock = fuzz_client._open()

@@ -27,6 +27,7 @@ from keeper_helpers import private_keeper  # noqa: F401 - fixture
 
 import sharedarrays as sa
 from sharedarrays.memory.allocation import drop_parked
+from sharedarrays.protocol import keeper as wire
 from sharedarrays.transport import handles as transport
 from sharedarrays.transport import keeper
 
@@ -99,7 +100,7 @@ def _context(method: str, backend: str) -> Any:
 
 def _keeper_holds() -> int:
     try:
-        _, body, _ = keeper.request({"op": "status"}, start=False)
+        _, body, _ = keeper.request(wire.Status(), start=False)
     except sa.HandleUnavailable:
         return 0
     return int(body["arrays"])

@@ -9,14 +9,14 @@ array go again. Both take anything with the array's :attr:`allocation` and :meth
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import Protocol
 
 from sharedarrays.errors import HandleUnavailable, NameNotFound
 from sharedarrays.memory.allocation import Allocation
-from sharedarrays.protocol.payload import MAGIC, TAG_BYTES, Payload
+from sharedarrays.protocol import keeper as keeper_protocol
+from sharedarrays.protocol.payload import Payload
 from sharedarrays.transport import keeper
 
 __all__ = ["Keepable", "keep", "unpark"]
@@ -29,11 +29,6 @@ class Keepable(Protocol):
     def allocation(self) -> Allocation: ...
 
     def payload(self) -> Payload: ...
-
-
-def _doc(a: Keepable) -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads(a.payload().to_bytes()[len(MAGIC) + TAG_BYTES :])
-    return doc
 
 
 def _allow(pids: Iterable[int] | None) -> list[int] | None:
@@ -68,18 +63,17 @@ def keep(a: Keepable, name: str | None) -> None:
             "a growable array (capacity=) cannot be named or parked: the keeper holds a "
             "fixed set of chunks. Keep its creator running while others load it"
         )
-    req = {
-        "op": "keep",
-        "id": alloc.id,
-        "secret": alloc.secret.hex(),
-        "name": name,
-        "sizes": alloc.chunk_sizes(),
-        "doc": _doc(a),
-        "allow_pids": _allow(alloc.allow_pids),
-    }
-    if len(alloc.chunk_sizes()) > keeper.MAX_FDS:
+    req = keeper_protocol.Keep(
+        alloc.id,
+        alloc.secret,
+        name,
+        alloc.chunk_sizes(),
+        a.payload().to_doc(),
+        _allow(alloc.allow_pids),
+    )
+    if len(alloc.chunk_sizes()) > keeper_protocol.MAX_FDS:
         raise ValueError(
-            f"the keeper holds arrays of at most {keeper.MAX_FDS} chunks; this one has "
+            f"the keeper holds arrays of at most {keeper_protocol.MAX_FDS} chunks; this one has "
             f"{len(alloc.chunk_sizes())} (pass a larger chunk_bytes)"
         )
     handles, temporary = alloc.handles_for_importers()  # read-only ones for readonly arrays
@@ -105,7 +99,7 @@ def unpark(alloc: Allocation) -> None:
     """
     try:
         status, body, _ = keeper.request(
-            {"op": "unlink", "id": alloc.id, "secret": alloc.secret.hex()}, start=False
+            keeper_protocol.Unlink(alloc_id=alloc.id, secret=alloc.secret), start=False
         )
     except HandleUnavailable:
         raise NameNotFound(f"allocation {alloc.id} is not parked: no keeper runs") from None

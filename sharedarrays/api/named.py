@@ -23,7 +23,6 @@ through :mod:`sharedarrays.api.keeping`.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -34,8 +33,15 @@ from sharedarrays.api import keeping
 from sharedarrays.api.array import SharedDeviceArray, load
 from sharedarrays.backends import device_of
 from sharedarrays.backends.device import Device
-from sharedarrays.errors import HandleUnavailable, KeeperError, NameNotFound, SharedArrayError
-from sharedarrays.protocol.payload import MAGIC, Payload
+from sharedarrays.errors import (
+    HandleUnavailable,
+    KeeperError,
+    NameNotFound,
+    PayloadError,
+    SharedArrayError,
+)
+from sharedarrays.protocol import keeper as keeper_protocol
+from sharedarrays.protocol.payload import Payload
 from sharedarrays.transport import keeper
 
 __all__ = ["NamedArray", "attach", "list_named", "unlink", "publish"]
@@ -136,9 +142,9 @@ def attach(name: str) -> SharedDeviceArray:
     ValueError, TypeError
         Not a valid name.
     """
-    keeper.check_name(name)
+    keeper_protocol.check_name(name)
     try:
-        status, body, fds = keeper.request({"op": "attach", "name": name}, start=False)
+        status, body, fds = keeper.request(keeper_protocol.Attach(name), start=False)
     except HandleUnavailable:
         raise NameNotFound(f"no array named {name!r}: no keeper runs for this user") from None
     try:
@@ -152,9 +158,13 @@ def attach(name: str) -> SharedDeviceArray:
             os.close(fd)
         raise
     try:
-        blob = _reseal(doc)
-        if Payload.from_bytes(blob).alloc_id != alloc_id:
+        try:
+            found = Payload.from_doc(doc)
+        except PayloadError as e:
+            raise KeeperError(f"the keeper sent an inconsistent reply: {e}") from None
+        if found.alloc_id != alloc_id:
             raise KeeperError("the keeper sent an inconsistent reply")
+        blob = found.to_bytes()
     except BaseException:
         for fd in fds:
             os.close(fd)
@@ -165,21 +175,6 @@ def attach(name: str) -> SharedDeviceArray:
     except BaseException:
         keeper.release(alloc_id)
         raise
-
-
-def _reseal(doc: dict[str, Any]) -> bytes:
-    """The payload bytes of a document the keeper returned (validated on load)."""
-    from sharedarrays.protocol.payload import _tag
-
-    secret = doc.get("secret")
-    if type(secret) is not str or len(secret) != 64:
-        raise KeeperError("the keeper sent an inconsistent reply")
-    try:
-        key = bytes.fromhex(secret)
-    except ValueError:
-        raise KeeperError("the keeper sent an inconsistent reply") from None
-    body = json.dumps(doc, separators=(",", ":")).encode()
-    return MAGIC + _tag(body, key) + body
 
 
 def unlink(name: str) -> None:
@@ -198,9 +193,9 @@ def unlink(name: str) -> None:
     KeeperError
         The keeper runs but did not answer in time (it is overloaded or stopped).
     """
-    keeper.check_name(name)
+    keeper_protocol.check_name(name)
     try:
-        status, body, _ = keeper.request({"op": "unlink", "name": name}, start=False)
+        status, body, _ = keeper.request(keeper_protocol.Unlink(name), start=False)
     except HandleUnavailable:
         raise NameNotFound(f"no array named {name!r}: no keeper runs for this user") from None
     keeper.raise_for(status, body, f"cannot unlink {name!r}")
@@ -220,7 +215,7 @@ def list_named(parked: bool = False) -> list[NamedArray]:
         The keeper runs but did not answer in time (it is overloaded or stopped).
     """
     try:
-        status, body, _ = keeper.request({"op": "list"}, start=False)
+        status, body, _ = keeper.request(keeper_protocol.List(), start=False)
     except HandleUnavailable:
         return []
     keeper.raise_for(status, body, "cannot list the keeper's arrays")

@@ -20,6 +20,7 @@ from sharedarrays.api.array import operator_index
 from sharedarrays.backends import Access
 from sharedarrays.backends.device import Device, DeviceLike, parse_device
 from sharedarrays.process import PID_MAX_LIMIT
+from sharedarrays.protocol.keeper import check_name
 from sharedarrays.protocol.payload import MAX_SIZE
 
 __all__ = ["AccessList", "CreationOptions"]
@@ -125,9 +126,7 @@ class CreationOptions:
                 raise ValueError("a growable array grows along axis 0 and must be in C order")
             pack = False
         if name is not None:
-            from sharedarrays.transport import keeper
-
-            keeper.check_name(name)
+            check_name(name)
         allowed = None if allow_pids is None else frozenset(operator_index(p) for p in allow_pids)
         if allowed is not None and not all(0 < p <= PID_MAX_LIMIT for p in allowed):
             raise ValueError(

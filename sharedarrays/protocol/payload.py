@@ -4,7 +4,8 @@ A payload is plain data: ``b"SA1"``, a 16-byte keyed BLAKE2b tag, then a JSON ob
 names the allocation (id and secret), the process to fetch the handles from (pid and the path
 of its handle server), the chunk sizes, and the view (dtype, shape, strides, byte offset).
 Loading one never calls anything it names; every field is checked, and anything malformed,
-truncated or altered raises :class:`~sharedarrays.PayloadError`.
+truncated or altered raises :class:`~sharedarrays.PayloadError`. The backend's name is
+checked for its shape only: whether this process knows that backend is its importer's check.
 
 The tag is keyed with the allocation's secret. It does not make the payload secret (the secret
 travels inside it) but it rejects any payload that was altered after it was made.
@@ -21,7 +22,6 @@ from typing import Any
 
 import numpy as np
 
-from sharedarrays.backends import names as backend_names
 from sharedarrays.errors import PayloadError
 from sharedarrays.process import PID_MAX_LIMIT
 
@@ -55,6 +55,9 @@ _KEYS = frozenset(
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _DTYPE = re.compile(r"^[<>|=]?[biufc][0-9]{1,2}$")
+_BACKEND = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
+"""A backend name's shape (``host``, ``cuda-vmm``, ...). Whether this process knows the
+backend is its importer's question: :class:`Payload` is pure data."""
 _OPTIONAL = frozenset(("capacity",))
 
 
@@ -173,8 +176,8 @@ class Payload:
         """Bytes of the whole allocation (the sum of the chunk sizes)."""
         return sum(self.chunks)
 
-    def to_bytes(self) -> bytes:
-        """Encode as ``b"SA1" + tag + JSON``."""
+    def to_doc(self) -> dict[str, Any]:
+        """The payload as a plain dict (its JSON body): what :meth:`from_doc` takes back."""
         doc: dict[str, Any] = {
             "backend": self.backend,
             "device": self.device,
@@ -191,8 +194,26 @@ class Payload:
         }
         if self.capacity is not None:
             doc["capacity"] = self.capacity
-        body = json.dumps(doc, separators=(",", ":")).encode()
+        return doc
+
+    def to_bytes(self) -> bytes:
+        """Encode as ``b"SA1" + tag + JSON``."""
+        body = json.dumps(self.to_doc(), separators=(",", ":")).encode()
         return MAGIC + _tag(body, self.secret) + body
+
+    @classmethod
+    def from_doc(cls, doc: object) -> Payload:
+        """Validate a payload's plain dict form (:meth:`to_doc`) field by field, as
+        :meth:`from_bytes` does. A dict carries no tag: whoever takes one from another
+        process (the keeper's reply) answers for trusting its sender.
+
+        Raises
+        ------
+        PayloadError
+            Not a dict, a field missing or unknown, or a field invalid.
+        """
+        fields = _fields(doc)
+        return cls._validate(fields, _secret(fields))
 
     @classmethod
     def from_bytes(cls, data: object) -> Payload:
@@ -221,12 +242,8 @@ class Payload:
             doc = json.loads(body)
         except (UnicodeDecodeError, ValueError, RecursionError):
             raise PayloadError("payload is corrupted: its body is not valid JSON") from None
-        if type(doc) is not dict or set(doc) - _OPTIONAL != _KEYS:
-            raise PayloadError("payload is corrupted: wrong set of fields")
-        secret_hex = doc["secret"]
-        if type(secret_hex) is not str or not _HEX64.match(secret_hex):
-            raise PayloadError("payload field 'secret' must be 64 hex digits")
-        secret = bytes.fromhex(secret_hex)
+        doc = _fields(doc)
+        secret = _secret(doc)
         if len(tag) != TAG_BYTES or not hmac.compare_digest(tag, _tag(body, secret)):
             raise PayloadError("payload was altered or truncated after it was made (tag mismatch)")
         payload = cls._validate(doc, secret)
@@ -238,7 +255,7 @@ class Payload:
     @classmethod
     def _validate(cls, doc: dict[str, Any], secret: bytes) -> Payload:
         backend = doc["backend"]
-        if type(backend) is not str or backend not in backend_names():
+        if type(backend) is not str or not _BACKEND.match(backend):
             raise PayloadError(f"unknown backend {backend!r} in payload")
         alloc_id = doc["id"]
         if type(alloc_id) is not str or not _HEX32.match(alloc_id):
@@ -305,3 +322,18 @@ class Payload:
             readonly=readonly,
             capacity=capacity,
         )
+
+
+def _fields(doc: object) -> dict[str, Any]:
+    """``doc``, if it is a dict with a payload's fields."""
+    if type(doc) is not dict or set(doc) - _OPTIONAL != _KEYS:
+        raise PayloadError("payload is corrupted: wrong set of fields")
+    return doc
+
+
+def _secret(doc: dict[str, Any]) -> bytes:
+    """The payload's secret."""
+    secret_hex = doc["secret"]
+    if type(secret_hex) is not str or not _HEX64.match(secret_hex):
+        raise PayloadError("payload field 'secret' must be 64 hex digits")
+    return bytes.fromhex(secret_hex)

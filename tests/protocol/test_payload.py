@@ -106,7 +106,7 @@ def test_resealed_field_tampering_never_escapes(key: str, value: object) -> None
         ("chunks", []),
         ("chunks", [0]),
         ("id", "zz"),
-        ("backend", "rocm"),
+        ("backend", "ROCm"),  # (a well-formed unknown name: test_unknown_backend_...)
         ("server", "relative.sock"),
         ("shape", [1] * 65),
         ("shape", [2**40, 2**40]),
@@ -188,10 +188,56 @@ def test_a_mapping_backend_refuses_exports() -> None:
 
 
 def test_unknown_backend_is_a_payload_error() -> None:
+    """A well-formed name of a backend this process does not know: the payload decodes (it
+    is pure data), and loading it refuses it."""
     doc = fields()
     doc["backend"] = "cuda-hip"
+    assert Payload.from_bytes(reseal(doc)).backend == "cuda-hip"
+    with pytest.raises(sa.PayloadError, match="unknown backend 'cuda-hip' in payload"):
+        sa.load(reseal(doc))
+
+
+@pytest.mark.parametrize("name", ["", "CUDA", "-host", "a" * 33, "cuda vmm", 7, None, ["host"]])
+def test_malformed_backend_name_is_a_payload_error(name: object) -> None:
+    doc = fields()
+    doc["backend"] = name
     with pytest.raises(sa.PayloadError, match="unknown backend"):
         Payload.from_bytes(reseal(doc))
+
+
+def test_doc_round_trip() -> None:
+    p = Payload.from_bytes(_BLOB)
+    doc = p.to_doc()
+    assert doc == fields()  # the JSON body, as a dict
+    assert Payload.from_doc(doc) == p
+    grown = Payload.from_doc({**doc, "capacity": p.size * 2})
+    assert grown.capacity == p.size * 2 and grown.to_doc()["capacity"] == p.size * 2
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"secret": "ab"},
+        {"id": "xyz"},
+        {"offset": -1},
+        {"extra": 1},
+        {"shape": [1000]},
+        {"dtype": "O"},
+        {"backend": "Host!"},
+    ],
+)
+def test_from_doc_validates_like_from_bytes(change: dict[str, object]) -> None:
+    doc = {**fields(), **change}
+    with pytest.raises(sa.PayloadError):
+        Payload.from_doc(doc)
+    with pytest.raises(sa.PayloadError):
+        Payload.from_bytes(reseal(doc))
+
+
+@pytest.mark.parametrize("doc", [None, [], "x", {"backend": "host"}])
+def test_from_doc_refuses_what_is_not_a_payload_dict(doc: object) -> None:
+    with pytest.raises(sa.PayloadError, match="wrong set of fields"):
+        Payload.from_doc(doc)
 
 
 @settings(max_examples=300, deadline=None)

@@ -30,6 +30,7 @@ from keeper_helpers import (
 import sharedarrays as sa
 from sharedarrays.cli import main as cli_main
 from sharedarrays.memory import allocation as sa_allocation
+from sharedarrays.protocol import keeper as wire
 from sharedarrays.transport import keeper
 
 __all__ = ["private_keeper"]  # a fixture, used by name
@@ -324,7 +325,7 @@ def test_another_users_keeper_socket_is_refused(private_keeper: Path) -> None:
     pid = keeper.ensure_running()
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
         s.connect(str(private_keeper / "keeper.sock"))
-        s.send(keeper.MAGIC + b'{"op":"hello"}')
+        s.send(wire.MAGIC + b'{"op":"hello"}')
         assert json.loads(s.recv(1024)[5:])["pid"] == pid
     os.chmod(private_keeper, 0o755)
     with pytest.raises(sa.PermissionDenied, match="private directory"):
@@ -405,20 +406,12 @@ def test_the_keeper_refuses_an_unsealed_memfd(private_keeper: Path) -> None:
     size = a.allocation.size
     forged = os.memfd_create("sharedarrays", os.MFD_CLOEXEC)  # no seals
     os.ftruncate(forged, size)
-    req = {
-        "op": "keep",
-        "id": "ab" * 16,
-        "secret": "cd" * 32,
-        "name": "unsealed",
-        "sizes": [size],
-        "doc": {"backend": "host"},
-        "allow_pids": None,
-    }
+    req = wire.Keep("ab" * 16, bytes.fromhex("cd" * 32), "unsealed", [size], {"backend": "host"})
     try:
         status, body, fds = keeper.request(req, [forged])
     finally:
         os.close(forged)
-    assert fds == [] and status == keeper.ERROR
+    assert fds == [] and status == wire.ERROR
     assert "not sealed against shrinking" in str(body["error"])
     assert "unsealed" not in [n.name for n in sa.list_named()]
     assert keeper_memfds(kpid) == before  # closed, not kept
@@ -477,8 +470,8 @@ def _hello(path: Path) -> socket.socket:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     s.settimeout(30)
     s.connect(str(path))
-    s.send(keeper.MAGIC + b'{"op":"hello"}')
-    assert s.recv(1024)[:4] == keeper.MAGIC
+    s.send(wire.MAGIC + b'{"op":"hello"}')
+    assert s.recv(1024)[:4] == wire.MAGIC
     return s
 
 
@@ -533,7 +526,7 @@ def test_a_keeper_out_of_fds_keeps_serving(private_keeper: Path) -> None:
             s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             s.settimeout(30)
             s.connect(str(private_keeper / "keeper.sock"))
-            s.send(keeper.MAGIC + b'{"op":"hello"}')
+            s.send(wire.MAGIC + b'{"op":"hello"}')
             flood.append(s)
         keeper.disconnect()  # a new connection, behind the flood
         start = time.monotonic()

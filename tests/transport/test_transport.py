@@ -23,12 +23,16 @@ from conftest import closed_by_peer
 
 import sharedarrays as sa
 from sharedarrays.memory import allocation as sa_allocation
+from sharedarrays.protocol import unix
+from sharedarrays.protocol.handles import Kind, Request, Status
 from sharedarrays.protocol.payload import MAGIC, TAG_BYTES, _tag
+from sharedarrays.transport import client
 from sharedarrays.transport import handles as transport
+from sharedarrays.transport import server as handle_server
 
 
 def test_runtime_dir_is_private() -> None:
-    d = transport.runtime_dir()
+    d = unix.runtime_dir()
     st_ = os.lstat(d)
     assert stat.S_ISDIR(st_.st_mode) and st_.st_uid == os.getuid()
     assert st_.st_mode & 0o777 == 0o700
@@ -43,30 +47,30 @@ def test_runtime_dir_open_to_others_is_refused(
     (tmp_path / "sharedarrays").mkdir(mode=0o777)
     os.chmod(tmp_path / "sharedarrays", 0o777)
     with pytest.raises(sa.PermissionDenied, match="private directory"):
-        transport.runtime_dir()
+        unix.runtime_dir()
 
 
 def test_wrong_secret_is_refused(fd_baseline: None) -> None:
     a = sa.zeros(16, device="cpu", pack=False)
     server = transport.server_address()
     with pytest.raises(sa.PermissionDenied, match="secret"):
-        transport.fetch_handles(server, os.getpid(), a.allocation.id, b"\0" * 32)
+        client.fetch_handles(server, os.getpid(), a.allocation.id, b"\0" * 32)
 
 
 def test_unknown_allocation_is_unavailable(fd_baseline: None) -> None:
     server = transport.server_address()
     with pytest.raises(sa.HandleUnavailable, match="no longer available"):
-        transport.fetch_handles(server, os.getpid(), "ab" * 16, b"\0" * 32)
+        client.fetch_handles(server, os.getpid(), "ab" * 16, b"\0" * 32)
 
 
 def test_dead_server_is_unavailable(tmp_path: Path, fd_baseline: None) -> None:
     with pytest.raises(sa.HandleUnavailable, match="has exited"):
-        transport.fetch_handles(str(tmp_path / "gone.sock"), 12345, "ab" * 16, b"\0" * 32)
+        client.fetch_handles(str(tmp_path / "gone.sock"), 12345, "ab" * 16, b"\0" * 32)
 
 
 def test_fetch_returns_working_fds(fd_baseline: None) -> None:
     a = sa.from_array(np.arange(10.0), device="cpu", pack=False)
-    sizes, fds, exports = transport.fetch_handles(
+    sizes, fds, exports = client.fetch_handles(
         transport.server_address(), os.getpid(), a.allocation.id, a.allocation.secret
     )
     try:
@@ -80,7 +84,7 @@ def test_fetch_returns_working_fds(fd_baseline: None) -> None:
 
 
 def _fetch_and_close(a: sa.SharedDeviceArray) -> None:
-    _, fds, _ = transport.fetch_handles(
+    _, fds, _ = client.fetch_handles(
         transport.server_address(), os.getpid(), a.allocation.id, a.allocation.secret
     )
     for fd in fds:
@@ -90,20 +94,20 @@ def _fetch_and_close(a: sa.SharedDeviceArray) -> None:
 def test_requests_to_one_server_reuse_one_connection(fd_baseline: None) -> None:
     a, b = (sa.zeros(16, device="cpu", pack=False) for _ in range(2))
     server = transport.server_address()
-    transport.close_connections()
+    client.close_connections()
     _fetch_and_close(a)
-    kept = transport._connections[server]
+    kept = client._connections[server]
     _fetch_and_close(b)
     _fetch_and_close(a)
-    assert transport._connections[server] is kept  # no new connect per request
+    assert client._connections[server] is kept  # no new connect per request
     assert transport._server is not None
     deadline = time.monotonic() + 10  # the server thread files the connection after replying
     while transport._server.connections != 1 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert transport._server.connections == 1
     assert transport.open_connections() == 2  # this process at both ends
-    transport.close_connections()
-    assert server not in transport._connections
+    client.close_connections()
+    assert server not in client._connections
 
 
 def test_a_kept_connection_the_server_dropped_is_replaced(
@@ -111,19 +115,19 @@ def test_a_kept_connection_the_server_dropped_is_replaced(
 ) -> None:
     a = sa.zeros(16, device="cpu", pack=False)
     server = transport.server_address()
-    transport.close_connections()
+    client.close_connections()
     _fetch_and_close(a)
-    kept = transport._connections[server]
-    monkeypatch.setattr(transport, "MAX_CONNECTIONS", 1)
-    other = transport._connect(server, "gone")  # the server closes the longest idle: ours
+    kept = client._connections[server]
+    monkeypatch.setattr(handle_server, "MAX_CONNECTIONS", 1)
+    other = client._connect(server, "gone")  # the server closes the longest idle: ours
     try:
         other.sendall(b"?")  # a malformed request: answered, so the eviction has happened
         assert other.recv(64)[:4] == b"SAR1"
         _fetch_and_close(a)  # sent on the dead connection first, then once more anew
-        assert transport._connections[server] is not kept
+        assert client._connections[server] is not kept
     finally:
         other.close()
-        transport.close_connections()
+        client.close_connections()
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="fork")
@@ -137,7 +141,7 @@ def test_a_forked_child_does_not_use_its_parents_connections(tmp_path: Path) -> 
         code = 3
         try:
             try:
-                transport._fetch(server, 1, a.allocation.id, a.allocation.secret, None, None)
+                client._fetch(server, 1, a.allocation.id, a.allocation.secret, None, None)
                 code = 1  # served as the parent
             except sa.PermissionDenied:
                 code = 0  # asked on a connection of its own
@@ -235,20 +239,20 @@ def test_another_user_is_denied(open_socket: bool) -> None:
         )
     assert out.returncode == 0, out.stderr
     if open_socket:
-        assert out.stdout.split() == ["STATUS", str(transport._BAD_UID), "FDS", "0"]
+        assert out.stdout.split() == ["STATUS", str(Status.BAD_UID), "FDS", "0"]
     else:
         assert out.stdout.strip() == "EACCES"
     assert a.allocation.served == ()
 
 
 def test_stale_socket_files_are_removed() -> None:
-    d = transport.runtime_dir()
+    d = unix.runtime_dir()
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
     ).stdout.strip()
     stale = d / f"{dead}-deadbeef.sock"
     stale.touch()
-    transport._remove_stale_sockets(d)
+    handle_server._remove_stale_sockets(d)
     assert not stale.exists()
 
 
@@ -327,7 +331,7 @@ def test_a_pointer_backends_handle_comes_only_from_the_server(
     export = a.allocation.exports()[0]
     assert export not in pickle.dumps(a) and export.hex().encode() not in pickle.dumps(a)
     server = transport.server_address()
-    sizes, fds, exports = transport.fetch_handles(
+    sizes, fds, exports = client.fetch_handles(
         server, os.getpid(), a.allocation.id, a.allocation.secret
     )
     try:
@@ -336,17 +340,17 @@ def test_a_pointer_backends_handle_comes_only_from_the_server(
         for fd in fds:
             os.close(fd)
     with pytest.raises(sa.PermissionDenied):
-        transport.fetch_handles(server, os.getpid(), a.allocation.id, b"\0" * 32)
+        client.fetch_handles(server, os.getpid(), a.allocation.id, b"\0" * 32)
 
 
 _SEND_CLOSED = """
 import socket, sys
-from sharedarrays.transport import handles as transport
-path, raw_id, secret = sys.argv[1], bytes.fromhex(sys.argv[2]), bytes.fromhex(sys.argv[3])
+from sharedarrays.protocol.handles import Kind, Reply, Request
+path, alloc_id, secret = sys.argv[1], sys.argv[2], bytes.fromhex(sys.argv[3])
 with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
     s.connect(path)
-    s.sendall(transport._REQUEST.pack(transport._CLOSED_MAGIC, raw_id, secret))
-    print(transport._REPLY.unpack_from(s.recv(64))[1])
+    s.sendall(Request(Kind.CLOSED, alloc_id, secret).encode())
+    print(Reply.decode(s.recv(64)).status)
 """
 
 
@@ -464,9 +468,7 @@ def test_importers_that_never_read_their_replies_do_not_stall_the_server() -> No
     import threading
 
     with _exporter() as (_, out):
-        request = transport._REQUEST.pack(
-            transport._REQUEST_MAGIC, bytes.fromhex(out["id"]), bytes.fromhex(out["secret"])
-        )
+        request = Request(Kind.FETCH, out["id"], bytes.fromhex(out["secret"])).encode()
         sent = [0] * 5
         floods = [_raw(out["server"]) for _ in range(5)]
 
@@ -529,7 +531,7 @@ def test_a_live_server_whose_pid_means_nothing_here_keeps_its_socket(tmp_path: P
     dead.close()  # its process died: the file stays
     (directory / f"{pid}-33333333.sock").touch()
     try:
-        transport._remove_stale_sockets(directory)
+        handle_server._remove_stale_sockets(directory)
         left = sorted(p.name for p in directory.iterdir())
         assert left == [f"{pid}-11111111.sock"]
     finally:
@@ -583,7 +585,7 @@ def test_loads_from_a_stopped_exporter_fail_as_handle_unavailable(
     fails with HandleUnavailable, none with a raw BlockingIOError."""
     from concurrent.futures import ThreadPoolExecutor
 
-    monkeypatch.setattr(transport, "TIMEOUT", 2.0)
+    monkeypatch.setattr(client, "TIMEOUT", 2.0)
     with _exporter() as (child, out):
         blob = bytes.fromhex(out["blob"])
         os.kill(child.pid, signal.SIGSTOP)
@@ -624,22 +626,22 @@ def test_the_runtime_dir_passes_over_names_another_user_took(
     os.chmod(tmp, 0o1777)
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
-    monkeypatch.setattr(transport, "RUN_USER", tmp_path / "run")
+    monkeypatch.setattr(unix, "RUN_USER", tmp_path / "run")
     _squat(tmp / f"sharedarrays-{uid}", user)
-    assert transport.runtime_dir() == tmp / f"sharedarrays-{uid}-1"
-    assert transport.runtime_dir() == tmp / f"sharedarrays-{uid}-1"  # found again
+    assert unix.runtime_dir() == tmp / f"sharedarrays-{uid}-1"
+    assert unix.runtime_dir() == tmp / f"sharedarrays-{uid}-1"  # found again
     st_ = os.lstat(tmp / f"sharedarrays-{uid}-1")
     assert st_.st_uid == uid and st_.st_mode & 0o777 == 0o700
     # every name taken: a clear error saying what to do
-    monkeypatch.setattr(transport, "RUNTIME_DIR_TRIES", 3)
+    monkeypatch.setattr(unix, "RUNTIME_DIR_TRIES", 3)
     os.rmdir(tmp / f"sharedarrays-{uid}-1")
     _squat(tmp / f"sharedarrays-{uid}-1", user)
     _squat(tmp / f"sharedarrays-{uid}-2", user)
     with pytest.raises(sa.PermissionDenied, match="XDG_RUNTIME_DIR"):
-        transport.runtime_dir()
+        unix.runtime_dir()
     # systemd's /run/user/<uid>, when it is ours, comes first
     (tmp_path / "run" / str(uid)).mkdir(parents=True, mode=0o700)
-    assert transport.runtime_dir() == tmp_path / "run" / str(uid) / "sharedarrays"
+    assert unix.runtime_dir() == tmp_path / "run" / str(uid) / "sharedarrays"
 
 
 SQUATTED_EXPORTER = """

@@ -1,0 +1,295 @@
+"""The handle server's wire format: requests, replies and notices between processes.
+
+``SOCK_SEQPACKET`` messages on a Unix socket (:mod:`sharedarrays.protocol.unix`). A request
+is one fixed-layout message (:class:`Request`), of five kinds told apart by their magic:
+
+=========  ==============  ====================================================================
+magic      kind            meaning
+=========  ==============  ====================================================================
+``SAH1``   ``FETCH``       "send me the chunks of this allocation" (reply: :class:`Handles`)
+``SAG1``   ``GROW``        "send me a growable allocation's chunks from index ``count``"
+                           (reply: :class:`Growth`)
+``SAX1``   ``RELEASED``    exporter -> importer: "I released this allocation; I loaded
+                           ``count`` of your payloads of it" (reply: status only)
+``SAC1``   ``CLOSED``      importer -> exporter of exporter-owned memory: "I closed it"
+``SAL1``   ``LOADED``      importer -> sender: "I loaded ``count`` of your payloads from the
+                           mapping I had" (no reply)
+=========  ==============  ====================================================================
+
+Each names the allocation (16 raw bytes of its id) and carries its 32-byte secret; the
+counted kinds (``GROW``, ``RELEASED``, ``LOADED``) add a 32-bit count. A ``FETCH`` or
+``GROW`` may end with the importer's own handle server path (up to 107 bytes), so that the
+exporter can tell it when it releases the allocation.
+
+A reply (:class:`Reply`) is ``b"SAR1"``, a status byte and the number of fds that come with
+it, then a JSON body (:class:`Handles` or :class:`Growth`); the fds ride on it and, past
+250, on messages of their own (:func:`sharedarrays.protocol.unix.send_fds`).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from sharedarrays.errors import PayloadError
+from sharedarrays.protocol.unix import MAX_PATH
+
+__all__ = [
+    "Kind",
+    "Status",
+    "Request",
+    "Reply",
+    "Handles",
+    "Growth",
+    "MAX_REQUEST",
+    "COUNTED_SIZE",
+    "REPLY_SIZE",
+    "MAX_EXPORT",
+]
+
+_PLAIN = struct.Struct("4s16s32s")  # magic, allocation id, secret
+_COUNTED = struct.Struct("4s16s32sI")  # and a count
+_REPLY = struct.Struct("4sBI")  # magic, status, number of fds
+REPLY_MAGIC = b"SAR1"
+REPLY_SIZE = _REPLY.size
+"""Bytes of a reply before its JSON body."""
+MAX_REQUEST = _COUNTED.size + MAX_PATH
+"""Longest request in bytes."""
+COUNTED_SIZE = _COUNTED.size
+"""Bytes of a request of a counted kind (``GROW``, ``RELEASED``, ``LOADED``) with no path."""
+MAX_EXPORT = 512
+"""Longest portable chunk handle a :class:`Handles` reply carries, in hex digits."""
+_INCONSISTENT = "the handle server sent an inconsistent reply"
+
+
+class Kind(enum.Enum):
+    """What a request asks; its value is the request's magic."""
+
+    FETCH = b"SAH1"
+    GROW = b"SAG1"
+    RELEASED = b"SAX1"
+    CLOSED = b"SAC1"
+    LOADED = b"SAL1"
+
+    @property
+    def counted(self) -> bool:
+        """Whether its requests carry a count (and have the longer layout)."""
+        return self in (Kind.GROW, Kind.RELEASED, Kind.LOADED)
+
+
+_KINDS = {kind.value: kind for kind in Kind}
+
+
+class Status(enum.IntEnum):
+    """A reply's status byte."""
+
+    OK = 0
+    GONE = 1
+    BAD_SECRET = 2
+    BAD_UID = 3
+    BAD_REQUEST = 4
+    NOT_ALLOWED = 5
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request (or notice) to a handle server.
+
+    Attributes
+    ----------
+    kind : Kind
+        What it asks.
+    alloc_id : str
+        The allocation's id (32 hex digits).
+    secret : bytes
+        The allocation's 32-byte secret.
+    count : int
+        ``GROW``: the first chunk wanted; ``RELEASED`` and ``LOADED``: how many payloads;
+        0 for the others (which do not carry it).
+    reply_to : str
+        The sender's own handle server path, or ``""``; at most :data:`MAX_PATH` bytes.
+    """
+
+    kind: Kind
+    alloc_id: str
+    secret: bytes
+    count: int = 0
+    reply_to: str = ""
+
+    def encode(self) -> bytes:
+        """The message's bytes."""
+        raw_id = bytes.fromhex(self.alloc_id)
+        if self.kind.counted:
+            head = _COUNTED.pack(self.kind.value, raw_id, self.secret, self.count)
+        else:
+            head = _PLAIN.pack(self.kind.value, raw_id, self.secret)
+        return head + self.reply_to.encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> Request:
+        """The request in ``data``.
+
+        Raises
+        ------
+        PayloadError
+            An unknown magic, or a message too short or too long for its kind.
+        """
+        kind = _KINDS.get(bytes(data[:4]))
+        if kind is None:
+            raise PayloadError("not a sharedarrays handle request (unknown magic)")
+        layout = _COUNTED if kind.counted else _PLAIN
+        if not layout.size <= len(data) <= layout.size + MAX_PATH:
+            raise PayloadError(
+                f"a handle request of kind {kind.name} is {layout.size} to "
+                f"{layout.size + MAX_PATH} bytes, not {len(data)}"
+            )
+        fields = layout.unpack_from(data)
+        count = fields[3] if kind.counted else 0
+        reply_to = bytes(data[layout.size :]).decode(errors="replace")
+        return cls(kind, fields[1].hex(), fields[2], count, reply_to)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A handle server's reply: a status, how many fds come with it, and a JSON body.
+
+    Attributes
+    ----------
+    status : int
+        A :class:`Status` (an int, so that a reply with a status this version does not know
+        decodes, and is refused by its reader).
+    fds : int
+        How many fds come with it.
+    body : bytes
+        JSON (:class:`Handles` or :class:`Growth`), or empty.
+    """
+
+    status: int
+    fds: int = 0
+    body: bytes = b""
+
+    def encode(self) -> bytes:
+        """The message's bytes."""
+        return _REPLY.pack(REPLY_MAGIC, self.status, self.fds) + self.body
+
+    @classmethod
+    def decode(cls, data: bytes) -> Reply:
+        """The reply in ``data``.
+
+        Raises
+        ------
+        PayloadError
+            Too short, or not a handle server's reply (wrong magic).
+        """
+        if len(data) < _REPLY.size:
+            raise PayloadError(f"a handle server reply is at least {_REPLY.size} bytes")
+        magic, status, fds = _REPLY.unpack_from(data)
+        if magic != REPLY_MAGIC:
+            raise PayloadError("not a sharedarrays handle server reply (wrong magic)")
+        return cls(status, fds, bytes(data[_REPLY.size :]))
+
+
+@dataclass(frozen=True)
+class Handles:
+    """The body of a ``FETCH`` reply: an allocation's chunk sizes and, for a pointer backend
+    (cuda-ipc, cuda-pool), its portable chunk handles.
+
+    Attributes
+    ----------
+    sizes : list of int
+        The chunk sizes (checked by the importer against its payload).
+    exports : tuple of bytes or None
+        The portable handles of a pointer backend; ``None`` for a mapping backend (whose
+        body is the bare list of sizes).
+    """
+
+    sizes: list[int]
+    exports: tuple[bytes, ...] | None = None
+
+    def encode(self) -> bytes:
+        """The body's bytes (JSON)."""
+        if self.exports is None:
+            return json.dumps(self.sizes).encode()
+        doc = {"sizes": self.sizes, "exports": [e.hex() for e in self.exports]}
+        return json.dumps(doc).encode()
+
+    @classmethod
+    def decode(cls, body: bytes) -> Handles:
+        """The body in ``body``.
+
+        Raises
+        ------
+        PayloadError
+            Not JSON of this shape ("the handle server sent an inconsistent reply").
+        """
+        doc = _json(body)
+        sizes: Any = doc
+        exports: Any = None
+        if type(doc) is dict and set(doc) == {"sizes", "exports"}:
+            sizes, exports = doc["sizes"], doc["exports"]
+            if type(exports) is not list or not all(
+                type(e) is str and 0 < len(e) <= MAX_EXPORT for e in exports
+            ):
+                raise PayloadError(_INCONSISTENT)
+            try:
+                exports = tuple(bytes.fromhex(e) for e in exports)
+            except ValueError:
+                raise PayloadError(_INCONSISTENT) from None
+        if type(sizes) is not list:
+            raise PayloadError(_INCONSISTENT)
+        return cls(sizes, exports)
+
+
+@dataclass(frozen=True)
+class Growth:
+    """The body of a ``GROW`` reply: a growable allocation's chunk sizes now, its reserved
+    bytes and the bytes of the array now.
+
+    Attributes
+    ----------
+    sizes : list of int
+        Every chunk size (positive).
+    capacity, used : int
+        Reserved bytes, and the bytes of the array.
+    """
+
+    sizes: list[int]
+    capacity: int
+    used: int
+
+    def encode(self) -> bytes:
+        """The body's bytes (JSON)."""
+        doc = {"sizes": self.sizes, "capacity": self.capacity, "used": self.used}
+        return json.dumps(doc).encode()
+
+    @classmethod
+    def decode(cls, body: bytes) -> Growth:
+        """The body in ``body``.
+
+        Raises
+        ------
+        PayloadError
+            Not JSON of this shape ("the handle server sent an inconsistent reply").
+        """
+        doc = _json(body)
+        if type(doc) is not dict or set(doc) != {"sizes", "capacity", "used"}:
+            raise PayloadError(_INCONSISTENT)
+        sizes, capacity, used = doc["sizes"], doc["capacity"], doc["used"]
+        if (
+            type(sizes) is not list
+            or not all(type(n) is int and n > 0 for n in sizes)
+            or type(capacity) is not int
+            or type(used) is not int
+        ):
+            raise PayloadError(_INCONSISTENT)
+        return cls(sizes, capacity, used)
+
+
+def _json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        raise PayloadError(_INCONSISTENT) from None

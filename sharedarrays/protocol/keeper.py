@@ -1,0 +1,456 @@
+"""The keeper's wire format: requests and replies, as typed records.
+
+``SOCK_SEQPACKET`` messages on the keeper's Unix socket (``keeper.sock`` in the runtime
+directory, :func:`sharedarrays.protocol.unix.runtime_dir`). A request is ``b"SAK1"`` + a
+JSON object with an ``"op"`` and that op's fields, with chunk fds attached by
+``SCM_RIGHTS`` (``keep`` only): one record class per op (:class:`Hello`, :class:`Keep`,
+:class:`Attach`, :class:`Fetch`, :class:`Release`, :class:`Unlink`, :class:`List`,
+:class:`Status`). A reply (:class:`Reply`) is ``b"SAK1"`` + a status byte + a JSON object,
+with fds attached (``attach`` and ``fetch``). ``release`` has no reply.
+
+:func:`decode_request` refuses anything malformed with :class:`BadRequest` (the keeper
+answers it with an ``ERROR`` reply); :meth:`Reply.decode` refuses what is not a keeper reply
+with :class:`~sharedarrays.KeeperError`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from sharedarrays.errors import KeeperError
+
+__all__ = [
+    "MAGIC",
+    "OK",
+    "ERROR",
+    "NOT_FOUND",
+    "EXISTS",
+    "DENIED",
+    "MAX_MESSAGE",
+    "MAX_FDS",
+    "MAX_NAME",
+    "MAX_IN_FLIGHT",
+    "SOCKET_NAME",
+    "LOCK_NAME",
+    "BadRequest",
+    "check_name",
+    "Hello",
+    "Keep",
+    "InFlight",
+    "Attach",
+    "Fetch",
+    "Release",
+    "Unlink",
+    "List",
+    "Status",
+    "Request",
+    "decode_request",
+    "Reply",
+]
+
+MAGIC = b"SAK1"
+_STATUS = struct.Struct("4sB")
+OK, ERROR, NOT_FOUND, EXISTS, DENIED = range(5)
+MAX_MESSAGE = 1 << 16
+"""Largest keeper message in bytes (requests and replies)."""
+MAX_FDS = 250
+"""Most chunks a kept array may have (one ``SCM_RIGHTS`` message; SCM_MAX_FD is 253)."""
+MAX_NAME = 128
+"""Longest array name in characters."""
+MAX_IN_FLIGHT = 7 * 86400.0
+"""Longest bound the keeper accepts for payloads in flight (seconds)."""
+MAX_SIZE = 1 << 56
+"""Largest chunk size a ``keep`` request may give."""
+MAX_ALLOW_PIDS = 4096
+"""Most pids in a ``keep`` request's ``allow_pids``."""
+SOCKET_NAME = "keeper.sock"
+"""The keeper's socket, in the runtime directory."""
+LOCK_NAME = "keeper.lock"
+"""The lock file a live keeper holds (``fcntl.flock``), in the runtime directory."""
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_HEX32 = re.compile(r"^[0-9a-f]{32}$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class BadRequest(KeeperError):
+    """A malformed keeper request (the keeper answers it with ``ERROR`` and the message)."""
+
+
+def check_name(name: object) -> str:
+    """Return ``name`` if it is a valid array name, else raise.
+
+    A name is 1 to 128 characters from ``A-Z a-z 0-9 . _ -``, not starting with ``.``,
+    ``_`` or ``-``.
+
+    Raises
+    ------
+    TypeError
+        ``name`` is not a str.
+    ValueError
+        Empty, too long, or with other characters.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"an array name is a str, not {type(name).__name__}")
+    if not 0 < len(name) <= MAX_NAME or not _NAME.match(name):
+        raise ValueError(
+            f"invalid array name {name!r}: use 1 to {MAX_NAME} characters from A-Z a-z 0-9 . _ -, "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+# field validation ---------------------------------------------------------------------------
+
+
+def _field(req: dict[str, Any], key: str, kind: type) -> Any:
+    value = req.get(key)
+    if type(value) is not kind:
+        raise BadRequest(f"field {key!r} must be a {kind.__name__}")
+    return value
+
+
+def _hex(req: dict[str, Any], key: str, pattern: re.Pattern[str]) -> str:
+    value = _field(req, key, str)
+    if not pattern.match(value):
+        raise BadRequest(f"field {key!r} is not valid hex of the right length")
+    return str(value)
+
+
+def _name(req: dict[str, Any], optional: bool = False) -> str | None:
+    value = req.get("name")
+    if value is None and optional:
+        return None
+    try:
+        return check_name(value)
+    except (TypeError, ValueError) as e:
+        raise BadRequest(str(e)) from None
+
+
+def _int_list(value: object, key: str, low: int, high: int, max_len: int) -> list[int]:
+    if type(value) is not list or not 0 < len(value) <= max_len:
+        raise BadRequest(f"field {key!r} must be a list of 1 to {max_len} ints")
+    for x in value:
+        if type(x) is not int or not low <= x <= high:
+            raise BadRequest(f"field {key!r} has {x!r}, not an int in [{low}, {high}]")
+    return list(value)
+
+
+def _encode(op: str, fields: dict[str, Any]) -> bytes:
+    return MAGIC + json.dumps({"op": op, **fields}, separators=(",", ":")).encode()
+
+
+# requests ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hello:
+    """``hello``: the keeper's pid and protocol version (also: start it, see it runs)."""
+
+    op: ClassVar[str] = "hello"
+
+    def encode(self) -> bytes:
+        """The message's bytes."""
+        return _encode(self.op, {})
+
+    @classmethod
+    def from_fields(cls, req: dict[str, Any]) -> Hello:
+        """The request in a decoded JSON object (other fields are ignored)."""
+        return cls()
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """A ``keep`` for payloads in flight: dropped after ``loads`` fetches or ``seconds``."""
+
+    loads: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Keep:
+    """``keep``: hold these chunk fds (attached to the message, one per size).
+
+    Attributes
+    ----------
+    alloc_id : str
+        The allocation's id (32 hex digits).
+    secret : bytes
+        Its 32-byte secret.
+    name : str or None
+        The array's name (named arrays); ``None`` for a parked array or payloads in flight.
+    sizes : list of int
+        The chunk sizes (1 to :data:`MAX_FDS`).
+    doc : dict
+        What the keeper returns to whoever attaches or fetches it (a payload's fields).
+    allow_pids : list of int or None
+        The only pids (besides the creator) it is served to; ``None``: every process of
+        the user.
+    in_flight : InFlight or None
+        For payloads in flight (no name): how long they are kept.
+    """
+
+    op: ClassVar[str] = "keep"
+    alloc_id: str
+    secret: bytes
+    name: str | None
+    sizes: list[int]
+    doc: dict[str, Any]
+    allow_pids: list[int] | None = None
+    in_flight: InFlight | None = None
+
+    def encode(self) -> bytes:
+        """The message's bytes (the fds go beside it)."""
+        fields: dict[str, Any] = {"id": self.alloc_id, "secret": self.secret.hex()}
+        if self.name is not None:
+            fields["name"] = self.name
+        fields.update(sizes=self.sizes, doc=self.doc, allow_pids=self.allow_pids)
+        if self.in_flight is not None:
+            fields["in_flight"] = {
+                "loads": self.in_flight.loads,
+                "seconds": self.in_flight.seconds,
+            }
+        return _encode(self.op, fields)
+
+    @classmethod
+    def from_fields(cls, req: dict[str, Any]) -> Keep:
+        """The request in a decoded JSON object.
+
+        Raises
+        ------
+        BadRequest
+            A field is missing or invalid.
+        """
+        alloc_id = _hex(req, "id", _HEX32)
+        secret = bytes.fromhex(_hex(req, "secret", _HEX64))
+        name = _name(req, optional=True)
+        sizes = _int_list(req.get("sizes"), "sizes", 1, MAX_SIZE, MAX_FDS)
+        doc = req.get("doc")
+        if type(doc) is not dict:
+            raise BadRequest("field 'doc' must be a JSON object")
+        allow = req.get("allow_pids")
+        allow_pids = (
+            None if allow is None else _int_list(allow, "allow_pids", 1, 1 << 31, MAX_ALLOW_PIDS)
+        )
+        flight = req.get("in_flight")
+        in_flight = None
+        if flight is not None:
+            if type(flight) is not dict or name is not None:
+                raise BadRequest("field 'in_flight' must be an object, and only without a name")
+            loads = _int_list([flight.get("loads")], "in_flight.loads", 1, 1 << 31, 1)[0]
+            seconds = flight.get("seconds")
+            if not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_IN_FLIGHT:
+                raise BadRequest(f"field 'in_flight.seconds' must be in (0, {MAX_IN_FLIGHT}]")
+            in_flight = InFlight(loads, float(seconds))
+        return cls(alloc_id, secret, name, sizes, doc, allow_pids, in_flight)
+
+
+@dataclass(frozen=True)
+class Attach:
+    """``attach``: the handles of the array named ``name``."""
+
+    op: ClassVar[str] = "attach"
+    name: str
+
+    def encode(self) -> bytes:
+        """The message's bytes."""
+        return _encode(self.op, {"name": self.name})
+
+    @classmethod
+    def from_fields(cls, req: dict[str, Any]) -> Attach:
+        """The request in a decoded JSON object.
+
+        Raises
+        ------
+        BadRequest
+            No valid name.
+        """
+        return cls(str(_name(req)))
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """``fetch``: the handles of a parked (or named) allocation, by id and secret."""
+
+    op: ClassVar[str] = "fetch"
+    alloc_id: str
+    secret: bytes
+
+    def encode(self) -> bytes:
+        """The message's bytes."""
+        return _encode(self.op, {"id": self.alloc_id, "secret": self.secret.hex()})
+
+    @classmethod
+    def from_fields(cls, req: dict[str, Any]) -> Fetch:
+        """The request in a decoded JSON object.
+
+        Raises
+        ------
+        BadRequest
+            No valid id or secret.
+        """
+        alloc_id = _hex(req, "id", _HEX32)
+        return cls(alloc_id, bytes.fromhex(_hex(req, "secret", _HEX64)))
+
+
+@dataclass(frozen=True)
+class Release:
+    """``release``: this process no longer holds ``alloc_id`` (no reply)."""
+
+    op: ClassVar[str] = "release"
+    alloc_id: str
+
+    def encode(self) -> bytes:
+        """The message's bytes."""
+        return _encode(self.op, {"id": self.alloc_id})
+
+    @classmethod
+    def from_fields(cls, req: dict[str, Any]) -> Release:
+        """The request in a decoded JSON object.
+
+        Raises
+        ------
+        BadRequest
+            No valid id.
+        """
+        return cls(_hex(req, "id", _HEX32))
+
+
+@dataclass(frozen=True)
+class Unlink:
+    """``unlink``: drop a name (``name``), or a parked allocation (``alloc_id`` and
+    ``secret``); its fds are closed once no process holds it."""
+
+    op: ClassVar[str] = "unlink"
+    name: str | None = None
+    alloc_id: str | None = None
+    secret: bytes | None = None
+
+    def encode(self) -> bytes:
+        """The message's bytes."""
+        if self.name is not None:
+            return _encode(self.op, {"name": self.name})
+        assert self.alloc_id is not None and self.secret is not None
+        return _encode(self.op, {"id": self.alloc_id, "secret": self.secret.hex()})
+
+    @classmethod
+    def from_fields(cls, req: dict[str, Any]) -> Unlink:
+        """The request in a decoded JSON object (by name when it has a ``name`` field).
+
+        Raises
+        ------
+        BadRequest
+            No valid name, or no valid id and secret.
+        """
+        if "name" in req:
+            return cls(name=_name(req))
+        alloc_id = _hex(req, "id", _HEX32)
+        return cls(alloc_id=alloc_id, secret=bytes.fromhex(_hex(req, "secret", _HEX64)))
+
+
+@dataclass(frozen=True)
+class List:
+    """``list``: every array the keeper holds."""
+
+    op: ClassVar[str] = "list"
+
+    def encode(self) -> bytes:
+        """The message's bytes."""
+        return _encode(self.op, {})
+
+    @classmethod
+    def from_fields(cls, req: dict[str, Any]) -> List:
+        """The request in a decoded JSON object (other fields are ignored)."""
+        return cls()
+
+
+@dataclass(frozen=True)
+class Status:
+    """``status``: the keeper's counters (arrays, bytes, connections, ...)."""
+
+    op: ClassVar[str] = "status"
+
+    def encode(self) -> bytes:
+        """The message's bytes."""
+        return _encode(self.op, {})
+
+    @classmethod
+    def from_fields(cls, req: dict[str, Any]) -> Status:
+        """The request in a decoded JSON object (other fields are ignored)."""
+        return cls()
+
+
+Request = Hello | Keep | Attach | Fetch | Release | Unlink | List | Status
+"""Any keeper request."""
+
+_OPS: dict[str, type[Request]] = {
+    cls.op: cls for cls in (Hello, Keep, Attach, Fetch, Release, Unlink, List, Status)
+}
+
+
+def decode_request(msg: bytes, fds: int = 0) -> Request:
+    """The request in ``msg``, which came with ``fds`` file descriptors.
+
+    Raises
+    ------
+    BadRequest
+        Too long, a wrong magic, a body that is not a JSON object, an unknown op, fds with
+        an op other than ``keep``, or a field missing or invalid.
+    """
+    if len(msg) > MAX_MESSAGE or fds > MAX_FDS:
+        raise BadRequest(f"message too long (at most {MAX_MESSAGE} bytes, {MAX_FDS} fds)")
+    if not msg.startswith(MAGIC):
+        raise BadRequest("not a sharedarrays keeper request (bad magic)")
+    try:
+        req = json.loads(msg[len(MAGIC) :])
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise BadRequest("request body is not valid JSON") from None
+    if type(req) is not dict:
+        raise BadRequest("request body must be a JSON object")
+    op = req.get("op")
+    if op != "keep" and fds:
+        raise BadRequest(f"op {op!r} takes no file descriptors")
+    cls = _OPS.get(op) if type(op) is str else None
+    if cls is None:
+        raise BadRequest(f"unknown op {op!r}")
+    return cls.from_fields(req)
+
+
+# replies -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A keeper reply: a status (:data:`OK`, :data:`ERROR`, :data:`NOT_FOUND`,
+    :data:`EXISTS`, :data:`DENIED`) and a JSON object (fds go beside it)."""
+
+    status: int
+    body: dict[str, Any]
+
+    def encode(self) -> bytes:
+        """The message's bytes."""
+        body = json.dumps(self.body, separators=(",", ":")).encode()
+        return _STATUS.pack(MAGIC, self.status) + body
+
+    @classmethod
+    def decode(cls, msg: bytes) -> Reply:
+        """The reply in ``msg``.
+
+        Raises
+        ------
+        KeeperError
+            Truncated, or not a keeper reply.
+        """
+        if len(msg) < _STATUS.size:
+            raise KeeperError("the keeper sent a truncated reply")
+        magic, status = _STATUS.unpack_from(msg)
+        try:
+            body = json.loads(msg[_STATUS.size :])
+        except (ValueError, RecursionError) as e:
+            raise KeeperError(str(e)) from None
+        if magic != MAGIC or type(body) is not dict:
+            raise KeeperError("the keeper sent something that is not a keeper reply")
+        return cls(status, body)

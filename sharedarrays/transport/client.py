@@ -1,0 +1,319 @@
+"""The handle server's client: fetching an allocation's chunk handles from its exporter.
+
+An importer asks the exporter's handle server (:mod:`sharedarrays.transport.server`) for the
+chunks of an allocation (:func:`fetch_handles`), or a growable array's importer for its
+chunks from an index on (:func:`fetch_growth`). Each process keeps one connection per
+exporter open between requests (at most :data:`MAX_CLIENT_CONNECTIONS`), so that the next
+import connects to nothing. The messages are :mod:`sharedarrays.protocol.handles`' records.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import threading
+import time
+
+from sharedarrays.errors import HandleUnavailable, PayloadError, PermissionDenied, SharedArrayError
+from sharedarrays.protocol.handles import (
+    REPLY_SIZE,
+    Growth,
+    Handles,
+    Kind,
+    Reply,
+    Request,
+    Status,
+)
+from sharedarrays.protocol.unix import (
+    FDS_PER_MESSAGE,
+    MAX_PATH,
+    check_same_user,
+    check_truncated,
+    connect_unix,
+    recv_fds,
+)
+
+__all__ = [
+    "TIMEOUT",
+    "MAX_CLIENT_CONNECTIONS",
+    "fetch_handles",
+    "fetch_growth",
+    "close_connections",
+    "kept_connections",
+    "take_connection",
+    "keep_connection",
+    "forget_in_child",
+]
+
+TIMEOUT = 10.0
+"""Seconds an importer waits for a handle server."""
+
+
+def fetch_handles(
+    server: str, pid: int, alloc_id: str, secret: bytes, reply_to: str | None = None
+) -> tuple[list[int], list[int], tuple[bytes, ...]]:
+    """Ask the handle server at ``server`` for the chunks of an allocation.
+
+    Returns
+    -------
+    sizes, fds : list of int
+        The chunk sizes and the received fds (owned by the caller): one per chunk for a
+        mapping backend; for a pointer backend what its importer needs besides the exports
+        (cuda-pool: the pool's fd; cuda-ipc: none), and the server records the caller as a
+        holder of the exporter-owned memory.
+    exports : tuple of bytes
+        A pointer backend's portable chunk handles (cuda-ipc's IPC handle, cuda-pool's pool
+        id and pointer data); empty for a mapping backend.
+
+    Raises
+    ------
+    HandleUnavailable
+        The server is gone (its process exited) or no longer has the allocation.
+    PermissionDenied
+        Another user's server or directory, or the secret is wrong.
+    """
+    body, fds = _fetch(server, pid, alloc_id, secret, reply_to, None)
+    try:
+        handles = Handles.decode(body)
+        if len(fds) > len(handles.sizes):
+            raise PayloadError("the handle server sent an inconsistent reply")
+        return handles.sizes, fds, handles.exports or ()
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
+def fetch_growth(
+    server: str, pid: int, alloc_id: str, secret: bytes, first: int, reply_to: str | None = None
+) -> tuple[list[int], int, int, list[int]]:
+    """Ask the exporter of a growable array for its current chunks from index ``first``.
+
+    Returns
+    -------
+    sizes : list of int
+        All its chunk sizes now (the first ``first`` are those the caller maps, unless the
+        array was shrunk meanwhile).
+    capacity, used : int
+        Its reserved bytes and the bytes of the array now.
+    fds : list of int
+        The fds of the chunks from ``first`` on (owned by the caller).
+
+    Raises
+    ------
+    HandleUnavailable, PermissionDenied
+        As :func:`fetch_handles`.
+    """
+    body, fds = _fetch(server, pid, alloc_id, secret, reply_to, first)
+    try:
+        growth = Growth.decode(body)
+        if len(fds) != max(len(growth.sizes) - first, 0):
+            raise PayloadError("the handle server sent an inconsistent reply")
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return growth.sizes, growth.capacity, growth.used, fds
+
+
+_connections: dict[str, socket.socket] = {}
+"""This process's open connections to handle servers, by server path: one per exporter,
+reused by the next request (no connect and accept per import). A request takes its
+connection out while it runs, so two threads never share one."""
+_connections_lock = threading.Lock()
+MAX_CLIENT_CONNECTIONS = 64
+"""Connections to handle servers this process keeps open at most (the oldest is closed)."""
+
+
+def close_connections() -> None:
+    """Close this process's idle connections to handle servers (the next request connects
+    again)."""
+    with _connections_lock:
+        socks = list(_connections.values())
+        _connections.clear()
+    for sock in socks:
+        sock.close()
+
+
+def _connect(server: str, gone: str) -> socket.socket:
+    """A new connection to the handle server at ``server``, checked to run as this user.
+
+    A server whose queue of connections to accept is full (``EAGAIN``: it is stopped or
+    overloaded) is tried again until :data:`TIMEOUT`.
+
+    Raises
+    ------
+    HandleUnavailable
+        Nothing listens there (``gone``), it did not accept in time, or ``server`` is not a
+        socket a connection can be made to (the message says why).
+    PermissionDenied
+        The socket or its server belongs to another user.
+    """
+    try:
+        sock = connect_unix(server, time.monotonic() + TIMEOUT, TIMEOUT)
+    except TimeoutError:
+        raise HandleUnavailable(
+            f"the handle server {server} did not accept a connection within {TIMEOUT:g} s: its "
+            "process is stopped or overloaded. Try again when it runs"
+        ) from None
+    except (FileNotFoundError, ConnectionRefusedError):
+        raise HandleUnavailable(gone) from None
+    except PermissionError:
+        raise PermissionDenied(
+            f"cannot connect to the handle server {server}: it belongs to another user. "
+            "Arrays are shared only between processes of the same user"
+        ) from None
+    except OSError as e:
+        if e.errno in (errno.EMFILE, errno.ENFILE):
+            raise HandleUnavailable(
+                f"cannot open a socket to ask {server} for handles: {e.strerror}. Close some "
+                "files or connections in this process and try again"
+            ) from None
+        raise HandleUnavailable(  # ENOTDIR, ELOOP, EPROTOTYPE, a path too long...
+            f"cannot connect to {server}, named as the handle server of the array: "
+            f"{e.strerror or e}. It is not a sharedarrays handle server: the payload was "
+            "made for another machine or altered; ask its exporter for a new one"
+        ) from None
+    try:
+        check_same_user(sock, f"the handle server {server}")
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def keep_connection(server: str, sock: socket.socket) -> None:
+    """Put a connection back for the next request (or close it if another one is kept)."""
+    with _connections_lock:
+        if server not in _connections:
+            while len(_connections) >= MAX_CLIENT_CONNECTIONS:
+                _connections.pop(next(iter(_connections))).close()
+            _connections[server] = sock
+            return
+    sock.close()
+
+
+def _fetch(
+    server: str,
+    pid: int,
+    alloc_id: str,
+    secret: bytes,
+    reply_to: str | None,
+    first: int | None,
+) -> tuple[bytes, list[int]]:
+    """One request to a handle server: the reply's JSON body and the fds (owned by the
+    caller).
+
+    Sent on this process's kept connection to that server when there is one; if that
+    connection turns out to be closed before any reply came (the server dropped it), the
+    request is sent once more on a new one.
+    """
+    gone = (
+        f"the handles of allocation {alloc_id} are no longer available: the process that "
+        f"shared it (pid {pid}) has exited or closed every view of it, and the payload was not "
+        "kept in flight (killed, or older than SHAREDARRAYS_IN_FLIGHT seconds). Keep that "
+        "process and one open view alive until every importer has loaded the array, or name "
+        "or park() it"
+    )
+    tail = reply_to if reply_to and len(reply_to.encode()) <= MAX_PATH else ""
+    if first is None:
+        request = Request(Kind.FETCH, alloc_id, secret, 0, tail).encode()
+    else:
+        request = Request(Kind.GROW, alloc_id, secret, first, tail).encode()
+    with _connections_lock:
+        sock = _connections.pop(server, None)
+    reused = sock is not None
+    fds: list[int] = []
+    try:
+        while True:
+            if sock is None:
+                sock = _connect(server, gone)
+            try:
+                sock.sendall(request)
+                msg, got, flags, _ = socket.recv_fds(sock, 1 << 20, FDS_PER_MESSAGE)
+            except (BrokenPipeError, ConnectionResetError):
+                msg, got, flags = b"", [], 0
+            fds.extend(got)
+            check_truncated(flags)
+            if msg or not reused:
+                break
+            sock.close()  # a kept connection the server had closed: once more, anew
+            sock, reused = None, False
+        assert sock is not None  # (the loop ends holding a connection)
+        conn = sock
+        if len(msg) < REPLY_SIZE:
+            raise HandleUnavailable(f"{gone} (the server closed the connection)")
+        try:
+            reply = Reply.decode(msg)
+        except PayloadError:
+            raise PayloadError(f"{server} is not a sharedarrays handle server") from None
+        status = reply.status
+        if status not in (Status.OK, Status.BAD_UID):  # a refusal: the connection serves on
+            sock = None
+            keep_connection(server, conn)
+        if status == Status.GONE:
+            raise HandleUnavailable(gone)
+        if status == Status.BAD_SECRET:
+            raise PermissionDenied(
+                f"the process that shared allocation {alloc_id} (pid {pid}) refused the "
+                "payload's secret; the payload does not belong to that allocation"
+            )
+        if status == Status.BAD_UID:
+            raise PermissionDenied("the handle server refused this process: another user")
+        if status == Status.NOT_ALLOWED:
+            raise PermissionDenied(
+                f"process {os.getpid()} is not in the allow_pids of allocation {alloc_id}"
+            )
+        if status != Status.OK:
+            raise PayloadError("the handle server rejected the request as malformed")
+        if not recv_fds(conn, reply.fds, fds):
+            raise HandleUnavailable(f"{gone} (the server stopped while sending)")
+        if len(fds) != reply.fds:
+            raise PayloadError("the handle server sent an inconsistent reply")
+        result = fds
+        fds = []
+        sock = None
+        keep_connection(server, conn)
+        return reply.body, result
+    except SharedArrayError:
+        raise
+    except TimeoutError:
+        raise HandleUnavailable(
+            f"the process that shared allocation {alloc_id} (pid {pid}) did not answer within "
+            f"{TIMEOUT:g} s: it is stopped or overloaded. Try again when it runs"
+        ) from None
+    except OSError as e:
+        if e.errno in (errno.ECONNRESET, errno.EPIPE):
+            raise HandleUnavailable(gone) from None
+        raise HandleUnavailable(
+            f"asking the process that shared allocation {alloc_id} (pid {pid}) for its "
+            f"handles failed: {e.strerror or e}. Close some files in this process if it has "
+            "too many open, and try again"
+        ) from None
+    finally:
+        for fd in fds:
+            os.close(fd)
+        if sock is not None:
+            sock.close()
+
+
+def kept_connections() -> int:
+    """How many connections to handle servers this process keeps open between requests."""
+    return len(_connections)
+
+
+def take_connection(server: str) -> socket.socket | None:
+    """This process's kept connection to ``server``, taken out (put it back with
+    :func:`keep_connection`), or ``None``."""
+    with _connections_lock:
+        return _connections.pop(server, None)
+
+
+def forget_in_child() -> None:
+    """In a forked child: close the parent's connections (they name the parent's pid)."""
+    global _connections_lock
+    _connections_lock = threading.Lock()
+    for sock in _connections.values():
+        sock.close()
+    _connections.clear()

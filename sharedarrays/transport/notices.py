@@ -1,0 +1,137 @@
+"""Notices: what this process tells other processes' handle servers, off-thread.
+
+A finalizer (a view's lease going away, an allocation released) must never block, so the
+messages it causes are queued here and sent by one daemon thread, the notifier:
+
+* ``RELEASED``: this process released an allocation it served to others (they drop their
+  parked mappings of it), with how many of their payloads it loaded;
+* ``CLOSED``: this process closed its import of exporter-owned memory (cuda-ipc, cuda-pool),
+  so that its exporter may free it;
+* ``LOADED``: warm-load counts (:func:`report_load`), sent on kept connections, no reply.
+"""
+
+from __future__ import annotations
+
+import queue
+import socket
+import sys
+import threading
+from typing import Any
+
+from sharedarrays.protocol.handles import REPLY_SIZE, Kind, Request
+from sharedarrays.transport import client
+
+__all__ = ["report_load", "pending_notices", "queue_notice", "start_notifier", "forget_in_child"]
+
+_unreported: dict[tuple[str, str, bytes], int] = {}
+"""Warm loads not yet reported, by (sender's server, allocation id, secret)."""
+_unreported_lock = threading.Lock()
+
+
+def report_load(server: str, alloc_id: str, secret: bytes) -> None:
+    """Tell the exporter of exporter-owned memory (cuda-ipc, cuda-pool), whose handle server
+    is ``server``, that this process loaded one of its payloads from a mapping it already
+    had, so that it does not wait for that payload (:meth:`Allocation.in_flight`). (Not done
+    for other memory: it costs the warm handoff about 80 us on the H200, two threads woken.)
+
+    Counted here and sent by the notifier thread, one message (``SAL1`` with the count, no
+    reply) per sender and allocation for all the loads since the last, and only on a
+    connection this process keeps to that sender (a warm handoff connects to nothing)."""
+    key = (server, alloc_id, secret)
+    with _unreported_lock:
+        first = not _unreported
+        _unreported[key] = _unreported.get(key, 0) + 1
+    if first:  # the notifier sends what has gathered by the time it gets to it
+        start_notifier()
+        _in_flight.append(None)
+        _notices.put(([], []))
+
+
+def _send_reports() -> None:
+    """Send the warm-load counts gathered by :func:`report_load` (in the notifier thread)."""
+    global _unreported
+    with _unreported_lock:
+        reports, _unreported = _unreported, {}
+    for (server, alloc_id, secret), count in reports.items():
+        sock = client.take_connection(server)
+        if sock is None:
+            continue  # (the sender counts them in flight until the bound: the safe side)
+        try:
+            sock.send(Request(Kind.LOADED, alloc_id, secret, count).encode())
+        except OSError:
+            sock.close()
+            continue
+        client.keep_connection(server, sock)
+
+
+_notices: queue.SimpleQueue[tuple[list[str], list[bytes]]] = queue.SimpleQueue()
+_notifier: threading.Thread | None = None
+_in_flight: list[None] = []  # one item per notice queued and not yet sent (append/pop: no lock)
+
+
+def pending_notices() -> int:
+    """How many release and close notices this process has queued and not yet sent (each
+    holds a socket open while it is sent)."""
+    return len(_in_flight)
+
+
+def queue_notice(
+    servers: list[str], kind: Kind, alloc_id: str, secret: bytes, alloc: Any = None
+) -> None:
+    """Queue a notice (``RELEASED`` or ``CLOSED``) for the notifier thread. Never blocks: it
+    runs from finalizers.
+
+    A release notice tells each server how many of its process's payloads of ``alloc`` this
+    process loaded (:meth:`Allocation.returned`)."""
+    if kind is Kind.RELEASED:
+        messages = [
+            Request(
+                kind, alloc_id, secret, min(alloc.returned(path) if alloc else 0, 1 << 31)
+            ).encode()
+            for path in servers
+        ]
+    else:
+        messages = [Request(kind, alloc_id, secret).encode()] * len(servers)
+    _in_flight.append(None)
+    _notices.put((servers, messages))
+
+
+def _send_notices() -> None:
+    while True:
+        servers, messages = _notices.get()
+        if not servers:  # (queued by report_load)
+            _send_reports()
+        for path, message in zip(servers, messages):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+                try:
+                    sock.settimeout(1.0)
+                    sock.connect(path)
+                    sock.sendall(message)
+                    sock.recv(REPLY_SIZE)
+                except OSError:
+                    continue  # that process is gone: nothing to tell
+        _in_flight.pop()
+
+
+def start_notifier() -> None:
+    """Start the thread that sends release notices, if it does not run (after a fork)."""
+    global _notifier
+    if sys.is_finalizing():  # no thread starts now (it would hang): the process is ending,
+        return  # and those it would tell see that for themselves
+    if _notifier is None or not _notifier.is_alive():
+        notifier = threading.Thread(target=_send_notices, name="sharedarrays-notices", daemon=True)
+        try:
+            notifier.start()
+        except RuntimeError:  # at interpreter shutdown (3.12: no new threads)
+            return
+        _notifier = notifier
+
+
+def forget_in_child() -> None:
+    """In a forked child: the notices the parent queued are the parent's to send."""
+    global _notices, _notifier, _unreported_lock
+    _notices = queue.SimpleQueue()
+    _notifier = None
+    _in_flight.clear()
+    _unreported.clear()
+    _unreported_lock = threading.Lock()

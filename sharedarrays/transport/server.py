@@ -1,0 +1,351 @@
+"""The handle server: serves this process's allocations' chunk handles to importers.
+
+Every process that pickles an array runs one
+(:func:`sharedarrays.transport.handles.server_address`): a thread that listens on a Unix
+``SOCK_SEQPACKET`` socket in the private runtime directory
+(:func:`sharedarrays.protocol.unix.runtime_dir`). An importer connects, names the allocation
+and proves it holds the payload's 32-byte secret; the server checks the peer's uid with
+``SO_PEERCRED`` (same user only) and the secret, then sends the chunks' fds. The messages are
+:mod:`sharedarrays.protocol.handles`' records; each kind of request has its handler
+(:attr:`HandleServer._handlers`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hmac
+import os
+import selectors
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from sharedarrays.errors import PayloadError
+from sharedarrays.memory import allocation
+from sharedarrays.process import running
+from sharedarrays.protocol.handles import (
+    COUNTED_SIZE,
+    MAX_REQUEST,
+    Growth,
+    Handles,
+    Kind,
+    Reply,
+    Request,
+    Status,
+)
+from sharedarrays.protocol.unix import Credentials, peer_credentials, runtime_dir, send_fds
+
+__all__ = ["HandleServer", "MAX_CONNECTIONS", "HOUSEKEEPING", "BACKOFF"]
+
+MAX_CONNECTIONS = 256
+"""Importer connections a handle server keeps open at most (the longest idle is closed)."""
+HOUSEKEEPING = 5.0
+"""Seconds between the server's checks for parked mappings whose source process died."""
+BACKOFF = 0.05
+"""Seconds a server waits after an error it cannot blame on one connection (EMFILE with no
+idle connection to close) before it serves again."""
+
+
+class HandleServer:
+    """Serves this process's allocations' fds to authenticated importers.
+
+    One per process, started on first need by :func:`server_address`, stopped at exit. An
+    importer may keep its connection open and send one request after another on it (each
+    is checked on its own: the uid and pid from ``SO_PEERCRED`` at connect, the secret per
+    request); the server keeps at most :data:`MAX_CONNECTIONS` open, closing the longest
+    idle first, and closes one when its importer hangs up or exits.
+    """
+
+    def __init__(self) -> None:
+        directory = runtime_dir()
+        _remove_stale_sockets(directory)
+        name = f"{os.getpid()}-{os.urandom(4).hex()}"
+        self.path = str(directory / f"{name}.sock")
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:  # bound under another name until it listens: a "<pid>-*.sock" always accepts
+            self._sock.bind(str(directory / f"{name}.new"))
+            os.chmod(directory / f"{name}.new", 0o600)
+            self._sock.listen(64)
+            os.rename(directory / f"{name}.new", self.path)
+        except BaseException:
+            self._sock.close()
+            with contextlib.suppress(OSError):
+                os.unlink(directory / f"{name}.new")
+            raise
+        self._pid = os.getpid()
+        self._closed = False
+        self._conns: dict[socket.socket, Credentials] = {}  # oldest use first
+        self._handlers: dict[Kind, Callable[[socket.socket, Credentials, Request], None]] = {
+            Kind.FETCH: self._send_handles,
+            Kind.GROW: self._send_handles,
+            Kind.RELEASED: self._released,
+            Kind.CLOSED: self._closed_by,
+            Kind.LOADED: self._loaded,
+        }
+        """The handler of each kind of request (each sends its own reply, if any)."""
+        self._thread = threading.Thread(
+            target=self._serve, name="sharedarrays-handles", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    @property
+    def connections(self) -> int:
+        """How many importer connections are open now."""
+        return len(self._conns)
+
+    def _serve(self) -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(self._sock, selectors.EVENT_READ)
+        next_housekeeping = time.monotonic() + HOUSEKEEPING
+        failing = False  # reported the current run of errors already
+        try:
+            while not self._closed:
+                try:
+                    events = sel.select(max(next_housekeeping - time.monotonic(), 0.0))
+                    if time.monotonic() >= next_housekeeping:
+                        allocation.drop_parked(only_orphans=True)
+                        allocation.reap_draining()
+                        next_housekeeping = time.monotonic() + HOUSEKEEPING
+                    for key, _ in events:
+                        if key.fileobj is self._sock:
+                            self._accept(sel)
+                        else:
+                            self._request(sel, key.fileobj)  # type: ignore[arg-type]
+                    failing = False
+                except Exception as e:  # EMFILE and the like: back off, keep serving
+                    if self.closed:
+                        return  # closed under the selector
+                    if not failing:
+                        print(f"sharedarrays: handle server: {e!r}; retrying", file=sys.stderr)
+                    failing = True
+                    time.sleep(BACKOFF)
+        finally:
+            for conn in list(self._conns):
+                conn.close()
+            self._conns.clear()
+            sel.close()
+
+    def _accept(self, sel: selectors.BaseSelector) -> None:
+        """Accept one importer (its sends never block the server: a peer that does not
+        read its replies is dropped when its socket buffer is full)."""
+        try:
+            conn, _ = self._sock.accept()
+        except BlockingIOError:
+            return
+        except OSError as e:
+            if e.errno not in (errno.EMFILE, errno.ENFILE) or not self._conns:
+                raise
+            self._drop(sel, next(iter(self._conns)))  # no fd left: the longest idle goes
+            return  # and the next round accepts
+        try:
+            conn.setblocking(False)
+            peer = peer_credentials(conn)
+        except OSError:
+            conn.close()
+            return
+        while len(self._conns) >= MAX_CONNECTIONS:  # the longest idle goes
+            self._drop(sel, next(iter(self._conns)))
+        self._conns[conn] = peer
+        sel.register(conn, selectors.EVENT_READ)
+
+    def _drop(self, sel: selectors.BaseSelector, conn: socket.socket) -> None:
+        self._conns.pop(conn, None)
+        with contextlib.suppress(KeyError, ValueError):
+            sel.unregister(conn)
+        conn.close()
+
+    def _request(self, sel: selectors.BaseSelector, conn: socket.socket) -> None:
+        peer = self._conns.pop(conn, None)
+        if peer is None:
+            self._drop(sel, conn)
+            return
+        request: bytes | None
+        try:
+            request = conn.recv(MAX_REQUEST + 1)
+        except BlockingIOError:
+            request = None  # nothing to read after all: kept
+        except OSError:
+            request = b""  # the client went away; nothing to clean up beyond the socket
+        try:
+            if request:
+                self._answer(conn, peer, request)
+        except OSError:
+            request = b""  # gone, or not reading its replies (its socket buffer is full)
+        except Exception as e:  # a bug must not stop the server: this client gets EOF
+            print(f"sharedarrays: handle server: {e!r} answering pid {peer.pid}", file=sys.stderr)
+            request = b""
+        if request is None or (request and peer.uid == os.getuid()):
+            self._conns[conn] = peer  # most recently used last
+        else:  # hung up, or another user (told so once)
+            self._drop(sel, conn)
+
+    def _answer(self, conn: socket.socket, peer: Credentials, data: bytes) -> None:
+        """Answer one request from ``conn``, by the handler of its kind."""
+        if peer.uid != os.getuid():
+            conn.send(Reply(Status.BAD_UID).encode())
+            return
+        try:
+            request = Request.decode(data)
+        except PayloadError:
+            conn.send(Reply(Status.BAD_REQUEST).encode())
+            return
+        handler = self._handlers.get(request.kind)
+        if handler is None:
+            conn.send(Reply(Status.BAD_REQUEST).encode())
+            return
+        handler(conn, peer, request)
+
+    def _closed_by(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
+        """``CLOSED``: the peer freed its import: maybe the memory can go now."""
+        alloc = allocation.lookup(request.alloc_id, draining=True)
+        if alloc is not None and hmac.compare_digest(request.secret, alloc.secret):
+            conn.send(Reply(Status.OK).encode())
+            alloc.closed_by(peer.pid)
+        else:
+            conn.send(Reply(Status.GONE).encode())
+
+    def _served(self, conn: socket.socket, request: Request) -> allocation.Allocation | None:
+        """The allocation ``request`` names if its secret is right, else ``None`` (refused).
+
+        (Released, it is served until it leaves the registry, handing its handles to the
+        keeper, and exporter-owned memory while it drains: the new importer holds it too.)
+        """
+        alloc = allocation.lookup(request.alloc_id, draining=True)
+        if alloc is None:
+            conn.send(Reply(Status.GONE).encode())
+            return None
+        if not hmac.compare_digest(request.secret, alloc.secret):
+            conn.send(Reply(Status.BAD_SECRET).encode())
+            return None
+        return alloc
+
+    def _released(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
+        """``RELEASED``: the process that served us released the allocation."""
+        alloc = self._served(conn, request)
+        if alloc is None:
+            return
+        conn.send(Reply(Status.OK).encode())
+        alloc.note_loaded(request.count)  # its payloads that came back to their exporter
+        _off_thread(alloc.orphan)  # a release may hand over to the keeper: not here
+
+    def _send_handles(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
+        """``FETCH`` and ``GROW``: send the allocation's chunk handles (``GROW``: from chunk
+        ``request.count`` on)."""
+        alloc = self._served(conn, request)
+        if alloc is None:
+            return
+        pid = peer.pid
+        if alloc.allow_pids is not None and pid not in alloc.allow_pids and pid != self._pid:
+            conn.send(Reply(Status.NOT_ALLOWED).encode())
+            return
+        # ``alloc`` is a strong reference: the fds stay open until they are sent.
+        with alloc.growth_lock:  # a shrink or a release waits: the fds stay open until sent
+            if allocation.lookup(alloc.id, draining=True) is not alloc:  # freed since
+                conn.send(Reply(Status.GONE).encode())
+                return
+            sizes = alloc.chunk_sizes()
+            fds, temporary = alloc.handles_for_importers()
+            try:
+                body: Handles | Growth
+                if request.kind is Kind.GROW:  # a growable array's importer: from ``count``
+                    fds = fds[request.count :]
+                    body = Growth(sizes, alloc.capacity, alloc.used)
+                elif alloc.backend.maps:
+                    body = Handles(sizes)
+                else:  # a pointer backend: its portable handle, only after the checks above
+                    body = Handles(sizes, tuple(alloc.exports()))
+                header = Reply(Status.OK, len(fds), body.encode()).encode()
+                # Record first: the importer may use the array and hand it back before this
+                # thread runs again, and a release must then know whom to tell.
+                server = request.reply_to if request.reply_to.startswith("/") else None
+                alloc.record_served(pid, server, len(sizes))
+                send_fds(conn, header, fds)
+            finally:
+                for fd in temporary:
+                    os.close(fd)
+        del alloc
+
+    def _loaded(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
+        """``LOADED`` (no reply): an importer loaded ``request.count`` of this process's
+        payloads from the mapping it had: as many in flight less. Several reports may wait
+        on ``conn``: those that follow are read now too."""
+        while True:
+            alloc = allocation.lookup(request.alloc_id, draining=True)
+            if alloc is not None and hmac.compare_digest(request.secret, alloc.secret):
+                alloc.note_loaded(request.count)
+            try:
+                ahead = conn.recv(COUNTED_SIZE, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+                if len(ahead) < COUNTED_SIZE or not ahead.startswith(Kind.LOADED.value):
+                    return
+                request = Request.decode(conn.recv(COUNTED_SIZE))
+            except OSError:
+                return
+
+    def forget_in_child(self) -> None:
+        """In a forked child: close the copies of the parent's listening socket and
+        connections (the thread that serves them is the parent's), leaving the socket file."""
+        for conn in self._conns:
+            conn.close()
+        self._conns.clear()
+        self._sock.close()
+        self._closed = True
+
+    def close(self) -> None:
+        """Stop serving and remove the socket file. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._pid == os.getpid():
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._sock.close()
+
+
+def _off_thread(fn: Callable[[], object]) -> None:
+    """Run ``fn`` in a thread of its own (daemon), so that the handle server goes on serving;
+    inline where no thread can start (at interpreter shutdown)."""
+    if sys.is_finalizing():
+        fn()
+        return
+    try:
+        threading.Thread(target=fn, name="sharedarrays-release", daemon=True).start()
+    except RuntimeError:
+        fn()
+
+
+def _remove_stale_sockets(directory: Path) -> None:
+    """Remove sockets left by processes of this user that died without cleaning up.
+
+    A handle server's socket file is named ``<pid>-<random>.sock`` and listens from the
+    moment it has that name. One whose pid runs here is kept; otherwise it is removed only if
+    connecting to it is refused (nothing listens there any more): a process in another pid
+    namespace that shares this directory, whose pid means nothing here, keeps its socket.
+    """
+    for entry in directory.glob("*.sock"):
+        pid_text = entry.name.split("-", 1)[0]
+        if not pid_text.isdigit() or running(int(pid_text)):
+            continue
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as probe:
+            probe.setblocking(False)
+            try:
+                probe.connect(str(entry))
+            except ConnectionRefusedError:
+                with contextlib.suppress(FileNotFoundError):
+                    entry.unlink()
+            except OSError:
+                pass  # it listens with a full queue, is gone already, or is not ours to judge

@@ -1,0 +1,107 @@
+"""The keeper daemon in this process (a thread): its handler table and its refusal of
+another user. (tests/transport/test_keeper.py drives the real keeper process.)"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import socket
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sharedarrays.keeper import daemon
+from sharedarrays.protocol import keeper as wire
+from sharedarrays.protocol import unix
+
+
+@pytest.fixture
+def keeper() -> Iterator[daemon.Keeper]:
+    directory = Path(tempfile.mkdtemp(prefix="sa-k-", dir="/tmp"))
+    k = daemon.Keeper(directory, idle=60.0, max_connections=8)
+    thread = threading.Thread(target=k.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield k
+    finally:
+        k.stop()
+        thread.join(10)
+        assert not thread.is_alive()
+        shutil.rmtree(directory)
+
+
+def _ask(k: daemon.Keeper, request: wire.Request, fds: list[int] | None = None) -> wire.Reply:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.settimeout(10)
+        s.connect(k.path)
+        socket.send_fds(s, [request.encode()], fds or [])
+        msg, got, _, _ = socket.recv_fds(s, wire.MAX_MESSAGE, wire.MAX_FDS)
+        for fd in got:
+            os.close(fd)
+        return wire.Reply.decode(msg)
+
+
+def test_every_request_type_has_a_handler(keeper: daemon.Keeper) -> None:
+    ops = {wire.Hello, wire.Keep, wire.Attach, wire.Fetch, wire.Release, wire.Unlink}
+    assert set(keeper._handlers) == ops | {wire.List, wire.Status}
+    assert _ask(keeper, wire.Hello()) == wire.Reply(wire.OK, {"pid": os.getpid(), "version": 1})
+
+
+def test_a_request_type_without_a_handler_is_refused(
+    keeper: daemon.Keeper, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert _ask(keeper, wire.List()) == wire.Reply(wire.OK, {"arrays": []})
+    monkeypatch.delitem(keeper._handlers, wire.List)
+    assert _ask(keeper, wire.List()) == wire.Reply(wire.ERROR, {"error": "unknown op 'list'"})
+    assert keeper.errors == 1
+    assert _ask(keeper, wire.Status()).status == wire.OK  # and it serves on
+
+
+def test_keep_attach_unlink(keeper: daemon.Keeper) -> None:
+    """The handlers of keep, attach and unlink, and the host backend's seal check."""
+    unsealed = os.memfd_create("sharedarrays")
+    os.ftruncate(unsealed, 4096)
+    try:
+        reply = _ask(
+            keeper, wire.Keep("cd" * 16, bytes(32), "n0", [4096], {"backend": "host"}), [unsealed]
+        )
+    finally:
+        os.close(unsealed)
+    assert reply.status == wire.ERROR and "not sealed against shrinking" in reply.body["error"]
+    fd = os.memfd_create("sharedarrays", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, 4096)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
+    keep = wire.Keep("ab" * 16, bytes(32), "n1", [4096], {"backend": "host"})
+    try:
+        reply = _ask(keeper, keep, [fd])
+    finally:
+        os.close(fd)
+    assert reply.status == wire.OK and reply.body["name"] == "n1", reply
+    # the connection that kept it is closed: it holds nothing, the name keeps it
+    attached = _ask(keeper, wire.Attach("n1"))
+    assert attached.status == wire.OK and attached.body["sizes"] == [4096]
+    assert _ask(keeper, wire.Unlink("n1")) == wire.Reply(wire.OK, {})
+    assert _ask(keeper, wire.Attach("n1")).status == wire.NOT_FOUND
+
+
+def test_another_user_is_denied(keeper: daemon.Keeper, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SO_PEERCRED's uid (faked here) is checked on accept: DENIED, and the connection
+    closed, before anything is read."""
+
+    def stranger(sock: socket.socket) -> unix.Credentials:
+        real = unix.peer_credentials(sock)
+        return unix.Credentials(real.pid, real.uid + 1, real.gid)
+
+    monkeypatch.setattr(daemon, "peer_credentials", stranger)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.settimeout(10)
+        s.connect(keeper.path)
+        reply = wire.Reply.decode(s.recv(1024))
+        assert reply == wire.Reply(wire.DENIED, {"error": "another user"})
+        assert s.recv(1024) == b""  # closed
+    monkeypatch.undo()
+    assert _ask(keeper, wire.Hello()).status == wire.OK

@@ -1,0 +1,114 @@
+"""The Unix-socket helper: peer credentials, same-user checks, fds in batches."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+import sharedarrays as sa
+from sharedarrays.protocol import unix
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with a, b:
+        yield a, b
+
+
+def test_peer_credentials_name_this_process(pair: tuple[socket.socket, socket.socket]) -> None:
+    assert unix.peer_credentials(pair[0]) == unix.Credentials(os.getpid(), os.getuid(), os.getgid())
+    assert unix.check_same_user(pair[1], "the peer") == unix.peer_credentials(pair[1])
+
+
+def test_another_uid_is_refused(
+    pair: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    other = unix.Credentials(4242, os.getuid() + 1, 0)
+    monkeypatch.setattr(unix, "peer_credentials", lambda sock: other)
+    with pytest.raises(
+        sa.PermissionDenied, match=rf"the peer runs as another user \(uid {other.uid}\)"
+    ):
+        unix.check_same_user(pair[0], "the peer")
+
+
+@pytest.mark.parametrize("count", [0, 1, 250, 251, 600])
+def test_fds_go_in_batches_and_all_arrive(
+    pair: tuple[socket.socket, socket.socket], count: int
+) -> None:
+    """More fds than one SCM_RIGHTS message takes (SCM_MAX_FD is 253): the first 250 ride
+    on the message, the rest on messages of their own, and all arrive in order."""
+    one, two = os.memfd_create("one"), os.memfd_create("two")
+    os.ftruncate(two, 2)
+    sent = [two if i % 2 else one for i in range(count)]
+    got: list[int] = []
+    try:
+        done = threading.Thread(target=unix.send_fds, args=(pair[0], b"header", sent))
+        done.start()
+        msg, got, flags, _ = socket.recv_fds(pair[1], 64, unix.FDS_PER_MESSAGE)
+        unix.check_truncated(flags)
+        assert msg == b"header" and len(got) == min(count, unix.FDS_PER_MESSAGE)
+        assert unix.recv_fds(pair[1], count, got)
+        done.join(10)
+        assert [os.fstat(fd).st_size for fd in got] == [i % 2 * 2 for i in range(count)]
+    finally:
+        for fd in [*got, one, two]:
+            os.close(fd)
+
+
+def test_a_sender_that_stops_early_is_noticed(pair: tuple[socket.socket, socket.socket]) -> None:
+    r, w = os.pipe()
+    got: list[int] = []
+    try:
+        socket.send_fds(pair[0], [b"header"], [r])
+        pair[0].send(b"+")  # a batch without fds: the sender stopped
+        _, got, _, _ = socket.recv_fds(pair[1], 64, unix.FDS_PER_MESSAGE)
+        assert unix.recv_fds(pair[1], 5, got) is False
+        assert len(got) == 1
+    finally:
+        for fd in [*got, r, w]:
+            os.close(fd)
+
+
+def test_truncated_fds_are_refused() -> None:
+    unix.check_truncated(0)
+    unix.check_truncated(socket.MSG_TRUNC)  # (the message, not its fds: the caller's check)
+    with pytest.raises(sa.HandleUnavailable, match="ulimit -n"):
+        unix.check_truncated(socket.MSG_CTRUNC)
+
+
+def test_connect_to_nothing_says_so(tmp_path: os.PathLike[str]) -> None:
+    with pytest.raises(FileNotFoundError):
+        unix.connect_unix(os.path.join(tmp_path, "none.sock"), 0.0, 1.0)
+
+
+def test_connect_to_a_full_queue_times_out_at_the_deadline(tmp_path: os.PathLike[str]) -> None:
+    """A listener that accepts nothing and whose queue is full: EAGAIN, tried again until the
+    deadline, then TimeoutError."""
+    import time
+
+    path = os.path.join(tmp_path, "full.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as listener:
+        listener.bind(path)
+        listener.listen(0)
+        queued = []
+        try:
+            start = time.monotonic()
+            with pytest.raises(TimeoutError):
+                for _ in range(64):  # fills the queue, then waits at the deadline
+                    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                    s.setblocking(False)
+                    try:
+                        s.connect(path)
+                    except BlockingIOError:
+                        s.close()
+                        unix.connect_unix(path, time.monotonic() + 0.3, 1.0)
+                    queued.append(s)
+            assert 0.25 < time.monotonic() - start < 10
+        finally:
+            for s in queued:
+                s.close()

@@ -1,0 +1,93 @@
+"""The handle server's handler table, and its refusal of another user."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import pytest
+
+import sharedarrays as sa
+from sharedarrays.protocol import unix
+from sharedarrays.protocol.handles import Kind, Reply, Request, Status
+from sharedarrays.transport import client
+from sharedarrays.transport import handles as transport
+from sharedarrays.transport import server as handle_server
+
+
+def _ask(path: str, data: bytes) -> Reply:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.settimeout(10)
+        s.connect(path)
+        s.sendall(data)
+        msg, fds, _, _ = socket.recv_fds(s, 1 << 16, unix.FDS_PER_MESSAGE)
+        for fd in fds:
+            os.close(fd)
+        return Reply.decode(msg)
+
+
+def test_every_kind_has_a_handler() -> None:
+    transport.server_address()
+    assert transport._server is not None
+    assert set(transport._server._handlers) == set(Kind)
+
+
+def test_a_kind_without_a_handler_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    a = sa.zeros(16, device="cpu", pack=False)
+    path = transport.server_address()
+    assert transport._server is not None
+    request = Request(Kind.CLOSED, a.allocation.id, bytes(32))  # (a wrong secret: no effect)
+    assert _ask(path, request.encode()).status == Status.GONE  # handled
+    monkeypatch.delitem(transport._server._handlers, Kind.CLOSED)
+    assert _ask(path, request.encode()).status == Status.BAD_REQUEST
+    fetch = Request(Kind.FETCH, a.allocation.id, a.allocation.secret).encode()
+    sizes = json.dumps(a.allocation.chunk_sizes()).encode()
+    assert _ask(path, fetch) == Reply(Status.OK, len(a.allocation.chunk_sizes()), sizes)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"SAZ9" + bytes(48), b"SAR1" + bytes(48), b"", b"SAH1", b"SAH1" + bytes(48 + 200)],
+    ids=["unknown-magic", "a-reply", "empty", "truncated", "oversized"],
+)
+def test_malformed_requests_are_answered_bad_request(data: bytes) -> None:
+    path = transport.server_address()
+    if not data:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+            s.settimeout(10)
+            s.connect(path)
+            s.sendall(data)  # an empty message reads as a hang-up: the server closes
+            assert s.recv(64) == b""
+        return
+    assert _ask(path, data) == Reply(Status.BAD_REQUEST)
+
+
+def test_another_user_is_answered_bad_uid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server checks SO_PEERCRED's uid (faked here) before it reads the request, and
+    the client turns the refusal into PermissionDenied."""
+    a = sa.zeros(16, device="cpu", pack=False)
+    path = transport.server_address()
+    client.close_connections()
+
+    def stranger(sock: socket.socket) -> unix.Credentials:
+        real = unix.peer_credentials(sock)
+        return unix.Credentials(real.pid, real.uid + 1, real.gid)
+
+    monkeypatch.setattr(handle_server, "peer_credentials", stranger)
+    request = Request(Kind.FETCH, a.allocation.id, a.allocation.secret).encode()
+    assert _ask(path, request) == Reply(Status.BAD_UID)
+    with pytest.raises(sa.PermissionDenied, match="another user"):
+        client.fetch_handles(path, os.getpid(), a.allocation.id, a.allocation.secret)
+    assert a.allocation.served == ()
+
+
+def test_a_client_refuses_a_server_of_another_user(monkeypatch: pytest.MonkeyPatch) -> None:
+    a = sa.zeros(16, device="cpu", pack=False)
+    path = transport.server_address()
+    client.close_connections()
+    other = unix.Credentials(1, os.getuid() + 1, 0)
+    monkeypatch.setattr(unix, "peer_credentials", lambda sock: other)
+    with pytest.raises(sa.PermissionDenied, match="runs as another user"):
+        client.fetch_handles(path, os.getpid(), a.allocation.id, a.allocation.secret)
+    assert client.kept_connections() == 0
