@@ -29,7 +29,7 @@ from typing import cast
 from sharedarrays.backends import Access, Backend, Chunk, MappingBackend, round_up
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import ClosedArrayError, PayloadError, ResizeRefused
-from sharedarrays.process import running
+from sharedarrays.process import at_fork, running
 from sharedarrays.settings import env_number
 
 __all__ = [
@@ -1335,7 +1335,7 @@ def _reset_in_child() -> None:
             alloc._adopt()
 
 
-os.register_at_fork(after_in_child=_reset_in_child)
+at_fork("memory", after_in_child=_reset_in_child)
 
 
 def pack_into_slab(backend: Backend, nbytes: int) -> tuple[Allocation, int]:

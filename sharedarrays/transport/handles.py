@@ -17,7 +17,6 @@ Nothing here knows about arrays; it moves ``(sizes, fds)`` for an allocation id.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import errno
 import hmac
@@ -39,7 +38,7 @@ from typing import Any
 
 from sharedarrays.errors import HandleUnavailable, PayloadError, PermissionDenied, SharedArrayError
 from sharedarrays.memory import allocation
-from sharedarrays.process import at_exit, running
+from sharedarrays.process import at_exit, at_fork, running
 from sharedarrays.settings import env_number
 
 __all__ = ["runtime_dir", "server_address", "fetch_handles", "fetch_growth", "shutdown_server"]
@@ -507,8 +506,8 @@ def _forget_server_in_child() -> None:
         _server = None
 
 
-os.register_at_fork(after_in_child=_forget_server_in_child)
-atexit.register(shutdown_server)
+at_fork("transport", after_in_child=_forget_server_in_child)
+at_exit(shutdown_server, "transport", order=2, processes=False)
 
 
 def fetch_handles(
@@ -1001,4 +1000,4 @@ def _drain_at_exit() -> None:
         )
 
 
-at_exit(_drain_at_exit)  # registered after shutdown_server, so it runs before it
+at_exit(_drain_at_exit, "transport", order=1)  # runs before shutdown_server

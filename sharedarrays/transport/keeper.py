@@ -74,7 +74,7 @@ from sharedarrays.errors import (
     PermissionDenied,
 )
 from sharedarrays.memory import allocation
-from sharedarrays.process import at_exit
+from sharedarrays.process import at_exit, at_fork
 from sharedarrays.settings import env_number
 from sharedarrays.transport import handles as transport
 
@@ -1078,5 +1078,5 @@ def _forget_in_child() -> None:
 
 allocation.release_hooks.append(_on_release)
 allocation.hand_over_hooks.append(hand_over)
-os.register_at_fork(after_in_child=_forget_in_child)
-at_exit(_hand_over_at_exit)
+at_fork("transport", order=1, after_in_child=_forget_in_child)
+at_exit(_hand_over_at_exit, "transport", order=0)

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sharedarrays.errors import PayloadError
-from sharedarrays.process import running, start_time
+from sharedarrays.process import at_fork, running, start_time
 
 if TYPE_CHECKING:
     from sharedarrays.backends.cuda.driver import CudaDevice
@@ -149,6 +149,9 @@ def _reset_after_fork() -> None:
         _waited.clear()
         _state_pid = os.getpid()
         _start_time_cache = None
+
+
+at_fork("backends", order=1, after_in_child=_reset_after_fork)
 
 
 _head_cache: tuple[int, bytes] | None = None
