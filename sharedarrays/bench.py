@@ -443,7 +443,7 @@ def _task_many(arrays: list[Any]) -> int:
 
 def _task_drop(pause: float) -> int:
     """Release this worker's parked mappings (so a cold repeat's memory returns)."""
-    from sharedarrays.memory.allocation import drop_parked
+    from sharedarrays.memory import drop_parked
 
     drop_parked()
     if pause:
@@ -452,7 +452,7 @@ def _task_drop(pause: float) -> int:
 
 
 def _task_cleanup(_: object) -> int:
-    from sharedarrays.memory.allocation import drop_parked
+    from sharedarrays.memory import drop_parked
 
     gc.collect()
     drop_parked()

@@ -108,9 +108,9 @@ def test_the_public_functions_check_their_arguments() -> None:
     with pytest.raises(ValueError, match="layer must be one of"):
         process.at_exit(lambda: None, "kernel")
     before = (list(process._hooks.fork), list(process._hooks.exit))
-    from sharedarrays.memory.allocation import _reset_in_child
+    from sharedarrays.memory.state import state
 
-    process.at_fork("memory", after_in_child=_reset_in_child)  # again: nothing changes
+    process.at_fork("memory", after_in_child=state.reset_in_child)  # again: nothing changes
     assert (process._hooks.fork, process._hooks.exit) == before
 
 
@@ -123,7 +123,7 @@ def test_the_package_hooks_are_in_layer_order() -> None:
     assert [n for _, n in names] == [
         "sharedarrays.backends.cuda.driver._before_fork",
         "sharedarrays.backends.cuda.sync._reset_after_fork",
-        "sharedarrays.memory.allocation._reset_in_child",
+        "sharedarrays.memory.state.ProcessState.reset_in_child",
         "sharedarrays.transport.handles._forget_server_in_child",
         "sharedarrays.transport.keeper._forget_in_child",
     ]

@@ -26,7 +26,7 @@ from sharedarrays.errors import (
     HandleUnavailable,
     PayloadError,
 )
-from sharedarrays.memory.allocation import Allocation, Lease, lookup, revive
+from sharedarrays.memory import Allocation, Lease, lookup, revive
 from sharedarrays.protocol.payload import Payload, view_extent
 from sharedarrays.transport import handles as transport
 

@@ -30,7 +30,7 @@ import numpy as np
 from sharedarrays.backends import Access, get_backend
 from sharedarrays.backends.device import CPU, Device
 from sharedarrays.errors import PayloadError, ResizeRefused
-from sharedarrays.memory.allocation import Allocation
+from sharedarrays.memory import Allocation
 from sharedarrays.protocol.payload import Payload, contiguous_strides, view_extent
 from sharedarrays.transport import handles as transport
 

@@ -38,6 +38,7 @@ from typing import Any
 
 from sharedarrays.errors import HandleUnavailable, PayloadError, PermissionDenied, SharedArrayError
 from sharedarrays.memory import allocation
+from sharedarrays.memory.state import state
 from sharedarrays.process import at_exit, at_fork, running
 from sharedarrays.settings import env_number
 
@@ -956,7 +957,7 @@ def _notify_on_release(alloc: allocation.Allocation) -> None:
         _queue_notice(servers, _NOTICE_MAGIC, raw_id, alloc.secret, alloc)
 
 
-allocation.release_hooks.append(_notify_on_release)
+state.release_hooks.append(_notify_on_release)
 
 EXIT_WAIT = 10.0
 """Seconds a process waits at exit for other processes to close the exporter-owned memory

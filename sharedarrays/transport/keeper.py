@@ -74,6 +74,7 @@ from sharedarrays.errors import (
     PermissionDenied,
 )
 from sharedarrays.memory import allocation
+from sharedarrays.memory.state import state
 from sharedarrays.process import at_exit, at_fork
 from sharedarrays.settings import env_number
 from sharedarrays.transport import handles as transport
@@ -914,7 +915,7 @@ def _reply(msg: bytes, fds: list[int]) -> tuple[int, dict[str, Any], list[int]]:
 def hand_over(alloc: allocation.Allocation, loads: int, seconds: float) -> None:
     """Give the keeper (started if needed) ``alloc``'s handles for ``loads`` payloads in
     flight, for at most ``seconds``: they then load after this process let go of the
-    memory or exited (an :data:`allocation.hand_over_hooks` hook).
+    memory or exited (a ``hand_over_hooks`` hook of the memory state).
 
     Uses a connection of its own, opened and closed here: it runs from finalizers, in any
     thread, maybe while this thread is inside :func:`request`. The keeper serves the handles
@@ -1076,7 +1077,7 @@ def _forget_in_child() -> None:
     _deferred.clear()
 
 
-allocation.release_hooks.append(_on_release)
-allocation.hand_over_hooks.append(hand_over)
+state.release_hooks.append(_on_release)
+state.hand_over_hooks.append(hand_over)
 at_fork("transport", order=1, after_in_child=_forget_in_child)
 at_exit(_hand_over_at_exit, "transport", order=0)
