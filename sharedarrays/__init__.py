@@ -31,7 +31,7 @@ from sharedarrays.errors import (
     ResizeRefused,
     SharedArrayError,
 )
-from sharedarrays.memory.allocation import Allocation, live_allocations
+from sharedarrays.memory import Allocation, live_allocations
 
 __version__ = "0.1.0"
 

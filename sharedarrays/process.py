@@ -1,13 +1,34 @@
-"""Facts about other processes of this machine: is a pid running, and since when."""
+"""Facts about processes, and the one table of this process's fork and exit hooks.
+
+Other processes: is a pid running (:func:`running`), and since when (:func:`start_time`).
+
+This process: every module of the package that keeps per-process state registers what must
+happen when the process forks or exits here (:func:`at_fork`, :func:`at_exit`), never with
+``os.register_at_fork`` or ``atexit`` itself. This module makes the only
+``os.register_at_fork`` call and the only ``atexit`` registration of the package, and runs
+the hooks in an order that does not depend on which module was imported first:
+
+- by layer (:data:`LAYERS`): around a fork, the ``before`` hooks run top layer first and the
+  ``after_in_child`` / ``after_in_parent`` hooks bottom layer first (a forked child resets
+  the backends, then the memory layer, then transport, each seeing the layers below it
+  already reset); at exit, top layer first (transport hands payloads over and stops its
+  server while the memory below still works);
+- within a layer, by the ``order`` each hook was registered with (smaller first), then by
+  the hook's module and name.
+"""
 
 from __future__ import annotations
 
 import atexit
 import os
+import sys
+import threading
+import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from multiprocessing import util
 
-__all__ = ["PID_MAX_LIMIT", "running", "start_time", "at_exit"]
+__all__ = ["PID_MAX_LIMIT", "LAYERS", "running", "start_time", "at_fork", "at_exit"]
 
 PID_MAX_LIMIT = 1 << 22
 """No Linux process has a larger pid (the kernel's ``PID_MAX_LIMIT``, the most that
@@ -51,32 +72,188 @@ def start_time(pid: int) -> int | None:
         return None
 
 
-class _Registrations:
-    """What :func:`at_exit` registered (multiprocessing keeps after-fork hooks by weak
-    reference to an object: this one lives as long as the module)."""
+LAYERS = ("foundation", "protocol", "backends", "memory", "transport", "importing", "api")
+"""The layers that may register hooks, bottom to top (``tests/test_layers.py`` draws them)."""
+
+Hook = Callable[[], None]
+
+
+@dataclass(frozen=True)
+class _ForkHooks:
+    """One :func:`at_fork` registration."""
+
+    layer: str
+    order: int
+    before: Hook | None
+    after_in_child: Hook | None
+    after_in_parent: Hook | None
+
+    def functions(self) -> list[Hook]:
+        return [f for f in (self.before, self.after_in_child, self.after_in_parent) if f]
+
+    def key(self) -> tuple[int, int, str]:
+        return LAYERS.index(self.layer), self.order, _name(self.functions()[0])
+
+
+@dataclass(frozen=True)
+class _ExitHook:
+    """One :func:`at_exit` registration."""
+
+    layer: str
+    order: int
+    fn: Hook
+    processes: bool
+
+    def key(self) -> tuple[int, int, str]:
+        return -LAYERS.index(self.layer), self.order, _name(self.fn)
+
+
+def _name(fn: Hook | None) -> str:
+    return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}"
+
+
+class _Hooks:
+    """The table: every fork and exit hook registered in this process, in running order.
+
+    One instance (:data:`_hooks`) lives as long as the module; multiprocessing keeps its
+    after-fork callbacks by weak reference to it.
+    """
 
     def __init__(self) -> None:
-        self.functions: list[Callable[[], None]] = []
+        self.lock = threading.Lock()
+        self.fork: list[_ForkHooks] = []
+        self.exit: list[_ExitHook] = []
 
-    def finalize_all(self) -> None:
-        for fn in self.functions:
-            util.Finalize(None, fn, exitpriority=-20)
+    def add_fork(self, hooks: _ForkHooks) -> None:
+        with self.lock:
+            if hooks in self.fork:
+                return
+            mine = hooks.functions()
+            if any(fn in mine for h in self.fork for fn in h.functions()):
+                raise ValueError(f"{_name(hooks.functions()[0])} is registered at fork already")
+            self.fork = sorted([*self.fork, hooks], key=_ForkHooks.key)
+
+    def add_exit(self, hook: _ExitHook) -> None:
+        with self.lock:
+            if hook in self.exit:
+                return
+            if any(h.fn == hook.fn for h in self.exit):
+                raise ValueError(f"{_name(hook.fn)} is registered to run at exit already")
+            self.exit = sorted([*self.exit, hook], key=_ExitHook.key)
+
+    def before_fork(self) -> None:
+        for hooks in reversed(self.fork):  # top layer first
+            _call(hooks.before, "before fork")
+
+    def after_fork_in_child(self) -> None:
+        self.lock = threading.Lock()  # another thread of the parent may have held it
+        for hooks in self.fork:
+            _call(hooks.after_in_child, "in a forked child")
+
+    def after_fork_in_parent(self) -> None:
+        for hooks in self.fork:
+            _call(hooks.after_in_parent, "after fork")
+
+    def run_exit(self, processes_only: bool = False) -> None:
+        for hook in self.exit:
+            if hook.processes or not processes_only:
+                _call(hook.fn, "at exit")
+
+    def finalize_in_process(self) -> None:
+        """In each ``multiprocessing.Process`` (which clears the finalizers it inherited):
+        run the exit hooks at its end too, below a Queue's priority (-5)."""
+        util.Finalize(None, self.run_exit, args=(True,), exitpriority=-20)
 
 
-_registrations = _Registrations()
+def _call(fn: Hook | None, when: str) -> None:
+    """Run one hook; a failure is said on stderr and the next hook runs all the same."""
+    if fn is None:
+        return
+    try:
+        fn()
+    except Exception:
+        print(f"sharedarrays: the hook {_name(fn)} failed {when}:", file=sys.stderr)
+        traceback.print_exc()
 
 
-def at_exit(fn: Callable[[], None]) -> None:
+_hooks = _Hooks()
+
+
+def at_fork(
+    layer: str,
+    *,
+    order: int = 0,
+    before: Hook | None = None,
+    after_in_child: Hook | None = None,
+    after_in_parent: Hook | None = None,
+) -> None:
+    """Run these hooks around every ``os.fork`` of this process (as ``os.register_at_fork``).
+
+    Parameters
+    ----------
+    layer : str
+        The registering module's layer (one of :data:`LAYERS`): sets the order (see the
+        module's docstring).
+    order : int
+        Order within the layer (smaller first).
+    before, after_in_child, after_in_parent : callable, optional
+        Called with no argument just before a fork, in the child after it, in the parent
+        after it. A hook that raises is said on stderr; the others run all the same.
+
+    Registering the same hooks again does nothing.
+
+    Raises
+    ------
+    ValueError
+        An unknown layer, or no hook given.
+    """
+    if layer not in LAYERS:
+        raise ValueError(f"layer must be one of {', '.join(LAYERS)}, not {layer!r}")
+    if before is None and after_in_child is None and after_in_parent is None:
+        raise ValueError("at_fork needs at least one hook")
+    _hooks.add_fork(_ForkHooks(layer, order, before, after_in_child, after_in_parent))
+
+
+def at_exit(fn: Hook, layer: str, *, order: int = 0, processes: bool = True) -> None:
     """Run ``fn`` when this process exits, also when it is a ``multiprocessing.Process``.
 
     ``atexit`` covers the interpreter's own exit; a Process runs multiprocessing's
     finalizers instead (a forked one ends with ``os._exit``, which runs no atexit handler,
-    and a Process clears the finalizers it inherited when it starts): ``fn`` is registered
-    there too, anew in each Process, at a priority below a Queue's (-5), so that its feeder
-    thread has pickled every item first. ``fn`` may run twice: it must be idempotent.
+    and a Process clears the finalizers it inherited when it starts): the exit hooks are
+    registered there too, anew in each Process, at a priority below a Queue's (-5), so that
+    its feeder thread has pickled every item first. ``fn`` may run twice (at a Process's end
+    and then at its interpreter's exit): it must be idempotent.
+
+    Parameters
+    ----------
+    fn : callable
+        Called with no argument.
+    layer : str
+        The registering module's layer (one of :data:`LAYERS`): exit hooks run top layer
+        first.
+    order : int
+        Order within the layer (smaller first).
+    processes : bool
+        Also at the end of a ``multiprocessing.Process`` (False: at the interpreter's exit
+        only).
+
+    Registering the same hook again with the same arguments does nothing.
+
+    Raises
+    ------
+    ValueError
+        An unknown layer, or ``fn`` registered already with other arguments.
     """
-    atexit.register(fn)
-    util.Finalize(None, fn, exitpriority=-20)
-    if not _registrations.functions:
-        util.register_after_fork(_registrations, _Registrations.finalize_all)
-    _registrations.functions.append(fn)
+    if layer not in LAYERS:
+        raise ValueError(f"layer must be one of {', '.join(LAYERS)}, not {layer!r}")
+    _hooks.add_exit(_ExitHook(layer, order, fn, processes))
+
+
+os.register_at_fork(
+    before=_hooks.before_fork,
+    after_in_child=_hooks.after_fork_in_child,
+    after_in_parent=_hooks.after_fork_in_parent,
+)
+atexit.register(_hooks.run_exit)
+_hooks.finalize_in_process()
+util.register_after_fork(_hooks, _Hooks.finalize_in_process)

@@ -22,7 +22,7 @@ from sharedarrays.api import keeping, views
 from sharedarrays.backends import Access
 from sharedarrays.backends.device import Device, DeviceLike, parse_device
 from sharedarrays.errors import ClosedArrayError, ResizeRefused
-from sharedarrays.memory.allocation import Allocation, Lease
+from sharedarrays.memory import Allocation, Lease
 from sharedarrays.protocol.payload import Payload, contiguous_strides, view_extent
 from sharedarrays.transport import handles as transport
 

@@ -13,7 +13,7 @@ from sharedarrays.api.array import SharedDeviceArray, operator_index
 from sharedarrays.api.options import AccessList, CreationOptions
 from sharedarrays.backends import choose_backend, get_backend
 from sharedarrays.backends.device import Device, DeviceLike
-from sharedarrays.memory.allocation import PACK_BYTES, Allocation, pack_into_slab
+from sharedarrays.memory import PACK_BYTES, Allocation, pack_into_slab
 from sharedarrays.protocol.payload import contiguous_strides
 
 __all__ = ["empty", "zeros", "ones", "full", "from_array", "ShapeLike", "PROGRESS_BYTES"]
@@ -172,11 +172,11 @@ def empty(
     chunk_bytes : int, optional
         Largest chunk of the allocation. By default an array is one chunk (each chunk costs
         every importer an import and a map) and a growable array maps at most 2 GiB at a
-        time (:data:`sharedarrays.memory.allocation.DEFAULT_CHUNK_BYTES`).
+        time (:data:`sharedarrays.memory.DEFAULT_CHUNK_BYTES`).
     pack : bool, optional
         Carve the array out of a shared 2 MiB *slab* allocation instead of giving it an
         allocation of its own. The default packs arrays of at most
-        :data:`~sharedarrays.memory.allocation.PACK_BYTES` (64 KiB), so that many small arrays cost
+        :data:`~sharedarrays.memory.PACK_BYTES` (64 KiB), so that many small arrays cost
         one chunk, one handle and one import between them rather than one granule (2 MiB on
         CUDA) each. Arrays packed together share a slab's secret: a process that can import
         one of them could map its neighbours too. Pass ``pack=False`` for an array that must
@@ -214,7 +214,7 @@ def empty(
         :meth:`~SharedDeviceArray.append`; importers see the growth on their next load or
         :meth:`~SharedDeviceArray.refresh`). Each growth maps a chunk at least as large as
         what is mapped already, at most ``chunk_bytes`` (see
-        :func:`sharedarrays.memory.allocation.growth_sizes`). Growing past the capacity still works
+        :func:`sharedarrays.memory.growth_sizes`). Growing past the capacity still works
         but moves the array to a new reservation (its address changes). Growable arrays are
         C-ordered, never packed and never named.
 

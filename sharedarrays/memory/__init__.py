@@ -1,0 +1,70 @@
+"""The memory layer: allocations (a reservation with chunks mapped in it), leases, growth,
+payloads in flight, slabs, and the one per-process state object.
+
+One module per concern (each module's docstring says what it holds):
+
+``state``        the process state (:data:`~sharedarrays.memory.state.state`): registry,
+                 parked, draining, slabs, hooks; reset in a forked child
+``allocation``   :class:`Allocation` (create, import, map, lease, park, release, drain) and
+                 :class:`Lease`; the functions that read the registry
+``growth``       the chunk sizing policy; adding, removing and moving chunks
+``inflight``     payloads in flight and the processes an allocation was served to
+``reservation``  a reservation of address space, and tearing mappings down
+``info``         the read-only records ``describe`` and the widgets show
+``slabs``        small arrays packed into shared slabs
+
+This package re-exports the names the layers above use: import them from here
+(``from sharedarrays.memory import Allocation, lookup``). The state object is imported from
+its module (``from sharedarrays.memory.state import state``). The memory layer imports only
+the foundation, protocol and backends layers; upper layers subscribe to it through the
+state's ``release_hooks`` and ``hand_over_hooks``.
+"""
+
+from __future__ import annotations
+
+from sharedarrays.memory.allocation import (
+    Allocation,
+    Lease,
+    draining_allocations,
+    drop_parked,
+    held_elsewhere,
+    keep_imports,
+    live_allocations,
+    lookup,
+    parked_allocations,
+    reap_draining,
+    revive,
+    wait_draining,
+)
+from sharedarrays.memory.growth import DEFAULT_CHUNK_BYTES, MAX_CHUNKS, chunk_sizes, growth_sizes
+from sharedarrays.memory.inflight import IN_FLIGHT_SECONDS, in_flight_seconds
+from sharedarrays.memory.info import ChunkInfo, MappingInfo, Origin, Served
+from sharedarrays.memory.slabs import PACK_BYTES, SLAB_BYTES, pack_into_slab
+
+__all__ = [
+    "Allocation",
+    "Lease",
+    "draining_allocations",
+    "drop_parked",
+    "held_elsewhere",
+    "keep_imports",
+    "live_allocations",
+    "lookup",
+    "parked_allocations",
+    "reap_draining",
+    "revive",
+    "wait_draining",
+    "DEFAULT_CHUNK_BYTES",
+    "MAX_CHUNKS",
+    "chunk_sizes",
+    "growth_sizes",
+    "IN_FLIGHT_SECONDS",
+    "in_flight_seconds",
+    "ChunkInfo",
+    "MappingInfo",
+    "Origin",
+    "Served",
+    "PACK_BYTES",
+    "SLAB_BYTES",
+    "pack_into_slab",
+]

@@ -21,14 +21,14 @@ and tells the processes an allocation was served to when this one releases it
 
 from __future__ import annotations
 
-import atexit
 import os
 import sys
 import threading
 
 from sharedarrays.errors import HandleUnavailable
 from sharedarrays.memory import allocation
-from sharedarrays.process import at_exit
+from sharedarrays.memory.state import state
+from sharedarrays.process import at_exit, at_fork
 from sharedarrays.protocol.handles import Kind
 from sharedarrays.protocol.unix import MAX_PATH, runtime_dir
 from sharedarrays.settings import env_number
@@ -93,8 +93,8 @@ def _forget_server_in_child() -> None:
         _server = None
 
 
-os.register_at_fork(after_in_child=_forget_server_in_child)
-atexit.register(shutdown_server)
+at_fork("transport", after_in_child=_forget_server_in_child)
+at_exit(shutdown_server, "transport", order=2, processes=False)
 
 
 def open_connections() -> int:
@@ -122,7 +122,7 @@ def _notify_on_release(alloc: allocation.Allocation) -> None:
         notices.queue_notice(servers, Kind.RELEASED, alloc.id, alloc.secret, alloc)
 
 
-allocation.release_hooks.append(_notify_on_release)
+state.release_hooks.append(_notify_on_release)
 
 EXIT_WAIT = 10.0
 """Seconds a process waits at exit for other processes to close the exporter-owned memory
@@ -166,4 +166,4 @@ def _drain_at_exit() -> None:
         )
 
 
-at_exit(_drain_at_exit)  # registered after shutdown_server, so it runs before it
+at_exit(_drain_at_exit, "transport", order=1)  # runs before shutdown_server

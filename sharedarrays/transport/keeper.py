@@ -29,7 +29,8 @@ from sharedarrays.errors import (
     PermissionDenied,
 )
 from sharedarrays.memory import allocation
-from sharedarrays.process import at_exit
+from sharedarrays.memory.state import state
+from sharedarrays.process import at_exit, at_fork
 from sharedarrays.protocol.keeper import (
     DENIED,
     EXISTS,
@@ -49,10 +50,6 @@ from sharedarrays.protocol.keeper import (
     Request,
 )
 from sharedarrays.protocol.unix import check_same_user, check_truncated, connect_unix, runtime_dir
-
-# (imported first: its release and exit hooks are registered before this module's, so that at
-# exit the payloads in flight are handed over while the handle server still serves)
-from sharedarrays.transport import handles as _handles  # noqa: F401
 
 __all__ = [
     "TIMEOUT",
@@ -305,7 +302,7 @@ def _reply(msg: bytes, fds: list[int]) -> tuple[int, dict[str, Any], list[int]]:
 def hand_over(alloc: allocation.Allocation, loads: int, seconds: float) -> None:
     """Give the keeper (started if needed) ``alloc``'s handles for ``loads`` payloads in
     flight, for at most ``seconds``: they then load after this process let go of the
-    memory or exited (an :data:`allocation.hand_over_hooks` hook).
+    memory or exited (a ``hand_over_hooks`` hook of the memory state).
 
     Uses a connection of its own, opened and closed here: it runs from finalizers, in any
     thread, maybe while this thread is inside :func:`request`. The keeper serves the handles
@@ -465,7 +462,7 @@ def _forget_in_child() -> None:
     _deferred.clear()
 
 
-allocation.release_hooks.append(_on_release)
-allocation.hand_over_hooks.append(hand_over)
-os.register_at_fork(after_in_child=_forget_in_child)
-at_exit(_hand_over_at_exit)
+state.release_hooks.append(_on_release)
+state.hand_over_hooks.append(hand_over)
+at_fork("transport", order=1, after_in_child=_forget_in_child)
+at_exit(_hand_over_at_exit, "transport", order=0)

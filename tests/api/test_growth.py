@@ -14,7 +14,7 @@ import pytest
 
 import sharedarrays as sa
 from sharedarrays.api.widgets.model import build_map, table_rows
-from sharedarrays.memory.allocation import growth_sizes
+from sharedarrays.memory import growth_sizes
 from sharedarrays.transport import handles as transport
 
 MiB = 1 << 20

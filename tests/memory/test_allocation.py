@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import gc
-import itertools
 import mmap
 
 import numpy as np
@@ -10,8 +9,7 @@ import pytest
 import sharedarrays as sa
 from sharedarrays.backends import get_backend
 from sharedarrays.backends.device import CPU
-from sharedarrays.memory import allocation as sa_allocation
-from sharedarrays.memory.allocation import Allocation, chunk_sizes, live_allocations, lookup
+from sharedarrays.memory import Allocation, Lease, Origin, live_allocations, lookup
 
 
 def mapped(address: int) -> bool:
@@ -21,27 +19,6 @@ def mapped(address: int) -> bool:
             if lo <= address < hi:
                 return "memfd:sharedarrays" in line
     return False
-
-
-def test_chunk_policy() -> None:
-    assert chunk_sizes(0, 4096) == [4096]
-    assert chunk_sizes(1, 4096) == [4096]
-    assert chunk_sizes(10_000, 4096, 8192) == [8192, 4096]
-    assert chunk_sizes(3 << 30, 2 << 20) == [3 << 30]  # one chunk unless told otherwise
-    assert chunk_sizes(3 << 30, 2 << 20, 2 << 30) == [2 << 30, 1 << 30]
-    assert chunk_sizes(5000, 4096, 100) == [4096, 4096]  # chunk_bytes rounds up to a granule
-    with pytest.raises(ValueError, match="chunk_bytes"):
-        chunk_sizes(10, 4096, 0)
-    with pytest.raises(ValueError, match="larger chunk_bytes"):
-        chunk_sizes(1 << 40, 4096, 4096)
-
-
-def test_env_chunk_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SHAREDARRAYS_CHUNK_BYTES", "8192")
-    assert chunk_sizes(20_000, 4096) == [8192, 8192, 4096]
-    monkeypatch.setenv("SHAREDARRAYS_CHUNK_BYTES", "lots")
-    with pytest.raises(ValueError, match="SHAREDARRAYS_CHUNK_BYTES"):
-        chunk_sizes(1, 4096)
 
 
 def test_multi_chunk_allocation_is_contiguous(fd_baseline: None) -> None:
@@ -99,7 +76,7 @@ def test_failed_build_releases_everything(fd_baseline: None) -> None:
             [4096] * 4,
             Exploding(),
             "rw",
-            sa_allocation.Origin(True, 1, 0.0),
+            Origin(True, 1, 0.0),
         )
     assert lookup("0" * 32) is None
 
@@ -122,53 +99,12 @@ def test_import_of_wrong_size_handle_is_payload_error(fd_baseline: None) -> None
         Allocation.import_(get_backend(CPU), "2" * 32, b"z" * 32, [8192], [fd], 1)
 
 
-def test_small_arrays_are_packed_into_shared_slabs() -> None:
-    from sharedarrays.memory.allocation import PACK_BYTES, SLAB_BYTES
-
-    arrays = [sa.full(512, float(i), device="cpu") for i in range(2000)]  # 4 KiB each
-    slabs = {a.allocation.id: a.allocation.size for a in arrays}
-    payload = sum(a.nbytes for a in arrays)
-    assert len(slabs) == -(-payload // SLAB_BYTES)
-    assert sum(slabs.values()) <= 1.25 * payload
-    assert all(a.address % 256 == 0 for a in arrays)
-    assert [float(a.array[0]) for a in arrays[::97]] == [float(i) for i in range(0, 2000, 97)]
-    by_slab: dict[str, list[tuple[int, int]]] = {}
-    for a in arrays:
-        by_slab.setdefault(a.allocation.id, []).append((a.offset, a.offset + a.nbytes))
-    for spans in by_slab.values():  # no two arrays overlap
-        spans.sort()
-        assert all(hi <= lo for (_, hi), (lo, _) in itertools.pairwise(spans))
-    big = sa.zeros(PACK_BYTES // 8 + 1, device="cpu")
-    assert big.allocation.id not in slabs  # above the threshold: an allocation of its own
-    with pytest.raises(ValueError, match="pack=False"):
-        sa.zeros(SLAB_BYTES + 1, "uint8", device="cpu", pack=True)
-    with pytest.raises(ValueError, match="cannot be combined"):
-        sa.zeros(4, device="cpu", pack=True, chunk_bytes=4096)
-
-
-def test_a_full_slab_is_released_when_its_arrays_go() -> None:
-    from sharedarrays.memory.allocation import SLAB_BYTES
-
-    per_slab = SLAB_BYTES // 4096
-    arrays = [sa.zeros(512, device="cpu") for _ in range(2 * per_slab + 1)]
-    first = arrays[0].allocation
-    first_id = first.id
-    assert arrays[per_slab * 2].allocation is not first  # later arrays went to new slabs
-    del first
-    for a in arrays[:per_slab]:
-        a.close()
-    del a
-    gc.collect()
-    assert lookup(first_id) is None  # full, no longer current, no array left: released
-    assert lookup(arrays[-1].allocation.id) is not None
-
-
 def test_release_never_takes_a_mapping_from_under_a_view() -> None:
     """A parked import leased again (say by another thread) is not dropped: release() does
     nothing while a view uses the allocation."""
     import os
 
-    from sharedarrays.memory.allocation import drop_parked, parked_allocations
+    from sharedarrays.memory import drop_parked, parked_allocations
 
     a = sa.from_array(np.arange(512.0), device="cpu", pack=False)
     fd = os.dup(a.allocation.chunks[0].fd)
@@ -213,3 +149,36 @@ def test_a_closed_import_never_stays_live_whatever_its_source_pid(
     assert lookup("7" * 32) is None
     assert all(al.id != "7" * 32 for al in live_allocations())
     a.close()
+
+
+def test_a_lease_ends_through_a_finalizer_that_never_sees_it(fd_baseline: None) -> None:
+    """Dropping the last lease releases the allocation (fds closed, unmapped); the
+    finalizer holds no reference to the lease, so the lease is not brought back."""
+    import weakref
+
+    alloc = Allocation.create(get_backend(CPU), 4096)
+    alloc_id, address = alloc.id, alloc.address
+    lease = alloc.lease()
+    assert not hasattr(Lease, "__del__")
+    gone = weakref.ref(lease)
+    del alloc, lease
+    gc.collect()
+    assert gone() is None
+    assert lookup(alloc_id) is None and not mapped(address)
+
+
+def test_a_pinned_reservation_outlives_a_move_until_its_lease_goes(fd_baseline: None) -> None:
+    page = mmap.PAGESIZE
+    alloc = Allocation.create(get_backend(CPU), page, capacity=page)
+    view = alloc.lease()
+    pinned = alloc.lease(pin=True)  # a native array's lease: the addresses it holds
+    old = alloc.address
+    alloc.grow(4 * page)  # past the capacity: moves to a new reservation
+    assert alloc.address != old and mapped(old) and mapped(alloc.address)
+    del pinned
+    gc.collect()
+    assert not mapped(old) and mapped(alloc.address)  # the retired reservation is freed
+    new = alloc.address
+    del alloc, view
+    gc.collect()
+    assert not mapped(new)

@@ -274,9 +274,9 @@ def test_another_user_loading_a_payload_gets_permission_denied(open_socket: bool
                 os.setgroups([])
                 os.setgid(pw.pw_gid)
                 os.setuid(pw.pw_uid)
-                from sharedarrays.memory import allocation
+                from sharedarrays.memory.state import state
 
-                allocation._registry.clear()
+                state.registry.clear()
                 try:
                     pickle.loads(blob)
                     code = 1

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sharedarrays.api.views import ArrayView, is_view, live_views
-from sharedarrays.memory.allocation import Allocation, live_allocations
+from sharedarrays.memory import Allocation, live_allocations
 from sharedarrays.protocol.payload import view_extent
 
 __all__ = [

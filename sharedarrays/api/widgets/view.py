@@ -14,7 +14,7 @@ from typing import Any
 from sharedarrays.api.views import is_view
 from sharedarrays.api.widgets.model import ReservationMap, build_maps
 from sharedarrays.api.widgets.render import render_html, render_png, render_text
-from sharedarrays.memory.allocation import Allocation
+from sharedarrays.memory import Allocation
 
 __all__ = ["MemoryMap", "mimebundle", "widgets_available", "in_kernel", "WIDGET_MIME"]
 

@@ -49,6 +49,7 @@ from typing import Any, Protocol
 
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import OutOfMemory, SharedArrayError
+from sharedarrays.process import at_fork
 
 __all__ = [
     "OnDevice",
@@ -258,8 +259,11 @@ def _after_fork_in_parent() -> None:
     _parent_had_cuda = False
 
 
-os.register_at_fork(
-    before=_before_fork, after_in_child=_after_fork_in_child, after_in_parent=_after_fork_in_parent
+at_fork(
+    "backends",
+    before=_before_fork,
+    after_in_child=_after_fork_in_child,
+    after_in_parent=_after_fork_in_parent,
 )
 
 

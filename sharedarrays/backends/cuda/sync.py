@@ -53,7 +53,7 @@ from sharedarrays.backends.cuda.driver import (
     opaque_from_bytes,
 )
 from sharedarrays.errors import PayloadError
-from sharedarrays.process import running, start_time
+from sharedarrays.process import at_fork, running, start_time
 from sharedarrays.protocol import token as wire
 
 __all__ = [
@@ -209,6 +209,9 @@ def _reset_after_fork() -> None:
         _waited.clear()
         _state_pid = os.getpid()
         _start_time_cache = None
+
+
+at_fork("backends", order=1, after_in_child=_reset_after_fork)
 
 
 def _my_start_time() -> int:

@@ -113,7 +113,7 @@ def test_unmapped_gaps_from_mappings():
     """Gaps come from the mappings: a stand-in allocation with a hole in the middle."""
     from types import SimpleNamespace
 
-    from sharedarrays.memory.allocation import ChunkInfo, MappingInfo, Origin
+    from sharedarrays.memory import ChunkInfo, MappingInfo, Origin
 
     fake = SimpleNamespace(
         id="f" * 32,

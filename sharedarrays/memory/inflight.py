@@ -1,0 +1,147 @@
+"""Payloads in flight and the processes an allocation was served to.
+
+An :class:`InFlight` is one allocation's record, in this process, of the payloads pickled
+here that may still be loaded elsewhere (:meth:`InFlight.in_flight`), of the processes its
+handles were served to (and, for exporter-owned memory, those that still hold it), and of
+payloads of it from other processes loaded here. The allocation keeps one and answers its
+``note_sent`` / ``note_loaded`` / ``note_returned`` / ``record_served`` / ``holders`` calls
+from it; the hand-over of payloads in flight to the keeper (:meth:`Allocation.hand_over`)
+reads it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+
+from sharedarrays.memory.info import Served
+from sharedarrays.process import running
+from sharedarrays.settings import env_number
+
+__all__ = ["IN_FLIGHT_SECONDS", "InFlight", "in_flight_seconds"]
+
+IN_FLIGHT_SECONDS = 60.0
+"""Default bound on how long a payload in flight keeps its memory alive (seconds)."""
+
+_SERVED_HISTORY = 256
+
+
+def in_flight_seconds() -> float:
+    """How long a payload in flight (pickled here, not yet loaded) keeps its memory alive
+    after this process let go of it: ``SHAREDARRAYS_IN_FLIGHT`` seconds (default 60).
+
+    Within the bound a payload loads even when its sender closed its last view or exited
+    in the meantime; a payload loaded later raises :class:`~sharedarrays.HandleUnavailable`
+    (park or name the array to keep it longer)."""
+    return env_number("SHAREDARRAYS_IN_FLIGHT", IN_FLIGHT_SECONDS, 0.0)
+
+
+class InFlight:
+    """One allocation's payloads in flight and the processes it was served to, here."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sent = 0  # payloads pickled here that name this process's handle server
+        self._sent_at = 0.0  # time.monotonic() of the last
+        self._fetched = 0  # handle requests for it this process answered
+        self._returned: dict[str, int] = {}  # payloads of it loaded here, by their sender's
+        # handle server (one this process served): told to that process when released here
+        self._served: deque[Served] = deque(maxlen=_SERVED_HISTORY)
+        self._servers: set[str] = set()
+        self._holders: set[int] = set()  # exporter-owned memory: importers not done yet
+        self._served_chunks: dict[int, int] = {}  # pid -> chunks it may map
+
+    def forget(self) -> None:
+        """In a forked child: a new lock, and no record of what the parent served or sent."""
+        self._lock = threading.Lock()
+        self._served.clear()
+        self._servers.clear()
+        self._holders.clear()
+        self._served_chunks.clear()
+        self._returned.clear()
+        self._sent = self._fetched = 0
+
+    # payloads in flight ----------------------------------------------------------------
+    def note_sent(self) -> None:
+        """A payload naming this process's handle server was pickled."""
+        with self._lock:
+            self._sent += 1
+            self._sent_at = time.monotonic()
+
+    def note_loaded(self, count: int = 1) -> None:
+        """``count`` payloads pickled here were loaded: no longer in flight."""
+        with self._lock:
+            self._fetched += count
+
+    def handed_over(self) -> None:
+        """The keeper answers for every payload in flight from now on."""
+        with self._lock:
+            self._fetched = self._sent
+
+    def note_returned(self, server: str) -> None:
+        """A payload from the process whose handle server is ``server`` was loaded here
+        (counted only for processes this one served)."""
+        with self._lock:
+            if server in self._servers:
+                self._returned[server] = self._returned.get(server, 0) + 1
+
+    def returned(self, server: str) -> int:
+        """How many payloads from the process of handle server ``server`` were loaded here."""
+        with self._lock:
+            return self._returned.get(server, 0)
+
+    def in_flight(self) -> tuple[int, float]:
+        """Payloads pickled here that may still be loaded, and the seconds left of their
+        bound (:func:`in_flight_seconds`, from the last one pickled); ``(0, 0.0)`` when none."""
+        with self._lock:
+            count, sent_at = self._sent - self._fetched, self._sent_at
+        left = sent_at + in_flight_seconds() - time.monotonic() if count > 0 else 0.0
+        return (count, left) if left > 0 else (0, 0.0)
+
+    # served processes ------------------------------------------------------------------
+    def record_served(self, pid: int, server: str | None, chunks: int, holder: bool) -> None:
+        """The handles were sent to process ``pid`` (with its handle server, if given);
+        ``chunks``: how many chunks it may map now; ``holder``: it holds exporter-owned
+        memory until it says it closed it or exits."""
+        with self._lock:
+            self._fetched += 1
+            self._served.append(Served(pid, time.time()))
+            if server:
+                self._servers.add(server)
+            if holder:
+                self._holders.add(pid)
+            if chunks > self._served_chunks.get(pid, 0):
+                self._served_chunks[pid] = chunks
+
+    def served(self) -> tuple[Served, ...]:
+        """The most recent processes served (pid, time)."""
+        with self._lock:
+            return tuple(self._served)
+
+    def served_servers(self) -> list[str]:
+        """Handle servers of the processes served."""
+        with self._lock:
+            return sorted(self._servers)
+
+    def holders(self) -> tuple[int, ...]:
+        """The running processes that hold the memory (forgetting those that exited)."""
+        with self._lock:
+            alive = {pid for pid in self._holders if running(pid)}
+            self._holders = alive
+        return tuple(sorted(alive))
+
+    def closed_by(self, pid: int | None) -> None:
+        """Process ``pid`` no longer holds the memory (``None``: nobody new)."""
+        with self._lock:
+            self._holders.discard(-1 if pid is None else pid)
+
+    def mapping_past(self, chunks: int) -> list[int]:
+        """The running processes (but this one) served more than ``chunks`` chunks."""
+        with self._lock:
+            return sorted(
+                pid
+                for pid, n in self._served_chunks.items()
+                if n > chunks and pid != os.getpid() and running(pid)
+            )

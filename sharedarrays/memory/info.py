@@ -1,0 +1,68 @@
+"""Read-only records describing an allocation in this process (what ``describe``, the
+widgets and the CLI show): where it came from, whom it was served to, its chunks and
+mappings. Plain frozen dataclasses: nothing here maps or frees memory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sharedarrays.backends import Access
+
+__all__ = ["Origin", "Served", "ChunkInfo", "MappingInfo", "format_bytes"]
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where an allocation in this process came from.
+
+    Attributes
+    ----------
+    created_here : bool
+        True in the exporter, False in importers.
+    pid : int
+        The process that created it (this one when ``created_here``), or for an importer the
+        process it was imported from.
+    time : float
+        When it was created or imported (``time.time()``).
+    """
+
+    created_here: bool
+    pid: int
+    time: float
+
+
+@dataclass(frozen=True)
+class Served:
+    """One time this process handed an allocation's handles to another process."""
+
+    pid: int
+    time: float
+
+
+@dataclass(frozen=True)
+class ChunkInfo:
+    """One chunk of an allocation, as seen from this process."""
+
+    index: int
+    size: int
+    fd: int
+
+
+@dataclass(frozen=True)
+class MappingInfo:
+    """One mapping: ``size`` bytes of chunk ``chunk`` from ``chunk_offset`` placed at
+    ``offset`` bytes into the reservation, with this process's access."""
+
+    offset: int
+    size: int
+    chunk: int
+    chunk_offset: int
+    access: Access
+
+
+def format_bytes(n: int) -> str:
+    """Bytes as a short human-readable size (binary units)."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.4g} {unit}"
+    return f"{n} B"

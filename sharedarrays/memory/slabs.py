@@ -1,0 +1,56 @@
+"""Packing small arrays into shared slabs.
+
+A slab is an ordinary allocation of :data:`SLAB_BYTES` that small arrays (at most
+:data:`PACK_BYTES` by default) are placed in back to back. This process's current slab per
+memory system and device is kept in the process state (:data:`~sharedarrays.memory.state.state`),
+which a forked child empties: it never reuses its parent's slabs.
+"""
+
+from __future__ import annotations
+
+from sharedarrays.backends import Backend, round_up
+from sharedarrays.memory.allocation import Allocation
+from sharedarrays.memory.state import state
+
+__all__ = ["PACK_ALIGN", "PACK_BYTES", "SLAB_BYTES", "pack_into_slab"]
+
+PACK_BYTES = 64 << 10
+"""Arrays of at most this many bytes are packed into slabs by default (see ``pack=``)."""
+
+SLAB_BYTES = 2 << 20
+"""Size of one slab allocation (rounded up to the backend's granularity)."""
+
+PACK_ALIGN = 256
+"""Packed arrays start at multiples of this many bytes (CuPy's and cuBLAS's alignment)."""
+
+
+def pack_into_slab(backend: Backend, nbytes: int) -> tuple[Allocation, int]:
+    """Carve ``nbytes`` out of this process's current slab for ``backend``'s device.
+
+    A slab is an ordinary allocation of :data:`SLAB_BYTES` that small arrays are placed in
+    back to back (a bump allocator: space is never reused, so a region another process still
+    maps never changes owner). The current slab stays mapped while it has room; each slab is
+    released, like any allocation, once no array in it is alive anywhere in this process.
+
+    Returns
+    -------
+    allocation, offset
+        The slab and the byte offset of the new array in it.
+    """
+    need = round_up(max(nbytes, 1), PACK_ALIGN)
+    size = round_up(SLAB_BYTES, backend.granularity)
+    if need > size:
+        raise ValueError(f"an array of {nbytes} bytes does not fit a {size}-byte slab; pack=False")
+    key = (backend.name, backend.device)
+    with state.slabs_lock:
+        current = state.slabs.get(key)
+        if current is None or current[1] + need > current[0].allocation.size:
+            lease = Allocation.create(backend, size).lease()
+            offset = 0
+        else:
+            lease, offset = current
+        state.slabs[key] = (
+            lease,
+            offset + need,
+        )  # the previous slab's lease goes here, if replaced
+        return lease.allocation, offset

@@ -1,0 +1,53 @@
+"""Payloads in flight and served processes (memory/inflight.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sharedarrays.memory.inflight import InFlight, in_flight_seconds
+
+
+def test_payloads_count_until_loaded_or_handed_over() -> None:
+    f = InFlight()
+    assert f.in_flight() == (0, 0.0)
+    f.note_sent()
+    f.note_sent()
+    count, left = f.in_flight()
+    assert count == 2 and 0 < left <= in_flight_seconds()
+    f.note_loaded()
+    assert f.in_flight()[0] == 1
+    f.handed_over()
+    assert f.in_flight() == (0, 0.0)
+
+
+def test_the_bound_ends_a_payload_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHAREDARRAYS_IN_FLIGHT", "0")
+    f = InFlight()
+    f.note_sent()
+    assert f.in_flight() == (0, 0.0)
+
+
+def test_served_processes_holders_and_returned_payloads() -> None:
+    f = InFlight()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait(timeout=30)
+    f.record_served(os.getppid(), "/srv/a", chunks=3, holder=True)
+    f.record_served(gone.pid, None, chunks=5, holder=True)
+    assert [s.pid for s in f.served()] == [os.getppid(), gone.pid]
+    assert f.served_servers() == ["/srv/a"]
+    assert f.holders() == (os.getppid(),)  # one that exited is forgotten
+    assert f.mapping_past(2) == [os.getppid()] and f.mapping_past(3) == []
+    f.note_returned("/srv/b")  # not a process served: not counted
+    f.note_returned("/srv/a")
+    assert f.returned("/srv/a") == 1 and f.returned("/srv/b") == 0
+    f.closed_by(os.getppid())
+    assert f.holders() == ()
+    f.note_sent()
+    lock = f._lock
+    f.forget()
+    assert f._lock is not lock and f.served() == () and f.served_servers() == []
+    assert f.in_flight() == (0, 0.0) and f.returned("/srv/a") == 0

@@ -1,0 +1,108 @@
+"""The memory layer's one process-state object (memory/state.py)."""
+
+from __future__ import annotations
+
+import ast
+import gc
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from forking import in_forked_child
+
+import sharedarrays as sa
+from sharedarrays.backends import get_backend
+from sharedarrays.backends.device import CPU
+from sharedarrays.memory import Allocation, drop_parked, lookup, parked_allocations
+from sharedarrays.memory.state import state
+
+MEMORY = Path(__file__).resolve().parents[2] / "sharedarrays" / "memory"
+
+
+def test_a_forked_child_starts_with_a_reset_state() -> None:
+    parent = os.getpid()
+    exported = sa.from_array(np.arange(8.0), device="cpu", pack=False)
+    growable = sa.zeros(8, device="cpu", capacity=1 << 20)
+    packed = sa.zeros(4, device="cpu")  # in a slab
+    source = sa.from_array(np.arange(512.0), device="cpu", pack=False)
+    fd = os.dup(source.allocation.chunks[0].fd)
+    parked_id = "4" * 32
+    imported = Allocation.import_(
+        get_backend(CPU), parked_id, b"p" * 32, source.allocation.chunk_sizes(), [fd], parent
+    )
+    sa.SharedDeviceArray(imported, source.dtype, source.shape, source.strides, 0).close()
+    del imported
+    gc.collect()
+    assert [a.id for a in parked_allocations()] == [parked_id]
+    draining_id = "5" * 32
+    state.draining[draining_id] = object()  # (a stand-in: only the child's copy is looked at)
+    locks = (id(state.lock), id(state.slabs_lock), id(exported.allocation._lock))
+    hooks = (len(state.release_hooks), len(state.hand_over_hooks))
+    assert state.slabs
+
+    def child() -> dict[str, Any]:
+        e, g = exported.allocation, growable.allocation
+        return {
+            "locks_new": [
+                id(x) != old for x, old in zip((state.lock, state.slabs_lock, e._lock), locks)
+            ],
+            "slabs": len(state.slabs),
+            "inherited_slab": any(
+                isinstance(i, tuple) and i[0].allocation is packed.allocation
+                for i in state.inherited
+            ),
+            "inherited_parked": any(getattr(i, "id", None) == parked_id for i in state.inherited),
+            "parked": [a.id for a in parked_allocations()],
+            "parked_registered": lookup(parked_id) is not None,
+            "draining": list(state.draining),
+            "exported": [e.origin.created_here, e.origin.pid, e.pid, lookup(e.id) is e],
+            "growable": [g.origin.created_here, g.pid],
+            "data": exported.get().tolist(),
+            "hooks": [len(state.release_hooks), len(state.hand_over_hooks)],
+            "new_slab": sa.zeros(4, device="cpu").allocation is not packed.allocation,
+        }
+
+    try:
+        out = in_forked_child(child)
+    finally:
+        del state.draining[draining_id]
+    assert out["locks_new"] == [True, True, True]
+    assert out["slabs"] == 0 and out["inherited_slab"]
+    assert out["parked"] == [] and not out["parked_registered"] and out["inherited_parked"]
+    assert out["draining"] == []
+    # a host allocation made here: the child's own import from its parent
+    assert out["exported"][:2] == [False, parent] and out["exported"][2] != parent
+    assert out["exported"][3]
+    assert out["growable"] == [True, parent]  # growable: still the parent's
+    assert out["data"] == list(np.arange(8.0))
+    assert out["hooks"] == list(hooks)  # subscriptions are the modules', which the child has
+    assert out["new_slab"]  # a small array in the child never shares the parent's slab
+    # the parent is untouched
+    assert state.slabs and lookup(parked_id) is not None
+    assert exported.allocation.origin.created_here and exported.allocation.pid == parent
+    assert id(state.lock) == locks[0]
+    assert drop_parked() == 1
+
+
+def test_no_module_globals_of_state_in_memory() -> None:
+    """Only state.py makes per-process state at module level: nothing else in memory/
+    assigns a container or a lock to a module global."""
+    makers = {"dict", "list", "set", "OrderedDict", "deque", "Lock", "RLock", "defaultdict"}
+    found = []
+    for path in sorted(MEMORY.glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+                continue
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+                continue
+            value = node.value
+            if isinstance(value, ast.Call):
+                func = value.func
+                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                if name in makers or (path.name == "state.py" and name == "ProcessState"):
+                    found.append(f"{path.name}:{node.lineno}")
+            elif isinstance(value, (ast.Dict, ast.List, ast.Set)):
+                found.append(f"{path.name}:{node.lineno}")
+    assert len(found) == 1 and found[0].startswith("state.py:"), found

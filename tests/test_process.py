@@ -1,0 +1,188 @@
+"""The one table of fork and exit hooks (sharedarrays/process.py)."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from forking import in_forked_child
+
+from sharedarrays import process
+
+PACKAGE = Path(__file__).resolve().parents[1] / "sharedarrays"
+
+
+def calls(path: Path, names: set[str]) -> list[str]:
+    """Calls of ``names`` (as ``module.attr``) in one module."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            value = node.func.value
+            if isinstance(value, ast.Name) and f"{value.id}.{node.func.attr}" in names:
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    return found
+
+
+def test_one_fork_hook_and_one_atexit_registration_in_the_package() -> None:
+    fork = [c for p in sorted(PACKAGE.rglob("*.py")) for c in calls(p, {"os.register_at_fork"})]
+    exits = [c for p in sorted(PACKAGE.rglob("*.py")) for c in calls(p, {"atexit.register"})]
+    assert fork == ["sharedarrays/process.py:" + fork[0].rsplit(":", 1)[1]], fork
+    assert len(exits) == 1 and exits[0].startswith("sharedarrays/process.py:"), exits
+
+
+def test_hooks_run_by_layer_whatever_the_registration_order() -> None:
+    ran: list[str] = []
+    table = process._Hooks()
+
+    def hook(name: str):  # type: ignore[no-untyped-def]
+        def fn() -> None:
+            ran.append(name)
+
+        fn.__qualname__ = name
+        return fn
+
+    c = {n: hook(n) for n in ("transport", "memory", "backends-1", "backends-0")}
+    table.add_fork(process._ForkHooks("transport", 0, hook("b-transport"), c["transport"], None))
+    table.add_fork(process._ForkHooks("memory", 0, None, c["memory"], None))
+    table.add_fork(process._ForkHooks("backends", 1, None, c["backends-1"], None))
+    table.add_fork(process._ForkHooks("backends", 0, hook("b-backends"), c["backends-0"], None))
+    table.before_fork()
+    assert ran == ["b-transport", "b-backends"]  # top layer first
+    ran.clear()
+    table.after_fork_in_child()
+    assert ran == ["backends-0", "backends-1", "memory", "transport"]  # bottom layer first
+    ran.clear()
+    table.add_exit(process._ExitHook("memory", 0, hook("x-memory"), True))
+    table.add_exit(process._ExitHook("transport", 2, hook("x-shutdown"), False))
+    table.add_exit(process._ExitHook("transport", 0, hook("x-hand-over"), True))
+    table.add_exit(process._ExitHook("api", 0, hook("x-api"), True))
+    table.run_exit()
+    assert ran == ["x-api", "x-hand-over", "x-shutdown", "x-memory"]  # top layer first
+    ran.clear()
+    table.run_exit(processes_only=True)
+    assert ran == ["x-api", "x-hand-over", "x-memory"]
+
+
+def test_a_failing_hook_does_not_stop_the_others(capfd: pytest.CaptureFixture[str]) -> None:
+    ran: list[str] = []
+    table = process._Hooks()
+
+    def boom() -> None:
+        raise RuntimeError("boom")
+
+    table.add_exit(process._ExitHook("transport", 0, boom, True))
+    table.add_exit(process._ExitHook("memory", 0, lambda: ran.append("memory"), True))
+    table.run_exit()
+    assert ran == ["memory"]
+    assert "boom" in capfd.readouterr().err
+
+
+def test_registering_twice_is_idempotent_and_a_conflict_is_refused() -> None:
+    table = process._Hooks()
+
+    def a() -> None: ...
+
+    def b() -> None: ...
+
+    table.add_fork(process._ForkHooks("memory", 0, None, a, None))
+    table.add_fork(process._ForkHooks("memory", 0, None, a, None))
+    assert len(table.fork) == 1
+    with pytest.raises(ValueError, match="registered at fork already"):
+        table.add_fork(process._ForkHooks("transport", 0, None, a, b))
+    table.add_exit(process._ExitHook("memory", 0, b, True))
+    table.add_exit(process._ExitHook("memory", 0, b, True))
+    assert len(table.exit) == 1
+    with pytest.raises(ValueError, match="at exit already"):
+        table.add_exit(process._ExitHook("memory", 1, b, True))
+
+
+def test_the_public_functions_check_their_arguments() -> None:
+    with pytest.raises(ValueError, match="layer must be one of"):
+        process.at_fork("kernel", after_in_child=lambda: None)
+    with pytest.raises(ValueError, match="at least one hook"):
+        process.at_fork("memory")
+    with pytest.raises(ValueError, match="layer must be one of"):
+        process.at_exit(lambda: None, "kernel")
+    before = (list(process._hooks.fork), list(process._hooks.exit))
+    from sharedarrays.memory.state import state
+
+    process.at_fork("memory", after_in_child=state.reset_in_child)  # again: nothing changes
+    assert (process._hooks.fork, process._hooks.exit) == before
+
+
+def test_the_package_hooks_are_in_layer_order() -> None:
+    import sharedarrays  # noqa: F401 - registers every hook
+
+    names = [(h.layer, process._name(h.functions()[0])) for h in process._hooks.fork]
+    layers = [layer for layer, _ in names]
+    assert layers == sorted(layers, key=process.LAYERS.index)
+    assert [n for _, n in names] == [
+        "sharedarrays.backends.cuda.driver._before_fork",
+        "sharedarrays.backends.cuda.sync._reset_after_fork",
+        "sharedarrays.memory.state.ProcessState.reset_in_child",
+        "sharedarrays.transport.handles._forget_server_in_child",
+        "sharedarrays.transport.keeper._forget_in_child",
+    ]
+    exits = [process._name(h.fn) for h in process._hooks.exit]
+    assert exits == [
+        "sharedarrays.transport.keeper._hand_over_at_exit",
+        "sharedarrays.transport.handles._drain_at_exit",
+        "sharedarrays.transport.handles.shutdown_server",
+    ]
+
+
+def test_a_forked_child_runs_the_child_hooks_once_in_order() -> None:
+    ran: list[str] = []
+    saved = list(process._hooks.fork)
+
+    def first() -> None:
+        ran.append("backends")
+
+    def second() -> None:
+        ran.append("transport")
+
+    try:
+        process.at_fork("transport", order=99, after_in_child=second)
+        process.at_fork("backends", order=-99, after_in_child=first)
+        assert in_forked_child(lambda: ran) == ["backends", "transport"]
+        assert ran == []  # not in the parent
+    finally:
+        process._hooks.fork = saved
+
+
+def test_exit_hooks_run_at_interpreter_exit_and_in_a_process() -> None:
+    code = (
+        "import multiprocessing as mp, sys\n"
+        "from sharedarrays import process\n"
+        "def say(what):\n"
+        "    def fn():\n"
+        "        sys.stdout.write(what + '\\n'); sys.stdout.flush()\n"
+        "    fn.__qualname__ = what\n"
+        "    return fn\n"
+        "process.at_exit(say('memory'), 'memory')\n"
+        "process.at_exit(say('transport-only-at-exit'), 'transport', order=1, processes=False)\n"
+        "process.at_exit(say('transport'), 'transport')\n"
+        "def child():\n"
+        "    print('child', flush=True)\n"
+        "if __name__ == '__main__':\n"
+        "    p = mp.get_context('fork').Process(target=child)\n"
+        "    p.start(); p.join(30)\n"
+        "    print('parent', flush=True)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(PACKAGE.parent)},
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.split()
+    # the forked Process: its finalizers (no atexit); then the parent: atexit, then
+    # multiprocessing's own exit function runs the Process-wide hooks again (idempotent)
+    assert lines[:3] == ["child", "transport", "memory"], lines
+    assert lines[3:7] == ["parent", "transport", "transport-only-at-exit", "memory"], lines
