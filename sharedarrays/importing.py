@@ -275,6 +275,9 @@ def load_payload(
         Its memory system cannot be used in this process.
     """
     p = Payload.from_bytes(data)
+    device_of(
+        p.backend, p.device
+    )  # a backend this process knows (the payload checks its form only)
     if sync is not None and (type(sync) is not bytes or not 0 < len(sync) <= 256):
         raise PayloadError("the ordering token that travelled with the payload is malformed")
     carried: list[int] | None = None

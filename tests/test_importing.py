@@ -31,7 +31,7 @@ from sharedarrays.importing import (
 )
 from sharedarrays.memory.allocation import Allocation
 from sharedarrays.protocol.payload import Payload
-from sharedarrays.transport import handles as transport
+from sharedarrays.transport import client
 
 __all__ = ["private_keeper"]  # a fixture, used by name
 
@@ -153,7 +153,7 @@ def test_in_message_passes_when_no_fds_travelled(exporter: _Exporter) -> None:
 
 def test_in_message_maps_fds_that_travelled(exporter: _Exporter) -> None:
     p = exporter.payload
-    sizes, fds, _ = transport.fetch_handles(p.server, p.pid, p.alloc_id, p.secret)
+    sizes, fds, _ = client.fetch_handles(p.server, p.pid, p.alloc_id, p.secret)
     assert sizes == list(p.chunks)
     exporter.stop()  # from here on nobody serves it: the fds alone map it
     alloc = in_message(Request(p, fds))
