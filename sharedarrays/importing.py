@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sharedarrays.backends import Access, Backend, device_of, get_backend, why_unusable
 from sharedarrays.errors import BackendUnavailable, HandleUnavailable, PayloadError
@@ -58,8 +58,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class Imported:
+class Imported(NamedTuple):
     """What a load found: the allocation mapped here and the payload's view of it.
 
     Attributes
@@ -178,6 +177,7 @@ def mapped_here(req: Request) -> Allocation | None:
         return _catch_up_to(alloc, p, received)
     _close(received)
     if alloc.chunk_sizes() != list(p.chunks) or alloc.backend.name != p.backend:
+        device_of(p.backend, p.device)  # a backend unknown here says so (else: a mismatch)
         raise PayloadError(f"payload does not match allocation {p.alloc_id} mapped here")
     if p.pid == os.getpid():  # one of this process's payloads came back: not in flight
         alloc.note_loaded()
@@ -275,9 +275,6 @@ def load_payload(
         Its memory system cannot be used in this process.
     """
     p = Payload.from_bytes(data)
-    device_of(
-        p.backend, p.device
-    )  # a backend this process knows (the payload checks its form only)
     if sync is not None and (type(sync) is not bytes or not 0 < len(sync) <= 256):
         raise PayloadError("the ordering token that travelled with the payload is malformed")
     carried: list[int] | None = None
