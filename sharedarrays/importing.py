@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from sharedarrays.backends import Access, Backend, device_of, get_backend, why_unusable
 from sharedarrays.errors import BackendUnavailable, HandleUnavailable, PayloadError
@@ -43,7 +43,6 @@ from sharedarrays.transport import client, keeper, notices
 from sharedarrays.transport import handles as transport
 
 __all__ = [
-    "Imported",
     "Request",
     "Handles",
     "Resolver",
@@ -56,27 +55,6 @@ __all__ = [
     "from_keeper",
     "catch_up",
 ]
-
-
-class Imported(NamedTuple):
-    """What a load found: the allocation mapped here and the payload's view of it.
-
-    Attributes
-    ----------
-    allocation : Allocation
-        The allocation, mapped in this process.
-    payload : Payload
-        The decoded payload (dtype, shape, strides and offset of the view).
-    """
-
-    allocation: Allocation
-    payload: Payload
-
-    @property
-    def readonly(self) -> bool:
-        """Whether the view is read-only: the payload says so, or this process maps the
-        allocation without write access."""
-        return self.payload.readonly or self.allocation.access != "rw"
 
 
 @dataclass
@@ -104,7 +82,7 @@ class Handles:
 
 
 class Request:
-    """One payload being loaded: what the resolvers share.
+    """One payload being loaded: what the resolvers share, and what the load found.
 
     Attributes
     ----------
@@ -113,15 +91,34 @@ class Request:
     carried : list of int or None
         The fds that travelled with the payload (owned here until a resolver uses or
         closes them), or ``None`` when none did.
-    failures : list of HandleUnavailable
+    failures : tuple of HandleUnavailable
         Why each source asked so far could not give the handles, oldest first.
+    allocation : Allocation or None
+        What :func:`load_payload` found: the allocation, mapped in this process.
     """
+
+    # (slots, and no container made per load: a message of 10,000 arrays makes 10,000 of
+    # these, and every object the collector tracks makes its young-generation passes longer)
+    __slots__ = ("payload", "carried", "failures", "allocation", "_backend")
 
     def __init__(self, payload: Payload, carried: list[int] | None = None) -> None:
         self.payload = payload
         self.carried = carried
-        self.failures: list[HandleUnavailable] = []
+        self.failures: tuple[HandleUnavailable, ...] = ()
+        self.allocation: Allocation | None = None
         self._backend: Backend | None = None
+
+    @property
+    def readonly(self) -> bool:
+        """Whether the view is read-only: the payload says so, or this process maps the
+        allocation without write access."""
+        return self.payload.readonly or (
+            self.allocation is not None and self.allocation.access != "rw"
+        )
+
+    def failed(self, why: HandleUnavailable) -> None:
+        """Record that a source could not give the handles."""
+        self.failures = (*self.failures, why)
 
     def backend(self) -> Backend:
         """The payload's memory system in this process (closes the carried fds if it
@@ -213,7 +210,7 @@ def from_exporter(req: Request) -> Allocation | None:
             )
             found = Handles(sizes, fds, exports)
     except HandleUnavailable as gone:  # the exporter is gone: a keeper may hold it
-        req.failures.append(gone)
+        req.failed(gone)
         return None
     return _map(req, found)
 
@@ -230,7 +227,7 @@ def from_keeper(req: Request) -> Allocation | None:
     try:
         sizes, fds, _ = keeper.fetch_handles(p.alloc_id, p.secret, req.failures[-1])
     except HandleUnavailable as gone:  # its message says the exporter was asked too
-        req.failures.append(gone)
+        req.failed(gone)
         return None
     return _map(req, Handles(sizes, fds))
 
@@ -256,7 +253,7 @@ def resolve(req: Request, resolvers: tuple[Resolver, ...] = RESOLVERS) -> Alloca
 
 def load_payload(
     data: bytes, sync: bytes | None = None, fds: tuple[Any, ...] | None = None
-) -> Imported:
+) -> Request:
     """Decode a payload and find its allocation through :data:`RESOLVERS`, mapping it on
     first sight; then wait for the ordering token ``sync``, if one travelled with it.
 
@@ -282,10 +279,11 @@ def load_payload(
         if type(fds) is not tuple or len(fds) != len(p.chunks):
             raise PayloadError("the handles that travelled with the payload do not match it")
         carried = [d.detach() for d in fds]
-    alloc = resolve(Request(p, carried))
+    req = Request(p, carried)
+    req.allocation = alloc = resolve(req)
     if sync is not None:
         alloc.backend.import_sync(sync)
-    return Imported(alloc, p)
+    return req
 
 
 # mapping what was found ----------------------------------------------------------------------

@@ -142,13 +142,13 @@ def test_mapped_here_finds_this_process_s_allocation_and_closes_carried_fds() ->
 def test_mapped_here_passes_for_an_allocation_not_mapped_here(exporter: _Exporter) -> None:
     req = Request(exporter.payload)
     assert mapped_here(req) is None
-    assert req.failures == []
+    assert req.failures == ()
 
 
 def test_in_message_passes_when_no_fds_travelled(exporter: _Exporter) -> None:
     req = Request(exporter.payload)
     assert in_message(req) is None
-    assert req.failures == []
+    assert req.failures == ()
 
 
 def test_in_message_maps_fds_that_travelled(exporter: _Exporter) -> None:
@@ -166,7 +166,7 @@ def test_from_exporter_asks_the_exporter_s_handle_server(exporter: _Exporter) ->
     p = exporter.payload
     req = Request(p)
     alloc = from_exporter(req)
-    assert alloc is not None and req.failures == []
+    assert alloc is not None and req.failures == ()
     assert alloc.chunk_sizes() == list(p.chunks)
     np.testing.assert_array_equal(_data(alloc, p), np.arange(16.0))
 
@@ -192,7 +192,7 @@ def test_from_keeper_maps_a_parked_array_after_its_exporter_exited(private_keepe
 def test_from_keeper_passes_without_a_failure_before_it(exporter: _Exporter) -> None:
     req = Request(exporter.payload)
     assert from_keeper(req) is None  # the exporter was not asked: nothing to fall back from
-    assert req.failures == []
+    assert req.failures == ()
 
 
 def test_none_left_raises_what_was_tried(private_keeper: Path) -> None:
@@ -209,7 +209,7 @@ def test_a_growable_array_is_never_asked_of_the_keeper(private_keeper: Path) -> 
     req = Request(p)
     with pytest.raises(sa.HandleUnavailable) as caught:
         resolve(req)
-    assert req.failures == [caught.value]  # the exporter's answer, the keeper not asked
+    assert req.failures == (caught.value,)  # the exporter's answer, the keeper not asked
     assert "keeper" not in str(caught.value)
 
 

@@ -648,11 +648,10 @@ def load(
         Its memory system cannot be used in this process.
     """
     found = importing.load_payload(data, sync, fds)
-    p = found.payload
+    p, alloc = found.payload, found.allocation
+    assert alloc is not None  # load_payload raises when nothing was found
     try:
-        return SharedDeviceArray(
-            found.allocation, p.dtype, p.shape, p.strides, p.offset, found.readonly
-        )
+        return SharedDeviceArray(alloc, p.dtype, p.shape, p.strides, p.offset, found.readonly)
     except ClosedArrayError:
         if fds is not None:
             raise

@@ -178,7 +178,7 @@ class _LeaseEnd(weakref.ref):  # type: ignore[type-arg]
 
     allocation: Allocation
     end: int
-    pinned: list[Reservation]
+    pinned: list[Reservation] | None
 
 
 def _end_lease(ref: _LeaseEnd) -> None:
@@ -189,7 +189,8 @@ def _end_lease(ref: _LeaseEnd) -> None:
     state.leases.discard(ref)
     if sys.is_finalizing():
         return
-    ref.pinned.clear()
+    if ref.pinned is not None:
+        ref.pinned.clear()
     try:
         ref.allocation._unlease(ref.end)
     except Exception:
@@ -222,7 +223,8 @@ class Lease:
         allocation moved to a larger one."""
         self.allocation = allocation
         self.end = end
-        self._pinned = [] if reservation is None else [reservation]  # (emptied first on end)
+        # (a list only when pinned: emptied first when the lease ends)
+        self._pinned = None if reservation is None else [reservation]
         ref = _LeaseEnd(self, _end_lease)
         ref.allocation, ref.end, ref.pinned = allocation, end, self._pinned
         state.leases.add(ref)
