@@ -34,7 +34,6 @@ import sys
 import threading
 import time
 import warnings
-import weakref
 from collections.abc import Callable, Mapping
 from typing import cast
 
@@ -166,44 +165,12 @@ def wait_draining(timeout: float) -> list[Allocation]:
         time.sleep(0.05)
 
 
-class _LeaseEnd(weakref.ref):  # type: ignore[type-arg]
-    """A weak reference to a :class:`Lease` that ends it when the lease is collected: what
-    ``weakref.finalize`` does, at a fifth of its cost (a lease is made per view, per load).
-
-    It holds what ending needs (never the lease itself, so the lease cannot come back) and
-    lives in the process state's ``leases`` set until it fires.
-    """
-
-    __slots__ = ("allocation", "end", "pinned")
-
-    allocation: Allocation
-    end: int
-    pinned: list[Reservation] | None
-
-
-def _end_lease(ref: _LeaseEnd) -> None:
-    """A lease was collected: the reservation it pinned goes first (an abandoned reservation
-    is freed before the allocation), then the hold. Not while the interpreter shuts down (the
-    process's mappings go with it). A failure has nowhere to go from a finalizer: what could
-    be released is."""
-    state.leases.discard(ref)
-    if sys.is_finalizing():
-        return
-    if ref.pinned is not None:
-        ref.pinned.clear()
-    try:
-        ref.allocation._unlease(ref.end)
-    except Exception:
-        pass
-
-
 class Lease:
     """One user's hold on an allocation: each view, and each native array built over it.
 
     When the last lease of an allocation goes away, the allocation is released (in the
     exporter) or parked (in an importer, see :func:`keep_imports`). A lease ends when it is
-    garbage collected, through a weak reference with a callback (:class:`_LeaseEnd`, which
-    never holds the lease itself, so it cannot bring it back).
+    garbage collected (:meth:`__del__`).
 
     Attributes
     ----------
@@ -225,15 +192,32 @@ class Lease:
         self.end = end
         # (a list only when pinned: emptied first when the lease ends)
         self._pinned = None if reservation is None else [reservation]
-        ref = _LeaseEnd(self, _end_lease)
-        ref.allocation, ref.end, ref.pinned = allocation, end, self._pinned
-        state.leases.add(ref)
 
     @property
     def reservation(self) -> Reservation | None:
         """For a native array: the reservation its addresses are in, kept mapped while the
         lease lives even after the allocation moved to a larger one."""
         return self._pinned[0] if self._pinned else None
+
+    def __del__(self) -> None:
+        # The lease ends when it is collected: the reservation it pinned goes first (an
+        # abandoned reservation is freed before the allocation), then the hold. A __del__
+        # and not a weakref.finalize: a lease is made for every view and every load, and a
+        # finalizer object each (a reference the collector tracks, a callback) made a
+        # message of 10,000 arrays 15-20% slower to load (docs/performance.md). It only
+        # drops counts, so it can bring nothing back to life. Not while the interpreter
+        # shuts down (the process's mappings go with it).
+        if sys.is_finalizing():
+            return
+        self._pinned = None
+        try:
+            self.allocation._unlease(self.end)
+        except Exception as e:  # nowhere to raise to from a finalizer: say so
+            warnings.warn(
+                f"sharedarrays: releasing allocation {self.allocation.id} failed: {e}",
+                RuntimeWarning,
+                stacklevel=1,
+            )
 
 
 class Allocation(Growth):

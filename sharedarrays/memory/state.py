@@ -79,7 +79,6 @@ class ProcessState:
         self.slabs: dict[tuple[str, Device], tuple[Any, int]] = {}
         self.slabs_lock = threading.Lock()
         self.inherited: list[object] = []
-        self.leases: set[Any] = set()  # the weak references that end leases (allocation._LeaseEnd)
         self.release_hooks: list[Callable[[Any], None]] = []
         self.hand_over_hooks: list[Callable[[Any, int, float], None]] = []
 
