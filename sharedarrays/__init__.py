@@ -1,14 +1,25 @@
 """sharedarrays: share GPU (and host) arrays between processes without copying.
 
-Create an array with :func:`empty`, :func:`zeros`, :func:`ones`, :func:`full` or
-:func:`from_array`; pass it to other processes by pickling it (multiprocessing does that for
-you). Every process maps the same memory.
+Create an array with :func:`empty`, :func:`zeros`, :func:`ones`, :func:`full`, their
+``*_like`` forms, :func:`from_array` or :func:`asarray`; pass it to other processes by
+pickling it (multiprocessing does that for you). Every process maps the same memory.
 """
 
 from __future__ import annotations
 
-from sharedarrays.api.array import SharedDeviceArray, load
-from sharedarrays.api.creation import empty, from_array, full, ones, zeros
+from sharedarrays.api.array import SharedDeviceArray, load, synchronize
+from sharedarrays.api.creation import (
+    asarray,
+    empty,
+    empty_like,
+    from_array,
+    full,
+    full_like,
+    ones,
+    ones_like,
+    zeros,
+    zeros_like,
+)
 from sharedarrays.api.named import NamedArray, attach, list_named, unlink
 from sharedarrays.api.pool import ForkAfterCudaError, Pool, ProcessPoolExecutor
 from sharedarrays.api.semaphore import ExternalSemaphore, Timeline
@@ -54,11 +65,14 @@ __all__ = [
     "SharedArrayError",
     "SharedDeviceArray",
     "Timeline",
+    "asarray",
     "attach",
     "backends",
     "empty",
+    "empty_like",
     "from_array",
     "full",
+    "full_like",
     "list_named",
     "live_allocations",
     "load",
@@ -69,6 +83,9 @@ __all__ = [
     "ProcessPoolExecutor",
     "show",
     "ones",
+    "ones_like",
+    "synchronize",
     "unlink",
     "zeros",
+    "zeros_like",
 ]

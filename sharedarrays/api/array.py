@@ -19,14 +19,14 @@ import numpy as np
 
 from sharedarrays import importing
 from sharedarrays.api import keeping, views
-from sharedarrays.backends import Access
+from sharedarrays.backends import Access, get_backend
 from sharedarrays.backends.device import Device, DeviceLike, parse_device
-from sharedarrays.errors import ClosedArrayError, ResizeRefused
-from sharedarrays.memory import Allocation, Lease
+from sharedarrays.errors import ClosedArrayError, PayloadError, ResizeRefused
+from sharedarrays.memory import Allocation, Lease, live_allocations
 from sharedarrays.protocol.payload import Payload, contiguous_strides, view_extent
 from sharedarrays.transport import handles as transport
 
-__all__ = ["SharedDeviceArray", "Semaphore", "load"]
+__all__ = ["SharedDeviceArray", "Semaphore", "load", "synchronize"]
 
 _BASIC_INDEX = (int, slice, EllipsisType, type(None), np.integer)
 
@@ -194,8 +194,14 @@ class SharedDeviceArray:
 
     @property
     def device(self) -> Device:
-        """Where the memory lives."""
+        """Where the memory lives; equal to its name too (``a.device == "cuda:0"``)."""
         return self.allocation.device
+
+    def synchronize(self) -> None:
+        """Wait until the work queued so far on this array's device is done (on CUDA every
+        stream of the device's context, ``cuCtxSynchronize``; nothing to wait for on the
+        host). Call it before another process reads what this one wrote."""
+        self.allocation.backend.synchronize()
 
     @property
     def access(self) -> dict[str, str]:
@@ -647,6 +653,17 @@ def load(
     BackendUnavailable
         Its memory system cannot be used in this process.
     """
+    if isinstance(data, (str, os.PathLike)):
+        hint = ""
+        if os.path.isfile(data):
+            hint = (
+                f"; {os.fspath(data)!r} is a file: to share an array saved with NumPy, "
+                "use sa.from_array(numpy.load(path))"
+            )
+        raise PayloadError(
+            "sa.load takes a payload (the bytes of pickle.dumps(a) or a.payload().to_bytes()), "
+            f"not a {type(data).__name__}" + hint
+        )
     found = importing.load_payload(data, sync, fds)
     p, alloc = found.payload, found.allocation
     assert alloc is not None  # load_payload raises when nothing was found
@@ -658,6 +675,32 @@ def load(
         # A parked mapping was dropped (a release notice, the limit) between the lookup and
         # the new view: it is gone from the registry now, so this maps it anew.
         return load(data, sync)
+
+
+def synchronize(device: DeviceLike = None) -> None:
+    """Wait until the work queued so far on a device is done (as
+    :meth:`SharedDeviceArray.synchronize`).
+
+    Parameters
+    ----------
+    device : str, int, torch.device, cupy.cuda.Device or None
+        The device; ``None`` (the default): every device on which this process has shared
+        memory mapped. Nothing to wait for on ``"cpu"``.
+
+    Raises
+    ------
+    BackendUnavailable
+        The device asked for cannot be used here.
+    """
+    if device is not None:
+        get_backend(parse_device(device)).synchronize()
+        return
+    done: set[int] = set()
+    for alloc in live_allocations():
+        backend = alloc.backend
+        if id(backend) not in done:
+            done.add(id(backend))
+            backend.synchronize()
 
 
 def _rebuild(

@@ -1,4 +1,5 @@
-"""Making new shared arrays: empty, zeros, ones, full, from_array."""
+"""Making new shared arrays: empty, zeros, ones, full, their ``*_like`` forms, from_array
+and asarray."""
 
 from __future__ import annotations
 
@@ -12,11 +13,24 @@ from numpy.typing import DTypeLike
 from sharedarrays.api.array import SharedDeviceArray, operator_index
 from sharedarrays.api.options import AccessList, CreationOptions
 from sharedarrays.backends import choose_backend, get_backend
-from sharedarrays.backends.device import Device, DeviceLike
+from sharedarrays.backends.device import CPU, Device, DeviceLike, parse_device
 from sharedarrays.memory import PACK_BYTES, Allocation, pack_into_slab
 from sharedarrays.protocol.payload import contiguous_strides
 
-__all__ = ["empty", "zeros", "ones", "full", "from_array", "ShapeLike", "PROGRESS_BYTES"]
+__all__ = [
+    "empty",
+    "zeros",
+    "ones",
+    "full",
+    "empty_like",
+    "zeros_like",
+    "ones_like",
+    "full_like",
+    "from_array",
+    "asarray",
+    "ShapeLike",
+    "PROGRESS_BYTES",
+]
 
 ShapeLike = SupportsIndex | Sequence[SupportsIndex]
 
@@ -391,6 +405,8 @@ def _source_device(obj: Any) -> Device | None:
 def from_array(
     obj: Any,
     *,
+    dtype: DTypeLike | None = None,
+    copy: bool | None = None,
     device: DeviceLike = None,
     backend: str = "auto",
     chunk_bytes: int | None = None,
@@ -409,18 +425,41 @@ def from_array(
     obj : array-like
         A NumPy or CuPy array, a torch tensor, anything with ``__dlpack__``,
         ``__cuda_array_interface__`` or ``__array__``, or a nested sequence.
-    device : str, int or None
+    dtype : dtype-like, optional
+        The copy's element type (converted as ``numpy.array(obj, dtype=...)`` would);
+        default: the source's.
+    copy : bool, optional
+        ``None`` (the default) and ``True`` copy ``obj`` into new shared memory. ``False``
+        means "never copy" as in NumPy 2: only a :class:`SharedDeviceArray` that already has
+        the dtype and device asked for is returned as it is; any other ``obj`` raises
+        ValueError, since memory that exists cannot become shared without a copy.
+    device : str, int, torch.device, cupy.cuda.Device or None
         Where to put the copy. ``None``: the source's CUDA device if it is on one, otherwise
         as :func:`empty` decides.
-
     progress : bool, optional
         Show a progress bar while copying (as :func:`full`).
     capacity : int, optional
         Make the copy growable, reserving this many bytes (as :func:`empty`; the copy is
         then in C order).
 
-    The copy keeps the source's layout when it is Fortran-contiguous, else C order.
+    Other parameters as :func:`empty`. The copy keeps the source's layout when it is
+    Fortran-contiguous, else C order.
+
+    Raises
+    ------
+    ValueError
+        ``copy=False`` for what is not already such a shared array.
     """
+    if copy is not None and not isinstance(copy, (bool, np.bool_)):
+        raise TypeError(f"copy must be True, False or None, not {type(copy).__name__}")
+    if copy is False:
+        if isinstance(obj, SharedDeviceArray) and _reusable(obj, dtype, device, backend):
+            return obj
+        raise ValueError(
+            "from_array(copy=False): memory that already exists cannot become shared without "
+            "a copy; pass copy=None (the default) to copy it into new shared memory. Sharing "
+            "a CuPy array or a torch CUDA tensor in place is what sa.share is for (coming)"
+        )
     options = CreationOptions.from_keywords(
         device=device if device is not None else _source_device(obj),
         backend=backend,
@@ -433,10 +472,291 @@ def from_array(
         capacity=capacity,
         access=access,
     )
-    src = get_backend(options.device, choose_backend(options.device, backend)).to_native(obj)
-    if src.flags.f_contiguous and not src.flags.c_contiguous and capacity is None:
+    return _copy(obj, dtype, options)
+
+
+def _copy(obj: Any, dtype: DTypeLike | None, options: CreationOptions) -> SharedDeviceArray:
+    """New shared memory holding ``obj`` (as ``dtype``), made as ``options`` say."""
+    src = get_backend(options.device, choose_backend(options.device, options.backend)).to_native(
+        obj
+    )
+    if src.flags.f_contiguous and not src.flags.c_contiguous and options.capacity is None:
         options = dataclasses.replace(options, order="F")  # keep a Fortran source's layout
-    a = _new(src.shape, src.dtype, options)
+    a = _new(src.shape, src.dtype if dtype is None else dtype, options)
     for native, key in _blocks(a, options.progress, "copy"):
         native[key] = src[key]
     return a
+
+
+def _reusable(
+    a: SharedDeviceArray, dtype: DTypeLike | None, device: DeviceLike, backend: str
+) -> bool:
+    """Whether ``a`` is already what asking for ``dtype``, ``device`` and ``backend`` gives."""
+    return (
+        (dtype is None or np.dtype(dtype) == a.dtype)
+        and (device is None or parse_device(device) == a.device)
+        and backend in ("auto", a.backend)
+    )
+
+
+def asarray(
+    obj: Any,
+    dtype: DTypeLike | None = None,
+    device: DeviceLike = None,
+    *,
+    backend: str = "auto",
+    progress: bool | None = None,
+) -> SharedDeviceArray:
+    """``obj`` as a shared array: ``obj`` itself when it is a :class:`SharedDeviceArray` of
+    that dtype and device (and backend), else a new shared copy (as :func:`from_array`).
+
+    Parameters
+    ----------
+    obj : array-like
+        A SharedDeviceArray, or anything :func:`from_array` takes. A NumPy or CuPy array is
+        always copied, even one made from a shared array's :attr:`~SharedDeviceArray.array`.
+    dtype : dtype-like, optional
+        The element type; default: ``obj``'s.
+    device : str, int, torch.device, cupy.cuda.Device or None
+        The device; default: ``obj``'s when it is a SharedDeviceArray, else as
+        :func:`from_array` decides.
+    backend : str, default "auto"
+        The memory system (as :func:`empty`); ``"auto"`` accepts the one ``obj`` has.
+    progress : bool, optional
+        Show a progress bar while copying (as :func:`full`).
+
+    For the other keywords of a new shared array (``name``, ``readonly``, ...) use
+    :func:`from_array`, which always copies.
+    """
+    if isinstance(obj, SharedDeviceArray):
+        if _reusable(obj, dtype, device, backend):
+            return obj
+        if device is None:
+            device = obj.device
+    return from_array(obj, dtype=dtype, device=device, backend=backend, progress=progress)
+
+
+def _like_layout(obj: Any) -> tuple[tuple[int, ...], np.dtype[Any], bool, Device]:
+    """Shape, dtype, whether Fortran-ordered (and not C), and device of ``obj``, read from
+    its array interface where it has one (no copy, no device memory read)."""
+    if isinstance(obj, SharedDeviceArray):
+        shape, dtype, strides, device = obj.shape, obj.dtype, obj.strides, obj.device
+    else:
+        device = _source_device(obj) or CPU
+        info = getattr(obj, "__cuda_array_interface__", None)
+        if info is None:
+            info = getattr(obj, "__array_interface__", None)
+        if isinstance(info, dict) and "shape" in info and "typestr" in info:
+            shape = tuple(int(n) for n in info["shape"])
+            dtype = np.dtype(info["typestr"])
+            raw = info.get("strides")
+            strides = contiguous_strides(shape, dtype.itemsize) if raw is None else tuple(raw)
+        else:
+            host = np.asarray(obj)
+            shape, dtype, strides = host.shape, host.dtype, host.strides
+    fortran = (
+        len(shape) > 1
+        and strides == contiguous_strides(shape, dtype.itemsize, "F")
+        and strides != contiguous_strides(shape, dtype.itemsize)
+    )
+    return tuple(shape), dtype, fortran, device
+
+
+def _like(
+    obj: Any,
+    dtype: DTypeLike | None,
+    order: str,
+    shape: ShapeLike | None,
+    device: DeviceLike,
+    keywords: dict[str, Any],
+) -> tuple[ShapeLike, DTypeLike, CreationOptions]:
+    """The shape, dtype and options of a new array like ``obj`` (NumPy's ``*_like`` rules:
+    ``order="K"`` or ``"A"`` keeps a Fortran layout, unless ``shape`` changes the number of
+    axes)."""
+    like_shape, like_dtype, fortran, like_device = _like_layout(obj)
+    if order not in ("C", "F", "A", "K"):
+        raise ValueError(f"order must be 'C', 'F', 'A' or 'K', not {order!r}")
+    new_shape: ShapeLike = like_shape if shape is None else shape
+    if order in ("A", "K"):
+        same_ndim = shape is None or len(_shape(shape)) == len(like_shape)
+        growable = keywords.get("capacity") is not None  # grows along axis 0: C order
+        order = "F" if fortran and same_ndim and not growable else "C"
+    options = CreationOptions.from_keywords(
+        device=like_device if device is None else device, order=order, **keywords
+    )
+    return new_shape, like_dtype if dtype is None else dtype, options
+
+
+def empty_like(
+    obj: Any,
+    dtype: DTypeLike | None = None,
+    order: str = "K",
+    *,
+    shape: ShapeLike | None = None,
+    device: DeviceLike = None,
+    backend: str = "auto",
+    chunk_bytes: int | None = None,
+    pack: bool | None = None,
+    name: str | None = None,
+    allow_pids: Iterable[int] | None = None,
+    readonly: bool = False,
+    capacity: int | None = None,
+    access: AccessList | None = None,
+) -> SharedDeviceArray:
+    """A new shared array of ``obj``'s shape, dtype, layout and device, its contents
+    undefined.
+
+    Parameters
+    ----------
+    obj : array-like
+        A NumPy or CuPy array, a :class:`SharedDeviceArray`, or anything with
+        ``__cuda_array_interface__`` or ``__array__``. Only its shape, dtype, layout and
+        device are read, never its values.
+    dtype : dtype-like, optional
+        Default: ``obj``'s.
+    order : {"K", "A", "C", "F"}, default "K"
+        ``"K"`` and ``"A"`` keep ``obj``'s layout (Fortran when it is Fortran-contiguous,
+        else C); ``"C"`` and ``"F"`` as :func:`empty`.
+    shape : int or sequence of int, optional
+        Default: ``obj``'s.
+    device : str, int, torch.device, cupy.cuda.Device or None
+        Default: ``obj``'s device (a CuPy array's CUDA device; ``"cpu"`` for a NumPy array).
+
+    Other parameters as :func:`empty`.
+    """
+    new_shape, new_dtype, options = _like(
+        obj,
+        dtype,
+        order,
+        shape,
+        device,
+        dict(
+            backend=backend,
+            chunk_bytes=chunk_bytes,
+            pack=pack,
+            name=name,
+            allow_pids=allow_pids,
+            readonly=readonly,
+            capacity=capacity,
+            access=access,
+        ),
+    )
+    return _new(new_shape, new_dtype, options)
+
+
+def zeros_like(
+    obj: Any,
+    dtype: DTypeLike | None = None,
+    order: str = "K",
+    *,
+    shape: ShapeLike | None = None,
+    device: DeviceLike = None,
+    backend: str = "auto",
+    chunk_bytes: int | None = None,
+    pack: bool | None = None,
+    progress: bool | None = None,
+    name: str | None = None,
+    allow_pids: Iterable[int] | None = None,
+    readonly: bool = False,
+    capacity: int | None = None,
+    access: AccessList | None = None,
+) -> SharedDeviceArray:
+    """A new shared array of zeros like ``obj`` (parameters as :func:`empty_like`;
+    ``progress`` as :func:`full`)."""
+    return full_like(
+        obj,
+        0,
+        dtype,
+        order,
+        shape=shape,
+        device=device,
+        backend=backend,
+        chunk_bytes=chunk_bytes,
+        pack=pack,
+        progress=progress,
+        name=name,
+        allow_pids=allow_pids,
+        readonly=readonly,
+        capacity=capacity,
+        access=access,
+    )
+
+
+def ones_like(
+    obj: Any,
+    dtype: DTypeLike | None = None,
+    order: str = "K",
+    *,
+    shape: ShapeLike | None = None,
+    device: DeviceLike = None,
+    backend: str = "auto",
+    chunk_bytes: int | None = None,
+    pack: bool | None = None,
+    progress: bool | None = None,
+    name: str | None = None,
+    allow_pids: Iterable[int] | None = None,
+    readonly: bool = False,
+    capacity: int | None = None,
+    access: AccessList | None = None,
+) -> SharedDeviceArray:
+    """A new shared array of ones like ``obj`` (parameters as :func:`empty_like`;
+    ``progress`` as :func:`full`)."""
+    return full_like(
+        obj,
+        1,
+        dtype,
+        order,
+        shape=shape,
+        device=device,
+        backend=backend,
+        chunk_bytes=chunk_bytes,
+        pack=pack,
+        progress=progress,
+        name=name,
+        allow_pids=allow_pids,
+        readonly=readonly,
+        capacity=capacity,
+        access=access,
+    )
+
+
+def full_like(
+    obj: Any,
+    fill_value: Any,
+    dtype: DTypeLike | None = None,
+    order: str = "K",
+    *,
+    shape: ShapeLike | None = None,
+    device: DeviceLike = None,
+    backend: str = "auto",
+    chunk_bytes: int | None = None,
+    pack: bool | None = None,
+    progress: bool | None = None,
+    name: str | None = None,
+    allow_pids: Iterable[int] | None = None,
+    readonly: bool = False,
+    capacity: int | None = None,
+    access: AccessList | None = None,
+) -> SharedDeviceArray:
+    """A new shared array like ``obj`` with every element set to ``fill_value``, of
+    ``obj``'s dtype unless ``dtype`` is given, as in NumPy (parameters as
+    :func:`empty_like`; ``progress`` as :func:`full`)."""
+    new_shape, new_dtype, options = _like(
+        obj,
+        dtype,
+        order,
+        shape,
+        device,
+        dict(
+            backend=backend,
+            chunk_bytes=chunk_bytes,
+            pack=pack,
+            progress=progress,
+            name=name,
+            allow_pids=allow_pids,
+            readonly=readonly,
+            capacity=capacity,
+            access=access,
+        ),
+    )
+    return _full(new_shape, fill_value, new_dtype, options)

@@ -1,5 +1,5 @@
 """Devices: ``"cpu"``, and the kinds the backends register (``"cuda"``: ``"cuda"``,
-``"cuda:N"`` or ``N``).
+``"cuda:N"`` or ``N``, also a ``cupy.cuda.Device`` or a ``torch.device``).
 
 The ``cpu`` kind is always there (host memory, which the CPU addresses directly). Every
 other kind is an accelerator whose devices are numbered; a backend registration adds its kind
@@ -9,16 +9,41 @@ function that says why a device of that kind cannot be used. This module imports
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Union
+from typing import Protocol, SupportsIndex, Union, runtime_checkable
+
+import numpy as np
 
 from sharedarrays.errors import BackendUnavailable
 
 __all__ = ["Device", "DeviceLike", "CPU", "add_kind", "kinds", "parse_name", "parse_device"]
 
-DeviceLike = Union["Device", str, int, None]
+
+@runtime_checkable
+class TorchDeviceLike(Protocol):
+    """A ``torch.device``: a kind (``type``, ``"cpu"`` or ``"cuda"``) and an optional index."""
+
+    @property
+    def type(self) -> str: ...
+
+    @property
+    def index(self) -> int | None: ...
+
+
+@runtime_checkable
+class CupyDeviceLike(Protocol):
+    """A ``cupy.cuda.Device``: a CUDA device ordinal (``id``)."""
+
+    @property
+    def id(self) -> int: ...
+
+
+DeviceLike = Union["Device", str, SupportsIndex, TorchDeviceLike, CupyDeviceLike, None]
+"""What ``device=`` takes: a :class:`Device`, a name (``"cpu"``, ``"cuda:1"``), an int
+(NumPy integers too), a ``torch.device`` or a ``cupy.cuda.Device``."""
 
 _NAME_RE = re.compile(r"^([a-z][a-z0-9_]*)(?::(\d+))?$")
 
@@ -66,6 +91,18 @@ class Device:
     def __str__(self) -> str:
         return "cpu" if self.kind == "cpu" else f"{self.kind}:{self.index}"
 
+    def __eq__(self, other: object) -> bool:
+        """Equal to the same device, and to its name: ``Device("cuda", 0) == "cuda:0"``
+        (only the exact name :func:`str` gives, so that equal objects hash alike)."""
+        if isinstance(other, Device):
+            return (self.kind, self.index) == (other.kind, other.index)
+        if isinstance(other, str):
+            return str(self) == other
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(str(self))
+
     @property
     def is_cuda(self) -> bool:
         """Whether this is a CUDA device (its kind is ``"cuda"``)."""
@@ -87,29 +124,45 @@ def _forms() -> str:
     return "'cpu', " + (names + " or an int N" if names else "or an int N")
 
 
+def _foreign(device: object) -> str | int | None:
+    """A ``torch.device`` as a name, a ``cupy.cuda.Device`` as its ordinal (recognised by
+    their attributes and type names, without importing either library), else None."""
+    module = type(device).__module__.split(".")[0]
+    if module == "torch" and isinstance(device, TorchDeviceLike):
+        kind, index = str(device.type), device.index
+        return kind if index is None else f"{kind}:{operator.index(index)}"
+    if module == "cupy" and isinstance(device, CupyDeviceLike):
+        return operator.index(device.id)
+    return None
+
+
 def parse_name(device: DeviceLike) -> Device:
     """Turn a device argument into a :class:`Device` by its form only, without asking whether
     it can be used here (see :func:`parse_device`); ``None`` is not accepted.
 
-    An int ``N`` is device ``N`` of the first registered accelerator kind.
+    An int ``N`` (or a NumPy integer) is device ``N`` of the first registered accelerator
+    kind; a ``cupy.cuda.Device`` is its CUDA device, a ``torch.device`` the device of its
+    name (``torch.device("cuda")`` is ``cuda:0``).
 
     Raises
     ------
     ValueError
         The name is not one of the accepted forms, or an index is negative.
     TypeError
-        Neither a Device, a str nor an int.
+        Neither a Device, a str, an int, a ``torch.device`` nor a ``cupy.cuda.Device``.
     """
-    if isinstance(device, Device):
+    foreign = _foreign(device)
+    if foreign is not None:
+        if isinstance(foreign, int) and "cuda" in _kinds:
+            dev = Device("cuda", foreign)
+        else:
+            return parse_name(foreign)
+    elif isinstance(device, Device):
         dev = device
-    elif isinstance(device, bool):
+    elif isinstance(device, (bool, np.bool_)):
         raise TypeError(f"device must be None, {_forms()}, not a bool")
     elif device is None:
         raise TypeError(f"device must be {_forms()}, not None")
-    elif isinstance(device, int):
-        if not _kinds:
-            raise ValueError(f"no accelerator device kind is registered for device {device}")
-        dev = Device(next(iter(_kinds)), device)
     elif isinstance(device, str):
         name = device.strip().lower()
         if name == "cpu":
@@ -118,6 +171,11 @@ def parse_name(device: DeviceLike) -> Device:
         if m is None or m.group(1) not in _kinds:
             raise ValueError(f"unknown device {device!r}: use {_forms()}")
         dev = Device(m.group(1), int(m.group(2) or 0))
+    elif isinstance(device, SupportsIndex):
+        index = operator.index(device)
+        if not _kinds:
+            raise ValueError(f"no accelerator device kind is registered for device {index}")
+        dev = Device(next(iter(_kinds)), index)
     else:
         raise TypeError(f"device must be None, {_forms()}, not {type(device).__name__}")
     if dev.kind != "cpu" and dev.kind not in _kinds:
@@ -132,7 +190,7 @@ def parse_device(device: DeviceLike) -> Device:
 
     Parameters
     ----------
-    device : Device, str, int or None
+    device : Device, str, int, torch.device, cupy.cuda.Device or None
         ``None`` picks device 0 of the first registered kind that can be used here
         (``cuda:0`` when a CUDA device is usable), else ``cpu``.
 
