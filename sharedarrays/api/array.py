@@ -8,6 +8,7 @@ the allocation, this module makes the view).
 
 from __future__ import annotations
 
+import html
 import operator
 import os
 from multiprocessing import reduction
@@ -357,29 +358,65 @@ class SharedDeviceArray:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def show(self) -> Any:
-        """The memory map of this view's allocation (see :func:`sharedarrays.show`)."""
-        from sharedarrays.api.widgets import MemoryMap
+    def show(self, *, interval: float = 2.0, auto_refresh: bool = False) -> Any:
+        """The memory map of this view's allocation (see :func:`sharedarrays.show`): a live
+        ipywidgets ``VBox`` in a Jupyter kernel, else a :class:`~sharedarrays.MemoryMap`."""
+        from sharedarrays.api.widgets import show
 
-        return MemoryMap(self)
+        return show(self, interval=interval, auto_refresh=auto_refresh)
+
+    def _allocation_line(self) -> str:
+        """One line about the shared memory behind this view: backend, device, allocation,
+        and who shares it. Reads metadata only."""
+        lease = self._lease
+        if lease is None:
+            return f"SharedDeviceArray shape={self._shape} dtype={self._dtype}, closed"
+        a = lease.allocation
+        who = "created here" if a.origin.created_here else f"imported from pid {a.origin.pid}"
+        served = len({s.pid for s in a.served})
+        if served:
+            who += f", served to {served} process{'es' if served != 1 else ''}"
+        ro = ", read-only view" if self._readonly else ""
+        return (
+            f"SharedDeviceArray on {a.device} ({a.backend.name}), allocation {a.id[:12]} "
+            f"offset {self._offset}, {who}{ro}"
+        )
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        """Jupyter display: text, an HTML table, a PNG memory map, the live widget."""
-        from sharedarrays.api.widgets import mimebundle
-
-        return mimebundle(self, include, exclude)
+        """Jupyter display: the values (text, and HTML ``<pre>``) and a line about the
+        allocation; :meth:`show` draws its memory map. A closed view is text only."""
+        if self._lease is None:
+            bundle: dict[str, Any] = {"text/plain": repr(self)}
+        else:
+            values, line = repr(self.array), self._allocation_line()
+            bundle = {
+                "text/plain": f"{values}\n{line}",
+                "text/html": (
+                    f'<pre class="sa-values">{html.escape(values)}</pre>'
+                    f'<div class="sa-allocation" style="font-size:smaller;opacity:0.75">'
+                    f"{html.escape(line)} &middot; <code>.show()</code> draws its memory map"
+                    "</div>"
+                ),
+            }
+        if include:
+            bundle = {k: v for k, v in bundle.items() if k in include}
+        if exclude:
+            bundle = {k: v for k, v in bundle.items() if k not in exclude}
+        return bundle
 
     def __repr__(self) -> str:
+        """The values as NumPy (on the host) or CuPy (on CUDA) show them, and a line about
+        the allocation; a closed view says so without touching memory."""
         if self._lease is None:
             return f"<SharedDeviceArray shape={self._shape} dtype={self._dtype} closed>"
-        a = self._lease.allocation
-        where = "created here" if a.origin.created_here else f"imported from pid {a.origin.pid}"
-        ro = " readonly" if self._readonly else ""
-        return (
-            f"<SharedDeviceArray shape={self._shape} dtype={self._dtype} device={a.device} "
-            f"backend={a.backend.name}{ro} allocation={a.id[:12]} offset={self._offset} "
-            f"({len(a.chunks)} chunk{'s' if len(a.chunks) != 1 else ''}, {where})>"
-        )
+        return f"{self.array!r}\n{self._allocation_line()}"
+
+    def __str__(self) -> str:
+        """The values as ``str`` of the native array shows them, and a line about the
+        allocation."""
+        if self._lease is None:
+            return repr(self)
+        return f"{self.array}\n{self._allocation_line()}"
 
     # pickling ---------------------------------------------------------------------------
     def payload(self) -> Payload:

@@ -1,8 +1,10 @@
 """Views of this process's shared allocations for Jupyter: the memory map.
 
-``sa.show()`` (every live allocation) and ``a.show()`` (one array's allocation) return a
-:class:`MemoryMap`; Jupyter displays it as a live ipywidgets view with refresh and
-auto-refresh, and nbconvert, GitHub or a terminal as text, an HTML table and a PNG.
+``sa.show()`` (every live allocation) and ``a.show()`` (one array's allocation) return, in a
+Jupyter kernel with ipywidgets 8 or later, a live :class:`~.live.MemoryMapWidget` (an
+ipywidgets ``VBox`` with refresh and auto-refresh, which composes with other widgets), and
+elsewhere a :class:`MemoryMap`, which nbconvert, GitHub or a terminal show as text, an HTML
+table and a PNG.
 
 Importing this package needs neither ipywidgets nor matplotlib: they are imported only when
 a live widget or a PNG is made. Only allocations' metadata is read, never array memory, so
@@ -26,12 +28,12 @@ from sharedarrays.api.widgets.model import (
     views_of,
 )
 from sharedarrays.api.widgets.render import render_html, render_png, render_text
-from sharedarrays.api.widgets.view import MemoryMap, mimebundle
+from sharedarrays.api.widgets.view import MemoryMap, live_or_static
 
 __all__ = [
     "show",
     "MemoryMap",
-    "mimebundle",
+    "live_or_static",
     "ReservationMap",
     "ChunkBar",
     "Gap",
@@ -48,7 +50,7 @@ __all__ = [
 ]
 
 
-def show(target: Any = None, *, interval: float = 2.0, auto_refresh: bool = False) -> MemoryMap:
+def show(target: Any = None, *, interval: float = 2.0, auto_refresh: bool = False) -> Any:
     """The memory map of shared allocations in this process.
 
     Parameters
@@ -62,8 +64,12 @@ def show(target: Any = None, *, interval: float = 2.0, auto_refresh: bool = Fals
 
     Returns
     -------
-    MemoryMap
-        Displayed by Jupyter when it is a cell's last expression (or pass it to
-        ``IPython.display.display``); its ``repr`` is a text summary.
+    MemoryMapWidget or MemoryMap
+        In a Jupyter kernel with ipywidgets 8 or later, the live map: a
+        :class:`~sharedarrays.api.widgets.live.MemoryMapWidget`, a real ipywidgets ``VBox``
+        that composes in ``VBox``, ``HBox``, ``Tab`` and the like (its :class:`MemoryMap` is
+        its ``memory_map``). Elsewhere the :class:`MemoryMap`. Both are displayed by Jupyter
+        when they are a cell's last expression, both have ``maps``, ``refresh``, ``start``,
+        ``stop`` and ``close``, and the ``repr`` of both is a text summary.
     """
-    return MemoryMap(target, interval=interval, auto_refresh=auto_refresh)
+    return live_or_static(MemoryMap(target, interval=interval, auto_refresh=auto_refresh))

@@ -1,4 +1,5 @@
-"""MemoryMap: the live memory-map view (ipywidgets) and the static mime bundle.
+"""MemoryMap: the memory map's data and refresh logic, its static mime bundle, and its live
+ipywidgets view (:class:`~sharedarrays.api.widgets.live.MemoryMapWidget`).
 
 ipywidgets and matplotlib are imported only when a widget or a PNG is actually made.
 """
@@ -6,6 +7,7 @@ ipywidgets and matplotlib are imported only when a widget or a PNG is actually m
 from __future__ import annotations
 
 import base64
+import re
 import threading
 import time
 import weakref
@@ -16,18 +18,24 @@ from sharedarrays.api.widgets.model import ReservationMap, build_maps
 from sharedarrays.api.widgets.render import render_html, render_png, render_text
 from sharedarrays.memory import Allocation
 
-__all__ = ["MemoryMap", "mimebundle", "widgets_available", "in_kernel", "WIDGET_MIME"]
+__all__ = ["MemoryMap", "live_or_static", "widgets_available", "in_kernel", "WIDGET_MIME"]
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 
+def major_version(version: str) -> int:
+    """The major number of a version string (``"10.0.1"`` -> 10; 0 when it has none)."""
+    m = re.match(r"\s*v?(\d+)", version)
+    return int(m.group(1)) if m else 0
+
+
 def widgets_available() -> bool:
-    """Whether ipywidgets 8 can be imported."""
+    """Whether ipywidgets 8 or later can be imported."""
     try:
         import ipywidgets
     except ImportError:
         return False
-    return str(ipywidgets.__version__).split(".")[0] >= "8"
+    return major_version(str(ipywidgets.__version__)) >= 8
 
 
 def in_kernel() -> bool:
@@ -134,36 +142,25 @@ class MemoryMap:
     # the live widget ----------------------------------------------------------------------
     @property
     def widget(self) -> Any:
-        """The ipywidgets view (made on first use; needs ipywidgets 8)."""
+        """The live view, a :class:`~sharedarrays.api.widgets.live.MemoryMapWidget` (an
+        ipywidgets ``VBox``, made on first use; needs ipywidgets 8 or later)."""
         if self._ui is None:
-            import ipywidgets as w
+            from sharedarrays.api.widgets.live import MemoryMapWidget
 
-            refresh = w.Button(description="refresh", icon="refresh", tooltip="re-read now")
-            auto = w.ToggleButton(value=False, description="auto-refresh", icon="clock-o")
-            interval = w.BoundedFloatText(
-                value=self._interval,
-                min=0.2,
-                max=3600.0,
-                step=0.5,
-                description="every (s)",
-                layout=w.Layout(width="160px"),
-            )
-            status = w.Label(value="")
-            html = w.HTML(value=render_html(self.maps, self._title))
-            box = w.VBox([w.HBox([refresh, auto, interval, status]), html])
+            box = MemoryMapWidget(self, render_html(self.maps, self._title), self._interval)
             self._ui = {
                 "box": box,
-                "refresh": refresh,
-                "auto": auto,
-                "interval": interval,
-                "status": status,
-                "html": html,
+                "refresh": box.refresh_button,
+                "auto": box.auto_toggle,
+                "interval": box.interval_text,
+                "status": box.status,
+                "html": box.html,
             }
-            refresh.on_click(lambda _b: self.refresh())
-            auto.observe(self._on_toggle, names="value")
-            interval.observe(self._on_interval, names="value")
+            box.refresh_button.on_click(lambda _b: self.refresh())
+            box.auto_toggle.observe(self._on_toggle, names="value")
+            box.interval_text.observe(self._on_interval, names="value")
             if self._auto_start:
-                auto.value = True
+                box.auto_toggle.value = True
         return self._ui["box"]
 
     def _on_toggle(self, change: dict[str, Any]) -> None:
@@ -215,8 +212,7 @@ class MemoryMap:
         self.stop()
         ui, self._ui = self._ui, None
         if ui is not None:
-            for key in ("refresh", "auto", "interval", "status", "html", "box"):
-                ui[key].close()
+            ui["box"].close()  # and its controls
 
     # display ----------------------------------------------------------------------------
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
@@ -229,9 +225,7 @@ class MemoryMap:
         """The display data: the static views, and the live widget where it can be shown."""
         bundle = _static_bundle(self.maps, text or render_text(self.maps), self._title)
         if in_kernel() and widgets_available():
-            live = self.widget._repr_mimebundle_()
-            if live and WIDGET_MIME in live:
-                bundle[WIDGET_MIME] = live[WIDGET_MIME]
+            bundle.update(self.widget.view_data())
         return _filter(bundle, include, exclude)
 
 
@@ -258,9 +252,10 @@ def _auto_refresh(ref: weakref.ref[MemoryMap], stop: threading.Event) -> None:
         del view
 
 
-def mimebundle(target: Any, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-    """The Jupyter display data of a view (``SharedDeviceArray._repr_mimebundle_``)."""
-    if is_view(target) and target.closed:
-        return _filter({"text/plain": repr(target)}, include, exclude)
-    view = MemoryMap(target)
-    return view.mimebundle(include, exclude, text=repr(target))
+def live_or_static(memory_map: MemoryMap) -> Any:
+    """What ``show()`` returns: in a Jupyter kernel with ipywidgets 8 or later the map's live
+    widget (a real ``VBox``, which composes with other widgets), elsewhere the
+    :class:`MemoryMap` itself (text, HTML and PNG)."""
+    if in_kernel() and widgets_available():
+        return memory_map.widget
+    return memory_map

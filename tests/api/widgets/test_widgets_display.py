@@ -28,12 +28,13 @@ def _decode_png(data: str) -> tuple[int, ...]:
     return matplotlib.image.imread(io.BytesIO(raw), format="png").shape
 
 
-def test_array_mimebundle_has_three_types():
+def test_array_map_mimebundle_has_three_types():
     a = sa.zeros((4, 1000), device="cpu", chunk_bytes=8192)
-    bundle = a._repr_mimebundle_()
+    m = a.show()
+    bundle = m._repr_mimebundle_()
     assert {"text/plain", "text/html", "image/png"} <= set(bundle)
     assert WIDGET_MIME not in bundle  # not in a kernel
-    assert bundle["text/plain"] == repr(a)
+    assert bundle["text/plain"] == repr(m)
     h, w, _ = _decode_png(bundle["image/png"])
     assert w == 900 and h > 50
     html = bundle["text/html"]
@@ -46,7 +47,10 @@ def test_array_mimebundle_has_three_types():
 def test_mimebundle_include_exclude():
     a = sa.zeros(10, device="cpu")
     assert set(a._repr_mimebundle_(include=["text/plain"])) == {"text/plain"}
-    assert "image/png" not in a._repr_mimebundle_(exclude=["image/png"])
+    assert set(a._repr_mimebundle_(exclude=["text/plain"])) == {"text/html"}
+    m = a.show()
+    assert set(m._repr_mimebundle_(include=["text/plain"])) == {"text/plain"}
+    assert "image/png" not in m._repr_mimebundle_(exclude=["image/png"])
 
 
 def test_closed_array_mimebundle_is_text_only():
