@@ -169,9 +169,10 @@ def empty(
         Length of each axis.
     dtype : dtype-like, default "float64"
         A bool, integer, float or complex type.
-    device : str, int or None
+    device : str, int, torch.device, cupy.cuda.Device or None
         ``None`` picks ``"cuda:0"`` when a CUDA device is usable, else ``"cpu"``; also
-        ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``N``.
+        ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``N`` (a NumPy integer too), a
+        :class:`~sharedarrays.Device`, a ``cupy.cuda.Device`` or a ``torch.device``.
     backend : str, default "auto"
         The memory system: ``"cuda-vmm"`` (CUDA virtual memory management, handles are fds;
         memory lives while any process holds it), ``"cuda-ipc"`` (``cudaMalloc`` memory
@@ -420,6 +421,9 @@ def from_array(
 ) -> SharedDeviceArray:
     """A new shared array holding a copy of ``obj``.
 
+    The copy keeps the source's layout when it is Fortran-contiguous, else C order.
+    Parameters not listed here are as :func:`empty`.
+
     Parameters
     ----------
     obj : array-like
@@ -441,9 +445,6 @@ def from_array(
     capacity : int, optional
         Make the copy growable, reserving this many bytes (as :func:`empty`; the copy is
         then in C order).
-
-    Other parameters as :func:`empty`. The copy keeps the source's layout when it is
-    Fortran-contiguous, else C order.
 
     Raises
     ------
@@ -510,6 +511,9 @@ def asarray(
     """``obj`` as a shared array: ``obj`` itself when it is a :class:`SharedDeviceArray` of
     that dtype and device (and backend), else a new shared copy (as :func:`from_array`).
 
+    For the other keywords of a new shared array (``name``, ``readonly``, ...) use
+    :func:`from_array`, which always copies.
+
     Parameters
     ----------
     obj : array-like
@@ -524,9 +528,6 @@ def asarray(
         The memory system (as :func:`empty`); ``"auto"`` accepts the one ``obj`` has.
     progress : bool, optional
         Show a progress bar while copying (as :func:`full`).
-
-    For the other keywords of a new shared array (``name``, ``readonly``, ...) use
-    :func:`from_array`, which always copies.
     """
     if isinstance(obj, SharedDeviceArray):
         if _reusable(obj, dtype, device, backend):
@@ -604,7 +605,7 @@ def empty_like(
     access: AccessList | None = None,
 ) -> SharedDeviceArray:
     """A new shared array of ``obj``'s shape, dtype, layout and device, its contents
-    undefined.
+    undefined. Parameters not listed here are as :func:`empty`.
 
     Parameters
     ----------
@@ -621,8 +622,6 @@ def empty_like(
         Default: ``obj``'s.
     device : str, int, torch.device, cupy.cuda.Device or None
         Default: ``obj``'s device (a CuPy array's CUDA device; ``"cpu"`` for a NumPy array).
-
-    Other parameters as :func:`empty`.
     """
     new_shape, new_dtype, options = _like(
         obj,

@@ -237,3 +237,23 @@ def test_the_cuda_backends_offer_the_stream_operations() -> None:
     host = HostBackend()
     assert isinstance(host, Backend) and not isinstance(host, StreamBackend)
     assert not host.peer_access and host.export_fence() is None
+
+
+def test_api_docs_name_backend_objects_by_paths_that_import() -> None:
+    """``sa.backends`` is a function that hides the subpackage as an attribute: the API
+    reference names what the subpackage holds by its modules, which ``from ... import``
+    reaches."""
+    import re
+
+    import sharedarrays as sa
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
+    targets = re.findall(r"\.\. auto\w+:: (sharedarrays\.backends\.[\w.]+)", text)
+    assert len(targets) >= 5
+    for target in targets:
+        module, _, name = target.rpartition(".")
+        assert module != "sharedarrays.backends", f"{target}: name the module it is in"
+        namespace: dict[str, object] = {}
+        exec(f"from {module} import {name}", namespace)
+        assert namespace[name] is not None
+    assert callable(sa.backends) and "host" in sa.backends()
