@@ -202,3 +202,14 @@ def test_auto_refresh_option_starts_the_live_widget(kernel: types.ModuleType) ->
     assert live.auto_refreshing
     live.memory_map.close()  # closes the widget too
     assert not live.auto_refreshing and live.comm is None
+
+
+@pytest.mark.gpu
+def test_cuda_repr_is_cupys_and_names_the_device() -> None:
+    cupy = pytest.importorskip("cupy")
+    a = sa.from_array(cupy.arange(6, dtype="float32").reshape(2, 3))
+    values, line = repr(a).rsplit("\n", 1)
+    assert values == repr(a.array)
+    assert line.startswith(f"SharedDeviceArray on {a.device} ({a.backend}), allocation ")
+    assert str(a).split("\n")[0] == str(a.array)
+    assert a._repr_mimebundle_()["text/plain"] == repr(a)
