@@ -20,6 +20,7 @@ import numpy as np
 
 from sharedarrays import importing
 from sharedarrays.api import keeping, views
+from sharedarrays.api.arraymethods import NativeArrayMethods
 from sharedarrays.backends import Access, get_backend
 from sharedarrays.backends.device import Device, DeviceLike, parse_device
 from sharedarrays.errors import ClosedArrayError, PayloadError, ResizeRefused
@@ -78,7 +79,7 @@ class _Probe:
         }
 
 
-class SharedDeviceArray:
+class SharedDeviceArray(NativeArrayMethods):
     """An array in memory that other processes can map without copying.
 
     Create one with :func:`sharedarrays.empty`, :func:`~sharedarrays.zeros`,
@@ -91,6 +92,13 @@ class SharedDeviceArray:
     The allocation's mapping in this process is released when no open view and no native array
     (from :attr:`array`) refers to it any more; other processes are not affected. The memory
     itself is freed when the last process that maps it or holds one of its handles lets go.
+
+    Arithmetic
+    ----------
+    It acts like its native array (see :mod:`sharedarrays.api.arraymethods`): operators,
+    methods and NumPy functions compute on :attr:`array`; new results are native arrays,
+    in-place operations write the shared memory, and shape views (``a.T``, ``a.reshape``,
+    ...) are SharedDeviceArrays of the same allocation.
     """
 
     __slots__ = (
@@ -272,14 +280,20 @@ class SharedDeviceArray:
         items = _check_key(key)
         if not any(i is Ellipsis for i in items):
             items = (*items, Ellipsis)  # keeps NumPy from returning a scalar it would read
-        alloc = self.allocation
-        base = alloc.address + self._offset
-        probe = np.asarray(_Probe(base, self._dtype, self._shape, self._strides))
-        view = probe[items]
-        delta = view.__array_interface__["data"][0] - base
+        layout = self._layout()
+        return self._derive(layout, layout[items], self._dtype)
+
+    def _layout(self) -> np.ndarray[Any, Any]:
+        base = self.allocation.address + self._offset
+        return np.asarray(_Probe(base, self._dtype, self._shape, self._strides))
+
+    def _derive(
+        self, layout: np.ndarray[Any, Any], view: np.ndarray[Any, Any], dtype: np.dtype[Any]
+    ) -> SharedDeviceArray:
+        delta = view.__array_interface__["data"][0] - layout.__array_interface__["data"][0]
         return SharedDeviceArray(
-            alloc,
-            self._dtype,
+            self.allocation,
+            dtype,
             tuple(view.shape),
             tuple(view.strides),
             self._offset + delta,

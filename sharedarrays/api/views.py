@@ -1,6 +1,6 @@
 """The live views of this process, as the memory map reads them.
 
-Every :class:`~sharedarrays.SharedDeviceArray` made in this process is tracked here (weakly:
+Every :class:`~sharedarrays.SharedDeviceArray` made in this process is tracked here by id (weakly:
 tracking never keeps a view alive), so that :mod:`sharedarrays.api.widgets` can draw the
 views of an allocation without importing the array module. :class:`ArrayView` is what the
 widgets read of a view.
@@ -46,28 +46,35 @@ class ArrayView(Protocol):
     def nbytes(self) -> int: ...
 
 
-_live: weakref.WeakSet[Any] = weakref.WeakSet()
+# id -> weak reference; a dict, not a WeakSet: a view is unhashable (its == is elementwise)
+_live: dict[int, weakref.ref[Any]] = {}
+
+
+def _forget(ref: weakref.ref[Any], key: int) -> None:
+    """Drop a dead view's entry (unless its id was already reused by a newer view)."""
+    if _live.get(key) is ref:
+        _live.pop(key, None)
 
 
 def track(view: ArrayView) -> None:
     """Count ``view`` among the live views (the array's constructor calls this)."""
-    _live.add(view)
+    key = id(view)
+    _live[key] = weakref.ref(view, lambda ref: _forget(ref, key))
 
 
 def is_view(obj: object) -> TypeGuard[ArrayView]:
     """Whether ``obj`` is a tracked view (every SharedDeviceArray made here is)."""
-    try:
-        return obj in _live
-    except TypeError:  # weakly referable but unhashable (a NumPy array): not a view
-        return False
+    ref = _live.get(id(obj))
+    return ref is not None and ref() is obj
 
 
 def live_views() -> list[ArrayView]:
     """A snapshot of the views alive in this process (open or closed)."""
-    # Another thread may add a view while we copy the weak set; copy again if so.
+    # Another thread may add a view while we copy the dict; copy again if so.
     for _ in range(10):
         try:
-            return list(_live)
+            refs = list(_live.values())
         except RuntimeError:
             continue
+        return [v for v in (ref() for ref in refs) if v is not None]
     return []

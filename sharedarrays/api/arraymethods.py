@@ -1,0 +1,628 @@
+"""What makes a :class:`~sharedarrays.SharedDeviceArray` act like the array it wraps.
+
+:class:`NativeArrayMethods` is the array's base class: operators, NumPy dispatch
+(``__array_ufunc__``, ``__array_function__``), methods and shape views, all computed on the
+zero-copy native array (:attr:`~sharedarrays.SharedDeviceArray.array`: NumPy on the host,
+CuPy on CUDA). Three kinds of results:
+
+- **new memory** (``a + 1``, ``a.sum()``, ``a.copy()``, ``np.sqrt(a)``) is a plain native
+  array or scalar, not shared;
+- **in-place** operations (``a += 1``, ``a.fill(0)``, ``a.sort()``, ``np.add(a, 1, out=a)``,
+  ``np.copyto(a, x)``) write the shared memory and return the SharedDeviceArray itself;
+- **shape views** (``a.T``, ``a.reshape(...)`` when NumPy would not copy, ``a.view(dtype)``,
+  ...) are SharedDeviceArrays over the same allocation, which pickle as shared views.
+
+The layout of a shape view is worked out by NumPy on a *layout probe* (an array interface over
+the view's address that is never read, see :meth:`NativeArrayMethods._layout`), so device
+memory is never touched to find it. This module does not import the array module: the array
+supplies :meth:`~NativeArrayMethods._layout` and :meth:`~NativeArrayMethods._derive`.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+import numpy as np
+
+__all__ = ["ArrayFlags", "NativeArrayMethods"]
+
+_A = TypeVar("_A", bound="NativeArrayMethods")
+
+_READONLY = "assignment destination is read-only"  # NumPy's message for the same misuse
+
+# NumPy functions that write their first argument (checked for read-only views, which CuPy
+# arrays cannot refuse on their own)
+_WRITES_FIRST: frozenset[Callable[..., Any]] = frozenset(
+    {np.copyto, np.place, np.put, np.putmask, np.fill_diagonal, np.put_along_axis}
+)
+
+
+@dataclass(frozen=True)
+class ArrayFlags:
+    """The memory layout of a view, like :attr:`numpy.ndarray.flags` (read-only here).
+
+    ``owndata`` is always False: a view never owns the shared memory. Items can also be read
+    as ``flags["C_CONTIGUOUS"]`` or ``flags["C"]``, as with NumPy.
+    """
+
+    c_contiguous: bool
+    f_contiguous: bool
+    writeable: bool
+    owndata: bool = False
+
+    _KEYS: ClassVar[dict[str, str]] = {
+        "C": "c_contiguous",
+        "C_CONTIGUOUS": "c_contiguous",
+        "CONTIGUOUS": "c_contiguous",
+        "F": "f_contiguous",
+        "F_CONTIGUOUS": "f_contiguous",
+        "FORTRAN": "f_contiguous",
+        "W": "writeable",
+        "WRITEABLE": "writeable",
+        "O": "owndata",
+        "OWNDATA": "owndata",
+    }
+
+    @property
+    def contiguous(self) -> bool:
+        """Same as ``c_contiguous``."""
+        return self.c_contiguous
+
+    def __getitem__(self, key: str) -> bool:
+        try:
+            return bool(getattr(self, self._KEYS[key.upper()]))
+        except KeyError:
+            raise KeyError(f"Unknown flag {key!r}") from None
+
+
+def _native(obj: Any) -> Any:
+    """The native array of a SharedDeviceArray; anything else as it is."""
+    return obj.array if isinstance(obj, NativeArrayMethods) else obj
+
+
+def _native_nested(obj: Any) -> Any:
+    """:func:`_native` through lists, tuples and dicts (``np.concatenate([a, b])``)."""
+    if isinstance(obj, NativeArrayMethods):
+        return obj.array
+    if type(obj) is list:
+        return [_native_nested(x) for x in obj]
+    if type(obj) is tuple:
+        return tuple(_native_nested(x) for x in obj)
+    if type(obj) is dict:
+        return {k: _native_nested(v) for k, v in obj.items()}
+    return obj
+
+
+def _check_writable(target: Any) -> None:
+    """Refuse to write a read-only (or closed) SharedDeviceArray, as NumPy refuses."""
+    if isinstance(target, NativeArrayMethods):
+        target._writable_native()
+
+
+def _outs(kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+    """Replace ``out=`` in ``kwargs`` by native arrays; return the outputs as given."""
+    out = kwargs.get("out")
+    if out is None:
+        return None
+    outs = out if isinstance(out, tuple) else (out,)
+    for o in outs:
+        _check_writable(o)
+    natives = tuple(_native(o) for o in outs)
+    kwargs["out"] = natives if isinstance(out, tuple) else natives[0]
+    return outs
+
+
+def _with_outs(result: Any, outs: tuple[Any, ...] | None) -> Any:
+    """``result`` with the native arrays of SharedDeviceArray outputs replaced by those."""
+    if outs is None:
+        return result
+    shared = {id(o.array): o for o in outs if isinstance(o, NativeArrayMethods)}
+    if isinstance(result, tuple):
+        return tuple(shared.get(id(r), r) for r in result)
+    return shared.get(id(result), result)
+
+
+def _reshape_view(layout: np.ndarray[Any, Any], shape: Any, order: Any) -> np.ndarray[Any, Any]:
+    """``layout`` reshaped without a copy (never reading it), or ValueError if NumPy would
+    have to copy. ``shape`` is valid for ``layout``'s size."""
+    try:
+        return layout.reshape(shape, order=order, copy=False)
+    except TypeError:  # NumPy < 2.1 has no copy=: assigning a shape never copies either
+        pass
+    fortran = order in ("F", "f") or (order in ("A", "a") and layout.flags.f_contiguous)
+    view = layout.T.view() if fortran else layout.view()
+    new = np.broadcast_to(np.False_, layout.shape).reshape(shape, order=order).shape
+    try:
+        view.shape = new[::-1] if fortran else new
+    except AttributeError as e:
+        raise ValueError(f"cannot reshape without a copy: {e}") from None
+    result: np.ndarray[Any, Any] = view.T if fortran else view
+    return result
+
+
+class NativeArrayMethods:
+    """Operators, NumPy dispatch and ndarray methods over :attr:`array` (see the module).
+
+    Comparisons are elementwise, so, like :class:`numpy.ndarray`, the array is unhashable.
+    """
+
+    __slots__ = ()
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+    # above CuPy's (100): cupy_array + a defers to a.__radd__, which unwraps a
+    __array_priority__ = 200.0
+
+    # supplied by the array ----------------------------------------------------------------
+    @property
+    def array(self) -> Any:
+        """The zero-copy native array (NumPy on ``cpu``, CuPy on CUDA)."""
+        raise NotImplementedError
+
+    @property
+    def readonly(self) -> bool:
+        """Whether writes through this view are refused."""
+        raise NotImplementedError
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Length of each axis."""
+        raise NotImplementedError
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        """Element type."""
+        raise NotImplementedError
+
+    def _layout(self) -> np.ndarray[Any, Any]:
+        """A NumPy array with this view's address, dtype, shape and strides that must never be
+        read: NumPy works out the layout of a shape view on it."""
+        raise NotImplementedError
+
+    def _derive(
+        self: _A, layout: np.ndarray[Any, Any], view: np.ndarray[Any, Any], dtype: np.dtype[Any]
+    ) -> _A:
+        """A view of the same allocation with ``view``'s shape and strides, ``dtype``, and
+        ``view``'s start relative to ``layout``'s (from :meth:`_layout`)."""
+        raise NotImplementedError
+
+    def _writable_native(self) -> Any:
+        """The native array, for a write: ClosedArrayError when closed, NumPy's ValueError
+        when read-only (CuPy arrays have no read-only flag, so this checks)."""
+        native = self.array
+        if self.readonly:
+            raise ValueError(_READONLY)
+        return native
+
+    def _inplace(self: _A, op: Callable[[Any, Any], Any], other: Any) -> _A:
+        op(self._writable_native(), _native(other))
+        return self
+
+    # comparisons ------------------------------------------------------------------------
+    def __eq__(self, other: object) -> Any:
+        return self.array == _native(other)
+
+    def __ne__(self, other: object) -> Any:
+        return self.array != _native(other)
+
+    def __lt__(self, other: object) -> Any:
+        return self.array < _native(other)
+
+    def __le__(self, other: object) -> Any:
+        return self.array <= _native(other)
+
+    def __gt__(self, other: object) -> Any:
+        return self.array > _native(other)
+
+    def __ge__(self, other: object) -> Any:
+        return self.array >= _native(other)
+
+    # arithmetic and bitwise -------------------------------------------------------------
+    def __add__(self, other: object) -> Any:
+        return self.array + _native(other)
+
+    def __radd__(self, other: object) -> Any:
+        return _native(other) + self.array
+
+    def __iadd__(self: _A, other: object) -> _A:
+        return self._inplace(operator.iadd, other)
+
+    def __sub__(self, other: object) -> Any:
+        return self.array - _native(other)
+
+    def __rsub__(self, other: object) -> Any:
+        return _native(other) - self.array
+
+    def __isub__(self: _A, other: object) -> _A:
+        return self._inplace(operator.isub, other)
+
+    def __mul__(self, other: object) -> Any:
+        return self.array * _native(other)
+
+    def __rmul__(self, other: object) -> Any:
+        return _native(other) * self.array
+
+    def __imul__(self: _A, other: object) -> _A:
+        return self._inplace(operator.imul, other)
+
+    def __truediv__(self, other: object) -> Any:
+        return self.array / _native(other)
+
+    def __rtruediv__(self, other: object) -> Any:
+        return _native(other) / self.array
+
+    def __itruediv__(self: _A, other: object) -> _A:
+        return self._inplace(operator.itruediv, other)
+
+    def __floordiv__(self, other: object) -> Any:
+        return self.array // _native(other)
+
+    def __rfloordiv__(self, other: object) -> Any:
+        return _native(other) // self.array
+
+    def __ifloordiv__(self: _A, other: object) -> _A:
+        return self._inplace(operator.ifloordiv, other)
+
+    def __mod__(self, other: object) -> Any:
+        return self.array % _native(other)
+
+    def __rmod__(self, other: object) -> Any:
+        return _native(other) % self.array
+
+    def __imod__(self: _A, other: object) -> _A:
+        return self._inplace(operator.imod, other)
+
+    def __divmod__(self, other: object) -> Any:
+        return divmod(self.array, _native(other))
+
+    def __rdivmod__(self, other: object) -> Any:
+        return divmod(_native(other), self.array)
+
+    def __pow__(self, other: object) -> Any:
+        return self.array ** _native(other)
+
+    def __rpow__(self, other: object) -> Any:
+        return _native(other) ** self.array
+
+    def __ipow__(self: _A, other: object) -> _A:
+        return self._inplace(operator.ipow, other)
+
+    def __matmul__(self, other: object) -> Any:
+        return self.array @ _native(other)
+
+    def __rmatmul__(self, other: object) -> Any:
+        return _native(other) @ self.array
+
+    def __imatmul__(self: _A, other: object) -> _A:
+        return self._inplace(operator.imatmul, other)
+
+    def __and__(self, other: object) -> Any:
+        return self.array & _native(other)
+
+    def __rand__(self, other: object) -> Any:
+        return _native(other) & self.array
+
+    def __iand__(self: _A, other: object) -> _A:
+        return self._inplace(operator.iand, other)
+
+    def __or__(self, other: object) -> Any:
+        return self.array | _native(other)
+
+    def __ror__(self, other: object) -> Any:
+        return _native(other) | self.array
+
+    def __ior__(self: _A, other: object) -> _A:
+        return self._inplace(operator.ior, other)
+
+    def __xor__(self, other: object) -> Any:
+        return self.array ^ _native(other)
+
+    def __rxor__(self, other: object) -> Any:
+        return _native(other) ^ self.array
+
+    def __ixor__(self: _A, other: object) -> _A:
+        return self._inplace(operator.ixor, other)
+
+    def __lshift__(self, other: object) -> Any:
+        return self.array << _native(other)
+
+    def __rlshift__(self, other: object) -> Any:
+        return _native(other) << self.array
+
+    def __ilshift__(self: _A, other: object) -> _A:
+        return self._inplace(operator.ilshift, other)
+
+    def __rshift__(self, other: object) -> Any:
+        return self.array >> _native(other)
+
+    def __rrshift__(self, other: object) -> Any:
+        return _native(other) >> self.array
+
+    def __irshift__(self: _A, other: object) -> _A:
+        return self._inplace(operator.irshift, other)
+
+    # unary ------------------------------------------------------------------------------
+    def __neg__(self) -> Any:
+        return -self.array
+
+    def __pos__(self) -> Any:
+        return +self.array
+
+    def __invert__(self) -> Any:
+        return ~self.array
+
+    def __abs__(self) -> Any:
+        return abs(self.array)
+
+    # scalars (size 1 only, NumPy's errors otherwise) --------------------------------------
+    def __bool__(self) -> bool:
+        return bool(self.array)
+
+    def __float__(self) -> float:
+        return float(self.array)
+
+    def __int__(self) -> int:
+        return int(self.array)
+
+    def __complex__(self) -> complex:
+        return complex(self.array)
+
+    def __index__(self) -> int:
+        native = self.array
+        if isinstance(native, np.ndarray):
+            return operator.index(native)
+        if native.size != 1 or native.dtype.kind not in "iub":  # CuPy has no __index__
+            raise TypeError("only integer scalar arrays can be converted to a scalar index")
+        return operator.index(native.item())
+
+    def __contains__(self, value: object) -> bool:
+        return bool(_native(value) in self.array)
+
+    # NumPy dispatch ---------------------------------------------------------------------
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        """``np.add(a, 1)``, ``np.sqrt(a, out=a)``: computed on the native arrays; outputs
+        that were SharedDeviceArrays are written in shared memory and returned as given."""
+        outs = _outs(kwargs)
+        args = tuple(_native(x) for x in inputs)
+        kwargs = {k: _native(v) for k, v in kwargs.items()}
+        return _with_outs(getattr(ufunc, method)(*args, **kwargs), outs)
+
+    def __array_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """``np.sum(a)``, ``np.concatenate([a, b])``, ``np.copyto(a, x)``: SharedDeviceArrays
+        in the arguments (also inside lists, tuples, dicts) are replaced by their native
+        arrays; ``out=`` and the destination of ``np.copyto`` and the like write shared
+        memory (refused on read-only views)."""
+        if func in _WRITES_FIRST and args:
+            _check_writable(args[0])
+        kwargs = dict(kwargs)
+        outs = _outs(kwargs)
+        result = func(*_native_nested(args), **_native_nested(kwargs))
+        return _with_outs(result, outs)
+
+    def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """The native array's method ``name``; ``out=`` as for ufuncs."""
+        outs = _outs(kwargs)
+        args = tuple(_native(x) for x in args)
+        kwargs = {k: _native(v) for k, v in kwargs.items()}
+        return _with_outs(getattr(self.array, name)(*args, **kwargs), outs)
+
+    # reductions and other reads: native results -------------------------------------------
+    def sum(self, *args: Any, **kwargs: Any) -> Any:
+        """Like :meth:`numpy.ndarray.sum`; a native result."""
+        return self._call("sum", *args, **kwargs)
+
+    def mean(self, *args: Any, **kwargs: Any) -> Any:
+        """Like :meth:`numpy.ndarray.mean`; a native result."""
+        return self._call("mean", *args, **kwargs)
+
+    def min(self, *args: Any, **kwargs: Any) -> Any:
+        """Like :meth:`numpy.ndarray.min`; a native result."""
+        return self._call("min", *args, **kwargs)
+
+    def max(self, *args: Any, **kwargs: Any) -> Any:
+        """Like :meth:`numpy.ndarray.max`; a native result."""
+        return self._call("max", *args, **kwargs)
+
+    def std(self, *args: Any, **kwargs: Any) -> Any:
+        """Like :meth:`numpy.ndarray.std`; a native result."""
+        return self._call("std", *args, **kwargs)
+
+    def var(self, *args: Any, **kwargs: Any) -> Any:
+        """Like :meth:`numpy.ndarray.var`; a native result."""
+        return self._call("var", *args, **kwargs)
+
+    def prod(self, *args: Any, **kwargs: Any) -> Any:
+        """Like :meth:`numpy.ndarray.prod`; a native result."""
+        return self._call("prod", *args, **kwargs)
+
+    def any(self, *args: Any, **kwargs: Any) -> Any:
+        """Like :meth:`numpy.ndarray.any`; a native result."""
+        return self._call("any", *args, **kwargs)
+
+    def all(self, *args: Any, **kwargs: Any) -> Any:
+        """Like :meth:`numpy.ndarray.all`; a native result."""
+        return self._call("all", *args, **kwargs)
+
+    def argmax(self, *args: Any, **kwargs: Any) -> Any:
+        """Like :meth:`numpy.ndarray.argmax`; a native result."""
+        return self._call("argmax", *args, **kwargs)
+
+    def argmin(self, *args: Any, **kwargs: Any) -> Any:
+        """Like :meth:`numpy.ndarray.argmin`; a native result."""
+        return self._call("argmin", *args, **kwargs)
+
+    def cumsum(self, *args: Any, **kwargs: Any) -> Any:
+        """Like :meth:`numpy.ndarray.cumsum`; a native result."""
+        return self._call("cumsum", *args, **kwargs)
+
+    def cumprod(self, *args: Any, **kwargs: Any) -> Any:
+        """Like :meth:`numpy.ndarray.cumprod`; a native result."""
+        return self._call("cumprod", *args, **kwargs)
+
+    def clip(self, *args: Any, **kwargs: Any) -> Any:
+        """Like :meth:`numpy.ndarray.clip`; a native result (``out=a`` writes in place)."""
+        return self._call("clip", *args, **kwargs)
+
+    def round(self, *args: Any, **kwargs: Any) -> Any:
+        """Like :meth:`numpy.ndarray.round`; a native result (``out=a`` writes in place)."""
+        return self._call("round", *args, **kwargs)
+
+    def nonzero(self) -> Any:
+        """Like :meth:`numpy.ndarray.nonzero`; a tuple of native index arrays."""
+        return self.array.nonzero()
+
+    def argsort(self, *args: Any, **kwargs: Any) -> Any:
+        """Like :meth:`numpy.ndarray.argsort`; a native result."""
+        return self._call("argsort", *args, **kwargs)
+
+    def dot(self, *args: Any, **kwargs: Any) -> Any:
+        """Like :meth:`numpy.ndarray.dot`; a native result."""
+        return self._call("dot", *args, **kwargs)
+
+    def conj(self) -> Any:
+        """Like :meth:`numpy.ndarray.conj`; a native result."""
+        return self.array.conj()
+
+    def conjugate(self) -> Any:
+        """Like :meth:`numpy.ndarray.conjugate`; a native result."""
+        return self.array.conjugate()
+
+    def trace(self, *args: Any, **kwargs: Any) -> Any:
+        """Like :meth:`numpy.ndarray.trace`; a native result."""
+        return self._call("trace", *args, **kwargs)
+
+    def take(self, *args: Any, **kwargs: Any) -> Any:
+        """Like :meth:`numpy.ndarray.take`; a native result."""
+        return self._call("take", *args, **kwargs)
+
+    def repeat(self, *args: Any, **kwargs: Any) -> Any:
+        """Like :meth:`numpy.ndarray.repeat`; a native result."""
+        return self._call("repeat", *args, **kwargs)
+
+    def searchsorted(self, *args: Any, **kwargs: Any) -> Any:
+        """Like :meth:`numpy.ndarray.searchsorted`; a native result."""
+        return self._call("searchsorted", *args, **kwargs)
+
+    def astype(self, dtype: Any, *args: Any, **kwargs: Any) -> Any:
+        """Like :meth:`numpy.ndarray.astype`: a native copy, or this view itself when
+        ``copy=False`` and the dtype is already this one."""
+        if kwargs.get("copy", True) is False and not args and np.dtype(dtype) == self.dtype:
+            self.array  # noqa: B018  # ClosedArrayError when closed, as NumPy would read
+            return self
+        return self._call("astype", dtype, *args, **kwargs)
+
+    def copy(self, order: str = "C") -> Any:
+        """A native copy (not shared)."""
+        return self.array.copy(order=order)
+
+    def flatten(self, order: str = "C") -> Any:
+        """A one-dimensional native copy (not shared), like :meth:`numpy.ndarray.flatten`."""
+        return self.array.flatten(order)
+
+    def tolist(self) -> Any:
+        """The values as nested Python lists."""
+        return self.array.tolist()
+
+    def item(self, *args: Any) -> Any:
+        """One element as a Python scalar, like :meth:`numpy.ndarray.item`."""
+        return self.array.item(*args)
+
+    def tobytes(self, order: str = "C") -> bytes:
+        """The raw bytes of the values, like :meth:`numpy.ndarray.tobytes`."""
+        native = self.array
+        if not isinstance(native, np.ndarray):
+            native = native.get()
+        return bytes(native.tobytes(order))
+
+    # in place: writes the shared memory -------------------------------------------------
+    def fill(self, value: Any) -> None:
+        """Set every element to ``value``, in shared memory."""
+        self._writable_native().fill(_native(value))
+
+    def sort(self, *args: Any, **kwargs: Any) -> None:
+        """Sort in place, in shared memory, like :meth:`numpy.ndarray.sort`."""
+        self._writable_native().sort(*args, **kwargs)
+
+    # shape views: SharedDeviceArrays over the same memory ---------------------------------
+    @property
+    def flags(self) -> ArrayFlags:
+        """Memory layout, like :attr:`numpy.ndarray.flags` (``owndata`` is False)."""
+        layout = self._layout()
+        return ArrayFlags(
+            c_contiguous=bool(layout.flags.c_contiguous),
+            f_contiguous=bool(layout.flags.f_contiguous),
+            writeable=not self.readonly,
+        )
+
+    @property
+    def T(self: _A) -> _A:  # NumPy's name
+        """The transposed view (shared), like :attr:`numpy.ndarray.T`."""
+        return self.transpose()
+
+    def transpose(self: _A, *axes: Any) -> _A:
+        """A transposed view (shared): ``a.transpose()``, ``a.transpose(1, 0, 2)`` or
+        ``a.transpose((1, 0, 2))``."""
+        layout = self._layout()
+        return self._derive(layout, layout.transpose(*axes), self.dtype)
+
+    def swapaxes(self: _A, axis1: int, axis2: int) -> _A:
+        """A view (shared) with two axes swapped."""
+        layout = self._layout()
+        return self._derive(layout, layout.swapaxes(axis1, axis2), self.dtype)
+
+    def squeeze(self: _A, axis: int | tuple[int, ...] | None = None) -> _A:
+        """A view (shared) without the axes of length one (or only ``axis``)."""
+        layout = self._layout()
+        return self._derive(layout, layout.squeeze(axis), self.dtype)
+
+    def view(self: _A, dtype: Any = None) -> _A:
+        """A view (shared) of the same bytes as another dtype, with NumPy's rules for a
+        different item size (the last axis must be contiguous, and its bytes divide)."""
+        layout = self._layout()
+        if dtype is None:
+            return self._derive(layout, layout, self.dtype)
+        new = np.dtype(dtype)
+        return self._derive(layout, layout.view(new), new)
+
+    def reshape(self, *shape: Any, order: str = "C", copy: bool | None = None) -> Any:
+        """A view (shared) with a new shape when NumPy's reshape would not copy; otherwise,
+        as NumPy does, a native copy (``copy=False`` raises ValueError instead;
+        ``copy=True`` always returns a native copy)."""
+        new: Any = shape[0] if len(shape) == 1 else shape
+        # checks the shape with NumPy's errors, reading nothing (every stride is 0)
+        np.broadcast_to(np.False_, self.shape).reshape(new, order=order)  # type: ignore[call-overload]
+        if copy:
+            return self.array.reshape(new, order=order).copy(order="K")
+        layout = self._layout()
+        try:
+            view = _reshape_view(layout, new, order)
+        except ValueError:
+            if copy is False:
+                raise
+            return self.array.reshape(new, order=order)
+        return self._derive(layout, view, self.dtype)
+
+    def ravel(self, order: str = "C") -> Any:
+        """A one-dimensional view (shared) when NumPy's ravel would return a view (the
+        elements are contiguous in ``order``), else a native copy, like
+        :meth:`numpy.ndarray.ravel`."""
+        layout = self._layout()
+        flags = layout.flags
+        if order in ("A", "a"):
+            order = "F" if flags.f_contiguous and not flags.c_contiguous else "C"
+        if order in ("C", "c") and flags.c_contiguous:
+            return self._derive(layout, layout.reshape(-1), self.dtype)
+        if order in ("F", "f") and flags.f_contiguous:
+            return self._derive(layout, layout.reshape(-1, order="F"), self.dtype)
+        if order in ("K", "k"):
+            # contiguous in the order of its strides (e.g. a transpose): a view
+            perm = sorted(range(layout.ndim), key=lambda i: -layout.strides[i])
+            permuted = layout.transpose(perm)
+            if permuted.flags.c_contiguous and all(s >= 0 for s in layout.strides):
+                return self._derive(layout, permuted.reshape(-1), self.dtype)
+        if order not in ("C", "c", "F", "f", "K", "k"):
+            raise ValueError(f"order must be one of 'C', 'F', 'A', or 'K' (got {order!r})")
+        return self.array.ravel(order)
