@@ -129,7 +129,8 @@ def _reshape_view(layout: np.ndarray[Any, Any], shape: Any, order: Any) -> np.nd
     """``layout`` reshaped without a copy (never reading it), or ValueError if NumPy would
     have to copy. ``shape`` is valid for ``layout``'s size."""
     try:
-        return layout.reshape(shape, order=order, copy=False)
+        reshaped: np.ndarray[Any, Any] = layout.reshape(shape, order=order, copy=False)
+        return reshaped
     except TypeError:  # NumPy < 2.1 has no copy=: assigning a shape never copies either
         pass
     fortran = order in ("F", "f") or (order in ("A", "a") and layout.flags.f_contiguous)
