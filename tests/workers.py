@@ -188,3 +188,15 @@ def cuda_fork_child_load(blob: bytes) -> str:
 
 def checksum_list(arrays: list[Any]) -> float:
     return float(sum(float(a.array[0]) for a in arrays))
+
+
+def inplace_ops(a: Any) -> tuple[float, ...]:
+    """Write ``a`` (a 2-D float SharedDeviceArray) with operators and NumPy dispatch only:
+    ``a += 1``, ``np.multiply(a, 2, out=a)``, ``a.T[0] -= 1`` (a shared view), ``a.fill``
+    of a reshaped view. Returns what the child saw."""
+    a += 1
+    np.multiply(a, 2, out=a)
+    col = a.T[0]
+    col -= 1
+    a.reshape(-1)[-1:].fill(42.0)
+    return float(a.sum()), float(a[0, 0]), a.shape[0]

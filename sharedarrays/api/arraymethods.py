@@ -404,11 +404,14 @@ class NativeArrayMethods:
         return _with_outs(result, outs)
 
     def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        """The native array's method ``name``; ``out=`` as for ufuncs."""
+        """The native array's method ``name``; ``out=`` as for ufuncs; where NumPy returns
+        the array itself (``conj`` of real values), this view."""
         outs = _outs(kwargs)
         args = tuple(_native(x) for x in args)
         kwargs = {k: _native(v) for k, v in kwargs.items()}
-        return _with_outs(getattr(self.array, name)(*args, **kwargs), outs)
+        native = self.array
+        result = getattr(native, name)(*args, **kwargs)
+        return self if result is native else _with_outs(result, outs)
 
     # reductions and other reads: native results -------------------------------------------
     def sum(self, *args: Any, **kwargs: Any) -> Any:
@@ -484,12 +487,13 @@ class NativeArrayMethods:
         return self._call("dot", *args, **kwargs)
 
     def conj(self) -> Any:
-        """Like :meth:`numpy.ndarray.conj`; a native result."""
-        return self.array.conj()
+        """Like :meth:`numpy.ndarray.conj`: a native result, or this view for real values
+        (NumPy returns the array itself)."""
+        return self._call("conj")
 
     def conjugate(self) -> Any:
-        """Like :meth:`numpy.ndarray.conjugate`; a native result."""
-        return self.array.conjugate()
+        """Same as :meth:`conj`."""
+        return self._call("conjugate")
 
     def trace(self, *args: Any, **kwargs: Any) -> Any:
         """Like :meth:`numpy.ndarray.trace`; a native result."""
@@ -510,9 +514,6 @@ class NativeArrayMethods:
     def astype(self, dtype: Any, *args: Any, **kwargs: Any) -> Any:
         """Like :meth:`numpy.ndarray.astype`: a native copy, or this view itself when
         ``copy=False`` and the dtype is already this one."""
-        if kwargs.get("copy", True) is False and not args and np.dtype(dtype) == self.dtype:
-            self.array  # noqa: B018  # ClosedArrayError when closed, as NumPy would read
-            return self
         return self._call("astype", dtype, *args, **kwargs)
 
     def copy(self, order: str = "C") -> Any:
@@ -622,7 +623,10 @@ class NativeArrayMethods:
             # contiguous in the order of its strides (e.g. a transpose): a view
             perm = sorted(range(layout.ndim), key=lambda i: -layout.strides[i])
             permuted = layout.transpose(perm)
-            if permuted.flags.c_contiguous and all(s >= 0 for s in layout.strides):
+            forward = all(
+                s >= 0 for s, n in zip(layout.strides, layout.shape, strict=True) if n > 1
+            )
+            if permuted.flags.c_contiguous and forward:
                 return self._derive(layout, permuted.reshape(-1), self.dtype)
         if order not in ("C", "c", "F", "f", "K", "k"):
             raise ValueError(f"order must be one of 'C', 'F', 'A', or 'K' (got {order!r})")
