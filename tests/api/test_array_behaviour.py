@@ -564,7 +564,10 @@ def test_shape_views_pickle_as_shared_views() -> None:
 
 
 def test_inplace_writes_seen_by_another_process() -> None:
-    a, ref = make((3, 4), "float64")
+    ref = np.arange(1.0, 13.0).reshape(3, 4)
+    # an allocation of its own: a packed slab served to a process would show in later tests'
+    # arrays packed beside it ("served to 1 process")
+    a = sa.from_array(ref, device="cpu", pack=False)
     with mp.get_context("spawn").Pool(1) as pool:
         total, first, rows = pool.apply_async(workers.inplace_ops, (a,)).get(timeout=120)
     ref += 1
