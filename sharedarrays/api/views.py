@@ -46,20 +46,30 @@ class ArrayView(Protocol):
     def nbytes(self) -> int: ...
 
 
+class _ViewRef(weakref.ref):  # type: ignore[type-arg]
+    """A weak reference to a live view that knows its key in :data:`_live` (one object per
+    view, no closure: a view is made for every load, and each object the collector tracks
+    makes its passes longer)."""
+
+    __slots__ = ("key",)
+    key: int
+
+
 # id -> weak reference; a dict, not a WeakSet: a view is unhashable (its == is elementwise)
-_live: dict[int, weakref.ref[Any]] = {}
+_live: dict[int, _ViewRef] = {}
 
 
-def _forget(ref: weakref.ref[Any], key: int) -> None:
+def _forget(ref: _ViewRef) -> None:
     """Drop a dead view's entry (unless its id was already reused by a newer view)."""
-    if _live.get(key) is ref:
-        _live.pop(key, None)
+    if _live.get(ref.key) is ref:
+        _live.pop(ref.key, None)
 
 
 def track(view: ArrayView) -> None:
     """Count ``view`` among the live views (the array's constructor calls this)."""
-    key = id(view)
-    _live[key] = weakref.ref(view, lambda ref: _forget(ref, key))
+    ref = _ViewRef(view, _forget)
+    ref.key = id(view)
+    _live[ref.key] = ref
 
 
 def is_view(obj: object) -> TypeGuard[ArrayView]:
