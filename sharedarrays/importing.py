@@ -82,7 +82,7 @@ class Handles:
 
 
 class Request:
-    """One payload being loaded: what the resolvers share, and what the load found.
+    """One payload being loaded: what the resolvers share.
 
     Attributes
     ----------
@@ -93,28 +93,17 @@ class Request:
         closes them), or ``None`` when none did.
     failures : tuple of HandleUnavailable
         Why each source asked so far could not give the handles, oldest first.
-    allocation : Allocation or None
-        What :func:`load_payload` found: the allocation, mapped in this process.
     """
 
-    # (slots, and no container made per load: a message of 10,000 arrays makes 10,000 of
-    # these, and every object the collector tracks makes its young-generation passes longer)
-    __slots__ = ("payload", "carried", "failures", "allocation", "_backend")
+    # (slots, and no container made per request: every object the collector tracks makes
+    # its passes longer)
+    __slots__ = ("payload", "carried", "failures", "_backend")
 
     def __init__(self, payload: Payload, carried: list[int] | None = None) -> None:
         self.payload = payload
         self.carried = carried
         self.failures: tuple[HandleUnavailable, ...] = ()
-        self.allocation: Allocation | None = None
         self._backend: Backend | None = None
-
-    @property
-    def readonly(self) -> bool:
-        """Whether the view is read-only: the payload says so, or this process maps the
-        allocation without write access."""
-        return self.payload.readonly or (
-            self.allocation is not None and self.allocation.access != "rw"
-        )
 
     def failed(self, why: HandleUnavailable) -> None:
         """Record that a source could not give the handles."""
@@ -156,13 +145,18 @@ def _close(fds: list[int]) -> None:
 def mapped_here(req: Request) -> Allocation | None:
     """The allocation if this process maps it already (a growable one catches up with the
     chunks the payload names); the carried fds are then closed, or used to catch up."""
-    p = req.payload
+    return _mapped(req.payload, req.carried)
+
+
+def _mapped(p: Payload, carried: list[int] | None) -> Allocation | None:
+    """:func:`mapped_here` for a payload and its carried fds (asked first by
+    :func:`load_payload`, before any :class:`Request` is made)."""
     alloc = lookup(p.alloc_id)
     if alloc is None and p.pid == os.getpid():  # back at its exporter, which let go of it
         alloc = revive(p.alloc_id)
     if alloc is None:
         return None
-    received = req.carried or []
+    received = carried or []
     if alloc.pid != os.getpid() and alloc.device.needs_context:
         # inherited through fork: CUDA cannot be used here (no driver call may notice it
         # later when the stream was idle and the token is None)
@@ -252,18 +246,28 @@ def resolve(req: Request, resolvers: tuple[Resolver, ...] = RESOLVERS) -> Alloca
 
 
 def load_payload(
-    data: bytes, sync: bytes | None = None, fds: tuple[Any, ...] | None = None
-) -> Request:
-    """Decode a payload and find its allocation through :data:`RESOLVERS`, mapping it on
-    first sight; then wait for the ordering token ``sync``, if one travelled with it.
+    p: Payload, sync: bytes | None = None, fds: tuple[Any, ...] | None = None
+) -> Allocation:
+    """Find the allocation of the decoded payload ``p`` through :data:`RESOLVERS`, mapping
+    it on first sight; then wait for the ordering token ``sync``, if one travelled with it.
 
-    Parameters are those of :func:`sharedarrays.load` (``fds``: objects with a
-    ``detach()`` that returns an fd, such as multiprocessing's DupFd).
+    The first resolver, :func:`mapped_here`, is asked before a :class:`Request` is made:
+    most loads (every warm one) end there, and a message of 10,000 arrays then makes no
+    object per array beyond its view.
+
+    Parameters
+    ----------
+    p : Payload
+        The payload (:meth:`Payload.from_bytes` of what was pickled).
+    sync, fds
+        As for :func:`sharedarrays.load` (``fds``: objects with a ``detach()`` that returns
+        an fd, such as multiprocessing's DupFd).
 
     Raises
     ------
     PayloadError
-        Malformed or altered payload, or one that does not match the allocation.
+        A malformed token or carried handles, or a payload that does not match the
+        allocation.
     HandleUnavailable
         The allocation is not mapped here and no source of its handles is left.
     PermissionDenied
@@ -271,7 +275,6 @@ def load_payload(
     BackendUnavailable
         Its memory system cannot be used in this process.
     """
-    p = Payload.from_bytes(data)
     if sync is not None and (type(sync) is not bytes or not 0 < len(sync) <= 256):
         raise PayloadError("the ordering token that travelled with the payload is malformed")
     carried: list[int] | None = None
@@ -279,11 +282,12 @@ def load_payload(
         if type(fds) is not tuple or len(fds) != len(p.chunks):
             raise PayloadError("the handles that travelled with the payload do not match it")
         carried = [d.detach() for d in fds]
-    req = Request(p, carried)
-    req.allocation = alloc = resolve(req)
+    alloc = _mapped(p, carried)
+    if alloc is None:
+        alloc = resolve(Request(p, carried), RESOLVERS[1:])
     if sync is not None:
         alloc.backend.import_sync(sync)
-    return req
+    return alloc
 
 
 # mapping what was found ----------------------------------------------------------------------

@@ -198,7 +198,7 @@ def test_from_keeper_passes_without_a_failure_before_it(exporter: _Exporter) -> 
 def test_none_left_raises_what_was_tried(private_keeper: Path) -> None:
     p = _payload_of_exited()
     with pytest.raises(sa.HandleUnavailable) as caught:
-        importing.load_payload(p.to_bytes())
+        importing.load_payload(p)
     text = str(caught.value)
     assert f"pid {p.pid}" in text  # the exporter was asked ...
     assert "no keeper holds it either (see a.park())" in text  # ... then the keeper
@@ -213,13 +213,17 @@ def test_a_growable_array_is_never_asked_of_the_keeper(private_keeper: Path) -> 
     assert "keeper" not in str(caught.value)
 
 
-def test_load_payload_returns_the_allocation_and_the_view_s_layout(exporter: _Exporter) -> None:
-    found = importing.load_payload(exporter.payload.to_bytes())
-    assert found.payload == exporter.payload
-    assert found.allocation.id == exporter.payload.alloc_id
-    assert not found.readonly
-    again = importing.load_payload(exporter.payload.to_bytes())  # a warm load
-    assert again.allocation is found.allocation
+def test_load_payload_maps_the_allocation_once(exporter: _Exporter) -> None:
+    alloc = importing.load_payload(exporter.payload)
+    assert alloc.id == exporter.payload.alloc_id and alloc.access == "rw"
+    assert importing.load_payload(exporter.payload) is alloc  # a warm load: mapped here
+
+
+def test_load_payload_refuses_a_malformed_token_or_handles(exporter: _Exporter) -> None:
+    with pytest.raises(sa.PayloadError, match="ordering token"):
+        importing.load_payload(exporter.payload, sync=b"")
+    with pytest.raises(sa.PayloadError, match="handles that travelled"):
+        importing.load_payload(exporter.payload, fds=())
 
 
 def test_catch_up_maps_the_chunks_a_growable_array_added() -> None:

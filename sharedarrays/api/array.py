@@ -715,11 +715,11 @@ def load(
             "sa.load takes a payload (the bytes of pickle.dumps(a) or a.payload().to_bytes()), "
             f"not a {type(data).__name__}" + hint
         )
-    found = importing.load_payload(data, sync, fds)
-    p, alloc = found.payload, found.allocation
-    assert alloc is not None  # load_payload raises when nothing was found
+    p = Payload.from_bytes(data)
+    alloc = importing.load_payload(p, sync, fds)
+    readonly = p.readonly or alloc.access != "rw"
     try:
-        return SharedDeviceArray(alloc, p.dtype, p.shape, p.strides, p.offset, found.readonly)
+        return SharedDeviceArray(alloc, p.dtype, p.shape, p.strides, p.offset, readonly)
     except ClosedArrayError:
         if fds is not None:
             raise
