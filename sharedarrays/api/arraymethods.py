@@ -40,6 +40,44 @@ _WRITES_FIRST: frozenset[Callable[..., Any]] = frozenset(
 )
 
 
+def _np_transpose(a: Any, axes: Any = None) -> Any:
+    return a.transpose() if axes is None else a.transpose(axes)
+
+
+def _np_swapaxes(a: Any, axis1: int, axis2: int) -> Any:
+    return a.swapaxes(axis1, axis2)
+
+
+def _np_squeeze(a: Any, axis: Any = None) -> Any:
+    return a.squeeze(axis)
+
+
+def _np_reshape(
+    a: Any, shape: Any = None, order: str = "C", *, newshape: Any = None, copy: bool | None = None
+) -> Any:
+    if shape is None:
+        if newshape is None:
+            raise TypeError("reshape() missing 1 required positional argument: 'shape'")
+        shape = newshape
+    return a.reshape(shape, order=order, copy=copy)
+
+
+def _np_ravel(a: Any, order: str = "C") -> Any:
+    return a.ravel(order)
+
+
+# NumPy functions that return a view of their first argument, answered by the method of the
+# same name so that ``np.transpose(a)`` is a shared view like ``a.T`` (not a native view,
+# which would pickle as a copy)
+_SHAPE_VIEWS: dict[Callable[..., Any], Callable[..., Any]] = {
+    np.transpose: _np_transpose,
+    np.swapaxes: _np_swapaxes,
+    np.squeeze: _np_squeeze,
+    np.reshape: _np_reshape,
+    np.ravel: _np_ravel,
+}
+
+
 @dataclass(frozen=True)
 class ArrayFlags:
     """The memory layout of a view, like :attr:`numpy.ndarray.flags` (read-only here).
@@ -395,7 +433,11 @@ class NativeArrayMethods:
         """``np.sum(a)``, ``np.concatenate([a, b])``, ``np.copyto(a, x)``: SharedDeviceArrays
         in the arguments (also inside lists, tuples, dicts) are replaced by their native
         arrays; ``out=`` and the destination of ``np.copyto`` and the like write shared
-        memory (refused on read-only views)."""
+        memory (refused on read-only views). ``np.transpose``, ``np.swapaxes``,
+        ``np.squeeze``, ``np.reshape`` and ``np.ravel`` of a view are its methods: shared
+        views where the method gives one."""
+        if func in _SHAPE_VIEWS and args and args[0] is self:
+            return _SHAPE_VIEWS[func](*args, **kwargs)
         if func in _WRITES_FIRST and args:
             _check_writable(args[0])
         kwargs = dict(kwargs)

@@ -651,3 +651,42 @@ def test_cuda_methods_dispatch_and_views() -> None:
     assert float(a[0, 0]) == 7
     v = a.view("int32")
     assert isinstance(v, SDA) and v.shape == (3, 4)
+
+
+@pytest.mark.parametrize(
+    ("func", "args", "kwargs"),
+    [
+        (np.transpose, (), {}),
+        (np.transpose, ((2, 0, 1),), {}),
+        (np.transpose, (), {"axes": (1, 2, 0)}),
+        (np.swapaxes, (0, 2), {}),
+        (np.squeeze, (), {}),
+        (np.reshape, ((6, 4),), {}),
+        (np.reshape, (), {"shape": (4, 6), "order": "C"}),
+        (np.ravel, (), {}),
+    ],
+)
+def test_numpy_shape_functions_give_shared_views(
+    func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    base = np.arange(24.0).reshape(2, 3, 4)
+    a = sa.from_array(base)
+    got = func(a, *args, **kwargs)
+    want = func(base, *args, **kwargs)
+    assert isinstance(got, sa.SharedDeviceArray)
+    assert got.allocation is a.allocation
+    np.testing.assert_array_equal(np.asarray(got), want)
+    got[(0,) * got.ndim] = -1.0  # writes the shared memory
+    assert a.array[0, 0, 0] == -1.0
+    again = pickle.loads(pickle.dumps(got))  # pickles as a shared view, not a copy
+    assert again.allocation is a.allocation
+
+
+def test_numpy_reshape_that_must_copy_gives_a_native_copy() -> None:
+    a = sa.from_array(np.arange(24.0).reshape(4, 6))
+    # a transpose is not C-contiguous: flattening it in C order needs a copy, as in NumPy
+    got = np.reshape(a.T, (-1,))
+    assert type(got) is np.ndarray
+    np.testing.assert_array_equal(got, np.reshape(np.arange(24.0).reshape(4, 6).T, (-1,)))
+    with pytest.raises(TypeError):
+        np.transpose(a, (1, 0), "extra")  # NumPy's own error for a wrong call
