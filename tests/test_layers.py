@@ -10,6 +10,7 @@ or inside a function, under ``TYPE_CHECKING`` or not. Two rules:
 from __future__ import annotations
 
 import ast
+import functools
 from collections import defaultdict
 from pathlib import Path
 
@@ -31,6 +32,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 ]
 
 
+@functools.cache
 def modules() -> dict[str, tuple[Path, bool]]:
     found = {}
     for path in PACKAGE.rglob("*.py"):
@@ -42,6 +44,7 @@ def modules() -> dict[str, tuple[Path, bool]]:
     return found
 
 
+@functools.cache
 def imports() -> dict[str, set[str]]:
     """Module -> the ``sharedarrays`` modules it imports."""
     known = modules()
