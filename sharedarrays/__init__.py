@@ -1,7 +1,8 @@
 """sharedarrays: share GPU (and host) arrays between processes without copying.
 
 Create an array with :func:`empty`, :func:`zeros`, :func:`ones`, :func:`full`, their
-``*_like`` forms, :func:`from_array` or :func:`asarray`; pass it to other processes by
+``*_like`` forms, :func:`from_array` or :func:`asarray` (or share a CuPy array or torch
+tensor in place with :func:`share`); pass it to other processes by
 pickling it (multiprocessing does that for you). Every process maps the same memory.
 """
 
@@ -23,6 +24,7 @@ from sharedarrays.api.creation import (
 from sharedarrays.api.named import NamedArray, attach, list_named, unlink
 from sharedarrays.api.pool import ForkAfterCudaError, Pool, ProcessPoolExecutor
 from sharedarrays.api.semaphore import ExternalSemaphore, Timeline
+from sharedarrays.api.sharing import share
 from sharedarrays.api.widgets import MemoryMap, show
 from sharedarrays.backends import backends
 from sharedarrays.backends.cuda import driver as _cuda_driver  # noqa: F401 - installs the fork-after-CUDA hook
@@ -35,6 +37,7 @@ from sharedarrays.errors import (
     KeeperError,
     NameExists,
     NameNotFound,
+    NotShareable,
     OutOfMemory,
     PayloadError,
     PeerAccessUnavailable,
@@ -57,6 +60,7 @@ __all__ = [
     "NameExists",
     "NameNotFound",
     "NamedArray",
+    "NotShareable",
     "OutOfMemory",
     "PayloadError",
     "PeerAccessUnavailable",
@@ -81,6 +85,7 @@ __all__ = [
     "Pool",
     "ForkAfterCudaError",
     "ProcessPoolExecutor",
+    "share",
     "show",
     "ones",
     "ones_like",

@@ -18,6 +18,7 @@ __all__ = [
     "KeeperError",
     "ResizeRefused",
     "OutOfMemory",
+    "NotShareable",
 ]
 
 
@@ -100,4 +101,15 @@ class OutOfMemory(SharedArrayError, MemoryError):
     the driver's refusal, ``CudaOutOfMemory``), or when this process cannot reserve or map
     the address range. The message gives the size asked for and what is available, and
     what to do.
+    """
+
+
+class NotShareable(SharedArrayError, ValueError):
+    """Memory that already exists cannot be shared in place (:func:`sharedarrays.share`).
+
+    Raised for host memory (a NumPy array is private to its process), for device memory that
+    CUDA IPC cannot export (stream-ordered pools such as ``cudaMallocAsync``, managed memory,
+    VMM memory such as PyTorch's ``expandable_segments``), and for objects that are not
+    arrays. The message says why; :func:`sharedarrays.from_array` copies the array into new
+    shared memory instead.
     """

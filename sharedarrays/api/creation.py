@@ -459,7 +459,7 @@ def from_array(
         raise ValueError(
             "from_array(copy=False): memory that already exists cannot become shared without "
             "a copy; pass copy=None (the default) to copy it into new shared memory. Sharing "
-            "a CuPy array or a torch CUDA tensor in place is what sa.share is for (coming)"
+            "a CuPy array or a torch CUDA tensor in place is what sa.share(x) is for"
         )
     options = CreationOptions.from_keywords(
         device=device if device is not None else _source_device(obj),

@@ -13,6 +13,7 @@ from sharedarrays.backends import host as _host  # noqa: F401 - registers "host"
 from sharedarrays.backends.base import (
     Access,
     Backend,
+    BorrowingBackend,
     Chunk,
     MappingBackend,
     StreamBackend,
@@ -39,6 +40,7 @@ from sharedarrays.backends.registry import (
 __all__ = [
     "Access",
     "Backend",
+    "BorrowingBackend",
     "Chunk",
     "MappingBackend",
     "StreamBackend",

@@ -35,6 +35,7 @@ __all__ = [
     "Backend",
     "MappingBackend",
     "StreamBackend",
+    "BorrowingBackend",
     "ValueReader",
     "round_up",
 ]
@@ -73,6 +74,11 @@ class Chunk:
         backends).
     imported : bool
         Whether this process imported the chunk (rather than created it).
+    owner : object
+        Pointer backends: for memory this process *borrowed* from another library
+        (:func:`sharedarrays.share`), the object that keeps it allocated (a CuPy array, a
+        torch tensor). Releasing the chunk drops this reference instead of freeing the memory.
+        ``None`` for memory the backend made or imported.
     """
 
     size: int
@@ -81,6 +87,7 @@ class Chunk:
     address: int = 0
     export: bytes = b""
     imported: bool = False
+    owner: object = None
 
 
 @runtime_checkable
@@ -317,4 +324,16 @@ class StreamBackend(Backend, Protocol):
 
     def destroy_semaphore(self, semaphore: object) -> None:
         """Release an imported semaphore now. Idempotent."""
+        ...
+
+
+@runtime_checkable
+class BorrowingBackend(Backend, Protocol):
+    """A pointer backend that can share memory another library allocated (cuda-ipc), for
+    :func:`sharedarrays.share`."""
+
+    def borrow_chunk(self, pointer: int, owner: object) -> tuple[Chunk, int]:
+        """The chunk of the allocation that holds ``pointer`` (holding ``owner``, which keeps
+        that memory allocated) and ``pointer``'s offset in it; raises
+        :class:`~sharedarrays.NotShareable` where the memory cannot be exported."""
         ...

@@ -373,6 +373,26 @@ class Allocation(Growth):
         return alloc
 
     @classmethod
+    def borrow(cls, backend: Backend, chunk: Chunk) -> Allocation:
+        """Make an allocation of memory this process borrowed from another library.
+
+        ``chunk`` comes from the backend's ``borrow_chunk`` (cuda-ipc): it holds the object
+        that keeps the memory allocated, and releasing the allocation drops that object
+        instead of freeing. Importers see an ordinary allocation of ``backend``.
+        """
+        if backend.maps or not backend.exporter_owned:
+            raise ValueError(f"memory cannot be borrowed into a {backend.name} allocation")
+        return cls._build(
+            backend,
+            secrets.token_hex(16),
+            secrets.token_bytes(32),
+            [chunk.size],
+            lambda size: chunk,
+            "rw",
+            Origin(True, os.getpid(), time.time()),
+        )
+
+    @classmethod
     def import_(
         cls,
         backend: Backend,

@@ -38,7 +38,7 @@ from sharedarrays.backends.cuda.driver import (
 )
 from sharedarrays.backends.device import Device
 from sharedarrays.backends.registry import Registration, register
-from sharedarrays.errors import HandleUnavailable, PayloadError
+from sharedarrays.errors import HandleUnavailable, NotShareable, PayloadError
 
 __all__ = ["CudaIpcBackend", "GRANULARITY"]
 
@@ -102,6 +102,92 @@ class CudaIpcBackend(CudaDevice):
                 raise
         return Chunk(size=size, handle=int(ptr), fd=-1, address=int(ptr), export=export)
 
+    def borrow_chunk(self, pointer: int, owner: object) -> tuple[Chunk, int]:
+        """Share memory another library allocated on this device, without copying.
+
+        Finds the ``cuMemAlloc`` allocation that holds ``pointer``
+        (``cuMemGetAddressRange``) and takes its IPC handle (``cuIpcGetMemHandle``): what
+        CuPy's default memory pool and PyTorch's caching allocator hand out. The chunk is the
+        whole enclosing allocation (an importer opens all of it); it holds ``owner``, which
+        keeps the memory allocated, and releasing it drops ``owner`` instead of freeing.
+
+        Parameters
+        ----------
+        pointer : int
+            A device address inside the memory to share.
+        owner : object
+            What keeps that memory allocated (the CuPy array or torch tensor).
+
+        Returns
+        -------
+        tuple of (Chunk, int)
+            The chunk, and ``pointer``'s offset in it.
+
+        Raises
+        ------
+        NotShareable
+            ``pointer`` is not device memory of this device, or CUDA IPC cannot export it
+            (managed memory, a stream-ordered pool, VMM memory).
+        """
+        d = self._d
+        attr = d.CUpointer_attribute
+        suggestion = "; sa.from_array(x) copies it into new shared memory instead"
+        with self.context():
+            try:
+                kind = check(
+                    d.cuPointerGetAttribute(attr.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, pointer),
+                    "cuPointerGetAttribute(MEMORY_TYPE)",
+                )
+                ordinal = check(
+                    d.cuPointerGetAttribute(attr.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, pointer),
+                    "cuPointerGetAttribute(DEVICE_ORDINAL)",
+                )
+                managed = check(
+                    d.cuPointerGetAttribute(attr.CU_POINTER_ATTRIBUTE_IS_MANAGED, pointer),
+                    "cuPointerGetAttribute(IS_MANAGED)",
+                )
+                capable = check(
+                    d.cuPointerGetAttribute(
+                        attr.CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, pointer
+                    ),
+                    "cuPointerGetAttribute(IS_LEGACY_CUDA_IPC_CAPABLE)",
+                )
+            except CudaDriverError as exc:
+                raise NotShareable(
+                    f"address {pointer:#x} is not CUDA memory this process can see ({exc})"
+                    + suggestion
+                ) from exc
+            if int(kind) != int(d.CUmemorytype.CU_MEMORYTYPE_DEVICE) or managed:
+                raise NotShareable(
+                    f"address {pointer:#x} is {'managed' if managed else 'host'} memory, "
+                    "which CUDA IPC cannot export" + suggestion
+                )
+            if int(ordinal) != self.device.index:
+                raise NotShareable(
+                    f"the memory is on cuda:{int(ordinal)}, not {self.device}; share it with "
+                    f"device=cuda:{int(ordinal)}"
+                )
+            if not capable:
+                raise NotShareable(
+                    "CUDA IPC cannot export this memory: it comes from a stream-ordered pool "
+                    "(cudaMallocAsync, CuPy's MemoryAsyncPool) or from VMM (e.g. PyTorch's "
+                    "expandable_segments), not from cuMemAlloc" + suggestion
+                )
+            base, length = check(d.cuMemGetAddressRange(pointer), "cuMemGetAddressRange")
+            try:
+                export = opaque_bytes(check(d.cuIpcGetMemHandle(base), "cuIpcGetMemHandle"))
+            except CudaDriverError as exc:
+                raise NotShareable(f"CUDA IPC refused this memory ({exc})" + suggestion) from exc
+        chunk = Chunk(
+            size=int(length),
+            handle=int(base),
+            fd=-1,
+            address=int(base),
+            export=export,
+            owner=owner,
+        )
+        return chunk, pointer - int(base)
+
     def seal(self, chunk: Chunk, readonly: bool) -> bool:
         """Nothing to seal: IPC handles carry no access mode (read-only is a promise)."""
         return False
@@ -153,8 +239,9 @@ class CudaIpcBackend(CudaDevice):
         )
 
     def release_chunk(self, chunk: Chunk) -> None:
-        """Wait for queued work, then close an imported handle (``cuIpcCloseMemHandle``) or
-        free the exporter's memory (``cuMemFree``). Idempotent; a no-op in a forked child."""
+        """Wait for queued work, then close an imported handle (``cuIpcCloseMemHandle``),
+        free the exporter's memory (``cuMemFree``) or, for borrowed memory, drop its
+        :attr:`~Chunk.owner` (its library frees it). Idempotent; a no-op in a forked child."""
         ptr = chunk.handle
         if ptr < 0:
             return
@@ -162,6 +249,9 @@ class CudaIpcBackend(CudaDevice):
         if self._forked():
             return
         self.synchronize()
+        if chunk.owner is not None:
+            chunk.owner = None
+            return
         with self.context():
             if chunk.imported:
                 check(self._d.cuIpcCloseMemHandle(ptr), "cuIpcCloseMemHandle")
