@@ -16,7 +16,9 @@ from sharedarrays.backends.hip import runtime
 
 @pytest.fixture
 def simulated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv(runtime.MODULE_SETTING, "simulated.hip")
+    """The simulated runtime, unless the setting names one (scripts/hip_check.sh: the real)."""
+    if not os.environ.get(runtime.MODULE_SETTING):
+        monkeypatch.setenv(runtime.MODULE_SETTING, "simulated.hip")
     yield
 
 
