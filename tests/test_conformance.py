@@ -48,7 +48,20 @@ BACKENDS = [
     pytest.param(("cuda-vmm", "cuda:0"), id="cuda-vmm", marks=pytest.mark.gpu),
     pytest.param(("cuda-ipc", "cuda:0"), id="cuda-ipc", marks=pytest.mark.gpu),
     pytest.param(("cuda-pool", "cuda:0"), id="cuda-pool", marks=pytest.mark.gpu),
+    pytest.param(("hip-vmm", "hip:0"), id="hip-vmm-simulated"),
 ]
+SIMULATED = {"SHAREDARRAYS_HIP_MODULE": "simulated.hip"}
+"""The simulated drivers (``tests/simulated/``), set while this module runs (and inherited by
+every process it starts), so that ``device=None`` elsewhere still means what it did."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def simulated_drivers() -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as mp_:
+        for name, value in SIMULATED.items():
+            if name not in os.environ:
+                mp_.setenv(name, value)
+        yield
 
 
 class Target:

@@ -30,9 +30,12 @@ def test_backends_lists_every_memory_system_and_why() -> None:
     listed = sa.backends()
     assert list(listed) == list(names())
     assert {"host", "cuda-vmm", "cuda-ipc", "cuda-pool"} <= set(listed)
-    assert set(listed) - {"host", "cuda-vmm", "cuda-ipc", "cuda-pool"} <= {"host-pointer"}
+    assert set(listed) - {"host", "cuda-vmm", "cuda-ipc", "cuda-pool"} <= {
+        "host-pointer",
+        "hip-vmm",
+    }
     assert listed["host"] is None
-    for name in ("cuda-vmm", "cuda-ipc", "cuda-pool"):
+    for name in ("cuda-vmm", "cuda-ipc", "cuda-pool", "hip-vmm"):
         assert listed[name] == why_unusable(name, 0)
         if listed[name] is not None:
             assert isinstance(listed[name], str) and listed[name]

@@ -1,0 +1,213 @@
+"""The HIP runtime, shared by the HIP backends: loading it, errors, the reason it cannot be
+used, and arrays over device memory.
+
+Every call goes through hip-python's ``hip.hip`` module (``from hip import hip``), whose
+functions return tuples like CUDA's Python bindings (``err, value = hip.hipX(...)``), and
+through :func:`check`. The module is imported on first use, never by ``import sharedarrays``
+(hip-python loads ``libamdhip64.so`` when it is imported).
+
+The setting ``SHAREDARRAYS_HIP_MODULE`` names the module to use instead of ``hip.hip``: one
+with the same functions, types and enums (the test suite's simulated driver,
+``tests/simulated/hip.py``, which implements them over host memory, is loaded this way, in
+every process, spawned workers included). Its value is read on every use, so a process may set
+it before it first uses a HIP device.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import importlib
+import importlib.util
+import os
+from typing import Any
+
+import numpy as np
+
+from sharedarrays.errors import OutOfMemory, SharedArrayError
+
+__all__ = [
+    "HipError",
+    "HipOutOfMemory",
+    "MODULE_SETTING",
+    "DEFAULT_MODULE",
+    "INSTALL_HINT",
+    "load_hip",
+    "check",
+    "why_unusable",
+    "as_host_array",
+]
+
+MODULE_SETTING = "SHAREDARRAYS_HIP_MODULE"
+DEFAULT_MODULE = "hip.hip"
+INSTALL_HINT = "pip install 'sharedarrays[hip]'"
+
+_modules: dict[str, Any] = {}
+_reasons: dict[tuple[str, int], str | None] = {}
+
+
+class HipError(SharedArrayError, OSError):
+    """A HIP runtime call failed.
+
+    Attributes
+    ----------
+    call : str
+        The call and what it was asked (``"hipMemCreate(2097152 bytes on hip:0)"``).
+    code : int
+        The ``hipError_t`` value.
+    error_name : str
+        Its name (``"hipErrorOutOfMemory"``).
+    """
+
+    def __init__(self, call: str, code: int, error_name: str) -> None:
+        super().__init__(f"{call} failed with {error_name} ({code})")
+        self.call = call
+        self.code = code
+        self.error_name = error_name
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.call, self.code, self.error_name)
+
+
+class HipOutOfMemory(HipError, OutOfMemory):
+    """The device has not the memory a HIP call asked for (``hipErrorOutOfMemory``)."""
+
+
+def module_name() -> str:
+    """The module the HIP backends call (``SHAREDARRAYS_HIP_MODULE``, default ``hip.hip``)."""
+    return os.environ.get(MODULE_SETTING, "").strip() or DEFAULT_MODULE
+
+
+def load_hip() -> Any:
+    """Import and return the HIP module (see :func:`module_name`); raises ``ImportError`` or
+    ``OSError`` (hip-python's loading of ``libamdhip64.so``) where it cannot be loaded."""
+    name = module_name()
+    module = _modules.get(name)
+    if module is None:
+        module = _modules[name] = importlib.import_module(name)
+    return module
+
+
+def check(result: Any, call: str) -> Any:
+    """Raise :class:`HipError` unless ``result`` (a ``(hipError_t, value...)`` tuple) says
+    success; return the value (``None`` for none, a tuple for several)."""
+    if not isinstance(result, tuple):
+        result = (result,)
+    err, rest = result[0], result[1:]
+    code = int(err)
+    if code != 0:
+        name = getattr(err, "name", f"hipError {code}")
+        cls = HipOutOfMemory if name == "hipErrorOutOfMemory" else HipError
+        raise cls(call, code, name)
+    if not rest:
+        return None
+    return rest[0] if len(rest) == 1 else rest
+
+
+def _library_reason() -> str | None:
+    """Why hip-python cannot load (the default module only), or ``None``."""
+    if ctypes.util.find_library("amdhip64") is None and not _loadable("libamdhip64.so"):
+        return (
+            "no AMD GPU: libamdhip64 not found (install ROCm; HIP also needs hip-python: "
+            f"{INSTALL_HINT})"
+        )
+    try:
+        found = importlib.util.find_spec("hip") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        return f"no AMD GPU support: the hip-python package is not installed ({INSTALL_HINT})"
+    return None
+
+
+def _loadable(soname: str) -> bool:
+    try:
+        ctypes.CDLL(soname)
+    except OSError:
+        return False
+    return True
+
+
+def _reason(index: int) -> str | None:
+    name = module_name()
+    if name == DEFAULT_MODULE:
+        why = _library_reason()
+        if why is not None:
+            return why
+    try:
+        hip = load_hip()
+    except ImportError as exc:
+        if "amdhip64" in str(exc):
+            return f"no AMD GPU: libamdhip64 not found ({exc})"
+        return f"the HIP module {name!r} cannot be imported ({exc})"
+    except OSError as exc:  # hip-python could not dlopen libamdhip64.so
+        return f"no AMD GPU: libamdhip64 not found ({exc})"
+    try:
+        count = check(hip.hipGetDeviceCount(), "hipGetDeviceCount")
+    except HipError as exc:
+        if exc.error_name == "hipErrorNoDevice":
+            return "no AMD GPU is visible: hipGetDeviceCount failed with hipErrorNoDevice"
+        return str(exc)
+    if index >= int(count):
+        return f"there is no device hip:{index} (HIP sees {int(count)})"
+    try:
+        supported = check(
+            hip.hipDeviceGetAttribute(
+                hip.hipDeviceAttribute_t.hipDeviceAttributeVirtualMemoryManagementSupported,
+                index,
+            ),
+            "hipDeviceGetAttribute(VirtualMemoryManagementSupported)",
+        )
+    except HipError as exc:
+        return str(exc)
+    if not supported:
+        return f"hip:{index} does not support virtual memory management (hipMemCreate)"
+    return None
+
+
+def why_unusable(index: int = 0) -> str | None:
+    """Why HIP device ``index`` cannot be used in this process, or ``None``. Never raises;
+    the answer is kept per module and device (a failed import is not retried)."""
+    key = (module_name(), index)
+    if key not in _reasons:
+        try:
+            _reasons[key] = _reason(index)
+        except Exception as exc:  # a broken installation must not break sa.backends()
+            _reasons[key] = f"the HIP runtime failed: {exc!r}"
+    return _reasons[key]
+
+
+def as_host_array(
+    address: int,
+    owner: object,
+    dtype: np.dtype[Any],
+    shape: tuple[int, ...],
+    strides: tuple[int, ...],
+    readonly: bool,
+) -> np.ndarray[Any, Any]:
+    """A NumPy array over memory the CPU addresses directly (an integrated device's), which
+    keeps ``owner`` alive."""
+    return np.asarray(_HostView(address, owner, dtype, shape, strides, readonly))
+
+
+class _HostView:
+    __slots__ = ("__array_interface__", "owner")
+
+    def __init__(
+        self,
+        address: int,
+        owner: object,
+        dtype: np.dtype[Any],
+        shape: tuple[int, ...],
+        strides: tuple[int, ...],
+        readonly: bool,
+    ) -> None:
+        self.owner = owner
+        self.__array_interface__ = {
+            "version": 3,
+            "shape": shape,
+            "typestr": dtype.str,
+            "descr": dtype.descr,
+            "strides": strides,
+            "data": (address, readonly),
+        }
