@@ -21,6 +21,7 @@ supplies :meth:`~NativeArrayMethods._layout` and :meth:`~NativeArrayMethods._der
 from __future__ import annotations
 
 import operator
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
@@ -78,6 +79,30 @@ _SHAPE_VIEWS: dict[Callable[..., Any], Callable[..., Any]] = {
 }
 
 
+# NumPy functions that only rearrange the layout of their first argument and read no value:
+# answered on the view's layout (see NativeArrayMethods._layout), so what they return are
+# shared views too (a list of them for the splits)
+_LAYOUT_VIEWS: frozenset[Callable[..., Any]] = frozenset(
+    {
+        np.moveaxis,
+        np.rollaxis,
+        np.expand_dims,
+        np.atleast_1d,
+        np.atleast_2d,
+        np.atleast_3d,
+        np.flip,
+        np.fliplr,
+        np.flipud,
+        np.rot90,
+        np.split,
+        np.array_split,
+        np.hsplit,
+        np.vsplit,
+        np.dsplit,
+    }
+)
+
+
 @dataclass(frozen=True)
 class ArrayFlags:
     """The memory layout of a view, like :attr:`numpy.ndarray.flags` (read-only here).
@@ -132,6 +157,12 @@ def _native_nested(obj: Any) -> Any:
     if type(obj) is dict:
         return {k: _native_nested(v) for k, v in obj.items()}
     return obj
+
+
+def _more_arrays(func: Callable[..., Any], args: tuple[Any, ...]) -> bool:
+    """Whether ``np.atleast_*d`` was given other arrays beside the first (NumPy returns a
+    list with views of each; only the first is ours)."""
+    return func in (np.atleast_1d, np.atleast_2d, np.atleast_3d) and len(args) > 1
 
 
 def _check_writable(target: Any) -> None:
@@ -435,15 +466,41 @@ class NativeArrayMethods:
         arrays; ``out=`` and the destination of ``np.copyto`` and the like write shared
         memory (refused on read-only views). ``np.transpose``, ``np.swapaxes``,
         ``np.squeeze``, ``np.reshape`` and ``np.ravel`` of a view are its methods: shared
-        views where the method gives one."""
+        views where the method gives one. ``np.moveaxis``, ``np.rollaxis``,
+        ``np.expand_dims``, ``np.atleast_1d`` / ``2d`` / ``3d``, ``np.flip``, ``np.fliplr``,
+        ``np.flipud``, ``np.rot90`` and the splits (``np.split``, ``np.array_split``,
+        ``np.hsplit``, ``np.vsplit``, ``np.dsplit``) return shared views (a list of them for
+        the splits), as NumPy returns views."""
         if func in _SHAPE_VIEWS and args and args[0] is self:
             return _SHAPE_VIEWS[func](*args, **kwargs)
+        if func in _LAYOUT_VIEWS and args and args[0] is self and not _more_arrays(func, args):
+            layout = self._layout()
+            return self._derive_all(layout, func(layout, *args[1:], **kwargs))
         if func in _WRITES_FIRST and args:
             _check_writable(args[0])
         kwargs = dict(kwargs)
         outs = _outs(kwargs)
         result = func(*_native_nested(args), **_native_nested(kwargs))
         return _with_outs(result, outs)
+
+    def _derive_all(self, layout: np.ndarray[Any, Any], result: Any) -> Any:
+        """Shared views for what a layout function returned: an array (``layout`` itself
+        means this view), or a list or tuple of arrays."""
+        if isinstance(result, (list, tuple)):
+            return type(result)(self._derive_all(layout, r) for r in result)
+        if result is layout:
+            return self
+        return self._derive(layout, result, self.dtype)
+
+    def __array_namespace__(self, *, api_version: str | None = None) -> Any:
+        """The array API namespace of the native array: ``numpy`` on the host, ``cupy`` on a
+        GPU. Its functions take this array (NumPy through ``__array_function__``, CuPy
+        through ``__cuda_array_interface__``) and return native arrays."""
+        native = self.array
+        namespace = getattr(native, "__array_namespace__", None)
+        if namespace is not None:
+            return namespace(api_version=api_version)
+        return sys.modules[type(native).__module__.partition(".")[0]]
 
     def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """The native array's method ``name``; ``out=`` as for ufuncs; where NumPy returns

@@ -690,3 +690,87 @@ def test_numpy_reshape_that_must_copy_gives_a_native_copy() -> None:
     np.testing.assert_array_equal(got, np.reshape(np.arange(24.0).reshape(4, 6).T, (-1,)))
     with pytest.raises(TypeError):
         np.transpose(a, (1, 0), "extra")  # NumPy's own error for a wrong call
+
+
+@pytest.mark.parametrize(
+    ("func", "args"),
+    [
+        (np.moveaxis, (0, -1)),
+        (np.moveaxis, ([0, 1], [2, 0])),
+        (np.rollaxis, (2,)),
+        (np.expand_dims, (1,)),
+        (np.expand_dims, ((0, 4),)),
+        (np.atleast_3d, ()),
+        (np.flip, ()),
+        (np.flip, (1,)),
+        (np.fliplr, ()),
+        (np.flipud, ()),
+        (np.rot90, ()),
+        (np.rot90, (3, (1, 2))),
+    ],
+)
+def test_numpy_layout_functions_give_shared_views(
+    func: Callable[..., Any], args: tuple[Any, ...]
+) -> None:
+    base = np.arange(24.0).reshape(2, 3, 4)
+    a = sa.from_array(base)
+    got = func(a, *args)
+    want = func(base, *args)
+    assert isinstance(got, sa.SharedDeviceArray) and got.allocation is a.allocation
+    assert got.shape == want.shape and got.strides == want.strides
+    np.testing.assert_array_equal(np.asarray(got), want)
+    got.array[...] = -got.array  # every element, through the view: shared memory
+    np.testing.assert_array_equal(a.array, -base)
+
+
+@pytest.mark.parametrize(
+    ("func", "args"),
+    [
+        (np.split, (2,)),
+        (np.array_split, (3, 1)),
+        (np.hsplit, ([1],)),
+        (np.vsplit, (2,)),
+        (np.dsplit, (np.array([1, 3]),)),
+    ],
+)
+def test_numpy_splits_give_lists_of_shared_views(
+    func: Callable[..., Any], args: tuple[Any, ...]
+) -> None:
+    base = np.arange(24.0).reshape(2, 3, 4)
+    a = sa.from_array(base)
+    got = func(a, *args)
+    want = func(base, *args)
+    assert isinstance(got, list) and len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert isinstance(g, sa.SharedDeviceArray) and g.allocation is a.allocation
+        np.testing.assert_array_equal(np.asarray(g), w)
+        g.array[...] = 7.0
+    assert (a.array == 7.0).all()
+
+
+def test_atleast_with_other_arrays_is_numpys_and_alone_is_the_view_itself() -> None:
+    a = sa.from_array(np.arange(3.0))
+    assert np.atleast_1d(a) is a
+    both = np.atleast_2d(a, np.zeros(2))
+    assert all(isinstance(x, np.ndarray) for x in both) and both[0].shape == (1, 3)
+
+
+def test_array_namespace_is_the_native_arrays() -> None:
+    a = sa.from_array(np.arange(6.0).reshape(2, 3))
+    xp = a.__array_namespace__()
+    assert xp is np
+    assert float(xp.sum(a)) == 15.0 and isinstance(xp.sum(a, axis=0), np.ndarray)
+
+
+@pytest.mark.gpu
+def test_cuda_layout_views_and_namespace() -> None:
+    import cupy
+
+    a, ref = make_cuda((2, 3), "float32")
+    m = np.moveaxis(a, 0, 1)
+    assert isinstance(m, SDA) and m.allocation is a.allocation
+    np.testing.assert_array_equal(m.get(), np.moveaxis(ref, 0, 1))
+    xp = a.__array_namespace__()
+    assert xp is cupy
+    total = xp.sum(a)
+    assert isinstance(total, cupy.ndarray) and float(total) == ref.sum()
