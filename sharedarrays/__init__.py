@@ -26,7 +26,7 @@ from sharedarrays.api.pool import ForkAfterCudaError, Pool, ProcessPoolExecutor
 from sharedarrays.api.semaphore import ExternalSemaphore, Timeline
 from sharedarrays.api.sharing import share
 from sharedarrays.api.widgets import MemoryMap, show
-from sharedarrays.backends import backends
+from sharedarrays.backends import list_backends
 from sharedarrays.backends.cuda import driver as _cuda_driver  # noqa: F401 - installs the fork-after-CUDA hook
 from sharedarrays.backends.cuda.sync import no_sync
 from sharedarrays.backends.device import Device
@@ -71,7 +71,7 @@ __all__ = [
     "Timeline",
     "asarray",
     "attach",
-    "backends",
+    "list_backends",
     "empty",
     "empty_like",
     "from_array",

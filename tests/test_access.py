@@ -21,7 +21,7 @@ from sharedarrays.api.widgets.model import build_map
 
 
 def cuda_devices() -> int:
-    if sa.backends()["cuda-vmm"] is not None:
+    if sa.list_backends()["cuda-vmm"] is not None:
         return 0
     from sharedarrays.backends.cuda.driver import load_driver
 

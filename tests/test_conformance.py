@@ -4,7 +4,7 @@ Each case runs for every backend this machine has: ``host`` and the ``host-point
 double (``pointer_backend.py``: a pointer backend with exporter-owned lifetime, on the CPU)
 everywhere, and ``cuda-vmm``, ``cuda-ipc`` and ``cuda-pool`` (marked ``gpu``) where a CUDA
 device supports them; a backend the device lacks is skipped with the reason
-``sharedarrays.backends()`` gives. A new backend is proven by adding it to ``BACKENDS``.
+``sharedarrays.list_backends()`` gives. A new backend is proven by adding it to ``BACKENDS``.
 
 Where the semantics differ, the test says so. The one difference is lifetime:
 
@@ -86,7 +86,7 @@ class Target:
 def target(request: pytest.FixtureRequest) -> Target:
     backend, device = request.param
     if device != "cpu":
-        why = sa.backends()[backend]
+        why = sa.list_backends()[backend]
         if why is not None:
             pytest.skip(f"{backend} cannot be used here: {why}")
     return Target(backend, device)

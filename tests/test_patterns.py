@@ -81,7 +81,7 @@ def backend(request: pytest.FixtureRequest) -> str:
     device lacks it); CUDA is initialised here, before the fd baseline."""
     name = str(request.param)
     if name.startswith("cuda"):
-        why = sa.backends()[name]
+        why = sa.list_backends()[name]
         if why is not None:
             pytest.skip(f"{name} cannot be used here: {why}")
         sa.zeros(1, device="cuda:0", backend=name, pack=False).close()

@@ -181,7 +181,7 @@ def empty(
         current stream; the creating process must outlive every importer) or ``"host"``
         (for ``device="cpu"``). ``"auto"`` takes host on the CPU and, on a CUDA device, the
         first of cuda-vmm, cuda-ipc, cuda-pool that the device supports
-        (:func:`sharedarrays.backends` says which can be used here, and why not).
+        (:func:`sharedarrays.list_backends` says which can be used here, and why not).
     order : {"C", "F"}
         Row-major or column-major layout.
     chunk_bytes : int, optional

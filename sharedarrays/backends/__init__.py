@@ -25,12 +25,12 @@ from sharedarrays.backends.cuda import vmm as _cuda_vmm  # noqa: F401 - register
 from sharedarrays.backends.hip import vmm as _hip_vmm  # noqa: F401 - registers "hip-vmm"
 from sharedarrays.backends.registry import (
     Registration,
-    backends,
     choose_backend,
     device_of,
     get_backend,
     handle_check,
     kind_unusable,
+    list_backends,
     names,
     register,
     registration,
@@ -57,5 +57,5 @@ __all__ = [
     "handle_check",
     "choose_backend",
     "get_backend",
-    "backends",
+    "list_backends",
 ]

@@ -36,7 +36,7 @@ __all__ = [
     "handle_check",
     "choose_backend",
     "get_backend",
-    "backends",
+    "list_backends",
 ]
 
 
@@ -255,7 +255,7 @@ def _wrong_kind(reg: Registration, device: Device) -> str:
     )
 
 
-def backends(device: str | int | Device | None = None) -> dict[str, str | None]:
+def list_backends(device: str | int | Device | None = None) -> dict[str, str | None]:
     """Every memory system sharedarrays knows, and why each unusable one cannot be used here.
 
     Parameters
@@ -276,14 +276,14 @@ def backends(device: str | int | Device | None = None) -> dict[str, str | None]:
 
     Examples
     --------
-    >>> sharedarrays.backends()  # doctest: +SKIP
+    >>> sharedarrays.list_backends()  # doctest: +SKIP
     {'host': None, 'cuda-vmm': 'no NVIDIA driver: ...', 'cuda-ipc': '...', 'cuda-pool': '...'}
     """
     dev = None
     if device is not None:
         dev = parse_name(device)
         if not dev.needs_context:
-            raise ValueError(f"backends(device=...) takes an accelerator device, not {dev}")
+            raise ValueError(f"list_backends(device=...) takes an accelerator device, not {dev}")
     out: dict[str, str | None] = {}
     for reg in registrations():
         index = dev.index if dev is not None and reg.kind == dev.kind else 0

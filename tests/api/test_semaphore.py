@@ -117,7 +117,7 @@ def test_external_semaphore_refuses_bad_input_and_closes_the_fd() -> None:
         os.fstat(r)  # closed: the caller never closes it
     with pytest.raises(ValueError, match="open file descriptor"):
         sa.ExternalSemaphore.from_fd(-1)
-    if sa.backends()["cuda-vmm"] is not None and sa.backends()["cuda-ipc"] is not None:
+    if sa.list_backends()["cuda-vmm"] is not None and sa.list_backends()["cuda-ipc"] is not None:
         r, w = os.pipe()
         os.close(w)
         with pytest.raises(sa.BackendUnavailable):
@@ -133,7 +133,7 @@ def test_external_semaphore_refuses_bad_input_and_closes_the_fd() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["cuda-vmm", "cuda-ipc", "cuda-pool"])
 def test_cuda_timeline_orders_a_consumer_stream_in_another_process(backend: str) -> None:
-    why = sa.backends()[backend]
+    why = sa.list_backends()[backend]
     if why is not None:
         pytest.skip(f"{backend}: {why}")
     ctx = mp.get_context("spawn")

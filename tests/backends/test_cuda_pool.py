@@ -33,7 +33,7 @@ def test_limit_defaults_and_setting(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _pool_usable() -> None:
-    why = sa.backends()["cuda-pool"]
+    why = sa.list_backends()["cuda-pool"]
     if why is not None:
         pytest.skip(f"cuda-pool: {why}")
 

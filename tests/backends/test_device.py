@@ -27,7 +27,7 @@ def test_backends_lists_every_memory_system_and_why() -> None:
     import sharedarrays as sa
     from sharedarrays.backends import names, why_unusable
 
-    listed = sa.backends()
+    listed = sa.list_backends()
     assert list(listed) == list(names())
     assert {"host", "cuda-vmm", "cuda-ipc", "cuda-pool"} <= set(listed)
     assert set(listed) - {"host", "cuda-vmm", "cuda-ipc", "cuda-pool"} <= {

@@ -24,7 +24,7 @@ def simulated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def test_without_the_runtime_backends_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(runtime.MODULE_SETTING, "no_such_hip_module")
-    why = sa.backends()["hip-vmm"]
+    why = sa.list_backends()["hip-vmm"]
     assert why is not None and "no_such_hip_module" in why
     with pytest.raises(sa.BackendUnavailable, match="cannot be imported"):
         sa.zeros(4, device="hip:0")
@@ -34,7 +34,7 @@ def test_the_default_module_names_libamdhip64(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.delenv(runtime.MODULE_SETTING, raising=False)
     if runtime._loadable("libamdhip64.so"):
         pytest.skip("this machine has libamdhip64")
-    why = sa.backends()["hip-vmm"]
+    why = sa.list_backends()["hip-vmm"]
     assert why is not None and why.startswith("no AMD GPU: libamdhip64 not found")
 
 
