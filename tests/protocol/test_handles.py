@@ -37,6 +37,8 @@ def test_the_magics_are_those_of_version_1() -> None:
         "RELEASED": b"SAX1",
         "CLOSED": b"SAC1",
         "LOADED": b"SAL1",
+        "SNAPSHOT": b"SAS1",
+        "DROP": b"SAD1",
     }
     assert [int(s) for s in Status] == list(range(6))
 
