@@ -40,9 +40,9 @@ from sharedarrays.backends import device_of
 from sharedarrays.errors import InUse, KeeperError, NameNotFound, SharedArrayError
 from sharedarrays.process import command_line, running
 from sharedarrays.protocol.handles import HeldAllocation, Status
-from sharedarrays.protocol.keeper import NOT_FOUND, OK
+from sharedarrays.protocol.keeper import NOT_FOUND, OK, Unlink
+from sharedarrays.transport import keeper, server
 from sharedarrays.transport import node as transport_node
-from sharedarrays.transport import server
 
 __all__ = [
     "STATES",
@@ -492,9 +492,10 @@ def free(row: NodeAllocation, confirm: Callable[[str], bool] | None = None) -> l
         )
     done: list[str] = []
     if row.kept and row.name is not None:
-        from sharedarrays.api import named  # (named imports the array machinery)
-
-        named.unlink(row.name)
+        status, body, fds = keeper.request(Unlink(name=row.name), start=False)
+        for fd in fds:
+            os.close(fd)
+        keeper.raise_for(status, body, f"cannot unlink {row.name!r}")
         done.append(f"unlinked the name {row.name!r}")
     elif row.kept:
         if row.in_flight and not (

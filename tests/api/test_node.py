@@ -279,3 +279,33 @@ def test_nvml_cross_check_counts_this_processes_cuda_allocation() -> None:
     assert mine.driver is not None and mine.driver >= mine.sharedarrays
     assert "SHAREDARRAYS" in nvml.render_text(list(checks.values()))
     a.close()
+
+
+@pytest.mark.timeout(120)
+def test_the_node_widget_shows_refreshes_and_refuses_to_free_a_live_array() -> None:
+    pytest.importorskip("ipywidgets")
+    from sharedarrays.api.widgets.nodelive import NodeView, node_widget
+
+    view = sa.show(scope="node")  # outside a kernel: the static view
+    assert isinstance(view, NodeView)
+    a = sa.zeros(4096, device="cpu", pack=False)
+    widget = node_widget(NodeView(), interval=0.2)
+    try:
+        assert a.allocation.id[:12] in widget.html.value
+        b = sa.zeros(8192, device="cpu", pack=False)
+        assert b.allocation.id[:12] not in widget.html.value
+        widget.refresh()
+        assert b.allocation.id[:12] in widget.html.value and "live" in widget.html.value
+        widget.target.value = b.allocation.id
+        widget.free_button.click()
+        assert "in use by views" in widget.status.value and not b.closed
+        widget.auto_toggle.value = True
+        assert widget.auto_refreshing
+        widget.auto_toggle.value = False
+        assert not widget.auto_refreshing
+        b.close()
+    finally:
+        widget.close()
+        a.close()
+    with pytest.raises(ValueError, match="scope"):
+        sa.show(scope="galaxy")
