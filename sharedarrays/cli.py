@@ -1,4 +1,4 @@
-"""Command line: ``python -m sharedarrays demo`` (more commands come with later features)."""
+"""Command line: ``python -m sharedarrays demo | bench | top | ls | rm | keeper | status``."""
 
 from __future__ import annotations
 
@@ -153,7 +153,7 @@ def demo(size: int | None, workers: int, device: str | None, progress: bool) -> 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m sharedarrays`` and the ``sharedarrays`` script."""
-    from sharedarrays import keeper_cli
+    from sharedarrays import keeper_cli, top_cli
     from sharedarrays.bench import config as bench_config
     from sharedarrays.bench.sizes import parse_size
 
@@ -169,7 +169,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     b = sub.add_parser("bench", help="time handing arrays to a Pool worker against every peer")
     bench_config.add_arguments(b)
     keeper_cli.add_parsers(sub)
+    top_cli.add_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "top":
+        return top_cli.run(args)
     if args.command in keeper_cli.COMMANDS:
         return keeper_cli.run(args)
     if args.command == "bench":

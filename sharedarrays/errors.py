@@ -16,6 +16,7 @@ __all__ = [
     "NameExists",
     "NameNotFound",
     "KeeperError",
+    "InUse",
     "ResizeRefused",
     "OutOfMemory",
     "NotShareable",
@@ -80,6 +81,12 @@ class KeeperError(SharedArrayError):
     """The keeper refused a request as malformed, answered with something that is not a
     keeper reply, or runs but did not accept or answer in time (it is overloaded or stopped:
     try again; ``python -m sharedarrays status`` shows it)."""
+
+
+class InUse(SharedArrayError, RuntimeError):
+    """Memory cannot be freed from outside the processes that use it: a view maps it, or
+    exporter-owned memory drains in its exporter until its importers close it
+    (``python -m sharedarrays rm``). The message names those processes."""
 
 
 class ResizeRefused(SharedArrayError, RuntimeError):

@@ -1,5 +1,6 @@
 """Command line for named arrays and the keeper: ``python -m sharedarrays ls | rm | keeper |
-status`` (added to :mod:`sharedarrays.cli`)."""
+status`` (added to :mod:`sharedarrays.cli`). ``ls`` adds the node-wide view's columns
+(:mod:`sharedarrays.api.node`), and ``rm`` also frees parked and orphaned allocations by id."""
 
 from __future__ import annotations
 
@@ -20,8 +21,14 @@ def add_parsers(sub: Any) -> None:
     ls = sub.add_parser("ls", help="list this user's named arrays")
     ls.add_argument("--all", action="store_true", help="also parked and unlinked arrays")
     ls.add_argument("--json", action="store_true", help="one JSON object per line")
-    rm = sub.add_parser("rm", help="unlink named arrays (memory returns when unused)")
-    rm.add_argument("names", nargs="+", metavar="NAME")
+    rm = sub.add_parser(
+        "rm",
+        help="unlink named arrays, free parked and orphaned allocations (by name or id)",
+    )
+    rm.add_argument("names", nargs="+", metavar="NAME|ID")
+    rm.add_argument(
+        "--yes", action="store_true", help="do not ask before dropping payloads in flight"
+    )
     k = sub.add_parser("keeper", help="start this user's keeper (in the background)")
     k.add_argument("--foreground", action="store_true", help="run it in this process")
     k.add_argument(
@@ -37,18 +44,80 @@ def _size(n: int) -> str:
     return str(n)
 
 
+_COLUMNS = (
+    "ID",
+    "NAME",
+    "STATE",
+    "BACKEND",
+    "DEVICE",
+    "SIZE",
+    "LOST",
+    "EXPORTER",
+    "HOLDERS",
+    "AGE",
+)
+_NODE_KEYS = ("state", "backend", "lost", "holders", "exporter", "age", "kept", "in_flight")
+
+
+def _ask(question: str) -> bool:
+    """Ask on the terminal; no terminal (a script) is a no."""
+    if not sys.stdin.isatty():
+        print(f"{question} (not asked: no terminal; pass --yes)", file=sys.stderr)
+        return False
+    return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+
+
+def _rm(targets: list[str], yes: bool) -> int:
+    """``rm``: a name is unlinked (as before); an id (or its start) of a parked or orphaned
+    allocation is freed (:func:`sharedarrays.api.node.free`)."""
+    from sharedarrays.api import named, node
+    from sharedarrays.errors import NameNotFound, SharedArrayError
+
+    status = 0
+    picture = None
+    for target in targets:
+        try:
+            named.unlink(target)
+            continue
+        except (NameNotFound, ValueError, TypeError) as e:
+            if not _could_be_id(target):
+                print(f"rm: {e}", file=sys.stderr)
+                status = 1
+                continue
+        try:
+            picture = picture or node.node_map()
+            row = node.find(picture, target)
+            done = node.free(row, (lambda q: True) if yes else _ask)
+        except SharedArrayError as e:
+            print(f"rm: {e}", file=sys.stderr)
+            status = 1
+            continue
+        print(f"{row.alloc_id}: " + ("; ".join(done) or "nothing holds it any more"))
+        picture = None  # what was freed changed the picture
+    return status
+
+
+def _could_be_id(target: str) -> bool:
+    return len(target) >= 4 and all(c in "0123456789abcdef" for c in target)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run one of :data:`COMMANDS`; return the exit status."""
     from sharedarrays.api import named
-    from sharedarrays.errors import HandleUnavailable, NameNotFound, SharedArrayError
+    from sharedarrays.errors import HandleUnavailable, SharedArrayError
     from sharedarrays.keeper.daemon import main as keeper_main
     from sharedarrays.protocol.keeper import Status
     from sharedarrays.transport import keeper
 
     if args.command == "ls":
+        from sharedarrays.api import node
+        from sharedarrays.api.widgets.nodeview import row_cells
+
         rows = named.list_named(parked=args.all)
+        seen = {r.alloc_id: r for r in node.node_map().allocations} if rows else {}
         if args.json:
             for r in rows:
+                more = seen[r.id].to_doc() if r.id in seen else {}
                 print(
                     json.dumps(
                         {
@@ -63,34 +132,32 @@ def run(args: argparse.Namespace) -> int:
                             "pids": list(r.pids),
                             "linked": r.linked,
                             "readonly": r.readonly,
+                            **{k: more[k] for k in _NODE_KEYS if k in more},
                         }
                     )
                 )
             return 0
         print(
             f"{'NAME':<24} {'SHAPE':<16} {'DTYPE':<8} {'DEVICE':<7} {'SIZE':>7} "
-            f"{'CREATOR':>8} {'CREATED':<19} PIDS"
+            f"{'CREATOR':>8} {'CREATED':<19} {'PIDS':<12} {'STATE':<9} {'BACKEND':<8} "
+            f"{'LOST':>7} {'AGE':>5} HOLDERS"
         )
         for r in rows:
             label = r.name or f"(parked {r.id[:8]})"
             if not r.linked:
                 label += " (unlinked)"
             stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created))
+            cells = dict(zip(_COLUMNS, row_cells(seen[r.id]))) if r.id in seen else {}
             print(
                 f"{label:<24} {r.shape!s:<16} {r.dtype.name:<8} {r.device!s:<7} "
                 f"{_size(r.size):>7} {r.creator:>8} {stamp:<19} "
-                f"{','.join(map(str, r.pids)) or '-'}"
+                f"{','.join(map(str, r.pids)) or '-':<12} {cells.get('STATE', '-'):<9} "
+                f"{cells.get('BACKEND', '-'):<8} {cells.get('LOST', '-'):>7} "
+                f"{cells.get('AGE', '-'):>5} {cells.get('HOLDERS', '-')}"
             )
         return 0
     if args.command == "rm":
-        status = 0
-        for name in args.names:
-            try:
-                named.unlink(name)
-            except (NameNotFound, ValueError, TypeError) as e:
-                print(f"rm: {e}", file=sys.stderr)
-                status = 1
-        return status
+        return _rm(args.names, args.yes)
     if args.command == "keeper":
         if args.idle is not None:
             os.environ["SHAREDARRAYS_KEEPER_IDLE"] = str(args.idle)

@@ -1,6 +1,7 @@
 """Facts about processes, and the one table of this process's fork and exit hooks.
 
-Other processes: is a pid running (:func:`running`), and since when (:func:`start_time`).
+Other processes: is a pid running (:func:`running`), since when (:func:`start_time`), and
+with which command line (:func:`command_line`).
 
 This process: every module of the package that keeps per-process state registers what must
 happen when the process forks or exits here (:func:`at_fork`, :func:`at_exit`), never with
@@ -28,7 +29,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing import util
 
-__all__ = ["PID_MAX_LIMIT", "LAYERS", "running", "start_time", "at_fork", "at_exit"]
+__all__ = [
+    "PID_MAX_LIMIT",
+    "LAYERS",
+    "running",
+    "start_time",
+    "command_line",
+    "at_fork",
+    "at_exit",
+]
 
 PID_MAX_LIMIT = 1 << 22
 """No Linux process has a larger pid (the kernel's ``PID_MAX_LIMIT``, the most that
@@ -70,6 +79,20 @@ def start_time(pid: int) -> int | None:
         return int(fields[19])
     except (IndexError, ValueError):
         return None
+
+
+def command_line(pid: int, limit: int = 200) -> str:
+    """Process ``pid``'s command line as one string (``/proc/<pid>/cmdline``, arguments
+    joined by spaces, cut to ``limit`` characters), or ``""`` where it cannot be read (gone,
+    a kernel thread, or hidden from this user)."""
+    if not 0 < pid <= PID_MAX_LIMIT:
+        return ""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read(limit * 4)
+    except OSError:
+        return ""
+    return raw.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")[:limit]
 
 
 LAYERS = ("foundation", "protocol", "backends", "memory", "transport", "importing", "api")

@@ -73,6 +73,7 @@ from sharedarrays.protocol.keeper import (
     SOCKET_NAME,
     Attach,
     BadRequest,
+    Drop,
     Fetch,
     Hello,
     Keep,
@@ -202,6 +203,7 @@ class Keeper:
             Fetch: self._serve,
             Release: self._release,
             Unlink: self._unlink,
+            Drop: self._drop_unnamed,
             List: self._list,
             Status: self._status_reply,
         }
@@ -496,6 +498,19 @@ class Keeper:
             del self._names[entry.name]
         self._maybe_free(entry)
         return OK, {}, []
+
+    def _drop_unnamed(self, peer: _Peer, req: Request, fds: list[int]) -> _Answer:
+        """``drop``: unlink an unnamed entry (parked, or payloads in flight) by id alone (the
+        peer is this user's, checked at accept); a named one is refused (unlink its name)."""
+        assert isinstance(req, Drop)
+        entry = self._entries.get(req.alloc_id)
+        if entry is None or not entry.linked:
+            return NOT_FOUND, {"error": f"the keeper does not hold allocation {req.alloc_id}"}, []
+        if entry.name is not None:
+            error = f"allocation {req.alloc_id} is named {entry.name!r}: unlink it by its name"
+            return DENIED, {"error": error}, []
+        self._end_flight(entry)  # unlinked; freed now unless a process holds it
+        return OK, {"freed": entry.id not in self._entries}, []
 
     def _describe(self, e: _Entry) -> dict[str, Any]:
         doc = e.doc

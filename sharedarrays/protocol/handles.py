@@ -1,7 +1,7 @@
 """The handle server's wire format: requests, replies and notices between processes.
 
 ``SOCK_SEQPACKET`` messages on a Unix socket (:mod:`sharedarrays.protocol.unix`). A request
-is one fixed-layout message (:class:`Request`), of five kinds told apart by their magic:
+is one fixed-layout message (:class:`Request`), of seven kinds told apart by their magic:
 
 =========  ==============  ====================================================================
 magic      kind            meaning
@@ -14,6 +14,11 @@ magic      kind            meaning
 ``SAC1``   ``CLOSED``      importer -> exporter of exporter-owned memory: "I closed it"
 ``SAL1``   ``LOADED``      importer -> sender: "I loaded ``count`` of your payloads from the
                            mapping I had" (no reply)
+``SAS1``   ``SNAPSHOT``    any process of the user: "what do you hold?" (reply:
+                           :class:`Snapshot`; the id and secret are zeros and not read)
+``SAD1``   ``DROP``        any process of the user: "drop your parked mapping of this
+                           allocation" (reply: status only; the secret is not read: dropping a
+                           mapping no view uses costs at most a new import)
 =========  ==============  ====================================================================
 
 Each names the allocation (16 raw bytes of its id) and carries its 32-byte secret; the
@@ -48,6 +53,9 @@ __all__ = [
     "COUNTED_SIZE",
     "REPLY_SIZE",
     "MAX_EXPORT",
+    "MAX_SNAPSHOT_ROWS",
+    "HeldAllocation",
+    "Snapshot",
 ]
 
 _PLAIN = struct.Struct("4s16s32s")  # magic, allocation id, secret
@@ -63,6 +71,11 @@ COUNTED_SIZE = _COUNTED.size
 MAX_EXPORT = 512
 """Longest portable chunk handle a :class:`Handles` reply carries, in hex digits."""
 _INCONSISTENT = "the handle server sent an inconsistent reply"
+MAX_SNAPSHOT_ROWS = 256
+"""Most allocations a :class:`Snapshot` lists (the largest; it says when it left some out),
+so that its reply fits one message of a socket's default buffer."""
+MAX_COMMAND = 200
+"""Longest command line a :class:`Snapshot` carries, in characters (cut beyond)."""
 
 
 class Kind(enum.Enum):
@@ -73,6 +86,8 @@ class Kind(enum.Enum):
     RELEASED = b"SAX1"
     CLOSED = b"SAC1"
     LOADED = b"SAL1"
+    SNAPSHOT = b"SAS1"
+    DROP = b"SAD1"
 
     @property
     def counted(self) -> bool:
@@ -286,6 +301,208 @@ class Growth:
         ):
             raise PayloadError(_INCONSISTENT)
         return cls(sizes, capacity, used)
+
+
+@dataclass(frozen=True)
+class HeldAllocation:
+    """One allocation a process holds, as its handle server reports it (a :class:`Snapshot`
+    row).
+
+    Attributes
+    ----------
+    alloc_id : str
+        The allocation id (32 hex digits).
+    backend, device : str
+        Its memory system and device (``"host"``, ``"cpu"``).
+    size : int
+        Bytes mapped (the chunks' sum).
+    used : int
+        Bytes the exporter asked for (``size`` in an importer): ``size - used`` is lost to
+        the granularity.
+    created_here : bool
+        This process made it (the exporter), or imported it.
+    origin_pid : int
+        Its exporter (this process) or the process it was imported from.
+    since : float
+        When it was made or imported here (``time.time()``).
+    views : int
+        Leases (views and native arrays) that use it here now.
+    parked : bool
+        Kept mapped with no view (an importer, ready for the next handoff).
+    draining : bool
+        Released here but held by importers (exporter-owned memory).
+    served : tuple of (int, float)
+        The processes it was served to (pid, when), most recent last.
+    in_flight : int
+        Payloads pickled here that may still be loaded.
+    """
+
+    alloc_id: str
+    backend: str
+    device: str
+    size: int
+    used: int
+    created_here: bool
+    origin_pid: int
+    since: float
+    views: int
+    parked: bool
+    draining: bool
+    served: tuple[tuple[int, float], ...] = ()
+    in_flight: int = 0
+
+    def to_doc(self) -> dict[str, Any]:
+        """The row as a JSON object."""
+        return {
+            "id": self.alloc_id,
+            "backend": self.backend,
+            "device": self.device,
+            "size": self.size,
+            "used": self.used,
+            "created_here": self.created_here,
+            "origin_pid": self.origin_pid,
+            "since": self.since,
+            "views": self.views,
+            "parked": self.parked,
+            "draining": self.draining,
+            "served": [list(s) for s in self.served],
+            "in_flight": self.in_flight,
+        }
+
+    @classmethod
+    def from_doc(cls, doc: Any) -> HeldAllocation:
+        """The row in a JSON object.
+
+        Raises
+        ------
+        PayloadError
+            Not an object of this shape.
+        """
+        if type(doc) is not dict or set(doc) != _HELD_FIELDS:
+            raise PayloadError(_INCONSISTENT)
+        alloc_id = doc["id"]
+        if type(alloc_id) is not str or len(alloc_id) != 32:
+            raise PayloadError(_INCONSISTENT)
+        try:
+            bytes.fromhex(alloc_id)
+        except ValueError:
+            raise PayloadError(_INCONSISTENT) from None
+        for key in ("backend", "device"):
+            if type(doc[key]) is not str or not 0 < len(doc[key]) <= 64:
+                raise PayloadError(_INCONSISTENT)
+        for key in ("size", "used", "origin_pid", "views", "in_flight"):
+            if type(doc[key]) is not int or doc[key] < 0:
+                raise PayloadError(_INCONSISTENT)
+        for key in ("created_here", "parked", "draining"):
+            if type(doc[key]) is not bool:
+                raise PayloadError(_INCONSISTENT)
+        if not isinstance(doc["since"], (int, float)) or isinstance(doc["since"], bool):
+            raise PayloadError(_INCONSISTENT)
+        served = doc["served"]
+        if type(served) is not list or not all(
+            type(s) is list
+            and len(s) == 2
+            and type(s[0]) is int
+            and isinstance(s[1], (int, float))
+            and not isinstance(s[1], bool)
+            for s in served
+        ):
+            raise PayloadError(_INCONSISTENT)
+        return cls(
+            alloc_id,
+            doc["backend"],
+            doc["device"],
+            doc["size"],
+            doc["used"],
+            doc["created_here"],
+            doc["origin_pid"],
+            float(doc["since"]),
+            doc["views"],
+            doc["parked"],
+            doc["draining"],
+            tuple((int(p), float(t)) for p, t in served),
+            doc["in_flight"],
+        )
+
+
+_HELD_FIELDS = {
+    "id",
+    "backend",
+    "device",
+    "size",
+    "used",
+    "created_here",
+    "origin_pid",
+    "since",
+    "views",
+    "parked",
+    "draining",
+    "served",
+    "in_flight",
+}
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The body of a ``SNAPSHOT`` reply: what one process holds.
+
+    Attributes
+    ----------
+    pid : int
+        The answering process.
+    command : str
+        Its command line (at most :data:`MAX_COMMAND` characters).
+    allocations : tuple of HeldAllocation
+        At most :data:`MAX_SNAPSHOT_ROWS` of them, the largest.
+    left_out : int
+        How many more it holds than it lists.
+    """
+
+    pid: int
+    command: str
+    allocations: tuple[HeldAllocation, ...]
+    left_out: int = 0
+
+    def encode(self) -> bytes:
+        """The body's bytes (JSON)."""
+        doc = {
+            "pid": self.pid,
+            "command": self.command[:MAX_COMMAND],
+            "allocations": [a.to_doc() for a in self.allocations[:MAX_SNAPSHOT_ROWS]],
+            "left_out": self.left_out + max(0, len(self.allocations) - MAX_SNAPSHOT_ROWS),
+        }
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, body: bytes) -> Snapshot:
+        """The body in ``body``.
+
+        Raises
+        ------
+        PayloadError
+            Not JSON of this shape, or more rows than :data:`MAX_SNAPSHOT_ROWS`.
+        """
+        doc = _json(body)
+        if type(doc) is not dict or set(doc) != {"pid", "command", "allocations", "left_out"}:
+            raise PayloadError(_INCONSISTENT)
+        pid, command, rows, left_out = (
+            doc["pid"],
+            doc["command"],
+            doc["allocations"],
+            doc["left_out"],
+        )
+        if (
+            type(pid) is not int
+            or pid <= 0
+            or type(command) is not str
+            or len(command) > MAX_COMMAND
+            or type(rows) is not list
+            or len(rows) > MAX_SNAPSHOT_ROWS
+            or type(left_out) is not int
+            or left_out < 0
+        ):
+            raise PayloadError(_INCONSISTENT)
+        return cls(pid, command, tuple(HeldAllocation.from_doc(r) for r in rows), left_out)
 
 
 def _json(body: bytes) -> Any:

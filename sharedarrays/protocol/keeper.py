@@ -4,9 +4,9 @@
 directory, :func:`sharedarrays.protocol.unix.runtime_dir`). A request is ``b"SAK1"`` + a
 JSON object with an ``"op"`` and that op's fields, with chunk fds attached by
 ``SCM_RIGHTS`` (``keep`` only): one record class per op (:class:`Hello`, :class:`Keep`,
-:class:`Attach`, :class:`Fetch`, :class:`Release`, :class:`Unlink`, :class:`List`,
-:class:`Status`). A reply (:class:`Reply`) is ``b"SAK1"`` + a status byte + a JSON object,
-with fds attached (``attach`` and ``fetch``). ``release`` has no reply.
+:class:`Attach`, :class:`Fetch`, :class:`Release`, :class:`Unlink`, :class:`Drop`,
+:class:`List`, :class:`Status`). A reply (:class:`Reply`) is ``b"SAK1"`` + a status byte +
+a JSON object, with fds attached (``attach`` and ``fetch``). ``release`` has no reply.
 
 :func:`decode_request` refuses anything malformed with :class:`BadRequest` (the keeper
 answers it with an ``ERROR`` reply); :meth:`Reply.decode` refuses what is not a keeper reply
@@ -45,6 +45,7 @@ __all__ = [
     "Fetch",
     "Release",
     "Unlink",
+    "Drop",
     "List",
     "Status",
     "Request",
@@ -352,6 +353,31 @@ class Unlink:
 
 
 @dataclass(frozen=True)
+class Drop:
+    """``drop``: let go of an unnamed allocation (parked, or payloads in flight) by id alone,
+    for ``python -m sharedarrays rm`` (any process of the user may; a named array is dropped
+    by :class:`Unlink` of its name). Its fds are closed once no process holds it."""
+
+    op: ClassVar[str] = "drop"
+    alloc_id: str
+
+    def encode(self) -> bytes:
+        """The message's bytes."""
+        return _encode(self.op, {"id": self.alloc_id})
+
+    @classmethod
+    def from_fields(cls, req: dict[str, Any]) -> Drop:
+        """The request in a decoded JSON object.
+
+        Raises
+        ------
+        BadRequest
+            No valid id.
+        """
+        return cls(_hex(req, "id", _HEX32))
+
+
+@dataclass(frozen=True)
 class List:
     """``list``: every array the keeper holds."""
 
@@ -383,11 +409,11 @@ class Status:
         return cls()
 
 
-Request = Hello | Keep | Attach | Fetch | Release | Unlink | List | Status
+Request = Hello | Keep | Attach | Fetch | Release | Unlink | Drop | List | Status
 """Any keeper request."""
 
 _OPS: dict[str, type[Request]] = {
-    cls.op: cls for cls in (Hello, Keep, Attach, Fetch, Release, Unlink, List, Status)
+    cls.op: cls for cls in (Hello, Keep, Attach, Fetch, Release, Unlink, Drop, List, Status)
 }
 
 

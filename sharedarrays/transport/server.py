@@ -26,15 +26,17 @@ from pathlib import Path
 
 from sharedarrays.errors import PayloadError
 from sharedarrays.memory import allocation
-from sharedarrays.process import running
+from sharedarrays.process import command_line, running
 from sharedarrays.protocol.handles import (
     COUNTED_SIZE,
     MAX_REQUEST,
     Growth,
     Handles,
+    HeldAllocation,
     Kind,
     Reply,
     Request,
+    Snapshot,
     Status,
 )
 from sharedarrays.protocol.unix import Credentials, peer_credentials, runtime_dir, send_fds
@@ -85,6 +87,8 @@ class HandleServer:
             Kind.RELEASED: self._released,
             Kind.CLOSED: self._closed_by,
             Kind.LOADED: self._loaded,
+            Kind.SNAPSHOT: self._snapshot,
+            Kind.DROP: self._drop_parked,
         }
         """The handler of each kind of request (each sends its own reply, if any)."""
         self._thread = threading.Thread(
@@ -290,6 +294,23 @@ class HandleServer:
             except OSError:
                 return
 
+    def _snapshot(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
+        """``SNAPSHOT``: what this process holds (any process of the user may ask; the id
+        and secret are not read). Metadata only: no handle, no secret."""
+        conn.send(Reply(Status.OK, 0, snapshot().encode()).encode())
+
+    def _drop_parked(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
+        """``DROP``: release this process's parked mapping of the allocation (``GONE``: not
+        mapped here; ``NOT_ALLOWED``: a view here uses it, which is never taken away)."""
+        alloc = allocation.lookup(request.alloc_id)
+        if alloc is None or alloc.pid != self._pid:
+            conn.send(Reply(Status.GONE).encode())
+        elif not alloc.parked or alloc.leases:
+            conn.send(Reply(Status.NOT_ALLOWED).encode())
+        else:
+            conn.send(Reply(Status.OK).encode())
+            _off_thread(alloc.release)  # (a release may tell other processes: not here)
+
     def forget_in_child(self) -> None:
         """In a forked child: close the copies of the parent's listening socket and
         connections (the thread that serves them is the parent's), leaving the socket file."""
@@ -314,6 +335,34 @@ class HandleServer:
             except OSError:
                 pass
         self._sock.close()
+
+
+def snapshot() -> Snapshot:
+    """What this process holds: every allocation mapped here (parked ones too) and those
+    that drain here, largest first (as a ``SNAPSHOT`` reply carries it)."""
+    rows = [_held(a, draining=False) for a in allocation.live_allocations()]
+    rows += [_held(a, draining=True) for a in allocation.draining_allocations()]
+    rows.sort(key=lambda r: r.size, reverse=True)
+    return Snapshot(os.getpid(), command_line(os.getpid()), tuple(rows))
+
+
+def _held(alloc: allocation.Allocation, draining: bool) -> HeldAllocation:
+    origin = alloc.origin
+    return HeldAllocation(
+        alloc.id,
+        alloc.backend.name,
+        str(alloc.device),
+        alloc.size,
+        min(alloc.used, alloc.size) if origin.created_here else alloc.size,
+        origin.created_here,
+        origin.pid,
+        origin.time,
+        alloc.leases,
+        alloc.parked,
+        draining,
+        tuple((s.pid, s.time) for s in alloc.served if running(s.pid)),
+        alloc.in_flight()[0],
+    )
 
 
 def _off_thread(fn: Callable[[], object]) -> None:

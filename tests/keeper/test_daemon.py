@@ -46,7 +46,7 @@ def _ask(k: daemon.Keeper, request: wire.Request, fds: list[int] | None = None) 
 
 
 def test_every_request_type_has_a_handler(keeper: daemon.Keeper) -> None:
-    ops = {wire.Hello, wire.Keep, wire.Attach, wire.Fetch, wire.Release, wire.Unlink}
+    ops = {wire.Hello, wire.Keep, wire.Attach, wire.Fetch, wire.Release, wire.Unlink, wire.Drop}
     assert set(keeper._handlers) == ops | {wire.List, wire.Status}
     assert _ask(keeper, wire.Hello()) == wire.Reply(wire.OK, {"pid": os.getpid(), "version": 1})
 

@@ -37,6 +37,8 @@ def test_the_magics_are_those_of_version_1() -> None:
         "RELEASED": b"SAX1",
         "CLOSED": b"SAC1",
         "LOADED": b"SAL1",
+        "SNAPSHOT": b"SAS1",
+        "DROP": b"SAD1",
     }
     assert [int(s) for s in Status] == list(range(6))
 
@@ -167,3 +169,28 @@ def test_bad_handles_bodies_are_refused(body: bytes) -> None:
 def test_bad_growth_bodies_are_refused(doc: object) -> None:
     with pytest.raises(sa.PayloadError, match="inconsistent reply"):
         Growth.decode(json.dumps(doc).encode())
+
+
+def test_a_snapshot_round_trips_and_malformed_ones_are_refused() -> None:
+    from sharedarrays.protocol.handles import MAX_SNAPSHOT_ROWS, HeldAllocation, Snapshot
+
+    row = HeldAllocation(
+        ID, "host", "cpu", 8192, 8000, True, 12, 1.5, 2, False, False, ((7, 2.5),), 1
+    )
+    snap = Snapshot(12, "python x.py", (row,))
+    assert Snapshot.decode(snap.encode()) == snap
+    many = Snapshot(12, "p", (row,) * (MAX_SNAPSHOT_ROWS + 3))
+    cut = Snapshot.decode(many.encode())
+    assert len(cut.allocations) == MAX_SNAPSHOT_ROWS and cut.left_out == 3
+    doc = json.loads(snap.encode())
+    for bad in (
+        {**doc, "pid": 0},
+        {**doc, "extra": 1},
+        {**doc, "allocations": [{**doc["allocations"][0], "size": -1}]},
+        {**doc, "allocations": [{**doc["allocations"][0], "id": "zz" * 16}]},
+        {**doc, "allocations": [{**doc["allocations"][0], "served": [[1]]}]},
+    ):
+        with pytest.raises(sa.PayloadError):
+            Snapshot.decode(json.dumps(bad).encode())
+    with pytest.raises(sa.PayloadError):
+        Snapshot.decode(b"not json")

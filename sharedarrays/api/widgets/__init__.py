@@ -28,7 +28,12 @@ from sharedarrays.api.widgets.model import (
     views_of,
 )
 from sharedarrays.api.widgets.render import render_html, render_png, render_text
-from sharedarrays.api.widgets.view import MemoryMap, live_or_static
+from sharedarrays.api.widgets.view import (
+    MemoryMap,
+    in_kernel,
+    live_or_static,
+    widgets_available,
+)
 
 __all__ = [
     "show",
@@ -50,11 +55,23 @@ __all__ = [
 ]
 
 
-def show(target: Any = None, *, interval: float = 2.0, auto_refresh: bool = False) -> Any:
-    """The memory map of shared allocations in this process.
+def show(
+    target: Any = None,
+    *,
+    interval: float = 2.0,
+    auto_refresh: bool = False,
+    scope: str = "process",
+) -> Any:
+    """The memory map of shared allocations in this process, or of the whole node.
 
     Parameters
     ----------
+    scope : {"process", "node"}, default "process"
+        ``"node"``: every allocation of this user on this node, who holds it and in which
+        state (:mod:`sharedarrays.api.node`), with a *free* action for parked and orphaned
+        ones; ``target`` must then be ``None``. In a kernel with ipywidgets 8 a live
+        ``VBox`` (refresh, auto-refresh), elsewhere a
+        :class:`~sharedarrays.api.widgets.nodelive.NodeView` (text and HTML).
     target : SharedDeviceArray, Allocation, a list of them, or None
         ``None`` (the default): every live allocation of this process.
     interval : float, default 2.0
@@ -72,4 +89,15 @@ def show(target: Any = None, *, interval: float = 2.0, auto_refresh: bool = Fals
         when they are a cell's last expression, both have ``maps``, ``refresh``, ``start``,
         ``stop`` and ``close``, and the ``repr`` of both is a text summary.
     """
+    if scope == "node":
+        if target is not None:
+            raise ValueError("show(scope='node') shows every allocation: give no target")
+        from sharedarrays.api.widgets.nodelive import NodeView, node_widget
+
+        view = NodeView()
+        if in_kernel() and widgets_available():
+            return node_widget(view, interval, auto_refresh)
+        return view
+    if scope != "process":
+        raise ValueError(f"scope must be 'process' or 'node', not {scope!r}")
     return live_or_static(MemoryMap(target, interval=interval, auto_refresh=auto_refresh))

@@ -1,0 +1,530 @@
+"""The node-wide memory map: every allocation this user's processes and keeper hold, joined.
+
+:func:`node_map` asks every handle server of this user (through
+:mod:`sharedarrays.transport.node`: same user only, short timeouts, dead processes shown as
+gone) and the keeper, reads this process's own allocations directly, and joins what they
+report by allocation id into one :class:`NodeMap` of frozen rows: one
+:class:`NodeAllocation` per allocation (its holders, its state, its age), one
+:class:`NodeProcess` per process asked, one :class:`DeviceSummary` per device.
+
+:func:`free` releases what no view uses (``python -m sharedarrays rm`` and the node widget
+use it): a parked or orphaned allocation's handles in the keeper, and the mappings
+importers keep parked. It never takes memory from a view: an allocation a view uses
+(``live``), or exporter-owned memory that drains in its exporter, is refused with
+:class:`~sharedarrays.errors.InUse`.
+
+States, strongest first:
+
+========== ===================================================================================
+live       a view (or a native array made from one) uses it in some process
+draining   exporter-owned memory (cuda-ipc, cuda-pool) its exporter released, that importers
+           still map: freed by the exporter when they close it
+named      the keeper holds it under a name (``sa.unlink`` / ``rm NAME`` removes it)
+parked     the keeper holds it for ``a.park()`` (``a.unpark()`` / ``rm ID`` lets go)
+orphaned   nobody uses it, but a handle keeps it: a mapping an importer keeps parked, or the
+           keeper holding payloads in flight (``rm ID`` frees it)
+========== ===================================================================================
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from sharedarrays.backends import device_of
+from sharedarrays.errors import InUse, KeeperError, NameNotFound, SharedArrayError
+from sharedarrays.process import command_line, running
+from sharedarrays.protocol.handles import HeldAllocation, Status
+from sharedarrays.protocol.keeper import NOT_FOUND, OK, Unlink
+from sharedarrays.transport import keeper, server
+from sharedarrays.transport import node as transport_node
+
+__all__ = [
+    "STATES",
+    "Holder",
+    "NodeAllocation",
+    "NodeProcess",
+    "DeviceSummary",
+    "NodeMap",
+    "node_map",
+    "find",
+    "free",
+]
+
+STATES = ("live", "draining", "named", "parked", "orphaned")
+"""An allocation's states, strongest first (see the module's table)."""
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A process that holds an allocation.
+
+    Attributes
+    ----------
+    pid : int
+        The process.
+    command : str
+        Its command line (``""`` when it cannot be read).
+    role : str
+        ``"exporter"`` (made it), ``"importer"`` (maps it) or ``"keeper"`` (holds its
+        handles).
+    since : float
+        When it made, imported or kept it (``time.time()``).
+    views : int
+        Views and native arrays that use it there now (0 in the keeper; -1 where the process
+        was not asked: it attached it through the keeper and runs no handle server).
+    parked : bool
+        Mapped with no view (an importer keeps it for the next handoff).
+    """
+
+    pid: int
+    command: str
+    role: str
+    since: float
+    views: int
+    parked: bool = False
+
+
+@dataclass(frozen=True)
+class NodeAllocation:
+    """One allocation, as the whole node sees it.
+
+    Attributes
+    ----------
+    alloc_id : str
+        The allocation id.
+    name : str or None
+        Its name in the keeper, if any.
+    backend, device : str
+        Its memory system and device.
+    size : int
+        Bytes of memory it holds (the chunks' sum).
+    lost : int
+        Of those, bytes no array asked for (rounding up to the granularity).
+    exporter_pid : int
+        The process that made it (0 where nobody knows).
+    exporter_command : str
+        Its command line (``""`` once it is gone).
+    exporter_alive : bool
+        Whether the exporter still runs.
+    holders : tuple of Holder
+        Every process that holds it (exporter, importers, keeper).
+    kept : bool
+        The keeper holds its handles.
+    in_flight : int
+        Payloads of it that may still be loaded.
+    state : str
+        One of :data:`STATES`.
+    created : float
+        When it was made (``time.time()``).
+    age : float
+        Seconds since then, when the map was made.
+    """
+
+    alloc_id: str
+    name: str | None
+    backend: str
+    device: str
+    size: int
+    lost: int
+    exporter_pid: int
+    exporter_command: str
+    exporter_alive: bool
+    holders: tuple[Holder, ...]
+    kept: bool
+    in_flight: int
+    state: str
+    created: float
+    age: float
+
+    @property
+    def importers(self) -> tuple[Holder, ...]:
+        """The holders that imported it (not the exporter, not the keeper)."""
+        return tuple(h for h in self.holders if h.role == "importer")
+
+    def to_doc(self) -> dict[str, Any]:
+        """The row as a JSON object (``top --json``)."""
+        return {
+            "id": self.alloc_id,
+            "name": self.name,
+            "backend": self.backend,
+            "device": self.device,
+            "size": self.size,
+            "lost": self.lost,
+            "exporter": {
+                "pid": self.exporter_pid,
+                "command": self.exporter_command,
+                "alive": self.exporter_alive,
+            },
+            "holders": [
+                {
+                    "pid": h.pid,
+                    "command": h.command,
+                    "role": h.role,
+                    "since": h.since,
+                    "views": h.views,
+                    "parked": h.parked,
+                }
+                for h in self.holders
+            ],
+            "kept": self.kept,
+            "in_flight": self.in_flight,
+            "state": self.state,
+            "created": self.created,
+            "age": self.age,
+        }
+
+
+@dataclass(frozen=True)
+class NodeProcess:
+    """One process that was asked: a handle server's, this one, or the keeper.
+
+    ``status``: ``"ok"``, ``"gone"`` (exited; its socket file is left over), ``"no answer"``
+    (did not answer in time) or ``"refused"``."""
+
+    pid: int
+    command: str
+    status: str
+    allocations: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class DeviceSummary:
+    """What sharedarrays holds on one device: allocations, their bytes, and those lost to
+    the granularity."""
+
+    device: str
+    allocations: int
+    bytes: int
+    lost: int
+
+
+@dataclass(frozen=True)
+class NodeMap:
+    """The node-wide picture at one moment (:func:`node_map`).
+
+    Attributes
+    ----------
+    time : float
+        When it was made.
+    allocations : tuple of NodeAllocation
+        Largest first.
+    processes : tuple of NodeProcess
+        Every process asked, by pid.
+    devices : tuple of DeviceSummary
+        One per device, by name.
+    keeper : str
+        The keeper's status: ``"ok"``, ``"none"`` (none runs), ``"no answer"``, ``"refused"``.
+    """
+
+    time: float
+    allocations: tuple[NodeAllocation, ...]
+    processes: tuple[NodeProcess, ...]
+    devices: tuple[DeviceSummary, ...]
+    keeper: str
+
+    def to_doc(self) -> dict[str, Any]:
+        """The map as a JSON object (``top --json``)."""
+        return {
+            "time": self.time,
+            "allocations": [a.to_doc() for a in self.allocations],
+            "processes": [vars_of(p) for p in self.processes],
+            "devices": [vars_of(d) for d in self.devices],
+            "keeper": self.keeper,
+        }
+
+
+def vars_of(record: NodeProcess | DeviceSummary) -> dict[str, Any]:
+    """A flat frozen record as a JSON object."""
+    return dict(record.__dict__)
+
+
+@dataclass
+class _Seen:
+    """What the reports say about one allocation while they are joined."""
+
+    held: list[tuple[int, str, HeldAllocation]]
+    kept: dict[str, Any] | None = None
+
+
+def node_map(timeout: float = transport_node.ASK_TIMEOUT) -> NodeMap:
+    """Ask this user's processes and keeper what they hold, and join it.
+
+    Parameters
+    ----------
+    timeout : float
+        Seconds each process is given to answer (one that does not is listed as
+        ``"no answer"``, its allocations left out).
+    """
+    now = time.time()
+    answers = transport_node.ask_all(timeout)
+    own = server.snapshot()
+    reports = [(a.pid, a.snapshot) for a in answers if a.snapshot is not None]
+    if own.allocations:
+        reports.append((own.pid, own))
+    seen: dict[str, _Seen] = {}
+    commands: dict[int, str] = {}
+    processes = [
+        NodeProcess(a.pid, command_line(a.pid), a.status, 0, 0)
+        for a in answers
+        if a.snapshot is None
+    ]
+    for pid, snap in reports:
+        commands[pid] = snap.command
+        for row in snap.allocations:
+            seen.setdefault(row.alloc_id, _Seen([])).held.append((pid, snap.command, row))
+        processes.append(
+            NodeProcess(
+                pid,
+                snap.command,
+                "ok",
+                len(snap.allocations),
+                sum(r.size for r in snap.allocations if not r.draining),
+            )
+        )
+    keeper = transport_node.ask_keeper(timeout)
+    for doc in keeper.arrays:
+        alloc_id = doc.get("id")
+        if type(alloc_id) is str:
+            seen.setdefault(alloc_id, _Seen([])).kept = doc
+    if keeper.pid is not None:
+        processes.append(
+            NodeProcess(
+                keeper.pid,
+                command_line(keeper.pid),
+                keeper.status,
+                len(keeper.arrays),
+                sum(int(d.get("size") or 0) for d in keeper.arrays),
+            )
+        )
+    rows = [_join(alloc_id, s, keeper.pid or 0, commands, now) for alloc_id, s in seen.items()]
+    rows.sort(key=lambda r: (-r.size, r.alloc_id))
+    return NodeMap(
+        now,
+        tuple(rows),
+        tuple(sorted(processes, key=lambda p: p.pid)),
+        _devices(rows),
+        keeper.status,
+    )
+
+
+def _join(
+    alloc_id: str, seen: _Seen, keeper_pid: int, commands: dict[int, str], now: float
+) -> NodeAllocation:
+    """One allocation's row from what its holders and the keeper said."""
+    kept = seen.kept
+    holders = [
+        Holder(
+            pid,
+            command,
+            "exporter" if row.created_here else "importer",
+            row.since,
+            row.views,
+            row.parked,
+        )
+        for pid, command, row in seen.held
+    ]
+    exporter = next((row for _, _, row in seen.held if row.created_here), None)
+    any_row = exporter or (seen.held[0][2] if seen.held else None)
+    if exporter is not None:
+        exporter_pid = next(pid for pid, _, row in seen.held if row is exporter)
+    elif kept is not None and type(kept.get("creator")) is int:
+        exporter_pid = kept["creator"]
+    elif any_row is not None:
+        exporter_pid = any_row.origin_pid
+    else:
+        exporter_pid = 0
+    if kept is not None:
+        since = kept.get("created")
+        created_at = float(since) if isinstance(since, (int, float)) else now
+        holders.append(Holder(keeper_pid, command_line(keeper_pid), "keeper", created_at, 0))
+        known = {h.pid for h in holders}
+        for pid in kept.get("pids") or ():
+            if type(pid) is int and pid not in known and running(pid):
+                holders.append(Holder(pid, command_line(pid), "importer", created_at, -1))
+    if any_row is not None:
+        backend, device, size = any_row.backend, any_row.device, any_row.size
+    else:
+        assert kept is not None
+        backend = str(kept.get("backend") or "?")
+        device = _device(backend, kept.get("device"))
+        size = int(kept.get("size") or 0)
+    if exporter is not None:
+        lost = exporter.size - exporter.used
+    elif kept is not None and _nbytes(kept):
+        lost = max(0, size - _nbytes(kept))
+    else:
+        lost = 0
+    if exporter is not None:
+        created = exporter.since
+    elif kept is not None and isinstance(kept.get("created"), (int, float)):
+        created = float(kept["created"])
+    else:
+        created = min(h.since for h in holders)
+    in_flight = sum(row.in_flight for _, _, row in seen.held)
+    if kept is not None:
+        in_flight += int(kept.get("in_flight") or 0)
+    name = kept.get("name") if kept is not None else None
+    alive = exporter is not None or running(exporter_pid)
+    return NodeAllocation(
+        alloc_id,
+        name if type(name) is str else None,
+        backend,
+        device,
+        size,
+        lost,
+        exporter_pid,
+        commands.get(exporter_pid, "") or (command_line(exporter_pid) if alive else ""),
+        alive,
+        tuple(holders),
+        kept is not None,
+        in_flight,
+        _state(seen, holders),
+        created,
+        max(0.0, now - created),
+    )
+
+
+def _state(seen: _Seen, holders: list[Holder]) -> str:
+    """The strongest of :data:`STATES` that holds."""
+    kept = seen.kept
+    if any(h.views > 0 for h in holders):
+        return "live"
+    if any(row.draining for _, _, row in seen.held):
+        return "draining"
+    if kept is not None and kept.get("linked") is True:
+        if type(kept.get("name")) is str:
+            return "named"
+        if not kept.get("in_flight"):
+            return "parked"
+    return "orphaned"
+
+
+def _device(backend: str, index: object) -> str:
+    """The device a keeper row's backend and device index name (``"?"`` where unknown)."""
+    if type(index) is not int:
+        return "?"
+    try:
+        return str(device_of(backend, index))
+    except SharedArrayError:
+        return "?"
+
+
+def _nbytes(doc: dict[str, Any]) -> int:
+    """The bytes of the array a keeper row describes (0 where it does not say)."""
+    try:
+        count = int(np.prod(doc["shape"], dtype=np.int64))
+        return count * int(np.dtype(doc["dtype"]).itemsize)
+    except (KeyError, TypeError, ValueError):
+        return 0
+
+
+def _devices(rows: list[NodeAllocation]) -> tuple[DeviceSummary, ...]:
+    totals: dict[str, list[int]] = {}
+    for r in rows:
+        t = totals.setdefault(r.device, [0, 0, 0])
+        t[0] += 1
+        t[1] += r.size
+        t[2] += r.lost
+    return tuple(DeviceSummary(d, *t) for d, t in sorted(totals.items()))
+
+
+def find(node: NodeMap, target: str) -> NodeAllocation:
+    """The allocation ``target`` names: its name, its id, or a prefix of its id that only
+    it has (at least 4 hex digits).
+
+    Raises
+    ------
+    NameNotFound
+        Nothing, or more than one allocation, matches.
+    """
+    for row in node.allocations:
+        if target in (row.name, row.alloc_id):
+            return row
+    matches = [r for r in node.allocations if len(target) >= 4 and r.alloc_id.startswith(target)]
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise NameNotFound(
+            f"{target!r} is the start of {len(matches)} allocation ids; give more of the id"
+        )
+    raise NameNotFound(
+        f"no allocation of this user is named {target!r} or has an id starting so; "
+        "python -m sharedarrays top --once lists them"
+    )
+
+
+def free(row: NodeAllocation, confirm: Callable[[str], bool] | None = None) -> list[str]:
+    """Release what keeps ``row``'s memory although no view uses it; what was done, in words.
+
+    A parked or orphaned allocation: the keeper lets go of its handles and every importer
+    that keeps it parked drops its mapping (the memory returns once no process holds a
+    handle or a mapping). A named one: its name is removed (as ``sa.unlink``). Payloads in
+    flight that would then no longer load are dropped only if ``confirm`` (called with a
+    question) says yes.
+
+    Raises
+    ------
+    InUse
+        A view uses it (``live``) or it drains in its exporter: nothing outside those
+        processes can free it without invalidating their mappings.
+    KeeperError
+        The keeper holds it but cannot be asked.
+    """
+    if row.state == "live":
+        users = ", ".join(str(h.pid) for h in row.holders if h.views > 0)
+        raise InUse(
+            f"allocation {row.alloc_id} is in use by views in pid {users}; it cannot be freed "
+            "from outside those processes. Close the views there (or end those processes)"
+        )
+    if row.state == "draining":
+        users = ", ".join(str(h.pid) for h in row.importers) or "its importers"
+        raise InUse(
+            f"allocation {row.alloc_id} is {row.backend} memory that its exporter (pid "
+            f"{row.exporter_pid}) keeps until {users} close it; freeing it now would invalidate "
+            "their mappings. Close it there (or end those processes)"
+        )
+    done: list[str] = []
+    if row.kept and row.name is not None:
+        status, body, fds = keeper.request(Unlink(name=row.name), start=False)
+        for fd in fds:
+            os.close(fd)
+        keeper.raise_for(status, body, f"cannot unlink {row.name!r}")
+        done.append(f"unlinked the name {row.name!r}")
+    elif row.kept:
+        if row.in_flight and not (
+            confirm is not None
+            and confirm(
+                f"{row.in_flight} payload(s) of allocation {row.alloc_id} are in flight and "
+                "will no longer load. Free it anyway?"
+            )
+        ):
+            return ["left alone: payloads in flight"]
+        status, error = transport_node.drop_kept(row.alloc_id)
+        if status == OK:
+            done.append("the keeper let go of its handles")
+        elif status != NOT_FOUND:
+            raise KeeperError(f"the keeper refused: {error}")
+    for h in row.holders:
+        if h.role == "importer" and h.parked:
+            path = next((p for pid, p in transport_node.handle_servers() if pid == h.pid), None)
+            if path is None:
+                continue
+            if transport_node.drop_mapping(path, row.alloc_id) is Status.OK:
+                done.append(f"pid {h.pid} dropped its parked mapping")
+    if any(h.role == "importer" and not h.parked and h.views < 0 for h in row.holders):
+        pids = ", ".join(str(h.pid) for h in row.importers if h.views < 0)
+        done.append(f"pid {pids} attached it: the memory returns when they close it")
+    if os.getpid() in {h.pid for h in row.holders if h.parked}:
+        from sharedarrays.memory import allocation
+
+        alloc = allocation.lookup(row.alloc_id)
+        if alloc is not None and alloc.release():
+            done.append("this process dropped its parked mapping")
+    return done

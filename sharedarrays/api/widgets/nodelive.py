@@ -1,0 +1,156 @@
+"""The node-wide memory map (:mod:`sharedarrays.api.node`) for Jupyter: ``sa.show(scope="node")``.
+
+:class:`NodeView` is the map with a text and HTML display (no ipywidgets needed);
+:func:`node_widget` makes the live :class:`NodeMapWidget` (imported from ipywidgets only
+then): an ipywidgets ``VBox`` with *refresh*, *auto-refresh* and its interval, and a *free*
+action (an allocation id or name: what ``python -m sharedarrays rm`` frees, never asking to
+drop payloads in flight) above the table.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from sharedarrays.api import node
+from sharedarrays.api.widgets.nodeview import render_node_html, render_node_text
+from sharedarrays.errors import SharedArrayError
+
+__all__ = ["NodeView", "node_widget"]
+
+
+class NodeView:
+    """The node-wide map as last read, displayed as text or HTML.
+
+    Parameters
+    ----------
+    timeout : float
+        Seconds each process is given to answer.
+    """
+
+    def __init__(self, timeout: float = 1.0) -> None:
+        self.timeout = timeout
+        self.map = node.node_map(timeout)
+
+    def refresh(self) -> node.NodeMap:
+        """Ask every process again; the new map."""
+        self.map = node.node_map(self.timeout)
+        return self.map
+
+    def free(self, target: str) -> str:
+        """Free what keeps ``target`` (an id, its start, or a name) although no view uses it
+        (:func:`sharedarrays.api.node.free`; payloads in flight are left alone); what
+        happened, in words."""
+        try:
+            row = node.find(self.refresh(), target.strip())
+            done = node.free(row, confirm=None)
+        except SharedArrayError as e:
+            return str(e)
+        self.refresh()
+        return f"{row.alloc_id[:12]}: " + ("; ".join(done) or "nothing holds it any more")
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        return {"text/plain": render_node_text(self.map), "text/html": render_node_html(self.map)}
+
+    def __repr__(self) -> str:
+        return render_node_text(self.map)
+
+
+def node_widget(view: NodeView, interval: float = 2.0, auto_refresh: bool = False) -> Any:
+    """The live widget of ``view`` (needs ipywidgets 8)."""
+    import ipywidgets as w
+
+    class NodeMapWidget(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
+        """The node-wide map as an ipywidgets ``VBox`` (composes with other widgets)."""
+
+        def __init__(self) -> None:
+            self.node_view = view
+            self.refresh_button = w.Button(description="refresh", icon="refresh")
+            self.auto_toggle = w.ToggleButton(value=False, description="auto-refresh")
+            self.interval_text = w.BoundedFloatText(
+                value=interval,
+                min=0.2,
+                max=3600.0,
+                step=0.5,
+                description="every (s)",
+                layout=w.Layout(width="160px"),
+            )
+            self.target = w.Text(placeholder="id or name", layout=w.Layout(width="220px"))
+            self.free_button = w.Button(
+                description="free", icon="trash", tooltip="free a parked or orphaned allocation"
+            )
+            self.status = w.Label(value="")
+            self.html = w.HTML(value=render_node_html(view.map))
+            super().__init__(
+                [
+                    w.HBox(
+                        [self.refresh_button, self.auto_toggle, self.interval_text, self.status]
+                    ),
+                    w.HBox([self.target, self.free_button]),
+                    self.html,
+                ]
+            )
+            self._stop = threading.Event()
+            self._thread: threading.Thread | None = None
+            self.refresh_button.on_click(lambda _: self.refresh())
+            self.free_button.on_click(lambda _: self._free())
+            self.auto_toggle.observe(self._toggled, names="value")
+            if auto_refresh:
+                self.auto_toggle.value = True
+
+        def refresh(self) -> node.NodeMap:
+            """Ask every process again and redraw."""
+            picture = self.node_view.refresh()
+            self.html.value = render_node_html(picture)
+            self.status.value = time.strftime("updated %H:%M:%S")
+            return picture
+
+        def _free(self) -> None:
+            self.status.value = self.node_view.free(self.target.value)
+            self.html.value = render_node_html(self.node_view.map)
+
+        def _toggled(self, change: dict[str, Any]) -> None:
+            if change["new"]:
+                self.start()
+            else:
+                self.stop()
+
+        @property
+        def auto_refreshing(self) -> bool:
+            """Whether the auto-refresh thread runs."""
+            return self._thread is not None and self._thread.is_alive()
+
+        def start(self) -> None:
+            """Refresh every ``interval_text`` seconds in a daemon thread."""
+            if self.auto_refreshing:
+                return
+            self._stop.clear()
+            self._thread = threading.Thread(
+                target=self._run, name="sharedarrays-node-map", daemon=True
+            )
+            self._thread.start()
+
+        def _run(self) -> None:
+            while not self._stop.wait(float(self.interval_text.value)):
+                try:
+                    self.refresh()
+                except Exception as e:  # keep the kernel's thread alive; say it
+                    self.status.value = f"refresh failed: {e}"
+
+        def stop(self, timeout: float | None = 5.0) -> None:
+            """Stop auto-refreshing."""
+            self._stop.set()
+            if self._thread is not None:
+                self._thread.join(timeout)
+            self._thread = None
+
+        def close(self) -> None:
+            """Stop auto-refreshing and close the widget."""
+            self.stop()
+            super().close()
+
+        def __repr__(self) -> str:
+            return render_node_text(self.node_view.map)
+
+    return NodeMapWidget()

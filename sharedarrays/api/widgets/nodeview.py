@@ -1,0 +1,141 @@
+"""The node-wide memory map (:class:`~sharedarrays.api.node.NodeMap`) as text and HTML:
+what ``python -m sharedarrays top`` prints and what ``sa.show(scope="node")`` draws.
+
+Plain functions of the frozen map: nothing here asks a process anything.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+
+from sharedarrays.api.node import Holder, NodeAllocation, NodeMap
+from sharedarrays.api.widgets.model import fmt_bytes
+
+__all__ = ["COLUMNS", "row_cells", "summary_lines", "render_node_text", "render_node_html"]
+
+COLUMNS = ("ID", "NAME", "STATE", "BACKEND", "DEVICE", "SIZE", "LOST", "EXPORTER", "HOLDERS", "AGE")
+"""The columns of the table (``top`` and ``ls`` alike)."""
+
+
+def _age(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 86400:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
+
+
+def _program(command: str) -> str:
+    """A short name for a command line: the script or module it runs, else its program."""
+    words = command.split()
+    if not words:
+        return ""
+    for flag in ("-m", "-c"):
+        if flag in words[:-1]:
+            i = words.index(flag)
+            return words[i + 1][:24] if flag == "-m" else "python -c"
+    for word in words[1:]:
+        if not word.startswith("-"):
+            return word.rsplit("/", 1)[-1][:24]
+    return words[0].rsplit("/", 1)[-1][:24]
+
+
+def _holder(h: Holder) -> str:
+    mark = {"exporter": "E", "importer": "I", "keeper": "K"}[h.role]
+    extra = "p" if h.parked else (f"{h.views}v" if h.views > 0 else "")
+    return f"{h.pid}{mark}{extra}"
+
+
+def row_cells(row: NodeAllocation) -> tuple[str, ...]:
+    """One allocation's cells, in :data:`COLUMNS` order."""
+    exporter = str(row.exporter_pid) if row.exporter_pid else "?"
+    if not row.exporter_alive:
+        exporter += " (gone)"
+    elif row.exporter_command:
+        exporter += f" {_program(row.exporter_command)}"
+    return (
+        row.alloc_id[:12],
+        row.name or "-",
+        row.state,
+        row.backend,
+        row.device,
+        fmt_bytes(row.size),
+        fmt_bytes(row.lost) if row.lost else "0",
+        exporter,
+        " ".join(_holder(h) for h in row.holders) or "-",
+        _age(row.age),
+    )
+
+
+def summary_lines(node: NodeMap) -> list[str]:
+    """One line per device with what sharedarrays holds there, and one about the processes."""
+    lines = []
+    for d in node.devices:
+        lines.append(
+            f"{d.device}: {fmt_bytes(d.bytes)} in {d.allocations} allocation"
+            f"{'s' if d.allocations != 1 else ''} ({fmt_bytes(d.lost)} lost to granularity)"
+        )
+    if not node.devices:
+        lines.append("no shared allocations")
+    asked = len(node.processes)
+    silent = [p for p in node.processes if p.status != "ok"]
+    note = ", ".join(f"{p.pid} {p.status}" for p in silent)
+    lines.append(
+        f"{asked} process{'es' if asked != 1 else ''} asked, keeper: {node.keeper}"
+        + (f"; {note}" if note else "")
+    )
+    return lines
+
+
+def render_node_text(node: NodeMap) -> str:
+    """The map as a fixed-width table under its summary lines (largest allocation first).
+
+    Holders read ``<pid><role>``: ``E`` exporter, ``I`` importer, ``K`` keeper; then ``Nv``
+    for N views using it there, or ``p`` for a mapping kept parked.
+    """
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(node.time))
+    rows = [COLUMNS] + [row_cells(r) for r in node.allocations]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    right = {"SIZE", "LOST", "AGE"}
+    table = [
+        "  ".join(
+            cell.rjust(w) if COLUMNS[i] in right else cell.ljust(w)
+            for i, (cell, w) in enumerate(zip(r, widths))
+        ).rstrip()
+        for r in rows
+    ]
+    return "\n".join([f"sharedarrays on this node at {stamp}", *summary_lines(node), "", *table])
+
+
+def render_node_html(node: NodeMap) -> str:
+    """The map as an HTML table under its summary lines."""
+    head = "".join(f"<th style='text-align:left;padding:2px 8px'>{c}</th>" for c in COLUMNS)
+    colours = {
+        "live": "#2e7d32",
+        "draining": "#ef6c00",
+        "named": "#1565c0",
+        "parked": "#6a1b9a",
+        "orphaned": "#c62828",
+    }
+    body = []
+    for r in node.allocations:
+        cells = row_cells(r)
+        tds = []
+        for c, text in zip(COLUMNS, cells):
+            style = "padding:2px 8px;font-family:monospace"
+            if c == "STATE":
+                style += f";color:{colours.get(r.state, 'inherit')};font-weight:bold"
+            tds.append(
+                f"<td style='{style}' title='{html.escape(r.alloc_id)}'>{html.escape(text)}</td>"
+            )
+        body.append(f"<tr>{''.join(tds)}</tr>")
+    summary = "<br>".join(html.escape(line) for line in summary_lines(node))
+    return (
+        "<div class='sharedarrays-node-map'>"
+        f"<div style='margin-bottom:4px'><b>sharedarrays on this node</b><br>{summary}</div>"
+        f"<table style='border-collapse:collapse'><thead><tr>{head}</tr></thead>"
+        f"<tbody>{''.join(body)}</tbody></table></div>"
+    )

@@ -1,0 +1,73 @@
+"""Command line for the node-wide view: ``python -m sharedarrays top`` (added to
+:mod:`sharedarrays.cli`); ``ls`` and ``rm`` share its map (:mod:`sharedarrays.keeper_cli`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+__all__ = ["add_parser", "run", "print_json"]
+
+
+def add_parser(sub: Any) -> None:
+    """Add the ``top`` subcommand to ``sub``."""
+    top = sub.add_parser(
+        "top", help="every shared allocation of this user on this node, who holds it, refreshing"
+    )
+    top.add_argument("--once", action="store_true", help="print the map once and exit")
+    top.add_argument("--json", action="store_true", help="one JSON object (implies --once)")
+    top.add_argument(
+        "--interval", type=float, default=2.0, help="seconds between refreshes (default 2)"
+    )
+    top.add_argument(
+        "--timeout", type=float, default=1.0, help="seconds each process is given to answer"
+    )
+    top.add_argument("--nvml", action="store_true", help="add the driver's per-process GPU memory")
+
+
+def print_json(doc: dict[str, Any]) -> None:
+    """Print ``doc`` as one line of JSON."""
+    print(json.dumps(doc, separators=(",", ":")))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``top``; return the exit status."""
+    if args.interval <= 0 or args.timeout <= 0:
+        print("top: --interval and --timeout must be positive", file=sys.stderr)
+        return 2
+    try:
+        return _loop(args)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _loop(args: argparse.Namespace) -> int:
+    from sharedarrays.api import node
+    from sharedarrays.api.widgets.nodeview import render_node_text
+
+    while True:
+        picture = node.node_map(args.timeout)
+        nvml_text = ""
+        nvml_doc: list[dict[str, Any]] | None = None
+        if args.nvml:
+            from sharedarrays.api.nvml import cross_check, render_text
+
+            checks = cross_check(picture)
+            nvml_doc = [c.to_doc() for c in checks]
+            nvml_text = render_text(checks)
+        if args.json:
+            doc = picture.to_doc()
+            if nvml_doc is not None:
+                doc["nvml"] = nvml_doc
+            print_json(doc)
+            return 0
+        text = render_node_text(picture) + (f"\n\n{nvml_text}" if nvml_text else "")
+        if args.once:
+            print(text)
+            return 0
+        sys.stdout.write("\x1b[H\x1b[2J" + text + "\n\n(Ctrl-C to quit)\n")
+        sys.stdout.flush()
+        time.sleep(args.interval)

@@ -1,0 +1,199 @@
+"""Asking every process of this user on the node what it holds, and dropping what no view
+uses.
+
+The processes are found the way the handle servers already find each other: every process
+that shares arrays runs a handle server whose socket, ``<pid>-<random>.sock``, lives in this
+user's private runtime directory (:func:`sharedarrays.protocol.unix.runtime_dir`), and the
+keeper listens on ``keeper.sock`` there. Each is asked once, on a new connection checked to
+run as this user (``SO_PEERCRED``), with a short timeout: a process that died, or one that
+does not answer in time, is reported as such and never waited for.
+
+Handle servers answer ``SNAPSHOT`` (:class:`~sharedarrays.protocol.handles.Snapshot`) and
+``DROP``; the keeper answers ``list`` and ``drop``. Nothing here maps memory or sees a
+secret.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sharedarrays.errors import KeeperError, PayloadError, PermissionDenied
+from sharedarrays.process import running
+from sharedarrays.protocol.handles import REPLY_SIZE, Kind, Reply, Request, Snapshot, Status
+from sharedarrays.protocol.keeper import (
+    MAX_MESSAGE,
+    OK,
+    SOCKET_NAME,
+    Drop,
+    List,
+)
+from sharedarrays.protocol.keeper import Reply as KeeperReply
+from sharedarrays.protocol.unix import check_same_user, connect_unix, runtime_dir
+
+__all__ = [
+    "ASK_TIMEOUT",
+    "Answer",
+    "KeeperAnswer",
+    "handle_servers",
+    "ask_all",
+    "ask_keeper",
+    "drop_mapping",
+    "drop_kept",
+]
+
+ASK_TIMEOUT = 1.0
+"""Seconds one process is given to accept and answer (it is then reported as not
+answering)."""
+
+_NO_ID = "0" * 32
+_NO_SECRET = bytes(32)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What one handle server answered.
+
+    Attributes
+    ----------
+    pid : int
+        The process the socket's name gives.
+    path : str
+        The socket.
+    status : str
+        ``"ok"``, ``"gone"`` (the process has exited), ``"no answer"`` (it did not answer in
+        time) or ``"refused"`` (another user's, or not a sharedarrays handle server).
+    snapshot : Snapshot or None
+        Its snapshot when ``status`` is ``"ok"``.
+    """
+
+    pid: int
+    path: str
+    status: str
+    snapshot: Snapshot | None = None
+
+
+@dataclass(frozen=True)
+class KeeperAnswer:
+    """What the keeper answered: its pid (from ``hello``-free ``list``: the socket's peer)
+    and the arrays it holds (the ``list`` reply's rows), or why not (``status``)."""
+
+    status: str
+    pid: int | None = None
+    arrays: tuple[dict[str, Any], ...] = ()
+
+
+def handle_servers() -> list[tuple[int, str]]:
+    """The handle server sockets in this user's runtime directory: ``(pid, path)``, by pid."""
+    found = []
+    for entry in runtime_dir().glob("*.sock"):
+        pid_text = entry.name.split("-", 1)[0]
+        if pid_text.isdigit():
+            found.append((int(pid_text), str(entry)))
+    return sorted(found)
+
+
+def _connect(path: str, timeout: float) -> tuple[socket.socket, int]:
+    """A connection to ``path`` (checked to run as this user) and the peer's pid."""
+    sock = connect_unix(path, time.monotonic() + timeout, timeout)
+    try:
+        peer = check_same_user(sock, path)
+    except BaseException:
+        sock.close()
+        raise
+    return sock, peer.pid
+
+
+def _ask(path: str, request: Request, timeout: float) -> tuple[int, Reply]:
+    """Send ``request`` to the handle server at ``path``: its pid and its reply."""
+    sock, pid = _connect(path, timeout)
+    with sock:
+        sock.send(request.encode())
+        msg = sock.recv(1 << 20)
+    if len(msg) < REPLY_SIZE:
+        raise ConnectionResetError("closed without a reply")
+    return pid, Reply.decode(msg)
+
+
+def ask(pid: int, path: str, timeout: float = ASK_TIMEOUT) -> Answer:
+    """Ask the handle server at ``path`` (of process ``pid``) for its snapshot."""
+    try:
+        peer, reply = _ask(path, Request(Kind.SNAPSHOT, _NO_ID, _NO_SECRET), timeout)
+        if reply.status != Status.OK or peer != pid:
+            return Answer(pid, path, "refused")
+        return Answer(pid, path, "ok", Snapshot.decode(reply.body))
+    except (PermissionDenied, PayloadError):
+        return Answer(pid, path, "refused")
+    except (TimeoutError, BlockingIOError):
+        return Answer(pid, path, "no answer" if running(pid) else "gone")
+    except OSError:
+        return Answer(pid, path, "gone" if not running(pid) else "no answer")
+
+
+def ask_all(timeout: float = ASK_TIMEOUT) -> list[Answer]:
+    """Ask every handle server of this user (but this process's own, which the caller reads
+    directly) for its snapshot."""
+    return [ask(pid, path, timeout) for pid, path in handle_servers() if pid != os.getpid()]
+
+
+def drop_mapping(path: str, alloc_id: str, timeout: float = ASK_TIMEOUT) -> Status | None:
+    """Ask the handle server at ``path`` to drop its parked mapping of ``alloc_id``: ``OK``
+    (dropped), ``GONE`` (it does not map it), ``NOT_ALLOWED`` (a view there uses it), or
+    ``None`` where it did not answer."""
+    try:
+        _, reply = _ask(path, Request(Kind.DROP, alloc_id, _NO_SECRET), timeout)
+    except (OSError, PermissionDenied, PayloadError):
+        return None
+    try:
+        return Status(reply.status)
+    except ValueError:
+        return None
+
+
+def _keeper_request(request: List | Drop, timeout: float) -> tuple[int, int, dict[str, Any]]:
+    """One request on a new connection to the keeper: its pid, the status and the body."""
+    sock, pid = _connect(str(runtime_dir() / SOCKET_NAME), timeout)
+    with sock:
+        sock.send(request.encode())
+        msg = sock.recv(MAX_MESSAGE)
+    if not msg:
+        raise ConnectionResetError("the keeper closed the connection")
+    reply = KeeperReply.decode(msg)
+    return pid, reply.status, reply.body
+
+
+def ask_keeper(timeout: float = ASK_TIMEOUT) -> KeeperAnswer:
+    """The arrays this user's keeper holds (``status`` ``"none"`` when none runs)."""
+    try:
+        pid, status, body = _keeper_request(List(), timeout)
+    except (FileNotFoundError, ConnectionRefusedError):
+        return KeeperAnswer("none")
+    except (TimeoutError, BlockingIOError):
+        return KeeperAnswer("no answer")
+    except (PermissionDenied, KeeperError):
+        return KeeperAnswer("refused")
+    except OSError:
+        return KeeperAnswer("none")
+    arrays = body.get("arrays")
+    if status != OK or type(arrays) is not list or not all(type(a) is dict for a in arrays):
+        return KeeperAnswer("refused", pid)
+    return KeeperAnswer("ok", pid, tuple(arrays))
+
+
+def drop_kept(alloc_id: str, timeout: float = ASK_TIMEOUT) -> tuple[int, str]:
+    """Ask the keeper to let go of the unnamed allocation ``alloc_id`` (parked, or payloads
+    in flight): its status and error message (``""`` when ``OK``).
+
+    Raises
+    ------
+    KeeperError
+        No keeper answers.
+    """
+    try:
+        _, status, body = _keeper_request(Drop(alloc_id), timeout)
+    except (OSError, PermissionDenied) as e:
+        raise KeeperError(f"the keeper cannot be asked: {e}") from None
+    return status, str(body.get("error", ""))

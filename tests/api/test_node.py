@@ -1,0 +1,311 @@
+"""The node-wide view across processes: ``python -m sharedarrays top --json --once`` lists
+each allocation with its holders and state, a killed importer disappears, ``rm`` frees a
+parked allocation (the keeper's memfds go), and another user's processes are never asked."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing as mp
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import node_workers
+import pytest
+
+import sharedarrays as sa
+from sharedarrays.api import node
+from sharedarrays.api.widgets.nodeview import render_node_text
+from sharedarrays.protocol.handles import HeldAllocation, Reply, Snapshot, Status
+from sharedarrays.protocol.unix import runtime_dir
+from sharedarrays.transport import keeper
+
+ctx = mp.get_context("spawn")
+TIMEOUT = 60
+
+
+def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(Path(sa.__file__).parents[1])
+    return subprocess.run(
+        [sys.executable, "-m", "sharedarrays", *args],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        env=env,
+        input=stdin,
+    )
+
+
+def _top() -> dict[str, Any]:
+    out = _cli("top", "--json", "--once")
+    assert out.returncode == 0, out.stderr
+    doc: dict[str, Any] = json.loads(out.stdout)
+    return doc
+
+
+def _row(doc: dict[str, Any], alloc_id: str) -> dict[str, Any] | None:
+    return next((r for r in doc["allocations"] if r["id"] == alloc_id), None)
+
+
+def _memfds(pid: int) -> int:
+    n = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/memfd:"):
+                n += 1
+    return n
+
+
+@contextlib.contextmanager
+def _processes() -> Iterator[list[Any]]:
+    procs: list[Any] = []
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join(TIMEOUT)
+
+
+@pytest.mark.timeout(240)
+def test_top_lists_holders_and_states_and_rm_frees_parked() -> None:
+    stop = ctx.Event()
+    stop_importer = ctx.Event()  # (a waiter killed on an Event would hang its set())
+    ready = ctx.Event()
+    out = ctx.Queue()
+    with _processes() as procs:
+        exp = ctx.Process(target=node_workers.exporter, args=(out, stop))
+        exp.start()
+        procs.append(exp)
+        alloc_id, blob = out.get(timeout=TIMEOUT)
+        imp = ctx.Process(target=node_workers.importer, args=(blob, ready, stop_importer))
+        imp.start()
+        procs.append(imp)
+        assert ready.wait(TIMEOUT)
+
+        row = _row(_top(), alloc_id)
+        assert row is not None, "the shared allocation is not listed"
+        assert row["state"] == "live" and row["backend"] == "host" and row["device"] == "cpu"
+        assert row["size"] >= node_workers.NBYTES
+        assert row["lost"] == row["size"] - node_workers.NBYTES
+        assert row["exporter"] == {
+            "pid": exp.pid,
+            "command": row["exporter"]["command"],
+            "alive": True,
+        }
+        roles = {(h["pid"], h["role"]) for h in row["holders"]}
+        assert roles == {(exp.pid, "exporter"), (imp.pid, "importer")}
+        assert all(h["views"] >= 1 for h in row["holders"])
+
+        os.kill(imp.pid, signal.SIGKILL)  # a killed importer disappears
+        imp.join(TIMEOUT)
+        doc = _top()
+        row = _row(doc, alloc_id)
+        assert row is not None and {h["pid"] for h in row["holders"]} == {exp.pid}
+        assert all(p["status"] != "ok" for p in doc["processes"] if p["pid"] == imp.pid)
+
+        stop.set()
+        exp.join(TIMEOUT)
+        assert _row(_top(), alloc_id) is None  # closed, and nothing kept it
+
+        park = ctx.Process(target=node_workers.parker, args=(out,))
+        park.start()
+        procs.append(park)
+        parked_id = out.get(timeout=TIMEOUT)
+        park.join(TIMEOUT)
+        row = _row(_top(), parked_id)
+        assert row is not None and row["state"] == "parked" and row["kept"]
+        keeper_pid = keeper.running_pid()
+        assert keeper_pid is not None
+        assert [h["role"] for h in row["holders"]] == ["keeper"]
+        assert row["holders"][0]["pid"] == keeper_pid
+        before = _memfds(keeper_pid)
+        assert before >= 1
+
+        rm = _cli("rm", parked_id[:10])
+        assert rm.returncode == 0, rm.stderr
+        assert "keeper let go" in rm.stdout
+        assert _memfds(keeper_pid) == before - 1  # its memory returned
+        assert _row(_top(), parked_id) is None
+
+
+@pytest.mark.timeout(120)
+def test_rm_refuses_a_live_allocation_and_says_who_uses_it() -> None:
+    a = sa.zeros(1000, device="cpu", pack=False)
+    out = _cli("rm", a.allocation.id)
+    assert out.returncode == 0 or out.returncode == 1
+    # this process runs no handle server until it pickles: ask through it
+    import pickle
+
+    pickle.dumps(a)
+    out = _cli("rm", a.allocation.id)
+    assert out.returncode == 1
+    assert "in use by views in pid" in out.stderr and str(os.getpid()) in out.stderr
+    assert not a.closed and a.allocation.leases >= 1
+    row = node.find(node.node_map(), a.allocation.id[:8])
+    with pytest.raises(sa.InUse, match=str(os.getpid())):
+        node.free(row)
+    a.close()
+
+
+@pytest.mark.timeout(120)
+def test_this_process_is_in_its_own_map_and_the_text_names_it() -> None:
+    a = sa.zeros((512, 3), device="cpu", pack=False)
+    picture = node.node_map()
+    row = node.find(picture, a.allocation.id)
+    assert row.state == "live" and row.exporter_pid == os.getpid()
+    assert row.lost == row.size - 512 * 3 * 8
+    text = render_node_text(picture)
+    assert a.allocation.id[:12] in text and "cpu:" in text
+    assert [d.device for d in picture.devices] == ["cpu"]
+    alloc_id = a.allocation.id
+    a.close()
+    assert all(r.alloc_id != alloc_id for r in node.node_map().allocations)
+
+
+def _other_user() -> str | None:
+    if os.getuid() != 0:
+        return None
+    name = "sa-test-other"
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        useradd = shutil.which("useradd")
+        if useradd is None:
+            return None
+        r = subprocess.run(
+            [useradd, "--no-create-home", "--shell", "/usr/sbin/nologin", name], capture_output=True
+        )
+        if r.returncode != 0:
+            return None
+    return name
+
+
+FAKE_ID = "f" * 32
+
+
+@pytest.mark.timeout(120)
+def test_another_users_process_is_never_listed() -> None:
+    """Another user's process whose socket sits among ours (hard-linked into the runtime
+    directory, opened to everyone) answers with a snapshot: it is refused, never listed."""
+    user = _other_user()
+    if user is None:
+        pytest.skip("needs root (to create a second OS user) and useradd")
+    pw = pwd.getpwnam(user)
+    theirs = tempfile.mkdtemp(prefix="sa-other-")
+    os.chown(theirs, pw.pw_uid, pw.pw_gid)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the other user's process
+        code = 1
+        try:
+            os.close(read)
+            os.setgroups([])
+            os.setgid(pw.pw_gid)
+            os.setuid(pw.pw_uid)
+            path = os.path.join(theirs, "s.sock")
+            with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+                s.bind(path)
+                os.chmod(path, 0o777)
+                s.listen(4)
+                os.write(write, b"1")
+                s.settimeout(60)
+                held = HeldAllocation(
+                    FAKE_ID,
+                    "host",
+                    "cpu",
+                    1 << 20,
+                    1 << 20,
+                    True,
+                    os.getpid(),
+                    0.0,
+                    1,
+                    False,
+                    False,
+                )
+                body = Snapshot(os.getpid(), "other user", (held,)).encode()
+                while True:
+                    conn, _ = s.accept()
+                    with conn:
+                        conn.recv(4096)
+                        conn.send(Reply(Status.OK, 0, body).encode())
+        except BaseException:
+            code = 2
+        finally:
+            os._exit(code)
+    os.close(write)
+    link = runtime_dir() / f"{pid}-0ther.sock"
+    try:
+        assert os.read(read, 1) == b"1"
+        os.link(os.path.join(theirs, "s.sock"), link)
+        picture = node.node_map()
+        assert all(r.alloc_id != FAKE_ID for r in picture.allocations)
+        assert [p.status for p in picture.processes if p.pid == pid] == ["refused"]
+        assert FAKE_ID not in json.dumps(_top())
+    finally:
+        os.close(read)
+        with contextlib.suppress(FileNotFoundError):
+            link.unlink()
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        shutil.rmtree(theirs, ignore_errors=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(180)
+def test_nvml_cross_check_counts_this_processes_cuda_allocation() -> None:
+    """On CUDA with nvidia-ml-py: the driver's figure for this process covers what
+    sharedarrays holds here, and the map accounts for the allocation's bytes."""
+    pytest.importorskip("pynvml")
+    from sharedarrays.api import nvml
+
+    if nvml.available() is not None:
+        pytest.skip(str(nvml.available()))
+    a = sa.zeros(64 << 20, dtype="uint8", device="cuda:0", backend="cuda-vmm", pack=False)
+    checks = {(c.pid, c.device): c for c in nvml.cross_check(node.node_map())}
+    mine = checks[(os.getpid(), "cuda:0")]
+    assert mine.sharedarrays == a.allocation.size
+    assert mine.driver is not None and mine.driver >= mine.sharedarrays
+    assert "SHAREDARRAYS" in nvml.render_text(list(checks.values()))
+    a.close()
+
+
+@pytest.mark.timeout(120)
+def test_the_node_widget_shows_refreshes_and_refuses_to_free_a_live_array() -> None:
+    pytest.importorskip("ipywidgets")
+    from sharedarrays.api.widgets.nodelive import NodeView, node_widget
+
+    view = sa.show(scope="node")  # outside a kernel: the static view
+    assert isinstance(view, NodeView)
+    a = sa.zeros(4096, device="cpu", pack=False)
+    widget = node_widget(NodeView(), interval=0.2)
+    try:
+        assert a.allocation.id[:12] in widget.html.value
+        b = sa.zeros(8192, device="cpu", pack=False)
+        assert b.allocation.id[:12] not in widget.html.value
+        widget.refresh()
+        assert b.allocation.id[:12] in widget.html.value and "live" in widget.html.value
+        widget.target.value = b.allocation.id
+        widget.free_button.click()
+        assert "in use by views" in widget.status.value and not b.closed
+        widget.auto_toggle.value = True
+        assert widget.auto_refreshing
+        widget.auto_toggle.value = False
+        assert not widget.auto_refreshing
+        b.close()
+    finally:
+        widget.close()
+        a.close()
+    with pytest.raises(ValueError, match="scope"):
+        sa.show(scope="galaxy")

@@ -1,0 +1,39 @@
+"""Processes for the node-wide view's tests (tests/api/test_node.py): module level, so that
+spawn can import them."""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import numpy as np
+
+import sharedarrays as sa
+
+NBYTES = 3 << 20
+"""Bytes of each test array: not a multiple of the host granularity's larger sizes."""
+
+
+def exporter(out: Any, stop: Any) -> None:
+    """Make an array, send its id and a payload of it, keep it until told to stop."""
+    a = sa.from_array(np.arange(NBYTES // 8, dtype=np.float64), device="cpu", pack=False)
+    out.put((a.allocation.id, pickle.dumps(a)))
+    stop.wait(120)
+    a.close()
+
+
+def importer(blob: bytes, ready: Any, stop: Any) -> None:
+    """Load the payload, keep the view until told to stop."""
+    a = pickle.loads(blob)
+    assert float(a.array[3]) == 3.0
+    ready.set()
+    stop.wait(120)
+    a.close()
+
+
+def parker(out: Any) -> None:
+    """Make an array, park it (the keeper holds its handles), send its id and exit."""
+    a = sa.zeros(NBYTES // 8, dtype=np.float64, device="cpu", pack=False)
+    a.park()
+    out.put(a.allocation.id)
+    a.close()
