@@ -44,6 +44,7 @@ from sharedarrays.errors import (
     PermissionDenied,
     ResizeRefused,
     SharedArrayError,
+    WrongNode,
 )
 from sharedarrays.memory import Allocation, live_allocations
 
@@ -62,6 +63,7 @@ __all__ = [
     "NamedArray",
     "NotShareable",
     "OutOfMemory",
+    "WrongNode",
     "PayloadError",
     "PeerAccessUnavailable",
     "PermissionDenied",

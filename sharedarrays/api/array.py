@@ -25,6 +25,7 @@ from sharedarrays.backends import Access, get_backend
 from sharedarrays.backends.device import Device, DeviceLike, parse_device
 from sharedarrays.errors import ClosedArrayError, PayloadError, ResizeRefused
 from sharedarrays.memory import Allocation, Lease, live_allocations
+from sharedarrays.node import this_node
 from sharedarrays.protocol.payload import Payload, contiguous_strides, view_extent
 from sharedarrays.transport import handles as transport
 
@@ -455,6 +456,7 @@ class SharedDeviceArray(NativeArrayMethods):
             offset=self._offset,
             readonly=self._readonly or alloc.export_readonly,
             capacity=alloc.capacity if alloc.growable else None,
+            node=this_node(),
         )
 
     def _payload_bytes(self) -> bytes:
