@@ -8,6 +8,7 @@ pickling it (multiprocessing does that for you). Every process maps the same mem
 
 from __future__ import annotations
 
+from sharedarrays.api import dask as _dask
 from sharedarrays.api.array import SharedDeviceArray, load, synchronize
 from sharedarrays.api.creation import (
     asarray,
@@ -21,6 +22,7 @@ from sharedarrays.api.creation import (
     zeros,
     zeros_like,
 )
+from sharedarrays.api.daskarray import from_dask, to_dask
 from sharedarrays.api.named import NamedArray, attach, list_named, unlink
 from sharedarrays.api.pool import ForkAfterCudaError, Pool, ProcessPoolExecutor
 from sharedarrays.api.semaphore import ExternalSemaphore, Timeline
@@ -77,6 +79,8 @@ __all__ = [
     "empty",
     "empty_like",
     "from_array",
+    "from_dask",
+    "to_dask",
     "full",
     "full_like",
     "list_named",
@@ -96,3 +100,5 @@ __all__ = [
     "zeros",
     "zeros_like",
 ]
+
+_dask.install()  # registers with distributed once it is imported (imports no dask)
