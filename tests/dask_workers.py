@@ -75,11 +75,14 @@ def fill_block(block: np.ndarray, block_info: Any = None) -> np.ndarray:
     return np.ravel_multi_index(grids, shape).astype(np.float64)
 
 
-def joblib_task(v: sa.SharedDeviceArray, i: int) -> tuple[int, str, sa.SharedDeviceArray]:
-    """joblib task: write v[i] in place, return the worker's pid, the allocation it mapped
-    and a view of the row it wrote."""
+def joblib_task(v: Any, i: int, folder: str) -> tuple[int, str, str, list[str], Any]:
+    """joblib task: write v[i] in place; return the worker's pid, the type it got, the
+    allocation it mapped (if shared), the files under joblib's temp folder, and a view of
+    the element it wrote."""
     v[i] = i + 100
-    return os.getpid(), v.allocation.id, v[i : i + 1]
+    files = [name for _, _, names in os.walk(folder) for name in names]
+    alloc = v.allocation.id if isinstance(v, sa.SharedDeviceArray) else ""
+    return os.getpid(), type(v).__name__, alloc, files, v[i : i + 1]
 
 
 def ray_task(v: sa.SharedDeviceArray) -> tuple[str, float]:
