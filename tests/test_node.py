@@ -79,7 +79,7 @@ def test_env_word(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_a_payload_carries_its_node(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(NODE_VARIABLE, raising=False)
-    a = sa.zeros(4)
+    a = sa.zeros(4, pack=False)
     p = a.payload()
     assert p.node == machine_node()
     assert Payload.from_bytes(p.to_bytes()).node == p.node
@@ -94,7 +94,7 @@ def test_a_payload_carries_its_node(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.timeout(120)
 def test_a_payload_loaded_on_another_node_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(NODE_VARIABLE, raising=False)
-    a = sa.from_array(np.arange(4.0))
+    a = sa.from_array(np.arange(4.0), pack=False)
     blob = pickle.dumps(a)
     out = _load_in_child(blob, "elsewhere")
     assert out.startswith("WrongNode"), out
@@ -109,7 +109,7 @@ def test_a_payload_loaded_on_another_node_is_refused(monkeypatch: pytest.MonkeyP
 @pytest.mark.timeout(120)
 def test_processes_claiming_one_node_share(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(NODE_VARIABLE, "node-a")
-    a = sa.from_array(np.arange(4.0))
+    a = sa.from_array(np.arange(4.0), pack=False)
     blob = pickle.dumps(a)
     assert a.payload().node == "node-a"
     assert _load_in_child(blob, "node-a") == "loaded 1.0\n"

@@ -1,5 +1,8 @@
 """Dask: shared arrays through distributed (sharedarrays.api.dask) and dask.array
-(sharedarrays.api.daskarray), on a LocalCluster of worker processes on the CPU."""
+(sharedarrays.api.daskarray), on a LocalCluster of worker processes on the CPU.
+
+Small arrays are made with pack=False: a slab served to the workers would show "served to"
+in later tests' arrays packed into it."""
 
 from __future__ import annotations
 
@@ -101,7 +104,7 @@ def test_registered_once_distributed_is_imported_in_either_order() -> None:
 # the choice per transfer ----------------------------------------------------------------------
 def test_same_host_travels_as_the_payload_other_host_as_data() -> None:
     sadask.register()
-    a = sa.from_array(np.arange(MiB // 8, dtype=np.float64), device="cpu")
+    a = sa.from_array(np.arange(MiB // 8, dtype=np.float64), device="cpu", pack=False)
     header, frames = serialize(a, context=SAME_HOST)
     assert header["serializer"] == "dask"
     assert header["sub-header"]["form"] == "payload"
@@ -125,7 +128,7 @@ def test_same_host_travels_as_the_payload_other_host_as_data() -> None:
 
 # a cluster on this node -------------------------------------------------------------------------
 def test_scatter_submit_and_write_in_place(client: distributed.Client) -> None:
-    a = sa.from_array(np.arange(8.0), device="cpu")
+    a = sa.from_array(np.arange(8.0), device="cpu", pack=False)
     fut = client.scatter(a)
     got = client.submit(w.describe, fut).result()
     assert got["type"] == "SharedDeviceArray"
@@ -139,7 +142,7 @@ def test_scatter_submit_and_write_in_place(client: distributed.Client) -> None:
 
 
 def test_map_over_views(client: distributed.Client) -> None:
-    a = sa.from_array(np.arange(8.0), device="cpu")
+    a = sa.from_array(np.arange(8.0), device="cpu", pack=False)
     got = client.gather(client.map(w.describe, [a[i : i + 2] for i in range(0, 8, 2)]))
     assert {g["alloc"] for g in got} == {a.allocation.id}
     assert [g["values"] for g in got] == [[0, 1], [2, 3], [4, 5], [6, 7]]
@@ -164,7 +167,7 @@ def test_worker_to_worker_and_back(client: distributed.Client) -> None:
 def test_bytes_on_the_wire_are_the_payload_not_the_data(client: distributed.Client) -> None:
     w1, w2 = _workers(client)
     n = 32 * MiB
-    a = sa.zeros(n // 8, device="cpu")
+    a = sa.zeros(n // 8, device="cpu", pack=False)
     plain = np.zeros(n // 8)
 
     client.run(w.count_frames, workers=[w1])
@@ -183,7 +186,7 @@ def test_bytes_on_the_wire_are_the_payload_not_the_data(client: distributed.Clie
 
 
 def test_to_dask_chunks_are_shared_views(client: distributed.Client) -> None:
-    a = sa.from_array(np.arange(24.0).reshape(4, 6), device="cpu")
+    a = sa.from_array(np.arange(24.0).reshape(4, 6), device="cpu", pack=False)
     x = sa.to_dask(a, chunks=(2, 3))
     assert x.chunks == ((2, 2), (3, 3))
     a[0, 0] = 1000.0  # after the graph was made: the tasks read the shared memory
@@ -196,10 +199,10 @@ def test_to_dask_chunks_are_shared_views(client: distributed.Client) -> None:
 
 
 def test_from_dask_writes_each_chunk_in_place(client: distributed.Client) -> None:
-    y = da.zeros((40, 10), chunks=(10, 5)).map_blocks(w.fill_block, dtype=np.float64)
-    out = sa.from_dask(y, device="cpu")
-    assert isinstance(out, sa.SharedDeviceArray) and out.shape == (40, 10)
-    np.testing.assert_array_equal(out.get(), np.arange(400.0).reshape(40, 10))
+    y = da.zeros((100, 100), chunks=(25, 50)).map_blocks(w.fill_block, dtype=np.float64)
+    out = sa.from_dask(y, device="cpu")  # 80 kB: an allocation of its own, not packed
+    assert isinstance(out, sa.SharedDeviceArray) and out.shape == (100, 100)
+    np.testing.assert_array_equal(out.get(), np.arange(10000.0).reshape(100, 100))
     out.close()
     with pytest.raises(TypeError, match=r"dask\.array\.Array"):
         sa.from_dask(np.zeros(3))
@@ -207,7 +210,7 @@ def test_from_dask_writes_each_chunk_in_place(client: distributed.Client) -> Non
 
 # another node -----------------------------------------------------------------------------------
 def test_to_another_node_by_value_and_back(other_node: distributed.Client) -> None:
-    a = sa.from_array(np.arange(6.0), device="cpu")
+    a = sa.from_array(np.arange(6.0), device="cpu", pack=False)
     fut = other_node.scatter(a)
     got = other_node.submit(w.describe, fut).result()
     assert got["node"] == "other-node" and got["type"] == "SharedDeviceArray"
@@ -223,7 +226,7 @@ def test_to_another_node_by_value_and_back(other_node: distributed.Client) -> No
 
 
 def test_a_payload_on_another_node_is_refused(other_node: distributed.Client) -> None:
-    a = sa.from_array(np.arange(3.0), device="cpu")
+    a = sa.from_array(np.arange(3.0), device="cpu", pack=False)
     fut = other_node.submit(w.load_pickled, pickle.dumps(a))
     with pytest.raises(sa.WrongNode, match="other-node"):
         fut.result()
