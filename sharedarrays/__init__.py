@@ -8,6 +8,7 @@ pickling it (multiprocessing does that for you). Every process maps the same mem
 
 from __future__ import annotations
 
+from sharedarrays.api import dask as _dask
 from sharedarrays.api.array import SharedDeviceArray, load, synchronize
 from sharedarrays.api.creation import (
     asarray,
@@ -21,6 +22,7 @@ from sharedarrays.api.creation import (
     zeros,
     zeros_like,
 )
+from sharedarrays.api.daskarray import from_dask, to_dask
 from sharedarrays.api.named import NamedArray, attach, list_named, unlink
 from sharedarrays.api.pool import ForkAfterCudaError, Pool, ProcessPoolExecutor
 from sharedarrays.api.semaphore import ExternalSemaphore, Timeline
@@ -45,6 +47,7 @@ from sharedarrays.errors import (
     PermissionDenied,
     ResizeRefused,
     SharedArrayError,
+    WrongNode,
 )
 from sharedarrays.memory import Allocation, live_allocations
 
@@ -64,6 +67,7 @@ __all__ = [
     "NamedArray",
     "NotShareable",
     "OutOfMemory",
+    "WrongNode",
     "PayloadError",
     "PeerAccessUnavailable",
     "PermissionDenied",
@@ -77,6 +81,8 @@ __all__ = [
     "empty",
     "empty_like",
     "from_array",
+    "from_dask",
+    "to_dask",
     "full",
     "full_like",
     "list_named",
@@ -96,3 +102,5 @@ __all__ = [
     "zeros",
     "zeros_like",
 ]
+
+_dask.install()  # registers with distributed once it is imported (imports no dask)

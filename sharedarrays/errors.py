@@ -20,6 +20,7 @@ __all__ = [
     "ResizeRefused",
     "OutOfMemory",
     "NotShareable",
+    "WrongNode",
 ]
 
 
@@ -119,4 +120,14 @@ class NotShareable(SharedArrayError, ValueError):
     VMM memory such as PyTorch's ``expandable_segments``), and for objects that are not
     arrays. The message says why; :func:`sharedarrays.from_array` copies the array into new
     shared memory instead.
+    """
+
+
+class WrongNode(SharedArrayError):
+    """A payload made on another node (another machine, user, or mount or pid namespace: see
+    :mod:`sharedarrays.node`) was loaded here.
+
+    Its handles name processes and sockets of that node, so nothing here is opened. Send the
+    array's data instead (``a.get()``, or let Dask do it: with ``sharedarrays.api.dask``
+    registered, Dask moves an array between nodes as data).
     """

@@ -36,8 +36,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from sharedarrays.backends import Access, Backend, device_of, get_backend, why_unusable
-from sharedarrays.errors import BackendUnavailable, HandleUnavailable, PayloadError
+from sharedarrays.errors import BackendUnavailable, HandleUnavailable, PayloadError, WrongNode
 from sharedarrays.memory.allocation import Allocation, lookup, revive
+from sharedarrays.node import NODE_VARIABLE, this_node
 from sharedarrays.protocol.payload import Payload
 from sharedarrays.transport import client, keeper, notices
 from sharedarrays.transport import handles as transport
@@ -274,7 +275,19 @@ def load_payload(
         Another user, or the wrong secret.
     BackendUnavailable
         Its memory system cannot be used in this process.
+    WrongNode
+        The payload was made on another node (:mod:`sharedarrays.node`): nothing is opened.
     """
+    if p.node is not None:
+        here = this_node()
+        if p.node != here:
+            raise WrongNode(
+                f"this payload was made on node {p.node} and this process is on node {here} "
+                "(another machine, user, or mount or pid namespace; or a claimed "
+                f"{NODE_VARIABLE}): its handles cannot be opened here. Send the array's data "
+                "instead (a.get()), or let the engine do it (Dask does once "
+                "sharedarrays.api.dask is registered)"
+            )
     if sync is not None and (type(sync) is not bytes or not 0 < len(sync) <= 256):
         raise PayloadError("the ordering token that travelled with the payload is malformed")
     carried: list[int] | None = None

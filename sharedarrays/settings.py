@@ -1,16 +1,19 @@
-"""Numeric settings from the environment, read one way.
+"""Settings from the environment, read one way.
 
 Every ``SHAREDARRAYS_*`` number is read by :func:`env_number`: unset or empty means the
 default; anything else must be a number of the setting's kind, at least its minimum, or a
-:class:`ValueError` names the variable and what it takes.
+:class:`ValueError` names the variable and what it takes. A word (a name, an id) is read by
+:func:`env_word` the same way: unset or empty means ``None``, anything else must match the
+setting's pattern.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from typing import TypeVar
 
-__all__ = ["env_number"]
+__all__ = ["env_number", "env_word"]
 
 N = TypeVar("N", int, float)
 
@@ -44,3 +47,28 @@ def env_number(name: str, default: N, minimum: N) -> N:
     if value < minimum:
         raise ValueError(f"{name} must be at least {minimum}, got {value}")
     return value
+
+
+def env_word(name: str, pattern: re.Pattern[str], what: str) -> str | None:
+    """The word in the environment variable ``name``, or ``None`` when it is unset or empty.
+
+    Parameters
+    ----------
+    name : str
+        The variable, e.g. ``"SHAREDARRAYS_NODE"``.
+    pattern : re.Pattern
+        What a value must match in full (surrounding blanks are dropped first).
+    what : str
+        What the pattern takes, in words, for the error message.
+
+    Raises
+    ------
+    ValueError
+        The value does not match ``pattern``.
+    """
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    if not pattern.fullmatch(text):
+        raise ValueError(f"{name}={text!r} is not {what}; unset it for the default")
+    return text

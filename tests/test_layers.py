@@ -20,7 +20,15 @@ PACKAGE = Path(__file__).resolve().parents[1] / "sharedarrays"
 
 # bottom to top; a module belongs to the layer of the longest prefix that names it
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("foundation", ("sharedarrays.errors", "sharedarrays.settings", "sharedarrays.process")),
+    (
+        "foundation",
+        (
+            "sharedarrays.errors",
+            "sharedarrays.settings",
+            "sharedarrays.process",
+            "sharedarrays.node",
+        ),
+    ),
     ("protocol", ("sharedarrays.protocol",)),
     ("backends", ("sharedarrays.backends",)),
     ("memory", ("sharedarrays.memory",)),

@@ -33,6 +33,7 @@ def test_the_notebooks_are_there():
         "02-pool-workers.ipynb",
         "03-memory-map.ipynb",
         "04-between-notebooks.ipynb",
+        "05-dask.ipynb",
         "06-workflow.ipynb",
         "07-named-consumer.ipynb",
         "07-named-producer.ipynb",
@@ -118,6 +119,9 @@ def test_notebook_runs(name, tmp_path, monkeypatch):
     if name.startswith("06"):
         plots = [d for d in everything if "image/png" in d and "text/html" not in d]
         assert len(plots) == 1, "06 draws one matplotlib figure"
+    if name.startswith("05"):  # a worker's array came back as the same memory
+        text = "".join(o.get("text", "") for o in last if o.output_type == "stream")
+        assert "same memory: True" in text
 
 
 @pytest.mark.notebook

@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import operator
 import os
+from collections.abc import Callable
 from multiprocessing import reduction
 from multiprocessing.context import get_spawning_popen
 from types import EllipsisType
@@ -25,6 +26,7 @@ from sharedarrays.backends import Access, get_backend
 from sharedarrays.backends.device import Device, DeviceLike, parse_device
 from sharedarrays.errors import ClosedArrayError, PayloadError, ResizeRefused
 from sharedarrays.memory import Allocation, Lease, live_allocations
+from sharedarrays.node import this_node
 from sharedarrays.protocol.payload import Payload, contiguous_strides, view_extent
 from sharedarrays.transport import handles as transport
 
@@ -455,6 +457,7 @@ class SharedDeviceArray(NativeArrayMethods):
             offset=self._offset,
             readonly=self._readonly or alloc.export_readonly,
             capacity=alloc.capacity if alloc.growable else None,
+            node=this_node(),
         )
 
     def _payload_bytes(self) -> bytes:
@@ -637,6 +640,27 @@ class SharedDeviceArray(NativeArrayMethods):
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return _reduce(self, carry_fds=False)
 
+    def __dask_tokenize__(self) -> tuple[Any, ...]:
+        """Dask's token of this view, made without pickling it (a pickle would count a
+        payload in flight that no one loads): its allocation and layout. Like a pickle's, it
+        does not change when the values do: submit tasks that must see new values with
+        ``pure=False``."""
+        alloc = self.allocation
+        return (
+            "sharedarrays",
+            alloc.id,
+            self._offset,
+            self._dtype.str,
+            self._shape,
+            self._strides,
+            self._readonly,
+        )
+
+
+reduce_hooks: list[Callable[[], bool]] = []
+"""Called before a view is pickled, while any is left; a hook that returns ``True`` is done and
+is dropped. ``api/dask.py`` waits here for distributed to be imported, to register with it."""
+
 
 def _reduce(a: SharedDeviceArray, carry_fds: bool) -> tuple[Any, tuple[Any, ...]]:
     """The one reduction of a view: :func:`_rebuild` and its arguments (the payload, the
@@ -645,6 +669,8 @@ def _reduce(a: SharedDeviceArray, carry_fds: bool) -> tuple[Any, tuple[Any, ...]
     A payload that names this process's handle server is counted in flight
     (:meth:`Allocation.note_sent`) until a load is reported. Carried fds leave nothing in
     flight (the child asks no server), so that form is not counted."""
+    if reduce_hooks:  # until each is done (api/dask.py: registration with distributed)
+        reduce_hooks[:] = [hook for hook in reduce_hooks if not hook()]
     blob = a._payload_bytes()
     alloc = a.allocation
     if carry_fds:  # the handles travel with it: nothing is left in flight

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from sharedarrays.errors import PayloadError
+from sharedarrays.node import NODE_PATTERN
 from sharedarrays.process import PID_MAX_LIMIT
 
 __all__ = ["Payload", "MAX_PAYLOAD_BYTES", "contiguous_strides", "view_extent"]
@@ -58,7 +59,7 @@ _DTYPE = re.compile(r"^[<>|=]?[biufc][0-9]{1,2}$")
 _BACKEND = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 """A backend name's shape (``host``, ``cuda-vmm``, ...). Whether this process knows the
 backend is its importer's question: :class:`Payload` is pure data."""
-_OPTIONAL = frozenset(("capacity",))
+_OPTIONAL = frozenset(("capacity", "node"))
 
 
 _DECODED_LIMIT = 4096
@@ -146,6 +147,10 @@ class Payload:
         For a growable array, the bytes its exporter reserves (``None`` otherwise). Its
         ``chunks`` are then the allocation's *generation* when the payload was made: an
         importer that maps fewer chunks maps the new ones. Encoded only when set.
+    node : str or None
+        The node id (:mod:`sharedarrays.node`) of the process that made the payload: a load
+        on another node is refused before anything is opened. Encoded only when set (every
+        payload an array makes sets it).
 
     A pointer backend's payload (cuda-ipc, cuda-pool) always names the exporter in ``pid``
     and ``server``, even when an importer pickles it on: the exporter records every importer
@@ -170,6 +175,7 @@ class Payload:
     offset: int
     readonly: bool
     capacity: int | None = None
+    node: str | None = None
 
     @property
     def size(self) -> int:
@@ -194,6 +200,8 @@ class Payload:
         }
         if self.capacity is not None:
             doc["capacity"] = self.capacity
+        if self.node is not None:
+            doc["node"] = self.node
         return doc
 
     def to_bytes(self) -> bytes:
@@ -307,6 +315,9 @@ class Payload:
                 f"allocation of {size} bytes"
             )
         capacity = _int(doc, "capacity", size, MAX_SIZE) if "capacity" in doc else None
+        node = doc.get("node")
+        if "node" in doc and (type(node) is not str or not NODE_PATTERN.fullmatch(node)):
+            raise PayloadError("payload field 'node' must be a node id (sharedarrays.node)")
         return cls(
             backend=backend,
             device=device,
@@ -321,6 +332,7 @@ class Payload:
             offset=offset,
             readonly=readonly,
             capacity=capacity,
+            node=node,
         )
 
 

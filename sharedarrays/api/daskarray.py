@@ -1,0 +1,126 @@
+"""dask.array over shared memory: :func:`to_dask` (chunks that are shared views) and
+:func:`from_dask` (compute into one new shared allocation, each task writing its chunk in
+place). dask is imported when they are called, never by ``import sharedarrays``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from sharedarrays.api.array import SharedDeviceArray
+from sharedarrays.api.creation import empty
+from sharedarrays.backends.device import DeviceLike
+
+__all__ = ["to_dask", "from_dask"]
+
+
+def _meta(a: SharedDeviceArray) -> Any:
+    """An empty native array of ``a``'s kind and dtype (a NumPy or a CuPy one)."""
+    return a.array[(slice(0, 0),) * a.ndim] if a.ndim else a.array.reshape(1)[:0]
+
+
+def to_dask(a: SharedDeviceArray, chunks: Any = "auto", *, name: str | None = None) -> Any:
+    """A :class:`dask.array.Array` whose chunks are shared views of ``a``.
+
+    Each chunk is ``a[block]`` (a :class:`SharedDeviceArray` view, no copy): a task on a
+    worker of the same node gets the view's payload and reads the shared memory itself, and
+    a chunk moved between such workers moves as its payload (with
+    :mod:`sharedarrays.api.dask` registered). Operations on the chunks give native arrays
+    (NumPy, or CuPy on a GPU), as the array's methods do.
+
+    Parameters
+    ----------
+    a : SharedDeviceArray
+        The array; it must stay open while the dask array is computed.
+    chunks : int, tuple, str
+        As for :func:`dask.array.from_array` (``"auto"`` by default).
+    name : str, optional
+        The dask key prefix; default: one made from the allocation and the view, so two
+        calls on the same view give the same keys.
+
+    Returns
+    -------
+    dask.array.Array
+    """
+    import itertools
+
+    import dask.array as da
+    from dask.array.core import normalize_chunks, slices_from_chunks
+
+    if not isinstance(a, SharedDeviceArray):
+        raise TypeError(f"to_dask takes a SharedDeviceArray, not {type(a).__name__}")
+    if name is None:
+        layout = "-".join(str(n) for n in (*a.shape, *a.strides))
+        name = f"shared-{a.allocation.id}-{a.offset}-{a.dtype.str}-{layout}"
+    # (not dask.array.from_array: it copies whatever has a copy() method)
+    chunks = normalize_chunks(chunks, a.shape, dtype=a.dtype)
+    blocks = itertools.product(*(range(len(c)) for c in chunks))
+    graph = {(name, *index): a[slices] for index, slices in zip(blocks, slices_from_chunks(chunks))}
+    return da.Array(graph, name, chunks, meta=_meta(a))
+
+
+class _Target:
+    """What :func:`dask.array.store` writes into: the shared array (it travels to each task
+    as its payload), made visible to every process before the task reports its chunk done."""
+
+    def __init__(self, out: SharedDeviceArray) -> None:
+        self.out = out
+        self.shape = out.shape
+        self.dtype = out.dtype
+        self.ndim = out.ndim
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.out[key] = value
+        self.out.synchronize()  # a CUDA copy is queued on a stream: done before the task ends
+
+
+def from_dask(
+    x: Any,
+    *,
+    device: DeviceLike = None,
+    backend: str = "auto",
+    **compute: Any,
+) -> SharedDeviceArray:
+    """Compute a dask array into a new shared array, each task writing its chunk in place.
+
+    The array is made here (:func:`sharedarrays.empty`), then :func:`dask.array.store`
+    runs one task per chunk: each computes its chunk and writes it into the one shared
+    allocation (the array travels to the task as its payload, so on one node nothing is
+    gathered: e.g. a dataset loaded in parallel straight into shared GPU memory).
+
+    Parameters
+    ----------
+    x : dask.array.Array
+        The array to compute.
+    device : str, int, torch.device, cupy.cuda.Device or None
+        Where to put the result (as :func:`sharedarrays.empty`); default: a GPU when ``x``'s
+        chunks are CuPy arrays, else as :func:`sharedarrays.empty` decides.
+    backend : str
+        The memory system (as :func:`sharedarrays.empty`).
+    **compute
+        Passed to :func:`dask.array.store` (``scheduler=``, ...).
+
+    Returns
+    -------
+    SharedDeviceArray
+        The result, written by the tasks; on an error it is closed and the error raised.
+    """
+    import dask.array as da
+
+    if not isinstance(x, da.Array):
+        raise TypeError(f"from_dask takes a dask.array.Array, not {type(x).__name__}")
+    if any(np.isnan(n) for n in x.shape):
+        raise ValueError(
+            "from_dask needs a dask array of known shape (call x.compute_chunk_sizes() first)"
+        )
+    if device is None and type(x._meta).__module__.partition(".")[0] == "cupy":
+        device = "cuda"
+    out = empty(x.shape, dtype=x.dtype, device=device, backend=backend)
+    try:
+        da.store(x, _Target(out), lock=False, **compute)
+    except BaseException:
+        out.close()
+        raise
+    return out

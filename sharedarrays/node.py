@@ -1,0 +1,83 @@
+"""Node identity: which processes can open each other's payloads.
+
+A payload names things that exist only on the machine, and for the user and the namespaces,
+where it was made: the exporter's pid (a pid namespace), its handle server's socket path and
+the keeper's runtime directory (a mount namespace), handles that only the same user may fetch
+(the handle servers check the peer's uid), and memory that exists only until the kernel
+reboots. Two processes are on the same **node** when all of these match:
+
+- the kernel's boot (``/proc/sys/kernel/random/boot_id``: a fresh random id at each boot,
+  different on every machine),
+- the real user id,
+- the mount namespace (``/proc/self/ns/mnt``: sockets are found by path),
+- the pid namespace (``/proc/self/ns/pid``: the payload names a pid).
+
+The node id is a digest of these four (32 hex digits); the network namespace does not matter
+(the sockets have paths). A process may claim another node id with the setting
+``SHAREDARRAYS_NODE`` (letters, digits and ``._:-``, at most 64): two processes claiming
+different ids treat each other as on different nodes even on one machine, and two claiming
+the same id as on one node (so only claim the same id where the four facts above match).
+Engines (Dask) move an array as data instead of as a payload between nodes, and a payload
+loaded on another node raises :class:`~sharedarrays.errors.WrongNode`.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import re
+
+from sharedarrays.settings import env_word
+
+__all__ = ["NODE_VARIABLE", "NODE_PATTERN", "this_node", "machine_node"]
+
+NODE_VARIABLE = "SHAREDARRAYS_NODE"
+NODE_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+"""What a node id looks like: the digest's 32 hex digits, or a claimed id."""
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _namespace(kind: str) -> str:
+    try:
+        st = os.stat(f"/proc/self/ns/{kind}")
+    except OSError:
+        return ""
+    return f"{st.st_dev}:{st.st_ino}"
+
+
+@functools.cache
+def machine_node() -> str:
+    """This process's node id from the facts (boot, user, mount and pid namespaces), without
+    the ``SHAREDARRAYS_NODE`` setting. The facts do not change while a process runs."""
+    facts = "\0".join(
+        (
+            _read("/proc/sys/kernel/random/boot_id"),
+            str(os.getuid()),
+            _namespace("mnt"),
+            _namespace("pid"),
+        )
+    )
+    return hashlib.blake2b(facts.encode(), digest_size=16).hexdigest()
+
+
+def this_node() -> str:
+    """This process's node id: the one claimed by ``SHAREDARRAYS_NODE``, else
+    :func:`machine_node`.
+
+    Raises
+    ------
+    ValueError
+        ``SHAREDARRAYS_NODE`` is set to something that is not a node id.
+    """
+    claimed = env_word(
+        NODE_VARIABLE, NODE_PATTERN, "a node id (at most 64 letters, digits or ._:-)"
+    )
+    return machine_node() if claimed is None else claimed
