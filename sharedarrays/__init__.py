@@ -24,7 +24,7 @@ from sharedarrays.api.creation import (
 )
 from sharedarrays.api.daskarray import from_dask, to_dask
 from sharedarrays.api.named import NamedArray, attach, list_named, unlink
-from sharedarrays.api.node import node_map
+from sharedarrays.api.nodemap import node_map
 from sharedarrays.api.pool import ForkAfterCudaError, Pool, ProcessPoolExecutor
 from sharedarrays.api.semaphore import ExternalSemaphore, Timeline
 from sharedarrays.api.sharing import share

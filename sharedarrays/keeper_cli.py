@@ -1,6 +1,6 @@
 """Command line for named arrays and the keeper: ``python -m sharedarrays ls | rm | keeper |
 status`` (added to :mod:`sharedarrays.cli`). ``ls`` adds the node-wide view's columns
-(:mod:`sharedarrays.api.node`), and ``rm`` also frees parked and orphaned allocations by id."""
+(:mod:`sharedarrays.api.nodemap`), and ``rm`` also frees parked and orphaned allocations by id."""
 
 from __future__ import annotations
 
@@ -69,8 +69,8 @@ def _ask(question: str) -> bool:
 
 def _rm(targets: list[str], yes: bool) -> int:
     """``rm``: a name is unlinked (as before); an id (or its start) of a parked or orphaned
-    allocation is freed (:func:`sharedarrays.api.node.free`)."""
-    from sharedarrays.api import named, node
+    allocation is freed (:func:`sharedarrays.api.nodemap.free`)."""
+    from sharedarrays.api import named, nodemap
     from sharedarrays.errors import NameNotFound, SharedArrayError
 
     status = 0
@@ -85,9 +85,9 @@ def _rm(targets: list[str], yes: bool) -> int:
                 status = 1
                 continue
         try:
-            picture = picture or node.node_map()
-            row = node.find(picture, target)
-            done = node.free(row, (lambda q: True) if yes else _ask)
+            picture = picture or nodemap.node_map()
+            row = nodemap.find(picture, target)
+            done = nodemap.free(row, (lambda q: True) if yes else _ask)
         except SharedArrayError as e:
             print(f"rm: {e}", file=sys.stderr)
             status = 1
@@ -110,11 +110,11 @@ def run(args: argparse.Namespace) -> int:
     from sharedarrays.transport import keeper
 
     if args.command == "ls":
-        from sharedarrays.api import node
+        from sharedarrays.api import nodemap
         from sharedarrays.api.widgets.nodeview import row_cells
 
         rows = named.list_named(parked=args.all)
-        seen = {r.alloc_id: r for r in node.node_map().allocations} if rows else {}
+        seen = {r.alloc_id: r for r in nodemap.node_map().allocations} if rows else {}
         if args.json:
             for r in rows:
                 more = seen[r.id].to_doc() if r.id in seen else {}

@@ -45,11 +45,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _loop(args: argparse.Namespace) -> int:
-    from sharedarrays.api import node
+    from sharedarrays.api import nodemap
     from sharedarrays.api.widgets.nodeview import render_node_text
 
     while True:
-        picture = node.node_map(args.timeout)
+        picture = nodemap.node_map(args.timeout)
         nvml_text = ""
         nvml_doc: list[dict[str, Any]] | None = None
         if args.nvml:

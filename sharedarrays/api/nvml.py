@@ -1,5 +1,5 @@
 """GPU memory cross-check: what the driver reports per process (NVML) against what
-sharedarrays accounts for in the node-wide map (:mod:`sharedarrays.api.node`).
+sharedarrays accounts for in the node-wide map (:mod:`sharedarrays.api.nodemap`).
 
 Needs ``nvidia-ml-py`` (``import pynvml``; the ``nvml`` extra). Where it is missing, or no
 NVIDIA driver answers, :func:`cross_check` returns nothing and :func:`available` says why.
@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sharedarrays.api.node import NodeMap
+from sharedarrays.api.nodemap import NodeMap
 from sharedarrays.api.widgets.model import fmt_bytes
 
 __all__ = ["ProcessGpuMemory", "available", "driver_usage", "cross_check", "render_text"]

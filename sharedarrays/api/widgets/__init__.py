@@ -68,7 +68,7 @@ def show(
     ----------
     scope : {"process", "node"}, default "process"
         ``"node"``: every allocation of this user on this node, who holds it and in which
-        state (:mod:`sharedarrays.api.node`), with a *free* action for parked and orphaned
+        state (:mod:`sharedarrays.api.nodemap`), with a *free* action for parked and orphaned
         ones; ``target`` must then be ``None``. In a kernel with ipywidgets 8 a live
         ``VBox`` (refresh, auto-refresh), elsewhere a
         :class:`~sharedarrays.api.widgets.nodelive.NodeView` (text and HTML).

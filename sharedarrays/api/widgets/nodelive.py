@@ -1,4 +1,4 @@
-"""The node-wide memory map (:mod:`sharedarrays.api.node`) for Jupyter: ``sa.show(scope="node")``.
+"""The node-wide memory map (:mod:`sharedarrays.api.nodemap`) in Jupyter: ``sa.show(scope="node")``.
 
 :class:`NodeView` is the map with a text and HTML display (no ipywidgets needed);
 :func:`node_widget` makes the live :class:`NodeMapWidget` (imported from ipywidgets only
@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any
 
-from sharedarrays.api import node
+from sharedarrays.api import nodemap
 from sharedarrays.api.widgets.nodeview import render_node_html, render_node_text
 from sharedarrays.errors import SharedArrayError
 
@@ -31,20 +31,20 @@ class NodeView:
 
     def __init__(self, timeout: float = 1.0) -> None:
         self.timeout = timeout
-        self.map = node.node_map(timeout)
+        self.map = nodemap.node_map(timeout)
 
-    def refresh(self) -> node.NodeMap:
+    def refresh(self) -> nodemap.NodeMap:
         """Ask every process again; the new map."""
-        self.map = node.node_map(self.timeout)
+        self.map = nodemap.node_map(self.timeout)
         return self.map
 
     def free(self, target: str) -> str:
         """Free what keeps ``target`` (an id, its start, or a name) although no view uses it
-        (:func:`sharedarrays.api.node.free`; payloads in flight are left alone); what
+        (:func:`sharedarrays.api.nodemap.free`; payloads in flight are left alone); what
         happened, in words."""
         try:
-            row = node.find(self.refresh(), target.strip())
-            done = node.free(row, confirm=None)
+            row = nodemap.find(self.refresh(), target.strip())
+            done = nodemap.free(row, confirm=None)
         except SharedArrayError as e:
             return str(e)
         self.refresh()
@@ -99,7 +99,7 @@ def node_widget(view: NodeView, interval: float = 2.0, auto_refresh: bool = Fals
             if auto_refresh:
                 self.auto_toggle.value = True
 
-        def refresh(self) -> node.NodeMap:
+        def refresh(self) -> nodemap.NodeMap:
             """Ask every process again and redraw."""
             picture = self.node_view.refresh()
             self.html.value = render_node_html(picture)

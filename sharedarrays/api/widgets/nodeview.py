@@ -1,4 +1,4 @@
-"""The node-wide memory map (:class:`~sharedarrays.api.node.NodeMap`) as text and HTML:
+"""The node-wide memory map (:class:`~sharedarrays.api.nodemap.NodeMap`) as text and HTML:
 what ``python -m sharedarrays top`` prints and what ``sa.show(scope="node")`` draws.
 
 Plain functions of the frozen map: nothing here asks a process anything.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 import time
 
-from sharedarrays.api.node import Holder, NodeAllocation, NodeMap
+from sharedarrays.api.nodemap import Holder, NodeAllocation, NodeMap
 from sharedarrays.api.widgets.model import fmt_bytes
 
 __all__ = ["COLUMNS", "row_cells", "summary_lines", "render_node_text", "render_node_html"]

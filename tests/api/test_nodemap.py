@@ -23,7 +23,7 @@ import node_workers
 import pytest
 
 import sharedarrays as sa
-from sharedarrays.api import node
+from sharedarrays.api import nodemap
 from sharedarrays.api.widgets.nodeview import render_node_text
 from sharedarrays.protocol.handles import HeldAllocation, Reply, Snapshot, Status
 from sharedarrays.protocol.unix import runtime_dir
@@ -153,17 +153,17 @@ def test_rm_refuses_a_live_allocation_and_says_who_uses_it() -> None:
     assert out.returncode == 1
     assert "in use by views in pid" in out.stderr and str(os.getpid()) in out.stderr
     assert not a.closed and a.allocation.leases >= 1
-    row = node.find(node.node_map(), a.allocation.id[:8])
+    row = nodemap.find(nodemap.node_map(), a.allocation.id[:8])
     with pytest.raises(sa.InUse, match=str(os.getpid())):
-        node.free(row)
+        nodemap.free(row)
     a.close()
 
 
 @pytest.mark.timeout(120)
 def test_this_process_is_in_its_own_map_and_the_text_names_it() -> None:
     a = sa.zeros((512, 3), device="cpu", pack=False)
-    picture = node.node_map()
-    row = node.find(picture, a.allocation.id)
+    picture = nodemap.node_map()
+    row = nodemap.find(picture, a.allocation.id)
     assert row.state == "live" and row.exporter_pid == os.getpid()
     assert row.lost == row.size - 512 * 3 * 8
     text = render_node_text(picture)
@@ -171,7 +171,7 @@ def test_this_process_is_in_its_own_map_and_the_text_names_it() -> None:
     assert [d.device for d in picture.devices] == ["cpu"]
     alloc_id = a.allocation.id
     a.close()
-    assert all(r.alloc_id != alloc_id for r in node.node_map().allocations)
+    assert all(r.alloc_id != alloc_id for r in nodemap.node_map().allocations)
 
 
 def _other_user() -> str | None:
@@ -249,7 +249,7 @@ def test_another_users_process_is_never_listed() -> None:
     try:
         assert os.read(read, 1) == b"1"
         os.link(os.path.join(theirs, "s.sock"), link)
-        picture = node.node_map()
+        picture = nodemap.node_map()
         assert all(r.alloc_id != FAKE_ID for r in picture.allocations)
         assert [p.status for p in picture.processes if p.pid == pid] == ["refused"]
         assert FAKE_ID not in json.dumps(_top())
@@ -273,7 +273,7 @@ def test_nvml_cross_check_counts_this_processes_cuda_allocation() -> None:
     if nvml.available() is not None:
         pytest.skip(str(nvml.available()))
     a = sa.zeros(64 << 20, dtype="uint8", device="cuda:0", backend="cuda-vmm", pack=False)
-    checks = {(c.pid, c.device): c for c in nvml.cross_check(node.node_map())}
+    checks = {(c.pid, c.device): c for c in nvml.cross_check(nodemap.node_map())}
     mine = checks[(os.getpid(), "cuda:0")]
     assert mine.sharedarrays == a.allocation.size
     assert mine.driver is not None and mine.driver >= mine.sharedarrays
