@@ -17,13 +17,22 @@
 #   rm .whl/attrs-* .whl/packaging-* .whl/psutil-* .whl/pygments-* \
 #      .whl/python_dateutil-* .whl/typing_extensions-*   # already there, keep theirs
 #
+# The Dask tests on the GPU (dask_cuda.LocalCUDACluster) and the NVML cross-check of `top`
+# need dask-cuda and nvidia-ml-py with what they pull in, minus what the machine has:
+#
+#   python3 -m pip download ... -d /tmp/dw dask-cuda      # the same platform flags as above
+#   for p in dask dask_cuda distributed rapids_dask_dependency pandas tzdata fsspec toolz \
+#       partd locket cloudpickle click pyyaml msgpack tornado tblib zict sortedcontainers \
+#       jinja2 markupsafe importlib_metadata zipp nvidia_ml_py lazy_importer; do
+#     cp /tmp/dw/${p}-* .whl/; done
+#
 # The Vulkan semaphore tests also need the `vulkan`, `cffi` and `pycparser` wheels in .whl/
 # and the Vulkan loader's .deb files in .gl/ (carry ".gl" too); tests/vulkan_helpers.py says
 # how to fetch them. Without them those two tests skip with the reason.
 #
 # The whole call, as last run (report in docs/gpu-report.md):
-#   SA_COMMIT=$(git rev-parse --short HEAD) SA_DIRTY= bash scripts/gpu_check.sh [--bench]
-#   (device call with carry: [".whl", ".gl"])
+#   SA_COMMIT=<the commit, written out: the device's copy has no history> SA_DIRTY= \
+#       bash scripts/gpu_check.sh [--bench]      (device call with carry: [".whl", ".gl"])
 #
 # Runs `python3 -m pytest -m "gpu or notebook" -ra tests` (or the PYTEST_ARGS given, e.g. a single test
 # file), then `make demo PYTHON_ENV=system`, and with --bench `python3 -m sharedarrays bench`
