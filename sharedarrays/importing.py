@@ -168,7 +168,7 @@ def _mapped(p: Payload, carried: list[int] | None) -> Allocation | None:
     if p.capacity is not None:  # a growable array: maps the chunks added since, if any
         return _catch_up_to(alloc, p, received)
     _close(received)
-    if alloc.chunk_sizes() != list(p.chunks) or alloc.backend.name != p.backend:
+    if not alloc.has_chunk_sizes(p.chunks) or alloc.backend.name != p.backend:
         device_of(p.backend, p.device)  # a backend unknown here says so (else: a mismatch)
         raise PayloadError(f"payload does not match allocation {p.alloc_id} mapped here")
     if p.pid == os.getpid():  # one of this process's payloads came back: not in flight
@@ -278,16 +278,6 @@ def load_payload(
     WrongNode
         The payload was made on another node (:mod:`sharedarrays.node`): nothing is opened.
     """
-    if p.node is not None:
-        here = this_node()
-        if p.node != here:
-            raise WrongNode(
-                f"this payload was made on node {p.node} and this process is on node {here} "
-                "(another machine, user, or mount or pid namespace; or a claimed "
-                f"{NODE_VARIABLE}): its handles cannot be opened here. Send the array's data "
-                "instead (a.get()), or let the engine do it (Dask does once "
-                "sharedarrays.api.dask is registered)"
-            )
     if sync is not None and (type(sync) is not bytes or not 0 < len(sync) <= 256):
         raise PayloadError("the ordering token that travelled with the payload is malformed")
     carried: list[int] | None = None
@@ -296,11 +286,32 @@ def load_payload(
             raise PayloadError("the handles that travelled with the payload do not match it")
         carried = [d.detach() for d in fds]
     alloc = _mapped(p, carried)
-    if alloc is None:
+    if alloc is None:  # (one mapped here is on this node)
+        try:
+            _check_node(p)
+        except WrongNode:
+            _close(carried or [])
+            raise
         alloc = resolve(Request(p, carried), RESOLVERS[1:])
     if sync is not None:
         alloc.backend.import_sync(sync)
     return alloc
+
+
+def _check_node(p: Payload) -> None:
+    """Refuse a payload made on another node (:mod:`sharedarrays.node`) before anything is
+    opened."""
+    if p.node is None:
+        return
+    here = this_node()
+    if p.node != here:
+        raise WrongNode(
+            f"this payload was made on node {p.node} and this process is on node {here} "
+            "(another machine, user, or mount or pid namespace; or a claimed "
+            f"{NODE_VARIABLE}): its handles cannot be opened here. Send the array's data "
+            "instead (a.get()), or let the engine do it (Dask does once "
+            "sharedarrays.api.dask is registered)"
+        )
 
 
 # mapping what was found ----------------------------------------------------------------------

@@ -19,6 +19,7 @@ from typing import Any
 
 from sharedarrays.api.nodemap import NodeMap
 from sharedarrays.api.widgets.model import fmt_bytes
+from sharedarrays.backends.device import parse_name
 
 __all__ = ["ProcessGpuMemory", "available", "driver_usage", "cross_check", "render_text"]
 
@@ -110,7 +111,7 @@ def cross_check(node: NodeMap) -> list[ProcessGpuMemory]:
         return []
     mine: dict[tuple[int, str], int] = {}
     for row in node.allocations:
-        if not row.device.startswith("cuda"):
+        if not parse_name(row.device).is_cuda:  # NVML knows NVIDIA's devices only
             continue
         for h in row.holders:
             if h.role in ("exporter", "importer"):

@@ -180,14 +180,16 @@ class _HostMemory:
         readonly: bool,
     ) -> None:
         self.owner = owner
-        self.__array_interface__ = {
+        interface = {
             "version": 3,
             "shape": shape,
             "typestr": dtype.str,
-            "descr": dtype.descr,
             "strides": strides,
             "data": (address, readonly),
         }
+        if dtype.names is not None:  # only a structured dtype needs its fields spelled out
+            interface["descr"] = dtype.descr
+        self.__array_interface__ = interface
 
 
 class HostBackend:

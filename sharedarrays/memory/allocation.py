@@ -894,6 +894,17 @@ class Allocation(Growth):
         """The chunk sizes, in reservation order."""
         return [c.size for c in self._chunks]
 
+    def has_chunk_sizes(self, sizes: tuple[int, ...]) -> bool:
+        """Whether the chunks are ``sizes``, in reservation order (what a payload names),
+        compared without making an object (a warm load asks it for every view)."""
+        chunks = self._chunks
+        if len(chunks) != len(sizes):
+            return False
+        for i in range(len(sizes)):  # noqa: SIM110 - all() would make a generator per load
+            if chunks[i].size != sizes[i]:
+                return False
+        return True
+
     def describe(self) -> str:
         """A multi-line table of the reservation, its mappings and their chunks."""
         o = self.origin

@@ -6,10 +6,12 @@ in later tests' arrays packed into it."""
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -39,7 +41,29 @@ OTHER_HOST = {
 }
 
 
+def _memfds() -> int:
+    """memfds open in this process (shared memory its views or handles hold)."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:")
+        except OSError:
+            pass
+    return n
+
+
 def _cluster(**kwargs: object) -> Iterator[distributed.Client]:
+    before = _memfds()
+    yield from _run_cluster(**kwargs)
+    # what the cluster's messages held (results distributed dropped, arrays its threads
+    # deserialised) is let go of a little after it closes; later tests count fds
+    deadline = time.monotonic() + 30
+    while _memfds() > before and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.1)
+
+
+def _run_cluster(**kwargs: object) -> Iterator[distributed.Client]:
     with (
         distributed.LocalCluster(
             processes=True,
