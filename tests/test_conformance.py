@@ -49,6 +49,7 @@ BACKENDS = [
     pytest.param(("cuda-ipc", "cuda:0"), id="cuda-ipc", marks=pytest.mark.gpu),
     pytest.param(("cuda-pool", "cuda:0"), id="cuda-pool", marks=pytest.mark.gpu),
     pytest.param(("hip-vmm", "hip:0"), id="hip-vmm-simulated"),
+    pytest.param(("hip-pool", "hip:0"), id="hip-pool-simulated"),
     pytest.param(("ascend", "npu:0"), id="ascend-simulated"),
 ]
 SIMULATED = {

@@ -113,8 +113,8 @@ class HipDevice:
 
     def check_memory(self, nbytes: int) -> None:
         """Nothing to check beforehand: ``hipMemCreate`` (``hipMallocFromPoolAsync``) takes the
-        memory at once, and fails
-        with :class:`~sharedarrays.backends.hip.runtime.HipOutOfMemory`."""
+        memory at once, and fails with
+        :class:`~sharedarrays.backends.hip.runtime.HipOutOfMemory`."""
 
     def synchronize(self) -> None:
         """Wait for all work queued on this device (``hipDeviceSynchronize``)."""
