@@ -190,3 +190,41 @@ def test_errors_carry_acl_names() -> None:
     with pytest.raises(runtime.AclError, match="aclError 123456"):
         runtime.check(123456, "x")
     runtime.check(0, "x")
+
+
+class _NpuTensor:
+    """What a torch_npu tensor shows of itself: DLPack's kDLExtDev (PyTorch's PrivateUse1)
+    and ``device.type == "npu"``, or DLPack's own ``kDLAscend``."""
+
+    def __init__(self, data: np.ndarray, kind: int, device_type: str = "npu") -> None:  # type: ignore[type-arg]
+        self.data, self.kind = data, kind
+        self.device = type("device", (), {"type": device_type, "index": 0})()
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (self.kind, 0)
+
+    def cpu(self) -> _NpuTensor:
+        return self
+
+    def detach(self) -> _NpuTensor:
+        return self
+
+    def numpy(self) -> np.ndarray:  # type: ignore[type-arg]
+        return self.data.copy()
+
+    def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:  # type: ignore[type-arg]
+        return self.data.copy()
+
+
+@pytest.mark.parametrize("kind", [12, 21])
+def test_from_array_of_npu_memory_takes_the_npu_device(simulated: None, kind: int) -> None:
+    a = sa.from_array(_NpuTensor(np.arange(5, dtype=np.float32), kind))
+    assert str(a.device) == "npu:0" and a.backend == "ascend"
+    np.testing.assert_array_equal(a.get(), np.arange(5, dtype=np.float32))
+
+
+def test_another_ext_dev_is_not_taken_for_an_npu() -> None:
+    from sharedarrays.api.creation import _source_device
+
+    assert _source_device(_NpuTensor(np.arange(3.0), 12, device_type="other")) is None
+    assert _source_device(_NpuTensor(np.arange(3.0), 12)) == Device("npu", 0)

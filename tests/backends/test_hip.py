@@ -120,3 +120,22 @@ def test_an_fd_that_is_no_pool_is_refused(simulated: None) -> None:
         os.fstat(fd)  # the backend took the fd and closed it
     with pytest.raises(sa.PayloadError, match="80 bytes"):
         backend.import_chunk(-1, 4096, bytes(8))
+
+
+class _RocmArray:
+    """What a ROCm array (CuPy's ROCm build, a torch tensor on an AMD GPU) shows of itself."""
+
+    def __init__(self, data: np.ndarray) -> None:  # type: ignore[type-arg]
+        self.data = data
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (10, 0)  # kDLROCM
+
+    def get(self) -> np.ndarray:  # type: ignore[type-arg]
+        return self.data.copy()
+
+
+def test_from_array_of_rocm_memory_takes_the_hip_device(simulated: None) -> None:
+    a = sa.from_array(_RocmArray(np.arange(6.0)))
+    assert str(a.device) == "hip:0" and a.backend == "hip-vmm"
+    np.testing.assert_array_equal(a.get(), np.arange(6.0))

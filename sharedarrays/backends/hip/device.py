@@ -171,11 +171,17 @@ class HipDevice:
 
     def to_native(self, obj: Any) -> Any:
         """``obj`` as this backend's native array type (may copy): CuPy where it is the
-        native type, else NumPy."""
+        native type, else NumPy (a torch tensor through ``.cpu()``, a CuPy array through
+        ``.get()``)."""
         cupy = _cupy_rocm()
         if cupy is not None:
             with cupy.cuda.Device(self.device.index):
                 return cupy.asarray(obj)
+        if isinstance(obj, np.ndarray):
+            return obj
+        cpu = getattr(obj, "cpu", None)
+        if callable(cpu) and hasattr(obj, "numpy"):
+            return np.asarray(cpu().detach().numpy())
         get = getattr(obj, "get", None)
         if callable(get) and not isinstance(obj, np.ndarray):
             return np.asarray(get())
