@@ -46,8 +46,9 @@ else:
 
 @pytest.fixture
 def simulated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The simulated runtime, unless the setting names one (scripts/ascend_check.sh)."""
-    if not os.environ.get(runtime.MODULE_SETTING):
+    """The simulated runtime, unless the setting is there (scripts/ascend_check.sh sets it
+    empty: the library itself)."""
+    if runtime.MODULE_SETTING not in os.environ:
         monkeypatch.setenv(runtime.MODULE_SETTING, "simulated.ascend")
     yield
 
