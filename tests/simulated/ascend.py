@@ -24,7 +24,8 @@ What it keeps of the real runtime, because ``sharedarrays.backends.ascend`` depe
 
 How a handle is resolved: the exporter writes ``<handle>.json`` (its pid, the memfd's fd
 number, the trust list) in a per-user directory (``SIMULATED_ASCEND_DIR``, default
-``$XDG_RUNTIME_DIR/simulated-ascend``), and the importer opens the memfd through
+``$XDG_RUNTIME_DIR/simulated-ascend-UID``; a description goes when its exporter frees the
+memory, or when an importer finds its exporter gone), and the importer opens the memfd through
 ``/proc/<pid>/fd/<fd>``. The error codes for a refused or unknown handle are the runtime's
 closest documented ones (``rt_error_codes.h``); the real driver's were not observed.
 
@@ -87,7 +88,8 @@ _current = threading.local()
 def directory() -> str:
     """Where exported handles are described (made on first use, private to this user)."""
     base = os.environ.get("SIMULATED_ASCEND_DIR") or os.path.join(
-        os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir(), "simulated-ascend"
+        os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir(),
+        f"simulated-ascend-{os.getuid()}",
     )
     os.makedirs(base, mode=0o700, exist_ok=True)
     return base
@@ -208,6 +210,13 @@ def aclrtMemExportToShareableHandle(handle: Any, kind: int, flags: int, shareabl
     return ACL_SUCCESS
 
 
+def _forget(shareable: int) -> None:
+    try:
+        os.unlink(_meta_path(shareable))
+    except FileNotFoundError:
+        pass
+
+
 def _write_meta(shareable: int, meta: dict[str, Any]) -> None:
     path = _meta_path(shareable)
     tmp = f"{path}.{os.getpid()}.tmp"
@@ -251,7 +260,8 @@ def aclrtMemImportFromShareableHandle(shareable: int, device: int, handle: Any) 
     try:
         fd = os.open(f"/proc/{meta['pid']}/fd/{meta['fd']}", os.O_RDWR | os.O_CLOEXEC)
     except OSError:
-        return ACL_ERROR_RT_INVALID_HANDLE  # the exporter exited
+        _forget(value)  # the exporter was killed
+        return ACL_ERROR_RT_INVALID_HANDLE
     if os.readlink(f"/proc/self/fd/{fd}") != f"/memfd:{_memfd_name(value)} (deleted)":
         os.close(fd)  # freed (and its fd number reused) meanwhile
         return ACL_ERROR_RT_INVALID_HANDLE
@@ -269,10 +279,7 @@ def aclrtFreePhysical(handle: Any) -> int:
     if entry is None:
         return ACL_ERROR_INVALID_PARAM
     if entry["shareable"] and not entry["imported"]:
-        try:  # the shareable handle is destroyed: no new imports
-            os.unlink(_meta_path(entry["shareable"]))
-        except FileNotFoundError:
-            pass
+        _forget(entry["shareable"])  # the shareable handle is destroyed: no new imports
     os.close(entry["fd"])  # the memory goes with the last fd and mapping, in any process
     return ACL_SUCCESS
 
