@@ -23,7 +23,7 @@ args=("$@")
 if [ ${#args[@]} -eq 0 ]; then
     args=(-ra -k "ascend" tests/test_conformance.py tests/backends/test_ascend.py)
 fi
-python3 -c 'import sharedarrays as sa; print(sa.backends())' | tee "$OUT/pytest.log"
+python3 -c 'import sharedarrays as sa; print(sa.list_backends())' | tee "$OUT/pytest.log"
 python3 -m pytest "${args[@]}" 2>&1 | tee -a "$OUT/pytest.log"
 status=${PIPESTATUS[0]}
 {

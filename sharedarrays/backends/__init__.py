@@ -62,5 +62,5 @@ __all__ = [
     "list_backends",
 ]
 
-# after the GPUs' (``backend="auto"`` and sa.backends() list device kinds in registration order)
+# after the GPUs: auto and sa.list_backends() take device kinds in registration order
 from sharedarrays.backends.ascend import vmm as _ascend  # noqa: F401 - registers "ascend"

@@ -81,7 +81,7 @@ def _go(child: subprocess.Popen[str]) -> str:
 
 def test_without_the_runtime_backends_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(runtime.MODULE_SETTING, "no_such_acl_module")
-    why = sa.backends()["ascend"]
+    why = sa.list_backends()["ascend"]
     assert why is not None and "no_such_acl_module" in why
     with pytest.raises(sa.BackendUnavailable, match="cannot be imported"):
         sa.zeros(4, device="npu:0")
@@ -91,7 +91,7 @@ def test_the_default_names_libascendcl(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(runtime.MODULE_SETTING, raising=False)
     if runtime._loadable(runtime.LIBRARY):
         pytest.skip("this machine has libascendcl")
-    why = sa.backends()["ascend"]
+    why = sa.list_backends()["ascend"]
     assert why is not None and why.startswith("no Ascend NPU: libascendcl not found")
 
 

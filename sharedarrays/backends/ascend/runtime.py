@@ -254,6 +254,6 @@ def why_unusable(index: int = 0) -> str | None:
     if key not in _reasons:
         try:
             _reasons[key] = _reason(index)
-        except Exception as exc:  # a broken installation must not break sa.backends()
+        except Exception as exc:  # a broken installation must not break sa.list_backends()
             _reasons[key] = f"the CANN runtime failed: {exc!r}"
     return _reasons[key]
