@@ -49,8 +49,13 @@ BACKENDS = [
     pytest.param(("cuda-ipc", "cuda:0"), id="cuda-ipc", marks=pytest.mark.gpu),
     pytest.param(("cuda-pool", "cuda:0"), id="cuda-pool", marks=pytest.mark.gpu),
     pytest.param(("hip-vmm", "hip:0"), id="hip-vmm-simulated"),
+    pytest.param(("hip-pool", "hip:0"), id="hip-pool-simulated"),
+    pytest.param(("ascend", "npu:0"), id="ascend-simulated"),
 ]
-SIMULATED = {"SHAREDARRAYS_HIP_MODULE": "simulated.hip"}
+SIMULATED = {
+    "SHAREDARRAYS_HIP_MODULE": "simulated.hip",
+    "SHAREDARRAYS_ASCEND_MODULE": "simulated.ascend",
+}
 """The simulated drivers (``tests/simulated/``), set while this module runs (and inherited by
 every process it starts), so that ``device=None`` elsewhere still means what it did."""
 

@@ -13,7 +13,9 @@ from numpy.typing import DTypeLike
 from sharedarrays.api.array import SharedDeviceArray, operator_index
 from sharedarrays.api.options import AccessList, CreationOptions
 from sharedarrays.backends import choose_backend, get_backend
+from sharedarrays.backends.ascend.vmm import is_npu_dlpack
 from sharedarrays.backends.device import CPU, Device, DeviceLike, parse_device
+from sharedarrays.backends.hip.vmm import KDL_ROCM
 from sharedarrays.memory import PACK_BYTES, Allocation, pack_into_slab
 from sharedarrays.protocol.payload import contiguous_strides
 
@@ -387,7 +389,8 @@ def full(
 
 
 def _source_device(obj: Any) -> Device | None:
-    """The CUDA device of a CuPy/torch/CAI/DLPack object, or None for host objects."""
+    """The accelerator device of a CuPy/torch/CAI/DLPack object (CUDA, ROCm: ``hip``,
+    Ascend: ``npu``), or None for host objects."""
     if hasattr(obj, "__dlpack_device__"):
         try:
             kind, index = obj.__dlpack_device__()
@@ -395,6 +398,10 @@ def _source_device(obj: Any) -> Device | None:
             return None
         if int(kind) in (2, 13):  # kDLCUDA, kDLCUDAManaged
             return Device("cuda", int(index))
+        if int(kind) == KDL_ROCM:
+            return Device("hip", int(index))
+        if is_npu_dlpack(obj, int(kind)):
+            return Device("npu", int(index))
         return None
     if hasattr(obj, "__cuda_array_interface__"):
         dev = getattr(obj, "device", None)

@@ -17,6 +17,13 @@ Memory systems come in two shapes:
 
 Every method that creates an OS resource either returns an object that owns it or raises
 having released everything it made.
+
+One method is optional, looked up with ``getattr``: ``admit(chunk, pid)``, which a pointer
+backend may define to be called before a chunk's :attr:`Chunk.export` is handed to process
+``pid`` (by the exporter's handle server, once it has checked ``allow_pids=``; see
+:meth:`sharedarrays.Allocation.exports_for`). ``ascend`` adds ``pid`` to the driver's trust
+list of the chunk there (``aclrtMemSetPidToShareableHandle``); it raises a
+:class:`~sharedarrays.SharedArrayError` when the driver refuses.
 """
 
 from __future__ import annotations

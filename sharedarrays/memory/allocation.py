@@ -866,6 +866,17 @@ class Allocation(Growth):
         """A pointer backend's portable chunk handles (empty on a mapping backend)."""
         return () if self.backend.maps else tuple(c.export for c in self._chunks)
 
+    def exports_for(self, pid: int) -> tuple[bytes, ...]:
+        """:meth:`exports`, to be handed to process ``pid``: first, where the backend has the
+        optional ``admit`` method (ascend: the driver's pid trust list), each chunk is
+        admitted for ``pid``."""
+        exports = self.exports()
+        admit = getattr(self.backend, "admit", None)
+        if admit is not None and exports:
+            for chunk in self._chunks:
+                admit(chunk, pid)
+        return exports
+
     def handles_for_importers(self) -> tuple[list[int], list[int]]:
         """The fds to hand to another process, and those of them the caller must close.
 

@@ -266,7 +266,7 @@ class HandleServer:
                 elif alloc.backend.maps:
                     body = Handles(sizes)
                 else:  # a pointer backend: its portable handle, only after the checks above
-                    body = Handles(sizes, tuple(alloc.exports()))
+                    body = Handles(sizes, alloc.exports_for(pid))
                 header = Reply(Status.OK, len(fds), body.encode()).encode()
                 # Record first: the importer may use the array and hand it back before this
                 # thread runs again, and a release must then know whom to tell.

@@ -33,9 +33,11 @@ def test_backends_lists_every_memory_system_and_why() -> None:
     assert set(listed) - {"host", "cuda-vmm", "cuda-ipc", "cuda-pool"} <= {
         "host-pointer",
         "hip-vmm",
+        "hip-pool",
+        "ascend",
     }
     assert listed["host"] is None
-    for name in ("cuda-vmm", "cuda-ipc", "cuda-pool", "hip-vmm"):
+    for name in ("cuda-vmm", "cuda-ipc", "cuda-pool", "hip-vmm", "hip-pool", "ascend"):
         assert listed[name] == why_unusable(name, 0)
         if listed[name] is not None:
             assert isinstance(listed[name], str) and listed[name]

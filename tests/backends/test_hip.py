@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 from collections.abc import Iterator
 
@@ -85,3 +86,56 @@ class _Err(int):
         self = super().__new__(cls, code)
         self.name = name  # type: ignore[attr-defined]
         return self
+
+
+def test_hip_pool_round_trips(simulated: None) -> None:
+    a = sa.from_array(np.arange(100, dtype=np.int64), device="hip:0", backend="hip-pool")
+    assert a.backend == "hip-pool" and len(a.allocation.exports()[0]) == 16 + 64
+    a[3] = -3
+    assert a.get()[3] == -3 and a.get()[4] == 4
+    assert sa.zeros(4, device="hip:0").backend == "hip-vmm"  # auto still prefers VMM
+
+
+def test_a_hip_pool_pointer_freed_by_its_exporter_is_unavailable(simulated: None) -> None:
+    backend = get_backend(Device("hip", 0), "hip-pool")
+    chunk = backend.create_chunk(4096)
+    ctypes.c_int64.from_address(chunk.address).value = 99
+    other = backend.import_chunk(os.dup(chunk.fd), 4096, chunk.export)
+    try:
+        assert other.address != chunk.address
+        assert ctypes.c_int64.from_address(other.address).value == 99  # the same memory
+    finally:
+        backend.release_chunk(other)
+    backend.release_chunk(chunk)
+    with pytest.raises(sa.HandleUnavailable, match="gone"):
+        backend.import_chunk(os.dup(backend.pool_fd), 4096, chunk.export)
+
+
+def test_an_fd_that_is_no_pool_is_refused(simulated: None) -> None:
+    backend = get_backend(Device("hip", 0), "hip-pool")
+    fd = os.memfd_create("not-a-pool")
+    with pytest.raises(sa.PayloadError, match="not an exported memory pool"):
+        backend.import_chunk(fd, 4096, bytes(80))
+    with pytest.raises(OSError):
+        os.fstat(fd)  # the backend took the fd and closed it
+    with pytest.raises(sa.PayloadError, match="80 bytes"):
+        backend.import_chunk(-1, 4096, bytes(8))
+
+
+class _RocmArray:
+    """What a ROCm array (CuPy's ROCm build, a torch tensor on an AMD GPU) shows of itself."""
+
+    def __init__(self, data: np.ndarray) -> None:  # type: ignore[type-arg]
+        self.data = data
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (10, 0)  # kDLROCM
+
+    def get(self) -> np.ndarray:  # type: ignore[type-arg]
+        return self.data.copy()
+
+
+def test_from_array_of_rocm_memory_takes_the_hip_device(simulated: None) -> None:
+    a = sa.from_array(_RocmArray(np.arange(6.0)))
+    assert str(a.device) == "hip:0" and a.backend == "hip-vmm"
+    np.testing.assert_array_equal(a.get(), np.arange(6.0))

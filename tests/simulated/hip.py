@@ -15,6 +15,18 @@ What it keeps of the real one, because ``sharedarrays.backends.hip.vmm`` depends
   is ``hipErrorInvalidValue``), and the range is inaccessible until ``hipMemSetAccess``;
 - the device is integrated (``hipDeviceAttributeIntegrated`` is 1, as an APU): the CPU
   addresses its memory, so a NumPy array over a mapping reads and writes the device memory.
+
+And of its memory pools, for ``sharedarrays.backends.hip.pool``:
+
+- ``hipMemPoolCreate`` makes a pool that exports a POSIX fd only if created with that handle
+  type; the pool is one memfd (mapped whole in each process that has it), whose first page
+  records which allocations are alive, so that every process sees a free at once;
+- ``hipMallocFromPoolAsync`` allocates from an own pool only (an imported one is
+  ``hipErrorInvalidValue``); ``hipMemPoolExportPointer`` fills 64 bytes (any writable
+  buffer, as hip-python accepts for ``hipMemPoolPtrExportData*``) that
+  ``hipMemPoolImportPointer`` turns back into a pointer, in a pool imported from that fd,
+  while the allocation is alive (``hipErrorInvalidValue`` once its exporter freed it);
+- ``hipFree`` frees an own allocation (its space is reused) or an imported pointer.
 """
 
 from __future__ import annotations
@@ -24,6 +36,8 @@ import enum
 import fcntl
 import mmap
 import os
+import secrets
+import struct
 import threading
 from typing import Any
 
@@ -84,6 +98,7 @@ class hipMemAccessFlags(enum.IntEnum):
 
 class hipDeviceAttribute_t(enum.IntEnum):
     hipDeviceAttributeIntegrated = 38
+    hipDeviceAttributeMemoryPoolsSupported = 95
     hipDeviceAttributeVirtualMemoryManagementSupported = 96
 
 
@@ -146,6 +161,7 @@ def hipDeviceGetAttribute(attr: int, index: int) -> tuple[hipError_t, int]:
     known = {
         hipDeviceAttribute_t.hipDeviceAttributeIntegrated: 1,
         hipDeviceAttribute_t.hipDeviceAttributeVirtualMemoryManagementSupported: 1,
+        hipDeviceAttribute_t.hipDeviceAttributeMemoryPoolsSupported: 1,
     }
     if attr not in known:
         return E.hipErrorInvalidValue, 0
@@ -317,4 +333,157 @@ def hipMemUnmap(ptr: int, size: int) -> tuple[hipError_t]:
 
 def hipMemcpyDtoH(dst: int, src: int, size: int) -> tuple[hipError_t]:
     ctypes.memmove(dst, src, size)
+    return (E.hipSuccess,)
+
+
+# memory pools ------------------------------------------------------------------------------
+POOL_MEMFD_NAME = "simulated-hip-pool"
+POOL_BYTES = 1 << 30  # address space of one pool (the memfd is sparse)
+SLOTS = 512  # allocations alive at once per pool: one uint64 generation each, in page 0
+POOL_PAGE = 4096
+_EXPORT = struct.Struct("<IQQQ")  # slot, generation, offset, size; then zeros to 64 bytes
+
+
+class hipMemPoolProps:
+    def __init__(self) -> None:
+        self.allocType = hipMemAllocationType.hipMemAllocationTypeInvalid
+        self.handleTypes = hipMemAllocationHandleType.hipMemHandleTypeNone
+        self.location = hipMemLocation()
+
+
+_pools: dict[int, dict[str, Any]] = {}  # pool handle -> fd, base, own, handle type, free list
+_pool_pointers: dict[int, tuple[int, int, int]] = {}  # pointer -> (pool, slot, size); own
+
+
+def _slots(pool: dict[str, Any]) -> Any:
+    return (ctypes.c_uint64 * SLOTS).from_address(pool["base"])
+
+
+def _new_pool(fd: int, own: bool, kind: int) -> int:
+    prot = mmap.PROT_READ | mmap.PROT_WRITE
+    base = _libc.mmap(None, POOL_BYTES, prot, mmap.MAP_SHARED | _MAP_NORESERVE, fd, 0)
+    if base is None or base == _MAP_FAILED:
+        os.close(fd)
+        return 0
+    entry = {"fd": fd, "base": base, "own": own, "kind": kind, "free": [(POOL_PAGE, POOL_BYTES)]}
+    with _lock:
+        _next[0] += 1
+        _pools[_next[0]] = entry
+        return _next[0]
+
+
+def hipMemPoolCreate(props: Any) -> tuple[hipError_t, int]:
+    if (
+        props.allocType != hipMemAllocationType.hipMemAllocationTypePinned
+        or props.location.type != hipMemLocationType.hipMemLocationTypeDevice
+    ):
+        return E.hipErrorInvalidValue, 0
+    if not 0 <= props.location.id < DEVICES:
+        return E.hipErrorInvalidDevice, 0
+    fd = os.memfd_create(POOL_MEMFD_NAME, os.MFD_CLOEXEC)
+    os.ftruncate(fd, POOL_BYTES)
+    pool = _new_pool(fd, True, int(props.handleTypes))
+    return (E.hipSuccess, pool) if pool else (E.hipErrorOutOfMemory, 0)
+
+
+def hipMemPoolExportToShareableHandle(
+    shareable: int, pool: int, handle_type: int, flags: int
+) -> tuple[hipError_t]:
+    entry = _pools.get(int(pool))
+    if entry is None or not entry["own"] or flags != 0 or not shareable:
+        return (E.hipErrorInvalidValue,)
+    if handle_type != hipMemAllocationHandleType.hipMemHandleTypePosixFileDescriptor:
+        return (E.hipErrorInvalidValue,)
+    if entry["kind"] != handle_type:
+        return (E.hipErrorNotSupported,)  # not asked for at hipMemPoolCreate
+    ctypes.c_int.from_address(shareable).value = os.dup(entry["fd"])
+    return (E.hipSuccess,)
+
+
+def hipMemPoolImportFromShareableHandle(
+    shareable: int, handle_type: int, flags: int
+) -> tuple[hipError_t, int]:
+    if handle_type != hipMemAllocationHandleType.hipMemHandleTypePosixFileDescriptor or flags:
+        return E.hipErrorInvalidValue, 0
+    fd = int(shareable)
+    try:
+        if os.readlink(f"/proc/self/fd/{fd}") != f"/memfd:{POOL_MEMFD_NAME} (deleted)":
+            return E.hipErrorInvalidValue, 0
+    except OSError:
+        return E.hipErrorInvalidValue, 0
+    mine = os.dup(fd)
+    os.set_inheritable(mine, False)
+    pool = _new_pool(mine, False, int(handle_type))
+    return (E.hipSuccess, pool) if pool else (E.hipErrorOutOfMemory, 0)
+
+
+def hipMemPoolDestroy(pool: int) -> tuple[hipError_t]:
+    with _lock:
+        entry = _pools.pop(int(pool), None)
+    if entry is None:
+        return (E.hipErrorInvalidValue,)
+    _libc.munmap(entry["base"], POOL_BYTES)
+    os.close(entry["fd"])
+    return (E.hipSuccess,)
+
+
+def hipMallocFromPoolAsync(size: int, pool: int, stream: Any) -> tuple[hipError_t, int]:
+    entry = _pools.get(int(pool))
+    if entry is None or not entry["own"] or size <= 0:
+        return E.hipErrorInvalidValue, 0
+    need = -(-size // POOL_PAGE) * POOL_PAGE
+    with _lock:
+        slots = _slots(entry)
+        slot = next((i for i in range(SLOTS) if not slots[i]), None)
+        at = next((i for i, (_, n) in enumerate(entry["free"]) if n >= need), None)
+        if slot is None or at is None:
+            return E.hipErrorOutOfMemory, 0
+        offset, n = entry["free"].pop(at)
+        if n > need:
+            entry["free"].insert(at, (offset + need, n - need))
+        slots[slot] = secrets.randbits(63) or 1
+        ptr = entry["base"] + offset
+        _pool_pointers[ptr] = (int(pool), slot, need)
+    return E.hipSuccess, ptr
+
+
+def hipStreamSynchronize(stream: Any) -> tuple[hipError_t]:
+    return (E.hipSuccess,)  # the CPU does the work, synchronously
+
+
+def hipMemPoolExportPointer(data: Any, ptr: int) -> tuple[hipError_t]:
+    found = _pool_pointers.get(int(ptr))
+    if found is None:
+        return (E.hipErrorInvalidValue,)
+    pool, slot, size = found
+    entry = _pools[pool]
+    packed = _EXPORT.pack(slot, _slots(entry)[slot], int(ptr) - entry["base"], size)
+    view = memoryview(data).cast("B")
+    view[:] = packed.ljust(len(view), b"\0")
+    return (E.hipSuccess,)
+
+
+def hipMemPoolImportPointer(pool: int, data: Any) -> tuple[hipError_t, int]:
+    entry = _pools.get(int(pool))
+    raw = bytes(memoryview(data).cast("B"))
+    if entry is None or entry["own"] or len(raw) != 64:
+        return E.hipErrorInvalidValue, 0
+    slot, generation, offset, size = _EXPORT.unpack_from(raw)
+    if slot >= SLOTS or not generation or _slots(entry)[slot] != generation:
+        return E.hipErrorInvalidValue, 0  # freed by its exporter (or never exported)
+    if offset < POOL_PAGE or offset + size > POOL_BYTES:
+        return E.hipErrorInvalidValue, 0
+    return E.hipSuccess, entry["base"] + offset
+
+
+def hipFree(ptr: int) -> tuple[hipError_t]:
+    with _lock:
+        found = _pool_pointers.pop(int(ptr), None)
+        if found is None:  # an imported pointer: it stays mapped with its pool
+            inside = any(e["base"] <= ptr < e["base"] + POOL_BYTES for e in _pools.values())
+            return (E.hipSuccess,) if inside else (E.hipErrorInvalidValue,)
+        pool, slot, size = found
+        entry = _pools[pool]
+        _slots(entry)[slot] = 0
+        entry["free"].append((int(ptr) - entry["base"], size))
     return (E.hipSuccess,)

@@ -43,7 +43,7 @@ DEFAULT_MODULE = "hip.hip"
 INSTALL_HINT = "pip install 'sharedarrays[hip]'"
 
 _modules: dict[str, Any] = {}
-_reasons: dict[tuple[str, int], str | None] = {}
+_reasons: dict[tuple[str, int, str], str | None] = {}
 
 
 class HipError(SharedArrayError, OSError):
@@ -128,7 +128,7 @@ def _loadable(soname: str) -> bool:
     return True
 
 
-def _reason(index: int) -> str | None:
+def _reason(index: int, feature: str) -> str | None:
     name = module_name()
     if name == DEFAULT_MODULE:
         why = _library_reason()
@@ -150,28 +150,37 @@ def _reason(index: int) -> str | None:
         return str(exc)
     if index >= int(count):
         return f"there is no device hip:{index} (HIP sees {int(count)})"
+    attribute, what = FEATURES[feature]
     try:
         supported = check(
-            hip.hipDeviceGetAttribute(
-                hip.hipDeviceAttribute_t.hipDeviceAttributeVirtualMemoryManagementSupported,
-                index,
-            ),
-            "hipDeviceGetAttribute(VirtualMemoryManagementSupported)",
+            hip.hipDeviceGetAttribute(getattr(hip.hipDeviceAttribute_t, attribute), index),
+            f"hipDeviceGetAttribute({attribute.removeprefix('hipDeviceAttribute')})",
         )
     except HipError as exc:
         return str(exc)
     if not supported:
-        return f"hip:{index} does not support virtual memory management (hipMemCreate)"
+        return f"hip:{index} does not support {what}"
     return None
 
 
-def why_unusable(index: int = 0) -> str | None:
-    """Why HIP device ``index`` cannot be used in this process, or ``None``. Never raises;
-    the answer is kept per module and device (a failed import is not retried)."""
-    key = (module_name(), index)
+FEATURES = {
+    "vmm": (
+        "hipDeviceAttributeVirtualMemoryManagementSupported",
+        "virtual memory management (hipMemCreate)",
+    ),
+    "pool": ("hipDeviceAttributeMemoryPoolsSupported", "memory pools (hipMemPoolCreate)"),
+}
+"""What each HIP backend needs of a device: the attribute that says it has it, and its name."""
+
+
+def why_unusable(index: int = 0, feature: str = "vmm") -> str | None:
+    """Why HIP device ``index`` cannot be used in this process for ``feature`` (``"vmm"``:
+    hip-vmm, ``"pool"``: hip-pool), or ``None``. Never raises; the answer is kept per
+    module, device and feature (a failed import is not retried)."""
+    key = (module_name(), index, feature)
     if key not in _reasons:
         try:
-            _reasons[key] = _reason(index)
+            _reasons[key] = _reason(index, feature)
         except Exception as exc:  # a broken installation must not break sa.list_backends()
             _reasons[key] = f"the HIP runtime failed: {exc!r}"
     return _reasons[key]

@@ -22,24 +22,16 @@ cuda-vmm). Tested on a simulated driver only (``tests/simulated/hip.py``).
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import os
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-import numpy as np
-
 from sharedarrays.backends.base import Access, Chunk
 from sharedarrays.backends.device import Device
-from sharedarrays.backends.hip.runtime import (
-    HipError,
-    as_host_array,
-    check,
-    load_hip,
-    why_unusable,
-)
+from sharedarrays.backends.hip.device import HipDevice
+from sharedarrays.backends.hip.runtime import HipError, check, why_unusable
 from sharedarrays.backends.registry import Registration, register
-from sharedarrays.errors import BackendUnavailable, PayloadError
+from sharedarrays.errors import PayloadError
 
 __all__ = ["HipVmmBackend", "KDL_ROCM"]
 
@@ -51,24 +43,8 @@ _NOT_AN_ALLOCATION = frozenset(
     {"hipErrorInvalidValue", "hipErrorInvalidHandle", "hipErrorNotSupported"}
 )
 
-FORK_REASON = (
-    "this backend object was inherited through fork, and HIP cannot be used in such a "
-    "child; start worker processes with the 'spawn' or 'forkserver' start method"
-)
 
-
-def _cupy_rocm() -> Any:
-    """CuPy's ROCm build where it is importable, else ``None``."""
-    try:
-        if importlib.util.find_spec("cupy") is None:
-            return None
-        import cupy
-    except (ImportError, ValueError):
-        return None
-    return cupy if getattr(cupy.cuda.runtime, "is_hip", False) else None
-
-
-class HipVmmBackend:
+class HipVmmBackend(HipDevice):
     """Memory of one AMD GPU, shared through exported fds (``"hip-vmm"``).
 
     Parameters
@@ -83,27 +59,19 @@ class HipVmmBackend:
 
     Notes
     -----
-    The native array is a ``cupy.ndarray`` where CuPy's ROCm build is importable; else, on an
-    integrated device (an APU, ``hipDeviceAttributeIntegrated``), whose memory the CPU
-    addresses, a NumPy view; else a read-only NumPy copy (so that a write cannot be lost).
-    Pickling orders by ``hipDeviceSynchronize`` (no interprocess events yet).
+    Native arrays and ordering as :class:`~sharedarrays.backends.hip.device.HipDevice`.
     """
 
     name: ClassVar[str] = "hip-vmm"
+    feature: ClassVar[str] = "vmm"
     zeroed: ClassVar[bool] = False  # hipMemCreate does not clear memory
     maps: ClassVar[bool] = True
     exporter_owned: ClassVar[bool] = False
     peer_access: ClassVar[bool] = False
 
     def __init__(self, device: Device) -> None:
-        if device.kind != "hip":
-            raise BackendUnavailable(f"the {self.name} backend needs a HIP device, not {device}")
-        why = why_unusable(device.index)
-        if why is not None:
-            raise BackendUnavailable(f"cannot use {device}: {why}")
-        self.device: Device = device
-        self._pid = os.getpid()
-        self._hip = hip = load_hip()
+        super().__init__(device)
+        hip = self._hip
         self._fd_type = hip.hipMemAllocationHandleType.hipMemHandleTypePosixFileDescriptor
         prop = hip.hipMemAllocationProp()
         prop.type = hip.hipMemAllocationType.hipMemAllocationTypePinned
@@ -125,33 +93,12 @@ class HipVmmBackend:
                     "hipMemGetAllocationGranularity",
                 )
             )
-            self._integrated = bool(
-                check(
-                    hip.hipDeviceGetAttribute(
-                        hip.hipDeviceAttribute_t.hipDeviceAttributeIntegrated, device.index
-                    ),
-                    "hipDeviceGetAttribute(Integrated)",
-                )
-            )
         self._access = {a: self._desc(a) for a in ("rw", "r", "none")}
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.device})"
 
     @property
     def granularity(self) -> int:
         """The recommended allocation granularity of this device."""
         return self._granularity
-
-    def _forked(self) -> bool:
-        return os.getpid() != self._pid
-
-    def _on_device(self) -> Any:
-        """Make this device current (``hipSetDevice``) for the calls that follow."""
-        if self._forked():
-            raise BackendUnavailable(f"cannot use {self.device}: {FORK_REASON}")
-        check(self._hip.hipSetDevice(self.device.index), f"hipSetDevice({self.device.index})")
-        return _Nothing()
 
     def _desc(self, access: Access) -> Any:
         hip = self._hip
@@ -165,18 +112,6 @@ class HipVmmBackend:
             "none": flags.hipMemAccessFlagsProtNone,
         }[access]
         return desc
-
-    def _check_size(self, size: int, what: str) -> None:
-        if size <= 0 or size % self._granularity:
-            raise ValueError(
-                f"{what} must be a positive multiple of the granularity "
-                f"({self._granularity} bytes), got {size}"
-            )
-
-    # chunks -----------------------------------------------------------------------------
-    def check_memory(self, nbytes: int) -> None:
-        """Nothing to check beforehand: ``hipMemCreate`` takes the memory at once, and fails
-        with :class:`~sharedarrays.backends.hip.runtime.HipOutOfMemory`."""
 
     def create_chunk(self, size: int) -> Chunk:
         """Allocate ``size`` bytes of device memory and export its fd (once)."""
@@ -267,6 +202,7 @@ class HipVmmBackend:
                 os.close(fd)
 
     # address space ----------------------------------------------------------------------
+
     def reserve(self, size: int) -> int:
         """Reserve ``size`` bytes of device address space, aligned to the granularity."""
         self._check_size(size, "a reservation size")
@@ -329,102 +265,6 @@ class HipVmmBackend:
             return
         self.synchronize()
         check(self._hip.hipMemUnmap(address, size), f"hipMemUnmap({size} bytes at {address:#x})")
-
-    def synchronize(self) -> None:
-        """Wait for all work queued on this device (``hipDeviceSynchronize``)."""
-        with self._on_device():
-            check(self._hip.hipDeviceSynchronize(), "hipDeviceSynchronize")
-
-    def mem_get_info(self) -> tuple[int, int]:
-        """Free and total memory of the device in bytes (``hipMemGetInfo``)."""
-        with self._on_device():
-            free, total = check(self._hip.hipMemGetInfo(), "hipMemGetInfo")
-        return int(free), int(total)
-
-    # arrays -----------------------------------------------------------------------------
-    def as_native(
-        self,
-        address: int,
-        size: int,
-        offset: int,
-        owner: object,
-        dtype: np.dtype[Any],
-        shape: tuple[int, ...],
-        strides: tuple[int, ...],
-        readonly: bool,
-        device_index: int | None = None,
-    ) -> Any:
-        """A ``cupy.ndarray`` (CuPy's ROCm build; DLPack device ``kDLROCM``), else a NumPy
-        view on an integrated device, else a read-only NumPy copy (``hipMemcpyDtoH``)."""
-        cupy = _cupy_rocm()
-        if cupy is not None:
-            memory = cupy.cuda.UnownedMemory(address, size, owner, self.device.index)
-            pointer = cupy.cuda.MemoryPointer(memory, offset)
-            return cupy.ndarray(shape, dtype=dtype, memptr=pointer, strides=strides)
-        if self._integrated:
-            return as_host_array(address + offset, owner, dtype, shape, strides, readonly)
-        return self._copy_out(address, size, offset, dtype, shape, strides)
-
-    def _copy_out(
-        self,
-        address: int,
-        size: int,
-        offset: int,
-        dtype: np.dtype[Any],
-        shape: tuple[int, ...],
-        strides: tuple[int, ...],
-    ) -> np.ndarray[Any, Any]:
-        """A read-only NumPy copy of a view of the mapped range (the whole range is copied,
-        then viewed with the view's layout)."""
-        buffer = np.empty(size, dtype=np.uint8)
-        with self._on_device():
-            check(self._hip.hipMemcpyDtoH(buffer.ctypes.data, address, size), "hipMemcpyDtoH")
-        view = np.ndarray(shape, dtype=dtype, buffer=buffer, offset=offset, strides=strides)
-        copy: np.ndarray[Any, Any] = view.copy()
-        copy.flags.writeable = False
-        return copy
-
-    def to_native(self, obj: Any) -> Any:
-        """``obj`` as this backend's native array type (may copy): CuPy where it is the
-        native type, else NumPy."""
-        cupy = _cupy_rocm()
-        if cupy is not None:
-            with cupy.cuda.Device(self.device.index):
-                return cupy.asarray(obj)
-        get = getattr(obj, "get", None)
-        if callable(get) and not isinstance(obj, np.ndarray):
-            return np.asarray(get())
-        return np.asarray(obj)
-
-    def current_device(self) -> int:
-        """The HIP device this process works on now (``hipGetDevice``)."""
-        try:
-            return int(check(self._hip.hipGetDevice(), "hipGetDevice"))
-        except HipError:
-            return self.device.index
-
-    # ordering ---------------------------------------------------------------------------
-    def export_sync(self) -> bytes | None:
-        """Wait for the device's queued work now (no interprocess events yet): nothing for
-        an importer to wait for."""
-        self.synchronize()
-        return None
-
-    def export_fence(self) -> object | None:
-        """See :meth:`export_sync`: the device is synchronised when an array is pickled."""
-        self.synchronize()
-        return None
-
-    def import_sync(self, token: bytes) -> None:
-        """Nothing to wait for (see :meth:`export_sync`)."""
-
-
-class _Nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 register(

@@ -1,0 +1,259 @@
+"""The CANN runtime (``libascendcl``), called through ctypes: loading it, errors, the reason
+it cannot be used, and the C types the ``ascend`` backend passes.
+
+CANN's Python API (``acl``) is not on the package registry, so the backend calls the C API
+of ``libascendcl.so`` directly. The library is loaded on first use, never by ``import
+sharedarrays``, and ``aclInit`` is called once per process.
+
+The setting ``SHAREDARRAYS_ASCEND_MODULE`` names a Python module to call instead of the
+library: one with the same functions, taking the same ctypes arguments and returning the same
+``aclError`` codes (the test suite's simulated driver, ``tests/simulated/ascend.py``, is
+loaded this way, in every process, spawned workers included). Its value is read on every use.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import importlib
+import os
+import threading
+from typing import Any
+
+from sharedarrays.errors import OutOfMemory, SharedArrayError
+
+__all__ = [
+    "AclError",
+    "AclOutOfMemory",
+    "MODULE_SETTING",
+    "LIBRARY",
+    "MemLocation",
+    "PhysicalMemProp",
+    "load_acl",
+    "check",
+    "why_unusable",
+    "cpu_addressable",
+    "ERROR_NAMES",
+]
+
+MODULE_SETTING = "SHAREDARRAYS_ASCEND_MODULE"
+LIBRARY = "libascendcl.so"
+
+# aclError values the backend tells apart (acl_base.h, rt_error_codes.h)
+ACL_SUCCESS = 0
+ACL_ERROR_INVALID_PARAM = 100000
+ACL_ERROR_REPEAT_INITIALIZE = 100002
+ACL_ERROR_RT_PARAM_INVALID = 107000
+ACL_ERROR_RT_INVALID_DEVICEID = 107001
+ACL_ERROR_RT_INVALID_HANDLE = 107017
+ACL_ERROR_RT_FEATURE_NOT_SUPPORT = 207000
+ACL_ERROR_RT_MEMORY_ALLOCATION = 207001
+ACL_ERROR_RT_NO_DEVICE = 207004
+ACL_ERROR_RT_NO_PERMISSION = 207006
+ACL_ERROR_RT_DEVICE_OOM = 207018
+
+ERROR_NAMES = {
+    ACL_ERROR_INVALID_PARAM: "ACL_ERROR_INVALID_PARAM",
+    ACL_ERROR_REPEAT_INITIALIZE: "ACL_ERROR_REPEAT_INITIALIZE",
+    ACL_ERROR_RT_PARAM_INVALID: "ACL_ERROR_RT_PARAM_INVALID",
+    ACL_ERROR_RT_INVALID_DEVICEID: "ACL_ERROR_RT_INVALID_DEVICEID",
+    ACL_ERROR_RT_INVALID_HANDLE: "ACL_ERROR_RT_INVALID_HANDLE",
+    ACL_ERROR_RT_FEATURE_NOT_SUPPORT: "ACL_ERROR_RT_FEATURE_NOT_SUPPORT",
+    ACL_ERROR_RT_MEMORY_ALLOCATION: "ACL_ERROR_RT_MEMORY_ALLOCATION",
+    ACL_ERROR_RT_NO_DEVICE: "ACL_ERROR_RT_NO_DEVICE",
+    ACL_ERROR_RT_NO_PERMISSION: "ACL_ERROR_RT_NO_PERMISSION",
+    ACL_ERROR_RT_DEVICE_OOM: "ACL_ERROR_RT_DEVICE_OOM",
+}
+
+# enums (acl_rt.h)
+ACL_MEM_HANDLE_TYPE_NONE = 0
+ACL_MEM_ALLOCATION_TYPE_PINNED = 0
+ACL_HBM_MEM_HUGE = 4
+ACL_MEM_LOCATION_TYPE_DEVICE = 1
+ACL_RT_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1
+ACL_RT_VMM_EXPORT_FLAG_DEFAULT = 0  # the pid trust list is checked on import
+ACL_MEMCPY_HOST_TO_DEVICE = 1
+ACL_MEMCPY_DEVICE_TO_HOST = 2
+
+
+class MemLocation(ctypes.Structure):
+    """``aclrtMemLocation``."""
+
+    _fields_ = [("id", ctypes.c_uint32), ("type", ctypes.c_int)]
+
+
+class PhysicalMemProp(ctypes.Structure):
+    """``aclrtPhysicalMemProp``."""
+
+    _fields_ = [
+        ("handleType", ctypes.c_int),
+        ("allocationType", ctypes.c_int),
+        ("memAttr", ctypes.c_int),
+        ("location", MemLocation),
+        ("reserve", ctypes.c_uint64),
+    ]
+
+
+_P = ctypes.POINTER
+_SIGNATURES: dict[str, tuple[Any, ...]] = {
+    "aclInit": (ctypes.c_char_p,),
+    "aclrtSetDevice": (ctypes.c_int32,),
+    "aclrtGetDevice": (_P(ctypes.c_int32),),
+    "aclrtGetDeviceCount": (_P(ctypes.c_uint32),),
+    "aclrtSynchronizeDevice": (),
+    "aclrtGetMemInfo": (ctypes.c_int, _P(ctypes.c_size_t), _P(ctypes.c_size_t)),
+    "aclrtMemGetAllocationGranularity": (_P(PhysicalMemProp), ctypes.c_int, _P(ctypes.c_size_t)),
+    "aclrtMallocPhysical": (
+        _P(ctypes.c_void_p), ctypes.c_size_t, _P(PhysicalMemProp), ctypes.c_uint64
+    ),
+    "aclrtFreePhysical": (ctypes.c_void_p,),
+    "aclrtReserveMemAddress": (
+        _P(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_uint64
+    ),
+    "aclrtReleaseMemAddress": (ctypes.c_void_p,),
+    "aclrtMapMem": (
+        ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_uint64
+    ),
+    "aclrtUnmapMem": (ctypes.c_void_p,),
+    "aclrtMemExportToShareableHandle": (
+        ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64, _P(ctypes.c_uint64)
+    ),
+    "aclrtMemSetPidToShareableHandle": (ctypes.c_uint64, _P(ctypes.c_int32), ctypes.c_size_t),
+    "aclrtMemImportFromShareableHandle": (ctypes.c_uint64, ctypes.c_int32, _P(ctypes.c_void_p)),
+    "aclrtMemcpy": (
+        ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
+    ),
+}  # fmt: skip
+"""The C signature of every call the backend makes (all return ``aclError``, an int)."""
+
+_lock = threading.Lock()
+_loaded: dict[tuple[str, int], Any] = {}  # (module or library, pid) -> initialised runtime
+_reasons: dict[tuple[str, int], str | None] = {}
+
+
+class AclError(SharedArrayError, OSError):
+    """A CANN runtime call failed.
+
+    Attributes
+    ----------
+    call : str
+        The call and what it was asked (``"aclrtMallocPhysical(2097152 bytes on npu:0)"``).
+    code : int
+        The ``aclError`` value.
+    error_name : str
+        Its name where known (``"ACL_ERROR_RT_NO_PERMISSION"``), else ``"aclError N"``.
+    """
+
+    def __init__(self, call: str, code: int, error_name: str) -> None:
+        super().__init__(f"{call} failed with {error_name} ({code})")
+        self.call = call
+        self.code = code
+        self.error_name = error_name
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.call, self.code, self.error_name)
+
+
+class AclOutOfMemory(AclError, OutOfMemory):
+    """The NPU has not the memory a call asked for."""
+
+
+def check(code: int, call: str) -> None:
+    """Raise :class:`AclError` unless ``code`` (an ``aclError``) is ``ACL_SUCCESS``."""
+    code = int(code)
+    if code == ACL_SUCCESS:
+        return
+    name = ERROR_NAMES.get(code, f"aclError {code}")
+    oom = code in (ACL_ERROR_RT_MEMORY_ALLOCATION, ACL_ERROR_RT_DEVICE_OOM)
+    raise (AclOutOfMemory if oom else AclError)(call, code, name)
+
+
+def module_name() -> str:
+    """The Python module standing in for ``libascendcl`` (``SHAREDARRAYS_ASCEND_MODULE``), or
+    ``""`` for the library itself."""
+    return os.environ.get(MODULE_SETTING, "").strip()
+
+
+def _open_library() -> Any:
+    lib = ctypes.CDLL(LIBRARY)
+    for name, argtypes in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes = argtypes
+        fn.restype = ctypes.c_int
+    return lib
+
+
+def load_acl() -> Any:
+    """The CANN runtime of this process, initialised (``aclInit`` once per process; a forked
+    child initialises again): ``libascendcl.so`` through ctypes, or the module
+    :func:`module_name` names. Raises ``OSError`` (no library), ``ImportError`` (no module)
+    or :class:`AclError` (``aclInit`` failed)."""
+    name = module_name()
+    key = (name or LIBRARY, os.getpid())
+    acl = _loaded.get(key)
+    if acl is not None:
+        return acl
+    with _lock:
+        acl = _loaded.get(key)
+        if acl is None:
+            acl = importlib.import_module(name) if name else _open_library()
+            code = int(acl.aclInit(None))
+            if code != ACL_ERROR_REPEAT_INITIALIZE:
+                check(code, "aclInit")
+            _loaded[key] = acl
+    return acl
+
+
+def cpu_addressable(acl: Any) -> bool:
+    """Whether the CPU addresses mapped NPU memory directly, so that a NumPy array over it
+    reads and writes it: never for ``libascendcl`` (NPU memory is reached by ``aclrtMemcpy``);
+    a stand-in module says so with ``SHAREDARRAYS_CPU_ADDRESSABLE = True`` (the simulated
+    driver, whose "device memory" is host memory)."""
+    return bool(getattr(acl, "SHAREDARRAYS_CPU_ADDRESSABLE", False)) if module_name() else False
+
+
+def _reason(index: int) -> str | None:
+    name = module_name()
+    if not name and ctypes.util.find_library("ascendcl") is None and not _loadable(LIBRARY):
+        return (
+            "no Ascend NPU: libascendcl not found (install the CANN toolkit and source its "
+            "set_env.sh, so that libascendcl.so is on LD_LIBRARY_PATH)"
+        )
+    try:
+        acl = load_acl()
+    except ImportError as exc:
+        return f"the Ascend module {name!r} cannot be imported ({exc})"
+    except OSError as exc:
+        return f"no Ascend NPU: libascendcl not found ({exc})"
+    except AclError as exc:
+        return str(exc)
+    count = ctypes.c_uint32(0)
+    try:
+        check(acl.aclrtGetDeviceCount(ctypes.pointer(count)), "aclrtGetDeviceCount")
+    except AclError as exc:
+        if exc.code == ACL_ERROR_RT_NO_DEVICE:
+            return f"no Ascend NPU is visible: {exc}"
+        return str(exc)
+    if index >= count.value:
+        return f"there is no device npu:{index} (CANN sees {count.value})"
+    return None
+
+
+def _loadable(soname: str) -> bool:
+    try:
+        ctypes.CDLL(soname)
+    except OSError:
+        return False
+    return True
+
+
+def why_unusable(index: int = 0) -> str | None:
+    """Why Ascend device ``index`` cannot be used in this process, or ``None``. Never raises;
+    the answer is kept per module and device."""
+    key = (module_name(), index)
+    if key not in _reasons:
+        try:
+            _reasons[key] = _reason(index)
+        except Exception as exc:  # a broken installation must not break sa.list_backends()
+            _reasons[key] = f"the CANN runtime failed: {exc!r}"
+    return _reasons[key]

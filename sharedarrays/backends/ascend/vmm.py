@@ -1,0 +1,420 @@
+"""The Ascend backend: Huawei NPU memory shared through CANN's shareable handles
+(``"ascend"``).
+
+CANN's virtual memory API, called through ctypes (see :mod:`~.runtime`), one chunk per
+allocation (a *pointer* backend, like cuda-ipc):
+
+=========== =================================================================
+chunk       ``aclrtMallocPhysical`` (pinned HBM of this device, huge pages), mapped at an
+            address of its own: ``aclrtReserveMemAddress``, ``aclrtMapMem``
+handle      ``aclrtMemExportToShareableHandle`` with ``ACL_RT_VMM_EXPORT_FLAG_DEFAULT`` (the
+            pid trust list is checked): a ``uint64``, the chunk's 8-byte ``export``
+trust list  before the exporter's handle server hands a chunk's handle to a process, it
+            adds that process's pid with ``aclrtMemSetPidToShareableHandle``
+            (:meth:`AscendBackend.admit`), after checking ``allow_pids=``
+importer    ``aclrtMemImportFromShareableHandle`` (the driver refuses a process not on the
+            trust list), then ``aclrtReserveMemAddress`` and ``aclrtMapMem``
+release     ``aclrtUnmapMem``, ``aclrtReleaseMemAddress``, ``aclrtFreePhysical``
+=========== =================================================================
+
+Lifetime: CANN imports only while the exporter still has the memory (its
+``aclrtFreePhysical`` destroys the shareable handle), so the exporter keeps a released
+allocation until every process it served has closed it (``exporter_owned``). Tested on a
+simulated driver only (``tests/simulated/ascend.py``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+import threading
+from typing import Any, ClassVar
+
+import numpy as np
+
+from sharedarrays.backends.ascend import runtime as rt
+from sharedarrays.backends.ascend.runtime import AclError, check, load_acl, why_unusable
+from sharedarrays.backends.base import Chunk
+from sharedarrays.backends.device import Device
+from sharedarrays.backends.hip.runtime import as_host_array
+from sharedarrays.backends.registry import Registration, register
+from sharedarrays.errors import (
+    BackendUnavailable,
+    HandleUnavailable,
+    PayloadError,
+    PermissionDenied,
+)
+
+__all__ = ["AscendBackend", "EXPORT_BYTES", "KDL_ASCEND", "is_npu_dlpack"]
+
+EXPORT_BYTES = 8
+"""A chunk's portable handle: the ``uint64`` shareable handle, little-endian."""
+
+KDL_ASCEND = 21
+"""DLPack's device type of Ascend NPU memory (``kDLAscend``, in DLPack's main branch after
+v1.3). torch_npu, built on a PyTorch that predates it, reports its tensors as ``kDLExtDev``
+(12), which :func:`is_npu_dlpack` accepts for objects whose ``device.type`` is ``"npu"``."""
+
+KDL_EXT_DEV = 12
+
+
+def is_npu_dlpack(obj: object, device_type: int) -> bool:
+    """Whether an object whose ``__dlpack_device__`` gave ``device_type`` is Ascend memory."""
+    if device_type == KDL_ASCEND:
+        return True
+    kind = getattr(getattr(obj, "device", None), "type", None)
+    return device_type == KDL_EXT_DEV and kind == "npu"
+
+
+FORK_REASON = (
+    "this backend object was inherited through fork, and CANN cannot be used in such a "
+    "child; start worker processes with the 'spawn' or 'forkserver' start method"
+)
+
+
+class AscendBackend:
+    """Memory of one Ascend NPU, shared through CANN shareable handles (``"ascend"``).
+
+    Parameters
+    ----------
+    device : Device
+        An Ascend device (``Device("npu", N)``, as torch_npu names them).
+
+    Raises
+    ------
+    BackendUnavailable
+        :func:`~sharedarrays.backends.ascend.runtime.why_unusable` gave a reason.
+
+    Notes
+    -----
+    The native array is a NumPy view where the CPU addresses the memory (the simulated
+    driver), else a read-only NumPy copy (``aclrtMemcpy``), so that a write cannot be lost.
+    Pickling orders by ``aclrtSynchronizeDevice``.
+    """
+
+    name: ClassVar[str] = "ascend"
+    zeroed: ClassVar[bool] = False  # aclrtMallocPhysical does not clear memory
+    maps: ClassVar[bool] = False
+    exporter_owned: ClassVar[bool] = True
+    peer_access: ClassVar[bool] = False
+
+    def __init__(self, device: Device) -> None:
+        if device.kind != "npu":
+            raise BackendUnavailable(f"the {self.name} backend needs an NPU device, not {device}")
+        why = why_unusable(device.index)
+        if why is not None:
+            raise BackendUnavailable(f"cannot use {device}: {why}")
+        self.device: Device = device
+        self._pid = os.getpid()
+        self._acl = load_acl()
+        self._lock = threading.Lock()
+        self._admitted: dict[int, set[int]] = {}  # shareable handle -> pids on its trust list
+        prop = rt.PhysicalMemProp()
+        prop.handleType = rt.ACL_MEM_HANDLE_TYPE_NONE
+        prop.allocationType = rt.ACL_MEM_ALLOCATION_TYPE_PINNED
+        prop.memAttr = rt.ACL_HBM_MEM_HUGE
+        prop.location.type = rt.ACL_MEM_LOCATION_TYPE_DEVICE
+        prop.location.id = device.index
+        self._prop = prop
+        granularity = ctypes.c_size_t(0)
+        self._on_device()
+        check(
+            self._acl.aclrtMemGetAllocationGranularity(
+                ctypes.pointer(prop),
+                rt.ACL_RT_MEM_ALLOC_GRANULARITY_RECOMMENDED,
+                ctypes.pointer(granularity),
+            ),
+            "aclrtMemGetAllocationGranularity",
+        )
+        self._granularity = int(granularity.value)
+        self._cpu_addressable = rt.cpu_addressable(self._acl)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.device})"
+
+    @property
+    def granularity(self) -> int:
+        """The recommended allocation granularity of this device (2 MiB huge pages)."""
+        return self._granularity
+
+    def _forked(self) -> bool:
+        return os.getpid() != self._pid
+
+    def _on_device(self) -> None:
+        """Make this device current for the calling thread (``aclrtSetDevice``)."""
+        if self._forked():
+            raise BackendUnavailable(f"cannot use {self.device}: {FORK_REASON}")
+        check(self._acl.aclrtSetDevice(self.device.index), f"aclrtSetDevice({self.device.index})")
+
+    def _check_size(self, size: int, what: str) -> None:
+        if size <= 0 or size % self._granularity:
+            raise ValueError(
+                f"{what} must be a positive multiple of the granularity "
+                f"({self._granularity} bytes), got {size}"
+            )
+
+    # chunks -----------------------------------------------------------------------------
+    def check_memory(self, nbytes: int) -> None:
+        """Nothing to check beforehand: ``aclrtMallocPhysical`` takes the memory at once, and
+        fails with :class:`~sharedarrays.backends.ascend.runtime.AclOutOfMemory`."""
+
+    def _map(self, handle: int, size: int) -> int:
+        """Reserve ``size`` bytes of address space and map physical ``handle`` there."""
+        acl = self._acl
+        va = ctypes.c_void_p(0)
+        check(
+            acl.aclrtReserveMemAddress(ctypes.pointer(va), size, 0, None, 0),
+            f"aclrtReserveMemAddress({size} bytes)",
+        )
+        address = int(va.value or 0)
+        try:
+            check(acl.aclrtMapMem(address, size, 0, handle, 0), f"aclrtMapMem({size} bytes)")
+        except BaseException:
+            acl.aclrtReleaseMemAddress(address)
+            raise
+        return address
+
+    def _unmap(self, address: int) -> None:
+        acl = self._acl
+        try:
+            check(acl.aclrtUnmapMem(address), f"aclrtUnmapMem({address:#x})")
+        finally:
+            check(acl.aclrtReleaseMemAddress(address), f"aclrtReleaseMemAddress({address:#x})")
+
+    def create_chunk(self, size: int) -> Chunk:
+        """Allocate ``size`` bytes of NPU memory, map it here, and export its shareable
+        handle (with the pid trust list on)."""
+        self._check_size(size, "a chunk size")
+        acl = self._acl
+        self._on_device()
+        out = ctypes.c_void_p(0)
+        check(
+            acl.aclrtMallocPhysical(ctypes.pointer(out), size, ctypes.pointer(self._prop), 0),
+            f"aclrtMallocPhysical({size} bytes on {self.device})",
+        )
+        handle = int(out.value or 0)
+        address = 0
+        try:
+            address = self._map(handle, size)
+            shareable = ctypes.c_uint64(0)
+            check(
+                acl.aclrtMemExportToShareableHandle(
+                    handle,
+                    rt.ACL_MEM_HANDLE_TYPE_NONE,
+                    rt.ACL_RT_VMM_EXPORT_FLAG_DEFAULT,
+                    ctypes.pointer(shareable),
+                ),
+                "aclrtMemExportToShareableHandle",
+            )
+        except BaseException:
+            if address:
+                self._unmap(address)
+            acl.aclrtFreePhysical(handle)
+            raise
+        export = struct.pack("<Q", shareable.value)
+        return Chunk(size=size, handle=handle, fd=-1, address=address, export=export)
+
+    def admit(self, chunk: Chunk, pid: int) -> None:
+        """Put process ``pid`` on the trust list of ``chunk`` (one this process exported)
+        with ``aclrtMemSetPidToShareableHandle``, once; called by the handle server before
+        it hands the chunk's handle to ``pid``."""
+        if chunk.imported or pid == os.getpid():
+            return
+        (shareable,) = struct.unpack("<Q", chunk.export)
+        with self._lock:
+            admitted = self._admitted.setdefault(shareable, set())
+            if pid in admitted:
+                return
+            self._on_device()
+            pids = (ctypes.c_int32 * 1)(pid)
+            check(
+                self._acl.aclrtMemSetPidToShareableHandle(shareable, pids, 1),
+                f"aclrtMemSetPidToShareableHandle(pid {pid})",
+            )
+            admitted.add(pid)
+
+    def seal(self, chunk: Chunk, readonly: bool) -> bool:
+        """Nothing to seal: a shareable handle carries no access mode (read-only is the
+        importer's promise)."""
+        return False
+
+    def reopen_readonly(self, fd: int) -> int | None:
+        """CANN's shareable handles are no fds and carry no access mode."""
+        return None
+
+    def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
+        """Import another process's chunk from its 8-byte ``export`` and map it here.
+
+        Raises
+        ------
+        PayloadError
+            ``export`` is not 8 bytes, or ``size`` is no multiple of the granularity or
+            larger than the chunk.
+        PermissionDenied
+            The driver refused: this process is not on the chunk's trust list (its exporter
+            did not admit it).
+        HandleUnavailable
+            The driver knows no such handle (its exporter freed the memory or exited).
+        """
+        if fd >= 0:
+            os.close(fd)  # CANN sends no fds: nothing is expected here
+        if len(export) != EXPORT_BYTES:
+            raise PayloadError(f"an ascend handle is {EXPORT_BYTES} bytes, not {len(export)}")
+        if size <= 0 or size % self._granularity:
+            raise PayloadError(
+                f"chunk size {size} is not a positive multiple of {self.device}'s granularity "
+                f"({self._granularity} bytes)"
+            )
+        (shareable,) = struct.unpack("<Q", export)
+        acl = self._acl
+        self._on_device()
+        out = ctypes.c_void_p(0)
+        try:
+            check(
+                acl.aclrtMemImportFromShareableHandle(
+                    shareable, self.device.index, ctypes.pointer(out)
+                ),
+                "aclrtMemImportFromShareableHandle",
+            )
+        except AclError as exc:
+            if exc.code == rt.ACL_ERROR_RT_NO_PERMISSION:
+                raise PermissionDenied(
+                    f"{exc}: this process (pid {os.getpid()}) is not on the trust list of the "
+                    "Ascend allocation; its exporter adds a process when it serves it, so "
+                    "import arrays through sharedarrays (pickling), not by their raw handle"
+                ) from exc
+            if exc.code in (rt.ACL_ERROR_RT_INVALID_HANDLE, rt.ACL_ERROR_RT_PARAM_INVALID):
+                raise HandleUnavailable(
+                    f"{exc}: the memory of this Ascend allocation is gone (its exporter freed "
+                    "it or exited)"
+                ) from exc
+            raise
+        handle = int(out.value or 0)
+        try:
+            address = self._map(handle, size)
+        except AclError as exc:
+            acl.aclrtFreePhysical(handle)
+            if exc.call.startswith("aclrtMapMem"):
+                raise PayloadError(
+                    f"{exc}; the chunk may be smaller than its payload says"
+                ) from exc
+            raise
+        except BaseException:
+            acl.aclrtFreePhysical(handle)
+            raise
+        return Chunk(size=size, handle=handle, fd=-1, address=address, export=export, imported=True)
+
+    def release_chunk(self, chunk: Chunk) -> None:
+        """Wait for queued work, unmap the chunk, give back its addresses and free this
+        process's handle of it (the exporter's free destroys the shareable handle).
+        Idempotent; a no-op in a forked child."""
+        handle, address = chunk.handle, chunk.address
+        if handle < 0:
+            return
+        chunk.handle, chunk.address = -1, 0
+        if self._forked():
+            return
+        if not chunk.imported and len(chunk.export) == EXPORT_BYTES:
+            with self._lock:
+                self._admitted.pop(struct.unpack("<Q", chunk.export)[0], None)
+        self.synchronize()
+        try:
+            if address:
+                self._unmap(address)
+        finally:
+            check(self._acl.aclrtFreePhysical(handle), "aclrtFreePhysical")
+
+    def synchronize(self) -> None:
+        """Wait for all work queued on this device (``aclrtSynchronizeDevice``)."""
+        self._on_device()
+        check(self._acl.aclrtSynchronizeDevice(), "aclrtSynchronizeDevice")
+
+    def mem_get_info(self) -> tuple[int, int]:
+        """Free and total HBM of the device in bytes (``aclrtGetMemInfo(ACL_HBM_MEM)``)."""
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        self._on_device()
+        check(
+            self._acl.aclrtGetMemInfo(1, ctypes.pointer(free), ctypes.pointer(total)),
+            "aclrtGetMemInfo(ACL_HBM_MEM)",
+        )
+        return int(free.value), int(total.value)
+
+    # arrays -----------------------------------------------------------------------------
+    def as_native(
+        self,
+        address: int,
+        size: int,
+        offset: int,
+        owner: object,
+        dtype: np.dtype[Any],
+        shape: tuple[int, ...],
+        strides: tuple[int, ...],
+        readonly: bool,
+        device_index: int | None = None,
+    ) -> Any:
+        """A NumPy view where the CPU addresses the memory, else a read-only NumPy copy
+        (``aclrtMemcpy``, device to host)."""
+        if self._cpu_addressable:
+            return as_host_array(address + offset, owner, dtype, shape, strides, readonly)
+        buffer = np.empty(size, dtype=np.uint8)
+        self._on_device()
+        check(
+            self._acl.aclrtMemcpy(
+                buffer.ctypes.data, size, address, size, rt.ACL_MEMCPY_DEVICE_TO_HOST
+            ),
+            "aclrtMemcpy(device to host)",
+        )
+        view = np.ndarray(shape, dtype=dtype, buffer=buffer, offset=offset, strides=strides)
+        copy: np.ndarray[Any, Any] = view.copy()
+        copy.flags.writeable = False
+        return copy
+
+    def to_native(self, obj: Any) -> Any:
+        """``obj`` as a NumPy array (may copy): a torch tensor (torch_npu's included) through
+        ``.cpu()``, an object with ``.get()`` (CuPy) through it."""
+        if isinstance(obj, np.ndarray):
+            return obj
+        cpu = getattr(obj, "cpu", None)
+        if callable(cpu) and hasattr(obj, "numpy"):
+            return np.asarray(cpu().detach().numpy())
+        get = getattr(obj, "get", None)
+        if callable(get):
+            return np.asarray(get())
+        return np.asarray(obj)
+
+    def current_device(self) -> int:
+        """The NPU this thread works on now (``aclrtGetDevice``), else the memory's own."""
+        index = ctypes.c_int32(0)
+        try:
+            check(self._acl.aclrtGetDevice(ctypes.pointer(index)), "aclrtGetDevice")
+        except AclError:
+            return self.device.index
+        return int(index.value)
+
+    # ordering ---------------------------------------------------------------------------
+    def export_sync(self) -> bytes | None:
+        """Wait for the device's queued work now: nothing for an importer to wait for."""
+        self.synchronize()
+        return None
+
+    def export_fence(self) -> object | None:
+        """See :meth:`export_sync`: the device is synchronised when an array is pickled."""
+        self.synchronize()
+        return None
+
+    def import_sync(self, token: bytes) -> None:
+        """Nothing to wait for (see :meth:`export_sync`)."""
+
+
+register(
+    Registration(
+        name=AscendBackend.name,
+        kind="npu",
+        factory=AscendBackend,
+        preference=0,
+        maps=AscendBackend.maps,
+        exporter_owned=AscendBackend.exporter_owned,
+        why_unusable=why_unusable,
+    )
+)

@@ -1,0 +1,217 @@
+"""What the HIP backends share: one AMD GPU, its runtime calls, arrays and ordering.
+
+:class:`HipDevice` is the base of ``hip-vmm`` (:mod:`.vmm`) and ``hip-pool`` (:mod:`.pool`):
+making the device current, synchronising, and wrapping device memory as the native array.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any, ClassVar
+
+import numpy as np
+
+from sharedarrays.backends.device import Device
+from sharedarrays.backends.hip.runtime import (
+    HipError,
+    as_host_array,
+    check,
+    load_hip,
+    why_unusable,
+)
+from sharedarrays.errors import BackendUnavailable
+
+__all__ = ["HipDevice", "FORK_REASON"]
+
+FORK_REASON = (
+    "this backend object was inherited through fork, and HIP cannot be used in such a "
+    "child; start worker processes with the 'spawn' or 'forkserver' start method"
+)
+
+
+def _cupy_rocm() -> Any:
+    """CuPy's ROCm build where it is importable, else ``None``."""
+    try:
+        if importlib.util.find_spec("cupy") is None:
+            return None
+        import cupy
+    except (ImportError, ValueError):
+        return None
+    return cupy if getattr(cupy.cuda.runtime, "is_hip", False) else None
+
+
+class HipDevice:
+    """One AMD GPU, as the HIP backends use it.
+
+    Parameters
+    ----------
+    device : Device
+        A HIP device (``Device("hip", N)``).
+
+    Raises
+    ------
+    BackendUnavailable
+        :func:`~sharedarrays.backends.hip.runtime.why_unusable` gave a reason for the
+        backend's :attr:`feature`.
+
+    Notes
+    -----
+    The native array is a ``cupy.ndarray`` where CuPy's ROCm build is importable; else, on an
+    integrated device (an APU, ``hipDeviceAttributeIntegrated``), whose memory the CPU
+    addresses, a NumPy view; else a read-only NumPy copy (so that a write cannot be lost).
+    Pickling orders by ``hipDeviceSynchronize`` (no interprocess events yet).
+    """
+
+    name: ClassVar[str]
+    feature: ClassVar[str]
+    """What the backend needs of the device (a key of ``runtime.FEATURES``)."""
+
+    def __init__(self, device: Device) -> None:
+        if device.kind != "hip":
+            raise BackendUnavailable(f"the {self.name} backend needs a HIP device, not {device}")
+        why = why_unusable(device.index, self.feature)
+        if why is not None:
+            raise BackendUnavailable(f"cannot use {device}: {why}")
+        self.device: Device = device
+        self._pid = os.getpid()
+        self._hip = hip = load_hip()
+        with self._on_device():
+            self._integrated = bool(
+                check(
+                    hip.hipDeviceGetAttribute(
+                        hip.hipDeviceAttribute_t.hipDeviceAttributeIntegrated, device.index
+                    ),
+                    "hipDeviceGetAttribute(Integrated)",
+                )
+            )
+
+    @property
+    def granularity(self) -> int:
+        """Chunk sizes are multiples of this many bytes (each backend says)."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.device})"
+
+    def _forked(self) -> bool:
+        return os.getpid() != self._pid
+
+    def _on_device(self) -> Any:
+        """Make this device current (``hipSetDevice``) for the calls that follow."""
+        if self._forked():
+            raise BackendUnavailable(f"cannot use {self.device}: {FORK_REASON}")
+        check(self._hip.hipSetDevice(self.device.index), f"hipSetDevice({self.device.index})")
+        return _Nothing()
+
+    def _check_size(self, size: int, what: str) -> None:
+        if size <= 0 or size % self.granularity:
+            raise ValueError(
+                f"{what} must be a positive multiple of the granularity "
+                f"({self.granularity} bytes), got {size}"
+            )
+
+    def check_memory(self, nbytes: int) -> None:
+        """Nothing to check beforehand: ``hipMemCreate`` (``hipMallocFromPoolAsync``) takes the
+        memory at once, and fails with
+        :class:`~sharedarrays.backends.hip.runtime.HipOutOfMemory`."""
+
+    def synchronize(self) -> None:
+        """Wait for all work queued on this device (``hipDeviceSynchronize``)."""
+        with self._on_device():
+            check(self._hip.hipDeviceSynchronize(), "hipDeviceSynchronize")
+
+    def mem_get_info(self) -> tuple[int, int]:
+        """Free and total memory of the device in bytes (``hipMemGetInfo``)."""
+        with self._on_device():
+            free, total = check(self._hip.hipMemGetInfo(), "hipMemGetInfo")
+        return int(free), int(total)
+
+    def as_native(
+        self,
+        address: int,
+        size: int,
+        offset: int,
+        owner: object,
+        dtype: np.dtype[Any],
+        shape: tuple[int, ...],
+        strides: tuple[int, ...],
+        readonly: bool,
+        device_index: int | None = None,
+    ) -> Any:
+        """A ``cupy.ndarray`` (CuPy's ROCm build; DLPack device ``kDLROCM``), else a NumPy
+        view on an integrated device, else a read-only NumPy copy (``hipMemcpyDtoH``)."""
+        cupy = _cupy_rocm()
+        if cupy is not None:
+            memory = cupy.cuda.UnownedMemory(address, size, owner, self.device.index)
+            pointer = cupy.cuda.MemoryPointer(memory, offset)
+            return cupy.ndarray(shape, dtype=dtype, memptr=pointer, strides=strides)
+        if self._integrated:
+            return as_host_array(address + offset, owner, dtype, shape, strides, readonly)
+        return self._copy_out(address, size, offset, dtype, shape, strides)
+
+    def _copy_out(
+        self,
+        address: int,
+        size: int,
+        offset: int,
+        dtype: np.dtype[Any],
+        shape: tuple[int, ...],
+        strides: tuple[int, ...],
+    ) -> np.ndarray[Any, Any]:
+        """A read-only NumPy copy of a view of the mapped range (the whole range is copied,
+        then viewed with the view's layout)."""
+        buffer = np.empty(size, dtype=np.uint8)
+        with self._on_device():
+            check(self._hip.hipMemcpyDtoH(buffer.ctypes.data, address, size), "hipMemcpyDtoH")
+        view = np.ndarray(shape, dtype=dtype, buffer=buffer, offset=offset, strides=strides)
+        copy: np.ndarray[Any, Any] = view.copy()
+        copy.flags.writeable = False
+        return copy
+
+    def to_native(self, obj: Any) -> Any:
+        """``obj`` as this backend's native array type (may copy): CuPy where it is the
+        native type, else NumPy (a torch tensor through ``.cpu()``, a CuPy array through
+        ``.get()``)."""
+        cupy = _cupy_rocm()
+        if cupy is not None:
+            with cupy.cuda.Device(self.device.index):
+                return cupy.asarray(obj)
+        if isinstance(obj, np.ndarray):
+            return obj
+        cpu = getattr(obj, "cpu", None)
+        if callable(cpu) and hasattr(obj, "numpy"):
+            return np.asarray(cpu().detach().numpy())
+        get = getattr(obj, "get", None)
+        if callable(get) and not isinstance(obj, np.ndarray):
+            return np.asarray(get())
+        return np.asarray(obj)
+
+    def current_device(self) -> int:
+        """The HIP device this process works on now (``hipGetDevice``)."""
+        try:
+            return int(check(self._hip.hipGetDevice(), "hipGetDevice"))
+        except HipError:
+            return self.device.index
+
+    def export_sync(self) -> bytes | None:
+        """Wait for the device's queued work now (no interprocess events yet): nothing for
+        an importer to wait for."""
+        self.synchronize()
+        return None
+
+    def export_fence(self) -> object | None:
+        """See :meth:`export_sync`: the device is synchronised when an array is pickled."""
+        self.synchronize()
+        return None
+
+    def import_sync(self, token: bytes) -> None:
+        """Nothing to wait for (see :meth:`export_sync`)."""
+
+
+class _Nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
