@@ -444,20 +444,15 @@ class Run:
                     out["not_measured"][family] = f"not available: {type(e).__name__}: {e}"
                     continue
                 entries[family] = cold_method if cold else warm
-        per_slot = False
-        if cold:
-            free = _free_bytes(self.cfg)
-            methods = len(entries) - 1
-            if free is not None and size * 1.1 > free:
-                why = f"needs {label} at a time, {free / 2**30:.1f} GiB free"
-                for family in list(entries)[1:]:
-                    out["not_measured"][family] = why
-                self.note(f"cold {label} not run: {why}")
-                return out
-            # the round's new objects all at once where they fit, else each before its slot
-            per_slot = free is not None and methods * size * 1.1 > free
-            out["objects"] = "made before each slot" if per_slot else "made before the round"
+        free = _free_bytes(self.cfg) if cold else None
+        if free is not None and size * 1.1 > free:
+            why = f"needs {label} at a time, {free / 2**30:.1f} GiB free"
+            for family in list(entries)[1:]:
+                out["not_measured"][family] = why
+            self.note(f"cold {label} not run: {why}")
+            return out
         boxes: dict[str, list[Any]] = {}
+        per_slot = False
         try:
             for name in list(entries)[1:]:
                 try:  # warm: the one object; cold: a probe (e.g. a size a backend refuses)
@@ -478,6 +473,10 @@ class Run:
             for name, m in entries.items():
                 if name not in boxes and not m.cold:
                     boxes[name] = m.new(size)
+            if cold:
+                # the round's new objects all at once where they fit, else each before its slot
+                per_slot = free is not None and (len(entries) - 1) * size * 1.1 > free
+                out["objects"] = "made before each slot" if per_slot else "made before the round"
             samples = self._rounds(pool, entries, boxes, size, per_slot)
         finally:
             for name, box in boxes.items():
