@@ -416,3 +416,35 @@ def test_python_m_sharedarrays_bench_takes_the_same_options() -> None:
     assert proc.returncode == 0 and via_cli.returncode == 0, proc.stderr + via_cli.stderr
     options = proc.stdout.partition("options:")[2]
     assert "--sizes" in options and options == via_cli.stdout.partition("options:")[2]
+
+
+@pytest.mark.timeout(120)
+def test_cold_sizes_follow_the_free_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the round's new objects do not fit together each is made before its own slot;
+    a size that does not fit once is not run, and says why."""
+    from sharedarrays.bench import measure
+
+    mib = 1 << 20
+    monkeypatch.setattr(measure, "_free_bytes", lambda cfg: int(1.5 * mib))
+    cfg = config.Config(
+        device="cpu",
+        sizes=[mib],
+        rounds=4,
+        warmup=0,
+        methods=list(config.HOST_METHODS),
+        cold_sizes=[mib, 2 * mib],
+    )
+    run = measure.Run(cfg)
+    run.overhead("cold")
+    fits, too_big = (run.data["overhead"]["cold"]["sizes"][str(s)] for s in (mib, 2 * mib))
+    assert fits["objects"] == "made before each slot"  # 2 x 1 MiB > 1.5 MiB free
+    assert set(fits["methods"]) == {"sharedarrays", "shm"}
+    assert fits["methods"]["shm"]["rounds"] == 4
+    assert not too_big["methods"]
+    assert too_big["not_measured"]["sharedarrays"] == "needs 2M at a time, 0.0 GiB free"
+    monkeypatch.setattr(measure, "_free_bytes", lambda cfg: 64 * mib)
+    run = measure.Run(cfg)
+    run.overhead("cold")
+    for case in run.data["overhead"]["cold"]["sizes"].values():
+        assert case["objects"] == "made before the round"
+        assert set(case["methods"]) == {"sharedarrays", "shm"}
