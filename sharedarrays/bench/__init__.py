@@ -38,9 +38,14 @@ Methods (one line each in the table and the plot):
 Cold methods create the new object before the timer and release it after; warm methods
 create one object per size and send it ``warmup + repeats`` times.
 
-Also measured: copy-kernel bandwidth in the worker on shared memory against a plain CuPy
-(NumPy) array; 10,000 small arrays handed off in one task; and fan-out of one array to 1, 4
-and 16 workers at once.
+Like for like (issue 19): the ``warm`` and ``cold`` parts time the floor and one method of
+each family (sharedarrays on each backend, torch, cuda.core; shm on the host) in interleaved
+rounds, in rotating order, in one worker that has started CUDA, CuPy and torch, and report
+each method's median of per-round differences over the floor (:mod:`~sharedarrays.bench.rounds`);
+the ``many`` part hands 10,000 small arrays (and, on CUDA, 10,000 torch tensors) in one task
+to that kind of worker, alternated. Also measured: copy-kernel bandwidth in the worker on
+shared memory against a plain CuPy (NumPy) array; and fan-out of one array to 1, 4 and 16
+workers at once.
 
 The package, one concern per module (nothing in the library imports it; :mod:`sharedarrays.cli`
 imports it when it builds the command line):
@@ -51,6 +56,7 @@ imports it when it builds the command line):
 * :mod:`~sharedarrays.bench.environment`: date, machine, GPU and versions for the JSON;
 * :mod:`~sharedarrays.bench.worker`: the tasks the Pool's workers run;
 * :mod:`~sharedarrays.bench.methods`: each peer's parent side (make, send, free);
+* :mod:`~sharedarrays.bench.rounds`: interleaved rounds and the overhead over the floor;
 * :mod:`~sharedarrays.bench.measure`: pools, timed cases and the run through every part;
 * :mod:`~sharedarrays.bench.report`: targets, table and plot;
 * :mod:`~sharedarrays.bench.command`: the entry points (``python -m sharedarrays bench``,

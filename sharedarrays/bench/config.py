@@ -17,6 +17,7 @@ __all__ = [
     "GPU_METHODS",
     "HOST_METHODS",
     "PARTS",
+    "ROUND_FAMILIES",
     "COPY_MAX_BYTES",
     "TASK_TIMEOUT",
     "Config",
@@ -43,14 +44,24 @@ GPU_METHODS = (
 )
 HOST_METHODS = ("floor", "sharedarrays-warm", "sharedarrays-cold", "shm-warm", "shm-cold", "copy")
 
-PARTS = ("bandwidth", "many", "scaling", "steps")
-"""Measurements besides the method x size table (``--skip`` takes these names)."""
+PARTS = ("warm", "cold", "many", "bandwidth", "steps", "scaling")
+"""Measurements besides the method x size table (``--skip`` takes these names): ``warm``
+and ``cold`` are the interleaved rounds over the floor, ``many`` the small arrays."""
+
+ROUND_FAMILIES = {
+    "cuda": ("sharedarrays", "sa.ipc", "sa.pool", "torch", "cuda.core"),
+    "cpu": ("sharedarrays", "shm"),
+}
+"""The method families of the warm and cold rounds, per device kind (``--methods`` filters)."""
 
 COPY_MAX_BYTES = 1 << 30
 """The copy path runs up to this size only (about 5 s per GiB on an H200)."""
 
 DEFAULT_SIZES = {"cuda": "1M,64M,1G,8G,32G", "cpu": "1M,64M,256M"}
 QUICK_SIZES = {"cuda": "1M,64M", "cpu": "1M,16M"}
+DEFAULT_WARM_SIZES = {"cuda": "1M,1G", "cpu": "1M,16M"}
+DEFAULT_COLD_SIZES = {"cuda": "1M,1G,32G", "cpu": "1M,16M"}
+QUICK_ROUND_SIZES = {"cuda": "1M", "cpu": "1M"}
 DEFAULT_BANDWIDTH = {"cuda": "4G", "cpu": "256M"}
 QUICK_BANDWIDTH = {"cuda": "256M", "cpu": "16M"}
 TASK_TIMEOUT = float(os.environ.get("SHAREDARRAYS_BENCH_TIMEOUT", "120"))
@@ -80,8 +91,15 @@ class Config:
         Worker counts of the fan-out measurement.
     skip : list of str
         Parts of :data:`PARTS` not to run.
-    pairs : int
-        Interleaved floor / warm-handoff pairs of the ``steps`` part (``--pairs``).
+    rounds : int
+        Interleaved rounds of the ``warm`` and ``cold`` parts (``--rounds``): each round
+        times the floor and every method once, in rotating order.
+    round_seconds : float
+        A size of the ``warm`` or ``cold`` part stops early (with at least 3 rounds) once its
+        rounds took this long.
+    warm_sizes, cold_sizes : list of int
+        Sizes of the ``warm`` and ``cold`` parts (a cold size that does not fit in the free
+        memory is skipped, with the reason, when the run reaches it).
     """
 
     device: str
@@ -96,7 +114,10 @@ class Config:
     many_bytes: int = 4096
     bandwidth_bytes: int = 4 << 30
     bandwidth_repeats: int = 21
-    pairs: int = 1001
+    rounds: int = 301
+    round_seconds: float = 120.0
+    warm_sizes: list[int] = field(default_factory=lambda: [1 << 20, 1 << 30])
+    cold_sizes: list[int] = field(default_factory=lambda: [1 << 20, 1 << 30, 32 << 30])
     case_seconds: float = 10.0
     quick: bool = False
     json_path: str | None = None
@@ -144,10 +165,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", default=None, help="write raw results here")
     p.add_argument("--plot", default=None, help="write a PNG plot here")
     p.add_argument(
-        "--pairs",
+        "--rounds",
         type=int,
         default=None,
-        help="interleaved floor / warm pairs in the steps part (default 1001, 101 with --quick)",
+        help="interleaved rounds of the warm and cold parts (default 301, 31 with --quick)",
+    )
+    p.add_argument(
+        "--round-seconds",
+        type=float,
+        default=120.0,
+        help="a size of the warm or cold part stops early (>= 3 rounds) after this long",
+    )
+    p.add_argument(
+        "--warm-sizes",
+        default=None,
+        help="sizes of the warm rounds (default 1M,1G on GPU, 1M,16M on host)",
+    )
+    p.add_argument(
+        "--cold-sizes",
+        default=None,
+        help="sizes of the cold rounds (default 1M,1G,32G on GPU where memory allows, "
+        "1M,16M on host)",
     )
     p.add_argument("--quick", action="store_true", help="fewer, smaller sizes (a smoke test)")
     p.add_argument(
@@ -186,6 +224,13 @@ def _expand_methods(text: str | None, available: Sequence[str]) -> list[str]:
     return [m for m in available if m in chosen]
 
 
+def _parse_sizes(text: str) -> list[int]:
+    sizes = sorted({parse_size(s) for s in text.split(",") if s.strip()})
+    if not sizes or sizes[0] < 4:
+        raise argparse.ArgumentTypeError("sizes must be at least 4 bytes")
+    return sizes
+
+
 def config_from_args(args: argparse.Namespace) -> Config:
     """Turn parsed ``bench`` options into a :class:`Config`.
 
@@ -197,9 +242,13 @@ def config_from_args(args: argparse.Namespace) -> Config:
     device = _resolve_device(args.device)
     kind = "cuda" if parse_name(device).is_cuda else "cpu"
     sizes_text = args.sizes or (QUICK_SIZES if args.quick else DEFAULT_SIZES)[kind]
-    sizes = sorted({parse_size(s) for s in sizes_text.split(",") if s.strip()})
-    if not sizes or sizes[0] < 4:
-        raise argparse.ArgumentTypeError("sizes must be at least 4 bytes")
+    sizes = _parse_sizes(sizes_text)
+    quick_rounds = QUICK_ROUND_SIZES[kind] if args.quick else None
+    warm_sizes = _parse_sizes(args.warm_sizes or quick_rounds or DEFAULT_WARM_SIZES[kind])
+    cold_sizes = _parse_sizes(args.cold_sizes or quick_rounds or DEFAULT_COLD_SIZES[kind])
+    rounds = args.rounds if args.rounds is not None else (31 if args.quick else 301)
+    if rounds < 1 or args.round_seconds <= 0:
+        raise argparse.ArgumentTypeError("--rounds must be >= 1 and --round-seconds > 0")
     if args.repeats < 1 or args.warmup < 0:
         raise argparse.ArgumentTypeError("--repeats must be >= 1 and --warmup >= 0")
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
@@ -232,7 +281,10 @@ def config_from_args(args: argparse.Namespace) -> Config:
         workers=workers,
         skip=skip,
         many_count=many,
-        pairs=args.pairs if args.pairs is not None else (101 if args.quick else 1001),
+        rounds=rounds,
+        round_seconds=args.round_seconds,
+        warm_sizes=warm_sizes,
+        cold_sizes=cold_sizes,
         many_bytes=args.many_size,
         bandwidth_bytes=bandwidth,
         case_seconds=args.case_seconds,

@@ -20,21 +20,24 @@ from multiprocessing.pool import Pool
 from pathlib import Path
 from typing import Any
 
-from sharedarrays.bench.config import COPY_MAX_BYTES, TASK_TIMEOUT, Config
+from sharedarrays.bench.config import COPY_MAX_BYTES, ROUND_FAMILIES, TASK_TIMEOUT, Config
 from sharedarrays.bench.environment import environment, utc_now
 from sharedarrays.bench.methods import (
     FLOOR_ARG,
     Method,
     Peers,
+    control_method,
     copy_method,
     cuda_core_methods,
     drop_everywhere,
+    family_methods,
     floor_method,
     sa_methods,
     shm_methods,
     torch_methods,
 )
 from sharedarrays.bench.report import evaluate_targets
+from sharedarrays.bench.rounds import FLOOR, over_floor, run_rounds
 from sharedarrays.bench.sizes import size_label
 from sharedarrays.bench.worker import (
     init_worker,
@@ -43,6 +46,7 @@ from sharedarrays.bench.worker import (
     task_cleanup,
     task_floor,
     task_many,
+    task_many_torch,
     task_sharedarrays,
     task_steps,
 )
@@ -142,19 +146,39 @@ def _pool(
     pool.join()
 
 
-def _interleaved(
-    pool: Pool, args: tuple[Any, ...], pairs: int, task: Callable[..., Any] = task_sharedarrays
-) -> float:
-    """Median over ``pairs`` of (``task(*args)`` - an empty task), the two timed back to back
-    in the same pool, so that the drift of the pool's round trip cancels (us)."""
-    diffs = []
-    for _ in range(pairs):
-        t0 = time.perf_counter()
-        pool.apply_async(task_floor, (FLOOR_ARG, False)).get(TASK_TIMEOUT)
-        t1 = time.perf_counter()
-        pool.apply_async(task, args).get(TASK_TIMEOUT)
-        diffs.append((time.perf_counter() - t1) - (t1 - t0))
-    return statistics.median(diffs) * 1e6
+ROUND_LIMITS: dict[str, tuple[int, str]] = {
+    "cuda.core": (
+        4 << 30,
+        "cuda.core's worker crashed at the first 8 GiB buffer in runs 1 and 2 "
+        "(docs/performance.md, cuda.core failure); measured up to 4G only",
+    ),
+}
+"""Families the warm and cold rounds run only up to a size, and why."""
+
+
+class _RoundFailed(Exception):
+    """One method failed inside the rounds; its pool may be unusable."""
+
+    def __init__(self, family: str, why: str) -> None:
+        super().__init__(f"{family}: {why}")
+        self.family = family
+        self.why = why
+
+
+def _free_bytes(cfg: Config) -> int | None:
+    """Free device memory (CUDA) or available host memory, in bytes; None if unknown."""
+    try:
+        if cfg.is_cuda:
+            import cupy
+
+            with cupy.cuda.Device(cfg.index):
+                return int(cupy.cuda.runtime.memGetInfo()[0])
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except Exception:
+        return None
+    return None
 
 
 class Run:
@@ -322,15 +346,234 @@ class Run:
         )
         self.save()
 
+    # one worker for every peer -------------------------------------------------------------
+    def peers_missing(self, families: Sequence[str]) -> dict[str, str]:
+        """Why each of the peers ``torch`` and ``cuda.core`` among ``families`` cannot run."""
+        missing: dict[str, str] = {}
+        for family in ("torch", "cuda.core"):
+            if family in families:
+                why = self.peers.why_not(family)
+                if why is not None:
+                    missing[family] = why
+        return missing
+
+    @contextlib.contextmanager
+    def peer_pool(self, families: Sequence[str]) -> Iterator[Pool]:
+        """One spawn worker for every method of a part (the issue's like-for-like rule): it
+        has started CUDA and CuPy, torch wherever torch can run here (and torch's reductions
+        are registered in this process), and holds cuda.core's memory resource where
+        cuda.core is among ``families``."""
+        preload = None
+        if self.cfg.is_cuda and self.peers.why_not("torch") is None:
+            preload = "torch"
+        mr = None
+        if "cuda.core" in families and self.peers.why_not("cuda.core") is None:
+            mr = self.peers.memory_resource()[0]
+        with _pool(self.cfg, 1, mr, preload) as pool:
+            yield pool
+
+    def round_families(self) -> list[str]:
+        """The families of the warm and cold rounds that ``--methods`` chose."""
+        chosen = {_family(m) for m in self.cfg.methods}
+        return [f for f in ROUND_FAMILIES["cuda" if self.cfg.is_cuda else "cpu"] if f in chosen]
+
+    # warm and cold: interleaved rounds over the floor ------------------------------------------
+    def overhead(self, kind: str) -> None:
+        """The ``warm`` or ``cold`` part: each method's overhead over the floor, as the median
+        of per-round differences over interleaved rounds, at each of its sizes."""
+        cold = kind == "cold"
+        sizes = self.cfg.cold_sizes if cold else self.cfg.warm_sizes
+        families = self.round_families()
+        part: dict[str, Any] = {"rounds": self.cfg.rounds, "families": families, "sizes": {}}
+        self.data.setdefault("overhead", {})[kind] = part
+        _log(
+            f"[{kind}] over the floor, {self.cfg.rounds} interleaved rounds (rotating order) "
+            f"of floor, {', '.join(families)}"
+        )
+        excluded = self.peers_missing(families)
+        if not self.cfg.is_cuda:  # the host has no torch or cuda.core methods: say why
+            for family in ("torch", "cuda.core"):
+                excluded[family] = self.peers.why_not(family) or "no CUDA device"
+        for family, why in excluded.items():
+            self.skip(f"{kind} {family}", why)
+        pending = list(sizes)
+        while pending:
+            try:
+                with self.peer_pool([f for f in families if f not in excluded]) as pool:
+                    while pending:
+                        size = pending[0]
+                        got = self.overhead_size(pool, kind, size, families, excluded)
+                        part["sizes"][str(size)] = got
+                        pending.pop(0)
+                        self.save()
+                    pool.apply_async(task_cleanup, (None,)).get(TASK_TIMEOUT)
+            except _RoundFailed as e:
+                # its pool may be unusable: the size again, without it, in a fresh pool
+                excluded[e.family] = e.why
+                self.skip(f"{kind} {e.family}", e.why)
+                self.data.setdefault("errors", {})[f"{kind} {e.family}"] = traceback.format_exc()
+            except Exception as e:
+                why = f"failed: {type(e).__name__}: {e}"
+                for size in pending:
+                    part["sizes"][str(size)] = {"size": size, "failed": why}
+                self.skip(f"{kind} {', '.join(size_label(s) for s in pending)}", why)
+                self.data.setdefault("errors", {})[kind] = traceback.format_exc()
+                pending = []
+            finally:
+                self.peers.free_device_memory()
+        self.save()
+
+    def overhead_size(
+        self, pool: Pool, kind: str, size: int, families: Sequence[str], excluded: dict[str, str]
+    ) -> dict[str, Any]:
+        """The rounds of one size: floor and every method once per round, rotating."""
+        cold = kind == "cold"
+        label = size_label(size)
+        out: dict[str, Any] = {"size": size, "methods": {}, "not_measured": {}}
+        entries: dict[str, Method] = {FLOOR: floor_method()}
+        for family in [*families, *(f for f in excluded if f not in families)]:
+            limit = ROUND_LIMITS.get(family)
+            if family in excluded:
+                out["not_measured"][family] = excluded[family]
+            elif limit is not None and size > limit[0]:
+                out["not_measured"][family] = limit[1]
+            else:
+                try:
+                    warm, cold_method = family_methods(self.cfg, self.peers, family)
+                except Exception as e:
+                    out["not_measured"][family] = f"not available: {type(e).__name__}: {e}"
+                    continue
+                entries[family] = cold_method if cold else warm
+        free = _free_bytes(self.cfg) if cold else None
+        if free is not None and size * 1.1 > free:
+            why = f"needs {label} at a time, {free / 2**30:.1f} GiB free"
+            for family in list(entries)[1:]:
+                out["not_measured"][family] = why
+            self.note(f"cold {label} not run: {why}")
+            return out
+        boxes: dict[str, list[Any]] = {}
+        per_slot = False
+        try:
+            for name in list(entries)[1:]:
+                try:  # warm: the one object; cold: a probe (e.g. a size a backend refuses)
+                    box = entries[name].new(size)
+                    if cold:
+                        entries[name].free(box)
+                    else:
+                        boxes[name] = box
+                except Exception as e:
+                    out["not_measured"][name] = f"could not make {label}: {type(e).__name__}: {e}"
+                    del entries[name]
+            if not cold and "sharedarrays" in boxes:
+                dumps = multiprocessing.reduction.ForkingPickler.dumps
+                nbytes = len(dumps(boxes["sharedarrays"][0]))
+                entries["control"] = control_method(nbytes)
+                boxes["control"] = entries["control"].new(size)
+                out["control_bytes"] = nbytes
+            for name, m in entries.items():
+                if name not in boxes and not m.cold:
+                    boxes[name] = m.new(size)
+            if cold:
+                # the round's new objects all at once where they fit, else each before its slot
+                per_slot = free is not None and (len(entries) - 1) * size * 1.1 > free
+                out["objects"] = "made before each slot" if per_slot else "made before the round"
+            samples = self._rounds(pool, entries, boxes, size, per_slot)
+        finally:
+            for name, box in boxes.items():
+                if box:
+                    with contextlib.suppress(Exception):
+                        entries[name].free(box)
+        over = over_floor(samples)
+        out["rounds"] = len(samples[FLOOR])
+        out["order"] = list(entries)
+        out["floor_median_ms"] = statistics.median(samples[FLOOR]) * 1e3
+        out["methods"] = over
+        for name, row in over.items():
+            figure = f"{row['median_us'] / 1e3:+.3f} ms" if cold else f"{row['median_us']:+.1f} us"
+            _log(
+                f"  {kind} {label:>4} {name:<13} over the floor {figure} "
+                f"(p10 {row['p10_us']:+.0f}, p90 {row['p90_us']:+.0f} us; "
+                f"{row['method_median_ms']:.3f} ms; {row['rounds']} rounds)"
+            )
+        for name, why in out["not_measured"].items():
+            _log(f"  {kind} {label:>4} {name:<13} not measured: {why}")
+        return out
+
+    def _rounds(
+        self,
+        pool: Pool,
+        entries: dict[str, Method],
+        boxes: dict[str, list[Any]],
+        size: int,
+        per_slot: bool,
+    ) -> dict[str, list[float]]:
+        """:func:`run_rounds` on the Pool: cold methods get a new object every round."""
+        cold = [name for name, m in entries.items() if m.cold]
+
+        def time_one(name: str) -> float:
+            m = entries[name]
+            try:
+                if per_slot and m.cold:
+                    boxes[name] = m.new(size)
+                t0 = time.perf_counter()
+                pool.apply_async(m.task, (m.send(boxes[name]), False)).get(TASK_TIMEOUT)
+                dt = time.perf_counter() - t0
+                if per_slot and m.cold:
+                    m.free(boxes.pop(name))
+                return dt
+            except Exception as e:
+                if name == FLOOR:
+                    raise
+                raise _RoundFailed(name, f"failed: {type(e).__name__}: {e}") from e
+
+        def before_round(index: int) -> None:
+            if not per_slot:
+                for name in cold:
+                    try:
+                        boxes[name] = entries[name].new(size)
+                    except Exception as e:
+                        raise _RoundFailed(name, f"failed: {type(e).__name__}: {e}") from e
+
+        def after_round(index: int) -> None:
+            drops: list[Callable[[Pool], None]] = []
+            for name in cold:
+                box = boxes.pop(name, None)
+                if box:
+                    entries[name].free(box)
+                drop = entries[name].after_cold
+                if drop is not None:
+                    drops.append(drop)
+            if drops:  # once: every cold import of the round is dropped in the worker
+                drops[0](pool)
+
+        return run_rounds(
+            list(entries),
+            self.cfg.rounds,
+            time_one,
+            warmup=self.cfg.warmup,
+            before_round=before_round if cold else None,
+            after_round=after_round if cold else None,
+            max_seconds=self.cfg.round_seconds,
+        )
+
     # many small arrays ------------------------------------------------------------------
     def many(self) -> None:
-        """``many_count`` arrays of ``many_bytes`` handed off in one task (a list)."""
+        """``many_count`` arrays of ``many_bytes`` handed off in one task (a list), for
+        sharedarrays and (on CUDA, where it runs) torch, alternated in one worker."""
         import sharedarrays as sa
 
         count, nbytes = self.cfg.many_count, self.cfg.many_bytes
+        chosen = {_family(m) for m in self.cfg.methods}
+        families = ["sharedarrays", *(["torch"] if "torch" in chosen else [])]
+        missing = self.peers_missing(families)
+        if not self.cfg.is_cuda:  # the host has no torch methods: say why, once
+            missing["torch"] = self.peers.why_not("torch") or "no CUDA device"
+        for family, why in missing.items():
+            self.skip(f"many {family}", why)
         _log(f"[many] {count} arrays of {size_label(nbytes)} in one task")
         packed = True
-        arrays: list[Any] = []
+        lists: dict[str, list[Any]] = {}
+        tasks: dict[str, Callable[[list[Any]], int]] = {}
         try:
             t = time.perf_counter()
             try:
@@ -349,6 +592,7 @@ class Run:
                 arrays = [
                     sa.empty(nbytes // 4, "float32", device=self.cfg.device) for _ in range(count)
                 ]
+            lists["sharedarrays"], tasks["sharedarrays"] = arrays, task_many
             create_s = time.perf_counter() - t
             sizes: dict[str, int] = {}
             for a in arrays:
@@ -356,33 +600,48 @@ class Run:
             memory = sum(sizes.values())
             payload = count * nbytes
             pickled = len(pickle.dumps(arrays))
-            samples: list[float] = []
-            first = 0.0
-            with _pool(self.cfg) as pool:
-                started = time.perf_counter()
-                for i in range(self.cfg.repeats + 1):
-                    t0 = time.perf_counter()
-                    got = pool.apply_async(task_many, (arrays,)).get(TASK_TIMEOUT * 2)
-                    dt = time.perf_counter() - t0
-                    if got != count:
-                        raise RuntimeError(f"the worker saw {got} arrays, not {count}")
-                    if i == 0:
-                        first = dt
-                    else:
-                        samples.append(dt)
-                        if time.perf_counter() - started > self.cfg.case_seconds and i >= 3:
-                            break
+            if "torch" in families and "torch" not in missing:
+                torch = self.peers.torch()
+                lists["torch"] = [
+                    torch.empty(nbytes // 4, dtype=torch.float32, device=self.cfg.device)
+                    for _ in range(count)
+                ]
+                tasks["torch"] = task_many_torch
+            first: dict[str, float] = {}
+
+            def time_one(name: str) -> float:
+                t0 = time.perf_counter()
+                got = pool.apply_async(tasks[name], (lists[name],)).get(TASK_TIMEOUT * 2)
+                dt = time.perf_counter() - t0
+                if got != count:
+                    raise RuntimeError(f"the worker saw {got} {name} arrays, not {count}")
+                return dt
+
+            with self.peer_pool(list(lists)) as pool:
+                for name in lists:  # the first handoff (a cold import), apart
+                    first[name] = time_one(name)
+                samples = run_rounds(
+                    list(lists), self.cfg.repeats, time_one, max_seconds=self.cfg.case_seconds
+                )
                 pool.apply_async(task_cleanup, (None,)).get(TASK_TIMEOUT)
         except Exception as e:
             self.skip("many", f"failed: {type(e).__name__}: {e}")
             self.save()
             return
         finally:
-            for a in arrays:
+            for a in lists.get("sharedarrays", []):
                 a.close()
-            arrays.clear()
+            lists.clear()
             self.peers.free_device_memory()
-        warm = stats(samples)
+        methods: dict[str, Any] = {}
+        for name, values in samples.items():
+            warm = stats(values)
+            methods[name] = {
+                "first_ms": first[name] * 1e3,
+                "first_arrays_per_s": count / first[name],
+                "warm": warm,
+                "arrays_per_s": count / (warm["median_ms"] / 1e3),
+            }
         out = {
             "count": count,
             "bytes_each": nbytes,
@@ -393,18 +652,28 @@ class Run:
             "memory_ratio": memory / payload,
             "pickle_bytes": pickled,
             "create_s": create_s,
-            "first_ms": first * 1e3,
-            "first_arrays_per_s": count / first,
-            "warm": warm,
-            "arrays_per_s": count / (warm["median_ms"] / 1e3),
+            **methods["sharedarrays"],
+            "order": "alternated in one worker, rotating, one handoff of each per round",
+            "methods": methods,
+            "not_measured": missing,
         }
+        if "torch" in methods:
+            out["ratio_vs_torch"] = (
+                methods["sharedarrays"]["arrays_per_s"] / (methods["torch"]["arrays_per_s"])
+            )
         self.data["many"] = out
         _log(
-            f"  {len(sizes)} allocations, {memory / 2**20:.1f} MiB for "
-            f"{payload / 2**20:.1f} MiB of payload (x{out['memory_ratio']:.2f}); first handoff "
-            f"{first * 1e3:.1f} ms ({out['first_arrays_per_s']:,.0f}/s), then median "
-            f"{warm['median_ms']:.1f} ms ({out['arrays_per_s']:,.0f} arrays/s)"
+            f"  sharedarrays: {len(sizes)} allocations, {memory / 2**20:.1f} MiB for "
+            f"{payload / 2**20:.1f} MiB of payload (x{out['memory_ratio']:.2f})"
         )
+        for name, row in methods.items():
+            _log(
+                f"  {name:<13} first handoff {row['first_ms']:.1f} ms "
+                f"({row['first_arrays_per_s']:,.0f}/s), then median "
+                f"{row['warm']['median_ms']:.1f} ms ({row['arrays_per_s']:,.0f} arrays/s)"
+            )
+        if "ratio_vs_torch" in out:
+            _log(f"  sharedarrays / torch, same run: {out['ratio_vs_torch']:.2f}x")
         self.save()
 
     # steps ------------------------------------------------------------------------------
@@ -429,14 +698,6 @@ class Run:
             with _pool(self.cfg) as pool:
                 pool.apply_async(task_sharedarrays, (a, False)).get(TASK_TIMEOUT)
                 worker = pool.apply_async(task_steps, (blob, sync, repeats)).get(TASK_TIMEOUT)
-                same_size = b"x" * len(multiprocessing.reduction.ForkingPickler.dumps(a))
-                pairs = {
-                    "warm_minus_floor_us": _interleaved(pool, (a, False), self.cfg.pairs),
-                    "control_minus_floor_us": _interleaved(
-                        pool, (same_size, False), self.cfg.pairs, task_floor
-                    ),
-                    "pairs": self.cfg.pairs,
-                }
             a.close()
         except Exception as e:
             self.skip("steps", f"failed: {type(e).__name__}: {e}")
@@ -446,15 +707,10 @@ class Run:
             "parent_us": {k: statistics.median(v) * 1e6 for k, v in parent.items()},
             "worker_us": worker,
         }
-        self.data["steps"] = {**sides, "payload_bytes": len(blob), "pairs": pairs}
+        self.data["steps"] = {**sides, "payload_bytes": len(blob)}
         for side, values in sides.items():
             text = ", ".join(f"{k} {v:.1f}" for k, v in values.items())
             _log(f"  {side[:-3]} (median us): {text}")
-        _log(
-            f"  interleaved pairs ({pairs['pairs']}, 1 MiB): warm handoff - floor "
-            f"{pairs['warm_minus_floor_us']:+.1f} us; control (bytes of the pickled array's "
-            f"size, no array) - floor {pairs['control_minus_floor_us']:+.1f} us"
-        )
         self.save()
 
     # fan-out ----------------------------------------------------------------------------
@@ -513,10 +769,13 @@ class Run:
             )
         else:
             self.group("shm", shm_methods)
-        if "bandwidth" not in cfg.skip:
-            self.bandwidth()
+        for kind in ("warm", "cold"):
+            if kind not in cfg.skip:
+                self.overhead(kind)
         if "many" not in cfg.skip:
             self.many()
+        if "bandwidth" not in cfg.skip:
+            self.bandwidth()
         if "steps" not in cfg.skip:
             self.steps()
         if "scaling" not in cfg.skip:

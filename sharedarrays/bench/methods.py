@@ -32,6 +32,8 @@ __all__ = [
     "Peers",
     "drop_everywhere",
     "floor_method",
+    "control_method",
+    "family_methods",
     "sa_methods",
     "copy_method",
     "torch_methods",
@@ -109,12 +111,25 @@ class Peers:
             core = cuda_core()
             dev = core.Device(self.cfg.index)
             dev.set_current()
-            largest = max(self.cfg.sizes)
+            largest = max([*self.cfg.sizes, *self.cfg.warm_sizes, *self.cfg.cold_sizes])
             max_size = ((2 * largest + (256 << 20)) + (2 << 20) - 1) // (2 << 20) * (2 << 20)
             options = core.DeviceMemoryResourceOptions(ipc_enabled=True, max_size=max_size)
             self._mr = core.DeviceMemoryResource(dev, options)
             self._stream = dev.create_stream()
         return self._mr, self._stream
+
+    def why_not(self, family: str) -> str | None:
+        """Why the peer ``family`` (``torch``, ``cuda.core``) cannot run here, or None."""
+        if not self.cfg.is_cuda:
+            return f"{family} rows need a CUDA device (the run is on {self.cfg.device})"
+        try:
+            if family == "torch":
+                self.torch()
+            elif family == "cuda.core":
+                self.memory_resource()
+        except Exception as e:
+            return f"not available: {type(e).__name__}: {e}"
+        return None
 
     def close_memory_resource(self) -> None:
         if self._stream is not None:
@@ -174,6 +189,47 @@ def floor_method() -> Method:
         lambda box: box.clear(),
         cold=False,
     )
+
+
+def control_method(nbytes: int) -> Method:
+    """The floor's empty task with an argument of ``nbytes`` bytes: what the Pool charges for
+    a message the size of a pickled array, without the array (a control of the warm rounds)."""
+    return Method(
+        "control",
+        task_floor,
+        lambda size: [b"x" * nbytes],
+        _first,
+        lambda box: box.clear(),
+        cold=False,
+    )
+
+
+def family_methods(cfg: Config, peers: Peers, family: str) -> tuple[Method, Method]:
+    """The warm and the cold method of one family (``sharedarrays``, ``sa.ipc``, ``sa.pool``,
+    ``torch``, ``cuda.core``, ``shm``).
+
+    Raises
+    ------
+    ValueError
+        An unknown family.
+    Exception
+        Whatever the peer raises when it cannot run (not installed, no CUDA device).
+    """
+    if family == "sharedarrays":
+        warm, cold = sa_methods(cfg)
+    elif family == "sa.ipc":
+        warm, cold = sa_methods(cfg, "cuda-ipc", "sa.ipc")
+    elif family == "sa.pool":
+        warm, cold = sa_methods(cfg, "cuda-pool", "sa.pool")
+    elif family == "torch":
+        warm, cold = torch_methods(peers)
+    elif family == "cuda.core":
+        warm, cold = cuda_core_methods(peers)
+    elif family == "shm":
+        warm, cold = shm_methods()
+    else:
+        raise ValueError(f"no methods for family {family!r}")
+    return warm, cold
 
 
 def copy_method(cfg: Config, peers: Peers) -> Method:

@@ -26,6 +26,7 @@ __all__ = [
     "task_cuda_core",
     "task_shm",
     "task_many",
+    "task_many_torch",
     "task_drop",
     "task_cleanup",
     "task_bandwidth",
@@ -133,6 +134,16 @@ def task_many(arrays: list[Any]) -> int:
     del natives
     for a in arrays:
         a.close()
+    return count
+
+
+def task_many_torch(tensors: list[Any]) -> int:
+    """The torch row of the ``many`` part: the tensors arrive whole (torch's reductions open
+    each storage's IPC handle on unpickling, with its cache); touch each, as
+    :func:`task_many` touches each array's ``.array``."""
+    pointers = [t.data_ptr() for t in tensors]
+    count = len(pointers)
+    del pointers
     return count
 
 

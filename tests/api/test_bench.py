@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import re
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from sharedarrays.bench import config, report, sizes
+from sharedarrays.bench import config, report, rounds, sizes
 
 ROOT = Path(__file__).resolve().parents[2]
 REPEATS = 21
+ROUNDS = 7
 
 
+@pytest.mark.timeout(180)
 def test_bench_cpu_quick(tmp_path: Path) -> None:
     out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
     env = {
@@ -33,6 +40,10 @@ def test_bench_cpu_quick(tmp_path: Path) -> None:
             "--quick",
             "--repeats",
             str(REPEATS),
+            "--rounds",
+            str(ROUNDS),
+            "--warm-sizes",
+            "1M,4M",
             "--json",
             str(out_json),
             "--plot",
@@ -40,14 +51,18 @@ def test_bench_cpu_quick(tmp_path: Path) -> None:
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=150,
         cwd=tmp_path,
         env=env,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads(out_json.read_text())
     assert data["config"]["device"] == "cpu"
-    assert not data["skipped"], data["skipped"]
+    # the only skips on the host are the CUDA peers', each with its reason
+    assert data["skipped"], "the torch and cuda.core rows must say why they did not run"
+    for what, why in data["skipped"].items():
+        assert what.split()[-1] in ("torch", "cuda.core"), (what, why)
+        assert "need a CUDA device" in why
     for method in config.HOST_METHODS:
         result = data["results"][method]
         for task in config.TASKS:
@@ -58,53 +73,301 @@ def test_bench_cpu_quick(tmp_path: Path) -> None:
                 assert len(case["samples_ms"]) == case["repeats"]
                 assert case["median_ms"] > 0
                 assert case["p10_ms"] <= case["median_ms"] <= case["p90_ms"]
+    for kind, sizes_, methods in [
+        ("warm", ["1M", "4M"], {"sharedarrays", "shm", "control"}),
+        ("cold", ["1M"], {"sharedarrays", "shm"}),
+    ]:
+        part = data["overhead"][kind]
+        assert [sizes.size_label(int(s)) for s in part["sizes"]] == sizes_
+        for case in part["sizes"].values():
+            assert set(case["methods"]) == methods, (kind, case)
+            assert case["order"][0] == "floor" and case["rounds"] == ROUNDS
+            for row in case["methods"].values():
+                assert len(row["diffs_us"]) == ROUNDS
+                assert row["p10_us"] <= row["median_us"] <= row["p90_us"]
+            assert "need a CUDA device" in case["not_measured"]["torch"]
+    many = data["many"]
+    assert many["count"] > 0 and many["arrays_per_s"] > 0
+    assert set(many["methods"]) == {"sharedarrays"}
+    assert "need a CUDA device" in many["not_measured"]["torch"]
     assert data["bandwidth"]["ratio"] > 0
-    assert data["many"]["count"] > 0 and data["many"]["arrays_per_s"] > 0
     assert set(data["scaling"]) == {"1", "4"}
-    assert {t["status"] for t in data["targets"]} <= {"PASS", "MISS", "n/a"}
+    targets = {t["target"]: t for t in data["targets"]}
+    assert targets["warm over the floor <= +40 us at 1M"]["status"] in ("PASS", "MISS")
+    assert targets["cold over the floor <= +0.35 ms at 1M"]["status"] in ("PASS", "MISS")
+    torch_row = targets["warm over the floor >= 4x below torch at 1M"]
+    assert torch_row["status"] == "n/a"
+    assert torch_row["measured"].startswith("not measured: torch: ")
+    gib_row = targets["cold over the floor <= +0.5 ms at 1G"]
+    assert gib_row["measured"] == "not measured: 1G is not among the cold sizes of this run"
     for key in ("date_utc", "hostname", "python", "versions"):
         assert key in data["meta"]
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "handoff: median ms (x floor)" in proc.stdout
     assert "sharedarrays-warm" in proc.stdout and "targets" in proc.stdout
+    # benchmarks/compare.sh greps these lines
+    assert re.search(r"warm +1M sharedarrays +over the floor [+-]", proc.stdout)
+    assert re.search(r"cold +1M sharedarrays +over the floor [+-]", proc.stdout)
+    assert re.search(r"sharedarrays .*arrays/s", proc.stdout)
 
 
-def test_targets_and_table_from_partial_results() -> None:
-    gib = 1 << 30
-    data = {
+def _case(us: float) -> dict[str, Any]:
+    return {"median_us": us, "p10_us": us, "p90_us": us, "rounds": 301}
+
+
+def _partial_run() -> dict[str, Any]:
+    """A run's results as the JSON holds them: warm at 1M only, cold at 1M and 1G, no torch
+    in the cold part, many with torch, no bandwidth part."""
+    mib, gib = 1 << 20, 1 << 30
+    return {
         "meta": {"date_utc": "d", "hostname": "h", "machine": "x86_64", "cpus": 1},
-        "config": {"sizes": [gib], "tasks": ["handoff"]},
-        "skipped": {"torch-warm": "not available"},
-        "results": {
-            m: {"handoff": {str(gib): {"median_ms": v, "p10_ms": v, "p90_ms": v, "size": gib}}}
-            for m, v in [
-                ("floor", 0.1),
-                ("sharedarrays-warm", 0.12),
-                ("sharedarrays-cold", 0.9),
-                ("copy", 5000.0),
-            ]
+        "config": {"sizes": [mib], "tasks": ["handoff"], "skip": ["bandwidth"]},
+        "skipped": {"cold torch": "not available: ModuleNotFoundError: torch"},
+        "results": {},
+        "overhead": {
+            "warm": {
+                "rounds": 301,
+                "sizes": {
+                    str(mib): {
+                        "methods": {"sharedarrays": _case(35.0), "torch": _case(150.0)},
+                        "not_measured": {},
+                    }
+                },
+            },
+            "cold": {
+                "rounds": 301,
+                "sizes": {
+                    str(mib): {
+                        "methods": {"sharedarrays": _case(340.0)},
+                        "not_measured": {"torch": "not available: ModuleNotFoundError: torch"},
+                    },
+                    str(gib): {"methods": {"sharedarrays": _case(650.0)}, "not_measured": {}},
+                },
+            },
+        },
+        "many": {
+            "count": 10000,
+            "bytes_each": 4096,
+            "memory_ratio": 1.02,
+            "allocations": 20,
+            "arrays_per_s": 50000.0,
+            "methods": {
+                "sharedarrays": {"arrays_per_s": 50000.0},
+                "torch": {"arrays_per_s": 26000.0},
+            },
+            "not_measured": {},
         },
     }
 
-    def status(*words: str) -> str:
-        """The status of the one target whose name has all ``words``."""
-        (found,) = [r["status"] for r in report.evaluate_targets(data)
-                    if all(w in r["target"] for w in words)]  # fmt: skip
-        return str(found)
 
-    assert status("warm overhead", "every size") == "PASS"
-    assert status("warm overhead", "interleaved pairs") == "n/a"  # no steps part in this run
-    assert status("torch") == "n/a"
-    assert status("cold") == "MISS"
-    assert status("1 GiB") == "PASS"
-    data["steps"] = {"pairs": {"warm_minus_floor_us": 61.0, "control_minus_floor_us": 1.0,
-                               "pairs": 1001}}  # fmt: skip
-    assert status("warm overhead", "interleaved pairs") == "MISS"
-    data["steps"]["pairs"]["warm_minus_floor_us"] = 12.0  # type: ignore[index]
-    assert status("warm overhead", "interleaved pairs") == "PASS"
+def _targets(data: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    return {t["target"]: (t["status"], t["measured"]) for t in report.evaluate_targets(data)}
+
+
+def test_targets_pass_miss_and_not_measured() -> None:
+    data = _partial_run()
+    got = _targets(data)
+    assert got["warm over the floor <= +40 us at 1M"] == ("PASS", "+35.0 us")
+    # 35 * 4 = 140 <= 150: PASS; the figure names both
+    status, measured = got["warm over the floor >= 4x below torch at 1M"]
+    assert status == "PASS" and measured.startswith("4.29x") and "+150.0" in measured
+    assert got["warm over the floor <= +40 us at 1G"] == (
+        "n/a",
+        "not measured: 1G is not among the warm sizes of this run",
+    )
+    assert got["cold over the floor <= +0.35 ms at 1M"] == ("PASS", "+0.340 ms")
+    assert got["cold over the floor <= +0.5 ms at 1G"] == ("MISS", "+0.650 ms")
+    assert got["cold over the floor <= +1.5 ms at 32G"][0] == "n/a"
+    status, measured = got["10,000 x 4K in one task >= 2x torch, same run"]
+    assert status == "MISS" and measured.startswith("1.92x")  # 50,000 < 2 x 26,000
+    assert got["consumer bandwidth >= 0.97x plain"] == (
+        "n/a",
+        "not measured: the bandwidth part was skipped (--skip bandwidth)",
+    )
+    assert got["10,000 x 4K: memory <= 1.25x payload"] == ("PASS", "1.02x (20 allocations)")
+
+    # each figure moves its row across its limit
+    warm = data["overhead"]["warm"]["sizes"][str(1 << 20)]["methods"]
+    warm["sharedarrays"]["median_us"] = 40.5
+    got = _targets(data)
+    assert got["warm over the floor <= +40 us at 1M"][0] == "MISS"
+    assert got["warm over the floor >= 4x below torch at 1M"][0] == "MISS"  # 162 > 150
+    warm["sharedarrays"]["median_us"] = -3.0  # at the floor: below torch by any factor
+    assert _targets(data)["warm over the floor >= 4x below torch at 1M"][0] == "PASS"
+    warm["torch"]["median_us"] = -5.0
+    assert _targets(data)["warm over the floor >= 4x below torch at 1M"][0] == "MISS"
+    data["many"]["methods"]["torch"]["arrays_per_s"] = 25000.0
+    assert _targets(data)["10,000 x 4K in one task >= 2x torch, same run"][0] == "PASS"
+
+    # a peer that did not run says why
+    del data["many"]["methods"]["torch"]
+    data["many"]["not_measured"]["torch"] = "torch rows need a CUDA device"
+    assert _targets(data)["10,000 x 4K in one task >= 2x torch, same run"] == (
+        "n/a",
+        "not measured: torch: torch rows need a CUDA device",
+    )
+    del warm["torch"]
+    data["overhead"]["warm"]["sizes"][str(1 << 20)]["not_measured"]["torch"] = "failed: X"
+    assert _targets(data)["warm over the floor >= 4x below torch at 1M"] == (
+        "n/a",
+        "not measured: torch: failed: X",
+    )
+    data["config"]["skip"].append("cold")
+    assert _targets(data)["cold over the floor <= +0.35 ms at 1M"] == (
+        "n/a",
+        "not measured: the cold part was skipped (--skip cold)",
+    )
+    assert {r["status"] for r in report.evaluate_targets({"config": {}})} == {"n/a"}
+
+
+def test_table_shows_rounds_many_and_targets() -> None:
+    data = _partial_run()
     data["targets"] = report.evaluate_targets(data)
     table = report.format_table(data)
-    assert "skipped torch-warm" in table and "PASS" in table
+    assert "skipped cold torch" in table
+    assert "  PASS  warm over the floor <= +40 us at 1M: +35.0 us" in table
+    assert "  MISS  cold over the floor <= +0.5 ms at 1G: +0.650 ms" in table
+    assert "warm: over the floor, median of per-round differences (301" in table
+    assert re.search(r"1M +torch +not measured: not available", table)
+    assert re.search(r"sharedarrays +50,000 arrays/s", table)
+    assert re.search(r"torch +26,000 arrays/s", table)
+
+
+def test_rotation_puts_every_name_in_every_place() -> None:
+    names = ["floor", "a", "b", "c"]
+    assert rounds.rotation(names, 0) == names
+    assert rounds.rotation(names, 1) == ["a", "b", "c", "floor"]
+    assert rounds.rotation(names, 6) == ["b", "c", "floor", "a"]
+    orders = [rounds.rotation(names, i) for i in range(len(names))]
+    for place in range(len(names)):
+        assert sorted(o[place] for o in orders) == sorted(names)
+    assert rounds.rotation([], 3) == []
+
+
+class _Clock:
+    """A fake ``time_one``: the floor drifts from round to round, each method costs a fixed
+    amount over the floor of its round; records the order of the calls."""
+
+    def __init__(self, extra_s: dict[str, float], names: int) -> None:
+        self.extra_s = extra_s
+        self.names = names
+        self.calls: list[str] = []
+
+    def __call__(self, name: str) -> float:
+        round_index = len(self.calls) // self.names
+        self.calls.append(name)
+        drift = 0.001 * (round_index % 7) ** 2  # far larger than the differences
+        return 0.0003 + drift + self.extra_s.get(name, 0.0)
+
+
+def test_rounds_rotate_and_differences_cancel_the_floor_drift() -> None:
+    names = ["floor", "a", "b"]
+    clock = _Clock({"a": 40e-6, "b": -5e-6}, len(names))
+    events: list[tuple[str, int]] = []
+    samples = rounds.run_rounds(
+        names,
+        9,
+        clock,
+        warmup=2,
+        before_round=lambda i: events.append(("before", i)),
+        after_round=lambda i: events.append(("after", i)),
+    )
+    assert events == [(w, i) for i in range(11) for w in ("before", "after")]
+    # rounds 0..10 in rotating order, warm-up included
+    assert clock.calls == [n for i in range(11) for n in rounds.rotation(names, i)]
+    assert all(len(v) == 9 for v in samples.values())
+    over = rounds.over_floor(samples)
+    assert set(over) == {"a", "b"}
+    assert over["a"]["median_us"] == pytest.approx(40.0)
+    assert over["b"]["median_us"] == pytest.approx(-5.0)
+    assert over["a"]["diffs_us"] == pytest.approx([40.0] * 9)
+    # the floor moves by up to 36 ms between rounds: only the same round's floor gives 40 us
+    assert max(samples["floor"]) - min(samples["floor"]) > 0.03
+    assert over["a"]["method_median_ms"] == pytest.approx(statistics.median(samples["a"]) * 1e3)
+
+
+def test_rounds_per_round_difference_is_against_the_same_rounds_floor() -> None:
+    samples = {"floor": [1.0, 2.0, 3.0], "m": [1.5, 2.1, 3.7]}
+    over = rounds.over_floor(samples)["m"]
+    assert over["diffs_us"] == pytest.approx([0.5e6, 0.1e6, 0.7e6])
+    assert over["median_us"] == pytest.approx(0.5e6)
+    with pytest.raises(ValueError, match="rounds"):
+        rounds.over_floor({"floor": [1.0, 2.0], "m": [1.0]})
+
+
+def test_rounds_free_after_a_failed_round_and_stop_after_max_seconds() -> None:
+    freed: list[int] = []
+
+    def fails(name: str) -> float:
+        if name == "b":
+            raise RuntimeError("b broke")
+        return 0.001
+
+    with pytest.raises(RuntimeError, match="b broke"):
+        rounds.run_rounds(["floor", "b"], 5, fails, after_round=freed.append)
+    assert freed == [0]
+
+    def slow(name: str) -> float:
+        time.sleep(0.01)
+        return 0.01
+
+    samples = rounds.run_rounds(["floor", "a"], 1000, slow, max_seconds=0.05, min_rounds=3)
+    assert 3 <= len(samples["floor"]) < 20
+
+
+def test_round_options() -> None:
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser)
+    cfg = config.config_from_args(parser.parse_args(["--device", "cpu"]))
+    assert cfg.rounds == 301 and cfg.warm_sizes == [1 << 20, 16 << 20]
+    quick = config.config_from_args(parser.parse_args(["--device", "cpu", "--quick"]))
+    assert quick.rounds == 31 and quick.cold_sizes == [1 << 20]
+    cfg = config.config_from_args(
+        parser.parse_args(
+            ["--device", "cpu", "--rounds", "7", "--warm-sizes", "4K,1M", "--cold-sizes", "2M"]
+        )
+    )
+    assert (cfg.rounds, cfg.warm_sizes, cfg.cold_sizes) == (7, [4096, 1 << 20], [2 << 20])
+    with pytest.raises(argparse.ArgumentTypeError, match="--rounds"):
+        config.config_from_args(parser.parse_args(["--device", "cpu", "--rounds", "0"]))
+    with pytest.raises(argparse.ArgumentTypeError, match="--skip"):
+        config.config_from_args(parser.parse_args(["--device", "cpu", "--skip", "pairs"]))
+
+
+@pytest.mark.timeout(120)
+def test_a_failing_method_is_dropped_and_the_size_rerun_without_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A method whose task fails in the worker is not measured (with the error), the rest of
+    its part runs in a fresh pool without it."""
+    from sharedarrays.bench import measure, methods, worker
+
+    real = methods.family_methods
+
+    def broken_shm(cfg: config.Config, peers: Any, family: str) -> Any:
+        warm, cold = real(cfg, peers, family)
+        if family == "shm":  # a segment name that does not exist: the worker raises
+            warm.send = lambda box: ("sa-bench-no-such-segment", 4096)
+        return warm, cold
+
+    monkeypatch.setattr(measure, "family_methods", broken_shm)
+    cfg = config.Config(
+        device="cpu",
+        sizes=[1 << 20],
+        rounds=5,
+        warmup=0,
+        methods=list(config.HOST_METHODS),
+        warm_sizes=[4096, 1 << 20],
+    )
+    run = measure.Run(cfg)
+    run.overhead("warm")
+    part = run.data["overhead"]["warm"]
+    for case in part["sizes"].values():
+        assert set(case["methods"]) == {"sharedarrays", "control"}
+        assert case["methods"]["sharedarrays"]["rounds"] == 5
+        assert case["not_measured"]["shm"].startswith("failed: FileNotFoundError")
+    assert run.data["skipped"]["warm shm"].startswith("failed: FileNotFoundError")
+    assert worker.task_shm.__name__ in run.data["errors"]["warm shm"]
 
 
 @pytest.mark.parametrize(("text", "n"), [("4K", 4096), ("1M", 1 << 20), ("32G", 32 << 30)])
@@ -153,3 +416,35 @@ def test_python_m_sharedarrays_bench_takes_the_same_options() -> None:
     assert proc.returncode == 0 and via_cli.returncode == 0, proc.stderr + via_cli.stderr
     options = proc.stdout.partition("options:")[2]
     assert "--sizes" in options and options == via_cli.stdout.partition("options:")[2]
+
+
+@pytest.mark.timeout(120)
+def test_cold_sizes_follow_the_free_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the round's new objects do not fit together each is made before its own slot;
+    a size that does not fit once is not run, and says why."""
+    from sharedarrays.bench import measure
+
+    mib = 1 << 20
+    monkeypatch.setattr(measure, "_free_bytes", lambda cfg: int(1.5 * mib))
+    cfg = config.Config(
+        device="cpu",
+        sizes=[mib],
+        rounds=4,
+        warmup=0,
+        methods=list(config.HOST_METHODS),
+        cold_sizes=[mib, 2 * mib],
+    )
+    run = measure.Run(cfg)
+    run.overhead("cold")
+    fits, too_big = (run.data["overhead"]["cold"]["sizes"][str(s)] for s in (mib, 2 * mib))
+    assert fits["objects"] == "made before each slot"  # 2 x 1 MiB > 1.5 MiB free
+    assert set(fits["methods"]) == {"sharedarrays", "shm"}
+    assert fits["methods"]["shm"]["rounds"] == 4
+    assert not too_big["methods"]
+    assert too_big["not_measured"]["sharedarrays"] == "needs 2M at a time, 0.0 GiB free"
+    monkeypatch.setattr(measure, "_free_bytes", lambda cfg: 64 * mib)
+    run = measure.Run(cfg)
+    run.overhead("cold")
+    for case in run.data["overhead"]["cold"]["sizes"].values():
+        assert case["objects"] == "made before the round"
+        assert set(case["methods"]) == {"sharedarrays", "shm"}

@@ -1,0 +1,139 @@
+"""Interleaved rounds: every method once per round, in rotating order, and each method's
+overhead over the floor as the median of its per-round differences.
+
+The Pool's own round trip drifts within one run by more than the differences the bench
+resolves (Run 5 in docs/performance.md: the floor alone ranged 0.31-0.80 ms across sizes),
+so a method is never compared with a floor timed minutes apart: each round times the floor
+and every method once, back to back, and the method's figure is the median over rounds of
+(method - floor of the same round). The order rotates by one place each round, so that no
+method always follows the same neighbour (the first task after a pause, the one after a big
+message). Nothing here touches a Pool: :func:`run_rounds` calls the function it is given,
+which the tests replace with a clock of their own.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["FLOOR", "rotation", "run_rounds", "over_floor", "percentile"]
+
+FLOOR = "floor"
+"""The name of the floor among the entries of a round."""
+
+
+def rotation(names: Sequence[str], index: int) -> list[str]:
+    """The order of round ``index``: ``names`` rotated left by ``index`` places.
+
+    Over ``len(names)`` consecutive rounds every name stands once in every position.
+    """
+    if not names:
+        return []
+    k = index % len(names)
+    return [*names[k:], *names[:k]]
+
+
+def run_rounds(
+    names: Sequence[str],
+    rounds: int,
+    time_one: Callable[[str], float],
+    *,
+    warmup: int = 0,
+    before_round: Callable[[int], None] | None = None,
+    after_round: Callable[[int], None] | None = None,
+    max_seconds: float | None = None,
+    min_rounds: int = 3,
+) -> dict[str, list[float]]:
+    """Time every name once per round, in :func:`rotation` order, ``warmup + rounds`` rounds.
+
+    Parameters
+    ----------
+    names : sequence of str
+        The entries of a round (usually the floor first, then the methods).
+    rounds : int
+        Timed rounds.
+    time_one : callable
+        ``time_one(name)`` -> seconds of one timed call of that entry.
+    warmup : int
+        Untimed rounds first (their samples are dropped).
+    before_round, after_round : callable, optional
+        Called with the round's index (warm-up rounds included) around each round, outside
+        every timed call: a cold method makes its new objects before and frees them after.
+        ``after_round`` runs also when the round failed (then the error propagates).
+    max_seconds : float, optional
+        Stop after the round during which this much wall time has passed since the first
+        timed round, once ``min_rounds`` timed rounds are done.
+
+    Returns
+    -------
+    dict
+        name -> one sample (seconds) per timed round, in round order (every list has the
+        same length, so index ``i`` of each is round ``i``).
+    """
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    started: float | None = None
+    for index in range(warmup + rounds):
+        if index == warmup:
+            started = time.perf_counter()
+        try:
+            if before_round is not None:
+                before_round(index)
+            got = {name: time_one(name) for name in rotation(names, index)}
+        finally:
+            if after_round is not None:
+                after_round(index)
+        if index < warmup:
+            continue
+        for name in names:
+            samples[name].append(got[name])
+        done = index - warmup + 1
+        if (
+            max_seconds is not None
+            and started is not None
+            and done >= min_rounds
+            and time.perf_counter() - started > max_seconds
+        ):
+            break
+    return samples
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values``, linearly interpolated."""
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return ordered[0]
+    pos = q * (len(ordered) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def over_floor(samples: dict[str, list[float]], floor: str = FLOOR) -> dict[str, dict[str, Any]]:
+    """Each method's overhead over the floor, from :func:`run_rounds`' samples.
+
+    Returns
+    -------
+    dict
+        method name -> ``median_us``, ``p10_us``, ``p90_us`` of the per-round differences
+        (method - floor of the same round, microseconds), ``method_median_ms`` (the method's
+        own median), ``rounds`` and ``diffs_us`` (every per-round difference).
+    """
+    base = samples[floor]
+    out: dict[str, dict[str, Any]] = {}
+    for name, values in samples.items():
+        if name == floor:
+            continue
+        if len(values) != len(base) or not values:
+            raise ValueError(f"{name} has {len(values)} rounds, the floor {len(base)}")
+        diffs = [(v - f) * 1e6 for v, f in zip(values, base)]
+        out[name] = {
+            "median_us": statistics.median(diffs),
+            "p10_us": percentile(diffs, 0.10),
+            "p90_us": percentile(diffs, 0.90),
+            "method_median_ms": statistics.median(values) * 1e3,
+            "rounds": len(diffs),
+            "diffs_us": diffs,
+        }
+    return out
