@@ -43,14 +43,17 @@ GPU_METHODS = (
 )
 HOST_METHODS = ("floor", "sharedarrays-warm", "sharedarrays-cold", "shm-warm", "shm-cold", "copy")
 
-PARTS = ("bandwidth", "many", "scaling", "steps")
-"""Measurements besides the method x size table (``--skip`` takes these names)."""
+PARTS = ("bandwidth", "many", "scaling", "steps", "dask")
+"""Measurements besides the method x size table (``--skip`` and ``--only`` take these names;
+``dask`` is sharedarrays.bench.dask)."""
 
 COPY_MAX_BYTES = 1 << 30
 """The copy path runs up to this size only (about 5 s per GiB on an H200)."""
 
 DEFAULT_SIZES = {"cuda": "1M,64M,1G,8G,32G", "cpu": "1M,64M,256M"}
 QUICK_SIZES = {"cuda": "1M,64M", "cpu": "1M,16M"}
+DEFAULT_DASK_SIZES = {"cuda": "1M,1G,8G", "cpu": "1M,1G,8G"}
+QUICK_DASK_SIZES = {"cuda": "1M,16M", "cpu": "1M,16M"}
 DEFAULT_BANDWIDTH = {"cuda": "4G", "cpu": "256M"}
 QUICK_BANDWIDTH = {"cuda": "256M", "cpu": "16M"}
 TASK_TIMEOUT = float(os.environ.get("SHAREDARRAYS_BENCH_TIMEOUT", "120"))
@@ -80,6 +83,11 @@ class Config:
         Worker counts of the fan-out measurement.
     skip : list of str
         Parts of :data:`PARTS` not to run.
+    only : list of str
+        Parts of :data:`PARTS` to run, all others skipped (empty: all); the method x size
+        table runs unless ``dask`` is the only one.
+    dask_sizes : list of int
+        Sizes of the ``dask`` part (a size that does not fit in the free memory is skipped).
     pairs : int
         Interleaved floor / warm-handoff pairs of the ``steps`` part (``--pairs``).
     """
@@ -96,6 +104,8 @@ class Config:
     many_bytes: int = 4096
     bandwidth_bytes: int = 4 << 30
     bandwidth_repeats: int = 21
+    only: list[str] = field(default_factory=list)
+    dask_sizes: list[int] = field(default_factory=lambda: [1 << 20, 1 << 30, 8 << 30])
     pairs: int = 1001
     case_seconds: float = 10.0
     quick: bool = False
@@ -106,6 +116,11 @@ class Config:
     def is_cuda(self) -> bool:
         """Whether the run is on a CUDA device."""
         return parse_name(self.device).is_cuda
+
+    @property
+    def runs_table(self) -> bool:
+        """Whether the method x size table (and the parts besides ``dask``) run."""
+        return not self.only or any(p != "dask" for p in self.only)
 
     @property
     def index(self) -> int:
@@ -132,6 +147,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tasks", default="handoff,read", help="handoff, read or both")
     p.add_argument("--workers", default="1,4,16", help="worker counts of the fan-out")
     p.add_argument("--skip", default="", help=f"parts not to run: {', '.join(PARTS)}")
+    p.add_argument("--only", default="", help=f"run only these parts: {', '.join(PARTS)}")
+    p.add_argument(
+        "--dask-sizes",
+        default=None,
+        help="sizes of the dask part (default 1M,1G,8G where memory allows; 1M,16M --quick)",
+    )
     p.add_argument("--many", type=int, default=None, help="small arrays in one task (10000)")
     p.add_argument("--many-size", type=parse_size, default=4096, help="bytes each (4K)")
     p.add_argument("--bandwidth-size", type=parse_size, default=None, help="copy-kernel bytes")
@@ -210,8 +231,15 @@ def config_from_args(args: argparse.Namespace) -> Config:
     if any(w < 1 for w in workers):
         raise argparse.ArgumentTypeError("--workers must be positive")
     skip = [s.strip() for s in args.skip.split(",") if s.strip()]
-    if any(s not in PARTS for s in skip):
-        raise argparse.ArgumentTypeError(f"--skip takes {', '.join(PARTS)}")
+    only = [s.strip() for s in args.only.split(",") if s.strip()]
+    if any(s not in PARTS for s in skip + only):
+        raise argparse.ArgumentTypeError(f"--skip and --only take {', '.join(PARTS)}")
+    if only:
+        skip = [p for p in PARTS if p not in only]
+    dask_text = args.dask_sizes or (QUICK_DASK_SIZES if args.quick else DEFAULT_DASK_SIZES)[kind]
+    dask_sizes = sorted({parse_size(s) for s in dask_text.split(",") if s.strip()})
+    if not dask_sizes or dask_sizes[0] < 8:
+        raise argparse.ArgumentTypeError("--dask-sizes must be at least 8 bytes")
     available = GPU_METHODS if kind == "cuda" else HOST_METHODS
     bandwidth = args.bandwidth_size or parse_size(
         (QUICK_BANDWIDTH if args.quick else DEFAULT_BANDWIDTH)[kind]
@@ -231,6 +259,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
         tasks=tasks,
         workers=workers,
         skip=skip,
+        only=only,
+        dask_sizes=dask_sizes,
         many_count=many,
         pairs=args.pairs if args.pairs is not None else (101 if args.quick else 1001),
         many_bytes=args.many_size,
