@@ -228,8 +228,19 @@ def test_to_another_node_by_value_and_back(other_node: distributed.Client) -> No
 def test_a_payload_on_another_node_is_refused(other_node: distributed.Client) -> None:
     a = sa.from_array(np.arange(3.0), device="cpu", pack=False)
     fut = other_node.submit(w.load_pickled, pickle.dumps(a))
-    with pytest.raises(sa.WrongNode, match="other-node"):
+    with pytest.raises(sa.WrongNode, match="other-node") as refused:
         fut.result()
+    assert r"client.submit(f, client.scatter(a))" in str(refused.value)  # what to do
+    a.close()
+
+
+def test_scatter_first_then_submit_reaches_another_node(other_node: distributed.Client) -> None:
+    """The documented recipe for an array a task on another node needs: scatter it first
+    (a task argument is pickled with the task as its payload, which that node refuses)."""
+    a = sa.from_array(np.arange(4.0), device="cpu", pack=False)
+    got = other_node.submit(w.describe, other_node.scatter(a)).result()
+    assert got["node"] == "other-node" and got["type"] == "SharedDeviceArray"
+    assert got["alloc"] != a.allocation.id and got["values"] == [0.0, 1.0, 2.0, 3.0]
     a.close()
 
 
