@@ -309,8 +309,10 @@ def _check_node(p: Payload) -> None:
             f"this payload was made on node {p.node} and this process is on node {here} "
             "(another machine, user, or mount or pid namespace; or a claimed "
             f"{NODE_VARIABLE}): its handles cannot be opened here. Send the array's data "
-            "instead (a.get()), or let the engine do it (Dask does once "
-            "sharedarrays.api.dask is registered)"
+            "instead (a.get()), or let the engine do it: Dask sends a scattered array or a "
+            "task's result as data to another node, but pickles an array placed directly "
+            "in a task (client.submit(f, a), a sa.to_dask graph) with the task, as this "
+            "payload; scatter it first: client.submit(f, client.scatter(a))"
         )
 
 

@@ -27,12 +27,34 @@ def write(v: sa.SharedDeviceArray, index: int, value: float) -> float:
     """Write one element in place; return what was there."""
     old = float(v[index])
     v[index] = value
+    v.synchronize()  # a CUDA write is queued on a stream: done before the task reports
     return old
 
 
 def make(n: int, value: float) -> sa.SharedDeviceArray:
     """A new shared array made in the worker."""
     return sa.full(n, value, device="cpu")
+
+
+def make_cuda(n: int, value: float) -> sa.SharedDeviceArray:
+    """A new shared CUDA array (cuda-vmm) made in the worker, its values written."""
+    a = sa.full(n, value, device="cuda:0", backend="cuda-vmm")
+    a.synchronize()
+    return a
+
+
+def make_cupy(n: int) -> Any:
+    """A plain CuPy array of ``n`` zeros made in the worker (Dask's own path)."""
+    import cupy
+
+    return cupy.zeros(n)
+
+
+def fill_block_cuda(block: Any, block_info: Any = None) -> Any:
+    """:func:`fill_block` as a CuPy array."""
+    import cupy
+
+    return cupy.asarray(fill_block(block, block_info))
 
 
 def load_pickled(blob: bytes) -> Any:

@@ -4,11 +4,15 @@ the JSON and the plot."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from sharedarrays.bench.config import Config, add_arguments, config_from_args
+from sharedarrays.bench.environment import environment
 from sharedarrays.bench.measure import Run
 from sharedarrays.bench.report import format_table, plot
 
@@ -23,10 +27,23 @@ def run(cfg: Config) -> dict[str, Any]:
     dict
         Everything measured (what the JSON holds).
     """
-    data = Run(cfg).run()
+    if cfg.runs_table:
+        data = Run(cfg).run()
+    else:
+        meta = environment(cfg.is_cuda, cfg.index)
+        data = {"meta": meta, "config": asdict(cfg), "skipped": {}}
+    if "dask" not in cfg.skip:
+        from sharedarrays.bench.dask import format_dask, measure
+
+        data["dask"] = measure(cfg)
+        if cfg.json_path:
+            Path(cfg.json_path).write_text(json.dumps(data, indent=1))
     print()
-    print(format_table(data), flush=True)
-    if cfg.plot_path:
+    if cfg.runs_table:
+        print(format_table(data), flush=True)
+    if "dask" in data:
+        print(format_dask(data["dask"]), flush=True)
+    if cfg.plot_path and cfg.runs_table:
         try:
             plot(data, cfg.plot_path)
             print(f"\nplot: {cfg.plot_path}")

@@ -44,9 +44,10 @@ GPU_METHODS = (
 )
 HOST_METHODS = ("floor", "sharedarrays-warm", "sharedarrays-cold", "shm-warm", "shm-cold", "copy")
 
-PARTS = ("warm", "cold", "many", "bandwidth", "steps", "scaling")
-"""Measurements besides the method x size table (``--skip`` takes these names): ``warm``
-and ``cold`` are the interleaved rounds over the floor, ``many`` the small arrays."""
+PARTS = ("warm", "cold", "many", "bandwidth", "steps", "scaling", "dask")
+"""Measurements besides the method x size table (``--skip`` and ``--only`` take these names):
+``warm`` and ``cold`` are the interleaved rounds over the floor, ``many`` the small arrays,
+``dask`` a same-node Dask transfer (:mod:`sharedarrays.bench.dask`)."""
 
 ROUND_FAMILIES = {
     "cuda": ("sharedarrays", "sa.ipc", "sa.pool", "torch", "cuda.core"),
@@ -62,6 +63,8 @@ QUICK_SIZES = {"cuda": "1M,64M", "cpu": "1M,16M"}
 DEFAULT_WARM_SIZES = {"cuda": "1M,1G", "cpu": "1M,16M"}
 DEFAULT_COLD_SIZES = {"cuda": "1M,1G,32G", "cpu": "1M,16M"}
 QUICK_ROUND_SIZES = {"cuda": "1M", "cpu": "1M"}
+DEFAULT_DASK_SIZES = {"cuda": "1M,1G,8G", "cpu": "1M,1G,8G"}
+QUICK_DASK_SIZES = {"cuda": "1M,16M", "cpu": "1M,16M"}
 DEFAULT_BANDWIDTH = {"cuda": "4G", "cpu": "256M"}
 QUICK_BANDWIDTH = {"cuda": "256M", "cpu": "16M"}
 TASK_TIMEOUT = float(os.environ.get("SHAREDARRAYS_BENCH_TIMEOUT", "120"))
@@ -100,6 +103,11 @@ class Config:
     warm_sizes, cold_sizes : list of int
         Sizes of the ``warm`` and ``cold`` parts (a cold size that does not fit in the free
         memory is skipped, with the reason, when the run reaches it).
+    only : list of str
+        Parts of :data:`PARTS` to run, all others skipped (empty: all); the method x size
+        table runs unless ``dask`` is the only one.
+    dask_sizes : list of int
+        Sizes of the ``dask`` part (a size that does not fit in the free memory is skipped).
     """
 
     device: str
@@ -118,6 +126,8 @@ class Config:
     round_seconds: float = 120.0
     warm_sizes: list[int] = field(default_factory=lambda: [1 << 20, 1 << 30])
     cold_sizes: list[int] = field(default_factory=lambda: [1 << 20, 1 << 30, 32 << 30])
+    only: list[str] = field(default_factory=list)
+    dask_sizes: list[int] = field(default_factory=lambda: [1 << 20, 1 << 30, 8 << 30])
     case_seconds: float = 10.0
     quick: bool = False
     json_path: str | None = None
@@ -127,6 +137,11 @@ class Config:
     def is_cuda(self) -> bool:
         """Whether the run is on a CUDA device."""
         return parse_name(self.device).is_cuda
+
+    @property
+    def runs_table(self) -> bool:
+        """Whether the method x size table (and the parts besides ``dask``) run."""
+        return not self.only or any(p != "dask" for p in self.only)
 
     @property
     def index(self) -> int:
@@ -153,6 +168,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tasks", default="handoff,read", help="handoff, read or both")
     p.add_argument("--workers", default="1,4,16", help="worker counts of the fan-out")
     p.add_argument("--skip", default="", help=f"parts not to run: {', '.join(PARTS)}")
+    p.add_argument("--only", default="", help=f"run only these parts: {', '.join(PARTS)}")
+    p.add_argument(
+        "--dask-sizes",
+        default=None,
+        help="sizes of the dask part (default 1M,1G,8G where memory allows; 1M,16M --quick)",
+    )
     p.add_argument("--many", type=int, default=None, help="small arrays in one task (10000)")
     p.add_argument("--many-size", type=parse_size, default=4096, help="bytes each (4K)")
     p.add_argument("--bandwidth-size", type=parse_size, default=None, help="copy-kernel bytes")
@@ -259,8 +280,15 @@ def config_from_args(args: argparse.Namespace) -> Config:
     if any(w < 1 for w in workers):
         raise argparse.ArgumentTypeError("--workers must be positive")
     skip = [s.strip() for s in args.skip.split(",") if s.strip()]
-    if any(s not in PARTS for s in skip):
-        raise argparse.ArgumentTypeError(f"--skip takes {', '.join(PARTS)}")
+    only = [s.strip() for s in args.only.split(",") if s.strip()]
+    if any(s not in PARTS for s in skip + only):
+        raise argparse.ArgumentTypeError(f"--skip and --only take {', '.join(PARTS)}")
+    if only:
+        skip = [p for p in PARTS if p not in only]
+    dask_text = args.dask_sizes or (QUICK_DASK_SIZES if args.quick else DEFAULT_DASK_SIZES)[kind]
+    dask_sizes = sorted({parse_size(s) for s in dask_text.split(",") if s.strip()})
+    if not dask_sizes or dask_sizes[0] < 8:
+        raise argparse.ArgumentTypeError("--dask-sizes must be at least 8 bytes")
     available = GPU_METHODS if kind == "cuda" else HOST_METHODS
     bandwidth = args.bandwidth_size or parse_size(
         (QUICK_BANDWIDTH if args.quick else DEFAULT_BANDWIDTH)[kind]
@@ -280,6 +308,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
         tasks=tasks,
         workers=workers,
         skip=skip,
+        only=only,
+        dask_sizes=dask_sizes,
         many_count=many,
         rounds=rounds,
         round_seconds=args.round_seconds,

@@ -448,3 +448,46 @@ def test_cold_sizes_follow_the_free_memory(monkeypatch: pytest.MonkeyPatch) -> N
     for case in run.data["overhead"]["cold"]["sizes"].values():
         assert case["objects"] == "made before the round"
         assert set(case["methods"]) == {"sharedarrays", "shm"}
+
+
+def test_bench_dask_part_alone(tmp_path: Path) -> None:
+    pytest.importorskip("distributed", reason="pip install 'sharedarrays[dask]'")
+    out_json = tmp_path / "bench.json"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "sharedarrays", "bench", "--device", "cpu", "--only", "dask",
+         "--dask-sizes", "4K,1M", "--repeats", "3", "--warmup", "1", "--json", str(out_json)],
+        capture_output=True, text=True, timeout=150, cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out_json.read_text())
+    assert "results" not in data  # --only dask: no method x size table
+    part = data["dask"]
+    assert not part["skipped"], part["skipped"]
+    assert part["sizes"] == [4096, 1 << 20]
+    for method in ("sharedarrays", "dask"):
+        for size in ("4096", str(1 << 20)):
+            case = part["results"][method][size]
+            assert case["repeats"] >= 3 and len(case["samples_ms"]) == case["repeats"]
+            assert 0 < case["p10_ms"] <= case["median_ms"] <= case["p90_ms"]
+    assert set(part["ratios"]) == {"4096", str(1 << 20)}
+    assert all(r > 0 for r in part["ratios"].values())
+    assert "dask / sa" in proc.stdout and "handoff: median ms" not in proc.stdout
+
+
+def test_only_selects_parts() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser)
+    cfg = config.config_from_args(parser.parse_args(["--device", "cpu", "--only", "dask"]))
+    assert not cfg.runs_table and set(cfg.skip) == set(config.PARTS) - {"dask"}
+    cfg = config.config_from_args(parser.parse_args(["--device", "cpu", "--only", "many,dask"]))
+    assert cfg.runs_table and "many" not in cfg.skip and "dask" not in cfg.skip
+    cfg = config.config_from_args(parser.parse_args(["--device", "cpu", "--quick"]))
+    assert cfg.runs_table and cfg.dask_sizes == [1 << 20, 16 << 20] and "dask" not in cfg.skip
+    with pytest.raises(argparse.ArgumentTypeError, match="--only"):
+        config.config_from_args(parser.parse_args(["--device", "cpu", "--only", "nothing"]))

@@ -252,6 +252,110 @@ def test_to_another_node_by_value_and_back(other_node: distributed.Client) -> No
 def test_a_payload_on_another_node_is_refused(other_node: distributed.Client) -> None:
     a = sa.from_array(np.arange(3.0), device="cpu", pack=False)
     fut = other_node.submit(w.load_pickled, pickle.dumps(a))
-    with pytest.raises(sa.WrongNode, match="other-node"):
+    with pytest.raises(sa.WrongNode, match="other-node") as refused:
         fut.result()
+    assert r"client.submit(f, client.scatter(a))" in str(refused.value)  # what to do
     a.close()
+
+
+def test_scatter_first_then_submit_reaches_another_node(other_node: distributed.Client) -> None:
+    """The documented recipe for an array a task on another node needs: scatter it first
+    (a task argument is pickled with the task as its payload, which that node refuses)."""
+    a = sa.from_array(np.arange(4.0), device="cpu", pack=False)
+    got = other_node.submit(w.describe, other_node.scatter(a)).result()
+    assert got["node"] == "other-node" and got["type"] == "SharedDeviceArray"
+    assert got["alloc"] != a.allocation.id and got["values"] == [0.0, 1.0, 2.0, 3.0]
+    a.close()
+
+
+# one GPU: dask_cuda.LocalCUDACluster ----------------------------------------------------------
+CUDA = "cuda:0"
+
+
+@pytest.fixture(scope="module")
+def cuda_client() -> Iterator[distributed.Client]:
+    """One worker process on GPU 0 (dask-cuda), plus the client, over TCP."""
+    pytest.importorskip("cupy", reason="pip install cupy-cuda12x")
+    dask_cuda = pytest.importorskip(
+        "dask_cuda",
+        reason="pip install dask-cuda (the GPU machine gets it as carried wheels: "
+        "scripts/gpu_check.sh)",
+    )
+    with (
+        dask_cuda.LocalCUDACluster(
+            n_workers=1,
+            CUDA_VISIBLE_DEVICES="0",
+            protocol="tcp",
+            dashboard_address=None,
+            worker_dashboard_address=None,
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        yield client
+
+
+@pytest.mark.gpu
+def test_cuda_scatter_submit_and_write_in_place(cuda_client: distributed.Client) -> None:
+    a = sa.from_array(np.arange(8.0), device=CUDA, backend="cuda-vmm", pack=False)
+    assert type(a.array).__module__.startswith("cupy")
+    fut = cuda_client.scatter(a)
+    got = cuda_client.submit(w.describe, fut).result()
+    assert got["type"] == "SharedDeviceArray"
+    assert got["alloc"] == a.allocation.id and got["pid"] != os.getpid()
+    assert got["values"] == list(range(8))
+    assert cuda_client.submit(w.write, fut, 1, 41.0).result() == 1.0
+    assert cuda_client.submit(w.write, a, 2, 42.0, pure=False).result() == 2.0
+    assert a.get().tolist()[:3] == [0.0, 41.0, 42.0]  # the worker wrote this GPU memory
+    del fut
+    a.close()
+
+
+@pytest.mark.gpu
+def test_cuda_bytes_on_the_wire_are_the_payload(cuda_client: distributed.Client) -> None:
+    (worker,) = _workers(cuda_client)
+    n = 32 * MiB
+    cuda_client.run(w.count_frames)
+
+    made = cuda_client.submit(w.make_cuda, n // 8, 2.0, pure=False)
+    before = cuda_client.run(w.frames_written)[worker]
+    shared = made.result()
+    shared_bytes = cuda_client.run(w.frames_written)[worker] - before
+    plain_fut = cuda_client.submit(w.make_cupy, n // 8, pure=False)
+    before = cuda_client.run(w.frames_written)[worker]
+    plain = plain_fut.result()
+    copied_bytes = cuda_client.run(w.frames_written)[worker] - before
+    assert type(plain).__module__.startswith("cupy")
+    assert copied_bytes >= n  # the measure sees Dask's copy of a CuPy array
+    assert shared_bytes < MiB, shared_bytes  # a shared CUDA array moved as its payload
+    assert isinstance(shared, sa.SharedDeviceArray) and shared.device.kind == "cuda"
+    assert float(shared.array[-1]) == 2.0
+    del made, plain_fut
+    shared.close()
+
+
+@pytest.mark.gpu
+def test_cuda_to_dask_computed_on_the_worker(cuda_client: distributed.Client) -> None:
+    a = sa.from_array(np.arange(24.0).reshape(4, 6), device=CUDA, backend="cuda-vmm", pack=False)
+    x = sa.to_dask(a, chunks=(2, 3))
+    assert type(x._meta).__module__.startswith("cupy")
+    a[0, 0] = 1000.0
+    a.synchronize()
+    assert float(x.sum().compute()) == float(np.arange(24.0).sum() + 1000)
+    blocks = dask.compute(*[dask.delayed(w.describe)(b) for b in x.to_delayed().ravel()])
+    assert {b["type"] for b in blocks} == {"SharedDeviceArray"}
+    assert {b["alloc"] for b in blocks} == {a.allocation.id}
+    assert {b["pid"] for b in blocks} == set(cuda_client.run(os.getpid).values())
+    a.close()
+
+
+@pytest.mark.gpu
+def test_cuda_from_dask_writes_each_chunk_in_place(cuda_client: distributed.Client) -> None:
+    import cupy
+
+    y = da.zeros((100, 100), chunks=(25, 50)).map_blocks(
+        w.fill_block_cuda, dtype=np.float64, meta=cupy.empty((0, 0))
+    )
+    out = sa.from_dask(y)  # CuPy chunks: a new shared array on the GPU
+    assert isinstance(out, sa.SharedDeviceArray) and out.device.kind == "cuda"
+    np.testing.assert_array_equal(out.get(), np.arange(10000.0).reshape(100, 100))
+    out.close()
