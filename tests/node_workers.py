@@ -1,9 +1,10 @@
-"""Processes for the node-wide view's tests (tests/api/test_node.py): module level, so that
+"""Processes for the node-wide view's tests (tests/api/test_nodemap.py): module level, so that
 spawn can import them."""
 
 from __future__ import annotations
 
 import pickle
+import time
 from typing import Any
 
 import numpy as np
@@ -37,3 +38,21 @@ def parker(out: Any) -> None:
     a.park()
     out.put(a.allocation.id)
     a.close()
+
+
+def parker_with_payload(out: Any) -> None:
+    """Make an array, park it, send its id and a payload of it, and exit (the keeper then
+    serves the payload)."""
+    a = sa.zeros(NBYTES // 8, dtype=np.float64, device="cpu", pack=False)
+    a.park()
+    out.put((a.allocation.id, pickle.dumps(a)))
+    a.close()
+
+
+def holder(blob: bytes, ready: Any) -> None:
+    """Load the payload and hold it until killed."""
+    a = pickle.loads(blob)
+    ready.set()
+    while True:
+        time.sleep(60)
+    a.close()  # pragma: no cover
