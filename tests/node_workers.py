@@ -15,9 +15,13 @@ NBYTES = 3 << 20
 """Bytes of each test array: not a multiple of the host granularity's larger sizes."""
 
 
-def exporter(out: Any, stop: Any) -> None:
-    """Make an array, send its id and a payload of it, keep it until told to stop."""
-    a = sa.from_array(np.arange(NBYTES // 8, dtype=np.float64), device="cpu", pack=False)
+def exporter(out: Any, stop: Any, device: str = "cpu", backend: str = "auto") -> None:
+    """Make an array (on ``device``, with ``backend``), send its id and a payload of it,
+    keep it until told to stop."""
+    a = sa.from_array(
+        np.arange(NBYTES // 8, dtype=np.float64), device=device, backend=backend, pack=False
+    )
+    a.synchronize()
     out.put((a.allocation.id, pickle.dumps(a)))
     stop.wait(120)
     a.close()

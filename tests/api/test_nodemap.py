@@ -386,6 +386,87 @@ def test_rm_never_reaches_another_users_process_or_keeper(
         assert received() == b""
 
 
+@contextlib.contextmanager
+def _cuda_pair() -> Iterator[tuple[str, Any, Any, Any]]:
+    """An exporter of a cuda-vmm array on cuda:0 and an importer using it, each in its own
+    spawned process: the allocation id, both processes and the importer's stop event."""
+    stop = ctx.Event()
+    stop_importer = ctx.Event()
+    ready = ctx.Event()
+    out = ctx.Queue()
+    with _processes() as procs:
+        exp = ctx.Process(target=node_workers.exporter, args=(out, stop, "cuda:0", "cuda-vmm"))
+        exp.start()
+        procs.append(exp)
+        alloc_id, blob = out.get(timeout=TIMEOUT)
+        imp = ctx.Process(target=node_workers.importer, args=(blob, ready, stop_importer))
+        imp.start()
+        procs.append(imp)
+        assert ready.wait(TIMEOUT), "the importer did not load the cuda-vmm payload"
+        try:
+            yield alloc_id, exp, imp, stop_importer
+        finally:
+            stop_importer.set()
+            stop.set()
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+def test_top_lists_a_cuda_vmm_exporter_and_importer_and_forgets_a_killed_importer() -> None:
+    with _cuda_pair() as (alloc_id, exp, imp, _):
+        row = _row(_top(), alloc_id)
+        assert row is not None, "the cuda-vmm allocation is not listed"
+        assert row["state"] == "live"
+        assert row["backend"] == "cuda-vmm" and row["device"] == "cuda:0"
+        assert row["size"] >= node_workers.NBYTES
+        assert row["lost"] == row["size"] - node_workers.NBYTES
+        assert row["exporter"]["pid"] == exp.pid and row["exporter"]["alive"]
+        roles = {(h["pid"], h["role"]) for h in row["holders"]}
+        assert roles == {(exp.pid, "exporter"), (imp.pid, "importer")}
+        assert all(h["views"] >= 1 for h in row["holders"])
+        doc = _top()
+        assert any(d["device"] == "cuda:0" and d["bytes"] >= row["size"] for d in doc["devices"])
+
+        os.kill(imp.pid, signal.SIGKILL)
+        imp.join(TIMEOUT)
+        doc = _top()
+        row = _row(doc, alloc_id)
+        assert row is not None and {h["pid"] for h in row["holders"]} == {exp.pid}
+        assert all(p["status"] != "ok" for p in doc["processes"] if p["pid"] == imp.pid)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+def test_nvml_cross_check_covers_exporter_and_importer_processes() -> None:
+    """With nvidia-ml-py: ``top --json --once --nvml`` reports, for the exporter and the
+    importer of a cuda-vmm array, the allocation's bytes under sharedarrays and a driver
+    figure at least as large (NVML counts every allocation of the process's context)."""
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed (the nvml extra)")
+    from sharedarrays.api import nvml
+
+    why = nvml.available()
+    if why is not None:
+        pytest.skip(why)
+    with _cuda_pair() as (alloc_id, exp, imp, _):
+        out = _cli("top", "--json", "--once", "--nvml")
+        assert out.returncode == 0, out.stderr
+        doc = json.loads(out.stdout)
+        row = _row(doc, alloc_id)
+        assert row is not None
+        checks = {(c["pid"], c["device"]): c for c in doc["nvml"]}
+        for pid in (exp.pid, imp.pid):
+            check = checks.get((pid, "cuda:0"))
+            assert check is not None, f"pid {pid} is not in the cross-check: {doc['nvml']}"
+            assert check["sharedarrays"] >= row["size"]
+        figures = [checks[(pid, "cuda:0")]["driver"] for pid in (exp.pid, imp.pid)]
+        if all(f is None for f in figures):
+            pytest.skip(f"NVML gives no per-process figure for these pids: {doc['nvml']}")
+        for pid in (exp.pid, imp.pid):
+            check = checks[(pid, "cuda:0")]
+            assert check["driver"] is not None, f"NVML does not report pid {pid}"
+            assert check["driver"] >= check["sharedarrays"]
+
+
 @pytest.mark.gpu
 @pytest.mark.timeout(180)
 def test_nvml_cross_check_counts_this_processes_cuda_allocation() -> None:
