@@ -564,6 +564,8 @@ def _drain(row: NodeAllocation) -> list[str]:
             "a process that maps it or a payload of it in flight; close it there (or end that "
             "process)"
         )
+    if answer is Status.GONE:
+        return [f"its importers are gone: the exporter (pid {row.exporter_pid}) freed it already"]
     return [
         f"its importers are gone; the exporter (pid {row.exporter_pid}) frees it by itself "
         "within seconds"
