@@ -84,6 +84,10 @@ def _rm(targets: list[str], yes: bool) -> int:
                 print(f"rm: {e}", file=sys.stderr)
                 status = 1
                 continue
+        except SharedArrayError as e:  # no keeper of this user answers (or another's does)
+            print(f"rm: {e}", file=sys.stderr)
+            status = 1
+            continue
         try:
             picture = picture or nodemap.node_map()
             row = nodemap.find(picture, target)

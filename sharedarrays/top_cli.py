@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -33,18 +34,44 @@ def print_json(doc: dict[str, Any]) -> None:
     print(json.dumps(doc, separators=(",", ":")))
 
 
+ENTER = "\x1b[?1049h\x1b[?25l"
+"""Written once before a terminal's live view: the alternate screen, no cursor."""
+LEAVE = "\x1b[?25h\x1b[?1049l"
+"""Written when it ends (Ctrl-C too): the cursor and the screen the user had."""
+CLEAR = "\x1b[H\x1b[2J"
+"""Written before each refresh on a terminal: home, then clear the screen."""
+
+
 def run(args: argparse.Namespace) -> int:
-    """Run ``top``; return the exit status."""
+    """Run ``top``; return the exit status.
+
+    On a terminal the live view redraws in place (the alternate screen, restored on exit);
+    when stdout is not a terminal (a pipe, a log) each refresh is printed in full, one after
+    the other, as ``--once`` prints it. Ctrl-C (``SIGINT``) ends it with status 0 and no
+    traceback; a closed pipe too.
+    """
     if args.interval <= 0 or args.timeout <= 0:
         print("top: --interval and --timeout must be positive", file=sys.stderr)
         return 2
+    live = not (args.once or args.json)
+    screen = live and sys.stdout.isatty()
     try:
-        return _loop(args)
+        if screen:
+            sys.stdout.write(ENTER)
+        try:
+            return _loop(args, screen)
+        finally:
+            if screen:
+                sys.stdout.write(LEAVE)
+                sys.stdout.flush()
     except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:  # ``top | head``: the reader left
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
         return 0
 
 
-def _loop(args: argparse.Namespace) -> int:
+def _loop(args: argparse.Namespace, screen: bool) -> int:
     from sharedarrays.api import nodemap
     from sharedarrays.api.widgets.nodeview import render_node_text
 
@@ -68,6 +95,9 @@ def _loop(args: argparse.Namespace) -> int:
         if args.once:
             print(text)
             return 0
-        sys.stdout.write("\x1b[H\x1b[2J" + text + "\n\n(Ctrl-C to quit)\n")
+        if screen:
+            sys.stdout.write(CLEAR + text + f"\n\n(every {args.interval:g} s; Ctrl-C to quit)\n")
+        else:
+            sys.stdout.write(text + "\n\n")
         sys.stdout.flush()
         time.sleep(args.interval)

@@ -1,9 +1,10 @@
-"""Processes for the node-wide view's tests (tests/api/test_node.py): module level, so that
+"""Processes for the node-wide view's tests (tests/api/test_nodemap.py): module level, so that
 spawn can import them."""
 
 from __future__ import annotations
 
 import pickle
+import time
 from typing import Any
 
 import numpy as np
@@ -14,9 +15,13 @@ NBYTES = 3 << 20
 """Bytes of each test array: not a multiple of the host granularity's larger sizes."""
 
 
-def exporter(out: Any, stop: Any) -> None:
-    """Make an array, send its id and a payload of it, keep it until told to stop."""
-    a = sa.from_array(np.arange(NBYTES // 8, dtype=np.float64), device="cpu", pack=False)
+def exporter(out: Any, stop: Any, device: str = "cpu", backend: str = "auto") -> None:
+    """Make an array (on ``device``, with ``backend``), send its id and a payload of it,
+    keep it until told to stop."""
+    a = sa.from_array(
+        np.arange(NBYTES // 8, dtype=np.float64), device=device, backend=backend, pack=False
+    )
+    a.synchronize()
     out.put((a.allocation.id, pickle.dumps(a)))
     stop.wait(120)
     a.close()
@@ -37,3 +42,21 @@ def parker(out: Any) -> None:
     a.park()
     out.put(a.allocation.id)
     a.close()
+
+
+def parker_with_payload(out: Any) -> None:
+    """Make an array, park it, send its id and a payload of it, and exit (the keeper then
+    serves the payload)."""
+    a = sa.zeros(NBYTES // 8, dtype=np.float64, device="cpu", pack=False)
+    a.park()
+    out.put((a.allocation.id, pickle.dumps(a)))
+    a.close()
+
+
+def holder(blob: bytes, ready: Any) -> None:
+    """Load the payload and hold it until killed."""
+    a = pickle.loads(blob)
+    ready.set()
+    while True:
+        time.sleep(60)
+    a.close()  # pragma: no cover

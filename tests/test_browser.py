@@ -9,6 +9,7 @@ table rows, and saves a screenshot to ``artifacts/browser/`` (and, with
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -86,12 +87,14 @@ def _settle_kernel(page, timeout: float = 90) -> None:
     raise TimeoutError("the notebook's kernel did not become idle")
 
 
-@pytest.fixture
-def jupyterlab(tmp_path: Path) -> Iterator[str]:
-    pytest.importorskip("jupyterlab")
+@contextlib.contextmanager
+def jupyterlab_server(tmp_path: Path, notebooks: list[Path]) -> Iterator[str]:
+    """JupyterLab on 127.0.0.1 (a free port, no token) with a temporary root holding copies
+    of ``notebooks``: its URL. Its log is copied to ``artifacts/browser/`` afterwards."""
     root = tmp_path / "root"
     root.mkdir()
-    shutil.copy(ROOT / "notebooks" / "03-memory-map.ipynb", root)
+    for notebook in notebooks:
+        shutil.copy(notebook, root)
     home = tmp_path / "jupyter"
     env = {
         **os.environ,
@@ -145,6 +148,13 @@ def jupyterlab(tmp_path: Path) -> Iterator[str]:
         log.close()
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         shutil.copy(tmp_path / "jupyterlab.log", ARTIFACTS / "jupyterlab.log")
+
+
+@pytest.fixture
+def jupyterlab(tmp_path: Path) -> Iterator[str]:
+    pytest.importorskip("jupyterlab")
+    with jupyterlab_server(tmp_path, [ROOT / "notebooks" / "03-memory-map.ipynb"]) as url:
+        yield url
 
 
 def test_memory_map_renders_in_jupyterlab(jupyterlab: str) -> None:

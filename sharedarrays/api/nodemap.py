@@ -331,6 +331,13 @@ def _join(
         for pid, command, row in seen.held
     ]
     exporter = next((row for _, _, row in seen.held if row.created_here), None)
+    if exporter is not None and exporter.draining:
+        # exporter-owned memory held by importers that were not asked (no handle server of
+        # their own): the exporter's list of who still holds it names them
+        asked = {pid for pid, _, _ in seen.held}
+        for pid, when in exporter.served:
+            if pid not in asked and running(pid):
+                holders.append(Holder(pid, command_line(pid), "importer", when, -1))
     any_row = exporter or (seen.held[0][2] if seen.held else None)
     if exporter is not None:
         exporter_pid = next(pid for pid, _, row in seen.held if row is exporter)
@@ -472,8 +479,10 @@ def free(row: NodeAllocation, confirm: Callable[[str], bool] | None = None) -> l
     Raises
     ------
     InUse
-        A view uses it (``live``) or it drains in its exporter: nothing outside those
-        processes can free it without invalidating their mappings.
+        A view uses it (``live``), or it drains in its exporter while importers that run
+        still map it (the message names them): nothing outside those processes can free it
+        without invalidating their mappings. A draining allocation whose importers are all
+        gone is freed by its exporter when asked.
     KeeperError
         The keeper holds it but cannot be asked.
     """
@@ -484,12 +493,7 @@ def free(row: NodeAllocation, confirm: Callable[[str], bool] | None = None) -> l
             "from outside those processes. Close the views there (or end those processes)"
         )
     if row.state == "draining":
-        users = ", ".join(str(h.pid) for h in row.importers) or "its importers"
-        raise InUse(
-            f"allocation {row.alloc_id} is {row.backend} memory that its exporter (pid "
-            f"{row.exporter_pid}) keeps until {users} close it; freeing it now would invalidate "
-            "their mappings. Close it there (or end those processes)"
-        )
+        return _drain(row)
     done: list[str] = []
     if row.kept and row.name is not None:
         status, body, fds = keeper.request(Unlink(name=row.name), start=False)
@@ -535,3 +539,34 @@ def free(row: NodeAllocation, confirm: Callable[[str], bool] | None = None) -> l
         if alloc is not None and alloc.release():
             done.append("this process dropped its parked mapping")
     return done
+
+
+def _drain(row: NodeAllocation) -> list[str]:
+    """Free a draining allocation whose importers are all gone (its exporter would notice
+    within seconds; asked, it frees it now); refuse while any still maps it."""
+    users = sorted({h.pid for h in row.importers if running(h.pid)})
+    if users:
+        pids = ", ".join(str(pid) for pid in users)
+        raise InUse(
+            f"allocation {row.alloc_id} is {row.backend} memory that its exporter (pid "
+            f"{row.exporter_pid}) released but pid {pids} still map{'s' if len(users) == 1 else ''}"
+            "; CUDA memory its exporter frees under an importer is undefined behaviour there, so "
+            "it cannot be freed from outside. Close it in those processes (close the arrays, or "
+            "let them exit): the exporter then frees it"
+        )
+    path = next((p for pid, p in transport_node.handle_servers() if pid == row.exporter_pid), None)
+    answer = None if path is None else transport_node.drop_mapping(path, row.alloc_id)
+    if answer is Status.OK:
+        return [f"its importers are gone: the exporter (pid {row.exporter_pid}) freed it"]
+    if answer is Status.NOT_ALLOWED:
+        raise InUse(
+            f"allocation {row.alloc_id}: its exporter (pid {row.exporter_pid}) still waits for "
+            "a process that maps it or a payload of it in flight; close it there (or end that "
+            "process)"
+        )
+    if answer is Status.GONE:
+        return [f"its importers are gone: the exporter (pid {row.exporter_pid}) freed it already"]
+    return [
+        f"its importers are gone; the exporter (pid {row.exporter_pid}) frees it by itself "
+        "within seconds"
+    ]

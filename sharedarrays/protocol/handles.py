@@ -332,7 +332,8 @@ class HeldAllocation:
     draining : bool
         Released here but held by importers (exporter-owned memory).
     served : tuple of (int, float)
-        The processes it was served to (pid, when), most recent last.
+        The processes it was served to (pid, when), most recent last; while it drains,
+        every process that still holds it (they keep its exporter from freeing it).
     in_flight : int
         Payloads pickled here that may still be loaded.
     """

@@ -301,8 +301,16 @@ class HandleServer:
 
     def _drop_parked(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
         """``DROP``: release this process's parked mapping of the allocation (``GONE``: not
-        mapped here; ``NOT_ALLOWED``: a view here uses it, which is never taken away)."""
+        mapped here; ``NOT_ALLOWED``: a view here uses it, which is never taken away). For
+        exporter-owned memory that drains here: free it if every process that held it has
+        exited or closed it (``OK``), else ``NOT_ALLOWED``."""
         alloc = allocation.lookup(request.alloc_id)
+        draining = allocation.lookup(request.alloc_id, draining=True) if alloc is None else None
+        if draining is not None:
+            draining.closed_by(None)  # forgets the holders that exited; frees if none is left
+            gone = allocation.lookup(request.alloc_id, draining=True) is None
+            conn.send(Reply(Status.OK if gone else Status.NOT_ALLOWED).encode())
+            return
         if alloc is None or alloc.pid != self._pid:
             conn.send(Reply(Status.GONE).encode())
         elif not alloc.parked or alloc.leases:
@@ -360,9 +368,21 @@ def _held(alloc: allocation.Allocation, draining: bool) -> HeldAllocation:
         alloc.leases,
         alloc.parked,
         draining,
-        tuple((s.pid, s.time) for s in alloc.served if running(s.pid)),
+        _served(alloc, draining),
         alloc.in_flight()[0],
     )
+
+
+def _served(alloc: allocation.Allocation, draining: bool) -> tuple[tuple[int, float], ...]:
+    """The running processes ``alloc`` was served to (pid, when); while it drains, only those
+    that still hold it (they keep it from being freed)."""
+    if not draining:
+        return tuple((s.pid, s.time) for s in alloc.served if running(s.pid))
+    holders = alloc.holders  # (running ones only)
+    rows = [(s.pid, s.time) for s in alloc.served if s.pid in holders]
+    listed = {pid for pid, _ in rows}
+    rows += [(pid, alloc.origin.time) for pid in holders if pid not in listed]
+    return tuple(rows)
 
 
 def _off_thread(fn: Callable[[], object]) -> None:

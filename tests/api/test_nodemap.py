@@ -28,6 +28,7 @@ from sharedarrays.api.widgets.nodeview import render_node_text
 from sharedarrays.protocol.handles import HeldAllocation, Reply, Snapshot, Status
 from sharedarrays.protocol.unix import runtime_dir
 from sharedarrays.transport import keeper
+from sharedarrays.transport import node as transport_node
 
 ctx = mp.get_context("spawn")
 TIMEOUT = 60
@@ -141,6 +142,67 @@ def test_top_lists_holders_and_states_and_rm_frees_parked() -> None:
 
 
 @pytest.mark.timeout(120)
+def test_rm_frees_a_parked_allocation_whose_importer_was_killed() -> None:
+    """An importer that attached a parked allocation through the keeper and was killed
+    leaves nothing behind that keeps ``rm`` from freeing it."""
+    out = ctx.Queue()
+    ready = ctx.Event()
+    with _processes() as procs:
+        park = ctx.Process(target=node_workers.parker_with_payload, args=(out,))
+        park.start()
+        procs.append(park)
+        parked_id, blob = out.get(timeout=TIMEOUT)
+        park.join(TIMEOUT)
+        imp = ctx.Process(target=node_workers.holder, args=(blob, ready))
+        imp.start()
+        procs.append(imp)
+        assert ready.wait(TIMEOUT)
+        row = _row(_top(), parked_id)
+        assert row is not None and imp.pid in {h["pid"] for h in row["holders"]}
+        os.kill(imp.pid, signal.SIGKILL)
+        imp.join(TIMEOUT)
+        row = _row(_top(), parked_id)
+        assert row is not None and row["state"] == "parked"
+        assert imp.pid not in {h["pid"] for h in row["holders"]}
+        keeper_pid = keeper.running_pid()
+        assert keeper_pid is not None
+        before = _memfds(keeper_pid)
+        rm = _cli("rm", "--yes", parked_id)
+        assert rm.returncode == 0, rm.stderr
+        assert "keeper let go" in rm.stdout
+        assert _memfds(keeper_pid) == before - 1
+        assert _row(_top(), parked_id) is None
+
+
+def _draining_row(importers: list[int]) -> nodemap.NodeAllocation:
+    """A cuda-ipc allocation that its exporter (this process) released and ``importers``
+    still map, as :func:`nodemap.node_map` would join it."""
+    holders = [nodemap.Holder(os.getpid(), "exporter", "exporter", 0.0, 0)]
+    holders += [nodemap.Holder(pid, "importer", "importer", 0.0, -1) for pid in importers]
+    return nodemap.NodeAllocation(
+        FAKE_ID, None, "cuda-ipc", "cuda:0", 2 << 20, 0, os.getpid(), "exporter", True,
+        tuple(holders), False, 0, "draining", 0.0, 1.0,
+    )  # fmt: skip
+
+
+@pytest.mark.timeout(60)
+def test_rm_of_draining_memory_names_the_importers_and_works_once_they_are_gone() -> None:
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with pytest.raises(sa.InUse) as refused:
+            nodemap.free(_draining_row([sleeper.pid]))
+        message = str(refused.value)
+        assert f"pid {sleeper.pid} still maps" in message
+        assert "Close it in those processes" in message and "exit" in message
+        assert "undefined behaviour" in message
+    finally:
+        sleeper.kill()
+        sleeper.wait(TIMEOUT)
+    done = nodemap.free(_draining_row([sleeper.pid]))  # its importer is gone: not refused
+    assert done and "importers are gone" in done[0]
+
+
+@pytest.mark.timeout(120)
 def test_rm_refuses_a_live_allocation_and_says_who_uses_it() -> None:
     a = sa.zeros(1000, device="cpu", pack=False)
     out = _cli("rm", a.allocation.id)
@@ -195,10 +257,11 @@ def _other_user() -> str | None:
 FAKE_ID = "f" * 32
 
 
-@pytest.mark.timeout(120)
-def test_another_users_process_is_never_listed() -> None:
-    """Another user's process whose socket sits among ours (hard-linked into the runtime
-    directory, opened to everyone) answers with a snapshot: it is refused, never listed."""
+@contextlib.contextmanager
+def _foreign_server() -> Iterator[tuple[int, str, Any]]:
+    """Another user's process listening on a socket (opened to everyone) that answers every
+    request with a snapshot holding :data:`FAKE_ID`: its pid, the socket's path, and a
+    function returning the magic of every request it received so far."""
     user = _other_user()
     if user is None:
         pytest.skip("needs root (to create a second OS user) and useradd")
@@ -237,29 +300,171 @@ def test_another_users_process_is_never_listed() -> None:
                 body = Snapshot(os.getpid(), "other user", (held,)).encode()
                 while True:
                     conn, _ = s.accept()
-                    with conn:
-                        conn.recv(4096)
+                    with conn, contextlib.suppress(OSError):  # (refused: closed on it)
+                        request = conn.recv(4096)
+                        if request:
+                            os.write(write, request[:4])  # what it was asked
                         conn.send(Reply(Status.OK, 0, body).encode())
         except BaseException:
             code = 2
         finally:
             os._exit(code)
     os.close(write)
-    link = runtime_dir() / f"{pid}-0ther.sock"
+    os.set_blocking(read, False)
+
+    def received() -> bytes:
+        try:
+            return os.read(read, 4096)
+        except BlockingIOError:
+            return b""
+
     try:
+        os.set_blocking(read, True)
         assert os.read(read, 1) == b"1"
-        os.link(os.path.join(theirs, "s.sock"), link)
-        picture = nodemap.node_map()
-        assert all(r.alloc_id != FAKE_ID for r in picture.allocations)
-        assert [p.status for p in picture.processes if p.pid == pid] == ["refused"]
-        assert FAKE_ID not in json.dumps(_top())
+        os.set_blocking(read, False)
+        yield pid, os.path.join(theirs, "s.sock"), received
     finally:
         os.close(read)
-        with contextlib.suppress(FileNotFoundError):
-            link.unlink()
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
         shutil.rmtree(theirs, ignore_errors=True)
+
+
+@pytest.mark.timeout(120)
+def test_another_users_process_is_never_listed() -> None:
+    """Another user's process whose socket sits among ours (hard-linked into the runtime
+    directory, opened to everyone) answers with a snapshot: it is refused, never listed."""
+    with _foreign_server() as (pid, path, received):
+        link = runtime_dir() / f"{pid}-0ther.sock"
+        os.link(path, link)
+        try:
+            picture = nodemap.node_map()
+            assert all(r.alloc_id != FAKE_ID for r in picture.allocations)
+            assert [p.status for p in picture.processes if p.pid == pid] == ["refused"]
+            assert FAKE_ID not in json.dumps(_top())
+            assert received() == b""  # refused before anything was sent
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                link.unlink()
+
+
+@pytest.mark.timeout(120)
+def test_rm_never_reaches_another_users_process_or_keeper(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``rm`` of an id that another user's exporter or keeper holds is refused, and nothing
+    is sent to them: their sockets (hard-linked into a runtime directory of ours, as this
+    user's handle server and as this user's keeper) fail the same-user check."""
+    with _foreign_server() as (pid, path, received):
+        xdg = tmp_path / "xdg"
+        xdg.mkdir(mode=0o711)
+        ours = xdg / "sharedarrays"
+        ours.mkdir(mode=0o700)
+        os.link(path, ours / f"{pid}-0ther.sock")
+        os.link(path, ours / "keeper.sock")
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(Path(sa.__file__).parents[1])
+        env["XDG_RUNTIME_DIR"] = str(xdg)
+        for target in (FAKE_ID, FAKE_ID[:8]):
+            out = subprocess.run(
+                [sys.executable, "-m", "sharedarrays", "rm", target],
+                capture_output=True,
+                text=True,
+                timeout=TIMEOUT,
+                env=env,
+            )
+            assert out.returncode == 1, out.stdout
+            assert "Traceback" not in out.stderr, out.stderr
+            assert out.stderr.startswith("rm: "), out.stderr
+        # and asked directly, the transport refuses both before sending anything
+        assert transport_node.drop_mapping(str(ours / f"{pid}-0ther.sock"), FAKE_ID) is None
+        assert transport_node.ask(pid, str(ours / f"{pid}-0ther.sock")).status == "refused"
+        monkeypatch.setattr(transport_node, "runtime_dir", lambda: ours)
+        assert transport_node.ask_keeper().status == "refused"
+        with pytest.raises(sa.KeeperError):
+            transport_node.drop_kept(FAKE_ID)
+        assert received() == b""
+
+
+@contextlib.contextmanager
+def _cuda_pair() -> Iterator[tuple[str, Any, Any, Any]]:
+    """An exporter of a cuda-vmm array on cuda:0 and an importer using it, each in its own
+    spawned process: the allocation id, both processes and the importer's stop event."""
+    stop = ctx.Event()
+    stop_importer = ctx.Event()
+    ready = ctx.Event()
+    out = ctx.Queue()
+    with _processes() as procs:
+        exp = ctx.Process(target=node_workers.exporter, args=(out, stop, "cuda:0", "cuda-vmm"))
+        exp.start()
+        procs.append(exp)
+        alloc_id, blob = out.get(timeout=TIMEOUT)
+        imp = ctx.Process(target=node_workers.importer, args=(blob, ready, stop_importer))
+        imp.start()
+        procs.append(imp)
+        assert ready.wait(TIMEOUT), "the importer did not load the cuda-vmm payload"
+        try:
+            yield alloc_id, exp, imp, stop_importer
+        finally:
+            stop_importer.set()
+            stop.set()
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+def test_top_lists_a_cuda_vmm_exporter_and_importer_and_forgets_a_killed_importer() -> None:
+    with _cuda_pair() as (alloc_id, exp, imp, _):
+        row = _row(_top(), alloc_id)
+        assert row is not None, "the cuda-vmm allocation is not listed"
+        assert row["state"] == "live"
+        assert row["backend"] == "cuda-vmm" and row["device"] == "cuda:0"
+        assert row["size"] >= node_workers.NBYTES
+        assert row["lost"] == row["size"] - node_workers.NBYTES
+        assert row["exporter"]["pid"] == exp.pid and row["exporter"]["alive"]
+        roles = {(h["pid"], h["role"]) for h in row["holders"]}
+        assert roles == {(exp.pid, "exporter"), (imp.pid, "importer")}
+        assert all(h["views"] >= 1 for h in row["holders"])
+        doc = _top()
+        assert any(d["device"] == "cuda:0" and d["bytes"] >= row["size"] for d in doc["devices"])
+
+        os.kill(imp.pid, signal.SIGKILL)
+        imp.join(TIMEOUT)
+        doc = _top()
+        row = _row(doc, alloc_id)
+        assert row is not None and {h["pid"] for h in row["holders"]} == {exp.pid}
+        assert all(p["status"] != "ok" for p in doc["processes"] if p["pid"] == imp.pid)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+def test_nvml_cross_check_covers_exporter_and_importer_processes() -> None:
+    """With nvidia-ml-py: ``top --json --once --nvml`` reports, for the exporter and the
+    importer of a cuda-vmm array, the allocation's bytes under sharedarrays and a driver
+    figure at least as large (NVML counts every allocation of the process's context)."""
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed (the nvml extra)")
+    from sharedarrays.api import nvml
+
+    why = nvml.available()
+    if why is not None:
+        pytest.skip(why)
+    with _cuda_pair() as (alloc_id, exp, imp, _):
+        out = _cli("top", "--json", "--once", "--nvml")
+        assert out.returncode == 0, out.stderr
+        doc = json.loads(out.stdout)
+        row = _row(doc, alloc_id)
+        assert row is not None
+        checks = {(c["pid"], c["device"]): c for c in doc["nvml"]}
+        for pid in (exp.pid, imp.pid):
+            check = checks.get((pid, "cuda:0"))
+            assert check is not None, f"pid {pid} is not in the cross-check: {doc['nvml']}"
+            assert check["sharedarrays"] >= row["size"]
+        figures = [checks[(pid, "cuda:0")]["driver"] for pid in (exp.pid, imp.pid)]
+        if all(f is None for f in figures):
+            pytest.skip(f"NVML gives no per-process figure for these pids: {doc['nvml']}")
+        for pid in (exp.pid, imp.pid):
+            check = checks[(pid, "cuda:0")]
+            assert check["driver"] is not None, f"NVML does not report pid {pid}"
+            assert check["driver"] >= check["sharedarrays"]
 
 
 @pytest.mark.gpu

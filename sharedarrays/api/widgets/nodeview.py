@@ -112,7 +112,9 @@ def render_node_text(node: NodeMap) -> str:
 
 def render_node_html(node: NodeMap) -> str:
     """The map as an HTML table under its summary lines."""
-    head = "".join(f"<th style='text-align:left;padding:2px 8px'>{c}</th>" for c in COLUMNS)
+    head = "".join(
+        f"<th style='text-align:left;padding:2px 8px;white-space:nowrap'>{c}</th>" for c in COLUMNS
+    )
     colours = {
         "live": "#2e7d32",
         "draining": "#ef6c00",
@@ -125,7 +127,7 @@ def render_node_html(node: NodeMap) -> str:
         cells = row_cells(r)
         tds = []
         for c, text in zip(COLUMNS, cells):
-            style = "padding:2px 8px;font-family:monospace"
+            style = "padding:2px 8px;font-family:monospace;white-space:nowrap"
             if c == "STATE":
                 style += f";color:{colours.get(r.state, 'inherit')};font-weight:bold"
             tds.append(

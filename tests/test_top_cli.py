@@ -1,0 +1,130 @@
+"""``python -m sharedarrays top``'s live view: on a pipe it prints each refresh in full (no
+terminal codes), on a terminal it redraws in place and gives the screen back; Ctrl-C ends
+both with status 0 and no traceback."""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import sharedarrays as sa
+from sharedarrays.top_cli import CLEAR, ENTER, LEAVE
+
+HEADER = b"sharedarrays on this node at "
+TIMEOUT = 60
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(Path(sa.__file__).parents[1])
+    return env
+
+
+def _read_until(fd: int, enough: bytes, count: int, deadline: float) -> bytes:
+    """Read ``fd`` until ``enough`` occurred ``count`` times (or fail at ``deadline``)."""
+    data = b""
+    while data.count(enough) < count:
+        left = deadline - time.monotonic()
+        assert left > 0, f"only {data.count(enough)} refreshes before the deadline: {data!r}"
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # a pty whose other end closed
+                chunk = b""
+            assert chunk, f"top exited early: {data!r}"
+            data += chunk
+    return data
+
+
+def _read_rest(fd: int, deadline: float) -> bytes:
+    data = b""
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], deadline - time.monotonic())
+        if not ready:
+            break
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+@pytest.mark.timeout(120)
+def test_top_on_a_pipe_prints_each_refresh_and_ends_on_ctrl_c() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sharedarrays", "top", "--interval", "0.1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_env(),
+    )
+    try:
+        assert proc.stdout is not None
+        seen = _read_until(proc.stdout.fileno(), HEADER, 3, time.monotonic() + TIMEOUT)
+        proc.send_signal(signal.SIGINT)
+        rest, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(TIMEOUT)
+    out = seen + rest
+    assert proc.returncode == 0, err.decode()
+    assert b"Traceback" not in err and b"KeyboardInterrupt" not in err, err.decode()
+    assert b"\x1b" not in out  # no terminal codes in a log
+    assert out.count(HEADER) >= 3
+    assert b"keeper:" in out  # each refresh is the whole picture, as --once prints it
+
+
+@pytest.mark.timeout(120)
+def test_top_on_a_terminal_redraws_in_place_and_gives_the_screen_back() -> None:
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sharedarrays", "top", "--interval", "0.1"],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            env=_env(),
+            start_new_session=True,
+        )
+        os.close(slave)
+        slave = -1
+        try:
+            seen = _read_until(master, CLEAR.encode(), 2, time.monotonic() + TIMEOUT)
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(TIMEOUT) == 0
+            out = seen + _read_rest(master, time.monotonic() + 10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(TIMEOUT)
+    finally:
+        if slave >= 0:
+            os.close(slave)
+        os.close(master)
+    assert out.startswith(ENTER.encode())
+    assert out.count(CLEAR.encode()) >= 2 and HEADER in out
+    assert out.rstrip(b"\r\n").endswith(LEAVE.encode())
+    assert b"Traceback" not in out and b"KeyboardInterrupt" not in out
+
+
+def test_top_refuses_a_non_positive_interval() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "sharedarrays", "top", "--interval", "0"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        env=_env(),
+    )
+    assert out.returncode == 2 and "--interval" in out.stderr and "Traceback" not in out.stderr
