@@ -406,7 +406,10 @@ def _cuda_pair() -> Iterator[tuple[str, Any, Any, Any]]:
         try:
             yield alloc_id, exp, imp, stop_importer
         finally:
-            stop_importer.set()
+            # a waiter killed on an Event would hang its set() (multiprocessing's Condition
+            # waits for every sleeper to wake): only a live importer is told
+            if imp.is_alive():
+                stop_importer.set()
             stop.set()
 
 
