@@ -192,6 +192,19 @@ class _HostMemory:
         self.__array_interface__ = interface
 
 
+def as_host_array(
+    address: int,
+    owner: object,
+    dtype: np.dtype[Any],
+    shape: tuple[int, ...],
+    strides: tuple[int, ...],
+    readonly: bool,
+) -> np.ndarray[Any, Any]:
+    """A NumPy array over memory this process's CPU addresses directly (a host mapping, or an
+    integrated device's memory), which keeps ``owner`` alive; nothing is copied."""
+    return np.asarray(_HostMemory(address, owner, dtype, shape, strides, readonly))
+
+
 class HostBackend:
     """Host memory shared through memfd file descriptors (the ``"host"`` backend)."""
 
@@ -387,7 +400,7 @@ class HostBackend:
         readonly: bool,
         device_index: int | None = None,
     ) -> np.ndarray[Any, Any]:
-        return np.asarray(_HostMemory(address + offset, owner, dtype, shape, strides, readonly))
+        return as_host_array(address + offset, owner, dtype, shape, strides, readonly)
 
     def to_native(self, obj: Any) -> np.ndarray[Any, Any]:
         if isinstance(obj, np.ndarray):

@@ -37,7 +37,7 @@ from sharedarrays.backends.ascend import runtime as rt
 from sharedarrays.backends.ascend.runtime import AclError, check, load_acl, why_unusable
 from sharedarrays.backends.base import Chunk
 from sharedarrays.backends.device import Device
-from sharedarrays.backends.hip.runtime import as_host_array
+from sharedarrays.backends.host import as_host_array
 from sharedarrays.backends.registry import Registration, register
 from sharedarrays.errors import (
     BackendUnavailable,

@@ -15,11 +15,11 @@ import numpy as np
 from sharedarrays.backends.device import Device
 from sharedarrays.backends.hip.runtime import (
     HipError,
-    as_host_array,
     check,
     load_hip,
     why_unusable,
 )
+from sharedarrays.backends.host import as_host_array
 from sharedarrays.errors import BackendUnavailable
 
 __all__ = ["HipDevice", "FORK_REASON"]

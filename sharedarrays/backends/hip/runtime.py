@@ -22,8 +22,6 @@ import importlib.util
 import os
 from typing import Any
 
-import numpy as np
-
 from sharedarrays.errors import OutOfMemory, SharedArrayError
 
 __all__ = [
@@ -35,7 +33,6 @@ __all__ = [
     "load_hip",
     "check",
     "why_unusable",
-    "as_host_array",
 ]
 
 MODULE_SETTING = "SHAREDARRAYS_HIP_MODULE"
@@ -184,39 +181,3 @@ def why_unusable(index: int = 0, feature: str = "vmm") -> str | None:
         except Exception as exc:  # a broken installation must not break sa.list_backends()
             _reasons[key] = f"the HIP runtime failed: {exc!r}"
     return _reasons[key]
-
-
-def as_host_array(
-    address: int,
-    owner: object,
-    dtype: np.dtype[Any],
-    shape: tuple[int, ...],
-    strides: tuple[int, ...],
-    readonly: bool,
-) -> np.ndarray[Any, Any]:
-    """A NumPy array over memory the CPU addresses directly (an integrated device's), which
-    keeps ``owner`` alive."""
-    return np.asarray(_HostView(address, owner, dtype, shape, strides, readonly))
-
-
-class _HostView:
-    __slots__ = ("__array_interface__", "owner")
-
-    def __init__(
-        self,
-        address: int,
-        owner: object,
-        dtype: np.dtype[Any],
-        shape: tuple[int, ...],
-        strides: tuple[int, ...],
-        readonly: bool,
-    ) -> None:
-        self.owner = owner
-        self.__array_interface__ = {
-            "version": 3,
-            "shape": shape,
-            "typestr": dtype.str,
-            "descr": dtype.descr,
-            "strides": strides,
-            "data": (address, readonly),
-        }
