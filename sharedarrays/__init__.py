@@ -36,6 +36,7 @@ from sharedarrays.backends.device import Device
 from sharedarrays.errors import (
     BackendUnavailable,
     ClosedArrayError,
+    DriverError,
     HandleUnavailable,
     InUse,
     KeeperError,
@@ -58,6 +59,7 @@ __all__ = [
     "Allocation",
     "BackendUnavailable",
     "ClosedArrayError",
+    "DriverError",
     "Device",
     "ExternalSemaphore",
     "HandleUnavailable",

@@ -5,6 +5,8 @@ Every message says what happened and what to do about it.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "SharedArrayError",
     "BackendUnavailable",
@@ -131,3 +133,30 @@ class WrongNode(SharedArrayError):
     array's data instead (``a.get()``, or let Dask do it: with ``sharedarrays.api.dask``
     registered, Dask moves an array between nodes as data).
     """
+
+
+class DriverError(SharedArrayError, OSError):
+    """A call into a device's driver or runtime failed (the base of ``CudaDriverError``,
+    ``HipError`` and ``AclError``).
+
+    Attributes
+    ----------
+    call : str
+        The function (and what it was asked for).
+    code : int
+        The error value the call returned.
+    error_name : str
+        Its name, e.g. ``"CUDA_ERROR_INVALID_VALUE"``.
+    description : str
+        The driver's own words for it, where it gives them.
+    """
+
+    def __init__(self, call: str, code: int, error_name: str, description: str = "") -> None:
+        self.call = call
+        self.code = code
+        self.error_name = error_name
+        self.description = description
+        super().__init__(f"{call} failed: {error_name} ({description or code})")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.call, self.code, self.error_name, self.description))

@@ -20,7 +20,7 @@ import os
 import threading
 from typing import Any
 
-from sharedarrays.errors import OutOfMemory, SharedArrayError
+from sharedarrays.errors import DriverError, OutOfMemory
 
 __all__ = [
     "AclError",
@@ -131,7 +131,7 @@ _loaded: dict[tuple[str, int], Any] = {}  # (module or library, pid) -> initiali
 _reasons: dict[tuple[str, int], str | None] = {}
 
 
-class AclError(SharedArrayError, OSError):
+class AclError(DriverError):
     """A CANN runtime call failed.
 
     Attributes
@@ -143,15 +143,6 @@ class AclError(SharedArrayError, OSError):
     error_name : str
         Its name where known (``"ACL_ERROR_RT_NO_PERMISSION"``), else ``"aclError N"``.
     """
-
-    def __init__(self, call: str, code: int, error_name: str) -> None:
-        super().__init__(f"{call} failed with {error_name} ({code})")
-        self.call = call
-        self.code = code
-        self.error_name = error_name
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return type(self), (self.call, self.code, self.error_name)
 
 
 class AclOutOfMemory(AclError, OutOfMemory):

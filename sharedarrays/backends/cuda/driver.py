@@ -48,7 +48,7 @@ import threading
 from typing import Any, Protocol
 
 from sharedarrays.backends.device import Device
-from sharedarrays.errors import OutOfMemory, SharedArrayError
+from sharedarrays.errors import DriverError, OutOfMemory
 from sharedarrays.process import at_fork
 
 __all__ = [
@@ -102,7 +102,7 @@ class OnDevice(Protocol):
 # errors
 
 
-class CudaDriverError(SharedArrayError, OSError):
+class CudaDriverError(DriverError):
     """A CUDA driver call failed.
 
     Attributes
@@ -114,19 +114,6 @@ class CudaDriverError(SharedArrayError, OSError):
     error_name : str
         Its name, e.g. ``"CUDA_ERROR_INVALID_VALUE"``.
     """
-
-    def __init__(self, call: str, code: int, error_name: str, description: str = "") -> None:
-        self.call = call
-        self.code = code
-        self.error_name = error_name
-        self.description = description
-        message = f"{call} failed: {error_name}"
-        if description:
-            message += f" ({description})"
-        super().__init__(message)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.call, self.code, self.error_name, self.description))
 
 
 class CudaOutOfMemory(CudaDriverError, OutOfMemory):

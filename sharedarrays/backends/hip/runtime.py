@@ -22,7 +22,7 @@ import importlib.util
 import os
 from typing import Any
 
-from sharedarrays.errors import OutOfMemory, SharedArrayError
+from sharedarrays.errors import DriverError, OutOfMemory
 
 __all__ = [
     "HipError",
@@ -43,7 +43,7 @@ _modules: dict[str, Any] = {}
 _reasons: dict[tuple[str, int, str], str | None] = {}
 
 
-class HipError(SharedArrayError, OSError):
+class HipError(DriverError):
     """A HIP runtime call failed.
 
     Attributes
@@ -55,15 +55,6 @@ class HipError(SharedArrayError, OSError):
     error_name : str
         Its name (``"hipErrorOutOfMemory"``).
     """
-
-    def __init__(self, call: str, code: int, error_name: str) -> None:
-        super().__init__(f"{call} failed with {error_name} ({code})")
-        self.call = call
-        self.code = code
-        self.error_name = error_name
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return type(self), (self.call, self.code, self.error_name)
 
 
 class HipOutOfMemory(HipError, OutOfMemory):
