@@ -21,6 +21,7 @@ from typing import Any
 
 import node_workers
 import pytest
+from keeper_helpers import private_keeper
 
 import sharedarrays as sa
 from sharedarrays.api import nodemap
@@ -32,6 +33,10 @@ from sharedarrays.transport import node as transport_node
 
 ctx = mp.get_context("spawn")
 TIMEOUT = 60
+
+# Tests that park use a runtime directory and keeper of their own (private_keeper): a keeper
+# already running for this user (another version's, another test's) must not answer for them.
+__all__ = ["private_keeper"]
 
 
 def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -80,6 +85,7 @@ def _processes() -> Iterator[list[Any]]:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.usefixtures("private_keeper")
 def test_top_lists_holders_and_states_and_rm_frees_parked() -> None:
     stop = ctx.Event()
     stop_importer = ctx.Event()  # (a waiter killed on an Event would hang its set())
@@ -142,6 +148,7 @@ def test_top_lists_holders_and_states_and_rm_frees_parked() -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.usefixtures("private_keeper")
 def test_rm_frees_a_parked_allocation_whose_importer_was_killed() -> None:
     """An importer that attached a parked allocation through the keeper and was killed
     leaves nothing behind that keeps ``rm`` from freeing it."""
