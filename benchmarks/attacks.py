@@ -1286,6 +1286,19 @@ try:
     if what == "load":
         pickle.loads(bytes.fromhex(sys.stdin.readline()))
         say("LOADED")
+    elif what == "load-resealed":  # the payload claims this user's node (it holds the secret)
+        import dataclasses, io
+        from sharedarrays.node import this_node
+        from sharedarrays.protocol.payload import Payload
+        class Grab(pickle.Unpickler):
+            def find_class(self, module, name):
+                if name == "_rebuild":
+                    return lambda data, sync=None, fds=None: data
+                return super().find_class(module, name)
+        data = Grab(io.BytesIO(bytes.fromhex(sys.stdin.readline()))).load()
+        forged = dataclasses.replace(Payload.from_bytes(data), node=this_node())
+        sa.load(forged.to_bytes())
+        say("LOADED")
     elif what == "attach":
         sa.attach("victim")
         say("ATTACHED")
@@ -1327,7 +1340,7 @@ def other_user_access(row: Row) -> None:
         return
     pw = pwd.getpwnam(user)
     ids = (str(pw.pw_uid), str(pw.pw_gid))
-    row.tries *= 6
+    row.tries *= 8
     with runtime() as (env, rdir):
         theirs = Path(tempfile.mkdtemp(prefix="sa-atk-other-"))
         os.chmod(theirs, 0o711)
@@ -1338,7 +1351,7 @@ def other_user_access(row: Row) -> None:
                 exp, out = exporter(env)
                 with exp:
                     base = fd_count(exp.pid)
-                    for _ in range(row.tries // 6):
+                    for _ in range(row.tries // 8):
                         for opened in (False, True):
                             modes = (0o711, 0o777) if opened else (0o700, 0o600)
                             os.chmod(rdir, modes[0])
@@ -1346,6 +1359,7 @@ def other_user_access(row: Row) -> None:
                                 os.chmod(sock, modes[1])
                             for what, xdg, stdin in (
                                 ("load", str(theirs), out["blob"]),
+                                ("load-resealed", str(theirs), out["blob"]),
                                 ("attach", env["XDG_RUNTIME_DIR"], ""),
                                 ("keeper", str(theirs), str(rdir / "keeper.sock")),
                             ):
@@ -1741,9 +1755,10 @@ ATTACKS: list[tuple[str, Callable[[Row], None], int, str, set[str]]] = [
         "other-user",
         other_user_access,
         3,
-        "another OS user: loads a payload, attaches a name (with our XDG_RUNTIME_DIR), asks the "
-        "keeper socket; dir private, then dir and sockets opened to all",
-        {"PermissionDenied", "EACCES at connect", "DENIED reply", "closed by the keeper"},
+        "another OS user: loads a payload (as pickled, and resealed to claim its own node), "
+        "attaches a name (with our XDG_RUNTIME_DIR), asks the keeper socket; dir private, then "
+        "dir and sockets opened to all",
+        {"PermissionDenied", "WrongNode", "EACCES at connect", "DENIED reply", "closed by the keeper"},
     ),
     (
         "fuzz-payloads",
