@@ -132,6 +132,7 @@ def test_the_package_hooks_are_in_layer_order() -> None:
         "sharedarrays.transport.keeper._hand_over_at_exit",
         "sharedarrays.transport.handles._drain_at_exit",
         "sharedarrays.transport.handles.shutdown_server",
+        "sharedarrays.transport.client.close_connections",
     ]
 
 

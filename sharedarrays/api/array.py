@@ -112,6 +112,7 @@ class SharedDeviceArray(NativeArrayMethods):
         "_readonly",
         "_native",
         "_encoded",
+        "_base",
         "__weakref__",
     )
 
@@ -139,9 +140,18 @@ class SharedDeviceArray(NativeArrayMethods):
         self._readonly = readonly
         self._native: Any = None
         self._encoded: tuple[int, int, bytes] | None = None  # pid, generation, payload
+        self._base: SharedDeviceArray | None = None
         views.track(self)
 
     # metadata ---------------------------------------------------------------------------
+    @property
+    def base(self) -> SharedDeviceArray | None:
+        """The view this one was derived from (indexing, ``T``, ``reshape``, ... of it), as
+        :attr:`numpy.ndarray.base` names the array a view looks into; ``None`` for a view made
+        by a constructor or loaded from a payload (whose provenance is :attr:`allocation`:
+        every view of the same memory shares it)."""
+        return self._base
+
     @property
     def shape(self) -> tuple[int, ...]:
         """Length of each axis."""
@@ -293,7 +303,7 @@ class SharedDeviceArray(NativeArrayMethods):
         self, layout: np.ndarray[Any, Any], view: np.ndarray[Any, Any], dtype: np.dtype[Any]
     ) -> SharedDeviceArray:
         delta = view.__array_interface__["data"][0] - layout.__array_interface__["data"][0]
-        return SharedDeviceArray(
+        derived = SharedDeviceArray(
             self.allocation,
             dtype,
             tuple(view.shape),
@@ -301,6 +311,8 @@ class SharedDeviceArray(NativeArrayMethods):
             self._offset + delta,
             self._readonly,
         )
+        derived._base = self if self._base is None else self._base
+        return derived
 
     def __setitem__(self, key: object, value: object) -> None:
         """Write through to shared memory."""

@@ -16,6 +16,7 @@ import threading
 import time
 
 from sharedarrays.errors import HandleUnavailable, PayloadError, PermissionDenied, SharedArrayError
+from sharedarrays.process import at_exit
 from sharedarrays.protocol.handles import (
     REPLY_SIZE,
     Growth,
@@ -317,3 +318,6 @@ def forget_in_child() -> None:
     for sock in _connections.values():
         sock.close()
     _connections.clear()
+
+
+at_exit(close_connections, "transport", order=3)  # after the handle server's shutdown

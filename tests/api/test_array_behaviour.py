@@ -774,3 +774,12 @@ def test_cuda_layout_views_and_namespace() -> None:
     assert xp is cupy
     total = xp.sum(a)
     assert isinstance(total, cupy.ndarray) and float(total) == ref.sum()
+
+
+def test_base_names_the_view_a_view_was_derived_from() -> None:
+    a = sa.from_array(np.arange(12.0).reshape(3, 4))
+    assert a.base is None  # made by a constructor
+    v = a[1:]
+    assert v.base is a and v.T.base is a and v.reshape(8).base is a
+    assert np.moveaxis(a, 0, 1).base is a and np.split(a, 3)[0].base is a
+    assert pickle.loads(pickle.dumps(v)).base is None  # loaded from a payload
