@@ -9,12 +9,12 @@ drop payloads in flight) above the table.
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
 from sharedarrays.api import nodemap
 from sharedarrays.api.widgets.nodeview import render_node_html, render_node_text
+from sharedarrays.api.widgets.refresh import AutoRefresh
 from sharedarrays.errors import SharedArrayError
 
 __all__ = ["NodeView", "node_widget"]
@@ -91,8 +91,9 @@ def node_widget(view: NodeView, interval: float = 2.0, auto_refresh: bool = Fals
                     self.html,
                 ]
             )
-            self._stop = threading.Event()
-            self._thread: threading.Thread | None = None
+            self._refresher: AutoRefresh[NodeMapWidget] = AutoRefresh(
+                "sharedarrays-node-map", _interval, _report
+            )
             self.refresh_button.on_click(lambda _: self.refresh())
             self.free_button.on_click(lambda _: self._free())
             self.auto_toggle.observe(self._toggled, names="value")
@@ -119,31 +120,16 @@ def node_widget(view: NodeView, interval: float = 2.0, auto_refresh: bool = Fals
         @property
         def auto_refreshing(self) -> bool:
             """Whether the auto-refresh thread runs."""
-            return self._thread is not None and self._thread.is_alive()
+            return self._refresher.running
 
         def start(self) -> None:
-            """Refresh every ``interval_text`` seconds in a daemon thread."""
-            if self.auto_refreshing:
-                return
-            self._stop.clear()
-            self._thread = threading.Thread(
-                target=self._run, name="sharedarrays-node-map", daemon=True
-            )
-            self._thread.start()
-
-        def _run(self) -> None:
-            while not self._stop.wait(float(self.interval_text.value)):
-                try:
-                    self.refresh()
-                except Exception as e:  # keep the kernel's thread alive; say it
-                    self.status.value = f"refresh failed: {e}"
+            """Refresh every ``interval_text`` seconds in a daemon thread (it holds this widget
+            weakly, and ends when the widget is closed)."""
+            self._refresher.start(self)
 
         def stop(self, timeout: float | None = 5.0) -> None:
             """Stop auto-refreshing."""
-            self._stop.set()
-            if self._thread is not None:
-                self._thread.join(timeout)
-            self._thread = None
+            self._refresher.stop(timeout)
 
         def close(self) -> None:
             """Stop auto-refreshing and close the widget."""
@@ -154,3 +140,12 @@ def node_widget(view: NodeView, interval: float = 2.0, auto_refresh: bool = Fals
             return render_node_text(self.node_view.map)
 
     return NodeMapWidget()
+
+
+def _interval(widget: Any) -> float | None:
+    """Seconds to the node widget's next refresh; ``None`` once it is closed."""
+    return None if widget.comm is None else float(widget.interval_text.value)
+
+
+def _report(widget: Any, error: Exception) -> None:
+    widget.status.value = f"refresh failed: {error}"

@@ -15,6 +15,7 @@ from typing import Any
 
 from sharedarrays.api.views import is_view
 from sharedarrays.api.widgets.model import ReservationMap, build_maps
+from sharedarrays.api.widgets.refresh import AutoRefresh
 from sharedarrays.api.widgets.render import render_html, render_png, render_text
 from sharedarrays.memory import Allocation
 
@@ -110,10 +111,7 @@ class MemoryMap:
         self._interval = float(interval)
         self._auto_start = auto_refresh
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        # stops the auto-refresh thread when this map is garbage-collected (see start)
-        self._finalizer: weakref.finalize[Any, Any] | None = None
+        self._refresher: AutoRefresh[MemoryMap] = AutoRefresh("sharedarrays-memory-map", _interval)
         self._ui: dict[str, Any] | None = None
         self.updated = 0.0
         self.maps: list[ReservationMap] = self._read()
@@ -175,35 +173,20 @@ class MemoryMap:
     @property
     def auto_refreshing(self) -> bool:
         """Whether the auto-refresh thread is running."""
-        return self._thread is not None and self._thread.is_alive()
+        return self._refresher.running
 
     def start(self, interval: float | None = None) -> None:
-        """Start refreshing every ``interval`` seconds in a daemon thread."""
+        """Start refreshing every ``interval`` seconds in a daemon thread (it holds this map
+        weakly: a map that is garbage-collected stops it)."""
         if interval is not None:
             self._interval = float(interval)
-        if self.auto_refreshing:
-            return
-        self._stop = threading.Event()
-        if self._finalizer is not None:
-            self._finalizer.detach()
-        self._finalizer = weakref.finalize(self, self._stop.set)
-        self._thread = threading.Thread(
-            target=_auto_refresh,
-            args=(weakref.ref(self), self._stop),
-            name="sharedarrays-memory-map",
-            daemon=True,
-        )
-        self._thread.start()
+        self._refresher.start(self)
         if self._ui is not None and not self._ui["auto"].value:
             self._ui["auto"].value = True
 
     def stop(self, timeout: float | None = 5.0) -> None:
         """Stop auto-refreshing (waits up to ``timeout`` seconds for the thread to end)."""
-        self._stop.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
-        self._thread = None
+        self._refresher.stop(timeout)
         if self._ui is not None and self._ui["auto"].value:
             self._ui["auto"].value = False
 
@@ -229,27 +212,13 @@ class MemoryMap:
         return _filter(bundle, include, exclude)
 
 
-def _auto_refresh(ref: weakref.ref[MemoryMap], stop: threading.Event) -> None:
-    """The auto-refresh loop: ends on ``stop``, when the map is gone or its widget closed."""
-    while True:
-        view = ref()
-        if view is None:
-            return
-        interval = view._interval
-        ui = view._ui
-        if ui is not None and ui["box"].comm is None:  # closed from outside
-            return
-        del view, ui
-        if stop.wait(interval):
-            return
-        view = ref()
-        if view is None:
-            return
-        try:
-            view.refresh()
-        except Exception:  # a refresh must never kill the kernel; try again next time
-            pass
-        del view
+def _interval(view: MemoryMap) -> float | None:
+    """Seconds to the next refresh of ``view``; ``None`` once its widget was closed from
+    outside (the thread then ends)."""
+    ui = view._ui
+    if ui is not None and ui["box"].comm is None:
+        return None
+    return view._interval
 
 
 def live_or_static(memory_map: MemoryMap) -> Any:
