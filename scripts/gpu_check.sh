@@ -99,7 +99,7 @@ log() { printf '\n== gpu_check: %s\n' "$*"; }
 
 log "pytest -m 'gpu or notebook' ${PYTEST_ARGS[*]}"
 start=$(date +%s)
-"$PYTHON" -m pytest -m "gpu or notebook" -ra -p no:cacheprovider --junitxml="$JUNIT" "${PYTEST_ARGS[@]}" \
+"$PYTHON" -m pytest -m "gpu or notebook" -ra -p no:cacheprovider --durations=15 --junitxml="$JUNIT" "${PYTEST_ARGS[@]}" \
     2>&1 | tee "$PYLOG"
 pytest_rc=${PIPESTATUS[0]}
 pytest_s=$(( $(date +%s) - start ))
