@@ -8,6 +8,7 @@ the allocation, this module makes the view).
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import operator
 import os
@@ -27,7 +28,13 @@ from sharedarrays.backends.device import Device, DeviceLike, parse_device
 from sharedarrays.errors import ClosedArrayError, PayloadError, ResizeRefused
 from sharedarrays.memory import Allocation, Lease, live_allocations
 from sharedarrays.node import this_node
-from sharedarrays.protocol.payload import Payload, contiguous_strides, view_extent
+from sharedarrays.protocol.payload import (
+    Payload,
+    ViewFields,
+    ViewTuple,
+    contiguous_strides,
+    view_extent,
+)
 from sharedarrays.transport import handles as transport
 
 __all__ = ["SharedDeviceArray", "Semaphore", "load", "synchronize"]
@@ -111,7 +118,7 @@ class SharedDeviceArray(NativeArrayMethods):
         "_offset",
         "_readonly",
         "_native",
-        "_encoded",
+        "_packed",
         "_base",
         "__weakref__",
     )
@@ -139,7 +146,7 @@ class SharedDeviceArray(NativeArrayMethods):
         self._offset = offset
         self._readonly = readonly
         self._native: Any = None
-        self._encoded: tuple[int, int, bytes] | None = None  # pid, generation, payload
+        self._packed: ViewTuple | None = None  # the view's fields as a pickle carries them
         self._base: SharedDeviceArray | None = None
         views.track(self)
 
@@ -448,39 +455,25 @@ class SharedDeviceArray(NativeArrayMethods):
 
     # pickling ---------------------------------------------------------------------------
     def payload(self) -> Payload:
-        """What a pickle of this view carries (starts this process's handle server)."""
-        alloc = self.allocation
-        pid, server = os.getpid(), alloc.source_server  # a growable array names its exporter
-        if server is None:
-            server = transport.server_address()
-        else:
-            pid = alloc.origin.pid
-        return Payload(
-            backend=alloc.backend.name,
-            device=alloc.device.index,
-            alloc_id=alloc.id,
-            secret=alloc.secret,
-            pid=pid,
-            server=server,
-            chunks=tuple(alloc.chunk_sizes()),
+        """What a pickle of this view carries (starts this process's handle server), as one
+        payload: its allocation's fields and this view's."""
+        return dataclasses.replace(
+            _allocation_payload(self.allocation),
             dtype=self._dtype,
             shape=self._shape,
             strides=self._strides,
             offset=self._offset,
-            readonly=self._readonly or alloc.export_readonly,
-            capacity=alloc.capacity if alloc.growable else None,
-            node=this_node(),
+            readonly=self._readonly or self.allocation.export_readonly,
         )
 
-    def _payload_bytes(self) -> bytes:
-        """The encoded payload, made once per view, process and generation of the allocation
-        (it changes only when a growable allocation gains or loses chunks, or moves)."""
-        cached = self._encoded
-        generation = self.allocation.generation
-        if cached is None or cached[0] != os.getpid() or cached[1] != generation:
-            cached = (os.getpid(), generation, self.payload().to_bytes())
-            self._encoded = cached
-        return cached[2]
+    def _view_tuple(self) -> ViewTuple:
+        """The view's fields as a pickle carries them beside its allocation's payload (made
+        once per view: they change only when a growable array's view is resized)."""
+        packed = self._packed
+        if packed is None:
+            view = ViewFields(self._offset, self._shape, self._strides, self._dtype, self._readonly)
+            packed = self._packed = view.to_tuple()
+        return packed
 
     # growth -----------------------------------------------------------------------------
     def resize(self, length: int) -> None:
@@ -602,7 +595,7 @@ class SharedDeviceArray(NativeArrayMethods):
         lease = alloc.lease(self._offset + high)
         self._shape = shape
         self._native = None
-        self._encoded = None
+        self._packed = None
         self._lease = lease
 
     # ordering ---------------------------------------------------------------------------
@@ -674,23 +667,70 @@ reduce_hooks: list[Callable[[], bool]] = []
 is dropped. ``api/dask.py`` waits here for distributed to be imported, to register with it."""
 
 
+def _allocation_payload(alloc: Allocation) -> Payload:
+    """The payload of the whole allocation (a canonical view: uint8 bytes from offset 0)
+    that pickles of its views carry; starts this process's handle server."""
+    pid, server = os.getpid(), alloc.source_server  # a growable array names its exporter
+    if server is None:
+        server = transport.server_address()
+    else:
+        pid = alloc.origin.pid
+    chunks = tuple(alloc.chunk_sizes())
+    size = sum(chunks)
+    return Payload(
+        backend=alloc.backend.name,
+        device=alloc.device.index,
+        alloc_id=alloc.id,
+        secret=alloc.secret,
+        pid=pid,
+        server=server,
+        chunks=chunks,
+        dtype=_BYTES,
+        shape=(size,),
+        strides=(1,),
+        offset=0,
+        readonly=alloc.export_readonly,
+        capacity=alloc.capacity if alloc.growable else None,
+        node=this_node(),
+    )
+
+
+_BYTES = np.dtype(np.uint8)
+
+
+def _allocation_bytes(alloc: Allocation) -> bytes:
+    """The encoded :func:`_allocation_payload`, made once per allocation, process and
+    generation (it changes only when a growable allocation gains or loses chunks, or
+    moves): the same bytes object for every view, which pickle's memo writes once per
+    message."""
+    cached = alloc.encoded
+    generation = alloc.generation
+    if cached is None or cached[0] != os.getpid() or cached[1] != generation:
+        cached = (os.getpid(), generation, _allocation_payload(alloc).to_bytes())
+        alloc.encoded = cached
+    return cached[2]
+
+
 def _reduce(a: SharedDeviceArray, carry_fds: bool) -> tuple[Any, tuple[Any, ...]]:
-    """The one reduction of a view: :func:`_rebuild` and its arguments (the payload, the
-    ordering token and, with ``carry_fds``, the chunks' fds as multiprocessing's DupFd).
+    """The one reduction of a view: :func:`_rebuild_view` and its arguments (its
+    allocation's payload, the same bytes object for every view of it; the view's fields;
+    the message's ordering argument and, with ``carry_fds``, the chunks' fds as
+    multiprocessing's DupFd).
 
     A payload that names this process's handle server is counted in flight
-    (:meth:`Allocation.note_sent`) until a load is reported. Carried fds leave nothing in
-    flight (the child asks no server), so that form is not counted."""
+    (:meth:`Allocation.note_sent`, once per view) until a load is reported. Carried fds
+    leave nothing in flight (the child asks no server), so that form is not counted."""
     if reduce_hooks:  # until each is done (api/dask.py: registration with distributed)
         reduce_hooks[:] = [hook for hook in reduce_hooks if not hook()]
-    blob = a._payload_bytes()
     alloc = a.allocation
+    blob = _allocation_bytes(alloc)
+    view = a._view_tuple()
     if carry_fds:  # the handles travel with it: nothing is left in flight
-        args = (blob, alloc.backend.export_fence())
-        return _rebuild, (*args, tuple(reduction.DupFd(fd) for fd in alloc.chunk_fds()))
+        fds = tuple(reduction.DupFd(fd) for fd in alloc.chunk_fds())
+        return _rebuild_view, (blob, view, alloc.backend.export_fence(), fds)
     if alloc.source_server is None:  # the payload names this process: it is in flight
         alloc.note_sent()
-    return _rebuild, (blob, alloc.backend.export_fence())
+    return _rebuild_view, (blob, view, alloc.backend.export_fence())
 
 
 def _reduce_for_multiprocessing(a: SharedDeviceArray) -> tuple[Any, tuple[Any, ...]]:
@@ -754,16 +794,25 @@ def load(
             f"not a {type(data).__name__}" + hint
         )
     p = Payload.from_bytes(data)
+    return _load(p, p.view_fields(), sync, fds)
+
+
+def _load(
+    p: Payload, view: ViewFields, sync: bytes | None, fds: tuple[Any, ...] | None
+) -> SharedDeviceArray:
+    """The view ``view`` (validated against ``p``'s allocation) of the allocation that the
+    payload ``p`` names, found or mapped by :func:`importing.load_payload`: read-only if
+    either says so, or if this process maps the allocation read-only."""
     alloc = importing.load_payload(p, sync, fds)
-    readonly = p.readonly or alloc.access != "rw"
+    readonly = view.readonly or p.readonly or alloc.access != "rw"
     try:
-        return SharedDeviceArray(alloc, p.dtype, p.shape, p.strides, p.offset, readonly)
+        return SharedDeviceArray(alloc, view.dtype, view.shape, view.strides, view.offset, readonly)
     except ClosedArrayError:
         if fds is not None:
             raise
         # A parked mapping was dropped (a release notice, the limit) between the lookup and
         # the new view: it is gone from the registry now, so this maps it anew.
-        return load(data, sync)
+        return _load(p, view, sync, None)
 
 
 def synchronize(device: DeviceLike = None) -> None:
@@ -792,14 +841,33 @@ def synchronize(device: DeviceLike = None) -> None:
             backend.synchronize()
 
 
+def _token(sync: object) -> Any:
+    """The ordering token of a reduction's ordering argument: a pickle carries the token
+    itself (bytes or ``None``); copy.copy passes the argument as it is (a fence)."""
+    if sync is not None and type(sync) is not bytes:
+        sync = getattr(sync, "token", sync)
+    return sync  # (load_payload refuses a token that is not bytes)
+
+
+def _rebuild_view(
+    data: bytes, view: object, sync: object = None, fds: tuple[Any, ...] | None = None
+) -> SharedDeviceArray:
+    """What a pickled view calls: the allocation's payload ``data`` (decoded once for all
+    the views of a message that share the bytes) and the view's fields ``view`` (a
+    :class:`ViewFields` tuple, checked against the allocation's size)."""
+    p = Payload.from_bytes(data)
+    v = ViewFields.from_tuple(view, p.size)
+    if v.readonly and not p.readonly:  # a read-only view maps read-only on first sight
+        p = dataclasses.replace(p, readonly=True)
+    return _load(p, v, _token(sync), fds)
+
+
 def _rebuild(
     data: bytes, sync: object = None, fds: tuple[Any, ...] | None = None
 ) -> SharedDeviceArray:
-    if sync is not None and type(sync) is not bytes:
-        # copy.copy calls this with the reduction's own ordering argument (a fence, which a
-        # pickle carries as its token): its token is what load waits for
-        sync = getattr(sync, "token", sync)
-    return load(data, sync, fds)  # type: ignore[arg-type]  # load refuses what is not bytes
+    """What a pickled view called before one payload per allocation (the view's whole
+    payload), still loaded."""
+    return load(data, _token(sync), fds)
 
 
 def operator_index(n: object) -> int:
