@@ -12,6 +12,7 @@ import dataclasses
 import html
 import operator
 import os
+import weakref
 from collections.abc import Callable
 from multiprocessing import reduction
 from multiprocessing.context import get_spawning_popen
@@ -726,11 +727,46 @@ def _reduce(a: SharedDeviceArray, carry_fds: bool) -> tuple[Any, tuple[Any, ...]
     blob = _allocation_bytes(alloc)
     view = a._view_tuple()
     if carry_fds:  # the handles travel with it: nothing is left in flight
-        fds = tuple(reduction.DupFd(fd) for fd in alloc.chunk_fds())
-        return _rebuild_view, (blob, view, alloc.backend.export_fence(), fds)
+        return _rebuild_view, (blob, view, alloc.backend.export_fence(), _carried(alloc))
     if alloc.source_server is None:  # the payload names this process: it is in flight
         alloc.note_sent()
     return _rebuild_view, (blob, view, alloc.backend.export_fence())
+
+
+class _Carried:
+    """An allocation's chunk fds carried by the arguments of a Process being spawned
+    (multiprocessing's DupFd), once per allocation: every view of it in the message shares
+    this object, which pickle's memo writes once (a spawner refuses an fd passed twice), and
+    the first view loaded takes the fds (a DupFd gives its fd at every ``detach``)."""
+
+    __slots__ = ("fds",)
+
+    def __init__(self, fds: tuple[Any, ...]) -> None:
+        self.fds: tuple[Any, ...] | None = fds
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return _Carried, (self.fds,)
+
+    def take(self) -> tuple[Any, ...] | None:
+        """The DupFd objects the first time; ``None`` after (the first view loaded took
+        them and mapped the allocation, or it was mapped already and closed them)."""
+        fds, self.fds = self.fds, None
+        return fds
+
+
+_carrying: weakref.WeakKeyDictionary[Any, dict[str, _Carried]] = weakref.WeakKeyDictionary()
+"""The fds carried by the arguments of each Process being spawned, by allocation id."""
+
+
+def _carried(alloc: Allocation) -> _Carried:
+    """The chunk fds of ``alloc`` for the Process being spawned now: made once per spawn."""
+    popen = get_spawning_popen()
+    per_spawn = _carrying.setdefault(popen, {})
+    carried = per_spawn.get(alloc.id)
+    if carried is None:
+        carried = _Carried(tuple(reduction.DupFd(fd) for fd in alloc.chunk_fds()))
+        per_spawn[alloc.id] = carried
+    return carried
 
 
 def _reduce_for_multiprocessing(a: SharedDeviceArray) -> tuple[Any, tuple[Any, ...]]:
@@ -850,7 +886,7 @@ def _token(sync: object) -> Any:
 
 
 def _rebuild_view(
-    data: bytes, view: object, sync: object = None, fds: tuple[Any, ...] | None = None
+    data: bytes, view: object, sync: object = None, fds: object = None
 ) -> SharedDeviceArray:
     """What a pickled view calls: the allocation's payload ``data`` (decoded once for all
     the views of a message that share the bytes) and the view's fields ``view`` (a
@@ -859,7 +895,10 @@ def _rebuild_view(
     v = ViewFields.from_tuple(view, p.size)
     if v.readonly and not p.readonly:  # a read-only view maps read-only on first sight
         p = dataclasses.replace(p, readonly=True)
-    return _load(p, v, _token(sync), fds)
+    carried = fds.take() if type(fds) is _Carried else fds  # (the views after the first
+    if carried is not None and type(carried) is not tuple:  # find the allocation mapped)
+        raise PayloadError("the handles that travelled with the payload do not match it")
+    return _load(p, v, _token(sync), carried)
 
 
 def _rebuild(
