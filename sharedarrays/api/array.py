@@ -17,7 +17,7 @@ from collections.abc import Callable
 from multiprocessing import reduction
 from multiprocessing.context import get_spawning_popen
 from types import EllipsisType
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 
 import numpy as np
 
@@ -33,6 +33,7 @@ from sharedarrays.protocol.payload import (
     Payload,
     ViewFields,
     ViewTuple,
+    check_view,
     contiguous_strides,
     view_extent,
 )
@@ -40,6 +41,7 @@ from sharedarrays.transport import handles as transport
 
 __all__ = ["SharedDeviceArray", "Semaphore", "load", "synchronize"]
 
+_T = TypeVar("_T")
 _BASIC_INDEX = (int, slice, EllipsisType, type(None), np.integer)
 
 
@@ -472,8 +474,15 @@ class SharedDeviceArray(NativeArrayMethods):
         once per view: they change only when a growable array's view is resized)."""
         packed = self._packed
         if packed is None:
-            view = ViewFields(self._offset, self._shape, self._strides, self._dtype, self._readonly)
-            packed = self._packed = view.to_tuple()
+            view = ViewFields(
+                self._offset,
+                _intern(self._shape),
+                _intern(self._strides),
+                self._dtype,
+                self._readonly,
+            )
+            offset, shape, strides, dtype, readonly = view.to_tuple()
+            packed = self._packed = (offset, shape, strides, _intern(dtype), readonly)
         return packed
 
     # growth -----------------------------------------------------------------------------
@@ -668,6 +677,19 @@ reduce_hooks: list[Callable[[], bool]] = []
 is dropped. ``api/dask.py`` waits here for distributed to be imported, to register with it."""
 
 
+_interned: dict[Any, Any] = {}
+"""Shapes, strides and dtype strings of pickled views, one object each (up to 4,096): pickle's
+memo writes each once per message, and the importer makes one object for all its views."""
+
+
+def _intern(value: _T) -> _T:
+    """The one object equal to ``value`` (a shape, strides or dtype string of this process's
+    views: only ints and strs, whose equality is their type's)."""
+    if len(_interned) >= 4096:
+        _interned.clear()
+    return _interned.setdefault(value, value)  # type: ignore[no-any-return]
+
+
 def _allocation_payload(alloc: Allocation) -> Payload:
     """The payload of the whole allocation (a canonical view: uint8 bytes from offset 0)
     that pickles of its views carry; starts this process's handle server."""
@@ -830,25 +852,32 @@ def load(
             f"not a {type(data).__name__}" + hint
         )
     p = Payload.from_bytes(data)
-    return _load(p, p.view_fields(), sync, fds)
+    return _load(p, p.dtype, p.shape, p.strides, p.offset, p.readonly, sync, fds)
 
 
 def _load(
-    p: Payload, view: ViewFields, sync: bytes | None, fds: tuple[Any, ...] | None
+    p: Payload,
+    dtype: np.dtype[Any],
+    shape: tuple[int, ...],
+    strides: tuple[int, ...],
+    offset: int,
+    readonly: bool,
+    sync: bytes | None,
+    fds: tuple[Any, ...] | None,
 ) -> SharedDeviceArray:
-    """The view ``view`` (validated against ``p``'s allocation) of the allocation that the
-    payload ``p`` names, found or mapped by :func:`importing.load_payload`: read-only if
-    either says so, or if this process maps the allocation read-only."""
+    """The view (validated against ``p``'s allocation) of the allocation that the payload
+    ``p`` names, found or mapped by :func:`importing.load_payload`: read-only if either
+    says so, or if this process maps the allocation read-only."""
     alloc = importing.load_payload(p, sync, fds)
-    readonly = view.readonly or p.readonly or alloc.access != "rw"
+    readonly = readonly or p.readonly or alloc.access != "rw"
     try:
-        return SharedDeviceArray(alloc, view.dtype, view.shape, view.strides, view.offset, readonly)
+        return SharedDeviceArray(alloc, dtype, shape, strides, offset, readonly)
     except ClosedArrayError:
         if fds is not None:
             raise
         # A parked mapping was dropped (a release notice, the limit) between the lookup and
         # the new view: it is gone from the registry now, so this maps it anew.
-        return _load(p, view, sync, None)
+        return _load(p, dtype, shape, strides, offset, readonly, sync, None)
 
 
 def synchronize(device: DeviceLike = None) -> None:
@@ -892,13 +921,14 @@ def _rebuild_view(
     the views of a message that share the bytes) and the view's fields ``view`` (a
     :class:`ViewFields` tuple, checked against the allocation's size)."""
     p = Payload.from_bytes(data)
-    v = ViewFields.from_tuple(view, p.size)
-    if v.readonly and not p.readonly:  # a read-only view maps read-only on first sight
+    dtype = check_view(view, p.size)  # (ViewFields.from_tuple without the record)
+    offset, shape, strides, _, readonly = cast(ViewTuple, view)  # (checked)
+    if readonly and not p.readonly:  # a read-only view maps read-only on first sight
         p = dataclasses.replace(p, readonly=True)
     carried = fds.take() if type(fds) is _Carried else fds  # (the views after the first
     if carried is not None and type(carried) is not tuple:  # find the allocation mapped)
         raise PayloadError("the handles that travelled with the payload do not match it")
-    return _load(p, v, _token(sync), carried)
+    return _load(p, dtype, shape, strides, offset, readonly, _token(sync), carried)
 
 
 def _rebuild(

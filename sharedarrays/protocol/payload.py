@@ -23,7 +23,7 @@ import hmac
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
@@ -33,6 +33,7 @@ from sharedarrays.process import PID_MAX_LIMIT
 
 __all__ = [
     "Payload",
+    "check_view",
     "ViewFields",
     "ViewTuple",
     "MAX_PAYLOAD_BYTES",
@@ -420,18 +421,64 @@ class ViewFields(NamedTuple):
             tuples of ints) or out of bounds, more than 64 dims, or a view that does not lie
             inside the allocation.
         """
-        if type(data) is not tuple or len(data) != 5:
-            raise PayloadError("a pickled view is corrupted: its view fields are not 5 values")
-        offset, shape, strides, dtype_str, readonly = data
-        if type(offset) is not int or not 0 <= offset <= size:
-            raise PayloadError(f"view field 'offset' must be an int in [0, {size}], got {offset!r}")
+        dtype = check_view(data, size)
+        offset, shape, strides, _, readonly = cast(ViewTuple, data)  # (checked)
+        return cls(offset, shape, strides, dtype, readonly)
+
+
+def check_view(data: object, size: int) -> np.dtype[Any]:
+    """:meth:`ViewFields.from_tuple` without the record: the view's dtype if ``data`` is a
+    valid view tuple of an allocation of ``size`` bytes (what every view of a message runs;
+    no object the collector tracks is made).
+
+    Raises
+    ------
+    PayloadError
+        As :meth:`ViewFields.from_tuple`.
+    """
+    if type(data) is not tuple or len(data) != 5:
+        raise PayloadError("a pickled view is corrupted: its view fields are not 5 values")
+    offset, shape, strides, dtype_str, readonly = data
+    if type(offset) is not int or not 0 <= offset <= size:
+        raise PayloadError(f"view field 'offset' must be an int in [0, {size}], got {offset!r}")
+    if type(shape) is not tuple or type(strides) is not tuple or len(shape) != len(strides):
         _view_ints(shape, "shape", 0)
         _view_ints(strides, "strides", -MAX_SIZE)
+        raise PayloadError(f"payload has {len(shape)} dims in shape but {len(strides)} strides")
+    if len(shape) > MAX_NDIM:
+        raise PayloadError(f"view field 'shape' must be a tuple of at most {MAX_NDIM} ints")
+    dtype = _dtypes.get(dtype_str) if type(dtype_str) is str else None
+    if dtype is None:
         dtype = _numeric_dtype(dtype_str, "view field")
-        if type(readonly) is not bool:
-            raise PayloadError("view field 'readonly' must be a bool")
-        _check_layout(dtype.itemsize, shape, strides, offset, size)
-        return cls(offset, shape, strides, dtype, readonly)
+    if type(readonly) is not bool:
+        raise PayloadError("view field 'readonly' must be a bool")
+    # (one pass: the bounds of each axis, the element count and the bytes touched, as
+    # _check_layout and view_extent do; the loop of every view of a message)
+    count, low, high = 1, 0, dtype.itemsize
+    for n, st in zip(shape, strides):
+        if (
+            type(n) is not int
+            or type(st) is not int
+            or not 0 <= n <= MAX_SIZE
+            or not -MAX_SIZE <= st <= MAX_SIZE
+        ):
+            _view_ints(shape, "shape", 0)  # (one of the two raises)
+            _view_ints(strides, "strides", -MAX_SIZE)
+        count *= n
+        if st < 0:
+            low += st * (n - 1)
+        else:
+            high += st * (n - 1)
+    if count > MAX_SIZE:
+        raise PayloadError(f"payload's shape {shape} has more elements than any valid array")
+    if count == 0:  # touches nothing
+        low = high = 0
+    if offset + low < 0 or offset + high > size:
+        raise PayloadError(
+            f"payload's view reaches bytes [{offset + low}, {offset + high}) outside its "
+            f"allocation of {size} bytes"
+        )
+    return dtype
 
 
 def _view_ints(v: object, key: str, low: int) -> None:
