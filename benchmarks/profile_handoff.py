@@ -210,7 +210,7 @@ def main() -> None:
         )
         inside = [pool.apply(load_in_task, (a.payload().to_bytes(),)) for _ in range(201)]
         rows["worker: load + .array + drop, timed inside"] = statistics.median(inside) * 1e6
-        rows.update(pool.apply(load_steps, (blob, payload, a.__reduce__()[1][1])))
+        rows.update(pool.apply(load_steps, (blob, payload, a.__reduce__()[1][2])))
         fresh = [sa.empty(1 << 18, "float32", device=args.device, pack=False) for _ in range(51)]
         rows.update(pool.apply(cold_steps, ([x.payload().to_bytes() for x in fresh],)))
         c = sa.zeros(1 << 18, "float32", device="cpu", pack=False)

@@ -8,14 +8,16 @@ the allocation, this module makes the view).
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import operator
 import os
+import weakref
 from collections.abc import Callable
 from multiprocessing import reduction
 from multiprocessing.context import get_spawning_popen
 from types import EllipsisType
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 
 import numpy as np
 
@@ -27,11 +29,19 @@ from sharedarrays.backends.device import Device, DeviceLike, parse_device
 from sharedarrays.errors import ClosedArrayError, PayloadError, ResizeRefused
 from sharedarrays.memory import Allocation, Lease, live_allocations
 from sharedarrays.node import this_node
-from sharedarrays.protocol.payload import Payload, contiguous_strides, view_extent
+from sharedarrays.protocol.payload import (
+    Payload,
+    ViewFields,
+    ViewTuple,
+    check_view,
+    contiguous_strides,
+    view_extent,
+)
 from sharedarrays.transport import handles as transport
 
 __all__ = ["SharedDeviceArray", "Semaphore", "load", "synchronize"]
 
+_T = TypeVar("_T")
 _BASIC_INDEX = (int, slice, EllipsisType, type(None), np.integer)
 
 
@@ -111,7 +121,7 @@ class SharedDeviceArray(NativeArrayMethods):
         "_offset",
         "_readonly",
         "_native",
-        "_encoded",
+        "_packed",
         "_base",
         "__weakref__",
     )
@@ -139,7 +149,7 @@ class SharedDeviceArray(NativeArrayMethods):
         self._offset = offset
         self._readonly = readonly
         self._native: Any = None
-        self._encoded: tuple[int, int, bytes] | None = None  # pid, generation, payload
+        self._packed: ViewTuple | None = None  # the view's fields as a pickle carries them
         self._base: SharedDeviceArray | None = None
         views.track(self)
 
@@ -448,39 +458,32 @@ class SharedDeviceArray(NativeArrayMethods):
 
     # pickling ---------------------------------------------------------------------------
     def payload(self) -> Payload:
-        """What a pickle of this view carries (starts this process's handle server)."""
-        alloc = self.allocation
-        pid, server = os.getpid(), alloc.source_server  # a growable array names its exporter
-        if server is None:
-            server = transport.server_address()
-        else:
-            pid = alloc.origin.pid
-        return Payload(
-            backend=alloc.backend.name,
-            device=alloc.device.index,
-            alloc_id=alloc.id,
-            secret=alloc.secret,
-            pid=pid,
-            server=server,
-            chunks=tuple(alloc.chunk_sizes()),
+        """What a pickle of this view carries (starts this process's handle server), as one
+        payload: its allocation's fields and this view's."""
+        return dataclasses.replace(
+            _allocation_payload(self.allocation),
             dtype=self._dtype,
             shape=self._shape,
             strides=self._strides,
             offset=self._offset,
-            readonly=self._readonly or alloc.export_readonly,
-            capacity=alloc.capacity if alloc.growable else None,
-            node=this_node(),
+            readonly=self._readonly or self.allocation.export_readonly,
         )
 
-    def _payload_bytes(self) -> bytes:
-        """The encoded payload, made once per view, process and generation of the allocation
-        (it changes only when a growable allocation gains or loses chunks, or moves)."""
-        cached = self._encoded
-        generation = self.allocation.generation
-        if cached is None or cached[0] != os.getpid() or cached[1] != generation:
-            cached = (os.getpid(), generation, self.payload().to_bytes())
-            self._encoded = cached
-        return cached[2]
+    def _view_tuple(self) -> ViewTuple:
+        """The view's fields as a pickle carries them beside its allocation's payload (made
+        once per view: they change only when a growable array's view is resized)."""
+        packed = self._packed
+        if packed is None:
+            view = ViewFields(
+                self._offset,
+                _intern(self._shape),
+                _intern(self._strides),
+                self._dtype,
+                self._readonly,
+            )
+            offset, shape, strides, dtype, readonly = view.to_tuple()
+            packed = self._packed = (offset, shape, strides, _intern(dtype), readonly)
+        return packed
 
     # growth -----------------------------------------------------------------------------
     def resize(self, length: int) -> None:
@@ -602,7 +605,7 @@ class SharedDeviceArray(NativeArrayMethods):
         lease = alloc.lease(self._offset + high)
         self._shape = shape
         self._native = None
-        self._encoded = None
+        self._packed = None
         self._lease = lease
 
     # ordering ---------------------------------------------------------------------------
@@ -674,23 +677,118 @@ reduce_hooks: list[Callable[[], bool]] = []
 is dropped. ``api/dask.py`` waits here for distributed to be imported, to register with it."""
 
 
+_interned: dict[Any, Any] = {}
+"""Shapes, strides and dtype strings of pickled views, one object each (up to 4,096): pickle's
+memo writes each once per message, and the importer makes one object for all its views."""
+
+
+def _intern(value: _T) -> _T:
+    """The one object equal to ``value`` (a shape, strides or dtype string of this process's
+    views: only ints and strs, whose equality is their type's)."""
+    if len(_interned) >= 4096:
+        _interned.clear()
+    return _interned.setdefault(value, value)  # type: ignore[no-any-return]
+
+
+def _allocation_payload(alloc: Allocation) -> Payload:
+    """The payload of the whole allocation (a canonical view: uint8 bytes from offset 0)
+    that pickles of its views carry; starts this process's handle server."""
+    pid, server = os.getpid(), alloc.source_server  # a growable array names its exporter
+    if server is None:
+        server = transport.server_address()
+    else:
+        pid = alloc.origin.pid
+    chunks = tuple(alloc.chunk_sizes())
+    size = sum(chunks)
+    return Payload(
+        backend=alloc.backend.name,
+        device=alloc.device.index,
+        alloc_id=alloc.id,
+        secret=alloc.secret,
+        pid=pid,
+        server=server,
+        chunks=chunks,
+        dtype=_BYTES,
+        shape=(size,),
+        strides=(1,),
+        offset=0,
+        readonly=alloc.export_readonly,
+        capacity=alloc.capacity if alloc.growable else None,
+        node=this_node(),
+    )
+
+
+_BYTES = np.dtype(np.uint8)
+
+
+def _allocation_bytes(alloc: Allocation) -> bytes:
+    """The encoded :func:`_allocation_payload`, made once per allocation, process and
+    generation (it changes only when a growable allocation gains or loses chunks, or
+    moves): the same bytes object for every view, which pickle's memo writes once per
+    message."""
+    cached = alloc.encoded
+    generation = alloc.generation
+    if cached is None or cached[0] != os.getpid() or cached[1] != generation:
+        cached = (os.getpid(), generation, _allocation_payload(alloc).to_bytes())
+        alloc.encoded = cached
+    return cached[2]
+
+
 def _reduce(a: SharedDeviceArray, carry_fds: bool) -> tuple[Any, tuple[Any, ...]]:
-    """The one reduction of a view: :func:`_rebuild` and its arguments (the payload, the
-    ordering token and, with ``carry_fds``, the chunks' fds as multiprocessing's DupFd).
+    """The one reduction of a view: :func:`_rebuild_view` and its arguments (its
+    allocation's payload, the same bytes object for every view of it; the view's fields;
+    the message's ordering argument and, with ``carry_fds``, the chunks' fds as
+    multiprocessing's DupFd).
 
     A payload that names this process's handle server is counted in flight
-    (:meth:`Allocation.note_sent`) until a load is reported. Carried fds leave nothing in
-    flight (the child asks no server), so that form is not counted."""
+    (:meth:`Allocation.note_sent`, once per view) until a load is reported. Carried fds
+    leave nothing in flight (the child asks no server), so that form is not counted."""
     if reduce_hooks:  # until each is done (api/dask.py: registration with distributed)
         reduce_hooks[:] = [hook for hook in reduce_hooks if not hook()]
-    blob = a._payload_bytes()
     alloc = a.allocation
+    blob = _allocation_bytes(alloc)
+    view = a._view_tuple()
     if carry_fds:  # the handles travel with it: nothing is left in flight
-        args = (blob, alloc.backend.export_fence())
-        return _rebuild, (*args, tuple(reduction.DupFd(fd) for fd in alloc.chunk_fds()))
+        return _rebuild_view, (blob, view, alloc.backend.export_fence(), _carried(alloc))
     if alloc.source_server is None:  # the payload names this process: it is in flight
         alloc.note_sent()
-    return _rebuild, (blob, alloc.backend.export_fence())
+    return _rebuild_view, (blob, view, alloc.backend.export_fence())
+
+
+class _Carried:
+    """An allocation's chunk fds carried by the arguments of a Process being spawned
+    (multiprocessing's DupFd), once per allocation: every view of it in the message shares
+    this object, which pickle's memo writes once (a spawner refuses an fd passed twice), and
+    the first view loaded takes the fds (a DupFd gives its fd at every ``detach``)."""
+
+    __slots__ = ("fds",)
+
+    def __init__(self, fds: tuple[Any, ...]) -> None:
+        self.fds: tuple[Any, ...] | None = fds
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return _Carried, (self.fds,)
+
+    def take(self) -> tuple[Any, ...] | None:
+        """The DupFd objects the first time; ``None`` after (the first view loaded took
+        them and mapped the allocation, or it was mapped already and closed them)."""
+        fds, self.fds = self.fds, None
+        return fds
+
+
+_carrying: weakref.WeakKeyDictionary[Any, dict[str, _Carried]] = weakref.WeakKeyDictionary()
+"""The fds carried by the arguments of each Process being spawned, by allocation id."""
+
+
+def _carried(alloc: Allocation) -> _Carried:
+    """The chunk fds of ``alloc`` for the Process being spawned now: made once per spawn."""
+    popen = get_spawning_popen()
+    per_spawn = _carrying.setdefault(popen, {})
+    carried = per_spawn.get(alloc.id)
+    if carried is None:
+        carried = _Carried(tuple(reduction.DupFd(fd) for fd in alloc.chunk_fds()))
+        per_spawn[alloc.id] = carried
+    return carried
 
 
 def _reduce_for_multiprocessing(a: SharedDeviceArray) -> tuple[Any, tuple[Any, ...]]:
@@ -754,16 +852,32 @@ def load(
             f"not a {type(data).__name__}" + hint
         )
     p = Payload.from_bytes(data)
+    return _load(p, p.dtype, p.shape, p.strides, p.offset, p.readonly, sync, fds)
+
+
+def _load(
+    p: Payload,
+    dtype: np.dtype[Any],
+    shape: tuple[int, ...],
+    strides: tuple[int, ...],
+    offset: int,
+    readonly: bool,
+    sync: bytes | None,
+    fds: tuple[Any, ...] | None,
+) -> SharedDeviceArray:
+    """The view (validated against ``p``'s allocation) of the allocation that the payload
+    ``p`` names, found or mapped by :func:`importing.load_payload`: read-only if either
+    says so, or if this process maps the allocation read-only."""
     alloc = importing.load_payload(p, sync, fds)
-    readonly = p.readonly or alloc.access != "rw"
+    readonly = readonly or p.readonly or alloc.access != "rw"
     try:
-        return SharedDeviceArray(alloc, p.dtype, p.shape, p.strides, p.offset, readonly)
+        return SharedDeviceArray(alloc, dtype, shape, strides, offset, readonly)
     except ClosedArrayError:
         if fds is not None:
             raise
         # A parked mapping was dropped (a release notice, the limit) between the lookup and
         # the new view: it is gone from the registry now, so this maps it anew.
-        return load(data, sync)
+        return _load(p, dtype, shape, strides, offset, readonly, sync, None)
 
 
 def synchronize(device: DeviceLike = None) -> None:
@@ -792,14 +906,37 @@ def synchronize(device: DeviceLike = None) -> None:
             backend.synchronize()
 
 
+def _token(sync: object) -> Any:
+    """The ordering token of a reduction's ordering argument: a pickle carries the token
+    itself (bytes or ``None``); copy.copy passes the argument as it is (a fence)."""
+    if sync is not None and type(sync) is not bytes:
+        sync = getattr(sync, "token", sync)
+    return sync  # (load_payload refuses a token that is not bytes)
+
+
+def _rebuild_view(
+    data: bytes, view: object, sync: object = None, fds: object = None
+) -> SharedDeviceArray:
+    """What a pickled view calls: the allocation's payload ``data`` (decoded once for all
+    the views of a message that share the bytes) and the view's fields ``view`` (a
+    :class:`ViewFields` tuple, checked against the allocation's size)."""
+    p = Payload.from_bytes(data)
+    dtype = check_view(view, p.size)  # (ViewFields.from_tuple without the record)
+    offset, shape, strides, _, readonly = cast(ViewTuple, view)  # (checked)
+    if readonly and not p.readonly:  # a read-only view maps read-only on first sight
+        p = dataclasses.replace(p, readonly=True)
+    carried = fds.take() if type(fds) is _Carried else fds  # (the views after the first
+    if carried is not None and type(carried) is not tuple:  # find the allocation mapped)
+        raise PayloadError("the handles that travelled with the payload do not match it")
+    return _load(p, dtype, shape, strides, offset, readonly, _token(sync), carried)
+
+
 def _rebuild(
     data: bytes, sync: object = None, fds: tuple[Any, ...] | None = None
 ) -> SharedDeviceArray:
-    if sync is not None and type(sync) is not bytes:
-        # copy.copy calls this with the reduction's own ordering argument (a fence, which a
-        # pickle carries as its token): its token is what load waits for
-        sync = getattr(sync, "token", sync)
-    return load(data, sync, fds)  # type: ignore[arg-type]  # load refuses what is not bytes
+    """What a pickled view called before one payload per allocation (the view's whole
+    payload), still loaded."""
+    return load(data, _token(sync), fds)
 
 
 def operator_index(n: object) -> int:

@@ -694,10 +694,10 @@ class Run:
                 dumps((task_sharedarrays, (a, False)))
                 parent["pickle_floor_arg"].append(t1 - t0)
                 parent["pickle_array"].append(time.perf_counter() - t1)
-            blob, sync = a.__reduce__()[1]
+            blob, view, sync = a.__reduce__()[1]  # the allocation's payload, the view's fields
             with _pool(self.cfg) as pool:
                 pool.apply_async(task_sharedarrays, (a, False)).get(TASK_TIMEOUT)
-                worker = pool.apply_async(task_steps, (blob, sync, repeats)).get(TASK_TIMEOUT)
+                worker = pool.apply_async(task_steps, (blob, view, sync, repeats)).get(TASK_TIMEOUT)
             a.close()
         except Exception as e:
             self.skip("steps", f"failed: {type(e).__name__}: {e}")

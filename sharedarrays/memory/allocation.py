@@ -297,6 +297,10 @@ class Allocation(Growth):
         self.write_sealed = False
         """Whether the kernel forbids every new write to the memory (``readonly=True`` on the
         host backend): only the creator's mappings made before can write."""
+        self.encoded: tuple[int, int, bytes] | None = None
+        """The payload of the whole allocation that pickles of its views carry, with the pid
+        and :attr:`generation` it was made for (:mod:`sharedarrays.api.array` makes it): one
+        bytes object, so that pickle's memo writes it once per message."""
         with state.lock:
             state.registry[alloc_id] = self
 

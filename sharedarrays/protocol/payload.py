@@ -7,6 +7,11 @@ Loading one never calls anything it names; every field is checked, and anything 
 truncated or altered raises :class:`~sharedarrays.PayloadError`. The backend's name is
 checked for its shape only: whether this process knows that backend is its importer's check.
 
+A pickle carries one payload per allocation of a message: the payload of the whole
+allocation (a canonical view: uint8 bytes from offset 0), the same bytes object for every view
+of it, which pickle's memo writes once; beside it each view's own fields as a small tuple
+(:class:`ViewFields`), validated against the allocation's size on load.
+
 The tag is keyed with the allocation's secret. It does not make the payload secret (the secret
 travels inside it) but it rejects any payload that was altered after it was made.
 """
@@ -18,7 +23,7 @@ import hmac
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
@@ -26,7 +31,15 @@ from sharedarrays.errors import PayloadError
 from sharedarrays.node import NODE_PATTERN
 from sharedarrays.process import PID_MAX_LIMIT
 
-__all__ = ["Payload", "MAX_PAYLOAD_BYTES", "contiguous_strides", "view_extent"]
+__all__ = [
+    "Payload",
+    "check_view",
+    "ViewFields",
+    "ViewTuple",
+    "MAX_PAYLOAD_BYTES",
+    "contiguous_strides",
+    "view_extent",
+]
 
 MAGIC = b"SA1"
 TAG_BYTES = 16
@@ -66,6 +79,7 @@ _DECODED_LIMIT = 16384
 """Validated payloads remembered by their bytes (the oldest is forgotten first): enough for a
 message of 10,000 views to be decoded once and then found at every later handoff."""
 _decoded: dict[bytes, Payload] = {}  # validated payloads by their bytes: warm loads skip JSON
+_dtypes: dict[str, np.dtype[Any]] = {}  # validated dtype strings (the pattern allows few)
 
 
 def view_extent(itemsize: int, shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, int]:
@@ -115,6 +129,43 @@ def _ints(doc: dict[str, Any], key: str, low: int, high: int, max_len: int) -> t
         if type(x) is not int or not low <= x <= high:
             raise PayloadError(f"payload field {key!r} has {x!r}, not an int in [{low}, {high}]")
     return tuple(v)
+
+
+def _numeric_dtype(value: object, what: str) -> np.dtype[Any]:
+    """The numeric (or bool) dtype that the string ``value`` names, or PayloadError."""
+    if type(value) is str:
+        known = _dtypes.get(value)
+        if known is not None:
+            return known
+        if _DTYPE.match(value):
+            try:
+                dtype = np.dtype(value)
+            except TypeError:
+                pass
+            else:
+                _dtypes[value] = dtype
+                return dtype
+    raise PayloadError(f"{what} 'dtype' is not a numeric dtype: {value!r}")
+
+
+def _check_layout(
+    itemsize: int, shape: tuple[int, ...], strides: tuple[int, ...], offset: int, size: int
+) -> None:
+    """Refuse a view (whose fields each are in bounds) that does not lie inside an
+    allocation of ``size`` bytes or has more elements than any valid array."""
+    if len(shape) != len(strides):
+        raise PayloadError(f"payload has {len(shape)} dims in shape but {len(strides)} strides")
+    count = 1
+    for n in shape:
+        count *= n
+    if count > MAX_SIZE:
+        raise PayloadError(f"payload's shape {shape} has more elements than any valid array")
+    low, high = view_extent(itemsize, shape, strides)
+    if offset + low < 0 or offset + high > size:
+        raise PayloadError(
+            f"payload's view reaches bytes [{offset + low}, {offset + high}) outside its "
+            f"allocation of {size} bytes"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +234,10 @@ class Payload:
     def size(self) -> int:
         """Bytes of the whole allocation (the sum of the chunk sizes)."""
         return sum(self.chunks)
+
+    def view_fields(self) -> ViewFields:
+        """The payload's view (dtype, shape, strides, offset, readonly)."""
+        return ViewFields(self.offset, self.shape, self.strides, self.dtype, self.readonly)
 
     def to_doc(self) -> dict[str, Any]:
         """The payload as a plain dict (its JSON body): what :meth:`from_doc` takes back."""
@@ -284,15 +339,7 @@ class Payload:
         readonly = doc["readonly"]
         if type(readonly) is not bool:
             raise PayloadError("payload field 'readonly' must be a bool")
-        dtype_str = doc["dtype"]
-        if type(dtype_str) is not str or not _DTYPE.match(dtype_str):
-            raise PayloadError(f"payload field 'dtype' is not a numeric dtype: {dtype_str!r}")
-        try:
-            dtype = np.dtype(dtype_str)
-        except TypeError:
-            raise PayloadError(
-                f"payload field 'dtype' is not a numeric dtype: {dtype_str!r}"
-            ) from None
+        dtype = _numeric_dtype(doc["dtype"], "payload field")
         device = _int(doc, "device", 0, MAX_DEVICES - 1)
         pid = _int(doc, "pid", 1, PID_MAX_LIMIT)
         chunks = _ints(doc, "chunks", 1, MAX_SIZE, 1 << 16)
@@ -305,20 +352,8 @@ class Payload:
             )
         shape = _ints(doc, "shape", 0, MAX_SIZE, MAX_NDIM)
         strides = _ints(doc, "strides", -MAX_SIZE, MAX_SIZE, MAX_NDIM)
-        if len(shape) != len(strides):
-            raise PayloadError(f"payload has {len(shape)} dims in shape but {len(strides)} strides")
-        count = 1
-        for n in shape:
-            count *= n
-        if count > MAX_SIZE:
-            raise PayloadError(f"payload's shape {shape} has more elements than any valid array")
         offset = _int(doc, "offset", 0, size)
-        low, high = view_extent(dtype.itemsize, shape, strides)
-        if offset + low < 0 or offset + high > size:
-            raise PayloadError(
-                f"payload's view reaches bytes [{offset + low}, {offset + high}) outside its "
-                f"allocation of {size} bytes"
-            )
+        _check_layout(dtype.itemsize, shape, strides, offset, size)
         capacity = _int(doc, "capacity", size, MAX_SIZE) if "capacity" in doc else None
         node = doc.get("node")
         if "node" in doc and (type(node) is not str or not NODE_PATTERN.fullmatch(node)):
@@ -339,6 +374,120 @@ class Payload:
             capacity=capacity,
             node=node,
         )
+
+
+ViewTuple = tuple[int, tuple[int, ...], tuple[int, ...], str, bool]
+"""A view's fields as a pickle carries them beside its allocation's payload: ``(offset,
+shape, strides, dtype.str, readonly)`` (see :class:`ViewFields`)."""
+
+
+class ViewFields(NamedTuple):
+    """A validated view of an allocation: what a pickle carries per view, beside the one
+    payload of the allocation (:class:`Payload` of the whole allocation) that every view of
+    it in the message shares.
+
+    Attributes
+    ----------
+    offset : int
+        Byte offset of the view's first element from the reservation's start.
+    shape, strides : tuple of int
+        The view's layout (strides in bytes, may be negative).
+    dtype : numpy.dtype
+        Element type (numeric and bool only).
+    readonly : bool
+        Whether the view is read-only (whatever the allocation's payload says: an
+        importer's view is read-only if either says so).
+    """
+
+    offset: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: np.dtype[Any]
+    readonly: bool
+
+    def to_tuple(self) -> ViewTuple:
+        """The plain tuple a pickle carries: what :meth:`from_tuple` takes back."""
+        return (self.offset, self.shape, self.strides, self.dtype.str, self.readonly)
+
+    @classmethod
+    def from_tuple(cls, data: object, size: int) -> ViewFields:
+        """Validate a view's tuple (:meth:`to_tuple`) against an allocation of ``size``
+        bytes, with the bounds of :class:`Payload`'s view fields.
+
+        Raises
+        ------
+        PayloadError
+            Not a tuple of the five fields, a field of the wrong type (ints, not bools;
+            tuples of ints) or out of bounds, more than 64 dims, or a view that does not lie
+            inside the allocation.
+        """
+        dtype = check_view(data, size)
+        offset, shape, strides, _, readonly = cast(ViewTuple, data)  # (checked)
+        return cls(offset, shape, strides, dtype, readonly)
+
+
+def check_view(data: object, size: int) -> np.dtype[Any]:
+    """:meth:`ViewFields.from_tuple` without the record: the view's dtype if ``data`` is a
+    valid view tuple of an allocation of ``size`` bytes (what every view of a message runs;
+    no object the collector tracks is made).
+
+    Raises
+    ------
+    PayloadError
+        As :meth:`ViewFields.from_tuple`.
+    """
+    if type(data) is not tuple or len(data) != 5:
+        raise PayloadError("a pickled view is corrupted: its view fields are not 5 values")
+    offset, shape, strides, dtype_str, readonly = data
+    if type(offset) is not int or not 0 <= offset <= size:
+        raise PayloadError(f"view field 'offset' must be an int in [0, {size}], got {offset!r}")
+    if type(shape) is not tuple or type(strides) is not tuple or len(shape) != len(strides):
+        _view_ints(shape, "shape", 0)
+        _view_ints(strides, "strides", -MAX_SIZE)
+        raise PayloadError(f"payload has {len(shape)} dims in shape but {len(strides)} strides")
+    if len(shape) > MAX_NDIM:
+        raise PayloadError(f"view field 'shape' must be a tuple of at most {MAX_NDIM} ints")
+    dtype = _dtypes.get(dtype_str) if type(dtype_str) is str else None
+    if dtype is None:
+        dtype = _numeric_dtype(dtype_str, "view field")
+    if type(readonly) is not bool:
+        raise PayloadError("view field 'readonly' must be a bool")
+    # (one pass: the bounds of each axis, the element count and the bytes touched, as
+    # _check_layout and view_extent do; the loop of every view of a message)
+    count, low, high = 1, 0, dtype.itemsize
+    for n, st in zip(shape, strides):
+        if (
+            type(n) is not int
+            or type(st) is not int
+            or not 0 <= n <= MAX_SIZE
+            or not -MAX_SIZE <= st <= MAX_SIZE
+        ):
+            _view_ints(shape, "shape", 0)  # (one of the two raises)
+            _view_ints(strides, "strides", -MAX_SIZE)
+        count *= n
+        if st < 0:
+            low += st * (n - 1)
+        else:
+            high += st * (n - 1)
+    if count > MAX_SIZE:
+        raise PayloadError(f"payload's shape {shape} has more elements than any valid array")
+    if count == 0:  # touches nothing
+        low = high = 0
+    if offset + low < 0 or offset + high > size:
+        raise PayloadError(
+            f"payload's view reaches bytes [{offset + low}, {offset + high}) outside its "
+            f"allocation of {size} bytes"
+        )
+    return dtype
+
+
+def _view_ints(v: object, key: str, low: int) -> None:
+    """Refuse ``v`` unless it is a tuple of at most 64 ints in [``low``, MAX_SIZE]."""
+    if type(v) is not tuple or len(v) > MAX_NDIM:
+        raise PayloadError(f"view field {key!r} must be a tuple of at most {MAX_NDIM} ints")
+    for x in v:
+        if type(x) is not int or not low <= x <= MAX_SIZE:
+            raise PayloadError(f"view field {key!r} has {x!r}, not an int in [{low}, {MAX_SIZE}]")
 
 
 def _fields(doc: object) -> dict[str, Any]:

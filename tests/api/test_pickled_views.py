@@ -1,0 +1,155 @@
+"""Pickled views: one payload per allocation in a message, the view's fields beside it
+(issue 19's per-message memo)."""
+
+from __future__ import annotations
+
+import copy
+import multiprocessing as mp
+import os
+import pickle
+from typing import Any
+
+import numpy as np
+import pytest
+import view_workers
+
+import sharedarrays as sa
+from sharedarrays.api.array import _allocation_bytes, _rebuild_view
+from sharedarrays.protocol.payload import Payload
+
+
+def _readonly(v: sa.SharedDeviceArray) -> sa.SharedDeviceArray:
+    """A read-only view of the same memory (as an importer of read-only payloads has)."""
+    return sa.SharedDeviceArray(v.allocation, v.dtype, v.shape, v.strides, v.offset, True)
+
+
+def _views() -> tuple[list[sa.SharedDeviceArray], list[np.ndarray[Any, Any]]]:
+    """Views of every layout (strided, negative strides, 0-d, read-only, Fortran) of two
+    allocations, and the NumPy arrays they must equal."""
+    base = np.arange(48, dtype=np.float64).reshape(6, 8)
+    a = sa.from_array(base, device="cpu", pack=False)
+    f = sa.from_array(np.asfortranarray(base[:5, :3].astype(np.int16)), device="cpu", pack=False)
+    views = [a, a[1::2, ::3], a[::-1, ::-2], a[2, 5], a.T, _readonly(a[1:4]), f, f.T, f[1]]
+    expect = [base, base[1::2, ::3], base[::-1, ::-2], base[2, 5], base.T, base[1:4]]
+    fb = np.asfortranarray(base[:5, :3].astype(np.int16))
+    return views, [*expect, fb, fb.T, fb[1]]
+
+
+def _check(got: list[dict[str, Any]], views: list[sa.SharedDeviceArray], expect: list[Any]) -> None:
+    assert len(got) == len(views)
+    for g, v, e in zip(got, views, expect):
+        assert tuple(g["shape"]) == v.shape == e.shape
+        assert tuple(g["strides"]) == v.strides == e.strides
+        assert g["offset"] == v.offset and g["alloc"] == v.allocation.id
+        assert g["readonly"] is v.readonly and g["writeable"] is not v.readonly
+        np.testing.assert_array_equal(np.asarray(g["values"]), e)
+
+
+def test_views_round_trip_in_this_process() -> None:
+    views, expect = _views()
+    loaded = pickle.loads(pickle.dumps(views))
+    assert [x.allocation for x in loaded] == [v.allocation for v in views]
+    got = [
+        {
+            "shape": x.shape,
+            "strides": x.strides,
+            "offset": x.offset,
+            "readonly": x.readonly,
+            "values": x.get(),
+            "writeable": x.array.flags.writeable,
+            "alloc": x.allocation.id,
+        }
+        for x in loaded
+    ]
+    _check(got, views, expect)
+    assert views[3].shape == () and views[5].readonly and views[6].array.flags.f_contiguous
+
+
+@pytest.mark.timeout(120)
+def test_views_round_trip_to_a_pool_worker_cold_then_warm() -> None:
+    views, expect = _views()
+    with mp.get_context("spawn").Pool(1) as pool:
+        for _ in range(2):  # mapped from the handle server, then found mapped
+            got = pool.apply(view_workers.describe, (views,))
+            _check(got, views, expect)
+            assert all(g["access"] == "rw" for g in got)  # (the first view is read-write)
+            assert got[0]["same"][:6] == [True] * 6 and got[6]["same"][6:] == [True] * 3
+
+
+@pytest.mark.timeout(120)
+def test_process_arguments_carry_the_fds_with_one_payload_per_allocation() -> None:
+    ctx = mp.get_context("spawn")
+    views, expect = _views()
+    q = ctx.Queue()
+    p = ctx.Process(target=view_workers.describe_to_queue, args=(views, q))
+    p.start()
+    _, got = q.get(timeout=60)
+    p.join(60)
+    assert p.exitcode == 0
+    _check(got, views, expect)
+    assert all(g["origin"] == os.getpid() for g in got)
+    assert all(v.allocation.served == () for v in views)  # no handle server was asked
+
+
+@pytest.mark.timeout(120)
+def test_a_read_only_view_maps_read_only_on_first_sight() -> None:
+    """As with a view's whole payload: the importer maps a read-write allocation read-only
+    when the first view it sees of it is read-only."""
+    a = sa.from_array(np.arange(8.0), device="cpu", pack=False)
+    with mp.get_context("spawn").Pool(1) as pool:
+        (got,) = pool.apply(view_workers.describe, ([_readonly(a[2:])],))
+    assert got["readonly"] is True and got["access"] == "r" and got["values"] == [2, 3, 4, 5, 6, 7]
+
+
+def test_a_message_carries_each_allocations_payload_once() -> None:
+    n = 10_000
+    arrays = [sa.full(1024, float(i % 7), "float32", device="cpu", pack=True) for i in range(n)]
+    allocations = {id(a.allocation): a.allocation for a in arrays}.values()
+    assert 1 < len(allocations) < n // 100  # packed in slabs
+    before = sum(x.in_flight()[0] for x in allocations)
+    message = pickle.dumps(arrays)
+    assert sum(x.in_flight()[0] for x in allocations) == before + n  # one per view
+    blobs = {_allocation_bytes(a.allocation) for a in arrays}
+    assert len(blobs) == len(allocations)
+    whole = sum(len(a.payload().to_bytes()) for a in arrays)
+    for blob in blobs:
+        assert message.count(blob) == 1  # written once, then a memo reference
+    assert len(message) < 120 * n + sum(map(len, blobs))  # far less than n whole payloads
+    assert len(message) < whole / 5
+    loaded = pickle.loads(message)
+    assert sum(x.in_flight()[0] for x in allocations) == before  # loaded here: none in flight
+    assert all(x.allocation is a.allocation for x, a in zip(loaded, arrays))
+    assert all(x.offset == a.offset and x.shape == a.shape for x, a in zip(loaded, arrays))
+    assert float(loaded[-1].get()[0]) == float((n - 1) % 7)
+
+
+def test_the_allocation_payload_is_one_bytes_object_until_the_allocation_grows() -> None:
+    g = sa.zeros(1024, "uint8", device="cpu", capacity=1 << 20)
+    first = g.__reduce__()[1][0]
+    assert g[10:].__reduce__()[1][0] is first and g[::2].__reduce__()[1][0] is first
+    g.resize(1 << 19)
+    grown = g.__reduce__()[1][0]
+    assert grown != first
+    assert Payload.from_bytes(grown).size > Payload.from_bytes(first).size
+    assert Payload.from_bytes(grown).capacity == g.allocation.capacity
+    g.allocation.note_loaded(4)  # (what the __reduce__ calls counted)
+    assert pickle.loads(pickle.dumps(g)).shape == (1 << 19,)
+
+
+def test_copy_copy_passes_the_fence_and_counts_nothing_in_flight() -> None:
+    a = sa.from_array(np.arange(10.0), device="cpu", pack=False)
+    c = copy.copy(a[::-3])
+    assert c.allocation is a.allocation and c.strides == (-24,) and c.offset == 72
+    assert c.get().tolist() == [9.0, 6.0, 3.0, 0.0]
+    assert a.allocation.in_flight()[0] == 0
+
+
+def test_the_reduction_is_the_view_reconstructor() -> None:
+    a = sa.from_array(np.arange(6, dtype=np.int32).reshape(2, 3), device="cpu", pack=False)
+    fn, (blob, view, fence) = a[:, 1:].__reduce__()
+    a.allocation.note_loaded()
+    assert fn is _rebuild_view and fence is None  # the host orders nothing
+    assert view == (4, (2, 2), (12, 4), "<i4", False)
+    p = Payload.from_bytes(blob)
+    assert (p.offset, p.shape, p.dtype.str) == (0, (a.allocation.size,), "|u1")
+    assert _rebuild_view(blob, view).get().tolist() == [[1, 2], [4, 5]]
