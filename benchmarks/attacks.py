@@ -1758,7 +1758,13 @@ ATTACKS: list[tuple[str, Callable[[Row], None], int, str, set[str]]] = [
         "another OS user: loads a payload (as pickled, and resealed to claim its own node), "
         "attaches a name (with our XDG_RUNTIME_DIR), asks the keeper socket; dir private, then "
         "dir and sockets opened to all",
-        {"PermissionDenied", "WrongNode", "EACCES at connect", "DENIED reply", "closed by the keeper"},
+        {
+            "PermissionDenied",
+            "WrongNode",
+            "EACCES at connect",
+            "DENIED reply",
+            "closed by the keeper",
+        },
     ),
     (
         "fuzz-payloads",
