@@ -22,6 +22,7 @@ from typing import Any
 import node_workers
 import pytest
 from keeper_helpers import private_keeper
+from users import other_user
 
 import sharedarrays as sa
 from sharedarrays.api import nodemap
@@ -243,24 +244,6 @@ def test_this_process_is_in_its_own_map_and_the_text_names_it() -> None:
     assert all(r.alloc_id != alloc_id for r in nodemap.node_map().allocations)
 
 
-def _other_user() -> str | None:
-    if os.getuid() != 0:
-        return None
-    name = "sa-test-other"
-    try:
-        pwd.getpwnam(name)
-    except KeyError:
-        useradd = shutil.which("useradd")
-        if useradd is None:
-            return None
-        r = subprocess.run(
-            [useradd, "--no-create-home", "--shell", "/usr/sbin/nologin", name], capture_output=True
-        )
-        if r.returncode != 0:
-            return None
-    return name
-
-
 FAKE_ID = "f" * 32
 
 
@@ -269,7 +252,7 @@ def _foreign_server() -> Iterator[tuple[int, str, Any]]:
     """Another user's process listening on a socket (opened to everyone) that answers every
     request with a snapshot holding :data:`FAKE_ID`: its pid, the socket's path, and a
     function returning the magic of every request it received so far."""
-    user = _other_user()
+    user = other_user()
     if user is None:
         pytest.skip("needs root (to create a second OS user) and useradd")
     pw = pwd.getpwnam(user)

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import closed_by_peer
+from users import other_user
 
 import sharedarrays as sa
 from sharedarrays.memory import allocation as sa_allocation
@@ -170,24 +171,6 @@ def test_a_payload_whose_secret_was_swapped_is_refused_by_the_exporter(tmp_path:
     assert "PermissionDenied" in out.stderr and "secret" in out.stderr
 
 
-def _other_user() -> str | None:
-    if os.getuid() != 0:
-        return None
-    name = "sa-test-other"
-    try:
-        pwd.getpwnam(name)
-    except KeyError:
-        useradd = shutil.which("useradd")
-        if useradd is None:
-            return None
-        r = subprocess.run(
-            [useradd, "--no-create-home", "--shell", "/usr/sbin/nologin", name], capture_output=True
-        )
-        if r.returncode != 0:
-            return None
-    return name
-
-
 @contextlib.contextmanager
 def _server_opened_to_others(open_socket: bool) -> Iterator[str]:
     """This process's handle server path; with ``open_socket`` its directory and socket are
@@ -222,7 +205,7 @@ print("STATUS", msg[4], "FDS", len(fds))
 def test_another_user_is_denied(open_socket: bool) -> None:
     """A second OS user holding the right secret gets no fds: the 0700 directory stops it,
     and where the socket is reachable, the SO_PEERCRED uid check does."""
-    user = _other_user()
+    user = other_user()
     python = "/usr/bin/python3"
     if user is None or not os.access(python, os.X_OK):
         pytest.skip("needs root (to create a second OS user), useradd and /usr/bin/python3")
@@ -260,7 +243,7 @@ def test_stale_socket_files_are_removed() -> None:
 def test_another_user_loading_a_payload_gets_permission_denied(open_socket: bool) -> None:
     """The whole load path as a second OS user: a forked child drops to that user, forgets
     the parent's mappings and loads the payload."""
-    user = _other_user()
+    user = other_user()
     if user is None:
         pytest.skip("needs root (to create a second OS user) and useradd")
     pw = pwd.getpwnam(user)
@@ -617,7 +600,7 @@ def _squat(path: Path, user: str) -> None:
 def test_the_runtime_dir_passes_over_names_another_user_took(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    user = _other_user()
+    user = other_user()
     if user is None:
         pytest.skip("needs root (to create a second OS user) and useradd")
     uid = os.getuid()
@@ -672,7 +655,7 @@ def test_a_squatted_runtime_dir_does_not_stop_sharing() -> None:
     share arrays by pickle and by name, all through the next name."""
     from keeper_helpers import close_pipes, lock_holder, read_json_line, wait_gone
 
-    user = _other_user()
+    user = other_user()
     if user is None:
         pytest.skip("needs root (to create a second OS user) and useradd")
     uid = os.getuid()
