@@ -514,14 +514,7 @@ def free(row: NodeAllocation, confirm: Callable[[str], bool] | None = None) -> l
         if status == OK:
             done.append("the keeper let go of its handles")
         elif status != NOT_FOUND:
-            hint = ""
-            if "unknown op" in str(error):  # a keeper started by an older sharedarrays
-                hint = (
-                    f"; the running keeper (pid {keeper.running_pid()}) predates this version "
-                    "of sharedarrays: stop it once it holds nothing you need (kill PID), and "
-                    "the next use starts a new one"
-                )
-            raise KeeperError(f"the keeper refused: {error}{hint}")
+            raise KeeperError(keeper.refusal("the keeper refused", error))
     for h in row.holders:
         if h.role == "importer" and h.parked:
             path = next((p for pid, p in transport_node.handle_servers() if pid == h.pid), None)

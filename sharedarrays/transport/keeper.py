@@ -59,6 +59,7 @@ __all__ = [
     "running_pid",
     "request",
     "raise_for",
+    "refusal",
     "hold",
     "release",
     "hand_over",
@@ -350,9 +351,22 @@ def ensure_running() -> int:
     return int(body["pid"])
 
 
+def refusal(what: str, error: object) -> str:
+    """The message of a keeper's refusal (``what: error``), saying so when the keeper running
+    is older than this library (it answers ``unknown op`` to an op it does not know)."""
+    message = f"{what}: {error}"
+    if "unknown op" in str(error):
+        message += (
+            f"; the running keeper (pid {running_pid()}) predates this version of "
+            "sharedarrays: stop it once it holds nothing you need (kill PID), and the next "
+            "use starts a new one"
+        )
+    return message
+
+
 def raise_for(status: int, body: dict[str, Any], what: str) -> None:
     """Turn a keeper reply's status into the library's exception (OK returns)."""
-    message = f"{what}: {body.get('error', 'refused')}"
+    message = refusal(what, body.get("error", "refused"))
     if status == OK:
         return
     if status == NOT_FOUND:

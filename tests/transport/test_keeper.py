@@ -586,3 +586,11 @@ def test_a_keeper_that_does_not_answer_is_not_reported_missing(
             s.close()
         silent.close()
         keeper.disconnect()
+
+
+def test_a_refusal_by_an_older_keeper_says_so() -> None:
+    with pytest.raises(sa.KeeperError, match="predates this version of sharedarrays"):
+        keeper.raise_for(wire.ERROR, {"error": "unknown op 'drop'"}, "cannot drop")
+    with pytest.raises(sa.KeeperError) as info:
+        keeper.raise_for(wire.ERROR, {"error": "malformed"}, "cannot drop")
+    assert str(info.value) == "cannot drop: malformed"
