@@ -19,7 +19,7 @@ import json
 import re
 import struct
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from sharedarrays.errors import KeeperError
 
@@ -297,11 +297,14 @@ class Fetch:
         return cls(alloc_id, bytes.fromhex(_hex(req, "secret", _HEX64)))
 
 
-@dataclass(frozen=True)
-class Release:
-    """``release``: this process no longer holds ``alloc_id`` (no reply)."""
+_ById_T = TypeVar("_ById_T", bound="_ById")
 
-    op: ClassVar[str] = "release"
+
+@dataclass(frozen=True)
+class _ById:
+    """A request that names an allocation by its id alone (``release``, ``drop``)."""
+
+    op: ClassVar[str]
     alloc_id: str
 
     def encode(self) -> bytes:
@@ -309,7 +312,7 @@ class Release:
         return _encode(self.op, {"id": self.alloc_id})
 
     @classmethod
-    def from_fields(cls, req: dict[str, Any]) -> Release:
+    def from_fields(cls: type[_ById_T], req: dict[str, Any]) -> _ById_T:
         """The request in a decoded JSON object.
 
         Raises
@@ -318,6 +321,13 @@ class Release:
             No valid id.
         """
         return cls(_hex(req, "id", _HEX32))
+
+
+@dataclass(frozen=True)
+class Release(_ById):
+    """``release``: this process no longer holds ``alloc_id`` (no reply)."""
+
+    op: ClassVar[str] = "release"
 
 
 @dataclass(frozen=True)
@@ -353,28 +363,12 @@ class Unlink:
 
 
 @dataclass(frozen=True)
-class Drop:
+class Drop(_ById):
     """``drop``: let go of an unnamed allocation (parked, or payloads in flight) by id alone,
     for ``python -m sharedarrays rm`` (any process of the user may; a named array is dropped
     by :class:`Unlink` of its name). Its fds are closed once no process holds it."""
 
     op: ClassVar[str] = "drop"
-    alloc_id: str
-
-    def encode(self) -> bytes:
-        """The message's bytes."""
-        return _encode(self.op, {"id": self.alloc_id})
-
-    @classmethod
-    def from_fields(cls, req: dict[str, Any]) -> Drop:
-        """The request in a decoded JSON object.
-
-        Raises
-        ------
-        BadRequest
-            No valid id.
-        """
-        return cls(_hex(req, "id", _HEX32))
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import Any
 
 import node_workers
 import pytest
-from keeper_helpers import private_keeper
+from keeper_helpers import keeper_memfds, private_keeper
 from users import other_user
 
 import sharedarrays as sa
@@ -62,15 +62,6 @@ def _top() -> dict[str, Any]:
 
 def _row(doc: dict[str, Any], alloc_id: str) -> dict[str, Any] | None:
     return next((r for r in doc["allocations"] if r["id"] == alloc_id), None)
-
-
-def _memfds(pid: int) -> int:
-    n = 0
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        with contextlib.suppress(OSError):
-            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/memfd:"):
-                n += 1
-    return n
 
 
 @contextlib.contextmanager
@@ -138,13 +129,13 @@ def test_top_lists_holders_and_states_and_rm_frees_parked() -> None:
         assert keeper_pid is not None
         assert [h["role"] for h in row["holders"]] == ["keeper"]
         assert row["holders"][0]["pid"] == keeper_pid
-        before = _memfds(keeper_pid)
+        before = keeper_memfds(keeper_pid)
         assert before >= 1
 
         rm = _cli("rm", parked_id[:10])
         assert rm.returncode == 0, rm.stderr
         assert "keeper let go" in rm.stdout
-        assert _memfds(keeper_pid) == before - 1  # its memory returned
+        assert keeper_memfds(keeper_pid) == before - 1  # its memory returned
         assert _row(_top(), parked_id) is None
 
 
@@ -174,11 +165,11 @@ def test_rm_frees_a_parked_allocation_whose_importer_was_killed() -> None:
         assert imp.pid not in {h["pid"] for h in row["holders"]}
         keeper_pid = keeper.running_pid()
         assert keeper_pid is not None
-        before = _memfds(keeper_pid)
+        before = keeper_memfds(keeper_pid)
         rm = _cli("rm", "--yes", parked_id)
         assert rm.returncode == 0, rm.stderr
         assert "keeper let go" in rm.stdout
-        assert _memfds(keeper_pid) == before - 1
+        assert keeper_memfds(keeper_pid) == before - 1
         assert _row(_top(), parked_id) is None
 
 
