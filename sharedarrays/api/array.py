@@ -931,14 +931,6 @@ def _rebuild_view(
     return _load(p, dtype, shape, strides, offset, readonly, _token(sync), carried)
 
 
-def _rebuild(
-    data: bytes, sync: object = None, fds: tuple[Any, ...] | None = None
-) -> SharedDeviceArray:
-    """What a pickled view called before one payload per allocation (the view's whole
-    payload), still loaded."""
-    return load(data, _token(sync), fds)
-
-
 def operator_index(n: object) -> int:
     """``operator.index`` that refuses bools."""
     if isinstance(n, (bool, np.bool_)):
