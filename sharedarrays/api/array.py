@@ -285,9 +285,9 @@ class SharedDeviceArray(NativeArrayMethods):
                 alloc.address,
                 alloc.size,
                 self._offset,
-                # the native array holds the mapping (and its addresses) through a lease of
-                # its own, reaching as far as this view's, which outlives it if it must
-                alloc.lease(self._lease.end, pin=True),
+                # the native array holds the mapping (and its addresses) through this view's
+                # lease, pinned: it ends when both are gone (the native may outlive the view)
+                alloc.pin(self._lease),
                 self._dtype,
                 self._shape,
                 self._strides,
@@ -533,7 +533,9 @@ class SharedDeviceArray(NativeArrayMethods):
             if nbytes > alloc.size:
                 alloc.grow(nbytes)
             elif n < self._shape[0]:
-                self._native = None  # its lease reaches the old end
+                if self._native is not None:  # it shares the view's lease, reaching the old
+                    self._native = None  # end: the view takes a lease of its own, the old
+                    self._lease = alloc.lease(self._lease.end)  # one ends with the native
                 alloc.shrink(nbytes, exclude=self._lease)
             alloc.used = nbytes
             self._set_length(n)

@@ -166,7 +166,8 @@ def wait_draining(timeout: float) -> list[Allocation]:
 
 
 class Lease:
-    """One user's hold on an allocation: each view, and each native array built over it.
+    """One user's hold on an allocation: each view takes one, which the native array built
+    over it shares (pinned: :meth:`Allocation.pin`).
 
     When the last lease of an allocation goes away, the allocation is released (in the
     exporter) or parked (in an importer, see :func:`keep_imports`). A lease ends when it is
@@ -195,9 +196,9 @@ class Lease:
 
     @property
     def reservation(self) -> Reservation | None:
-        """For a native array: the reservation its addresses are in, kept mapped while the
-        lease lives even after the allocation moved to a larger one."""
-        return self._pinned[0] if self._pinned else None
+        """For a native array: the reservation its addresses are in (the latest pinned),
+        kept mapped while the lease lives even after the allocation moved to a larger one."""
+        return self._pinned[-1] if self._pinned else None
 
     def __del__(self) -> None:
         # The lease ends when it is collected: the reservation it pinned goes first (an
@@ -540,6 +541,21 @@ class Allocation(Growth):
             with state.lock:
                 state.parked.pop(self.id, None)
         return Lease(self, end, reservation)
+
+    def pin(self, lease: Lease) -> Lease:
+        """Make ``lease`` (one of this allocation's) keep the current reservation mapped
+        while it lives, as a lease taken with ``pin=True`` does; returns it.
+
+        A view's native array holds its view's own lease this way (one lease per view and
+        its native array: the lease ends when both are gone)."""
+        with self._lock:
+            reservation = self._reservation
+            pinned = lease._pinned
+            if pinned is None:
+                lease._pinned = [reservation]
+            elif pinned[-1] is not reservation:
+                pinned.append(reservation)
+        return lease
 
     def _unlease(self, end: int) -> None:
         with self._lock:

@@ -153,6 +153,26 @@ def test_mapping_released_when_last_view_and_native_array_go(fd_baseline: None) 
     assert all(x.id != alloc_id for x in live_allocations())
 
 
+def test_a_native_array_shares_its_views_lease() -> None:
+    """One lease per view and its native array (the per-view cost of a load): the hold ends
+    when both are gone, whichever goes last."""
+    a = sa.zeros((8, 16), "int64", device="cpu", pack=False)
+    alloc = a.allocation
+    b = a[2:]
+    assert alloc.leases == 2
+    native = b.array
+    assert alloc.leases == 2 and b.array is native
+    b.close()
+    assert alloc.leases == 2  # the native array still holds b's lease
+    native[0, 0] = 5  # and it is still mapped
+    del native
+    gc.collect()
+    assert alloc.leases == 1
+    a.array  # noqa: B018
+    a.close()
+    assert alloc.released
+
+
 def test_readonly_view_refuses_writes_before_touching_memory() -> None:
     a, _ = make((2, 2))
     ro = sa.SharedDeviceArray(a.allocation, a.dtype, a.shape, a.strides, 0, readonly=True)
