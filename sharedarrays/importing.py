@@ -185,6 +185,9 @@ def in_message(req: Request) -> Allocation | None:
     if req.carried is None:
         return None
     req.backend()
+    # (this process's handle server answers the node view's questions: without it a child
+    # given arrays as Process arguments would hold memory that `top` cannot see)
+    transport.server_address()
     return _map(req, Handles(list(req.payload.chunks), req.carried))
 
 

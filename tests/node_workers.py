@@ -36,6 +36,14 @@ def importer(blob: bytes, ready: Any, stop: Any) -> None:
     a.close()
 
 
+def argument_holder(a: Any, ready: Any, stop: Any) -> None:
+    """Given an array as a Process argument (its fds travel with it): keep it until told."""
+    assert float(a.array[3]) == 3.0
+    ready.set()
+    stop.wait(120)
+    a.close()
+
+
 def parker(out: Any) -> None:
     """Make an array, park it (the keeper holds its handles), send its id and exit."""
     a = sa.zeros(NBYTES // 8, dtype=np.float64, device="cpu", pack=False)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import node_workers
+import numpy as np
 import pytest
 from keeper_helpers import keeper_memfds, private_keeper
 from users import other_user
@@ -74,6 +75,28 @@ def _processes() -> Iterator[list[Any]]:
             if p.is_alive():
                 p.kill()
             p.join(TIMEOUT)
+
+
+@pytest.mark.timeout(120)
+def test_a_child_given_an_array_as_a_process_argument_is_listed() -> None:
+    """A spawn child whose array arrived with its fds (no handle server asked) is still a
+    holder that ``top`` lists, and is gone from the row once it ends."""
+    a = sa.from_array(np.arange(1024, dtype="float64"), device="cpu", pack=False)
+    ready, stop = ctx.Event(), ctx.Event()
+    with _processes() as procs:
+        child = ctx.Process(target=node_workers.argument_holder, args=(a, ready, stop))
+        child.start()
+        procs.append(child)
+        assert ready.wait(TIMEOUT)
+        row = _row(_top(), a.allocation.id)
+        assert row is not None
+        roles = {(h["pid"], h["role"]) for h in row["holders"]}
+        assert roles == {(os.getpid(), "exporter"), (child.pid, "importer")}
+        stop.set()
+        child.join(TIMEOUT)
+        row = _row(_top(), a.allocation.id)
+        assert row is not None and {h["pid"] for h in row["holders"]} == {os.getpid()}
+    a.close()
 
 
 @pytest.mark.timeout(240)
