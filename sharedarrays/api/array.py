@@ -533,9 +533,12 @@ class SharedDeviceArray(NativeArrayMethods):
             if nbytes > alloc.size:
                 alloc.grow(nbytes)
             elif n < self._shape[0]:
-                if self._native is not None:  # it shares the view's lease, reaching the old
-                    self._native = None  # end: the view takes a lease of its own, the old
-                    self._lease = alloc.lease(self._lease.end)  # one ends with the native
+                lease = self._lease
+                if self._native is not None and lease is not None:
+                    # the native array shares the view's lease, which reaches the old end:
+                    # the view takes a lease of its own; the old one ends with the native
+                    self._native = None
+                    self._lease = alloc.lease(lease.end)
                 alloc.shrink(nbytes, exclude=self._lease)
             alloc.used = nbytes
             self._set_length(n)
