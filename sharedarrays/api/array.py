@@ -533,12 +533,13 @@ class SharedDeviceArray(NativeArrayMethods):
             if nbytes > alloc.size:
                 alloc.grow(nbytes)
             elif n < self._shape[0]:
-                lease = self._lease
-                if self._native is not None and lease is not None:
+                if self._native is not None and self._lease is not None:
                     # the native array shares the view's lease, which reaches the old end:
                     # the view takes a lease of its own; the old one ends with the native
+                    # (no other reference to it may stay here while shrinking)
+                    end = self._lease.end
                     self._native = None
-                    self._lease = alloc.lease(lease.end)
+                    self._lease = alloc.lease(end)
                 alloc.shrink(nbytes, exclude=self._lease)
             alloc.used = nbytes
             self._set_length(n)
