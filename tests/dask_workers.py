@@ -62,6 +62,16 @@ def load_pickled(blob: bytes) -> Any:
     return describe(pickle.loads(blob))
 
 
+def identity(v: Any) -> Any:
+    """What the task got, as its result."""
+    return v
+
+
+def repickle(v: Any) -> dict[str, Any]:
+    """:func:`describe` what plain ``pickle`` makes of ``v`` here (what user code sees)."""
+    return describe(pickle.loads(pickle.dumps(v)))
+
+
 _written = [0]
 
 

@@ -12,6 +12,7 @@ import dataclasses
 import html
 import operator
 import os
+import sys
 import weakref
 from collections.abc import Callable
 from multiprocessing import reduction
@@ -22,11 +23,11 @@ from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 import numpy as np
 
 from sharedarrays import importing
-from sharedarrays.api import keeping, views
+from sharedarrays.api import keeping, othernode, views
 from sharedarrays.api.arraymethods import NativeArrayMethods
 from sharedarrays.backends import Access, get_backend
 from sharedarrays.backends.device import Device, DeviceLike, parse_device
-from sharedarrays.errors import ClosedArrayError, PayloadError, ResizeRefused
+from sharedarrays.errors import ClosedArrayError, PayloadError, ResizeRefused, WrongNode
 from sharedarrays.memory import Allocation, Lease, live_allocations
 from sharedarrays.node import this_node
 from sharedarrays.protocol.payload import (
@@ -922,10 +923,16 @@ def _token(sync: object) -> Any:
 
 def _rebuild_view(
     data: bytes, view: object, sync: object = None, fds: object = None
-) -> SharedDeviceArray:
+) -> SharedDeviceArray | othernode.OtherNodeArray:
     """What a pickled view calls: the allocation's payload ``data`` (decoded once for all
     the views of a message that share the bytes) and the view's fields ``view`` (a
-    :class:`ViewFields` tuple, checked against the allocation's size)."""
+    :class:`ViewFields` tuple, checked against the allocation's size).
+
+    A payload of another node raises :class:`~sharedarrays.WrongNode`, except where
+    distributed's own unpickler reads it (a task's specification on a worker of another
+    node): there the refusal is deferred to the first use of the array, an
+    :class:`~sharedarrays.api.othernode.OtherNodeArray`, so that the task fails and the
+    worker stays (see :mod:`sharedarrays.api.othernode`)."""
     p = Payload.from_bytes(data)
     dtype = check_view(view, p.size)  # (ViewFields.from_tuple without the record)
     offset, shape, strides, _, readonly = cast(ViewTuple, view)  # (checked)
@@ -934,7 +941,14 @@ def _rebuild_view(
     carried = fds.take() if type(fds) is _Carried else fds  # (the views after the first
     if carried is not None and type(carried) is not tuple:  # find the allocation mapped)
         raise PayloadError("the handles that travelled with the payload do not match it")
-    return _load(p, dtype, shape, strides, offset, readonly, _token(sync), carried)
+    try:
+        return _load(p, dtype, shape, strides, offset, readonly, _token(sync), carried)
+    except WrongNode as refused:
+        # raised while distributed reads a message, the refusal would break the worker's
+        # connection instead of failing the task: deferred to the array's first use
+        if carried is not None or not othernode.read_by_distributed(sys._getframe(1)):
+            raise
+        return othernode.OtherNodeArray(str(refused), _rebuild_view, (data, view, sync))
 
 
 def operator_index(n: object) -> int:

@@ -268,6 +268,60 @@ def test_scatter_first_then_submit_reaches_another_node(other_node: distributed.
     a.close()
 
 
+# another node: arrays inside tasks ----------------------------------------------------------------
+def _submit(c: distributed.Client, a: sa.SharedDeviceArray) -> object:
+    return c.submit(w.write, a, 0, -1.0, pure=False).result(timeout=60)
+
+
+def _map(c: distributed.Client, a: sa.SharedDeviceArray) -> object:
+    futures = c.map(w.write, [a[0:2], a[2:4]], [0, 0], [-1.0, -1.0], pure=False)
+    return c.gather(futures, errors="raise")
+
+
+def _delayed(c: distributed.Client, a: sa.SharedDeviceArray) -> object:
+    return c.compute(dask.delayed(w.write)(a, 0, -1.0)).result(timeout=60)
+
+
+def _to_dask(c: distributed.Client, a: sa.SharedDeviceArray) -> object:
+    return c.compute(sa.to_dask(a, chunks=2).sum()).result(timeout=60)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("run", [_submit, _map, _delayed, _to_dask], ids=lambda f: f.__name__)
+def test_a_task_argument_for_another_node_fails_the_task_not_the_worker(
+    other_node: distributed.Client, run: object
+) -> None:
+    """An array placed directly in a task reaches a worker of another node as its payload:
+    the task fails with WrongNode's message (what to do), the worker stays and runs the next
+    task (before, the refusal broke the worker's connection and result() waited forever)."""
+    pids = other_node.run(os.getpid)
+    a = sa.from_array(np.arange(4.0), device="cpu", pack=False)
+    with pytest.raises(sa.WrongNode, match="other-node") as refused:
+        run(a=a, c=other_node)  # type: ignore[operator]
+    assert r"client.submit(f, client.scatter(a))" in str(refused.value)
+    assert a.get().tolist() == [0.0, 1.0, 2.0, 3.0]  # nothing was written
+    assert other_node.run(os.getpid) == pids  # the same worker, still in the cluster
+    assert other_node.submit(w.describe, 1, pure=False).result(timeout=60)["node"] == "other-node"
+    a.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_task_argument_on_another_node_pickles_back_as_the_array(
+    other_node: distributed.Client,
+) -> None:
+    """What the task holds there is a placeholder (not a shared array); plain pickle there
+    still refuses it; returned to this node it is the array again."""
+    a = sa.from_array(np.arange(3.0), device="cpu", pack=False)
+    got = other_node.submit(w.describe, a, pure=False).result(timeout=60)
+    assert got["type"] == "OtherNodeArray" and got["node"] == "other-node"
+    with pytest.raises(sa.WrongNode, match="other-node"):
+        other_node.submit(w.repickle, a, pure=False).result(timeout=60)
+    back = other_node.submit(w.identity, a, pure=False).result(timeout=60)
+    assert isinstance(back, sa.SharedDeviceArray) and back.allocation is a.allocation
+    back.close()
+    a.close()
+
+
 # one GPU: dask_cuda.LocalCUDACluster ----------------------------------------------------------
 CUDA = "cuda:0"
 
