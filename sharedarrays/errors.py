@@ -131,7 +131,9 @@ class WrongNode(SharedArrayError):
 
     Its handles name processes and sockets of that node, so nothing here is opened. Send the
     array's data instead (``a.get()``, or let Dask do it: with ``sharedarrays.api.dask``
-    registered, Dask moves an array between nodes as data).
+    registered, Dask moves an array between nodes as data). An array placed directly in a
+    Dask task travels as its payload: on a worker of another node the task fails with this
+    error when it uses the array (:class:`~sharedarrays.api.othernode.OtherNodeArray`).
     """
 
 

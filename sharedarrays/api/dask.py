@@ -25,6 +25,11 @@ A payload that reaches a process on another node although the addresses matched 
 of several users or containers behind one address) is refused there with
 :class:`~sharedarrays.WrongNode` (the payload carries its node, see
 :mod:`sharedarrays.node`): nothing is opened. Give such workers addresses of their own.
+
+An array placed directly in a task (``client.submit(f, a)``, a ``sa.to_dask`` graph) does not
+come here: distributed pickles it with the task, as its payload. On a worker of another node
+the task then fails with :class:`~sharedarrays.WrongNode` when it uses the array, and the
+worker stays (:mod:`sharedarrays.api.othernode`); scatter such an array first.
 """
 
 from __future__ import annotations
