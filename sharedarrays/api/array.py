@@ -343,6 +343,8 @@ class SharedDeviceArray(NativeArrayMethods):
         native = self.array
         if isinstance(native, np.ndarray):
             return np.array(native, copy=True)
+        if not hasattr(native, "get") and hasattr(native, "cpu"):  # a torch tensor (torch_npu)
+            return np.array(native.detach().cpu().numpy(), copy=True)
         return native.get()  # type: ignore[no-any-return]
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
