@@ -276,7 +276,9 @@ class SharedDeviceArray(NativeArrayMethods):
     @property
     def array(self) -> Any:
         """The zero-copy native array: a :class:`numpy.ndarray` on ``cpu``, a
-        :class:`cupy.ndarray` on CUDA. It keeps the mapping alive while it exists."""
+        :class:`cupy.ndarray` on CUDA (and ROCm with CuPy's ROCm build), a ``torch.Tensor``
+        on Ascend with torch_npu (see the user guide). It keeps the mapping alive while it
+        exists."""
         native = self._native
         if native is None:
             alloc = self.allocation
