@@ -277,7 +277,9 @@ class SharedDeviceArray(NativeArrayMethods):
     @property
     def array(self) -> Any:
         """The zero-copy native array: a :class:`numpy.ndarray` on ``cpu``, a
-        :class:`cupy.ndarray` on CUDA. It keeps the mapping alive while it exists."""
+        :class:`cupy.ndarray` on CUDA (and ROCm with CuPy's ROCm build), a ``torch.Tensor``
+        on Ascend with torch_npu (see the user guide). It keeps the mapping alive while it
+        exists."""
         native = self._native
         if native is None:
             alloc = self.allocation
@@ -344,6 +346,8 @@ class SharedDeviceArray(NativeArrayMethods):
         native = self.array
         if isinstance(native, np.ndarray):
             return np.array(native, copy=True)
+        if not hasattr(native, "get") and hasattr(native, "cpu"):  # a torch tensor (torch_npu)
+            return np.array(native.detach().cpu().numpy(), copy=True)
         return native.get()  # type: ignore[no-any-return]
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:

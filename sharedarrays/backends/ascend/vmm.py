@@ -26,9 +26,14 @@ simulated driver only (``tests/simulated/ascend.py``).
 from __future__ import annotations
 
 import ctypes
+import importlib
+import importlib.util
 import os
 import struct
+import sys
 import threading
+import warnings
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -37,6 +42,7 @@ from sharedarrays.backends.ascend import runtime as rt
 from sharedarrays.backends.ascend.runtime import AclError, check, load_acl, why_unusable
 from sharedarrays.backends.base import Chunk
 from sharedarrays.backends.device import Device
+from sharedarrays.backends.dlpack import KDL_EXT_DEV, dl_dtype, dlpack_view
 from sharedarrays.backends.host import as_host_array
 from sharedarrays.backends.registry import Registration, register
 from sharedarrays.errors import (
@@ -46,7 +52,7 @@ from sharedarrays.errors import (
     PermissionDenied,
 )
 
-__all__ = ["AscendBackend", "EXPORT_BYTES", "KDL_ASCEND", "is_npu_dlpack"]
+__all__ = ["AscendBackend", "EXPORT_BYTES", "KDL_ASCEND", "is_npu_dlpack", "torch_npu_from_dlpack"]
 
 EXPORT_BYTES = 8
 """A chunk's portable handle: the ``uint64`` shareable handle, little-endian."""
@@ -54,9 +60,9 @@ EXPORT_BYTES = 8
 KDL_ASCEND = 21
 """DLPack's device type of Ascend NPU memory (``kDLAscend``, in DLPack's main branch after
 v1.3). torch_npu, built on a PyTorch that predates it, reports its tensors as ``kDLExtDev``
-(12), which :func:`is_npu_dlpack` accepts for objects whose ``device.type`` is ``"npu"``."""
-
-KDL_EXT_DEV = 12
+(12), which :func:`is_npu_dlpack` accepts for objects whose ``device.type`` is ``"npu"``.
+torch_npu's ``from_dlpack`` takes only ``kDLCPU`` and ``kDLExtDev`` (its ``getATenDevice``),
+so :meth:`AscendBackend.as_native` hands it ``kDLExtDev``."""
 
 
 def is_npu_dlpack(obj: object, device_type: int) -> bool:
@@ -65,6 +71,36 @@ def is_npu_dlpack(obj: object, device_type: int) -> bool:
         return True
     kind = getattr(getattr(obj, "device", None), "type", None)
     return device_type == KDL_EXT_DEV and kind == "npu"
+
+
+def torch_npu_from_dlpack() -> Callable[[Any], Any] | None:
+    """``torch.utils.dlpack.from_dlpack`` where torch_npu is importable (importing torch_npu
+    registers the ``npu`` device and makes ``from_dlpack`` take ``kDLExtDev`` capsules, as it
+    does since it gained DLPack support in 2025), else ``None``. Nothing is imported unless
+    torch_npu is installed."""
+    if "torch_npu" not in sys.modules:
+        try:
+            if importlib.util.find_spec("torch_npu") is None:
+                return None
+        except (ImportError, ValueError):
+            return None
+    try:
+        importlib.import_module("torch_npu")
+        dlpack = importlib.import_module("torch.utils.dlpack")
+    except ImportError:
+        return None
+    consume: Callable[[Any], Any] = dlpack.from_dlpack
+    return consume
+
+
+def _torch_layout(dtype: np.dtype[Any], strides: tuple[int, ...]) -> bool:
+    """Whether a torch tensor can have this layout: a dtype DLPack describes, and strides
+    that are non-negative multiples of the item size (torch has no negative strides)."""
+    try:
+        dl_dtype(dtype)
+    except TypeError:
+        return False
+    return all(s >= 0 and s % dtype.itemsize == 0 for s in strides)
 
 
 FORK_REASON = (
@@ -88,8 +124,10 @@ class AscendBackend:
 
     Notes
     -----
-    The native array is a NumPy view where the CPU addresses the memory (the simulated
-    driver), else a read-only NumPy copy (``aclrtMemcpy``), so that a write cannot be lost.
+    The native array is a ``torch.Tensor`` on ``npu:N`` where torch_npu is importable (zero
+    copy, through DLPack; untested on hardware), else a NumPy view where the CPU addresses
+    the memory (the simulated driver), else a read-only NumPy copy (``aclrtMemcpy``), so
+    that a write cannot be lost.
     Pickling orders by ``aclrtSynchronizeDevice``.
     """
 
@@ -353,8 +391,30 @@ class AscendBackend:
         readonly: bool,
         device_index: int | None = None,
     ) -> Any:
-        """A NumPy view where the CPU addresses the memory, else a read-only NumPy copy
-        (``aclrtMemcpy``, device to host)."""
+        """A ``torch.Tensor`` on ``npu:N`` where torch_npu is importable (zero copy: a DLPack
+        capsule of device type ``kDLExtDev`` over ``address + offset``, whose deleter releases
+        ``owner`` when torch frees the tensor), else a NumPy view where the CPU addresses the
+        memory, else a read-only NumPy copy (``aclrtMemcpy``, device to host).
+
+        A read-only view, and a layout torch cannot have (negative strides, a dtype DLPack
+        has no code for), take the NumPy way even with torch_npu."""
+        if not readonly and _torch_layout(dtype, strides):
+            consume = torch_npu_from_dlpack()
+            if consume is not None:
+                try:
+                    exporter = dlpack_view(
+                        address + offset,
+                        dtype,
+                        shape,
+                        strides,
+                        KDL_EXT_DEV,
+                        self.device.index,
+                        owner,
+                    )
+                except BackendUnavailable as exc:
+                    warnings.warn(f"{exc}; giving NumPy arrays meanwhile", stacklevel=2)
+                else:
+                    return consume(exporter)
         if self._cpu_addressable:
             return as_host_array(address + offset, owner, dtype, shape, strides, readonly)
         buffer = np.empty(size, dtype=np.uint8)
