@@ -185,10 +185,12 @@ def in_message(req: Request) -> Allocation | None:
     if req.carried is None:
         return None
     req.backend()
-    # (this process's handle server answers the node view's questions: without it a child
-    # given arrays as Process arguments would hold memory that `top` cannot see)
+    alloc = _map(req, Handles(list(req.payload.chunks), req.carried))
+    # (this process's handle server answers the node view's questions, as it does for an
+    # importer that fetched: without it a child given arrays as Process arguments would
+    # hold memory that `top` cannot see)
     transport.server_address()
-    return _map(req, Handles(list(req.payload.chunks), req.carried))
+    return alloc
 
 
 def from_exporter(req: Request) -> Allocation | None:
