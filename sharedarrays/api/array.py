@@ -339,7 +339,7 @@ class SharedDeviceArray(NativeArrayMethods):
             or hasattr(value, "__dlpack__")
         ):
             value = self.allocation.backend.to_native(value)  # e.g. NumPy into CuPy
-        native[key] = value
+        native[key] = assignable(native, value)
 
     def get(self) -> np.ndarray[Any, Any]:
         """Copy the data into a new NumPy array in host memory."""
@@ -915,6 +915,24 @@ def synchronize(device: DeviceLike = None) -> None:
         if id(backend) not in done:
             done.add(id(backend))
             backend.synchronize()
+
+
+def assignable(native: Any, value: Any) -> Any:
+    """``value`` as ``native[key] = value`` takes it.
+
+    A ``torch.Tensor`` (the native array of Ascend memory where torch_npu is installed)
+    takes tensors and Python numbers, not NumPy arrays ("can't assign a numpy.ndarray to a
+    torch.FloatTensor"): anything else becomes a tensor on the native's device (a copy of
+    the values, as assigning makes anyway). Every other native takes ``value`` as it is.
+    """
+    torch = sys.modules.get("torch")
+    if (
+        torch is None
+        or not isinstance(native, torch.Tensor)
+        or isinstance(value, (torch.Tensor, bool, int, float, complex))
+    ):
+        return value
+    return torch.tensor(np.asarray(value), device=native.device)
 
 
 def _token(sync: object) -> Any:

@@ -10,7 +10,7 @@ from typing import Any, SupportsIndex
 import numpy as np
 from numpy.typing import DTypeLike
 
-from sharedarrays.api.array import SharedDeviceArray, operator_index
+from sharedarrays.api.array import SharedDeviceArray, assignable, operator_index
 from sharedarrays.api.options import AccessList, CreationOptions
 from sharedarrays.backends import choose_backend, get_backend
 from sharedarrays.backends.ascend.vmm import is_npu_dlpack
@@ -492,7 +492,7 @@ def _copy(obj: Any, dtype: DTypeLike | None, options: CreationOptions) -> Shared
         options = dataclasses.replace(options, order="F")  # keep a Fortran source's layout
     a = _new(src.shape, src.dtype if dtype is None else dtype, options)
     for native, key in _blocks(a, options.progress, "copy"):
-        native[key] = src[key]
+        native[key] = assignable(native, src[key])
     return a
 
 

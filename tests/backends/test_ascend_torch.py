@@ -46,6 +46,13 @@ class _Cpu:
         return self._data
 
 
+class _Held:
+    """Memory at a pointer whose NumPy view keeps this object (and so its finalizer) alive."""
+
+    def __init__(self, memory: Any) -> None:
+        self.__array_interface__ = memory.__array_interface__
+
+
 class FakeNpuTensor:
     """The part of a torch tensor on ``npu:N`` that the library and these tests use."""
 
@@ -71,10 +78,11 @@ class FakeNpuTensor:
 class FakeTorchNpu:
     """``torch.utils.dlpack.from_dlpack`` as torch_npu patches it; records what it saw."""
 
-    def __init__(self) -> None:
+    def __init__(self, torch: Any = None) -> None:
         self.seen: list[dict[str, Any]] = []
+        self.torch = torch  # real torch: its CPU tensors stand in for torch_npu's
 
-    def from_dlpack(self, ext: Any) -> FakeNpuTensor:
+    def from_dlpack(self, ext: Any) -> Any:
         capsule = ext.__dlpack__()  # torch_npu's _from_dlpack passes no arguments
         assert _api.PyCapsule_GetName(capsule) == b"dltensor"
         pointer = ctypes.cast(
@@ -103,6 +111,10 @@ class FakeTorchNpu:
         def free() -> None:
             pointer.contents.deleter(pointer)
 
+        if self.torch is not None:  # a real tensor over the memory, freed as torch frees
+            held = _Held(memory)  # (the tensor -> data -> held)
+            weakref.finalize(held, free)
+            return self.torch.from_numpy(np.asarray(held))
         return FakeNpuTensor(data, device[1], free)
 
 
@@ -180,3 +192,36 @@ def test_layouts_torch_cannot_have_stay_numpy(
     assert isinstance(readonly, np.ndarray) and not readonly.flags.writeable
     assert fake.seen == []
     assert isinstance(a[1:].array, FakeNpuTensor)  # while a plain view is a tensor
+
+
+@pytest.mark.timeout(120)
+def test_numpy_values_are_written_into_a_torch_native(
+    simulated: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A torch tensor takes no NumPy array in ``t[key] = value``: assignment and
+    ``from_array`` convert the values first (Ascend memory cannot grow: no ``append``).
+    Real torch here, its CPU tensors standing in for torch_npu's (the stand-in consumes
+    the capsule as above)."""
+    torch = pytest.importorskip(
+        "torch",
+        reason="torch is not installed here (pip install torch): needed to check "
+        "writes into real torch tensors",
+    )
+    fake = FakeTorchNpu(torch)
+    monkeypatch.setitem(sys.modules, "torch_npu", types.ModuleType("torch_npu"))
+    monkeypatch.setattr(torch.utils.dlpack, "from_dlpack", fake.from_dlpack)
+    a = sa.zeros((4, 6), "float32", device="npu:0", backend="ascend", pack=False)
+    assert isinstance(a.array, torch.Tensor)
+    a[1] = np.arange(6, dtype=np.float64)  # NumPy (another dtype) into the tensor
+    a[2:, :2] = np.float32(5)
+    a[3, 5] = 9
+    expected = np.zeros((4, 6), "float32")
+    expected[1], expected[2:, :2], expected[3, 5] = np.arange(6), 5, 9
+    np.testing.assert_array_equal(a.get(), expected)
+    src = np.arange(24.0).reshape(4, 6)
+    b = sa.from_array(src, device="npu:0", backend="ascend", pack=False)
+    assert isinstance(b.array, torch.Tensor)
+    np.testing.assert_array_equal(b.get(), src)
+    assert len(fake.seen) >= 2
+    for x in (a, b):
+        x.close()
