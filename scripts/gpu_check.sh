@@ -26,6 +26,9 @@
 #       jinja2 markupsafe importlib_metadata zipp nvidia_ml_py lazy_importer; do
 #     cp /tmp/dw/${p}-* .whl/; done
 #
+# The DLPack tests (Ascend's torch_npu path, with the machine's torch standing in) need the
+# `ctypes-dlpack` wheel: `python3 -m pip download --no-deps ctypes-dlpack -d .whl`.
+#
 # The Vulkan semaphore tests also need the `vulkan`, `cffi` and `pycparser` wheels in .whl/
 # and the Vulkan loader's .deb files in .gl/ (carry ".gl" too); tests/vulkan_helpers.py says
 # how to fetch them. Without them those two tests skip with the reason.
