@@ -37,7 +37,7 @@
 #   SA_COMMIT=<the commit, written out: the device's copy has no history> SA_DIRTY= \
 #       bash scripts/gpu_check.sh [--bench]      (device call with carry: [".whl", ".gl"])
 #
-# Runs `python3 -m pytest -m "gpu or notebook" -ra tests` (or the PYTEST_ARGS given, e.g. a single test
+# Runs `python3 -m pytest -m "gpu or notebook or torch" -ra tests` (or the PYTEST_ARGS given, e.g. a single test
 # file), then `make demo PYTHON_ENV=system`, and with --bench `python3 -m sharedarrays bench`
 # (its JSON and plot go under $OUT too).
 # Writes, under $OUT (./artifacts when OUT is unset):
@@ -100,9 +100,9 @@ log() { printf '\n== gpu_check: %s\n' "$*"; }
 # --------------------------------------------------------------------------------------------
 # the tests
 
-log "pytest -m 'gpu or notebook' ${PYTEST_ARGS[*]}"
+log "pytest -m 'gpu or notebook or torch' ${PYTEST_ARGS[*]}"
 start=$(date +%s)
-"$PYTHON" -m pytest -m "gpu or notebook" -ra -p no:cacheprovider --durations=15 --junitxml="$JUNIT" "${PYTEST_ARGS[@]}" \
+"$PYTHON" -m pytest -m "gpu or notebook or torch" -ra -p no:cacheprovider --durations=15 --junitxml="$JUNIT" "${PYTEST_ARGS[@]}" \
     2>&1 | tee "$PYLOG"
 pytest_rc=${PIPESTATUS[0]}
 pytest_s=$(( $(date +%s) - start ))
@@ -205,7 +205,7 @@ fi
     echo "| host | $(hostname) |"
     echo "| GPU (name, driver, memory) | $gpu |"
     echo "| commit | $commit${dirty:+ (with uncommitted changes)} |"
-    echo "| command | \`pytest -m 'gpu or notebook' ${PYTEST_ARGS[*]}\` |"
+    echo "| command | \`pytest -m 'gpu or notebook or torch' ${PYTEST_ARGS[*]}\` |"
     echo "| passed / failed / errors / skipped | $passed / $failed / $errors / $skipped |"
     echo "| pytest time | ${pytest_s} s (exit status $pytest_rc) |"
     echo

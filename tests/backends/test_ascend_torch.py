@@ -194,6 +194,7 @@ def test_layouts_torch_cannot_have_stay_numpy(
     assert isinstance(a[1:].array, FakeNpuTensor)  # while a plain view is a tensor
 
 
+@pytest.mark.torch
 @pytest.mark.timeout(120)
 def test_numpy_values_are_written_into_a_torch_native(
     simulated: None, monkeypatch: pytest.MonkeyPatch
