@@ -44,10 +44,10 @@ GPU_METHODS = (
 )
 HOST_METHODS = ("floor", "sharedarrays-warm", "sharedarrays-cold", "shm-warm", "shm-cold", "copy")
 
-PARTS = ("warm", "cold", "many", "bandwidth", "steps", "scaling", "dask")
-"""Measurements besides the method x size table (``--skip`` and ``--only`` take these names):
-``warm`` and ``cold`` are the interleaved rounds over the floor, ``many`` the small arrays,
-``dask`` a same-node Dask transfer (:mod:`sharedarrays.bench.dask`)."""
+PARTS = ("table", "warm", "cold", "many", "bandwidth", "steps", "scaling", "dask")
+"""The bench's parts (``--skip`` and ``--only`` take these names): ``table`` is the method x
+size table, ``warm`` and ``cold`` are the interleaved rounds over the floor, ``many`` the
+small arrays, ``dask`` a same-node Dask transfer (:mod:`sharedarrays.bench.dask`)."""
 
 ROUND_FAMILIES = {
     "cuda": ("sharedarrays", "sa.ipc", "sa.pool", "torch", "cuda.core"),
@@ -105,7 +105,7 @@ class Config:
         memory is skipped, with the reason, when the run reaches it).
     only : list of str
         Parts of :data:`PARTS` to run, all others skipped (empty: all); the method x size
-        table runs unless ``dask`` is the only one.
+        table runs only when ``table`` is among them.
     dask_sizes : list of int
         Sizes of the ``dask`` part (a size that does not fit in the free memory is skipped).
     """
@@ -140,8 +140,9 @@ class Config:
 
     @property
     def runs_table(self) -> bool:
-        """Whether the method x size table (and the parts besides ``dask``) run."""
-        return not self.only or any(p != "dask" for p in self.only)
+        """Whether the measurement run (the method x size table and the parts besides
+        ``dask``) is needed: some part of it is not skipped."""
+        return any(p not in self.skip for p in PARTS if p != "dask")
 
     @property
     def index(self) -> int:

@@ -756,8 +756,10 @@ class Run:
             f"sizes {', '.join(size_label(s) for s in cfg.sizes)}, {cfg.repeats} repeats after "
             f"{cfg.warmup} warm-up, tasks {', '.join(cfg.tasks)}"
         )
-        self.group("base", lambda: [floor_method(), *sa_methods(cfg)])
-        if cfg.is_cuda:
+        table = "table" not in cfg.skip
+        if table:
+            self.group("base", lambda: [floor_method(), *sa_methods(cfg)])
+        if table and cfg.is_cuda:
             self.group("sa.ipc", lambda: sa_methods(cfg, "cuda-ipc", "sa.ipc"))
             self.group("sa.pool", lambda: sa_methods(cfg, "cuda-pool", "sa.pool"))
             self.group("torch", lambda: torch_methods(self.peers), preload="torch")
@@ -767,7 +769,7 @@ class Run:
                 memory_resource=lambda: self.peers.memory_resource()[0],
                 cleanup=self.peers.close_memory_resource,
             )
-        else:
+        elif table:
             self.group("shm", shm_methods)
         for kind in ("warm", "cold"):
             if kind not in cfg.skip:
@@ -780,7 +782,8 @@ class Run:
             self.steps()
         if "scaling" not in cfg.skip:
             self.scaling()
-        self.group("copy", lambda: [copy_method(cfg, self.peers)])
+        if table:
+            self.group("copy", lambda: [copy_method(cfg, self.peers)])
         self.data["targets"] = evaluate_targets(self.data)
         self.data["meta"]["finished_utc"] = utc_now()
         self.save()

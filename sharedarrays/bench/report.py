@@ -153,7 +153,7 @@ def format_table(data: dict[str, Any]) -> str:
     meta = data["meta"]
     where = meta.get("gpu", {}).get("name") or f"{meta['machine']} ({meta['cpus']} CPUs)"
     lines.append(f"sharedarrays bench, {meta['date_utc']}, {meta['hostname']}, {where}")
-    for task in data["config"]["tasks"]:
+    for task in data["config"]["tasks"] if data.get("results") else ():  # (table skipped)
         lines.append("")
         lines.append(f"{task}: median ms (x floor)")
         head = f"{'method':<19}" + "".join(f"{size_label(s):>20}" for s in sizes)
