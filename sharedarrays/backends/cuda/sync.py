@@ -147,12 +147,14 @@ class Fence:
 _fences = threading.local()
 
 
-def fence(key: Hashable, record: Callable[[], bytes | None]) -> Fence:
+def fence(key: Hashable, record: Callable[..., bytes | None], *args: Any) -> Fence:
     """This thread's live fence for ``key`` (a device and stream), or a new one holding what
-    ``record()`` returns.
+    ``record(*args)`` returns.
 
     Only a weak reference is kept here: the fence lives as long as someone holds it (the
     memo of the pickling that is putting it in a message), then the next call records anew.
+    Every array of a message asks, so the common answer (the live fence) costs one lookup
+    and no object (``record`` and ``args`` rather than a closure).
     """
     refs: dict[Hashable, weakref.ref[Fence]] | None = getattr(_fences, "refs", None)
     if refs is None:
@@ -161,7 +163,7 @@ def fence(key: Hashable, record: Callable[[], bytes | None]) -> Fence:
     found = None if ref is None else ref()
     if found is not None:
         return found
-    made = Fence(record())
+    made = Fence(record(*args))
     refs[key] = weakref.ref(made)
     return made
 
@@ -172,22 +174,11 @@ def export_fence(on: OnDevice) -> Fence | None:
     (which records an event with :func:`export_sync`, unless the stream is idle).
 
     Returns ``None`` inside :func:`no_sync`.
-
-    Every array of a message asks, so the common answer (the fence of the message being
-    written) is found with no more than the current stream and one dictionary lookup.
     """
     if _no_sync.get():
         return None
     index = on.device.index
-    key = (index, current_stream(index))
-    refs: dict[Hashable, weakref.ref[Fence]] | None = getattr(_fences, "refs", None)
-    if refs is not None:
-        ref = refs.get(key)
-        if ref is not None:
-            found = ref()
-            if found is not None:
-                return found
-    return fence(key, lambda: export_sync(on))
+    return fence((index, current_stream(index)), export_sync, on)
 
 
 # --------------------------------------------------------------------------------------------
