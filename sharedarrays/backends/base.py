@@ -28,6 +28,9 @@ list of the chunk there (``aclrtMemSetPidToShareableHandle``); it raises a
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
@@ -44,6 +47,7 @@ __all__ = [
     "StreamBackend",
     "BorrowingBackend",
     "ValueReader",
+    "installed",
     "round_up",
 ]
 
@@ -54,6 +58,21 @@ Access = Literal["rw", "r", "none"]
 def round_up(n: int, multiple: int) -> int:
     """Round ``n`` up to a multiple of ``multiple`` (a positive int)."""
     return -(-n // multiple) * multiple
+
+
+def installed(module: str) -> bool:
+    """Whether the optional ``module`` (an array library a backend hands its memory to) is
+    imported or importable. A native array asks it every time: the search of the import path
+    for a module that is not there is made once per process."""
+    return module in sys.modules or _findable(module)
+
+
+@functools.cache
+def _findable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 @dataclass

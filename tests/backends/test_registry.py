@@ -5,6 +5,7 @@ backend's name."""
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -261,3 +262,26 @@ def test_api_docs_name_backend_objects_by_paths_that_import() -> None:
     import sharedarrays.backends.registry as registry
 
     assert sa.backends.registry is registry and sa.backends.list_backends is sa.list_backends
+
+
+def test_installed_finds_imported_and_importable_modules_and_searches_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import types
+
+    from sharedarrays.backends import base
+
+    assert base.installed("numpy")  # imported
+    missing = "sharedarrays_no_such_module_for_this_test"
+    searches: list[str] = []
+    real = base.importlib.util.find_spec
+
+    def counting(name: str, *args: object) -> object:
+        searches.append(name)
+        return real(name, *args)
+
+    monkeypatch.setattr(base.importlib.util, "find_spec", counting)
+    assert not base.installed(missing) and not base.installed(missing)
+    assert searches == [missing]  # the path is searched once
+    monkeypatch.setitem(sys.modules, missing, types.ModuleType(missing))
+    assert base.installed(missing)  # imported since (a stand-in, as the tests install)

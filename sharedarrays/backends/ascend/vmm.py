@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import ctypes
 import importlib
-import importlib.util
 import os
 import struct
-import sys
 import threading
 import warnings
 from collections.abc import Callable
@@ -40,7 +38,7 @@ import numpy as np
 
 from sharedarrays.backends.ascend import runtime as rt
 from sharedarrays.backends.ascend.runtime import AclError, check, load_acl, why_unusable
-from sharedarrays.backends.base import Chunk
+from sharedarrays.backends.base import Chunk, installed
 from sharedarrays.backends.device import Device
 from sharedarrays.backends.dlpack import KDL_EXT_DEV, dl_dtype, dlpack_view
 from sharedarrays.backends.host import as_host_array
@@ -78,12 +76,8 @@ def torch_npu_from_dlpack() -> Callable[[Any], Any] | None:
     registers the ``npu`` device and makes ``from_dlpack`` take ``kDLExtDev`` capsules, as it
     does since it gained DLPack support in 2025), else ``None``. Nothing is imported unless
     torch_npu is installed."""
-    if "torch_npu" not in sys.modules:
-        try:
-            if importlib.util.find_spec("torch_npu") is None:
-                return None
-        except (ImportError, ValueError):
-            return None
+    if not installed("torch_npu"):
+        return None
     try:
         importlib.import_module("torch_npu")
         dlpack = importlib.import_module("torch.utils.dlpack")

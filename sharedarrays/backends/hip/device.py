@@ -6,12 +6,12 @@ making the device current, synchronising, and wrapping device memory as the nati
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from typing import Any, ClassVar
 
 import numpy as np
 
+from sharedarrays.backends.base import installed
 from sharedarrays.backends.device import Device
 from sharedarrays.backends.hip.runtime import (
     HipError,
@@ -32,11 +32,11 @@ FORK_REASON = (
 
 def _cupy_rocm() -> Any:
     """CuPy's ROCm build where it is importable, else ``None``."""
+    if not installed("cupy"):
+        return None
     try:
-        if importlib.util.find_spec("cupy") is None:
-            return None
         import cupy
-    except (ImportError, ValueError):
+    except ImportError:
         return None
     return cupy if getattr(cupy.cuda.runtime, "is_hip", False) else None
 
