@@ -27,7 +27,7 @@ def run(cfg: Config) -> dict[str, Any]:
     dict
         Everything measured (what the JSON holds).
     """
-    if cfg.runs_table:
+    if cfg.runs_measurements:
         data = Run(cfg).run()
     else:
         meta = environment(cfg.is_cuda, cfg.index)
@@ -39,11 +39,11 @@ def run(cfg: Config) -> dict[str, Any]:
         if cfg.json_path:
             Path(cfg.json_path).write_text(json.dumps(data, indent=1))
     print()
-    if cfg.runs_table:
+    if cfg.runs_measurements:
         print(format_table(data), flush=True)
     if "dask" in data:
         print(format_dask(data["dask"]), flush=True)
-    if cfg.plot_path and cfg.runs_table:
+    if cfg.plot_path and "table" not in cfg.skip:  # (the plot draws the table)
         try:
             plot(data, cfg.plot_path)
             print(f"\nplot: {cfg.plot_path}")

@@ -139,7 +139,7 @@ class Config:
         return parse_name(self.device).is_cuda
 
     @property
-    def runs_table(self) -> bool:
+    def runs_measurements(self) -> bool:
         """Whether the measurement run (the method x size table and the parts besides
         ``dask``) is needed: some part of it is not skipped."""
         return any(p not in self.skip for p in PARTS if p != "dask")

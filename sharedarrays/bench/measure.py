@@ -745,6 +745,23 @@ class Run:
             self.save()
 
     # everything -------------------------------------------------------------------------
+    def table_groups(self) -> None:
+        """The method x size table's groups but the copy path (which runs last)."""
+        cfg = self.cfg
+        self.group("base", lambda: [floor_method(), *sa_methods(cfg)])
+        if not cfg.is_cuda:
+            self.group("shm", shm_methods)
+            return
+        self.group("sa.ipc", lambda: sa_methods(cfg, "cuda-ipc", "sa.ipc"))
+        self.group("sa.pool", lambda: sa_methods(cfg, "cuda-pool", "sa.pool"))
+        self.group("torch", lambda: torch_methods(self.peers), preload="torch")
+        self.group(
+            "cuda.core",
+            lambda: cuda_core_methods(self.peers),
+            memory_resource=lambda: self.peers.memory_resource()[0],
+            cleanup=self.peers.close_memory_resource,
+        )
+
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
         raise_fd_limit()
@@ -758,19 +775,7 @@ class Run:
         )
         table = "table" not in cfg.skip
         if table:
-            self.group("base", lambda: [floor_method(), *sa_methods(cfg)])
-        if table and cfg.is_cuda:
-            self.group("sa.ipc", lambda: sa_methods(cfg, "cuda-ipc", "sa.ipc"))
-            self.group("sa.pool", lambda: sa_methods(cfg, "cuda-pool", "sa.pool"))
-            self.group("torch", lambda: torch_methods(self.peers), preload="torch")
-            self.group(
-                "cuda.core",
-                lambda: cuda_core_methods(self.peers),
-                memory_resource=lambda: self.peers.memory_resource()[0],
-                cleanup=self.peers.close_memory_resource,
-            )
-        elif table:
-            self.group("shm", shm_methods)
+            self.table_groups()
         for kind in ("warm", "cold"):
             if kind not in cfg.skip:
                 self.overhead(kind)

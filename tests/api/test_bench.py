@@ -484,15 +484,16 @@ def test_only_selects_parts() -> None:
     parser = argparse.ArgumentParser()
     config.add_arguments(parser)
     cfg = config.config_from_args(parser.parse_args(["--device", "cpu", "--only", "dask"]))
-    assert not cfg.runs_table and set(cfg.skip) == set(config.PARTS) - {"dask"}
+    assert not cfg.runs_measurements and set(cfg.skip) == set(config.PARTS) - {"dask"}
     cfg = config.config_from_args(parser.parse_args(["--device", "cpu", "--only", "many,dask"]))
-    assert cfg.runs_table and "many" not in cfg.skip and "dask" not in cfg.skip
+    assert cfg.runs_measurements and "many" not in cfg.skip and "dask" not in cfg.skip
     assert "table" in cfg.skip  # the method x size table only when asked for
     cfg = config.config_from_args(parser.parse_args(["--device", "cpu", "--only", "table"]))
-    assert cfg.runs_table and set(cfg.skip) == set(config.PARTS) - {"table"}
+    assert cfg.runs_measurements and set(cfg.skip) == set(config.PARTS) - {"table"}
     cfg = config.config_from_args(parser.parse_args(["--device", "cpu"]))
-    assert cfg.runs_table and not cfg.skip
+    assert cfg.runs_measurements and not cfg.skip
     cfg = config.config_from_args(parser.parse_args(["--device", "cpu", "--quick"]))
-    assert cfg.runs_table and cfg.dask_sizes == [1 << 20, 16 << 20] and "dask" not in cfg.skip
+    assert cfg.runs_measurements and "dask" not in cfg.skip
+    assert cfg.dask_sizes == [1 << 20, 16 << 20]
     with pytest.raises(argparse.ArgumentTypeError, match="--only"):
         config.config_from_args(parser.parse_args(["--device", "cpu", "--only", "nothing"]))
