@@ -13,7 +13,7 @@ import ipywidgets as w
 from sharedarrays.api.widgets.model import ReservationMap
 from sharedarrays.api.widgets.render import render_text
 
-__all__ = ["MemoryMapWidget", "Controller"]
+__all__ = ["MemoryMapWidget", "Controller", "refresh_controls"]
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
@@ -37,6 +37,23 @@ class Controller(Protocol):
     ) -> dict[str, Any]: ...
 
 
+def refresh_controls(interval: float) -> tuple[Any, Any, Any]:
+    """The refresh controls of a live view: a *refresh* button, an *auto-refresh* toggle
+    (off) and the interval in seconds (``interval``, 0.2 to 3600)."""
+    return (
+        w.Button(description="refresh", icon="refresh", tooltip="re-read now"),
+        w.ToggleButton(value=False, description="auto-refresh", icon="clock-o"),
+        w.BoundedFloatText(
+            value=interval,
+            min=0.2,
+            max=3600.0,
+            step=0.5,
+            description="every (s)",
+            layout=w.Layout(width="160px"),
+        ),
+    )
+
+
 class MemoryMapWidget(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
     """The memory map as an ipywidgets ``VBox``: a row of controls (*refresh*, *auto-refresh*,
     the interval in seconds, the time of the last update) above the map's HTML.
@@ -48,16 +65,7 @@ class MemoryMapWidget(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
     """
 
     def __init__(self, memory_map: Controller, html: str, interval: float) -> None:
-        self.refresh_button = w.Button(description="refresh", icon="refresh", tooltip="re-read now")
-        self.auto_toggle = w.ToggleButton(value=False, description="auto-refresh", icon="clock-o")
-        self.interval_text = w.BoundedFloatText(
-            value=interval,
-            min=0.2,
-            max=3600.0,
-            step=0.5,
-            description="every (s)",
-            layout=w.Layout(width="160px"),
-        )
+        self.refresh_button, self.auto_toggle, self.interval_text = refresh_controls(interval)
         self.status = w.Label(value="")
         self.html = w.HTML(value=html)
         self.controls = w.HBox(

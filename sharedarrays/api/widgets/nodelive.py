@@ -61,21 +61,14 @@ def node_widget(view: NodeView, interval: float = 2.0, auto_refresh: bool = Fals
     """The live widget of ``view`` (needs ipywidgets 8)."""
     import ipywidgets as w
 
+    from sharedarrays.api.widgets.live import refresh_controls
+
     class NodeMapWidget(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         """The node-wide map as an ipywidgets ``VBox`` (composes with other widgets)."""
 
         def __init__(self) -> None:
             self.node_view = view
-            self.refresh_button = w.Button(description="refresh", icon="refresh")
-            self.auto_toggle = w.ToggleButton(value=False, description="auto-refresh")
-            self.interval_text = w.BoundedFloatText(
-                value=interval,
-                min=0.2,
-                max=3600.0,
-                step=0.5,
-                description="every (s)",
-                layout=w.Layout(width="160px"),
-            )
+            self.refresh_button, self.auto_toggle, self.interval_text = refresh_controls(interval)
             self.target = w.Text(placeholder="id or name", layout=w.Layout(width="220px"))
             self.free_button = w.Button(
                 description="free", icon="trash", tooltip="free a parked or orphaned allocation"
