@@ -1292,8 +1292,10 @@ try:
         from sharedarrays.protocol.payload import Payload
         class Grab(pickle.Unpickler):
             def find_class(self, module, name):
-                if name == "_rebuild_view":  # the allocation's payload, not the view
-                    return lambda data, view, sync=None, fds=None: data
+                if name == "import_part":  # the allocation's payload, not the view
+                    return lambda data, token=None, fds=None: data
+                if name == "_rebuild_view":
+                    return lambda part, view: part
                 return super().find_class(module, name)
         data = Grab(io.BytesIO(bytes.fromhex(sys.stdin.readline()))).load()
         forged = dataclasses.replace(Payload.from_bytes(data), node=this_node())

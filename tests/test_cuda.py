@@ -203,7 +203,7 @@ def test_no_sync_payload_carries_no_event() -> None:
 
     def token(a: sa.SharedDeviceArray) -> object:
         """The ordering token the importer receives: the reducer's fence, as pickled."""
-        return pickle.loads(pickle.dumps(a.__reduce__()[1][2]))
+        return pickle.loads(pickle.dumps(a.__reduce__()[1][0].fence))
 
     a = sa.zeros(4, "float32")
     cupy.cuda.get_current_stream().synchronize()
@@ -211,5 +211,5 @@ def test_no_sync_payload_carries_no_event() -> None:
     Spin()(cupy.zeros(16, dtype=cupy.float32), 1.0, seconds=1.0)
     assert isinstance(token(a), bytes)  # (payload, view, ordering token)
     with sa.no_sync():
-        assert a.__reduce__()[1][2] is None
+        assert a.__reduce__()[1][0].fence is None
     cupy.cuda.get_current_stream().synchronize()

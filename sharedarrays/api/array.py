@@ -13,32 +13,28 @@ import html
 import operator
 import os
 import sys
-import weakref
 from collections.abc import Callable
 from multiprocessing import reduction
 from multiprocessing.context import get_spawning_popen
 from types import EllipsisType
-from typing import Any, Protocol, TypeVar, cast, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
 from sharedarrays import importing
-from sharedarrays.api import keeping, othernode, views
+from sharedarrays.api import keeping, message, othernode, views
 from sharedarrays.api.arraymethods import NativeArrayMethods
 from sharedarrays.backends import Access, get_backend
 from sharedarrays.backends.device import Device, DeviceLike, parse_device
 from sharedarrays.errors import ClosedArrayError, PayloadError, ResizeRefused, WrongNode
 from sharedarrays.memory import Allocation, Lease, live_allocations
-from sharedarrays.node import this_node
 from sharedarrays.protocol.payload import (
     Payload,
     ViewFields,
     ViewTuple,
-    check_view,
     contiguous_strides,
     view_extent,
 )
-from sharedarrays.transport import handles as transport
 
 __all__ = ["SharedDeviceArray", "Semaphore", "load", "synchronize"]
 
@@ -143,7 +139,19 @@ class SharedDeviceArray(NativeArrayMethods):
             or not 0 <= offset <= allocation.size
         ):
             raise ValueError("view reaches outside its allocation")
-        self._lease: Lease | None = allocation.lease(offset + high)
+        self._init(allocation, dtype, shape, strides, offset, readonly, offset + high)
+
+    def _init(
+        self,
+        allocation: Allocation,
+        dtype: np.dtype[Any],
+        shape: tuple[int, ...],
+        strides: tuple[int, ...],
+        offset: int,
+        readonly: bool,
+        end: int,
+    ) -> None:
+        self._lease: Lease | None = allocation.lease(end)
         self._dtype = dtype
         self._shape = shape
         self._strides = strides
@@ -153,6 +161,23 @@ class SharedDeviceArray(NativeArrayMethods):
         self._packed: ViewTuple | None = None  # the view's fields as a pickle carries them
         self._base: SharedDeviceArray | None = None
         views.track(self)
+
+    @classmethod
+    def _new(
+        cls,
+        allocation: Allocation,
+        dtype: np.dtype[Any],
+        shape: tuple[int, ...],
+        strides: tuple[int, ...],
+        offset: int,
+        readonly: bool,
+        end: int,
+    ) -> SharedDeviceArray:
+        """A view whose fields were checked already (a loaded view: against its payload),
+        ``end`` one past the last byte it touches."""
+        self = cls.__new__(cls)
+        self._init(allocation, dtype, shape, strides, offset, readonly, end)
+        return self
 
     # metadata ---------------------------------------------------------------------------
     @property
@@ -466,7 +491,7 @@ class SharedDeviceArray(NativeArrayMethods):
         """What a pickle of this view carries (starts this process's handle server), as one
         payload: its allocation's fields and this view's."""
         return dataclasses.replace(
-            _allocation_payload(self.allocation),
+            message.allocation_payload(self.allocation),
             dtype=self._dtype,
             shape=self._shape,
             strides=self._strides,
@@ -701,105 +726,14 @@ def _intern(value: _T) -> _T:
     return _interned.setdefault(value, value)  # type: ignore[no-any-return]
 
 
-def _allocation_payload(alloc: Allocation) -> Payload:
-    """The payload of the whole allocation (a canonical view: uint8 bytes from offset 0)
-    that pickles of its views carry; starts this process's handle server."""
-    pid, server = os.getpid(), alloc.source_server  # a growable array names its exporter
-    if server is None:
-        server = transport.server_address()
-    else:
-        pid = alloc.origin.pid
-    chunks = tuple(alloc.chunk_sizes())
-    size = sum(chunks)
-    return Payload(
-        backend=alloc.backend.name,
-        device=alloc.device.index,
-        alloc_id=alloc.id,
-        secret=alloc.secret,
-        pid=pid,
-        server=server,
-        chunks=chunks,
-        dtype=_BYTES,
-        shape=(size,),
-        strides=(1,),
-        offset=0,
-        readonly=alloc.export_readonly,
-        capacity=alloc.capacity if alloc.growable else None,
-        node=this_node(),
-    )
-
-
-_BYTES = np.dtype(np.uint8)
-
-
-def _allocation_bytes(alloc: Allocation) -> bytes:
-    """The encoded :func:`_allocation_payload`, made once per allocation, process and
-    generation (it changes only when a growable allocation gains or loses chunks, or
-    moves): the same bytes object for every view, which pickle's memo writes once per
-    message."""
-    cached = alloc.encoded
-    generation = alloc.generation
-    if cached is None or cached[0] != os.getpid() or cached[1] != generation:
-        cached = (os.getpid(), generation, _allocation_payload(alloc).to_bytes())
-        alloc.encoded = cached
-    return cached[2]
-
-
 def _reduce(a: SharedDeviceArray, carry_fds: bool) -> tuple[Any, tuple[Any, ...]]:
-    """The one reduction of a view: :func:`_rebuild_view` and its arguments (its
-    allocation's payload, the same bytes object for every view of it; the view's fields;
-    the message's ordering argument and, with ``carry_fds``, the chunks' fds as
-    multiprocessing's DupFd).
-
-    A payload that names this process's handle server is counted in flight
-    (:meth:`Allocation.note_sent`, once per view) until a load is reported. Carried fds
-    leave nothing in flight (the child asks no server), so that form is not counted."""
+    """The one reduction of a view: :func:`_rebuild_view`, its allocation's part of the
+    message being pickled (:func:`sharedarrays.api.message.message_part`: the allocation's
+    payload, the message's ordering fence and, with ``carry_fds``, the chunks' fds as
+    multiprocessing's DupFd; written once per message) and the view's own fields."""
     if reduce_hooks:  # until each is done (api/dask.py: registration with distributed)
         reduce_hooks[:] = [hook for hook in reduce_hooks if not hook()]
-    alloc = a.allocation
-    blob = _allocation_bytes(alloc)
-    view = a._view_tuple()
-    if carry_fds:  # the handles travel with it: nothing is left in flight
-        return _rebuild_view, (blob, view, alloc.backend.export_fence(), _carried(alloc))
-    if alloc.source_server is None:  # the payload names this process: it is in flight
-        alloc.note_sent()
-    return _rebuild_view, (blob, view, alloc.backend.export_fence())
-
-
-class _Carried:
-    """An allocation's chunk fds carried by the arguments of a Process being spawned
-    (multiprocessing's DupFd), once per allocation: every view of it in the message shares
-    this object, which pickle's memo writes once (a spawner refuses an fd passed twice), and
-    the first view loaded takes the fds (a DupFd gives its fd at every ``detach``)."""
-
-    __slots__ = ("fds",)
-
-    def __init__(self, fds: tuple[Any, ...]) -> None:
-        self.fds: tuple[Any, ...] | None = fds
-
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return _Carried, (self.fds,)
-
-    def take(self) -> tuple[Any, ...] | None:
-        """The DupFd objects the first time; ``None`` after (the first view loaded took
-        them and mapped the allocation, or it was mapped already and closed them)."""
-        fds, self.fds = self.fds, None
-        return fds
-
-
-_carrying: weakref.WeakKeyDictionary[Any, dict[str, _Carried]] = weakref.WeakKeyDictionary()
-"""The fds carried by the arguments of each Process being spawned, by allocation id."""
-
-
-def _carried(alloc: Allocation) -> _Carried:
-    """The chunk fds of ``alloc`` for the Process being spawned now: made once per spawn."""
-    popen = get_spawning_popen()
-    per_spawn = _carrying.setdefault(popen, {})
-    carried = per_spawn.get(alloc.id)
-    if carried is None:
-        carried = _Carried(tuple(reduction.DupFd(fd) for fd in alloc.chunk_fds()))
-        per_spawn[alloc.id] = carried
-    return carried
+    return _rebuild_view, (message.message_part(a.allocation, carry_fds), a._view_tuple())
 
 
 def _reduce_for_multiprocessing(a: SharedDeviceArray) -> tuple[Any, tuple[Any, ...]]:
@@ -863,32 +797,37 @@ def load(
             f"not a {type(data).__name__}" + hint
         )
     p = Payload.from_bytes(data)
-    return _load(p, p.dtype, p.shape, p.strides, p.offset, p.readonly, sync, fds)
+    _, high = view_extent(p.dtype.itemsize, p.shape, p.strides)  # (inside: p checked it)
+    part = message.ReceivedPart(p, sync, fds)
+    return _view_of(part, p.dtype, p.shape, p.strides, p.offset, p.readonly, p.offset + high)
 
 
-def _load(
-    p: Payload,
+def _view_of(
+    part: message.ReceivedPart,
     dtype: np.dtype[Any],
     shape: tuple[int, ...],
     strides: tuple[int, ...],
     offset: int,
     readonly: bool,
-    sync: bytes | None,
-    fds: tuple[Any, ...] | None,
+    end: int,
 ) -> SharedDeviceArray:
-    """The view (validated against ``p``'s allocation) of the allocation that the payload
-    ``p`` names, found or mapped by :func:`importing.load_payload`: read-only if either
-    says so, or if this process maps the allocation read-only."""
-    alloc = importing.load_payload(p, sync, fds)
-    readonly = readonly or p.readonly or alloc.access != "rw"
+    """A view (fields checked against ``part``'s payload) of the allocation of ``part``, found
+    or mapped by its first view (:meth:`~sharedarrays.api.message.ReceivedPart.find`):
+    read-only if either says so, or if this process maps the allocation read-only."""
+    alloc = part.allocation
+    if alloc is None:
+        alloc = part.find(readonly)
     try:
-        return SharedDeviceArray(alloc, dtype, shape, strides, offset, readonly)
+        return SharedDeviceArray._new(
+            alloc, dtype, shape, strides, offset, readonly or part.readonly, end
+        )
     except ClosedArrayError:
-        if fds is not None:
-            raise
-        # A parked mapping was dropped (a release notice, the limit) between the lookup and
-        # the new view: it is gone from the registry now, so this maps it anew.
-        return _load(p, dtype, shape, strides, offset, readonly, sync, None)
+        # A parked mapping was dropped (a release notice, the limit) since it was found: it
+        # is gone from the registry now, so this maps it anew.
+        alloc = part.find(readonly)
+        return SharedDeviceArray._new(
+            alloc, dtype, shape, strides, offset, readonly or part.readonly, end
+        )
 
 
 def synchronize(device: DeviceLike = None) -> None:
@@ -935,42 +874,31 @@ def assignable(native: Any, value: Any) -> Any:
     return torch.tensor(np.asarray(value), device=native.device)
 
 
-def _token(sync: object) -> Any:
-    """The ordering token of a reduction's ordering argument: a pickle carries the token
-    itself (bytes or ``None``); copy.copy passes the argument as it is (a fence)."""
-    if sync is not None and type(sync) is not bytes:
-        sync = getattr(sync, "token", sync)
-    return sync  # (load_payload refuses a token that is not bytes)
-
-
-def _rebuild_view(
-    data: bytes, view: object, sync: object = None, fds: object = None
-) -> SharedDeviceArray | othernode.OtherNodeArray:
-    """What a pickled view calls: the allocation's payload ``data`` (decoded once for all
-    the views of a message that share the bytes) and the view's fields ``view`` (a
-    :class:`ViewFields` tuple, checked against the allocation's size).
+def _rebuild_view(part: object, view: object) -> SharedDeviceArray | othernode.OtherNodeArray:
+    """What a pickled view calls: its allocation's part of the message (a
+    :class:`~sharedarrays.api.message.ReceivedPart`, made once per message by the
+    unpickler: the payload decoded, the allocation found or mapped at its first view) and
+    the view's own fields ``view`` (a :class:`ViewFields` tuple, checked against the
+    allocation's payload).
 
     A payload of another node raises :class:`~sharedarrays.WrongNode`, except where
     distributed's own unpickler reads it (a task's specification on a worker of another
     node): there the refusal is deferred to the first use of the array, an
     :class:`~sharedarrays.api.othernode.OtherNodeArray`, so that the task fails and the
     worker stays (see :mod:`sharedarrays.api.othernode`)."""
-    p = Payload.from_bytes(data)
-    dtype = check_view(view, p.size)  # (ViewFields.from_tuple without the record)
-    offset, shape, strides, _, readonly = cast(ViewTuple, view)  # (checked)
-    if readonly and not p.readonly:  # a read-only view maps read-only on first sight
-        p = dataclasses.replace(p, readonly=True)
-    carried = fds.take() if type(fds) is _Carried else fds  # (the views after the first
-    if carried is not None and type(carried) is not tuple:  # find the allocation mapped)
-        raise PayloadError("the handles that travelled with the payload do not match it")
+    if type(part) is message.MessagePart:  # copy.copy of a view: this process's own part
+        part = part.received_here()
+    elif type(part) is not message.ReceivedPart:
+        raise PayloadError("a pickled view is corrupted: its allocation's part is missing")
+    dtype, shape, strides, offset, readonly, end = part.view(view)
     try:
-        return _load(p, dtype, shape, strides, offset, readonly, _token(sync), carried)
+        return _view_of(part, dtype, shape, strides, offset, readonly, end)
     except WrongNode as refused:
         # raised while distributed reads a message, the refusal would break the worker's
         # connection instead of failing the task: deferred to the array's first use
-        if carried is not None or not othernode.read_by_distributed(sys._getframe(1)):
+        if part.blob is None or not othernode.read_by_distributed(sys._getframe(1)):
             raise
-        return othernode.OtherNodeArray(str(refused), _rebuild_view, (data, view, sync))
+        return othernode.OtherNodeArray(str(refused), _rebuild_view, (part, view))
 
 
 def operator_index(n: object) -> int:

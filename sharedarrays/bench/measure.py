@@ -694,7 +694,8 @@ class Run:
                 dumps((task_sharedarrays, (a, False)))
                 parent["pickle_floor_arg"].append(t1 - t0)
                 parent["pickle_array"].append(time.perf_counter() - t1)
-            blob, view, sync = a.__reduce__()[1]  # the allocation's payload, the view's fields
+            part, view = a.__reduce__()[1]  # the allocation's part, the view's fields
+            blob, sync = part.blob, getattr(part.fence, "token", None)
             with _pool(self.cfg) as pool:
                 pool.apply_async(task_sharedarrays, (a, False)).get(TASK_TIMEOUT)
                 worker = pool.apply_async(task_steps, (blob, view, sync, repeats)).get(TASK_TIMEOUT)

@@ -217,6 +217,7 @@ def task_steps(
     ``blob`` and ``view`` are what a pickle of an array this worker already maps carries
     (its allocation's payload and the view's fields: a warm load)."""
     from sharedarrays.api.array import _rebuild_view
+    from sharedarrays.api.message import import_part
     from sharedarrays.protocol.payload import Payload, ViewFields
 
     steps: dict[str, list[float]] = {
@@ -233,7 +234,7 @@ def task_steps(
         t1 = time.perf_counter()
         ViewFields.from_tuple(view, p.size)
         t2 = time.perf_counter()
-        loaded = _rebuild_view(blob, view)
+        loaded = _rebuild_view(import_part(blob), view)  # as unpickling a message does
         t3 = time.perf_counter()
         x = loaded.array
         t4 = time.perf_counter()
@@ -246,7 +247,7 @@ def task_steps(
         steps["native_array"].append(t4 - t3)
         steps["close"].append(t5 - t4)
         if sync is not None:
-            keep = _rebuild_view(blob, view)  # holds the allocation while import_sync is timed
+            keep = _rebuild_view(import_part(blob), view)  # holds the allocation while import_sync is timed
             backend = keep.allocation.backend
             t6 = time.perf_counter()
             backend.import_sync(sync)

@@ -421,15 +421,16 @@ class ViewFields(NamedTuple):
             tuples of ints) or out of bounds, more than 64 dims, or a view that does not lie
             inside the allocation.
         """
-        dtype = check_view(data, size)
+        dtype, _, _ = check_view(data, size)
         offset, shape, strides, _, readonly = cast(ViewTuple, data)  # (checked)
         return cls(offset, shape, strides, dtype, readonly)
 
 
-def check_view(data: object, size: int) -> np.dtype[Any]:
-    """:meth:`ViewFields.from_tuple` without the record: the view's dtype if ``data`` is a
-    valid view tuple of an allocation of ``size`` bytes (what every view of a message runs;
-    no object the collector tracks is made).
+def check_view(data: object, size: int) -> tuple[np.dtype[Any], int, int]:
+    """:meth:`ViewFields.from_tuple` without the record: the view's dtype and extent
+    (:func:`view_extent`: lowest and one-past-highest byte relative to its offset) if ``data``
+    is a valid view tuple of an allocation of ``size`` bytes (what a view of a new layout in a
+    message runs; no object the collector tracks is made).
 
     Raises
     ------
@@ -478,7 +479,7 @@ def check_view(data: object, size: int) -> np.dtype[Any]:
             f"payload's view reaches bytes [{offset + low}, {offset + high}) outside its "
             f"allocation of {size} bytes"
         )
-    return dtype
+    return dtype, low, high
 
 
 def _view_ints(v: object, key: str, low: int) -> None:

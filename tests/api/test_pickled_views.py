@@ -14,7 +14,8 @@ import pytest
 import view_workers
 
 import sharedarrays as sa
-from sharedarrays.api.array import _allocation_bytes, _rebuild_view
+from sharedarrays.api.array import _rebuild_view
+from sharedarrays.api.message import allocation_bytes, import_part
 from sharedarrays.protocol.payload import Payload
 
 
@@ -111,8 +112,9 @@ def test_a_message_carries_each_allocations_payload_once() -> None:
         x.note_loaded()  # a send and a load, which change no count, make them visible now)
     before = sum(x.in_flight()[0] for x in allocations)
     message = pickle.dumps(arrays)
-    assert sum(x.in_flight()[0] for x in allocations) == before + n  # one per view
-    blobs = {_allocation_bytes(a.allocation) for a in arrays}
+    # one per allocation and message
+    assert sum(x.in_flight()[0] for x in allocations) == before + len(allocations)
+    blobs = {allocation_bytes(a.allocation) for a in arrays}
     assert len(blobs) == len(allocations)
     whole = sum(len(a.payload().to_bytes()) for a in arrays)
     for blob in blobs:
@@ -128,14 +130,13 @@ def test_a_message_carries_each_allocations_payload_once() -> None:
 
 def test_the_allocation_payload_is_one_bytes_object_until_the_allocation_grows() -> None:
     g = sa.zeros(1024, "uint8", device="cpu", capacity=1 << 20)
-    first = g.__reduce__()[1][0]
-    assert g[10:].__reduce__()[1][0] is first and g[::2].__reduce__()[1][0] is first
+    first = g.__reduce__()[1][0].blob
+    assert g[10:].__reduce__()[1][0].blob is first and g[::2].__reduce__()[1][0].blob is first
     g.resize(1 << 19)
-    grown = g.__reduce__()[1][0]
+    grown = g.__reduce__()[1][0].blob
     assert grown != first
     assert Payload.from_bytes(grown).size > Payload.from_bytes(first).size
     assert Payload.from_bytes(grown).capacity == g.allocation.capacity
-    g.allocation.note_loaded(4)  # (what the __reduce__ calls counted)
     assert pickle.loads(pickle.dumps(g)).shape == (1 << 19,)
 
 
@@ -149,10 +150,10 @@ def test_copy_copy_passes_the_fence_and_counts_nothing_in_flight() -> None:
 
 def test_the_reduction_is_the_view_reconstructor() -> None:
     a = sa.from_array(np.arange(6, dtype=np.int32).reshape(2, 3), device="cpu", pack=False)
-    fn, (blob, view, fence) = a[:, 1:].__reduce__()
-    a.allocation.note_loaded()
-    assert fn is _rebuild_view and fence is None  # the host orders nothing
+    fn, (part, view) = a[:, 1:].__reduce__()
+    blob = part.blob
+    assert fn is _rebuild_view and part.fence is None  # the host orders nothing
     assert view == (4, (2, 2), (12, 4), "<i4", False)
     p = Payload.from_bytes(blob)
     assert (p.offset, p.shape, p.dtype.str) == (0, (a.allocation.size,), "|u1")
-    assert _rebuild_view(blob, view).get().tolist() == [[1, 2], [4, 5]]
+    assert _rebuild_view(import_part(blob), view).get().tolist() == [[1, 2], [4, 5]]

@@ -541,7 +541,7 @@ def test_one_multiprocessing_message_records_one_event(spin: Spin) -> None:
     def token(a: Any) -> Any:
         """What an importer receives as the ordering token of a message holding ``a`` alone
         (the fence dies with its pickler when this returns)."""
-        return pickle.loads(pickle.dumps(a.__reduce__()[1][2]))
+        return pickle.loads(pickle.dumps(a.__reduce__()[1][0].fence))
 
     idle = bytes(ForkingPickler.dumps(arrays))
     assert sync._records == before and token(arrays[0]) is None  # idle: no event

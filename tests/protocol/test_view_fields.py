@@ -1,5 +1,5 @@
 """A pickled view's own fields (protocol/payload.py ViewFields) and the reduction that carries
-them beside one payload per allocation (api/array.py _rebuild_view)."""
+them beside one payload per allocation (api/array.py _rebuild_view, api/message.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import sharedarrays as sa
 from sharedarrays.api.array import _rebuild_view
+from sharedarrays.api.message import import_part
 from sharedarrays.protocol.payload import MAX_NDIM, MAX_SIZE, Payload, ViewFields, view_extent
 
 _A = sa.from_array(np.arange(48, dtype=np.float32).reshape(6, 8), device="cpu", pack=False)
@@ -21,10 +22,14 @@ _SIZE = _A.allocation.size
 
 def _parts(a: sa.SharedDeviceArray) -> tuple[bytes, tuple[object, ...]]:
     """The allocation's payload and the view's tuple that a pickle of ``a`` carries."""
-    fn, args = a.__reduce__()
+    fn, (part, view) = a.__reduce__()
     assert fn is _rebuild_view
-    a.allocation.note_loaded()  # (nothing loads what this reduction counted in flight)
-    return args[0], args[1]
+    return part.blob, view
+
+
+def _rebuild(blob: object, view: object) -> object:
+    """What unpickling a message of one view calls: the allocation's part, then the view."""
+    return _rebuild_view(import_part(blob), view)  # type: ignore[arg-type]
 
 
 _BLOB, _VIEW = _parts(_A[1:, ::2])
@@ -51,9 +56,14 @@ def test_the_allocation_part_is_the_whole_allocation() -> None:
 
 def test_pickle_names_only_the_reconstructor() -> None:
     ops = list(pickletools.genops(pickle.dumps(_A)))
-    assert [op.name for op, _, _ in ops if "GLOBAL" in op.name] == ["STACK_GLOBAL"]
+    # the view's reconstructor and its allocation part's
+    assert [op.name for op, _, _ in ops if "GLOBAL" in op.name] == ["STACK_GLOBAL"] * 2
     strings = [arg for op, arg, _ in ops if op.name in ("SHORT_BINUNICODE", "BINUNICODE")]
-    assert strings == ["sharedarrays.api.array", "_rebuild_view", "<f4"]
+    assert strings == ["sharedarrays.api.array", "_rebuild_view"] + [
+        "sharedarrays.api.message",
+        "import_part",
+        "<f4",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -95,7 +105,7 @@ def test_bad_view_tuples_are_payload_errors(view: object) -> None:
     with pytest.raises(sa.PayloadError):
         ViewFields.from_tuple(view, _SIZE)
     with pytest.raises(sa.PayloadError):
-        _rebuild_view(_BLOB, view)
+        _rebuild(_BLOB, view)
 
 
 def test_a_view_is_checked_against_its_own_allocation() -> None:
@@ -104,17 +114,17 @@ def test_a_view_is_checked_against_its_own_allocation() -> None:
     view = (60000, (100,), (1,), "|u1", False)
     assert ViewFields.from_tuple(view, big.allocation.size).offset == 60000
     with pytest.raises(sa.PayloadError, match=rf"'offset' must be an int in \[0, {_SIZE}\]"):
-        _rebuild_view(_BLOB, view)
+        _rebuild(_BLOB, view)
     with pytest.raises(sa.PayloadError, match="outside its allocation"):
-        _rebuild_view(_BLOB, (4000, (100,), (1,), "|u1", False))
+        _rebuild(_BLOB, (4000, (100,), (1,), "|u1", False))
     blob, _ = _parts(big)
-    assert _rebuild_view(blob, view).get().shape == (100,)
+    assert _rebuild(blob, view).get().shape == (100,)
 
 
 def test_the_payload_part_must_be_a_payload() -> None:
     for bad in (None, "SA1", _VIEW, b"", b"SA2" + _BLOB[3:]):
         with pytest.raises(sa.PayloadError):
-            _rebuild_view(bad, _VIEW)  # type: ignore[arg-type]
+            _rebuild(bad, _VIEW)  # type: ignore[arg-type]
 
 
 _INTS = st.integers(min_value=-(2**70), max_value=2**70)
@@ -142,7 +152,7 @@ def test_forged_view_tuples_fail_or_stay_inside_the_allocation(view: object) -> 
     """A forged view tuple (the allocation's payload unaltered) is a PayloadError or a view
     inside the allocation, with exactly the fields it named."""
     try:
-        v = _rebuild_view(_BLOB, view)
+        v = _rebuild(_BLOB, view)
     except sa.PayloadError:
         return
     assert type(view) is tuple
@@ -152,3 +162,53 @@ def test_forged_view_tuples_fail_or_stay_inside_the_allocation(view: object) -> 
     assert v.offset + low >= 0 and v.offset + high <= _SIZE
     assert v.array.shape == v.shape  # (the native array over it can be made)
     v.close()
+
+
+_PART = import_part(_BLOB)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(offset=_SMALL | _INTS | _JUNK, readonly=st.booleans() | _JUNK)
+def test_a_message_part_checks_every_view_of_a_layout_it_saw(
+    offset: object, readonly: object
+) -> None:
+    """The views after the first of one layout in a message (the same shape, strides and
+    dtype objects: the sender interns them) skip the layout's check, not the bounds: a
+    forged offset or read-only flag is refused or lands inside the allocation."""
+    offset0, shape, strides, dtype_str, _ = _VIEW
+    seen = _rebuild_view(_PART, (offset0, shape, strides, dtype_str, False))
+    assert seen.shape == shape
+    view = (offset, shape, strides, dtype_str, readonly)
+    try:
+        v = _rebuild_view(_PART, view)
+    except sa.PayloadError:
+        assert type(offset) is not int or type(readonly) is not bool or offset < 0 or (
+            offset + view_extent(4, shape, strides)[1] > _SIZE
+        )
+        return
+    assert (v.offset, v.shape, v.strides, v.dtype.str, v.readonly) == view
+    low, high = view_extent(v.itemsize, v.shape, v.strides)
+    assert 0 <= v.offset + low and v.offset + high <= _SIZE
+
+
+def test_a_message_finds_its_allocation_once() -> None:
+    """Every view of one allocation in a message shares one part: the payload is decoded and
+    the allocation found once (one load counted), each view checked on its own."""
+    views = [_A[i : i + 1] for i in range(6)] + [_A[::2, ::-1]]
+    message = pickle.dumps(views)
+    calls: list[object] = []
+    from sharedarrays import importing
+
+    real = importing.load_payload
+
+    def counting(*args: object, **kwargs: object) -> object:
+        calls.append(args[0])
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    importing.load_payload = counting  # type: ignore[assignment]
+    try:
+        loaded = pickle.loads(message)
+    finally:
+        importing.load_payload = real
+    assert len(calls) == 1
+    assert [v.get().tolist() for v in loaded] == [v.get().tolist() for v in views]

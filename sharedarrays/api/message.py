@@ -1,0 +1,272 @@
+"""One allocation's part of one pickled message: what every view of it in the message shares.
+
+A pickled view is ``_rebuild_view(part, view)`` (:mod:`sharedarrays.api.array`): ``part`` is
+a :class:`MessagePart`, made once per allocation and message, and ``view`` the view's own
+fields (:class:`~sharedarrays.protocol.payload.ViewFields` as a tuple). The part pickles as
+``import_part(payload, token[, fds])``: the allocation's payload (one bytes object per
+allocation, process and generation), the message's ordering token, and the chunk fds where
+a spawned Process's arguments carry them. Pickle's memo writes a part once per message and
+the unpickler calls :func:`import_part` once: so the importer decodes the payload, finds or
+maps the allocation, counts the payload loaded and waits for the token once per allocation
+and message, and each further view costs a check of its tuple (:meth:`ReceivedPart.view`)
+and a lease.
+
+Counting in flight follows the same unit: a part counts one payload in flight when a pickler
+writes it (:meth:`MessagePart.__reduce__`, once per message that carries the allocation),
+and the importer counts one load (its first view). ``copy.copy`` of a view calls
+the reconstructor with the part itself (no pickler wrote it): nothing is counted either way.
+
+How a view finds its message's part: as the ordering fence does
+(:func:`sharedarrays.backends.cuda.sync.fence`), through a weak reference in this thread. The
+pickler's memo holds every object it pickled until the pickler is freed, so while one
+``dumps`` runs every view of an allocation finds the same part, and the next message (a new
+pickler) makes a new one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import weakref
+from multiprocessing import reduction
+from multiprocessing.context import get_spawning_popen
+from typing import Any
+
+import numpy as np
+
+from sharedarrays import importing
+from sharedarrays.errors import PayloadError
+from sharedarrays.memory import Allocation
+from sharedarrays.node import this_node
+from sharedarrays.protocol.payload import Payload, check_view
+from sharedarrays.transport import handles as transport
+
+__all__ = [
+    "MessagePart",
+    "ReceivedPart",
+    "allocation_bytes",
+    "allocation_payload",
+    "import_part",
+    "message_part",
+]
+
+
+_BYTES = np.dtype(np.uint8)
+
+
+def allocation_payload(alloc: Allocation) -> Payload:
+    """The payload of the whole allocation (a canonical view: uint8 bytes from offset 0)
+    that pickles of its views carry; starts this process's handle server."""
+    pid, server = os.getpid(), alloc.source_server  # a growable array names its exporter
+    if server is None:
+        server = transport.server_address()
+    else:
+        pid = alloc.origin.pid
+    chunks = tuple(alloc.chunk_sizes())
+    size = sum(chunks)
+    return Payload(
+        backend=alloc.backend.name,
+        device=alloc.device.index,
+        alloc_id=alloc.id,
+        secret=alloc.secret,
+        pid=pid,
+        server=server,
+        chunks=chunks,
+        dtype=_BYTES,
+        shape=(size,),
+        strides=(1,),
+        offset=0,
+        readonly=alloc.export_readonly,
+        capacity=alloc.capacity if alloc.growable else None,
+        node=this_node(),
+    )
+
+
+def allocation_bytes(alloc: Allocation) -> bytes:
+    """The encoded :func:`allocation_payload`, made once per allocation, process and
+    generation (it changes only when a growable allocation gains or loses chunks, or
+    moves): the same bytes object for every message."""
+    cached = alloc.encoded
+    pid = os.getpid()
+    if cached is None or cached[0] != pid or cached[1] != alloc.generation:
+        cached = (pid, alloc.generation, allocation_payload(alloc).to_bytes())
+        alloc.encoded = cached
+    return cached[2]
+
+
+# the sender's side -------------------------------------------------------------------------
+class MessagePart:
+    """One allocation's part of the message being pickled now (see the module's notes).
+
+    Attributes
+    ----------
+    allocation : Allocation
+        The allocation (never pickled: the part pickles as its payload).
+    blob : bytes
+        The allocation's encoded payload (:func:`allocation_bytes`).
+    fence : object or None
+        The backend's ordering argument for the message (pickles as its token).
+    fds : tuple or None
+        The chunk fds (multiprocessing's ``DupFd``) when a spawned Process's arguments carry
+        them; the child then asks no handle server, and nothing is counted in flight.
+    """
+
+    __slots__ = ("allocation", "blob", "fence", "fds", "__weakref__")
+
+    def __init__(
+        self, allocation: Allocation, blob: bytes, fence: object, fds: tuple[Any, ...] | None
+    ) -> None:
+        self.allocation = allocation
+        self.blob = blob
+        self.fence = fence
+        self.fds = fds
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # called once per pickler that writes this part (then a memo reference): one payload
+        # in flight per message, where it names this process's handle server
+        alloc = self.allocation
+        if self.fds is not None:
+            return import_part, (self.blob, self.fence, self.fds)
+        if alloc.source_server is None:
+            alloc.note_sent()
+        return import_part, (self.blob, self.fence)
+
+    def received_here(self) -> ReceivedPart:
+        """The part as this process's own reconstructor takes it (``copy.copy`` of a view
+        passes the part itself): the allocation is known, nothing is counted or waited for."""
+        part = ReceivedPart(Payload.from_bytes(self.blob), None, None)
+        part.bind(self.allocation)
+        return part
+
+
+_parts = threading.local()
+_PARTS_TIDY = 256  # entries in one thread's table past which dead references are dropped
+
+
+def message_part(alloc: Allocation, carry_fds: bool) -> MessagePart:
+    """The part of ``alloc`` in the message this thread is pickling (made on its first view:
+    the allocation's payload, the backend's ordering fence, and with ``carry_fds`` the chunk
+    fds for the Process being spawned)."""
+    refs: dict[Any, weakref.ref[MessagePart]] | None = getattr(_parts, "refs", None)
+    if refs is None:
+        refs = _parts.refs = {}
+    key = (alloc.id, get_spawning_popen()) if carry_fds else alloc.id
+    ref = refs.get(key)
+    found = None if ref is None else ref()
+    blob = allocation_bytes(alloc)
+    if found is not None and found.blob is blob and found.allocation is alloc:
+        return found
+    fds = _carried(alloc) if carry_fds else None
+    made = MessagePart(alloc, blob, alloc.backend.export_fence(), fds)
+    if len(refs) >= _PARTS_TIDY:
+        for k in [k for k, r in refs.items() if r() is None]:
+            del refs[k]
+    refs[key] = weakref.ref(made)
+    return made
+
+
+_carrying: weakref.WeakKeyDictionary[Any, dict[str, tuple[Any, ...]]] = weakref.WeakKeyDictionary()
+"""The fds carried by the arguments of each Process being spawned, by allocation id."""
+
+
+def _carried(alloc: Allocation) -> tuple[Any, ...]:
+    """The chunk fds of ``alloc`` for the Process being spawned now (multiprocessing's DupFd,
+    made once per spawn and allocation: a spawner refuses an fd passed twice)."""
+    per_spawn = _carrying.setdefault(get_spawning_popen(), {})
+    fds = per_spawn.get(alloc.id)
+    if fds is None:
+        fds = per_spawn[alloc.id] = tuple(reduction.DupFd(fd) for fd in alloc.chunk_fds())
+    return fds
+
+
+# the importer's side -----------------------------------------------------------------------
+def import_part(blob: bytes, token: object = None, fds: object = None) -> ReceivedPart:
+    """What a pickled :class:`MessagePart` calls, once per message: the decoded payload (the
+    allocation is found or mapped at the first view, which says whether it maps read-only).
+
+    Raises
+    ------
+    PayloadError
+        A malformed or altered payload.
+    """
+    if token is not None and type(token) is not bytes:
+        raise PayloadError("the ordering token that travelled with the payload is malformed")
+    if fds is not None and type(fds) is not tuple:
+        raise PayloadError("the handles that travelled with the payload do not match it")
+    return ReceivedPart(Payload.from_bytes(blob), token, fds, blob)
+
+
+class ReceivedPart:
+    """One allocation's part of a message being loaded here: its payload (decoded once), the
+    allocation once the first view found or mapped it, and the last view layout checked.
+
+    Pickled again (a view that :class:`~sharedarrays.api.othernode.OtherNodeArray` stands
+    for), it is its payload and token.
+    """
+
+    __slots__ = ("payload", "blob", "token", "fds", "allocation", "readonly", "_layout")
+
+    def __init__(
+        self,
+        payload: Payload,
+        token: bytes | None,
+        fds: tuple[Any, ...] | None,
+        blob: bytes | None = None,
+    ) -> None:
+        self.payload = payload
+        self.blob = blob
+        self.token = token
+        self.fds = fds
+        self.allocation: Allocation | None = None
+        self.readonly = payload.readonly  # every view of it is read-only here
+        # (shape, strides, dtype string) of the last view checked, its dtype and extent
+        self._layout: tuple[Any, ...] | None = None
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        blob = self.blob if self.blob is not None else self.payload.to_bytes()
+        return import_part, (blob, self.token)
+
+    def bind(self, alloc: Allocation) -> None:
+        """Take ``alloc`` as the allocation of every view of the part."""
+        self.allocation = alloc
+        self.readonly = self.payload.readonly or alloc.access != "rw"
+
+    def find(self, readonly: bool) -> Allocation:
+        """Find or map the allocation (:func:`sharedarrays.importing.load_payload`: counts the
+        payload loaded and waits for the token), read-only on first sight if the first view
+        is; the carried fds are used once."""
+        p = self.payload
+        if readonly and not p.readonly:  # a read-only view maps read-only on first sight
+            p = dataclasses.replace(p, readonly=True)
+        fds, self.fds = self.fds, None
+        alloc = importing.load_payload(p, self.token, fds)
+        self.bind(alloc)
+        return alloc
+
+    def view(self, view: object) -> tuple[Any, ...]:
+        """The checked fields of a view of this part: ``(dtype, shape, strides, offset,
+        readonly, end)`` (``end``: one past the last byte it touches).
+
+        Raises
+        ------
+        PayloadError
+            As :meth:`~sharedarrays.protocol.payload.ViewFields.from_tuple`.
+        """
+        layout = self._layout
+        if type(view) is tuple and len(view) == 5 and layout is not None:
+            offset, shape, strides, dtype_str, readonly = view
+            if (
+                shape is layout[0]
+                and strides is layout[1]
+                and dtype_str is layout[2]
+                and type(offset) is int
+                and type(readonly) is bool
+            ):  # the layout of the view before (the sender interns them): only the bounds
+                low, high = layout[4], layout[5]
+                if offset + low >= 0 and offset + high <= self.payload.size and offset >= 0:
+                    return layout[3], shape, strides, offset, readonly, offset + high
+        dtype, low, high = check_view(view, self.payload.size)
+        offset, shape, strides, dtype_str, readonly = view  # type: ignore[misc]
+        self._layout = (shape, strides, dtype_str, dtype, low, high)
+        return dtype, shape, strides, offset, readonly, offset + high
