@@ -150,6 +150,40 @@ def test_many_small_arrays_share_one_allocation(target: Target, pool: Any) -> No
     assert allocations == len({x.allocation.id for x in arrays})
 
 
+def _memory_of(native: Any) -> object:
+    """The memory object a native array looks into (NumPy: its base; CuPy: its memory)."""
+    data = getattr(native, "data", None)
+    mem = getattr(data, "mem", None)
+    return mem if mem is not None else native.base
+
+
+def test_native_arrays_share_the_memory_and_hold_it_after_their_views(target: Target) -> None:
+    """The native arrays of two views of one allocation keep it mapped after the views are
+    closed, each until it goes; where the backend derives them from one native array of the
+    allocation (``native_view``), they share its memory object."""
+    ref = np.arange(4096, dtype=np.float32)
+    a = target.from_array(ref, pack=False)
+    alloc_id = a.allocation.id
+    shares = getattr(a.allocation.backend, "native_view", None) is not None
+    first, second = a[:1024], a[1024:]
+    n1, n2 = first.array, second.array
+    if shares:
+        assert _memory_of(n1) is _memory_of(n2)
+    first.close()
+    second.close()
+    a.close()
+    del a, first, second
+    gc.collect()
+    assert lookup(alloc_id) is not None  # the native arrays hold it
+    assert float(n1.sum()) + float(n2.sum()) == float(ref.sum())
+    del n1
+    gc.collect()
+    assert lookup(alloc_id) is not None
+    del n2
+    gc.collect()
+    assert lookup(alloc_id) is None  # released with the last of them
+
+
 def test_release_while_an_importer_holds_it(target: Target) -> None:
     """Any holder: the exporter's release frees its own hold at once, the importer keeps
     the memory. Exporter-owned: the release leaves the allocation draining, the memory

@@ -309,6 +309,17 @@ class SharedDeviceArray(NativeArrayMethods):
         if native is None:
             alloc = self.allocation
             assert self._lease is not None  # self.allocation raised if closed
+            derive = getattr(alloc.backend, "native_view", None)
+            if derive is not None and not alloc.growable:  # one native memory per allocation
+                native = self._native = derive(
+                    alloc.native_base(),
+                    self._offset,
+                    self._dtype,
+                    self._shape,
+                    self._strides,
+                    self._readonly,
+                )
+                return native
             native = alloc.backend.as_native(
                 alloc.address,
                 alloc.size,

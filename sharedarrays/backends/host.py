@@ -402,6 +402,24 @@ class HostBackend:
     ) -> np.ndarray[Any, Any]:
         return as_host_array(address + offset, owner, dtype, shape, strides, readonly)
 
+    def native_view(
+        self,
+        base: np.ndarray[Any, Any],
+        offset: int,
+        dtype: np.dtype[Any],
+        shape: tuple[int, ...],
+        strides: tuple[int, ...],
+        readonly: bool,
+    ) -> np.ndarray[Any, Any]:
+        """A NumPy array over ``base``'s buffer (the whole allocation as bytes), which it
+        keeps alive; read-only if ``readonly`` or if ``base`` is."""
+        view: np.ndarray[Any, Any] = np.ndarray(
+            shape, dtype, buffer=base, offset=offset, strides=strides
+        )
+        if readonly:
+            view.flags.writeable = False
+        return view
+
     def to_native(self, obj: Any) -> np.ndarray[Any, Any]:
         if isinstance(obj, np.ndarray):
             return obj

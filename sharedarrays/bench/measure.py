@@ -44,6 +44,7 @@ from sharedarrays.bench.worker import (
     raise_fd_limit,
     task_bandwidth,
     task_cleanup,
+    task_cold_bound,
     task_floor,
     task_many,
     task_many_torch,
@@ -52,6 +53,9 @@ from sharedarrays.bench.worker import (
 )
 
 __all__ = ["Run", "stats"]
+
+BOUND_REPEATS = 21
+"""New arrays whose cold load's two fixed steps are timed alone (:meth:`Run.cold_bound`)."""
 
 
 def stats(samples_s: Sequence[float]) -> dict[str, Any]:
@@ -497,6 +501,39 @@ class Run:
             )
         for name, why in out["not_measured"].items():
             _log(f"  {kind} {label:>4} {name:<13} not measured: {why}")
+        if cold and "sharedarrays" in over:
+            out["bound"] = self.cold_bound(pool, size)
+        return out
+
+    def cold_bound(self, pool: Pool, size: int) -> dict[str, Any]:
+        """What bounds sharedarrays' cold handoff of ``size``: the handle request to the
+        exporter and the mapping, each timed alone in the worker (:func:`task_cold_bound`),
+        over ``BOUND_REPEATS`` new arrays; medians in ms."""
+        import sharedarrays as sa
+        from sharedarrays.api.message import allocation_bytes
+
+        steps: dict[str, list[float]] = {"fetch": [], "map": []}
+        try:
+            for _ in range(BOUND_REPEATS):
+                a = sa.empty(size // 4, "float32", device=self.cfg.device)
+                try:
+                    got = pool.apply_async(task_cold_bound, (allocation_bytes(a.allocation),)).get(
+                        TASK_TIMEOUT
+                    )
+                finally:
+                    a.close()
+                for k, v in got.items():
+                    steps[k].append(v)
+        except Exception as e:
+            return {"failed": f"{type(e).__name__}: {e}"}
+        out: dict[str, Any] = {f"{k}_ms": statistics.median(v) * 1e3 for k, v in steps.items()}
+        out["repeats"] = BOUND_REPEATS
+        out["bound_ms"] = out["fetch_ms"] + out["map_ms"]
+        _log(
+            f"  cold {size_label(size):>4} bound, alone in the worker: handle request "
+            f"{out['fetch_ms']:.3f} ms + mapping {out['map_ms']:.3f} ms = "
+            f"{out['bound_ms']:.3f} ms (median of {BOUND_REPEATS})"
+        )
         return out
 
     def _rounds(

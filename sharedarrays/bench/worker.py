@@ -25,6 +25,7 @@ __all__ = [
     "task_torch",
     "task_cuda_core",
     "task_shm",
+    "task_cold_bound",
     "task_many",
     "task_many_torch",
     "task_drop",
@@ -209,6 +210,34 @@ def task_bandwidth(x_shared: Any, y_shared: Any, repeats: int) -> dict[str, list
     return {"shared_ms": shared, "plain_ms": plain}
 
 
+def task_cold_bound(blob: bytes) -> dict[str, float]:
+    """The two steps of a cold load that no cut of this library's Python removes, timed
+    alone (seconds): ``fetch``, the request to the exporter's handle server for the chunk
+    handles of the allocation whose payload ``blob`` is (the importer shows the payload's
+    secret before any handle is given: one round trip), and ``map``, mapping them here (the
+    driver's import, reserve, map and access calls, with the allocation's record). The
+    mapping is released after (not timed)."""
+    from sharedarrays import importing
+    from sharedarrays.memory.allocation import drop_parked
+    from sharedarrays.protocol.payload import Payload
+    from sharedarrays.transport import client
+    from sharedarrays.transport import handles as transport
+
+    p = Payload.from_bytes(blob)
+    request = importing.Request(p)
+    request.backend()  # (a backend's first use here is not what is timed)
+    reply_to = transport.server_address()
+    t0 = time.perf_counter()
+    sizes, fds, exports = client.fetch_handles(p.server, p.pid, p.alloc_id, p.secret, reply_to)
+    t1 = time.perf_counter()
+    alloc = importing._map(request, importing.Handles(sizes, fds, exports))
+    t2 = time.perf_counter()
+    alloc.lease()  # (a lease that ends at once: the mapping is released or parked)
+    del alloc
+    drop_parked()
+    return {"fetch": t1 - t0, "map": t2 - t1}
+
+
 def task_steps(
     blob: bytes, view: tuple[Any, ...], sync: bytes | None, repeats: int
 ) -> dict[str, float]:
@@ -247,7 +276,8 @@ def task_steps(
         steps["native_array"].append(t4 - t3)
         steps["close"].append(t5 - t4)
         if sync is not None:
-            keep = _rebuild_view(import_part(blob), view)  # holds the allocation while import_sync is timed
+            # (holds the allocation while import_sync is timed)
+            keep = _rebuild_view(import_part(blob), view)
             backend = keep.allocation.backend
             t6 = time.perf_counter()
             backend.import_sync(sync)

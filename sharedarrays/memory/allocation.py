@@ -34,8 +34,11 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Mapping
-from typing import cast
+from typing import Any, cast
+
+import numpy as np
 
 from sharedarrays.backends import Access, Backend, Chunk, MappingBackend, round_up
 from sharedarrays.backends.device import Device
@@ -163,6 +166,9 @@ def wait_draining(timeout: float) -> list[Allocation]:
         if not held or time.monotonic() >= deadline:
             return held
         time.sleep(0.05)
+
+
+_BYTES = np.dtype(np.uint8)
 
 
 class Lease:
@@ -298,6 +304,7 @@ class Allocation(Growth):
         self.write_sealed = False
         """Whether the kernel forbids every new write to the memory (``readonly=True`` on the
         host backend): only the creator's mappings made before can write."""
+        self._native_base: tuple[int | None, weakref.ref[Any]] | None = None
         self.encoded: tuple[int, int, bytes] | None = None
         """The payload of the whole allocation that pickles of its views carry, with the pid
         and :attr:`generation` it was made for (:mod:`sharedarrays.api.array` makes it): one
@@ -541,6 +548,36 @@ class Allocation(Growth):
             with state.lock:
                 state.parked.pop(self.id, None)
         return Lease(self, end, reservation)
+
+    def native_base(self) -> Any:
+        """The native array of the whole allocation as bytes (``uint8``, offset 0), which the
+        native arrays of its views share in this process (a backend's ``native_view``
+        derives them from it: one native memory object per allocation, not per view).
+
+        Made on first use with a lease of its own, pinned, and only weakly remembered: it
+        lives while a native array made from it does, and the lease ends with it. Read-only
+        where this process maps the allocation read-only. Not for a growable allocation,
+        whose views' native arrays each pin the reservation of their own time."""
+        device = self.native_device
+        cached = self._native_base
+        if cached is not None and cached[0] == device:
+            base = cached[1]()
+            if base is not None:
+                return base
+        size = self.size
+        base = self.backend.as_native(
+            self.address,
+            size,
+            0,
+            self.lease(pin=True),
+            _BYTES,
+            (size,),
+            (1,),
+            self.access != "rw",
+            device,
+        )
+        self._native_base = (device, weakref.ref(base))
+        return base
 
     def pin(self, lease: Lease) -> Lease:
         """Make ``lease`` (one of this allocation's) keep the current reservation mapped

@@ -157,3 +157,18 @@ def test_the_reduction_is_the_view_reconstructor() -> None:
     p = Payload.from_bytes(blob)
     assert (p.offset, p.shape, p.dtype.str) == (0, (a.allocation.size,), "|u1")
     assert _rebuild_view(import_part(blob), view).get().tolist() == [[1, 2], [4, 5]]
+
+
+def test_native_arrays_of_loaded_views_share_one_base_and_keep_read_only() -> None:
+    """The views of a message share their allocation's native base: NumPy arrays over its
+    buffer; a read-only view's native array refuses writes, the others do not."""
+    a = sa.from_array(np.arange(64, dtype=np.float32), device="cpu", pack=False)
+    views = [a[:8], _readonly(a[8:16]), a[::-4]]
+    loaded = pickle.loads(pickle.dumps(views))
+    natives = [v.array for v in loaded]
+    assert natives[0].base is natives[1].base is natives[2].base
+    assert natives[0].base.nbytes == a.allocation.size
+    assert [n.flags.writeable for n in natives] == [True, False, True]
+    assert natives[2].tolist() == np.arange(64, dtype=np.float32)[::-4].tolist()
+    natives[0][0] = 42.0
+    assert float(a.get()[0]) == 42.0

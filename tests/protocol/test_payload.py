@@ -39,9 +39,9 @@ def test_pickle_names_only_the_reconstructor() -> None:
     # the view's reconstructor and its allocation part's
     assert [op.name for op, _, _ in ops if "GLOBAL" in op.name] == ["STACK_GLOBAL"] * 2
     strings = [arg for op, arg, _ in ops if op.name in ("SHORT_BINUNICODE", "BINUNICODE")]
-    assert strings == ["sharedarrays.api.array", "_rebuild_view"] + [
-        "sharedarrays.api.message",
-        "import_part",
+    assert strings == [
+        *("sharedarrays.api.array", "_rebuild_view"),
+        *("sharedarrays.api.message", "import_part"),
         "<f4",
     ]
 

@@ -59,9 +59,9 @@ def test_pickle_names_only_the_reconstructor() -> None:
     # the view's reconstructor and its allocation part's
     assert [op.name for op, _, _ in ops if "GLOBAL" in op.name] == ["STACK_GLOBAL"] * 2
     strings = [arg for op, arg, _ in ops if op.name in ("SHORT_BINUNICODE", "BINUNICODE")]
-    assert strings == ["sharedarrays.api.array", "_rebuild_view"] + [
-        "sharedarrays.api.message",
-        "import_part",
+    assert strings == [
+        *("sharedarrays.api.array", "_rebuild_view"),
+        *("sharedarrays.api.message", "import_part"),
         "<f4",
     ]
 
@@ -182,13 +182,16 @@ def test_a_message_part_checks_every_view_of_a_layout_it_saw(
     try:
         v = _rebuild_view(_PART, view)
     except sa.PayloadError:
-        assert type(offset) is not int or type(readonly) is not bool or offset < 0 or (
-            offset + view_extent(4, shape, strides)[1] > _SIZE
+        assert (
+            type(offset) is not int
+            or type(readonly) is not bool
+            or offset < 0
+            or (offset + view_extent(4, shape, strides)[1] > _SIZE)
         )
         return
     assert (v.offset, v.shape, v.strides, v.dtype.str, v.readonly) == view
     low, high = view_extent(v.itemsize, v.shape, v.strides)
-    assert 0 <= v.offset + low and v.offset + high <= _SIZE
+    assert v.offset + low >= 0 and v.offset + high <= _SIZE
 
 
 def test_a_message_finds_its_allocation_once() -> None:

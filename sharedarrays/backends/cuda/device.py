@@ -257,6 +257,22 @@ class CudaDevice:
         pointer = cupy.cuda.MemoryPointer(memory, offset)
         return cupy.ndarray(shape, dtype=dtype, memptr=pointer, strides=strides)
 
+    def native_view(
+        self,
+        base: Any,
+        offset: int,
+        dtype: np.dtype[Any],
+        shape: tuple[int, ...],
+        strides: tuple[int, ...],
+        readonly: bool,
+    ) -> Any:
+        """A ``cupy.ndarray`` at ``base``'s pointer plus ``offset`` (``base``: the whole
+        allocation as bytes, whose memory object, and so whose owner, it shares). CuPy has
+        no read-only arrays: ``readonly`` is the caller's to enforce."""
+        import cupy
+
+        return cupy.ndarray(shape, dtype=dtype, memptr=base.data + offset, strides=strides)
+
     def to_native(self, obj: Any) -> Any:
         """Return ``obj`` as a ``cupy.ndarray`` on this device (copying only when needed).
 
