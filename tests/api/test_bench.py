@@ -96,7 +96,7 @@ def test_bench_cpu_quick(tmp_path: Path) -> None:
     assert targets["warm over the floor <= +40 us at 1M"]["status"] in ("PASS", "MISS")
     assert targets["cold over the floor <= +0.35 ms at 1M"]["status"] in ("PASS", "MISS", "BOUND")
     bound = data["overhead"]["cold"]["sizes"][str(1 << 20)]["bound"]
-    assert 0 < bound["fetch_ms"] and 0 < bound["map_ms"]
+    assert bound["fetch_ms"] > 0 and bound["map_ms"] > 0
     assert bound["bound_ms"] == bound["fetch_ms"] + bound["map_ms"]
     torch_row = targets["warm over the floor >= 4x below torch at 1M"]
     assert torch_row["status"] == "n/a"
