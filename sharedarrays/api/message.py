@@ -151,7 +151,8 @@ def message_part(alloc: Allocation, carry_fds: bool) -> MessagePart:
     refs: dict[Any, weakref.ref[MessagePart]] | None = getattr(_parts, "refs", None)
     if refs is None:
         refs = _parts.refs = {}
-    key = (alloc.id, get_spawning_popen()) if carry_fds else alloc.id
+    # (the spawn's id, not the Popen: a key would keep it, and its pipes, open)
+    key = (alloc.id, id(get_spawning_popen())) if carry_fds else alloc.id
     ref = refs.get(key)
     found = None if ref is None else ref()
     blob = allocation_bytes(alloc)

@@ -34,7 +34,6 @@ import sys
 import threading
 import time
 import warnings
-import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
@@ -304,7 +303,7 @@ class Allocation(Growth):
         self.write_sealed = False
         """Whether the kernel forbids every new write to the memory (``readonly=True`` on the
         host backend): only the creator's mappings made before can write."""
-        self._native_base: tuple[int | None, weakref.ref[Any]] | None = None
+        self._native_base: tuple[int | None, Any] | None = None  # (device, native array)
         self.encoded: tuple[int, int, bytes] | None = None
         """The payload of the whole allocation that pickles of its views carry, with the pid
         and :attr:`generation` it was made for (:mod:`sharedarrays.api.array` makes it): one
@@ -554,16 +553,17 @@ class Allocation(Growth):
         native arrays of its views share in this process (a backend's ``native_view``
         derives them from it: one native memory object per allocation, not per view).
 
-        Made on first use with a lease of its own, pinned, and only weakly remembered: it
-        lives while a native array made from it does, and the lease ends with it. Read-only
-        where this process maps the allocation read-only. Not for a growable allocation,
-        whose views' native arrays each pin the reservation of their own time."""
+        Made on first use with a lease of its own, pinned, and kept while a view holds the
+        allocation: when only its own lease is left, it is let go (:meth:`_unlease`), and
+        its lease ends with the last native array made from it. (Kept, not weakly
+        remembered: a CuPy array holds its memory object, not the array it was derived
+        from.) Read-only where this process maps the allocation read-only. Not for a
+        growable allocation, whose views' native arrays each pin the reservation of their
+        own time."""
         device = self.native_device
         cached = self._native_base
         if cached is not None and cached[0] == device:
-            base = cached[1]()
-            if base is not None:
-                return base
+            return cached[1]
         size = self.size
         base = self.backend.as_native(
             self.address,
@@ -576,7 +576,9 @@ class Allocation(Growth):
             self.access != "rw",
             device,
         )
-        self._native_base = (device, weakref.ref(base))
+        with self._lock:
+            replaced, self._native_base = self._native_base, (device, base)
+        del replaced  # (a peer device's, if any: its lease ends with its native arrays)
         return base
 
     def pin(self, lease: Lease) -> Lease:
@@ -602,9 +604,18 @@ class Allocation(Growth):
             else:
                 self._ends.pop(end, None)
             self._leases -= 1
-            if self._leases or self._released:
-                return
+            base = self._native_base
+            if base is not None and self._leases == 1:  # only the native base's lease left
+                self._native_base = None
+            else:
+                base = None
+            done = bool(self._leases) or self._released
             park = not self.origin.created_here and not self._orphaned
+        if done:
+            # (the native base let go outside the lock: where no native array of it is left,
+            # its lease ends now and comes back here, as the last)
+            del base
+            return
         # a mapping whose source process has exited will not be handed to us again: drop it
         limit = keep_imports() if park and running(self.origin.pid) else 0
         if limit == 0:
