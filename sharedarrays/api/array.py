@@ -897,12 +897,20 @@ def _rebuild_view(part: object, view: object) -> SharedDeviceArray | othernode.O
     node): there the refusal is deferred to the first use of the array, an
     :class:`~sharedarrays.api.othernode.OtherNodeArray`, so that the task fails and the
     worker stays (see :mod:`sharedarrays.api.othernode`)."""
-    if type(part) is message.MessagePart:  # copy.copy of a view: this process's own part
-        part = part.received_here()
-    elif type(part) is not message.ReceivedPart:
-        raise PayloadError("a pickled view is corrupted: its allocation's part is missing")
+    if type(part) is not _ReceivedPart:
+        if type(part) is not message.MessagePart:
+            raise PayloadError("a pickled view is corrupted: its allocation's part is missing")
+        part = part.received_here()  # copy.copy of a view: this process's own part
     dtype, shape, strides, offset, readonly, end = part.view(view)
     try:
+        alloc = part.allocation
+        if alloc is not None:  # every view after the first of a message (inline: the loop)
+            self = _new_view(SharedDeviceArray)
+            try:
+                self._init(alloc, dtype, shape, strides, offset, readonly or part.readonly, end)
+                return self
+            except ClosedArrayError:
+                pass  # (dropped since the part found it: _view_of maps it anew)
         return _view_of(part, dtype, shape, strides, offset, readonly, end)
     except WrongNode as refused:
         # raised while distributed reads a message, the refusal would break the worker's
@@ -910,6 +918,10 @@ def _rebuild_view(part: object, view: object) -> SharedDeviceArray | othernode.O
         if part.blob is None or not othernode.read_by_distributed(sys._getframe(1)):
             raise
         return othernode.OtherNodeArray(str(refused), _rebuild_view, (part, view))
+
+
+_ReceivedPart = message.ReceivedPart
+_new_view = object.__new__
 
 
 def operator_index(n: object) -> int:

@@ -206,7 +206,7 @@ class ReceivedPart:
     for), it is its payload and token.
     """
 
-    __slots__ = ("payload", "blob", "token", "fds", "allocation", "readonly", "_layout")
+    __slots__ = ("payload", "size", "blob", "token", "fds", "allocation", "readonly", "_layout")
 
     def __init__(
         self,
@@ -216,6 +216,7 @@ class ReceivedPart:
         blob: bytes | None = None,
     ) -> None:
         self.payload = payload
+        self.size = payload.size
         self.blob = blob
         self.token = token
         self.fds = fds
@@ -265,9 +266,9 @@ class ReceivedPart:
                 and type(readonly) is bool
             ):  # the layout of the view before (the sender interns them): only the bounds
                 low, high = layout[4], layout[5]
-                if offset + low >= 0 and offset + high <= self.payload.size and offset >= 0:
+                if offset + low >= 0 and offset + high <= self.size and offset >= 0:
                     return layout[3], shape, strides, offset, readonly, offset + high
-        dtype, low, high = check_view(view, self.payload.size)
+        dtype, low, high = check_view(view, self.size)
         offset, shape, strides, dtype_str, readonly = view  # type: ignore[misc]
         self._layout = (shape, strides, dtype_str, dtype, low, high)
         return dtype, shape, strides, offset, readonly, offset + high

@@ -153,24 +153,29 @@ def test_mapping_released_when_last_view_and_native_array_go(fd_baseline: None) 
     assert all(x.id != alloc_id for x in live_allocations())
 
 
-def test_a_native_array_shares_its_views_lease() -> None:
-    """One lease per view and its native array (the per-view cost of a load): the hold ends
-    when both are gone, whichever goes last."""
+def test_native_arrays_share_one_base_and_its_lease() -> None:
+    """The native arrays of an allocation's views share one native base and its one lease
+    (not one per view: the per-view cost of a load): it holds the allocation while a native
+    array lives, after every view closed, and the allocation is released with the last."""
     a = sa.zeros((8, 16), "int64", device="cpu", pack=False)
     alloc = a.allocation
     b = a[2:]
     assert alloc.leases == 2
     native = b.array
-    assert alloc.leases == 2 and b.array is native
+    assert alloc.leases == 3 and b.array is native  # the base's lease
+    whole = a.array
+    assert alloc.leases == 3 and whole.base is native.base
     b.close()
-    assert alloc.leases == 2  # the native array still holds b's lease
+    a.close()
+    assert alloc.leases == 1 and not alloc.released  # the natives hold the base's lease
     native[0, 0] = 5  # and it is still mapped
+    assert whole[2, 0] == 5
     del native
     gc.collect()
-    assert alloc.leases == 1
-    a.array  # noqa: B018
-    a.close()
-    assert alloc.released
+    assert alloc.leases == 1 and not alloc.released
+    del whole
+    gc.collect()
+    assert alloc.leases == 0 and alloc.released
 
 
 def test_readonly_view_refuses_writes_before_touching_memory() -> None:
