@@ -18,15 +18,15 @@ Memory systems come in two shapes:
 Every method that creates an OS resource either returns an object that owns it or raises
 having released everything it made.
 
-Two methods are optional, looked up with ``getattr``.
+Three methods are optional, looked up with ``getattr``.
 
-``native_view(base, offset, dtype, shape, strides, readonly)``: a native array of a view
-derived from ``base``, the native array of the whole allocation as bytes (what
-:meth:`Backend.as_native` returns for ``uint8``, offset 0, shape ``(size,)``): the views of
-one allocation in a process then share one native memory object, and each native array
-costs only its own header (``host``: a NumPy array over the base's buffer; ``cuda-*``: a
-CuPy array at the base's pointer plus ``offset``). Without it every native array is made
-by :meth:`Backend.as_native`.
+``native_memory(address, size, owner, readonly, device_index)`` and ``native_view(memory,
+offset, dtype, shape, strides, readonly)``, defined together: the native memory object of a
+whole mapped allocation, which keeps ``owner`` alive, and a native array of a view derived
+from it. The views of one allocation in a process then share one native memory object, and
+each native array costs only its own header (``host``: a NumPy byte array, and NumPy arrays
+over its buffer; ``cuda-*``: a CuPy ``MemoryPointer``, and CuPy arrays at it plus
+``offset``). Without them every native array is made by :meth:`Backend.as_native`.
 
 ``admit(chunk, pid)``, which a pointer
 backend may define to be called before a chunk's :attr:`Chunk.export` is handed to process

@@ -165,6 +165,9 @@ def _check(rc: int, what: str) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
+_BYTES = np.dtype(np.uint8)
+
+
 class _HostMemory:
     """Exposes a mapped range to NumPy; NumPy keeps it (and so ``owner``) alive."""
 
@@ -401,6 +404,13 @@ class HostBackend:
         device_index: int | None = None,
     ) -> np.ndarray[Any, Any]:
         return as_host_array(address + offset, owner, dtype, shape, strides, readonly)
+
+    def native_memory(
+        self, address: int, size: int, owner: object, readonly: bool, device_index: int | None
+    ) -> np.ndarray[Any, Any]:
+        """The mapped range as a NumPy byte array that keeps ``owner`` alive (read-only if
+        ``readonly``): what :meth:`native_view` derives the views' arrays from."""
+        return as_host_array(address, owner, _BYTES, (size,), (1,), readonly)
 
     def native_view(
         self,

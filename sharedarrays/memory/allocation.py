@@ -37,8 +37,6 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
-import numpy as np
-
 from sharedarrays.backends import Access, Backend, Chunk, MappingBackend, round_up
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import ClosedArrayError, PayloadError
@@ -165,9 +163,6 @@ def wait_draining(timeout: float) -> list[Allocation]:
         if not held or time.monotonic() >= deadline:
             return held
         time.sleep(0.05)
-
-
-_BYTES = np.dtype(np.uint8)
 
 
 class Lease:
@@ -549,32 +544,22 @@ class Allocation(Growth):
         return Lease(self, end, reservation)
 
     def native_base(self) -> Any:
-        """The native array of the whole allocation as bytes (``uint8``, offset 0), which the
-        native arrays of its views share in this process (a backend's ``native_view``
-        derives them from it: one native memory object per allocation, not per view).
+        """The native memory object of the whole allocation (the backend's
+        ``native_memory``), which the native arrays of its views share in this process (its
+        ``native_view`` derives them from it: one native memory object per allocation, not
+        per view).
 
         Made on first use with a lease of its own, pinned, and kept while a view holds the
         allocation: when only its own lease is left, it is let go (:meth:`_unlease`), and
-        its lease ends with the last native array made from it. (Kept, not weakly
-        remembered: a CuPy array holds its memory object, not the array it was derived
-        from.) Read-only where this process maps the allocation read-only. Not for a
-        growable allocation, whose views' native arrays each pin the reservation of their
-        own time."""
+        the lease ends with the last native array made from it. Read-only where this
+        process maps the allocation read-only. Not for a growable allocation, whose views'
+        native arrays each pin the reservation of their own time."""
         device = self.native_device
         cached = self._native_base
         if cached is not None and cached[0] == device:
             return cached[1]
-        size = self.size
-        base = self.backend.as_native(
-            self.address,
-            size,
-            0,
-            self.lease(pin=True),
-            _BYTES,
-            (size,),
-            (1,),
-            self.access != "rw",
-            device,
+        base = self.backend.native_memory(  # type: ignore[attr-defined]
+            self.address, self.size, self.lease(pin=True), self.access != "rw", device
         )
         with self._lock:
             replaced, self._native_base = self._native_base, (device, base)

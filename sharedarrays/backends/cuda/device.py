@@ -257,6 +257,17 @@ class CudaDevice:
         pointer = cupy.cuda.MemoryPointer(memory, offset)
         return cupy.ndarray(shape, dtype=dtype, memptr=pointer, strides=strides)
 
+    def native_memory(
+        self, address: int, size: int, owner: object, readonly: bool, device_index: int | None
+    ) -> Any:
+        """The mapped range as a CuPy ``MemoryPointer`` whose memory object keeps ``owner``
+        alive, on this device or ``device_index`` (a peer reading it): what
+        :meth:`native_view` derives the views' arrays from. CuPy has no read-only memory."""
+        import cupy
+
+        index = self.device.index if device_index is None else device_index
+        return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(address, size, owner, index), 0)
+
     def native_view(
         self,
         base: Any,
@@ -266,12 +277,12 @@ class CudaDevice:
         strides: tuple[int, ...],
         readonly: bool,
     ) -> Any:
-        """A ``cupy.ndarray`` at ``base``'s pointer plus ``offset`` (``base``: the whole
-        allocation as bytes, whose memory object, and so whose owner, it shares). CuPy has
-        no read-only arrays: ``readonly`` is the caller's to enforce."""
+        """A ``cupy.ndarray`` at the pointer ``base`` (:meth:`native_memory`) plus
+        ``offset``, sharing its memory object. CuPy has no read-only arrays: ``readonly``
+        is the caller's to enforce."""
         import cupy
 
-        return cupy.ndarray(shape, dtype=dtype, memptr=base.data + offset, strides=strides)
+        return cupy.ndarray(shape, dtype=dtype, memptr=base + offset, strides=strides)
 
     def to_native(self, obj: Any) -> Any:
         """Return ``obj`` as a ``cupy.ndarray`` on this device (copying only when needed).
