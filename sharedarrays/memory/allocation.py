@@ -609,9 +609,8 @@ class Allocation(Growth):
         with state.lock:
             state.parked[self.id] = self
             state.parked.move_to_end(self.id)
-            evict: list[Allocation] = list(state.parked.values())[
-                : max(0, len(state.parked) - limit)
-            ]
+            over = len(state.parked) - limit
+            evict: list[Allocation] = list(state.parked.values())[:over] if over > 0 else []
         for a in evict:
             a.release()
 
