@@ -570,8 +570,9 @@ class Allocation(Growth):
         """Make ``lease`` (one of this allocation's) keep the current reservation mapped
         while it lives, as a lease taken with ``pin=True`` does; returns it.
 
-        A view's native array holds its view's own lease this way (one lease per view and
-        its native array: the lease ends when both are gone)."""
+        A growable allocation's native arrays hold their view's own lease this way (one
+        lease per view and its native array: the lease ends when both are gone); other
+        allocations' native arrays share :meth:`native_base` and its lease."""
         with self._lock:
             reservation = self._reservation
             pinned = lease._pinned
@@ -703,7 +704,8 @@ class Allocation(Growth):
     # payloads in flight ----------------------------------------------------------------
     def note_sent(self) -> None:
         """A payload naming this process's handle server was pickled (and may be loaded by
-        another process later): see :meth:`in_flight`."""
+        another process later): see :meth:`in_flight`. One per message that carries views
+        of the allocation, however many (:class:`sharedarrays.api.message.MessagePart`)."""
         self._flight.note_sent()
 
     def note_loaded(self, count: int = 1) -> None:
