@@ -162,23 +162,6 @@ class SharedDeviceArray(NativeArrayMethods):
         self._base: SharedDeviceArray | None = None
         views.track(self)
 
-    @classmethod
-    def _new(
-        cls,
-        allocation: Allocation,
-        dtype: np.dtype[Any],
-        shape: tuple[int, ...],
-        strides: tuple[int, ...],
-        offset: int,
-        readonly: bool,
-        end: int,
-    ) -> SharedDeviceArray:
-        """A view whose fields were checked already (a loaded view: against its payload),
-        ``end`` one past the last byte it touches."""
-        self = cls.__new__(cls)
-        self._init(allocation, dtype, shape, strides, offset, readonly, end)
-        return self
-
     # metadata ---------------------------------------------------------------------------
     @property
     def base(self) -> SharedDeviceArray | None:
@@ -828,17 +811,15 @@ def _view_of(
     alloc = part.allocation
     if alloc is None:
         alloc = part.find(readonly)
+    view = _new_view(SharedDeviceArray)  # (its fields were checked: no second check)
     try:
-        return SharedDeviceArray._new(
-            alloc, dtype, shape, strides, offset, readonly or part.readonly, end
-        )
+        view._init(alloc, dtype, shape, strides, offset, readonly or part.readonly, end)
     except ClosedArrayError:
         # A parked mapping was dropped (a release notice, the limit) since it was found: it
         # is gone from the registry now, so this maps it anew.
         alloc = part.find(readonly)
-        return SharedDeviceArray._new(
-            alloc, dtype, shape, strides, offset, readonly or part.readonly, end
-        )
+        view._init(alloc, dtype, shape, strides, offset, readonly or part.readonly, end)
+    return view
 
 
 def synchronize(device: DeviceLike = None) -> None:
@@ -903,14 +884,6 @@ def _rebuild_view(part: object, view: object) -> SharedDeviceArray | othernode.O
         part = part.received_here()  # copy.copy of a view: this process's own part
     dtype, shape, strides, offset, readonly, end = part.view(view)
     try:
-        alloc = part.allocation
-        if alloc is not None:  # every view after the first of a message (inline: the loop)
-            self = _new_view(SharedDeviceArray)
-            try:
-                self._init(alloc, dtype, shape, strides, offset, readonly or part.readonly, end)
-                return self
-            except ClosedArrayError:
-                pass  # (dropped since the part found it: _view_of maps it anew)
         return _view_of(part, dtype, shape, strides, offset, readonly, end)
     except WrongNode as refused:
         # raised while distributed reads a message, the refusal would break the worker's

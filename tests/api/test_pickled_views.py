@@ -172,3 +172,18 @@ def test_native_arrays_of_loaded_views_share_one_base_and_keep_read_only() -> No
     assert natives[2].tolist() == np.arange(64, dtype=np.float32)[::-4].tolist()
     natives[0][0] = 42.0
     assert float(a.get()[0]) == 42.0
+
+
+def test_a_part_whose_allocation_was_dropped_finds_it_again() -> None:
+    """A parked mapping dropped between two views of one message (a release notice, the
+    limit): the next view finds (or maps) the allocation anew instead of failing."""
+    a = sa.from_array(np.arange(16.0), device="cpu", pack=False)
+    (part, view) = a[4:].__reduce__()[1]
+    received = import_part(part.blob)
+    assert _rebuild_view(received, view).get().tolist() == list(range(4, 16))
+    gone = sa.zeros(4, device="cpu", pack=False).allocation  # (its only view is dropped)
+    assert gone.released
+    received.bind(gone)  # as if the part's allocation had been released meanwhile
+    again = _rebuild_view(received, view)
+    assert again.allocation is a.allocation and received.allocation is a.allocation
+    assert again.get().tolist() == list(range(4, 16))
