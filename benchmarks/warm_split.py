@@ -1,0 +1,127 @@
+"""Where a warm handoff's time goes, across the two processes (issue 19's warm goal).
+
+    python benchmarks/warm_split.py [--device cuda:0] [--rounds 301] [--size 1M]
+
+One spawn worker that has started the device. Each round hands the worker, in rotating order,
+one warm sharedarrays array (``task_sharedarrays``'s work: ``.array``, then ``close``), the same
+number of plain bytes (the bench's ``control``) and nothing (the floor). Every task's
+arguments are ``(Stamp(), payload, Stamp())``: a :class:`Stamp` writes the time it is
+pickled and reads the time it is unpickled (``time.monotonic``, one clock for every process
+of the machine), so the worker's result splits the round trip into
+
+- ``queue``: from ``apply_async`` to the start of the parent's pickling (the Pool's task
+  thread picks the task up),
+- ``pickle``: the parent's pickling of the arguments,
+- ``send``: from the end of the pickling to the start of the worker's unpickling (the pipe,
+  the worker waking up, reading the message),
+- ``unpickle``: the worker's unpickling of the arguments (the load),
+- ``body``: the task (``.array`` and ``close`` for sharedarrays),
+- ``back``: from the end of the task to ``get()`` returning in the parent (the result's
+  pickling, the pipe, the Pool's result thread, the waiting thread woken).
+
+It prints the median of each part for each kind and the sharedarrays - control difference
+per part: the warm overhead over the floor is their sum, and this says in which process and
+which step it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import statistics
+import time
+from typing import Any
+
+from sharedarrays.bench.sizes import parse_size
+
+
+class Stamp:
+    """Pickles as the time it was pickled; unpickles as (pickled at, unpickled at)."""
+
+    def __reduce__(self) -> tuple[Any, tuple[float]]:
+        return _stamped, (time.monotonic(),)
+
+
+def _stamped(pickled_at: float) -> tuple[float, float]:
+    return pickled_at, time.monotonic()
+
+
+def _init(device: str) -> None:
+    import sharedarrays  # noqa: F401
+
+    if device.startswith("cuda"):
+        import cupy
+
+        cupy.zeros(1)
+
+
+def task(first: tuple[float, float], payload: Any, last: tuple[float, float]) -> dict[str, float]:
+    t0 = time.monotonic()
+    if hasattr(payload, "array"):
+        x = payload.array
+        n = x.shape[0]
+        del x
+        payload.close()
+    else:
+        n = 0 if payload is None else len(payload)
+    t1 = time.monotonic()
+    return {
+        "pickle_start": first[0],
+        "pickle_end": last[0],
+        "unpickle_start": first[1],
+        "unpickle_end": last[1],
+        "body_start": t0,
+        "body_end": t1,
+        "n": float(n),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--rounds", type=int, default=301)
+    parser.add_argument("--size", type=parse_size, default=1 << 20)
+    args = parser.parse_args()
+
+    import sharedarrays as sa
+
+    a = sa.empty(args.size // 4, "float32", device=args.device)
+    import multiprocessing.reduction
+
+    control = bytes(len(multiprocessing.reduction.ForkingPickler.dumps(a)))
+    kinds: dict[str, Any] = {"floor": None, "control": control, "sharedarrays": a}
+    parts = ("queue", "pickle", "send", "unpickle", "body", "back", "total")
+    got: dict[str, dict[str, list[float]]] = {k: {p: [] for p in parts} for k in kinds}
+    names = list(kinds)
+    with mp.get_context("spawn").Pool(1, initializer=_init, initargs=(args.device,)) as pool:
+        for name in names:  # the first (cold) handoff of each, untimed
+            pool.apply_async(task, (Stamp(), kinds[name], Stamp())).get(60)
+        for r in range(args.rounds):
+            order = names[r % len(names) :] + names[: r % len(names)]
+            for name in order:
+                t_submit = time.monotonic()
+                s = pool.apply_async(task, (Stamp(), kinds[name], Stamp())).get(60)
+                t_done = time.monotonic()
+                g = got[name]
+                g["queue"].append(s["pickle_start"] - t_submit)
+                g["pickle"].append(s["pickle_end"] - s["pickle_start"])
+                g["send"].append(s["unpickle_start"] - s["pickle_end"])
+                g["unpickle"].append(s["unpickle_end"] - s["unpickle_start"])
+                g["body"].append(s["body_end"] - s["body_start"])
+                g["back"].append(t_done - s["body_end"])
+                g["total"].append(t_done - t_submit)
+    a.close()
+    med = {k: {p: statistics.median(v) * 1e6 for p, v in g.items()} for k, g in got.items()}
+    print(f"warm handoff split, {args.device}, {args.size:,} bytes, {args.rounds} rounds (us)")
+    print(f"{'':<16}" + "".join(f"{p:>10}" for p in parts))
+    rows = [(k, med[k]) for k in names]
+    for k in ("control", "sharedarrays"):
+        rows.append((f"{k[:7]} - floor", {p: med[k][p] - med["floor"][p] for p in parts}))
+    rows.append(("sa - control", {p: med["sharedarrays"][p] - med["control"][p] for p in parts}))
+    for label, row in rows:
+        sign = "+" if " - " in label else ""
+        print(f"{label:<16}" + "".join(f"{row[p]:>{sign}10.1f}" for p in parts))
+
+
+if __name__ == "__main__":
+    main()
