@@ -811,7 +811,7 @@ def _view_of(
     alloc = part.allocation
     if alloc is None:
         alloc = part.find(readonly)
-    view = _new_view(SharedDeviceArray)  # (its fields were checked: no second check)
+    view = SharedDeviceArray.__new__(SharedDeviceArray)  # (fields checked: not __init__)
     try:
         view._init(alloc, dtype, shape, strides, offset, readonly or part.readonly, end)
     except ClosedArrayError:
@@ -878,7 +878,7 @@ def _rebuild_view(part: object, view: object) -> SharedDeviceArray | othernode.O
     node): there the refusal is deferred to the first use of the array, an
     :class:`~sharedarrays.api.othernode.OtherNodeArray`, so that the task fails and the
     worker stays (see :mod:`sharedarrays.api.othernode`)."""
-    if type(part) is not _ReceivedPart:
+    if type(part) is not message.ReceivedPart:
         if type(part) is not message.MessagePart:
             raise PayloadError("a pickled view is corrupted: its allocation's part is missing")
         part = part.received_here()  # copy.copy of a view: this process's own part
@@ -888,13 +888,9 @@ def _rebuild_view(part: object, view: object) -> SharedDeviceArray | othernode.O
     except WrongNode as refused:
         # raised while distributed reads a message, the refusal would break the worker's
         # connection instead of failing the task: deferred to the array's first use
-        if part.blob is None or not othernode.read_by_distributed(sys._getframe(1)):
+        if not othernode.read_by_distributed(sys._getframe(1)):
             raise
         return othernode.OtherNodeArray(str(refused), _rebuild_view, (part, view))
-
-
-_ReceivedPart = message.ReceivedPart
-_new_view = object.__new__
 
 
 def operator_index(n: object) -> int:

@@ -158,27 +158,16 @@ def message_part(alloc: Allocation, carry_fds: bool) -> MessagePart:
     blob = allocation_bytes(alloc)
     if found is not None and found.blob is blob and found.allocation is alloc:
         return found
-    fds = _carried(alloc) if carry_fds else None
+    fds = None
+    if carry_fds:  # (multiprocessing's DupFd, made once per spawn and allocation: this part
+        # is that spawn's, found by every view of it, and a spawner refuses an fd passed twice)
+        fds = tuple(reduction.DupFd(fd) for fd in alloc.chunk_fds())
     made = MessagePart(alloc, blob, alloc.backend.export_fence(), fds)
     if len(refs) >= _PARTS_TIDY:
         for k in [k for k, r in refs.items() if r() is None]:
             del refs[k]
     refs[key] = weakref.ref(made)
     return made
-
-
-_carrying: weakref.WeakKeyDictionary[Any, dict[str, tuple[Any, ...]]] = weakref.WeakKeyDictionary()
-"""The fds carried by the arguments of each Process being spawned, by allocation id."""
-
-
-def _carried(alloc: Allocation) -> tuple[Any, ...]:
-    """The chunk fds of ``alloc`` for the Process being spawned now (multiprocessing's DupFd,
-    made once per spawn and allocation: a spawner refuses an fd passed twice)."""
-    per_spawn = _carrying.setdefault(get_spawning_popen(), {})
-    fds = per_spawn.get(alloc.id)
-    if fds is None:
-        fds = per_spawn[alloc.id] = tuple(reduction.DupFd(fd) for fd in alloc.chunk_fds())
-    return fds
 
 
 # the importer's side -----------------------------------------------------------------------
