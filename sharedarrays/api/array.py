@@ -150,8 +150,10 @@ class SharedDeviceArray(NativeArrayMethods):
         offset: int,
         readonly: bool,
         end: int,
+        lease: Lease | None = None,
     ) -> None:
-        self._lease: Lease | None = allocation.lease(end)
+        # (``lease``: one this view shares, which a message's views of one allocation do)
+        self._lease: Lease | None = allocation.lease(end) if lease is None else lease
         self._dtype = dtype
         self._shape = shape
         self._strides = strides
@@ -702,6 +704,8 @@ class SharedDeviceArray(NativeArrayMethods):
         )
 
 
+views.register(SharedDeviceArray)
+
 reduce_hooks: list[Callable[[], bool]] = []
 """Called before a view is pickled, while any is left; a hook that returns ``True`` is done and
 is dropped. ``api/dask.py`` waits here for distributed to be imported, to register with it."""
@@ -807,18 +811,17 @@ def _view_of(
 ) -> SharedDeviceArray:
     """A view (fields checked against ``part``'s payload) of the allocation of ``part``, found
     or mapped by its first view (:meth:`~sharedarrays.api.message.ReceivedPart.find`):
-    read-only if either says so, or if this process maps the allocation read-only."""
-    alloc = part.allocation
-    if alloc is None:
-        alloc = part.find(readonly)
+    read-only if either says so, or if this process maps the allocation read-only. The
+    part's views share one lease (:meth:`~sharedarrays.api.message.ReceivedPart.lease`)."""
     view = SharedDeviceArray.__new__(SharedDeviceArray)  # (fields checked: not __init__)
     try:
-        view._init(alloc, dtype, shape, strides, offset, readonly or part.readonly, end)
+        alloc, lease = part.lease(readonly)
     except ClosedArrayError:
         # A parked mapping was dropped (a release notice, the limit) since it was found: it
         # is gone from the registry now, so this maps it anew.
-        alloc = part.find(readonly)
-        view._init(alloc, dtype, shape, strides, offset, readonly or part.readonly, end)
+        part.find(readonly)
+        alloc, lease = part.lease(readonly)
+    view._init(alloc, dtype, shape, strides, offset, readonly or part.readonly, end, lease)
     return view
 
 

@@ -37,7 +37,7 @@ import numpy as np
 
 from sharedarrays import importing
 from sharedarrays.errors import PayloadError
-from sharedarrays.memory import Allocation
+from sharedarrays.memory import Allocation, Lease
 from sharedarrays.node import this_node
 from sharedarrays.protocol.payload import Payload, check_view
 from sharedarrays.transport import handles as transport
@@ -195,7 +195,17 @@ class ReceivedPart:
     for), it is its payload and token.
     """
 
-    __slots__ = ("payload", "size", "blob", "token", "fds", "allocation", "readonly", "_layout")
+    __slots__ = (
+        "payload",
+        "size",
+        "blob",
+        "token",
+        "fds",
+        "allocation",
+        "readonly",
+        "_lease",
+        "_layout",
+    )
 
     def __init__(
         self,
@@ -210,6 +220,7 @@ class ReceivedPart:
         self.token = token
         self.fds = fds
         self.allocation: Allocation | None = None
+        self._lease: Lease | None = None  # the one its views share (not growable)
         self.readonly = payload.readonly  # every view of it is read-only here
         # (shape, strides, dtype string) of the last view checked, its dtype and extent
         self._layout: tuple[Any, ...] | None = None
@@ -221,7 +232,27 @@ class ReceivedPart:
     def bind(self, alloc: Allocation) -> None:
         """Take ``alloc`` as the allocation of every view of the part."""
         self.allocation = alloc
+        self._lease = None
         self.readonly = self.payload.readonly or alloc.access != "rw"
+
+    def lease(self, readonly: bool) -> tuple[Allocation, Lease | None]:
+        """The allocation (found or mapped by :meth:`find` on first use) and the lease the
+        part's views share: one hold on the allocation per message, not per view, taken
+        at the first view and ended when the last view of them closes (``None`` for a
+        growable allocation, whose views each keep their own ``end`` for shrinking).
+
+        Raises
+        ------
+        ClosedArrayError
+            The allocation was released here since the part found it.
+        """
+        alloc = self.allocation
+        if alloc is None:
+            alloc = self.find(readonly)
+        lease = self._lease
+        if lease is None and not alloc.growable:
+            lease = self._lease = alloc.lease()
+        return alloc, lease
 
     def find(self, readonly: bool) -> Allocation:
         """Find or map the allocation (:func:`sharedarrays.importing.load_payload`: counts the

@@ -1,13 +1,21 @@
 """The live views of this process, as the memory map reads them.
 
-Every :class:`~sharedarrays.SharedDeviceArray` made in this process is tracked here by id (weakly:
-tracking never keeps a view alive), so that :mod:`sharedarrays.api.widgets` can draw the
-views of an allocation without importing the array module. :class:`ArrayView` is what the
-widgets read of a view.
+:mod:`sharedarrays.api.widgets` draws the views of an allocation without importing the
+array module: the view class registers itself here (:func:`register`), and
+:func:`live_views` finds its live instances. :class:`ArrayView` is what the widgets read of a
+view.
+
+Views are tracked only once someone asked (tracking costs an object and a callback per view,
+and a worker that loads 10,000 arrays per task never draws them): the first
+:func:`live_views` finds the views alive then among the objects the garbage collector tracks
+(``gc.get_objects``, once per process), and from then on every view made is tracked here by
+id (weakly: tracking never keeps a view alive).
 """
 
 from __future__ import annotations
 
+import gc
+import threading
 import weakref
 from typing import Any, Protocol, TypeGuard
 
@@ -15,7 +23,7 @@ import numpy as np
 
 from sharedarrays.memory.allocation import Allocation
 
-__all__ = ["ArrayView", "track", "is_view", "live_views"]
+__all__ = ["ArrayView", "register", "track", "is_view", "live_views"]
 
 
 class ArrayView(Protocol):
@@ -57,6 +65,16 @@ class _ViewRef(weakref.ref):  # type: ignore[type-arg]
 
 # id -> weak reference; a dict, not a WeakSet: a view is unhashable (its == is elementwise)
 _live: dict[int, _ViewRef] = {}
+_view_types: tuple[type, ...] = ()
+_tracking = False  # set by the first live_views(): views made from then on are tracked
+_start_lock = threading.Lock()
+
+
+def register(cls: type) -> None:
+    """Make ``cls`` (the view class) known here: its instances are views."""
+    global _view_types
+    if cls not in _view_types:
+        _view_types = (*_view_types, cls)
 
 
 def _forget(ref: _ViewRef) -> None:
@@ -66,20 +84,42 @@ def _forget(ref: _ViewRef) -> None:
 
 
 def track(view: ArrayView) -> None:
-    """Count ``view`` among the live views (the array's constructor calls this)."""
+    """Count ``view`` among the live views (the array's constructor calls this); nothing
+    until :func:`live_views` was first called."""
+    if not _tracking:
+        return
+    _add(view)
+
+
+def _add(view: object) -> None:
     ref = _ViewRef(view, _forget)
     ref.key = id(view)
     _live[ref.key] = ref
 
 
 def is_view(obj: object) -> TypeGuard[ArrayView]:
-    """Whether ``obj`` is a tracked view (every SharedDeviceArray made here is)."""
-    ref = _live.get(id(obj))
-    return ref is not None and ref() is obj
+    """Whether ``obj`` is a view (an instance of a :func:`register`-ed class)."""
+    return isinstance(obj, _view_types)
+
+
+def _start() -> None:
+    """Track views from now on, starting with those alive now (found once, by type, among
+    the objects the garbage collector tracks: every view is one of them)."""
+    global _tracking
+    with _start_lock:
+        if _tracking:
+            return
+        _tracking = True  # (first: a view made during the search is tracked by track())
+        for obj in gc.get_objects():
+            # (one still being made has no lease slot yet: its track() comes)
+            if isinstance(obj, _view_types) and hasattr(obj, "_lease") and id(obj) not in _live:
+                _add(obj)
 
 
 def live_views() -> list[ArrayView]:
     """A snapshot of the views alive in this process (open or closed)."""
+    if not _tracking:
+        _start()
     # Another thread may add a view while we copy the dict; copy again if so.
     for _ in range(10):
         try:

@@ -187,3 +187,39 @@ def test_a_part_whose_allocation_was_dropped_finds_it_again() -> None:
     again = _rebuild_view(received, view)
     assert again.allocation is a.allocation and received.allocation is a.allocation
     assert again.get().tolist() == list(range(4, 16))
+
+
+def test_the_views_of_one_message_share_one_lease_until_the_last_closes() -> None:
+    """A message's views of one allocation hold it through one lease (one object and one
+    count per message, not per view): it lasts until the last of them closes."""
+    a = sa.from_array(np.arange(64.0), device="cpu", pack=False)
+    alloc = a.allocation
+    held = alloc.leases  # a's own
+    parts = [a[i : i + 8] for i in range(0, 64, 8)]
+    blob = pickle.dumps(parts)
+    del parts
+    assert alloc.leases == held
+    views = pickle.loads(blob)
+    assert alloc.leases == held + 1
+    assert len({id(v._lease) for v in views}) == 1
+    for v in views[:-1]:
+        v.close()
+    assert alloc.leases == held + 1
+    assert views[-1].get().tolist() == list(range(56, 64))
+    views[-1].close()
+    assert alloc.leases == held
+    again = pickle.loads(blob)  # a second message: a lease of its own
+    assert alloc.leases == held + 1 and again[0]._lease is not views[0]._lease
+    del again
+    assert alloc.leases == held
+
+
+def test_the_views_of_a_growable_allocation_keep_a_lease_each() -> None:
+    """A growable allocation's views each keep their own lease (its end bounds shrinking)."""
+    a = sa.empty(16, "float64", device="cpu", capacity=1 << 20)
+    alloc = a.allocation
+    held = alloc.leases
+    views = pickle.loads(pickle.dumps([a[:4], a[4:8]]))
+    assert alloc.leases == held + 2 and views[0]._lease is not views[1]._lease
+    del views
+    assert alloc.leases == held

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 
 import numpy as np
 
@@ -30,3 +32,33 @@ def test_other_objects_are_not_views() -> None:
     assert not is_view(np.zeros(3))  # weakly referable but unhashable
     assert not is_view(42)
     assert not is_view(None)
+
+
+_FRESH = """
+import gc
+import sharedarrays as sa
+from sharedarrays.api import views
+
+a = sa.zeros(8, device="cpu")
+b = a[2:4]
+assert not views._live, "a view was tracked before anyone asked"
+live = views.live_views()
+assert any(v is a for v in live) and any(v is b for v in live), live
+c = a[5:]
+assert any(v is c for v in views.live_views())
+c_id = id(c)
+del c, live
+gc.collect()
+assert all(id(v) != c_id for v in views.live_views())
+print("ok")
+"""
+
+
+def test_views_are_tracked_from_the_first_ask_with_those_alive_then() -> None:
+    """Nothing is tracked until someone asks (a worker loading many views pays nothing);
+    the first ask finds the views alive then, and views made afterwards are tracked."""
+    done = subprocess.run(
+        [sys.executable, "-c", _FRESH], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
