@@ -46,8 +46,99 @@ def _stamped(pickled_at: float) -> tuple[float, float]:
     return pickled_at, time.monotonic()
 
 
-def _init(device: str) -> None:
+# --trace: functions timed in each process (their own wall time, calls included)
+PARENT_TRACE = (
+    "sharedarrays.api.array:SharedDeviceArray.__reduce__",
+    "sharedarrays.api.message:message_part",
+    "sharedarrays.api.message:allocation_bytes",
+    "sharedarrays.api.message:MessagePart.__reduce__",
+    "sharedarrays.backends.cuda.sync:export_fence",
+    "sharedarrays.backends.cuda.sync:export_sync",
+    "sharedarrays.backends.cuda.sync:current_stream",
+    "sharedarrays.backends.cuda.sync:_next_slot",
+    "sharedarrays.protocol.token:encode",
+    "cuda.bindings.driver:cuCtxGetCurrent",
+    "cuda.bindings.driver:cuCtxSetCurrent",
+    "cuda.bindings.driver:cuStreamQuery",
+    "cuda.bindings.driver:cuEventQuery",
+    "cuda.bindings.driver:cuEventRecord",
+    "sharedarrays.backends.cuda.device:CudaDevice.context",
+)
+WORKER_TRACE = (
+    "sharedarrays.api.message:import_part",
+    "sharedarrays.protocol.payload:Payload.from_bytes",
+    "sharedarrays.api.array:_rebuild_view",
+    "sharedarrays.api.message:ReceivedPart.view",
+    "sharedarrays.api.message:ReceivedPart.find",
+    "sharedarrays.importing:load_payload",
+    "sharedarrays.backends.cuda.sync:import_sync",
+    "sharedarrays.api.array:SharedDeviceArray._init",
+    "sharedarrays.api.array:SharedDeviceArray.array",
+    "sharedarrays.memory.allocation:Allocation.native_base",
+    "sharedarrays.backends.cuda.device:CudaDevice.native_view",
+    "sharedarrays.backends.host:HostBackend.native_view",
+    "sharedarrays.api.array:SharedDeviceArray.close",
+    "sharedarrays.memory.allocation:Allocation._unlease",
+    "cuda.bindings.driver:cuCtxGetCurrent",
+    "cuda.bindings.driver:cuStreamWaitEvent",
+)
+_spent: dict[str, list[float]] = {}
+
+
+def _trace(names: tuple[str, ...]) -> None:
+    """Wrap each named function (``module:attr`` or ``module:Class.attr``, a property's
+    getter included) to add its wall time to ``_spent`` (skipped where it does not exist)."""
+    import functools
+    import importlib
+    import inspect
+
+    for name in names:
+        module_name, _, path = name.partition(":")
+        try:
+            owner: Any = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        *outer, attr = path.split(".")
+        for part in outer:
+            owner = getattr(owner, part, None)
+        if owner is None or not hasattr(owner, attr):
+            continue
+        static = inspect.getattr_static(owner, attr)
+        raw = static.fget if isinstance(static, property) else static
+        raw = raw.__func__ if isinstance(raw, (classmethod, staticmethod)) else raw
+        cell = _spent.setdefault(name.partition(":")[2], [0.0, 0])
+
+        def timed(*args: Any, _f: Any = raw, _c: list[float] = cell, **kw: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return _f(*args, **kw)
+            finally:
+                _c[0] += time.perf_counter() - t
+                _c[1] += 1
+
+        functools.update_wrapper(timed, raw)
+        if isinstance(static, property):
+            setattr(owner, attr, property(timed, static.fset, static.fdel))
+        elif isinstance(static, classmethod):
+            setattr(owner, attr, classmethod(timed))
+        elif isinstance(static, staticmethod):
+            setattr(owner, attr, staticmethod(timed))
+        else:
+            setattr(owner, attr, timed)
+
+
+def _taken() -> dict[str, tuple[float, int]]:
+    out = {k: (v[0], int(v[1])) for k, v in _spent.items() if v[1]}
+    for v in _spent.values():
+        v[0], v[1] = 0.0, 0
+    return out
+
+
+def _init(device: str, trace: bool = False) -> None:
     import sharedarrays  # noqa: F401
+
+    if trace:
+        _trace(WORKER_TRACE)
 
     if device.startswith("cuda"):
         import cupy
@@ -73,6 +164,7 @@ def task(first: tuple[float, float], payload: Any, last: tuple[float, float]) ->
         "body_start": t0,
         "body_end": t1,
         "n": float(n),
+        "trace": _taken(),  # type: ignore[dict-item]
     }
 
 
@@ -81,9 +173,17 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--rounds", type=int, default=301)
     parser.add_argument("--size", type=parse_size, default=1 << 20)
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="also time named functions in both processes (a few us of overhead each)",
+    )
     args = parser.parse_args()
 
     import sharedarrays as sa
+
+    if args.trace:
+        _trace(PARENT_TRACE)
 
     a = sa.empty(args.size // 4, "float32", device=args.device)
     import multiprocessing.reduction
@@ -93,9 +193,12 @@ def main() -> None:
     parts = ("queue", "pickle", "send", "unpickle", "body", "back", "total")
     got: dict[str, dict[str, list[float]]] = {k: {p: [] for p in parts} for k in kinds}
     names = list(kinds)
-    with mp.get_context("spawn").Pool(1, initializer=_init, initargs=(args.device,)) as pool:
+    traced: dict[str, dict[str, list[float]]] = {}
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(1, initializer=_init, initargs=(args.device, args.trace)) as pool:
         for name in names:  # the first (cold) handoff of each, untimed
             pool.apply_async(task, (Stamp(), kinds[name], Stamp())).get(60)
+        _taken()
         for r in range(args.rounds):
             order = names[r % len(names) :] + names[: r % len(names)]
             for name in order:
@@ -110,6 +213,13 @@ def main() -> None:
                 g["body"].append(s["body_end"] - s["body_start"])
                 g["back"].append(t_done - s["body_end"])
                 g["total"].append(t_done - t_submit)
+                if args.trace:
+                    sides = (("parent", _taken()), ("worker", s["trace"]))
+                    for side, spent in sides:
+                        for fn, (secs, calls) in spent.items():
+                            traced.setdefault(name, {}).setdefault(f"{side} {fn}", []).append(
+                                secs / max(calls, 1) * 1e6
+                            )
     a.close()
     med = {k: {p: statistics.median(v) * 1e6 for p, v in g.items()} for k, g in got.items()}
     print(f"warm handoff split, {args.device}, {args.size:,} bytes, {args.rounds} rounds (us)")
@@ -121,6 +231,10 @@ def main() -> None:
     for label, row in rows:
         sign = "+" if " - " in label else ""
         print(f"{label:<16}" + "".join(f"{row[p]:>{sign}10.1f}" for p in parts))
+    for name, fns in traced.items():
+        print(f"traced, {name} (median us per call, timer included; nested calls overlap)")
+        for fn, times in fns.items():
+            print(f"  {fn:<58}{statistics.median(times):>9.1f}  ({len(times)} rounds)")
 
 
 if __name__ == "__main__":
