@@ -30,13 +30,20 @@ This layer returns allocations; :mod:`sharedarrays.api.array` makes the views.
 
 from __future__ import annotations
 
+import hmac
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from sharedarrays.backends import Access, Backend, device_of, get_backend, why_unusable
-from sharedarrays.errors import BackendUnavailable, HandleUnavailable, PayloadError, WrongNode
+from sharedarrays.errors import (
+    BackendUnavailable,
+    HandleUnavailable,
+    PayloadError,
+    PermissionDenied,
+    WrongNode,
+)
 from sharedarrays.memory.allocation import Allocation, lookup, revive
 from sharedarrays.node import NODE_VARIABLE, this_node
 from sharedarrays.protocol.payload import Payload
@@ -158,6 +165,12 @@ def _mapped(p: Payload, carried: list[int] | None) -> Allocation | None:
     if alloc is None:
         return None
     received = carried or []
+    if not hmac.compare_digest(p.secret, alloc.secret):  # (as the handle server checks it)
+        _close(received)
+        raise PermissionDenied(
+            f"allocation {p.alloc_id} is mapped here, but the payload's secret is not its "
+            "secret; the payload does not belong to that allocation"
+        )
     if alloc.pid != os.getpid() and alloc.device.needs_context:
         # inherited through fork: CUDA cannot be used here (no driver call may notice it
         # later when the stream was idle and the token is None)

@@ -6,6 +6,7 @@ here until a resolver maps it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 from collections.abc import Iterator
@@ -217,6 +218,26 @@ def test_load_payload_maps_the_allocation_once(exporter: _Exporter) -> None:
     alloc = importing.load_payload(exporter.payload)
     assert alloc.id == exporter.payload.alloc_id and alloc.access == "rw"
     assert importing.load_payload(exporter.payload) is alloc  # a warm load: mapped here
+
+
+def test_a_payload_with_the_wrong_secret_is_refused_where_it_is_mapped(
+    exporter: _Exporter,
+) -> None:
+    """A payload naming an allocation mapped here (a warm load, or one back at its exporter)
+    must still hold its secret, as the handle server demands: the id alone opens nothing."""
+    alloc = importing.load_payload(exporter.payload)  # mapped here now
+    forged = dataclasses.replace(exporter.payload, secret=bytes(32))
+    with pytest.raises(sa.PermissionDenied, match="secret"):
+        importing.load_payload(forged)
+    with pytest.raises(sa.PermissionDenied, match="secret"):
+        sa.load(forged.to_bytes())  # re-tagged with the forged secret: a well-formed payload
+    a = sa.from_array(np.arange(4.0), device="cpu", pack=False)  # in its exporter
+    carried = [os.dup(fd) for fd in a.allocation.chunk_fds()]
+    mine = dataclasses.replace(a.payload(), secret=b"\x01" * 32)
+    with pytest.raises(sa.PermissionDenied, match="secret"):
+        mapped_here(Request(mine, carried))
+    assert not any(_is_open(fd) for fd in carried)  # closed on the refusal too
+    assert importing.load_payload(exporter.payload) is alloc  # the right one still loads
 
 
 def test_load_payload_refuses_a_malformed_token_or_handles(exporter: _Exporter) -> None:
