@@ -154,6 +154,30 @@ def test_parking_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_parked_import_keeps_its_native_base_for_the_next_handoff(device: str) -> None:
+    """A warm handoff makes no native memory object: the importer keeps the allocation's
+    native base while it is parked (no view lease left), and the next `.array` uses it."""
+    a = sa.from_array(np.arange(8.0), device=device, pack=False)
+    with mp.get_context("spawn").Pool(1) as p:
+        first = p.apply(workers.reuses_native_base, (a,))
+        second = p.apply(workers.reuses_native_base, (a,))
+    assert first == (False, True, 0)
+    assert second == (True, True, 0)
+
+
+def test_releasing_a_parked_import_waits_for_its_native_arrays() -> None:
+    """Released while parked (an eviction, a drop), an import whose native array lives on is
+    no longer parked but stays mapped for it, and is released when it goes."""
+    a = sa.from_array(np.arange(8.0) + 5, device="cpu", pack=False)
+    with mp.get_context("spawn").Pool(1) as p:
+        got = p.apply(workers.evicted_while_a_native_lives, (a,))
+    assert got["parked"] is True and got["released"] is False
+    assert got["after"] == (False, False, 1)  # kept by the native array's base alone
+    assert got["value"] == 5.0
+    assert got["end"] == (False, True, 0)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_plain_pickle_through_a_file_to_a_fresh_interpreter(tmp_path: Path, device: str) -> None:
     a = sa.from_array(np.arange(12.0).reshape(3, 4), device=device, pack=False)
     path = tmp_path / "a.pkl"

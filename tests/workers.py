@@ -200,3 +200,38 @@ def inplace_ops(a: Any) -> tuple[float, ...]:
     col -= 1
     a.reshape(-1)[-1:].fill(42.0)
     return float(a.sum()), float(a[0, 0]), a.shape[0]
+
+
+_last_base: Any = None
+
+
+def reuses_native_base(a: Any) -> tuple[bool, bool, int]:
+    """Touch ``.array`` of a handed-off view, then close it: whether the allocation's native
+    base is the one the last call saw (kept while the allocation was parked), whether the
+    allocation is parked after the close, and its view leases then."""
+    import weakref
+
+    global _last_base
+    native = a.array
+    alloc = a.allocation
+    base = alloc.native_base()
+    same = _last_base is not None and _last_base() is base
+    _last_base = weakref.ref(base)
+    del native, base
+    a.close()
+    return same, alloc.parked, alloc.view_leases
+
+
+def evicted_while_a_native_lives(a: Any) -> dict[str, Any]:
+    """Close a handed-off view while its native array lives on, release the parked
+    allocation (as an eviction does), read through the native, then drop it."""
+    native = a.array
+    alloc = a.allocation
+    a.close()
+    out: dict[str, Any] = {"parked": alloc.parked, "released": alloc.release()}
+    out["after"] = (alloc.parked, alloc.released, alloc.leases)
+    out["value"] = float(native[0])
+    del native
+    gc.collect()
+    out["end"] = (alloc.parked, alloc.released, alloc.leases)
+    return out

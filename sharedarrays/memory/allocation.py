@@ -289,6 +289,7 @@ class Allocation(Growth):
         self._lock = threading.Lock()
         self._leases = 0
         self._released = False
+        self._release_when_idle = False  # a release asked for waits for a native base's end
         self._orphaned = False
         self.pid = os.getpid()  # a forked child inherits the object but is not this process
         self.allow_pids: frozenset[int] | None = None
@@ -536,7 +537,10 @@ class Allocation(Growth):
                 raise ClosedArrayError(f"allocation {self.id} was released in this process")
             self._leases += 1
             self._ends[end] = self._ends.get(end, 0) + 1
-            parked = self._leases == 1 and not self.origin.created_here
+            # (idle until now: no lease but the kept native base's, if any)
+            idle = self._leases == 1 + (self._native_base is not None)
+            parked = idle and not self.origin.created_here
+            self._release_when_idle = False  # (used again: a pending eviction is off)
             reservation = self._reservation if pin else None
         if parked:
             with state.lock:
@@ -549,9 +553,11 @@ class Allocation(Growth):
         ``native_view`` derives them from it: one native memory object per allocation, not
         per view).
 
-        Made on first use with a lease of its own, pinned, and kept while a view holds the
-        allocation: when only its own lease is left, it is let go (:meth:`_unlease`), and
-        the lease ends with the last native array made from it. Read-only where this
+        Made on first use with a lease of its own, pinned. It is kept while a view holds the
+        allocation, and while an importer keeps the allocation parked (so that the next
+        handoff of it makes none); else, when only its own lease is left, it is let go
+        (:meth:`_unlease`, :meth:`release`), and the lease ends with the last native array
+        made from it. Read-only where this
         process maps the allocation read-only. Not for a growable allocation, whose views'
         native arrays each pin the reservation of their own time."""
         device = self.native_device
@@ -590,22 +596,16 @@ class Allocation(Growth):
             else:
                 self._ends.pop(end, None)
             self._leases -= 1
-            base = self._native_base
-            if base is not None and self._leases == 1:  # only the native base's lease left
-                self._native_base = None
-            else:
-                base = None
-            done = bool(self._leases) or self._released
-            park = not self.origin.created_here and not self._orphaned
-        if done:
-            # (the native base let go outside the lock: where no native array of it is left,
-            # its lease ends now and comes back here, as the last)
-            del base
-            return
+            # idle: no lease left but the native base's, if one is kept
+            idle = self._leases == (self._native_base is not None)
+            if not idle or self._released:
+                return
+            park = not self._release_when_idle
+            park = park and not self.origin.created_here and not self._orphaned
         # a mapping whose source process has exited will not be handed to us again: drop it
         limit = keep_imports() if park and running(self.origin.pid) else 0
         if limit == 0:
-            self.release()
+            self.release()  # (or lets the native base go, which comes back here when it ends)
             return
         with state.lock:
             state.parked[self.id] = self
@@ -641,9 +641,25 @@ class Allocation(Growth):
             Whether this call released it.
         """
         with self._lock:
-            if self._released or self._leases:
+            if self._released:
                 return False
-            self._released = True
+            base = self._native_base
+            if base is not None and self._leases == 1:  # idle, but for the native base kept
+                # let it go: its lease ends now where no native array of it is left (and
+                # comes back to release through _unlease), else with the last one
+                self._native_base = None
+                self._release_when_idle = True
+            elif self._leases:
+                return False
+            else:
+                base = None
+                self._released = True
+        if base is not None:
+            del base
+            if not self._released:  # native arrays of it live on: not parked, kept by them
+                with state.lock:
+                    state.parked.pop(self.id, None)
+            return self._released
         if not self.backend.exporter_owned:
             # still registered: a load asks this process until the keeper has the handles
             self.hand_over()
@@ -790,8 +806,16 @@ class Allocation(Growth):
 
     @property
     def leases(self) -> int:
-        """How many views and native arrays (a lease each) hold the allocation here."""
+        """How many leases hold the allocation here: the views' (one per view, or one for
+        the views of one message) and the native base's (:meth:`native_base`), if any."""
         return self._leases
+
+    @property
+    def view_leases(self) -> int:
+        """:attr:`leases` less the native base's: what views (and a growable allocation's
+        native arrays) hold here. Zero while the allocation is parked."""
+        with self._lock:
+            return self._leases - (self._native_base is not None)
 
     @property
     def chunks(self) -> tuple[ChunkInfo, ...]:

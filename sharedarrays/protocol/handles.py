@@ -326,7 +326,8 @@ class HeldAllocation:
     since : float
         When it was made or imported here (``time.time()``).
     views : int
-        Leases (views and native arrays) that use it here now.
+        Leases of views (and a growable array's native arrays) that use it here now
+        (:attr:`~sharedarrays.memory.Allocation.view_leases`).
     parked : bool
         Kept mapped with no view (an importer, ready for the next handoff).
     draining : bool

@@ -313,7 +313,7 @@ class HandleServer:
             return
         if alloc is None or alloc.pid != self._pid:
             conn.send(Reply(Status.GONE).encode())
-        elif not alloc.parked or alloc.leases:
+        elif not alloc.parked or alloc.view_leases:
             conn.send(Reply(Status.NOT_ALLOWED).encode())
         else:
             conn.send(Reply(Status.OK).encode())
@@ -365,7 +365,7 @@ def _held(alloc: allocation.Allocation, draining: bool) -> HeldAllocation:
         origin.created_here,
         origin.pid,
         origin.time,
-        alloc.leases,
+        alloc.view_leases,
         alloc.parked,
         draining,
         _served(alloc, draining),

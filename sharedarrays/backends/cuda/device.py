@@ -151,6 +151,15 @@ class CudaDevice:
             return contextlib.nullcontext()
         return self._make_current(0 if current is None else int(current))
 
+    def is_current(self) -> bool:
+        """Whether this device's primary context is the calling thread's current context
+        (one ``cuCtxGetCurrent``); ``False`` in a fork child of the process that made this
+        backend object (where :meth:`context` raises)."""
+        if self._forked():
+            return False
+        err, current = self._d.cuCtxGetCurrent()
+        return int(err) == 0 and current is not None and int(current) == self._ctx_int
+
     @contextlib.contextmanager
     def _make_current(self, current_int: int) -> Iterator[None]:
         d = self._d

@@ -178,7 +178,8 @@ def export_fence(on: OnDevice) -> Fence | None:
     if _no_sync.get():
         return None
     index = on.device.index
-    return fence((index, current_stream(index)), export_sync, on)
+    stream = current_stream(index)
+    return fence((index, stream), _record, on, stream)
 
 
 # --------------------------------------------------------------------------------------------
@@ -268,17 +269,28 @@ def export_sync(on: OnDevice) -> bytes | None:
         has nothing to wait for); else a :mod:`~sharedarrays.protocol.token` (exporter pid,
         its start time, the event's IPC handle and the record's sequence number).
     """
-    global _records
     if _no_sync.get():
         return None
+    return _record(on, current_stream(on.device.index))
+
+
+def _record(on: OnDevice, stream: int) -> bytes | None:
+    """:func:`export_sync` on ``stream`` (the current stream of ``on``'s device)."""
+    global _records
     driver = load_driver()
-    index = on.device.index
-    stream = current_stream(index)
+    # The common case, one message's first array on a thread where the device's context is
+    # current (the Pool's task thread, after its first message): one cuCtxGetCurrent and
+    # one cuStreamQuery, no context manager and no lock.
+    if on.is_current():
+        idle = int(driver.cuStreamQuery(stream)[0]) == _CUDA_SUCCESS
+    else:
+        with on.context():
+            idle = int(driver.cuStreamQuery(stream)[0]) == _CUDA_SUCCESS
+    if idle:  # everything queued on the stream so far is done: nothing to order
+        return None
     with _lock, on.context():
-        if int(driver.cuStreamQuery(stream)[0]) == _CUDA_SUCCESS:  # idle: nothing to order
-            return None
         _reset_after_fork()
-        ring = _rings.setdefault(index, _Ring())
+        ring = _rings.setdefault(on.device.index, _Ring())
         event, handle = _next_slot(driver, ring)
         check(driver.cuEventRecord(event, stream), "cuEventRecord")
         _records += 1
