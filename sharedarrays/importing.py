@@ -160,7 +160,8 @@ def _mapped(p: Payload, carried: list[int] | None) -> Allocation | None:
     """:func:`mapped_here` for a payload and its carried fds (asked first by
     :func:`load_payload`, before any :class:`Request` is made)."""
     alloc = lookup(p.alloc_id)
-    if alloc is None and p.pid == os.getpid():  # back at its exporter, which let go of it
+    pid = os.getpid()
+    if alloc is None and p.pid == pid:  # back at its exporter, which let go of it
         alloc = revive(p.alloc_id)
     if alloc is None:
         return None
@@ -171,7 +172,7 @@ def _mapped(p: Payload, carried: list[int] | None) -> Allocation | None:
             f"allocation {p.alloc_id} is mapped here, but the payload's secret is not its "
             "secret; the payload does not belong to that allocation"
         )
-    if alloc.pid != os.getpid() and alloc.device.needs_context:
+    if alloc.pid != pid and alloc.device.needs_context:
         # inherited through fork: CUDA cannot be used here (no driver call may notice it
         # later when the stream was idle and the token is None)
         why = why_unusable(alloc.backend.name, alloc.device.index)
@@ -180,11 +181,12 @@ def _mapped(p: Payload, carried: list[int] | None) -> Allocation | None:
             raise BackendUnavailable(f"cannot use {alloc.device}: {why}")
     if p.capacity is not None:  # a growable array: maps the chunks added since, if any
         return _catch_up_to(alloc, p, received)
-    _close(received)
+    if received:
+        _close(received)
     if not alloc.has_chunk_sizes(p.chunks) or alloc.backend.name != p.backend:
         device_of(p.backend, p.device)  # a backend unknown here says so (else: a mismatch)
         raise PayloadError(f"payload does not match allocation {p.alloc_id} mapped here")
-    if p.pid == os.getpid():  # one of this process's payloads came back: not in flight
+    if p.pid == pid:  # one of this process's payloads came back: not in flight
         alloc.note_loaded()
     else:  # its sender counts it in flight until told
         alloc.note_returned(p.server)  # (when this process releases it, if it served it)

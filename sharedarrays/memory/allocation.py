@@ -64,15 +64,23 @@ __all__ = [
 ]
 
 
+_keep_imports: tuple[float, int] = (float("-inf"), 64)  # (when read, the value)
+
+
 def keep_imports() -> int:
     """How many imported allocations with no live view this process keeps mapped.
 
     A worker that receives the same array again then finds it mapped (a *warm* handoff: no
     connection, no import, no map). Set by ``SHAREDARRAYS_KEEP_IMPORTS`` (default 64; 0 turns
-    parking off). A parked mapping is dropped as soon as its exporter releases the allocation
-    or exits, and the oldest is dropped when the limit is reached.
+    parking off), read at most once a second (every warm handoff parks: a change takes
+    effect within a second). A parked mapping is dropped as soon as its exporter releases
+    the allocation or exits, and the oldest is dropped when the limit is reached.
     """
-    return env_number("SHAREDARRAYS_KEEP_IMPORTS", 64, 0)
+    global _keep_imports
+    now = time.monotonic()
+    if now - _keep_imports[0] >= 1.0:
+        _keep_imports = (now, env_number("SHAREDARRAYS_KEEP_IMPORTS", 64, 0))
+    return _keep_imports[1]
 
 
 def lookup(alloc_id: str, draining: bool = False) -> Allocation | None:
