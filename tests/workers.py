@@ -208,15 +208,15 @@ _last_base: Any = None
 def reuses_native_base(a: Any) -> tuple[bool, bool, int]:
     """Touch ``.array`` of a handed-off view, then close it: whether the allocation's native
     base is the one the last call saw (kept while the allocation was parked), whether the
-    allocation is parked after the close, and its view leases then."""
-    import weakref
-
+    allocation is parked after the close, and its view leases then. (The last base is held
+    here: a CuPy ``MemoryPointer`` takes no weak reference; a base let go between calls is
+    then still a different object from the next one.)"""
     global _last_base
     native = a.array
     alloc = a.allocation
     base = alloc.native_base()
-    same = _last_base is not None and _last_base() is base
-    _last_base = weakref.ref(base)
+    same = _last_base is base
+    _last_base = base
     del native, base
     a.close()
     return same, alloc.parked, alloc.view_leases
