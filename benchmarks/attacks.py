@@ -1263,6 +1263,56 @@ def pid_2_31(row: Row) -> None:
     row.lost(f"fds {signed(leaked)}", leaked == 0)
 
 
+SECRET_FORGER = (
+    PRELUDE
+    + r"""
+# the id of an array mapped here (its exporter, or an importer that holds it warm) with
+# another secret: the id is no secret (sa top lists it), the 32-byte secret is
+where = sys.argv[2]
+if where == "exporter":
+    a = sa.zeros(8, device="cpu", pack=False)
+    payload = a.payload().to_bytes()
+else:  # an importer: the real payload loaded once, its mapping kept (view open, then parked)
+    payload = bytes.fromhex(sys.stdin.readline())
+    a = sa.load(payload)
+forged = reseal(payload, secret=os.urandom(32).hex())
+before = fds() if where == "exporter" else None
+for _ in range(int(sys.argv[1])):
+    try:
+        v = sa.load(forged)
+        v.close()
+        say(outcome=f"{where}: loaded")
+    except Exception as e:
+        say(outcome=f"{where}: {err(e)}", message=str(e))
+say(leaked=0 if before is None else fds() - before)
+"""
+)
+
+
+def forged_secret(row: Row) -> None:
+    """A payload naming an array mapped in the loading process, resealed with another secret:
+    in its exporter, and in an importer that maps it already (a warm load)."""
+    tries = row.tries
+    row.tries = 2 * tries
+    with runtime() as (env, _):
+        r = run_child(SECRET_FORGER, env, args=(str(tries), "exporter"))
+        victim, first = exporter(env)
+        with victim:
+            i = run_child(
+                SECRET_FORGER, env, stdin=first["payload"] + "\n", args=(str(tries), "importer")
+            )
+            same = data_same(victim)
+    for ran in (r, i):
+        for x in ran.lines:
+            if "outcome" in x:
+                row.add(x["outcome"])
+    leaked = r.last.get("leaked")
+    row.lost(
+        f"exporter's fds {signed(leaked)}; data unchanged: {'yes' if same else 'NO'}",
+        leaked == 0 and same,
+    )
+
+
 AS_OTHER = r"""
 import json, os, pickle, socket, sys
 import sharedarrays as sa
@@ -1753,6 +1803,14 @@ ATTACKS: list[tuple[str, Callable[[Row], None], int, str, set[str]]] = [
         {"PermissionDenied"},
     ),
     ("pid-2-31", pid_2_31, 10, "payload resealed with pid `2**31`", {"PayloadError"}),
+    (
+        "forged-secret",
+        forged_secret,
+        5,
+        "payload of an array mapped in the loader (its exporter; an importer holding it warm) "
+        "resealed with another secret",
+        {"PermissionDenied"},
+    ),
     (
         "other-user",
         other_user_access,
