@@ -345,6 +345,21 @@ def _hand_over_at_exit() -> None:
         alloc.hand_over()
 
 
+def _close_at_exit() -> None:
+    """At the interpreter's exit, last in this layer: close the connection to the keeper (the
+    kernel would; closed here, no unclosed socket is reported). Not while another thread is
+    in a request: the kernel closes it then."""
+    global _conn, _conn_path
+    if not _lock.acquire(timeout=1.0):
+        return
+    try:
+        if _conn is not None:
+            _conn.close()
+        _conn = _conn_path = None
+    finally:
+        _lock.release()
+
+
 def ensure_running() -> int:
     """Start this user's keeper unless one is running; return its pid."""
     _, body, _ = request(Hello())
@@ -480,3 +495,4 @@ state.release_hooks.append(_on_release)
 state.hand_over_hooks.append(hand_over)
 at_fork("transport", order=1, after_in_child=_forget_in_child)
 at_exit(_hand_over_at_exit, "transport", order=0)
+at_exit(_close_at_exit, "transport", order=4, processes=False)  # after the hand-over

@@ -594,3 +594,31 @@ def test_a_refusal_by_an_older_keeper_says_so() -> None:
     with pytest.raises(sa.KeeperError) as info:
         keeper.raise_for(wire.ERROR, {"error": "malformed"}, "cannot drop")
     assert str(info.value) == "cannot drop: malformed"
+
+
+_CLOSED_AT_EXIT = """
+from sharedarrays import process
+from sharedarrays.transport import keeper
+keeper.ensure_running()
+sock = keeper._conn
+assert sock is not None and sock.fileno() >= 0
+hooks = [h.fn for h in process._hooks.exit]
+# (after the hand-over of payloads in flight, which may still tell the keeper)
+assert hooks.index(keeper._close_at_exit) > hooks.index(keeper._hand_over_at_exit)
+process._hooks.run_exit()
+assert keeper._conn is None and sock.fileno() == -1, sock
+print("ok")
+"""
+
+
+def test_the_keeper_connection_is_closed_at_exit() -> None:
+    """The connection to the keeper is closed by an exit hook, after the hand-over (not left
+    to the kernel, with an unclosed-socket warning at the interpreter's end)."""
+    done = subprocess.run(
+        [sys.executable, "-X", "dev", "-c", _CLOSED_AT_EXIT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok" and "unclosed" not in done.stderr
