@@ -220,7 +220,9 @@ class ReceivedPart:
         self.token = token
         self.fds = fds
         self.allocation: Allocation | None = None
-        self._lease: Lease | None = None  # the one its views share (not growable)
+        # the lease its views share (not growable), weakly: the views hold it, so that a part
+        # kept alive (a traceback of a message that failed to load) holds no mapping
+        self._lease: weakref.ref[Lease] | None = None
         self.readonly = payload.readonly  # every view of it is read-only here
         # (shape, strides, dtype string) of the last view checked, its dtype and extent
         self._layout: tuple[Any, ...] | None = None
@@ -238,8 +240,9 @@ class ReceivedPart:
     def lease(self, readonly: bool) -> tuple[Allocation, Lease | None]:
         """The allocation (found or mapped by :meth:`find` on first use) and the lease the
         part's views share: one hold on the allocation per message, not per view, taken
-        at the first view and ended when the last view of them closes (``None`` for a
-        growable allocation, whose views each keep their own ``end`` for shrinking).
+        at the first view and ended when the last view of them closes or goes (the part
+        holds it weakly; ``None`` for a growable allocation, whose views each keep their
+        own ``end`` for shrinking).
 
         Raises
         ------
@@ -249,9 +252,11 @@ class ReceivedPart:
         alloc = self.allocation
         if alloc is None:
             alloc = self.find(readonly)
-        lease = self._lease
+        ref = self._lease
+        lease = None if ref is None else ref()
         if lease is None and not alloc.growable:
-            lease = self._lease = alloc.lease()
+            lease = alloc.lease()
+            self._lease = weakref.ref(lease)
         return alloc, lease
 
     def find(self, readonly: bool) -> Allocation:

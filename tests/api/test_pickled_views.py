@@ -15,7 +15,7 @@ import view_workers
 
 import sharedarrays as sa
 from sharedarrays.api.array import _rebuild_view
-from sharedarrays.api.message import allocation_bytes, import_part
+from sharedarrays.api.message import allocation_bytes, import_part, message_part
 from sharedarrays.protocol.payload import Payload
 
 
@@ -222,4 +222,28 @@ def test_the_views_of_a_growable_allocation_keep_a_lease_each() -> None:
     views = pickle.loads(pickle.dumps([a[:4], a[4:8]]))
     assert alloc.leases == held + 2 and views[0]._lease is not views[1]._lease
     del views
+    assert alloc.leases == held
+
+
+class _OutOfBounds:
+    """Pickles as a view of ``a``'s allocation (its part of the message) that lies outside it."""
+
+    def __init__(self, a: sa.SharedDeviceArray) -> None:
+        self.a = a
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        part = message_part(self.a.allocation, False)  # (the message's part, as a view finds)
+        return _rebuild_view, (part, (1 << 40, (4,), (8,), "<f8", False))
+
+
+def test_a_message_that_fails_to_load_holds_no_lease_in_its_traceback() -> None:
+    """A message whose second view is refused: the view made before it is dropped with the
+    unpickler, and the part, which the kept traceback still references, holds no lease."""
+    a = sa.from_array(np.arange(16.0), device="cpu", pack=False)
+    alloc = a.allocation
+    held = alloc.leases
+    blob = pickle.dumps([a[:4], _OutOfBounds(a)])
+    with pytest.raises(sa.PayloadError) as refused:
+        pickle.loads(blob)
+    assert refused.value.__traceback__ is not None  # (kept, with its frames)
     assert alloc.leases == held
