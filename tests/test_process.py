@@ -133,6 +133,7 @@ def test_the_package_hooks_are_in_layer_order() -> None:
         "sharedarrays.transport.handles._drain_at_exit",
         "sharedarrays.transport.handles.shutdown_server",
         "sharedarrays.transport.client.close_connections",
+        "sharedarrays.transport.keeper._close_at_exit",
     ]
 
 
