@@ -635,7 +635,9 @@ class Allocation(Growth):
         Called when the last lease goes, or to drop a parked mapping. Does nothing while a
         view (a lease) still uses the allocation, so a mapping is never taken from under a
         view: another thread may have just leased a parked allocation again. Close views with
-        :meth:`SharedDeviceArray.close` instead. Idempotent.
+        :meth:`SharedDeviceArray.close` instead. Idempotent. A parked allocation's kept native
+        base (:meth:`native_base`) is let go first; where a native array made from it still
+        lives, the release happens when the last one goes (and this call returns ``False``).
 
         Exporter-owned memory (cuda-ipc, cuda-pool) that other processes still hold is not
         freed yet: the allocation leaves the registry (nothing new is served) and *drains*
