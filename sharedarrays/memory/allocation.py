@@ -545,9 +545,7 @@ class Allocation(Growth):
                 raise ClosedArrayError(f"allocation {self.id} was released in this process")
             self._leases += 1
             self._ends[end] = self._ends.get(end, 0) + 1
-            # (idle until now: no lease but the kept native base's, if any)
-            idle = self._leases == 1 + (self._native_base is not None)
-            parked = idle and not self.origin.created_here
+            parked = self._view_leases() == 1 and not self.origin.created_here  # (was idle)
             self._release_when_idle = False  # (used again: a pending eviction is off)
             reservation = self._reservation if pin else None
         if parked:
@@ -604,9 +602,7 @@ class Allocation(Growth):
             else:
                 self._ends.pop(end, None)
             self._leases -= 1
-            # idle: no lease left but the native base's, if one is kept
-            idle = self._leases == (self._native_base is not None)
-            if not idle or self._released:
+            if self._view_leases() or self._released:  # (idle: none but the native base's)
                 return
             park = not self._release_when_idle
             park = park and not self.origin.created_here and not self._orphaned
@@ -654,7 +650,7 @@ class Allocation(Growth):
             if self._released:
                 return False
             base = self._native_base
-            if base is not None and self._leases == 1:  # idle, but for the native base kept
+            if base is not None and not self._view_leases():  # idle, but for the kept base
                 # let it go: its lease ends now where no native array of it is left (and
                 # comes back to release through _unlease), else with the last one
                 self._native_base = None
@@ -825,7 +821,12 @@ class Allocation(Growth):
         """:attr:`leases` less the native base's: what views (and a growable allocation's
         native arrays) hold here. Zero while the allocation is parked."""
         with self._lock:
-            return self._leases - (self._native_base is not None)
+            return self._view_leases()
+
+    def _view_leases(self) -> int:
+        # (:attr:`view_leases`, the caller holding the lock: the one rule of idleness that
+        # lease, _unlease and release read)
+        return self._leases - (self._native_base is not None)
 
     @property
     def chunks(self) -> tuple[ChunkInfo, ...]:
