@@ -215,14 +215,21 @@ def _connect(start: bool) -> socket.socket:
     return _conn
 
 
-def disconnect() -> None:
-    """Close this process's connection to the keeper (it then holds nothing for us)."""
+def disconnect(wait: float = -1) -> None:
+    """Close this process's connection to the keeper (it then holds nothing for us).
+
+    ``wait``: the most seconds to wait for a request another thread is making (the default:
+    as long as it takes); past it the connection is left as it is."""
     global _conn, _conn_path
-    with _lock:
+    if not _lock.acquire(timeout=wait):
+        return
+    try:
         if _conn is not None:
             _conn.close()
         _conn = _conn_path = None
         _held.clear()
+    finally:
+        _lock.release()
 
 
 def request(
@@ -348,16 +355,8 @@ def _hand_over_at_exit() -> None:
 def _close_at_exit() -> None:
     """At the interpreter's exit, last in this layer: close the connection to the keeper (the
     kernel would; closed here, no unclosed socket is reported). Not while another thread is
-    in a request: the kernel closes it then."""
-    global _conn, _conn_path
-    if not _lock.acquire(timeout=1.0):
-        return
-    try:
-        if _conn is not None:
-            _conn.close()
-        _conn = _conn_path = None
-    finally:
-        _lock.release()
+    in a request for more than a second: the kernel closes it then."""
+    disconnect(wait=1.0)
 
 
 def ensure_running() -> int:
