@@ -56,6 +56,7 @@ __all__ = [
     "Resolver",
     "RESOLVERS",
     "load_payload",
+    "load_again",
     "resolve",
     "mapped_here",
     "in_message",
@@ -186,13 +187,41 @@ def _mapped(p: Payload, carried: list[int] | None) -> Allocation | None:
     if not alloc.has_chunk_sizes(p.chunks) or alloc.backend.name != p.backend:
         device_of(p.backend, p.device)  # a backend unknown here says so (else: a mismatch)
         raise PayloadError(f"payload does not match allocation {p.alloc_id} mapped here")
+    _count_load(alloc, p, pid)
+    return alloc
+
+
+def _count_load(alloc: Allocation, p: Payload, pid: int) -> None:
+    """Count a load here of ``p``, a payload of ``alloc`` (``pid``: this process's)."""
     if p.pid == pid:  # one of this process's payloads came back: not in flight
         alloc.note_loaded()
     else:  # its sender counts it in flight until told
         alloc.note_returned(p.server)  # (when this process releases it, if it served it)
         if alloc.backend.exporter_owned:  # the exporter waits for its payloads: say so
             notices.report_load(p.server, p.alloc_id, p.secret)
-    return alloc
+
+
+def load_again(alloc: Allocation, p: Payload, sync: bytes | None) -> bool:
+    """Load ``p`` again where it was loaded before as ``alloc`` (the same payload bytes,
+    checked then against ``alloc``: its secret, chunks and backend): count the load and wait
+    for the ordering token ``sync``, as :func:`load_payload` does, without asking a resolver.
+
+    Returns ``False``, having done nothing, when ``alloc`` is no longer mapped here (released
+    since, or inherited through fork) or grows: load the payload anew then.
+
+    Raises
+    ------
+    PayloadError
+        A malformed token.
+    """
+    pid = os.getpid()
+    if alloc.released or alloc.pid != pid or p.capacity is not None:
+        return False
+    _check_token(sync)
+    _count_load(alloc, p, pid)
+    if sync is not None:
+        alloc.backend.import_sync(sync)
+    return True
 
 
 def in_message(req: Request) -> Allocation | None:
@@ -298,8 +327,7 @@ def load_payload(
     WrongNode
         The payload was made on another node (:mod:`sharedarrays.node`): nothing is opened.
     """
-    if sync is not None and (type(sync) is not bytes or not 0 < len(sync) <= 256):
-        raise PayloadError("the ordering token that travelled with the payload is malformed")
+    _check_token(sync)
     carried: list[int] | None = None
     if fds is not None:
         if type(fds) is not tuple or len(fds) != len(p.chunks):
@@ -316,6 +344,11 @@ def load_payload(
     if sync is not None:
         alloc.backend.import_sync(sync)
     return alloc
+
+
+def _check_token(sync: object) -> None:
+    if sync is not None and (type(sync) is not bytes or not 0 < len(sync) <= 256):
+        raise PayloadError("the ordering token that travelled with the payload is malformed")
 
 
 def _check_node(p: Payload) -> None:

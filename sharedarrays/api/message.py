@@ -8,8 +8,12 @@ allocation, process and generation), the message's ordering token, and the chunk
 a spawned Process's arguments carry them. Pickle's memo writes a part once per message and
 the unpickler calls :func:`import_part` once: so the importer decodes the payload, finds or
 maps the allocation, counts the payload loaded and waits for the token once per allocation
-and message, and each further view costs a check of its tuple (:meth:`ReceivedPart.view`)
-and a lease.
+and message, and each further view costs a check of its tuple (:meth:`ReceivedPart.view`).
+
+A warm handoff (a later message with the same payload, whose allocation this process still
+maps) takes the part of the last one again (:data:`_received`): the allocation found, the
+layout checked and the lease that open views share; only the load is counted and the
+token waited for (:func:`sharedarrays.importing.load_again`).
 
 Counting in flight follows the same unit: a part counts one payload in flight when a pickler
 writes it (:meth:`MessagePart.__reduce__`, once per message that carries the allocation),
@@ -39,6 +43,7 @@ from sharedarrays import importing
 from sharedarrays.errors import PayloadError
 from sharedarrays.memory import Allocation, Lease
 from sharedarrays.node import this_node
+from sharedarrays.process import at_fork
 from sharedarrays.protocol.payload import Payload, check_view
 from sharedarrays.transport import handles as transport
 
@@ -171,20 +176,46 @@ def message_part(alloc: Allocation, carry_fds: bool) -> MessagePart:
 
 
 # the importer's side -----------------------------------------------------------------------
+_received: dict[bytes, ReceivedPart] = {}
+"""Parts whose allocation was found here, by their payload bytes (up to
+:data:`_RECEIVED_LIMIT`): a later message with the same payload (a warm handoff) takes the
+part again, its allocation found, its views' layout checked and the lease its open views
+share, and only counts the load and waits for its token
+(:func:`sharedarrays.importing.load_again`)."""
+_RECEIVED_LIMIT = 1024
+
+
 def import_part(blob: bytes, token: object = None, fds: object = None) -> ReceivedPart:
     """What a pickled :class:`MessagePart` calls, once per message: the decoded payload (the
-    allocation is found or mapped at the first view, which says whether it maps read-only).
+    allocation is found or mapped at the first view, which says whether it maps read-only),
+    or the part of an earlier message with the same payload whose allocation this process
+    still maps (see :data:`_received`).
 
     Raises
     ------
     PayloadError
-        A malformed or altered payload.
+        A malformed or altered payload, or a malformed token.
     """
     if token is not None and type(token) is not bytes:
         raise PayloadError("the ordering token that travelled with the payload is malformed")
-    if fds is not None and type(fds) is not tuple:
+    if fds is None and type(blob) is bytes:
+        part = _received.get(blob)
+        if part is not None:
+            alloc = part.allocation
+            if alloc is not None and importing.load_again(alloc, part.payload, token):
+                return part
+            _received.pop(blob, None)
+    elif fds is not None and type(fds) is not tuple:
         raise PayloadError("the handles that travelled with the payload do not match it")
     return ReceivedPart(Payload.from_bytes(blob), token, fds, blob)
+
+
+def _forget_received() -> None:
+    # (a forked child maps what it inherited anew, or refuses it: no part is warm there)
+    _received.clear()
+
+
+at_fork("api", after_in_child=_forget_received)
 
 
 class ReceivedPart:
@@ -267,8 +298,18 @@ class ReceivedPart:
         if readonly and not p.readonly:  # a read-only view maps read-only on first sight
             p = dataclasses.replace(p, readonly=True)
         fds, self.fds = self.fds, None
-        alloc = importing.load_payload(p, self.token, fds)
+        token, self.token = self.token, None
+        alloc = importing.load_payload(p, token, fds)
         self.bind(alloc)
+        blob = self.blob
+        if blob is not None and fds is None and not alloc.growable:
+            # (the next message with this payload takes this part: see _received)
+            if len(_received) >= _RECEIVED_LIMIT:
+                try:
+                    del _received[next(iter(_received))]  # the oldest
+                except (StopIteration, KeyError, RuntimeError):  # (another thread's)
+                    pass
+            _received[blob] = self
         return alloc
 
     def view(self, view: object) -> tuple[Any, ...]:
@@ -284,16 +325,31 @@ class ReceivedPart:
         if type(view) is tuple and len(view) == 5 and layout is not None:
             offset, shape, strides, dtype_str, readonly = view
             if (
-                shape is layout[0]
-                and strides is layout[1]
-                and dtype_str is layout[2]
-                and type(offset) is int
+                type(offset) is int
                 and type(readonly) is bool
-            ):  # the layout of the view before (the sender interns them): only the bounds
+                and _same(shape, layout[0])
+                and _same(strides, layout[1])
+                and _same(dtype_str, layout[2])
+            ):  # the layout of the view before (in this message, or the last with this
+                # payload): only the bounds are checked; the checked fields are used
                 low, high = layout[4], layout[5]
                 if offset + low >= 0 and offset + high <= self.size and offset >= 0:
-                    return layout[3], shape, strides, offset, readonly, offset + high
+                    return layout[3], layout[0], layout[1], offset, readonly, offset + high
         dtype, low, high = check_view(view, self.size)
         offset, shape, strides, dtype_str, readonly = view  # type: ignore[misc]
         self._layout = (shape, strides, dtype_str, dtype, low, high)
         return dtype, shape, strides, offset, readonly, offset + high
+
+
+def _same(got: object, checked: tuple[int, ...] | str) -> bool:
+    """Whether a received view field equals one checked before: the same object (the sender
+    interns them, so within a message it is) or an equal one of the same type (a later
+    message); anything that fails to compare is not."""
+    if got is checked:
+        return True
+    if type(got) is not type(checked):
+        return False
+    try:
+        return bool(got == checked)
+    except Exception:  # (an element whose comparison raises: checked in full instead)
+        return False

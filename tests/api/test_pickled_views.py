@@ -12,8 +12,10 @@ from typing import Any
 import numpy as np
 import pytest
 import view_workers
+from forking import in_forked_child
 
 import sharedarrays as sa
+from sharedarrays.api import message as message_module
 from sharedarrays.api.array import _rebuild_view
 from sharedarrays.api.message import allocation_bytes, import_part, message_part
 from sharedarrays.protocol.payload import Payload
@@ -247,3 +249,75 @@ def test_a_message_that_fails_to_load_holds_no_lease_in_its_traceback() -> None:
         pickle.loads(blob)
     assert refused.value.__traceback__ is not None  # (kept, with its frames)
     assert alloc.leases == held
+
+
+def test_a_warm_load_takes_the_part_of_the_last_message_with_its_payload() -> None:
+    """A second message with the same payload takes the part the first one found (its
+    allocation, checked layout and shared lease) and still counts its own load."""
+    a = sa.from_array(np.arange(16.0), device="cpu", pack=False)
+    alloc = a.allocation
+    held = alloc.leases
+    first, second = pickle.dumps(a[2:]), pickle.dumps(a[2:])
+    assert alloc.in_flight()[0] == 2
+    one = pickle.loads(first)
+    assert alloc.in_flight()[0] == 1  # (loaded back here: counted)
+    (part, _) = a[2:].__reduce__()[1]
+    received = message_module._received[part.blob]
+    assert received.allocation is alloc and received.token is None  # (used once)
+    assert import_part(part.blob) is received
+    two = pickle.loads(second)
+    assert alloc.in_flight()[0] == 0  # each message's load counted
+    assert two._lease is one._lease and alloc.leases == held + 1  # open views share it
+    assert two.get().tolist() == list(range(2, 16))
+    one.close()
+    two.close()
+    assert alloc.leases == held
+
+
+def test_a_warm_part_whose_allocation_was_released_is_not_taken() -> None:
+    a = sa.from_array(np.arange(16.0), device="cpu", pack=False)
+    (part, view) = a[4:].__reduce__()[1]
+    received = import_part(part.blob)
+    assert _rebuild_view(received, view).get().tolist() == list(range(4, 16))
+    assert import_part(part.blob) is received
+    gone = sa.zeros(4, device="cpu", pack=False).allocation  # (its only view is dropped)
+    received.bind(gone)  # as if the part's allocation had been released meanwhile
+    fresh = import_part(part.blob)
+    assert fresh is not received and fresh.allocation is None
+    assert part.blob not in message_module._received  # (until a view finds it again)
+    assert _rebuild_view(fresh, view).allocation is a.allocation
+    assert message_module._received[part.blob] is fresh
+
+
+def test_a_warm_part_uses_the_layout_it_checked_and_checks_any_other() -> None:
+    """A later message's view fields equal to the checked ones (even as other numbers) give
+    the checked, canonical ones; any other fields are checked in full."""
+    a = sa.from_array(np.arange(8.0), device="cpu", pack=False)
+    (part, view) = a.__reduce__()[1]
+    assert _rebuild_view(import_part(part.blob), view).shape == (8,)
+    same = (0, (8.0,), (8,), "<f8", False)  # (equal, not ints)
+    got = _rebuild_view(import_part(part.blob), same)
+    assert got.shape == (8,) and type(got.shape[0]) is int
+    assert got.get().tolist() == list(range(8))
+    size = a.allocation.size
+    for bad in (
+        (0, ("8",), (8,), "<f8", False),
+        (0, (size // 8 + 1,), (8,), "<f8", False),
+        (0, [8], (8,), "<f8", False),
+        (0, (8,), (8,), "<f8", 1),
+        (size - 8, (8,), (8,), "<f8", False),
+    ):
+        with pytest.raises(sa.PayloadError):
+            _rebuild_view(import_part(part.blob), bad)
+
+
+def test_a_forked_child_takes_no_warm_part_of_its_parent() -> None:
+    a = sa.from_array(np.arange(8.0), device="cpu", pack=False)
+    b = pickle.loads(pickle.dumps(a))
+    assert message_module._received
+
+    def child() -> int:
+        return len(message_module._received)
+
+    assert in_forked_child(child) == 0
+    assert message_module._received and b.get().tolist() == list(range(8))
