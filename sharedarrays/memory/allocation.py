@@ -116,7 +116,7 @@ def live_allocations() -> list[Allocation]:
 def parked_allocations() -> list[Allocation]:
     """Imported allocations kept mapped with no live view, least recently used first."""
     with state.lock:
-        return list(state.parked.values())
+        return [a for a in state.parked.values() if a.parked_here()]
 
 
 def drop_parked(only_orphans: bool = False) -> int:
@@ -126,7 +126,9 @@ def drop_parked(only_orphans: bool = False) -> int:
     """
     with state.lock:
         victims: list[Allocation] = [
-            a for a in state.parked.values() if not only_orphans or not running(a.origin.pid)
+            a
+            for a in state.parked.values()
+            if a.parked_here() and (not only_orphans or not running(a.origin.pid))
         ]
     return sum(a.release() for a in victims)
 
@@ -528,7 +530,8 @@ class Allocation(Growth):
 
     # lifetime ---------------------------------------------------------------------------
     def lease(self, end: int | None = None, pin: bool = False) -> Lease:
-        """A new hold on this allocation (each view takes one). Unparks it if parked.
+        """A new hold on this allocation (each view takes one). A parked allocation is no
+        longer parked while one lives.
 
         Parameters
         ----------
@@ -544,13 +547,11 @@ class Allocation(Growth):
             if self._released:
                 raise ClosedArrayError(f"allocation {self.id} was released in this process")
             self._leases += 1
-            self._ends[end] = self._ends.get(end, 0) + 1
-            parked = self._view_leases() == 1 and not self.origin.created_here  # (was idle)
+            if self._growable:  # (ends bound shrinking: see reach)
+                self._ends[end] = self._ends.get(end, 0) + 1
             self._release_when_idle = False  # (used again: a pending eviction is off)
             reservation = self._reservation if pin else None
-        if parked:
-            with state.lock:
-                state.parked.pop(self.id, None)
+        # (still listed in state.parked if it was parked: leased, it is not parked any more)
         return Lease(self, end, reservation)
 
     def native_base(self) -> Any:
@@ -596,11 +597,12 @@ class Allocation(Growth):
 
     def _unlease(self, end: int) -> None:
         with self._lock:
-            left = self._ends.get(end, 0) - 1
-            if left > 0:
-                self._ends[end] = left
-            else:
-                self._ends.pop(end, None)
+            if self._growable:
+                left = self._ends.get(end, 0) - 1
+                if left > 0:
+                    self._ends[end] = left
+                else:
+                    self._ends.pop(end, None)
             self._leases -= 1
             if self._view_leases() or self._released:  # (idle: none but the native base's)
                 return
@@ -612,12 +614,16 @@ class Allocation(Growth):
             self.release()  # (or lets the native base go, which comes back here when it ends)
             return
         with state.lock:
-            state.parked[self.id] = self
-            state.parked.move_to_end(self.id)
-            over = len(state.parked) - limit
-            evict: list[Allocation] = list(state.parked.values())[:over] if over > 0 else []
+            parked = state.parked
+            parked[self.id] = self
+            parked.move_to_end(self.id)
+            over = len(parked) - limit
+            evict: list[Allocation] = list(parked.values())[:over] if over > 0 else []
+            for a in evict:
+                if not a.parked_here():  # leased again since it was listed: not parked
+                    del parked[a.id]
         for a in evict:
-            a.release()
+            a.release()  # (does nothing to one leased again)
 
     def orphan(self) -> None:
         """The source released this allocation: release it here too once nothing uses it."""
@@ -808,7 +814,11 @@ class Allocation(Growth):
     @property
     def parked(self) -> bool:
         """Whether this importer keeps the allocation mapped with no live view."""
-        return self.id in state.parked and not self._released
+        return self.parked_here()
+
+    def parked_here(self) -> bool:
+        """:attr:`parked` (a method: what listings of :data:`state.parked` ask)."""
+        return not self._released and not self._view_leases() and self.id in state.parked
 
     @property
     def leases(self) -> int:
@@ -922,7 +932,8 @@ class Allocation(Growth):
         return self._growable
 
     def reach(self, exclude: Lease | None = None) -> int:
-        """One past the highest byte any lease here (but ``exclude``) may touch."""
+        """One past the highest byte any lease here (but ``exclude``) may touch (of a
+        growable allocation, whose leases' ends are tracked; 0 for another)."""
         with self._lock:
             ends = dict(self._ends)
         if exclude is not None and exclude.allocation is self:

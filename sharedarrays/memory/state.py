@@ -38,6 +38,8 @@ class Member(Protocol):
 
     def adopt(self) -> None: ...
 
+    def parked_here(self) -> bool: ...
+
 
 class ProcessState:
     """Everything the memory layer keeps per process (one instance: :data:`state`).
@@ -49,7 +51,10 @@ class ProcessState:
     lock : threading.RLock
         Guards ``registry``, ``parked`` and ``draining``.
     parked : OrderedDict of str to Allocation
-        Imported allocations kept mapped with no live view, least recently used first.
+        Imported allocations kept mapped with no live view, least recently used first
+        (:attr:`Allocation.parked`). One leased again stays listed until it is idle again
+        (moved to the end) or an eviction passes it (taken off): a lease costs nothing here,
+        and only the idle ones listed are parked.
     draining : dict of str to Allocation
         Exporter-owned allocations released here that other processes still hold.
     slabs : dict of (backend name, Device) to (Lease, int)
@@ -98,8 +103,9 @@ class ProcessState:
         self.inherited.extend(self.slabs.values())
         self.slabs.clear()
         for alloc in self.parked.values():
-            self.registry.pop(alloc.id, None)
-            self.inherited.append(alloc)
+            if alloc.parked_here():  # (idle: no view of it came with the child)
+                self.registry.pop(alloc.id, None)
+                self.inherited.append(alloc)
         self.parked.clear()
         self.draining.clear()
         for alloc in self.registry.values():

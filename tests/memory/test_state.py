@@ -106,3 +106,42 @@ def test_no_module_globals_of_state_in_memory() -> None:
             elif isinstance(value, (ast.Dict, ast.List, ast.Set)):
                 found.append(f"{path.name}:{node.lineno}")
     assert len(found) == 1 and found[0].startswith("state.py:"), found
+
+
+def _import_of(source: sa.SharedDeviceArray, alloc_id: str) -> Allocation:
+    """An import in this process of ``source``'s memory, as a worker's (from its parent)."""
+    fd = os.dup(source.allocation.chunks[0].fd)
+    return Allocation.import_(
+        get_backend(CPU), alloc_id, b"q" * 32, source.allocation.chunk_sizes(), [fd], os.getppid()
+    )
+
+
+def test_a_parked_import_leased_again_is_not_parked_until_idle(monkeypatch: Any) -> None:
+    """Parked imports are listed in least-recently-idle order; one leased again stays listed
+    (a lease does not touch the list) but is not parked: not reported, not dropped, and an
+    eviction takes it off the list without releasing it."""
+    from sharedarrays.memory import allocation as allocation_module
+
+    monkeypatch.setattr(allocation_module, "_keep_imports", (float("inf"), 1))  # limit 1
+    source = sa.from_array(np.arange(512.0), device="cpu", pack=False)
+    first, second = _import_of(source, "6" * 32), _import_of(source, "7" * 32)
+    try:
+        view = sa.SharedDeviceArray(first, source.dtype, source.shape, source.strides, 0)
+        view.close()
+        assert first.parked and [a.id for a in parked_allocations()] == [first.id]
+        view = sa.SharedDeviceArray(first, source.dtype, source.shape, source.strides, 0)
+        assert first.id in state.parked  # (still listed)
+        assert not first.parked and parked_allocations() == []
+        assert drop_parked() == 0 and not first.released
+        assert in_forked_child(lambda: lookup("6" * 32) is not None)  # in use: the child's too
+        other = sa.SharedDeviceArray(second, source.dtype, source.shape, source.strides, 0)
+        other.close()  # parked: the limit's eviction passes the first, leased: taken off
+        assert [a.id for a in parked_allocations()] == [second.id]
+        assert first.id not in state.parked and not first.released
+        assert view.get()[5] == 5.0
+        view.close()  # idle again: parked, and the second evicted (released)
+        assert [a.id for a in parked_allocations()] == [first.id]
+        assert second.released and not first.released
+    finally:
+        drop_parked()
+    assert first.released and second.released
