@@ -17,7 +17,7 @@ from collections.abc import Callable
 from multiprocessing import reduction
 from multiprocessing.context import get_spawning_popen
 from types import EllipsisType
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar, overload, runtime_checkable
 
 import numpy as np
 
@@ -869,12 +869,29 @@ def assignable(native: Any, value: Any) -> Any:
     return torch.tensor(np.asarray(value), device=native.device)
 
 
-def _rebuild_view(part: object, view: object) -> SharedDeviceArray | othernode.OtherNodeArray:
+@overload
+def _rebuild_view(part: bytes, view: object = None, fds: object = None) -> message.ReceivedPart: ...
+
+
+@overload
+def _rebuild_view(
+    part: message.ReceivedPart | message.MessagePart, view: object
+) -> SharedDeviceArray | othernode.OtherNodeArray: ...
+
+
+def _rebuild_view(
+    part: object, view: object = None, fds: object = None
+) -> SharedDeviceArray | othernode.OtherNodeArray | message.ReceivedPart:
     """What a pickled view calls: its allocation's part of the message (a
     :class:`~sharedarrays.api.message.ReceivedPart`, made once per message by the
     unpickler: the payload decoded, the allocation found or mapped at its first view) and
     the view's own fields ``view`` (a :class:`ViewFields` tuple, checked against the
     allocation's payload).
+
+    The part calls it too, with the allocation's payload bytes, the message's ordering
+    token and the carried fds, if any: that is
+    :func:`~sharedarrays.api.message.import_part` (registered with
+    :func:`~sharedarrays.api.message.use_reconstructor`: a message names one function).
 
     A payload of another node raises :class:`~sharedarrays.WrongNode`, except where
     distributed's own unpickler reads it (a task's specification on a worker of another
@@ -882,6 +899,8 @@ def _rebuild_view(part: object, view: object) -> SharedDeviceArray | othernode.O
     :class:`~sharedarrays.api.othernode.OtherNodeArray`, so that the task fails and the
     worker stays (see :mod:`sharedarrays.api.othernode`)."""
     if type(part) is not message.ReceivedPart:
+        if type(part) is bytes:  # the allocation's part of the message
+            return message.import_part(part, view, fds)
         if type(part) is not message.MessagePart:
             raise PayloadError("a pickled view is corrupted: its allocation's part is missing")
         part = part.received_here()  # copy.copy of a view: this process's own part
@@ -894,6 +913,9 @@ def _rebuild_view(part: object, view: object) -> SharedDeviceArray | othernode.O
         if not othernode.read_by_distributed(sys._getframe(1)):
             raise
         return othernode.OtherNodeArray(str(refused), _rebuild_view, (part, view))
+
+
+message.use_reconstructor(_rebuild_view)
 
 
 def operator_index(n: object) -> int:

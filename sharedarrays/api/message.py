@@ -33,6 +33,7 @@ import dataclasses
 import os
 import threading
 import weakref
+from collections.abc import Callable
 from multiprocessing import reduction
 from multiprocessing.context import get_spawning_popen
 from typing import Any
@@ -54,6 +55,7 @@ __all__ = [
     "allocation_payload",
     "import_part",
     "message_part",
+    "use_reconstructor",
 ]
 
 
@@ -101,6 +103,16 @@ def allocation_bytes(alloc: Allocation) -> bytes:
 
 
 # the sender's side -------------------------------------------------------------------------
+def use_reconstructor(fn: Callable[..., Any]) -> None:
+    """Make ``fn`` what a pickled part calls (instead of :func:`import_part`):
+    :mod:`sharedarrays.api.array` registers its view reconstructor, which takes a part's
+    arguments too (``(payload bytes, token[, fds])``, handed to :func:`import_part`), so that
+    a message names one function: pickle writes it once and the unpickler looks up one
+    global per message instead of two."""
+    global _reconstructor
+    _reconstructor = fn
+
+
 class MessagePart:
     """One allocation's part of the message being pickled now (see the module's notes).
 
@@ -132,10 +144,10 @@ class MessagePart:
         # in flight per message, where it names this process's handle server
         alloc = self.allocation
         if self.fds is not None:
-            return import_part, (self.blob, self.fence, self.fds)
+            return _reconstructor, (self.blob, self.fence, self.fds)
         if alloc.source_server is None:
             alloc.note_sent()
-        return import_part, (self.blob, self.fence)
+        return _reconstructor, (self.blob, self.fence)
 
     def received_here(self) -> ReceivedPart:
         """The part as this process's own reconstructor takes it (``copy.copy`` of a view
@@ -210,6 +222,9 @@ def import_part(blob: bytes, token: object = None, fds: object = None) -> Receiv
     return ReceivedPart(Payload.from_bytes(blob), token, fds, blob)
 
 
+_reconstructor: Callable[..., Any] = import_part  # (see use_reconstructor)
+
+
 def _forget_received() -> None:
     # (a forked child maps what it inherited anew, or refuses it: no part is warm there)
     _received.clear()
@@ -260,7 +275,7 @@ class ReceivedPart:
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         blob = self.blob if self.blob is not None else self.payload.to_bytes()
-        return import_part, (blob, self.token)
+        return _reconstructor, (blob, self.token)
 
     def bind(self, alloc: Allocation) -> None:
         """Take ``alloc`` as the allocation of every view of the part."""

@@ -54,16 +54,12 @@ def test_the_allocation_part_is_the_whole_allocation() -> None:
     assert whole.alloc_id == p.alloc_id and whole.chunks == p.chunks and whole.secret == p.secret
 
 
-def test_pickle_names_only_the_reconstructor() -> None:
-    ops = list(pickletools.genops(pickle.dumps(_A)))
-    # the view's reconstructor and its allocation part's
-    assert [op.name for op, _, _ in ops if "GLOBAL" in op.name] == ["STACK_GLOBAL"] * 2
+def test_pickle_names_only_the_reconstructor_once() -> None:
+    """The view and its allocation's part call the same function: one global per message."""
+    ops = list(pickletools.genops(pickle.dumps([_A, _A[1:]])))
+    assert [op.name for op, _, _ in ops if "GLOBAL" in op.name] == ["STACK_GLOBAL"]
     strings = [arg for op, arg, _ in ops if op.name in ("SHORT_BINUNICODE", "BINUNICODE")]
-    assert strings == [
-        *("sharedarrays.api.array", "_rebuild_view"),
-        *("sharedarrays.api.message", "import_part"),
-        "<f4",
-    ]
+    assert strings == ["sharedarrays.api.array", "_rebuild_view", "<f4"]
 
 
 @pytest.mark.parametrize(
@@ -202,16 +198,23 @@ def test_a_message_finds_its_allocation_once() -> None:
     calls: list[object] = []
     from sharedarrays import importing
 
-    real = importing.load_payload
+    real, again = importing.load_payload, importing.load_again
 
     def counting(*args: object, **kwargs: object) -> object:
         calls.append(args[0])
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
+    def counting_again(*args: object, **kwargs: object) -> object:
+        calls.append(args[0])
+        return again(*args, **kwargs)  # type: ignore[arg-type]
+
+    # (found: load_payload; or, where an earlier message with the payload found it, taken
+    # again: load_again)
     importing.load_payload = counting  # type: ignore[assignment]
+    importing.load_again = counting_again  # type: ignore[assignment]
     try:
         loaded = pickle.loads(message)
     finally:
-        importing.load_payload = real
+        importing.load_payload, importing.load_again = real, again
     assert len(calls) == 1
     assert [v.get().tolist() for v in loaded] == [v.get().tolist() for v in views]
