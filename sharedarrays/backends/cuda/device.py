@@ -146,19 +146,21 @@ class CudaDevice:
         """
         if self._forked():
             raise BackendUnavailable(f"cannot use {self.device}: {FORK_REASON}")
-        current = check(self._d.cuCtxGetCurrent(), "cuCtxGetCurrent")
-        if current is not None and int(current) == self._ctx_int:
+        current = self._current()
+        if current == self._ctx_int:
             return contextlib.nullcontext()
-        return self._make_current(0 if current is None else int(current))
+        return self._make_current(current)
 
     def is_current(self) -> bool:
         """Whether this device's primary context is the calling thread's current context
         (one ``cuCtxGetCurrent``); ``False`` in a fork child of the process that made this
         backend object (where :meth:`context` raises)."""
-        if self._forked():
-            return False
-        err, current = self._d.cuCtxGetCurrent()
-        return int(err) == 0 and current is not None and int(current) == self._ctx_int
+        return not self._forked() and self._current() == self._ctx_int
+
+    def _current(self) -> int:
+        # the calling thread's current context (cuCtxGetCurrent), 0 for none
+        current = check(self._d.cuCtxGetCurrent(), "cuCtxGetCurrent")
+        return 0 if current is None else int(current)
 
     @contextlib.contextmanager
     def _make_current(self, current_int: int) -> Iterator[None]:
@@ -259,12 +261,8 @@ class CudaDevice:
         ``offset`` bytes in. CuPy has no read-only arrays: ``readonly`` is the caller's to
         enforce.
         """
-        import cupy
-
-        index = self.device.index if device_index is None else device_index
-        memory = cupy.cuda.UnownedMemory(address, size, owner, index)
-        pointer = cupy.cuda.MemoryPointer(memory, offset)
-        return cupy.ndarray(shape, dtype=dtype, memptr=pointer, strides=strides)
+        base = self.native_memory(address, size, owner, readonly, device_index)
+        return self.native_view(base, offset, dtype, shape, strides, readonly)
 
     def native_memory(
         self, address: int, size: int, owner: object, readonly: bool, device_index: int | None
