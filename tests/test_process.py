@@ -126,6 +126,7 @@ def test_the_package_hooks_are_in_layer_order() -> None:
         "sharedarrays.memory.state.ProcessState.reset_in_child",
         "sharedarrays.transport.handles._forget_server_in_child",
         "sharedarrays.transport.keeper._forget_in_child",
+        "sharedarrays.api.message._forget_received",
     ]
     exits = [process._name(h.fn) for h in process._hooks.exit]
     assert exits == [
