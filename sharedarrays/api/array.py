@@ -685,7 +685,7 @@ class SharedDeviceArray(NativeArrayMethods):
         keeping.unpark(self.allocation)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return _reduce(self, carry_fds=False)
+        return _reduce(self, self.allocation, carry_fds=False)
 
     def __dask_tokenize__(self) -> tuple[Any, ...]:
         """Dask's token of this view, made without pickling it (a pickle would count a
@@ -706,9 +706,10 @@ class SharedDeviceArray(NativeArrayMethods):
 
 views.register(SharedDeviceArray)
 
-reduce_hooks: list[Callable[[], bool]] = []
-"""Called before a view is pickled, while any is left; a hook that returns ``True`` is done and
-is dropped. ``api/dask.py`` waits here for distributed to be imported, to register with it."""
+reduce_hooks: dict[str, Callable[[], None]] = {}
+"""Hooks that wait for a module: ``{module name: hook}``; when a view is pickled and the module
+is imported, the hook is called once and dropped. ``api/dask.py`` waits here for distributed's
+serialization, to register with it."""
 
 
 _interned: dict[Any, Any] = {}
@@ -724,14 +725,21 @@ def _intern(value: _T) -> _T:
     return _interned.setdefault(value, value)  # type: ignore[no-any-return]
 
 
-def _reduce(a: SharedDeviceArray, carry_fds: bool) -> tuple[Any, tuple[Any, ...]]:
-    """The one reduction of a view: :func:`_rebuild_view`, its allocation's part of the
-    message being pickled (:func:`sharedarrays.api.message.message_part`: the allocation's
-    payload, the message's ordering fence and, with ``carry_fds``, the chunks' fds as
-    multiprocessing's DupFd; written once per message) and the view's own fields."""
-    if reduce_hooks:  # until each is done (api/dask.py: registration with distributed)
-        reduce_hooks[:] = [hook for hook in reduce_hooks if not hook()]
-    return _rebuild_view, (message.message_part(a.allocation, carry_fds), a._view_tuple())
+def _reduce(
+    a: SharedDeviceArray, alloc: Allocation, carry_fds: bool
+) -> tuple[Any, tuple[Any, ...]]:
+    """The one reduction of a view ``a`` of ``alloc``: :func:`_rebuild_view`, its
+    allocation's part of the message being pickled
+    (:func:`sharedarrays.api.message.message_part`: the allocation's payload, the message's
+    ordering fence and, with ``carry_fds``, the chunks' fds as multiprocessing's DupFd;
+    written once per message) and the view's own fields."""
+    if reduce_hooks and not reduce_hooks.keys().isdisjoint(sys.modules):
+        for name in [name for name in reduce_hooks if name in sys.modules]:
+            reduce_hooks.pop(name)()
+    packed = a._packed
+    if packed is None:
+        packed = a._view_tuple()
+    return _rebuild_view, (message.message_part(alloc, carry_fds), packed)
 
 
 def _reduce_for_multiprocessing(a: SharedDeviceArray) -> tuple[Any, tuple[Any, ...]]:
@@ -746,7 +754,7 @@ def _reduce_for_multiprocessing(a: SharedDeviceArray) -> tuple[Any, tuple[Any, .
         and not alloc.growable
         and alloc.backend.maps
     )
-    return _reduce(a, carry_fds)
+    return _reduce(a, alloc, carry_fds)
 
 
 reduction.ForkingPickler.register(SharedDeviceArray, _reduce_for_multiprocessing)

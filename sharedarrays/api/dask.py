@@ -65,19 +65,16 @@ def register() -> None:
     _registered = True
 
 
-def _register_if_imported() -> bool:
-    """Register if distributed's serialization is imported; whether it is."""
-    if "distributed.protocol.serialize" not in sys.modules:
-        return False
-    register()
-    return True
+_SERIALIZE = "distributed.protocol.serialize"
 
 
 def install() -> None:
     """Register now if distributed is imported, else the first time an array is pickled
     after it is (``import sharedarrays`` calls this; it imports no dask)."""
-    if not _register_if_imported():
-        reduce_hooks.append(_register_if_imported)
+    if _SERIALIZE in sys.modules:
+        register()
+    else:
+        reduce_hooks[_SERIALIZE] = register
 
 
 def same_node_transfer(context: dict[str, Any] | None) -> bool:
