@@ -294,15 +294,9 @@ class SharedDeviceArray(NativeArrayMethods):
         if native is None:
             alloc = self.allocation
             assert self._lease is not None  # self.allocation raised if closed
-            derive = getattr(alloc.backend, "native_view", None)
-            if derive is not None and not alloc.growable:  # one native memory per allocation
-                native = self._native = derive(
-                    alloc.native_base(),
-                    self._offset,
-                    self._dtype,
-                    self._shape,
-                    self._strides,
-                    self._readonly,
+            if alloc.derives_natives:  # one native memory per allocation
+                native = self._native = alloc.native_view(
+                    self._offset, self._dtype, self._shape, self._strides, self._readonly
                 )
                 return native
             native = alloc.backend.as_native(

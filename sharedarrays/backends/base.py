@@ -18,15 +18,18 @@ Memory systems come in two shapes:
 Every method that creates an OS resource either returns an object that owns it or raises
 having released everything it made.
 
-Three methods are optional, looked up with ``getattr``.
+Four methods are optional, looked up with ``getattr``.
 
-``native_memory(address, size, owner, readonly, device_index)`` and ``native_view(memory,
-offset, dtype, shape, strides, readonly)``, defined together: the native memory object of a
-whole mapped allocation, which keeps ``owner`` alive, and a native array of a view derived
-from it. The views of one allocation in a process then share one native memory object, and
-each native array costs only its own header (``host``: a NumPy byte array, and NumPy arrays
-over its buffer; ``cuda-*``: a CuPy ``MemoryPointer``, and CuPy arrays at it plus
-``offset``). Without them every native array is made by :meth:`Backend.as_native`.
+``native_memory(address, size, owner, readonly, device_index)``, ``native_view(memory,
+offset, dtype, shape, strides, readonly)`` and ``native_intact(native, dtype, shape, strides,
+readonly)``, defined together: the native memory object of a whole mapped allocation, which
+keeps ``owner`` alive, a native array of a view derived from it, and whether such an array
+still has the layout it was made with (:meth:`sharedarrays.Allocation.native_view` hands the
+last one out again when nobody holds it). The views of one allocation in a process then
+share one native memory object, and each native array costs only its own header (``host``:
+a NumPy byte array, and NumPy arrays over its buffer; ``cuda-*``: a CuPy ``MemoryPointer``,
+and CuPy arrays at it plus ``offset``). Without them every native array is made by
+:meth:`Backend.as_native`.
 
 ``admit(chunk, pid)``, which a pointer
 backend may define to be called before a chunk's :attr:`Chunk.export` is handed to process

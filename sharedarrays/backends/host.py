@@ -430,6 +430,24 @@ class HostBackend:
             view.flags.writeable = False
         return view
 
+    def native_intact(
+        self,
+        native: np.ndarray[Any, Any],
+        dtype: np.dtype[Any],
+        shape: tuple[int, ...],
+        strides: tuple[int, ...],
+        readonly: bool,
+    ) -> bool:
+        """Whether ``native`` (from :meth:`native_view`) still has the layout and
+        writeability it was made with (a NumPy array's shape, strides, dtype and writeable
+        flag can be set; its data pointer cannot)."""
+        return (
+            native.shape == shape
+            and native.strides == strides
+            and native.dtype == dtype
+            and native.flags.writeable is not readonly
+        )
+
     def to_native(self, obj: Any) -> np.ndarray[Any, Any]:
         if isinstance(obj, np.ndarray):
             return obj

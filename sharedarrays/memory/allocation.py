@@ -37,6 +37,8 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
+import numpy as np
+
 from sharedarrays.backends import Access, Backend, Chunk, MappingBackend, round_up
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import ClosedArrayError, PayloadError
@@ -282,6 +284,10 @@ class Allocation(Growth):
         self.generation = 0
         self._reservation = Reservation(backend, address, self.capacity)
         self._growable = capacity is not None
+        self.derives_natives = capacity is None and hasattr(backend, "native_view")
+        """Whether its views' native arrays come from :meth:`native_view` (one native memory
+        per allocation; not a growable one, whose native arrays each pin their own
+        reservation, nor a backend without ``native_memory`` and ``native_view``)."""
         self._chunk_bytes: int | None = None
         self._ends: dict[int, int] = {}
         self.growth_lock = threading.RLock()
@@ -310,6 +316,8 @@ class Allocation(Growth):
         """Whether the kernel forbids every new write to the memory (``readonly=True`` on the
         host backend): only the creator's mappings made before can write."""
         self._native_base: tuple[int | None, Any] | None = None  # (device, native array)
+        # the last native array native_view made: (its device and layout, the array)
+        self._last_native: tuple[tuple[Any, ...], Any] | None = None
         self.encoded: tuple[int, int, bytes] | None = None
         """The payload of the whole allocation that pickles of its views carry, with the pid
         and :attr:`generation` it was made for (:mod:`sharedarrays.api.array` makes it): one
@@ -576,8 +584,49 @@ class Allocation(Growth):
         )
         with self._lock:
             replaced, self._native_base = self._native_base, (device, base)
-        del replaced  # (a peer device's, if any: its lease ends with its native arrays)
+            last, self._last_native = self._last_native, None
+        del replaced, last  # (a peer device's, if any: its lease ends with its native arrays)
         return base
+
+    def native_view(
+        self,
+        offset: int,
+        dtype: np.dtype[Any],
+        shape: tuple[int, ...],
+        strides: tuple[int, ...],
+        readonly: bool,
+    ) -> Any:
+        """A native array of a view of this allocation: the backend's ``native_view`` of
+        :meth:`native_base` (not for a growable allocation).
+
+        The last one made is handed out again when nothing else holds it any more and the
+        backend finds its layout unchanged (``native_intact``): a warm handoff's ``.array``
+        then makes no new native array (CuPy's constructor is the costliest step of it on
+        the H200). A native array someone still holds, or changed (``x.shape = ...``), is
+        never handed out twice.
+        """
+        key = (self.native_device, offset, dtype, shape, strides, readonly)
+        backend = self.backend
+        with self._lock:
+            last, self._last_native = self._last_native, None
+        if last is not None and last[0] == key:
+            native = last[1]
+            # (held by last, native and getrefcount's argument alone: nobody else has it)
+            if sys.getrefcount(native) == 3 and backend.native_intact(  # type: ignore[attr-defined]
+                native, dtype, shape, strides, readonly
+            ):
+                with self._lock:
+                    if self._last_native is None and not self._released:
+                        self._last_native = last
+                return native
+        del last
+        native = backend.native_view(  # type: ignore[attr-defined]
+            self.native_base(), offset, dtype, shape, strides, readonly
+        )
+        with self._lock:
+            if self._last_native is None and not self._released:
+                self._last_native = (key, native)
+        return native
 
     def pin(self, lease: Lease) -> Lease:
         """Make ``lease`` (one of this allocation's) keep the current reservation mapped
@@ -657,9 +706,11 @@ class Allocation(Growth):
                 return False
             base = self._native_base
             if base is not None and not self._view_leases():  # idle, but for the kept base
-                # let it go: its lease ends now where no native array of it is left (and
-                # comes back to release through _unlease), else with the last one
+                # let it go (with the last native array kept for reuse): its lease ends now
+                # where no native array of it is left (and comes back to release through
+                # _unlease), else with the last one
                 self._native_base = None
+                last, self._last_native = self._last_native, None
                 self._release_when_idle = True
             elif self._leases:
                 return False
@@ -667,7 +718,7 @@ class Allocation(Growth):
                 base = None
                 self._released = True
         if base is not None:
-            del base
+            del base, last
             if not self._released:  # native arrays of it live on: not parked, kept by them
                 with state.lock:
                     state.parked.pop(self.id, None)

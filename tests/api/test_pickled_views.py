@@ -7,6 +7,7 @@ import copy
 import multiprocessing as mp
 import os
 import pickle
+import weakref
 from typing import Any
 
 import numpy as np
@@ -321,3 +322,55 @@ def test_a_forked_child_takes_no_warm_part_of_its_parent() -> None:
 
     assert in_forked_child(child) == 0
     assert message_module._received and b.get().tolist() == list(range(8))
+
+
+def test_a_warm_view_reuses_the_native_array_nobody_holds() -> None:
+    """`.array` of a view whose layout matches the last native array made for its allocation
+    hands that array out again when nothing else holds it and it is unchanged; never one
+    that is held, reshaped in place or made read-only since."""
+    a = sa.from_array(np.arange(16.0), device="cpu", pack=False)
+    blob = pickle.dumps(a[4:12])
+
+    def fresh() -> sa.SharedDeviceArray:
+        return pickle.loads(blob)
+
+    v = fresh()
+    first = v.array
+    seen = weakref.ref(first)
+    del first
+    v.close()
+    w = fresh()
+    again = w.array
+    assert again is seen()  # nobody held it: handed out again
+    held = again  # (a second name: held)
+    w.close()
+    del again
+    x = fresh()
+    other = x.array
+    assert other is not held and other.tolist() == held.tolist()
+    other[0] = -1.0  # the same memory, two arrays
+    assert held[0] == -1.0 and a.get()[4] == -1.0
+    del held, other
+    x.close()
+    y = fresh()
+    changed = y.array
+    changed.shape = (2, 4)  # (in place)
+    del changed
+    y.close()
+    z = fresh()
+    assert z.array.shape == (8,)
+    sealed = z.array
+    z.close()
+    sealed.flags.writeable = False
+    del sealed
+    assert fresh().array.flags.writeable
+
+
+def test_releasing_an_allocation_drops_its_kept_native_array() -> None:
+    a = sa.from_array(np.arange(8.0), device="cpu", pack=False)
+    alloc = a.allocation
+    native = a.array
+    seen = weakref.ref(native)
+    del native
+    a.close()
+    assert alloc.released and seen() is None

@@ -291,6 +291,18 @@ class CudaDevice:
 
         return cupy.ndarray(shape, dtype=dtype, memptr=base + offset, strides=strides)
 
+    def native_intact(
+        self,
+        native: Any,
+        dtype: np.dtype[Any],
+        shape: tuple[int, ...],
+        strides: tuple[int, ...],
+        readonly: bool,
+    ) -> bool:
+        """Whether ``native`` (from :meth:`native_view`) still has the layout it was made
+        with (a CuPy array's shape can be set; its dtype and memory pointer cannot)."""
+        return bool(native.shape == shape and native.strides == strides)
+
     def to_native(self, obj: Any) -> Any:
         """Return ``obj`` as a ``cupy.ndarray`` on this device (copying only when needed).
 
