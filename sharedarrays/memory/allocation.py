@@ -85,6 +85,20 @@ def keep_imports() -> int:
     return _keep_imports[1]
 
 
+def _references(slot: tuple[Any, Any]) -> int:
+    return sys.getrefcount(slot[1])
+
+
+_ALONE = _references((None, object()))
+"""What :func:`_references` counts for an object that one tuple alone holds (measured, not
+assumed: how an interpreter counts the references of a call's arguments varies)."""
+
+
+def _held_by_slot_alone(slot: tuple[Any, Any]) -> bool:
+    """Whether ``slot[1]`` is held by ``slot`` and nothing else."""
+    return _references(slot) <= _ALONE
+
+
 def lookup(alloc_id: str, draining: bool = False) -> Allocation | None:
     """Return this process's mapped allocation with id ``alloc_id``, if any (``draining``:
     also one released here but still held by other processes, see
@@ -609,10 +623,9 @@ class Allocation(Growth):
         backend = self.backend
         with self._lock:
             last, self._last_native = self._last_native, None
-        if last is not None and last[0] == key:
+        if last is not None and last[0] == key and _held_by_slot_alone(last):
             native = last[1]
-            # (held by last, native and getrefcount's argument alone: nobody else has it)
-            if sys.getrefcount(native) == 3 and backend.native_intact(  # type: ignore[attr-defined]
+            if backend.native_intact(  # type: ignore[attr-defined]
                 native, dtype, shape, strides, readonly
             ):
                 with self._lock:
