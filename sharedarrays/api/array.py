@@ -727,7 +727,9 @@ def _reduce(
     (:func:`sharedarrays.api.message.message_part`: the allocation's payload, the message's
     ordering fence and, with ``carry_fds``, the chunks' fds as multiprocessing's DupFd;
     written once per message) and the view's own fields."""
-    if reduce_hooks and not reduce_hooks.keys().isdisjoint(sys.modules):
+    # (against sys.modules' keys view: isdisjoint then walks the smaller side, the hooks,
+    # where a plain dict argument would be walked whole, every module, for every view)
+    if reduce_hooks and not reduce_hooks.keys().isdisjoint(sys.modules.keys()):
         for name in [name for name in reduce_hooks if name in sys.modules]:
             reduce_hooks.pop(name)()
     packed = a._packed

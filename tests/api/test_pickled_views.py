@@ -7,6 +7,8 @@ import copy
 import multiprocessing as mp
 import os
 import pickle
+import sys
+import types
 import weakref
 from typing import Any
 
@@ -374,3 +376,29 @@ def test_releasing_an_allocation_drops_its_kept_native_array() -> None:
     del native
     a.close()
     assert alloc.released and seen() is None
+
+
+class _Modules(dict):  # type: ignore[type-arg]
+    """sys.modules that fails a test when walked whole."""
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        raise AssertionError("a view's pickling walked every imported module")
+
+
+def test_a_reduce_hook_runs_once_its_module_is_imported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hook waiting for a module (api/dask.py's for distributed) costs a pickling a lookup
+    per hook, not a walk over sys.modules, and runs once, the first pickling after the module
+    is imported."""
+    from sharedarrays.api import array as array_module
+
+    modules = _Modules(sys.modules)
+    monkeypatch.setattr(array_module, "sys", types.SimpleNamespace(modules=modules))
+    ran: list[int] = []
+    monkeypatch.setitem(array_module.reduce_hooks, "sa_test_awaited", lambda: ran.append(1))
+    a = sa.zeros(4, device="cpu", pack=False)
+    pickle.dumps(a)
+    assert ran == [] and "sa_test_awaited" in array_module.reduce_hooks
+    modules["sa_test_awaited"] = types.ModuleType("sa_test_awaited")
+    pickle.dumps(a)
+    pickle.dumps(a)
+    assert ran == [1] and "sa_test_awaited" not in array_module.reduce_hooks
