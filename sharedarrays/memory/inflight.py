@@ -83,6 +83,8 @@ class InFlight:
     def note_returned(self, server: str) -> None:
         """A payload from the process whose handle server is ``server`` was loaded here
         (counted only for processes this one served)."""
+        if server not in self._servers:  # (the common case, a warm load: no lock taken)
+            return
         with self._lock:
             if server in self._servers:
                 self._returned[server] = self._returned.get(server, 0) + 1
