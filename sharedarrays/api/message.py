@@ -123,7 +123,7 @@ class MessagePart:
     blob : bytes
         The allocation's encoded payload (:func:`allocation_bytes`).
     fence : object or None
-        The backend's ordering argument for the message (pickles as its token).
+        The backend's ordering argument for the message (the part carries its ``token``).
     fds : tuple or None
         The chunk fds (multiprocessing's ``DupFd``) when a spawned Process's arguments carry
         them; the child then asks no handle server, and nothing is counted in flight.
@@ -143,11 +143,13 @@ class MessagePart:
         # called once per pickler that writes this part (then a memo reference): one payload
         # in flight per message, where it names this process's handle server
         alloc = self.allocation
+        fence = self.fence  # (its token: the same object for every part of the message)
+        token = None if fence is None else fence.token  # type: ignore[attr-defined]
         if self.fds is not None:
-            return _reconstructor, (self.blob, self.fence, self.fds)
+            return _reconstructor, (self.blob, token, self.fds)
         if alloc.source_server is None:
             alloc.note_sent()
-        return _reconstructor, (self.blob, self.fence)
+        return _reconstructor, (self.blob, token)
 
     def received_here(self) -> ReceivedPart:
         """The part as this process's own reconstructor takes it (``copy.copy`` of a view

@@ -258,10 +258,11 @@ class Backend(Protocol):
     def export_fence(self) -> object | None:
         """The ordering argument of one message (a pickling) that hands memory off now.
 
-        ``None`` where no ordering is needed; else an object that pickles as
-        :meth:`export_sync`'s token (bytes, or ``None`` for nothing to wait for) and is
-        shared by every call of this thread while it is alive, so every array of one pickling
-        (whose memo keeps it alive) shares one record, written once.
+        ``None`` where no ordering is needed; else an object whose ``token`` attribute is
+        :meth:`export_sync`'s token (bytes, or ``None`` for nothing to wait for), which the
+        message carries, and which is shared by every call of this thread while it is alive,
+        so every array of one pickling (whose memo keeps it alive) shares one record,
+        written once.
         """
         ...
 

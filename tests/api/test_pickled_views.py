@@ -7,6 +7,7 @@ import copy
 import multiprocessing as mp
 import os
 import pickle
+import pickletools
 import sys
 import types
 import weakref
@@ -402,3 +403,28 @@ def test_a_reduce_hook_runs_once_its_module_is_imported(monkeypatch: pytest.Monk
     pickle.dumps(a)
     pickle.dumps(a)
     assert ran == [1] and "sa_test_awaited" not in array_module.reduce_hooks
+
+
+def test_a_part_carries_its_fences_token_once_per_message() -> None:
+    """A part pickles with its fence's token itself (not the fence object: no reduction of
+    it, no global for it), the same bytes object for every part of one message: written
+    once."""
+    a = sa.from_array(np.arange(4.0), device="cpu", pack=False)
+    b = sa.from_array(np.arange(8.0), device="cpu", pack=False)
+    fence = types.SimpleNamespace(token=b"ordering-token-" + b"x" * 17)
+    parts = [
+        message_module.MessagePart(x.allocation, allocation_bytes(x.allocation), fence, None)
+        for x in (a, b)
+    ]
+    assert parts[0].__reduce__()[1] == (parts[0].blob, fence.token)
+    blob = pickle.dumps(parts)
+    assert blob.count(fence.token) == 1
+    assert [op.name for op, _, _ in pickletools.genops(blob) if "GLOBAL" in op.name] == [
+        "STACK_GLOBAL"
+    ]
+    loaded = pickle.loads(blob)
+    assert [p.token for p in loaded] == [fence.token, fence.token]
+    # (the payloads pickled above, counted in flight and never loaded: a's twice, b's once)
+    a.allocation.note_loaded(2)
+    b.allocation.note_loaded(1)
+    assert a.allocation.in_flight()[0] == 0 and b.allocation.in_flight()[0] == 0
