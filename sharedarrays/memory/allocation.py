@@ -621,24 +621,28 @@ class Allocation(Growth):
         """
         key = (self.native_device, offset, dtype, shape, strides, readonly)
         backend = self.backend
-        with self._lock:
-            last, self._last_native = self._last_native, None
-        if last is not None and last[0] == key and _held_by_slot_alone(last):
-            native = last[1]
-            if backend.native_intact(  # type: ignore[attr-defined]
-                native, dtype, shape, strides, readonly
+        last = self._last_native
+        if last is not None and last[0] == key:
+            with self._lock:  # (taken out of its slot: no other thread hands it out too)
+                taken = self._last_native is last
+                if taken:
+                    self._last_native = None
+            if (
+                taken
+                and _held_by_slot_alone(last)
+                and backend.native_intact(  # type: ignore[attr-defined]
+                    last[1], dtype, shape, strides, readonly
+                )
             ):
-                with self._lock:
-                    if self._last_native is None and not self._released:
-                        self._last_native = last
-                return native
+                self._last_native = last
+                return last[1]
         del last
+        # (a view calls this: its lease holds the allocation, which release() leaves alone
+        # then, so the slot is only ever replaced here)
         native = backend.native_view(  # type: ignore[attr-defined]
             self.native_base(), offset, dtype, shape, strides, readonly
         )
-        with self._lock:
-            if self._last_native is None and not self._released:
-                self._last_native = (key, native)
+        self._last_native = (key, native)
         return native
 
     def pin(self, lease: Lease) -> Lease:
