@@ -154,8 +154,13 @@ class CudaDevice:
     def is_current(self) -> bool:
         """Whether this device's primary context is the calling thread's current context
         (one ``cuCtxGetCurrent``); ``False`` in a fork child of the process that made this
-        backend object (where :meth:`context` raises)."""
-        return not self._forked() and self._current() == self._ctx_int
+        backend object (where :meth:`context` raises), or where the call fails.
+
+        Asked once per message by the ordering fence: written out in one frame."""
+        if os.getpid() != self._pid:
+            return False
+        err, current = self._d.cuCtxGetCurrent()
+        return int(err) == 0 and current is not None and int(current) == self._ctx_int
 
     def _current(self) -> int:
         # the calling thread's current context (cuCtxGetCurrent), 0 for none
