@@ -217,7 +217,8 @@ def load_again(alloc: Allocation, p: Payload, sync: bytes | None) -> bool:
     pid = os.getpid()
     if alloc.released or alloc.pid != pid or p.capacity is not None:
         return False
-    _check_token(sync)
+    if sync is not None:
+        _check_token(sync)
     _count_load(alloc, p, pid)
     if sync is not None:
         alloc.backend.import_sync(sync)
