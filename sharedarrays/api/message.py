@@ -315,8 +315,10 @@ class ReceivedPart:
         if readonly and not p.readonly:  # a read-only view maps read-only on first sight
             p = dataclasses.replace(p, readonly=True)
         fds, self.fds = self.fds, None
-        token, self.token = self.token, None
-        alloc = importing.load_payload(p, token, fds)
+        alloc = importing.load_payload(p, self.token, fds)
+        # (waited for; kept where the load failed: a part pickled again, the payload of another
+        # node's array, carries it on)
+        self.token = None
         self.bind(alloc)
         blob = self.blob
         if blob is not None and fds is None and not alloc.growable:

@@ -428,3 +428,21 @@ def test_a_part_carries_its_fences_token_once_per_message() -> None:
     a.allocation.note_loaded(2)
     b.allocation.note_loaded(1)
     assert a.allocation.in_flight()[0] == 0 and b.allocation.in_flight()[0] == 0
+
+
+def test_a_part_refused_as_another_nodes_keeps_its_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The token is spent only by a load that found the allocation: a part refused (another
+    node's payload, which distributed's unpickler defers) pickles again with it."""
+    a = sa.from_array(np.arange(4.0), device="cpu", pack=False)
+    (part, view) = a.__reduce__()[1]
+    blob, alloc = part.blob, a.allocation
+    alloc.note_loaded()  # (the reduction above counted one in flight: none loads it)
+    a.close()
+    assert alloc.released  # (not mapped here: the node is asked)
+    monkeypatch.setenv("SHAREDARRAYS_NODE", "other-node")
+    received = import_part(blob, b"ordering-token")
+    with pytest.raises(sa.WrongNode):
+        _rebuild_view(received, view)
+    assert received.token == b"ordering-token"
+    again = pickle.loads(pickle.dumps(received))
+    assert again.token == b"ordering-token" and again.blob == blob
