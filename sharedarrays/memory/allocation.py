@@ -132,7 +132,7 @@ def live_allocations() -> list[Allocation]:
 def parked_allocations() -> list[Allocation]:
     """Imported allocations kept mapped with no live view, least recently used first."""
     with state.lock:
-        return [a for a in state.parked.values() if a.parked_here()]
+        return [a for a in state.parked.values() if a.parked]
 
 
 def drop_parked(only_orphans: bool = False) -> int:
@@ -144,7 +144,7 @@ def drop_parked(only_orphans: bool = False) -> int:
         victims: list[Allocation] = [
             a
             for a in state.parked.values()
-            if a.parked_here() and (not only_orphans or not running(a.origin.pid))
+            if a.parked and (not only_orphans or not running(a.origin.pid))
         ]
     return sum(a.release() for a in victims)
 
@@ -686,7 +686,7 @@ class Allocation(Growth):
             over = len(parked) - limit
             evict: list[Allocation] = list(parked.values())[:over] if over > 0 else []
             for a in evict:
-                if not a.parked_here():  # leased again since it was listed: not parked
+                if not a.parked:  # leased again since it was listed: not parked
                     del parked[a.id]
         for a in evict:
             a.release()  # (does nothing to one leased again)
@@ -881,11 +881,8 @@ class Allocation(Growth):
 
     @property
     def parked(self) -> bool:
-        """Whether this importer keeps the allocation mapped with no live view."""
-        return self.parked_here()
-
-    def parked_here(self) -> bool:
-        """:attr:`parked` (a method: what listings of :data:`state.parked` ask)."""
+        """Whether this importer keeps the allocation mapped with no live view (listed in
+        :data:`state.parked` and idle: one leased again stays listed until idle again)."""
         return not self._released and not self._view_leases() and self.id in state.parked
 
     @property

@@ -38,7 +38,8 @@ class Member(Protocol):
 
     def adopt(self) -> None: ...
 
-    def parked_here(self) -> bool: ...
+    @property
+    def parked(self) -> bool: ...
 
 
 class ProcessState:
@@ -103,7 +104,7 @@ class ProcessState:
         self.inherited.extend(self.slabs.values())
         self.slabs.clear()
         for alloc in self.parked.values():
-            if alloc.parked_here():  # (idle: no view of it came with the child)
+            if alloc.parked:  # (idle: no view of it came with the child)
                 self.registry.pop(alloc.id, None)
                 self.inherited.append(alloc)
         self.parked.clear()

@@ -146,10 +146,10 @@ class CudaDevice:
         """
         if self._forked():
             raise BackendUnavailable(f"cannot use {self.device}: {FORK_REASON}")
-        current = self._current()
-        if current == self._ctx_int:
+        current = check(self._d.cuCtxGetCurrent(), "cuCtxGetCurrent")
+        if current is not None and int(current) == self._ctx_int:
             return contextlib.nullcontext()
-        return self._make_current(current)
+        return self._make_current(0 if current is None else int(current))
 
     def is_current(self) -> bool:
         """Whether this device's primary context is the calling thread's current context
@@ -161,11 +161,6 @@ class CudaDevice:
             return False
         err, current = self._d.cuCtxGetCurrent()
         return int(err) == 0 and current is not None and int(current) == self._ctx_int
-
-    def _current(self) -> int:
-        # the calling thread's current context (cuCtxGetCurrent), 0 for none
-        current = check(self._d.cuCtxGetCurrent(), "cuCtxGetCurrent")
-        return 0 if current is None else int(current)
 
     @contextlib.contextmanager
     def _make_current(self, current_int: int) -> Iterator[None]:
