@@ -313,7 +313,7 @@ class HandleServer:
             return
         if alloc is None or alloc.pid != self._pid:
             conn.send(Reply(Status.GONE).encode())
-        elif not alloc.parked or alloc.view_leases:
+        elif not alloc.parked:  # (parked: idle, no view lease)
             conn.send(Reply(Status.NOT_ALLOWED).encode())
         else:
             conn.send(Reply(Status.OK).encode())
