@@ -20,17 +20,22 @@ from sharedarrays.memory.state import state
 MEMORY = Path(__file__).resolve().parents[2] / "sharedarrays" / "memory"
 
 
+def _import_of(source: sa.SharedDeviceArray, alloc_id: str, origin: int) -> Allocation:
+    """An import in this process of ``source``'s memory, as if from process ``origin``."""
+    fd = os.dup(source.allocation.chunks[0].fd)
+    return Allocation.import_(
+        get_backend(CPU), alloc_id, b"q" * 32, source.allocation.chunk_sizes(), [fd], origin
+    )
+
+
 def test_a_forked_child_starts_with_a_reset_state() -> None:
     parent = os.getpid()
     exported = sa.from_array(np.arange(8.0), device="cpu", pack=False)
     growable = sa.zeros(8, device="cpu", capacity=1 << 20)
     packed = sa.zeros(4, device="cpu")  # in a slab
     source = sa.from_array(np.arange(512.0), device="cpu", pack=False)
-    fd = os.dup(source.allocation.chunks[0].fd)
     parked_id = "4" * 32
-    imported = Allocation.import_(
-        get_backend(CPU), parked_id, b"p" * 32, source.allocation.chunk_sizes(), [fd], parent
-    )
+    imported = _import_of(source, parked_id, parent)
     sa.SharedDeviceArray(imported, source.dtype, source.shape, source.strides, 0).close()
     del imported
     gc.collect()
@@ -108,12 +113,6 @@ def test_no_module_globals_of_state_in_memory() -> None:
     assert len(found) == 1 and found[0].startswith("state.py:"), found
 
 
-def _import_of(source: sa.SharedDeviceArray, alloc_id: str) -> Allocation:
-    """An import in this process of ``source``'s memory, as a worker's (from its parent)."""
-    fd = os.dup(source.allocation.chunks[0].fd)
-    return Allocation.import_(
-        get_backend(CPU), alloc_id, b"q" * 32, source.allocation.chunk_sizes(), [fd], os.getppid()
-    )
 
 
 def test_a_parked_import_leased_again_is_not_parked_until_idle(monkeypatch: Any) -> None:
@@ -124,7 +123,8 @@ def test_a_parked_import_leased_again_is_not_parked_until_idle(monkeypatch: Any)
 
     monkeypatch.setattr(allocation_module, "_keep_imports", (float("inf"), 1))  # limit 1
     source = sa.from_array(np.arange(512.0), device="cpu", pack=False)
-    first, second = _import_of(source, "6" * 32), _import_of(source, "7" * 32)
+    first = _import_of(source, "6" * 32, os.getppid())  # (as a worker's, from its parent)
+    second = _import_of(source, "7" * 32, os.getppid())
     try:
         view = sa.SharedDeviceArray(first, source.dtype, source.shape, source.strides, 0)
         view.close()
