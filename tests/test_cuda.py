@@ -213,3 +213,37 @@ def test_no_sync_payload_carries_no_event() -> None:
     with sa.no_sync():
         assert a.__reduce__()[1][0].fence is None
     cupy.cuda.get_current_stream().synchronize()
+
+
+@pytest.mark.parametrize(
+    "index",
+    [
+        (slice(None),),
+        (slice(None, None, 2),),
+        (slice(None, None, -1),),
+        (slice(1, 3), slice(None)),
+        (slice(None), slice(1, 3)),
+        (slice(None), None, slice(None)),
+        (0,),
+        (slice(0, 0),),
+    ],
+)
+@pytest.mark.parametrize("transpose", [False, True])
+def test_native_array_has_the_views_layout(index: tuple[object, ...], transpose: bool) -> None:
+    # (CudaDevice.native_view gives CuPy the strides only where they are not C-contiguous)
+    a = sa.from_array(np.arange(24, dtype="float32").reshape(4, 6))
+    want = np.arange(24, dtype="float32").reshape(4, 6)[index]
+    v = a[index]
+    if transpose:
+        v, want = v.T, want.T
+    x = v.array
+    assert x.shape == want.shape and x.strides == want.strides == v.strides
+    if v.size:
+        assert x.data.ptr == v.address
+    np.testing.assert_array_equal(x.get(), want)
+    x[...] = -1  # (writes through to the allocation)
+    whole = a.array.get()
+    expected = np.arange(24, dtype="float32").reshape(4, 6)
+    expected[index] = -1
+    np.testing.assert_array_equal(whole, expected)
+    a.close()

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 from cuda_helpers import ROOT, child_env
 
@@ -355,3 +356,43 @@ def test_fake_peer_access(fake: FakeDriver) -> None:
     why = cuda_driver.peer_reason(1, 0)
     assert why is not None and "cuda:1" in why and "cuDeviceCanAccessPeer is 0" in why
     assert "out of range" in (cuda_driver.peer_reason(2, 0) or "")
+
+
+# ============================================================================================
+# CPU: when CudaDevice.native_view leaves the strides to CuPy
+
+
+@pytest.mark.parametrize(
+    ("shape", "view"),
+    [
+        ((7,), (slice(None),)),
+        ((7,), (slice(None, None, 2),)),
+        ((7,), (slice(None, None, -1),)),
+        ((3, 4), (slice(None), slice(None))),
+        ((3, 4), (slice(None), slice(1, 3))),
+        ((3, 1, 4), (slice(None), slice(None), slice(None))),
+        ((3, 4), (slice(None), None, slice(None))),
+        ((1,), (slice(None),)),
+        ((0,), (slice(None),)),
+        ((3, 0), (slice(None), slice(None))),
+        ((), ()),
+    ],
+)
+@pytest.mark.parametrize("dtype", ["uint8", "float32", "complex128"])
+def test_c_contiguous_strides_are_told_apart(
+    shape: tuple[int, ...], view: tuple[Any, ...], dtype: str
+) -> None:
+    from sharedarrays.backends.cuda.device import _c_contiguous
+
+    base = np.zeros(shape, dtype)
+    for v in (base[view], base[view].T):
+        expected = v.size > 0 and v.flags.c_contiguous and v.strides == _c_strides(v)
+        assert _c_contiguous(v.shape, v.strides, v.itemsize) is bool(expected), (v.shape, v.strides)
+
+
+def _c_strides(v: Any) -> tuple[int, ...]:
+    out, step = [], v.itemsize
+    for extent in reversed(v.shape):
+        out.append(step)
+        step *= extent
+    return tuple(reversed(out))
