@@ -2,7 +2,8 @@
 
     python benchmarks/warm_split.py [--device cuda:0] [--rounds 301] [--size 1M]
 
-One spawn worker that has started the device. Each round hands the worker, in rotating order,
+One spawn worker that has started the device. Each round hands the worker, in the bench's
+balanced order (``sharedarrays.bench.rounds.round_order``),
 one warm sharedarrays array (``task_sharedarrays``'s work: ``.array``, then ``close``), the same
 number of plain bytes (the bench's ``control``) and nothing (the floor). Every task's
 arguments are ``(Stamp(), payload, Stamp())``: a :class:`Stamp` writes the time it is
@@ -32,6 +33,7 @@ import statistics
 import time
 from typing import Any
 
+from sharedarrays.bench.rounds import round_order
 from sharedarrays.bench.sizes import parse_size
 
 
@@ -241,7 +243,7 @@ def main() -> None:
             pool.apply_async(task, (Stamp(), kinds[name], Stamp())).get(60)
         _taken()
         for r in range(args.rounds):
-            order = names[r % len(names) :] + names[: r % len(names)]
+            order = round_order(names, r)
             for name in order:
                 t_submit = time.monotonic()
                 s = pool.apply_async(task, (Stamp(), kinds[name], Stamp())).get(60)

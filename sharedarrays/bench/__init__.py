@@ -40,7 +40,7 @@ create one object per size and send it ``warmup + repeats`` times.
 
 Like for like (issue 19): the ``warm`` and ``cold`` parts time the floor and one method of
 each family (sharedarrays on each backend, torch, cuda.core; shm on the host) in interleaved
-rounds, in rotating order, in one worker that has started CUDA, CuPy and torch, and report
+rounds, in a balanced order, in one worker that has started CUDA, CuPy and torch, and report
 each method's median of per-round differences over the floor (:mod:`~sharedarrays.bench.rounds`);
 the ``many`` part hands 10,000 small arrays (and, on CUDA, 10,000 torch tensors) in one task
 to that kind of worker, alternated. Also measured: copy-kernel bandwidth in the worker on

@@ -96,7 +96,7 @@ class Config:
         Parts of :data:`PARTS` not to run.
     rounds : int
         Interleaved rounds of the ``warm`` and ``cold`` parts (``--rounds``): each round
-        times the floor and every method once, in rotating order.
+        times the floor and every method once, in a balanced order (``bench.rounds``).
     round_seconds : float
         A size of the ``warm`` or ``cold`` part stops early (with at least 3 rounds) once its
         rounds took this long.

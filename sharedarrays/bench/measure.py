@@ -391,7 +391,7 @@ class Run:
         part: dict[str, Any] = {"rounds": self.cfg.rounds, "families": families, "sizes": {}}
         self.data.setdefault("overhead", {})[kind] = part
         _log(
-            f"[{kind}] over the floor, {self.cfg.rounds} interleaved rounds (rotating order) "
+            f"[{kind}] over the floor, {self.cfg.rounds} interleaved rounds (balanced order) "
             f"of floor, {', '.join(families)}"
         )
         excluded = self.peers_missing(families)
@@ -430,7 +430,7 @@ class Run:
     def overhead_size(
         self, pool: Pool, kind: str, size: int, families: Sequence[str], excluded: dict[str, str]
     ) -> dict[str, Any]:
-        """The rounds of one size: floor and every method once per round, rotating."""
+        """The rounds of one size: floor and every method once per round, in a balanced order."""
         cold = kind == "cold"
         label = size_label(size)
         out: dict[str, Any] = {"size": size, "methods": {}, "not_measured": {}}
@@ -690,7 +690,7 @@ class Run:
             "pickle_bytes": pickled,
             "create_s": create_s,
             **methods["sharedarrays"],
-            "order": "alternated in one worker, rotating, one handoff of each per round",
+            "order": "alternated in one worker, balanced, one handoff of each per round",
             "methods": methods,
             "not_measured": missing,
         }

@@ -191,7 +191,7 @@ def format_table(data: dict[str, Any]) -> str:
         lines.append("")
         lines.append(
             f"{kind}: over the floor, median of per-round differences "
-            f"({part['rounds']} interleaved rounds, rotating order)"
+            f"({part['rounds']} interleaved rounds, balanced order)"
         )
         for size, case in part.get("sizes", {}).items():
             label = size_label(int(size))

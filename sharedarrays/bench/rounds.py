@@ -1,14 +1,16 @@
-"""Interleaved rounds: every method once per round, in rotating order, and each method's
+"""Interleaved rounds: every method once per round, in a balanced order, and each method's
 overhead over the floor as the median of its per-round differences.
 
 The Pool's own round trip drifts within one run by more than the differences the bench
 resolves (Run 5 in docs/performance.md: the floor alone ranged 0.31-0.80 ms across sizes),
 so a method is never compared with a floor timed minutes apart: each round times the floor
 and every method once, back to back, and the method's figure is the median over rounds of
-(method - floor of the same round). The order rotates by one place each round, so that no
-method always follows the same neighbour (the first task after a pause, the one after a big
-message). Nothing here touches a Pool: :func:`run_rounds` calls the function it is given,
-which the tests replace with a clock of their own.
+(method - floor of the same round). A round's order is a row of a Williams design
+(:func:`round_order`): every method stands in every place, and follows every other method,
+equally often, so that no method always follows the same neighbour (a handoff pays for what
+the one before it left behind: the first task after a big message, a large free). Nothing
+here touches a Pool: :func:`run_rounds` calls the function it is given, which the tests
+replace with a clock of their own.
 """
 
 from __future__ import annotations
@@ -18,21 +20,35 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["FLOOR", "rotation", "run_rounds", "over_floor", "percentile"]
+__all__ = ["FLOOR", "round_order", "run_rounds", "over_floor", "percentile"]
 
 FLOOR = "floor"
 """The name of the floor among the entries of a round."""
 
 
-def rotation(names: Sequence[str], index: int) -> list[str]:
-    """The order of round ``index``: ``names`` rotated left by ``index`` places.
+def round_order(names: Sequence[str], index: int) -> list[str]:
+    """The order of round ``index``: row ``index`` of a Williams design over ``names``.
 
-    Over ``len(names)`` consecutive rounds every name stands once in every position.
+    A Latin square balanced for the neighbour before: its first row is places ``0, 1, n-1,
+    2, n-2, ...``, row ``k`` adds ``k`` to each place (mod ``n``), and for an odd ``n`` rows
+    ``n`` to ``2n-1`` are the first ``n`` reversed. Over one period (``n`` rounds for an even
+    number of names, ``2n`` for an odd one) every name stands in every place equally often and
+    follows every other name within a round equally often.
     """
-    if not names:
+    n = len(names)
+    if not n:
         return []
-    k = index % len(names)
-    return [*names[k:], *names[:k]]
+    first = [0]
+    low, high = 1, n - 1
+    while len(first) < n:
+        first.append(low)
+        low += 1
+        if len(first) < n:
+            first.append(high)
+            high -= 1
+    k = index % (n if n % 2 == 0 else 2 * n)
+    row = [names[(place + k) % n] for place in first]
+    return row[::-1] if k >= n else row
 
 
 def run_rounds(
@@ -46,7 +62,7 @@ def run_rounds(
     max_seconds: float | None = None,
     min_rounds: int = 3,
 ) -> dict[str, list[float]]:
-    """Time every name once per round, in :func:`rotation` order, ``warmup + rounds`` rounds.
+    """Time every name once per round, in :func:`round_order`, ``warmup + rounds`` rounds.
 
     Parameters
     ----------
@@ -80,7 +96,7 @@ def run_rounds(
         try:
             if before_round is not None:
                 before_round(index)
-            got = {name: time_one(name) for name in rotation(names, index)}
+            got = {name: time_one(name) for name in round_order(names, index)}
         finally:
             if after_round is not None:
                 after_round(index)

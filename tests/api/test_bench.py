@@ -10,6 +10,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -254,15 +255,23 @@ def test_table_shows_rounds_many_and_targets() -> None:
     assert re.search(r"torch +26,000 arrays/s", table)
 
 
-def test_rotation_puts_every_name_in_every_place() -> None:
-    names = ["floor", "a", "b", "c"]
-    assert rounds.rotation(names, 0) == names
-    assert rounds.rotation(names, 1) == ["a", "b", "c", "floor"]
-    assert rounds.rotation(names, 6) == ["b", "c", "floor", "a"]
-    orders = [rounds.rotation(names, i) for i in range(len(names))]
-    for place in range(len(names)):
-        assert sorted(o[place] for o in orders) == sorted(names)
-    assert rounds.rotation([], 3) == []
+@pytest.mark.parametrize("n", range(1, 9))
+def test_round_order_balances_places_and_neighbours(n: int) -> None:
+    names = ["floor", *(f"m{i}" for i in range(1, n))]
+    period = n if n % 2 == 0 else 2 * n
+    orders = [rounds.round_order(names, i) for i in range(period)]
+    assert all(sorted(o) == sorted(names) for o in orders)
+    assert rounds.round_order(names, 2 * period + 1) == orders[1 % period]  # (it repeats)
+    for place in range(n):  # every name in every place equally often
+        counts = Counter(o[place] for o in orders)
+        assert set(counts.values()) == {period // n} and len(counts) == n
+    # every name follows every other one within a round equally often (a rotation does not:
+    # there each name follows the same one in every round where it is not first)
+    follows = Counter((o[j - 1], o[j]) for o in orders for j in range(1, n))
+    if n > 1:
+        assert len(follows) == n * (n - 1)
+        assert set(follows.values()) == {period // n}
+    assert rounds.round_order([], 3) == []
 
 
 class _Clock:
@@ -281,7 +290,7 @@ class _Clock:
         return 0.0003 + drift + self.extra_s.get(name, 0.0)
 
 
-def test_rounds_rotate_and_differences_cancel_the_floor_drift() -> None:
+def test_rounds_interleave_and_differences_cancel_the_floor_drift() -> None:
     names = ["floor", "a", "b"]
     clock = _Clock({"a": 40e-6, "b": -5e-6}, len(names))
     events: list[tuple[str, int]] = []
@@ -294,8 +303,8 @@ def test_rounds_rotate_and_differences_cancel_the_floor_drift() -> None:
         after_round=lambda i: events.append(("after", i)),
     )
     assert events == [(w, i) for i in range(11) for w in ("before", "after")]
-    # rounds 0..10 in rotating order, warm-up included
-    assert clock.calls == [n for i in range(11) for n in rounds.rotation(names, i)]
+    # rounds 0..10 in their balanced order, warm-up included
+    assert clock.calls == [n for i in range(11) for n in rounds.round_order(names, i)]
     assert all(len(v) == 9 for v in samples.values())
     over = rounds.over_floor(samples)
     assert set(over) == {"a", "b"}

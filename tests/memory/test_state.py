@@ -113,8 +113,6 @@ def test_no_module_globals_of_state_in_memory() -> None:
     assert len(found) == 1 and found[0].startswith("state.py:"), found
 
 
-
-
 def test_a_parked_import_leased_again_is_not_parked_until_idle(monkeypatch: Any) -> None:
     """Parked imports are listed in least-recently-idle order; one leased again stays listed
     (a lease does not touch the list) but is not parked: not reported, not dropped, and an
