@@ -14,6 +14,7 @@ import os
 import pickle
 import subprocess
 import sys
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -326,8 +327,23 @@ def test_fork_child_is_marked_by_the_hook(
 
 
 def test_fork_without_cuda_is_fine(fake: FakeDriver) -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        pytest.skip(
+            "torch initialised CUDA in this process (a GPU test ran before): its fork child is "
+            "rightly refused (test_a_fork_child_of_torch_with_cuda_is_refused)"
+        )
     answer = _why_unusable_in_a_forked_child()
     assert answer == "usable"
+
+
+def test_a_fork_child_of_torch_with_cuda_is_refused(
+    fake: FakeDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # torch's own flag for a fork child of a process where it had initialised CUDA
+    bad_fork = types.SimpleNamespace(cuda=types.SimpleNamespace(_is_in_bad_fork=lambda: True))
+    monkeypatch.setitem(sys.modules, "torch", bad_fork)
+    assert why_unusable() == FORK_REASON
 
 
 # ============================================================================================
