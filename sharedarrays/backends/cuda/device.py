@@ -32,6 +32,7 @@ from sharedarrays.backends.cuda.driver import (
 )
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import BackendUnavailable, ClosedArrayError
+from sharedarrays.protocol.payload import contiguous_strides
 
 __all__ = ["CudaDevice", "ValueReader"]
 
@@ -42,12 +43,7 @@ def _c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: in
     need not be NumPy's: they are given as they are)."""
     if len(shape) == 1:  # (the common case, written out)
         return strides[0] == itemsize and shape[0] > 0
-    expected = itemsize
-    for extent, stride in zip(reversed(shape), reversed(strides)):
-        if extent <= 0 or stride != expected:
-            return False
-        expected *= extent
-    return True
+    return 0 not in shape and strides == contiguous_strides(shape, itemsize)
 
 
 def _destroy_stream(on: OnDevice, stream: Any, pid: int) -> None:
