@@ -45,7 +45,7 @@ from sharedarrays.errors import PayloadError
 from sharedarrays.memory import Allocation, Lease
 from sharedarrays.node import this_node
 from sharedarrays.process import at_fork
-from sharedarrays.protocol.payload import Payload, check_view
+from sharedarrays.protocol.payload import Payload, check_view, remember
 from sharedarrays.transport import handles as transport
 
 __all__ = [
@@ -323,12 +323,7 @@ class ReceivedPart:
         blob = self.blob
         if blob is not None and fds is None and not alloc.growable:
             # (the next message with this payload takes this part: see _received)
-            if len(_received) >= _RECEIVED_LIMIT:
-                try:
-                    del _received[next(iter(_received))]  # the oldest
-                except (StopIteration, KeyError, RuntimeError):  # (another thread's)
-                    pass
-            _received[blob] = self
+            remember(_received, blob, self, _RECEIVED_LIMIT)
         return alloc
 
     def view(self, view: object) -> tuple[Any, ...]:

@@ -23,7 +23,7 @@ import hmac
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 import numpy as np
 
@@ -38,6 +38,7 @@ __all__ = [
     "ViewTuple",
     "MAX_PAYLOAD_BYTES",
     "contiguous_strides",
+    "remember",
     "view_extent",
 ]
 
@@ -108,6 +109,22 @@ def contiguous_strides(shape: tuple[int, ...], itemsize: int, order: str = "C") 
         strides[ax] = step
         step *= max(shape[ax], 1)
     return tuple(strides)
+
+
+_V = TypeVar("_V")
+
+
+def remember(table: dict[bytes, _V], data: bytes, value: _V, limit: int) -> None:
+    """Keep ``value`` in ``table`` by the payload bytes ``data``, forgetting the oldest entry
+    first when ``table`` holds ``limit`` (a table of what payloads already seen gave: this
+    module's validated payloads, the importer's parts). Safe where another thread forgets
+    the same oldest entry at the same time."""
+    if len(table) >= limit:
+        try:
+            del table[next(iter(table))]  # the oldest
+        except (StopIteration, KeyError, RuntimeError):  # another thread got there first
+            pass
+    table[data] = value
 
 
 def _tag(body: bytes, secret: bytes) -> bytes:
@@ -312,12 +329,7 @@ class Payload:
         if len(tag) != TAG_BYTES or not hmac.compare_digest(tag, _tag(body, secret)):
             raise PayloadError("payload was altered or truncated after it was made (tag mismatch)")
         payload = cls._validate(doc, secret)
-        if len(_decoded) >= _DECODED_LIMIT:
-            try:
-                del _decoded[next(iter(_decoded))]  # the oldest
-            except (StopIteration, KeyError, RuntimeError):  # another thread got there first
-                pass
-        _decoded[bytes(data)] = payload
+        remember(_decoded, bytes(data), payload, _DECODED_LIMIT)
         return payload
 
     @classmethod

@@ -331,3 +331,12 @@ def test_a_payload_resealed_without_readonly_is_permission_denied() -> None:
     assert out["error"] == "PermissionDenied" and out["library"], out
     assert "readonly=True" in out["message"]
     assert out["leaked"] == 0 and out["mapped"] == 0  # the fd closed, nothing left mapped
+
+
+def test_remember_forgets_the_oldest_at_the_limit() -> None:
+    from sharedarrays.protocol.payload import remember
+
+    table: dict[bytes, int] = {}
+    for i in range(5):
+        remember(table, bytes([i]), i, 3)
+    assert table == {b"\x02": 2, b"\x03": 3, b"\x04": 4}
