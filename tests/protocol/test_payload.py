@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sharedarrays as sa
-from sharedarrays.protocol.payload import MAGIC, TAG_BYTES, Payload, _tag, view_extent
+from sharedarrays.protocol.payload import MAGIC, TAG_BYTES, Payload, _tag, remember, view_extent
 
 _A = sa.from_array(np.arange(48, dtype=np.float32).reshape(6, 8), device="cpu", pack=False)
 _BLOB = _A[1:, ::2].payload().to_bytes()
@@ -334,8 +334,6 @@ def test_a_payload_resealed_without_readonly_is_permission_denied() -> None:
 
 
 def test_remember_forgets_the_oldest_at_the_limit() -> None:
-    from sharedarrays.protocol.payload import remember
-
     table: dict[bytes, int] = {}
     for i in range(5):
         remember(table, bytes([i]), i, 3)
