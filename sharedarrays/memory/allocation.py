@@ -675,12 +675,19 @@ class Allocation(Growth):
             park = not self._release_when_idle
             park = park and not self.origin.created_here and not self._orphaned
         # a mapping whose source process has exited will not be handed to us again: drop it
-        limit = keep_imports() if park and running(self.origin.pid) else 0
+        # (a Pool worker's source is its parent, alive while getppid still names it: one
+        # cheap call instead of kill(pid, 0) at every warm handoff)
+        pid = self.origin.pid
+        limit = keep_imports() if park and (pid == os.getppid() or running(pid)) else 0
         if limit == 0:
             self.release()  # (or lets the native base go, which comes back here when it ends)
             return
         with state.lock:
             parked = state.parked
+            if len(parked) <= limit and next(reversed(parked), None) == self.id:
+                # already the most recently parked (a warm handoff leased it again, and it
+                # stayed listed), within the limit: nothing to reorder or evict
+                return
             parked[self.id] = self
             parked.move_to_end(self.id)
             over = len(parked) - limit

@@ -143,3 +143,37 @@ def test_a_parked_import_leased_again_is_not_parked_until_idle(monkeypatch: Any)
     finally:
         drop_parked()
     assert first.released and second.released
+
+
+def test_the_most_recently_parked_import_parks_again_within_the_limit(monkeypatch: Any) -> None:
+    """A warm handoff leases the most recently parked import and parks it again, which
+    skips the list (already last); a limit lowered since still evicts the oldest then. An
+    import whose source is this process's parent parks (``getppid`` says it runs); one whose
+    source has exited is released at once."""
+    from sharedarrays.memory import allocation as allocation_module
+
+    monkeypatch.setattr(allocation_module, "_keep_imports", (float("inf"), 2))
+    source = sa.from_array(np.arange(512.0), device="cpu", pack=False)
+    first = _import_of(source, "8" * 32, os.getppid())
+    second = _import_of(source, "9" * 32, os.getppid())
+    gone = _import_of(source, "5" * 32, in_forked_child(os.getpid))  # (exited by now)
+
+    def handoff(alloc: Allocation) -> None:
+        sa.SharedDeviceArray(alloc, source.dtype, source.shape, source.strides, 0).close()
+
+    try:
+        handoff(first)
+        handoff(second)
+        handoff(second)  # (the most recent, again)
+        assert [a.id for a in parked_allocations()] == [first.id, second.id]
+        handoff(first)  # (not the most recent: moved to the end)
+        assert [a.id for a in parked_allocations()] == [second.id, first.id]
+        monkeypatch.setattr(allocation_module, "_keep_imports", (float("inf"), 1))
+        handoff(first)  # the most recent, but the list is over the lowered limit
+        assert [a.id for a in parked_allocations()] == [first.id]
+        assert second.released and not first.released
+        handoff(gone)
+        assert gone.released and gone.id not in state.parked
+    finally:
+        drop_parked()
+    assert first.released
