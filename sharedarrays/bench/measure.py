@@ -494,9 +494,11 @@ class Run:
         out["methods"] = over
         for name, row in over.items():
             figure = f"{row['median_us'] / 1e3:+.3f} ms" if cold else f"{row['median_us']:+.1f} us"
+            low, high = row["ci95_us"]
             _log(
                 f"  {kind} {label:>4} {name:<13} over the floor {figure} "
-                f"(p10 {row['p10_us']:+.0f}, p90 {row['p90_us']:+.0f} us; "
+                f"(95% interval {low:+.0f} to {high:+.0f}, "
+                f"p10 {row['p10_us']:+.0f}, p90 {row['p90_us']:+.0f} us; "
                 f"{row['method_median_ms']:.3f} ms; {row['rounds']} rounds)"
             )
         for name, why in out["not_measured"].items():

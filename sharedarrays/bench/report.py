@@ -55,6 +55,15 @@ def _overhead(data: dict[str, Any], kind: str, size: int, family: str) -> tuple[
     return float(row["median_us"]), ""
 
 
+def _interval(
+    data: dict[str, Any], kind: str, size: int, family: str
+) -> tuple[float, float] | None:
+    """The 95% interval of ``family``'s median overhead (``ci95_us``), where the run has it."""
+    case = data.get("overhead", {}).get(kind, {}).get("sizes", {}).get(str(size), {})
+    got = case.get("methods", {}).get(family, {}).get("ci95_us")
+    return (float(got[0]), float(got[1])) if got else None
+
+
 def _many_rate(data: dict[str, Any], family: str) -> tuple[float | None, str]:
     """``family``'s arrays/s in the ``many`` part, or None and why it was not measured."""
     if "many" in data.get("config", {}).get("skip", []):
@@ -98,10 +107,12 @@ def evaluate_targets(data: dict[str, Any]) -> list[dict[str, Any]]:
     for size in TARGETS["warm_sizes"]:
         label = size_label(size)
         sa, why = _overhead(data, "warm", size, "sharedarrays")
+        sa_ci = _interval(data, "warm", size, "sharedarrays")
+        within = "" if sa_ci is None else f" (95% interval {sa_ci[0]:+.1f} to {sa_ci[1]:+.1f})"
         row(
             f"warm over the floor <= +{limit_us:g} us at {label}",
             None if sa is None else sa <= limit_us,
-            why if sa is None else f"{sa:+.1f} us",
+            why if sa is None else f"{sa:+.1f} us{within}",
         )
         torch, why_torch = _overhead(data, "warm", size, "torch")
         name = f"warm over the floor >= {below:g}x below torch at {label}"
@@ -109,6 +120,11 @@ def evaluate_targets(data: dict[str, Any]) -> list[dict[str, Any]]:
             row(name, None, why if sa is None else why_torch)
         else:
             ratio = f"{torch / sa:.2f}x" if sa > 0 and torch > 0 else "ratio undefined"
+            torch_ci = _interval(data, "warm", size, "torch")
+            if sa_ci and torch_ci and sa_ci[0] > 0 and torch_ci[0] > 0:
+                # (the ratio's range where both medians lie in their intervals: wider than a
+                # joint interval, never narrower)
+                ratio += f", {torch_ci[0] / sa_ci[1]:.2f}x to {torch_ci[1] / sa_ci[0]:.2f}x"
             figures = f"{ratio} (sharedarrays {sa:+.1f}, torch {torch:+.1f} us)"
             # sa * 4 <= torch also holds where sharedarrays sits at or below the floor; a
             # torch at or below the floor leaves nothing to be 4x below
@@ -199,9 +215,12 @@ def format_table(data: dict[str, Any]) -> str:
                 lines.append(f"  {label:>4}  failed: {case['failed']}")
                 continue
             for name, r in case.get("methods", {}).items():
+                ci = r.get("ci95_us")
+                within = f"95% interval {ci[0]:+.1f} to {ci[1]:+.1f}; " if ci else ""
                 lines.append(
                     f"  {label:>4}  {name:<13} {r['median_us']:>+10.1f} us  "
-                    f"(p10 {r['p10_us']:+.1f}, p90 {r['p90_us']:+.1f}; {r['rounds']} rounds)"
+                    f"({within}p10 {r['p10_us']:+.1f}, p90 {r['p90_us']:+.1f}; "
+                    f"{r['rounds']} rounds)"
                 )
             for name, why in case.get("not_measured", {}).items():
                 lines.append(f"  {label:>4}  {name:<13} not measured: {why}")

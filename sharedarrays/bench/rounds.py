@@ -15,12 +15,13 @@ replace with a clock of their own.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["FLOOR", "round_order", "run_rounds", "over_floor", "percentile"]
+__all__ = ["FLOOR", "round_order", "run_rounds", "over_floor", "percentile", "median_interval"]
 
 FLOOR = "floor"
 """The name of the floor among the entries of a round."""
@@ -126,6 +127,24 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
+def median_interval(values: Sequence[float], z: float = 1.96) -> tuple[float, float]:
+    """A distribution-free confidence interval of the median of ``values`` (95% for the
+    default ``z``): the order statistics of ranks ``n/2 - z*sqrt(n)/2`` and ``1 + n/2 +
+    z*sqrt(n)/2`` (rounded outwards, 1-based), from the binomial count of values below the
+    true median (Conover, *Practical Nonparametric Statistics*). No resampling: the same
+    values give the same interval. With fewer than 3 values, their range."""
+    ordered = sorted(values)
+    n = len(ordered)
+    if not n:
+        raise ValueError("no values")
+    if n < 3:
+        return ordered[0], ordered[-1]
+    half = z * math.sqrt(n) / 2
+    low = max(1, math.floor(n / 2 - half))
+    high = min(n, math.ceil(1 + n / 2 + half))
+    return ordered[low - 1], ordered[high - 1]
+
+
 def over_floor(samples: dict[str, list[float]], floor: str = FLOOR) -> dict[str, dict[str, Any]]:
     """Each method's overhead over the floor, from :func:`run_rounds`' samples.
 
@@ -133,8 +152,9 @@ def over_floor(samples: dict[str, list[float]], floor: str = FLOOR) -> dict[str,
     -------
     dict
         method name -> ``median_us``, ``p10_us``, ``p90_us`` of the per-round differences
-        (method - floor of the same round, microseconds), ``method_median_ms`` (the method's
-        own median), ``rounds`` and ``diffs_us`` (every per-round difference).
+        (method - floor of the same round, microseconds), ``ci95_us`` (the median's 95%
+        interval, :func:`median_interval`), ``method_median_ms`` (the method's own median),
+        ``rounds`` and ``diffs_us`` (every per-round difference).
     """
     base = samples[floor]
     out: dict[str, dict[str, Any]] = {}
@@ -148,6 +168,7 @@ def over_floor(samples: dict[str, list[float]], floor: str = FLOOR) -> dict[str,
             "median_us": statistics.median(diffs),
             "p10_us": percentile(diffs, 0.10),
             "p90_us": percentile(diffs, 0.90),
+            "ci95_us": list(median_interval(diffs)),
             "method_median_ms": statistics.median(values) * 1e3,
             "rounds": len(diffs),
             "diffs_us": diffs,
