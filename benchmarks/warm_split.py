@@ -23,6 +23,11 @@ of the machine), so the worker's result splits the round trip into
 It prints the median of each part for each kind and the sharedarrays - control difference
 per part: the warm overhead over the floor is their sum, and this says in which process and
 which step it is.
+
+``--no-fence`` adds the kind ``sa-nofence``: the same array, handed off with the backend's
+ordering fence replaced by none for its rounds (``export_fence`` set to return ``None``
+around its task, then put back), so that ``sharedarrays - sa-nofence`` is what the fence
+costs in place. Not a valid handoff where work is queued on the stream: a measurement only.
 """
 
 from __future__ import annotations
@@ -78,6 +83,10 @@ class Hook:
 _kept: list[Any] = []  # the worker's native array for Hook.array
 
 
+def _no_fence(self: Any) -> None:
+    return None
+
+
 def _hooked(blob: bytes, view: tuple[Any, ...]) -> Hook:
     return Hook(blob, view)
 
@@ -88,7 +97,10 @@ PARENT_TRACE = (
     "sharedarrays.api.message:message_part",
     "sharedarrays.api.message:allocation_bytes",
     "sharedarrays.api.message:MessagePart.__reduce__",
-    "sharedarrays.backends.cuda.sync:export_fence",
+    "sharedarrays.backends.cuda.sync:fence",
+    "sharedarrays.backends.cuda.sync:_record",
+    "sharedarrays.backends.cuda.device:CudaDevice.is_current",
+    "sharedarrays.memory.allocation:Allocation.note_sent",
     "sharedarrays.backends.cuda.sync:export_sync",
     "sharedarrays.backends.cuda.sync:current_stream",
     "sharedarrays.backends.cuda.sync:_next_slot",
@@ -214,6 +226,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=301)
     parser.add_argument("--size", type=parse_size, default=1 << 20)
     parser.add_argument(
+        "--no-fence",
+        action="store_true",
+        help="also hand the array off without the ordering fence (what the fence costs)",
+    )
+    parser.add_argument(
         "--trace",
         action="store_true",
         help="also time named functions in both processes (a few us of overhead each)",
@@ -233,6 +250,10 @@ def main() -> None:
     blob = bytes(len(a.allocation.encoded[2]))  # (the payload pickled just now)
     hook = Hook(blob, a._view_tuple())
     kinds: dict[str, Any] = {"floor": None, "control": control, "hook": hook, "sharedarrays": a}
+    backend_type = type(a.allocation.backend)
+    fence = backend_type.__dict__.get("export_fence")
+    if args.no_fence:
+        kinds["sa-nofence"] = a
     parts = ("queue", "pickle", "send", "unpickle", "body", "back", "total")
     got: dict[str, dict[str, list[float]]] = {k: {p: [] for p in parts} for k in kinds}
     names = list(kinds)
@@ -245,9 +266,16 @@ def main() -> None:
         for r in range(args.rounds):
             order = round_order(names, r)
             for name in order:
+                if name == "sa-nofence":
+                    backend_type.export_fence = _no_fence  # type: ignore[method-assign]
                 t_submit = time.monotonic()
                 s = pool.apply_async(task, (Stamp(), kinds[name], Stamp())).get(60)
                 t_done = time.monotonic()
+                if name == "sa-nofence":
+                    if fence is None:
+                        del backend_type.export_fence
+                    else:
+                        backend_type.export_fence = fence  # type: ignore[method-assign]
                 g = got[name]
                 g["queue"].append(s["pickle_start"] - t_submit)
                 g["pickle"].append(s["pickle_end"] - s["pickle_start"])
@@ -272,6 +300,10 @@ def main() -> None:
         rows.append((f"{k[:7]} - floor", {p: med[k][p] - med["floor"][p] for p in parts}))
     rows.append(("sa - control", {p: med["sharedarrays"][p] - med["control"][p] for p in parts}))
     rows.append(("sa - hook", {p: med["sharedarrays"][p] - med["hook"][p] for p in parts}))
+    if "sa-nofence" in med:
+        rows.append(
+            ("fence in place", {p: med["sharedarrays"][p] - med["sa-nofence"][p] for p in parts})
+        )
     for label, row in rows:
         sign = "+" if " - " in label else ""
         print(f"{label:<16}" + "".join(f"{row[p]:>{sign}10.1f}" for p in parts))
