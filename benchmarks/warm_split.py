@@ -24,10 +24,14 @@ It prints the median of each part for each kind and the sharedarrays - control d
 per part: the warm overhead over the floor is their sum, and this says in which process and
 which step it is.
 
-``--no-fence`` adds the kind ``sa-nofence``: the same array, handed off with the backend's
-ordering fence replaced by none for its rounds (``export_fence`` set to return ``None``
-around its task, then put back), so that ``sharedarrays - sa-nofence`` is what the fence
-costs in place. Not a valid handoff where work is queued on the stream: a measurement only.
+``--fences none,query,...`` adds a kind ``sa-<name>`` per name: the same array, handed off
+with the backend's ordering fence replaced for its rounds (``export_fence`` set around its
+task, then put back) by one of :data:`FENCES`: ``none`` (no fence), ``ctx+query`` (the
+fence's two driver calls alone, ``cuCtxGetCurrent`` and ``cuStreamQuery`` of the legacy
+stream, through cuda-bindings), ``query`` (``cuStreamQuery`` alone), ``cupy-query`` (CuPy's
+``runtime.streamQuery`` of the legacy stream). The rows ``fence - <name>`` are what the
+fence costs in place beyond each. None of them orders anything (they return no token): a
+measurement only.
 """
 
 from __future__ import annotations
@@ -85,6 +89,34 @@ _kept: list[Any] = []  # the worker's native array for Hook.array
 
 def _no_fence(self: Any) -> None:
     return None
+
+
+def _ctx_and_query(self: Any) -> None:
+    from cuda.bindings import driver
+
+    driver.cuCtxGetCurrent()
+    driver.cuStreamQuery(0)
+
+
+def _query(self: Any) -> None:
+    from cuda.bindings import driver
+
+    driver.cuStreamQuery(0)
+
+
+def _cupy_query(self: Any) -> None:
+    import cupy
+
+    cupy.cuda.runtime.streamQuery(0)
+
+
+FENCES = {
+    "none": _no_fence,
+    "ctx+query": _ctx_and_query,
+    "query": _query,
+    "cupy-query": _cupy_query,
+}
+"""Stand-ins for the ordering fence (``--fences``): measurements only, none orders work."""
 
 
 def _hooked(blob: bytes, view: tuple[Any, ...]) -> Hook:
@@ -226,9 +258,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=301)
     parser.add_argument("--size", type=parse_size, default=1 << 20)
     parser.add_argument(
-        "--no-fence",
-        action="store_true",
-        help="also hand the array off without the ordering fence (what the fence costs)",
+        "--fences",
+        default="",
+        help=f"also hand the array off with the fence replaced by each of {', '.join(FENCES)}",
     )
     parser.add_argument(
         "--trace",
@@ -252,8 +284,11 @@ def main() -> None:
     kinds: dict[str, Any] = {"floor": None, "control": control, "hook": hook, "sharedarrays": a}
     backend_type = type(a.allocation.backend)
     fence = backend_type.__dict__.get("export_fence")
-    if args.no_fence:
-        kinds["sa-nofence"] = a
+    fences = [f for f in args.fences.split(",") if f]
+    for f in fences:
+        if f not in FENCES:
+            parser.error(f"--fences: {f!r} is not one of {', '.join(FENCES)}")
+        kinds[f"sa-{f}"] = a
     parts = ("queue", "pickle", "send", "unpickle", "body", "back", "total")
     got: dict[str, dict[str, list[float]]] = {k: {p: [] for p in parts} for k in kinds}
     names = list(kinds)
@@ -266,12 +301,13 @@ def main() -> None:
         for r in range(args.rounds):
             order = round_order(names, r)
             for name in order:
-                if name == "sa-nofence":
-                    backend_type.export_fence = _no_fence  # type: ignore[method-assign]
+                replaced = name.startswith("sa-")
+                if replaced:
+                    backend_type.export_fence = FENCES[name[3:]]  # type: ignore[method-assign]
                 t_submit = time.monotonic()
                 s = pool.apply_async(task, (Stamp(), kinds[name], Stamp())).get(60)
                 t_done = time.monotonic()
-                if name == "sa-nofence":
+                if replaced:
                     if fence is None:
                         del backend_type.export_fence
                     else:
@@ -300,10 +336,9 @@ def main() -> None:
         rows.append((f"{k[:7]} - floor", {p: med[k][p] - med["floor"][p] for p in parts}))
     rows.append(("sa - control", {p: med["sharedarrays"][p] - med["control"][p] for p in parts}))
     rows.append(("sa - hook", {p: med["sharedarrays"][p] - med["hook"][p] for p in parts}))
-    if "sa-nofence" in med:
-        rows.append(
-            ("fence in place", {p: med["sharedarrays"][p] - med["sa-nofence"][p] for p in parts})
-        )
+    for f in fences:
+        cost = {p: med["sharedarrays"][p] - med[f"sa-{f}"][p] for p in parts}
+        rows.append((f"fence - {f}"[:16], cost))
     for label, row in rows:
         sign = "+" if " - " in label else ""
         print(f"{label:<16}" + "".join(f"{row[p]:>{sign}10.1f}" for p in parts))

@@ -85,18 +85,10 @@ def keep_imports() -> int:
     return _keep_imports[1]
 
 
-def _references(slot: tuple[Any, Any]) -> int:
-    return sys.getrefcount(slot[1])
-
-
-_ALONE = _references((None, object()))
-"""What :func:`_references` counts for an object that one tuple alone holds (measured, not
-assumed: how an interpreter counts the references of a call's arguments varies)."""
-
-
-def _held_by_slot_alone(slot: tuple[Any, Any]) -> bool:
-    """Whether ``slot[1]`` is held by ``slot`` and nothing else."""
-    return _references(slot) <= _ALONE
+_ALONE = (lambda slot: sys.getrefcount(slot[1]))((None, object()))
+"""What ``sys.getrefcount(slot[1])`` counts for an object that the tuple ``slot`` alone
+holds (measured, not assumed: how an interpreter counts the references of a call's arguments
+varies); :meth:`Allocation.native_view` compares its kept native array's count with it."""
 
 
 def lookup(alloc_id: str, draining: bool = False) -> Allocation | None:
@@ -629,7 +621,7 @@ class Allocation(Growth):
                     self._last_native = None
             if (
                 taken
-                and _held_by_slot_alone(last)
+                and sys.getrefcount(last[1]) <= _ALONE  # (held by the slot alone)
                 and backend.native_intact(  # type: ignore[attr-defined]
                     last[1], dtype, shape, strides, readonly
                 )
