@@ -162,7 +162,8 @@ class SharedDeviceArray(NativeArrayMethods):
         self._native: Any = None
         self._packed: ViewTuple | None = None  # the view's fields as a pickle carries them
         self._base: SharedDeviceArray | None = None
-        views.track(self)
+        if views.tracking:
+            views.track(self)
 
     # metadata ---------------------------------------------------------------------------
     @property
@@ -231,7 +232,7 @@ class SharedDeviceArray(NativeArrayMethods):
         """The reservation, chunks, mappings and origin behind this view."""
         lease = self._lease
         if lease is None:
-            raise ClosedArrayError("this SharedDeviceArray is closed; attach or load it again")
+            raise _closed()
         return lease.allocation
 
     @property
@@ -292,8 +293,10 @@ class SharedDeviceArray(NativeArrayMethods):
         exists."""
         native = self._native
         if native is None:
-            alloc = self.allocation
-            assert self._lease is not None  # self.allocation raised if closed
+            lease = self._lease
+            if lease is None:
+                raise _closed()
+            alloc = lease.allocation  # (self.allocation, without its frame)
             if alloc.derives_natives:  # one native memory per allocation
                 native = self._native = alloc.native_view(
                     self._offset, self._dtype, self._shape, self._strides, self._readonly
@@ -305,7 +308,7 @@ class SharedDeviceArray(NativeArrayMethods):
                 self._offset,
                 # the native array holds the mapping (and its addresses) through this view's
                 # lease, pinned: it ends when both are gone (the native may outlive the view)
-                alloc.pin(self._lease),
+                alloc.pin(lease),
                 self._dtype,
                 self._shape,
                 self._strides,
@@ -741,7 +744,10 @@ def _reduce(
 def _reduce_for_multiprocessing(a: SharedDeviceArray) -> tuple[Any, tuple[Any, ...]]:
     """Pickle for multiprocessing: while a Process is being spawned, its arguments carry the
     chunk fds themselves (multiprocessing's DupFd), so the child needs no connection."""
-    alloc = a.allocation
+    lease = a._lease
+    if lease is None:
+        raise _closed()
+    alloc = lease.allocation  # (a.allocation, without its frame)
     # (a growable array's chunks come from its handle server, which records who maps them)
     # (and exporter-owned memory's exporter must see every importer, to outlive it)
     carry_fds = (
@@ -927,3 +933,9 @@ def operator_index(n: object) -> int:
     if isinstance(n, (bool, np.bool_)):
         raise TypeError("a bool is not a valid size")
     return operator.index(n)  # type: ignore[arg-type]
+
+
+def _closed() -> ClosedArrayError:
+    """The error for a closed view's data or memory (what :attr:`SharedDeviceArray.allocation`
+    raises)."""
+    return ClosedArrayError("this SharedDeviceArray is closed; attach or load it again")

@@ -257,6 +257,7 @@ class ReceivedPart:
         "readonly",
         "_lease",
         "_layout",
+        "_growable",
     )
 
     def __init__(
@@ -276,6 +277,7 @@ class ReceivedPart:
         # kept alive (a traceback of a message that failed to load) holds no mapping
         self._lease: weakref.ref[Lease] | None = None
         self.readonly = payload.readonly  # every view of it is read-only here
+        self._growable = False  # (its allocation's, once bound)
         # (shape, strides, dtype string) of the last view checked, its dtype and extent
         self._layout: tuple[Any, ...] | None = None
 
@@ -287,6 +289,7 @@ class ReceivedPart:
         """Take ``alloc`` as the allocation of every view of the part."""
         self.allocation = alloc
         self._lease = None
+        self._growable = alloc.growable
         self.readonly = self.payload.readonly or alloc.access != "rw"
 
     def lease(self, readonly: bool) -> tuple[Allocation, Lease | None]:
@@ -306,7 +309,7 @@ class ReceivedPart:
             alloc = self.find(readonly)
         ref = self._lease
         lease = None if ref is None else ref()
-        if lease is None and not alloc.growable:
+        if lease is None and not self._growable:
             lease = alloc.lease()
             self._lease = weakref.ref(lease)
         return alloc, lease
@@ -342,14 +345,25 @@ class ReceivedPart:
         layout = self._layout
         if type(view) is tuple and len(view) == 5 and layout is not None:
             offset, shape, strides, dtype_str, readonly = view
-            if (
-                type(offset) is int
-                and type(readonly) is bool
-                and (shape is layout[0] or _same(shape, layout[0]))
-                and (strides is layout[1] or _same(strides, layout[1]))
-                and (dtype_str is layout[2] or _same(dtype_str, layout[2]))
-            ):  # the layout of the view before (in this message, or the last with this
-                # payload): only the bounds are checked; the checked fields are used
+            # The layout of the view before (in this message, or the last with this payload)?
+            # Each field the same object (the sender interns them: within a message they
+            # are) or an equal one of the same type (a later message); anything whose
+            # comparison raises is checked in full below. Then only the bounds are checked,
+            # and the checked fields are used.
+            try:
+                same = (
+                    type(offset) is int
+                    and type(readonly) is bool
+                    and (shape is layout[0] or (type(shape) is tuple and shape == layout[0]))
+                    and (strides is layout[1] or (type(strides) is tuple and strides == layout[1]))
+                    and (
+                        dtype_str is layout[2]
+                        or (type(dtype_str) is str and dtype_str == layout[2])
+                    )
+                )
+            except Exception:
+                same = False
+            if same:
                 low, high = layout[4], layout[5]
                 if offset + low >= 0 and offset + high <= self.size and offset >= 0:
                     return layout[3], layout[0], layout[1], offset, readonly, offset + high
@@ -357,17 +371,3 @@ class ReceivedPart:
         offset, shape, strides, dtype_str, readonly = view  # type: ignore[misc]
         self._layout = (shape, strides, dtype_str, dtype, low, high)
         return dtype, shape, strides, offset, readonly, offset + high
-
-
-def _same(got: object, checked: tuple[int, ...] | str) -> bool:
-    """Whether a received view field equals one checked before: the same object (the sender
-    interns them, so within a message it is) or an equal one of the same type (a later
-    message); anything that fails to compare is not."""
-    if got is checked:
-        return True
-    if type(got) is not type(checked):
-        return False
-    try:
-        return bool(got == checked)
-    except Exception:  # (an element whose comparison raises: checked in full instead)
-        return False

@@ -66,7 +66,10 @@ class _ViewRef(weakref.ref):  # type: ignore[type-arg]
 # id -> weak reference; a dict, not a WeakSet: a view is unhashable (its == is elementwise)
 _live: dict[int, _ViewRef] = {}
 _view_types: tuple[type, ...] = ()
-_tracking = False  # set by the first live_views(): views made from then on are tracked
+tracking = False
+"""Whether views are tracked (set by the first :func:`live_views`: views made from then on
+are); a view's constructor reads it before calling :func:`track`, a frame less per view
+until then."""
 _start_lock = threading.Lock()
 
 
@@ -86,7 +89,7 @@ def _forget(ref: _ViewRef) -> None:
 def track(view: ArrayView) -> None:
     """Count ``view`` among the live views (the array's constructor calls this); nothing
     until :func:`live_views` was first called."""
-    if not _tracking:
+    if not tracking:
         return
     _add(view)
 
@@ -105,11 +108,11 @@ def is_view(obj: object) -> TypeGuard[ArrayView]:
 def _start() -> None:
     """Track views from now on, starting with those alive now (found once, by type, among
     the objects the garbage collector tracks: every view is one of them)."""
-    global _tracking
+    global tracking
     with _start_lock:
-        if _tracking:
+        if tracking:
             return
-        _tracking = True  # (first: a view made during the search is tracked by track())
+        tracking = True  # (first: a view made during the search is tracked by track())
         for obj in gc.get_objects():
             # (one still being made has no lease slot yet: its track() comes)
             if isinstance(obj, _view_types) and hasattr(obj, "_lease") and id(obj) not in _live:
@@ -118,7 +121,7 @@ def _start() -> None:
 
 def live_views() -> list[ArrayView]:
     """A snapshot of the views alive in this process (open or closed)."""
-    if not _tracking:
+    if not tracking:
         _start()
     # Another thread may add a view while we copy the dict; copy again if so.
     for _ in range(10):

@@ -310,9 +310,22 @@ def test_a_warm_part_uses_the_layout_it_checked_and_checks_any_other() -> None:
         (0, [8], (8,), "<f8", False),
         (0, (8,), (8,), "<f8", 1),
         (size - 8, (8,), (8,), "<f8", False),
+        (0, (_RaisingEq(),), (8,), "<f8", False),  # (its comparison raises: checked in full)
+        (0, _Shape((8,)), (8,), "<f8", False),  # (not a tuple itself: checked in full)
     ):
         with pytest.raises(sa.PayloadError):
             _rebuild_view(import_part(part.blob), bad)
+
+
+class _RaisingEq:
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError("no comparing me")
+
+    __hash__ = object.__hash__
+
+
+class _Shape(tuple):  # type: ignore[type-arg]
+    pass
 
 
 def test_a_forked_child_takes_no_warm_part_of_its_parent() -> None:

@@ -199,6 +199,7 @@ _own: dict[bytes, Any] = {}  # handle bytes -> an event of this process's rings
 _opened: dict[bytes, tuple[int, int, Any]] = {}  # handle bytes -> (pid, start, opened event)
 _waited: dict[tuple[int, int], bytes] = {}  # (device, stream) -> the last token it waited for
 _records = 0  # events recorded by this process (the tokens' sequence numbers)
+_driver: Any = None  # cuda.bindings.driver, once _record loaded it
 _start_time_cache: int | None = None
 
 
@@ -276,8 +277,10 @@ def export_sync(on: OnDevice) -> bytes | None:
 
 def _record(on: OnDevice, stream: int) -> bytes | None:
     """:func:`export_sync` on ``stream`` (the current stream of ``on``'s device)."""
-    global _records
-    driver = load_driver()
+    global _records, _driver
+    driver = _driver
+    if driver is None:  # (kept here: a frame less per message than load_driver())
+        driver = _driver = load_driver()
     # The common case, one message's first array on a thread where the device's context is
     # current (the Pool's task thread, after its first message): one cuCtxGetCurrent and
     # one cuStreamQuery, no context manager and no lock.
