@@ -120,6 +120,29 @@ def spawn(code: str) -> subprocess.Popen[str]:
     )
 
 
+def stop(pid: int, timeout: float = 30.0) -> None:
+    """Stop process ``pid`` with SIGSTOP and return once every thread of it is stopped.
+
+    ``kill`` returns as soon as the signal is queued; the process stops when one of its
+    threads takes the signal, and until then the others run on (a handle server thread can
+    still answer a request). Fails the test if it is not stopped within ``timeout`` seconds.
+    """
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    while True:
+        states = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{task}/stat", "rb") as f:
+                    states.append(f.read().rsplit(b")", 1)[1].split()[0])
+            except FileNotFoundError:  # (a thread that just ended)
+                continue
+        if states and all(state in (b"T", b"t") for state in states):
+            return
+        assert time.monotonic() < deadline, f"process {pid} did not stop: {states}"
+        time.sleep(0.001)
+
+
 def close_pipes(proc: subprocess.Popen[str]) -> None:
     """Close a finished child's pipes (each test counts its fds)."""
     for f in (proc.stdin, proc.stdout, proc.stderr):

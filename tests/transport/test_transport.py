@@ -568,10 +568,12 @@ def test_loads_from_a_stopped_exporter_fail_as_handle_unavailable(
     fails with HandleUnavailable, none with a raw BlockingIOError."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from keeper_helpers import stop
+
     monkeypatch.setattr(client, "TIMEOUT", 2.0)
     with _exporter() as (child, out):
         blob = bytes.fromhex(out["blob"])
-        os.kill(child.pid, signal.SIGSTOP)
+        stop(child.pid)  # (every thread: kill alone left its server answering now and then)
 
         def load(_: int) -> str:
             try:
