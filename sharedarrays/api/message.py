@@ -174,11 +174,7 @@ def message_part(alloc: Allocation, carry_fds: bool) -> MessagePart:
     key = (alloc.id, id(get_spawning_popen())) if carry_fds else alloc.id
     ref = refs.get(key)
     found = None if ref is None else ref()
-    cached = alloc.encoded  # (allocation_bytes' own check, inline: one frame less per message)
-    if cached is not None and cached[1] == alloc.generation and cached[0] == os.getpid():
-        blob = cached[2]
-    else:
-        blob = allocation_bytes(alloc)
+    blob = allocation_bytes(alloc)
     if found is not None and found.blob is blob and found.allocation is alloc:
         return found
     fds = None
