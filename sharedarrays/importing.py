@@ -194,9 +194,9 @@ def _mapped(p: Payload, carried: list[int] | None) -> Allocation | None:
 def _count_load(alloc: Allocation, p: Payload, pid: int) -> None:
     """Count a load here of ``p``, a payload of ``alloc`` (``pid``: this process's)."""
     if p.pid == pid:  # one of this process's payloads came back: not in flight
-        alloc.note_loaded()
+        alloc.flight.note_loaded()
     else:  # its sender counts it in flight until told
-        alloc.note_returned(p.server)  # (when this process releases it, if it served it)
+        alloc.flight.note_returned(p.server)  # (when this process releases it, if it served it)
         if alloc.backend.exporter_owned:  # the exporter waits for its payloads: say so
             notices.report_load(p.server, p.alloc_id, p.secret)
 

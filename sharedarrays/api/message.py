@@ -148,7 +148,7 @@ class MessagePart:
         if self.fds is not None:
             return _reconstructor, (self.blob, token, self.fds)
         if alloc.source_server is None:
-            alloc.note_sent()
+            alloc.flight.note_sent()
         return _reconstructor, (self.blob, token)
 
     def received_here(self) -> ReceivedPart:

@@ -266,6 +266,10 @@ class Allocation(Growth):
         Counts the changes of chunks or address in this process (payload caches key on it).
     origin : Origin
         Created here, or imported from which process and when.
+    flight : InFlight
+        Its payloads in flight, the processes it was served to and the loads they reported
+        (``note_sent`` when a message carrying it is pickled, ``note_loaded`` and
+        ``note_returned`` when one is loaded); :meth:`in_flight` reads it.
     """
 
     def __init__(
@@ -307,7 +311,7 @@ class Allocation(Growth):
         """The device index of the native arrays made here, when this process reads the
         memory as a peer from another CUDA device (``None``: the memory's own device)."""
         self.origin = origin
-        self._flight = InFlight()
+        self.flight = InFlight()
         self._lock = threading.Lock()
         self._leases = 0
         self._released = False
@@ -769,7 +773,7 @@ class Allocation(Growth):
         """Process ``pid`` no longer holds this exporter-owned allocation (it said so, or it
         exited); ``None`` only forgets holders that exited. Frees a draining allocation
         once no holder is left and no payload of it is in flight."""
-        self._flight.closed_by(pid)
+        self.flight.closed_by(pid)
         if self.holders or self.busy():
             return
         try:  # this runs in the handle server's thread, which must go on serving
@@ -794,37 +798,16 @@ class Allocation(Growth):
         if self.origin.created_here:  # (made by the process that forked this one)
             self.origin = Origin(False, self.pid, self.origin.time)
         self.pid = os.getpid()
-        self._flight.forget()
+        self.flight.forget()
 
     # payloads in flight ----------------------------------------------------------------
-    def note_sent(self) -> None:
-        """A payload naming this process's handle server was pickled (and may be loaded by
-        another process later): see :meth:`in_flight`. One per message that carries views
-        of the allocation, however many (:class:`sharedarrays.api.message.MessagePart`)."""
-        self._flight.note_sent()
-
-    def note_loaded(self, count: int = 1) -> None:
-        """``count`` payloads pickled here were loaded (here, or where the process they came
-        back to said so): they are no longer in flight."""
-        self._flight.note_loaded(count)
-
-    def note_returned(self, server: str) -> None:
-        """A payload of this allocation from the process whose handle server is ``server``
-        was loaded here. Counted only for processes this one served (those it tells when it
-        releases the allocation: :meth:`returned`), so that they need not keep it in flight."""
-        self._flight.note_returned(server)
-
-    def returned(self, server: str) -> int:
-        """How many payloads from the process of handle server ``server`` were loaded here."""
-        return self._flight.returned(server)
-
     def in_flight(self) -> tuple[int, float]:
         """Payloads pickled here that may still be loaded, and the seconds left of their
         bound (:func:`in_flight_seconds`, counted from the last one pickled).
 
         Every payload pickled here counts until as many were counted loaded
-        (:meth:`note_loaded`: a handle request answered here, a payload loaded back here, the
-        loads its exporter's release notice reports, the warm loads importers of
+        (``flight.note_loaded``: a handle request answered here, a payload loaded back
+        here, the loads its exporter's release notice reports, the warm loads importers of
         exporter-owned memory report), or the bound passed. Other warm loads (a process that
         already maps the allocation asks nothing) are not counted, so the count errs on the
         side of keeping memory alive.
@@ -834,7 +817,7 @@ class Allocation(Growth):
         count, seconds
             ``(0, 0.0)`` when nothing is in flight.
         """
-        return self._flight.in_flight()
+        return self.flight.in_flight()
 
     def busy(self) -> bool:
         """Whether a payload of this allocation pickled here may still be loaded
@@ -865,7 +848,7 @@ class Allocation(Growth):
                     file=sys.stderr,
                 )
                 return
-        self._flight.handed_over()  # the keeper answers for them from now on
+        self.flight.handed_over()  # the keeper answers for them from now on
 
     # description ------------------------------------------------------------------------
     @property
@@ -970,12 +953,12 @@ class Allocation(Growth):
     def holders(self) -> tuple[int, ...]:
         """In the exporter of exporter-owned memory: the running processes it was served to
         that have not closed it yet (it is freed only after they have). Empty otherwise."""
-        return self._flight.holders()
+        return self.flight.holders()
 
     @property
     def served(self) -> tuple[Served, ...]:
         """The most recent processes this process served the handles to (pid, time)."""
-        return self._flight.served()
+        return self.flight.served()
 
     def record_served(self, pid: int, server: str | None = None, chunks: int = 0) -> None:
         """Note that the handles were sent to process ``pid``, whose own handle server (if
@@ -983,11 +966,11 @@ class Allocation(Growth):
         chunks it may map now (shrinking below that is refused while it runs)."""
         # (this process asking its own server imports nothing)
         holder = self.backend.exporter_owned and self.origin.created_here and pid != os.getpid()
-        self._flight.record_served(pid, server, chunks, holder)
+        self.flight.record_served(pid, server, chunks, holder)
 
     def served_servers(self) -> list[str]:
         """Handle servers of the processes this one served (told on release)."""
-        return self._flight.served_servers()
+        return self.flight.served_servers()
 
     # growth -----------------------------------------------------------------------------
     @property

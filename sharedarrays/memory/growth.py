@@ -145,7 +145,7 @@ class Growth:
     _access: Access
     _peers: dict[int, Access]
     _reservation: Reservation
-    _flight: InFlight
+    flight: InFlight
 
     def grow(self, nbytes: int) -> None:
         """Map new chunks at the end so that at least ``nbytes`` are mapped (the exporter).
@@ -205,7 +205,7 @@ class Growth:
                     f"native array in this process reaches byte {reached}. Close those views "
                     "(a.close()) and drop those native arrays first"
                 )
-            holders = self._flight.mapping_past(keep)
+            holders = self.flight.mapping_past(keep)
             if holders:
                 raise ResizeRefused(
                     f"cannot unmap chunks {keep}-{len(self._chunks) - 1} of allocation "

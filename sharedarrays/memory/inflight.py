@@ -65,13 +65,16 @@ class InFlight:
 
     # payloads in flight ----------------------------------------------------------------
     def note_sent(self) -> None:
-        """A payload naming this process's handle server was pickled."""
+        """A payload naming this process's handle server was pickled (and may be loaded by
+        another process later): one per message that carries views of the allocation,
+        however many (:class:`sharedarrays.api.message.MessagePart`)."""
         with self._lock:
             self._sent += 1
             self._sent_at = time.monotonic()
 
     def note_loaded(self, count: int = 1) -> None:
-        """``count`` payloads pickled here were loaded: no longer in flight."""
+        """``count`` payloads pickled here were loaded (here, or where the process they came
+        back to said so): no longer in flight."""
         with self._lock:
             self._fetched += count
 
@@ -81,8 +84,9 @@ class InFlight:
             self._fetched = self._sent
 
     def note_returned(self, server: str) -> None:
-        """A payload from the process whose handle server is ``server`` was loaded here
-        (counted only for processes this one served)."""
+        """A payload from the process whose handle server is ``server`` was loaded here.
+        Counted only for processes this one served (those it tells when it releases the
+        allocation: :meth:`returned`), so that they need not keep it in flight."""
         if server not in self._servers:  # (the common case, a warm load: no lock taken)
             return
         with self._lock:

@@ -86,7 +86,7 @@ def queue_notice(
     if kind is Kind.RELEASED:
         messages = [
             Request(
-                kind, alloc_id, secret, min(alloc.returned(path) if alloc else 0, 1 << 31)
+                kind, alloc_id, secret, min(alloc.flight.returned(path) if alloc else 0, 1 << 31)
             ).encode()
             for path in servers
         ]

@@ -238,7 +238,7 @@ class HandleServer:
         if alloc is None:
             return
         conn.send(Reply(Status.OK).encode())
-        alloc.note_loaded(request.count)  # its payloads that came back to their exporter
+        alloc.flight.note_loaded(request.count)  # its payloads that came back to their exporter
         _off_thread(alloc.orphan)  # a release may hand over to the keeper: not here
 
     def _send_handles(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
@@ -285,7 +285,7 @@ class HandleServer:
         while True:
             alloc = allocation.lookup(request.alloc_id, draining=True)
             if alloc is not None and hmac.compare_digest(request.secret, alloc.secret):
-                alloc.note_loaded(request.count)
+                alloc.flight.note_loaded(request.count)
             try:
                 ahead = conn.recv(COUNTED_SIZE, socket.MSG_PEEK | socket.MSG_DONTWAIT)
                 if len(ahead) < COUNTED_SIZE or not ahead.startswith(Kind.LOADED.value):

@@ -114,8 +114,8 @@ def test_a_message_carries_each_allocations_payload_once() -> None:
     allocations = {id(a.allocation): a.allocation for a in arrays}.values()
     assert 1 < len(allocations) < n // 100  # packed in slabs
     for x in allocations:  # (payloads of these slabs that earlier tests pickled and never
-        x.note_sent()  # loaded count again once a new one is sent, even past their bound:
-        x.note_loaded()  # a send and a load, which change no count, make them visible now)
+        x.flight.note_sent()  # loaded count again once a new one is sent, even past their bound:
+        x.flight.note_loaded()  # a send and a load, which change no count, make them visible now)
     before = sum(x.in_flight()[0] for x in allocations)
     message = pickle.dumps(arrays)
     # one per allocation and message
@@ -438,8 +438,8 @@ def test_a_part_carries_its_fences_token_once_per_message() -> None:
     loaded = pickle.loads(blob)
     assert [p.token for p in loaded] == [fence.token, fence.token]
     # (the payloads pickled above, counted in flight and never loaded: a's twice, b's once)
-    a.allocation.note_loaded(2)
-    b.allocation.note_loaded(1)
+    a.allocation.flight.note_loaded(2)
+    b.allocation.flight.note_loaded(1)
     assert a.allocation.in_flight()[0] == 0 and b.allocation.in_flight()[0] == 0
 
 
@@ -449,7 +449,7 @@ def test_a_part_refused_as_another_nodes_keeps_its_token(monkeypatch: pytest.Mon
     a = sa.from_array(np.arange(4.0), device="cpu", pack=False)
     (part, view) = a.__reduce__()[1]
     blob, alloc = part.blob, a.allocation
-    alloc.note_loaded()  # (the reduction above counted one in flight: none loads it)
+    alloc.flight.note_loaded()  # (the reduction above counted one in flight: none loads it)
     a.close()
     assert alloc.released  # (not mapped here: the node is asked)
     monkeypatch.setenv("SHAREDARRAYS_NODE", "other-node")

@@ -13,6 +13,7 @@ import sys
 import threading
 import weakref
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -76,14 +77,23 @@ def test_process_start_time() -> None:
 # one record per message: the fence lives as long as the pickling that holds it
 
 
-class _Recorder:
-    """A fake ``export_sync``: counts records, each a new token."""
+@pytest.fixture(autouse=True)
+def _default_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    # (the fake devices' indices name no CUDA device: where CuPy is imported, its stream
+    # lookup would ask for them)
+    monkeypatch.setattr(sync, "current_stream", lambda index: 0)
 
-    def __init__(self, idle: bool = False) -> None:
+
+class _Recorder:
+    """A fake CUDA device for :func:`sync.export_fence`: its ``stream_token`` counts the
+    queries, each a new token (or none: ``idle``)."""
+
+    def __init__(self, index: int = 9, idle: bool = False) -> None:
+        self.device = SimpleNamespace(index=index)
         self.records = 0
         self.idle = idle
 
-    def __call__(self) -> bytes | None:
+    def stream_token(self, stream: int) -> bytes | None:
         self.records += 1
         return None if self.idle else b"token-%d" % self.records
 
@@ -98,7 +108,7 @@ class _Item:
         self.i = i
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return _loaded, (self.i, sync.fence("test-device", _recorder))
+        return _loaded, (self.i, sync.export_fence(_recorder))  # type: ignore[arg-type]
 
 
 def _loaded(i: int, token: bytes | None) -> tuple[int, bytes | None]:
@@ -107,6 +117,12 @@ def _loaded(i: int, token: bytes | None) -> tuple[int, bytes | None]:
 
 def _tokens(loaded: list[tuple[int, bytes | None]]) -> set[bytes | None]:
     return {token for _, token in loaded}
+
+
+def _fence(device: _Recorder) -> sync.Fence:
+    fence = sync.export_fence(device)  # type: ignore[arg-type]
+    assert fence is not None
+    return fence
 
 
 @pytest.mark.parametrize("dumps", ["pickle", "ForkingPickler"])
@@ -129,11 +145,12 @@ def test_one_record_per_message(dumps: str) -> None:
 
 
 def test_the_fence_dies_with_its_pickler() -> None:
-    fence = sync.fence("test-device", _recorder)
-    assert sync.fence("test-device", _recorder) is fence  # alive: shared
-    assert sync.fence("other-stream", _recorder) is not fence  # one per device and stream
+    fence = _fence(_recorder)
+    assert _fence(_recorder) is fence  # alive: shared
+    other = _Recorder(index=10)
+    assert _fence(other) is not fence  # one per device (and stream)
     seen: list[sync.Fence] = []
-    t = threading.Thread(target=lambda: seen.append(sync.fence("test-device", _recorder)))
+    t = threading.Thread(target=lambda: seen.append(_fence(_recorder)))
     t.start()
     t.join()
     assert seen[0] is not fence  # one per thread
@@ -142,16 +159,16 @@ def test_the_fence_dies_with_its_pickler() -> None:
     seen.clear()
     del fence
     assert ref() is None  # only held weakly here
-    assert sync.fence("test-device", _recorder).token != token
+    assert _fence(_recorder).token != token
 
 
 def test_an_idle_stream_pickles_as_no_token() -> None:
-    idle = _Recorder(idle=True)
-    fence = sync.fence("idle-device", idle)
+    idle = _Recorder(index=11, idle=True)
+    fence = _fence(idle)
     assert fence.token is None and pickle.loads(pickle.dumps(fence)) is None
-    assert sync.fence("idle-device", idle) is fence and idle.records == 1  # asked once
+    assert _fence(idle) is fence and idle.records == 1  # asked once
     del fence
-    busy = sync.fence("busy-device", _Recorder())
+    busy = _fence(_Recorder(index=12))
     assert pickle.loads(pickle.dumps(busy)) == busy.token and type(busy.token) is bytes
 
 

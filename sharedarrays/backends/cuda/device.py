@@ -161,16 +161,34 @@ class CudaDevice:
             return contextlib.nullcontext()
         return self._make_current(0 if current is None else int(current))
 
-    def is_current(self) -> bool:
-        """Whether this device's primary context is the calling thread's current context
-        (one ``cuCtxGetCurrent``); ``False`` in a fork child of the process that made this
-        backend object (where :meth:`context` raises), or where the call fails.
+    def stream_token(self, stream: int) -> bytes | None:
+        """The ordering token for work queued so far on ``stream`` (a stream of this
+        device, e.g. its current one): ``None`` when ``cuStreamQuery`` says everything
+        queued on it is done (nothing to order), else the token of an event recorded on it
+        now (:func:`sharedarrays.backends.cuda.sync.record`).
 
-        Asked once per message by the ordering fence: written out in one frame."""
-        if os.getpid() != self._pid:
-            return False
-        err, current = self._d.cuCtxGetCurrent()
-        return int(err) == 0 and current is not None and int(current) == self._ctx_int
+        Asked once per message by the ordering fence: where this device's context is the
+        calling thread's current one (the Pool's task thread, after its first message), one
+        ``cuCtxGetCurrent`` and one ``cuStreamQuery`` in this one frame, no context manager
+        and no lock.
+
+        Raises
+        ------
+        BackendUnavailable
+            This backend object was inherited through ``fork``.
+        CudaDriverError
+            The query or the record failed.
+        """
+        d = self._d
+        if os.getpid() == self._pid:
+            err, current = d.cuCtxGetCurrent()
+            if int(err) == 0 and current is not None and int(current) == self._ctx_int:
+                if int(d.cuStreamQuery(stream)[0]) == 0:
+                    return None  # everything queued on it so far is done: nothing to order
+                return sync.record(self, stream)  # (which says what a failed query meant)
+        with self.context():  # (or raises: inherited through fork)
+            idle = int(d.cuStreamQuery(stream)[0]) == 0
+        return None if idle else sync.record(self, stream)
 
     @contextlib.contextmanager
     def _make_current(self, current_int: int) -> Iterator[None]:

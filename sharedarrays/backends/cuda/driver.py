@@ -90,15 +90,15 @@ _CUDA_USERS = ("cuda.bindings.driver", "cupy", "torch", "numba.cuda", "jax")
 
 class OnDevice(Protocol):
     """What the ordering (:mod:`~.sync`) and semaphore (:mod:`~.semaphore`) code needs of a
-    CUDA backend: its device, and its primary context made current for a block (or found
-    current already)."""
+    CUDA backend: its device, its primary context made current for a block (or found
+    current already), and the ordering token of a stream's queued work (``None``: idle)."""
 
     @property
     def device(self) -> Device: ...
 
     def context(self) -> contextlib.AbstractContextManager[None]: ...
 
-    def is_current(self) -> bool: ...
+    def stream_token(self, stream: int) -> bytes | None: ...
 
 
 # --------------------------------------------------------------------------------------------

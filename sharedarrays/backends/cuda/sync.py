@@ -40,7 +40,7 @@ import contextvars
 import os
 import threading
 import weakref
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,10 +60,10 @@ __all__ = [
     "Fence",
     "no_sync",
     "sync_enabled",
-    "fence",
     "export_fence",
     "export_sync",
     "import_sync",
+    "record",
     "RING_LIMIT",
     "TOKEN_SIZE",
 ]
@@ -118,7 +118,7 @@ class Fence:
     as its token (``bytes``, or ``None``: nothing to wait for), so an importer receives the
     token itself. The pickler's memo holds a strong reference to every object it pickled
     until the pickler is freed (``pickle.py``'s ``memoize``; ``_pickle.c``'s
-    ``PyMemoTable_Set``), and :func:`fence` holds the fence only weakly: so while one
+    ``PyMemoTable_Set``), and :func:`export_fence` holds the fence only weakly: so while one
     ``dumps`` runs every array of it finds the same fence (written once, then a memo
     reference), and the next message, whose pickler is a new one, makes a new fence and a
     new record. A pickler reused for several ``dump`` calls shares one fence among them, as
@@ -147,31 +147,18 @@ class Fence:
 _fences = threading.local()
 
 
-def fence(key: Hashable, record: Callable[..., bytes | None], *args: Any) -> Fence:
-    """This thread's live fence for ``key`` (a device and stream), or a new one holding what
-    ``record(*args)`` returns.
+def export_fence(on: OnDevice) -> Fence | None:
+    """The ordering argument of one message handing memory of ``on``'s device off now: the
+    live :class:`Fence` of this thread and the device's current stream, else a new one
+    holding ``on.stream_token(stream)`` (no token when the stream is idle, else a record's).
 
     Only a weak reference is kept here: the fence lives as long as someone holds it (the
     memo of the pickling that is putting it in a message), then the next call records anew.
     Every array of a message asks, so the common answer (the live fence) costs one lookup
-    and no object (``record`` and ``args`` rather than a closure).
-    """
-    refs: dict[Hashable, weakref.ref[Fence]] | None = getattr(_fences, "refs", None)
-    if refs is None:
-        refs = _fences.refs = {}
-    ref = refs.get(key)
-    found = None if ref is None else ref()
-    if found is not None:
-        return found
-    made = Fence(record(*args))
-    refs[key] = weakref.ref(made)
-    return made
-
-
-def export_fence(on: OnDevice) -> Fence | None:
-    """The ordering argument of one message handing memory of ``on``'s device off now: the
-    live :class:`Fence` of this thread and the device's current stream, else a new one
-    (which records an event with :func:`export_sync`, unless the stream is idle).
+    and no object; a new message's fence costs this frame, the stream's lookup, the
+    device's query and the fence's constructor (written out here, not through helpers: a
+    warm handoff makes one per message, in a thread just woken, where each Python call
+    costs 1-2 us on the H200; docs/performance.md).
 
     Returns ``None`` inside :func:`no_sync`.
     """
@@ -179,7 +166,17 @@ def export_fence(on: OnDevice) -> Fence | None:
         return None
     index = on.device.index
     stream = current_stream(index)
-    return fence((index, stream), _record, on, stream)
+    refs: dict[tuple[int, int], weakref.ref[Fence]] | None = getattr(_fences, "refs", None)
+    if refs is None:
+        refs = _fences.refs = {}
+    key = (index, stream)
+    ref = refs.get(key)
+    found = None if ref is None else ref()
+    if found is not None:
+        return found
+    made = Fence(on.stream_token(stream))
+    refs[key] = weakref.ref(made)
+    return made
 
 
 # --------------------------------------------------------------------------------------------
@@ -199,7 +196,6 @@ _own: dict[bytes, Any] = {}  # handle bytes -> an event of this process's rings
 _opened: dict[bytes, tuple[int, int, Any]] = {}  # handle bytes -> (pid, start, opened event)
 _waited: dict[tuple[int, int], bytes] = {}  # (device, stream) -> the last token it waited for
 _records = 0  # events recorded by this process (the tokens' sequence numbers)
-_driver: Any = None  # cuda.bindings.driver, once _record loaded it
 _start_time_cache: int | None = None
 
 
@@ -272,25 +268,15 @@ def export_sync(on: OnDevice) -> bytes | None:
     """
     if _no_sync.get():
         return None
-    return _record(on, current_stream(on.device.index))
+    return on.stream_token(current_stream(on.device.index))
 
 
-def _record(on: OnDevice, stream: int) -> bytes | None:
-    """:func:`export_sync` on ``stream`` (the current stream of ``on``'s device)."""
-    global _records, _driver
-    driver = _driver
-    if driver is None:  # (kept here: a frame less per message than load_driver())
-        driver = _driver = load_driver()
-    # The common case, one message's first array on a thread where the device's context is
-    # current (the Pool's task thread, after its first message): one cuCtxGetCurrent and
-    # one cuStreamQuery, no context manager and no lock.
-    if on.is_current():
-        idle = int(driver.cuStreamQuery(stream)[0]) == _CUDA_SUCCESS
-    else:
-        with on.context():
-            idle = int(driver.cuStreamQuery(stream)[0]) == _CUDA_SUCCESS
-    if idle:  # everything queued on the stream so far is done: nothing to order
-        return None
+def record(on: OnDevice, stream: int) -> bytes:
+    """Record the next event of the device's ring on ``stream`` (a stream of ``on``'s
+    device with work queued: :meth:`OnDevice.stream_token` asked first) and return its
+    token."""
+    global _records
+    driver = load_driver()
     with _lock, on.context():
         _reset_after_fork()
         ring = _rings.setdefault(on.device.index, _Ring())
