@@ -180,14 +180,14 @@ class CudaDevice:
             The query or the record failed.
         """
         d = self._d
-        if os.getpid() == self._pid:
-            err, current = d.cuCtxGetCurrent()
-            if int(err) == 0 and current is not None and int(current) == self._ctx_int:
-                if int(d.cuStreamQuery(stream)[0]) == 0:
-                    return None  # everything queued on it so far is done: nothing to order
-                return sync.record(self, stream)  # (which says what a failed query meant)
-        with self.context():  # (or raises: inherited through fork)
+        err, current = d.cuCtxGetCurrent() if os.getpid() == self._pid else (1, None)
+        if int(err) == 0 and current is not None and int(current) == self._ctx_int:
             idle = int(d.cuStreamQuery(stream)[0]) == 0
+        else:
+            with self.context():  # (or raises: inherited through fork)
+                idle = int(d.cuStreamQuery(stream)[0]) == 0
+        # idle: everything queued on it so far is done, nothing to order; else a record
+        # (which also says what a failed query meant)
         return None if idle else sync.record(self, stream)
 
     @contextlib.contextmanager
