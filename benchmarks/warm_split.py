@@ -84,6 +84,29 @@ class Hook:
         self.native = None
 
 
+class FencedHook(Hook):
+    """The ``hook+fence`` kind: a :class:`Hook` that also takes the backend's ordering fence
+    when pickled (``export_fence``: the thread's current stream queried, an event recorded
+    when busy) and carries its token, as any correct warm handoff must: the least such a
+    handoff costs with this library's fence. The worker drops the token (the parent's
+    stream is idle between rounds: there is none to wait for)."""
+
+    __slots__ = ("backend",)
+
+    def __init__(self, blob: bytes, view: tuple[Any, ...], backend: Any) -> None:
+        super().__init__(blob, view)
+        self.backend = backend
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        fence = self.backend.export_fence()
+        token = None if fence is None else fence.token
+        return _fence_hooked, (self.blob, self.view, token)
+
+
+def _fence_hooked(blob: bytes, view: tuple[Any, ...], token: Any) -> Hook:
+    return Hook(blob, view)
+
+
 _kept: list[Any] = []  # the worker's native array for Hook.array
 
 
@@ -285,7 +308,9 @@ def main() -> None:
     control = bytes(len(pickled))
     blob = bytes(len(a.allocation.encoded[2]))  # (the payload pickled just now)
     hook = Hook(blob, a._view_tuple())
-    kinds: dict[str, Any] = {"floor": None, "control": control, "hook": hook, "sharedarrays": a}
+    kinds: dict[str, Any] = {"floor": None, "control": control, "hook": hook}
+    kinds["hook+fence"] = FencedHook(blob, a._view_tuple(), a.allocation.backend)
+    kinds["sharedarrays"] = a
     backend_type = type(a.allocation.backend)
     fence = backend_type.__dict__.get("export_fence")
     fences = [f for f in args.fences.split(",") if f]
@@ -334,18 +359,21 @@ def main() -> None:
     a.close()
     med = {k: {p: statistics.median(v) * 1e6 for p, v in g.items()} for k, g in got.items()}
     print(f"warm handoff split, {args.device}, {args.size:,} bytes, {args.rounds} rounds (us)")
-    print(f"{'':<16}" + "".join(f"{p:>10}" for p in parts))
+    print(f"{'':<18}" + "".join(f"{p:>10}" for p in parts))
     rows = [(k, med[k]) for k in names]
-    for k in ("control", "hook", "sharedarrays"):
-        rows.append((f"{k[:7]} - floor", {p: med[k][p] - med["floor"][p] for p in parts}))
+    for k in ("control", "hook", "hook+fence", "sharedarrays"):
+        rows.append((f"{k[:10]} - floor", {p: med[k][p] - med["floor"][p] for p in parts}))
     rows.append(("sa - control", {p: med["sharedarrays"][p] - med["control"][p] for p in parts}))
     rows.append(("sa - hook", {p: med["sharedarrays"][p] - med["hook"][p] for p in parts}))
+    rows.append(
+        ("sa - hook+fence", {p: med["sharedarrays"][p] - med["hook+fence"][p] for p in parts})
+    )
     for f in fences:
         cost = {p: med["sharedarrays"][p] - med[f"sa-{f}"][p] for p in parts}
-        rows.append((f"fence - {f}"[:16], cost))
+        rows.append((f"fence - {f}"[:18], cost))
     for label, row in rows:
         sign = "+" if " - " in label else ""
-        print(f"{label:<16}" + "".join(f"{row[p]:>{sign}10.1f}" for p in parts))
+        print(f"{label:<18}" + "".join(f"{row[p]:>{sign}10.1f}" for p in parts))
     for name, fns in traced.items():
         print(f"traced, {name} (median us per call, timer included; nested calls overlap)")
         for fn, times in fns.items():

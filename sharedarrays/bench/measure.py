@@ -26,6 +26,7 @@ from sharedarrays.bench.methods import (
     FLOOR_ARG,
     Method,
     Peers,
+    bound_method,
     control_method,
     copy_method,
     cuda_core_methods,
@@ -474,6 +475,8 @@ class Run:
                 entries["control"] = control_method(nbytes)
                 boxes["control"] = entries["control"].new(size)
                 out["control_bytes"] = nbytes
+                entries["bound"] = bound_method(boxes["sharedarrays"][0])
+                boxes["bound"] = entries["bound"].new(size)
             for name, m in entries.items():
                 if name not in boxes and not m.cold:
                     boxes[name] = m.new(size)

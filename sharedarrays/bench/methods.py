@@ -16,6 +16,7 @@ import numpy as np
 
 from sharedarrays.bench.config import COPY_MAX_BYTES, TASK_TIMEOUT, Config
 from sharedarrays.bench.worker import (
+    LeastHandoff,
     cuda_core,
     task_copy,
     task_cuda_core,
@@ -33,6 +34,7 @@ __all__ = [
     "drop_everywhere",
     "floor_method",
     "control_method",
+    "bound_method",
     "family_methods",
     "sa_methods",
     "copy_method",
@@ -202,6 +204,22 @@ def control_method(nbytes: int) -> Method:
         lambda box: box.clear(),
         cold=False,
     )
+
+
+def bound_method(array: Any) -> Method:
+    """The warm rounds' ``bound`` entry (:class:`~sharedarrays.bench.worker.LeastHandoff`)
+    for the sharedarrays ``array`` of the same rounds: its payload's size, its view tuple
+    and its backend's fence; the worker's task is sharedarrays' own (``.array``,
+    ``close``)."""
+    from sharedarrays.api.message import allocation_bytes
+
+    blob = bytes(len(allocation_bytes(array.allocation)))
+    least = LeastHandoff(blob, array._view_tuple(), array.allocation.backend)
+    return Method("bound", task_sharedarrays, lambda size: [least], _first, _clear, cold=False)
+
+
+def _clear(box: list[Any]) -> None:
+    box.clear()
 
 
 def family_methods(cfg: Config, peers: Peers, family: str) -> tuple[Method, Method]:

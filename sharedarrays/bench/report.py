@@ -91,8 +91,10 @@ def evaluate_targets(data: dict[str, Any]) -> list[dict[str, Any]]:
 
     Returns one row per goal: ``target``, ``status`` (``PASS``, ``MISS``, ``BOUND``: a cold
     goal that the two steps no Python cut removes, the handle request and the mapping,
-    timed alone in the same run, exceed by themselves; or ``n/a`` when the run did not
-    measure it: ``measured`` then says ``not measured: <why>``) and
+    timed alone in the same run, exceed by themselves, or a warm goal of so many us over the
+    floor that the warm rounds' ``bound`` entry exceeds by itself (one pickle hook with the
+    ordering fence: :class:`~sharedarrays.bench.worker.LeastHandoff`); or ``n/a`` when the
+    run did not measure it: ``measured`` then says ``not measured: <why>``) and
     ``measured`` (the figures the status comes from).
     """
     rows: list[dict[str, Any]] = []
@@ -109,10 +111,15 @@ def evaluate_targets(data: dict[str, Any]) -> list[dict[str, Any]]:
         sa, why = _overhead(data, "warm", size, "sharedarrays")
         sa_ci = _interval(data, "warm", size, "sharedarrays")
         within = "" if sa_ci is None else f" (95% interval {sa_ci[0]:+.1f} to {sa_ci[1]:+.1f})"
+        least, _ = _overhead(data, "warm", size, "bound")
+        if least is not None:
+            within += f"; bound, same rounds (a pickle hook with the fence): {least:+.1f} us"
         row(
             f"warm over the floor <= +{limit_us:g} us at {label}",
             None if sa is None else sa <= limit_us,
             why if sa is None else f"{sa:+.1f} us{within}",
+            # BOUND: the least handoff with the fence exceeds the goal by itself
+            bound=least is not None and least > limit_us,
         )
         torch, why_torch = _overhead(data, "warm", size, "torch")
         name = f"warm over the floor >= {below:g}x below torch at {label}"

@@ -20,6 +20,7 @@ __all__ = [
     "raise_fd_limit",
     "cuda_core",
     "task_floor",
+    "LeastHandoff",
     "task_sharedarrays",
     "task_copy",
     "task_torch",
@@ -82,6 +83,57 @@ def _consume(x: Any, read: bool) -> float:
 
 def task_floor(arg: bytes, read: bool) -> float:
     return float(len(arg))
+
+
+class LeastHandoff:
+    """The warm rounds' ``bound`` entry: the least any warm handoff costs that orders the
+    receiver after the sender's stream with this library's fence, measured in the same
+    rounds as the methods.
+
+    Pickled, it takes the backend's ordering fence (``export_fence``: on CUDA the current
+    stream queried, an event recorded when it is busy) and carries its token with bytes of
+    the size of a sharedarrays payload and a view tuple; loaded, it is a :class:`_Kept`,
+    whose ``.array`` is a native array this worker made once. No lookup, lease, count or
+    check: what is left of a warm handoff is one pickle hook, one reconstructor call and
+    the fence, so a goal below this entry's figure cannot be reached by any object that
+    pickles through Python and orders with this fence.
+    """
+
+    __slots__ = ("blob", "view", "backend")
+
+    def __init__(self, blob: bytes, view: tuple[Any, ...], backend: Any) -> None:
+        self.blob = blob
+        self.view = view
+        self.backend = backend
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        fence = self.backend.export_fence()
+        return _least_loaded, (self.blob, self.view, None if fence is None else fence.token)
+
+
+class _Kept:
+    """A loaded :class:`LeastHandoff`: ``.array`` and ``close()``, as a view has."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: Any) -> None:
+        self.array = array
+
+    def close(self) -> None:
+        self.array = None
+
+
+def _least_loaded(blob: bytes, view: tuple[Any, ...], token: bytes | None) -> _Kept:
+    kept = _worker_state.get("kept")
+    if kept is None:
+        if _worker_state.get("cuda"):
+            import cupy
+
+            kept = cupy.zeros(1 << 18, dtype=cupy.float32)
+        else:
+            kept = np.zeros(1 << 18, dtype=np.float32)
+        _worker_state["kept"] = kept
+    return _Kept(kept)
 
 
 def task_sharedarrays(a: Any, read: bool) -> float:
