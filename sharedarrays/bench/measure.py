@@ -475,7 +475,7 @@ class Run:
                 entries["control"] = control_method(nbytes)
                 boxes["control"] = entries["control"].new(size)
                 out["control_bytes"] = nbytes
-                entries["bound"] = bound_method(boxes["sharedarrays"][0])
+                entries["bound"] = bound_method(self.cfg, boxes["sharedarrays"][0])
                 boxes["bound"] = entries["bound"].new(size)
             for name, m in entries.items():
                 if name not in boxes and not m.cold:

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from sharedarrays.backends.device import parse_name
 from sharedarrays.bench.config import COPY_MAX_BYTES, TASK_TIMEOUT, Config
 from sharedarrays.bench.worker import (
     LeastHandoff,
@@ -206,15 +207,15 @@ def control_method(nbytes: int) -> Method:
     )
 
 
-def bound_method(array: Any) -> Method:
+def bound_method(cfg: Config, array: Any) -> Method:
     """The warm rounds' ``bound`` entry (:class:`~sharedarrays.bench.worker.LeastHandoff`)
     for the sharedarrays ``array`` of the same rounds: its payload's size, its view tuple
-    and its backend's fence; the worker's task is sharedarrays' own (``.array``,
-    ``close``)."""
+    and its backend; the worker's task is sharedarrays' own (``.array``, ``close``)."""
     from sharedarrays.api.message import allocation_bytes
 
     blob = bytes(len(allocation_bytes(array.allocation)))
-    least = LeastHandoff(blob, array._view_tuple(), array.allocation.backend)
+    device = parse_name(cfg.device).index if cfg.is_cuda else None
+    least = LeastHandoff(blob, array._view_tuple(), array.allocation.backend, device)
     return Method("bound", task_sharedarrays, lambda size: [least], _first, _clear, cold=False)
 
 

@@ -87,28 +87,72 @@ def task_floor(arg: bytes, read: bool) -> float:
 
 class LeastHandoff:
     """The warm rounds' ``bound`` entry: the least any warm handoff costs that orders the
-    receiver after the sender's stream with this library's fence, measured in the same
-    rounds as the methods.
+    receiver after the sender's stream, measured in the same rounds as the methods.
 
-    Pickled, it takes the backend's ordering fence (``export_fence``: on CUDA the current
-    stream queried, an event recorded when it is busy) and carries its token with bytes of
-    the size of a sharedarrays payload and a view tuple; loaded, it is a :class:`_Kept`,
-    whose ``.array`` is a native array this worker made once. No lookup, lease, count or
-    check: what is left of a warm handoff is one pickle hook, one reconstructor call and
-    the fence, so a goal below this entry's figure cannot be reached by any object that
-    pickles through Python and orders with this fence.
+    Pickled, it does what this library's ordering fence does when the current stream is
+    idle (as it is between the bench's rounds): on CUDA ``cuCtxGetCurrent`` (the device's
+    context must be the current one) and ``cuStreamQuery`` of CuPy's current stream, through
+    cuda-bindings, in code of its own (so that it warms none of the library's code for the
+    entry after it in the round); a busy stream or another current context goes to the
+    backend's own ``export_fence`` (which records an event or makes the context current). It
+    carries the token (``None`` when idle) with bytes of the size of a sharedarrays payload
+    and a view tuple. Loaded, it is a :class:`_Kept`, whose ``.array`` is a native array this
+    worker made once. No lookup, lease, count or check: what is left of a warm handoff is one
+    pickle hook, one reconstructor call and the fence, so a goal below this entry's figure
+    cannot be reached by any object that pickles through Python and orders that way.
+
+    Parameters
+    ----------
+    blob, view
+        What it carries (the sizes of a sharedarrays array's payload and view tuple).
+    backend
+        The sharedarrays backend whose ``export_fence`` it stands for.
+    device
+        ``None`` on the host (no fence: the host backend's is ``None``), else the CUDA
+        device's index.
     """
 
-    __slots__ = ("blob", "view", "backend")
+    __slots__ = ("blob", "view", "backend", "device", "context", "busy")
 
-    def __init__(self, blob: bytes, view: tuple[Any, ...], backend: Any) -> None:
+    def __init__(
+        self, blob: bytes, view: tuple[Any, ...], backend: Any, device: int | None = None
+    ) -> None:
         self.blob = blob
         self.view = view
         self.backend = backend
+        self.device = device
+        self.context: int | None = None
+        self.busy = 0  # picklings that found the stream busy (or another context current)
+        if device is not None:
+            import cupy
+            from cuda.bindings import driver
+
+            with cupy.cuda.Device(device):  # (CuPy's runtime makes the primary context current)
+                cupy.cuda.runtime.free(cupy.cuda.runtime.malloc(1))
+                err, ctx = driver.cuCtxGetCurrent()
+            self.context = int(ctx) if int(err) == 0 and ctx is not None else None
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        fence = self.backend.export_fence()
-        return _least_loaded, (self.blob, self.view, None if fence is None else fence.token)
+        token = None
+        if self.device is None:  # (the host backend's fence: None)
+            fence = self.backend.export_fence()
+            token = None if fence is None else fence.token
+        else:
+            import cupy
+            from cuda.bindings import driver
+
+            err, current = driver.cuCtxGetCurrent()
+            if int(err) != 0 or current is None or int(current) != self.context:
+                fence = self.backend.export_fence()
+                token = None if fence is None else fence.token
+                self.busy += 1
+            else:
+                stream = int(cupy.cuda.get_current_stream(self.device).ptr)
+                if int(driver.cuStreamQuery(stream)[0]) != 0:
+                    fence = self.backend.export_fence()
+                    token = None if fence is None else fence.token
+                    self.busy += 1
+        return _least_loaded, (self.blob, self.view, token)
 
 
 class _Kept:

@@ -265,9 +265,9 @@ def test_a_warm_goal_the_least_handoff_exceeds_in_the_same_rounds_is_bound() -> 
 
 
 def test_the_least_handoff_takes_the_fence_and_loads_as_a_kept_native_array() -> None:
-    """The ``bound`` entry pickles through its backend's fence (asked once per pickling),
-    carries the token, and loads as an object whose ``.array`` is one native array the
-    worker keeps (made once) and whose ``close`` drops it."""
+    """The ``bound`` entry on the host pickles through its backend's fence (asked once per
+    pickling), carries the token, and loads as an object whose ``.array`` is one native
+    array the worker keeps (made once) and whose ``close`` drops it."""
     import pickle
 
     from sharedarrays.bench import worker
@@ -286,6 +286,38 @@ def test_the_least_handoff_takes_the_fence_and_loads_as_a_kept_native_array() ->
     assert first.array is second.array and first.array.shape == (1 << 18,)
     assert worker.task_sharedarrays(first, False) == float(1 << 18)
     assert first.array is None  # (closed by the task)
+
+
+@pytest.mark.gpu
+def test_the_least_handoff_on_cuda_queries_the_stream_and_leaves_a_busy_one_to_the_fence() -> None:
+    """On CUDA the ``bound`` entry makes the idle fence's two driver calls itself: an idle
+    stream carries no token and records nothing; a busy stream goes to the backend's fence,
+    which records an event (a token), and is counted."""
+    import pickle
+
+    import cupy
+
+    import sharedarrays as sa
+    from sharedarrays.backends.cuda import sync
+    from sharedarrays.bench import worker
+    from cuda_helpers import Spin
+
+    a = sa.zeros(256, "float32", device="cuda:0")
+    try:
+        least = worker.LeastHandoff(b"x" * 64, a._view_tuple(), a.allocation.backend, 0)
+        cupy.cuda.Device(0).synchronize()
+        before = sync._records
+        blob = pickle.dumps(least)
+        assert least.busy == 0 and sync._records == before
+        assert pickle.loads(blob).array is not None
+        scratch = cupy.zeros(1024, dtype=cupy.float32)
+        Spin()(scratch, 1.0, seconds=1.0)  # the stream is busy from here on
+        busy = pickle.loads(pickle.dumps(least.__reduce__()[1]))
+        assert least.busy == 1 and sync._records == before + 1
+        assert isinstance(busy[2], bytes)  # the record's token
+        cupy.cuda.Device(0).synchronize()
+    finally:
+        a.close()
 
 
 def test_a_cold_goal_its_fixed_steps_exceed_alone_is_bound() -> None:
