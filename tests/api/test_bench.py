@@ -296,11 +296,11 @@ def test_the_least_handoff_on_cuda_queries_the_stream_and_leaves_a_busy_one_to_t
     import pickle
 
     import cupy
+    from cuda_helpers import Spin
 
     import sharedarrays as sa
     from sharedarrays.backends.cuda import sync
     from sharedarrays.bench import worker
-    from cuda_helpers import Spin
 
     a = sa.zeros(256, "float32", device="cuda:0")
     try:
