@@ -5,7 +5,9 @@
 One spawn worker that has started the device. Each round hands the worker, in the bench's
 balanced order (``sharedarrays.bench.rounds.round_order``),
 one warm sharedarrays array (``task_sharedarrays``'s work: ``.array``, then ``close``), the same
-number of plain bytes (the bench's ``control``) and nothing (the floor). Every task's
+number of plain bytes (the bench's ``control``), nothing (the floor), a :class:`Hook` (the
+least any object that runs Python when pickled and loaded costs) and a :class:`FencedHook`
+(``hook+fence``: a hook that also takes the library's ordering fence). Every task's
 arguments are ``(Stamp(), payload, Stamp())``: a :class:`Stamp` writes the time it is
 pickled and reads the time it is unpickled (``time.monotonic``, one clock for every process
 of the machine), so the worker's result splits the round trip into
