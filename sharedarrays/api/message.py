@@ -217,6 +217,12 @@ def import_part(blob: bytes, token: object = None, fds: object = None) -> Receiv
         if part is not None:
             alloc = part.allocation
             if alloc is not None and importing.load_again(alloc, part.payload, token):
+                # a new message: its first view leases through the allocation, under its lock
+                # (which hands out the lease a parked allocation keeps). The last message's
+                # lease, through the weak reference, could be one whose end is running in
+                # another thread (its __del__ sees the reference still set): taken, it would
+                # live on uncounted, and the allocation could be released under the view.
+                part._lease = None
                 return part
             _received.pop(blob, None)
     elif fds is not None and type(fds) is not tuple:
