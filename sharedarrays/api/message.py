@@ -11,9 +11,10 @@ maps the allocation, counts the payload loaded and waits for the token once per 
 and message, and each further view costs a check of its tuple (:meth:`ReceivedPart.view`).
 
 A warm handoff (a later message with the same payload, whose allocation this process still
-maps) takes the part of the last one again (:data:`_received`): the allocation found, the
-layout checked and the lease that open views share; only the load is counted and the
-token waited for (:func:`sharedarrays.importing.load_again`).
+maps) takes the part of the last one again (:data:`_received`): the allocation found and the
+layout checked; only the load is counted and the token waited for
+(:func:`sharedarrays.importing.load_again`), and its first view leases through the
+allocation (a parked import hands out the lease it keeps: no lease is made or ended).
 
 Counting in flight follows the same unit: a part counts one payload in flight when a pickler
 writes it (:meth:`MessagePart.__reduce__`, once per message that carries the allocation),
@@ -193,9 +194,8 @@ def message_part(alloc: Allocation, carry_fds: bool) -> MessagePart:
 _received: dict[bytes, ReceivedPart] = {}
 """Parts whose allocation was found here, by their payload bytes (up to
 :data:`_RECEIVED_LIMIT`): a later message with the same payload (a warm handoff) takes the
-part again, its allocation found, its views' layout checked and the lease its open views
-share, and only counts the load and waits for its token
-(:func:`sharedarrays.importing.load_again`)."""
+part again, its allocation found and its views' layout checked, and only counts the load
+and waits for its token (:func:`sharedarrays.importing.load_again`)."""
 _RECEIVED_LIMIT = 1024
 
 
