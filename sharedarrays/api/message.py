@@ -217,12 +217,7 @@ def import_part(blob: bytes, token: object = None, fds: object = None) -> Receiv
         if part is not None:
             alloc = part.allocation
             if alloc is not None and importing.load_again(alloc, part.payload, token):
-                # a new message: its first view leases through the allocation, under its lock
-                # (which hands out the lease a parked allocation keeps). The last message's
-                # lease, through the weak reference, could be one whose end is running in
-                # another thread (its __del__ sees the reference still set): taken, it would
-                # live on uncounted, and the allocation could be released under the view.
-                part._lease = None
+                part._stale = True  # (a new message: see ReceivedPart.lease)
                 return part
             _received.pop(blob, None)
     elif fds is not None and type(fds) is not tuple:
@@ -260,6 +255,7 @@ class ReceivedPart:
         "_lease",
         "_layout",
         "_growable",
+        "_stale",
     )
 
     def __init__(
@@ -280,6 +276,7 @@ class ReceivedPart:
         self._lease: weakref.ref[Lease] | None = None
         self.readonly = payload.readonly  # every view of it is read-only here
         self._growable = False  # (its allocation's, once bound)
+        self._stale = False  # (the lease referred to is an earlier message's: see lease)
         # (shape, strides, dtype string) of the last view checked, its dtype and extent
         self._layout: tuple[Any, ...] | None = None
 
@@ -301,6 +298,14 @@ class ReceivedPart:
         holds it weakly; ``None`` for a growable allocation, whose views each keep their
         own ``end`` for shrinking).
 
+        A later message's part (a warm handoff) takes the last message's lease only where it
+        is the one a parked allocation keeps (:meth:`Allocation.lease` hands it out), else
+        leases through the allocation, under its lock: through the weak reference alone it
+        could take a lease whose end is running in another thread (a ``__del__`` still finds
+        itself through a weak reference), which would live on uncounted, and the allocation
+        could be released under the view. The kept lease cannot be such a one: the
+        allocation lets it go before it ends.
+
         Raises
         ------
         ClosedArrayError
@@ -311,6 +316,10 @@ class ReceivedPart:
             alloc = self.find(readonly)
         ref = self._lease
         lease = None if ref is None else ref()
+        if self._stale:
+            self._stale = False
+            if lease is not None and lease is not alloc._kept_lease:
+                lease = None
         if lease is None and not self._growable:
             lease = alloc.lease()
             self._lease = weakref.ref(lease)
