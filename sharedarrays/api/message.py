@@ -13,8 +13,9 @@ and message, and each further view costs a check of its tuple (:meth:`ReceivedPa
 A warm handoff (a later message with the same payload, whose allocation this process still
 maps) takes the part of the last one again (:data:`_received`): the allocation found and the
 layout checked; only the load is counted and the token waited for
-(:func:`sharedarrays.importing.load_again`), and its first view leases through the
-allocation (a parked import hands out the lease it keeps: no lease is made or ended).
+(:func:`sharedarrays.importing.load_again`), and its first view takes the lease a parked
+import keeps (through the part's weak reference, or :meth:`Allocation.lease`): no lease is
+made or ended (:meth:`ReceivedPart.lease`).
 
 Counting in flight follows the same unit: a part counts one payload in flight when a pickler
 writes it (:meth:`MessagePart.__reduce__`, once per message that carries the allocation),
