@@ -44,7 +44,7 @@ from sharedarrays.errors import (
     PermissionDenied,
     WrongNode,
 )
-from sharedarrays.memory.allocation import Allocation, lookup, revive
+from sharedarrays.memory.allocation import Allocation, lookup, revive, use_clock
 from sharedarrays.node import NODE_VARIABLE, this_node
 from sharedarrays.protocol.payload import Payload
 from sharedarrays.transport import client, keeper, notices
@@ -219,6 +219,7 @@ def load_again(alloc: Allocation, p: Payload, sync: bytes | None) -> bool:
         return False
     if sync is not None:
         _check_token(sync)
+    alloc.last_used = use_clock()  # (its views may share a lease kept alive: no lease() call)
     _count_load(alloc, p, pid)
     if sync is not None:
         alloc.backend.import_sync(sync)

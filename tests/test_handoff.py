@@ -154,6 +154,20 @@ def test_parking_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_warm_handoff_takes_the_lease_the_parked_import_keeps(device: str) -> None:
+    """The first handoff parks the import with a lease of its own; every later one hands the
+    view that lease (no lease made or ended) and leaves the import parked again after the
+    view's close, with no lease counted for it."""
+    a = sa.from_array(np.arange(8.0), device=device, pack=False)
+    with mp.get_context("spawn").Pool(1) as p:
+        first = p.apply(workers.takes_the_kept_lease, (a,))
+        later = [p.apply(workers.takes_the_kept_lease, (a,)) for _ in range(3)]
+    kept = first[1]
+    assert kept != 0 and first[0] != kept and first[2:] == (True, 0)
+    assert later == [(kept, kept, True, 0)] * 3
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_a_parked_import_keeps_its_native_base_for_the_next_handoff(device: str) -> None:
     """A warm handoff makes no native memory object: the importer keeps the allocation's
     native base while it is parked (no view lease left), and the next `.array` uses it."""

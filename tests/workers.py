@@ -222,6 +222,17 @@ def reuses_native_base(a: Any) -> tuple[bool, bool, int]:
     return same, alloc.parked, alloc.view_leases
 
 
+def takes_the_kept_lease(a: Any) -> tuple[int, int, bool, int]:
+    """Close a handed-off view: the id of the lease it held, the id of the lease its
+    allocation keeps after the close (0: none), whether the allocation is parked then, and
+    its leases then. (Ids only: a reference held here would hold the kept lease too.)"""
+    held = id(a._lease)
+    alloc = a.allocation
+    a.close()
+    kept = id(alloc.kept_lease) if alloc.kept_lease is not None else 0
+    return held, kept, alloc.parked, alloc.leases
+
+
 def evicted_while_a_native_lives(a: Any) -> dict[str, Any]:
     """Close a handed-off view while its native array lives on, release the parked
     allocation (as an eviction does), read through the native, then drop it."""

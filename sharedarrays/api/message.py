@@ -11,9 +11,11 @@ maps the allocation, counts the payload loaded and waits for the token once per 
 and message, and each further view costs a check of its tuple (:meth:`ReceivedPart.view`).
 
 A warm handoff (a later message with the same payload, whose allocation this process still
-maps) takes the part of the last one again (:data:`_received`): the allocation found, the
-layout checked and the lease that open views share; only the load is counted and the
-token waited for (:func:`sharedarrays.importing.load_again`).
+maps) takes the part of the last one again (:data:`_received`): the allocation found and the
+layout checked; only the load is counted and the token waited for
+(:func:`sharedarrays.importing.load_again`), and its first view takes the lease a parked
+import keeps (through the part's weak reference, or :meth:`Allocation.lease`): no lease is
+made or ended (:meth:`ReceivedPart.lease`).
 
 Counting in flight follows the same unit: a part counts one payload in flight when a pickler
 writes it (:meth:`MessagePart.__reduce__`, once per message that carries the allocation),
@@ -193,9 +195,8 @@ def message_part(alloc: Allocation, carry_fds: bool) -> MessagePart:
 _received: dict[bytes, ReceivedPart] = {}
 """Parts whose allocation was found here, by their payload bytes (up to
 :data:`_RECEIVED_LIMIT`): a later message with the same payload (a warm handoff) takes the
-part again, its allocation found, its views' layout checked and the lease its open views
-share, and only counts the load and waits for its token
-(:func:`sharedarrays.importing.load_again`)."""
+part again, its allocation found and its views' layout checked, and only counts the load
+and waits for its token (:func:`sharedarrays.importing.load_again`)."""
 _RECEIVED_LIMIT = 1024
 
 
@@ -217,6 +218,7 @@ def import_part(blob: bytes, token: object = None, fds: object = None) -> Receiv
         if part is not None:
             alloc = part.allocation
             if alloc is not None and importing.load_again(alloc, part.payload, token):
+                part._stale = True  # (a new message: see ReceivedPart.lease)
                 return part
             _received.pop(blob, None)
     elif fds is not None and type(fds) is not tuple:
@@ -254,6 +256,7 @@ class ReceivedPart:
         "_lease",
         "_layout",
         "_growable",
+        "_stale",
     )
 
     def __init__(
@@ -274,6 +277,7 @@ class ReceivedPart:
         self._lease: weakref.ref[Lease] | None = None
         self.readonly = payload.readonly  # every view of it is read-only here
         self._growable = False  # (its allocation's, once bound)
+        self._stale = False  # (the lease referred to is an earlier message's: see lease)
         # (shape, strides, dtype string) of the last view checked, its dtype and extent
         self._layout: tuple[Any, ...] | None = None
 
@@ -295,6 +299,14 @@ class ReceivedPart:
         holds it weakly; ``None`` for a growable allocation, whose views each keep their
         own ``end`` for shrinking).
 
+        A later message's part (a warm handoff) takes the last message's lease only where it
+        is the one a parked allocation keeps (:meth:`Allocation.lease` hands it out), else
+        leases through the allocation, under its lock: through the weak reference alone it
+        could take a lease whose end is running in another thread (a ``__del__`` still finds
+        itself through a weak reference), which would live on uncounted, and the allocation
+        could be released under the view. The kept lease cannot be such a one: the
+        allocation lets it go before it ends.
+
         Raises
         ------
         ClosedArrayError
@@ -305,6 +317,10 @@ class ReceivedPart:
             alloc = self.find(readonly)
         ref = self._lease
         lease = None if ref is None else ref()
+        if self._stale:
+            self._stale = False
+            if lease is not None and lease is not alloc.kept_lease:
+                lease = None
         if lease is None and not self._growable:
             lease = alloc.lease()
             self._lease = weakref.ref(lease)

@@ -34,6 +34,7 @@ from sharedarrays.memory.allocation import (
     parked_allocations,
     reap_draining,
     revive,
+    use_clock,
     wait_draining,
 )
 from sharedarrays.memory.growth import DEFAULT_CHUNK_BYTES, MAX_CHUNKS, chunk_sizes, growth_sizes
@@ -51,6 +52,7 @@ __all__ = [
     "live_allocations",
     "lookup",
     "parked_allocations",
+    "use_clock",
     "reap_draining",
     "revive",
     "wait_draining",

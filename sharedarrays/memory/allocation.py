@@ -55,6 +55,7 @@ __all__ = [
     "Lease",
     "live_allocations",
     "parked_allocations",
+    "use_clock",
     "drop_parked",
     "draining_allocations",
     "reap_draining",
@@ -74,9 +75,13 @@ def keep_imports() -> int:
 
     A worker that receives the same array again then finds it mapped (a *warm* handoff: no
     connection, no import, no map). Set by ``SHAREDARRAYS_KEEP_IMPORTS`` (default 64; 0 turns
-    parking off), read at most once a second (every warm handoff parks: a change takes
-    effect within a second). A parked mapping is dropped as soon as its exporter releases
-    the allocation or exits, and the oldest is dropped when the limit is reached.
+    parking off), read at most once a second, when an import parks: its last view goes for
+    the first time, or after the lease it kept was let go. (A parked import keeps a lease,
+    which its next view takes and gives back: a warm handoff parks nothing and reads no
+    limit, so a lowered limit takes effect at the next park.) A parked mapping is dropped as
+    soon as its exporter releases the allocation (a notice) or exits (seen when it parks,
+    or by the handle server's housekeeping), and the least recently used are dropped when
+    a park goes over the limit.
     """
     global _keep_imports
     now = time.monotonic()
@@ -89,6 +94,31 @@ _ALONE = (lambda slot: sys.getrefcount(slot[1]))((None, object()))
 """What ``sys.getrefcount(slot[1])`` counts for an object that the tuple ``slot`` alone
 holds (measured, not assumed: how an interpreter counts the references of a call's arguments
 varies); :meth:`Allocation.native_view` compares its kept native array's count with it."""
+
+
+class _Holder:
+    __slots__ = ("kept",)
+    kept: object
+
+
+def _count_kept(holder: Any) -> int:
+    kept = holder.kept  # (as Allocation._kept_idle reads it: one local, one argument)
+    return sys.getrefcount(kept)
+
+
+def _kept_alone() -> int:
+    holder = _Holder()
+    holder.kept = object()
+    return _count_kept(holder)
+
+
+_KEPT_ALONE = _kept_alone()
+"""What :meth:`Allocation._kept_idle` counts for a kept lease that the allocation alone holds
+(measured, as :data:`_ALONE` is)."""
+
+
+def _last_used(alloc: Allocation) -> int:
+    return alloc.last_used
 
 
 def lookup(alloc_id: str, draining: bool = False) -> Allocation | None:
@@ -109,7 +139,7 @@ def revive(alloc_id: str) -> Allocation | None:
         alloc: Allocation | None = state.draining.pop(alloc_id, None)
         if alloc is not None:
             with alloc._lock:
-                alloc._released = False
+                alloc.released = False
             state.registry[alloc_id] = alloc
     return alloc
 
@@ -121,10 +151,15 @@ def live_allocations() -> list[Allocation]:
     return sorted(allocs, key=lambda a: a.origin.time)
 
 
+use_clock = time.monotonic_ns
+"""The clock of :attr:`Allocation.last_used` (a C call: no Python frame)."""
+
+
 def parked_allocations() -> list[Allocation]:
     """Imported allocations kept mapped with no live view, least recently used first."""
     with state.lock:
-        return [a for a in state.parked.values() if a.parked]
+        parked = [a for a in state.parked.values() if a.parked]
+    return sorted(parked, key=_last_used)
 
 
 def drop_parked(only_orphans: bool = False) -> int:
@@ -314,9 +349,17 @@ class Allocation(Growth):
         self.flight = InFlight()
         self._lock = threading.Lock()
         self._leases = 0
-        self._released = False
+        self.released = False
+        """Whether this process has already released the allocation. Read-only."""
         self._release_when_idle = False  # a release asked for waits for a native base's end
         self._orphaned = False
+        self.kept_lease: Lease | None = None
+        """(An importer) the lease a parked allocation keeps for its next views, which
+        :meth:`lease` hands out: ``None`` until it first parks, and after it was let go
+        (released, orphaned, evicted while in use). Read-only."""
+        self.last_used = use_clock()
+        """When this process last leased or loaded the allocation (:data:`use_clock`): the
+        parked allocations' order, least recently used first."""
         self.pid = os.getpid()  # a forked child inherits the object but is not this process
         self.allow_pids: frozenset[int] | None = None
         """Processes allowed to import it (besides this one); ``None``: any of this user."""
@@ -561,9 +604,15 @@ class Allocation(Growth):
         """
         if end is None:
             end = self.size
+        self.last_used = use_clock()
         with self._lock:
-            if self._released:
+            if self.released:
                 raise ClosedArrayError(f"allocation {self.id} was released in this process")
+            if not pin and end == self.size and self._kept_idle():
+                # parked: the lease it keeps, which no view holds, is the view's now (and is
+                # parked again when the view lets it go: no lease made or ended, no list)
+                self._release_when_idle = False
+                return self.kept_lease  # type: ignore[return-value]
             self._leases += 1
             if self._growable:  # (ends bound shrinking: see reach)
                 self._ends[end] = self._ends.get(end, 0) + 1
@@ -666,38 +715,84 @@ class Allocation(Growth):
                 else:
                     self._ends.pop(end, None)
             self._leases -= 1
-            if self._view_leases() or self._released:  # (idle: none but the native base's)
+            if self._view_leases() or self.released:  # (idle: none but the native base's)
                 return
             park = not self._release_when_idle
             park = park and not self.origin.created_here and not self._orphaned
         # a mapping whose source process has exited will not be handed to us again: drop it
         # (a Pool worker's source is its parent, alive while getppid still names it: one
-        # cheap call instead of kill(pid, 0) at every warm handoff)
+        # cheap call instead of kill(pid, 0) at every park)
         pid = self.origin.pid
         limit = keep_imports() if park and (pid == os.getppid() or running(pid)) else 0
         if limit == 0:
             self.release()  # (or lets the native base go, which comes back here when it ends)
             return
+        dropped: list[Allocation] = []
         with state.lock:
             parked = state.parked
-            if len(parked) <= limit and next(reversed(parked), None) == self.id:
-                # already the most recently parked (a warm handoff leased it again, and it
-                # stayed listed), within the limit: nothing to reorder or evict
-                return
-            parked[self.id] = self
-            parked.move_to_end(self.id)
+            parked[self.id] = self  # (where it was, if listed: the order is last_used's)
             over = len(parked) - limit
-            evict: list[Allocation] = list(parked.values())[:over] if over > 0 else []
+            evict: list[Allocation] = []
+            if over > 0:
+                oldest = sorted((a for a in parked.values() if a is not self), key=_last_used)
+                evict = oldest[:over]
             for a in evict:
                 if not a.parked:  # leased again since it was listed: not parked
                     del parked[a.id]
+                    dropped.append(a)
+        self._keep_lease()
+        for a in dropped:  # (its kept lease, if a view holds it, parks it again at its end)
+            a._let_kept_go()
         for a in evict:
             a.release()  # (does nothing to one leased again)
+
+    def _keep_lease(self) -> None:
+        """Parked: keep a lease for the next view (:meth:`lease` hands it out), so that a
+        warm handoff makes and ends no lease; the allocation holds it, and is parked again
+        whenever no view holds it. Not for a growable allocation (its views' ends count).
+
+        The lease is counted under the lock and made outside it: making an object may start
+        a collection, and a lease of this allocation that it ends would take the lock in
+        this thread. Where a release, an orphaning or another keep came in between, the
+        lease is not kept: it ends at once, as any lease does (its end releases or parks
+        the allocation)."""
+        with self._lock:
+            if (
+                self.kept_lease is not None
+                or self._growable
+                or self.released
+                or self._release_when_idle
+                or self._orphaned
+                or self._view_leases()
+            ):
+                return
+            self._leases += 1
+        kept: Lease | None = Lease(self, self.size)
+        with self._lock:
+            if self.kept_lease is None and not (
+                self.released or self._release_when_idle or self._orphaned
+            ):
+                self.kept_lease, kept = kept, None
+        del kept  # (outside the lock: a lease not kept ends here)
+
+    def _let_kept_go(self) -> None:
+        """Stop keeping a lease: one that no view holds ends now (and its end releases or
+        parks the allocation, as any lease's does); one a view holds ends with the view."""
+        with self._lock:
+            kept, self.kept_lease = self.kept_lease, None
+        del kept  # (outside the lock: its end takes it)
+
+    def _kept_idle(self) -> int:
+        # 1 where the allocation keeps a lease that no view holds (only this attribute
+        # refers to it), else 0; the caller holds no reference to it
+        kept = self.kept_lease
+        return 0 if kept is None else int(sys.getrefcount(kept) <= _KEPT_ALONE)
 
     def orphan(self) -> None:
         """The source released this allocation: release it here too once nothing uses it."""
         with self._lock:
             self._orphaned = True
+        self._let_kept_go()  # (held by a view: the view's end releases it)
         self.release()  # does nothing while a view uses it: its last lease releases it then
 
     def release(self) -> bool:
@@ -722,27 +817,29 @@ class Allocation(Growth):
             Whether this call released it.
         """
         with self._lock:
-            if self._released:
+            if self.released:
                 return False
-            base = self._native_base
-            if base is not None and not self._view_leases():  # idle, but for the kept base
-                # let it go (with the last native array kept for reuse): its lease ends now
-                # where no native array of it is left (and comes back to release through
-                # _unlease), else with the last one
+            idle = not self._view_leases()
+            kept, base = self.kept_lease, self._native_base
+            if idle and (kept is not None or base is not None):  # idle, but for what it keeps
+                # let them go (the kept lease, the native base with the last native array
+                # kept for reuse): their leases end now, the base's where no native array of
+                # it is left (else with the last one), and come back to release through
+                # _unlease
+                self.kept_lease = None
                 self._native_base = None
                 last, self._last_native = self._last_native, None
                 self._release_when_idle = True
             elif self._leases:
                 return False
             else:
-                base = None
-                self._released = True
-        if base is not None:
-            del base, last
-            if not self._released:  # native arrays of it live on: not parked, kept by them
+                self.released = True
+        if kept is not None or base is not None:
+            del kept, base, last
+            if not self.released:  # native arrays of it live on: not parked, kept by them
                 with state.lock:
                     state.parked.pop(self.id, None)
-            return self._released
+            return self.released
         if not self.backend.exporter_owned:
             # still registered: a load asks this process until the keeper has the handles
             self.hand_over()
@@ -795,6 +892,7 @@ class Allocation(Growth):
         parent, with no record of what the parent served or sent."""
         self._lock = threading.Lock()
         self.growth_lock = threading.RLock()
+        self.kept_lease = None  # (a view came with it: its end parks it here)
         if self.origin.created_here:  # (made by the process that forked this one)
             self.origin = Origin(False, self.pid, self.origin.time)
         self.pid = os.getpid()
@@ -857,21 +955,16 @@ class Allocation(Growth):
         return self.backend.device
 
     @property
-    def released(self) -> bool:
-        """Whether this process has already released the allocation."""
-        return self._released
-
-    @property
     def parked(self) -> bool:
         """Whether this importer keeps the allocation mapped with no live view (listed in
         :data:`state.parked` and idle: one leased again stays listed until idle again)."""
-        return not self._released and not self._view_leases() and self.id in state.parked
+        return not self.released and not self._view_leases() and self.id in state.parked
 
     @property
     def leases(self) -> int:
         """How many leases hold the allocation here: the views' (one per view, or one for
         the views of one message) and the native base's (:meth:`native_base`), if any."""
-        return self._leases
+        return self._leases - self._kept_idle()
 
     @property
     def view_leases(self) -> int:
@@ -883,7 +976,8 @@ class Allocation(Growth):
     def _view_leases(self) -> int:
         # (:attr:`view_leases`, the caller holding the lock: the one rule of idleness that
         # lease, _unlease and release read)
-        return self._leases - (self._native_base is not None)
+        # (and the parked allocation's kept lease, while no view holds it)
+        return self._leases - (self._native_base is not None) - self._kept_idle()
 
     @property
     def chunks(self) -> tuple[ChunkInfo, ...]:

@@ -257,7 +257,8 @@ def test_a_message_that_fails_to_load_holds_no_lease_in_its_traceback() -> None:
 
 def test_a_warm_load_takes_the_part_of_the_last_message_with_its_payload() -> None:
     """A second message with the same payload takes the part the first one found (its
-    allocation, checked layout and shared lease) and still counts its own load."""
+    allocation and checked layout) and still counts its own load; its first view leases
+    through the allocation (never the last message's lease: see the test below)."""
     a = sa.from_array(np.arange(16.0), device="cpu", pack=False)
     alloc = a.allocation
     held = alloc.leases
@@ -271,7 +272,7 @@ def test_a_warm_load_takes_the_part_of_the_last_message_with_its_payload() -> No
     assert import_part(part.blob) is received
     two = pickle.loads(second)
     assert alloc.in_flight()[0] == 0  # each message's load counted
-    assert two._lease is one._lease and alloc.leases == held + 1  # open views share it
+    assert two._lease is not one._lease and alloc.leases == held + 2
     assert two.get().tolist() == list(range(2, 16))
     one.close()
     two.close()
@@ -459,3 +460,47 @@ def test_a_part_refused_as_another_nodes_keeps_its_token(monkeypatch: pytest.Mon
     assert received.token == b"ordering-token"
     again = pickle.loads(pickle.dumps(received))
     assert again.token == b"ordering-token" and again.blob == blob
+
+
+def test_a_new_message_never_takes_a_lease_whose_end_is_running(monkeypatch: Any) -> None:
+    """A parked import keeps a lease that each new message's first view takes, through the
+    allocation (under its lock), never through the weak reference the part keeps to the
+    last message's lease: while a lease's end runs (its ``__del__``, here in another thread's
+    stead: the import's source released it), that reference still gives the lease back, and
+    a view taking it would hold a lease nobody counts, on an allocation released under it."""
+    from sharedarrays.backends import get_backend
+    from sharedarrays.backends.device import CPU
+    from sharedarrays.memory import Allocation
+
+    source = sa.from_array(np.arange(512.0), device="cpu", pack=False)
+    fd = os.dup(source.allocation.chunks[0].fd)
+    alloc = Allocation.import_(
+        get_backend(CPU), "d" * 32, b"q" * 32, source.allocation.chunk_sizes(), [fd], os.getppid()
+    )  # (an import of the same memory, as a Pool worker's from its parent)
+    blob = message_module.allocation_payload(alloc).to_bytes()
+    part = message_module.ReceivedPart(Payload.from_bytes(blob), None, None, blob)
+    part.bind(alloc)
+    message_module._received[blob] = part  # (as its first load leaves it)
+    view = source._view_tuple()
+    try:
+        _rebuild_view(import_part(blob), view).close()  # parked: it keeps a lease
+        _rebuild_view(import_part(blob), view).close()  # (a warm handoff: that lease)
+        assert alloc.parked and alloc.kept_lease is not None
+        made: list[sa.SharedDeviceArray] = []
+        real = Allocation._unlease
+
+        def unlease(self: Allocation, end: int) -> None:
+            if not made:  # the kept lease is ending: a new message arrives just now
+                made.append(_rebuild_view(import_part(blob), view))
+            real(self, end)
+
+        monkeypatch.setattr(Allocation, "_unlease", unlease)
+        alloc.orphan()  # the source released it: the kept lease is let go, and ends
+        monkeypatch.setattr(Allocation, "_unlease", real)
+        assert len(made) == 1 and not alloc.released and alloc.view_leases == 1
+        assert made[0].get()[5] == 5.0
+        made[0].close()  # the last view of an orphaned import: released
+        assert alloc.released
+    finally:
+        message_module._received.pop(blob, None)
+        alloc.release()

@@ -145,17 +145,21 @@ def test_a_parked_import_leased_again_is_not_parked_until_idle(monkeypatch: Any)
     assert first.released and second.released
 
 
-def test_the_most_recently_parked_import_parks_again_within_the_limit(monkeypatch: Any) -> None:
-    """A warm handoff leases the most recently parked import and parks it again, which
-    skips the list (already last); a limit lowered since still evicts the oldest then. An
-    import whose source is this process's parent parks (``getppid`` says it runs); one whose
-    source has exited is released at once."""
+def test_a_parked_import_keeps_a_lease_for_its_next_view_and_the_limit_evicts_by_last_use(
+    monkeypatch: Any,
+) -> None:
+    """Parked, an import keeps a lease that its next view takes: a warm handoff makes and
+    ends no lease and leaves the list alone, and the import is parked again when the view
+    goes. The parked list is in order of last use, and a park over the limit (lowered since)
+    evicts the least recently used. An import whose source is this process's parent parks
+    (``getppid`` says it runs); one whose source has exited is released at once."""
     from sharedarrays.memory import allocation as allocation_module
 
     monkeypatch.setattr(allocation_module, "_keep_imports", (float("inf"), 2))
     source = sa.from_array(np.arange(512.0), device="cpu", pack=False)
     first = _import_of(source, "8" * 32, os.getppid())
     second = _import_of(source, "9" * 32, os.getppid())
+    third = _import_of(source, "4" * 32, os.getppid())
     gone = _import_of(source, "5" * 32, in_forked_child(os.getpid))  # (exited by now)
 
     def handoff(alloc: Allocation) -> None:
@@ -164,16 +168,97 @@ def test_the_most_recently_parked_import_parks_again_within_the_limit(monkeypatc
     try:
         handoff(first)
         handoff(second)
-        handoff(second)  # (the most recent, again)
         assert [a.id for a in parked_allocations()] == [first.id, second.id]
-        handoff(first)  # (not the most recent: moved to the end)
+        # (a reference held here, pytest's asserts' too, would be a holder: only ids and
+        # counts are kept)
+        kept, leases, view_leases = id(first.kept_lease), first.leases, first.view_leases
+        assert kept != id(None) and (leases, view_leases) == (0, 0)
+        view = sa.SharedDeviceArray(first, source.dtype, source.shape, source.strides, 0)
+        assert id(view._lease) == kept and first.leases == 1 and not first.parked
+        assert [a.id for a in parked_allocations()] == [second.id]  # (in use: not parked)
+        view.close()  # parked again, no lease ended; now the most recently used
+        again, leases = id(first.kept_lease), first.leases
+        assert again == kept and leases == 0 and first.parked
         assert [a.id for a in parked_allocations()] == [second.id, first.id]
         monkeypatch.setattr(allocation_module, "_keep_imports", (float("inf"), 1))
-        handoff(first)  # the most recent, but the list is over the lowered limit
-        assert [a.id for a in parked_allocations()] == [first.id]
-        assert second.released and not first.released
+        handoff(first)  # (a warm handoff does not evict: the next park does)
+        assert not second.released
+        handoff(third)  # over the lowered limit: the least recently used two go
+        assert [a.id for a in parked_allocations()] == [third.id]
+        assert second.released and first.released and not third.released
         handoff(gone)
         assert gone.released and gone.id not in state.parked
     finally:
         drop_parked()
-    assert first.released
+    assert third.released
+
+
+def test_an_import_orphaned_or_released_while_parked_lets_its_kept_lease_go() -> None:
+    """The source's release notice (``orphan``) releases a parked import at once, and one
+    whose kept lease a view holds when that view goes; a release of a parked import lets
+    the kept lease go with it."""
+    source = sa.from_array(np.arange(512.0), device="cpu", pack=False)
+    parked = _import_of(source, "a" * 32, os.getppid())
+    held = _import_of(source, "b" * 32, os.getppid())
+    dropped = _import_of(source, "c" * 32, os.getppid())
+
+    def view(alloc: Allocation) -> sa.SharedDeviceArray:
+        return sa.SharedDeviceArray(alloc, source.dtype, source.shape, source.strides, 0)
+
+    try:
+        for alloc in (parked, held, dropped):
+            view(alloc).close()
+            kept = alloc.kept_lease is not None
+            assert alloc.parked and kept
+        parked.orphan()
+        assert parked.released and parked.kept_lease is None
+        in_use = view(held)  # (the kept lease)
+        held.orphan()
+        assert not held.released and held.kept_lease is None
+        assert in_use.get()[3] == 3.0
+        in_use.close()
+        assert held.released
+        assert dropped.release() and dropped.released and dropped.kept_lease is None
+    finally:
+        drop_parked()
+
+
+def test_a_lease_to_keep_is_made_outside_the_lock_and_not_kept_if_orphaned_meanwhile(
+    monkeypatch: Any,
+) -> None:
+    """Parking counts the lease it keeps under the allocation's lock and makes it outside
+    (making an object may start a collection, whose end of another lease would take the
+    lock): the lock is free while the lease is made. Where the source's release notice
+    comes in between, the lease is not kept: it ends at once and the import is released."""
+    from sharedarrays.memory import allocation as allocation_module
+
+    source = sa.from_array(np.arange(512.0), device="cpu", pack=False)
+    alloc = _import_of(source, "e" * 32, os.getppid())
+    made: list[bool] = []
+    real = allocation_module.Lease
+
+    class Watched(real):  # type: ignore[misc, valid-type]
+        __slots__ = ()
+
+        def __init__(self, allocation: Allocation, end: int, reservation: Any = None) -> None:
+            if allocation is alloc and end == alloc.size and reservation is None and made:
+                # the lease to keep, after the view's: the lock is free; the notice comes now
+                free = allocation._lock.acquire(blocking=False)
+                if free:
+                    allocation._lock.release()
+                made.append(free)
+                if free:  # (held, this thread would wait on it for ever)
+                    alloc.orphan()
+            else:
+                made.append(True)
+            super().__init__(allocation, end, reservation)
+
+    monkeypatch.setattr(allocation_module, "Lease", Watched)
+    try:
+        sa.SharedDeviceArray(alloc, source.dtype, source.shape, source.strides, 0).close()
+        assert made == [True, True]  # the view's lease, then the one to keep (lock free)
+        assert alloc.released and alloc.kept_lease is None and alloc.leases == 0
+        assert alloc.id not in state.parked
+    finally:
+        monkeypatch.setattr(allocation_module, "Lease", real)
+        alloc.release()
