@@ -28,8 +28,8 @@ from keeper_helpers import private_keeper  # noqa: F401 - fixture
 import sharedarrays as sa
 from sharedarrays.memory.allocation import drop_parked
 from sharedarrays.protocol import keeper as wire
+from sharedarrays.transport import client, keeper
 from sharedarrays.transport import handles as transport
-from sharedarrays.transport import keeper
 
 METHODS = ["spawn", "fork", "forkserver"]
 BACKENDS = [
@@ -60,6 +60,10 @@ def clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     forkserver.ensure_running()
     transport.server_address()  # (this process's handle server, started once)
     keeper.disconnect()  # (the one connection a process keeps to the keeper: counted apart)
+    # (and the connections it keeps to other processes' handle servers: a cache of at most
+    # MAX_CLIENT_CONNECTIONS, whose entries an earlier case's processes left, and which a
+    # failed send to one since gone closes: counted apart too)
+    client.close_connections()
     drop_parked()
     before, targets = open_fds(), fd_targets()
     yield
@@ -68,6 +72,7 @@ def clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         gc.collect()
         drop_parked()
         keeper.disconnect()  # (the one connection a process keeps to the keeper)
+        client.close_connections()
         after = open_fds()
         if after == before or time.monotonic() > deadline:
             break
