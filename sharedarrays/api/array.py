@@ -9,6 +9,7 @@ the allocation, this module makes the view).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import html
 import operator
 import os
@@ -682,7 +683,7 @@ class SharedDeviceArray(NativeArrayMethods):
         keeping.unpark(self.allocation)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return _reduce(self, self.allocation, carry_fds=False)
+        return _reduce(False, self)
 
     def __dask_tokenize__(self) -> tuple[Any, ...]:
         """Dask's token of this view, made without pickling it (a pickle would count a
@@ -722,14 +723,36 @@ def _intern(value: _T) -> _T:
     return _interned.setdefault(value, value)  # type: ignore[no-any-return]
 
 
-def _reduce(
-    a: SharedDeviceArray, alloc: Allocation, carry_fds: bool
-) -> tuple[Any, tuple[Any, ...]]:
-    """The one reduction of a view ``a`` of ``alloc``: :func:`_rebuild_view`, its
-    allocation's part of the message being pickled
-    (:func:`sharedarrays.api.message.message_part`: the allocation's payload, the message's
-    ordering fence and, with ``carry_fds``, the chunks' fds as multiprocessing's DupFd;
-    written once per message) and the view's own fields."""
+def _reduce(for_multiprocessing: bool, a: SharedDeviceArray) -> tuple[Any, tuple[Any, ...]]:
+    """The one reduction of a view ``a``: :func:`_rebuild_view`, its allocation's part of
+    the message being pickled (:func:`sharedarrays.api.message.message_part`: the
+    allocation's payload, the message's ordering fence and, where the chunks' fds travel
+    with it, those fds as multiprocessing's DupFd; written once per message) and the view's
+    own fields.
+
+    ``for_multiprocessing``: pickled by multiprocessing's ``ForkingPickler`` (registered
+    with it as ``partial(_reduce, True)``: one frame per view), where the arguments of a
+    Process being spawned carry the chunk fds themselves, so that the child needs no
+    connection; ``False``: any other pickler (:meth:`SharedDeviceArray.__reduce__`).
+
+    Raises
+    ------
+    ClosedArrayError
+        The view is closed.
+    """
+    lease = a._lease
+    if lease is None:
+        raise _closed()
+    alloc = lease.allocation  # (a.allocation, without its frame)
+    # (a growable array's chunks come from its handle server, which records who maps them)
+    # (and exporter-owned memory's exporter must see every importer, to outlive it)
+    carry_fds = (
+        for_multiprocessing
+        and get_spawning_popen() is not None
+        and alloc.allow_pids is None
+        and not alloc.growable
+        and alloc.backend.maps
+    )
     # (against sys.modules' keys view: isdisjoint then walks the smaller side, the hooks,
     # where a plain dict argument would be walked whole, every module, for every view)
     if reduce_hooks and not reduce_hooks.keys().isdisjoint(sys.modules.keys()):
@@ -741,25 +764,7 @@ def _reduce(
     return _rebuild_view, (message.message_part(alloc, carry_fds), packed)
 
 
-def _reduce_for_multiprocessing(a: SharedDeviceArray) -> tuple[Any, tuple[Any, ...]]:
-    """Pickle for multiprocessing: while a Process is being spawned, its arguments carry the
-    chunk fds themselves (multiprocessing's DupFd), so the child needs no connection."""
-    lease = a._lease
-    if lease is None:
-        raise _closed()
-    alloc = lease.allocation  # (a.allocation, without its frame)
-    # (a growable array's chunks come from its handle server, which records who maps them)
-    # (and exporter-owned memory's exporter must see every importer, to outlive it)
-    carry_fds = (
-        get_spawning_popen() is not None
-        and alloc.allow_pids is None
-        and not alloc.growable
-        and alloc.backend.maps
-    )
-    return _reduce(a, alloc, carry_fds)
-
-
-reduction.ForkingPickler.register(SharedDeviceArray, _reduce_for_multiprocessing)
+reduction.ForkingPickler.register(SharedDeviceArray, functools.partial(_reduce, True))
 
 
 def load(

@@ -176,7 +176,11 @@ def message_part(alloc: Allocation, carry_fds: bool) -> MessagePart:
     key = (alloc.id, id(get_spawning_popen())) if carry_fds else alloc.id
     ref = refs.get(key)
     found = None if ref is None else ref()
-    blob = allocation_bytes(alloc)
+    cached = alloc.encoded  # (allocation_bytes' cache, checked here: a frame less per view)
+    if cached is not None and cached[0] == os.getpid() and cached[1] == alloc.generation:
+        blob = cached[2]
+    else:
+        blob = allocation_bytes(alloc)
     if found is not None and found.blob is blob and found.allocation is alloc:
         return found
     fds = None
