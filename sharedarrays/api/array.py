@@ -18,7 +18,7 @@ from collections.abc import Callable
 from multiprocessing import reduction
 from multiprocessing.context import get_spawning_popen
 from types import EllipsisType
-from typing import Any, Protocol, TypeVar, overload, runtime_checkable
+from typing import Any, Protocol, TypeVar, cast, overload, runtime_checkable
 
 import numpy as np
 
@@ -810,34 +810,11 @@ def load(
             f"not a {type(data).__name__}" + hint
         )
     p = Payload.from_bytes(data)
-    _, high = view_extent(p.dtype.itemsize, p.shape, p.strides)  # (inside: p checked it)
     part = message.ReceivedPart(p, sync, fds)
-    return _view_of(part, p.dtype, p.shape, p.strides, p.offset, p.readonly, p.offset + high)
-
-
-def _view_of(
-    part: message.ReceivedPart,
-    dtype: np.dtype[Any],
-    shape: tuple[int, ...],
-    strides: tuple[int, ...],
-    offset: int,
-    readonly: bool,
-    end: int,
-) -> SharedDeviceArray:
-    """A view (fields checked against ``part``'s payload) of the allocation of ``part``, found
-    or mapped by its first view (:meth:`~sharedarrays.api.message.ReceivedPart.find`):
-    read-only if either says so, or if this process maps the allocation read-only. The
-    part's views share one lease (:meth:`~sharedarrays.api.message.ReceivedPart.lease`)."""
-    view = SharedDeviceArray.__new__(SharedDeviceArray)  # (fields checked: not __init__)
-    try:
-        alloc, lease = part.lease(readonly)
-    except ClosedArrayError:
-        # A parked mapping was dropped (a release notice, the limit) since it was found: it
-        # is gone from the registry now, so this maps it anew.
-        part.find(readonly)
-        alloc, lease = part.lease(readonly)
-    view._init(alloc, dtype, shape, strides, offset, readonly or part.readonly, end, lease)
-    return view
+    # (the payload's view as a pickle carries one, checked against the part as a pickled
+    # view is: one way to a view)
+    view = p.view_fields().to_tuple()
+    return cast("SharedDeviceArray", _rebuild_view(part, view))  # (not read by distributed)
 
 
 def synchronize(device: DeviceLike = None) -> None:
@@ -920,14 +897,27 @@ def _rebuild_view(
             raise PayloadError("a pickled view is corrupted: its allocation's part is missing")
         part = part.received_here()  # copy.copy of a view: this process's own part
     dtype, shape, strides, offset, readonly, end = part.view(view)
+    # a view (fields checked against the part's payload) of the allocation of the part,
+    # found or mapped by its first view (ReceivedPart.find): read-only if either says so, or
+    # if this process maps the allocation read-only; the part's views share one lease
+    # (ReceivedPart.lease)
+    made = SharedDeviceArray.__new__(SharedDeviceArray)  # (fields checked: not __init__)
     try:
-        return _view_of(part, dtype, shape, strides, offset, readonly, end)
+        try:
+            alloc, lease = part.lease(readonly)
+        except ClosedArrayError:
+            # A parked mapping was dropped (a release notice, the limit) since it was found:
+            # it is gone from the registry now, so this maps it anew.
+            part.find(readonly)
+            alloc, lease = part.lease(readonly)
     except WrongNode as refused:
         # raised while distributed reads a message, the refusal would break the worker's
         # connection instead of failing the task: deferred to the array's first use
         if not othernode.read_by_distributed(sys._getframe(1)):
             raise
         return othernode.OtherNodeArray(str(refused), _rebuild_view, (part, view))
+    made._init(alloc, dtype, shape, strides, offset, readonly or part.readonly, end, lease)
+    return made
 
 
 message.use_reconstructor(_rebuild_view)

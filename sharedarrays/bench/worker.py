@@ -133,25 +133,21 @@ class LeastHandoff:
             self.context = int(ctx) if int(err) == 0 and ctx is not None else None
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        token = None
-        if self.device is None:  # (the host backend's fence: None)
-            fence = self.backend.export_fence()
-            token = None if fence is None else fence.token
-        else:
+        idle = False
+        if self.device is not None:
             import cupy
             from cuda.bindings import driver
 
             err, current = driver.cuCtxGetCurrent()
-            if int(err) != 0 or current is None or int(current) != self.context:
-                fence = self.backend.export_fence()
-                token = None if fence is None else fence.token
-                self.busy += 1
-            else:
+            if int(err) == 0 and current is not None and int(current) == self.context:
                 stream = int(cupy.cuda.get_current_stream(self.device).ptr)
-                if int(driver.cuStreamQuery(stream)[0]) != 0:
-                    fence = self.backend.export_fence()
-                    token = None if fence is None else fence.token
-                    self.busy += 1
+                idle = int(driver.cuStreamQuery(stream)[0]) == 0
+            if not idle:  # (a busy stream, or another current context)
+                self.busy += 1
+        token = None
+        if not idle:  # the backend's own fence (the host backend's: None)
+            fence = self.backend.export_fence()
+            token = None if fence is None else fence.token
         return _least_loaded, (self.blob, self.view, token)
 
 
