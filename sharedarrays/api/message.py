@@ -261,6 +261,7 @@ class ReceivedPart:
         "_layout",
         "_growable",
         "_stale",
+        "_lease_thread",
     )
 
     def __init__(
@@ -282,6 +283,7 @@ class ReceivedPart:
         self.readonly = payload.readonly  # every view of it is read-only here
         self._growable = False  # (its allocation's, once bound)
         self._stale = False  # (the lease referred to is an earlier message's: see lease)
+        self._lease_thread = 0  # (the thread that took the lease referred to: see lease)
         # (shape, strides, dtype string) of the last view checked, its dtype and extent
         self._layout: tuple[Any, ...] | None = None
 
@@ -309,7 +311,10 @@ class ReceivedPart:
         could take a lease whose end is running in another thread (a ``__del__`` still finds
         itself through a weak reference), which would live on uncounted, and the allocation
         could be released under the view. The kept lease cannot be such a one: the
-        allocation lets it go before it ends.
+        allocation lets it go before it ends. For the same reason a view takes another
+        view's lease through the weak reference only in the thread that took it (two
+        threads may load messages with the same payload at once, and the part is shared):
+        in that thread the message being loaded holds its earlier views, and their lease.
 
         Raises
         ------
@@ -321,13 +326,17 @@ class ReceivedPart:
             alloc = self.find(readonly)
         ref = self._lease
         lease = None if ref is None else ref()
-        if self._stale:
-            self._stale = False
-            if lease is not None and lease is not alloc.kept_lease:
-                lease = None
+        if (
+            lease is not None
+            and lease is not alloc.kept_lease
+            and (self._stale or self._lease_thread != threading.get_ident())
+        ):
+            lease = None  # (another message's, or another thread's: it may be ending)
+        self._stale = False
         if lease is None and not self._growable:
             lease = alloc.lease()
             self._lease = weakref.ref(lease)
+            self._lease_thread = threading.get_ident()
         return alloc, lease
 
     def find(self, readonly: bool) -> Allocation:

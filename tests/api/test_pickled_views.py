@@ -279,6 +279,34 @@ def test_a_warm_load_takes_the_part_of_the_last_message_with_its_payload() -> No
     assert alloc.leases == held
 
 
+def test_a_part_shares_its_lease_only_with_views_loaded_in_the_thread_that_took_it() -> None:
+    """Views of one part share the lease its first view took, in that thread. A view of the
+    same part loaded in another thread (two threads loading messages with the same payload
+    at once share the part) leases through the allocation instead: through the weak
+    reference it could take a lease whose end is running in the first thread."""
+    import threading
+
+    a = sa.from_array(np.arange(16.0), device="cpu", pack=False)
+    alloc = a.allocation
+    held = alloc.leases
+    (sent, view) = a[2:].__reduce__()[1]
+    part = message_module.ReceivedPart(Payload.from_bytes(sent.blob), None, None, sent.blob)
+    one = _rebuild_view(part, view)
+    same_thread = _rebuild_view(part, view)
+    got: list[Any] = []
+    other = threading.Thread(target=lambda: got.append(_rebuild_view(part, view)))
+    other.start()
+    other.join(30)
+    assert not other.is_alive() and len(got) == 1
+    (elsewhere,) = got
+    assert same_thread._lease is one._lease  # (one lease for the views of one thread)
+    assert elsewhere._lease is not one._lease and alloc.leases == held + 2
+    assert elsewhere.get().tolist() == list(range(2, 16))
+    for v in (one, same_thread, elsewhere):
+        v.close()
+    assert alloc.leases == held
+
+
 def test_a_warm_part_whose_allocation_was_released_is_not_taken() -> None:
     a = sa.from_array(np.arange(16.0), device="cpu", pack=False)
     (part, view) = a[4:].__reduce__()[1]
