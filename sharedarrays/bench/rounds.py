@@ -8,7 +8,9 @@ and every method once, back to back, and the method's figure is the median over 
 (method - floor of the same round). A round's order is a row of a Williams design
 (:func:`round_order`): every method stands in every place, and follows every other method,
 equally often, so that no method always follows the same neighbour (a handoff pays for what
-the one before it left behind: the first task after a big message, a large free). Nothing
+the one before it left behind: the first task after a big message, a large free), and an
+untimed lead-in before each round (:func:`run_rounds`' ``lead_in``) gives every round's
+first entry the same neighbour before it, which the design leaves out. Nothing
 here touches a Pool: :func:`run_rounds` calls the function it is given, which the tests
 replace with a clock of their own.
 """
@@ -60,6 +62,7 @@ def run_rounds(
     warmup: int = 0,
     before_round: Callable[[int], None] | None = None,
     after_round: Callable[[int], None] | None = None,
+    lead_in: Callable[[], None] | None = None,
     max_seconds: float | None = None,
     min_rounds: int = 3,
 ) -> dict[str, list[float]]:
@@ -79,6 +82,14 @@ def run_rounds(
         Called with the round's index (warm-up rounds included) around each round, outside
         every timed call: a cold method makes its new objects before and frees them after.
         ``after_round`` runs also when the round failed (then the error propagates).
+    lead_in : callable, optional
+        Called untimed right before each round's first timed call (after
+        ``before_round``), so that every round's first entry follows it, the same thing
+        every time. Without it, the first entry of a round follows the last entry of the
+        round before, and the Williams design leaves that neighbour unbalanced: with an
+        even number of entries each one is first after the same one entry every time
+        (after one of two with an odd number), and so pays what that entry leaves behind
+        in one round of ``n`` more than the others do.
     max_seconds : float, optional
         Stop after the round during which this much wall time has passed since the first
         timed round, once ``min_rounds`` timed rounds are done.
@@ -97,6 +108,8 @@ def run_rounds(
         try:
             if before_round is not None:
                 before_round(index)
+            if lead_in is not None:
+                lead_in()
             got = {name: time_one(name) for name in round_order(names, index)}
         finally:
             if after_round is not None:

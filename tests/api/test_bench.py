@@ -412,6 +412,35 @@ def test_rounds_interleave_and_differences_cancel_the_floor_drift() -> None:
     assert over["a"]["method_median_ms"] == pytest.approx(statistics.median(samples["a"]) * 1e3)
 
 
+def test_a_lead_in_before_each_round_charges_a_methods_leftovers_to_every_entry_alike() -> None:
+    """An entry that leaves work behind (``heavy``: the next call pays 1.0) charges it, in
+    the Williams design, to each other entry once per period within the rounds; but the
+    first entry of a round follows the last of the round before, a neighbour the design
+    does not balance (with 4 entries: always the same one), so one entry pays it once more
+    per period and its median over the floor reads high. An untimed lead-in before each
+    round (which pays it instead) leaves every median at the true difference."""
+    names = ["floor", "a", "b", "heavy"]
+    base = {"floor": 1.0, "a": 1.5, "b": 1.5, "heavy": 2.0}
+    left = [0.0]
+
+    def time_one(name: str) -> float:
+        took = base[name] + left[0]
+        left[0] = 1.0 if name == "heavy" else 0.0
+        return took
+
+    def lead_in() -> None:
+        left[0] = 0.0
+
+    unbalanced = rounds.over_floor(rounds.run_rounds(names, 400, time_one))
+    left[0] = 0.0
+    balanced = rounds.over_floor(rounds.run_rounds(names, 400, time_one, lead_in=lead_in))
+    # (b is first after heavy in every round it leads: it reads high without the lead-in)
+    assert unbalanced["b"]["median_us"] > unbalanced["a"]["median_us"]
+    assert balanced["a"]["median_us"] == pytest.approx(0.5e6)
+    assert balanced["b"]["median_us"] == pytest.approx(0.5e6)
+    assert balanced["heavy"]["median_us"] == pytest.approx(1.0e6)
+
+
 def test_rounds_per_round_difference_is_against_the_same_rounds_floor() -> None:
     samples = {"floor": [1.0, 2.0, 3.0], "m": [1.5, 2.1, 3.7]}
     over = rounds.over_floor(samples)["m"]
