@@ -1,6 +1,6 @@
 """Split a bench run's warm figures by the entry that led each round.
 
-    python benchmarks/round_leaders.py RESULTS.json [...]
+    python benchmarks/round_leaders.py [--neighbours METHOD] RESULTS.json [...]
 
 Without an untimed lead-in (``run_rounds``' ``lead_in``, since 82e71b4), a round's first
 entry followed the last entry of the round before, a neighbour the Williams design does not
@@ -9,6 +9,11 @@ every time. For each warm size this prints that neighbour, and for each method t
 its per-round differences over the floor: in all rounds, in the rounds the floor led, in
 the rounds the method led, and in the others. (A run made with the lead-in prints the same
 split; there every first entry followed the lead-in.)
+
+``--neighbours METHOD`` prints instead, per warm size, METHOD's per-round differences over
+the floor grouped by the two entries just before the floor and just before METHOD in the
+round (``<X``: the last entry of the round before, for an entry that led), medians first
+to last: which neighbour slows which entry.
 """
 
 from __future__ import annotations
@@ -23,7 +28,38 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sharedarrays.bench.rounds import FLOOR, round_order
 
 
+def _before(names: list[str], index: int, name: str) -> str:
+    order = round_order(names, index)
+    place = order.index(name)
+    return order[place - 1] if place else "<" + round_order(names, index - 1)[-1]
+
+
+def neighbours(paths: list[str], method: str) -> None:
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        warmup = data["config"]["warmup"]
+        for size, part in data["overhead"]["warm"]["sizes"].items():
+            names = part["order"]
+            if method not in part["methods"]:
+                continue
+            groups: dict[tuple[str, str], list[float]] = {}
+            for i, diff in enumerate(part["methods"][method]["diffs_us"]):
+                key = (_before(names, warmup + i, FLOOR), _before(names, warmup + i, method))
+                groups.setdefault(key, []).append(diff)
+            print(f"{Path(path).name}, {int(size):,} bytes: {method} over the floor")
+            for (floor_after, method_after), diffs in sorted(
+                groups.items(), key=lambda kv: statistics.median(kv[1])
+            ):
+                print(
+                    f"  floor after {floor_after:<14} {method} after {method_after:<14} "
+                    f"n={len(diffs):>3} median {statistics.median(diffs):+.0f}"
+                )
+
+
 def main(paths: list[str]) -> None:
+    if paths[:1] == ["--neighbours"]:
+        neighbours(paths[2:], paths[1])
+        return
     for path in paths:
         data = json.loads(Path(path).read_text())
         warmup = data["config"]["warmup"]
