@@ -901,7 +901,6 @@ def _rebuild_view(
     # found or mapped by its first view (ReceivedPart.find): read-only if either says so, or
     # if this process maps the allocation read-only; the part's views share one lease
     # (ReceivedPart.lease)
-    made = SharedDeviceArray.__new__(SharedDeviceArray)  # (fields checked: not __init__)
     try:
         try:
             alloc, lease = part.lease(readonly)
@@ -916,6 +915,7 @@ def _rebuild_view(
         if not othernode.read_by_distributed(sys._getframe(1)):
             raise
         return othernode.OtherNodeArray(str(refused), _rebuild_view, (part, view))
+    made = SharedDeviceArray.__new__(SharedDeviceArray)  # (fields checked: not __init__)
     made._init(alloc, dtype, shape, strides, offset, readonly or part.readonly, end, lease)
     return made
 

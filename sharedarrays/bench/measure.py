@@ -589,11 +589,10 @@ class Run:
                 drops[0](pool)
 
         def lead_in() -> None:
-            # an untimed floor task: every round's first entry follows it, not the last
-            # entry of the round before (whose leftovers, a large free, a torch tensor's
-            # release, it would pay in one round of n more than any other entry)
-            floor = entries[FLOOR]
-            pool.apply_async(floor.task, (floor.send(boxes[FLOOR]), False)).get(TASK_TIMEOUT)
+            # an untimed floor task (its time dropped): every round's first entry follows
+            # it, not the last entry of the round before (whose leftovers, a large free, a
+            # torch tensor's release, it would pay in one round of n more than any other)
+            time_one(FLOOR)
 
         return run_rounds(
             list(entries),

@@ -112,7 +112,7 @@ class LeastHandoff:
         device's index.
     """
 
-    __slots__ = ("blob", "view", "backend", "device", "context", "busy")
+    __slots__ = ("blob", "view", "backend", "device", "context", "busy", "_driver", "_stream")
 
     def __init__(
         self, blob: bytes, view: tuple[Any, ...], backend: Any, device: int | None = None
@@ -123,6 +123,10 @@ class LeastHandoff:
         self.device = device
         self.context: int | None = None
         self.busy = 0  # picklings that found the stream busy (or another context current)
+        # (imported here, once: a pickling looks them up on the entry, as the library's
+        # fence does on its device, not through an import statement)
+        self._driver: Any = None
+        self._stream: Any = None  # (CuPy's current stream of a device)
         if device is not None:
             import cupy
             from cuda.bindings import driver
@@ -131,16 +135,15 @@ class LeastHandoff:
                 cupy.cuda.runtime.free(cupy.cuda.runtime.malloc(1))
                 err, ctx = driver.cuCtxGetCurrent()
             self.context = int(ctx) if int(err) == 0 and ctx is not None else None
+            self._driver, self._stream = driver, cupy.cuda.get_current_stream
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         idle = False
         if self.device is not None:
-            import cupy
-            from cuda.bindings import driver
-
+            driver = self._driver
             err, current = driver.cuCtxGetCurrent()
             if int(err) == 0 and current is not None and int(current) == self.context:
-                stream = int(cupy.cuda.get_current_stream(self.device).ptr)
+                stream = int(self._stream(self.device).ptr)
                 idle = int(driver.cuStreamQuery(stream)[0]) == 0
             if not idle:  # (a busy stream, or another current context)
                 self.busy += 1
