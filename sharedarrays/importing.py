@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sharedarrays import process
 from sharedarrays.backends import Access, Backend, device_of, get_backend, why_unusable
 from sharedarrays.errors import (
     BackendUnavailable,
@@ -214,7 +215,7 @@ def load_again(alloc: Allocation, p: Payload, sync: bytes | None) -> bool:
     PayloadError
         A malformed token.
     """
-    pid = os.getpid()
+    pid = process.pid  # (os.getpid(): a system call, microseconds on a cold path)
     if alloc.released or alloc.pid != pid or p.capacity is not None:
         return False
     if sync is not None:

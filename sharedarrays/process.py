@@ -31,6 +31,7 @@ from multiprocessing import util
 
 __all__ = [
     "PID_MAX_LIMIT",
+    "pid",
     "LAYERS",
     "running",
     "start_time",
@@ -42,6 +43,13 @@ __all__ = [
 PID_MAX_LIMIT = 1 << 22
 """No Linux process has a larger pid (the kernel's ``PID_MAX_LIMIT``, the most that
 ``/proc/sys/kernel/pid_max`` may be set to on 64-bit machines)."""
+
+
+pid = os.getpid()
+"""This process's id, kept current across ``os.fork`` (set anew in a forked child before
+any hook of :func:`at_fork` runs). Read it as ``process.pid`` (a name imported from here
+would keep the parent's): the warm handoff's paths do, where ``os.getpid()``, a system
+call, costs microseconds when it runs cold (docs/performance.md)."""
 
 
 def running(pid: int) -> bool:
@@ -169,6 +177,8 @@ class _Hooks:
             _call(hooks.before, "before fork")
 
     def after_fork_in_child(self) -> None:
+        global pid
+        pid = os.getpid()
         self.lock = threading.Lock()  # another thread of the parent may have held it
         for hooks in self.fork:
             _call(hooks.after_in_child, "in a forked child")

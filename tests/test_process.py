@@ -157,6 +157,25 @@ def test_a_forked_child_runs_the_child_hooks_once_in_order() -> None:
         process._hooks.fork = saved
 
 
+def test_the_pid_is_this_process_s_also_in_a_forked_child_and_its_hooks() -> None:
+    seen: list[int] = []
+    saved = list(process._hooks.fork)
+
+    def hook() -> None:
+        seen.append(process.pid)
+
+    try:
+        process.at_fork("backends", order=-99, after_in_child=hook)
+        assert process.pid == os.getpid()
+        child = in_forked_child(lambda: (process.pid, os.getpid(), list(seen)))
+    finally:
+        process._hooks.fork = saved
+    pid, real, in_hook = child
+    assert pid == real != os.getpid()
+    assert in_hook == [real]  # set before the first hook runs
+    assert process.pid == os.getpid()
+
+
 def test_exit_hooks_run_at_interpreter_exit_and_in_a_process() -> None:
     code = (
         "import multiprocessing as mp, sys\n"

@@ -37,12 +37,12 @@ import threading
 import weakref
 from collections.abc import Callable
 from multiprocessing import reduction
-from multiprocessing.context import get_spawning_popen
+from multiprocessing.context import get_spawning_popen, set_spawning_popen
 from typing import Any
 
 import numpy as np
 
-from sharedarrays import importing
+from sharedarrays import importing, process
 from sharedarrays.errors import PayloadError
 from sharedarrays.memory import Allocation, Lease
 from sharedarrays.node import this_node
@@ -97,7 +97,7 @@ def allocation_bytes(alloc: Allocation) -> bytes:
     generation (it changes only when a growable allocation gains or loses chunks, or
     moves): the same bytes object for every message."""
     cached = alloc.encoded
-    pid = os.getpid()
+    pid = process.pid
     if cached is None or cached[0] != pid or cached[1] != alloc.generation:
         cached = (pid, alloc.generation, allocation_payload(alloc).to_bytes())
         alloc.encoded = cached
@@ -172,12 +172,19 @@ def message_part(alloc: Allocation, carry_fds: bool) -> MessagePart:
     refs: dict[Any, weakref.ref[MessagePart]] | None = getattr(_parts, "refs", None)
     if refs is None:
         refs = _parts.refs = {}
+        if get_spawning_popen() is None:
+            # Every view's reduction asks multiprocessing whether a Process is being
+            # spawned in this thread (``get_spawning_popen``), and where none ever was, the
+            # thread-local it reads lacks the attribute: each answer raises and catches an
+            # AttributeError inside, 10-15 us on a cold path (a Pool's task thread, at
+            # every task). Set to None, as a spawn leaves it, it is a plain read.
+            set_spawning_popen(None)
     # (the spawn's id, not the Popen: a key would keep it, and its pipes, open)
     key = (alloc.id, id(get_spawning_popen())) if carry_fds else alloc.id
     ref = refs.get(key)
     found = None if ref is None else ref()
     cached = alloc.encoded  # (allocation_bytes' cache, checked here: a frame less per view)
-    if cached is not None and cached[0] == os.getpid() and cached[1] == alloc.generation:
+    if cached is not None and cached[0] == process.pid and cached[1] == alloc.generation:
         blob = cached[2]
     else:
         blob = allocation_bytes(alloc)

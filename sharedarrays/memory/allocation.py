@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 import warnings
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
@@ -88,6 +89,14 @@ def keep_imports() -> int:
     if now - _keep_imports[0] >= 1.0:
         _keep_imports = (now, env_number("SHAREDARRAYS_KEEP_IMPORTS", 64, 0))
     return _keep_imports[1]
+
+
+def _take(slot: deque[Any]) -> Any:
+    """The item of a slot of one, taken out (``None`` where it is empty)."""
+    try:
+        return slot.pop()
+    except IndexError:
+        return None
 
 
 _ALONE = (lambda slot: sys.getrefcount(slot[1]))((None, object()))
@@ -369,8 +378,9 @@ class Allocation(Growth):
         """Whether the kernel forbids every new write to the memory (``readonly=True`` on the
         host backend): only the creator's mappings made before can write."""
         self._native_base: tuple[int | None, Any] | None = None  # (device, native array)
-        # the last native array native_view made: (its device and layout, the array)
-        self._last_native: tuple[tuple[Any, ...], Any] | None = None
+        # the last native array native_view made, (its device and layout, the array), in a
+        # slot of one that a thread takes it out of and puts it back into atomically
+        self._last_native: deque[tuple[tuple[Any, ...], Any]] = deque(maxlen=1)
         self.encoded: tuple[int, int, bytes] | None = None
         """The payload of the whole allocation that pickles of its views carry, with the pid
         and :attr:`generation` it was made for (:mod:`sharedarrays.api.array` makes it): one
@@ -643,7 +653,7 @@ class Allocation(Growth):
         )
         with self._lock:
             replaced, self._native_base = self._native_base, (device, base)
-            last, self._last_native = self._last_native, None
+            last = _take(self._last_native)
         del replaced, last  # (a peer device's, if any: its lease ends with its native arrays)
         return base
 
@@ -666,28 +676,28 @@ class Allocation(Growth):
         """
         key = (self.native_device, offset, dtype, shape, strides, readonly)
         backend = self.backend
-        last = self._last_native
-        if last is not None and last[0] == key:
-            with self._lock:  # (taken out of its slot: no other thread hands it out too)
-                taken = self._last_native is last
-                if taken:
-                    self._last_native = None
-            if (
-                taken
-                and sys.getrefcount(last[1]) <= _ALONE  # (held by the slot alone)
-                and backend.native_intact(  # type: ignore[attr-defined]
-                    last[1], dtype, shape, strides, readonly
-                )
-            ):
-                self._last_native = last
-                return last[1]
+        slot = self._last_native
+        try:
+            last = slot.pop()  # (taken out of its slot: no other thread hands it out too)
+        except IndexError:
+            last = None
+        if (
+            last is not None
+            and last[0] == key
+            and sys.getrefcount(last[1]) <= _ALONE  # (held by its tuple alone)
+            and backend.native_intact(  # type: ignore[attr-defined]
+                last[1], dtype, shape, strides, readonly
+            )
+        ):
+            slot.append(last)
+            return last[1]
         del last
         # (a view calls this: its lease holds the allocation, which release() leaves alone
-        # then, so the slot is only ever replaced here)
+        # then, so the slot is only ever filled here)
         native = backend.native_view(  # type: ignore[attr-defined]
             self.native_base(), offset, dtype, shape, strides, readonly
         )
-        self._last_native = (key, native)
+        slot.append((key, native))
         return native
 
     def pin(self, lease: Lease) -> Lease:
@@ -828,7 +838,7 @@ class Allocation(Growth):
                 # _unlease
                 self.kept_lease = None
                 self._native_base = None
-                last, self._last_native = self._last_native, None
+                last = _take(self._last_native)
                 self._release_when_idle = True
             elif self._leases:
                 return False

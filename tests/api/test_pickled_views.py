@@ -9,6 +9,7 @@ import os
 import pickle
 import pickletools
 import sys
+import threading
 import types
 import weakref
 from typing import Any
@@ -99,6 +100,39 @@ def test_process_arguments_carry_the_fds_with_one_payload_per_allocation() -> No
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.timeout(120)
+def test_a_thread_s_first_pickling_makes_the_spawn_check_a_plain_read() -> None:
+    """Every view's reduction asks multiprocessing whether a Process is being spawned in its
+    thread; where none ever was, the answer raised and caught an AttributeError inside
+    (10-15 us on a cold path, at every Pool task). The thread's first pickling sets the
+    answer to None, as a spawn leaves it: later ones read it plainly, and a Process spawned
+    from that thread afterwards still carries the fds."""
+    from multiprocessing import context
+
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        views, expect = _views()
+        before = "spawning_popen" in vars(context._tls)
+        pickle.dumps(views[0])
+        out["set"] = (before, vars(context._tls).get("spawning_popen", "missing"))
+        q = mp.get_context("spawn").Queue()
+        p = mp.get_context("spawn").Process(target=view_workers.describe_to_queue, args=(views, q))
+        p.start()
+        _, got = q.get(timeout=60)
+        p.join(60)
+        out["child"] = (p.exitcode, got, views, expect)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(110)
+    assert out["set"] == (False, None)
+    exitcode, got, views, expect = out["child"]
+    assert exitcode == 0
+    _check(got, views, expect)
+    assert all(v.allocation.served == () for v in views)  # carried, no handle server asked
+
+
 def test_a_read_only_view_maps_read_only_on_first_sight() -> None:
     """As with a view's whole payload: the importer maps a read-write allocation read-only
     when the first view it sees of it is read-only."""
