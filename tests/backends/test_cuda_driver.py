@@ -405,3 +405,47 @@ def test_c_contiguous_strides_are_told_apart(
         c_strides = np.empty(v.shape, v.dtype).strides  # (NumPy's own, for a new C array)
         expected = v.size > 0 and v.flags.c_contiguous and v.strides == c_strides
         assert _c_contiguous(v.shape, v.strides, v.itemsize) is bool(expected), (v.shape, v.strides)
+
+
+def test_current_stream_is_cupys_looked_up_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fence asks for the current stream at every message: CuPy's
+    ``get_current_stream`` is looked up once, when CuPy is first seen, and kept; a CuPy
+    without the ``device_id`` argument is asked inside the device's context."""
+    monkeypatch.setattr(cuda_driver, "_cupy_stream", None)
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    assert cuda_driver.current_stream(0) == 0  # no CuPy: the legacy default stream
+    asked: list[Any] = []
+
+    def get_current_stream(device_id: int) -> Any:
+        asked.append(device_id)
+        return types.SimpleNamespace(ptr=1000 + device_id)
+
+    new = types.SimpleNamespace(cuda=types.SimpleNamespace(get_current_stream=get_current_stream))
+    monkeypatch.setitem(sys.modules, "cupy", new)
+    assert cuda_driver.current_stream(1) == 1001
+    monkeypatch.delitem(sys.modules, "cupy")  # kept: not looked up again
+    assert cuda_driver.current_stream(2) == 1002
+    assert asked[-1] == 2
+
+    monkeypatch.setattr(cuda_driver, "_cupy_stream", None)
+    entered: list[int] = []
+
+    class Device:
+        def __init__(self, index: int) -> None:
+            self.index = index
+
+        def __enter__(self) -> None:
+            entered.append(self.index)
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+    def old_get_current_stream() -> Any:
+        return types.SimpleNamespace(ptr=2000 + entered[-1])
+
+    old = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(get_current_stream=old_get_current_stream, Device=Device)
+    )
+    monkeypatch.setitem(sys.modules, "cupy", old)
+    assert cuda_driver.current_stream(3) == 2003
+    assert cuda_driver.current_stream(4) == 2004 and entered == [3, 4]

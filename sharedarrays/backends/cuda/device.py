@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
+from sharedarrays import process
 from sharedarrays.backends.cuda import semaphore, sync
 from sharedarrays.backends.cuda.driver import (
     FORK_REASON,
@@ -180,7 +181,7 @@ class CudaDevice:
             The query or the record failed.
         """
         d = self._d
-        err, current = d.cuCtxGetCurrent() if os.getpid() == self._pid else (1, None)
+        err, current = d.cuCtxGetCurrent() if process.pid == self._pid else (1, None)
         if int(err) == 0 and current is not None and int(current) == self._ctx_int:
             idle = int(d.cuStreamQuery(stream)[0]) == 0
         else:

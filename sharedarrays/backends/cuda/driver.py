@@ -45,6 +45,7 @@ import importlib.util
 import os
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from sharedarrays.backends.device import Device
@@ -486,15 +487,34 @@ def current_device_index(default: int) -> int:
     return default
 
 
+_cupy_stream: Callable[[int], Any] | None = None
+"""CuPy's current stream of a device (``get_current_stream``), once CuPy is imported."""
+
+
 def current_stream(device_index: int) -> int:
     """The stream handle work is queued on for a device: CuPy's current stream for that
     device when CuPy is imported, else ``0`` (the legacy default stream of the current
     context, which PyTorch also uses unless told otherwise)."""
-    cupy = sys.modules.get("cupy")
-    if cupy is not None:
-        try:
-            return int(cupy.cuda.get_current_stream(device_index).ptr)
-        except TypeError:  # a CuPy without the device_id argument
+    get = _cupy_stream
+    if get is None:
+        cupy = sys.modules.get("cupy")
+        if cupy is None:
+            return 0
+        get = _find_cupy_stream(cupy, device_index)
+    return int(get(device_index).ptr)
+
+
+def _find_cupy_stream(cupy: Any, device_index: int) -> Callable[[int], Any]:
+    """Keep CuPy's ``get_current_stream`` (looked up once: every message's fence asks)."""
+    global _cupy_stream
+    get = cupy.cuda.get_current_stream
+    try:
+        get(device_index)
+    except TypeError:  # a CuPy without the device_id argument
+
+        def get(device_index: int) -> Any:
             with cupy.cuda.Device(device_index):
-                return int(cupy.cuda.get_current_stream().ptr)
-    return 0
+                return cupy.cuda.get_current_stream()
+
+    _cupy_stream = get
+    return get

@@ -53,6 +53,7 @@ from sharedarrays.backends.cuda.driver import (
     opaque_from_bytes,
 )
 from sharedarrays.errors import PayloadError
+from sharedarrays import process
 from sharedarrays.process import at_fork, running, start_time
 from sharedarrays.protocol import token as wire
 
@@ -332,7 +333,7 @@ def import_sync(on: OnDevice, token: bytes) -> None:
     """
     driver = load_driver()
     key = (on.device.index, current_stream(on.device.index))
-    if _waited.get(key) == token and _state_pid == os.getpid():
+    if _waited.get(key) == token and _state_pid == process.pid:
         return  # this stream already waits for that very record
     with _lock, on.context():
         _reset_after_fork()
