@@ -507,7 +507,7 @@ def current_stream(device_index: int) -> int:
 def _find_cupy_stream(cupy: Any, device_index: int) -> Callable[[int], Any]:
     """Keep CuPy's ``get_current_stream`` (looked up once: every message's fence asks)."""
     global _cupy_stream
-    get = cupy.cuda.get_current_stream
+    get: Callable[[int], Any] = cupy.cuda.get_current_stream
     try:
         get(device_index)
     except TypeError:  # a CuPy without the device_id argument

@@ -44,6 +44,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from sharedarrays import process
 from sharedarrays.backends.cuda.driver import (
     OnDevice,
     check,
@@ -53,7 +54,6 @@ from sharedarrays.backends.cuda.driver import (
     opaque_from_bytes,
 )
 from sharedarrays.errors import PayloadError
-from sharedarrays import process
 from sharedarrays.process import at_fork, running, start_time
 from sharedarrays.protocol import token as wire
 
