@@ -445,6 +445,44 @@ def test_a_warm_view_reuses_the_native_array_nobody_holds() -> None:
     assert fresh().array.flags.writeable
 
 
+@pytest.mark.timeout(120)
+def test_two_threads_never_hold_the_same_kept_native_array() -> None:
+    """The kept native array is taken out of its slot and put back atomically: two threads
+    loading views of one layout at once never both get it (each holds its array while it
+    looks at the other's)."""
+    a = sa.from_array(np.arange(16.0), device="cpu", pack=False)
+    blob = pickle.dumps(a[4:12])
+    held: dict[int, Any] = {}
+    clashes: list[int] = []
+    start = threading.Barrier(2)
+
+    def run(k: int) -> None:
+        start.wait()
+        for _ in range(3000):
+            v = pickle.loads(blob)
+            x = v.array
+            held[k] = x
+            if held.get(1 - k) is x:
+                clashes.append(k)
+            del held[k]
+            del x
+            v.close()
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # (switch threads as often as the interpreter can)
+    try:
+        threads = [threading.Thread(target=run, args=(k,)) for k in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(100)
+    finally:
+        sys.setswitchinterval(interval)
+    assert not any(t.is_alive() for t in threads)
+    assert clashes == []
+    a.close()
+
+
 def test_releasing_an_allocation_drops_its_kept_native_array() -> None:
     a = sa.from_array(np.arange(8.0), device="cpu", pack=False)
     alloc = a.allocation
