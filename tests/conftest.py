@@ -99,7 +99,12 @@ def closed_by_peer(sock: socket.socket) -> bool:
 
 @pytest.fixture
 def fd_baseline() -> Iterator[None]:
-    """Fail the test if it leaves file descriptors open."""
+    """Fail the test if it leaves file descriptors open (more than before, as
+    :func:`open_fds` counts them).
+
+    Fewer is no leak: what an earlier test left behind may close its fds while this one
+    runs (a pool's threads close its pipes a moment after it ends; this process's handle
+    server closes the connection of an importer that has exited when it sees it closed)."""
     import time
 
     before = open_fds()
@@ -109,10 +114,10 @@ def fd_baseline() -> Iterator[None]:
     # it just before; a leak stays, that moment passes)
     after = open_fds()
     deadline = time.monotonic() + 5
-    while after != before and time.monotonic() < deadline:
+    while after > before and time.monotonic() < deadline:
         time.sleep(0.05)
         after = open_fds()
-    assert after == before, f"{after - before} file descriptors leaked"
+    assert after <= before, f"{after - before} file descriptors leaked"
 
 
 def cuda_reason() -> str | None:
