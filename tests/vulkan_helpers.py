@@ -16,10 +16,11 @@ Getting Vulkan onto the GPU machine
 That machine (NVIDIA H200, driver 580, no internet) ships the NVIDIA ICD but neither the
 Vulkan loader nor the ``vulkan`` package; both travel with the working tree:
 
-* Loader: the Debian ``.deb`` files in ``.gl/`` (ignored through ``.git/info/exclude``;
+* Loader: the Debian ``.deb`` files in ``.gl/`` (ignored by ``.gitignore``;
   ``libvulkan1`` plus the glvnd/EGL/GL libraries), fetched on an internet machine with::
 
       o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
+      mkdir -p /tmp/amd64/partial .gl
       apt-get $o update; (cd .gl && apt-get $o download libvulkan1 libegl1 libglvnd0 \\
           libopengl0 libgl1 libglx0 libgles2)
 
