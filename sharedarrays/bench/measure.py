@@ -55,6 +55,10 @@ from sharedarrays.bench.worker import (
 
 __all__ = ["Run", "stats"]
 
+SETTLE = (FLOOR_ARG, False)
+"""The arguments of the floor task that ends every timed call of the interleaved rounds
+(:meth:`Run._rounds`): the call ends when the worker is idle again."""
+
 BOUND_REPEATS = 21
 """New arrays whose cold load's two fixed steps are timed alone (:meth:`Run.cold_bound`)."""
 
@@ -553,12 +557,17 @@ class Run:
         cold = [name for name, m in entries.items() if m.cold]
 
         def time_one(name: str) -> float:
+            # The entry's task, then a settling floor task (``SETTLE``), timed together: a
+            # task's work left behind in the worker after its result (torch unmaps a
+            # tensor's memory when its task returns) delays the settling task, and so is
+            # charged to the entry that left it, not to whichever entry comes next.
             m = entries[name]
             try:
                 if per_slot and m.cold:
                     boxes[name] = m.new(size)
                 t0 = time.perf_counter()
                 pool.apply_async(m.task, (m.send(boxes[name]), False)).get(TASK_TIMEOUT)
+                pool.apply_async(task_floor, SETTLE).get(TASK_TIMEOUT)
                 dt = time.perf_counter() - t0
                 if per_slot and m.cold:
                     m.free(boxes.pop(name))
@@ -590,8 +599,8 @@ class Run:
 
         def lead_in() -> None:
             # an untimed floor task (its time dropped): every round's first entry follows
-            # it, not the last entry of the round before (whose leftovers, a large free, a
-            # torch tensor's release, it would pay in one round of n more than any other)
+            # it, not the last entry of the round before (whose traces in the caches it
+            # would meet in one round of n more than any other entry)
             time_one(FLOOR)
 
         return run_rounds(

@@ -441,6 +441,43 @@ def test_a_lead_in_before_each_round_charges_a_methods_leftovers_to_every_entry_
     assert balanced["heavy"]["median_us"] == pytest.approx(1.0e6)
 
 
+def test_a_timed_call_ends_when_the_worker_is_idle_so_leftovers_are_their_owners(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A task that leaves work behind in the worker after its result (torch unmaps a
+    tensor's memory when its task returns) delays whatever the worker runs next. Each timed
+    call of the bench's rounds ends with a settling floor task, so the leftover is charged
+    to the entry that left it (its cost over the floor plus its leftover), and every other
+    entry reads its own difference, whatever it follows."""
+    from types import SimpleNamespace
+
+    from sharedarrays.bench import measure, methods
+
+    now = [0.0]
+    cost = {"floor": 1.0, "a": 1.5, "heavy": 2.0, "settle": 1.0}
+    leftover = {"heavy": 5.0}
+    pending = [0.0]
+
+    class Pool:
+        def apply_async(self, task: Any, args: tuple[Any, ...]) -> Any:
+            key = "settle" if args[0] == methods.FLOOR_ARG else args[0]
+            now[0] += pending[0] + cost[key]  # the work left behind runs first
+            pending[0] = leftover.get(key, 0.0)
+            return SimpleNamespace(get=lambda timeout=None: None)
+
+    def method(name: str) -> methods.Method:
+        return methods.Method(name, measure.task_floor, list, lambda box: name, list, False)
+
+    monkeypatch.setattr(measure, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    run = object.__new__(measure.Run)
+    run.cfg = SimpleNamespace(rounds=60, warmup=0, round_seconds=None)  # type: ignore[assignment]
+    entries = {name: method(name) for name in ("floor", "a", "heavy")}
+    samples = run._rounds(Pool(), entries, {n: [n] for n in entries}, 1, False)  # type: ignore[arg-type]
+    over = rounds.over_floor(samples)
+    assert over["a"]["diffs_us"] == pytest.approx([0.5e6] * 60)
+    assert over["heavy"]["diffs_us"] == pytest.approx([(1.0 + 5.0) * 1e6] * 60)
+
+
 def test_rounds_per_round_difference_is_against_the_same_rounds_floor() -> None:
     samples = {"floor": [1.0, 2.0, 3.0], "m": [1.5, 2.1, 3.7]}
     over = rounds.over_floor(samples)["m"]
