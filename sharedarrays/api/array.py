@@ -705,9 +705,11 @@ class SharedDeviceArray(NativeArrayMethods):
 views.register(SharedDeviceArray)
 
 reduce_hooks: dict[str, Callable[[], None]] = {}
-"""Hooks that wait for a module: ``{module name: hook}``; when a view is pickled and the module
-is imported, the hook is called once and dropped. ``api/dask.py`` waits here for distributed's
-serialization, to register with it."""
+"""Hooks that wait for a module: ``{module name: hook}``; when a view is pickled by any
+pickler but multiprocessing's and the module is imported, the hook is called once and
+dropped. ``api/dask.py`` waits here for distributed's serialization, to register with it
+(distributed pickles with ``pickle`` or cloudpickle, never with multiprocessing's
+``ForkingPickler``, so a Pool's handoffs need not ask)."""
 
 
 _interned: dict[Any, Any] = {}
@@ -753,9 +755,15 @@ def _reduce(for_multiprocessing: bool, a: SharedDeviceArray) -> tuple[Any, tuple
         and not alloc.growable
         and alloc.backend.maps
     )
+    # The hooks wait for a module that pickles with a pickler of its own (distributed's
+    # serialization, api/dask.py), never with multiprocessing's: only other picklers ask.
     # (against sys.modules' keys view: isdisjoint then walks the smaller side, the hooks,
     # where a plain dict argument would be walked whole, every module, for every view)
-    if reduce_hooks and not reduce_hooks.keys().isdisjoint(sys.modules.keys()):
+    if (
+        reduce_hooks
+        and not for_multiprocessing
+        and not reduce_hooks.keys().isdisjoint(sys.modules.keys())
+    ):
         for name in [name for name in reduce_hooks if name in sys.modules]:
             reduce_hooks.pop(name)()
     packed = a._packed

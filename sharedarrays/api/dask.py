@@ -5,7 +5,8 @@ as data between nodes.
 (``distributed.protocol.dask_serialize`` / ``dask_deserialize``, the ``"dask"`` family that
 every comm tries first). It is called for you: when ``import sharedarrays`` finds distributed
 imported already, and otherwise the first time an array is pickled while distributed is
-imported (that first message still carries the payload, as pickle does). Nothing here
+imported, by any pickler but multiprocessing's (distributed's own pickling is one: that
+first message still carries the payload, as pickle does). Nothing here
 imports dask unless the program did.
 
 **The choice is made per transfer**, by the sender, from the comm's ``context`` that
@@ -70,7 +71,7 @@ _SERIALIZE = "distributed.protocol.serialize"
 
 def install() -> None:
     """Register now if distributed is imported, else the first time an array is pickled
-    after it is (``import sharedarrays`` calls this; it imports no dask)."""
+    (not by multiprocessing) after it is (``import sharedarrays`` calls this; it imports no dask)."""
     if _SERIALIZE in sys.modules:
         register()
     else:

@@ -12,6 +12,7 @@ import sys
 import threading
 import types
 import weakref
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import numpy as np
@@ -503,7 +504,7 @@ class _Modules(dict):  # type: ignore[type-arg]
 def test_a_reduce_hook_runs_once_its_module_is_imported(monkeypatch: pytest.MonkeyPatch) -> None:
     """A hook waiting for a module (api/dask.py's for distributed) costs a pickling a lookup
     per hook, not a walk over sys.modules, and runs once, the first pickling after the module
-    is imported."""
+    is imported by any pickler but multiprocessing's (which distributed never uses)."""
     from sharedarrays.api import array as array_module
 
     modules = _Modules(sys.modules)
@@ -514,6 +515,9 @@ def test_a_reduce_hook_runs_once_its_module_is_imported(monkeypatch: pytest.Monk
     pickle.dumps(a)
     assert ran == [] and "sa_test_awaited" in array_module.reduce_hooks
     modules["sa_test_awaited"] = types.ModuleType("sa_test_awaited")
+    # multiprocessing's pickler never asks (a Pool's handoff: no lookup of the hooks)
+    ForkingPickler.dumps(a)
+    assert ran == [] and "sa_test_awaited" in array_module.reduce_hooks
     pickle.dumps(a)
     pickle.dumps(a)
     assert ran == [1] and "sa_test_awaited" not in array_module.reduce_hooks
