@@ -71,7 +71,8 @@ _SERIALIZE = "distributed.protocol.serialize"
 
 def install() -> None:
     """Register now if distributed is imported, else the first time an array is pickled
-    (not by multiprocessing) after it is (``import sharedarrays`` calls this; it imports no dask)."""
+    (not by multiprocessing) after it is (``import sharedarrays`` calls this; it imports no
+    dask)."""
     if _SERIALIZE in sys.modules:
         register()
     else:
