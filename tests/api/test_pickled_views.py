@@ -101,7 +101,6 @@ def test_process_arguments_carry_the_fds_with_one_payload_per_allocation() -> No
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.timeout(120)
 def test_a_thread_s_first_pickling_makes_the_spawn_check_a_plain_read() -> None:
     """Every view's reduction asks multiprocessing whether a Process is being spawned in its
     thread; where none ever was, the answer raised and caught an AttributeError inside
@@ -134,6 +133,7 @@ def test_a_thread_s_first_pickling_makes_the_spawn_check_a_plain_read() -> None:
     assert all(v.allocation.served == () for v in views)  # carried, no handle server asked
 
 
+@pytest.mark.timeout(120)
 def test_a_read_only_view_maps_read_only_on_first_sight() -> None:
     """As with a view's whole payload: the importer maps a read-write allocation read-only
     when the first view it sees of it is read-only."""
@@ -319,8 +319,6 @@ def test_a_part_shares_its_lease_only_with_views_loaded_in_the_thread_that_took_
     same part loaded in another thread (two threads loading messages with the same payload
     at once share the part) leases through the allocation instead: through the weak
     reference it could take a lease whose end is running in the first thread."""
-    import threading
-
     a = sa.from_array(np.arange(16.0), device="cpu", pack=False)
     alloc = a.allocation
     held = alloc.leases
