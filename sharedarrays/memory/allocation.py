@@ -92,7 +92,8 @@ def keep_imports() -> int:
 
 
 def _take(slot: deque[Any]) -> Any:
-    """The item of a slot of one, taken out (``None`` where it is empty)."""
+    """The item of a slot of one, taken out (``None`` where it is empty): ``deque.pop`` is
+    atomic, so of two threads taking at once only one gets it."""
     try:
         return slot.pop()
     except IndexError:
@@ -677,10 +678,7 @@ class Allocation(Growth):
         key = (self.native_device, offset, dtype, shape, strides, readonly)
         backend = self.backend
         slot = self._last_native
-        try:
-            last = slot.pop()  # (taken out of its slot: no other thread hands it out too)
-        except IndexError:
-            last = None
+        last = _take(slot)  # (taken out of its slot: no other thread hands it out too)
         if (
             last is not None
             and last[0] == key
