@@ -71,14 +71,15 @@ def chunk_sizes(nbytes: int, granularity: int, chunk_bytes: int | None = None) -
         chunk_bytes = env_number("SHAREDARRAYS_CHUNK_BYTES", total, 1)
     chunk_bytes = _chunk_limit(chunk_bytes)
     step = round_up(chunk_bytes, granularity)
+    count = -(-total // step)  # (counted before the list is made: it may be huge)
+    if count > MAX_CHUNKS:
+        raise ValueError(
+            f"{nbytes} bytes in chunks of {step} bytes would need {count} chunks "
+            f"(at most {MAX_CHUNKS}); pass a larger chunk_bytes"
+        )
     sizes = [step] * (total // step)
     if total % step:
         sizes.append(total % step)
-    if len(sizes) > MAX_CHUNKS:
-        raise ValueError(
-            f"{nbytes} bytes in chunks of {step} bytes would need {len(sizes)} chunks "
-            f"(at most {MAX_CHUNKS}); pass a larger chunk_bytes"
-        )
     return sizes
 
 
@@ -111,6 +112,12 @@ def growth_sizes(
     chunk_bytes = _chunk_limit(chunk_bytes)
     target = round_up(max(nbytes, 1), granularity)
     largest = round_up(chunk_bytes, granularity)
+    # (past the doubling, every chunk is ``largest``: counted before the loop makes them)
+    if (target - mapped) // largest > MAX_CHUNKS:
+        raise ValueError(
+            f"growing to {nbytes} bytes in chunks of at most {largest} bytes would need more "
+            f"than {MAX_CHUNKS} chunks; pass a larger chunk_bytes"
+        )
     sizes: list[int] = []
     total = mapped
     while total < target:
@@ -157,6 +164,8 @@ class Growth:
         they live.
         """
         with self.growth_lock:
+            if nbytes > self.size:  # (what is missing at least, refused before it is planned)
+                self.backend.check_memory(nbytes - self.size)
             sizes = growth_sizes(
                 self.size, nbytes, self.backend.granularity, self.capacity, self._chunk_bytes
             )

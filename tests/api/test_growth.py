@@ -155,6 +155,20 @@ def test_append_rows_and_resize_within_the_mapped_chunk() -> None:
     np.testing.assert_array_equal(z.get(), [0, 0, 0])  # host chunks read as zeros
 
 
+@pytest.mark.timeout(60)
+def test_an_absurd_resize_is_refused_at_once_and_leaves_the_array_as_it_was() -> None:
+    # (it planned the growth chunk by chunk first: 2**29 chunks of 2 GiB for 2**60 bytes)
+    a = sa.zeros((4, 4), device="cpu", capacity=1 * MiB)
+    with pytest.raises(sa.OutOfMemory):
+        a.resize(1 << 60)
+    g = sa.zeros(4, device="cpu", capacity=1 << 30, chunk_bytes=4096)
+    with pytest.raises(ValueError, match="larger chunk_bytes"):
+        g.resize(1 << 28)  # 2 GiB... in 4 KiB chunks: past the limit of chunks
+    assert a.shape == (4, 4) and g.shape == (4,) and len(g.allocation.chunks) == 1
+    a.close()
+    g.close()
+
+
 def test_old_views_and_native_arrays_stay_valid_while_growing() -> None:
     a = sa.empty((0, 16), "int64", device="cpu", capacity=16 * MiB)
     a.append(np.ones((100, 16), "int64"))
