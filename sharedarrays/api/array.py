@@ -24,7 +24,7 @@ import numpy as np
 
 from sharedarrays import importing
 from sharedarrays.api import keeping, message, othernode, views
-from sharedarrays.api.arraymethods import NativeArrayMethods
+from sharedarrays.api.arraymethods import _READONLY, NativeArrayMethods
 from sharedarrays.backends import Access, get_backend
 from sharedarrays.backends.device import Device, DeviceLike, parse_device
 from sharedarrays.errors import ClosedArrayError, PayloadError, ResizeRefused, WrongNode
@@ -350,7 +350,7 @@ class SharedDeviceArray(NativeArrayMethods):
         """Write through to shared memory."""
         _check_key(key)
         if self._readonly:
-            raise ValueError("this SharedDeviceArray is read-only")
+            raise ValueError(_READONLY)
         native = self.array
         if not isinstance(value, type(native)) and (
             isinstance(value, (np.ndarray, SharedDeviceArray))
@@ -573,7 +573,7 @@ class SharedDeviceArray(NativeArrayMethods):
         along axis 0 of a growable array, in place (see :meth:`resize`)."""
         alloc, _ = self._row_bytes("append to")
         if self._readonly:
-            raise ValueError("this SharedDeviceArray is read-only")
+            raise ValueError(_READONLY)
         src = alloc.backend.to_native(values)
         if src.ndim == self.ndim - 1:
             src = src.reshape((1, *src.shape))
@@ -903,7 +903,7 @@ def _rebuild_view(
             return message.import_part(part, view, fds)
         if type(part) is not message.MessagePart:
             raise PayloadError("a pickled view is corrupted: its allocation's part is missing")
-        part = part.received_here()  # copy.copy of a view: this process's own part
+        part = part.received_here()  # a reduction called in place: this process's own part
     dtype, shape, strides, offset, readonly, end = part.view(view)
     # a view (fields checked against the part's payload) of the allocation of the part,
     # found or mapped by its first view (ReceivedPart.find): read-only if either says so, or

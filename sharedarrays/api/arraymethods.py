@@ -619,6 +619,17 @@ class NativeArrayMethods:
         """A native copy (not shared)."""
         return self.array.copy(order=order)
 
+    def __copy__(self) -> Any:
+        """``copy.copy``: a native copy of the values (not shared), as :meth:`copy`; NumPy's
+        and CuPy's ``copy.copy`` copy the values too. (Another view of the same memory is
+        ``a[...]``.)"""
+        return self.array.copy(order="K")
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        """``copy.deepcopy``: a native copy of the values (not shared), so that a deep copy
+        of an object holding the array never writes the original's memory."""
+        return self.array.copy(order="K")
+
     def flatten(self, order: str = "C") -> Any:
         """A one-dimensional native copy (not shared), like :meth:`numpy.ndarray.flatten`."""
         return self.array.flatten(order)

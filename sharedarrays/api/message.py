@@ -19,8 +19,10 @@ made or ended (:meth:`ReceivedPart.lease`).
 
 Counting in flight follows the same unit: a part counts one payload in flight when a pickler
 writes it (:meth:`MessagePart.__reduce__`, once per message that carries the allocation),
-and the importer counts one load (its first view). ``copy.copy`` of a view calls
-the reconstructor with the part itself (no pickler wrote it): nothing is counted either way.
+and the importer counts one load (its first view). A view's reduction called in place
+(``fn(*args)`` of its ``__reduce__``, without a pickler) passes the reconstructor the part
+itself: nothing is counted either way. (``copy.copy`` and ``copy.deepcopy`` of a view copy
+its values instead, as NumPy's do.)
 
 How a view finds its message's part: as the ordering fence does
 (:func:`sharedarrays.backends.cuda.sync.fence`), through a weak reference in this thread. The
@@ -154,8 +156,9 @@ class MessagePart:
         return _reconstructor, (self.blob, token)
 
     def received_here(self) -> ReceivedPart:
-        """The part as this process's own reconstructor takes it (``copy.copy`` of a view
-        passes the part itself): the allocation is known, nothing is counted or waited for."""
+        """The part as this process's own reconstructor takes it (a view's reduction called
+        in place passes the part itself): the allocation is known, nothing is counted or
+        waited for."""
         part = ReceivedPart(Payload.from_bytes(self.blob), None, None)
         part.bind(self.allocation)
         return part

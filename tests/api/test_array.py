@@ -216,18 +216,33 @@ def test_wait_for_and_signal_take_any_semaphore_on_the_array_s_device() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["cuda-vmm", "cuda-ipc", "cuda-pool"])
-def test_copy_of_a_cuda_array_is_a_view_of_the_same_memory(backend: str) -> None:
-    # copy.copy rebuilds from the reduction directly: its ordering argument is the fence
-    # object itself, not the token a pickle would carry
-    import copy
-
+def test_the_reduction_called_in_place_is_a_view_of_the_same_memory(backend: str) -> None:
+    # the reduction called without pickling it: its ordering argument is the fence object
+    # itself, not the token a pickle would carry
     import cupy
 
     a = sa.zeros(1 << 20, dtype="f4", device="cuda:0", backend=backend)
     a.array[:] = 3
-    b = copy.copy(a)
+    fn, args = a.__reduce__()
+    b = fn(*args)
     assert b.allocation is a.allocation
     b.array[7] = 5
     assert float(a.array[7]) == 5 and float(cupy.sum(a.array)) == 3 * (1 << 20) + 2
     b.close()
+    a.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cuda-vmm", "cuda-ipc"])
+def test_copy_and_deepcopy_of_a_cuda_array_copy_its_values(backend: str) -> None:
+    import copy
+
+    import cupy
+
+    a = sa.zeros((4, 3), dtype="f4", device="cuda:0", backend=backend)
+    a.array[:] = 3
+    for c in (copy.copy(a), copy.deepcopy({"w": a})["w"]):
+        assert isinstance(c, cupy.ndarray) and c.shape == (4, 3)
+        c[0, 0] = 5
+        assert float(a.array[0, 0]) == 3 and float(c.sum()) == 3 * 12 + 2
     a.close()

@@ -214,6 +214,8 @@ def test_inplace_with_shared_operand_and_matmul() -> None:
         lambda a: np.put(a, [0], [7]),
         lambda a: a.reshape(-1).fill(3),
         lambda a: operator.iadd(a.T, 1),
+        lambda a: operator.setitem(a, (0, 0), 1),
+        lambda a: operator.setitem(a, ..., 0),
     ],
 )
 def test_writes_refused_on_readonly_and_closed_views(write: Callable[[SDA], Any]) -> None:

@@ -181,12 +181,28 @@ def test_the_allocation_payload_is_one_bytes_object_until_the_allocation_grows()
     assert pickle.loads(pickle.dumps(g)).shape == (1 << 19,)
 
 
-def test_copy_copy_passes_the_fence_and_counts_nothing_in_flight() -> None:
+def test_the_reduction_called_in_place_passes_the_fence_and_counts_nothing_in_flight() -> None:
     a = sa.from_array(np.arange(10.0), device="cpu", pack=False)
-    c = copy.copy(a[::-3])
+    fn, args = a[::-3].__reduce__()
+    c = fn(*args)  # (what copy.copy did before views had __copy__)
     assert c.allocation is a.allocation and c.strides == (-24,) and c.offset == 72
     assert c.get().tolist() == [9.0, 6.0, 3.0, 0.0]
     assert a.allocation.in_flight()[0] == 0
+
+
+def test_copy_and_deepcopy_copy_the_values_as_numpy_does() -> None:
+    a = sa.from_array(np.arange(10.0), device="cpu")
+    v = a[::-3]
+    shallow, deep = copy.copy(v), copy.deepcopy({"w": v, "again": v})
+    assert type(shallow) is np.ndarray and shallow.tolist() == [9.0, 6.0, 3.0, 0.0]
+    assert deep["w"] is deep["again"]  # (the memo: one copy per array)
+    shallow[0] = -1
+    deep["w"][1] = -2
+    assert a.get().tolist() == np.arange(10.0).tolist()  # the original is untouched
+    assert a.allocation.in_flight()[0] == 0  # nothing pickled
+    a.close()
+    with pytest.raises(sa.ClosedArrayError):
+        copy.copy(a)
 
 
 def test_the_reduction_is_the_view_reconstructor() -> None:
