@@ -61,6 +61,12 @@ class Semaphore(Protocol):
 def _check_key(key: object) -> tuple[Any, ...]:
     """Return ``key`` as a tuple of basic indices, or raise TypeError."""
     items = key if isinstance(key, tuple) else (key,)
+    if any(type(item) is SharedDeviceArray for item in items):
+        # a 0-d integer view indexes as its value does (as a 0-d NumPy array does)
+        items = tuple(
+            operator.index(item) if type(item) is SharedDeviceArray and item.ndim == 0 else item
+            for item in items
+        )
     for item in items:
         if isinstance(item, (bool, np.bool_)) or not isinstance(item, _BASIC_INDEX):
             raise TypeError(
@@ -348,7 +354,7 @@ class SharedDeviceArray(NativeArrayMethods):
 
     def __setitem__(self, key: object, value: object) -> None:
         """Write through to shared memory."""
-        _check_key(key)
+        items = _check_key(key)
         if self._readonly:
             raise ValueError(_READONLY)
         native = self.array
@@ -358,7 +364,7 @@ class SharedDeviceArray(NativeArrayMethods):
             or hasattr(value, "__dlpack__")
         ):
             value = self.allocation.backend.to_native(value)  # e.g. NumPy into CuPy
-        native[key] = assignable(native, value)
+        native[items if isinstance(key, tuple) else items[0]] = assignable(native, value)
 
     def get(self) -> np.ndarray[Any, Any]:
         """Copy the data into a new NumPy array in host memory."""
@@ -474,11 +480,19 @@ class SharedDeviceArray(NativeArrayMethods):
         return f"{self.array!r}\n{self._allocation_line()}"
 
     def __str__(self) -> str:
-        """The values as ``str`` of the native array shows them, and a line about the
-        allocation."""
+        """The values as ``str`` of the native array shows them, and nothing else (as
+        NumPy's: ``print(a)`` and ``f"{a[0]}"`` show values; :func:`repr` and a notebook's
+        display add the line about the allocation)."""
         if self._lease is None:
             return repr(self)
-        return f"{self.array}\n{self._allocation_line()}"
+        return str(self.array)
+
+    def __format__(self, spec: str) -> str:
+        """``format(a, spec)`` and f-strings, as the native array formats: a 0-d view takes
+        a number's format (``f"{a[0]:.2f}"``); any other takes only an empty one."""
+        if self._lease is None:
+            return format(repr(self), spec)
+        return format(self.array, spec)
 
     # pickling ---------------------------------------------------------------------------
     def payload(self) -> Payload:

@@ -670,6 +670,24 @@ class NativeArrayMethods:
         )
 
     @property
+    def real(self: _A) -> _A:
+        """The real part, a shared view like :attr:`numpy.ndarray.real` (of real values: a
+        view of the same elements)."""
+        layout = self._layout()
+        part = layout.real
+        return self._derive(layout, part, part.dtype)
+
+    @property
+    def imag(self) -> Any:
+        """The imaginary part, like :attr:`numpy.ndarray.imag`: a shared view of complex
+        values; of real values a new native array of zeros, read-only, as NumPy gives."""
+        if self.dtype.kind != "c":
+            return self.array.imag
+        layout = self._layout()
+        part = layout.imag
+        return self._derive(layout, part, part.dtype)
+
+    @property
     def T(self: _A) -> _A:  # NumPy's name
         """The transposed view (shared), like :attr:`numpy.ndarray.T`."""
         return self.transpose()

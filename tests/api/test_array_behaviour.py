@@ -785,3 +785,53 @@ def test_base_names_the_view_a_view_was_derived_from() -> None:
     assert v.base is a and v.T.base is a and v.reshape(8).base is a
     assert np.moveaxis(a, 0, 1).base is a and np.split(a, 3)[0].base is a
     assert pickle.loads(pickle.dumps(v)).base is None  # loaded from a payload
+
+
+def test_a_0d_integer_view_indexes_as_its_value() -> None:
+    a, ref = make((6,))
+    i = sa.from_array(np.array([4, 2], dtype="int64"), device="cpu")
+    np.testing.assert_array_equal(a[i[1]].get(), ref[2])
+    np.testing.assert_array_equal(a[i[0] :].get(), ref[4:])  # (slices take __index__ already)
+    a[i[1]] = 99
+    ref[2] = 99
+    np.testing.assert_array_equal(a.get(), ref)
+    with pytest.raises(TypeError, match="basic indexing only"):
+        a[i]  # a 1-d index array is advanced indexing: refused as before
+    f = sa.from_array(np.array(1.0), device="cpu")
+    with pytest.raises(TypeError, match="integer"):
+        a[f]
+    a.close()
+    i.close()
+    f.close()
+
+
+def test_real_and_imag_are_views_like_numpy() -> None:
+    ref = np.array([[1 + 2j, 3 - 4j], [5 + 0j, -1j]], dtype="complex64")
+    a = sa.from_array(ref, device="cpu")
+    re, im = a.real, a.imag
+    assert isinstance(re, sa.SharedDeviceArray) and isinstance(im, sa.SharedDeviceArray)
+    assert re.dtype == im.dtype == np.float32 and re.strides == ref.real.strides
+    np.testing.assert_array_equal(re.get(), ref.real)
+    np.testing.assert_array_equal(im.get(), ref.imag)
+    im[0, 0] = 7  # a view: writes the shared memory
+    assert a.get()[0, 0] == 1 + 7j
+    r = sa.from_array(np.arange(3.0), device="cpu")
+    assert isinstance(r.real, sa.SharedDeviceArray) and r.real.get().tolist() == [0, 1, 2]
+    zeros = r.imag  # (NumPy: a new read-only array of zeros for real values)
+    assert zeros.tolist() == [0, 0, 0] and not zeros.flags.writeable
+    a.close()
+    r.close()
+
+
+@pytest.mark.gpu
+def test_cuda_real_imag_format_and_0d_index() -> None:
+    cupy = pytest.importorskip("cupy")
+    ref = np.array([1 + 2j, 3 - 4j, 5j], dtype="complex128")
+    a = sa.from_array(cupy.asarray(ref))
+    a.imag[1] = 8
+    assert isinstance(a.real, SDA) and a.real.get().tolist() == [1, 3, 0]
+    assert a.get().tolist() == [1 + 2j, 3 + 8j, 5j]
+    i = sa.from_array(cupy.asarray(np.array([2])))
+    assert complex(a[i[0]]) == 5j and f"{a.real[1]:.1f}" == "3.0" and str(a) == str(a.array)
+    a.close()
+    i.close()

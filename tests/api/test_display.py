@@ -30,13 +30,15 @@ def test_repr_shows_the_values_like_numpy_and_the_allocation() -> None:
     assert f"offset {v.offset}," in repr(v)
 
 
-def test_str_shows_the_values_like_numpy() -> None:
-    ref = np.array([[1, 2], [3, 4]], dtype="int16")
+def test_str_and_format_show_the_values_like_numpy() -> None:
+    ref = np.array([[1.5, 2], [3, 4]], dtype="float32")
     a = sa.from_array(ref, device="cpu")
-    values, line = str(a).rsplit("\n", 1)
-    assert values == str(ref)
-    assert line.startswith("SharedDeviceArray on cpu (host), allocation ")
-    assert str(sa.full((), 7, device="cpu")).split("\n")[0] == "7"
+    assert str(a) == str(ref) and f"{a}" == f"{ref}"  # no line about the allocation
+    assert str(a[0, 1]) == str(ref[0, 1]) and f"v={a[0, 0]}" == "v=1.5"
+    assert f"{a[1, 0]:.2f}" == "3.00" and format(a[0, 0], "08.3f") == "0001.500"
+    with pytest.raises(TypeError, match="unsupported format string"):
+        f"{a:.2f}"  # (as NumPy: a format spec only for 0-d arrays)
+    assert str(sa.full((), 7, device="cpu")) == "7"
 
 
 def test_repr_follows_numpy_print_options_and_summarises() -> None:
@@ -52,7 +54,7 @@ def test_closed_view_says_so_without_touching_memory() -> None:
     a = sa.zeros((2, 3), dtype="float32", device="cpu")
     a.close()
     assert repr(a) == "<SharedDeviceArray shape=(2, 3) dtype=float32 closed>"
-    assert str(a) == repr(a)
+    assert str(a) == repr(a) == f"{a}"
     assert a._repr_mimebundle_() == {"text/plain": repr(a)}
 
 
@@ -211,6 +213,5 @@ def test_cuda_repr_is_cupys_and_names_the_device() -> None:
     values, line = repr(a).rsplit("\n", 1)
     assert values == repr(a.array)
     assert line.startswith(f"SharedDeviceArray on {a.device} ({a.backend}), allocation ")
-    text, line = str(a).rsplit("\n", 1)
-    assert text == str(a.array) and line.startswith("SharedDeviceArray on cuda:0")
+    assert str(a) == str(a.array) and f"{a[1, 2]:.1f}" == "5.0"
     assert a._repr_mimebundle_()["text/plain"] == repr(a)
