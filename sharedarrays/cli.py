@@ -180,7 +180,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return bench.run_from_args(args)
     if args.command == "demo":
+        from sharedarrays.backends.device import parse_device
+        from sharedarrays.errors import SharedArrayError
+
         if args.workers < 1:
-            parser.error("--workers must be at least 1")
-        return demo(args.size, args.workers, args.device, not args.no_progress)
+            d.error("--workers must be at least 1")
+        if args.device not in (None, "auto", "cpu"):
+            try:
+                parse_device(args.device)
+            except (TypeError, ValueError) as e:
+                d.error(f"--device: {e}")
+        try:
+            return demo(args.size, args.workers, args.device, not args.no_progress)
+        except SharedArrayError as e:  # (no device, not enough memory: said, not a traceback)
+            print(f"demo: {type(e).__name__}: {e}", file=sys.stderr)
+            return 1
     return 2  # pragma: no cover - argparse rejects unknown commands

@@ -21,12 +21,30 @@ def add_parser(sub: Any) -> None:
     top.add_argument("--once", action="store_true", help="print the map once and exit")
     top.add_argument("--json", action="store_true", help="one JSON object (implies --once)")
     top.add_argument(
-        "--interval", type=float, default=2.0, help="seconds between refreshes (default 2)"
+        "--interval", type=seconds, default=2.0, help="seconds between refreshes (default 2)"
     )
     top.add_argument(
-        "--timeout", type=float, default=1.0, help="seconds each process is given to answer"
+        "--timeout", type=seconds, default=1.0, help="seconds each process is given to answer"
     )
     top.add_argument("--nvml", action="store_true", help="add the driver's per-process GPU memory")
+
+
+MAX_SECONDS = 86_400.0
+"""The longest ``--interval`` or ``--timeout`` (a day)."""
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds above 0, at most :data:`MAX_SECONDS`
+    (``nan`` and ``inf`` are floats too, which a socket's timeout or a sleep refuse)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value <= MAX_SECONDS:  # (False for nan)
+        raise argparse.ArgumentTypeError(
+            f"must be a number of seconds above 0 and at most {MAX_SECONDS:g}, not {text}"
+        )
+    return value
 
 
 def print_json(doc: dict[str, Any]) -> None:
@@ -50,9 +68,12 @@ def run(args: argparse.Namespace) -> int:
     the other, as ``--once`` prints it. Ctrl-C (``SIGINT``) ends it with status 0 and no
     traceback; a closed pipe too.
     """
-    if args.interval <= 0 or args.timeout <= 0:
-        print("top: --interval and --timeout must be positive", file=sys.stderr)
-        return 2
+    for name in ("interval", "timeout"):  # (a Namespace made without the parser: checked too)
+        try:
+            seconds(str(getattr(args, name)))
+        except argparse.ArgumentTypeError as e:
+            print(f"top: --{name} {e}", file=sys.stderr)
+            return 2
     live = not (args.once or args.json)
     screen = live and sys.stdout.isatty()
     try:

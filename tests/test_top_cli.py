@@ -119,12 +119,44 @@ def test_top_on_a_terminal_redraws_in_place_and_gives_the_screen_back() -> None:
     assert b"Traceback" not in out and b"KeyboardInterrupt" not in out
 
 
-def test_top_refuses_a_non_positive_interval() -> None:
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--interval", "0"],
+        ["--interval", "nan"],
+        ["--interval", "1e300"],
+        ["--once", "--timeout", "inf"],
+        ["--once", "--timeout", "nan"],
+        ["--once", "--timeout", "-1"],
+    ],
+)
+def test_top_refuses_a_bad_number_of_seconds(bad: list[str]) -> None:
+    # (nan and inf are floats: a socket's timeout and a sleep raised them as tracebacks)
     out = subprocess.run(
-        [sys.executable, "-m", "sharedarrays", "top", "--interval", "0"],
+        [sys.executable, "-m", "sharedarrays", "top", *bad],
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
         env=_env(),
     )
-    assert out.returncode == 2 and "--interval" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == 2 and bad[-2] in out.stderr and "Traceback" not in out.stderr
+    assert "usage: python -m sharedarrays top" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--device", "bogus"], "usage: python -m sharedarrays demo"),
+        (["--workers", "0"], "usage: python -m sharedarrays demo"),
+        (["--device", "cpu", "--size", "256T", "--no-progress"], "demo: OutOfMemory: "),
+    ],
+)
+def test_demo_says_what_is_wrong_without_a_traceback(args: list[str], said: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "sharedarrays", "demo", *args],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        env=_env(),
+    )
+    assert out.returncode in (1, 2) and said in out.stderr and "Traceback" not in out.stderr
