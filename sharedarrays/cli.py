@@ -185,12 +185,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if args.workers < 1:
             d.error("--workers must be at least 1")
-        if args.device not in (None, "auto", "cpu"):
-            try:
-                parse_device(args.device)
-            except (TypeError, ValueError) as e:
-                d.error(f"--device: {e}")
         try:
+            if args.device not in (None, "auto", "cpu"):
+                try:
+                    parse_device(args.device)
+                except (TypeError, ValueError) as e:
+                    if isinstance(e, SharedArrayError):
+                        raise
+                    d.error(f"--device: {e}")
             return demo(args.size, args.workers, args.device, not args.no_progress)
         except SharedArrayError as e:  # (no device, not enough memory: said, not a traceback)
             print(f"demo: {type(e).__name__}: {e}", file=sys.stderr)
