@@ -49,6 +49,7 @@ from sharedarrays.errors import (
     PermissionDenied,
     ResizeRefused,
     SharedArrayError,
+    WorkerLost,
     WrongNode,
 )
 from sharedarrays.memory import Allocation, live_allocations
@@ -70,6 +71,7 @@ __all__ = [
     "NamedArray",
     "NotShareable",
     "OutOfMemory",
+    "WorkerLost",
     "WrongNode",
     "PayloadError",
     "PeerAccessUnavailable",

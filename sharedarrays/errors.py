@@ -23,6 +23,7 @@ __all__ = [
     "OutOfMemory",
     "NotShareable",
     "WrongNode",
+    "WorkerLost",
 ]
 
 
@@ -90,6 +91,13 @@ class InUse(SharedArrayError, RuntimeError):
     """Memory cannot be freed from outside the processes that use it: a view maps it, or
     exporter-owned memory drains in its exporter until its importers close it
     (``python -m sharedarrays rm``). The message names those processes."""
+
+
+class WorkerLost(SharedArrayError, RuntimeError):
+    """A worker of a :class:`sharedarrays.Pool` died (killed by a signal, the kernel's
+    out-of-memory killer, a crash) while tasks were pending. The standard library's pool
+    would wait for its task forever; this one fails every task pending then (it cannot tell
+    which one the worker was running) and goes on with a new worker: submit them again."""
 
 
 class ResizeRefused(SharedArrayError, RuntimeError):

@@ -246,3 +246,13 @@ def evicted_while_a_native_lives(a: Any) -> dict[str, Any]:
     gc.collect()
     out["end"] = (alloc.parked, alloc.released, alloc.leases)
     return out
+
+
+def die_on(x: Any) -> Any:
+    """``x``, or the worker killed (SIGKILL, as the out-of-memory killer does) when it is
+    ``"die"``."""
+    if x == "die":
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x

@@ -13,6 +13,11 @@
 
 Shared arrays in the arguments and results are passed without copying, as everywhere.
 
+* **A worker that dies is an error, never a hung pool.** The standard library's pool starts
+  a new worker when one dies (killed, out of memory, a crash) but waits forever for the
+  task it was running. Here every task pending then fails with
+  :class:`~sharedarrays.WorkerLost` (the pool cannot tell which one the worker ran), and
+  the pool goes on with the new worker (:class:`_Workers`).
 * **A result that cannot be loaded is that task's error, never a hung pool.** The standard
   library unpickles results in one thread of the pool (``Pool``) or of the executor's
   manager; an exception there ends that thread and the pool waits forever (``Pool``) or
@@ -37,7 +42,7 @@ from concurrent.futures import Future
 from multiprocessing import reduction
 from typing import Any, TypeVar, cast
 
-from sharedarrays.errors import SharedArrayError
+from sharedarrays.errors import SharedArrayError, WorkerLost
 
 __all__ = [
     "Pool",
@@ -281,6 +286,77 @@ class _ResultFuture(Future[Any]):
 # the pools
 
 
+def _no_more(i: int, obj: object) -> None:
+    """A failed job's ``_set``: results that arrive after it failed are dropped."""
+
+
+def _fail(job: Any, error: BaseException) -> None:
+    """End ``job`` (a pool's ``ApplyResult``, ``MapResult`` or ``IMapIterator``), unless it
+    has ended, with ``error``: what ``get``, ``map`` or the iterator's next item raise."""
+    if isinstance(job, multiprocessing.pool.IMapIterator):
+        it: Any = job  # (its fields are not in the standard library's stubs)
+        with it._cond:
+            it._set = _no_more  # (its late results would move its count past its end)
+            it._items.append((False, error))
+            it._unsorted.clear()
+            it._index = it._length = 0  # after the error: the end
+            it._cond.notify_all()
+    else:
+        if job.ready():
+            return
+        job._set = _no_more
+        job._success, job._value = False, error
+        if job._error_callback is not None:
+            try:
+                job._error_callback(error)
+            except Exception as e:  # (as the pool's result thread would lose it: said)
+                print(f"sharedarrays: a Pool error_callback raised {e!r}", file=sys.stderr)
+        job._event.set()
+        job._pool = None
+    job._cache.pop(job._job, None)
+
+
+class _Workers(list):  # type: ignore[type-arg]
+    """A pool's list of its worker processes (``Pool._pool``) that fails the pending tasks
+    when a worker exited abnormally.
+
+    The standard library's worker handler thread forgets an exited worker with ``del
+    pool[i]`` (``Pool._join_exited_workers``), then appends a new one; a task the worker was
+    running is lost, and whoever waits for it would wait forever. Here the deletion of a
+    worker whose exit code is not 0 (a signal, an exit status) is remembered, and when the
+    next worker is appended every task of ``cache`` (the pool's jobs) fails with
+    :class:`~sharedarrays.WorkerLost` (after, so that a caller woken by the error finds a
+    worker to give the next task to). Only the cache is kept, not the pool: the handler
+    thread holds this list until the pool ends.
+    """
+
+    def __init__(self, workers: Iterable[Any], cache: Mapping[int, Any]) -> None:
+        super().__init__(workers)
+        self.cache = cache
+        self.lost: WorkerLost | None = None
+
+    def __delitem__(self, index: Any) -> None:
+        if isinstance(index, int):
+            worker = self[index]
+            code = worker.exitcode
+            if code:  # (None: running; 0: ended as asked, maxtasksperchild or close)
+                why = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+                self.lost = WorkerLost(
+                    f"a worker of this Pool (pid {worker.pid}) died ({why}) while tasks were "
+                    "pending; the pool cannot tell which task it was running, so every task "
+                    "pending then failed with this error, and a new worker took its place: "
+                    "submit them again"
+                )
+        super().__delitem__(index)
+
+    def append(self, worker: Any) -> None:
+        super().append(worker)
+        lost, self.lost = self.lost, None
+        if lost is not None:
+            for job in list(self.cache.values()):
+                _fail(job, lost)
+
+
 class Pool(multiprocessing.pool.Pool):
     """:class:`multiprocessing.pool.Pool` with the spawn start method by default and
     notebook-defined functions shipped by value.
@@ -327,6 +403,11 @@ class Pool(multiprocessing.pool.Pool):
         if initializer is not None:
             initializer = by_value(initializer)
         super().__init__(processes, initializer, initargs, maxtasksperchild, ctx)
+
+    def _repopulate_pool(self) -> None:
+        if type(self._pool) is list:  # type: ignore[has-type]  # (the first call, in __init__)
+            self._pool = _Workers(self._pool, self._cache)  # type: ignore[attr-defined,has-type]
+        super()._repopulate_pool()  # type: ignore[misc]
 
     def _setup_queues(self) -> None:
         super()._setup_queues()  # type: ignore[misc]

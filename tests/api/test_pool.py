@@ -127,3 +127,41 @@ def test_cuda_initialised_counts_cupy(monkeypatch):
     assert sa_pool.cuda_initialised()
     monkeypatch.delitem(sys.modules, "cupy")
     assert not sa_pool.cuda_initialised()
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("method", ["spawn", "forkserver", "fork"])
+def test_a_worker_killed_mid_task_fails_the_pending_tasks_and_the_pool_goes_on(method):
+    # (the standard library's Pool waits forever for the task a dead worker was running)
+    import workers
+
+    with sa.Pool(1, context=method) as pool:
+        first = pool.apply_async(workers.die_on, ("die",))
+        with pytest.raises(sa.WorkerLost, match=r"died \(killed by signal 9\)"):
+            first.get(timeout=120)
+        assert pool.apply(workers.die_on, (5,)) == 5  # a new worker took its place
+        with pytest.raises(sa.WorkerLost):
+            pool.map(workers.die_on, [1, "die", 3], chunksize=1)
+        errors = []
+        pool.apply_async(workers.die_on, ("die",), error_callback=errors.append).wait(120)
+        assert len(errors) == 1 and isinstance(errors[0], sa.WorkerLost)
+        for imap in (pool.imap, pool.imap_unordered):
+            it = imap(workers.die_on, [1, 2, "die", 4])
+            got = []
+            with pytest.raises(sa.WorkerLost):
+                for _ in range(5):
+                    got.append(it.next(timeout=120))
+            # (results that reached the parent before the death came first: at most 1, 2)
+            assert got in ([], [1], [1, 2]) or sorted(got) in ([1], [1, 2])
+            with pytest.raises(StopIteration):
+                it.next(timeout=120)  # then the end, never a wait
+        assert pool.map(workers.die_on, range(4)) == [0, 1, 2, 3]
+
+
+@pytest.mark.timeout(240)
+def test_workers_that_end_as_asked_fail_nothing():
+    import workers
+
+    with sa.Pool(2, maxtasksperchild=1) as pool:  # every worker exits (status 0) after a task
+        assert pool.map(workers.die_on, range(8), chunksize=1) == list(range(8))
+    pool.join()
