@@ -165,6 +165,17 @@ def _numeric_dtype(value: object, what: str) -> np.dtype[Any]:
     raise PayloadError(f"{what} 'dtype' is not a numeric dtype: {value!r}")
 
 
+def _overlapping(shape: tuple[int, ...], strides: tuple[int, ...], size: int) -> PayloadError:
+    """The error for a view with more bytes of elements than its allocation holds: only
+    strides that overlap (a zero stride on a longer axis) make one, which no view of a
+    SharedDeviceArray has, and whose reading or writing would go on for as long as its
+    count of elements says, past any valid array's."""
+    return PayloadError(
+        f"payload's view of shape {shape} and strides {strides} has more bytes of elements "
+        f"than its allocation of {size} bytes holds (overlapping strides)"
+    )
+
+
 def _check_layout(
     itemsize: int, shape: tuple[int, ...], strides: tuple[int, ...], offset: int, size: int
 ) -> None:
@@ -177,6 +188,8 @@ def _check_layout(
         count *= n
     if count > MAX_SIZE:
         raise PayloadError(f"payload's shape {shape} has more elements than any valid array")
+    if count * itemsize > size:
+        raise _overlapping(shape, strides, size)
     low, high = view_extent(itemsize, shape, strides)
     if offset + low < 0 or offset + high > size:
         raise PayloadError(
@@ -484,6 +497,8 @@ def check_view(data: object, size: int) -> tuple[np.dtype[Any], int, int]:
             high += st * (n - 1)
     if count > MAX_SIZE:
         raise PayloadError(f"payload's shape {shape} has more elements than any valid array")
+    if count * dtype.itemsize > size:
+        raise _overlapping(shape, strides, size)
     if count == 0:  # touches nothing
         low = high = 0
     if offset + low < 0 or offset + high > size:

@@ -95,6 +95,8 @@ def test_pickle_names_only_the_reconstructor_once() -> None:
         (32, (5, 4), (32, 8), np.dtype(np.float32), False),  # a dtype object, not its str
         (32, (5, 4), (32, 8), "<f4", 0),
         (32, (5, 4), (32, 8), "<f4", None),
+        (0, (1 << 40,), (0,), "<f8", False),  # one element read 2**40 times
+        (0, (_SIZE, _SIZE), (1, 1), "|u1", False),  # overlapping rows: _SIZE**2 elements
     ],
 )
 def test_bad_view_tuples_are_payload_errors(view: object) -> None:
