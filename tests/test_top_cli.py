@@ -119,6 +119,17 @@ def test_top_on_a_terminal_redraws_in_place_and_gives_the_screen_back() -> None:
     assert b"Traceback" not in out and b"KeyboardInterrupt" not in out
 
 
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m sharedarrays ARGS``, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "sharedarrays", *args],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        env=_env(),
+    )
+
+
 @pytest.mark.parametrize(
     "bad",
     [
@@ -132,13 +143,7 @@ def test_top_on_a_terminal_redraws_in_place_and_gives_the_screen_back() -> None:
 )
 def test_top_refuses_a_bad_number_of_seconds(bad: list[str]) -> None:
     # (nan and inf are floats: a socket's timeout and a sleep raised them as tracebacks)
-    out = subprocess.run(
-        [sys.executable, "-m", "sharedarrays", "top", *bad],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        env=_env(),
-    )
+    out = _cli("top", *bad)
     assert out.returncode == 2 and bad[-2] in out.stderr and "Traceback" not in out.stderr
     assert "usage: python -m sharedarrays top" in out.stderr
 
@@ -154,12 +159,6 @@ def test_top_refuses_a_bad_number_of_seconds(bad: list[str]) -> None:
     ],
 )
 def test_demo_says_what_is_wrong_without_a_traceback(args: list[str], said: str) -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "sharedarrays", "demo", *args],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        env=_env(),
-    )
+    out = _cli("demo", *args)
     assert out.returncode in (1, 2) and "Traceback" not in out.stderr
     assert any(one in out.stderr for one in said.split("|")), out.stderr
