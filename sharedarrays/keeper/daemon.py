@@ -414,16 +414,20 @@ class Keeper:
         if existing is not None:
             if not hmac.compare_digest(secret, existing.secret):
                 return DENIED, {"error": "wrong secret for an allocation the keeper holds"}, []
-            if flight is None:  # named or parked now: kept until unlinked
+            # (an unlinked entry lost its name with the unlink: it may be named again)
+            named = existing.name if existing.linked else None
+            if name is not None and name != named and (named is not None or name in self._names):
+                error = f"the allocation is kept as {named!r}" if named else f"{name!r} exists"
+                return EXISTS, {"error": error}, []
+            if not existing.linked:  # unlinked, still mapped somewhere: kept again
+                existing.linked, existing.name = True, None
+                existing.expires, existing.loads = (None, 0) if flight is None else (expires, loads)
+            elif flight is None:  # named or parked now: kept until unlinked
                 existing.expires, existing.loads = None, 0
             elif existing.expires is not None:  # more payloads in flight
                 existing.expires = max(existing.expires, expires)
                 existing.loads += loads
-            if flight is not None and not existing.linked:  # an ended flight takes off again
-                existing.linked, existing.expires, existing.loads = True, expires, loads
             if name is not None and name != existing.name:
-                if existing.name is not None or name in self._names:
-                    return EXISTS, {"error": f"the allocation is kept as {existing.name!r}"}, []
                 existing.name = name
                 self._names[name] = alloc_id
             self._hold(peer, existing)
@@ -493,6 +497,19 @@ class Keeper:
         entry, refusal = self._find(req)
         if entry is None:
             return refusal
+        if req.name is None:  # by id and secret: unpark, which drops only a parked array
+            if entry.name is not None:
+                error = (
+                    f"allocation {entry.id} is named {entry.name!r}, not parked: remove its "
+                    "name with sa.unlink (or python -m sharedarrays rm)"
+                )
+                return NOT_FOUND, {"error": error}, []
+            if entry.expires is not None:
+                error = (
+                    f"allocation {entry.id} is not parked (the keeper holds it only for "
+                    "payloads of it in flight, until they load or time out)"
+                )
+                return NOT_FOUND, {"error": error}, []
         entry.linked = False
         if entry.name is not None and self._names.get(entry.name) == entry.id:
             del self._names[entry.name]

@@ -159,6 +159,36 @@ def test_park_lets_a_plain_pickle_load_after_the_exporter_exited(private_keeper:
     assert r.returncode != 0 and "HandleUnavailable" in r.stderr and "keeper" in r.stderr
 
 
+def test_park_after_unpark_parks_again(private_keeper: Path) -> None:
+    # (the keeper kept the unlinked entry while the exporter mapped it, and a second park
+    # found it and did nothing: the payload did not load after the exporter exited)
+    code = (
+        "import sharedarrays as sa, pickle, sys; a = sa.full(1000, 3.0, device='cpu'); "
+        "a.park(); a.unpark(); a.park(); sys.stdout.buffer.write(pickle.dumps(a))"
+    )
+    env = {**os.environ, "SHAREDARRAYS_IN_FLIGHT": "0"}  # (no flight keeps it either)
+    exporter = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, timeout=60, env=env
+    )
+    assert exporter.returncode == 0, exporter.stderr.decode()
+    b = pickle.loads(exporter.stdout)
+    assert float(b.get().sum()) == 3000.0
+    b.unpark()
+    b.close()
+
+
+def test_unpark_leaves_a_name_alone(private_keeper: Path) -> None:
+    n = sa.zeros(4, name="park-named", device="cpu")
+    n.park()  # (a named array is kept already: parking it changes nothing)
+    with pytest.raises(sa.NameNotFound, match="is named 'park-named', not parked"):
+        n.unpark()
+    assert [x.name for x in sa.list_named()] == ["park-named"]
+    m = sa.attach("park-named")
+    m.close()
+    sa.unlink("park-named")
+    n.close()
+
+
 def test_unparked_payload_of_a_dead_exporter_is_a_clear_error(private_keeper: Path) -> None:
     code = (
         "import sharedarrays as sa, pickle, sys; "
