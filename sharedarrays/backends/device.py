@@ -45,7 +45,7 @@ DeviceLike = Union["Device", str, SupportsIndex, TorchDeviceLike, CupyDeviceLike
 """What ``device=`` takes: a :class:`Device`, a name (``"cpu"``, ``"cuda:1"``), an int
 (NumPy integers too), a ``torch.device`` or a ``cupy.cuda.Device``."""
 
-_NAME_RE = re.compile(r"^([a-z][a-z0-9_]*)(?::(\d+))?$")
+_NAME_RE = re.compile(r"^([a-z][a-z0-9_]*)(?::([0-9]+))?\Z")
 
 _kinds: dict[str, Callable[[int], str | None]] = {}
 """Accelerator kind -> why its device N cannot be used here (``None`` when it can), in the

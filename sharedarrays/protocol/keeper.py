@@ -72,9 +72,9 @@ SOCKET_NAME = "keeper.sock"
 """The keeper's socket, in the runtime directory."""
 LOCK_NAME = "keeper.lock"
 """The lock file a live keeper holds (``fcntl.flock``), in the runtime directory."""
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_HEX32 = re.compile(r"^[0-9a-f]{32}$")
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")
+_HEX32 = re.compile(r"^[0-9a-f]{32}\Z")
+_HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
 
 
 class BadRequest(KeeperError):

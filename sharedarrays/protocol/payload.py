@@ -67,10 +67,10 @@ _KEYS = frozenset(
         "readonly",
     )
 )
-_HEX32 = re.compile(r"^[0-9a-f]{32}$")
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_DTYPE = re.compile(r"^[<>|=]?[biufc][0-9]{1,2}$")
-_BACKEND = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
+_HEX32 = re.compile(r"^[0-9a-f]{32}\Z")
+_HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
+_DTYPE = re.compile(r"^[<>|=]?[biufc][0-9]{1,2}\Z")
+_BACKEND = re.compile(r"^[a-z][a-z0-9-]{0,31}\Z")
 """A backend name's shape (``host``, ``cuda-vmm``, ...). Whether this process knows the
 backend is its importer's question: :class:`Payload` is pure data."""
 _OPTIONAL = frozenset(("capacity", "node"))

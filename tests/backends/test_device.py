@@ -12,7 +12,9 @@ def test_cpu_names() -> None:
     assert parse_device(Device("cpu")) is not None
 
 
-@pytest.mark.parametrize("bad", ["cuda:", "cuda:-1", "cuda0", "gpu", ""])
+@pytest.mark.parametrize(
+    "bad", ["cuda:", "cuda:-1", "cuda0", "gpu", "", "cuda:\u0663", "cuda:1\nx"]
+)
 def test_bad_names(bad: str) -> None:
     with pytest.raises(ValueError, match="use 'cpu', 'cuda', 'cuda:N'"):
         parse_device(bad)

@@ -174,7 +174,9 @@ def test_valid_names(name: str) -> None:
     assert check_name(name) == name
 
 
-@pytest.mark.parametrize("name", ["", ".a", "_a", "-a", "a b", "a/b", "é", "x" * 129])
+@pytest.mark.parametrize(
+    "name", ["", ".a", "_a", "-a", "a b", "a/b", "é", "x" * 129, "evil\n", "a\nb", "x\r"]
+)
 def test_invalid_names(name: str) -> None:
     with pytest.raises(ValueError, match="invalid array name"):
         check_name(name)

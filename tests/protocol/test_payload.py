@@ -123,6 +123,8 @@ def test_resealed_field_tampering_never_escapes(key: str, value: object) -> None
         ("shape", [2**48, 0]),
         ("capacity", 2**47 + 4096),
         ("capacity", 2**64),
+        ("dtype", "<f8\n"),  # (a regular expression's $ matched before a final newline)
+        ("id", "0" * 32 + "\n"),
     ],
 )
 def test_specific_bad_fields(key: str, value: object) -> None:
@@ -193,7 +195,9 @@ def test_unknown_backend_is_a_payload_error() -> None:
         sa.load(reseal(doc))
 
 
-@pytest.mark.parametrize("name", ["", "CUDA", "-host", "a" * 33, "cuda vmm", 7, None, ["host"]])
+@pytest.mark.parametrize(
+    "name", ["", "CUDA", "-host", "a" * 33, "cuda vmm", 7, None, ["host"], "host\n"]
+)
 def test_malformed_backend_name_is_a_payload_error(name: object) -> None:
     doc = fields()
     doc["backend"] = name
