@@ -11,7 +11,9 @@ import numpy as np
 
 from sharedarrays.api.array import SharedDeviceArray
 from sharedarrays.api.creation import empty
+from sharedarrays.api.named import publish
 from sharedarrays.backends.device import DeviceLike
+from sharedarrays.protocol.keeper import check_name
 
 __all__ = ["to_dask", "from_dask"]
 
@@ -76,11 +78,20 @@ class _Target:
         self.out.synchronize()  # a CUDA copy is queued on a stream: done before the task ends
 
 
+_NOT_FOR_STORE = frozenset(
+    {"shape", "dtype", "order", "chunk_bytes", "pack", "allow_pids", "readonly", "capacity"}
+    | {"access", "progress", "copy"}
+)
+"""Keywords of the creation functions that :func:`from_dask` does not take (its other
+keywords go to :func:`dask.array.store`, which would ignore them)."""
+
+
 def from_dask(
     x: Any,
     *,
     device: DeviceLike = None,
     backend: str = "auto",
+    name: str | None = None,
     **compute: Any,
 ) -> SharedDeviceArray:
     """Compute a dask array into a new shared array, each task writing its chunk in place.
@@ -99,8 +110,13 @@ def from_dask(
         chunks are CuPy arrays, else as :func:`sharedarrays.empty` decides.
     backend : str
         The memory system (as :func:`sharedarrays.empty`).
+    name : str, optional
+        Name the result (as :func:`sharedarrays.empty`'s ``name=``) once every chunk is
+        written: a process that attaches it by name never sees it half made.
     **compute
-        Passed to :func:`dask.array.store` (``scheduler=``, ...).
+        Passed to :func:`dask.array.store` (``scheduler=``, ...). The creation functions'
+        other keywords (``pack=``, ``chunk_bytes=``, ...) are refused with TypeError
+        (``store`` would ignore them).
 
     Returns
     -------
@@ -115,11 +131,23 @@ def from_dask(
         raise ValueError(
             "from_dask needs a dask array of known shape (call x.compute_chunk_sizes() first)"
         )
+    refused = sorted(_NOT_FOR_STORE & compute.keys())
+    if refused:
+        raise TypeError(
+            f"from_dask does not take {', '.join(refused)}: it makes the array with device=, "
+            "backend= and name=, and passes its other keywords to dask.array.store"
+        )
+    if name is not None:
+        check_name(name)  # (before the computation)
     if device is None and type(x._meta).__module__.partition(".")[0] == "cupy":
         device = "cuda"
-    out = empty(x.shape, dtype=x.dtype, device=device, backend=backend)
+    out = empty(
+        x.shape, dtype=x.dtype, device=device, backend=backend, pack=False if name else None
+    )
     try:
         da.store(x, _Target(out), lock=False, **compute)
+        if name is not None:
+            publish(out, name)  # (once written: an attacher never sees it half made)
     except BaseException:
         out.close()
         raise

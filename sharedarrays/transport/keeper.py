@@ -269,7 +269,9 @@ def request(
                 disconnect()
                 raise KeeperError(
                     f"the keeper did not answer within {TIMEOUT:g} s: it is overloaded or "
-                    "stopped. Try again; python -m sharedarrays status shows it"
+                    "stopped. The request was sent and may still be carried out when it "
+                    "resumes: see python -m sharedarrays status and ls --all before trying "
+                    "it again"
                 ) from None
             except OSError as e:
                 disconnect()

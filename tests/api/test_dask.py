@@ -232,6 +232,24 @@ def test_from_dask_writes_each_chunk_in_place(client: distributed.Client) -> Non
         sa.from_dask(np.zeros(3))
 
 
+def test_from_dask_names_the_result_once_written_and_refuses_creation_keywords(
+    client: distributed.Client,
+) -> None:
+    y = da.zeros((10, 10), chunks=(5, 5)).map_blocks(w.fill_block, dtype=np.float64)
+    out = sa.from_dask(y, device="cpu", name="from-dask-named")
+    seen = sa.attach("from-dask-named")
+    np.testing.assert_array_equal(seen.get(), np.arange(100.0).reshape(10, 10))
+    seen.close()
+    sa.unlink("from-dask-named")
+    out.close()
+    # (dask.array.store would take these and ignore them: the array made unpacked, unnamed)
+    for bad in ({"pack": False}, {"chunk_bytes": 4096}, {"readonly": True}):
+        with pytest.raises(TypeError, match="from_dask does not take"):
+            sa.from_dask(y, device="cpu", **bad)
+    with pytest.raises(ValueError, match="invalid array name"):
+        sa.from_dask(y, device="cpu", name="bad name")
+
+
 # another node -----------------------------------------------------------------------------------
 def test_to_another_node_by_value_and_back(other_node: distributed.Client) -> None:
     a = sa.from_array(np.arange(6.0), device="cpu", pack=False)
