@@ -227,7 +227,11 @@ class Timeline:
         return Timeline, (self.array, self.index)
 
     def _check(self, value: int | None) -> int:
-        if value is None or isinstance(value, bool) or not 0 <= int(value) < 1 << 64:
+        """``value`` as an int in [0, 2**64): an int or a NumPy integer, never a bool, a
+        float (3.7 would wait for 3) or a string."""
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"a timeline value is an int, not {type(value).__name__}")
+        if not 0 <= int(value) < 1 << 64:
             raise ValueError(f"a timeline value is in [0, 2**64), not {value!r}")
         return int(value)
 

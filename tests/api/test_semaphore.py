@@ -86,9 +86,16 @@ def test_timeline_arguments() -> None:
 
 def test_timeline_values_and_timeout() -> None:
     t = sa.Timeline(sa.zeros(1, "uint64", device="cpu"))
-    for bad in (-1, 1 << 64, None, True):
+    for bad in (-1, 1 << 64):
         with pytest.raises(ValueError, match=r"\[0, 2\*\*64\)"):
-            t.signal(bad)  # type: ignore[arg-type]
+            t.signal(bad)
+    for wrong in (None, True, 3.7, "5", np.float64(2.0)):  # (3.7 was 3, "5" was 5)
+        with pytest.raises(TypeError, match="a timeline value is an int"):
+            t.signal(wrong)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="a timeline value is an int"):
+            t.wait(wrong, timeout=0)  # type: ignore[arg-type]
+    t.signal(np.uint64(7))
+    assert t.value == 7
     t.signal((1 << 64) - 1)
     assert t.value == (1 << 64) - 1
     t2 = sa.Timeline(sa.zeros(1, "uint64", device="cpu"))
