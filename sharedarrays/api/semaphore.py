@@ -50,6 +50,25 @@ def _streams(device: Device, what: str) -> StreamBackend:
     return backend
 
 
+def timeline_value(value: object) -> int:
+    """``value`` as a timeline's value, an int in [0, 2**64) (a :class:`Timeline`'s or a
+    timeline :class:`ExternalSemaphore`'s): an int or a NumPy integer, never a bool, a float
+    (3.7 would wait for 3) or a string.
+
+    Raises
+    ------
+    TypeError
+        Not an integer.
+    ValueError
+        Outside [0, 2**64).
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"a timeline value is an int, not {type(value).__name__}")
+    if not 0 <= int(value) < 1 << 64:
+        raise ValueError(f"a timeline value is in [0, 2**64), not {value!r}")
+    return int(value)
+
+
 class ExternalSemaphore:
     """A semaphore exported by another API (Vulkan, say), imported into CUDA.
 
@@ -119,9 +138,7 @@ class ExternalSemaphore:
 
     def _value(self, value: int | None) -> int:
         if self.kind == "timeline":
-            if value is None or isinstance(value, bool) or not 0 <= int(value) < 1 << 64:
-                raise ValueError("a timeline semaphore needs a value in [0, 2**64)")
-            return int(value)
+            return timeline_value(value)
         if value is not None:
             raise ValueError("a binary ('opaque') semaphore takes no value")
         return 0
@@ -226,19 +243,10 @@ class Timeline:
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return Timeline, (self.array, self.index)
 
-    def _check(self, value: int | None) -> int:
-        """``value`` as an int in [0, 2**64): an int or a NumPy integer, never a bool, a
-        float (3.7 would wait for 3) or a string."""
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-            raise TypeError(f"a timeline value is an int, not {type(value).__name__}")
-        if not 0 <= int(value) < 1 << 64:
-            raise ValueError(f"a timeline value is in [0, 2**64), not {value!r}")
-        return int(value)
-
     def signal(self, value: int | None) -> None:
         """Set the counter to ``value`` once the current stream's earlier work is done
         (CUDA; returns at once), or now (host)."""
-        v = self._check(value)
+        v = timeline_value(value)
         if self._streams is None:
             self._host()[...] = np.uint64(v).view(self.array.dtype)
             return
@@ -253,7 +261,7 @@ class Timeline:
         TimeoutError
             Host only: the counter did not reach ``value`` within ``timeout`` seconds.
         """
-        v = self._check(value)
+        v = timeline_value(value)
         if self._streams is None:
             self.wait_host(v, timeout)
             return
@@ -279,7 +287,7 @@ class Timeline:
         TimeoutError
             Not reached within ``timeout`` seconds (``None``: wait forever).
         """
-        v = self._check(value)
+        v = timeline_value(value)
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = 1e-5
         while self.value < v:
