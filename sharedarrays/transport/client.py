@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import select
 import socket
 import threading
 import time
@@ -185,14 +186,35 @@ def _connect(server: str, gone: str) -> socket.socket:
 
 
 def keep_connection(server: str, sock: socket.socket) -> None:
-    """Put a connection back for the next request (or close it if another one is kept)."""
+    """Put a connection back for the next request (or close it if another one is kept).
+
+    A connection to a new server first closes the kept ones whose server hung up (its
+    process exited: a pool's workers that returned arrays, each with a server of its own),
+    so that the kept connections follow the servers that still run instead of growing to
+    :data:`MAX_CLIENT_CONNECTIONS` fds."""
     with _connections_lock:
         if server not in _connections:
+            _close_hung_up()
             while len(_connections) >= MAX_CLIENT_CONNECTIONS:
                 _connections.pop(next(iter(_connections))).close()
             _connections[server] = sock
             return
     sock.close()
+
+
+def _close_hung_up() -> None:
+    """Close the kept connections whose server hung up (under :data:`_connections_lock`): an
+    idle connection has nothing to read, so one that polls readable, hung up or in error is
+    at its end."""
+    if not _connections:
+        return
+    poller = select.poll()
+    by_fd = {}
+    for server, kept in _connections.items():
+        poller.register(kept, select.POLLIN | select.POLLHUP | select.POLLERR)
+        by_fd[kept.fileno()] = server
+    for fd, _ in poller.poll(0):
+        _connections.pop(by_fd[fd]).close()
 
 
 def _fetch(

@@ -91,3 +91,56 @@ def test_a_client_refuses_a_server_of_another_user(monkeypatch: pytest.MonkeyPat
     with pytest.raises(sa.PermissionDenied, match="runs as another user"):
         client.fetch_handles(path, os.getpid(), a.allocation.id, a.allocation.secret)
     assert client.kept_connections() == 0
+
+
+def test_kept_connections_to_servers_that_hung_up_are_closed() -> None:
+    client.close_connections()
+    ends = []
+    for n in range(3):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        client.keep_connection(f"/gone/{n}", ours)
+        ends.append(theirs)
+    ends[0].close()  # (its server's process exited)
+    ends[2].close()
+    assert client.kept_connections() == 3  # (nothing looks until a new server is added)
+    fresh, other = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    client.keep_connection("/new", fresh)
+    assert client.kept_connections() == 2  # /gone/1 and /new
+    client.close_connections()
+    ends[1].close()
+    other.close()
+
+
+@pytest.mark.timeout(120)
+def test_connections_to_ended_pool_workers_do_not_pile_up() -> None:
+    # (each worker that returns an array has a handle server of its own; after its pool
+    # ends, the parent's connection to it is closed when the next one is kept)
+    import multiprocessing as mp
+
+    import workers
+
+    def sockets() -> int:
+        fds = os.listdir("/proc/self/fd")
+        return sum(_link(f"/proc/self/fd/{fd}").startswith("socket:") for fd in fds)
+
+    client.close_connections()
+    counts = []
+    for n in range(1, 7):
+        with mp.get_context("fork").Pool(1) as pool:
+            got = pool.apply(workers.made_here, (n,))
+        pool.join()
+        assert got.get().tolist() == [float(n)] * n
+        got.close()
+        counts.append((client.kept_connections(), sockets()))
+    # (the first round starts what this process keeps: its handle server, the keeper's
+    # connection; after it, one kept connection, to the last worker's server, whose
+    # process has exited, until the next is kept)
+    assert [kept for kept, _ in counts] == [1] * 6, counts
+    assert len({open_sockets for _, open_sockets in counts[1:]}) == 1, counts
+
+
+def _link(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:  # (the listing's own fd, closed by now)
+        return ""
