@@ -126,6 +126,8 @@ connection out while it runs, so two threads never share one."""
 _connections_lock = threading.Lock()
 MAX_CLIENT_CONNECTIONS = 64
 """Connections to handle servers this process keeps open at most (the oldest is closed)."""
+TIDY_CONNECTIONS = 4
+"""Kept connections from which a new one first closes those whose server hung up."""
 
 
 def close_connections() -> None:
@@ -188,13 +190,16 @@ def _connect(server: str, gone: str) -> socket.socket:
 def keep_connection(server: str, sock: socket.socket) -> None:
     """Put a connection back for the next request (or close it if another one is kept).
 
-    A connection to a new server first closes the kept ones whose server hung up (its
-    process exited: a pool's workers that returned arrays, each with a server of its own),
-    so that the kept connections follow the servers that still run instead of growing to
-    :data:`MAX_CLIENT_CONNECTIONS` fds."""
+    A connection to a new server, where :data:`TIDY_CONNECTIONS` are kept already, first
+    closes the kept ones whose server hung up (its process exited: a pool's workers that
+    returned arrays, each with a server of its own), so that the kept connections follow
+    the servers that still run instead of growing to :data:`MAX_CLIENT_CONNECTIONS` fds.
+    (A request takes its connection out while it runs: with fewer kept, as in a worker
+    that asks its parent alone, a cold handoff does not poll them.)"""
     with _connections_lock:
         if server not in _connections:
-            _close_hung_up()
+            if len(_connections) >= TIDY_CONNECTIONS:
+                _close_hung_up()
             while len(_connections) >= MAX_CLIENT_CONNECTIONS:
                 _connections.pop(next(iter(_connections))).close()
             _connections[server] = sock

@@ -96,19 +96,23 @@ def test_a_client_refuses_a_server_of_another_user(monkeypatch: pytest.MonkeyPat
 def test_kept_connections_to_servers_that_hung_up_are_closed() -> None:
     client.close_connections()
     ends = []
-    for n in range(3):
+    for n in range(client.TIDY_CONNECTIONS - 1):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         client.keep_connection(f"/gone/{n}", ours)
         ends.append(theirs)
     ends[0].close()  # (its server's process exited)
     ends[2].close()
-    assert client.kept_connections() == 3  # (nothing looks until a new server is added)
+    kept = client.TIDY_CONNECTIONS - 1
+    assert client.kept_connections() == kept  # (below the tidy mark: no poll)
     fresh, other = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     client.keep_connection("/new", fresh)
-    assert client.kept_connections() == 2  # /gone/1 and /new
+    assert client.kept_connections() == kept + 1
+    last, another = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    client.keep_connection("/newer", last)  # (at the tidy mark: the two hung up are closed)
+    assert client.kept_connections() == kept + 2 - 2
     client.close_connections()
-    ends[1].close()
-    other.close()
+    for end in (ends[1], other, another):
+        end.close()
 
 
 @pytest.mark.timeout(120)
@@ -132,11 +136,11 @@ def test_connections_to_ended_pool_workers_do_not_pile_up() -> None:
         assert got.get().tolist() == [float(n)] * n
         got.close()
         counts.append((client.kept_connections(), sockets()))
-    # (the first round starts what this process keeps: its handle server, the keeper's
-    # connection; after it, one kept connection, to the last worker's server, whose
-    # process has exited, until the next is kept)
-    assert [kept for kept, _ in counts] == [1] * 6, counts
-    assert len({open_sockets for _, open_sockets in counts[1:]}) == 1, counts
+    # (a connection to each ended worker's server until TIDY_CONNECTIONS are kept; then
+    # those are closed when the next is kept: never more, however many pools)
+    tidy = client.TIDY_CONNECTIONS
+    assert [kept for kept, _ in counts] == [1, 2, 3, 4, 1, 2][: len(counts)], counts
+    assert tidy == 4 and max(s for _, s in counts) - min(s for _, s in counts) <= tidy, counts
 
 
 def _link(path: str) -> str:
