@@ -313,7 +313,10 @@ def _fail(job: Any, error: BaseException) -> None:
                 print(f"sharedarrays: a Pool error_callback raised {e!r}", file=sys.stderr)
         job._event.set()
         job._pool = None
-    job._cache.pop(job._job, None)
+    try:  # (del, not pop: the pool's cache wakes its worker thread when it empties)
+        del job._cache[job._job]
+    except KeyError:
+        pass
 
 
 class _Workers(list):  # type: ignore[type-arg]

@@ -159,6 +159,25 @@ def test_a_worker_killed_mid_task_fails_the_pending_tasks_and_the_pool_goes_on(m
 
 
 @pytest.mark.timeout(240)
+def test_a_closed_pool_whose_worker_died_still_joins():
+    # (the failed task leaves the pool's cache as a finished one does, waking its worker
+    # thread when the cache empties: else join() after close() would wait forever)
+    import threading
+
+    import workers
+
+    pool = sa.Pool(1)
+    lost = pool.apply_async(workers.die_on, ("die",))
+    pool.close()
+    with pytest.raises(sa.WorkerLost):
+        lost.get(timeout=120)
+    joined = threading.Thread(target=pool.join, daemon=True)
+    joined.start()
+    joined.join(120)
+    assert not joined.is_alive(), "join() did not return"
+
+
+@pytest.mark.timeout(240)
 def test_workers_that_end_as_asked_fail_nothing():
     import workers
 
