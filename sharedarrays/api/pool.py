@@ -333,22 +333,29 @@ class _Workers(list):  # type: ignore[type-arg]
     thread holds this list until the pool ends.
     """
 
-    def __init__(self, workers: Iterable[Any], cache: Mapping[int, Any]) -> None:
+    def __init__(
+        self, workers: Iterable[Any], cache: Mapping[int, Any], ends_as_asked: bool
+    ) -> None:
         super().__init__(workers)
         self.cache = cache
+        self.ends_as_asked = ends_as_asked  # (maxtasksperchild: an exit status 0 is normal)
         self.lost: WorkerLost | None = None
 
     def __delitem__(self, index: Any) -> None:
         if isinstance(index, int):
             worker = self[index]
             code = worker.exitcode
-            if code:  # (None: running; 0: ended as asked, maxtasksperchild or close)
+            # (None: running; 0: ended as asked, after maxtasksperchild tasks or at close
+            # when nothing is pending, or a task's sys.exit(), which ends a worker too)
+            if code or (code == 0 and not self.ends_as_asked and self.cache):
                 why = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
                 self.lost = WorkerLost(
                     f"a worker of this Pool (pid {worker.pid}) died ({why}) while tasks were "
                     "pending; the pool cannot tell which task it was running, so every task "
-                    "pending then failed with this error, and a new worker took its place: "
-                    "submit them again"
+                    "pending then failed with this error, and a new worker took its place. "
+                    "Its standard error may say why (a task that called sys.exit() or "
+                    "os._exit(), an argument it could not load: ulimit -n or -v); submit "
+                    "them again once that is mended"
                 )
         super().__delitem__(index)
 
@@ -409,7 +416,11 @@ class Pool(multiprocessing.pool.Pool):
 
     def _repopulate_pool(self) -> None:
         if type(self._pool) is list:  # type: ignore[has-type]  # (the first call, in __init__)
-            self._pool = _Workers(self._pool, self._cache)  # type: ignore[attr-defined,has-type]
+            self._pool = _Workers(
+                self._pool,  # type: ignore[has-type]
+                self._cache,  # type: ignore[attr-defined]
+                self._maxtasksperchild is not None,  # type: ignore[attr-defined]
+            )
         super()._repopulate_pool()  # type: ignore[misc]
 
     def _setup_queues(self) -> None:

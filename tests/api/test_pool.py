@@ -178,6 +178,17 @@ def test_a_closed_pool_whose_worker_died_still_joins():
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("how", ["exit", "_exit"])
+def test_a_task_that_ends_its_worker_with_status_0_is_lost_too(how):
+    import workers
+
+    with sa.Pool(1) as pool:
+        with pytest.raises(sa.WorkerLost, match=r"exit status 0\).*sys\.exit\(\)"):
+            pool.apply_async(workers.die_on, (how,)).get(timeout=120)
+        assert pool.apply(workers.die_on, (7,)) == 7
+
+
+@pytest.mark.timeout(240)
 def test_workers_that_end_as_asked_fail_nothing():
     import workers
 
