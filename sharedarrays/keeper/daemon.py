@@ -295,8 +295,16 @@ class Keeper:
         if self._peers.get(key) is peer:
             self._peers[key] = self._peers.pop(key)  # most recently used last
         try:
-            if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+            if flags & socket.MSG_TRUNC or (flags & socket.MSG_CTRUNC and len(fds) >= MAX_FDS):
                 raise BadRequest(f"message too long (at most {MAX_MESSAGE} bytes, {MAX_FDS} fds)")
+            if flags & socket.MSG_CTRUNC:  # (fewer than MAX_FDS came: no room here for them)
+                raise BadRequest(
+                    "the keeper has no room for the handles sent: it holds as many open "
+                    "files as its limit allows (ulimit -n of the process that started it; "
+                    "python -m sharedarrays status shows its fds). Unlink names or unpark "
+                    "arrays it holds (python -m sharedarrays ls --all, rm), or start the "
+                    "keeper from a shell with a higher ulimit -n"
+                )
             reply = self._handle(peer, msg, fds)
         except BadRequest as e:
             self.errors += 1

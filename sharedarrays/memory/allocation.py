@@ -930,31 +930,39 @@ class Allocation(Growth):
         (:meth:`in_flight`)."""
         return self.in_flight()[0] > 0
 
-    def hand_over(self) -> None:
+    def hand_over(self, say: bool = True) -> tuple[int, str] | None:
         """Give the handles of the payloads in flight to something that outlives this
         process (the process state's ``hand_over_hooks``: the keeper), for the rest of their bound.
 
         Called when the allocation is released here and at exit, for memory that outlives
         its exporter (host, cuda-vmm); does nothing when no payload is in flight. A hook's
-        failure is said on stderr (this runs from finalizers): those payloads will not load.
+        failure is said on stderr (this runs from finalizers; with ``say=False`` the caller
+        says it): those payloads will not load.
+
+        Returns
+        -------
+        tuple of (int, str) or None
+            On a failure, how many payloads will not load and the message that says so.
         """
         if self.pid != os.getpid() or self.growable or not self.backend.maps:
-            return
+            return None
         count, seconds = self.in_flight()
         if not count:
-            return
+            return None
         for hook in state.hand_over_hooks:
             try:
                 hook(self, count, seconds)
             except Exception as exc:
-                print(
+                message = (
                     f"sharedarrays: {count} payload(s) of allocation {self.id} are in flight "
                     f"but their memory could not be handed to the keeper ({exc}); they will "
-                    "not load. Keep a view open until they are loaded, or park() the array",
-                    file=sys.stderr,
+                    "not load. Keep a view open until they are loaded, or park() the array"
                 )
-                return
+                if say:
+                    print(message, file=sys.stderr)
+                return count, message
         self.flight.handed_over()  # the keeper answers for them from now on
+        return None
 
     # description ------------------------------------------------------------------------
     @property

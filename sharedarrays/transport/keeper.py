@@ -347,11 +347,32 @@ def hand_over(alloc: allocation.Allocation, loads: int, seconds: float) -> None:
     raise_for(status, body, f"the keeper refused allocation {alloc.id}")
 
 
+_said: set[str] = set()
+"""Allocations whose failed hand-over at exit was said on stderr, by process :data:`_said_by`."""
+_said_by: int | None = None
+
+
 def _hand_over_at_exit() -> None:
     """At exit: hand the payloads in flight of every allocation still mapped here to the
     keeper (a Queue's feeder thread has pickled its items by then)."""
+    global _said_by
+    if _said_by != os.getpid():
+        _said_by = os.getpid()
+        _said.clear()
+    failed: list[tuple[int, str]] = []
     for alloc in allocation.live_allocations():
-        alloc.hand_over()
+        failure = alloc.hand_over(say=False)
+        # (exit hooks may run twice, at a Process's end and at its interpreter's: what
+        # failed the first time is tried again but said once)
+        if failure is not None and alloc.id not in _said:
+            _said.add(alloc.id)
+            failed.append(failure)
+    if failed:  # (one line for all: a keeper out of room refuses every one alike)
+        more = ""
+        if len(failed) > 1:
+            payloads = sum(count for count, _ in failed[1:])
+            more = f" (and {payloads} payload(s) of {len(failed) - 1} more allocation(s), alike)"
+        print(failed[0][1] + more, file=sys.stderr)
 
 
 def _close_at_exit() -> None:

@@ -105,3 +105,40 @@ def test_another_user_is_denied(keeper: daemon.Keeper, monkeypatch: pytest.Monke
         assert s.recv(1024) == b""  # closed
     monkeypatch.undo()
     assert _ask(keeper, wire.Hello()).status == wire.OK
+
+
+def test_a_keeper_out_of_open_files_says_so(keeper: daemon.Keeper) -> None:
+    # (the kernel could not install the handles sent, MSG_CTRUNC with fewer fds than the
+    # limit of a message: said as "message too long" before)
+    import resource
+
+    chunks = []
+    for _ in range(3):
+        fd = os.memfd_create("sharedarrays", os.MFD_ALLOW_SEALING)
+        os.ftruncate(fd, 4096)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
+        chunks.append(fd)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.settimeout(10)
+    sock.connect(keeper.path)
+    sock.send(wire.Hello().encode())  # (answered: the keeper has accepted the connection)
+    sock.recv(wire.MAX_MESSAGE)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    highest = max(int(fd) for fd in os.listdir("/proc/self/fd"))
+    fillers = [os.open("/dev/null", os.O_RDONLY)]
+    while fillers[-1] < highest:  # (every free number below the highest taken)
+        fillers.append(os.open("/dev/null", os.O_RDONLY))
+    keep = wire.Keep("ef" * 16, bytes(32), "full", [4096] * 3, {"backend": "host"})
+    try:
+        # (the keeper runs in this process: room for one more fd, not three)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(fillers) + 2, hard))
+        socket.send_fds(sock, [keep.encode()], chunks)
+        msg, got, _, _ = socket.recv_fds(sock, wire.MAX_MESSAGE, wire.MAX_FDS)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        sock.close()
+        for fd in chunks + fillers:
+            os.close(fd)
+    reply = wire.Reply.decode(msg)
+    assert reply.status == wire.ERROR and "no room for the handles sent" in reply.body["error"]
+    assert "ulimit -n" in reply.body["error"] and not got

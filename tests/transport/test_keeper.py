@@ -654,3 +654,31 @@ def test_the_keeper_connection_is_closed_at_exit() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok" and "unclosed" not in done.stderr
+
+
+_REFUSED_AT_EXIT = """
+import pickle, sharedarrays as sa
+from sharedarrays.memory.state import state
+
+def refused(alloc, count, seconds):
+    raise sa.KeeperError("the keeper has no room for the handles sent")
+
+state.hand_over_hooks[:] = [refused]
+arrays = [sa.zeros(4, device="cpu", pack=False) for _ in range(5)]
+payloads = [pickle.dumps(a) for a in arrays for _ in range(2)]  # in flight at exit
+"""
+
+
+def test_payloads_that_cannot_be_handed_over_at_exit_are_said_once(
+    private_keeper: Path,
+) -> None:
+    # (one stderr line per allocation: 8,014 lines from a process whose keeper ran out of
+    # room; one line now, with the count of the others)
+    r = subprocess.run(
+        [sys.executable, "-c", _REFUSED_AT_EXIT], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stderr.splitlines() if "could not be handed" in line]
+    assert len(lines) == 1, r.stderr
+    assert "2 payload(s) of allocation" in lines[0] and "no room for the handles" in lines[0]
+    assert "(and 8 payload(s) of 4 more allocation(s), alike)" in lines[0]
