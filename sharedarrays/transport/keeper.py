@@ -65,6 +65,7 @@ __all__ = [
     "hand_over",
     "fetch_handles",
     "disconnect",
+    "NoRoomForFiles",
 ]
 
 TIMEOUT = 10.0
@@ -144,6 +145,11 @@ def _launch() -> None:
         pass
 
 
+class NoRoomForFiles(KeeperError):
+    """The keeper could not be asked, or its reply taken, because this process has as many
+    files open as its limit allows (``ulimit -n``): said first, whatever else failed."""
+
+
 def _try_connect(path: str, deadline: float) -> socket.socket | None:
     """A connection to the keeper at ``path``, or ``None`` where none listens there.
 
@@ -172,9 +178,9 @@ def _try_connect(path: str, deadline: float) -> socket.socket | None:
         ) from None
     except OSError as e:
         if e.errno in (errno.EMFILE, errno.ENFILE):
-            raise KeeperError(
+            raise NoRoomForFiles(
                 f"cannot open a socket to the keeper: {e.strerror}. Close some files in this "
-                "process and try again"
+                "process (or raise its ulimit -n) and try again"
             ) from None
         raise KeeperError(f"cannot connect to the keeper {path}: {e.strerror or e}") from None
     try:
@@ -283,7 +289,7 @@ def request(
             except HandleUnavailable:
                 for fd in got:
                     os.close(fd)
-                raise KeeperError(
+                raise NoRoomForFiles(
                     "this process has no room for the handles the keeper sent: it has as many "
                     "files open as its limit allows (ulimit -n). Close some and try again"
                 ) from None
@@ -479,6 +485,8 @@ def fetch_handles(
         status, body, fds = request(Fetch(alloc_id, secret), start=False)
     except HandleUnavailable:
         raise HandleUnavailable(f"{gone}; no keeper holds it either (see a.park())") from None
+    except NoRoomForFiles as e:  # (the cause, said first: the keeper may well hold it)
+        raise HandleUnavailable(f"{e} (allocation {alloc_id}; its exporter: {gone})") from None
     except KeeperError as e:
         raise HandleUnavailable(f"{gone}; nor could the keeper be asked: {e}") from None
     try:

@@ -682,3 +682,20 @@ def test_payloads_that_cannot_be_handed_over_at_exit_are_said_once(
     assert len(lines) == 1, r.stderr
     assert "2 payload(s) of allocation" in lines[0] and "no room for the handles" in lines[0]
     assert "(and 8 payload(s) of 4 more allocation(s), alike)" in lines[0]
+
+
+def test_no_room_for_files_is_said_first_not_a_missing_keeper(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # (a process at its open-files limit was told the exporter exited and, at the end, that
+    # no keeper held the array: the keeper had it)
+    def no_room(*args: object, **kwargs: object) -> None:
+        raise keeper.NoRoomForFiles("this process has no room for the handles (ulimit -n)")
+
+    monkeypatch.setattr(keeper, "request", no_room)
+    gone = sa.HandleUnavailable("the handles of allocation x are no longer available")
+    with pytest.raises(sa.HandleUnavailable) as info:
+        keeper.fetch_handles("ab" * 16, bytes(32), gone)
+    said = str(info.value)
+    assert said.startswith("this process has no room") and "park()" not in said
+    assert "no longer available" in said  # (what the exporter said, after)
