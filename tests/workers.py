@@ -267,3 +267,14 @@ def made_here(n: int) -> Any:
     import sharedarrays as sa
 
     return sa.full(n, float(n), device="cpu", pack=False)
+
+
+def limit_address_space(nbytes: int) -> None:
+    """A Pool initializer: this worker may map at most ``nbytes`` of address space."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (nbytes, nbytes))
+
+
+def first_value(a: Any) -> float:
+    return float(a.array.flat[0])

@@ -218,8 +218,44 @@ def _load_pending(value: Any) -> Any:
     return value
 
 
+class _Sent:
+    """A task's arguments as they reach the worker: pickled bytes, loaded by the task itself
+    (:meth:`_Task.__call__`)."""
+
+    __slots__ = ("blob",)
+
+    def __init__(self, blob: bytes) -> None:
+        self.blob = blob
+
+
+class _Args:
+    """A task's arguments, pickled on their own in the parent (multiprocessing's pickler:
+    shared arrays travel as payloads); they arrive in the worker as a :class:`_Sent` that the
+    task loads, so that a failure to load them (no room for an array's handles, its memory
+    gone) is that task's error instead of the end of the worker, which the standard
+    library's worker does not survive."""
+
+    __slots__ = ("args", "kwargs")
+
+    def __init__(self, args: Iterable[Any], kwargs: Mapping[str, Any]) -> None:
+        self.args = tuple(args)
+        self.kwargs = dict(kwargs)
+
+    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
+        blob = reduction.ForkingPickler.dumps((self.args, self.kwargs))
+        return _Sent, (bytes(blob),)
+
+
+def _each(iterable: Iterable[Any], star: bool) -> Iterator[Any]:
+    """The items of a map's ``iterable`` as its tasks take them: one :class:`_Args` each
+    (``star``: an item is the argument tuple, as ``starmap`` takes it)."""
+    for item in iterable:
+        yield (_Args(item, {}),) if star else _Args((item,), {})
+
+
 class _Task:
-    """The function a worker runs: the user's, with its result wrapped in :class:`_Returned`."""
+    """The function a worker runs: the user's, called with the arguments it loads (from a
+    :class:`_Sent`), with its result wrapped in :class:`_Returned`."""
 
     __slots__ = ("fn",)
 
@@ -227,6 +263,12 @@ class _Task:
         self.fn = fn
 
     def __call__(self, *args: Any, **kwargs: Any) -> _Returned:
+        if len(args) == 1 and not kwargs:
+            sent = args[0]
+            if type(sent) is _Sent:
+                args, kwargs = reduction.ForkingPickler.loads(sent.blob)
+            elif type(sent) is _Args:  # (called without pickling)
+                args, kwargs = sent.args, sent.kwargs
         return _Returned(self.fn(*args, **kwargs))
 
     def __reduce__(self) -> tuple[Any, tuple[Callable[..., Any]]]:
@@ -434,7 +476,7 @@ class Pool(multiprocessing.pool.Pool):
         kwds: Mapping[str, Any] = {},
     ) -> T:
         """Call ``func(*args, **kwds)`` in a worker and wait for the result."""
-        return super().apply(_task(func), args, kwds)
+        return super().apply(_task(func), args, kwds)  # (which calls apply_async below)
 
     def apply_async(
         self,
@@ -445,13 +487,13 @@ class Pool(multiprocessing.pool.Pool):
         error_callback: Callable[[BaseException], object] | None = None,
     ) -> multiprocessing.pool.AsyncResult[T]:
         """Like :meth:`apply`, returning an ``AsyncResult``."""
-        return super().apply_async(_task(func), args, kwds, callback, error_callback)
+        return super().apply_async(_task(func), (_Args(args, kwds),), {}, callback, error_callback)
 
     def map(
         self, func: Callable[[Any], T], iterable: Iterable[Any], chunksize: int | None = None
     ) -> list[T]:
         """``[func(x) for x in iterable]``, computed by the workers."""
-        return super().map(_task(func), iterable, chunksize)
+        return super().map(_task(func), list(_each(iterable, False)), chunksize)
 
     def map_async(
         self,
@@ -462,19 +504,21 @@ class Pool(multiprocessing.pool.Pool):
         error_callback: Callable[[BaseException], object] | None = None,
     ) -> multiprocessing.pool.MapResult[T]:
         """Like :meth:`map`, returning an ``AsyncResult``."""
-        return super().map_async(_task(func), iterable, chunksize, callback, error_callback)
+        return super().map_async(
+            _task(func), list(_each(iterable, False)), chunksize, callback, error_callback
+        )
 
     def imap(
         self, func: Callable[[Any], T], iterable: Iterable[Any], chunksize: int | None = 1
     ) -> multiprocessing.pool.IMapIterator[T]:
         """Like :meth:`map`, yielding results in order as they come."""
-        return super().imap(_task(func), iterable, chunksize)
+        return super().imap(_task(func), _each(iterable, False), chunksize)
 
     def imap_unordered(
         self, func: Callable[[Any], T], iterable: Iterable[Any], chunksize: int | None = 1
     ) -> multiprocessing.pool.IMapIterator[T]:
         """Like :meth:`imap`, in completion order."""
-        return super().imap_unordered(_task(func), iterable, chunksize)
+        return super().imap_unordered(_task(func), _each(iterable, False), chunksize)
 
     def starmap(
         self,
@@ -483,7 +527,7 @@ class Pool(multiprocessing.pool.Pool):
         chunksize: int | None = None,
     ) -> list[T]:
         """``[func(*args) for args in iterable]``, computed by the workers."""
-        return super().starmap(_task(func), iterable, chunksize)
+        return super().starmap(_task(func), list(_each(iterable, True)), chunksize)
 
     def starmap_async(
         self,
@@ -494,7 +538,9 @@ class Pool(multiprocessing.pool.Pool):
         error_callback: Callable[[BaseException], object] | None = None,
     ) -> multiprocessing.pool.AsyncResult[list[T]]:
         """Like :meth:`starmap`, returning an ``AsyncResult``."""
-        return super().starmap_async(_task(func), iterable, chunksize, callback, error_callback)
+        return super().starmap_async(
+            _task(func), list(_each(iterable, True)), chunksize, callback, error_callback
+        )
 
 
 class ProcessPoolExecutor(concurrent.futures.ProcessPoolExecutor):

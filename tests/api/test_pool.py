@@ -195,3 +195,25 @@ def test_workers_that_end_as_asked_fail_nothing():
     with sa.Pool(2, maxtasksperchild=1) as pool:  # every worker exits (status 0) after a task
         assert pool.map(workers.die_on, range(8), chunksize=1) == list(range(8))
     pool.join()
+
+
+@pytest.mark.timeout(240)
+def test_an_argument_the_worker_cannot_load_is_that_tasks_error():
+    # (loaded while the worker took the task, its error ended the worker: WorkerLost at
+    # best, the standard library's pool hung; now the task loads its arguments)
+    import workers
+
+    big = sa.zeros(3 << 26, device="cpu", pack=False)  # 1.5 GiB of address space
+    small = sa.full(4, 2.0, device="cpu")
+    with sa.Pool(1, initializer=workers.limit_address_space, initargs=(1 << 30,)) as pool:
+        pid = pool.apply(os.getpid)
+        with pytest.raises(sa.OutOfMemory, match="ulimit -v"):
+            pool.apply(workers.first_value, (big,))
+        with pytest.raises(sa.OutOfMemory):
+            pool.map(workers.first_value, [small, big, small])
+        assert pool.map(workers.first_value, [small] * 3) == [2.0] * 3
+        assert list(pool.imap(workers.first_value, [small])) == [2.0]
+        assert pool.starmap(workers.first_value, [(small,)]) == [2.0]
+        assert pool.apply(os.getpid) == pid  # the same worker: it did not die
+    big.close()
+    small.close()
