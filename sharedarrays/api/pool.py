@@ -17,7 +17,12 @@ Shared arrays in the arguments and results are passed without copying, as everyw
   a new worker when one dies (killed, out of memory, a crash) but waits forever for the
   task it was running. Here every task pending then fails with
   :class:`~sharedarrays.WorkerLost` (the pool cannot tell which one the worker ran), and
-  the pool goes on with the new worker (:class:`_Workers`).
+  the pool goes on with the new worker (:class:`_Workers`). (An exit status 0 counts as
+  such an end unless ``maxtasksperchild`` was given: a task's ``sys.exit()``.)
+* **An argument that cannot be loaded is that task's error, never a dead worker.** The
+  standard library's worker loads a task's arguments as it takes the task, and an error
+  there ends it. Here they are pickled on their own in the parent (:class:`_Args`) and
+  loaded by the task itself in the worker.
 * **A result that cannot be loaded is that task's error, never a hung pool.** The standard
   library unpickles results in one thread of the pool (``Pool``) or of the executor's
   manager; an exception there ends that thread and the pool waits forever (``Pool``) or
