@@ -20,8 +20,8 @@ Shared arrays in the arguments and results are passed without copying, as everyw
   the pool goes on with the new worker (:class:`_Workers`). (An exit status 0 counts as
   such an end unless ``maxtasksperchild`` was given: a task's ``sys.exit()``.)
 * **An argument that cannot be loaded is that task's error, never a dead worker.** The
-  standard library's worker loads a task's arguments as it takes the task, and an error
-  there ends it. Here they are pickled on their own in the parent (:class:`_Args`) and
+  standard library's workers (``Pool``'s and the executor's) load a task's arguments as
+  they take the task, and an error there ends the worker. Here they are pickled on their own in the parent (:class:`_Args`) and
   loaded by the task itself in the worker.
 * **A result that cannot be loaded is that task's error, never a hung pool.** The standard
   library unpickles results in one thread of the pool (``Pool``) or of the executor's
@@ -591,7 +591,7 @@ class ProcessPoolExecutor(concurrent.futures.ProcessPoolExecutor):
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         """Schedule ``fn(*args, **kwargs)`` in a worker; returns a Future."""
-        return _ResultFuture(super().submit(_task(fn), *args, **kwargs))
+        return _ResultFuture(super().submit(_task(fn), _Args(args, kwargs)))
 
     def map(
         self,

@@ -217,3 +217,23 @@ def test_an_argument_the_worker_cannot_load_is_that_tasks_error():
         assert pool.apply(os.getpid) == pid  # the same worker: it did not die
     big.close()
     small.close()
+
+
+@pytest.mark.timeout(240)
+def test_an_argument_an_executors_worker_cannot_load_is_that_futures_error():
+    # (the standard library's executor breaks: BrokenProcessPool for every future)
+    import workers
+
+    big = sa.zeros(3 << 26, device="cpu", pack=False)  # 1.5 GiB of address space
+    small = sa.full(4, 2.0, device="cpu")
+    with sa.ProcessPoolExecutor(
+        1, initializer=workers.limit_address_space, initargs=(1 << 30,)
+    ) as ex:
+        with pytest.raises(sa.OutOfMemory, match="ulimit -v"):
+            ex.submit(workers.first_value, big).result(timeout=120)
+        assert ex.submit(workers.first_value, small).result(timeout=120) == 2.0
+        with pytest.raises(sa.OutOfMemory):
+            list(ex.map(workers.first_value, [small, big], timeout=120))
+        assert list(ex.map(workers.first_value, [small, small], timeout=120)) == [2.0, 2.0]
+    big.close()
+    small.close()
