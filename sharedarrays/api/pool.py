@@ -21,8 +21,8 @@ Shared arrays in the arguments and results are passed without copying, as everyw
   such an end unless ``maxtasksperchild`` was given: a task's ``sys.exit()``.)
 * **An argument that cannot be loaded is that task's error, never a dead worker.** The
   standard library's workers (``Pool``'s and the executor's) load a task's arguments as
-  they take the task, and an error there ends the worker. Here they are pickled on their own in the parent (:class:`_Args`) and
-  loaded by the task itself in the worker.
+  they take the task, and an error there ends the worker. Here they are pickled on their
+  own in the parent (:class:`_Args`) and loaded by the task itself in the worker.
 * **A result that cannot be loaded is that task's error, never a hung pool.** The standard
   library unpickles results in one thread of the pool (``Pool``) or of the executor's
   manager; an exception there ends that thread and the pool waits forever (``Pool``) or
