@@ -140,7 +140,9 @@ def test_connections_to_ended_pool_workers_do_not_pile_up() -> None:
     # those are closed when the next is kept: never more, however many pools)
     tidy = client.TIDY_CONNECTIONS
     assert [kept for kept, _ in counts] == [1, 2, 3, 4, 1, 2][: len(counts)], counts
-    assert tidy == 4 and max(s for _, s in counts) - min(s for _, s in counts) <= tidy, counts
+    # (and the sockets: the tidy in the fifth round closed four, opened one; other
+    # sockets this process opens on first use may come in any round)
+    assert tidy == 4 and counts[4][1] <= counts[3][1] - 2, counts
 
 
 def _link(path: str) -> str:
