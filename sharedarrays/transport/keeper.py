@@ -354,17 +354,12 @@ def hand_over(alloc: allocation.Allocation, loads: int, seconds: float) -> None:
 
 
 _said: set[str] = set()
-"""Allocations whose failed hand-over at exit was said on stderr, by process :data:`_said_by`."""
-_said_by: int | None = None
+"""Allocations whose failed hand-over at exit this process said on stderr."""
 
 
 def _hand_over_at_exit() -> None:
     """At exit: hand the payloads in flight of every allocation still mapped here to the
     keeper (a Queue's feeder thread has pickled its items by then)."""
-    global _said_by
-    if _said_by != os.getpid():
-        _said_by = os.getpid()
-        _said.clear()
     failed: list[tuple[int, str]] = []
     for alloc in allocation.live_allocations():
         failure = alloc.hand_over(say=False)
@@ -519,6 +514,7 @@ def _forget_in_child() -> None:
     _conn = _conn_path = None
     _held.clear()
     _deferred.clear()
+    _said.clear()
 
 
 state.release_hooks.append(_on_release)
