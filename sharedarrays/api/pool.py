@@ -22,13 +22,13 @@ Shared arrays in the arguments and results are passed without copying, as everyw
 * **An argument that cannot be loaded is that task's error, never a dead worker.** The
   standard library's workers (``Pool``'s and the executor's) load a task's arguments as
   they take the task, and an error there ends the worker. Here they are pickled on their
-  own in the parent (:class:`_Args`) and loaded by the task itself in the worker.
+  own in the parent (:func:`_args`) and loaded by the task itself in the worker.
 * **A result that cannot be loaded is that task's error, never a hung pool.** The standard
   library unpickles results in one thread of the pool (``Pool``) or of the executor's
   manager; an exception there ends that thread and the pool waits forever (``Pool``) or
   breaks (``ProcessPoolExecutor``). Here each result is pickled on its own in the worker
-  (:class:`_Returned`) and loaded in the parent where its caller's result is set, so the error (say,
-  :class:`~sharedarrays.HandleUnavailable`) is raised where the caller waits for that
+  (:class:`_Alone`) and loaded in the parent where its caller's result is set, so the
+  error (say, :class:`~sharedarrays.HandleUnavailable`) is raised where the caller waits for that
   result (``map``, ``apply``, ``AsyncResult.get``, ``Future.result``, the
   ``error_callback``), and the pool goes on working.
 """
@@ -191,18 +191,24 @@ def by_value(fn: Callable[..., T]) -> Callable[..., T]:
 
 
 class _Pending:
-    """A task's result as it reaches the parent: pickled bytes, loaded by :func:`_load_pending`
-    where the caller's result is set (so a failure to load it is that task's error)."""
+    """A value as it reaches the other process (a task's arguments in the worker, its result
+    in the parent): pickled bytes, loaded (:meth:`load`) where a failure to load it is that
+    task's error: by the task itself, or where the caller's result is set."""
 
     __slots__ = ("blob",)
 
     def __init__(self, blob: bytes) -> None:
         self.blob = blob
 
+    def load(self) -> Any:
+        return reduction.ForkingPickler.loads(self.blob)
 
-class _Returned:
-    """A task's result, pickled on its own in the worker (multiprocessing's pickler: shared
-    arrays travel as payloads); it arrives in the parent as a :class:`_Pending`."""
+
+class _Alone:
+    """A value pickled on its own (multiprocessing's pickler: shared arrays travel as
+    payloads): a task's arguments in the parent, its result in the worker. It arrives as a
+    :class:`_Pending`, so that the message carrying it always loads: the standard library's
+    worker does not survive arguments it cannot load, nor its pool's result thread a result."""
 
     __slots__ = ("value",)
 
@@ -217,64 +223,41 @@ def _load_pending(value: Any) -> Any:
     """A result as it arrived (one value, or a chunk's list of them), with its pending
     parts loaded. Raises what loading raises."""
     if isinstance(value, _Pending):
-        return reduction.ForkingPickler.loads(value.blob)
+        return value.load()
     if type(value) is list and any(isinstance(v, _Pending) for v in value):
         return [_load_pending(v) for v in value]
     return value
 
 
-class _Sent:
-    """A task's arguments as they reach the worker: pickled bytes, loaded by the task itself
-    (:meth:`_Task.__call__`)."""
-
-    __slots__ = ("blob",)
-
-    def __init__(self, blob: bytes) -> None:
-        self.blob = blob
-
-
-class _Args:
-    """A task's arguments, pickled on their own in the parent (multiprocessing's pickler:
-    shared arrays travel as payloads); they arrive in the worker as a :class:`_Sent` that the
-    task loads, so that a failure to load them (no room for an array's handles, its memory
-    gone) is that task's error instead of the end of the worker, which the standard
-    library's worker does not survive."""
-
-    __slots__ = ("args", "kwargs")
-
-    def __init__(self, args: Iterable[Any], kwargs: Mapping[str, Any]) -> None:
-        self.args = tuple(args)
-        self.kwargs = dict(kwargs)
-
-    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
-        blob = reduction.ForkingPickler.dumps((self.args, self.kwargs))
-        return _Sent, (bytes(blob),)
+def _args(args: Iterable[Any], kwargs: Mapping[str, Any]) -> _Alone:
+    """A task's arguments, as the parent sends them: loaded by the task in the worker."""
+    return _Alone((tuple(args), dict(kwargs)))
 
 
 def _each(iterable: Iterable[Any], star: bool) -> Iterator[Any]:
-    """The items of a map's ``iterable`` as its tasks take them: one :class:`_Args` each
-    (``star``: an item is the argument tuple, as ``starmap`` takes it)."""
+    """The items of a map's ``iterable`` as its tasks take them: the arguments of each
+    (:func:`_args`; ``star``: an item is the argument tuple, as ``starmap`` takes it)."""
     for item in iterable:
-        yield (_Args(item, {}),) if star else _Args((item,), {})
+        yield (_args(item, {}),) if star else _args((item,), {})
 
 
 class _Task:
-    """The function a worker runs: the user's, called with the arguments it loads (from a
-    :class:`_Sent`), with its result wrapped in :class:`_Returned`."""
+    """The function a worker runs: the user's, called with the arguments it loads (a
+    :class:`_Pending` of :func:`_args`), with its result wrapped in :class:`_Alone`."""
 
     __slots__ = ("fn",)
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn = fn
 
-    def __call__(self, *args: Any, **kwargs: Any) -> _Returned:
+    def __call__(self, *args: Any, **kwargs: Any) -> _Alone:
         if len(args) == 1 and not kwargs:
             sent = args[0]
-            if type(sent) is _Sent:
-                args, kwargs = reduction.ForkingPickler.loads(sent.blob)
-            elif type(sent) is _Args:  # (called without pickling)
-                args, kwargs = sent.args, sent.kwargs
-        return _Returned(self.fn(*args, **kwargs))
+            if type(sent) is _Pending:
+                args, kwargs = sent.load()
+            elif type(sent) is _Alone:  # (called without pickling)
+                args, kwargs = sent.value
+        return _Alone(self.fn(*args, **kwargs))
 
     def __reduce__(self) -> tuple[Any, tuple[Callable[..., Any]]]:
         return _Task, (self.fn,)
@@ -492,7 +475,7 @@ class Pool(multiprocessing.pool.Pool):
         error_callback: Callable[[BaseException], object] | None = None,
     ) -> multiprocessing.pool.AsyncResult[T]:
         """Like :meth:`apply`, returning an ``AsyncResult``."""
-        return super().apply_async(_task(func), (_Args(args, kwds),), {}, callback, error_callback)
+        return super().apply_async(_task(func), (_args(args, kwds),), {}, callback, error_callback)
 
     def map(
         self, func: Callable[[Any], T], iterable: Iterable[Any], chunksize: int | None = None
@@ -591,7 +574,7 @@ class ProcessPoolExecutor(concurrent.futures.ProcessPoolExecutor):
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         """Schedule ``fn(*args, **kwargs)`` in a worker; returns a Future."""
-        return _ResultFuture(super().submit(_task(fn), _Args(args, kwargs)))
+        return _ResultFuture(super().submit(_task(fn), _args(args, kwargs)))
 
     def map(
         self,
