@@ -189,9 +189,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.device not in (None, "auto", "cpu"):
                 try:
                     parse_device(args.device)
-                except (TypeError, ValueError) as e:
-                    if isinstance(e, SharedArrayError):
-                        raise
+                except SharedArrayError:  # (no such device here: said below)
+                    raise
+                except (TypeError, ValueError) as e:  # (not a device's name)
                     d.error(f"--device: {e}")
             return demo(args.size, args.workers, args.device, not args.no_progress)
         except SharedArrayError as e:  # (no device, not enough memory: said, not a traceback)

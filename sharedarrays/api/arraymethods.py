@@ -628,7 +628,7 @@ class NativeArrayMethods:
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
         """``copy.deepcopy``: a native copy of the values (not shared), so that a deep copy
         of an object holding the array never writes the original's memory."""
-        return self.array.copy(order="K")
+        return self.__copy__()
 
     def flatten(self, order: str = "C") -> Any:
         """A one-dimensional native copy (not shared), like :meth:`numpy.ndarray.flatten`."""

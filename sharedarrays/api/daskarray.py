@@ -79,8 +79,19 @@ class _Target:
 
 
 _NOT_FOR_STORE = frozenset(
-    {"shape", "dtype", "order", "chunk_bytes", "pack", "allow_pids", "readonly", "capacity"}
-    | {"access", "progress", "copy"}
+    {
+        "shape",
+        "dtype",
+        "order",
+        "chunk_bytes",
+        "pack",
+        "allow_pids",
+        "readonly",
+        "capacity",
+        "access",
+        "progress",
+        "copy",
+    }
 )
 """Keywords of the creation functions that :func:`from_dask` does not take (its other
 keywords go to :func:`dask.array.store`, which would ignore them)."""
