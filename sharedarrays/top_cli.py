@@ -40,9 +40,14 @@ def seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    return _in_range(value)
+
+
+def _in_range(value: float) -> float:
+    """``value`` if it is above 0 and at most :data:`MAX_SECONDS`, else ArgumentTypeError."""
     if not 0 < value <= MAX_SECONDS:  # (False for nan)
         raise argparse.ArgumentTypeError(
-            f"must be a number of seconds above 0 and at most {MAX_SECONDS:g}, not {text}"
+            f"must be a number of seconds above 0 and at most {MAX_SECONDS:g}, not {value:g}"
         )
     return value
 
@@ -70,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     """
     for name in ("interval", "timeout"):  # (a Namespace made without the parser: checked too)
         try:
-            seconds(str(getattr(args, name)))
+            _in_range(getattr(args, name))
         except argparse.ArgumentTypeError as e:
             print(f"top: --{name} {e}", file=sys.stderr)
             return 2
