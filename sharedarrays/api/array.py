@@ -61,20 +61,24 @@ class Semaphore(Protocol):
 def _check_key(key: object) -> tuple[Any, ...]:
     """Return ``key`` as a tuple of basic indices, or raise TypeError."""
     items = key if isinstance(key, tuple) else (key,)
-    if any(type(item) is SharedDeviceArray for item in items):
-        # a 0-d integer view indexes as its value does (as a 0-d NumPy array does)
-        items = tuple(
-            operator.index(item) if type(item) is SharedDeviceArray and item.ndim == 0 else item
-            for item in items
-        )
     for item in items:
         if isinstance(item, (bool, np.bool_)) or not isinstance(item, _BASIC_INDEX):
+            if type(item) is SharedDeviceArray and item.ndim == 0:
+                # a 0-d integer view indexes as its value does (as a 0-d NumPy array does)
+                return _check_key(tuple(_zero_d_index(i) for i in items))
             raise TypeError(
                 f"SharedDeviceArray supports basic indexing only (ints, slices, ..., None), "
                 f"not {type(item).__name__}; for advanced indexing use a.array[...], which "
                 "returns a native array (a copy where NumPy/CuPy would copy)"
             )
     return items
+
+
+def _zero_d_index(item: object) -> object:
+    """``item``, or its value where it is a 0-d view (``operator.index``: ints only)."""
+    if type(item) is SharedDeviceArray and item.ndim == 0:
+        return operator.index(item)
+    return item
 
 
 class _Probe:

@@ -198,7 +198,7 @@ def message_part(alloc: Allocation, carry_fds: bool) -> MessagePart:
         # is that spawn's, found by every view of it, and a spawner refuses an fd passed twice)
         fds = tuple(reduction.DupFd(fd) for fd in alloc.chunk_fds())
     made = MessagePart(alloc, blob, alloc.backend.export_fence(), fds)
-    if len(refs) >= getattr(_parts, "tidy_at", _PARTS_TIDY):
+    if len(refs) >= _PARTS_TIDY and len(refs) >= getattr(_parts, "tidy_at", _PARTS_TIDY):
         for k in [k for k, r in refs.items() if r() is None]:
             del refs[k]
         # (the next sweep when the table has doubled: a message with many allocations keeps
