@@ -34,6 +34,13 @@ stream, through cuda-bindings), ``query`` (``cuStreamQuery`` alone), ``cupy-quer
 ``runtime.streamQuery`` of the legacy stream). The rows ``fence - <name>`` are what the
 fence costs in place beyond each. None of them orders anything (they return no token): a
 measurement only.
+
+``--calls P:W,...`` adds a kind ``callsP+W`` per pair: a ``hook+fence`` that also calls ``P``
+distinct small Python functions when pickled and ``W`` when loaded (each its own code
+object, made here, doing two attribute reads): what so many more frames cost in a handoff,
+against the library's own count (``warm_frames.py``). ``--torch`` adds torch's warm handoff
+of a tensor of the same size to the rounds (torch's reductions registered in the parent, torch
+started in the worker), the neighbour after which the bench reads sharedarrays slowest.
 """
 
 from __future__ import annotations
@@ -148,6 +155,67 @@ def _hooked(blob: bytes, view: tuple[Any, ...]) -> Hook:
     return Hook(blob, view)
 
 
+class _Fields:
+    __slots__ = ("a", "b")
+
+    def __init__(self) -> None:
+        self.a, self.b = 1, 2
+
+
+_FIELDS = _Fields()
+
+
+def _make_calls(count: int, tag: str) -> tuple[Any, ...]:
+    """``count`` distinct functions (each its own code object) of two attribute reads."""
+    made = []
+    for i in range(count):
+        space: dict[str, Any] = {}
+        name = f"_{tag}{i}"
+        exec(f"def {name}(x):\n    y = x.a + {i}\n    return y if y != -1 else x.b\n", space)
+        made.append(space[name])
+    return tuple(made)
+
+
+_CALLS: dict[str, tuple[Any, ...]] = {}  # (kind, side) -> functions, made on first use
+
+
+def _calls(kind: str, side: str, count: int) -> tuple[Any, ...]:
+    key = f"{kind}-{side}"
+    fns = _CALLS.get(key)
+    if fns is None:
+        fns = _CALLS[key] = _make_calls(count, f"{side}_{kind.replace('+', '_')}_")
+    return fns
+
+
+class CallingHook(FencedHook):
+    """The ``callsP+W`` kinds: a ``hook+fence`` that calls ``P`` distinct functions when
+    pickled and ``W`` when loaded."""
+
+    __slots__ = ("kind", "parent_calls", "worker_calls")
+
+    def __init__(
+        self, blob: bytes, view: tuple[Any, ...], backend: Any, parent_calls: int, worker_calls: int
+    ) -> None:
+        super().__init__(blob, view, backend)
+        self.kind = f"calls{parent_calls}+{worker_calls}"
+        self.parent_calls, self.worker_calls = parent_calls, worker_calls
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        for fn in _calls(self.kind, "p", self.parent_calls):
+            fn(_FIELDS)
+        fence = self.backend.export_fence()
+        token = None if fence is None else fence.token
+        return _calling_hooked, (self.blob, self.view, token, self.kind, self.worker_calls)
+
+
+def _calling_hooked(
+    blob: bytes, view: tuple[Any, ...], token: Any, kind: str, worker_calls: int
+) -> Hook:
+    for fn in _calls(kind, "w", worker_calls):
+        fn(_FIELDS)
+    return Hook(blob, view)
+
+
 # --trace: functions timed in each process (their own wall time, calls included)
 PARENT_TRACE = (
     "sharedarrays.api.array:SharedDeviceArray.__reduce__",
@@ -243,8 +311,13 @@ def _taken() -> dict[str, tuple[float, int]]:
     return out
 
 
-def _init(device: str, trace: bool = False) -> None:
+def _init(device: str, trace: bool = False, torch: bool = False) -> None:
     import sharedarrays  # noqa: F401
+
+    if torch:
+        import torch as _torch
+
+        _torch.zeros(1, device=device if device.startswith("cuda") else "cpu")
 
     if trace:
         _trace(WORKER_TRACE)
@@ -296,6 +369,10 @@ def main() -> None:
         action="store_true",
         help="also time named functions in both processes (a few us of overhead each)",
     )
+    parser.add_argument(
+        "--calls", default="", help="P:W,... also a hook+fence calling P and W more functions"
+    )
+    parser.add_argument("--torch", action="store_true", help="also torch's handoff of a tensor")
     args = parser.parse_args()
 
     import sharedarrays as sa
@@ -313,6 +390,17 @@ def main() -> None:
     kinds: dict[str, Any] = {"floor": None, "control": control, "hook": hook}
     kinds["hook+fence"] = FencedHook(blob, a._view_tuple(), a.allocation.backend)
     kinds["sharedarrays"] = a
+    for pair in [c for c in args.calls.split(",") if c]:
+        p_calls, w_calls = (int(n) for n in pair.split(":"))
+        made = CallingHook(blob, a._view_tuple(), a.allocation.backend, p_calls, w_calls)
+        kinds[made.kind] = made
+    if args.torch:
+        import torch
+        import torch.multiprocessing  # (registers torch's reductions)
+
+        on = args.device if args.device.startswith("cuda") else "cpu"
+        tensor = torch.zeros(args.size // 4, dtype=torch.float32, device=on)
+        kinds["torch"] = tensor.share_memory_() if on == "cpu" else tensor
     backend_type = type(a.allocation.backend)
     fence = backend_type.__dict__.get("export_fence")
     fences = [f for f in args.fences.split(",") if f]
@@ -325,7 +413,7 @@ def main() -> None:
     names = list(kinds)
     traced: dict[str, dict[str, list[float]]] = {}
     ctx = mp.get_context("spawn")
-    with ctx.Pool(1, initializer=_init, initargs=(args.device, args.trace)) as pool:
+    with ctx.Pool(1, initializer=_init, initargs=(args.device, args.trace, args.torch)) as pool:
         for name in names:  # the first (cold) handoff of each, untimed
             pool.apply_async(task, (Stamp(), kinds[name], Stamp())).get(60)
         _taken()
@@ -373,6 +461,10 @@ def main() -> None:
     for f in fences:
         cost = {p: med["sharedarrays"][p] - med[f"sa-{f}"][p] for p in parts}
         rows.append((f"fence - {f}"[:18], cost))
+    for k in [k for k in names if k.startswith("calls") or k == "torch"]:
+        rows.append(
+            (f"{k} - hook+fence"[:18], {p: med[k][p] - med["hook+fence"][p] for p in parts})
+        )
     for label, row in rows:
         sign = "+" if " - " in label else ""
         print(f"{label:<18}" + "".join(f"{row[p]:>{sign}10.1f}" for p in parts))
