@@ -49,6 +49,7 @@ from sharedarrays.errors import (
     PermissionDenied,
     ResizeRefused,
     SharedArrayError,
+    TaskExited,
     WorkerLost,
     WrongNode,
 )
@@ -71,6 +72,7 @@ __all__ = [
     "NamedArray",
     "NotShareable",
     "OutOfMemory",
+    "TaskExited",
     "WorkerLost",
     "WrongNode",
     "PayloadError",

@@ -24,6 +24,7 @@ __all__ = [
     "NotShareable",
     "WrongNode",
     "WorkerLost",
+    "TaskExited",
 ]
 
 
@@ -98,6 +99,14 @@ class WorkerLost(SharedArrayError, RuntimeError):
     out-of-memory killer, a crash) while tasks were pending. The standard library's pool
     would wait for its task forever; this one fails every task pending then (it cannot tell
     which one the worker was running) and goes on with a new worker: submit them again."""
+
+
+class TaskExited(SharedArrayError, RuntimeError):
+    """A task of a :class:`sharedarrays.Pool` or :class:`sharedarrays.ProcessPoolExecutor`
+    called ``sys.exit()`` (raised ``SystemExit``). A task cannot end its worker: the
+    standard library's pool would wait for its result forever, and its executor would raise
+    the ``SystemExit`` in the caller, which ends the caller's program. Here it is that
+    task's error, and the worker goes on: return a value or raise an exception instead."""
 
 
 class ResizeRefused(SharedArrayError, RuntimeError):

@@ -255,8 +255,10 @@ def die_on(x: Any) -> Any:
         import signal
 
         os.kill(os.getpid(), signal.SIGKILL)
-    if x == "exit":  # (a task that calls sys.exit(): the worker ends with status 0)
+    if x == "exit":  # (a task that calls sys.exit(): the standard library's worker ends)
         sys.exit()
+    if x == "exit 3":
+        sys.exit(3)
     if x == "_exit":
         os._exit(0)
     return x

@@ -18,7 +18,11 @@ Shared arrays in the arguments and results are passed without copying, as everyw
   task it was running. Here every task pending then fails with
   :class:`~sharedarrays.WorkerLost` (the pool cannot tell which one the worker ran), and
   the pool goes on with the new worker (:class:`_Workers`). (An exit status 0 counts as
-  such an end unless ``maxtasksperchild`` was given: a task's ``sys.exit()``.)
+  such an end unless ``maxtasksperchild`` was given: a task's ``os._exit(0)``.)
+* **A task that calls ``sys.exit()`` fails with** :class:`~sharedarrays.TaskExited` **and
+  its worker goes on.** The standard library's pool loses the worker and waits for the task
+  forever; its executor raises the ``SystemExit`` where the caller waits, ending the
+  caller's program.
 * **An argument that cannot be loaded is that task's error, never a dead worker.** The
   standard library's workers (``Pool``'s and the executor's) load a task's arguments as
   they take the task, and an error there ends the worker. Here they are pickled on their
@@ -47,7 +51,7 @@ from concurrent.futures import Future
 from multiprocessing import reduction
 from typing import Any, TypeVar, cast
 
-from sharedarrays.errors import SharedArrayError, WorkerLost
+from sharedarrays.errors import SharedArrayError, TaskExited, WorkerLost
 
 __all__ = [
     "Pool",
@@ -257,7 +261,17 @@ class _Task:
                 args, kwargs = sent.load()
             elif type(sent) is _Alone:  # (called without pickling)
                 args, kwargs = sent.value
-        return _Alone(self.fn(*args, **kwargs))
+        try:
+            return _Alone(self.fn(*args, **kwargs))
+        except SystemExit as e:  # (the pool would wait for it forever: see TaskExited)
+            fn = self.fn
+            name = fn.name if type(fn) is ByValue else getattr(fn, "__qualname__", repr(fn))
+            raise TaskExited(
+                f"the task {name} called sys.exit({e.code!r}) in a worker; a task cannot end "
+                "its worker (the pool would wait for its result forever), so this is that "
+                "task's error and the worker goes on: return a value or raise an exception "
+                "instead"
+            ) from None
 
     def __reduce__(self) -> tuple[Any, tuple[Callable[..., Any]]]:
         return _Task, (self.fn,)
@@ -376,16 +390,16 @@ class _Workers(list):  # type: ignore[type-arg]
             worker = self[index]
             code = worker.exitcode
             # (None: running; 0: ended as asked, after maxtasksperchild tasks or at close
-            # when nothing is pending, or a task's sys.exit(), which ends a worker too)
+            # when nothing is pending, or a task's os._exit(0), which ends a worker too)
             if code or (code == 0 and not self.ends_as_asked and self.cache):
                 why = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
                 self.lost = WorkerLost(
                     f"a worker of this Pool (pid {worker.pid}) died ({why}) while tasks were "
                     "pending; the pool cannot tell which task it was running, so every task "
                     "pending then failed with this error, and a new worker took its place. "
-                    "Its standard error may say why (a task that called sys.exit() or "
-                    "os._exit(), an argument it could not load: ulimit -n or -v); submit "
-                    "them again once that is mended"
+                    "Its standard error may say why (a task that called os._exit(), "
+                    "a crash; the kernel's log names the out-of-memory killer's victims); "
+                    "submit them again once that is mended"
                 )
         super().__delitem__(index)
 

@@ -178,14 +178,31 @@ def test_a_closed_pool_whose_worker_died_still_joins():
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("how", ["exit", "_exit"])
-def test_a_task_that_ends_its_worker_with_status_0_is_lost_too(how):
+def test_a_task_that_ends_its_worker_with_status_0_is_lost_too():
     import workers
 
     with sa.Pool(1) as pool:
-        with pytest.raises(sa.WorkerLost, match=r"exit status 0\).*sys\.exit\(\)"):
-            pool.apply_async(workers.die_on, (how,)).get(timeout=120)
+        with pytest.raises(sa.WorkerLost, match=r"exit status 0\).*os\._exit\(\)"):
+            pool.apply_async(workers.die_on, ("_exit",)).get(timeout=120)
         assert pool.apply(workers.die_on, (7,)) == 7
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("maxtasks", [None, 2])
+def test_a_task_that_calls_sys_exit_fails_and_its_worker_goes_on(maxtasks):
+    # (the standard library's worker ended, and its pool waited for the task forever: with
+    # maxtasksperchild too, where an exit status 0 is a worker that ended as asked)
+    import workers
+
+    with sa.Pool(1, maxtasksperchild=maxtasks) as pool:
+        pid = pool.apply(os.getpid)
+        with pytest.raises(sa.TaskExited, match=r"die_on called sys\.exit\(3\)"):
+            pool.apply_async(workers.die_on, ("exit 3",)).get(timeout=120)
+        with pytest.raises(sa.TaskExited, match=r"sys\.exit\(None\)"):
+            pool.map(workers.die_on, [1, "exit", 2], chunksize=1)
+        assert pool.apply(workers.die_on, (7,)) == 7
+        if maxtasks is None:
+            assert pool.apply(os.getpid) == pid  # the same worker
 
 
 @pytest.mark.timeout(240)
@@ -237,3 +254,17 @@ def test_an_argument_an_executors_worker_cannot_load_is_that_futures_error():
         assert list(ex.map(workers.first_value, [small, small], timeout=120)) == [2.0, 2.0]
     big.close()
     small.close()
+
+
+@pytest.mark.timeout(240)
+def test_a_task_of_an_executor_that_calls_sys_exit_is_that_futures_error():
+    # (the standard library's executor raised the SystemExit in the caller: a notebook's
+    # kernel or a script ended by a task)
+    import workers
+
+    with sa.ProcessPoolExecutor(1) as ex:
+        pid = ex.submit(os.getpid).result(timeout=120)
+        with pytest.raises(sa.TaskExited, match=r"sys\.exit\(3\)"):
+            ex.submit(workers.die_on, "exit 3").result(timeout=120)
+        assert ex.submit(workers.die_on, 5).result(timeout=120) == 5
+        assert ex.submit(os.getpid).result(timeout=120) == pid
