@@ -38,7 +38,9 @@ measurement only.
 ``--calls P:W,...`` adds a kind ``callsP+W`` per pair: a ``hook+fence`` that also calls ``P``
 distinct small Python functions when pickled and ``W`` when loaded (each its own code
 object, made here, doing two attribute reads): what so many more frames cost in a handoff,
-against the library's own count (``warm_frames.py``). ``--torch`` adds torch's warm handoff
+against the library's own count (``warm_frames.py``). ``--by-neighbour KIND,...`` prints each part's
+median for those kinds grouped by the kind just before them in the round. ``--torch`` adds
+torch's warm handoff
 of a tensor of the same size to the rounds (torch's reductions registered in the parent, torch
 started in the worker), the neighbour after which the bench reads sharedarrays slowest.
 """
@@ -373,6 +375,11 @@ def main() -> None:
         "--calls", default="", help="P:W,... also a hook+fence calling P and W more functions"
     )
     parser.add_argument("--torch", action="store_true", help="also torch's handoff of a tensor")
+    parser.add_argument(
+        "--by-neighbour",
+        default="",
+        help="KIND,...: also each part's median for these kinds by the kind just before them",
+    )
     args = parser.parse_args()
 
     import sharedarrays as sa
@@ -410,6 +417,7 @@ def main() -> None:
         kinds[f"sa-{f}"] = a
     parts = ("queue", "pickle", "send", "unpickle", "body", "back", "total")
     got: dict[str, dict[str, list[float]]] = {k: {p: [] for p in parts} for k in kinds}
+    before: dict[str, list[str]] = {k: [] for k in kinds}  # (the kind before, each round)
     names = list(kinds)
     traced: dict[str, dict[str, list[float]]] = {}
     ctx = mp.get_context("spawn")
@@ -419,7 +427,8 @@ def main() -> None:
         _taken()
         for r in range(args.rounds):
             order = round_order(names, r)
-            for name in order:
+            for place, name in enumerate(order):
+                before[name].append(order[place - 1] if place else "(first)")
                 replaced = name.startswith("sa-")
                 if replaced:
                     backend_type.export_fence = FENCES[name[3:]]  # type: ignore[method-assign]
@@ -468,6 +477,15 @@ def main() -> None:
     for label, row in rows:
         sign = "+" if " - " in label else ""
         print(f"{label:<18}" + "".join(f"{row[p]:>{sign}10.1f}" for p in parts))
+    for k in [k for k in args.by_neighbour.split(",") if k]:
+        print(f"{k}, by the kind before it in the round (medians, us; n rounds)")
+        print(f"  {'after':<16}" + "".join(f"{p:>10}" for p in parts) + "       n")
+        for prev in sorted(set(before[k])):
+            picked = [i for i, b in enumerate(before[k]) if b == prev]
+            cells = "".join(
+                f"{statistics.median(got[k][p][i] for i in picked) * 1e6:>10.1f}" for p in parts
+            )
+            print(f"  {prev:<16}{cells}{len(picked):>8}")
     for name, fns in traced.items():
         print(f"traced, {name} (median us per call, timer included; nested calls overlap)")
         for fn, times in fns.items():
