@@ -25,7 +25,7 @@ from sharedarrays.api.creation import (
 from sharedarrays.api.daskarray import from_dask, to_dask
 from sharedarrays.api.named import NamedArray, attach, list_named, unlink
 from sharedarrays.api.nodemap import node_map
-from sharedarrays.api.pool import ForkAfterCudaError, Pool, ProcessPoolExecutor
+from sharedarrays.api.pool import ExecutorBroken, ForkAfterCudaError, Pool, ProcessPoolExecutor
 from sharedarrays.api.semaphore import ExternalSemaphore, Timeline
 from sharedarrays.api.sharing import share
 from sharedarrays.api.widgets import MemoryMap, show
@@ -100,6 +100,7 @@ __all__ = [
     "MemoryMap",
     "Pool",
     "ForkAfterCudaError",
+    "ExecutorBroken",
     "ProcessPoolExecutor",
     "share",
     "show",

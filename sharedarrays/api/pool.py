@@ -40,6 +40,7 @@ Shared arrays in the arguments and results are passed without copying, as everyw
 from __future__ import annotations
 
 import concurrent.futures
+import concurrent.futures.process
 import functools
 import multiprocessing
 import multiprocessing.context
@@ -57,6 +58,7 @@ __all__ = [
     "Pool",
     "ProcessPoolExecutor",
     "ForkAfterCudaError",
+    "ExecutorBroken",
     "DEFAULT_START_METHOD",
     "get_context",
     "cuda_initialised",
@@ -72,6 +74,31 @@ ContextLike = str | multiprocessing.context.BaseContext | None
 
 class ForkAfterCudaError(SharedArrayError, ValueError):
     """The ``fork`` start method was asked for in a process that has initialised CUDA."""
+
+
+class ExecutorBroken(WorkerLost, concurrent.futures.process.BrokenProcessPool):
+    """A worker of a :class:`sharedarrays.ProcessPoolExecutor` died (killed, the kernel's
+    out-of-memory killer, a crash, ``os._exit()``): the executor is broken, as the standard
+    library's is, and every future pending then failed with this error. Make a new executor
+    and submit them again (:class:`sharedarrays.Pool` replaces a dead worker and goes on).
+
+    It is a :class:`~sharedarrays.WorkerLost` and the standard library's
+    ``BrokenProcessPool``: either ``except`` catches it."""
+
+
+def _broken(error: BaseException) -> BaseException:
+    """The executor's ``BrokenProcessPool`` as an :class:`ExecutorBroken` (other errors,
+    and one already converted, as they are)."""
+    if type(error) is not concurrent.futures.process.BrokenProcessPool:
+        return error
+    made = ExecutorBroken(
+        f"{error} A worker of this ProcessPoolExecutor died (killed, out of memory, a "
+        "crash, os._exit(); its standard error may say why), so the executor is broken and "
+        "every future pending then failed: make a new executor and submit them again "
+        "(sharedarrays.Pool replaces a dead worker and goes on)"
+    )
+    made.__cause__ = error
+    return made
 
 
 def cuda_initialised() -> bool:
@@ -317,7 +344,7 @@ class _ResultFuture(Future[Any]):
             except Exception as e:  # got: only the bytes, so the arrays go with this)
                 error = e
         if error is not None:
-            self.set_exception(error)
+            self.set_exception(_broken(error))
         else:
             self.set_result(value)
 
@@ -587,8 +614,18 @@ class ProcessPoolExecutor(concurrent.futures.ProcessPoolExecutor):
         super().__init__(max_workers, ctx, initializer, initargs, **extra)
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
-        """Schedule ``fn(*args, **kwargs)`` in a worker; returns a Future."""
-        return _ResultFuture(super().submit(_task(fn), _args(args, kwargs)))
+        """Schedule ``fn(*args, **kwargs)`` in a worker; returns a Future.
+
+        Raises
+        ------
+        ExecutorBroken
+            A worker died earlier: the executor cannot run tasks any more.
+        """
+        try:
+            inner = super().submit(_task(fn), _args(args, kwargs))
+        except concurrent.futures.process.BrokenProcessPool as e:
+            raise _broken(e) from e
+        return _ResultFuture(inner)
 
     def map(
         self,

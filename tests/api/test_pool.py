@@ -268,3 +268,22 @@ def test_a_task_of_an_executor_that_calls_sys_exit_is_that_futures_error():
             ex.submit(workers.die_on, "exit 3").result(timeout=120)
         assert ex.submit(workers.die_on, 5).result(timeout=120) == 5
         assert ex.submit(os.getpid).result(timeout=120) == pid
+
+
+@pytest.mark.timeout(240)
+def test_an_executor_whose_worker_died_raises_executor_broken():
+    # (the standard library's BrokenProcessPool, not a SharedArrayError; still caught as one)
+    import concurrent.futures.process
+
+    import workers
+
+    with sa.ProcessPoolExecutor(1) as ex:
+        assert ex.submit(workers.die_on, 1).result(timeout=120) == 1
+        with pytest.raises(sa.ExecutorBroken, match="make a new executor") as lost:
+            ex.submit(workers.die_on, "die").result(timeout=120)
+        assert isinstance(lost.value, sa.WorkerLost)
+        assert isinstance(lost.value, concurrent.futures.process.BrokenProcessPool)
+        with pytest.raises(sa.ExecutorBroken):
+            ex.submit(workers.die_on, 2)
+        with pytest.raises(sa.ExecutorBroken):
+            list(ex.map(workers.die_on, [3], timeout=120))
