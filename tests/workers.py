@@ -280,3 +280,14 @@ def limit_address_space(nbytes: int) -> None:
 
 def first_value(a: Any) -> float:
     return float(a.array.flat[0])
+
+
+def wait_for_file(path: str, x: Any, limit: float = 60.0) -> Any:
+    """``x``, once ``path`` exists (or after ``limit`` seconds): a task that stays running
+    until the test lets it go."""
+    import time
+
+    end = time.monotonic() + limit
+    while not os.path.exists(path) and time.monotonic() < end:
+        time.sleep(0.01)
+    return x

@@ -335,7 +335,7 @@ class _ResultFuture(Future[Any]):
     def _follow(self, inner: Future[Any]) -> None:
         self._inner = None  # no cycle: the result goes with the last reference to this
         if inner.cancelled():
-            super().cancel()
+            self._cancelled()
             return
         error = inner.exception()
         if error is None:
@@ -348,9 +348,22 @@ class _ResultFuture(Future[Any]):
         else:
             self.set_result(value)
 
+    def _cancelled(self) -> None:
+        # (what the executor does for its own futures: cancelled, then waiters told;
+        # ``concurrent.futures.wait`` and ``as_completed`` learn of it only from the second.
+        # Called once: by _follow, which the inner future calls once, when it ends)
+        super().cancel()
+        self.set_running_or_notify_cancel()
+
     def cancel(self) -> bool:
         inner = self._inner
-        return inner is not None and inner.cancel() and self.cancelled()
+        if inner is not None:
+            inner.cancel()  # (cancelled, it calls _follow before it returns)
+        return self.cancelled()
+
+    def running(self) -> bool:
+        inner = self._inner
+        return inner is not None and inner.running()
 
 
 # --------------------------------------------------------------------------------------------

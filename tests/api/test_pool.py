@@ -3,11 +3,13 @@ defined in __main__ (as in a notebook) shipped by value."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -287,3 +289,47 @@ def test_an_executor_whose_worker_died_raises_executor_broken():
             ex.submit(workers.die_on, 2)
         with pytest.raises(sa.ExecutorBroken):
             list(ex.map(workers.die_on, [3], timeout=120))
+
+
+@contextlib.contextmanager
+def _released(path):
+    """Let :func:`workers.wait_for_file` tasks waiting for ``path`` go, at the end."""
+    try:
+        yield
+    finally:
+        open(path, "w").close()
+
+
+@pytest.mark.timeout(240)
+def test_cancelled_executor_futures_are_done_for_wait_and_as_completed(tmp_path):
+    # (they were done, but concurrent.futures.wait and as_completed were never told: they
+    # waited for their timeout, or forever)
+    import concurrent.futures
+
+    import workers
+
+    go = str(tmp_path / "go")
+    with sa.ProcessPoolExecutor(1) as ex, _released(go):
+        first = ex.submit(workers.wait_for_file, go, 0)
+        queued = [ex.submit(workers.die_on, i) for i in range(1, 6)]
+        deadline = time.monotonic() + 60
+        while not first.running() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert first.running() and not first.cancel()
+        cancelled = [f for f in queued if f.cancel()]
+        assert cancelled  # (the executor hands a worker at most one more item than it runs)
+        assert all(f.cancel() and f.cancelled() and f.done() for f in cancelled)
+        done, not_done = concurrent.futures.wait(cancelled, timeout=30)
+        assert (len(done), len(not_done)) == (len(cancelled), 0)
+        assert set(concurrent.futures.as_completed(cancelled, timeout=30)) == set(cancelled)
+        open(go, "w").close()
+        assert first.result(timeout=120) == 0 and not first.running()
+        rest = [f for f in queued if f not in cancelled]
+        assert [f.result(timeout=120) for f in rest] == [queued.index(f) + 1 for f in rest]
+    with sa.ProcessPoolExecutor(1) as ex:
+        first = ex.submit(workers.wait_for_file, go + "2", 0, 5.0)
+        queued = [ex.submit(workers.die_on, i) for i in range(4)]
+        ex.shutdown(wait=False, cancel_futures=True)  # (its manager thread cancels them)
+        done, _ = concurrent.futures.wait(queued, timeout=60)
+        assert done == set(queued) and any(f.cancelled() for f in queued)
+        assert first.result(timeout=120) == 0
