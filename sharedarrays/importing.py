@@ -46,10 +46,15 @@ from sharedarrays.errors import (
     WrongNode,
 )
 from sharedarrays.memory.allocation import Allocation, lookup, revive, use_clock
+from sharedarrays.memory.state import state
 from sharedarrays.node import NODE_VARIABLE, this_node
 from sharedarrays.protocol.payload import Payload
 from sharedarrays.transport import client, keeper, notices
 from sharedarrays.transport import handles as transport
+
+RELEASE_WAIT = 2 * keeper.TIMEOUT
+"""Seconds a load waits for another thread's release of the allocation it found to end (the
+keeper's hand-over: its requests' time limit, twice) before it fails."""
 
 __all__ = [
     "Request",
@@ -162,6 +167,12 @@ def _mapped(p: Payload, carried: list[int] | None) -> Allocation | None:
     """:func:`mapped_here` for a payload and its carried fds (asked first by
     :func:`load_payload`, before any :class:`Request` is made)."""
     alloc = lookup(p.alloc_id)
+    if alloc is not None and alloc.released:
+        # Another thread is releasing it: it stays registered while the keeper takes its
+        # handles (a load elsewhere still finds this process's handle server). Once it
+        # has left, the payload loads as any other does (from the keeper, if in flight).
+        state.wait_unregistered(alloc, RELEASE_WAIT)
+        alloc = lookup(p.alloc_id)
     pid = os.getpid()
     if alloc is None and p.pid == pid:  # back at its exporter, which let go of it
         alloc = revive(p.alloc_id)

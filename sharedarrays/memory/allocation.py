@@ -856,6 +856,7 @@ class Allocation(Growth):
                 with state.lock:
                     if state.registry.get(self.id) is self:
                         del state.registry[self.id]
+                        state.unregistered.notify_all()  # (a load here waits for this)
                     state.parked.pop(self.id, None)
                     drain = self.backend.exporter_owned and (bool(self.holders) or self.busy())
                     if drain:

@@ -51,6 +51,9 @@ class ProcessState:
         Every allocation mapped in this process (parked ones too), by id.
     lock : threading.RLock
         Guards ``registry``, ``parked`` and ``draining``.
+    unregistered : threading.Condition
+        On ``lock``: notified when a released allocation leaves ``registry``
+        (:meth:`wait_unregistered`).
     parked : OrderedDict of str to Allocation
         Imported allocations kept mapped with no live view, least recently used first
         (:attr:`Allocation.parked`). One leased again stays listed until it is idle again
@@ -80,6 +83,7 @@ class ProcessState:
     def __init__(self) -> None:
         self.registry: dict[str, Any] = {}
         self.lock = threading.RLock()
+        self.unregistered = threading.Condition(self.lock)
         self.parked: OrderedDict[str, Any] = OrderedDict()
         self.draining: dict[str, Any] = {}
         self.slabs: dict[tuple[str, Device], tuple[Any, int]] = {}
@@ -87,6 +91,15 @@ class ProcessState:
         self.inherited: list[object] = []
         self.release_hooks: list[Callable[[Any], None]] = []
         self.hand_over_hooks: list[Callable[[Any, int, float], None]] = []
+
+    def wait_unregistered(self, alloc: Any, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until ``alloc`` (being released by another thread:
+        it stays registered while the keeper takes its handles) has left ``registry``;
+        whether it has."""
+        with self.unregistered:
+            return self.unregistered.wait_for(
+                lambda: self.registry.get(alloc.id) is not alloc, timeout
+            )
 
     def reset_in_child(self) -> None:
         """A forked child starts with its own per-process state.
@@ -100,6 +113,7 @@ class ProcessState:
         belong to modules, which the child has too.
         """
         self.lock = threading.RLock()
+        self.unregistered = threading.Condition(self.lock)
         self.slabs_lock = threading.Lock()
         self.inherited.extend(self.slabs.values())
         self.slabs.clear()

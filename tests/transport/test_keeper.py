@@ -699,3 +699,53 @@ def test_no_room_for_files_is_said_first_not_a_missing_keeper(
     said = str(info.value)
     assert said.startswith("this process has no room") and "park()" not in said
     assert "no longer available" in said  # (what the exporter said, after)
+
+
+@pytest.mark.timeout(120)
+def test_a_load_while_another_thread_releases_waits_and_loads_from_the_keeper(
+    private_keeper: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (the release leaves the allocation registered while the keeper takes its handles; a
+    # load in another thread found it there, released, and failed with ClosedArrayError)
+    import threading
+
+    from sharedarrays import importing
+    from sharedarrays.memory.state import state
+
+    a = sa.from_array(np.arange(64.0), device="cpu", pack=False)
+    blob = pickle.dumps(a)  # in flight: the keeper takes its handles at the release
+    waiting = threading.Event()
+    original = state.wait_unregistered
+
+    def wait_unregistered(alloc, timeout):
+        waiting.set()
+        return original(alloc, timeout)
+
+    monkeypatch.setattr(state, "wait_unregistered", wait_unregistered)
+    got: list[object] = []
+
+    def load() -> None:
+        try:
+            got.append(pickle.loads(blob))
+        except Exception as e:
+            got.append(e)
+
+    loader = threading.Thread(target=load)
+
+    seen: list[tuple[bool, bool]] = []  # (a hook's errors are said, not raised: kept here)
+
+    def during_hand_over(alloc, count, seconds):  # (after the keeper's own hook)
+        registered = sa_allocation.lookup(alloc.id) is alloc
+        loader.start()
+        deadline = time.monotonic() + 60
+        while not waiting.is_set() and loader.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        seen.append((alloc.released and registered, waiting.is_set()))
+
+    monkeypatch.setattr(state, "hand_over_hooks", [*state.hand_over_hooks, during_hand_over])
+    a.close()
+    loader.join(importing.RELEASE_WAIT + 30)
+    assert seen == [(True, True)], "the load did not find it released, or did not wait"
+    assert len(got) == 1 and isinstance(got[0], sa.SharedDeviceArray), got
+    np.testing.assert_array_equal(got[0].get(), np.arange(64.0))
+    got[0].close()
