@@ -214,8 +214,13 @@ def list_named(parked: bool = False) -> list[NamedArray]:
     KeeperError
         The keeper runs but did not answer in time (it is overloaded or stopped).
     """
+
+    def ask(req: keeper_protocol.List) -> tuple[int, dict[str, Any]]:
+        status, body, _ = keeper.request(req, start=False)
+        return status, body
+
     try:
-        status, body, _ = keeper.request(keeper_protocol.List(), start=False)
+        status, body = keeper_protocol.list_pages(ask)
     except HandleUnavailable:
         return []
     keeper.raise_for(status, body, "cannot list the keeper's arrays")

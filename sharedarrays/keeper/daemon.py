@@ -46,6 +46,7 @@ import contextlib
 import errno
 import fcntl
 import hmac
+import json
 import os
 import resource
 import selectors
@@ -65,6 +66,7 @@ from sharedarrays.protocol.keeper import (
     DENIED,
     ERROR,
     EXISTS,
+    LIST_PAGE,
     LOCK_NAME,
     MAX_FDS,
     MAX_MESSAGE,
@@ -398,7 +400,18 @@ class Keeper:
             self._maybe_free(entry)
 
     def _list(self, peer: _Peer, req: Request, fds: list[int]) -> _Answer:
-        return OK, {"arrays": [self._describe(e) for e in self._entries.values()]}, []
+        assert isinstance(req, List)
+        after = req.after
+        ids = sorted(i for i in self._entries if after is None or i > after)
+        arrays: list[dict[str, Any]] = []
+        size = 0
+        for i in ids:
+            described = self._describe(self._entries[i])
+            size += len(json.dumps(described, separators=(",", ":"))) + 1
+            if arrays and size > LIST_PAGE:  # (a page ends here: ask for the rest after it)
+                return OK, {"arrays": arrays, "more": arrays[-1]["id"]}, []
+            arrays.append(described)
+        return OK, {"arrays": arrays}, []
 
     def _status_reply(self, peer: _Peer, req: Request, fds: list[int]) -> _Answer:
         return OK, self._status(), []

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
@@ -47,6 +48,8 @@ __all__ = [
     "Unlink",
     "Drop",
     "List",
+    "LIST_PAGE",
+    "list_pages",
     "Status",
     "Request",
     "decode_request",
@@ -373,18 +376,49 @@ class Drop(_ById):
 
 @dataclass(frozen=True)
 class List:
-    """``list``: every array the keeper holds."""
+    """``list``: the arrays the keeper holds, one page (at most :data:`LIST_PAGE` bytes of
+    descriptions) at a time, by id: those whose id comes after ``after``
+    (``None``: from the first). A reply with more to come names the last id it holds
+    (``"more"``): ask again with it (:func:`list_pages`)."""
 
     op: ClassVar[str] = "list"
+    after: str | None = None
 
     def encode(self) -> bytes:
         """The message's bytes."""
-        return _encode(self.op, {})
+        return _encode(self.op, {} if self.after is None else {"after": self.after})
 
     @classmethod
     def from_fields(cls, req: dict[str, Any]) -> List:
         """The request in a decoded JSON object (other fields are ignored)."""
-        return cls()
+        after = req.get("after")
+        if after is not None and (type(after) is not str or len(after) > 64):
+            raise BadRequest("field 'after' must be an allocation id")
+        return cls(after)
+
+
+LIST_PAGE = 48 << 10
+"""Bytes of array descriptions in one ``list`` reply (under :data:`MAX_MESSAGE`)."""
+
+
+def list_pages(
+    ask: Callable[[List], tuple[int, dict[str, Any]]],
+) -> tuple[int, dict[str, Any]]:
+    """Every array the keeper holds: ``ask`` (one ``list`` request: its status and body)
+    page by page until a reply says no more; the status and a body with every page's
+    ``"arrays"``. A reply that is not OK, or not a list of arrays, ends it as it is."""
+    arrays: list[Any] = []
+    after: str | None = None
+    while True:
+        status, body = ask(List(after))
+        page = body.get("arrays")
+        if status != OK or type(page) is not list:
+            return status, body
+        arrays.extend(page)
+        more = body.get("more")
+        if type(more) is not str or (after is not None and more <= after):
+            return status, {**body, "arrays": arrays, "more": None}
+        after = more
 
 
 @dataclass(frozen=True)

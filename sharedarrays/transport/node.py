@@ -30,6 +30,7 @@ from sharedarrays.protocol.keeper import (
     SOCKET_NAME,
     Drop,
     List,
+    list_pages,
 )
 from sharedarrays.protocol.keeper import Reply as KeeperReply
 from sharedarrays.protocol.unix import check_same_user, connect_unix, runtime_dir
@@ -167,8 +168,16 @@ def _keeper_request(request: List | Drop, timeout: float) -> tuple[int, int, dic
 
 def ask_keeper(timeout: float = ASK_TIMEOUT) -> KeeperAnswer:
     """The arrays this user's keeper holds (``status`` ``"none"`` when none runs)."""
+    pids: list[int] = []
+
+    def ask(req: List) -> tuple[int, dict[str, Any]]:
+        pid, status, body = _keeper_request(req, timeout)
+        pids.append(pid)
+        return status, body
+
     try:
-        pid, status, body = _keeper_request(List(), timeout)
+        status, body = list_pages(ask)
+        pid = pids[0]
     except (FileNotFoundError, ConnectionRefusedError):
         return KeeperAnswer("none")
     except (TimeoutError, BlockingIOError):

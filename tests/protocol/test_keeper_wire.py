@@ -43,6 +43,7 @@ REQUESTS: list[tuple[Request, int]] = [
     (Unlink("features"), 0),
     (Unlink(alloc_id=ID, secret=SECRET), 0),
     (List(), 0),
+    (List(ID), 0),
     (Status(), 0),
 ]
 
@@ -129,6 +130,8 @@ def _keep(**change: object) -> bytes:
         (b'SAK1{"op":"release"}', "'id' must be a str"),
         (b'SAK1{"op":"unlink","name":null}', "an array name is a str"),
         (b'SAK1{"op":"unlink","id":"' + ID.encode() + b'"}', "'secret' must be a str"),
+        (b'SAK1{"op":"list","after":5}', "'after' must be an allocation id"),
+        (b'SAK1{"op":"list","after":"' + b"a" * 65 + b'"}', "'after' must be an"),
     ],
 )
 def test_requests_with_bad_fields_are_refused(msg: bytes, match: str) -> None:
@@ -182,3 +185,25 @@ def test_invalid_names(name: str) -> None:
         check_name(name)
     with pytest.raises(TypeError):
         check_name(name.encode())
+
+
+def test_list_pages_asks_until_no_more_and_stops_on_a_bad_reply() -> None:
+    from sharedarrays.protocol.keeper import OK, list_pages
+
+    pages = {None: ([{"id": "a"}, {"id": "b"}], "b"), "b": ([{"id": "c"}], None)}
+    asked: list[str | None] = []
+
+    def ask(req: List) -> tuple[int, dict[str, object]]:
+        asked.append(req.after)
+        arrays, more = pages[req.after]
+        return OK, {"arrays": arrays, "more": more}
+
+    status, body = list_pages(ask)
+    assert (status, asked) == (OK, [None, "b"])
+    assert [a["id"] for a in body["arrays"]] == ["a", "b", "c"]
+    # a keeper whose "more" does not move on is not asked forever
+    status, body = list_pages(lambda req: (OK, {"arrays": [{"id": "x"}], "more": "x"}))
+    assert [a["id"] for a in body["arrays"]] == ["x", "x"]
+    # an error, or a body without arrays, ends it as it is
+    assert list_pages(lambda req: (3, {"error": "no"})) == (3, {"error": "no"})
+    assert list_pages(lambda req: (OK, {"arrays": 5})) == (OK, {"arrays": 5})

@@ -749,3 +749,28 @@ def test_a_load_while_another_thread_releases_waits_and_loads_from_the_keeper(
     assert len(got) == 1 and isinstance(got[0], sa.SharedDeviceArray), got
     np.testing.assert_array_equal(got[0].get(), np.arange(64.0))
     got[0].close()
+
+
+@pytest.mark.timeout(120)
+def test_a_list_longer_than_one_message_comes_in_pages(private_keeper: Path) -> None:
+    # (a keeper holding a few hundred arrays sent a reply longer than a message: the client
+    # got it cut short and list_named(), ls and top failed with a JSON error)
+    from sharedarrays.protocol.keeper import LIST_PAGE, MAX_MESSAGE, OK, List
+
+    names = [f"paged-{i:04d}-" + "x" * 80 for i in range(400)]
+    arrays = [sa.zeros(1, device="cpu", name=n) for n in names]
+    try:
+        status, body, _ = keeper.request(List(), start=False)
+        assert status == OK and isinstance(body.get("more"), str)
+        assert len(json.dumps(body)) < MAX_MESSAGE and len(body["arrays"]) < len(names)
+        assert sum(len(json.dumps(a, separators=(",", ":"))) for a in body["arrays"]) <= LIST_PAGE
+        assert sorted(a.name for a in sa.list_named()) == names
+        r = subprocess.run(
+            [sys.executable, "-m", "sharedarrays", "ls"], capture_output=True, text=True, timeout=60
+        )
+        assert r.returncode == 0, r.stderr
+        assert all(n in r.stdout for n in (names[0], names[-1]))
+    finally:
+        for n, a in zip(names, arrays):
+            a.close()
+            sa.unlink(n)
