@@ -14,7 +14,7 @@ import html
 import operator
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from multiprocessing import reduction
 from multiprocessing.context import get_spawning_popen
 from types import EllipsisType
@@ -59,26 +59,60 @@ class Semaphore(Protocol):
 
 
 def _check_key(key: object) -> tuple[Any, ...]:
-    """Return ``key`` as a tuple of basic indices, or raise TypeError."""
+    """Return ``key`` as a tuple of basic indices.
+
+    Raises
+    ------
+    IndexError
+        An item that is no index at all (a float, a string), as NumPy's.
+    TypeError
+        An advanced index (an integer or boolean array, a list): a view cannot hold it.
+    """
     items = key if isinstance(key, tuple) else (key,)
     for item in items:
         if isinstance(item, (bool, np.bool_)) or not isinstance(item, _BASIC_INDEX):
-            if type(item) is SharedDeviceArray and item.ndim == 0:
-                # a 0-d integer view indexes as its value does (as a 0-d NumPy array does)
+            if _is_zero_d(item):
+                # a 0-d integer array or view indexes as its value does (as in NumPy)
                 return _check_key(tuple(_zero_d_index(i) for i in items))
+            if not isinstance(item, (bool, np.bool_, list, np.ndarray, SharedDeviceArray)) and (
+                not hasattr(item, "__array_interface__")
+                and not hasattr(item, "__cuda_array_interface__")
+            ):
+                raise IndexError(
+                    "only integers, slices (`:`), ellipsis (`...`), numpy.newaxis (`None`) "
+                    f"and integer or boolean arrays are valid indices, not "
+                    f"{type(item).__name__}"
+                )
             raise TypeError(
                 f"SharedDeviceArray supports basic indexing only (ints, slices, ..., None), "
                 f"not {type(item).__name__}; for advanced indexing use a.array[...], which "
-                "returns a native array (a copy where NumPy/CuPy would copy)"
+                "returns a native array (a copy where NumPy/CuPy would copy); assignments "
+                "(a[mask] = x) write in place"
             )
     return items
 
 
+def _is_zero_d(item: object) -> bool:
+    """Whether ``item`` is a 0-d view or NumPy array (of any dtype: its value is checked
+    where it is used as an index)."""
+    return (type(item) is SharedDeviceArray or type(item) is np.ndarray) and item.ndim == 0
+
+
 def _zero_d_index(item: object) -> object:
-    """``item``, or its value where it is a 0-d view (``operator.index``: ints only)."""
-    if type(item) is SharedDeviceArray and item.ndim == 0:
-        return operator.index(item)
+    """``item``, or its value where it is a 0-d view or NumPy array (``operator.index``:
+    integers only)."""
+    if _is_zero_d(item):
+        return operator.index(item)  # type: ignore[arg-type]
     return item
+
+
+def _native_key(key: object) -> object:
+    """``key`` for the native array's own ``__setitem__``: its views as native arrays."""
+    if type(key) is SharedDeviceArray:
+        return key.array
+    if type(key) is tuple and any(type(i) is SharedDeviceArray for i in key):
+        return tuple(i.array if type(i) is SharedDeviceArray else i for i in key)
+    return key
 
 
 class _Probe:
@@ -357,8 +391,8 @@ class SharedDeviceArray(NativeArrayMethods):
         return derived
 
     def __setitem__(self, key: object, value: object) -> None:
-        """Write through to shared memory."""
-        items = _check_key(key)
+        """Write through to shared memory: any index the native array takes (basic, or
+        advanced: ``a[mask] = 0``, ``a[[0, 2]] = x`` write the elements in place)."""
         if self._readonly:
             raise ValueError(_READONLY)
         native = self.array
@@ -368,7 +402,7 @@ class SharedDeviceArray(NativeArrayMethods):
             or hasattr(value, "__dlpack__")
         ):
             value = self.allocation.backend.to_native(value)  # e.g. NumPy into CuPy
-        native[items if isinstance(key, tuple) else items[0]] = assignable(native, value)
+        native[_native_key(key)] = assignable(native, value)
 
     def get(self) -> np.ndarray[Any, Any]:
         """Copy the data into a new NumPy array in host memory."""
@@ -411,6 +445,13 @@ class SharedDeviceArray(NativeArrayMethods):
         if not self._shape:
             raise TypeError("len() of a 0-d array")
         return self._shape[0]
+
+    def __iter__(self) -> Iterator[SharedDeviceArray]:
+        """The views ``a[0]``, ``a[1]``, ... along the first axis (NumPy's arrays give
+        scalars for a 1-d array: here 0-d views, which act as scalars)."""
+        if not self._shape:
+            raise TypeError("iteration over a 0-d array")
+        return (self[i] for i in range(self._shape[0]))
 
     # lifecycle --------------------------------------------------------------------------
     def close(self) -> None:

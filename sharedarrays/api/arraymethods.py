@@ -425,6 +425,13 @@ class NativeArrayMethods:
     def __abs__(self) -> Any:
         return abs(self.array)
 
+    def __round__(self, ndigits: int | None = None) -> Any:
+        native = self.array
+        if native.ndim == 0:  # its scalar's round, as NumPy's indexing would have given
+            value: Any = native[()] if isinstance(native, np.ndarray) else native.item()
+            return round(value) if ndigits is None else round(value, ndigits)
+        return round(native) if ndigits is None else round(native, ndigits)  # (its own error)
+
     # scalars (size 1 only, NumPy's errors otherwise) --------------------------------------
     def __bool__(self) -> bool:
         return bool(self.array)
@@ -629,6 +636,12 @@ class NativeArrayMethods:
         """``copy.deepcopy``: a native copy of the values (not shared), so that a deep copy
         of an object holding the array never writes the original's memory."""
         return self.__copy__()
+
+    @property
+    def flat(self) -> Any:
+        """The native array's flat iterator (:attr:`numpy.ndarray.flat`): reads copy,
+        assignments (``a.flat[i] = x``) write the shared memory."""
+        return self.array.flat
 
     def flatten(self, order: str = "C") -> Any:
         """A one-dimensional native copy (not shared), like :meth:`numpy.ndarray.flatten`."""

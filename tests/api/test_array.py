@@ -63,18 +63,86 @@ def test_integer_index_gives_zero_d_view() -> None:
         np.array([1, 2]),
         np.array([True, False, True, False]),
         (slice(None), [0]),
-        1.5,
-        "x",
         True,
+        (np.array([0, 2]), slice(1, 3)),
     ],
 )
-def test_advanced_indexing_is_refused_with_advice(key: object) -> None:
-    a, _ = make()
+def test_advanced_indexing_reads_are_refused_with_advice_and_writes_go_in_place(
+    key: object,
+) -> None:
+    # (a view cannot hold an advanced index; an assignment copies nothing in NumPy either,
+    # and was refused too)
+    a, ref = make()
     with pytest.raises(TypeError, match=r"a\.array\[\.\.\.\]"):
         a[key]
-    with pytest.raises(TypeError):
-        a[key] = 0
     assert isinstance(a.array[np.array([0, 1])], np.ndarray)  # the documented way
+    a[key] = -5
+    ref[key] = -5
+    np.testing.assert_array_equal(a.get(), ref)
+    a[key] = np.arange(ref[key].size).reshape(ref[key].shape) + 100  # values of its shape
+    ref[key] = np.arange(ref[key].size).reshape(ref[key].shape) + 100
+    np.testing.assert_array_equal(a.get(), ref)
+
+
+def test_a_mask_made_from_the_array_assigns_in_place_and_read_only_refuses() -> None:
+    a, ref = make()
+    a[a > 10] = 0
+    ref[ref > 10] = 0
+    np.testing.assert_array_equal(a.get(), ref)
+    shared_mask = sa.from_array(ref == 0, device="cpu")  # a mask that is itself shared
+    a[shared_mask] = 7
+    ref[ref == 0] = 7
+    np.testing.assert_array_equal(a.get(), ref)
+    ro = sa.SharedDeviceArray(a.allocation, a.dtype, a.shape, a.strides, 0, readonly=True)
+    with pytest.raises(ValueError, match="read-only"):
+        ro[ro > 0] = 1
+    np.testing.assert_array_equal(a.get(), ref)
+
+
+@pytest.mark.parametrize("key", [1.5, "x", object(), (0, 1.0)])
+def test_what_is_no_index_raises_index_error_as_numpy(key: object) -> None:
+    a, ref = make()
+    with pytest.raises(IndexError) as numpy_error:
+        ref[key]
+    with pytest.raises(IndexError, match="valid indices"):
+        a[key]
+    with pytest.raises(IndexError):
+        a[key] = 0
+    assert "valid indices" in str(numpy_error.value)
+
+
+def test_zero_d_integer_arrays_index_as_their_value() -> None:
+    a, ref = make()
+    for index in (np.array(1), np.array(2, dtype=np.uint8), a[0, 1].astype(np.int64)):
+        np.testing.assert_array_equal(a[index].get(), ref[index])
+    with pytest.raises(TypeError):
+        a[np.array(1.0)]  # (NumPy: IndexError; a float's operator.index raises TypeError)
+
+
+def test_iteration_gives_views_and_refuses_a_zero_d_array() -> None:
+    a, ref = make()
+    rows = list(a)
+    assert len(rows) == ref.shape[0] and all(isinstance(r, sa.SharedDeviceArray) for r in rows)
+    rows[1][...] = -1
+    assert (a.get()[1] == -1).all()
+    with pytest.raises(TypeError, match="iteration over a 0-d array"):
+        iter(a[0, 0])
+    with pytest.raises(TypeError, match="iteration over a 0-d array"):
+        sum(a[0, 0])  # (it was 0: Python's old iteration stopped at a[0]'s IndexError)
+
+
+def test_round_and_flat_act_as_numpys() -> None:
+    a, ref = make(dtype="float64")
+    a[...] = ref / 3
+    ref = ref / 3
+    for ndigits in (None, 2):
+        got, want = round(a[1, 1], ndigits), round(ref[1, 1], ndigits)
+        assert got == want and type(got) is type(want)
+    with pytest.raises(TypeError, match="__round__"):  # (as NumPy's n-d arrays)
+        round(a)
+    assert list(a.flat)[:5] == list(ref.flat)[:5]
+    a.flat[3] = 42.0
+    assert a.get().flat[3] == 42.0
 
 
 def test_get_is_a_copy_and_array_is_not() -> None:

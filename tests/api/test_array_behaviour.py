@@ -624,6 +624,28 @@ def test_cuda_operators_return_cupy_and_write_in_place() -> None:
 
 
 @pytest.mark.gpu
+def test_cuda_masks_and_index_arrays_assign_in_place_iteration_and_round() -> None:
+    import cupy
+
+    a, ref = make_cuda((3, 4), "float32")
+    a[a > 6] = 0  # a CuPy mask
+    ref[ref > 6] = 0
+    a[[0, 2]] = -1  # a list
+    ref[[0, 2]] = -1
+    a[cupy.asarray([1]), 1:3] = 9  # a CuPy index array with a slice
+    ref[np.asarray([1]), 1:3] = 9
+    cupy.cuda.Device(0).synchronize()
+    np.testing.assert_array_equal(a.get(), ref)
+    rows = list(a)
+    assert len(rows) == 3 and all(type(r) is sa.SharedDeviceArray for r in rows)
+    np.testing.assert_array_equal(rows[1].get(), ref[1])
+    with pytest.raises(TypeError, match="0-d"):
+        iter(a[0, 0])
+    assert round(a[1, 1]) == round(float(ref[1, 1]))
+    assert list(a.flat)[5] == ref.flat[5]
+
+
+@pytest.mark.gpu
 def test_cuda_methods_dispatch_and_views() -> None:
     import cupy
 
