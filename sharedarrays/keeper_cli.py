@@ -11,6 +11,8 @@ import sys
 import time
 from typing import Any
 
+from sharedarrays.top_cli import seconds
+
 __all__ = ["COMMANDS", "add_parsers", "run"]
 
 COMMANDS = ("ls", "rm", "keeper", "status")
@@ -32,7 +34,10 @@ def add_parsers(sub: Any) -> None:
     k = sub.add_parser("keeper", help="start this user's keeper (in the background)")
     k.add_argument("--foreground", action="store_true", help="run it in this process")
     k.add_argument(
-        "--idle", type=float, default=None, help="seconds to wait holding nothing before exiting"
+        "--idle",
+        type=seconds,
+        default=None,
+        help="seconds to wait holding nothing before exiting (above 0, at most a day)",
     )
     sub.add_parser("status", help="show this user's keeper")
 

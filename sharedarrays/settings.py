@@ -9,6 +9,7 @@ setting's pattern.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from typing import TypeVar
@@ -33,7 +34,7 @@ def env_number(name: str, default: N, minimum: N) -> N:
     Raises
     ------
     ValueError
-        The value is not a number of that kind, or is below ``minimum``.
+        The value is not a number of that kind (or not finite), or is below ``minimum``.
     """
     text = os.environ.get(name, "").strip()
     if not text:
@@ -44,6 +45,8 @@ def env_number(name: str, default: N, minimum: N) -> N:
     except ValueError:
         what = "an integer" if kind is int else "a number"
         raise ValueError(f"{name}={text!r} is not {what}; unset it for the default") from None
+    if kind is float and not math.isfinite(value):  # (nan passes every comparison)
+        raise ValueError(f"{name}={text!r} is not a finite number; unset it for the default")
     if value < minimum:
         raise ValueError(f"{name} must be at least {minimum}, got {value}")
     return value

@@ -34,3 +34,11 @@ def test_below_the_minimum_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(NAME, "-1")
     with pytest.raises(ValueError, match=r"at least 0\.0"):
         env_number(NAME, 30.0, 0.0)
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "-inf", "NaN"])
+def test_a_number_that_is_not_finite_is_refused(monkeypatch: pytest.MonkeyPatch, text: str) -> None:
+    # (nan passed the minimum's comparison; inf made a keeper that never idled out)
+    monkeypatch.setenv(NAME, text)
+    with pytest.raises(ValueError, match=rf"{NAME}='{text}' is not a finite number"):
+        env_number(NAME, 30.0, 0.0)

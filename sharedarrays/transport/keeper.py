@@ -99,7 +99,7 @@ def running_pid() -> int | None:
     return pid if type(pid) is int else None
 
 
-def _launch() -> None:
+def _launch() -> subprocess.Popen[bytes] | None:
     """Start a keeper in the background, as multiprocessing starts its resource tracker:
     a fresh interpreter with this one's flags. It runs in a session of its own, so that it
     outlives this process and a Ctrl-C in a terminal does not reach it.
@@ -138,11 +138,23 @@ def _launch() -> None:
         os.close(log)
     # reap it if it exits before we do (it usually outlives us: then init reaps it)
     if sys.is_finalizing():  # no thread starts now (it would hang): init reaps it
-        return
+        return None
     try:
         threading.Thread(target=proc.wait, name="sharedarrays-keeper-reaper", daemon=True).start()
     except RuntimeError:  # at interpreter shutdown (a hand-over at exit): init reaps it
-        pass
+        return None
+    return proc
+
+
+def _log_tail(path: Path) -> str:
+    """The last line of the keeper's log at ``path`` (what a keeper that failed said)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
+            lines = [line for line in f.read().decode(errors="replace").splitlines() if line]
+    except OSError:
+        return "(its log cannot be read)"
+    return lines[-1][:300] if lines else "(its log is empty)"
 
 
 class NoRoomForFiles(KeeperError):
@@ -198,11 +210,19 @@ def _open(path: str, start: bool) -> socket.socket:
     """A new connection to the keeper at ``path``, starting one first if ``start``."""
     sock = _try_connect(path, time.monotonic() + TIMEOUT)
     if sock is None and start:
-        _launch()
+        proc = _launch()
         deadline = time.monotonic() + TIMEOUT
         while sock is None and time.monotonic() < deadline:
             time.sleep(0.02)
             sock = _try_connect(path, deadline)
+            if sock is None and proc is not None and proc.poll() is not None:
+                sock = _try_connect(path, deadline)  # (another keeper may have started)
+                if sock is None:  # it failed as it started (a bad setting, say): say why
+                    log = runtime_dir() / "keeper.log"
+                    raise HandleUnavailable(
+                        f"the sharedarrays keeper exited as it started (exit status "
+                        f"{proc.returncode}): {_log_tail(log)} (its log: {log})"
+                    )
     if sock is None:
         raise HandleUnavailable(
             "no sharedarrays keeper is running for this user"

@@ -774,3 +774,27 @@ def test_a_list_longer_than_one_message_comes_in_pages(private_keeper: Path) -> 
         for n, a in zip(names, arrays):
             a.close()
             sa.unlink(n)
+
+
+@pytest.mark.parametrize("idle", ["-1", "0", "nan", "inf", "1e9"])
+def test_keeper_idle_out_of_range_is_a_usage_error(
+    private_keeper: Path, capsys: pytest.CaptureFixture[str], idle: str
+) -> None:
+    with pytest.raises(SystemExit) as ended:
+        cli_main(["keeper", f"--idle={idle}"])
+    assert ended.value.code == 2
+    assert "--idle: must be a number of seconds above 0" in capsys.readouterr().err
+    assert lock_holder(private_keeper) is None  # (no keeper was started)
+
+
+@pytest.mark.timeout(60)
+def test_a_keeper_that_fails_as_it_starts_is_said_at_once_with_its_reason(
+    private_keeper: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (the caller waited for its socket for the whole time limit, then said only that no
+    # keeper ran)
+    monkeypatch.setenv("SHAREDARRAYS_KEEPER_IDLE", "-1")
+    started = time.monotonic()
+    with pytest.raises(sa.HandleUnavailable, match=r"exited as it started .*KEEPER_IDLE"):
+        sa.zeros(3, device="cpu", name="never-kept")
+    assert time.monotonic() - started < keeper.TIMEOUT
