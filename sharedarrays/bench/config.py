@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -150,6 +151,10 @@ class Config:
         return int(self.device.split(":")[1]) if ":" in self.device else 0
 
 
+MAX_WORKERS, MAX_WORKERS_PER_CPU = 64, 8
+"""The most workers ``--workers`` may ask for: 64, or 8 per CPU of the machine."""
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Add the ``bench`` options to a parser."""
     p.add_argument("--device", default="auto", help="auto (default), cpu or cuda:N")
@@ -225,9 +230,31 @@ def _resolve_device(text: str) -> str:
     if text == "auto":
         return "cuda:0" if kind_unusable("cuda") is None else "cpu"
     from sharedarrays.backends.device import parse_device
+    from sharedarrays.errors import SharedArrayError
 
-    dev = parse_device(text)
+    try:
+        dev = parse_device(text)
+    except (ValueError, SharedArrayError) as e:
+        raise argparse.ArgumentTypeError(f"--device {text}: {e}") from None
+    if not dev.is_cuda and dev.index != 0:
+        raise argparse.ArgumentTypeError(f"--device {text}: the host is cpu (one device)")
     return str(dev) if dev.is_cuda else "cpu"
+
+
+def _seconds(value: float, option: str) -> float:
+    """``value`` if it is a finite number of seconds above 0 (``nan`` passes comparisons)."""
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{option} must be a finite number of seconds above 0")
+    return value
+
+
+def _writable(path: str | None, option: str) -> str | None:
+    """``path`` if a file can be made there (said before the run, not after it)."""
+    if path is not None:
+        folder = Path(path).resolve().parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK):
+            raise argparse.ArgumentTypeError(f"{option} {path}: {folder} is not a writable folder")
+    return path
 
 
 def _expand_methods(text: str | None, available: Sequence[str]) -> list[str]:
@@ -269,17 +296,25 @@ def config_from_args(args: argparse.Namespace) -> Config:
     warm_sizes = _parse_sizes(args.warm_sizes or quick_rounds or DEFAULT_WARM_SIZES[kind])
     cold_sizes = _parse_sizes(args.cold_sizes or quick_rounds or DEFAULT_COLD_SIZES[kind])
     rounds = args.rounds if args.rounds is not None else (31 if args.quick else 301)
-    if rounds < 1 or args.round_seconds <= 0:
-        raise argparse.ArgumentTypeError("--rounds must be >= 1 and --round-seconds > 0")
+    if rounds < 1:
+        raise argparse.ArgumentTypeError("--rounds must be >= 1")
+    _seconds(args.round_seconds, "--round-seconds")
+    _seconds(args.case_seconds, "--case-seconds")
     if args.repeats < 1 or args.warmup < 0:
         raise argparse.ArgumentTypeError("--repeats must be >= 1 and --warmup >= 0")
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if not tasks or any(t not in TASKS for t in tasks):
         raise argparse.ArgumentTypeError(f"--tasks takes {', '.join(TASKS)}")
     workers_text = "1,4" if args.quick and args.workers == "1,4,16" else args.workers
-    workers = [int(w) for w in workers_text.split(",") if w.strip()]
-    if any(w < 1 for w in workers):
-        raise argparse.ArgumentTypeError("--workers must be positive")
+    most = max(MAX_WORKERS, MAX_WORKERS_PER_CPU * (os.cpu_count() or 1))
+    try:
+        workers = [int(w) for w in workers_text.split(",") if w.strip()]
+    except ValueError:
+        workers = []
+    if not workers or any(not 1 <= w <= most for w in workers):
+        raise argparse.ArgumentTypeError(
+            f"--workers takes worker counts between 1 and {most} (comma-separated)"
+        )
     skip = [s.strip() for s in args.skip.split(",") if s.strip()]
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     if any(s not in PARTS for s in skip + only):
@@ -295,7 +330,12 @@ def config_from_args(args: argparse.Namespace) -> Config:
         (QUICK_BANDWIDTH if args.quick else DEFAULT_BANDWIDTH)[kind]
     )
     many = args.many if args.many is not None else (1000 if args.quick else 10000)
-    json_path, plot_path = args.json, args.plot
+    if many < 1 or args.many_size < 1 or bandwidth < 1:
+        raise argparse.ArgumentTypeError(
+            "--many, --many-size and --bandwidth-size must be at least 1"
+        )
+    json_path = _writable(args.json, "--json")
+    plot_path = _writable(args.plot, "--plot")
     if args.full:
         stem = Path("benchmarks") / "results" / f"{device_slug(device)}-{today()}"
         json_path = json_path or str(stem.with_suffix(".json"))

@@ -547,6 +547,40 @@ def test_round_options() -> None:
         config.config_from_args(parser.parse_args(["--device", "cpu", "--skip", "pairs"]))
 
 
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["--many", "0"], "--many"),
+        (["--many", "-1"], "--many"),
+        (["--many-size", "0"], "--many-size"),
+        (["--case-seconds", "-1"], "--case-seconds"),
+        (["--case-seconds", "nan"], "--case-seconds"),
+        (["--round-seconds", "inf"], "--round-seconds"),
+        (["--workers", "100000"], "--workers"),
+        (["--workers", "two"], "--workers"),
+        (["--json", "/proc/nope/x.json"], "--json /proc/nope/x.json: .* not a writable folder"),
+        (["--plot", "/nonexistent-folder/p.png"], "--plot"),
+    ],
+)
+def test_bad_options_are_usage_errors_before_the_run(args: list[str], match: str) -> None:
+    # (a ZeroDivisionError, nan accepted, 100,000 workers started, or the results lost
+    # after the whole run for want of a folder)
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser)
+    with pytest.raises(argparse.ArgumentTypeError, match=match):
+        config.config_from_args(parser.parse_args(["--device", "cpu", "--quick", *args]))
+
+
+@pytest.mark.parametrize("device", ["bogus", "cpu:1", "npu:99"])
+def test_a_bad_bench_device_is_a_usage_error(
+    device: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sharedarrays.bench.command import main as bench_main
+
+    assert bench_main(["--device", device, "--quick"]) == 2
+    assert f"bench: --device {device}:" in capsys.readouterr().err
+
+
 @pytest.mark.timeout(120)
 def test_a_failing_method_is_dropped_and_the_size_rerun_without_it(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
