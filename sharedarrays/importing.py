@@ -483,8 +483,12 @@ def catch_up(alloc: Allocation) -> None:
         As :func:`sharedarrays.transport.client.fetch_growth`.
     """
     server = alloc.source_server
-    if server is None:  # pragma: no cover - every growable import sets it
-        raise PayloadError(f"allocation {alloc.id} does not know its exporter")
+    if server is None:  # (inherited through fork: every growable import sets it)
+        raise PayloadError(
+            f"allocation {alloc.id} does not know its exporter's handle server: this process "
+            f"inherited it through fork from pid {alloc.origin.pid}; load a new payload of "
+            "it (pickled there) to see its current length"
+        )
     with alloc.growth_lock:
         local = alloc.chunk_sizes()
         sizes, capacity, used, fds = client.fetch_growth(

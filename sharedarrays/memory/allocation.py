@@ -896,6 +896,17 @@ class Allocation(Growth):
                 stacklevel=2,
             )
 
+    def disown(self) -> None:
+        """In a forked child: an inherited growable allocation stays the array of the process
+        that made it (its chunks and its length are that process's to change): this one
+        may use and pickle it, but resizing it raises
+        :class:`~sharedarrays.ResizeRefused`, as in any importer. (Grown here, two
+        processes would hold different chunks under one allocation id.)"""
+        self._lock = threading.Lock()
+        self.growth_lock = threading.RLock()
+        if self.origin.created_here:
+            self.origin = Origin(False, self.origin.pid, self.origin.time)
+
     def adopt(self) -> None:
         """In a forked child: make this inherited mapping this process's import from the
         parent, with no record of what the parent served or sent."""

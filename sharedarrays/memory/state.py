@@ -38,6 +38,8 @@ class Member(Protocol):
 
     def adopt(self) -> None: ...
 
+    def disown(self) -> None: ...
+
     @property
     def parked(self) -> bool: ...
 
@@ -109,7 +111,8 @@ class ProcessState:
         and no draining allocations. The host allocations it inherited mapped, with the
         views that use them, become its own imports from the parent (it may hand them on and
         serve them); CUDA and growable ones stay the parent's (CUDA cannot be used after
-        fork; a growable array's chunks are served by its exporter). The hooks stay: they
+        fork; a growable array's chunks are its creator's to change: the child may not
+        resize it). The hooks stay: they
         belong to modules, which the child has too.
         """
         self.lock = threading.RLock()
@@ -125,7 +128,9 @@ class ProcessState:
         self.draining.clear()
         for alloc in self.registry.values():
             member: Member = alloc
-            if not member.device.needs_context and not member.growable:
+            if member.growable:
+                member.disown()
+            elif not member.device.needs_context:
                 member.adopt()
 
 

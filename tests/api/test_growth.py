@@ -414,3 +414,40 @@ def test_cuda_appends_from_2_mib_to_8_gib(importer: Importer, record_property: A
     assert shape == (96, row) and col0 == float(np.arange(4000, 4096).sum())
     importer.ask("drop", "g")
     importer.ask("drop", "h")
+
+
+@pytest.mark.timeout(120)
+def test_a_forked_child_may_use_an_inherited_growable_array_but_not_resize_it() -> None:
+    # (the child grew it: two processes then held different chunks under one allocation id,
+    # and a third that loaded both payloads read the child's memory for the parent's rows)
+    from forking import in_forked_child
+
+    g = sa.empty((0, 4), "float64", capacity=1 << 20, device="cpu")
+    g.append(np.ones((10, 4)))
+    before = pickle.dumps(g)
+
+    def child() -> list[object]:
+        out: list[object] = []
+        for grow in (lambda: g.append(np.full((5, 4), 2.0)), lambda: g.resize(20)):
+            try:
+                grow()
+                out.append("resized")
+            except sa.ResizeRefused as e:
+                out.append(str(e))
+        again = pickle.loads(pickle.dumps(g))  # its data: the parent's, as inherited
+        out.append([list(again.shape), float(again.get().sum())])
+        try:
+            g.refresh()
+            out.append("refreshed")
+        except sa.SharedArrayError as e:
+            out.append(f"{type(e).__name__}: {e}")
+        return out
+
+    refused_append, refused_resize, seen, refreshed = in_forked_child(child)
+    assert "only the process that created a growable array resizes it" in refused_append
+    assert "only the process that created" in refused_resize
+    assert seen == [[10, 4], 40.0]
+    assert "inherited it through fork" in refreshed
+    g.append(np.full((5, 4), 7.0))  # the parent still grows it
+    assert g.shape == (15, 4) and g.get()[-1, 0] == 7.0
+    assert pickle.loads(before).shape == (10, 4)
