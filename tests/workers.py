@@ -291,3 +291,18 @@ def wait_for_file(path: str, x: Any, limit: float = 60.0) -> Any:
     while not os.path.exists(path) and time.monotonic() < end:
         time.sleep(0.01)
     return x
+
+
+def add_one_at(a: Any, i: int) -> int:
+    """Add 1 to ``a[i]`` in place (a shared array); ``i``."""
+    a[i] += 1
+    return i
+
+
+def die_when_file(path: str, limit: float = 60.0) -> None:
+    """Wait until ``path`` exists (at most ``limit`` seconds), then kill this worker
+    (SIGKILL)."""
+    import signal
+
+    wait_for_file(path, None, limit)
+    os.kill(os.getpid(), signal.SIGKILL)

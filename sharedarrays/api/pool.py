@@ -42,6 +42,7 @@ from __future__ import annotations
 import concurrent.futures
 import concurrent.futures.process
 import functools
+import itertools
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.pool
@@ -272,16 +273,41 @@ def _each(iterable: Iterable[Any], star: bool) -> Iterator[Any]:
         yield (_args(item, {}),) if star else _args((item,), {})
 
 
+_lost_before: Any = None
+"""In a worker of a :class:`Pool`: the shared number below which a task's ``token`` (its
+submission's) belongs to a job the pool failed with :class:`~sharedarrays.WorkerLost`
+(:func:`_start_worker`); ``None`` elsewhere."""
+
+
+def _start_worker(
+    lost_before: Any, initializer: Callable[..., object] | None, initargs: tuple[Any, ...]
+) -> None:
+    """A :class:`Pool` worker's initializer: keeps ``lost_before`` (see :data:`_lost_before`),
+    then calls the user's."""
+    global _lost_before
+    _lost_before = lost_before
+    if initializer is not None:
+        initializer(*initargs)
+
+
 class _Task:
     """The function a worker runs: the user's, called with the arguments it loads (a
-    :class:`_Pending` of :func:`_args`), with its result wrapped in :class:`_Alone`."""
+    :class:`_Pending` of :func:`_args`), with its result wrapped in :class:`_Alone`.
 
-    __slots__ = ("fn",)
+    ``token``: its submission's number in a :class:`Pool` (``None`` in an executor). A task
+    of a job the pool failed when a worker died is not run (:data:`_lost_before`): the
+    caller was told to submit it again."""
 
-    def __init__(self, fn: Callable[..., Any]) -> None:
+    __slots__ = ("fn", "token")
+
+    def __init__(self, fn: Callable[..., Any], token: int | None = None) -> None:
         self.fn = fn
+        self.token = token
 
     def __call__(self, *args: Any, **kwargs: Any) -> _Alone:
+        token, lost = self.token, _lost_before
+        if token is not None and lost is not None and token < lost.value:
+            raise WorkerLost("not run: its job failed when a worker of the pool died")
         if len(args) == 1 and not kwargs:
             sent = args[0]
             if type(sent) is _Pending:
@@ -300,13 +326,14 @@ class _Task:
                 "instead"
             ) from None
 
-    def __reduce__(self) -> tuple[Any, tuple[Callable[..., Any]]]:
-        return _Task, (self.fn,)
+    def __reduce__(self) -> tuple[Any, tuple[Callable[..., Any], int | None]]:
+        return _Task, (self.fn, self.token)
 
 
-def _task(fn: Callable[..., T]) -> Callable[..., T]:
-    """``fn`` as a worker runs it (by value where needed, result wrapped once)."""
-    return cast(Callable[..., T], fn if isinstance(fn, _Task) else _Task(by_value(fn)))
+def _task(fn: Callable[..., T], token: int | None = None) -> Callable[..., T]:
+    """``fn`` as a worker runs it (by value where needed, result wrapped once; ``token``:
+    see :class:`_Task`)."""
+    return cast(Callable[..., T], fn if isinstance(fn, _Task) else _Task(by_value(fn), token))
 
 
 def _guarded_get(recv: Callable[[], Any]) -> Any:
@@ -413,17 +440,26 @@ class _Workers(list):  # type: ignore[type-arg]
     worker whose exit code is not 0 (a signal, an exit status) is remembered, and when the
     next worker is appended every task of ``cache`` (the pool's jobs) fails with
     :class:`~sharedarrays.WorkerLost` (after, so that a caller woken by the error finds a
-    worker to give the next task to). Only the cache is kept, not the pool: the handler
-    thread holds this list until the pool ends.
+    worker to give the next task to); the tasks of those jobs that no worker has taken yet
+    are not run (``lost_before``, read by :class:`_Task` in the workers), so that submitting
+    them again runs them once. Only the cache is kept, not the pool: the handler thread
+    holds this list until the pool ends.
     """
 
     def __init__(
-        self, workers: Iterable[Any], cache: Mapping[int, Any], ends_as_asked: bool
+        self,
+        workers: Iterable[Any],
+        cache: Mapping[int, Any],
+        ends_as_asked: bool,
+        lost_before: Any,
+        tokens: Iterator[int],
     ) -> None:
         super().__init__(workers)
         self.cache = cache
         self.ends_as_asked = ends_as_asked  # (maxtasksperchild: an exit status 0 is normal)
         self.lost: WorkerLost | None = None
+        self.lost_before = lost_before  # (the workers' _lost_before)
+        self.tokens = tokens  # (the pool's submission numbers)
 
     def __delitem__(self, index: Any) -> None:
         if isinstance(index, int):
@@ -436,11 +472,17 @@ class _Workers(list):  # type: ignore[type-arg]
                 self.lost = WorkerLost(
                     f"a worker of this Pool (pid {worker.pid}) died ({why}) while tasks were "
                     "pending; the pool cannot tell which task it was running, so every task "
-                    "pending then failed with this error, and a new worker took its place. "
+                    "pending then failed with this error (those no worker had taken are not "
+                    "run; those other workers were running finish, their results dropped), "
+                    "and a new worker took its place. "
                     "Its standard error may say why (a task that called os._exit(), "
                     "a crash; the kernel's log names the out-of-memory killer's victims); "
                     "submit them again once that is mended"
                 )
+                # the tasks of every job submitted until now that no worker has taken yet
+                # are not run (_Task): their callers are told to submit them again (set
+                # now, before the new worker starts, which could take one first)
+                self.lost_before.value = next(self.tokens)
         super().__delitem__(index)
 
     def append(self, worker: Any) -> None:
@@ -495,8 +537,18 @@ class Pool(multiprocessing.pool.Pool):
         self.__dict__["_state"] = "CLOSE"  # lets Pool.__del__ pass if get_context raises
         ctx = get_context(context)
         if initializer is not None:
+            if not callable(initializer):
+                raise TypeError("initializer must be a callable")
             initializer = by_value(initializer)
-        super().__init__(processes, initializer, initargs, maxtasksperchild, ctx)
+        self._tokens = itertools.count(1)  # (each submission's number: see _Task)
+        self._lost_before = ctx.Value("q", 0, lock=False)
+        super().__init__(
+            processes,
+            _start_worker,
+            (self._lost_before, initializer, tuple(initargs)),
+            maxtasksperchild,
+            ctx,
+        )
 
     def _repopulate_pool(self) -> None:
         if type(self._pool) is list:  # type: ignore[has-type]  # (the first call, in __init__)
@@ -504,8 +556,14 @@ class Pool(multiprocessing.pool.Pool):
                 self._pool,  # type: ignore[has-type]
                 self._cache,  # type: ignore[attr-defined]
                 self._maxtasksperchild is not None,  # type: ignore[attr-defined]
+                self._lost_before,
+                self._tokens,
             )
         super()._repopulate_pool()  # type: ignore[misc]
+
+    def _worker_task(self, fn: Callable[..., T]) -> Callable[..., T]:
+        """``fn`` as this pool's workers run it: numbered (see :class:`_Task`)."""
+        return _task(fn, next(self._tokens))
 
     def _setup_queues(self) -> None:
         super()._setup_queues()  # type: ignore[misc]
@@ -518,7 +576,7 @@ class Pool(multiprocessing.pool.Pool):
         kwds: Mapping[str, Any] = {},
     ) -> T:
         """Call ``func(*args, **kwds)`` in a worker and wait for the result."""
-        return super().apply(_task(func), args, kwds)  # (which calls apply_async below)
+        return super().apply(self._worker_task(func), args, kwds)  # (which calls apply_async below)
 
     def apply_async(
         self,
@@ -529,13 +587,15 @@ class Pool(multiprocessing.pool.Pool):
         error_callback: Callable[[BaseException], object] | None = None,
     ) -> multiprocessing.pool.AsyncResult[T]:
         """Like :meth:`apply`, returning an ``AsyncResult``."""
-        return super().apply_async(_task(func), (_args(args, kwds),), {}, callback, error_callback)
+        return super().apply_async(
+            self._worker_task(func), (_args(args, kwds),), {}, callback, error_callback
+        )
 
     def map(
         self, func: Callable[[Any], T], iterable: Iterable[Any], chunksize: int | None = None
     ) -> list[T]:
         """``[func(x) for x in iterable]``, computed by the workers."""
-        return super().map(_task(func), list(_each(iterable, False)), chunksize)
+        return super().map(self._worker_task(func), list(_each(iterable, False)), chunksize)
 
     def map_async(
         self,
@@ -547,20 +607,24 @@ class Pool(multiprocessing.pool.Pool):
     ) -> multiprocessing.pool.MapResult[T]:
         """Like :meth:`map`, returning an ``AsyncResult``."""
         return super().map_async(
-            _task(func), list(_each(iterable, False)), chunksize, callback, error_callback
+            self._worker_task(func),
+            list(_each(iterable, False)),
+            chunksize,
+            callback,
+            error_callback,
         )
 
     def imap(
         self, func: Callable[[Any], T], iterable: Iterable[Any], chunksize: int | None = 1
     ) -> multiprocessing.pool.IMapIterator[T]:
         """Like :meth:`map`, yielding results in order as they come."""
-        return super().imap(_task(func), _each(iterable, False), chunksize)
+        return super().imap(self._worker_task(func), _each(iterable, False), chunksize)
 
     def imap_unordered(
         self, func: Callable[[Any], T], iterable: Iterable[Any], chunksize: int | None = 1
     ) -> multiprocessing.pool.IMapIterator[T]:
         """Like :meth:`imap`, in completion order."""
-        return super().imap_unordered(_task(func), _each(iterable, False), chunksize)
+        return super().imap_unordered(self._worker_task(func), _each(iterable, False), chunksize)
 
     def starmap(
         self,
@@ -569,7 +633,7 @@ class Pool(multiprocessing.pool.Pool):
         chunksize: int | None = None,
     ) -> list[T]:
         """``[func(*args) for args in iterable]``, computed by the workers."""
-        return super().starmap(_task(func), list(_each(iterable, True)), chunksize)
+        return super().starmap(self._worker_task(func), list(_each(iterable, True)), chunksize)
 
     def starmap_async(
         self,
@@ -581,7 +645,11 @@ class Pool(multiprocessing.pool.Pool):
     ) -> multiprocessing.pool.AsyncResult[list[T]]:
         """Like :meth:`starmap`, returning an ``AsyncResult``."""
         return super().starmap_async(
-            _task(func), list(_each(iterable, True)), chunksize, callback, error_callback
+            self._worker_task(func),
+            list(_each(iterable, True)),
+            chunksize,
+            callback,
+            error_callback,
         )
 
 

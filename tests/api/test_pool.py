@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 
+import numpy as np
 import pytest
 
 import sharedarrays as sa
@@ -333,3 +334,25 @@ def test_cancelled_executor_futures_are_done_for_wait_and_as_completed(tmp_path)
         done, _ = concurrent.futures.wait(queued, timeout=60)
         assert done == set(queued) and any(f.cancelled() for f in queued)
         assert first.result(timeout=120) == 0
+
+
+@pytest.mark.timeout(240)
+def test_tasks_that_failed_with_a_dead_worker_are_not_run_later(tmp_path):
+    # (they failed with WorkerLost, "submit them again", and still ran from the queue on the
+    # new worker: submitted again, each ran twice)
+    import workers
+
+    a = sa.zeros(6, device="cpu")
+    go = str(tmp_path / "go")
+    with sa.Pool(1) as pool, _released(go):
+        dying = pool.apply_async(workers.die_when_file, (go,))
+        queued = [pool.apply_async(workers.add_one_at, (a, i)) for i in range(3)]
+        mapped = pool.starmap_async(workers.add_one_at, [(a, i) for i in range(3, 6)], chunksize=1)
+        open(go, "w").close()  # (every task is in the pool's queue by now)
+        for job in (dying, *queued, mapped):
+            with pytest.raises(sa.WorkerLost, match="those no worker had taken are not run"):
+                job.get(timeout=120)
+        assert pool.apply(workers.die_on, (1,)) == 1  # the new worker has taken the queue
+        np.testing.assert_array_equal(a.get(), np.zeros(6))  # none of them ran
+        assert pool.starmap(workers.add_one_at, [(a, i) for i in range(6)]) == list(range(6))
+        np.testing.assert_array_equal(a.get(), np.ones(6))  # submitted again: run once
