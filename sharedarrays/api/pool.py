@@ -248,7 +248,20 @@ class _Alone:
         self.value = value
 
     def __reduce__(self) -> tuple[Any, tuple[bytes]]:
-        return _Pending, (bytes(reduction.ForkingPickler.dumps(self.value)),)
+        try:
+            blob = bytes(reduction.ForkingPickler.dumps(self.value))
+        except Exception as e:
+            # (what pickle knows only by name where the other process cannot find it: an
+            # instance of a class defined in a notebook cell, which a worker has only by
+            # value, or a lambda: cloudpickle writes those by value; anything else fails
+            # with the first error)
+            import cloudpickle
+
+            try:
+                blob = cloudpickle.dumps(self.value)
+            except Exception:
+                raise e from None
+        return _Pending, (blob,)
 
 
 def _load_pending(value: Any) -> Any:

@@ -356,3 +356,32 @@ def test_tasks_that_failed_with_a_dead_worker_are_not_run_later(tmp_path):
         np.testing.assert_array_equal(a.get(), np.zeros(6))  # none of them ran
         assert pool.starmap(workers.add_one_at, [(a, i) for i in range(6)]) == list(range(6))
         np.testing.assert_array_equal(a.get(), np.ones(6))  # submitted again: run once
+
+
+_NOTEBOOK_CLASS = """
+import sharedarrays as sa
+class Point:  # (as a notebook cell defines it: a spawned worker has it only by value)
+    def __init__(self, x):
+        self.x = x
+def make(i):
+    return Point(i)
+def call(f, v):
+    return f(v)
+with sa.Pool(1) as pool:
+    r = pool.apply(make, (3,))
+    print(type(r).__name__, r.x, isinstance(r, Point))
+    print(pool.apply(call, (lambda v: v * 2, 21)))  # a lambda as an argument
+with sa.ProcessPoolExecutor(1) as ex:
+    print(ex.submit(make, 4).result().x)
+"""
+
+
+@pytest.mark.timeout(240)
+def test_results_and_arguments_pickle_can_only_write_by_name_travel_by_value():
+    # (a worker's result of a class defined in __main__ failed: MaybeEncodingError naming
+    # the pool's own wrapper; a lambda argument failed to pickle)
+    r = subprocess.run(
+        [sys.executable, "-c", _NOTEBOOK_CLASS], capture_output=True, text=True, timeout=200
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:3] == ["Point 3 True", "42", "4"]
