@@ -68,3 +68,10 @@ def holder(blob: bytes, ready: Any) -> None:
     while True:
         time.sleep(60)
     a.close()  # pragma: no cover
+
+
+def sender(out: Any) -> None:
+    """Make an array of ``NBYTES + 8`` bytes (not a whole number of pages), send its id and
+    a payload of it, and exit (the payload in flight: the keeper takes its handles)."""
+    a = sa.from_array(np.arange(NBYTES // 8 + 1, dtype=np.float64), device="cpu", pack=False)
+    out.put((a.allocation.id, pickle.dumps(a)))

@@ -364,8 +364,10 @@ def _join(
         size = int(kept.get("size") or 0)
     if exporter is not None:
         lost = exporter.size - exporter.used
-    elif kept is not None and _nbytes(kept):
-        lost = max(0, size - _nbytes(kept))
+    elif kept is not None and (_nbytes(kept) or type(kept.get("used")) is int):
+        # (a named array's shape, or the bytes its exporter asked for where it handed the
+        # payloads in flight over)
+        lost = max(0, size - (_nbytes(kept) or kept["used"]))
     else:
         lost = 0
     if exporter is not None:

@@ -568,6 +568,7 @@ class Keeper:
             "readonly": doc.get("readonly") is True,
             "allow_pids": e.allow_pids,
             "in_flight": e.loads if e.expires is not None else 0,
+            "used": doc["used"] if type(doc.get("used")) is int else None,
         }
 
     def _status(self) -> dict[str, Any]:

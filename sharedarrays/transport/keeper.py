@@ -347,6 +347,7 @@ def hand_over(alloc: allocation.Allocation, loads: int, seconds: float) -> None:
     """
     doc = {"backend": alloc.backend.name, "device": alloc.device.index}
     doc["readonly"] = alloc.export_readonly
+    doc["used"] = alloc.used  # (the bytes asked for: the rest is lost to granularity)
     req = Keep(
         alloc.id,
         alloc.secret,

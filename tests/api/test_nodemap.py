@@ -8,6 +8,7 @@ import contextlib
 import json
 import multiprocessing as mp
 import os
+import pickle
 import pwd
 import shutil
 import signal
@@ -533,3 +534,22 @@ def test_the_node_widget_shows_refreshes_and_refuses_to_free_a_live_array() -> N
         a.close()
     with pytest.raises(ValueError, match="scope"):
         sa.show(scope="galaxy")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("private_keeper")
+def test_an_allocation_the_keeper_holds_in_flight_shows_what_is_lost_to_granularity() -> None:
+    # (0 once its exporter had exited: only the exporter knew the bytes it asked for)
+    out = ctx.Queue()
+    with _processes() as procs:
+        send = ctx.Process(target=node_workers.sender, args=(out,))
+        send.start()
+        procs.append(send)
+        alloc_id, blob = out.get(timeout=TIMEOUT)
+        send.join(TIMEOUT)
+        row = _row(_top(), alloc_id)
+        assert row is not None and row["kept"] and not row["exporter"]["alive"]
+        assert row["size"] > node_workers.NBYTES + 8  # (rounded up to whole pages)
+        assert row["lost"] == row["size"] - (node_workers.NBYTES + 8)
+        a = pickle.loads(blob)  # (taken from the keeper: nothing left in flight)
+        a.close()
