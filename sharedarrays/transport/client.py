@@ -242,7 +242,8 @@ def _fetch(
         f"shared it (pid {pid}) has exited or closed every view of it, and the payload was not "
         "kept in flight (killed, or older than SHAREDARRAYS_IN_FLIGHT seconds). Keep that "
         "process and one open view alive until every importer has loaded the array, or name "
-        "or park() it"
+        "or park() it (a named or parked array is gone too when the keeper that held it was "
+        "killed: python -m sharedarrays status shows whether one runs)"
     )
     tail = reply_to if reply_to and len(reply_to.encode()) <= MAX_PATH else ""
     if first is None:
