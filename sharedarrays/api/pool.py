@@ -43,9 +43,11 @@ import concurrent.futures
 import concurrent.futures.process
 import functools
 import itertools
+import mmap
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.pool
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -286,14 +288,66 @@ def _each(iterable: Iterable[Any], star: bool) -> Iterator[Any]:
         yield (_args(item, {}),) if star else _args((item,), {})
 
 
-_lost_before: Any = None
-"""In a worker of a :class:`Pool`: the shared number below which a task's ``token`` (its
+class _Counter:
+    """One int64 that a :class:`Pool` and its workers share: a ``memfd`` each maps. It
+    pickles as the fd (multiprocessing's ``DupFd``: only as a new worker's start arguments);
+    a worker keeps the mapping, not the fd. :meth:`close` lets go of both here.
+
+    (Not ``multiprocessing.Value``: its memory comes from a heap whose file stays open as
+    long as this process.)"""
+
+    __slots__ = ("_fd", "_map", "_cell")
+
+    def __init__(self, fd: int | None = None) -> None:
+        made = fd is None
+        if fd is None:
+            fd = os.memfd_create("sharedarrays-pool", os.MFD_CLOEXEC)
+        try:
+            if made:
+                os.ftruncate(fd, 8)
+            self._map = mmap.mmap(fd, 8)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd if made else -1  # (a worker's copy closes the fd it was sent)
+        if not made:
+            os.close(fd)
+        self._cell = memoryview(self._map).cast("q")
+
+    @property
+    def value(self) -> int:
+        return int(self._cell[0])
+
+    @value.setter
+    def value(self, n: int) -> None:
+        self._cell[0] = n
+
+    def close(self) -> None:
+        """Unmap it and close the fd (idempotent)."""
+        if self._map.closed:
+            return
+        self._cell.release()
+        self._map.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __reduce__(self) -> tuple[Any, tuple[Any]]:
+        return _mapped_counter, (reduction.DupFd(self._fd),)
+
+
+def _mapped_counter(dup: Any) -> _Counter:
+    return _Counter(dup.detach())
+
+
+_lost_before: _Counter | None = None
+"""In a worker of a :class:`Pool`: the number below which a task's ``token`` (its
 submission's) belongs to a job the pool failed with :class:`~sharedarrays.WorkerLost`
 (:func:`_start_worker`); ``None`` elsewhere."""
 
 
 def _start_worker(
-    lost_before: Any, initializer: Callable[..., object] | None, initargs: tuple[Any, ...]
+    lost_before: _Counter, initializer: Callable[..., object] | None, initargs: tuple[Any, ...]
 ) -> None:
     """A :class:`Pool` worker's initializer: keeps ``lost_before`` (see :data:`_lost_before`),
     then calls the user's."""
@@ -554,7 +608,7 @@ class Pool(multiprocessing.pool.Pool):
                 raise TypeError("initializer must be a callable")
             initializer = by_value(initializer)
         self._tokens = itertools.count(1)  # (each submission's number: see _Task)
-        self._lost_before = ctx.Value("q", 0, lock=False)
+        self._lost_before = _Counter()
         super().__init__(
             processes,
             _start_worker,
@@ -573,6 +627,18 @@ class Pool(multiprocessing.pool.Pool):
                 self._tokens,
             )
         super()._repopulate_pool()  # type: ignore[misc]
+
+    def terminate(self) -> None:
+        """Stop the workers now (as the standard library's), and let go of the pool's
+        shared state."""
+        super().terminate()
+        self._lost_before.close()
+
+    def join(self) -> None:
+        """Wait for the workers to exit (after :meth:`close` or :meth:`terminate`), and let
+        go of the pool's shared state."""
+        super().join()
+        self._lost_before.close()
 
     def _worker_task(self, fn: Callable[..., T]) -> Callable[..., T]:
         """``fn`` as this pool's workers run it: numbered (see :class:`_Task`)."""
