@@ -323,14 +323,19 @@ class _Counter:
         self._cell[0] = n
 
     def close(self) -> None:
-        """Unmap it and close the fd (idempotent)."""
+        """Unmap it and close the fd (idempotent; also when it is collected)."""
+        cell = getattr(self, "_cell", None)
+        if cell is None:  # (construction failed: nothing is held)
+            return
         if self._map.closed:
             return
-        self._cell.release()
+        cell.release()
         self._map.close()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+    __del__ = close
 
     def __reduce__(self) -> tuple[Any, tuple[Any]]:
         return _mapped_counter, (reduction.DupFd(self._fd),)
@@ -609,13 +614,17 @@ class Pool(multiprocessing.pool.Pool):
             initializer = by_value(initializer)
         self._tokens = itertools.count(1)  # (each submission's number: see _Task)
         self._lost_before = _Counter()
-        super().__init__(
-            processes,
-            _start_worker,
-            (self._lost_before, initializer, tuple(initargs)),
-            maxtasksperchild,
-            ctx,
-        )
+        try:
+            super().__init__(
+                processes,
+                _start_worker,
+                (self._lost_before, initializer, tuple(initargs)),
+                maxtasksperchild,
+                ctx,
+            )
+        except BaseException:
+            self._lost_before.close()
+            raise
 
     def _repopulate_pool(self) -> None:
         if type(self._pool) is list:  # type: ignore[has-type]  # (the first call, in __init__)
