@@ -385,3 +385,40 @@ def test_results_and_arguments_pickle_can_only_write_by_name_travel_by_value():
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.split("\n")[:3] == ["Point 3 True", "42", "4"]
+
+
+def _pool_counters() -> int:
+    """Open fds of sa.Pool's own shared counters in this process."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += "sharedarrays-pool" in os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+    return count
+
+
+@pytest.mark.timeout(240)
+def test_the_pools_counter_is_let_go_on_every_path():
+    import gc
+
+    import workers
+
+    assert _pool_counters() == 0
+    with pytest.raises(ValueError):
+        sa.Pool(0)
+    assert _pool_counters() == 0
+    with sa.Pool(1) as pool:
+        assert _pool_counters() == 2  # (its fd, and the mapping's own)
+        assert pool.apply(workers.die_on, (1,)) == 1
+    assert _pool_counters() == 0  # terminate
+    pool = sa.Pool(1)
+    pool.close()
+    pool.join()
+    assert _pool_counters() == 0  # close, join
+    pool = sa.Pool(1)
+    assert pool.apply(workers.die_on, (2,)) == 2
+    pool.terminate()
+    del pool
+    gc.collect()
+    assert _pool_counters() == 0
