@@ -163,19 +163,26 @@ def test_top_lists_holders_and_states_and_rm_frees_parked() -> None:
         assert _row(_top(), parked_id) is None
 
 
+def _what_an_exited_process_sent(target: Any, procs: list[Any]) -> Any:
+    """Run ``target(queue)`` in a new process (listed in ``procs``), take what it put on the
+    queue and wait for it to exit."""
+    out = ctx.Queue()
+    proc = ctx.Process(target=target, args=(out,))
+    proc.start()
+    procs.append(proc)
+    sent = out.get(timeout=TIMEOUT)
+    proc.join(TIMEOUT)
+    return sent
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.usefixtures("private_keeper")
 def test_rm_frees_a_parked_allocation_whose_importer_was_killed() -> None:
     """An importer that attached a parked allocation through the keeper and was killed
     leaves nothing behind that keeps ``rm`` from freeing it."""
-    out = ctx.Queue()
     ready = ctx.Event()
     with _processes() as procs:
-        park = ctx.Process(target=node_workers.parker_with_payload, args=(out,))
-        park.start()
-        procs.append(park)
-        parked_id, blob = out.get(timeout=TIMEOUT)
-        park.join(TIMEOUT)
+        parked_id, blob = _what_an_exited_process_sent(node_workers.parker_with_payload, procs)
         imp = ctx.Process(target=node_workers.holder, args=(blob, ready))
         imp.start()
         procs.append(imp)
@@ -540,13 +547,8 @@ def test_the_node_widget_shows_refreshes_and_refuses_to_free_a_live_array() -> N
 @pytest.mark.usefixtures("private_keeper")
 def test_an_allocation_the_keeper_holds_in_flight_shows_what_is_lost_to_granularity() -> None:
     # (0 once its exporter had exited: only the exporter knew the bytes it asked for)
-    out = ctx.Queue()
     with _processes() as procs:
-        send = ctx.Process(target=node_workers.sender, args=(out,))
-        send.start()
-        procs.append(send)
-        alloc_id, blob = out.get(timeout=TIMEOUT)
-        send.join(TIMEOUT)
+        alloc_id, blob = _what_an_exited_process_sent(node_workers.sender, procs)
         row = _row(_top(), alloc_id)
         assert row is not None and row["kept"] and not row["exporter"]["alive"]
         assert row["size"] > node_workers.NBYTES + 8  # (rounded up to whole pages)
