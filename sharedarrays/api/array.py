@@ -71,11 +71,14 @@ def _check_key(key: object) -> tuple[Any, ...]:
     items = key if isinstance(key, tuple) else (key,)
     for item in items:
         if isinstance(item, (bool, np.bool_)) or not isinstance(item, _BASIC_INDEX):
-            if _is_zero_d(item):
+            kind = _index_kind(item)
+            if kind == "i" and _is_zero_d(item):
                 # a 0-d integer array or view indexes as its value does (as in NumPy)
                 return _check_key(tuple(_zero_d_index(i) for i in items))
-            if not isinstance(item, (bool, np.bool_, list, np.ndarray, SharedDeviceArray)) and (
-                not hasattr(item, "__array_interface__")
+            if kind not in "biu" or (
+                kind == ""
+                and not isinstance(item, list)
+                and not hasattr(item, "__array_interface__")
                 and not hasattr(item, "__cuda_array_interface__")
             ):
                 raise IndexError(
@@ -87,14 +90,28 @@ def _check_key(key: object) -> tuple[Any, ...]:
                 f"SharedDeviceArray supports basic indexing only (ints, slices, ..., None), "
                 f"not {type(item).__name__}; for advanced indexing use a.array[...], which "
                 "returns a native array (a copy where NumPy/CuPy would copy); assignments "
-                "(a[mask] = x) write in place"
+                "(a[mask] = x) write in place, and a[mask] += x reads first: write "
+                "a.array[mask] += x"
             )
     return items
 
 
+def _index_kind(item: object) -> str:
+    """The dtype kind of an array-like or NumPy scalar key item (``"b"``, ``"i"``, ``"u"``,
+    ``"f"``, ...), ``"i"`` for an int, ``""`` for a list or anything else."""
+    if isinstance(item, (bool, np.bool_)):
+        return "b"
+    if isinstance(item, int):
+        return "i"
+    dtype = getattr(item, "dtype", None)
+    if isinstance(dtype, np.dtype):
+        return "i" if dtype.kind == "u" else dtype.kind
+    return ""
+
+
 def _is_zero_d(item: object) -> bool:
-    """Whether ``item`` is a 0-d view or NumPy array (of any dtype: its value is checked
-    where it is used as an index)."""
+    """Whether ``item`` is a 0-d view or NumPy array (its dtype is checked by the caller:
+    :func:`_index_kind`)."""
     return (type(item) is SharedDeviceArray or type(item) is np.ndarray) and item.ndim == 0
 
 
@@ -606,10 +623,14 @@ class SharedDeviceArray(NativeArrayMethods):
             raise ValueError(f"a length is not negative, got {n}")
         alloc, row = self._row_bytes("resize")
         if not alloc.origin.created_here:
+            how = (
+                "inherited it through fork"
+                if alloc.source_server is None
+                else "imported it; call a.refresh() to see its current length"
+            )
             raise ResizeRefused(
-                f"only the process that created a growable array resizes it; this one "
-                f"imported it from pid {alloc.origin.pid}. Call a.refresh() to see its "
-                "current length"
+                f"only the process that created a growable array resizes it (pid "
+                f"{alloc.origin.pid}); this one {how}"
             )
         nbytes = n * row
         with alloc.growth_lock:

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from sharedarrays import importing, process
-from sharedarrays.errors import PayloadError
+from sharedarrays.errors import NotShareable, PayloadError
 from sharedarrays.memory import Allocation, Lease
 from sharedarrays.node import this_node
 from sharedarrays.process import at_fork
@@ -70,6 +70,14 @@ def allocation_payload(alloc: Allocation) -> Payload:
     """The payload of the whole allocation (a canonical view: uint8 bytes from offset 0)
     that pickles of its views carry; starts this process's handle server."""
     pid, server = os.getpid(), alloc.source_server  # a growable array names its exporter
+    if server is None and alloc.growable and not alloc.origin.created_here:
+        # inherited through fork (Allocation.disown): its length is its creator's, which
+        # this process's handle server could not tell an importer
+        raise NotShareable(
+            f"a growable array inherited through fork cannot be handed on from this process: "
+            f"its length changes in the process that made it (pid {alloc.origin.pid}); "
+            "pickle it there, or hand on a copy (sa.from_array(a.get()))"
+        )
     if server is None:
         server = transport.server_address()
     else:

@@ -561,6 +561,10 @@ class _Workers(list):  # type: ignore[type-arg]
         super().append(worker)
         lost, self.lost = self.lost, None
         if lost is not None:
+            # (again: the jobs submitted since the worker was found dead fail too, so their
+            # tasks must not run either; a task skipped whose job is not in the list below
+            # fails its job itself, with the error the worker sends back)
+            self.lost_before.value = next(self.tokens)
             for job in list(self.cache.values()):
                 _fail(job, lost)
 

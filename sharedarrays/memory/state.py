@@ -126,6 +126,10 @@ class ProcessState:
                 self.inherited.append(alloc)
         self.parked.clear()
         self.draining.clear()
+        for alloc_id in [k for k, a in self.registry.items() if a.released]:
+            # being released by a thread of the parent (registered while the keeper took its
+            # handles): no thread here finishes it, and a load would wait for it in vain
+            self.inherited.append(self.registry.pop(alloc_id))
         for alloc in self.registry.values():
             member: Member = alloc
             if member.growable:

@@ -99,24 +99,27 @@ def test_a_mask_made_from_the_array_assigns_in_place_and_read_only_refuses() -> 
     np.testing.assert_array_equal(a.get(), ref)
 
 
-@pytest.mark.parametrize("key", [1.5, "x", object(), (0, 1.0)])
+@pytest.mark.parametrize(
+    "key", [1.5, "x", object(), (0, 1.0), np.float64(1), np.array(1.0), np.array([0.0, 1.0])]
+)
 def test_what_is_no_index_raises_index_error_as_numpy(key: object) -> None:
     a, ref = make()
-    with pytest.raises(IndexError) as numpy_error:
+    with pytest.raises(IndexError):
         ref[key]
     with pytest.raises(IndexError, match="valid indices"):
         a[key]
     with pytest.raises(IndexError):
         a[key] = 0
-    assert "valid indices" in str(numpy_error.value)
 
 
 def test_zero_d_integer_arrays_index_as_their_value() -> None:
     a, ref = make()
     for index in (np.array(1), np.array(2, dtype=np.uint8), a[0, 1].astype(np.int64)):
         np.testing.assert_array_equal(a[index].get(), ref[index])
-    with pytest.raises(TypeError):
-        a[np.array(1.0)]  # (NumPy: IndexError; a float's operator.index raises TypeError)
+    with pytest.raises(IndexError):  # (as NumPy's)
+        a[a[0, 1].astype(np.float64)]
+    with pytest.raises(TypeError, match=r"a\.array\[mask\] \+= x"):
+        a[np.array(True)]  # (a boolean index adds an axis: a copy)
 
 
 def test_iteration_gives_views_and_refuses_a_zero_d_array() -> None:

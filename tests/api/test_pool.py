@@ -422,3 +422,46 @@ def test_the_pools_counter_is_let_go_on_every_path():
     del pool
     gc.collect()
     assert _pool_counters() == 0
+
+
+def test_a_job_submitted_while_a_dead_worker_is_replaced_fails_and_is_not_run():
+    # (jobs submitted between the worker found dead and its replacement appended were failed
+    # with the others, yet their tasks ran: their numbers were above the one set at first)
+    import itertools
+
+    from sharedarrays.api import pool as pool_module
+
+    class Job:  # (the parts of a pool's ApplyResult that failing one reads)
+        def __init__(self, cache, key):
+            self._cache, self._job = cache, key
+            self._event = type("E", (), {"set": lambda self: None})()
+            self._error_callback, self._value, self._success = None, None, None
+            cache[key] = self
+
+        def ready(self):
+            return False
+
+    class Dead:
+        exitcode, pid = -9, 12345
+
+    counter = pool_module._Counter()
+    tokens = itertools.count(1)
+    cache: dict = {}
+    workers = pool_module._Workers([Dead()], cache, False, counter, tokens)
+    before = pool_module._Task(abs, next(tokens))
+    Job(cache, 1)
+    del workers[0]  # found dead
+    during = pool_module._Task(abs, next(tokens))  # submitted before the replacement is in
+    late = Job(cache, 2)
+    workers.append(object())  # the replacement: every job in the cache fails
+    assert not cache and isinstance(late._value, sa.WorkerLost)
+    after = pool_module._Task(abs, next(tokens))
+    saved, pool_module._lost_before = pool_module._lost_before, counter  # (as in a worker)
+    try:
+        for task in (before, during):
+            with pytest.raises(sa.WorkerLost, match="not run"):
+                task(pool_module._Alone(((-3,), {})))
+        assert after(pool_module._Alone(((-3,), {}))).value == 3
+    finally:
+        pool_module._lost_before = saved
+        counter.close()

@@ -798,3 +798,41 @@ def test_a_keeper_that_fails_as_it_starts_is_said_at_once_with_its_reason(
     with pytest.raises(sa.HandleUnavailable, match=r"exited as it started .*KEEPER_IDLE"):
         sa.zeros(3, device="cpu", name="never-kept")
     assert time.monotonic() - started < keeper.TIMEOUT
+
+
+@pytest.mark.timeout(120)
+def test_a_child_forked_during_a_release_does_not_wait_for_it(
+    private_keeper: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (the child inherited the allocation released and still registered, and a load there
+    # waited for a release no thread of it would finish: 40 s, then ClosedArrayError)
+    from forking import in_forked_child
+
+    from sharedarrays.memory.state import state
+
+    a = sa.from_array(np.arange(64.0), device="cpu", pack=False)
+    alloc_id = a.allocation.id
+    blob = pickle.dumps(a)  # in flight: the keeper takes its handles at the release
+    seen: list[object] = []
+
+    def child() -> list[object]:
+        started = time.monotonic()
+        registered = sa_allocation.lookup(alloc_id) is not None
+        loaded = pickle.loads(blob)  # from the keeper, which has the handles by now
+        return [registered, float(loaded.get().sum()), time.monotonic() - started]
+
+    def during_hand_over(alloc, count, seconds):  # (after the keeper's own hook)
+        seen.append(in_forked_child(child, timeout=60))
+
+    monkeypatch.setattr(state, "hand_over_hooks", [*state.hand_over_hooks, during_hand_over])
+    a.close()
+    assert len(seen) == 1, "the hook did not run (or failed: see stderr)"
+    registered, total, took = seen[0]
+    assert not registered and total == float(np.arange(64.0).sum())
+    assert took < importing_wait() / 2
+
+
+def importing_wait() -> float:
+    from sharedarrays import importing
+
+    return importing.RELEASE_WAIT
