@@ -236,8 +236,6 @@ def _resolve_device(text: str) -> str:
         dev = parse_device(text)
     except (ValueError, SharedArrayError) as e:
         raise argparse.ArgumentTypeError(f"--device {text}: {e}") from None
-    if not dev.is_cuda and dev.index != 0:
-        raise argparse.ArgumentTypeError(f"--device {text}: the host is cpu (one device)")
     return str(dev) if dev.is_cuda else "cpu"
 
 
@@ -252,6 +250,8 @@ def _writable(path: str | None, option: str) -> str | None:
     """``path`` if a file can be made there (said before the run, not after it)."""
     if path is not None:
         folder = Path(path).resolve().parent
+        if Path(path).is_dir():
+            raise argparse.ArgumentTypeError(f"{option} {path}: a folder, not a file name")
         if not folder.is_dir() or not os.access(folder, os.W_OK):
             raise argparse.ArgumentTypeError(f"{option} {path}: {folder} is not a writable folder")
     return path
@@ -326,9 +326,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
     if not dask_sizes or dask_sizes[0] < 8:
         raise argparse.ArgumentTypeError("--dask-sizes must be at least 8 bytes")
     available = GPU_METHODS if kind == "cuda" else HOST_METHODS
-    bandwidth = args.bandwidth_size or parse_size(
-        (QUICK_BANDWIDTH if args.quick else DEFAULT_BANDWIDTH)[kind]
-    )
+    bandwidth = args.bandwidth_size
+    if bandwidth is None:
+        bandwidth = parse_size((QUICK_BANDWIDTH if args.quick else DEFAULT_BANDWIDTH)[kind])
     many = args.many if args.many is not None else (1000 if args.quick else 10000)
     if many < 1 or args.many_size < 1 or bandwidth < 1:
         raise argparse.ArgumentTypeError(

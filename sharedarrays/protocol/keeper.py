@@ -49,6 +49,7 @@ __all__ = [
     "Drop",
     "List",
     "LIST_PAGE",
+    "MAX_DOC",
     "list_pages",
     "Status",
     "Request",
@@ -235,6 +236,8 @@ class Keep:
         doc = req.get("doc")
         if type(doc) is not dict:
             raise BadRequest("field 'doc' must be a JSON object")
+        if len(json.dumps(doc, separators=(",", ":"))) > MAX_DOC:
+            raise BadRequest(f"field 'doc' is longer than {MAX_DOC} bytes")
         allow = req.get("allow_pids")
         allow_pids = (
             None if allow is None else _int_list(allow, "allow_pids", 1, 1 << 31, MAX_ALLOW_PIDS)
@@ -396,6 +399,10 @@ class List:
             raise BadRequest("field 'after' must be an allocation id")
         return cls(after)
 
+
+MAX_DOC = 8 << 10
+"""Longest ``doc`` of a ``keep`` (bytes of JSON): an array's description must fit a
+``list`` page (:data:`LIST_PAGE`) with room to spare."""
 
 LIST_PAGE = 48 << 10
 """Bytes of array descriptions in one ``list`` reply (under :data:`MAX_MESSAGE`)."""

@@ -560,6 +560,8 @@ def test_round_options() -> None:
         (["--workers", "two"], "--workers"),
         (["--json", "/proc/nope/x.json"], "--json /proc/nope/x.json: .* not a writable folder"),
         (["--plot", "/nonexistent-folder/p.png"], "--plot"),
+        (["--json", "/tmp"], "a folder, not a file name"),
+        (["--bandwidth-size", "0"], "--bandwidth-size"),
     ],
 )
 def test_bad_options_are_usage_errors_before_the_run(args: list[str], match: str) -> None:

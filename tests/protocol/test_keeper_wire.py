@@ -118,6 +118,7 @@ def _keep(**change: object) -> bytes:
         (_keep(sizes=[0]), "not an int in"),
         (_keep(sizes=[True]), "not an int in"),
         (_keep(doc=[]), "'doc' must be a JSON object"),
+        (_keep(doc={"dtype": "x" * 9000}), "'doc' is longer than 8192 bytes"),
         (_keep(allow_pids=[0]), "'allow_pids' has 0"),
         (_keep(in_flight=5), "'in_flight' must be an object"),
         (_keep(name="n", in_flight={"loads": 1, "seconds": 1}), "only without a name"),
