@@ -643,6 +643,12 @@ class NativeArrayMethods:
         assignments (``a.flat[i] = x``) write the shared memory."""
         return self.array.flat
 
+    @flat.setter
+    def flat(self, value: Any) -> None:
+        if self.readonly:
+            raise ValueError(_READONLY)
+        self.array.flat = _native(value)
+
     def flatten(self, order: str = "C") -> Any:
         """A one-dimensional native copy (not shared), like :meth:`numpy.ndarray.flatten`."""
         return self.array.flatten(order)

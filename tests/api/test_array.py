@@ -146,6 +146,8 @@ def test_round_and_flat_act_as_numpys() -> None:
     assert list(a.flat)[:5] == list(ref.flat)[:5]
     a.flat[3] = 42.0
     assert a.get().flat[3] == 42.0
+    a.flat = 7.0  # (fills, as NumPy's)
+    assert (a.get() == 7.0).all()
 
 
 def test_get_is_a_copy_and_array_is_not() -> None:
