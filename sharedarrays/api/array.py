@@ -75,12 +75,15 @@ def _check_key(key: object) -> tuple[Any, ...]:
             if kind == "i" and _is_zero_d(item):
                 # a 0-d integer array or view indexes as its value does (as in NumPy)
                 return _check_key(tuple(_zero_d_index(i) for i in items))
-            if kind not in "biu" or (
+            advanced = kind in ("b", "i") or (
                 kind == ""
-                and not isinstance(item, list)
-                and not hasattr(item, "__array_interface__")
-                and not hasattr(item, "__cuda_array_interface__")
-            ):
+                and (
+                    isinstance(item, list)
+                    or hasattr(item, "__array_interface__")
+                    or hasattr(item, "__cuda_array_interface__")
+                )
+            )
+            if not advanced:  # (a float, a string, a float array: no index at all)
                 raise IndexError(
                     "only integers, slices (`:`), ellipsis (`...`), numpy.newaxis (`None`) "
                     f"and integer or boolean arrays are valid indices, not "
@@ -110,15 +113,15 @@ def _index_kind(item: object) -> str:
 
 
 def _is_zero_d(item: object) -> bool:
-    """Whether ``item`` is a 0-d view or NumPy array (its dtype is checked by the caller:
+    """Whether ``item`` is a 0-d view or NumPy array (of any dtype: see
     :func:`_index_kind`)."""
     return (type(item) is SharedDeviceArray or type(item) is np.ndarray) and item.ndim == 0
 
 
 def _zero_d_index(item: object) -> object:
-    """``item``, or its value where it is a 0-d view or NumPy array (``operator.index``:
-    integers only)."""
-    if _is_zero_d(item):
+    """``item``, or its value where it is a 0-d integer view or NumPy array (another 0-d
+    one stays, for :func:`_check_key` to refuse)."""
+    if _index_kind(item) == "i" and _is_zero_d(item):
         return operator.index(item)  # type: ignore[arg-type]
     return item
 

@@ -523,7 +523,7 @@ class _Workers(list):  # type: ignore[type-arg]
         workers: Iterable[Any],
         cache: Mapping[int, Any],
         ends_as_asked: bool,
-        lost_before: Any,
+        lost_before: _Counter,
         tokens: Iterator[int],
     ) -> None:
         super().__init__(workers)
@@ -668,7 +668,7 @@ class Pool(multiprocessing.pool.Pool):
         kwds: Mapping[str, Any] = {},
     ) -> T:
         """Call ``func(*args, **kwds)`` in a worker and wait for the result."""
-        return super().apply(self._worker_task(func), args, kwds)  # (which calls apply_async below)
+        return self.apply_async(func, args, kwds).get()  # (as the standard library's)
 
     def apply_async(
         self,

@@ -899,9 +899,10 @@ class Allocation(Growth):
     def disown(self) -> None:
         """In a forked child: an inherited growable allocation stays the array of the process
         that made it (its chunks and its length are that process's to change): this one
-        may use and pickle it, but resizing it raises
-        :class:`~sharedarrays.ResizeRefused`, as in any importer. (Grown here, two
-        processes would hold different chunks under one allocation id.)"""
+        may use it, but resizing it raises :class:`~sharedarrays.ResizeRefused`, as in any
+        importer, and pickling it :class:`~sharedarrays.NotShareable` (its payload would
+        name this process, which cannot tell its length). (Grown here, two processes would
+        hold different chunks under one allocation id.)"""
         self._lock = threading.Lock()
         self.growth_lock = threading.RLock()
         if self.origin.created_here:
@@ -910,11 +911,8 @@ class Allocation(Growth):
     def adopt(self) -> None:
         """In a forked child: make this inherited mapping this process's import from the
         parent, with no record of what the parent served or sent."""
-        self._lock = threading.Lock()
-        self.growth_lock = threading.RLock()
+        self.disown()  # (new locks; made by the process that forked this one: not here)
         self.kept_lease = None  # (a view came with it: its end parks it here)
-        if self.origin.created_here:  # (made by the process that forked this one)
-            self.origin = Origin(False, self.pid, self.origin.time)
         self.pid = os.getpid()
         self.flight.forget()
 
