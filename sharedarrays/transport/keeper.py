@@ -82,6 +82,11 @@ def lock_path() -> Path:
     return runtime_dir() / LOCK_NAME
 
 
+def log_path() -> Path:
+    """The file a keeper started here writes its output to."""
+    return runtime_dir() / "keeper.log"
+
+
 _lock = threading.RLock()
 _conn: socket.socket | None = None
 _conn_path: str | None = None
@@ -121,8 +126,7 @@ def _launch() -> subprocess.Popen[bytes] | None:
     package_root = str(Path(__file__).resolve().parents[2])  # above sharedarrays/
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if os.path.isabs(p)]
     env["PYTHONPATH"] = os.pathsep.join([package_root, *paths])
-    log_path = directory / "keeper.log"
-    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    log = os.open(log_path(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         proc = subprocess.Popen(
             cmd,
@@ -218,15 +222,14 @@ def _open(path: str, start: bool) -> socket.socket:
             if sock is None and proc is not None and proc.poll() is not None:
                 sock = _try_connect(path, deadline)  # (another keeper may have started)
                 if sock is None:  # it failed as it started (a bad setting, say): say why
-                    log = runtime_dir() / "keeper.log"
                     raise HandleUnavailable(
                         f"the sharedarrays keeper exited as it started (exit status "
-                        f"{proc.returncode}): {_log_tail(log)} (its log: {log})"
+                        f"{proc.returncode}): {_log_tail(log_path())} (its log: {log_path()})"
                     )
     if sock is None:
         raise HandleUnavailable(
             "no sharedarrays keeper is running for this user"
-            + (f" (it did not start within {TIMEOUT:g} s; see {path[:-4]}log)" if start else "")
+            + (f" (it did not start within {TIMEOUT:g} s; see {log_path()})" if start else "")
         )
     return sock
 
