@@ -96,9 +96,10 @@ class InUse(SharedArrayError, RuntimeError):
 
 class WorkerLost(SharedArrayError, RuntimeError):
     """A worker of a :class:`sharedarrays.Pool` died (killed by a signal, the kernel's
-    out-of-memory killer, a crash) while tasks were pending. The standard library's pool
-    would wait for its task forever; this one fails every task pending then (it cannot tell
-    which one the worker was running) and goes on with a new worker: submit them again."""
+    out-of-memory killer, a crash) while it ran a task of this job. The standard library's
+    pool would wait for that task forever; this one fails its job (every job pending, in
+    the rare case where the worker died before it could say which) and goes on with a new
+    worker and its other jobs: submit it again."""
 
 
 class TaskExited(SharedArrayError, RuntimeError):

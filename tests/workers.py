@@ -299,6 +299,13 @@ def add_one_at(a: Any, i: int) -> int:
     return i
 
 
+def die_or_add_one(a: Any, i: int, path: str) -> int:
+    """:func:`die_when_file` of ``path`` when ``i`` is -1, else :func:`add_one_at`."""
+    if i == -1:
+        die_when_file(path)
+    return add_one_at(a, i)
+
+
 def die_when_file(path: str, limit: float = 60.0) -> None:
     """Wait until ``path`` exists (at most ``limit`` seconds), then kill this worker
     (SIGKILL)."""

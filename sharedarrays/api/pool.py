@@ -15,10 +15,12 @@ Shared arrays in the arguments and results are passed without copying, as everyw
 
 * **A worker that dies is an error, never a hung pool.** The standard library's pool starts
   a new worker when one dies (killed, out of memory, a crash) but waits forever for the
-  task it was running. Here every task pending then fails with
-  :class:`~sharedarrays.WorkerLost` (the pool cannot tell which one the worker ran), and
-  the pool goes on with the new worker (:class:`_Workers`). (An exit status 0 counts as
-  such an end unless ``maxtasksperchild`` was given: a task's ``os._exit(0)``.)
+  task it was running, and a worker killed while it waits for a task (inside the lock of
+  the pool's task pipe) leaves every other worker waiting forever. Here the locks of both
+  pipes are ones the kernel releases at a worker's exit, the pool's table says which job
+  the dead worker was running (:mod:`sharedarrays.api.poolqueues`), that job fails with
+  :class:`~sharedarrays.WorkerLost`, and the pool goes on with a new worker and its other
+  jobs (:class:`_Workers`).
 * **A task that calls ``sys.exit()`` fails with** :class:`~sharedarrays.TaskExited` **and
   its worker goes on.** The standard library's pool loses the worker and waits for the task
   forever; its executor raises the ``SystemExit`` where the caller waits, ending the
@@ -42,8 +44,6 @@ from __future__ import annotations
 import concurrent.futures
 import concurrent.futures.process
 import functools
-import itertools
-import mmap
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.pool
@@ -55,6 +55,7 @@ from concurrent.futures import Future
 from multiprocessing import reduction
 from typing import Any, TypeVar, cast
 
+from sharedarrays.api.poolqueues import PoolTable, ResultQueue, TaskQueue, start_worker
 from sharedarrays.errors import SharedArrayError, TaskExited, WorkerLost
 
 __all__ = [
@@ -288,98 +289,26 @@ def _each(iterable: Iterable[Any], star: bool) -> Iterator[Any]:
         yield (_args(item, {}),) if star else _args((item,), {})
 
 
-class _Counter:
-    """One int64 that a :class:`Pool` and its workers share: a ``memfd`` each maps. It
-    pickles as the fd (multiprocessing's ``DupFd``: only as a new worker's start arguments);
-    a worker keeps the mapping, not the fd. :meth:`close` lets go of both here.
-
-    (Not ``multiprocessing.Value``: its memory comes from a heap whose file stays open as
-    long as this process.)"""
-
-    __slots__ = ("_fd", "_map", "_cell")
-
-    def __init__(self, fd: int | None = None) -> None:
-        made = fd is None
-        if fd is None:
-            fd = os.memfd_create("sharedarrays-pool", os.MFD_CLOEXEC)
-        try:
-            if made:
-                os.ftruncate(fd, 8)
-            self._map = mmap.mmap(fd, 8)
-        except BaseException:
-            os.close(fd)
-            raise
-        self._fd = fd if made else -1  # (a worker's copy closes the fd it was sent)
-        if not made:
-            os.close(fd)
-        self._cell = memoryview(self._map).cast("q")
-
-    @property
-    def value(self) -> int:
-        return int(self._cell[0])
-
-    @value.setter
-    def value(self, n: int) -> None:
-        self._cell[0] = n
-
-    def close(self) -> None:
-        """Unmap it and close the fd (idempotent; also when it is collected)."""
-        cell = getattr(self, "_cell", None)
-        if cell is None:  # (construction failed: nothing is held)
-            return
-        if self._map.closed:
-            return
-        cell.release()
-        self._map.close()
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-    __del__ = close
-
-    def __reduce__(self) -> tuple[Any, tuple[Any]]:
-        return _mapped_counter, (reduction.DupFd(self._fd),)
-
-
-def _mapped_counter(dup: Any) -> _Counter:
-    return _Counter(dup.detach())
-
-
-_lost_before: _Counter | None = None
-"""In a worker of a :class:`Pool`: the number below which a task's ``token`` (its
-submission's) belongs to a job the pool failed with :class:`~sharedarrays.WorkerLost`
-(:func:`_start_worker`); ``None`` elsewhere."""
-
-
 def _start_worker(
-    lost_before: _Counter, initializer: Callable[..., object] | None, initargs: tuple[Any, ...]
+    table: PoolTable, initializer: Callable[..., object] | None, initargs: tuple[Any, ...]
 ) -> None:
-    """A :class:`Pool` worker's initializer: keeps ``lost_before`` (see :data:`_lost_before`),
-    then calls the user's."""
-    global _lost_before
-    _lost_before = lost_before
+    """A :class:`Pool` worker's initializer: claims its slot in the pool's table
+    (:func:`~sharedarrays.api.poolqueues.start_worker`), then calls the user's."""
+    start_worker(table)
     if initializer is not None:
         initializer(*initargs)
 
 
 class _Task:
     """The function a worker runs: the user's, called with the arguments it loads (a
-    :class:`_Pending` of :func:`_args`), with its result wrapped in :class:`_Alone`.
+    :class:`_Pending` of :func:`_args`), with its result wrapped in :class:`_Alone`."""
 
-    ``token``: its submission's number in a :class:`Pool` (``None`` in an executor). A task
-    of a job the pool failed when a worker died is not run (:data:`_lost_before`): the
-    caller was told to submit it again."""
+    __slots__ = ("fn",)
 
-    __slots__ = ("fn", "token")
-
-    def __init__(self, fn: Callable[..., Any], token: int | None = None) -> None:
+    def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn = fn
-        self.token = token
 
     def __call__(self, *args: Any, **kwargs: Any) -> _Alone:
-        token, lost = self.token, _lost_before
-        if token is not None and lost is not None and token < lost.value:
-            raise WorkerLost("not run: its job failed when a worker of the pool died")
         if len(args) == 1 and not kwargs:
             sent = args[0]
             if type(sent) is _Pending:
@@ -398,14 +327,13 @@ class _Task:
                 "instead"
             ) from None
 
-    def __reduce__(self) -> tuple[Any, tuple[Callable[..., Any], int | None]]:
-        return _Task, (self.fn, self.token)
+    def __reduce__(self) -> tuple[Any, tuple[Callable[..., Any]]]:
+        return _Task, (self.fn,)
 
 
-def _task(fn: Callable[..., T], token: int | None = None) -> Callable[..., T]:
-    """``fn`` as a worker runs it (by value where needed, result wrapped once; ``token``:
-    see :class:`_Task`)."""
-    return cast(Callable[..., T], fn if isinstance(fn, _Task) else _Task(by_value(fn), token))
+def _task(fn: Callable[..., T]) -> Callable[..., T]:
+    """``fn`` as a worker runs it (by value where needed, result wrapped once)."""
+    return cast(Callable[..., T], fn if isinstance(fn, _Task) else _Task(by_value(fn)))
 
 
 def _guarded_get(recv: Callable[[], Any]) -> Any:
@@ -503,70 +431,88 @@ def _fail(job: Any, error: BaseException) -> None:
 
 
 class _Workers(list):  # type: ignore[type-arg]
-    """A pool's list of its worker processes (``Pool._pool``) that fails the pending tasks
-    when a worker exited abnormally.
+    """A pool's list of its worker processes (``Pool._pool``) that fails the job a worker
+    was running when it died.
 
     The standard library's worker handler thread forgets an exited worker with ``del
     pool[i]`` (``Pool._join_exited_workers``), then appends a new one; a task the worker was
     running is lost, and whoever waits for it would wait forever. Here the deletion of a
-    worker whose exit code is not 0 (a signal, an exit status) is remembered, and when the
-    next worker is appended every task of ``cache`` (the pool's jobs) fails with
-    :class:`~sharedarrays.WorkerLost` (after, so that a caller woken by the error finds a
-    worker to give the next task to); the tasks of those jobs that no worker has taken yet
-    are not run (``lost_before``, read by :class:`_Task` in the workers), so that submitting
-    them again runs them once. Only the cache is kept, not the pool: the handler thread
-    holds this list until the pool ends.
+    worker asks the pool's table what it held
+    (:meth:`~sharedarrays.api.poolqueues.PoolTable.reap`): nothing (it waited for a task or
+    ended as asked; or it died as it started, before it took a slot: nothing is lost), or a
+    task of one job, which fails with :class:`~sharedarrays.WorkerLost` when the next
+    worker is appended (after, so that a caller woken by the error finds a worker to give
+    the next task to). Where the table cannot tell (a task read, its job not yet known),
+    every job of ``cache`` (the pool's jobs) fails. The tasks of a failed job that no worker
+    has taken yet are not run (the table names the job), so that submitting it again runs
+    them once. Only the cache is kept, not the pool: the handler thread holds this list
+    until the pool ends.
     """
 
-    def __init__(
-        self,
-        workers: Iterable[Any],
-        cache: Mapping[int, Any],
-        ends_as_asked: bool,
-        lost_before: _Counter,
-        tokens: Iterator[int],
-    ) -> None:
+    def __init__(self, workers: Iterable[Any], cache: Mapping[int, Any], table: PoolTable) -> None:
         super().__init__(workers)
         self.cache = cache
-        self.ends_as_asked = ends_as_asked  # (maxtasksperchild: an exit status 0 is normal)
-        self.lost: WorkerLost | None = None
-        self.lost_before = lost_before  # (the workers' _lost_before)
-        self.tokens = tokens  # (the pool's submission numbers)
+        self.table = table
+        self.failed: list[tuple[Any, WorkerLost]] = []  # (jobs to fail once replaced)
+        self.lost_all: WorkerLost | None = None  # (every job to fail once replaced)
 
     def __delitem__(self, index: Any) -> None:
         if isinstance(index, int):
             worker = self[index]
-            code = worker.exitcode
-            # (None: running; 0: ended as asked, after maxtasksperchild tasks or at close
-            # when nothing is pending, or a task's os._exit(0), which ends a worker too)
-            if code or (code == 0 and not self.ends_as_asked and self.cache):
-                why = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
-                self.lost = WorkerLost(
-                    f"a worker of this Pool (pid {worker.pid}) died ({why}) while tasks were "
-                    "pending; the pool cannot tell which task it was running, so every task "
-                    "pending then failed with this error (those no worker had taken are not "
-                    "run; those other workers were running finish, their results dropped), "
-                    "and a new worker took its place. "
-                    "Its standard error may say why (a task that called os._exit(), "
-                    "a crash; the kernel's log names the out-of-memory killer's victims); "
-                    "submit them again once that is mended"
-                )
-                # the tasks of every job submitted until now that no worker has taken yet
-                # are not run (_Task): their callers are told to submit them again (set
-                # now, before the new worker starts, which could take one first)
-                self.lost_before.value = next(self.tokens)
+            held = self.table.reap(worker.pid)
+            # held: 0 nothing, whatever its exit (it waited for a task, or ended as asked,
+            # after maxtasksperchild tasks or at close); None: no slot (it died before it
+            # took one, as it started); else a task (a task's os._exit(0) too)
+            if held:
+                self._lost(worker.pid, worker.exitcode, held)
         super().__delitem__(index)
+
+    def _lost(self, pid: int, code: int, held: int) -> None:
+        why = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+        after = (
+            "; its standard error may say why (a task that called os._exit(), a crash; the "
+            "kernel's log names the out-of-memory killer's victims): submit it again once "
+            "that is mended"
+        )
+        if held > 0:
+            job = self.cache.get(held - 1)
+            self.table.lose(held - 1)  # (before the new worker starts: it could take one)
+            if job is not None:
+                self.failed.append(
+                    (
+                        job,
+                        WorkerLost(
+                            f"a worker of this Pool (pid {pid}) died ({why}) while it ran a "
+                            "task of this job, so the job failed with this error (its tasks "
+                            "no worker had taken are not run; those other workers were "
+                            "running finish, their results dropped), and a new worker took "
+                            "its place; the pool's other jobs go on" + after
+                        ),
+                    )
+                )
+            return
+        self.lost_all = WorkerLost(
+            f"a worker of this Pool (pid {pid}) died ({why}) as it took a task, before it "
+            "could say of which job, so every job pending then failed with this error (their "
+            "tasks no worker had taken are not run; those other workers were running "
+            "finish, their results dropped), and a new worker took its place" + after
+        )
+        # the tasks of every job submitted until now that no worker has taken yet are not
+        # run (set now, before the new worker starts, which could take one first)
+        self.table.lose_below(next(multiprocessing.pool.job_counter))  # type: ignore[attr-defined]
 
     def append(self, worker: Any) -> None:
         super().append(worker)
-        lost, self.lost = self.lost, None
+        failed, self.failed = self.failed, []
+        lost, self.lost_all = self.lost_all, None
         if lost is not None:
             # (again: the jobs submitted since the worker was found dead fail too, so their
             # tasks must not run either; a task skipped whose job is not in the list below
             # fails its job itself, with the error the worker sends back)
-            self.lost_before.value = next(self.tokens)
-            for job in list(self.cache.values()):
-                _fail(job, lost)
+            self.table.lose_below(next(multiprocessing.pool.job_counter))  # type: ignore[attr-defined]
+            failed = [(job, lost) for job in list(self.cache.values())]
+        for job, error in failed:
+            _fail(job, error)
 
 
 class Pool(multiprocessing.pool.Pool):
@@ -616,18 +562,22 @@ class Pool(multiprocessing.pool.Pool):
             if not callable(initializer):
                 raise TypeError("initializer must be a callable")
             initializer = by_value(initializer)
-        self._tokens = itertools.count(1)  # (each submission's number: see _Task)
-        self._lost_before = _Counter()
+        if processes is None:
+            processes = os.cpu_count() or 1
+        if type(processes) is int and processes > 0:  # (else the standard library's error)
+            self._table = PoolTable(processes)
+        else:
+            self._table = PoolTable(0)
         try:
             super().__init__(
                 processes,
                 _start_worker,
-                (self._lost_before, initializer, tuple(initargs)),
+                (self._table, initializer, tuple(initargs)),
                 maxtasksperchild,
                 ctx,
             )
         except BaseException:
-            self._lost_before.close()
+            self._table.close()
             raise
 
     def _repopulate_pool(self) -> None:
@@ -635,9 +585,7 @@ class Pool(multiprocessing.pool.Pool):
             self._pool = _Workers(
                 self._pool,  # type: ignore[has-type]
                 self._cache,  # type: ignore[attr-defined]
-                self._maxtasksperchild is not None,  # type: ignore[attr-defined]
-                self._lost_before,
-                self._tokens,
+                self._table,
             )
         super()._repopulate_pool()  # type: ignore[misc]
 
@@ -645,21 +593,24 @@ class Pool(multiprocessing.pool.Pool):
         """Stop the workers now (as the standard library's), and let go of the pool's
         shared state."""
         super().terminate()
-        self._lost_before.close()
+        self._table.close()
 
     def join(self) -> None:
         """Wait for the workers to exit (after :meth:`close` or :meth:`terminate`), and let
         go of the pool's shared state."""
         super().join()
-        self._lost_before.close()
-
-    def _worker_task(self, fn: Callable[..., T]) -> Callable[..., T]:
-        """``fn`` as this pool's workers run it: numbered (see :class:`_Task`)."""
-        return _task(fn, next(self._tokens))
+        self._table.close()
 
     def _setup_queues(self) -> None:
-        super()._setup_queues()  # type: ignore[misc]
-        self._quick_get = functools.partial(_guarded_get, self._quick_get)  # type: ignore[has-type]
+        # (the standard library's, with queues whose locks a dead worker does not hold)
+        ctx = self._ctx  # type: ignore[attr-defined]
+        self._inqueue = TaskQueue(ctx=ctx, table=self._table)
+        self._outqueue = ResultQueue(ctx=ctx, table=self._table)
+        self._quick_put = self._inqueue._writer.send  # type: ignore[attr-defined]
+        self._quick_get = functools.partial(
+            _guarded_get,
+            self._outqueue._reader.recv,  # type: ignore[attr-defined]
+        )
 
     def apply(
         self,
@@ -679,15 +630,13 @@ class Pool(multiprocessing.pool.Pool):
         error_callback: Callable[[BaseException], object] | None = None,
     ) -> multiprocessing.pool.AsyncResult[T]:
         """Like :meth:`apply`, returning an ``AsyncResult``."""
-        return super().apply_async(
-            self._worker_task(func), (_args(args, kwds),), {}, callback, error_callback
-        )
+        return super().apply_async(_task(func), (_args(args, kwds),), {}, callback, error_callback)
 
     def map(
         self, func: Callable[[Any], T], iterable: Iterable[Any], chunksize: int | None = None
     ) -> list[T]:
         """``[func(x) for x in iterable]``, computed by the workers."""
-        return super().map(self._worker_task(func), list(_each(iterable, False)), chunksize)
+        return super().map(_task(func), list(_each(iterable, False)), chunksize)
 
     def map_async(
         self,
@@ -699,7 +648,7 @@ class Pool(multiprocessing.pool.Pool):
     ) -> multiprocessing.pool.MapResult[T]:
         """Like :meth:`map`, returning an ``AsyncResult``."""
         return super().map_async(
-            self._worker_task(func),
+            _task(func),
             list(_each(iterable, False)),
             chunksize,
             callback,
@@ -710,13 +659,13 @@ class Pool(multiprocessing.pool.Pool):
         self, func: Callable[[Any], T], iterable: Iterable[Any], chunksize: int | None = 1
     ) -> multiprocessing.pool.IMapIterator[T]:
         """Like :meth:`map`, yielding results in order as they come."""
-        return super().imap(self._worker_task(func), _each(iterable, False), chunksize)
+        return super().imap(_task(func), _each(iterable, False), chunksize)
 
     def imap_unordered(
         self, func: Callable[[Any], T], iterable: Iterable[Any], chunksize: int | None = 1
     ) -> multiprocessing.pool.IMapIterator[T]:
         """Like :meth:`imap`, in completion order."""
-        return super().imap_unordered(self._worker_task(func), _each(iterable, False), chunksize)
+        return super().imap_unordered(_task(func), _each(iterable, False), chunksize)
 
     def starmap(
         self,
@@ -725,7 +674,7 @@ class Pool(multiprocessing.pool.Pool):
         chunksize: int | None = None,
     ) -> list[T]:
         """``[func(*args) for args in iterable]``, computed by the workers."""
-        return super().starmap(self._worker_task(func), list(_each(iterable, True)), chunksize)
+        return super().starmap(_task(func), list(_each(iterable, True)), chunksize)
 
     def starmap_async(
         self,
@@ -737,7 +686,7 @@ class Pool(multiprocessing.pool.Pool):
     ) -> multiprocessing.pool.AsyncResult[list[T]]:
         """Like :meth:`starmap`, returning an ``AsyncResult``."""
         return super().starmap_async(
-            self._worker_task(func),
+            _task(func),
             list(_each(iterable, True)),
             chunksize,
             callback,

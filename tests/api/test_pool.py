@@ -337,25 +337,91 @@ def test_cancelled_executor_futures_are_done_for_wait_and_as_completed(tmp_path)
 
 
 @pytest.mark.timeout(240)
-def test_tasks_that_failed_with_a_dead_worker_are_not_run_later(tmp_path):
-    # (they failed with WorkerLost, "submit them again", and still ran from the queue on the
-    # new worker: submitted again, each ran twice)
+def test_only_the_job_a_dead_worker_ran_fails_and_its_other_tasks_are_not_run(tmp_path):
+    # (every pending job failed, the worker's own and those queued behind it; before that,
+    # the failed jobs' tasks still ran from the queue: submitted again, each ran twice)
     import workers
 
     a = sa.zeros(6, device="cpu")
     go = str(tmp_path / "go")
     with sa.Pool(1) as pool, _released(go):
-        dying = pool.apply_async(workers.die_when_file, (go,))
-        queued = [pool.apply_async(workers.add_one_at, (a, i)) for i in range(3)]
-        mapped = pool.starmap_async(workers.add_one_at, [(a, i) for i in range(3, 6)], chunksize=1)
+        dying = pool.starmap_async(
+            workers.die_or_add_one, [(a, -1, go), (a, 0, go), (a, 1, go)], chunksize=1
+        )
+        queued = [pool.apply_async(workers.add_one_at, (a, i)) for i in range(2, 5)]
         open(go, "w").close()  # (every task is in the pool's queue by now)
-        for job in (dying, *queued, mapped):
-            with pytest.raises(sa.WorkerLost, match="those no worker had taken are not run"):
-                job.get(timeout=120)
-        assert pool.apply(workers.die_on, (1,)) == 1  # the new worker has taken the queue
-        np.testing.assert_array_equal(a.get(), np.zeros(6))  # none of them ran
-        assert pool.starmap(workers.add_one_at, [(a, i) for i in range(6)]) == list(range(6))
+        with pytest.raises(sa.WorkerLost, match="while it ran a task of this job") as lost:
+            dying.get(timeout=120)
+        assert "its tasks no worker had taken are not run" in str(lost.value)
+        assert [job.get(timeout=120) for job in queued] == [2, 3, 4]  # the others went on
+        np.testing.assert_array_equal(a.get(), [0, 0, 1, 1, 1, 0])  # the job's rest not run
+        assert pool.starmap(workers.add_one_at, [(a, 0), (a, 1), (a, 5)]) == [0, 1, 5]
         np.testing.assert_array_equal(a.get(), np.ones(6))  # submitted again: run once
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("method", ["spawn", "forkserver", "fork"])
+def test_workers_killed_while_they_wait_for_a_task_fail_nothing_and_the_pool_goes_on(method):
+    # (an idle worker waits for a task inside the lock of the pool's task pipe: killed there,
+    # the standard library's lock stayed taken and every worker, new ones too, waited for it
+    # forever: map hung)
+    import signal
+
+    import workers
+
+    with sa.Pool(2, context=method) as pool:
+        assert pool.map(workers.die_on, range(4)) == [0, 1, 2, 3]
+        pending = pool.apply_async(workers.die_on, (9,))
+        pending.get(timeout=120)
+        for worker in list(pool._pool):  # (one of them holds the lock)
+            os.kill(worker.pid, signal.SIGKILL)
+        assert pool.map(workers.die_on, range(8), chunksize=1) == list(range(8))
+        assert pending.get(timeout=1) == 9
+
+
+@pytest.mark.timeout(240)
+def test_a_job_another_worker_runs_goes_on_when_a_worker_dies(tmp_path):
+    import workers
+
+    go = str(tmp_path / "go")
+    with sa.Pool(2) as pool, _released(go):
+        slow = pool.apply_async(workers.wait_for_file, (go, 7))
+        with pytest.raises(sa.WorkerLost, match=r"killed by signal 9"):
+            pool.apply_async(workers.die_on, ("die",)).get(timeout=120)
+        assert not slow.ready()
+        open(go, "w").close()
+        assert slow.get(timeout=120) == 7
+
+
+@pytest.mark.timeout(240)
+def test_a_task_that_ends_its_worker_with_status_0_is_lost_with_maxtasksperchild_too():
+    # (a worker that ends as asked after maxtasksperchild tasks holds no task; one whose
+    # task called os._exit(0) does: the pool waited for it forever)
+    import workers
+
+    with sa.Pool(1, maxtasksperchild=2) as pool:
+        with pytest.raises(sa.WorkerLost, match=r"exit status 0\)"):
+            pool.apply_async(workers.die_on, ("_exit",)).get(timeout=120)
+        assert pool.map(workers.die_on, range(5), chunksize=1) == list(range(5))
+
+
+@pytest.mark.timeout(240)
+def test_a_pool_closed_and_joined_then_terminated_ends_quietly():
+    # (the standard library's pool takes its task lock once more as it ends, at terminate or
+    # when collected: after join the pool's table is closed, and there is no one to exclude)
+    import gc
+
+    import workers
+
+    with sa.Pool(1) as pool:
+        assert pool.apply(workers.die_on, (1,)) == 1
+        pool.close()
+        pool.join()
+    pool = sa.Pool(1)
+    pool.close()
+    pool.join()
+    del pool
+    gc.collect()
 
 
 _NOTEBOOK_CLASS = """
@@ -424,44 +490,151 @@ def test_the_pools_counter_is_let_go_on_every_path():
     assert _pool_counters() == 0
 
 
-def test_a_job_submitted_while_a_dead_worker_is_replaced_fails_and_is_not_run():
-    # (jobs submitted between the worker found dead and its replacement appended were failed
-    # with the others, yet their tasks ran: their numbers were above the one set at first)
-    import itertools
+class _Job:  # (the parts of a pool's ApplyResult that failing one reads)
+    def __init__(self, cache, key):
+        self._cache, self._job = cache, key
+        self._event = type("E", (), {"set": lambda self: None})()
+        self._error_callback, self._value, self._success = None, None, None
+        cache[key] = self
+
+    def ready(self):
+        return False
+
+
+class _Dead:
+    exitcode = -9
+
+    def __init__(self, pid):
+        self.pid = pid
+
+
+def test_a_dead_worker_fails_the_job_its_slot_names():
+    from sharedarrays.api import pool as pool_module
+    from sharedarrays.api.poolqueues import PoolTable
+
+    table = PoolTable(2)
+    try:
+        cache: dict = {}
+        jobs = [_Job(cache, key) for key in (10, 11, 12)]
+        workers = pool_module._Workers([_Dead(101), _Dead(102)], cache, table)
+        running = table.claim(101)
+        idle = table.claim(102)
+        table.hold(running, 11 + 1)  # (running a task of job 11)
+        table.hold(idle, 0)
+        del workers[1]  # idle (held 0): nothing fails, whatever its exit
+        workers.append(object())
+        assert set(cache) == {10, 11, 12}
+        del workers[0]
+        assert table.lost(11) and not table.lost(10) and not table.lost(12)
+        workers.append(object())  # the replacement: job 11 fails, the others go on
+        assert set(cache) == {10, 12}
+        assert isinstance(jobs[1]._value, sa.WorkerLost)
+        assert jobs[0]._value is None and jobs[2]._value is None
+        assert table.reap(101) is None and table.reap(102) is None  # slots freed
+        table.claim(os.getpid())
+        table.claim(os.getpid())
+        with pytest.raises(sa.SharedArrayError, match="make a new pool"):
+            table.claim(os.getpid())  # (every slot held by a running process)
+        table.reap(os.getpid())
+        table.hold(table.claim(2**22 + 1), 0)  # (a pid no process has)
+        table.hold(table.claim(os.getpid()), 0)  # the dead one's slot is taken over
+    finally:
+        table.close()
+
+
+def test_a_worker_dead_before_it_could_say_which_job_fails_every_job_pending():
+    # (jobs submitted between the worker found dead and its replacement appended fail too,
+    # and none of their tasks runs)
+    import multiprocessing.pool
 
     from sharedarrays.api import pool as pool_module
+    from sharedarrays.api.poolqueues import PoolTable
 
-    class Job:  # (the parts of a pool's ApplyResult that failing one reads)
-        def __init__(self, cache, key):
-            self._cache, self._job = cache, key
-            self._event = type("E", (), {"set": lambda self: None})()
-            self._error_callback, self._value, self._success = None, None, None
-            cache[key] = self
-
-        def ready(self):
-            return False
-
-    class Dead:
-        exitcode, pid = -9, 12345
-
-    counter = pool_module._Counter()
-    tokens = itertools.count(1)
-    cache: dict = {}
-    workers = pool_module._Workers([Dead()], cache, False, counter, tokens)
-    before = pool_module._Task(abs, next(tokens))
-    Job(cache, 1)
-    del workers[0]  # found dead
-    during = pool_module._Task(abs, next(tokens))  # submitted before the replacement is in
-    late = Job(cache, 2)
-    workers.append(object())  # the replacement: every job in the cache fails
-    assert not cache and isinstance(late._value, sa.WorkerLost)
-    after = pool_module._Task(abs, next(tokens))
-    saved, pool_module._lost_before = pool_module._lost_before, counter  # (as in a worker)
+    table = PoolTable(1)
     try:
-        for task in (before, during):
-            with pytest.raises(sa.WorkerLost, match="not run"):
-                task(pool_module._Alone(((-3,), {})))
-        assert after(pool_module._Alone(((-3,), {}))).value == 3
+        cache: dict = {}
+        workers = pool_module._Workers([_Dead(101)], cache, table)
+        table.hold(table.claim(101), -1)  # (a task read, its job not yet known)
+        before = next(multiprocessing.pool.job_counter)
+        _Job(cache, before)
+        del workers[0]
+        during = next(multiprocessing.pool.job_counter)  # submitted before the replacement
+        late = _Job(cache, during)
+        workers.append(object())  # every job in the cache fails
+        assert not cache and isinstance(late._value, sa.WorkerLost)
+        assert "before it could say of which job" in str(late._value)
+        assert table.lost(before) and table.lost(during)
+        assert not table.lost(next(multiprocessing.pool.job_counter))
     finally:
-        pool_module._lost_before = saved
-        counter.close()
+        table.close()
+
+
+def test_a_task_of_a_failed_job_is_not_run_by_the_worker_that_takes_it():
+    import multiprocessing
+
+    from sharedarrays.api import poolqueues
+    from sharedarrays.api.poolqueues import PoolTable, TaskQueue
+
+    table = PoolTable(1)
+    queue = TaskQueue(ctx=multiprocessing.get_context("spawn"), table=table)
+    saved = poolqueues._worker
+    try:
+        poolqueues.start_worker(table)  # (as a worker does)
+        cell = poolqueues._worker.cell
+        table.lose(5)
+        queue.put((5, 0, abs, (-1,), {}))
+        queue.put((6, 0, abs, (-2,), {}))
+        queue.put(None)
+        job, _, func, args, kwds = queue.get()
+        assert (job, func, args) == (5, poolqueues.not_run, ())
+        assert table._cells[cell] == 5 + 1  # (what the worker holds: a task of job 5)
+        with pytest.raises(sa.WorkerLost, match="not run"):
+            func(*args, **kwds)
+        assert queue.get() == (6, 0, abs, (-2,), {})
+        assert table._cells[cell] == 6 + 1  # (until its result is written)
+        assert queue.get() is None and table._cells[cell] == 0
+    finally:
+        poolqueues._worker = saved
+        queue.close()
+        table.close()
+
+
+def test_a_task_message_cut_by_a_dead_reader_is_dropped_and_said(monkeypatch):
+    # (a reader killed as it read leaves the rest of its message first in the pipe: read as
+    # a size, it made the next reader wait for bytes that never come, or unpickle garbage)
+    import pickle
+    import struct
+
+    from sharedarrays.api import poolqueues
+
+    def message(obj):
+        body = pickle.dumps(obj, protocol=5)
+        return struct.pack("!i", len(body)) + body
+
+    monkeypatch.setattr(poolqueues, "MESSAGE_STALL", 0.2)
+    r, w = os.pipe()
+    try:
+        os.write(w, message((1, 0, abs, (-1,), {})) + message(None))
+        assert pickle.loads(poolqueues.read_message(r))[0] == 1  # whole messages read
+        assert pickle.loads(poolqueues.read_message(r)) is None
+        cut = message((2, 0, abs, (-2,), {}))
+        os.write(w, cut[4:] + message((3, 0, abs, (-3,), {})))  # its size read by the dead
+        with pytest.raises(poolqueues.PipeCut):
+            poolqueues.read_message(r)
+        os.write(w, message(None))  # the pipe was emptied: the next reader starts at one
+        assert pickle.loads(poolqueues.read_message(r)) is None
+        os.write(w, struct.pack("!i", 1000) + b"\x80" * 10)  # a size whose bytes never come
+        with pytest.raises(poolqueues.PipeCut):
+            poolqueues.read_message(r)
+        os.write(w, struct.pack("!i", 3) + b"abc")  # not a pickle
+        with pytest.raises(poolqueues.PipeCut):
+            poolqueues.read_message(r)
+        os.close(w)
+        w = -1
+        with pytest.raises(EOFError) as closed:
+            poolqueues.read_message(r)  # the writer closed: the end, not a cut
+        assert type(closed.value) is EOFError
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
