@@ -253,8 +253,8 @@ class Handles:
                 exports = tuple(bytes.fromhex(e) for e in exports)
             except ValueError:
                 raise PayloadError(_INCONSISTENT) from None
-        if type(sizes) is not list:
-            raise PayloadError(_INCONSISTENT)
+        if type(sizes) is not list or not all(type(n) is int and n > 0 for n in sizes):
+            raise PayloadError(_INCONSISTENT)  # (a float equals an int: 2097152.0 passed)
         return cls(sizes, exports)
 
 

@@ -8,7 +8,8 @@ One helper for the handle servers, their clients, the keeper and its clients:
 * :func:`connect_unix`: a ``SOCK_SEQPACKET`` connection with a deadline for a listener whose
   queue is full;
 * :func:`send_fds` / :func:`recv_fds`: file descriptors by ``SCM_RIGHTS`` in batches of
-  :data:`FDS_PER_MESSAGE`, with the kernel's truncation reported (:func:`check_truncated`).
+  :data:`FDS_PER_MESSAGE`, with the kernel's truncation reported (:func:`check_truncated`);
+  :func:`recv_into` takes one message and its fds so that a Ctrl-C cannot lose them.
 
 Nothing here knows what the messages mean.
 """
@@ -17,10 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
+import signal
 import socket
 import stat
 import struct
 import tempfile
+import threading
 import time
 import typing
 from collections.abc import Sequence
@@ -40,6 +44,7 @@ __all__ = [
     "connect_unix",
     "send_fds",
     "recv_fds",
+    "recv_into",
     "check_truncated",
 ]
 
@@ -152,12 +157,52 @@ def recv_fds(sock: socket.socket, count: int, fds: list[int]) -> bool:
         Receiving failed.
     """
     while len(fds) < count:
-        _, more, flags, _ = socket.recv_fds(sock, 16, FDS_PER_MESSAGE)
-        fds.extend(more)
+        before = len(fds)
+        _, flags = recv_into(sock, 16, FDS_PER_MESSAGE, fds)
         check_truncated(flags)
-        if not more:
+        if len(fds) == before:
             return False
     return True
+
+
+def recv_into(sock: socket.socket, size: int, maxfds: int, fds: list[int]) -> tuple[bytes, int]:
+    """``socket.recv_fds(sock, size, maxfds)``, its fds appended to ``fds`` (the caller's to
+    close, also when this raises); returns the message and its flags.
+
+    In the main thread a SIGINT (Ctrl-C, a notebook's interrupt) that comes while the message
+    is taken is handed to its handler only once the fds are in ``fds``: raised between the
+    receive and the append, the ``KeyboardInterrupt`` would leave the fds open with no owner
+    (memory the exporter can never free). The wait for the message stays interruptible: the
+    handler is held back only once the message is there.
+
+    Raises
+    ------
+    TimeoutError
+        No message within the socket's timeout.
+    OSError
+        Receiving failed.
+    """
+    held_back = threading.current_thread() is threading.main_thread() and callable(
+        signal.getsignal(signal.SIGINT)
+    )
+    if held_back:
+        timeout = sock.gettimeout()
+        if not select.select([sock], [], [], timeout)[0]:
+            raise TimeoutError("timed out")
+    if not held_back:
+        msg, got, flags, _ = socket.recv_fds(sock, size, maxfds)
+        fds.extend(got)
+        return msg, flags
+    caught: list[typing.Any] = []
+    handler = signal.signal(signal.SIGINT, lambda *args: caught.append(args))
+    try:
+        msg, got, flags, _ = socket.recv_fds(sock, size, maxfds)
+        fds.extend(got)
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    if caught and callable(handler):
+        handler(*caught[0])  # (the KeyboardInterrupt, now that the fds are owned)
+    return msg, flags
 
 
 def check_truncated(flags: int) -> None:
@@ -192,8 +237,10 @@ def runtime_dir() -> Path:
     ------
     PermissionDenied
         The directory cannot be made, is this user's but open to others, or (for
-        ``$XDG_RUNTIME_DIR``) belongs to another user or is a symlink; or every fallback name
-        belongs to another user.
+        ``$XDG_RUNTIME_DIR``) belongs to another user or is a symlink; ``$XDG_RUNTIME_DIR``
+        itself belongs to another user (not root), or others may write in it without its
+        sticky bit (they could move the directory away and put theirs in its place); or every
+        fallback name belongs to another user.
     """
     uid = os.getuid()
     login = _login_dir(uid)
@@ -219,6 +266,23 @@ def _login_dir(uid: int) -> Path | None:
     to others, else ``None``."""
     base = os.environ.get("XDG_RUNTIME_DIR")
     if base:
+        try:
+            st = os.stat(base)
+        except OSError:
+            return Path(base)  # (making the directory in it says why it cannot)
+        if st.st_uid not in (uid, 0):
+            raise PermissionDenied(
+                f"XDG_RUNTIME_DIR ({base}) belongs to another user (uid {st.st_uid}), who could "
+                "replace the directory of this user's sockets in it; set XDG_RUNTIME_DIR to "
+                "a private directory of this user (mode 0700), or unset it"
+            )
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            raise PermissionDenied(
+                f"XDG_RUNTIME_DIR ({base}) is writable by other users (mode "
+                f"{stat.S_IMODE(st.st_mode):o}, no sticky bit): another user could move the "
+                "directory of this user's sockets away and put one of theirs in its place; "
+                f"make it private (chmod 700 {base}), or unset XDG_RUNTIME_DIR"
+            )
         return Path(base)
     login = RUN_USER / str(uid)
     try:

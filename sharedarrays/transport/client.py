@@ -34,6 +34,7 @@ from sharedarrays.protocol.unix import (
     check_truncated,
     connect_unix,
     recv_fds,
+    recv_into,
 )
 
 __all__ = [
@@ -260,10 +261,9 @@ def _fetch(
                 sock = _connect(server, gone)
             try:
                 sock.sendall(request)
-                msg, got, flags, _ = socket.recv_fds(sock, 1 << 20, FDS_PER_MESSAGE)
+                msg, flags = recv_into(sock, 1 << 20, FDS_PER_MESSAGE, fds)
             except (BrokenPipeError, ConnectionResetError):
-                msg, got, flags = b"", [], 0
-            fds.extend(got)
+                msg, flags = b"", 0
             check_truncated(flags)
             if msg or not reused:
                 break

@@ -49,7 +49,13 @@ from sharedarrays.protocol.keeper import (
     Reply,
     Request,
 )
-from sharedarrays.protocol.unix import check_same_user, check_truncated, connect_unix, runtime_dir
+from sharedarrays.protocol.unix import (
+    check_same_user,
+    check_truncated,
+    connect_unix,
+    recv_into,
+    runtime_dir,
+)
 
 __all__ = [
     "TIMEOUT",
@@ -293,7 +299,8 @@ def request(
                     sock.send(data)
                 if isinstance(req, Release):
                     return OK, {}, []
-                msg, got, flags, _ = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
+                got: list[int] = []
+                msg, flags = recv_into(sock, MAX_MESSAGE, MAX_FDS, got)
             except TimeoutError:
                 disconnect()
                 raise KeeperError(
@@ -307,35 +314,41 @@ def request(
                 if e.errno in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN) and attempt < 3:
                     continue
                 raise KeeperError(f"asking the keeper failed: {e.strerror or e}") from None
+            handed = False
             try:
-                check_truncated(flags)
-            except HandleUnavailable:
-                for fd in got:
-                    os.close(fd)
-                raise NoRoomForFiles(
-                    "this process has no room for the handles the keeper sent: it has as many "
-                    "files open as its limit allows (ulimit -n). Close some and try again"
-                ) from None
-            if not msg:
-                for fd in got:
-                    os.close(fd)
-                disconnect()  # the keeper exited (idle) or died: reconnect, maybe restart it
-                if attempt == 3:
-                    raise KeeperError("the keeper closed the connection three times; try again")
-                continue
-            return _reply(msg, got)
+                try:
+                    check_truncated(flags)
+                except HandleUnavailable:
+                    raise NoRoomForFiles(
+                        "this process has no room for the handles the keeper sent: it has as "
+                        "many files open as its limit allows (ulimit -n). Close some and try "
+                        "again"
+                    ) from None
+                if not msg:
+                    disconnect()  # the keeper exited (idle) or died: reconnect, maybe restart
+                    if attempt == 3:
+                        raise KeeperError("the keeper closed the connection three times; try again")
+                    continue
+                reply = _reply(msg)
+                handed = True
+                return reply[0], reply[1], got
+            finally:
+                if not handed:  # (a refusal, an interrupt: not the caller's)
+                    for fd in got:
+                        os.close(fd)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _reply(msg: bytes, fds: list[int]) -> tuple[int, dict[str, Any], list[int]]:
-    """Decode a keeper reply: ``(status, body, fds)`` (the fds are closed if it is bad)."""
-    try:
-        reply = Reply.decode(msg)
-    except KeeperError:
-        for fd in fds:
-            os.close(fd)
-        raise
-    return reply.status, reply.body, fds
+def _reply(msg: bytes) -> tuple[int, dict[str, Any]]:
+    """Decode a keeper reply: ``(status, body)``.
+
+    Raises
+    ------
+    KeeperError
+        Not a keeper reply.
+    """
+    reply = Reply.decode(msg)
+    return reply.status, reply.body
 
 
 def hand_over(alloc: allocation.Allocation, loads: int, seconds: float) -> None:
@@ -362,18 +375,21 @@ def hand_over(alloc: allocation.Allocation, loads: int, seconds: float) -> None:
     )
     data = req.encode()
     handles, temporary = alloc.handles_for_importers()  # read-only ones for readonly arrays
+    got: list[int] = []  # (none are expected: closed, whatever happens)
     try:
-        with _open(str(socket_path()), start=True) as sock:
-            socket.send_fds(sock, [data], handles)
-            msg, got, _, _ = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
-    except OSError as e:
-        raise KeeperError(f"the keeper did not take the handles: {e}") from None
+        try:
+            with _open(str(socket_path()), start=True) as sock:
+                socket.send_fds(sock, [data], handles)
+                msg, _ = recv_into(sock, MAX_MESSAGE, MAX_FDS, got)
+        except OSError as e:
+            raise KeeperError(f"the keeper did not take the handles: {e}") from None
+        finally:
+            for fd in temporary:
+                os.close(fd)
+        status, body = _reply(msg)
     finally:
-        for fd in temporary:
+        for fd in got:
             os.close(fd)
-    status, body, got = _reply(msg, got)
-    for fd in got:
-        os.close(fd)
     raise_for(status, body, f"the keeper refused allocation {alloc.id}")
 
 
@@ -515,7 +531,12 @@ def fetch_handles(
         hold(alloc_id)
         sizes = body.get("sizes")
         creator = body.get("creator")
-        if type(sizes) is not list or len(sizes) != len(fds) or type(creator) is not int:
+        if (
+            type(sizes) is not list
+            or len(sizes) != len(fds)
+            or not all(type(n) is int and n > 0 for n in sizes)
+            or type(creator) is not int
+        ):
             release(alloc_id)
             raise KeeperError("the keeper sent an inconsistent reply")
     except BaseException:

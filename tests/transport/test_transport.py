@@ -51,6 +51,103 @@ def test_runtime_dir_open_to_others_is_refused(
         unix.runtime_dir()
 
 
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o722])
+def test_an_xdg_runtime_dir_others_may_write_in_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: int
+) -> None:
+    # (another user could move this user's sharedarrays directory away and put theirs in its
+    # place: every later process of this user refused, the keeper out of reach)
+    base = tmp_path / "run"
+    base.mkdir()
+    os.chmod(base, mode)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(base))
+    with pytest.raises(sa.PermissionDenied, match=r"writable by other users.*chmod 700"):
+        unix.runtime_dir()
+    assert not (base / "sharedarrays").exists()
+    os.chmod(base, mode | stat.S_ISVTX)  # (sticky, as /tmp: others cannot move it)
+    assert unix.runtime_dir() == base / "sharedarrays"
+    os.chmod(base, 0o711)
+    assert unix.runtime_dir() == base / "sharedarrays"
+
+
+def test_an_xdg_runtime_dir_of_another_user_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_stat = os.stat
+    base = tmp_path / "run"
+    base.mkdir(mode=0o700)
+
+    def stat_(path: object, *args: object, **kwargs: object) -> os.stat_result:
+        st_ = real_stat(path, *args, **kwargs)  # type: ignore[arg-type]
+        if str(path) == str(base):  # (as if another user (not root) owned it)
+            fields = list(st_)
+            fields[stat.ST_UID] = os.getuid() + 4242
+            return os.stat_result(fields)
+        return st_
+
+    monkeypatch.setattr(unix.os, "stat", stat_)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(base))
+    with pytest.raises(sa.PermissionDenied, match=r"belongs to another user \(uid"):
+        unix.runtime_dir()
+
+
+def test_sizes_that_are_not_positive_ints_are_an_inconsistent_reply() -> None:
+    # (2097152.0 == 2097152 passed the importer's check, and ctypes raised ArgumentError)
+    from sharedarrays.protocol.handles import Handles
+
+    for body in (b"[2097152.0]", b"[true]", b"[0]", b"[-4096]", b'["4096"]', b"[[4096]]"):
+        with pytest.raises(sa.PayloadError, match="inconsistent"):
+            Handles.decode(body)
+    assert Handles.decode(b"[4096, 8192]").sizes == [4096, 8192]
+
+
+def test_a_ctrl_c_as_fds_arrive_leaves_them_owned(monkeypatch: pytest.MonkeyPatch) -> None:
+    # (a SIGINT handled between socket.recv_fds returning and its fds being stored raised
+    # KeyboardInterrupt there: the fds had no owner, their memory stayed pinned)
+    import signal
+    import socket as socket_
+
+    left, right = socket_.socketpair(socket_.AF_UNIX, socket_.SOCK_SEQPACKET)
+    r, w = os.pipe()
+    real = socket_.recv_fds
+
+    def interrupted(*args: object) -> object:
+        got = real(*args)  # type: ignore[arg-type]
+        os.kill(os.getpid(), signal.SIGINT)  # (handled at the next bytecode)
+        for _ in range(1000):  # (lets the eval loop see it here, where it would have)
+            pass
+        return got
+
+    class Interrupted(Exception):  # (as KeyboardInterrupt, which would stop pytest)
+        pass
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGINT, interrupt)
+    try:
+        socket_.send_fds(left, [b"reply"], [r, w])
+        monkeypatch.setattr(unix.socket, "recv_fds", interrupted)
+        fds: list[int] = []
+        with pytest.raises(Interrupted):
+            unix.recv_into(right, 64, 4, fds)
+        assert len(fds) == 2  # owned by the caller, who closes them
+        for fd in fds:
+            os.close(fd)
+        assert signal.getsignal(signal.SIGINT) is interrupt
+        monkeypatch.setattr(unix.socket, "recv_fds", real)
+        socket_.send_fds(left, [b"again"], [r])
+        fds = []
+        assert unix.recv_into(right, 64, 4, fds)[0] == b"again" and len(fds) == 1
+        os.close(fds[0])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        for fd in (r, w):
+            os.close(fd)
+        left.close()
+        right.close()
+
+
 def test_wrong_secret_is_refused(fd_baseline: None) -> None:
     a = sa.zeros(16, device="cpu", pack=False)
     server = transport.server_address()
