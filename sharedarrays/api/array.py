@@ -383,13 +383,23 @@ class SharedDeviceArray(NativeArrayMethods):
             self._native = native
         return native
 
-    def __getitem__(self, key: object) -> SharedDeviceArray:
-        """A view of the same allocation (basic indexing only)."""
+    def __getitem__(self, key: object) -> Any:
+        """A view of the same allocation (basic indexing only).
+
+        As the native array does where the index picks one element (integers for every
+        axis, no ``...``): on host memory NumPy's scalar (a copy of the value: ``a[0], a[1]
+        = a[1], a[0]`` swaps, ``x = a[0]`` keeps its value), on a GPU CuPy's 0-d view."""
         items = _check_key(key)
-        if not any(i is Ellipsis for i in items):
+        ellipsis = any(i is Ellipsis for i in items)
+        if not ellipsis:
             items = (*items, Ellipsis)  # keeps NumPy from returning a scalar it would read
         layout = self._layout()
-        return self._derive(layout, layout[items], self._dtype)
+        view = layout[items]
+        if not ellipsis and not view.ndim:
+            native = self.array
+            if type(native) is np.ndarray:  # (NumPy's scalar; CuPy's and torch's: 0-d)
+                return native[_native_key(key)]
+        return self._derive(layout, view, self._dtype)
 
     def _layout(self) -> np.ndarray[Any, Any]:
         base = self.allocation.address + self._offset
@@ -466,9 +476,9 @@ class SharedDeviceArray(NativeArrayMethods):
             raise TypeError("len() of a 0-d array")
         return self._shape[0]
 
-    def __iter__(self) -> Iterator[SharedDeviceArray]:
-        """The views ``a[0]``, ``a[1]``, ... along the first axis (NumPy's arrays give
-        scalars for a 1-d array: here 0-d views, which act as scalars)."""
+    def __iter__(self) -> Iterator[Any]:
+        """``a[0]``, ``a[1]``, ... along the first axis: views, or for a 1-d array what the
+        native array gives (NumPy's scalars on host memory, CuPy's 0-d views on a GPU)."""
         if not self._shape:
             raise TypeError("iteration over a 0-d array")
         return (self[i] for i in range(self._shape[0]))

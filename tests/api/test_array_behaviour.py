@@ -269,7 +269,10 @@ def test_scalar_of_an_element_and_float_index_refused() -> None:
     a, ref = make((3, 4), "float32")
     assert float(a[1, 2]) == float(ref[1, 2])
     assert int(a[0, 0]) == 1 and bool(a[0, 0]) is True
-    same_error(lambda: operator.index(a[0, 0]), lambda: operator.index(ref[0, 0:1].reshape(())))
+    same_error(lambda: operator.index(a[0, 0]), lambda: operator.index(ref[0, 0]))
+    same_error(
+        lambda: operator.index(a[0, 0, ...]), lambda: operator.index(ref[0, 0:1].reshape(()))
+    )
     i, _ = make((5,))
     assert [10, 20, 30, 40, 50, 60][i[2]] == 40  # __index__
 
@@ -322,7 +325,7 @@ def test_array_functions_match_numpy() -> None:
     same(np.allclose(a, ref), np.allclose(ref, ref))
     assert np.array_equal(a, ref) and np.shape(a) == ref.shape and np.ndim(a) == 2
     same_error(lambda: np.concatenate([a, a[0]]), lambda: np.concatenate([ref, ref[0]]))
-    total = a[0, 0]
+    total = a[0, 0, ...]  # (a 0-d view: a[0, 0] is NumPy's scalar)
     assert np.sum(a[1], out=total) is total
     assert a.get()[0, 0] == ref[1].sum()
 
@@ -411,7 +414,7 @@ def test_astype_without_copy_and_method_errors_like_numpy() -> None:
     same_error(lambda: a.sum(axis=2), lambda: ref.sum(axis=2))
     same_error(lambda: a.item(), lambda: ref.item())
     same_error(lambda: a.astype("int8", casting="safe"), lambda: ref.astype("int8", casting="safe"))
-    total = a[0, 0]
+    total = a[0, 0, ...]
     assert a[1].sum(out=total) is total  # out= a shared view writes the memory
     assert a.get()[0, 0] == ref[1].sum()
 
@@ -488,6 +491,9 @@ def strided(draw: st.DrawFn) -> tuple[SDA, np.ndarray]:
     if draw(st.booleans()):
         a, ref = a.T, ref.T
     key = draw(hnp.basic_indices(ref.shape, allow_newaxis=True, allow_ellipsis=True))
+    key = key if isinstance(key, tuple) else (key,)
+    if Ellipsis not in key:
+        key = (*key, ...)  # (a view, never NumPy's scalar of one element)
     return a[key], np.asarray(ref[key])
 
 
@@ -812,9 +818,10 @@ def test_base_names_the_view_a_view_was_derived_from() -> None:
 def test_a_0d_integer_view_indexes_as_its_value() -> None:
     a, ref = make((6,))
     i = sa.from_array(np.array([4, 2], dtype="int64"), device="cpu")
-    np.testing.assert_array_equal(a[i[1]].get(), ref[2])
-    np.testing.assert_array_equal(a[i[0] :].get(), ref[4:])  # (slices take __index__ already)
-    a[i[1]] = 99
+    assert a[i[1]] == ref[2]  # (i[1] is NumPy's scalar; i[1, ...] a 0-d view)
+    assert a[i[1, ...]] == ref[2]
+    np.testing.assert_array_equal(a[i[0, ...] :].get(), ref[4:])  # (slices take __index__)
+    a[i[1, ...]] = 99
     ref[2] = 99
     np.testing.assert_array_equal(a.get(), ref)
     with pytest.raises(TypeError, match="basic indexing only"):

@@ -262,7 +262,7 @@ def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="C-contiguous"):
         a[1:].resize(8)
     with pytest.raises(ValueError, match="0-d"):
-        a[0, 0].resize(1)
+        a[0, 0, ...].resize(1)
     with pytest.raises(ValueError, match="cannot append values of shape"):
         a.append(np.zeros((2, 4)))
     empty_rows = sa.zeros((2, 0), device="cpu", capacity=4096)

@@ -38,7 +38,7 @@ def _views() -> tuple[list[sa.SharedDeviceArray], list[np.ndarray[Any, Any]]]:
     base = np.arange(48, dtype=np.float64).reshape(6, 8)
     a = sa.from_array(base, device="cpu", pack=False)
     f = sa.from_array(np.asfortranarray(base[:5, :3].astype(np.int16)), device="cpu", pack=False)
-    views = [a, a[1::2, ::3], a[::-1, ::-2], a[2, 5], a.T, _readonly(a[1:4]), f, f.T, f[1]]
+    views = [a, a[1::2, ::3], a[::-1, ::-2], a[2, 5, ...], a.T, _readonly(a[1:4]), f, f.T, f[1]]
     expect = [base, base[1::2, ::3], base[::-1, ::-2], base[2, 5], base.T, base[1:4]]
     fb = np.asfortranarray(base[:5, :3].astype(np.int16))
     return views, [*expect, fb, fb.T, fb[1]]
