@@ -398,7 +398,7 @@ class SharedDeviceArray(NativeArrayMethods):
         if not ellipsis and not view.ndim:
             native = self.array
             if type(native) is np.ndarray:  # (NumPy's scalar; CuPy's and torch's: 0-d)
-                return native[_native_key(key)]
+                return native[cast(Any, _native_key(key))]
         return self._derive(layout, view, self._dtype)
 
     def _layout(self) -> np.ndarray[Any, Any]:
