@@ -212,7 +212,8 @@ class Timeline:
             if key not in ((), (0,)):
                 raise IndexError("a 0-d array has one element: index 0")
             key = ()
-        word = array[key + (Ellipsis,)] if key else array  # (with ..., a 0-d view, never a scalar)
+        one = (*key, Ellipsis)  # (with ..., a 0-d view, never NumPy's scalar)
+        word = array[one] if key else array
         if word.ndim != 0:
             raise IndexError(f"index {index!r} does not name one element of shape {array.shape}")
         if word.address % 8:
