@@ -5,11 +5,14 @@
 * **spawn by default.** A process forked after CUDA was initialised cannot use CUDA, so the
   default start method is ``"spawn"``; ``"forkserver"`` may be asked for, and ``"fork"`` is
   refused with :class:`ForkAfterCudaError` when CUDA was initialised in this process.
-* **Functions defined in a notebook (or any ``__main__``) work.** A spawned worker cannot
-  import a function from the notebook's ``__main__``, nor a lambda or a nested function.
-  Such functions are shipped by value with cloudpickle, wrapped in a small picklable
-  callable; functions importable by name are sent by name as usual. A worker unpickles each
-  distinct function once and reuses it, so its globals persist across tasks.
+* **Functions defined in a notebook work.** A spawned worker cannot import a function from
+  a notebook's ``__main__`` (nor ``python -c``'s), nor a lambda or a nested function. Such
+  functions are shipped by value with cloudpickle, wrapped in a small picklable callable;
+  functions importable by name (a script's too, as the worker imports the script) are sent
+  by name as usual. In a worker the by-value functions of the parent's ``__main__`` share
+  one namespace, as a module's functions do, so a global that the initializer or a task
+  sets is seen by the next task; an exception of a class defined in a notebook comes back
+  as itself (:class:`_RaisedInTask`).
 
 Shared arrays in the arguments and results are passed without copying, as everywhere.
 
@@ -50,6 +53,7 @@ import multiprocessing.pool
 import os
 import sys
 import threading
+import types
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from multiprocessing import reduction
@@ -153,12 +157,58 @@ _loaded_lock = threading.Lock()
 _LOADED_MAX = 128
 
 
+_MAIN_MODULES = ("__main__", "__mp_main__")
+
+_main_namespace: dict[str, Any] = {}
+"""In a worker: the parent's ``__main__`` as the functions it ships by value see it, one
+namespace for all of them (see :func:`_in_main_namespace`)."""
+
+
+def _in_main_namespace(fn: Any, seen: dict[int, Any] | None = None) -> Any:
+    """``fn`` (loaded from cloudpickle) with the globals of every function of the parent's
+    ``__main__`` it brings along in :data:`_main_namespace`.
+
+    cloudpickle gives each function it loads a globals dict of its own, so a global that an
+    initializer sets (``global ARR; ARR = a``) or a task sets for the next one was never
+    seen by the others; a module, as the standard library's spawned worker imports the
+    script, has one. Here functions and classes take the newest definition (a notebook
+    cell run again), and other values keep the worker's (an initializer's, an earlier
+    task's), as a module's globals do."""
+    if isinstance(fn, functools.partial):
+        inner = _in_main_namespace(fn.func, seen)
+        return fn if inner is fn.func else functools.partial(inner, *fn.args, **fn.keywords)
+    if not isinstance(fn, types.FunctionType) or fn.__module__ not in _MAIN_MODULES:
+        return fn
+    namespace = _main_namespace
+    if fn.__globals__ is namespace:
+        return fn
+    seen = {} if seen is None else seen
+    made = seen.get(id(fn))
+    if made is not None:
+        return made
+    made = types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__, fn.__closure__)
+    made.__kwdefaults__ = fn.__kwdefaults__
+    made.__qualname__ = fn.__qualname__
+    made.__doc__ = fn.__doc__
+    made.__dict__.update(fn.__dict__)
+    made.__module__ = fn.__module__
+    seen[id(fn)] = made
+    for name, value in fn.__globals__.items():
+        if isinstance(value, types.FunctionType) and value.__module__ in _MAIN_MODULES:
+            namespace[name] = _in_main_namespace(value, seen)
+        elif isinstance(value, type) and value.__module__ in _MAIN_MODULES:
+            namespace[name] = value
+        else:
+            namespace.setdefault(name, value)
+    return made
+
+
 def _load(blob: bytes) -> Callable[..., Any]:
     fn = _loaded.get(blob)
     if fn is None:
         import cloudpickle
 
-        fn = cloudpickle.loads(blob)
+        fn = _in_main_namespace(cloudpickle.loads(blob))
         with _loaded_lock:
             if len(_loaded) >= _LOADED_MAX:
                 _loaded.pop(next(iter(_loaded)))
@@ -203,13 +253,30 @@ def _rebuild(blob: bytes, name: str) -> ByValue:
 
 
 def _needs_value(fn: object) -> bool:
+    """Whether a spawned worker could not import ``fn`` by name: a lambda or a nested
+    function, or one of ``__main__`` where that is no file a worker imports (a notebook,
+    ``python -c``). A script's functions go by name, as the standard library sends them (the
+    worker imports the script as ``__mp_main__``: one module, its globals shared by the
+    initializer and the tasks, the classes of its exceptions the parent's)."""
     if isinstance(fn, ByValue):
         return False
     if isinstance(fn, functools.partial):
         return _needs_value(fn.func)
     module = getattr(fn, "__module__", None)
     qualname = getattr(fn, "__qualname__", "")
-    return module in (None, "__main__", "__mp_main__") or "<" in qualname
+    if module is None or "<" in qualname:
+        return True
+    return module in _MAIN_MODULES and not _main_is_importable()
+
+
+def _main_is_importable() -> bool:
+    """Whether a spawned worker imports this process's ``__main__`` (as multiprocessing's
+    spawn prepares it: a module run by name, or a file)."""
+    main = sys.modules.get("__main__")
+    if getattr(getattr(main, "__spec__", None), "name", None):
+        return True
+    path = getattr(main, "__file__", None)
+    return isinstance(path, str) and os.path.isfile(path)
 
 
 def by_value(fn: Callable[..., T]) -> Callable[..., T]:
@@ -265,6 +332,39 @@ class _Alone:
             except Exception:
                 raise e from None
         return _Pending, (blob,)
+
+
+class _RaisedInTask(Exception):
+    """A task's exception that multiprocessing's pickler cannot write (of a class defined
+    in a notebook cell, which the worker has only by value: pickle refuses it by name), sent
+    as :class:`_Alone` sends a value (cloudpickle), and raised in the parent as itself
+    (:meth:`unwrap`: cloudpickle gives back the parent's own class)."""
+
+    def __init__(self, error: BaseException, text: str | None = None) -> None:
+        super().__init__(text or f"{type(error).__qualname__}: {error}")
+        self.carried: Any = _Alone(error)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return _raised_again, (self.carried, str(self))
+
+    def unwrap(self) -> BaseException:
+        """The task's own exception (with this one's cause: the worker's traceback), or
+        this one where it cannot be loaded here."""
+        try:
+            error = self.carried.load() if type(self.carried) is _Pending else self.carried.value
+        except Exception:
+            return self
+        if not isinstance(error, BaseException):
+            return self
+        error.__cause__ = self.__cause__
+        return error
+
+
+def _raised_again(carried: Any, text: str) -> _RaisedInTask:
+    made = _RaisedInTask.__new__(_RaisedInTask)
+    Exception.__init__(made, text)
+    made.carried = carried
+    return made
 
 
 def _load_pending(value: Any) -> Any:
@@ -326,6 +426,12 @@ class _Task:
                 "task's error and the worker goes on: return a value or raise an exception "
                 "instead"
             ) from None
+        except Exception as e:
+            try:
+                reduction.ForkingPickler.dumps(e)
+            except Exception:
+                raise _RaisedInTask(e) from e  # (by value: see _RaisedInTask)
+            raise
 
     def __reduce__(self) -> tuple[Any, tuple[Callable[..., Any]]]:
         return _Task, (self.fn,)
@@ -347,6 +453,8 @@ def _guarded_get(recv: Callable[[], Any]) -> Any:
                 return job, i, (True, _load_pending(value))
             except Exception as e:
                 return job, i, (False, e)
+        if type(value) is _RaisedInTask:
+            return job, i, (False, value.unwrap())
     return task
 
 
@@ -365,6 +473,8 @@ class _ResultFuture(Future[Any]):
             self._cancelled()
             return
         error = inner.exception()
+        if type(error) is _RaisedInTask:
+            error = error.unwrap()
         if error is None:
             try:
                 value = _load_pending(inner.result())  # (the executor keeps the last result it

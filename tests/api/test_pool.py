@@ -439,6 +439,19 @@ with sa.Pool(1) as pool:
     print(pool.apply(call, (lambda v: v * 2, 21)))  # a lambda as an argument
 with sa.ProcessPoolExecutor(1) as ex:
     print(ex.submit(make, 4).result().x)
+class MyError(Exception):  # (a notebook's exception: the worker has it only by value)
+    pass
+def fail(i):
+    raise MyError(f"task {i} failed")
+for make_pool in (lambda: sa.Pool(1), lambda: sa.ProcessPoolExecutor(1)):
+    with make_pool() as pool:
+        try:
+            if isinstance(pool, sa.Pool):
+                pool.apply(fail, (1,))
+            else:
+                pool.submit(fail, 1).result()
+        except MyError as e:
+            print("caught", type(e).__name__, e, e.__cause__ is not None)
 """
 
 
@@ -450,7 +463,77 @@ def test_results_and_arguments_pickle_can_only_write_by_name_travel_by_value():
         [sys.executable, "-c", _NOTEBOOK_CLASS], capture_output=True, text=True, timeout=200
     )
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split("\n")[:3] == ["Point 3 True", "42", "4"]
+    assert r.stdout.split("\n")[:5] == [
+        "Point 3 True",
+        "42",
+        "4",
+        "caught MyError task 1 failed True",  # (a MaybeEncodingError; a PicklingError)
+        "caught MyError task 1 failed True",
+    ]
+
+
+_INITIALIZER_GLOBALS = """
+import sharedarrays as sa
+ARR = None
+def init(a):
+    global ARR
+    ARR = a
+def helper(i):
+    return i + 1
+def task(i):
+    if ARR is None:
+        return "ARR is None"
+    ARR[i] = helper(i)
+    return "ok"
+def set_flag(v):
+    global FLAG
+    FLAG = v
+def get_flag():
+    return globals().get("FLAG", "unset")
+a = sa.zeros(4, device="cpu")
+with sa.Pool(1, initializer=init, initargs=(a,)) as pool:
+    print(pool.map(task, range(4)), a.get().tolist())
+    pool.apply(set_flag, ("set",))
+    print(pool.apply(get_flag))
+    def helper(i):  # (a cell run again: the newest definition is used)
+        return -i
+    print(pool.map(task, range(2)), a.get().tolist())
+b = sa.zeros(2, device="cpu")
+with sa.ProcessPoolExecutor(1, initializer=init, initargs=(b,)) as ex:
+    print(list(ex.map(task, range(2))), b.get().tolist())
+"""
+
+
+@pytest.mark.timeout(240)
+def test_an_initializers_globals_are_the_tasks_globals_in_a_notebook_too():
+    # (functions a worker cannot import by name go by value with cloudpickle, which gave
+    # each its own globals: a global the initializer set was None in every task, silently)
+    r = subprocess.run(
+        [sys.executable, "-c", _INITIALIZER_GLOBALS], capture_output=True, text=True, timeout=200
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:4] == [
+        "['ok', 'ok', 'ok', 'ok'] [1.0, 2.0, 3.0, 4.0]",
+        "set",
+        "['ok', 'ok'] [0.0, -1.0, 3.0, 4.0]",
+        "['ok', 'ok'] [0.0, -1.0]",  # (helper as redefined)
+    ]
+
+
+def test_a_scripts_functions_go_by_name_and_a_notebooks_by_value(monkeypatch):
+    import types
+
+    main = types.ModuleType("__main__")
+
+    def f(x):
+        return x
+
+    f.__module__, f.__qualname__ = "__main__", "f"
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    assert isinstance(sa_pool.by_value(f), sa_pool.ByValue)  # no file: a notebook
+    main.__file__ = __file__
+    assert sa_pool.by_value(f) is f  # a script: imported as __mp_main__ by the worker
+    assert isinstance(sa_pool.by_value(lambda x: x), sa_pool.ByValue)
 
 
 def _pool_counters() -> int:
