@@ -102,6 +102,8 @@ def _rm(targets: list[str], yes: bool) -> int:
             status = 1
             continue
         print(f"{row.alloc_id}: " + ("; ".join(done) or "nothing holds it any more"))
+        if done == [nodemap.LEFT_ALONE]:  # (nothing was freed: a script must see it)
+            status = 1
         picture = None  # what was freed changed the picture
     return status
 

@@ -162,3 +162,40 @@ def test_demo_says_what_is_wrong_without_a_traceback(args: list[str], said: str)
     out = _cli("demo", *args)
     assert out.returncode in (1, 2) and "Traceback" not in out.stderr
     assert any(one in out.stderr for one in said.split("|")), out.stderr
+
+
+@pytest.mark.timeout(240)
+def test_rm_that_frees_nothing_exits_1() -> None:
+    # (rm of an orphaned allocation with a payload in flight, no terminal and no --yes, left
+    # it alone and exited 0: a script could not tell that nothing was freed)
+    import json
+
+    made = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import pickle, sharedarrays as sa\n"
+            "a = sa.zeros(1000, device='cpu', pack=False)\n"
+            "pickle.dumps(a)\nprint(a.allocation.id)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        env=_env(),
+    )
+    assert made.returncode == 0, made.stderr
+    alloc_id = made.stdout.strip()
+    try:
+        rm = subprocess.run(
+            [sys.executable, "-m", "sharedarrays", "rm", alloc_id[:12]],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+            env=_env(),
+            stdin=subprocess.DEVNULL,
+        )
+        assert rm.returncode == 1 and "left alone: payloads in flight" in rm.stdout
+        listed = json.loads(_cli("top", "--json").stdout)["allocations"]
+        assert any(row["id"] == alloc_id for row in listed)
+    finally:
+        assert _cli("rm", "--yes", alloc_id[:12]).returncode == 0

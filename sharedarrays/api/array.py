@@ -869,7 +869,7 @@ reduction.ForkingPickler.register(SharedDeviceArray, functools.partial(_reduce, 
 
 
 def load(
-    data: bytes, sync: bytes | None = None, fds: tuple[Any, ...] | None = None
+    data: bytes | Payload, sync: bytes | None = None, fds: tuple[Any, ...] | None = None
 ) -> SharedDeviceArray:
     """Turn a payload back into a view, mapping its allocation on first sight.
 
@@ -879,9 +879,9 @@ def load(
 
     Parameters
     ----------
-    data : bytes
-        The payload, as written by pickling a SharedDeviceArray (or by
-        :meth:`SharedDeviceArray.payload`).
+    data : bytes or Payload
+        The payload: :meth:`SharedDeviceArray.payload` or its ``to_bytes()`` (the bytes of
+        ``pickle.dumps(a)`` are a pickle, not a payload: ``pickle.loads`` them).
     sync : bytes, optional
         The ordering token that travelled with it (an IPC event on CUDA): this process's
         current stream waits for it before the view is returned.
@@ -907,8 +907,15 @@ def load(
                 "use sa.from_array(numpy.load(path))"
             )
         raise PayloadError(
-            "sa.load takes a payload (the bytes of pickle.dumps(a) or a.payload().to_bytes()), "
+            "sa.load takes a payload (a.payload() or a.payload().to_bytes()), "
             f"not a {type(data).__name__}" + hint
+        )
+    if isinstance(data, Payload):
+        data = data.to_bytes()
+    elif isinstance(data, (bytes, bytearray)) and bytes(data[:1]) == b"\x80":
+        raise PayloadError(
+            "these bytes are a pickle (of pickle.dumps(a)), not a payload: load them with "
+            "pickle.loads(data); sa.load takes a.payload() or a.payload().to_bytes()"
         )
     p = Payload.from_bytes(data)
     part = message.ReceivedPart(p, sync, fds)

@@ -45,6 +45,7 @@ from sharedarrays.transport import keeper, server
 from sharedarrays.transport import node as transport_node
 
 __all__ = [
+    "LEFT_ALONE",
     "STATES",
     "Holder",
     "NodeAllocation",
@@ -238,6 +239,10 @@ class NodeMap:
             "devices": [vars_of(d) for d in self.devices],
             "keeper": self.keeper,
         }
+
+
+LEFT_ALONE = "left alone: payloads in flight"
+"""What :func:`free` says when it frees nothing: payloads in flight, and no one confirmed."""
 
 
 def vars_of(record: NodeProcess | DeviceSummary) -> dict[str, Any]:
@@ -511,7 +516,7 @@ def free(row: NodeAllocation, confirm: Callable[[str], bool] | None = None) -> l
                 "will no longer load. Free it anyway?"
             )
         ):
-            return ["left alone: payloads in flight"]
+            return [LEFT_ALONE]
         status, error = transport_node.drop_kept(row.alloc_id)
         if status == OK:
             done.append("the keeper let go of its handles")

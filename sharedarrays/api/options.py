@@ -19,6 +19,7 @@ from types import MappingProxyType
 from sharedarrays.api.array import operator_index
 from sharedarrays.backends import Access
 from sharedarrays.backends.device import Device, DeviceLike, parse_device
+from sharedarrays.errors import OutOfMemory
 from sharedarrays.process import PID_MAX_LIMIT
 from sharedarrays.protocol.keeper import check_name
 from sharedarrays.protocol.payload import MAX_SIZE
@@ -100,9 +101,11 @@ class CreationOptions:
         ------
         BackendUnavailable
             CUDA was asked for explicitly and cannot be used here.
+        OutOfMemory
+            A capacity over 128 TiB (no process can reserve it).
         TypeError, ValueError
-            A bad device, order, name, allow_pids (process ids), capacity (at most 128 TiB)
-            or access, or keywords that cannot be combined (``pack=True`` with what rules
+            A bad device, order, name, allow_pids (process ids), capacity or access, or
+            keywords that cannot be combined (``pack=True`` with what rules
             packing out, ``capacity`` with ``name`` or ``order="F"``).
         """
         dev = parse_device(device)
@@ -110,10 +113,10 @@ class CreationOptions:
             raise ValueError(f"order must be 'C' or 'F', not {order!r}")
         if capacity is not None:
             capacity = operator_index(capacity)
-            if capacity > MAX_SIZE:
-                raise ValueError(
-                    f"capacity={capacity} is more than any process can reserve; at most "
-                    f"{MAX_SIZE} bytes (128 TiB, what a payload may name)"
+            if capacity > MAX_SIZE:  # (OutOfMemory, as a reservation the system refuses)
+                raise OutOfMemory(
+                    f"capacity={capacity} is more address space than any process can reserve; "
+                    f"at most {MAX_SIZE} bytes (128 TiB, what a payload may name)"
                 )
             if pack:
                 raise ValueError("pack=True and capacity cannot be combined: a slab cannot grow")

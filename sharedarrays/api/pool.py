@@ -133,13 +133,22 @@ def get_context(method: ContextLike = None) -> multiprocessing.context.BaseConte
     ------
     ForkAfterCudaError
         ``"fork"`` while CUDA is initialised in this process.
+    ValueError
+        A start method this platform does not have.
+    TypeError
+        Neither a name nor a multiprocessing context.
     """
     if method is None:
         ctx: multiprocessing.context.BaseContext = multiprocessing.get_context(DEFAULT_START_METHOD)
     elif isinstance(method, str):
         ctx = multiprocessing.get_context(method)
-    else:
+    elif isinstance(method, multiprocessing.context.BaseContext):
         ctx = method
+    else:
+        raise TypeError(
+            f"a start method is 'spawn', 'forkserver' or 'fork', or a multiprocessing context "
+            f"(multiprocessing.get_context(...)), not {type(method).__name__}"
+        )
     if ctx.get_start_method() == "fork" and cuda_initialised():
         raise ForkAfterCudaError(
             "the 'fork' start method cannot be used after CUDA was initialised in this "

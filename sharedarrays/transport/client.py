@@ -241,7 +241,9 @@ def _fetch(
     gone = (
         f"the handles of allocation {alloc_id} are no longer available: the process that "
         f"shared it (pid {pid}) has exited or closed every view of it, and the payload was not "
-        "kept in flight (killed, or older than SHAREDARRAYS_IN_FLIGHT seconds). Keep that "
+        "kept in flight (killed; older than SHAREDARRAYS_IN_FLIGHT seconds; or already loaded "
+        "as many times as it was pickled: each pickle.dumps counts one load, so bytes pickled "
+        "once and loaded by two processes load only in the first). Keep that "
         "process and one open view alive until every importer has loaded the array, or name "
         "or park() it (a named or parked array is gone too when the keeper that held it was "
         "killed: python -m sharedarrays status shows whether one runs)"

@@ -246,3 +246,17 @@ def test_load_of_a_str_or_path_says_it_takes_a_payload(tmp_path: Path) -> None:
             sa.load(arg)  # type: ignore[arg-type]
     a = sa.zeros(3, device="cpu")
     assert sa.load(a.payload().to_bytes()).shape == (3,)
+
+
+def test_load_takes_a_payload_object_and_says_what_a_pickle_is() -> None:
+    # (a.payload() was refused as "not bytes", and pickle.dumps(a) as "made by another
+    # version of sharedarrays?", though the docstring named both)
+    import pickle
+
+    a = sa.full(3, 2.0, device="cpu")
+    b = sa.load(a.payload())
+    assert b.allocation is a.allocation and b.get().tolist() == [2.0, 2.0, 2.0]
+    with pytest.raises(sa.PayloadError, match=r"a pickle.*pickle\.loads\(data\)"):
+        sa.load(pickle.dumps(a))
+    b.close()
+    a.close()

@@ -18,7 +18,7 @@ BAD_KEYWORDS: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"device": "gpu"}, ValueError, "gpu"),
     ({"device": True}, TypeError, "not a bool"),
     ({"order": "K"}, ValueError, "order must be 'C' or 'F', not 'K'"),
-    ({"capacity": 2**47 + 1}, ValueError, "at most 140737488355328 bytes"),
+    ({"capacity": 2**47 + 1}, sa.OutOfMemory, "at most 140737488355328 bytes"),
     ({"capacity": 1.5}, TypeError, ""),
     ({"capacity": 4096, "pack": True}, ValueError, "pack=True and capacity cannot be combined"),
     ({"capacity": 4096, "name": "grow"}, ValueError, "a named array cannot be growable"),

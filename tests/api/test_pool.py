@@ -117,6 +117,17 @@ def test_fork_refused_after_cuda_init(monkeypatch):
         sa_pool.get_context(multiprocessing.get_context("fork"))
 
 
+def test_a_start_method_that_is_none_says_what_it_takes():
+    # (an int raised AttributeError from inside: 'int' object has no attribute ...)
+    for bad in (5, object(), b"spawn"):
+        with pytest.raises(TypeError, match="'spawn', 'forkserver' or 'fork'"):
+            sa.Pool(1, context=bad)
+        with pytest.raises(TypeError, match="multiprocessing context"):
+            sa.ProcessPoolExecutor(1, mp_context=bad)
+    with pytest.raises(ValueError):
+        sa.Pool(1, context="thread")
+
+
 def test_fork_allowed_without_cuda(monkeypatch):
     monkeypatch.setattr(sa_pool, "cuda_initialised", lambda: False)
     assert sa_pool.get_context("fork").get_start_method() == "fork"
