@@ -75,6 +75,9 @@ def _check_key(key: object) -> tuple[Any, ...]:
             if kind == "i" and _is_zero_d(item):
                 # a 0-d integer array or view indexes as its value does (as in NumPy)
                 return _check_key(tuple(_zero_d_index(i) for i in items))
+            if kind == "" and hasattr(type(item), "__index__"):
+                # any object with __index__ is an integer index to NumPy
+                return _check_key(tuple(_as_index(i) for i in items))
             advanced = kind in ("b", "i") or (
                 kind == ""
                 and (
@@ -97,6 +100,18 @@ def _check_key(key: object) -> tuple[Any, ...]:
                 "a.array[mask] += x"
             )
     return items
+
+
+def _as_index(item: object) -> object:
+    """``item`` as NumPy takes it in a key: an object with ``__index__`` (not an array, not a
+    bool) as its integer."""
+    if (
+        not isinstance(item, (bool, np.bool_, int))
+        and _index_kind(item) == ""
+        and hasattr(type(item), "__index__")
+    ):
+        return operator.index(item)  # type: ignore[arg-type]
+    return item
 
 
 def _index_kind(item: object) -> str:

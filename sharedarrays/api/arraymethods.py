@@ -141,6 +141,23 @@ class ArrayFlags:
             raise KeyError(f"Unknown flag {key!r}") from None
 
 
+def shareable_dtype(dtype: Any, instead: str) -> np.dtype[Any]:
+    """``dtype`` as a NumPy dtype, where a shared array can hold it (bool, integer, float or
+    complex numbers: what a payload names).
+
+    Raises
+    ------
+    TypeError
+        Any other dtype (``instead``: what to do, said in the message)."""
+    dt: np.dtype[Any] = np.dtype(dtype)
+    if dt.kind not in "biufc" or dt.fields is not None or dt.subdtype is not None:
+        raise TypeError(
+            f"dtype {dt} is not supported: shared arrays hold bool, integer, float or complex "
+            f"numbers (object, string, datetime and structured dtypes cannot be shared); {instead}"
+        )
+    return dt
+
+
 def _native(obj: Any) -> Any:
     """The native array of a SharedDeviceArray; anything else as it is."""
     return obj.array if isinstance(obj, NativeArrayMethods) else obj
@@ -480,7 +497,13 @@ class NativeArrayMethods:
         the splits), as NumPy returns views."""
         if func in _SHAPE_VIEWS and args and args[0] is self:
             return _SHAPE_VIEWS[func](*args, **kwargs)
-        if func in _LAYOUT_VIEWS and args and args[0] is self and not _more_arrays(func, args):
+        if (
+            func in _LAYOUT_VIEWS
+            and args
+            and args[0] is self
+            and not _more_arrays(func, args)
+            and (self.ndim or func is not np.flip)  # (flip of a 0-d array reads its value:
+        ):  # never on the layout probe, whose address may be device memory)
             layout = self._layout()
             return self._derive_all(layout, func(layout, *args[1:], **kwargs))
         if func in _WRITES_FIRST and args:
@@ -729,11 +752,17 @@ class NativeArrayMethods:
 
     def view(self: _A, dtype: Any = None) -> _A:
         """A view (shared) of the same bytes as another dtype, with NumPy's rules for a
-        different item size (the last axis must be contiguous, and its bytes divide)."""
+        different item size (the last axis must be contiguous, and its bytes divide).
+
+        Raises
+        ------
+        TypeError
+            A dtype a shared array cannot hold (object, string, datetime, structured): its
+            view could not be pickled; ``a.array.view(dtype)`` is a native view."""
         layout = self._layout()
         if dtype is None:
             return self._derive(layout, layout, self.dtype)
-        new = np.dtype(dtype)
+        new = shareable_dtype(dtype, f"a.array.view({dtype!r}) is a native view of it")
         return self._derive(layout, layout.view(new), new)
 
     def reshape(self, *shape: Any, order: str = "C", copy: bool | None = None) -> Any:

@@ -11,6 +11,7 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from sharedarrays.api.array import SharedDeviceArray, assignable, operator_index
+from sharedarrays.api.arraymethods import shareable_dtype
 from sharedarrays.api.options import AccessList, CreationOptions
 from sharedarrays.backends import choose_backend, get_backend
 from sharedarrays.backends.ascend.vmm import is_npu_dlpack
@@ -53,13 +54,7 @@ def _shape(shape: ShapeLike) -> tuple[int, ...]:
 
 
 def _dtype(dtype: DTypeLike) -> np.dtype[Any]:
-    dt = np.dtype(dtype)
-    if dt.kind not in "biufc" or dt.fields is not None or dt.subdtype is not None:
-        raise TypeError(
-            f"dtype {dt} is not supported: shared arrays hold bool, integer, float or complex "
-            "numbers (object, string, datetime and structured dtypes cannot be shared)"
-        )
-    return dt
+    return shareable_dtype(dtype, "keep such data in a NumPy array")
 
 
 PROGRESS_BYTES = 256 << 20

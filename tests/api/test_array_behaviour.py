@@ -864,3 +864,34 @@ def test_cuda_real_imag_format_and_0d_index() -> None:
     assert complex(a[i[0]]) == 5j and f"{a.real[1]:.1f}" == "3.0" and str(a) == str(a.array)
     a.close()
     i.close()
+
+
+def test_flip_of_a_0d_view_and_index_objects_act_as_numpys() -> None:
+    # (np.flip of a 0-d view read its value off the layout probe, whose address may be
+    # device memory, and raised "view reaches outside its allocation"; an object with
+    # __index__ was refused as an index, as NumPy takes it)
+    a, ref = make((6,))
+    got, want = np.flip(a[2, ...]), np.flip(ref[2, ...])
+    assert type(got) is type(want) and got == want
+
+    class Idx:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def __index__(self) -> int:
+            return self.n
+
+    assert a[Idx(1)] == ref[Idx(1)]
+    np.testing.assert_array_equal(a[Idx(1) :].get(), ref[1:])
+    m, ref_m = make((3, 4))
+    assert m[0, Idx(2)] == ref_m[0, Idx(2)]
+    assert isinstance(m[Idx(1)], SDA) and m[Idx(1)].shape == (4,)
+
+
+def test_a_view_as_a_dtype_that_cannot_be_shared_is_refused_at_once() -> None:
+    # (a.view('M8[s]') made a view that failed only when pickled: PayloadError, no advice)
+    a, _ = make((2, 4), "float64")
+    for dtype in ("M8[s]", "S8", [("x", "f4"), ("y", "f4")], "O"):
+        with pytest.raises(TypeError, match=r"cannot be shared.*a\.array\.view"):
+            a.view(dtype)
+    assert a.view("int64").dtype == np.dtype("int64")
