@@ -158,6 +158,18 @@ def shareable_dtype(dtype: Any, instead: str) -> np.dtype[Any]:
     return dt
 
 
+_AVERAGES = frozenset({"_mean", "_var", "_std"})
+
+
+def _numpy_averages(frame: Any) -> bool:
+    """Whether ``frame`` is NumPy's own ``mean``, ``var`` or ``std`` (``numpy._core._methods``),
+    which finish a reduction into ``out=`` in place only where it returned an ndarray."""
+    return frame.f_code.co_name in _AVERAGES and frame.f_globals.get("__name__", "") in (
+        "numpy._core._methods",
+        "numpy.core._methods",
+    )
+
+
 def _native(obj: Any) -> Any:
     """The native array of a SharedDeviceArray; anything else as it is."""
     return obj.array if isinstance(obj, NativeArrayMethods) else obj
@@ -480,7 +492,14 @@ class NativeArrayMethods:
         outs = _outs(kwargs)
         args = tuple(_native(x) for x in inputs)
         kwargs = {k: _native(v) for k, v in kwargs.items()}
-        return _with_outs(getattr(ufunc, method)(*args, **kwargs), outs)
+        result = getattr(ufunc, method)(*args, **kwargs)
+        if outs is not None and method == "reduce" and _numpy_averages(sys._getframe(1)):
+            # NumPy's mean, var and std of a NumPy array with this view as out= (x.mean(out=a)
+            # runs NumPy's own code, not ours) divide the sum in place only where it is an
+            # ndarray, else into a new one, leaving the sum in a: given the native array
+            # (the same memory), they divide it there, as with an ndarray out=
+            return result
+        return _with_outs(result, outs)
 
     def __array_function__(
         self, func: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any]

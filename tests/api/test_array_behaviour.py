@@ -895,3 +895,22 @@ def test_a_view_as_a_dtype_that_cannot_be_shared_is_refused_at_once() -> None:
         with pytest.raises(TypeError, match=r"cannot be shared.*a\.array\.view"):
             a.view(dtype)
     assert a.view("int64").dtype == np.dtype("int64")
+
+
+def test_numpys_mean_var_std_of_a_numpy_array_into_a_shared_out() -> None:
+    # (x.mean(axis=0, out=a) left the column sums in a: NumPy's _mean divides in place
+    # only where the sum came back as an ndarray)
+    x = np.arange(24.0).reshape(4, 6)
+    for name in ("mean", "var", "std"):
+        out, ref_out = make((6,), "float64")
+        got = getattr(x, name)(axis=0, out=out)
+        want = getattr(x, name)(axis=0, out=ref_out)
+        np.testing.assert_allclose(out.get(), want)
+        np.testing.assert_allclose(np.asarray(got), want)
+        assert np.shares_memory(np.asarray(got), out.array)
+    total, _ = make((), "float64")
+    x.mean(out=total)
+    assert total.get() == x.mean()
+    o, _ = make((6,), "float64")
+    assert x.sum(axis=0, out=o) is o  # (a sum's out= is still the view itself)
+    np.testing.assert_array_equal(o.get(), x.sum(axis=0))
