@@ -113,3 +113,7 @@ __all__ = [
 ]
 
 _dask.install()  # registers with distributed once it is imported (imports no dask)
+
+from sharedarrays.settings import check_environment as _check_environment
+
+_check_environment()  # (a bad SHAREDARRAYS_* number: ValueError here, not where it is read)

@@ -14,7 +14,7 @@ import os
 import re
 from typing import TypeVar
 
-__all__ = ["env_number", "env_word"]
+__all__ = ["NUMBERS", "check_environment", "env_number", "env_word"]
 
 N = TypeVar("N", int, float)
 
@@ -75,3 +75,31 @@ def env_word(name: str, pattern: re.Pattern[str], what: str) -> str | None:
     if not pattern.fullmatch(text):
         raise ValueError(f"{name}={text!r} is not {what}; unset it for the default")
     return text
+
+
+NUMBERS: dict[str, tuple[type, int | float]] = {
+    "SHAREDARRAYS_CHUNK_BYTES": (int, 1),
+    "SHAREDARRAYS_KEEP_IMPORTS": (int, 0),
+    "SHAREDARRAYS_KEEPER_IDLE": (float, 0.0),
+    "SHAREDARRAYS_KEEPER_CONNECTIONS": (int, 1),
+    "SHAREDARRAYS_POOL_MAX_BYTES": (int, 1),
+    "SHAREDARRAYS_IN_FLIGHT": (float, 0.0),
+    "SHAREDARRAYS_EXIT_WAIT": (float, 0.0),
+}
+"""Every number setting: its kind and minimum (each is read where it is used, with its
+default, by :func:`env_number`; this table lets :func:`check_environment` read them all at
+once)."""
+
+
+def check_environment() -> None:
+    """Read every number setting of :data:`NUMBERS` now (``import sharedarrays`` does), so
+    that a bad one is refused where the process starts, not where it is first read (at exit
+    a payload in flight was lost, a release failed with a warning, a keeper did not start).
+
+    Raises
+    ------
+    ValueError
+        One of them is bad (the message names it).
+    """
+    for name, (kind, minimum) in NUMBERS.items():
+        env_number(name, kind(minimum), minimum)

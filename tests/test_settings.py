@@ -42,3 +42,47 @@ def test_a_number_that_is_not_finite_is_refused(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setenv(NAME, text)
     with pytest.raises(ValueError, match=rf"{NAME}='{text}' is not a finite number"):
         env_number(NAME, 30.0, 0.0)
+
+
+def test_every_number_setting_is_in_the_table() -> None:
+    # (check_environment reads the table: a setting read elsewhere but missing there would be
+    # refused only where it is first read, at exit or at a release)
+    import re
+    from pathlib import Path
+
+    from sharedarrays import settings
+
+    package = Path(settings.__file__).parent
+    read = set()
+    for path in package.rglob("*.py"):
+        read |= set(re.findall(r'env_number\(\s*"(SHAREDARRAYS_\w+)"', path.read_text()))
+    assert read and read == set(settings.NUMBERS)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("SHAREDARRAYS_IN_FLIGHT", "abc"),
+        ("SHAREDARRAYS_KEEP_IMPORTS", "-1"),
+        ("SHAREDARRAYS_KEEPER_IDLE", "nan"),
+        ("SHAREDARRAYS_CHUNK_BYTES", "1.5"),
+    ],
+)
+def test_a_bad_number_is_refused_as_the_package_is_imported(name: str, value: str) -> None:
+    # (IN_FLIGHT=abc was read only at exit: a traceback there and the payload lost;
+    # KEEP_IMPORTS=abc at a release: a warning, the mapping kept; KEEPER_IDLE=abc: the
+    # keeper did not start, HandleUnavailable)
+    import os
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-c", "import sharedarrays"],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        env={**os.environ, name: value},
+    )
+    assert r.returncode != 0
+    assert "ValueError" in r.stderr and name in r.stderr
