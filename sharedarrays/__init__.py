@@ -54,6 +54,7 @@ from sharedarrays.errors import (
     WrongNode,
 )
 from sharedarrays.memory import Allocation, live_allocations
+from sharedarrays.settings import check_environment as _check_environment
 
 __version__ = "0.1.0"
 
@@ -113,7 +114,5 @@ __all__ = [
 ]
 
 _dask.install()  # registers with distributed once it is imported (imports no dask)
-
-from sharedarrays.settings import check_environment as _check_environment
 
 _check_environment()  # (a bad SHAREDARRAYS_* number: ValueError here, not where it is read)
