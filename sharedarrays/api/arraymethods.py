@@ -655,6 +655,22 @@ class NativeArrayMethods:
         """Like :meth:`numpy.ndarray.repeat`; a native result."""
         return self._call("repeat", *args, **kwargs)
 
+    def argpartition(self, *args: Any, **kwargs: Any) -> Any:
+        """Like :meth:`numpy.ndarray.argpartition`; a native result."""
+        return self._call("argpartition", *args, **kwargs)
+
+    def compress(self, *args: Any, **kwargs: Any) -> Any:
+        """Like :meth:`numpy.ndarray.compress`; a native result."""
+        return self._call("compress", *args, **kwargs)
+
+    def choose(self, *args: Any, **kwargs: Any) -> Any:
+        """Like :meth:`numpy.ndarray.choose`; a native result."""
+        return self._call("choose", *args, **kwargs)
+
+    def diagonal(self, *args: Any, **kwargs: Any) -> Any:
+        """Like :meth:`numpy.ndarray.diagonal`: a native (read-only) view."""
+        return self._call("diagonal", *args, **kwargs)
+
     def searchsorted(self, *args: Any, **kwargs: Any) -> Any:
         """Like :meth:`numpy.ndarray.searchsorted`; a native result."""
         return self._call("searchsorted", *args, **kwargs)
@@ -719,6 +735,36 @@ class NativeArrayMethods:
         """Sort in place, in shared memory, like :meth:`numpy.ndarray.sort`."""
         self._writable_native().sort(*args, **kwargs)
 
+    def partition(self, *args: Any, **kwargs: Any) -> None:
+        """Partition in place, in shared memory, like :meth:`numpy.ndarray.partition`."""
+        self._writable_native().partition(*args, **kwargs)
+
+    def put(self, indices: Any, values: Any, mode: str = "raise") -> None:
+        """Write ``values`` at the flat ``indices``, in shared memory, like
+        :meth:`numpy.ndarray.put`."""
+        self._writable_native().put(_native(indices), _native(values), mode)
+
+    def byteswap(self, inplace: bool = False) -> Any:
+        """Like :meth:`numpy.ndarray.byteswap`: a native copy with its bytes swapped, or
+        with ``inplace=True`` the bytes swapped in shared memory and this view."""
+        if inplace:
+            self._writable_native().byteswap(True)
+            return self
+        return self.array.byteswap(False)
+
+    def tofile(self, *args: Any, **kwargs: Any) -> None:
+        """Write the values to a file, like :meth:`numpy.ndarray.tofile` (host memory)."""
+        self.array.tofile(*args, **kwargs)
+
+    def dumps(self) -> bytes:
+        """A pickle of a native copy of the values (:meth:`numpy.ndarray.dumps`); pickle the
+        view itself (``pickle.dumps(a)``) to share the memory."""
+        return self.array.dumps()  # type: ignore[no-any-return]
+
+    def dump(self, file: Any) -> None:
+        """Pickle a native copy of the values to ``file`` (:meth:`numpy.ndarray.dump`)."""
+        self.array.dump(file)
+
     # shape views: SharedDeviceArrays over the same memory ---------------------------------
     @property
     def flags(self) -> ArrayFlags:
@@ -752,6 +798,13 @@ class NativeArrayMethods:
     def T(self: _A) -> _A:  # NumPy's name
         """The transposed view (shared), like :attr:`numpy.ndarray.T`."""
         return self.transpose()
+
+    @property
+    def mT(self: _A) -> _A:  # NumPy's name
+        """The view (shared) with the last two axes swapped, like :attr:`numpy.ndarray.mT`."""
+        if self.ndim < 2:
+            raise ValueError("matrix transpose with ndim < 2 is undefined")
+        return self.swapaxes(-1, -2)
 
     def transpose(self: _A, *axes: Any) -> _A:
         """A transposed view (shared): ``a.transpose()``, ``a.transpose(1, 0, 2)`` or

@@ -914,3 +914,41 @@ def test_numpys_mean_var_std_of_a_numpy_array_into_a_shared_out() -> None:
     o, _ = make((6,), "float64")
     assert x.sum(axis=0, out=o) is o  # (a sum's out= is still the view itself)
     np.testing.assert_array_equal(o.get(), x.sum(axis=0))
+
+
+def test_more_ndarray_methods_act_as_numpys(tmp_path: Any) -> None:
+    # (put, partition, argpartition, compress, choose, diagonal, mT, byteswap, tofile, dump,
+    # dumps were missing: AttributeError)
+    a, ref = make((3, 4), "float64")
+    a.put([0, 5], [-1.0, -2.0])
+    ref.put([0, 5], [-1.0, -2.0])
+    np.testing.assert_array_equal(a.get(), ref)
+    a.partition(2, axis=1)
+    ref.partition(2, axis=1)
+    np.testing.assert_array_equal(a.get(), ref)
+    same(a.argpartition(1), ref.argpartition(1))
+    same(a.compress([True, False, True], axis=0), ref.compress([True, False, True], axis=0))
+    same(a.diagonal(), ref.diagonal())
+    choices, ref_choices = make((4,), "int64")
+    a_small, _ = make((4,), "int64")
+    same(
+        (a_small % 2).choose([ref_choices, -ref_choices]),
+        (a_small.get() % 2).choose([ref_choices, -ref_choices]),
+    )
+    assert isinstance(a.mT, SDA) and a.mT.shape == (4, 3)
+    np.testing.assert_array_equal(a.mT.get(), ref.mT)
+    with pytest.raises(ValueError, match="ndim < 2"):
+        a[0].mT
+    same(a.byteswap(), ref.byteswap())
+    assert a.byteswap(inplace=True) is a
+    ref.byteswap(inplace=True)
+    np.testing.assert_array_equal(a.get(), ref)
+    path = tmp_path / "a.bin"
+    a.tofile(str(path))
+    np.testing.assert_array_equal(np.fromfile(path, ref.dtype).reshape(ref.shape), ref)
+    assert pickle.loads(a.dumps()).tolist() == ref.tolist()
+    ro = sa.SharedDeviceArray(a.allocation, a.dtype, a.shape, a.strides, a.offset, readonly=True)
+    for write in (lambda: ro.put([0], [1.0]), lambda: ro.partition(1), lambda: ro.byteswap(True)):
+        with pytest.raises(ValueError, match="read-only"):
+            write()
+    del choices
