@@ -938,7 +938,7 @@ def test_more_ndarray_methods_act_as_numpys(tmp_path: Any) -> None:
     assert isinstance(a.mT, SDA) and a.mT.shape == (4, 3)
     np.testing.assert_array_equal(a.mT.get(), ref.mT)
     with pytest.raises(ValueError, match="ndim < 2"):
-        a[0].mT
+        _ = a[0].mT
     same(a.byteswap(), ref.byteswap())
     assert a.byteswap(inplace=True) is a
     ref.byteswap(inplace=True)
