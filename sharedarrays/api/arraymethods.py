@@ -802,7 +802,7 @@ class NativeArrayMethods:
     @property
     def mT(self: _A) -> _A:  # NumPy's name
         """The view (shared) with the last two axes swapped, like :attr:`numpy.ndarray.mT`."""
-        if self.ndim < 2:
+        if len(self.shape) < 2:
             raise ValueError("matrix transpose with ndim < 2 is undefined")
         return self.swapaxes(-1, -2)
 
