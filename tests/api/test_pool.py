@@ -435,6 +435,14 @@ def test_a_pool_closed_and_joined_then_terminated_ends_quietly():
     gc.collect()
 
 
+def _run_without_a_file(code: str) -> list[str]:
+    """The lines ``python -c code`` prints (its ``__main__`` is no file a worker imports, as
+    a notebook's is not): its functions go to workers by value."""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=200)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split("\n")
+
+
 _NOTEBOOK_CLASS = """
 import sharedarrays as sa
 class Point:  # (as a notebook cell defines it: a spawned worker has it only by value)
@@ -470,11 +478,7 @@ for make_pool in (lambda: sa.Pool(1), lambda: sa.ProcessPoolExecutor(1)):
 def test_results_and_arguments_pickle_can_only_write_by_name_travel_by_value():
     # (a worker's result of a class defined in __main__ failed: MaybeEncodingError naming
     # the pool's own wrapper; a lambda argument failed to pickle)
-    r = subprocess.run(
-        [sys.executable, "-c", _NOTEBOOK_CLASS], capture_output=True, text=True, timeout=200
-    )
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.split("\n")[:5] == [
+    assert _run_without_a_file(_NOTEBOOK_CLASS)[:5] == [
         "Point 3 True",
         "42",
         "4",
@@ -519,11 +523,7 @@ with sa.ProcessPoolExecutor(1, initializer=init, initargs=(b,)) as ex:
 def test_an_initializers_globals_are_the_tasks_globals_in_a_notebook_too():
     # (functions a worker cannot import by name go by value with cloudpickle, which gave
     # each its own globals: a global the initializer set was None in every task, silently)
-    r = subprocess.run(
-        [sys.executable, "-c", _INITIALIZER_GLOBALS], capture_output=True, text=True, timeout=200
-    )
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.split("\n")[:4] == [
+    assert _run_without_a_file(_INITIALIZER_GLOBALS)[:4] == [
         "['ok', 'ok', 'ok', 'ok'] [1.0, 2.0, 3.0, 4.0]",
         "set",
         "['ok', 'ok'] [0.0, -1.0, 3.0, 4.0]",
