@@ -24,7 +24,7 @@ import operator
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, cast
 
 import numpy as np
 
@@ -784,6 +784,10 @@ class NativeArrayMethods:
         part = layout.real
         return self._derive(layout, part, part.dtype)
 
+    @real.setter
+    def real(self, value: Any) -> None:
+        cast(Any, self.real)[...] = value  # (as NumPy's a.real = x: writes them in place)
+
     @property
     def imag(self) -> Any:
         """The imaginary part, like :attr:`numpy.ndarray.imag`: a shared view of complex
@@ -793,6 +797,13 @@ class NativeArrayMethods:
         layout = self._layout()
         part = layout.imag
         return self._derive(layout, part, part.dtype)
+
+    @imag.setter
+    def imag(self, value: Any) -> None:
+        if self.dtype.kind != "c":
+            raise TypeError("array does not have imaginary part to set")  # (NumPy's words)
+        self.imag[...] = value
+
 
     @property
     def T(self: _A) -> _A:  # NumPy's name

@@ -952,3 +952,18 @@ def test_more_ndarray_methods_act_as_numpys(tmp_path: Any) -> None:
         with pytest.raises(ValueError, match="read-only"):
             write()
     del choices
+
+
+def test_setting_real_and_imag_writes_in_place_as_numpys() -> None:
+    z = sa.from_array(np.array([1 + 2j, 3 + 4j]), device="cpu")
+    ref = np.array([1 + 2j, 3 + 4j])
+    z.real = 0
+    ref.real = 0
+    z.imag = [5, 6]
+    ref.imag = [5, 6]
+    np.testing.assert_array_equal(z.get(), ref)
+    r, ref_r = make((3,), "float64")
+    r.real = 7.0
+    ref_r.real = 7.0
+    np.testing.assert_array_equal(r.get(), ref_r)
+    same_error(lambda: setattr(r, "imag", 1.0), lambda: setattr(ref_r, "imag", 1.0))
