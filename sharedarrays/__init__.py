@@ -50,6 +50,7 @@ from sharedarrays.errors import (
     ResizeRefused,
     SharedArrayError,
     TaskExited,
+    TaskNotLoaded,
     WorkerLost,
     WrongNode,
 )
@@ -74,6 +75,7 @@ __all__ = [
     "NotShareable",
     "OutOfMemory",
     "TaskExited",
+    "TaskNotLoaded",
     "WorkerLost",
     "WrongNode",
     "PayloadError",

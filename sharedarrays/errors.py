@@ -25,6 +25,7 @@ __all__ = [
     "WrongNode",
     "WorkerLost",
     "TaskExited",
+    "TaskNotLoaded",
 ]
 
 
@@ -100,6 +101,12 @@ class WorkerLost(SharedArrayError, RuntimeError):
     pool would wait for that task forever; this one fails its job (every job pending, in
     the rare case where the worker died before it could say which) and goes on with a new
     worker and its other jobs: submit it again."""
+
+
+class TaskNotLoaded(SharedArrayError, AttributeError):
+    """A worker of a :class:`sharedarrays.Pool` cannot find the function of a task (or
+    another name it refers to): a function defined inside ``if __name__ == "__main__":``,
+    or in a module the worker cannot import. That task's error; the worker goes on."""
 
 
 class TaskExited(SharedArrayError, RuntimeError):

@@ -313,3 +313,25 @@ def die_when_file(path: str, limit: float = 60.0) -> None:
 
     wait_for_file(path, None, limit)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def die_in_initializer() -> None:
+    """A pool initializer that ends its worker."""
+    os._exit(3)
+
+
+def die_after_reading_a_task() -> None:
+    """A pool initializer that makes its worker die (SIGKILL) right after it has read its
+    first task message, before it can say of which job it is: a kill at the worst moment."""
+    import signal
+
+    from sharedarrays.api import poolqueues
+
+    read = poolqueues.read_message
+
+    def read_then_die(*args: Any, **kwargs: Any) -> bytes:
+        message = read(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGKILL)
+        return message
+
+    poolqueues.read_message = read_then_die

@@ -804,7 +804,6 @@ class NativeArrayMethods:
             raise TypeError("array does not have imaginary part to set")  # (NumPy's words)
         self.imag[...] = value
 
-
     @property
     def T(self: _A) -> _A:  # NumPy's name
         """The transposed view (shared), like :attr:`numpy.ndarray.T`."""

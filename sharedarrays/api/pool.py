@@ -59,7 +59,15 @@ from concurrent.futures import Future
 from multiprocessing import reduction
 from typing import Any, TypeVar, cast
 
-from sharedarrays.api.poolqueues import PoolTable, ResultQueue, TaskQueue, start_worker
+from sharedarrays.api.poolqueues import (
+    STARTING,
+    PoolTable,
+    ResultQueue,
+    TaskQueue,
+    died_of,
+    start_worker,
+    started,
+)
 from sharedarrays.errors import SharedArrayError, TaskExited, WorkerLost
 
 __all__ = [
@@ -406,6 +414,7 @@ def _start_worker(
     start_worker(table)
     if initializer is not None:
         initializer(*initargs)
+    started()  # (a death before this fails the jobs pending: see _Workers)
 
 
 class _Task:
@@ -574,6 +583,7 @@ class _Workers(list):  # type: ignore[type-arg]
         self.table = table
         self.failed: list[tuple[Any, WorkerLost]] = []  # (jobs to fail once replaced)
         self.lost_all: WorkerLost | None = None  # (every job to fail once replaced)
+        self.lost_by = (0, 0)  # (the pid and exit code of the worker that made lost_all)
 
     def __delitem__(self, index: Any) -> None:
         if isinstance(index, int):
@@ -581,13 +591,14 @@ class _Workers(list):  # type: ignore[type-arg]
             held = self.table.reap(worker.pid)
             # held: 0 nothing, whatever its exit (it waited for a task, or ended as asked,
             # after maxtasksperchild tasks or at close); None: no slot (it died before it
-            # took one, as it started); else a task (a task's os._exit(0) too)
+            # took one, as it started); STARTING: in the pool's initializer; else a task (a
+            # task's os._exit(0) too)
             if held:
                 self._lost(worker.pid, worker.exitcode, held)
         super().__delitem__(index)
 
     def _lost(self, pid: int, code: int, held: int) -> None:
-        why = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+        why = died_of(code)
         after = (
             "; its standard error may say why (a task that called os._exit(), a crash; the "
             "kernel's log names the out-of-memory killer's victims): submit it again once "
@@ -595,8 +606,8 @@ class _Workers(list):  # type: ignore[type-arg]
         )
         if held > 0:
             job = self.cache.get(held - 1)
-            self.table.lose(held - 1)  # (before the new worker starts: it could take one)
-            if job is not None:
+            self.table.lose(held - 1, pid, code)  # (before the new worker starts: it could
+            if job is not None:  # take one)
                 self.failed.append(
                     (
                         job,
@@ -610,15 +621,25 @@ class _Workers(list):  # type: ignore[type-arg]
                     )
                 )
             return
-        self.lost_all = WorkerLost(
-            f"a worker of this Pool (pid {pid}) died ({why}) as it took a task, before it "
-            "could say of which job, so every job pending then failed with this error (their "
-            "tasks no worker had taken are not run; those other workers were running "
-            "finish, their results dropped), and a new worker took its place" + after
-        )
+        if held == STARTING:
+            what = (
+                "as the pool's initializer ran (it raised, or ended the process), so every "
+                "job pending then failed with this error, and a new worker took its place: "
+                "each one the initializer ends fails the jobs pending then; mend the "
+                "initializer, and make the pool again"
+            )
+        else:
+            what = (
+                "as it took a task, before it could say of which job, so every job pending "
+                "then failed with this error (their tasks no worker had taken are not run; "
+                "those other workers were running finish, their results dropped), and a new "
+                "worker took its place" + after
+            )
+        self.lost_all = WorkerLost(f"a worker of this Pool (pid {pid}) died ({why}) {what}")
+        self.lost_by = (pid, code)
         # the tasks of every job submitted until now that no worker has taken yet are not
         # run (set now, before the new worker starts, which could take one first)
-        self.table.lose_below(next(multiprocessing.pool.job_counter))  # type: ignore[attr-defined]
+        self.table.lose_below(next(multiprocessing.pool.job_counter), pid, code)  # type: ignore[attr-defined]
 
     def append(self, worker: Any) -> None:
         super().append(worker)
@@ -628,7 +649,7 @@ class _Workers(list):  # type: ignore[type-arg]
             # (again: the jobs submitted since the worker was found dead fail too, so their
             # tasks must not run either; a task skipped whose job is not in the list below
             # fails its job itself, with the error the worker sends back)
-            self.table.lose_below(next(multiprocessing.pool.job_counter))  # type: ignore[attr-defined]
+            self.table.lose_below(next(multiprocessing.pool.job_counter), *self.lost_by)  # type: ignore[attr-defined]
             failed = [(job, lost) for job in list(self.cache.values())]
         for job, error in failed:
             _fail(job, error)

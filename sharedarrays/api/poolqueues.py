@@ -27,19 +27,25 @@ ran a task and of which job: only that job fails (:class:`~sharedarrays.api.pool
 from __future__ import annotations
 
 import fcntl
+import io
 import mmap
 import multiprocessing.queues
 import os
+import pickle
 import select
 import struct
+from collections.abc import Callable
 from multiprocessing import reduction
 from typing import Any
 
-from sharedarrays.errors import SharedArrayError, WorkerLost
+from sharedarrays.errors import SharedArrayError, TaskNotLoaded, WorkerLost
 from sharedarrays.process import running
 
 __all__ = [
     "MESSAGE_STALL",
+    "STARTING",
+    "died_of",
+    "started",
     "PipeCut",
     "PoolTable",
     "RING",
@@ -55,9 +61,12 @@ RING = 64
 run); older ones are not run if below the table's mark, else run and their results
 dropped."""
 
-_MARK = 0  # the cell of the number below which every job failed
-_SLOTS = 1 + RING  # the first worker slot: (pid, state)
-_TAKING = -1  # a slot's state: a task read, its job not yet known
+_MARK = 0  # the cells of the number below which every job failed, and the dead worker's
+# pid and exit code; then the ring, RING entries of (job + 1, pid, exit code)
+_RING = 3
+_SLOTS = _RING + 3 * RING  # the first worker slot: (pid, state)
+_TAKING = -1  # a slot's state: a task being read, its job not yet known
+STARTING = -2  # a slot's state: the pool's initializer has not returned yet
 _TASKS_LOCK, _RESULTS_LOCK, _SLOTS_LOCK = 0, 1, 2  # the locks' bytes, past the cells
 
 
@@ -126,13 +135,19 @@ class PoolTable:
                 return state
         return None
 
-    def lose(self, job: int) -> None:
-        """Job ``job`` failed: its tasks that no worker took yet are not run."""
-        self._cells[1 + self._ring_next] = job + 1
+    def lose(self, job: int, pid: int, code: int) -> None:
+        """Job ``job`` failed when worker ``pid`` died (exit code ``code``): its tasks that
+        no worker took yet are not run."""
+        cell = _RING + 3 * self._ring_next
+        self._cells[cell + 1] = pid
+        self._cells[cell + 2] = code
+        self._cells[cell] = job + 1
         self._ring_next = (self._ring_next + 1) % RING
 
-    def lose_below(self, job: int) -> None:
+    def lose_below(self, job: int, pid: int, code: int) -> None:
         """Every job numbered below ``job`` failed (see :meth:`lose`)."""
+        self._cells[_MARK + 1] = pid
+        self._cells[_MARK + 2] = code
         self._cells[_MARK] = job
 
     # a worker's side ---------------------------------------------------------------------
@@ -168,10 +183,16 @@ class PoolTable:
         """Say what this worker holds (see the module's notes) in its slot's ``cell``."""
         self._cells[cell] = state
 
-    def lost(self, job: int) -> bool:
-        """Whether job ``job`` failed when a worker died."""
+    def lost(self, job: int) -> tuple[int, int] | None:
+        """The pid and exit code of the worker whose death failed job ``job``, or ``None``
+        where it did not fail."""
         cells = self._cells
-        return job < cells[_MARK] or job + 1 in cells[1:_SLOTS]
+        if job < cells[_MARK]:
+            return int(cells[_MARK + 1]), int(cells[_MARK + 2])
+        for cell in range(_RING, _SLOTS, 3):
+            if cells[cell] == job + 1:
+                return int(cells[cell + 1]), int(cells[cell + 2])
+        return None
 
 
 def _mapped_table(slots: int, dup: Any) -> PoolTable:
@@ -233,9 +254,17 @@ _worker: _Worker | None = None
 
 def start_worker(table: PoolTable) -> None:
     """In a new worker of the pool of ``table``: claim a slot (where the tasks it takes are
-    said by :class:`TaskQueue`, and their end by :class:`ResultQueue`)."""
+    said by :class:`TaskQueue`, and their end by :class:`ResultQueue`), saying that the
+    pool's initializer runs (:func:`started`)."""
     global _worker
     _worker = _Worker(table, table.claim(os.getpid()))
+    _worker.table.hold(_worker.cell, STARTING)
+
+
+def started() -> None:
+    """The pool's initializer returned: this worker waits for tasks."""
+    if _worker is not None:
+        _worker.table.hold(_worker.cell, 0)
 
 
 MESSAGE_STALL = 30.0
@@ -248,7 +277,7 @@ class PipeCut(EOFError):
     :func:`read_message`)."""
 
 
-def read_message(fd: int) -> bytes:
+def read_message(fd: int, before_read: Callable[[], None] | None = None) -> bytes:
     """One message of a pool's task pipe ``fd`` (as ``Connection.recv_bytes`` reads it: a
     4-byte size, or -1 and an 8-byte size, then a pickle), in a worker that holds the
     pipe's read lock; ``EOFError`` when the writer closed it.
@@ -261,8 +290,10 @@ def read_message(fd: int) -> bytes:
     the pipe holds is read and dropped, so that the next reader starts at a message, and
     :class:`PipeCut` ends this worker: its slot says it took a task of no known job, and the
     pool fails every job pending (:class:`~sharedarrays.api.pool._Workers`).
+
+    ``before_read`` is called once the first bytes are there, before they are read.
     """
-    header = _read(fd, 4, first=True)
+    header = _read(fd, 4, first=True, before_read=before_read)
     (size,) = struct.unpack("!i", header) if len(header) == 4 else (0,)
     if size == -1:
         big = _read(fd, 8)
@@ -274,7 +305,9 @@ def read_message(fd: int) -> bytes:
     return body
 
 
-def _read(fd: int, n: int, first: bool = False) -> bytes:
+def _read(
+    fd: int, n: int, first: bool = False, before_read: Callable[[], None] | None = None
+) -> bytes:
     """``n`` bytes of ``fd``, or fewer where the rest does not come within
     :data:`MESSAGE_STALL` seconds of the last (``first``: the first part may take forever:
     a worker waiting for a task). ``EOFError`` when the writer closed it."""
@@ -285,6 +318,9 @@ def _read(fd: int, n: int, first: bool = False) -> bytes:
     while got < n:
         if not poller.poll(-1 if first and not got else int(MESSAGE_STALL * 1000)):
             break  # (stalled: a size read from the middle of a message)
+        if before_read is not None:
+            before_read()
+            before_read = None
         part = os.read(fd, min(n - got, 1 << 20))
         if not part:
             raise EOFError
@@ -305,9 +341,46 @@ def _drain(fd: int) -> None:
         os.set_blocking(fd, True)
 
 
-def not_run() -> None:
-    """What a worker calls instead of a task of a job the pool failed when a worker died."""
-    raise WorkerLost("not run: its job failed when a worker of the pool died")
+def not_run(pid: int, code: int) -> None:
+    """What a worker calls instead of a task of a job the pool failed when worker ``pid``
+    died (exit code ``code``)."""
+    raise WorkerLost(
+        f"not run: its job failed when a worker of the pool (pid {pid}) died "
+        f"({died_of(code)}); submit it again once that is mended"
+    )
+
+
+def died_of(code: int) -> str:
+    """A dead process's exit code in words."""
+    return f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+
+
+class _TaskUnpickler(pickle.Unpickler):
+    """multiprocessing's unpickler of a task, which loads a task whose function (or other
+    global) this worker cannot find as one that raises :class:`~sharedarrays.TaskNotLoaded`
+    when run: that job's error, where the worker died before (and every worker after it
+    that took one of that job's tasks, failing every job pending each time)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        try:
+            return super().find_class(module, name)
+        except (AttributeError, ImportError) as e:
+            return _Unloadable(module, name, e)
+
+
+class _Unloadable:
+    """What a task names and this worker cannot find: raises when called."""
+
+    def __init__(self, module: str, name: str, error: BaseException) -> None:
+        self.what = f"{module}.{name}"
+        self.error = f"{type(error).__name__}: {error}"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TaskNotLoaded(
+            f"a worker cannot find {self.what} ({self.error}): a function a pool runs must be "
+            "importable by the worker, at the top level of a module or script (not inside "
+            "`if __name__ == '__main__':`), or defined in a notebook cell"
+        )
 
 
 class TaskQueue(multiprocessing.queues.SimpleQueue):  # type: ignore[type-arg]
@@ -325,20 +398,21 @@ class TaskQueue(multiprocessing.queues.SimpleQueue):  # type: ignore[type-arg]
             return super().get()  # (not this pool's worker: the parent's terminate)
         table, cell = worker.table, worker.cell
         with self._rlock:
-            try:
-                res = read_message(self._reader.fileno())  # type: ignore[attr-defined]
-            except PipeCut:
-                table.hold(cell, _TAKING)  # (a task of no known job was lost)
-                raise
-            table.hold(cell, _TAKING)
-        task = reduction.ForkingPickler.loads(res)
+            # (the slot says a task is taken before the first byte is read: killed after
+            # that, the pool fails every job pending, never none with a task lost)
+            res = read_message(
+                self._reader.fileno(),  # type: ignore[attr-defined]
+                lambda: table.hold(cell, _TAKING),
+            )
+        task = _TaskUnpickler(io.BytesIO(res)).load()
         if type(task) is not tuple or len(task) != 5 or type(task[0]) is not int:
             table.hold(cell, 0)  # (the sentinel that ends the worker)
             return task
         job = task[0]
         table.hold(cell, job + 1)
-        if table.lost(job):
-            return (job, task[1], not_run, (), {})
+        lost = table.lost(job)
+        if lost is not None:
+            return (job, task[1], not_run, lost, {})
         return task
 
 

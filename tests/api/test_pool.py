@@ -675,14 +675,14 @@ def test_a_task_of_a_failed_job_is_not_run_by_the_worker_that_takes_it():
     try:
         poolqueues.start_worker(table)  # (as a worker does)
         cell = poolqueues._worker.cell
-        table.lose(5)
+        table.lose(5, 4242, -9)
         queue.put((5, 0, abs, (-1,), {}))
         queue.put((6, 0, abs, (-2,), {}))
         queue.put(None)
         job, _, func, args, kwds = queue.get()
-        assert (job, func, args) == (5, poolqueues.not_run, ())
+        assert (job, func, args) == (5, poolqueues.not_run, (4242, -9))
         assert table._cells[cell] == 5 + 1  # (what the worker holds: a task of job 5)
-        with pytest.raises(sa.WorkerLost, match="not run"):
+        with pytest.raises(sa.WorkerLost, match=r"not run.*pid 4242\) died \(killed by signal 9"):
             func(*args, **kwds)
         assert queue.get() == (6, 0, abs, (-2,), {})
         assert table._cells[cell] == 6 + 1  # (until its result is written)
@@ -732,3 +732,55 @@ def test_a_task_message_cut_by_a_dead_reader_is_dropped_and_said(monkeypatch):
         os.close(r)
         if w >= 0:
             os.close(w)
+
+
+@pytest.mark.timeout(240)
+def test_a_worker_killed_as_it_reads_a_task_fails_the_jobs_never_loses_one():
+    # (the slot said a task was taken only after the message was read: killed between the
+    # two, the worker looked idle, nothing failed, and the job waited for ever)
+    import workers
+
+    with sa.Pool(1, initializer=workers.die_after_reading_a_task) as pool:
+        job = pool.apply_async(workers.die_on, (1,))
+        with pytest.raises(sa.WorkerLost, match="as it took a task"):
+            job.get(timeout=120)
+
+
+@pytest.mark.timeout(240)
+def test_an_initializer_that_ends_its_worker_fails_the_jobs_pending():
+    # (each worker died in the initializer, looked idle, and the pool started new ones for
+    # ever while the job waited)
+    import workers
+
+    with sa.Pool(1, initializer=workers.die_in_initializer) as pool:
+        job = pool.map_async(workers.die_on, range(4))
+        with pytest.raises(sa.WorkerLost, match=r"exit status 3\) as the pool's initializer ran"):
+            job.get(timeout=120)
+
+
+_UNLOADABLE = """
+import sharedarrays as sa
+def ok(x):
+    return x + 1
+if __name__ == "__main__":
+    def bad(x):  # (not at the top level: a spawned worker cannot find it)
+        return x
+    with sa.Pool(2) as pool:
+        try:
+            pool.map(bad, range(40))
+        except sa.TaskNotLoaded as e:
+            print("bad:", type(e).__name__, "bad" in str(e))
+        late = pool.map_async(ok, range(8))
+        print("ok:", late.get(timeout=60))
+"""
+
+
+@pytest.mark.timeout(240)
+def test_a_function_the_worker_cannot_find_is_that_jobs_error(tmp_path):
+    # (the worker died loading the task, and each one that took a task of that job failed
+    # every job pending, later ones too; the error did not say why)
+    script = tmp_path / "unloadable.py"
+    script.write_text(_UNLOADABLE)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=200)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:2] == ["bad: TaskNotLoaded True", "ok: [1, 2, 3, 4, 5, 6, 7, 8]"]
