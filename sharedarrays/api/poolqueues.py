@@ -404,7 +404,10 @@ class TaskQueue(multiprocessing.queues.SimpleQueue):  # type: ignore[type-arg]
                 self._reader.fileno(),  # type: ignore[attr-defined]
                 lambda: table.hold(cell, _TAKING),
             )
-        task = _TaskUnpickler(io.BytesIO(res)).load()
+        try:
+            task = reduction.ForkingPickler.loads(res)
+        except (AttributeError, ImportError):  # (a name this worker cannot find: again,
+            task = _TaskUnpickler(io.BytesIO(res)).load()  # with a stand-in for it)
         if type(task) is not tuple or len(task) != 5 or type(task[0]) is not int:
             table.hold(cell, 0)  # (the sentinel that ends the worker)
             return task
