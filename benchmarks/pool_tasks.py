@@ -10,7 +10,7 @@ import time
 from operator import abs as task
 
 sys.path.insert(0, sys.argv[1])
-import sharedarrays as sa  # noqa: E402  (the tree given, first on the path)
+import sharedarrays as sa
 
 assert sa.__file__.startswith(sys.argv[1]), sa.__file__
 
