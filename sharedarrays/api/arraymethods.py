@@ -20,6 +20,7 @@ supplies :meth:`~NativeArrayMethods._layout` and :meth:`~NativeArrayMethods._der
 
 from __future__ import annotations
 
+import builtins
 import operator
 import sys
 from collections.abc import Callable
@@ -727,6 +728,9 @@ class NativeArrayMethods:
         return bytes(native.tobytes(order))
 
     # in place: writes the shared memory -------------------------------------------------
+    def __delitem__(self, key: Any) -> None:
+        raise ValueError("cannot delete array elements")  # (NumPy's words)
+
     def fill(self, value: Any) -> None:
         """Set every element to ``value``, in shared memory."""
         self._writable_native().fill(_native(value))
@@ -832,15 +836,23 @@ class NativeArrayMethods:
         layout = self._layout()
         return self._derive(layout, layout.squeeze(axis), self.dtype)
 
-    def view(self: _A, dtype: Any = None) -> _A:
+    def view(self: _A, dtype: Any = None, type: Any = None) -> Any:
         """A view (shared) of the same bytes as another dtype, with NumPy's rules for a
-        different item size (the last axis must be contiguous, and its bytes divide).
+        different item size (the last axis must be contiguous, and its bytes divide). With
+        ``type`` (or an ndarray class as the first argument, as NumPy takes it), a native
+        view of that type over the same memory (on the host: ``np.ndarray`` and its
+        subclasses), which pickles as a copy.
 
         Raises
         ------
         TypeError
             A dtype a shared array cannot hold (object, string, datetime, structured): its
             view could not be pickled; ``a.array.view(dtype)`` is a native view."""
+        if isinstance(dtype, builtins.type) and issubclass(dtype, np.ndarray):
+            dtype, type = None, dtype  # (NumPy's a.view(np.ndarray): a type, not a dtype)
+        if type is not None:  # an ndarray (subclass) view over the same memory: native
+            native = self.array
+            return native.view(type=type) if dtype is None else native.view(dtype, type)
         layout = self._layout()
         if dtype is None:
             return self._derive(layout, layout, self.dtype)
@@ -851,6 +863,8 @@ class NativeArrayMethods:
         """A view (shared) with a new shape when NumPy's reshape would not copy; otherwise,
         as NumPy does, a native copy (``copy=False`` raises ValueError instead;
         ``copy=True`` always returns a native copy)."""
+        if not shape:
+            raise TypeError("reshape() takes exactly 1 argument (0 given)")  # (NumPy's words)
         new: Any = shape[0] if len(shape) == 1 else shape
         # checks the shape with NumPy's errors, reading nothing (every stride is 0)
         np.broadcast_to(np.False_, self.shape).reshape(new, order=order)  # type: ignore[call-overload]
@@ -865,10 +879,14 @@ class NativeArrayMethods:
             return self.array.reshape(new, order=order)
         return self._derive(layout, view, self.dtype)
 
-    def ravel(self, order: str = "C") -> Any:
+    def ravel(self, order: str | None = "C") -> Any:
         """A one-dimensional view (shared) when NumPy's ravel would return a view (the
         elements are contiguous in ``order``), else a native copy, like
         :meth:`numpy.ndarray.ravel`."""
+        if order is None:  # (NumPy's ravel(None) is ravel("C"))
+            order = "C"
+        elif not isinstance(order, str):
+            raise TypeError(f"order must be str, not {type(order).__name__}")
         layout = self._layout()
         flags = layout.flags
         if order in ("A", "a"):

@@ -967,3 +967,16 @@ def test_setting_real_and_imag_writes_in_place_as_numpys() -> None:
     ref_r.real = 7.0
     np.testing.assert_array_equal(r.get(), ref_r)
     same_error(lambda: setattr(r, "imag", 1.0), lambda: setattr(ref_r, "imag", 1.0))
+
+
+def test_view_as_an_ndarray_type_del_ravel_none_and_reshape_without_shape() -> None:
+    # (a.view(np.ndarray) and view(type=) were refused; del a[0] raised AttributeError;
+    # ravel(None) and reshape() raised other errors than NumPy's)
+    a, ref = make((2, 3), "float64")
+    for got in (a.view(np.ndarray), a.view(type=np.ndarray), a.view(np.int64, np.ndarray)):
+        assert type(got) is np.ndarray and np.shares_memory(got, a.array)
+    assert a.view(np.int64, np.ndarray).dtype == np.int64
+    same_error(lambda: a.__delitem__(0), lambda: ref.__delitem__(0))
+    assert isinstance(a.ravel(None), SDA) and a.ravel(None).shape == (6,)
+    same_error(lambda: a.ravel(order=1), lambda: ref.ravel(order=1))
+    same_error(lambda: a.reshape(), lambda: ref.reshape())
