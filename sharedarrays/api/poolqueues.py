@@ -12,10 +12,10 @@ Here both locks are POSIX record locks (``fcntl.lockf``) on one byte each of a `
 The same ``memfd`` holds the table a dying worker is judged by:
 
 - one slot per worker (taken as it starts, freed when the pool reaps it): its pid and what
-  it holds: ``0`` nothing (it waits for a task, or
-  has sent the result of the last), ``-1`` a task not yet read (the moment between reading
-  it from the pipe and reading its job's number), else the number of the job (plus one)
-  whose task it runs, from reading it until its result is written;
+  it holds: :data:`STARTING` while the pool's initializer runs, ``0`` nothing (it waits for
+  a task, or has sent the result of the last), ``-1`` a task being read (from the moment
+  its first bytes are there until its job's number is read), else the number of the job
+  (plus one) whose task it runs, until its result is written;
 - the jobs the pool failed when a worker died (a ring of the last :data:`RING` numbers, and
   a number below which every job failed): a worker that takes a task of one of them does
   not run it (:func:`not_run`).
@@ -120,14 +120,19 @@ class PoolTable:
 
     def lock(self, which: int) -> RecordLock:
         """The lock of byte ``which`` past the cells."""
-        return RecordLock(self, 8 * (_SLOTS + 2 * self.slots) + which)
+        return RecordLock(self, len(self._map) + which)
+
+    def _slot_cells(self) -> range:
+        """The first cell (the pid) of each worker slot."""
+        return range(_SLOTS, _SLOTS + 2 * self.slots, 2)
 
     # the pool's side ---------------------------------------------------------------------
     def reap(self, pid: int) -> int | None:
-        """Free the slot of worker ``pid``, found dead or ended: what it held (``0``, ``-1``
-        or a job's number plus one), or ``None`` when it had no slot."""
+        """Free the slot of worker ``pid``, found dead or ended: what it held
+        (:data:`STARTING`, ``0``, ``-1`` or a job's number plus one), or ``None`` when it had
+        no slot."""
         cells = self._cells
-        for cell in range(_SLOTS, _SLOTS + 2 * self.slots, 2):
+        for cell in self._slot_cells():
             if cells[cell] == pid:
                 state = int(cells[cell + 1])
                 cells[cell + 1] = 0
@@ -163,13 +168,9 @@ class PoolTable:
         """
         cells = self._cells
         with self.lock(_SLOTS_LOCK):
-            free = [cell for cell in range(_SLOTS, _SLOTS + 2 * self.slots, 2) if cells[cell] == 0]
+            free = [cell for cell in self._slot_cells() if cells[cell] == 0]
             if not free:
-                free = [
-                    cell
-                    for cell in range(_SLOTS, _SLOTS + 2 * self.slots, 2)
-                    if not running(int(cells[cell]))
-                ]
+                free = [cell for cell in self._slot_cells() if not running(int(cells[cell]))]
             if not free:
                 raise SharedArrayError(
                     f"this pool's table has {self.slots} slots, all held by running workers: "
@@ -293,12 +294,14 @@ def read_message(fd: int, before_read: Callable[[], None] | None = None) -> byte
 
     ``before_read`` is called once the first bytes are there, before they are read.
     """
-    header = _read(fd, 4, first=True, before_read=before_read)
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    header = _read(poller, fd, 4, first=True, before_read=before_read)
     (size,) = struct.unpack("!i", header) if len(header) == 4 else (0,)
     if size == -1:
-        big = _read(fd, 8)
+        big = _read(poller, fd, 8)
         (size,) = struct.unpack("!Q", big) if len(big) == 8 else (0,)
-    body = _read(fd, size) if size > 0 else b""
+    body = _read(poller, fd, size) if size > 0 else b""
     if len(body) != size or body[:1] != b"\x80":
         _drain(fd)
         raise PipeCut("the pool's task pipe was cut in the middle of a message")
@@ -306,13 +309,16 @@ def read_message(fd: int, before_read: Callable[[], None] | None = None) -> byte
 
 
 def _read(
-    fd: int, n: int, first: bool = False, before_read: Callable[[], None] | None = None
+    poller: select.poll,
+    fd: int,
+    n: int,
+    first: bool = False,
+    before_read: Callable[[], None] | None = None,
 ) -> bytes:
-    """``n`` bytes of ``fd``, or fewer where the rest does not come within
-    :data:`MESSAGE_STALL` seconds of the last (``first``: the first part may take forever:
-    a worker waiting for a task). ``EOFError`` when the writer closed it."""
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
+    """``n`` bytes of ``fd`` (``poller``: one that waits for it), or fewer where the rest
+    does not come within :data:`MESSAGE_STALL` seconds of the last (``first``: the first
+    part may take forever: a worker waiting for a task). ``EOFError`` when the writer
+    closed it."""
     parts: list[bytes] = []
     got = 0
     while got < n:

@@ -182,17 +182,14 @@ def recv_into(sock: socket.socket, size: int, maxfds: int, fds: list[int]) -> tu
     OSError
         Receiving failed.
     """
-    held_back = threading.current_thread() is threading.main_thread() and callable(
+    if threading.current_thread() is not threading.main_thread() or not callable(
         signal.getsignal(signal.SIGINT)
-    )
-    if held_back:
-        timeout = sock.gettimeout()
-        if not select.select([sock], [], [], timeout)[0]:
-            raise TimeoutError("timed out")
-    if not held_back:
+    ):  # (no Python handler can run here between the receive and the append)
         msg, got, flags, _ = socket.recv_fds(sock, size, maxfds)
         fds.extend(got)
         return msg, flags
+    if not select.select([sock], [], [], sock.gettimeout())[0]:
+        raise TimeoutError("timed out")
     caught: list[typing.Any] = []
     handler = signal.signal(signal.SIGINT, lambda *args: caught.append(args))
     try:

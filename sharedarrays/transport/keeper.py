@@ -329,26 +329,14 @@ def request(
                     if attempt == 3:
                         raise KeeperError("the keeper closed the connection three times; try again")
                     continue
-                reply = _reply(msg)
+                reply = Reply.decode(msg)
                 handed = True
-                return reply[0], reply[1], got
+                return reply.status, reply.body, got
             finally:
                 if not handed:  # (a refusal, an interrupt: not the caller's)
                     for fd in got:
                         os.close(fd)
     raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _reply(msg: bytes) -> tuple[int, dict[str, Any]]:
-    """Decode a keeper reply: ``(status, body)``.
-
-    Raises
-    ------
-    KeeperError
-        Not a keeper reply.
-    """
-    reply = Reply.decode(msg)
-    return reply.status, reply.body
 
 
 def hand_over(alloc: allocation.Allocation, loads: int, seconds: float) -> None:
@@ -386,11 +374,11 @@ def hand_over(alloc: allocation.Allocation, loads: int, seconds: float) -> None:
         finally:
             for fd in temporary:
                 os.close(fd)
-        status, body = _reply(msg)
+        reply = Reply.decode(msg)
     finally:
         for fd in got:
             os.close(fd)
-    raise_for(status, body, f"the keeper refused allocation {alloc.id}")
+    raise_for(reply.status, reply.body, f"the keeper refused allocation {alloc.id}")
 
 
 _said: set[str] = set()
