@@ -197,6 +197,7 @@ class SharedDeviceArray(NativeArrayMethods):
         "_strides",
         "_offset",
         "_readonly",
+        "_locked",
         "_native",
         "_packed",
         "_base",
@@ -239,6 +240,7 @@ class SharedDeviceArray(NativeArrayMethods):
         self._strides = strides
         self._offset = offset
         self._readonly = readonly
+        self._locked = False  # (made read-only by setflags(write=False): may be unlocked)
         self._native: Any = None
         self._packed: ViewTuple | None = None  # the view's fields as a pickle carries them
         self._base: SharedDeviceArray | None = None
@@ -301,6 +303,19 @@ class SharedDeviceArray(NativeArrayMethods):
     def readonly(self) -> bool:
         """Whether writes through this view are refused."""
         return self._readonly
+
+    def _set_writeable(self, writeable: bool) -> None:
+        if self._lease is None:
+            raise _closed()
+        if writeable == (not self._readonly):
+            return
+        if writeable and not self._locked:
+            # (read-only as made: a read-only export, its pickle, or derived from such a view)
+            raise ValueError("cannot set WRITEABLE flag to True of this array")  # (NumPy's)
+        self._readonly = not writeable
+        self._locked = not writeable
+        self._native = None  # (the next native array and pickle carry the new flag)
+        self._packed = None
 
     @property
     def closed(self) -> bool:

@@ -24,7 +24,6 @@ import builtins
 import operator
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar, cast
 
 import numpy as np
@@ -104,19 +103,23 @@ _LAYOUT_VIEWS: frozenset[Callable[..., Any]] = frozenset(
 )
 
 
-@dataclass(frozen=True)
 class ArrayFlags:
-    """The memory layout of a view, like :attr:`numpy.ndarray.flags` (read-only here).
+    """The flags of a view, like :attr:`numpy.ndarray.flags`: its memory layout and whether
+    it may be written.
 
-    ``owndata`` is always False: a view never owns the shared memory. Items can also be read
-    as ``flags["C_CONTIGUOUS"]`` or ``flags["C"]``, as with NumPy.
+    Attributes and items read as NumPy's (``flags.c_contiguous``, ``flags["C"]``,
+    ``flags["ALIGNED"]``, ``flags.behaved``, ``flags.num``, ...). ``owndata`` is always
+    False (a view never owns the shared memory) and ``writebackifcopy`` always False. As
+    with NumPy, ``flags.writeable = False`` (or ``flags["W"] = False``) makes the view
+    read-only (:meth:`~sharedarrays.SharedDeviceArray.setflags`); the layout flags are not
+    writable. ``writeable`` follows the view; the layout flags are the view's when the
+    flags were read.
     """
 
-    c_contiguous: bool
-    f_contiguous: bool
-    writeable: bool
-    owndata: bool = False
+    __slots__ = ("_view", "_c", "_f", "_aligned")
+    __hash__: ClassVar[None]  # type: ignore[assignment]
 
+    # NumPy's item names (case-sensitive, as NumPy's) and the attribute each reads
     _KEYS: ClassVar[dict[str, str]] = {
         "C": "c_contiguous",
         "C_CONTIGUOUS": "c_contiguous",
@@ -128,18 +131,146 @@ class ArrayFlags:
         "WRITEABLE": "writeable",
         "O": "owndata",
         "OWNDATA": "owndata",
+        "A": "aligned",
+        "ALIGNED": "aligned",
+        "X": "writebackifcopy",
+        "WRITEBACKIFCOPY": "writebackifcopy",
+        "B": "behaved",
+        "BEHAVED": "behaved",
+        "CA": "carray",
+        "CARRAY": "carray",
+        "FA": "farray",
+        "FARRAY": "farray",
+        "FNC": "fnc",
+        "FORC": "forc",
     }
+    # the items NumPy lets one set, and setflags' keyword for each
+    _SETTABLE: ClassVar[dict[str, str]] = {
+        "W": "write",
+        "WRITEABLE": "write",
+        "A": "align",
+        "ALIGNED": "align",
+        "X": "uic",
+        "WRITEBACKIFCOPY": "uic",
+    }
+
+    def __init__(
+        self, view: NativeArrayMethods, c_contiguous: bool, f_contiguous: bool, aligned: bool
+    ) -> None:
+        self._view = view
+        self._c = c_contiguous
+        self._f = f_contiguous
+        self._aligned = aligned
+
+    @property
+    def c_contiguous(self) -> bool:
+        """Whether the elements are contiguous in C order."""
+        return self._c
+
+    @property
+    def f_contiguous(self) -> bool:
+        """Whether the elements are contiguous in Fortran order."""
+        return self._f
 
     @property
     def contiguous(self) -> bool:
         """Same as ``c_contiguous``."""
-        return self.c_contiguous
+        return self._c
+
+    @property
+    def fortran(self) -> bool:
+        """Same as ``f_contiguous``."""
+        return self._f
+
+    @property
+    def owndata(self) -> bool:
+        """Always False: a view never owns the shared memory."""
+        return False
+
+    @property
+    def writeable(self) -> bool:
+        """Whether the view may be written (set it False to make the view read-only)."""
+        return not self._view.readonly
+
+    @writeable.setter
+    def writeable(self, value: object) -> None:
+        self._view.setflags(write=value)
+
+    @property
+    def aligned(self) -> bool:
+        """Whether every element's address is a multiple of its type's alignment."""
+        return self._aligned
+
+    @aligned.setter
+    def aligned(self, value: object) -> None:
+        self._view.setflags(align=value)
+
+    @property
+    def writebackifcopy(self) -> bool:
+        """Always False: a view is never a temporary copy."""
+        return False
+
+    @writebackifcopy.setter
+    def writebackifcopy(self, value: object) -> None:
+        self._view.setflags(uic=value)
+
+    @property
+    def behaved(self) -> bool:
+        """Aligned and writeable."""
+        return self._aligned and self.writeable
+
+    @property
+    def carray(self) -> bool:
+        """Behaved and C-contiguous."""
+        return self.behaved and self._c
+
+    @property
+    def farray(self) -> bool:
+        """Behaved and not C-contiguous (NumPy's test, which reads no Fortran flag)."""
+        return self.behaved and not self._c
+
+    @property
+    def fnc(self) -> bool:
+        """Fortran-contiguous and not C-contiguous."""
+        return self._f and not self._c
+
+    @property
+    def forc(self) -> bool:
+        """Fortran- or C-contiguous."""
+        return self._f or self._c
+
+    @property
+    def num(self) -> int:
+        """The flags as NumPy's bits (``NPY_ARRAY_C_CONTIGUOUS``, ...)."""
+        bits = (
+            (self._c, 0x1),
+            (self._f, 0x2),
+            (self._aligned, 0x100),
+            (self.writeable, 0x400),
+        )
+        return sum(bit for on, bit in bits if on)
 
     def __getitem__(self, key: str) -> bool:
-        try:
-            return bool(getattr(self, self._KEYS[key.upper()]))
-        except KeyError:
-            raise KeyError(f"Unknown flag {key!r}") from None
+        name = self._KEYS.get(key) if isinstance(key, str) else None
+        if name is None:
+            raise KeyError("Unknown flag")  # (NumPy's words)
+        return bool(getattr(self, name))
+
+    def __setitem__(self, key: str, value: object) -> None:
+        keyword = self._SETTABLE.get(key) if isinstance(key, str) else None
+        if keyword is None:
+            raise KeyError("Unknown flag")
+        self._view.setflags(**{keyword: value})
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ArrayFlags):
+            return NotImplemented
+        return self.num == other.num
+
+    def __repr__(self) -> str:
+        names = ("C_CONTIGUOUS", "F_CONTIGUOUS", "OWNDATA", "WRITEABLE", "ALIGNED")
+        lines = [f"  {name} : {self[name]}" for name in (*names, "WRITEBACKIFCOPY")]
+        return "\n".join(lines) + "\n"
 
 
 def shareable_dtype(dtype: Any, instead: str) -> np.dtype[Any]:
@@ -285,6 +416,10 @@ class NativeArrayMethods:
     ) -> _A:
         """A view of the same allocation with ``view``'s shape and strides, ``dtype``, and
         ``view``'s start relative to ``layout``'s (from :meth:`_layout`)."""
+        raise NotImplementedError
+
+    def _set_writeable(self, writeable: bool) -> None:
+        """Make this view writable or read-only (:meth:`setflags`' ``write``)."""
         raise NotImplementedError
 
     def _writable_native(self) -> Any:
@@ -773,12 +908,41 @@ class NativeArrayMethods:
     @property
     def flags(self) -> ArrayFlags:
         """Memory layout, like :attr:`numpy.ndarray.flags` (``owndata`` is False)."""
-        layout = self._layout()
+        flags = self._layout().flags
         return ArrayFlags(
-            c_contiguous=bool(layout.flags.c_contiguous),
-            f_contiguous=bool(layout.flags.f_contiguous),
-            writeable=not self.readonly,
+            self, bool(flags.c_contiguous), bool(flags.f_contiguous), bool(flags.aligned)
         )
+
+    def setflags(self, write: object = None, align: object = None, uic: object = None) -> None:
+        """Set the array's flags, like :meth:`numpy.ndarray.setflags`.
+
+        ``write=False`` makes this view read-only: later writes through it (and through the
+        views and native arrays made from it after that) raise NumPy's ``ValueError``, as
+        NumPy's do; a native array taken from :attr:`array` before stays writable, as a
+        NumPy view taken before does. ``write=True`` makes it writable again, only where
+        ``write=False`` made it read-only (a view made read-only elsewhere, by a read-only
+        export, a pickle of a read-only view, or a view derived from one, raises NumPy's
+        ``ValueError``). ``align=True`` checks the alignment; ``uic=False`` does nothing.
+
+        Raises
+        ------
+        ValueError
+            ``write=True`` on a view that cannot be made writable, ``align=True`` on a
+            misaligned view, ``align=False`` (the alignment follows the view's address),
+            ``uic=True``.
+        """
+        if write is not None:
+            self._set_writeable(bool(write))
+        if align is not None:
+            if not align:
+                raise ValueError(
+                    "cannot clear the ALIGNED flag of a SharedDeviceArray: it follows the "
+                    "view's address (a.array.setflags(align=False) marks a native array)"
+                )
+            if not self.flags.aligned:
+                raise ValueError("cannot set aligned flag of mis-aligned array to True")
+        if uic:
+            raise ValueError("cannot set WRITEBACKIFCOPY flag to True")  # (NumPy's words)
 
     @property
     def real(self: _A) -> _A:

@@ -483,6 +483,128 @@ def test_flags_like_numpy() -> None:
         a.flags["NOPE"]
 
 
+FLAG_NAMES = [
+    "c_contiguous",
+    "f_contiguous",
+    "contiguous",
+    "fortran",
+    "owndata",
+    "writeable",
+    "aligned",
+    "writebackifcopy",
+    "behaved",
+    "carray",
+    "farray",
+    "fnc",
+    "forc",
+    "num",
+]
+FLAG_KEYS = [
+    "C",
+    "C_CONTIGUOUS",
+    "CONTIGUOUS",
+    "F",
+    "F_CONTIGUOUS",
+    "FORTRAN",
+    "W",
+    "WRITEABLE",
+    "O",
+    "OWNDATA",
+    "A",
+    "ALIGNED",
+    "X",
+    "WRITEBACKIFCOPY",
+    "B",
+    "BEHAVED",
+    "CA",
+    "CARRAY",
+    "FA",
+    "FARRAY",
+    "FNC",
+    "FORC",
+]
+
+
+def test_every_flag_reads_as_numpys() -> None:
+    a, ref = make((3, 4), "float64")
+    ref = ref[...]  # (a view, which owns no data, like every SharedDeviceArray)
+    odd = sa.from_array(np.zeros(17, "uint8"), device="cpu")[1:].view("int64")
+    odd_ref = np.zeros(17, "uint8")[1:].view("int64")
+    pairs = [(a, ref), (a.T, ref.T), (a[:, ::2], ref[:, ::2]), (a[::-1], ref[::-1])]
+    for v, r in [*pairs, (a[0:1], ref[0:1]), (odd, odd_ref), (a[1, 1, ...], ref[1, 1, ...])]:
+        for name in FLAG_NAMES:
+            assert getattr(v.flags, name) == getattr(r.flags, name), name
+        for key in FLAG_KEYS:
+            assert v.flags[key] == r.flags[key], key
+        assert repr(v.flags) == repr(r.flags)
+    for key in ("c", "w", "NUM", "UPDATEIFCOPY", 0):
+        same_error(lambda k=key: a.flags[k], lambda k=key: ref.flags[k])
+    with pytest.raises(TypeError, match="unhashable"):
+        hash(a.flags)
+    assert a.flags == a[...].flags and a.flags != a.T.flags
+
+
+def test_flags_writeable_false_makes_the_view_read_only_as_numpys() -> None:
+    a, _ = make((3, 4))
+    before = a.array  # (a native array taken before stays writable, as a NumPy view does)
+    a.flags.writeable = False
+    assert a.readonly and not a.flags.writeable and not a.flags["W"] and not a.flags.behaved
+    writes: list[Callable[[], Any]] = [
+        lambda: a.__setitem__(0, 1),
+        lambda: a.__iadd__(1),
+        lambda: a.fill(0),
+        lambda: np.add(a, 1, out=a),
+        lambda: a.array.__setitem__(0, 1),  # (the native array made after is read-only)
+        lambda: a[1:].__setitem__(..., 0),  # (and a view derived after)
+        lambda: pickle.loads(pickle.dumps(a)).__setitem__(0, 1),  # (and its pickle)
+    ]
+    for write in writes:
+        with pytest.raises(ValueError, match="read-only"):
+            write()
+    before[0, 0] = 7
+    assert a[0, 0] == 7  # (the same memory)
+    # NumPy refuses write=True on a view of a read-only array, and so does a view here
+    derived, ref = a[1:], np.arange(3)
+    ref.flags.writeable = False
+    same_error(lambda: derived.setflags(write=True), lambda: ref[1:].setflags(write=True))
+    a.flags["WRITEABLE"] = True  # (NumPy's item form too)
+    a[0, 0] = 9
+    a.array[0, 1] = 8
+    assert a.flags.writeable and a.tolist()[0][:2] == [9, 8]
+    a.setflags(write=False)
+    a.setflags(True)
+    assert not a.readonly
+
+
+def test_flags_refused_as_numpys() -> None:
+    a, ref = make((3, 4))
+    # read-only as made (an importer's view of a read-only export): never writable here
+    ro, owner = readonly_view(a), np.arange(3)
+    owner.flags.writeable = False
+    ref_ro = owner[...]
+    same_error(lambda: ro.setflags(write=True), lambda: ref_ro.setflags(write=True))
+    same_error(lambda: ro.flags.__setattr__("writeable", 1), lambda: ref_ro.setflags(write=1))
+    same_error(lambda: a.setflags(uic=True), lambda: ref.setflags(uic=True))
+    with pytest.raises(TypeError):
+        a.setflags(1, 1, 0, 1)  # type: ignore[call-arg]
+    odd = sa.from_array(np.zeros(17, "uint8"), device="cpu")[1:].view("int64")
+    odd_ref = np.zeros(17, "uint8")[1:].view("int64")
+    same_error(lambda: odd.setflags(align=True), lambda: odd_ref.setflags(align=True))
+    a.setflags(align=True, uic=False)  # (aligned: nothing to do)
+    with pytest.raises(ValueError, match="ALIGNED"):
+        a.flags.aligned = False
+    for key in ("C", "OWNDATA", "nope"):
+        same_error(
+            lambda k=key: a.flags.__setitem__(k, True),
+            lambda k=key: ref.flags.__setitem__(k, True),
+        )
+    with pytest.raises(AttributeError):
+        a.flags.c_contiguous = False  # type: ignore[misc]
+    a.close()
+    with pytest.raises(ClosedArrayError):
+        a.setflags(write=False)
+
+
 @st.composite
 def strided(draw: st.DrawFn) -> tuple[SDA, np.ndarray]:
     """A basic-indexing view of a shared array (or of its transpose), and NumPy's."""
