@@ -123,10 +123,11 @@ def test_a_mask_made_from_the_array_assigns_in_place_and_read_only_refuses() -> 
 )
 def test_what_is_no_index_raises_index_error_as_numpy(key: object) -> None:
     a, ref = make()
-    with pytest.raises(IndexError):
+    with pytest.raises(IndexError) as want:
         ref[key]
-    with pytest.raises(IndexError, match="valid indices"):
+    with pytest.raises(IndexError) as got:  # (NumPy's own, message and all)
         a[key]
+    assert str(got.value) == str(want.value)
     with pytest.raises(IndexError):
         a[key] = 0
 

@@ -949,11 +949,50 @@ def test_a_0d_integer_view_indexes_as_its_value() -> None:
     with pytest.raises(TypeError, match="basic indexing only"):
         a[i]  # a 1-d index array is advanced indexing: refused as before
     f = sa.from_array(np.array(1.0), device="cpu")
-    with pytest.raises(IndexError, match="valid indices"):  # (as NumPy's, a float index)
-        a[f]
+    same_error(lambda: a[f], lambda: ref[np.array(1.0)])  # (NumPy's IndexError)
     a.close()
     i.close()
     f.close()
+
+
+ADVANCED_READS = [
+    [0, 1],
+    range(2),
+    np.array([0, 2]),
+    np.array([True, False, True]),
+    (np.array([0, 1]), np.array([1, 2])),
+    ([0, 1], slice(None)),
+    (slice(None), range(1, 3)),
+    (0, [0, 1]),
+    [],
+    True,
+    np.array(True),
+]
+BAD_READS = [
+    [0.5],  # no index at all
+    [slice(None)],
+    "a",
+    {0},
+    np.array([True] * 5),  # a mask of the wrong length
+    (0, 0, [0]),  # too many indices
+    [0, 9],  # out of range
+    (np.array([0, 1]), np.array([1, 2, 3])),  # arrays that do not broadcast
+]
+
+
+@pytest.mark.parametrize("key", ADVANCED_READS, ids=repr)
+def test_an_advanced_index_read_is_refused_with_typeerror(key: object) -> None:
+    a, ref = make((3, 4))
+    ref[key]  # (NumPy takes it: advanced indexing, a copy)
+    with pytest.raises(TypeError, match=r"basic indexing only.*use a\.array"):
+        a[key]
+    np.testing.assert_array_equal(a.array[key], ref[key])  # (what the message says to do)
+
+
+@pytest.mark.parametrize("key", BAD_READS, ids=repr)
+def test_an_index_numpy_refuses_raises_numpys_indexerror(key: object) -> None:
+    a, ref = make((3, 4))
+    same_error(lambda: a[key], lambda: ref[key])
 
 
 def test_real_and_imag_are_views_like_numpy() -> None:
