@@ -1000,6 +1000,61 @@ class NativeArrayMethods:
         layout = self._layout()
         return self._derive(layout, layout.squeeze(axis), self.dtype)
 
+    def getfield(self: _A, dtype: Any, offset: int = 0) -> _A:
+        """A view (shared) of the bytes at ``offset`` of each element as ``dtype``, like
+        :meth:`numpy.ndarray.getfield` (NumPy's checks: the field fits in the element).
+
+        Raises
+        ------
+        TypeError
+            A dtype a shared array cannot hold (as :meth:`view`):
+            ``a.array.getfield(dtype, offset)`` is a native view."""
+        new = shareable_dtype(dtype, f"a.array.getfield({dtype!r}, ...) is a native view of it")
+        layout = self._layout()
+        return self._derive(layout, layout.getfield(new, offset), new)
+
+    def setfield(self, val: Any, dtype: Any, offset: int = 0) -> None:
+        """Write ``val`` into the field :meth:`getfield` names, in shared memory, like
+        :meth:`numpy.ndarray.setfield`."""
+        self._writable_native()
+        field: Any = self.getfield(dtype, offset)
+        field[...] = val
+
+    @property
+    def data(self) -> Any:
+        """The native array's ``data``: on the host NumPy's :class:`memoryview` of the
+        values (it keeps the memory mapped while it exists), on CUDA CuPy's
+        ``MemoryPointer``."""
+        return self._native_attribute("data")
+
+    @property
+    def ctypes(self) -> Any:
+        """The native array's ``ctypes`` (:attr:`numpy.ndarray.ctypes`: the address, shape
+        and strides for ctypes; it keeps the memory mapped while it exists). Host memory
+        only: CuPy arrays have none (:attr:`address` is the address on any device)."""
+        return self._native_attribute("ctypes")
+
+    def to_device(self, device: Any, /, *, stream: Any = None) -> Any:
+        """The native array's ``to_device`` (the array API's): on the host NumPy's, which
+        takes ``"cpu"`` and returns this view itself. CuPy arrays have none."""
+        to_device = self._native_attribute("to_device")
+        native = self.array
+        result = to_device(device) if stream is None else to_device(device, stream=stream)
+        return self if result is native else result
+
+    def _native_attribute(self, name: str) -> Any:
+        """The native array's attribute ``name``, or an AttributeError that names this
+        class and the native's."""
+        native = self.array
+        try:
+            return getattr(native, name)
+        except AttributeError:
+            kind = f"{type(native).__module__.partition('.')[0]}.{type(native).__name__}"
+            raise AttributeError(
+                f"'{type(self).__name__}' object has no attribute {name!r} here: its native "
+                f"array, a {kind}, has none"
+            ) from None
+
     def view(self: _A, dtype: Any = None, type: Any = None) -> Any:
         """A view (shared) of the same bytes as another dtype, with NumPy's rules for a
         different item size (the last axis must be contiguous, and its bytes divide). With

@@ -995,6 +995,57 @@ def test_an_index_numpy_refuses_raises_numpys_indexerror(key: object) -> None:
     same_error(lambda: a[key], lambda: ref[key])
 
 
+def test_getfield_is_a_shared_view_and_setfield_writes_as_numpys() -> None:
+    a, ref = make((2, 3), "float64")
+    for dtype, offset in (("int32", 4), ("uint8", 7), ("float64", 0), ("int16", 2)):
+        got = a.getfield(dtype, offset)
+        assert isinstance(got, SDA) and got.allocation is a.allocation
+        same(got.get(), ref.getfield(dtype, offset))
+    zero_d = a[1, 2, ...].getfield("int32", 4)  # (a 0-d view, as NumPy's is a 0-d array)
+    assert isinstance(zero_d, SDA) and zero_d.shape == ()
+    a.setfield(3, "int32", 4)
+    ref.setfield(3, "int32", 4)
+    np.testing.assert_array_equal(a.array, ref)
+    a.T.getfield("int32", 0)[0, 0] = 5  # (the view writes the shared memory)
+    ref.T.getfield("int32", 0)[0, 0] = 5
+    np.testing.assert_array_equal(a.array, ref)
+    for bad in (("int64", 4), ("int32", -4), ("int32", 6)):
+        same_error(lambda b=bad: a.getfield(*b), lambda b=bad: ref.getfield(*b))
+    with pytest.raises(TypeError, match="not supported"):
+        a.getfield("U1")
+    with pytest.raises(ValueError, match="read-only"):
+        readonly_view(a).setfield(0, "int32", 4)
+
+
+def test_data_ctypes_and_to_device_are_the_native_arrays() -> None:
+    a, ref = make((3, 4), "float64")
+    view = a[:, 1::2]
+    data = view.data
+    assert isinstance(data, memoryview) and not data.readonly
+    assert data.tolist() == ref[:, 1::2].data.tolist()
+    assert readonly_view(a).data.readonly
+    assert view.ctypes.data == view.address and view.ctypes.strides[:] == [32, 16]
+    assert a.to_device("cpu") is a
+    same_error(lambda: a.to_device("cuda"), lambda: ref.to_device("cuda"))
+    del view
+    gc.collect()
+    data[0, 0] = 7.5  # (the memoryview keeps the memory mapped, the view gone)
+    assert a[0, 1] == 7.5
+    a.close()
+    with pytest.raises(ClosedArrayError):
+        _ = a.data
+
+
+def test_an_attribute_the_native_array_lacks_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    a, _ = make()
+    monkeypatch.setattr(SDA, "array", property(lambda self: object()))  # (as CuPy's: no ctypes)
+    with pytest.raises(AttributeError, match=r"no attribute 'ctypes'.*builtins\.object"):
+        _ = a.ctypes
+    with pytest.raises(AttributeError, match=r"no attribute 'to_device'.*builtins\.object"):
+        a.to_device("cpu")
+    assert not hasattr(a, "ctypes")
+
+
 def test_real_and_imag_are_views_like_numpy() -> None:
     ref = np.array([[1 + 2j, 3 - 4j], [5 + 0j, -1j]], dtype="complex64")
     a = sa.from_array(ref, device="cpu")
