@@ -996,9 +996,11 @@ class NativeArrayMethods:
         return self._derive(layout, layout.swapaxes(axis1, axis2), self.dtype)
 
     def squeeze(self: _A, axis: int | tuple[int, ...] | None = None) -> _A:
-        """A view (shared) without the axes of length one (or only ``axis``)."""
+        """A view (shared) without the axes of length one (or only ``axis``); where there
+        is none to remove, this view itself, as NumPy returns the array itself."""
         layout = self._layout()
-        return self._derive(layout, layout.squeeze(axis), self.dtype)
+        squeezed = layout.squeeze(axis)
+        return self if squeezed is layout else self._derive(layout, squeezed, self.dtype)
 
     def getfield(self: _A, dtype: Any, offset: int = 0) -> _A:
         """A view (shared) of the bytes at ``offset`` of each element as ``dtype``, like

@@ -471,6 +471,16 @@ def test_transpose_swapaxes_squeeze_view_are_shared() -> None:
     assert a.get()[1, 0, 0, 0] == 99
 
 
+def test_squeeze_with_nothing_to_remove_is_the_view_itself_as_numpys() -> None:
+    a, ref = make((3, 4))
+    zero_d, ref_0d = sa.from_array(np.array(2.5), device="cpu"), np.array(2.5)
+    for v, r, args in ((a, ref, ()), (zero_d, ref_0d, ()), (zero_d, ref_0d, (0,))):
+        assert r.squeeze(*args) is r and np.squeeze(r) is r
+        assert v.squeeze(*args) is v and np.squeeze(v) is v
+    one = a[:1]
+    assert one.squeeze() is not one and one.squeeze().shape == (4,)
+
+
 def test_flags_like_numpy() -> None:
     a, ref = make((3, 4))
     for v, r in ((a, ref), (a.T, ref.T), (a[:, ::2], ref[:, ::2]), (a[0:1], ref[0:1])):
