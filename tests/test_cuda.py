@@ -48,6 +48,27 @@ def test_default_device_is_cuda_and_native_is_cupy() -> None:
     assert np.all(a.get() == 0)
 
 
+def test_an_array_made_through_the_interface_keeps_the_memory_after_close() -> None:
+    """cupy.asarray(a) reads __cuda_array_interface__ and holds the view, not its native
+    array: closing the view must not unmap the memory under the CuPy array."""
+    import cupy
+
+    a = sa.zeros(1 << 20, "uint8")
+    alloc = a.allocation
+    y = cupy.asarray(a)  # (CuPy's UnownedMemory owns ``a`` itself)
+    assert y.data.ptr == a.address
+    a.close()
+    gc.collect()
+    assert not alloc.released  # (before: released here, y pointing at unmapped addresses)
+    with pytest.raises(sa.ClosedArrayError):
+        _ = a.array
+    y[:] = 7
+    assert int(y.sum()) == 7 << 20
+    del y, a
+    gc.collect()
+    assert alloc.released
+
+
 def test_zero_copy_interop_with_torch() -> None:
     torch = pytest.importorskip("torch")
     a = sa.zeros(1000, "float32")

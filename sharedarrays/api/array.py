@@ -208,6 +208,7 @@ class SharedDeviceArray(NativeArrayMethods):
         "_readonly",
         "_locked",
         "_native",
+        "_interfaced",
         "_packed",
         "_base",
         "__weakref__",
@@ -251,6 +252,9 @@ class SharedDeviceArray(NativeArrayMethods):
         self._readonly = readonly
         self._locked = False  # (made read-only by setflags(write=False): may be unlocked)
         self._native: Any = None
+        # (the native array whose __cuda_array_interface__ was handed out: kept until this
+        # view goes, since the consumer holds this view and not the native array)
+        self._interfaced: Any = None
         self._packed: ViewTuple | None = None  # the view's fields as a pickle carries them
         self._base: SharedDeviceArray | None = None
         if views.tracking:
@@ -505,10 +509,18 @@ class SharedDeviceArray(NativeArrayMethods):
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        """The CUDA Array Interface (v3) of CUDA arrays; absent on ``cpu`` arrays."""
+        """The CUDA Array Interface (v3) of CUDA arrays; absent on ``cpu`` arrays.
+
+        A consumer (``cupy.asarray(a)``, ``torch.as_tensor(a, device="cuda")``, Numba) keeps
+        this view alive, not the native array whose pointer it reads: so the memory stays
+        mapped here until this view is gone, also after :meth:`close` (which then refuses
+        further access through the view, and releases the mapping when the consumer lets
+        go of the view)."""
         if not self.device.is_cuda:
             raise AttributeError("a cpu SharedDeviceArray has no __cuda_array_interface__")
-        return self.array.__cuda_array_interface__  # type: ignore[no-any-return]
+        native = self.array
+        self._interfaced = native
+        return native.__cuda_array_interface__  # type: ignore[no-any-return]
 
     def __len__(self) -> int:
         if not self._shape:
@@ -529,7 +541,9 @@ class SharedDeviceArray(NativeArrayMethods):
         Later data access through it raises :class:`ClosedArrayError`. When no open view and
         no native array in this process refers to the allocation any more, its mapping is
         released (synchronised first on CUDA) and its handles closed here. Other processes
-        keep their mappings. Closing twice is allowed.
+        keep their mappings. Closing twice is allowed. (A view whose
+        ``__cuda_array_interface__`` was read keeps the mapping until the view itself is
+        gone: the consumer's array holds the view.)
         """
         self._native = None
         self._lease = None
