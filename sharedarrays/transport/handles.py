@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 
 from sharedarrays.errors import HandleUnavailable
 from sharedarrays.memory import allocation
@@ -84,8 +85,10 @@ def _forget_server_in_child() -> None:
     # A forked child has the parent's listening socket but not its thread: drop both. It
     # also has the parent's connections to other servers, which name the parent's pid.
     # Notices the parent queued are the parent's to send.
-    global _server, _server_lock
+    global _server, _server_lock, _drain_bound
     _server_lock = threading.Lock()
+    _drain_bound = None
+    _drain_said.clear()
     client.forget_in_child()
     notices.forget_in_child()
     if _server is not None:
@@ -129,11 +132,23 @@ EXIT_WAIT = 10.0
 (cuda-ipc, cuda-pool) it made, before it exits anyway (``SHAREDARRAYS_EXIT_WAIT``)."""
 
 
+_drain_bound: tuple[float, float] | None = None
+"""The wait at exit of :func:`_drain_at_exit` once it began: when it ends
+(``time.monotonic()``) and how long it is (seconds)."""
+_drain_said: set[str] = set()
+"""Allocations whose holders at exit this process named on stderr."""
+
+
 def _drain_at_exit() -> None:
     """At exit, before the handle server stops: wait for the importers of exporter-owned
     memory (cuda-ipc, cuda-pool) made here to close it, telling them to drop what they only
     keep parked; then say who did not (their views of it become invalid when this process's
-    CUDA context goes)."""
+    CUDA context goes).
+
+    Exit hooks may run twice (at a Process's end, or multiprocessing's exit function, and at
+    the interpreter's): the second run waits only for what is left of the first one's
+    bound, and names only holders not named yet."""
+    global _drain_bound
     held = allocation.held_elsewhere()
     if not held:
         return
@@ -142,12 +157,17 @@ def _drain_at_exit() -> None:
         if servers:
             notices.start_notifier()
             notices.queue_notice(servers, Kind.RELEASED, alloc.id, alloc.secret, alloc)
-    try:
-        timeout = env_number("SHAREDARRAYS_EXIT_WAIT", EXIT_WAIT, 0.0)
-    except ValueError as e:  # at exit: say so, and wait the default
-        print(f"sharedarrays: {e}; waiting {EXIT_WAIT:g} s", file=sys.stderr)
-        timeout = EXIT_WAIT
-    left = allocation.wait_draining(timeout)
+    if _drain_bound is None:
+        try:
+            timeout = env_number("SHAREDARRAYS_EXIT_WAIT", EXIT_WAIT, 0.0)
+        except ValueError as e:  # at exit: say so, and wait the default
+            print(f"sharedarrays: {e}; waiting {EXIT_WAIT:g} s", file=sys.stderr)
+            timeout = EXIT_WAIT
+        _drain_bound = (time.monotonic() + timeout, timeout)
+    ends, timeout = _drain_bound
+    waited = allocation.wait_draining(max(0.0, ends - time.monotonic()))
+    left = [a for a in waited if a.id not in _drain_said]
+    _drain_said.update(a.id for a in left)
     if left:
         held_by = "; ".join(
             f"{a.backend.name} allocation {a.id[:12]} by "
