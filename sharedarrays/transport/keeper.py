@@ -292,15 +292,9 @@ def request(
         _flush_deferred()
         for attempt in (1, 2, 3):
             sock = _connect(start)
+            got: list[int] = []
             try:
-                if fds:
-                    socket.send_fds(sock, [data], list(fds))
-                else:
-                    sock.send(data)
-                if isinstance(req, Release):
-                    return OK, {}, []
-                got: list[int] = []
-                msg, flags = recv_into(sock, MAX_MESSAGE, MAX_FDS, got)
+                msg, flags = _send_and_receive(sock, req, data, fds, got)
             except TimeoutError:
                 disconnect()
                 raise KeeperError(
@@ -314,6 +308,14 @@ def request(
                 if e.errno in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN) and attempt < 3:
                     continue
                 raise KeeperError(f"asking the keeper failed: {e.strerror or e}") from None
+            except BaseException:
+                # An interrupt (Ctrl-C, an alarm's exception) before the reply was taken: the
+                # keeper's reply, when it comes, would be read as the reply of this
+                # connection's next request (another array's fds for an attach).
+                disconnect()
+                raise
+            if isinstance(req, Release):
+                return OK, {}, []
             handed = False
             try:
                 try:
@@ -337,6 +339,27 @@ def request(
                     for fd in got:
                         os.close(fd)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _send_and_receive(
+    sock: socket.socket, req: Request, data: bytes, fds: Sequence[int], got: list[int]
+) -> tuple[bytes, int]:
+    """Send one request on ``sock`` and take its reply (none for a ``release``: ``b""``),
+    its fds appended to ``got``; those are closed here when this raises (an interrupt as
+    they came)."""
+    try:
+        if fds:
+            socket.send_fds(sock, [data], list(fds))
+        else:
+            sock.send(data)
+        if isinstance(req, Release):
+            return b"", 0
+        return recv_into(sock, MAX_MESSAGE, MAX_FDS, got)
+    except BaseException:
+        for fd in got:
+            os.close(fd)
+        got.clear()
+        raise
 
 
 def hand_over(alloc: allocation.Allocation, loads: int, seconds: float) -> None:

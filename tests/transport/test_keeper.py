@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -836,3 +837,103 @@ def importing_wait() -> float:
     from sharedarrays import importing
 
     return importing.RELEASE_WAIT
+
+
+@pytest.mark.timeout(60)
+def test_an_interrupted_request_does_not_hand_its_reply_to_the_next(
+    private_keeper: Path,
+) -> None:
+    """A Ctrl-C while a request waits for the keeper's reply: that reply, when it comes, is
+    not read as the reply of the next request (an attach of "b" was given the fds of the
+    "a" asked for before: the wrong array), and the fds that came with it are closed."""
+    import selectors
+    import threading
+
+    private_keeper.mkdir(mode=0o700, exist_ok=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(str(private_keeper / "keeper.sock"))
+    listener.listen(4)
+    interrupted = threading.Event()
+    stop = threading.Event()
+    r, w = os.pipe()
+
+    def fake_keeper() -> None:  # answers request n with {"n": n} (the first: once interrupted)
+        sel = selectors.DefaultSelector()
+        sel.register(listener, selectors.EVENT_READ)
+        n = 0
+        while not stop.is_set():
+            for key, _ in sel.select(0.1):
+                sock = key.fileobj
+                if sock is listener:
+                    conn, _ = listener.accept()
+                    sel.register(conn, selectors.EVENT_READ)
+                    continue
+                assert isinstance(sock, socket.socket)
+                if not sock.recv(wire.MAX_MESSAGE):
+                    sel.unregister(sock)
+                    sock.close()
+                    continue
+                n += 1
+                if n == 1:
+                    os.kill(os.getpid(), signal.SIGINT)
+                    interrupted.wait(30)
+                with contextlib.suppress(OSError):  # (the first: to a connection closed)
+                    socket.send_fds(sock, [wire.Reply(wire.OK, {"n": n}).encode()], [r])
+        sel.close()
+
+    class Interrupted(Exception):  # (as KeyboardInterrupt, which would stop pytest)
+        pass
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupted
+
+    thread = threading.Thread(target=fake_keeper, daemon=True)
+    previous = signal.signal(signal.SIGINT, interrupt)
+    before = len(os.listdir("/proc/self/fd"))
+    try:
+        thread.start()
+        with pytest.raises(Interrupted):
+            keeper.request(wire.Hello(), start=False)
+        interrupted.set()
+        _, body, fds = keeper.request(wire.Hello(), start=False)
+        for fd in fds:
+            os.close(fd)
+        assert body == {"n": 2}, "the reply of the interrupted request was read instead"
+        keeper.disconnect()
+        stop.set()
+        thread.join(10)
+        assert len(os.listdir("/proc/self/fd")) == before, "the interrupted reply's fd leaked"
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        stop.set()
+        keeper.disconnect()
+        listener.close()
+        os.close(r)
+        os.close(w)
+
+
+def test_fds_of_an_interrupted_reply_are_closed(
+    private_keeper: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C handled as the keeper's reply and its fds came (recv_into hands them over,
+    then raises): request closes them, as no caller gets them."""
+    sa.zeros(4, device="cpu", name="x")  # (a keeper runs, and this process is connected)
+    r, w = os.pipe()
+    os.close(w)
+    pipe = os.fstat(r).st_ino
+
+    class Interrupted(Exception):
+        pass
+
+    def interrupted(sock: socket.socket, size: int, maxfds: int, fds: list[int]) -> object:
+        fds.append(r)
+        raise Interrupted
+
+    monkeypatch.setattr(keeper, "recv_into", interrupted)
+    with pytest.raises(Interrupted):
+        keeper.request(wire.Attach("x"), start=False)
+    try:
+        still = os.fstat(r).st_ino == pipe  # (its number may have been taken again since)
+    except OSError:
+        still = False
+    assert not still, "the fd that came with the interrupted reply was left open"
