@@ -143,14 +143,23 @@ def send_fds(sock: socket.socket, message: bytes, fds: Sequence[int]) -> None:
         socket.send_fds(sock, [b"+"], fds[i : i + FDS_PER_MESSAGE])
 
 
-def recv_fds(sock: socket.socket, count: int, fds: list[int]) -> bool:
+def recv_fds(
+    sock: socket.socket, count: int, fds: list[int], deadline: float | None = None
+) -> bool:
     """Receive the fds :func:`send_fds` sent after its first message, appending them to
     ``fds`` (which holds those of the first message) until it holds ``count``; whether they
     all came (``False``: the sender stopped first). ``fds`` stays the caller's, also when
     this raises: it closes them.
 
+    With a ``deadline`` (``time.monotonic()``) they must all have come by then, however the
+    sender spaces its messages (each within the socket's timeout would otherwise keep the
+    receiver waiting as long as the sender likes); ``sock``'s timeout is left at what
+    remained.
+
     Raises
     ------
+    TimeoutError
+        A message did not come within the socket's timeout, or not all by ``deadline``.
     HandleUnavailable
         This process has no room for them (:func:`check_truncated`).
     OSError
@@ -158,6 +167,11 @@ def recv_fds(sock: socket.socket, count: int, fds: list[int]) -> bool:
     """
     while len(fds) < count:
         before = len(fds)
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("timed out")
+            sock.settimeout(left)
         _, flags = recv_into(sock, 16, FDS_PER_MESSAGE, fds)
         check_truncated(flags)
         if len(fds) == before:

@@ -261,7 +261,9 @@ def _fetch(
         while True:
             if sock is None:
                 sock = _connect(server, gone)
+            deadline = time.monotonic() + TIMEOUT  # (the whole reply, its fds included)
             try:
+                sock.settimeout(TIMEOUT)  # (what a kept connection's last reply left)
                 sock.sendall(request)
                 msg, flags = recv_into(sock, 1 << 20, FDS_PER_MESSAGE, fds)
             except (BrokenPipeError, ConnectionResetError):
@@ -298,7 +300,7 @@ def _fetch(
             )
         if status != Status.OK:
             raise PayloadError("the handle server rejected the request as malformed")
-        if not recv_fds(conn, reply.fds, fds):
+        if not recv_fds(conn, reply.fds, fds, deadline):
             raise HandleUnavailable(f"{gone} (the server stopped while sending)")
         if len(fds) != reply.fds:
             raise PayloadError("the handle server sent an inconsistent reply")
@@ -311,8 +313,9 @@ def _fetch(
         raise
     except TimeoutError:
         raise HandleUnavailable(
-            f"the process that shared allocation {alloc_id} (pid {pid}) did not answer within "
-            f"{TIMEOUT:g} s: it is stopped or overloaded. Try again when it runs"
+            f"the process that shared allocation {alloc_id} (pid {pid}) did not answer (with "
+            f"all its handles) within {TIMEOUT:g} s: it is stopped or overloaded. Try again "
+            "when it runs"
         ) from None
     except OSError as e:
         if e.errno in (errno.ECONNRESET, errno.EPIPE):

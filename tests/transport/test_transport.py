@@ -812,3 +812,50 @@ def test_a_handle_server_that_cannot_start_is_a_shared_array_error(tmp_path: Pat
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("HandleUnavailable") and "XDG_RUNTIME_DIR" in r.stdout, r.stdout
+
+
+@pytest.mark.timeout(60)
+def test_a_server_that_drips_its_handles_is_given_up_on_in_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fd_baseline: None
+) -> None:
+    """A same-user server (say, named by a forged payload) that says 1000 fds will come and
+    sends one at a time, each within the client's timeout: the fetch gives up within
+    TIMEOUT for the whole reply (each message's timeout alone kept it waiting 1000 times as
+    long), with HandleUnavailable, and closes the fds it got."""
+    import threading
+
+    from sharedarrays.protocol.handles import Reply
+
+    monkeypatch.setattr(client, "TIMEOUT", 1.0)
+    path = str(tmp_path / "drip.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path)
+    listener.listen(1)
+    r, w = os.pipe()
+    n = 1000
+
+    def drip() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(1024)
+            header = Reply(Status.OK, n, json.dumps([4096] * n).encode()).encode()
+            with contextlib.suppress(OSError):  # (until the client hangs up)
+                socket.send_fds(conn, [header], [r])
+                for _ in range(n - 1):
+                    time.sleep(0.1)
+                    socket.send_fds(conn, [b"+"], [r])
+
+    thread = threading.Thread(target=drip, daemon=True)
+    thread.start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(sa.HandleUnavailable, match="did not answer"):
+            client.fetch_handles(path, 1, "00" * 16, bytes(32))
+        took = time.monotonic() - start
+        thread.join(30)
+        assert not thread.is_alive(), "the client kept the connection open"
+    finally:
+        listener.close()
+        os.close(r)
+        os.close(w)
+    assert took < 30, f"the fetch waited {took:.0f} s for a server that drips its handles"
