@@ -287,7 +287,8 @@ class Growth:
         Raises
         ------
         PayloadError
-            Not JSON of this shape ("the handle server sent an inconsistent reply").
+            Not JSON of this shape, or a negative capacity or length ("the handle server
+            sent an inconsistent reply").
         """
         doc = _json(body)
         if type(doc) is not dict or set(doc) != {"sizes", "capacity", "used"}:
@@ -298,6 +299,8 @@ class Growth:
             or not all(type(n) is int and n > 0 for n in sizes)
             or type(capacity) is not int
             or type(used) is not int
+            or capacity < 0
+            or used < 0  # (a refresh gave the array a negative length: shape (-1000,))
         ):
             raise PayloadError(_INCONSISTENT)
         return cls(sizes, capacity, used)

@@ -164,6 +164,9 @@ def test_bad_handles_bodies_are_refused(body: bytes) -> None:
         {"sizes": [1.5], "capacity": 2, "used": 1},
         {"sizes": [1], "capacity": "2", "used": 1},
         {"sizes": [1], "capacity": 2, "used": None},
+        # (a refresh took a negative length: shape (-1000,), and a raw ValueError on use)
+        {"sizes": [1], "capacity": 2, "used": -8000},
+        {"sizes": [1], "capacity": -2, "used": 1},
     ],
 )
 def test_bad_growth_bodies_are_refused(doc: object) -> None:
