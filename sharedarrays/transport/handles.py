@@ -21,6 +21,7 @@ and tells the processes an allocation was served to when this one releases it
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import threading
@@ -52,7 +53,7 @@ def server_address() -> str:
         No private runtime directory (:func:`runtime_dir`).
     HandleUnavailable
         The server's socket cannot be made there (say, a path longer than Unix sockets
-        allow, or no file descriptor left).
+        allow, no space or inode left there, or no file descriptor left).
     """
     global _server
     server = _server
@@ -63,10 +64,19 @@ def server_address() -> str:
             try:
                 _server = HandleServer()
             except OSError as e:
+                if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                    what = (
+                        f"Free space or inodes there (df -i {runtime_dir()}), or set "
+                        "XDG_RUNTIME_DIR to a private directory (mode 0700) that has room"
+                    )
+                else:
+                    what = (
+                        f"Unix socket paths are limited to {MAX_PATH} bytes: set "
+                        "XDG_RUNTIME_DIR to a short private directory, or close some files"
+                    )
                 raise HandleUnavailable(
                     f"cannot start this process's handle server in {runtime_dir()}: "
-                    f"{e.strerror or e}. Unix socket paths are limited to {MAX_PATH} bytes: "
-                    "set XDG_RUNTIME_DIR to a short private directory, or close some files"
+                    f"{e.strerror or e}. {what}"
                 ) from None
             notices.start_notifier()  # now, never from a finalizer (see _notify_on_release)
         return _server.path

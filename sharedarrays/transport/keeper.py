@@ -119,7 +119,14 @@ def _launch() -> subprocess.Popen[bytes] | None:
     ``PYTHONPATH`` and only the absolute entries of the caller's after it: ``-c`` puts the
     working directory first on ``sys.path``, and an empty or relative ``PYTHONPATH`` entry
     means it too, so in the caller's directory (a shared ``/tmp`` folder, say) another user's
-    ``json.py`` would run as this user."""
+    ``json.py`` would run as this user.
+
+    Raises
+    ------
+    HandleUnavailable
+        Its log cannot be made in the runtime directory (no space or inodes left there), or
+        no process can be started.
+    """
     directory = runtime_dir()
     exe = spawn.get_executable()
     cmd = [
@@ -132,7 +139,15 @@ def _launch() -> subprocess.Popen[bytes] | None:
     package_root = str(Path(__file__).resolve().parents[2])  # above sharedarrays/
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if os.path.isabs(p)]
     env["PYTHONPATH"] = os.pathsep.join([package_root, *paths])
-    log = os.open(log_path(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        log = os.open(log_path(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    except OSError as e:  # (ENOSPC, EDQUOT: the keeper could make neither socket nor lock)
+        raise HandleUnavailable(
+            f"cannot start the sharedarrays keeper: its log {log_path()} cannot be made "
+            f"({e.strerror}). Free space or inodes where the runtime directory is (df -i "
+            f"{directory}), or set XDG_RUNTIME_DIR to a private directory (mode 0700) that has "
+            "room"
+        ) from None
     try:
         proc = subprocess.Popen(
             cmd,
@@ -144,6 +159,12 @@ def _launch() -> subprocess.Popen[bytes] | None:
             start_new_session=True,
             close_fds=True,
         )
+    except OSError as e:  # (EAGAIN: no process left for this user; ENOMEM)
+        raise HandleUnavailable(
+            f"cannot start the sharedarrays keeper ({exe}): {e.strerror or e}. Free some "
+            "processes or memory and try again, or start it yourself: python -m sharedarrays "
+            "keeper"
+        ) from None
     finally:
         os.close(log)
     # reap it if it exits before we do (it usually outlives us: then init reaps it)
@@ -165,6 +186,22 @@ def _log_tail(path: Path) -> str:
     except OSError:
         return "(its log cannot be read)"
     return lines[-1][:300] if lines else "(its log is empty)"
+
+
+def _no_room(directory: Path) -> str:
+    """A note that the file system of ``directory`` is full (no block or no inode left for
+    this user: the keeper can write neither its lock, its socket nor its log), or ``""``."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return ""
+    if st.f_bavail and st.f_favail:
+        return ""
+    return (
+        f"; the file system of {directory} is full (no {'space' if not st.f_bavail else 'inode'} "
+        f"left: df -i {directory}). Free room there, or set XDG_RUNTIME_DIR to a private "
+        "directory (mode 0700) that has room"
+    )
 
 
 class NoRoomForFiles(KeeperError):
@@ -231,6 +268,7 @@ def _open(path: str, start: bool) -> socket.socket:
                     raise HandleUnavailable(
                         f"the sharedarrays keeper exited as it started (exit status "
                         f"{proc.returncode}): {_log_tail(log_path())} (its log: {log_path()})"
+                        + _no_room(log_path().parent)
                     )
     if sock is None:
         raise HandleUnavailable(

@@ -937,3 +937,41 @@ def test_fds_of_an_interrupted_reply_are_closed(
     except OSError:
         still = False
     assert not still, "the fd that came with the interrupted reply was left open"
+
+
+def test_a_runtime_dir_with_no_room_for_the_keepers_log_is_a_shared_array_error(
+    private_keeper: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full file system under the runtime directory (ENOSPC making keeper.log, as on a
+    full tmpfs): naming an array raises HandleUnavailable that says so, not a raw OSError."""
+    import errno
+
+    real = os.open
+
+    def full(path: object, *args: object, **kwargs: object) -> int:
+        if str(path).endswith("keeper.log"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return real(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", full)
+    with pytest.raises(sa.HandleUnavailable, match=r"cannot start the sharedarrays keeper.*df -i"):
+        sa.zeros(3, device="cpu", name="never-kept")
+
+
+@pytest.mark.timeout(60)
+def test_a_keeper_that_fails_as_it_starts_on_a_full_file_system_says_so(
+    private_keeper: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A keeper that could not write its lock (ENOSPC) and so not its log either exits with
+    an empty log: the error says the runtime directory's file system is full (simulated:
+    a keeper that fails at start, and statvfs saying no block is left)."""
+    monkeypatch.setenv("SHAREDARRAYS_KEEPER_IDLE", "-1")
+    real = os.statvfs
+
+    class Full:
+        def __init__(self, st: os.statvfs_result) -> None:
+            self.f_bavail, self.f_favail = 0, st.f_favail
+
+    monkeypatch.setattr(os, "statvfs", lambda path: Full(real(path)))
+    with pytest.raises(sa.HandleUnavailable, match=r"exited as it started .* is full \(no space"):
+        sa.zeros(3, device="cpu", name="never-kept")

@@ -859,3 +859,19 @@ def test_a_server_that_drips_its_handles_is_given_up_on_in_time(
         os.close(r)
         os.close(w)
     assert took < 30, f"the fetch waited {took:.0f} s for a server that drips its handles"
+
+
+def test_a_handle_server_with_no_room_in_the_runtime_dir_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ENOSPC binding the server's socket (a full tmpfs): the error says to free room there,
+    not that socket paths are limited to 107 bytes."""
+    import errno
+
+    def full() -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(transport, "_server", None)
+    monkeypatch.setattr(transport, "HandleServer", full)
+    with pytest.raises(sa.HandleUnavailable, match=r"No space left on device\. Free space"):
+        transport.server_address()
