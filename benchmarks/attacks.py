@@ -1688,6 +1688,153 @@ def load_flood(row: Row) -> None:
 # ---------------------------------------------------------------------------------------------
 # the table
 
+
+INTERRUPTED_ATTACH = (
+    PRELUDE
+    + r"""
+import signal, threading
+a = sa.from_array(np.full(10, 1.0), device="cpu", name="a")
+b = sa.from_array(np.full(10, 2.0), device="cpu", name="b")
+kpid = keeper.running_pid()
+for _ in range(int(sys.argv[1])):
+    before = fds()
+    os.kill(kpid, signal.SIGSTOP)  # (its reply to attach('a') comes after the Ctrl-C)
+    def later():
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.3)
+        os.kill(kpid, signal.SIGCONT)
+    t = threading.Thread(target=later)
+    t.start()
+    try:
+        sa.attach("a").close()
+        outcome = "not interrupted"
+    except KeyboardInterrupt:
+        outcome = None
+    t.join()
+    if outcome is None:
+        time.sleep(0.3)  # (the keeper's reply to the interrupted attach is there by now)
+        try:
+            x = sa.attach("b")
+            outcome = "right array" if x.get()[0] == 2.0 else "wrong array"
+            x.close()
+            del x
+        except Exception as e:
+            outcome = err(e)
+    say(outcome=outcome, leaked=fds() - before)
+"""
+)
+
+
+def interrupted_attach(row: Row) -> None:
+    """A Ctrl-C while ``attach("a")`` waits for the keeper's reply; then ``attach("b")``."""
+    with runtime() as (env, _):
+        r = run_child(INTERRUPTED_ATTACH, env, timeout=60, args=(str(row.tries),))
+    leaked = 0
+    for x in r.lines:
+        if "outcome" in x:
+            row.add(x["outcome"])
+            leaked += x["leaked"]
+    if r.rc is None:
+        row.lost("the child hung", False)
+    row.lost(f"fds {signed(leaked)}", leaked <= 0)
+
+
+DRIPPING_SERVER = (
+    PRELUDE
+    + r"""
+import socket, threading
+client.TIMEOUT = 2.0
+a = sa.from_array(np.arange(10.0), device="cpu", pack=False)
+payload = a.payload().to_bytes()
+r, w = os.pipe()
+for i in range(int(sys.argv[1])):
+    path = str(runtime_dir() / f"drip-{i}.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path)
+    listener.listen(1)
+    def drip():
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(1024)
+            n = 1000
+            try:  # 1000 fds said; one sent every 0.1 s (each well within the timeout)
+                socket.send_fds(conn, [Reply(Status.OK, n, json.dumps([4096] * n).encode()).encode()], [r])
+                for _ in range(n - 1):
+                    time.sleep(0.1)
+                    socket.send_fds(conn, [b"+"], [r])
+            except OSError:
+                pass
+    t = threading.Thread(target=drip, daemon=True)
+    t.start()
+    forged = reseal(payload, server=path, id=os.urandom(16).hex())  # (not mapped here)
+    before = fds()
+    start = time.monotonic()
+    try:
+        sa.load(forged)
+        outcome = "loaded"
+    except Exception as e:
+        outcome = err(e)
+    took = time.monotonic() - start
+    t.join(30)
+    listener.close()
+    say(outcome=outcome if took < 10 else f"waited {took:.0f} s", leaked=fds() - before)
+"""
+)
+
+
+def dripping_server(row: Row) -> None:
+    """A same-user server named by a resealed payload says 1000 fds and sends one every
+    0.1 s (each message within the client's timeout of 2 s here)."""
+    with runtime() as (env, _):
+        r = run_child(DRIPPING_SERVER, env, timeout=120, args=(str(row.tries),))
+    leaked = 0
+    for x in r.lines:
+        if "outcome" in x:
+            row.add(x["outcome"])
+            leaked += x["leaked"]
+    if r.rc is None:
+        row.lost("the loader hung", False)
+    row.lost(f"loader fds {signed(leaked)}", leaked <= 0)
+
+
+FULL_RUNTIME_DIR = (
+    PRELUDE
+    + r"""
+import errno
+real = os.open
+def full(path, *args, **kwargs):  # (as on a tmpfs with no inode left: keeper.log)
+    if str(path).endswith("keeper.log"):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    return real(path, *args, **kwargs)
+os.open = full
+for i in range(int(sys.argv[1])):
+    for what, fn in (
+        ("name", lambda: sa.zeros(4, device="cpu", name=f"n{i}")),
+        ("park", lambda: sa.zeros(4, device="cpu").park()),
+    ):
+        try:
+            fn()
+            outcome = "kept"
+        except Exception as e:
+            outcome = err(e)
+        say(outcome=f"{what}: {outcome}")
+"""
+)
+
+
+def full_runtime_dir(row: Row) -> None:
+    """Naming and parking where keeper.log cannot be made (ENOSPC: a full tmpfs, simulated
+    in the child by its ``os.open``), no keeper running."""
+    row.tries *= 2
+    with runtime() as (env, _):
+        r = run_child(FULL_RUNTIME_DIR, env, timeout=60, args=(str(row.tries // 2),))
+    for x in r.lines:
+        if "outcome" in x:
+            row.add(x["outcome"])
+    row.lost("no keeper started, nothing held", r.rc == 0)
+
+
 HU = {"HandleUnavailable"}
 
 # name, function, default tries, attack (as the table says it), defended outcomes
@@ -1868,6 +2015,29 @@ ATTACKS: list[tuple[str, Callable[[Row], None], int, str, set[str]]] = [
         1000,
         "payload loads from 8 processes at once (a different array each load)",
         {"right checksum"},
+    ),
+    (
+        "interrupted-attach",
+        interrupted_attach,
+        3,
+        "Ctrl-C while `attach(\"a\")` waits for the (stopped) keeper's reply; then "
+        "`attach(\"b\")` on the same connection",
+        {"right array"},
+    ),
+    (
+        "dripping-server",
+        dripping_server,
+        2,
+        "same-user server named by a resealed payload says 1000 fds and sends one every 0.1 s "
+        "(client timeout 2 s)",
+        HU,
+    ),
+    (
+        "full-runtime-dir",
+        full_runtime_dir,
+        2,
+        "name and park where keeper.log cannot be made (ENOSPC, simulated), no keeper running",
+        HU,
     ),
 ]
 
