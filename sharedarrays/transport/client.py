@@ -307,6 +307,7 @@ def _fetch(
         result = fds
         fds = []
         sock = None
+        conn.settimeout(TIMEOUT)  # (recv_fds left it at what remained of the deadline)
         keep_connection(server, conn)
         return reply.body, result
     except SharedArrayError:

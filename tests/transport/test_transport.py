@@ -875,3 +875,25 @@ def test_a_handle_server_with_no_room_in_the_runtime_dir_says_so(
     monkeypatch.setattr(transport, "HandleServer", full)
     with pytest.raises(sa.HandleUnavailable, match=r"No space left on device\. Free space"):
         transport.server_address()
+
+
+def test_a_connection_kept_after_a_reply_of_many_fds_has_the_full_timeout() -> None:
+    """A reply of more fds than one message carries sets the socket's timeout to what is
+    left of the reply's deadline; the connection kept for the next request gets the full
+    TIMEOUT back (the next request on it would have had a fraction of a second)."""
+    a = sa.zeros(300 * 4096, dtype="uint8", device="cpu", chunk_bytes=4096, pack=False)
+    alloc = a.allocation
+    assert len(alloc.chunk_sizes()) > unix.FDS_PER_MESSAGE
+    server = transport.server_address()
+    client.close_connections()
+    sizes, fds, _ = client.fetch_handles(server, os.getpid(), alloc.id, alloc.secret)
+    for fd in fds:
+        os.close(fd)
+    assert len(fds) == len(sizes) == len(alloc.chunk_sizes())
+    kept = client.take_connection(server)
+    assert kept is not None
+    try:
+        assert kept.gettimeout() == client.TIMEOUT
+    finally:
+        kept.close()
+    a.close()
