@@ -263,7 +263,6 @@ def _fetch(
                 sock = _connect(server, gone)
             deadline = time.monotonic() + TIMEOUT  # (the whole reply, its fds included)
             try:
-                sock.settimeout(TIMEOUT)  # (what a kept connection's last reply left)
                 sock.sendall(request)
                 msg, flags = recv_into(sock, 1 << 20, FDS_PER_MESSAGE, fds)
             except (BrokenPipeError, ConnectionResetError):
@@ -300,6 +299,7 @@ def _fetch(
             )
         if status != Status.OK:
             raise PayloadError("the handle server rejected the request as malformed")
+        more = reply.fds > len(fds)  # (handles in more messages: recv_fds sets the timeout)
         if not recv_fds(conn, reply.fds, fds, deadline):
             raise HandleUnavailable(f"{gone} (the server stopped while sending)")
         if len(fds) != reply.fds:
@@ -307,7 +307,8 @@ def _fetch(
         result = fds
         fds = []
         sock = None
-        conn.settimeout(TIMEOUT)  # (recv_fds left it at what remained of the deadline)
+        if more:  # (recv_fds left it at what remained of the deadline)
+            conn.settimeout(TIMEOUT)
         keep_connection(server, conn)
         return reply.body, result
     except SharedArrayError:
