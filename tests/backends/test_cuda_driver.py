@@ -8,7 +8,6 @@ was initialised) is in ``test_cuda_vmm.py``.
 
 from __future__ import annotations
 
-import enum
 import importlib.util
 import os
 import pickle
@@ -21,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 from cuda_helpers import ROOT, child_env
+from fake_cuda import FakeAttribute, FakeDriver, FakeResult, use_fake
 
 from sharedarrays.backends.cuda import driver as cuda_driver
 from sharedarrays.backends.cuda.driver import (
@@ -81,99 +81,11 @@ def test_importing_loads_no_cuda_module() -> None:
 # CPU: why_unusable against a fake driver
 
 
-class FakeResult(enum.IntEnum):
-    CUDA_SUCCESS = 0
-    CUDA_ERROR_NOT_INITIALIZED = 3
-    CUDA_ERROR_NO_DEVICE = 100
-    CUDA_ERROR_INVALID_VALUE = 1
-
-
-class FakeAttribute(enum.IntEnum):
-    CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102
-    CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED = 103
-    CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING = 41
-    CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED = 115
-    CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES = 119
-
-
-class FakeDriver:
-    """Just enough of ``cuda.bindings.driver`` for :func:`why_unusable`."""
-
-    CUresult = FakeResult
-    CUdevice_attribute = FakeAttribute
-
-    def __init__(
-        self,
-        init: Any = FakeResult.CUDA_SUCCESS,
-        count: int = 1,
-        vmm: int = 1,
-        posix_fd: int = 1,
-        initialised: bool = False,
-    ) -> None:
-        self.init, self.count, self.vmm, self.posix_fd = init, count, vmm, posix_fd
-        self.initialised = initialised
-        self.init_calls = 0
-        self.peer_access = 1
-        self.attrs: dict[Any, int] = {  # the other backends' features, all present
-            FakeAttribute.CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: 1,
-            FakeAttribute.CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: 1,
-            FakeAttribute.CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES: 0b1001,
-        }
-
-    def cuInit(self, flags: int) -> tuple[Any]:
-        self.init_calls += 1
-        if isinstance(self.init, BaseException):
-            raise self.init
-        return (self.init,)
-
-    def cuDeviceGetCount(self) -> tuple[Any, int]:
-        return FakeResult.CUDA_SUCCESS, self.count
-
-    def cuDeviceGet(self, index: int) -> tuple[Any, int]:
-        return FakeResult.CUDA_SUCCESS, index
-
-    def cuDeviceGetAttribute(self, attribute: Any, dev: int) -> tuple[Any, int]:
-        if attribute is FakeAttribute.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
-            return FakeResult.CUDA_SUCCESS, self.vmm
-        if attribute in self.attrs:
-            return FakeResult.CUDA_SUCCESS, self.attrs[attribute]
-        return FakeResult.CUDA_SUCCESS, self.posix_fd
-
-    def cuDeviceCanAccessPeer(self, dev: int, peer: int) -> tuple[Any, int]:
-        return FakeResult.CUDA_SUCCESS, self.peer_access
-
-    def cuDeviceGetName(self, length: int, dev: int) -> tuple[Any, bytes]:
-        return FakeResult.CUDA_SUCCESS, b"Fake GPU\0\0\0"
-
-    def cuGetErrorString(self, err: Any) -> tuple[Any, bytes]:
-        return FakeResult.CUDA_SUCCESS, b"described"
-
-    def cuCtxGetCurrent(self) -> tuple[Any, int]:
-        if self.initialised:
-            return FakeResult.CUDA_SUCCESS, 0
-        return FakeResult.CUDA_ERROR_NOT_INITIALIZED, 0
-
-
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDriver]:
     """Point cuda_driver at a fake driver with fresh caches (restored afterwards)."""
     driver = FakeDriver()
-    monkeypatch.setattr(cuda_driver, "_driver", driver)
-    monkeypatch.setattr(cuda_driver, "_reasons", {})
-    monkeypatch.setattr(cuda_driver, "_reasons_pid", os.getpid())
-    monkeypatch.setattr(cuda_driver, "_init_pid", None)
-    monkeypatch.setattr(cuda_driver, "_device_count", 0)
-    monkeypatch.setattr(cuda_driver, "_forked_from_cuda", False)
-    monkeypatch.setattr(cuda_driver, "_parent_had_cuda", False)
-    monkeypatch.setattr(cuda_driver, "_peers", {})
-    real_find_spec = importlib.util.find_spec
-
-    def find_spec(name: str, *args: Any) -> Any:
-        if name == "cupy":
-            return object()
-        return real_find_spec(name, *args)
-
-    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    use_fake(monkeypatch, driver)
     yield driver
 
 

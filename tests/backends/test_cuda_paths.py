@@ -1,0 +1,98 @@
+"""The CUDA backends' error paths, on the CPU, with a fake driver (``tests/fake_cuda.py``):
+whatever driver call fails in the middle of making, importing, mapping or releasing memory,
+every handle, reservation, mapping, fd, pointer, pool import and pushed context is given
+back, and the caller sees a :class:`~sharedarrays.SharedArrayError` that says what to do.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from fake_cuda import GRANULARITY, FakeCuda, fake_cuda
+
+from sharedarrays.backends.cuda.vmm import CudaVmmBackend
+from sharedarrays.backends.device import Device
+from sharedarrays.errors import SharedArrayError
+from sharedarrays.memory.allocation import Allocation
+from sharedarrays.memory.state import state
+
+__all__ = ["fake_cuda"]  # a fixture, used by name
+
+CUDA0 = Device("cuda", 0)
+
+
+def _fds() -> set[int]:
+    return set(map(int, os.listdir("/proc/self/fd")))
+
+
+def test_the_fake_gives_everything_back_on_the_good_path(fake_cuda: FakeCuda) -> None:
+    be = CudaVmmBackend(CUDA0)
+    before = _fds()
+    alloc = Allocation.create(be, 3 * GRANULARITY, chunk_bytes=GRANULARITY)
+    assert len(fake_cuda.handles) == 3 and len(fake_cuda.mapped) == 3
+    assert alloc.release()
+    assert fake_cuda.held() == {}
+    assert _fds() <= before
+
+
+# ============================================================================================
+# cuda-vmm: making an allocation
+
+
+@pytest.mark.parametrize(
+    ("call", "nth"),
+    [
+        ("cuMemCreate", 2),  # the second chunk: the first is made and mapped
+        ("cuMemExportToShareableHandle", 3),
+        ("cuMemMap", 2),  # after cuMemCreate and cuMemAddressReserve succeeded
+        ("cuMemSetAccess", 1),  # after every map
+        ("cuMemAddressReserve", 1),
+    ],
+)
+def test_a_failing_call_while_making_releases_everything(
+    fake_cuda: FakeCuda, call: str, nth: int
+) -> None:
+    be = CudaVmmBackend(CUDA0)
+    before, registered = _fds(), len(state.registry)
+    fake_cuda.fail(call, "CUDA_ERROR_INVALID_VALUE", nth=nth)
+    with pytest.raises(SharedArrayError, match=call):
+        Allocation.create(be, 3 * GRANULARITY, chunk_bytes=GRANULARITY)
+    assert fake_cuda.held() == {}
+    assert _fds() <= before
+    assert len(state.registry) == registered
+
+
+# ============================================================================================
+# cuda-vmm: importing an allocation
+
+
+def _held(fake: FakeCuda) -> dict[str, object]:
+    return {k: dict(v) if isinstance(v, dict) else v for k, v in fake.held().items()}
+
+
+@pytest.mark.parametrize(
+    ("call", "nth"),
+    [
+        ("cuMemImportFromShareableHandle", 2),  # half-way through three chunks
+        ("cuMemGetAllocationPropertiesFromHandle", 3),
+        ("cuMemMap", 3),
+        ("cuMemSetAccess", 1),
+        ("cuMemAddressReserve", 1),
+        ("cuCtxGetCurrent", 4),
+    ],
+)
+def test_a_failing_call_while_importing_releases_everything(
+    fake_cuda: FakeCuda, call: str, nth: int
+) -> None:
+    be = CudaVmmBackend(CUDA0)
+    source = Allocation.create(be, 3 * GRANULARITY, chunk_bytes=GRANULARITY)
+    held, before, registered = _held(fake_cuda), _fds(), len(state.registry)
+    fds = [os.dup(fd) for fd in source.chunk_fds()]
+    fake_cuda.fail(call, "CUDA_ERROR_OUT_OF_MEMORY", nth=nth)
+    with pytest.raises(SharedArrayError, match=call):
+        Allocation.import_(be, "ab" * 16, source.secret, source.chunk_sizes(), fds, 1)
+    assert _held(fake_cuda) == held  # the source's, nothing more
+    assert _fds() == before  # the fds given are closed, also those not reached
+    assert len(state.registry) == registered
+    assert source.release() and fake_cuda.held() == {}
