@@ -7,10 +7,12 @@ back, and the caller sees a :class:`~sharedarrays.SharedArrayError` that says wh
 from __future__ import annotations
 
 import os
+import pickle
 
 import pytest
 from fake_cuda import GRANULARITY, FakeCuda, fake_cuda
 
+import sharedarrays as sa
 from sharedarrays.backends.cuda.vmm import CudaVmmBackend
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import SharedArrayError
@@ -96,3 +98,40 @@ def test_a_failing_call_while_importing_releases_everything(
     assert _fds() == before  # the fds given are closed, also those not reached
     assert len(state.registry) == registered
     assert source.release() and fake_cuda.held() == {}
+
+
+# ============================================================================================
+# out of device memory
+
+
+@pytest.mark.parametrize(
+    ("backend", "call"),
+    [
+        ("cuda-vmm", "cuMemCreate"),
+        ("cuda-vmm", "cuMemAddressReserve"),
+        ("cuda-ipc", "cuMemAlloc"),
+        ("cuda-pool", "cuMemAllocFromPoolAsync"),
+    ],
+)
+def test_out_of_memory_names_the_size_and_what_is_free(
+    fake_cuda: FakeCuda, backend: str, call: str
+) -> None:
+    fake_cuda.free, fake_cuda.total = 3 << 30, 80 << 30
+    fake_cuda.fail(call, "CUDA_ERROR_OUT_OF_MEMORY")
+    with pytest.raises(sa.OutOfMemory) as info:
+        sa.empty(5 << 28, "uint8", device="cuda:0", backend=backend)
+    text = str(info.value)
+    assert call in text and "CUDA_ERROR_OUT_OF_MEMORY" in text
+    assert str(5 << 28) in text  # the size asked
+    assert "3.00 GiB" in text and "80.00 GiB" in text  # what is free, of what
+    assert "smaller" in text  # what to do
+    assert fake_cuda.held() == {}
+    assert pickle.loads(pickle.dumps(info.value)).args == info.value.args
+
+
+def test_out_of_memory_where_the_free_memory_is_not_known(fake_cuda: FakeCuda) -> None:
+    fake_cuda.fail("cuMemCreate", "CUDA_ERROR_OUT_OF_MEMORY")
+    fake_cuda.fail("cuMemGetInfo", "CUDA_ERROR_INVALID_CONTEXT")
+    with pytest.raises(sa.OutOfMemory, match="not known") as info:
+        sa.empty(1 << 20, "uint8", device="cuda:0", backend="cuda-vmm")
+    assert str(GRANULARITY) in str(info.value)

@@ -24,15 +24,17 @@ from sharedarrays import process
 from sharedarrays.backends.cuda import semaphore, sync
 from sharedarrays.backends.cuda.driver import (
     FORK_REASON,
+    CudaOutOfMemory,
     OnDevice,
     check,
     current_device_index,
     current_stream,
+    explain_out_of_memory,
     load_driver,
     why_unusable,
 )
 from sharedarrays.backends.device import Device
-from sharedarrays.errors import BackendUnavailable, ClosedArrayError
+from sharedarrays.errors import BackendUnavailable, ClosedArrayError, SharedArrayError
 from sharedarrays.protocol.payload import contiguous_strides
 
 __all__ = ["CudaDevice", "ValueReader"]
@@ -209,6 +211,15 @@ class CudaDevice:
         with self.context():
             free, total = check(self._d.cuMemGetInfo(), "cuMemGetInfo")
         return int(free), int(total)
+
+    def _out_of_memory(self, exc: CudaOutOfMemory, what: str, nbytes: int) -> CudaOutOfMemory:
+        """``exc`` (an allocation's ``CUDA_ERROR_OUT_OF_MEMORY``), saying the size asked for,
+        what the device has free (where ``cuMemGetInfo`` answers) and what to do."""
+        try:
+            free_total: tuple[int, int] | None = self.mem_get_info()
+        except SharedArrayError:
+            free_total = None
+        return explain_out_of_memory(exc, f"{what} on {self.device}", nbytes, free_total)
 
     def synchronize(self) -> None:
         """Wait for all work queued in this device's primary context, on every stream."""

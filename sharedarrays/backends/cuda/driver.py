@@ -56,6 +56,7 @@ __all__ = [
     "OnDevice",
     "CudaDriverError",
     "CudaOutOfMemory",
+    "explain_out_of_memory",
     "why_unusable",
     "load_driver",
     "check",
@@ -121,7 +122,48 @@ class CudaDriverError(DriverError):
 
 
 class CudaOutOfMemory(CudaDriverError, OutOfMemory):
-    """The device has too little free memory for a chunk (``CUDA_ERROR_OUT_OF_MEMORY``)."""
+    """The device has too little free memory for a chunk (``CUDA_ERROR_OUT_OF_MEMORY``).
+
+    Attributes
+    ----------
+    hint : str
+        What was asked for, what the device has free, and what to do (empty where the
+        error was not explained, e.g. straight from :func:`check`).
+    """
+
+    def __init__(
+        self, call: str, code: int, error_name: str, description: str = "", hint: str = ""
+    ) -> None:
+        super().__init__(call, code, error_name, description)
+        self.hint = hint
+        if hint:
+            self.args = (f"{self.args[0]}: {hint}",)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.call, self.code, self.error_name, self.description, self.hint))
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / (1 << 30):.2f} GiB"
+
+
+def explain_out_of_memory(
+    exc: CudaOutOfMemory, what: str, nbytes: int, free_total: tuple[int, int] | None
+) -> CudaOutOfMemory:
+    """``exc`` again, saying what was asked for (``nbytes`` of ``what``), what the device has
+    free (``free_total``, from ``cuMemGetInfo``; ``None``: not known) and what to do."""
+    known = (
+        f"the device has {_gib(free_total[0])} of {_gib(free_total[1])} free"
+        if free_total is not None
+        else "how much the device has free is not known (cuMemGetInfo failed)"
+    )
+    hint = (
+        f"cannot make {what} of {_gib(nbytes)} ({nbytes} bytes); {known}. Make the array "
+        "smaller or in several parts, or free device memory (close arrays this and other "
+        "processes no longer need, and CuPy's or PyTorch's cached blocks: "
+        "cupy.get_default_memory_pool().free_all_blocks(), torch.cuda.empty_cache())"
+    )
+    return CudaOutOfMemory(exc.call, exc.code, exc.error_name, exc.description, hint)
 
 
 def _error_name(err: Any) -> str:

@@ -33,6 +33,7 @@ from sharedarrays.backends.cuda.device import CudaDevice
 from sharedarrays.backends.cuda.driver import (
     OPAQUE_BYTES,
     CudaDriverError,
+    CudaOutOfMemory,
     check,
     opaque_bytes,
     opaque_from_bytes,
@@ -165,10 +166,13 @@ class CudaPoolBackend(CudaDevice):
         d = self._d
         stream = self.current_stream()
         with self.context():
-            ptr = check(
-                d.cuMemAllocFromPoolAsync(size, pool, stream),
-                f"cuMemAllocFromPoolAsync({size} bytes on {self.device})",
-            )
+            try:
+                ptr = check(
+                    d.cuMemAllocFromPoolAsync(size, pool, stream),
+                    f"cuMemAllocFromPoolAsync({size} bytes on {self.device})",
+                )
+            except CudaOutOfMemory as exc:
+                raise self._out_of_memory(exc, "pool memory", size) from None
             try:
                 check(d.cuStreamSynchronize(stream), "cuStreamSynchronize")
                 data = check(d.cuMemPoolExportPointer(ptr), "cuMemPoolExportPointer")

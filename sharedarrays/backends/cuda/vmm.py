@@ -26,7 +26,13 @@ from typing import Any, ClassVar
 
 from sharedarrays.backends.base import Access, Chunk
 from sharedarrays.backends.cuda.device import CudaDevice
-from sharedarrays.backends.cuda.driver import CudaDriverError, check, peer_reason, why_unusable
+from sharedarrays.backends.cuda.driver import (
+    CudaDriverError,
+    CudaOutOfMemory,
+    check,
+    peer_reason,
+    why_unusable,
+)
 from sharedarrays.backends.device import Device
 from sharedarrays.backends.registry import Registration, register
 from sharedarrays.errors import PayloadError, PeerAccessUnavailable
@@ -139,9 +145,13 @@ class CudaVmmBackend(CudaDevice):
         self._check_size(size, "a chunk size")
         d = self._d
         with self.context():
-            handle = check(
-                d.cuMemCreate(size, self._prop, 0), f"cuMemCreate({size} bytes on {self.device})"
-            )
+            try:
+                handle = check(
+                    d.cuMemCreate(size, self._prop, 0),
+                    f"cuMemCreate({size} bytes on {self.device})",
+                )
+            except CudaOutOfMemory as exc:
+                raise self._out_of_memory(exc, "a chunk of device memory", size) from None
             try:
                 fd = int(
                     check(
@@ -253,10 +263,13 @@ class CudaVmmBackend(CudaDevice):
         """Reserve ``size`` bytes of device address space, aligned to the granularity."""
         self._check_size(size, "a reservation size")
         with self.context():
-            ptr = check(
-                self._d.cuMemAddressReserve(size, self._granularity, 0, 0),
-                f"cuMemAddressReserve({size} bytes)",
-            )
+            try:
+                ptr = check(
+                    self._d.cuMemAddressReserve(size, self._granularity, 0, 0),
+                    f"cuMemAddressReserve({size} bytes)",
+                )
+            except CudaOutOfMemory as exc:
+                raise self._out_of_memory(exc, "a reservation of address space", size) from None
         return int(ptr)
 
     def free_reservation(self, address: int, size: int) -> None:
