@@ -13,6 +13,9 @@ import pytest
 from fake_cuda import GRANULARITY, FakeCuda, fake_cuda
 
 import sharedarrays as sa
+from sharedarrays.backends.base import Chunk
+from sharedarrays.backends.cuda import pool
+from sharedarrays.backends.cuda.pool import CudaPoolBackend
 from sharedarrays.backends.cuda.vmm import CudaVmmBackend
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import SharedArrayError
@@ -135,3 +138,40 @@ def test_out_of_memory_where_the_free_memory_is_not_known(fake_cuda: FakeCuda) -
     with pytest.raises(sa.OutOfMemory, match="not known") as info:
         sa.empty(1 << 20, "uint8", device="cuda:0", backend="cuda-vmm")
     assert str(GRANULARITY) in str(info.value)
+
+
+# ============================================================================================
+# cuda-pool: the imported pool
+
+
+def _import_pool_chunk(be: CudaPoolBackend) -> Chunk:
+    """A chunk of another process's pool (its id unknown here), imported with its pool's fd."""
+    export = os.urandom(pool.POOL_ID_BYTES) + bytes(64)
+    return be.import_chunk(os.memfd_create("a-pool-fd"), pool.GRANULARITY, export)
+
+
+@pytest.mark.parametrize("call", ["cuMemFree", "cuCtxSynchronize"])
+def test_a_failing_release_still_closes_the_imported_pool(fake_cuda: FakeCuda, call: str) -> None:
+    be = CudaPoolBackend(CUDA0)
+    before = _fds()
+    chunk = _import_pool_chunk(be)
+    assert list(fake_cuda.pools.values()) == ["imported"] and _fds() == before
+    fake_cuda.fail(call)
+    with pytest.raises(SharedArrayError, match=call):
+        be.release_chunk(chunk)
+    assert fake_cuda.pools == {}  # the pool import ends with its last pointer, freed or not
+    assert be._imported == {}
+    be.release_chunk(chunk)  # idempotent
+
+
+def test_the_imported_pool_stays_while_another_pointer_is_open(fake_cuda: FakeCuda) -> None:
+    be = CudaPoolBackend(CUDA0)
+    export = os.urandom(pool.POOL_ID_BYTES) + bytes(64)
+    first = be.import_chunk(os.memfd_create("a-pool-fd"), pool.GRANULARITY, export)
+    second = be.import_chunk(-1, pool.GRANULARITY, export)  # (the pool is open here)
+    fake_cuda.fail("cuMemFree")
+    with pytest.raises(SharedArrayError, match="cuMemFree"):
+        be.release_chunk(first)
+    assert list(fake_cuda.pools.values()) == ["imported"]
+    be.release_chunk(second)
+    assert fake_cuda.pools == {} and be._imported == {}

@@ -251,7 +251,9 @@ class CudaPoolBackend(CudaDevice):
 
     def release_chunk(self, chunk: Chunk) -> None:
         """Wait for queued work, then free the pointer (``cuMemFree``); an importer also
-        closes the imported pool after its last pointer. The pool fd stays with the backend.
+        closes the imported pool after its last pointer, also where the wait or the free
+        failed (the pointer is given up then: ``cuMemPoolDestroy`` of an imported pool
+        defers to its last outstanding pointer). The pool fd stays with the backend.
         Idempotent; a no-op in a forked child."""
         ptr = chunk.handle
         if ptr < 0:
@@ -260,18 +262,28 @@ class CudaPoolBackend(CudaDevice):
         chunk.fd = -1
         if self._forked():
             return
-        self.synchronize()
         d = self._d
-        with self._lock, self.context():
-            check(d.cuMemFree(ptr), "cuMemFree")
+        try:
+            self.synchronize()
+            with self._lock, self.context():
+                check(d.cuMemFree(ptr), "cuMemFree")
+        finally:
             if chunk.imported:
-                pool_id = chunk.export[:POOL_ID_BYTES]
-                entry = self._imported.get(pool_id)
-                if entry is not None:
-                    entry[1] -= 1
-                    if entry[1] <= 0:
-                        del self._imported[pool_id]
-                        check(d.cuMemPoolDestroy(entry[0]), "cuMemPoolDestroy(imported pool)")
+                self._close_imported(chunk.export[:POOL_ID_BYTES])
+
+    def _close_imported(self, pool_id: bytes) -> None:
+        """One pointer of imported pool ``pool_id`` less; the pool closed after its last."""
+        d = self._d
+        with self._lock:
+            entry = self._imported.get(pool_id)
+            if entry is None:
+                return
+            entry[1] -= 1
+            if entry[1] > 0:
+                return
+            del self._imported[pool_id]
+            with self.context():
+                check(d.cuMemPoolDestroy(entry[0]), "cuMemPoolDestroy(imported pool)")
 
 
 register(
