@@ -160,6 +160,8 @@ class FakeCuda(FakeDriver):
         Live pools, own (``"own"``) or imported.
     events : dict of int to str
         Live events, created or opened.
+    semaphores : dict of int to str
+        Imported external semaphores.
     pushed : int
         Contexts pushed and not popped.
     synchronized : int
@@ -186,6 +188,7 @@ class FakeCuda(FakeDriver):
         self.pointers: dict[int, str] = {}
         self.pools: dict[int, str] = {}
         self.events: dict[int, str] = {}
+        self.semaphores: dict[int, str] = {}
         self.log: list[str] = []
         self._failures: dict[str, list[tuple[int, Any]]] = {}
         self._counts: Counter[str] = Counter()
@@ -226,6 +229,7 @@ class FakeCuda(FakeDriver):
             "pointers": self.pointers,
             "pools": {p: w for p, w in self.pools.items() if w != "own"},
             "events": self.events,
+            "semaphores": self.semaphores,
             "pushed": self.pushed,
         }
         return {k: v for k, v in books.items() if v}
@@ -471,6 +475,22 @@ class FakeCuda(FakeDriver):
         event = self._new_id()
         self.events[event] = "opened"
         return err, event
+
+    # external semaphores -----------------------------------------------------------------
+    def cuImportExternalSemaphore(self, desc: Any) -> tuple[Any, int | None]:
+        err = self._err("cuImportExternalSemaphore")
+        if err:
+            return err, None
+        os.close(desc.handle.fd)  # (CUDA owns the fd once it took it)
+        sem = self._new_id()
+        self.semaphores[sem] = "imported"
+        return err, sem
+
+    def cuDestroyExternalSemaphore(self, sem: int) -> tuple[Any]:
+        err = self._err("cuDestroyExternalSemaphore")
+        if not err:
+            del self.semaphores[int(sem)]
+        return (err,)
 
 
 @pytest.fixture

@@ -122,12 +122,14 @@ class ExternalSemaphore:
                 raise ValueError(f"kind must be 'opaque' or 'timeline', not {kind!r}")
             if isinstance(fd, bool) or not isinstance(fd, int) or fd < 0:
                 raise ValueError(f"fd must be an open file descriptor, not {fd!r}")
-            os.fstat(fd)  # a closed fd is a ValueError here, not a driver error
+            try:
+                os.fstat(fd)  # a closed fd is a ValueError here, not a driver error
+            except OSError as exc:
+                # (only this OSError: a CudaDriverError is one too, and its fd is open)
+                raise ValueError(f"fd {fd} is not an open file descriptor ({exc})") from None
             dev = parse_device("cuda:0" if device is None else device)
             backend = _streams(dev, "an external semaphore")
             handle = backend.import_semaphore(fd, kind == "timeline")
-        except OSError as exc:
-            raise ValueError(f"fd {fd} is not an open file descriptor ({exc})") from None
         except BaseException:
             try:
                 os.close(fd)

@@ -17,8 +17,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fake_cuda import FakeCuda, fake_cuda
 
 import sharedarrays as sa
+from sharedarrays.backends.cuda.driver import CudaDriverError
+
+__all__ = ["fake_cuda"]  # a fixture, used by name
 
 N = 1 << 20
 
@@ -131,6 +135,24 @@ def test_external_semaphore_refuses_bad_input_and_closes_the_fd() -> None:
             sa.ExternalSemaphore.from_fd(r, kind="timeline")
         with pytest.raises(OSError):
             os.fstat(r)
+
+
+def test_external_semaphore_the_driver_refuses_closes_the_fd(fake_cuda: FakeCuda) -> None:
+    # (a CudaDriverError is an OSError: it was taken for a closed fd, a ValueError, and the
+    # fd was left open)
+    r, w = os.pipe()
+    os.close(w)
+    fake_cuda.fail("cuImportExternalSemaphore", "CUDA_ERROR_INVALID_VALUE")
+    with pytest.raises(CudaDriverError, match="cuImportExternalSemaphore"):
+        sa.ExternalSemaphore.from_fd(r, kind="timeline")
+    with pytest.raises(OSError):
+        os.fstat(r)  # closed: the caller never closes it
+    r, w = os.pipe()
+    os.close(w)
+    sem = sa.ExternalSemaphore.from_fd(r)  # taken by the driver
+    assert list(fake_cuda.semaphores.values()) == ["imported"]
+    sem.close()
+    assert fake_cuda.held() == {}
 
 
 # --------------------------------------------------------------------------------------------
