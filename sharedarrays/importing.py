@@ -30,8 +30,10 @@ This layer returns allocations; :mod:`sharedarrays.api.array` makes the views.
 
 from __future__ import annotations
 
+import errno
 import hmac
 import os
+import resource
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +42,7 @@ from sharedarrays import process
 from sharedarrays.backends import Access, Backend, device_of, get_backend, why_unusable
 from sharedarrays.errors import (
     BackendUnavailable,
+    ClosedArrayError,
     HandleUnavailable,
     PayloadError,
     PermissionDenied,
@@ -346,18 +349,68 @@ def load_payload(
     if fds is not None:
         if type(fds) is not tuple or len(fds) != len(p.chunks):
             raise PayloadError("the handles that travelled with the payload do not match it")
-        carried = [d.detach() for d in fds]
+        carried = _detach(fds)
     alloc = _mapped(p, carried)
-    if alloc is None:  # (one mapped here is on this node)
-        try:
-            _check_node(p)
-        except WrongNode:
-            _close(carried or [])
-            raise
-        alloc = resolve(Request(p, carried), RESOLVERS[1:])
+    if alloc is not None:
+        if sync is not None:
+            alloc.backend.import_sync(sync)
+        return alloc
+    try:  # (one mapped here is on this node)
+        _check_node(p)
+    except WrongNode:
+        _close(carried or [])
+        raise
+    alloc = resolve(Request(p, carried), RESOLVERS[1:])
     if sync is not None:
-        alloc.backend.import_sync(sync)
+        try:
+            alloc.backend.import_sync(sync)
+        except BaseException:
+            _let_go(alloc)
+            raise
     return alloc
+
+
+def _detach(fds: tuple[Any, ...]) -> list[int]:
+    """The fds that travelled with a payload, received (``detach()``); those received are
+    closed where a later one cannot be.
+
+    Raises
+    ------
+    HandleUnavailable
+        A handle could not be received (this process has as many files open as it may, or
+        the sender's resource sharer is gone).
+    """
+    carried: list[int] = []
+    try:
+        for travelled in fds:
+            carried.append(travelled.detach())
+    except (OSError, EOFError) as exc:
+        _close(carried)
+        if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+            limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            raise HandleUnavailable(
+                f"cannot receive the handles that travelled with the payload: {exc.strerror} "
+                f"(this process may have {limit} open, ulimit -n). Close arrays this process "
+                "no longer needs (a.close()), or raise the limit"
+            ) from None
+        raise HandleUnavailable(
+            f"cannot receive the handles that travelled with the payload ({exc}); its sender "
+            "may have exited. Send the array again"
+        ) from None
+    except BaseException:
+        _close(carried)
+        raise
+    return carried
+
+
+def _let_go(alloc: Allocation) -> None:
+    """An allocation mapped for a load that then failed: parked or released as when a view's
+    lease ends (it has none: left as it is, it would stay mapped, unused, until exit)."""
+    try:
+        lease = alloc.lease()
+    except ClosedArrayError:  # released meanwhile
+        return
+    del lease
 
 
 def _check_token(sync: object) -> None:

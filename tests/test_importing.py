@@ -7,6 +7,8 @@ here until a resolver maps it.
 from __future__ import annotations
 
 import dataclasses
+import errno
+import mmap
 import os
 import subprocess
 from collections.abc import Iterator
@@ -30,7 +32,7 @@ from sharedarrays.importing import (
     mapped_here,
     resolve,
 )
-from sharedarrays.memory.allocation import Allocation
+from sharedarrays.memory.allocation import Allocation, lookup
 from sharedarrays.protocol.payload import Payload
 from sharedarrays.transport import client
 
@@ -262,3 +264,47 @@ def test_catch_up_maps_the_chunks_a_growable_array_added() -> None:
         assert mapped_here(Request(p)) is alloc
     finally:
         e.stop()
+
+
+class _Travelled:
+    """What multiprocessing's DupFd is to :func:`importing.load_payload`: ``detach()``
+    gives the fd (or fails, as a resource sharer's does in a process at its fd limit)."""
+
+    def __init__(self, fd: int | None) -> None:
+        self.fd = fd
+
+    def detach(self) -> int:
+        if self.fd is None:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return self.fd
+
+
+def test_carried_handles_that_cannot_all_be_received_are_closed() -> None:
+    a = sa.zeros(2 * mmap.PAGESIZE, "uint8", device="cpu", pack=False, chunk_bytes=mmap.PAGESIZE)
+    assert len(a.allocation.chunks) == 2
+    p = dataclasses.replace(a.payload(), alloc_id="cd" * 16)  # (not mapped here)
+    first = os.dup(a.allocation.chunk_fds()[0])
+    with pytest.raises(sa.HandleUnavailable, match=r"Too many open files.*ulimit -n"):
+        importing.load_payload(p, fds=(_Travelled(first), _Travelled(None)))
+    assert not _is_open(first)  # (it was left open)
+    assert lookup(p.alloc_id) is None
+
+
+def test_a_fresh_import_whose_token_fails_is_not_left_mapped_unused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    a = sa.from_array(np.arange(4.0), device="cpu", pack=False)
+    p = dataclasses.replace(a.payload(), alloc_id="ce" * 16)  # (not mapped here)
+    fds = tuple(_Travelled(os.dup(fd)) for fd in a.allocation.chunk_fds())
+
+    def refuse(self: object, token: bytes) -> None:
+        raise sa.PayloadError("the sync token names an event this process never exported")
+
+    monkeypatch.setattr(type(a.allocation.backend), "import_sync", refuse)
+    with pytest.raises(sa.PayloadError, match="never exported"):
+        importing.load_payload(p, sync=b"t" * 40, fds=fds)
+    alloc = lookup(p.alloc_id)
+    # it was left registered with no lease, neither parked nor ever released (until exit)
+    assert alloc is None or alloc.parked
+    if alloc is not None:
+        assert alloc.release() and lookup(p.alloc_id) is None
