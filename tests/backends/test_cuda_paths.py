@@ -6,6 +6,7 @@ back, and the caller sees a :class:`~sharedarrays.SharedArrayError` that says wh
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 
@@ -14,13 +15,14 @@ from fake_cuda import GRANULARITY, FakeCuda, fake_cuda
 
 import sharedarrays as sa
 from sharedarrays.backends.base import Chunk
-from sharedarrays.backends.cuda import pool
+from sharedarrays.backends.cuda import pool, sync
 from sharedarrays.backends.cuda.pool import CudaPoolBackend
 from sharedarrays.backends.cuda.vmm import CudaVmmBackend
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import SharedArrayError
 from sharedarrays.memory.allocation import Allocation
 from sharedarrays.memory.state import state
+from sharedarrays.protocol import token as wire
 
 __all__ = ["fake_cuda"]  # a fixture, used by name
 
@@ -175,3 +177,36 @@ def test_the_imported_pool_stays_while_another_pointer_is_open(fake_cuda: FakeCu
     assert list(fake_cuda.pools.values()) == ["imported"]
     be.release_chunk(second)
     assert fake_cuda.pools == {} and be._imported == {}
+
+
+# ============================================================================================
+# ordering: the events opened for other processes' tokens
+
+
+class _On:
+    device = CUDA0
+
+    def context(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+
+def test_events_of_exporters_that_exited_are_destroyed(
+    fake_cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("_opened", "_waited", "_own", "_rings"):
+        monkeypatch.setattr(sync, name, {})
+    alive = {100001: 7, 100002: 9}  # pid -> start time, of two "exporters"
+    monkeypatch.setattr(sync, "start_time", alive.get)
+    monkeypatch.setattr(sync, "running", lambda pid: pid in alive)
+
+    def token(pid: int, seq: int) -> bytes:
+        return wire.encode(wire.OrderingToken(pid, alive[pid], bytes([seq]) * 64, seq))
+
+    first, second = token(100001, 1), token(100001, 2)
+    sync.import_sync(_On(), first)
+    sync.import_sync(_On(), second)
+    assert list(fake_cuda.events.values()) == ["opened", "opened"]
+    del alive[100001]  # it exited, and sends no token again: its events are no use here
+    sync.import_sync(_On(), token(100002, 3))
+    assert list(fake_cuda.events.values()) == ["opened"]  # (three were kept)
+    assert len(sync._opened) == 1

@@ -24,7 +24,8 @@ a ``pickle.dumps``) records at most one event for all the arrays in it (:func:`e
   handle's bytes. A token names the exporting process (pid and start time): a token from this
   very process uses the event itself (CUDA cannot open its own IPC handles), and a token
   from a process that has exited needs no wait (its work is over), and its cached event is
-  dropped.
+  dropped. Whenever an event is opened, those of every exporter that has exited are
+  destroyed too.
 - A token's bytes are :mod:`sharedarrays.protocol.token`'s format.
 - "Current stream" is CuPy's current stream for the device when CuPy is imported, else the
   legacy default stream (which PyTorch also uses unless told otherwise). Work queued on other
@@ -314,8 +315,25 @@ def _event_for(driver: Any, token: bytes) -> Any | None:
     event = check(driver.cuIpcOpenEventHandle(ipc), "cuIpcOpenEventHandle")
     if cached is not None:
         driver.cuEventDestroy(cached[2])
+    _drop_exited(driver, pid)
     _opened[handle] = (pid, start, event)
     return event
+
+
+def _drop_exited(driver: Any, sender: int) -> None:
+    """Destroy the opened events of exporters that have exited (each process but ``sender``
+    asked once): their work is over, and no token of theirs comes again, so without this
+    they would stay open until exit, up to a ring's worth per exporter. Asked when an event
+    is opened (once per handle and process), never in the steady state."""
+    gone: dict[int, bool] = {}
+    for handle, (pid, _, event) in list(_opened.items()):
+        if pid == sender:
+            continue
+        if pid not in gone:
+            gone[pid] = not running(pid)
+        if gone[pid]:
+            del _opened[handle]
+            driver.cuEventDestroy(event)
 
 
 def import_sync(on: OnDevice, token: bytes) -> None:
