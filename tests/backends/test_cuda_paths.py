@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import resource
+from collections.abc import Iterator
 
 import pytest
 from fake_cuda import GRANULARITY, FakeCuda, fake_cuda
@@ -16,6 +18,7 @@ from fake_cuda import GRANULARITY, FakeCuda, fake_cuda
 import sharedarrays as sa
 from sharedarrays.backends.base import Chunk
 from sharedarrays.backends.cuda import pool, sync
+from sharedarrays.backends.cuda.driver import CudaDriverError
 from sharedarrays.backends.cuda.pool import CudaPoolBackend
 from sharedarrays.backends.cuda.vmm import CudaVmmBackend
 from sharedarrays.backends.device import Device
@@ -210,3 +213,45 @@ def test_events_of_exporters_that_exited_are_destroyed(
     sync.import_sync(_On(), token(100002, 3))
     assert list(fake_cuda.events.values()) == ["opened"]  # (three were kept)
     assert len(sync._opened) == 1
+
+
+# ============================================================================================
+# contexts and the fd limit
+
+
+def test_a_failing_call_under_another_context_pops_what_it_pushed(fake_cuda: FakeCuda) -> None:
+    be = CudaVmmBackend(CUDA0)
+    fake_cuda.current = 0xBEEF  # another library's context is current: ours is pushed
+    fake_cuda.fail("cuMemMap")
+    with pytest.raises(SharedArrayError, match="cuMemMap"):
+        Allocation.create(be, 2 * GRANULARITY, chunk_bytes=GRANULARITY)
+    assert fake_cuda.held() == {}  # (pushed: 0)
+    assert fake_cuda.current == 0xBEEF and "cuCtxPushCurrent" in fake_cuda.log
+
+
+@contextlib.contextmanager
+def _no_fd_left() -> Iterator[None]:
+    """This process may open no more fds for the block (``RLIMIT_NOFILE`` at the lowest
+    free fd number, which the kernel gives a new fd)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowest = os.open(os.devnull, os.O_RDONLY)
+    os.close(lowest)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_an_export_refused_at_the_fd_limit_says_so(fake_cuda: FakeCuda) -> None:
+    be = CudaVmmBackend(CUDA0)
+    # (what the driver answers for an export in a process with no fd left is not known here)
+    fake_cuda.fail("cuMemExportToShareableHandle", "CUDA_ERROR_OPERATING_SYSTEM")
+    with _no_fd_left(), pytest.raises(sa.HandleUnavailable, match=r"ulimit -n") as info:
+        be.create_chunk(GRANULARITY)
+    assert "cuMemExportToShareableHandle" in str(info.value)
+    assert fake_cuda.held() == {}
+    fake_cuda.fail("cuMemExportToShareableHandle", "CUDA_ERROR_OPERATING_SYSTEM")
+    with pytest.raises(CudaDriverError, match="cuMemExportToShareableHandle"):
+        be.create_chunk(GRANULARITY)  # with fds left: the driver's own error
+    assert fake_cuda.held() == {}

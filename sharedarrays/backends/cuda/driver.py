@@ -40,22 +40,25 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import importlib
 import importlib.util
 import os
+import resource
 import sys
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from sharedarrays.backends.device import Device
-from sharedarrays.errors import DriverError, OutOfMemory
+from sharedarrays.errors import DriverError, HandleUnavailable, OutOfMemory, SharedArrayError
 from sharedarrays.process import at_fork
 
 __all__ = [
     "OnDevice",
     "CudaDriverError",
     "CudaOutOfMemory",
+    "at_fd_limit",
     "explain_out_of_memory",
     "why_unusable",
     "load_driver",
@@ -141,6 +144,25 @@ class CudaOutOfMemory(CudaDriverError, OutOfMemory):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.call, self.code, self.error_name, self.description, self.hint))
+
+
+def at_fd_limit(exc: CudaDriverError) -> SharedArrayError:
+    """What to raise for ``exc``, the failure of a call that makes an fd (an export to a
+    POSIX fd): a :class:`~sharedarrays.HandleUnavailable` naming the limit where this process
+    can open no more fds (the driver's error code does not say so), else ``exc`` itself."""
+    try:
+        probe = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno not in (errno.EMFILE, errno.ENFILE):
+            return exc
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return HandleUnavailable(
+            f"{exc}: this process can open no more files ({e.strerror}; it may have {limit} "
+            "open, ulimit -n), and an exported handle is one. Close arrays this process no "
+            "longer needs (a.close()), or raise the limit"
+        )
+    os.close(probe)
+    return exc
 
 
 def _gib(nbytes: int) -> str:

@@ -34,6 +34,7 @@ from sharedarrays.backends.cuda.driver import (
     OPAQUE_BYTES,
     CudaDriverError,
     CudaOutOfMemory,
+    at_fd_limit,
     check,
     opaque_bytes,
     opaque_from_bytes,
@@ -144,6 +145,9 @@ class CudaPoolBackend(CudaDevice):
                             "cuMemPoolExportToShareableHandle(POSIX_FILE_DESCRIPTOR)",
                         )
                     )
+                except CudaDriverError as exc:
+                    d.cuMemPoolDestroy(pool)
+                    raise at_fd_limit(exc) from exc
                 except BaseException:
                     d.cuMemPoolDestroy(pool)
                     raise

@@ -29,6 +29,7 @@ from sharedarrays.backends.cuda.device import CudaDevice
 from sharedarrays.backends.cuda.driver import (
     CudaDriverError,
     CudaOutOfMemory,
+    at_fd_limit,
     check,
     peer_reason,
     why_unusable,
@@ -159,6 +160,9 @@ class CudaVmmBackend(CudaDevice):
                         "cuMemExportToShareableHandle(POSIX_FILE_DESCRIPTOR)",
                     )
                 )
+            except CudaDriverError as exc:
+                d.cuMemRelease(handle)
+                raise at_fd_limit(exc) from exc
             except BaseException:
                 d.cuMemRelease(handle)
                 raise
