@@ -42,13 +42,6 @@ def add_parsers(sub: Any) -> None:
     sub.add_parser("status", help="show this user's keeper")
 
 
-def _size(n: int) -> str:
-    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
-        if n >= 1 << shift:
-            return f"{n / (1 << shift):.4g}{unit}"
-    return str(n)
-
-
 _COLUMNS = (
     "ID",
     "NAME",
@@ -122,9 +115,14 @@ def run(args: argparse.Namespace) -> int:
 
     if args.command == "ls":
         from sharedarrays.api import nodemap
+        from sharedarrays.api.widgets.model import fmt_bytes
         from sharedarrays.api.widgets.nodeview import row_cells
 
-        rows = named.list_named(parked=args.all)
+        try:
+            rows = named.list_named(parked=args.all)
+        except SharedArrayError as e:  # the keeper runs but is stopped, busy or another's
+            print(f"ls: {e}", file=sys.stderr)
+            return 1
         seen = {r.alloc_id: r for r in nodemap.node_map().allocations} if rows else {}
         if args.json:
             for r in rows:
@@ -149,9 +147,9 @@ def run(args: argparse.Namespace) -> int:
                 )
             return 0
         print(
-            f"{'NAME':<24} {'SHAPE':<16} {'DTYPE':<8} {'DEVICE':<7} {'SIZE':>7} "
+            f"{'NAME':<24} {'SHAPE':<16} {'DTYPE':<8} {'DEVICE':<7} {'SIZE':>9} "
             f"{'CREATOR':>8} {'CREATED':<19} {'PIDS':<12} {'STATE':<9} {'BACKEND':<8} "
-            f"{'LOST':>7} {'AGE':>5} HOLDERS"
+            f"{'LOST':>9} {'AGE':>5} HOLDERS"
         )
         for r in rows:
             label = r.name or f"(parked {r.id[:8]})"
@@ -161,9 +159,9 @@ def run(args: argparse.Namespace) -> int:
             cells = dict(zip(_COLUMNS, row_cells(seen[r.id]))) if r.id in seen else {}
             print(
                 f"{label:<24} {r.shape!s:<16} {r.dtype.name:<8} {r.device!s:<7} "
-                f"{_size(r.size):>7} {r.creator:>8} {stamp:<19} "
+                f"{fmt_bytes(r.size):>9} {r.creator:>8} {stamp:<19} "
                 f"{','.join(map(str, r.pids)) or '-':<12} {cells.get('STATE', '-'):<9} "
-                f"{cells.get('BACKEND', '-'):<8} {cells.get('LOST', '-'):>7} "
+                f"{cells.get('BACKEND', '-'):<8} {cells.get('LOST', '-'):>9} "
                 f"{cells.get('AGE', '-'):>5} {cells.get('HOLDERS', '-')}"
             )
         return 0

@@ -154,9 +154,16 @@ def drop_mapping(path: str, alloc_id: str, timeout: float = ASK_TIMEOUT) -> Stat
         return None
 
 
-def _keeper_request(request: List | Drop, timeout: float) -> tuple[int, int, dict[str, Any]]:
-    """One request on a new connection to the keeper: its pid, the status and the body."""
+def _keeper_request(
+    request: List | Drop, timeout: float, pids: list[int] | None = None
+) -> tuple[int, int, dict[str, Any]]:
+    """One request on a new connection to the keeper: its pid, the status and the body.
+
+    ``pids``, if given, gets the keeper's pid as soon as it is connected (before it answers:
+    a keeper that then does not answer is still named)."""
     sock, pid = _connect(str(runtime_dir() / SOCKET_NAME), timeout)
+    if pids is not None:
+        pids.append(pid)
     with sock:
         sock.send(request.encode())
         msg = sock.recv(MAX_MESSAGE)
@@ -171,8 +178,7 @@ def ask_keeper(timeout: float = ASK_TIMEOUT) -> KeeperAnswer:
     pids: list[int] = []
 
     def ask(req: List) -> tuple[int, dict[str, Any]]:
-        pid, status, body = _keeper_request(req, timeout)
-        pids.append(pid)
+        _, status, body = _keeper_request(req, timeout, pids)
         return status, body
 
     try:
@@ -180,8 +186,8 @@ def ask_keeper(timeout: float = ASK_TIMEOUT) -> KeeperAnswer:
         pid = pids[0]
     except (FileNotFoundError, ConnectionRefusedError):
         return KeeperAnswer("none")
-    except (TimeoutError, BlockingIOError):
-        return KeeperAnswer("no answer")
+    except (TimeoutError, BlockingIOError):  # (connected, but stopped or busy: its pid)
+        return KeeperAnswer("no answer", pids[0] if pids else None)
     except (PermissionDenied, KeeperError):
         return KeeperAnswer("refused")
     except OSError:

@@ -36,7 +36,9 @@ def _program(command: str) -> str:
     for flag in ("-m", "-c"):
         if flag in words[:-1]:
             i = words.index(flag)
-            return words[i + 1][:24] if flag == "-m" else "python -c"
+            if flag == "-m":
+                return words[i + 1][:24]
+            return "keeper" if "sharedarrays.keeper" in command else "python -c"
     for word in words[1:]:
         if not word.startswith("-"):
             return word.rsplit("/", 1)[-1][:24]
@@ -82,7 +84,7 @@ def summary_lines(node: NodeMap) -> list[str]:
         lines.append("no shared allocations")
     asked = len(node.processes)
     silent = [p for p in node.processes if p.status != "ok"]
-    note = ", ".join(f"{p.pid} {p.status}" for p in silent)
+    note = ", ".join(f"pid {p.pid} ({_program(p.command) or '?'}) {p.status}" for p in silent)
     lines.append(
         f"{asked} process{'es' if asked != 1 else ''} asked, keeper: {node.keeper}"
         + (f"; {note}" if note else "")
