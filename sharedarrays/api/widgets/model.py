@@ -341,9 +341,15 @@ def table_rows(maps: Sequence[ReservationMap]) -> list[TableRow]:
         for g in m.gaps:
             free = "free capacity" if g.start >= m.mapped >= 0 else ""
             rows.append(TableRow(m.short_id, "unmapped", a + g.start, a + g.start + g.size, free))
-        if m.waste:
+        if m.waste:  # (up to the mapped end: a growable array's free capacity is unmapped)
             rows.append(
-                TableRow(m.short_id, "waste", a + m.used, a + m.size, "reserved beyond the views")
+                TableRow(
+                    m.short_id,
+                    "waste",
+                    a + m.used,
+                    a + m.used + m.waste,
+                    "mapped beyond the views",
+                )
             )
         for v in m.views:
             rows.append(TableRow(m.short_id, "view", a + v.start, a + v.stop, v.label))

@@ -41,6 +41,7 @@ _BAR_H = 26
 _LEVEL_H = 15
 _HEAD_H = 20
 _FOOT_H = 30
+_LABEL_CHAR = 6.0  # the widest a character of a view's label (10 px sans-serif) is drawn
 
 _CSS = """
 <style>
@@ -128,11 +129,14 @@ def _svg_block(m: ReservationMap, y0: int) -> tuple[list[str], int]:
         x1, x2 = x(v.start), x(v.stop)
         x2 = max(x2, x1 + 2)
         tip = f"view {v.label}: {m.address + v.start:#x}-{m.address + v.stop:#x}"
+        # the label centred over its bracket, moved in where it would run off either edge
+        half = len(v.label) * _LABEL_CHAR / 2
+        mid = min(max((x1 + x2) / 2, _PAD + half), _W - _PAD - half)
         out.append(
             f'<g class="sa-view"><title>{_e(tip)}</title>'
             f'<path d="M{x1:.1f},{top + 5} V{top} H{x2:.1f} V{top + 5}" fill="none" '
             f'stroke="#333" stroke-width="1.5"/>'
-            f'<text x="{(x1 + x2) / 2:.1f}" y="{top - 2}" text-anchor="middle" '
+            f'<text x="{mid:.1f}" y="{top - 2}" text-anchor="middle" '
             f'font-size="10">{_e(v.label)}</text></g>'
         )
     # chunk bars
@@ -162,7 +166,7 @@ def _svg_block(m: ReservationMap, y0: int) -> tuple[list[str], int]:
         )
     if m.waste:
         tip = (
-            f"waste: {fmt_bytes(m.waste)} reserved beyond the views "
+            f"waste: {fmt_bytes(m.waste)} mapped beyond the views "
             f"({m.address + m.used:#x}-{m.address + m.used + m.waste:#x})"
         )
         out.append(

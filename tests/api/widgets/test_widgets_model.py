@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import mmap
 
+import numpy as np
 import pytest
 
 import sharedarrays as sa
@@ -138,3 +139,18 @@ def test_unmapped_gaps_from_mappings():
 def test_build_maps_rejects_other_objects():
     with pytest.raises(TypeError):
         build_maps([object()])
+
+
+def test_a_growable_arrays_waste_row_ends_where_its_mapping_does():
+    # (the waste row ran to the end of the reservation: 61 MiB of "waste" over the free
+    # capacity, which the map's bar and its unmapped row showed as 1.5 MiB and unmapped)
+    g = sa.empty((0, 128), "float32", capacity=64 << 20)
+    for _ in range(5):
+        g.append(np.ones((1000, 128), "float32"))
+    m = build_map(g.allocation)
+    assert m.mapped < m.size  # free capacity left
+    rows = {r.kind: r for r in table_rows([m])}
+    waste, free = rows["waste"], rows["unmapped"]
+    assert waste.size == m.waste == m.mapped - 5000 * 128 * 4
+    assert waste.stop == m.address + m.mapped == free.start  # side by side, no overlap
+    g.close()
