@@ -28,6 +28,7 @@ orphaned   nobody uses it, but a handle keeps it: a mapping an importer keeps pa
 
 from __future__ import annotations
 
+import numbers
 import os
 import time
 from collections.abc import Callable
@@ -46,6 +47,7 @@ from sharedarrays.transport import node as transport_node
 
 __all__ = [
     "LEFT_ALONE",
+    "MAX_TIMEOUT",
     "STATES",
     "Holder",
     "NodeAllocation",
@@ -241,6 +243,9 @@ class NodeMap:
         }
 
 
+MAX_TIMEOUT = 86_400.0
+"""The longest ``timeout`` of :func:`node_map` (a day, as ``top --timeout``)."""
+
 LEFT_ALONE = "left alone: payloads in flight"
 """What :func:`free` says when it frees nothing: payloads in flight, and no one confirmed."""
 
@@ -265,8 +270,20 @@ def node_map(timeout: float = transport_node.ASK_TIMEOUT) -> NodeMap:
     ----------
     timeout : float
         Seconds each process is given to answer (one that does not is listed as
-        ``"no answer"``, its allocations left out).
+        ``"no answer"``, its allocations left out): above 0, at most :data:`MAX_TIMEOUT`.
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``timeout`` is not such a number of seconds.
     """
+    given: object = timeout  # (typed float, but a caller may pass anything)
+    if isinstance(given, bool) or not isinstance(given, numbers.Real):
+        raise TypeError(f"timeout must be a number of seconds, not {type(given).__name__}")
+    if not 0 < timeout <= MAX_TIMEOUT:  # (False for nan)
+        raise ValueError(
+            f"timeout must be above 0 and at most {MAX_TIMEOUT:g} seconds, not {timeout:g}"
+        )
     now = time.time()
     answers = transport_node.ask_all(timeout)
     own = server.snapshot()

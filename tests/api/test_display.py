@@ -179,7 +179,7 @@ def test_live_widget_bundle_has_the_static_views_and_the_widget_view(
 
 def test_live_widget_refreshes_auto_refreshes_and_closes(kernel: types.ModuleType) -> None:
     a = sa.zeros(100_000, device="cpu")
-    live = a.show(interval=0.05)
+    live = a.show(interval=0.2)
     b = a[1:3]
     live.refresh_button.click()
     assert live.html.value.count('class="sa-view"') == 2
@@ -190,7 +190,7 @@ def test_live_widget_refreshes_auto_refreshes_and_closes(kernel: types.ModuleTyp
     assert live.memory_map._interval == 0.5
     live.stop()
     assert not thread.is_alive() and not live.auto_toggle.value
-    live.start(0.05)
+    live.start(0.2)
     assert live.auto_refreshing and live.auto_toggle.value
     thread = live.memory_map._refresher._thread
     live.close()
@@ -200,7 +200,7 @@ def test_live_widget_refreshes_auto_refreshes_and_closes(kernel: types.ModuleTyp
 
 
 def test_auto_refresh_option_starts_the_live_widget(kernel: types.ModuleType) -> None:
-    live = sa.show(interval=0.05, auto_refresh=True)
+    live = sa.show(interval=0.2, auto_refresh=True)
     assert live.auto_refreshing
     live.memory_map.close()  # closes the widget too
     assert not live.auto_refreshing and live.comm is None

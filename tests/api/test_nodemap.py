@@ -555,3 +555,19 @@ def test_an_allocation_the_keeper_holds_in_flight_shows_what_is_lost_to_granular
         assert row["lost"] == row["size"] - (node_workers.NBYTES + 8)
         a = pickle.loads(blob)  # (taken from the keeper: nothing left in flight)
         a.close()
+
+
+@pytest.mark.parametrize(
+    ("timeout", "error"),
+    [
+        (0, ValueError),
+        (-1, ValueError),  # (was the socket's "Timeout value out of range")
+        (float("nan"), ValueError),
+        (float("inf"), ValueError),  # (was OverflowError: timestamp out of range)
+        ("1", TypeError),  # (was "unsupported operand type(s) for +")
+        (None, TypeError),
+    ],
+)
+def test_node_map_refuses_a_bad_timeout_and_says_so(timeout: object, error: type) -> None:
+    with pytest.raises(error, match=r"^timeout must be"):
+        sa.node_map(timeout)  # type: ignore[arg-type]

@@ -27,6 +27,7 @@ from sharedarrays.api.widgets.model import (
     table_rows,
     views_of,
 )
+from sharedarrays.api.widgets.refresh import MAX_INTERVAL, MIN_INTERVAL, seconds
 from sharedarrays.api.widgets.render import render_html, render_png, render_text
 from sharedarrays.api.widgets.view import (
     MemoryMap,
@@ -75,7 +76,7 @@ def show(
     target : SharedDeviceArray, Allocation, a list of them, or None
         ``None`` (the default): every live allocation of this process.
     interval : float, default 2.0
-        Seconds between automatic refreshes.
+        Seconds between automatic refreshes, from 0.2 to 3600.
     auto_refresh : bool, default False
         Start refreshing automatically once displayed.
 
@@ -88,7 +89,16 @@ def show(
         its ``memory_map``). Elsewhere the :class:`MemoryMap`. Both are displayed by Jupyter
         when they are a cell's last expression, both have ``maps``, ``refresh``, ``start``,
         ``stop`` and ``close``, and the ``repr`` of both is a text summary.
+
+    Raises
+    ------
+    TypeError
+        ``target`` is not an array or an allocation, or ``interval`` is not a number.
+    ValueError
+        ``interval`` is out of range (``0`` would refresh without pause), a target is given
+        with ``scope="node"``, or ``scope`` is neither.
     """
+    seconds(interval, "interval", MIN_INTERVAL, MAX_INTERVAL)
     if scope == "node":
         if target is not None:
             raise ValueError("show(scope='node') shows every allocation: give no target")

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 import ipywidgets as w
 
 from sharedarrays.api.widgets.model import ReservationMap
+from sharedarrays.api.widgets.refresh import MAX_INTERVAL, MIN_INTERVAL
 from sharedarrays.api.widgets.render import render_text
 
 __all__ = ["MemoryMapWidget", "Controller", "refresh_controls"]
@@ -39,14 +40,15 @@ class Controller(Protocol):
 
 def refresh_controls(interval: float) -> tuple[Any, Any, Any]:
     """The refresh controls of a live view: a *refresh* button, an *auto-refresh* toggle
-    (off) and the interval in seconds (``interval``, 0.2 to 3600)."""
+    (off) and the interval in seconds (``interval``, :data:`~.refresh.MIN_INTERVAL` to
+    :data:`~.refresh.MAX_INTERVAL`)."""
     return (
         w.Button(description="refresh", icon="refresh", tooltip="re-read now"),
         w.ToggleButton(value=False, description="auto-refresh", icon="clock-o"),
         w.BoundedFloatText(
             value=interval,
-            min=0.2,
-            max=3600.0,
+            min=MIN_INTERVAL,
+            max=MAX_INTERVAL,
             step=0.5,
             description="every (s)",
             layout=w.Layout(width="160px"),

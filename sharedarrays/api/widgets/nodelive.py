@@ -14,7 +14,7 @@ from typing import Any
 
 from sharedarrays.api import nodemap
 from sharedarrays.api.widgets.nodeview import render_node_html, render_node_text
-from sharedarrays.api.widgets.refresh import AutoRefresh
+from sharedarrays.api.widgets.refresh import MAX_INTERVAL, MIN_INTERVAL, AutoRefresh, seconds
 from sharedarrays.errors import SharedArrayError
 
 __all__ = ["NodeView", "node_widget"]
@@ -58,7 +58,15 @@ class NodeView:
 
 
 def node_widget(view: NodeView, interval: float = 2.0, auto_refresh: bool = False) -> Any:
-    """The live widget of ``view`` (needs ipywidgets 8)."""
+    """The live widget of ``view`` (needs ipywidgets 8).
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``interval`` is not a number of seconds from :data:`~.refresh.MIN_INTERVAL` to
+        :data:`~.refresh.MAX_INTERVAL`.
+    """
+    interval = seconds(interval, "interval", MIN_INTERVAL, MAX_INTERVAL)
     import ipywidgets as w
 
     from sharedarrays.api.widgets.live import refresh_controls

@@ -15,7 +15,7 @@ from typing import Any
 
 from sharedarrays.api.views import is_view
 from sharedarrays.api.widgets.model import ReservationMap, build_maps
-from sharedarrays.api.widgets.refresh import AutoRefresh
+from sharedarrays.api.widgets.refresh import MAX_INTERVAL, MIN_INTERVAL, AutoRefresh, seconds
 from sharedarrays.api.widgets.render import render_html, render_png, render_text
 from sharedarrays.memory import Allocation
 
@@ -88,7 +88,7 @@ class MemoryMap:
         re-read from the registry on each refresh. The map holds only weak references, so
         it never keeps memory mapped.
     interval : float, default 2.0
-        Seconds between automatic refreshes.
+        Seconds between automatic refreshes, from 0.2 to 3600.
     auto_refresh : bool, default False
         Start refreshing automatically (only once the widget exists).
     """
@@ -108,7 +108,7 @@ class MemoryMap:
                     )
                 self._refs.append(weakref.ref(alloc))
         self._title = "shared memory map" if target is None else "memory map"
-        self._interval = float(interval)
+        self._interval = _interval_of(interval)
         self._auto_start = auto_refresh
         self._lock = threading.Lock()
         self._refresher: AutoRefresh[MemoryMap] = AutoRefresh("sharedarrays-memory-map", _interval)
@@ -179,7 +179,7 @@ class MemoryMap:
         """Start refreshing every ``interval`` seconds in a daemon thread (it holds this map
         weakly: a map that is garbage-collected stops it)."""
         if interval is not None:
-            self._interval = float(interval)
+            self._interval = _interval_of(interval)
         self._refresher.start(self)
         if self._ui is not None and not self._ui["auto"].value:
             self._ui["auto"].value = True
@@ -210,6 +210,11 @@ class MemoryMap:
         if in_kernel() and widgets_available():
             bundle.update(self.widget.view_data())
         return _filter(bundle, include, exclude)
+
+
+def _interval_of(value: object) -> float:
+    """An auto-refresh interval, checked (:func:`~.refresh.seconds`)."""
+    return seconds(value, "interval", MIN_INTERVAL, MAX_INTERVAL)
 
 
 def _interval(view: MemoryMap) -> float | None:

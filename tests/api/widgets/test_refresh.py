@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from sharedarrays.api.widgets.refresh import AutoRefresh
+from sharedarrays.api.widgets.refresh import MAX_INTERVAL, MIN_INTERVAL, AutoRefresh, seconds
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -62,3 +62,42 @@ def test_a_collected_view_stops_its_thread() -> None:
     gc.collect()
     thread.join(10)
     assert not thread.is_alive()
+
+
+@pytest.mark.parametrize(
+    ("interval", "error"),
+    [
+        (0, ValueError),  # (refreshed without pause: a core's worth of the kernel's CPU)
+        (-1, ValueError),
+        (float("nan"), ValueError),
+        (float("inf"), ValueError),
+        (0.1, ValueError),  # (below what the widget's "every (s)" allows)
+        ("2", TypeError),
+        (None, TypeError),
+        (True, TypeError),
+    ],
+)
+def test_a_bad_interval_is_refused_before_any_thread_runs(interval: object, error: type) -> None:
+    import sharedarrays as sa
+    from sharedarrays.api.widgets import MemoryMap
+
+    a = sa.zeros(10, device="cpu")
+    with pytest.raises(error, match="interval"):
+        sa.show(interval=interval)  # type: ignore[arg-type]
+    with pytest.raises(error, match="interval"):
+        a.show(interval=interval)  # type: ignore[arg-type]
+    with pytest.raises(error, match="interval"):
+        sa.show(scope="node", interval=interval)  # type: ignore[arg-type]
+    m = MemoryMap(a)
+    if interval is not None:  # (start(None) keeps the interval it has)
+        with pytest.raises(error, match="interval"):
+            m.start(interval)  # type: ignore[arg-type]
+    assert not m.auto_refreshing
+    a.close()
+
+
+def test_seconds_takes_numpy_numbers() -> None:
+    import numpy as np
+
+    assert seconds(np.float32(0.5), "interval", MIN_INTERVAL, MAX_INTERVAL) == 0.5
+    assert seconds(np.int64(3), "interval", MIN_INTERVAL, MAX_INTERVAL) == 3.0

@@ -121,7 +121,7 @@ def test_served_importers_in_provenance():
 def test_widget_refresh_and_auto_refresh_stop_on_close():
     pytest.importorskip("ipywidgets")
     a = sa.zeros(100_000, device="cpu")
-    m = MemoryMap(a, interval=0.05)
+    m = MemoryMap(a, interval=0.2)
     box = m.widget
     assert box is m.widget
     html = m._ui["html"]
@@ -146,7 +146,7 @@ def test_widget_refresh_and_auto_refresh_stop_on_close():
 
 def test_auto_refresh_stops_when_widget_closed_from_outside():
     pytest.importorskip("ipywidgets")
-    m = sa.show(interval=0.05)
+    m = sa.show(interval=0.2)
     box = m.widget
     m.start()
     thread = m._refresher._thread
@@ -158,7 +158,7 @@ def test_auto_refresh_stops_when_widget_closed_from_outside():
 
 def test_toggle_off_stops_thread():
     pytest.importorskip("ipywidgets")
-    m = sa.show(interval=0.05, auto_refresh=True)
+    m = sa.show(interval=0.2, auto_refresh=True)
     assert m.widget is not None
     assert m.auto_refreshing
     thread = m._refresher._thread
