@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from sharedarrays.api import nodemap
+from sharedarrays.api.widgets.cells import stop_on_rerun
 from sharedarrays.api.widgets.nodeview import render_node_html, render_node_text
 from sharedarrays.api.widgets.refresh import MAX_INTERVAL, MIN_INTERVAL, AutoRefresh, seconds
 from sharedarrays.errors import SharedArrayError
@@ -98,6 +99,7 @@ def node_widget(view: NodeView, interval: float = 2.0, auto_refresh: bool = Fals
             self.refresh_button.on_click(lambda _: self.refresh())
             self.free_button.on_click(lambda _: self._free())
             self.auto_toggle.observe(self._toggled, names="value")
+            stop_on_rerun(self)
             if auto_refresh:
                 self.auto_toggle.value = True
 
@@ -126,11 +128,14 @@ def node_widget(view: NodeView, interval: float = 2.0, auto_refresh: bool = Fals
         def start(self) -> None:
             """Refresh every ``interval_text`` seconds in a daemon thread (it holds this widget
             weakly, and ends when the widget is closed)."""
+            stop_on_rerun(self)
             self._refresher.start(self)
 
         def stop(self, timeout: float | None = 5.0) -> None:
-            """Stop auto-refreshing."""
+            """Stop auto-refreshing (and turn the *auto-refresh* toggle off)."""
             self._refresher.stop(timeout)
+            if self.auto_toggle.value:
+                self.auto_toggle.value = False
 
         def close(self) -> None:
             """Stop auto-refreshing and close the widget."""

@@ -14,6 +14,7 @@ import weakref
 from typing import Any
 
 from sharedarrays.api.views import is_view
+from sharedarrays.api.widgets.cells import stop_on_rerun
 from sharedarrays.api.widgets.model import ReservationMap, build_maps
 from sharedarrays.api.widgets.refresh import MAX_INTERVAL, MIN_INTERVAL, AutoRefresh, seconds
 from sharedarrays.api.widgets.render import render_html, render_png, render_text
@@ -124,15 +125,23 @@ class MemoryMap:
         return build_maps(allocs)
 
     def refresh(self) -> list[ReservationMap]:
-        """Re-read the registry (or the chosen allocations) and redraw; returns the maps."""
+        """Re-read the registry (or the chosen allocations) and redraw; returns the maps.
+
+        A map of chosen arrays whose allocations are all released (the arrays were closed)
+        has nothing more to show: its auto-refresh stops."""
         with self._lock:
             self.maps = self._read()
             self.updated = time.time()
+            gone = self._refs is not None and not self.maps
             ui = self._ui
             if ui is not None:
                 ui["html"].value = render_html(self.maps, self._title)
-                ui["status"].value = f"updated {time.strftime('%H:%M:%S')}"
-            return self.maps
+                ui["status"].value = f"updated {time.strftime('%H:%M:%S')}" + (
+                    "; released: auto-refresh stopped" if gone and self.auto_refreshing else ""
+                )
+        if gone and self.auto_refreshing:
+            self.stop()
+        return self.maps
 
     def __repr__(self) -> str:
         return render_text(self.maps)
@@ -157,6 +166,7 @@ class MemoryMap:
             box.refresh_button.on_click(lambda _b: self.refresh())
             box.auto_toggle.observe(self._on_toggle, names="value")
             box.interval_text.observe(self._on_interval, names="value")
+            stop_on_rerun(self)
             if self._auto_start:
                 box.auto_toggle.value = True
         return self._ui["box"]
@@ -180,6 +190,7 @@ class MemoryMap:
         weakly: a map that is garbage-collected stops it)."""
         if interval is not None:
             self._interval = _interval_of(interval)
+        stop_on_rerun(self)
         self._refresher.start(self)
         if self._ui is not None and not self._ui["auto"].value:
             self._ui["auto"].value = True
