@@ -567,14 +567,17 @@ class _Workers(list):  # type: ignore[type-arg]
     running is lost, and whoever waits for it would wait forever. Here the deletion of a
     worker asks the pool's table what it held
     (:meth:`~sharedarrays.api.poolqueues.PoolTable.reap`): nothing (it waited for a task or
-    ended as asked; or it died as it started, before it took a slot: nothing is lost), or a
-    task of one job, which fails with :class:`~sharedarrays.WorkerLost` when the next
-    worker is appended (after, so that a caller woken by the error finds a worker to give
-    the next task to). Where the table cannot tell (a task read, its job not yet known),
-    every job of ``cache`` (the pool's jobs) fails. The tasks of a failed job that no worker
-    has taken yet are not run (the table names the job), so that submitting it again runs
-    them once. Only the cache is kept, not the pool: the handler thread holds this list
-    until the pool ends.
+    ended as asked; or it was killed as it started, before it took a slot: nothing is
+    lost), or a task of one job, which fails with :class:`~sharedarrays.WorkerLost` when the
+    next worker is appended (after, so that a caller woken by the error finds a worker to
+    give the next task to). Where the table cannot tell (a task read, its job not yet
+    known), every job of ``cache`` (the pool's jobs) fails. So does every job when a worker
+    ends with an error before it took a slot (a spawned worker that cannot import the main
+    module again: a pool made outside ``if __name__ == "__main__":``, a script read from
+    standard input), or in the pool's initializer: each new worker would end the same way,
+    and the jobs would wait forever. The tasks of a failed job that no worker has taken yet
+    are not run (the table names the job), so that submitting it again runs them once. Only
+    the cache is kept, not the pool: the handler thread holds this list until the pool ends.
     """
 
     def __init__(self, workers: Iterable[Any], cache: Mapping[int, Any], table: PoolTable) -> None:
@@ -591,20 +594,21 @@ class _Workers(list):  # type: ignore[type-arg]
             held = self.table.reap(worker.pid)
             # held: 0 nothing, whatever its exit (it waited for a task, or ended as asked,
             # after maxtasksperchild tasks or at close); None: no slot (it died before it
-            # took one, as it started); STARTING: in the pool's initializer; else a task (a
-            # task's os._exit(0) too)
-            if held:
+            # took one, as it started: an error there, exit status 1, ends every new worker
+            # the same way; a signal, that one only); STARTING: in the pool's initializer;
+            # else a task (a task's os._exit(0) too)
+            if held or (held is None and worker.exitcode > 0):
                 self._lost(worker.pid, worker.exitcode, held)
         super().__delitem__(index)
 
-    def _lost(self, pid: int, code: int, held: int) -> None:
+    def _lost(self, pid: int, code: int, held: int | None) -> None:
         why = died_of(code)
         after = (
             "; its standard error may say why (a task that called os._exit(), a crash; the "
             "kernel's log names the out-of-memory killer's victims): submit it again once "
             "that is mended"
         )
-        if held > 0:
+        if held is not None and held > 0:
             job = self.cache.get(held - 1)
             self.table.lose(held - 1, pid, code)  # (before the new worker starts: it could
             if job is not None:  # take one)
@@ -621,7 +625,17 @@ class _Workers(list):  # type: ignore[type-arg]
                     )
                 )
             return
-        if held == STARTING:
+        if held is None:
+            what = (
+                "as it started, before the pool's initializer ran, so every job pending "
+                "then failed with this error, and a new worker took its place: each one that "
+                "ends so fails the jobs pending then. Its standard error says why. A spawned "
+                "or forkserver worker first imports the main module again: make the pool "
+                'only under if __name__ == "__main__": (the main module must not make one '
+                "as it is imported), run the script from a file (python - reads it from "
+                "standard input, which cannot be imported again), and make the pool again"
+            )
+        elif held == STARTING:
             what = (
                 "as the pool's initializer ran (it raised, or ended the process), so every "
                 "job pending then failed with this error, and a new worker took its place: "

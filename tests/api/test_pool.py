@@ -663,6 +663,65 @@ def test_a_worker_dead_before_it_could_say_which_job_fails_every_job_pending():
         table.close()
 
 
+def test_a_worker_that_ends_with_an_error_before_its_slot_fails_every_job_pending():
+    # (a spawned worker that cannot import the main module again ends as it starts, before
+    # it takes a slot: it looked as if nothing was lost, and the pool started new ones for
+    # ever while the jobs waited)
+    from sharedarrays.api import pool as pool_module
+    from sharedarrays.api.poolqueues import PoolTable
+
+    table = PoolTable(2)
+    try:
+        cache: dict = {}
+        job = _Job(cache, next(pool_module.multiprocessing.pool.job_counter))
+        killed, failed = _Dead(101), _Dead(102)
+        failed.exitcode = 1
+        workers = pool_module._Workers([killed, failed], cache, table)
+        del workers[0]  # killed by a signal as it started: that one only, nothing fails
+        workers.append(object())
+        assert set(cache) == {job._job} and job._value is None
+        del workers[0]  # ended with an error as it started: every new one would
+        workers.append(object())
+        assert not cache and isinstance(job._value, sa.WorkerLost)
+        assert "as it started" in str(job._value) and "__main__" in str(job._value)
+        assert table.lost(job._job)
+    finally:
+        table.close()
+
+
+_NO_MAIN_GUARD = """
+import sharedarrays as sa
+
+def inc(x):
+    return x + 1
+
+with sa.Pool(1) as pool:  # (no if __name__ == "__main__": each worker makes one, and ends)
+    pool.map(inc, range(3))
+"""
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("how", ["file", "stdin"])
+def test_a_pool_whose_workers_cannot_import_the_main_module_fails_never_hangs(tmp_path, how):
+    # (a script without the __main__ guard, or read from standard input with python -:
+    # every spawned worker ended as it imported the main module again, and the map waited
+    # for ever while the pool started new ones)
+    script = tmp_path / "unguarded.py"
+    script.write_text(_NO_MAIN_GUARD)
+    command = [sys.executable, str(script) if how == "file" else "-"]
+    r = subprocess.run(
+        command,
+        input=_NO_MAIN_GUARD if how == "stdin" else None,
+        capture_output=True,
+        text=True,
+        timeout=200,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 1
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("sharedarrays.errors.WorkerLost: ") and "as it started" in last
+
+
 def test_a_task_of_a_failed_job_is_not_run_by_the_worker_that_takes_it():
     import multiprocessing
 
