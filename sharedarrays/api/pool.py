@@ -109,9 +109,11 @@ def _broken(error: BaseException) -> BaseException:
         return error
     made = ExecutorBroken(
         f"{error} A worker of this ProcessPoolExecutor died (killed, out of memory, a "
-        "crash, os._exit(); its standard error may say why), so the executor is broken and "
-        "every future pending then failed: make a new executor and submit them again "
-        "(sharedarrays.Pool replaces a dead worker and goes on)"
+        "crash, os._exit(), or an error as it started: a spawned or forkserver worker "
+        "imports the main module again, so make the executor only under if __name__ == "
+        '"__main__": in a script saved as a file; its standard error may say why), so the '
+        "executor is broken and every future pending then failed: make a new executor and "
+        "submit them again (sharedarrays.Pool replaces a dead worker and goes on)"
     )
     made.__cause__ = error
     return made

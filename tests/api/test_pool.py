@@ -701,6 +701,25 @@ with sa.Pool(1) as pool:  # (no if __name__ == "__main__": each worker makes one
 
 
 @pytest.mark.timeout(240)
+def test_an_executor_whose_workers_cannot_import_the_main_module_says_so(tmp_path):
+    # (the error named kills, crashes and os._exit(), never the missing __main__ guard that
+    # ended every worker as it started)
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        _NO_MAIN_GUARD.replace("sa.Pool(1) as pool", "sa.ProcessPoolExecutor(1) as pool").replace(
+            "pool.map(inc, range(3))", "list(pool.map(inc, range(3)))"
+        )
+    )
+    r = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=200, cwd=tmp_path
+    )
+    assert r.returncode == 1
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("sharedarrays.api.pool.ExecutorBroken: ")
+    assert 'if __name__ == "__main__":' in last and "as it started" in last
+
+
+@pytest.mark.timeout(240)
 @pytest.mark.parametrize("how", ["file", "stdin"])
 def test_a_pool_whose_workers_cannot_import_the_main_module_fails_never_hangs(tmp_path, how):
     # (a script without the __main__ guard, or read from standard input with python -:
