@@ -52,3 +52,20 @@ def importer(conn: Any) -> None:
             conn.send(("ok", value))
         except Exception as e:
             conn.send(("error", f"{type(e).__name__}: {e}"))
+
+
+def make_growable(rows: int) -> Any:
+    """A growable array made here and returned (a pool worker's result): this process keeps
+    no view of it."""
+    import sharedarrays as sa
+
+    g = sa.empty((0, 4), "float64", capacity=1 << 20, device="cpu")
+    g.append(np.full((rows, 4), 2.0))
+    return g
+
+
+def draining() -> int:
+    """How many allocations released here still wait for their payloads to load."""
+    from sharedarrays.memory import reap_draining
+
+    return reap_draining()

@@ -188,7 +188,9 @@ def drop_parked(only_orphans: bool = False) -> int:
 
 def draining_allocations() -> list[Allocation]:
     """Allocations of exporter-owned memory (cuda-ipc, cuda-pool) that this process released
-    but cannot free yet: other processes still hold them (see :attr:`Allocation.holders`)."""
+    but cannot free yet: other processes still hold them (see :attr:`Allocation.holders`);
+    and growable allocations released here with payloads in flight (see
+    :meth:`Allocation.release`)."""
     with state.lock:
         return list(state.draining.values())
 
@@ -817,7 +819,9 @@ class Allocation(Growth):
         freed yet: the allocation leaves the registry (nothing new is served) and *drains*
         until its last holder closes it or exits (:attr:`holders`,
         :func:`draining_allocations`); the processes it was served to are told to drop
-        their parked mappings.
+        their parked mappings. A growable allocation (never handed to the keeper) drains
+        the same way while a payload of it is in flight (a pool worker's result), so that
+        it loads while this process runs.
 
         Returns
         -------
@@ -858,7 +862,11 @@ class Allocation(Growth):
                         del state.registry[self.id]
                         state.unregistered.notify_all()  # (a load here waits for this)
                     state.parked.pop(self.id, None)
-                    drain = self.backend.exporter_owned and (bool(self.holders) or self.busy())
+                    # (a growable array is not handed over: it drains while its payloads
+                    # are in flight, served here until they load or their bound passes)
+                    drain = (
+                        self.backend.exporter_owned and (bool(self.holders) or self.busy())
+                    ) or (self._growable and self.busy())
                     if drain:
                         state.draining[self.id] = self
                 if not drain:

@@ -457,3 +457,14 @@ def test_a_forked_child_may_use_an_inherited_growable_array_but_not_resize_it() 
     g.append(np.full((5, 4), 7.0))  # the parent still grows it
     assert g.shape == (15, 4) and g.get()[-1, 0] == 7.0
     assert pickle.loads(before).shape == (10, 4)
+
+
+@pytest.mark.timeout(240)
+def test_a_growable_array_made_in_a_pool_worker_and_returned_loads() -> None:
+    # (the worker let go of its last view as it sent the result, and a growable array is
+    # never handed to the keeper: its memory was freed before the parent loaded it, which
+    # raised HandleUnavailable)
+    with sa.Pool(1) as pool:
+        g = pool.apply(growth_workers.make_growable, (3,))
+        assert g.shape == (3, 4) and float(g.get().sum()) == 24.0
+        assert pool.apply(growth_workers.draining) == 0  # loaded: the worker freed its own
