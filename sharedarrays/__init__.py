@@ -51,6 +51,7 @@ from sharedarrays.errors import (
     SharedArrayError,
     TaskExited,
     TaskNotLoaded,
+    WaitTimeout,
     WorkerLost,
     WrongNode,
 )
@@ -76,6 +77,7 @@ __all__ = [
     "OutOfMemory",
     "TaskExited",
     "TaskNotLoaded",
+    "WaitTimeout",
     "WorkerLost",
     "WrongNode",
     "PayloadError",

@@ -26,6 +26,7 @@ __all__ = [
     "WorkerLost",
     "TaskExited",
     "TaskNotLoaded",
+    "WaitTimeout",
 ]
 
 
@@ -115,6 +116,12 @@ class TaskExited(SharedArrayError, RuntimeError):
     standard library's pool would wait for its result forever, and its executor would raise
     the ``SystemExit`` in the caller, which ends the caller's program. Here it is that
     task's error, and the worker goes on: return a value or raise an exception instead."""
+
+
+class WaitTimeout(SharedArrayError, TimeoutError):
+    """A wait with a time limit ended before what it waited for happened (a
+    :class:`~sharedarrays.Timeline` not reaching a value on the CPU): the message says what
+    was awaited. A ``TimeoutError`` too, so ``except TimeoutError`` still catches it."""
 
 
 class ResizeRefused(SharedArrayError, RuntimeError):

@@ -32,7 +32,7 @@ import numpy as np
 from sharedarrays.backends import StreamBackend, get_backend
 from sharedarrays.backends.base import ValueReader
 from sharedarrays.backends.device import Device, DeviceLike, parse_device
-from sharedarrays.errors import BackendUnavailable, ClosedArrayError
+from sharedarrays.errors import BackendUnavailable, ClosedArrayError, WaitTimeout
 
 if TYPE_CHECKING:
     from sharedarrays.api.array import SharedDeviceArray
@@ -261,7 +261,7 @@ class Timeline:
 
         Raises
         ------
-        TimeoutError
+        WaitTimeout
             Host only: the counter did not reach ``value`` within ``timeout`` seconds.
         """
         v = timeline_value(value)
@@ -287,7 +287,7 @@ class Timeline:
 
         Raises
         ------
-        TimeoutError
+        WaitTimeout
             Not reached within ``timeout`` seconds (``None``: wait forever).
         """
         v = timeline_value(value)
@@ -295,7 +295,7 @@ class Timeline:
         pause = 1e-5
         while self.value < v:
             if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(
+                raise WaitTimeout(
                     f"the timeline stayed at {self.value} < {v} for {timeout:g} s; is the "
                     "process that signals it running?"
                 )
