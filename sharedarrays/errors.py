@@ -60,6 +60,19 @@ class HandleUnavailable(SharedArrayError):
     """
 
 
+def fd_limit_error(what: str, strerror: str) -> HandleUnavailable:
+    """The error for ``what`` (e.g. "cannot make a memfd for new memory") failing because
+    this process can open no more files (``EMFILE``/``ENFILE``, ``strerror`` the OS's words):
+    a :class:`HandleUnavailable` naming the limit and what to do."""
+    import resource  # (Unix only, like the package; imported where needed)
+
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return HandleUnavailable(
+        f"{what}: {strerror} (this process may have {limit} open, ulimit -n). Close arrays "
+        "this process no longer needs (a.close()), or raise the limit"
+    )
+
+
 class PermissionDenied(SharedArrayError, PermissionError):
     """The requesting process may not import this allocation.
 

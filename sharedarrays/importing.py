@@ -33,7 +33,6 @@ from __future__ import annotations
 import errno
 import hmac
 import os
-import resource
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +46,7 @@ from sharedarrays.errors import (
     PayloadError,
     PermissionDenied,
     WrongNode,
+    fd_limit_error,
 )
 from sharedarrays.memory.allocation import Allocation, lookup, revive, use_clock
 from sharedarrays.memory.state import state
@@ -387,11 +387,8 @@ def _detach(fds: tuple[Any, ...]) -> list[int]:
     except (OSError, EOFError) as exc:
         _close(carried)
         if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
-            limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-            raise HandleUnavailable(
-                f"cannot receive the handles that travelled with the payload: {exc.strerror} "
-                f"(this process may have {limit} open, ulimit -n). Close arrays this process "
-                "no longer needs (a.close()), or raise the limit"
+            raise fd_limit_error(
+                "cannot receive the handles that travelled with the payload", str(exc.strerror)
             ) from None
         raise HandleUnavailable(
             f"cannot receive the handles that travelled with the payload ({exc}); its sender "

@@ -23,7 +23,6 @@ import fcntl
 import functools
 import mmap
 import os
-import resource
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -34,10 +33,10 @@ from sharedarrays.backends.device import CPU, Device
 from sharedarrays.backends.registry import Registration, register
 from sharedarrays.errors import (
     BackendUnavailable,
-    HandleUnavailable,
     OutOfMemory,
     PayloadError,
     PermissionDenied,
+    fd_limit_error,
 )
 
 __all__ = ["HostBackend", "check_chunk_fd", "memory_available"]
@@ -264,12 +263,7 @@ class HostBackend:
         except OSError as e:
             if e.errno not in (errno.EMFILE, errno.ENFILE):
                 raise
-            limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-            raise HandleUnavailable(
-                f"cannot make a memfd for new memory: {e.strerror} (this process may have "
-                f"{limit} open, ulimit -n). Close arrays this process no longer needs "
-                "(a.close()), or raise the limit"
-            ) from None
+            raise fd_limit_error("cannot make a memfd for new memory", str(e.strerror)) from None
         try:
             os.ftruncate(fd, size)
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)

@@ -44,14 +44,18 @@ import errno
 import importlib
 import importlib.util
 import os
-import resource
 import sys
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from sharedarrays.backends.device import Device
-from sharedarrays.errors import DriverError, HandleUnavailable, OutOfMemory, SharedArrayError
+from sharedarrays.errors import (
+    DriverError,
+    OutOfMemory,
+    SharedArrayError,
+    fd_limit_error,
+)
 from sharedarrays.process import at_fork
 
 __all__ = [
@@ -155,11 +159,9 @@ def at_fd_limit(exc: CudaDriverError) -> SharedArrayError:
     except OSError as e:
         if e.errno not in (errno.EMFILE, errno.ENFILE):
             return exc
-        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        return HandleUnavailable(
-            f"{exc}: this process can open no more files ({e.strerror}; it may have {limit} "
-            "open, ulimit -n), and an exported handle is one. Close arrays this process no "
-            "longer needs (a.close()), or raise the limit"
+        return fd_limit_error(
+            f"{exc}: this process can open no more files, and an exported handle is one",
+            str(e.strerror),
         )
     os.close(probe)
     return exc
