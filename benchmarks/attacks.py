@@ -1730,14 +1730,19 @@ def interrupted_attach(row: Row) -> None:
     """A Ctrl-C while ``attach("a")`` waits for the keeper's reply; then ``attach("b")``."""
     with runtime() as (env, _):
         r = run_child(INTERRUPTED_ATTACH, env, timeout=60, args=(str(row.tries),))
+    _outcomes_and_fds(row, r, "the child", "fds")
+
+
+def _outcomes_and_fds(row: Row, r: Ran, who: str, fds: str) -> None:
+    """Add each outcome a child printed, and the fds it left (its lines' ``leaked``)."""
     leaked = 0
     for x in r.lines:
         if "outcome" in x:
             row.add(x["outcome"])
             leaked += x["leaked"]
     if r.rc is None:
-        row.lost("the child hung", False)
-    row.lost(f"fds {signed(leaked)}", leaked <= 0)
+        row.lost(f"{who} hung", False)
+    row.lost(f"{fds} {signed(leaked)}", leaked <= 0)
 
 
 DRIPPING_SERVER = (
@@ -1788,14 +1793,7 @@ def dripping_server(row: Row) -> None:
     0.1 s (each message within the client's timeout of 2 s here)."""
     with runtime() as (env, _):
         r = run_child(DRIPPING_SERVER, env, timeout=120, args=(str(row.tries),))
-    leaked = 0
-    for x in r.lines:
-        if "outcome" in x:
-            row.add(x["outcome"])
-            leaked += x["leaked"]
-    if r.rc is None:
-        row.lost("the loader hung", False)
-    row.lost(f"loader fds {signed(leaked)}", leaked <= 0)
+    _outcomes_and_fds(row, r, "the loader", "loader fds")
 
 
 FULL_RUNTIME_DIR = (

@@ -21,6 +21,24 @@ from sharedarrays.transport import handles as transport
 from sharedarrays.transport import keeper
 
 IDLE = "2"  # seconds a test keeper waits, holding nothing, before it exits
+CLI_TIMEOUT = 60  # seconds one `python -m sharedarrays` command of a test may take
+
+
+def run_cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    """``python -m sharedarrays *args`` with this checkout's package, ``stdin`` as its input,
+    its output captured as text; killed after :data:`CLI_TIMEOUT` seconds."""
+    import sharedarrays
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(Path(sharedarrays.__file__).parents[1])
+    return subprocess.run(
+        [sys.executable, "-m", "sharedarrays", *args],
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT,
+        env=env,
+        input=stdin,
+    )
 
 
 @pytest.fixture

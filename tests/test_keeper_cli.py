@@ -10,26 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from keeper_helpers import lock_holder, private_keeper
+from keeper_helpers import lock_holder, private_keeper, run_cli
 
 import sharedarrays as sa
 
 __all__ = ["private_keeper"]
 
 TIMEOUT = 60
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(Path(sa.__file__).parents[1])
-    return subprocess.run(
-        [sys.executable, "-m", "sharedarrays", *args],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-    )
 
 
 def _park_one() -> None:
@@ -52,7 +39,7 @@ def _park_one() -> None:
 @pytest.mark.timeout(120)
 def test_ls_sizes_read_as_tops(private_keeper: Path) -> None:
     _park_one()
-    out = _cli("ls", "--all")
+    out = run_cli("ls", "--all")
     assert out.returncode == 0, out.stderr
     row = next(line for line in out.stdout.splitlines() if line.startswith("(parked "))
     # (SIZE said 24K beside LOST's 576 B)
@@ -68,8 +55,8 @@ def test_ls_and_top_with_a_stopped_keeper_say_so_without_a_traceback(
     assert pid is not None
     os.kill(pid, signal.SIGSTOP)
     try:
-        ls = _cli("ls", "--all")
-        top = _cli("top", "--once", "--timeout", "0.5")
+        ls = run_cli("ls", "--all")
+        top = run_cli("top", "--once", "--timeout", "0.5")
     finally:
         os.kill(pid, signal.SIGCONT)
     # (ls printed KeeperError's traceback)

@@ -23,7 +23,7 @@ from typing import Any
 import node_workers
 import numpy as np
 import pytest
-from keeper_helpers import keeper_memfds, private_keeper
+from keeper_helpers import keeper_memfds, private_keeper, run_cli
 from users import other_user
 
 import sharedarrays as sa
@@ -42,21 +42,8 @@ TIMEOUT = 60
 __all__ = ["private_keeper"]
 
 
-def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(Path(sa.__file__).parents[1])
-    return subprocess.run(
-        [sys.executable, "-m", "sharedarrays", *args],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        env=env,
-        input=stdin,
-    )
-
-
 def _top() -> dict[str, Any]:
-    out = _cli("top", "--json", "--once")
+    out = run_cli("top", "--json", "--once")
     assert out.returncode == 0, out.stderr
     doc: dict[str, Any] = json.loads(out.stdout)
     return doc
@@ -156,7 +143,7 @@ def test_top_lists_holders_and_states_and_rm_frees_parked() -> None:
         before = keeper_memfds(keeper_pid)
         assert before >= 1
 
-        rm = _cli("rm", parked_id[:10])
+        rm = run_cli("rm", parked_id[:10])
         assert rm.returncode == 0, rm.stderr
         assert "keeper let go" in rm.stdout
         assert keeper_memfds(keeper_pid) == before - 1  # its memory returned
@@ -197,7 +184,7 @@ def test_rm_frees_a_parked_allocation_whose_importer_was_killed() -> None:
         keeper_pid = keeper.running_pid()
         assert keeper_pid is not None
         before = keeper_memfds(keeper_pid)
-        rm = _cli("rm", "--yes", parked_id)
+        rm = run_cli("rm", "--yes", parked_id)
         assert rm.returncode == 0, rm.stderr
         assert "keeper let go" in rm.stdout
         assert keeper_memfds(keeper_pid) == before - 1
@@ -235,13 +222,13 @@ def test_rm_of_draining_memory_names_the_importers_and_works_once_they_are_gone(
 @pytest.mark.timeout(120)
 def test_rm_refuses_a_live_allocation_and_says_who_uses_it() -> None:
     a = sa.zeros(1000, device="cpu", pack=False)
-    out = _cli("rm", a.allocation.id)
+    out = run_cli("rm", a.allocation.id)
     assert out.returncode == 0 or out.returncode == 1
     # this process runs no handle server until it pickles: ask through it
     import pickle
 
     pickle.dumps(a)
-    out = _cli("rm", a.allocation.id)
+    out = run_cli("rm", a.allocation.id)
     assert out.returncode == 1
     assert "in use by views in pid" in out.stderr and str(os.getpid()) in out.stderr
     assert not a.closed and a.allocation.leases >= 1
@@ -469,7 +456,7 @@ def test_nvml_cross_check_covers_exporter_and_importer_processes() -> None:
     if why is not None:
         pytest.skip(why)
     with _cuda_pair() as (alloc_id, exp, imp, _):
-        out = _cli("top", "--json", "--once", "--nvml")
+        out = run_cli("top", "--json", "--once", "--nvml")
         assert out.returncode == 0, out.stderr
         doc = json.loads(out.stdout)
         row = _row(doc, alloc_id)
