@@ -181,7 +181,7 @@ def test_memory_map_renders_in_jupyterlab(jupyterlab: str) -> None:
                 assert marker.locator("tr.sa-row").count() == EXPECTED_ROWS
                 assert marker.locator("rect.sa-waste").count() == 2
                 assert marker.locator("tr.sa-provenance-row").count() == EXPECTED_ALLOCATIONS
-                assert "imported from pid" in marker.inner_text()
+                assert "importer of pid" in marker.inner_text()
                 widget = page.locator(".jp-OutputArea-output", has=marker).last
                 widget.scroll_into_view_if_needed()
                 shot = ARTIFACTS / "memory-map.png"

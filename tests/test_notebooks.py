@@ -113,9 +113,9 @@ def test_notebook_runs(name, tmp_path, monkeypatch):
         assert 'class="sa-memory-map"' in html
     if name.startswith("03"):
         assert 'data-allocations="4"' in html
-        assert "imported from pid" in html
+        assert "importer of pid" in html
     if name.startswith(("04", "06")):
-        assert "handles served to" in html and "nobody yet" not in html
+        assert "handles served to importers" in html and "no importer yet" not in html
     if name.startswith("06"):
         plots = [d for d in everything if "image/png" in d and "text/html" not in d]
         assert len(plots) == 1, "06 draws one matplotlib figure"

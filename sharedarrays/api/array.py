@@ -568,10 +568,10 @@ class SharedDeviceArray(NativeArrayMethods):
         if lease is None:
             return f"SharedDeviceArray shape={self._shape} dtype={self._dtype}, closed"
         a = lease.allocation
-        who = "created here" if a.origin.created_here else f"imported from pid {a.origin.pid}"
+        who = a.origin.role
         served = len({s.pid for s in a.served})
         if served:
-            who += f", served to {served} process{'es' if served != 1 else ''}"
+            who += f", served to {served} importer{'s' if served != 1 else ''}"
         ro = ", read-only view" if self._readonly else ""
         return (
             f"SharedDeviceArray on {a.device} ({a.backend.name}), allocation {a.id[:12]} "

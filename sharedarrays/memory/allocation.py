@@ -1194,10 +1194,9 @@ class Allocation(Growth):
     def describe(self) -> str:
         """A multi-line table of the reservation, its mappings and their chunks."""
         o = self.origin
-        where = "created here" if o.created_here else f"imported from pid {o.pid}"
         stamp = time.strftime("%H:%M:%S", time.localtime(o.time))
         lines = [
-            f"allocation {self.id} on {self.device} ({self.backend.name}), {where} at {stamp}",
+            f"allocation {self.id} on {self.device} ({self.backend.name}), {o.role}, since {stamp}",
             f"memory kept alive by: {self.lifetime}"
             + (
                 " (the exporter must outlive every importer)" if self.backend.exporter_owned else ""

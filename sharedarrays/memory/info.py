@@ -30,6 +30,14 @@ class Origin:
     pid: int
     time: float
 
+    @property
+    def role(self) -> str:
+        """This process's part, in the words the widgets, ``describe`` and the CLI use:
+        ``"exporter: this process"`` or ``"importer of pid 123's allocation"``."""
+        if self.created_here:
+            return "exporter: this process"
+        return f"importer of pid {self.pid}'s allocation"
+
 
 @dataclass(frozen=True)
 class Served:

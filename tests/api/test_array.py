@@ -199,10 +199,10 @@ def test_properties_and_repr() -> None:
     a, _ = make((4, 6), "float32")
     assert a.itemsize == 4 and a.device == sa.Device("cpu") and a.backend == "host"
     text = repr(a)
-    assert text.startswith(repr(a.array)) and "float32" in text and "created here" in text
+    assert text.startswith(repr(a.array)) and "float32" in text and "exporter: this process" in text
     assert a.allocation.id[:12] in text
     table = a.allocation.describe()
-    assert "reservation" in table and "created here" in table
+    assert "reservation" in table and "exporter: this process" in table
     assert a.allocation.origin.created_here
 
 

@@ -23,7 +23,7 @@ def test_repr_shows_the_values_like_numpy_and_the_allocation() -> None:
     assert values == repr(ref)
     assert line == (
         f"SharedDeviceArray on cpu (host), allocation {a.allocation.id[:12]} "
-        f"offset {a.offset}, created here"
+        f"offset {a.offset}, exporter: this process"
     )
     v = a[1, ::2]
     assert repr(v).split("\n")[0] == repr(ref[1, ::2])
@@ -66,8 +66,8 @@ def test_the_line_says_who_shares_the_memory() -> None:
     a = sa.full(100_000, 2.0, device="cpu")
     with sa.Pool(1) as pool:
         pid, text = pool.apply(_repr_in_worker, (a,))
-    assert text.endswith(f"imported from pid {os.getpid()}")
-    assert repr(a).endswith("created here, served to 1 process")
+    assert text.endswith(f"importer of pid {os.getpid()}'s allocation")
+    assert repr(a).endswith("exporter: this process, served to 1 importer")
     assert pid != os.getpid()
 
 

@@ -1,8 +1,8 @@
 """The memory map as plain data, computed from allocations' metadata only.
 
 Everything the widgets draw comes from here: one :class:`ReservationMap` per allocation (its
-chunk bars, unmapped gaps, granularity waste, access, the views over it, where it came from
-and whom it was served to) and the rows of the side table. Nothing here imports ipywidgets or
+chunk bars, unmapped gaps, granularity waste, access, the views over it, its exporter and
+the importers it was served to) and the rows of the side table. Nothing here imports ipywidgets or
 matplotlib, and nothing reads or writes array memory, so it works for host and CUDA alike.
 """
 
@@ -111,13 +111,13 @@ class ReservationMap:
     access : dict of str to str
         Access per device, ``"rw"``, ``"r"`` or ``"none"``.
     created_here : bool
-        Created in this process, or imported.
+        This process is its exporter (made it), or an importer (mapped it from a payload).
     origin_pid : int
-        The creating process (this one) or the process it was imported from.
+        The exporter: this process, or the one an importer mapped it from.
     origin_time : float
-        When it was created or imported.
+        When it was made or imported here.
     served : tuple of ServedInfo
-        The processes this process served its handles to.
+        The importers this process served its handles to.
     """
 
     alloc_id: str
@@ -151,18 +151,28 @@ class ReservationMap:
 
     @property
     def origin_text(self) -> str:
-        """``"created here at 12:00:01"`` or ``"imported from pid 123 at 12:00:01"``."""
+        """``"exporter: this process, since 12:00:01"`` or ``"importer of pid 123's
+        allocation, since 12:00:01"``."""
         stamp = time.strftime("%H:%M:%S", time.localtime(self.origin_time))
         if self.created_here:
-            text = f"created here at {stamp}"
+            text = f"exporter: this process, since {stamp}"
             if self.lifetime == "exporter":
                 held = ", ".join(map(str, self.holders)) or "nobody"
                 text += f"; exporter-owned: must outlive its importers (held by {held})"
             return text
-        text = f"imported from pid {self.origin_pid} at {stamp}"
+        text = f"importer of pid {self.origin_pid}'s allocation, since {stamp}"
         if self.lifetime == "exporter":
-            text += f"; lives only while pid {self.origin_pid} does"
+            text += f"; lives only while its exporter, pid {self.origin_pid}, does"
         return text
+
+    @property
+    def served_text(self) -> str:
+        """``"served to 2 importers: pid 123, 456"`` or ``"served to no importer yet"``."""
+        pids = sorted({s.pid for s in self.served})
+        if not pids:
+            return "served to no importer yet"
+        many = "s" if len(pids) != 1 else ""
+        return f"served to {len(pids)} importer{many}: pid {', '.join(map(str, pids))}"
 
 
 @dataclass(frozen=True)

@@ -87,12 +87,11 @@ def render_text(maps: Sequence[ReservationMap]) -> str:
     lines = []
     for m in maps:
         n = len(m.chunks)
-        served = ", ".join(str(p) for p in sorted({s.pid for s in m.served})) or "nobody"
         lines.append(
             f"{m.short_id} {m.backend} {m.device} {m.address:#x}+{fmt_bytes(m.size)} "
             f"{n} chunk{'s' if n != 1 else ''}, {len(m.views)} view"
             f"{'s' if len(m.views) != 1 else ''}, waste {fmt_bytes(m.waste)}, "
-            f"{m.origin_text}, served to {served}"
+            f"{m.origin_text}; {m.served_text}"
         )
     return "\n".join(lines)
 
@@ -222,14 +221,15 @@ def _table(rows: Sequence[TableRow]) -> str:
 def _provenance(maps: Sequence[ReservationMap]) -> str:
     body = []
     for m in maps:
-        served = ", ".join(f"pid {s.pid} at {_stamp(s.time)}" for s in m.served) or "nobody yet"
+        served = ", ".join(f"pid {s.pid} at {_stamp(s.time)}" for s in m.served)
+        served = served or "no importer yet"
         body.append(
             f'<tr class="sa-provenance-row"><td>{_e(m.short_id)}</td><td>{_e(m.origin_text)}'
             f"</td><td>{_e(served)}</td></tr>"
         )
     return (
-        '<table class="sa-provenance"><thead><tr><th>allocation</th><th>came from</th>'
-        f"<th>handles served to</th></tr></thead><tbody>{''.join(body)}</tbody></table>"
+        '<table class="sa-provenance"><thead><tr><th>allocation</th><th>exporter / importer</th>'
+        f"<th>handles served to importers</th></tr></thead><tbody>{''.join(body)}</tbody></table>"
     )
 
 
@@ -253,7 +253,7 @@ def render_html(maps: Sequence[ReservationMap], title: str = "shared memory map"
         )
     return (
         f"{_CSS}<div {attrs}><h4>{_e(title)}</h4>{_svg(maps)}"
-        f"<h4>addresses</h4>{_table(rows)}<h4>where they came from, who shares them</h4>"
+        f"<h4>addresses</h4>{_table(rows)}<h4>exporters and importers</h4>"
         f"{_provenance(maps)}</div>"
     )
 

@@ -70,7 +70,7 @@ def test_registry_view_counts_rows_and_chunks():
     assert html.count('class="sa-row"') == rows
     assert html.count('class="sa-chunk"') == 4
     assert html.count('class="sa-waste"') == 1
-    assert "created here" in html
+    assert "exporter: this process" in html
     assert a.allocation.id[:8] in repr(m)
 
 
@@ -115,7 +115,28 @@ def test_served_importers_in_provenance():
     assert [s.pid for s in m.maps[0].served] == [pid]
     html = render_html(m.maps)
     assert f"pid {pid} at" in html
-    assert f"served to {pid}" in repr(m)
+    assert f"served to 1 importer: pid {pid}" in repr(m)
+
+
+def _map_text_in_worker(a: sa.SharedDeviceArray) -> tuple[str, str]:
+    m = a.show()
+    return repr(m), render_html(m.maps)
+
+
+@pytest.mark.timeout(120)
+def test_the_map_says_exporter_and_importer():
+    # (it said "created here", "imported from pid N" and "served to": not the words of the
+    # design, which top and ls use)
+    a = sa.full(100_000, 2.0, device="cpu")
+    with sa.Pool(1) as pool:
+        text, html = pool.apply(_map_text_in_worker, (a,))
+    assert f"importer of pid {os.getpid()}'s allocation" in text
+    assert "served to no importer yet" in text
+    assert "exporter / importer" in html and "handles served to importers" in html
+    mine = repr(a.show())
+    assert "exporter: this process" in mine and "served to 1 importer" in mine
+    for old in ("created here", "imported from", "came from"):
+        assert old not in text + html + mine
 
 
 def test_widget_refresh_and_auto_refresh_stop_on_close():

@@ -31,7 +31,7 @@ def test_single_chunk_waste_and_view():
     assert m.waste == _pages(80_000) - 80_000
     assert [(v.start, v.stop, v.label) for v in m.views] == [(0, 80_000, "10000 float64")]
     assert m.access == {"cpu": "rw"}
-    assert m.created_here and m.origin_text.startswith("created here")
+    assert m.created_here and m.origin_text.startswith("exporter: this process")
     assert m.backend == "host" and m.device == "cpu" and m.granularity == PAGE
     assert m.address == a.allocation.address
 
@@ -131,7 +131,7 @@ def test_unmapped_gaps_from_mappings():
     m = build_map(fake, views=[])  # type: ignore[arg-type]
     assert [(g.start, g.size) for g in m.gaps] == [(PAGE, PAGE), (3 * PAGE, PAGE)]
     assert [c.access for c in m.chunks] == ["rw", "r"]
-    assert m.origin_text.startswith("imported from pid 4242")
+    assert m.origin_text.startswith("importer of pid 4242's allocation")
     kinds = [r.kind for r in table_rows([m])]
     assert kinds == ["reservation", "chunk 0", "chunk 1", "unmapped", "unmapped"]
 
