@@ -53,6 +53,9 @@ class ArrayView(Protocol):
     @property
     def nbytes(self) -> int: ...
 
+    @property
+    def readonly(self) -> bool: ...
+
 
 class _ViewRef(weakref.ref):  # type: ignore[type-arg]
     """A weak reference to a live view that knows its key in :data:`_live` (one object per

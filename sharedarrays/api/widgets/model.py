@@ -143,6 +143,23 @@ class ReservationMap:
     the creating process must outlive every importer); see ``Allocation.lifetime``."""
     holders: tuple[int, ...] = ()
     """Exporter-owned memory made here: the processes that still hold it."""
+    export_readonly: bool = False
+    """Made here with ``readonly=True``: importers map it read-only (this process rw)."""
+    access_enforced: bool = True
+    """Whether the memory system enforces the access (``mprotect``, ``cuMemSetAccess``);
+    False for pointer handles (cuda-ipc, cuda-pool), where read-only is a promise."""
+
+    @property
+    def access_text(self) -> str:
+        """This process's access per device, e.g. ``"cpu: r"``, ``"cpu: rw (importers: r)"``
+        for a read-only export, ``"cuda:0: r (not enforced)"`` where the memory system cannot
+        map it read-only."""
+        text = ", ".join(f"{d}: {a}" for d, a in self.access.items())
+        if self.export_readonly and self.created_here:
+            text += " (importers: r)"
+        if not self.access_enforced and "r" in self.access.values():
+            text += " (not enforced)"
+        return text
 
     @property
     def short_id(self) -> str:
@@ -229,7 +246,8 @@ def _view_label(v: ArrayView) -> str:
         if n > 1 and stride != step:
             contiguous = False
         step *= n
-    return f"{shape} {v.dtype}" + ("" if contiguous else " (strided)")
+    label = f"{shape} {v.dtype}" + ("" if contiguous else " (strided)")
+    return label + (" read-only" if v.readonly else "")
 
 
 def build_map(allocation: Allocation, views: Iterable[ArrayView] | None = None) -> ReservationMap:
@@ -294,6 +312,8 @@ def build_map(allocation: Allocation, views: Iterable[ArrayView] | None = None) 
         mapped=allocation.size,
         lifetime=str(getattr(allocation, "lifetime", "any holder")),
         holders=tuple(getattr(allocation, "holders", ())),
+        export_readonly=bool(getattr(allocation, "export_readonly", False)),
+        access_enforced=bool(getattr(allocation.backend, "maps", True)),
     )
 
 
@@ -345,7 +365,8 @@ def table_rows(maps: Sequence[ReservationMap]) -> list[TableRow]:
                     f"chunk {c.chunk}",
                     a + c.start,
                     a + c.start + c.size,
-                    f"fd {c.fd}, {m.device}: {c.access}",
+                    f"fd {c.fd}, {m.device}: {c.access}"
+                    + (" (importers: r)" if m.export_readonly and m.created_here else ""),
                 )
             )
         for g in m.gaps:

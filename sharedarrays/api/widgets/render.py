@@ -91,6 +91,7 @@ def render_text(maps: Sequence[ReservationMap]) -> str:
             f"{m.short_id} {m.backend} {m.device} {m.address:#x}+{fmt_bytes(m.size)} "
             f"{n} chunk{'s' if n != 1 else ''}, {len(m.views)} view"
             f"{'s' if len(m.views) != 1 else ''}, waste {fmt_bytes(m.waste)}, "
+            f"access {m.access_text}, "
             f"{m.origin_text}; {m.served_text}"
         )
     return "\n".join(lines)
@@ -109,7 +110,7 @@ def _svg_block(m: ReservationMap, y0: int) -> tuple[list[str], int]:
         return max(width * n / size, 2.0)
 
     out = []
-    access = ", ".join(f"{d}: {a}" for d, a in m.access.items())
+    access = m.access_text
     head = (
         f"{m.short_id}  {m.backend} {m.device}  {fmt_bytes(m.size)} reserved"
         + (f", {fmt_bytes(m.mapped)} mapped" if 0 <= m.mapped < m.size else "")
@@ -293,8 +294,7 @@ def render_png(maps: Sequence[ReservationMap], dpi: int = 100) -> bytes:
             fontweight="bold",
             va="center",
         )
-        access = ", ".join(f"{d}: {a}" for d, a in m.access.items())
-        ax.text(1, y_top - 0.12, f"access {access}", fontsize=8, ha="right", va="center")
+        ax.text(1, y_top - 0.12, f"access {m.access_text}", fontsize=8, ha="right", va="center")
         for c in m.chunks:
             x0, w = c.start / size, c.size / size
             ax.add_patch(

@@ -14,7 +14,7 @@ import time
 import pytest
 
 import sharedarrays as sa
-from sharedarrays.api.widgets import MemoryMap, render_html, render_png, render_text
+from sharedarrays.api.widgets import MemoryMap, render_html, render_png, render_text, table_rows
 from sharedarrays.api.widgets.view import WIDGET_MIME
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -218,3 +218,29 @@ def test_import_is_lazy():
         env={**os.environ},
     ).stdout
     assert out.strip() == "[]"
+
+
+def _access_in_worker(a: sa.SharedDeviceArray) -> tuple[str, str, list[str]]:
+    m = a.show()
+    rows = [r.detail for r in table_rows(m.maps) if r.kind.startswith(("chunk", "mapping"))]
+    return repr(m), render_html(m.maps), rows
+
+
+@pytest.mark.timeout(120)
+def test_the_map_shows_a_read_only_mapping_as_it_is():
+    # (the text form said nothing of the access, and the exporter of a readonly=True array
+    # read "cpu: rw" as if its importers could write too)
+    a = sa.full(100_000, 2.0, device="cpu", readonly=True)
+    b = sa.full(100_000, 2.0, device="cpu")
+    with sa.Pool(1) as pool:
+        text, html, rows = pool.apply(_access_in_worker, (a,))
+        assert "access cpu: r," in text
+        assert "access cpu: r<" in html and "access cpu: rw" not in html
+        assert rows and all(d.endswith("cpu: r") for d in rows)
+        view = b[:10]
+        view.flags.writeable = False
+        text, html, rows = pool.apply(_access_in_worker, (view,))  # its first view: read-only
+        assert "access cpu: r," in text and "10 float64 read-only" in html
+    mine = repr(a.show())
+    assert "access cpu: rw (importers: r)" in mine
+    assert "access cpu: rw," in repr(b.show())
