@@ -290,7 +290,9 @@ def from_keeper(req: Request) -> Allocation | None:
     except HandleUnavailable as gone:  # its message says the exporter was asked too
         req.failed(gone)
         return None
-    return _map(req, Handles(sizes, fds))
+    alloc = _map(req, Handles(sizes, fds))
+    alloc.in_keeper = True
+    return alloc
 
 
 RESOLVERS: tuple[Resolver, ...] = (mapped_here, in_message, from_exporter, from_keeper)

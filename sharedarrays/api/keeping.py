@@ -87,6 +87,9 @@ def keep(a: Keepable, name: str | None) -> None:
     what = f"cannot name the array {name!r}" if name else "cannot park the array"
     keeper.raise_for(status, body, what)
     keeper.hold(alloc.id)
+    alloc.in_keeper = True
+    if name is not None:
+        alloc.keeper_name = name
 
 
 def unpark(alloc: Allocation) -> None:
@@ -104,3 +107,4 @@ def unpark(alloc: Allocation) -> None:
     except HandleUnavailable:
         raise NameNotFound(f"allocation {alloc.id} is not parked: no keeper runs") from None
     keeper.raise_for(status, body, f"cannot unpark allocation {alloc.id}")
+    alloc.in_keeper = False

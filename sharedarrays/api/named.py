@@ -40,6 +40,7 @@ from sharedarrays.errors import (
     PayloadError,
     SharedArrayError,
 )
+from sharedarrays.memory import live_allocations
 from sharedarrays.protocol import keeper as keeper_protocol
 from sharedarrays.protocol.payload import Payload
 from sharedarrays.transport import keeper
@@ -171,10 +172,13 @@ def attach(name: str) -> SharedDeviceArray:
         keeper.release(alloc_id)
         raise
     try:
-        return load(blob, fds=tuple(_Fd(fd) for fd in fds))
+        attached = load(blob, fds=tuple(_Fd(fd) for fd in fds))
     except BaseException:
         keeper.release(alloc_id)
         raise
+    attached.allocation.in_keeper = True
+    attached.allocation.keeper_name = name
+    return attached
 
 
 def unlink(name: str) -> None:
@@ -199,6 +203,10 @@ def unlink(name: str) -> None:
     except HandleUnavailable:
         raise NameNotFound(f"no array named {name!r}: no keeper runs for this user") from None
     keeper.raise_for(status, body, f"cannot unlink {name!r}")
+    for alloc in live_allocations():  # (what the memory map shows of it here)
+        if alloc.keeper_name == name:
+            alloc.keeper_name = None
+            alloc.in_keeper = False
 
 
 def list_named(parked: bool = False) -> list[NamedArray]:

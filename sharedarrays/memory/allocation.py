@@ -377,6 +377,13 @@ class Allocation(Growth):
         """Processes allowed to import it (besides this one); ``None``: any of this user."""
         self.export_readonly = False
         """Whether importers get read-only mappings (payloads say ``readonly``)."""
+        self.keeper_name: str | None = None
+        """The name this process gave it or attached it by (``sa.empty(..., name=)``,
+        ``sa.attach``), while this process knows the keeper holds it under that name."""
+        self.in_keeper = False
+        """Whether this process knows the keeper holds its handles: it named or parked it,
+        attached it by name, or had its handles from the keeper (its exporter gone). What
+        the widgets show; no process is asked."""
         self.write_sealed = False
         """Whether the kernel forbids every new write to the memory (``readonly=True`` on the
         host backend): only the creator's mappings made before can write."""

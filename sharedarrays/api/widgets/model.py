@@ -15,6 +15,7 @@ from typing import Any
 
 from sharedarrays.api.views import ArrayView, is_view, live_views
 from sharedarrays.memory import Allocation, live_allocations
+from sharedarrays.process import running
 from sharedarrays.protocol.payload import view_extent
 
 __all__ = [
@@ -148,6 +149,10 @@ class ReservationMap:
     access_enforced: bool = True
     """Whether the memory system enforces the access (``mprotect``, ``cuMemSetAccess``);
     False for pointer handles (cuda-ipc, cuda-pool), where read-only is a promise."""
+    exporter_alive: bool = True
+    """Whether the exporter still runs (a pid check when the map is read; True here)."""
+    in_keeper: bool = False
+    """The keeper holds its handles, as this process knows (``Allocation.in_keeper``)."""
 
     @property
     def access_text(self) -> str:
@@ -177,7 +182,10 @@ class ReservationMap:
                 held = ", ".join(map(str, self.holders)) or "nobody"
                 text += f"; exporter-owned: must outlive its importers (held by {held})"
             return text
-        text = f"importer of pid {self.origin_pid}'s allocation, since {stamp}"
+        text = f"importer of pid {self.origin_pid}'s allocation"
+        if not self.exporter_alive:
+            text += ", whose exporter exited" + ("; the keeper holds it" if self.in_keeper else "")
+        text += f", since {stamp}"
         if self.lifetime == "exporter":
             text += f"; lives only while its exporter, pid {self.origin_pid}, does"
         return text
@@ -314,6 +322,8 @@ def build_map(allocation: Allocation, views: Iterable[ArrayView] | None = None) 
         holders=tuple(getattr(allocation, "holders", ())),
         export_readonly=bool(getattr(allocation, "export_readonly", False)),
         access_enforced=bool(getattr(allocation.backend, "maps", True)),
+        exporter_alive=origin.created_here or running(origin.pid),
+        in_keeper=bool(getattr(allocation, "in_keeper", False)),
     )
 
 

@@ -6,13 +6,18 @@ Arrays here are larger than the small-array packing threshold (64 KiB), or pass
 from __future__ import annotations
 
 import mmap
+import os
+import pickle
+import time
 
 import numpy as np
 import pytest
+from keeper_helpers import private_keeper  # noqa: F401 - a fixture
 
 import sharedarrays as sa
 from sharedarrays.api.widgets import build_map, build_maps, table_rows, views_of
 from sharedarrays.api.widgets.model import _levels
+from sharedarrays.process import running
 
 PAGE = mmap.PAGESIZE
 
@@ -154,3 +159,42 @@ def test_a_growable_arrays_waste_row_ends_where_its_mapping_does():
     assert waste.size == m.waste == m.mapped - 5000 * 128 * 4
     assert waste.stop == m.address + m.mapped == free.start  # side by side, no overlap
     g.close()
+
+
+def _wait_gone(pid: int) -> None:
+    deadline = time.monotonic() + 60  # (a pool's worker is gone when the pool has closed)
+    while running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not running(pid)
+
+
+def _made_in_worker(park: bool) -> tuple[int, bytes | sa.SharedDeviceArray]:
+    a = sa.full(100_000, 3.0, device="cpu")
+    if park:
+        a.park()
+        return os.getpid(), pickle.dumps(a)
+    return os.getpid(), a
+
+
+@pytest.mark.timeout(120)
+def test_an_importer_whose_exporter_exited_says_so():
+    # (it still read "imported from pid N" after the pool that made it had closed)
+    with sa.Pool(1) as pool:
+        pid, d = pool.apply(_made_in_worker, (False,))
+        assert "exporter exited" not in build_map(d.allocation).origin_text
+    _wait_gone(pid)
+    text = build_map(d.allocation).origin_text
+    assert text.startswith(f"importer of pid {pid}'s allocation, whose exporter exited, since")
+    assert "keeper" not in text
+    assert float(d.array.sum()) == 300_000.0  # (still mapped here)
+
+
+@pytest.mark.timeout(120)
+def test_an_importer_whose_exporter_exited_says_the_keeper_holds_it(private_keeper):  # noqa: F811
+    with sa.Pool(1) as pool:
+        pid, blob = pool.apply(_made_in_worker, (True,))
+    _wait_gone(pid)
+    d = pickle.loads(blob)  # from the keeper: its exporter is gone
+    text = build_map(d.allocation).origin_text
+    assert f"importer of pid {pid}'s allocation, whose exporter exited; the keeper holds it" in text
+    d.unpark()
