@@ -153,6 +153,23 @@ class ReservationMap:
     """Whether the exporter still runs (a pid check when the map is read; True here)."""
     in_keeper: bool = False
     """The keeper holds its handles, as this process knows (``Allocation.in_keeper``)."""
+    name: str | None = None
+    """Its name in the keeper, as this process knows it (``Allocation.keeper_name``)."""
+    parked: bool = False
+    """An importer keeps it mapped with no view, for the next handoff (a parked mapping)."""
+
+    @property
+    def marks(self) -> tuple[str, ...]:
+        """What holds it besides views: ``'named "features"'``, ``"parked in the keeper"``
+        (``a.park()``), ``"parked mapping, no view"`` (an importer keeps it mapped)."""
+        out = []
+        if self.name is not None:
+            out.append(f'named "{self.name}"')
+        elif self.in_keeper:
+            out.append("parked in the keeper")
+        if self.parked:
+            out.append("parked mapping, no view")
+        return tuple(out)
 
     @property
     def access_text(self) -> str:
@@ -324,6 +341,8 @@ def build_map(allocation: Allocation, views: Iterable[ArrayView] | None = None) 
         access_enforced=bool(getattr(allocation.backend, "maps", True)),
         exporter_alive=origin.created_here or running(origin.pid),
         in_keeper=bool(getattr(allocation, "in_keeper", False)),
+        name=getattr(allocation, "keeper_name", None),
+        parked=bool(getattr(allocation, "parked", False)),
     )
 
 
@@ -365,7 +384,8 @@ def table_rows(maps: Sequence[ReservationMap]) -> list[TableRow]:
                 "reservation",
                 a,
                 a + m.size,
-                f"{m.backend} {m.device}, granularity {fmt_bytes(m.granularity)}",
+                f"{m.backend} {m.device}, granularity {fmt_bytes(m.granularity)}"
+                + "".join(f", {mark}" for mark in m.marks),
             )
         )
         for c in m.chunks:

@@ -87,8 +87,9 @@ def render_text(maps: Sequence[ReservationMap]) -> str:
     lines = []
     for m in maps:
         n = len(m.chunks)
+        marks = "".join(f" [{mark}]" for mark in m.marks)
         lines.append(
-            f"{m.short_id} {m.backend} {m.device} {m.address:#x}+{fmt_bytes(m.size)} "
+            f"{m.short_id}{marks} {m.backend} {m.device} {m.address:#x}+{fmt_bytes(m.size)} "
             f"{n} chunk{'s' if n != 1 else ''}, {len(m.views)} view"
             f"{'s' if len(m.views) != 1 else ''}, waste {fmt_bytes(m.waste)}, "
             f"access {m.access_text}, "
@@ -111,8 +112,9 @@ def _svg_block(m: ReservationMap, y0: int) -> tuple[list[str], int]:
 
     out = []
     access = m.access_text
+    marks = "".join(f" [{mark}]" for mark in m.marks)
     head = (
-        f"{m.short_id}  {m.backend} {m.device}  {fmt_bytes(m.size)} reserved"
+        f"{m.short_id}{marks}  {m.backend} {m.device}  {fmt_bytes(m.size)} reserved"
         + (f", {fmt_bytes(m.mapped)} mapped" if 0 <= m.mapped < m.size else "")
         + f" in {len(m.chunks)} chunk{'s' if len(m.chunks) != 1 else ''}  ·  {m.origin_text}"
     )
@@ -226,7 +228,7 @@ def _provenance(maps: Sequence[ReservationMap]) -> str:
         served = served or "no importer yet"
         body.append(
             f'<tr class="sa-provenance-row"><td>{_e(m.short_id)}</td><td>{_e(m.origin_text)}'
-            f"</td><td>{_e(served)}</td></tr>"
+            f"{_e(''.join(f'; {mark}' for mark in m.marks))}</td><td>{_e(served)}</td></tr>"
         )
     return (
         '<table class="sa-provenance"><thead><tr><th>allocation</th><th>exporter / importer</th>'
@@ -288,7 +290,8 @@ def render_png(maps: Sequence[ReservationMap], dpi: int = 100) -> bytes:
         ax.text(
             0,
             y_top - 0.12,
-            f"{m.short_id}  {m.backend} {m.device}  {fmt_bytes(m.size)} in {len(m.chunks)} "
+            f"{m.short_id}{''.join(f' [{k}]' for k in m.marks)}  {m.backend} {m.device}  "
+            f"{fmt_bytes(m.size)} in {len(m.chunks)} "
             f"chunk{'s' if len(m.chunks) != 1 else ''} · {m.origin_text}",
             fontsize=8,
             fontweight="bold",

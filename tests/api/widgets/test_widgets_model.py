@@ -198,3 +198,33 @@ def test_an_importer_whose_exporter_exited_says_the_keeper_holds_it(private_keep
     text = build_map(d.allocation).origin_text
     assert f"importer of pid {pid}'s allocation, whose exporter exited; the keeper holds it" in text
     d.unpark()
+
+
+def _parked_in_worker(a: sa.SharedDeviceArray) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    alloc = a.allocation
+    before = build_map(alloc).marks
+    a.close()  # the importer keeps the mapping, parked, for the next handoff
+    return before, build_map(alloc).marks if alloc.parked else ("not parked",)
+
+
+@pytest.mark.timeout(120)
+def test_named_and_parked_arrays_are_marked(private_keeper):  # noqa: F811
+    # (the map showed a named or parked array as any other)
+    from sharedarrays.api.widgets import render_html, render_text
+
+    named = sa.empty(100_000, device="cpu", name="widgets-marked")
+    parked = sa.zeros(100_000, device="cpu")
+    parked.park()
+    plain = sa.zeros(100_000, device="cpu")
+    maps = build_maps([named, parked, plain])
+    assert [m.marks for m in maps] == [('named "widgets-marked"',), ("parked in the keeper",), ()]
+    text, html = render_text(maps), render_html(maps)
+    assert f'{maps[0].short_id} [named "widgets-marked"]' in text
+    assert f"{maps[1].short_id} [parked in the keeper]" in text
+    assert "named &quot;widgets-marked&quot;" in html and "parked in the keeper" in html
+    parked.unpark()
+    sa.unlink("widgets-marked")
+    assert [m.marks for m in build_maps([named, parked])] == [(), ()]
+    with sa.Pool(1) as pool:
+        before, after = pool.apply(_parked_in_worker, (plain,))
+    assert before == () and after == ("parked mapping, no view",)
