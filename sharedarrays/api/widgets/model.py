@@ -373,8 +373,9 @@ def build_maps(target: Any = None) -> list[ReservationMap]:
 
 
 def table_rows(maps: Sequence[ReservationMap]) -> list[TableRow]:
-    """The side table: per allocation its reservation, each chunk mapping, each unmapped
-    gap, the waste (if any) and each view, with absolute addresses."""
+    """The side table: per allocation its reservation, each mapping (``"mapping of chunk
+    N"``: where in the reservation, which bytes of the chunk), each unmapped gap, the waste
+    (if any) and each view, with absolute addresses."""
     rows = []
     for m in maps:
         a = m.address
@@ -392,10 +393,11 @@ def table_rows(maps: Sequence[ReservationMap]) -> list[TableRow]:
             rows.append(
                 TableRow(
                     m.short_id,
-                    f"chunk {c.chunk}",
+                    f"mapping of chunk {c.chunk}",
                     a + c.start,
                     a + c.start + c.size,
-                    f"fd {c.fd}, {m.device}: {c.access}"
+                    f"at offset {c.start:#x}, chunk bytes {c.chunk_offset:#x}-"
+                    f"{c.chunk_offset + c.size:#x}, fd {c.fd}, {m.device}: {c.access}"
                     + (" (importers: r)" if m.export_readonly and m.created_here else ""),
                 )
             )

@@ -145,7 +145,8 @@ def _svg_block(m: ReservationMap, y0: int) -> tuple[list[str], int]:
     for c in m.chunks:
         colour = PALETTE[c.chunk % len(PALETTE)]
         tip = (
-            f"chunk {c.chunk}: {m.address + c.start:#x}-{m.address + c.start + c.size:#x} "
+            f"mapping of chunk {c.chunk} at offset {c.start:#x}: "
+            f"{m.address + c.start:#x}-{m.address + c.start + c.size:#x} "
             f"({fmt_bytes(c.size)}, fd {c.fd}, {c.access})"
         )
         out.append(

@@ -92,18 +92,20 @@ def test_table_rows():
     ida, idb = a.allocation.id[:8], b.allocation.id[:8]
     assert kinds == [
         (ida, "reservation"),
-        (ida, "chunk 0"),
-        (ida, "chunk 1"),
-        (ida, "chunk 2"),
+        (ida, "mapping of chunk 0"),
+        (ida, "mapping of chunk 1"),
+        (ida, "mapping of chunk 2"),
         (ida, "view"),
         (ida, "view"),
         (idb, "reservation"),
-        (idb, "chunk 0"),
+        (idb, "mapping of chunk 0"),
         (idb, "waste"),
         (idb, "view"),
     ]
     base = a.allocation.address
     assert (rows[2].start, rows[2].stop, rows[2].size) == (base + PAGE, base + 2 * PAGE, PAGE)
+    # (the rows were "chunk N": they are mappings, which say where and which chunk bytes)
+    assert rows[2].detail.startswith(f"at offset {PAGE:#x}, chunk bytes 0x0-{PAGE:#x}, fd ")
     waste = rows[8]
     assert waste.stop == b.allocation.address + b.allocation.size
     assert waste.size == _pages(80_000) - 80_000
@@ -138,7 +140,13 @@ def test_unmapped_gaps_from_mappings():
     assert [c.access for c in m.chunks] == ["rw", "r"]
     assert m.origin_text.startswith("importer of pid 4242's allocation")
     kinds = [r.kind for r in table_rows([m])]
-    assert kinds == ["reservation", "chunk 0", "chunk 1", "unmapped", "unmapped"]
+    assert kinds == [
+        "reservation",
+        "mapping of chunk 0",
+        "mapping of chunk 1",
+        "unmapped",
+        "unmapped",
+    ]
 
 
 def test_build_maps_rejects_other_objects():
