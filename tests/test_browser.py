@@ -41,8 +41,8 @@ ARTIFACTS = ROOT / "artifacts" / "browser"
 SCREENSHOT_COPY = ROOT / "docs" / "img" / "memory-map.png"
 
 # What notebook 03 makes on the host backend (4 KiB pages): a (1 chunk; views a, top,
-# every_other), b (3 chunks of 1 MiB; views b, plane), c (1 chunk, waste; view c) and d
-# imported from a worker (1 chunk, waste; view d).
+# every_other), b (3 chunks of 1 MiB; views b, plane), c (1 chunk, bytes lost to
+# granularity; view c) and d imported from a worker (1 chunk, bytes lost; view d).
 EXPECTED_ALLOCATIONS = 4
 EXPECTED_CHUNKS = 1 + 3 + 1 + 1
 EXPECTED_ROWS = (1 + 1 + 3) + (1 + 3 + 2) + (1 + 1 + 1 + 1) + (1 + 1 + 1 + 1)
@@ -179,7 +179,7 @@ def test_memory_map_renders_in_jupyterlab(jupyterlab: str) -> None:
                 assert marker.get_attribute("data-rows") == str(EXPECTED_ROWS)
                 assert marker.locator("rect.sa-chunk").count() == EXPECTED_CHUNKS
                 assert marker.locator("tr.sa-row").count() == EXPECTED_ROWS
-                assert marker.locator("rect.sa-waste").count() == 2
+                assert marker.locator("rect.sa-lost").count() == 2
                 assert marker.locator("tr.sa-provenance-row").count() == EXPECTED_ALLOCATIONS
                 assert "importer of pid" in marker.inner_text()
                 widget = page.locator(".jp-OutputArea-output", has=marker).last

@@ -1,7 +1,7 @@
 """The memory map as plain data, computed from allocations' metadata only.
 
 Everything the widgets draw comes from here: one :class:`ReservationMap` per allocation (its
-chunk bars, unmapped gaps, granularity waste, access, the views over it, its exporter and
+chunk bars, unmapped gaps, bytes lost to granularity, access, the views over it, its exporter and
 the importers it was served to) and the rows of the side table. Nothing here imports ipywidgets or
 matplotlib, and nothing reads or writes array memory, so it works for host and CUDA alike.
 """
@@ -106,9 +106,9 @@ class ReservationMap:
     used : int
         One past the highest byte any live view touches (the mapped size when no view is
         known).
-    waste : int
-        Bytes mapped beyond ``used``: what rounding up to the granularity (and a growable
-        array's chunk ahead) costs.
+    lost : int
+        Bytes lost to granularity: mapped beyond ``used``, what rounding up to the
+        granularity (and a growable array's chunk ahead) costs (``top``'s LOST).
     access : dict of str to str
         Access per device, ``"rw"``, ``"r"`` or ``"none"``.
     created_here : bool
@@ -131,7 +131,7 @@ class ReservationMap:
     gaps: tuple[Gap, ...]
     views: tuple[ViewBracket, ...]
     used: int
-    waste: int
+    lost: int
     access: dict[str, str]
     created_here: bool
     origin_pid: int
@@ -328,7 +328,7 @@ def build_map(allocation: Allocation, views: Iterable[ArrayView] | None = None) 
         gaps=tuple(gaps),
         views=brackets,
         used=used,
-        waste=allocation.size - used,
+        lost=allocation.size - used,
         access=access,
         created_here=origin.created_here,
         origin_pid=origin.pid,
@@ -374,8 +374,8 @@ def build_maps(target: Any = None) -> list[ReservationMap]:
 
 def table_rows(maps: Sequence[ReservationMap]) -> list[TableRow]:
     """The side table: per allocation its reservation, each mapping (``"mapping of chunk
-    N"``: where in the reservation, which bytes of the chunk), each unmapped gap, the waste
-    (if any) and each view, with absolute addresses."""
+    N"``: where in the reservation, which bytes of the chunk), each unmapped gap, the bytes
+    lost to granularity (if any) and each view, with absolute addresses."""
     rows = []
     for m in maps:
         a = m.address
@@ -404,13 +404,13 @@ def table_rows(maps: Sequence[ReservationMap]) -> list[TableRow]:
         for g in m.gaps:
             free = "free capacity" if g.start >= m.mapped >= 0 else ""
             rows.append(TableRow(m.short_id, "unmapped", a + g.start, a + g.start + g.size, free))
-        if m.waste:  # (up to the mapped end: a growable array's free capacity is unmapped)
+        if m.lost:  # (up to the mapped end: a growable array's free capacity is unmapped)
             rows.append(
                 TableRow(
                     m.short_id,
-                    "waste",
+                    "lost to granularity",
                     a + m.used,
-                    a + m.used + m.waste,
+                    a + m.used + m.lost,
                     "mapped beyond the views",
                 )
             )

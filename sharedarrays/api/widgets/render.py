@@ -58,7 +58,7 @@ _DEFS = """<defs>
 <pattern id="sa-hatch-gap" width="6" height="6" patternUnits="userSpaceOnUse"
  patternTransform="rotate(45)"><rect width="6" height="6" fill="#f4f4f4"/>
 <line x1="0" y1="0" x2="0" y2="6" stroke="#aaa" stroke-width="2"/></pattern>
-<pattern id="sa-hatch-waste" width="5" height="5" patternUnits="userSpaceOnUse"
+<pattern id="sa-hatch-lost" width="5" height="5" patternUnits="userSpaceOnUse"
  patternTransform="rotate(-45)"><line x1="0" y1="0" x2="0" y2="5" stroke="#c00"
  stroke-width="2"/></pattern>
 </defs>"""
@@ -91,7 +91,7 @@ def render_text(maps: Sequence[ReservationMap]) -> str:
         lines.append(
             f"{m.short_id}{marks} {m.backend} {m.device} {m.address:#x}+{fmt_bytes(m.size)} "
             f"{n} chunk{'s' if n != 1 else ''}, {len(m.views)} view"
-            f"{'s' if len(m.views) != 1 else ''}, waste {fmt_bytes(m.waste)}, "
+            f"{'s' if len(m.views) != 1 else ''}, {fmt_bytes(m.lost)} lost to granularity, "
             f"access {m.access_text}, "
             f"{m.origin_text}; {m.served_text}"
         )
@@ -167,14 +167,14 @@ def _svg_block(m: ReservationMap, y0: int) -> tuple[list[str], int]:
             f'height="{_BAR_H}" fill="url(#sa-hatch-gap)" stroke="#999" stroke-dasharray="3,2">'
             f"<title>{_e(tip)}</title></rect>"
         )
-    if m.waste:
+    if m.lost:
         tip = (
-            f"waste: {fmt_bytes(m.waste)} mapped beyond the views "
-            f"({m.address + m.used:#x}-{m.address + m.used + m.waste:#x})"
+            f"lost to granularity: {fmt_bytes(m.lost)} mapped beyond the views "
+            f"({m.address + m.used:#x}-{m.address + m.used + m.lost:#x})"
         )
         out.append(
-            f'<rect class="sa-waste" x="{x(m.used):.1f}" y="{bar_y}" width="{w(m.waste):.1f}" '
-            f'height="{_BAR_H}" fill="url(#sa-hatch-waste)" stroke="#c00">'
+            f'<rect class="sa-lost" x="{x(m.used):.1f}" y="{bar_y}" width="{w(m.lost):.1f}" '
+            f'height="{_BAR_H}" fill="url(#sa-hatch-lost)" stroke="#c00">'
             f"<title>{_e(tip)}</title></rect>"
         )
     foot = bar_y + _BAR_H + 13
@@ -183,10 +183,10 @@ def _svg_block(m: ReservationMap, y0: int) -> tuple[list[str], int]:
         f'<text x="{_W - _PAD}" y="{foot}" text-anchor="end" font-family="monospace">'
         f"{m.address + m.size:#x}</text>"
     )
-    if m.waste:
+    if m.lost:
         out.append(
             f'<text x="{_W / 2:.0f}" y="{foot}" text-anchor="middle" fill="#c00">'
-            f"waste {_e(fmt_bytes(m.waste))} beyond the views</text>"
+            f"{_e(fmt_bytes(m.lost))} lost to granularity (mapped beyond the views)</text>"
         )
     return out, bar_y + _BAR_H + _FOOT_H - y0
 
@@ -266,8 +266,8 @@ def render_png(maps: Sequence[ReservationMap], dpi: int = 100) -> bytes:
     """A static PNG of the memory map, drawn with matplotlib (Agg, no pyplot state).
 
     Each reservation is one horizontal bar scaled to its own length, with its start and end
-    addresses at the ends; chunks in colour, unmapped parts grey and hatched, waste hatched
-    red, views as brackets above.
+    addresses at the ends; chunks in colour, unmapped parts grey and hatched, bytes lost to
+    granularity hatched red, views as brackets above.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -333,11 +333,11 @@ def render_png(maps: Sequence[ReservationMap], dpi: int = 100) -> bytes:
                     linestyle="--",
                 )
             )
-        if m.waste:
+        if m.lost:
             ax.add_patch(
                 Rectangle(
                     (m.used / size, bar_y),
-                    max(m.waste / size, 0.003),
+                    max(m.lost / size, 0.003),
                     0.3,
                     facecolor="none",
                     edgecolor="#c00",
@@ -347,7 +347,7 @@ def render_png(maps: Sequence[ReservationMap], dpi: int = 100) -> bytes:
             ax.text(
                 0.5,
                 bar_y - 0.12,
-                f"waste {fmt_bytes(m.waste)} beyond the views",
+                f"{fmt_bytes(m.lost)} lost to granularity (mapped beyond the views)",
                 color="#c00",
                 fontsize=7,
                 ha="center",

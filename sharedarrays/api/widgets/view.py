@@ -71,9 +71,10 @@ class MemoryMap:
     """The memory map of shared allocations in this process, live in Jupyter.
 
     Shows each allocation's reservation as a bar over its address range: mapped chunks in
-    colour with their sizes, unmapped parts grey, the waste beyond the views hatched red,
-    the access per device, the live views as brackets; a table of exact addresses; and
-    where each allocation came from and to which processes its handles were served.
+    colour with their sizes, unmapped parts grey, the bytes lost to granularity (mapped
+    beyond the views) hatched red, the access per device, the live views as brackets; a
+    table of exact addresses; and whether this process is each allocation's exporter or an
+    importer, and to which importers its handles were served.
 
     In Jupyter with ipywidgets the view has a *refresh* button and an *auto-refresh* toggle
     with an interval (seconds); auto-refresh runs in a daemon thread that stops when the

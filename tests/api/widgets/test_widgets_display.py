@@ -65,11 +65,14 @@ def test_registry_view_counts_rows_and_chunks():
     m = sa.show([a, b])
     html = m._repr_mimebundle_()["text/html"]
     rows = int(re.search(r'data-rows="(\d+)"', html).group(1))
-    # a: reservation, chunk, waste, view; b: reservation, 3 chunks, view
+    # a: reservation, mapping, lost to granularity, view; b: reservation, 3 mappings, view
     assert rows == 4 + 5
     assert html.count('class="sa-row"') == rows
     assert html.count('class="sa-chunk"') == 4
-    assert html.count('class="sa-waste"') == 1
+    assert html.count('class="sa-lost"') == 1
+    # (the map said "waste" where top and ls say "lost to granularity")
+    assert "lost to granularity" in html and "lost to granularity" in repr(m)
+    assert "waste" not in html + repr(m)
     assert "exporter: this process" in html
     assert a.allocation.id[:8] in repr(m)
 

@@ -26,14 +26,14 @@ def _pages(n: int) -> int:
     return -(-n // PAGE) * PAGE
 
 
-def test_single_chunk_waste_and_view():
+def test_single_chunk_lost_bytes_and_view():
     a = sa.zeros(10_000, dtype="float64", device="cpu")  # 80 000 bytes
     m = build_map(a.allocation)
     assert m.size == _pages(80_000)
     assert [(c.chunk, c.start, c.size) for c in m.chunks] == [(0, 0, _pages(80_000))]
     assert m.gaps == ()
     assert m.used == 80_000
-    assert m.waste == _pages(80_000) - 80_000
+    assert m.lost == _pages(80_000) - 80_000
     assert [(v.start, v.stop, v.label) for v in m.views] == [(0, 80_000, "10000 float64")]
     assert m.access == {"cpu": "rw"}
     assert m.created_here and m.origin_text.startswith("exporter: this process")
@@ -50,7 +50,7 @@ def test_multi_chunk_bars_cover_reservation():
         (2, 4 * PAGE, PAGE),
     ]
     assert [c.fd for c in m.chunks] == [c.fd for c in a.allocation.chunks]
-    assert m.waste == 0 and m.gaps == ()
+    assert m.lost == 0 and m.gaps == ()
 
 
 def test_views_are_brackets_on_levels():
@@ -99,16 +99,16 @@ def test_table_rows():
         (ida, "view"),
         (idb, "reservation"),
         (idb, "mapping of chunk 0"),
-        (idb, "waste"),
+        (idb, "lost to granularity"),
         (idb, "view"),
     ]
     base = a.allocation.address
     assert (rows[2].start, rows[2].stop, rows[2].size) == (base + PAGE, base + 2 * PAGE, PAGE)
     # (the rows were "chunk N": they are mappings, which say where and which chunk bytes)
     assert rows[2].detail.startswith(f"at offset {PAGE:#x}, chunk bytes 0x0-{PAGE:#x}, fd ")
-    waste = rows[8]
-    assert waste.stop == b.allocation.address + b.allocation.size
-    assert waste.size == _pages(80_000) - 80_000
+    lost = rows[8]
+    assert lost.stop == b.allocation.address + b.allocation.size
+    assert lost.size == _pages(80_000) - 80_000
 
 
 def test_registry_maps_include_every_live_allocation():
@@ -154,8 +154,8 @@ def test_build_maps_rejects_other_objects():
         build_maps([object()])
 
 
-def test_a_growable_arrays_waste_row_ends_where_its_mapping_does():
-    # (the waste row ran to the end of the reservation: 61 MiB of "waste" over the free
+def test_a_growable_arrays_lost_row_ends_where_its_mapping_does():
+    # (the lost row ran to the end of the reservation: 61 MiB of "waste" over the free
     # capacity, which the map's bar and its unmapped row showed as 1.5 MiB and unmapped)
     g = sa.empty((0, 128), "float32", capacity=64 << 20)
     for _ in range(5):
@@ -163,9 +163,9 @@ def test_a_growable_arrays_waste_row_ends_where_its_mapping_does():
     m = build_map(g.allocation)
     assert m.mapped < m.size  # free capacity left
     rows = {r.kind: r for r in table_rows([m])}
-    waste, free = rows["waste"], rows["unmapped"]
-    assert waste.size == m.waste == m.mapped - 5000 * 128 * 4
-    assert waste.stop == m.address + m.mapped == free.start  # side by side, no overlap
+    lost, free = rows["lost to granularity"], rows["unmapped"]
+    assert lost.size == m.lost == m.mapped - 5000 * 128 * 4
+    assert lost.stop == m.address + m.mapped == free.start  # side by side, no overlap
     g.close()
 
 
