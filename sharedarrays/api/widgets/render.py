@@ -33,7 +33,8 @@ PALETTE = (
 """Chunk colours, by chunk index (cycled)."""
 
 MAX_DRAWN = 24
-"""At most this many reservations are drawn; the table still lists all of them."""
+"""At most this many allocations are drawn, and listed in the table and the provenance panel
+(the same ones; a line says how many more were left out)."""
 
 _W = 760  # SVG width
 _PAD = 12
@@ -199,13 +200,19 @@ def _svg(maps: Sequence[ReservationMap]) -> str:
         parts.extend(block)
         y += height
     if len(maps) > MAX_DRAWN:
-        parts.append(f'<text x="{_PAD}" y="{y + 12}">… {len(maps) - MAX_DRAWN} more</text>')
+        parts.append(f'<text x="{_PAD}" y="{y + 12}">{_e(_more(len(maps)))}</text>')
         y += 18
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{y}" '
         f'viewBox="0 0 {_W} {y}" font-family="sans-serif" font-size="12">'
         f"{_DEFS}{''.join(parts)}</svg>"
     )
+
+
+def _more(total: int) -> str:
+    """The line under a picture or table that shows :data:`MAX_DRAWN` of ``total``."""
+    n = total - MAX_DRAWN
+    return f"… {n} more allocation{'s' if n != 1 else ''} not shown (of {total})"
 
 
 def _table(rows: Sequence[TableRow]) -> str:
@@ -240,16 +247,19 @@ def _provenance(maps: Sequence[ReservationMap]) -> str:
 def render_html(maps: Sequence[ReservationMap], title: str = "shared memory map") -> str:
     """The HTML view: the SVG map, the side table and the provenance panel.
 
-    The outer ``div`` has class ``sa-memory-map`` and ``data-allocations``,
-    ``data-chunks``, ``data-views`` and ``data-rows`` attributes (a stable marker).
+    The outer ``div`` has class ``sa-memory-map`` and ``data-allocations`` (all of them),
+    ``data-shown`` (those drawn and listed: at most :data:`MAX_DRAWN`), ``data-chunks``,
+    ``data-views`` and ``data-rows`` (of those shown) attributes (a stable marker).
     """
-    rows = table_rows(maps)
-    n_chunks = sum(len(m.chunks) for m in maps)
-    n_views = sum(len(m.views) for m in maps)
+    shown = maps[:MAX_DRAWN]
+    rows = table_rows(shown)
+    n_chunks = sum(len(m.chunks) for m in shown)
+    n_views = sum(len(m.views) for m in shown)
     attrs = (
-        f'class="sa-memory-map" data-allocations="{len(maps)}" data-chunks="{n_chunks}" '
-        f'data-views="{n_views}" data-rows="{len(rows)}"'
+        f'class="sa-memory-map" data-allocations="{len(maps)}" data-shown="{len(shown)}" '
+        f'data-chunks="{n_chunks}" data-views="{n_views}" data-rows="{len(rows)}"'
     )
+    more = f'<p class="sa-more">{_e(_more(len(maps)))}</p>' if len(maps) > len(shown) else ""
     if not maps:
         return (
             f"{_CSS}<div {attrs}><h4>{_e(title)}</h4>"
@@ -257,8 +267,8 @@ def render_html(maps: Sequence[ReservationMap], title: str = "shared memory map"
         )
     return (
         f"{_CSS}<div {attrs}><h4>{_e(title)}</h4>{_svg(maps)}"
-        f"<h4>addresses</h4>{_table(rows)}<h4>exporters and importers</h4>"
-        f"{_provenance(maps)}</div>"
+        f"<h4>addresses</h4>{_table(rows)}{more}<h4>exporters and importers</h4>"
+        f"{_provenance(shown)}{more}</div>"
     )
 
 

@@ -247,3 +247,24 @@ def test_the_map_shows_a_read_only_mapping_as_it_is():
     mine = repr(a.show())
     assert "access cpu: rw (importers: r)" in mine
     assert "access cpu: rw," in repr(b.show())
+
+
+def test_the_table_lists_the_allocations_the_map_draws():
+    # (the map drew 24 bars but its table listed every row: 500 allocations were 2,000 rows,
+    # some 500 KB of HTML at each auto-refresh)
+    from sharedarrays.api.widgets.render import MAX_DRAWN
+
+    arrays = [sa.zeros(20_000, device="cpu", pack=False) for _ in range(MAX_DRAWN + 6)]
+    maps = sa.show(arrays).maps
+    html = render_html(maps)
+    rows = int(re.search(r'data-rows="(\d+)"', html).group(1))
+    assert html.count('class="sa-row"') == rows == 4 * MAX_DRAWN  # reservation, mapping, ...
+    assert html.count('class="sa-chunk"') == MAX_DRAWN
+    assert html.count('class="sa-provenance-row"') == MAX_DRAWN
+    assert f'data-allocations="{MAX_DRAWN + 6}" data-shown="{MAX_DRAWN}"' in html
+    assert html.count(f"6 more allocations not shown (of {MAX_DRAWN + 6})") == 3
+    drawn = {m.short_id for m in maps[:MAX_DRAWN]}
+    listed = set(re.findall(r'<tr class="sa-row" data-kind="[^"]*"><td>(\w+)</td>', html))
+    assert listed == drawn  # the same allocations as the bars
+    for a in arrays:
+        a.close()
