@@ -377,6 +377,10 @@ class Allocation(Growth):
         """Processes allowed to import it (besides this one); ``None``: any of this user."""
         self.export_readonly = False
         """Whether importers get read-only mappings (payloads say ``readonly``)."""
+        self.slab = False
+        """Whether it is a slab that small arrays are packed into (made here by
+        :func:`~sharedarrays.memory.slabs.pack_into_slab`): its room belongs to them, none
+        of it is lost to granularity."""
         self.keeper_name: str | None = None
         """The name this process gave it or attached it by (``sa.empty(..., name=)``,
         ``sa.attach``), while this process knows the keeper holds it under that name."""

@@ -46,6 +46,7 @@ def pack_into_slab(backend: Backend, nbytes: int) -> tuple[Allocation, int]:
         current = state.slabs.get(key)
         if current is None or current[1] + need > current[0].allocation.size:
             lease = Allocation.create(backend, size).lease()
+            lease.allocation.slab = True
             offset = 0
         else:
             lease, offset = current

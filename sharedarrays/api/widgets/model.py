@@ -28,6 +28,7 @@ __all__ = [
     "views_of",
     "build_map",
     "build_maps",
+    "targets",
     "table_rows",
     "fmt_bytes",
 ]
@@ -157,6 +158,30 @@ class ReservationMap:
     """Its name in the keeper, as this process knows it (``Allocation.keeper_name``)."""
     parked: bool = False
     """An importer keeps it mapped with no view, for the next handoff (a parked mapping)."""
+    slab: bool = False
+    """A slab that small arrays are packed into (``pack=``): no byte of it is lost to
+    granularity, its room is theirs."""
+    own: tuple[int, int] | None = None
+    """The map of one packed array: the bytes ``[start, stop)`` of the slab that it spans
+    (only its views are drawn)."""
+    neighbours: int = 0
+    """The map of one packed array: the other small arrays' views in its slab, not drawn."""
+
+    @property
+    def packed_text(self) -> str:
+        """For a slab: ``"packed: this array's 800 B of a 2 MiB slab shared with 3 other
+        views"``, or ``"a slab of small arrays: 1.5 KiB used by 4 views"``; else ``""``."""
+        if not self.slab:
+            return ""
+        if self.own is None:
+            return f"a slab of packed small arrays: {len(self.views)} views in it"
+        start, stop = self.own
+        many = "s" if self.neighbours != 1 else ""
+        return (
+            f"packed: this array's {fmt_bytes(stop - start)} at offset {start:#x} of a "
+            f"{fmt_bytes(self.size)} slab shared with {self.neighbours} other small "
+            f"array view{many}"
+        )
 
     @property
     def marks(self) -> tuple[str, ...]:
@@ -275,7 +300,17 @@ def _view_label(v: ArrayView) -> str:
     return label + (" read-only" if v.readonly else "")
 
 
-def build_map(allocation: Allocation, views: Iterable[ArrayView] | None = None) -> ReservationMap:
+def _span(v: ArrayView) -> tuple[int, int]:
+    """The bytes ``[start, stop)`` of its allocation that view ``v`` touches."""
+    low, high = view_extent(v.itemsize, v.shape, v.strides)
+    return v.offset + low, v.offset + high
+
+
+def build_map(
+    allocation: Allocation,
+    views: Iterable[ArrayView] | None = None,
+    own: tuple[int, int] | None = None,
+) -> ReservationMap:
     """Describe one allocation for the memory map.
 
     Parameters
@@ -284,8 +319,19 @@ def build_map(allocation: Allocation, views: Iterable[ArrayView] | None = None) 
         The allocation; only its metadata is read.
     views : iterable of SharedDeviceArray, optional
         The views to draw as brackets; default: every open view of it in this process.
+    own : tuple of int, optional
+        The map of one array packed in a slab: the bytes ``[start, stop)`` of the slab it
+        spans. Only the views within them are drawn; the others are counted as neighbours.
     """
     vs = views_of(allocation) if views is None else [v for v in views if not v.closed]
+    slab = bool(getattr(allocation, "slab", False))
+    neighbours = 0
+    if slab and own is not None:
+        # (the array's own views, and those that overlap its bytes: packed arrays never do)
+        mine = [v for v in vs if _span(v)[0] < own[1] and own[0] < _span(v)[1]]
+        neighbours, vs = len(vs) - len(mine), mine
+    else:
+        own = None
     fds = {c.index: c.fd for c in allocation.chunks}
     bars = tuple(
         ChunkBar(m.chunk, m.offset, m.size, m.chunk_offset, fds.get(m.chunk, -1), str(m.access))
@@ -303,13 +349,14 @@ def build_map(allocation: Allocation, views: Iterable[ArrayView] | None = None) 
 
     spans = []
     for v in vs:
-        low, high = view_extent(v.itemsize, v.shape, v.strides)
-        spans.append((v.offset + low, v.offset + high, _view_label(v)))
+        spans.append((*_span(v), _view_label(v)))
     spans.sort(key=lambda s: (s[0], -(s[1] - s[0])))
     levels = _levels([(s[0], s[1]) for s in spans])
     brackets = tuple(ViewBracket(s[0], s[1], s[2], lv) for s, lv in zip(spans, levels))
     used = max((b.stop for b in brackets), default=allocation.size)
     used = min(used, allocation.size)
+    if slab:  # (its room is the small arrays', those to come too: none of it is lost)
+        used = allocation.size
 
     by_device = getattr(allocation, "access_by_device", None)
     if by_device is not None:  # every device that may touch it here: own and peers
@@ -343,6 +390,9 @@ def build_map(allocation: Allocation, views: Iterable[ArrayView] | None = None) 
         in_keeper=bool(getattr(allocation, "in_keeper", False)),
         name=getattr(allocation, "keeper_name", None),
         parked=bool(getattr(allocation, "parked", False)),
+        slab=slab,
+        own=own,
+        neighbours=neighbours,
     )
 
 
@@ -353,22 +403,36 @@ def build_maps(target: Any = None) -> list[ReservationMap]:
     ----------
     target : SharedDeviceArray, Allocation, sequence of them, or None
         ``None``: every live allocation in this process (re-read on every call). A view:
-        its allocation, with every open view of it. An allocation: itself.
+        its allocation, with every open view of it (of a small array packed in a slab:
+        the slab, with the views within the array's bytes). An allocation: itself.
     """
     if target is None:
         return [build_map(a) for a in live_allocations()]
+    return [build_map(alloc, own=own) for alloc, own in targets(target)]
+
+
+def targets(target: Any) -> list[tuple[Allocation, tuple[int, int] | None]]:
+    """The allocations ``target`` (a view, an allocation, or a sequence of them) names, each
+    once, with the bytes of it a packed small array spans (``None`` for the others).
+
+    Raises
+    ------
+    TypeError
+        Something else.
+    """
     items = target if isinstance(target, (list, tuple)) else [target]
-    out = []
-    seen: set[str] = set()
+    out: list[tuple[Allocation, tuple[int, int] | None]] = []
+    seen: set[tuple[str, tuple[int, int] | None]] = set()
     for item in items:
         alloc = item.allocation if is_view(item) else item
         if not isinstance(alloc, Allocation):
             raise TypeError(
                 f"expected a SharedDeviceArray or an Allocation, not {type(item).__name__}"
             )
-        if alloc.id not in seen:
-            seen.add(alloc.id)
-            out.append(build_map(alloc))
+        own = _span(item) if is_view(item) and alloc.slab else None
+        if (alloc.id, own) not in seen:
+            seen.add((alloc.id, own))
+            out.append((alloc, own))
     return out
 
 
@@ -414,6 +478,9 @@ def table_rows(maps: Sequence[ReservationMap]) -> list[TableRow]:
                     "mapped beyond the views",
                 )
             )
+        if m.own is not None:
+            start, stop = m.own
+            rows.append(TableRow(m.short_id, "packed array", a + start, a + stop, m.packed_text))
         for v in m.views:
             rows.append(TableRow(m.short_id, "view", a + v.start, a + v.stop, v.label))
     return rows

@@ -94,7 +94,7 @@ def render_text(maps: Sequence[ReservationMap]) -> str:
             f"{n} chunk{'s' if n != 1 else ''}, {len(m.views)} view"
             f"{'s' if len(m.views) != 1 else ''}, {fmt_bytes(m.lost)} lost to granularity, "
             f"access {m.access_text}, "
-            f"{m.origin_text}; {m.served_text}"
+            f"{m.origin_text}; {m.served_text}" + (f"; {m.packed_text}" if m.slab else "")
         )
     return "\n".join(lines)
 
@@ -188,6 +188,11 @@ def _svg_block(m: ReservationMap, y0: int) -> tuple[list[str], int]:
         out.append(
             f'<text x="{_W / 2:.0f}" y="{foot}" text-anchor="middle" fill="#c00">'
             f"{_e(fmt_bytes(m.lost))} lost to granularity (mapped beyond the views)</text>"
+        )
+    elif m.slab:
+        out.append(
+            f'<text x="{_W / 2:.0f}" y="{foot}" text-anchor="middle" class="sa-packed">'
+            f"{_e(m.packed_text)}</text>"
         )
     return out, bar_y + _BAR_H + _FOOT_H - y0
 
@@ -363,6 +368,8 @@ def render_png(maps: Sequence[ReservationMap], dpi: int = 100) -> bytes:
                 ha="center",
                 va="center",
             )
+        if m.slab and not m.lost:
+            ax.text(0.5, bar_y - 0.12, m.packed_text, fontsize=7, ha="center", va="center")
         ax.text(0, bar_y - 0.12, f"{m.address:#x}", fontsize=7, family="monospace", va="center")
         ax.text(
             1,

@@ -13,9 +13,8 @@ import time
 import weakref
 from typing import Any
 
-from sharedarrays.api.views import is_view
 from sharedarrays.api.widgets.cells import stop_on_rerun
-from sharedarrays.api.widgets.model import ReservationMap, build_maps
+from sharedarrays.api.widgets.model import ReservationMap, build_map, build_maps, targets
 from sharedarrays.api.widgets.refresh import MAX_INTERVAL, MIN_INTERVAL, AutoRefresh, seconds
 from sharedarrays.api.widgets.render import render_html, render_png, render_text
 from sharedarrays.memory import Allocation
@@ -98,17 +97,10 @@ class MemoryMap:
     def __init__(
         self, target: Any = None, *, interval: float = 2.0, auto_refresh: bool = False
     ) -> None:
-        self._refs: list[weakref.ref[Allocation]] | None = None
+        # (each allocation weakly, with the bytes of it a packed small array spans)
+        self._refs: list[tuple[weakref.ref[Allocation], tuple[int, int] | None]] | None = None
         if target is not None:
-            items = target if isinstance(target, (list, tuple)) else [target]
-            self._refs = []
-            for item in items:
-                alloc = item.allocation if is_view(item) else item
-                if not isinstance(alloc, Allocation):
-                    raise TypeError(
-                        f"expected a SharedDeviceArray or an Allocation, not {type(item).__name__}"
-                    )
-                self._refs.append(weakref.ref(alloc))
+            self._refs = [(weakref.ref(alloc), own) for alloc, own in targets(target)]
         self._title = "shared memory map" if target is None else "memory map"
         self._interval = _interval_of(interval)
         self._auto_start = auto_refresh
@@ -122,8 +114,12 @@ class MemoryMap:
     def _read(self) -> list[ReservationMap]:
         if self._refs is None:
             return build_maps(None)
-        allocs = [a for a in (r() for r in self._refs) if a is not None and not a.released]
-        return build_maps(allocs)
+        out = []
+        for ref, own in self._refs:
+            alloc = ref()
+            if alloc is not None and not alloc.released:
+                out.append(build_map(alloc, own=own))
+        return out
 
     def refresh(self) -> list[ReservationMap]:
         """Re-read the registry (or the chosen allocations) and redraw; returns the maps.

@@ -236,3 +236,31 @@ def test_named_and_parked_arrays_are_marked(private_keeper):  # noqa: F811
     with sa.Pool(1) as pool:
         before, after = pool.apply(_parked_in_worker, (plain,))
     assert before == () and after == ("parked mapping, no view",)
+
+
+def test_a_packed_arrays_map_is_its_own_bytes_of_a_shared_slab():
+    # (a.show() of a small array drew the whole 2 MiB slab with its neighbours' views and
+    # "waste 2 MiB", as if the slab were the array's and rounding up had lost the rest)
+    from sharedarrays.api.widgets import render_html, render_text
+
+    neighbour = sa.zeros(100, device="cpu")
+    a = sa.zeros(100, device="cpu")  # 800 bytes, packed beside it
+    assert a.allocation is neighbour.allocation and a.allocation.slab
+    m = build_maps(a)[0]
+    assert m.slab and m.lost == 0
+    assert m.own == (a.offset, a.offset + 800)
+    assert [(v.start, v.stop) for v in m.views] == [m.own]  # not the neighbour's
+    assert m.neighbours >= 1
+    assert m.packed_text.startswith(f"packed: this array's 800 B at offset {a.offset:#x} of a ")
+    assert "slab shared with" in m.packed_text
+    rows = {r.kind: r for r in table_rows([m])}
+    assert "lost to granularity" not in rows
+    assert rows["packed array"].size == 800
+    assert m.packed_text in render_text([m]) and "sa-packed" in render_html([m])
+    shown = a.show()
+    assert shown.maps[0].own == m.own and len(shown.refresh()[0].views) == 1
+    whole = build_map(a.allocation)  # the slab itself (sa.show()): every view in it, no own
+    assert whole.own is None and whole.lost == 0 and len(whole.views) >= 2
+    assert whole.packed_text.startswith("a slab of packed small arrays")
+    big = build_map(sa.zeros(100_000, device="cpu").allocation)
+    assert not big.slab and big.packed_text == ""
