@@ -105,7 +105,9 @@ class MemoryMap:
         self._interval = _interval_of(interval)
         self._auto_start = auto_refresh
         self._lock = threading.Lock()
-        self._refresher: AutoRefresh[MemoryMap] = AutoRefresh("sharedarrays-memory-map", _interval)
+        self._refresher: AutoRefresh[MemoryMap] = AutoRefresh(
+            "sharedarrays-memory-map", _interval, _report
+        )
         self._ui: dict[str, Any] | None = None
         self.updated = 0.0
         self.maps: list[ReservationMap] = self._read()
@@ -232,6 +234,14 @@ def _interval(view: MemoryMap) -> float | None:
     if ui is not None and ui["box"].comm is None:
         return None
     return view._interval
+
+
+def _report(view: MemoryMap, error: Exception) -> None:
+    """Show an auto-refresh that failed in the widget's status (the thread goes on), as the
+    node widget does."""
+    ui = view._ui
+    if ui is not None:
+        ui["status"].value = f"refresh failed: {error}"
 
 
 def live_or_static(memory_map: MemoryMap) -> Any:

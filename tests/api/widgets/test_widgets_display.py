@@ -268,3 +268,24 @@ def test_the_table_lists_the_allocations_the_map_draws():
     assert listed == drawn  # the same allocations as the bars
     for a in arrays:
         a.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_auto_refresh_shows_in_the_status(monkeypatch):
+    # (the thread swallowed the error: the map stood still and said nothing)
+    pytest.importorskip("ipywidgets")
+    a = sa.zeros(100_000, device="cpu")
+    m = MemoryMap(a, interval=0.2)
+    status = m.widget.status
+
+    def broken():
+        raise RuntimeError("the registry is unreadable")
+
+    monkeypatch.setattr(m, "_read", broken)
+    m.start()
+    deadline = time.monotonic() + 30
+    while "refresh failed" not in status.value and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert status.value == "refresh failed: the registry is unreadable"
+    assert m.auto_refreshing  # it goes on
+    m.close()
