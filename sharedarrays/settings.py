@@ -4,17 +4,19 @@ Every ``SHAREDARRAYS_*`` number is read by :func:`env_number`: unset or empty me
 default; anything else must be a number of the setting's kind, at least its minimum, or a
 :class:`ValueError` names the variable and what it takes. A word (a name, an id) is read by
 :func:`env_word` the same way: unset or empty means ``None``, anything else must match the
-setting's pattern.
+setting's pattern. A number of seconds given as an argument (an interval, a timeout) is
+checked by :func:`seconds`.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import re
 from typing import TypeVar
 
-__all__ = ["NUMBERS", "check_environment", "env_number", "env_word"]
+__all__ = ["NUMBERS", "check_environment", "env_number", "env_word", "seconds"]
 
 N = TypeVar("N", int, float)
 
@@ -103,3 +105,27 @@ def check_environment() -> None:
     """
     for name, (kind, minimum) in NUMBERS.items():
         env_number(name, kind(minimum), minimum)
+
+
+def seconds(value: object, what: str, low: float, high: float, *, above: bool = False) -> float:
+    """``value`` as a float number of seconds from ``low`` (``above``: more than ``low``) to
+    ``high``: an argument such as an interval or a timeout, checked before anything runs.
+
+    Raises
+    ------
+    TypeError
+        ``value`` is not a real number (a string, ``None``, a bool).
+    ValueError
+        It is out of range, ``nan`` or infinite (``interval=0`` would refresh without pause).
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
+    number = float(value)
+    if above:
+        if not low < number <= high:  # (False for nan)
+            raise ValueError(
+                f"{what} must be above {low:g} and at most {high:g} seconds, not {number:g}"
+            )
+    elif not low <= number <= high:
+        raise ValueError(f"{what} must be from {low:g} to {high:g} seconds, not {number:g}")
+    return number

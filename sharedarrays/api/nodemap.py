@@ -28,7 +28,6 @@ orphaned   nobody uses it, but a handle keeps it: a mapping an importer keeps pa
 
 from __future__ import annotations
 
-import numbers
 import os
 import time
 from collections.abc import Callable
@@ -42,6 +41,7 @@ from sharedarrays.errors import InUse, KeeperError, NameNotFound, SharedArrayErr
 from sharedarrays.process import command_line, running
 from sharedarrays.protocol.handles import HeldAllocation, Status
 from sharedarrays.protocol.keeper import NOT_FOUND, OK, Unlink
+from sharedarrays.settings import seconds
 from sharedarrays.transport import keeper, server
 from sharedarrays.transport import node as transport_node
 
@@ -277,13 +277,7 @@ def node_map(timeout: float = transport_node.ASK_TIMEOUT) -> NodeMap:
     TypeError, ValueError
         ``timeout`` is not such a number of seconds.
     """
-    given: object = timeout  # (typed float, but a caller may pass anything)
-    if isinstance(given, bool) or not isinstance(given, numbers.Real):
-        raise TypeError(f"timeout must be a number of seconds, not {type(given).__name__}")
-    if not 0 < timeout <= MAX_TIMEOUT:  # (False for nan)
-        raise ValueError(
-            f"timeout must be above 0 and at most {MAX_TIMEOUT:g} seconds, not {timeout:g}"
-        )
+    timeout = seconds(timeout, "timeout", 0.0, MAX_TIMEOUT, above=True)
     now = time.time()
     answers = transport_node.ask_all(timeout)
     own = server.snapshot()

@@ -27,7 +27,7 @@ from sharedarrays.api.widgets.model import (
     table_rows,
     views_of,
 )
-from sharedarrays.api.widgets.refresh import MAX_INTERVAL, MIN_INTERVAL, seconds
+from sharedarrays.api.widgets.refresh import MAX_INTERVAL, MIN_INTERVAL
 from sharedarrays.api.widgets.render import render_html, render_png, render_text
 from sharedarrays.api.widgets.view import (
     MemoryMap,
@@ -35,6 +35,7 @@ from sharedarrays.api.widgets.view import (
     live_or_static,
     widgets_available,
 )
+from sharedarrays.settings import seconds
 
 __all__ = [
     "show",

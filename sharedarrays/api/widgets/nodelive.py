@@ -15,8 +15,9 @@ from typing import Any
 from sharedarrays.api import nodemap
 from sharedarrays.api.widgets.cells import stop_on_rerun
 from sharedarrays.api.widgets.nodeview import render_node_html, render_node_text
-from sharedarrays.api.widgets.refresh import MAX_INTERVAL, MIN_INTERVAL, AutoRefresh, seconds
+from sharedarrays.api.widgets.refresh import MAX_INTERVAL, MIN_INTERVAL, AutoRefresh
 from sharedarrays.errors import SharedArrayError
+from sharedarrays.settings import seconds
 
 __all__ = ["NodeView", "node_widget"]
 

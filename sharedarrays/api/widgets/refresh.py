@@ -2,36 +2,17 @@
 
 from __future__ import annotations
 
-import numbers
 import threading
 import weakref
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
-__all__ = ["AutoRefresh", "MIN_INTERVAL", "MAX_INTERVAL", "seconds"]
+__all__ = ["AutoRefresh", "MIN_INTERVAL", "MAX_INTERVAL"]
 
 MIN_INTERVAL = 0.2
 """The shortest auto-refresh interval in seconds (what the widgets' *every (s)* allows)."""
 MAX_INTERVAL = 3600.0
 """The longest auto-refresh interval in seconds."""
-
-
-def seconds(value: object, what: str, low: float, high: float) -> float:
-    """``value`` as a float number of seconds from ``low`` to ``high``.
-
-    Raises
-    ------
-    TypeError
-        ``value`` is not a real number (a string, ``None``, a bool).
-    ValueError
-        It is out of range, ``nan`` or infinite (``interval=0`` would refresh without pause).
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
-    number = float(value)
-    if not low <= number <= high:  # (False for nan)
-        raise ValueError(f"{what} must be from {low:g} to {high:g} seconds, not {number:g}")
-    return number
 
 
 class _Refreshable(Protocol):

@@ -15,9 +15,10 @@ from typing import Any
 
 from sharedarrays.api.widgets.cells import stop_on_rerun
 from sharedarrays.api.widgets.model import ReservationMap, build_map, build_maps, targets
-from sharedarrays.api.widgets.refresh import MAX_INTERVAL, MIN_INTERVAL, AutoRefresh, seconds
+from sharedarrays.api.widgets.refresh import MAX_INTERVAL, MIN_INTERVAL, AutoRefresh
 from sharedarrays.api.widgets.render import render_html, render_png, render_text
 from sharedarrays.memory import Allocation
+from sharedarrays.settings import seconds
 
 __all__ = ["MemoryMap", "live_or_static", "widgets_available", "in_kernel", "WIDGET_MIME"]
 

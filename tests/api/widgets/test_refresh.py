@@ -7,7 +7,8 @@ import threading
 
 import pytest
 
-from sharedarrays.api.widgets.refresh import MAX_INTERVAL, MIN_INTERVAL, AutoRefresh, seconds
+from sharedarrays.api.widgets.refresh import MAX_INTERVAL, MIN_INTERVAL, AutoRefresh
+from sharedarrays.settings import seconds
 
 pytestmark = pytest.mark.timeout(60)
 
