@@ -212,14 +212,20 @@ class CudaDevice:
             free, total = check(self._d.cuMemGetInfo(), "cuMemGetInfo")
         return int(free), int(total)
 
-    def _out_of_memory(self, exc: CudaOutOfMemory, what: str, nbytes: int) -> CudaOutOfMemory:
-        """``exc`` (an allocation's ``CUDA_ERROR_OUT_OF_MEMORY``), saying the size asked for,
-        what the device has free (where ``cuMemGetInfo`` answers) and what to do."""
+    def _check_allocation(self, result: Any, call: str, what: str, nbytes: int) -> Any:
+        """:func:`check` of a call that takes ``nbytes`` of device memory (or address space)
+        for ``what``: its ``CUDA_ERROR_OUT_OF_MEMORY`` says the size asked for, what the
+        device has free (where ``cuMemGetInfo`` answers) and what to do."""
         try:
-            free_total: tuple[int, int] | None = self.mem_get_info()
-        except SharedArrayError:
-            free_total = None
-        return explain_out_of_memory(exc, f"{what} on {self.device}", nbytes, free_total)
+            return check(result, call)
+        except CudaOutOfMemory as exc:
+            try:
+                free_total: tuple[int, int] | None = self.mem_get_info()
+            except SharedArrayError:
+                free_total = None
+            raise explain_out_of_memory(
+                exc, f"{what} on {self.device}", nbytes, free_total
+            ) from None
 
     def synchronize(self) -> None:
         """Wait for all work queued in this device's primary context, on every stream."""

@@ -53,7 +53,6 @@ from sharedarrays.backends.device import Device
 from sharedarrays.errors import (
     DriverError,
     OutOfMemory,
-    SharedArrayError,
     fd_limit_error,
 )
 from sharedarrays.process import at_fork
@@ -62,7 +61,7 @@ __all__ = [
     "OnDevice",
     "CudaDriverError",
     "CudaOutOfMemory",
-    "at_fd_limit",
+    "check_export",
     "explain_out_of_memory",
     "why_unusable",
     "load_driver",
@@ -150,21 +149,32 @@ class CudaOutOfMemory(CudaDriverError, OutOfMemory):
         return (type(self), (self.call, self.code, self.error_name, self.description, self.hint))
 
 
-def at_fd_limit(exc: CudaDriverError) -> SharedArrayError:
-    """What to raise for ``exc``, the failure of a call that makes an fd (an export to a
-    POSIX fd): a :class:`~sharedarrays.HandleUnavailable` naming the limit where this process
-    can open no more fds (the driver's error code does not say so), else ``exc`` itself."""
+def check_export(result: Any, call: str) -> Any:
+    """:func:`check` of a call that makes an fd (an export to a POSIX fd): where it failed
+    because this process can open no more fds (the driver's error code does not say so), a
+    :class:`~sharedarrays.HandleUnavailable` naming the limit instead.
+
+    Raises
+    ------
+    HandleUnavailable
+        This process can open no more files.
+    CudaDriverError
+        The call failed otherwise.
+    """
     try:
-        probe = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as e:
-        if e.errno not in (errno.EMFILE, errno.ENFILE):
-            return exc
-        return fd_limit_error(
-            f"{exc}: this process can open no more files, and an exported handle is one",
-            str(e.strerror),
-        )
-    os.close(probe)
-    return exc
+        return check(result, call)
+    except CudaDriverError as exc:
+        try:
+            probe = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            if e.errno not in (errno.EMFILE, errno.ENFILE):
+                raise exc from None
+            raise fd_limit_error(
+                f"{exc}: this process can open no more files, and an exported handle is one",
+                str(e.strerror),
+            ) from exc
+        os.close(probe)
+        raise
 
 
 def _gib(nbytes: int) -> str:

@@ -31,7 +31,6 @@ from sharedarrays.backends.cuda.device import CudaDevice
 from sharedarrays.backends.cuda.driver import (
     OPAQUE_BYTES,
     CudaDriverError,
-    CudaOutOfMemory,
     check,
     opaque_bytes,
     opaque_from_bytes,
@@ -95,10 +94,12 @@ class CudaIpcBackend(CudaDevice):
         self._check_size(size, "a chunk size")
         d = self._d
         with self.context():
-            try:
-                ptr = check(d.cuMemAlloc(size), f"cuMemAlloc({size} bytes on {self.device})")
-            except CudaOutOfMemory as exc:
-                raise self._out_of_memory(exc, "device memory", size) from None
+            ptr = self._check_allocation(
+                d.cuMemAlloc(size),
+                f"cuMemAlloc({size} bytes on {self.device})",
+                "device memory",
+                size,
+            )
             try:
                 export = opaque_bytes(check(d.cuIpcGetMemHandle(ptr), "cuIpcGetMemHandle"))
             except BaseException:

@@ -33,9 +33,8 @@ from sharedarrays.backends.cuda.device import CudaDevice
 from sharedarrays.backends.cuda.driver import (
     OPAQUE_BYTES,
     CudaDriverError,
-    CudaOutOfMemory,
-    at_fd_limit,
     check,
+    check_export,
     opaque_bytes,
     opaque_from_bytes,
     why_unusable,
@@ -140,14 +139,11 @@ class CudaPoolBackend(CudaDevice):
                 pool = check(d.cuMemPoolCreate(props), f"cuMemPoolCreate(POSIX fd, {self.device})")
                 try:
                     fd = int(
-                        check(
+                        check_export(
                             d.cuMemPoolExportToShareableHandle(pool, self._fd_type, 0),
                             "cuMemPoolExportToShareableHandle(POSIX_FILE_DESCRIPTOR)",
                         )
                     )
-                except CudaDriverError as exc:
-                    d.cuMemPoolDestroy(pool)
-                    raise at_fd_limit(exc) from exc
                 except BaseException:
                     d.cuMemPoolDestroy(pool)
                     raise
@@ -170,13 +166,12 @@ class CudaPoolBackend(CudaDevice):
         d = self._d
         stream = self.current_stream()
         with self.context():
-            try:
-                ptr = check(
-                    d.cuMemAllocFromPoolAsync(size, pool, stream),
-                    f"cuMemAllocFromPoolAsync({size} bytes on {self.device})",
-                )
-            except CudaOutOfMemory as exc:
-                raise self._out_of_memory(exc, "pool memory", size) from None
+            ptr = self._check_allocation(
+                d.cuMemAllocFromPoolAsync(size, pool, stream),
+                f"cuMemAllocFromPoolAsync({size} bytes on {self.device})",
+                "pool memory",
+                size,
+            )
             try:
                 check(d.cuStreamSynchronize(stream), "cuStreamSynchronize")
                 data = check(d.cuMemPoolExportPointer(ptr), "cuMemPoolExportPointer")

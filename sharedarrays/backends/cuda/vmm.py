@@ -28,9 +28,8 @@ from sharedarrays.backends.base import Access, Chunk
 from sharedarrays.backends.cuda.device import CudaDevice
 from sharedarrays.backends.cuda.driver import (
     CudaDriverError,
-    CudaOutOfMemory,
-    at_fd_limit,
     check,
+    check_export,
     peer_reason,
     why_unusable,
 )
@@ -146,23 +145,19 @@ class CudaVmmBackend(CudaDevice):
         self._check_size(size, "a chunk size")
         d = self._d
         with self.context():
-            try:
-                handle = check(
-                    d.cuMemCreate(size, self._prop, 0),
-                    f"cuMemCreate({size} bytes on {self.device})",
-                )
-            except CudaOutOfMemory as exc:
-                raise self._out_of_memory(exc, "a chunk of device memory", size) from None
+            handle = self._check_allocation(
+                d.cuMemCreate(size, self._prop, 0),
+                f"cuMemCreate({size} bytes on {self.device})",
+                "a chunk of device memory",
+                size,
+            )
             try:
                 fd = int(
-                    check(
+                    check_export(
                         d.cuMemExportToShareableHandle(handle, self._fd_type, 0),
                         "cuMemExportToShareableHandle(POSIX_FILE_DESCRIPTOR)",
                     )
                 )
-            except CudaDriverError as exc:
-                d.cuMemRelease(handle)
-                raise at_fd_limit(exc) from exc
             except BaseException:
                 d.cuMemRelease(handle)
                 raise
@@ -267,13 +262,12 @@ class CudaVmmBackend(CudaDevice):
         """Reserve ``size`` bytes of device address space, aligned to the granularity."""
         self._check_size(size, "a reservation size")
         with self.context():
-            try:
-                ptr = check(
-                    self._d.cuMemAddressReserve(size, self._granularity, 0, 0),
-                    f"cuMemAddressReserve({size} bytes)",
-                )
-            except CudaOutOfMemory as exc:
-                raise self._out_of_memory(exc, "a reservation of address space", size) from None
+            ptr = self._check_allocation(
+                self._d.cuMemAddressReserve(size, self._granularity, 0, 0),
+                f"cuMemAddressReserve({size} bytes)",
+                "a reservation of address space",
+                size,
+            )
         return int(ptr)
 
     def free_reservation(self, address: int, size: int) -> None:
