@@ -353,21 +353,20 @@ def load_payload(
             raise PayloadError("the handles that travelled with the payload do not match it")
         carried = _detach(fds)
     alloc = _mapped(p, carried)
-    if alloc is not None:
-        if sync is not None:
-            alloc.backend.import_sync(sync)
-        return alloc
-    try:  # (one mapped here is on this node)
-        _check_node(p)
-    except WrongNode:
-        _close(carried or [])
-        raise
-    alloc = resolve(Request(p, carried), RESOLVERS[1:])
+    fresh = alloc is None
+    if alloc is None:  # (one mapped here is on this node)
+        try:
+            _check_node(p)
+        except WrongNode:
+            _close(carried or [])
+            raise
+        alloc = resolve(Request(p, carried), RESOLVERS[1:])
     if sync is not None:
         try:
             alloc.backend.import_sync(sync)
         except BaseException:
-            _let_go(alloc)
+            if fresh:  # (mapped for this load alone: not left mapped, unused)
+                _let_go(alloc)
             raise
     return alloc
 
