@@ -235,9 +235,13 @@ def load_again(alloc: Allocation, p: Payload, sync: bytes | None) -> bool:
     if sync is not None:
         _check_token(sync)
     alloc.last_used = use_clock()  # (its views may share a lease kept alive: no lease() call)
-    _count_load(alloc, p, pid)
+    backend = alloc.backend
+    if p.pid == pid or backend.exporter_owned:
+        _count_load(alloc, p, pid)
+    elif p.server in alloc.flight.servers:  # (_count_load's common case, without its frames:
+        alloc.flight.note_returned(p.server)  # counted only for a process this one served)
     if sync is not None:
-        alloc.backend.import_sync(sync)
+        backend.import_sync(sync)
     return True
 
 

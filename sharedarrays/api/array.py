@@ -1057,19 +1057,12 @@ def _rebuild_view(
         if type(part) is not message.MessagePart:
             raise PayloadError("a pickled view is corrupted: its allocation's part is missing")
         part = part.received_here()  # a reduction called in place: this process's own part
-    dtype, shape, strides, offset, readonly, end = part.view(view)
     # a view (fields checked against the part's payload) of the allocation of the part,
     # found or mapped by its first view (ReceivedPart.find): read-only if either says so, or
     # if this process maps the allocation read-only; the part's views share one lease
     # (ReceivedPart.lease)
     try:
-        try:
-            alloc, lease = part.lease(readonly)
-        except ClosedArrayError:
-            # A parked mapping was dropped (a release notice, the limit) since it was found:
-            # it is gone from the registry now, so this maps it anew.
-            part.find(readonly)
-            alloc, lease = part.lease(readonly)
+        alloc, lease, dtype, shape, strides, offset, readonly, end = part.take(view)
     except WrongNode as refused:
         # raised while distributed reads a message, the refusal would break the worker's
         # connection instead of failing the task: deferred to the array's first use

@@ -8,7 +8,7 @@ allocation, process and generation), the message's ordering token, and the chunk
 a spawned Process's arguments carry them. Pickle's memo writes a part once per message and
 the unpickler calls :func:`import_part` once: so the importer decodes the payload, finds or
 maps the allocation, counts the payload loaded and waits for the token once per allocation
-and message, and each further view costs a check of its tuple (:meth:`ReceivedPart.view`).
+and message, and each further view costs a check of its tuple (:meth:`ReceivedPart.take`).
 
 A warm handoff (a later message with the same payload, whose allocation this process still
 maps) takes the part of the last one again (:data:`_received`): the allocation found and the
@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from sharedarrays import importing, process
-from sharedarrays.errors import NotShareable, PayloadError
+from sharedarrays.errors import ClosedArrayError, NotShareable, PayloadError
 from sharedarrays.memory import Allocation, Lease
 from sharedarrays.node import this_node
 from sharedarrays.process import at_fork
@@ -172,6 +172,7 @@ class MessagePart:
         return part
 
 
+_new_part = object.__new__
 _parts = threading.local()
 _PARTS_TIDY = 256  # entries in one thread's table past which dead references are dropped
 
@@ -205,7 +206,14 @@ def message_part(alloc: Allocation, carry_fds: bool) -> MessagePart:
     if carry_fds:  # (multiprocessing's DupFd, made once per spawn and allocation: this part
         # is that spawn's, found by every view of it, and a spawner refuses an fd passed twice)
         fds = tuple(reduction.DupFd(fd) for fd in alloc.chunk_fds())
-    made = MessagePart(alloc, blob, alloc.backend.export_fence(), fds)
+    # (MessagePart's constructor without its frame: one part per message of a warm handoff)
+    made = _new_part(MessagePart)
+    made.allocation, made.blob, made.fence, made.fds = (
+        alloc,
+        blob,
+        alloc.backend.export_fence(),
+        fds,
+    )
     if len(refs) >= _PARTS_TIDY and len(refs) >= getattr(_parts, "tidy_at", _PARTS_TIDY):
         for k in [k for k, r in refs.items() if r() is None]:
             del refs[k]
@@ -380,15 +388,23 @@ class ReceivedPart:
             remember(_received, blob, self, _RECEIVED_LIMIT)
         return alloc
 
-    def view(self, view: object) -> tuple[Any, ...]:
-        """The checked fields of a view of this part: ``(dtype, shape, strides, offset,
-        readonly, end)`` (``end``: one past the last byte it touches).
+    def take(self, view: object) -> tuple[Any, ...]:
+        """The checked fields of a view of this part, with the allocation and the lease the
+        view takes (:meth:`lease`): ``(allocation, lease, dtype, shape, strides, offset,
+        readonly, end)`` (``end``: one past the last byte it touches; the view is read-only
+        if ``readonly`` or the part says so).
+
+        One frame for a view of the layout checked last with a lease it may share (every
+        view of a warm handoff): the checks below, written out.
 
         Raises
         ------
         PayloadError
             As :meth:`~sharedarrays.protocol.payload.ViewFields.from_tuple`.
+        ClosedArrayError, HandleUnavailable, WrongNode, ...
+            As :meth:`lease` (the allocation cannot be found or mapped).
         """
+        fields = None
         layout = self._layout
         if type(view) is tuple and len(view) == 5 and layout is not None:
             offset, shape, strides, dtype_str, readonly = view
@@ -413,8 +429,31 @@ class ReceivedPart:
             if same:
                 low, high = layout[4], layout[5]
                 if offset + low >= 0 and offset + high <= self.size and offset >= 0:
-                    return layout[3], layout[0], layout[1], offset, readonly, offset + high
-        dtype, low, high = check_view(view, self.size)
-        offset, shape, strides, dtype_str, readonly = view  # type: ignore[misc]
-        self._layout = (shape, strides, dtype_str, dtype, low, high)
-        return dtype, shape, strides, offset, readonly, offset + high
+                    fields = (layout[3], layout[0], layout[1], offset, readonly, offset + high)
+        if fields is None:
+            dtype, low, high = check_view(view, self.size)
+            offset, shape, strides, dtype_str, readonly = view  # type: ignore[misc]
+            self._layout = (shape, strides, dtype_str, dtype, low, high)
+            fields = (dtype, shape, strides, offset, readonly, offset + high)
+        # the lease of the views before, where this view may share it (see lease)
+        alloc = self.allocation
+        ref = self._lease
+        lease = None if ref is None else ref()
+        if (
+            lease is not None
+            and alloc is not None
+            and (
+                lease is alloc.kept_lease
+                or (not self._stale and self._lease_thread == threading.get_ident())
+            )
+        ):
+            self._stale = False
+        else:
+            try:
+                alloc, lease = self.lease(fields[4])
+            except ClosedArrayError:
+                # A parked mapping was dropped (a release notice, the limit) since it was
+                # found: it is gone from the registry now, so this maps it anew.
+                self.find(fields[4])
+                alloc, lease = self.lease(fields[4])
+        return (alloc, lease, *fields)

@@ -691,7 +691,10 @@ class Allocation(Growth):
         key = (self.native_device, offset, dtype, shape, strides, readonly)
         backend = self.backend
         slot = self._last_native
-        last = _take(slot)  # (taken out of its slot: no other thread hands it out too)
+        try:  # (taken out of its slot, as _take does, without its frame: deque.pop is atomic,
+            last = slot.pop()  # so no other thread hands it out too)
+        except IndexError:
+            last = None
         if (
             last is not None
             and last[0] == key

@@ -49,7 +49,9 @@ class InFlight:
         self._returned: dict[str, int] = {}  # payloads of it loaded here, by their sender's
         # handle server (one this process served): told to that process when released here
         self._served: deque[Served] = deque(maxlen=_SERVED_HISTORY)
-        self._servers: set[str] = set()
+        # processes this one served it to, by handle server (read without the lock by a
+        # warm load, :func:`sharedarrays.importing.load_again`: a membership test)
+        self.servers: set[str] = set()
         self._holders: set[int] = set()  # exporter-owned memory: importers not done yet
         self._served_chunks: dict[int, int] = {}  # pid -> chunks it may map
 
@@ -57,7 +59,7 @@ class InFlight:
         """In a forked child: a new lock, and no record of what the parent served or sent."""
         self._lock = threading.Lock()
         self._served.clear()
-        self._servers.clear()
+        self.servers.clear()
         self._holders.clear()
         self._served_chunks.clear()
         self._returned.clear()
@@ -87,10 +89,10 @@ class InFlight:
         """A payload from the process whose handle server is ``server`` was loaded here.
         Counted only for processes this one served (those it tells when it releases the
         allocation: :meth:`returned`), so that they need not keep it in flight."""
-        if server not in self._servers:  # (the common case, a warm load: no lock taken)
+        if server not in self.servers:  # (the common case, a warm load: no lock taken)
             return
         with self._lock:
-            if server in self._servers:
+            if server in self.servers:
                 self._returned[server] = self._returned.get(server, 0) + 1
 
     def returned(self, server: str) -> int:
@@ -115,7 +117,7 @@ class InFlight:
             self._fetched += 1
             self._served.append(Served(pid, time.time()))
             if server:
-                self._servers.add(server)
+                self.servers.add(server)
             if holder:
                 self._holders.add(pid)
             if chunks > self._served_chunks.get(pid, 0):
@@ -129,7 +131,7 @@ class InFlight:
     def served_servers(self) -> list[str]:
         """Handle servers of the processes served."""
         with self._lock:
-            return sorted(self._servers)
+            return sorted(self.servers)
 
     def holders(self) -> tuple[int, ...]:
         """The running processes that hold the memory (forgetting those that exited)."""
