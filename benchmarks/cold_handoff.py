@@ -30,7 +30,7 @@ import numpy as np
 
 from sharedarrays.bench.sizes import parse_size
 
-KINDS = ("floor", "bound", "sharedarrays")
+KINDS = ("floor", "bound", "safe", "sharedarrays")
 
 
 def _dumps(obj: object) -> bytes:
@@ -63,7 +63,7 @@ def _worker(messages: dict[str, bytes], device: str, iterations: int, flush: int
                 x.array  # noqa: B018
                 x.close()
     for i in range(iterations):
-        for kind in KINDS[i % 3 :] + KINDS[: i % 3]:
+        for kind in KINDS[i % len(KINDS) :] + KINDS[: i % len(KINDS)]:
             wipe()
             t0 = time.perf_counter_ns()
             x = pickle.loads(messages[kind])
@@ -82,6 +82,7 @@ def report(side: str, times: dict[str, list[float]]) -> None:
     for k in KINDS:
         print(f"  {k:14s} {med[k]:8.2f}  ({med[k] - floor:+.2f})")
     print(f"  sharedarrays - bound: {med['sharedarrays'] - med['bound']:+.2f}")
+    print(f"  sharedarrays - safe: {med['sharedarrays'] - med['safe']:+.2f}")
 
 
 def main() -> None:
@@ -101,14 +102,17 @@ def main() -> None:
 
     blob = bytes(len(allocation_bytes(a.allocation)))
     bound = worker.LeastHandoff(blob, a._view_tuple(), a.allocation.backend, device)
-    objects = {"floor": blob, "bound": bound, "sharedarrays": a}
+    safe = worker.SafeHandoff(
+        b"safe".ljust(len(blob), b"."), a._view_tuple(), a.allocation.backend, device
+    )
+    objects = {"floor": blob, "bound": bound, "safe": safe, "sharedarrays": a}
     for _ in range(5):
         for obj in objects.values():
             _dumps([obj])
     wipe = _flusher(flush)
     parent: dict[str, list[float]] = {k: [] for k in KINDS}
     for i in range(args.iterations):
-        for kind in KINDS[i % 3 :] + KINDS[: i % 3]:
+        for kind in KINDS[i % len(KINDS) :] + KINDS[: i % len(KINDS)]:
             obj = objects[kind]
             wipe()
             t0 = time.perf_counter_ns()

@@ -34,6 +34,7 @@ from sharedarrays.bench.methods import (
     family_methods,
     floor_method,
     sa_methods,
+    safe_method,
     shm_methods,
     torch_methods,
 )
@@ -481,6 +482,8 @@ class Run:
                 out["control_bytes"] = nbytes
                 entries["bound"] = bound_method(self.cfg, boxes["sharedarrays"][0])
                 boxes["bound"] = entries["bound"].new(size)
+                entries["safe"] = safe_method(self.cfg, boxes["sharedarrays"][0])
+                boxes["safe"] = entries["safe"].new(size)
             for name, m in entries.items():
                 if name not in boxes and not m.cold:
                     boxes[name] = m.new(size)

@@ -18,6 +18,7 @@ from sharedarrays.backends.device import parse_name
 from sharedarrays.bench.config import COPY_MAX_BYTES, TASK_TIMEOUT, Config
 from sharedarrays.bench.worker import (
     LeastHandoff,
+    SafeHandoff,
     cuda_core,
     task_copy,
     task_cuda_core,
@@ -36,6 +37,7 @@ __all__ = [
     "floor_method",
     "control_method",
     "bound_method",
+    "safe_method",
     "family_methods",
     "sa_methods",
     "copy_method",
@@ -217,6 +219,19 @@ def bound_method(cfg: Config, array: Any) -> Method:
     device = parse_name(cfg.device).index if cfg.is_cuda else None
     least = LeastHandoff(blob, array._view_tuple(), array.allocation.backend, device)
     return Method("bound", task_sharedarrays, lambda size: [least], _first, _clear, cold=False)
+
+
+def safe_method(cfg: Config, array: Any) -> Method:
+    """The warm rounds' ``safe`` entry (:class:`~sharedarrays.bench.worker.SafeHandoff`): the
+    bound and the least more that the library's guarantees need, for the sharedarrays
+    ``array`` of the same rounds; the worker's task is sharedarrays' own."""
+    from sharedarrays.api.message import allocation_bytes
+
+    # (bytes of the payload's size, one value per array: each has its record in the worker)
+    blob = f"safe {array.nbytes} ".encode().ljust(len(allocation_bytes(array.allocation)), b".")
+    device = parse_name(cfg.device).index if cfg.is_cuda else None
+    safe = SafeHandoff(blob, array._view_tuple(), array.allocation.backend, device)
+    return Method("safe", task_sharedarrays, lambda size: [safe], _first, _clear, cold=False)
 
 
 def _clear(box: list[Any]) -> None:

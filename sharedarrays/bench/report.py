@@ -93,7 +93,9 @@ def evaluate_targets(data: dict[str, Any]) -> list[dict[str, Any]]:
     goal that the two steps no Python cut removes, the handle request and the mapping,
     timed alone in the same run, exceed by themselves, or a warm goal of so many us over the
     floor that the warm rounds' ``bound`` entry exceeds by itself (one pickle hook with the
-    ordering fence: :class:`~sharedarrays.bench.worker.LeastHandoff`); or ``n/a`` when the
+    ordering fence: :class:`~sharedarrays.bench.worker.LeastHandoff`), or its ``safe`` entry
+    (the bound and the least that keeps the library's guarantees:
+    :class:`~sharedarrays.bench.worker.SafeHandoff`); or ``n/a`` when the
     run did not measure it: ``measured`` then says ``not measured: <why>``) and
     ``measured`` (the figures the status comes from).
     """
@@ -114,12 +116,16 @@ def evaluate_targets(data: dict[str, Any]) -> list[dict[str, Any]]:
         least, _ = _overhead(data, "warm", size, "bound")
         if least is not None:
             within += f"; bound, same rounds (a pickle hook with the fence): {least:+.1f} us"
+        safe, _ = _overhead(data, "warm", size, "safe")
+        if safe is not None:
+            within += f"; safe, same rounds (the bound and the guarantees): {safe:+.1f} us"
         row(
             f"warm over the floor <= +{limit_us:g} us at {label}",
             None if sa is None else sa <= limit_us,
             why if sa is None else f"{sa:+.1f} us{within}",
-            # BOUND: the least handoff with the fence exceeds the goal by itself
-            bound=least is not None and least > limit_us,
+            # BOUND: the least handoff with the fence exceeds the goal by itself, or with the
+            # least that the library's guarantees add to it
+            bound=any(x is not None and x > limit_us for x in (least, safe)),
         )
         torch, why_torch = _overhead(data, "warm", size, "torch")
         name = f"warm over the floor >= {below:g}x below torch at {label}"

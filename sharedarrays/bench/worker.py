@@ -8,6 +8,7 @@ import importlib
 import os
 import pickle
 import statistics
+import sys
 import time
 from typing import Any
 
@@ -21,6 +22,7 @@ __all__ = [
     "cuda_core",
     "task_floor",
     "LeastHandoff",
+    "SafeHandoff",
     "task_sharedarrays",
     "task_copy",
     "task_torch",
@@ -177,6 +179,209 @@ def _least_loaded(blob: bytes, view: tuple[Any, ...], token: bytes | None) -> _K
             kept = np.zeros(1 << 18, dtype=np.float32)
         _worker_state["kept"] = kept
     return _Kept(kept)
+
+
+class SafeHandoff(LeastHandoff):
+    """The warm rounds' ``safe`` entry: :class:`LeastHandoff` and the least more that a warm
+    handoff keeping this library's guarantees must do, in code of its own (one frame on
+    each side besides the bound's hook; nothing of the library's code is run or warmed).
+
+    Pickled (after the bound's own pickling, for its fence): it refuses a closed view, and
+    counts one payload in flight under a lock with the time (so that the memory outlives a
+    sender that lets go of it while the payload travels: :class:`~sharedarrays.memory.
+    inflight.InFlight`). Loaded (:func:`_safe_loaded`): the mapping is found by the payload's
+    bytes and checked to be still mapped; its last use is stamped (parking's order); the
+    loader asks whether it owes the payload's sender a return count (one set lookup); the
+    token is waited for; the view's fields are checked against the mapping's extent; the
+    hold that the mapping's views share is taken; and a view object is made, whose
+    ``.array`` hands out the native array made before only where nothing else holds it and
+    its layout is unchanged (a CuPy or NumPy array's shape can be set). Without any of these
+    a handoff loses data (memory freed under a payload in flight or a view), reads outside
+    the memory (an altered message), or hands one native array to two owners.
+
+    The difference between this entry and ``sharedarrays`` in the same rounds is what the
+    library's structure costs beyond its guarantees; the difference between this entry and
+    ``bound``, what the guarantees cost.
+    """
+
+    __slots__ = ("closed", "_lock", "_sent", "_sent_at", "_last")
+
+    def __init__(
+        self, blob: bytes, view: tuple[Any, ...], backend: Any, device: int | None = None
+    ) -> None:
+        super().__init__(blob, view, backend, device)
+        import threading
+
+        self.closed = False
+        self._lock = threading.Lock()
+        self._sent = 0
+        self._sent_at = 0.0
+        self._last: tuple[Any, ...] | None = None
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        if self.closed:
+            raise ValueError("this SafeHandoff is closed")
+        # One count and one fence per message, however many views of the memory it carries:
+        # the arguments of the last pickling live on in its pickler's memo while that message
+        # is being pickled (a later view of it then takes its token and counts nothing).
+        last = self._last
+        if last is not None and sys.getrefcount(last) > _SLOT_ALONE:
+            token = last[2]
+        else:
+            token = LeastHandoff.__reduce__(self)[1][2]
+            with self._lock:
+                self._sent += 1
+                self._sent_at = time.monotonic()
+        args = self._last = (self.blob, self.view, token)
+        return _safe_loaded, args
+
+
+class _Slot:
+    __slots__ = ("item",)
+
+    item: tuple[Any, ...]
+
+    def count(self) -> int:
+        item = self.item
+        return sys.getrefcount(item)
+
+
+_slot = _Slot()
+_slot.item = (object(),)
+_SLOT_ALONE = _slot.count()
+"""What ``sys.getrefcount`` says, in a method, of a slot's item that the slot alone holds
+(measured, as the library's ``_ALONE`` is)."""
+del _slot
+
+
+class _SafeRecord:
+    """A worker's record of one :class:`SafeHandoff`'s mapping: what a warm load reads."""
+
+    __slots__ = (
+        "released",
+        "last_used",
+        "server",
+        "served",
+        "size",
+        "layout",
+        "hold",
+        "native",
+        "native_layout",
+        "key",
+        "token_wait",
+    )
+
+    def __init__(self, view: tuple[Any, ...]) -> None:
+        from sharedarrays.protocol.payload import check_view
+
+        native = _least_loaded(b"", view, None).array.view()  # (held by this record alone)
+        self.released = False
+        self.last_used = 0
+        self.server = "bench"  # (the payload's sender, not among those this worker served)
+        self.served: set[str] = set()
+        offset, shape, strides, dtype_str, readonly = view
+        dtype, low, high = check_view(view, 1 << 62)
+        self.size = offset + high  # (the mapping the payload names: the view's extent)
+        self.layout = (shape, strides, dtype_str, dtype, low, high)
+        self.hold = object()  # (the hold that a parked mapping keeps, shared by its views)
+        self.native = native
+        self.native_layout = (native.shape, native.strides)
+        self.key = (offset, dtype, shape, strides, readonly)
+        self.token_wait: Any = None
+
+
+_safe: dict[bytes, _SafeRecord] = {}
+
+
+def _safe_loaded(blob: bytes, view: tuple[Any, ...], token: bytes | None) -> _SafeView:
+    record = _safe.get(blob)
+    if record is None:  # (the first load: mapped, as sharedarrays' first warm round is)
+        record = _safe[blob] = _SafeRecord(view)
+    if record.released:
+        raise ValueError("released")
+    record.last_used = time.monotonic_ns()
+    if record.server in record.served:
+        raise AssertionError("never served")
+    if token is not None:
+        if record.token_wait is None:
+            from sharedarrays.backends.registry import get_backend
+
+            device = parse_name(f"cuda:{_worker_state['index']}")
+            record.token_wait = get_backend(device).import_sync
+        record.token_wait(token)
+    offset, shape, strides, dtype_str, readonly = view
+    layout = record.layout
+    if not (
+        type(offset) is int
+        and type(readonly) is bool
+        and (shape is layout[0] or (type(shape) is tuple and shape == layout[0]))
+        and (strides is layout[1] or (type(strides) is tuple and strides == layout[1]))
+        and (dtype_str is layout[2] or (type(dtype_str) is str and dtype_str == layout[2]))
+        and offset >= 0
+        and offset + layout[4] >= 0
+        and offset + layout[5] <= record.size
+    ):
+        raise ValueError("a view outside the mapping")
+    return _SafeView(record, record.hold, layout[3], shape, strides, offset, readonly)
+
+
+class _SafeView:
+    """A loaded :class:`SafeHandoff`: ``.array`` and ``close()``, as a view has."""
+
+    __slots__ = (
+        "_record",
+        "_hold",
+        "_dtype",
+        "_shape",
+        "_strides",
+        "_offset",
+        "_readonly",
+        "_native",
+    )
+
+    def __init__(
+        self,
+        record: _SafeRecord,
+        hold: object,
+        dtype: Any,
+        shape: tuple[int, ...],
+        strides: tuple[int, ...],
+        offset: int,
+        readonly: bool,
+    ) -> None:
+        self._record = record
+        self._hold: object | None = hold
+        self._dtype = dtype
+        self._shape = shape
+        self._strides = strides
+        self._offset = offset
+        self._readonly = readonly
+        self._native: Any = None
+
+    @property
+    def array(self) -> Any:
+        native = self._native
+        if native is None:
+            if self._hold is None:
+                raise ValueError("closed")
+            record = self._record
+            native = record.native
+            # made for this layout, held by the record (and this frame) alone, and its layout
+            # as made: else a new native array
+            key = (self._offset, self._dtype, self._shape, self._strides, self._readonly)
+            if not (
+                key == record.key
+                and sys.getrefcount(native) <= 3
+                and native.shape == record.native_layout[0]
+                and native.strides == record.native_layout[1]
+            ):
+                native = native.view()
+            self._native = native
+        return native
+
+    def close(self) -> None:
+        self._native = None
+        self._hold = None
 
 
 def task_sharedarrays(a: Any, read: bool) -> float:

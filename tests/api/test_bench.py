@@ -77,7 +77,7 @@ def test_bench_cpu_quick(tmp_path: Path) -> None:
                 assert case["median_ms"] > 0
                 assert case["p10_ms"] <= case["median_ms"] <= case["p90_ms"]
     for kind, sizes_, methods in [
-        ("warm", ["1M", "4M"], {"sharedarrays", "shm", "control", "bound"}),
+        ("warm", ["1M", "4M"], {"sharedarrays", "shm", "control", "bound", "safe"}),
         ("cold", ["1M"], {"sharedarrays", "shm"}),
     ]:
         part = data["overhead"][kind]
@@ -286,6 +286,67 @@ def test_the_least_handoff_takes_the_fence_and_loads_as_a_kept_native_array() ->
     assert first.array is second.array and first.array.shape == (1 << 18,)
     assert worker.task_sharedarrays(first, False) == float(1 << 18)
     assert first.array is None  # (closed by the task)
+
+
+def test_a_warm_goal_the_safe_entry_exceeds_in_the_same_rounds_is_bound() -> None:
+    """The ``safe`` entry (the bound and the least the guarantees add) is named in the warm
+    row; where it alone exceeds the goal, the row is BOUND."""
+    data = _partial_run()
+    warm = data["overhead"]["warm"]["sizes"][str(1 << 20)]["methods"]
+    warm["sharedarrays"]["median_us"] = 60.0
+    warm["bound"] = _case(25.0)
+    warm["safe"] = _case(38.0)
+    status, measured = _targets(data)["warm over the floor <= +40 us at 1M"]
+    assert status == "MISS"
+    assert measured.endswith("; safe, same rounds (the bound and the guarantees): +38.0 us")
+    warm["safe"] = _case(44.0)
+    assert _targets(data)["warm over the floor <= +40 us at 1M"][0] == "BOUND"
+
+
+def test_the_safe_handoff_counts_once_per_message_and_checks_what_a_view_must() -> None:
+    """The ``safe`` entry counts one payload in flight per message however many times a
+    message carries it, refuses when closed, loads a view whose ``.array`` is the worker's
+    kept native array while nothing else holds it (a new one where something does), and
+    refuses a view outside the memory."""
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    from sharedarrays.bench import worker
+
+    class Backend:
+        def export_fence(self) -> None:
+            return None
+
+    view = (0, (1 << 18,), (4,), "<f4", False)
+    safe = worker.SafeHandoff(b"safe test".ljust(360, b"."), view, Backend())
+
+    class Again:  # another view of the same memory in the same message
+        def __reduce__(self) -> Any:
+            return safe.__reduce__()
+
+    one = ForkingPickler.dumps([safe])
+    assert safe._sent == 1
+    both = ForkingPickler.dumps([safe, Again(), Again()])
+    assert safe._sent == 2  # one message, one count
+    ForkingPickler.dumps(safe)
+    assert safe._sent == 3
+    first, second = pickle.loads(one)[0], pickle.loads(both)[1]
+    kept = first.array
+    assert kept.shape == (1 << 18,)
+    assert second.array is not kept  # (the first one's native is held: a new one)
+    del kept
+    first.close()
+    second.close()
+    third = pickle.loads(one)[0]
+    assert third.array is worker._safe[safe.blob].native  # nothing else holds it
+    third.close()
+    with pytest.raises(ValueError, match="closed"):
+        _ = third.array
+    with pytest.raises(ValueError, match="outside"):
+        worker._safe_loaded(safe.blob, (16, (1 << 18,), (4,), "<f4", False), None)
+    safe.closed = True
+    with pytest.raises(ValueError, match="closed"):
+        pickle.dumps(safe)
 
 
 @pytest.mark.gpu
@@ -612,7 +673,7 @@ def test_a_failing_method_is_dropped_and_the_size_rerun_without_it(
     run.overhead("warm")
     part = run.data["overhead"]["warm"]
     for case in part["sizes"].values():
-        assert set(case["methods"]) == {"sharedarrays", "control", "bound"}
+        assert set(case["methods"]) == {"sharedarrays", "control", "bound", "safe"}
         assert case["methods"]["sharedarrays"]["rounds"] == 5
         assert case["not_measured"]["shm"].startswith("failed: FileNotFoundError")
     assert run.data["skipped"]["warm shm"].startswith("failed: FileNotFoundError")
