@@ -66,6 +66,7 @@ __all__ = [
     "RESOLVERS",
     "load_payload",
     "load_again",
+    "check_token",
     "resolve",
     "mapped_here",
     "in_message",
@@ -233,7 +234,7 @@ def load_again(alloc: Allocation, p: Payload, sync: bytes | None) -> bool:
     if alloc.released or alloc.pid != pid or p.capacity is not None:
         return False
     if sync is not None:
-        _check_token(sync)
+        check_token(sync)
     alloc.last_used = use_clock()  # (its views may share a lease kept alive: no lease() call)
     backend = alloc.backend
     if p.pid == pid or backend.exporter_owned:
@@ -350,7 +351,7 @@ def load_payload(
     WrongNode
         The payload was made on another node (:mod:`sharedarrays.node`): nothing is opened.
     """
-    _check_token(sync)
+    check_token(sync)
     carried: list[int] | None = None
     if fds is not None:
         if type(fds) is not tuple or len(fds) != len(p.chunks):
@@ -415,7 +416,8 @@ def _let_go(alloc: Allocation) -> None:
     del lease
 
 
-def _check_token(sync: object) -> None:
+def check_token(sync: object) -> None:
+    """Refuse a malformed ordering token (:class:`PayloadError`)."""
     if sync is not None and (type(sync) is not bytes or not 0 < len(sync) <= 256):
         raise PayloadError("the ordering token that travelled with the payload is malformed")
 

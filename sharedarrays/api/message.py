@@ -46,7 +46,7 @@ import numpy as np
 
 from sharedarrays import importing, process
 from sharedarrays.errors import ClosedArrayError, NotShareable, PayloadError
-from sharedarrays.memory import Allocation, Lease
+from sharedarrays.memory import Allocation, Lease, use_clock
 from sharedarrays.node import this_node
 from sharedarrays.process import at_fork
 from sharedarrays.protocol.payload import Payload, check_view, remember
@@ -251,8 +251,22 @@ def import_part(blob: bytes, token: object = None, fds: object = None) -> Receiv
         part = _received.get(blob)
         if part is not None:
             alloc = part.allocation
-            if alloc is not None and importing.load_again(alloc, part.payload, token):
+            served = part._served
+            if served is not None and not alloc.released:  # type: ignore[union-attr]
+                # A payload of another process, memory it does not own (the common warm load):
+                # load_again's steps for it in this frame, from what the part keeps at hand
+                # (_received is emptied in a forked child, and holds no growable allocation)
+                if token is not None:
+                    importing.check_token(token)
+                alloc.last_used = use_clock()  # type: ignore[union-attr]
+                if part._server in served:  # (counted for a process this one served it to)
+                    alloc.flight.note_returned(part._server)  # type: ignore[union-attr]
+                if token is not None:
+                    alloc.backend.import_sync(token)  # type: ignore[union-attr]
                 part._stale = True  # (a new message: see ReceivedPart.lease)
+                return part
+            if alloc is not None and importing.load_again(alloc, part.payload, token):
+                part._stale = True
                 return part
             _received.pop(blob, None)
     elif fds is not None and type(fds) is not tuple:
@@ -292,6 +306,8 @@ class ReceivedPart:
         "_growable",
         "_stale",
         "_lease_thread",
+        "_served",
+        "_server",
     )
 
     def __init__(
@@ -314,6 +330,8 @@ class ReceivedPart:
         self._growable = False  # (its allocation's, once bound)
         self._stale = False  # (the lease referred to is an earlier message's: see lease)
         self._lease_thread = 0  # (the thread that took the lease referred to: see lease)
+        self._served: set[str] | None = None  # (see bind)
+        self._server = payload.server
         # (shape, strides, dtype string) of the last view checked, its dtype and extent
         self._layout: tuple[Any, ...] | None = None
 
@@ -323,10 +341,16 @@ class ReceivedPart:
 
     def bind(self, alloc: Allocation) -> None:
         """Take ``alloc`` as the allocation of every view of the part."""
+        p = self.payload
         self.allocation = alloc
         self._lease = None
         self._growable = alloc.growable
-        self.readonly = self.payload.readonly or alloc.access != "rw"
+        self.readonly = p.readonly or alloc.access != "rw"
+        # a payload of another process, of memory it does not own: a warm load only stamps
+        # the use and counts a return to a process this one served (import_part)
+        plain = p.pid != process.pid and not alloc.backend.exporter_owned and not alloc.growable
+        self._served = alloc.flight.servers if plain else None
+        self._server = p.server
 
     def lease(self, readonly: bool) -> tuple[Allocation, Lease | None]:
         """The allocation (found or mapped by :meth:`find` on first use) and the lease the

@@ -356,6 +356,46 @@ def test_a_part_shares_its_lease_only_with_views_loaded_in_the_thread_that_took_
     assert alloc.leases == held
 
 
+def test_a_warm_load_of_another_process_s_payload_stamps_the_use_and_counts_returns() -> None:
+    """The common warm load (a payload of another process, of memory it does not own) takes
+    the part again in one frame: it stamps the allocation's use (parking's order), counts a
+    return only where this process served that process (told to it at release), waits for
+    nothing without a token and refuses a malformed one; a released allocation is not
+    taken."""
+    import dataclasses
+
+    from sharedarrays.api.message import allocation_payload
+
+    a = sa.from_array(np.arange(16.0), device="cpu", pack=False)
+    alloc = a.allocation
+    theirs = dataclasses.replace(allocation_payload(alloc), pid=os.getpid() + 1, server="/srv/x")
+    blob = theirs.to_bytes()
+    part = message_module.ReceivedPart(Payload.from_bytes(blob), None, None, blob)
+    part.bind(alloc)
+    assert part._served is alloc.flight.servers  # (the plain case)
+    message_module._received[blob] = part
+    try:
+        alloc.last_used = 0
+        assert import_part(blob) is part and alloc.last_used > 0
+        assert alloc.flight.returned("/srv/x") == 0  # not a process this one served
+        alloc.flight.servers.add("/srv/x")
+        assert import_part(blob) is part and import_part(blob) is part
+        assert alloc.flight.returned("/srv/x") == 2
+        with pytest.raises(sa.PayloadError, match="ordering token"):
+            import_part(blob, b"")
+        view = _rebuild_view(import_part(blob), a._view_tuple())
+        assert view.get().tolist() == list(range(16))
+        view.close()
+        alloc.flight.servers.discard("/srv/x")
+        own = message_module.ReceivedPart(Payload.from_bytes(blob), None, None, blob)
+        own.bind(sa.zeros(4, device="cpu", pack=False).allocation)  # (released: dropped)
+        message_module._received[blob] = own
+        assert import_part(blob) is not own and blob not in message_module._received
+    finally:
+        message_module._received.pop(blob, None)
+        a.close()
+
+
 def test_a_warm_part_whose_allocation_was_released_is_not_taken() -> None:
     a = sa.from_array(np.arange(16.0), device="cpu", pack=False)
     (part, view) = a[4:].__reduce__()[1]

@@ -147,6 +147,7 @@ class Fence:
 
 
 _fences = threading.local()
+_new_fence = object.__new__
 
 
 def export_fence(on: OnDevice) -> Fence | None:
@@ -176,7 +177,8 @@ def export_fence(on: OnDevice) -> Fence | None:
     found = None if ref is None else ref()
     if found is not None:
         return found
-    made = Fence(on.stream_token(stream))
+    made = _new_fence(Fence)  # (Fence's constructor without its frame)
+    made.token = on.stream_token(stream)
     refs[key] = weakref.ref(made)
     return made
 
