@@ -12,10 +12,13 @@ and message, and each further view costs a check of its tuple (:meth:`ReceivedPa
 
 A warm handoff (a later message with the same payload, whose allocation this process still
 maps) takes the part of the last one again (:data:`_received`): the allocation found and the
-layout checked; only the load is counted and the token waited for
-(:func:`sharedarrays.importing.load_again`), and its first view takes the lease a parked
+layout checked; only the load is counted and the token waited for (for another process's
+payload of memory it does not own, the common case, in :func:`import_part`'s own frame;
+else :func:`sharedarrays.importing.load_again`), and its first view takes the lease a parked
 import keeps (through the part's weak reference, or :meth:`Allocation.lease`): no lease is
-made or ended (:meth:`ReceivedPart.lease`).
+made or ended (:meth:`ReceivedPart.take`). Each step of a warm load is written out in as
+few frames as its layers allow (docs/performance.md: in a handoff every frame and every
+object read is read with cold caches).
 
 Counting in flight follows the same unit: a part counts one payload in flight when a pickler
 writes it (:meth:`MessagePart.__reduce__`, once per message that carries the allocation),
@@ -230,7 +233,7 @@ _received: dict[bytes, ReceivedPart] = {}
 """Parts whose allocation was found here, by their payload bytes (up to
 :data:`_RECEIVED_LIMIT`): a later message with the same payload (a warm handoff) takes the
 part again, its allocation found and its views' layout checked, and only counts the load
-and waits for its token (:func:`sharedarrays.importing.load_again`)."""
+and waits for its token (:func:`import_part`)."""
 _RECEIVED_LIMIT = 1024
 
 
