@@ -34,7 +34,6 @@ import sys
 import threading
 import time
 import warnings
-from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
@@ -91,14 +90,9 @@ def keep_imports() -> int:
     return _keep_imports[1]
 
 
-def _take(slot: deque[Any]) -> Any:
-    """The item of a slot of one, taken out (``None`` where it is empty): ``deque.pop`` is
-    atomic, so of two threads taking at once only one gets it."""
-    try:
-        return slot.pop()
-    except IndexError:
-        return None
-
+NATIVES_KEPT = 1024
+"""Most native arrays an allocation keeps for reuse (:meth:`Allocation.native_view`): one per
+view layout used, a few hundred bytes each."""
 
 _ALONE = (lambda slot: sys.getrefcount(slot[1]))((None, object()))
 """What ``sys.getrefcount(slot[1])`` counts for an object that the tuple ``slot`` alone
@@ -392,9 +386,10 @@ class Allocation(Growth):
         """Whether the kernel forbids every new write to the memory (``readonly=True`` on the
         host backend): only the creator's mappings made before can write."""
         self._native_base: tuple[int | None, Any] | None = None  # (device, native array)
-        # the last native array native_view made, (its device and layout, the array), in a
-        # slot of one that a thread takes it out of and puts it back into atomically
-        self._last_native: deque[tuple[tuple[Any, ...], Any]] = deque(maxlen=1)
+        # the native arrays native_view made, by layout (offset, shape, strides): (device,
+        # dtype, read-only, the array), up to NATIVES_KEPT, oldest first; a thread takes one
+        # out (dict.pop is atomic) and puts it back
+        self._natives: dict[tuple[Any, ...], tuple[Any, Any, bool, Any]] = {}
         self.encoded: tuple[int, int, bytes] | None = None
         """The payload of the whole allocation that pickles of its views carry, with the pid
         and :attr:`generation` it was made for (:mod:`sharedarrays.api.array` makes it): one
@@ -667,8 +662,8 @@ class Allocation(Growth):
         )
         with self._lock:
             replaced, self._native_base = self._native_base, (device, base)
-            last = _take(self._last_native)
-        del replaced, last  # (a peer device's, if any: its lease ends with its native arrays)
+            kept, self._natives = self._natives, {}
+        del replaced, kept  # (a peer device's, if any: its lease ends with its native arrays)
         return base
 
     def native_view(
@@ -682,36 +677,46 @@ class Allocation(Growth):
         """A native array of a view of this allocation: the backend's ``native_view`` of
         :meth:`native_base` (not for a growable allocation).
 
-        The last one made is handed out again when nothing else holds it any more and the
-        backend finds its layout unchanged (``native_intact``): a warm handoff's ``.array``
-        then makes no new native array (CuPy's constructor is the costliest step of it on
-        the H200). A native array someone still holds, or changed (``x.shape = ...``), is
-        never handed out twice.
+        Each native array made is kept, by its layout (up to :data:`NATIVES_KEPT` of them,
+        the oldest let go first), and handed out again for a view of the same layout when
+        nothing else holds it any more and the backend finds its layout unchanged
+        (``native_intact``): a warm handoff's ``.array``, and each of a warm message of
+        many views of the allocation, then makes no new native array (CuPy's constructor is
+        the costliest step of it on the H200, and its two objects per array are what the
+        collector's passes cost in a worker that loads many). A native array someone still
+        holds, or changed (``x.shape = ...``), is never handed out twice. The kept ones go
+        with the native base (:meth:`release`, a move to a peer device).
         """
-        key = (self.native_device, offset, dtype, shape, strides, readonly)
+        device = self.native_device
         backend = self.backend
-        slot = self._last_native
-        try:  # (taken out of its slot, as _take does, without its frame: deque.pop is atomic,
-            last = slot.pop()  # so no other thread hands it out too)
-        except IndexError:
-            last = None
+        natives = self._natives
+        key = (offset, shape, strides)
+        last = natives.pop(key, None)  # (taken out: no other thread hands it out too)
         if (
             last is not None
-            and last[0] == key
-            and sys.getrefcount(last[1]) <= _ALONE  # (held by its tuple alone)
+            and last[0] == device
+            and (last[1] is dtype or last[1] == dtype)
+            and last[2] is readonly
+            and sys.getrefcount(last[3]) <= _ALONE  # (held by its tuple alone)
             and backend.native_intact(  # type: ignore[attr-defined]
-                last[1], dtype, shape, strides, readonly
+                last[3], dtype, shape, strides, readonly
             )
         ):
-            slot.append(last)
-            return last[1]
+            natives[key] = last
+            return last[3]
         del last
         # (a view calls this: its lease holds the allocation, which release() leaves alone
-        # then, so the slot is only ever filled here)
+        # then, so the table is only ever filled here)
         native = backend.native_view(  # type: ignore[attr-defined]
             self.native_base(), offset, dtype, shape, strides, readonly
         )
-        slot.append((key, native))
+        natives = self._natives  # (native_base() may have made a new table)
+        if len(natives) >= NATIVES_KEPT:
+            try:
+                del natives[next(iter(natives))]  # the oldest
+            except (StopIteration, KeyError, RuntimeError):  # another thread got there first
+                pass
+        natives[key] = (device, dtype, readonly, native)
         return native
 
     def pin(self, lease: Lease) -> Lease:
@@ -854,7 +859,7 @@ class Allocation(Growth):
                 # _unlease
                 self.kept_lease = None
                 self._native_base = None
-                last = _take(self._last_native)
+                last, self._natives = self._natives, {}
                 self._release_when_idle = True
             elif self._leases:
                 return False

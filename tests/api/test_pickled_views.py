@@ -500,9 +500,47 @@ def test_a_warm_view_reuses_the_native_array_nobody_holds() -> None:
     assert fresh().array.flags.writeable
 
 
+def test_a_warm_message_of_many_views_reuses_each_view_s_native_array(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each layout's native array is kept (up to NATIVES_KEPT per allocation, the oldest let
+    go first): the views of a warm message of many views of one allocation get the arrays
+    the last message's views had, where nothing holds them; and the kept arrays go when
+    the allocation is released here."""
+    from sharedarrays.memory import allocation as allocation_module
+
+    a = sa.from_array(np.arange(64.0), device="cpu", pack=False)
+    blob = pickle.dumps([a[i : i + 4] for i in range(0, 64, 4)])
+    views = pickle.loads(blob)
+    seen = [weakref.ref(v.array) for v in views]
+    for v in views:
+        v.close()
+    del views
+    again = pickle.loads(blob)
+    assert all(v.array is ref() for v, ref in zip(again, seen))  # every one reused
+    assert [float(v.array[0]) for v in again] == [float(i) for i in range(0, 64, 4)]
+    for v in again:
+        v.close()
+    del again
+    monkeypatch.setattr(allocation_module, "NATIVES_KEPT", 4)
+    b = sa.from_array(np.arange(64.0), device="cpu", pack=False)
+    blob = pickle.dumps([b[i : i + 4] for i in range(0, 64, 4)])
+    views = pickle.loads(blob)
+    refs = [weakref.ref(v.array) for v in views]
+    for v in views:
+        v.close()
+    del views
+    assert len(b.allocation._natives) == 4  # the last four layouts
+    assert [r() is None for r in refs] == [True] * 12 + [False] * 4
+    alloc = a.allocation
+    a.close()
+    assert alloc.released and not alloc._natives and all(r() is None for r in seen)
+    b.close()
+
+
 @pytest.mark.timeout(120)
 def test_two_threads_never_hold_the_same_kept_native_array() -> None:
-    """The kept native array is taken out of its slot and put back atomically: two threads
+    """A kept native array is taken out of its table and put back atomically: two threads
     loading views of one layout at once never both get it (each holds its array while it
     looks at the other's)."""
     a = sa.from_array(np.arange(16.0), device="cpu", pack=False)
