@@ -853,7 +853,7 @@ class Allocation(Growth):
             idle = not self._view_leases()
             kept, base = self.kept_lease, self._native_base
             if idle and (kept is not None or base is not None):  # idle, but for what it keeps
-                # let them go (the kept lease, the native base with the last native array
+                # let them go (the kept lease, the native base with the native arrays
                 # kept for reuse): their leases end now, the base's where no native array of
                 # it is left (else with the last one), and come back to release through
                 # _unlease
