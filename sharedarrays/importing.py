@@ -221,6 +221,8 @@ def load_again(alloc: Allocation, p: Payload, sync: bytes | None) -> bool:
     """Load ``p`` again where it was loaded before as ``alloc`` (the same payload bytes,
     checked then against ``alloc``: its secret, chunks and backend): count the load and wait
     for the ordering token ``sync``, as :func:`load_payload` does, without asking a resolver.
+    (The common warm load, another process's payload of memory it does not own, is written
+    out in :func:`sharedarrays.api.message.import_part`, which calls this for the others.)
 
     Returns ``False``, having done nothing, when ``alloc`` is no longer mapped here (released
     since, or inherited through fork) or grows: load the payload anew then.
@@ -236,13 +238,9 @@ def load_again(alloc: Allocation, p: Payload, sync: bytes | None) -> bool:
     if sync is not None:
         check_token(sync)
     alloc.last_used = use_clock()  # (its views may share a lease kept alive: no lease() call)
-    backend = alloc.backend
-    if p.pid == pid or backend.exporter_owned:
-        _count_load(alloc, p, pid)
-    elif p.server in alloc.flight.servers:  # (_count_load's common case, without its frames:
-        alloc.flight.note_returned(p.server)  # counted only for a process this one served)
+    _count_load(alloc, p, pid)
     if sync is not None:
-        backend.import_sync(sync)
+        alloc.backend.import_sync(sync)
     return True
 
 

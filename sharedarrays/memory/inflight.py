@@ -50,7 +50,7 @@ class InFlight:
         # handle server (one this process served): told to that process when released here
         self._served: deque[Served] = deque(maxlen=_SERVED_HISTORY)
         # processes this one served it to, by handle server (read without the lock by a
-        # warm load, :func:`sharedarrays.importing.load_again`: a membership test)
+        # warm load, :func:`sharedarrays.api.message.import_part`: a membership test)
         self.servers: set[str] = set()
         self._holders: set[int] = set()  # exporter-owned memory: importers not done yet
         self._served_chunks: dict[int, int] = {}  # pid -> chunks it may map
