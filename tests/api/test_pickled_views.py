@@ -509,13 +509,20 @@ def test_a_warm_message_of_many_views_reuses_each_view_s_native_array(
     the allocation is released here."""
     from sharedarrays.memory import allocation as allocation_module
 
+    def natives_of_a_message(
+        x: sa.SharedDeviceArray,
+    ) -> tuple[bytes, list[weakref.ref[Any]]]:
+        """A message of 16 views of ``x``, loaded, each view's native array made (weakly
+        referred to), and every view closed."""
+        blob = pickle.dumps([x[i : i + 4] for i in range(0, 64, 4)])
+        views = pickle.loads(blob)
+        refs = [weakref.ref(v.array) for v in views]
+        for v in views:
+            v.close()
+        return blob, refs
+
     a = sa.from_array(np.arange(64.0), device="cpu", pack=False)
-    blob = pickle.dumps([a[i : i + 4] for i in range(0, 64, 4)])
-    views = pickle.loads(blob)
-    seen = [weakref.ref(v.array) for v in views]
-    for v in views:
-        v.close()
-    del views
+    blob, seen = natives_of_a_message(a)
     again = pickle.loads(blob)
     assert all(v.array is ref() for v, ref in zip(again, seen))  # every one reused
     assert [float(v.array[0]) for v in again] == [float(i) for i in range(0, 64, 4)]
@@ -524,12 +531,7 @@ def test_a_warm_message_of_many_views_reuses_each_view_s_native_array(
     del again
     monkeypatch.setattr(allocation_module, "NATIVES_KEPT", 4)
     b = sa.from_array(np.arange(64.0), device="cpu", pack=False)
-    blob = pickle.dumps([b[i : i + 4] for i in range(0, 64, 4)])
-    views = pickle.loads(blob)
-    refs = [weakref.ref(v.array) for v in views]
-    for v in views:
-        v.close()
-    del views
+    _, refs = natives_of_a_message(b)
     assert len(b.allocation._natives) == 4  # the last four layouts
     assert [r() is None for r in refs] == [True] * 12 + [False] * 4
     alloc = a.allocation
