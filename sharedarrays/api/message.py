@@ -266,7 +266,7 @@ def import_part(blob: bytes, token: object = None, fds: object = None) -> Receiv
                     alloc.flight.note_returned(part._server)  # type: ignore[union-attr]
                 if token is not None:
                     alloc.backend.import_sync(token)  # type: ignore[union-attr]
-                part._stale = True  # (a new message: see ReceivedPart.lease)
+                part._stale = True  # (a new message: see ReceivedPart.take)
                 return part
             if alloc is not None and importing.load_again(alloc, part.payload, token):
                 part._stale = True
@@ -353,25 +353,14 @@ class ReceivedPart:
         # the use and counts a return to a process this one served (import_part)
         plain = p.pid != process.pid and not alloc.backend.exporter_owned and not alloc.growable
         self._served = alloc.flight.servers if plain else None
-        self._server = p.server
 
     def lease(self, readonly: bool) -> tuple[Allocation, Lease | None]:
-        """The allocation (found or mapped by :meth:`find` on first use) and the lease the
-        part's views share: one hold on the allocation per message, not per view, taken
-        at the first view and ended when the last view of them closes or goes (the part
-        holds it weakly; ``None`` for a growable allocation, whose views each keep their
-        own ``end`` for shrinking).
-
-        A later message's part (a warm handoff) takes the last message's lease only where it
-        is the one a parked allocation keeps (:meth:`Allocation.lease` hands it out), else
-        leases through the allocation, under its lock: through the weak reference alone it
-        could take a lease whose end is running in another thread (a ``__del__`` still finds
-        itself through a weak reference), which would live on uncounted, and the allocation
-        could be released under the view. The kept lease cannot be such a one: the
-        allocation lets it go before it ends. For the same reason a view takes another
-        view's lease through the weak reference only in the thread that took it (two
-        threads may load messages with the same payload at once, and the part is shared):
-        in that thread the message being loaded holds its earlier views, and their lease.
+        """The allocation (found or mapped by :meth:`find` on first use) and a new lease for
+        the part's views to share (:meth:`take` hands out the one they share where a view
+        may take it): one hold on the allocation per message, not per view, taken at the
+        first view and ended when the last view of them closes or goes (the part holds it
+        weakly; ``None`` for a growable allocation, whose views each keep their own ``end``
+        for shrinking).
 
         Raises
         ------
@@ -381,16 +370,9 @@ class ReceivedPart:
         alloc = self.allocation
         if alloc is None:
             alloc = self.find(readonly)
-        ref = self._lease
-        lease = None if ref is None else ref()
-        if (
-            lease is not None
-            and lease is not alloc.kept_lease
-            and (self._stale or self._lease_thread != threading.get_ident())
-        ):
-            lease = None  # (another message's, or another thread's: it may be ending)
         self._stale = False
-        if lease is None and not self._growable:
+        lease = None
+        if not self._growable:
             lease = alloc.lease()
             self._lease = weakref.ref(lease)
             self._lease_thread = threading.get_ident()
@@ -462,7 +444,17 @@ class ReceivedPart:
             offset, shape, strides, dtype_str, readonly = view  # type: ignore[misc]
             self._layout = (shape, strides, dtype_str, dtype, low, high)
             fields = (dtype, shape, strides, offset, readonly, offset + high)
-        # the lease of the views before, where this view may share it (see lease)
+        # The lease of the views before, where this view may take it. A later message's part
+        # (a warm handoff) takes the last message's lease only where it is the one a parked
+        # allocation keeps (Allocation.lease hands it out), else leases through the
+        # allocation, under its lock: through the weak reference alone it could take a lease
+        # whose end is running in another thread (a __del__ still finds itself through a weak
+        # reference), which would live on uncounted, and the allocation could be released
+        # under the view. The kept lease cannot be such a one: the allocation lets it go
+        # before it ends. For the same reason a view takes another view's lease through the
+        # weak reference only in the thread that took it (two threads may load messages with
+        # the same payload at once, and the part is shared): in that thread the message
+        # being loaded holds its earlier views, and their lease.
         alloc = self.allocation
         ref = self._lease
         lease = None if ref is None else ref()
