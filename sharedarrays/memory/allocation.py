@@ -48,6 +48,7 @@ from sharedarrays.memory.info import ChunkInfo, MappingInfo, Origin, Served, for
 from sharedarrays.memory.reservation import Reservation, teardown
 from sharedarrays.memory.state import state
 from sharedarrays.process import running
+from sharedarrays.protocol.payload import remember
 from sharedarrays.settings import env_number
 
 __all__ = [
@@ -710,13 +711,8 @@ class Allocation(Growth):
         native = backend.native_view(  # type: ignore[attr-defined]
             self.native_base(), offset, dtype, shape, strides, readonly
         )
-        natives = self._natives  # (native_base() may have made a new table)
-        if len(natives) >= NATIVES_KEPT:
-            try:
-                del natives[next(iter(natives))]  # the oldest
-            except (StopIteration, KeyError, RuntimeError):  # another thread got there first
-                pass
-        natives[key] = (device, dtype, readonly, native)
+        # (into the table now: native_base() may have made a new one)
+        remember(self._natives, key, (device, dtype, readonly, native), NATIVES_KEPT)
         return native
 
     def pin(self, lease: Lease) -> Lease:

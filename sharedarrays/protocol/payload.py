@@ -22,6 +22,7 @@ import hashlib
 import hmac
 import json
 import re
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar, cast
 
@@ -111,20 +112,22 @@ def contiguous_strides(shape: tuple[int, ...], itemsize: int, order: str = "C") 
     return tuple(strides)
 
 
+_K = TypeVar("_K", bound=Hashable)
 _V = TypeVar("_V")
 
 
-def remember(table: dict[bytes, _V], data: bytes, value: _V, limit: int) -> None:
-    """Keep ``value`` in ``table`` by the payload bytes ``data``, forgetting the oldest entry
-    first when ``table`` holds ``limit`` (a table of what payloads already seen gave: this
-    module's validated payloads, the importer's parts). Safe where another thread forgets
-    the same oldest entry at the same time."""
+def remember(table: dict[_K, _V], key: _K, value: _V, limit: int) -> None:
+    """Keep ``value`` in ``table`` by ``key``, forgetting the oldest entry first when
+    ``table`` holds ``limit`` (a table of what payloads already seen gave, by their bytes:
+    this module's validated payloads, the importer's parts; an allocation's kept native
+    arrays, by layout). Safe where another thread forgets the same oldest entry at the same
+    time."""
     if len(table) >= limit:
         try:
             del table[next(iter(table))]  # the oldest
         except (StopIteration, KeyError, RuntimeError):  # another thread got there first
             pass
-    table[data] = value
+    table[key] = value
 
 
 def _tag(body: bytes, secret: bytes) -> bytes:
