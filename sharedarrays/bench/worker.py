@@ -371,7 +371,7 @@ class _SafeView:
             key = (self._offset, self._dtype, self._shape, self._strides, self._readonly)
             if not (
                 key == record.key
-                and sys.getrefcount(native) <= 3
+                and sys.getrefcount(native) <= _SLOT_ALONE
                 and native.shape == record.native_layout[0]
                 and native.strides == record.native_layout[1]
             ):
