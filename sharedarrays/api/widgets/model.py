@@ -197,13 +197,16 @@ class ReservationMap:
         return tuple(out)
 
     @property
+    def importers_note(self) -> str:
+        """``" (importers: r)"`` for this process's read-only export, else ``""``."""
+        return " (importers: r)" if self.export_readonly and self.created_here else ""
+
+    @property
     def access_text(self) -> str:
         """This process's access per device, e.g. ``"cpu: r"``, ``"cpu: rw (importers: r)"``
         for a read-only export, ``"cuda:0: r (not enforced)"`` where the memory system cannot
         map it read-only."""
-        text = ", ".join(f"{d}: {a}" for d, a in self.access.items())
-        if self.export_readonly and self.created_here:
-            text += " (importers: r)"
+        text = ", ".join(f"{d}: {a}" for d, a in self.access.items()) + self.importers_note
         if not self.access_enforced and "r" in self.access.values():
             text += " (not enforced)"
         return text
@@ -462,7 +465,7 @@ def table_rows(maps: Sequence[ReservationMap]) -> list[TableRow]:
                     a + c.start + c.size,
                     f"at offset {c.start:#x}, chunk bytes {c.chunk_offset:#x}-"
                     f"{c.chunk_offset + c.size:#x}, fd {c.fd}, {m.device}: {c.access}"
-                    + (" (importers: r)" if m.export_readonly and m.created_here else ""),
+                    + m.importers_note,
                 )
             )
         for g in m.gaps:
