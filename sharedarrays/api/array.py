@@ -1060,7 +1060,7 @@ def _rebuild_view(
     # a view (fields checked against the part's payload) of the allocation of the part,
     # found or mapped by its first view (ReceivedPart.find): read-only if either says so, or
     # if this process maps the allocation read-only; the part's views share one lease
-    # (ReceivedPart.lease)
+    # (ReceivedPart.take)
     try:
         alloc, lease, dtype, shape, strides, offset, readonly, end = part.take(view)
     except WrongNode as refused:
