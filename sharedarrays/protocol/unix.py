@@ -189,6 +189,10 @@ def recv_into(sock: socket.socket, size: int, maxfds: int, fds: list[int]) -> tu
     (memory the exporter can never free). The wait for the message stays interruptible: the
     handler is held back only once the message is there.
 
+    The message is received into a buffer of its own length (:func:`_message_length`), at
+    most ``size`` bytes (a longer one is truncated, ``MSG_TRUNC`` in the flags): a buffer of
+    ``size`` for every message would cost a large one its allocation each time.
+
     Raises
     ------
     TimeoutError
@@ -199,21 +203,34 @@ def recv_into(sock: socket.socket, size: int, maxfds: int, fds: list[int]) -> tu
     if threading.current_thread() is not threading.main_thread() or not callable(
         signal.getsignal(signal.SIGINT)
     ):  # (no Python handler can run here between the receive and the append)
-        msg, got, flags, _ = socket.recv_fds(sock, size, maxfds)
+        msg, got, flags, _ = socket.recv_fds(sock, _message_length(sock, size), maxfds)
         fds.extend(got)
         return msg, flags
     if not select.select([sock], [], [], sock.gettimeout())[0]:
         raise TimeoutError("timed out")
+    length = _message_length(sock, size)
     caught: list[typing.Any] = []
     handler = signal.signal(signal.SIGINT, lambda *args: caught.append(args))
     try:
-        msg, got, flags, _ = socket.recv_fds(sock, size, maxfds)
+        msg, got, flags, _ = socket.recv_fds(sock, length, maxfds)
         fds.extend(got)
     finally:
         signal.signal(signal.SIGINT, handler)
     if caught and callable(handler):
         handler(*caught[0])  # (the KeyboardInterrupt, now that the fds are owned)
     return msg, flags
+
+
+def _message_length(sock: socket.socket, size: int) -> int:
+    """The length of the next message on ``sock`` (``SOCK_SEQPACKET``), at most ``size``
+    (at least 1: a peer's end of file is read as an empty message), taken without reading
+    it (``MSG_PEEK | MSG_TRUNC``: Linux gives a packet's whole length; its fds stay
+    queued). Waits as a receive does (the socket's timeout)."""
+    return max(1, min(sock.recv_into(bytearray(1), 1, _PEEK_LENGTH), size))
+
+
+_PEEK_LENGTH = int(socket.MSG_PEEK | socket.MSG_TRUNC)
+_MSG_CTRUNC = int(socket.MSG_CTRUNC)  # (a plain int: IntFlag's & makes a flag object)
 
 
 def check_truncated(flags: int) -> None:
@@ -225,7 +242,7 @@ def check_truncated(flags: int) -> None:
     HandleUnavailable
         Some fds were dropped.
     """
-    if flags & socket.MSG_CTRUNC:
+    if flags & _MSG_CTRUNC:
         raise HandleUnavailable(
             "this process has no room for the handles it was sent: it has as many files open "
             "as its limit allows (ulimit -n). Close some, or raise the limit, and try again"

@@ -101,6 +101,36 @@ def test_sizes_that_are_not_positive_ints_are_an_inconsistent_reply() -> None:
     assert Handles.decode(b"[4096, 8192]").sizes == [4096, 8192]
 
 
+def test_recv_into_takes_a_message_of_any_length_up_to_its_size_with_its_fds() -> None:
+    # (the buffer is the message's own length, peeked: a long one comes whole, one over
+    # ``size`` is cut and says so, an end of file is an empty message)
+    import socket as socket_
+
+    left, right = socket_.socketpair(socket_.AF_UNIX, socket_.SOCK_SEQPACKET)
+    r, w = os.pipe()
+    try:
+        long = os.urandom(200_000)
+        socket_.send_fds(left, [long], [r, w])
+        fds: list[int] = []
+        msg, flags = unix.recv_into(right, 1 << 20, 4, fds)
+        assert msg == long and not flags & socket_.MSG_TRUNC and len(fds) == 2
+        for fd in fds:
+            os.close(fd)
+        left.send(b"x" * 64)
+        msg, flags = unix.recv_into(right, 16, 4, [])
+        assert msg == b"x" * 16 and flags & socket_.MSG_TRUNC
+        left.send(b"next")
+        msg, flags = unix.recv_into(right, 16, 4, [])
+        assert msg == b"next" and not flags & socket_.MSG_TRUNC
+        left.close()
+        assert unix.recv_into(right, 16, 4, [])[0] == b""
+    finally:
+        for fd in (r, w):
+            os.close(fd)
+        left.close()
+        right.close()
+
+
 def test_a_ctrl_c_as_fds_arrive_leaves_them_owned(monkeypatch: pytest.MonkeyPatch) -> None:
     # (a SIGINT handled between socket.recv_fds returning and its fds being stored raised
     # KeyboardInterrupt there: the fds had no owner, their memory stayed pinned)
