@@ -34,6 +34,7 @@ from sharedarrays.bench.methods import (
     family_methods,
     floor_method,
     sa_methods,
+    safe_cold_method,
     safe_method,
     shm_methods,
     torch_methods,
@@ -454,6 +455,8 @@ class Run:
                     out["not_measured"][family] = f"not available: {type(e).__name__}: {e}"
                     continue
                 entries[family] = cold_method if cold else warm
+        if cold and "sharedarrays" in entries:
+            entries["safe"] = safe_cold_method(self.cfg)
         free = _free_bytes(self.cfg) if cold else None
         if free is not None and size * 1.1 > free:
             why = f"needs {label} at a time, {free / 2**30:.1f} GiB free"

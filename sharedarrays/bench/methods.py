@@ -18,6 +18,7 @@ from sharedarrays.backends.device import parse_name
 from sharedarrays.bench.config import COPY_MAX_BYTES, TASK_TIMEOUT, Config
 from sharedarrays.bench.worker import (
     LeastHandoff,
+    SafeColdHandoff,
     SafeHandoff,
     cuda_core,
     task_copy,
@@ -37,6 +38,7 @@ __all__ = [
     "floor_method",
     "control_method",
     "bound_method",
+    "safe_cold_method",
     "safe_method",
     "family_methods",
     "sa_methods",
@@ -232,6 +234,27 @@ def safe_method(cfg: Config, array: Any) -> Method:
     device = parse_name(cfg.device).index if cfg.is_cuda else None
     safe = SafeHandoff(blob, array._view_tuple(), array.allocation.backend, device)
     return Method("safe", task_sharedarrays, lambda size: [safe], _first, _clear, cold=False)
+
+
+def safe_cold_method(cfg: Config) -> Method:
+    """The cold rounds' ``safe`` entry (:class:`~sharedarrays.bench.worker.SafeColdHandoff`):
+    a new sharedarrays array per round, as ``sharedarrays-cold``'s, handed off by the cold
+    bound's two steps and the least more that the library's guarantees need."""
+    import sharedarrays as sa
+
+    device = parse_name(cfg.device).index if cfg.is_cuda else None
+
+    def new(size: int) -> list[Any]:
+        a = sa.empty(size // 4, "float32", device=cfg.device)
+        if not cfg.is_cuda:
+            a.array[...] = 1  # touch the pages, as the other host methods do
+        return [SafeColdHandoff(a, device)]
+
+    def free(box: list[Any]) -> None:
+        box[0].close()
+        box.clear()
+
+    return Method("safe", task_sharedarrays, new, _first, free, cold=True, after_cold=_drop_in)
 
 
 def _clear(box: list[Any]) -> None:

@@ -95,7 +95,9 @@ def evaluate_targets(data: dict[str, Any]) -> list[dict[str, Any]]:
     floor that the warm rounds' ``bound`` entry exceeds by itself (one pickle hook with the
     ordering fence: :class:`~sharedarrays.bench.worker.LeastHandoff`), or its ``safe`` entry
     (the bound and the least that keeps the library's guarantees:
-    :class:`~sharedarrays.bench.worker.SafeHandoff`); or ``n/a`` when the
+    :class:`~sharedarrays.bench.worker.SafeHandoff`; a cold goal likewise where the cold
+    rounds' ``safe`` entry exceeds it: :class:`~sharedarrays.bench.worker.SafeColdHandoff`);
+    or ``n/a`` when the
     run did not measure it: ``measured`` then says ``not measured: <why>``) and
     ``measured`` (the figures the status comes from).
     """
@@ -150,13 +152,25 @@ def evaluate_targets(data: dict[str, Any]) -> list[dict[str, Any]]:
             continue
         ok, measured = sa / 1e3 <= limit_ms, f"{sa / 1e3:+.3f} ms"
         bound = _cold_bound(data, size)
+        safe, _ = _overhead(data, "cold", size, "safe")
         if not ok and bound is not None:
             measured += (
                 f"; bound, alone: handle request {bound['fetch_ms']:.3f} + mapping "
                 f"{bound['map_ms']:.3f} = {bound['bound_ms']:.3f} ms"
             )
-        # BOUND: the two steps alone exceed the goal
-        row(name, ok, measured, bound=bound is not None and bound["bound_ms"] > limit_ms)
+        if not ok and safe is not None:
+            measured += (
+                f"; safe, same rounds (the two steps and the guarantees): {safe / 1e3:+.3f} ms"
+            )
+        # BOUND: the two steps alone exceed the goal, or with the least that the library's
+        # guarantees add to them (the cold rounds' safe entry)
+        row(
+            name,
+            ok,
+            measured,
+            bound=(bound is not None and bound["bound_ms"] > limit_ms)
+            or (safe is not None and safe / 1e3 > limit_ms),
+        )
     many = data.get("many") or {}
     count = many.get("count", 10000)
     each = size_label(many.get("bytes_each", 4096))

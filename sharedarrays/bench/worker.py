@@ -23,6 +23,7 @@ __all__ = [
     "task_floor",
     "LeastHandoff",
     "SafeHandoff",
+    "SafeColdHandoff",
     "task_sharedarrays",
     "task_copy",
     "task_torch",
@@ -381,6 +382,130 @@ class _SafeView:
 
     def close(self) -> None:
         self._native = None
+        self._hold = None
+
+
+class SafeColdHandoff(LeastHandoff):
+    """The cold rounds' ``safe`` entry: the cold bound's two steps (the handle request and
+    the mapping, :func:`task_cold_bound`) and the least more that a cold handoff keeping
+    this library's guarantees must do, in code of its own besides those two steps.
+
+    It stands for a new sharedarrays ``array`` (made before the round, as the
+    ``sharedarrays`` entry's is). Pickled: the bound's fence (:class:`LeastHandoff`), a
+    closed array refused, one payload counted in flight under a lock (the memory outlives a
+    sender that lets go of it while the payload travels), and what names the memory, as a
+    tuple (the exporter's handle server, pid, the allocation's id and secret, its chunk sizes
+    and backend) with the view's fields. Loaded (:func:`_safe_cold_loaded`): every field
+    checked (types, the chunks, the view against their extent), the chunk handles asked of
+    the exporter's handle server (the secret shown; the library's client and server), their
+    sizes checked, the memory mapped with its record (the library's mapping, as the bound's),
+    the token waited for, the mapping's hold taken and the native array made
+    (``Allocation.native_view``); ``close()`` lets the hold go (the mapping parks, as a
+    sharedarrays view's does; the round's end drops it).
+
+    The difference between ``sharedarrays`` and this entry in the same rounds is what the
+    library's structure costs a cold handoff beyond its guarantees.
+    """
+
+    __slots__ = ("array", "closed", "_lock", "_sent")
+
+    def __init__(self, array: Any, device: int | None = None) -> None:
+        import threading
+
+        super().__init__(b"", array._view_tuple(), array.allocation.backend, device)
+        self.array = array
+        self.closed = False
+        self._lock = threading.Lock()
+        self._sent = 0
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        if self.closed:
+            raise ValueError("this SafeColdHandoff is closed")
+        from sharedarrays.transport.handles import server_address
+
+        token = LeastHandoff.__reduce__(self)[1][2]
+        with self._lock:
+            self._sent += 1
+        alloc = self.array.allocation
+        names = (
+            server_address(),
+            os.getpid(),
+            alloc.id,
+            alloc.secret,
+            tuple(alloc.chunk_sizes()),
+            alloc.backend.name,
+            alloc.device.index,
+        )
+        return _safe_cold_loaded, (names, self.view, token)
+
+    def close(self) -> None:
+        self.closed = True
+        self.array.close()
+
+
+def _safe_cold_loaded(
+    names: tuple[Any, ...], view: tuple[Any, ...], token: bytes | None
+) -> _SafeColdView:
+    from sharedarrays import importing
+    from sharedarrays.protocol.payload import Payload, check_view
+    from sharedarrays.transport import client
+    from sharedarrays.transport.handles import server_address
+
+    server, pid, alloc_id, secret, chunks, backend, device = names
+    if not (
+        type(server) is str
+        and server.startswith("/")
+        and type(pid) is int
+        and type(alloc_id) is str
+        and len(alloc_id) == 32
+        and type(secret) is bytes
+        and len(secret) == 32
+        and type(chunks) is tuple
+        and all(type(n) is int and n > 0 for n in chunks)
+        and type(backend) is str
+        and type(device) is int
+    ):
+        raise ValueError("malformed names")
+    size = sum(chunks)
+    dtype = check_view(view, size)[0]  # (raises unless the view lies inside the chunks)
+    offset, shape, strides, _, readonly = view
+    sizes, fds, exports = client.fetch_handles(server, pid, alloc_id, secret, server_address())
+    if sizes != list(chunks):
+        for fd in fds:
+            os.close(fd)
+        raise ValueError("the exporter's chunks differ")
+    payload = Payload(  # (its fields checked above)
+        backend=backend,
+        device=device,
+        alloc_id=alloc_id,
+        secret=secret,
+        pid=pid,
+        server=server,
+        chunks=chunks,
+        dtype=np.dtype(np.uint8),
+        shape=(size,),
+        strides=(1,),
+        offset=0,
+        readonly=False,
+    )
+    alloc = importing._map(importing.Request(payload), importing.Handles(sizes, fds, exports))
+    hold = alloc.lease()
+    if token is not None:
+        alloc.backend.import_sync(token)
+    return _SafeColdView(alloc.native_view(offset, dtype, shape, strides, readonly), hold)
+
+
+class _SafeColdView:
+    """A loaded :class:`SafeColdHandoff`: ``.array`` and ``close()``, as a view has."""
+
+    __slots__ = ("array", "_hold")
+
+    def __init__(self, array: Any, hold: Any) -> None:
+        self.array = array
+        self._hold = hold
+
+    def close(self) -> None:
+        self.array = None
         self._hold = None
 
 
