@@ -512,6 +512,6 @@ class Snapshot:
 
 def _json(body: bytes) -> Any:
     try:
-        return json.loads(body)
-    except (ValueError, RecursionError):
+        return json.loads(bytes(body).decode())  # (str: bytes would have their encoding guessed)
+    except (ValueError, RecursionError):  # (UnicodeDecodeError is a ValueError)
         raise PayloadError(_INCONSISTENT) from None

@@ -130,6 +130,10 @@ def remember(table: dict[_K, _V], key: _K, value: _V, limit: int) -> None:
     table[key] = value
 
 
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+"""The payload body's encoder (``json.dumps`` with separators makes one at every call)."""
+
+
 def _tag(body: bytes, secret: bytes) -> bytes:
     return hashlib.blake2b(body, key=secret, digest_size=TAG_BYTES).digest()
 
@@ -296,7 +300,7 @@ class Payload:
 
     def to_bytes(self) -> bytes:
         """Encode as ``b"SA1" + tag + JSON``."""
-        body = json.dumps(self.to_doc(), separators=(",", ":")).encode()
+        body = _COMPACT.encode(self.to_doc()).encode()
         return MAGIC + _tag(body, self.secret) + body
 
     @classmethod
@@ -337,7 +341,7 @@ class Payload:
             )
         tag, body = data[len(MAGIC) : len(MAGIC) + TAG_BYTES], data[len(MAGIC) + TAG_BYTES :]
         try:
-            doc = json.loads(body)
+            doc = json.loads(body.decode())  # (str: bytes would have their encoding guessed)
         except (UnicodeDecodeError, ValueError, RecursionError):
             raise PayloadError("payload is corrupted: its body is not valid JSON") from None
         doc = _fields(doc)
