@@ -10,13 +10,15 @@ checked by :func:`seconds`.
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
 import os
 import re
+import warnings
 from typing import TypeVar
 
-__all__ = ["NUMBERS", "check_environment", "env_number", "env_word", "seconds"]
+__all__ = ["NUMBERS", "WORDS", "TOOLS", "check_environment", "env_number", "env_word", "seconds"]
 
 N = TypeVar("N", int, float)
 
@@ -93,10 +95,19 @@ default, by :func:`env_number`; this table lets :func:`check_environment` read t
 once)."""
 
 
+WORDS = ("SHAREDARRAYS_NODE", "SHAREDARRAYS_HIP_MODULE", "SHAREDARRAYS_ASCEND_MODULE")
+"""Every word setting (read where it is used, by :func:`env_word` or as a module name)."""
+TOOLS = ("SHAREDARRAYS_BENCH_TIMEOUT", "SHAREDARRAYS_BENCH_DEBUG", "SHAREDARRAYS_CHROMIUM")
+"""Settings of the benchmark (``python -m sharedarrays bench``) and of the test suite."""
+PREFIX = "SHAREDARRAYS_"
+
+
 def check_environment() -> None:
     """Read every number setting of :data:`NUMBERS` now (``import sharedarrays`` does), so
     that a bad one is refused where the process starts, not where it is first read (at exit
-    a payload in flight was lost, a release failed with a warning, a keeper did not start).
+    a payload in flight was lost, a release failed with a warning, a keeper did not start);
+    and warn of each ``SHAREDARRAYS_*`` variable that is no setting (a misspelt one is
+    otherwise ignored without a word), naming the setting it is closest to.
 
     Raises
     ------
@@ -105,6 +116,20 @@ def check_environment() -> None:
     """
     for name, (kind, minimum) in NUMBERS.items():
         env_number(name, kind(minimum), minimum)
+    known = (*NUMBERS, *WORDS, *TOOLS)
+    for name in sorted(os.environ):
+        if name.startswith(PREFIX) and name not in known:
+            # (the rest of the name against the settings' rest: every name shares the prefix)
+            close = difflib.get_close_matches(
+                name[len(PREFIX) :], [k[len(PREFIX) :] for k in known], n=1
+            )
+            hint = f" (did you mean {PREFIX}{close[0]}?)" if close else ""
+            warnings.warn(
+                f"{name} is not a sharedarrays setting{hint}: it is ignored. The settings "
+                f"are {', '.join(known[: len(NUMBERS) + len(WORDS)])}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
 
 def seconds(value: object, what: str, low: float, high: float, *, above: bool = False) -> float:

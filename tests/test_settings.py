@@ -86,3 +86,52 @@ def test_a_bad_number_is_refused_as_the_package_is_imported(name: str, value: st
     )
     assert r.returncode != 0
     assert "ValueError" in r.stderr and name in r.stderr
+
+
+@pytest.mark.timeout(60)
+def test_a_misspelt_setting_is_named_with_the_setting_it_is_closest_to() -> None:
+    # (a SHAREDARRAYS_* variable that is no setting was ignored without a word: a user who
+    # typed SHAREDARRAYS_IN_FLIGTH=300 kept the 60 s default and never knew)
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHAREDARRAYS_")}
+    env.update(
+        PYTHONPATH=str(root),
+        SHAREDARRAYS_IN_FLIGTH="300",
+        SHAREDARRAYS_WHATEVER="1",
+        SHAREDARRAYS_KEEP_IMPORTS="8",  # (a setting: no word of it)
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sharedarrays"],
+        capture_output=True, text=True, timeout=50, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    warned = [line for line in proc.stderr.splitlines() if "RuntimeWarning" in line]
+    assert len(warned) == 2, proc.stderr
+    assert (
+        "SHAREDARRAYS_IN_FLIGTH is not a sharedarrays setting (did you mean "
+        "SHAREDARRAYS_IN_FLIGHT?): it is ignored" in proc.stderr
+    )
+    assert "SHAREDARRAYS_WHATEVER is not a sharedarrays setting: it is ignored" in proc.stderr
+    assert "SHAREDARRAYS_KEEP_IMPORTS is not" not in proc.stderr
+
+
+def test_every_setting_the_package_names_is_known() -> None:
+    # (check_environment warns of any other SHAREDARRAYS_* variable: a setting the package
+    # reads but the tables lack would be warned of as ignored)
+    import re
+    from pathlib import Path
+
+    from sharedarrays import settings
+
+    package = Path(settings.__file__).parent
+    named = set()
+    for path in package.rglob("*.py"):
+        named |= set(re.findall(r'"(SHAREDARRAYS_[A-Z_]+)"', path.read_text()))
+    named.discard("SHAREDARRAYS_CPU_ADDRESSABLE")  # (an attribute of an Ascend stand-in module)
+    known = {*settings.NUMBERS, *settings.WORDS, *settings.TOOLS}
+    assert named and named <= known, named - known
