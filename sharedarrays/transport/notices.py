@@ -8,6 +8,9 @@ messages it causes are queued here and sent by one daemon thread, the notifier:
 * ``CLOSED``: this process closed its import of exporter-owned memory (cuda-ipc, cuda-pool),
   so that its exporter may free it;
 * ``LOADED``: warm-load counts (:func:`report_load`), sent on kept connections, no reply.
+
+Each carries the allocation's secret, so each goes only to a socket whose peer runs as this
+user (``SO_PEERCRED``, as every connection of the handle server's client is checked).
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ import sys
 import threading
 from typing import Any
 
+from sharedarrays.errors import PermissionDenied
 from sharedarrays.protocol.handles import REPLY_SIZE, Kind, Request
+from sharedarrays.protocol.unix import check_same_user
 from sharedarrays.transport import client
 
 __all__ = ["report_load", "pending_notices", "queue_notice", "start_notifier", "forget_in_child"]
@@ -106,10 +111,13 @@ def _send_notices() -> None:
                 try:
                     sock.settimeout(1.0)
                     sock.connect(path)
+                    # (a notice carries the allocation's secret: never to a socket that
+                    # another user listens on, whatever path an importer gave as its own)
+                    check_same_user(sock, f"the handle server {path}")
                     sock.sendall(message)
                     sock.recv(REPLY_SIZE)
-                except OSError:
-                    continue  # that process is gone: nothing to tell
+                except (OSError, PermissionDenied):
+                    continue  # that process is gone (or another user's): nothing to tell
         _in_flight.pop()
 
 

@@ -466,6 +466,80 @@ with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
 """
 
 
+def _listen_and_report(path: str, report: int) -> None:
+    """Listen at ``path``, accept one connection and write to the fd ``report`` the bytes
+    the first message on it had (``-1``: none came in 20 s)."""
+    import socket as socket_
+
+    with socket_.socket(socket_.AF_UNIX, socket_.SOCK_SEQPACKET) as listener:
+        listener.bind(path)
+        os.chmod(path, 0o777)
+        listener.listen(1)
+        os.write(report, b"L")
+        listener.settimeout(20)
+        got = -1
+        try:
+            conn, _ = listener.accept()
+            with conn:
+                conn.settimeout(20)
+                got = len(conn.recv(1024))
+        except OSError:
+            pass
+        os.write(report, str(got).encode())
+
+
+@pytest.mark.timeout(60)
+def test_a_release_notice_goes_to_no_socket_of_another_user() -> None:
+    """A notice carries the allocation's secret: the notifier sends it only where the peer
+    runs as this user, whatever path an importer named as its own server (here a socket
+    another OS user listens on), and to a socket of this user as before."""
+    from sharedarrays.transport import notices
+
+    a = sa.from_array(np.arange(4.0), device="cpu", pack=False)
+    alloc = a.allocation
+
+    def sent_to(path: str, user: str | None) -> int:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child
+            code = 1
+            try:
+                os.close(r)
+                if user is not None:
+                    pw = pwd.getpwnam(user)
+                    os.setgroups([])
+                    os.setgid(pw.pw_gid)
+                    os.setuid(pw.pw_uid)
+                _listen_and_report(path, w)
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(w)
+        try:
+            assert os.read(r, 1) == b"L"  # listening
+            notices.start_notifier()
+            notices.queue_notice([path], Kind.RELEASED, alloc.id, alloc.secret)
+            deadline = time.monotonic() + 20
+            while notices.pending_notices() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return int(os.read(r, 16))
+        finally:
+            os.close(r)
+            os.waitpid(pid, 0)
+
+    shared = Path(tempfile.mkdtemp(prefix="sa-notice-"))
+    try:
+        os.chmod(shared, 0o777)
+        assert sent_to(str(shared / "mine.sock"), None) > 0  # this user's: told, as before
+        user = other_user()
+        if user is None:
+            pytest.skip("needs root (to create a second OS user) and useradd")
+        assert sent_to(str(shared / "theirs.sock"), user) in (0, -1)  # nothing sent
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+        a.close()
+
+
 def test_closed_notices_count_only_for_their_sender_with_the_secret() -> None:
     """SAC1 ("I closed it"): the server believes it only with the allocation's secret, and
     only for the process that sends it (SO_PEERCRED), so nobody can free memory that
