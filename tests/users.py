@@ -27,3 +27,12 @@ def other_user() -> str | None:
         if r.returncode != 0:
             return None
     return NAME
+
+
+def become(name: str) -> None:
+    """Run this process as the user ``name`` from here on (a forked child of a root test
+    process): no supplementary groups, then the user's group, then the user."""
+    pw = pwd.getpwnam(name)
+    os.setgroups([])
+    os.setgid(pw.pw_gid)
+    os.setuid(pw.pw_uid)

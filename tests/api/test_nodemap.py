@@ -24,7 +24,7 @@ import node_workers
 import numpy as np
 import pytest
 from keeper_helpers import keeper_memfds, private_keeper, run_cli
-from users import other_user
+from users import become, other_user
 
 import sharedarrays as sa
 from sharedarrays.api import nodemap
@@ -279,9 +279,7 @@ def _foreign_server() -> Iterator[tuple[int, str, Any]]:
         code = 1
         try:
             os.close(read)
-            os.setgroups([])
-            os.setgid(pw.pw_gid)
-            os.setuid(pw.pw_uid)
+            become(user)
             path = os.path.join(theirs, "s.sock")
             with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
                 s.bind(path)

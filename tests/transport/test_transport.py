@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import closed_by_peer
-from users import other_user
+from users import become, other_user
 
 import sharedarrays as sa
 from sharedarrays.memory import allocation as sa_allocation
@@ -373,7 +373,6 @@ def test_another_user_loading_a_payload_gets_permission_denied(open_socket: bool
     user = other_user()
     if user is None:
         pytest.skip("needs root (to create a second OS user) and useradd")
-    pw = pwd.getpwnam(user)
     a = sa.from_array(np.arange(4.0), device="cpu", pack=False)
     blob = pickle.dumps(a)
     with _server_opened_to_others(open_socket):
@@ -381,9 +380,7 @@ def test_another_user_loading_a_payload_gets_permission_denied(open_socket: bool
         if pid == 0:  # pragma: no cover - runs in the child
             code = 3
             try:
-                os.setgroups([])
-                os.setgid(pw.pw_gid)
-                os.setuid(pw.pw_uid)
+                become(user)
                 from sharedarrays.memory.state import state
 
                 state.registry.clear()
@@ -466,26 +463,22 @@ with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
 """
 
 
-def _listen_and_report(path: str, report: int) -> None:
-    """Listen at ``path``, accept one connection and write to the fd ``report`` the bytes
-    the first message on it had (``-1``: none came in 20 s)."""
-    import socket as socket_
-
-    with socket_.socket(socket_.AF_UNIX, socket_.SOCK_SEQPACKET) as listener:
-        listener.bind(path)
-        os.chmod(path, 0o777)
+def _first_message_length(path: str) -> int:
+    """Listen at ``path`` (bound under another name until it listens), accept one connection
+    and return the length of its first message (``-1``: none came in 20 s)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as listener:
+        listener.bind(f"{path}.new")
+        os.chmod(f"{path}.new", 0o777)
         listener.listen(1)
-        os.write(report, b"L")
+        os.rename(f"{path}.new", path)
         listener.settimeout(20)
-        got = -1
         try:
             conn, _ = listener.accept()
             with conn:
                 conn.settimeout(20)
-                got = len(conn.recv(1024))
+                return len(conn.recv(1024))
         except OSError:
-            pass
-        os.write(report, str(got).encode())
+            return -1
 
 
 @pytest.mark.timeout(60)
@@ -493,39 +486,29 @@ def test_a_release_notice_goes_to_no_socket_of_another_user() -> None:
     """A notice carries the allocation's secret: the notifier sends it only where the peer
     runs as this user, whatever path an importer named as its own server (here a socket
     another OS user listens on), and to a socket of this user as before."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from forking import in_forked_child
+
     from sharedarrays.transport import notices
 
     a = sa.from_array(np.arange(4.0), device="cpu", pack=False)
     alloc = a.allocation
 
     def sent_to(path: str, user: str | None) -> int:
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - runs in the child
-            code = 1
-            try:
-                os.close(r)
-                if user is not None:
-                    pw = pwd.getpwnam(user)
-                    os.setgroups([])
-                    os.setgid(pw.pw_gid)
-                    os.setuid(pw.pw_uid)
-                _listen_and_report(path, w)
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(w)
-        try:
-            assert os.read(r, 1) == b"L"  # listening
+        def listen() -> int:
+            if user is not None:
+                become(user)
+            return _first_message_length(path)
+
+        with ThreadPoolExecutor(1) as pool:
+            listening = pool.submit(in_forked_child, listen)
+            deadline = time.monotonic() + 20
+            while not os.path.exists(path) and time.monotonic() < deadline:
+                time.sleep(0.01)
             notices.start_notifier()
             notices.queue_notice([path], Kind.RELEASED, alloc.id, alloc.secret)
-            deadline = time.monotonic() + 20
-            while notices.pending_notices() and time.monotonic() < deadline:
-                time.sleep(0.01)
-            return int(os.read(r, 16))
-        finally:
-            os.close(r)
-            os.waitpid(pid, 0)
+            return int(listening.result(40))
 
     shared = Path(tempfile.mkdtemp(prefix="sa-notice-"))
     try:
