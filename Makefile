@@ -40,7 +40,7 @@ endif
 help:
 	@echo "make demo       create .venv if needed, then run python -m sharedarrays demo"
 	@echo "make test       create .venv if needed, then ruff, mypy, docs (-W), pytest"
-	@echo "make lint       ruff check"
+	@echo "make lint       ruff check and ruff format --check"
 	@echo "make typecheck  mypy sharedarrays"
 	@echo "make docs       Sphinx HTML into docs/_build/html, warnings are errors"
 	@echo "make pytest     the test suite only"
@@ -93,6 +93,7 @@ gpu-check: $(ENV_DEPS)
 
 lint: $(ENV_DEPS)
 	$(PY) -m ruff check $(LINT_PATHS)
+	$(PY) -m ruff format --check $(LINT_PATHS)
 
 typecheck: $(ENV_DEPS)
 	$(PY) -m mypy sharedarrays

@@ -2018,8 +2018,8 @@ ATTACKS: list[tuple[str, Callable[[Row], None], int, str, set[str]]] = [
         "interrupted-attach",
         interrupted_attach,
         3,
-        "Ctrl-C while `attach(\"a\")` waits for the (stopped) keeper's reply; then "
-        "`attach(\"b\")` on the same connection",
+        'Ctrl-C while `attach("a")` waits for the (stopped) keeper\'s reply; then '
+        '`attach("b")` on the same connection',
         {"right array"},
     ),
     (
