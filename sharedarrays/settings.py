@@ -116,7 +116,8 @@ def check_environment() -> None:
     """
     for name, (kind, minimum) in NUMBERS.items():
         env_number(name, kind(minimum), minimum)
-    known = (*NUMBERS, *WORDS, *TOOLS)
+    settings = (*NUMBERS, *WORDS)
+    known = (*settings, *TOOLS)
     for name in sorted(os.environ):
         if name.startswith(PREFIX) and name not in known:
             # (the rest of the name against the settings' rest: every name shares the prefix)
@@ -126,7 +127,7 @@ def check_environment() -> None:
             hint = f" (did you mean {PREFIX}{close[0]}?)" if close else ""
             warnings.warn(
                 f"{name} is not a sharedarrays setting{hint}: it is ignored. The settings "
-                f"are {', '.join(known[: len(NUMBERS) + len(WORDS)])}",
+                f"are {', '.join(settings)}",
                 RuntimeWarning,
                 stacklevel=2,
             )
