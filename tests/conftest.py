@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
+import shutil
+import signal
 import socket
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +22,22 @@ if TESTS not in sys.path:
 os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in (TESTS, str(Path(TESTS).parent), os.environ.get("PYTHONPATH", "")) if p
 )
+
+# The suite never shares a runtime directory (handle-server sockets, the keeper) with the
+# user's: one private directory for this run and every process it starts (a short path:
+# Unix socket paths are limited to 107 bytes); its keeper is stopped at the end.
+RUNTIME_BASE = tempfile.mkdtemp(prefix="sa-test-", dir="/tmp")
+os.environ["XDG_RUNTIME_DIR"] = RUNTIME_BASE
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    from keeper_helpers import lock_holder
+
+    pid = lock_holder(Path(RUNTIME_BASE) / "sharedarrays")
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    shutil.rmtree(RUNTIME_BASE, ignore_errors=True)
 
 
 NUMERIC_DTYPES = [

@@ -81,3 +81,50 @@ def _gone() -> None:
 
 def unloadable(_: object = None) -> Unloadable:
     return Unloadable()
+
+
+def stdlib_tries(kind: str, backend: str, tries: int) -> None:
+    """Run ``tries`` fresh standard-library pools that return new arrays from workers, and
+    print one JSON line per try (``ok``, or the error), then ``done``.
+
+    ``pool``: ``multiprocessing.Pool`` under forkserver, ``imap_unordered`` then
+    ``apply_async``; ``executor``: ``ProcessPoolExecutor`` under spawn, ``map``. (Run as a
+    child script with a time limit, so that a hang is a failed try, not a hung test.)
+    """
+    import json
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+
+    tasks = [(backend, i) for i in range(8)]
+    for t in range(tries):
+        start = time.monotonic()
+        try:
+            if kind == "pool":
+                with mp.get_context("forkserver").Pool(2) as pool:
+                    got = list(pool.imap_unordered(make, tasks))
+                    got.append(pool.apply_async(make, ((backend, 9),)).get(60))
+                expected = [*range(8), 9]
+            else:
+                with ProcessPoolExecutor(2, mp_context=mp.get_context("spawn")) as ex:
+                    got = list(ex.map(make, tasks, timeout=60))
+                expected = list(range(8))
+            values = sorted(int(a.get()[0]) for a in got)
+            ok = values == sorted(expected) and all(
+                int(a.get()[-1]) == int(a.get()[0]) for a in got
+            )
+            outcome = "ok" if ok else f"wrong values {values}"
+            for a in got:
+                a.close()
+        except Exception as e:
+            outcome = f"{type(e).__name__}: {e}"
+        print(
+            json.dumps({"try": t, "outcome": outcome, "seconds": time.monotonic() - start}),
+            flush=True,
+        )
+    print(json.dumps({"done": tries}), flush=True)
+
+
+if __name__ == "__main__":
+    import sys
+
+    stdlib_tries(sys.argv[1], sys.argv[2], int(sys.argv[3]))

@@ -302,3 +302,34 @@ def test_arrays_returned_to_their_exporter_are_not_left_in_flight(
             time.sleep(0.05)
         assert alloc_id not in pool.apply(workers.mapped_ids)
     assert keeper.running_pid() is None  # nothing was handed over
+
+
+STDLIB_TRIES = {"host": 3, "cuda-vmm": 20}
+"""Fresh pools per case: 20 on the GPU (where a hang and a broken executor were once seen
+with the standard library's pools), 3 on the host (the same logic, in CI's time)."""
+
+
+@pytest.mark.parametrize(
+    "backend", ["host", pytest.param("cuda-vmm", marks=pytest.mark.gpu)], indirect=True
+)
+@pytest.mark.parametrize("kind", ["pool", "executor"])
+@pytest.mark.timeout(600)
+def test_stdlib_pools_return_new_arrays_every_time(kind: str, backend: str) -> None:
+    """The standard library's own pools (not ``sa.Pool``), each try a fresh pool whose
+    workers return new arrays: every try gives the right values, none hangs or breaks."""
+    import json
+    import subprocess
+    import sys
+
+    tries = STDLIB_TRIES[backend]
+    run = subprocess.run(
+        [sys.executable, pw.__file__, kind, backend, str(tries)],
+        capture_output=True,
+        text=True,
+        timeout=60 + 25 * tries,
+        check=False,
+    )
+    lines = [json.loads(x) for x in run.stdout.splitlines() if x.startswith("{")]
+    outcomes = [x["outcome"] for x in lines if "try" in x]
+    assert outcomes == ["ok"] * tries, (outcomes, run.stderr[-2000:])
+    assert run.returncode == 0 and lines[-1] == {"done": tries}, run.stderr[-2000:]
