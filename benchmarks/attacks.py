@@ -1833,6 +1833,74 @@ def full_runtime_dir(row: Row) -> None:
     row.lost("no keeper started, nothing held", r.rc == 0)
 
 
+NOTICE_FLOODER = r"""
+import signal, socket, sys
+signal.alarm(120)  # (killed long before)
+sock = socket.socket(fileno=int(sys.argv[1]))
+sock.setblocking(True)  # (waits while the server's queue is full)
+notice = bytes.fromhex(sys.argv[2])
+for _ in range(100):
+    sock.send(notice)
+print("flooding", flush=True)
+while True:
+    sock.send(notice)
+"""
+
+
+def loaded_notice_flood(row: Row) -> None:
+    """24 processes send LOADED notices (zero id, zero secret) without end on one connection
+    to an exporter's handle server; then a load (client timeout 10 s)."""
+    notice = Request(Kind.LOADED, "00" * 16, bytes(32), 1).encode()
+    with runtime() as (env, _):
+        for _ in range(row.tries):
+            exp, out = exporter(env)
+            with exp:
+                base = fd_count(exp.pid)
+                flood = raw_connect(out["server"])
+                flood.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+                cmd = [
+                    sys.executable,
+                    "-I",
+                    "-c",
+                    NOTICE_FLOODER,
+                    str(flood.fileno()),
+                    notice.hex(),
+                ]
+                flooders: list[subprocess.Popen[str]] = []
+                try:
+                    for _ in range(24):
+                        flooders.append(
+                            subprocess.Popen(
+                                cmd,
+                                pass_fds=[flood.fileno()],
+                                stdout=subprocess.PIPE,
+                                text=True,
+                            )
+                        )
+                    started = sum(
+                        p.stdout is not None and p.stdout.readline() == "flooding\n"
+                        for p in flooders
+                    )
+                    res = load_in_child(env, out["blob"])
+                    flooding = sum(p.poll() is None for p in flooders)
+                finally:
+                    for p in flooders:
+                        with contextlib.suppress(ProcessLookupError):
+                            p.kill()
+                        with contextlib.suppress(subprocess.TimeoutExpired):
+                            p.wait(10)
+                        if p.stdout is not None:
+                            p.stdout.close()
+                    flood.close()
+                ok = res["outcome"] == "loaded"
+                row.add("loaded" if ok else f"{res['outcome']} ({res.get('took', 0):.1f} s)")
+                row.lost(f"{started}/24 flooding at the load, {flooding}/24 after", flooding == 24)
+                after = settled_fds(exp.pid, base)
+                row.lost(f"exporter fds {base}->{after}", after <= base)
+                same = data_same(exp)
+                row.lost("exporter data unchanged" if same else "exporter data CHANGED", same)
+
+
 HU = {"HandleUnavailable"}
 
 # name, function, default tries, attack (as the table says it), defended outcomes
@@ -2036,6 +2104,14 @@ ATTACKS: list[tuple[str, Callable[[Row], None], int, str, set[str]]] = [
         2,
         "name and park where keeper.log cannot be made (ENOSPC, simulated), no keeper running",
         HU,
+    ),
+    (
+        "loaded-notice-flood",
+        loaded_notice_flood,
+        3,
+        "24 processes send LOADED notices (zero id, zero secret) without end on one "
+        "connection to an exporter's handle server, then a load",
+        {"loaded"},
     ),
 ]
 
