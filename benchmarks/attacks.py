@@ -1901,6 +1901,60 @@ def loaded_notice_flood(row: Row) -> None:
                 row.lost("exporter data unchanged" if same else "exporter data CHANGED", same)
 
 
+IDLE_0_NAMER = (
+    PRELUDE
+    + r"""
+try:
+    a = sa.from_array(np.arange(5.0), device="cpu", name=sys.argv[1])
+except Exception as e:
+    say(outcome=err(e), message=str(e))
+    sys.exit()
+say(outcome="named")
+sys.stdin.readline()
+sa.unlink(sys.argv[1])
+a.close()
+say(done=True)
+"""
+)
+
+
+def keeper_idle_0(row: Row) -> None:
+    """SHAREDARRAYS_KEEPER_IDLE=0: name an array and attach it from another process; and an
+    exporter exits right after pickling, then a load (its handles handed to the keeper)."""
+    row.tries *= 2
+    with runtime() as (env, rdir):
+        env = dict(env, SHAREDARRAYS_KEEPER_IDLE="0")
+        for i in range(row.tries // 2):
+            with Child(IDLE_0_NAMER, env, f"idle0-{i}") as namer:
+                named = namer.line()
+                if named["outcome"] != "named":
+                    row.add(f"name: {named['outcome']}")
+                else:
+                    r = run_child(ATTACHER, env, timeout=30, args=(f"idle0-{i}",))
+                    try:
+                        row.add(f"name: {r.last['outcome']}")
+                    except RuntimeError as e:
+                        row.add(f"name: no answer: {e}")
+                    namer.ask("unlink")
+            with Child(IN_FLIGHT_EXPORTER, env) as exp:
+                blob = exp.line()["blob"]
+                exp.send("exit")
+                try:
+                    exp.proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    row.lost("exporter did not exit", False)
+            r = run_child(IN_FLIGHT_LOADER, env, stdin=blob + "\n", timeout=30)
+            try:
+                row.add(f"in flight: {r.last['outcome']}")
+            except RuntimeError as e:
+                row.add(f"in flight: no answer: {e}")
+        deadline = time.monotonic() + 10
+        while keeper_pid(rdir) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        gone = keeper_pid(rdir) is None
+        row.lost("the keeper exited, holding nothing" if gone else "the keeper still runs", gone)
+
+
 HU = {"HandleUnavailable"}
 
 # name, function, default tries, attack (as the table says it), defended outcomes
@@ -2112,6 +2166,14 @@ ATTACKS: list[tuple[str, Callable[[Row], None], int, str, set[str]]] = [
         "24 processes send LOADED notices (zero id, zero secret) without end on one "
         "connection to an exporter's handle server, then a load",
         {"loaded"},
+    ),
+    (
+        "keeper-idle-0",
+        keeper_idle_0,
+        3,
+        "SHAREDARRAYS_KEEPER_IDLE=0 (its least): name an array, attach it from another "
+        "process; an exporter exits right after pickling, then a load",
+        {"attached", "loaded"},
     ),
 ]
 
