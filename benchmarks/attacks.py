@@ -1833,6 +1833,128 @@ def full_runtime_dir(row: Row) -> None:
     row.lost("no keeper started, nothing held", r.rc == 0)
 
 
+NOTICE_FLOODER = r"""
+import signal, socket, sys
+signal.alarm(120)  # (killed long before)
+sock = socket.socket(fileno=int(sys.argv[1]))
+sock.setblocking(True)  # (waits while the server's queue is full)
+notice = bytes.fromhex(sys.argv[2])
+for _ in range(100):
+    sock.send(notice)
+print("flooding", flush=True)
+while True:
+    sock.send(notice)
+"""
+
+
+def loaded_notice_flood(row: Row) -> None:
+    """24 processes send LOADED notices (zero id, zero secret) without end on one connection
+    to an exporter's handle server; then a load (client timeout 10 s)."""
+    notice = Request(Kind.LOADED, "00" * 16, bytes(32), 1).encode()
+    with runtime() as (env, _):
+        for _ in range(row.tries):
+            exp, out = exporter(env)
+            with exp:
+                base = fd_count(exp.pid)
+                flood = raw_connect(out["server"])
+                flood.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+                cmd = [
+                    sys.executable,
+                    "-I",
+                    "-c",
+                    NOTICE_FLOODER,
+                    str(flood.fileno()),
+                    notice.hex(),
+                ]
+                flooders: list[subprocess.Popen[str]] = []
+                try:
+                    for _ in range(24):
+                        flooders.append(
+                            subprocess.Popen(
+                                cmd,
+                                pass_fds=[flood.fileno()],
+                                stdout=subprocess.PIPE,
+                                text=True,
+                            )
+                        )
+                    started = sum(
+                        p.stdout is not None and p.stdout.readline() == "flooding\n"
+                        for p in flooders
+                    )
+                    res = load_in_child(env, out["blob"])
+                    flooding = sum(p.poll() is None for p in flooders)
+                finally:
+                    for p in flooders:
+                        with contextlib.suppress(ProcessLookupError):
+                            p.kill()
+                        with contextlib.suppress(subprocess.TimeoutExpired):
+                            p.wait(10)
+                        if p.stdout is not None:
+                            p.stdout.close()
+                    flood.close()
+                ok = res["outcome"] == "loaded"
+                row.add("loaded" if ok else f"{res['outcome']} ({res.get('took', 0):.1f} s)")
+                row.lost(f"{started}/24 flooding at the load, {flooding}/24 after", flooding == 24)
+                after = settled_fds(exp.pid, base)
+                row.lost(f"exporter fds {base}->{after}", after <= base)
+                same = data_same(exp)
+                row.lost("exporter data unchanged" if same else "exporter data CHANGED", same)
+
+
+IDLE_0_NAMER = (
+    PRELUDE
+    + r"""
+try:
+    a = sa.from_array(np.arange(5.0), device="cpu", name=sys.argv[1])
+except Exception as e:
+    say(outcome=err(e), message=str(e))
+    sys.exit()
+say(outcome="named")
+sys.stdin.readline()
+sa.unlink(sys.argv[1])
+a.close()
+say(done=True)
+"""
+)
+
+
+def keeper_idle_0(row: Row) -> None:
+    """SHAREDARRAYS_KEEPER_IDLE=0: name an array and attach it from another process; and an
+    exporter exits right after pickling, then a load (its handles handed to the keeper)."""
+    row.tries *= 2
+    with runtime() as (env, rdir):
+        env = dict(env, SHAREDARRAYS_KEEPER_IDLE="0")
+        for i in range(row.tries // 2):
+            with Child(IDLE_0_NAMER, env, f"idle0-{i}") as namer:
+                named = namer.line()
+                if named["outcome"] != "named":
+                    row.add(f"name: {named['outcome']}")
+                else:
+                    r = run_child(ATTACHER, env, timeout=30, args=(f"idle0-{i}",))
+                    try:
+                        row.add(f"name: {r.last['outcome']}")
+                    except RuntimeError as e:
+                        row.add(f"name: no answer: {e}")
+                    namer.ask("unlink")
+            with Child(IN_FLIGHT_EXPORTER, env) as exp:
+                blob = exp.line()["blob"]
+                exp.send("exit")
+                try:
+                    exp.proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    row.lost("exporter did not exit", False)
+            r = run_child(IN_FLIGHT_LOADER, env, stdin=blob + "\n", timeout=30)
+            try:
+                row.add(f"in flight: {r.last['outcome']}")
+            except RuntimeError as e:
+                row.add(f"in flight: no answer: {e}")
+        deadline = time.monotonic() + 10
+        while keeper_pid(rdir) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        gone = keeper_pid(rdir) is None
+        row.lost("the keeper exited, holding nothing" if gone else "the keeper still runs", gone)
+
+
 HU = {"HandleUnavailable"}
 
 # name, function, default tries, attack (as the table says it), defended outcomes
@@ -2036,6 +2158,22 @@ ATTACKS: list[tuple[str, Callable[[Row], None], int, str, set[str]]] = [
         2,
         "name and park where keeper.log cannot be made (ENOSPC, simulated), no keeper running",
         HU,
+    ),
+    (
+        "loaded-notice-flood",
+        loaded_notice_flood,
+        3,
+        "24 processes send LOADED notices (zero id, zero secret) without end on one "
+        "connection to an exporter's handle server, then a load",
+        {"loaded"},
+    ),
+    (
+        "keeper-idle-0",
+        keeper_idle_0,
+        3,
+        "SHAREDARRAYS_KEEPER_IDLE=0 (its least): name an array, attach it from another "
+        "process; an exporter exits right after pickling, then a load",
+        {"attached", "loaded"},
     ),
 ]
 

@@ -25,8 +25,11 @@ modules: :func:`sharedarrays.transport.keeper._launch`). It listens on ``keeper.
 that directory (:func:`sharedarrays.protocol.unix.runtime_dir`, mode 0700) and holds
 ``keeper.lock`` there with ``fcntl.flock`` for its whole life, so a second keeper never runs
 beside a live one; a socket file left by a keeper that died is replaced by the next one. It
-exits when it has held nothing for :func:`idle_seconds` (``SHAREDARRAYS_KEEPER_IDLE``,
-default 30 s).
+exits when it has held nothing and been asked nothing for :func:`idle_seconds`
+(``SHAREDARRAYS_KEEPER_IDLE``, default 30 s; 0: as soon as it holds nothing), never while a
+connection waits to be accepted, one it accepted has sent nothing yet, or a request waits to
+be read (:meth:`Keeper._may_exit`). Connections it served do not keep it: their process
+reconnects on its next request, starting a keeper again.
 
 Every process that uses it keeps **one connection** open (at most :func:`max_connections`:
 past it the longest idle is closed, one holding nothing first, and so on ``EMFILE``). The
@@ -95,12 +98,15 @@ __all__ = ["Keeper", "MAX_CONNECTIONS", "idle_seconds", "max_connections", "main
 MAX_CONNECTIONS = 1024
 """Connections the keeper keeps open at most, by default (:func:`max_connections`)."""
 
+ASIDE_NAME = "keeper.closing"
+"""The keeper's socket file while it exits (:meth:`Keeper._may_exit`): no process connects."""
+
 _Answer = tuple[int, dict[str, Any], list[int]]
 """A reply to send: status, body and the fds that go with it."""
 
 
 def idle_seconds() -> float:
-    """Seconds the keeper waits, holding nothing, before it exits.
+    """Seconds the keeper waits, holding nothing and asked nothing, before it exits.
 
     ``SHAREDARRAYS_KEEPER_IDLE`` in the keeper's environment (inherited from the process that
     started it), default 30.
@@ -146,6 +152,7 @@ class _Peer:
     sock: socket.socket
     pid: int
     held: set[str] = field(default_factory=set)
+    asked: bool = False  # sent a request (one accepted and not yet read keeps the keeper)
 
 
 class Keeper:
@@ -156,7 +163,8 @@ class Keeper:
     directory : Path
         The private runtime directory (its socket and lock file go there).
     idle : float
-        Seconds to wait, holding nothing, before :meth:`serve_forever` returns.
+        Seconds to wait, holding nothing and asked nothing, before :meth:`serve_forever`
+        returns.
     max_connections : int
         Connections kept open at most (the longest idle is closed for a new one).
 
@@ -172,6 +180,7 @@ class Keeper:
         self.idle = idle
         self.max_connections = max_connections
         self.path = str(directory / SOCKET_NAME)
+        self._aside = str(directory / ASIDE_NAME)  # the socket file while the keeper exits
         self._lock_fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -180,10 +189,9 @@ class Keeper:
             raise
         os.ftruncate(self._lock_fd, 0)
         os.write(self._lock_fd, f"{os.getpid()}\n".encode())
-        try:
-            os.unlink(self.path)  # left by a keeper that died: we hold the lock, so it is stale
-        except FileNotFoundError:
-            pass
+        for stale in (self.path, self._aside):  # left by a keeper that died (we hold the lock)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(stale)
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._listener.bind(self.path)
         os.chmod(self.path, 0o600)
@@ -217,7 +225,8 @@ class Keeper:
         self._stop = True
 
     def serve_forever(self) -> None:
-        """Serve until stopped, or until idle for :attr:`idle` seconds holding nothing."""
+        """Serve until stopped, or until idle: holding nothing and asked nothing (no
+        connection accepted, no request read) for :attr:`idle` seconds, and :meth:`_may_exit`."""
         try:
             while not self._stop:
                 for key, _ in self._selector.select(timeout=0.25):
@@ -228,17 +237,31 @@ class Keeper:
                 self._expire()
                 if self._entries:
                     self._idle_since = time.monotonic()
-                elif time.monotonic() - self._idle_since > self.idle:
+                elif time.monotonic() - self._idle_since > self.idle and self._may_exit():
                     return
         finally:
             self.close()
 
+    def _may_exit(self) -> bool:
+        """Whether the idle keeper may exit now: every connection it accepted has been read,
+        and no connection or request waits. The socket file is moved aside first, so that no
+        connection comes after the check (one that finds no keeper starts one), and back
+        when something waits (it is served, and the keeper goes on)."""
+        if not all(peer.asked for peer in self._peers.values()):
+            return False
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(self.path, self._aside)
+        if not self._selector.select(0):
+            return True
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(self._aside, self.path)
+        return False
+
     def close(self) -> None:
         """Remove the socket, drop every connection, close every held fd, free the lock."""
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        for name in (self.path, self._aside):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name)
         for peer in list(self._peers.values()):
             self._drop(peer)
         for entry in list(self._entries.values()):
@@ -279,6 +302,7 @@ class Keeper:
         peer = _Peer(conn, pid)
         self._peers[conn.fileno()] = peer
         self._selector.register(conn, selectors.EVENT_READ, peer)
+        self._idle_since = time.monotonic()
 
     def _read(self, peer: _Peer) -> None:
         fds: list[int] = []
@@ -293,6 +317,7 @@ class Keeper:
             self._drop(peer)  # EOF: the process closed its connection or died
             return
         self._idle_since = time.monotonic()
+        peer.asked = True
         key = peer.sock.fileno()
         if self._peers.get(key) is peer:
             self._peers[key] = self._peers.pop(key)  # most recently used last

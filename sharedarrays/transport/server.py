@@ -41,7 +41,7 @@ from sharedarrays.protocol.handles import (
 )
 from sharedarrays.protocol.unix import Credentials, peer_credentials, runtime_dir, send_fds
 
-__all__ = ["HandleServer", "MAX_CONNECTIONS", "HOUSEKEEPING", "BACKOFF"]
+__all__ = ["HandleServer", "MAX_CONNECTIONS", "HOUSEKEEPING", "BACKOFF", "READ_AHEAD"]
 
 MAX_CONNECTIONS = 256
 """Importer connections a handle server keeps open at most (the longest idle is closed)."""
@@ -50,6 +50,10 @@ HOUSEKEEPING = 5.0
 BACKOFF = 0.05
 """Seconds a server waits after an error it cannot blame on one connection (EMFILE with no
 idle connection to close) before it serves again."""
+READ_AHEAD = 16
+"""``LOADED`` notices a server reads on one connection after the one that woke it, at most:
+the rest wait for the next round, so that peers that never stop sending on a connection do
+not starve the other connections and the listening socket."""
 
 
 class HandleServer:
@@ -281,11 +285,9 @@ class HandleServer:
     def _loaded(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
         """``LOADED`` (no reply): an importer loaded ``request.count`` of this process's
         payloads from the mapping it had: as many in flight less. Several reports may wait
-        on ``conn``: those that follow are read now too."""
-        while True:
-            alloc = allocation.lookup(request.alloc_id, draining=True)
-            if alloc is not None and hmac.compare_digest(request.secret, alloc.secret):
-                alloc.flight.note_loaded(request.count)
+        on ``conn``: up to :data:`READ_AHEAD` that follow are read now too."""
+        _note_loaded(request)
+        for _ in range(READ_AHEAD):
             try:
                 ahead = conn.recv(COUNTED_SIZE, socket.MSG_PEEK | socket.MSG_DONTWAIT)
                 if len(ahead) < COUNTED_SIZE or not ahead.startswith(Kind.LOADED.value):
@@ -293,6 +295,7 @@ class HandleServer:
                 request = Request.decode(conn.recv(COUNTED_SIZE))
             except OSError:
                 return
+            _note_loaded(request)
 
     def _snapshot(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
         """``SNAPSHOT``: what this process holds (any process of the user may ask; the id
@@ -383,6 +386,13 @@ def _served(alloc: allocation.Allocation, draining: bool) -> tuple[tuple[int, fl
     listed = {pid for pid, _ in rows}
     rows += [(pid, alloc.origin.time) for pid in holders if pid not in listed]
     return tuple(rows)
+
+
+def _note_loaded(request: Request) -> None:
+    """Count a ``LOADED`` notice whose secret is right (others are ignored: no reply)."""
+    alloc = allocation.lookup(request.alloc_id, draining=True)
+    if alloc is not None and hmac.compare_digest(request.secret, alloc.secret):
+        alloc.flight.note_loaded(request.count)
 
 
 def _off_thread(fn: Callable[[], object]) -> None:

@@ -9,6 +9,7 @@ import shutil
 import socket
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -142,3 +143,103 @@ def test_a_keeper_out_of_open_files_says_so(keeper: daemon.Keeper) -> None:
     reply = wire.Reply.decode(msg)
     assert reply.status == wire.ERROR and "no room for the handles sent" in reply.body["error"]
     assert "ulimit -n" in reply.body["error"] and not got
+
+
+@pytest.fixture
+def idle_keeper() -> Iterator[tuple[daemon.Keeper, threading.Thread]]:
+    """A keeper with ``idle=0`` (``SHAREDARRAYS_KEEPER_IDLE=0``), not yet serving: start its
+    thread (it exits as soon as it holds nothing and nothing waits)."""
+    directory = Path(tempfile.mkdtemp(prefix="sa-k-", dir="/tmp"))
+    k = daemon.Keeper(directory, idle=0.0, max_connections=8)
+    thread = threading.Thread(target=k.serve_forever, daemon=True)
+    try:
+        yield k, thread
+    finally:
+        k.stop()
+        if thread.ident is None:
+            k.close()  # (never served: serve_forever closes it)
+        else:
+            thread.join(10)
+            assert not thread.is_alive()
+        shutil.rmtree(directory)
+
+
+def _sealed(size: int = 4096) -> int:
+    fd = os.memfd_create("sharedarrays", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
+    return fd
+
+
+@pytest.mark.timeout(60)
+def test_an_idle_0_keeper_serves_what_it_accepted_and_exits_holding_nothing(
+    idle_keeper: tuple[daemon.Keeper, threading.Thread],
+) -> None:
+    """``idle=0``: a connection made before the keeper serves is read and answered (it
+    exited between accepting it and reading it before); a named array keeps the keeper
+    until it is unlinked and its last holder let go; then it exits, its socket file gone."""
+    k, thread = idle_keeper
+    fd = _sealed()
+    first = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        first.settimeout(10)
+        first.connect(k.path)  # (waits to be accepted)
+        keep = wire.Keep("ab" * 16, bytes(32), "idle0", [4096], {"backend": "host"})
+        socket.send_fds(first, [keep.encode()], [fd])
+        thread.start()
+        assert wire.Reply.decode(first.recv(wire.MAX_MESSAGE)).status == wire.OK
+    finally:
+        os.close(fd)
+        first.close()  # (the name keeps it)
+    time.sleep(0.6)  # (past two rounds of the keeper's loop)
+    assert thread.is_alive()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as second:
+        second.settimeout(10)
+        second.connect(k.path)
+        second.send(wire.Attach("idle0").encode())
+        msg, got, _, _ = socket.recv_fds(second, wire.MAX_MESSAGE, wire.MAX_FDS)
+        for chunk in got:
+            os.close(chunk)
+        assert wire.Reply.decode(msg).status == wire.OK and len(got) == 1
+        second.send(wire.Unlink("idle0").encode())
+        assert wire.Reply.decode(second.recv(wire.MAX_MESSAGE)) == wire.Reply(wire.OK, {})
+        time.sleep(0.6)
+        assert thread.is_alive()  # (this connection holds the unlinked array)
+    thread.join(10)  # (the last holder hung up: nothing held)
+    assert not thread.is_alive()
+    assert not os.path.exists(k.path)
+    assert not os.path.exists(Path(k.path).with_name(daemon.ASIDE_NAME))
+
+
+@pytest.mark.timeout(60)
+def test_an_idle_keeper_waits_for_a_connection_that_has_not_asked_yet(
+    idle_keeper: tuple[daemon.Keeper, threading.Thread],
+) -> None:
+    k, thread = idle_keeper
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.settimeout(10)
+        s.connect(k.path)
+        thread.start()
+        time.sleep(0.6)  # (accepted, not read: past two rounds of the keeper's loop)
+        assert thread.is_alive()
+        s.send(wire.Hello().encode())
+        assert wire.Reply.decode(s.recv(wire.MAX_MESSAGE)).status == wire.OK
+        thread.join(10)  # (served, and nothing held: it goes, this connection open)
+        assert not thread.is_alive()
+        assert s.recv(wire.MAX_MESSAGE) == b""
+
+
+def test_an_idle_keeper_does_not_exit_with_a_connection_waiting_to_be_accepted(
+    idle_keeper: tuple[daemon.Keeper, threading.Thread],
+) -> None:
+    """The last check before exiting: the socket file is moved aside, then a connection
+    that came before is found waiting; the file is put back and the keeper serves on."""
+    k, _ = idle_keeper
+    aside = Path(k.path).with_name(daemon.ASIDE_NAME)
+    assert k._may_exit() is True  # (nothing waits: the file stays aside, close removes it)
+    assert aside.exists() and not os.path.exists(k.path)
+    os.rename(aside, k.path)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.connect(k.path)
+        assert k._may_exit() is False
+        assert os.path.exists(k.path) and not aside.exists()

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -143,6 +146,89 @@ def test_connections_to_ended_pool_workers_do_not_pile_up() -> None:
     # (and the sockets: the tidy in the fifth round closed four, opened one; other
     # sockets this process opens on first use may come in any round)
     assert tidy == 4 and counts[4][1] <= counts[3][1] - 2, counts
+
+
+def test_loaded_notices_are_read_a_bounded_number_at_a_time() -> None:
+    """One wake-up reads the notice that woke the server and at most ``READ_AHEAD`` more
+    from that connection: the rest wait for the next round, behind the other connections."""
+    transport.server_address()
+    server = transport._server
+    assert server is not None
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        notice = Request(Kind.LOADED, "00" * 16, bytes(32), 1)
+        for _ in range(100):
+            theirs.send(notice.encode())
+        server._loaded(ours, unix.peer_credentials(ours), notice)  # (as if one was read)
+        ours.setblocking(False)
+        left = 0
+        with pytest.raises(BlockingIOError):
+            while ours.recv(1 << 10):
+                left += 1
+        assert left > 0, "every notice queued was read in one wake-up"
+        assert left == 100 - handle_server.READ_AHEAD
+    finally:
+        ours.close()
+        theirs.close()
+
+
+FLOODER = """
+import signal, socket, sys
+signal.alarm(60)  # (killed by the test long before)
+sock = socket.socket(fileno=int(sys.argv[1]))
+sock.setblocking(True)  # (waits while the server's queue is full)
+notice = bytes.fromhex(sys.argv[2])
+for _ in range(1000):
+    sock.send(notice)
+print("flooding", flush=True)
+while True:
+    sock.send(notice)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_flood_of_loaded_notices_on_one_connection_does_not_stall_loads() -> None:
+    """Eight processes send LOADED notices (no id, no secret) without end on one connection
+    to this process's handle server; a FETCH on another connection is still answered (the
+    server read the notices as long as they came, and answered nothing else)."""
+    a = sa.zeros(16, device="cpu", pack=False)
+    path = transport.server_address()
+    notice = Request(Kind.LOADED, "00" * 16, bytes(32), 1).encode()
+    flood = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    flood.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)  # (many queued at once)
+    flooders: list[subprocess.Popen[str]] = []
+    try:
+        flood.settimeout(10)
+        flood.connect(path)
+        for _ in range(8):
+            flooders.append(
+                subprocess.Popen(
+                    [sys.executable, "-I", "-c", FLOODER, str(flood.fileno()), notice.hex()],
+                    pass_fds=[flood.fileno()],
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+            )
+        for proc in flooders:
+            assert proc.stdout is not None
+            assert proc.stdout.readline() == "flooding\n"  # (each would end in 60 s)
+        fetch = Request(Kind.FETCH, a.allocation.id, a.allocation.secret).encode()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+            s.settimeout(20)  # (unbounded reading: no answer while the flood lasts, 60 s)
+            s.connect(path)
+            s.send(fetch)
+            msg, fds, _, _ = socket.recv_fds(s, 1 << 16, unix.FDS_PER_MESSAGE)
+            for fd in fds:
+                os.close(fd)
+        assert Reply.decode(msg).status == Status.OK
+        assert all(proc.poll() is None for proc in flooders)  # (flooding all along)
+    finally:
+        for proc in flooders:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(30)
+            assert proc.stdout is not None
+            proc.stdout.close()
+        flood.close()
 
 
 def _link(path: str) -> str:
