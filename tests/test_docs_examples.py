@@ -175,6 +175,12 @@ def test_example_runs_as_written(
         f"{block.page}:{block.line} exited with {done.returncode}\n"
         f"stdout:\n{done.stdout}\nstderr:\n{done.stderr[-4000:]}"
     )
+    # (a script's stderr gets no progress bar unasked, and its exit no resource tracker
+    # warning: a bar in a pool worker left "leaked semaphore objects" behind)
+    for unwanted in ("%|", "resource_tracker"):
+        assert unwanted not in done.stderr, (
+            f"{block.page}:{block.line} wrote {unwanted!r} to stderr:\n{done.stderr[-4000:]}"
+        )
     lines = iter(line.strip() for line in done.stdout.splitlines())
     for expected in block.printed:
         assert any(line == expected for line in lines), (
