@@ -1,6 +1,6 @@
 """The shape of the docs a new user reads first: user guide pages short enough to read, in
 short paragraphs; every link between the pages (README.md, docs/, notebooks/) reaches a
-page and a heading that exist."""
+page and a heading that exist; the README's lifetime rules and two set-up commands."""
 
 from __future__ import annotations
 
@@ -107,3 +107,20 @@ def test_local_links_reach_a_page_and_a_heading(page: Path, text: str) -> None:
         assert linked.exists(), f"{page.relative_to(ROOT)}: {target}: no such file"
         if anchor and linked.suffix == ".md":
             assert anchor in anchors(linked), f"{page.relative_to(ROOT)}: {target}: no heading"
+
+
+def test_readme_lists_the_lifetime_rules_next_to_the_quick_start() -> None:
+    text = (ROOT / "README.md").read_text()
+    sections = re.split(r"^## ", text, flags=re.M)
+    titles = [section.splitlines()[0] for section in sections[1:]]
+    assert titles[0] == "Quick start" and "ifetime" in titles[1], titles
+    rules = sections[2]
+    for rule in ("SHAREDARRAYS_IN_FLIGHT", "len(pickle.dumps(a))", "unlink", "readonly=True"):
+        assert rule in rules, rule
+    assert "advanced indexing" in rules and "copy" in rules
+
+
+def test_readme_has_two_set_up_commands() -> None:
+    text = (ROOT / "README.md").read_text()
+    commands = re.findall(r"^(make \S+)", text, flags=re.M)
+    assert commands == ["make demo", "make test"], commands
