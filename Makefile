@@ -1,19 +1,24 @@
 # sharedarrays: the two commands a fresh machine needs are `make demo` and `make test`.
 #
-# Both create .venv from nothing (python3 -m venv, upgrade pip, pip install -e '.[EXTRAS]'),
+# Both create .venv from nothing (python3 -m venv, upgrade pip, pip install -e ...),
 # re-installing only when pyproject.toml changes (a stamp file records the last install).
+# `make demo` installs only what the demo needs: the base install (NumPy, tqdm, cloudpickle),
+# plus CuPy where an NVIDIA GPU is present; `make test` installs every extra it tests.
 #
 # Variables:
 #   PYTHON=python3        the interpreter that creates .venv (or runs everything, see below)
 #   PYTHON_ENV=system     skip .venv and use $(PYTHON) as it is (for a machine without a
 #                         package registry, e.g. the GPU machine); nothing is installed
-#   EXTRAS=cuda13,notebook,test,dev   the extras installed into .venv
+#   EXTRAS=cuda13,notebook,test,dev   the extras `make test` installs into .venv
+#   DEMO_EXTRAS=cuda13    the extras `make demo` installs: cuda13 where /dev/nvidia0 (or
+#                         another /dev/nvidiaN) exists, none elsewhere (cuda12: older drivers)
 #   DEMO_ARGS=...         extra arguments for `python -m sharedarrays demo`
 #   PYTEST_ARGS=...       extra arguments for pytest
 
 PYTHON ?= python3
 PYTHON_ENV ?= venv
 EXTRAS ?= cuda13,notebook,test,dev
+DEMO_EXTRAS ?= $(if $(wildcard /dev/nvidia[0-9]*),cuda13,)
 VENV ?= .venv
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
@@ -26,10 +31,13 @@ PY := $(PYTHON)
 ENV_DEPS :=
 ENV_PATH := $(PATH)
 PY_FOR_SCRIPTS := $(PYTHON)
+DEMO_DEPS :=
 else
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+DEMO_STAMP := $(VENV)/.demo-installed-stamp
 ENV_DEPS := $(STAMP)
+DEMO_DEPS := $(DEMO_STAMP)
 ENV_PATH := $(abspath $(VENV))/bin:$(PATH)
 PY_FOR_SCRIPTS := $(abspath $(VENV))/bin/python
 endif
@@ -38,7 +46,7 @@ endif
 .PHONY: help venv test demo gpu-check lint typecheck docs pytest clean
 
 help:
-	@echo "make demo       create .venv if needed, then run python -m sharedarrays demo"
+	@echo "make demo       create .venv with what the demo needs, then python -m sharedarrays demo"
 	@echo "make test       create .venv if needed, then ruff, mypy, docs (-W), pytest"
 	@echo "make lint       ruff check and ruff format --check"
 	@echo "make typecheck  mypy sharedarrays"
@@ -62,6 +70,17 @@ $(STAMP): pyproject.toml | $(VENV)/bin/python
 	$(VENV)/bin/python -m pip install -e '.[$(EXTRAS)]' && \
 	echo "installed .[$(EXTRAS)] in $$(( $$(date +%s) - start )) s"
 	@touch $@
+
+# The demo's install: skipped where `make test`'s (a superset) is up to date.
+$(DEMO_STAMP): pyproject.toml | $(VENV)/bin/python
+	@if [ $(STAMP) -nt pyproject.toml ]; then \
+		echo "the full install in $(VENV) is up to date: the demo needs nothing more"; \
+	else \
+		start=$$(date +%s); \
+		$(VENV)/bin/python -m pip install -e '.$(if $(DEMO_EXTRAS),[$(DEMO_EXTRAS)])' && \
+		echo "installed .$(if $(DEMO_EXTRAS),[$(DEMO_EXTRAS)]) in $$(( $$(date +%s) - start )) s"; \
+	fi
+	@touch $@
 endif
 
 venv: $(ENV_DEPS)
@@ -81,7 +100,7 @@ test: $(ENV_DEPS)
 	if [ -n "$$failed" ]; then echo "make test: FAILED:$$failed"; exit 1; fi; \
 	echo "make test: all stages passed"
 
-demo: $(ENV_DEPS)
+demo: $(DEMO_DEPS)
 	$(PY) -m sharedarrays demo $(DEMO_ARGS)
 
 gpu-check: $(ENV_DEPS)

@@ -52,7 +52,8 @@ def _noop(_: object) -> None:
 
 
 def _fill_pattern(native: Any, n: int, progress: bool) -> None:
-    """Write ``i % 1000`` into a flat float32 array, block by block, with a progress bar."""
+    """Write ``i % 1000`` into a flat float32 array, block by block, with a progress bar
+    when ``progress`` is true."""
     from tqdm.auto import tqdm
 
     xp = np if isinstance(native, np.ndarray) else __import__("cupy")
@@ -123,7 +124,7 @@ def demo(size: int | None, workers: int, device: str | None, progress: bool) -> 
         assert sum(done) == n
         bad = _verify(a.array, n)
 
-        _fill_pattern(a.array, n, progress)
+        _fill_pattern(a.array, n, False)  # (the same fill again: its bar was shown once)
         t = time.perf_counter()
         sent = 0
         blobs = []
@@ -165,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     d.add_argument("--workers", type=int, default=4)
     d.add_argument("--device", default=None, help="auto (default), cpu, cuda or cuda:N")
-    d.add_argument("--no-progress", action="store_true")
+    d.add_argument("--no-progress", action="store_true", help="no progress bar for the fill")
     b = sub.add_parser("bench", help="time handing arrays to a Pool worker against every peer")
     bench_config.add_arguments(b)
     keeper_cli.add_parsers(sub)

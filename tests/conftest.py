@@ -156,3 +156,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             reason, checked = cuda_reason(), True
         if reason is not None:
             item.add_marker(pytest.mark.skip(reason=f"no usable CUDA device: {reason}"))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Skipped tests as one line per reason with a count (``-rfE`` in pyproject.toml
+    reports failures and errors one by one, skips not at all)."""
+    from skips import summarise_skips
+
+    summarise_skips(terminalreporter)

@@ -1,4 +1,5 @@
-"""Every Python example of README.md and docs/*.md runs as it is, on the host backend.
+"""Every Python example of README.md, docs/*.md and docs/guide/*.md runs as it is, on the
+host backend.
 
 Which blocks run, and how (the convention the docs follow):
 
@@ -34,7 +35,11 @@ import pytest
 from keeper_helpers import private_keeper  # noqa: F401 - a fixture
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    *sorted((ROOT / "docs" / "guide").glob("*.md")),
+]
 TIMEOUT = 120.0  # seconds an example may take (each takes 1 to 6 s on two cores)
 
 FENCE = re.compile(r"^(?P<indent>\s*)```(?P<lang>[^\s`]*)\s*$")
@@ -86,10 +91,11 @@ def blocks(page: Path) -> list[Block]:
         while end < len(lines) and not re.match(r"^\s*```\s*$", lines[end]):
             end += 1
         if end == len(lines):
-            raise AssertionError(f"{page.name}:{i + 1}: a code block that never ends")
+            raise AssertionError(f"{page}:{i + 1}: a code block that never ends")
         code = "\n".join(line[indent:] for line in lines[i + 1 : end]) + "\n"
         marker = lines[i - 1] if i > 0 else ""
-        found.append(Block(page.name, i + 1, fence.group("lang"), code, marker))
+        where = page.relative_to(ROOT).as_posix()
+        found.append(Block(where, i + 1, fence.group("lang"), code, marker))
         i = end + 1
     return found
 
@@ -102,7 +108,7 @@ def test_the_examples_are_found() -> None:
     and every example test would then pass by not existing)."""
     where = {(block.page, block.code.splitlines()[0]) for block in EXAMPLES}
     assert ("README.md", "import multiprocessing, pickle") in where
-    assert ("user-guide.md", "import multiprocessing as mp") in where
+    assert ("docs/guide/sharing.md", "import multiprocessing as mp") in where
     assert sum(block.not_run is None for block in EXAMPLES) >= 20
     assert any(block.notebook_cell for block in EXAMPLES)
     skipped = [block for block in EXAMPLES if block.not_run]
@@ -118,7 +124,7 @@ def test_markers_sit_right_before_a_block() -> None:
                 following = lines[i + 1] if i + 1 < len(lines) else ""
                 fence = FENCE.match(following)
                 assert fence is not None and fence.group("lang") in PYTHON | {"sh", "bash"}, (
-                    f"{page.name}:{i + 1}: a marker not followed by a code block"
+                    f"{page}:{i + 1}: a marker not followed by a code block"
                 )
 
 
@@ -175,6 +181,12 @@ def test_example_runs_as_written(
         f"{block.page}:{block.line} exited with {done.returncode}\n"
         f"stdout:\n{done.stdout}\nstderr:\n{done.stderr[-4000:]}"
     )
+    # (a script's stderr gets no progress bar unasked, and its exit no resource tracker
+    # warning: a bar in a pool worker left "leaked semaphore objects" behind)
+    for unwanted in ("%|", "resource_tracker"):
+        assert unwanted not in done.stderr, (
+            f"{block.page}:{block.line} wrote {unwanted!r} to stderr:\n{done.stderr[-4000:]}"
+        )
     lines = iter(line.strip() for line in done.stdout.splitlines())
     for expected in block.printed:
         assert any(line == expected for line in lines), (

@@ -165,6 +165,17 @@ def test_demo_says_what_is_wrong_without_a_traceback(args: list[str], said: str)
 
 
 @pytest.mark.timeout(240)
+def test_demo_prints_one_progress_bar() -> None:
+    # (it filled its array twice, each time with a bar, so the same bar showed twice)
+    out = _cli("demo", "--device", "cpu", "--size", "8M", "--workers", "2")
+    assert out.returncode == 0, out.stderr
+    assert "all elements verified" in out.stdout
+    assert out.stderr.count("fill:   0%") == 1, out.stderr
+    quiet = _cli("demo", "--device", "cpu", "--size", "8M", "--workers", "2", "--no-progress")
+    assert quiet.returncode == 0 and "%|" not in quiet.stderr, quiet.stderr
+
+
+@pytest.mark.timeout(240)
 def test_rm_that_frees_nothing_exits_1() -> None:
     # (rm of an orphaned allocation with a payload in flight, no terminal and no --yes, left
     # it alone and exited 0: a script could not tell that nothing was freed)

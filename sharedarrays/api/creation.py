@@ -4,6 +4,9 @@ and asarray."""
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
+import sys
+import threading
 from collections.abc import Iterable, Sequence
 from typing import Any, SupportsIndex
 
@@ -58,31 +61,65 @@ def _dtype(dtype: DTypeLike) -> np.dtype[Any]:
 
 
 PROGRESS_BYTES = 256 << 20
-"""Fills and copies of at least this many bytes show a progress bar unless told not to."""
+"""Fills and copies of at least this many bytes show a progress bar unasked, in a Jupyter
+kernel's own process only (see :func:`show_progress`)."""
 
 _BLOCK_BYTES = 64 << 20
 
 
-def _blocks(a: SharedDeviceArray, progress: bool | None, desc: str) -> Any:
-    """Yield ``(native, slice)`` blocks along the first axis, with a tqdm.auto bar."""
-    from tqdm.auto import tqdm
+def in_notebook_kernel() -> bool:
+    """Whether this process is a Jupyter kernel itself, not a process it started.
 
+    Only there does a bar show unasked: as a widget in the notebook, where it fills no
+    script's stderr and no worker's output.
+    """
+    if multiprocessing.parent_process() is not None:  # a worker, also one forked from a kernel
+        return False
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return getattr(shell, "kernel", None) is not None
+
+
+def show_progress(progress: bool | None, nbytes: int) -> bool:
+    """Whether a fill or copy of ``nbytes`` shows a bar: as ``progress`` says, and for
+    ``None`` only for :data:`PROGRESS_BYTES` or more in a Jupyter kernel's own process."""
+    if progress is not None:
+        return progress
+    return nbytes >= PROGRESS_BYTES and in_notebook_kernel()
+
+
+def _blocks(a: SharedDeviceArray, progress: bool | None, desc: str) -> Any:
+    """Yield ``(native, slice)`` blocks along the first axis, with a tqdm.auto bar where
+    :func:`show_progress` says so."""
     native = a.array
-    show = a.nbytes >= PROGRESS_BYTES if progress is None else progress
     if a.ndim == 0 or a.nbytes == 0:
         yield native, ...
         return
     row = max(a.nbytes // max(a.shape[0], 1), 1)
     step = max(_BLOCK_BYTES // row, 1)
-    if not show:  # no tqdm at all: even a disabled bar makes tqdm's multiprocessing lock, a
-        for start in range(0, a.shape[0], step):  # named semaphore that a pool worker
-            yield native, slice(start, min(a.shape[0], start + step))  # killed at the pool's
-        return  # end leaves to multiprocessing's resource tracker ("leaked semaphore")
-    with tqdm(total=a.nbytes, unit="B", unit_scale=True, desc=desc) as bar:
+    if not show_progress(progress, a.nbytes):  # no tqdm at all (see _progress_bar)
+        for start in range(0, a.shape[0], step):
+            yield native, slice(start, min(a.shape[0], start + step))
+        return
+    with _progress_bar(a.nbytes, desc) as bar:
         for start in range(0, a.shape[0], step):
             stop = min(a.shape[0], start + step)
             yield native, slice(start, stop)
             bar.update((stop - start) * row)
+
+
+def _progress_bar(nbytes: int, desc: str) -> Any:
+    """A tqdm.auto bar over ``nbytes``.
+
+    In a process that multiprocessing started, tqdm gets a thread lock first: its default
+    lock holds a named semaphore, which a pool worker ended by the pool's ``terminate``
+    leaves to the resource tracker ("leaked semaphore objects" at exit).
+    """
+    from tqdm.auto import tqdm
+
+    if multiprocessing.parent_process() is not None and not hasattr(tqdm, "_lock"):
+        tqdm.set_lock(threading.RLock())
+    return tqdm(total=nbytes, unit="B", unit_scale=True, desc=desc)
 
 
 def _fill(a: SharedDeviceArray, value: Any, progress: bool | None) -> None:
@@ -359,9 +396,9 @@ def full(
     """A new shared array with every element set to ``fill_value``.
 
     ``dtype`` defaults to NumPy's type for ``fill_value``; other parameters as :func:`empty`.
-    ``progress``: show a tqdm.auto progress bar (a widget in Jupyter, text in a terminal)
-    while filling; ``None`` (the default) shows one for arrays of at least
-    :data:`PROGRESS_BYTES`, ``False`` never.
+    ``progress``: show a tqdm.auto progress bar (a widget in Jupyter, text on stderr)
+    while filling; ``None`` (the default) shows one only in a Jupyter kernel's own process,
+    for arrays of at least :data:`PROGRESS_BYTES`; never in a script or a worker unasked.
     """
     return _full(
         shape,

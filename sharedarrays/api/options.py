@@ -53,7 +53,7 @@ class CreationOptions:
         ruled out by ``name``, ``allow_pids``, ``readonly``, ``capacity`` or ``access``);
         None: pack when the array is small enough and ``chunk_bytes`` is not given.
     progress : bool or None
-        Progress bar of a fill or copy (None: for large arrays only).
+        Progress bar of a fill or copy (None: for large arrays in a Jupyter kernel only).
     name : str or None
         The array's name in the keeper (a valid name).
     allow_pids : frozenset of int or None
