@@ -119,7 +119,8 @@ def _zero_d_index(item: object) -> object:
 
 
 def _native_key(key: object) -> object:
-    """``key`` for the native array's own ``__setitem__``: its views as native arrays."""
+    """``key`` for the native array's own indexing (reads and writes): its views as native
+    arrays."""
     if type(key) is SharedDeviceArray:
         return key.array
     if type(key) is tuple and any(type(i) is SharedDeviceArray for i in key):
