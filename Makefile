@@ -14,6 +14,8 @@
 #                         another /dev/nvidiaN) exists, none elsewhere (cuda12: older drivers)
 #   DEMO_ARGS=...         extra arguments for `python -m sharedarrays demo`
 #   PYTEST_ARGS=...       extra arguments for pytest
+#   TORCH_VERSION=2.13.0+cpu   the torch installed before the extras (the test extra's
+#                         torch==2.13.0, as its CPU build: never a CUDA download)
 
 PYTHON ?= python3
 PYTHON_ENV ?= venv
@@ -22,6 +24,7 @@ DEMO_EXTRAS ?= $(if $(wildcard /dev/nvidia[0-9]*),cuda13,)
 VENV ?= .venv
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
+TORCH_VERSION ?= 2.13.0+cpu
 
 # Only the source folders that exist (an empty folder does not survive a git clone).
 LINT_PATHS := $(wildcard sharedarrays tests benchmarks)
@@ -66,7 +69,10 @@ $(VENV)/bin/python:
 	$(VENV)/bin/python -m pip install --upgrade pip || { rm -rf $(VENV); exit 1; }
 
 $(STAMP): pyproject.toml | $(VENV)/bin/python
+	@# torch first, and its CPU build (+cpu: the wheel on this machine's disk, pip's find-links),
+	@# so that the extras' torch==2.13.0 is satisfied and no CUDA build is downloaded
 	@start=$$(date +%s); \
+	$(VENV)/bin/python -m pip install 'torch==$(TORCH_VERSION)' && \
 	$(VENV)/bin/python -m pip install -e '.[$(EXTRAS)]' && \
 	echo "installed .[$(EXTRAS)] in $$(( $$(date +%s) - start )) s"
 	@touch $@

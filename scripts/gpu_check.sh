@@ -26,6 +26,10 @@
 #       jinja2 markupsafe importlib_metadata zipp nvidia_ml_py lazy_importer; do
 #     cp /tmp/dw/${p}-* .whl/; done
 #
+# The library-client GPU tests (tests/api/test_clients.py, marker gpu) use the machine's
+# torch, numba (numba.cuda) and jax where present, and skip with the reason where not;
+# array-api-compat can travel as a wheel: `python3 -m pip download --no-deps array-api-compat -d .whl`.
+#
 # The DLPack tests (Ascend's torch_npu path, with the machine's torch standing in) need the
 # `ctypes-dlpack` wheel: `python3 -m pip download --no-deps ctypes-dlpack -d .whl`.
 #
@@ -163,7 +167,8 @@ from importlib import metadata
 
 print(f"- python {platform.python_version()} ({platform.python_implementation()})")
 for name in ("numpy", "cupy-cuda13x", "cupy-cuda12x", "cupy", "cuda-bindings", "cuda-core",
-             "torch", "pytest", "psutil", "hypothesis"):
+             "torch", "numba", "numba-cuda", "jax", "array-api-compat", "pytest", "psutil",
+             "hypothesis"):
     try:
         print(f"- {name} {metadata.version(name)}")
     except metadata.PackageNotFoundError:

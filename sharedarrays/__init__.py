@@ -8,6 +8,7 @@ pickling it (multiprocessing does that for you). Every process maps the same mem
 
 from __future__ import annotations
 
+from sharedarrays.api import clients as _clients
 from sharedarrays.api import dask as _dask
 from sharedarrays.api.array import SharedDeviceArray, load, synchronize
 from sharedarrays.api.creation import (
@@ -118,5 +119,6 @@ __all__ = [
 ]
 
 _dask.install()  # registers with distributed once it is imported (imports no dask)
+_clients.install()  # registers with torch's default_collate once it is imported (no torch)
 
 _check_environment()  # (a bad SHAREDARRAYS_* number: ValueError here, not where it is read)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from multiprocessing import reduction
 from multiprocessing.context import get_spawning_popen
 from types import EllipsisType
-from typing import Any, NoReturn, Protocol, TypeVar, cast, overload, runtime_checkable
+from typing import Any, Protocol, TypeVar, cast, overload, runtime_checkable
 
 import numpy as np
 
@@ -58,57 +58,25 @@ class Semaphore(Protocol):
     def signal(self, value: int | None) -> None: ...
 
 
-def _check_key(key: object, shape: tuple[int, ...]) -> tuple[Any, ...]:
-    """Return ``key`` as a tuple of basic indices of an array of shape ``shape``.
+def _check_key(key: object) -> tuple[Any, ...] | None:
+    """Return ``key`` as a tuple of basic indices, or ``None`` where it is not one: an
+    advanced index (an integer or boolean array, a list, a range, a bool), which a view cannot
+    hold, or no index at all (a float, a string), which the native array refuses with its own
+    ``IndexError``.
 
-    Raises
-    ------
-    IndexError
-        What NumPy raises for ``key`` (see :func:`_refuse`): an item that is no index at all
-        (a float, a string, a list of floats), or an advanced index that does not fit the
-        shape.
-    TypeError
-        An advanced index (an integer or boolean array, a list, a range, a bool): a view
-        cannot hold it.
-    """
+    The cheap type checks come first: a basic key (the hot path) pays for nothing else."""
     items = key if isinstance(key, tuple) else (key,)
     for item in items:
         if isinstance(item, (bool, np.bool_)) or not isinstance(item, _BASIC_INDEX):
             kind = _index_kind(item)
             if kind == "i" and _is_zero_d(item):
                 # a 0-d integer array or view indexes as its value does (as in NumPy)
-                return _check_key(tuple(_zero_d_index(i) for i in items), shape)
+                return _check_key(tuple(_zero_d_index(i) for i in items))
             if kind == "" and hasattr(type(item), "__index__"):
                 # any object with __index__ is an integer index to NumPy
-                return _check_key(tuple(_as_index(i) for i in items), shape)
-            _refuse(key, shape)
+                return _check_key(tuple(_as_index(i) for i in items))
+            return None
     return items
-
-
-def _refuse(key: object, shape: tuple[int, ...]) -> NoReturn:
-    """Refuse ``key``, which is not a basic index, as a read of an array of shape
-    ``shape``: NumPy's ``IndexError`` where NumPy refuses it too, else (an advanced index,
-    which would copy) a ``TypeError`` that says what to do.
-
-    NumPy's verdict comes from indexing an array of that shape whose every stride is 0
-    (one byte, NumPy's ``False``: never the view's memory, which may be a device's)."""
-    try:
-        np.broadcast_to(np.False_, shape)[cast(Any, _native_key(key))]
-    except IndexError:
-        raise  # (NumPy's: no index at all, a boolean mask of the wrong length, ...)
-    except Exception:  # (a key NumPy cannot read here, a device array: advanced)
-        pass
-    item = next(
-        (i for i in (key if isinstance(key, tuple) else (key,)) if not isinstance(i, _BASIC_INDEX)),
-        key,
-    )
-    raise TypeError(
-        f"SharedDeviceArray supports basic indexing only (ints, slices, ..., None), "
-        f"not {type(item).__name__}; for advanced indexing use a.array[...], which "
-        "returns a native array (a copy where NumPy/CuPy would copy); assignments "
-        "(a[mask] = x) write in place, and a[mask] += x reads first: write "
-        "a.array[mask] += x"
-    )
 
 
 def _as_index(item: object) -> object:
@@ -144,14 +112,15 @@ def _is_zero_d(item: object) -> bool:
 
 def _zero_d_index(item: object) -> object:
     """``item``, or its value where it is a 0-d integer view or NumPy array (another 0-d
-    one stays, for :func:`_check_key` to refuse)."""
+    one stays, for :func:`_check_key` to leave to the native array)."""
     if _index_kind(item) == "i" and _is_zero_d(item):
         return operator.index(item)  # type: ignore[arg-type]
     return item
 
 
 def _native_key(key: object) -> object:
-    """``key`` for the native array's own ``__setitem__``: its views as native arrays."""
+    """``key`` for the native array's own indexing (reads and writes): its views as native
+    arrays."""
     if type(key) is SharedDeviceArray:
         return key.array
     if type(key) is tuple and any(type(i) is SharedDeviceArray for i in key):
@@ -427,12 +396,20 @@ class SharedDeviceArray(NativeArrayMethods):
         return native
 
     def __getitem__(self, key: object) -> Any:
-        """A view of the same allocation (basic indexing only).
+        """``a[key]`` as the native array reads it.
 
-        As the native array does where the index picks one element (integers for every
-        axis, no ``...``): on host memory NumPy's scalar (a copy of the value: ``a[0], a[1]
-        = a[1], a[0]`` swaps, ``x = a[0]`` keeps its value), on a GPU CuPy's 0-d view."""
-        items = _check_key(key, self._shape)
+        A basic index (integers, slices, ``...``, ``None``) gives a view of the same
+        allocation; where it picks one element (integers for every axis, no ``...``), what
+        the native array gives: on host memory NumPy's scalar (a copy of the value: ``a[0],
+        a[1] = a[1], a[0]`` swaps, ``x = a[0]`` keeps its value), on a GPU CuPy's 0-d view.
+
+        An advanced index (an integer or boolean array, a list, a range, a bool) gives what
+        NumPy and CuPy give: a new native array, a **copy** (not shared, so later writes to
+        either are not seen by the other). Writes through one (``a[mask] = 0``,
+        ``a[[0, 2]] += 1``) go in place to the shared memory (:meth:`__setitem__`)."""
+        items = _check_key(key)
+        if items is None:  # (after the basic path's cheap type checks only)
+            return self.array[_native_key(key)]
         ellipsis = any(i is Ellipsis for i in items)
         if not ellipsis:
             items = (*items, Ellipsis)  # keeps NumPy from returning a scalar it would read

@@ -28,6 +28,8 @@ from typing import Any, ClassVar, TypeVar, cast
 
 import numpy as np
 
+from sharedarrays.backends.device import Device
+
 __all__ = ["ArrayFlags", "NativeArrayMethods"]
 
 _A = TypeVar("_A", bound="NativeArrayMethods")
@@ -324,6 +326,15 @@ def _more_arrays(func: Callable[..., Any], args: tuple[Any, ...]) -> bool:
     """Whether ``np.atleast_*d`` was given other arrays beside the first (NumPy returns a
     list with views of each; only the first is ours)."""
     return func in (np.atleast_1d, np.atleast_2d, np.atleast_3d) and len(args) > 1
+
+
+def _asking_compat(frame: Any) -> Any:
+    """The array-api-compat package whose ``array_namespace`` runs ``frame`` (the package or
+    a vendored copy: ``scipy._lib.array_api_compat``, ...), else ``None``."""
+    name = frame.f_globals.get("__name__", "")
+    if not name.endswith("array_api_compat.common._helpers"):
+        return None
+    return sys.modules.get(name[: -len(".common._helpers")])
 
 
 def _check_writable(target: Any) -> None:
@@ -680,8 +691,19 @@ class NativeArrayMethods:
     def __array_namespace__(self, *, api_version: str | None = None) -> Any:
         """The array API namespace of the native array: ``numpy`` on the host, ``cupy`` on a
         GPU. Its functions take this array (NumPy through ``__array_function__``, CuPy
-        through ``__cuda_array_interface__``) and return native arrays."""
+        through ``__cuda_array_interface__``) and return native arrays.
+
+        Asked by array-api-compat's ``array_namespace`` (the package, or a copy vendored in
+        SciPy or scikit-learn), the namespace that copy gives the native array (its wrapper,
+        ``array_api_compat.numpy`` for an ndarray): a shared array mixed with native arrays
+        then resolves to one namespace, not to "Multiple namespaces". The copy is the
+        caller's (its ``common._helpers`` module), so each copy compares its own wrappers."""
         native = self.array
+        frame = sys._getframe(1)
+        compat = _asking_compat(frame)
+        if compat is not None:
+            use_compat = frame.f_locals.get("use_compat")  # (its argument: None, True, False)
+            return compat.array_namespace(native, api_version=api_version, use_compat=use_compat)
         namespace = getattr(native, "__array_namespace__", None)
         if namespace is not None:
             return namespace(api_version=api_version)
@@ -1038,9 +1060,14 @@ class NativeArrayMethods:
 
     def to_device(self, device: Any, /, *, stream: Any = None) -> Any:
         """The native array's ``to_device`` (the array API's): on the host NumPy's, which
-        takes ``"cpu"`` and returns this view itself. CuPy arrays have none."""
+        takes ``"cpu"`` and returns this view itself. The array API passes a device object
+        as the array's :attr:`~sharedarrays.SharedDeviceArray.device` gives it
+        (``a.to_device(a.device)``): a :class:`~sharedarrays.Device` goes to the native as
+        its name. CuPy arrays have none."""
         to_device = self._native_attribute("to_device")
         native = self.array
+        if isinstance(device, Device):
+            device = str(device)
         result = to_device(device) if stream is None else to_device(device, stream=stream)
         return self if result is native else result
 

@@ -260,15 +260,17 @@ class Lease:
         kept mapped while the lease lives even after the allocation moved to a larger one."""
         return self._pinned[-1] if self._pinned else None
 
-    def __del__(self) -> None:
+    def __del__(self, _finalizing: Callable[[], bool] = sys.is_finalizing) -> None:
         # The lease ends when it is collected: the reservation it pinned goes first (an
         # abandoned reservation is freed before the allocation), then the hold. A __del__
         # and not a weakref.finalize: a lease is made for every view and every load, and a
         # finalizer object each (a reference the collector tracks, a callback) made a
         # message of 10,000 arrays 15-20% slower to load (docs/performance.md). It only
         # drops counts, so it can bring nothing back to life. Not while the interpreter
-        # shuts down (the process's mappings go with it).
-        if sys.is_finalizing():
+        # shuts down (the process's mappings go with it). ``sys.is_finalizing`` is bound
+        # as a default: a lease collected late in shutdown finds this module's globals, sys
+        # among them, already None.
+        if _finalizing():
             return
         self._pinned = None
         try:
