@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import os
@@ -25,12 +26,14 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 
 # The suite never shares a runtime directory (handle-server sockets, the keeper) with the
 # user's: one private directory for this run and every process it starts (a short path:
-# Unix socket paths are limited to 107 bytes); its keeper is stopped at the end.
+# Unix socket paths are limited to 107 bytes). Removed at exit, after sharedarrays' own exit
+# hooks (atexit runs them last-registered first), with its keeper stopped.
 RUNTIME_BASE = tempfile.mkdtemp(prefix="sa-test-", dir="/tmp")
 os.environ["XDG_RUNTIME_DIR"] = RUNTIME_BASE
 
 
-def pytest_unconfigure(config: pytest.Config) -> None:
+@atexit.register
+def _remove_runtime_dir() -> None:
     from keeper_helpers import lock_holder
 
     pid = lock_holder(Path(RUNTIME_BASE) / "sharedarrays")
