@@ -20,7 +20,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
-import functools
 import mmap
 import os
 from collections.abc import Mapping
@@ -97,14 +96,22 @@ def check_chunk_fd(fd: int, size: int) -> None:
         )
 
 
-@functools.cache
+_overcommit: int | None = None
+"""``vm.overcommit_memory`` as :func:`_overcommit_mode` read it (``None``: not read yet)."""
+
+
 def _overcommit_mode() -> int:
-    """``vm.overcommit_memory`` (0 heuristic, 1 always, 2 strict; read once per process)."""
-    try:
-        with open("/proc/sys/vm/overcommit_memory", "rb") as f:
-            return int(f.read())
-    except (OSError, ValueError):
-        return 0
+    """``vm.overcommit_memory`` (0 heuristic, 1 always, 2 strict; read once per process).
+    A read that fails (no ``/proc``, too many open files) answers 0 and is not kept: the
+    next call reads again."""
+    global _overcommit
+    if _overcommit is None:
+        try:
+            with open("/proc/sys/vm/overcommit_memory", "rb") as f:
+                _overcommit = int(f.read())
+        except (OSError, ValueError):
+            return 0
+    return _overcommit
 
 
 def memory_available() -> tuple[int, str] | None:
