@@ -1033,7 +1033,7 @@ def _rebuild_view(
 
 
 def _rebuild_view(
-    part: object, view: object = None, fds: object = None
+    part: object = None, view: object = None, fds: object = None, *extra: object
 ) -> SharedDeviceArray | othernode.OtherNodeArray | message.ReceivedPart:
     """What a pickled view calls: its allocation's part of the message (a
     :class:`~sharedarrays.api.message.ReceivedPart`, made once per message by the
@@ -1050,7 +1050,19 @@ def _rebuild_view(
     distributed's own unpickler reads it (a task's specification on a worker of another
     node): there the refusal is deferred to the first use of the array, an
     :class:`~sharedarrays.api.othernode.OtherNodeArray`, so that the task fails and the
-    worker stays (see :mod:`sharedarrays.api.othernode`)."""
+    worker stays (see :mod:`sharedarrays.api.othernode`).
+
+    Raises
+    ------
+    PayloadError
+        Arguments no pickled view has (a crafted pickle): too many, a part that is neither
+        a part nor a payload's bytes, malformed view fields, token or carried handles.
+    """
+    if extra:
+        raise PayloadError(
+            f"a pickled view is corrupted: its reconstructor got {3 + len(extra)} "
+            "arguments, not at most 3"
+        )
     if type(part) is not message.ReceivedPart:
         if type(part) is bytes:  # the allocation's part of the message
             return message.import_part(part, view, fds)

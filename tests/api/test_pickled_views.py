@@ -725,3 +725,66 @@ def test_a_message_of_many_allocations_looks_at_each_part_a_bounded_number_of_ti
     assert looked[0] < 10 * len(arrays), looked[0]  # (quadratic: 4 million)
     for a in loaded + arrays:
         a.close()
+
+
+class _Call:
+    """Pickles as ``fn(*args)``: a crafted pickle naming the reconstructor."""
+
+    def __init__(self, fn: Any, args: tuple[Any, ...]) -> None:
+        self.fn, self.args = fn, args
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return self.fn, self.args
+
+
+def _craft_values(blob: bytes, view: tuple[Any, ...]) -> Any:
+    """Argument tuples for the reconstructor: junk of many shapes, a payload's ``blob``, a
+    valid ``view`` tuple, and parts the reconstructor makes with carried junk."""
+    from hypothesis import strategies as st
+
+    plain = (
+        st.none()
+        | st.booleans()
+        | st.integers(-3, 2**48)
+        | st.text(max_size=4)
+        | st.binary(max_size=4)
+        | st.just(blob)
+        | st.just(view)
+        | st.just(0.5)
+    )
+    fields = st.recursive(
+        plain, lambda inner: st.tuples(inner) | st.lists(inner, max_size=6).map(tuple), max_leaves=8
+    )
+    # a part made by the reconstructor itself (with carried "handles" of any kind)
+    parts = st.tuples(st.just(blob), st.none() | st.binary(max_size=2), fields).map(
+        lambda args: _Call(_rebuild_view, args)
+    )
+    return st.lists(fields | parts, max_size=5).map(tuple)
+
+
+def test_a_crafted_pickle_of_the_view_reconstructor_raises_payload_error() -> None:
+    # a pickle naming _rebuild_view with any arguments: a view, a part, or a PayloadError
+    # (never AttributeError or TypeError from inside)
+    from hypothesis import HealthCheck, given, settings
+
+    a = sa.from_array(np.arange(8.0), device="cpu", pack=False)
+    blob, view = allocation_bytes(a.allocation), a._view_tuple()
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(_craft_values(blob, view))
+    def check(args: tuple[Any, ...]) -> None:
+        data = pickle.dumps(_Call(_rebuild_view, args))
+        try:
+            got = pickle.loads(data)
+        except sa.PayloadError:
+            return
+        assert isinstance(got, (sa.SharedDeviceArray, message_module.ReceivedPart))
+        if isinstance(got, sa.SharedDeviceArray):
+            got.close()
+
+    check()
+    fds_of_junk = _Call(_rebuild_view, (blob, None, ("x",)))
+    for args in [(), (blob, None, None, None), (fds_of_junk, view), (None,)]:
+        with pytest.raises(sa.PayloadError):
+            pickle.loads(pickle.dumps(_Call(_rebuild_view, args)))
+    a.close()
