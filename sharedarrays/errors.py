@@ -27,6 +27,8 @@ __all__ = [
     "TaskExited",
     "TaskNotLoaded",
     "WaitTimeout",
+    "MisalignedView",
+    "ThreadUnavailable",
 ]
 
 
@@ -82,6 +84,21 @@ class PermissionDenied(SharedArrayError, PermissionError):
 
 class PayloadError(SharedArrayError, ValueError):
     """A payload is malformed, truncated, tampered with, or of an unknown version."""
+
+
+class MisalignedView(SharedArrayError, ValueError):
+    """A view of device (GPU) memory whose byte offset or a stride is not a multiple of its
+    dtype's alignment (``a[1:9].view("float64")`` of a uint8 array on a GPU): a kernel
+    reading it would fail with a misaligned address, which ends every later GPU computation
+    of the process (CUDA's ``cudaErrorMisalignedAddress``). Host memory allows such views,
+    as NumPy does. Copy the bytes first (``a.array[1:9].copy().view("float64")``)."""
+
+
+class ThreadUnavailable(SharedArrayError, RuntimeError):
+    """This process cannot start a thread sharedarrays needs (its handle server, the
+    keeper's reaper, the release notices): it is at its limit of threads or of address
+    space for their stacks (``ulimit -u``, ``ulimit -v``). Nothing made for it is left
+    open. Raise the limit, or end threads this process no longer needs."""
 
 
 class NameExists(SharedArrayError, FileExistsError):

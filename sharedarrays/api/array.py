@@ -27,13 +27,21 @@ from sharedarrays.api import keeping, message, othernode, views
 from sharedarrays.api.arraymethods import _READONLY, NativeArrayMethods
 from sharedarrays.backends import Access, get_backend
 from sharedarrays.backends.device import Device, DeviceLike, parse_device
-from sharedarrays.errors import ClosedArrayError, PayloadError, ResizeRefused, WrongNode
+from sharedarrays.errors import (
+    ClosedArrayError,
+    MisalignedView,
+    PayloadError,
+    ResizeRefused,
+    WrongNode,
+)
 from sharedarrays.memory import Allocation, Lease, live_allocations
 from sharedarrays.protocol.payload import (
     Payload,
     ViewFields,
     ViewTuple,
     contiguous_strides,
+    device_memory,
+    misaligned,
     view_extent,
 )
 
@@ -230,6 +238,12 @@ class SharedDeviceArray(NativeArrayMethods):
             or not 0 <= offset <= allocation.size
         ):
             raise ValueError("view reaches outside its allocation")
+        if device_memory(allocation.backend.name):
+            why = misaligned(dtype, shape, strides, offset)
+            if why:
+                raise MisalignedView(
+                    f"{why}. Copy the bytes first (a.array[...].copy().view(dtype))"
+                )
         self._init(allocation, dtype, shape, strides, offset, readonly, offset + high)
 
     def _init(

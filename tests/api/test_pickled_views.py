@@ -788,3 +788,60 @@ def test_a_crafted_pickle_of_the_view_reconstructor_raises_payload_error() -> No
         with pytest.raises(sa.PayloadError):
             pickle.loads(pickle.dumps(_Call(_rebuild_view, args)))
     a.close()
+
+
+def test_a_misaligned_view_of_device_memory_is_refused_on_load(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # device memory of the simulated HIP runtime (hip-vmm): the view fields travel beside
+    # the payload's tag, so a sender may write any; a misaligned one is a PayloadError before
+    # any kernel could read it (cold: the first view of a part; warm: a later view of the
+    # layout checked, at another offset)
+    from sharedarrays.backends.hip import runtime
+
+    monkeypatch.setenv(runtime.MODULE_SETTING, "simulated.hip")
+    a = sa.zeros(4096, "uint8", device="hip:0", pack=False)
+    part = message_part(a.allocation, False)
+    for dtype in ("<f2", "<f4", "<f8"):
+        size = np.dtype(dtype).itemsize
+        for view in [
+            (1, (4,), (size,), dtype, False),
+            (255, (4,), (size,), dtype, False),
+            (0, (4,), (2 * size + 1,), dtype, False),
+            (0, (4,), (247,), dtype, False),
+        ]:
+            with pytest.raises(sa.PayloadError, match="misaligned"):
+                pickle.loads(pickle.dumps(_Call(_rebuild_view, (part, view))))
+        good = (8 * size, (4,), (size,), dtype, False)
+        bad = (8 * size + 1, (4,), (size,), dtype, False)
+        [v, w] = pickle.loads(
+            pickle.dumps([_Call(_rebuild_view, (part, good)), _Call(_rebuild_view, (part, good))])
+        )
+        assert v.dtype == dtype and v.offset == w.offset == 8 * size
+        with pytest.raises(sa.PayloadError, match="misaligned"):  # (the layout checked: warm)
+            pickle.loads(
+                pickle.dumps(
+                    [_Call(_rebuild_view, (part, good)), _Call(_rebuild_view, (part, bad))]
+                )
+            )
+        v.close()
+        w.close()
+    a.close()
+
+
+def test_a_misaligned_view_of_device_memory_cannot_be_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sharedarrays.backends.hip import runtime
+
+    monkeypatch.setenv(runtime.MODULE_SETTING, "simulated.hip")
+    a = sa.zeros(64, "uint8", device="hip:0", pack=False)
+    with pytest.raises(sa.MisalignedView, match="multiples of 8"):
+        a[1:17].view(np.float64)
+    with pytest.raises(sa.MisalignedView, match="multiples of 4"):
+        sa.SharedDeviceArray(a.allocation, np.dtype(np.float32), (2,), (4,), 2)
+    assert a[8:24].view(np.float64).shape == (2,)  # aligned: a view
+    h = sa.zeros(64, "uint8", device="cpu", pack=False)
+    assert h[1:17].view(np.float64).offset == h.offset + 1  # host memory: as NumPy
+    h.close()
+    a.close()
