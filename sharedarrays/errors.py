@@ -75,6 +75,24 @@ def fd_limit_error(what: str, strerror: str) -> HandleUnavailable:
     )
 
 
+def thread_error(what: str, error: BaseException) -> ThreadUnavailable:
+    """The error for ``what`` (e.g. "cannot start the handle server's thread") failing
+    because no thread can start (``error``, Python's "can't start new thread"): a
+    :class:`ThreadUnavailable` naming the limits and what to do."""
+    import resource
+
+    def limit(which: int, unit: int) -> str:
+        soft = resource.getrlimit(which)[0]
+        return "unlimited" if soft == resource.RLIM_INFINITY else str(soft // unit)
+
+    return ThreadUnavailable(
+        f"{what}: {error} (this process is at its limit of threads or of address space for "
+        f"their stacks: ulimit -u {limit(resource.RLIMIT_NPROC, 1)}, ulimit -v "
+        f"{limit(resource.RLIMIT_AS, 1024)}). Raise the limit, or end threads this process "
+        "no longer needs"
+    )
+
+
 class PermissionDenied(SharedArrayError, PermissionError):
     """The requesting process may not import this allocation.
 
