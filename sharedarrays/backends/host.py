@@ -32,6 +32,7 @@ from sharedarrays.backends.device import CPU, Device
 from sharedarrays.backends.registry import Registration, register
 from sharedarrays.errors import (
     BackendUnavailable,
+    HandleUnavailable,
     OutOfMemory,
     PayloadError,
     PermissionDenied,
@@ -308,8 +309,21 @@ class HostBackend:
     def reopen_readonly(self, fd: int) -> int | None:
         """Open the memfd again ``O_RDONLY``, so that a mistake cannot map it writable (a
         deliberate attempt can open it again read-write through ``/proc``: what stops that
-        is the seal against new writes, :meth:`seal`)."""
-        return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+        is the seal against new writes, :meth:`seal`).
+
+        Raises
+        ------
+        HandleUnavailable
+            The memfd cannot be opened again (this process has as many files open as it
+            may, or ``/proc`` is not there).
+        """
+        try:
+            return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            what = "cannot open a read-only handle of the array's memory to hand it on"
+            if e.errno in (errno.EMFILE, errno.ENFILE):
+                raise fd_limit_error(what, str(e.strerror)) from None
+            raise HandleUnavailable(f"{what}: {e.strerror or e} (is /proc mounted?)") from None
 
     def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
         """Take a received memfd as a chunk (see :func:`check_chunk_fd`); closes it if not."""
