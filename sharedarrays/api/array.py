@@ -40,7 +40,6 @@ from sharedarrays.protocol.payload import (
     ViewFields,
     ViewTuple,
     contiguous_strides,
-    device_memory,
     misaligned,
     view_extent,
 )
@@ -238,7 +237,7 @@ class SharedDeviceArray(NativeArrayMethods):
             or not 0 <= offset <= allocation.size
         ):
             raise ValueError("view reaches outside its allocation")
-        if device_memory(allocation.backend.name):
+        if allocation.device.needs_context:  # device memory: aligned views only
             why = misaligned(dtype, shape, strides, offset)
             if why:
                 raise MisalignedView(

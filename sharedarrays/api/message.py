@@ -48,11 +48,12 @@ from typing import Any
 import numpy as np
 
 from sharedarrays import importing, process
+from sharedarrays.backends import device_of
 from sharedarrays.errors import ClosedArrayError, NotShareable, PayloadError
 from sharedarrays.memory import Allocation, Lease, use_clock
 from sharedarrays.node import this_node
 from sharedarrays.process import at_fork
-from sharedarrays.protocol.payload import Payload, check_view, device_memory, remember
+from sharedarrays.protocol.payload import Payload, check_view, remember
 from sharedarrays.transport import handles as transport
 
 __all__ = [
@@ -288,6 +289,24 @@ def _forget_received() -> None:
 at_fork("api", after_in_child=_forget_received)
 
 
+_device_memory: dict[str, bool] = {}
+"""Whether each registered backend's memory is a device's (see :func:`_on_device`)."""
+
+
+def _on_device(p: Payload) -> bool:
+    """Whether ``p``'s memory is a device's (GPU, NPU: not the CPU's), whose views must be
+    aligned for their dtype (:func:`~sharedarrays.protocol.payload.misaligned`). A backend
+    not registered here counts as one (loading its payload is refused anyway)."""
+    known = _device_memory.get(p.backend)
+    if known is None:
+        try:
+            known = device_of(p.backend, p.device).needs_context
+        except PayloadError:
+            return True
+        _device_memory[p.backend] = known
+    return known
+
+
 class ReceivedPart:
     """One allocation's part of a message being loaded here: its payload (decoded once), the
     allocation once the first view found or mapped it, and the last view layout checked.
@@ -339,7 +358,7 @@ class ReceivedPart:
         # (shape, strides, dtype string) of the last view checked, its dtype, extent and the
         # bits its offset must not have (alignment on device memory, else none)
         self._layout: tuple[Any, ...] | None = None
-        self._device = device_memory(payload.backend)  # (views must be aligned: misaligned)
+        self._device = _on_device(payload)  # (its views must be aligned: check_view)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         blob = self.blob if self.blob is not None else self.payload.to_bytes()

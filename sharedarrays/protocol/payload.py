@@ -35,7 +35,6 @@ from sharedarrays.process import PID_MAX_LIMIT
 __all__ = [
     "Payload",
     "check_view",
-    "device_memory",
     "misaligned",
     "ViewFields",
     "ViewTuple",
@@ -183,12 +182,6 @@ def _overlapping(shape: tuple[int, ...], strides: tuple[int, ...], size: int) ->
         f"payload's view of shape {shape} and strides {strides} has more bytes of elements "
         f"than its allocation of {size} bytes holds (overlapping strides)"
     )
-
-
-def device_memory(backend: str) -> bool:
-    """Whether an allocation of ``backend`` is device (GPU, NPU) memory: every backend but
-    ``host``, whose memory is the CPU's."""
-    return backend != "host"
 
 
 def misaligned(
@@ -421,9 +414,6 @@ class Payload:
         strides = _ints(doc, "strides", -MAX_SIZE, MAX_SIZE, MAX_NDIM)
         offset = _int(doc, "offset", 0, size)
         _check_layout(dtype.itemsize, shape, strides, offset, size)
-        why = misaligned(dtype, shape, strides, offset) if device_memory(backend) else ""
-        if why:
-            raise PayloadError(f"payload's view is refused: {why}")
         capacity = _int(doc, "capacity", size, MAX_SIZE) if "capacity" in doc else None
         node = doc.get("node")
         if "node" in doc and (type(node) is not str or not NODE_PATTERN.fullmatch(node)):

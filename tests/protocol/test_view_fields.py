@@ -241,12 +241,16 @@ def test_a_misaligned_view_of_device_memory_is_refused(
     with pytest.raises(sa.PayloadError, match=f"multiples of {np.dtype(dtype).alignment}"):
         ViewFields.from_tuple(view, 4096, device=True)
     assert ViewFields.from_tuple(view, 4096).offset == offset  # host memory: as NumPy
+    # a payload of CUDA memory with that view is refused before anything is opened (its
+    # backend is registered here, a GPU or not); of host memory it loads, as NumPy's would
     doc = _A.payload().to_doc()
     doc.update(dtype=dtype, offset=offset, shape=list(shape), strides=list(strides))
-    assert Payload.from_doc(doc).offset == offset  # host
+    loaded = sa.load(Payload.from_doc(doc))
+    assert loaded.offset == offset and loaded.strides == strides
+    loaded.close()
     doc["backend"] = "cuda-vmm"
     with pytest.raises(sa.PayloadError, match="misaligned"):
-        Payload.from_doc(doc)
+        sa.load(Payload.from_doc(doc))
 
 
 def test_an_aligned_view_of_device_memory_loads_and_unused_strides_do_not_count() -> None:
