@@ -1955,6 +1955,247 @@ def keeper_idle_0(row: Row) -> None:
         row.lost("the keeper exited, holding nothing" if gone else "the keeper still runs", gone)
 
 
+NODE_AT_FD_LIMIT = (
+    PRELUDE
+    + r"""
+import resource
+blob = bytes.fromhex(sys.stdin.readline())
+transport.server_address()
+before = fds()
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
+held = []
+try:
+    while True:
+        held.append(os.open("/dev/null", os.O_RDONLY))
+except OSError:
+    pass
+try:  # the first load of this process reads its node id (the boot id): no fd for it
+    pickle.loads(blob).close()
+    first = "loaded"
+except Exception as e:
+    first = err(e)
+for fd in held:
+    os.close(fd)
+resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+try:
+    pickle.loads(blob).close()
+    then = "loaded"
+except Exception as e:
+    then = err(e)
+say(outcome=f"{first}, then {then}", leaked=fds() - before)
+"""
+)
+
+
+def node_at_fd_limit(row: Row) -> None:
+    """A process's first load at the fd limit (its node id unread), then a load with fds
+    free again: a fresh process per try (the node id is read once per process)."""
+    leaks = []
+    with runtime() as (env, _):
+        victim, first = exporter(env)
+        with victim:
+            for _ in range(row.tries):
+                r = run_child(NODE_AT_FD_LIMIT, env, stdin=first["blob"] + "\n")
+                row.add(r.last["outcome"])
+                leaks.append(r.last["leaked"])
+            same = data_same(victim)
+    row.lost(f"loader fds {', '.join(signed(n) for n in leaks)}", set(leaks) == {0})
+    row.lost(f"exporter data {'unchanged' if same else 'CHANGED'}", same)
+
+
+NO_THREADS = (
+    PRELUDE
+    + r"""
+import glob, resource, threading
+blob = bytes.fromhex(sys.stdin.readline())
+mine = sa.from_array(np.arange(4.0), device="cpu", pack=False)
+threading.stack_size(64 << 20)  # (a thread then needs more address space than is left)
+
+def vm_size():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+
+def sockets():
+    return len(glob.glob(f"{runtime_dir()}/{os.getpid()}-*"))
+
+before = len(os.listdir("/proc/self/fd")), sockets()
+resource.setrlimit(resource.RLIMIT_AS, (vm_size() + (16 << 20), resource.RLIM_INFINITY))
+for _ in range(int(sys.argv[1])):
+    for what, fn in (("dumps", lambda: pickle.dumps(mine)), ("loads", lambda: pickle.loads(blob))):
+        try:
+            fn()
+            outcome = "no error"
+        except Exception as e:
+            outcome = err(e)
+        say(outcome=f"{what}: {outcome}")
+resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+after = len(os.listdir("/proc/self/fd")), sockets()
+say(leaked=after[0] - before[0], sockets=after[1] - before[1])
+"""
+)
+
+
+def no_threads(row: Row) -> None:
+    """``pickle.dumps`` and ``pickle.loads`` where no thread can start (``ulimit -v`` just
+    above the interpreter's size): the handle server's thread cannot start."""
+    row.tries *= 2
+    with runtime() as (env, _):
+        victim, first = exporter(env)
+        with victim:
+            r = run_child(NO_THREADS, env, stdin=first["blob"] + "\n", args=(str(row.tries // 2),))
+    for x in r.lines:
+        if "outcome" in x:
+            row.add(x["outcome"])
+    leaked, sockets = r.last.get("leaked"), r.last.get("sockets")
+    row.lost(f"fds {signed(leaked)}, socket files {signed(sockets)}", leaked == sockets == 0)
+
+
+READONLY_AT_FD_LIMIT = (
+    PRELUDE
+    + r"""
+import resource
+a = sa.from_array(np.arange(4.0), device="cpu", readonly=True, pack=False)
+a.payload()  # (the handle server runs)
+before = len(os.listdir("/proc/self/fd"))
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (before + 8, hard))
+held = []
+try:
+    while True:
+        held.append(os.open("/dev/null", os.O_RDONLY))
+except OSError:
+    pass
+for i in range(int(sys.argv[1])):
+    for what, fn in (
+        ("park", a.park),  # no fd free: none to reopen its memfd read-only
+        ("name", lambda: sa.from_array(np.arange(4.0), device="cpu", readonly=True,
+                                       pack=False, name=f"ro{i}")),
+    ):
+        if what == "name":
+            os.close(held.pop())  # one fd: the new memfd, none to reopen it read-only
+        try:
+            fn()
+            outcome = "kept"
+        except Exception as e:
+            outcome = err(e)
+        if what == "name":
+            held.append(os.open("/dev/null", os.O_RDONLY))  # (full again)
+        say(outcome=f"{what}: {outcome}")
+for fd in held:
+    os.close(fd)
+say(leaked=len(os.listdir("/proc/self/fd")) - before, mapped=len(sa.live_allocations()))
+"""
+)
+
+
+def readonly_at_fd_limit(row: Row) -> None:
+    """Parking a ``readonly=True`` array, and making one with ``name=``, at the fd limit
+    (its handles are opened again read-only to hand them on)."""
+    row.tries *= 2
+    with runtime() as (env, _):
+        r = run_child(READONLY_AT_FD_LIMIT, env, args=(str(row.tries // 2),))
+    for x in r.lines:
+        if "outcome" in x:
+            row.add(x["outcome"])
+    leaked, mapped = r.last.get("leaked"), r.last.get("mapped")
+    row.lost(
+        f"fds {signed(leaked)}, arrays mapped {mapped} (1 expected)", leaked == 0 and mapped == 1
+    )
+
+
+CRAFTED_RECONSTRUCTOR = (
+    PRELUDE
+    + r"""
+from sharedarrays.api.array import _rebuild_view
+from sharedarrays.api.message import allocation_bytes
+
+class Call:
+    def __init__(self, *args):
+        self.args = args
+    def __reduce__(self):
+        return _rebuild_view, self.args
+
+a = sa.from_array(np.arange(8.0), device="cpu", pack=False)
+blob, view = allocation_bytes(a.allocation), a._view_tuple()
+transport.server_address()
+before = fds()
+shapes = [(), (None,), ("x",), (1,), (blob, None, None, None), (None, view), (blob, "x"),
+          (Call(blob), None), (Call(blob), "x"), (Call(blob), (0, (8,), (8,))),
+          (Call(blob), (0, "x", (8,), "<f8", False)), (Call(blob, None, ("x",)), view),
+          (Call(blob, None, (1,)), view), (Call(blob, None, []), view), (blob, None, "x")]
+for _ in range(int(sys.argv[1])):
+    outcomes = set()
+    for args in shapes:
+        try:
+            pickle.loads(pickle.dumps(Call(*args)))
+            outcomes.add("loaded")
+        except Exception as e:
+            outcomes.add(err(e))
+    say(outcome=" and ".join(sorted(outcomes)))
+say(leaked=fds() - before)
+"""
+)
+
+
+def crafted_reconstructor(row: Row) -> None:
+    """Pickles naming only the view reconstructor with malformed arguments (too few, too
+    many, a str or None for the part or the view, carried handles that are not handles):
+    each try loads 15 such pickles."""
+    with runtime() as (env, _):
+        r = run_child(CRAFTED_RECONSTRUCTOR, env, args=(str(row.tries),))
+    for x in r.lines:
+        if "outcome" in x:
+            row.add(x["outcome"])
+    leaked = r.last.get("leaked")
+    row.lost(f"loader fds {signed(leaked)}", leaked == 0)
+
+
+MISALIGNED_VIEWS = (
+    PRELUDE
+    + r"""
+from sharedarrays.api.array import _rebuild_view
+from sharedarrays.api.message import message_part
+
+class Call:
+    def __init__(self, *args):
+        self.args = args
+    def __reduce__(self):
+        return _rebuild_view, self.args
+
+a = sa.zeros(4096, "uint8", device="hip:0", pack=False)
+part = message_part(a.allocation, False)
+views = [(255, (4,), (8,), "<f8", False), (0, (4,), (247,), "<f8", False),
+         (1, (4,), (4,), "<f4", False), (0, (4,), (3,), "<f2", False)]
+for _ in range(int(sys.argv[1])):
+    outcomes = set()
+    for view in views:
+        try:
+            pickle.loads(pickle.dumps(Call(part, view)))
+            outcomes.add("loaded")
+        except Exception as e:
+            outcomes.add(err(e))
+    say(outcome=" and ".join(sorted(outcomes)))
+"""
+)
+
+
+def misaligned_views(row: Row) -> None:
+    """Views of device memory misaligned for their dtype (float64 at offset 255 or with
+    stride 247, float32 at offset 1, float16 with stride 3), on the simulated HIP runtime
+    of tests/simulated (device memory on any machine): on a GPU the first kernel would fail
+    with a misaligned address and end the process's GPU work."""
+    tests = Path(__file__).resolve().parents[1] / "tests"
+    with runtime() as (env, _):
+        env["SHAREDARRAYS_HIP_MODULE"] = "simulated.hip"
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tests), env.get("PYTHONPATH")) if p)
+        r = run_child(MISALIGNED_VIEWS, env, args=(str(row.tries),))
+    for x in r.lines:
+        if "outcome" in x:
+            row.add(x["outcome"])
+    row.lost("the loader ran to the end", r.rc == 0)
+
+
 HU = {"HandleUnavailable"}
 
 # name, function, default tries, attack (as the table says it), defended outcomes
@@ -2174,6 +2415,41 @@ ATTACKS: list[tuple[str, Callable[[Row], None], int, str, set[str]]] = [
         "SHAREDARRAYS_KEEPER_IDLE=0 (its least): name an array, attach it from another "
         "process; an exporter exits right after pickling, then a load",
         {"attached", "loaded"},
+    ),
+    (
+        "node-at-fd-limit",
+        node_at_fd_limit,
+        3,
+        "a process's first load at the fd limit (its node id unread), then with fds free",
+        {"HandleUnavailable, then loaded"},
+    ),
+    (
+        "no-threads",
+        no_threads,
+        3,
+        "`pickle.dumps` and `pickle.loads` where no thread can start (ulimit -v)",
+        {"ThreadUnavailable"},
+    ),
+    (
+        "readonly-at-fd-limit",
+        readonly_at_fd_limit,
+        3,
+        "park a `readonly=True` array, and make one with `name=`, at the fd limit",
+        HU,
+    ),
+    (
+        "crafted-reconstructor",
+        crafted_reconstructor,
+        3,
+        "pickles naming only the view reconstructor with malformed arguments (15 each try)",
+        {"PayloadError"},
+    ),
+    (
+        "misaligned-views",
+        misaligned_views,
+        3,
+        "views of device memory misaligned for float16/32/64 (simulated HIP)",
+        {"PayloadError"},
     ),
 ]
 

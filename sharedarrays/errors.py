@@ -27,6 +27,8 @@ __all__ = [
     "TaskExited",
     "TaskNotLoaded",
     "WaitTimeout",
+    "MisalignedView",
+    "ThreadUnavailable",
 ]
 
 
@@ -73,6 +75,24 @@ def fd_limit_error(what: str, strerror: str) -> HandleUnavailable:
     )
 
 
+def thread_error(what: str, error: BaseException) -> ThreadUnavailable:
+    """The error for ``what`` (e.g. "cannot start the handle server's thread") failing
+    because no thread can start (``error``, Python's "can't start new thread"): a
+    :class:`ThreadUnavailable` naming the limits and what to do."""
+    import resource
+
+    def limit(which: int, unit: int) -> str:
+        soft = resource.getrlimit(which)[0]
+        return "unlimited" if soft == resource.RLIM_INFINITY else str(soft // unit)
+
+    return ThreadUnavailable(
+        f"{what}: {error} (this process is at its limit of threads or of address space for "
+        f"their stacks: ulimit -u {limit(resource.RLIMIT_NPROC, 1)}, ulimit -v "
+        f"{limit(resource.RLIMIT_AS, 1024)}). Raise the limit, or end threads this process "
+        "no longer needs"
+    )
+
+
 class PermissionDenied(SharedArrayError, PermissionError):
     """The requesting process may not import this allocation.
 
@@ -82,6 +102,21 @@ class PermissionDenied(SharedArrayError, PermissionError):
 
 class PayloadError(SharedArrayError, ValueError):
     """A payload is malformed, truncated, tampered with, or of an unknown version."""
+
+
+class MisalignedView(SharedArrayError, ValueError):
+    """A view of device (GPU) memory whose byte offset or a stride is not a multiple of its
+    dtype's alignment (``a[1:9].view("float64")`` of a uint8 array on a GPU): a kernel
+    reading it would fail with a misaligned address, which ends every later GPU computation
+    of the process (CUDA's ``cudaErrorMisalignedAddress``). Host memory allows such views,
+    as NumPy does. Copy the bytes first (``a.array[1:9].copy().view("float64")``)."""
+
+
+class ThreadUnavailable(SharedArrayError, RuntimeError):
+    """This process cannot start a thread sharedarrays needs (its handle server, the
+    keeper's reaper, the release notices): it is at its limit of threads or of address
+    space for their stacks (``ulimit -u``, ``ulimit -v``). Nothing made for it is left
+    open. Raise the limit, or end threads this process no longer needs."""
 
 
 class NameExists(SharedArrayError, FileExistsError):

@@ -383,11 +383,20 @@ def _detach(fds: tuple[Any, ...]) -> list[int]:
     HandleUnavailable
         A handle could not be received (this process has as many files open as it may, or
         the sender's resource sharer is gone).
+    PayloadError
+        One is not a handle (an object without ``detach()`` giving an fd).
     """
     carried: list[int] = []
     try:
         for travelled in fds:
-            carried.append(travelled.detach())
+            detach = getattr(travelled, "detach", None)
+            fd = detach() if callable(detach) else None
+            if type(fd) is not int or fd < 0:  # (those received are closed below)
+                raise PayloadError(
+                    "the handles that travelled with the payload are malformed: "
+                    f"{type(travelled).__name__} gives no fd"
+                )
+            carried.append(fd)
     except (OSError, EOFError) as exc:
         _close(carried)
         if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):

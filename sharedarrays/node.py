@@ -23,11 +23,12 @@ loaded on another node raises :class:`~sharedarrays.errors.WrongNode`.
 
 from __future__ import annotations
 
-import functools
+import errno
 import hashlib
 import os
 import re
 
+from sharedarrays.errors import HandleUnavailable, fd_limit_error
 from sharedarrays.settings import env_word
 
 __all__ = ["NODE_VARIABLE", "NODE_PATTERN", "this_node", "machine_node"]
@@ -37,35 +38,67 @@ NODE_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 """What a node id looks like: the digest's 32 hex digits, or a claimed id."""
 
 
+_ABSENT = frozenset((errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.EPERM))
+"""Errors that mean a fact is not there to read in this process (no ``/proc``, a namespace
+file hidden): the empty fact, which stays so. Any other error (too many open files, no
+memory) is no answer: it raises, and the next call reads again."""
+
+_machine: str | None = None
+"""The node id :func:`machine_node` read (the facts do not change while a process runs)."""
+
+
+def _unreadable(path: str, e: OSError) -> HandleUnavailable:
+    """The error for a fact at ``path`` that could not be read now (``e``)."""
+    what = f"cannot read {path} to tell which node this process is on"
+    if e.errno in (errno.EMFILE, errno.ENFILE):
+        return fd_limit_error(what, str(e.strerror))
+    return HandleUnavailable(f"{what}: {e.strerror or e}; try again")
+
+
 def _read(path: str) -> str:
     try:
         with open(path) as f:
             return f.read().strip()
-    except OSError:
-        return ""
+    except OSError as e:
+        if e.errno in _ABSENT:
+            return ""
+        raise _unreadable(path, e) from None
 
 
 def _namespace(kind: str) -> str:
+    path = f"/proc/self/ns/{kind}"
     try:
-        st = os.stat(f"/proc/self/ns/{kind}")
-    except OSError:
-        return ""
+        st = os.stat(path)
+    except OSError as e:
+        if e.errno in _ABSENT:
+            return ""
+        raise _unreadable(path, e) from None
     return f"{st.st_dev}:{st.st_ino}"
 
 
-@functools.cache
 def machine_node() -> str:
     """This process's node id from the facts (boot, user, mount and pid namespaces), without
-    the ``SHAREDARRAYS_NODE`` setting. The facts do not change while a process runs."""
-    facts = "\0".join(
-        (
-            _read("/proc/sys/kernel/random/boot_id"),
-            str(os.getuid()),
-            _namespace("mnt"),
-            _namespace("pid"),
+    the ``SHAREDARRAYS_NODE`` setting. Read once: the facts do not change while a process
+    runs; a read that fails is not kept, so the next call reads again.
+
+    Raises
+    ------
+    HandleUnavailable
+        A fact could not be read now (e.g. this process has as many files open as it may):
+        nothing is kept, and the next call reads again.
+    """
+    global _machine
+    if _machine is None:
+        facts = "\0".join(
+            (
+                _read("/proc/sys/kernel/random/boot_id"),
+                str(os.getuid()),
+                _namespace("mnt"),
+                _namespace("pid"),
+            )
         )
-    )
-    return hashlib.blake2b(facts.encode(), digest_size=16).hexdigest()
+        _machine = hashlib.blake2b(facts.encode(), digest_size=16).hexdigest()
+    return _machine
 
 
 def this_node() -> str:
@@ -76,6 +109,8 @@ def this_node() -> str:
     ------
     ValueError
         ``SHAREDARRAYS_NODE`` is set to something that is not a node id.
+    HandleUnavailable
+        As :func:`machine_node`.
     """
     claimed = env_word(
         NODE_VARIABLE, NODE_PATTERN, "a node id (at most 64 letters, digits or ._:-)"

@@ -268,3 +268,66 @@ def test_native_array_has_the_views_layout(index: tuple[object, ...], transpose:
     expected[index] = -1
     np.testing.assert_array_equal(whole, expected)
     a.close()
+
+
+_LOAD_MISALIGNED = """
+import pickle, sys
+import cupy
+import sharedarrays as sa
+blobs = pickle.loads(sys.stdin.buffer.read())
+for blob in blobs["bad"]:
+    try:
+        pickle.loads(blob)
+    except sa.PayloadError as e:
+        print("refused", "misaligned" in str(e))
+    else:
+        print("loaded")
+good = pickle.loads(blobs["good"])
+print("sum", float((good.array * 2).sum()))  # the context still runs kernels
+x = cupy.arange(8, dtype=cupy.float64)
+print("kernel", float(x.sum()))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_misaligned_views_of_a_cuda_array_are_refused_and_the_importer_keeps_its_context() -> None:
+    # the view fields travel beside the payload's tag: a sender may write any. A misaligned
+    # view of device memory would fail the importer's first kernel with
+    # cudaErrorMisalignedAddress, which ends every later GPU computation of that process.
+    from cuda_helpers import child_env
+
+    from sharedarrays.api.array import _rebuild_view
+    from sharedarrays.api.message import message_part
+
+    class Call:
+        def __init__(self, *args: object) -> None:
+            self.args = args
+
+        def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+            return _rebuild_view, self.args
+
+    a = sa.zeros(4096, "uint8", pack=False)
+    a[...] = 1
+    bad = []
+    for dtype in ("<f2", "<f4", "<f8"):
+        size = np.dtype(dtype).itemsize
+        for view in [
+            (1, (4,), (size,), dtype, False),
+            (255, (4,), (size,), dtype, False),
+            (0, (4,), (2 * size + 1,), dtype, False),
+            (0, (4,), (247,), dtype, False),
+            (0, (2, 2), (4 * size, size + 1), dtype, False),
+        ]:
+            bad.append(pickle.dumps(Call(message_part(a.allocation, False), view)))
+    good = pickle.dumps(a[:16])
+    out = subprocess.run(
+        [sys.executable, "-c", _LOAD_MISALIGNED],
+        input=pickle.dumps({"bad": bad, "good": good}),
+        env=child_env(),
+        capture_output=True,
+        timeout=240,
+    )
+    assert out.returncode == 0, out.stderr.decode()
+    lines = out.stdout.decode().splitlines()
+    assert lines == ["refused True"] * len(bad) + ["sum 32.0", "kernel 28.0"], lines
+    a.close()

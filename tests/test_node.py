@@ -115,3 +115,41 @@ def test_processes_claiming_one_node_share(monkeypatch: pytest.MonkeyPatch) -> N
     assert _load_in_child(blob, "node-a") == "loaded 1.0\n"
     assert _load_in_child(blob, None).startswith("WrongNode")
     a.close()
+
+
+_AT_FD_LIMIT = """
+import os, resource, sys
+import sharedarrays as sa
+from sharedarrays import node
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+held = []
+try:
+    while True:
+        held.append(os.open("/dev/null", os.O_RDONLY))
+except OSError:
+    pass
+try:
+    got = node.machine_node()
+except sa.HandleUnavailable as e:
+    print("refused", "ulimit -n" in str(e))
+else:
+    print("answered", got == sys.argv[1])
+for fd in held:
+    os.close(fd)
+print("then", node.machine_node() == sys.argv[1])
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_node_id_unread_at_the_fd_limit_is_read_again() -> None:
+    # at the fd limit the boot id cannot be read: an error, not a node id of its own kept
+    # for the process's life (which would refuse every payload as another machine's)
+    out = subprocess.run(
+        [sys.executable, "-c", _AT_FD_LIMIT, machine_node()],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if k != NODE_VARIABLE},
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n") == ["refused True", "then True", ""], out.stdout

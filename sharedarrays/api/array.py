@@ -27,13 +27,20 @@ from sharedarrays.api import keeping, message, othernode, views
 from sharedarrays.api.arraymethods import _READONLY, NativeArrayMethods
 from sharedarrays.backends import Access, get_backend
 from sharedarrays.backends.device import Device, DeviceLike, parse_device
-from sharedarrays.errors import ClosedArrayError, PayloadError, ResizeRefused, WrongNode
+from sharedarrays.errors import (
+    ClosedArrayError,
+    MisalignedView,
+    PayloadError,
+    ResizeRefused,
+    WrongNode,
+)
 from sharedarrays.memory import Allocation, Lease, live_allocations
 from sharedarrays.protocol.payload import (
     Payload,
     ViewFields,
     ViewTuple,
     contiguous_strides,
+    misaligned,
     view_extent,
 )
 
@@ -199,6 +206,12 @@ class SharedDeviceArray(NativeArrayMethods):
             or not 0 <= offset <= allocation.size
         ):
             raise ValueError("view reaches outside its allocation")
+        if allocation.device.needs_context:  # device memory: aligned views only
+            why = misaligned(dtype, shape, strides, offset)
+            if why:
+                raise MisalignedView(
+                    f"{why}. Copy the bytes first (a.array[...].copy().view(dtype))"
+                )
         self._init(allocation, dtype, shape, strides, offset, readonly, offset + high)
 
     def _init(
@@ -1010,7 +1023,7 @@ def _rebuild_view(
 
 
 def _rebuild_view(
-    part: object, view: object = None, fds: object = None
+    part: object = None, view: object = None, fds: object = None, *extra: object
 ) -> SharedDeviceArray | othernode.OtherNodeArray | message.ReceivedPart:
     """What a pickled view calls: its allocation's part of the message (a
     :class:`~sharedarrays.api.message.ReceivedPart`, made once per message by the
@@ -1027,7 +1040,19 @@ def _rebuild_view(
     distributed's own unpickler reads it (a task's specification on a worker of another
     node): there the refusal is deferred to the first use of the array, an
     :class:`~sharedarrays.api.othernode.OtherNodeArray`, so that the task fails and the
-    worker stays (see :mod:`sharedarrays.api.othernode`)."""
+    worker stays (see :mod:`sharedarrays.api.othernode`).
+
+    Raises
+    ------
+    PayloadError
+        Arguments no pickled view has (a crafted pickle): too many, a part that is neither
+        a part nor a payload's bytes, malformed view fields, token or carried handles.
+    """
+    if extra:
+        raise PayloadError(
+            f"a pickled view is corrupted: its reconstructor got {3 + len(extra)} "
+            "arguments, not at most 3"
+        )
     if type(part) is not message.ReceivedPart:
         if type(part) is bytes:  # the allocation's part of the message
             return message.import_part(part, view, fds)

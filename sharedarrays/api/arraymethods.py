@@ -1095,7 +1095,10 @@ class NativeArrayMethods:
         ------
         TypeError
             A dtype a shared array cannot hold (object, string, datetime, structured): its
-            view could not be pickled; ``a.array.view(dtype)`` is a native view."""
+            view could not be pickled; ``a.array.view(dtype)`` is a native view.
+        MisalignedView
+            On device memory, a view whose offset or strides are not multiples of the new
+            dtype's alignment (a GPU kernel would fail reading it; host memory allows it)."""
         if isinstance(dtype, builtins.type) and issubclass(dtype, np.ndarray):
             dtype, type = None, dtype  # (NumPy's a.view(np.ndarray): a type, not a dtype)
         if type is not None:  # an ndarray (subclass) view over the same memory: native

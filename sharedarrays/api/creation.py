@@ -164,7 +164,11 @@ def _new(shape: ShapeLike, dtype: DTypeLike, options: CreationOptions) -> Shared
     strides = contiguous_strides(shp, dt.itemsize, options.order)
     a = SharedDeviceArray(alloc, dt, shp, strides, offset)
     if name is not None:
-        named.publish(a, name)
+        try:
+            named.publish(a, name)
+        except BaseException:  # (not named: the new memory is let go now, not when the
+            a.close()  # traceback that holds this frame goes)
+            raise
     return a
 
 

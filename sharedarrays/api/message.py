@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from sharedarrays import importing, process
+from sharedarrays.backends import device_of
 from sharedarrays.errors import ClosedArrayError, NotShareable, PayloadError
 from sharedarrays.memory import Allocation, Lease, use_clock
 from sharedarrays.node import this_node
@@ -288,6 +289,24 @@ def _forget_received() -> None:
 at_fork("api", after_in_child=_forget_received)
 
 
+_device_memory: dict[str, bool] = {}
+"""Whether each registered backend's memory is a device's (see :func:`_on_device`)."""
+
+
+def _on_device(p: Payload) -> bool:
+    """Whether ``p``'s memory is a device's (GPU, NPU: not the CPU's), whose views must be
+    aligned for their dtype (:func:`~sharedarrays.protocol.payload.misaligned`). A backend
+    not registered here counts as one (loading its payload is refused anyway)."""
+    known = _device_memory.get(p.backend)
+    if known is None:
+        try:
+            known = device_of(p.backend, p.device).needs_context
+        except PayloadError:
+            return True
+        _device_memory[p.backend] = known
+    return known
+
+
 class ReceivedPart:
     """One allocation's part of a message being loaded here: its payload (decoded once), the
     allocation once the first view found or mapped it, and the last view layout checked.
@@ -306,6 +325,7 @@ class ReceivedPart:
         "readonly",
         "_lease",
         "_layout",
+        "_device",
         "_growable",
         "_stale",
         "_lease_thread",
@@ -335,8 +355,10 @@ class ReceivedPart:
         self._lease_thread = 0  # (the thread that took the lease referred to: see lease)
         self._served: set[str] | None = None  # (see bind)
         self._server = payload.server
-        # (shape, strides, dtype string) of the last view checked, its dtype and extent
+        # (shape, strides, dtype string) of the last view checked, its dtype, extent and the
+        # bits its offset must not have (alignment on device memory, else none)
         self._layout: tuple[Any, ...] | None = None
+        self._device = _on_device(payload)  # (its views must be aligned: check_view)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         blob = self.blob if self.blob is not None else self.payload.to_bytes()
@@ -409,7 +431,8 @@ class ReceivedPart:
         Raises
         ------
         PayloadError
-            As :meth:`~sharedarrays.protocol.payload.ViewFields.from_tuple`.
+            As :meth:`~sharedarrays.protocol.payload.ViewFields.from_tuple` (on device
+            memory a misaligned view too: :func:`~sharedarrays.protocol.payload.misaligned`).
         ClosedArrayError, HandleUnavailable, WrongNode, ...
             As :meth:`lease` (the allocation cannot be found or mapped).
         """
@@ -437,12 +460,18 @@ class ReceivedPart:
                 same = False
             if same:
                 low, high = layout[4], layout[5]
-                if offset + low >= 0 and offset + high <= self.size and offset >= 0:
+                if (
+                    offset + low >= 0
+                    and offset + high <= self.size
+                    and offset >= 0
+                    and not offset & layout[6]
+                ):
                     fields = (layout[3], layout[0], layout[1], offset, readonly, offset + high)
         if fields is None:
-            dtype, low, high = check_view(view, self.size)
+            dtype, low, high = check_view(view, self.size, self._device)
             offset, shape, strides, dtype_str, readonly = view  # type: ignore[misc]
-            self._layout = (shape, strides, dtype_str, dtype, low, high)
+            mask = dtype.alignment - 1 if self._device else 0
+            self._layout = (shape, strides, dtype_str, dtype, low, high, mask)
             fields = (dtype, shape, strides, offset, readonly, offset + high)
         # The lease of the views before, where this view may take it. A later message's part
         # (a warm handoff) takes the last message's lease only where it is the one a parked

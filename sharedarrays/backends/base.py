@@ -41,6 +41,7 @@ list of the chunk there (``aclrtMemSetPidToShareableHandle``); it raises a
 
 from __future__ import annotations
 
+import errno
 import functools
 import importlib.util
 import sys
@@ -51,6 +52,7 @@ from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 import numpy as np
 
 from sharedarrays.backends.device import Device
+from sharedarrays.errors import BackendUnavailable, fd_limit_error
 
 __all__ = [
     "Access",
@@ -82,10 +84,25 @@ def installed(module: str) -> bool:
 
 @functools.cache
 def _findable(module: str) -> bool:
+    """Whether the import path has ``module``: only an answer is kept (the cache keeps no
+    exception), so a search that fails is made again at the next call.
+
+    Raises
+    ------
+    HandleUnavailable
+        The search could not list a directory of the path (too many open files).
+    BackendUnavailable
+        It failed otherwise.
+    """
     try:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
         return False
+    except OSError as e:
+        what = f"cannot search the import path for {module!r}"
+        if e.errno in (errno.EMFILE, errno.ENFILE):
+            raise fd_limit_error(what, str(e.strerror)) from None
+        raise BackendUnavailable(f"{what}: {e}; try again") from None
 
 
 @dataclass

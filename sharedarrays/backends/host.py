@@ -20,7 +20,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
-import functools
 import mmap
 import os
 from collections.abc import Mapping
@@ -33,6 +32,7 @@ from sharedarrays.backends.device import CPU, Device
 from sharedarrays.backends.registry import Registration, register
 from sharedarrays.errors import (
     BackendUnavailable,
+    HandleUnavailable,
     OutOfMemory,
     PayloadError,
     PermissionDenied,
@@ -97,14 +97,22 @@ def check_chunk_fd(fd: int, size: int) -> None:
         )
 
 
-@functools.cache
+_overcommit: int | None = None
+"""``vm.overcommit_memory`` as :func:`_overcommit_mode` read it (``None``: not read yet)."""
+
+
 def _overcommit_mode() -> int:
-    """``vm.overcommit_memory`` (0 heuristic, 1 always, 2 strict; read once per process)."""
-    try:
-        with open("/proc/sys/vm/overcommit_memory", "rb") as f:
-            return int(f.read())
-    except (OSError, ValueError):
-        return 0
+    """``vm.overcommit_memory`` (0 heuristic, 1 always, 2 strict; read once per process).
+    A read that fails (no ``/proc``, too many open files) answers 0 and is not kept: the
+    next call reads again."""
+    global _overcommit
+    if _overcommit is None:
+        try:
+            with open("/proc/sys/vm/overcommit_memory", "rb") as f:
+                _overcommit = int(f.read())
+        except (OSError, ValueError):
+            return 0
+    return _overcommit
 
 
 def memory_available() -> tuple[int, str] | None:
@@ -301,8 +309,21 @@ class HostBackend:
     def reopen_readonly(self, fd: int) -> int | None:
         """Open the memfd again ``O_RDONLY``, so that a mistake cannot map it writable (a
         deliberate attempt can open it again read-write through ``/proc``: what stops that
-        is the seal against new writes, :meth:`seal`)."""
-        return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+        is the seal against new writes, :meth:`seal`).
+
+        Raises
+        ------
+        HandleUnavailable
+            The memfd cannot be opened again (this process has as many files open as it
+            may, or ``/proc`` is not there).
+        """
+        try:
+            return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            what = "cannot open a read-only handle of the array's memory to hand it on"
+            if e.errno in (errno.EMFILE, errno.ENFILE):
+                raise fd_limit_error(what, str(e.strerror)) from None
+            raise HandleUnavailable(f"{what}: {e.strerror or e} (is /proc mounted?)") from None
 
     def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
         """Take a received memfd as a chunk (see :func:`check_chunk_fd`); closes it if not."""

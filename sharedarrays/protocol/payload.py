@@ -35,6 +35,7 @@ from sharedarrays.process import PID_MAX_LIMIT
 __all__ = [
     "Payload",
     "check_view",
+    "misaligned",
     "ViewFields",
     "ViewTuple",
     "MAX_PAYLOAD_BYTES",
@@ -180,6 +181,33 @@ def _overlapping(shape: tuple[int, ...], strides: tuple[int, ...], size: int) ->
     return PayloadError(
         f"payload's view of shape {shape} and strides {strides} has more bytes of elements "
         f"than its allocation of {size} bytes holds (overlapping strides)"
+    )
+
+
+def misaligned(
+    dtype: np.dtype[Any], shape: tuple[int, ...], strides: tuple[int, ...], offset: int
+) -> str:
+    """Why a view of device memory is misaligned for ``dtype`` ("" if it is not): its byte
+    offset, or the stride of an axis longer than 1, is not a multiple of
+    ``dtype.alignment`` (an empty view touches nothing, as NumPy counts it). A GPU kernel's
+    misaligned access is a fatal error of the whole context (CUDA's
+    ``cudaErrorMisalignedAddress`` ends every later GPU computation of the process), so such
+    a view of device memory is refused; host memory allows it, as NumPy does."""
+    mask = dtype.alignment - 1
+    bits = offset
+    for n, st in zip(shape, strides):
+        if n == 0:
+            return ""
+        if n > 1:
+            bits |= st
+    if not bits & mask:
+        return ""
+    return (
+        f"a view of {dtype} on device memory at byte offset {offset} with strides "
+        f"{strides} is misaligned: the offset and every stride must be multiples of "
+        f"{dtype.alignment} (the dtype's alignment), or a GPU kernel reading it fails "
+        "with a misaligned address and ends the process's GPU work (host memory allows "
+        "misaligned views, as NumPy does)"
     )
 
 
@@ -442,27 +470,29 @@ class ViewFields(NamedTuple):
         return (self.offset, self.shape, self.strides, self.dtype.str, self.readonly)
 
     @classmethod
-    def from_tuple(cls, data: object, size: int) -> ViewFields:
+    def from_tuple(cls, data: object, size: int, device: bool = False) -> ViewFields:
         """Validate a view's tuple (:meth:`to_tuple`) against an allocation of ``size``
-        bytes, with the bounds of :class:`Payload`'s view fields.
+        bytes, with the bounds of :class:`Payload`'s view fields (and with ``device``, an
+        allocation of device memory, the alignment: :func:`misaligned`).
 
         Raises
         ------
         PayloadError
             Not a tuple of the five fields, a field of the wrong type (ints, not bools;
-            tuples of ints) or out of bounds, more than 64 dims, or a view that does not lie
-            inside the allocation.
+            tuples of ints) or out of bounds, more than 64 dims, a view that does not lie
+            inside the allocation, or (``device``) is misaligned.
         """
-        dtype, _, _ = check_view(data, size)
+        dtype, _, _ = check_view(data, size, device)
         offset, shape, strides, _, readonly = cast(ViewTuple, data)  # (checked)
         return cls(offset, shape, strides, dtype, readonly)
 
 
-def check_view(data: object, size: int) -> tuple[np.dtype[Any], int, int]:
+def check_view(data: object, size: int, device: bool = False) -> tuple[np.dtype[Any], int, int]:
     """:meth:`ViewFields.from_tuple` without the record: the view's dtype and extent
     (:func:`view_extent`: lowest and one-past-highest byte relative to its offset) if ``data``
     is a valid view tuple of an allocation of ``size`` bytes (what a view of a new layout in a
-    message runs; no object the collector tracks is made).
+    message runs; no object the collector tracks is made); with ``device`` (an allocation of
+    device memory) its offset and strides must be aligned for its dtype (:func:`misaligned`).
 
     Raises
     ------
@@ -487,7 +517,7 @@ def check_view(data: object, size: int) -> tuple[np.dtype[Any], int, int]:
         raise PayloadError("view field 'readonly' must be a bool")
     # (one pass: the bounds of each axis, the element count and the bytes touched, as
     # _check_layout and view_extent do; the loop of every view of a message)
-    count, low, high = 1, 0, dtype.itemsize
+    count, low, high, bits = 1, 0, dtype.itemsize, offset
     for n, st in zip(shape, strides):
         if (
             type(n) is not int
@@ -498,6 +528,8 @@ def check_view(data: object, size: int) -> tuple[np.dtype[Any], int, int]:
             _view_ints(shape, "shape", 0)  # (one of the two raises)
             _view_ints(strides, "strides", -MAX_SIZE)
         count *= n
+        if n > 1:
+            bits |= st
         if st < 0:
             low += st * (n - 1)
         else:
@@ -512,6 +544,10 @@ def check_view(data: object, size: int) -> tuple[np.dtype[Any], int, int]:
         raise PayloadError(
             f"payload's view reaches bytes [{offset + low}, {offset + high}) outside its "
             f"allocation of {size} bytes"
+        )
+    if device and bits & (dtype.alignment - 1) and count:
+        raise PayloadError(
+            f"a pickled view is refused: {misaligned(dtype, shape, strides, offset)}"
         )
     return dtype, low, high
 

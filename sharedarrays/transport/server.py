@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from sharedarrays.errors import PayloadError
+from sharedarrays.errors import PayloadError, thread_error
 from sharedarrays.memory import allocation
 from sharedarrays.process import command_line, running
 from sharedarrays.protocol.handles import (
@@ -98,7 +98,13 @@ class HandleServer:
         self._thread = threading.Thread(
             target=self._serve, name="sharedarrays-handles", daemon=True
         )
-        self._thread.start()
+        try:
+            self._thread.start()
+        except RuntimeError as e:  # no thread can start: no socket is left behind
+            self._sock.close()
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+            raise thread_error("cannot start the handle server's thread", e) from None
 
     @property
     def closed(self) -> bool:

@@ -725,3 +725,123 @@ def test_a_message_of_many_allocations_looks_at_each_part_a_bounded_number_of_ti
     assert looked[0] < 10 * len(arrays), looked[0]  # (quadratic: 4 million)
     for a in loaded + arrays:
         a.close()
+
+
+class _Call:
+    """Pickles as ``fn(*args)``: a crafted pickle naming the reconstructor."""
+
+    def __init__(self, fn: Any, args: tuple[Any, ...]) -> None:
+        self.fn, self.args = fn, args
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return self.fn, self.args
+
+
+def _craft_values(blob: bytes, view: tuple[Any, ...]) -> Any:
+    """Argument tuples for the reconstructor: junk of many shapes, a payload's ``blob``, a
+    valid ``view`` tuple, and parts the reconstructor makes with carried junk."""
+    from hypothesis import strategies as st
+
+    plain = (
+        st.none()
+        | st.booleans()
+        | st.integers(-3, 2**48)
+        | st.text(max_size=4)
+        | st.binary(max_size=4)
+        | st.just(blob)
+        | st.just(view)
+        | st.just(0.5)
+    )
+    fields = st.recursive(
+        plain, lambda inner: st.tuples(inner) | st.lists(inner, max_size=6).map(tuple), max_leaves=8
+    )
+    # a part made by the reconstructor itself (with carried "handles" of any kind)
+    parts = st.tuples(st.just(blob), st.none() | st.binary(max_size=2), fields).map(
+        lambda args: _Call(_rebuild_view, args)
+    )
+    return st.lists(fields | parts, max_size=5).map(tuple)
+
+
+def test_a_crafted_pickle_of_the_view_reconstructor_raises_payload_error() -> None:
+    # a pickle naming _rebuild_view with any arguments: a view, a part, or a PayloadError
+    # (never AttributeError or TypeError from inside)
+    from hypothesis import HealthCheck, given, settings
+
+    a = sa.from_array(np.arange(8.0), device="cpu", pack=False)
+    blob, view = allocation_bytes(a.allocation), a._view_tuple()
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(_craft_values(blob, view))
+    def check(args: tuple[Any, ...]) -> None:
+        data = pickle.dumps(_Call(_rebuild_view, args))
+        try:
+            got = pickle.loads(data)
+        except sa.PayloadError:
+            return
+        assert isinstance(got, (sa.SharedDeviceArray, message_module.ReceivedPart))
+        if isinstance(got, sa.SharedDeviceArray):
+            got.close()
+
+    check()
+    fds_of_junk = _Call(_rebuild_view, (blob, None, ("x",)))
+    for args in [(), (blob, None, None, None), (fds_of_junk, view), (None,)]:
+        with pytest.raises(sa.PayloadError):
+            pickle.loads(pickle.dumps(_Call(_rebuild_view, args)))
+    a.close()
+
+
+def test_a_misaligned_view_of_device_memory_is_refused_on_load(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # device memory of the simulated HIP runtime (hip-vmm): the view fields travel beside
+    # the payload's tag, so a sender may write any; a misaligned one is a PayloadError before
+    # any kernel could read it (cold: the first view of a part; warm: a later view of the
+    # layout checked, at another offset)
+    from sharedarrays.backends.hip import runtime
+
+    monkeypatch.setenv(runtime.MODULE_SETTING, "simulated.hip")
+    a = sa.zeros(4096, "uint8", device="hip:0", pack=False)
+    part = message_part(a.allocation, False)
+    for dtype in ("<f2", "<f4", "<f8"):
+        size = np.dtype(dtype).itemsize
+        for view in [
+            (1, (4,), (size,), dtype, False),
+            (255, (4,), (size,), dtype, False),
+            (0, (4,), (2 * size + 1,), dtype, False),
+            (0, (4,), (247,), dtype, False),
+        ]:
+            with pytest.raises(sa.PayloadError, match="misaligned"):
+                pickle.loads(pickle.dumps(_Call(_rebuild_view, (part, view))))
+        good = (8 * size, (4,), (size,), dtype, False)
+        bad = (8 * size + 1, (4,), (size,), dtype, False)
+        [v, w] = pickle.loads(
+            pickle.dumps([_Call(_rebuild_view, (part, good)), _Call(_rebuild_view, (part, good))])
+        )
+        assert v.dtype == dtype and v.offset == w.offset == 8 * size
+        with pytest.raises(sa.PayloadError, match="misaligned"):  # (the layout checked: warm)
+            pickle.loads(
+                pickle.dumps(
+                    [_Call(_rebuild_view, (part, good)), _Call(_rebuild_view, (part, bad))]
+                )
+            )
+        v.close()
+        w.close()
+    a.close()
+
+
+def test_a_misaligned_view_of_device_memory_cannot_be_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sharedarrays.backends.hip import runtime
+
+    monkeypatch.setenv(runtime.MODULE_SETTING, "simulated.hip")
+    a = sa.zeros(64, "uint8", device="hip:0", pack=False)
+    with pytest.raises(sa.MisalignedView, match="multiples of 8"):
+        a[1:17].view(np.float64)
+    with pytest.raises(sa.MisalignedView, match="multiples of 4"):
+        sa.SharedDeviceArray(a.allocation, np.dtype(np.float32), (2,), (4,), 2)
+    assert a[8:24].view(np.float64).shape == (2,)  # aligned: a view
+    h = sa.zeros(64, "uint8", device="cpu", pack=False)
+    assert h[1:17].view(np.float64).offset == h.offset + 1  # host memory: as NumPy
+    h.close()
+    a.close()

@@ -292,6 +292,29 @@ def test_strict_overcommit_counts_the_commit_limit(monkeypatch: pytest.MonkeyPat
     sa.empty(1 << 40, "uint8", device="cpu", pack=False).close()  # asked for: no check
 
 
+def test_an_overcommit_mode_unread_is_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a read that fails (too many open files) answers the default once and is not kept
+    import builtins
+
+    from sharedarrays.backends import host
+
+    with open("/proc/sys/vm/overcommit_memory") as f:
+        mode = int(f.read())
+    real_open = builtins.open
+
+    def emfile(path: object, *args: object, **kwargs: object) -> object:
+        if path == "/proc/sys/vm/overcommit_memory":
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_open(path, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(host, "_overcommit", None, raising=False)
+    monkeypatch.setattr(builtins, "open", emfile)
+    assert host._overcommit_mode() == 0
+    monkeypatch.setattr(builtins, "open", real_open)
+    assert host._overcommit_mode() == mode
+    assert host._overcommit == mode
+
+
 def test_a_capacity_beyond_the_address_space_is_out_of_memory(fd_baseline: None) -> None:
     with pytest.raises(sa.OutOfMemory, match="address space"):
         sa.empty(8, "uint8", device="cpu", capacity=1 << 47)

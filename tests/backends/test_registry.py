@@ -285,3 +285,24 @@ def test_installed_finds_imported_and_importable_modules_and_searches_once(
     assert searches == [missing]  # the path is searched once
     monkeypatch.setitem(sys.modules, missing, types.ModuleType(missing))
     assert base.installed(missing)  # imported since (a stand-in, as the tests install)
+
+
+def test_a_module_search_that_fails_is_an_error_and_is_made_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import errno
+
+    import sharedarrays as sa
+    from sharedarrays.backends import base
+
+    name = "sharedarrays_no_such_module_searched_at_the_fd_limit"
+    real = base.importlib.util.find_spec
+
+    def emfile(module: str, *args: object) -> object:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(base.importlib.util, "find_spec", emfile)
+    with pytest.raises(sa.HandleUnavailable, match="ulimit -n"):
+        base.installed(name)
+    monkeypatch.setattr(base.importlib.util, "find_spec", real)
+    assert not base.installed(name)  # searched again: an answer now

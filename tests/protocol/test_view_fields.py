@@ -220,3 +220,45 @@ def test_a_message_finds_its_allocation_once() -> None:
         importing.load_payload, importing.load_again = real, again
     assert len(calls) == 1
     assert [v.get().tolist() for v in loaded] == [v.get().tolist() for v in views]
+
+
+_MISALIGNED = [  # (dtype, offset, shape, strides): each misaligned for its dtype
+    ("<f2", 1, (4,), (2,)),
+    ("<f2", 0, (4,), (3,)),
+    ("<f4", 2, (4,), (4,)),
+    ("<f4", 0, (2, 2), (10, 4)),
+    ("<f8", 255, (4,), (8,)),
+    ("<f8", 0, (4,), (247,)),
+    ("<f8", 8, (3,), (-4,)),
+]
+
+
+@pytest.mark.parametrize(("dtype", "offset", "shape", "strides"), _MISALIGNED)
+def test_a_misaligned_view_of_device_memory_is_refused(
+    dtype: str, offset: int, shape: tuple[int, ...], strides: tuple[int, ...]
+) -> None:
+    view = (offset, shape, strides, dtype, False)
+    with pytest.raises(sa.PayloadError, match=f"multiples of {np.dtype(dtype).alignment}"):
+        ViewFields.from_tuple(view, 4096, device=True)
+    assert ViewFields.from_tuple(view, 4096).offset == offset  # host memory: as NumPy
+    # a payload of CUDA memory with that view is refused before anything is opened (its
+    # backend is registered here, a GPU or not); of host memory it loads, as NumPy's would
+    doc = _A.payload().to_doc()
+    doc.update(dtype=dtype, offset=offset, shape=list(shape), strides=list(strides))
+    loaded = sa.load(Payload.from_doc(doc))
+    assert loaded.offset == offset and loaded.strides == strides
+    loaded.close()
+    doc["backend"] = "cuda-vmm"
+    with pytest.raises(sa.PayloadError, match="misaligned"):
+        sa.load(Payload.from_doc(doc))
+
+
+def test_an_aligned_view_of_device_memory_loads_and_unused_strides_do_not_count() -> None:
+    for view in [
+        (8, (4,), (8,), "<f8", False),
+        (16, (2, 1), (16, 3), "<f8", False),  # (a length-1 axis's stride is never used)
+        (3, (0,), (5,), "<f8", False),  # (an empty view touches nothing)
+        (2, (3,), (2,), "<f2", False),
+        (1, (3,), (1,), "|u1", False),
+    ]:
+        assert ViewFields.from_tuple(view, 4096, device=True).offset == view[0]

@@ -7,6 +7,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
+from sharedarrays.errors import thread_error
+
 __all__ = ["AutoRefresh", "MIN_INTERVAL", "MAX_INTERVAL"]
 
 MIN_INTERVAL = 0.2
@@ -59,7 +61,13 @@ class AutoRefresh(Generic[_V]):
         return self._thread is not None and self._thread.is_alive()
 
     def start(self, view: _V) -> None:
-        """Start refreshing ``view`` (nothing happens while it already runs)."""
+        """Start refreshing ``view`` (nothing happens while it already runs).
+
+        Raises
+        ------
+        ThreadUnavailable
+            No thread can start in this process now (its limit of threads or address space).
+        """
         if self.running:
             return
         self._stop = threading.Event()
@@ -72,7 +80,12 @@ class AutoRefresh(Generic[_V]):
             name=self._name,
             daemon=True,
         )
-        self._thread.start()
+        try:
+            self._thread.start()
+        except RuntimeError as e:  # no thread can start: nothing left waiting for the view
+            self._finalizer.detach()
+            self._finalizer = self._thread = None
+            raise thread_error(f"cannot start the refresh thread {self._name!r}", e) from None
 
     def stop(self, timeout: float | None = 5.0) -> None:
         """Stop refreshing; waits up to ``timeout`` seconds for the thread to end (not when

@@ -102,3 +102,21 @@ def test_seconds_takes_numpy_numbers() -> None:
 
     assert seconds(np.float32(0.5), "interval", MIN_INTERVAL, MAX_INTERVAL) == 0.5
     assert seconds(np.int64(3), "interval", MIN_INTERVAL, MAX_INTERVAL) == 3.0
+
+
+def test_a_thread_that_cannot_start_is_thread_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sharedarrays as sa
+
+    def refused(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    r: AutoRefresh[View] = AutoRefresh("t", lambda v: 0.01)
+    v = View()
+    monkeypatch.setattr(threading.Thread, "start", refused)
+    with pytest.raises(sa.ThreadUnavailable, match="ulimit -v"):
+        r.start(v)
+    assert not r.running
+    monkeypatch.undo()
+    r.start(v)  # can start again
+    assert v.calls.acquire(timeout=10)
+    r.stop()
