@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from sharedarrays.backends import handle_check
-from sharedarrays.errors import PayloadError
+from sharedarrays.errors import HandleUnavailable, PayloadError
 from sharedarrays.protocol.keeper import (
     DENIED,
     ERROR,
@@ -87,13 +87,16 @@ from sharedarrays.protocol.keeper import (
     Unlink,
     decode_request,
 )
-from sharedarrays.protocol.unix import peer_credentials, runtime_dir
+from sharedarrays.protocol.unix import peer_credentials, recv_fds, runtime_dir, send_fds
 from sharedarrays.settings import env_number
 
 __all__ = ["Keeper", "MAX_CONNECTIONS", "idle_seconds", "max_connections", "main"]
 
 MAX_CONNECTIONS = 1024
 """Connections the keeper keeps open at most, by default (:func:`max_connections`)."""
+FDS_WAIT = 2.0
+"""Seconds the keeper waits for the fds of a ``keep`` that come after its message (its
+sender sends them at once; one that stops sending stalls the keeper this long at most)."""
 
 _Answer = tuple[int, dict[str, Any], list[int]]
 """A reply to send: status, body and the fds that go with it."""
@@ -324,7 +327,7 @@ class Keeper:
         try:
             data = Reply(status, body).encode()
             if send:
-                socket.send_fds(peer.sock, [data], send)
+                send_fds(peer.sock, data, send)
             else:
                 peer.sock.send(data)
         except OSError:
@@ -422,6 +425,8 @@ class Keeper:
         flight = req.in_flight
         if flight is not None:
             loads, expires = flight.loads, time.monotonic() + flight.seconds
+        if len(fds) == MAX_FDS < len(sizes):  # the rest come on messages of their own
+            self._take_rest(peer, len(sizes), fds)
         if len(fds) != len(sizes):
             raise BadRequest(f"{len(sizes)} chunk sizes but {len(fds)} file descriptors")
         check_chunk_fd = handle_check(req.doc.get("backend"))
@@ -466,6 +471,16 @@ class Keeper:
             self._names[name] = alloc_id
         self._hold(peer, entry)
         return OK, self._describe(entry), []
+
+    def _take_rest(self, peer: _Peer, count: int, fds: list[int]) -> None:
+        """Receive the fds of a request that follow its message until ``fds`` holds
+        ``count`` (they stay in ``fds``, the caller's to close), within :data:`FDS_WAIT`."""
+        try:
+            recv_fds(peer.sock, count, fds, time.monotonic() + FDS_WAIT)
+        except (OSError, HandleUnavailable) as e:  # (HandleUnavailable: no room for them)
+            raise BadRequest(f"the rest of the file descriptors did not come: {e}") from None
+        finally:
+            peer.sock.setblocking(False)
 
     def _hold(self, peer: _Peer, entry: _Entry) -> None:
         peer.held.add(entry.id)

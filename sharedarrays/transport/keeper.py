@@ -33,6 +33,7 @@ from sharedarrays.memory.state import state
 from sharedarrays.process import at_exit, at_fork
 from sharedarrays.protocol.keeper import (
     DENIED,
+    ERROR,
     EXISTS,
     LOCK_NAME,
     MAX_FDS,
@@ -53,8 +54,10 @@ from sharedarrays.protocol.unix import (
     check_same_user,
     check_truncated,
     connect_unix,
+    recv_fds,
     recv_into,
     runtime_dir,
+    send_fds,
 )
 
 __all__ = [
@@ -370,6 +373,9 @@ def request(
                         raise KeeperError("the keeper closed the connection three times; try again")
                     continue
                 reply = Reply.decode(msg)
+                if len(fds) > MAX_FDS and reply.status == ERROR:
+                    disconnect()  # (refused before its last fds came: read as requests)
+                _take_rest(sock, reply, got)
                 handed = True
                 return reply.status, reply.body, got
             finally:
@@ -387,7 +393,7 @@ def _send_and_receive(
     they came)."""
     try:
         if fds:
-            socket.send_fds(sock, [data], list(fds))
+            send_fds(sock, data, fds)
         else:
             sock.send(data)
         if isinstance(req, Release):
@@ -398,6 +404,29 @@ def _send_and_receive(
             os.close(fd)
         got.clear()
         raise
+
+
+def _take_rest(sock: socket.socket, reply: Reply, got: list[int]) -> None:
+    """Receive the fds of an ``attach`` or ``fetch`` reply that follow it (one per chunk of
+    its ``sizes``, :data:`MAX_FDS` a message) into ``got``, within :data:`TIMEOUT`.
+
+    Raises
+    ------
+    KeeperError
+        They did not all come (the connection is closed: its state is unknown).
+    """
+    sizes = reply.body.get("sizes")
+    if len(got) != MAX_FDS or type(sizes) is not list or len(sizes) <= MAX_FDS:
+        return
+    why = "it stopped"
+    try:
+        complete = recv_fds(sock, len(sizes), got, time.monotonic() + TIMEOUT)
+        sock.settimeout(TIMEOUT)  # (recv_fds left it at what remained)
+    except (OSError, HandleUnavailable) as e:
+        complete, why = False, str(e)
+    if not complete:
+        disconnect()
+        raise KeeperError(f"the keeper did not send all the handles: {why}")
 
 
 def hand_over(alloc: allocation.Allocation, loads: int, seconds: float) -> None:
@@ -428,7 +457,7 @@ def hand_over(alloc: allocation.Allocation, loads: int, seconds: float) -> None:
     try:
         try:
             with _open(str(socket_path()), start=True) as sock:
-                socket.send_fds(sock, [data], handles)
+                send_fds(sock, data, handles)
                 msg, _ = recv_into(sock, MAX_MESSAGE, MAX_FDS, got)
         except OSError as e:
             raise KeeperError(f"the keeper did not take the handles: {e}") from None

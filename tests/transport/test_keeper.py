@@ -975,3 +975,38 @@ def test_a_keeper_that_fails_as_it_starts_on_a_full_file_system_says_so(
     monkeypatch.setattr(os, "statvfs", lambda path: Full(real(path)))
     with pytest.raises(sa.HandleUnavailable, match=r"exited as it started .* is full \(no space"):
         sa.zeros(3, device="cpu", name="never-kept")
+
+
+_MANY_CHUNKS = """
+import pickle, sys, numpy as np, sharedarrays as sa
+n = 300 * 4096  # (300 chunks: more fds than one message carries)
+name = "many" if sys.argv[1] == "name" else None  # (named, or in flight at a normal exit)
+a = sa.from_array(np.arange(n, dtype=np.uint8), device="cpu", chunk_bytes=4096, pack=False,
+                  name=name)
+assert len(a.allocation.chunk_sizes()) == 300
+if name is None:
+    print(pickle.dumps(a).hex())
+"""
+
+
+@pytest.mark.timeout(120)
+def test_payloads_of_many_chunks_in_flight_at_exit_load_from_the_keeper(
+    private_keeper: Path,
+) -> None:
+    """An array of 300 chunks in flight at a normal exit: the keeper takes its handles in
+    batches (one message of 300 fds was EINVAL, of 251 refused: the payload was lost)."""
+    out = py(_MANY_CHUNKS.replace("sys.argv[1]", "'send'")).stdout
+    loaded = pickle.loads(bytes.fromhex(out.strip()))  # from the keeper: its exporter exited
+    np.testing.assert_array_equal(loaded.get(), np.arange(300 * 4096, dtype=np.uint8))
+    loaded.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_named_array_of_many_chunks_is_kept_and_attached(private_keeper: Path) -> None:
+    """A name for an array of 300 chunks (refused past 250 chunks): kept in batches, served
+    in batches to a process that attaches it after its creator exited."""
+    py(_MANY_CHUNKS.replace("sys.argv[1]", "'name'"))
+    a = sa.attach("many")
+    np.testing.assert_array_equal(a.get(), np.arange(300 * 4096, dtype=np.uint8))
+    a.close()
+    sa.unlink("many")
