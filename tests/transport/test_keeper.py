@@ -25,6 +25,7 @@ from keeper_helpers import (
     py,
     read_json_line,
     spawn,
+    stop,
     wait_gone,
 )
 
@@ -1010,3 +1011,37 @@ def test_a_named_array_of_many_chunks_is_kept_and_attached(private_keeper: Path)
     np.testing.assert_array_equal(a.get(), np.arange(300 * 4096, dtype=np.uint8))
     a.close()
     sa.unlink("many")
+
+
+_STOPPED_KEEPER = """
+import pickle, sharedarrays as sa
+arrays = [sa.zeros(4096, device="cpu", pack=False) for _ in range(3)]
+payloads = [pickle.dumps(a) for a in arrays]  # in flight
+print("ready", flush=True)
+arrays[0].close()  # its payload is handed over: the keeper does not answer
+print("closed", flush=True)
+"""  # (and exits with two arrays in flight)
+
+
+@pytest.mark.timeout(180)
+def test_a_stopped_keeper_costs_a_close_and_an_exit_one_wait_in_all(
+    private_keeper: Path,
+) -> None:
+    """With the keeper stopped (SIGSTOP), a close that hands payloads over and then the exit
+    with two arrays in flight wait TIMEOUT in all: once the keeper was late, the exit waits
+    RETRY, shared by its hand-overs, and its second run of the hook does not wait again.
+    (Each hand-over waited TIMEOUT, and the exit hook ran twice: 10 s + 2 x 2 x 10 s.)"""
+    kpid = keeper.ensure_running()
+    stop(kpid)
+    try:
+        child = spawn(_STOPPED_KEEPER)
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        began = time.monotonic()
+        out, err = child.communicate(timeout=150)
+        took = time.monotonic() - began
+    finally:
+        os.kill(kpid, signal.SIGCONT)
+    assert child.returncode == 0 and out == "closed\n", err
+    assert took < 1.5 * keeper.TIMEOUT, f"the close and the exit waited {took:.0f} s"
+    said = [line for line in err.splitlines() if "could not be handed to the keeper" in line]
+    assert len(said) == 2 and "did not take the handles" in said[0], err  # (close, exit)
