@@ -24,9 +24,10 @@ directory (never in its starter's working directory, where another user may have
 modules: :func:`sharedarrays.transport.keeper._launch`). It listens on ``keeper.sock`` in
 that directory (:func:`sharedarrays.protocol.unix.runtime_dir`, mode 0700) and holds
 ``keeper.lock`` there with ``fcntl.flock`` for its whole life, so a second keeper never runs
-beside a live one; a socket file left by a keeper that died is replaced by the next one. It
-exits when it has held nothing for :func:`idle_seconds` (``SHAREDARRAYS_KEEPER_IDLE``,
-default 30 s).
+beside a live one; a socket file left by a keeper that died is replaced by the next one, and
+where its socket file is removed (the runtime directory with it), the keeper takes the lock
+and listens there again (:meth:`Keeper._listen_again`). It exits when it has held nothing
+for :func:`idle_seconds` (``SHAREDARRAYS_KEEPER_IDLE``, default 30 s).
 
 Every process that uses it keeps **one connection** open (at most :func:`max_connections`:
 past it the longest idle is closed, one holding nothing first, and so on ``EMFILE``). The
@@ -94,6 +95,8 @@ __all__ = ["Keeper", "MAX_CONNECTIONS", "idle_seconds", "max_connections", "main
 
 MAX_CONNECTIONS = 1024
 """Connections the keeper keeps open at most, by default (:func:`max_connections`)."""
+SOCKET_CHECK = 0.2
+"""Seconds between the keeper's checks that its socket file is still there."""
 FDS_WAIT = 2.0
 """Seconds the keeper waits for the fds of a ``keep`` that come after its message (its
 sender sends them at once; one that stops sending stalls the keeper this long at most)."""
@@ -175,23 +178,13 @@ class Keeper:
         self.idle = idle
         self.max_connections = max_connections
         self.path = str(directory / SOCKET_NAME)
-        self._lock_fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+        self._lock_fd = _take_lock(directory)
         try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self._listener, self._bound = _listen(self.path)
         except BaseException:
             os.close(self._lock_fd)
             raise
-        os.ftruncate(self._lock_fd, 0)
-        os.write(self._lock_fd, f"{os.getpid()}\n".encode())
-        try:
-            os.unlink(self.path)  # left by a keeper that died: we hold the lock, so it is stale
-        except FileNotFoundError:
-            pass
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._listener.bind(self.path)
-        os.chmod(self.path, 0o600)
-        self._listener.listen(128)
-        self._listener.setblocking(False)
+        self._next_check = time.monotonic() + SOCKET_CHECK
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._listener, selectors.EVENT_READ, None)
         self._entries: dict[str, _Entry] = {}
@@ -223,6 +216,7 @@ class Keeper:
         """Serve until stopped, or until idle for :attr:`idle` seconds holding nothing."""
         try:
             while not self._stop:
+                self._listen_again()
                 for key, _ in self._selector.select(timeout=0.25):
                     if key.data is None:
                         self._accept()
@@ -238,10 +232,9 @@ class Keeper:
 
     def close(self) -> None:
         """Remove the socket, drop every connection, close every held fd, free the lock."""
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        if _file_id(self.path) == self._bound:  # (not another keeper's, bound since)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
         for peer in list(self._peers.values()):
             self._drop(peer)
         for entry in list(self._entries.values()):
@@ -253,6 +246,46 @@ class Keeper:
         self._listener.close()
         self._selector.close()
         os.close(self._lock_fd)
+
+    def _listen_again(self) -> None:
+        """Every :data:`SOCKET_CHECK` seconds: where the socket file was removed (with the
+        runtime directory: a tmp cleaner; systemd at a user's last logout), take the lock
+        and listen again in the runtime directory made again, so that clients find this
+        keeper and its arrays there and start no other. Where another keeper took it first,
+        this one serves its connections on until it is idle."""
+        now = time.monotonic()
+        if now < self._next_check:
+            return
+        self._next_check = now + SOCKET_CHECK
+        if _file_id(self.path) == self._bound:
+            return
+        lock_fd = self._lock_fd
+        try:
+            directory = runtime_dir()  # (made again)
+            if _file_id(directory / LOCK_NAME) != _file_id(lock_fd):
+                lock_fd = _take_lock(directory)
+            path = str(directory / SOCKET_NAME)
+            listener, bound = _listen(path)
+        except BlockingIOError:
+            return  # another keeper holds the directory now
+        except OSError as e:  # (PermissionDenied too: a PermissionError)
+            if lock_fd != self._lock_fd:
+                os.close(lock_fd)
+            self._next_check = now + 5.0
+            print(f"sharedarrays keeper: cannot listen again: {e}", file=sys.stderr, flush=True)
+            return
+        if lock_fd != self._lock_fd:
+            os.close(self._lock_fd)
+            self._lock_fd = lock_fd
+        self._selector.unregister(self._listener)
+        self._listener.close()
+        self._listener, self._bound, self.path = listener, bound, path
+        self._selector.register(listener, selectors.EVENT_READ, None)
+        print(
+            f"sharedarrays keeper: its socket was removed; listening again at {path}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def _accept(self) -> None:
         try:
@@ -600,6 +633,51 @@ class Keeper:
             "errors": self.errors,
             "idle": self.idle,
         }
+
+
+def _take_lock(directory: Path) -> int:
+    """The lock file of ``directory``, opened and locked (``flock``), this pid written in it.
+
+    Raises
+    ------
+    BlockingIOError
+        Another keeper holds it.
+    """
+    fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _listen(path: str) -> tuple[socket.socket, tuple[int, int] | None]:
+    """A non-blocking socket listening at ``path`` (mode 0600; a file left there by a keeper
+    that died is replaced: the caller holds the lock), and the file's :func:`_file_id`."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        sock.bind(path)
+        os.chmod(path, 0o600)
+        sock.listen(128)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock, _file_id(path)
+
+
+def _file_id(file: str | Path | int) -> tuple[int, int] | None:
+    """The device and inode of a file (a path, not followed, or an fd); ``None`` if gone."""
+    try:
+        st = os.fstat(file) if isinstance(file, int) else os.lstat(file)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def main(argv: Sequence[str] | None = None) -> int:

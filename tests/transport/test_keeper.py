@@ -7,6 +7,7 @@ import gc
 import json
 import os
 import pickle
+import shutil
 import signal
 import socket
 import subprocess
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 from conftest import closed_by_peer
 from keeper_helpers import (
@@ -1045,3 +1047,63 @@ def test_a_stopped_keeper_costs_a_close_and_an_exit_one_wait_in_all(
     assert took < 1.5 * keeper.TIMEOUT, f"the close and the exit waited {took:.0f} s"
     said = [line for line in err.splitlines() if "could not be handed to the keeper" in line]
     assert len(said) == 2 and "did not take the handles" in said[0], err  # (close, exit)
+
+
+_EXPORTER = """
+import pickle, sys, numpy as np, sharedarrays as sa
+a = sa.from_array(np.arange(1000.0), device="cpu", pack=False)
+named = sa.from_array(np.arange(10.0), device="cpu", name="kept")
+print(pickle.dumps(a).hex(), flush=True)
+sys.stdin.readline()  # (the runtime directory is removed meanwhile)
+b = sa.from_array(np.full(100, 3.0), device="cpu", pack=False)
+print(pickle.dumps(b).hex(), flush=True)
+sys.stdin.readline()
+"""
+_LOADER = "import pickle, sys; print(pickle.loads(bytes.fromhex(sys.stdin.read())).get().sum())"
+
+
+def _keepers(base: Path) -> list[int]:
+    """The keeper processes that run with ``base`` as their XDG_RUNTIME_DIR."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            cmdline = proc.info["cmdline"] or ()
+            if any("sharedarrays.keeper.daemon" in arg for arg in cmdline) and (
+                proc.environ().get("XDG_RUNTIME_DIR") == str(base)
+            ):
+                found.append(proc.pid)
+    return found
+
+
+@pytest.mark.timeout(120)
+def test_a_removed_runtime_dir_is_made_again_and_sharing_goes_on(private_keeper: Path) -> None:
+    """The runtime directory removed (systemd at the last logout; a tmp cleaner) while an
+    exporter and the keeper run: the exporter's handle server listens again at its path, so
+    a payload pickled before loads, and it shares again; the keeper takes its lock and
+    listens again at its path, so its named array is found and no second keeper starts.
+    (The exporter was said to have exited; the keeper's arrays were out of reach.)"""
+    exporter = spawn(_EXPORTER)
+    try:
+        assert exporter.stdout is not None and exporter.stdin is not None
+        first = exporter.stdout.readline().strip()
+        kpid = lock_holder(private_keeper)
+        assert kpid is not None and first, exporter.stderr
+        shutil.rmtree(private_keeper)
+        deadline = time.monotonic() + 30
+        while not (private_keeper / "keeper.sock").exists():
+            assert time.monotonic() < deadline, "the keeper did not listen again"
+            time.sleep(0.05)
+        assert lock_holder(private_keeper) == kpid
+        assert float(py(_LOADER, input=first).stdout) == sum(range(1000))
+        exporter.stdin.write("\n")
+        exporter.stdin.flush()
+        second = exporter.stdout.readline().strip()
+        assert float(py(_LOADER, input=second).stdout) == 300.0
+        keeper.disconnect()  # (a new connection, to the socket file)
+        a = sa.attach("kept")
+        np.testing.assert_array_equal(a.get(), np.arange(10.0))
+        a.close()
+        assert [info.name for info in sa.list_named()] == ["kept"]
+        assert _keepers(private_keeper.parent) == [kpid]
+    finally:
+        exporter.communicate(input="\n", timeout=60)
