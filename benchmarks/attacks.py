@@ -2196,6 +2196,202 @@ def misaligned_views(row: Row) -> None:
     row.lost("the loader ran to the end", r.rc == 0)
 
 
+STALLED_SENDER = (
+    PRELUDE
+    + r"""
+from sharedarrays.memory.state import state
+
+def said(hook):  # (what each hand-over raises, as its type)
+    def wrapped(alloc, count, seconds):
+        try:
+            hook(alloc, count, seconds)
+        except Exception as e:
+            say(failed=err(e))
+            raise
+    return wrapped
+
+state.hand_over_hooks[:] = [said(hook) for hook in state.hand_over_hooks]
+arrays = [sa.from_array(np.full(1000, i, dtype=np.int64), device="cpu", pack=False)
+          for i in range(3)]
+say(ready=True, blobs=[pickle.dumps(a).hex() for a in arrays])
+arrays[0].close()  # its payload is handed over now, the others' at the exit
+"""
+)
+
+BLOBS_LOADER = (
+    PRELUDE
+    + r"""
+outcomes = []
+for i, blob in enumerate(json.loads(sys.stdin.read())):
+    try:
+        v = pickle.loads(bytes.fromhex(blob))
+        outcomes.append("loaded" if (v.get() == i).all() else "wrong data")
+        v.close()
+    except Exception as e:
+        outcomes.append(err(e))
+say(outcomes=outcomes)
+"""
+)
+
+
+def stalled_keeper(row: Row) -> None:
+    """A sender closes one of 3 arrays in flight and exits with the keeper stopped
+    (SIGSTOP): the close and the exit wait less than 1.5 x the keeper's TIMEOUT in all, and
+    what failed is said as a library error; with the keeper killed (SIGKILL: its socket file
+    left, nothing listening), a new one starts and every payload loads, in as little time."""
+    from sharedarrays.transport.keeper import TIMEOUT
+
+    row.tries *= 2
+    for _ in range(row.tries // 2):
+        for how in (signal.SIGSTOP, signal.SIGKILL):
+            with runtime() as (env, rdir):
+                run_child("import sharedarrays.transport.keeper as k; k.ensure_running()", env)
+                kpid = keeper_pid(rdir)
+                if kpid is None:
+                    row.add("no keeper started")
+                    continue
+                os.kill(kpid, how)
+                try:
+                    with Child(STALLED_SENDER, env) as sender:
+                        blobs = sender.line()["blobs"]
+                        began = time.monotonic()
+                        try:
+                            out, err = sender.proc.communicate(timeout=120)
+                        except subprocess.TimeoutExpired:
+                            out, err = "", "(hung)"
+                        took = time.monotonic() - began
+                finally:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(kpid, signal.SIGCONT)
+                said = [x for x in err.splitlines() if "could not be handed" in x]
+                failed = [x["failed"] for x in _json_lines(out) if "failed" in x]
+                raw = "Traceback" in err or any(f.startswith("raw ") for f in failed)
+                if how == signal.SIGKILL:
+                    r = run_child(BLOBS_LOADER, env, stdin=json.dumps(blobs), timeout=60)
+                    loads = Counter(r.last["outcomes"]) if r.lines else Counter(["no answer"])
+                    ok = loads == Counter(loaded=3) and not said
+                    what = "loaded" if ok else f"{dict(loads)} {err.strip()[-200:]}"
+                else:
+                    ok = len(said) == 2 and len(failed) == 3 and not raw
+                    what = "bounded, said as KeeperError" if ok else f"{failed} {err[-300:]}"
+                verdict = what if took < 1.5 * TIMEOUT else f"waited {took:.0f} s"
+                row.add(f"keeper {signal.Signals(how).name}: {verdict}")
+    row.lost("nothing held, nothing to leak", True)
+
+
+MANY_CHUNKS = (
+    PRELUDE
+    + r"""
+n = 300 * 4096  # (300 chunks: more fds than one SCM_RIGHTS message carries)
+name = sys.argv[1] if len(sys.argv) > 1 else None
+a = sa.from_array(np.arange(n, dtype=np.uint8), device="cpu", chunk_bytes=4096, pack=False,
+                  name=name)
+say(chunks=len(a.allocation.chunk_sizes()), blob=None if name else pickle.dumps(a).hex())
+"""  # (then exits: in flight at a normal exit, or named)
+)
+
+MANY_CHUNKS_LOADER = (
+    PRELUDE
+    + r"""
+try:
+    name = sys.argv[1]
+    v = sa.attach(name) if name != "-" else pickle.loads(bytes.fromhex(sys.stdin.read()))
+    ok = (v.get() == np.arange(300 * 4096, dtype=np.uint8)).all()
+    v.close()
+    if name != "-":
+        sa.unlink(name)
+    say(outcome="loaded" if ok else "wrong data")
+except Exception as e:
+    say(outcome=err(e), message=str(e))
+"""
+)
+
+
+def many_chunks(row: Row) -> None:
+    """Arrays of 300 chunks (past one SCM_RIGHTS message, whose limit is 253 fds): one in
+    flight at its sender's normal exit, one named by a process that then exits; loaded and
+    attached afterwards."""
+    row.tries *= 2
+    held = []
+    with runtime() as (env, rdir):
+        for i in range(row.tries // 2):
+            for what, args in (("in flight", ()), ("named", (f"many{i}",))):
+                made = run_child(MANY_CHUNKS, env, args=args)
+                try:
+                    blob = made.last["blob"] or ""
+                except RuntimeError as e:
+                    row.add(f"{what}: not made ({str(e)[-200:]})")
+                    continue
+                name = args[0] if args else "-"
+                r = run_child(MANY_CHUNKS_LOADER, env, stdin=blob, args=(name,))
+                row.add(f"{what}: {r.last['outcome'] if r.lines else 'no answer'}")
+        held.append(settled_memfds(keeper_pid(rdir)))
+    row.lost(f"keeper memfds after the loads: {held[0]}", held == [0])
+
+
+REMOVED_DIR_EXPORTER = (
+    PRELUDE
+    + r"""
+named = sa.from_array(np.arange(10.0), device="cpu", name="kept")
+a = sa.from_array(np.arange(1000.0), device="cpu", pack=False)
+say(blob=pickle.dumps(a).hex())
+sys.stdin.readline()  # (the runtime directory is removed meanwhile)
+b = sa.from_array(np.arange(100.0), device="cpu", pack=False)
+say(blob=pickle.dumps(b).hex())
+sys.stdin.readline()
+"""
+)
+
+REMOVED_DIR_USER = (
+    PRELUDE
+    + r"""
+try:
+    sums = [float(pickle.loads(bytes.fromhex(line)).get().sum()) for line in sys.stdin]
+    sums.append(float(sa.attach("kept").get().sum()))
+    listed = [info.name for info in sa.list_named()]
+    ok = sums == [499500.0, 4950.0, 45.0] and listed == ["kept"]
+    say(outcome="shared again" if ok else f"wrong: {sums} {listed}")
+except Exception as e:
+    say(outcome=err(e), message=str(e))
+"""
+)
+
+
+def removed_runtime_dir(row: Row) -> None:
+    """The runtime directory removed (``rm -rf``, as systemd does to /run/user/<uid> at the
+    last logout) while an exporter and the keeper run: a payload pickled before and one
+    pickled after load, the named array attaches and is listed, and one keeper runs."""
+    for _ in range(row.tries):
+        with runtime() as (env, rdir), Child(REMOVED_DIR_EXPORTER, env) as exp:
+            first = exp.line()["blob"]
+            kpid = keeper_pid(rdir)
+            shutil.rmtree(rdir)
+            second = exp.ask("")["blob"]
+            r = run_child(REMOVED_DIR_USER, env, stdin=f"{first}\n{second}\n", timeout=60)
+            outcome = r.last["outcome"] if r.lines else f"no answer: {r.err.strip()[-200:]}"
+            keepers = [
+                p
+                for p in map(int, filter(str.isdigit, os.listdir("/proc")))
+                if _runs_keeper_of(p, env["XDG_RUNTIME_DIR"])
+            ]
+            if keepers != [kpid]:
+                outcome = f"keepers {keepers}, first {kpid}"
+            row.add(outcome)
+    row.lost("nothing held, nothing to leak", True)
+
+
+def _runs_keeper_of(pid: int, base: str) -> bool:
+    """Whether process ``pid`` is a keeper with ``base`` as its XDG_RUNTIME_DIR."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"sharedarrays.keeper.daemon" not in f.read():
+                return False
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f"XDG_RUNTIME_DIR={base}".encode() in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
 HU = {"HandleUnavailable"}
 
 # name, function, default tries, attack (as the table says it), defended outcomes
@@ -2450,6 +2646,28 @@ ATTACKS: list[tuple[str, Callable[[Row], None], int, str, set[str]]] = [
         3,
         "views of device memory misaligned for float16/32/64 (simulated HIP)",
         {"PayloadError"},
+    ),
+    (
+        "stalled-keeper",
+        stalled_keeper,
+        2,
+        "a close and the exit of a sender with 3 arrays in flight, the keeper SIGSTOPped; and "
+        "SIGKILLed (socket file left)",
+        {"bounded, said as KeeperError", "loaded"},
+    ),
+    (
+        "many-chunks",
+        many_chunks,
+        2,
+        "arrays of 300 chunks (past SCM_MAX_FD 253) in flight at a normal exit, and named",
+        {"loaded"},
+    ),
+    (
+        "removed-runtime-dir",
+        removed_runtime_dir,
+        2,
+        "rm -rf of the runtime directory while an exporter and the keeper (a named array) run",
+        {"shared again"},
     ),
 ]
 

@@ -71,9 +71,9 @@ def keep(a: Keepable, name: str | None) -> None:
         a.payload().to_doc(),
         _allow(alloc.allow_pids),
     )
-    if len(alloc.chunk_sizes()) > keeper_protocol.MAX_FDS:
+    if len(alloc.chunk_sizes()) > keeper_protocol.MAX_CHUNKS:
         raise ValueError(
-            f"the keeper holds arrays of at most {keeper_protocol.MAX_FDS} chunks; this one has "
+            f"the keeper holds arrays of at most {keeper_protocol.MAX_CHUNKS} chunks; this one has "
             f"{len(alloc.chunk_sizes())} (pass a larger chunk_bytes)"
         )
     handles, temporary = alloc.handles_for_importers()  # read-only ones for readonly arrays

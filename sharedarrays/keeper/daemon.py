@@ -24,12 +24,14 @@ directory (never in its starter's working directory, where another user may have
 modules: :func:`sharedarrays.transport.keeper._launch`). It listens on ``keeper.sock`` in
 that directory (:func:`sharedarrays.protocol.unix.runtime_dir`, mode 0700) and holds
 ``keeper.lock`` there with ``fcntl.flock`` for its whole life, so a second keeper never runs
-beside a live one; a socket file left by a keeper that died is replaced by the next one. It
-exits when it has held nothing and been asked nothing for :func:`idle_seconds`
-(``SHAREDARRAYS_KEEPER_IDLE``, default 30 s; 0: as soon as it holds nothing), never while a
-connection waits to be accepted, one it accepted has sent nothing yet, or a request waits to
-be read (:meth:`Keeper._may_exit`). Connections it served do not keep it: their process
-reconnects on its next request, starting a keeper again.
+beside a live one; a socket file left by a keeper that died is replaced by the next one, and
+where its socket file is removed (the runtime directory with it), the keeper takes the lock
+and listens there again (:meth:`Keeper._listen_again`). It exits when it has held nothing
+and been asked nothing for :func:`idle_seconds` (``SHAREDARRAYS_KEEPER_IDLE``, default 30 s;
+0: as soon as it holds nothing), never while a connection waits to be accepted, one it
+accepted has sent nothing yet, or a request waits to be read (:meth:`Keeper._may_exit`).
+Connections it served do not keep it: their process reconnects on its next request,
+starting a keeper again.
 
 Every process that uses it keeps **one connection** open (at most :func:`max_connections`:
 past it the longest idle is closed, one holding nothing first, and so on ``EMFILE``). The
@@ -64,7 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from sharedarrays.backends import handle_check
-from sharedarrays.errors import PayloadError
+from sharedarrays.errors import HandleUnavailable, PayloadError
 from sharedarrays.protocol.keeper import (
     DENIED,
     ERROR,
@@ -90,13 +92,18 @@ from sharedarrays.protocol.keeper import (
     Unlink,
     decode_request,
 )
-from sharedarrays.protocol.unix import peer_credentials, runtime_dir
+from sharedarrays.protocol.unix import peer_credentials, recv_fds, runtime_dir, send_fds
 from sharedarrays.settings import env_number
 
 __all__ = ["Keeper", "MAX_CONNECTIONS", "idle_seconds", "max_connections", "main"]
 
 MAX_CONNECTIONS = 1024
 """Connections the keeper keeps open at most, by default (:func:`max_connections`)."""
+SOCKET_CHECK = 0.2
+"""Seconds between the keeper's checks that its socket file is still there."""
+FDS_WAIT = 2.0
+"""Seconds the keeper waits for the fds of a ``keep`` that come after its message (its
+sender sends them at once; one that stops sending stalls the keeper this long at most)."""
 
 ASIDE_NAME = "keeper.closing"
 """The keeper's socket file while it exits (:meth:`Keeper._may_exit`): no process connects."""
@@ -180,23 +187,15 @@ class Keeper:
         self.idle = idle
         self.max_connections = max_connections
         self.path = str(directory / SOCKET_NAME)
-        self._aside = str(directory / ASIDE_NAME)  # the socket file while the keeper exits
-        self._lock_fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+        self._lock_fd = _take_lock(directory)
+        with contextlib.suppress(FileNotFoundError):  # left by a keeper that died
+            os.unlink(directory / ASIDE_NAME)
         try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self._listener, self._bound = _listen(self.path)
         except BaseException:
             os.close(self._lock_fd)
             raise
-        os.ftruncate(self._lock_fd, 0)
-        os.write(self._lock_fd, f"{os.getpid()}\n".encode())
-        for stale in (self.path, self._aside):  # left by a keeper that died (we hold the lock)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(stale)
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._listener.bind(self.path)
-        os.chmod(self.path, 0o600)
-        self._listener.listen(128)
-        self._listener.setblocking(False)
+        self._next_check = time.monotonic() + SOCKET_CHECK
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._listener, selectors.EVENT_READ, None)
         self._entries: dict[str, _Entry] = {}
@@ -229,6 +228,7 @@ class Keeper:
         connection accepted, no request read) for :attr:`idle` seconds, and :meth:`_may_exit`."""
         try:
             while not self._stop:
+                self._listen_again()
                 for key, _ in self._selector.select(timeout=0.25):
                     if key.data is None:
                         self._accept()
@@ -241,6 +241,11 @@ class Keeper:
                     return
         finally:
             self.close()
+
+    @property
+    def _aside(self) -> str:
+        """Where :meth:`_may_exit` moves the socket file (beside it)."""
+        return os.path.join(os.path.dirname(self.path), ASIDE_NAME)
 
     def _may_exit(self) -> bool:
         """Whether the idle keeper may exit now: every connection it accepted has been read,
@@ -259,9 +264,10 @@ class Keeper:
 
     def close(self) -> None:
         """Remove the socket, drop every connection, close every held fd, free the lock."""
-        for name in (self.path, self._aside):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(name)
+        for name in (self.path, self._aside):  # (not another keeper's, bound since)
+            if _file_id(name) == self._bound:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name)
         for peer in list(self._peers.values()):
             self._drop(peer)
         for entry in list(self._entries.values()):
@@ -273,6 +279,46 @@ class Keeper:
         self._listener.close()
         self._selector.close()
         os.close(self._lock_fd)
+
+    def _listen_again(self) -> None:
+        """Every :data:`SOCKET_CHECK` seconds: where the socket file was removed (with the
+        runtime directory: a tmp cleaner; systemd at a user's last logout), take the lock
+        and listen again in the runtime directory made again, so that clients find this
+        keeper and its arrays there and start no other. Where another keeper took it first,
+        this one serves its connections on until it is idle."""
+        now = time.monotonic()
+        if now < self._next_check:
+            return
+        self._next_check = now + SOCKET_CHECK
+        if _file_id(self.path) == self._bound:
+            return
+        lock_fd = self._lock_fd
+        try:
+            directory = runtime_dir()  # (made again)
+            if _file_id(directory / LOCK_NAME) != _file_id(lock_fd):
+                lock_fd = _take_lock(directory)
+            path = str(directory / SOCKET_NAME)
+            listener, bound = _listen(path)
+        except BlockingIOError:
+            return  # another keeper holds the directory now
+        except OSError as e:  # (PermissionDenied too: a PermissionError)
+            if lock_fd != self._lock_fd:
+                os.close(lock_fd)
+            self._next_check = now + 5.0
+            print(f"sharedarrays keeper: cannot listen again: {e}", file=sys.stderr, flush=True)
+            return
+        if lock_fd != self._lock_fd:
+            os.close(self._lock_fd)
+            self._lock_fd = lock_fd
+        self._selector.unregister(self._listener)
+        self._listener.close()
+        self._listener, self._bound, self.path = listener, bound, path
+        self._selector.register(listener, selectors.EVENT_READ, None)
+        print(
+            f"sharedarrays keeper: its socket was removed; listening again at {path}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def _accept(self) -> None:
         try:
@@ -349,7 +395,7 @@ class Keeper:
         try:
             data = Reply(status, body).encode()
             if send:
-                socket.send_fds(peer.sock, [data], send)
+                send_fds(peer.sock, data, send)
             else:
                 peer.sock.send(data)
         except OSError:
@@ -447,6 +493,8 @@ class Keeper:
         flight = req.in_flight
         if flight is not None:
             loads, expires = flight.loads, time.monotonic() + flight.seconds
+        if len(fds) == MAX_FDS < len(sizes):  # the rest come on messages of their own
+            self._take_rest(peer, len(sizes), fds)
         if len(fds) != len(sizes):
             raise BadRequest(f"{len(sizes)} chunk sizes but {len(fds)} file descriptors")
         check_chunk_fd = handle_check(req.doc.get("backend"))
@@ -491,6 +539,16 @@ class Keeper:
             self._names[name] = alloc_id
         self._hold(peer, entry)
         return OK, self._describe(entry), []
+
+    def _take_rest(self, peer: _Peer, count: int, fds: list[int]) -> None:
+        """Receive the fds of a request that follow its message until ``fds`` holds
+        ``count`` (they stay in ``fds``, the caller's to close), within :data:`FDS_WAIT`."""
+        try:
+            recv_fds(peer.sock, count, fds, time.monotonic() + FDS_WAIT)
+        except (OSError, HandleUnavailable) as e:  # (HandleUnavailable: no room for them)
+            raise BadRequest(f"the rest of the file descriptors did not come: {e}") from None
+        finally:
+            peer.sock.setblocking(False)
 
     def _hold(self, peer: _Peer, entry: _Entry) -> None:
         peer.held.add(entry.id)
@@ -610,6 +668,51 @@ class Keeper:
             "errors": self.errors,
             "idle": self.idle,
         }
+
+
+def _take_lock(directory: Path) -> int:
+    """The lock file of ``directory``, opened and locked (``flock``), this pid written in it.
+
+    Raises
+    ------
+    BlockingIOError
+        Another keeper holds it.
+    """
+    fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _listen(path: str) -> tuple[socket.socket, tuple[int, int] | None]:
+    """A non-blocking socket listening at ``path`` (mode 0600; a file left there by a keeper
+    that died is replaced: the caller holds the lock), and the file's :func:`_file_id`."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        sock.bind(path)
+        os.chmod(path, 0o600)
+        sock.listen(128)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock, _file_id(path)
+
+
+def _file_id(file: str | Path | int) -> tuple[int, int] | None:
+    """The device and inode of a file (a path, not followed, or an fd); ``None`` if gone."""
+    try:
+        st = os.fstat(file) if isinstance(file, int) else os.lstat(file)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,10 +3,12 @@
 ``SOCK_SEQPACKET`` messages on the keeper's Unix socket (``keeper.sock`` in the runtime
 directory, :func:`sharedarrays.protocol.unix.runtime_dir`). A request is ``b"SAK1"`` + a
 JSON object with an ``"op"`` and that op's fields, with chunk fds attached by
-``SCM_RIGHTS`` (``keep`` only): one record class per op (:class:`Hello`, :class:`Keep`,
-:class:`Attach`, :class:`Fetch`, :class:`Release`, :class:`Unlink`, :class:`Drop`,
-:class:`List`, :class:`Status`). A reply (:class:`Reply`) is ``b"SAK1"`` + a status byte +
-a JSON object, with fds attached (``attach`` and ``fetch``). ``release`` has no reply.
+``SCM_RIGHTS`` (``keep`` only; past :data:`MAX_FDS`, the rest on messages of their own, as
+:func:`sharedarrays.protocol.unix.send_fds` sends them): one record class per op
+(:class:`Hello`, :class:`Keep`, :class:`Attach`, :class:`Fetch`, :class:`Release`,
+:class:`Unlink`, :class:`Drop`, :class:`List`, :class:`Status`). A reply (:class:`Reply`) is
+``b"SAK1"`` + a status byte + a JSON object, with fds attached (``attach`` and ``fetch``:
+one per chunk of its ``sizes``, batched alike). ``release`` has no reply.
 
 :func:`decode_request` refuses anything malformed with :class:`BadRequest` (the keeper
 answers it with an ``ERROR`` reply); :meth:`Reply.decode` refuses what is not a keeper reply
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from sharedarrays.errors import KeeperError
+from sharedarrays.protocol.unix import FDS_PER_MESSAGE
 
 __all__ = [
     "MAGIC",
@@ -33,6 +36,7 @@ __all__ = [
     "DENIED",
     "MAX_MESSAGE",
     "MAX_FDS",
+    "MAX_CHUNKS",
     "MAX_NAME",
     "MAX_IN_FLIGHT",
     "SOCKET_NAME",
@@ -62,8 +66,11 @@ _STATUS = struct.Struct("4sB")
 OK, ERROR, NOT_FOUND, EXISTS, DENIED = range(5)
 MAX_MESSAGE = 1 << 16
 """Largest keeper message in bytes (requests and replies)."""
-MAX_FDS = 250
-"""Most chunks a kept array may have (one ``SCM_RIGHTS`` message; SCM_MAX_FD is 253)."""
+MAX_FDS = FDS_PER_MESSAGE
+"""Most fds one keeper message carries (SCM_MAX_FD is 253): a request's or reply's first
+fds ride on it, the rest on messages of their own (``b"+"``) right after it."""
+MAX_CHUNKS = 2048
+"""Most chunks a kept array may have (its ``sizes`` fit a message with room to spare)."""
 MAX_NAME = 128
 """Longest array name in characters."""
 MAX_IN_FLIGHT = 7 * 86400.0
@@ -188,7 +195,7 @@ class Keep:
     name : str or None
         The array's name (named arrays); ``None`` for a parked array or payloads in flight.
     sizes : list of int
-        The chunk sizes (1 to :data:`MAX_FDS`).
+        The chunk sizes (1 to :data:`MAX_CHUNKS`).
     doc : dict
         What the keeper returns to whoever attaches or fetches it (a payload's fields).
     allow_pids : list of int or None
@@ -232,7 +239,7 @@ class Keep:
         alloc_id = _hex(req, "id", _HEX32)
         secret = bytes.fromhex(_hex(req, "secret", _HEX64))
         name = _name(req, optional=True)
-        sizes = _int_list(req.get("sizes"), "sizes", 1, MAX_SIZE, MAX_FDS)
+        sizes = _int_list(req.get("sizes"), "sizes", 1, MAX_SIZE, MAX_CHUNKS)
         doc = req.get("doc")
         if type(doc) is not dict:
             raise BadRequest("field 'doc' must be a JSON object")

@@ -252,9 +252,11 @@ def check_truncated(flags: int) -> None:
 def runtime_dir() -> Path:
     """The private directory of this user's sockets, created with mode 0700 if missing.
 
-    The first of these, the same in every process of the user:
+    Made again when it was removed (a tmp cleaner; systemd, at a user's last logout, removes
+    ``/run/user/<uid>`` while tmux or nohup processes live on): each call checks. The first
+    of these, the same in every process of the user:
 
-    * ``$XDG_RUNTIME_DIR/sharedarrays`` when that is set;
+    * ``$XDG_RUNTIME_DIR/sharedarrays`` when that is set and exists;
     * ``/run/user/<uid>/sharedarrays`` when ``/run/user/<uid>`` is this user's and closed to
       others (systemd makes it at login);
     * ``<tmp>/sharedarrays-<uid>``; where another user made that name first (``/tmp`` is
@@ -290,14 +292,18 @@ def runtime_dir() -> Path:
 
 
 def _login_dir(uid: int) -> Path | None:
-    """``$XDG_RUNTIME_DIR`` when set, else ``/run/user/<uid>`` when it is ``uid``'s and closed
-    to others, else ``None``."""
+    """``$XDG_RUNTIME_DIR`` when set and there, else ``/run/user/<uid>`` when it is
+    ``uid``'s and closed to others, else ``None``."""
     base = os.environ.get("XDG_RUNTIME_DIR")
+    st: os.stat_result | None = None
     if base:
         try:
             st = os.stat(base)
+        except FileNotFoundError:  # (removed, as systemd does at the last logout: as if unset)
+            pass
         except OSError:
             return Path(base)  # (making the directory in it says why it cannot)
+    if base and st is not None:
         if st.st_uid not in (uid, 0):
             raise PermissionDenied(
                 f"XDG_RUNTIME_DIR ({base}) belongs to another user (uid {st.st_uid}), who could "

@@ -28,6 +28,7 @@ from sharedarrays.protocol.handles import (
     Status,
 )
 from sharedarrays.protocol.unix import (
+    BACKOFF,
     FDS_PER_MESSAGE,
     MAX_PATH,
     check_same_user,
@@ -141,11 +142,14 @@ def close_connections() -> None:
         sock.close()
 
 
-def _connect(server: str, gone: str) -> socket.socket:
-    """A new connection to the handle server at ``server``, checked to run as this user.
+def _connect(server: str, gone: str, pid: int | None = None) -> socket.socket:
+    """A new connection to the handle server at ``server`` (of process ``pid``, if known),
+    checked to run as this user.
 
     A server whose queue of connections to accept is full (``EAGAIN``: it is stopped or
-    overloaded) is tried again until :data:`TIMEOUT`.
+    overloaded) is tried again until :data:`TIMEOUT`; so is one whose socket file is gone
+    while its process runs (the runtime directory was removed: the server listens there
+    again within :data:`~sharedarrays.transport.server.HOUSEKEEPING`).
 
     Raises
     ------
@@ -155,8 +159,16 @@ def _connect(server: str, gone: str) -> socket.socket:
     PermissionDenied
         The socket or its server belongs to another user.
     """
+    deadline = time.monotonic() + TIMEOUT
     try:
-        sock = connect_unix(server, time.monotonic() + TIMEOUT, TIMEOUT)
+        while True:
+            try:
+                sock = connect_unix(server, deadline, TIMEOUT)
+                break
+            except FileNotFoundError:
+                if pid is None or not _runs(pid) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(BACKOFF)
     except TimeoutError:
         raise HandleUnavailable(
             f"the handle server {server} did not accept a connection within {TIMEOUT:g} s: its "
@@ -186,6 +198,15 @@ def _connect(server: str, gone: str) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def _runs(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, exited but not reaped yet, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
 
 
 def keep_connection(server: str, sock: socket.socket) -> None:
@@ -260,7 +281,7 @@ def _fetch(
     try:
         while True:
             if sock is None:
-                sock = _connect(server, gone)
+                sock = _connect(server, gone, pid)
             deadline = time.monotonic() + TIMEOUT  # (the whole reply, its fds included)
             try:
                 sock.sendall(request)

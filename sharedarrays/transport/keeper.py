@@ -33,6 +33,7 @@ from sharedarrays.memory.state import state
 from sharedarrays.process import at_exit, at_fork
 from sharedarrays.protocol.keeper import (
     DENIED,
+    ERROR,
     EXISTS,
     LOCK_NAME,
     MAX_FDS,
@@ -53,12 +54,15 @@ from sharedarrays.protocol.unix import (
     check_same_user,
     check_truncated,
     connect_unix,
+    recv_fds,
     recv_into,
     runtime_dir,
+    send_fds,
 )
 
 __all__ = [
     "TIMEOUT",
+    "RETRY",
     "socket_path",
     "lock_path",
     "ensure_running",
@@ -75,7 +79,13 @@ __all__ = [
 ]
 
 TIMEOUT = 10.0
-"""Seconds a client waits for the keeper to start or to answer."""
+"""Seconds a client waits for the keeper to start or to answer: the most one call waits (a
+request; a close that hands its payloads in flight over), and the most one exit waits in
+all (its hand-overs share it). Once the keeper did not answer in time, :data:`RETRY`."""
+RETRY = 1.0
+"""Seconds a client waits, per call and per exit, for a keeper that did not answer it in
+time before (stopped or overloaded), until it answers again: a stopped keeper costs a
+process :data:`TIMEOUT` once, not at every close."""
 
 
 def socket_path() -> Path:
@@ -98,6 +108,29 @@ _conn: socket.socket | None = None
 _conn_path: str | None = None
 _held: set[str] = set()
 """Allocation ids this process's connection holds in the keeper (released on release)."""
+_late: str | None = None
+"""The socket of a keeper that did not answer this process in time (waited for
+:data:`RETRY` until it answers again), or ``None``."""
+_exit_wait: tuple[float, float] | None = None
+"""While the exit hands payloads over: when it began (``time.monotonic()``) and the seconds
+of waiting for the keeper the exit has left then."""
+_exit_left = TIMEOUT
+"""Seconds of waiting for the keeper this process's exit has left (both runs of its hook)."""
+
+
+def _patience(path: str) -> float:
+    """Seconds to wait now for the keeper at ``path``: :data:`TIMEOUT`, or :data:`RETRY`
+    while it is late."""
+    return RETRY if _late == path else TIMEOUT
+
+
+def _answered(path: str, answered: bool) -> None:
+    """Note whether the keeper at ``path`` answered in time (see :data:`_late`)."""
+    global _late
+    if not answered:
+        _late = path
+    elif _late == path:
+        _late = None
 
 
 def running_pid() -> int | None:
@@ -222,11 +255,13 @@ def _try_connect(path: str, deadline: float) -> socket.socket | None:
     PermissionDenied
         The socket or the keeper belongs to another user.
     """
+    wait = max(deadline - time.monotonic(), 0.001)
     try:
-        sock = connect_unix(path, deadline, TIMEOUT)
+        sock = connect_unix(path, deadline, wait)
     except TimeoutError:
+        _answered(path, False)
         raise KeeperError(
-            f"the keeper ({path}) did not accept a connection within {TIMEOUT:g} s: it is "
+            f"the keeper ({path}) did not accept a connection within {wait:g} s: it is "
             "overloaded or stopped. Try again; python -m sharedarrays status shows it"
         ) from None
     except (FileNotFoundError, ConnectionRefusedError):
@@ -253,12 +288,12 @@ def _try_connect(path: str, deadline: float) -> socket.socket | None:
     return sock
 
 
-def _open(path: str, start: bool) -> socket.socket:
-    """A new connection to the keeper at ``path``, starting one first if ``start``."""
-    sock = _try_connect(path, time.monotonic() + TIMEOUT)
+def _open(path: str, start: bool, deadline: float) -> socket.socket:
+    """A new connection to the keeper at ``path``, starting one first if ``start``, by
+    ``deadline`` (``time.monotonic()``; the socket's timeout is what is left of it)."""
+    sock = _try_connect(path, deadline)
     if sock is None and start:
         proc = _launch()
-        deadline = time.monotonic() + TIMEOUT
         while sock is None and time.monotonic() < deadline:
             time.sleep(0.02)
             sock = _try_connect(path, deadline)
@@ -271,21 +306,28 @@ def _open(path: str, start: bool) -> socket.socket:
                         + _no_room(log_path().parent)
                     )
     if sock is None:
+        if start:
+            _answered(path, False)
         raise HandleUnavailable(
             "no sharedarrays keeper is running for this user"
-            + (f" (it did not start within {TIMEOUT:g} s; see {log_path()})" if start else "")
+            + (f" (it did not start in time; see {log_path()})" if start else "")
         )
     return sock
 
 
-def _connect(start: bool) -> socket.socket:
+def _connect(start: bool) -> tuple[socket.socket, str, float]:
+    """This process's connection to the keeper (opened, starting it if ``start``, where
+    none is open), the keeper's socket, and the seconds to wait for its answer (set as the
+    connection's timeout)."""
     global _conn, _conn_path
     path = str(socket_path())
-    if _conn is not None and _conn_path == path:
-        return _conn
-    disconnect()
-    _conn, _conn_path = _open(path, start), path
-    return _conn
+    wait = _patience(path)
+    if _conn is None or _conn_path != path:
+        disconnect()
+        _conn, _conn_path = _open(path, start, time.monotonic() + wait), path
+    if _conn.gettimeout() != wait:
+        _conn.settimeout(wait)
+    return _conn, path, wait
 
 
 def disconnect(wait: float = -1) -> None:
@@ -321,22 +363,24 @@ def request(
     PermissionDenied
         The keeper's socket belongs to another user.
     KeeperError
-        A keeper runs but did not accept or answer within :data:`TIMEOUT` (it is overloaded
-        or stopped), the connection failed otherwise, or it sent something that is not a
-        keeper reply. Never "no keeper": a name it holds is not reported missing.
+        A keeper runs but did not accept or answer within :data:`TIMEOUT` (:data:`RETRY`
+        once it was late; it is overloaded or stopped), the connection failed otherwise, or
+        it sent something that is not a keeper reply. Never "no keeper": a name it holds is
+        not reported missing.
     """
     data = req.encode()
     with _lock:
         _flush_deferred()
         for attempt in (1, 2, 3):
-            sock = _connect(start)
+            sock, path, wait = _connect(start)
             got: list[int] = []
             try:
                 msg, flags = _send_and_receive(sock, req, data, fds, got)
             except TimeoutError:
                 disconnect()
+                _answered(path, False)
                 raise KeeperError(
-                    f"the keeper did not answer within {TIMEOUT:g} s: it is overloaded or "
+                    f"the keeper did not answer within {wait:g} s: it is overloaded or "
                     "stopped. The request was sent and may still be carried out when it "
                     "resumes: see python -m sharedarrays status and ls --all before trying "
                     "it again"
@@ -370,6 +414,10 @@ def request(
                         raise KeeperError("the keeper closed the connection three times; try again")
                     continue
                 reply = Reply.decode(msg)
+                _answered(path, True)
+                if len(fds) > MAX_FDS and reply.status == ERROR:
+                    disconnect()  # (refused before its last fds came: read as requests)
+                _take_rest(sock, reply, got, wait)
                 handed = True
                 return reply.status, reply.body, got
             finally:
@@ -387,7 +435,7 @@ def _send_and_receive(
     they came)."""
     try:
         if fds:
-            socket.send_fds(sock, [data], list(fds))
+            send_fds(sock, data, fds)
         else:
             sock.send(data)
         if isinstance(req, Release):
@@ -400,6 +448,29 @@ def _send_and_receive(
         raise
 
 
+def _take_rest(sock: socket.socket, reply: Reply, got: list[int], wait: float) -> None:
+    """Receive the fds of an ``attach`` or ``fetch`` reply that follow it (one per chunk of
+    its ``sizes``, :data:`MAX_FDS` a message) into ``got``, within ``wait`` seconds.
+
+    Raises
+    ------
+    KeeperError
+        They did not all come (the connection is closed: its state is unknown).
+    """
+    sizes = reply.body.get("sizes")
+    if len(got) != MAX_FDS or type(sizes) is not list or len(sizes) <= MAX_FDS:
+        return
+    why = "it stopped"
+    try:
+        complete = recv_fds(sock, len(sizes), got, time.monotonic() + wait)
+        sock.settimeout(wait)  # (recv_fds left it at what remained)
+    except (OSError, HandleUnavailable) as e:
+        complete, why = False, str(e)
+    if not complete:
+        disconnect()
+        raise KeeperError(f"the keeper did not send all the handles: {why}")
+
+
 def hand_over(alloc: allocation.Allocation, loads: int, seconds: float) -> None:
     """Give the keeper (started if needed) ``alloc``'s handles for ``loads`` payloads in
     flight, for at most ``seconds``: they then load after this process let go of the
@@ -409,7 +480,26 @@ def hand_over(alloc: allocation.Allocation, loads: int, seconds: float) -> None:
     thread, maybe while this thread is inside :func:`request`. The keeper serves the handles
     by id and secret, and drops them after ``loads`` fetches or ``seconds``, whichever comes
     first (and once no process it served holds them).
+
+    Waits for the keeper :data:`TIMEOUT` at most (:data:`RETRY` once it was late); at exit,
+    what is left of the exit's wait (:func:`_hand_over_at_exit`).
+
+    Raises
+    ------
+    KeeperError
+        The keeper did not take the handles in time, or refused them.
+    HandleUnavailable
+        No keeper could be started.
     """
+    path = str(socket_path())
+    now = time.monotonic()
+    began, left = (now, TIMEOUT) if _exit_wait is None else _exit_wait
+    deadline = began + min(left, _patience(path))
+    if deadline <= now:
+        raise KeeperError(
+            f"the keeper did not answer in time earlier at this exit, which waits for it "
+            f"{TIMEOUT:g} s at most in all"
+        )
     doc = {"backend": alloc.backend.name, "device": alloc.device.index}
     doc["readonly"] = alloc.export_readonly
     doc["used"] = alloc.used  # (the bytes asked for: the rest is lost to granularity)
@@ -427,15 +517,23 @@ def hand_over(alloc: allocation.Allocation, loads: int, seconds: float) -> None:
     got: list[int] = []  # (none are expected: closed, whatever happens)
     try:
         try:
-            with _open(str(socket_path()), start=True) as sock:
-                socket.send_fds(sock, [data], handles)
+            with _open(path, True, deadline) as sock:
+                send_fds(sock, data, handles)
+                sock.settimeout(max(deadline - time.monotonic(), 0.001))
                 msg, _ = recv_into(sock, MAX_MESSAGE, MAX_FDS, got)
+        except TimeoutError:
+            _answered(path, False)
+            raise KeeperError(
+                f"the keeper did not take the handles within {deadline - now:.3g} s: it is "
+                "stopped or overloaded"
+            ) from None
         except OSError as e:
             raise KeeperError(f"the keeper did not take the handles: {e}") from None
         finally:
             for fd in temporary:
                 os.close(fd)
         reply = Reply.decode(msg)
+        _answered(path, True)
     finally:
         for fd in got:
             os.close(fd)
@@ -443,20 +541,32 @@ def hand_over(alloc: allocation.Allocation, loads: int, seconds: float) -> None:
 
 
 _said: set[str] = set()
-"""Allocations whose failed hand-over at exit this process said on stderr."""
+"""Allocations whose hand-over at exit failed (said on stderr, not tried again)."""
 
 
 def _hand_over_at_exit() -> None:
     """At exit: hand the payloads in flight of every allocation still mapped here to the
-    keeper (a Queue's feeder thread has pickled its items by then)."""
+    keeper (a Queue's feeder thread has pickled its items by then), waiting for it
+    :data:`TIMEOUT` at most in all, however many allocations there are.
+
+    The hook may run twice (at a Process's end, or multiprocessing's exit function, and at
+    the interpreter's exit): the second run hands over what was pickled since, within what
+    is left of that wait, and does not try again what failed."""
+    global _exit_wait, _exit_left
+    began = time.monotonic()
+    _exit_wait = (began, _exit_left)
     failed: list[tuple[int, str]] = []
-    for alloc in allocation.live_allocations():
-        failure = alloc.hand_over(say=False)
-        # (exit hooks may run twice, at a Process's end and at its interpreter's: what
-        # failed the first time is tried again but said once)
-        if failure is not None and alloc.id not in _said:
-            _said.add(alloc.id)
-            failed.append(failure)
+    try:
+        for alloc in allocation.live_allocations():
+            if alloc.id in _said:
+                continue
+            failure = alloc.hand_over(say=False)
+            if failure is not None:
+                _said.add(alloc.id)
+                failed.append(failure)
+    finally:
+        _exit_wait = None
+        _exit_left = max(0.0, _exit_left - (time.monotonic() - began))
     if failed:  # (one line for all: a keeper out of room refuses every one alike)
         more = ""
         if len(failed) > 1:
@@ -601,8 +711,9 @@ def _on_release(alloc: allocation.Allocation) -> None:
 
 
 def _forget_in_child() -> None:
-    global _lock, _conn, _conn_path
+    global _lock, _conn, _conn_path, _late, _exit_left
     _lock = threading.RLock()
+    _late, _exit_left = None, TIMEOUT
     if _conn is not None:
         _conn.close()  # the child's copy only: the parent's connection stays open
     _conn = _conn_path = None

@@ -69,19 +69,8 @@ class HandleServer:
     def __init__(self) -> None:
         directory = runtime_dir()
         _remove_stale_sockets(directory)
-        name = f"{os.getpid()}-{os.urandom(4).hex()}"
-        self.path = str(directory / f"{name}.sock")
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:  # bound under another name until it listens: a "<pid>-*.sock" always accepts
-            self._sock.bind(str(directory / f"{name}.new"))
-            os.chmod(directory / f"{name}.new", 0o600)
-            self._sock.listen(64)
-            os.rename(directory / f"{name}.new", self.path)
-        except BaseException:
-            self._sock.close()
-            with contextlib.suppress(OSError):
-                os.unlink(directory / f"{name}.new")
-            raise
+        self.path = str(directory / f"{os.getpid()}-{os.urandom(4).hex()}.sock")
+        self._sock = _listen(self.path)
         self._pid = os.getpid()
         self._closed = False
         self._conns: dict[socket.socket, Credentials] = {}  # oldest use first
@@ -129,6 +118,7 @@ class HandleServer:
                         allocation.drop_parked(only_orphans=True)
                         allocation.reap_draining()
                         next_housekeeping = time.monotonic() + HOUSEKEEPING
+                        self._listen_again(sel)
                     for key, _ in events:
                         if key.fileobj is self._sock:
                             self._accept(sel)
@@ -147,6 +137,32 @@ class HandleServer:
                 conn.close()
             self._conns.clear()
             sel.close()
+
+    def _listen_again(self, sel: selectors.BaseSelector) -> None:
+        """Listen again where the socket file was removed with the runtime directory (a tmp
+        cleaner; systemd at a user's last logout): at the same path, which the payloads
+        pickled here name, in the directory made again, or under a new name in the runtime
+        directory where that is now another one. Importers that find no file wait for it
+        while this process runs (:func:`sharedarrays.transport.client.fetch_handles`)."""
+        try:
+            os.stat(self.path)
+            return
+        except FileNotFoundError:
+            pass
+        directory = runtime_dir()  # (made again)
+        path = self.path
+        if Path(path).parent != directory:
+            path = str(directory / f"{os.getpid()}-{os.urandom(4).hex()}.sock")
+        listener = _listen(path)
+        if self._closed:  # (closed meanwhile, at exit)
+            listener.close()
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            return
+        sel.unregister(self._sock)
+        self._sock.close()
+        self._sock, self.path = listener, path
+        sel.register(listener, selectors.EVENT_READ)
 
     def _accept(self, sel: selectors.BaseSelector) -> None:
         """Accept one importer (its sends never block the server: a peer that does not
@@ -411,6 +427,30 @@ def _off_thread(fn: Callable[[], object]) -> None:
         threading.Thread(target=fn, name="sharedarrays-release", daemon=True).start()
     except RuntimeError:
         fn()
+
+
+def _listen(path: str) -> socket.socket:
+    """A ``SOCK_SEQPACKET`` socket listening at ``path`` (mode 0600). It is bound under
+    another name until it listens: a ``<pid>-*.sock`` always accepts.
+
+    Raises
+    ------
+    OSError
+        It cannot be bound there (no space, a path too long, no fd left).
+    """
+    new = path.removesuffix(".sock") + ".new"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        sock.bind(new)
+        os.chmod(new, 0o600)
+        sock.listen(64)
+        os.rename(new, path)
+    except BaseException:
+        sock.close()
+        with contextlib.suppress(OSError):
+            os.unlink(new)
+        raise
+    return sock
 
 
 def _remove_stale_sockets(directory: Path) -> None:

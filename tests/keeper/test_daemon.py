@@ -243,3 +243,48 @@ def test_an_idle_keeper_does_not_exit_with_a_connection_waiting_to_be_accepted(
         s.connect(k.path)
         assert k._may_exit() is False
         assert os.path.exists(k.path) and not aside.exists()
+
+
+@pytest.mark.timeout(60)
+def test_a_keep_whose_last_fds_never_come_is_refused_in_time(
+    keeper: daemon.Keeper, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``keep`` of 300 chunks whose sender stops after the first message of fds: refused
+    after FDS_WAIT, every fd it got closed, and the keeper serves on."""
+    monkeypatch.setattr(daemon, "FDS_WAIT", 0.5)
+    before = len(os.listdir("/proc/self/fd"))
+    fd = os.open("/dev/null", os.O_RDONLY)
+    keep = wire.Keep("ab" * 16, bytes(32), "stalled", [4096] * 300, {})
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+            s.settimeout(10)
+            s.connect(keeper.path)
+            socket.send_fds(s, [keep.encode()], [fd] * wire.MAX_FDS)  # (and no more)
+            reply = wire.Reply.decode(s.recv(wire.MAX_MESSAGE))
+    finally:
+        os.close(fd)
+    assert reply.status == wire.ERROR and "did not come" in reply.body["error"]
+    assert _ask(keeper, wire.Hello()).status == wire.OK and not keeper._entries
+    deadline = time.monotonic() + 10  # (the keeper closes its ends of the connections)
+    while len(os.listdir("/proc/self/fd")) > before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(os.listdir("/proc/self/fd")) <= before
+
+
+def test_a_keep_of_more_fds_than_one_message_is_kept_whole(keeper: daemon.Keeper) -> None:
+    fd = os.open("/dev/null", os.O_RDONLY)
+    keep = wire.Keep("cd" * 16, bytes(32), "many", [4096] * 300, {})
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+            s.settimeout(10)
+            s.connect(keeper.path)
+            unix.send_fds(s, keep.encode(), [fd] * 300)
+            assert wire.Reply.decode(s.recv(wire.MAX_MESSAGE)).status == wire.OK
+            s.send(wire.Attach("many").encode())
+            msg, got, _, _ = socket.recv_fds(s, wire.MAX_MESSAGE, wire.MAX_FDS)
+            complete = unix.recv_fds(s, 300, got)
+            for f in got:
+                os.close(f)
+    finally:
+        os.close(fd)
+    assert wire.Reply.decode(msg).status == wire.OK and complete and len(got) == 300

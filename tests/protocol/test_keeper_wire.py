@@ -10,6 +10,7 @@ import pytest
 import sharedarrays as sa
 from sharedarrays.protocol import keeper as wire
 from sharedarrays.protocol.keeper import (
+    MAX_CHUNKS,
     MAX_FDS,
     MAX_MESSAGE,
     Attach,
@@ -113,8 +114,8 @@ def _keep(**change: object) -> bytes:
         (_keep(secret="ab"), "'secret' is not valid hex"),
         (_keep(name=".hidden"), "invalid array name"),
         (_keep(name=5), "an array name is a str"),
-        (_keep(sizes=[]), "'sizes' must be a list of 1 to 250"),
-        (_keep(sizes=[1] * (MAX_FDS + 1)), "'sizes' must be a list"),
+        (_keep(sizes=[]), "'sizes' must be a list of 1 to 2048"),
+        (_keep(sizes=[1] * (MAX_CHUNKS + 1)), "'sizes' must be a list"),
         (_keep(sizes=[0]), "not an int in"),
         (_keep(sizes=[True]), "not an int in"),
         (_keep(doc=[]), "'doc' must be a JSON object"),

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import tempfile
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -112,3 +115,23 @@ def test_connect_to_a_full_queue_times_out_at_the_deadline(tmp_path: os.PathLike
         finally:
             for s in queued:
                 s.close()
+
+
+def test_a_removed_runtime_dir_is_made_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Removed while processes run: made again; and where ``$XDG_RUNTIME_DIR`` itself was
+    removed (systemd removes ``/run/user/<uid>`` at the last logout), as if it were unset
+    (making the directory in it had failed with PermissionDenied)."""
+    uid = os.getuid()
+    base = tmp_path / "xdg"
+    base.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(base))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(unix, "RUN_USER", tmp_path / "run")
+    assert unix.runtime_dir() == base / "sharedarrays"
+    shutil.rmtree(base / "sharedarrays")
+    assert unix.runtime_dir() == base / "sharedarrays"
+    assert os.lstat(base / "sharedarrays").st_mode & 0o777 == 0o700
+    shutil.rmtree(base)
+    assert unix.runtime_dir() == tmp_path / f"sharedarrays-{uid}"

@@ -7,6 +7,7 @@ import gc
 import json
 import os
 import pickle
+import shutil
 import signal
 import socket
 import subprocess
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 from conftest import closed_by_peer
 from keeper_helpers import (
@@ -25,6 +27,7 @@ from keeper_helpers import (
     py,
     read_json_line,
     spawn,
+    stop,
     wait_gone,
 )
 
@@ -975,3 +978,132 @@ def test_a_keeper_that_fails_as_it_starts_on_a_full_file_system_says_so(
     monkeypatch.setattr(os, "statvfs", lambda path: Full(real(path)))
     with pytest.raises(sa.HandleUnavailable, match=r"exited as it started .* is full \(no space"):
         sa.zeros(3, device="cpu", name="never-kept")
+
+
+_MANY_CHUNKS = """
+import pickle, sys, numpy as np, sharedarrays as sa
+n = 300 * 4096  # (300 chunks: more fds than one message carries)
+name = "many" if sys.argv[1] == "name" else None  # (named, or in flight at a normal exit)
+a = sa.from_array(np.arange(n, dtype=np.uint8), device="cpu", chunk_bytes=4096, pack=False,
+                  name=name)
+assert len(a.allocation.chunk_sizes()) == 300
+if name is None:
+    print(pickle.dumps(a).hex())
+"""
+
+
+@pytest.mark.timeout(120)
+def test_payloads_of_many_chunks_in_flight_at_exit_load_from_the_keeper(
+    private_keeper: Path,
+) -> None:
+    """An array of 300 chunks in flight at a normal exit: the keeper takes its handles in
+    batches (one message of 300 fds was EINVAL, of 251 refused: the payload was lost)."""
+    out = py(_MANY_CHUNKS.replace("sys.argv[1]", "'send'")).stdout
+    loaded = pickle.loads(bytes.fromhex(out.strip()))  # from the keeper: its exporter exited
+    np.testing.assert_array_equal(loaded.get(), np.arange(300 * 4096, dtype=np.uint8))
+    loaded.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_named_array_of_many_chunks_is_kept_and_attached(private_keeper: Path) -> None:
+    """A name for an array of 300 chunks (refused past 250 chunks): kept in batches, served
+    in batches to a process that attaches it after its creator exited."""
+    py(_MANY_CHUNKS.replace("sys.argv[1]", "'name'"))
+    a = sa.attach("many")
+    np.testing.assert_array_equal(a.get(), np.arange(300 * 4096, dtype=np.uint8))
+    a.close()
+    sa.unlink("many")
+
+
+_STOPPED_KEEPER = """
+import pickle, sharedarrays as sa
+arrays = [sa.zeros(4096, device="cpu", pack=False) for _ in range(3)]
+payloads = [pickle.dumps(a) for a in arrays]  # in flight
+print("ready", flush=True)
+arrays[0].close()  # its payload is handed over: the keeper does not answer
+print("closed", flush=True)
+"""  # (and exits with two arrays in flight)
+
+
+@pytest.mark.timeout(180)
+def test_a_stopped_keeper_costs_a_close_and_an_exit_one_wait_in_all(
+    private_keeper: Path,
+) -> None:
+    """With the keeper stopped (SIGSTOP), a close that hands payloads over and then the exit
+    with two arrays in flight wait TIMEOUT in all: once the keeper was late, the exit waits
+    RETRY, shared by its hand-overs, and its second run of the hook does not wait again.
+    (Each hand-over waited TIMEOUT, and the exit hook ran twice: 10 s + 2 x 2 x 10 s.)"""
+    kpid = keeper.ensure_running()
+    stop(kpid)
+    try:
+        child = spawn(_STOPPED_KEEPER)
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        began = time.monotonic()
+        out, err = child.communicate(timeout=150)
+        took = time.monotonic() - began
+    finally:
+        os.kill(kpid, signal.SIGCONT)
+    assert child.returncode == 0 and out == "closed\n", err
+    assert took < 1.5 * keeper.TIMEOUT, f"the close and the exit waited {took:.0f} s"
+    said = [line for line in err.splitlines() if "could not be handed to the keeper" in line]
+    assert len(said) == 2 and "did not take the handles" in said[0], err  # (close, exit)
+
+
+_EXPORTER = """
+import pickle, sys, numpy as np, sharedarrays as sa
+a = sa.from_array(np.arange(1000.0), device="cpu", pack=False)
+named = sa.from_array(np.arange(10.0), device="cpu", name="kept")
+print(pickle.dumps(a).hex(), flush=True)
+sys.stdin.readline()  # (the runtime directory is removed meanwhile)
+b = sa.from_array(np.full(100, 3.0), device="cpu", pack=False)
+print(pickle.dumps(b).hex(), flush=True)
+sys.stdin.readline()
+"""
+_LOADER = "import pickle, sys; print(pickle.loads(bytes.fromhex(sys.stdin.read())).get().sum())"
+
+
+def _keepers(base: Path) -> list[int]:
+    """The keeper processes that run with ``base`` as their XDG_RUNTIME_DIR."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            cmdline = proc.info["cmdline"] or ()
+            if any("sharedarrays.keeper.daemon" in arg for arg in cmdline) and (
+                proc.environ().get("XDG_RUNTIME_DIR") == str(base)
+            ):
+                found.append(proc.pid)
+    return found
+
+
+@pytest.mark.timeout(120)
+def test_a_removed_runtime_dir_is_made_again_and_sharing_goes_on(private_keeper: Path) -> None:
+    """The runtime directory removed (systemd at the last logout; a tmp cleaner) while an
+    exporter and the keeper run: the exporter's handle server listens again at its path, so
+    a payload pickled before loads, and it shares again; the keeper takes its lock and
+    listens again at its path, so its named array is found and no second keeper starts.
+    (The exporter was said to have exited; the keeper's arrays were out of reach.)"""
+    exporter = spawn(_EXPORTER)
+    try:
+        assert exporter.stdout is not None and exporter.stdin is not None
+        first = exporter.stdout.readline().strip()
+        kpid = lock_holder(private_keeper)
+        assert kpid is not None and first, exporter.stderr
+        shutil.rmtree(private_keeper)
+        deadline = time.monotonic() + 30
+        while not (private_keeper / "keeper.sock").exists():
+            assert time.monotonic() < deadline, "the keeper did not listen again"
+            time.sleep(0.05)
+        assert lock_holder(private_keeper) == kpid
+        assert float(py(_LOADER, input=first).stdout) == sum(range(1000))
+        exporter.stdin.write("\n")
+        exporter.stdin.flush()
+        second = exporter.stdout.readline().strip()
+        assert float(py(_LOADER, input=second).stdout) == 300.0
+        keeper.disconnect()  # (a new connection, to the socket file)
+        a = sa.attach("kept")
+        np.testing.assert_array_equal(a.get(), np.arange(10.0))
+        a.close()
+        assert [info.name for info in sa.list_named()] == ["kept"]
+        assert _keepers(private_keeper.parent) == [kpid]
+    finally:
+        exporter.communicate(input="\n", timeout=60)
