@@ -19,6 +19,8 @@ import pytest
 import stress_workers
 from keeper_helpers import lock_holder
 
+from sharedarrays.transport import keeper
+
 pytestmark = pytest.mark.timeout(300)
 
 
@@ -61,3 +63,23 @@ def test_with_no_room_for_threads_every_error_is_a_shared_array_error(mib: int) 
     assert not not_shared(reports)
     if mib == 16:  # (no thread starts: the handle server's is refused, by name)
         assert {r["error"] for r in reports if r["op"] == "dumps"} == {"ThreadUnavailable"}
+
+
+@pytest.mark.parametrize("condition", ["keeper-stopped", "keeper-killed"])
+def test_with_the_keeper_stopped_or_killed_errors_are_shared_array_errors_in_one_bound(
+    condition: str,
+) -> None:
+    """No operation waits longer than one keeper timeout, and the exit (two arrays with
+    payloads in flight) waits at most one in all: at 196827a the stopped keeper cost 10 s
+    per operation and 20 s at exit."""
+    reports, _, stderr = run(condition)
+    assert not not_shared(reports)
+    assert all(r["seconds"] < keeper.TIMEOUT * 1.5 for r in reports if "seconds" in r), reports
+    waited = sum(r["seconds"] for r in reports if "seconds" in r)
+    exit_at = next(r["at"] for r in reports if r["op"] == "exit")
+    if condition == "keeper-stopped":  # one full wait, then RETRY per operation
+        assert waited < keeper.TIMEOUT * 1.5 + 20 * keeper.RETRY * 1.5, reports
+        assert time.time() - exit_at < keeper.TIMEOUT * 1.5
+        assert "in flight" in stderr  # (what could not be handed over is said)
+    else:  # a killed keeper is started again: nothing waits
+        assert waited < keeper.TIMEOUT, reports
