@@ -20,8 +20,14 @@ COMMANDS = ("ls", "rm", "keeper", "status")
 
 def add_parsers(sub: Any) -> None:
     """Add the ``ls``, ``rm``, ``keeper`` and ``status`` subcommands to ``sub``."""
-    ls = sub.add_parser("ls", help="list this user's named arrays")
+    ls = sub.add_parser("ls", help="list this user's named arrays (of this namespace)")
     ls.add_argument("--all", action="store_true", help="also parked and unlinked arrays")
+    ls.add_argument(
+        "-A",
+        "--all-namespaces",
+        action="store_true",
+        help="the names of every namespace, global ones included (not only this project's)",
+    )
     ls.add_argument("--json", action="store_true", help="one JSON object per line")
     rm = sub.add_parser(
         "rm",
@@ -119,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         from sharedarrays.api.widgets.nodeview import row_cells
 
         try:
-            rows = named.list_named(parked=args.all)
+            rows = named.list_named(parked=args.all, all_namespaces=args.all_namespaces)
         except SharedArrayError as e:  # the keeper runs but is stopped, busy or another's
             print(f"ls: {e}", file=sys.stderr)
             return 1
@@ -131,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
                     json.dumps(
                         {
                             "name": r.name,
+                            "namespace": r.namespace,
                             "id": r.id,
                             "shape": list(r.shape),
                             "dtype": r.dtype.str,
@@ -147,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
                 )
             return 0
         print(
-            f"{'NAME':<24} {'SHAPE':<16} {'DTYPE':<8} {'DEVICE':<7} {'SIZE':>9} "
+            f"{'NAME':<24} {'NAMESPACE':<20} {'SHAPE':<16} {'DTYPE':<8} {'DEVICE':<7} {'SIZE':>9} "
             f"{'CREATOR':>8} {'CREATED':<19} {'PIDS':<12} {'STATE':<9} {'BACKEND':<8} "
             f"{'LOST':>9} {'AGE':>5} HOLDERS"
         )
@@ -157,8 +164,9 @@ def run(args: argparse.Namespace) -> int:
                 label += " (unlinked)"
             stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created))
             cells = dict(zip(_COLUMNS, row_cells(seen[r.id]))) if r.id in seen else {}
+            space = "-" if r.name is None else r.namespace or "/ (global)"
             print(
-                f"{label:<24} {r.shape!s:<16} {r.dtype.name:<8} {r.device!s:<7} "
+                f"{label:<24} {space:<20} {r.shape!s:<16} {r.dtype.name:<8} {r.device!s:<7} "
                 f"{fmt_bytes(r.size):>9} {r.creator:>8} {stamp:<19} "
                 f"{','.join(map(str, r.pids)) or '-':<12} {cells.get('STATE', '-'):<9} "
                 f"{cells.get('BACKEND', '-'):<8} {cells.get('LOST', '-'):>9} "

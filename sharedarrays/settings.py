@@ -95,7 +95,12 @@ default, by :func:`env_number`; this table lets :func:`check_environment` read t
 once)."""
 
 
-WORDS = ("SHAREDARRAYS_NODE", "SHAREDARRAYS_HIP_MODULE", "SHAREDARRAYS_ASCEND_MODULE")
+WORDS = (
+    "SHAREDARRAYS_NODE",
+    "SHAREDARRAYS_NAMESPACE",
+    "SHAREDARRAYS_HIP_MODULE",
+    "SHAREDARRAYS_ASCEND_MODULE",
+)
 """Every word setting (read where it is used, by :func:`env_word` or as a module name)."""
 TOOLS = ("SHAREDARRAYS_BENCH_TIMEOUT", "SHAREDARRAYS_BENCH_DEBUG", "SHAREDARRAYS_CHROMIUM")
 """Settings of the benchmark (``python -m sharedarrays bench``) and of the test suite."""

@@ -1,5 +1,5 @@
-"""Every notebook in notebooks/ runs as it is, in a kernel of this interpreter; the named-array
-pair (07) runs as two kernels at the same time."""
+"""Every notebook in notebooks/ runs as it is, alone, in a kernel of this interpreter; the
+named-array pair (07) also runs as two kernels at the same time."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 import os
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,8 @@ NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 NAMES = sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
 PAIR = ("07-named-producer.ipynb", "07-named-consumer.ipynb")
 SINGLE = [name for name in NAMES if name not in PAIR]
+
+ALONE_LIMIT = 120  # seconds a 07 notebook run alone may take (it runs its partner itself)
 
 # a time.time() value printed as it is (2001-09-09 to 2286): what a notebook must not show
 EPOCH_FLOAT = re.compile(r"(?<![\d.])1\d{9}\.\d+")
@@ -129,9 +132,11 @@ def test_notebook_runs(name, tmp_path, monkeypatch):
 def test_named_pair_runs_at_the_same_time(tmp_path, monkeypatch, private_keeper):  # noqa: F811
     """The producer makes named arrays and waits; the consumer, in another kernel started at
     the same time, attaches them by name and writes; the producer sees the write (it asserts
-    that itself). Both wait for each other at most SA_NAMED_TIMEOUT seconds."""
+    that itself). Both wait for each other at most SA_NAMED_TIMEOUT seconds, and neither runs
+    the other in the background (SA_NAMED_PARTNER=wait)."""
     _kernel_path(monkeypatch)
     monkeypatch.setenv("SA_NAMED_TIMEOUT", "150")
+    monkeypatch.setenv("SA_NAMED_PARTNER", "wait")
     producer, consumer = (nbformat.read(NOTEBOOKS / name, as_version=4) for name in PAIR)
 
     async def both() -> None:
@@ -153,3 +158,34 @@ def test_named_pair_runs_at_the_same_time(tmp_path, monkeypatch, private_keeper)
     assert sum("image/png" in d and "text/html" not in d for d in produced) == 1
     assert sum("image/png" in d for d in consumed) == 1
     assert consumer.cells[-1].outputs[0]["data"]["text/plain"] == "(True, True)"
+
+
+@pytest.mark.notebook
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", PAIR)
+def test_a_named_notebook_runs_alone(name, monkeypatch, private_keeper):  # noqa: F811
+    """Run All of one 07 notebook, its partner not running: it runs the partner in the
+    background and finishes, well within the limit, instead of waiting 600 s for it (and
+    then failing). Its folder is the kernel's working directory, as in Jupyter."""
+    import sharedarrays as sa
+
+    _kernel_path(monkeypatch)
+    monkeypatch.delenv("SA_NAMED_TIMEOUT", raising=False)  # the notebook's own 600 s
+    monkeypatch.delenv("SA_NAMED_PARTNER", raising=False)
+    monkeypatch.delenv("SHAREDARRAYS_NAMESPACE", raising=False)
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    start = time.monotonic()
+
+    async def run() -> None:
+        await asyncio.wait_for(_client(nb, NOTEBOOKS).async_execute(), timeout=ALONE_LIMIT)
+
+    asyncio.run(run())
+    took = time.monotonic() - start
+    _check_outputs(nb, name)
+    text = "".join(out.get("text", "") for cell in nb.cells for out in cell.get("outputs", []))
+    partner = next(other for other in PAIR if other != name)
+    assert f"{partner} is not running: running it in the background" in text, text
+    assert f"{partner} (run in the background) finished without error" in text, text
+    assert "Traceback" not in text and "Error" not in text, text
+    # the producer unlinked its names: nothing is left behind in the keeper
+    assert sa.list_named(all_namespaces=True) == [], took

@@ -11,9 +11,8 @@ import numpy as np
 
 from sharedarrays.api.array import SharedDeviceArray
 from sharedarrays.api.creation import empty
-from sharedarrays.api.named import publish
+from sharedarrays.api.named import check_name, publish
 from sharedarrays.backends.device import DeviceLike
-from sharedarrays.protocol.keeper import check_name
 
 __all__ = ["to_dask", "from_dask"]
 

@@ -15,6 +15,13 @@ other processes use, and never removes its name. *Unlinking* removes the name; i
 memory away from a process that maps it. Every name should be unlinked once: a named array
 that nobody unlinks lives as long as the keeper.
 
+Names live in a **namespace**, one per project, so that two projects' ``"features"`` never
+meet: ``"features"`` is the name in this process's namespace (:func:`namespace`: the setting
+``SHAREDARRAYS_NAMESPACE``, else one derived from the project directory), ``"ns/features"``
+the name in namespace ``ns``, and ``"/features"`` a global name, in no namespace. The keeper
+holds each as ``ns/features`` (a global one as ``features``); this module qualifies and
+splits them.
+
 ``a.park()`` does the same for an unnamed array: the keeper holds its handles, so a payload
 (``pickle.dumps(a)``) still loads after the exporter exited. ``a.unpark()`` (in any process
 that holds a view of it) lets it go again. Both names and parking hand the handles over
@@ -23,8 +30,12 @@ through :mod:`sharedarrays.api.keeping`.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
+import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -43,9 +54,124 @@ from sharedarrays.errors import (
 from sharedarrays.memory import live_allocations
 from sharedarrays.protocol import keeper as keeper_protocol
 from sharedarrays.protocol.payload import Payload
+from sharedarrays.settings import env_word
 from sharedarrays.transport import keeper
 
-__all__ = ["NamedArray", "attach", "list_named", "unlink", "publish"]
+__all__ = [
+    "NAMESPACE_VARIABLE",
+    "PROJECT_MARKERS",
+    "NamedArray",
+    "attach",
+    "check_name",
+    "list_named",
+    "namespace",
+    "publish",
+    "qualify",
+    "unlink",
+]
+
+NAMESPACE_VARIABLE = "SHAREDARRAYS_NAMESPACE"
+"""The setting that names this process's namespace (``/``: the global one)."""
+PROJECT_MARKERS = (".git", "pyproject.toml")
+"""What makes a directory a project's root, for the default namespace."""
+_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+MAX_NAMESPACE = keeper_protocol.MAX_NAMESPACE
+_SETTING = re.compile(rf"/|[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_NAMESPACE - 1}}}")
+
+
+def namespace() -> str | None:
+    """The namespace this process's names are in (``None``: the global namespace).
+
+    ``SHAREDARRAYS_NAMESPACE`` if set (``/`` for the global namespace); else the project's:
+    the nearest directory, from the working directory up, that holds a ``.git`` or a
+    ``pyproject.toml`` (the working directory itself if none does), as its base name and a
+    hash of its path, e.g. ``"myproject-1a2b3c4d"``. So a script at a repository's root, its
+    notebooks in ``notebooks/`` and their pool workers (which inherit the working directory
+    and the environment) share one namespace, and another checkout has its own.
+
+    Raises
+    ------
+    ValueError
+        ``SHAREDARRAYS_NAMESPACE`` is not a namespace.
+    """
+    setting = env_word(
+        NAMESPACE_VARIABLE,
+        _SETTING,
+        f"a namespace (1 to {MAX_NAMESPACE} characters from A-Z a-z 0-9 . _ -, "
+        "starting with a letter or digit) or / (the global namespace)",
+    )
+    if setting is not None:
+        return None if setting == "/" else setting
+    return _project_namespace(os.getcwd())
+
+
+@functools.lru_cache(maxsize=16)
+def _project_root(cwd: str) -> Path:
+    here = Path(cwd).resolve()
+    for directory in (here, *here.parents):
+        if any((directory / marker).exists() for marker in PROJECT_MARKERS):
+            return directory
+    return here
+
+
+@functools.lru_cache(maxsize=16)
+def _project_namespace(cwd: str) -> str:
+    root = _project_root(cwd)
+    word = re.sub(r"[^A-Za-z0-9._-]", "_", root.name).lstrip("._-")[:40] or "root"
+    return f"{word}-{hashlib.sha256(str(root).encode()).hexdigest()[:8]}"
+
+
+def _whose() -> str:
+    """Where this process's namespace comes from, for messages."""
+    if os.environ.get(NAMESPACE_VARIABLE, "").strip():
+        return f"set by {NAMESPACE_VARIABLE}"
+    return f"of the project directory {_project_root(os.getcwd())}"
+
+
+def check_name(name: object) -> str:
+    """Return ``name`` if it is a valid array name, else raise.
+
+    A name is 1 to 128 characters from ``A-Z a-z 0-9 . _ -``, starting with a letter or
+    digit: ``"features"`` (in this process's namespace); ``"ns/features"`` names it in
+    namespace ``ns`` (1 to 64 such characters), ``"/features"`` a global name.
+
+    Raises
+    ------
+    TypeError
+        ``name`` is not a str.
+    ValueError
+        Not a valid name.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"an array name is a str, not {type(name).__name__}")
+    space, _, base = name.rpartition("/")
+    good_space = space == "" or (_WORD.fullmatch(space) and len(space) <= MAX_NAMESPACE)
+    if not (good_space and _WORD.fullmatch(base) and len(base) <= keeper_protocol.MAX_NAME):
+        raise ValueError(
+            f"invalid array name {name!r}: use 1 to {keeper_protocol.MAX_NAME} characters from "
+            "A-Z a-z 0-9 . _ -, starting with a letter or digit ('ns/name' names it in "
+            "namespace ns, '/name' a global name)"
+        )
+    return name
+
+
+def qualify(name: str) -> str:
+    """The keeper's name for ``name``: ``"namespace/name"``, or ``"name"`` for a global one.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Not a valid name (or a bad ``SHAREDARRAYS_NAMESPACE``).
+    """
+    space, slash, base = check_name(name).rpartition("/")
+    if not slash:
+        space = namespace() or ""
+    return f"{space}/{base}" if space else base
+
+
+def _shown(key: str) -> str:
+    """A keeper name as it reaches the array from any namespace (``/name`` if global)."""
+    return key if "/" in key else f"/{key}"
 
 
 @dataclass(frozen=True)
@@ -55,7 +181,9 @@ class NamedArray:
     Attributes
     ----------
     name : str or None
-        Its name; ``None`` for a parked unnamed array.
+        Its name in its namespace; ``None`` for a parked unnamed array.
+    namespace : str or None
+        Its namespace (:func:`namespace`); ``None`` for a global name or a parked array.
     id : str
         The allocation id.
     shape : tuple of int
@@ -83,6 +211,7 @@ class NamedArray:
     """
 
     name: str | None
+    namespace: str | None
     id: str
     shape: tuple[int, ...]
     dtype: np.dtype[Any]
@@ -94,6 +223,14 @@ class NamedArray:
     linked: bool
     readonly: bool
     allow_pids: tuple[int, ...] | None
+
+    @property
+    def qualified(self) -> str | None:
+        """The name that reaches it from any namespace: ``"ns/name"``, or ``"/name"`` for a
+        global one (``None`` for a parked array)."""
+        if self.name is None:
+            return None
+        return f"{self.namespace or ''}/{self.name}"
 
 
 class _Fd:
@@ -117,7 +254,7 @@ def publish(a: SharedDeviceArray, name: str) -> None:
     NameExists
         The name is taken.
     """
-    keeping.keep(a, name)
+    keeping.keep(a, qualify(name))
 
 
 def attach(name: str) -> SharedDeviceArray:
@@ -130,12 +267,14 @@ def attach(name: str) -> SharedDeviceArray:
     Parameters
     ----------
     name : str
-        The name given at creation (``sa.empty(..., name=...)``).
+        The name given at creation (``sa.empty(..., name=...)``), in this process's
+        namespace; ``"ns/name"`` for one in namespace ``ns``, ``"/name"`` for a global one.
 
     Raises
     ------
     NameNotFound
-        No array has that name (none was made, it was unlinked, or no keeper runs).
+        No array has that name in the namespace (none was made, it was unlinked, or no
+        keeper runs); the message names the namespaces where the name exists, if any.
     KeeperError
         The keeper runs but did not answer in time (it is overloaded or stopped).
     PermissionDenied
@@ -143,11 +282,13 @@ def attach(name: str) -> SharedDeviceArray:
     ValueError, TypeError
         Not a valid name.
     """
-    keeper_protocol.check_name(name)
+    key = qualify(name)
     try:
-        status, body, fds = keeper.request(keeper_protocol.Attach(name), start=False)
+        status, body, fds = keeper.request(keeper_protocol.Attach(key), start=False)
     except HandleUnavailable:
         raise NameNotFound(f"no array named {name!r}: no keeper runs for this user") from None
+    if status == keeper_protocol.NOT_FOUND:
+        raise _not_found(name, key)
     try:
         keeper.raise_for(status, body, f"cannot attach {name!r}")
         doc, alloc_id = body.get("doc"), body.get("id")
@@ -177,8 +318,39 @@ def attach(name: str) -> SharedDeviceArray:
         keeper.release(alloc_id)
         raise
     attached.allocation.in_keeper = True
-    attached.allocation.keeper_name = name
+    attached.allocation.keeper_name = key
     return attached
+
+
+def _not_found(name: str, key: str) -> NameNotFound:
+    """The error for ``name`` (the keeper's ``key``) missing: where else the name is, and how
+    to reach it there."""
+    space, _, base = key.rpartition("/")
+    where = f"namespace {space!r}" if space else "the global namespace"
+    if "/" not in name and space:
+        where += f" ({_whose()})"
+    elsewhere = sorted(
+        {
+            _shown(e["name"])
+            for e in _entries()
+            if type(e.get("name")) is str
+            and e.get("linked")
+            and e["name"].rpartition("/")[2] == base
+            and e["name"] != key
+        }
+    )
+    if not elsewhere:
+        return NameNotFound(
+            f"no array named {base!r} in {where}: none was made there, or it was unlinked "
+            "(python -m sharedarrays ls --all-namespaces lists every namespace)"
+        )
+    first = elsewhere[0].rpartition("/")[0] or "/"
+    return NameNotFound(
+        f"no array named {base!r} in {where}; it exists as "
+        + " and ".join(repr(n) for n in elsewhere)
+        + f": attach it by that name (sa.attach({elsewhere[0]!r})), or set "
+        f"{NAMESPACE_VARIABLE}={first} to work in that namespace"
+    )
 
 
 def unlink(name: str) -> None:
@@ -193,35 +365,56 @@ def unlink(name: str) -> None:
     Raises
     ------
     NameNotFound
-        No array has that name.
+        No array has that name in the namespace (``name`` is read as by :func:`attach`).
     KeeperError
         The keeper runs but did not answer in time (it is overloaded or stopped).
     """
-    keeper_protocol.check_name(name)
+    key = qualify(name)
     try:
-        status, body, _ = keeper.request(keeper_protocol.Unlink(name), start=False)
+        status, body, _ = keeper.request(keeper_protocol.Unlink(key), start=False)
     except HandleUnavailable:
         raise NameNotFound(f"no array named {name!r}: no keeper runs for this user") from None
+    if status == keeper_protocol.NOT_FOUND:
+        raise _not_found(name, key)
     keeper.raise_for(status, body, f"cannot unlink {name!r}")
     for alloc in live_allocations():  # (what the memory map shows of it here)
-        if alloc.keeper_name == name:
+        if alloc.keeper_name == key:
             alloc.keeper_name = None
             alloc.in_keeper = False
 
 
-def list_named(parked: bool = False) -> list[NamedArray]:
-    """The arrays this user's keeper holds, by name (starts no keeper).
+def list_named(parked: bool = False, all_namespaces: bool = False) -> list[NamedArray]:
+    """The arrays this user's keeper holds, by name (starts no keeper): those of this
+    process's namespace, the names :func:`attach` finds.
 
     Parameters
     ----------
     parked : bool, default False
         Also list parked unnamed arrays and unlinked arrays that are still held.
+    all_namespaces : bool, default False
+        List the names of every namespace, global names included.
 
     Raises
     ------
     KeeperError
         The keeper runs but did not answer in time (it is overloaded or stopped).
     """
+    here = None if all_namespaces else namespace()
+    out = []
+    for e in _entries():
+        try:
+            info = _info(e)
+        except (KeyError, TypeError, ValueError, SharedArrayError):
+            continue
+        if info.name is not None and not all_namespaces and info.namespace != here:
+            continue
+        if parked or (info.name is not None and info.linked):
+            out.append(info)
+    return sorted(out, key=lambda i: (i.name is None, i.namespace or "", i.name or "", i.created))
+
+
+def _entries() -> list[dict[str, Any]]:
+    """What the keeper lists (every namespace; nothing when no keeper runs)."""
 
     def ask(req: keeper_protocol.List) -> tuple[int, dict[str, Any]]:
         status, body, _ = keeper.request(req, start=False)
@@ -232,22 +425,19 @@ def list_named(parked: bool = False) -> list[NamedArray]:
     except HandleUnavailable:
         return []
     keeper.raise_for(status, body, "cannot list the keeper's arrays")
-    out = []
-    for e in body.get("arrays", []):
-        try:
-            info = _info(e)
-        except (KeyError, TypeError, ValueError, SharedArrayError):
-            continue
-        if parked or (info.name is not None and info.linked):
-            out.append(info)
-    return sorted(out, key=lambda i: (i.name is None, i.name or "", i.created))
+    return [e for e in body.get("arrays", []) if type(e) is dict]
 
 
 def _info(e: dict[str, Any]) -> NamedArray:
     device = device_of(e["backend"], int(e["device"]))
     allow = e.get("allow_pids")
+    key = e["name"]
+    if key is not None and type(key) is not str:
+        raise TypeError("a name is a str")
+    space, _, name = ("", "", None) if key is None else key.rpartition("/")
     return NamedArray(
-        name=e["name"],
+        name=name,
+        namespace=space or None,
         id=e["id"],
         shape=tuple(int(n) for n in e["shape"]),
         dtype=np.dtype(e["dtype"]),

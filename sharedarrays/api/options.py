@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from sharedarrays.api.array import operator_index
+from sharedarrays.api.named import check_name
 from sharedarrays.backends import Access
 from sharedarrays.backends.device import Device, DeviceLike, parse_device
 from sharedarrays.errors import OutOfMemory
 from sharedarrays.process import PID_MAX_LIMIT
-from sharedarrays.protocol.keeper import check_name
 from sharedarrays.protocol.payload import MAX_SIZE
 
 __all__ = ["AccessList", "CreationOptions"]

@@ -38,6 +38,7 @@ __all__ = [
     "MAX_FDS",
     "MAX_CHUNKS",
     "MAX_NAME",
+    "MAX_NAMESPACE",
     "MAX_IN_FLIGHT",
     "SOCKET_NAME",
     "LOCK_NAME",
@@ -73,6 +74,8 @@ MAX_CHUNKS = 2048
 """Most chunks a kept array may have (its ``sizes`` fit a message with room to spare)."""
 MAX_NAME = 128
 """Longest array name in characters."""
+MAX_NAMESPACE = 64
+"""Longest namespace in characters (the keeper holds a name as ``namespace/name``)."""
 MAX_IN_FLIGHT = 7 * 86400.0
 """Longest bound the keeper accepts for payloads in flight (seconds)."""
 MAX_SIZE = 1 << 56
@@ -83,7 +86,7 @@ SOCKET_NAME = "keeper.sock"
 """The keeper's socket, in the runtime directory."""
 LOCK_NAME = "keeper.lock"
 """The lock file a live keeper holds (``fcntl.flock``), in the runtime directory."""
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")
+_NAME = re.compile(r"^(?:([A-Za-z0-9][A-Za-z0-9._-]*)/)?([A-Za-z0-9][A-Za-z0-9._-]*)\Z")
 _HEX32 = re.compile(r"^[0-9a-f]{32}\Z")
 _HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
 
@@ -93,10 +96,11 @@ class BadRequest(KeeperError):
 
 
 def check_name(name: object) -> str:
-    """Return ``name`` if it is a valid array name, else raise.
+    """Return ``name`` if it is a valid array name in the keeper, else raise.
 
     A name is 1 to 128 characters from ``A-Z a-z 0-9 . _ -``, not starting with ``.``,
-    ``_`` or ``-``.
+    ``_`` or ``-``, after an optional namespace of 1 to 64 such characters and ``/``
+    (:mod:`sharedarrays.api.named` sends ``namespace/name``, and a global name as it is).
 
     Raises
     ------
@@ -107,10 +111,12 @@ def check_name(name: object) -> str:
     """
     if not isinstance(name, str):
         raise TypeError(f"an array name is a str, not {type(name).__name__}")
-    if not 0 < len(name) <= MAX_NAME or not _NAME.match(name):
+    found = _NAME.match(name)
+    if found is None or len(found[2]) > MAX_NAME or len(found[1] or "") > MAX_NAMESPACE:
         raise ValueError(
             f"invalid array name {name!r}: use 1 to {MAX_NAME} characters from A-Z a-z 0-9 . _ -, "
-            "starting with a letter or digit"
+            f"starting with a letter or digit, after an optional namespace (at most "
+            f"{MAX_NAMESPACE} such characters) and '/'"
         )
     return name
 

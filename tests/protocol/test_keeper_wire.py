@@ -174,13 +174,32 @@ def test_bad_replies_are_refused(msg: bytes, match: str) -> None:
         Reply.decode(msg)
 
 
-@pytest.mark.parametrize("name", ["a", "features", "A.b_c-9", "x" * 128])
+@pytest.mark.parametrize(
+    "name", ["a", "features", "A.b_c-9", "x" * 128, "a/b", "ns-1a2b/x", "y" * 64 + "/" + "x" * 128]
+)
 def test_valid_names(name: str) -> None:
     assert check_name(name) == name
 
 
 @pytest.mark.parametrize(
-    "name", ["", ".a", "_a", "-a", "a b", "a/b", "é", "x" * 129, "evil\n", "a\nb", "x\r"]
+    "name",
+    [
+        "",
+        ".a",
+        "_a",
+        "-a",
+        "a b",
+        "/a",
+        "a/b/c",
+        "a/",
+        ".n/a",
+        "y" * 65 + "/a",
+        "é",
+        "x" * 129,
+        "evil\n",
+        "a\nb",
+        "x\r",
+    ],
 )
 def test_invalid_names(name: str) -> None:
     with pytest.raises(ValueError, match="invalid array name"):
