@@ -29,11 +29,16 @@ __all__ = [
     "WaitTimeout",
     "MisalignedView",
     "ThreadUnavailable",
+    "SettingError",
 ]
 
 
 class SharedArrayError(Exception):
     """Base class of every error sharedarrays raises on purpose."""
+
+
+class SettingError(SharedArrayError, ValueError):
+    """A ``SHAREDARRAYS_*`` environment variable (or a value it stands for) is not valid."""
 
 
 class BackendUnavailable(SharedArrayError):

@@ -18,6 +18,8 @@ import re
 import warnings
 from typing import TypeVar
 
+from sharedarrays.errors import SettingError
+
 __all__ = ["NUMBERS", "WORDS", "TOOLS", "check_environment", "env_number", "env_word", "seconds"]
 
 N = TypeVar("N", int, float)
@@ -48,11 +50,11 @@ def env_number(name: str, default: N, minimum: N) -> N:
         value = kind(text)
     except ValueError:
         what = "an integer" if kind is int else "a number"
-        raise ValueError(f"{name}={text!r} is not {what}; unset it for the default") from None
+        raise SettingError(f"{name}={text!r} is not {what}; unset it for the default") from None
     if kind is float and not math.isfinite(value):  # (nan passes every comparison)
-        raise ValueError(f"{name}={text!r} is not a finite number; unset it for the default")
+        raise SettingError(f"{name}={text!r} is not a finite number; unset it for the default")
     if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+        raise SettingError(f"{name} must be at least {minimum}, got {value}")
     return value
 
 
@@ -77,7 +79,7 @@ def env_word(name: str, pattern: re.Pattern[str], what: str) -> str | None:
     if not text:
         return None
     if not pattern.fullmatch(text):
-        raise ValueError(f"{name}={text!r} is not {what}; unset it for the default")
+        raise SettingError(f"{name}={text!r} is not {what}; unset it for the default")
     return text
 
 
@@ -154,9 +156,9 @@ def seconds(value: object, what: str, low: float, high: float, *, above: bool = 
     number = float(value)
     if above:
         if not low < number <= high:  # (False for nan)
-            raise ValueError(
+            raise SettingError(
                 f"{what} must be above {low:g} and at most {high:g} seconds, not {number:g}"
             )
     elif not low <= number <= high:
-        raise ValueError(f"{what} must be from {low:g} to {high:g} seconds, not {number:g}")
+        raise SettingError(f"{what} must be from {low:g} to {high:g} seconds, not {number:g}")
     return number

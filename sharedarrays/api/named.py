@@ -49,6 +49,7 @@ from sharedarrays.errors import (
     KeeperError,
     NameNotFound,
     PayloadError,
+    SettingError,
     SharedArrayError,
 )
 from sharedarrays.memory import live_allocations
@@ -102,7 +103,7 @@ def namespace() -> str | None:
     )
     if setting is not None:
         return None if setting == "/" else setting
-    return _project_namespace(os.getcwd())
+    return _project_namespace(_cwd())
 
 
 @functools.lru_cache(maxsize=16)
@@ -125,7 +126,18 @@ def _whose() -> str:
     """Where this process's namespace comes from, for messages."""
     if os.environ.get(NAMESPACE_VARIABLE, "").strip():
         return f"set by {NAMESPACE_VARIABLE}"
-    return f"of the project directory {_project_root(os.getcwd())}"
+    return f"of the project directory {_project_root(_cwd())}"
+
+
+def _cwd() -> str:
+    """The working directory, whose project names the namespace."""
+    try:
+        return os.getcwd()
+    except OSError as e:  # (removed under this process)
+        raise SettingError(
+            f"the working directory is gone ({e.strerror}), so it names no project: "
+            f"change to a directory that exists, or set {NAMESPACE_VARIABLE}"
+        ) from None
 
 
 def check_name(name: object) -> str:

@@ -201,3 +201,19 @@ def test_a_bad_namespace_setting_is_refused(monkeypatch: pytest.MonkeyPatch, val
     monkeypatch.setenv("SHAREDARRAYS_NAMESPACE", value)
     with pytest.raises(ValueError, match=r"SHAREDARRAYS_NAMESPACE=.*is not a namespace"):
         sa.attach("x")
+
+
+def test_a_removed_working_directory_or_a_bad_setting_is_a_setting_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No raw FileNotFoundError from os.getcwd(), no bare ValueError from a setting."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    monkeypatch.delenv("SHAREDARRAYS_NAMESPACE", raising=False)
+    with pytest.raises(sa.SharedArrayError, match="working directory is gone"):
+        named.namespace()
+    monkeypatch.setenv("SHAREDARRAYS_NAMESPACE", "no spaces allowed")
+    with pytest.raises(sa.SharedArrayError, match="SHAREDARRAYS_NAMESPACE"):
+        named.namespace()
