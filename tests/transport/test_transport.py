@@ -304,13 +304,17 @@ def _server_opened_to_others(open_socket: bool) -> Iterator[str]:
     opened to every user for the block, so that only the SO_PEERCRED check stands."""
     server = transport.server_address()
     directory = os.path.dirname(server)
+    # (the run's private XDG_RUNTIME_DIR above it, tests/conftest.py, is opened likewise)
+    dirs = [d for d in (directory, os.environ.get("XDG_RUNTIME_DIR")) if d]
     if open_socket:
-        os.chmod(directory, 0o711)
+        for d in dirs:
+            os.chmod(d, 0o711)
         os.chmod(server, 0o777)
     try:
         yield server
     finally:
-        os.chmod(directory, 0o700)
+        for d in dirs:
+            os.chmod(d, 0o700)
         os.chmod(server, 0o600)
 
 
