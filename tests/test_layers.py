@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "foundation",
         (
+            "sharedarrays._cpython",
             "sharedarrays.errors",
             "sharedarrays.settings",
             "sharedarrays.process",
