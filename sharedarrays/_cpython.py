@@ -2,7 +2,8 @@
 
 Where the package's correctness or speed rests on something CPython or its standard library
 does not promise (reference counts of a given code shape, Python frames, multiprocessing's
-record of the Process being spawned, its interpreter flags), the use is here and nowhere
+record of the Process being spawned, its interpreter flags, a pool job's private
+fields), the use is here and nowhere
 else: each is a small named function or name, whose notes say which internal it relies
 on, why there is no public way, and on which Python versions it was checked.
 ``tests/test_cpython.py`` has a test for each, which fails when the interpreter or the
@@ -27,10 +28,12 @@ __all__ = [
     "ITEM_ALONE",
     "LOCAL_ALONE",
     "caller_frame",
+    "fail_pool_job",
     "frame_function",
     "frame_local",
     "interpreter_flags",
     "mark_no_spawn_in_thread",
+    "next_pool_job",
     "refcount",
     "spawning_process",
 ]
@@ -165,3 +168,62 @@ def interpreter_flags() -> list[str]:
     have to be turned back into options by hand, and ``sys._xoptions`` is private too.
     Checked on CPython 3.10-3.13."""
     return list(_mp_util._args_from_interpreter_flags())  # type: ignore[attr-defined]
+
+
+# ------------------------------------------------------------------------------------------
+# multiprocessing.pool: a job whose worker died
+
+
+def _no_more(i: int, obj: object) -> None:
+    """A failed job's ``_set``: results that arrive after it failed are dropped."""
+
+
+def fail_pool_job(job: Any, error: BaseException) -> None:
+    """End ``job`` (a :class:`multiprocessing.pool.Pool`'s ``ApplyResult``, ``MapResult`` or
+    ``IMapIterator``), unless it has ended, with ``error``: what ``get``, ``map`` or the
+    iterator's next item raise; its error callback, if any, is called with it.
+
+    Relies on the jobs' private fields: ``_set`` (replaced, so that late results are
+    dropped), ``_success``, ``_value``, ``_error_callback``, ``_event``, ``_pool``, ``_cache``
+    and ``_job``; an iterator's ``_cond``, ``_items``, ``_unsorted``, ``_index`` and
+    ``_length``. No public way: a pool fails a job only with an exception its task raised,
+    and a job whose worker died waits forever. Checked on CPython 3.10-3.13."""
+    import multiprocessing.pool
+
+    if isinstance(job, multiprocessing.pool.IMapIterator):
+        it: Any = job  # (its fields are not in the standard library's stubs)
+        with it._cond:
+            it._set = _no_more  # (its late results would move its count past its end)
+            it._items.append((False, error))
+            it._unsorted.clear()
+            it._index = it._length = 0  # after the error: the end
+            it._cond.notify_all()
+    else:
+        if job.ready():
+            return
+        job._set = _no_more
+        job._success, job._value = False, error
+        if job._error_callback is not None:
+            try:
+                job._error_callback(error)
+            except Exception as e:  # (as the pool's result thread would lose it: said)
+                print(f"sharedarrays: a Pool error_callback raised {e!r}", file=sys.stderr)
+        job._event.set()
+        job._pool = None
+    try:  # (del, not pop: the pool's cache wakes its worker thread when it empties)
+        del job._cache[job._job]
+    except KeyError:
+        pass
+
+
+def next_pool_job() -> int:
+    """The number the next job submitted to any :class:`multiprocessing.pool.Pool` of this
+    process gets (each call takes one: the numbers only ever grow, so every job submitted
+    before the call has a smaller one).
+
+    Relies on ``multiprocessing.pool.job_counter`` (an ``itertools.count``, not in the
+    documented API), whose values are the jobs' ``_job``. No public way: a job's number is
+    private too. Checked on CPython 3.10-3.13."""
+    import multiprocessing.pool
+
+    return next(multiprocessing.pool.job_counter)  # type: ignore[attr-defined,no-any-return]

@@ -9,7 +9,9 @@ import pickle
 import subprocess
 import sys
 import threading
+import time
 from multiprocessing import context
+from multiprocessing.pool import ThreadPool
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +23,12 @@ from sharedarrays._cpython import (
     ITEM_ALONE,
     LOCAL_ALONE,
     caller_frame,
+    fail_pool_job,
     frame_function,
     frame_local,
     interpreter_flags,
     mark_no_spawn_in_thread,
+    next_pool_job,
     refcount,
     spawning_process,
 )
@@ -240,3 +244,50 @@ def test_interpreter_flags_reproduce_this_interpreter_s_options() -> None:
     ).stdout
     assert "'-O'" in got and "'-Werror::DeprecationWarning'" in got
     assert all(isinstance(f, str) for f in interpreter_flags())
+
+
+# ------------------------------------------------------------------------------------------
+# multiprocessing.pool
+
+
+@pytest.mark.timeout(60)
+def test_fail_pool_job_ends_each_kind_of_job_with_the_error() -> None:
+    """A thread pool has the same jobs as a process pool: each one, its task still running,
+    fails at once with the error (its callback called), and its late result is dropped."""
+    release = threading.Event()
+    callbacks: list[BaseException] = []
+
+    def task(x: int) -> int:
+        release.wait(30)
+        return x
+
+    with ThreadPool(3) as pool:
+        jobs = [
+            pool.apply_async(task, (1,), error_callback=callbacks.append),
+            pool.map_async(task, [1, 2], chunksize=1),
+            pool.imap(task, [1]),
+            pool.imap_unordered(task, [1]),
+        ]
+        errors = [RuntimeError(f"lost {i}") for i in range(len(jobs))]
+        for job, error in zip(jobs, errors):
+            fail_pool_job(job, error)
+        t0 = time.monotonic()
+        for job, error in zip(jobs, errors):
+            with pytest.raises(RuntimeError) as got:
+                job.get(5) if hasattr(job, "get") else next(job)  # type: ignore[attr-defined]
+            assert got.value is error
+        assert time.monotonic() - t0 < 5 and callbacks == [errors[0]]
+        release.set()
+        time.sleep(0.2)  # (late results: dropped, not raised)
+        assert pool._cache == {}  # type: ignore[attr-defined]
+        fail_pool_job(jobs[0], RuntimeError("again"))  # (ended: left as it is)
+        with pytest.raises(RuntimeError, match="lost 0"):
+            jobs[0].get(1)  # type: ignore[union-attr]
+
+
+def test_next_pool_job_is_above_every_job_submitted_before() -> None:
+    with ThreadPool(1) as pool:
+        job = pool.apply_async(int, ())
+        number = next_pool_job()
+        assert job._job < number < pool.apply_async(int, ())._job  # type: ignore[attr-defined]
+        assert next_pool_job() > number
