@@ -1,16 +1,20 @@
 """The package's layers, drawn from its imports (docs/architecture.md draws the same picture).
 
 Every ``import`` and ``from ... import`` of a ``sharedarrays`` module counts, at module level
-or inside a function, under ``TYPE_CHECKING`` or not. Two rules:
+or inside a function, under ``TYPE_CHECKING`` or not. Three rules:
 
 - no import circles between modules;
-- a module imports only modules of its own layer or of layers below it.
+- a module imports only modules of its own layer or of layers below it;
+- interpreter and standard-library internals (``sys.getrefcount``, ``sys._getframe``, frame
+  attributes, multiprocessing's spawning record and private names) are used only in the one
+  adapter, ``sharedarrays/_cpython.py``, which has a test for each (tests/test_cpython.py).
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -23,6 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "foundation",
         (
+            "sharedarrays._cpython",
             "sharedarrays.errors",
             "sharedarrays.settings",
             "sharedarrays.process",
@@ -160,3 +165,77 @@ def test_imports_point_down_the_layers(module: str) -> None:
         if layer_of(target) > mine
     )
     assert not upward, f"{module} ({LAYERS[mine][0]}) imports upwards: {', '.join(upward)}"
+
+
+ADAPTER = PACKAGE / "_cpython.py"
+"""The one module that may use interpreter and standard-library internals."""
+
+INTERNALS = re.compile(
+    r"getrefcount|_getframe|currentframe|\bf_(back|globals|locals|code)\b"
+    r"|[gs]et_spawning_popen|_args_from_interpreter_flags"
+)
+"""What only the adapter names (comments and docstrings included, as a grep would find)."""
+
+
+def _private_multiprocessing(tree: ast.AST) -> list[str]:
+    """``from multiprocessing... import _name`` and ``<multiprocessing module>._name``."""
+    modules: set[str] = set()
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "multiprocessing":
+                    modules.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("multiprocessing"):
+            for alias in node.names:
+                if alias.name.startswith("_"):
+                    found.append(f"line {node.lineno}: from {node.module} import {alias.name}")
+                modules.add(alias.asname or alias.name)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_"):
+            if node.attr.startswith("__") and node.attr.endswith("__"):
+                continue
+            base = node.value
+            while isinstance(base, ast.Attribute):
+                base = base.value
+            if isinstance(base, ast.Name) and base.id in modules:
+                found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def internals_used(path: Path) -> list[str]:
+    text = path.read_text()
+    found = [
+        f"line {n}: {line.strip()}"
+        for n, line in enumerate(text.splitlines(), 1)
+        if INTERNALS.search(line)
+    ]
+    return found + _private_multiprocessing(ast.parse(text, str(path)))
+
+
+def test_the_internals_checker_finds_each_kind() -> None:
+    tree = ast.parse(
+        "import multiprocessing.util\nfrom multiprocessing import context as c\n"
+        "from multiprocessing.context import _default_context\n"
+        "c._tls\nmultiprocessing.util._afterfork_registry\nc.get_context\n"
+    )
+    assert len(_private_multiprocessing(tree)) == 3
+    assert all(INTERNALS.search(s) for s in ("sys.getrefcount(x)", "frame.f_globals"))
+    assert not INTERNALS.search("frame_function(caller_frame())")
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted(
+        str(p.relative_to(PACKAGE))
+        for p in PACKAGE.rglob("*.py")
+        if p != ADAPTER and "bench" not in p.relative_to(PACKAGE).parts[:1]
+    ),
+)
+def test_internals_only_in_the_adapter(path: str) -> None:
+    found = internals_used(PACKAGE / path)
+    assert not found, (
+        f"sharedarrays/{path} uses interpreter or standard-library internals itself; "
+        "call sharedarrays/_cpython.py (add a named function there, with a test in "
+        "tests/test_cpython.py): " + "; ".join(found)
+    )

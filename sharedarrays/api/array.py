@@ -16,13 +16,13 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from multiprocessing import reduction
-from multiprocessing.context import get_spawning_popen
 from types import EllipsisType
 from typing import Any, Protocol, TypeVar, cast, overload, runtime_checkable
 
 import numpy as np
 
 from sharedarrays import importing
+from sharedarrays._cpython import caller_frame, spawning_process
 from sharedarrays.api import keeping, message, othernode, views
 from sharedarrays.api.arraymethods import _READONLY, NativeArrayMethods
 from sharedarrays.backends import Access, get_backend
@@ -886,7 +886,7 @@ def _reduce(for_multiprocessing: bool, a: SharedDeviceArray) -> tuple[Any, tuple
     # (and exporter-owned memory's exporter must see every importer, to outlive it)
     carry_fds = (
         for_multiprocessing
-        and get_spawning_popen() is not None
+        and spawning_process() is not None
         and alloc.allow_pids is None
         and not alloc.growable
         and alloc.backend.maps
@@ -1068,7 +1068,7 @@ def _rebuild_view(
     except WrongNode as refused:
         # raised while distributed reads a message, the refusal would break the worker's
         # connection instead of failing the task: deferred to the array's first use
-        if not othernode.read_by_distributed(sys._getframe(1)):
+        if not othernode.read_by_distributed(caller_frame()):
             raise
         return othernode.OtherNodeArray(str(refused), _rebuild_view, (part, view))
     made = SharedDeviceArray.__new__(SharedDeviceArray)  # (fields checked: not __init__)

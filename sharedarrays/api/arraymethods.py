@@ -24,10 +24,12 @@ import builtins
 import operator
 import sys
 from collections.abc import Callable
+from types import FrameType
 from typing import Any, ClassVar, TypeVar, cast
 
 import numpy as np
 
+from sharedarrays._cpython import caller_frame, frame_function, frame_local
 from sharedarrays.backends.device import Device
 
 __all__ = ["ArrayFlags", "NativeArrayMethods"]
@@ -295,13 +297,11 @@ def shareable_dtype(dtype: Any, instead: str) -> np.dtype[Any]:
 _AVERAGES = frozenset({"_mean", "_var", "_std"})
 
 
-def _numpy_averages(frame: Any) -> bool:
+def _numpy_averages(frame: FrameType | None) -> bool:
     """Whether ``frame`` is NumPy's own ``mean``, ``var`` or ``std`` (``numpy._core._methods``),
     which finish a reduction into ``out=`` in place only where it returned an ndarray."""
-    return frame.f_code.co_name in _AVERAGES and frame.f_globals.get("__name__", "") in (
-        "numpy._core._methods",
-        "numpy.core._methods",
-    )
+    module, function = frame_function(frame)
+    return function in _AVERAGES and module in ("numpy._core._methods", "numpy.core._methods")
 
 
 def _native(obj: Any) -> Any:
@@ -328,10 +328,10 @@ def _more_arrays(func: Callable[..., Any], args: tuple[Any, ...]) -> bool:
     return func in (np.atleast_1d, np.atleast_2d, np.atleast_3d) and len(args) > 1
 
 
-def _asking_compat(frame: Any) -> Any:
+def _asking_compat(frame: FrameType | None) -> Any:
     """The array-api-compat package whose ``array_namespace`` runs ``frame`` (the package or
     a vendored copy: ``scipy._lib.array_api_compat``, ...), else ``None``."""
-    name = frame.f_globals.get("__name__", "")
+    name = frame_function(frame)[0]
     if not name.endswith("array_api_compat.common._helpers"):
         return None
     return sys.modules.get(name[: -len(".common._helpers")])
@@ -640,7 +640,7 @@ class NativeArrayMethods:
         args = tuple(_native(x) for x in inputs)
         kwargs = {k: _native(v) for k, v in kwargs.items()}
         result = getattr(ufunc, method)(*args, **kwargs)
-        if outs is not None and method == "reduce" and _numpy_averages(sys._getframe(1)):
+        if outs is not None and method == "reduce" and _numpy_averages(caller_frame()):
             # NumPy's mean, var and std of a NumPy array with this view as out= (x.mean(out=a)
             # runs NumPy's own code, not ours) divide the sum in place only where it is an
             # ndarray, else into a new one, leaving the sum in a: given the native array
@@ -699,10 +699,10 @@ class NativeArrayMethods:
         then resolves to one namespace, not to "Multiple namespaces". The copy is the
         caller's (its ``common._helpers`` module), so each copy compares its own wrappers."""
         native = self.array
-        frame = sys._getframe(1)
+        frame = caller_frame()
         compat = _asking_compat(frame)
         if compat is not None:
-            use_compat = frame.f_locals.get("use_compat")  # (its argument: None, True, False)
+            use_compat = frame_local(frame, "use_compat")  # (its argument: None, True, False)
             return compat.array_namespace(native, api_version=api_version, use_compat=use_compat)
         namespace = getattr(native, "__array_namespace__", None)
         if namespace is not None:

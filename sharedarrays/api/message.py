@@ -42,12 +42,12 @@ import threading
 import weakref
 from collections.abc import Callable
 from multiprocessing import reduction
-from multiprocessing.context import get_spawning_popen, set_spawning_popen
 from typing import Any
 
 import numpy as np
 
 from sharedarrays import importing, process
+from sharedarrays._cpython import mark_no_spawn_in_thread, spawning_process
 from sharedarrays.backends import device_of
 from sharedarrays.errors import ClosedArrayError, NotShareable, PayloadError
 from sharedarrays.memory import Allocation, Lease, use_clock
@@ -188,15 +188,13 @@ def message_part(alloc: Allocation, carry_fds: bool) -> MessagePart:
     refs: dict[Any, weakref.ref[MessagePart]] | None = getattr(_parts, "refs", None)
     if refs is None:
         refs = _parts.refs = {}
-        if get_spawning_popen() is None:
-            # Every view's reduction asks multiprocessing whether a Process is being
-            # spawned in this thread (``get_spawning_popen``), and where none ever was, the
-            # thread-local it reads lacks the attribute: each answer raises and catches an
-            # AttributeError inside, 10-15 us on a cold path (a Pool's task thread, at
-            # every task). Set to None, as a spawn leaves it, it is a plain read.
-            set_spawning_popen(None)
+        # Every view's reduction asks multiprocessing whether a Process is being spawned
+        # in this thread (``spawning_process``), and where none ever was, each answer
+        # raises and catches an AttributeError inside, 10-15 us on a cold path (a Pool's
+        # task thread, at every task): made a plain read, as a spawn leaves it.
+        mark_no_spawn_in_thread()
     # (the spawn's id, not the Popen: a key would keep it, and its pipes, open)
-    key = (alloc.id, id(get_spawning_popen())) if carry_fds else alloc.id
+    key = (alloc.id, id(spawning_process())) if carry_fds else alloc.id
     ref = refs.get(key)
     found = None if ref is None else ref()
     cached = alloc.encoded  # (allocation_bytes' cache, checked here: a frame less per view)

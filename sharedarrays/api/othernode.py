@@ -32,6 +32,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any, NoReturn
 
+from sharedarrays._cpython import frame_function
 from sharedarrays.errors import WrongNode
 
 __all__ = ["OtherNodeArray", "read_by_distributed"]
@@ -42,12 +43,9 @@ DISTRIBUTED_LOADS = ("distributed.protocol.pickle", "loads")
 
 def read_by_distributed(caller: FrameType | None) -> bool:
     """Whether ``caller``, the frame of the Python function that called the unpickler (a
-    reconstructor's ``sys._getframe(1)``: the unpickler is C code and has no frame), is
-    distributed's ``distributed.protocol.pickle.loads``."""
-    if caller is None:
-        return False
-    module, function = DISTRIBUTED_LOADS
-    return caller.f_globals.get("__name__") == module and caller.f_code.co_name == function
+    reconstructor's :func:`sharedarrays._cpython.caller_frame`: the unpickler is C code and
+    has no frame), is distributed's ``distributed.protocol.pickle.loads``."""
+    return frame_function(caller) == DISTRIBUTED_LOADS
 
 
 class OtherNodeArray:

@@ -59,6 +59,7 @@ from concurrent.futures import Future
 from multiprocessing import reduction
 from typing import Any, TypeVar, cast
 
+from sharedarrays._cpython import fail_pool_job, next_pool_job
 from sharedarrays.api.poolqueues import (
     STARTING,
     PoolTable,
@@ -527,39 +528,6 @@ class _ResultFuture(Future[Any]):
 # the pools
 
 
-def _no_more(i: int, obj: object) -> None:
-    """A failed job's ``_set``: results that arrive after it failed are dropped."""
-
-
-def _fail(job: Any, error: BaseException) -> None:
-    """End ``job`` (a pool's ``ApplyResult``, ``MapResult`` or ``IMapIterator``), unless it
-    has ended, with ``error``: what ``get``, ``map`` or the iterator's next item raise."""
-    if isinstance(job, multiprocessing.pool.IMapIterator):
-        it: Any = job  # (its fields are not in the standard library's stubs)
-        with it._cond:
-            it._set = _no_more  # (its late results would move its count past its end)
-            it._items.append((False, error))
-            it._unsorted.clear()
-            it._index = it._length = 0  # after the error: the end
-            it._cond.notify_all()
-    else:
-        if job.ready():
-            return
-        job._set = _no_more
-        job._success, job._value = False, error
-        if job._error_callback is not None:
-            try:
-                job._error_callback(error)
-            except Exception as e:  # (as the pool's result thread would lose it: said)
-                print(f"sharedarrays: a Pool error_callback raised {e!r}", file=sys.stderr)
-        job._event.set()
-        job._pool = None
-    try:  # (del, not pop: the pool's cache wakes its worker thread when it empties)
-        del job._cache[job._job]
-    except KeyError:
-        pass
-
-
 class _Workers(list):  # type: ignore[type-arg]
     """A pool's list of its worker processes (``Pool._pool``) that fails the job a worker
     was running when it died.
@@ -655,7 +623,7 @@ class _Workers(list):  # type: ignore[type-arg]
         self.lost_by = (pid, code)
         # the tasks of every job submitted until now that no worker has taken yet are not
         # run (set now, before the new worker starts, which could take one first)
-        self.table.lose_below(next(multiprocessing.pool.job_counter), pid, code)  # type: ignore[attr-defined]
+        self.table.lose_below(next_pool_job(), pid, code)
 
     def append(self, worker: Any) -> None:
         super().append(worker)
@@ -665,10 +633,10 @@ class _Workers(list):  # type: ignore[type-arg]
             # (again: the jobs submitted since the worker was found dead fail too, so their
             # tasks must not run either; a task skipped whose job is not in the list below
             # fails its job itself, with the error the worker sends back)
-            self.table.lose_below(next(multiprocessing.pool.job_counter), *self.lost_by)  # type: ignore[attr-defined]
+            self.table.lose_below(next_pool_job(), *self.lost_by)
             failed = [(job, lost) for job in list(self.cache.values())]
         for job, error in failed:
-            _fail(job, error)
+            fail_pool_job(job, error)
 
 
 class Pool(multiprocessing.pool.Pool):

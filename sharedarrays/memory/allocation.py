@@ -39,6 +39,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from sharedarrays._cpython import ITEM_ALONE, LOCAL_ALONE, refcount
 from sharedarrays.backends import Access, Backend, Chunk, MappingBackend, round_up
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import ClosedArrayError, PayloadError
@@ -94,32 +95,6 @@ def keep_imports() -> int:
 NATIVES_KEPT = 1024
 """Most native arrays an allocation keeps for reuse (:meth:`Allocation.native_view`): one per
 view layout used, a few hundred bytes each."""
-
-_ALONE = (lambda slot: sys.getrefcount(slot[1]))((None, object()))
-"""What ``sys.getrefcount(slot[1])`` counts for an object that the tuple ``slot`` alone
-holds (measured, not assumed: how an interpreter counts the references of a call's arguments
-varies); :meth:`Allocation.native_view` compares its kept native array's count with it."""
-
-
-class _Holder:
-    __slots__ = ("kept",)
-    kept: object
-
-
-def _count_kept(holder: Any) -> int:
-    kept = holder.kept  # (as Allocation._kept_idle reads it: one local, one argument)
-    return sys.getrefcount(kept)
-
-
-def _kept_alone() -> int:
-    holder = _Holder()
-    holder.kept = object()
-    return _count_kept(holder)
-
-
-_KEPT_ALONE = _kept_alone()
-"""What :meth:`Allocation._kept_idle` counts for a kept lease that the allocation alone holds
-(measured, as :data:`_ALONE` is)."""
 
 
 def _last_used(alloc: Allocation) -> int:
@@ -700,7 +675,7 @@ class Allocation(Growth):
             and last[0] == device
             and (last[1] is dtype or last[1] == dtype)
             and last[2] is readonly
-            and sys.getrefcount(last[3]) <= _ALONE  # (held by its tuple alone)
+            and refcount(last[3]) <= ITEM_ALONE  # (held by its tuple alone: ITEM_ALONE's shape)
             and backend.native_intact(  # type: ignore[attr-defined]
                 last[3], dtype, shape, strides, readonly
             )
@@ -812,8 +787,8 @@ class Allocation(Growth):
     def _kept_idle(self) -> int:
         # 1 where the allocation keeps a lease that no view holds (only this attribute
         # refers to it), else 0; the caller holds no reference to it
-        kept = self.kept_lease
-        return 0 if kept is None else int(sys.getrefcount(kept) <= _KEPT_ALONE)
+        kept = self.kept_lease  # (the shape LOCAL_ALONE was measured with: one local)
+        return 0 if kept is None else int(refcount(kept) <= LOCAL_ALONE)
 
     def orphan(self) -> None:
         """The source released this allocation: release it here too once nothing uses it."""

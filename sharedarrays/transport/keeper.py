@@ -17,10 +17,11 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from multiprocessing import spawn, util
+from multiprocessing import spawn
 from pathlib import Path
 from typing import Any
 
+from sharedarrays._cpython import interpreter_flags
 from sharedarrays.errors import (
     HandleUnavailable,
     KeeperError,
@@ -164,7 +165,7 @@ def _launch() -> subprocess.Popen[bytes] | None:
     exe = spawn.get_executable()
     cmd = [
         exe,
-        *util._args_from_interpreter_flags(),  # type: ignore[attr-defined]
+        *interpreter_flags(),
         "-c",
         "import sys; from sharedarrays.keeper.daemon import main; sys.exit(main())",
     ]

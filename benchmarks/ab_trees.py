@@ -1,0 +1,166 @@
+"""Interleaved A/B of a warm host handoff between two trees of the library, in pairs.
+
+    python benchmarks/ab_trees.py [--pairs 1000] [--size 1M] TREE_A TREE_B
+
+A TREE is a folder holding a ``sharedarrays`` package (e.g. ``git archive REV sharedarrays |
+tar -x -C DIR``, or a worktree). Each tree gets a side process (``PYTHONPATH=TREE``) with a
+1 MiB host array and a spawned worker. A round on a side: the side pickles the array with
+multiprocessing's ``ForkingPickler`` (warm: it was pickled before), sends the bytes through a
+pipe, and the worker loads them, takes ``.array`` and closes the view. Pairs alternate the
+order (A then B, B then A), so both trees meet the same machine state and each order is
+half the pairs. Printed: the median of each part per tree (``pickle``: the side's dump;
+``load``: the worker's load, ``.array`` and ``close``; ``round``: the whole round trip, pipe
+included), per order and overall, and the median of the paired differences B - A: per
+order, overall, and order-balanced (the mean of the two orders'). Run it again with the
+trees swapped to cancel which side process is A (an A/A run shows that bias).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import multiprocessing as mp
+import os
+import pickle
+import statistics
+import subprocess
+import sys
+import time
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
+
+PARTS = ("pickle", "load", "round")
+
+
+def _dumps(obj: object) -> bytes:
+    buf = io.BytesIO()
+    ForkingPickler(buf, 5).dump(obj)
+    return buf.getvalue()
+
+
+def _worker(conn: Any) -> None:
+    while True:
+        blob = conn.recv_bytes()
+        if not blob:
+            return
+        t0 = time.perf_counter_ns()
+        x = pickle.loads(blob)
+        x.array  # noqa: B018 - the native array is what the handoff is for
+        x.close()
+        conn.send_bytes(str(time.perf_counter_ns() - t0).encode())
+
+
+def _side(size: int) -> None:
+    import sharedarrays as sa
+
+    a = sa.empty(size, dtype="uint8", device="cpu")
+    ctx = mp.get_context("spawn")
+    mine, theirs = ctx.Pipe()
+    worker = ctx.Process(target=_worker, args=(theirs,), daemon=True)
+    worker.start()
+
+    def one() -> str:
+        t0 = time.perf_counter_ns()
+        blob = _dumps(a)
+        t1 = time.perf_counter_ns()
+        mine.send_bytes(blob)
+        load = int(mine.recv_bytes())
+        t2 = time.perf_counter_ns()
+        return f"{t1 - t0} {load} {t2 - t0}"
+
+    for _ in range(50):  # warm: the payload cached, the worker's mapping kept
+        one()
+    print("ready", sa.__file__, flush=True)
+    for line in sys.stdin:
+        if line.strip() != "r":
+            break
+        print(one(), flush=True)
+    mine.send_bytes(b"")
+    worker.join(10)
+    a.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("trees", nargs=2)
+    parser.add_argument("--pairs", type=int, default=1000)
+    parser.add_argument("--size", type=int, default=1 << 20)
+    parser.add_argument("--side", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    sides = []
+    for tree in args.trees:
+        env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
+        p = subprocess.Popen(
+            [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--side",
+                "--size",
+                str(args.size),
+                "x",
+                "x",
+            ],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd="/",
+        )
+        assert p.stdout is not None
+        print(f"{'AB'[len(sides)]}: {p.stdout.readline().strip()}")
+        sides.append(p)
+
+    def round_on(i: int) -> list[float]:
+        p = sides[i]
+        assert p.stdin is not None and p.stdout is not None
+        p.stdin.write("r\n")
+        p.stdin.flush()
+        return [int(v) / 1000 for v in p.stdout.readline().split()]
+
+    got: dict[tuple[int, int], list[list[float]]] = {(s, o): [] for s in (0, 1) for o in (0, 1)}
+    for n in range(args.pairs):
+        order = (0, 1) if n % 2 == 0 else (1, 0)
+        for s in order:
+            got[(s, n % 2)].append(round_on(s))
+    for p in sides:
+        assert p.stdin is not None
+        p.stdin.write("q\n")
+        p.stdin.flush()
+        p.wait(30)
+
+    def med(rows: list[list[float]], k: int) -> float:
+        return statistics.median(r[k] for r in rows)
+
+    print(f"{args.pairs} interleaved pairs, {args.size:,} bytes, host (medians, us)")
+    print(f"{'':<22}" + "".join(f"{p:>10}" for p in PARTS))
+    for o, label in ((0, "A first"), (1, "B first")):
+        for s in (0, 1):
+            cells = "".join(f"{med(got[(s, o)], k):>10.2f}" for k in range(len(PARTS)))
+            print(f"{'AB'[s]} ({label})".ljust(22) + cells)
+    for s in (0, 1):
+        rows = got[(s, 0)] + got[(s, 1)]
+        cells = "".join(f"{med(rows, k):>10.2f}" for k in range(len(PARTS)))
+        print(f"{'AB'[s]} (all)".ljust(22) + cells)
+    for o, label in ((0, "A first"), (1, "B first"), (None, "all")):
+        orders = (0, 1) if o is None else (o,)
+        pairs = [(a, b) for oo in orders for a, b in zip(got[(0, oo)], got[(1, oo)])]
+        cells = "".join(
+            f"{statistics.median(b[k] - a[k] for a, b in pairs):>+10.2f}" for k in range(len(PARTS))
+        )
+        print(f"B - A ({label})".ljust(22) + cells)
+    # the second round of a pair runs slower here (each order's B - A has a sign of its own):
+    # the mean of the two orders' medians cancels that, as swapping the trees cancels which
+    # side process is A
+    by_order = [
+        [statistics.median(b[k] - a[k] for a, b in zip(got[(0, o)], got[(1, o)])) for o in (0, 1)]
+        for k in range(len(PARTS))
+    ]
+    cells = "".join(f"{(d[0] + d[1]) / 2:>+10.2f}" for d in by_order)
+    print("B - A (order-balanced)".ljust(22) + cells)
+
+
+if __name__ == "__main__":
+    if "--side" in sys.argv:
+        _side(int(sys.argv[sys.argv.index("--size") + 1]))
+    else:
+        main()
