@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.environment import device_slug
+from harness.sizes import parse_size
 from sharedarrays.backends.device import parse_name
-from sharedarrays.bench.environment import device_slug, today
-from sharedarrays.bench.sizes import parse_size
 
 __all__ = [
     "TASKS",
@@ -48,7 +48,7 @@ HOST_METHODS = ("floor", "sharedarrays-warm", "sharedarrays-cold", "shm-warm", "
 PARTS = ("table", "warm", "cold", "many", "bandwidth", "steps", "scaling", "dask")
 """The bench's parts (``--skip`` and ``--only`` take these names): ``table`` is the method x
 size table, ``warm`` and ``cold`` are the interleaved rounds over the floor, ``many`` the
-small arrays, ``dask`` a same-node Dask transfer (:mod:`sharedarrays.bench.dask`)."""
+small arrays, ``dask`` a same-node Dask transfer (:mod:`harness.dask`)."""
 
 ROUND_FAMILIES = {
     "cuda": ("sharedarrays", "sa.ipc", "sa.pool", "torch", "cuda.core"),
@@ -151,6 +151,10 @@ class Config:
         return int(self.device.split(":")[1]) if ":" in self.device else 0
 
 
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+"""Where ``--full`` writes: ``benchmarks/results`` of this checkout, one JSON and one PNG per
+machine kind (the date is in the JSON)."""
+
 MAX_WORKERS, MAX_WORKERS_PER_CPU = 64, 8
 """The most workers ``--workers`` may ask for: 64, or 8 per CPU of the machine."""
 
@@ -218,7 +222,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--full",
         action="store_true",
-        help="the committed defaults; writes benchmarks/results/<device>-<date>.json/.png",
+        help="the committed defaults; writes benchmarks/results/<machine>.json and .png "
+        "(<machine>: cpu or the GPU's name, e.g. nvidia-h200), replacing the last ones",
     )
 
 
@@ -337,7 +342,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
     json_path = _writable(args.json, "--json")
     plot_path = _writable(args.plot, "--plot")
     if args.full:
-        stem = Path("benchmarks") / "results" / f"{device_slug(device)}-{today()}"
+        stem = RESULTS / device_slug(device)
         json_path = json_path or str(stem.with_suffix(".json"))
         plot_path = plot_path or str(stem.with_suffix(".png"))
     return Config(

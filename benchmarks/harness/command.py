@@ -1,5 +1,5 @@
-"""``python -m sharedarrays bench``: run with the parsed options, print the table, write
-the JSON and the plot."""
+"""``python benchmarks/bench.py``: run with the parsed options, print the table, write the
+JSON and the plot."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from sharedarrays.bench.config import Config, add_arguments, config_from_args
-from sharedarrays.bench.environment import environment
-from sharedarrays.bench.measure import Run
-from sharedarrays.bench.report import format_table, plot
+from harness.config import Config, add_arguments, config_from_args
+from harness.environment import environment
+from harness.measure import Run
+from harness.report import format_table, plot
 
 __all__ = ["run", "run_from_args", "main"]
 
@@ -33,7 +33,7 @@ def run(cfg: Config) -> dict[str, Any]:
         meta = environment(cfg.is_cuda, cfg.index)
         data = {"meta": meta, "config": asdict(cfg), "skipped": {}}
     if "dask" not in cfg.skip:
-        from sharedarrays.bench.dask import format_dask, measure
+        from harness.dask import format_dask, measure
 
         data["dask"] = measure(cfg)
         if cfg.json_path:
@@ -55,7 +55,7 @@ def run(cfg: Config) -> dict[str, Any]:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    """Entry point of ``python -m sharedarrays bench`` once its options are parsed."""
+    """Run once the options are parsed (2: a usage error)."""
     try:
         cfg = config_from_args(args)
     except argparse.ArgumentTypeError as e:
@@ -67,6 +67,6 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``bench`` options (as :func:`add_arguments`) and run."""
-    parser = argparse.ArgumentParser(prog="python -m sharedarrays bench")
+    parser = argparse.ArgumentParser(prog="python benchmarks/bench.py")
     add_arguments(parser)
     return run_from_args(parser.parse_args(argv))

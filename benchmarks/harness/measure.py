@@ -20,9 +20,9 @@ from multiprocessing.pool import Pool
 from pathlib import Path
 from typing import Any
 
-from sharedarrays.bench.config import COPY_MAX_BYTES, ROUND_FAMILIES, TASK_TIMEOUT, Config
-from sharedarrays.bench.environment import environment, utc_now
-from sharedarrays.bench.methods import (
+from harness.config import COPY_MAX_BYTES, ROUND_FAMILIES, TASK_TIMEOUT, Config
+from harness.environment import environment, utc_now
+from harness.methods import (
     FLOOR_ARG,
     Method,
     Peers,
@@ -39,10 +39,10 @@ from sharedarrays.bench.methods import (
     shm_methods,
     torch_methods,
 )
-from sharedarrays.bench.report import evaluate_targets
-from sharedarrays.bench.rounds import FLOOR, over_floor, run_rounds
-from sharedarrays.bench.sizes import size_label
-from sharedarrays.bench.worker import (
+from harness.report import evaluate_targets
+from harness.rounds import FLOOR, over_floor, run_rounds
+from harness.sizes import size_label
+from harness.worker import (
     init_worker,
     raise_fd_limit,
     task_bandwidth,

@@ -14,9 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from sharedarrays.backends.device import parse_name
-from sharedarrays.bench.config import COPY_MAX_BYTES, TASK_TIMEOUT, Config
-from sharedarrays.bench.worker import (
+from harness.config import COPY_MAX_BYTES, TASK_TIMEOUT, Config
+from harness.worker import (
     LeastHandoff,
     SafeColdHandoff,
     SafeHandoff,
@@ -29,6 +28,7 @@ from sharedarrays.bench.worker import (
     task_shm,
     task_torch,
 )
+from sharedarrays.backends.device import parse_name
 
 __all__ = [
     "FLOOR_ARG",
@@ -212,7 +212,7 @@ def control_method(nbytes: int) -> Method:
 
 
 def bound_method(cfg: Config, array: Any) -> Method:
-    """The warm rounds' ``bound`` entry (:class:`~sharedarrays.bench.worker.LeastHandoff`)
+    """The warm rounds' ``bound`` entry (:class:`~harness.worker.LeastHandoff`)
     for the sharedarrays ``array`` of the same rounds: its payload's size, its view tuple
     and its backend; the worker's task is sharedarrays' own (``.array``, ``close``)."""
     from sharedarrays.api.message import allocation_bytes
@@ -224,7 +224,7 @@ def bound_method(cfg: Config, array: Any) -> Method:
 
 
 def safe_method(cfg: Config, array: Any) -> Method:
-    """The warm rounds' ``safe`` entry (:class:`~sharedarrays.bench.worker.SafeHandoff`): the
+    """The warm rounds' ``safe`` entry (:class:`~harness.worker.SafeHandoff`): the
     bound and the least more that the library's guarantees need, for the sharedarrays
     ``array`` of the same rounds; the worker's task is sharedarrays' own."""
     from sharedarrays.api.message import allocation_bytes
@@ -237,7 +237,7 @@ def safe_method(cfg: Config, array: Any) -> Method:
 
 
 def safe_cold_method(cfg: Config) -> Method:
-    """The cold rounds' ``safe`` entry (:class:`~sharedarrays.bench.worker.SafeColdHandoff`):
+    """The cold rounds' ``safe`` entry (:class:`~harness.worker.SafeColdHandoff`):
     a new sharedarrays array per round, as ``sharedarrays-cold``'s, handed off by the cold
     bound's two steps and the least more that the library's guarantees need."""
     import sharedarrays as sa

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from sharedarrays.bench.config import Config
-from sharedarrays.bench.sizes import size_label
+from harness.config import Config
+from harness.sizes import size_label
 
 __all__ = ["MEMORY_FACTOR", "METHODS", "measure", "format_dask", "touch"]
 

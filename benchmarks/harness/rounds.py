@@ -11,7 +11,7 @@ equally often, so that no method always follows the same neighbour (a handoff pa
 the one before it left behind: the first task after a big message, a large free), and an
 untimed lead-in before each round (:func:`run_rounds`' ``lead_in``) gives every round's
 first entry the same neighbour before it, which the design leaves out. (The bench's timed
-calls, :meth:`sharedarrays.bench.measure.Run._rounds`, each end with a settling floor task,
+calls, :meth:`harness.measure.Run._rounds`, each end with a settling floor task,
 so that work a task leaves behind in the worker is charged to that task's entry.) Nothing
 here touches a Pool: :func:`run_rounds` calls the function it is given, which the tests
 replace with a clock of their own.

@@ -1,7 +1,4 @@
-"""Sizes as the command line takes them: ``"256M"``, ``"1G"``, ``"4096"`` (binary units).
-
-Used by the bench's options and by the demo's ``--size`` (:mod:`sharedarrays.cli`).
-"""
+"""Sizes as the command line takes them: ``"256M"``, ``"1G"``, ``"4096"`` (binary units)."""
 
 from __future__ import annotations
 
@@ -19,9 +16,6 @@ def parse_size(text: str) -> int:
     if m is None:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 256M or 1G)")
     return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
-
-
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 def size_label(n: int) -> str:

@@ -1,4 +1,6 @@
-"""The benchmark command runs end to end on the host backend (no timing assertions)."""
+"""The benchmark harness (``benchmarks/bench.py``, ``benchmarks/harness/``) runs end to end on
+the host backend (no timing assertions). It is not part of the package: the tests import it
+by path."""
 
 from __future__ import annotations
 
@@ -18,9 +20,14 @@ from typing import Any
 
 import pytest
 
-from sharedarrays.bench import config, report, rounds, sizes
-
 ROOT = Path(__file__).resolve().parents[2]
+BENCHMARKS = ROOT / "benchmarks"
+SCRIPT = BENCHMARKS / "bench.py"
+if str(BENCHMARKS) not in sys.path:
+    sys.path.insert(0, str(BENCHMARKS))  # (spawned workers get the same sys.path)
+
+from harness import config, report, rounds, sizes  # noqa: E402
+
 REPEATS = 21
 ROUNDS = 7
 
@@ -35,9 +42,7 @@ def test_bench_cpu_quick(tmp_path: Path) -> None:
     proc = subprocess.run(
         [
             sys.executable,
-            "-m",
-            "sharedarrays",
-            "bench",
+            str(SCRIPT),
             "--device",
             "cpu",
             "--quick",
@@ -113,7 +118,7 @@ def test_bench_cpu_quick(tmp_path: Path) -> None:
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "handoff: median ms (x floor)" in proc.stdout
     assert "sharedarrays-warm" in proc.stdout and "targets" in proc.stdout
-    # benchmarks/compare.sh greps these lines
+    # benchmarks/ab.sh greps these lines
     assert re.search(r"warm +1M sharedarrays +over the floor [+-]", proc.stdout)
     assert re.search(r"cold +1M sharedarrays +over the floor [+-]", proc.stdout)
     assert re.search(r"sharedarrays .*arrays/s", proc.stdout)
@@ -270,7 +275,7 @@ def test_the_least_handoff_takes_the_fence_and_loads_as_a_kept_native_array() ->
     array the worker keeps (made once) and whose ``close`` drops it."""
     import pickle
 
-    from sharedarrays.bench import worker
+    from harness import worker
 
     class Backend:
         asked = 0
@@ -311,7 +316,7 @@ def test_the_safe_handoff_counts_once_per_message_and_checks_what_a_view_must() 
     import pickle
     from multiprocessing.reduction import ForkingPickler
 
-    from sharedarrays.bench import worker
+    from harness import worker
 
     class Backend:
         def export_fence(self) -> None:
@@ -358,10 +363,10 @@ def test_the_least_handoff_on_cuda_queries_the_stream_and_leaves_a_busy_one_to_t
 
     import cupy
     from cuda_helpers import Spin
+    from harness import worker
 
     import sharedarrays as sa
     from sharedarrays.backends.cuda import sync
-    from sharedarrays.bench import worker
 
     a = sa.zeros(256, "float32", device="cuda:0")
     try:
@@ -423,9 +428,9 @@ def test_the_safe_cold_handoff_maps_a_new_array_in_a_worker_and_refuses_bad_name
     import multiprocessing
 
     from conftest import open_fds
+    from harness import worker
 
     import sharedarrays as sa
-    from sharedarrays.bench import worker
 
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(1) as pool:
@@ -565,7 +570,7 @@ def test_a_timed_call_ends_when_the_worker_is_idle_so_leftovers_are_their_owners
     entry reads its own difference, whatever it follows."""
     from types import SimpleNamespace
 
-    from sharedarrays.bench import measure, methods
+    from harness import measure, methods
 
     now = [0.0]
     cost = {"floor": 1.0, "a": 1.5, "heavy": 2.0, "settle": 1.0}
@@ -691,7 +696,7 @@ def test_bad_options_are_usage_errors_before_the_run(args: list[str], match: str
 def test_a_bad_bench_device_is_a_usage_error(
     device: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from sharedarrays.bench.command import main as bench_main
+    from harness.command import main as bench_main
 
     assert bench_main(["--device", device, "--quick"]) == 2
     assert f"bench: --device {device}:" in capsys.readouterr().err
@@ -703,7 +708,7 @@ def test_a_failing_method_is_dropped_and_the_size_rerun_without_it(
 ) -> None:
     """A method whose task fails in the worker is not measured (with the error), the rest of
     its part runs in a fresh pool without it."""
-    from sharedarrays.bench import measure, methods, worker
+    from harness import measure, methods, worker
 
     real = methods.family_methods
 
@@ -753,39 +758,41 @@ def test_import_sharedarrays_leaves_the_tools_out() -> None:
     """The benchmark and the command line are tools on top of the library, not part of it."""
     proc = _run_python(
         "import sys, sharedarrays\n"
-        "print(sorted(m for m in sys.modules if m.startswith(('sharedarrays.bench', "
+        "print(sorted(m for m in sys.modules if m.startswith(('harness', 'sharedarrays.bench', "
         "'sharedarrays.cli', 'sharedarrays.keeper_cli'))))"
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
 
 
-def test_the_command_line_loads_the_measuring_code_only_to_run_the_bench() -> None:
+def test_the_command_line_has_no_bench_and_loads_no_harness() -> None:
     proc = _run_python(
         "import sys\n"
         "from sharedarrays.cli import main\n"
         "main(['status'])\n"
-        "print(sorted(m for m in sys.modules if m.startswith('sharedarrays.bench')))"
+        "print(sorted(m for m in sys.modules if m.startswith(('harness', 'sharedarrays.bench'))))"
     )
     assert proc.returncode == 0, proc.stderr
-    loaded = proc.stdout.strip().splitlines()[-1]
-    assert "sharedarrays.bench.config" in loaded  # the bench's options are on the parser
-    assert "sharedarrays.bench.measure" not in loaded and "sharedarrays.bench.worker" not in loaded
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+    bench = _run_python("from sharedarrays.cli import main; main(['bench', '--help'])")
+    assert bench.returncode == 2 and "invalid choice: 'bench'" in bench.stderr
 
 
-def test_python_m_sharedarrays_bench_takes_the_same_options() -> None:
-    proc = _run_python("from sharedarrays.bench.command import main; main(['--help'])")
-    via_cli = _run_python("from sharedarrays.cli import main; main(['bench', '--help'])")
-    assert proc.returncode == 0 and via_cli.returncode == 0, proc.stderr + via_cli.stderr
+def test_the_bench_script_takes_its_options() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
     options = proc.stdout.partition("options:")[2]
-    assert "--sizes" in options and options == via_cli.stdout.partition("options:")[2]
+    assert "--sizes" in options and "--only" in options and "--full" in options
+    assert proc.stdout.startswith("usage: python benchmarks/bench.py")
 
 
 @pytest.mark.timeout(120)
 def test_cold_sizes_follow_the_free_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where the round's new objects do not fit together each is made before its own slot;
     a size that does not fit once is not run, and says why."""
-    from sharedarrays.bench import measure
+    from harness import measure
 
     mib = 1 << 20
     monkeypatch.setattr(measure, "_free_bytes", lambda cfg: int(1.5 * mib))
@@ -821,7 +828,7 @@ def test_bench_dask_part_alone(tmp_path: Path) -> None:
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
     proc = subprocess.run(
-        [sys.executable, "-m", "sharedarrays", "bench", "--device", "cpu", "--only", "dask",
+        [sys.executable, str(SCRIPT), "--device", "cpu", "--only", "dask",
          "--dask-sizes", "4K,1M", "--repeats", "3", "--warmup", "1", "--json", str(out_json)],
         capture_output=True, text=True, timeout=150, cwd=tmp_path, env=env,
     )  # fmt: skip

@@ -1,4 +1,5 @@
-"""``python -m sharedarrays bench``: hand an array to a spawn Pool worker, against every peer.
+"""The benchmark harness (``python benchmarks/bench.py``): hand an array to a spawn Pool
+worker, against every peer.
 
 Everything runs in one process tree on one machine. The parent process creates an object,
 then times ``pool.apply_async(task, (obj, read)).get()`` (what ``pool.apply`` does) with
@@ -41,26 +42,25 @@ create one object per size and send it ``warmup + repeats`` times.
 Like for like (issue 19): the ``warm`` and ``cold`` parts time the floor and one method of
 each family (sharedarrays on each backend, torch, cuda.core; shm on the host) in interleaved
 rounds, in a balanced order, in one worker that has started CUDA, CuPy and torch, and report
-each method's median of per-round differences over the floor (:mod:`~sharedarrays.bench.rounds`);
+each method's median of per-round differences over the floor (:mod:`~harness.rounds`);
 the ``many`` part hands 10,000 small arrays (and, on CUDA, 10,000 torch tensors) in one task
 to that kind of worker, alternated. Also measured: copy-kernel bandwidth in the worker on
 shared memory against a plain CuPy (NumPy) array; and fan-out of one array to 1, 4 and 16
 workers at once.
 
-The package, one concern per module (nothing in the library imports it; :mod:`sharedarrays.cli`
-imports it when it builds the command line):
+The package, one concern per module (it lives in the repository, not in the library: nothing
+in ``sharedarrays`` imports it; ``benchmarks/bench.py`` puts its folder on ``sys.path``):
 
-* :mod:`~sharedarrays.bench.sizes`: ``"256M"`` <-> bytes (also the demo's ``--size``);
-* :mod:`~sharedarrays.bench.config`: what a run measures (``Config``), the options and
+* :mod:`~harness.sizes`: ``"256M"`` <-> bytes;
+* :mod:`~harness.config`: what a run measures (``Config``), the options and
   their parsing;
-* :mod:`~sharedarrays.bench.environment`: date, machine, GPU and versions for the JSON;
-* :mod:`~sharedarrays.bench.worker`: the tasks the Pool's workers run;
-* :mod:`~sharedarrays.bench.methods`: each peer's parent side (make, send, free);
-* :mod:`~sharedarrays.bench.rounds`: interleaved rounds and the overhead over the floor;
-* :mod:`~sharedarrays.bench.measure`: pools, timed cases and the run through every part;
-* :mod:`~sharedarrays.bench.report`: targets, table and plot;
-* :mod:`~sharedarrays.bench.command`: the entry points (``python -m sharedarrays bench``,
-  ``python -m sharedarrays.bench``).
+* :mod:`~harness.environment`: date, machine, GPU and versions for the JSON;
+* :mod:`~harness.worker`: the tasks the Pool's workers run;
+* :mod:`~harness.methods`: each peer's parent side (make, send, free);
+* :mod:`~harness.rounds`: interleaved rounds and the overhead over the floor;
+* :mod:`~harness.measure`: pools, timed cases and the run through every part;
+* :mod:`~harness.report`: targets, table and plot;
+* :mod:`~harness.command`: the entry point (``main``, run by ``benchmarks/bench.py``).
 
 It uses the public API (``sa.empty``, ``sa.load``, pickling an array, ``close``) and these
 internals, which it measures or needs to measure fairly:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sharedarrays.bench.sizes import size_label
+from harness.sizes import size_label
 
 __all__ = ["TARGETS", "evaluate_targets", "format_table", "plot"]
 
@@ -93,10 +93,10 @@ def evaluate_targets(data: dict[str, Any]) -> list[dict[str, Any]]:
     goal that the two steps no Python cut removes, the handle request and the mapping,
     timed alone in the same run, exceed by themselves, or a warm goal of so many us over the
     floor that the warm rounds' ``bound`` entry exceeds by itself (one pickle hook with the
-    ordering fence: :class:`~sharedarrays.bench.worker.LeastHandoff`), or its ``safe`` entry
+    ordering fence: :class:`~harness.worker.LeastHandoff`), or its ``safe`` entry
     (the bound and the least that keeps the library's guarantees:
-    :class:`~sharedarrays.bench.worker.SafeHandoff`; a cold goal likewise where the cold
-    rounds' ``safe`` entry exceeds it: :class:`~sharedarrays.bench.worker.SafeColdHandoff`);
+    :class:`~harness.worker.SafeHandoff`; a cold goal likewise where the cold
+    rounds' ``safe`` entry exceeds it: :class:`~harness.worker.SafeColdHandoff`);
     or ``n/a`` when the
     run did not measure it: ``measured`` then says ``not measured: <why>``) and
     ``measured`` (the figures the status comes from).
