@@ -56,9 +56,14 @@ in ``sharedarrays`` imports it; ``benchmarks/bench.py`` puts its folder on ``sys
   their parsing;
 * :mod:`~harness.environment`: date, machine, GPU and versions for the JSON;
 * :mod:`~harness.worker`: the tasks the Pool's workers run;
+* :mod:`~harness.handoffs`: the rounds' ``bound`` and ``safe`` entries (what bounds a figure);
 * :mod:`~harness.methods`: each peer's parent side (make, send, free);
 * :mod:`~harness.rounds`: interleaved rounds and the overhead over the floor;
-* :mod:`~harness.measure`: pools, timed cases and the run through every part;
+* :mod:`~harness.pools`: spawn pools, timed cases, and the state a run's parts share;
+* :mod:`~harness.overhead`: the ``warm`` and ``cold`` parts (interleaved rounds);
+* :mod:`~harness.parts`: the ``many``, ``bandwidth``, ``steps`` and ``scaling`` parts;
+* :mod:`~harness.measure`: the run through the method x size table and every part;
+* :mod:`~harness.dask`: the ``dask`` part;
 * :mod:`~harness.report`: targets, table and plot;
 * :mod:`~harness.command`: the entry point (``main``, run by ``benchmarks/bench.py``).
 

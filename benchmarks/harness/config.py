@@ -285,6 +285,19 @@ def _parse_sizes(text: str) -> list[int]:
     return sizes
 
 
+def _parse_workers(text: str) -> list[int]:
+    most = max(MAX_WORKERS, MAX_WORKERS_PER_CPU * (os.cpu_count() or 1))
+    try:
+        workers = [int(w) for w in text.split(",") if w.strip()]
+    except ValueError:
+        workers = []
+    if not workers or any(not 1 <= w <= most for w in workers):
+        raise argparse.ArgumentTypeError(
+            f"--workers takes worker counts between 1 and {most} (comma-separated)"
+        )
+    return workers
+
+
 def config_from_args(args: argparse.Namespace) -> Config:
     """Turn parsed ``bench`` options into a :class:`Config`.
 
@@ -310,16 +323,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if not tasks or any(t not in TASKS for t in tasks):
         raise argparse.ArgumentTypeError(f"--tasks takes {', '.join(TASKS)}")
-    workers_text = "1,4" if args.quick and args.workers == "1,4,16" else args.workers
-    most = max(MAX_WORKERS, MAX_WORKERS_PER_CPU * (os.cpu_count() or 1))
-    try:
-        workers = [int(w) for w in workers_text.split(",") if w.strip()]
-    except ValueError:
-        workers = []
-    if not workers or any(not 1 <= w <= most for w in workers):
-        raise argparse.ArgumentTypeError(
-            f"--workers takes worker counts between 1 and {most} (comma-separated)"
-        )
+    workers = _parse_workers("1,4" if args.quick and args.workers == "1,4,16" else args.workers)
     skip = [s.strip() for s in args.skip.split(",") if s.strip()]
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     if any(s not in PARTS for s in skip + only):

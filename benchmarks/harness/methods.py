@@ -15,10 +15,8 @@ from typing import Any
 import numpy as np
 
 from harness.config import COPY_MAX_BYTES, TASK_TIMEOUT, Config
+from harness.handoffs import LeastHandoff, SafeColdHandoff, SafeHandoff
 from harness.worker import (
-    LeastHandoff,
-    SafeColdHandoff,
-    SafeHandoff,
     cuda_core,
     task_copy,
     task_cuda_core,
@@ -212,7 +210,7 @@ def control_method(nbytes: int) -> Method:
 
 
 def bound_method(cfg: Config, array: Any) -> Method:
-    """The warm rounds' ``bound`` entry (:class:`~harness.worker.LeastHandoff`)
+    """The warm rounds' ``bound`` entry (:class:`~harness.handoffs.LeastHandoff`)
     for the sharedarrays ``array`` of the same rounds: its payload's size, its view tuple
     and its backend; the worker's task is sharedarrays' own (``.array``, ``close``)."""
     from sharedarrays.api.message import allocation_bytes
@@ -224,7 +222,7 @@ def bound_method(cfg: Config, array: Any) -> Method:
 
 
 def safe_method(cfg: Config, array: Any) -> Method:
-    """The warm rounds' ``safe`` entry (:class:`~harness.worker.SafeHandoff`): the
+    """The warm rounds' ``safe`` entry (:class:`~harness.handoffs.SafeHandoff`): the
     bound and the least more that the library's guarantees need, for the sharedarrays
     ``array`` of the same rounds; the worker's task is sharedarrays' own."""
     from sharedarrays.api.message import allocation_bytes
@@ -237,7 +235,7 @@ def safe_method(cfg: Config, array: Any) -> Method:
 
 
 def safe_cold_method(cfg: Config) -> Method:
-    """The cold rounds' ``safe`` entry (:class:`~harness.worker.SafeColdHandoff`):
+    """The cold rounds' ``safe`` entry (:class:`~harness.handoffs.SafeColdHandoff`):
     a new sharedarrays array per round, as ``sharedarrays-cold``'s, handed off by the cold
     bound's two steps and the least more that the library's guarantees need."""
     import sharedarrays as sa

@@ -3,6 +3,7 @@ and the plot."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -93,10 +94,10 @@ def evaluate_targets(data: dict[str, Any]) -> list[dict[str, Any]]:
     goal that the two steps no Python cut removes, the handle request and the mapping,
     timed alone in the same run, exceed by themselves, or a warm goal of so many us over the
     floor that the warm rounds' ``bound`` entry exceeds by itself (one pickle hook with the
-    ordering fence: :class:`~harness.worker.LeastHandoff`), or its ``safe`` entry
+    ordering fence: :class:`~harness.handoffs.LeastHandoff`), or its ``safe`` entry
     (the bound and the least that keeps the library's guarantees:
-    :class:`~harness.worker.SafeHandoff`; a cold goal likewise where the cold
-    rounds' ``safe`` entry exceeds it: :class:`~harness.worker.SafeColdHandoff`);
+    :class:`~harness.handoffs.SafeHandoff`; a cold goal likewise where the cold
+    rounds' ``safe`` entry exceeds it: :class:`~harness.handoffs.SafeColdHandoff`);
     or ``n/a`` when the
     run did not measure it: ``measured`` then says ``not measured: <why>``) and
     ``measured`` (the figures the status comes from).
@@ -108,6 +109,17 @@ def evaluate_targets(data: dict[str, Any]) -> list[dict[str, Any]]:
         text = measured if ok is not None else f"not measured: {measured}"
         rows.append({"target": name, "status": status, "measured": text})
 
+    for part in (_warm_rows, _cold_rows, _other_rows):
+        part(data, row)
+    return rows
+
+
+_Row = Callable[..., None]
+"""``row(name, ok, measured, bound=False)``: add one target's row (``ok`` None: n/a)."""
+
+
+def _warm_rows(data: dict[str, Any], row: _Row) -> None:
+    """The warm goals: over the floor, and below torch, at each warm size."""
     limit_us = float(TARGETS["warm_over_floor_us"])
     below = float(TARGETS["warm_below_torch"])
     for size in TARGETS["warm_sizes"]:
@@ -144,6 +156,10 @@ def evaluate_targets(data: dict[str, Any]) -> list[dict[str, Any]]:
             # sa * 4 <= torch also holds where sharedarrays sits at or below the floor; a
             # torch at or below the floor leaves nothing to be 4x below
             row(name, torch > 0 and sa * below <= torch, figures)
+
+
+def _cold_rows(data: dict[str, Any], row: _Row) -> None:
+    """The cold goals over the floor, with what bounds them (the two steps, the safe entry)."""
     for size, limit_ms in TARGETS["cold_over_floor_ms"].items():
         sa, why = _overhead(data, "cold", size, "sharedarrays")
         name = f"cold over the floor <= +{limit_ms:g} ms at {size_label(size)}"
@@ -171,6 +187,10 @@ def evaluate_targets(data: dict[str, Any]) -> list[dict[str, Any]]:
             bound=(bound is not None and bound["bound_ms"] > limit_ms)
             or (safe is not None and safe / 1e3 > limit_ms),
         )
+
+
+def _other_rows(data: dict[str, Any], row: _Row) -> None:
+    """Many small arrays against torch, and the rows that must not regress."""
     many = data.get("many") or {}
     count = many.get("count", 10000)
     each = size_label(many.get("bytes_each", 4096))
@@ -203,7 +223,6 @@ def evaluate_targets(data: dict[str, Any]) -> list[dict[str, Any]]:
         None if not many else many["memory_ratio"] <= TARGETS["many_memory_ratio"],
         why if not many else f"{many['memory_ratio']:.2f}x ({many['allocations']} allocations)",
     )
-    return rows
 
 
 def format_table(data: dict[str, Any]) -> str:

@@ -275,7 +275,7 @@ def test_the_least_handoff_takes_the_fence_and_loads_as_a_kept_native_array() ->
     array the worker keeps (made once) and whose ``close`` drops it."""
     import pickle
 
-    from harness import worker
+    from harness import handoffs, worker
 
     class Backend:
         asked = 0
@@ -284,7 +284,7 @@ def test_the_least_handoff_takes_the_fence_and_loads_as_a_kept_native_array() ->
             Backend.asked += 1
             return type("Fence", (), {"token": b"t" * 8})()
 
-    least = worker.LeastHandoff(b"x" * 100, (0, (4,), (4,), "<f4", False), Backend())
+    least = handoffs.LeastHandoff(b"x" * 100, (0, (4,), (4,), "<f4", False), Backend())
     blob = pickle.dumps(least)
     assert Backend.asked == 1 and b"t" * 8 in blob and b"x" * 100 in blob
     first, second = pickle.loads(blob), pickle.loads(blob)
@@ -316,14 +316,14 @@ def test_the_safe_handoff_counts_once_per_message_and_checks_what_a_view_must() 
     import pickle
     from multiprocessing.reduction import ForkingPickler
 
-    from harness import worker
+    from harness import handoffs
 
     class Backend:
         def export_fence(self) -> None:
             return None
 
     view = (0, (1 << 18,), (4,), "<f4", False)
-    safe = worker.SafeHandoff(b"safe test".ljust(360, b"."), view, Backend())
+    safe = handoffs.SafeHandoff(b"safe test".ljust(360, b"."), view, Backend())
 
     class Again:  # another view of the same memory in the same message
         def __reduce__(self) -> Any:
@@ -343,12 +343,12 @@ def test_the_safe_handoff_counts_once_per_message_and_checks_what_a_view_must() 
     first.close()
     second.close()
     third = pickle.loads(one)[0]
-    assert third.array is worker._safe[safe.blob].native  # nothing else holds it
+    assert third.array is handoffs._safe[safe.blob].native  # nothing else holds it
     third.close()
     with pytest.raises(ValueError, match="closed"):
         _ = third.array
     with pytest.raises(ValueError, match="outside"):
-        worker._safe_loaded(safe.blob, (16, (1 << 18,), (4,), "<f4", False), None)
+        handoffs._safe_loaded(safe.blob, (16, (1 << 18,), (4,), "<f4", False), None)
     safe.closed = True
     with pytest.raises(ValueError, match="closed"):
         pickle.dumps(safe)
@@ -363,14 +363,14 @@ def test_the_least_handoff_on_cuda_queries_the_stream_and_leaves_a_busy_one_to_t
 
     import cupy
     from cuda_helpers import Spin
-    from harness import worker
+    from harness import handoffs
 
     import sharedarrays as sa
     from sharedarrays.backends.cuda import sync
 
     a = sa.zeros(256, "float32", device="cuda:0")
     try:
-        least = worker.LeastHandoff(b"x" * 64, a._view_tuple(), a.allocation.backend, 0)
+        least = handoffs.LeastHandoff(b"x" * 64, a._view_tuple(), a.allocation.backend, 0)
         cupy.cuda.Device(0).synchronize()
         before = sync._records
         blob = pickle.dumps(least)
@@ -428,7 +428,7 @@ def test_the_safe_cold_handoff_maps_a_new_array_in_a_worker_and_refuses_bad_name
     import multiprocessing
 
     from conftest import open_fds
-    from harness import worker
+    from harness import handoffs, worker
 
     import sharedarrays as sa
 
@@ -437,7 +437,7 @@ def test_the_safe_cold_handoff_maps_a_new_array_in_a_worker_and_refuses_bad_name
         counts = []
         for value in (3.0, 5.0, 7.0):
             a = sa.full(1 << 10, value, "float32", device="cpu")
-            safe = worker.SafeColdHandoff(a)
+            safe = handoffs.SafeColdHandoff(a)
             got = pool.apply_async(worker.task_sharedarrays, (safe, True)).get(60)
             assert got == value * (1 << 10) and safe._sent == 1
             safe.close()
@@ -448,11 +448,11 @@ def test_the_safe_cold_handoff_maps_a_new_array_in_a_worker_and_refuses_bad_name
             safe.__reduce__()
     b = sa.zeros(1 << 10, "float32", device="cpu")
     try:
-        names, view, token = worker.SafeColdHandoff(b).__reduce__()[1]
+        names, view, token = handoffs.SafeColdHandoff(b).__reduce__()[1]
         with pytest.raises(ValueError, match="malformed"):
-            worker._safe_cold_loaded((*names[:3], b"short", *names[4:]), view, token)
+            handoffs._safe_cold_loaded((*names[:3], b"short", *names[4:]), view, token)
         with pytest.raises(sa.PayloadError, match="outside"):
-            worker._safe_cold_loaded(names, (sum(names[4]), *view[1:]), token)
+            handoffs._safe_cold_loaded(names, (sum(names[4]), *view[1:]), token)
     finally:
         b.close()
 
@@ -570,7 +570,7 @@ def test_a_timed_call_ends_when_the_worker_is_idle_so_leftovers_are_their_owners
     entry reads its own difference, whatever it follows."""
     from types import SimpleNamespace
 
-    from harness import measure, methods
+    from harness import measure, methods, overhead
 
     now = [0.0]
     cost = {"floor": 1.0, "a": 1.5, "heavy": 2.0, "settle": 1.0}
@@ -585,9 +585,9 @@ def test_a_timed_call_ends_when_the_worker_is_idle_so_leftovers_are_their_owners
             return SimpleNamespace(get=lambda timeout=None: None)
 
     def method(name: str) -> methods.Method:
-        return methods.Method(name, measure.task_floor, list, lambda box: name, list, False)
+        return methods.Method(name, methods.task_floor, list, lambda box: name, list, False)
 
-    monkeypatch.setattr(measure, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    monkeypatch.setattr(overhead, "time", SimpleNamespace(perf_counter=lambda: now[0]))
     run = object.__new__(measure.Run)
     run.cfg = SimpleNamespace(rounds=60, warmup=0, round_seconds=None)  # type: ignore[assignment]
     entries = {name: method(name) for name in ("floor", "a", "heavy")}
@@ -708,7 +708,7 @@ def test_a_failing_method_is_dropped_and_the_size_rerun_without_it(
 ) -> None:
     """A method whose task fails in the worker is not measured (with the error), the rest of
     its part runs in a fresh pool without it."""
-    from harness import measure, methods, worker
+    from harness import measure, methods, overhead, worker
 
     real = methods.family_methods
 
@@ -718,7 +718,7 @@ def test_a_failing_method_is_dropped_and_the_size_rerun_without_it(
             warm.send = lambda box: ("sa-bench-no-such-segment", 4096)
         return warm, cold
 
-    monkeypatch.setattr(measure, "family_methods", broken_shm)
+    monkeypatch.setattr(overhead, "family_methods", broken_shm)
     cfg = config.Config(
         device="cpu",
         sizes=[1 << 20],
@@ -792,10 +792,10 @@ def test_the_bench_script_takes_its_options() -> None:
 def test_cold_sizes_follow_the_free_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where the round's new objects do not fit together each is made before its own slot;
     a size that does not fit once is not run, and says why."""
-    from harness import measure
+    from harness import measure, overhead
 
     mib = 1 << 20
-    monkeypatch.setattr(measure, "_free_bytes", lambda cfg: int(1.5 * mib))
+    monkeypatch.setattr(overhead, "free_bytes", lambda cfg: int(1.5 * mib))
     cfg = config.Config(
         device="cpu",
         sizes=[mib],
@@ -812,7 +812,7 @@ def test_cold_sizes_follow_the_free_memory(monkeypatch: pytest.MonkeyPatch) -> N
     assert fits["methods"]["shm"]["rounds"] == 4
     assert not too_big["methods"]
     assert too_big["not_measured"]["sharedarrays"] == "needs 2M at a time, 0.0 GiB free"
-    monkeypatch.setattr(measure, "_free_bytes", lambda cfg: 64 * mib)
+    monkeypatch.setattr(overhead, "free_bytes", lambda cfg: 64 * mib)
     run = measure.Run(cfg)
     run.overhead("cold")
     for case in run.data["overhead"]["cold"]["sizes"].values():
