@@ -118,7 +118,7 @@ def test_bench_cpu_quick(tmp_path: Path) -> None:
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "handoff: median ms (x floor)" in proc.stdout
     assert "sharedarrays-warm" in proc.stdout and "targets" in proc.stdout
-    # benchmarks/ab.sh greps these lines
+    # the log names each figure (what a reader of benchmarks/ab.sh's logs looks for)
     assert re.search(r"warm +1M sharedarrays +over the floor [+-]", proc.stdout)
     assert re.search(r"cold +1M sharedarrays +over the floor [+-]", proc.stdout)
     assert re.search(r"sharedarrays .*arrays/s", proc.stdout)
