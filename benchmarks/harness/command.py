@@ -43,7 +43,7 @@ def run(cfg: Config) -> dict[str, Any]:
         print(format_table(data), flush=True)
     if "dask" in data:
         print(format_dask(data["dask"]), flush=True)
-    if cfg.plot_path and "table" not in cfg.skip:  # (the plot draws the table)
+    if cfg.plot_path and ("results" in data or "overhead" in data):  # (what the plot draws)
         try:
             plot(data, cfg.plot_path)
             print(f"\nplot: {cfg.plot_path}")

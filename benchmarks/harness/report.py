@@ -301,35 +301,76 @@ def format_table(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _table_panel(ax: Any, data: dict[str, Any], task: str) -> None:
+    """Time against size, log-log, one line per method (p10-p90 shaded)."""
+    for method, result in data["results"].items():
+        cases = sorted(result.get(task, {}).values(), key=lambda c: c["size"])
+        if not cases:
+            continue
+        xs = [c["size"] for c in cases]
+        line = ax.plot(xs, [c["median_ms"] for c in cases], marker="o", label=method)[0]
+        ax.fill_between(
+            xs,
+            [c["p10_ms"] for c in cases],
+            [c["p90_ms"] for c in cases],
+            color=line.get_color(),
+            alpha=0.15,
+            linewidth=0,
+        )
+    ax.set_yscale("log")
+    ax.set_ylabel("median ms per task (p10-p90 shaded)")
+    ax.set_title(f"{task}: time per task")
+
+
+def _overhead_panel(ax: Any, part: dict[str, Any], kind: str) -> None:
+    """Over the floor against size, one line per method (the median's 95% interval shaded)."""
+    by_method: dict[str, list[tuple[int, float, float, float]]] = {}
+    for size, case in sorted(part.get("sizes", {}).items(), key=lambda kv: int(kv[0])):
+        for name, r in case.get("methods", {}).items():
+            low, high = r.get("ci95_us") or (r["median_us"], r["median_us"])
+            by_method.setdefault(name, []).append((int(size), r["median_us"], low, high))
+    for name, points in by_method.items():
+        xs = [p[0] for p in points]
+        line = ax.plot(xs, [p[1] for p in points], marker="o", label=name)[0]
+        ax.fill_between(
+            xs,
+            [p[2] for p in points],
+            [p[3] for p in points],
+            color=line.get_color(),
+            alpha=0.15,
+            linewidth=0,
+        )
+    ax.set_yscale("symlog", linthresh=10)
+    ax.set_ylabel("us over the floor of the same round (95% interval shaded)")
+    ax.set_title(f"{kind}: over the floor, {part.get('rounds')} interleaved rounds")
+
+
 def plot(data: dict[str, Any], path: str) -> None:
-    """Time against size, log-log, one line per method, a panel per task (PNG, Agg)."""
+    """A panel per task of the method x size table (time against size, log-log), and one
+    per part of interleaved rounds (warm, cold: over the floor against size); PNG, Agg."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    tasks = list(data["config"]["tasks"])
-    fig, axes = plt.subplots(1, len(tasks), figsize=(6.5 * len(tasks), 4.8), squeeze=False)
-    for ax, task in zip(axes[0], tasks):
-        for method, result in data["results"].items():
-            cases = sorted(result.get(task, {}).values(), key=lambda c: c["size"])
-            if not cases:
-                continue
-            xs = [c["size"] for c in cases]
-            line = ax.plot(xs, [c["median_ms"] for c in cases], marker="o", label=method)[0]
-            ax.fill_between(
-                xs,
-                [c["p10_ms"] for c in cases],
-                [c["p90_ms"] for c in cases],
-                color=line.get_color(),
-                alpha=0.15,
-                linewidth=0,
-            )
+    panels: list[tuple[str, Any]] = []
+    if data.get("results"):
+        panels += [("table", task) for task in data["config"]["tasks"]]
+    panels += [("overhead", kind) for kind in data.get("overhead", {})]
+    if not panels:
+        raise ValueError("nothing to plot: neither the table nor the warm or cold part ran")
+    cols = min(len(panels), 2)
+    rows = (len(panels) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 4.8 * rows), squeeze=False)
+    for ax in axes.flat[len(panels) :]:
+        ax.set_visible(False)
+    for ax, (what, key) in zip(axes.flat, panels):
+        if what == "table":
+            _table_panel(ax, data, key)
+        else:
+            _overhead_panel(ax, data["overhead"][key], key)
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
         ax.set_xlabel("array size (bytes)")
-        ax.set_ylabel("median ms per task (p10-p90 shaded)")
-        ax.set_title(task)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     meta = data["meta"]

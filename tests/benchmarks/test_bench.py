@@ -457,6 +457,18 @@ def test_the_safe_cold_handoff_maps_a_new_array_in_a_worker_and_refuses_bad_name
         b.close()
 
 
+def test_a_run_without_the_table_plots_its_rounds(tmp_path: Path) -> None:
+    """A run of the warm and cold parts alone (no method x size table) still gets its plot:
+    a panel per part, over the floor against size."""
+    pytest.importorskip("matplotlib")
+    data = _partial_run()
+    del data["results"]
+    report.plot(data, str(tmp_path / "rounds.png"))
+    assert (tmp_path / "rounds.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="nothing to plot"):
+        report.plot({"meta": data["meta"], "config": data["config"]}, str(tmp_path / "x.png"))
+
+
 def test_table_shows_rounds_many_and_targets() -> None:
     data = _partial_run()
     data["targets"] = report.evaluate_targets(data)
