@@ -52,7 +52,7 @@ ROUND_LIMITS: dict[str, tuple[int, str]] = {
     "cuda.core": (
         4 << 30,
         "cuda.core's worker crashed at the first 8 GiB buffer in runs 1 and 2 "
-        "(docs/performance.md, cuda.core failure); measured up to 4G only",
+        "(docs/performance.md, known limits of the peers); measured up to 4G only",
     ),
 }
 """Families the warm and cold rounds run only up to a size, and why."""

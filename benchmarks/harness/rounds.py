@@ -2,7 +2,7 @@
 overhead over the floor as the median of its per-round differences.
 
 The Pool's own round trip drifts within one run by more than the differences the bench
-resolves (Run 5 in docs/performance.md: the floor alone ranged 0.31-0.80 ms across sizes),
+resolves (docs/performance.md: the floor alone ranged 0.31-0.80 ms in one H200 run),
 so a method is never compared with a floor timed minutes apart: each round times the floor
 and every method once, back to back, and the method's figure is the median over rounds of
 (method - floor of the same round). A round's order is a row of a Williams design
