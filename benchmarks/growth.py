@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
 
     import sharedarrays as sa
-    from sharedarrays.bench.sizes import parse_size
+    from sharedarrays.cli import parse_size
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cpu")

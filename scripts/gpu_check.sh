@@ -42,7 +42,7 @@
 #       bash scripts/gpu_check.sh [--bench]      (device call with carry: [".whl", ".gl"])
 #
 # Runs `python3 -m pytest -m "gpu or notebook or torch" -ra tests` (or the PYTEST_ARGS given, e.g. a single test
-# file), then `make demo PYTHON_ENV=system`, and with --bench `python3 -m sharedarrays bench`
+# file), then `make demo PYTHON_ENV=system`, and with --bench `python3 benchmarks/bench.py`
 # (its JSON and plot go under $OUT too).
 # Writes, under $OUT (./artifacts when OUT is unset):
 #   gpu-report.md   date (UTC), host, GPU and driver, package versions, pass/fail/skip
@@ -151,7 +151,7 @@ run_guarded() {  # name logfile command...
 run_guarded "demo" "$OUT/demo.log" \
     make -C "$ROOT" demo PYTHON_ENV=system PYTHON="$PYTHON" DEMO_ARGS=--no-progress
 if [ "$BENCH" -eq 1 ]; then
-    run_guarded "bench" "$OUT/bench.log" "$PYTHON" -m sharedarrays bench \
+    run_guarded "bench" "$OUT/bench.log" "$PYTHON" "$ROOT/benchmarks/bench.py" \
         --json "$OUT/bench.json" --plot "$OUT/bench.png"
 fi
 

@@ -1,10 +1,15 @@
-"""Command line: ``python -m sharedarrays demo | bench | top | ls | rm | keeper | status``."""
+"""Command line: ``python -m sharedarrays demo | top | ls | rm | keeper | status``.
+
+The benchmark is a script of the repository, not a command of the package:
+``python benchmarks/bench.py`` (docs/performance.md).
+"""
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
 import pickle
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -12,7 +17,17 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["main"]
+__all__ = ["main", "parse_size"]
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """Parse ``"256M"``, ``"1G"``, ``"4096"`` (binary units) into bytes (``demo --size``)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    if m is None:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 256M or 1G)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
 
 
 def _sync(native: Any) -> None:
@@ -155,8 +170,6 @@ def demo(size: int | None, workers: int, device: str | None, progress: bool) -> 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m sharedarrays`` and the ``sharedarrays`` script."""
     from sharedarrays import keeper_cli, top_cli
-    from sharedarrays.bench import config as bench_config
-    from sharedarrays.bench.sizes import parse_size
 
     parser = argparse.ArgumentParser(prog="python -m sharedarrays")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -167,8 +180,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     d.add_argument("--workers", type=int, default=4)
     d.add_argument("--device", default=None, help="auto (default), cpu, cuda or cuda:N")
     d.add_argument("--no-progress", action="store_true", help="no progress bar for the fill")
-    b = sub.add_parser("bench", help="time handing arrays to a Pool worker against every peer")
-    bench_config.add_arguments(b)
     keeper_cli.add_parsers(sub)
     top_cli.add_parser(sub)
     args = parser.parse_args(argv)
@@ -176,10 +187,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return top_cli.run(args)
     if args.command in keeper_cli.COMMANDS:
         return keeper_cli.run(args)
-    if args.command == "bench":
-        from sharedarrays.bench import command as bench  # the measuring code: only to run it
-
-        return bench.run_from_args(args)
     if args.command == "demo":
         from sharedarrays.backends.device import parse_device
         from sharedarrays.errors import SharedArrayError

@@ -105,7 +105,7 @@ WORDS = (
 )
 """Every word setting (read where it is used, by :func:`env_word` or as a module name)."""
 TOOLS = ("SHAREDARRAYS_BENCH_TIMEOUT", "SHAREDARRAYS_BENCH_DEBUG", "SHAREDARRAYS_CHROMIUM")
-"""Settings of the benchmark (``python -m sharedarrays bench``) and of the test suite."""
+"""Settings of the benchmark (``python benchmarks/bench.py``) and of the test suite."""
 PREFIX = "SHAREDARRAYS_"
 
 
