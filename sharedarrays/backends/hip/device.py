@@ -6,6 +6,7 @@ making the device current, synchronising, and wrapping device memory as the nati
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any, ClassVar
 
@@ -76,7 +77,7 @@ class HipDevice:
         self.device: Device = device
         self._pid = os.getpid()
         self._hip = hip = load_hip()
-        with self._on_device():
+        with self.context():
             self._integrated = bool(
                 check(
                     hip.hipDeviceGetAttribute(
@@ -97,12 +98,13 @@ class HipDevice:
     def _forked(self) -> bool:
         return os.getpid() != self._pid
 
-    def _on_device(self) -> Any:
-        """Make this device current (``hipSetDevice``) for the calls that follow."""
+    def context(self) -> contextlib.AbstractContextManager[None]:
+        """Make this device current (``hipSetDevice``) for the calls that follow (in a
+        ``with`` block, as CUDA's context)."""
         if self._forked():
             raise BackendUnavailable(f"cannot use {self.device}: {FORK_REASON}")
         check(self._hip.hipSetDevice(self.device.index), f"hipSetDevice({self.device.index})")
-        return _Nothing()
+        return contextlib.nullcontext()
 
     def _check_size(self, size: int, what: str) -> None:
         if size <= 0 or size % self.granularity:
@@ -111,19 +113,14 @@ class HipDevice:
                 f"({self.granularity} bytes), got {size}"
             )
 
-    def check_memory(self, nbytes: int) -> None:
-        """Nothing to check beforehand: ``hipMemCreate`` (``hipMallocFromPoolAsync``) takes the
-        memory at once, and fails with
-        :class:`~sharedarrays.backends.hip.runtime.HipOutOfMemory`."""
-
     def synchronize(self) -> None:
         """Wait for all work queued on this device (``hipDeviceSynchronize``)."""
-        with self._on_device():
+        with self.context():
             check(self._hip.hipDeviceSynchronize(), "hipDeviceSynchronize")
 
     def mem_get_info(self) -> tuple[int, int]:
         """Free and total memory of the device in bytes (``hipMemGetInfo``)."""
-        with self._on_device():
+        with self.context():
             free, total = check(self._hip.hipMemGetInfo(), "hipMemGetInfo")
         return int(free), int(total)
 
@@ -162,7 +159,7 @@ class HipDevice:
         """A read-only NumPy copy of a view of the mapped range (the whole range is copied,
         then viewed with the view's layout)."""
         buffer = np.empty(size, dtype=np.uint8)
-        with self._on_device():
+        with self.context():
             check(self._hip.hipMemcpyDtoH(buffer.ctypes.data, address, size), "hipMemcpyDtoH")
         view = np.ndarray(shape, dtype=dtype, buffer=buffer, offset=offset, strides=strides)
         copy: np.ndarray[Any, Any] = view.copy()
@@ -207,11 +204,3 @@ class HipDevice:
 
     def import_sync(self, token: bytes) -> None:
         """Nothing to wait for (see :meth:`export_sync`)."""
-
-
-class _Nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
