@@ -17,6 +17,7 @@ from sharedarrays.backends.base import (
     BorrowingBackend,
     Chunk,
     MappingBackend,
+    NativeView,
     StreamBackend,
     round_up,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "BorrowingBackend",
     "Chunk",
     "MappingBackend",
+    "NativeView",
     "StreamBackend",
     "round_up",
     "Registration",

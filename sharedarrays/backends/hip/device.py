@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from sharedarrays.backends.base import installed
+from sharedarrays.backends.base import NativeView, installed
 from sharedarrays.backends.device import Device
 from sharedarrays.backends.hip.runtime import (
     HipError,
@@ -20,7 +20,7 @@ from sharedarrays.backends.hip.runtime import (
     load_hip,
     why_unusable,
 )
-from sharedarrays.backends.host import as_host_array
+from sharedarrays.backends.host import host_copy, host_view
 from sharedarrays.errors import BackendUnavailable
 
 __all__ = ["HipDevice", "FORK_REASON"]
@@ -124,47 +124,24 @@ class HipDevice:
             free, total = check(self._hip.hipMemGetInfo(), "hipMemGetInfo")
         return int(free), int(total)
 
-    def as_native(
-        self,
-        address: int,
-        size: int,
-        offset: int,
-        owner: object,
-        dtype: np.dtype[Any],
-        shape: tuple[int, ...],
-        strides: tuple[int, ...],
-        readonly: bool,
-        device_index: int | None = None,
-    ) -> Any:
+    def as_native(self, view: NativeView) -> Any:
         """A ``cupy.ndarray`` (CuPy's ROCm build; DLPack device ``kDLROCM``), else a NumPy
-        view on an integrated device, else a read-only NumPy copy (``hipMemcpyDtoH``)."""
+        view on an integrated device, else a read-only NumPy copy (``hipMemcpyDtoH``; the
+        whole mapped range is copied, then viewed with the view's layout)."""
         cupy = _cupy_rocm()
         if cupy is not None:
-            memory = cupy.cuda.UnownedMemory(address, size, owner, self.device.index)
-            pointer = cupy.cuda.MemoryPointer(memory, offset)
-            return cupy.ndarray(shape, dtype=dtype, memptr=pointer, strides=strides)
+            memory = cupy.cuda.UnownedMemory(view.address, view.size, view.owner, self.device.index)
+            pointer = cupy.cuda.MemoryPointer(memory, view.offset)
+            return cupy.ndarray(view.shape, dtype=view.dtype, memptr=pointer, strides=view.strides)
         if self._integrated:
-            return as_host_array(address + offset, owner, dtype, shape, strides, readonly)
-        return self._copy_out(address, size, offset, dtype, shape, strides)
-
-    def _copy_out(
-        self,
-        address: int,
-        size: int,
-        offset: int,
-        dtype: np.dtype[Any],
-        shape: tuple[int, ...],
-        strides: tuple[int, ...],
-    ) -> np.ndarray[Any, Any]:
-        """A read-only NumPy copy of a view of the mapped range (the whole range is copied,
-        then viewed with the view's layout)."""
-        buffer = np.empty(size, dtype=np.uint8)
+            return host_view(view)
+        buffer = np.empty(view.size, dtype=np.uint8)
         with self.context():
-            check(self._hip.hipMemcpyDtoH(buffer.ctypes.data, address, size), "hipMemcpyDtoH")
-        view = np.ndarray(shape, dtype=dtype, buffer=buffer, offset=offset, strides=strides)
-        copy: np.ndarray[Any, Any] = view.copy()
-        copy.flags.writeable = False
-        return copy
+            check(
+                self._hip.hipMemcpyDtoH(buffer.ctypes.data, view.address, view.size),
+                "hipMemcpyDtoH",
+            )
+        return host_copy(buffer, view)
 
     def to_native(self, obj: Any) -> Any:
         """``obj`` as this backend's native array type (may copy): CuPy where it is the
