@@ -18,6 +18,7 @@ import pytest
 
 import sharedarrays as sa
 from sharedarrays.api.widgets.model import build_map
+from sharedarrays.backends.base import NativeView
 
 
 def cuda_devices() -> int:
@@ -148,8 +149,10 @@ def test_peer_copy_bandwidth_against_a_local_copy() -> None:
     src = sa.zeros(nbytes // 4, "float32", device="cuda:0", access=["cuda:1"])
     with cupy.cuda.Device(1):
         src1 = src.allocation.backend.as_native(
-            src.address, src.allocation.size, 0, src, np.dtype("float32"), src.shape,
-            src.strides, False, 1,
+            NativeView(
+                src.address, src.allocation.size, 0, src, np.dtype("float32"), src.shape,
+                src.strides, False, 1,
+            )
         )  # fmt: skip
         dst = cupy.empty_like(src1)
         local = cupy.empty_like(src1)

@@ -25,7 +25,7 @@ from sharedarrays import importing
 from sharedarrays._cpython import caller_frame, spawning_process
 from sharedarrays.api import keeping, message, othernode, views
 from sharedarrays.api.arraymethods import _READONLY, NativeArrayMethods
-from sharedarrays.backends import Access, get_backend
+from sharedarrays.backends import Access, NativeView, get_backend
 from sharedarrays.backends.device import Device, DeviceLike, parse_device
 from sharedarrays.errors import (
     ClosedArrayError,
@@ -393,17 +393,19 @@ class SharedDeviceArray(NativeArrayMethods):
                 )
                 return native
             native = alloc.backend.as_native(
-                alloc.address,
-                alloc.size,
-                self._offset,
-                # the native array holds the mapping (and its addresses) through this view's
-                # lease, pinned: it ends when both are gone (the native may outlive the view)
-                alloc.pin(lease),
-                self._dtype,
-                self._shape,
-                self._strides,
-                self._readonly,
-                alloc.native_device,
+                NativeView(
+                    alloc.address,
+                    alloc.size,
+                    self._offset,
+                    # the native array holds the mapping (and its addresses) through this view's
+                    # lease, pinned: it ends when both are gone (the native may outlive the view)
+                    alloc.pin(lease),
+                    self._dtype,
+                    self._shape,
+                    self._strides,
+                    self._readonly,
+                    alloc.native_device,
+                )
             )
             self._native = native
         return native

@@ -7,21 +7,24 @@ import dataclasses
 import multiprocessing
 import sys
 import threading
-from collections.abc import Iterable, Sequence
-from typing import Any, SupportsIndex
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, SupportsIndex
 
 import numpy as np
 from numpy.typing import DTypeLike
 
 from sharedarrays.api.array import SharedDeviceArray, assignable, operator_index
 from sharedarrays.api.arraymethods import shareable_dtype
-from sharedarrays.api.options import AccessList, CreationOptions
+from sharedarrays.api.options import CreationKeywords, CreationOptions
 from sharedarrays.backends import choose_backend, get_backend
 from sharedarrays.backends.ascend.vmm import is_npu_dlpack
 from sharedarrays.backends.device import CPU, Device, DeviceLike, parse_device
 from sharedarrays.backends.hip.vmm import KDL_ROCM
 from sharedarrays.memory import PACK_BYTES, Allocation, pack_into_slab
 from sharedarrays.protocol.payload import contiguous_strides
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = [
     "empty",
@@ -188,18 +191,14 @@ def empty(
     shape: ShapeLike,
     dtype: DTypeLike = "float64",
     *,
-    device: DeviceLike = None,
-    backend: str = "auto",
     order: str = "C",
-    chunk_bytes: int | None = None,
-    pack: bool | None = None,
-    name: str | None = None,
-    allow_pids: Iterable[int] | None = None,
-    readonly: bool = False,
-    capacity: int | None = None,
-    access: AccessList | None = None,
+    **options: Unpack[CreationKeywords],
 ) -> SharedDeviceArray:
     """A new shared array whose contents are undefined.
+
+    The keywords after ``order`` (``**options``: ``device`` to ``access``, typed by
+    :class:`~sharedarrays.api.options.CreationKeywords`) are those of every creation
+    function, documented here once.
 
     Parameters
     ----------
@@ -236,6 +235,11 @@ def empty(
         be shared with nobody who should not see the others. Named, restricted
         (``allow_pids``), ``readonly`` and growable arrays, and those given ``chunk_bytes``
         or ``access``, are never packed.
+    progress : bool, optional
+        Show a tqdm.auto progress bar (a widget in Jupyter, text on stderr) while filling
+        or copying (:func:`full`, :func:`from_array`, ...; nothing to show here); ``None``
+        (the default) shows one only in a Jupyter kernel's own process, for arrays of at
+        least :data:`PROGRESS_BYTES`; never in a script or a worker unasked.
     name : str, optional
         Give the array this name in this user's keeper (started if needed): any process of
         the same user can then :func:`~sharedarrays.attach` it, also after this one exited,
@@ -286,98 +290,31 @@ def empty(
         A bad shape, dtype, order, device, name, allow_pids (process ids) or capacity
         (at most 128 TiB).
     """
-    return _new(
-        shape,
-        dtype,
-        CreationOptions.from_keywords(
-            device=device,
-            backend=backend,
-            order=order,
-            chunk_bytes=chunk_bytes,
-            pack=pack,
-            name=name,
-            allow_pids=allow_pids,
-            readonly=readonly,
-            capacity=capacity,
-            access=access,
-        ),
-    )
+    return _new(shape, dtype, CreationOptions.from_keywords(order=order, **options))
 
 
 def zeros(
     shape: ShapeLike,
     dtype: DTypeLike = "float64",
     *,
-    device: DeviceLike = None,
-    backend: str = "auto",
     order: str = "C",
-    chunk_bytes: int | None = None,
-    pack: bool | None = None,
-    progress: bool | None = None,
-    name: str | None = None,
-    allow_pids: Iterable[int] | None = None,
-    readonly: bool = False,
-    capacity: int | None = None,
-    access: AccessList | None = None,
+    **options: Unpack[CreationKeywords],
 ) -> SharedDeviceArray:
     """A new shared array of zeros (parameters as :func:`empty`; ``progress`` as
     :func:`full`)."""
-    return _full(
-        shape,
-        0,
-        dtype,
-        CreationOptions.from_keywords(
-            device=device,
-            backend=backend,
-            order=order,
-            chunk_bytes=chunk_bytes,
-            pack=pack,
-            progress=progress,
-            name=name,
-            allow_pids=allow_pids,
-            readonly=readonly,
-            capacity=capacity,
-            access=access,
-        ),
-    )
+    return _full(shape, 0, dtype, CreationOptions.from_keywords(order=order, **options))
 
 
 def ones(
     shape: ShapeLike,
     dtype: DTypeLike = "float64",
     *,
-    device: DeviceLike = None,
-    backend: str = "auto",
     order: str = "C",
-    chunk_bytes: int | None = None,
-    pack: bool | None = None,
-    progress: bool | None = None,
-    name: str | None = None,
-    allow_pids: Iterable[int] | None = None,
-    readonly: bool = False,
-    capacity: int | None = None,
-    access: AccessList | None = None,
+    **options: Unpack[CreationKeywords],
 ) -> SharedDeviceArray:
     """A new shared array of ones (parameters as :func:`empty`; ``progress`` as
     :func:`full`)."""
-    return _full(
-        shape,
-        1,
-        dtype,
-        CreationOptions.from_keywords(
-            device=device,
-            backend=backend,
-            order=order,
-            chunk_bytes=chunk_bytes,
-            pack=pack,
-            progress=progress,
-            name=name,
-            allow_pids=allow_pids,
-            readonly=readonly,
-            capacity=capacity,
-            access=access,
-        ),
-    )
+    return _full(shape, 1, dtype, CreationOptions.from_keywords(order=order, **options))
 
 
 def full(
@@ -385,17 +322,8 @@ def full(
     fill_value: Any,
     dtype: DTypeLike | None = None,
     *,
-    device: DeviceLike = None,
-    backend: str = "auto",
     order: str = "C",
-    chunk_bytes: int | None = None,
-    pack: bool | None = None,
-    progress: bool | None = None,
-    name: str | None = None,
-    allow_pids: Iterable[int] | None = None,
-    readonly: bool = False,
-    capacity: int | None = None,
-    access: AccessList | None = None,
+    **options: Unpack[CreationKeywords],
 ) -> SharedDeviceArray:
     """A new shared array with every element set to ``fill_value``.
 
@@ -404,24 +332,7 @@ def full(
     while filling; ``None`` (the default) shows one only in a Jupyter kernel's own process,
     for arrays of at least :data:`PROGRESS_BYTES`; never in a script or a worker unasked.
     """
-    return _full(
-        shape,
-        fill_value,
-        dtype,
-        CreationOptions.from_keywords(
-            device=device,
-            backend=backend,
-            order=order,
-            chunk_bytes=chunk_bytes,
-            pack=pack,
-            progress=progress,
-            name=name,
-            allow_pids=allow_pids,
-            readonly=readonly,
-            capacity=capacity,
-            access=access,
-        ),
-    )
+    return _full(shape, fill_value, dtype, CreationOptions.from_keywords(order=order, **options))
 
 
 def _source_device(obj: Any) -> Device | None:
@@ -451,16 +362,7 @@ def from_array(
     *,
     dtype: DTypeLike | None = None,
     copy: bool | None = None,
-    device: DeviceLike = None,
-    backend: str = "auto",
-    chunk_bytes: int | None = None,
-    pack: bool | None = None,
-    progress: bool | None = None,
-    name: str | None = None,
-    allow_pids: Iterable[int] | None = None,
-    readonly: bool = False,
-    capacity: int | None = None,
-    access: AccessList | None = None,
+    **options: Unpack[CreationKeywords],
 ) -> SharedDeviceArray:
     """A new shared array holding a copy of ``obj``.
 
@@ -496,7 +398,9 @@ def from_array(
     """
     if copy is not None and not isinstance(copy, (bool, np.bool_)):
         raise TypeError(f"copy must be True, False or None, not {type(copy).__name__}")
+    device = options.get("device")
     if copy is False:
+        backend = options.get("backend", "auto")
         if isinstance(obj, SharedDeviceArray) and _reusable(obj, dtype, device, backend):
             return obj
         raise ValueError(
@@ -504,19 +408,9 @@ def from_array(
             "a copy; pass copy=None (the default) to copy it into new shared memory. Sharing "
             "a CuPy array or a torch CUDA tensor in place is what sa.share(x) is for"
         )
-    options = CreationOptions.from_keywords(
-        device=device if device is not None else _source_device(obj),
-        backend=backend,
-        chunk_bytes=chunk_bytes,
-        pack=pack,
-        progress=progress,
-        name=name,
-        allow_pids=allow_pids,
-        readonly=readonly,
-        capacity=capacity,
-        access=access,
-    )
-    return _copy(obj, dtype, options)
+    if device is None:  # (a dict of the caller's own: its **options)
+        options["device"] = _source_device(obj)
+    return _copy(obj, dtype, CreationOptions.from_keywords(**options))
 
 
 def _copy(obj: Any, dtype: DTypeLike | None, options: CreationOptions) -> SharedDeviceArray:
@@ -611,24 +505,23 @@ def _like(
     dtype: DTypeLike | None,
     order: str,
     shape: ShapeLike | None,
-    device: DeviceLike,
-    keywords: dict[str, Any],
+    options: CreationKeywords,
 ) -> tuple[ShapeLike, DTypeLike, CreationOptions]:
     """The shape, dtype and options of a new array like ``obj`` (NumPy's ``*_like`` rules:
     ``order="K"`` or ``"A"`` keeps a Fortran layout, unless ``shape`` changes the number of
-    axes)."""
+    axes; ``device`` defaults to ``obj``'s)."""
     like_shape, like_dtype, fortran, like_device = _like_layout(obj)
     if order not in ("C", "F", "A", "K"):
         raise ValueError(f"order must be 'C', 'F', 'A' or 'K', not {order!r}")
     new_shape: ShapeLike = like_shape if shape is None else shape
     if order in ("A", "K"):
         same_ndim = shape is None or len(_shape(shape)) == len(like_shape)
-        growable = keywords.get("capacity") is not None  # grows along axis 0: C order
+        growable = options.get("capacity") is not None  # grows along axis 0: C order
         order = "F" if fortran and same_ndim and not growable else "C"
-    options = CreationOptions.from_keywords(
-        device=like_device if device is None else device, order=order, **keywords
-    )
-    return new_shape, like_dtype if dtype is None else dtype, options
+    if options.get("device") is None:  # (a dict of the caller's own: its **options)
+        options["device"] = like_device
+    checked = CreationOptions.from_keywords(order=order, **options)
+    return new_shape, like_dtype if dtype is None else dtype, checked
 
 
 def empty_like(
@@ -637,15 +530,7 @@ def empty_like(
     order: str = "K",
     *,
     shape: ShapeLike | None = None,
-    device: DeviceLike = None,
-    backend: str = "auto",
-    chunk_bytes: int | None = None,
-    pack: bool | None = None,
-    name: str | None = None,
-    allow_pids: Iterable[int] | None = None,
-    readonly: bool = False,
-    capacity: int | None = None,
-    access: AccessList | None = None,
+    **options: Unpack[CreationKeywords],
 ) -> SharedDeviceArray:
     """A new shared array of ``obj``'s shape, dtype, layout and device, its contents
     undefined. Parameters not listed here are as :func:`empty`.
@@ -666,24 +551,8 @@ def empty_like(
     device : str, int, torch.device, cupy.cuda.Device or None
         Default: ``obj``'s device (a CuPy array's CUDA device; ``"cpu"`` for a NumPy array).
     """
-    new_shape, new_dtype, options = _like(
-        obj,
-        dtype,
-        order,
-        shape,
-        device,
-        dict(
-            backend=backend,
-            chunk_bytes=chunk_bytes,
-            pack=pack,
-            name=name,
-            allow_pids=allow_pids,
-            readonly=readonly,
-            capacity=capacity,
-            access=access,
-        ),
-    )
-    return _new(new_shape, new_dtype, options)
+    new_shape, new_dtype, checked = _like(obj, dtype, order, shape, options)
+    return _new(new_shape, new_dtype, checked)
 
 
 def zeros_like(
@@ -692,36 +561,11 @@ def zeros_like(
     order: str = "K",
     *,
     shape: ShapeLike | None = None,
-    device: DeviceLike = None,
-    backend: str = "auto",
-    chunk_bytes: int | None = None,
-    pack: bool | None = None,
-    progress: bool | None = None,
-    name: str | None = None,
-    allow_pids: Iterable[int] | None = None,
-    readonly: bool = False,
-    capacity: int | None = None,
-    access: AccessList | None = None,
+    **options: Unpack[CreationKeywords],
 ) -> SharedDeviceArray:
     """A new shared array of zeros like ``obj`` (parameters as :func:`empty_like`;
     ``progress`` as :func:`full`)."""
-    return full_like(
-        obj,
-        0,
-        dtype,
-        order,
-        shape=shape,
-        device=device,
-        backend=backend,
-        chunk_bytes=chunk_bytes,
-        pack=pack,
-        progress=progress,
-        name=name,
-        allow_pids=allow_pids,
-        readonly=readonly,
-        capacity=capacity,
-        access=access,
-    )
+    return full_like(obj, 0, dtype, order, shape=shape, **options)
 
 
 def ones_like(
@@ -730,36 +574,11 @@ def ones_like(
     order: str = "K",
     *,
     shape: ShapeLike | None = None,
-    device: DeviceLike = None,
-    backend: str = "auto",
-    chunk_bytes: int | None = None,
-    pack: bool | None = None,
-    progress: bool | None = None,
-    name: str | None = None,
-    allow_pids: Iterable[int] | None = None,
-    readonly: bool = False,
-    capacity: int | None = None,
-    access: AccessList | None = None,
+    **options: Unpack[CreationKeywords],
 ) -> SharedDeviceArray:
     """A new shared array of ones like ``obj`` (parameters as :func:`empty_like`;
     ``progress`` as :func:`full`)."""
-    return full_like(
-        obj,
-        1,
-        dtype,
-        order,
-        shape=shape,
-        device=device,
-        backend=backend,
-        chunk_bytes=chunk_bytes,
-        pack=pack,
-        progress=progress,
-        name=name,
-        allow_pids=allow_pids,
-        readonly=readonly,
-        capacity=capacity,
-        access=access,
-    )
+    return full_like(obj, 1, dtype, order, shape=shape, **options)
 
 
 def full_like(
@@ -769,36 +588,10 @@ def full_like(
     order: str = "K",
     *,
     shape: ShapeLike | None = None,
-    device: DeviceLike = None,
-    backend: str = "auto",
-    chunk_bytes: int | None = None,
-    pack: bool | None = None,
-    progress: bool | None = None,
-    name: str | None = None,
-    allow_pids: Iterable[int] | None = None,
-    readonly: bool = False,
-    capacity: int | None = None,
-    access: AccessList | None = None,
+    **options: Unpack[CreationKeywords],
 ) -> SharedDeviceArray:
     """A new shared array like ``obj`` with every element set to ``fill_value``, of
     ``obj``'s dtype unless ``dtype`` is given, as in NumPy (parameters as
     :func:`empty_like`; ``progress`` as :func:`full`)."""
-    new_shape, new_dtype, options = _like(
-        obj,
-        dtype,
-        order,
-        shape,
-        device,
-        dict(
-            backend=backend,
-            chunk_bytes=chunk_bytes,
-            pack=pack,
-            progress=progress,
-            name=name,
-            allow_pids=allow_pids,
-            readonly=readonly,
-            capacity=capacity,
-            access=access,
-        ),
-    )
-    return _full(new_shape, fill_value, new_dtype, options)
+    new_shape, new_dtype, checked = _like(obj, dtype, order, shape, options)
+    return _full(new_shape, fill_value, new_dtype, checked)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TypedDict
 
 from sharedarrays.api.array import operator_index
 from sharedarrays.api.named import check_name
@@ -24,10 +25,29 @@ from sharedarrays.errors import OutOfMemory
 from sharedarrays.process import PID_MAX_LIMIT
 from sharedarrays.protocol.payload import MAX_SIZE
 
-__all__ = ["AccessList", "CreationOptions"]
+__all__ = ["AccessList", "CreationKeywords", "CreationOptions"]
 
 AccessList = Sequence[DeviceLike | tuple[DeviceLike, str]]
 """``access=``: devices (read-write), or ``(device, "rw" | "r")`` pairs."""
+
+
+class CreationKeywords(TypedDict, total=False):
+    """The keywords every creation function takes (``**options``), typed once: what each
+    means is documented in :func:`~sharedarrays.empty`, their defaults and checks are
+    :meth:`CreationOptions.from_keywords`'s. ``order`` is each function's own (the
+    ``*_like`` ones take it by position too, and :func:`~sharedarrays.from_array` keeps its
+    source's)."""
+
+    device: DeviceLike
+    backend: str
+    chunk_bytes: int | None
+    pack: bool | None
+    progress: bool | None
+    name: str | None
+    allow_pids: Iterable[int] | None
+    readonly: bool
+    capacity: int | None
+    access: AccessList | None
 
 
 @dataclass(frozen=True)

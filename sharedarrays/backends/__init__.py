@@ -3,7 +3,9 @@
 Each backend module declares itself with one :func:`~.registry.register` call; importing this
 package imports the built-in ones (``host``, ``cuda/vmm``, ``cuda/ipc``, ``cuda/pool``,
 ``hip/vmm``, ``hip/pool`` and ``ascend/vmm``, which load no driver until used). A new memory
-system is one module and one line in the import list below. ``get_backend(device)`` returns the
+system is one module and one line in the import list below; a GPU vendor's VMM or pool IPC is
+a table of its driver calls for :class:`~.vmm.VmmBackend` or :class:`~.pool.PoolBackend`,
+which are written once for every vendor. ``get_backend(device)`` returns the
 process-wide backend object of a device; backends are created on first use and live as long
 as the process.
 """
@@ -17,6 +19,7 @@ from sharedarrays.backends.base import (
     BorrowingBackend,
     Chunk,
     MappingBackend,
+    NativeView,
     StreamBackend,
     round_up,
 )
@@ -46,6 +49,7 @@ __all__ = [
     "BorrowingBackend",
     "Chunk",
     "MappingBackend",
+    "NativeView",
     "StreamBackend",
     "round_up",
     "Registration",

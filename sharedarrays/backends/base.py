@@ -47,7 +47,7 @@ import importlib.util
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+from typing import Any, ClassVar, Literal, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -57,6 +57,7 @@ from sharedarrays.errors import BackendUnavailable, fd_limit_error
 __all__ = [
     "Access",
     "Chunk",
+    "NativeView",
     "Backend",
     "MappingBackend",
     "StreamBackend",
@@ -144,6 +145,44 @@ class Chunk:
     export: bytes = b""
     imported: bool = False
     owner: object = None
+
+
+class NativeView(NamedTuple):
+    """A native array to make over mapped memory: what :meth:`Backend.as_native` wraps (the
+    one signature of every backend's ``as_native``).
+
+    Attributes
+    ----------
+    address : int
+        The start of the whole mapped range (the reservation).
+    size : int
+        Its size in bytes.
+    offset : int
+        Where the array's first element is, in bytes from ``address``.
+    owner : object
+        What the native array (and every view of it) keeps alive: the mapping's owner.
+    dtype : numpy.dtype
+        The element type.
+    shape : tuple of int
+        The array's shape.
+    strides : tuple of int
+        Its strides in bytes (may be negative).
+    readonly : bool
+        Whether the array is read-only (where the native type can be).
+    device_index : int or None
+        The device the native array belongs to, when another device than the memory's own
+        reads it as a peer (CUDA); ``None``: the memory's own.
+    """
+
+    address: int
+    size: int
+    offset: int
+    owner: object
+    dtype: np.dtype[Any]
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    readonly: bool
+    device_index: int | None = None
 
 
 @runtime_checkable
@@ -234,25 +273,13 @@ class Backend(Protocol):
         """Wait for all work this process queued that may touch mapped memory."""
         ...
 
-    def as_native(
-        self,
-        address: int,
-        size: int,
-        offset: int,
-        owner: object,
-        dtype: np.dtype[Any],
-        shape: tuple[int, ...],
-        strides: tuple[int, ...],
-        readonly: bool,
-        device_index: int | None = None,
-    ) -> Any:
-        """Wrap mapped memory as the device's native array type, without copying.
+    def as_native(self, view: NativeView) -> Any:
+        """Wrap mapped memory as the device's native array type, without copying (where the
+        device's native array type can address it; see each backend).
 
-        ``address`` and ``size`` are the whole mapped range (the reservation); the array's
-        first element is at ``address + offset`` and its strides may be negative. ``owner``
-        is kept alive by the returned array (and by every view of it). ``device_index``: the
-        device the native array belongs to, when another device than the memory's own reads
-        it as a peer (CUDA; default the memory's device).
+        ``view`` says where the array lies in the mapping and its layout (see
+        :class:`NativeView`); its ``owner`` is kept alive by the returned array (and by
+        every view of it).
         """
         ...
 

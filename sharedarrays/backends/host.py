@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from sharedarrays.backends.base import Access, Chunk
+from sharedarrays.backends.base import Access, Chunk, NativeView
 from sharedarrays.backends.device import CPU, Device
 from sharedarrays.backends.registry import Registration, register
 from sharedarrays.errors import (
@@ -213,6 +213,23 @@ def as_host_array(
     """A NumPy array over memory this process's CPU addresses directly (a host mapping, or an
     integrated device's memory), which keeps ``owner`` alive; nothing is copied."""
     return np.asarray(_HostMemory(address, owner, dtype, shape, strides, readonly))
+
+
+def host_view(view: NativeView) -> np.ndarray[Any, Any]:
+    """:func:`as_host_array` of a :class:`~sharedarrays.backends.base.NativeView`: a NumPy
+    array over memory the CPU addresses directly, nothing copied."""
+    address, _, offset, owner, dtype, shape, strides, readonly, _ = view
+    return np.asarray(_HostMemory(address + offset, owner, dtype, shape, strides, readonly))
+
+
+def host_copy(buffer: np.ndarray[Any, Any], view: NativeView) -> np.ndarray[Any, Any]:
+    """A read-only NumPy copy of ``view`` out of ``buffer``, the whole mapped range copied
+    to the host (by a device that the CPU cannot address)."""
+    copy: np.ndarray[Any, Any] = np.ndarray(
+        view.shape, dtype=view.dtype, buffer=buffer, offset=view.offset, strides=view.strides
+    ).copy()
+    copy.flags.writeable = False
+    return copy
 
 
 class HostBackend:
@@ -406,19 +423,11 @@ class HostBackend:
         """Nothing to wait for: host memory is accessed synchronously."""
 
     # arrays -----------------------------------------------------------------------------
-    def as_native(
-        self,
-        address: int,
-        size: int,
-        offset: int,
-        owner: object,
-        dtype: np.dtype[Any],
-        shape: tuple[int, ...],
-        strides: tuple[int, ...],
-        readonly: bool,
-        device_index: int | None = None,
-    ) -> np.ndarray[Any, Any]:
-        return as_host_array(address + offset, owner, dtype, shape, strides, readonly)
+    def as_native(self, view: NativeView) -> np.ndarray[Any, Any]:
+        """A NumPy array over the mapping, which keeps ``view.owner`` alive (:func:`host_view`,
+        written out: a growable allocation's views ask it for their ``.array``)."""
+        address, _, offset, owner, dtype, shape, strides, readonly, _ = view
+        return np.asarray(_HostMemory(address + offset, owner, dtype, shape, strides, readonly))
 
     def native_memory(
         self, address: int, size: int, owner: object, readonly: bool, device_index: int | None

@@ -24,6 +24,7 @@ import pytest
 import sharedarrays as sa
 from sharedarrays.backends.ascend import runtime
 from sharedarrays.backends.ascend.vmm import torch_npu_from_dlpack
+from sharedarrays.backends.base import NativeView
 
 dl = pytest.importorskip("ctypes_dlpack")
 
@@ -187,7 +188,7 @@ def test_layouts_torch_cannot_have_stay_numpy(
     alloc = a.allocation
     n = a.array
     readonly = alloc.backend.as_native(
-        alloc.address, alloc.size, 0, object(), n.dtype, n.shape, n.strides, True
+        NativeView(alloc.address, alloc.size, 0, object(), n.dtype, n.shape, n.strides, True)
     )
     assert isinstance(readonly, np.ndarray) and not readonly.flags.writeable
     assert fake.seen == []

@@ -33,7 +33,7 @@ import numpy as np
 import pytest
 from cuda_helpers import ROOT, Spin, child_env
 
-from sharedarrays.backends.base import Backend, Chunk
+from sharedarrays.backends.base import Backend, Chunk, NativeView
 from sharedarrays.backends.cuda import driver as cuda_driver
 from sharedarrays.backends.cuda import sync
 from sharedarrays.backends.cuda.driver import (
@@ -85,7 +85,9 @@ class Owner:
 
 def f32(be: CudaVmmBackend, address: int, nbytes: int, owner: object = None) -> Any:
     n = nbytes // 4
-    return be.as_native(address, nbytes, 0, owner, np.dtype(np.float32), (n,), (4,), False)
+    return be.as_native(
+        NativeView(address, nbytes, 0, owner, np.dtype(np.float32), (n,), (4,), False)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -159,11 +161,11 @@ def test_round_trip(be: CudaVmmBackend) -> None:
             assert float(b[12345].get()) == 12345.0
             # A 2-D view with an offset and a negative stride.
             f4 = np.dtype(np.float32)
-            rev = be.as_native(address, g, 4 * 99, None, f4, (100,), (-4,), True)
+            rev = be.as_native(NativeView(address, g, 4 * 99, None, f4, (100,), (-4,), True))
             assert rev.get().tolist() == list(range(99, -1, -1))
-            two_d = be.as_native(address, g, 4 * 8, None, f4, (8, 8), (64, 8), False)
+            two_d = be.as_native(NativeView(address, g, 4 * 8, None, f4, (8, 8), (64, 8), False))
             assert two_d.get()[1, 1] == 8 + 16 + 2
-            empty = be.as_native(address, g, 0, None, f4, (0, 3), (12, 4), False)
+            empty = be.as_native(NativeView(address, g, 0, None, f4, (0, 3), (12, 4), False))
             assert empty.shape == (0, 3)
             view = a[10:20]
             del a, b, rev, two_d, empty

@@ -38,10 +38,10 @@ import numpy as np
 
 from sharedarrays.backends.ascend import runtime as rt
 from sharedarrays.backends.ascend.runtime import AclError, check, load_acl, why_unusable
-from sharedarrays.backends.base import Chunk, installed
+from sharedarrays.backends.base import Chunk, NativeView, installed
 from sharedarrays.backends.device import Device
 from sharedarrays.backends.dlpack import KDL_EXT_DEV, dl_dtype, dlpack_view
-from sharedarrays.backends.host import as_host_array
+from sharedarrays.backends.host import host_copy, host_view
 from sharedarrays.backends.registry import Registration, register
 from sharedarrays.errors import (
     BackendUnavailable,
@@ -373,18 +373,7 @@ class AscendBackend:
         return int(free.value), int(total.value)
 
     # arrays -----------------------------------------------------------------------------
-    def as_native(
-        self,
-        address: int,
-        size: int,
-        offset: int,
-        owner: object,
-        dtype: np.dtype[Any],
-        shape: tuple[int, ...],
-        strides: tuple[int, ...],
-        readonly: bool,
-        device_index: int | None = None,
-    ) -> Any:
+    def as_native(self, view: NativeView) -> Any:
         """A ``torch.Tensor`` on ``npu:N`` where torch_npu is importable (zero copy: a DLPack
         capsule of device type ``kDLExtDev`` over ``address + offset``, whose deleter releases
         ``owner`` when torch frees the tensor), else a NumPy view where the CPU addresses the
@@ -392,6 +381,7 @@ class AscendBackend:
 
         A read-only view, and a layout torch cannot have (negative strides, a dtype DLPack
         has no code for), take the NumPy way even with torch_npu."""
+        address, size, offset, owner, dtype, shape, strides, readonly, _ = view
         if not readonly and _torch_layout(dtype, strides):
             consume = torch_npu_from_dlpack()
             if consume is not None:
@@ -410,7 +400,7 @@ class AscendBackend:
                 else:
                     return consume(exporter)
         if self._cpu_addressable:
-            return as_host_array(address + offset, owner, dtype, shape, strides, readonly)
+            return host_view(view)
         buffer = np.empty(size, dtype=np.uint8)
         self._on_device()
         check(
@@ -419,10 +409,7 @@ class AscendBackend:
             ),
             "aclrtMemcpy(device to host)",
         )
-        view = np.ndarray(shape, dtype=dtype, buffer=buffer, offset=offset, strides=strides)
-        copy: np.ndarray[Any, Any] = view.copy()
-        copy.flags.writeable = False
-        return copy
+        return host_copy(buffer, view)
 
     def to_native(self, obj: Any) -> Any:
         """``obj`` as a NumPy array (may copy): a torch tensor (torch_npu's included) through

@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from sharedarrays import process
+from sharedarrays.backends.base import NativeView
 from sharedarrays.backends.cuda import semaphore, sync
 from sharedarrays.backends.cuda.driver import (
     FORK_REASON,
@@ -287,26 +288,15 @@ class CudaDevice:
         sem.close()
 
     # arrays -----------------------------------------------------------------------------
-    def as_native(
-        self,
-        address: int,
-        size: int,
-        offset: int,
-        owner: object,
-        dtype: np.dtype[Any],
-        shape: tuple[int, ...],
-        strides: tuple[int, ...],
-        readonly: bool,
-        device_index: int | None = None,
-    ) -> Any:
+    def as_native(self, view: NativeView) -> Any:
         """Wrap mapped memory as a ``cupy.ndarray``, without copying.
 
-        The CuPy memory object spans the whole mapped range (``address``, ``size``), names
-        its device explicitly (this one, or ``device_index`` where a peer device reads it)
-        and holds ``owner``, so every CuPy view keeps the mapping alive; the array starts
-        ``offset`` bytes in. CuPy has no read-only arrays: ``readonly`` is the caller's to
-        enforce.
+        The CuPy memory object spans the whole mapped range, names its device explicitly
+        (this one, or ``view.device_index`` where a peer device reads it) and holds the
+        view's owner, so every CuPy view keeps the mapping alive. CuPy has no read-only
+        arrays: ``readonly`` is the caller's to enforce.
         """
+        address, size, offset, owner, dtype, shape, strides, readonly, device_index = view
         base = self.native_memory(address, size, owner, readonly, device_index)
         return self.native_view(base, offset, dtype, shape, strides, readonly)
 

@@ -6,12 +6,13 @@ making the device current, synchronising, and wrapping device memory as the nati
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any, ClassVar
 
 import numpy as np
 
-from sharedarrays.backends.base import installed
+from sharedarrays.backends.base import NativeView, installed
 from sharedarrays.backends.device import Device
 from sharedarrays.backends.hip.runtime import (
     HipError,
@@ -19,7 +20,7 @@ from sharedarrays.backends.hip.runtime import (
     load_hip,
     why_unusable,
 )
-from sharedarrays.backends.host import as_host_array
+from sharedarrays.backends.host import host_copy, host_view
 from sharedarrays.errors import BackendUnavailable
 
 __all__ = ["HipDevice", "FORK_REASON"]
@@ -76,7 +77,7 @@ class HipDevice:
         self.device: Device = device
         self._pid = os.getpid()
         self._hip = hip = load_hip()
-        with self._on_device():
+        with self.context():
             self._integrated = bool(
                 check(
                     hip.hipDeviceGetAttribute(
@@ -97,12 +98,13 @@ class HipDevice:
     def _forked(self) -> bool:
         return os.getpid() != self._pid
 
-    def _on_device(self) -> Any:
-        """Make this device current (``hipSetDevice``) for the calls that follow."""
+    def context(self) -> contextlib.AbstractContextManager[None]:
+        """Make this device current (``hipSetDevice``) for the calls that follow (in a
+        ``with`` block, as CUDA's context)."""
         if self._forked():
             raise BackendUnavailable(f"cannot use {self.device}: {FORK_REASON}")
         check(self._hip.hipSetDevice(self.device.index), f"hipSetDevice({self.device.index})")
-        return _Nothing()
+        return contextlib.nullcontext()
 
     def _check_size(self, size: int, what: str) -> None:
         if size <= 0 or size % self.granularity:
@@ -111,63 +113,35 @@ class HipDevice:
                 f"({self.granularity} bytes), got {size}"
             )
 
-    def check_memory(self, nbytes: int) -> None:
-        """Nothing to check beforehand: ``hipMemCreate`` (``hipMallocFromPoolAsync``) takes the
-        memory at once, and fails with
-        :class:`~sharedarrays.backends.hip.runtime.HipOutOfMemory`."""
-
     def synchronize(self) -> None:
         """Wait for all work queued on this device (``hipDeviceSynchronize``)."""
-        with self._on_device():
+        with self.context():
             check(self._hip.hipDeviceSynchronize(), "hipDeviceSynchronize")
 
     def mem_get_info(self) -> tuple[int, int]:
         """Free and total memory of the device in bytes (``hipMemGetInfo``)."""
-        with self._on_device():
+        with self.context():
             free, total = check(self._hip.hipMemGetInfo(), "hipMemGetInfo")
         return int(free), int(total)
 
-    def as_native(
-        self,
-        address: int,
-        size: int,
-        offset: int,
-        owner: object,
-        dtype: np.dtype[Any],
-        shape: tuple[int, ...],
-        strides: tuple[int, ...],
-        readonly: bool,
-        device_index: int | None = None,
-    ) -> Any:
+    def as_native(self, view: NativeView) -> Any:
         """A ``cupy.ndarray`` (CuPy's ROCm build; DLPack device ``kDLROCM``), else a NumPy
-        view on an integrated device, else a read-only NumPy copy (``hipMemcpyDtoH``)."""
+        view on an integrated device, else a read-only NumPy copy (``hipMemcpyDtoH``; the
+        whole mapped range is copied, then viewed with the view's layout)."""
         cupy = _cupy_rocm()
         if cupy is not None:
-            memory = cupy.cuda.UnownedMemory(address, size, owner, self.device.index)
-            pointer = cupy.cuda.MemoryPointer(memory, offset)
-            return cupy.ndarray(shape, dtype=dtype, memptr=pointer, strides=strides)
+            memory = cupy.cuda.UnownedMemory(view.address, view.size, view.owner, self.device.index)
+            pointer = cupy.cuda.MemoryPointer(memory, view.offset)
+            return cupy.ndarray(view.shape, dtype=view.dtype, memptr=pointer, strides=view.strides)
         if self._integrated:
-            return as_host_array(address + offset, owner, dtype, shape, strides, readonly)
-        return self._copy_out(address, size, offset, dtype, shape, strides)
-
-    def _copy_out(
-        self,
-        address: int,
-        size: int,
-        offset: int,
-        dtype: np.dtype[Any],
-        shape: tuple[int, ...],
-        strides: tuple[int, ...],
-    ) -> np.ndarray[Any, Any]:
-        """A read-only NumPy copy of a view of the mapped range (the whole range is copied,
-        then viewed with the view's layout)."""
-        buffer = np.empty(size, dtype=np.uint8)
-        with self._on_device():
-            check(self._hip.hipMemcpyDtoH(buffer.ctypes.data, address, size), "hipMemcpyDtoH")
-        view = np.ndarray(shape, dtype=dtype, buffer=buffer, offset=offset, strides=strides)
-        copy: np.ndarray[Any, Any] = view.copy()
-        copy.flags.writeable = False
-        return copy
+            return host_view(view)
+        buffer = np.empty(view.size, dtype=np.uint8)
+        with self.context():
+            check(
+                self._hip.hipMemcpyDtoH(buffer.ctypes.data, view.address, view.size),
+                "hipMemcpyDtoH",
+            )
+        return host_copy(buffer, view)
 
     def to_native(self, obj: Any) -> Any:
         """``obj`` as this backend's native array type (may copy): CuPy where it is the
@@ -207,11 +181,3 @@ class HipDevice:
 
     def import_sync(self, token: bytes) -> None:
         """Nothing to wait for (see :meth:`export_sync`)."""
-
-
-class _Nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None

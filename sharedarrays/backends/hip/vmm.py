@@ -1,7 +1,7 @@
-"""The HIP VMM backend: AMD GPU memory shared through POSIX file descriptors (``"hip-vmm"``).
-
-HIP's virtual memory management API (the twin of CUDA's), called through hip-python
-(see :mod:`~sharedarrays.backends.hip.runtime`):
+"""The HIP VMM backend: AMD GPU memory shared through POSIX file descriptors (``"hip-vmm"``):
+:class:`~sharedarrays.backends.vmm.VmmBackend` on :class:`HipVmm`, the table of HIP's
+virtual memory management calls (the twins of CUDA's), made through hip-python (see
+:mod:`~sharedarrays.backends.hip.runtime`):
 
 =========== =================================================================
 reservation ``hipMemAddressReserve`` (aligned to the granularity)
@@ -23,28 +23,137 @@ from __future__ import annotations
 
 import ctypes
 import os
-from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from sharedarrays.backends.base import Access, Chunk
-from sharedarrays.backends.device import Device
+from sharedarrays.backends.base import Access
 from sharedarrays.backends.hip.device import HipDevice
-from sharedarrays.backends.hip.runtime import HipError, check, why_unusable
+from sharedarrays.backends.hip.runtime import check, why_unusable
 from sharedarrays.backends.registry import Registration, register
-from sharedarrays.errors import PayloadError
+from sharedarrays.backends.vmm import VmmBackend
 
-__all__ = ["HipVmmBackend", "KDL_ROCM"]
+__all__ = ["HipVmmBackend", "HipVmm", "KDL_ROCM"]
 
 KDL_ROCM = 10
 """DLPack's device type of ROCm memory (``kDLROCM``)."""
 
-# What hipMemImportFromShareableHandle answers for an fd that is no exported allocation.
-_NOT_AN_ALLOCATION = frozenset(
-    {"hipErrorInvalidValue", "hipErrorInvalidHandle", "hipErrorNotSupported"}
-)
+
+class HipVmm:
+    """HIP's VMM calls (:class:`~sharedarrays.backends.vmm.VmmCalls`) for one backend."""
+
+    vendor = "HIP"
+    whole_chunks = ""
+    # What hipMemImportFromShareableHandle answers for an fd that is no exported allocation.
+    not_an_allocation = frozenset(
+        {"hipErrorInvalidValue", "hipErrorInvalidHandle", "hipErrorNotSupported"}
+    )
+    invalid_value = "hipErrorInvalidValue"
+
+    def __init__(self, backend: HipDevice) -> None:
+        self._hip = hip = backend._hip
+        self._fd_type = hip.hipMemAllocationHandleType.hipMemHandleTypePosixFileDescriptor
+        prop = hip.hipMemAllocationProp()
+        prop.type = hip.hipMemAllocationType.hipMemAllocationTypePinned
+        prop.location.type = hip.hipMemLocationType.hipMemLocationTypeDevice
+        prop.location.id = backend.device.index
+        # ROCm 7 renamed requestedHandleType to requestedHandleTypes
+        field = "requestedHandleType"
+        if hasattr(prop, "requestedHandleTypes"):
+            field = "requestedHandleTypes"
+        setattr(prop, field, self._fd_type)
+        self._prop = prop
+        self._device = backend.device
+
+    def granularity(self) -> int:
+        hip = self._hip
+        flag = hip.hipMemAllocationGranularity_flags.hipMemAllocationGranularityRecommended
+        return int(
+            check(
+                hip.hipMemGetAllocationGranularity(self._prop, flag),
+                "hipMemGetAllocationGranularity",
+            )
+        )
+
+    def create(self, size: int) -> int:
+        return int(
+            check(
+                self._hip.hipMemCreate(size, self._prop, 0),
+                f"hipMemCreate({size} bytes on {self._device})",
+            )
+        )
+
+    def export(self, handle: int) -> int:
+        out = ctypes.c_int(-1)
+        try:
+            check(
+                self._hip.hipMemExportToShareableHandle(
+                    ctypes.addressof(out), handle, self._fd_type, 0
+                ),
+                "hipMemExportToShareableHandle(PosixFileDescriptor)",
+            )
+        except BaseException:
+            if out.value >= 0:
+                os.close(out.value)
+            raise
+        return out.value
+
+    def import_fd(self, fd: int) -> int:
+        return int(
+            check(
+                self._hip.hipMemImportFromShareableHandle(fd, self._fd_type),
+                "hipMemImportFromShareableHandle(PosixFileDescriptor)",
+            )
+        )
+
+    def location(self, handle: int) -> int | None:
+        return None  # (not asked of HIP)
+
+    def release(self, handle: int) -> None:
+        check(self._hip.hipMemRelease(handle), "hipMemRelease")
+
+    def reserve(self, size: int, alignment: int) -> int:
+        return int(
+            check(
+                self._hip.hipMemAddressReserve(size, alignment, 0, 0),
+                f"hipMemAddressReserve({size} bytes)",
+            )
+        )
+
+    def free(self, address: int, size: int) -> None:
+        check(self._hip.hipMemAddressFree(address, size), "hipMemAddressFree")
+
+    def map(self, address: int, size: int, handle: int) -> None:
+        check(
+            self._hip.hipMemMap(address, size, 0, handle, 0),
+            f"hipMemMap({size} bytes at {address:#x})",
+        )
+
+    def access(self, index: int, access: Access) -> Any:
+        hip = self._hip
+        flags = hip.hipMemAccessFlags
+        desc = hip.hipMemAccessDesc()
+        desc.location.type = hip.hipMemLocationType.hipMemLocationTypeDevice
+        desc.location.id = index
+        desc.flags = {
+            "rw": flags.hipMemAccessFlagsProtReadWrite,
+            "r": flags.hipMemAccessFlagsProtRead,
+            "none": flags.hipMemAccessFlagsProtNone,
+        }[access]
+        return desc
+
+    def set_access(self, address: int, size: int, descs: list[Any], access: Access) -> None:
+        check(
+            self._hip.hipMemSetAccess(address, size, descs, len(descs)),
+            f"hipMemSetAccess({access!r}, {size} bytes at {address:#x})",
+        )
+
+    def unmap(self, address: int, size: int) -> None:
+        check(self._hip.hipMemUnmap(address, size), f"hipMemUnmap({size} bytes at {address:#x})")
+
+    def peer_reason(self, index: int, owner: int) -> str | None:
+        return "HIP peers are not supported (yet)"  # (not asked: peer_access is False)
 
 
-class HipVmmBackend(HipDevice):
+class HipVmmBackend(VmmBackend, HipDevice):
     """Memory of one AMD GPU, shared through exported fds (``"hip-vmm"``).
 
     Parameters
@@ -59,212 +168,18 @@ class HipVmmBackend(HipDevice):
 
     Notes
     -----
-    Native arrays and ordering as :class:`~sharedarrays.backends.hip.device.HipDevice`.
+    See :class:`~sharedarrays.backends.vmm.VmmBackend`; native arrays and ordering as
+    :class:`~sharedarrays.backends.hip.device.HipDevice`. Peer devices are not supported
+    (yet).
     """
 
     name: ClassVar[str] = "hip-vmm"
     feature: ClassVar[str] = "vmm"
-    zeroed: ClassVar[bool] = False  # hipMemCreate does not clear memory
-    maps: ClassVar[bool] = True
-    exporter_owned: ClassVar[bool] = False
     peer_access: ClassVar[bool] = False
 
-    def __init__(self, device: Device) -> None:
-        super().__init__(device)
-        hip = self._hip
-        self._fd_type = hip.hipMemAllocationHandleType.hipMemHandleTypePosixFileDescriptor
-        prop = hip.hipMemAllocationProp()
-        prop.type = hip.hipMemAllocationType.hipMemAllocationTypePinned
-        prop.location.type = hip.hipMemLocationType.hipMemLocationTypeDevice
-        prop.location.id = device.index
-        # ROCm 7 renamed requestedHandleType to requestedHandleTypes
-        field = "requestedHandleType"
-        if hasattr(prop, "requestedHandleTypes"):
-            field = "requestedHandleTypes"
-        setattr(prop, field, self._fd_type)
-        self._prop = prop
-        with self._on_device():
-            self._granularity = int(
-                check(
-                    hip.hipMemGetAllocationGranularity(
-                        prop,
-                        hip.hipMemAllocationGranularity_flags.hipMemAllocationGranularityRecommended,
-                    ),
-                    "hipMemGetAllocationGranularity",
-                )
-            )
-        self._access = {a: self._desc(a) for a in ("rw", "r", "none")}
-
-    @property
-    def granularity(self) -> int:
-        """The recommended allocation granularity of this device."""
-        return self._granularity
-
-    def _desc(self, access: Access) -> Any:
-        hip = self._hip
-        flags = hip.hipMemAccessFlags
-        desc = hip.hipMemAccessDesc()
-        desc.location.type = hip.hipMemLocationType.hipMemLocationTypeDevice
-        desc.location.id = self.device.index
-        desc.flags = {
-            "rw": flags.hipMemAccessFlagsProtReadWrite,
-            "r": flags.hipMemAccessFlagsProtRead,
-            "none": flags.hipMemAccessFlagsProtNone,
-        }[access]
-        return desc
-
-    def create_chunk(self, size: int) -> Chunk:
-        """Allocate ``size`` bytes of device memory and export its fd (once)."""
-        self._check_size(size, "a chunk size")
-        hip = self._hip
-        with self._on_device():
-            handle = check(
-                hip.hipMemCreate(size, self._prop, 0),
-                f"hipMemCreate({size} bytes on {self.device})",
-            )
-            out = ctypes.c_int(-1)
-            try:
-                check(
-                    hip.hipMemExportToShareableHandle(
-                        ctypes.addressof(out), handle, self._fd_type, 0
-                    ),
-                    "hipMemExportToShareableHandle(PosixFileDescriptor)",
-                )
-                fd = out.value
-                os.set_inheritable(fd, False)
-            except BaseException:
-                if out.value >= 0:
-                    os.close(out.value)
-                hip.hipMemRelease(handle)
-                raise
-        return Chunk(size=size, handle=int(handle), fd=fd)
-
-    def seal(self, chunk: Chunk, readonly: bool) -> bool:
-        """Nothing to seal: a HIP chunk's size is fixed and its fd carries no access mode;
-        read-only is each importer's own ``hipMemSetAccess``."""
-        return False
-
-    def reopen_readonly(self, fd: int) -> int | None:
-        """HIP's shareable fds carry no access mode."""
-        return None
-
-    def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
-        """Import a chunk from an fd exported by :meth:`create_chunk` (in any process).
-
-        Takes ownership of ``fd``. A payload that claims more than the chunk holds fails in
-        :meth:`map`.
-
-        Raises
-        ------
-        PayloadError
-            ``size`` is not a multiple of the granularity, or the fd is not an exported HIP
-            allocation.
-        """
-        hip = self._hip
-        try:
-            if size <= 0 or size % self._granularity:
-                raise PayloadError(
-                    f"chunk size {size} is not a positive multiple of {self.device}'s "
-                    f"granularity ({self._granularity} bytes)"
-                )
-            with self._on_device():
-                try:
-                    handle = check(
-                        hip.hipMemImportFromShareableHandle(fd, self._fd_type),
-                        "hipMemImportFromShareableHandle(PosixFileDescriptor)",
-                    )
-                except HipError as exc:
-                    if exc.error_name in _NOT_AN_ALLOCATION:
-                        raise PayloadError(
-                            f"the handle is not an exported HIP allocation: {exc}"
-                        ) from exc
-                    raise
-        except BaseException:
-            os.close(fd)
-            raise
-        try:
-            os.set_inheritable(fd, False)
-        except OSError:
-            pass
-        return Chunk(size=size, handle=int(handle), fd=fd, imported=True)
-
-    def release_chunk(self, chunk: Chunk) -> None:
-        """Release this process's handle of the chunk and close its fd. Idempotent."""
-        handle, fd = chunk.handle, chunk.fd
-        if handle < 0 and fd < 0:
-            return
-        chunk.handle = chunk.fd = -1
-        try:
-            if handle >= 0 and not self._forked():
-                check(self._hip.hipMemRelease(handle), "hipMemRelease")
-        finally:
-            if fd >= 0:
-                os.close(fd)
-
-    # address space ----------------------------------------------------------------------
-
-    def reserve(self, size: int) -> int:
-        """Reserve ``size`` bytes of device address space, aligned to the granularity."""
-        self._check_size(size, "a reservation size")
-        with self._on_device():
-            ptr = check(
-                self._hip.hipMemAddressReserve(size, self._granularity, 0, 0),
-                f"hipMemAddressReserve({size} bytes)",
-            )
-        return int(ptr)
-
-    def free_reservation(self, address: int, size: int) -> None:
-        """Give back a reservation (a no-op in a forked child)."""
-        if not self._forked():
-            check(self._hip.hipMemAddressFree(address, size), "hipMemAddressFree")
-
-    def map(self, address: int, size: int, chunk: Chunk, chunk_offset: int = 0) -> None:
-        """Map the whole of ``chunk`` at ``address`` (whole chunks only, as on CUDA)."""
-        self._check_size(size, "a mapping size")
-        if chunk_offset != 0 or size != chunk.size:
-            raise ValueError(
-                f"HIP maps whole chunks only: asked for {size} bytes from offset "
-                f"{chunk_offset} of a chunk of {chunk.size} bytes"
-            )
-        if chunk.handle < 0:
-            raise ValueError("the chunk was released")
-        with self._on_device():
-            try:
-                check(
-                    self._hip.hipMemMap(address, size, 0, chunk.handle, 0),
-                    f"hipMemMap({size} bytes at {address:#x})",
-                )
-            except HipError as exc:
-                if exc.error_name == "hipErrorInvalidValue":
-                    raise PayloadError(
-                        f"{exc}; the chunk may be smaller than its payload says"
-                    ) from exc
-                raise
-
-    def set_access(
-        self, address: int, size: int, access: Access, peers: Mapping[int, Access] | None = None
-    ) -> None:
-        """Set this device's access to a mapped range with ``hipMemSetAccess``; lowering it
-        waits first for queued work. Peer devices are not supported (yet)."""
-        desc = self._access.get(access)
-        if desc is None:
-            raise ValueError(f"access must be 'rw', 'r' or 'none', not {access!r}")
-        if any(index != self.device.index for index in peers or {}):
-            raise ValueError(f"{self.name} grants no peer devices: access= takes {self.device}")
-        if access != "rw":
-            self.synchronize()
-        with self._on_device():
-            check(
-                self._hip.hipMemSetAccess(address, size, [desc], 1),
-                f"hipMemSetAccess({access!r}, {size} bytes at {address:#x})",
-            )
-
-    def unmap(self, address: int, size: int) -> None:
-        """Wait for queued work, then unmap the range (a no-op in a forked child)."""
-        if self._forked():
-            return
-        self.synchronize()
-        check(self._hip.hipMemUnmap(address, size), f"hipMemUnmap({size} bytes at {address:#x})")
+    def table(self) -> HipVmm:
+        """This backend's HIP VMM calls."""
+        return HipVmm(self)
 
 
 register(

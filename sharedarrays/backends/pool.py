@@ -1,0 +1,282 @@
+"""Memory-pool backends, written once for every GPU vendor (``cuda-pool``, ``hip-pool``):
+stream-ordered allocations from an IPC-capable pool.
+
+CUDA and HIP have the same pool IPC API under two names. :class:`PoolBackend` is the backend,
+written against :class:`PoolCalls`, a table of the vendor's driver calls:
+
+=========== =================================================================
+pool        :meth:`PoolCalls.create_pool` (pinned memory of this device, handle type POSIX
+            file descriptor), one per process and device, made on first use and exported
+            once (:meth:`PoolCalls.export_pool`); its fd is what the handle server sends,
+            once per importer of each allocation
+chunk       :meth:`PoolCalls.allocate` on the vendor's stream, then
+            :meth:`PoolCalls.synchronize` (so the allocation is complete before any importer
+            can see it); one per allocation
+handle      :meth:`PoolCalls.export_pointer`: 64 bytes after the pool's 16-byte id, sent
+            with the pool's fd by the exporter's handle server
+importer    :meth:`PoolCalls.import_pool` once per pool (kept while any pointer of it is
+            open), :meth:`PoolCalls.import_pointer` per allocation, :meth:`PoolCalls.free`
+            when it releases the allocation, :meth:`PoolCalls.destroy_pool` after the last
+=========== =================================================================
+
+Lifetime: the drivers require every importer to free a pool allocation before its exporter
+does. The exporter enforces that order: an allocation it releases keeps its memory until
+every process it served has freed it or exited (``exporter_owned``; see
+:meth:`sharedarrays.Allocation.release`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from sharedarrays.backends.base import Chunk
+from sharedarrays.backends.device import Device
+from sharedarrays.errors import DriverError, HandleUnavailable, PayloadError
+
+__all__ = ["PoolCalls", "PoolBackend", "GRANULARITY", "POOL_ID_BYTES", "EXPORT_BYTES"]
+
+GRANULARITY = 512
+"""Pool chunk sizes are multiples of 512 bytes (the pool sub-allocates)."""
+
+POOL_ID_BYTES = 16
+POINTER_BYTES = 64  # sizeof(CUmemPoolPtrExportData), sizeof(hipMemPoolPtrExportData)
+EXPORT_BYTES = POOL_ID_BYTES + POINTER_BYTES
+"""A chunk's portable handle: the pool's random id, then the pointer's export data."""
+
+
+class PoolCalls(Protocol):
+    """One vendor's pool IPC driver calls, each checked (raising the vendor's
+    :class:`~sharedarrays.DriverError`, whose ``call`` names the driver function)."""
+
+    def create_pool(self) -> Any:
+        """A new pool of pinned memory of the device, exportable as a POSIX fd."""
+        ...
+
+    def export_pool(self, pool: Any) -> int:
+        """A new POSIX fd of ``pool`` (none is left open on failure)."""
+        ...
+
+    def destroy_pool(self, pool: Any) -> None:
+        """Destroy a pool (an imported one: once its last pointer is freed)."""
+        ...
+
+    def stream(self) -> int:
+        """The stream allocations are made on."""
+        ...
+
+    def allocate(self, size: int, pool: Any, stream: int) -> int:
+        """``size`` bytes from ``pool`` on ``stream``; the pointer."""
+        ...
+
+    def synchronize(self, stream: int) -> None:
+        """Wait for ``stream``."""
+        ...
+
+    def export_pointer(self, pointer: int) -> bytes:
+        """The :data:`POINTER_BYTES` export data of an allocation of this process's pool."""
+        ...
+
+    def import_pool(self, fd: int) -> Any:
+        """The pool exported as ``fd`` (the fd stays the caller's)."""
+        ...
+
+    def import_pointer(self, pool: Any, data: bytes) -> int:
+        """The pointer of the allocation exported as ``data``, in the imported ``pool``."""
+        ...
+
+    def free(self, pointer: int) -> None:
+        """Free a pointer (own, or imported)."""
+        ...
+
+    def too_large(self, size: int) -> str | None:
+        """Why an allocation of ``size`` bytes is refused (made or imported), or ``None``."""
+        ...
+
+
+class PoolBackend:
+    """Stream-ordered memory of one GPU shared through an exported memory pool: the backend
+    of every vendor's pool IPC, put before the vendor's device base class (``class
+    CudaPoolBackend(PoolBackend, CudaDevice)``), with :meth:`table` making its
+    :class:`PoolCalls`."""
+
+    zeroed: ClassVar[bool] = False
+    maps: ClassVar[bool] = False
+    exporter_owned: ClassVar[bool] = True
+
+    if TYPE_CHECKING:  # what the vendor's device base class provides
+        name: ClassVar[str]
+        device: Device
+
+        def context(self) -> contextlib.AbstractContextManager[None]: ...
+        def synchronize(self) -> None: ...
+        def _forked(self) -> bool: ...
+        def _check_size(self, size: int, what: str) -> None: ...
+
+    def table(self) -> PoolCalls:
+        """The vendor's calls for this backend (each vendor's subclass says)."""
+        raise NotImplementedError
+
+    def __init__(self, device: Device) -> None:
+        super().__init__(device)  # type: ignore[call-arg]  # (the device base class)
+        self._calls = self.table()
+        self._lock = threading.Lock()
+        self._pool: Any = None  # this process's own pool, made on first create_chunk
+        self._pool_fd = -1
+        self._pool_id = os.urandom(POOL_ID_BYTES)
+        self._imported: dict[bytes, list[Any]] = {}  # pool id -> [pool, open pointers]
+
+    @property
+    def granularity(self) -> int:
+        """Chunk sizes are multiples of 512 bytes (:data:`GRANULARITY`)."""
+        return GRANULARITY
+
+    @property
+    def pool_fd(self) -> int:
+        """The exported fd of this process's pool (``-1`` before the first allocation)."""
+        return self._pool_fd
+
+    def _own_pool(self) -> Any:
+        with self._lock:
+            if self._pool is not None:
+                return self._pool
+            calls = self._calls
+            with self.context():
+                pool = calls.create_pool()
+                try:
+                    fd = calls.export_pool(pool)
+                except BaseException:
+                    with contextlib.suppress(DriverError):
+                        calls.destroy_pool(pool)
+                    raise
+            os.set_inheritable(fd, False)
+            self._pool, self._pool_fd = pool, fd
+            return pool
+
+    def check_memory(self, nbytes: int) -> None:
+        """Nothing to check beforehand: the pool takes the device memory when a chunk is
+        made, and fails then with an :class:`~sharedarrays.OutOfMemory`."""
+
+    def create_chunk(self, size: int) -> Chunk:
+        """Allocate ``size`` bytes from this process's pool on the vendor's stream (CUDA: the
+        current one; HIP: the null stream), wait for the allocation, and export the pointer
+        (once)."""
+        self._check_size(size, "a chunk size")
+        calls = self._calls
+        why = calls.too_large(size)
+        if why is not None:
+            raise ValueError(why)
+        pool = self._own_pool()
+        stream = calls.stream()
+        with self.context():
+            ptr = calls.allocate(size, pool, stream)
+            try:
+                calls.synchronize(stream)
+                data = calls.export_pointer(ptr)
+            except BaseException:
+                with contextlib.suppress(DriverError):
+                    calls.free(ptr)
+                raise
+        export = self._pool_id + data
+        return Chunk(size=size, handle=ptr, fd=self._pool_fd, address=ptr, export=export)
+
+    def seal(self, chunk: Chunk, readonly: bool) -> bool:
+        """Nothing to seal: pool handles carry no access mode (read-only is a promise)."""
+        return False
+
+    def reopen_readonly(self, fd: int) -> int | None:
+        """Pool handles carry no access mode: a read-only export is the importer's promise."""
+        return None
+
+    def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
+        """Open another process's pool allocation: ``export`` is its pool id and pointer
+        data, ``fd`` the pool's exported fd (imported once per pool, then closed; ``-1`` once
+        this process has the pool).
+
+        Raises
+        ------
+        PayloadError
+            ``export`` is not :data:`EXPORT_BYTES` long, ``fd`` is no exported pool, or the
+            vendor refuses ``size`` (cuda-pool: above
+            :func:`~sharedarrays.backends.cuda.pool.max_bytes`, where the driver would crash
+            this process).
+        HandleUnavailable
+            The pool is not known here and no fd came with it, or the driver refused the
+            pointer (its memory was freed).
+        """
+        calls = self._calls
+        try:
+            if len(export) != EXPORT_BYTES:
+                raise PayloadError(
+                    f"a {self.name} handle is {EXPORT_BYTES} bytes, not {len(export)}"
+                )
+            why = calls.too_large(size)
+            if why is not None:
+                raise PayloadError(f"refusing to import: {why}")
+            pool_id, data = export[:POOL_ID_BYTES], export[POOL_ID_BYTES:]
+            with self._lock, self.context():
+                entry = self._imported.get(pool_id)
+                if entry is None:
+                    if fd < 0:
+                        raise HandleUnavailable(
+                            f"the memory pool of this {self.name} allocation is not open here "
+                            "and its handle did not come with the payload"
+                        )
+                    try:
+                        pool = calls.import_pool(fd)
+                    except DriverError as exc:
+                        raise PayloadError(
+                            f"the handle is not an exported memory pool: {exc}"
+                        ) from exc
+                    entry = self._imported[pool_id] = [pool, 0]
+                try:
+                    ptr = calls.import_pointer(entry[0], data)
+                except DriverError as exc:
+                    if not entry[1]:
+                        del self._imported[pool_id]
+                        with contextlib.suppress(DriverError):
+                            calls.destroy_pool(entry[0])
+                    raise HandleUnavailable(
+                        f"{exc}: the memory of this {self.name} allocation is gone (its "
+                        "exporter freed it or exited)"
+                    ) from exc
+                entry[1] += 1
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        return Chunk(size=size, handle=ptr, fd=-1, address=ptr, export=export, imported=True)
+
+    def release_chunk(self, chunk: Chunk) -> None:
+        """Wait for queued work, then free the pointer; an importer also closes the imported
+        pool after its last pointer, also where the wait or the free failed (the pointer is
+        given up then: destroying an imported pool defers to its last outstanding pointer).
+        The pool fd stays with the backend. Idempotent; a no-op in a forked child."""
+        ptr = chunk.handle
+        if ptr < 0:
+            return
+        chunk.handle = -1
+        chunk.fd = -1
+        if self._forked():
+            return
+        try:
+            self.synchronize()
+            with self._lock, self.context():
+                self._calls.free(ptr)
+        finally:
+            if chunk.imported:
+                self._close_imported(chunk.export[:POOL_ID_BYTES])
+
+    def _close_imported(self, pool_id: bytes) -> None:
+        """One pointer of imported pool ``pool_id`` less; the pool closed after its last."""
+        with self._lock:
+            entry = self._imported.get(pool_id)
+            if entry is None:
+                return
+            entry[1] -= 1
+            if entry[1] > 0:
+                return
+            del self._imported[pool_id]
+            with self.context():
+                self._calls.destroy_pool(entry[0])
