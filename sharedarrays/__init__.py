@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib as _importlib
 import sys as _sys
-from typing import TYPE_CHECKING, Any
+import typing as _typing
 
 from sharedarrays.api import clients as _clients
 from sharedarrays.api.array import SharedDeviceArray, load, synchronize
@@ -66,7 +66,8 @@ from sharedarrays.errors import WaitTimeout as WaitTimeout
 from sharedarrays.errors import WrongNode as WrongNode
 from sharedarrays.settings import check_environment as _check_environment
 
-if TYPE_CHECKING:  # imported on first use (__getattr__); type checkers and IDEs see them here
+# imported on first use (__getattr__); type checkers and IDEs see them here
+if _typing.TYPE_CHECKING:
     from sharedarrays.api.daskarray import from_dask, to_dask
     from sharedarrays.api.nodemap import node_map
     from sharedarrays.api.pool import ExecutorBroken as ExecutorBroken
@@ -144,9 +145,9 @@ _LAZY = {
 """Names imported on first use: ``{name: the module that defines it}``."""
 
 
-if not TYPE_CHECKING:  # (type checkers see the names above, and no catch-all for others)
+if not _typing.TYPE_CHECKING:  # (type checkers see the names above, and no catch-all for others)
 
-    def __getattr__(name: str) -> Any:
+    def __getattr__(name: str) -> _typing.Any:
         """A name of :data:`_LAZY`: imported from its module, then kept here (PEP 562)."""
         module = _LAZY.get(name)
         if module is None:
