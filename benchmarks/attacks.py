@@ -1205,7 +1205,7 @@ for _ in range(int(sys.argv[1])):
         say(outcome="loaded writable")
     except Exception as e:
         say(outcome=err(e), message=str(e))
-say(leaked=fds() - before, mapped=len(sa.live_allocations()))
+say(leaked=fds() - before, mapped=len(allocation.live_allocations()))
 """
 )
 
@@ -2084,7 +2084,7 @@ for i in range(int(sys.argv[1])):
         say(outcome=f"{what}: {outcome}")
 for fd in held:
     os.close(fd)
-say(leaked=len(os.listdir("/proc/self/fd")) - before, mapped=len(sa.live_allocations()))
+say(leaked=len(os.listdir("/proc/self/fd")) - before, mapped=len(allocation.live_allocations()))
 """
 )
 

@@ -4,13 +4,22 @@ Create an array with :func:`empty`, :func:`zeros`, :func:`ones`, :func:`full`, t
 ``*_like`` forms, :func:`from_array` or :func:`asarray` (or share a CuPy array or torch
 tensor in place with :func:`share`); pass it to other processes by
 pickling it (multiprocessing does that for you). Every process maps the same memory.
+
+``import sharedarrays`` loads the arrays and what they stand on, no more: the names that
+live in heavier modules (pools, the memory map, Dask, the node map, timelines) are imported
+the first time they are asked for (:func:`__getattr__`). ``__all__`` is the public API; every
+error of :mod:`sharedarrays.errors` is an attribute too, ``__all__`` or not.
 """
 
 from __future__ import annotations
 
+import importlib as _importlib
+import sys as _sys
+import typing as _typing
+
 from sharedarrays.api import clients as _clients
-from sharedarrays.api import dask as _dask
 from sharedarrays.api.array import SharedDeviceArray, load, synchronize
+from sharedarrays.api.array import reduce_hooks as _reduce_hooks
 from sharedarrays.api.creation import (
     asarray,
     empty,
@@ -23,106 +32,153 @@ from sharedarrays.api.creation import (
     zeros,
     zeros_like,
 )
-from sharedarrays.api.daskarray import from_dask, to_dask
 from sharedarrays.api.named import NamedArray, attach, list_named, unlink
-from sharedarrays.api.nodemap import node_map
-from sharedarrays.api.pool import ExecutorBroken, ForkAfterCudaError, Pool, ProcessPoolExecutor
-from sharedarrays.api.semaphore import ExternalSemaphore, Timeline
 from sharedarrays.api.sharing import share
-from sharedarrays.api.widgets import MemoryMap, show
 from sharedarrays.backends import list_backends
 from sharedarrays.backends.cuda import driver as _cuda_driver  # noqa: F401 - installs the fork-after-CUDA hook
 from sharedarrays.backends.cuda.sync import no_sync
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import (
     BackendUnavailable,
-    ClosedArrayError,
-    DriverError,
-    HandleUnavailable,
-    InUse,
-    KeeperError,
-    MisalignedView,
-    NameExists,
     NameNotFound,
-    NotShareable,
     OutOfMemory,
-    PayloadError,
-    PeerAccessUnavailable,
-    PermissionDenied,
-    ResizeRefused,
     SharedArrayError,
-    TaskExited,
-    TaskNotLoaded,
-    ThreadUnavailable,
-    WaitTimeout,
     WorkerLost,
-    WrongNode,
 )
-from sharedarrays.memory import Allocation, live_allocations
+
+# the other errors: attributes (``sa.PayloadError``), not in ``__all__``
+from sharedarrays.errors import ClosedArrayError as ClosedArrayError
+from sharedarrays.errors import DriverError as DriverError
+from sharedarrays.errors import HandleUnavailable as HandleUnavailable
+from sharedarrays.errors import InUse as InUse
+from sharedarrays.errors import KeeperError as KeeperError
+from sharedarrays.errors import MisalignedView as MisalignedView
+from sharedarrays.errors import NameExists as NameExists
+from sharedarrays.errors import NotShareable as NotShareable
+from sharedarrays.errors import PayloadError as PayloadError
+from sharedarrays.errors import PeerAccessUnavailable as PeerAccessUnavailable
+from sharedarrays.errors import PermissionDenied as PermissionDenied
+from sharedarrays.errors import ResizeRefused as ResizeRefused
+from sharedarrays.errors import TaskExited as TaskExited
+from sharedarrays.errors import TaskNotLoaded as TaskNotLoaded
+from sharedarrays.errors import ThreadUnavailable as ThreadUnavailable
+from sharedarrays.errors import WaitTimeout as WaitTimeout
+from sharedarrays.errors import WrongNode as WrongNode
 from sharedarrays.settings import check_environment as _check_environment
+
+# imported on first use (__getattr__); type checkers and IDEs see them here
+if _typing.TYPE_CHECKING:
+    from sharedarrays.api.daskarray import from_dask, to_dask
+    from sharedarrays.api.nodemap import node_map
+    from sharedarrays.api.pool import ExecutorBroken as ExecutorBroken
+    from sharedarrays.api.pool import ForkAfterCudaError as ForkAfterCudaError
+    from sharedarrays.api.pool import Pool, ProcessPoolExecutor
+    from sharedarrays.api.semaphore import ExternalSemaphore, Timeline
+    from sharedarrays.api.widgets import MemoryMap, show
+    from sharedarrays.memory import Allocation as Allocation
+    from sharedarrays.memory import live_allocations as live_allocations
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Allocation",
-    "BackendUnavailable",
-    "ClosedArrayError",
-    "DriverError",
-    "Device",
-    "ExternalSemaphore",
-    "HandleUnavailable",
-    "InUse",
-    "KeeperError",
-    "MisalignedView",
-    "NameExists",
-    "NameNotFound",
-    "NamedArray",
-    "NotShareable",
-    "OutOfMemory",
-    "TaskExited",
-    "TaskNotLoaded",
-    "ThreadUnavailable",
-    "WaitTimeout",
-    "WorkerLost",
-    "WrongNode",
-    "PayloadError",
-    "PeerAccessUnavailable",
-    "PermissionDenied",
-    "ResizeRefused",
-    "SharedArrayError",
-    "SharedDeviceArray",
-    "Timeline",
-    "asarray",
-    "attach",
-    "list_backends",
+    # creating and sharing arrays
     "empty",
-    "empty_like",
-    "from_array",
-    "from_dask",
-    "to_dask",
-    "full",
-    "full_like",
-    "list_named",
-    "node_map",
-    "live_allocations",
-    "load",
-    "no_sync",
-    "MemoryMap",
-    "Pool",
-    "ForkAfterCudaError",
-    "ExecutorBroken",
-    "ProcessPoolExecutor",
-    "share",
-    "show",
-    "ones",
-    "ones_like",
-    "synchronize",
-    "unlink",
     "zeros",
+    "ones",
+    "full",
+    "empty_like",
     "zeros_like",
+    "ones_like",
+    "full_like",
+    "from_array",
+    "asarray",
+    "share",
+    # the array
+    "SharedDeviceArray",
+    "load",
+    "synchronize",
+    "no_sync",
+    # named arrays
+    "attach",
+    "list_named",
+    "unlink",
+    "NamedArray",
+    # processes
+    "Pool",
+    "ProcessPoolExecutor",
+    # seeing memory
+    "show",
+    "MemoryMap",
+    "node_map",
+    # devices and memory systems
+    "Device",
+    "list_backends",
+    # Dask
+    "to_dask",
+    "from_dask",
+    # ordering
+    "Timeline",
+    "ExternalSemaphore",
+    # errors (the others: sharedarrays.errors, and attributes of the package)
+    "SharedArrayError",
+    "BackendUnavailable",
+    "OutOfMemory",
+    "NameNotFound",
+    "WorkerLost",
 ]
 
-_dask.install()  # registers with distributed once it is imported (imports no dask)
+_LAZY = {
+    "Pool": "sharedarrays.api.pool",
+    "ProcessPoolExecutor": "sharedarrays.api.pool",
+    "ExecutorBroken": "sharedarrays.api.pool",
+    "ForkAfterCudaError": "sharedarrays.api.pool",
+    "show": "sharedarrays.api.widgets",
+    "MemoryMap": "sharedarrays.api.widgets",
+    "node_map": "sharedarrays.api.nodemap",
+    "to_dask": "sharedarrays.api.daskarray",
+    "from_dask": "sharedarrays.api.daskarray",
+    "Timeline": "sharedarrays.api.semaphore",
+    "ExternalSemaphore": "sharedarrays.api.semaphore",
+    "Allocation": "sharedarrays.memory",  # internals: sharedarrays.memory's, kept as attributes
+    "live_allocations": "sharedarrays.memory",
+}
+"""Names imported on first use: ``{name: the module that defines it}``."""
+
+
+if not _typing.TYPE_CHECKING:  # (type checkers see the names above, and no catch-all for others)
+
+    def __getattr__(name: str) -> _typing.Any:
+        """A name of :data:`_LAZY`: imported from its module, then kept here (PEP 562)."""
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(_importlib.import_module(module), name)
+        globals()[name] = value
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+_DISTRIBUTED = "distributed.protocol.serialize"
+
+
+def _register_with_distributed() -> None:
+    """Register shared arrays with distributed's serialization
+    (:func:`sharedarrays.api.dask.register`)."""
+    from sharedarrays.api import dask
+
+    dask.register()
+
+
+# Dask: register with distributed now if it is imported, else the first time an array is
+# pickled (not by multiprocessing) after it is (what sharedarrays.api.dask.install does,
+# without importing that module, or dask, before distributed is imported)
+if _DISTRIBUTED in _sys.modules:
+    _register_with_distributed()
+else:
+    _reduce_hooks.setdefault(_DISTRIBUTED, _register_with_distributed)
 _clients.install()  # registers with torch's default_collate once it is imported (no torch)
 
 _check_environment()  # (a bad SHAREDARRAYS_* number: ValueError here, not where it is read)

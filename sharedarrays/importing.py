@@ -31,7 +31,6 @@ This layer returns allocations; :mod:`sharedarrays.api.array` makes the views.
 from __future__ import annotations
 
 import errno
-import hmac
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -183,6 +182,8 @@ def _mapped(p: Payload, carried: list[int] | None) -> Allocation | None:
     if alloc is None:
         return None
     received = carried or []
+    import hmac  # (not at module level: hashlib's import costs ``import sharedarrays`` 2 ms)
+
     if not hmac.compare_digest(p.secret, alloc.secret):  # (as the handle server checks it)
         _close(received)
         raise PermissionDenied(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import html
 import operator
 import os
 import sys
@@ -576,6 +575,8 @@ class SharedDeviceArray(NativeArrayMethods):
         if self._lease is None:
             bundle: dict[str, Any] = {"text/plain": repr(self)}
         else:
+            import html  # (only Jupyter asks: not at ``import sharedarrays``)
+
             values, line = repr(self.array), self._allocation_line()
             bundle = {
                 "text/plain": f"{values}\n{line}",

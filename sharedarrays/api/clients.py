@@ -19,16 +19,22 @@ imports torch.
 
 from __future__ import annotations
 
-import importlib.abc
 import sys
 from collections.abc import Callable, Sequence
 from importlib.machinery import ModuleSpec
 from types import ModuleType
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from sharedarrays.api.array import SharedDeviceArray
+
+if TYPE_CHECKING:
+    from importlib.abc import Loader as _Loader
+    from importlib.abc import MetaPathFinder as _MetaPathFinder
+else:  # (importlib.abc costs ``import sharedarrays`` some 5 ms: the import system asks
+    # finders and loaders for their methods, not their base classes)
+    _Loader = _MetaPathFinder = object
 
 __all__ = ["install", "register_collate", "collate"]
 
@@ -69,7 +75,7 @@ def install() -> None:
         sys.meta_path.insert(0, _AfterImport(_COLLATE, register_collate))
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
+class _AfterImport(_MetaPathFinder):
     """Calls ``hook(module)`` once the module ``name`` has run, then leaves
     :data:`sys.meta_path`. It finds nothing itself: the module's spec is the one the other
     finders give, with its loader wrapped (:class:`_ThenCall`)."""
@@ -99,7 +105,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-class _ThenCall(importlib.abc.Loader):
+class _ThenCall(_Loader):
     """A loader that runs ``loader``'s module, then calls ``hook`` with it. The module names
     ``loader`` as its own (tracebacks and ``inspect`` read its source through it)."""
 

@@ -71,8 +71,9 @@ _SERIALIZE = "distributed.protocol.serialize"
 
 def install() -> None:
     """Register now if distributed is imported, else the first time an array is pickled
-    (not by multiprocessing) after it is (``import sharedarrays`` calls this; it imports no
-    dask)."""
+    (not by multiprocessing) after it is; it imports no dask. ``import sharedarrays`` does
+    the same without importing this module (its hook imports it once distributed is
+    imported)."""
     if _SERIALIZE in sys.modules:
         register()
     else:

@@ -16,11 +16,12 @@ _AT_FD_LIMIT = """
 import os, resource
 import numpy as np
 import sharedarrays as sa
+from sharedarrays.memory import live_allocations
 
 a = sa.from_array(np.arange(4.0), readonly=True, pack=False)
 a.payload()  # (this process's handle server runs: a payload names it)
 before = len(os.listdir("/proc/self/fd"))
-allocations = len(sa.live_allocations())
+allocations = len(live_allocations())
 resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 held = []
 try:
@@ -46,7 +47,7 @@ os.close(held.pop())  # one fd: the new array's memfd, and none to open it again
 attempt("name", lambda: sa.from_array(np.arange(4.0), name="h2-limit", readonly=True, pack=False))
 for fd in held:
     os.close(fd)
-print("left", len(os.listdir("/proc/self/fd")) == before, len(sa.live_allocations()) == allocations)
+print("left", len(os.listdir("/proc/self/fd")) == before, len(live_allocations()) == allocations)
 a.park()
 b = sa.from_array(np.arange(4.0), name="h2-limit", readonly=True, pack=False)
 print("then", sa.attach("h2-limit")[1])

@@ -16,6 +16,7 @@ import pytest
 from keeper_helpers import py
 
 import sharedarrays as sa
+from sharedarrays.memory import live_allocations
 from sharedarrays.protocol.payload import MAGIC, TAG_BYTES
 
 ATTACKS = (
@@ -254,7 +255,7 @@ def test_a_huge_host_array_fails_at_creation(fd_baseline: None) -> None:
         sa.empty(size, "uint8", device="cpu")
     assert isinstance(err.value, MemoryError) and isinstance(err.value, sa.SharedArrayError)
     assert "available" in str(err.value) and "MemAvailable" in str(err.value)
-    assert all(al.size < size for al in sa.live_allocations())
+    assert all(al.size < size for al in live_allocations())
 
 
 @pytest.mark.parametrize("how", ["chunk_bytes", "growth"])

@@ -301,6 +301,7 @@ READONLY_FORGER = (
     "import gc, json, pickle, sys\n"
     "import psutil\n"
     "import sharedarrays as sa\n"
+    "from sharedarrays.memory import live_allocations\n"
     "from sharedarrays.transport import handles as transport\n"
     "def fds():\n"
     "    gc.collect()\n"
@@ -314,7 +315,7 @@ READONLY_FORGER = (
     "    out = {'error': type(e).__name__, 'library': isinstance(e, sa.SharedArrayError),\n"
     "           'message': str(e)}\n"
     "out['leaked'] = fds() - before\n"
-    "out['mapped'] = len(sa.live_allocations())\n"
+    "out['mapped'] = len(live_allocations())\n"
     "print(json.dumps(out), flush=True)\n"
 )
 
