@@ -59,6 +59,7 @@ from sharedarrays.errors import PayloadError as PayloadError
 from sharedarrays.errors import PeerAccessUnavailable as PeerAccessUnavailable
 from sharedarrays.errors import PermissionDenied as PermissionDenied
 from sharedarrays.errors import ResizeRefused as ResizeRefused
+from sharedarrays.errors import SettingError as SettingError
 from sharedarrays.errors import TaskExited as TaskExited
 from sharedarrays.errors import TaskNotLoaded as TaskNotLoaded
 from sharedarrays.errors import ThreadUnavailable as ThreadUnavailable
