@@ -88,6 +88,15 @@ if compgen -G "$ROOT/.whl/*.whl" >/dev/null; then
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target "$SITE" "$ROOT"/.whl/*.whl && export PYTHONPATH="$PYTHONPATH:$SITE"
 fi
+# numba-cuda on the lent machine types no kernel with its NumPy 2.5: a NumPy it supports may
+# travel in .whl-numba/ (`pip download --no-deps ... -d .whl-numba "numpy==2.4.*"`, the
+# platform flags above); it goes to a folder of its own that only the numba test's child
+# puts first on its path (tests/api/test_clients.py, SA_NUMBA_SITE).
+if compgen -G "$ROOT/.whl-numba/*.whl" >/dev/null; then
+    SA_NUMBA_SITE="${TMPDIR:-/tmp}/sharedarrays-numba-site"
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$SA_NUMBA_SITE" "$ROOT"/.whl-numba/*.whl && export SA_NUMBA_SITE
+fi
 # The Vulkan loader for the external-semaphore tests may travel as .deb files in .gl/
 # (see tests/vulkan_helpers.py); the driver's ICD is on the machine.
 if compgen -G "$ROOT/.gl/*.deb" >/dev/null; then

@@ -6,6 +6,8 @@ all); the ``gpu`` tests at the end run on a CUDA machine (scripts/gpu_check.sh).
 
 from __future__ import annotations
 
+import os
+import pickle
 import subprocess
 import sys
 from typing import Any
@@ -322,25 +324,55 @@ def test_torch_dataloader_batches_a_cuda_shared_array_in_two_workers() -> None:
     assert torch.equal(torch.cat(batches), torch.from_numpy(ref))
 
 
+NUMBA_KERNEL = r"""
+import pickle, sys
+from numba import cuda
+
+@cuda.jit
+def double(x):
+    i = cuda.grid(1)
+    if i < x.size:
+        x[i] *= 2
+
+try:  # (a numba-cuda built for another NumPy types no kernel at all: not ours to test)
+    double[1, 1](cuda.to_device([1.0]))
+except Exception as e:
+    print("SKIP", repr(e)[:300]); sys.exit(0)
+a = pickle.loads(sys.stdin.buffer.read())
+seen = cuda.as_cuda_array(a)  # (through __cuda_array_interface__)
+same = seen.device_ctypes_pointer.value == a.__cuda_array_interface__["data"][0]
+double[1, 64](a)
+cuda.synchronize()
+print("SAME" if same else "COPY")
+"""
+
+
 @pytest.mark.gpu
 def test_numba_cuda_kernel_writes_through_the_cuda_array_interface() -> None:
-    """Table: numba.cuda kernels take a CUDA shared array as it is."""
+    """Table: numba.cuda kernels take a CUDA shared array as it is: a kernel in another
+    process doubles a shared array in place (no copy: the same pointer), seen here.
+
+    Run in a child, whose ``PYTHONPATH`` starts with ``$SA_NUMBA_SITE`` where set: the lent
+    GPU machine's numba-cuda types no kernel with its NumPy 2.5, so scripts/gpu_check.sh
+    installs a NumPy it supports there (.whl-numba/)."""
     need("numba")
-    from numba import cuda
-
-    @cuda.jit
-    def double(x: Any) -> None:
-        i = cuda.grid(1)
-        if i < x.size:
-            x[i] *= 2
-
-    try:  # (numba-cuda built for another NumPy fails to type any kernel: not ours to test)
-        double[1, 1](cuda.to_device(np.zeros(1)))
-    except Exception as e:
-        pytest.skip(f"numba.cuda cannot run a kernel on its own array here: {e!r}"[:300])
     a, ref = cuda_rows((64,))
-    double[1, 64](a)
-    cuda.synchronize()
+    a.synchronize()
+    paths = [os.environ.get("SA_NUMBA_SITE", ""), os.environ.get("PYTHONPATH", "")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
+    child = subprocess.run(
+        [sys.executable, "-c", NUMBA_KERNEL],
+        input=pickle.dumps(a),
+        capture_output=True,
+        env=env,
+        timeout=180,
+        check=False,
+    )
+    out = child.stdout.decode()
+    assert child.returncode == 0, child.stderr.decode()[-2000:]
+    if out.startswith("SKIP"):
+        pytest.skip(f"numba.cuda cannot run a kernel on its own array here: {out[5:]}")
+    assert out.split() == ["SAME"]
     np.testing.assert_array_equal(a.get(), ref * 2)
 
 
