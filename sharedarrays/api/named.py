@@ -30,18 +30,23 @@ through :mod:`sharedarrays.api.keeping`.
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from sharedarrays.api import keeping
 from sharedarrays.api.array import SharedDeviceArray, load
+from sharedarrays.api.namespaces import (
+    MAX_NAMESPACE,
+    NAMESPACE_VARIABLE,
+    PROJECT_MARKERS,
+    namespace,
+    shown,
+    whose,
+)
 from sharedarrays.backends import device_of
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import (
@@ -49,13 +54,11 @@ from sharedarrays.errors import (
     KeeperError,
     NameNotFound,
     PayloadError,
-    SettingError,
     SharedArrayError,
 )
 from sharedarrays.memory import live_allocations
 from sharedarrays.protocol import keeper as keeper_protocol
 from sharedarrays.protocol.payload import Payload
-from sharedarrays.settings import env_word
 from sharedarrays.transport import keeper
 
 __all__ = [
@@ -71,73 +74,7 @@ __all__ = [
     "unlink",
 ]
 
-NAMESPACE_VARIABLE = "SHAREDARRAYS_NAMESPACE"
-"""The setting that names this process's namespace (``/``: the global one)."""
-PROJECT_MARKERS = (".git", "pyproject.toml")
-"""What makes a directory a project's root, for the default namespace."""
 _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-MAX_NAMESPACE = keeper_protocol.MAX_NAMESPACE
-_SETTING = re.compile(rf"/|[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_NAMESPACE - 1}}}")
-
-
-def namespace() -> str | None:
-    """The namespace this process's names are in (``None``: the global namespace).
-
-    ``SHAREDARRAYS_NAMESPACE`` if set (``/`` for the global namespace); else the project's:
-    the nearest directory, from the working directory up, that holds a ``.git`` or a
-    ``pyproject.toml`` (the working directory itself if none does), as its base name and a
-    hash of its path, e.g. ``"myproject-1a2b3c4d"``. So a script at a repository's root, its
-    notebooks in ``notebooks/`` and their pool workers (which inherit the working directory
-    and the environment) share one namespace, and another checkout has its own.
-
-    Raises
-    ------
-    ValueError
-        ``SHAREDARRAYS_NAMESPACE`` is not a namespace.
-    """
-    setting = env_word(
-        NAMESPACE_VARIABLE,
-        _SETTING,
-        f"a namespace (1 to {MAX_NAMESPACE} characters from A-Z a-z 0-9 . _ -, "
-        "starting with a letter or digit) or / (the global namespace)",
-    )
-    if setting is not None:
-        return None if setting == "/" else setting
-    return _project_namespace(_cwd())
-
-
-@functools.lru_cache(maxsize=16)
-def _project_root(cwd: str) -> Path:
-    here = Path(cwd).resolve()
-    for directory in (here, *here.parents):
-        if any((directory / marker).exists() for marker in PROJECT_MARKERS):
-            return directory
-    return here
-
-
-@functools.lru_cache(maxsize=16)
-def _project_namespace(cwd: str) -> str:
-    root = _project_root(cwd)
-    word = re.sub(r"[^A-Za-z0-9._-]", "_", root.name).lstrip("._-")[:40] or "root"
-    return f"{word}-{hashlib.sha256(str(root).encode()).hexdigest()[:8]}"
-
-
-def _whose() -> str:
-    """Where this process's namespace comes from, for messages."""
-    if os.environ.get(NAMESPACE_VARIABLE, "").strip():
-        return f"set by {NAMESPACE_VARIABLE}"
-    return f"of the project directory {_project_root(_cwd())}"
-
-
-def _cwd() -> str:
-    """The working directory, whose project names the namespace."""
-    try:
-        return os.getcwd()
-    except OSError as e:  # (removed under this process)
-        raise SettingError(
-            f"the working directory is gone ({e.strerror}), so it names no project: "
-            f"change to a directory that exists, or set {NAMESPACE_VARIABLE}"
-        ) from None
 
 
 def check_name(name: object) -> str:
@@ -179,11 +116,6 @@ def qualify(name: str) -> str:
     if not slash:
         space = namespace() or ""
     return f"{space}/{base}" if space else base
-
-
-def _shown(key: str) -> str:
-    """A keeper name as it reaches the array from any namespace (``/name`` if global)."""
-    return key if "/" in key else f"/{key}"
 
 
 @dataclass(frozen=True)
@@ -340,10 +272,10 @@ def _not_found(name: str, key: str) -> NameNotFound:
     space, _, base = key.rpartition("/")
     where = f"namespace {space!r}" if space else "the global namespace"
     if "/" not in name and space:
-        where += f" ({_whose()})"
+        where += f" ({whose()})"
     elsewhere = sorted(
         {
-            _shown(e["name"])
+            shown(e["name"])
             for e in _entries()
             if type(e.get("name")) is str
             and e.get("linked")

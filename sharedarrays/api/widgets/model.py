@@ -391,7 +391,7 @@ def build_map(
         access_enforced=bool(getattr(allocation.backend, "maps", True)),
         exporter_alive=origin.created_here or running(origin.pid),
         in_keeper=bool(getattr(allocation, "in_keeper", False)),
-        name=getattr(allocation, "keeper_name", None),
+        name=_local_name(getattr(allocation, "keeper_name", None)),
         parked=bool(getattr(allocation, "parked", False)),
         slab=slab,
         own=own,
@@ -487,3 +487,13 @@ def table_rows(maps: Sequence[ReservationMap]) -> list[TableRow]:
         for v in m.views:
             rows.append(TableRow(m.short_id, "view", a + v.start, a + v.stop, v.label))
     return rows
+
+
+def _local_name(key: str | None) -> str | None:
+    """The keeper's name of an allocation as this process writes it (its namespace left out
+    where it is this process's)."""
+    if key is None:
+        return None
+    from sharedarrays.api.namespaces import local_name
+
+    return local_name(key)
