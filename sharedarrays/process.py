@@ -478,10 +478,6 @@ class PicklingState:
 
     Attributes
     ----------
-    encoded : dict of str to (int, int, bytes)
-        Per allocation id: the pid and generation its payload bytes were made for, and the
-        bytes (``api.message.allocation_bytes``); an entry goes with its allocation's
-        release. Emptied in a forked child.
     parts : threading.local
         Per thread, the parts of the message it is pickling (weakly, by allocation).
     received : dict of bytes to ReceivedPart
@@ -497,7 +493,6 @@ class PicklingState:
     """
 
     def __init__(self) -> None:
-        self.encoded: dict[str, tuple[int, int, bytes]] = {}
         self.parts = threading.local()
         self.received: dict[bytes, Any] = {}
         self.decoded: dict[bytes, Any] = {}
@@ -505,7 +500,6 @@ class PicklingState:
         self.on_device: dict[str, bool] = {}
 
     def reset_in_child(self) -> None:
-        self.encoded.clear()
         self.received.clear()
 
 
