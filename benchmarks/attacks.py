@@ -2199,7 +2199,7 @@ def misaligned_views(row: Row) -> None:
 STALLED_SENDER = (
     PRELUDE
     + r"""
-from sharedarrays.memory.state import state
+from sharedarrays.process import STATE
 
 def said(hook):  # (what each hand-over raises, as its type)
     def wrapped(alloc, count, seconds):
@@ -2210,7 +2210,7 @@ def said(hook):  # (what each hand-over raises, as its type)
             raise
     return wrapped
 
-state.hand_over_hooks[:] = [said(hook) for hook in state.hand_over_hooks]
+STATE.memory.hand_over_hooks[:] = [said(hook) for hook in STATE.memory.hand_over_hooks]
 arrays = [sa.from_array(np.full(1000, i, dtype=np.int64), device="cpu", pack=False)
           for i in range(3)]
 say(ready=True, blobs=[pickle.dumps(a).hex() for a in arrays])

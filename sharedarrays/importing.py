@@ -48,8 +48,8 @@ from sharedarrays.errors import (
     fd_limit_error,
 )
 from sharedarrays.memory.allocation import Allocation, lookup, revive, use_clock
-from sharedarrays.memory.state import state
 from sharedarrays.node import NODE_VARIABLE, this_node
+from sharedarrays.process import STATE
 from sharedarrays.protocol.payload import Payload
 from sharedarrays.transport import client, keeper, notices
 from sharedarrays.transport import handles as transport
@@ -174,7 +174,7 @@ def _mapped(p: Payload, carried: list[int] | None) -> Allocation | None:
         # Another thread is releasing it: it stays registered while the keeper takes its
         # handles (a load elsewhere still finds this process's handle server). Once it
         # has left, the payload loads as any other does (from the keeper, if in flight).
-        state.wait_unregistered(alloc, RELEASE_WAIT)
+        STATE.memory.wait_unregistered(alloc, RELEASE_WAIT)
         alloc = lookup(p.alloc_id)
     pid = os.getpid()
     if alloc is None and p.pid == pid:  # back at its exporter, which let go of it
@@ -233,7 +233,7 @@ def load_again(alloc: Allocation, p: Payload, sync: bytes | None) -> bool:
     PayloadError
         A malformed token.
     """
-    pid = process.pid  # (os.getpid(): a system call, microseconds on a cold path)
+    pid = process.STATE.pid  # (os.getpid(): a system call, microseconds on a cold path)
     if alloc.released or alloc.pid != pid or p.capacity is not None:
         return False
     if sync is not None:

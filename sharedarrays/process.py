@@ -1,37 +1,62 @@
-"""Facts about processes, and the one table of this process's fork and exit hooks.
+"""Facts about processes, and THE per-process state of the package: one object, one fork
+reset, one exit sequence.
 
 Other processes: is a pid running (:func:`running`), since when (:func:`start_time`), and
 with which command line (:func:`command_line`).
 
-This process: every module of the package that keeps per-process state registers what must
-happen when the process forks or exits here (:func:`at_fork`, :func:`at_exit`), never with
-``os.register_at_fork`` or ``atexit`` itself. This module makes the only
-``os.register_at_fork`` call and the only ``atexit`` registration of the package, and runs
-the hooks in an order that does not depend on which module was imported first:
+This process: everything the package keeps per process lives in one instance of one class,
+:data:`STATE` (a :class:`ProcessState`), in sections by concern (the memory layer's
+registry, the handle server, the kept connections, the notices, the keeper client, the
+pickling caches; see the class). No other module keeps module globals of state: a module
+reads and writes ``STATE.<section>.<field>`` (never a section kept in a name of its own: a
+forked child may get new ones). This module makes the only ``os.register_at_fork`` call and
+the only ``atexit`` registration of the package:
+
+- **fork**: a forked child runs :meth:`ProcessState.reset_in_child`, which sets the pid,
+  brings every section to what a new process has, bottom layer first (what a child keeps
+  of its parent's state each section's ``reset_in_child`` says), and then runs the
+  ``after_in_child`` hooks of :func:`at_fork`. Hooks are for behaviour, not state (the
+  CUDA driver's check before a fork and its marks after one).
+- **exit**: the hooks of :func:`at_exit`, top layer first (transport hands payloads over
+  and stops its server while the memory below still works). The package's, in order: hand
+  the payloads in flight over to the keeper; wait for the importers of exporter-owned
+  memory; stop the handle server; close the kept connections; close the keeper connection.
+
+Hooks run in an order that does not depend on which module was imported first:
 
 - by layer (:data:`LAYERS`): around a fork, the ``before`` hooks run top layer first and the
-  ``after_in_child`` / ``after_in_parent`` hooks bottom layer first (a forked child resets
-  the backends, then the memory layer, then transport, each seeing the layers below it
-  already reset); at exit, top layer first (transport hands payloads over and stops its
-  server while the memory below still works);
+  ``after_in_child`` / ``after_in_parent`` hooks bottom layer first; at exit, top layer
+  first;
 - within a layer, by the ``order`` each hook was registered with (smaller first), then by
   the hook's module and name.
+
+The cache policy, one for the package: a cache of process state is a field of a section of
+:data:`STATE`, keyed by what it is a fact of, bounded by a limit given where it is filled
+(the oldest entry forgotten first: ``protocol.payload.remember``) or by the number of things
+it is keyed on, and dropped in a forked child unless what it holds is true in any process (a
+validated payload by its bytes). Facts about the machine or the code, which no fork changes,
+may be cached with ``functools.cache`` on the function that finds them.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import queue
+import socket
 import sys
 import threading
 import traceback
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing import util
+from typing import Any, Protocol
 
 __all__ = [
     "PID_MAX_LIMIT",
-    "pid",
+    "STATE",
+    "ProcessState",
     "LAYERS",
     "running",
     "start_time",
@@ -43,13 +68,6 @@ __all__ = [
 PID_MAX_LIMIT = 1 << 22
 """No Linux process has a larger pid (the kernel's ``PID_MAX_LIMIT``, the most that
 ``/proc/sys/kernel/pid_max`` may be set to on 64-bit machines)."""
-
-
-pid = os.getpid()
-"""This process's id, kept current across ``os.fork`` (set anew in a forked child before
-any hook of :func:`at_fork` runs). Read it as ``process.pid`` (a name imported from here
-would keep the parent's): the warm handoff's paths do, where ``os.getpid()``, a system
-call, costs microseconds when it runs cold (docs/performance.md)."""
 
 
 def running(pid: int) -> bool:
@@ -146,7 +164,7 @@ def _name(fn: Hook | None) -> str:
 class _Hooks:
     """The table: every fork and exit hook registered in this process, in running order.
 
-    One instance (:data:`_hooks`) lives as long as the module; multiprocessing keeps its
+    One instance (``STATE.hooks``) lives as long as the process; multiprocessing keeps its
     after-fork callbacks by weak reference to it.
     """
 
@@ -177,8 +195,6 @@ class _Hooks:
             _call(hooks.before, "before fork")
 
     def after_fork_in_child(self) -> None:
-        global pid
-        pid = os.getpid()
         self.lock = threading.Lock()  # another thread of the parent may have held it
         for hooks in self.fork:
             _call(hooks.after_in_child, "in a forked child")
@@ -209,7 +225,338 @@ def _call(fn: Hook | None, when: str) -> None:
         traceback.print_exc()
 
 
-_hooks = _Hooks()
+class _Device(Protocol):
+    @property
+    def needs_context(self) -> bool: ...
+
+
+class Member(Protocol):
+    """What the memory section needs of an allocation to reset itself in a forked child."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def device(self) -> _Device: ...
+
+    @property
+    def growable(self) -> bool: ...
+
+    @property
+    def released(self) -> bool: ...
+
+    def adopt(self) -> None: ...
+
+    def disown(self) -> None: ...
+
+    @property
+    def parked(self) -> bool: ...
+
+
+class MemoryState:
+    """The memory layer's section (``STATE.memory``): the allocations of this process.
+
+    Its values are :class:`~sharedarrays.memory.allocation.Allocation` objects (and their
+    leases, for slabs); this module sits below the memory layer, so it names them only by
+    what it needs of them (:class:`Member`).
+
+    Attributes
+    ----------
+    registry : dict of str to Allocation
+        Every allocation mapped in this process (parked ones too), by id.
+    lock : threading.RLock
+        Guards ``registry``, ``parked`` and ``draining``.
+    unregistered : threading.Condition
+        On ``lock``: notified when a released allocation leaves ``registry``
+        (:meth:`wait_unregistered`).
+    parked : OrderedDict of str to Allocation
+        Imported allocations kept mapped with no live view, least recently used first
+        (:attr:`Allocation.parked`). One leased again stays listed until it is idle again
+        (moved to the end) or an eviction passes it (taken off): a lease costs nothing here,
+        and only the idle ones listed are parked.
+    draining : dict of str to Allocation
+        Exporter-owned allocations released here that other processes still hold.
+    slabs : dict of (backend name, Device) to (Lease, int)
+        The current slab per memory system and device, with its first free byte.
+    slabs_lock : threading.Lock
+        Guards ``slabs``.
+    inherited : list
+        In a forked child: what it inherited and never releases (its parent's slabs and
+        parked mappings), so that nothing runs on them here.
+    release_hooks : list of callable
+        Called with each allocation this process releases (the transport layer tells the
+        processes it served, so that they drop their parked mappings too). A hook that
+        fails is skipped. Subscriptions of modules: a forked child keeps them.
+    hand_over_hooks : list of callable
+        Called with an allocation, the number of its payloads still in flight and the
+        seconds left of their bound, before an allocation of memory that outlives its
+        exporter leaves this process (released, or the process exits): the keeper takes
+        over their handles. A hook that fails raises; the allocation is then released all
+        the same. A forked child keeps them.
+    """
+
+    def __init__(self) -> None:
+        self.registry: dict[str, Any] = {}
+        self.lock = threading.RLock()
+        self.unregistered = threading.Condition(self.lock)
+        self.parked: OrderedDict[str, Any] = OrderedDict()
+        self.draining: dict[str, Any] = {}
+        self.slabs: dict[tuple[str, Any], tuple[Any, int]] = {}
+        self.slabs_lock = threading.Lock()
+        self.inherited: list[object] = []
+        self.release_hooks: list[Callable[[Any], None]] = []
+        self.hand_over_hooks: list[Callable[[Any, int, float], None]] = []
+
+    def wait_unregistered(self, alloc: Any, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until ``alloc`` (being released by another thread:
+        it stays registered while the keeper takes its handles) has left ``registry``;
+        whether it has."""
+        with self.unregistered:
+            return self.unregistered.wait_for(
+                lambda: self.registry.get(alloc.id) is not alloc, timeout
+            )
+
+    def reset_in_child(self) -> None:
+        """A forked child starts with its own memory state (in place: the hooks stay).
+
+        It gets new locks (another thread of the parent may have held them), no slab (its
+        small arrays never share its parent's or a sibling's free space), no parked mappings
+        and no draining allocations. The host allocations it inherited mapped, with the
+        views that use them, become its own imports from the parent (it may hand them on and
+        serve them); CUDA and growable ones stay the parent's (CUDA cannot be used after
+        fork; a growable array's chunks are its creator's to change: the child may not
+        resize it).
+        """
+        self.lock = threading.RLock()
+        self.unregistered = threading.Condition(self.lock)
+        self.slabs_lock = threading.Lock()
+        self.inherited.extend(self.slabs.values())
+        self.slabs.clear()
+        for alloc in self.parked.values():
+            if alloc.parked:  # (idle: no view of it came with the child)
+                self.registry.pop(alloc.id, None)
+                self.inherited.append(alloc)
+        self.parked.clear()
+        self.draining.clear()
+        for alloc_id in [k for k, a in self.registry.items() if a.released]:
+            # being released by a thread of the parent (registered while the keeper took its
+            # handles): no thread here finishes it, and a load would wait for it in vain
+            self.inherited.append(self.registry.pop(alloc_id))
+        for alloc in self.registry.values():
+            member: Member = alloc
+            if member.growable:
+                member.disown()
+            elif not member.device.needs_context:
+                member.adopt()
+
+
+class ConnectionsState:
+    """The transport client's section (``STATE.connections``): this process's open
+    connections to handle servers, by server path: one per exporter, reused by the next
+    request. A request takes its connection out while it runs, so two threads never share
+    one. A forked child closes its copies (they name the parent's pid)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.by_server: dict[str, socket.socket] = {}
+
+    def reset_in_child(self) -> None:
+        self.lock = threading.Lock()
+        for sock in self.by_server.values():
+            sock.close()
+        self.by_server.clear()
+
+
+class NoticesState:
+    """The notifier's section (``STATE.notices``): release and close notices queued for the
+    notifier thread, and warm loads not yet reported. A forked child drops them: what the
+    parent queued is the parent's to send.
+
+    Attributes
+    ----------
+    queue : queue.SimpleQueue
+        ``(servers, messages)`` for the notifier thread.
+    thread : threading.Thread or None
+        The notifier thread, once started.
+    in_flight : list
+        One item per notice queued and not yet sent (append/pop: no lock).
+    unreported : dict of (server, allocation id, secret) to int
+        Warm loads not yet reported.
+    unreported_lock : threading.Lock
+        Guards ``unreported``.
+    """
+
+    def __init__(self) -> None:
+        self.queue: queue.SimpleQueue[tuple[list[str], list[bytes]]] = queue.SimpleQueue()
+        self.thread: threading.Thread | None = None
+        self.in_flight: list[None] = []
+        self.unreported: dict[tuple[str, str, bytes], int] = {}
+        self.unreported_lock = threading.Lock()
+
+    def reset_in_child(self) -> None:
+        self.__init__()  # type: ignore[misc]
+
+
+class ServerState:
+    """The handle server's section (``STATE.server``). A forked child has the parent's
+    listening socket but not its thread: it drops both.
+
+    Attributes
+    ----------
+    server : HandleServer or None
+        This process's handle server, once started.
+    lock : threading.Lock
+        Guards starting and stopping it.
+    drain_bound : (float, float) or None
+        The wait at exit for the importers of exporter-owned memory once it began: when it
+        ends (``time.monotonic()``) and how long it is (seconds).
+    drain_said : set of str
+        Allocations whose holders at exit this process named on stderr.
+    """
+
+    def __init__(self) -> None:
+        self.server: Any = None
+        self.lock = threading.Lock()
+        self.drain_bound: tuple[float, float] | None = None
+        self.drain_said: set[str] = set()
+
+    def reset_in_child(self) -> None:
+        server = self.server
+        self.__init__()  # type: ignore[misc]
+        if server is not None:
+            server.forget_in_child()
+
+
+class KeeperState:
+    """The keeper client's section (``STATE.keeper``). A forked child closes its copy of the
+    connection (the parent's stays open) and holds nothing in the keeper.
+
+    Attributes
+    ----------
+    lock : threading.RLock
+        Guards the connection and ``held``.
+    conn : socket.socket or None
+        This process's connection to the keeper.
+    path : str or None
+        The keeper socket ``conn`` is connected to.
+    held : set of str
+        Allocation ids this process's connection holds in the keeper.
+    deferred : list of str
+        Releases that found the lock taken, sent with the next request.
+    late : str or None
+        The socket of a keeper that did not answer this process in time (waited for
+        ``RETRY`` until it answers again).
+    exit_wait : (float, float) or None
+        While the exit hands payloads over: when it began (``time.monotonic()``) and the
+        seconds of waiting for the keeper the exit has left then.
+    exit_left : float or None
+        Seconds of waiting for the keeper this process's exit has left (both runs of its
+        hook); ``None``: all of ``TIMEOUT``.
+    said : set of str
+        Allocations whose hand-over at exit failed (said on stderr, not tried again).
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.conn: socket.socket | None = None
+        self.path: str | None = None
+        self.held: set[str] = set()
+        self.deferred: list[str] = []
+        self.late: str | None = None
+        self.exit_wait: tuple[float, float] | None = None
+        self.exit_left: float | None = None
+        self.said: set[str] = set()
+
+    def reset_in_child(self) -> None:
+        if self.conn is not None:
+            self.conn.close()  # the child's copy only: the parent's connection stays open
+        self.__init__()  # type: ignore[misc]
+
+
+class PicklingState:
+    """The api layer's section (``STATE.pickling``): the caches of the warm handoff.
+
+    Attributes
+    ----------
+    parts : threading.local
+        Per thread, the parts of the message it is pickling (weakly, by allocation).
+    received : dict of bytes to ReceivedPart
+        Parts whose allocation was found here, by payload bytes (bounded: the oldest
+        forgotten first). Emptied in a forked child: it maps what it inherited anew.
+    decoded : dict of bytes to Payload
+        Validated payloads by their bytes (bounded; a fact for any process: kept in a
+        child).
+    dtypes : dict of str to numpy.dtype
+        Validated dtype strings (few: the pattern allows few; kept in a child).
+    on_device : dict of str to bool
+        Whether each registered backend's memory is a device's (kept in a child).
+    """
+
+    def __init__(self) -> None:
+        self.parts = threading.local()
+        self.received: dict[bytes, Any] = {}
+        self.decoded: dict[bytes, Any] = {}
+        self.dtypes: dict[str, Any] = {}
+        self.on_device: dict[str, bool] = {}
+
+    def reset_in_child(self) -> None:
+        self.received.clear()
+
+
+class ProcessState:
+    """THE per-process state of the package (one instance: :data:`STATE`).
+
+    Attributes
+    ----------
+    pid : int
+        This process's id, kept current across ``os.fork`` (set anew in a forked child
+        first). Read it as ``STATE.pid``: the warm handoff's paths do, where ``os.getpid()``,
+        a system call, costs microseconds when it runs cold (docs/performance.md).
+    hooks : _Hooks
+        The fork and exit hooks (:func:`at_fork`, :func:`at_exit`), in running order.
+    memory : MemoryState
+        The memory layer: registry, parked, draining, slabs (``memory/``).
+    server : ServerState
+        This process's handle server and its exit drain (``transport/handles.py``).
+    connections : ConnectionsState
+        Kept connections to other handle servers (``transport/client.py``).
+    notices : NoticesState
+        The notifier thread's queue (``transport/notices.py``).
+    keeper : KeeperState
+        The connection to the keeper (``transport/keeper.py``).
+    pickling : PicklingState
+        The warm handoff's caches (``protocol/payload.py``, ``api/message.py``).
+    """
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.hooks = _Hooks()
+        self.memory = MemoryState()
+        self.server = ServerState()
+        self.connections = ConnectionsState()
+        self.notices = NoticesState()
+        self.keeper = KeeperState()
+        self.pickling = PicklingState()
+
+    def reset_in_child(self) -> None:
+        """In a forked child: the pid first, then every section bottom layer first (each
+        says what the child keeps), then the ``after_in_child`` hooks of :func:`at_fork`.
+        A section whose reset fails is said on stderr; the others reset all the same."""
+        self.pid = os.getpid()
+        for section in (
+            self.memory,
+            self.server,
+            self.connections,
+            self.notices,
+            self.keeper,
+            self.pickling,
+        ):
+            _call(section.reset_in_child, "in a forked child")
+        self.hooks.after_fork_in_child()
+
+
+STATE = ProcessState()
+"""This process's state."""
 
 
 def at_fork(
@@ -244,7 +591,7 @@ def at_fork(
         raise ValueError(f"layer must be one of {', '.join(LAYERS)}, not {layer!r}")
     if before is None and after_in_child is None and after_in_parent is None:
         raise ValueError("at_fork needs at least one hook")
-    _hooks.add_fork(_ForkHooks(layer, order, before, after_in_child, after_in_parent))
+    STATE.hooks.add_fork(_ForkHooks(layer, order, before, after_in_child, after_in_parent))
 
 
 def at_exit(fn: Hook, layer: str, *, order: int = 0, processes: bool = True) -> None:
@@ -279,14 +626,14 @@ def at_exit(fn: Hook, layer: str, *, order: int = 0, processes: bool = True) -> 
     """
     if layer not in LAYERS:
         raise ValueError(f"layer must be one of {', '.join(LAYERS)}, not {layer!r}")
-    _hooks.add_exit(_ExitHook(layer, order, fn, processes))
+    STATE.hooks.add_exit(_ExitHook(layer, order, fn, processes))
 
 
 os.register_at_fork(
-    before=_hooks.before_fork,
-    after_in_child=_hooks.after_fork_in_child,
-    after_in_parent=_hooks.after_fork_in_parent,
+    before=STATE.hooks.before_fork,
+    after_in_child=STATE.reset_in_child,
+    after_in_parent=STATE.hooks.after_fork_in_parent,
 )
-atexit.register(_hooks.run_exit)
-_hooks.finalize_in_process()
-util.register_after_fork(_hooks, _Hooks.finalize_in_process)
+atexit.register(STATE.hooks.run_exit)
+STATE.hooks.finalize_in_process()
+util.register_after_fork(STATE.hooks, _Hooks.finalize_in_process)

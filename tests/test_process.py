@@ -107,28 +107,31 @@ def test_the_public_functions_check_their_arguments() -> None:
         process.at_fork("memory")
     with pytest.raises(ValueError, match="layer must be one of"):
         process.at_exit(lambda: None, "kernel")
-    before = (list(process._hooks.fork), list(process._hooks.exit))
-    from sharedarrays.memory.state import state
+    saved = list(process.STATE.hooks.fork)
 
-    process.at_fork("memory", after_in_child=state.reset_in_child)  # again: nothing changes
-    assert (process._hooks.fork, process._hooks.exit) == before
+    def hook() -> None:
+        pass
+
+    try:
+        process.at_fork("memory", after_in_child=hook)
+        registered = (list(process.STATE.hooks.fork), list(process.STATE.hooks.exit))
+        process.at_fork("memory", after_in_child=hook)  # again: nothing changes
+        assert (process.STATE.hooks.fork, process.STATE.hooks.exit) == registered
+    finally:
+        process.STATE.hooks.fork = saved
 
 
 def test_the_package_hooks_are_in_layer_order() -> None:
     import sharedarrays  # noqa: F401 - registers every hook
 
-    names = [(h.layer, process._name(h.functions()[0])) for h in process._hooks.fork]
+    names = [(h.layer, process._name(h.functions()[0])) for h in process.STATE.hooks.fork]
     layers = [layer for layer, _ in names]
     assert layers == sorted(layers, key=process.LAYERS.index)
     assert [n for _, n in names] == [
         "sharedarrays.backends.cuda.driver._before_fork",
         "sharedarrays.backends.cuda.sync._reset_after_fork",
-        "sharedarrays.memory.state.ProcessState.reset_in_child",
-        "sharedarrays.transport.handles._forget_server_in_child",
-        "sharedarrays.transport.keeper._forget_in_child",
-        "sharedarrays.api.message._forget_received",
     ]
-    exits = [process._name(h.fn) for h in process._hooks.exit]
+    exits = [process._name(h.fn) for h in process.STATE.hooks.exit]
     assert exits == [
         "sharedarrays.transport.keeper._hand_over_at_exit",
         "sharedarrays.transport.handles._drain_at_exit",
@@ -140,7 +143,7 @@ def test_the_package_hooks_are_in_layer_order() -> None:
 
 def test_a_forked_child_runs_the_child_hooks_once_in_order() -> None:
     ran: list[str] = []
-    saved = list(process._hooks.fork)
+    saved = list(process.STATE.hooks.fork)
 
     def first() -> None:
         ran.append("backends")
@@ -154,26 +157,26 @@ def test_a_forked_child_runs_the_child_hooks_once_in_order() -> None:
         assert in_forked_child(lambda: ran) == ["backends", "transport"]
         assert ran == []  # not in the parent
     finally:
-        process._hooks.fork = saved
+        process.STATE.hooks.fork = saved
 
 
 def test_the_pid_is_this_process_s_also_in_a_forked_child_and_its_hooks() -> None:
     seen: list[int] = []
-    saved = list(process._hooks.fork)
+    saved = list(process.STATE.hooks.fork)
 
     def hook() -> None:
-        seen.append(process.pid)
+        seen.append(process.STATE.pid)
 
     try:
         process.at_fork("backends", order=-99, after_in_child=hook)
-        assert process.pid == os.getpid()
-        child = in_forked_child(lambda: (process.pid, os.getpid(), list(seen)))
+        assert process.STATE.pid == os.getpid()
+        child = in_forked_child(lambda: (process.STATE.pid, os.getpid(), list(seen)))
     finally:
-        process._hooks.fork = saved
+        process.STATE.hooks.fork = saved
     pid, real, in_hook = child
     assert pid == real != os.getpid()
     assert in_hook == [real]  # set before the first hook runs
-    assert process.pid == os.getpid()
+    assert process.STATE.pid == os.getpid()
 
 
 def test_exit_hooks_run_at_interpreter_exit_and_in_a_process() -> None:

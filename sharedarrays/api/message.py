@@ -11,14 +11,14 @@ maps the allocation, counts the payload loaded and waits for the token once per 
 and message, and each further view costs a check of its tuple (:meth:`ReceivedPart.take`).
 
 A warm handoff (a later message with the same payload, whose allocation this process still
-maps) takes the part of the last one again (:data:`_received`): the allocation found and the
-layout checked; only the load is counted and the token waited for (for another process's
-payload of memory it does not own, the common case, in :func:`import_part`'s own frame;
-else :func:`sharedarrays.importing.load_again`), and its first view takes the lease a parked
-import keeps (through the part's weak reference, or :meth:`Allocation.lease`): no lease is
-made or ended (:meth:`ReceivedPart.take`). Each step of a warm load is written out in as
-few frames as its layers allow (docs/performance.md: in a handoff every frame and every
-object read is read with cold caches).
+maps) takes the part of the last one again (``STATE.pickling.received``): the allocation
+found and the layout checked; only the load is counted and the token waited for (for
+another process's payload of memory it does not own, the common case, in
+:func:`import_part`'s own frame; else :func:`sharedarrays.importing.load_again`), and its
+first view takes the lease a parked import keeps (through the part's weak reference, or
+:meth:`Allocation.lease`): no lease is made or ended (:meth:`ReceivedPart.take`). Each step
+of a warm load is written out in as few frames as its layers allow (docs/performance.md: in a
+handoff every frame and every object read is read with cold caches).
 
 Counting in flight follows the same unit: a part counts one payload in flight when a pickler
 writes it (:meth:`MessagePart.__reduce__`, once per message that carries the allocation),
@@ -46,13 +46,13 @@ from typing import Any
 
 import numpy as np
 
-from sharedarrays import importing, process
+from sharedarrays import importing
 from sharedarrays._cpython import mark_no_spawn_in_thread, spawning_process
 from sharedarrays.backends import device_of
 from sharedarrays.errors import ClosedArrayError, NotShareable, PayloadError
 from sharedarrays.memory import Allocation, Lease, use_clock
 from sharedarrays.node import this_node
-from sharedarrays.process import at_fork
+from sharedarrays.process import STATE
 from sharedarrays.protocol.payload import Payload, check_view, remember
 from sharedarrays.transport import handles as transport
 
@@ -111,7 +111,7 @@ def allocation_bytes(alloc: Allocation) -> bytes:
     generation (it changes only when a growable allocation gains or loses chunks, or
     moves): the same bytes object for every message."""
     cached = alloc.encoded
-    pid = process.pid
+    pid = STATE.pid
     if cached is None or cached[0] != pid or cached[1] != alloc.generation:
         cached = (pid, alloc.generation, allocation_payload(alloc).to_bytes())
         alloc.encoded = cached
@@ -177,7 +177,6 @@ class MessagePart:
 
 
 _new_part = object.__new__
-_parts = threading.local()
 _PARTS_TIDY = 256  # entries in one thread's table past which dead references are dropped
 
 
@@ -185,9 +184,10 @@ def message_part(alloc: Allocation, carry_fds: bool) -> MessagePart:
     """The part of ``alloc`` in the message this thread is pickling (made on its first view:
     the allocation's payload, the backend's ordering fence, and with ``carry_fds`` the chunk
     fds for the Process being spawned)."""
-    refs: dict[Any, weakref.ref[MessagePart]] | None = getattr(_parts, "refs", None)
+    parts = STATE.pickling.parts
+    refs: dict[Any, weakref.ref[MessagePart]] | None = getattr(parts, "refs", None)
     if refs is None:
-        refs = _parts.refs = {}
+        refs = parts.refs = {}
         # Every view's reduction asks multiprocessing whether a Process is being spawned
         # in this thread (``spawning_process``), and where none ever was, each answer
         # raises and catches an AttributeError inside, 10-15 us on a cold path (a Pool's
@@ -198,7 +198,7 @@ def message_part(alloc: Allocation, carry_fds: bool) -> MessagePart:
     ref = refs.get(key)
     found = None if ref is None else ref()
     cached = alloc.encoded  # (allocation_bytes' cache, checked here: a frame less per view)
-    if cached is not None and cached[0] == process.pid and cached[1] == alloc.generation:
+    if cached is not None and cached[0] == STATE.pid and cached[1] == alloc.generation:
         blob = cached[2]
     else:
         blob = allocation_bytes(alloc)
@@ -216,31 +216,30 @@ def message_part(alloc: Allocation, carry_fds: bool) -> MessagePart:
         alloc.backend.export_fence(),
         fds,
     )
-    if len(refs) >= _PARTS_TIDY and len(refs) >= getattr(_parts, "tidy_at", _PARTS_TIDY):
+    if len(refs) >= _PARTS_TIDY and len(refs) >= getattr(parts, "tidy_at", _PARTS_TIDY):
         for k in [k for k, r in refs.items() if r() is None]:
             del refs[k]
         # (the next sweep when the table has doubled: a message with many allocations keeps
         # every part alive while it is pickled, and a sweep at each new part would make its
         # pickling quadratic in their number)
-        _parts.tidy_at = max(_PARTS_TIDY, 2 * len(refs))
+        parts.tidy_at = max(_PARTS_TIDY, 2 * len(refs))
     refs[key] = weakref.ref(made)
     return made
 
 
 # the importer's side -----------------------------------------------------------------------
-_received: dict[bytes, ReceivedPart] = {}
-"""Parts whose allocation was found here, by their payload bytes (up to
-:data:`_RECEIVED_LIMIT`): a later message with the same payload (a warm handoff) takes the
+_RECEIVED_LIMIT = 1024
+"""Parts whose allocation was found here kept by their payload bytes at most
+(``STATE.pickling.received``): a later message with the same payload (a warm handoff) takes the
 part again, its allocation found and its views' layout checked, and only counts the load
 and waits for its token (:func:`import_part`)."""
-_RECEIVED_LIMIT = 1024
 
 
 def import_part(blob: bytes, token: object = None, fds: object = None) -> ReceivedPart:
     """What a pickled :class:`MessagePart` calls, once per message: the decoded payload (the
     allocation is found or mapped at the first view, which says whether it maps read-only),
     or the part of an earlier message with the same payload whose allocation this process
-    still maps (see :data:`_received`).
+    still maps (see :data:`_RECEIVED_LIMIT`).
 
     Raises
     ------
@@ -250,14 +249,15 @@ def import_part(blob: bytes, token: object = None, fds: object = None) -> Receiv
     if token is not None and type(token) is not bytes:
         raise PayloadError("the ordering token that travelled with the payload is malformed")
     if fds is None and type(blob) is bytes:
-        part = _received.get(blob)
+        part: ReceivedPart | None = STATE.pickling.received.get(blob)
         if part is not None:
             alloc = part.allocation
             served = part._served
             if served is not None and not alloc.released:  # type: ignore[union-attr]
                 # A payload of another process, memory it does not own (the common warm load):
                 # load_again's steps for it in this frame, from what the part keeps at hand
-                # (_received is emptied in a forked child, and holds no growable allocation)
+                # (STATE.pickling.received is emptied in a forked child, and holds no
+                # growable allocation)
                 if token is not None:
                     importing.check_token(token)
                 alloc.last_used = use_clock()  # type: ignore[union-attr]
@@ -270,7 +270,7 @@ def import_part(blob: bytes, token: object = None, fds: object = None) -> Receiv
             if alloc is not None and importing.load_again(alloc, part.payload, token):
                 part._stale = True
                 return part
-            _received.pop(blob, None)
+            STATE.pickling.received.pop(blob, None)
     elif fds is not None and type(fds) is not tuple:
         raise PayloadError("the handles that travelled with the payload do not match it")
     return ReceivedPart(Payload.from_bytes(blob), token, fds, blob)
@@ -279,29 +279,17 @@ def import_part(blob: bytes, token: object = None, fds: object = None) -> Receiv
 _reconstructor: Callable[..., Any] = import_part  # (see use_reconstructor)
 
 
-def _forget_received() -> None:
-    # (a forked child maps what it inherited anew, or refuses it: no part is warm there)
-    _received.clear()
-
-
-at_fork("api", after_in_child=_forget_received)
-
-
-_device_memory: dict[str, bool] = {}
-"""Whether each registered backend's memory is a device's (see :func:`_on_device`)."""
-
-
 def _on_device(p: Payload) -> bool:
     """Whether ``p``'s memory is a device's (GPU, NPU: not the CPU's), whose views must be
     aligned for their dtype (:func:`~sharedarrays.protocol.payload.misaligned`). A backend
     not registered here counts as one (loading its payload is refused anyway)."""
-    known = _device_memory.get(p.backend)
+    known = STATE.pickling.on_device.get(p.backend)
     if known is None:
         try:
             known = device_of(p.backend, p.device).needs_context
         except PayloadError:
             return True
-        _device_memory[p.backend] = known
+        STATE.pickling.on_device[p.backend] = known
     return known
 
 
@@ -371,7 +359,7 @@ class ReceivedPart:
         self.readonly = p.readonly or alloc.access != "rw"
         # a payload of another process, of memory it does not own: a warm load only stamps
         # the use and counts a return to a process this one served (import_part)
-        plain = p.pid != process.pid and not alloc.backend.exporter_owned and not alloc.growable
+        plain = p.pid != STATE.pid and not alloc.backend.exporter_owned and not alloc.growable
         self._served = alloc.flight.servers if plain else None
 
     def lease(self, readonly: bool) -> tuple[Allocation, Lease | None]:
@@ -413,8 +401,8 @@ class ReceivedPart:
         self.bind(alloc)
         blob = self.blob
         if blob is not None and fds is None and not alloc.growable:
-            # (the next message with this payload takes this part: see _received)
-            remember(_received, blob, self, _RECEIVED_LIMIT)
+            # (the next message with this payload takes this part: see import_part)
+            remember(STATE.pickling.received, blob, self, _RECEIVED_LIMIT)
         return alloc
 
     def take(self, view: object) -> tuple[Any, ...]:

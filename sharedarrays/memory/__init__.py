@@ -1,10 +1,9 @@
 """The memory layer: allocations (a reservation with chunks mapped in it), leases, growth,
-payloads in flight, slabs, and the one per-process state object.
+payloads in flight, slabs. Their per-process state is ``STATE.memory``
+(:mod:`sharedarrays.process`).
 
 One module per concern (each module's docstring says what it holds):
 
-``state``        the process state (:data:`~sharedarrays.memory.state.state`): registry,
-                 parked, draining, slabs, hooks; reset in a forked child
 ``allocation``   :class:`Allocation` (create, import, map, lease, park, release, drain) and
                  :class:`Lease`; the functions that read the registry
 ``growth``       the chunk sizing policy; adding, removing and moving chunks
@@ -14,10 +13,10 @@ One module per concern (each module's docstring says what it holds):
 ``slabs``        small arrays packed into shared slabs
 
 This package re-exports the names the layers above use: import them from here
-(``from sharedarrays.memory import Allocation, lookup``). The state object is imported from
-its module (``from sharedarrays.memory.state import state``). The memory layer imports only
-the foundation, protocol and backends layers; upper layers subscribe to it through the
-state's ``release_hooks`` and ``hand_over_hooks``.
+(``from sharedarrays.memory import Allocation, lookup``). The state is the process's
+(``from sharedarrays.process import STATE``; ``STATE.memory``). The memory layer imports only
+the foundation, protocol and backends layers; upper layers subscribe to it through
+``STATE.memory``'s ``release_hooks`` and ``hand_over_hooks``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 An :class:`Allocation` is what one array's memory is. It is created in one process (the
 *exporter*) and imported into others (the *importers*); each process maps an allocation at
-most once, so the registry (in the process state, :mod:`sharedarrays.memory.state`) is keyed
+most once, so the registry (in the process state, ``STATE.memory``) is keyed
 by the allocation's id.
 
 This module holds the allocation's core: creating, importing and mapping its chunks, the
@@ -47,8 +47,7 @@ from sharedarrays.memory.growth import Growth, chunk_sizes
 from sharedarrays.memory.inflight import InFlight
 from sharedarrays.memory.info import ChunkInfo, MappingInfo, Origin, Served, format_bytes
 from sharedarrays.memory.reservation import Reservation, teardown
-from sharedarrays.memory.state import state
-from sharedarrays.process import running
+from sharedarrays.process import STATE, running
 from sharedarrays.protocol.payload import remember
 from sharedarrays.settings import env_number
 
@@ -105,9 +104,9 @@ def lookup(alloc_id: str, draining: bool = False) -> Allocation | None:
     """Return this process's mapped allocation with id ``alloc_id``, if any (``draining``:
     also one released here but still held by other processes, see
     :func:`draining_allocations`)."""
-    alloc = state.registry.get(alloc_id)
+    alloc = STATE.memory.registry.get(alloc_id)
     if alloc is None and draining:
-        alloc = state.draining.get(alloc_id)
+        alloc = STATE.memory.draining.get(alloc_id)
     return cast("Allocation | None", alloc)
 
 
@@ -115,19 +114,19 @@ def revive(alloc_id: str) -> Allocation | None:
     """Put a draining allocation made here back in the registry and return it (``None`` if
     none drains under that id): a payload of it came back to its exporter, which maps it
     still (a pointer backend cannot import its own memory)."""
-    with state.lock:
-        alloc: Allocation | None = state.draining.pop(alloc_id, None)
+    with STATE.memory.lock:
+        alloc: Allocation | None = STATE.memory.draining.pop(alloc_id, None)
         if alloc is not None:
             with alloc._lock:
                 alloc.released = False
-            state.registry[alloc_id] = alloc
+            STATE.memory.registry[alloc_id] = alloc
     return alloc
 
 
 def live_allocations() -> list[Allocation]:
     """Every allocation currently mapped in this process (parked ones too), oldest first."""
-    with state.lock:
-        allocs: list[Allocation] = list(state.registry.values())
+    with STATE.memory.lock:
+        allocs: list[Allocation] = list(STATE.memory.registry.values())
     return sorted(allocs, key=lambda a: a.origin.time)
 
 
@@ -137,8 +136,8 @@ use_clock = time.monotonic_ns
 
 def parked_allocations() -> list[Allocation]:
     """Imported allocations kept mapped with no live view, least recently used first."""
-    with state.lock:
-        parked = [a for a in state.parked.values() if a.parked]
+    with STATE.memory.lock:
+        parked = [a for a in STATE.memory.parked.values() if a.parked]
     return sorted(parked, key=_last_used)
 
 
@@ -147,10 +146,10 @@ def drop_parked(only_orphans: bool = False) -> int:
 
     Returns how many were released.
     """
-    with state.lock:
+    with STATE.memory.lock:
         victims: list[Allocation] = [
             a
-            for a in state.parked.values()
+            for a in STATE.memory.parked.values()
             if a.parked and (not only_orphans or not running(a.origin.pid))
         ]
     return sum(a.release() for a in victims)
@@ -161,8 +160,8 @@ def draining_allocations() -> list[Allocation]:
     but cannot free yet: other processes still hold them (see :attr:`Allocation.holders`);
     and growable allocations released here with payloads in flight (see
     :meth:`Allocation.release`)."""
-    with state.lock:
-        return list(state.draining.values())
+    with STATE.memory.lock:
+        return list(STATE.memory.draining.values())
 
 
 def reap_draining() -> int:
@@ -172,16 +171,18 @@ def reap_draining() -> int:
     """
     for alloc in draining_allocations():
         alloc.closed_by(None)
-    with state.lock:
-        return len(state.draining)
+    with STATE.memory.lock:
+        return len(STATE.memory.draining)
 
 
 def held_elsewhere() -> list[Allocation]:
     """Exporter-owned allocations made here (live or draining) that other running processes
     still hold (see :attr:`Allocation.holders`)."""
-    with state.lock:
-        mine: list[Allocation] = [a for a in state.registry.values() if a.origin.created_here]
-        mine += state.draining.values()
+    with STATE.memory.lock:
+        mine: list[Allocation] = [
+            a for a in STATE.memory.registry.values() if a.origin.created_here
+        ]
+        mine += STATE.memory.draining.values()
     return [a for a in mine if a.backend.exporter_owned and (a.holders or a.busy())]
 
 
@@ -372,8 +373,8 @@ class Allocation(Growth):
         """The payload of the whole allocation that pickles of its views carry, with the pid
         and :attr:`generation` it was made for (:mod:`sharedarrays.api.array` makes it): one
         bytes object, so that pickle's memo writes it once per message."""
-        with state.lock:
-            state.registry[alloc_id] = self
+        with STATE.memory.lock:
+            STATE.memory.registry[alloc_id] = self
 
     # construction -----------------------------------------------------------------------
     @classmethod
@@ -500,8 +501,8 @@ class Allocation(Growth):
             raise PayloadError(
                 f"{len(sizes)} chunk sizes but {len(fds)} handles and {len(exports)} exports"
             )
-        with state.lock:
-            existing: Allocation | None = state.registry.get(alloc_id)
+        with STATE.memory.lock:
+            existing: Allocation | None = STATE.memory.registry.get(alloc_id)
             if existing is not None:
                 for fd in fds:
                     os.close(fd)
@@ -615,7 +616,7 @@ class Allocation(Growth):
                 self._ends[end] = self._ends.get(end, 0) + 1
             self._release_when_idle = False  # (used again: a pending eviction is off)
             reservation = self._reservation if pin else None
-        # (still listed in state.parked if it was parked: leased, it is not parked any more)
+        # (still listed in STATE.memory.parked if it was parked: leased, it is not parked any more)
         return Lease(self, end, reservation)
 
     def native_base(self) -> Any:
@@ -730,8 +731,8 @@ class Allocation(Growth):
             self.release()  # (or lets the native base go, which comes back here when it ends)
             return
         dropped: list[Allocation] = []
-        with state.lock:
-            parked = state.parked
+        with STATE.memory.lock:
+            parked = STATE.memory.parked
             parked[self.id] = self  # (where it was, if listed: the order is last_used's)
             over = len(parked) - limit
             evict: list[Allocation] = []
@@ -841,30 +842,30 @@ class Allocation(Growth):
         if kept is not None or base is not None:
             del kept, base, last
             if not self.released:  # native arrays of it live on: not parked, kept by them
-                with state.lock:
-                    state.parked.pop(self.id, None)
+                with STATE.memory.lock:
+                    STATE.memory.parked.pop(self.id, None)
             return self.released
         if not self.backend.exporter_owned:
             # still registered: a load asks this process until the keeper has the handles
             self.hand_over()
         try:
             with self.growth_lock:  # the handle server sends no fd while they are closed
-                with state.lock:
-                    if state.registry.get(self.id) is self:
-                        del state.registry[self.id]
-                        state.unregistered.notify_all()  # (a load here waits for this)
-                    state.parked.pop(self.id, None)
+                with STATE.memory.lock:
+                    if STATE.memory.registry.get(self.id) is self:
+                        del STATE.memory.registry[self.id]
+                        STATE.memory.unregistered.notify_all()  # (a load here waits for this)
+                    STATE.memory.parked.pop(self.id, None)
                     # (a growable array is not handed over: it drains while its payloads
                     # are in flight, served here until they load or their bound passes)
                     drain = (
                         self.backend.exporter_owned and (bool(self.holders) or self.busy())
                     ) or (self._growable and self.busy())
                     if drain:
-                        state.draining[self.id] = self
+                        STATE.memory.draining[self.id] = self
                 if not drain:
                     self._free()
         finally:
-            for hook in state.release_hooks:
+            for hook in STATE.memory.release_hooks:
                 try:
                     hook(self)
                 except Exception:
@@ -884,8 +885,8 @@ class Allocation(Growth):
             return
         try:  # this runs in the handle server's thread, which must go on serving
             with self.growth_lock:  # (the server sends no fd while they are closed)
-                with state.lock:
-                    if state.draining.pop(self.id, None) is not self:
+                with STATE.memory.lock:
+                    if STATE.memory.draining.pop(self.id, None) is not self:
                         return
                 self._free()
         except Exception as exc:
@@ -959,7 +960,7 @@ class Allocation(Growth):
         count, seconds = self.in_flight()
         if not count:
             return None
-        for hook in state.hand_over_hooks:
+        for hook in STATE.memory.hand_over_hooks:
             try:
                 hook(self, count, seconds)
             except Exception as exc:
@@ -983,8 +984,8 @@ class Allocation(Growth):
     @property
     def parked(self) -> bool:
         """Whether this importer keeps the allocation mapped with no live view (listed in
-        :data:`state.parked` and idle: one leased again stays listed until idle again)."""
-        return not self.released and not self._view_leases() and self.id in state.parked
+        :data:`STATE.memory.parked` and idle: one leased again stays listed until idle again)."""
+        return not self.released and not self._view_leases() and self.id in STATE.memory.parked
 
     @property
     def leases(self) -> int:

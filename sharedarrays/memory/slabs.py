@@ -2,15 +2,15 @@
 
 A slab is an ordinary allocation of :data:`SLAB_BYTES` that small arrays (at most
 :data:`PACK_BYTES` by default) are placed in back to back. This process's current slab per
-memory system and device is kept in the process state (:data:`~sharedarrays.memory.state.state`),
-which a forked child empties: it never reuses its parent's slabs.
+memory system and device is kept in the process state (``STATE.memory``, in
+:mod:`sharedarrays.process`), which a forked child empties: it never reuses its parent's slabs.
 """
 
 from __future__ import annotations
 
 from sharedarrays.backends import Backend, round_up
 from sharedarrays.memory.allocation import Allocation
-from sharedarrays.memory.state import state
+from sharedarrays.process import STATE
 
 __all__ = ["PACK_ALIGN", "PACK_BYTES", "SLAB_BYTES", "pack_into_slab"]
 
@@ -42,15 +42,15 @@ def pack_into_slab(backend: Backend, nbytes: int) -> tuple[Allocation, int]:
     if need > size:
         raise ValueError(f"an array of {nbytes} bytes does not fit a {size}-byte slab; pack=False")
     key = (backend.name, backend.device)
-    with state.slabs_lock:
-        current = state.slabs.get(key)
+    with STATE.memory.slabs_lock:
+        current = STATE.memory.slabs.get(key)
         if current is None or current[1] + need > current[0].allocation.size:
             lease = Allocation.create(backend, size).lease()
             lease.allocation.slab = True
             offset = 0
         else:
             lease, offset = current
-        state.slabs[key] = (
+        STATE.memory.slabs[key] = (
             lease,
             offset + need,
         )  # the previous slab's lease goes here, if replaced

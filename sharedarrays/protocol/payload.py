@@ -30,7 +30,7 @@ import numpy as np
 
 from sharedarrays.errors import PayloadError
 from sharedarrays.node import NODE_PATTERN
-from sharedarrays.process import PID_MAX_LIMIT
+from sharedarrays.process import PID_MAX_LIMIT, STATE
 
 __all__ = [
     "Payload",
@@ -81,8 +81,8 @@ _OPTIONAL = frozenset(("capacity", "node"))
 _DECODED_LIMIT = 16384
 """Validated payloads remembered by their bytes (the oldest is forgotten first): enough for a
 message of 10,000 views to be decoded once and then found at every later handoff."""
-_decoded: dict[bytes, Payload] = {}  # validated payloads by their bytes: warm loads skip JSON
-_dtypes: dict[str, np.dtype[Any]] = {}  # validated dtype strings (the pattern allows few)
+# (validated payloads by their bytes, so that warm loads skip JSON, and validated dtype
+# strings, few: ``STATE.pickling.decoded`` and ``.dtypes``)
 
 
 def view_extent(itemsize: int, shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, int]:
@@ -159,7 +159,7 @@ def _ints(doc: dict[str, Any], key: str, low: int, high: int, max_len: int) -> t
 def _numeric_dtype(value: object, what: str) -> np.dtype[Any]:
     """The numeric (or bool) dtype that the string ``value`` names, or PayloadError."""
     if type(value) is str:
-        known = _dtypes.get(value)
+        known: np.dtype[Any] | None = STATE.pickling.dtypes.get(value)
         if known is not None:
             return known
         if _DTYPE.match(value):
@@ -168,7 +168,7 @@ def _numeric_dtype(value: object, what: str) -> np.dtype[Any]:
             except TypeError:
                 pass
             else:
-                _dtypes[value] = dtype
+                STATE.pickling.dtypes[value] = dtype
                 return dtype
     raise PayloadError(f"{what} 'dtype' is not a numeric dtype: {value!r}")
 
@@ -355,7 +355,7 @@ class Payload:
             For anything but an unaltered, well-formed payload of this version.
         """
         if type(data) is bytes:
-            known = _decoded.get(data)
+            known: Payload | None = STATE.pickling.decoded.get(data)
             if known is not None:
                 return known
         elif not isinstance(data, bytes):
@@ -377,7 +377,7 @@ class Payload:
         if len(tag) != TAG_BYTES or not hmac.compare_digest(tag, _tag(body, secret)):
             raise PayloadError("payload was altered or truncated after it was made (tag mismatch)")
         payload = cls._validate(doc, secret)
-        remember(_decoded, bytes(data), payload, _DECODED_LIMIT)
+        remember(STATE.pickling.decoded, bytes(data), payload, _DECODED_LIMIT)
         return payload
 
     @classmethod
@@ -510,7 +510,7 @@ def check_view(data: object, size: int, device: bool = False) -> tuple[np.dtype[
         raise PayloadError(f"payload has {len(shape)} dims in shape but {len(strides)} strides")
     if len(shape) > MAX_NDIM:
         raise PayloadError(f"view field 'shape' must be a tuple of at most {MAX_NDIM} ints")
-    dtype = _dtypes.get(dtype_str) if type(dtype_str) is str else None
+    dtype = STATE.pickling.dtypes.get(dtype_str) if type(dtype_str) is str else None
     if dtype is None:
         dtype = _numeric_dtype(dtype_str, "view field")
     if type(readonly) is not bool:

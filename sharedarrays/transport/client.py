@@ -13,11 +13,10 @@ import errno
 import os
 import select
 import socket
-import threading
 import time
 
 from sharedarrays.errors import HandleUnavailable, PayloadError, PermissionDenied, SharedArrayError
-from sharedarrays.process import at_exit
+from sharedarrays.process import STATE, at_exit
 from sharedarrays.protocol.handles import (
     REPLY_SIZE,
     Growth,
@@ -47,7 +46,6 @@ __all__ = [
     "kept_connections",
     "take_connection",
     "keep_connection",
-    "forget_in_child",
 ]
 
 TIMEOUT = 10.0
@@ -121,11 +119,6 @@ def fetch_growth(
     return growth.sizes, growth.capacity, growth.used, fds
 
 
-_connections: dict[str, socket.socket] = {}
-"""This process's open connections to handle servers, by server path: one per exporter,
-reused by the next request (no connect and accept per import). A request takes its
-connection out while it runs, so two threads never share one."""
-_connections_lock = threading.Lock()
 MAX_CLIENT_CONNECTIONS = 64
 """Connections to handle servers this process keeps open at most (the oldest is closed)."""
 TIDY_CONNECTIONS = 4
@@ -135,9 +128,9 @@ TIDY_CONNECTIONS = 4
 def close_connections() -> None:
     """Close this process's idle connections to handle servers (the next request connects
     again)."""
-    with _connections_lock:
-        socks = list(_connections.values())
-        _connections.clear()
+    with STATE.connections.lock:
+        socks = list(STATE.connections.by_server.values())
+        STATE.connections.by_server.clear()
     for sock in socks:
         sock.close()
 
@@ -218,30 +211,30 @@ def keep_connection(server: str, sock: socket.socket) -> None:
     the servers that still run instead of growing to :data:`MAX_CLIENT_CONNECTIONS` fds.
     (A request takes its connection out while it runs: with fewer kept, as in a worker
     that asks its parent alone, a cold handoff does not poll them.)"""
-    with _connections_lock:
-        if server not in _connections:
-            if len(_connections) >= TIDY_CONNECTIONS:
+    with STATE.connections.lock:
+        if server not in STATE.connections.by_server:
+            if len(STATE.connections.by_server) >= TIDY_CONNECTIONS:
                 _close_hung_up()
-            while len(_connections) >= MAX_CLIENT_CONNECTIONS:
-                _connections.pop(next(iter(_connections))).close()
-            _connections[server] = sock
+            while len(STATE.connections.by_server) >= MAX_CLIENT_CONNECTIONS:
+                STATE.connections.by_server.pop(next(iter(STATE.connections.by_server))).close()
+            STATE.connections.by_server[server] = sock
             return
     sock.close()
 
 
 def _close_hung_up() -> None:
-    """Close the kept connections whose server hung up (under :data:`_connections_lock`): an
+    """Close the kept connections whose server hung up (under ``STATE.connections.lock``): an
     idle connection has nothing to read, so one that polls readable, hung up or in error is
     at its end."""
-    if not _connections:
+    if not STATE.connections.by_server:
         return
     poller = select.poll()
     by_fd = {}
-    for server, kept in _connections.items():
+    for server, kept in STATE.connections.by_server.items():
         poller.register(kept, select.POLLIN | select.POLLHUP | select.POLLERR)
         by_fd[kept.fileno()] = server
     for fd, _ in poller.poll(0):
-        _connections.pop(by_fd[fd]).close()
+        STATE.connections.by_server.pop(by_fd[fd]).close()
 
 
 def _fetch(
@@ -274,8 +267,8 @@ def _fetch(
         request = Request(Kind.FETCH, alloc_id, secret, 0, tail).encode()
     else:
         request = Request(Kind.GROW, alloc_id, secret, first, tail).encode()
-    with _connections_lock:
-        sock = _connections.pop(server, None)
+    with STATE.connections.lock:
+        sock = STATE.connections.by_server.pop(server, None)
     reused = sock is not None
     fds: list[int] = []
     try:
@@ -357,23 +350,14 @@ def _fetch(
 
 def kept_connections() -> int:
     """How many connections to handle servers this process keeps open between requests."""
-    return len(_connections)
+    return len(STATE.connections.by_server)
 
 
 def take_connection(server: str) -> socket.socket | None:
     """This process's kept connection to ``server``, taken out (put it back with
     :func:`keep_connection`), or ``None``."""
-    with _connections_lock:
-        return _connections.pop(server, None)
-
-
-def forget_in_child() -> None:
-    """In a forked child: close the parent's connections (they name the parent's pid)."""
-    global _connections_lock
-    _connections_lock = threading.Lock()
-    for sock in _connections.values():
-        sock.close()
-    _connections.clear()
+    with STATE.connections.lock:
+        return STATE.connections.by_server.pop(server, None)
 
 
 at_exit(close_connections, "transport", order=3)  # after the handle server's shutdown

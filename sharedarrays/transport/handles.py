@@ -24,13 +24,11 @@ from __future__ import annotations
 import errno
 import os
 import sys
-import threading
 import time
 
 from sharedarrays.errors import HandleUnavailable
 from sharedarrays.memory import allocation
-from sharedarrays.memory.state import state
-from sharedarrays.process import at_exit, at_fork
+from sharedarrays.process import STATE, at_exit
 from sharedarrays.protocol.handles import Kind
 from sharedarrays.protocol.unix import MAX_PATH, runtime_dir
 from sharedarrays.settings import env_number
@@ -38,10 +36,6 @@ from sharedarrays.transport import client, notices
 from sharedarrays.transport.server import HandleServer
 
 __all__ = ["server_address", "shutdown_server", "open_connections", "EXIT_WAIT"]
-
-
-_server: HandleServer | None = None
-_server_lock = threading.Lock()
 
 
 def server_address() -> str:
@@ -55,14 +49,14 @@ def server_address() -> str:
         The server's socket cannot be made there (say, a path longer than Unix sockets
         allow, no space or inode left there, or no file descriptor left).
     """
-    global _server
-    server = _server
+    state = STATE.server
+    server: HandleServer | None = state.server
     if server is not None:
         return server.path
-    with _server_lock:
-        if _server is None:
+    with state.lock:
+        if state.server is None:
             try:
-                _server = HandleServer()
+                state.server = HandleServer()
             except OSError as e:
                 if e.errno in (errno.ENOSPC, errno.EDQUOT):
                     what = (
@@ -79,34 +73,19 @@ def server_address() -> str:
                     f"{e.strerror or e}. {what}"
                 ) from None
             notices.start_notifier()  # now, never from a finalizer (see _notify_on_release)
-        return _server.path
+        path: str = state.server.path
+        return path
 
 
 def shutdown_server() -> None:
     """Stop this process's handle server (at exit; importers then get HandleUnavailable)."""
-    global _server
-    with _server_lock:
-        if _server is not None:
-            _server.close()
-            _server = None
+    state = STATE.server
+    with state.lock:
+        if state.server is not None:
+            state.server.close()
+            state.server = None
 
 
-def _forget_server_in_child() -> None:
-    # A forked child has the parent's listening socket but not its thread: drop both. It
-    # also has the parent's connections to other servers, which name the parent's pid.
-    # Notices the parent queued are the parent's to send.
-    global _server, _server_lock, _drain_bound
-    _server_lock = threading.Lock()
-    _drain_bound = None
-    _drain_said.clear()
-    client.forget_in_child()
-    notices.forget_in_child()
-    if _server is not None:
-        _server.forget_in_child()
-        _server = None
-
-
-at_fork("transport", after_in_child=_forget_server_in_child)
 at_exit(shutdown_server, "transport", order=2, processes=False)
 
 
@@ -114,7 +93,7 @@ def open_connections() -> int:
     """How many sockets this process keeps open for handle traffic between requests: its
     connections to other processes' handle servers and, when it serves, its importers'
     connections to it."""
-    server = _server
+    server: HandleServer | None = STATE.server.server
     return client.kept_connections() + (server.connections if server is not None else 0)
 
 
@@ -129,24 +108,18 @@ def _notify_on_release(alloc: allocation.Allocation) -> None:
     if alloc.backend.exporter_owned and not alloc.origin.created_here and alloc.source_server:
         notices.start_notifier()
         notices.queue_notice([alloc.source_server], Kind.CLOSED, alloc.id, alloc.secret)
-    own = _server.path if _server is not None else None
+    server: HandleServer | None = STATE.server.server
+    own = server.path if server is not None else None
     servers = [p for p in alloc.served_servers() if p != own]
     if servers:
         notices.queue_notice(servers, Kind.RELEASED, alloc.id, alloc.secret, alloc)
 
 
-state.release_hooks.append(_notify_on_release)
+STATE.memory.release_hooks.append(_notify_on_release)
 
 EXIT_WAIT = 10.0
 """Seconds a process waits at exit for other processes to close the exporter-owned memory
 (cuda-ipc, cuda-pool) it made, before it exits anyway (``SHAREDARRAYS_EXIT_WAIT``)."""
-
-
-_drain_bound: tuple[float, float] | None = None
-"""The wait at exit of :func:`_drain_at_exit` once it began: when it ends
-(``time.monotonic()``) and how long it is (seconds)."""
-_drain_said: set[str] = set()
-"""Allocations whose holders at exit this process named on stderr."""
 
 
 def _drain_at_exit() -> None:
@@ -158,7 +131,7 @@ def _drain_at_exit() -> None:
     Exit hooks may run twice (at a Process's end, or multiprocessing's exit function, and at
     the interpreter's): the second run waits only for what is left of the first one's
     bound, and names only holders not named yet."""
-    global _drain_bound
+    state = STATE.server
     held = allocation.held_elsewhere()
     if not held:
         return
@@ -167,17 +140,17 @@ def _drain_at_exit() -> None:
         if servers:
             notices.start_notifier()
             notices.queue_notice(servers, Kind.RELEASED, alloc.id, alloc.secret, alloc)
-    if _drain_bound is None:
+    if state.drain_bound is None:
         try:
             timeout = env_number("SHAREDARRAYS_EXIT_WAIT", EXIT_WAIT, 0.0)
         except ValueError as e:  # at exit: say so, and wait the default
             print(f"sharedarrays: {e}; waiting {EXIT_WAIT:g} s", file=sys.stderr)
             timeout = EXIT_WAIT
-        _drain_bound = (time.monotonic() + timeout, timeout)
-    ends, timeout = _drain_bound
+        state.drain_bound = (time.monotonic() + timeout, timeout)
+    ends, timeout = state.drain_bound
     waited = allocation.wait_draining(max(0.0, ends - time.monotonic()))
-    left = [a for a in waited if a.id not in _drain_said]
-    _drain_said.update(a.id for a in left)
+    left = [a for a in waited if a.id not in state.drain_said]
+    state.drain_said.update(a.id for a in left)
     if left:
         held_by = "; ".join(
             f"{a.backend.name} allocation {a.id[:12]} by "

@@ -30,8 +30,7 @@ from sharedarrays.errors import (
     PermissionDenied,
 )
 from sharedarrays.memory import allocation
-from sharedarrays.memory.state import state
-from sharedarrays.process import at_exit, at_fork
+from sharedarrays.process import STATE, at_exit
 from sharedarrays.protocol.keeper import (
     DENIED,
     ERROR,
@@ -104,34 +103,22 @@ def log_path() -> Path:
     return runtime_dir() / "keeper.log"
 
 
-_lock = threading.RLock()
-_conn: socket.socket | None = None
-_conn_path: str | None = None
-_held: set[str] = set()
-"""Allocation ids this process's connection holds in the keeper (released on release)."""
-_late: str | None = None
-"""The socket of a keeper that did not answer this process in time (waited for
-:data:`RETRY` until it answers again), or ``None``."""
-_exit_wait: tuple[float, float] | None = None
-"""While the exit hands payloads over: when it began (``time.monotonic()``) and the seconds
-of waiting for the keeper the exit has left then."""
-_exit_left = TIMEOUT
-"""Seconds of waiting for the keeper this process's exit has left (both runs of its hook)."""
+# (the state, ``STATE.keeper``: the connection, what it holds, the exit's wait)
 
 
 def _patience(path: str) -> float:
     """Seconds to wait now for the keeper at ``path``: :data:`TIMEOUT`, or :data:`RETRY`
     while it is late."""
-    return RETRY if _late == path else TIMEOUT
+    return RETRY if STATE.keeper.late == path else TIMEOUT
 
 
 def _answered(path: str, answered: bool) -> None:
-    """Note whether the keeper at ``path`` answered in time (see :data:`_late`)."""
-    global _late
+    """Note whether the keeper at ``path`` answered in time (``STATE.keeper.late``)."""
+    state = STATE.keeper
     if not answered:
-        _late = path
-    elif _late == path:
-        _late = None
+        state.late = path
+    elif state.late == path:
+        state.late = None
 
 
 def running_pid() -> int | None:
@@ -320,15 +307,17 @@ def _connect(start: bool) -> tuple[socket.socket, str, float]:
     """This process's connection to the keeper (opened, starting it if ``start``, where
     none is open), the keeper's socket, and the seconds to wait for its answer (set as the
     connection's timeout)."""
-    global _conn, _conn_path
+    state = STATE.keeper
     path = str(socket_path())
     wait = _patience(path)
-    if _conn is None or _conn_path != path:
+    conn = state.conn
+    if conn is None or state.path != path:
         disconnect()
-        _conn, _conn_path = _open(path, start, time.monotonic() + wait), path
-    if _conn.gettimeout() != wait:
-        _conn.settimeout(wait)
-    return _conn, path, wait
+        conn = state.conn = _open(path, start, time.monotonic() + wait)
+        state.path = path
+    if conn.gettimeout() != wait:
+        conn.settimeout(wait)
+    return conn, path, wait
 
 
 def disconnect(wait: float = -1) -> None:
@@ -336,16 +325,16 @@ def disconnect(wait: float = -1) -> None:
 
     ``wait``: the most seconds to wait for a request another thread is making (the default:
     as long as it takes); past it the connection is left as it is."""
-    global _conn, _conn_path
-    if not _lock.acquire(timeout=wait):
+    state = STATE.keeper
+    if not state.lock.acquire(timeout=wait):
         return
     try:
-        if _conn is not None:
-            _conn.close()
-        _conn = _conn_path = None
-        _held.clear()
+        if state.conn is not None:
+            state.conn.close()
+        state.conn = state.path = None
+        state.held.clear()
     finally:
-        _lock.release()
+        state.lock.release()
 
 
 def request(
@@ -370,7 +359,7 @@ def request(
         not reported missing.
     """
     data = req.encode()
-    with _lock:
+    with STATE.keeper.lock:
         _flush_deferred()
         for attempt in (1, 2, 3):
             sock, path, wait = _connect(start)
@@ -494,7 +483,8 @@ def hand_over(alloc: allocation.Allocation, loads: int, seconds: float) -> None:
     """
     path = str(socket_path())
     now = time.monotonic()
-    began, left = (now, TIMEOUT) if _exit_wait is None else _exit_wait
+    exit_wait = STATE.keeper.exit_wait
+    began, left = (now, TIMEOUT) if exit_wait is None else exit_wait
     deadline = began + min(left, _patience(path))
     if deadline <= now:
         raise KeeperError(
@@ -541,10 +531,6 @@ def hand_over(alloc: allocation.Allocation, loads: int, seconds: float) -> None:
     raise_for(reply.status, reply.body, f"the keeper refused allocation {alloc.id}")
 
 
-_said: set[str] = set()
-"""Allocations whose hand-over at exit failed (said on stderr, not tried again)."""
-
-
 def _hand_over_at_exit() -> None:
     """At exit: hand the payloads in flight of every allocation still mapped here to the
     keeper (a Queue's feeder thread has pickled its items by then), waiting for it
@@ -553,21 +539,22 @@ def _hand_over_at_exit() -> None:
     The hook may run twice (at a Process's end, or multiprocessing's exit function, and at
     the interpreter's exit): the second run hands over what was pickled since, within what
     is left of that wait, and does not try again what failed."""
-    global _exit_wait, _exit_left
+    state = STATE.keeper
     began = time.monotonic()
-    _exit_wait = (began, _exit_left)
+    left = TIMEOUT if state.exit_left is None else state.exit_left
+    state.exit_wait = (began, left)
     failed: list[tuple[int, str]] = []
     try:
         for alloc in allocation.live_allocations():
-            if alloc.id in _said:
+            if alloc.id in state.said:
                 continue
             failure = alloc.hand_over(say=False)
             if failure is not None:
-                _said.add(alloc.id)
+                state.said.add(alloc.id)
                 failed.append(failure)
     finally:
-        _exit_wait = None
-        _exit_left = max(0.0, _exit_left - (time.monotonic() - began))
+        state.exit_wait = None
+        state.exit_left = max(0.0, left - (time.monotonic() - began))
     if failed:  # (one line for all: a keeper out of room refuses every one alike)
         more = ""
         if len(failed) > 1:
@@ -618,12 +605,9 @@ def raise_for(status: int, body: dict[str, Any], what: str) -> None:
 
 def hold(alloc_id: str) -> None:
     """Note that the keeper counts this process as a holder of ``alloc_id``."""
-    with _lock:
+    with STATE.keeper.lock:
         _flush_deferred()  # first: a deferred release of the same id predates this hold
-        _held.add(alloc_id)
-
-
-_deferred: list[str] = []  # releases that found the lock taken, sent with the next request
+        STATE.keeper.held.add(alloc_id)
 
 
 def release(alloc_id: str) -> None:
@@ -634,31 +618,34 @@ def release(alloc_id: str) -> None:
     be waiting for the finalizing thread to start). Then the release is deferred to this
     process's next keeper request, or to its exit, which the keeper sees anyway.
     """
-    if not _lock.acquire(blocking=False):
-        _deferred.append(alloc_id)
+    lock = STATE.keeper.lock
+    if not lock.acquire(blocking=False):
+        STATE.keeper.deferred.append(alloc_id)
         return
     try:
         _release_locked(alloc_id)
     finally:
-        _lock.release()
+        lock.release()
 
 
 def _release_locked(alloc_id: str) -> None:
-    if alloc_id not in _held:
+    state = STATE.keeper
+    if alloc_id not in state.held:
         return
-    _held.discard(alloc_id)
-    if _conn is None:
+    state.held.discard(alloc_id)
+    if state.conn is None:
         return
     try:
-        _conn.send(Release(alloc_id).encode())
+        state.conn.send(Release(alloc_id).encode())
     except OSError:
         pass
 
 
 def _flush_deferred() -> None:
-    """Send the releases deferred by :func:`release` (the caller holds ``_lock``)."""
-    while _deferred:
-        _release_locked(_deferred.pop())
+    """Send the releases deferred by :func:`release` (the caller holds the lock)."""
+    deferred = STATE.keeper.deferred
+    while deferred:
+        _release_locked(deferred.pop())
 
 
 def fetch_handles(
@@ -711,20 +698,7 @@ def _on_release(alloc: allocation.Allocation) -> None:
         release(alloc.id)
 
 
-def _forget_in_child() -> None:
-    global _lock, _conn, _conn_path, _late, _exit_left
-    _lock = threading.RLock()
-    _late, _exit_left = None, TIMEOUT
-    if _conn is not None:
-        _conn.close()  # the child's copy only: the parent's connection stays open
-    _conn = _conn_path = None
-    _held.clear()
-    _deferred.clear()
-    _said.clear()
-
-
-state.release_hooks.append(_on_release)
-state.hand_over_hooks.append(hand_over)
-at_fork("transport", order=1, after_in_child=_forget_in_child)
+STATE.memory.release_hooks.append(_on_release)
+STATE.memory.hand_over_hooks.append(hand_over)
 at_exit(_hand_over_at_exit, "transport", order=0)
 at_exit(_close_at_exit, "transport", order=4, processes=False)  # after the hand-over

@@ -15,22 +15,20 @@ user (``SO_PEERCRED``, as every connection of the handle server's client is chec
 
 from __future__ import annotations
 
-import queue
 import socket
 import sys
 import threading
 from typing import Any
 
 from sharedarrays.errors import PermissionDenied
+from sharedarrays.process import STATE, NoticesState
 from sharedarrays.protocol.handles import REPLY_SIZE, Kind, Request
 from sharedarrays.protocol.unix import check_same_user
 from sharedarrays.transport import client
 
-__all__ = ["report_load", "pending_notices", "queue_notice", "start_notifier", "forget_in_child"]
+__all__ = ["report_load", "pending_notices", "queue_notice", "start_notifier"]
 
-_unreported: dict[tuple[str, str, bytes], int] = {}
-"""Warm loads not yet reported, by (sender's server, allocation id, secret)."""
-_unreported_lock = threading.Lock()
+# (the state, ``STATE.notices``: the queue, the thread, the warm loads not yet reported)
 
 
 def report_load(server: str, alloc_id: str, secret: bytes) -> None:
@@ -43,20 +41,21 @@ def report_load(server: str, alloc_id: str, secret: bytes) -> None:
     reply) per sender and allocation for all the loads since the last, and only on a
     connection this process keeps to that sender (a warm handoff connects to nothing)."""
     key = (server, alloc_id, secret)
-    with _unreported_lock:
-        first = not _unreported
-        _unreported[key] = _unreported.get(key, 0) + 1
+    notices = STATE.notices
+    with notices.unreported_lock:
+        first = not notices.unreported
+        notices.unreported[key] = notices.unreported.get(key, 0) + 1
     if first:  # the notifier sends what has gathered by the time it gets to it
         start_notifier()
-        _in_flight.append(None)
-        _notices.put(([], []))
+        notices.in_flight.append(None)
+        notices.queue.put(([], []))
 
 
 def _send_reports() -> None:
     """Send the warm-load counts gathered by :func:`report_load` (in the notifier thread)."""
-    global _unreported
-    with _unreported_lock:
-        reports, _unreported = _unreported, {}
+    notices = STATE.notices
+    with notices.unreported_lock:
+        reports, notices.unreported = notices.unreported, {}
     for (server, alloc_id, secret), count in reports.items():
         sock = client.take_connection(server)
         if sock is None:
@@ -69,15 +68,10 @@ def _send_reports() -> None:
         client.keep_connection(server, sock)
 
 
-_notices: queue.SimpleQueue[tuple[list[str], list[bytes]]] = queue.SimpleQueue()
-_notifier: threading.Thread | None = None
-_in_flight: list[None] = []  # one item per notice queued and not yet sent (append/pop: no lock)
-
-
 def pending_notices() -> int:
     """How many release and close notices this process has queued and not yet sent (each
     holds a socket open while it is sent)."""
-    return len(_in_flight)
+    return len(STATE.notices.in_flight)
 
 
 def queue_notice(
@@ -97,13 +91,14 @@ def queue_notice(
         ]
     else:
         messages = [Request(kind, alloc_id, secret).encode()] * len(servers)
-    _in_flight.append(None)
-    _notices.put((servers, messages))
+    notices = STATE.notices
+    notices.in_flight.append(None)
+    notices.queue.put((servers, messages))
 
 
-def _send_notices() -> None:
+def _send_notices(notices: NoticesState) -> None:
     while True:
-        servers, messages = _notices.get()
+        servers, messages = notices.queue.get()
         if not servers:  # (queued by report_load)
             _send_reports()
         for path, message in zip(servers, messages):
@@ -118,28 +113,20 @@ def _send_notices() -> None:
                     sock.recv(REPLY_SIZE)
                 except (OSError, PermissionDenied):
                     continue  # that process is gone (or another user's): nothing to tell
-        _in_flight.pop()
+        notices.in_flight.pop()
 
 
 def start_notifier() -> None:
     """Start the thread that sends release notices, if it does not run (after a fork)."""
-    global _notifier
+    notices = STATE.notices
     if sys.is_finalizing():  # no thread starts now (it would hang): the process is ending,
         return  # and those it would tell see that for themselves
-    if _notifier is None or not _notifier.is_alive():
-        notifier = threading.Thread(target=_send_notices, name="sharedarrays-notices", daemon=True)
+    if notices.thread is None or not notices.thread.is_alive():
+        notifier = threading.Thread(
+            target=_send_notices, args=(notices,), name="sharedarrays-notices", daemon=True
+        )
         try:
             notifier.start()
         except RuntimeError:  # at interpreter shutdown (3.12: no new threads)
             return
-        _notifier = notifier
-
-
-def forget_in_child() -> None:
-    """In a forked child: the notices the parent queued are the parent's to send."""
-    global _notices, _notifier, _unreported_lock
-    _notices = queue.SimpleQueue()
-    _notifier = None
-    _in_flight.clear()
-    _unreported.clear()
-    _unreported_lock = threading.Lock()
+        notices.thread = notifier

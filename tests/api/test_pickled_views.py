@@ -21,6 +21,7 @@ import view_workers
 from forking import in_forked_child
 
 import sharedarrays as sa
+from sharedarrays import process
 from sharedarrays.api import message as message_module
 from sharedarrays.api.array import _rebuild_view
 from sharedarrays.api.message import allocation_bytes, import_part, message_part
@@ -318,7 +319,7 @@ def test_a_warm_load_takes_the_part_of_the_last_message_with_its_payload() -> No
     one = pickle.loads(first)
     assert alloc.in_flight()[0] == 1  # (loaded back here: counted)
     (part, _) = a[2:].__reduce__()[1]
-    received = message_module._received[part.blob]
+    received = process.STATE.pickling.received[part.blob]
     assert received.allocation is alloc and received.token is None  # (used once)
     assert import_part(part.blob) is received
     two = pickle.loads(second)
@@ -373,7 +374,7 @@ def test_a_warm_load_of_another_process_s_payload_stamps_the_use_and_counts_retu
     part = message_module.ReceivedPart(Payload.from_bytes(blob), None, None, blob)
     part.bind(alloc)
     assert part._served is alloc.flight.servers  # (the plain case)
-    message_module._received[blob] = part
+    process.STATE.pickling.received[blob] = part
     try:
         alloc.last_used = 0
         assert import_part(blob) is part and alloc.last_used > 0
@@ -389,10 +390,10 @@ def test_a_warm_load_of_another_process_s_payload_stamps_the_use_and_counts_retu
         alloc.flight.servers.discard("/srv/x")
         own = message_module.ReceivedPart(Payload.from_bytes(blob), None, None, blob)
         own.bind(sa.zeros(4, device="cpu", pack=False).allocation)  # (released: dropped)
-        message_module._received[blob] = own
-        assert import_part(blob) is not own and blob not in message_module._received
+        process.STATE.pickling.received[blob] = own
+        assert import_part(blob) is not own and blob not in process.STATE.pickling.received
     finally:
-        message_module._received.pop(blob, None)
+        process.STATE.pickling.received.pop(blob, None)
         a.close()
 
 
@@ -406,9 +407,9 @@ def test_a_warm_part_whose_allocation_was_released_is_not_taken() -> None:
     received.bind(gone)  # as if the part's allocation had been released meanwhile
     fresh = import_part(part.blob)
     assert fresh is not received and fresh.allocation is None
-    assert part.blob not in message_module._received  # (until a view finds it again)
+    assert part.blob not in process.STATE.pickling.received  # (until a view finds it again)
     assert _rebuild_view(fresh, view).allocation is a.allocation
-    assert message_module._received[part.blob] is fresh
+    assert process.STATE.pickling.received[part.blob] is fresh
 
 
 def test_a_warm_part_uses_the_layout_it_checked_and_checks_any_other() -> None:
@@ -449,13 +450,13 @@ class _Shape(tuple):  # type: ignore[type-arg]
 def test_a_forked_child_takes_no_warm_part_of_its_parent() -> None:
     a = sa.from_array(np.arange(8.0), device="cpu", pack=False)
     b = pickle.loads(pickle.dumps(a))
-    assert message_module._received
+    assert process.STATE.pickling.received
 
     def child() -> int:
-        return len(message_module._received)
+        return len(process.STATE.pickling.received)
 
     assert in_forked_child(child) == 0
-    assert message_module._received and b.get().tolist() == list(range(8))
+    assert process.STATE.pickling.received and b.get().tolist() == list(range(8))
 
 
 def test_a_warm_view_reuses_the_native_array_nobody_holds() -> None:
@@ -678,7 +679,7 @@ def test_a_new_message_never_takes_a_lease_whose_end_is_running(monkeypatch: Any
     blob = message_module.allocation_payload(alloc).to_bytes()
     part = message_module.ReceivedPart(Payload.from_bytes(blob), None, None, blob)
     part.bind(alloc)
-    message_module._received[blob] = part  # (as its first load leaves it)
+    process.STATE.pickling.received[blob] = part  # (as its first load leaves it)
     view = source._view_tuple()
     try:
         _rebuild_view(import_part(blob), view).close()  # parked: it keeps a lease
@@ -700,7 +701,7 @@ def test_a_new_message_never_takes_a_lease_whose_end_is_running(monkeypatch: Any
         made[0].close()  # the last view of an orphaned import: released
         assert alloc.released
     finally:
-        message_module._received.pop(blob, None)
+        process.STATE.pickling.received.pop(blob, None)
         alloc.release()
 
 
@@ -718,7 +719,7 @@ def test_a_message_of_many_allocations_looks_at_each_part_a_bounded_number_of_ti
             return super().__call__()
 
     monkeypatch.setattr(message_module.weakref, "ref", Counted)
-    monkeypatch.setattr(message_module._parts, "refs", {}, raising=False)
+    monkeypatch.setattr(process.STATE.pickling.parts, "refs", {}, raising=False)
     arrays = [sa.full(2, i, dtype="int64", device="cpu", pack=False) for i in range(3000)]
     loaded = pickle.loads(pickle.dumps(arrays))
     assert [int(a[0]) for a in loaded[::1000]] == [0, 1000, 2000]

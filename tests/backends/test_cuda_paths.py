@@ -24,7 +24,7 @@ from sharedarrays.backends.cuda.vmm import CudaVmmBackend
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import SharedArrayError
 from sharedarrays.memory.allocation import Allocation
-from sharedarrays.memory.state import state
+from sharedarrays.process import STATE
 from sharedarrays.protocol import token as wire
 
 __all__ = ["fake_cuda"]  # a fixture, used by name
@@ -64,13 +64,13 @@ def test_a_failing_call_while_making_releases_everything(
     fake_cuda: FakeCuda, call: str, nth: int
 ) -> None:
     be = CudaVmmBackend(CUDA0)
-    before, registered = _fds(), len(state.registry)
+    before, registered = _fds(), len(STATE.memory.registry)
     fake_cuda.fail(call, "CUDA_ERROR_INVALID_VALUE", nth=nth)
     with pytest.raises(SharedArrayError, match=call):
         Allocation.create(be, 3 * GRANULARITY, chunk_bytes=GRANULARITY)
     assert fake_cuda.held() == {}
     assert _fds() <= before
-    assert len(state.registry) == registered
+    assert len(STATE.memory.registry) == registered
 
 
 # ============================================================================================
@@ -97,14 +97,14 @@ def test_a_failing_call_while_importing_releases_everything(
 ) -> None:
     be = CudaVmmBackend(CUDA0)
     source = Allocation.create(be, 3 * GRANULARITY, chunk_bytes=GRANULARITY)
-    held, before, registered = _held(fake_cuda), _fds(), len(state.registry)
+    held, before, registered = _held(fake_cuda), _fds(), len(STATE.memory.registry)
     fds = [os.dup(fd) for fd in source.chunk_fds()]
     fake_cuda.fail(call, "CUDA_ERROR_OUT_OF_MEMORY", nth=nth)
     with pytest.raises(SharedArrayError, match=call):
         Allocation.import_(be, "ab" * 16, source.secret, source.chunk_sizes(), fds, 1)
     assert _held(fake_cuda) == held  # the source's, nothing more
     assert _fds() == before  # the fds given are closed, also those not reached
-    assert len(state.registry) == registered
+    assert len(STATE.memory.registry) == registered
     assert source.release() and fake_cuda.held() == {}
 
 

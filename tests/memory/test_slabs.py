@@ -9,12 +9,14 @@ import pytest
 
 import sharedarrays as sa
 from sharedarrays.memory import PACK_BYTES, SLAB_BYTES, lookup
-from sharedarrays.memory.state import state
+from sharedarrays.process import STATE
 
 
 def test_small_arrays_are_packed_into_shared_slabs() -> None:
-    with state.slabs_lock:  # start from fresh slabs: earlier tests leave the current one part-used
-        state.slabs.clear()
+    with (
+        STATE.memory.slabs_lock
+    ):  # start from fresh slabs: earlier tests leave the current one part-used
+        STATE.memory.slabs.clear()
     arrays = [sa.full(512, float(i), device="cpu") for i in range(2000)]  # 4 KiB each
     slabs = {a.allocation.id: a.allocation.size for a in arrays}
     payload = sum(a.nbytes for a in arrays)

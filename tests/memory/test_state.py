@@ -1,4 +1,4 @@
-"""The memory layer's one process-state object (memory/state.py)."""
+"""The memory layer's section of the one process-state object (``STATE.memory``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import sharedarrays as sa
 from sharedarrays.backends import get_backend
 from sharedarrays.backends.device import CPU
 from sharedarrays.memory import Allocation, drop_parked, lookup, parked_allocations
-from sharedarrays.memory.state import state
+from sharedarrays.process import STATE
 
 MEMORY = Path(__file__).resolve().parents[2] / "sharedarrays" / "memory"
 
@@ -41,37 +41,42 @@ def test_a_forked_child_starts_with_a_reset_state() -> None:
     gc.collect()
     assert [a.id for a in parked_allocations()] == [parked_id]
     draining_id = "5" * 32
-    state.draining[draining_id] = object()  # (a stand-in: only the child's copy is looked at)
-    locks = (id(state.lock), id(state.slabs_lock), id(exported.allocation._lock))
-    hooks = (len(state.release_hooks), len(state.hand_over_hooks))
-    assert state.slabs
+    STATE.memory.draining[draining_id] = (
+        object()
+    )  # (a stand-in: only the child's copy is looked at)
+    locks = (id(STATE.memory.lock), id(STATE.memory.slabs_lock), id(exported.allocation._lock))
+    hooks = (len(STATE.memory.release_hooks), len(STATE.memory.hand_over_hooks))
+    assert STATE.memory.slabs
 
     def child() -> dict[str, Any]:
         e, g = exported.allocation, growable.allocation
         return {
             "locks_new": [
-                id(x) != old for x, old in zip((state.lock, state.slabs_lock, e._lock), locks)
+                id(x) != old
+                for x, old in zip((STATE.memory.lock, STATE.memory.slabs_lock, e._lock), locks)
             ],
-            "slabs": len(state.slabs),
+            "slabs": len(STATE.memory.slabs),
             "inherited_slab": any(
                 isinstance(i, tuple) and i[0].allocation is packed.allocation
-                for i in state.inherited
+                for i in STATE.memory.inherited
             ),
-            "inherited_parked": any(getattr(i, "id", None) == parked_id for i in state.inherited),
+            "inherited_parked": any(
+                getattr(i, "id", None) == parked_id for i in STATE.memory.inherited
+            ),
             "parked": [a.id for a in parked_allocations()],
             "parked_registered": lookup(parked_id) is not None,
-            "draining": list(state.draining),
+            "draining": list(STATE.memory.draining),
             "exported": [e.origin.created_here, e.origin.pid, e.pid, lookup(e.id) is e],
             "growable": [g.origin.created_here, g.pid],
             "data": exported.get().tolist(),
-            "hooks": [len(state.release_hooks), len(state.hand_over_hooks)],
+            "hooks": [len(STATE.memory.release_hooks), len(STATE.memory.hand_over_hooks)],
             "new_slab": sa.zeros(4, device="cpu").allocation is not packed.allocation,
         }
 
     try:
         out = in_forked_child(child)
     finally:
-        del state.draining[draining_id]
+        del STATE.memory.draining[draining_id]
     assert out["locks_new"] == [True, True, True]
     assert out["slabs"] == 0 and out["inherited_slab"]
     assert out["parked"] == [] and not out["parked_registered"] and out["inherited_parked"]
@@ -85,15 +90,15 @@ def test_a_forked_child_starts_with_a_reset_state() -> None:
     assert out["hooks"] == list(hooks)  # subscriptions are the modules', which the child has
     assert out["new_slab"]  # a small array in the child never shares the parent's slab
     # the parent is untouched
-    assert state.slabs and lookup(parked_id) is not None
+    assert STATE.memory.slabs and lookup(parked_id) is not None
     assert exported.allocation.origin.created_here and exported.allocation.pid == parent
-    assert id(state.lock) == locks[0]
+    assert id(STATE.memory.lock) == locks[0]
     assert drop_parked() == 1
 
 
 def test_no_module_globals_of_state_in_memory() -> None:
-    """Only state.py makes per-process state at module level: nothing else in memory/
-    assigns a container or a lock to a module global."""
+    """No module of memory/ assigns a container or a lock to a module global: its state is
+    ``STATE.memory`` (sharedarrays/process.py)."""
     makers = {"dict", "list", "set", "OrderedDict", "deque", "Lock", "RLock", "defaultdict"}
     found = []
     for path in sorted(MEMORY.glob("*.py")):
@@ -107,11 +112,11 @@ def test_no_module_globals_of_state_in_memory() -> None:
             if isinstance(value, ast.Call):
                 func = value.func
                 name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-                if name in makers or (path.name == "state.py" and name == "ProcessState"):
+                if name in makers:
                     found.append(f"{path.name}:{node.lineno}")
             elif isinstance(value, (ast.Dict, ast.List, ast.Set)):
                 found.append(f"{path.name}:{node.lineno}")
-    assert len(found) == 1 and found[0].startswith("state.py:"), found
+    assert found == []
 
 
 def test_a_parked_import_leased_again_is_not_parked_until_idle(monkeypatch: Any) -> None:
@@ -129,14 +134,14 @@ def test_a_parked_import_leased_again_is_not_parked_until_idle(monkeypatch: Any)
         view.close()
         assert first.parked and [a.id for a in parked_allocations()] == [first.id]
         view = sa.SharedDeviceArray(first, source.dtype, source.shape, source.strides, 0)
-        assert first.id in state.parked  # (still listed)
+        assert first.id in STATE.memory.parked  # (still listed)
         assert not first.parked and parked_allocations() == []
         assert drop_parked() == 0 and not first.released
         assert in_forked_child(lambda: lookup("6" * 32) is not None)  # in use: the child's too
         other = sa.SharedDeviceArray(second, source.dtype, source.shape, source.strides, 0)
         other.close()  # parked: the limit's eviction passes the first, leased: taken off
         assert [a.id for a in parked_allocations()] == [second.id]
-        assert first.id not in state.parked and not first.released
+        assert first.id not in STATE.memory.parked and not first.released
         assert view.get()[5] == 5.0
         view.close()  # idle again: parked, and the second evicted (released)
         assert [a.id for a in parked_allocations()] == [first.id]
@@ -188,7 +193,7 @@ def test_a_parked_import_keeps_a_lease_for_its_next_view_and_the_limit_evicts_by
         assert [a.id for a in parked_allocations()] == [third.id]
         assert second.released and first.released and not third.released
         handoff(gone)
-        assert gone.released and gone.id not in state.parked
+        assert gone.released and gone.id not in STATE.memory.parked
     finally:
         drop_parked()
     assert third.released
@@ -259,7 +264,7 @@ def test_a_lease_to_keep_is_made_outside_the_lock_and_not_kept_if_orphaned_meanw
         sa.SharedDeviceArray(alloc, source.dtype, source.shape, source.strides, 0).close()
         assert made == [True, True]  # the view's lease, then the one to keep (lock free)
         assert alloc.released and alloc.kept_lease is None and alloc.leases == 0
-        assert alloc.id not in state.parked
+        assert alloc.id not in STATE.memory.parked
     finally:
         monkeypatch.setattr(allocation_module, "Lease", real)
         alloc.release()

@@ -32,6 +32,7 @@ from keeper_helpers import (
 )
 
 import sharedarrays as sa
+from sharedarrays import process
 from sharedarrays.cli import main as cli_main
 from sharedarrays.memory import allocation as sa_allocation
 from sharedarrays.protocol import keeper as wire
@@ -396,7 +397,7 @@ def test_fork_child_does_not_inherit_the_keeper_connection(private_keeper: Path)
     if pid == 0:  # pragma: no cover - the child
         code = 0
         try:
-            assert keeper._conn is None and not keeper._held
+            assert process.STATE.keeper.conn is None and not process.STATE.keeper.held
             assert [i.name for i in sa.list_named()] == ["forked"]
         except BaseException:
             code = 1
@@ -419,14 +420,16 @@ def test_a_release_from_a_finalizer_never_blocks_on_the_client_lock(private_keep
     a = sa.full(3, 1.0, device="cpu", name="fin")
     alloc_id = a.allocation.id
     done = threading.Event()
-    with keeper._lock:
+    with process.STATE.keeper.lock:
         t = threading.Thread(target=lambda: (keeper.release(alloc_id), done.set()))
         t.start()
         assert done.wait(5), "keeper.release blocked on the client lock"
-        assert alloc_id in keeper._deferred
+        assert alloc_id in process.STATE.keeper.deferred
     t.join()
     sa.list_named()  # the next request sends it
-    assert alloc_id not in keeper._deferred and alloc_id not in keeper._held
+    assert (
+        alloc_id not in process.STATE.keeper.deferred and alloc_id not in process.STATE.keeper.held
+    )
     sa.unlink("fin")
     del a
 
@@ -638,13 +641,13 @@ _CLOSED_AT_EXIT = """
 from sharedarrays import process
 from sharedarrays.transport import keeper
 keeper.ensure_running()
-sock = keeper._conn
+sock = process.STATE.keeper.conn
 assert sock is not None and sock.fileno() >= 0
-hooks = [h.fn for h in process._hooks.exit]
+hooks = [h.fn for h in process.STATE.hooks.exit]
 # (after the hand-over of payloads in flight, which may still tell the keeper)
 assert hooks.index(keeper._close_at_exit) > hooks.index(keeper._hand_over_at_exit)
-process._hooks.run_exit()
-assert keeper._conn is None and sock.fileno() == -1, sock
+process.STATE.hooks.run_exit()
+assert process.STATE.keeper.conn is None and sock.fileno() == -1, sock
 print("ok")
 """
 
@@ -664,12 +667,12 @@ def test_the_keeper_connection_is_closed_at_exit() -> None:
 
 _REFUSED_AT_EXIT = """
 import pickle, sharedarrays as sa
-from sharedarrays.memory.state import state
+from sharedarrays.process import STATE
 
 def refused(alloc, count, seconds):
     raise sa.KeeperError("the keeper has no room for the handles sent")
 
-state.hand_over_hooks[:] = [refused]
+STATE.memory.hand_over_hooks[:] = [refused]
 arrays = [sa.zeros(4, device="cpu", pack=False) for _ in range(5)]
 payloads = [pickle.dumps(a) for a in arrays for _ in range(2)]  # in flight at exit
 """
@@ -716,18 +719,18 @@ def test_a_load_while_another_thread_releases_waits_and_loads_from_the_keeper(
     import threading
 
     from sharedarrays import importing
-    from sharedarrays.memory.state import state
+    from sharedarrays.process import STATE
 
     a = sa.from_array(np.arange(64.0), device="cpu", pack=False)
     blob = pickle.dumps(a)  # in flight: the keeper takes its handles at the release
     waiting = threading.Event()
-    original = state.wait_unregistered
+    original = STATE.memory.wait_unregistered
 
     def wait_unregistered(alloc, timeout):
         waiting.set()
         return original(alloc, timeout)
 
-    monkeypatch.setattr(state, "wait_unregistered", wait_unregistered)
+    monkeypatch.setattr(STATE.memory, "wait_unregistered", wait_unregistered)
     got: list[object] = []
 
     def load() -> None:
@@ -748,7 +751,9 @@ def test_a_load_while_another_thread_releases_waits_and_loads_from_the_keeper(
             time.sleep(0.001)
         seen.append((alloc.released and registered, waiting.is_set()))
 
-    monkeypatch.setattr(state, "hand_over_hooks", [*state.hand_over_hooks, during_hand_over])
+    monkeypatch.setattr(
+        STATE.memory, "hand_over_hooks", [*STATE.memory.hand_over_hooks, during_hand_over]
+    )
     a.close()
     loader.join(importing.RELEASE_WAIT + 30)
     assert seen == [(True, True)], "the load did not find it released, or did not wait"
@@ -814,7 +819,7 @@ def test_a_child_forked_during_a_release_does_not_wait_for_it(
     # waited for a release no thread of it would finish: 40 s, then ClosedArrayError)
     from forking import in_forked_child
 
-    from sharedarrays.memory.state import state
+    from sharedarrays.process import STATE
 
     a = sa.from_array(np.arange(64.0), device="cpu", pack=False)
     alloc_id = a.allocation.id
@@ -830,7 +835,9 @@ def test_a_child_forked_during_a_release_does_not_wait_for_it(
     def during_hand_over(alloc, count, seconds):  # (after the keeper's own hook)
         seen.append(in_forked_child(child, timeout=60))
 
-    monkeypatch.setattr(state, "hand_over_hooks", [*state.hand_over_hooks, during_hand_over])
+    monkeypatch.setattr(
+        STATE.memory, "hand_over_hooks", [*STATE.memory.hand_over_hooks, during_hand_over]
+    )
     a.close()
     assert len(seen) == 1, "the hook did not run (or failed: see stderr)"
     registered, total, took = seen[0]

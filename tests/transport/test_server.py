@@ -12,6 +12,7 @@ import sys
 import pytest
 
 import sharedarrays as sa
+from sharedarrays import process
 from sharedarrays.protocol import unix
 from sharedarrays.protocol.handles import Kind, Reply, Request, Status
 from sharedarrays.transport import client
@@ -32,17 +33,17 @@ def _ask(path: str, data: bytes) -> Reply:
 
 def test_every_kind_has_a_handler() -> None:
     transport.server_address()
-    assert transport._server is not None
-    assert set(transport._server._handlers) == set(Kind)
+    assert process.STATE.server.server is not None
+    assert set(process.STATE.server.server._handlers) == set(Kind)
 
 
 def test_a_kind_without_a_handler_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     a = sa.zeros(16, device="cpu", pack=False)
     path = transport.server_address()
-    assert transport._server is not None
+    assert process.STATE.server.server is not None
     request = Request(Kind.CLOSED, a.allocation.id, bytes(32))  # (a wrong secret: no effect)
     assert _ask(path, request.encode()).status == Status.GONE  # handled
-    monkeypatch.delitem(transport._server._handlers, Kind.CLOSED)
+    monkeypatch.delitem(process.STATE.server.server._handlers, Kind.CLOSED)
     assert _ask(path, request.encode()).status == Status.BAD_REQUEST
     fetch = Request(Kind.FETCH, a.allocation.id, a.allocation.secret).encode()
     sizes = json.dumps(a.allocation.chunk_sizes()).encode()
@@ -152,7 +153,7 @@ def test_loaded_notices_are_read_a_bounded_number_at_a_time() -> None:
     """One wake-up reads the notice that woke the server and at most ``READ_AHEAD`` more
     from that connection: the rest wait for the next round, behind the other connections."""
     transport.server_address()
-    server = transport._server
+    server = process.STATE.server.server
     assert server is not None
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:

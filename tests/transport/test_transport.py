@@ -23,6 +23,7 @@ from conftest import closed_by_peer
 from users import become, other_user
 
 import sharedarrays as sa
+from sharedarrays import process
 from sharedarrays.memory import allocation as sa_allocation
 from sharedarrays.protocol import unix
 from sharedarrays.protocol.handles import Kind, Request, Status
@@ -224,18 +225,18 @@ def test_requests_to_one_server_reuse_one_connection(fd_baseline: None) -> None:
     server = transport.server_address()
     client.close_connections()
     _fetch_and_close(a)
-    kept = client._connections[server]
+    kept = process.STATE.connections.by_server[server]
     _fetch_and_close(b)
     _fetch_and_close(a)
-    assert client._connections[server] is kept  # no new connect per request
-    assert transport._server is not None
+    assert process.STATE.connections.by_server[server] is kept  # no new connect per request
+    assert process.STATE.server.server is not None
     deadline = time.monotonic() + 10  # the server thread files the connection after replying
-    while transport._server.connections != 1 and time.monotonic() < deadline:
+    while process.STATE.server.server.connections != 1 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert transport._server.connections == 1
+    assert process.STATE.server.server.connections == 1
     assert transport.open_connections() == 2  # this process at both ends
     client.close_connections()
-    assert server not in client._connections
+    assert server not in process.STATE.connections.by_server
 
 
 def test_a_kept_connection_the_server_dropped_is_replaced(
@@ -245,14 +246,14 @@ def test_a_kept_connection_the_server_dropped_is_replaced(
     server = transport.server_address()
     client.close_connections()
     _fetch_and_close(a)
-    kept = client._connections[server]
+    kept = process.STATE.connections.by_server[server]
     monkeypatch.setattr(handle_server, "MAX_CONNECTIONS", 1)
     other = client._connect(server, "gone")  # the server closes the longest idle: ours
     try:
         other.sendall(b"?")  # a malformed request: answered, so the eviction has happened
         assert other.recv(64)[:4] == b"SAR1"
         _fetch_and_close(a)  # sent on the dead connection first, then once more anew
-        assert client._connections[server] is not kept
+        assert process.STATE.connections.by_server[server] is not kept
     finally:
         other.close()
         client.close_connections()
@@ -385,9 +386,9 @@ def test_another_user_loading_a_payload_gets_permission_denied(open_socket: bool
             code = 3
             try:
                 become(user)
-                from sharedarrays.memory.state import state
+                from sharedarrays.process import STATE
 
-                state.registry.clear()
+                STATE.memory.registry.clear()
                 try:
                     pickle.loads(blob)
                     code = 1
@@ -962,7 +963,7 @@ def test_a_handle_server_with_no_room_in_the_runtime_dir_says_so(
     def full() -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(transport, "_server", None)
+    monkeypatch.setattr(process.STATE.server, "server", None)
     monkeypatch.setattr(transport, "HandleServer", full)
     with pytest.raises(sa.HandleUnavailable, match=r"No space left on device\. Free space"):
         transport.server_address()

@@ -184,7 +184,7 @@ class CudaDevice:
             The query or the record failed.
         """
         d = self._d
-        err, current = d.cuCtxGetCurrent() if process.pid == self._pid else (1, None)
+        err, current = d.cuCtxGetCurrent() if process.STATE.pid == self._pid else (1, None)
         if int(err) == 0 and current is not None and int(current) == self._ctx_int:
             idle = int(d.cuStreamQuery(stream)[0]) == 0
         else:

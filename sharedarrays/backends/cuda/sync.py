@@ -353,7 +353,7 @@ def import_sync(on: OnDevice, token: bytes) -> None:
     """
     driver = load_driver()
     key = (on.device.index, current_stream(on.device.index))
-    if _waited.get(key) == token and _state_pid == process.pid:
+    if _waited.get(key) == token and _state_pid == process.STATE.pid:
         return  # this stream already waits for that very record
     with _lock, on.context():
         _reset_after_fork()
