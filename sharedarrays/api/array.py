@@ -23,7 +23,8 @@ import numpy as np
 from sharedarrays import importing
 from sharedarrays._cpython import caller_frame, spawning_process
 from sharedarrays.api import keeping, message, othernode, views
-from sharedarrays.api.arraymethods import _READONLY, NativeArrayMethods
+from sharedarrays.api.arraybase import _READONLY
+from sharedarrays.api.arraymethods import NativeArrayMethods
 from sharedarrays.backends import Access, NativeView, get_backend
 from sharedarrays.backends.device import Device, DeviceLike, parse_device
 from sharedarrays.errors import (

@@ -14,7 +14,7 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from sharedarrays.api.array import SharedDeviceArray, assignable, operator_index
-from sharedarrays.api.arraymethods import shareable_dtype
+from sharedarrays.api.arraybase import shareable_dtype
 from sharedarrays.api.options import CreationKeywords, CreationOptions
 from sharedarrays.backends import choose_backend, get_backend
 from sharedarrays.backends.ascend.vmm import is_npu_dlpack
