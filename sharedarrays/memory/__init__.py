@@ -5,7 +5,8 @@ payloads in flight, slabs. Their per-process state is ``STATE.memory``
 One module per concern (each module's docstring says what it holds):
 
 ``allocation``   :class:`Allocation` (create, import, map, lease, park, release, drain) and
-                 :class:`Lease`; the functions that read the registry
+                 :class:`Lease`
+``registry``     the functions that read the registry (lookup, live, parked, draining)
 ``growth``       the chunk sizing policy; adding, removing and moving chunks
 ``inflight``     payloads in flight and the processes an allocation was served to
 ``reservation``  a reservation of address space, and tearing mappings down
@@ -21,24 +22,21 @@ the foundation, protocol and backends layers; upper layers subscribe to it throu
 
 from __future__ import annotations
 
-from sharedarrays.memory.allocation import (
-    Allocation,
-    Lease,
+from sharedarrays.memory.allocation import Allocation, Lease, keep_imports, use_clock
+from sharedarrays.memory.growth import DEFAULT_CHUNK_BYTES, MAX_CHUNKS, chunk_sizes, growth_sizes
+from sharedarrays.memory.inflight import IN_FLIGHT_SECONDS, in_flight_seconds
+from sharedarrays.memory.info import ChunkInfo, MappingInfo, Origin, Served
+from sharedarrays.memory.registry import (
     draining_allocations,
     drop_parked,
     held_elsewhere,
-    keep_imports,
     live_allocations,
     lookup,
     parked_allocations,
     reap_draining,
     revive,
-    use_clock,
     wait_draining,
 )
-from sharedarrays.memory.growth import DEFAULT_CHUNK_BYTES, MAX_CHUNKS, chunk_sizes, growth_sizes
-from sharedarrays.memory.inflight import IN_FLIGHT_SECONDS, in_flight_seconds
-from sharedarrays.memory.info import ChunkInfo, MappingInfo, Origin, Served
 from sharedarrays.memory.slabs import PACK_BYTES, SLAB_BYTES, pack_into_slab
 
 __all__ = [

@@ -7,14 +7,14 @@ by the allocation's id.
 
 This module holds the allocation's core: creating, importing and mapping its chunks, the
 leases views take on it (:class:`Lease`: a lease and the allocation that makes it are in one
-module, so that neither imports the other), parking, releasing and draining, and the
-functions that read the registry (:func:`lookup`, :func:`live_allocations`, ...). The other
+module, so that neither imports the other), parking, releasing and draining. The other
 concerns have their own modules, below this one: the chunk sizing policy and growth
 (:mod:`~sharedarrays.memory.growth`, a base class of :class:`Allocation`), payloads in
 flight and served processes (:mod:`~sharedarrays.memory.inflight`, one record per
 allocation), the reservation and teardown (:mod:`~sharedarrays.memory.reservation`), the
-read-only records ``describe`` shows (:mod:`~sharedarrays.memory.info`); and slabs
-(:mod:`~sharedarrays.memory.slabs`), above it.
+read-only records ``describe`` shows (:mod:`~sharedarrays.memory.info`); and, above it, the
+functions that read the registry (:mod:`~sharedarrays.memory.registry`: ``lookup``,
+``live_allocations``, ...) and slabs (:mod:`~sharedarrays.memory.slabs`).
 
 Lifetime
 --------
@@ -54,17 +54,8 @@ from sharedarrays.settings import env_number
 __all__ = [
     "Allocation",
     "Lease",
-    "live_allocations",
-    "parked_allocations",
     "use_clock",
-    "drop_parked",
-    "draining_allocations",
-    "reap_draining",
-    "revive",
-    "wait_draining",
-    "held_elsewhere",
     "keep_imports",
-    "lookup",
 ]
 
 
@@ -100,105 +91,8 @@ def _last_used(alloc: Allocation) -> int:
     return alloc.last_used
 
 
-def lookup(alloc_id: str, draining: bool = False) -> Allocation | None:
-    """Return this process's mapped allocation with id ``alloc_id``, if any (``draining``:
-    also one released here but still held by other processes, see
-    :func:`draining_allocations`)."""
-    alloc = STATE.memory.registry.get(alloc_id)
-    if alloc is None and draining:
-        alloc = STATE.memory.draining.get(alloc_id)
-    return cast("Allocation | None", alloc)
-
-
-def revive(alloc_id: str) -> Allocation | None:
-    """Put a draining allocation made here back in the registry and return it (``None`` if
-    none drains under that id): a payload of it came back to its exporter, which maps it
-    still (a pointer backend cannot import its own memory)."""
-    with STATE.memory.lock:
-        alloc: Allocation | None = STATE.memory.draining.pop(alloc_id, None)
-        if alloc is not None:
-            with alloc._lock:
-                alloc.released = False
-            STATE.memory.registry[alloc_id] = alloc
-    return alloc
-
-
-def live_allocations() -> list[Allocation]:
-    """Every allocation currently mapped in this process (parked ones too), oldest first."""
-    with STATE.memory.lock:
-        allocs: list[Allocation] = list(STATE.memory.registry.values())
-    return sorted(allocs, key=lambda a: a.origin.time)
-
-
 use_clock = time.monotonic_ns
 """The clock of :attr:`Allocation.last_used` (a C call: no Python frame)."""
-
-
-def parked_allocations() -> list[Allocation]:
-    """Imported allocations kept mapped with no live view, least recently used first."""
-    with STATE.memory.lock:
-        parked = [a for a in STATE.memory.parked.values() if a.parked]
-    return sorted(parked, key=_last_used)
-
-
-def drop_parked(only_orphans: bool = False) -> int:
-    """Release parked allocations: all of them, or only those whose source process is gone.
-
-    Returns how many were released.
-    """
-    with STATE.memory.lock:
-        victims: list[Allocation] = [
-            a
-            for a in STATE.memory.parked.values()
-            if a.parked and (not only_orphans or not running(a.origin.pid))
-        ]
-    return sum(a.release() for a in victims)
-
-
-def draining_allocations() -> list[Allocation]:
-    """Allocations of exporter-owned memory (cuda-ipc, cuda-pool) that this process released
-    but cannot free yet: other processes still hold them (see :attr:`Allocation.holders`);
-    and growable allocations released here with payloads in flight (see
-    :meth:`Allocation.release`)."""
-    with STATE.memory.lock:
-        return list(STATE.memory.draining.values())
-
-
-def reap_draining() -> int:
-    """Free the draining allocations whose holders have all closed or exited.
-
-    Returns how many are still waiting.
-    """
-    for alloc in draining_allocations():
-        alloc.closed_by(None)
-    with STATE.memory.lock:
-        return len(STATE.memory.draining)
-
-
-def held_elsewhere() -> list[Allocation]:
-    """Exporter-owned allocations made here (live or draining) that other running processes
-    still hold (see :attr:`Allocation.holders`)."""
-    with STATE.memory.lock:
-        mine: list[Allocation] = [
-            a for a in STATE.memory.registry.values() if a.origin.created_here
-        ]
-        mine += STATE.memory.draining.values()
-    return [a for a in mine if a.backend.exporter_owned and (a.holders or a.busy())]
-
-
-def wait_draining(timeout: float) -> list[Allocation]:
-    """Wait up to ``timeout`` seconds until no other process holds exporter-owned memory
-    made here, freeing draining allocations as their holders go (used at exit).
-
-    Returns those still held afterwards.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        reap_draining()
-        held = held_elsewhere()
-        if not held or time.monotonic() >= deadline:
-            return held
-        time.sleep(0.05)
 
 
 class Lease:
@@ -811,10 +705,10 @@ class Allocation(Growth):
         Exporter-owned memory (cuda-ipc, cuda-pool) that other processes still hold is not
         freed yet: the allocation leaves the registry (nothing new is served) and *drains*
         until its last holder closes it or exits (:attr:`holders`,
-        :func:`draining_allocations`); the processes it was served to are told to drop
-        their parked mappings. A growable allocation (never handed to the keeper) drains
-        the same way while a payload of it is in flight (a pool worker's result), so that
-        it loads while this process runs.
+        :func:`~sharedarrays.memory.registry.draining_allocations`); the processes it was
+        served to are told to drop their parked mappings. A growable allocation (never
+        handed to the keeper) drains the same way while a payload of it is in flight (a pool
+        worker's result), so that it loads while this process runs.
 
         Returns
         -------
