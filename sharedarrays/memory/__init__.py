@@ -9,6 +9,8 @@ One module per concern (each module's docstring says what it holds):
 ``registry``     the functions that read the registry (lookup, live, parked, draining)
 ``growth``       the chunk sizing policy; adding, removing and moving chunks
 ``inflight``     payloads in flight and the processes an allocation was served to
+``handover``     handing the payloads in flight over to the keeper (a base class)
+``records``      what an allocation tells of itself: chunks, holders, served, describe
 ``reservation``  a reservation of address space, and tearing mappings down
 ``info``         the read-only records ``describe`` and the widgets show
 ``slabs``        small arrays packed into shared slabs

@@ -11,8 +11,11 @@ module, so that neither imports the other), parking, releasing and draining. The
 concerns have their own modules, below this one: the chunk sizing policy and growth
 (:mod:`~sharedarrays.memory.growth`, a base class of :class:`Allocation`), payloads in
 flight and served processes (:mod:`~sharedarrays.memory.inflight`, one record per
-allocation), the reservation and teardown (:mod:`~sharedarrays.memory.reservation`), the
-read-only records ``describe`` shows (:mod:`~sharedarrays.memory.info`); and, above it, the
+allocation) and their hand-over to the keeper (:mod:`~sharedarrays.memory.handover`, a base
+class), what the allocation tells of itself (:mod:`~sharedarrays.memory.records`, a base
+class: chunks, mappings, holders, served, handles for importers, ``describe``), the
+reservation and teardown (:mod:`~sharedarrays.memory.reservation`), the read-only records
+``describe`` shows (:mod:`~sharedarrays.memory.info`); and, above it, the
 functions that read the registry (:mod:`~sharedarrays.memory.registry`: ``lookup``,
 ``live_allocations``, ...) and slabs (:mod:`~sharedarrays.memory.slabs`).
 
@@ -41,11 +44,12 @@ import numpy as np
 
 from sharedarrays._cpython import ITEM_ALONE, LOCAL_ALONE, refcount
 from sharedarrays.backends import Access, Backend, Chunk, MappingBackend, round_up
-from sharedarrays.backends.device import Device
 from sharedarrays.errors import ClosedArrayError, PayloadError
-from sharedarrays.memory.growth import Growth, chunk_sizes
+from sharedarrays.memory.growth import chunk_sizes
+from sharedarrays.memory.handover import HandOver
 from sharedarrays.memory.inflight import InFlight
-from sharedarrays.memory.info import ChunkInfo, MappingInfo, Origin, Served, format_bytes
+from sharedarrays.memory.info import Origin
+from sharedarrays.memory.records import AllocationRecords
 from sharedarrays.memory.reservation import Reservation, teardown
 from sharedarrays.process import STATE, running
 from sharedarrays.protocol.payload import remember
@@ -153,7 +157,7 @@ class Lease:
             )
 
 
-class Allocation(Growth):
+class Allocation(AllocationRecords, HandOver):
     """A reservation with its chunks mapped back to back: the memory of one array.
 
     Do not construct directly: use :meth:`create` (exporter) or :meth:`import_` (importer).
@@ -811,70 +815,7 @@ class Allocation(Growth):
         self.pid = os.getpid()
         self.flight.forget()
 
-    # payloads in flight ----------------------------------------------------------------
-    def in_flight(self) -> tuple[int, float]:
-        """Payloads pickled here that may still be loaded, and the seconds left of their
-        bound (:func:`in_flight_seconds`, counted from the last one pickled).
-
-        Every payload pickled here counts until as many were counted loaded
-        (``flight.note_loaded``: a handle request answered here, a payload loaded back
-        here, the loads its exporter's release notice reports, the warm loads importers of
-        exporter-owned memory report), or the bound passed. Other warm loads (a process that
-        already maps the allocation asks nothing) are not counted, so the count errs on the
-        side of keeping memory alive.
-
-        Returns
-        -------
-        count, seconds
-            ``(0, 0.0)`` when nothing is in flight.
-        """
-        return self.flight.in_flight()
-
-    def busy(self) -> bool:
-        """Whether a payload of this allocation pickled here may still be loaded
-        (:meth:`in_flight`)."""
-        return self.in_flight()[0] > 0
-
-    def hand_over(self, say: bool = True) -> tuple[int, str] | None:
-        """Give the handles of the payloads in flight to something that outlives this
-        process (the process state's ``hand_over_hooks``: the keeper), for the rest of their bound.
-
-        Called when the allocation is released here and at exit, for memory that outlives
-        its exporter (host, cuda-vmm); does nothing when no payload is in flight. A hook's
-        failure is said on stderr (this runs from finalizers; with ``say=False`` the caller
-        says it): those payloads will not load.
-
-        Returns
-        -------
-        tuple of (int, str) or None
-            On a failure, how many payloads will not load and the message that says so.
-        """
-        if self.pid != os.getpid() or self.growable or not self.backend.maps:
-            return None
-        count, seconds = self.in_flight()
-        if not count:
-            return None
-        for hook in STATE.memory.hand_over_hooks:
-            try:
-                hook(self, count, seconds)
-            except Exception as exc:
-                message = (
-                    f"sharedarrays: {count} payload(s) of allocation {self.id} are in flight "
-                    f"but their memory could not be handed to the keeper ({exc}); they will "
-                    "not load. Keep a view open until they are loaded, or park() the array"
-                )
-                if say:
-                    print(message, file=sys.stderr)
-                return count, message
-        self.flight.handed_over()  # the keeper answers for them from now on
-        return None
-
-    # description ------------------------------------------------------------------------
-    @property
-    def device(self) -> Device:
-        """The device the memory lives on."""
-        return self.backend.device
-
+    # leases and access ---------------------------------------------------------------------
     @property
     def parked(self) -> bool:
         """Whether this importer keeps the allocation mapped with no live view (listed in
@@ -899,35 +840,6 @@ class Allocation(Growth):
         # lease, _unlease and release read)
         # (and the parked allocation's kept lease, while no view holds it)
         return self._leases - (self._native_base is not None) - self._kept_idle()
-
-    @property
-    def chunks(self) -> tuple[ChunkInfo, ...]:
-        """The chunks, in reservation order."""
-        return tuple(ChunkInfo(i, c.size, c.fd) for i, c in enumerate(self._chunks))
-
-    @property
-    def mappings(self) -> tuple[MappingInfo, ...]:
-        """The mappings, in reservation order (one per chunk, back to back)."""
-        out = []
-        offset = 0
-        for i, c in enumerate(self._chunks):
-            out.append(MappingInfo(offset, c.size, i, 0, self._access))
-            offset += c.size
-        return tuple(out)
-
-    @property
-    def access(self) -> Access:
-        """This process's access to the whole reservation, from the memory's own device."""
-        return self._access
-
-    @property
-    def access_by_device(self) -> dict[Device, Access]:
-        """Every device that may touch the memory in this process, and how: the memory's own
-        device, and the peers granted access (:meth:`grant`, ``access=``)."""
-        out: dict[Device, Access] = {self.device: self._access}
-        for index, mode in sorted(self._peers.items()):
-            out[Device(self.device.kind, index)] = mode
-        return out
 
     def grant(self, index: int, access: Access = "rw") -> None:
         """Give device ``index`` (a peer of the memory's device) ``access`` to the whole
@@ -956,43 +868,7 @@ class Allocation(Growth):
             mapper.set_access(self.address, self.size, self._access, {index: access})
             self._peers[index] = access
 
-    @property
-    def lifetime(self) -> str:
-        """Who keeps the memory alive: ``"any holder"`` (host, cuda-vmm: every process that
-        maps it or holds a handle) or ``"exporter"`` (cuda-ipc, cuda-pool: only the process
-        that made it, which must outlive every importer; it waits for them before it frees
-        the memory)."""
-        return "exporter" if self.backend.exporter_owned else "any holder"
-
-    @property
-    def holders(self) -> tuple[int, ...]:
-        """In the exporter of exporter-owned memory: the running processes it was served to
-        that have not closed it yet (it is freed only after they have). Empty otherwise."""
-        return self.flight.holders()
-
-    @property
-    def served(self) -> tuple[Served, ...]:
-        """The most recent processes this process served the handles to (pid, time)."""
-        return self.flight.served()
-
-    def record_served(self, pid: int, server: str | None = None, chunks: int = 0) -> None:
-        """Note that the handles were sent to process ``pid``, whose own handle server (if
-        given) is told when this process releases the allocation; ``chunks``: how many
-        chunks it may map now (shrinking below that is refused while it runs)."""
-        # (this process asking its own server imports nothing)
-        holder = self.backend.exporter_owned and self.origin.created_here and pid != os.getpid()
-        self.flight.record_served(pid, server, chunks, holder)
-
-    def served_servers(self) -> list[str]:
-        """Handle servers of the processes this one served (told on release)."""
-        return self.flight.served_servers()
-
     # growth -----------------------------------------------------------------------------
-    @property
-    def growable(self) -> bool:
-        """Whether the allocation was made with a ``capacity`` (and so may grow and shrink)."""
-        return self._growable
-
     def reach(self, exclude: Lease | None = None) -> int:
         """One past the highest byte any lease here (but ``exclude``) may touch (of a
         growable allocation, whose leases' ends are tracked; 0 for another)."""
@@ -1017,56 +893,6 @@ class Allocation(Growth):
         """
         self._unmap_past(nbytes, lambda: self.reach(exclude))
 
-    def chunk_fds(self) -> list[int]:
-        """The exported fds of the chunks, owned by this allocation (do not close them).
-
-        On a pointer backend: the fds an importer needs besides :meth:`exports` (cuda-pool:
-        the pool's; cuda-ipc: none)."""
-        return [c.fd for c in self._chunks if c.fd >= 0 or self.backend.maps]
-
-    def exports(self) -> tuple[bytes, ...]:
-        """A pointer backend's portable chunk handles (empty on a mapping backend)."""
-        return () if self.backend.maps else tuple(c.export for c in self._chunks)
-
-    def exports_for(self, pid: int) -> tuple[bytes, ...]:
-        """:meth:`exports`, to be handed to process ``pid``: first, where the backend has the
-        optional ``admit`` method (ascend: the driver's pid trust list), each chunk is
-        admitted for ``pid``."""
-        exports = self.exports()
-        admit = getattr(self.backend, "admit", None)
-        if admit is not None and exports:
-            for chunk in self._chunks:
-                admit(chunk, pid)
-        return exports
-
-    def handles_for_importers(self) -> tuple[list[int], list[int]]:
-        """The fds to hand to another process, and those of them the caller must close.
-
-        The chunks' own fds, except for a read-only export on a memory system that can
-        reopen a handle read-only (the host backend): then new ``O_RDONLY`` fds. (That alone
-        would not stop an importer, which can open such an fd again read-write through
-        ``/proc``; what does is the seal against new writes, see :meth:`create`.)
-        """
-        fds = self.chunk_fds()
-        if not self.export_readonly:
-            return fds, []
-        reopened: list[int] = []
-        try:
-            for fd in fds:
-                ro = self.backend.reopen_readonly(fd)
-                if ro is None:
-                    return fds, reopened
-                reopened.append(ro)
-        except BaseException:
-            for fd in reopened:
-                os.close(fd)
-            raise
-        return reopened, reopened
-
-    def chunk_sizes(self) -> list[int]:
-        """The chunk sizes, in reservation order."""
-        return [c.size for c in self._chunks]
-
     def has_chunk_sizes(self, sizes: tuple[int, ...]) -> bool:
         """Whether the chunks are ``sizes``, in reservation order (what a payload names),
         compared without making an object (a warm load asks it for every view)."""
@@ -1077,37 +903,3 @@ class Allocation(Growth):
             if chunks[i].size != sizes[i]:
                 return False
         return True
-
-    def describe(self) -> str:
-        """A multi-line table of the reservation, its mappings and their chunks."""
-        o = self.origin
-        stamp = time.strftime("%H:%M:%S", time.localtime(o.time))
-        lines = [
-            f"allocation {self.id} on {self.device} ({self.backend.name}), {o.role}, since {stamp}",
-            f"memory kept alive by: {self.lifetime}"
-            + (
-                " (the exporter must outlive every importer)" if self.backend.exporter_owned else ""
-            ),
-            f"reservation {self.address:#x}-{self.address + self.capacity:#x} "
-            f"({format_bytes(self.capacity)}, {format_bytes(self.size)} mapped)",
-            f"{'mapping':>8} {'offset':>12} {'size':>10} {'chunk':>6} {'fd':>4} access",
-        ]
-        for m in self.mappings:
-            fd = self._chunks[m.chunk].fd
-            size = format_bytes(m.size)
-            lines.append(
-                f"{m.chunk:>8} {m.offset:>#12x} {size:>10} {m.chunk:>6} {fd:>4} {m.access}"
-            )
-        served = self.served
-        if served:
-            pids = sorted({s.pid for s in served})
-            lines.append(f"served handles to pids {', '.join(map(str, pids))}")
-        return "\n".join(lines)
-
-    def __repr__(self) -> str:
-        where = "here" if self.origin.created_here else f"from pid {self.origin.pid}"
-        n, size = len(self._chunks), format_bytes(self.size)
-        return (
-            f"<Allocation {self.id[:12]} {self.backend.name} {self.device} {size} "
-            f"in {n} chunk{'s' if n != 1 else ''}, {where}>"
-        )
