@@ -223,10 +223,10 @@ class SharedDeviceArray(NativeArrayMethods):
         offset: int,
         readonly: bool,
         end: int,
-        lease: Lease | None = None,
+        lease: Lease[Allocation] | None = None,
     ) -> None:
         # (``lease``: one this view shares, which a message's views of one allocation do)
-        self._lease: Lease | None = allocation.lease(end) if lease is None else lease
+        self._lease: Lease[Allocation] | None = allocation.lease(end) if lease is None else lease
         self._dtype = dtype
         self._shape = shape
         self._strides = strides

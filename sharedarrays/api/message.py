@@ -334,7 +334,7 @@ class ReceivedPart:
         self.allocation: Allocation | None = None
         # the lease its views share (not growable), weakly: the views hold it, so that a part
         # kept alive (a traceback of a message that failed to load) holds no mapping
-        self._lease: weakref.ref[Lease] | None = None
+        self._lease: weakref.ref[Lease[Allocation]] | None = None
         self.readonly = payload.readonly  # every view of it is read-only here
         self._growable = False  # (its allocation's, once bound)
         self._stale = False  # (the lease referred to is an earlier message's: see lease)
@@ -362,7 +362,7 @@ class ReceivedPart:
         plain = p.pid != STATE.pid and not alloc.backend.exporter_owned and not alloc.growable
         self._served = alloc.flight.servers if plain else None
 
-    def lease(self, readonly: bool) -> tuple[Allocation, Lease | None]:
+    def lease(self, readonly: bool) -> tuple[Allocation, Lease[Allocation] | None]:
         """The allocation (found or mapped by :meth:`find` on first use) and a new lease for
         the part's views to share (:meth:`take` hands out the one they share where a view
         may take it): one hold on the allocation per message, not per view, taken at the

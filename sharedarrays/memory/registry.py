@@ -14,7 +14,8 @@ from __future__ import annotations
 import time
 from typing import cast
 
-from sharedarrays.memory.allocation import Allocation, _last_used
+from sharedarrays.memory.allocation import Allocation
+from sharedarrays.memory.lease import _last_used
 from sharedarrays.process import STATE, running
 
 __all__ = [
