@@ -370,6 +370,18 @@ class ReceivedPart:
         weakly; ``None`` for a growable allocation, whose views each keep their own ``end``
         for shrinking).
 
+        When a view takes the lease of the views before (:meth:`take`): a later message's
+        part (a warm handoff) takes the last message's lease only where it is the one a
+        parked allocation keeps (``Allocation.lease`` hands it out), else leases through the
+        allocation, under its lock: through the weak reference alone it could take a lease
+        whose end is running in another thread (a ``__del__`` still finds itself through a
+        weak reference), which would live on uncounted, and the allocation could be
+        released under the view. The kept lease cannot be such a one: the allocation lets it
+        go before it ends. For the same reason a view takes another view's lease through the
+        weak reference only in the thread that took it (two threads may load messages with
+        the same payload at once, and the part is shared): in that thread the message being
+        loaded holds its earlier views, and their lease.
+
         Raises
         ------
         ClosedArrayError
@@ -459,17 +471,7 @@ class ReceivedPart:
             mask = dtype.alignment - 1 if self._device else 0
             self._layout = (shape, strides, dtype_str, dtype, low, high, mask)
             fields = (dtype, shape, strides, offset, readonly, offset + high)
-        # The lease of the views before, where this view may take it. A later message's part
-        # (a warm handoff) takes the last message's lease only where it is the one a parked
-        # allocation keeps (Allocation.lease hands it out), else leases through the
-        # allocation, under its lock: through the weak reference alone it could take a lease
-        # whose end is running in another thread (a __del__ still finds itself through a weak
-        # reference), which would live on uncounted, and the allocation could be released
-        # under the view. The kept lease cannot be such a one: the allocation lets it go
-        # before it ends. For the same reason a view takes another view's lease through the
-        # weak reference only in the thread that took it (two threads may load messages with
-        # the same payload at once, and the part is shared): in that thread the message
-        # being loaded holds its earlier views, and their lease.
+        # The lease of the views before, where this view may take it (see lease: when)
         alloc = self.allocation
         ref = self._lease
         lease = None if ref is None else ref()
