@@ -384,7 +384,7 @@ PRELUDE = r"""
 import gc, json, os, pickle, sys, time
 import numpy as np
 import sharedarrays as sa
-from sharedarrays.memory import allocation
+from sharedarrays.memory import registry
 from sharedarrays.transport import client, handles as transport
 from sharedarrays.transport import keeper
 from sharedarrays.protocol import keeper as wire
@@ -399,7 +399,7 @@ def fds():
     # open fds, after a collection and with parked mappings dropped, less the connections
     # to handle servers kept on purpose (one per peer, bounded)
     gc.collect()
-    allocation.drop_parked()
+    registry.drop_parked()
     time.sleep(0.05)
     return len(os.listdir("/proc/self/fd")) - transport.open_connections()
 
@@ -1205,7 +1205,7 @@ for _ in range(int(sys.argv[1])):
         say(outcome="loaded writable")
     except Exception as e:
         say(outcome=err(e), message=str(e))
-say(leaked=fds() - before, mapped=len(allocation.live_allocations()))
+say(leaked=fds() - before, mapped=len(registry.live_allocations()))
 """
 )
 
@@ -1587,7 +1587,7 @@ blob = bytes.fromhex(sys.stdin.readline())
 say(ready=True)
 while True:
     a = pickle.loads(blob); a.close(); del a
-    allocation.drop_parked()
+    registry.drop_parked()
 """
 )
 
@@ -2084,7 +2084,7 @@ for i in range(int(sys.argv[1])):
         say(outcome=f"{what}: {outcome}")
 for fd in held:
     os.close(fd)
-say(leaked=len(os.listdir("/proc/self/fd")) - before, mapped=len(allocation.live_allocations()))
+say(leaked=len(os.listdir("/proc/self/fd")) - before, mapped=len(registry.live_allocations()))
 """
 )
 

@@ -47,7 +47,9 @@ from sharedarrays.errors import (
     WrongNode,
     fd_limit_error,
 )
-from sharedarrays.memory.allocation import Allocation, lookup, revive, use_clock
+from sharedarrays.memory.allocation import Allocation
+from sharedarrays.memory.lease import use_clock
+from sharedarrays.memory.registry import lookup, revive
 from sharedarrays.node import NODE_VARIABLE, this_node
 from sharedarrays.process import STATE
 from sharedarrays.protocol.payload import Payload

@@ -46,9 +46,9 @@ def hold_then_read(blob: bytes, ready: Any, go: Any, result: Any) -> None:
     a.close()
     del a
     gc.collect()
-    import sharedarrays.memory.allocation as al
+    import sharedarrays.memory.registry as sa_registry
 
-    al.drop_parked()
+    sa_registry.drop_parked()
     time.sleep(0.5)  # the close notice is sent off-thread
 
 

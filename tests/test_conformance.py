@@ -39,7 +39,7 @@ from conftest import fd_targets, open_fds
 import sharedarrays as sa
 from sharedarrays.backends import get_backend
 from sharedarrays.backends.device import parse_device
-from sharedarrays.memory.allocation import draining_allocations, drop_parked, lookup
+from sharedarrays.memory.registry import draining_allocations, drop_parked, lookup
 
 TESTS = Path(__file__).parent
 BACKENDS = [

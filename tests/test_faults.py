@@ -34,7 +34,7 @@ from keeper_helpers import (
 )
 
 import sharedarrays as sa
-from sharedarrays.memory import allocation as sa_allocation
+from sharedarrays.memory import registry as sa_registry
 from sharedarrays.transport import keeper
 
 __all__ = ["private_keeper"]
@@ -64,7 +64,7 @@ def _assert_device_memory_back(device: str, before: int | None, timeout: float =
     deadline = time.monotonic() + timeout
     free = _free_device_memory(device)
     while free is not None and free < before - (2 << 20) and time.monotonic() < deadline:
-        sa_allocation.drop_parked()
+        sa_registry.drop_parked()
         time.sleep(0.1)
         free = _free_device_memory(device)
     assert free is not None and free >= before - (2 << 20), (
@@ -74,12 +74,12 @@ def _assert_device_memory_back(device: str, before: int | None, timeout: float =
 
 LOOP_IMPORTS = (
     "import sharedarrays as sa, pickle, sys, json\n"
-    "from sharedarrays.memory import allocation as sa_allocation\n"
+    "from sharedarrays.memory import registry as sa_registry\n"
     "blob = bytes.fromhex(sys.stdin.readline())\n"
     "print(json.dumps({'ready': True}), flush=True)\n"
     "while True:\n"
     "    a = pickle.loads(blob); a.close(); del a\n"
-    "    sa_allocation.drop_parked()\n"
+    "    sa_registry.drop_parked()\n"
 )
 
 
@@ -197,7 +197,7 @@ def test_sigkill_producer_right_after_export(private_keeper: Path, device: str) 
         b.close()
         del a, b
     gc.collect()
-    sa_allocation.drop_parked()
+    sa_registry.drop_parked()
     assert _wait_fds(baseline) <= baseline
     _assert_device_memory_back(device, free_before)
 

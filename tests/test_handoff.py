@@ -17,7 +17,7 @@ import pytest
 import workers
 
 import sharedarrays as sa
-from sharedarrays.memory.allocation import lookup
+from sharedarrays.memory.registry import lookup
 
 METHODS = [m for m in ("fork", "spawn", "forkserver") if m in mp.get_all_start_methods()]
 

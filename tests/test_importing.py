@@ -32,7 +32,8 @@ from sharedarrays.importing import (
     mapped_here,
     resolve,
 )
-from sharedarrays.memory.allocation import Allocation, lookup
+from sharedarrays.memory.allocation import Allocation
+from sharedarrays.memory.registry import lookup
 from sharedarrays.protocol.payload import Payload
 from sharedarrays.transport import client
 

@@ -26,7 +26,7 @@ from conftest import fd_targets, open_fds
 from keeper_helpers import private_keeper  # noqa: F401 - fixture
 
 import sharedarrays as sa
-from sharedarrays.memory.allocation import drop_parked
+from sharedarrays.memory.registry import drop_parked
 from sharedarrays.protocol import keeper as wire
 from sharedarrays.transport import client, keeper
 from sharedarrays.transport import handles as transport

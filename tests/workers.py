@@ -66,9 +66,10 @@ def import_twice(blob: bytes) -> tuple[bool, int]:
     """Load one payload twice in a fresh process: one mapping, same address."""
     x = pickle.loads(blob)
     y = pickle.loads(blob)
-    import sharedarrays.memory.allocation as al
+    import sharedarrays.memory.registry as sa_registry
 
-    return x.allocation is y.allocation and x.address == y.address, len(al.live_allocations())
+    same = x.allocation is y.allocation and x.address == y.address
+    return same, len(sa_registry.live_allocations())
 
 
 def exporter_main(path: str, ready: str, go: str) -> None:
@@ -104,14 +105,14 @@ def release_held(_: object = None) -> int:
 
 
 def parked_ids(_: object = None) -> list[str]:
-    from sharedarrays.memory.allocation import parked_allocations
+    from sharedarrays.memory.registry import parked_allocations
 
     gc.collect()
     return [a.id for a in parked_allocations()]
 
 
 def mapped_ids(_: object = None) -> list[str]:
-    from sharedarrays.memory.allocation import live_allocations
+    from sharedarrays.memory.registry import live_allocations
 
     gc.collect()
     return [a.id for a in live_allocations()]

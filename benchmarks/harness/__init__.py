@@ -74,7 +74,7 @@ internals, which it measures or needs to measure fairly:
   ``.backend.import_sync``: a step of a warm load) and ``SharedDeviceArray.__reduce__``
   (the payload and sync token a worker receives);
 * ``sharedarrays.protocol.payload.Payload.from_bytes`` (a step of a warm load);
-* ``sharedarrays.memory.allocation.drop_parked`` (a worker forgets its parked mappings, so
+* ``sharedarrays.memory.drop_parked`` (a worker forgets its parked mappings, so
   that each cold repeat is a first import);
 * ``sharedarrays.backends.kind_unusable`` and ``sharedarrays.backends.device.parse_device``
   (``--device``).

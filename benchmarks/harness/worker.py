@@ -151,7 +151,7 @@ def task_many_torch(tensors: list[Any]) -> int:
 
 def task_drop(pause: float) -> int:
     """Release this worker's parked mappings (so a cold repeat's memory returns)."""
-    from sharedarrays.memory.allocation import drop_parked
+    from sharedarrays.memory import drop_parked
 
     drop_parked()
     if pause:
@@ -160,7 +160,7 @@ def task_drop(pause: float) -> int:
 
 
 def task_cleanup(_: object) -> int:
-    from sharedarrays.memory.allocation import drop_parked
+    from sharedarrays.memory import drop_parked
 
     gc.collect()
     drop_parked()
@@ -219,7 +219,7 @@ def task_cold_bound(blob: bytes) -> dict[str, float]:
     driver's import, reserve, map and access calls, with the allocation's record). The
     mapping is released after (not timed)."""
     from sharedarrays import importing
-    from sharedarrays.memory.allocation import drop_parked
+    from sharedarrays.memory import drop_parked
     from sharedarrays.protocol.payload import Payload
     from sharedarrays.transport import client
     from sharedarrays.transport import handles as transport

@@ -23,7 +23,8 @@ import numpy as np
 from sharedarrays import importing
 from sharedarrays._cpython import caller_frame, spawning_process
 from sharedarrays.api import keeping, message, othernode, views
-from sharedarrays.api.arraymethods import _READONLY, NativeArrayMethods
+from sharedarrays.api.arraybase import _READONLY
+from sharedarrays.api.arraymethods import NativeArrayMethods
 from sharedarrays.backends import Access, NativeView, get_backend
 from sharedarrays.backends.device import Device, DeviceLike, parse_device
 from sharedarrays.errors import (
@@ -222,10 +223,10 @@ class SharedDeviceArray(NativeArrayMethods):
         offset: int,
         readonly: bool,
         end: int,
-        lease: Lease | None = None,
+        lease: Lease[Allocation] | None = None,
     ) -> None:
         # (``lease``: one this view shares, which a message's views of one allocation do)
-        self._lease: Lease | None = allocation.lease(end) if lease is None else lease
+        self._lease: Lease[Allocation] | None = allocation.lease(end) if lease is None else lease
         self._dtype = dtype
         self._shape = shape
         self._strides = strides

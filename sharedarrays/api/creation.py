@@ -14,7 +14,7 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from sharedarrays.api.array import SharedDeviceArray, assignable, operator_index
-from sharedarrays.api.arraymethods import shareable_dtype
+from sharedarrays.api.arraybase import shareable_dtype
 from sharedarrays.api.options import CreationKeywords, CreationOptions
 from sharedarrays.backends import choose_backend, get_backend
 from sharedarrays.backends.ascend.vmm import is_npu_dlpack
@@ -196,9 +196,8 @@ def empty(
 ) -> SharedDeviceArray:
     """A new shared array whose contents are undefined.
 
-    The keywords after ``order`` (``**options``: ``device`` to ``access``, typed by
-    :class:`~sharedarrays.api.options.CreationKeywords`) are those of every creation
-    function, documented here once.
+    The keywords after ``order`` (``**options``) are those of every creation function,
+    typed and documented once by :class:`~sharedarrays.api.options.CreationKeywords`.
 
     Parameters
     ----------
@@ -206,74 +205,13 @@ def empty(
         Length of each axis.
     dtype : dtype-like, default "float64"
         A bool, integer, float or complex type.
-    device : str, int, torch.device, cupy.cuda.Device or None
-        ``None`` picks ``"cuda:0"`` when a CUDA device is usable, else ``"cpu"``; also
-        ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``N`` (a NumPy integer too), a
-        :class:`~sharedarrays.Device`, a ``cupy.cuda.Device`` or a ``torch.device``.
-    backend : str, default "auto"
-        The memory system: ``"cuda-vmm"`` (CUDA virtual memory management, handles are fds;
-        memory lives while any process holds it), ``"cuda-ipc"`` (``cudaMalloc`` memory
-        shared by legacy CUDA IPC handles; the creating process must outlive every importer),
-        ``"cuda-pool"`` (a stream-ordered memory pool exported once, arrays allocated on the
-        current stream; the creating process must outlive every importer) or ``"host"``
-        (for ``device="cpu"``). ``"auto"`` takes host on the CPU and, on a CUDA device, the
-        first of cuda-vmm, cuda-ipc, cuda-pool that the device supports
-        (:func:`sharedarrays.list_backends` says which can be used here, and why not).
     order : {"C", "F"}
         Row-major or column-major layout.
-    chunk_bytes : int, optional
-        Largest chunk of the allocation. By default an array is one chunk (each chunk costs
-        every importer an import and a map) and a growable array maps at most 2 GiB at a
-        time (:data:`sharedarrays.memory.DEFAULT_CHUNK_BYTES`).
-    pack : bool, optional
-        Carve the array out of a shared 2 MiB *slab* allocation instead of giving it an
-        allocation of its own. The default packs arrays of at most
-        :data:`~sharedarrays.memory.PACK_BYTES` (64 KiB), so that many small arrays cost
-        one chunk, one handle and one import between them rather than one granule (2 MiB on
-        CUDA) each. Arrays packed together share a slab's secret: a process that can import
-        one of them could map its neighbours too. Pass ``pack=False`` for an array that must
-        be shared with nobody who should not see the others. Named, restricted
-        (``allow_pids``), ``readonly`` and growable arrays, and those given ``chunk_bytes``
-        or ``access``, are never packed.
-    progress : bool, optional
-        Show a tqdm.auto progress bar (a widget in Jupyter, text on stderr) while filling
-        or copying (:func:`full`, :func:`from_array`, ...; nothing to show here); ``None``
-        (the default) shows one only in a Jupyter kernel's own process, for arrays of at
-        least :data:`PROGRESS_BYTES`; never in a script or a worker unasked.
-    name : str, optional
-        Give the array this name in this user's keeper (started if needed): any process of
-        the same user can then :func:`~sharedarrays.attach` it, also after this one exited,
-        until :func:`~sharedarrays.unlink` removes the name. 1 to 128 characters from
-        ``A-Z a-z 0-9 . _ -``. The name exists as soon as the memory does (before a fill).
-    allow_pids : iterable of int, optional
-        Only these processes (and this one) may import the array: others get
-        :class:`~sharedarrays.PermissionDenied` from this process's handle server and from
-        the keeper. Default: any process of this user that holds a payload (or the name).
-    readonly : bool, default False
-        Importers get read-only mappings (``PROT_READ`` on the host, a read-only
-        ``cuMemSetAccess`` on CUDA) and read-only views; this process's views stay
-        writable. On the host the kernel enforces it: once mapped here, the memory is sealed
-        against every new write (``F_SEAL_FUTURE_WRITE``), so no other process can write it
-        by any means, and the array cannot grow past its ``capacity``. On CUDA it is each
-        importer's own access setting, which a process of the same user can change (see the
-        user guide's security model).
-    access : sequence, optional
-        Other CUDA devices that may read and write (``"rw"``, the default) or only read
-        (``"r"``) the memory in this process, over NVLink or PCIe, without copies, e.g.
-        ``access=["cuda:0", "cuda:1"]`` or ``[("cuda:1", "r")]`` (the memory's own device is
-        always read-write here). cuda-vmm only; see also
-        :meth:`SharedDeviceArray.grant`. An importer whose current device is another one
-        gets access for that device when it loads the array.
-    capacity : int, optional
-        Make a *growable* array: reserve this many bytes of address space up front (rounded
-        up to the granularity) and back only what ``shape`` needs with chunks. The array then
-        grows and shrinks along axis 0 without copying (:meth:`SharedDeviceArray.resize`,
-        :meth:`~SharedDeviceArray.append`; importers see the growth on their next load or
-        :meth:`~SharedDeviceArray.refresh`). Each growth maps a chunk at least as large as
-        what is mapped already, at most ``chunk_bytes`` (see
-        :func:`sharedarrays.memory.growth_sizes`). Growing past the capacity still works
-        but moves the array to a new reservation (its address changes). Growable arrays are
-        C-ordered, never packed and never named.
+    **options
+        The keywords of every creation function (``device``, ``backend``, ``chunk_bytes``,
+        ``pack``, ``progress``, ``name``, ``allow_pids``, ``readonly``, ``access``,
+        ``capacity``), documented once in
+        :class:`~sharedarrays.api.options.CreationKeywords`.
 
     Raises
     ------

@@ -334,7 +334,7 @@ class ReceivedPart:
         self.allocation: Allocation | None = None
         # the lease its views share (not growable), weakly: the views hold it, so that a part
         # kept alive (a traceback of a message that failed to load) holds no mapping
-        self._lease: weakref.ref[Lease] | None = None
+        self._lease: weakref.ref[Lease[Allocation]] | None = None
         self.readonly = payload.readonly  # every view of it is read-only here
         self._growable = False  # (its allocation's, once bound)
         self._stale = False  # (the lease referred to is an earlier message's: see lease)
@@ -362,13 +362,25 @@ class ReceivedPart:
         plain = p.pid != STATE.pid and not alloc.backend.exporter_owned and not alloc.growable
         self._served = alloc.flight.servers if plain else None
 
-    def lease(self, readonly: bool) -> tuple[Allocation, Lease | None]:
+    def lease(self, readonly: bool) -> tuple[Allocation, Lease[Allocation] | None]:
         """The allocation (found or mapped by :meth:`find` on first use) and a new lease for
         the part's views to share (:meth:`take` hands out the one they share where a view
         may take it): one hold on the allocation per message, not per view, taken at the
         first view and ended when the last view of them closes or goes (the part holds it
         weakly; ``None`` for a growable allocation, whose views each keep their own ``end``
         for shrinking).
+
+        When a view takes the lease of the views before (:meth:`take`): a later message's
+        part (a warm handoff) takes the last message's lease only where it is the one a
+        parked allocation keeps (``Allocation.lease`` hands it out), else leases through the
+        allocation, under its lock: through the weak reference alone it could take a lease
+        whose end is running in another thread (a ``__del__`` still finds itself through a
+        weak reference), which would live on uncounted, and the allocation could be
+        released under the view. The kept lease cannot be such a one: the allocation lets it
+        go before it ends. For the same reason a view takes another view's lease through the
+        weak reference only in the thread that took it (two threads may load messages with
+        the same payload at once, and the part is shared): in that thread the message being
+        loaded holds its earlier views, and their lease.
 
         Raises
         ------
@@ -459,17 +471,7 @@ class ReceivedPart:
             mask = dtype.alignment - 1 if self._device else 0
             self._layout = (shape, strides, dtype_str, dtype, low, high, mask)
             fields = (dtype, shape, strides, offset, readonly, offset + high)
-        # The lease of the views before, where this view may take it. A later message's part
-        # (a warm handoff) takes the last message's lease only where it is the one a parked
-        # allocation keeps (Allocation.lease hands it out), else leases through the
-        # allocation, under its lock: through the weak reference alone it could take a lease
-        # whose end is running in another thread (a __del__ still finds itself through a weak
-        # reference), which would live on uncounted, and the allocation could be released
-        # under the view. The kept lease cannot be such a one: the allocation lets it go
-        # before it ends. For the same reason a view takes another view's lease through the
-        # weak reference only in the thread that took it (two threads may load messages with
-        # the same payload at once, and the part is shared): in that thread the message
-        # being loaded holds its earlier views, and their lease.
+        # The lease of the views before, where this view may take it (see lease: when)
         alloc = self.allocation
         ref = self._lease
         lease = None if ref is None else ref()

@@ -544,9 +544,9 @@ def free(row: NodeAllocation, confirm: Callable[[str], bool] | None = None) -> l
         pids = ", ".join(str(h.pid) for h in row.importers if h.views < 0)
         done.append(f"pid {pids} attached it: the memory returns when they close it")
     if os.getpid() in {h.pid for h in row.holders if h.parked}:
-        from sharedarrays.memory import allocation
+        from sharedarrays.memory import registry
 
-        alloc = allocation.lookup(row.alloc_id)
+        alloc = registry.lookup(row.alloc_id)
         if alloc is not None and alloc.release():
             done.append("this process dropped its parked mapping")
     return done

@@ -12,7 +12,7 @@
   by name as usual. In a worker the by-value functions of the parent's ``__main__`` share
   one namespace, as a module's functions do, so a global that the initializer or a task
   sets is seen by the next task; an exception of a class defined in a notebook comes back
-  as itself (:class:`_RaisedInTask`).
+  as itself (:class:`~sharedarrays.api.pooltasks._RaisedInTask`).
 
 Shared arrays in the arguments and results are passed without copying, as everywhere.
 
@@ -31,15 +31,19 @@ Shared arrays in the arguments and results are passed without copying, as everyw
 * **An argument that cannot be loaded is that task's error, never a dead worker.** The
   standard library's workers (``Pool``'s and the executor's) load a task's arguments as
   they take the task, and an error there ends the worker. Here they are pickled on their
-  own in the parent (:func:`_args`) and loaded by the task itself in the worker.
+  own in the parent (:func:`~sharedarrays.api.pooltasks._args`) and loaded by the task
+  itself in the worker.
 * **A result that cannot be loaded is that task's error, never a hung pool.** The standard
   library unpickles results in one thread of the pool (``Pool``) or of the executor's
   manager; an exception there ends that thread and the pool waits forever (``Pool``) or
   breaks (``ProcessPoolExecutor``). Here each result is pickled on its own in the worker
-  (:class:`_Alone`) and loaded in the parent where its caller's result is set, so the
-  error (say, :class:`~sharedarrays.HandleUnavailable`) is raised where the caller waits for that
-  result (``map``, ``apply``, ``AsyncResult.get``, ``Future.result``, the
-  ``error_callback``), and the pool goes on working.
+  (:class:`~sharedarrays.api.pooltasks._Alone`) and loaded in the parent where its
+  caller's result is set, so the error (say, :class:`~sharedarrays.HandleUnavailable`) is
+  raised where the caller waits for that result (``map``, ``apply``, ``AsyncResult.get``,
+  ``Future.result``, the ``error_callback``), and the pool goes on working.
+
+What travels to the workers and back is :mod:`sharedarrays.api.pooltasks`; the executor is
+:mod:`sharedarrays.api.poolexecutor`.
 """
 
 from __future__ import annotations
@@ -52,12 +56,8 @@ import multiprocessing.context
 import multiprocessing.pool
 import os
 import sys
-import threading
-import types
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import Future
-from multiprocessing import reduction
-from typing import Any, TypeVar, cast
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 from sharedarrays._cpython import fail_pool_job, next_pool_job
 from sharedarrays.api.poolqueues import (
@@ -69,11 +69,11 @@ from sharedarrays.api.poolqueues import (
     start_worker,
     started,
 )
-from sharedarrays.errors import SharedArrayError, TaskExited, WorkerLost
+from sharedarrays.api.pooltasks import _args, _each, _guarded_get, _task, by_value
+from sharedarrays.errors import SharedArrayError, WorkerLost
 
 __all__ = [
     "Pool",
-    "ProcessPoolExecutor",
     "ForkAfterCudaError",
     "ExecutorBroken",
     "DEFAULT_START_METHOD",
@@ -101,23 +101,6 @@ class ExecutorBroken(WorkerLost, concurrent.futures.process.BrokenProcessPool):
 
     It is a :class:`~sharedarrays.WorkerLost` and the standard library's
     ``BrokenProcessPool``: either ``except`` catches it."""
-
-
-def _broken(error: BaseException) -> BaseException:
-    """The executor's ``BrokenProcessPool`` as an :class:`ExecutorBroken` (other errors,
-    and one already converted, as they are)."""
-    if type(error) is not concurrent.futures.process.BrokenProcessPool:
-        return error
-    made = ExecutorBroken(
-        f"{error} A worker of this ProcessPoolExecutor died (killed, out of memory, a "
-        "crash, os._exit(), or an error as it started: a spawned or forkserver worker "
-        "imports the main module again, so make the executor only under if __name__ == "
-        '"__main__": in a script saved as a file; its standard error may say why), so the '
-        "executor is broken and every future pending then failed: make a new executor and "
-        "submit them again (sharedarrays.Pool replaces a dead worker and goes on)"
-    )
-    made.__cause__ = error
-    return made
 
 
 def cuda_initialised() -> bool:
@@ -170,245 +153,6 @@ def get_context(method: ContextLike = None) -> multiprocessing.context.BaseConte
 
 
 # --------------------------------------------------------------------------------------------
-# shipping functions by value
-
-_loaded: dict[bytes, Callable[..., Any]] = {}
-_loaded_lock = threading.Lock()
-_LOADED_MAX = 128
-
-
-_MAIN_MODULES = ("__main__", "__mp_main__")
-
-_main_namespace: dict[str, Any] = {}
-"""In a worker: the parent's ``__main__`` as the functions it ships by value see it, one
-namespace for all of them (see :func:`_in_main_namespace`)."""
-
-
-def _in_main_namespace(fn: Any, seen: dict[int, Any] | None = None) -> Any:
-    """``fn`` (loaded from cloudpickle) with the globals of every function of the parent's
-    ``__main__`` it brings along in :data:`_main_namespace`.
-
-    cloudpickle gives each function it loads a globals dict of its own, so a global that an
-    initializer sets (``global ARR; ARR = a``) or a task sets for the next one was never
-    seen by the others; a module, as the standard library's spawned worker imports the
-    script, has one. Here functions and classes take the newest definition (a notebook
-    cell run again), and other values keep the worker's (an initializer's, an earlier
-    task's), as a module's globals do."""
-    if isinstance(fn, functools.partial):
-        inner = _in_main_namespace(fn.func, seen)
-        return fn if inner is fn.func else functools.partial(inner, *fn.args, **fn.keywords)
-    if not isinstance(fn, types.FunctionType) or fn.__module__ not in _MAIN_MODULES:
-        return fn
-    namespace = _main_namespace
-    if fn.__globals__ is namespace:
-        return fn
-    seen = {} if seen is None else seen
-    made = seen.get(id(fn))
-    if made is not None:
-        return made
-    made = types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__, fn.__closure__)
-    made.__kwdefaults__ = fn.__kwdefaults__
-    made.__qualname__ = fn.__qualname__
-    made.__doc__ = fn.__doc__
-    made.__dict__.update(fn.__dict__)
-    made.__module__ = fn.__module__
-    seen[id(fn)] = made
-    for name, value in fn.__globals__.items():
-        if isinstance(value, types.FunctionType) and value.__module__ in _MAIN_MODULES:
-            namespace[name] = _in_main_namespace(value, seen)
-        elif isinstance(value, type) and value.__module__ in _MAIN_MODULES:
-            namespace[name] = value
-        else:
-            namespace.setdefault(name, value)
-    return made
-
-
-def _load(blob: bytes) -> Callable[..., Any]:
-    fn = _loaded.get(blob)
-    if fn is None:
-        import cloudpickle
-
-        fn = _in_main_namespace(cloudpickle.loads(blob))
-        with _loaded_lock:
-            if len(_loaded) >= _LOADED_MAX:
-                _loaded.pop(next(iter(_loaded)))
-            _loaded[blob] = fn
-    return fn
-
-
-class ByValue:
-    """A picklable callable that carries a function pickled with cloudpickle.
-
-    Attributes
-    ----------
-    blob : bytes
-        The cloudpickle bytes of the function.
-    name : str
-        The function's qualified name (for messages).
-    """
-
-    __slots__ = ("blob", "name")
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        import cloudpickle
-
-        self.blob: bytes = cloudpickle.dumps(fn)
-        self.name: str = getattr(fn, "__qualname__", type(fn).__name__)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return _load(self.blob)(*args, **kwargs)
-
-    def __reduce__(self) -> tuple[Any, tuple[bytes, str]]:
-        return _rebuild, (self.blob, self.name)
-
-    def __repr__(self) -> str:
-        return f"<by-value {self.name} ({len(self.blob)} bytes)>"
-
-
-def _rebuild(blob: bytes, name: str) -> ByValue:
-    obj = ByValue.__new__(ByValue)
-    obj.blob = blob
-    obj.name = name
-    return obj
-
-
-def _needs_value(fn: object) -> bool:
-    """Whether a spawned worker could not import ``fn`` by name: a lambda or a nested
-    function, or one of ``__main__`` where that is no file a worker imports (a notebook,
-    ``python -c``). A script's functions go by name, as the standard library sends them (the
-    worker imports the script as ``__mp_main__``: one module, its globals shared by the
-    initializer and the tasks, the classes of its exceptions the parent's)."""
-    if isinstance(fn, ByValue):
-        return False
-    if isinstance(fn, functools.partial):
-        return _needs_value(fn.func)
-    module = getattr(fn, "__module__", None)
-    qualname = getattr(fn, "__qualname__", "")
-    if module is None or "<" in qualname:
-        return True
-    return module in _MAIN_MODULES and not _main_is_importable()
-
-
-def _main_is_importable() -> bool:
-    """Whether a spawned worker imports this process's ``__main__`` (as multiprocessing's
-    spawn prepares it: a module run by name, or a file)."""
-    main = sys.modules.get("__main__")
-    if getattr(getattr(main, "__spec__", None), "name", None):
-        return True
-    path = getattr(main, "__file__", None)
-    return isinstance(path, str) and os.path.isfile(path)
-
-
-def by_value(fn: Callable[..., T]) -> Callable[..., T]:
-    """``fn`` wrapped to be pickled by value when a spawned worker could not import it by
-    name (defined in ``__main__`` or a notebook, a lambda, a nested function); otherwise
-    ``fn`` itself."""
-    if _needs_value(fn):
-        return ByValue(fn)
-    return fn
-
-
-# --------------------------------------------------------------------------------------------
-# results that load in the parent under a guard
-
-
-class _Pending:
-    """A value as it reaches the other process (a task's arguments in the worker, its result
-    in the parent): pickled bytes, loaded (:meth:`load`) where a failure to load it is that
-    task's error: by the task itself, or where the caller's result is set."""
-
-    __slots__ = ("blob",)
-
-    def __init__(self, blob: bytes) -> None:
-        self.blob = blob
-
-    def load(self) -> Any:
-        return reduction.ForkingPickler.loads(self.blob)
-
-
-class _Alone:
-    """A value pickled on its own (multiprocessing's pickler: shared arrays travel as
-    payloads): a task's arguments in the parent, its result in the worker. It arrives as a
-    :class:`_Pending`, so that the message carrying it always loads: the standard library's
-    worker does not survive arguments it cannot load, nor its pool's result thread a result."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
-        try:
-            blob = bytes(reduction.ForkingPickler.dumps(self.value))
-        except Exception as e:
-            # (what pickle knows only by name where the other process cannot find it: an
-            # instance of a class defined in a notebook cell, which a worker has only by
-            # value, or a lambda: cloudpickle writes those by value; anything else fails
-            # with the first error)
-            import cloudpickle
-
-            try:
-                blob = cloudpickle.dumps(self.value)
-            except Exception:
-                raise e from None
-        return _Pending, (blob,)
-
-
-class _RaisedInTask(Exception):
-    """A task's exception that multiprocessing's pickler cannot write (of a class defined
-    in a notebook cell, which the worker has only by value: pickle refuses it by name), sent
-    as :class:`_Alone` sends a value (cloudpickle), and raised in the parent as itself
-    (:meth:`unwrap`: cloudpickle gives back the parent's own class)."""
-
-    def __init__(self, error: BaseException, text: str | None = None) -> None:
-        super().__init__(text or f"{type(error).__qualname__}: {error}")
-        self.carried: Any = _Alone(error)
-
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return _raised_again, (self.carried, str(self))
-
-    def unwrap(self) -> BaseException:
-        """The task's own exception (with this one's cause: the worker's traceback), or
-        this one where it cannot be loaded here."""
-        try:
-            error = self.carried.load() if type(self.carried) is _Pending else self.carried.value
-        except Exception:
-            return self
-        if not isinstance(error, BaseException):
-            return self
-        error.__cause__ = self.__cause__
-        return error
-
-
-def _raised_again(carried: Any, text: str) -> _RaisedInTask:
-    made = _RaisedInTask.__new__(_RaisedInTask)
-    Exception.__init__(made, text)
-    made.carried = carried
-    return made
-
-
-def _load_pending(value: Any) -> Any:
-    """A result as it arrived (one value, or a chunk's list of them), with its pending
-    parts loaded. Raises what loading raises."""
-    if isinstance(value, _Pending):
-        return value.load()
-    if type(value) is list and any(isinstance(v, _Pending) for v in value):
-        return [_load_pending(v) for v in value]
-    return value
-
-
-def _args(args: Iterable[Any], kwargs: Mapping[str, Any]) -> _Alone:
-    """A task's arguments, as the parent sends them: loaded by the task in the worker."""
-    return _Alone((tuple(args), dict(kwargs)))
-
-
-def _each(iterable: Iterable[Any], star: bool) -> Iterator[Any]:
-    """The items of a map's ``iterable`` as its tasks take them: the arguments of each
-    (:func:`_args`; ``star``: an item is the argument tuple, as ``starmap`` takes it)."""
-    for item in iterable:
-        yield (_args(item, {}),) if star else _args((item,), {})
-
-
 def _start_worker(
     table: PoolTable, initializer: Callable[..., object] | None, initargs: tuple[Any, ...]
 ) -> None:
@@ -418,114 +162,6 @@ def _start_worker(
     if initializer is not None:
         initializer(*initargs)
     started()  # (a death before this fails the jobs pending: see _Workers)
-
-
-class _Task:
-    """The function a worker runs: the user's, called with the arguments it loads (a
-    :class:`_Pending` of :func:`_args`), with its result wrapped in :class:`_Alone`."""
-
-    __slots__ = ("fn",)
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        self.fn = fn
-
-    def __call__(self, *args: Any, **kwargs: Any) -> _Alone:
-        if len(args) == 1 and not kwargs:
-            sent = args[0]
-            if type(sent) is _Pending:
-                args, kwargs = sent.load()
-            elif type(sent) is _Alone:  # (called without pickling)
-                args, kwargs = sent.value
-        try:
-            return _Alone(self.fn(*args, **kwargs))
-        except SystemExit as e:  # (the pool would wait for it forever: see TaskExited)
-            fn = self.fn
-            name = fn.name if type(fn) is ByValue else getattr(fn, "__qualname__", repr(fn))
-            raise TaskExited(
-                f"the task {name} called sys.exit({e.code!r}) in a worker; a task cannot end "
-                "its worker (the pool would wait for its result forever), so this is that "
-                "task's error and the worker goes on: return a value or raise an exception "
-                "instead"
-            ) from None
-        except Exception as e:
-            try:
-                reduction.ForkingPickler.dumps(e)
-            except Exception:
-                raise _RaisedInTask(e) from e  # (by value: see _RaisedInTask)
-            raise
-
-    def __reduce__(self) -> tuple[Any, tuple[Callable[..., Any]]]:
-        return _Task, (self.fn,)
-
-
-def _task(fn: Callable[..., T]) -> Callable[..., T]:
-    """``fn`` as a worker runs it (by value where needed, result wrapped once)."""
-    return cast(Callable[..., T], fn if isinstance(fn, _Task) else _Task(by_value(fn)))
-
-
-def _guarded_get(recv: Callable[[], Any]) -> Any:
-    """``Pool``'s result reader: loads each result, and one that fails to load becomes that
-    task's error (the pool's result thread goes on)."""
-    task = recv()
-    if type(task) is tuple and len(task) == 3 and type(task[2]) is tuple:
-        job, i, (ok, value) = task
-        if ok:
-            try:
-                return job, i, (True, _load_pending(value))
-            except Exception as e:
-                return job, i, (False, e)
-        if type(value) is _RaisedInTask:
-            return job, i, (False, value.unwrap())
-    return task
-
-
-class _ResultFuture(Future[Any]):
-    """The future :meth:`ProcessPoolExecutor.submit` returns: it follows the executor's own
-    and fails with the load error when the result could not be loaded here."""
-
-    def __init__(self, inner: Future[Any]) -> None:
-        super().__init__()
-        self._inner: Future[Any] | None = inner
-        inner.add_done_callback(self._follow)
-
-    def _follow(self, inner: Future[Any]) -> None:
-        self._inner = None  # no cycle: the result goes with the last reference to this
-        if inner.cancelled():
-            self._cancelled()
-            return
-        error = inner.exception()
-        if type(error) is _RaisedInTask:
-            error = error.unwrap()
-        if error is None:
-            try:
-                value = _load_pending(inner.result())  # (the executor keeps the last result it
-            except Exception as e:  # got: only the bytes, so the arrays go with this)
-                error = e
-        if error is not None:
-            self.set_exception(_broken(error))
-        else:
-            self.set_result(value)
-
-    def _cancelled(self) -> None:
-        # (what the executor does for its own futures: cancelled, then waiters told;
-        # ``concurrent.futures.wait`` and ``as_completed`` learn of it only from the second.
-        # Called once: by _follow, which the inner future calls once, when it ends)
-        super().cancel()
-        self.set_running_or_notify_cancel()
-
-    def cancel(self) -> bool:
-        inner = self._inner
-        if inner is not None:
-            inner.cancel()  # (cancelled, it calls _follow before it returns)
-        return self.cancelled()
-
-    def running(self) -> bool:
-        inner = self._inner
-        return inner is not None and inner.running()
-
-
-# --------------------------------------------------------------------------------------------
-# the pools
 
 
 class _Workers(list):  # type: ignore[type-arg]
@@ -816,70 +452,3 @@ class Pool(multiprocessing.pool.Pool):
             callback,
             error_callback,
         )
-
-
-class ProcessPoolExecutor(concurrent.futures.ProcessPoolExecutor):
-    """:class:`concurrent.futures.ProcessPoolExecutor` with the spawn start method by
-    default and notebook-defined functions shipped by value.
-
-    Parameters
-    ----------
-    max_workers : int, optional
-        Number of workers (default ``os.cpu_count()``).
-    mp_context : str or multiprocessing context, optional
-        ``"spawn"`` (the default), ``"forkserver"``, or ``"fork"`` (refused after CUDA
-        was initialised in this process).
-    initializer : callable, optional
-        Called in each worker on start with ``initargs``.
-    initargs : tuple
-        Arguments of ``initializer``.
-    max_tasks_per_child : int, optional
-        Replace a worker after this many tasks (Python 3.11 and newer).
-
-    Raises
-    ------
-    ForkAfterCudaError
-        ``"fork"`` asked for after CUDA was initialised.
-    """
-
-    def __init__(
-        self,
-        max_workers: int | None = None,
-        mp_context: ContextLike = None,
-        initializer: Callable[..., object] | None = None,
-        initargs: tuple[Any, ...] = (),
-        *,
-        max_tasks_per_child: int | None = None,
-    ) -> None:
-        ctx = get_context(mp_context)
-        if initializer is not None:
-            initializer = by_value(initializer)
-        extra: dict[str, Any] = {}
-        if max_tasks_per_child is not None:
-            extra["max_tasks_per_child"] = max_tasks_per_child
-        super().__init__(max_workers, ctx, initializer, initargs, **extra)
-
-    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
-        """Schedule ``fn(*args, **kwargs)`` in a worker; returns a Future.
-
-        Raises
-        ------
-        ExecutorBroken
-            A worker died earlier: the executor cannot run tasks any more.
-        """
-        try:
-            inner = super().submit(_task(fn), _args(args, kwargs))
-        except concurrent.futures.process.BrokenProcessPool as e:
-            raise _broken(e) from e
-        return _ResultFuture(inner)
-
-    def map(
-        self,
-        fn: Callable[..., T],
-        *iterables: Iterable[Any],
-        timeout: float | None = None,
-        chunksize: int = 1,
-        **kwargs: Any,
-    ) -> Iterator[T]:
-        """Like the built-in ``map(fn, *iterables)``, computed by the workers."""
-        return super().map(by_value(fn), *iterables, timeout=timeout, chunksize=chunksize, **kwargs)

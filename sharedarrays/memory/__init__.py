@@ -4,10 +4,13 @@ payloads in flight, slabs. Their per-process state is ``STATE.memory``
 
 One module per concern (each module's docstring says what it holds):
 
-``allocation``   :class:`Allocation` (create, import, map, lease, park, release, drain) and
-                 :class:`Lease`; the functions that read the registry
+``allocation``   :class:`Allocation` (create, import, map, release, drain)
+``lease``        :class:`Lease`, and the base class that leases, parks, makes native arrays
+``registry``     the functions that read the registry (lookup, live, parked, draining)
 ``growth``       the chunk sizing policy; adding, removing and moving chunks
 ``inflight``     payloads in flight and the processes an allocation was served to
+``handover``     handing the payloads in flight over to the keeper (a base class)
+``records``      what an allocation tells of itself: chunks, holders, served, describe
 ``reservation``  a reservation of address space, and tearing mappings down
 ``info``         the read-only records ``describe`` and the widgets show
 ``slabs``        small arrays packed into shared slabs
@@ -21,24 +24,22 @@ the foundation, protocol and backends layers; upper layers subscribe to it throu
 
 from __future__ import annotations
 
-from sharedarrays.memory.allocation import (
-    Allocation,
-    Lease,
+from sharedarrays.memory.allocation import Allocation
+from sharedarrays.memory.growth import DEFAULT_CHUNK_BYTES, MAX_CHUNKS, chunk_sizes, growth_sizes
+from sharedarrays.memory.inflight import IN_FLIGHT_SECONDS, in_flight_seconds
+from sharedarrays.memory.info import ChunkInfo, MappingInfo, Origin, Served
+from sharedarrays.memory.lease import Lease, keep_imports, use_clock
+from sharedarrays.memory.registry import (
     draining_allocations,
     drop_parked,
     held_elsewhere,
-    keep_imports,
     live_allocations,
     lookup,
     parked_allocations,
     reap_draining,
     revive,
-    use_clock,
     wait_draining,
 )
-from sharedarrays.memory.growth import DEFAULT_CHUNK_BYTES, MAX_CHUNKS, chunk_sizes, growth_sizes
-from sharedarrays.memory.inflight import IN_FLIGHT_SECONDS, in_flight_seconds
-from sharedarrays.memory.info import ChunkInfo, MappingInfo, Origin, Served
 from sharedarrays.memory.slabs import PACK_BYTES, SLAB_BYTES, pack_into_slab
 
 __all__ = [

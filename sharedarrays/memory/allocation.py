@@ -5,266 +5,61 @@ An :class:`Allocation` is what one array's memory is. It is created in one proce
 most once, so the registry (in the process state, ``STATE.memory``) is keyed
 by the allocation's id.
 
-This module holds the allocation's core: creating, importing and mapping its chunks, the
-leases views take on it (:class:`Lease`: a lease and the allocation that makes it are in one
-module, so that neither imports the other), parking, releasing and draining, and the
-functions that read the registry (:func:`lookup`, :func:`live_allocations`, ...). The other
-concerns have their own modules, below this one: the chunk sizing policy and growth
+This module holds the allocation's core: creating, importing and mapping its chunks,
+releasing and draining. The other concerns have their own modules, below this one: the
+leases views take on it, parking and native arrays (:mod:`~sharedarrays.memory.lease`, a
+base class: a lease and what makes it are in one module, so that neither imports the
+other), the chunk sizing policy and growth
 (:mod:`~sharedarrays.memory.growth`, a base class of :class:`Allocation`), payloads in
 flight and served processes (:mod:`~sharedarrays.memory.inflight`, one record per
-allocation), the reservation and teardown (:mod:`~sharedarrays.memory.reservation`), the
-read-only records ``describe`` shows (:mod:`~sharedarrays.memory.info`); and slabs
-(:mod:`~sharedarrays.memory.slabs`), above it.
+allocation) and their hand-over to the keeper (:mod:`~sharedarrays.memory.handover`, a base
+class), what the allocation tells of itself (:mod:`~sharedarrays.memory.records`, a base
+class: chunks, mappings, holders, served, handles for importers, ``describe``), the
+reservation and teardown (:mod:`~sharedarrays.memory.reservation`), the read-only records
+``describe`` shows (:mod:`~sharedarrays.memory.info`); and, above it, the
+functions that read the registry (:mod:`~sharedarrays.memory.registry`: ``lookup``,
+``live_allocations``, ...) and slabs (:mod:`~sharedarrays.memory.slabs`).
 
 Lifetime
 --------
 An allocation is released (synchronised, unmapped, its reservation freed, its chunks
 released and their fds closed) when the last Python object that refers to it goes away:
 the :class:`~sharedarrays.SharedDeviceArray` views that are still open and the native arrays
-(NumPy or CuPy) built over it, each holding a :class:`Lease`, which a ``weakref.finalize``
-finalizer ends. Memory itself lives on while any other process maps it or holds one of its
-handles.
+(NumPy or CuPy) built over it, each holding a :class:`~sharedarrays.memory.lease.Lease`, which a
+``weakref.finalize`` finalizer ends. Memory itself lives on while any other process maps it
+or holds one of its handles.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
-import sys
 import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
-import numpy as np
-
-from sharedarrays._cpython import ITEM_ALONE, LOCAL_ALONE, refcount
 from sharedarrays.backends import Access, Backend, Chunk, MappingBackend, round_up
-from sharedarrays.backends.device import Device
-from sharedarrays.errors import ClosedArrayError, PayloadError
-from sharedarrays.memory.growth import Growth, chunk_sizes
+from sharedarrays.errors import PayloadError
+from sharedarrays.memory.growth import chunk_sizes
+from sharedarrays.memory.handover import HandOver
 from sharedarrays.memory.inflight import InFlight
-from sharedarrays.memory.info import ChunkInfo, MappingInfo, Origin, Served, format_bytes
+from sharedarrays.memory.info import Origin
+from sharedarrays.memory.lease import Lease, Leasing, use_clock
 from sharedarrays.memory.reservation import Reservation, teardown
-from sharedarrays.process import STATE, running
-from sharedarrays.protocol.payload import remember
-from sharedarrays.settings import env_number
+from sharedarrays.process import STATE
 
-__all__ = [
-    "Allocation",
-    "Lease",
-    "live_allocations",
-    "parked_allocations",
-    "use_clock",
-    "drop_parked",
-    "draining_allocations",
-    "reap_draining",
-    "revive",
-    "wait_draining",
-    "held_elsewhere",
-    "keep_imports",
-    "lookup",
-]
+__all__ = ["Allocation"]
 
 
-_keep_imports: tuple[float, int] = (float("-inf"), 64)  # (when read, the value)
-
-
-def keep_imports() -> int:
-    """How many imported allocations with no live view this process keeps mapped.
-
-    A worker that receives the same array again then finds it mapped (a *warm* handoff: no
-    connection, no import, no map). Set by ``SHAREDARRAYS_KEEP_IMPORTS`` (default 64; 0 turns
-    parking off), read at most once a second, when an import parks: its last view goes for
-    the first time, or after the lease it kept was let go. (A parked import keeps a lease,
-    which its next view takes and gives back: a warm handoff parks nothing and reads no
-    limit, so a lowered limit takes effect at the next park.) A parked mapping is dropped as
-    soon as its exporter releases the allocation (a notice) or exits (seen when it parks,
-    or by the handle server's housekeeping), and the least recently used are dropped when
-    a park goes over the limit.
-    """
-    global _keep_imports
-    now = time.monotonic()
-    if now - _keep_imports[0] >= 1.0:
-        _keep_imports = (now, env_number("SHAREDARRAYS_KEEP_IMPORTS", 64, 0))
-    return _keep_imports[1]
-
-
-NATIVES_KEPT = 1024
-"""Most native arrays an allocation keeps for reuse (:meth:`Allocation.native_view`): one per
-view layout used, a few hundred bytes each."""
-
-
-def _last_used(alloc: Allocation) -> int:
-    return alloc.last_used
-
-
-def lookup(alloc_id: str, draining: bool = False) -> Allocation | None:
-    """Return this process's mapped allocation with id ``alloc_id``, if any (``draining``:
-    also one released here but still held by other processes, see
-    :func:`draining_allocations`)."""
-    alloc = STATE.memory.registry.get(alloc_id)
-    if alloc is None and draining:
-        alloc = STATE.memory.draining.get(alloc_id)
-    return cast("Allocation | None", alloc)
-
-
-def revive(alloc_id: str) -> Allocation | None:
-    """Put a draining allocation made here back in the registry and return it (``None`` if
-    none drains under that id): a payload of it came back to its exporter, which maps it
-    still (a pointer backend cannot import its own memory)."""
-    with STATE.memory.lock:
-        alloc: Allocation | None = STATE.memory.draining.pop(alloc_id, None)
-        if alloc is not None:
-            with alloc._lock:
-                alloc.released = False
-            STATE.memory.registry[alloc_id] = alloc
-    return alloc
-
-
-def live_allocations() -> list[Allocation]:
-    """Every allocation currently mapped in this process (parked ones too), oldest first."""
-    with STATE.memory.lock:
-        allocs: list[Allocation] = list(STATE.memory.registry.values())
-    return sorted(allocs, key=lambda a: a.origin.time)
-
-
-use_clock = time.monotonic_ns
-"""The clock of :attr:`Allocation.last_used` (a C call: no Python frame)."""
-
-
-def parked_allocations() -> list[Allocation]:
-    """Imported allocations kept mapped with no live view, least recently used first."""
-    with STATE.memory.lock:
-        parked = [a for a in STATE.memory.parked.values() if a.parked]
-    return sorted(parked, key=_last_used)
-
-
-def drop_parked(only_orphans: bool = False) -> int:
-    """Release parked allocations: all of them, or only those whose source process is gone.
-
-    Returns how many were released.
-    """
-    with STATE.memory.lock:
-        victims: list[Allocation] = [
-            a
-            for a in STATE.memory.parked.values()
-            if a.parked and (not only_orphans or not running(a.origin.pid))
-        ]
-    return sum(a.release() for a in victims)
-
-
-def draining_allocations() -> list[Allocation]:
-    """Allocations of exporter-owned memory (cuda-ipc, cuda-pool) that this process released
-    but cannot free yet: other processes still hold them (see :attr:`Allocation.holders`);
-    and growable allocations released here with payloads in flight (see
-    :meth:`Allocation.release`)."""
-    with STATE.memory.lock:
-        return list(STATE.memory.draining.values())
-
-
-def reap_draining() -> int:
-    """Free the draining allocations whose holders have all closed or exited.
-
-    Returns how many are still waiting.
-    """
-    for alloc in draining_allocations():
-        alloc.closed_by(None)
-    with STATE.memory.lock:
-        return len(STATE.memory.draining)
-
-
-def held_elsewhere() -> list[Allocation]:
-    """Exporter-owned allocations made here (live or draining) that other running processes
-    still hold (see :attr:`Allocation.holders`)."""
-    with STATE.memory.lock:
-        mine: list[Allocation] = [
-            a for a in STATE.memory.registry.values() if a.origin.created_here
-        ]
-        mine += STATE.memory.draining.values()
-    return [a for a in mine if a.backend.exporter_owned and (a.holders or a.busy())]
-
-
-def wait_draining(timeout: float) -> list[Allocation]:
-    """Wait up to ``timeout`` seconds until no other process holds exporter-owned memory
-    made here, freeing draining allocations as their holders go (used at exit).
-
-    Returns those still held afterwards.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        reap_draining()
-        held = held_elsewhere()
-        if not held or time.monotonic() >= deadline:
-            return held
-        time.sleep(0.05)
-
-
-class Lease:
-    """One user's hold on an allocation: each view takes one, which the native array built
-    over it shares (pinned: :meth:`Allocation.pin`).
-
-    When the last lease of an allocation goes away, the allocation is released (in the
-    exporter) or parked (in an importer, see :func:`keep_imports`). A lease ends when it is
-    garbage collected (:meth:`__del__`).
-
-    Attributes
-    ----------
-    allocation : Allocation
-        What it holds.
-    end : int
-        One past the highest byte its holder may touch (shrinking never unmaps below it).
-    """
-
-    __slots__ = ("allocation", "end", "_pinned", "__weakref__")
-
-    def __init__(
-        self, allocation: Allocation, end: int, reservation: Reservation | None = None
-    ) -> None:
-        """Hold ``allocation`` up to byte ``end``; ``reservation``: for a native array, the
-        reservation its addresses are in, kept mapped while the lease lives even after the
-        allocation moved to a larger one."""
-        self.allocation = allocation
-        self.end = end
-        # (a list only when pinned: emptied first when the lease ends)
-        self._pinned = None if reservation is None else [reservation]
-
-    @property
-    def reservation(self) -> Reservation | None:
-        """For a native array: the reservation its addresses are in (the latest pinned),
-        kept mapped while the lease lives even after the allocation moved to a larger one."""
-        return self._pinned[-1] if self._pinned else None
-
-    def __del__(self, _finalizing: Callable[[], bool] = sys.is_finalizing) -> None:
-        # The lease ends when it is collected: the reservation it pinned goes first (an
-        # abandoned reservation is freed before the allocation), then the hold. A __del__
-        # and not a weakref.finalize: a lease is made for every view and every load, and a
-        # finalizer object each (a reference the collector tracks, a callback) made a
-        # message of 10,000 arrays 15-20% slower to load (docs/performance.md). It only
-        # drops counts, so it can bring nothing back to life. Not while the interpreter
-        # shuts down (the process's mappings go with it). ``sys.is_finalizing`` is bound
-        # as a default: a lease collected late in shutdown finds this module's globals, sys
-        # among them, already None.
-        if _finalizing():
-            return
-        self._pinned = None
-        try:
-            self.allocation._unlease(self.end)
-        except Exception as e:  # nowhere to raise to from a finalizer: say so
-            warnings.warn(
-                f"sharedarrays: releasing allocation {self.allocation.id} failed: {e}",
-                RuntimeWarning,
-                stacklevel=1,
-            )
-
-
-class Allocation(Growth):
+class Allocation(Leasing, HandOver):
     """A reservation with its chunks mapped back to back: the memory of one array.
 
     Do not construct directly: use :meth:`create` (exporter) or :meth:`import_` (importer).
-    Views hold :class:`Lease` objects on it; the mapping is released when the last lease
-    goes (in an importer it may stay *parked* a while, ready for the next handoff).
+    Views hold :class:`~sharedarrays.memory.lease.Lease` objects on it; the mapping is released
+    when the last lease goes (in an importer it may stay *parked* a while, ready for the next
+    handoff).
 
     Attributes
     ----------
@@ -290,6 +85,24 @@ class Allocation(Growth):
         Its payloads in flight, the processes it was served to and the loads they reported
         (``note_sent`` when a message carrying it is pickled, ``note_loaded`` and
         ``note_returned`` when one is loaded); :meth:`in_flight` reads it.
+    allow_pids : frozenset of int or None
+        Processes allowed to import it (besides this one); ``None``: any of this user.
+    export_readonly : bool
+        Whether importers get read-only mappings (payloads say ``readonly``).
+    slab : bool
+        Whether it is a slab that small arrays are packed into (made here by
+        :func:`~sharedarrays.memory.slabs.pack_into_slab`): its room belongs to them, none
+        of it is lost to granularity.
+    keeper_name : str or None
+        The name this process gave it or attached it by (``sa.empty(..., name=)``,
+        ``sa.attach``), while this process knows the keeper holds it under that name.
+    in_keeper : bool
+        Whether this process knows the keeper holds its handles: it named or parked it,
+        attached it by name, or had its handles from the keeper (its exporter gone). What
+        the widgets show; no process is asked.
+    write_sealed : bool
+        Whether the kernel forbids every new write to the memory (``readonly=True`` on the
+        host backend): only the creator's mappings made before can write.
     """
 
     def __init__(
@@ -338,32 +151,21 @@ class Allocation(Growth):
         """Whether this process has already released the allocation. Read-only."""
         self._release_when_idle = False  # a release asked for waits for a native base's end
         self._orphaned = False
-        self.kept_lease: Lease | None = None
+        self.kept_lease: Lease[Allocation] | None = None
         """(An importer) the lease a parked allocation keeps for its next views, which
         :meth:`lease` hands out: ``None`` until it first parks, and after it was let go
         (released, orphaned, evicted while in use). Read-only."""
         self.last_used = use_clock()
-        """When this process last leased or loaded the allocation (:data:`use_clock`): the
-        parked allocations' order, least recently used first."""
+        """When this process last leased or loaded the allocation
+        (:data:`~sharedarrays.memory.lease.use_clock`): the parked allocations' order, least
+        recently used first."""
         self.pid = os.getpid()  # a forked child inherits the object but is not this process
         self.allow_pids: frozenset[int] | None = None
-        """Processes allowed to import it (besides this one); ``None``: any of this user."""
         self.export_readonly = False
-        """Whether importers get read-only mappings (payloads say ``readonly``)."""
         self.slab = False
-        """Whether it is a slab that small arrays are packed into (made here by
-        :func:`~sharedarrays.memory.slabs.pack_into_slab`): its room belongs to them, none
-        of it is lost to granularity."""
         self.keeper_name: str | None = None
-        """The name this process gave it or attached it by (``sa.empty(..., name=)``,
-        ``sa.attach``), while this process knows the keeper holds it under that name."""
         self.in_keeper = False
-        """Whether this process knows the keeper holds its handles: it named or parked it,
-        attached it by name, or had its handles from the keeper (its exporter gone). What
-        the widgets show; no process is asked."""
         self.write_sealed = False
-        """Whether the kernel forbids every new write to the memory (``readonly=True`` on the
-        host backend): only the creator's mappings made before can write."""
         self._native_base: tuple[int | None, Any] | None = None  # (device, native array)
         # the native arrays native_view made, by layout (offset, shape, strides): (device,
         # dtype, read-only, the array), up to NATIVES_KEPT, oldest first; a thread takes one
@@ -588,209 +390,6 @@ class Allocation(Growth):
         return alloc
 
     # lifetime ---------------------------------------------------------------------------
-    def lease(self, end: int | None = None, pin: bool = False) -> Lease:
-        """A new hold on this allocation (each view takes one). A parked allocation is no
-        longer parked while one lives.
-
-        Parameters
-        ----------
-        end : int, optional
-            One past the highest byte the holder may touch (default: all mapped bytes).
-        pin : bool
-            Keep the current reservation mapped while the lease lives, even after the
-            allocation moves (native arrays hold addresses in it).
-        """
-        if end is None:
-            end = self.size
-        self.last_used = use_clock()
-        with self._lock:
-            if self.released:
-                raise ClosedArrayError(f"allocation {self.id} was released in this process")
-            if not pin and end == self.size and self._kept_idle():
-                # parked: the lease it keeps, which no view holds, is the view's now (and is
-                # parked again when the view lets it go: no lease made or ended, no list)
-                self._release_when_idle = False
-                return self.kept_lease  # type: ignore[return-value]
-            self._leases += 1
-            if self._growable:  # (ends bound shrinking: see reach)
-                self._ends[end] = self._ends.get(end, 0) + 1
-            self._release_when_idle = False  # (used again: a pending eviction is off)
-            reservation = self._reservation if pin else None
-        # (still listed in STATE.memory.parked if it was parked: leased, it is not parked any more)
-        return Lease(self, end, reservation)
-
-    def native_base(self) -> Any:
-        """The native memory object of the whole allocation (the backend's
-        ``native_memory``), which the native arrays of its views share in this process (its
-        ``native_view`` derives them from it: one native memory object per allocation, not
-        per view).
-
-        Made on first use with a lease of its own, pinned. It is kept while a view holds the
-        allocation, and while an importer keeps the allocation parked (so that the next
-        handoff of it makes none); else, when only its own lease is left, it is let go
-        (:meth:`_unlease`, :meth:`release`), and the lease ends with the last native array
-        made from it. Read-only where this
-        process maps the allocation read-only. Not for a growable allocation, whose views'
-        native arrays each pin the reservation of their own time."""
-        device = self.native_device
-        cached = self._native_base
-        if cached is not None and cached[0] == device:
-            return cached[1]
-        base = self.backend.native_memory(  # type: ignore[attr-defined]
-            self.address, self.size, self.lease(pin=True), self.access != "rw", device
-        )
-        with self._lock:
-            replaced, self._native_base = self._native_base, (device, base)
-            kept, self._natives = self._natives, {}
-        del replaced, kept  # (a peer device's, if any: its lease ends with its native arrays)
-        return base
-
-    def native_view(
-        self,
-        offset: int,
-        dtype: np.dtype[Any],
-        shape: tuple[int, ...],
-        strides: tuple[int, ...],
-        readonly: bool,
-    ) -> Any:
-        """A native array of a view of this allocation: the backend's ``native_view`` of
-        :meth:`native_base` (not for a growable allocation).
-
-        Each native array made is kept, by its layout (up to :data:`NATIVES_KEPT` of them,
-        the oldest let go first), and handed out again for a view of the same layout when
-        nothing else holds it any more and the backend finds its layout unchanged
-        (``native_intact``): a warm handoff's ``.array``, and each of a warm message of
-        many views of the allocation, then makes no new native array (CuPy's constructor is
-        the costliest step of it on the H200, and its two objects per array are what the
-        collector's passes cost in a worker that loads many). A native array someone still
-        holds, or changed (``x.shape = ...``), is never handed out twice. The kept ones go
-        with the native base (:meth:`release`, a move to a peer device).
-        """
-        device = self.native_device
-        backend = self.backend
-        natives = self._natives
-        key = (offset, shape, strides)
-        last = natives.pop(key, None)  # (taken out: no other thread hands it out too)
-        if (
-            last is not None
-            and last[0] == device
-            and (last[1] is dtype or last[1] == dtype)
-            and last[2] is readonly
-            and refcount(last[3]) <= ITEM_ALONE  # (held by its tuple alone: ITEM_ALONE's shape)
-            and backend.native_intact(  # type: ignore[attr-defined]
-                last[3], dtype, shape, strides, readonly
-            )
-        ):
-            natives[key] = last
-            return last[3]
-        del last
-        # (a view calls this: its lease holds the allocation, which release() leaves alone
-        # then, so the table is only ever filled here)
-        native = backend.native_view(  # type: ignore[attr-defined]
-            self.native_base(), offset, dtype, shape, strides, readonly
-        )
-        # (into the table now: native_base() may have made a new one)
-        remember(self._natives, key, (device, dtype, readonly, native), NATIVES_KEPT)
-        return native
-
-    def pin(self, lease: Lease) -> Lease:
-        """Make ``lease`` (one of this allocation's) keep the current reservation mapped
-        while it lives, as a lease taken with ``pin=True`` does; returns it.
-
-        A growable allocation's native arrays hold their view's own lease this way (one
-        lease per view and its native array: the lease ends when both are gone); other
-        allocations' native arrays share :meth:`native_base` and its lease."""
-        with self._lock:
-            reservation = self._reservation
-            pinned = lease._pinned
-            if pinned is None:
-                lease._pinned = [reservation]
-            elif pinned[-1] is not reservation:
-                pinned.append(reservation)
-        return lease
-
-    def _unlease(self, end: int) -> None:
-        with self._lock:
-            if self._growable:
-                left = self._ends.get(end, 0) - 1
-                if left > 0:
-                    self._ends[end] = left
-                else:
-                    self._ends.pop(end, None)
-            self._leases -= 1
-            if self._view_leases() or self.released:  # (idle: none but the native base's)
-                return
-            park = not self._release_when_idle
-            park = park and not self.origin.created_here and not self._orphaned
-        # a mapping whose source process has exited will not be handed to us again: drop it
-        # (a Pool worker's source is its parent, alive while getppid still names it: one
-        # cheap call instead of kill(pid, 0) at every park)
-        pid = self.origin.pid
-        limit = keep_imports() if park and (pid == os.getppid() or running(pid)) else 0
-        if limit == 0:
-            self.release()  # (or lets the native base go, which comes back here when it ends)
-            return
-        dropped: list[Allocation] = []
-        with STATE.memory.lock:
-            parked = STATE.memory.parked
-            parked[self.id] = self  # (where it was, if listed: the order is last_used's)
-            over = len(parked) - limit
-            evict: list[Allocation] = []
-            if over > 0:
-                oldest = sorted((a for a in parked.values() if a is not self), key=_last_used)
-                evict = oldest[:over]
-            for a in evict:
-                if not a.parked:  # leased again since it was listed: not parked
-                    del parked[a.id]
-                    dropped.append(a)
-        self._keep_lease()
-        for a in dropped:  # (its kept lease, if a view holds it, parks it again at its end)
-            a._let_kept_go()
-        for a in evict:
-            a.release()  # (does nothing to one leased again)
-
-    def _keep_lease(self) -> None:
-        """Parked: keep a lease for the next view (:meth:`lease` hands it out), so that a
-        warm handoff makes and ends no lease; the allocation holds it, and is parked again
-        whenever no view holds it. Not for a growable allocation (its views' ends count).
-
-        The lease is counted under the lock and made outside it: making an object may start
-        a collection, and a lease of this allocation that it ends would take the lock in
-        this thread. Where a release, an orphaning or another keep came in between, the
-        lease is not kept: it ends at once, as any lease does (its end releases or parks
-        the allocation)."""
-        with self._lock:
-            if (
-                self.kept_lease is not None
-                or self._growable
-                or self.released
-                or self._release_when_idle
-                or self._orphaned
-                or self._view_leases()
-            ):
-                return
-            self._leases += 1
-        kept: Lease | None = Lease(self, self.size)
-        with self._lock:
-            if self.kept_lease is None and not (
-                self.released or self._release_when_idle or self._orphaned
-            ):
-                self.kept_lease, kept = kept, None
-        del kept  # (outside the lock: a lease not kept ends here)
-
-    def _let_kept_go(self) -> None:
-        """Stop keeping a lease: one that no view holds ends now (and its end releases or
-        parks the allocation, as any lease's does); one a view holds ends with the view."""
-        with self._lock:
-            kept, self.kept_lease = self.kept_lease, None
-        del kept  # (outside the lock: its end takes it)
-
-    def _kept_idle(self) -> int:
-        # 1 where the allocation keeps a lease that no view holds (only this attribute
-        # refers to it), else 0; the caller holds no reference to it
-        kept = self.kept_lease  # (the shape LOCAL_ALONE was measured with: one local)
-        return 0 if kept is None else int(refcount(kept) <= LOCAL_ALONE)
-
     def orphan(self) -> None:
         """The source released this allocation: release it here too once nothing uses it."""
         with self._lock:
@@ -811,10 +410,10 @@ class Allocation(Growth):
         Exporter-owned memory (cuda-ipc, cuda-pool) that other processes still hold is not
         freed yet: the allocation leaves the registry (nothing new is served) and *drains*
         until its last holder closes it or exits (:attr:`holders`,
-        :func:`draining_allocations`); the processes it was served to are told to drop
-        their parked mappings. A growable allocation (never handed to the keeper) drains
-        the same way while a payload of it is in flight (a pool worker's result), so that
-        it loads while this process runs.
+        :func:`~sharedarrays.memory.registry.draining_allocations`); the processes it was
+        served to are told to drop their parked mappings. A growable allocation (never
+        handed to the keeper) drains the same way while a payload of it is in flight (a pool
+        worker's result), so that it loads while this process runs.
 
         Returns
         -------
@@ -917,124 +516,7 @@ class Allocation(Growth):
         self.pid = os.getpid()
         self.flight.forget()
 
-    # payloads in flight ----------------------------------------------------------------
-    def in_flight(self) -> tuple[int, float]:
-        """Payloads pickled here that may still be loaded, and the seconds left of their
-        bound (:func:`in_flight_seconds`, counted from the last one pickled).
-
-        Every payload pickled here counts until as many were counted loaded
-        (``flight.note_loaded``: a handle request answered here, a payload loaded back
-        here, the loads its exporter's release notice reports, the warm loads importers of
-        exporter-owned memory report), or the bound passed. Other warm loads (a process that
-        already maps the allocation asks nothing) are not counted, so the count errs on the
-        side of keeping memory alive.
-
-        Returns
-        -------
-        count, seconds
-            ``(0, 0.0)`` when nothing is in flight.
-        """
-        return self.flight.in_flight()
-
-    def busy(self) -> bool:
-        """Whether a payload of this allocation pickled here may still be loaded
-        (:meth:`in_flight`)."""
-        return self.in_flight()[0] > 0
-
-    def hand_over(self, say: bool = True) -> tuple[int, str] | None:
-        """Give the handles of the payloads in flight to something that outlives this
-        process (the process state's ``hand_over_hooks``: the keeper), for the rest of their bound.
-
-        Called when the allocation is released here and at exit, for memory that outlives
-        its exporter (host, cuda-vmm); does nothing when no payload is in flight. A hook's
-        failure is said on stderr (this runs from finalizers; with ``say=False`` the caller
-        says it): those payloads will not load.
-
-        Returns
-        -------
-        tuple of (int, str) or None
-            On a failure, how many payloads will not load and the message that says so.
-        """
-        if self.pid != os.getpid() or self.growable or not self.backend.maps:
-            return None
-        count, seconds = self.in_flight()
-        if not count:
-            return None
-        for hook in STATE.memory.hand_over_hooks:
-            try:
-                hook(self, count, seconds)
-            except Exception as exc:
-                message = (
-                    f"sharedarrays: {count} payload(s) of allocation {self.id} are in flight "
-                    f"but their memory could not be handed to the keeper ({exc}); they will "
-                    "not load. Keep a view open until they are loaded, or park() the array"
-                )
-                if say:
-                    print(message, file=sys.stderr)
-                return count, message
-        self.flight.handed_over()  # the keeper answers for them from now on
-        return None
-
-    # description ------------------------------------------------------------------------
-    @property
-    def device(self) -> Device:
-        """The device the memory lives on."""
-        return self.backend.device
-
-    @property
-    def parked(self) -> bool:
-        """Whether this importer keeps the allocation mapped with no live view (listed in
-        :data:`STATE.memory.parked` and idle: one leased again stays listed until idle again)."""
-        return not self.released and not self._view_leases() and self.id in STATE.memory.parked
-
-    @property
-    def leases(self) -> int:
-        """How many leases hold the allocation here: the views' (one per view, or one for
-        the views of one message) and the native base's (:meth:`native_base`), if any."""
-        return self._leases - self._kept_idle()
-
-    @property
-    def view_leases(self) -> int:
-        """:attr:`leases` less the native base's: what views (and a growable allocation's
-        native arrays) hold here. Zero while the allocation is parked."""
-        with self._lock:
-            return self._view_leases()
-
-    def _view_leases(self) -> int:
-        # (:attr:`view_leases`, the caller holding the lock: the one rule of idleness that
-        # lease, _unlease and release read)
-        # (and the parked allocation's kept lease, while no view holds it)
-        return self._leases - (self._native_base is not None) - self._kept_idle()
-
-    @property
-    def chunks(self) -> tuple[ChunkInfo, ...]:
-        """The chunks, in reservation order."""
-        return tuple(ChunkInfo(i, c.size, c.fd) for i, c in enumerate(self._chunks))
-
-    @property
-    def mappings(self) -> tuple[MappingInfo, ...]:
-        """The mappings, in reservation order (one per chunk, back to back)."""
-        out = []
-        offset = 0
-        for i, c in enumerate(self._chunks):
-            out.append(MappingInfo(offset, c.size, i, 0, self._access))
-            offset += c.size
-        return tuple(out)
-
-    @property
-    def access(self) -> Access:
-        """This process's access to the whole reservation, from the memory's own device."""
-        return self._access
-
-    @property
-    def access_by_device(self) -> dict[Device, Access]:
-        """Every device that may touch the memory in this process, and how: the memory's own
-        device, and the peers granted access (:meth:`grant`, ``access=``)."""
-        out: dict[Device, Access] = {self.device: self._access}
-        for index, mode in sorted(self._peers.items()):
-            out[Device(self.device.kind, index)] = mode
-        return out
-
+    # leases and access ---------------------------------------------------------------------
     def grant(self, index: int, access: Access = "rw") -> None:
         """Give device ``index`` (a peer of the memory's device) ``access`` to the whole
         reservation in this process (``cuMemSetAccess``; also for chunks mapped later).
@@ -1062,44 +544,8 @@ class Allocation(Growth):
             mapper.set_access(self.address, self.size, self._access, {index: access})
             self._peers[index] = access
 
-    @property
-    def lifetime(self) -> str:
-        """Who keeps the memory alive: ``"any holder"`` (host, cuda-vmm: every process that
-        maps it or holds a handle) or ``"exporter"`` (cuda-ipc, cuda-pool: only the process
-        that made it, which must outlive every importer; it waits for them before it frees
-        the memory)."""
-        return "exporter" if self.backend.exporter_owned else "any holder"
-
-    @property
-    def holders(self) -> tuple[int, ...]:
-        """In the exporter of exporter-owned memory: the running processes it was served to
-        that have not closed it yet (it is freed only after they have). Empty otherwise."""
-        return self.flight.holders()
-
-    @property
-    def served(self) -> tuple[Served, ...]:
-        """The most recent processes this process served the handles to (pid, time)."""
-        return self.flight.served()
-
-    def record_served(self, pid: int, server: str | None = None, chunks: int = 0) -> None:
-        """Note that the handles were sent to process ``pid``, whose own handle server (if
-        given) is told when this process releases the allocation; ``chunks``: how many
-        chunks it may map now (shrinking below that is refused while it runs)."""
-        # (this process asking its own server imports nothing)
-        holder = self.backend.exporter_owned and self.origin.created_here and pid != os.getpid()
-        self.flight.record_served(pid, server, chunks, holder)
-
-    def served_servers(self) -> list[str]:
-        """Handle servers of the processes this one served (told on release)."""
-        return self.flight.served_servers()
-
     # growth -----------------------------------------------------------------------------
-    @property
-    def growable(self) -> bool:
-        """Whether the allocation was made with a ``capacity`` (and so may grow and shrink)."""
-        return self._growable
-
-    def reach(self, exclude: Lease | None = None) -> int:
+    def reach(self, exclude: Lease[Allocation] | None = None) -> int:
         """One past the highest byte any lease here (but ``exclude``) may touch (of a
         growable allocation, whose leases' ends are tracked; 0 for another)."""
         with self._lock:
@@ -1112,7 +558,7 @@ class Allocation(Growth):
                 ends.pop(exclude.end, None)
         return max(ends, default=0)
 
-    def shrink(self, nbytes: int, exclude: Lease | None = None) -> None:
+    def shrink(self, nbytes: int, exclude: Lease[Allocation] | None = None) -> None:
         """Unmap and release the chunks that lie wholly past ``nbytes`` (the exporter).
 
         Raises
@@ -1122,56 +568,6 @@ class Allocation(Growth):
             was served them.
         """
         self._unmap_past(nbytes, lambda: self.reach(exclude))
-
-    def chunk_fds(self) -> list[int]:
-        """The exported fds of the chunks, owned by this allocation (do not close them).
-
-        On a pointer backend: the fds an importer needs besides :meth:`exports` (cuda-pool:
-        the pool's; cuda-ipc: none)."""
-        return [c.fd for c in self._chunks if c.fd >= 0 or self.backend.maps]
-
-    def exports(self) -> tuple[bytes, ...]:
-        """A pointer backend's portable chunk handles (empty on a mapping backend)."""
-        return () if self.backend.maps else tuple(c.export for c in self._chunks)
-
-    def exports_for(self, pid: int) -> tuple[bytes, ...]:
-        """:meth:`exports`, to be handed to process ``pid``: first, where the backend has the
-        optional ``admit`` method (ascend: the driver's pid trust list), each chunk is
-        admitted for ``pid``."""
-        exports = self.exports()
-        admit = getattr(self.backend, "admit", None)
-        if admit is not None and exports:
-            for chunk in self._chunks:
-                admit(chunk, pid)
-        return exports
-
-    def handles_for_importers(self) -> tuple[list[int], list[int]]:
-        """The fds to hand to another process, and those of them the caller must close.
-
-        The chunks' own fds, except for a read-only export on a memory system that can
-        reopen a handle read-only (the host backend): then new ``O_RDONLY`` fds. (That alone
-        would not stop an importer, which can open such an fd again read-write through
-        ``/proc``; what does is the seal against new writes, see :meth:`create`.)
-        """
-        fds = self.chunk_fds()
-        if not self.export_readonly:
-            return fds, []
-        reopened: list[int] = []
-        try:
-            for fd in fds:
-                ro = self.backend.reopen_readonly(fd)
-                if ro is None:
-                    return fds, reopened
-                reopened.append(ro)
-        except BaseException:
-            for fd in reopened:
-                os.close(fd)
-            raise
-        return reopened, reopened
-
-    def chunk_sizes(self) -> list[int]:
-        """The chunk sizes, in reservation order."""
-        return [c.size for c in self._chunks]
 
     def has_chunk_sizes(self, sizes: tuple[int, ...]) -> bool:
         """Whether the chunks are ``sizes``, in reservation order (what a payload names),
@@ -1183,37 +579,3 @@ class Allocation(Growth):
             if chunks[i].size != sizes[i]:
                 return False
         return True
-
-    def describe(self) -> str:
-        """A multi-line table of the reservation, its mappings and their chunks."""
-        o = self.origin
-        stamp = time.strftime("%H:%M:%S", time.localtime(o.time))
-        lines = [
-            f"allocation {self.id} on {self.device} ({self.backend.name}), {o.role}, since {stamp}",
-            f"memory kept alive by: {self.lifetime}"
-            + (
-                " (the exporter must outlive every importer)" if self.backend.exporter_owned else ""
-            ),
-            f"reservation {self.address:#x}-{self.address + self.capacity:#x} "
-            f"({format_bytes(self.capacity)}, {format_bytes(self.size)} mapped)",
-            f"{'mapping':>8} {'offset':>12} {'size':>10} {'chunk':>6} {'fd':>4} access",
-        ]
-        for m in self.mappings:
-            fd = self._chunks[m.chunk].fd
-            size = format_bytes(m.size)
-            lines.append(
-                f"{m.chunk:>8} {m.offset:>#12x} {size:>10} {m.chunk:>6} {fd:>4} {m.access}"
-            )
-        served = self.served
-        if served:
-            pids = sorted({s.pid for s in served})
-            lines.append(f"served handles to pids {', '.join(map(str, pids))}")
-        return "\n".join(lines)
-
-    def __repr__(self) -> str:
-        where = "here" if self.origin.created_here else f"from pid {self.origin.pid}"
-        n, size = len(self._chunks), format_bytes(self.size)
-        return (
-            f"<Allocation {self.id[:12]} {self.backend.name} {self.device} {size} "
-            f"in {n} chunk{'s' if n != 1 else ''}, {where}>"
-        )

@@ -152,7 +152,13 @@ class Growth:
     _access: Access
     _peers: dict[int, Access]
     _reservation: Reservation
+    _growable: bool
     flight: InFlight
+
+    @property
+    def growable(self) -> bool:
+        """Whether the allocation was made with a ``capacity`` (and so may grow and shrink)."""
+        return self._growable
 
     def grow(self, nbytes: int) -> None:
         """Map new chunks at the end so that at least ``nbytes`` are mapped (the exporter).

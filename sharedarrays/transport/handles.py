@@ -27,7 +27,7 @@ import sys
 import time
 
 from sharedarrays.errors import HandleUnavailable
-from sharedarrays.memory import allocation
+from sharedarrays.memory import allocation, registry
 from sharedarrays.process import STATE, at_exit
 from sharedarrays.protocol.handles import Kind
 from sharedarrays.protocol.unix import MAX_PATH, runtime_dir
@@ -132,7 +132,7 @@ def _drain_at_exit() -> None:
     the interpreter's): the second run waits only for what is left of the first one's
     bound, and names only holders not named yet."""
     state = STATE.server
-    held = allocation.held_elsewhere()
+    held = registry.held_elsewhere()
     if not held:
         return
     for alloc in held:  # its importers may have it parked (also those served since the
@@ -148,7 +148,7 @@ def _drain_at_exit() -> None:
             timeout = EXIT_WAIT
         state.drain_bound = (time.monotonic() + timeout, timeout)
     ends, timeout = state.drain_bound
-    waited = allocation.wait_draining(max(0.0, ends - time.monotonic()))
+    waited = registry.wait_draining(max(0.0, ends - time.monotonic()))
     left = [a for a in waited if a.id not in state.drain_said]
     state.drain_said.update(a.id for a in left)
     if left:

@@ -29,7 +29,7 @@ from sharedarrays.errors import (
     NameNotFound,
     PermissionDenied,
 )
-from sharedarrays.memory import allocation
+from sharedarrays.memory import allocation, registry
 from sharedarrays.process import STATE, at_exit
 from sharedarrays.protocol.keeper import (
     DENIED,
@@ -545,7 +545,7 @@ def _hand_over_at_exit() -> None:
     state.exit_wait = (began, left)
     failed: list[tuple[int, str]] = []
     try:
-        for alloc in allocation.live_allocations():
+        for alloc in registry.live_allocations():
             if alloc.id in state.said:
                 continue
             failure = alloc.hand_over(say=False)

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sharedarrays.errors import PayloadError, thread_error
-from sharedarrays.memory import allocation
+from sharedarrays.memory import allocation, registry
 from sharedarrays.process import command_line, running
 from sharedarrays.protocol.handles import (
     COUNTED_SIZE,
@@ -115,8 +115,8 @@ class HandleServer:
                 try:
                     events = sel.select(max(next_housekeeping - time.monotonic(), 0.0))
                     if time.monotonic() >= next_housekeeping:
-                        allocation.drop_parked(only_orphans=True)
-                        allocation.reap_draining()
+                        registry.drop_parked(only_orphans=True)
+                        registry.reap_draining()
                         next_housekeeping = time.monotonic() + HOUSEKEEPING
                         self._listen_again(sel)
                     for key, _ in events:
@@ -236,7 +236,7 @@ class HandleServer:
 
     def _closed_by(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
         """``CLOSED``: the peer freed its import: maybe the memory can go now."""
-        alloc = allocation.lookup(request.alloc_id, draining=True)
+        alloc = registry.lookup(request.alloc_id, draining=True)
         if alloc is not None and hmac.compare_digest(request.secret, alloc.secret):
             conn.send(Reply(Status.OK).encode())
             alloc.closed_by(peer.pid)
@@ -249,7 +249,7 @@ class HandleServer:
         (Released, it is served until it leaves the registry, handing its handles to the
         keeper, and exporter-owned memory while it drains: the new importer holds it too.)
         """
-        alloc = allocation.lookup(request.alloc_id, draining=True)
+        alloc = registry.lookup(request.alloc_id, draining=True)
         if alloc is None:
             conn.send(Reply(Status.GONE).encode())
             return None
@@ -279,7 +279,7 @@ class HandleServer:
             return
         # ``alloc`` is a strong reference: the fds stay open until they are sent.
         with alloc.growth_lock:  # a shrink or a release waits: the fds stay open until sent
-            if allocation.lookup(alloc.id, draining=True) is not alloc:  # freed since
+            if registry.lookup(alloc.id, draining=True) is not alloc:  # freed since
                 conn.send(Reply(Status.GONE).encode())
                 return
             sizes = alloc.chunk_sizes()
@@ -329,11 +329,11 @@ class HandleServer:
         mapped here; ``NOT_ALLOWED``: a view here uses it, which is never taken away). For
         exporter-owned memory that drains here: free it if every process that held it has
         exited or closed it (``OK``), else ``NOT_ALLOWED``."""
-        alloc = allocation.lookup(request.alloc_id)
-        draining = allocation.lookup(request.alloc_id, draining=True) if alloc is None else None
+        alloc = registry.lookup(request.alloc_id)
+        draining = registry.lookup(request.alloc_id, draining=True) if alloc is None else None
         if draining is not None:
             draining.closed_by(None)  # forgets the holders that exited; frees if none is left
-            gone = allocation.lookup(request.alloc_id, draining=True) is None
+            gone = registry.lookup(request.alloc_id, draining=True) is None
             conn.send(Reply(Status.OK if gone else Status.NOT_ALLOWED).encode())
             return
         if alloc is None or alloc.pid != self._pid:
@@ -373,8 +373,8 @@ class HandleServer:
 def snapshot() -> Snapshot:
     """What this process holds: every allocation mapped here (parked ones too) and those
     that drain here, largest first (as a ``SNAPSHOT`` reply carries it)."""
-    rows = [_held(a, draining=False) for a in allocation.live_allocations()]
-    rows += [_held(a, draining=True) for a in allocation.draining_allocations()]
+    rows = [_held(a, draining=False) for a in registry.live_allocations()]
+    rows += [_held(a, draining=True) for a in registry.draining_allocations()]
     rows.sort(key=lambda r: r.size, reverse=True)
     return Snapshot(os.getpid(), command_line(os.getpid()), tuple(rows))
 
@@ -412,7 +412,7 @@ def _served(alloc: allocation.Allocation, draining: bool) -> tuple[tuple[int, fl
 
 def _note_loaded(request: Request) -> None:
     """Count a ``LOADED`` notice whose secret is right (others are ignored: no reply)."""
-    alloc = allocation.lookup(request.alloc_id, draining=True)
+    alloc = registry.lookup(request.alloc_id, draining=True)
     if alloc is not None and hmac.compare_digest(request.secret, alloc.secret):
         alloc.flight.note_loaded(request.count)
 

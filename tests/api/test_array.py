@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import sharedarrays as sa
-from sharedarrays.memory.allocation import live_allocations
+from sharedarrays.memory.registry import live_allocations
 
 
 def make(

@@ -508,7 +508,7 @@ def test_a_warm_message_of_many_views_reuses_each_view_s_native_array(
     go first): the views of a warm message of many views of one allocation get the arrays
     the last message's views had, where nothing holds them; and the kept arrays go when
     the allocation is released here."""
-    from sharedarrays.memory import allocation as allocation_module
+    from sharedarrays.memory import lease as lease_module
 
     def natives_of_a_message(
         x: sa.SharedDeviceArray,
@@ -530,7 +530,7 @@ def test_a_warm_message_of_many_views_reuses_each_view_s_native_array(
     for v in again:
         v.close()
     del again
-    monkeypatch.setattr(allocation_module, "NATIVES_KEPT", 4)
+    monkeypatch.setattr(lease_module, "NATIVES_KEPT", 4)
     b = sa.from_array(np.arange(64.0), device="cpu", pack=False)
     _, refs = natives_of_a_message(b)
     assert len(b.allocation._natives) == 4  # the last four layouts

@@ -123,9 +123,9 @@ def test_a_parked_import_leased_again_is_not_parked_until_idle(monkeypatch: Any)
     """Parked imports are listed in least-recently-idle order; one leased again stays listed
     (a lease does not touch the list) but is not parked: not reported, not dropped, and an
     eviction takes it off the list without releasing it."""
-    from sharedarrays.memory import allocation as allocation_module
+    from sharedarrays.memory import lease as lease_module
 
-    monkeypatch.setattr(allocation_module, "_keep_imports", (float("inf"), 1))  # limit 1
+    monkeypatch.setattr(lease_module, "_keep_imports", (float("inf"), 1))  # limit 1
     source = sa.from_array(np.arange(512.0), device="cpu", pack=False)
     first = _import_of(source, "6" * 32, os.getppid())  # (as a worker's, from its parent)
     second = _import_of(source, "7" * 32, os.getppid())
@@ -159,9 +159,9 @@ def test_a_parked_import_keeps_a_lease_for_its_next_view_and_the_limit_evicts_by
     goes. The parked list is in order of last use, and a park over the limit (lowered since)
     evicts the least recently used. An import whose source is this process's parent parks
     (``getppid`` says it runs); one whose source has exited is released at once."""
-    from sharedarrays.memory import allocation as allocation_module
+    from sharedarrays.memory import lease as lease_module
 
-    monkeypatch.setattr(allocation_module, "_keep_imports", (float("inf"), 2))
+    monkeypatch.setattr(lease_module, "_keep_imports", (float("inf"), 2))
     source = sa.from_array(np.arange(512.0), device="cpu", pack=False)
     first = _import_of(source, "8" * 32, os.getppid())
     second = _import_of(source, "9" * 32, os.getppid())
@@ -186,7 +186,7 @@ def test_a_parked_import_keeps_a_lease_for_its_next_view_and_the_limit_evicts_by
         again, leases = id(first.kept_lease), first.leases
         assert again == kept and leases == 0 and first.parked
         assert [a.id for a in parked_allocations()] == [second.id, first.id]
-        monkeypatch.setattr(allocation_module, "_keep_imports", (float("inf"), 1))
+        monkeypatch.setattr(lease_module, "_keep_imports", (float("inf"), 1))
         handoff(first)  # (a warm handoff does not evict: the next park does)
         assert not second.released
         handoff(third)  # over the lowered limit: the least recently used two go
@@ -236,12 +236,12 @@ def test_a_lease_to_keep_is_made_outside_the_lock_and_not_kept_if_orphaned_meanw
     (making an object may start a collection, whose end of another lease would take the
     lock): the lock is free while the lease is made. Where the source's release notice
     comes in between, the lease is not kept: it ends at once and the import is released."""
-    from sharedarrays.memory import allocation as allocation_module
+    from sharedarrays.memory import lease as lease_module
 
     source = sa.from_array(np.arange(512.0), device="cpu", pack=False)
     alloc = _import_of(source, "e" * 32, os.getppid())
     made: list[bool] = []
-    real = allocation_module.Lease
+    real = lease_module.Lease
 
     class Watched(real):  # type: ignore[misc, valid-type]
         __slots__ = ()
@@ -259,12 +259,12 @@ def test_a_lease_to_keep_is_made_outside_the_lock_and_not_kept_if_orphaned_meanw
                 made.append(True)
             super().__init__(allocation, end, reservation)
 
-    monkeypatch.setattr(allocation_module, "Lease", Watched)
+    monkeypatch.setattr(lease_module, "Lease", Watched)
     try:
         sa.SharedDeviceArray(alloc, source.dtype, source.shape, source.strides, 0).close()
         assert made == [True, True]  # the view's lease, then the one to keep (lock free)
         assert alloc.released and alloc.kept_lease is None and alloc.leases == 0
         assert alloc.id not in STATE.memory.parked
     finally:
-        monkeypatch.setattr(allocation_module, "Lease", real)
+        monkeypatch.setattr(lease_module, "Lease", real)
         alloc.release()

@@ -34,7 +34,7 @@ from keeper_helpers import (
 import sharedarrays as sa
 from sharedarrays import process
 from sharedarrays.cli import main as cli_main
-from sharedarrays.memory import allocation as sa_allocation
+from sharedarrays.memory import registry as sa_registry
 from sharedarrays.protocol import keeper as wire
 from sharedarrays.transport import keeper
 
@@ -69,7 +69,7 @@ def test_named_lifecycle_across_processes(private_keeper: Path) -> None:
     a.close()
     del a
     gc.collect()
-    sa_allocation.drop_parked()
+    sa_registry.drop_parked()
     deadline = time.monotonic() + 10
     while keeper_memfds(kpid) and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -744,7 +744,7 @@ def test_a_load_while_another_thread_releases_waits_and_loads_from_the_keeper(
     seen: list[tuple[bool, bool]] = []  # (a hook's errors are said, not raised: kept here)
 
     def during_hand_over(alloc, count, seconds):  # (after the keeper's own hook)
-        registered = sa_allocation.lookup(alloc.id) is alloc
+        registered = sa_registry.lookup(alloc.id) is alloc
         loader.start()
         deadline = time.monotonic() + 60
         while not waiting.is_set() and loader.is_alive() and time.monotonic() < deadline:
@@ -828,7 +828,7 @@ def test_a_child_forked_during_a_release_does_not_wait_for_it(
 
     def child() -> list[object]:
         started = time.monotonic()
-        registered = sa_allocation.lookup(alloc_id) is not None
+        registered = sa_registry.lookup(alloc_id) is not None
         loaded = pickle.loads(blob)  # from the keeper, which has the handles by now
         return [registered, float(loaded.get().sum()), time.monotonic() - started]
 

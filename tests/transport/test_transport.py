@@ -24,7 +24,7 @@ from users import become, other_user
 
 import sharedarrays as sa
 from sharedarrays import process
-from sharedarrays.memory import allocation as sa_allocation
+from sharedarrays.memory import registry as sa_registry
 from sharedarrays.protocol import unix
 from sharedarrays.protocol.handles import Kind, Request, Status
 from sharedarrays.protocol.payload import MAGIC, TAG_BYTES, _tag
@@ -534,7 +534,7 @@ def test_closed_notices_count_only_for_their_sender_with_the_secret() -> None:
     another importer still uses."""
     import pointer_backend  # noqa: F401 - registers host-pointer here
 
-    from sharedarrays.memory.allocation import draining_allocations
+    from sharedarrays.memory.registry import draining_allocations
 
     a = sa.from_array(np.arange(10.0), device="cpu", backend="host-pointer", pack=False)
     alloc = a.allocation
@@ -630,7 +630,7 @@ def test_a_handle_server_out_of_fds_keeps_serving() -> None:
         b.close()
         del b
         gc.collect()
-        sa_allocation.drop_parked()
+        sa_registry.drop_parked()
         ms = took * 1000
         print(f"EMFILE: 40 idle connections, {closed} closed by the server, load in {ms:.1f} ms")
 
@@ -678,7 +678,7 @@ def test_importers_that_never_read_their_replies_do_not_stall_the_server() -> No
         b.close()
         del b
         gc.collect()
-        sa_allocation.drop_parked()
+        sa_registry.drop_parked()
         ms = took * 1000
         print(f"slow readers: {sent} requests sent, {dropped} of 5 dropped, load in {ms:.1f} ms")
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import html
 import io
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from sharedarrays.api.widgets.model import ReservationMap, TableRow, fmt_bytes, table_rows
 
@@ -142,7 +143,33 @@ def _svg_block(m: ReservationMap, y0: int) -> tuple[list[str], int]:
             f'<text x="{mid:.1f}" y="{top - 2}" text-anchor="middle" '
             f'font-size="10">{_e(v.label)}</text></g>'
         )
-    # chunk bars
+    out += _svg_bar(m, bar_y, x, w)
+    foot = bar_y + _BAR_H + 13
+    out.append(f'<text x="{_PAD}" y="{foot}" font-family="monospace">{m.address:#x}</text>')
+    out.append(
+        f'<text x="{_W - _PAD}" y="{foot}" text-anchor="end" font-family="monospace">'
+        f"{m.address + m.size:#x}</text>"
+    )
+    if m.lost:
+        out.append(
+            f'<text x="{_W / 2:.0f}" y="{foot}" text-anchor="middle" fill="#c00">'
+            f"{_e(fmt_bytes(m.lost))} lost to granularity (mapped beyond the views)</text>"
+        )
+    elif m.slab:
+        out.append(
+            f'<text x="{_W / 2:.0f}" y="{foot}" text-anchor="middle" class="sa-packed">'
+            f"{_e(m.packed_text)}</text>"
+        )
+    return out, bar_y + _BAR_H + _FOOT_H - y0
+
+
+def _svg_bar(
+    m: ReservationMap, bar_y: int, x: Callable[[int], float], w: Callable[[int], float]
+) -> list[str]:
+    """SVG elements of a reservation's bar at height ``bar_y`` (``x``: an offset's
+    position, ``w``: a length's width): its chunks, unmapped gaps and bytes lost to
+    granularity, each with its tooltip."""
+    out = []
     for c in m.chunks:
         colour = PALETTE[c.chunk % len(PALETTE)]
         tip = (
@@ -178,23 +205,7 @@ def _svg_block(m: ReservationMap, y0: int) -> tuple[list[str], int]:
             f'height="{_BAR_H}" fill="url(#sa-hatch-lost)" stroke="#c00">'
             f"<title>{_e(tip)}</title></rect>"
         )
-    foot = bar_y + _BAR_H + 13
-    out.append(f'<text x="{_PAD}" y="{foot}" font-family="monospace">{m.address:#x}</text>')
-    out.append(
-        f'<text x="{_W - _PAD}" y="{foot}" text-anchor="end" font-family="monospace">'
-        f"{m.address + m.size:#x}</text>"
-    )
-    if m.lost:
-        out.append(
-            f'<text x="{_W / 2:.0f}" y="{foot}" text-anchor="middle" fill="#c00">'
-            f"{_e(fmt_bytes(m.lost))} lost to granularity (mapped beyond the views)</text>"
-        )
-    elif m.slab:
-        out.append(
-            f'<text x="{_W / 2:.0f}" y="{foot}" text-anchor="middle" class="sa-packed">'
-            f"{_e(m.packed_text)}</text>"
-        )
-    return out, bar_y + _BAR_H + _FOOT_H - y0
+    return out
 
 
 def _svg(maps: Sequence[ReservationMap]) -> str:
@@ -286,7 +297,6 @@ def render_png(maps: Sequence[ReservationMap], dpi: int = 100) -> bytes:
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.patches import Rectangle
 
     drawn = list(maps[:MAX_DRAWN])
     heights = [1.0 + 0.28 * (max((v.level for v in m.views), default=-1) + 1) for m in drawn]
@@ -301,91 +311,106 @@ def render_png(maps: Sequence[ReservationMap], dpi: int = 100) -> bytes:
         ax.text(0.5, 0.5, "no live shared allocations in this process", ha="center")
     y_top = total
     for m, h in zip(drawn, heights):
-        size = max(m.size, 1)
-        bar_y = y_top - h + 0.3
-        ax.text(
-            0,
-            y_top - 0.12,
-            f"{m.short_id}{''.join(f' [{k}]' for k in m.marks)}  {m.backend} {m.device}  "
-            f"{fmt_bytes(m.size)} in {len(m.chunks)} "
-            f"chunk{'s' if len(m.chunks) != 1 else ''} · {m.origin_text}",
-            fontsize=8,
-            fontweight="bold",
-            va="center",
-        )
-        ax.text(1, y_top - 0.12, f"access {m.access_text}", fontsize=8, ha="right", va="center")
-        for c in m.chunks:
-            x0, w = c.start / size, c.size / size
-            ax.add_patch(
-                Rectangle(
-                    (x0, bar_y),
-                    w,
-                    0.3,
-                    facecolor=PALETTE[c.chunk % len(PALETTE)],
-                    edgecolor="white",
-                )
-            )
-            label = _chunk_label(c.chunk, c.size, w, 0.0095)
-            if label:
-                ax.text(
-                    x0 + w / 2,
-                    bar_y + 0.15,
-                    label,
-                    color="white",
-                    fontsize=7,
-                    ha="center",
-                    va="center",
-                )
-        for g in m.gaps:
-            ax.add_patch(
-                Rectangle(
-                    (g.start / size, bar_y),
-                    max(g.size / size, 0.003),
-                    0.3,
-                    facecolor="#f4f4f4",
-                    edgecolor="#999",
-                    hatch="//",
-                    linestyle="--",
-                )
-            )
-        if m.lost:
-            ax.add_patch(
-                Rectangle(
-                    (m.used / size, bar_y),
-                    max(m.lost / size, 0.003),
-                    0.3,
-                    facecolor="none",
-                    edgecolor="#c00",
-                    hatch="xxx",
-                )
-            )
-            ax.text(
-                0.5,
-                bar_y - 0.12,
-                f"{fmt_bytes(m.lost)} lost to granularity (mapped beyond the views)",
-                color="#c00",
-                fontsize=7,
-                ha="center",
-                va="center",
-            )
-        if m.slab and not m.lost:
-            ax.text(0.5, bar_y - 0.12, m.packed_text, fontsize=7, ha="center", va="center")
-        ax.text(0, bar_y - 0.12, f"{m.address:#x}", fontsize=7, family="monospace", va="center")
-        ax.text(
-            1,
-            bar_y - 0.12,
-            f"{m.address + m.size:#x}",
-            fontsize=7,
-            family="monospace",
-            ha="right",
-            va="center",
-        )
-        for v in m.views:
-            top = bar_y + 0.36 + 0.28 * v.level
-            x1, x2 = v.start / size, max(v.stop / size, v.start / size + 0.002)
-            ax.plot([x1, x1, x2, x2], [top, top + 0.07, top + 0.07, top], color="#333", lw=1)
-            ax.text((x1 + x2) / 2, top + 0.14, v.label, fontsize=6.5, ha="center", va="center")
+        _png_reservation(ax, m, y_top, h)
         y_top -= h
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     return buf.getvalue()
+
+
+def _png_reservation(ax: Any, m: ReservationMap, y_top: float, h: float) -> None:
+    """One reservation in :func:`render_png`, ``h`` high below ``y_top``: its title line,
+    its bar and its views' brackets."""
+    size = max(m.size, 1)
+    bar_y = y_top - h + 0.3
+    ax.text(
+        0,
+        y_top - 0.12,
+        f"{m.short_id}{''.join(f' [{k}]' for k in m.marks)}  {m.backend} {m.device}  "
+        f"{fmt_bytes(m.size)} in {len(m.chunks)} "
+        f"chunk{'s' if len(m.chunks) != 1 else ''} · {m.origin_text}",
+        fontsize=8,
+        fontweight="bold",
+        va="center",
+    )
+    ax.text(1, y_top - 0.12, f"access {m.access_text}", fontsize=8, ha="right", va="center")
+    _png_bar(ax, m, bar_y, size)
+    for v in m.views:
+        top = bar_y + 0.36 + 0.28 * v.level
+        x1, x2 = v.start / size, max(v.stop / size, v.start / size + 0.002)
+        ax.plot([x1, x1, x2, x2], [top, top + 0.07, top + 0.07, top], color="#333", lw=1)
+        ax.text((x1 + x2) / 2, top + 0.14, v.label, fontsize=6.5, ha="center", va="center")
+
+
+def _png_bar(ax: Any, m: ReservationMap, bar_y: float, size: int) -> None:
+    """A reservation's bar in :func:`render_png` (scaled to ``size``): its chunks in
+    colour, unmapped parts grey and hatched, bytes lost to granularity hatched red, and its
+    start and end addresses."""
+    from matplotlib.patches import Rectangle
+
+    for c in m.chunks:
+        x0, w = c.start / size, c.size / size
+        ax.add_patch(
+            Rectangle(
+                (x0, bar_y),
+                w,
+                0.3,
+                facecolor=PALETTE[c.chunk % len(PALETTE)],
+                edgecolor="white",
+            )
+        )
+        label = _chunk_label(c.chunk, c.size, w, 0.0095)
+        if label:
+            ax.text(
+                x0 + w / 2,
+                bar_y + 0.15,
+                label,
+                color="white",
+                fontsize=7,
+                ha="center",
+                va="center",
+            )
+    for g in m.gaps:
+        ax.add_patch(
+            Rectangle(
+                (g.start / size, bar_y),
+                max(g.size / size, 0.003),
+                0.3,
+                facecolor="#f4f4f4",
+                edgecolor="#999",
+                hatch="//",
+                linestyle="--",
+            )
+        )
+    if m.lost:
+        ax.add_patch(
+            Rectangle(
+                (m.used / size, bar_y),
+                max(m.lost / size, 0.003),
+                0.3,
+                facecolor="none",
+                edgecolor="#c00",
+                hatch="xxx",
+            )
+        )
+        ax.text(
+            0.5,
+            bar_y - 0.12,
+            f"{fmt_bytes(m.lost)} lost to granularity (mapped beyond the views)",
+            color="#c00",
+            fontsize=7,
+            ha="center",
+            va="center",
+        )
+    if m.slab and not m.lost:
+        ax.text(0.5, bar_y - 0.12, m.packed_text, fontsize=7, ha="center", va="center")
+    ax.text(0, bar_y - 0.12, f"{m.address:#x}", fontsize=7, family="monospace", va="center")
+    ax.text(
+        1,
+        bar_y - 0.12,
+        f"{m.address + m.size:#x}",
+        fontsize=7,
+        family="monospace",
+        ha="right",
+        va="center",
+    )

@@ -1,0 +1,136 @@
+"""The base of :class:`~sharedarrays.api.arraymethods.NativeArrayMethods`: what the array
+supplies (its native array, layout probe, derived views) and the helpers every family of its
+methods uses to unwrap SharedDeviceArrays into their native arrays (arguments, ``out=``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import numpy as np
+
+__all__ = ["ArrayBase", "shareable_dtype"]
+
+_A = TypeVar("_A", bound="ArrayBase")
+
+_READONLY = "assignment destination is read-only"  # NumPy's message for the same misuse
+
+
+def shareable_dtype(dtype: Any, instead: str) -> np.dtype[Any]:
+    """``dtype`` as a NumPy dtype, where a shared array can hold it (bool, integer, float or
+    complex numbers: what a payload names).
+
+    Raises
+    ------
+    TypeError
+        Any other dtype (``instead``: what to do, said in the message)."""
+    dt: np.dtype[Any] = np.dtype(dtype)
+    if dt.kind not in "biufc" or dt.fields is not None or dt.subdtype is not None:
+        raise TypeError(
+            f"dtype {dt} is not supported: shared arrays hold bool, integer, float or complex "
+            f"numbers (object, string, datetime and structured dtypes cannot be shared); {instead}"
+        )
+    return dt
+
+
+def _native(obj: Any) -> Any:
+    """The native array of a SharedDeviceArray; anything else as it is."""
+    return obj.array if isinstance(obj, ArrayBase) else obj
+
+
+def _native_nested(obj: Any) -> Any:
+    """:func:`_native` through lists, tuples and dicts (``np.concatenate([a, b])``)."""
+    if isinstance(obj, ArrayBase):
+        return obj.array
+    if type(obj) is list:
+        return [_native_nested(x) for x in obj]
+    if type(obj) is tuple:
+        return tuple(_native_nested(x) for x in obj)
+    if type(obj) is dict:
+        return {k: _native_nested(v) for k, v in obj.items()}
+    return obj
+
+
+def _check_writable(target: Any) -> None:
+    """Refuse to write a read-only (or closed) SharedDeviceArray, as NumPy refuses."""
+    if isinstance(target, ArrayBase):
+        target._writable_native()
+
+
+def _outs(kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+    """Replace ``out=`` in ``kwargs`` by native arrays; return the outputs as given."""
+    out = kwargs.get("out")
+    if out is None:
+        return None
+    outs = out if isinstance(out, tuple) else (out,)
+    for o in outs:
+        _check_writable(o)
+    natives = tuple(_native(o) for o in outs)
+    kwargs["out"] = natives if isinstance(out, tuple) else natives[0]
+    return outs
+
+
+def _with_outs(result: Any, outs: tuple[Any, ...] | None) -> Any:
+    """``result`` with the native arrays of SharedDeviceArray outputs replaced by those."""
+    if outs is None:
+        return result
+    shared = {id(o.array): o for o in outs if isinstance(o, ArrayBase)}
+    if isinstance(result, tuple):
+        return tuple(shared.get(id(r), r) for r in result)
+    return shared.get(id(result), result)
+
+
+class ArrayBase:
+    """What the array supplies to its methods (see :mod:`sharedarrays.api.arraymethods`)."""
+
+    __slots__ = ()
+
+    # supplied by the array ----------------------------------------------------------------
+    @property
+    def array(self) -> Any:
+        """The zero-copy native array (NumPy on ``cpu``, CuPy on CUDA)."""
+        raise NotImplementedError
+
+    @property
+    def readonly(self) -> bool:
+        """Whether writes through this view are refused."""
+        raise NotImplementedError
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Length of each axis."""
+        raise NotImplementedError
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        """Element type."""
+        raise NotImplementedError
+
+    def _layout(self) -> np.ndarray[Any, Any]:
+        """A NumPy array with this view's address, dtype, shape and strides that must never be
+        read: NumPy works out the layout of a shape view on it."""
+        raise NotImplementedError
+
+    def _derive(
+        self: _A, layout: np.ndarray[Any, Any], view: np.ndarray[Any, Any], dtype: np.dtype[Any]
+    ) -> _A:
+        """A view of the same allocation with ``view``'s shape and strides, ``dtype``, and
+        ``view``'s start relative to ``layout``'s (from :meth:`_layout`)."""
+        raise NotImplementedError
+
+    def _set_writeable(self, writeable: bool) -> None:
+        """Make this view writable or read-only (:meth:`setflags`' ``write``)."""
+        raise NotImplementedError
+
+    def _writable_native(self) -> Any:
+        """The native array, for a write: ClosedArrayError when closed, NumPy's ValueError
+        when read-only (CuPy arrays have no read-only flag, so this checks)."""
+        native = self.array
+        if self.readonly:
+            raise ValueError(_READONLY)
+        return native
+
+    def _inplace(self: _A, op: Callable[[Any, Any], Any], other: Any) -> _A:
+        op(self._writable_native(), _native(other))
+        return self

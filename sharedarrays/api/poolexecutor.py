@@ -1,0 +1,153 @@
+"""The process pool executor: :class:`concurrent.futures.ProcessPoolExecutor` with the
+changes :mod:`sharedarrays.api.pool` lists (spawn by default, functions shipped by value,
+arguments and results pickled on their own, a ``sys.exit()`` in a task that task's error, a
+dead worker :class:`~sharedarrays.api.pool.ExecutorBroken`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import concurrent.futures.process
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+from sharedarrays.api.pool import ContextLike, ExecutorBroken, get_context
+from sharedarrays.api.pooltasks import _args, _load_pending, _RaisedInTask, _task, by_value
+
+__all__ = ["ProcessPoolExecutor"]
+
+T = TypeVar("T")
+
+
+def _broken(error: BaseException) -> BaseException:
+    """The executor's ``BrokenProcessPool`` as an :class:`ExecutorBroken` (other errors,
+    and one already converted, as they are)."""
+    if type(error) is not concurrent.futures.process.BrokenProcessPool:
+        return error
+    made = ExecutorBroken(
+        f"{error} A worker of this ProcessPoolExecutor died (killed, out of memory, a "
+        "crash, os._exit(), or an error as it started: a spawned or forkserver worker "
+        "imports the main module again, so make the executor only under if __name__ == "
+        '"__main__": in a script saved as a file; its standard error may say why), so the '
+        "executor is broken and every future pending then failed: make a new executor and "
+        "submit them again (sharedarrays.Pool replaces a dead worker and goes on)"
+    )
+    made.__cause__ = error
+    return made
+
+
+class _ResultFuture(Future[Any]):
+    """The future :meth:`ProcessPoolExecutor.submit` returns: it follows the executor's own
+    and fails with the load error when the result could not be loaded here."""
+
+    def __init__(self, inner: Future[Any]) -> None:
+        super().__init__()
+        self._inner: Future[Any] | None = inner
+        inner.add_done_callback(self._follow)
+
+    def _follow(self, inner: Future[Any]) -> None:
+        self._inner = None  # no cycle: the result goes with the last reference to this
+        if inner.cancelled():
+            self._cancelled()
+            return
+        error = inner.exception()
+        if type(error) is _RaisedInTask:
+            error = error.unwrap()
+        if error is None:
+            try:
+                value = _load_pending(inner.result())  # (the executor keeps the last result it
+            except Exception as e:  # got: only the bytes, so the arrays go with this)
+                error = e
+        if error is not None:
+            self.set_exception(_broken(error))
+        else:
+            self.set_result(value)
+
+    def _cancelled(self) -> None:
+        # (what the executor does for its own futures: cancelled, then waiters told;
+        # ``concurrent.futures.wait`` and ``as_completed`` learn of it only from the second.
+        # Called once: by _follow, which the inner future calls once, when it ends)
+        super().cancel()
+        self.set_running_or_notify_cancel()
+
+    def cancel(self) -> bool:
+        inner = self._inner
+        if inner is not None:
+            inner.cancel()  # (cancelled, it calls _follow before it returns)
+        return self.cancelled()
+
+    def running(self) -> bool:
+        inner = self._inner
+        return inner is not None and inner.running()
+
+
+# --------------------------------------------------------------------------------------------
+# the pools
+
+
+class ProcessPoolExecutor(concurrent.futures.ProcessPoolExecutor):
+    """:class:`concurrent.futures.ProcessPoolExecutor` with the spawn start method by
+    default and notebook-defined functions shipped by value.
+
+    Parameters
+    ----------
+    max_workers : int, optional
+        Number of workers (default ``os.cpu_count()``).
+    mp_context : str or multiprocessing context, optional
+        ``"spawn"`` (the default), ``"forkserver"``, or ``"fork"`` (refused after CUDA
+        was initialised in this process).
+    initializer : callable, optional
+        Called in each worker on start with ``initargs``.
+    initargs : tuple
+        Arguments of ``initializer``.
+    max_tasks_per_child : int, optional
+        Replace a worker after this many tasks (Python 3.11 and newer).
+
+    Raises
+    ------
+    ForkAfterCudaError
+        ``"fork"`` asked for after CUDA was initialised.
+    """
+
+    def __init__(
+        self,
+        max_workers: int | None = None,
+        mp_context: ContextLike = None,
+        initializer: Callable[..., object] | None = None,
+        initargs: tuple[Any, ...] = (),
+        *,
+        max_tasks_per_child: int | None = None,
+    ) -> None:
+        ctx = get_context(mp_context)
+        if initializer is not None:
+            initializer = by_value(initializer)
+        extra: dict[str, Any] = {}
+        if max_tasks_per_child is not None:
+            extra["max_tasks_per_child"] = max_tasks_per_child
+        super().__init__(max_workers, ctx, initializer, initargs, **extra)
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        """Schedule ``fn(*args, **kwargs)`` in a worker; returns a Future.
+
+        Raises
+        ------
+        ExecutorBroken
+            A worker died earlier: the executor cannot run tasks any more.
+        """
+        try:
+            inner = super().submit(_task(fn), _args(args, kwargs))
+        except concurrent.futures.process.BrokenProcessPool as e:
+            raise _broken(e) from e
+        return _ResultFuture(inner)
+
+    def map(
+        self,
+        fn: Callable[..., T],
+        *iterables: Iterable[Any],
+        timeout: float | None = None,
+        chunksize: int = 1,
+        **kwargs: Any,
+    ) -> Iterator[T]:
+        """Like the built-in ``map(fn, *iterables)``, computed by the workers."""
+        return super().map(by_value(fn), *iterables, timeout=timeout, chunksize=chunksize, **kwargs)

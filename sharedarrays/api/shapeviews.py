@@ -1,0 +1,446 @@
+"""The shape views of :class:`~sharedarrays.SharedDeviceArray` (``a.T``, ``a.reshape(...)``
+when NumPy would not copy, ``a.view(dtype)``, ``a.real``, ...): SharedDeviceArrays over the
+same allocation, which pickle as shared views, their layout worked out by NumPy on the
+view's layout probe; and its :class:`ArrayFlags`.
+"""
+
+from __future__ import annotations
+
+import builtins
+from typing import Any, ClassVar, TypeVar, cast
+
+import numpy as np
+
+from sharedarrays.api.arraybase import ArrayBase, shareable_dtype
+from sharedarrays.backends.device import Device
+
+__all__ = ["ArrayFlags", "ShapeViews"]
+
+_A = TypeVar("_A", bound="ShapeViews")
+
+
+class ArrayFlags:
+    """The flags of a view, like :attr:`numpy.ndarray.flags`: its memory layout and whether
+    it may be written.
+
+    Attributes and items read as NumPy's (``flags.c_contiguous``, ``flags["C"]``,
+    ``flags["ALIGNED"]``, ``flags.behaved``, ``flags.num``, ...). ``owndata`` is always
+    False (a view never owns the shared memory) and ``writebackifcopy`` always False. As
+    with NumPy, ``flags.writeable = False`` (or ``flags["W"] = False``) makes the view
+    read-only (:meth:`~sharedarrays.SharedDeviceArray.setflags`); the layout flags are not
+    writable. ``writeable`` follows the view; the layout flags are the view's when the
+    flags were read.
+    """
+
+    __slots__ = ("_view", "_c", "_f", "_aligned")
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+
+    # NumPy's item names (case-sensitive, as NumPy's) and the attribute each reads
+    _KEYS: ClassVar[dict[str, str]] = {
+        "C": "c_contiguous",
+        "C_CONTIGUOUS": "c_contiguous",
+        "CONTIGUOUS": "c_contiguous",
+        "F": "f_contiguous",
+        "F_CONTIGUOUS": "f_contiguous",
+        "FORTRAN": "f_contiguous",
+        "W": "writeable",
+        "WRITEABLE": "writeable",
+        "O": "owndata",
+        "OWNDATA": "owndata",
+        "A": "aligned",
+        "ALIGNED": "aligned",
+        "X": "writebackifcopy",
+        "WRITEBACKIFCOPY": "writebackifcopy",
+        "B": "behaved",
+        "BEHAVED": "behaved",
+        "CA": "carray",
+        "CARRAY": "carray",
+        "FA": "farray",
+        "FARRAY": "farray",
+        "FNC": "fnc",
+        "FORC": "forc",
+    }
+    # the items NumPy lets one set, and setflags' keyword for each
+    _SETTABLE: ClassVar[dict[str, str]] = {
+        "W": "write",
+        "WRITEABLE": "write",
+        "A": "align",
+        "ALIGNED": "align",
+        "X": "uic",
+        "WRITEBACKIFCOPY": "uic",
+    }
+
+    def __init__(
+        self, view: ShapeViews, c_contiguous: bool, f_contiguous: bool, aligned: bool
+    ) -> None:
+        self._view = view
+        self._c = c_contiguous
+        self._f = f_contiguous
+        self._aligned = aligned
+
+    @property
+    def c_contiguous(self) -> bool:
+        """Whether the elements are contiguous in C order."""
+        return self._c
+
+    @property
+    def f_contiguous(self) -> bool:
+        """Whether the elements are contiguous in Fortran order."""
+        return self._f
+
+    @property
+    def contiguous(self) -> bool:
+        """Same as ``c_contiguous``."""
+        return self._c
+
+    @property
+    def fortran(self) -> bool:
+        """Same as ``f_contiguous``."""
+        return self._f
+
+    @property
+    def owndata(self) -> bool:
+        """Always False: a view never owns the shared memory."""
+        return False
+
+    @property
+    def writeable(self) -> bool:
+        """Whether the view may be written (set it False to make the view read-only)."""
+        return not self._view.readonly
+
+    @writeable.setter
+    def writeable(self, value: object) -> None:
+        self._view.setflags(write=value)
+
+    @property
+    def aligned(self) -> bool:
+        """Whether every element's address is a multiple of its type's alignment."""
+        return self._aligned
+
+    @aligned.setter
+    def aligned(self, value: object) -> None:
+        self._view.setflags(align=value)
+
+    @property
+    def writebackifcopy(self) -> bool:
+        """Always False: a view is never a temporary copy."""
+        return False
+
+    @writebackifcopy.setter
+    def writebackifcopy(self, value: object) -> None:
+        self._view.setflags(uic=value)
+
+    @property
+    def behaved(self) -> bool:
+        """Aligned and writeable."""
+        return self._aligned and self.writeable
+
+    @property
+    def carray(self) -> bool:
+        """Behaved and C-contiguous."""
+        return self.behaved and self._c
+
+    @property
+    def farray(self) -> bool:
+        """Behaved and not C-contiguous (NumPy's test, which reads no Fortran flag)."""
+        return self.behaved and not self._c
+
+    @property
+    def fnc(self) -> bool:
+        """Fortran-contiguous and not C-contiguous."""
+        return self._f and not self._c
+
+    @property
+    def forc(self) -> bool:
+        """Fortran- or C-contiguous."""
+        return self._f or self._c
+
+    @property
+    def num(self) -> int:
+        """The flags as NumPy's bits (``NPY_ARRAY_C_CONTIGUOUS``, ...)."""
+        bits = (
+            (self._c, 0x1),
+            (self._f, 0x2),
+            (self._aligned, 0x100),
+            (self.writeable, 0x400),
+        )
+        return sum(bit for on, bit in bits if on)
+
+    def __getitem__(self, key: str) -> bool:
+        name = self._KEYS.get(key) if isinstance(key, str) else None
+        if name is None:
+            raise KeyError("Unknown flag")  # (NumPy's words)
+        return bool(getattr(self, name))
+
+    def __setitem__(self, key: str, value: object) -> None:
+        keyword = self._SETTABLE.get(key) if isinstance(key, str) else None
+        if keyword is None:
+            raise KeyError("Unknown flag")
+        self._view.setflags(**{keyword: value})
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ArrayFlags):
+            return NotImplemented
+        return self.num == other.num
+
+    def __repr__(self) -> str:
+        names = ("C_CONTIGUOUS", "F_CONTIGUOUS", "OWNDATA", "WRITEABLE", "ALIGNED")
+        lines = [f"  {name} : {self[name]}" for name in (*names, "WRITEBACKIFCOPY")]
+        return "\n".join(lines) + "\n"
+
+
+def _reshape_view(layout: np.ndarray[Any, Any], shape: Any, order: Any) -> np.ndarray[Any, Any]:
+    """``layout`` reshaped without a copy (never reading it), or ValueError if NumPy would
+    have to copy. ``shape`` is valid for ``layout``'s size."""
+    try:
+        reshaped: np.ndarray[Any, Any] = layout.reshape(shape, order=order, copy=False)
+        return reshaped
+    except TypeError:  # NumPy < 2.1 has no copy=: assigning a shape never copies either
+        pass
+    fortran = order in ("F", "f") or (order in ("A", "a") and layout.flags.f_contiguous)
+    view = layout.T.view() if fortran else layout.view()
+    new = np.broadcast_to(np.False_, layout.shape).reshape(shape, order=order).shape
+    try:
+        view.shape = new[::-1] if fortran else new
+    except AttributeError as e:
+        raise ValueError(f"cannot reshape without a copy: {e}") from None
+    result: np.ndarray[Any, Any] = view.T if fortran else view
+    return result
+
+
+class ShapeViews(ArrayBase):
+    """Shape views and flags over the view's layout probe (see the module)."""
+
+    __slots__ = ()
+
+    @property
+    def flags(self) -> ArrayFlags:
+        """Memory layout, like :attr:`numpy.ndarray.flags` (``owndata`` is False)."""
+        flags = self._layout().flags
+        return ArrayFlags(
+            self, bool(flags.c_contiguous), bool(flags.f_contiguous), bool(flags.aligned)
+        )
+
+    def setflags(self, write: object = None, align: object = None, uic: object = None) -> None:
+        """Set the array's flags, like :meth:`numpy.ndarray.setflags`.
+
+        ``write=False`` makes this view read-only: later writes through it (and through the
+        views and native arrays made from it after that) raise NumPy's ``ValueError``, as
+        NumPy's do; a native array taken from :attr:`array` before stays writable, as a
+        NumPy view taken before does. ``write=True`` makes it writable again, only where
+        ``write=False`` made it read-only (a view made read-only elsewhere, by a read-only
+        export, a pickle of a read-only view, or a view derived from one, raises NumPy's
+        ``ValueError``). ``align=True`` checks the alignment; ``uic=False`` does nothing.
+
+        Raises
+        ------
+        ValueError
+            ``write=True`` on a view that cannot be made writable, ``align=True`` on a
+            misaligned view, ``align=False`` (the alignment follows the view's address),
+            ``uic=True``.
+        """
+        if write is not None:
+            self._set_writeable(bool(write))
+        if align is not None:
+            if not align:
+                raise ValueError(
+                    "cannot clear the ALIGNED flag of a SharedDeviceArray: it follows the "
+                    "view's address (a.array.setflags(align=False) marks a native array)"
+                )
+            if not self.flags.aligned:
+                raise ValueError("cannot set aligned flag of mis-aligned array to True")
+        if uic:
+            raise ValueError("cannot set WRITEBACKIFCOPY flag to True")  # (NumPy's words)
+
+    @property
+    def real(self: _A) -> _A:
+        """The real part, a shared view like :attr:`numpy.ndarray.real` (of real values: a
+        view of the same elements)."""
+        layout = self._layout()
+        part = layout.real
+        return self._derive(layout, part, part.dtype)
+
+    @real.setter
+    def real(self, value: Any) -> None:
+        cast(Any, self.real)[...] = value  # (as NumPy's a.real = x: writes them in place)
+
+    @property
+    def imag(self) -> Any:
+        """The imaginary part, like :attr:`numpy.ndarray.imag`: a shared view of complex
+        values; of real values a new native array of zeros, read-only, as NumPy gives."""
+        if self.dtype.kind != "c":
+            return self.array.imag
+        layout = self._layout()
+        part = layout.imag
+        return self._derive(layout, part, part.dtype)
+
+    @imag.setter
+    def imag(self, value: Any) -> None:
+        if self.dtype.kind != "c":
+            raise TypeError("array does not have imaginary part to set")  # (NumPy's words)
+        self.imag[...] = value
+
+    @property
+    def T(self: _A) -> _A:  # NumPy's name
+        """The transposed view (shared), like :attr:`numpy.ndarray.T`."""
+        return self.transpose()
+
+    @property
+    def mT(self: _A) -> _A:  # NumPy's name
+        """The view (shared) with the last two axes swapped, like :attr:`numpy.ndarray.mT`."""
+        if len(self.shape) < 2:
+            raise ValueError("matrix transpose with ndim < 2 is undefined")
+        return self.swapaxes(-1, -2)
+
+    def transpose(self: _A, *axes: Any) -> _A:
+        """A transposed view (shared): ``a.transpose()``, ``a.transpose(1, 0, 2)`` or
+        ``a.transpose((1, 0, 2))``."""
+        layout = self._layout()
+        return self._derive(layout, layout.transpose(*axes), self.dtype)
+
+    def swapaxes(self: _A, axis1: int, axis2: int) -> _A:
+        """A view (shared) with two axes swapped."""
+        layout = self._layout()
+        return self._derive(layout, layout.swapaxes(axis1, axis2), self.dtype)
+
+    def squeeze(self: _A, axis: int | tuple[int, ...] | None = None) -> _A:
+        """A view (shared) without the axes of length one (or only ``axis``); where there
+        is none to remove, this view itself, as NumPy returns the array itself."""
+        layout = self._layout()
+        squeezed = layout.squeeze(axis)
+        return self if squeezed is layout else self._derive(layout, squeezed, self.dtype)
+
+    def getfield(self: _A, dtype: Any, offset: int = 0) -> _A:
+        """A view (shared) of the bytes at ``offset`` of each element as ``dtype``, like
+        :meth:`numpy.ndarray.getfield` (NumPy's checks: the field fits in the element).
+
+        Raises
+        ------
+        TypeError
+            A dtype a shared array cannot hold (as :meth:`view`):
+            ``a.array.getfield(dtype, offset)`` is a native view."""
+        new = shareable_dtype(dtype, f"a.array.getfield({dtype!r}, ...) is a native view of it")
+        layout = self._layout()
+        return self._derive(layout, layout.getfield(new, offset), new)
+
+    def setfield(self, val: Any, dtype: Any, offset: int = 0) -> None:
+        """Write ``val`` into the field :meth:`getfield` names, in shared memory, like
+        :meth:`numpy.ndarray.setfield`."""
+        self._writable_native()
+        field: Any = self.getfield(dtype, offset)
+        field[...] = val
+
+    @property
+    def data(self) -> Any:
+        """The native array's ``data``: on the host NumPy's :class:`memoryview` of the
+        values (it keeps the memory mapped while it exists), on CUDA CuPy's
+        ``MemoryPointer``."""
+        return self._native_attribute("data")
+
+    @property
+    def ctypes(self) -> Any:
+        """The native array's ``ctypes`` (:attr:`numpy.ndarray.ctypes`: the address, shape
+        and strides for ctypes; it keeps the memory mapped while it exists). Host memory
+        only: CuPy arrays have none (:attr:`address` is the address on any device)."""
+        return self._native_attribute("ctypes")
+
+    def to_device(self, device: Any, /, *, stream: Any = None) -> Any:
+        """The native array's ``to_device`` (the array API's): on the host NumPy's, which
+        takes ``"cpu"`` and returns this view itself. The array API passes a device object
+        as the array's :attr:`~sharedarrays.SharedDeviceArray.device` gives it
+        (``a.to_device(a.device)``): a :class:`~sharedarrays.Device` goes to the native as
+        its name. CuPy arrays have none."""
+        to_device = self._native_attribute("to_device")
+        native = self.array
+        if isinstance(device, Device):
+            device = str(device)
+        result = to_device(device) if stream is None else to_device(device, stream=stream)
+        return self if result is native else result
+
+    def _native_attribute(self, name: str) -> Any:
+        """The native array's attribute ``name``, or an AttributeError that names this
+        class and the native's."""
+        native = self.array
+        try:
+            return getattr(native, name)
+        except AttributeError:
+            kind = f"{type(native).__module__.partition('.')[0]}.{type(native).__name__}"
+            raise AttributeError(
+                f"'{type(self).__name__}' object has no attribute {name!r} here: its native "
+                f"array, a {kind}, has none"
+            ) from None
+
+    def view(self: _A, dtype: Any = None, type: Any = None) -> Any:
+        """A view (shared) of the same bytes as another dtype, with NumPy's rules for a
+        different item size (the last axis must be contiguous, and its bytes divide). With
+        ``type`` (or an ndarray class as the first argument, as NumPy takes it), a native
+        view of that type over the same memory (on the host: ``np.ndarray`` and its
+        subclasses), which pickles as a copy.
+
+        Raises
+        ------
+        TypeError
+            A dtype a shared array cannot hold (object, string, datetime, structured): its
+            view could not be pickled; ``a.array.view(dtype)`` is a native view.
+        MisalignedView
+            On device memory, a view whose offset or strides are not multiples of the new
+            dtype's alignment (a GPU kernel would fail reading it; host memory allows it)."""
+        if isinstance(dtype, builtins.type) and issubclass(dtype, np.ndarray):
+            dtype, type = None, dtype  # (NumPy's a.view(np.ndarray): a type, not a dtype)
+        if type is not None:  # an ndarray (subclass) view over the same memory: native
+            native = self.array
+            return native.view(type=type) if dtype is None else native.view(dtype, type)
+        layout = self._layout()
+        if dtype is None:
+            return self._derive(layout, layout, self.dtype)
+        new = shareable_dtype(dtype, f"a.array.view({dtype!r}) is a native view of it")
+        return self._derive(layout, layout.view(new), new)
+
+    def reshape(self, *shape: Any, order: str = "C", copy: bool | None = None) -> Any:
+        """A view (shared) with a new shape when NumPy's reshape would not copy; otherwise,
+        as NumPy does, a native copy (``copy=False`` raises ValueError instead;
+        ``copy=True`` always returns a native copy)."""
+        if not shape:
+            raise TypeError("reshape() takes exactly 1 argument (0 given)")  # (NumPy's words)
+        new: Any = shape[0] if len(shape) == 1 else shape
+        # checks the shape with NumPy's errors, reading nothing (every stride is 0)
+        np.broadcast_to(np.False_, self.shape).reshape(new, order=order)  # type: ignore[call-overload]
+        if copy:
+            return self.array.reshape(new, order=order).copy(order="K")
+        layout = self._layout()
+        try:
+            view = _reshape_view(layout, new, order)
+        except ValueError:
+            if copy is False:
+                raise
+            return self.array.reshape(new, order=order)
+        return self._derive(layout, view, self.dtype)
+
+    def ravel(self, order: str | None = "C") -> Any:
+        """A one-dimensional view (shared) when NumPy's ravel would return a view (the
+        elements are contiguous in ``order``), else a native copy, like
+        :meth:`numpy.ndarray.ravel`."""
+        if order is None:  # (NumPy's ravel(None) is ravel("C"))
+            order = "C"
+        elif not isinstance(order, str):
+            raise TypeError(f"order must be str, not {type(order).__name__}")
+        layout = self._layout()
+        flags = layout.flags
+        if order in ("A", "a"):
+            order = "F" if flags.f_contiguous and not flags.c_contiguous else "C"
+        if order in ("C", "c") and flags.c_contiguous:
+            return self._derive(layout, layout.reshape(-1), self.dtype)
+        if order in ("F", "f") and flags.f_contiguous:
+            return self._derive(layout, layout.reshape(-1, order="F"), self.dtype)
+        if order in ("K", "k"):
+            # contiguous in the order of its strides (e.g. a transpose): a view
+            perm = sorted(range(layout.ndim), key=lambda i: -layout.strides[i])
+            permuted = layout.transpose(perm)
+            forward = all(
+                s >= 0 for s, n in zip(layout.strides, layout.shape, strict=True) if n > 1
+            )
+            if permuted.flags.c_contiguous and forward:
+                return self._derive(layout, permuted.reshape(-1), self.dtype)
+        if order not in ("C", "c", "F", "f", "K", "k"):
+            raise ValueError(f"order must be one of 'C', 'F', 'A', or 'K' (got {order!r})")
+        return self.array.ravel(order)

@@ -1,0 +1,185 @@
+"""What an allocation tells of itself: :class:`AllocationRecords`, a base class of
+:class:`~sharedarrays.memory.allocation.Allocation`.
+
+Its chunks and mappings (:mod:`~sharedarrays.memory.info`'s read-only records), its access
+by device, who keeps its memory alive (its lifetime, its holders), the processes it was
+served to, the handles it hands to importers (fds, a pointer backend's exports), and
+``describe`` / ``repr``. None of these changes the allocation's memory.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from sharedarrays.backends import Access, Backend, Chunk
+from sharedarrays.backends.device import Device
+from sharedarrays.memory.inflight import InFlight
+from sharedarrays.memory.info import ChunkInfo, MappingInfo, Origin, Served, format_bytes
+
+__all__ = ["AllocationRecords"]
+
+
+class AllocationRecords:
+    """The records an allocation keeps and shows (see the module)."""
+
+    id: str
+    backend: Backend
+    address: int
+    size: int
+    capacity: int
+    origin: Origin
+    flight: InFlight
+    export_readonly: bool
+    _chunks: list[Chunk]
+    _access: Access
+    _peers: dict[int, Access]
+
+    @property
+    def device(self) -> Device:
+        """The device the memory lives on."""
+        return self.backend.device
+
+    @property
+    def chunks(self) -> tuple[ChunkInfo, ...]:
+        """The chunks, in reservation order."""
+        return tuple(ChunkInfo(i, c.size, c.fd) for i, c in enumerate(self._chunks))
+
+    @property
+    def mappings(self) -> tuple[MappingInfo, ...]:
+        """The mappings, in reservation order (one per chunk, back to back)."""
+        out = []
+        offset = 0
+        for i, c in enumerate(self._chunks):
+            out.append(MappingInfo(offset, c.size, i, 0, self._access))
+            offset += c.size
+        return tuple(out)
+
+    @property
+    def access(self) -> Access:
+        """This process's access to the whole reservation, from the memory's own device."""
+        return self._access
+
+    @property
+    def access_by_device(self) -> dict[Device, Access]:
+        """Every device that may touch the memory in this process, and how: the memory's own
+        device, and the peers granted access (:meth:`grant`, ``access=``)."""
+        out: dict[Device, Access] = {self.device: self._access}
+        for index, mode in sorted(self._peers.items()):
+            out[Device(self.device.kind, index)] = mode
+        return out
+
+    @property
+    def lifetime(self) -> str:
+        """Who keeps the memory alive: ``"any holder"`` (host, cuda-vmm: every process that
+        maps it or holds a handle) or ``"exporter"`` (cuda-ipc, cuda-pool: only the process
+        that made it, which must outlive every importer; it waits for them before it frees
+        the memory)."""
+        return "exporter" if self.backend.exporter_owned else "any holder"
+
+    @property
+    def holders(self) -> tuple[int, ...]:
+        """In the exporter of exporter-owned memory: the running processes it was served to
+        that have not closed it yet (it is freed only after they have). Empty otherwise."""
+        return self.flight.holders()
+
+    @property
+    def served(self) -> tuple[Served, ...]:
+        """The most recent processes this process served the handles to (pid, time)."""
+        return self.flight.served()
+
+    def record_served(self, pid: int, server: str | None = None, chunks: int = 0) -> None:
+        """Note that the handles were sent to process ``pid``, whose own handle server (if
+        given) is told when this process releases the allocation; ``chunks``: how many
+        chunks it may map now (shrinking below that is refused while it runs)."""
+        # (this process asking its own server imports nothing)
+        holder = self.backend.exporter_owned and self.origin.created_here and pid != os.getpid()
+        self.flight.record_served(pid, server, chunks, holder)
+
+    def served_servers(self) -> list[str]:
+        """Handle servers of the processes this one served (told on release)."""
+        return self.flight.served_servers()
+
+    def chunk_fds(self) -> list[int]:
+        """The exported fds of the chunks, owned by this allocation (do not close them).
+
+        On a pointer backend: the fds an importer needs besides :meth:`exports` (cuda-pool:
+        the pool's; cuda-ipc: none)."""
+        return [c.fd for c in self._chunks if c.fd >= 0 or self.backend.maps]
+
+    def exports(self) -> tuple[bytes, ...]:
+        """A pointer backend's portable chunk handles (empty on a mapping backend)."""
+        return () if self.backend.maps else tuple(c.export for c in self._chunks)
+
+    def exports_for(self, pid: int) -> tuple[bytes, ...]:
+        """:meth:`exports`, to be handed to process ``pid``: first, where the backend has the
+        optional ``admit`` method (ascend: the driver's pid trust list), each chunk is
+        admitted for ``pid``."""
+        exports = self.exports()
+        admit = getattr(self.backend, "admit", None)
+        if admit is not None and exports:
+            for chunk in self._chunks:
+                admit(chunk, pid)
+        return exports
+
+    def handles_for_importers(self) -> tuple[list[int], list[int]]:
+        """The fds to hand to another process, and those of them the caller must close.
+
+        The chunks' own fds, except for a read-only export on a memory system that can
+        reopen a handle read-only (the host backend): then new ``O_RDONLY`` fds. (That alone
+        would not stop an importer, which can open such an fd again read-write through
+        ``/proc``; what does is the seal against new writes, see :meth:`create`.)
+        """
+        fds = self.chunk_fds()
+        if not self.export_readonly:
+            return fds, []
+        reopened: list[int] = []
+        try:
+            for fd in fds:
+                ro = self.backend.reopen_readonly(fd)
+                if ro is None:
+                    return fds, reopened
+                reopened.append(ro)
+        except BaseException:
+            for fd in reopened:
+                os.close(fd)
+            raise
+        return reopened, reopened
+
+    def chunk_sizes(self) -> list[int]:
+        """The chunk sizes, in reservation order."""
+        return [c.size for c in self._chunks]
+
+    def describe(self) -> str:
+        """A multi-line table of the reservation, its mappings and their chunks."""
+        o = self.origin
+        stamp = time.strftime("%H:%M:%S", time.localtime(o.time))
+        lines = [
+            f"allocation {self.id} on {self.device} ({self.backend.name}), {o.role}, since {stamp}",
+            f"memory kept alive by: {self.lifetime}"
+            + (
+                " (the exporter must outlive every importer)" if self.backend.exporter_owned else ""
+            ),
+            f"reservation {self.address:#x}-{self.address + self.capacity:#x} "
+            f"({format_bytes(self.capacity)}, {format_bytes(self.size)} mapped)",
+            f"{'mapping':>8} {'offset':>12} {'size':>10} {'chunk':>6} {'fd':>4} access",
+        ]
+        for m in self.mappings:
+            fd = self._chunks[m.chunk].fd
+            size = format_bytes(m.size)
+            lines.append(
+                f"{m.chunk:>8} {m.offset:>#12x} {size:>10} {m.chunk:>6} {fd:>4} {m.access}"
+            )
+        served = self.served
+        if served:
+            pids = sorted({s.pid for s in served})
+            lines.append(f"served handles to pids {', '.join(map(str, pids))}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        where = "here" if self.origin.created_here else f"from pid {self.origin.pid}"
+        n, size = len(self._chunks), format_bytes(self.size)
+        return (
+            f"<Allocation {self.id[:12]} {self.backend.name} {self.device} {size} "
+            f"in {n} chunk{'s' if n != 1 else ''}, {where}>"
+        )
