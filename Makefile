@@ -14,6 +14,9 @@
 #                         another /dev/nvidiaN) exists, none elsewhere (cuda12: older drivers)
 #   DEMO_ARGS=...         extra arguments for `python -m sharedarrays demo`
 #   PYTEST_ARGS=...       extra arguments for pytest
+#   PYTEST_WORKERS=2      pytest-xdist worker processes for `make pytest` (each test file runs
+#                         whole in one of them: --dist loadfile); 0 runs the suite in pytest's
+#                         own process, as plain `pytest` does
 #   TORCH_VERSION=2.13.0+cpu   the torch installed before the extras (the test extra's
 #                         torch==2.13.0, as its CPU build: never a CUDA download)
 
@@ -24,6 +27,7 @@ DEMO_EXTRAS ?= $(if $(wildcard /dev/nvidia[0-9]*),cuda13,)
 VENV ?= .venv
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
+PYTEST_WORKERS ?= 2
 TORCH_VERSION ?= 2.13.0+cpu
 
 # Only the source folders that exist (an empty folder does not survive a git clone).
@@ -126,8 +130,10 @@ typecheck: $(ENV_DEPS)
 docs: $(ENV_DEPS)
 	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
 
+# Each xdist worker is a pytest process of its own, with its own private XDG_RUNTIME_DIR
+# (tests/conftest.py): workers share no keeper, handle server or named array.
 pytest: $(ENV_DEPS)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # ---------------------------------------------------------------------------------------------
 

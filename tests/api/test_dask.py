@@ -56,11 +56,17 @@ def _cluster(**kwargs: object) -> Iterator[distributed.Client]:
     before = _memfds()
     yield from _run_cluster(**kwargs)
     # what the cluster's messages held (results distributed dropped, arrays its threads
-    # deserialised) is let go of a little after it closes; later tests count fds
+    # deserialised) is let go of a little after it closes; later tests count fds. Waited for
+    # while the count falls: what is still held once it has stopped falling for 2 s (arrays
+    # this process made and got back, kept mapped by sharedarrays.api.message's cache of
+    # received parts) no wait lets go of: it used to wait the whole 30 s, twice a run.
     deadline = time.monotonic() + 30
-    while _memfds() > before and time.monotonic() < deadline:
+    last, since = _memfds(), time.monotonic()
+    while last > before and time.monotonic() < deadline and time.monotonic() - since < 2:
         gc.collect()
         time.sleep(0.1)
+        if (now := _memfds()) != last:
+            last, since = now, time.monotonic()
 
 
 def _run_cluster(**kwargs: object) -> Iterator[distributed.Client]:

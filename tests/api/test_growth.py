@@ -127,7 +127,9 @@ def test_appends_to_64_mib_copy_nothing(fd_baseline: None, record_property: Any)
     data = a.array
     np.testing.assert_array_equal(data[:, 0], np.arange(16384, dtype="float32"))
     np.testing.assert_array_equal(data[:, -1], np.arange(16384, dtype="float32"))
-    early, late = np.median(times[:1000]), np.median(times[-1000:])
+    # (plain floats: pytest-xdist sends a report's properties to the controller with execnet,
+    # which serialises no NumPy scalar)
+    early, late = float(np.median(times[:1000])), float(np.median(times[-1000:]))
     record_property("append_median_us_first_1000", round(early * 1e6, 1))
     record_property("append_median_us_last_1000", round(late * 1e6, 1))
     record_property("append_MBps", round(64 * MiB / sum(times) / 1e6, 1))

@@ -29,6 +29,7 @@ def _import_of(source: sa.SharedDeviceArray, alloc_id: str, origin: int) -> Allo
 
 
 def test_a_forked_child_starts_with_a_reset_state() -> None:
+    drop_parked()  # (what earlier tests in this process left parked: this test counts its own)
     parent = os.getpid()
     exported = sa.from_array(np.arange(8.0), device="cpu", pack=False)
     growable = sa.zeros(8, device="cpu", capacity=1 << 20)
