@@ -68,7 +68,7 @@ def keep(a: Keepable, name: str | None) -> None:
         alloc.secret,
         name,
         alloc.chunk_sizes(),
-        a.payload().to_doc(),
+        a.describe().to_doc(),
         _allow(alloc.allow_pids),
     )
     if len(alloc.chunk_sizes()) > keeper_protocol.MAX_CHUNKS:

@@ -77,8 +77,9 @@ class InFlight:
     def note_loaded(self, count: int = 1) -> None:
         """``count`` payloads pickled here were loaded (here, or where the process they came
         back to said so): no longer in flight."""
-        with self._lock:
-            self._fetched += count
+        with self._lock:  # (never more than were sent: a load of a payload counted
+            # nowhere, or one loaded twice, must not hide the next one in flight)
+            self._fetched = min(self._fetched + count, self._sent)
 
     def handed_over(self) -> None:
         """The keeper answers for every payload in flight from now on."""
@@ -114,7 +115,7 @@ class InFlight:
         ``chunks``: how many chunks it may map now; ``holder``: it holds exporter-owned
         memory until it says it closed it or exits."""
         with self._lock:
-            self._fetched += 1
+            self._fetched = min(self._fetched + 1, self._sent)
             self._served.append(Served(pid, time.time()))
             if server:
                 self.servers.add(server)

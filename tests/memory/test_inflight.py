@@ -51,3 +51,32 @@ def test_served_processes_holders_and_returned_payloads() -> None:
     f.forget()
     assert f._lock is not lock and f.served() == () and f.served_servers() == []
     assert f.in_flight() == (0, 0.0) and f.returned("/srv/a") == 0
+
+
+def test_a_load_counted_nowhere_never_hides_the_next_payload_in_flight() -> None:
+    """More loads than payloads sent (a payload loaded twice) leave the count at zero, not
+    below: the next payload pickled is in flight."""
+    f = InFlight()
+    f.note_sent()
+    f.note_loaded(3)
+    f.record_served(1234, None, 1, False)
+    assert f.in_flight() == (0, 0.0)
+    f.note_sent()
+    assert f.in_flight()[0] == 1
+
+
+def test_a_payload_loaded_back_by_its_exporter_leaves_its_neighbours_in_flight() -> None:
+    """Two small arrays packed in one block; the first's ``payload()`` loaded in its own
+    process, then the second pickled: the second is in flight (it was not, when
+    ``payload()`` counted no send but its load counted one back)."""
+    import pickle
+
+    import sharedarrays as sa
+
+    a, b = sa.zeros(4, device="cpu"), sa.zeros(4, device="cpu")
+    assert a.allocation is b.allocation  # (packed together)
+    before = a.allocation.in_flight()[0]
+    sa.load(a.payload().to_bytes()).close()
+    assert a.allocation.in_flight()[0] == before
+    pickle.dumps(b)
+    assert b.allocation.in_flight()[0] == before + 1
