@@ -45,7 +45,7 @@ import numpy as np
 import sharedarrays as sa
 a = sa.from_array(np.arange(16.0), device="cpu"{options})
 {before}
-print(a.describe().to_bytes().hex(), flush=True)
+print(a.payload().to_bytes().hex(), flush=True)
 for line in sys.stdin:
     if line.strip() == "grow":
         a.append(np.arange(1_000_000.0))
@@ -56,8 +56,7 @@ for line in sys.stdin:
 
 
 def _payload_of_exited(before: str = "", options: str = "") -> Payload:
-    """The payload of an array whose exporter exited (not counted in flight: its exit hands
-    nothing to the keeper)."""
+    """The payload of an array whose exporter exited."""
     out = py(_EXPORTER.format(before=before, options=options), input="exit\n")
     return Payload.from_bytes(bytes.fromhex(out.stdout.split()[0]))
 

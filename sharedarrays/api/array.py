@@ -619,17 +619,7 @@ class SharedDeviceArray(NativeArrayMethods):
     # pickling ---------------------------------------------------------------------------
     def payload(self) -> Payload:
         """What a pickle of this view carries (starts this process's handle server), as one
-        payload: its allocation's fields and this view's.
-
-        Counted as a payload in flight, as a pickle is: after this process lets go of the
-        array it still loads, once, within ``SHAREDARRAYS_IN_FLIGHT`` seconds."""
-        payload = self.describe()
-        if self.allocation.source_server is None:  # (it names this process's server)
-            self.allocation.flight.note_sent()
-        return payload
-
-    def describe(self) -> Payload:
-        """This view's payload, for a record of it (the keeper's): not counted in flight."""
+        payload: its allocation's fields and this view's."""
         return dataclasses.replace(
             message.allocation_payload(self.allocation),
             dtype=self._dtype,

@@ -28,7 +28,7 @@ class Keepable(Protocol):
     @property
     def allocation(self) -> Allocation: ...
 
-    def describe(self) -> Payload: ...
+    def payload(self) -> Payload: ...
 
 
 def _allow(pids: Iterable[int] | None) -> list[int] | None:
@@ -68,7 +68,7 @@ def keep(a: Keepable, name: str | None) -> None:
         alloc.secret,
         name,
         alloc.chunk_sizes(),
-        a.describe().to_doc(),
+        a.payload().to_doc(),
         _allow(alloc.allow_pids),
     )
     if len(alloc.chunk_sizes()) > keeper_protocol.MAX_CHUNKS:

@@ -115,7 +115,7 @@ class InFlight:
         ``chunks``: how many chunks it may map now; ``holder``: it holds exporter-owned
         memory until it says it closed it or exits."""
         with self._lock:
-            self._fetched = min(self._fetched + 1, self._sent)
+            self._fetched += 1
             self._served.append(Served(pid, time.time()))
             if server:
                 self.servers.add(server)

@@ -158,7 +158,7 @@ def test_a_message_carries_each_allocations_payload_once() -> None:
     assert sum(x.in_flight()[0] for x in allocations) == before + len(allocations)
     blobs = {allocation_bytes(a.allocation) for a in arrays}
     assert len(blobs) == len(allocations)
-    whole = sum(len(a.describe().to_bytes()) for a in arrays)
+    whole = sum(len(a.payload().to_bytes()) for a in arrays)
     for blob in blobs:
         assert message.count(blob) == 1  # written once, then a memo reference
     assert len(message) < 120 * n + sum(map(len, blobs))  # far less than n whole payloads
