@@ -234,6 +234,15 @@ def signed(n: int | None) -> str:
     return "?" if n is None else f"{n:+d}"
 
 
+def _count(row: Row, r: Ran, label: str) -> None:
+    """Add the child's outcomes to ``row``, and its ``leaked`` fds (lost unless 0)."""
+    for x in r.lines:
+        if "outcome" in x:
+            row.add(x["outcome"])
+    leaked = r.last.get("leaked")
+    row.lost(f"{label}{signed(leaked)}", leaked == 0)
+
+
 def fd_count(pid: int) -> int:
     """Open fds of process ``pid`` (/proc/<pid>/fd)."""
     return len(os.listdir(f"/proc/{pid}/fd"))
@@ -676,11 +685,7 @@ def forged_server_paths(row: Row) -> None:
     row.tries *= 4
     with runtime() as (env, _):
         r = run_child(FORGED_SERVER, env, timeout=60, args=(str(row.tries // 4),))
-    for x in r.lines:
-        if "outcome" in x:
-            row.add(x["outcome"])
-    leaked = r.last.get("leaked")
-    row.lost(f"loader fds {signed(leaked)}", leaked == 0)
+    _count(row, r, "loader fds ")
 
 
 def _flood_keeper(path: str, n: int) -> list[socket.socket]:
@@ -1185,11 +1190,7 @@ def huge_empty(row: Row) -> None:
     """``sa.empty(2**40, "uint8", device="cpu")`` (1 TiB) on a small machine."""
     with runtime() as (env, _):
         r = run_child(HUGE, env, args=(str(row.tries),), timeout=60)
-    for x in r.lines:
-        if "outcome" in x:
-            row.add(x["outcome"])
-    leaked = r.last.get("leaked")
-    row.lost(f"fds {signed(leaked)}", leaked == 0)
+    _count(row, r, "fds ")
 
 
 RESEALER = (
@@ -1256,11 +1257,7 @@ def pid_2_31(row: Row) -> None:
     """A resealed payload whose ``pid`` is 2**31."""
     with runtime() as (env, _):
         r = run_child(PID_FORGER, env, args=(str(row.tries),))
-    for x in r.lines:
-        if "outcome" in x:
-            row.add(x["outcome"])
-    leaked = r.last.get("leaked")
-    row.lost(f"fds {signed(leaked)}", leaked == 0)
+    _count(row, r, "fds ")
 
 
 SECRET_FORGER = (
@@ -2144,11 +2141,7 @@ def crafted_reconstructor(row: Row) -> None:
     each try loads 15 such pickles."""
     with runtime() as (env, _):
         r = run_child(CRAFTED_RECONSTRUCTOR, env, args=(str(row.tries),))
-    for x in r.lines:
-        if "outcome" in x:
-            row.add(x["outcome"])
-    leaked = r.last.get("leaked")
-    row.lost(f"loader fds {signed(leaked)}", leaked == 0)
+    _count(row, r, "loader fds ")
 
 
 MISALIGNED_VIEWS = (
