@@ -27,11 +27,10 @@ driver only (``tests/simulated/hip.py``).
 from __future__ import annotations
 
 import ctypes
-import os
 from typing import Any, ClassVar
 
 from sharedarrays.backends.hip.device import HipDevice
-from sharedarrays.backends.hip.runtime import check, why_unusable
+from sharedarrays.backends.hip.runtime import check, export_fd, why_unusable
 from sharedarrays.backends.pool import (
     EXPORT_BYTES,
     GRANULARITY,
@@ -65,19 +64,10 @@ class HipPool:
         return check(hip.hipMemPoolCreate(props), f"hipMemPoolCreate({self._device})")
 
     def export_pool(self, pool: Any) -> int:
-        out = ctypes.c_int(-1)
-        try:
-            check(
-                self._hip.hipMemPoolExportToShareableHandle(
-                    ctypes.addressof(out), pool, self._fd_type, 0
-                ),
-                "hipMemPoolExportToShareableHandle(PosixFileDescriptor)",
-            )
-        except BaseException:
-            if out.value >= 0:
-                os.close(out.value)
-            raise
-        return out.value
+        return export_fd(
+            lambda out: self._hip.hipMemPoolExportToShareableHandle(out, pool, self._fd_type, 0),
+            "hipMemPoolExportToShareableHandle(PosixFileDescriptor)",
+        )
 
     def destroy_pool(self, pool: Any) -> None:
         check(self._hip.hipMemPoolDestroy(pool), "hipMemPoolDestroy")

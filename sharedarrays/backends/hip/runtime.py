@@ -20,6 +20,7 @@ import ctypes.util
 import importlib
 import importlib.util
 import os
+from collections.abc import Callable
 from typing import Any
 
 from sharedarrays.errors import DriverError, OutOfMemory
@@ -32,6 +33,7 @@ __all__ = [
     "INSTALL_HINT",
     "load_hip",
     "check",
+    "export_fd",
     "why_unusable",
 ]
 
@@ -90,6 +92,19 @@ def check(result: Any, call: str) -> Any:
     if not rest:
         return None
     return rest[0] if len(rest) == 1 else rest
+
+
+def export_fd(export: Callable[[int], Any], call: str) -> int:
+    """The fd a HIP export call writes to the address it is given (``export(address)``);
+    closed again if the call then reports an error."""
+    out = ctypes.c_int(-1)
+    try:
+        check(export(ctypes.addressof(out)), call)
+    except BaseException:
+        if out.value >= 0:
+            os.close(out.value)
+        raise
+    return out.value
 
 
 def _library_reason() -> str | None:

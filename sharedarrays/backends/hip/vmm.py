@@ -21,13 +21,11 @@ cuda-vmm). Tested on a simulated driver only (``tests/simulated/hip.py``).
 
 from __future__ import annotations
 
-import ctypes
-import os
 from typing import Any, ClassVar
 
 from sharedarrays.backends.base import Access
 from sharedarrays.backends.hip.device import HipDevice
-from sharedarrays.backends.hip.runtime import check, why_unusable
+from sharedarrays.backends.hip.runtime import check, export_fd, why_unusable
 from sharedarrays.backends.registry import Registration, register
 from sharedarrays.backends.vmm import VmmBackend
 
@@ -82,19 +80,10 @@ class HipVmm:
         )
 
     def export(self, handle: int) -> int:
-        out = ctypes.c_int(-1)
-        try:
-            check(
-                self._hip.hipMemExportToShareableHandle(
-                    ctypes.addressof(out), handle, self._fd_type, 0
-                ),
-                "hipMemExportToShareableHandle(PosixFileDescriptor)",
-            )
-        except BaseException:
-            if out.value >= 0:
-                os.close(out.value)
-            raise
-        return out.value
+        return export_fd(
+            lambda out: self._hip.hipMemExportToShareableHandle(out, handle, self._fd_type, 0),
+            "hipMemExportToShareableHandle(PosixFileDescriptor)",
+        )
 
     def import_fd(self, fd: int) -> int:
         return int(
