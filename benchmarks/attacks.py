@@ -2101,17 +2101,21 @@ def readonly_at_fd_limit(row: Row) -> None:
     )
 
 
-CRAFTED_RECONSTRUCTOR = (
-    PRELUDE
-    + r"""
+RECONSTRUCTOR_CALL = r"""
 from sharedarrays.api.array import _rebuild_view
-from sharedarrays.api.message import allocation_bytes
 
-class Call:
+class Call:  # a pickle that names only the view reconstructor, with these arguments
     def __init__(self, *args):
         self.args = args
     def __reduce__(self):
         return _rebuild_view, self.args
+"""
+
+CRAFTED_RECONSTRUCTOR = (
+    PRELUDE
+    + RECONSTRUCTOR_CALL
+    + r"""
+from sharedarrays.api.message import allocation_bytes
 
 a = sa.from_array(np.arange(8.0), device="cpu", pack=False)
 blob, view = allocation_bytes(a.allocation), a._view_tuple()
@@ -2146,15 +2150,9 @@ def crafted_reconstructor(row: Row) -> None:
 
 MISALIGNED_VIEWS = (
     PRELUDE
+    + RECONSTRUCTOR_CALL
     + r"""
-from sharedarrays.api.array import _rebuild_view
 from sharedarrays.api.message import message_part
-
-class Call:
-    def __init__(self, *args):
-        self.args = args
-    def __reduce__(self):
-        return _rebuild_view, self.args
 
 a = sa.zeros(4096, "uint8", device="hip:0", pack=False)
 part = message_part(a.allocation, False)
