@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sharedarrays.api.namespaces import local_name
 from sharedarrays.api.views import ArrayView, is_view, live_views
 from sharedarrays.memory import Allocation, live_allocations
 from sharedarrays.process import running
@@ -335,6 +336,7 @@ def build_map(
         neighbours, vs = len(vs) - len(mine), mine
     else:
         own = None
+    keeper_name = getattr(allocation, "keeper_name", None)
     fds = {c.index: c.fd for c in allocation.chunks}
     bars = tuple(
         ChunkBar(m.chunk, m.offset, m.size, m.chunk_offset, fds.get(m.chunk, -1), str(m.access))
@@ -391,7 +393,7 @@ def build_map(
         access_enforced=bool(getattr(allocation.backend, "maps", True)),
         exporter_alive=origin.created_here or running(origin.pid),
         in_keeper=bool(getattr(allocation, "in_keeper", False)),
-        name=_local_name(getattr(allocation, "keeper_name", None)),
+        name=None if keeper_name is None else local_name(keeper_name),
         parked=bool(getattr(allocation, "parked", False)),
         slab=slab,
         own=own,
@@ -487,13 +489,3 @@ def table_rows(maps: Sequence[ReservationMap]) -> list[TableRow]:
         for v in m.views:
             rows.append(TableRow(m.short_id, "view", a + v.start, a + v.stop, v.label))
     return rows
-
-
-def _local_name(key: str | None) -> str | None:
-    """The keeper's name of an allocation as this process writes it (its namespace left out
-    where it is this process's)."""
-    if key is None:
-        return None
-    from sharedarrays.api.namespaces import local_name
-
-    return local_name(key)
