@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from sharedarrays.cli import parse_size  # (the demo's --size, the same units)
+try:
+    from sharedarrays.cli import parse_size  # (the demo's --size, the same units)
+except ImportError:  # a tree from before the harness left the package (ab.sh's A side)
+    from sharedarrays.bench.sizes import parse_size  # type: ignore[no-redef]
 
 __all__ = ["parse_size", "size_label"]
 
