@@ -5,10 +5,11 @@ chunk sizes. Loading it asks a chain of *resolvers*, in order; each answers one 
 either returns the allocation or passes (returns ``None``) to the next:
 
 1. :func:`mapped_here`: does this process map it already? (a warm load: nothing is asked)
-2. :func:`in_message`: did its handles travel with the message? (multiprocessing's DupFd
+2. :func:`reused_block`: does it map, parked, the memory the exporter reused for it?
+3. :func:`in_message`: did its handles travel with the message? (multiprocessing's DupFd
    while a Process is being spawned, or the keeper's reply to ``attach``)
-3. :func:`from_exporter`: does the exporter's handle server still serve them?
-4. :func:`from_keeper`: does this user's keeper hold them? (a parked or named array)
+4. :func:`from_exporter`: does the exporter's handle server still serve them?
+5. :func:`from_keeper`: does this user's keeper hold them? (a parked or named array)
 
 A resolver that finds nothing records why (a :class:`HandleUnavailable`); when every one
 passed, the last of those errors is raised: its message says what was tried (the exporter,
@@ -70,6 +71,7 @@ __all__ = [
     "check_token",
     "resolve",
     "mapped_here",
+    "reused_block",
     "in_message",
     "from_exporter",
     "from_keeper",
@@ -212,8 +214,12 @@ def _mapped(p: Payload, carried: list[int] | None) -> Allocation | None:
 
 def _count_load(alloc: Allocation, p: Payload, pid: int) -> None:
     """Count a load here of ``p``, a payload of ``alloc`` (``pid``: this process's)."""
+    if p.block is not None and p.pid != pid:
+        alloc.flight.note_block_load()
     if p.pid == pid:  # one of this process's payloads came back: not in flight
         alloc.flight.note_loaded()
+        if p.block is not None:  # (and no importer's: its views here hold the memory)
+            alloc.flight.note_done(1)
     else:  # its sender counts it in flight until told
         alloc.flight.note_returned(p.server)  # (when this process releases it, if it served it)
         if alloc.backend.exporter_owned:  # the exporter waits for its payloads: say so
@@ -236,8 +242,8 @@ def load_again(alloc: Allocation, p: Payload, sync: bytes | None) -> bool:
         A malformed token.
     """
     pid = process.STATE.pid  # (os.getpid(): a system call, microseconds on a cold path)
-    if alloc.released or alloc.pid != pid or p.capacity is not None:
-        return False
+    if alloc.released or alloc.pid != pid or p.capacity is not None or alloc.id != p.alloc_id:
+        return False  # (another id: its block was reused since, under a new one)
     if sync is not None:
         check_token(sync)
     alloc.last_used = use_clock()  # (its views may share a lease kept alive: no lease() call)
@@ -245,6 +251,35 @@ def load_again(alloc: Allocation, p: Payload, sync: bytes | None) -> bool:
     if sync is not None:
         alloc.backend.import_sync(sync)
     return True
+
+
+def reused_block(req: Request) -> Allocation | None:
+    """The allocation this process maps parked on the payload's block, which its exporter
+    reused for a new array (:mod:`sharedarrays.memory.cache`): taken under the new id and
+    secret (nothing asked, nothing mapped); the carried fds are closed."""
+    p = req.payload
+    if p.block is None:
+        return None
+    memory = STATE.memory
+    with memory.lock:
+        alloc: Allocation | None = memory.blocks.get(p.block)
+        if (
+            alloc is None
+            or not alloc.parked
+            or alloc.pool_server != p.server
+            or alloc.backend.name != p.backend
+            or not alloc.has_chunk_sizes(p.chunks)
+        ):
+            return None
+        del memory.registry[alloc.id]
+        memory.parked.pop(alloc.id, None)
+        alloc.id, alloc.secret = p.alloc_id, p.secret
+        alloc.generation += 1
+        alloc.flight.note_block_load(first=True)
+        memory.registry[alloc.id] = alloc
+        memory.parked[alloc.id] = alloc
+    _close(req.carried or [])
+    return alloc
 
 
 def in_message(req: Request) -> Allocation | None:
@@ -301,7 +336,13 @@ def from_keeper(req: Request) -> Allocation | None:
     return alloc
 
 
-RESOLVERS: tuple[Resolver, ...] = (mapped_here, in_message, from_exporter, from_keeper)
+RESOLVERS: tuple[Resolver, ...] = (
+    mapped_here,
+    reused_block,
+    in_message,
+    from_exporter,
+    from_keeper,
+)
 """The chain :func:`load_payload` asks, in order."""
 
 
@@ -367,6 +408,8 @@ def load_payload(
             _close(carried or [])
             raise
         alloc = resolve(Request(p, carried), RESOLVERS[1:])
+        if p.block is not None and p.pid != STATE.pid:  # (counted by _mapped otherwise)
+            _take_block(alloc, p)
     if sync is not None:
         try:
             alloc.backend.import_sync(sync)
@@ -375,6 +418,22 @@ def load_payload(
                 _let_go(alloc)
             raise
     return alloc
+
+
+def _take_block(alloc: Allocation, p: Payload) -> None:
+    """List a newly mapped allocation by its block and count the load (one taken by
+    :func:`reused_block` is counted there); say ``DONE`` when idle if its exporter asked
+    for that before it was listed."""
+    block = p.block
+    if block is None or alloc.block is not None or alloc.origin.created_here:
+        return
+    alloc.block, alloc.pool_server = block, p.server
+    alloc.flight.note_block_load()
+    with STATE.memory.lock:
+        STATE.memory.blocks[block] = alloc
+        asked = STATE.memory.asked.pop(block, False) is None
+    if asked:
+        alloc.ask_done()
 
 
 def _detach(fds: tuple[Any, ...]) -> list[int]:

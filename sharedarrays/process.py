@@ -306,6 +306,11 @@ class MemoryState:
         self.inherited: list[object] = []
         self.release_hooks: list[Callable[[Any], None]] = []
         self.hand_over_hooks: list[Callable[[Any, int, float], None]] = []
+        self.cache: Any = None  # the ChunkCache (sharedarrays.memory.cache sets it)
+        self.done_hooks: list[Callable[[Any, int], None]] = []  # (transport: DONE notices)
+        self.ask_hooks: list[Callable[[Any, list[str]], None]] = []  # (transport: ASK)
+        self.blocks: dict[bytes, Any] = {}  # an importer's allocations by block token
+        self.asked: dict[bytes, None] = {}  # block tokens asked DONE for before listed here
 
     def wait_unregistered(self, alloc: Any, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds until ``alloc`` (being released by another thread:
@@ -338,6 +343,11 @@ class MemoryState:
                 self.inherited.append(alloc)
         self.parked.clear()
         self.draining.clear()
+        self.blocks.clear()
+        self.asked.clear()
+        if self.cache is not None:  # (the parent's to reuse: never freed or reused here)
+            self.inherited.extend(self.cache.kept())
+            self.cache.forget()
         for alloc_id in [k for k, a in self.registry.items() if a.released]:
             # being released by a thread of the parent (registered while the keeper took its
             # handles): no thread here finishes it, and a load would wait for it in vain

@@ -91,6 +91,7 @@ NUMBERS: dict[str, tuple[type, int | float]] = {
     "SHAREDARRAYS_POOL_MAX_BYTES": (int, 1),
     "SHAREDARRAYS_IN_FLIGHT": (float, 0.0),
     "SHAREDARRAYS_EXIT_WAIT": (float, 0.0),
+    "SHAREDARRAYS_CACHE_BYTES": (int, 0),
 }
 """Every number setting: its kind and minimum (each is read where it is used, with its
 default, by :func:`env_number`; this table lets :func:`check_environment` read them all at

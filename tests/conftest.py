@@ -134,10 +134,14 @@ def fd_baseline() -> Iterator[None]:
     # (counted again for a few seconds when it differs: this process's handle server closes
     # an importer's connection when it sees it closed, on its own thread, and stops counting
     # it just before; a leak stays, that moment passes)
+    from sharedarrays.process import STATE
+
+    STATE.memory.cache.trim()  # (what it keeps for reuse is held, not leaked: freed here)
     after = open_fds()
     deadline = time.monotonic() + 5
     while after > before and time.monotonic() < deadline:
         time.sleep(0.05)
+        STATE.memory.cache.trim()  # (and what a DONE notice moved there since)
         after = open_fds()
     assert after <= before, f"{after - before} file descriptors leaked"
 
@@ -166,3 +170,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     from skips import summarise_skips
 
     summarise_skips(terminalreporter)
+
+
+@pytest.fixture
+def no_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Arrays made in the test (and its children) are not kept for reuse when released
+    (``SHAREDARRAYS_CACHE_BYTES=0``): what a release does to memory the cache does not keep."""
+    monkeypatch.setenv("SHAREDARRAYS_CACHE_BYTES", "0")

@@ -125,6 +125,7 @@ def test_one_mapping_per_allocation_in_an_importer() -> None:
         assert len(a.allocation.served) == fetched
 
 
+@pytest.mark.usefixtures("no_cache")
 def test_warm_handoffs_are_parked_and_dropped_when_the_exporter_releases() -> None:
     ctx = mp.get_context("spawn")
     with ctx.Pool(1) as p:

@@ -31,6 +31,7 @@ from sharedarrays.importing import (
     in_message,
     mapped_here,
     resolve,
+    reused_block,
 )
 from sharedarrays.memory.allocation import Allocation
 from sharedarrays.memory.registry import lookup
@@ -112,7 +113,7 @@ def _is_open(fd: int) -> bool:
 
 
 def test_the_chain_asks_in_order() -> None:
-    assert (mapped_here, in_message, from_exporter, from_keeper) == RESOLVERS
+    assert (mapped_here, reused_block, in_message, from_exporter, from_keeper) == RESOLVERS
 
 
 def test_resolve_stops_at_the_first_answer() -> None:

@@ -336,3 +336,18 @@ def die_after_reading_a_task() -> None:
         return message
 
     poolqueues.read_message = read_then_die
+
+
+def new_filled(args: tuple[int, int]) -> Any:
+    """A new host array of ``n`` float64 filled with ``value`` (a result made in a worker)."""
+    import sharedarrays as sa
+
+    n, value = args
+    return sa.full(n, float(value), device="cpu", pack=False)
+
+
+def cache_counts(_: object = None) -> tuple[int, int]:
+    """(arrays made on cached memory so far, bytes cached now) in this worker."""
+    from sharedarrays.process import STATE
+
+    return STATE.memory.cache.hits, STATE.memory.cache.nbytes

@@ -181,7 +181,8 @@ def _full(
     if dtype is None:
         dtype = np.asarray(fill_value).dtype
     a = _new(shape, dtype, options)
-    fresh_memory_reads_zero = a.allocation.backend.zeroed  # memfd; slabs are never reused
+    alloc = a.allocation  # (memfd reads zero; a slab's room is never reused, its memory may be)
+    fresh_memory_reads_zero = alloc.backend.zeroed and not alloc.reused
     if not (fresh_memory_reads_zero and np.ndim(fill_value) == 0 and fill_value == 0):
         _fill(a, fill_value, options.progress)
     return a

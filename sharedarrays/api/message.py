@@ -103,6 +103,7 @@ def allocation_payload(alloc: Allocation) -> Payload:
         readonly=alloc.export_readonly,
         capacity=alloc.capacity if alloc.growable else None,
         node=this_node(),
+        block=alloc.block if alloc.cacheable() else None,
     )
 
 
@@ -360,6 +361,7 @@ class ReceivedPart:
         # a payload of another process, of memory it does not own: a warm load only stamps
         # the use and counts a return to a process this one served (import_part)
         plain = p.pid != STATE.pid and not alloc.backend.exporter_owned and not alloc.growable
+        plain = plain and p.block is None  # (a block's loads are counted: load_again)
         self._served = alloc.flight.servers if plain else None
 
     def lease(self, readonly: bool) -> tuple[Allocation, Lease[Allocation] | None]:

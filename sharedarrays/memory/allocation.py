@@ -41,16 +41,17 @@ from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 from sharedarrays.backends import Access, Backend, Chunk, MappingBackend, round_up
-from sharedarrays.errors import PayloadError
+from sharedarrays.errors import OutOfMemory, PayloadError
+from sharedarrays.memory.cache import cache_bytes, new_block
 from sharedarrays.memory.growth import chunk_sizes
 from sharedarrays.memory.handover import HandOver
 from sharedarrays.memory.inflight import InFlight
 from sharedarrays.memory.info import Origin
 from sharedarrays.memory.lease import Lease, Leasing, use_clock
 from sharedarrays.memory.reservation import Reservation, teardown
-from sharedarrays.process import STATE
+from sharedarrays.process import STATE, at_exit
 
-__all__ = ["Allocation"]
+__all__ = ["Allocation", "settle_draining"]
 
 
 class Allocation(Leasing, HandOver):
@@ -171,6 +172,17 @@ class Allocation(Leasing, HandOver):
         # dtype, read-only, the array), up to NATIVES_KEPT, oldest first; a thread takes one
         # out (dict.pop is atomic) and puts it back
         self._natives: dict[tuple[Any, ...], tuple[Any, Any, bool, Any]] = {}
+        self.released_at = 0.0  # (time.monotonic() of a release that left it draining)
+        self.reused = False
+        """Whether its memory was another array's before (taken from the cache)."""
+        self.block: bytes | None = None
+        """The block token of cacheable memory (:mod:`~sharedarrays.memory.cache`): made
+        here and kept for reuse when released, or imported from a payload that names one."""
+        self.pool_server: str | None = None
+        """(An importer of a block) its exporter's handle server."""
+        self.done_asked = False
+        """(An importer of a block) whether its exporter asked to be told ``DONE`` when the
+        last view here goes (:meth:`ask_done`)."""
         self.encoded: tuple[int, int, bytes] | None = None
         """The payload of the whole allocation that pickles of its views carry, with the pid
         and :attr:`generation` it was made for (:mod:`sharedarrays.api.array` makes it): one
@@ -232,7 +244,17 @@ class Allocation(Leasing, HandOver):
             sizes = [round_up(max(nbytes, 1), backend.granularity)]
         if capacity is not None:
             capacity = max(round_up(capacity, backend.granularity), sum(sizes))
-        backend.check_memory(sum(sizes))
+        cacheable = backend.maps and capacity is None and not peers and not readonly
+        if cacheable:
+            alloc = cls._reuse(backend, sizes, nbytes)
+            if alloc is not None:
+                return alloc
+        try:
+            backend.check_memory(sum(sizes))
+        except OutOfMemory:
+            if not STATE.memory.cache.trim():
+                raise
+            backend.check_memory(sum(sizes))
         alloc = cls._build(
             backend,
             secrets.token_hex(16),
@@ -248,6 +270,28 @@ class Allocation(Leasing, HandOver):
         )
         alloc._chunk_bytes = chunk_bytes
         alloc.used = nbytes
+        if cacheable and sum(sizes) <= cache_bytes():
+            alloc.block = new_block()
+        return alloc
+
+    @classmethod
+    def _reuse(cls, backend: Backend, sizes: list[int], nbytes: int) -> Allocation | None:
+        """A new allocation on cached memory of ``sizes`` (:mod:`~sharedarrays.memory.cache`),
+        with a new id and secret, or ``None`` when none is cached."""
+        old = STATE.memory.cache.take(backend.name, backend.device, sizes)
+        if old is None:
+            return None
+        alloc = cls(
+            backend,
+            secrets.token_hex(16),
+            secrets.token_bytes(32),
+            old.address,
+            old._chunks,
+            "rw",
+            Origin(True, os.getpid(), time.time()),
+        )
+        alloc.block, alloc.used, alloc.reused = old.block, nbytes, True
+        alloc.flight.servers.update(old.flight.servers)  # (told when it is freed at last)
         return alloc
 
     @classmethod
@@ -444,9 +488,11 @@ class Allocation(Leasing, HandOver):
                 with STATE.memory.lock:
                     STATE.memory.parked.pop(self.id, None)
             return self.released
-        if not self.backend.exporter_owned:
+        cacheable = self.cacheable()
+        if not self.backend.exporter_owned and not cacheable:
             # still registered: a load asks this process until the keeper has the handles
             self.hand_over()
+        cached = False
         try:
             with self.growth_lock:  # the handle server sends no fd while they are closed
                 with STATE.memory.lock:
@@ -454,22 +500,65 @@ class Allocation(Leasing, HandOver):
                         del STATE.memory.registry[self.id]
                         STATE.memory.unregistered.notify_all()  # (a load here waits for this)
                     STATE.memory.parked.pop(self.id, None)
+                    if self.block is not None and STATE.memory.blocks.get(self.block) is self:
+                        del STATE.memory.blocks[self.block]
                     # (a growable array is not handed over: it drains while its payloads
                     # are in flight, served here until they load or their bound passes)
+                    # (cacheable memory waits for its importers to be done with it)
                     drain = (
-                        self.backend.exporter_owned and (bool(self.holders) or self.busy())
-                    ) or (self._growable and self.busy())
+                        (self.backend.exporter_owned and (bool(self.holders) or self.busy()))
+                        or (self._growable and self.busy())
+                        or (cacheable and self.flight.undone()[0] > 0)
+                    )
                     if drain:
                         STATE.memory.draining[self.id] = self
-                if not drain:
+                        self.released_at = time.monotonic()
+                cached = cacheable and (drain or STATE.memory.cache.put(self))
+                if not cached:
                     self._free()
+            if cacheable and drain:
+                servers = self.served_servers()
+                for hook in STATE.memory.ask_hooks:
+                    hook(self, servers)
         finally:
-            for hook in STATE.memory.release_hooks:
-                try:
-                    hook(self)
-                except Exception:
-                    continue
+            if not cached:
+                self._released_hooks()
         return True
+
+    def _released_hooks(self) -> None:
+        for hook in STATE.memory.release_hooks:
+            try:
+                hook(self)
+            except Exception:
+                continue
+
+    def cacheable(self) -> bool:
+        """Whether this process may keep the memory for its next array when it releases it
+        (:mod:`~sharedarrays.memory.cache`): made here as a block, never named, parked in the
+        keeper, handed over nor packed with small arrays."""
+        return (
+            self.block is not None
+            and self.origin.created_here
+            and self.pid == os.getpid()
+            and not self.in_keeper
+            and self.keeper_name is None
+            and not self.slab
+            and not self.flight.was_handed_over
+        )
+
+    def done_by_importers(self, count: int) -> None:
+        """An importer closed its last view after loading ``count`` payloads of this
+        allocation (``DONE``): once all that were pickled here are, a released one goes to
+        the cache."""
+        self.flight.note_done(count)
+        settle_draining()
+
+    def free_cached(self) -> None:
+        """Free memory the cache let go (and tell the processes it was served to)."""
+        try:
+            self._free()
+        finally:
+            self._released_hooks()
 
     def _free(self) -> None:
         mapped = [(m.offset, m.size) for m in self.mappings] if self.backend.maps else []
@@ -480,7 +569,7 @@ class Allocation(Leasing, HandOver):
         exited); ``None`` only forgets holders that exited. Frees a draining allocation
         once no holder is left and no payload of it is in flight."""
         self.flight.closed_by(pid)
-        if self.holders or self.busy():
+        if self.holders or self.busy() or self.cacheable():  # (a block: settle_draining)
             return
         try:  # this runs in the handle server's thread, which must go on serving
             with self.growth_lock:  # (the server sends no fd while they are closed)
@@ -579,3 +668,38 @@ class Allocation(Leasing, HandOver):
             if chunks[i].size != sizes[i]:
                 return False
         return True
+
+
+DONE_WAIT = 1.0
+"""Seconds a released block whose payloads were all loaded waits for its importers' ``DONE``
+before it is freed instead (an importer holds a view: its mapping keeps the memory)."""
+
+
+def settle_draining(at_exit: bool = False) -> None:
+    """Put the released cacheable allocations whose payloads were all loaded and closed in
+    the cache; free those still held elsewhere :data:`DONE_WAIT` after they were all loaded,
+    or whose payloads' bound passed (``at_exit``: all of them)."""
+    with STATE.memory.lock:
+        waiting = [
+            a for a in STATE.memory.draining.values() if a.block is not None and a.cacheable()
+        ]
+    now = time.monotonic()
+    for alloc in waiting:
+        undone, _ = alloc.flight.undone()
+        held = alloc.busy() or now < alloc.released_at + DONE_WAIT
+        if undone and held and not at_exit:
+            continue
+        with alloc.growth_lock:
+            with STATE.memory.lock:
+                if STATE.memory.draining.pop(alloc.id, None) is not alloc:
+                    continue
+            if at_exit or not alloc.flight.all_done() or not STATE.memory.cache.put(alloc):
+                alloc.free_cached()
+
+
+def _release_cache_at_exit() -> None:
+    settle_draining(at_exit=True)
+    STATE.memory.cache.trim()
+
+
+at_exit(_release_cache_at_exit, "memory")

@@ -52,6 +52,10 @@ class InFlight:
         # processes this one served it to, by handle server (read without the lock by a
         # warm load, :func:`sharedarrays.api.message.import_part`: a membership test)
         self.servers: set[str] = set()
+        self._done = 0  # payloads of a block pickled here that importers closed (DONE)
+        self._loads = 0  # (an importer of a block) payloads loaded and leased since the last DONE
+        self._unleased = 0  # (an importer of a block) payloads loaded whose view has no lease yet
+        self.was_handed_over = False
         self._holders: set[int] = set()  # exporter-owned memory: importers not done yet
         self._served_chunks: dict[int, int] = {}  # pid -> chunks it may map
 
@@ -63,7 +67,7 @@ class InFlight:
         self._holders.clear()
         self._served_chunks.clear()
         self._returned.clear()
-        self._sent = self._fetched = 0
+        self._sent = self._fetched = self._done = self._loads = self._unleased = 0
 
     # payloads in flight ----------------------------------------------------------------
     def note_sent(self) -> None:
@@ -85,6 +89,51 @@ class InFlight:
         """The keeper answers for every payload in flight from now on."""
         with self._lock:
             self._fetched = self._sent
+            self.was_handed_over = True
+
+    # blocks (memory/cache.py) ------------------------------------------------------------
+    def note_done(self, count: int) -> None:
+        """(The exporter of a block) an importer closed ``count`` payloads it loaded."""
+        with self._lock:
+            self._done += count
+
+    def all_done(self) -> bool:
+        """Whether every payload pickled here was loaded and closed (reported ``DONE``)."""
+        with self._lock:
+            return self._done >= self._sent
+
+    def undone(self) -> tuple[int, float]:
+        """Payloads pickled here not reported done, and the seconds left of their bound;
+        ``(0, 0.0)`` when none, or when the bound passed."""
+        with self._lock:
+            count, sent_at = self._sent - self._done, self._sent_at
+        left = sent_at + in_flight_seconds() - time.monotonic() if count > 0 else 0.0
+        return (count, left) if left > 0 else (0, 0.0)
+
+    def note_block_load(self, first: bool = False) -> None:
+        """(An importer of a block) a payload of it was loaded here (``first``: on memory
+        taken under a new id: what was counted before was its last array's)."""
+        with self._lock:
+            if first:
+                self._loads = self._unleased = 0
+            self._unleased += 1
+
+    def note_block_lease(self) -> None:
+        """(An importer of a block) a lease was taken: a load's view holds it from now on."""
+        with self._lock:
+            if self._unleased:
+                self._unleased -= 1
+                self._loads += 1
+
+    def take_block_loads(self) -> int:
+        """(An importer of a block) the loads to report ``DONE`` now: 0 while a load has no
+        lease yet (its view is being made), or where this process handed the allocation on
+        (others may hold it through this one)."""
+        with self._lock:
+            if self._unleased or self._sent or self.servers:
+                return 0
+            loads, self._loads = self._loads, 0
+            return loads
 
     def note_returned(self, server: str) -> None:
         """A payload from the process whose handle server is ``server`` was loaded here.

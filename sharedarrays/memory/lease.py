@@ -132,6 +132,9 @@ class Leasing(AllocationRecords):
 
     released: bool
     kept_lease: Lease[Any] | None
+    pool_server: str | None
+    done_asked: bool
+    flight: Any
     last_used: int
     native_device: int | None
     _lock: threading.Lock
@@ -163,6 +166,8 @@ class Leasing(AllocationRecords):
         if end is None:
             end = self.size
         self.last_used = use_clock()
+        if self.pool_server is not None:
+            self.flight.note_block_lease()
         with self._lock:
             if self.released:
                 raise ClosedArrayError(f"allocation {self.id} was released in this process")
@@ -280,6 +285,11 @@ class Leasing(AllocationRecords):
             self._leases -= 1
             if self._view_leases() or self.released:  # (idle: none but the native base's)
                 return
+        if self.done_asked and not self._say_done():
+            return
+        with self._lock:
+            if self._view_leases() or self.released:
+                return
             park = not self._release_when_idle
             park = park and not self.origin.created_here and not self._orphaned
         # a mapping whose source process has exited will not be handed to us again: drop it
@@ -323,6 +333,7 @@ class Leasing(AllocationRecords):
             if (
                 self.kept_lease is not None
                 or self._growable
+                or self.done_asked  # (each view's end may have to say DONE)
                 or self.released
                 or self._release_when_idle
                 or self._orphaned
@@ -337,6 +348,32 @@ class Leasing(AllocationRecords):
             ):
                 self.kept_lease, kept = kept, None
         del kept  # (outside the lock: a lease not kept ends here)
+
+    def ask_done(self) -> None:
+        """(An importer of a block) its exporter released it and waits to reuse the memory:
+        say ``DONE`` now if no view holds it here, else when the last one goes
+        (:mod:`~sharedarrays.memory.cache`). No lease is kept for the next view from now on."""
+        self.done_asked = True
+        self._let_kept_go()  # (its end says DONE, if it was idle)
+        with self._lock:
+            idle = not self._view_leases() and not self.released
+        if idle:
+            self._say_done()
+
+    def _say_done(self) -> bool:
+        """Idle and asked: tell the exporter, once no native array is left either (the native
+        base is let go first: its lease's end comes back here). Whether it was said."""
+        with self._lock:
+            base, self._native_base = self._native_base, None
+            natives, self._natives = self._natives, {}
+        if base is not None:
+            del base, natives
+            return False
+        loads = self.flight.take_block_loads()
+        if loads:
+            for hook in STATE.memory.done_hooks:
+                hook(self, loads)
+        return True
 
     def _let_kept_go(self) -> None:
         """Stop keeping a lease: one that no view holds ends now (and its end releases or

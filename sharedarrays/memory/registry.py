@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import cast
 
-from sharedarrays.memory.allocation import Allocation
+from sharedarrays.memory.allocation import Allocation, settle_draining
 from sharedarrays.memory.lease import _last_used
 from sharedarrays.process import STATE, running
 
@@ -96,6 +96,7 @@ def reap_draining() -> int:
 
     Returns how many are still waiting.
     """
+    settle_draining()
     for alloc in draining_allocations():
         alloc.closed_by(None)
     with STATE.memory.lock:

@@ -88,11 +88,13 @@ class Kind(enum.Enum):
     LOADED = b"SAL1"
     SNAPSHOT = b"SAS1"
     DROP = b"SAD1"
+    DONE = b"SAU1"
+    ASK = b"SAQ1"
 
     @property
     def counted(self) -> bool:
         """Whether its requests carry a count (and have the longer layout)."""
-        return self in (Kind.GROW, Kind.RELEASED, Kind.LOADED)
+        return self in (Kind.GROW, Kind.RELEASED, Kind.LOADED, Kind.DONE)
 
 
 _KINDS = {kind.value: kind for kind in Kind}

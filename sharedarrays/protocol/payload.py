@@ -75,7 +75,7 @@ _DTYPE = re.compile(r"^[<>|=]?[biufc][0-9]{1,2}\Z")
 _BACKEND = re.compile(r"^[a-z][a-z0-9-]{0,31}\Z")
 """A backend name's shape (``host``, ``cuda-vmm``, ...). Whether this process knows the
 backend is its importer's question: :class:`Payload` is pure data."""
-_OPTIONAL = frozenset(("capacity", "node"))
+_OPTIONAL = frozenset(("capacity", "node", "block"))
 
 
 _DECODED_LIMIT = 16384
@@ -269,6 +269,9 @@ class Payload:
         The node id (:mod:`sharedarrays.node`) of the process that made the payload: a load
         on another node is refused before anything is opened. Encoded only when set (every
         payload an array makes sets it).
+    block : bytes or None
+        The block token of memory its exporter keeps for reuse (:mod:`sharedarrays.memory.cache`):
+        an importer that maps the block already reuses that mapping. Encoded only when set.
 
     A pointer backend's payload (cuda-ipc, cuda-pool) always names the exporter in ``pid``
     and ``server``, even when an importer pickles it on: the exporter records every importer
@@ -294,6 +297,7 @@ class Payload:
     readonly: bool
     capacity: int | None = None
     node: str | None = None
+    block: bytes | None = None
 
     @property
     def size(self) -> int:
@@ -324,6 +328,8 @@ class Payload:
             doc["capacity"] = self.capacity
         if self.node is not None:
             doc["node"] = self.node
+        if self.block is not None:
+            doc["block"] = self.block.hex()
         return doc
 
     def to_bytes(self) -> bytes:
@@ -418,6 +424,9 @@ class Payload:
         node = doc.get("node")
         if "node" in doc and (type(node) is not str or not NODE_PATTERN.fullmatch(node)):
             raise PayloadError("payload field 'node' must be a node id (sharedarrays.node)")
+        block = doc.get("block")
+        if "block" in doc and (type(block) is not str or not _HEX64.match(block)):
+            raise PayloadError("payload field 'block' must be 64 hex digits")
         return cls(
             backend=backend,
             device=device,
@@ -433,6 +442,7 @@ class Payload:
             readonly=readonly,
             capacity=capacity,
             node=node,
+            block=bytes.fromhex(block) if block is not None else None,
         )
 
 

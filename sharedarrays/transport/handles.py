@@ -111,11 +111,34 @@ def _notify_on_release(alloc: allocation.Allocation) -> None:
     server: HandleServer | None = STATE.server.server
     own = server.path if server is not None else None
     servers = [p for p in alloc.served_servers() if p != own]
-    if servers:
+    if servers and alloc.block is not None and alloc.origin.created_here:
+        # (memory kept for reuse: its importers may know it by an id it had before)
+        block = alloc.block
+        notices.queue_notice(servers, Kind.RELEASED, block[:16].hex(), block, alloc)
+    elif servers:
         notices.queue_notice(servers, Kind.RELEASED, alloc.id, alloc.secret, alloc)
 
 
+def _notify_done(alloc: allocation.Allocation, loads: int) -> None:
+    """Tell the exporter of a block that this process closed its last view of it, having
+    loaded ``loads`` of its payloads (:mod:`sharedarrays.memory.cache`)."""
+    if alloc.pool_server is not None:
+        notices.start_notifier()
+        notices.queue_notice([alloc.pool_server], Kind.DONE, alloc.id, alloc.secret, count=loads)
+
+
+def _ask_done(alloc: allocation.Allocation, servers: list[str]) -> None:
+    """Ask the processes of ``servers`` to say ``DONE`` when their last view of the block
+    ``alloc`` goes: it was released here and waits to be reused."""
+    block = alloc.block
+    if block is not None and servers:
+        notices.start_notifier()
+        notices.queue_notice(servers, Kind.ASK, block[:16].hex(), block)
+
+
 STATE.memory.release_hooks.append(_notify_on_release)
+STATE.memory.done_hooks.append(_notify_done)
+STATE.memory.ask_hooks.append(_ask_done)
 
 EXIT_WAIT = 10.0
 """Seconds a process waits at exit for other processes to close the exporter-owned memory

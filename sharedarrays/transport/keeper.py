@@ -545,7 +545,8 @@ def _hand_over_at_exit() -> None:
     state.exit_wait = (began, left)
     failed: list[tuple[int, str]] = []
     try:
-        for alloc in registry.live_allocations():
+        # (and the released blocks that wait for their importers: memory/cache.py)
+        for alloc in registry.live_allocations() + registry.draining_allocations():
             if alloc.id in state.said:
                 continue
             failure = alloc.hand_over(say=False)

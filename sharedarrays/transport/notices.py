@@ -75,14 +75,23 @@ def pending_notices() -> int:
 
 
 def queue_notice(
-    servers: list[str], kind: Kind, alloc_id: str, secret: bytes, alloc: Any = None
+    servers: list[str],
+    kind: Kind,
+    alloc_id: str,
+    secret: bytes,
+    alloc: Any = None,
+    count: int = 0,
 ) -> None:
-    """Queue a notice (``RELEASED`` or ``CLOSED``) for the notifier thread. Never blocks: it
-    runs from finalizers.
+    """Queue a notice (``RELEASED``, ``CLOSED`` or ``DONE`` with ``count``) for the notifier
+    thread. Never blocks: it runs from finalizers.
 
     A release notice tells each server how many of its process's payloads of ``alloc`` this
     process loaded (:meth:`Allocation.returned`)."""
-    if kind is Kind.RELEASED:
+    if kind is Kind.DONE:
+        messages = [Request(kind, alloc_id, secret, count).encode()]
+    elif kind is Kind.ASK:
+        messages = [Request(kind, alloc_id, secret).encode()] * len(servers)
+    elif kind is Kind.RELEASED:
         messages = [
             Request(
                 kind, alloc_id, secret, min(alloc.flight.returned(path) if alloc else 0, 1 << 31)

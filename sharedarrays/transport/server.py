@@ -26,7 +26,7 @@ from pathlib import Path
 
 from sharedarrays.errors import PayloadError, thread_error
 from sharedarrays.memory import allocation, registry
-from sharedarrays.process import command_line, running
+from sharedarrays.process import STATE, command_line, running
 from sharedarrays.protocol.handles import (
     COUNTED_SIZE,
     MAX_REQUEST,
@@ -82,6 +82,8 @@ class HandleServer:
             Kind.LOADED: self._loaded,
             Kind.SNAPSHOT: self._snapshot,
             Kind.DROP: self._drop_parked,
+            Kind.DONE: self._done,
+            Kind.ASK: self._asked,
         }
         """The handler of each kind of request (each sends its own reply, if any)."""
         self._thread = threading.Thread(
@@ -259,13 +261,39 @@ class HandleServer:
         return alloc
 
     def _released(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
-        """``RELEASED``: the process that served us released the allocation."""
-        alloc = self._served(conn, request)
+        """``RELEASED``: the process that served us released the allocation (or, named by
+        its block token, the memory it kept for reuse: :func:`block_request`)."""
+        alloc = STATE.memory.blocks.get(request.secret)
+        if alloc is None or request.alloc_id != request.secret[:16].hex():
+            alloc = self._served(conn, request)
         if alloc is None:
             return
         conn.send(Reply(Status.OK).encode())
         alloc.flight.note_loaded(request.count)  # its payloads that came back to their exporter
         _off_thread(alloc.orphan)  # a release may hand over to the keeper: not here
+
+    def _done(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
+        """``DONE``: an importer closed its last view of a block after ``count`` loads."""
+        alloc = registry.lookup(request.alloc_id, draining=True)
+        if alloc is None or not hmac.compare_digest(request.secret, alloc.secret):
+            conn.send(Reply(Status.GONE).encode())
+            return
+        conn.send(Reply(Status.OK).encode())
+        alloc.done_by_importers(request.count)
+
+    def _asked(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
+        """``ASK``, named by a block token: its exporter released the memory and waits for
+        ``DONE`` from this process (remembered if the block is not listed here yet)."""
+        conn.send(Reply(Status.OK).encode())
+        memory = STATE.memory
+        with memory.lock:
+            alloc = memory.blocks.get(request.secret)
+            if alloc is None:
+                memory.asked[request.secret] = None
+                while len(memory.asked) > _ASKED_LIMIT:
+                    del memory.asked[next(iter(memory.asked))]
+        if alloc is not None and request.alloc_id == request.secret[:16].hex():
+            _off_thread(alloc.ask_done)
 
     def _send_handles(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
         """``FETCH`` and ``GROW``: send the allocation's chunk handles (``GROW``: from chunk
@@ -298,6 +326,9 @@ class HandleServer:
                 # thread runs again, and a release must then know whom to tell.
                 server = request.reply_to if request.reply_to.startswith("/") else None
                 alloc.record_served(pid, server, len(sizes))
+                if server and alloc.block is not None and alloc.released:
+                    for hook in STATE.memory.ask_hooks:  # (it waits to reuse the memory)
+                        hook(alloc, [server])
                 send_fds(conn, header, fds)
             finally:
                 for fd in temporary:
@@ -408,6 +439,10 @@ def _served(alloc: allocation.Allocation, draining: bool) -> tuple[tuple[int, fl
     listed = {pid for pid, _ in rows}
     rows += [(pid, alloc.origin.time) for pid in holders if pid not in listed]
     return tuple(rows)
+
+
+_ASKED_LIMIT = 256
+"""Block tokens an importer remembers being asked ``DONE`` for before it listed them."""
 
 
 def _note_loaded(request: Request) -> None:

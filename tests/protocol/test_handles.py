@@ -39,6 +39,8 @@ def test_the_magics_are_those_of_version_1() -> None:
         "LOADED": b"SAL1",
         "SNAPSHOT": b"SAS1",
         "DROP": b"SAD1",
+        "DONE": b"SAU1",
+        "ASK": b"SAQ1",
     }
     assert [int(s) for s in Status] == list(range(6))
 

@@ -78,6 +78,7 @@ def test_named_lifecycle_across_processes(private_keeper: Path) -> None:
     wait_gone(kpid)
 
 
+@pytest.mark.usefixtures("no_cache")
 def test_the_last_holder_exiting_frees_an_unlinked_array(private_keeper: Path) -> None:
     a = sa.zeros(100, device="cpu", name="x")
     holder = spawn(
@@ -710,6 +711,7 @@ def test_no_room_for_files_is_said_first_not_a_missing_keeper(
     assert "no longer available" in said  # (what the exporter said, after)
 
 
+@pytest.mark.usefixtures("no_cache")
 @pytest.mark.timeout(120)
 def test_a_load_while_another_thread_releases_waits_and_loads_from_the_keeper(
     private_keeper: Path, monkeypatch: pytest.MonkeyPatch
@@ -811,6 +813,7 @@ def test_a_keeper_that_fails_as_it_starts_is_said_at_once_with_its_reason(
     assert time.monotonic() - started < keeper.TIMEOUT
 
 
+@pytest.mark.usefixtures("no_cache")
 @pytest.mark.timeout(120)
 def test_a_child_forked_during_a_release_does_not_wait_for_it(
     private_keeper: Path, monkeypatch: pytest.MonkeyPatch
@@ -1034,6 +1037,7 @@ print("closed", flush=True)
 """  # (and exits with two arrays in flight)
 
 
+@pytest.mark.usefixtures("no_cache")
 @pytest.mark.timeout(180)
 def test_a_stopped_keeper_costs_a_close_and_an_exit_one_wait_in_all(
     private_keeper: Path,

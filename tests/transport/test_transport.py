@@ -528,6 +528,7 @@ def test_a_release_notice_goes_to_no_socket_of_another_user() -> None:
         a.close()
 
 
+@pytest.mark.usefixtures("no_cache")
 def test_closed_notices_count_only_for_their_sender_with_the_secret() -> None:
     """SAC1 ("I closed it"): the server believes it only with the allocation's secret, and
     only for the process that sends it (SO_PEERCRED), so nobody can free memory that

@@ -1,0 +1,123 @@
+"""The exporter's cache of released memory, which the next array of the same size reuses.
+
+As torch's caching allocator and RMM's pool resource do, an allocation made here and
+released here is kept (its chunks, their exported handles and this process's mapping), and
+:meth:`Allocation.create` takes it for the next array of the same chunk sizes instead of
+making new memory. What sharing adds: a kept allocation is reused only once every payload of
+it pickled here was loaded and then closed by its importer (each says so with a ``DONE``
+notice when its last view goes), so no other process still holds a view of it. Importers keep
+their mappings parked; the reused memory carries the same *block* token, by which they find
+them (:func:`sharedarrays.importing.reused_block`): a result returned from a worker then costs
+neither side a driver call.
+
+Bounded by ``SHAREDARRAYS_CACHE_BYTES`` per process (default 1 GiB, 0 turns it off), least
+recently released dropped first; emptied when new memory cannot be had; released at exit. A
+payload loads as many times as it was pickled: loading the same bytes again after its array
+was released may show the memory's next array.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+from sharedarrays.process import STATE
+from sharedarrays.settings import env_number
+
+if TYPE_CHECKING:
+    from sharedarrays.memory.allocation import Allocation
+
+__all__ = ["CACHE_BYTES", "ChunkCache", "cache_bytes", "new_block"]
+
+CACHE_BYTES = 1 << 30
+"""Default bound on the bytes one process keeps cached (``SHAREDARRAYS_CACHE_BYTES``)."""
+
+
+def cache_bytes() -> int:
+    """The bytes this process may keep cached: ``SHAREDARRAYS_CACHE_BYTES`` (default 1 GiB)."""
+    return env_number("SHAREDARRAYS_CACHE_BYTES", CACHE_BYTES, 0)
+
+
+def new_block() -> bytes:
+    """A new block token: 32 random bytes that name a piece of memory across its reuses."""
+    return secrets.token_bytes(32)
+
+
+class ChunkCache:
+    """Released allocations made here, kept for reuse, least recently released first."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: OrderedDict[bytes, Allocation] = OrderedDict()
+        self.nbytes = 0
+        self.hits = 0  # (arrays made on kept memory)
+
+    def put(self, alloc: Allocation) -> bool:
+        """Keep ``alloc`` (released here, no payload of it held elsewhere); whether it was
+        kept. Those over the bound are freed, oldest first."""
+        limit = cache_bytes()
+        if alloc.capacity > limit or alloc.block is None:
+            return False
+        with self._lock:
+            self._kept[alloc.block] = alloc
+            self.nbytes += alloc.capacity
+            over = self._over(limit)
+        _free(over)
+        return True
+
+    def take(self, backend_name: str, device: object, sizes: list[int]) -> Allocation | None:
+        """A kept allocation of ``backend_name`` on ``device`` with chunks ``sizes``, taken
+        out of the cache (the most recently released), or ``None``."""
+        wanted = tuple(sizes)
+        with self._lock:
+            for block in reversed(self._kept):
+                alloc = self._kept[block]
+                if (
+                    alloc.backend.name == backend_name
+                    and alloc.device == device
+                    and alloc.has_chunk_sizes(wanted)
+                ):
+                    del self._kept[block]
+                    self.nbytes -= alloc.capacity
+                    self.hits += 1
+                    return alloc
+        return None
+
+    def trim(self, keep: int = 0) -> int:
+        """Free kept allocations, oldest first, until at most ``keep`` bytes are kept;
+        returns the bytes freed."""
+        with self._lock:
+            before = self.nbytes
+            over = self._over(keep)
+            freed = before - self.nbytes
+        _free(over)
+        return freed
+
+    def kept(self) -> list[Allocation]:
+        """The kept allocations, oldest first (for ``describe`` and the widgets)."""
+        with self._lock:
+            return list(self._kept.values())
+
+    def forget(self) -> None:
+        """In a forked child: keep nothing (the parent's memory is its own to reuse)."""
+        self._lock = threading.Lock()
+        self._kept.clear()
+        self.nbytes = 0
+
+    def _over(self, limit: int) -> list[Allocation]:
+        over = []
+        while self._kept and self.nbytes > limit:
+            _, alloc = self._kept.popitem(last=False)
+            self.nbytes -= alloc.capacity
+            over.append(alloc)
+        return over
+
+
+def _free(allocs: list[Allocation]) -> None:
+    for alloc in allocs:
+        alloc.free_cached()
+
+
+STATE.memory.cache = ChunkCache()  # (emptied at exit: allocation.py)

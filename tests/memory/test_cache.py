@@ -1,0 +1,101 @@
+"""The exporter's cache of released memory (sharedarrays/memory/cache.py) and the importers
+that find their parked mappings of it again."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+
+import numpy as np
+import pytest
+import workers
+from conftest import open_fds
+
+import sharedarrays as sa
+from sharedarrays.process import STATE
+
+N = 1 << 17  # float64: 1 MiB
+
+
+def test_a_released_array_s_memory_is_the_next_one_s_and_zeros_are_zeros() -> None:
+    STATE.memory.cache.trim()
+    a = sa.full(N, 7.0, device="cpu", pack=False)
+    address, first_id = a.address, a.allocation.id
+    a.close()
+    del a
+    assert STATE.memory.cache.nbytes == 1 << 20
+    b = sa.zeros(N, device="cpu", pack=False)
+    assert b.address == address and b.allocation.reused and b.allocation.id != first_id
+    assert not b.get().any()  # (the memory held 7.0: zeros fills what it reuses)
+    c = sa.zeros(N, device="cpu", pack=False)  # (none cached now: fresh memory)
+    assert c.address != address and not c.allocation.reused
+    b.close()
+    c.close()
+
+
+def test_the_bound_and_trim_return_the_memory_and_its_fds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    STATE.memory.cache.trim()
+    before = open_fds()
+    monkeypatch.setenv("SHAREDARRAYS_CACHE_BYTES", str(3 << 20))
+    arrays = [sa.empty(N, device="cpu", pack=False) for _ in range(5)]
+    del arrays
+    assert STATE.memory.cache.nbytes == 3 << 20 and open_fds() == before + 3
+    assert STATE.memory.cache.trim() == 3 << 20
+    assert STATE.memory.cache.nbytes == 0 and open_fds() == before
+    monkeypatch.setenv("SHAREDARRAYS_CACHE_BYTES", "0")
+    a = sa.empty(N, device="cpu", pack=False)
+    a.close()
+    assert STATE.memory.cache.nbytes == 0 and open_fds() == before
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_results_from_workers_reuse_memory_and_keep_their_values(method: str) -> None:
+    """Workers return new arrays; the parent reads each and lets it go. After the first
+    round the workers make them on memory they made before (the parent's mappings of it are
+    taken again), and every value is the one its task wrote."""
+    with mp.get_context(method).Pool(2) as pool:
+        seen: set[int] = set()
+        for rnd in range(4):
+            for i, a in enumerate(
+                pool.imap(workers.new_filled, [(N, 100 * rnd + i) for i in range(8)])
+            ):
+                np.testing.assert_array_equal(a.get()[[0, -1]], 100 * rnd + i)
+                seen.add(np.asarray(a).ctypes.data)
+                del a
+        hits = sum(pool.apply(workers.cache_counts)[0] for _ in range(8))
+    assert hits > 0
+    assert len(seen) < 32  # (each a new mapping: no reuse on either side)
+
+
+@pytest.mark.timeout(180)
+def test_memory_a_parent_still_holds_is_never_reused() -> None:
+    """The parent keeps some results (as arrays, or only as NumPy arrays over them) while the
+    workers make many more: none of the kept ones changes."""
+    kept: list[tuple[int, object]] = []
+    with mp.get_context("spawn").Pool(2) as pool:
+        for rnd in range(15):  # (rounds: a worker reuses what the parent was done with)
+            tasks = [(N, i) for i in range(8 * rnd, 8 * rnd + 8)]
+            for i, a in zip(range(8 * rnd, 8 * rnd + 8), pool.imap(workers.new_filled, tasks)):
+                if i % 7 == 0:
+                    kept.append((i, a))
+                elif i % 7 == 3:
+                    kept.append((i, np.asarray(a)))  # (the view goes; the NumPy array holds it)
+                del a
+        for i, held in kept:
+            values = held.get() if isinstance(held, sa.SharedDeviceArray) else held
+            assert (np.asarray(values) == i).all(), f"result {i} was overwritten"
+        assert sum(pool.apply(workers.cache_counts)[0] for _ in range(8)) > 0
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_exiting_with_results_in_flight_still_delivers_them() -> None:
+    """maxtasksperchild=1: each worker exits right after returning its array, before the
+    parent loads it (the keeper takes the handles at exit): every value arrives."""
+    with mp.get_context("spawn").Pool(2, maxtasksperchild=1) as pool:
+        results = pool.map(workers.new_filled, [(N, i) for i in range(6)])
+        time.sleep(0.5)
+        for i, a in enumerate(results):
+            assert a.get()[-1] == i
