@@ -1,6 +1,7 @@
 """Interleaved A/B of a warm host handoff between two trees of the library, in pairs.
 
-    python benchmarks/ab_trees.py [--pairs 1000] [--size 1M] TREE_A TREE_B
+    python benchmarks/ab_trees.py [--pairs 1000] [--size 1M] [--case warm|results]
+        [--env-b NAME=VALUE ...] TREE_A TREE_B
 
 A TREE is a folder holding a ``sharedarrays`` package (e.g. ``git archive REV sharedarrays |
 tar -x -C DIR``, or a worktree). Each tree gets a side process (``PYTHONPATH=TREE``) with a
@@ -50,17 +51,42 @@ def _worker(conn: Any) -> None:
         conn.send_bytes(str(time.perf_counter_ns() - t0).encode())
 
 
-def _side(size: int) -> None:
+def _maker(conn: Any, size: int) -> None:
+    """The ``results`` case's worker: a new array for each request, returned pickled."""
+    import sharedarrays as sa
+
+    while conn.recv_bytes():
+        t0 = time.perf_counter_ns()
+        blob = _dumps(sa.empty(size, dtype="uint8", device="cpu", pack=False))
+        conn.send_bytes(str(time.perf_counter_ns() - t0).encode())
+        conn.send_bytes(blob)
+
+
+def _side(size: int, case: str) -> None:
     import sharedarrays as sa
 
     a = sa.empty(size, dtype="uint8", device="cpu")
     ctx = mp.get_context("spawn")
     mine, theirs = ctx.Pipe()
-    worker = ctx.Process(target=_worker, args=(theirs,), daemon=True)
+    if case == "results":
+        worker = ctx.Process(target=_maker, args=(theirs, size), daemon=True)
+    else:
+        worker = ctx.Process(target=_worker, args=(theirs,), daemon=True)
     worker.start()
 
     def one() -> str:
         t0 = time.perf_counter_ns()
+        if case == "results":  # (parts: the worker's make + pickle, the load here, all)
+            mine.send_bytes(b"r")
+            made = int(mine.recv_bytes())
+            blob = mine.recv_bytes()
+            t1 = time.perf_counter_ns()
+            x = pickle.loads(blob)
+            x.array[0]  # (read it)
+            x.close()
+            del x
+            t2 = time.perf_counter_ns()
+            return f"{made} {t2 - t1} {t2 - t0}"
         blob = _dumps(a)
         t1 = time.perf_counter_ns()
         mine.send_bytes(blob)
@@ -85,11 +111,23 @@ def main() -> None:
     parser.add_argument("trees", nargs=2)
     parser.add_argument("--pairs", type=int, default=1000)
     parser.add_argument("--size", type=int, default=1 << 20)
+    parser.add_argument(
+        "--case",
+        choices=("warm", "results"),
+        default="warm",
+        help="warm: a worker loads the side's array again; results: a worker returns a new "
+        "array each round, which the side loads, reads and closes",
+    )
+    parser.add_argument(
+        "--env-b", action="append", default=[], metavar="NAME=VALUE", help="set for B only"
+    )
     parser.add_argument("--side", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sides = []
     for tree in args.trees:
         env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
+        if sides:
+            env.update(item.split("=", 1) for item in args.env_b)
         p = subprocess.Popen(
             [
                 sys.executable,
@@ -97,6 +135,8 @@ def main() -> None:
                 "--side",
                 "--size",
                 str(args.size),
+                "--case",
+                args.case,
                 "x",
                 "x",
             ],
@@ -131,7 +171,9 @@ def main() -> None:
     def med(rows: list[list[float]], k: int) -> float:
         return statistics.median(r[k] for r in rows)
 
-    print(f"{args.pairs} interleaved pairs, {args.size:,} bytes, host (medians, us)")
+    print(f"{args.pairs} interleaved pairs, {args.case}, {args.size:,} bytes, host (medians, us)")
+    if args.case == "results":
+        print("(parts: pickle = the worker's new array and its pickle; load = load, read, close)")
     print(f"{'':<22}" + "".join(f"{p:>10}" for p in PARTS))
     for o, label in ((0, "A first"), (1, "B first")):
         for s in (0, 1):
@@ -161,6 +203,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     if "--side" in sys.argv:
-        _side(int(sys.argv[sys.argv.index("--size") + 1]))
+        _side(int(sys.argv[sys.argv.index("--size") + 1]), sys.argv[sys.argv.index("--case") + 1])
     else:
         main()

@@ -351,3 +351,11 @@ def cache_counts(_: object = None) -> tuple[int, int]:
     from sharedarrays.process import STATE
 
     return STATE.memory.cache.hits, STATE.memory.cache.nbytes
+
+
+def new_filled_cuda(args: tuple[int, int]) -> Any:
+    """A new CUDA array of ``n`` float32 filled with ``value`` (a result made in a worker)."""
+    import sharedarrays as sa
+
+    n, value = args
+    return sa.full(n, float(value), "float32", device="cuda:0", pack=False)

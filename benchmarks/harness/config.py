@@ -45,10 +45,18 @@ GPU_METHODS = (
 )
 HOST_METHODS = ("floor", "sharedarrays-warm", "sharedarrays-cold", "shm-warm", "shm-cold", "copy")
 
-PARTS = ("table", "warm", "cold", "many", "bandwidth", "steps", "scaling", "dask")
+PARTS = ("table", "warm", "cold", "many", "results", "bandwidth", "steps", "scaling", "dask")
 """The bench's parts (``--skip`` and ``--only`` take these names): ``table`` is the method x
 size table, ``warm`` and ``cold`` are the interleaved rounds over the floor, ``many`` the
-small arrays, ``dask`` a same-node Dask transfer (:mod:`harness.dask`)."""
+small arrays, ``results`` new arrays returned by workers, ``dask`` a same-node Dask transfer
+(:mod:`harness.dask`)."""
+
+RESULTS_SIZES = {"cuda": (1 << 20, 64 << 20, 1 << 30), "cpu": (1 << 20, 64 << 20)}
+"""Sizes of the ``results`` part: what each of its tasks returns."""
+RESULTS_TASKS = 16
+"""Tasks per timed round of the ``results`` part (each returns one new array)."""
+RESULTS_WORKERS = 4
+"""Spawn workers of the ``results`` part."""
 
 ROUND_FAMILIES = {
     "cuda": ("sharedarrays", "sa.ipc", "sa.pool", "torch", "cuda.core"),

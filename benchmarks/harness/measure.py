@@ -171,6 +171,8 @@ class Run(Overhead, Parts):
                 self.overhead(kind)
         if "many" not in cfg.skip:
             self.many()
+        if "results" not in cfg.skip:
+            self.results()
         if "bandwidth" not in cfg.skip:
             self.bandwidth()
         if "steps" not in cfg.skip:

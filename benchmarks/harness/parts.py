@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from harness.config import TASK_TIMEOUT
+from harness.config import RESULTS_SIZES, RESULTS_TASKS, RESULTS_WORKERS, TASK_TIMEOUT
 from harness.methods import (
     FLOOR_ARG,
     floor_method,
@@ -32,6 +32,8 @@ from harness.worker import (
     task_floor,
     task_many,
     task_many_torch,
+    task_result,
+    task_result_torch,
     task_sharedarrays,
     task_steps,
 )
@@ -147,6 +149,76 @@ class Parts(RunBase):
         out["not_measured"] = missing
         self.data["many"] = out
         _log_many(out)
+        self.save()
+
+    # results: new arrays returned by workers ----------------------------------------------
+    def results(self) -> None:
+        """:data:`RESULTS_WORKERS` spawn workers return :data:`RESULTS_TASKS` new arrays of
+        each size per round, which the parent reads (a sum where the memory is) and lets go:
+        sharedarrays and torch.multiprocessing (CUDA) in one pool, alternated in balanced
+        rounds (both orders)."""
+        families = ["sharedarrays"]
+        if self.cfg.is_cuda and self.peers.why_not("torch") is None:
+            families.append("torch")
+        else:
+            self.skip("results torch", self.peers.why_not("torch") or "no CUDA device")
+        tasks = {"sharedarrays": task_result, "torch": task_result_torch}
+        n = RESULTS_TASKS
+        out: dict[str, Any] = {"tasks": n, "workers": RESULTS_WORKERS, "sizes": {}}
+        log(f"[results] {RESULTS_WORKERS} workers return {n} new arrays per round")
+        preload = "torch" if "torch" in families else None
+        try:
+            with spawn_pool(self.cfg, RESULTS_WORKERS, None, preload) as pool:
+                for nbytes in RESULTS_SIZES["cuda" if self.cfg.is_cuda else "cpu"]:
+                    expected = sum(range(n)) * (nbytes // 4)
+
+                    def time_one(
+                        name: str, nbytes: int = nbytes, expected: int = expected
+                    ) -> float:
+                        t0 = time.perf_counter()
+                        total = 0.0
+                        specs = [(nbytes, float(i)) for i in range(n)]
+                        for got in pool.imap_unordered(tasks[name], specs):
+                            total += float(got.sum()) if name == "torch" else _sum(got)
+                            del got
+                        dt = time.perf_counter() - t0
+                        if total != expected:
+                            raise RuntimeError(f"{name}: the results summed to {total}")
+                        return dt
+
+                    samples = run_rounds(
+                        families,
+                        self.cfg.repeats,
+                        time_one,
+                        warmup=self.cfg.warmup,
+                        max_seconds=self.cfg.case_seconds,
+                    )
+                    row = {name: stats(values) for name, values in samples.items()}
+                    if "torch" in row:
+                        row["torch_over_sharedarrays"] = (
+                            row["torch"]["median_ms"] / row["sharedarrays"]["median_ms"]
+                        )
+                    out["sizes"][str(nbytes)] = row
+                    log(
+                        f"  {size_label(nbytes):>5}: "
+                        + ", ".join(
+                            f"{k} {v['median_ms']:.2f} ms"
+                            for k, v in row.items()
+                            if k != "torch_over_sharedarrays"
+                        )
+                        + (
+                            f" (torch / sharedarrays {row['torch_over_sharedarrays']:.2f}x)"
+                            if "torch" in row
+                            else ""
+                        )
+                    )
+        except Exception as e:
+            self.skip("results", f"failed: {type(e).__name__}: {e}")
+            self.save()
+            return
+        finally:
+            self.peers.free_device_memory()
+        self.data["returned"] = out  # ("results" is the method x size table's)
         self.save()
 
     def many_arrays(self, count: int, nbytes: int) -> tuple[list[Any], bool]:
@@ -297,3 +369,8 @@ def _log_many(out: dict[str, Any]) -> None:
         )
     if "ratio_vs_torch" in out:
         log(f"  sharedarrays / torch, same run: {out['ratio_vs_torch']:.2f}x")
+
+
+def _sum(a: Any) -> float:
+    """The sum of a shared array where its memory is (CuPy on a GPU, NumPy on the host)."""
+    return float(a.array.sum())

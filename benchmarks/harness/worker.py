@@ -29,6 +29,8 @@ __all__ = [
     "task_cold_bound",
     "task_many",
     "task_many_torch",
+    "task_result",
+    "task_result_torch",
     "task_drop",
     "task_cleanup",
     "task_bandwidth",
@@ -147,6 +149,25 @@ def task_many_torch(tensors: list[Any]) -> int:
     count = len(pointers)
     del pointers
     return count
+
+
+def task_result(spec: tuple[int, float]) -> Any:
+    """The ``results`` part (sharedarrays): a new array of ``nbytes`` filled with ``value``,
+    made here and returned."""
+    import sharedarrays as sa
+
+    nbytes, value = spec
+    device = f"cuda:{_worker_state['index']}" if _worker_state.get("cuda") else "cpu"
+    return sa.full(nbytes // 4, value, "float32", device=device)
+
+
+def task_result_torch(spec: tuple[int, float]) -> Any:
+    """The ``results`` part (torch.multiprocessing): a new CUDA tensor, returned."""
+    import torch
+
+    nbytes, value = spec
+    device = f"cuda:{_worker_state['index']}"
+    return torch.full((nbytes // 4,), value, dtype=torch.float32, device=device)
 
 
 def task_drop(pause: float) -> int:

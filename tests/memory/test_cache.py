@@ -99,3 +99,36 @@ def test_a_worker_exiting_with_results_in_flight_still_delivers_them() -> None:
         time.sleep(0.5)
         for i, a in enumerate(results):
             assert a.get()[-1] == i
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+def test_cuda_results_keep_their_values_and_a_trim_returns_device_memory() -> None:
+    """On the GPU: workers return new 64 MiB arrays in rounds while the parent keeps some;
+    the kept ones keep their values, the workers reuse memory; then memory this process
+    cached returns to the device when trimmed (``cudaMemGetInfo``)."""
+    import cupy
+
+    n = 16 << 20  # float32: 64 MiB
+    kept: list[tuple[int, object]] = []
+    with mp.get_context("spawn").Pool(2) as pool:
+        for rnd in range(6):
+            tasks = [(n, i) for i in range(8 * rnd, 8 * rnd + 8)]
+            for i, a in zip(range(8 * rnd, 8 * rnd + 8), pool.imap(workers.new_filled_cuda, tasks)):
+                assert float(a.array[-1]) == i
+                if i % 5 == 0:
+                    kept.append((i, a))
+                elif i % 5 == 2:
+                    kept.append((i, a.array))  # (a CuPy array over it: the view goes)
+                del a
+        for i, held in kept:
+            values = held.array if isinstance(held, sa.SharedDeviceArray) else held
+            assert bool((values == i).all()), f"result {i} was overwritten"
+        assert sum(pool.apply(workers.cache_counts)[0] for _ in range(8)) > 0
+    STATE.memory.cache.trim()
+    arrays = [sa.empty(n, "float32", device="cuda:0", pack=False) for _ in range(4)]
+    del arrays
+    assert STATE.memory.cache.nbytes == 4 * (64 << 20)
+    free_before = cupy.cuda.runtime.memGetInfo()[0]
+    assert STATE.memory.cache.trim() == 4 * (64 << 20)
+    assert cupy.cuda.runtime.memGetInfo()[0] - free_before >= 4 * (64 << 20)
