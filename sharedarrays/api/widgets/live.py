@@ -1,8 +1,5 @@
-"""MemoryMapWidget: the live memory map as a real ipywidgets ``VBox``.
-
-This module imports ipywidgets at import time; :mod:`sharedarrays.api.widgets.view` imports
-it only when a live widget is made, so that ``import sharedarrays`` never needs ipywidgets.
-"""
+"""MemoryMapWidget: the live memory map as an ipywidgets ``VBox`` (this module imports
+ipywidgets; :mod:`~sharedarrays.api.widgets.view` imports it only when a widget is made)."""
 
 from __future__ import annotations
 
@@ -26,22 +23,14 @@ class Controller(Protocol):
 
     @property
     def auto_refreshing(self) -> bool: ...
-
     def refresh(self) -> list[ReservationMap]: ...
-
     def start(self, interval: float | None = None) -> None: ...
-
     def stop(self, timeout: float | None = 5.0) -> None: ...
-
-    def mimebundle(
-        self, include: Any = None, exclude: Any = None, text: str | None = None
-    ) -> dict[str, Any]: ...
+    def mimebundle(self, include: Any = None, exclude: Any = None) -> dict[str, Any]: ...
 
 
 def refresh_controls(interval: float) -> tuple[Any, Any, Any]:
-    """The refresh controls of a live view: a *refresh* button, an *auto-refresh* toggle
-    (off) and the interval in seconds (``interval``, :data:`~.refresh.MIN_INTERVAL` to
-    :data:`~.refresh.MAX_INTERVAL`)."""
+    """A live view's *refresh* button, *auto-refresh* toggle (off) and interval in seconds."""
     return (
         w.Button(description="refresh", icon="refresh", tooltip="re-read now"),
         w.ToggleButton(value=False, description="auto-refresh", icon="clock-o"),
@@ -57,13 +46,12 @@ def refresh_controls(interval: float) -> tuple[Any, Any, Any]:
 
 
 class MemoryMapWidget(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
-    """The memory map as an ipywidgets ``VBox``: a row of controls (*refresh*, *auto-refresh*,
-    the interval in seconds, the time of the last update) above the map's HTML.
+    """The memory map as an ipywidgets ``VBox``: *refresh*, *auto-refresh*, the interval and
+    the time of the last update above the map's HTML.
 
     It composes with other widgets (``VBox``, ``HBox``, ``Tab``, ...). Made by
-    :attr:`MemoryMap.widget <sharedarrays.MemoryMap.widget>`, which wires the controls;
-    :func:`sharedarrays.show` and :meth:`SharedDeviceArray.show` return one in a Jupyter
-    kernel. Its :class:`~sharedarrays.MemoryMap` is :attr:`memory_map`.
+    :attr:`MemoryMap.widget <sharedarrays.MemoryMap.widget>`, which wires the controls; its
+    :class:`~sharedarrays.MemoryMap` is :attr:`memory_map`.
     """
 
     def __init__(self, memory_map: Controller, html: str, interval: float) -> None:
@@ -101,14 +89,8 @@ class MemoryMapWidget(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
     def close(self) -> None:
         """Stop auto-refreshing and close this widget and its controls."""
         self.memory_map.stop()
-        for part in (
-            self.refresh_button,
-            self.auto_toggle,
-            self.interval_text,
-            self.status,
-            self.html,
-            self.controls,
-        ):
+        controls = (self.refresh_button, self.auto_toggle, self.interval_text, self.status)
+        for part in (*controls, self.html, self.controls):
             part.close()
         super().close()
 

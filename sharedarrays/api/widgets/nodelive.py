@@ -1,10 +1,9 @@
-"""The node-wide memory map (:mod:`sharedarrays.api.nodemap`) in Jupyter: ``sa.show(scope="node")``.
+"""The node-wide memory map in Jupyter: ``sa.show(scope="node")``.
 
 :class:`NodeView` is the map with a text and HTML display (no ipywidgets needed);
-:func:`node_widget` makes the live :class:`NodeMapWidget` (imported from ipywidgets only
-then): an ipywidgets ``VBox`` with *refresh*, *auto-refresh* and its interval, and a *free*
-action (an allocation id or name: what ``python -m sharedarrays rm`` frees, never asking to
-drop payloads in flight) above the table.
+:func:`node_widget` makes the live ``NodeMapWidget``: *refresh*, *auto-refresh* and its
+interval, and *free* (an id or name, as ``python -m sharedarrays rm`` frees it, never
+dropping payloads in flight) above the table.
 """
 
 from __future__ import annotations
@@ -13,9 +12,13 @@ import time
 from typing import Any
 
 from sharedarrays.api import nodemap
-from sharedarrays.api.widgets.cells import stop_on_rerun
 from sharedarrays.api.widgets.nodeview import render_node_html, render_node_text
-from sharedarrays.api.widgets.refresh import MAX_INTERVAL, MIN_INTERVAL, AutoRefresh
+from sharedarrays.api.widgets.refresh import (
+    MAX_INTERVAL,
+    MIN_INTERVAL,
+    AutoRefresh,
+    stop_on_rerun,
+)
 from sharedarrays.errors import SharedArrayError
 from sharedarrays.settings import seconds
 
@@ -23,13 +26,8 @@ __all__ = ["NodeView", "node_widget"]
 
 
 class NodeView:
-    """The node-wide map as last read, displayed as text or HTML.
-
-    Parameters
-    ----------
-    timeout : float
-        Seconds each process is given to answer.
-    """
+    """The node-wide map as last read, displayed as text or HTML; ``timeout``: the seconds
+    each process is given to answer."""
 
     def __init__(self, timeout: float = 1.0) -> None:
         self.timeout = timeout
@@ -42,8 +40,7 @@ class NodeView:
 
     def free(self, target: str) -> str:
         """Free what keeps ``target`` (an id, its start, or a name) although no view uses it
-        (:func:`sharedarrays.api.nodemap.free`; payloads in flight are left alone); what
-        happened, in words."""
+        (:func:`~sharedarrays.api.nodemap.free`, leaving payloads in flight); what happened."""
         try:
             row = nodemap.find(self.refresh(), target.strip())
             done = nodemap.free(row, confirm=None)
@@ -85,21 +82,14 @@ def node_widget(view: NodeView, interval: float = 2.0, auto_refresh: bool = Fals
             )
             self.status = w.Label(value="")
             self.html = w.HTML(value=render_node_html(view.map))
-            super().__init__(
-                [
-                    w.HBox(
-                        [self.refresh_button, self.auto_toggle, self.interval_text, self.status]
-                    ),
-                    w.HBox([self.target, self.free_button]),
-                    self.html,
-                ]
-            )
+            controls = [self.refresh_button, self.auto_toggle, self.interval_text, self.status]
+            super().__init__([w.HBox(controls), w.HBox([self.target, self.free_button]), self.html])
             self._refresher: AutoRefresh[NodeMapWidget] = AutoRefresh(
                 "sharedarrays-node-map", _interval, _report
             )
             self.refresh_button.on_click(lambda _: self.refresh())
             self.free_button.on_click(lambda _: self._free())
-            self.auto_toggle.observe(self._toggled, names="value")
+            self.auto_toggle.observe(lambda c: self.start() if c["new"] else self.stop(), "value")
             stop_on_rerun(self)
             if auto_refresh:
                 self.auto_toggle.value = True
@@ -115,12 +105,6 @@ def node_widget(view: NodeView, interval: float = 2.0, auto_refresh: bool = Fals
             self.status.value = self.node_view.free(self.target.value)
             self.html.value = render_node_html(self.node_view.map)
 
-        def _toggled(self, change: dict[str, Any]) -> None:
-            if change["new"]:
-                self.start()
-            else:
-                self.stop()
-
         @property
         def auto_refreshing(self) -> bool:
             """Whether the auto-refresh thread runs."""
@@ -135,8 +119,7 @@ def node_widget(view: NodeView, interval: float = 2.0, auto_refresh: bool = Fals
         def stop(self, timeout: float | None = 5.0) -> None:
             """Stop auto-refreshing (and turn the *auto-refresh* toggle off)."""
             self._refresher.stop(timeout)
-            if self.auto_toggle.value:
-                self.auto_toggle.value = False
+            self.auto_toggle.value = False
 
         def close(self) -> None:
             """Stop auto-refreshing and close the widget."""
