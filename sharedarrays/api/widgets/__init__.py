@@ -24,12 +24,7 @@ from sharedarrays.api.widgets.model import (
 )
 from sharedarrays.api.widgets.refresh import MAX_INTERVAL, MIN_INTERVAL
 from sharedarrays.api.widgets.render import render_html, render_png, render_text
-from sharedarrays.api.widgets.view import (
-    MemoryMap,
-    in_kernel,
-    live_or_static,
-    widgets_available,
-)
+from sharedarrays.api.widgets.view import MemoryMap, in_kernel, live_or_static, widgets_available
 from sharedarrays.settings import seconds
 
 __all__ = [
@@ -53,11 +48,7 @@ __all__ = [
 
 
 def show(
-    target: Any = None,
-    *,
-    interval: float = 2.0,
-    auto_refresh: bool = False,
-    scope: str = "process",
+    target: Any = None, *, interval: float = 2.0, auto_refresh: bool = False, scope: str = "process"
 ) -> Any:
     """The memory map of shared allocations in this process, or of the whole node.
 

@@ -12,12 +12,7 @@ import ipywidgets as w
 from sharedarrays.api import nodemap
 from sharedarrays.api.widgets.model import ReservationMap
 from sharedarrays.api.widgets.nodeview import render_node_html, render_node_text
-from sharedarrays.api.widgets.refresh import (
-    MAX_INTERVAL,
-    MIN_INTERVAL,
-    AutoRefresh,
-    stop_on_rerun,
-)
+from sharedarrays.api.widgets.refresh import MAX_INTERVAL, MIN_INTERVAL, AutoRefresh, stop_on_rerun
 from sharedarrays.api.widgets.render import render_text
 
 __all__ = ["MemoryMapWidget", "NodeMapWidget", "Controller", "refresh_controls"]
