@@ -83,6 +83,15 @@ def _marks(m: ReservationMap) -> str:
     return "".join(f" [{mark}]" for mark in m.marks)
 
 
+def _head(m: ReservationMap) -> str:
+    """The title line of one reservation in the SVG and the PNG."""
+    mapped = f", {fmt_bytes(m.mapped)} mapped" if 0 <= m.mapped < m.size else ""
+    return (
+        f"{m.short_id}{_marks(m)}  {m.backend} {m.device}  {fmt_bytes(m.size)} reserved{mapped}"
+        f" in {plural(len(m.chunks), 'chunk')}  ·  {m.origin_text}"
+    )
+
+
 def render_text(maps: Sequence[ReservationMap]) -> str:
     """A plain-text summary: one line per allocation."""
     if not maps:
@@ -116,13 +125,8 @@ def _svg_text(x: float, y: float, text: str, attrs: str = "") -> str:
 def _svg_block(m: ReservationMap, y0: int) -> tuple[list[str], int]:
     """SVG elements of one reservation starting at height ``y0``, and the height used."""
     s = _Scale(m.size)
-    mapped = f", {fmt_bytes(m.mapped)} mapped" if 0 <= m.mapped < m.size else ""
-    head = (
-        f"{m.short_id}{_marks(m)}  {m.backend} {m.device}  {fmt_bytes(m.size)} reserved{mapped}"
-        f" in {plural(len(m.chunks), 'chunk')}  ·  {m.origin_text}"
-    )
     out = [
-        _svg_text(_PAD, y0 + 14, head, ' font-weight="bold"'),
+        _svg_text(_PAD, y0 + 14, _head(m), ' font-weight="bold"'),
         _svg_text(
             _W - _PAD, y0 + 14, f"access {m.access_text}", ' text-anchor="end" class="sa-access"'
         ),
@@ -298,11 +302,7 @@ def _png_reservation(ax: Any, m: ReservationMap, y_top: float, h: float) -> None
     """One reservation, ``h`` high below ``y_top``: its title line, bar and views."""
     size = max(m.size, 1)
     bar_y = y_top - h + 0.3
-    head = (
-        f"{m.short_id}{_marks(m)}  {m.backend} {m.device}  {fmt_bytes(m.size)} in "
-        f"{plural(len(m.chunks), 'chunk')} · {m.origin_text}"
-    )
-    ax.text(0, y_top - 0.12, head, fontsize=8, fontweight="bold", va="center")
+    ax.text(0, y_top - 0.12, _head(m), fontsize=8, fontweight="bold", va="center")
     ax.text(1, y_top - 0.12, f"access {m.access_text}", fontsize=8, ha="right", va="center")
     _png_bar(ax, m, bar_y, size)
     for v in m.views:
