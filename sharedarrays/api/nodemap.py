@@ -189,8 +189,13 @@ class NodeMap:
 
     def to_doc(self) -> dict[str, Any]:
         """The map as a JSON object (``top --json``)."""
-        doc = asdict(self)
-        return {**doc, "allocations": [a.to_doc() for a in self.allocations]}
+        return {
+            "time": self.time,
+            "allocations": [a.to_doc() for a in self.allocations],
+            "processes": [asdict(p) for p in self.processes],
+            "devices": [asdict(d) for d in self.devices],
+            "keeper": self.keeper,
+        }
 
 
 @dataclass
