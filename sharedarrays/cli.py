@@ -1,7 +1,6 @@
 """Command line: ``python -m sharedarrays demo | top | ls | rm | keeper | status``.
 
-The benchmark is a script of the repository, not a command of the package:
-``python benchmarks/bench.py`` (docs/performance.md).
+The benchmark is a script of the repository: ``python benchmarks/bench.py``.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ import numpy as np
 __all__ = ["main", "parse_size"]
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_BLOCK = 1 << 24  # elements filled or checked at a time
 
 
 def parse_size(text: str) -> int:
@@ -30,11 +30,13 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
 
 
+def _xp(native: Any) -> Any:
+    return np if isinstance(native, np.ndarray) else __import__("cupy")
+
+
 def _sync(native: Any) -> None:
     if not isinstance(native, np.ndarray):
-        import cupy
-
-        cupy.cuda.get_current_stream().synchronize()
+        _xp(native).cuda.get_current_stream().synchronize()
 
 
 def _transform_shared(view: Any) -> int:
@@ -49,62 +51,78 @@ def _transform_shared(view: Any) -> int:
 def _transform_copy(data: bytes, on_cuda: bool) -> bytes:
     """Worker task of the copy path: unpickle a host copy, transform it, send it back."""
     x = pickle.loads(data)
-    if on_cuda:
-        import cupy
-
-        g = cupy.asarray(x)
-        g *= 2
-        g += 1
-        x = cupy.asnumpy(g)
-    else:
-        x *= 2
-        x += 1
-    return pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL)
+    g = __import__("cupy").asarray(x) if on_cuda else x
+    g *= 2
+    g += 1
+    return pickle.dumps(g.get() if on_cuda else g, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _noop(_: object) -> None:
     return None
 
 
+def _pattern(xp: Any, start: int, stop: int) -> Any:
+    return xp.arange(start, stop, dtype=xp.float32) % 1000
+
+
 def _fill_pattern(native: Any, n: int, progress: bool) -> None:
-    """Write ``i % 1000`` into a flat float32 array, block by block, with a progress bar
-    when ``progress`` is true."""
+    """Write ``i % 1000`` into a flat float32 array, with a progress bar if ``progress``."""
     from tqdm.auto import tqdm
 
-    xp = np if isinstance(native, np.ndarray) else __import__("cupy")
-    block = 1 << 24
     with tqdm(total=n * 4, unit="B", unit_scale=True, desc="fill", disable=not progress) as bar:
-        for start in range(0, n, block):
-            stop = min(n, start + block)
-            native[start:stop] = xp.arange(start, stop, dtype=xp.float32) % 1000
+        for start in range(0, n, _BLOCK):
+            stop = min(n, start + _BLOCK)
+            native[start:stop] = _pattern(_xp(native), start, stop)
             bar.update((stop - start) * 4)
     _sync(native)
 
 
 def _verify(native: Any, n: int) -> int:
     """Count elements that are not ``2 * (i % 1000) + 1``."""
-    xp = np if isinstance(native, np.ndarray) else __import__("cupy")
     bad = 0
-    block = 1 << 24
-    for start in range(0, n, block):
-        stop = min(n, start + block)
-        want = (xp.arange(start, stop, dtype=xp.float32) % 1000) * 2 + 1
-        bad += int((native[start:stop] != want).sum())
+    for start in range(0, n, _BLOCK):
+        stop = min(n, start + _BLOCK)
+        bad += int((native[start:stop] != _pattern(_xp(native), start, stop) * 2 + 1).sum())
     return bad
+
+
+def _timed(rows: list[tuple[str, float, int]], name: str, start: float, nbytes: int) -> None:
+    rows.append((name, time.perf_counter() - start, nbytes))
+
+
+def _race(pool: Any, a: Any, slices: list[Any], on_cuda: bool) -> tuple[list[Any], int]:
+    """Time the empty tasks, the in-place path and the copy path; the rows and bad elements."""
+    n = a.size
+    rows: list[tuple[str, float, int]] = []
+    t = time.perf_counter()
+    pool.map(_noop, range(len(slices)))
+    _timed(rows, "empty tasks (floor)", t, 0)
+    t = time.perf_counter()
+    done = pool.map(_transform_shared, slices, chunksize=1)
+    _timed(rows, "sharedarrays (in place)", t, sum(len(pickle.dumps(s)) for s in slices))
+    assert sum(done) == n
+    bad = _verify(a.array, n)
+    _fill_pattern(a.array, n, False)  # (the same fill again: its bar was shown once)
+    t = time.perf_counter()
+    blobs = [pickle.dumps(s.get(), protocol=pickle.HIGHEST_PROTOCOL) for s in slices]
+    results = pool.starmap(_transform_copy, [(b, on_cuda) for b in blobs], chunksize=1)
+    for s, r in zip(slices, results):
+        s[...] = pickle.loads(r)
+    _sync(a.array)
+    _timed(rows, "plain copy (pickle)", t, 2 * sum(map(len, blobs)))
+    return rows, bad + _verify(a.array, n)
 
 
 def demo(size: int | None, workers: int, device: str | None, progress: bool) -> int:
     """The main job: share a large array with a Pool, transform it in place, verify."""
     import sharedarrays as sa
+    from sharedarrays.backends.device import parse_device
 
     dev = sa.Device("cpu") if device == "cpu" else None
     if device not in (None, "auto", "cpu"):
-        from sharedarrays.backends.device import parse_device
-
         dev = parse_device(device)
-    a = sa.empty(1, "float32", device=dev)
-    on_cuda = a.device.is_cuda
-    a.close()
+    with sa.empty(1, "float32", device=dev) as probe:
+        on_cuda = probe.device.is_cuda
     if size is None:
         size = (1 << 30) if on_cuda else (256 << 20)
     n = max(workers, size // 4)
@@ -115,48 +133,17 @@ def demo(size: int | None, workers: int, device: str | None, progress: bool) -> 
     bounds = np.linspace(0, n, workers + 1).astype(int)
     slices = [a[int(bounds[i]) : int(bounds[i + 1])] for i in range(workers)]
     method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
-    rows: list[tuple[str, float, int]] = []
     with mp.get_context(method).Pool(workers) as pool:
         pool.map(_noop, range(workers * 4))  # start the workers
-        # warm the workers up (CUDA context, CuPy kernels) so that neither path below pays it
-        warm = sa.zeros((workers, 1024), "float32", device=dev)
-        pool.map(_transform_shared, [warm[i] for i in range(workers)], chunksize=1)
+        # warm them up (CUDA context, CuPy kernels) so that neither timed path pays it
+        with sa.zeros((workers, 1024), "float32", device=dev) as warm:
+            pool.map(_transform_shared, [warm[i] for i in range(workers)], chunksize=1)
         pool.starmap(_transform_copy, [(pickle.dumps(np.ones(8, np.float32)), on_cuda)] * workers)
-        warm.close()
-        t = time.perf_counter()
-        pool.map(_noop, range(workers))
-        rows.append(("empty tasks (floor)", time.perf_counter() - t, 0))
-
-        t = time.perf_counter()
-        done = pool.map(_transform_shared, slices, chunksize=1)
-        rows.append(
-            (
-                "sharedarrays (in place)",
-                time.perf_counter() - t,
-                sum(len(pickle.dumps(s)) for s in slices),
-            )
-        )
-        assert sum(done) == n
-        bad = _verify(a.array, n)
-
-        _fill_pattern(a.array, n, False)  # (the same fill again: its bar was shown once)
-        t = time.perf_counter()
-        sent = 0
-        blobs = []
-        for s in slices:
-            blobs.append(pickle.dumps(s.get(), protocol=pickle.HIGHEST_PROTOCOL))
-            sent += len(blobs[-1])
-        results = pool.starmap(_transform_copy, [(b, on_cuda) for b in blobs], chunksize=1)
-        for s, r in zip(slices, results):
-            s[...] = pickle.loads(r)
-        _sync(a.array)
-        rows.append(("plain copy (pickle)", time.perf_counter() - t, 2 * sent))
-        bad += _verify(a.array, n)
+        rows, bad = _race(pool, a, slices, on_cuda)
     print(f"\n{'method':<26}{'time':>12}{'bytes pickled':>16}")
     for name, sec, nbytes in rows:
         print(f"{name:<26}{sec * 1e3:>9.2f} ms{nbytes:>16,}")
-    print()
-    print(a.allocation.describe())
+    print(f"\n{a.allocation.describe()}")
     for s in slices:
         s.close()
     a.close()
@@ -170,6 +157,8 @@ def demo(size: int | None, workers: int, device: str | None, progress: bool) -> 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m sharedarrays`` and the ``sharedarrays`` script."""
     from sharedarrays import keeper_cli, top_cli
+    from sharedarrays.backends.device import parse_device
+    from sharedarrays.errors import SharedArrayError
 
     parser = argparse.ArgumentParser(prog="python -m sharedarrays")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -187,22 +176,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return top_cli.run(args)
     if args.command in keeper_cli.COMMANDS:
         return keeper_cli.run(args)
-    if args.command == "demo":
-        from sharedarrays.backends.device import parse_device
-        from sharedarrays.errors import SharedArrayError
-
-        if args.workers < 1:
-            d.error("--workers must be at least 1")
-        try:
-            if args.device not in (None, "auto", "cpu"):
-                try:
-                    parse_device(args.device)
-                except SharedArrayError:  # (no such device here: said below)
-                    raise
-                except (TypeError, ValueError) as e:  # (not a device's name)
-                    d.error(f"--device: {e}")
-            return demo(args.size, args.workers, args.device, not args.no_progress)
-        except SharedArrayError as e:  # (no device, not enough memory: said, not a traceback)
-            print(f"demo: {type(e).__name__}: {e}", file=sys.stderr)
-            return 1
-    return 2  # pragma: no cover - argparse rejects unknown commands
+    if args.workers < 1:
+        d.error("--workers must be at least 1")
+    try:
+        if args.device not in (None, "auto", "cpu"):
+            try:
+                parse_device(args.device)
+            except SharedArrayError:  # (no such device here: said below)
+                raise
+            except (TypeError, ValueError) as e:  # (not a device's name)
+                d.error(f"--device: {e}")
+        return demo(args.size, args.workers, args.device, not args.no_progress)
+    except SharedArrayError as e:  # (no device, not enough memory: said, not a traceback)
+        print(f"demo: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1

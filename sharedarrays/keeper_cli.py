@@ -1,12 +1,13 @@
 """Command line for named arrays and the keeper: ``python -m sharedarrays ls | rm | keeper |
-status`` (added to :mod:`sharedarrays.cli`). ``ls`` adds the node-wide view's columns
-(:mod:`sharedarrays.api.nodemap`), and ``rm`` also frees parked and orphaned allocations by id."""
+status``. ``ls`` adds the node-wide map's columns (:mod:`sharedarrays.api.nodemap`), and
+``rm`` also frees parked and orphaned allocations by id."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from typing import Any
@@ -16,6 +17,13 @@ from sharedarrays.top_cli import seconds
 __all__ = ["COMMANDS", "add_parsers", "run"]
 
 COMMANDS = ("ls", "rm", "keeper", "status")
+
+_NODE_KEYS = ("state", "backend", "lost", "holders", "exporter", "age", "kept", "in_flight")
+_LS_COLUMNS = re.findall(
+    r"(\w+):(\S*)",
+    "NAME:<24 NAMESPACE:<20 SHAPE:<16 DTYPE:<8 DEVICE:<7 SIZE:>9 CREATOR:>8 CREATED:<19 "
+    "PIDS:<12 STATE:<9 BACKEND:<8 LOST:>9 AGE:>5 HOLDERS:",
+)
 
 
 def add_parsers(sub: Any) -> None:
@@ -30,8 +38,7 @@ def add_parsers(sub: Any) -> None:
     )
     ls.add_argument("--json", action="store_true", help="one JSON object per line")
     rm = sub.add_parser(
-        "rm",
-        help="unlink named arrays, free parked and orphaned allocations (by name or id)",
+        "rm", help="unlink named arrays, free parked and orphaned allocations (by name or id)"
     )
     rm.add_argument("names", nargs="+", metavar="NAME|ID")
     rm.add_argument(
@@ -48,19 +55,68 @@ def add_parsers(sub: Any) -> None:
     sub.add_parser("status", help="show this user's keeper")
 
 
-_COLUMNS = (
-    "ID",
-    "NAME",
-    "STATE",
-    "BACKEND",
-    "DEVICE",
-    "SIZE",
-    "LOST",
-    "EXPORTER",
-    "HOLDERS",
-    "AGE",
-)
-_NODE_KEYS = ("state", "backend", "lost", "holders", "exporter", "age", "kept", "in_flight")
+def run(args: argparse.Namespace) -> int:
+    """Run one of :data:`COMMANDS`; return the exit status."""
+    commands = {"ls": _ls, "rm": _rm, "keeper": _keeper, "status": _status}
+    return commands[args.command](args)
+
+
+def _ls(args: argparse.Namespace) -> int:
+    from sharedarrays.api import named, nodemap
+    from sharedarrays.api.widgets.model import fmt_bytes
+    from sharedarrays.api.widgets.nodeview import COLUMNS, row_cells
+    from sharedarrays.errors import SharedArrayError
+
+    try:
+        rows = named.list_named(parked=args.all, all_namespaces=args.all_namespaces)
+    except SharedArrayError as e:  # the keeper runs but is stopped, busy or another's
+        print(f"ls: {e}", file=sys.stderr)
+        return 1
+    seen = {r.alloc_id: r for r in nodemap.node_map().allocations} if rows else {}
+    if args.json:
+        for r in rows:
+            more = seen[r.id].to_doc() if r.id in seen else {}
+            doc = {
+                "name": r.name,
+                "namespace": r.namespace,
+                "id": r.id,
+                "shape": list(r.shape),
+                "dtype": r.dtype.str,
+                "device": str(r.device),
+                "size": r.size,
+                "creator": r.creator,
+                "created": r.created,
+                "pids": list(r.pids),
+                "linked": r.linked,
+                "readonly": r.readonly,
+            }
+            print(json.dumps({**doc, **{k: more[k] for k in _NODE_KEYS if k in more}}))
+        return 0
+    print(_ls_line([name for name, _ in _LS_COLUMNS]))
+    for r in rows:
+        label = (r.name or f"(parked {r.id[:8]})") + ("" if r.linked else " (unlinked)")
+        cells = dict(zip(COLUMNS, row_cells(seen[r.id]))) if r.id in seen else {}
+        print(
+            _ls_line(
+                [
+                    label,
+                    "-" if r.name is None else r.namespace or "/ (global)",
+                    str(r.shape),
+                    r.dtype.name,
+                    str(r.device),
+                    fmt_bytes(r.size),
+                    r.creator,
+                    time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created)),
+                    ",".join(map(str, r.pids)) or "-",
+                    *(cells.get(c, "-") for c in ("STATE", "BACKEND", "LOST", "AGE", "HOLDERS")),
+                ]
+            )
+        )
+    return 0
+
+
+def _ls_line(cells: list[Any]) -> str:
+    return " ".join(f"{cell:{spec}}" for cell, (_, spec) in zip(cells, _LS_COLUMNS))
 
 
 def _ask(question: str) -> bool:
@@ -71,131 +127,61 @@ def _ask(question: str) -> bool:
     return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
 
 
-def _rm(targets: list[str], yes: bool) -> int:
-    """``rm``: a name is unlinked (as before); an id (or its start) of a parked or orphaned
-    allocation is freed (:func:`sharedarrays.api.nodemap.free`)."""
+def _rm(args: argparse.Namespace) -> int:
+    """Unlink each name; free each id (or its start) of a parked or orphaned allocation."""
     from sharedarrays.api import named, nodemap
     from sharedarrays.errors import NameNotFound, SharedArrayError
 
     status = 0
-    picture = None
-    for target in targets:
+    for target in args.names:
         try:
-            named.unlink(target)
-            continue
-        except (NameNotFound, ValueError, TypeError) as e:
-            if not _could_be_id(target):
-                print(f"rm: {e}", file=sys.stderr)
-                status = 1
+            try:
+                named.unlink(target)
                 continue
-        except SharedArrayError as e:  # no keeper of this user answers (or another's does)
-            print(f"rm: {e}", file=sys.stderr)
-            status = 1
-            continue
-        try:
-            picture = picture or nodemap.node_map()
-            row = nodemap.find(picture, target)
-            done = nodemap.free(row, (lambda q: True) if yes else _ask)
-        except SharedArrayError as e:
+            except (NameNotFound, ValueError, TypeError):
+                if not (len(target) >= 4 and all(c in "0123456789abcdef" for c in target)):
+                    raise
+            row = nodemap.find(nodemap.node_map(), target)
+            done = nodemap.free(row, (lambda q: True) if args.yes else _ask)
+        except (SharedArrayError, ValueError, TypeError) as e:
             print(f"rm: {e}", file=sys.stderr)
             status = 1
             continue
         print(f"{row.alloc_id}: " + ("; ".join(done) or "nothing holds it any more"))
         if done == [nodemap.LEFT_ALONE]:  # (nothing was freed: a script must see it)
             status = 1
-        picture = None  # what was freed changed the picture
     return status
 
 
-def _could_be_id(target: str) -> bool:
-    return len(target) >= 4 and all(c in "0123456789abcdef" for c in target)
-
-
-def run(args: argparse.Namespace) -> int:
-    """Run one of :data:`COMMANDS`; return the exit status."""
-    from sharedarrays.api import named
-    from sharedarrays.errors import HandleUnavailable, SharedArrayError
+def _keeper(args: argparse.Namespace) -> int:
     from sharedarrays.keeper.daemon import main as keeper_main
+    from sharedarrays.transport import keeper
+
+    if args.idle is not None:
+        os.environ["SHAREDARRAYS_KEEPER_IDLE"] = str(args.idle)
+    if not args.foreground:
+        print(f"keeper running, pid {keeper.ensure_running()}")
+        return 0
+    rc = keeper_main()
+    if rc == 3:
+        print(f"a keeper is running already (pid {keeper.running_pid()})", file=sys.stderr)
+    return rc
+
+
+def _status(args: argparse.Namespace) -> int:
+    from sharedarrays.errors import HandleUnavailable, SharedArrayError
     from sharedarrays.protocol.keeper import Status
     from sharedarrays.transport import keeper
 
-    if args.command == "ls":
-        from sharedarrays.api import nodemap
-        from sharedarrays.api.widgets.model import fmt_bytes
-        from sharedarrays.api.widgets.nodeview import row_cells
-
-        try:
-            rows = named.list_named(parked=args.all, all_namespaces=args.all_namespaces)
-        except SharedArrayError as e:  # the keeper runs but is stopped, busy or another's
-            print(f"ls: {e}", file=sys.stderr)
-            return 1
-        seen = {r.alloc_id: r for r in nodemap.node_map().allocations} if rows else {}
-        if args.json:
-            for r in rows:
-                more = seen[r.id].to_doc() if r.id in seen else {}
-                print(
-                    json.dumps(
-                        {
-                            "name": r.name,
-                            "namespace": r.namespace,
-                            "id": r.id,
-                            "shape": list(r.shape),
-                            "dtype": r.dtype.str,
-                            "device": str(r.device),
-                            "size": r.size,
-                            "creator": r.creator,
-                            "created": r.created,
-                            "pids": list(r.pids),
-                            "linked": r.linked,
-                            "readonly": r.readonly,
-                            **{k: more[k] for k in _NODE_KEYS if k in more},
-                        }
-                    )
-                )
-            return 0
-        print(
-            f"{'NAME':<24} {'NAMESPACE':<20} {'SHAPE':<16} {'DTYPE':<8} {'DEVICE':<7} {'SIZE':>9} "
-            f"{'CREATOR':>8} {'CREATED':<19} {'PIDS':<12} {'STATE':<9} {'BACKEND':<8} "
-            f"{'LOST':>9} {'AGE':>5} HOLDERS"
-        )
-        for r in rows:
-            label = r.name or f"(parked {r.id[:8]})"
-            if not r.linked:
-                label += " (unlinked)"
-            stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created))
-            cells = dict(zip(_COLUMNS, row_cells(seen[r.id]))) if r.id in seen else {}
-            space = "-" if r.name is None else r.namespace or "/ (global)"
-            print(
-                f"{label:<24} {space:<20} {r.shape!s:<16} {r.dtype.name:<8} {r.device!s:<7} "
-                f"{fmt_bytes(r.size):>9} {r.creator:>8} {stamp:<19} "
-                f"{','.join(map(str, r.pids)) or '-':<12} {cells.get('STATE', '-'):<9} "
-                f"{cells.get('BACKEND', '-'):<8} {cells.get('LOST', '-'):>9} "
-                f"{cells.get('AGE', '-'):>5} {cells.get('HOLDERS', '-')}"
-            )
-        return 0
-    if args.command == "rm":
-        return _rm(args.names, args.yes)
-    if args.command == "keeper":
-        if args.idle is not None:
-            os.environ["SHAREDARRAYS_KEEPER_IDLE"] = str(args.idle)
-        if args.foreground:
-            rc = keeper_main()
-            if rc == 3:
-                print(f"a keeper is running already (pid {keeper.running_pid()})", file=sys.stderr)
-            return rc
-        print(f"keeper running, pid {keeper.ensure_running()}")
-        return 0
-    if args.command == "status":
-        try:
-            status, body, _ = keeper.request(Status(), start=False)
-        except HandleUnavailable as e:
-            print(f"no keeper running ({e})")
-            return 1
-        except SharedArrayError as e:  # it runs, but is busy or stopped
-            print(f"the keeper runs but cannot be asked: {e}")
-            return 1
-        keeper.raise_for(status, body, "status")
-        for key, value in body.items():
-            print(f"{key:<12} {value}")
-        return 0
-    return 2  # pragma: no cover
+    try:
+        status, body, _ = keeper.request(Status(), start=False)
+    except HandleUnavailable as e:
+        print(f"no keeper running ({e})")
+        return 1
+    except SharedArrayError as e:  # it runs, but is busy or stopped
+        print(f"the keeper runs but cannot be asked: {e}")
+        return 1
+    keeper.raise_for(status, body, "status")
+    for key, value in body.items():
+        print(f"{key:<12} {value}")
+    return 0

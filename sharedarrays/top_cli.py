@@ -1,5 +1,4 @@
-"""Command line for the node-wide view: ``python -m sharedarrays top`` (added to
-:mod:`sharedarrays.cli`); ``ls`` and ``rm`` share its map (:mod:`sharedarrays.keeper_cli`)."""
+"""Command line for the node-wide map: ``python -m sharedarrays top``."""
 
 from __future__ import annotations
 
@@ -11,6 +10,13 @@ import time
 from typing import Any
 
 __all__ = ["add_parser", "run", "print_json"]
+
+MAX_SECONDS = 86_400.0
+"""The longest ``--interval`` or ``--timeout`` (a day)."""
+
+ENTER = "\x1b[?1049h\x1b[?25l"  # the alternate screen, no cursor
+LEAVE = "\x1b[?25h\x1b[?1049l"  # the cursor and the screen the user had
+CLEAR = "\x1b[H\x1b[2J"  # home, then clear the screen (before each refresh)
 
 
 def add_parser(sub: Any) -> None:
@@ -29,22 +35,12 @@ def add_parser(sub: Any) -> None:
     top.add_argument("--nvml", action="store_true", help="add the driver's per-process GPU memory")
 
 
-MAX_SECONDS = 86_400.0
-"""The longest ``--interval`` or ``--timeout`` (a day)."""
-
-
 def seconds(text: str) -> float:
-    """An argparse type: a finite number of seconds above 0, at most :data:`MAX_SECONDS`
-    (``nan`` and ``inf`` are floats too, which a socket's timeout or a sleep refuse)."""
+    """An argparse type: a finite number of seconds above 0, at most :data:`MAX_SECONDS`."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    return _in_range(value)
-
-
-def _in_range(value: float) -> float:
-    """``value`` if it is above 0 and at most :data:`MAX_SECONDS`, else ArgumentTypeError."""
     if not 0 < value <= MAX_SECONDS:  # (False for nan)
         raise argparse.ArgumentTypeError(
             f"must be a number of seconds above 0 and at most {MAX_SECONDS:g}, not {value:g}"
@@ -57,30 +53,19 @@ def print_json(doc: dict[str, Any]) -> None:
     print(json.dumps(doc, separators=(",", ":")))
 
 
-ENTER = "\x1b[?1049h\x1b[?25l"
-"""Written once before a terminal's live view: the alternate screen, no cursor."""
-LEAVE = "\x1b[?25h\x1b[?1049l"
-"""Written when it ends (Ctrl-C too): the cursor and the screen the user had."""
-CLEAR = "\x1b[H\x1b[2J"
-"""Written before each refresh on a terminal: home, then clear the screen."""
-
-
 def run(args: argparse.Namespace) -> int:
     """Run ``top``; return the exit status.
 
-    On a terminal the live view redraws in place (the alternate screen, restored on exit);
-    when stdout is not a terminal (a pipe, a log) each refresh is printed in full, one after
-    the other, as ``--once`` prints it. Ctrl-C (``SIGINT``) ends it with status 0 and no
-    traceback; a closed pipe too.
+    On a terminal the live view redraws in place on the alternate screen; elsewhere each
+    refresh is printed in full. Ctrl-C and a closed pipe end it with status 0.
     """
     for name in ("interval", "timeout"):  # (a Namespace made without the parser: checked too)
         try:
-            _in_range(getattr(args, name))
+            seconds(getattr(args, name))
         except argparse.ArgumentTypeError as e:
             print(f"top: --{name} {e}", file=sys.stderr)
             return 2
-    live = not (args.once or args.json)
-    screen = live and sys.stdout.isatty()
+    screen = not (args.once or args.json) and sys.stdout.isatty()
     try:
         if screen:
             sys.stdout.write(ENTER)
@@ -103,21 +88,20 @@ def _loop(args: argparse.Namespace, screen: bool) -> int:
 
     while True:
         picture = nodemap.node_map(args.timeout)
-        nvml_text = ""
-        nvml_doc: list[dict[str, Any]] | None = None
+        checks = None
         if args.nvml:
             from sharedarrays.api.nvml import cross_check, render_text
 
             checks = cross_check(picture)
-            nvml_doc = [c.to_doc() for c in checks]
-            nvml_text = render_text(checks)
         if args.json:
             doc = picture.to_doc()
-            if nvml_doc is not None:
-                doc["nvml"] = nvml_doc
+            if checks is not None:
+                doc["nvml"] = [c.to_doc() for c in checks]
             print_json(doc)
             return 0
-        text = render_node_text(picture) + (f"\n\n{nvml_text}" if nvml_text else "")
+        text = render_node_text(picture)
+        if checks is not None:
+            text += f"\n\n{render_text(checks)}"
         if args.once:
             print(text)
             return 0

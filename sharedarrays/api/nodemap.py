@@ -1,16 +1,9 @@
 """The node-wide memory map: every allocation this user's processes and keeper hold, joined.
 
-:func:`node_map` asks every handle server of this user (through
-:mod:`sharedarrays.transport.node`: same user only, short timeouts, dead processes shown as
-gone) and the keeper, reads this process's own allocations directly, and joins what they
-report by allocation id into one :class:`NodeMap` of frozen rows: one
-:class:`NodeAllocation` per allocation (its holders, its state, its age), one
-:class:`NodeProcess` per process asked, one :class:`DeviceSummary` per device.
-
-:func:`free` releases what no view uses (``python -m sharedarrays rm`` and the node widget
-use it): a parked or orphaned allocation's handles in the keeper, and the mappings
-importers keep parked. It never takes memory from a view: an allocation a view uses
-(``live``), or exporter-owned memory that drains in its exporter, is refused with
+:func:`node_map` asks every handle server of this user (same user only, short timeouts) and
+the keeper, reads this process's own allocations, and joins the reports by allocation id
+into a :class:`NodeMap`. :func:`free` releases what no view uses (``rm`` and the node widget
+use it); memory a view uses, or that drains in its exporter, is refused with
 :class:`~sharedarrays.errors.InUse`.
 
 States, strongest first:
@@ -31,7 +24,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -62,6 +55,12 @@ __all__ = [
 STATES = ("live", "draining", "named", "parked", "orphaned")
 """An allocation's states, strongest first (see the module's table)."""
 
+MAX_TIMEOUT = 86_400.0
+"""The longest ``timeout`` of :func:`node_map` (a day, as ``top --timeout``)."""
+
+LEFT_ALONE = "left alone: payloads in flight"
+"""What :func:`free` says when it frees nothing: payloads in flight, and no one confirmed."""
+
 
 @dataclass(frozen=True)
 class Holder:
@@ -69,18 +68,15 @@ class Holder:
 
     Attributes
     ----------
-    pid : int
-        The process.
-    command : str
-        Its command line (``""`` when it cannot be read).
+    pid, command : int, str
+        The process and its command line (``""`` when it cannot be read).
     role : str
-        ``"exporter"`` (made it), ``"importer"`` (maps it) or ``"keeper"`` (holds its
-        handles).
+        ``"exporter"`` (made it), ``"importer"`` (maps it) or ``"keeper"`` (holds handles).
     since : float
         When it made, imported or kept it (``time.time()``).
     views : int
-        Views and native arrays that use it there now (0 in the keeper; -1 where the process
-        was not asked: it attached it through the keeper and runs no handle server).
+        Views and native arrays that use it there (0 in the keeper; -1: the process was not
+        asked, it attached it through the keeper and runs no handle server).
     parked : bool
         Mapped with no view (an importer keeps it for the next handoff).
     """
@@ -99,34 +95,22 @@ class NodeAllocation:
 
     Attributes
     ----------
-    alloc_id : str
-        The allocation id.
-    name : str or None
-        Its name in the keeper, if any.
+    alloc_id, name : str, str or None
+        The allocation id, and its name in the keeper if any.
     backend, device : str
         Its memory system and device.
-    size : int
-        Bytes of memory it holds (the chunks' sum).
-    lost : int
-        Of those, bytes no array asked for (rounding up to the granularity).
-    exporter_pid : int
-        The process that made it (0 where nobody knows).
-    exporter_command : str
-        Its command line (``""`` once it is gone).
-    exporter_alive : bool
-        Whether the exporter still runs.
+    size, lost : int
+        Bytes of memory it holds, and of those the bytes no array asked for (granularity).
+    exporter_pid, exporter_command, exporter_alive : int, str, bool
+        The process that made it (0: unknown), its command line, whether it still runs.
     holders : tuple of Holder
         Every process that holds it (exporter, importers, keeper).
-    kept : bool
-        The keeper holds its handles.
-    in_flight : int
-        Payloads of it that may still be loaded.
+    kept, in_flight : bool, int
+        The keeper holds its handles; payloads of it that may still be loaded.
     state : str
         One of :data:`STATES`.
-    created : float
-        When it was made (``time.time()``).
-    age : float
-        Seconds since then, when the map was made.
+    created, age : float
+        When it was made (``time.time()``), and seconds since then when the map was made.
     """
 
     alloc_id: str
@@ -152,35 +136,9 @@ class NodeAllocation:
 
     def to_doc(self) -> dict[str, Any]:
         """The row as a JSON object (``top --json``)."""
-        return {
-            "id": self.alloc_id,
-            "name": self.name,
-            "backend": self.backend,
-            "device": self.device,
-            "size": self.size,
-            "lost": self.lost,
-            "exporter": {
-                "pid": self.exporter_pid,
-                "command": self.exporter_command,
-                "alive": self.exporter_alive,
-            },
-            "holders": [
-                {
-                    "pid": h.pid,
-                    "command": h.command,
-                    "role": h.role,
-                    "since": h.since,
-                    "views": h.views,
-                    "parked": h.parked,
-                }
-                for h in self.holders
-            ],
-            "kept": self.kept,
-            "in_flight": self.in_flight,
-            "state": self.state,
-            "created": self.created,
-            "age": self.age,
-        }
+        doc = asdict(self)
+        exporter = {k: doc.pop(f"exporter_{k}") for k in ("pid", "command", "alive")}
+        return {"id": doc.pop("alloc_id"), **doc, "exporter": exporter}
 
 
 @dataclass(frozen=True)
@@ -199,8 +157,7 @@ class NodeProcess:
 
 @dataclass(frozen=True)
 class DeviceSummary:
-    """What sharedarrays holds on one device: allocations, their bytes, and those lost to
-    the granularity."""
+    """What sharedarrays holds on one device: allocations, bytes, bytes lost to granularity."""
 
     device: str
     allocations: int
@@ -218,10 +175,8 @@ class NodeMap:
         When it was made.
     allocations : tuple of NodeAllocation
         Largest first.
-    processes : tuple of NodeProcess
-        Every process asked, by pid.
-    devices : tuple of DeviceSummary
-        One per device, by name.
+    processes, devices : tuple of NodeProcess, tuple of DeviceSummary
+        Every process asked, by pid; one summary per device, by name.
     keeper : str
         The keeper's status: ``"ok"``, ``"none"`` (none runs), ``"no answer"``, ``"refused"``.
     """
@@ -237,22 +192,10 @@ class NodeMap:
         return {
             "time": self.time,
             "allocations": [a.to_doc() for a in self.allocations],
-            "processes": [vars_of(p) for p in self.processes],
-            "devices": [vars_of(d) for d in self.devices],
+            "processes": [asdict(p) for p in self.processes],
+            "devices": [asdict(d) for d in self.devices],
             "keeper": self.keeper,
         }
-
-
-MAX_TIMEOUT = 86_400.0
-"""The longest ``timeout`` of :func:`node_map` (a day, as ``top --timeout``)."""
-
-LEFT_ALONE = "left alone: payloads in flight"
-"""What :func:`free` says when it frees nothing: payloads in flight, and no one confirmed."""
-
-
-def vars_of(record: NodeProcess | DeviceSummary) -> dict[str, Any]:
-    """A flat frozen record as a JSON object."""
-    return dict(record.__dict__)
 
 
 @dataclass
@@ -295,108 +238,57 @@ def node_map(timeout: float = transport_node.ASK_TIMEOUT) -> NodeMap:
         commands[pid] = snap.command
         for row in snap.allocations:
             seen.setdefault(row.alloc_id, _Seen([])).held.append((pid, snap.command, row))
-        processes.append(
-            NodeProcess(
-                pid,
-                snap.command,
-                "ok",
-                len(snap.allocations),
-                sum(r.size for r in snap.allocations if not r.draining),
-            )
-        )
-    keeper = transport_node.ask_keeper(timeout)
-    for doc in keeper.arrays:
-        alloc_id = doc.get("id")
-        if type(alloc_id) is str:
-            seen.setdefault(alloc_id, _Seen([])).kept = doc
-    if keeper.pid is not None:
-        processes.append(
-            NodeProcess(
-                keeper.pid,
-                command_line(keeper.pid),
-                keeper.status,
-                len(keeper.arrays),
-                sum(int(d.get("size") or 0) for d in keeper.arrays),
-            )
-        )
-    rows = [_join(alloc_id, s, keeper.pid or 0, commands, now) for alloc_id, s in seen.items()]
-    rows.sort(key=lambda r: (-r.size, r.alloc_id))
-    return NodeMap(
-        now,
-        tuple(rows),
-        tuple(sorted(processes, key=lambda p: p.pid)),
-        _devices(rows),
-        keeper.status,
+        size = sum(r.size for r in snap.allocations if not r.draining)
+        processes.append(NodeProcess(pid, snap.command, "ok", len(snap.allocations), size))
+    kept = transport_node.ask_keeper(timeout)
+    for doc in kept.arrays:
+        if type(doc.get("id")) is str:
+            seen.setdefault(doc["id"], _Seen([])).kept = doc
+    if kept.pid is not None:
+        size = sum(int(d.get("size") or 0) for d in kept.arrays)
+        command = command_line(kept.pid)
+        processes.append(NodeProcess(kept.pid, command, kept.status, len(kept.arrays), size))
+    rows = sorted(
+        (_join(alloc_id, s, kept.pid or 0, commands, now) for alloc_id, s in seen.items()),
+        key=lambda r: (-r.size, r.alloc_id),
     )
+    totals: dict[str, list[int]] = {}
+    for r in rows:
+        t = totals.setdefault(r.device, [0, 0, 0])
+        t[0], t[1], t[2] = t[0] + 1, t[1] + r.size, t[2] + r.lost
+    devices = tuple(DeviceSummary(d, *t) for d, t in sorted(totals.items()))
+    procs = tuple(sorted(processes, key=lambda p: p.pid))
+    return NodeMap(now, tuple(rows), procs, devices, kept.status)
 
 
 def _join(
     alloc_id: str, seen: _Seen, keeper_pid: int, commands: dict[int, str], now: float
 ) -> NodeAllocation:
     """One allocation's row from what its holders and the keeper said."""
-    kept = seen.kept
-    holders = [
-        Holder(
-            pid,
-            command,
-            "exporter" if row.created_here else "importer",
-            row.since,
-            row.views,
-            row.parked,
-        )
-        for pid, command, row in seen.held
-    ]
-    exporter = next((row for _, _, row in seen.held if row.created_here), None)
-    if exporter is not None and exporter.draining:
-        # exporter-owned memory held by importers that were not asked (no handle server of
-        # their own): the exporter's list of who still holds it names them
-        asked = {pid for pid, _, _ in seen.held}
-        for pid, when in exporter.served:
-            if pid not in asked and running(pid):
-                holders.append(Holder(pid, command_line(pid), "importer", when, -1))
-    any_row = exporter or (seen.held[0][2] if seen.held else None)
-    if exporter is not None:
-        exporter_pid = next(pid for pid, _, row in seen.held if row is exporter)
-    elif kept is not None and type(kept.get("creator")) is int:
-        exporter_pid = kept["creator"]
-    elif any_row is not None:
-        exporter_pid = any_row.origin_pid
+    kept = seen.kept or {}
+    exporters = [(pid, row) for pid, _, row in seen.held if row.created_here]
+    exporter_pid, exporter = exporters[0] if exporters else (0, None)
+    row = exporter or (seen.held[0][2] if seen.held else None)
+    holders = _holders(seen, exporter, keeper_pid, now)
+    if row is not None:
+        backend, device, size = row.backend, row.device, row.size
     else:
-        exporter_pid = 0
-    if kept is not None:
-        since = kept.get("created")
-        created_at = float(since) if isinstance(since, (int, float)) else now
-        holders.append(Holder(keeper_pid, command_line(keeper_pid), "keeper", created_at, 0))
-        known = {h.pid for h in holders}
-        for pid in kept.get("pids") or ():
-            if type(pid) is int and pid not in known and running(pid):
-                holders.append(Holder(pid, command_line(pid), "importer", created_at, -1))
-    if any_row is not None:
-        backend, device, size = any_row.backend, any_row.device, any_row.size
-    else:
-        assert kept is not None
         backend = str(kept.get("backend") or "?")
-        device = _device(backend, kept.get("device"))
-        size = int(kept.get("size") or 0)
+        device, size = _device(backend, kept.get("device")), int(kept.get("size") or 0)
     if exporter is not None:
-        lost = exporter.size - exporter.used
-    elif kept is not None and (_nbytes(kept) or type(kept.get("used")) is int):
-        # (a named array's shape, or the bytes its exporter asked for where it handed the
+        lost, created = exporter.size - exporter.used, exporter.since
+    else:
+        # (a named array's shape, or the bytes its exporter asked for before it handed the
         # payloads in flight over)
-        lost = max(0, size - (_nbytes(kept) or kept["used"]))
-    else:
-        lost = 0
-    if exporter is not None:
-        created = exporter.since
-    elif kept is not None and isinstance(kept.get("created"), (int, float)):
-        created = float(kept["created"])
-    else:
-        created = min(h.since for h in holders)
-    in_flight = sum(row.in_flight for _, _, row in seen.held)
-    if kept is not None:
-        in_flight += int(kept.get("in_flight") or 0)
-    name = kept.get("name") if kept is not None else None
+        wanted = _nbytes(kept) or kept.get("used")
+        lost = max(0, size - wanted) if type(wanted) is int else 0
+        created = _time(kept.get("created"), min(h.since for h in holders))
+        creator = kept.get("creator")
+        exporter_pid = creator if type(creator) is int else (row.origin_pid if row else 0)
+    in_flight = sum(r.in_flight for _, _, r in seen.held) + int(kept.get("in_flight") or 0)
+    name = kept.get("name")
     alive = exporter is not None or running(exporter_pid)
+    command = commands.get(exporter_pid, "") or (command_line(exporter_pid) if alive else "")
     return NodeAllocation(
         alloc_id,
         name if type(name) is str else None,
@@ -405,15 +297,44 @@ def _join(
         size,
         lost,
         exporter_pid,
-        commands.get(exporter_pid, "") or (command_line(exporter_pid) if alive else ""),
+        command,
         alive,
         tuple(holders),
-        kept is not None,
+        seen.kept is not None,
         in_flight,
         _state(seen, holders),
         created,
         max(0.0, now - created),
     )
+
+
+def _holders(
+    seen: _Seen, exporter: HeldAllocation | None, keeper_pid: int, now: float
+) -> list[Holder]:
+    """Who holds it: the processes that reported it, then importers only the exporter (of
+    draining memory) or the keeper knows of, which were not asked."""
+    holders = [
+        Holder(pid, cmd, "exporter" if r.created_here else "importer", r.since, r.views, r.parked)
+        for pid, cmd, r in seen.held
+    ]
+
+    def add_importer(pid: object, since: float) -> None:
+        if type(pid) is int and pid not in {h.pid for h in holders} and running(pid):
+            holders.append(Holder(pid, command_line(pid), "importer", since, -1))
+
+    if exporter is not None and exporter.draining:
+        for pid, when in exporter.served:
+            add_importer(pid, when)
+    if seen.kept is not None:
+        since = _time(seen.kept.get("created"), now)
+        holders.append(Holder(keeper_pid, command_line(keeper_pid), "keeper", since, 0))
+        for pid in seen.kept.get("pids") or ():
+            add_importer(pid, since)
+    return holders
+
+
+def _time(value: object, default: float) -> float:
+    return float(value) if isinstance(value, (int, float)) else default
 
 
 def _state(seen: _Seen, holders: list[Holder]) -> str:
@@ -450,16 +371,6 @@ def _nbytes(doc: dict[str, Any]) -> int:
         return 0
 
 
-def _devices(rows: list[NodeAllocation]) -> tuple[DeviceSummary, ...]:
-    totals: dict[str, list[int]] = {}
-    for r in rows:
-        t = totals.setdefault(r.device, [0, 0, 0])
-        t[0] += 1
-        t[1] += r.size
-        t[2] += r.lost
-    return tuple(DeviceSummary(d, *t) for d, t in sorted(totals.items()))
-
-
 def find(node: NodeMap, target: str) -> NodeAllocation:
     """The allocation ``target`` names: its name, its id, or a prefix of its id that only
     it has (at least 4 hex digits).
@@ -485,12 +396,15 @@ def find(node: NodeMap, target: str) -> NodeAllocation:
     )
 
 
+def _server_of(pid: int) -> str | None:
+    return next((p for server_pid, p in transport_node.handle_servers() if server_pid == pid), None)
+
+
 def free(row: NodeAllocation, confirm: Callable[[str], bool] | None = None) -> list[str]:
     """Release what keeps ``row``'s memory although no view uses it; what was done, in words.
 
-    A parked or orphaned allocation: the keeper lets go of its handles and every importer
-    that keeps it parked drops its mapping (the memory returns once no process holds a
-    handle or a mapping). A named one: its name is removed (as ``sa.unlink``). Payloads in
+    Parked or orphaned: the keeper lets go of its handles and every importer that keeps it
+    parked drops its mapping. Named: its name is removed (as ``sa.unlink``). Payloads in
     flight that would then no longer load are dropped only if ``confirm`` (called with a
     question) says yes.
 
@@ -498,8 +412,7 @@ def free(row: NodeAllocation, confirm: Callable[[str], bool] | None = None) -> l
     ------
     InUse
         A view uses it (``live``), or it drains in its exporter while importers that run
-        still map it (the message names them): nothing outside those processes can free it
-        without invalidating their mappings. A draining allocation whose importers are all
+        still map it (the message names them). A draining allocation whose importers are all
         gone is freed by its exporter when asked.
     KeeperError
         The keeper holds it but cannot be asked.
@@ -520,29 +433,24 @@ def free(row: NodeAllocation, confirm: Callable[[str], bool] | None = None) -> l
         keeper.raise_for(status, body, f"cannot unlink {row.name!r}")
         done.append(f"unlinked the name {row.name!r}")
     elif row.kept:
-        if row.in_flight and not (
-            confirm is not None
-            and confirm(
-                f"{row.in_flight} payload(s) of allocation {row.alloc_id} are in flight and "
-                "will no longer load. Free it anyway?"
-            )
-        ):
+        question = (
+            f"{row.in_flight} payload(s) of allocation {row.alloc_id} are in flight and "
+            "will no longer load. Free it anyway?"
+        )
+        if row.in_flight and not (confirm is not None and confirm(question)):
             return [LEFT_ALONE]
         status, error = transport_node.drop_kept(row.alloc_id)
         if status == OK:
             done.append("the keeper let go of its handles")
         elif status != NOT_FOUND:
             raise KeeperError(keeper.refusal("the keeper refused", error))
-    for h in row.holders:
-        if h.role == "importer" and h.parked:
-            path = next((p for pid, p in transport_node.handle_servers() if pid == h.pid), None)
-            if path is None:
-                continue
-            if transport_node.drop_mapping(path, row.alloc_id) is Status.OK:
-                done.append(f"pid {h.pid} dropped its parked mapping")
-    if any(h.role == "importer" and not h.parked and h.views < 0 for h in row.holders):
-        pids = ", ".join(str(h.pid) for h in row.importers if h.views < 0)
-        done.append(f"pid {pids} attached it: the memory returns when they close it")
+    for h in row.importers:
+        path = _server_of(h.pid) if h.parked else None
+        if path is not None and transport_node.drop_mapping(path, row.alloc_id) is Status.OK:
+            done.append(f"pid {h.pid} dropped its parked mapping")
+    attached = [str(h.pid) for h in row.importers if not h.parked and h.views < 0]
+    if attached:
+        done.append(f"pid {', '.join(attached)} attached it: the memory returns when they close it")
     if os.getpid() in {h.pid for h in row.holders if h.parked}:
         from sharedarrays.memory import registry
 
@@ -553,9 +461,10 @@ def free(row: NodeAllocation, confirm: Callable[[str], bool] | None = None) -> l
 
 
 def _drain(row: NodeAllocation) -> list[str]:
-    """Free a draining allocation whose importers are all gone (its exporter would notice
-    within seconds; asked, it frees it now); refuse while any still maps it."""
+    """Have the exporter free a draining allocation whose importers are all gone; refuse while
+    any still maps it."""
     users = sorted({h.pid for h in row.importers if running(h.pid)})
+    exporter = f"the exporter (pid {row.exporter_pid})"
     if users:
         pids = ", ".join(str(pid) for pid in users)
         raise InUse(
@@ -565,10 +474,10 @@ def _drain(row: NodeAllocation) -> list[str]:
             "it cannot be freed from outside. Close it in those processes (close the arrays, or "
             "let them exit): the exporter then frees it"
         )
-    path = next((p for pid, p in transport_node.handle_servers() if pid == row.exporter_pid), None)
+    path = _server_of(row.exporter_pid)
     answer = None if path is None else transport_node.drop_mapping(path, row.alloc_id)
     if answer is Status.OK:
-        return [f"its importers are gone: the exporter (pid {row.exporter_pid}) freed it"]
+        return [f"its importers are gone: {exporter} freed it"]
     if answer is Status.NOT_ALLOWED:
         raise InUse(
             f"allocation {row.alloc_id}: its exporter (pid {row.exporter_pid}) still waits for "
@@ -576,8 +485,5 @@ def _drain(row: NodeAllocation) -> list[str]:
             "process)"
         )
     if answer is Status.GONE:
-        return [f"its importers are gone: the exporter (pid {row.exporter_pid}) freed it already"]
-    return [
-        f"its importers are gone; the exporter (pid {row.exporter_pid}) frees it by itself "
-        "within seconds"
-    ]
+        return [f"its importers are gone: {exporter} freed it already"]
+    return [f"its importers are gone; {exporter} frees it by itself within seconds"]

@@ -1,20 +1,17 @@
 """GPU memory cross-check: what the driver reports per process (NVML) against what
-sharedarrays accounts for in the node-wide map (:mod:`sharedarrays.api.nodemap`).
+sharedarrays holds there in the node-wide map (:mod:`sharedarrays.api.nodemap`).
 
-Needs ``nvidia-ml-py`` (``import pynvml``; the ``nvml`` extra). Where it is missing, or no
-NVIDIA driver answers, :func:`cross_check` returns nothing and :func:`available` says why.
-
-What NVML calls a process's used GPU memory is every allocation of its CUDA context (its
-own ``cudaMalloc``, CuPy's pool, torch's caching allocator, the context itself), so a
-process's driver figure minus what sharedarrays holds there is the memory sharedarrays is
-not answerable for. Devices are matched by index: NVML counts GPUs in PCI bus order, CUDA
-in the order ``CUDA_DEVICE_ORDER`` and ``CUDA_VISIBLE_DEVICES`` give, so set
-``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (and no ``CUDA_VISIBLE_DEVICES``) for the two to agree.
+Needs ``nvidia-ml-py`` (the ``nvml`` extra); without it, or without an NVIDIA driver,
+:func:`cross_check` returns nothing and :func:`available` says why. A process's driver
+figure counts its whole CUDA context (its own allocations, CuPy's and torch's pools), so the
+figure minus sharedarrays' is memory sharedarrays is not answerable for. Devices are matched
+by index: set ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (and no ``CUDA_VISIBLE_DEVICES``) so that
+CUDA counts GPUs in NVML's order.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from sharedarrays.api.nodemap import NodeMap
@@ -26,20 +23,9 @@ __all__ = ["ProcessGpuMemory", "available", "driver_usage", "cross_check", "rend
 
 @dataclass(frozen=True)
 class ProcessGpuMemory:
-    """One process on one GPU.
-
-    Attributes
-    ----------
-    pid : int
-        The process.
-    device : str
-        ``"cuda:N"`` (NVML's index N).
-    driver : int or None
-        Bytes the driver says the process uses there (``None``: NVML does not say).
-    sharedarrays : int
-        Bytes of sharedarrays allocations on that device the process maps (made or
-        imported).
-    """
+    """One process on one GPU (``device``: ``"cuda:N"``, NVML's index N): the bytes the
+    driver says it uses there (``None``: NVML does not say), and the bytes of sharedarrays
+    allocations on that device it maps."""
 
     pid: int
     device: str
@@ -53,12 +39,7 @@ class ProcessGpuMemory:
 
     def to_doc(self) -> dict[str, Any]:
         """The row as a JSON object."""
-        return {
-            "pid": self.pid,
-            "device": self.device,
-            "driver": self.driver,
-            "sharedarrays": self.sharedarrays,
-        }
+        return asdict(self)
 
 
 def _pynvml() -> Any:
@@ -95,40 +76,35 @@ def driver_usage() -> dict[tuple[int, str], int | None]:
             handle = nv.nvmlDeviceGetHandleByIndex(index)
             for proc in nv.nvmlDeviceGetComputeRunningProcesses(handle):
                 used = proc.usedGpuMemory
-                usage[(int(proc.pid), f"cuda:{index}")] = (
-                    int(used) if isinstance(used, int) and used >= 0 else None
-                )
+                ok = isinstance(used, int) and used >= 0
+                usage[(int(proc.pid), f"cuda:{index}")] = int(used) if ok else None
     finally:
         nv.nvmlShutdown()
     return usage
 
 
 def cross_check(node: NodeMap) -> list[ProcessGpuMemory]:
-    """Each process NVML or the map knows on each GPU: driver bytes against
-    sharedarrays' (empty where NVML cannot be asked)."""
+    """Each process NVML or the map knows on each GPU: driver bytes against sharedarrays'
+    (empty where NVML cannot be asked)."""
     driver = driver_usage()
     if not driver:
         return []
     mine: dict[tuple[int, str], int] = {}
     for row in node.allocations:
-        if not parse_name(row.device).is_cuda:  # NVML knows NVIDIA's devices only
-            continue
-        for h in row.holders:
-            if h.role in ("exporter", "importer"):
-                key = (h.pid, row.device)
-                mine[key] = mine.get(key, 0) + row.size
-    keys = sorted(set(driver) | set(mine))
+        if parse_name(row.device).is_cuda:  # NVML knows NVIDIA's devices only
+            for h in row.holders:
+                if h.role in ("exporter", "importer"):
+                    mine[(h.pid, row.device)] = mine.get((h.pid, row.device), 0) + row.size
     return [
         ProcessGpuMemory(pid, dev, driver.get((pid, dev)), mine.get((pid, dev), 0))
-        for pid, dev in keys
+        for pid, dev in sorted(set(driver) | set(mine))
     ]
 
 
 def render_text(checks: list[ProcessGpuMemory]) -> str:
     """The cross-check as a small table (or why there is none)."""
     if not checks:
-        why = available()
-        return f"GPU memory by process: {why or 'no process uses a GPU'}"
+        return f"GPU memory by process: {available() or 'no process uses a GPU'}"
     lines = [f"{'PID':>8}  {'DEVICE':<7} {'DRIVER':>10} {'SHAREDARRAYS':>13} {'OTHER':>10}"]
     for c in checks:
         driver = "?" if c.driver is None else fmt_bytes(c.driver)

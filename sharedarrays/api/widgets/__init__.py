@@ -1,14 +1,9 @@
-"""Views of this process's shared allocations for Jupyter: the memory map.
+"""The memory map of this process's shared allocations, and of the whole node, for Jupyter.
 
-``sa.show()`` (every live allocation) and ``a.show()`` (one array's allocation) return, in a
-Jupyter kernel with ipywidgets 8 or later, a live :class:`~.live.MemoryMapWidget` (an
-ipywidgets ``VBox`` with refresh and auto-refresh, which composes with other widgets), and
-elsewhere a :class:`MemoryMap`, which nbconvert, GitHub or a terminal show as text, an HTML
-table and a PNG.
-
-Importing this package needs neither ipywidgets nor matplotlib: they are imported only when
-a live widget or a PNG is made. Only allocations' metadata is read, never array memory, so
-the views work on the host and CUDA backends alike.
+In a kernel with ipywidgets 8 or later ``sa.show()`` and ``a.show()`` return a live
+:class:`~.live.MemoryMapWidget`; elsewhere a :class:`MemoryMap`, shown as text, an HTML table
+and a PNG. Only allocations' metadata is read, never array memory; ipywidgets and matplotlib
+are imported only when a live widget or a PNG is made.
 """
 
 from __future__ import annotations
@@ -29,12 +24,7 @@ from sharedarrays.api.widgets.model import (
 )
 from sharedarrays.api.widgets.refresh import MAX_INTERVAL, MIN_INTERVAL
 from sharedarrays.api.widgets.render import render_html, render_png, render_text
-from sharedarrays.api.widgets.view import (
-    MemoryMap,
-    in_kernel,
-    live_or_static,
-    widgets_available,
-)
+from sharedarrays.api.widgets.view import MemoryMap, in_kernel, live_or_static, widgets_available
 from sharedarrays.settings import seconds
 
 __all__ = [
@@ -58,46 +48,39 @@ __all__ = [
 
 
 def show(
-    target: Any = None,
-    *,
-    interval: float = 2.0,
-    auto_refresh: bool = False,
-    scope: str = "process",
+    target: Any = None, *, interval: float = 2.0, auto_refresh: bool = False, scope: str = "process"
 ) -> Any:
     """The memory map of shared allocations in this process, or of the whole node.
 
     Parameters
     ----------
-    scope : {"process", "node"}, default "process"
-        ``"node"``: every allocation of this user on this node, who holds it and in which
-        state (:mod:`sharedarrays.api.nodemap`), with a *free* action for parked and orphaned
-        ones; ``target`` must then be ``None``. In a kernel with ipywidgets 8 a live
-        ``VBox`` (refresh, auto-refresh), elsewhere a
-        :class:`~sharedarrays.api.widgets.nodelive.NodeView` (text and HTML).
     target : SharedDeviceArray, Allocation, a list of them, or None
         ``None`` (the default): every live allocation of this process.
     interval : float, default 2.0
         Seconds between automatic refreshes, from 0.2 to 3600.
     auto_refresh : bool, default False
         Start refreshing automatically once displayed.
+    scope : {"process", "node"}, default "process"
+        ``"node"``: every allocation of this user on this node, who holds it and in which
+        state (:mod:`sharedarrays.api.nodemap`), with a *free* action; ``target`` must then
+        be ``None``.
 
     Returns
     -------
     MemoryMapWidget or MemoryMap
-        In a Jupyter kernel with ipywidgets 8 or later, the live map: a
-        :class:`~sharedarrays.api.widgets.live.MemoryMapWidget`, a real ipywidgets ``VBox``
-        that composes in ``VBox``, ``HBox``, ``Tab`` and the like (its :class:`MemoryMap` is
-        its ``memory_map``). Elsewhere the :class:`MemoryMap`. Both are displayed by Jupyter
-        when they are a cell's last expression, both have ``maps``, ``refresh``, ``start``,
-        ``stop`` and ``close``, and the ``repr`` of both is a text summary.
+        In a Jupyter kernel with ipywidgets 8 or later the live map, a real ipywidgets
+        ``VBox`` that composes with other widgets (its :class:`MemoryMap` is its
+        ``memory_map``); elsewhere the :class:`MemoryMap`. Both have ``maps``, ``refresh``,
+        ``start``, ``stop`` and ``close``. With ``scope="node"``: a live ``VBox``, or a
+        :class:`~sharedarrays.api.widgets.nodelive.NodeView` (text and HTML).
 
     Raises
     ------
     TypeError
         ``target`` is not an array or an allocation, or ``interval`` is not a number.
     ValueError
-        ``interval`` is out of range (``0`` would refresh without pause), a target is given
-        with ``scope="node"``, or ``scope`` is neither.
+        ``interval`` is out of range, a target is given with ``scope="node"``, or ``scope``
+        is neither.
     """
     seconds(interval, "interval", MIN_INTERVAL, MAX_INTERVAL)
     if scope == "node":

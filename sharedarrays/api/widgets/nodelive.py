@@ -1,21 +1,18 @@
-"""The node-wide memory map (:mod:`sharedarrays.api.nodemap`) in Jupyter: ``sa.show(scope="node")``.
+"""The node-wide memory map in Jupyter: ``sa.show(scope="node")``.
 
 :class:`NodeView` is the map with a text and HTML display (no ipywidgets needed);
-:func:`node_widget` makes the live :class:`NodeMapWidget` (imported from ipywidgets only
-then): an ipywidgets ``VBox`` with *refresh*, *auto-refresh* and its interval, and a *free*
-action (an allocation id or name: what ``python -m sharedarrays rm`` frees, never asking to
-drop payloads in flight) above the table.
+:func:`node_widget` makes the live ``NodeMapWidget``: *refresh*, *auto-refresh* and its
+interval, and *free* (an id or name, as ``python -m sharedarrays rm`` frees it, never
+dropping payloads in flight) above the table.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from sharedarrays.api import nodemap
-from sharedarrays.api.widgets.cells import stop_on_rerun
 from sharedarrays.api.widgets.nodeview import render_node_html, render_node_text
-from sharedarrays.api.widgets.refresh import MAX_INTERVAL, MIN_INTERVAL, AutoRefresh
+from sharedarrays.api.widgets.refresh import MAX_INTERVAL, MIN_INTERVAL
 from sharedarrays.errors import SharedArrayError
 from sharedarrays.settings import seconds
 
@@ -23,13 +20,8 @@ __all__ = ["NodeView", "node_widget"]
 
 
 class NodeView:
-    """The node-wide map as last read, displayed as text or HTML.
-
-    Parameters
-    ----------
-    timeout : float
-        Seconds each process is given to answer.
-    """
+    """The node-wide map as last read, displayed as text or HTML; ``timeout``: the seconds
+    each process is given to answer."""
 
     def __init__(self, timeout: float = 1.0) -> None:
         self.timeout = timeout
@@ -42,8 +34,7 @@ class NodeView:
 
     def free(self, target: str) -> str:
         """Free what keeps ``target`` (an id, its start, or a name) although no view uses it
-        (:func:`sharedarrays.api.nodemap.free`; payloads in flight are left alone); what
-        happened, in words."""
+        (:func:`~sharedarrays.api.nodemap.free`, leaving payloads in flight); what happened."""
         try:
             row = nodemap.find(self.refresh(), target.strip())
             done = nodemap.free(row, confirm=None)
@@ -69,90 +60,6 @@ def node_widget(view: NodeView, interval: float = 2.0, auto_refresh: bool = Fals
         :data:`~.refresh.MAX_INTERVAL`.
     """
     interval = seconds(interval, "interval", MIN_INTERVAL, MAX_INTERVAL)
-    import ipywidgets as w
+    from sharedarrays.api.widgets.live import NodeMapWidget
 
-    from sharedarrays.api.widgets.live import refresh_controls
-
-    class NodeMapWidget(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
-        """The node-wide map as an ipywidgets ``VBox`` (composes with other widgets)."""
-
-        def __init__(self) -> None:
-            self.node_view = view
-            self.refresh_button, self.auto_toggle, self.interval_text = refresh_controls(interval)
-            self.target = w.Text(placeholder="id or name", layout=w.Layout(width="220px"))
-            self.free_button = w.Button(
-                description="free", icon="trash", tooltip="free a parked or orphaned allocation"
-            )
-            self.status = w.Label(value="")
-            self.html = w.HTML(value=render_node_html(view.map))
-            super().__init__(
-                [
-                    w.HBox(
-                        [self.refresh_button, self.auto_toggle, self.interval_text, self.status]
-                    ),
-                    w.HBox([self.target, self.free_button]),
-                    self.html,
-                ]
-            )
-            self._refresher: AutoRefresh[NodeMapWidget] = AutoRefresh(
-                "sharedarrays-node-map", _interval, _report
-            )
-            self.refresh_button.on_click(lambda _: self.refresh())
-            self.free_button.on_click(lambda _: self._free())
-            self.auto_toggle.observe(self._toggled, names="value")
-            stop_on_rerun(self)
-            if auto_refresh:
-                self.auto_toggle.value = True
-
-        def refresh(self) -> nodemap.NodeMap:
-            """Ask every process again and redraw."""
-            picture = self.node_view.refresh()
-            self.html.value = render_node_html(picture)
-            self.status.value = time.strftime("updated %H:%M:%S")
-            return picture
-
-        def _free(self) -> None:
-            self.status.value = self.node_view.free(self.target.value)
-            self.html.value = render_node_html(self.node_view.map)
-
-        def _toggled(self, change: dict[str, Any]) -> None:
-            if change["new"]:
-                self.start()
-            else:
-                self.stop()
-
-        @property
-        def auto_refreshing(self) -> bool:
-            """Whether the auto-refresh thread runs."""
-            return self._refresher.running
-
-        def start(self) -> None:
-            """Refresh every ``interval_text`` seconds in a daemon thread (it holds this widget
-            weakly, and ends when the widget is closed)."""
-            stop_on_rerun(self)
-            self._refresher.start(self)
-
-        def stop(self, timeout: float | None = 5.0) -> None:
-            """Stop auto-refreshing (and turn the *auto-refresh* toggle off)."""
-            self._refresher.stop(timeout)
-            if self.auto_toggle.value:
-                self.auto_toggle.value = False
-
-        def close(self) -> None:
-            """Stop auto-refreshing and close the widget."""
-            self.stop()
-            super().close()
-
-        def __repr__(self) -> str:
-            return render_node_text(self.node_view.map)
-
-    return NodeMapWidget()
-
-
-def _interval(widget: Any) -> float | None:
-    """Seconds to the node widget's next refresh; ``None`` once it is closed."""
-    return None if widget.comm is None else float(widget.interval_text.value)
-
-
-def _report(widget: Any, error: Exception) -> None:
-    widget.status.value = f"refresh failed: {error}"
+    return NodeMapWidget(view, interval, auto_refresh)

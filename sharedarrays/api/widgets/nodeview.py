@@ -1,8 +1,5 @@
-"""The node-wide memory map (:class:`~sharedarrays.api.nodemap.NodeMap`) as text and HTML:
-what ``python -m sharedarrays top`` prints and what ``sa.show(scope="node")`` draws.
-
-Plain functions of the frozen map: nothing here asks a process anything.
-"""
+"""The node-wide map (:class:`~sharedarrays.api.nodemap.NodeMap`) as text and HTML: what
+``python -m sharedarrays top`` prints and ``sa.show(scope="node")`` draws."""
 
 from __future__ import annotations
 
@@ -10,12 +7,15 @@ import html
 import time
 
 from sharedarrays.api.nodemap import Holder, NodeAllocation, NodeMap
-from sharedarrays.api.widgets.model import fmt_bytes
+from sharedarrays.api.widgets.model import fmt_bytes, plural
 
 __all__ = ["COLUMNS", "row_cells", "summary_lines", "render_node_text", "render_node_html"]
 
 COLUMNS = ("ID", "NAME", "STATE", "BACKEND", "DEVICE", "SIZE", "LOST", "EXPORTER", "HOLDERS", "AGE")
 """The columns of the table (``top`` and ``ls`` alike)."""
+
+_COLOURS = {"live": "#2e7d32", "draining": "#ef6c00", "named": "#1565c0", "parked": "#6a1b9a"}
+_ROLES = {"exporter": "E", "importer": "I", "keeper": "K"}
 
 
 def _age(seconds: float) -> str:
@@ -33,22 +33,17 @@ def _program(command: str) -> str:
     words = command.split()
     if not words:
         return ""
-    for flag in ("-m", "-c"):
-        if flag in words[:-1]:
-            i = words.index(flag)
-            if flag == "-m":
-                return words[i + 1][:24]
-            return "keeper" if "sharedarrays.keeper" in command else "python -c"
-    for word in words[1:]:
-        if not word.startswith("-"):
-            return word.rsplit("/", 1)[-1][:24]
-    return words[0].rsplit("/", 1)[-1][:24]
+    if "-m" in words[:-1]:
+        return words[words.index("-m") + 1][:24]
+    if "-c" in words[:-1]:
+        return "keeper" if "sharedarrays.keeper" in command else "python -c"
+    word = next((w for w in words[1:] if not w.startswith("-")), words[0])
+    return word.rsplit("/", 1)[-1][:24]
 
 
 def _holder(h: Holder) -> str:
-    mark = {"exporter": "E", "importer": "I", "keeper": "K"}[h.role]
     extra = "p" if h.parked else (f"{h.views}v" if h.views > 0 else "")
-    return f"{h.pid}{mark}{extra}"
+    return f"{h.pid}{_ROLES[h.role]}{extra}"
 
 
 def row_cells(row: NodeAllocation) -> tuple[str, ...]:
@@ -74,17 +69,14 @@ def row_cells(row: NodeAllocation) -> tuple[str, ...]:
 
 def summary_lines(node: NodeMap) -> list[str]:
     """One line per device with what sharedarrays holds there, and one about the processes."""
-    lines = []
-    for d in node.devices:
-        lines.append(
-            f"{d.device}: {fmt_bytes(d.bytes)} in {d.allocations} allocation"
-            f"{'s' if d.allocations != 1 else ''} ({fmt_bytes(d.lost)} lost to granularity)"
-        )
-    if not node.devices:
-        lines.append("no shared allocations")
-    asked = len(node.processes)
+    lines = [
+        f"{d.device}: {fmt_bytes(d.bytes)} in {plural(d.allocations, 'allocation')} "
+        f"({fmt_bytes(d.lost)} lost to granularity)"
+        for d in node.devices
+    ] or ["no shared allocations"]
     silent = [p for p in node.processes if p.status != "ok"]
     note = ", ".join(f"pid {p.pid} ({_program(p.command) or '?'}) {p.status}" for p in silent)
+    asked = len(node.processes)
     lines.append(
         f"{asked} process{'es' if asked != 1 else ''} asked, keeper: {node.keeper}"
         + (f"; {note}" if note else "")
@@ -101,11 +93,10 @@ def render_node_text(node: NodeMap) -> str:
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(node.time))
     rows = [COLUMNS] + [row_cells(r) for r in node.allocations]
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
-    right = {"SIZE", "LOST", "AGE"}
     table = [
         "  ".join(
-            cell.rjust(w) if COLUMNS[i] in right else cell.ljust(w)
-            for i, (cell, w) in enumerate(zip(r, widths))
+            cell.rjust(w) if c in ("SIZE", "LOST", "AGE") else cell.ljust(w)
+            for c, cell, w in zip(COLUMNS, r, widths)
         ).rstrip()
         for r in rows
     ]
@@ -114,28 +105,19 @@ def render_node_text(node: NodeMap) -> str:
 
 def render_node_html(node: NodeMap) -> str:
     """The map as an HTML table under its summary lines."""
+    cell = "padding:2px 8px;font-family:monospace;white-space:nowrap"
     head = "".join(
         f"<th style='text-align:left;padding:2px 8px;white-space:nowrap'>{c}</th>" for c in COLUMNS
     )
-    colours = {
-        "live": "#2e7d32",
-        "draining": "#ef6c00",
-        "named": "#1565c0",
-        "parked": "#6a1b9a",
-        "orphaned": "#c62828",
-    }
     body = []
     for r in node.allocations:
-        cells = row_cells(r)
-        tds = []
-        for c, text in zip(COLUMNS, cells):
-            style = "padding:2px 8px;font-family:monospace;white-space:nowrap"
-            if c == "STATE":
-                style += f";color:{colours.get(r.state, 'inherit')};font-weight:bold"
-            tds.append(
-                f"<td style='{style}' title='{html.escape(r.alloc_id)}'>{html.escape(text)}</td>"
-            )
-        body.append(f"<tr>{''.join(tds)}</tr>")
+        state = f";color:{_COLOURS.get(r.state, '#c62828')};font-weight:bold"
+        tds = "".join(
+            f"<td style='{cell}{state if c == 'STATE' else ''}' title='{html.escape(r.alloc_id)}'>"
+            f"{html.escape(text)}</td>"
+            for c, text in zip(COLUMNS, row_cells(r))
+        )
+        body.append(f"<tr>{tds}</tr>")
     summary = "<br>".join(html.escape(line) for line in summary_lines(node))
     return (
         "<div class='sharedarrays-node-map'>"

@@ -1,4 +1,11 @@
-"""The auto-refresh thread of a live view (the memory map, the node-wide map)."""
+"""Live views' auto-refresh: a daemon thread per view, which ends when the view is collected
+or stopped, and stops when the notebook cell that made the view runs again.
+
+A cell run again replaces its output, but the kernel still holds its widgets, whose threads
+would go on. The frontend names each request's cell (``cellId`` in its metadata; JupyterLab
+and Notebook 7 send it): :func:`stop_on_rerun` remembers the cell running now, and the
+shell's ``pre_run_cell`` hook stops that cell's views when it runs again.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +16,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from sharedarrays.errors import thread_error
 
-__all__ = ["AutoRefresh", "MIN_INTERVAL", "MAX_INTERVAL"]
+__all__ = ["AutoRefresh", "MIN_INTERVAL", "MAX_INTERVAL", "current_cell", "stop_on_rerun"]
 
 MIN_INTERVAL = 0.2
 """The shortest auto-refresh interval in seconds (what the widgets' *every (s)* allows)."""
@@ -25,21 +32,12 @@ _V = TypeVar("_V", bound=_Refreshable)
 
 
 class AutoRefresh(Generic[_V]):
-    """Calls a view's ``refresh()`` every few seconds in a daemon thread.
+    """Calls a view's ``refresh()`` every few seconds in a daemon thread named ``name``.
 
-    The thread holds the view only weakly: a view that is garbage-collected stops it (a
-    finalizer sets its stop event), and so does :meth:`stop`. A refresh that raises never ends
-    it; ``on_error`` is told.
-
-    Parameters
-    ----------
-    name : str
-        The thread's name.
-    interval : callable
-        ``interval(view)``: the seconds to wait before the next refresh, read anew each time;
-        ``None`` ends the thread (e.g. the view's widget was closed from outside).
-    on_error : callable, optional
-        ``on_error(view, exception)`` after a failed refresh.
+    The thread holds the view weakly: a view that is garbage-collected stops it, as does
+    :meth:`stop`. ``interval(view)`` gives the seconds to the next refresh, read anew each
+    time (``None`` ends the thread); a refresh that raises does not end it, and
+    ``on_error(view, exception)`` is told.
     """
 
     def __init__(
@@ -66,7 +64,7 @@ class AutoRefresh(Generic[_V]):
         Raises
         ------
         ThreadUnavailable
-            No thread can start in this process now (its limit of threads or address space).
+            No thread can start in this process now.
         """
         if self.running:
             return
@@ -82,14 +80,14 @@ class AutoRefresh(Generic[_V]):
         )
         try:
             self._thread.start()
-        except RuntimeError as e:  # no thread can start: nothing left waiting for the view
+        except RuntimeError as e:  # nothing left waiting for the view
             self._finalizer.detach()
             self._finalizer = self._thread = None
             raise thread_error(f"cannot start the refresh thread {self._name!r}", e) from None
 
     def stop(self, timeout: float | None = 5.0) -> None:
-        """Stop refreshing; waits up to ``timeout`` seconds for the thread to end (not when
-        called from the thread itself)."""
+        """Stop refreshing; wait up to ``timeout`` seconds for the thread (unless called
+        from it)."""
         self._stop.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
@@ -105,9 +103,7 @@ def _loop(
 ) -> None:
     while True:
         view = ref()
-        if view is None:
-            return
-        seconds = interval(view)
+        seconds = None if view is None else interval(view)
         del view  # not held while waiting
         if seconds is None or stop.wait(seconds):
             return
@@ -120,3 +116,61 @@ def _loop(
             if on_error is not None:
                 on_error(view, e)
         del view
+
+
+_views: dict[str, list[weakref.ref[Any]]] = {}
+"""Per cell id, the views made or started there (held weakly)."""
+_hooked: list[Any] = []
+"""The shells the hook is registered with (at most one)."""
+
+
+def kernel_shell() -> Any:
+    """The IPython shell of the Jupyter kernel this process is, or ``None``."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    shell = get_ipython()
+    return shell if getattr(shell, "kernel", None) is not None else None
+
+
+def current_cell() -> str | None:
+    """The id of the notebook cell the kernel runs now (``None``: not in a kernel, no cell
+    runs, or the frontend does not say)."""
+    shell = kernel_shell()
+    try:
+        parent = shell.kernel.get_parent("shell")
+    except Exception:  # no kernel, or an ipykernel without get_parent (before 6)
+        return None
+    metadata = parent.get("metadata") if isinstance(parent, dict) else None
+    if not isinstance(metadata, dict) or parent.get("msg_type") != "execute_request":
+        return None
+    cell = metadata.get("cellId")
+    return cell if isinstance(cell, str) and cell else None
+
+
+def stop_on_rerun(view: Any) -> None:
+    """Call ``view.stop()`` when the cell running now runs again."""
+    cell = current_cell()
+    shell = kernel_shell()
+    if cell is None or shell is None:
+        return
+    if shell not in _hooked:
+        shell.events.register("pre_run_cell", _on_cell)
+        _hooked.append(shell)
+    refs = [r for r in _views.get(cell, []) if r() is not None]
+    if not any(r() is view for r in refs):
+        refs.append(weakref.ref(view))
+    _views[cell] = refs
+
+
+def _on_cell(info: Any = None) -> None:
+    """The shell's ``pre_run_cell`` hook: stop the views of the cell that starts."""
+    cell = getattr(info, "cell_id", None) or current_cell()
+    for ref in _views.pop(cell, []) if cell else []:
+        view = ref()
+        try:
+            if view is not None:
+                view.stop()
+        except Exception:  # a hook must never fail the user's cell
+            pass

@@ -1,10 +1,10 @@
 """Drawing the memory map: plain text, HTML (an SVG map, the side table, the provenance
 panel) and a static PNG made with matplotlib.
 
-The HTML carries a stable marker for tests and scripts: its outer element has the CSS class
-``sa-memory-map`` and the data attributes ``data-allocations``, ``data-chunks``,
-``data-views`` and ``data-rows``; each chunk bar is an SVG ``rect`` of class ``sa-chunk`` and
-each table row a ``tr`` of class ``sa-row``.
+The HTML's outer element has the CSS class ``sa-memory-map`` and the data attributes
+``data-allocations``, ``data-shown``, ``data-chunks``, ``data-views`` and ``data-rows``; each
+chunk bar is an SVG ``rect`` of class ``sa-chunk`` and each table row a ``tr`` of class
+``sa-row`` (a stable marker for tests and scripts).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from __future__ import annotations
 import html
 import io
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from sharedarrays.api.widgets.model import ReservationMap, TableRow, fmt_bytes, table_rows
+from sharedarrays.api.widgets.model import ReservationMap, TableRow, fmt_bytes, plural, table_rows
 
 __all__ = ["PALETTE", "render_text", "render_html", "render_png", "MAX_DRAWN"]
 
@@ -34,8 +34,7 @@ PALETTE = (
 """Chunk colours, by chunk index (cycled)."""
 
 MAX_DRAWN = 24
-"""At most this many allocations are drawn, and listed in the table and the provenance panel
-(the same ones; a line says how many more were left out)."""
+"""At most this many allocations are drawn and listed (a line says how many were left out)."""
 
 _W = 760  # SVG width
 _PAD = 12
@@ -44,6 +43,8 @@ _LEVEL_H = 15
 _HEAD_H = 20
 _FOOT_H = 30
 _LABEL_CHAR = 6.0  # the widest a character of a view's label (10 px sans-serif) is drawn
+_LOST = "lost to granularity (mapped beyond the views)"
+_EMPTY = "no live shared allocations in this process"
 
 _CSS = """
 <style>
@@ -70,10 +71,6 @@ def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _stamp(t: float) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(t))
-
-
 def _chunk_label(index: int, size: int, width: float, per_char: float) -> str:
     """The longest chunk label that fits ``width`` (``per_char`` per character), or ''."""
     for label in (f"chunk {index} · {fmt_bytes(size)}", f"{index}: {fmt_bytes(size)}"):
@@ -82,56 +79,64 @@ def _chunk_label(index: int, size: int, width: float, per_char: float) -> str:
     return ""
 
 
+def _marks(m: ReservationMap) -> str:
+    return "".join(f" [{mark}]" for mark in m.marks)
+
+
+def _head(m: ReservationMap) -> str:
+    """The title line of one reservation in the SVG and the PNG."""
+    mapped = f", {fmt_bytes(m.mapped)} mapped" if 0 <= m.mapped < m.size else ""
+    return (
+        f"{m.short_id}{_marks(m)}  {m.backend} {m.device}  {fmt_bytes(m.size)} reserved{mapped}"
+        f" in {plural(len(m.chunks), 'chunk')}  ·  {m.origin_text}"
+    )
+
+
 def render_text(maps: Sequence[ReservationMap]) -> str:
     """A plain-text summary: one line per allocation."""
     if not maps:
-        return "no live shared allocations in this process"
-    lines = []
-    for m in maps:
-        n = len(m.chunks)
-        marks = "".join(f" [{mark}]" for mark in m.marks)
-        lines.append(
-            f"{m.short_id}{marks} {m.backend} {m.device} {m.address:#x}+{fmt_bytes(m.size)} "
-            f"{n} chunk{'s' if n != 1 else ''}, {len(m.views)} view"
-            f"{'s' if len(m.views) != 1 else ''}, {fmt_bytes(m.lost)} lost to granularity, "
-            f"access {m.access_text}, "
-            f"{m.origin_text}; {m.served_text}" + (f"; {m.packed_text}" if m.slab else "")
-        )
-    return "\n".join(lines)
+        return _EMPTY
+    return "\n".join(
+        f"{m.short_id}{_marks(m)} {m.backend} {m.device} {m.address:#x}+{fmt_bytes(m.size)} "
+        f"{plural(len(m.chunks), 'chunk')}, {plural(len(m.views), 'view')}, "
+        f"{fmt_bytes(m.lost)} lost to granularity, access {m.access_text}, "
+        f"{m.origin_text}; {m.served_text}" + (f"; {m.packed_text}" if m.slab else "")
+        for m in maps
+    )
+
+
+class _Scale:
+    """Offsets and lengths of one reservation as SVG x positions and widths."""
+
+    def __init__(self, size: int) -> None:
+        self.width, self.size = _W - 2 * _PAD, max(size, 1)
+
+    def x(self, off: int) -> float:
+        return _PAD + self.width * off / self.size
+
+    def w(self, n: int) -> float:
+        return max(self.width * n / self.size, 2.0)
+
+
+def _svg_text(x: float, y: float, text: str, attrs: str = "") -> str:
+    return f'<text x="{x:.1f}" y="{y}"{attrs}>{_e(text)}</text>'
 
 
 def _svg_block(m: ReservationMap, y0: int) -> tuple[list[str], int]:
-    """SVG elements of one reservation starting at height ``y0``; returns them and the
-    height used."""
-    width = _W - 2 * _PAD
-    size = max(m.size, 1)
-
-    def x(off: int) -> float:
-        return _PAD + width * off / size
-
-    def w(n: int) -> float:
-        return max(width * n / size, 2.0)
-
-    out = []
-    access = m.access_text
-    marks = "".join(f" [{mark}]" for mark in m.marks)
-    head = (
-        f"{m.short_id}{marks}  {m.backend} {m.device}  {fmt_bytes(m.size)} reserved"
-        + (f", {fmt_bytes(m.mapped)} mapped" if 0 <= m.mapped < m.size else "")
-        + f" in {len(m.chunks)} chunk{'s' if len(m.chunks) != 1 else ''}  ·  {m.origin_text}"
-    )
-    out.append(f'<text x="{_PAD}" y="{y0 + 14}" font-weight="bold">{_e(head)}</text>')
-    out.append(
-        f'<text x="{_W - _PAD}" y="{y0 + 14}" text-anchor="end" class="sa-access">'
-        f"access {_e(access)}</text>"
-    )
+    """SVG elements of one reservation starting at height ``y0``, and the height used."""
+    s = _Scale(m.size)
+    out = [
+        _svg_text(_PAD, y0 + 14, _head(m), ' font-weight="bold"'),
+        _svg_text(
+            _W - _PAD, y0 + 14, f"access {m.access_text}", ' text-anchor="end" class="sa-access"'
+        ),
+    ]
     levels = max((v.level for v in m.views), default=-1) + 1
     bar_y = y0 + _HEAD_H + levels * _LEVEL_H + 4
-    # view brackets, level 0 nearest the bar
-    for v in m.views:
+    for v in m.views:  # brackets, level 0 nearest the bar
         top = bar_y - 4 - (v.level + 1) * _LEVEL_H + 9
-        x1, x2 = x(v.start), x(v.stop)
-        x2 = max(x2, x1 + 2)
+        x1 = s.x(v.start)
+        x2 = max(s.x(v.stop), x1 + 2)
         tip = f"view {v.label}: {m.address + v.start:#x}-{m.address + v.stop:#x}"
         # the label centred over its bracket, moved in where it would run off either edge
         half = len(v.label) * _LABEL_CHAR / 2
@@ -140,71 +145,58 @@ def _svg_block(m: ReservationMap, y0: int) -> tuple[list[str], int]:
             f'<g class="sa-view"><title>{_e(tip)}</title>'
             f'<path d="M{x1:.1f},{top + 5} V{top} H{x2:.1f} V{top + 5}" fill="none" '
             f'stroke="#333" stroke-width="1.5"/>'
-            f'<text x="{mid:.1f}" y="{top - 2}" text-anchor="middle" '
-            f'font-size="10">{_e(v.label)}</text></g>'
+            + _svg_text(mid, top - 2, v.label, ' text-anchor="middle" font-size="10"')
+            + "</g>"
         )
-    out += _svg_bar(m, bar_y, x, w)
+    out += _svg_bar(m, bar_y, s)
     foot = bar_y + _BAR_H + 13
-    out.append(f'<text x="{_PAD}" y="{foot}" font-family="monospace">{m.address:#x}</text>')
-    out.append(
-        f'<text x="{_W - _PAD}" y="{foot}" text-anchor="end" font-family="monospace">'
-        f"{m.address + m.size:#x}</text>"
-    )
+    out.append(_svg_text(_PAD, foot, f"{m.address:#x}", ' font-family="monospace"'))
+    end = f"{m.address + m.size:#x}"
+    out.append(_svg_text(_W - _PAD, foot, end, ' text-anchor="end" font-family="monospace"'))
     if m.lost:
-        out.append(
-            f'<text x="{_W / 2:.0f}" y="{foot}" text-anchor="middle" fill="#c00">'
-            f"{_e(fmt_bytes(m.lost))} lost to granularity (mapped beyond the views)</text>"
-        )
+        lost = f"{fmt_bytes(m.lost)} {_LOST}"
+        out.append(_svg_text(_W / 2, foot, lost, ' text-anchor="middle" fill="#c00"'))
     elif m.slab:
         out.append(
-            f'<text x="{_W / 2:.0f}" y="{foot}" text-anchor="middle" class="sa-packed">'
-            f"{_e(m.packed_text)}</text>"
+            _svg_text(_W / 2, foot, m.packed_text, ' text-anchor="middle" class="sa-packed"')
         )
     return out, bar_y + _BAR_H + _FOOT_H - y0
 
 
-def _svg_bar(
-    m: ReservationMap, bar_y: int, x: Callable[[int], float], w: Callable[[int], float]
-) -> list[str]:
-    """SVG elements of a reservation's bar at height ``bar_y`` (``x``: an offset's
-    position, ``w``: a length's width): its chunks, unmapped gaps and bytes lost to
-    granularity, each with its tooltip."""
-    out = []
+def _svg_rect(s: _Scale, start: int, size: int, y: int, attrs: str, tip: str) -> str:
+    return (
+        f'<rect {attrs} x="{s.x(start):.1f}" y="{y}" width="{s.w(size):.1f}" '
+        f'height="{_BAR_H}"><title>{_e(tip)}</title></rect>'
+    )
+
+
+def _svg_bar(m: ReservationMap, bar_y: int, s: _Scale) -> list[str]:
+    """A reservation's bar: its chunks, unmapped gaps and bytes lost, each with a tooltip."""
+    a, out = m.address, []
     for c in m.chunks:
-        colour = PALETTE[c.chunk % len(PALETTE)]
         tip = (
-            f"mapping of chunk {c.chunk} at offset {c.start:#x}: "
-            f"{m.address + c.start:#x}-{m.address + c.start + c.size:#x} "
-            f"({fmt_bytes(c.size)}, fd {c.fd}, {c.access})"
+            f"mapping of chunk {c.chunk} at offset {c.start:#x}: {a + c.start:#x}-"
+            f"{a + c.start + c.size:#x} ({fmt_bytes(c.size)}, fd {c.fd}, {c.access})"
         )
-        out.append(
-            f'<rect class="sa-chunk" data-chunk="{c.chunk}" x="{x(c.start):.1f}" y="{bar_y}" '
-            f'width="{w(c.size):.1f}" height="{_BAR_H}" fill="{colour}" stroke="#fff">'
-            f"<title>{_e(tip)}</title></rect>"
-        )
-        label = _chunk_label(c.chunk, c.size, w(c.size), 7.0)
+        colour = PALETTE[c.chunk % len(PALETTE)]
+        attrs = f'class="sa-chunk" data-chunk="{c.chunk}" fill="{colour}" stroke="#fff"'
+        out.append(_svg_rect(s, c.start, c.size, bar_y, attrs, tip))
+        label = _chunk_label(c.chunk, c.size, s.w(c.size), 7.0)
         if label:
-            out.append(
-                f'<text x="{x(c.start) + w(c.size) / 2:.1f}" y="{bar_y + 17}" '
-                f'text-anchor="middle" fill="#fff" pointer-events="none">{_e(label)}</text>'
-            )
+            middle = s.x(c.start) + s.w(c.size) / 2
+            attrs = ' text-anchor="middle" fill="#fff" pointer-events="none"'
+            out.append(_svg_text(middle, bar_y + 17, label, attrs))
     for g in m.gaps:
-        tip = f"unmapped: {m.address + g.start:#x}-{m.address + g.start + g.size:#x}"
-        out.append(
-            f'<rect class="sa-unmapped" x="{x(g.start):.1f}" y="{bar_y}" width="{w(g.size):.1f}" '
-            f'height="{_BAR_H}" fill="url(#sa-hatch-gap)" stroke="#999" stroke-dasharray="3,2">'
-            f"<title>{_e(tip)}</title></rect>"
-        )
+        tip = f"unmapped: {a + g.start:#x}-{a + g.start + g.size:#x}"
+        attrs = 'class="sa-unmapped" fill="url(#sa-hatch-gap)" stroke="#999" stroke-dasharray="3,2"'
+        out.append(_svg_rect(s, g.start, g.size, bar_y, attrs, tip))
     if m.lost:
         tip = (
             f"lost to granularity: {fmt_bytes(m.lost)} mapped beyond the views "
-            f"({m.address + m.used:#x}-{m.address + m.used + m.lost:#x})"
+            f"({a + m.used:#x}-{a + m.used + m.lost:#x})"
         )
-        out.append(
-            f'<rect class="sa-lost" x="{x(m.used):.1f}" y="{bar_y}" width="{w(m.lost):.1f}" '
-            f'height="{_BAR_H}" fill="url(#sa-hatch-lost)" stroke="#c00">'
-            f"<title>{_e(tip)}</title></rect>"
-        )
+        attrs = 'class="sa-lost" fill="url(#sa-hatch-lost)" stroke="#c00"'
+        out.append(_svg_rect(s, m.used, m.lost, bar_y, attrs, tip))
     return out
 
 
@@ -227,8 +219,7 @@ def _svg(maps: Sequence[ReservationMap]) -> str:
 
 def _more(total: int) -> str:
     """The line under a picture or table that shows :data:`MAX_DRAWN` of ``total``."""
-    n = total - MAX_DRAWN
-    return f"… {n} more allocation{'s' if n != 1 else ''} not shown (of {total})"
+    return f"… {plural(total - MAX_DRAWN, 'more allocation')} not shown (of {total})"
 
 
 def _table(rows: Sequence[TableRow]) -> str:
@@ -248,11 +239,12 @@ def _table(rows: Sequence[TableRow]) -> str:
 def _provenance(maps: Sequence[ReservationMap]) -> str:
     body = []
     for m in maps:
-        served = ", ".join(f"pid {s.pid} at {_stamp(s.time)}" for s in m.served)
-        served = served or "no importer yet"
+        stamps = [(s.pid, time.strftime("%H:%M:%S", time.localtime(s.time))) for s in m.served]
+        served = ", ".join(f"pid {pid} at {at}" for pid, at in stamps) or "no importer yet"
+        marks = "".join(f"; {mark}" for mark in m.marks)
         body.append(
             f'<tr class="sa-provenance-row"><td>{_e(m.short_id)}</td><td>{_e(m.origin_text)}'
-            f"{_e(''.join(f'; {mark}' for mark in m.marks))}</td><td>{_e(served)}</td></tr>"
+            f"{_e(marks)}</td><td>{_e(served)}</td></tr>"
         )
     return (
         '<table class="sa-provenance"><thead><tr><th>allocation</th><th>exporter / importer</th>'
@@ -261,26 +253,18 @@ def _provenance(maps: Sequence[ReservationMap]) -> str:
 
 
 def render_html(maps: Sequence[ReservationMap], title: str = "shared memory map") -> str:
-    """The HTML view: the SVG map, the side table and the provenance panel.
-
-    The outer ``div`` has class ``sa-memory-map`` and ``data-allocations`` (all of them),
-    ``data-shown`` (those drawn and listed: at most :data:`MAX_DRAWN`), ``data-chunks``,
-    ``data-views`` and ``data-rows`` (of those shown) attributes (a stable marker).
-    """
+    """The HTML view: the SVG map, the side table and the provenance panel (of at most
+    :data:`MAX_DRAWN` allocations), in a ``div`` with the module's marker."""
     shown = maps[:MAX_DRAWN]
     rows = table_rows(shown)
-    n_chunks = sum(len(m.chunks) for m in shown)
-    n_views = sum(len(m.views) for m in shown)
     attrs = (
         f'class="sa-memory-map" data-allocations="{len(maps)}" data-shown="{len(shown)}" '
-        f'data-chunks="{n_chunks}" data-views="{n_views}" data-rows="{len(rows)}"'
+        f'data-chunks="{sum(len(m.chunks) for m in shown)}" '
+        f'data-views="{sum(len(m.views) for m in shown)}" data-rows="{len(rows)}"'
     )
-    more = f'<p class="sa-more">{_e(_more(len(maps)))}</p>' if len(maps) > len(shown) else ""
     if not maps:
-        return (
-            f"{_CSS}<div {attrs}><h4>{_e(title)}</h4>"
-            "<p>no live shared allocations in this process</p></div>"
-        )
+        return f"{_CSS}<div {attrs}><h4>{_e(title)}</h4><p>{_EMPTY}</p></div>"
+    more = f'<p class="sa-more">{_e(_more(len(maps)))}</p>' if len(maps) > len(shown) else ""
     return (
         f"{_CSS}<div {attrs}><h4>{_e(title)}</h4>{_svg(maps)}"
         f"<h4>addresses</h4>{_table(rows)}{more}<h4>exporters and importers</h4>"
@@ -289,12 +273,8 @@ def render_html(maps: Sequence[ReservationMap], title: str = "shared memory map"
 
 
 def render_png(maps: Sequence[ReservationMap], dpi: int = 100) -> bytes:
-    """A static PNG of the memory map, drawn with matplotlib (Agg, no pyplot state).
-
-    Each reservation is one horizontal bar scaled to its own length, with its start and end
-    addresses at the ends; chunks in colour, unmapped parts grey and hatched, bytes lost to
-    granularity hatched red, views as brackets above.
-    """
+    """A static PNG of the memory map, drawn with matplotlib (Agg, no pyplot state): one bar
+    per reservation, scaled to its own length, as the SVG draws it."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -308,7 +288,7 @@ def render_png(maps: Sequence[ReservationMap], dpi: int = 100) -> bytes:
     ax.set_ylim(0, total)
     ax.axis("off")
     if not drawn:
-        ax.text(0.5, 0.5, "no live shared allocations in this process", ha="center")
+        ax.text(0.5, 0.5, _EMPTY, ha="center")
     y_top = total
     for m, h in zip(drawn, heights):
         _png_reservation(ax, m, y_top, h)
@@ -319,20 +299,10 @@ def render_png(maps: Sequence[ReservationMap], dpi: int = 100) -> bytes:
 
 
 def _png_reservation(ax: Any, m: ReservationMap, y_top: float, h: float) -> None:
-    """One reservation in :func:`render_png`, ``h`` high below ``y_top``: its title line,
-    its bar and its views' brackets."""
+    """One reservation, ``h`` high below ``y_top``: its title line, bar and views."""
     size = max(m.size, 1)
     bar_y = y_top - h + 0.3
-    ax.text(
-        0,
-        y_top - 0.12,
-        f"{m.short_id}{''.join(f' [{k}]' for k in m.marks)}  {m.backend} {m.device}  "
-        f"{fmt_bytes(m.size)} in {len(m.chunks)} "
-        f"chunk{'s' if len(m.chunks) != 1 else ''} · {m.origin_text}",
-        fontsize=8,
-        fontweight="bold",
-        va="center",
-    )
+    ax.text(0, y_top - 0.12, _head(m), fontsize=8, fontweight="bold", va="center")
     ax.text(1, y_top - 0.12, f"access {m.access_text}", fontsize=8, ha="right", va="center")
     _png_bar(ax, m, bar_y, size)
     for v in m.views:
@@ -343,74 +313,38 @@ def _png_reservation(ax: Any, m: ReservationMap, y_top: float, h: float) -> None
 
 
 def _png_bar(ax: Any, m: ReservationMap, bar_y: float, size: int) -> None:
-    """A reservation's bar in :func:`render_png` (scaled to ``size``): its chunks in
-    colour, unmapped parts grey and hatched, bytes lost to granularity hatched red, and its
-    start and end addresses."""
+    """A reservation's bar scaled to ``size``: chunks in colour, unmapped parts grey and
+    hatched, bytes lost hatched red, and its start and end addresses."""
     from matplotlib.patches import Rectangle
 
+    def rect(start: int, length: int, least: float, **style: Any) -> None:
+        ax.add_patch(Rectangle((start / size, bar_y), max(length / size, least), 0.3, **style))
+
+    def note(x: float, text: str, **style: Any) -> None:
+        ax.text(x, bar_y - 0.12, text, fontsize=7, va="center", **style)
+
     for c in m.chunks:
-        x0, w = c.start / size, c.size / size
-        ax.add_patch(
-            Rectangle(
-                (x0, bar_y),
-                w,
-                0.3,
-                facecolor=PALETTE[c.chunk % len(PALETTE)],
-                edgecolor="white",
-            )
-        )
-        label = _chunk_label(c.chunk, c.size, w, 0.0095)
+        rect(c.start, c.size, 0.0, facecolor=PALETTE[c.chunk % len(PALETTE)], edgecolor="white")
+        label = _chunk_label(c.chunk, c.size, c.size / size, 0.0095)
         if label:
+            middle = (c.start + c.size / 2) / size
             ax.text(
-                x0 + w / 2,
-                bar_y + 0.15,
-                label,
-                color="white",
-                fontsize=7,
-                ha="center",
-                va="center",
+                middle, bar_y + 0.15, label, color="white", fontsize=7, ha="center", va="center"
             )
     for g in m.gaps:
-        ax.add_patch(
-            Rectangle(
-                (g.start / size, bar_y),
-                max(g.size / size, 0.003),
-                0.3,
-                facecolor="#f4f4f4",
-                edgecolor="#999",
-                hatch="//",
-                linestyle="--",
-            )
+        rect(
+            g.start,
+            g.size,
+            0.003,
+            facecolor="#f4f4f4",
+            edgecolor="#999",
+            hatch="//",
+            linestyle="--",
         )
     if m.lost:
-        ax.add_patch(
-            Rectangle(
-                (m.used / size, bar_y),
-                max(m.lost / size, 0.003),
-                0.3,
-                facecolor="none",
-                edgecolor="#c00",
-                hatch="xxx",
-            )
-        )
-        ax.text(
-            0.5,
-            bar_y - 0.12,
-            f"{fmt_bytes(m.lost)} lost to granularity (mapped beyond the views)",
-            color="#c00",
-            fontsize=7,
-            ha="center",
-            va="center",
-        )
-    if m.slab and not m.lost:
-        ax.text(0.5, bar_y - 0.12, m.packed_text, fontsize=7, ha="center", va="center")
-    ax.text(0, bar_y - 0.12, f"{m.address:#x}", fontsize=7, family="monospace", va="center")
-    ax.text(
-        1,
-        bar_y - 0.12,
-        f"{m.address + m.size:#x}",
-        fontsize=7,
-        family="monospace",
-        ha="right",
-        va="center",
-    )
+        rect(m.used, m.lost, 0.003, facecolor="none", edgecolor="#c00", hatch="xxx")
+        note(0.5, f"{fmt_bytes(m.lost)} {_LOST}", color="#c00", ha="center")
+    elif m.slab:
+        note(0.5, m.packed_text, ha="center")
+    note(0, f"{m.address:#x}", family="monospace")
+    note(1, f"{m.address + m.size:#x}", family="monospace", ha="right")

@@ -1,8 +1,6 @@
-"""MemoryMap: the memory map's data and refresh logic, its static mime bundle, and its live
-ipywidgets view (:class:`~sharedarrays.api.widgets.live.MemoryMapWidget`).
-
-ipywidgets and matplotlib are imported only when a widget or a PNG is actually made.
-"""
+"""MemoryMap: the memory map's data, refresh and display; its live view is a
+:class:`~sharedarrays.api.widgets.live.MemoryMapWidget`. ipywidgets and matplotlib are
+imported only when a widget or a PNG is made."""
 
 from __future__ import annotations
 
@@ -13,9 +11,14 @@ import time
 import weakref
 from typing import Any
 
-from sharedarrays.api.widgets.cells import stop_on_rerun
 from sharedarrays.api.widgets.model import ReservationMap, build_map, build_maps, targets
-from sharedarrays.api.widgets.refresh import MAX_INTERVAL, MIN_INTERVAL, AutoRefresh
+from sharedarrays.api.widgets.refresh import (
+    MAX_INTERVAL,
+    MIN_INTERVAL,
+    AutoRefresh,
+    kernel_shell,
+    stop_on_rerun,
+)
 from sharedarrays.api.widgets.render import render_html, render_png, render_text
 from sharedarrays.memory import Allocation
 from sharedarrays.settings import seconds
@@ -42,57 +45,28 @@ def widgets_available() -> bool:
 
 def in_kernel() -> bool:
     """Whether this process is a Jupyter kernel (where a live widget can be shown)."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and getattr(shell, "kernel", None) is not None
-
-
-def _filter(bundle: dict[str, Any], include: Any, exclude: Any) -> dict[str, Any]:
-    if include:
-        bundle = {k: v for k, v in bundle.items() if k in include}
-    if exclude:
-        bundle = {k: v for k, v in bundle.items() if k not in exclude}
-    return bundle
-
-
-def _static_bundle(maps: list[ReservationMap], text: str, title: str) -> dict[str, Any]:
-    bundle: dict[str, Any] = {"text/plain": text, "text/html": render_html(maps, title)}
-    try:
-        bundle["image/png"] = base64.b64encode(render_png(maps)).decode("ascii")
-    except ImportError:  # matplotlib missing: the HTML still shows the map
-        pass
-    return bundle
+    return kernel_shell() is not None
 
 
 class MemoryMap:
     """The memory map of shared allocations in this process, live in Jupyter.
 
-    Shows each allocation's reservation as a bar over its address range: mapped chunks in
-    colour with their sizes, unmapped parts grey, the bytes lost to granularity (mapped
-    beyond the views) hatched red, the access per device, the live views as brackets; a
-    table of exact addresses; and whether this process is each allocation's exporter or an
-    importer, and to which importers its handles were served.
-
-    In Jupyter with ipywidgets the view has a *refresh* button and an *auto-refresh* toggle
-    with an interval (seconds); auto-refresh runs in a daemon thread that stops when the
-    toggle is turned off, when :meth:`close` is called or the widget is closed, and when
-    this object is garbage-collected. It never blocks the kernel.
-
-    Elsewhere (nbconvert, GitHub, a terminal) it displays as text, an HTML table and a PNG.
+    Each allocation's reservation is a bar over its address range: mapped chunks in colour,
+    unmapped parts grey, bytes lost to granularity hatched red, the access per device and the
+    live views as brackets; then a table of exact addresses, and who exported and imported
+    it. In Jupyter with ipywidgets it has *refresh*, and *auto-refresh* in a daemon thread
+    that ends with the toggle, :meth:`close`, the widget or this object; elsewhere it
+    displays as text, HTML and a PNG.
 
     Parameters
     ----------
     target : SharedDeviceArray, Allocation, a list of them, or None
-        What to show; ``None`` (the default) shows every live allocation of this process,
-        re-read from the registry on each refresh. The map holds only weak references, so
-        it never keeps memory mapped.
+        What to show; ``None``: every live allocation of this process, re-read on each
+        refresh. The map holds allocations weakly, so it never keeps memory mapped.
     interval : float, default 2.0
         Seconds between automatic refreshes, from 0.2 to 3600.
     auto_refresh : bool, default False
-        Start refreshing automatically (only once the widget exists).
+        Start refreshing automatically (once the widget exists).
     """
 
     def __init__(
@@ -113,44 +87,35 @@ class MemoryMap:
         self.updated = 0.0
         self.maps: list[ReservationMap] = self._read()
 
-    # data -------------------------------------------------------------------------------
     def _read(self) -> list[ReservationMap]:
         if self._refs is None:
             return build_maps(None)
-        out = []
-        for ref, own in self._refs:
-            alloc = ref()
-            if alloc is not None and not alloc.released:
-                out.append(build_map(alloc, own=own))
-        return out
+        allocs = [(ref(), own) for ref, own in self._refs]
+        return [build_map(a, own=own) for a, own in allocs if a is not None and not a.released]
 
     def refresh(self) -> list[ReservationMap]:
-        """Re-read the registry (or the chosen allocations) and redraw; returns the maps.
-
-        A map of chosen arrays whose allocations are all released (the arrays were closed)
-        has nothing more to show: its auto-refresh stops."""
+        """Re-read the allocations and redraw; the maps. Once every chosen allocation is
+        released there is nothing more to show, and auto-refresh stops."""
         with self._lock:
             self.maps = self._read()
             self.updated = time.time()
-            gone = self._refs is not None and not self.maps
-            ui = self._ui
-            if ui is not None:
-                ui["html"].value = render_html(self.maps, self._title)
-                ui["status"].value = f"updated {time.strftime('%H:%M:%S')}" + (
-                    "; released: auto-refresh stopped" if gone and self.auto_refreshing else ""
+            gone = self._refs is not None and not self.maps and self.auto_refreshing
+            if self._ui is not None:
+                self._ui["html"].value = render_html(self.maps, self._title)
+                self._ui["status"].value = f"updated {time.strftime('%H:%M:%S')}" + (
+                    "; released: auto-refresh stopped" if gone else ""
                 )
-        if gone and self.auto_refreshing:
+        if gone:
             self.stop()
         return self.maps
 
     def __repr__(self) -> str:
         return render_text(self.maps)
 
-    # the live widget ----------------------------------------------------------------------
     @property
     def widget(self) -> Any:
-        """The live view, a :class:`~sharedarrays.api.widgets.live.MemoryMapWidget` (an
-        ipywidgets ``VBox``, made on first use; needs ipywidgets 8 or later)."""
+        """The live view, a :class:`~sharedarrays.api.widgets.live.MemoryMapWidget` (made on
+        first use; needs ipywidgets 8 or later)."""
         if self._ui is None:
             from sharedarrays.api.widgets.live import MemoryMapWidget
 
@@ -185,6 +150,10 @@ class MemoryMap:
         """Whether the auto-refresh thread is running."""
         return self._refresher.running
 
+    def _set_toggle(self, on: bool) -> None:
+        if self._ui is not None and self._ui["auto"].value != on:
+            self._ui["auto"].value = on
+
     def start(self, interval: float | None = None) -> None:
         """Start refreshing every ``interval`` seconds in a daemon thread (it holds this map
         weakly: a map that is garbage-collected stops it)."""
@@ -192,14 +161,12 @@ class MemoryMap:
             self._interval = _interval_of(interval)
         stop_on_rerun(self)
         self._refresher.start(self)
-        if self._ui is not None and not self._ui["auto"].value:
-            self._ui["auto"].value = True
+        self._set_toggle(True)
 
     def stop(self, timeout: float | None = 5.0) -> None:
         """Stop auto-refreshing (waits up to ``timeout`` seconds for the thread to end)."""
         self._refresher.stop(timeout)
-        if self._ui is not None and self._ui["auto"].value:
-            self._ui["auto"].value = False
+        self._set_toggle(False)
 
     def close(self) -> None:
         """Stop auto-refreshing and close the widget (if one was made)."""
@@ -208,7 +175,6 @@ class MemoryMap:
         if ui is not None:
             ui["box"].close()  # and its controls
 
-    # display ----------------------------------------------------------------------------
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         """text/plain, text/html and image/png; plus the live widget in a Jupyter kernel."""
         return self.mimebundle(include, exclude)
@@ -217,38 +183,40 @@ class MemoryMap:
         self, include: Any = None, exclude: Any = None, text: str | None = None
     ) -> dict[str, Any]:
         """The display data: the static views, and the live widget where it can be shown."""
-        bundle = _static_bundle(self.maps, text or render_text(self.maps), self._title)
+        bundle: dict[str, Any] = {
+            "text/plain": text or render_text(self.maps),
+            "text/html": render_html(self.maps, self._title),
+        }
+        try:
+            bundle["image/png"] = base64.b64encode(render_png(self.maps)).decode("ascii")
+        except ImportError:  # matplotlib missing: the HTML still shows the map
+            pass
         if in_kernel() and widgets_available():
             bundle.update(self.widget.view_data())
-        return _filter(bundle, include, exclude)
+        return {
+            k: v
+            for k, v in bundle.items()
+            if (not include or k in include) and (not exclude or k not in exclude)
+        }
 
 
 def _interval_of(value: object) -> float:
-    """An auto-refresh interval, checked (:func:`~.refresh.seconds`)."""
     return seconds(value, "interval", MIN_INTERVAL, MAX_INTERVAL)
 
 
 def _interval(view: MemoryMap) -> float | None:
-    """Seconds to the next refresh of ``view``; ``None`` once its widget was closed from
-    outside (the thread then ends)."""
+    """Seconds to the next refresh; ``None`` once the widget was closed from outside."""
     ui = view._ui
-    if ui is not None and ui["box"].comm is None:
-        return None
-    return view._interval
+    return None if ui is not None and ui["box"].comm is None else view._interval
 
 
 def _report(view: MemoryMap, error: Exception) -> None:
-    """Show an auto-refresh that failed in the widget's status (the thread goes on), as the
-    node widget does."""
-    ui = view._ui
-    if ui is not None:
-        ui["status"].value = f"refresh failed: {error}"
+    """Show a failed auto-refresh in the widget's status (the thread goes on)."""
+    if view._ui is not None:
+        view._ui["status"].value = f"refresh failed: {error}"
 
 
 def live_or_static(memory_map: MemoryMap) -> Any:
-    """What ``show()`` returns: in a Jupyter kernel with ipywidgets 8 or later the map's live
-    widget (a real ``VBox``, which composes with other widgets), elsewhere the
-    :class:`MemoryMap` itself (text, HTML and PNG)."""
-    if in_kernel() and widgets_available():
-        return memory_map.widget
-    return memory_map
+    """What ``show()`` returns: the map's live widget in a Jupyter kernel with ipywidgets 8
+    or later, else the :class:`MemoryMap` itself."""
+    return memory_map.widget if in_kernel() and widgets_available() else memory_map
