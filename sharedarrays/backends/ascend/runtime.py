@@ -20,6 +20,7 @@ import os
 import threading
 from typing import Any
 
+from sharedarrays.backends.base import loadable as _loadable
 from sharedarrays.errors import DriverError, OutOfMemory
 
 __all__ = [
@@ -228,14 +229,6 @@ def _reason(index: int) -> str | None:
     if index >= count.value:
         return f"there is no device npu:{index} (CANN sees {count.value})"
     return None
-
-
-def _loadable(soname: str) -> bool:
-    try:
-        ctypes.CDLL(soname)
-    except OSError:
-        return False
-    return True
 
 
 def why_unusable(index: int = 0) -> str | None:

@@ -1,24 +1,6 @@
-"""The CUDA VMM backend: device memory shared through POSIX file descriptors
-(``"cuda-vmm"``): :class:`~sharedarrays.backends.vmm.VmmBackend` on :class:`CudaVmm`, the
-table of CUDA's virtual memory management calls, made through ``cuda.bindings.driver`` (the
-tuple-returning driver bindings, ``err, value = driver.cuX(...)``):
-
-=========== =================================================================
-reservation ``cuMemAddressReserve`` (aligned to the granularity)
-chunk       ``cuMemCreate`` (pinned device memory of this device, requested handle
-            type ``POSIX_FILE_DESCRIPTOR``), exported once with
-            ``cuMemExportToShareableHandle``; the fd is kept for the chunk's life
-mapping     ``cuMemMap``
-access      ``cuMemSetAccess`` for the owning device and its peers
-handle      the exported fd; an importer turns it back into a chunk with
-            ``cuMemImportFromShareableHandle`` (and checks its device with
-            ``cuMemGetAllocationPropertiesFromHandle``) and keeps it too, so it can serve it on
-release     ``cuMemUnmap``, ``cuMemRelease``, ``cuMemAddressFree``
-=========== =================================================================
-
-Driver loading, errors, fork safety, the primary context and cross-process ordering are
-shared by the CUDA backends and live in :mod:`~sharedarrays.backends.cuda.driver`.
-"""
+"""The CUDA VMM backend (``"cuda-vmm"``): :class:`~sharedarrays.backends.vmm.VmmBackend` on
+:class:`CudaVmm`, CUDA's table of VMM calls (``cuMemCreate``, ``cuMemExportToShareableHandle``
+to a POSIX fd, ``cuMemMap``, ``cuMemSetAccess`` for the device and its peers, ...)."""
 
 from __future__ import annotations
 
@@ -38,7 +20,6 @@ class CudaVmm:
 
     vendor = "CUDA"
     whole_chunks = " (cuMemMap supports no offset into, and no part of, a device allocation)"
-    # What cuMemImportFromShareableHandle answers for an fd that is no exported allocation.
     not_an_allocation = frozenset(
         {
             "CUDA_ERROR_INVALID_VALUE",
@@ -157,30 +138,13 @@ class CudaVmm:
 
 
 class CudaVmmBackend(VmmBackend, CudaDevice):
-    """Device memory of one CUDA device, shared through exported fds (``"cuda-vmm"``).
-
-    Parameters
-    ----------
-    device : Device
-        A CUDA device (``Device("cuda", N)``).
-
-    Raises
-    ------
-    BackendUnavailable
-        :func:`~sharedarrays.backends.cuda.driver.why_unusable` gave a reason.
-
-    Notes
-    -----
-    See :class:`~sharedarrays.backends.vmm.VmmBackend`. Peer devices may be given access
-    (``cuDeviceCanAccessPeer``). The device's primary context is retained once and kept for
-    the life of the process.
-    """
+    """Device memory of one CUDA device, shared through exported fds (``"cuda-vmm"``);
+    peer devices may be given access (``cuDeviceCanAccessPeer``)."""
 
     name: ClassVar[str] = "cuda-vmm"
     peer_access: ClassVar[bool] = True
 
     def table(self) -> CudaVmm:
-        """This backend's CUDA VMM calls."""
         return CudaVmm(self)
 
 

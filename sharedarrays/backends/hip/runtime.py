@@ -23,6 +23,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from sharedarrays.backends.base import loadable as _loadable
 from sharedarrays.errors import DriverError, OutOfMemory
 
 __all__ = [
@@ -121,14 +122,6 @@ def _library_reason() -> str | None:
     if not found:
         return f"no AMD GPU support: the hip-python package is not installed ({INSTALL_HINT})"
     return None
-
-
-def _loadable(soname: str) -> bool:
-    try:
-        ctypes.CDLL(soname)
-    except OSError:
-        return False
-    return True
 
 
 def _reason(index: int, feature: str) -> str | None:
