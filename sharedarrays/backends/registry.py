@@ -1,17 +1,11 @@
 """The seam memory systems plug into: one :class:`Registration` per backend.
 
-A backend module ends with one call::
-
-    register(Registration(name="cuda-vmm", kind="cuda", factory=CudaVmmBackend,
-                          preference=0, maps=True, exporter_owned=False,
-                          why_unusable=lambda index: ...))
-
-and ``sharedarrays/backends/__init__.py`` imports the module. Everything above the backends
-asks this registry, never a backend's name: which backend ``backend="auto"`` means on a
-device (:func:`choose_backend`), the device a payload's memory belongs to
-(:func:`device_of`), why a backend cannot be used here (:func:`why_unusable`), and the
-process-wide backend object (:func:`get_backend`). Registering a backend of a new device kind
-adds that kind to device parsing (:func:`sharedarrays.backends.device.add_kind`).
+A backend module ends with one ``register(Registration(...))`` call and is imported by
+``sharedarrays/backends/__init__.py``. Everything above the backends asks this registry,
+never a backend's name: what ``backend="auto"`` means (:func:`choose_backend`), the device of
+a payload's memory (:func:`device_of`), why a backend is unusable (:func:`why_unusable`), and
+the process-wide backend object (:func:`get_backend`). A new device kind is added to device
+parsing on its first registration.
 """
 
 from __future__ import annotations
@@ -51,27 +45,21 @@ class Registration:
     Attributes
     ----------
     name : str
-        The backend's name in payloads, ``backend=`` and widgets (``"cuda-vmm"``).
+        Its name in payloads, ``backend=`` and widgets.
     kind : str
-        The device kind it serves (``"cpu"``, ``"cuda"``); its memory belongs to a device of
-        that kind.
+        The device kind it serves (``"cpu"``, ``"cuda"``).
     factory : callable
-        ``factory(device)`` makes the backend object for a device of that kind.
+        ``factory(device)`` makes the backend object.
     preference : int
-        Its place in what ``backend="auto"`` tries on a device of its kind: lowest first
-        (ties in registration order).
-    maps : bool
-        Whether its chunks are mapped into reservations (:class:`~.base.MappingBackend`).
-    exporter_owned : bool
-        Whether its memory lives only while the exporter keeps it.
+        Its place in what ``backend="auto"`` tries on its kind: lowest first.
+    maps, exporter_owned : bool
+        As the backend's attributes.
     why_unusable : callable
-        ``why_unusable(index)``: why it cannot be used on device ``index`` of its kind in
-        this process, or ``None`` when it can; must not raise (default: always usable).
+        ``why_unusable(index)``: why it cannot be used on device ``index`` here, or
+        ``None``; must not raise.
     check_handle : callable, optional
-        ``check_handle(fd, size)``: refuse (``PayloadError``) a chunk handle received from
-        another process that is not a chunk of ``size`` bytes this backend can safely keep
-        and map (host: a memfd sealed against shrinking); ``None``: no check. Does not close
-        ``fd``.
+        ``check_handle(fd, size)``: refuse (``PayloadError``) a received chunk handle this
+        backend cannot safely keep and map; does not close ``fd``.
     """
 
     name: str
@@ -121,9 +109,8 @@ def registration(name: str) -> Registration:
 
 
 def registrations(kind: str | None = None) -> list[Registration]:
-    """The registered backends (of one device kind), in ``backend="auto"``'s order: by
-    device kind (``cpu`` first, then the kinds in the order they were registered), then by
-    preference (ties in registration order)."""
+    """The registered backends (of one kind), in ``backend="auto"``'s order: by kind
+    (``cpu`` first), then preference (ties in registration order)."""
     order = {k: i for i, k in enumerate(kinds())}
     regs = [r for r in _registry.values() if kind is None or r.kind == kind]
     return sorted(regs, key=lambda r: (order[r.kind], r.preference))
@@ -135,14 +122,12 @@ def names() -> tuple[str, ...]:
 
 
 def device_of(name: str, index: int) -> Device:
-    """The device that memory of backend ``name`` on device ``index`` (a payload's
-    ``backend`` and ``device``) belongs to. Does not ask whether it can be used here.
+    """The device of a payload's memory (its ``backend`` and ``device``), usable or not.
 
     Raises
     ------
     PayloadError
-        No backend of that name is registered here (a payload of a backend whose module
-        this process has not imported).
+        No backend of that name is registered here.
     """
     reg = _registry.get(name)
     if reg is None:
@@ -162,8 +147,8 @@ def why_unusable(name: str, index: int = 0) -> str | None:
 
 
 def kind_unusable(kind: str, index: int = 0) -> str | None:
-    """Why no backend of device kind ``kind`` can be used on device ``index`` here (the
-    reason of the one ``backend="auto"`` tries first), or ``None`` when one can."""
+    """Why no backend of ``kind`` can be used on device ``index`` here (the first one's
+    reason), or ``None`` when one can."""
     reasons = [r.why_unusable(index) for r in registrations(kind)]
     if not reasons:
         return f"no backend serves {kind} devices"
@@ -171,18 +156,14 @@ def kind_unusable(kind: str, index: int = 0) -> str | None:
 
 
 def handle_check(name: object) -> Callable[[int, int], None] | None:
-    """The check of chunk handles received for backend ``name`` (see
-    :attr:`Registration.check_handle`), or ``None`` where it has none or is unknown."""
+    """:attr:`Registration.check_handle` of backend ``name``, or ``None``."""
     reg = _registry.get(name) if isinstance(name, str) else None
     return None if reg is None else reg.check_handle
 
 
 def choose_backend(device: Device, name: str = "auto") -> str:
-    """The backend ``name`` (``"auto"`` or a registered name) means on ``device``.
-
-    ``"auto"`` is the first backend of the device's kind (by preference) that can be used on
-    it here: ``host`` on ``cpu``; on a CUDA device the first of cuda-vmm, cuda-ipc, cuda-pool
-    that the device supports.
+    """The backend ``name`` means on ``device``: ``"auto"`` is the first of its kind (by
+    preference) usable here, e.g. on CUDA the first of cuda-vmm, cuda-ipc, cuda-pool.
 
     Raises
     ------
@@ -202,9 +183,8 @@ def choose_backend(device: Device, name: str = "auto") -> str:
 
 
 def get_backend(device: Device, name: str | None = None) -> Backend:
-    """Return the process-wide backend ``name`` for ``device`` (default: what ``"auto"``
-    chooses, see :func:`choose_backend`); backends are made on first use and live as long
-    as the process.
+    """The process-wide backend ``name`` (default ``"auto"``) for ``device``, made on first
+    use.
 
     Raises
     ------
@@ -256,18 +236,13 @@ def _wrong_kind(reg: Registration, device: Device) -> str:
 
 
 def list_backends(device: str | int | Device | None = None) -> dict[str, str | None]:
-    """Every memory system sharedarrays knows, and why each unusable one cannot be used here.
+    """Every memory system sharedarrays knows: name -> ``None`` when it can be used here,
+    else why not.
 
     Parameters
     ----------
     device : str, int or Device, optional
-        The accelerator device to check the backends of its kind on (default: device 0 of
-        each kind).
-
-    Returns
-    -------
-    dict
-        Backend name -> ``None`` when it can be used in this process, else the reason.
+        The accelerator device to check its kind's backends on (default: device 0 of each).
 
     Raises
     ------
