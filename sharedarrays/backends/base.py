@@ -138,14 +138,10 @@ class Chunk:
 
 
 class NativeView(NamedTuple):
-    """A native array to make over mapped memory: the argument of every
-    :meth:`Backend.as_native`.
-
-    ``address``/``size`` are the whole mapped range, ``offset`` the first element's place in
-    it (bytes), ``owner`` what the array keeps alive, ``strides`` in bytes (may be
-    negative), ``device_index`` the peer device that reads it (CUDA), ``None`` for the
-    memory's own.
-    """
+    """A native array over mapped memory, the argument of every :meth:`Backend.as_native`:
+    the whole mapped range (``address``, ``size``), the first element's ``offset`` in it,
+    the ``owner`` to keep alive, the layout (``strides`` in bytes, may be negative), and the
+    peer device reading it (``device_index``; ``None``: the memory's own)."""
 
     address: int
     size: int
@@ -307,15 +303,9 @@ class ValueReader(Protocol):
 
 @runtime_checkable
 class StreamBackend(Backend, Protocol):
-    """A backend whose work is queued on streams (CUDA): stream-ordered 64-bit values and
-    external semaphores, on the current stream of its device.
-
-    Attributes
-    ----------
-    values_refused : str or None
-        Why :meth:`write_value` and :meth:`wait_value` cannot be used on its memory (and
-        what to use instead), or ``None`` when they can.
-    """
+    """A backend whose work is queued on streams (CUDA): 64-bit values and external
+    semaphores on its device's current stream. ``values_refused`` says why
+    :meth:`write_value` and :meth:`wait_value` cannot be used on its memory, or is ``None``."""
 
     values_refused: ClassVar[str | None]
 
