@@ -38,28 +38,17 @@ class PoolCalls(Protocol):
     """One vendor's pool IPC driver calls, each checked (raising the vendor's
     :class:`~sharedarrays.DriverError`)."""
 
-    def create_pool(self) -> Any:
-        """A new pool of pinned memory of the device, exportable as a POSIX fd."""
-
-    def export_pool(self, pool: Any) -> int:
-        """A new fd of ``pool`` (none left open on failure)."""
-
+    def create_pool(self) -> Any: ...  # pinned device memory, exportable as a POSIX fd
+    def export_pool(self, pool: Any) -> int: ...  # a new fd; none left open on failure
     def destroy_pool(self, pool: Any) -> None: ...
-    def stream(self) -> int:
-        """The stream allocations are made on."""
-
+    def stream(self) -> int: ...  # the stream allocations are made on
     def allocate(self, size: int, pool: Any, stream: int) -> int: ...
     def synchronize(self, stream: int) -> None: ...
-    def export_pointer(self, pointer: int) -> bytes:
-        """The :data:`POINTER_BYTES` export data of an allocation of this process's pool."""
-
-    def import_pool(self, fd: int) -> Any:
-        """The pool exported as ``fd`` (the fd stays the caller's)."""
-
+    def export_pointer(self, pointer: int) -> bytes: ...  # POINTER_BYTES of an own allocation
+    def import_pool(self, fd: int) -> Any: ...  # the fd stays the caller's
     def import_pointer(self, pool: Any, data: bytes) -> int: ...
     def free(self, pointer: int) -> None: ...
-    def too_large(self, size: int) -> str | None:
-        """Why an allocation of ``size`` bytes is refused (made or imported), or ``None``."""
+    def too_large(self, size: int) -> str | None: ...  # why ``size`` is refused, or None
 
 
 class PoolBackend:

@@ -78,13 +78,8 @@ _backends: dict[tuple[str, Device], Backend] = {}
 
 
 def register(reg: Registration) -> None:
-    """Add a backend (and, the first time, its device kind).
-
-    Raises
-    ------
-    ValueError
-        Another registration already has that name.
-    """
+    """Add a backend (and, the first time, its device kind); :class:`ValueError` if another
+    registration has that name."""
     known = _registry.get(reg.name)
     if known is not None and known != reg:
         raise ValueError(f"a backend named {reg.name!r} is already registered")
@@ -95,13 +90,8 @@ def register(reg: Registration) -> None:
 
 
 def registration(name: str) -> Registration:
-    """The registration of backend ``name``.
-
-    Raises
-    ------
-    ValueError
-        No backend of that name is registered (the message lists those that are).
-    """
+    """The registration of backend ``name``; :class:`ValueError` naming those there are if
+    none has that name."""
     reg = _registry.get(name)
     if reg is None:
         raise ValueError(f"unknown backend {name!r}; choose 'auto' or one of {', '.join(names())}")
@@ -122,13 +112,8 @@ def names() -> tuple[str, ...]:
 
 
 def device_of(name: str, index: int) -> Device:
-    """The device of a payload's memory (its ``backend`` and ``device``), usable or not.
-
-    Raises
-    ------
-    PayloadError
-        No backend of that name is registered here.
-    """
+    """The device of a payload's memory (its ``backend`` and ``device``), usable or not;
+    :class:`~sharedarrays.PayloadError` if no backend of that name is registered here."""
     reg = _registry.get(name)
     if reg is None:
         raise PayloadError(
@@ -184,13 +169,7 @@ def choose_backend(device: Device, name: str = "auto") -> str:
 
 def get_backend(device: Device, name: str | None = None) -> Backend:
     """The process-wide backend ``name`` (default ``"auto"``) for ``device``, made on first
-    use.
-
-    Raises
-    ------
-    BackendUnavailable
-        The backend cannot run in this process (or is unknown); the message says why.
-    """
+    use; :class:`~sharedarrays.BackendUnavailable` says why it cannot run here."""
     if name is None:
         name = choose_backend(device)
     key = (name, device)
@@ -208,11 +187,8 @@ def get_backend(device: Device, name: str | None = None) -> Backend:
             if device.kind != reg.kind:
                 raise BackendUnavailable(_wrong_kind(reg, device))
             backend = reg.factory(device)
-            if (backend.name, backend.maps, backend.exporter_owned) != (
-                reg.name,
-                reg.maps,
-                reg.exporter_owned,
-            ):
+            declared = (reg.name, reg.maps, reg.exporter_owned)
+            if (backend.name, backend.maps, backend.exporter_owned) != declared:
                 raise TypeError(f"the {name} backend object does not match its registration")
             _backends[key] = backend
     return backend

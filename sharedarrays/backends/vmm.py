@@ -48,30 +48,18 @@ class VmmCalls(Protocol):
 
     def granularity(self) -> int: ...
     def create(self, size: int) -> int: ...
-    def export(self, handle: int) -> int:
-        """A new fd of chunk ``handle`` (none left open on failure)."""
-
-    def import_fd(self, fd: int) -> int:
-        """A new handle of the chunk exported as ``fd`` (the fd stays the caller's)."""
-
-    def location(self, handle: int) -> int | None:
-        """The index of the chunk's device, or ``None`` where not asked."""
-
+    def export(self, handle: int) -> int: ...  # a new fd; none left open on failure
+    def import_fd(self, fd: int) -> int: ...  # a new handle; the fd stays the caller's
+    def location(self, handle: int) -> int | None: ...  # the chunk's device; None: not asked
     def release(self, handle: int) -> None: ...
     def reserve(self, size: int, alignment: int) -> int: ...
     def free(self, address: int, size: int) -> None: ...
-    def map(self, address: int, size: int, handle: int) -> None:
-        """Map the whole chunk ``handle`` (``size`` bytes) at ``address``."""
-
-    def access(self, index: int, access: Access) -> Any:
-        """An access descriptor giving device ``index`` ``access``."""
-
-    def set_access(self, address: int, size: int, descs: list[Any], access: Access) -> None:
-        """Set ``descs`` on a range (``access``, the owner's, for the message)."""
-
+    def map(self, address: int, size: int, handle: int) -> None: ...  # the whole chunk
+    def access(self, index: int, access: Access) -> Any: ...  # a descriptor for device index
+    # ``access`` is the owning device's, for the message
+    def set_access(self, address: int, size: int, descs: list[Any], access: Access) -> None: ...
     def unmap(self, address: int, size: int) -> None: ...
-    def peer_reason(self, index: int, owner: int) -> str | None:
-        """Why device ``index`` cannot access memory of device ``owner``, or ``None``."""
+    def peer_reason(self, index: int, owner: int) -> str | None: ...  # None: index may access
 
 
 class VmmBackend:
