@@ -33,7 +33,7 @@ import functools
 import importlib.util
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple, Protocol, runtime_checkable
 
@@ -370,6 +370,16 @@ class DeviceBase:
     def granularity(self) -> int:
         """Chunk sizes are multiples of this many bytes (each backend says)."""
         raise NotImplementedError
+
+    def _take(self, device: Device, kind: str, what: str, why: Callable[[int], str | None]) -> None:
+        """Serve ``device``, of ``kind`` (``what`` in messages), unless ``why`` says no."""
+        if device.kind != kind:
+            raise BackendUnavailable(f"the {self.name} backend needs {what}, not {device}")
+        reason = why(device.index)
+        if reason is not None:
+            raise BackendUnavailable(f"cannot use {device}: {reason}")
+        self.device = device
+        self._pid = os.getpid()
 
     def _forked(self) -> bool:
         return os.getpid() != self._pid

@@ -106,13 +106,7 @@ class AscendBackend(SyncOrdering, DeviceBase):
     peer_access: ClassVar[bool] = False
 
     def __init__(self, device: Device) -> None:
-        if device.kind != "npu":
-            raise BackendUnavailable(f"the {self.name} backend needs an NPU device, not {device}")
-        why = why_unusable(device.index)
-        if why is not None:
-            raise BackendUnavailable(f"cannot use {device}: {why}")
-        self.device: Device = device
-        self._pid = os.getpid()
+        self._take(device, "npu", "an NPU device", why_unusable)
         self._acl = load_acl()
         self._lock = threading.Lock()
         self._admitted: dict[int, set[int]] = {}  # shareable handle -> pids on its trust list

@@ -96,13 +96,7 @@ class CudaDevice(DeviceBase):
     values_refused: ClassVar[str | None] = None
 
     def __init__(self, device: Device) -> None:
-        if not device.is_cuda:
-            raise BackendUnavailable(f"the {self.name} backend needs a CUDA device, not {device}")
-        why = why_unusable(device.index, self.name)
-        if why is not None:
-            raise BackendUnavailable(f"cannot use {device}: {why}")
-        self.device: Device = device
-        self._pid = os.getpid()
+        self._take(device, "cuda", "a CUDA device", lambda i: why_unusable(i, self.name))
         d = load_driver()
         self._d = d
         self._dev = check(d.cuDeviceGet(device.index), f"cuDeviceGet({device.index})")

@@ -4,7 +4,6 @@ synchronised, and its memory wrapped as the native array."""
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Any, ClassVar
 
 import numpy as np
@@ -51,13 +50,7 @@ class HipDevice(SyncOrdering, DeviceBase):
     """What the backend needs of the device (a key of ``runtime.FEATURES``)."""
 
     def __init__(self, device: Device) -> None:
-        if device.kind != "hip":
-            raise BackendUnavailable(f"the {self.name} backend needs a HIP device, not {device}")
-        why = why_unusable(device.index, self.feature)
-        if why is not None:
-            raise BackendUnavailable(f"cannot use {device}: {why}")
-        self.device: Device = device
-        self._pid = os.getpid()
+        self._take(device, "hip", "a HIP device", lambda i: why_unusable(i, self.feature))
         self._hip = hip = load_hip()
         with self.context():
             self._integrated = bool(
