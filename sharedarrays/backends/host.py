@@ -255,13 +255,8 @@ class HostBackend:
         )
 
     def create_chunk(self, size: int) -> Chunk:
-        """A memfd of ``size`` bytes, sealed against resizing.
-
-        Raises
-        ------
-        HandleUnavailable
-            This process (or the system) has as many open files as it may.
-        """
+        """A memfd of ``size`` bytes, sealed against resizing
+        (:class:`~sharedarrays.HandleUnavailable` when no more files can be opened)."""
         try:
             fd = os.memfd_create("sharedarrays", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         except OSError as e:
@@ -300,13 +295,8 @@ class HostBackend:
         return True
 
     def reopen_readonly(self, fd: int) -> int | None:
-        """Open the memfd again ``O_RDONLY`` (against mistakes; :meth:`seal` stops the rest).
-
-        Raises
-        ------
-        HandleUnavailable
-            Too many open files, or no ``/proc``.
-        """
+        """Open the memfd again ``O_RDONLY`` (against mistakes; :meth:`seal` stops the rest);
+        :class:`~sharedarrays.HandleUnavailable` with too many open files or no ``/proc``."""
         try:
             return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
         except OSError as e:

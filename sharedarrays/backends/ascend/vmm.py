@@ -92,11 +92,6 @@ class AscendBackend(SyncOrdering, DeviceBase):
     copy through DLPack; untested on hardware), else a NumPy view where the CPU addresses the
     memory (the simulated driver), else a read-only NumPy copy. Pickling orders by
     ``aclrtSynchronizeDevice``.
-
-    Raises
-    ------
-    BackendUnavailable
-        :func:`~.runtime.why_unusable` gave a reason.
     """
 
     name: ClassVar[str] = "ascend"

@@ -83,13 +83,7 @@ class ValueReader:
 
 class CudaDevice(DeviceBase):
     """The base of the CUDA backends: one device (``Device("cuda", N)``) and its primary
-    context, retained once for the life of the process.
-
-    Raises
-    ------
-    BackendUnavailable
-        :func:`why_unusable` gave a reason for this backend (its ``name``).
-    """
+    context, retained once for the life of the process."""
 
     name: ClassVar[str]
     peer_access: ClassVar[bool] = False
@@ -106,12 +100,7 @@ class CudaDevice(DeviceBase):
     def context(self) -> contextlib.AbstractContextManager[None]:
         """Make this device's primary context current for a ``with`` block: nothing to do
         when it is; made current (and left so) when no context is; else pushed and popped.
-
-        Raises
-        ------
-        BackendUnavailable
-            This backend object was inherited through ``fork``.
-        """
+        Refused in a process that inherited this object through fork."""
         if self._forked():
             raise BackendUnavailable(f"cannot use {self.device}: {FORK_REASON}")
         current = check(self._d.cuCtxGetCurrent(), "cuCtxGetCurrent")

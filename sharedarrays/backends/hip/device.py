@@ -39,11 +39,6 @@ class HipDevice(SyncOrdering, DeviceBase):
     The native array is a ``cupy.ndarray`` where CuPy's ROCm build is importable; else a
     NumPy view on an integrated device (whose memory the CPU addresses); else a read-only
     NumPy copy, so that no write is lost. Pickling orders by ``hipDeviceSynchronize``.
-
-    Raises
-    ------
-    BackendUnavailable
-        :func:`~.runtime.why_unusable` gave a reason for the backend's :attr:`feature`.
     """
 
     feature: ClassVar[str]
