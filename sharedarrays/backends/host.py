@@ -224,7 +224,7 @@ class HostBackend:
     exporter_owned: ClassVar[bool] = False
     peer_access: ClassVar[bool] = False
 
-    def __init__(self) -> None:
+    def __init__(self, device: Device = CPU) -> None:
         self.device: Device = CPU
 
     @property
@@ -452,14 +452,4 @@ class HostBackend:
         pass
 
 
-register(
-    Registration(
-        name=HostBackend.name,
-        kind="cpu",
-        factory=lambda device: HostBackend(),
-        preference=0,
-        maps=HostBackend.maps,
-        exporter_owned=HostBackend.exporter_owned,
-        check_handle=check_chunk_fd,
-    )
-)
+register(Registration.of(HostBackend, "cpu", 0, check_handle=check_chunk_fd))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from sharedarrays.backends.base import Backend
 from sharedarrays.backends.device import Device, add_kind, kinds, parse_name
@@ -70,6 +71,20 @@ class Registration:
     exporter_owned: bool
     why_unusable: Callable[[int], str | None] = _usable
     check_handle: Callable[[int, int], None] | None = None
+
+    @classmethod
+    def of(
+        cls,
+        backend: Callable[[Device], Backend],
+        kind: str,
+        preference: int,
+        why_unusable: Callable[[int], str | None] = _usable,
+        check_handle: Callable[[int, int], None] | None = None,
+    ) -> Registration:
+        """The registration of backend class ``backend``, its name and flags read from it."""
+        b: Any = backend
+        flags = (b.maps, b.exporter_owned)
+        return cls(b.name, kind, backend, preference, *flags, why_unusable, check_handle)
 
 
 _registry: dict[str, Registration] = {}

@@ -351,14 +351,4 @@ class AscendBackend(SyncOrdering, DeviceBase):
         return int(index.value)
 
 
-register(
-    Registration(
-        name=AscendBackend.name,
-        kind="npu",
-        factory=AscendBackend,
-        preference=0,
-        maps=AscendBackend.maps,
-        exporter_owned=AscendBackend.exporter_owned,
-        why_unusable=why_unusable,
-    )
-)
+register(Registration.of(AscendBackend, "npu", 0, why_unusable))

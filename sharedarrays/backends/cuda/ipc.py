@@ -213,14 +213,4 @@ class CudaIpcBackend(CudaDevice):
                 check(self._d.cuMemFree(ptr), "cuMemFree")
 
 
-register(
-    Registration(
-        name=CudaIpcBackend.name,
-        kind="cuda",
-        factory=CudaIpcBackend,
-        preference=1,
-        maps=CudaIpcBackend.maps,
-        exporter_owned=CudaIpcBackend.exporter_owned,
-        why_unusable=lambda index: why_unusable(index, CudaIpcBackend.name),
-    )
-)
+register(Registration.of(CudaIpcBackend, "cuda", 1, lambda i: why_unusable(i, CudaIpcBackend.name)))

@@ -135,13 +135,5 @@ class CudaPoolBackend(PoolBackend, CudaDevice):
 
 
 register(
-    Registration(
-        name=CudaPoolBackend.name,
-        kind="cuda",
-        factory=CudaPoolBackend,
-        preference=2,
-        maps=CudaPoolBackend.maps,
-        exporter_owned=CudaPoolBackend.exporter_owned,
-        why_unusable=lambda index: why_unusable(index, CudaPoolBackend.name),
-    )
+    Registration.of(CudaPoolBackend, "cuda", 2, lambda i: why_unusable(i, CudaPoolBackend.name))
 )

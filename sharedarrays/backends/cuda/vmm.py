@@ -148,14 +148,4 @@ class CudaVmmBackend(VmmBackend, CudaDevice):
         return CudaVmm(self)
 
 
-register(
-    Registration(
-        name=CudaVmmBackend.name,
-        kind="cuda",
-        factory=CudaVmmBackend,
-        preference=0,
-        maps=CudaVmmBackend.maps,
-        exporter_owned=CudaVmmBackend.exporter_owned,
-        why_unusable=lambda index: why_unusable(index, CudaVmmBackend.name),
-    )
-)
+register(Registration.of(CudaVmmBackend, "cuda", 0, lambda i: why_unusable(i, CudaVmmBackend.name)))

@@ -103,13 +103,5 @@ class HipPoolBackend(PoolBackend, HipDevice):
 
 
 register(
-    Registration(
-        name=HipPoolBackend.name,
-        kind="hip",
-        factory=HipPoolBackend,
-        preference=1,
-        maps=HipPoolBackend.maps,
-        exporter_owned=HipPoolBackend.exporter_owned,
-        why_unusable=lambda index: why_unusable(index, HipPoolBackend.feature),
-    )
+    Registration.of(HipPoolBackend, "hip", 1, lambda i: why_unusable(i, HipPoolBackend.feature))
 )

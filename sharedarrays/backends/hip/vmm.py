@@ -134,14 +134,4 @@ class HipVmmBackend(VmmBackend, HipDevice):
         return HipVmm(self)
 
 
-register(
-    Registration(
-        name=HipVmmBackend.name,
-        kind="hip",
-        factory=HipVmmBackend,
-        preference=0,
-        maps=HipVmmBackend.maps,
-        exporter_owned=HipVmmBackend.exporter_owned,
-        why_unusable=why_unusable,
-    )
-)
+register(Registration.of(HipVmmBackend, "hip", 0, why_unusable))
