@@ -16,7 +16,7 @@ __all__ = ["CudaVmmBackend", "CudaVmm"]
 
 
 class CudaVmm:
-    """CUDA's VMM calls (:class:`~sharedarrays.backends.vmm.VmmCalls`) for one backend."""
+    """CUDA's VMM calls (:class:`~sharedarrays.backends.vmm.VmmCalls`)."""
 
     vendor = "CUDA"
     whole_chunks = " (cuMemMap supports no offset into, and no part of, a device allocation)"
@@ -36,16 +36,12 @@ class CudaVmm:
     def __init__(self, backend: CudaDevice) -> None:
         self._backend = backend
         self._d = d = backend._d
-        self._index = backend.device.index
-        prop = d.CUmemAllocationProp()
+        self._fd_type = d.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        prop = self._prop = d.CUmemAllocationProp()
         prop.type = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
         prop.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-        prop.location.id = self._index
-        prop.requestedHandleTypes = (
-            d.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-        )
-        self._prop = prop
-        self._fd_type = d.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        prop.location.id = backend.device.index
+        prop.requestedHandleTypes = self._fd_type
 
     def granularity(self) -> int:
         d = self._d
