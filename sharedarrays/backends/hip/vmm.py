@@ -35,10 +35,8 @@ class HipVmm:
         prop.location.type = hip.hipMemLocationType.hipMemLocationTypeDevice
         prop.location.id = backend.device.index
         # ROCm 7 renamed requestedHandleType to requestedHandleTypes
-        field = "requestedHandleType"
-        if hasattr(prop, "requestedHandleTypes"):
-            field = "requestedHandleTypes"
-        setattr(prop, field, self._fd_type)
+        plural = hasattr(prop, "requestedHandleTypes")
+        setattr(prop, "requestedHandleTypes" if plural else "requestedHandleType", self._fd_type)
         self._prop = prop
         self._device = backend.device
 
