@@ -325,8 +325,8 @@ def _device_name(driver: Any, dev: Any) -> str:
     return text.decode(errors="replace") if isinstance(text, bytes) else text
 
 
-# What each CUDA backend needs of a device: attributes whose bit 1 must be set, what lacks.
-# (For MEMPOOL_SUPPORTED_HANDLE_TYPES bit 1 is CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.)
+# What each CUDA backend needs of a device: attributes whose lowest bit must be set (for
+# MEMPOOL_SUPPORTED_HANDLE_TYPES, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), what lacks.
 _NEEDS: dict[str, tuple[tuple[str, str], ...]] = {
     "cuda-vmm": (
         (
