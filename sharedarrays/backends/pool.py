@@ -19,7 +19,7 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from sharedarrays.backends.base import Chunk
+from sharedarrays.backends.base import Chunk, DeviceBase
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import DriverError, HandleUnavailable, PayloadError
 
@@ -51,7 +51,7 @@ class PoolCalls(Protocol):
     def too_large(self, size: int) -> str | None: ...  # why ``size`` is refused, or None
 
 
-class PoolBackend:
+class PoolBackend(DeviceBase):
     """Stream-ordered memory of one GPU shared through an exported pool: every vendor's pool
     backend, put before the vendor's device base class, with :meth:`table` making its
     :class:`PoolCalls`."""
@@ -61,13 +61,9 @@ class PoolBackend:
     exporter_owned: ClassVar[bool] = True
 
     if TYPE_CHECKING:  # what the vendor's device base class provides
-        name: ClassVar[str]
-        device: Device
 
         def context(self) -> contextlib.AbstractContextManager[None]: ...
         def synchronize(self) -> None: ...
-        def _forked(self) -> bool: ...
-        def _check_size(self, size: int, what: str) -> None: ...
 
     def table(self) -> PoolCalls:
         """The vendor's calls for this backend."""

@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from sharedarrays.backends.base import Access, Chunk
+from sharedarrays.backends.base import Access, Chunk, DeviceBase
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import DriverError, PayloadError, PeerAccessUnavailable
 
@@ -62,7 +62,7 @@ class VmmCalls(Protocol):
     def peer_reason(self, index: int, owner: int) -> str | None: ...  # None: index may access
 
 
-class VmmBackend:
+class VmmBackend(DeviceBase):
     """Device memory of one GPU shared through exported fds: every vendor's VMM backend,
     put before the vendor's device base class, with :meth:`table` making its
     :class:`VmmCalls`. New chunks are not zeroed."""
@@ -72,15 +72,10 @@ class VmmBackend:
     exporter_owned: ClassVar[bool] = False
 
     if TYPE_CHECKING:  # what the vendor's device base class provides
-        name: ClassVar[str]
         peer_access: ClassVar[bool]
-        device: Device
 
         def context(self) -> contextlib.AbstractContextManager[None]: ...
         def synchronize(self) -> None: ...
-        def _forked(self) -> bool: ...
-        def _check_size(self, size: int, what: str) -> None: ...
-        def _check_import_size(self, size: int) -> None: ...
 
     def table(self) -> VmmCalls:
         """The vendor's calls for this backend."""
