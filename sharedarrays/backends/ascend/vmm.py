@@ -256,15 +256,12 @@ class AscendBackend(SyncOrdering, DeviceBase):
         handle = int(out.value or 0)
         try:
             address = self._map(handle, size)
-        except AclError as exc:
+        except BaseException as exc:
             acl.aclrtFreePhysical(handle)
-            if exc.call.startswith("aclrtMapMem"):
+            if isinstance(exc, AclError) and exc.call.startswith("aclrtMapMem"):
                 raise PayloadError(
                     f"{exc}; the chunk may be smaller than its payload says"
                 ) from exc
-            raise
-        except BaseException:
-            acl.aclrtFreePhysical(handle)
             raise
         return Chunk(size=size, handle=handle, fd=-1, address=address, export=export, imported=True)
 
