@@ -10,16 +10,10 @@ from typing import Any, ClassVar
 
 from sharedarrays.backends.hip.device import HipDevice
 from sharedarrays.backends.hip.runtime import check, export_fd, why_unusable
-from sharedarrays.backends.pool import (
-    EXPORT_BYTES,
-    GRANULARITY,
-    POINTER_BYTES,
-    POOL_ID_BYTES,
-    PoolBackend,
-)
+from sharedarrays.backends.pool import POINTER_BYTES, PoolBackend
 from sharedarrays.backends.registry import Registration, register
 
-__all__ = ["HipPoolBackend", "HipPool", "GRANULARITY", "EXPORT_BYTES", "POOL_ID_BYTES"]
+__all__ = ["HipPoolBackend", "HipPool"]
 
 _ExportData = ctypes.c_ubyte * POINTER_BYTES
 
