@@ -1,58 +1,46 @@
 """The Backend protocols: what every memory system provides.
 
-A backend knows how to make and import *chunks* (physical allocations with an exported
-handle) and wrap memory as the native array type of its device. It knows nothing of
-pickling, payloads, registries or widgets: those live above it (``allocation.py``,
-``array.py``).
+A backend makes and imports *chunks* (physical allocations with an exported handle) and wraps
+memory as its device's native array type; it knows nothing of pickling, payloads or widgets.
 
-Memory systems come in two shapes:
+* **mapping** backends (:class:`MappingBackend`: ``host``, ``*-vmm``) also reserve address
+  ranges, map chunks into them and set access; their handles are fds, and the memory lives
+  while any process holds a handle or a mapping;
+* **pointer** backends (``cuda-ipc``, ``*-pool``, ``ascend``) hand out memory at an address
+  the driver chooses (:attr:`Chunk.address`), one chunk per allocation, with portable bytes
+  as handle (:attr:`Chunk.export`); it lives only while its exporter keeps it.
 
-* **mapping** backends (:class:`MappingBackend`: ``host``, ``cuda-vmm``) also *reserve*
-  address ranges, *map* chunks into them and set *access*; their handles are file
-  descriptors, and the memory lives as long as any process holds a handle or a mapping;
-* **pointer** backends (``cuda-ipc``, ``cuda-pool``) hand out memory whose address the
-  driver chooses (:attr:`Chunk.address`), one chunk per allocation; their handles are
-  portable bytes (:attr:`Chunk.export`, plus for ``cuda-pool`` the pool's fd), and the
-  memory lives only while its exporter keeps it (:attr:`Backend.exporter_owned`).
+Every method that creates an OS resource returns an object that owns it or raises having
+released everything it made.
 
-Every method that creates an OS resource either returns an object that owns it or raises
-having released everything it made.
+Optional methods, looked up with ``getattr``:
 
-Four methods are optional, looked up with ``getattr``.
-
-``native_memory(address, size, owner, readonly, device_index)``, ``native_view(memory,
-offset, dtype, shape, strides, readonly)`` and ``native_intact(native, dtype, shape, strides,
-readonly)``, defined together: the native memory object of a whole mapped allocation, which
-keeps ``owner`` alive, a native array of a view derived from it, and whether such an array
-still has the layout it was made with (:meth:`sharedarrays.Allocation.native_view` hands the
-last one out again when nobody holds it). The views of one allocation in a process then
-share one native memory object, and each native array costs only its own header (``host``:
-a NumPy byte array, and NumPy arrays over its buffer; ``cuda-*``: a CuPy ``MemoryPointer``,
-and CuPy arrays at it plus ``offset``). Without them every native array is made by
-:meth:`Backend.as_native`.
-
-``admit(chunk, pid)``, which a pointer
-backend may define to be called before a chunk's :attr:`Chunk.export` is handed to process
-``pid`` (by the exporter's handle server, once it has checked ``allow_pids=``; see
-:meth:`sharedarrays.Allocation.exports_for`). ``ascend`` adds ``pid`` to the driver's trust
-list of the chunk there (``aclrtMemSetPidToShareableHandle``); it raises a
-:class:`~sharedarrays.SharedArrayError` when the driver refuses.
+* ``native_memory(address, size, owner, readonly, device_index)``, ``native_view(memory,
+  offset, dtype, shape, strides, readonly)`` and ``native_intact(native, dtype, shape,
+  strides, readonly)``, together: one native memory object per mapped allocation, cheap
+  native views of it, and whether a view still has its layout. Without them every native
+  array is made by :meth:`Backend.as_native`.
+* ``admit(chunk, pid)``: called before a chunk's export is handed to process ``pid``
+  (``ascend`` puts ``pid`` on the chunk's trust list); raises a
+  :class:`~sharedarrays.SharedArrayError` when the driver refuses.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import functools
 import importlib.util
+import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
 from sharedarrays.backends.device import Device
-from sharedarrays.errors import BackendUnavailable, fd_limit_error
+from sharedarrays.errors import BackendUnavailable, PayloadError, fd_limit_error
 
 __all__ = [
     "Access",
@@ -63,7 +51,10 @@ __all__ = [
     "StreamBackend",
     "BorrowingBackend",
     "ValueReader",
+    "DeviceBase",
+    "SyncOrdering",
     "installed",
+    "loadable",
     "round_up",
 ]
 
@@ -77,23 +68,21 @@ def round_up(n: int, multiple: int) -> int:
 
 
 def installed(module: str) -> bool:
-    """Whether the optional ``module`` (an array library a backend hands its memory to) is
-    imported or importable. A native array asks it every time: the search of the import path
-    for a module that is not there is made once per process."""
+    """Whether the optional ``module`` is imported or importable (a failed search of the
+    import path is made once per process)."""
     return module in sys.modules or _findable(module)
 
 
 @functools.cache
 def _findable(module: str) -> bool:
-    """Whether the import path has ``module``: only an answer is kept (the cache keeps no
-    exception), so a search that fails is made again at the next call.
+    """Whether the import path has ``module`` (only answers are cached, not exceptions).
 
     Raises
     ------
     HandleUnavailable
-        The search could not list a directory of the path (too many open files).
+        Too many open files to search the path.
     BackendUnavailable
-        It failed otherwise.
+        The search failed otherwise.
     """
     try:
         return importlib.util.find_spec(module) is not None
@@ -106,6 +95,15 @@ def _findable(module: str) -> bool:
         raise BackendUnavailable(f"{what}: {e}; try again") from None
 
 
+def loadable(soname: str) -> bool:
+    """Whether the shared library ``soname`` can be loaded."""
+    try:
+        ctypes.CDLL(soname)
+    except OSError:
+        return False
+    return True
+
+
 @dataclass
 class Chunk:
     """One physical allocation and its exported handle, owned by this process.
@@ -115,27 +113,19 @@ class Chunk:
     size : int
         Size in bytes, a multiple of the backend's granularity.
     handle : int
-        The backend's native handle (a memfd on the host backend, a
-        ``CUmemGenericAllocationHandle`` value on cuda-vmm, the device pointer on cuda-ipc
-        and cuda-pool).
+        The native handle (memfd, VMM handle, or device pointer); ``-1`` once released.
     fd : int
-        The exported POSIX file descriptor (on the host backend the memfd itself; on
-        cuda-pool the pool's, which the backend owns; ``-1`` on cuda-ipc). It is kept open
-        for the chunk's lifetime so that it can be served to importers without exporting
-        again. ``-1`` once released.
+        The exported fd, kept open to serve importers (host: the memfd; pools: the pool's,
+        owned by the backend; ``-1`` where none, or once released).
     address : int
-        Pointer backends: where the chunk is in this process (``0`` on mapping backends,
-        whose chunks are placed by :meth:`MappingBackend.map`).
+        Pointer backends: where the chunk is here (``0`` on mapping backends).
     export : bytes
-        Pointer backends: the portable handle an importer opens (``b""`` on mapping
-        backends).
+        Pointer backends: the portable handle an importer opens (``b""`` on mapping ones).
     imported : bool
-        Whether this process imported the chunk (rather than created it).
+        Whether this process imported the chunk rather than made it.
     owner : object
-        Pointer backends: for memory this process *borrowed* from another library
-        (:func:`sharedarrays.share`), the object that keeps it allocated (a CuPy array, a
-        torch tensor). Releasing the chunk drops this reference instead of freeing the memory.
-        ``None`` for memory the backend made or imported.
+        Memory borrowed from another library (:func:`sharedarrays.share`): what keeps it
+        allocated; releasing the chunk drops it instead of freeing. ``None`` otherwise.
     """
 
     size: int
@@ -148,31 +138,10 @@ class Chunk:
 
 
 class NativeView(NamedTuple):
-    """A native array to make over mapped memory: what :meth:`Backend.as_native` wraps (the
-    one signature of every backend's ``as_native``).
-
-    Attributes
-    ----------
-    address : int
-        The start of the whole mapped range (the reservation).
-    size : int
-        Its size in bytes.
-    offset : int
-        Where the array's first element is, in bytes from ``address``.
-    owner : object
-        What the native array (and every view of it) keeps alive: the mapping's owner.
-    dtype : numpy.dtype
-        The element type.
-    shape : tuple of int
-        The array's shape.
-    strides : tuple of int
-        Its strides in bytes (may be negative).
-    readonly : bool
-        Whether the array is read-only (where the native type can be).
-    device_index : int or None
-        The device the native array belongs to, when another device than the memory's own
-        reads it as a peer (CUDA); ``None``: the memory's own.
-    """
+    """A native array over mapped memory, the argument of every :meth:`Backend.as_native`:
+    the whole mapped range (``address``, ``size``), the first element's ``offset`` in it,
+    the ``owner`` to keep alive, the layout (``strides`` in bytes, may be negative), and the
+    peer device reading it (``device_index``; ``None``: the memory's own)."""
 
     address: int
     size: int
@@ -192,22 +161,19 @@ class Backend(Protocol):
     Attributes
     ----------
     name : str
-        The backend's name in payloads and widgets: ``"host"``, ``"cuda-vmm"``,
-        ``"cuda-ipc"`` or ``"cuda-pool"``.
+        The backend's name in payloads and widgets (``"host"``, ``"cuda-vmm"``, ...).
     zeroed : bool
-        Whether new chunks are guaranteed to read as zeros (memfd is; cuMemCreate is not).
+        Whether new chunks read as zeros (memfd does; cuMemCreate does not).
     maps : bool
-        Whether it is a :class:`MappingBackend` (chunks mapped into reservations, handles are
-        fds); otherwise each chunk comes with its own address and an allocation is one chunk.
+        Whether it is a :class:`MappingBackend`; otherwise an allocation is one chunk with
+        its own address.
     exporter_owned : bool
-        Whether the memory lives only while the exporter keeps it (cuda-ipc, cuda-pool):
-        importers must release it before the exporter frees it. Otherwise any process that
-        holds a handle or a mapping keeps it alive.
+        Whether the memory lives only while the exporter keeps it: importers must release
+        it before the exporter frees it.
     peer_access : bool
-        Whether other devices of the same kind may be granted access to its mappings and read
-        them as peers (cuda-vmm); see :meth:`MappingBackend.set_access`.
+        Whether other devices of the same kind may be given access to its mappings.
     device : Device
-        The device whose memory this backend allocates.
+        The device whose memory it allocates.
     """
 
     name: ClassVar[str]
@@ -223,12 +189,9 @@ class Backend(Protocol):
         ...
 
     def check_memory(self, nbytes: int) -> None:
-        """Refuse, before any of it is made, new memory of ``nbytes`` bytes (an allocation's
-        chunks, or a growth's) that the memory system cannot back.
+        """Refuse, before any is made, ``nbytes`` of new memory the system cannot back.
 
-        Raises :class:`~sharedarrays.OutOfMemory` with the size and what is available. Host
-        memory is taken only when first touched, so the host backend checks what is
-        available now; CUDA takes device memory when a chunk is made, and fails there.
+        Raises :class:`~sharedarrays.OutOfMemory` with the size and what is available.
         """
         ...
 
@@ -237,30 +200,25 @@ class Backend(Protocol):
         ...
 
     def seal(self, chunk: Chunk, readonly: bool) -> bool:
-        """Called once on each chunk this process made, after mapping it (before its handle
-        leaves the process): forbid what must never change of it (a host chunk's size); with
-        ``readonly``, forbid every new write to it in every process, this one included (the
-        mappings made so far keep their access).
+        """Called once on each chunk made here, after mapping it and before its handle leaves:
+        forbid resizing, and with ``readonly`` every new write in every process.
 
-        Returns whether the memory system enforces ``readonly`` (host:
-        ``F_SEAL_FUTURE_WRITE``); ``False`` where read-only is each importer's own access
-        setting, which a process of the same user may change (CUDA).
+        Returns whether the memory system enforces ``readonly``; ``False`` where read-only
+        is each importer's own access setting.
         """
         ...
 
     def reopen_readonly(self, fd: int) -> int | None:
-        """A new handle of the same chunk that can only be mapped read-only, or ``None``
-        where the memory system has no such handle (CUDA: access is then set by the
-        importer, and a read-only export is a promise, not a guarantee)."""
+        """A new handle of the same chunk that maps read-only only, or ``None`` where the
+        memory system has none."""
         ...
 
     def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
-        """Import a chunk from an exported handle: ``fd`` (mapping backends; cuda-pool's pool
-        fd, or ``-1`` once this process has that pool) and ``export`` (pointer backends).
+        """Import a chunk from ``fd`` (mapping backends; a pool's fd or ``-1``) and
+        ``export`` (pointer backends).
 
-        Takes ownership of ``fd`` on success and on failure (it is closed if the import
-        fails or the backend does not keep it). Raises :class:`~sharedarrays.PayloadError`
-        if the handle does not describe a chunk of ``size`` bytes, and
+        Takes ownership of ``fd``, also on failure. Raises
+        :class:`~sharedarrays.PayloadError` if the handle is no chunk of ``size`` bytes,
         :class:`~sharedarrays.HandleUnavailable` if its exporter no longer has it.
         """
         ...
@@ -274,13 +232,8 @@ class Backend(Protocol):
         ...
 
     def as_native(self, view: NativeView) -> Any:
-        """Wrap mapped memory as the device's native array type, without copying (where the
-        device's native array type can address it; see each backend).
-
-        ``view`` says where the array lies in the mapping and its layout (see
-        :class:`NativeView`); its ``owner`` is kept alive by the returned array (and by
-        every view of it).
-        """
+        """Wrap mapped memory as the device's native array type, without copying where that
+        type can address it; the array keeps ``view.owner`` alive."""
         ...
 
     def to_native(self, obj: Any) -> Any:
@@ -288,40 +241,32 @@ class Backend(Protocol):
         ...
 
     def current_device(self) -> int:
-        """The index of the device of this backend's kind that this process works on now
-        (CUDA: CuPy's or PyTorch's current device), else the memory's own device's."""
+        """The index of the device of this kind this process works on now, else the
+        memory's own."""
         ...
 
     def export_sync(self) -> bytes | None:
-        """Record, now, what an importer must wait for before using memory handed off now.
-
-        Returns opaque bytes (an ordering token), or ``None`` where no ordering is needed.
-        """
+        """Record now what an importer must wait for before using memory handed off now:
+        an ordering token, or ``None`` where no ordering is needed."""
         ...
 
     def export_fence(self) -> object | None:
-        """The ordering argument of one message (a pickling) that hands memory off now.
-
-        ``None`` where no ordering is needed; else an object whose ``token`` attribute is
-        :meth:`export_sync`'s token (bytes, or ``None`` for nothing to wait for), which the
-        message carries, and which is shared by every call of this thread while it is alive,
-        so every array of one pickling (whose memo keeps it alive) shares one record,
-        written once.
-        """
+        """The ordering argument of one message handing memory off now: ``None``, or an
+        object whose ``token`` is :meth:`export_sync`'s, shared by every call of this thread
+        while it is alive (one record per pickling)."""
         ...
 
     def import_sync(self, token: bytes) -> None:
-        """Make this process's current work wait for the point recorded by :meth:`export_sync`."""
+        """Make this process's current work wait for the point :meth:`export_sync` recorded."""
         ...
 
 
 @runtime_checkable
 class MappingBackend(Backend, Protocol):
-    """A backend whose chunks are mapped into reservations (``maps`` is true): the host
-    backend and cuda-vmm. Chunk sizes and mapping offsets are multiples of the granularity."""
+    """A backend whose chunks are mapped into reservations (``maps`` is true)."""
 
     def reserve(self, size: int) -> int:
-        """Reserve ``size`` bytes of address space and return its start address."""
+        """Reserve ``size`` bytes of address space; its start address."""
         ...
 
     def free_reservation(self, address: int, size: int) -> None:
@@ -335,9 +280,8 @@ class MappingBackend(Backend, Protocol):
     def set_access(
         self, address: int, size: int, access: Access, peers: Mapping[int, Access] | None = None
     ) -> None:
-        """Set the access of the owning device to a mapped range, and of ``peers`` (other
-        devices of the same kind, by index, each with its own access) where the memory
-        system has them (CUDA; the host has none and refuses any)."""
+        """Set the owning device's access to a mapped range, and that of ``peers`` (other
+        devices of the same kind, by index) where the memory system has them."""
         ...
 
     def unmap(self, address: int, size: int) -> None:
@@ -359,15 +303,9 @@ class ValueReader(Protocol):
 
 @runtime_checkable
 class StreamBackend(Backend, Protocol):
-    """A backend whose work is queued on streams (CUDA): stream-ordered 64-bit values and
-    external semaphores, each on the current stream of the backend's device.
-
-    Attributes
-    ----------
-    values_refused : str or None
-        Why :meth:`write_value` and :meth:`wait_value` cannot be used on this backend's
-        memory (a sentence saying what to use instead), or ``None`` when they can.
-    """
+    """A backend whose work is queued on streams (CUDA): 64-bit values and external
+    semaphores on its device's current stream. ``values_refused`` says why
+    :meth:`write_value` and :meth:`wait_value` cannot be used on its memory, or is ``None``."""
 
     values_refused: ClassVar[str | None]
 
@@ -376,34 +314,29 @@ class StreamBackend(Backend, Protocol):
         ...
 
     def write_value(self, address: int, value: int) -> None:
-        """Enqueue a write of the 64-bit ``value`` at device ``address`` on the current
-        stream (done once the stream's earlier work is)."""
+        """Enqueue a write of the 64-bit ``value`` at ``address`` on the current stream."""
         ...
 
     def wait_value(self, address: int, value: int) -> None:
-        """Make the current stream's later work wait until the 64-bit word at ``address`` is
-        at least ``value``."""
+        """Make the current stream's later work wait until the word at ``address`` is at
+        least ``value``."""
         ...
 
     def value_reader(self) -> ValueReader:
-        """A reader of 64-bit words of this device's memory that waits for no stream (its
-        own private one), released by its ``close`` or when it is freed."""
+        """A reader of 64-bit words of this device's memory that waits for no stream."""
         ...
 
     def import_semaphore(self, fd: int, timeline: bool) -> object:
-        """Import an external semaphore exported as a file descriptor (a binary one, or a
-        timeline with ``timeline``); takes ownership of ``fd`` (closed on failure too).
-        The handle returned is released by :meth:`destroy_semaphore` or when it is freed."""
+        """Import an external semaphore exported as ``fd`` (binary, or a timeline); takes
+        ownership of ``fd``. Released by :meth:`destroy_semaphore` or when freed."""
         ...
 
     def signal_semaphore(self, semaphore: object, value: int) -> None:
-        """Enqueue a signal of an imported semaphore (to ``value``, timelines) on the
-        current stream."""
+        """Enqueue a signal of an imported semaphore (to ``value``) on the current stream."""
         ...
 
     def wait_semaphore(self, semaphore: object, value: int) -> None:
-        """Make the current stream wait for an imported semaphore (to reach ``value``,
-        timelines)."""
+        """Make the current stream wait for an imported semaphore (to reach ``value``)."""
         ...
 
     def destroy_semaphore(self, semaphore: object) -> None:
@@ -413,11 +346,88 @@ class StreamBackend(Backend, Protocol):
 
 @runtime_checkable
 class BorrowingBackend(Backend, Protocol):
-    """A pointer backend that can share memory another library allocated (cuda-ipc), for
-    :func:`sharedarrays.share`."""
+    """A pointer backend that can share memory another library allocated (cuda-ipc)."""
 
     def borrow_chunk(self, pointer: int, owner: object) -> tuple[Chunk, int]:
-        """The chunk of the allocation that holds ``pointer`` (holding ``owner``, which keeps
-        that memory allocated) and ``pointer``'s offset in it; raises
-        :class:`~sharedarrays.NotShareable` where the memory cannot be exported."""
+        """The chunk of the allocation holding ``pointer`` (holding ``owner``) and
+        ``pointer``'s offset in it; raises :class:`~sharedarrays.NotShareable` where the
+        memory cannot be exported."""
         ...
+
+
+class DeviceBase:
+    """What the accelerator backends share: their device, fork detection, size checks, and
+    no sealing (their handles carry no access mode: read-only is the importer's setting)."""
+
+    name: ClassVar[str]
+    device: Device
+    _pid: int
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.device})"
+
+    @property
+    def granularity(self) -> int:
+        """Chunk sizes are multiples of this many bytes (each backend says)."""
+        raise NotImplementedError
+
+    def _take(self, device: Device, kind: str, what: str, why: Callable[[int], str | None]) -> None:
+        """Serve ``device``, of ``kind`` (``what`` in messages), unless ``why`` says no."""
+        if device.kind != kind:
+            raise BackendUnavailable(f"the {self.name} backend needs {what}, not {device}")
+        reason = why(device.index)
+        if reason is not None:
+            raise BackendUnavailable(f"cannot use {device}: {reason}")
+        self.device = device
+        self._pid = os.getpid()
+
+    def _forked(self) -> bool:
+        return os.getpid() != self._pid
+
+    def _check_size(self, size: int, what: str) -> None:
+        if size <= 0 or size % self.granularity:
+            raise ValueError(
+                f"{what} must be a positive multiple of the granularity "
+                f"({self.granularity} bytes), got {size}"
+            )
+
+    def _check_import_size(self, size: int) -> None:
+        if size <= 0 or size % self.granularity:
+            raise PayloadError(
+                f"chunk size {size} is not a positive multiple of {self.device}'s "
+                f"granularity ({self.granularity} bytes)"
+            )
+
+    def check_memory(self, nbytes: int) -> None:
+        """Nothing to check beforehand: the driver takes the memory when a chunk is made,
+        and fails then with an :class:`~sharedarrays.OutOfMemory`."""
+
+    def seal(self, chunk: Chunk, readonly: bool) -> bool:
+        """Nothing to seal: the handle carries no access mode (read-only is a promise)."""
+        return False
+
+    def reopen_readonly(self, fd: int) -> int | None:
+        """The handle carries no access mode: read-only is set by each importer."""
+        return None
+
+
+class SyncOrdering:
+    """Ordering by synchronising the device when memory is handed off (no interprocess
+    events): an importer has nothing to wait for."""
+
+    if TYPE_CHECKING:
+
+        def synchronize(self) -> None: ...
+
+    def export_sync(self) -> bytes | None:
+        """Wait for the device's queued work now; no token."""
+        self.synchronize()
+        return None
+
+    def export_fence(self) -> object | None:
+        """See :meth:`export_sync`."""
+        self.synchronize()
+        return None
+
+    def import_sync(self, token: bytes) -> None:
+        """Nothing to wait for (see :meth:`export_sync`)."""

@@ -1,10 +1,7 @@
-"""Devices: ``"cpu"``, and the kinds the backends register (``"cuda"``: ``"cuda"``,
-``"cuda:N"`` or ``N``, also a ``cupy.cuda.Device`` or a ``torch.device``).
-
-The ``cpu`` kind is always there (host memory, which the CPU addresses directly). Every
-other kind is an accelerator whose devices are numbered; a backend registration adds its kind
-here (:func:`add_kind`, called by :func:`sharedarrays.backends.registry.register`) with the
-function that says why a device of that kind cannot be used. This module imports no backend.
+"""Devices: ``"cpu"`` and the numbered accelerator kinds backends register (``"cuda"``,
+``"cuda:N"`` or ``N``; also a ``cupy.cuda.Device`` or a ``torch.device``). Each kind comes
+with the function saying why one of its devices cannot be used (:func:`add_kind`). This
+module imports no backend.
 """
 
 from __future__ import annotations
@@ -24,7 +21,7 @@ __all__ = ["Device", "DeviceLike", "CPU", "add_kind", "kinds", "parse_name", "pa
 
 @runtime_checkable
 class TorchDeviceLike(Protocol):
-    """A ``torch.device``: a kind (``type``, ``"cpu"`` or ``"cuda"``) and an optional index."""
+    """A ``torch.device``."""
 
     @property
     def type(self) -> str: ...
@@ -35,7 +32,7 @@ class TorchDeviceLike(Protocol):
 
 @runtime_checkable
 class CupyDeviceLike(Protocol):
-    """A ``cupy.cuda.Device``: a CUDA device ordinal (``id``)."""
+    """A ``cupy.cuda.Device``."""
 
     @property
     def id(self) -> int: ...
@@ -47,22 +44,13 @@ DeviceLike = Union["Device", str, SupportsIndex, TorchDeviceLike, CupyDeviceLike
 
 _NAME_RE = re.compile(r"^([a-z][a-z0-9_]*)(?::([0-9]+))?\Z")
 
-_kinds: dict[str, Callable[[int], str | None]] = {}
-"""Accelerator kind -> why its device N cannot be used here (``None`` when it can), in the
-order ``device=None`` tries them."""
+_kinds: dict[str, Callable[[int], str | None]] = {}  # kind -> why_unusable, in device=None's order
 
 
 def add_kind(kind: str, why_unusable: Callable[[int], str | None]) -> None:
-    """Register an accelerator device kind (a backend registration does it for its kind).
-
-    Parameters
-    ----------
-    kind : str
-        The kind's name, lower case (``"cuda"``); devices are named ``kind`` and ``kind:N``.
-    why_unusable : callable
-        ``why_unusable(index)``: why device ``kind:index`` cannot be used in this process, or
-        ``None`` when it can. It must not raise.
-    """
+    """Register accelerator kind ``kind`` (lower case; devices ``kind`` and ``kind:N``) with
+    ``why_unusable(index)``, which says why ``kind:index`` cannot be used here (``None``: it
+    can) and must not raise."""
     if kind == "cpu" or not _NAME_RE.match(kind) or ":" in kind:
         raise ValueError(f"{kind!r} cannot be a device kind")
     _kinds.setdefault(kind, why_unusable)
@@ -75,15 +63,8 @@ def kinds() -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Device:
-    """Where an allocation's physical memory lives.
-
-    Attributes
-    ----------
-    kind : str
-        ``"cpu"`` or a registered accelerator kind (``"cuda"``).
-    index : int
-        The device ordinal (always 0 for ``"cpu"``).
-    """
+    """Where an allocation's physical memory lives: ``kind`` (``"cpu"`` or a registered
+    accelerator kind) and ``index`` (always 0 for ``"cpu"``)."""
 
     kind: str
     index: int = 0
@@ -92,8 +73,7 @@ class Device:
         return "cpu" if self.kind == "cpu" else f"{self.kind}:{self.index}"
 
     def __eq__(self, other: object) -> bool:
-        """Equal to the same device, and to its name: ``Device("cuda", 0) == "cuda:0"``
-        (only the exact name :func:`str` gives, so that equal objects hash alike)."""
+        """Equal to the same device and to its exact name (``"cuda:0"``; so hashes agree)."""
         if isinstance(other, Device):
             return (self.kind, self.index) == (other.kind, other.index)
         if isinstance(other, str):
@@ -105,14 +85,12 @@ class Device:
 
     @property
     def is_cuda(self) -> bool:
-        """Whether this is a CUDA device (its kind is ``"cuda"``)."""
+        """Whether its kind is ``"cuda"``."""
         return self.kind == "cuda"
 
     @property
     def needs_context(self) -> bool:
-        """Whether this device's memory needs a GPU context: it is not host memory, the CPU
-        does not address it directly, and a process forked after the context was made cannot
-        use it. False for ``cpu`` only."""
+        """Whether its memory needs a device context (not usable after fork): all but ``cpu``."""
         return self.kind != "cpu"
 
 
@@ -125,8 +103,8 @@ def _forms() -> str:
 
 
 def _foreign(device: object) -> str | int | None:
-    """A ``torch.device`` as a name, a ``cupy.cuda.Device`` as its ordinal (recognised by
-    their attributes and type names, without importing either library), else None."""
+    """A ``torch.device`` as a name, a ``cupy.cuda.Device`` as its ordinal, else ``None``
+    (without importing either library)."""
     module = type(device).__module__.split(".")[0]
     if module == "torch" and isinstance(device, TorchDeviceLike):
         kind, index = str(device.type), device.index
@@ -137,12 +115,8 @@ def _foreign(device: object) -> str | int | None:
 
 
 def parse_name(device: DeviceLike) -> Device:
-    """Turn a device argument into a :class:`Device` by its form only, without asking whether
-    it can be used here (see :func:`parse_device`); ``None`` is not accepted.
-
-    An int ``N`` (or a NumPy integer) is device ``N`` of the first registered accelerator
-    kind; a ``cupy.cuda.Device`` is its CUDA device, a ``torch.device`` the device of its
-    name (``torch.device("cuda")`` is ``cuda:0``).
+    """A device argument (not ``None``) as a :class:`Device`, by its form only. An int is
+    device ``N`` of the first registered accelerator kind.
 
     Raises
     ------
@@ -186,13 +160,8 @@ def parse_name(device: DeviceLike) -> Device:
 
 
 def parse_device(device: DeviceLike) -> Device:
-    """Turn a user's device argument into a :class:`Device` that can be used here.
-
-    Parameters
-    ----------
-    device : Device, str, int, torch.device, cupy.cuda.Device or None
-        ``None`` picks device 0 of the first registered kind that can be used here
-        (``cuda:0`` when a CUDA device is usable), else ``cpu``.
+    """A user's device argument as a :class:`Device` usable here; ``None`` picks device 0 of
+    the first registered kind usable here, else ``cpu``.
 
     Raises
     ------

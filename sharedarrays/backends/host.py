@@ -1,18 +1,10 @@
-"""The host backend: memfd chunks mapped into reserved address ranges.
+"""The host backend: memfd chunks mapped into reserved address ranges, the same model as
+CUDA VMM on any Linux machine.
 
-The same model as CUDA VMM, on any Linux machine:
-
-========== ============================================
-reservation ``mmap(PROT_NONE, MAP_PRIVATE|MAP_ANONYMOUS|MAP_NORESERVE)``
-chunk       ``memfd_create`` + ``ftruncate`` (sealed against resizing; a read-only
-            array's chunks also against every new write, ``F_SEAL_FUTURE_WRITE``)
-mapping     ``mmap(MAP_FIXED|MAP_SHARED)`` of the memfd inside the reservation
-access      ``mprotect``
-handle      the memfd itself
-========== ============================================
-
-Python's :mod:`mmap` module cannot map at a fixed address, so the three calls it lacks
-(``mmap`` with ``MAP_FIXED``, ``munmap``, ``mprotect``) go through libc with :mod:`ctypes`.
+A reservation is an anonymous ``PROT_NONE`` mapping; a chunk a sealed memfd (its handle);
+mapping is ``mmap(MAP_FIXED|MAP_SHARED)`` of the memfd inside the reservation; access is
+``mprotect``. Python's :mod:`mmap` cannot map at a fixed address, so ``mmap``, ``munmap``
+and ``mprotect`` go through libc with :mod:`ctypes`.
 """
 
 from __future__ import annotations
@@ -39,7 +31,7 @@ from sharedarrays.errors import (
     fd_limit_error,
 )
 
-__all__ = ["HostBackend", "check_chunk_fd", "memory_available"]
+__all__ = ["HostBackend", "check_chunk_fd", "memory_available", "to_numpy"]
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
@@ -65,11 +57,8 @@ _F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x0010)  # Linux 5.
 
 
 def check_chunk_fd(fd: int, size: int) -> None:
-    """Refuse a received handle that is not a chunk of ``size`` bytes sealed against shrinking.
-
-    A memfd that its sender could still shrink would kill the process that maps it with
-    ``SIGBUS`` at the first touch past the new end; ``F_GET_SEALS`` also refuses anything that
-    is not a memfd (a file, a socket, a pipe). Does not close ``fd``.
+    """Refuse a received handle that is not a memfd of ``size`` bytes sealed against
+    shrinking (its sender could otherwise crash the mapper with ``SIGBUS``). Keeps ``fd``.
 
     Raises
     ------
@@ -98,13 +87,11 @@ def check_chunk_fd(fd: int, size: int) -> None:
 
 
 _overcommit: int | None = None
-"""``vm.overcommit_memory`` as :func:`_overcommit_mode` read it (``None``: not read yet)."""
 
 
 def _overcommit_mode() -> int:
-    """``vm.overcommit_memory`` (0 heuristic, 1 always, 2 strict; read once per process).
-    A read that fails (no ``/proc``, too many open files) answers 0 and is not kept: the
-    next call reads again."""
+    """``vm.overcommit_memory`` (0 heuristic, 1 always, 2 strict), read once; a failed read
+    answers 0 and is tried again next time."""
     global _overcommit
     if _overcommit is None:
         try:
@@ -116,14 +103,9 @@ def _overcommit_mode() -> int:
 
 
 def memory_available() -> tuple[int, str] | None:
-    """Bytes of memory a new host chunk may still use, and how that was reckoned.
-
-    ``MemAvailable + SwapFree`` from ``/proc/meminfo`` (memfd pages are taken when first
-    touched, and may be swapped out); under ``vm.overcommit_memory=2`` (strict) at most
-    ``CommitLimit - Committed_AS``, which the kernel charges those pages against. ``None``
-    under ``vm.overcommit_memory=1`` (the administrator asked for no such check) or when
-    ``/proc`` cannot be read.
-    """
+    """Bytes a new host chunk may still use, and how that was reckoned: ``MemAvailable +
+    SwapFree``, under strict overcommit at most ``CommitLimit - Committed_AS``; ``None``
+    under ``vm.overcommit_memory=1`` or when ``/proc/meminfo`` cannot be read."""
     mode = _overcommit_mode()
     if mode == 1:
         return None
@@ -202,34 +184,35 @@ class _HostMemory:
         self.__array_interface__ = interface
 
 
-def as_host_array(
-    address: int,
-    owner: object,
-    dtype: np.dtype[Any],
-    shape: tuple[int, ...],
-    strides: tuple[int, ...],
-    readonly: bool,
-) -> np.ndarray[Any, Any]:
-    """A NumPy array over memory this process's CPU addresses directly (a host mapping, or an
-    integrated device's memory), which keeps ``owner`` alive; nothing is copied."""
-    return np.asarray(_HostMemory(address, owner, dtype, shape, strides, readonly))
-
-
 def host_view(view: NativeView) -> np.ndarray[Any, Any]:
-    """:func:`as_host_array` of a :class:`~sharedarrays.backends.base.NativeView`: a NumPy
-    array over memory the CPU addresses directly, nothing copied."""
+    """A NumPy array over memory the CPU addresses directly (a host mapping, an integrated
+    device's memory), keeping ``view.owner`` alive; nothing is copied."""
     address, _, offset, owner, dtype, shape, strides, readonly, _ = view
     return np.asarray(_HostMemory(address + offset, owner, dtype, shape, strides, readonly))
 
 
 def host_copy(buffer: np.ndarray[Any, Any], view: NativeView) -> np.ndarray[Any, Any]:
-    """A read-only NumPy copy of ``view`` out of ``buffer``, the whole mapped range copied
-    to the host (by a device that the CPU cannot address)."""
+    """A read-only NumPy copy of ``view`` out of ``buffer``, the whole mapped range copied to
+    the host."""
     copy: np.ndarray[Any, Any] = np.ndarray(
         view.shape, dtype=view.dtype, buffer=buffer, offset=view.offset, strides=view.strides
     ).copy()
     copy.flags.writeable = False
     return copy
+
+
+def to_numpy(obj: Any) -> np.ndarray[Any, Any]:
+    """``obj`` as a NumPy array (may copy): a torch tensor through ``.cpu()``, an object with
+    ``.get()`` (CuPy) through it."""
+    if isinstance(obj, np.ndarray):
+        return obj
+    cpu = getattr(obj, "cpu", None)
+    if callable(cpu) and hasattr(obj, "numpy"):
+        return np.asarray(cpu().detach().numpy())
+    get = getattr(obj, "get", None)
+    if callable(get):
+        return np.asarray(get())
+    return np.asarray(obj)
 
 
 class HostBackend:
@@ -241,7 +224,7 @@ class HostBackend:
     exporter_owned: ClassVar[bool] = False
     peer_access: ClassVar[bool] = False
 
-    def __init__(self) -> None:
+    def __init__(self, device: Device = CPU) -> None:
         self.device: Device = CPU
 
     @property
@@ -249,14 +232,10 @@ class HostBackend:
         """The page size."""
         return mmap.PAGESIZE
 
-    # chunks -----------------------------------------------------------------------------
     def check_memory(self, nbytes: int) -> None:
-        """Refuse new memory larger than what is available (:func:`memory_available`).
-
-        ``ftruncate`` of a memfd never fails for its size: without this check memory beyond
-        the machine's would be made, and its first touch would end the process (``SIGBUS``)
-        or wake the OOM killer. At most half the free RAM is accepted without reading
-        ``/proc/meminfo`` (``sysconf``, 0.4 us, against 35 us).
+        """Refuse more memory than is available (:func:`memory_available`): ``ftruncate``
+        never fails, and a first touch past the machine's memory means ``SIGBUS`` or the OOM
+        killer. Up to half the free RAM passes on a cheap ``sysconf`` alone.
 
         Raises
         ------
@@ -276,13 +255,8 @@ class HostBackend:
         )
 
     def create_chunk(self, size: int) -> Chunk:
-        """A memfd of ``size`` bytes, sealed against resizing (see :meth:`check_memory`).
-
-        Raises
-        ------
-        HandleUnavailable
-            This process (or the system) has as many open files as it may.
-        """
+        """A memfd of ``size`` bytes, sealed against resizing
+        (:class:`~sharedarrays.HandleUnavailable` when no more files can be opened)."""
         try:
             fd = os.memfd_create("sharedarrays", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         except OSError as e:
@@ -298,11 +272,8 @@ class HostBackend:
         return Chunk(size=size, handle=fd, fd=fd)
 
     def seal(self, chunk: Chunk, readonly: bool) -> bool:
-        """Seal a chunk made here once this process has mapped it: no further seals, and with
-        ``readonly`` no new write either (``F_SEAL_FUTURE_WRITE``): no process, this one
-        included, can map it writable again, ``mprotect`` a mapping of it writable or
-        ``write`` to it, through any fd (also one opened again through ``/proc``). The
-        mappings made before keep their access.
+        """Forbid further seals and, with ``readonly``, every new write in any process
+        through any fd (``F_SEAL_FUTURE_WRITE``); mappings made before keep their access.
 
         Raises
         ------
@@ -324,16 +295,8 @@ class HostBackend:
         return True
 
     def reopen_readonly(self, fd: int) -> int | None:
-        """Open the memfd again ``O_RDONLY``, so that a mistake cannot map it writable (a
-        deliberate attempt can open it again read-write through ``/proc``: what stops that
-        is the seal against new writes, :meth:`seal`).
-
-        Raises
-        ------
-        HandleUnavailable
-            The memfd cannot be opened again (this process has as many files open as it
-            may, or ``/proc`` is not there).
-        """
+        """Open the memfd again ``O_RDONLY`` (against mistakes; :meth:`seal` stops the rest);
+        :class:`~sharedarrays.HandleUnavailable` with too many open files or no ``/proc``."""
         try:
             return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
         except OSError as e:
@@ -356,7 +319,6 @@ class HostBackend:
             fd, chunk.fd, chunk.handle = chunk.fd, -1, -1
             os.close(fd)
 
-    # address space ----------------------------------------------------------------------
     def reserve(self, size: int) -> int:
         flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE
         address: int | None = _libc.mmap(None, size, 0, flags, -1, 0)
@@ -394,8 +356,7 @@ class HostBackend:
     def set_access(
         self, address: int, size: int, access: Access, peers: Mapping[int, Access] | None = None
     ) -> None:
-        """``mprotect``. A chunk of a ``readonly=True`` array mapped by a process other than
-        its creator (or anew by the creator) cannot become writable: the kernel refuses."""
+        """``mprotect``; the kernel refuses write access to a sealed read-only chunk."""
         if peers:
             raise ValueError("host memory has no peer devices: access= takes 'cpu' only")
         if _libc.mprotect(address, size, _PROT[access]) != 0:
@@ -414,27 +375,20 @@ class HostBackend:
             raise OSError(err, f"set access: {os.strerror(err)}")  # pragma: no cover - a bug
 
     def unmap(self, address: int, size: int) -> None:
-        # Put the reservation's PROT_NONE placeholder back rather than leaving a hole that
-        # another mmap could take.
+        # put the PROT_NONE placeholder back: a hole could be taken by another mmap
         flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE | _MAP_FIXED
         _check_mmap(_libc.mmap(address, size, 0, flags, -1, 0), "unmap")
 
     def synchronize(self) -> None:
         """Nothing to wait for: host memory is accessed synchronously."""
 
-    # arrays -----------------------------------------------------------------------------
-    def as_native(self, view: NativeView) -> np.ndarray[Any, Any]:
-        """A NumPy array over the mapping, which keeps ``view.owner`` alive (:func:`host_view`,
-        written out: a growable allocation's views ask it for their ``.array``)."""
-        address, _, offset, owner, dtype, shape, strides, readonly, _ = view
-        return np.asarray(_HostMemory(address + offset, owner, dtype, shape, strides, readonly))
+    as_native = staticmethod(host_view)
 
     def native_memory(
         self, address: int, size: int, owner: object, readonly: bool, device_index: int | None
     ) -> np.ndarray[Any, Any]:
-        """The mapped range as a NumPy byte array that keeps ``owner`` alive (read-only if
-        ``readonly``): what :meth:`native_view` derives the views' arrays from."""
-        return as_host_array(address, owner, _BYTES, (size,), (1,), readonly)
+        """The mapped range as a NumPy byte array keeping ``owner`` alive."""
+        return np.asarray(_HostMemory(address, owner, _BYTES, (size,), (1,), readonly))
 
     def native_view(
         self,
@@ -445,8 +399,7 @@ class HostBackend:
         strides: tuple[int, ...],
         readonly: bool,
     ) -> np.ndarray[Any, Any]:
-        """A NumPy array over ``base``'s buffer (the whole allocation as bytes), which it
-        keeps alive; read-only if ``readonly`` or if ``base`` is."""
+        """A NumPy array over ``base``'s buffer, read-only if ``readonly`` or ``base`` is."""
         view: np.ndarray[Any, Any] = np.ndarray(
             shape, dtype, buffer=base, offset=offset, strides=strides
         )
@@ -462,9 +415,7 @@ class HostBackend:
         strides: tuple[int, ...],
         readonly: bool,
     ) -> bool:
-        """Whether ``native`` (from :meth:`native_view`) still has the layout and
-        writeability it was made with (a NumPy array's shape, strides, dtype and writeable
-        flag can be set; its data pointer cannot)."""
+        """Whether ``native`` still has its layout and writeability (all can be set)."""
         return (
             native.shape == shape
             and native.strides == strides
@@ -491,24 +442,14 @@ class HostBackend:
         return 0
 
     def export_sync(self) -> bytes | None:
+        """Nothing to order: host memory is accessed synchronously."""
         return None
 
     def export_fence(self) -> object | None:
-        """Nothing to order on the host backend."""
         return None
 
     def import_sync(self, token: bytes) -> None:
-        """Nothing to wait for on the host backend."""
+        pass
 
 
-register(
-    Registration(
-        name=HostBackend.name,
-        kind="cpu",
-        factory=lambda device: HostBackend(),
-        preference=0,
-        maps=HostBackend.maps,
-        exporter_owned=HostBackend.exporter_owned,
-        check_handle=check_chunk_fd,
-    )
-)
+register(Registration.of(HostBackend, "cpu", 0, check_handle=check_chunk_fd))

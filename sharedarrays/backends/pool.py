@@ -1,28 +1,15 @@
-"""Memory-pool backends, written once for every GPU vendor (``cuda-pool``, ``hip-pool``):
-stream-ordered allocations from an IPC-capable pool.
+"""The memory-pool backend of every GPU vendor (``cuda-pool``, ``hip-pool``): stream-ordered
+allocations from an IPC-capable pool.
 
-CUDA and HIP have the same pool IPC API under two names. :class:`PoolBackend` is the backend,
-written against :class:`PoolCalls`, a table of the vendor's driver calls:
+:class:`PoolBackend` is written against :class:`PoolCalls`, a table of the vendor's driver
+calls. Each process makes one pool per device on first use and exports its fd once; a chunk
+is one allocation from it, synchronised before any importer can see it, whose handle is the
+pool's 16-byte id and the pointer's 64-byte export data. An importer imports each pool once
+(kept while any pointer of it is open) and each pointer per allocation.
 
-=========== =================================================================
-pool        :meth:`PoolCalls.create_pool` (pinned memory of this device, handle type POSIX
-            file descriptor), one per process and device, made on first use and exported
-            once (:meth:`PoolCalls.export_pool`); its fd is what the handle server sends,
-            once per importer of each allocation
-chunk       :meth:`PoolCalls.allocate` on the vendor's stream, then
-            :meth:`PoolCalls.synchronize` (so the allocation is complete before any importer
-            can see it); one per allocation
-handle      :meth:`PoolCalls.export_pointer`: 64 bytes after the pool's 16-byte id, sent
-            with the pool's fd by the exporter's handle server
-importer    :meth:`PoolCalls.import_pool` once per pool (kept while any pointer of it is
-            open), :meth:`PoolCalls.import_pointer` per allocation, :meth:`PoolCalls.free`
-            when it releases the allocation, :meth:`PoolCalls.destroy_pool` after the last
-=========== =================================================================
-
-Lifetime: the drivers require every importer to free a pool allocation before its exporter
-does. The exporter enforces that order: an allocation it releases keeps its memory until
-every process it served has freed it or exited (``exporter_owned``; see
-:meth:`sharedarrays.Allocation.release`).
+The drivers require every importer to free a pool allocation before its exporter does: the
+exporter keeps a released allocation until every process it served has freed it or exited
+(``exporter_owned``; see :meth:`sharedarrays.Allocation.release`).
 """
 
 from __future__ import annotations
@@ -32,7 +19,7 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from sharedarrays.backends.base import Chunk
+from sharedarrays.backends.base import Chunk, DeviceBase
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import DriverError, HandleUnavailable, PayloadError
 
@@ -49,57 +36,24 @@ EXPORT_BYTES = POOL_ID_BYTES + POINTER_BYTES
 
 class PoolCalls(Protocol):
     """One vendor's pool IPC driver calls, each checked (raising the vendor's
-    :class:`~sharedarrays.DriverError`, whose ``call`` names the driver function)."""
+    :class:`~sharedarrays.DriverError`)."""
 
-    def create_pool(self) -> Any:
-        """A new pool of pinned memory of the device, exportable as a POSIX fd."""
-        ...
-
-    def export_pool(self, pool: Any) -> int:
-        """A new POSIX fd of ``pool`` (none is left open on failure)."""
-        ...
-
-    def destroy_pool(self, pool: Any) -> None:
-        """Destroy a pool (an imported one: once its last pointer is freed)."""
-        ...
-
-    def stream(self) -> int:
-        """The stream allocations are made on."""
-        ...
-
-    def allocate(self, size: int, pool: Any, stream: int) -> int:
-        """``size`` bytes from ``pool`` on ``stream``; the pointer."""
-        ...
-
-    def synchronize(self, stream: int) -> None:
-        """Wait for ``stream``."""
-        ...
-
-    def export_pointer(self, pointer: int) -> bytes:
-        """The :data:`POINTER_BYTES` export data of an allocation of this process's pool."""
-        ...
-
-    def import_pool(self, fd: int) -> Any:
-        """The pool exported as ``fd`` (the fd stays the caller's)."""
-        ...
-
-    def import_pointer(self, pool: Any, data: bytes) -> int:
-        """The pointer of the allocation exported as ``data``, in the imported ``pool``."""
-        ...
-
-    def free(self, pointer: int) -> None:
-        """Free a pointer (own, or imported)."""
-        ...
-
-    def too_large(self, size: int) -> str | None:
-        """Why an allocation of ``size`` bytes is refused (made or imported), or ``None``."""
-        ...
+    def create_pool(self) -> Any: ...  # pinned device memory, exportable as a POSIX fd
+    def export_pool(self, pool: Any) -> int: ...  # a new fd; none left open on failure
+    def destroy_pool(self, pool: Any) -> None: ...
+    def stream(self) -> int: ...  # the stream allocations are made on
+    def allocate(self, size: int, pool: Any, stream: int) -> int: ...
+    def synchronize(self, stream: int) -> None: ...
+    def export_pointer(self, pointer: int) -> bytes: ...  # POINTER_BYTES of an own allocation
+    def import_pool(self, fd: int) -> Any: ...  # the fd stays the caller's
+    def import_pointer(self, pool: Any, data: bytes) -> int: ...
+    def free(self, pointer: int) -> None: ...
+    def too_large(self, size: int) -> str | None: ...  # why ``size`` is refused, or None
 
 
-class PoolBackend:
-    """Stream-ordered memory of one GPU shared through an exported memory pool: the backend
-    of every vendor's pool IPC, put before the vendor's device base class (``class
-    CudaPoolBackend(PoolBackend, CudaDevice)``), with :meth:`table` making its
+class PoolBackend(DeviceBase):
+    """Stream-ordered memory of one GPU shared through an exported pool: every vendor's pool
+    backend, put before the vendor's device base class, with :meth:`table` making its
     :class:`PoolCalls`."""
 
     zeroed: ClassVar[bool] = False
@@ -107,16 +61,12 @@ class PoolBackend:
     exporter_owned: ClassVar[bool] = True
 
     if TYPE_CHECKING:  # what the vendor's device base class provides
-        name: ClassVar[str]
-        device: Device
 
         def context(self) -> contextlib.AbstractContextManager[None]: ...
         def synchronize(self) -> None: ...
-        def _forked(self) -> bool: ...
-        def _check_size(self, size: int, what: str) -> None: ...
 
     def table(self) -> PoolCalls:
-        """The vendor's calls for this backend (each vendor's subclass says)."""
+        """The vendor's calls for this backend."""
         raise NotImplementedError
 
     def __init__(self, device: Device) -> None:
@@ -155,14 +105,9 @@ class PoolBackend:
             self._pool, self._pool_fd = pool, fd
             return pool
 
-    def check_memory(self, nbytes: int) -> None:
-        """Nothing to check beforehand: the pool takes the device memory when a chunk is
-        made, and fails then with an :class:`~sharedarrays.OutOfMemory`."""
-
     def create_chunk(self, size: int) -> Chunk:
-        """Allocate ``size`` bytes from this process's pool on the vendor's stream (CUDA: the
-        current one; HIP: the null stream), wait for the allocation, and export the pointer
-        (once)."""
+        """Allocate ``size`` bytes from this process's pool on the vendor's stream, wait for
+        the allocation, and export the pointer (once)."""
         self._check_size(size, "a chunk size")
         calls = self._calls
         why = calls.too_large(size)
@@ -182,29 +127,17 @@ class PoolBackend:
         export = self._pool_id + data
         return Chunk(size=size, handle=ptr, fd=self._pool_fd, address=ptr, export=export)
 
-    def seal(self, chunk: Chunk, readonly: bool) -> bool:
-        """Nothing to seal: pool handles carry no access mode (read-only is a promise)."""
-        return False
-
-    def reopen_readonly(self, fd: int) -> int | None:
-        """Pool handles carry no access mode: a read-only export is the importer's promise."""
-        return None
-
     def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
-        """Open another process's pool allocation: ``export`` is its pool id and pointer
-        data, ``fd`` the pool's exported fd (imported once per pool, then closed; ``-1`` once
-        this process has the pool).
+        """Open another process's pool allocation from ``export`` (pool id and pointer data)
+        and ``fd``, the pool's fd (imported once per pool, then closed; or ``-1``).
 
         Raises
         ------
         PayloadError
             ``export`` is not :data:`EXPORT_BYTES` long, ``fd`` is no exported pool, or the
-            vendor refuses ``size`` (cuda-pool: above
-            :func:`~sharedarrays.backends.cuda.pool.max_bytes`, where the driver would crash
-            this process).
+            vendor refuses ``size`` (:meth:`PoolCalls.too_large`).
         HandleUnavailable
-            The pool is not known here and no fd came with it, or the driver refused the
-            pointer (its memory was freed).
+            The pool is not open here and no fd came, or the pointer's memory was freed.
         """
         calls = self._calls
         try:
@@ -249,10 +182,9 @@ class PoolBackend:
         return Chunk(size=size, handle=ptr, fd=-1, address=ptr, export=export, imported=True)
 
     def release_chunk(self, chunk: Chunk) -> None:
-        """Wait for queued work, then free the pointer; an importer also closes the imported
-        pool after its last pointer, also where the wait or the free failed (the pointer is
-        given up then: destroying an imported pool defers to its last outstanding pointer).
-        The pool fd stays with the backend. Idempotent; a no-op in a forked child."""
+        """Wait for queued work, then free the pointer; an importer closes the imported pool
+        after its last pointer, even where the wait or free failed. The pool fd stays with
+        the backend. Idempotent; a no-op in a forked child."""
         ptr = chunk.handle
         if ptr < 0:
             return

@@ -1,17 +1,11 @@
 """The seam memory systems plug into: one :class:`Registration` per backend.
 
-A backend module ends with one call::
-
-    register(Registration(name="cuda-vmm", kind="cuda", factory=CudaVmmBackend,
-                          preference=0, maps=True, exporter_owned=False,
-                          why_unusable=lambda index: ...))
-
-and ``sharedarrays/backends/__init__.py`` imports the module. Everything above the backends
-asks this registry, never a backend's name: which backend ``backend="auto"`` means on a
-device (:func:`choose_backend`), the device a payload's memory belongs to
-(:func:`device_of`), why a backend cannot be used here (:func:`why_unusable`), and the
-process-wide backend object (:func:`get_backend`). Registering a backend of a new device kind
-adds that kind to device parsing (:func:`sharedarrays.backends.device.add_kind`).
+A backend module ends with one ``register(Registration(...))`` call and is imported by
+``sharedarrays/backends/__init__.py``. Everything above the backends asks this registry,
+never a backend's name: what ``backend="auto"`` means (:func:`choose_backend`), the device of
+a payload's memory (:func:`device_of`), why a backend is unusable (:func:`why_unusable`), and
+the process-wide backend object (:func:`get_backend`). A new device kind is added to device
+parsing on its first registration.
 """
 
 from __future__ import annotations
@@ -19,6 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from sharedarrays.backends.base import Backend
 from sharedarrays.backends.device import Device, add_kind, kinds, parse_name
@@ -51,27 +46,21 @@ class Registration:
     Attributes
     ----------
     name : str
-        The backend's name in payloads, ``backend=`` and widgets (``"cuda-vmm"``).
+        Its name in payloads, ``backend=`` and widgets.
     kind : str
-        The device kind it serves (``"cpu"``, ``"cuda"``); its memory belongs to a device of
-        that kind.
+        The device kind it serves (``"cpu"``, ``"cuda"``).
     factory : callable
-        ``factory(device)`` makes the backend object for a device of that kind.
+        ``factory(device)`` makes the backend object.
     preference : int
-        Its place in what ``backend="auto"`` tries on a device of its kind: lowest first
-        (ties in registration order).
-    maps : bool
-        Whether its chunks are mapped into reservations (:class:`~.base.MappingBackend`).
-    exporter_owned : bool
-        Whether its memory lives only while the exporter keeps it.
+        Its place in what ``backend="auto"`` tries on its kind: lowest first.
+    maps, exporter_owned : bool
+        As the backend's attributes.
     why_unusable : callable
-        ``why_unusable(index)``: why it cannot be used on device ``index`` of its kind in
-        this process, or ``None`` when it can; must not raise (default: always usable).
+        ``why_unusable(index)``: why it cannot be used on device ``index`` here, or
+        ``None``; must not raise.
     check_handle : callable, optional
-        ``check_handle(fd, size)``: refuse (``PayloadError``) a chunk handle received from
-        another process that is not a chunk of ``size`` bytes this backend can safely keep
-        and map (host: a memfd sealed against shrinking); ``None``: no check. Does not close
-        ``fd``.
+        ``check_handle(fd, size)``: refuse (``PayloadError``) a received chunk handle this
+        backend cannot safely keep and map; does not close ``fd``.
     """
 
     name: str
@@ -83,6 +72,20 @@ class Registration:
     why_unusable: Callable[[int], str | None] = _usable
     check_handle: Callable[[int, int], None] | None = None
 
+    @classmethod
+    def of(
+        cls,
+        backend: Callable[[Device], Backend],
+        kind: str,
+        preference: int,
+        why_unusable: Callable[[int], str | None] = _usable,
+        check_handle: Callable[[int, int], None] | None = None,
+    ) -> Registration:
+        """The registration of backend class ``backend``, its name and flags read from it."""
+        b: Any = backend
+        flags = (b.maps, b.exporter_owned)
+        return cls(b.name, kind, backend, preference, *flags, why_unusable, check_handle)
+
 
 _registry: dict[str, Registration] = {}
 _lock = threading.Lock()
@@ -90,13 +93,8 @@ _backends: dict[tuple[str, Device], Backend] = {}
 
 
 def register(reg: Registration) -> None:
-    """Add a backend (and, the first time, its device kind).
-
-    Raises
-    ------
-    ValueError
-        Another registration already has that name.
-    """
+    """Add a backend (and, the first time, its device kind); :class:`ValueError` if another
+    registration has that name."""
     known = _registry.get(reg.name)
     if known is not None and known != reg:
         raise ValueError(f"a backend named {reg.name!r} is already registered")
@@ -107,13 +105,8 @@ def register(reg: Registration) -> None:
 
 
 def registration(name: str) -> Registration:
-    """The registration of backend ``name``.
-
-    Raises
-    ------
-    ValueError
-        No backend of that name is registered (the message lists those that are).
-    """
+    """The registration of backend ``name``; :class:`ValueError` naming those there are if
+    none has that name."""
     reg = _registry.get(name)
     if reg is None:
         raise ValueError(f"unknown backend {name!r}; choose 'auto' or one of {', '.join(names())}")
@@ -121,9 +114,8 @@ def registration(name: str) -> Registration:
 
 
 def registrations(kind: str | None = None) -> list[Registration]:
-    """The registered backends (of one device kind), in ``backend="auto"``'s order: by
-    device kind (``cpu`` first, then the kinds in the order they were registered), then by
-    preference (ties in registration order)."""
+    """The registered backends (of one kind), in ``backend="auto"``'s order: by kind
+    (``cpu`` first), then preference (ties in registration order)."""
     order = {k: i for i, k in enumerate(kinds())}
     regs = [r for r in _registry.values() if kind is None or r.kind == kind]
     return sorted(regs, key=lambda r: (order[r.kind], r.preference))
@@ -135,15 +127,8 @@ def names() -> tuple[str, ...]:
 
 
 def device_of(name: str, index: int) -> Device:
-    """The device that memory of backend ``name`` on device ``index`` (a payload's
-    ``backend`` and ``device``) belongs to. Does not ask whether it can be used here.
-
-    Raises
-    ------
-    PayloadError
-        No backend of that name is registered here (a payload of a backend whose module
-        this process has not imported).
-    """
+    """The device of a payload's memory (its ``backend`` and ``device``), usable or not;
+    :class:`~sharedarrays.PayloadError` if no backend of that name is registered here."""
     reg = _registry.get(name)
     if reg is None:
         raise PayloadError(
@@ -162,8 +147,8 @@ def why_unusable(name: str, index: int = 0) -> str | None:
 
 
 def kind_unusable(kind: str, index: int = 0) -> str | None:
-    """Why no backend of device kind ``kind`` can be used on device ``index`` here (the
-    reason of the one ``backend="auto"`` tries first), or ``None`` when one can."""
+    """Why no backend of ``kind`` can be used on device ``index`` here (the first one's
+    reason), or ``None`` when one can."""
     reasons = [r.why_unusable(index) for r in registrations(kind)]
     if not reasons:
         return f"no backend serves {kind} devices"
@@ -171,18 +156,14 @@ def kind_unusable(kind: str, index: int = 0) -> str | None:
 
 
 def handle_check(name: object) -> Callable[[int, int], None] | None:
-    """The check of chunk handles received for backend ``name`` (see
-    :attr:`Registration.check_handle`), or ``None`` where it has none or is unknown."""
+    """:attr:`Registration.check_handle` of backend ``name``, or ``None``."""
     reg = _registry.get(name) if isinstance(name, str) else None
     return None if reg is None else reg.check_handle
 
 
 def choose_backend(device: Device, name: str = "auto") -> str:
-    """The backend ``name`` (``"auto"`` or a registered name) means on ``device``.
-
-    ``"auto"`` is the first backend of the device's kind (by preference) that can be used on
-    it here: ``host`` on ``cpu``; on a CUDA device the first of cuda-vmm, cuda-ipc, cuda-pool
-    that the device supports.
+    """The backend ``name`` means on ``device``: ``"auto"`` is the first of its kind (by
+    preference) usable here, e.g. on CUDA the first of cuda-vmm, cuda-ipc, cuda-pool.
 
     Raises
     ------
@@ -202,15 +183,8 @@ def choose_backend(device: Device, name: str = "auto") -> str:
 
 
 def get_backend(device: Device, name: str | None = None) -> Backend:
-    """Return the process-wide backend ``name`` for ``device`` (default: what ``"auto"``
-    chooses, see :func:`choose_backend`); backends are made on first use and live as long
-    as the process.
-
-    Raises
-    ------
-    BackendUnavailable
-        The backend cannot run in this process (or is unknown); the message says why.
-    """
+    """The process-wide backend ``name`` (default ``"auto"``) for ``device``, made on first
+    use; :class:`~sharedarrays.BackendUnavailable` says why it cannot run here."""
     if name is None:
         name = choose_backend(device)
     key = (name, device)
@@ -228,11 +202,8 @@ def get_backend(device: Device, name: str | None = None) -> Backend:
             if device.kind != reg.kind:
                 raise BackendUnavailable(_wrong_kind(reg, device))
             backend = reg.factory(device)
-            if (backend.name, backend.maps, backend.exporter_owned) != (
-                reg.name,
-                reg.maps,
-                reg.exporter_owned,
-            ):
+            declared = (reg.name, reg.maps, reg.exporter_owned)
+            if (backend.name, backend.maps, backend.exporter_owned) != declared:
                 raise TypeError(f"the {name} backend object does not match its registration")
             _backends[key] = backend
     return backend
@@ -256,28 +227,18 @@ def _wrong_kind(reg: Registration, device: Device) -> str:
 
 
 def list_backends(device: str | int | Device | None = None) -> dict[str, str | None]:
-    """Every memory system sharedarrays knows, and why each unusable one cannot be used here.
+    """Every memory system sharedarrays knows: name -> ``None`` when it can be used here,
+    else why not.
 
     Parameters
     ----------
     device : str, int or Device, optional
-        The accelerator device to check the backends of its kind on (default: device 0 of
-        each kind).
-
-    Returns
-    -------
-    dict
-        Backend name -> ``None`` when it can be used in this process, else the reason.
+        The accelerator device to check its kind's backends on (default: device 0 of each).
 
     Raises
     ------
     ValueError
         ``device`` is ``cpu`` or not a device name.
-
-    Examples
-    --------
-    >>> sharedarrays.list_backends()  # doctest: +SKIP
-    {'host': None, 'cuda-vmm': 'no NVIDIA driver: ...', 'cuda-ipc': '...', 'cuda-pool': '...'}
     """
     dev = None
     if device is not None:

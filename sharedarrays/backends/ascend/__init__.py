@@ -1,4 +1,1 @@
-"""Huawei Ascend NPUs: the CANN runtime (``libascendcl``) and the ``ascend`` backend.
-
-Nothing here loads ``libascendcl`` at import time (see :mod:`.runtime`).
-"""
+"""Huawei Ascend NPUs: the CANN runtime (loaded on first use) and the ``ascend`` backend."""

@@ -1,14 +1,10 @@
-"""The CANN runtime (``libascendcl``), called through ctypes: loading it, errors, the reason
-it cannot be used, and the C types the ``ascend`` backend passes.
+"""The CANN runtime (``libascendcl``, through ctypes: its Python API is not on the package
+registry): loading it on first use (``aclInit`` once per process), errors, why a device is
+unusable, and the C types the ``ascend`` backend passes.
 
-CANN's Python API (``acl``) is not on the package registry, so the backend calls the C API
-of ``libascendcl.so`` directly. The library is loaded on first use, never by ``import
-sharedarrays``, and ``aclInit`` is called once per process.
-
-The setting ``SHAREDARRAYS_ASCEND_MODULE`` names a Python module to call instead of the
-library: one with the same functions, taking the same ctypes arguments and returning the same
-``aclError`` codes (the test suite's simulated driver, ``tests/simulated/ascend.py``, is
-loaded this way, in every process, spawned workers included). Its value is read on every use.
+``SHAREDARRAYS_ASCEND_MODULE`` names a Python module to call instead, with the same functions,
+ctypes arguments and ``aclError`` codes (the tests' simulated driver,
+``tests/simulated/ascend.py``); it is read on every use.
 """
 
 from __future__ import annotations
@@ -20,6 +16,7 @@ import os
 import threading
 from typing import Any
 
+from sharedarrays.backends.base import loadable as _loadable
 from sharedarrays.errors import DriverError, OutOfMemory
 
 __all__ = [
@@ -52,18 +49,7 @@ ACL_ERROR_RT_NO_DEVICE = 207004
 ACL_ERROR_RT_NO_PERMISSION = 207006
 ACL_ERROR_RT_DEVICE_OOM = 207018
 
-ERROR_NAMES = {
-    ACL_ERROR_INVALID_PARAM: "ACL_ERROR_INVALID_PARAM",
-    ACL_ERROR_REPEAT_INITIALIZE: "ACL_ERROR_REPEAT_INITIALIZE",
-    ACL_ERROR_RT_PARAM_INVALID: "ACL_ERROR_RT_PARAM_INVALID",
-    ACL_ERROR_RT_INVALID_DEVICEID: "ACL_ERROR_RT_INVALID_DEVICEID",
-    ACL_ERROR_RT_INVALID_HANDLE: "ACL_ERROR_RT_INVALID_HANDLE",
-    ACL_ERROR_RT_FEATURE_NOT_SUPPORT: "ACL_ERROR_RT_FEATURE_NOT_SUPPORT",
-    ACL_ERROR_RT_MEMORY_ALLOCATION: "ACL_ERROR_RT_MEMORY_ALLOCATION",
-    ACL_ERROR_RT_NO_DEVICE: "ACL_ERROR_RT_NO_DEVICE",
-    ACL_ERROR_RT_NO_PERMISSION: "ACL_ERROR_RT_NO_PERMISSION",
-    ACL_ERROR_RT_DEVICE_OOM: "ACL_ERROR_RT_DEVICE_OOM",
-}
+ERROR_NAMES = {v: k for k, v in dict(globals()).items() if k.startswith("ACL_ERROR_")}
 
 # enums (acl_rt.h)
 ACL_MEM_HANDLE_TYPE_NONE = 0
@@ -72,7 +58,6 @@ ACL_HBM_MEM_HUGE = 4
 ACL_MEM_LOCATION_TYPE_DEVICE = 1
 ACL_RT_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1
 ACL_RT_VMM_EXPORT_FLAG_DEFAULT = 0  # the pid trust list is checked on import
-ACL_MEMCPY_HOST_TO_DEVICE = 1
 ACL_MEMCPY_DEVICE_TO_HOST = 2
 
 
@@ -124,7 +109,7 @@ _SIGNATURES: dict[str, tuple[Any, ...]] = {
         ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
     ),
 }  # fmt: skip
-"""The C signature of every call the backend makes (all return ``aclError``, an int)."""
+"""The C signature of every call the backend makes (all return ``aclError``)."""
 
 _lock = threading.Lock()
 _loaded: dict[tuple[str, int], Any] = {}  # (module or library, pid) -> initialised runtime
@@ -132,17 +117,8 @@ _reasons: dict[tuple[str, int], str | None] = {}
 
 
 class AclError(DriverError):
-    """A CANN runtime call failed.
-
-    Attributes
-    ----------
-    call : str
-        The call and what it was asked (``"aclrtMallocPhysical(2097152 bytes on npu:0)"``).
-    code : int
-        The ``aclError`` value.
-    error_name : str
-        Its name where known (``"ACL_ERROR_RT_NO_PERMISSION"``), else ``"aclError N"``.
-    """
+    """A CANN runtime call failed (``code``: the ``aclError``, ``error_name`` its name where
+    known, else ``"aclError N"``)."""
 
 
 class AclOutOfMemory(AclError, OutOfMemory):
@@ -175,10 +151,9 @@ def _open_library() -> Any:
 
 
 def load_acl() -> Any:
-    """The CANN runtime of this process, initialised (``aclInit`` once per process; a forked
-    child initialises again): ``libascendcl.so`` through ctypes, or the module
-    :func:`module_name` names. Raises ``OSError`` (no library), ``ImportError`` (no module)
-    or :class:`AclError` (``aclInit`` failed)."""
+    """The CANN runtime of this process (the library, or :func:`module_name`'s module),
+    initialised once per process. Raises ``OSError`` (no library), ``ImportError`` (no
+    module) or :class:`AclError` (``aclInit`` failed)."""
     name = module_name()
     key = (name or LIBRARY, os.getpid())
     acl = _loaded.get(key)
@@ -196,10 +171,8 @@ def load_acl() -> Any:
 
 
 def cpu_addressable(acl: Any) -> bool:
-    """Whether the CPU addresses mapped NPU memory directly, so that a NumPy array over it
-    reads and writes it: never for ``libascendcl`` (NPU memory is reached by ``aclrtMemcpy``);
-    a stand-in module says so with ``SHAREDARRAYS_CPU_ADDRESSABLE = True`` (the simulated
-    driver, whose "device memory" is host memory)."""
+    """Whether the CPU addresses mapped NPU memory directly: never for ``libascendcl``; a
+    stand-in module says so with ``SHAREDARRAYS_CPU_ADDRESSABLE = True``."""
     return bool(getattr(acl, "SHAREDARRAYS_CPU_ADDRESSABLE", False)) if module_name() else False
 
 
@@ -230,17 +203,9 @@ def _reason(index: int) -> str | None:
     return None
 
 
-def _loadable(soname: str) -> bool:
-    try:
-        ctypes.CDLL(soname)
-    except OSError:
-        return False
-    return True
-
-
 def why_unusable(index: int = 0) -> str | None:
-    """Why Ascend device ``index`` cannot be used in this process, or ``None``. Never raises;
-    the answer is kept per module and device."""
+    """Why Ascend device ``index`` cannot be used here, or ``None``; never raises, cached per
+    module and device."""
     key = (module_name(), index)
     if key not in _reasons:
         try:

@@ -1,26 +1,13 @@
-"""The Ascend backend: Huawei NPU memory shared through CANN's shareable handles
-(``"ascend"``).
+"""The Ascend backend (``"ascend"``): Huawei NPU memory shared through CANN's shareable
+handles, a pointer backend (one chunk per allocation, like cuda-ipc).
 
-CANN's virtual memory API, called through ctypes (see :mod:`~.runtime`), one chunk per
-allocation (a *pointer* backend, like cuda-ipc):
-
-=========== =================================================================
-chunk       ``aclrtMallocPhysical`` (pinned HBM of this device, huge pages), mapped at an
-            address of its own: ``aclrtReserveMemAddress``, ``aclrtMapMem``
-handle      ``aclrtMemExportToShareableHandle`` with ``ACL_RT_VMM_EXPORT_FLAG_DEFAULT`` (the
-            pid trust list is checked): a ``uint64``, the chunk's 8-byte ``export``
-trust list  before the exporter's handle server hands a chunk's handle to a process, it
-            adds that process's pid with ``aclrtMemSetPidToShareableHandle``
-            (:meth:`AscendBackend.admit`), after checking ``allow_pids=``
-importer    ``aclrtMemImportFromShareableHandle`` (the driver refuses a process not on the
-            trust list), then ``aclrtReserveMemAddress`` and ``aclrtMapMem``
-release     ``aclrtUnmapMem``, ``aclrtReleaseMemAddress``, ``aclrtFreePhysical``
-=========== =================================================================
-
-Lifetime: CANN imports only while the exporter still has the memory (its
-``aclrtFreePhysical`` destroys the shareable handle), so the exporter keeps a released
-allocation until every process it served has closed it (``exporter_owned``). Tested on a
-simulated driver only (``tests/simulated/ascend.py``).
+A chunk is ``aclrtMallocPhysical`` memory mapped at an address of its own
+(``aclrtReserveMemAddress``, ``aclrtMapMem``), exported as a ``uint64`` with the pid trust
+list on. Before the exporter's handle server hands a handle to a process it admits that pid
+(``aclrtMemSetPidToShareableHandle``, :meth:`AscendBackend.admit`); the driver refuses
+importers not on the list. CANN imports only while the exporter still has the memory, so
+the exporter keeps a released allocation until every process it served has closed it
+(``exporter_owned``). Tested on a simulated driver only (``tests/simulated/ascend.py``).
 """
 
 from __future__ import annotations
@@ -38,10 +25,10 @@ import numpy as np
 
 from sharedarrays.backends.ascend import runtime as rt
 from sharedarrays.backends.ascend.runtime import AclError, check, load_acl, why_unusable
-from sharedarrays.backends.base import Chunk, NativeView, installed
+from sharedarrays.backends.base import Chunk, DeviceBase, NativeView, SyncOrdering, installed
 from sharedarrays.backends.device import Device
 from sharedarrays.backends.dlpack import KDL_EXT_DEV, dl_dtype, dlpack_view
-from sharedarrays.backends.host import host_copy, host_view
+from sharedarrays.backends.host import host_copy, host_view, to_numpy
 from sharedarrays.backends.registry import Registration, register
 from sharedarrays.errors import (
     BackendUnavailable,
@@ -56,11 +43,8 @@ EXPORT_BYTES = 8
 """A chunk's portable handle: the ``uint64`` shareable handle, little-endian."""
 
 KDL_ASCEND = 21
-"""DLPack's device type of Ascend NPU memory (``kDLAscend``, in DLPack's main branch after
-v1.3). torch_npu, built on a PyTorch that predates it, reports its tensors as ``kDLExtDev``
-(12), which :func:`is_npu_dlpack` accepts for objects whose ``device.type`` is ``"npu"``.
-torch_npu's ``from_dlpack`` takes only ``kDLCPU`` and ``kDLExtDev`` (its ``getATenDevice``),
-so :meth:`AscendBackend.as_native` hands it ``kDLExtDev``."""
+"""DLPack's device type of Ascend memory (``kDLAscend``, after v1.3). torch_npu reports and
+takes ``kDLExtDev`` instead (:func:`is_npu_dlpack`, :meth:`AscendBackend.as_native`)."""
 
 
 def is_npu_dlpack(obj: object, device_type: int) -> bool:
@@ -72,10 +56,8 @@ def is_npu_dlpack(obj: object, device_type: int) -> bool:
 
 
 def torch_npu_from_dlpack() -> Callable[[Any], Any] | None:
-    """``torch.utils.dlpack.from_dlpack`` where torch_npu is importable (importing torch_npu
-    registers the ``npu`` device and makes ``from_dlpack`` take ``kDLExtDev`` capsules, as it
-    does since it gained DLPack support in 2025), else ``None``. Nothing is imported unless
-    torch_npu is installed."""
+    """``torch.utils.dlpack.from_dlpack`` where torch_npu is installed (importing it makes
+    ``from_dlpack`` take ``kDLExtDev`` capsules), else ``None``."""
     if not installed("torch_npu"):
         return None
     try:
@@ -88,8 +70,8 @@ def torch_npu_from_dlpack() -> Callable[[Any], Any] | None:
 
 
 def _torch_layout(dtype: np.dtype[Any], strides: tuple[int, ...]) -> bool:
-    """Whether a torch tensor can have this layout: a dtype DLPack describes, and strides
-    that are non-negative multiples of the item size (torch has no negative strides)."""
+    """Whether a torch tensor can have this layout: a DLPack dtype, and strides that are
+    non-negative multiples of the item size."""
     try:
         dl_dtype(dtype)
     except TypeError:
@@ -103,26 +85,13 @@ FORK_REASON = (
 )
 
 
-class AscendBackend:
-    """Memory of one Ascend NPU, shared through CANN shareable handles (``"ascend"``).
+class AscendBackend(SyncOrdering, DeviceBase):
+    """Memory of one Ascend NPU (``Device("npu", N)``), shared through CANN shareable handles.
 
-    Parameters
-    ----------
-    device : Device
-        An Ascend device (``Device("npu", N)``, as torch_npu names them).
-
-    Raises
-    ------
-    BackendUnavailable
-        :func:`~sharedarrays.backends.ascend.runtime.why_unusable` gave a reason.
-
-    Notes
-    -----
     The native array is a ``torch.Tensor`` on ``npu:N`` where torch_npu is importable (zero
-    copy, through DLPack; untested on hardware), else a NumPy view where the CPU addresses
-    the memory (the simulated driver), else a read-only NumPy copy (``aclrtMemcpy``), so
-    that a write cannot be lost.
-    Pickling orders by ``aclrtSynchronizeDevice``.
+    copy through DLPack; untested on hardware), else a NumPy view where the CPU addresses the
+    memory (the simulated driver), else a read-only NumPy copy. Pickling orders by
+    ``aclrtSynchronizeDevice``.
     """
 
     name: ClassVar[str] = "ascend"
@@ -132,13 +101,7 @@ class AscendBackend:
     peer_access: ClassVar[bool] = False
 
     def __init__(self, device: Device) -> None:
-        if device.kind != "npu":
-            raise BackendUnavailable(f"the {self.name} backend needs an NPU device, not {device}")
-        why = why_unusable(device.index)
-        if why is not None:
-            raise BackendUnavailable(f"cannot use {device}: {why}")
-        self.device: Device = device
-        self._pid = os.getpid()
+        self._take(device, "npu", "an NPU device", why_unusable)
         self._acl = load_acl()
         self._lock = threading.Lock()
         self._admitted: dict[int, set[int]] = {}  # shareable handle -> pids on its trust list
@@ -162,34 +125,16 @@ class AscendBackend:
         self._granularity = int(granularity.value)
         self._cpu_addressable = rt.cpu_addressable(self._acl)
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.device})"
-
     @property
     def granularity(self) -> int:
         """The recommended allocation granularity of this device (2 MiB huge pages)."""
         return self._granularity
-
-    def _forked(self) -> bool:
-        return os.getpid() != self._pid
 
     def _on_device(self) -> None:
         """Make this device current for the calling thread (``aclrtSetDevice``)."""
         if self._forked():
             raise BackendUnavailable(f"cannot use {self.device}: {FORK_REASON}")
         check(self._acl.aclrtSetDevice(self.device.index), f"aclrtSetDevice({self.device.index})")
-
-    def _check_size(self, size: int, what: str) -> None:
-        if size <= 0 or size % self._granularity:
-            raise ValueError(
-                f"{what} must be a positive multiple of the granularity "
-                f"({self._granularity} bytes), got {size}"
-            )
-
-    # chunks -----------------------------------------------------------------------------
-    def check_memory(self, nbytes: int) -> None:
-        """Nothing to check beforehand: ``aclrtMallocPhysical`` takes the memory at once, and
-        fails with :class:`~sharedarrays.backends.ascend.runtime.AclOutOfMemory`."""
 
     def _map(self, handle: int, size: int) -> int:
         """Reserve ``size`` bytes of address space and map physical ``handle`` there."""
@@ -248,9 +193,8 @@ class AscendBackend:
         return Chunk(size=size, handle=handle, fd=-1, address=address, export=export)
 
     def admit(self, chunk: Chunk, pid: int) -> None:
-        """Put process ``pid`` on the trust list of ``chunk`` (one this process exported)
-        with ``aclrtMemSetPidToShareableHandle``, once; called by the handle server before
-        it hands the chunk's handle to ``pid``."""
+        """Put ``pid`` on the trust list of ``chunk`` (exported here), once; called by the
+        handle server before it hands ``pid`` the chunk's handle."""
         if chunk.imported or pid == os.getpid():
             return
         (shareable,) = struct.unpack("<Q", chunk.export)
@@ -265,15 +209,6 @@ class AscendBackend:
                 f"aclrtMemSetPidToShareableHandle(pid {pid})",
             )
             admitted.add(pid)
-
-    def seal(self, chunk: Chunk, readonly: bool) -> bool:
-        """Nothing to seal: a shareable handle carries no access mode (read-only is the
-        importer's promise)."""
-        return False
-
-    def reopen_readonly(self, fd: int) -> int | None:
-        """CANN's shareable handles are no fds and carry no access mode."""
-        return None
 
     def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
         """Import another process's chunk from its 8-byte ``export`` and map it here.
@@ -290,14 +225,10 @@ class AscendBackend:
             The driver knows no such handle (its exporter freed the memory or exited).
         """
         if fd >= 0:
-            os.close(fd)  # CANN sends no fds: nothing is expected here
+            os.close(fd)  # CANN sends no fds
         if len(export) != EXPORT_BYTES:
             raise PayloadError(f"an ascend handle is {EXPORT_BYTES} bytes, not {len(export)}")
-        if size <= 0 or size % self._granularity:
-            raise PayloadError(
-                f"chunk size {size} is not a positive multiple of {self.device}'s granularity "
-                f"({self._granularity} bytes)"
-            )
+        self._check_import_size(size)
         (shareable,) = struct.unpack("<Q", export)
         acl = self._acl
         self._on_device()
@@ -325,21 +256,17 @@ class AscendBackend:
         handle = int(out.value or 0)
         try:
             address = self._map(handle, size)
-        except AclError as exc:
+        except BaseException as exc:
             acl.aclrtFreePhysical(handle)
-            if exc.call.startswith("aclrtMapMem"):
+            if isinstance(exc, AclError) and exc.call.startswith("aclrtMapMem"):
                 raise PayloadError(
                     f"{exc}; the chunk may be smaller than its payload says"
                 ) from exc
             raise
-        except BaseException:
-            acl.aclrtFreePhysical(handle)
-            raise
         return Chunk(size=size, handle=handle, fd=-1, address=address, export=export, imported=True)
 
     def release_chunk(self, chunk: Chunk) -> None:
-        """Wait for queued work, unmap the chunk, give back its addresses and free this
-        process's handle of it (the exporter's free destroys the shareable handle).
+        """Wait for queued work, unmap the chunk and free this process's handle of it.
         Idempotent; a no-op in a forked child."""
         handle, address = chunk.handle, chunk.address
         if handle < 0:
@@ -372,15 +299,11 @@ class AscendBackend:
         )
         return int(free.value), int(total.value)
 
-    # arrays -----------------------------------------------------------------------------
     def as_native(self, view: NativeView) -> Any:
-        """A ``torch.Tensor`` on ``npu:N`` where torch_npu is importable (zero copy: a DLPack
-        capsule of device type ``kDLExtDev`` over ``address + offset``, whose deleter releases
-        ``owner`` when torch frees the tensor), else a NumPy view where the CPU addresses the
-        memory, else a read-only NumPy copy (``aclrtMemcpy``, device to host).
-
-        A read-only view, and a layout torch cannot have (negative strides, a dtype DLPack
-        has no code for), take the NumPy way even with torch_npu."""
+        """A ``torch.Tensor`` on ``npu:N`` through a ``kDLExtDev`` DLPack capsule (holding
+        ``owner``) where torch_npu is importable, else a NumPy view where the CPU addresses
+        the memory, else a read-only NumPy copy. Read-only views and layouts torch cannot
+        have take the NumPy way."""
         address, size, offset, owner, dtype, shape, strides, readonly, _ = view
         if not readonly and _torch_layout(dtype, strides):
             consume = torch_npu_from_dlpack()
@@ -412,17 +335,8 @@ class AscendBackend:
         return host_copy(buffer, view)
 
     def to_native(self, obj: Any) -> Any:
-        """``obj`` as a NumPy array (may copy): a torch tensor (torch_npu's included) through
-        ``.cpu()``, an object with ``.get()`` (CuPy) through it."""
-        if isinstance(obj, np.ndarray):
-            return obj
-        cpu = getattr(obj, "cpu", None)
-        if callable(cpu) and hasattr(obj, "numpy"):
-            return np.asarray(cpu().detach().numpy())
-        get = getattr(obj, "get", None)
-        if callable(get):
-            return np.asarray(get())
-        return np.asarray(obj)
+        """``obj`` as a NumPy array (may copy)."""
+        return to_numpy(obj)
 
     def current_device(self) -> int:
         """The NPU this thread works on now (``aclrtGetDevice``), else the memory's own."""
@@ -433,29 +347,5 @@ class AscendBackend:
             return self.device.index
         return int(index.value)
 
-    # ordering ---------------------------------------------------------------------------
-    def export_sync(self) -> bytes | None:
-        """Wait for the device's queued work now: nothing for an importer to wait for."""
-        self.synchronize()
-        return None
 
-    def export_fence(self) -> object | None:
-        """See :meth:`export_sync`: the device is synchronised when an array is pickled."""
-        self.synchronize()
-        return None
-
-    def import_sync(self, token: bytes) -> None:
-        """Nothing to wait for (see :meth:`export_sync`)."""
-
-
-register(
-    Registration(
-        name=AscendBackend.name,
-        kind="npu",
-        factory=AscendBackend,
-        preference=0,
-        maps=AscendBackend.maps,
-        exporter_owned=AscendBackend.exporter_owned,
-        why_unusable=why_unusable,
-    )
-)
+register(Registration.of(AscendBackend, "npu", 0, why_unusable))

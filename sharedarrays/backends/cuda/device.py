@@ -1,13 +1,6 @@
-"""The base of the CUDA backends: one device, its primary context, its streams.
-
-:class:`CudaDevice` is what the three CUDA backends (:mod:`~sharedarrays.backends.cuda.vmm`,
-:mod:`~sharedarrays.backends.cuda.ipc`, :mod:`~sharedarrays.backends.cuda.pool`) share: the
-context (see :mod:`~sharedarrays.backends.cuda.driver`), synchronisation, CuPy arrays,
-cross-process ordering (:mod:`~sharedarrays.backends.cuda.sync`), and the public stream
-operations everything above the backends uses instead of driver calls: the current stream,
-writing and waiting for a 64-bit value on it, reading one without waiting, and external
-semaphores (:mod:`~sharedarrays.backends.cuda.semaphore`).
-"""
+"""The base of the CUDA backends: one device, its primary context, streams and CuPy arrays,
+cross-process ordering (:mod:`.sync`), and the stream operations (64-bit values, external
+semaphores) everything above the backends uses instead of driver calls."""
 
 from __future__ import annotations
 
@@ -21,7 +14,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from sharedarrays import process
-from sharedarrays.backends.base import NativeView
+from sharedarrays.backends.base import DeviceBase, NativeView
 from sharedarrays.backends.cuda import semaphore, sync
 from sharedarrays.backends.cuda.driver import (
     FORK_REASON,
@@ -42,10 +35,9 @@ __all__ = ["CudaDevice", "ValueReader"]
 
 
 def _c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> bool:
-    """Whether ``strides`` are the C-contiguous strides of ``shape``, those CuPy computes when
-    given none. ``False`` where an extent is 0 (CuPy's rule for the other strides then
-    need not be NumPy's: they are given as they are)."""
-    if len(shape) == 1:  # (the common case, written out)
+    """Whether ``strides`` are those CuPy computes when given none (``False`` where an
+    extent is 0: CuPy's rule for the other strides then need not be NumPy's)."""
+    if len(shape) == 1:
         return strides[0] == itemsize and shape[0] > 0
     return 0 not in shape and strides == contiguous_strides(shape, itemsize)
 
@@ -58,9 +50,8 @@ def _destroy_stream(on: OnDevice, stream: Any, pid: int) -> None:
 
 
 class ValueReader:
-    """Reads 64-bit words of device memory on a private non-blocking stream, so a stream
-    blocked in a wait does not block the read. The stream is destroyed by :meth:`close` or
-    when this object is freed."""
+    """Reads 64-bit words of device memory on a private non-blocking stream (a stream blocked
+    in a wait does not block it), destroyed by :meth:`close` or when this is freed."""
 
     def __init__(self, on: OnDevice) -> None:
         d = load_driver()
@@ -72,7 +63,7 @@ class ValueReader:
         self._finalizer = weakref.finalize(self, _destroy_stream, on, self._stream, os.getpid())
 
     def read(self, address: int) -> int:
-        """The 64-bit word at ``address`` now (a copy to the host on the private stream)."""
+        """The 64-bit word at ``address`` now."""
         d = load_driver()
         out = np.zeros(1, dtype=np.uint64)
         with self._lock, self._on.context():
@@ -90,74 +81,26 @@ class ValueReader:
         self._finalizer()
 
 
-class CudaDevice:
-    """The base of the CUDA backends: one device, its primary context, its streams.
-
-    Parameters
-    ----------
-    device : Device
-        A CUDA device (``Device("cuda", N)``).
-
-    Raises
-    ------
-    BackendUnavailable
-        :func:`why_unusable` gave a reason for this backend (its ``name``).
-
-    Notes
-    -----
-    The device's primary context is retained once and kept for the life of the process.
-    """
+class CudaDevice(DeviceBase):
+    """The base of the CUDA backends: one device (``Device("cuda", N)``) and its primary
+    context, retained once for the life of the process."""
 
     name: ClassVar[str]
     peer_access: ClassVar[bool] = False
     values_refused: ClassVar[str | None] = None
 
     def __init__(self, device: Device) -> None:
-        if not device.is_cuda:
-            raise BackendUnavailable(f"the {self.name} backend needs a CUDA device, not {device}")
-        why = why_unusable(device.index, self.name)
-        if why is not None:
-            raise BackendUnavailable(f"cannot use {device}: {why}")
-        self.device: Device = device
-        self._pid = os.getpid()
+        self._take(device, "cuda", "a CUDA device", lambda i: why_unusable(i, self.name))
         d = load_driver()
         self._d = d
         self._dev = check(d.cuDeviceGet(device.index), f"cuDeviceGet({device.index})")
         self._ctx = check(d.cuDevicePrimaryCtxRetain(self._dev), "cuDevicePrimaryCtxRetain")
         self._ctx_int = int(self._ctx)
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.device})"
-
-    @property
-    def granularity(self) -> int:
-        """Chunk sizes (and, where the backend maps, reservation and mapping sizes) are
-        multiples of this many bytes; each backend says its own."""
-        raise NotImplementedError
-
-    def _check_size(self, size: int, what: str) -> None:
-        if size <= 0 or size % self.granularity:
-            raise ValueError(
-                f"{what} must be a positive multiple of the granularity "
-                f"({self.granularity} bytes), got {size}"
-            )
-
-    # process and context --------------------------------------------------------------
-    def _forked(self) -> bool:
-        return os.getpid() != self._pid
-
     def context(self) -> contextlib.AbstractContextManager[None]:
-        """Make this device's primary context current for a ``with`` block.
-
-        Does nothing when it already is (the common case, and a cheap one: one
-        ``cuCtxGetCurrent``); makes it current (and leaves it so) when no context is; pushes
-        it and pops it afterwards when another context is current.
-
-        Raises
-        ------
-        BackendUnavailable
-            This backend object was inherited through ``fork``.
-        """
+        """Make this device's primary context current for a ``with`` block: nothing to do
+        when it is; made current (and left so) when no context is; else pushed and popped.
+        Refused in a process that inherited this object through fork."""
         if self._forked():
             raise BackendUnavailable(f"cannot use {self.device}: {FORK_REASON}")
         current = check(self._d.cuCtxGetCurrent(), "cuCtxGetCurrent")
@@ -166,15 +109,10 @@ class CudaDevice:
         return self._make_current(0 if current is None else int(current))
 
     def stream_token(self, stream: int) -> bytes | None:
-        """The ordering token for work queued so far on ``stream`` (a stream of this
-        device, e.g. its current one): ``None`` when ``cuStreamQuery`` says everything
-        queued on it is done (nothing to order), else the token of an event recorded on it
-        now (:func:`sharedarrays.backends.cuda.sync.record`).
-
-        Asked once per message by the ordering fence: where this device's context is the
-        calling thread's current one (the Pool's task thread, after its first message), one
-        ``cuCtxGetCurrent`` and one ``cuStreamQuery`` in this one frame, no context manager
-        and no lock.
+        """The ordering token of work queued so far on ``stream`` of this device: ``None``
+        when ``cuStreamQuery`` says it is all done, else that of an event recorded now
+        (:func:`.sync.record`). Asked once per message: the hot path (context already
+        current) is one ``cuCtxGetCurrent`` and one ``cuStreamQuery`` in this frame.
 
         Raises
         ------
@@ -190,8 +128,7 @@ class CudaDevice:
         else:
             with self.context():  # (or raises: inherited through fork)
                 idle = int(d.cuStreamQuery(stream)[0]) == 0
-        # idle: everything queued on it so far is done, nothing to order; else a record
-        # (which also says what a failed query meant)
+        # a record also reports what a failed query meant
         return None if idle else sync.record(self, stream)
 
     @contextlib.contextmanager
@@ -214,9 +151,8 @@ class CudaDevice:
         return int(free), int(total)
 
     def _check_allocation(self, result: Any, call: str, what: str, nbytes: int) -> Any:
-        """:func:`check` of a call that takes ``nbytes`` of device memory (or address space)
-        for ``what``: its ``CUDA_ERROR_OUT_OF_MEMORY`` says the size asked for, what the
-        device has free (where ``cuMemGetInfo`` answers) and what to do."""
+        """:func:`check` of a call taking ``nbytes`` for ``what``, whose out-of-memory error
+        says the size, what the device has free and what to do."""
         try:
             return check(result, call)
         except CudaOutOfMemory as exc:
@@ -238,11 +174,8 @@ class CudaDevice:
         else this backend's."""
         return current_device_index(self.device.index)
 
-    # stream operations ------------------------------------------------------------------
     def current_stream(self) -> int:
-        """The stream work is queued on here, as an int: CuPy's current stream for this device
-        when CuPy is imported, else 0, the legacy default stream (see
-        :func:`sharedarrays.backends.cuda.driver.current_stream`)."""
+        """The stream work is queued on here (:func:`.driver.current_stream`)."""
         return current_stream(self.device.index)
 
     def write_value(self, address: int, value: int) -> None:
@@ -264,8 +197,7 @@ class CudaDevice:
         return ValueReader(self)
 
     def import_semaphore(self, fd: int, timeline: bool) -> semaphore.ImportedSemaphore:
-        """Import an external semaphore exported as ``fd`` (see
-        :func:`~sharedarrays.backends.cuda.semaphore.import_semaphore`)."""
+        """Import an external semaphore exported as ``fd`` (:func:`.semaphore.import_semaphore`)."""
         return semaphore.import_semaphore(self, fd, timeline)
 
     def signal_semaphore(self, sem: object, value: int) -> None:
@@ -287,15 +219,10 @@ class CudaDevice:
             raise TypeError(f"not a semaphore imported into CUDA: {sem!r}")
         sem.close()
 
-    # arrays -----------------------------------------------------------------------------
     def as_native(self, view: NativeView) -> Any:
-        """Wrap mapped memory as a ``cupy.ndarray``, without copying.
-
-        The CuPy memory object spans the whole mapped range, names its device explicitly
-        (this one, or ``view.device_index`` where a peer device reads it) and holds the
-        view's owner, so every CuPy view keeps the mapping alive. CuPy has no read-only
-        arrays: ``readonly`` is the caller's to enforce.
-        """
+        """A ``cupy.ndarray`` over the mapped memory (no copy), whose memory object spans the
+        whole range and holds ``view.owner``. CuPy has no read-only arrays: ``readonly`` is
+        the caller's to enforce."""
         address, size, offset, owner, dtype, shape, strides, readonly, device_index = view
         base = self.native_memory(address, size, owner, readonly, device_index)
         return self.native_view(base, offset, dtype, shape, strides, readonly)
@@ -303,9 +230,8 @@ class CudaDevice:
     def native_memory(
         self, address: int, size: int, owner: object, readonly: bool, device_index: int | None
     ) -> Any:
-        """The mapped range as a CuPy ``MemoryPointer`` whose memory object keeps ``owner``
-        alive, on this device or ``device_index`` (a peer reading it): what
-        :meth:`native_view` derives the views' arrays from. CuPy has no read-only memory."""
+        """The mapped range as a CuPy ``MemoryPointer`` keeping ``owner`` alive, on this
+        device or ``device_index`` (a peer reading it)."""
         import cupy
 
         index = self.device.index if device_index is None else device_index
@@ -320,14 +246,9 @@ class CudaDevice:
         strides: tuple[int, ...],
         readonly: bool,
     ) -> Any:
-        """A ``cupy.ndarray`` at the pointer ``base`` (:meth:`native_memory`) plus
-        ``offset``, sharing its memory object. CuPy has no read-only arrays: ``readonly``
-        is the caller's to enforce.
-
-        The strides are given to CuPy only where they are not the C-contiguous ones it
-        computes itself, and the arguments by position: on the H200 that makes CuPy's
-        constructor 1.2 us instead of 2.6 us per array (the ``many`` part makes one per
-        array it loads)."""
+        """A ``cupy.ndarray`` at ``base`` (:meth:`native_memory`) plus ``offset``. Strides
+        are passed only where CuPy would not compute them itself, arguments by position: that
+        halves the constructor's time."""
         import cupy
 
         if _c_contiguous(shape, strides, dtype.itemsize):
@@ -342,17 +263,13 @@ class CudaDevice:
         strides: tuple[int, ...],
         readonly: bool,
     ) -> bool:
-        """Whether ``native`` (from :meth:`native_view`) still has the layout it was made
-        with (a CuPy array's shape can be set; its dtype and memory pointer cannot)."""
+        """Whether ``native`` still has its layout (a CuPy array's shape can be set)."""
         return bool(native.shape == shape and native.strides == strides)
 
     def to_native(self, obj: Any) -> Any:
-        """Return ``obj`` as a ``cupy.ndarray`` on this device (copying only when needed).
-
-        Accepts CuPy arrays, NumPy arrays, objects with ``__dlpack__`` (PyTorch tensors, JAX
-        arrays; CUDA ones without a copy), objects with ``__cuda_array_interface__``, and
-        anything ``numpy.asarray`` accepts. An array on another device is copied here.
-        """
+        """``obj`` as a ``cupy.ndarray`` on this device, copied only when needed (host
+        memory, another device): CuPy, NumPy, DLPack and CUDA array interface objects, and
+        anything ``numpy.asarray`` takes."""
         import cupy
 
         index = self.device.index
@@ -374,21 +291,12 @@ class CudaDevice:
                 return arr if arr.device.id == index else arr.copy()
             return cupy.asarray(np.asarray(obj))
 
-    # ordering ---------------------------------------------------------------------------
     def export_sync(self) -> bytes | None:
-        """Record an interprocess event on the current stream now; its token.
-
-        See :func:`sharedarrays.backends.cuda.sync.export_sync`.
-        """
+        """Record an interprocess event on the current stream now (:func:`.sync.export_sync`)."""
         return sync.export_sync(self)
 
-    # The ordering argument of one message: one record shared by the message's arrays
-    # (sync.export_fence itself, called with this device: one call less per message).
-    export_fence = sync.export_fence
+    export_fence = sync.export_fence  # (bound directly: one call less per message)
 
     def import_sync(self, token: bytes) -> None:
-        """Make the current stream wait for an exported event.
-
-        See :func:`sharedarrays.backends.cuda.sync.import_sync`.
-        """
+        """Make the current stream wait for an exported event (:func:`.sync.import_sync`)."""
         sync.import_sync(self, token)

@@ -1,39 +1,15 @@
-"""The CUDA driver, shared by the CUDA backends: loading it, errors, fork safety, and the
-device's primary context.
+"""The CUDA driver, shared by the CUDA backends: loading ``cuda.bindings.driver``, errors,
+fork safety, why a device is unusable, the current device and stream.
 
-Every driver call goes through ``cuda.bindings.driver`` (the tuple-returning driver bindings,
-``err, value = driver.cuX(...)``) and :func:`check`. The three CUDA backends
-(:mod:`~sharedarrays.backends.cuda.vmm`, :mod:`~sharedarrays.backends.cuda.ipc`,
-:mod:`~sharedarrays.backends.cuda.pool`) differ in how they make and share chunks; what they
-share is here: :func:`why_unusable` (per backend), :func:`check`, the current device and
-stream; their base class :class:`~sharedarrays.backends.cuda.device.CudaDevice` (context,
-synchronisation, CuPy arrays, stream operations, cross-process ordering) is beside it.
+Every driver call goes through ``cuda.bindings.driver`` and :func:`check`, with the device's
+primary context current. Nothing here imports ``cuda.bindings`` or CuPy at import time.
 
-Every driver call runs with the device's *primary context* current (the one CuPy, PyTorch
-and the runtime API use). Where another context is current, the primary context is pushed
-for the call and popped after it, so the caller's current device is never changed behind its
-back; where none is current, it is made current and left so, as the runtime would.
-
-Nothing here imports ``cuda.bindings`` or ``cupy`` at import time: :func:`why_unusable` and
-the backends import them on first use.
-
-Fork safety
------------
-A process forked from one that had initialised CUDA cannot use CUDA. This module notices it
-in three ways, each cheap:
-
-1. It records the pid in which *it* called ``cuInit``; a child has another pid.
-2. An ``os.register_at_fork`` hook asks, just before every fork, whether CUDA was
-   initialised in the forking process by anyone (CuPy, PyTorch, ...): where
-   ``cuda.bindings.driver`` is already imported, or CuPy or PyTorch is, ``cuCtxGetCurrent``
-   answers ``CUDA_ERROR_NOT_INITIALIZED`` exactly when nobody called ``cuInit``. The child
-   is marked. (The hook exists from the import of this module on: ``sharedarrays`` imports
-   it early for that reason.)
-3. PyTorch's own mark (``torch.cuda._is_in_bad_fork()``) where PyTorch is imported.
-
-:func:`why_unusable` then says to use the ``spawn`` or ``forkserver`` start method, and a
-backend object inherited through fork refuses to make driver calls (teardown calls become
-no-ops there: the child's copy of the CUDA state is not usable, and its fds are closed).
+A process forked from one that had initialised CUDA cannot use it. A child is noticed by
+the pid that called ``cuInit`` here, by a fork hook asking whether anyone (CuPy, PyTorch,
+...) had initialised CUDA in the parent (``cuCtxGetCurrent`` answers
+``CUDA_ERROR_NOT_INITIALIZED`` exactly when nobody has), and by PyTorch's own bad-fork mark;
+:func:`why_unusable` then says to use spawn or forkserver, and inherited backend objects make
+no driver calls.
 """
 
 from __future__ import annotations
@@ -85,8 +61,7 @@ FORK_REASON = (
     "concurrent.futures.ProcessPoolExecutor(mp_context=multiprocessing.get_context('spawn'))"
 )
 
-OPAQUE_BYTES = 64
-"""Size of CUDA's IPC handles and pool export data."""
+OPAQUE_BYTES = 64  # CUDA's IPC handles and pool export data
 
 _CUDA_SUCCESS = 0
 _CUDA_ERROR_OUT_OF_MEMORY = 2
@@ -97,9 +72,7 @@ _CUDA_USERS = ("cuda.bindings.driver", "cupy", "torch", "numba.cuda", "jax")
 
 
 class OnDevice(Protocol):
-    """What the ordering (:mod:`~.sync`) and semaphore (:mod:`~.semaphore`) code needs of a
-    CUDA backend: its device, its primary context made current for a block (or found
-    current already), and the ordering token of a stream's queued work (``None``: idle)."""
+    """What :mod:`.sync` and :mod:`.semaphore` need of a CUDA backend."""
 
     @property
     def device(self) -> Device: ...
@@ -109,33 +82,13 @@ class OnDevice(Protocol):
     def stream_token(self, stream: int) -> bytes | None: ...
 
 
-# --------------------------------------------------------------------------------------------
-# errors
-
-
 class CudaDriverError(DriverError):
-    """A CUDA driver call failed.
-
-    Attributes
-    ----------
-    call : str
-        The driver function (and what it was asked for).
-    code : int
-        The ``CUresult`` value.
-    error_name : str
-        Its name, e.g. ``"CUDA_ERROR_INVALID_VALUE"``.
-    """
+    """A CUDA driver call failed (``code``: the ``CUresult``, ``error_name`` its name)."""
 
 
 class CudaOutOfMemory(CudaDriverError, OutOfMemory):
-    """The device has too little free memory for a chunk (``CUDA_ERROR_OUT_OF_MEMORY``).
-
-    Attributes
-    ----------
-    hint : str
-        What was asked for, what the device has free, and what to do (empty where the
-        error was not explained, e.g. straight from :func:`check`).
-    """
+    """``CUDA_ERROR_OUT_OF_MEMORY``; ``hint`` says what was asked, what is free and what
+    to do (empty straight from :func:`check`)."""
 
     def __init__(
         self, call: str, code: int, error_name: str, description: str = "", hint: str = ""
@@ -150,17 +103,9 @@ class CudaOutOfMemory(CudaDriverError, OutOfMemory):
 
 
 def check_export(result: Any, call: str) -> Any:
-    """:func:`check` of a call that makes an fd (an export to a POSIX fd): where it failed
-    because this process can open no more fds (the driver's error code does not say so), a
-    :class:`~sharedarrays.HandleUnavailable` naming the limit instead.
-
-    Raises
-    ------
-    HandleUnavailable
-        This process can open no more files.
-    CudaDriverError
-        The call failed otherwise.
-    """
+    """:func:`check` of an export to an fd, raising
+    :class:`~sharedarrays.HandleUnavailable` where it failed because this process can open
+    no more files (the driver's error does not say so)."""
     try:
         return check(result, call)
     except CudaDriverError as exc:
@@ -184,8 +129,8 @@ def _gib(nbytes: int) -> str:
 def explain_out_of_memory(
     exc: CudaOutOfMemory, what: str, nbytes: int, free_total: tuple[int, int] | None
 ) -> CudaOutOfMemory:
-    """``exc`` again, saying what was asked for (``nbytes`` of ``what``), what the device has
-    free (``free_total``, from ``cuMemGetInfo``; ``None``: not known) and what to do."""
+    """``exc`` again, saying what was asked for, what the device has free (``free_total``;
+    ``None``: not known) and what to do."""
     known = (
         f"the device has {_gib(free_total[0])} of {_gib(free_total[1])} free"
         if free_total is not None
@@ -222,24 +167,8 @@ def _raise(err: Any, call: str) -> None:
 
 
 def check(result: Any, call: str) -> Any:
-    """Check the ``CUresult`` of a ``cuda.bindings.driver`` call and return its values.
-
-    Parameters
-    ----------
-    result : tuple
-        What the binding returned: ``(err,)``, ``(err, value)`` or ``(err, v1, v2, ...)``.
-    call : str
-        What was called, for the error message.
-
-    Returns
-    -------
-    None, the value, or a tuple of the values.
-
-    Raises
-    ------
-    CudaDriverError
-        ``err`` is not ``CUDA_SUCCESS`` (:class:`CudaOutOfMemory` for out of memory).
-    """
+    """The values of a binding's ``(err, values...)`` result: ``None``, the value, or a
+    tuple; raises :class:`CudaDriverError` (named by ``call``) unless ``err`` is success."""
     err = result[0]
     if int(err) != _CUDA_SUCCESS:
         _raise(err, call)
@@ -251,9 +180,8 @@ def check(result: Any, call: str) -> Any:
 
 
 def opaque_bytes(handle: Any) -> bytes:
-    """The 64 bytes of an opaque driver struct (``CUipcMemHandle``, ``CUipcEventHandle``,
-    ``CUmemPoolPtrExportData``): its ``reserved`` field where the bindings expose it, else the
-    struct's memory (``getPtr()``; cuda-bindings 13.5 has no ``reserved``)."""
+    """The 64 bytes of an opaque driver struct (IPC handles, pool export data): its
+    ``reserved`` field, else its memory (cuda-bindings 13.5 has no ``reserved``)."""
     reserved = getattr(handle, "reserved", None)
     if reserved is not None:
         return bytes(reserved)
@@ -271,9 +199,6 @@ def opaque_from_bytes(cls: Any, data: bytes) -> Any:
         ctypes.memmove(handle.getPtr(), data, OPAQUE_BYTES)
     return handle
 
-
-# --------------------------------------------------------------------------------------------
-# loading the driver bindings, and whether CUDA can be used here
 
 _driver: Any = None
 _lock = threading.RLock()
@@ -309,16 +234,12 @@ def _cuda_initialised_here() -> bool:
 
 def _before_fork() -> None:
     global _parent_had_cuda
-    try:
-        _parent_had_cuda = _cuda_initialised_here()
-    except Exception:  # pragma: no cover - a fork hook must never raise
-        _parent_had_cuda = False
+    _parent_had_cuda = _cuda_initialised_here()  # (never raises)
 
 
 def _after_fork_in_child() -> None:
     global _forked_from_cuda
-    if _parent_had_cuda:
-        _forked_from_cuda = True
+    _forked_from_cuda = _forked_from_cuda or _parent_had_cuda
 
 
 def _after_fork_in_parent() -> None:
@@ -404,36 +325,32 @@ def _device_name(driver: Any, dev: Any) -> str:
     return text.decode(errors="replace") if isinstance(text, bytes) else text
 
 
-# What each CUDA backend needs of a device: (attribute, bits that must be set, what lacks).
-_NEEDS: dict[str, tuple[tuple[str, int, str], ...]] = {
+# What each CUDA backend needs of a device: attributes whose lowest bit must be set (for
+# MEMPOOL_SUPPORTED_HANDLE_TYPES, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), what lacks.
+_NEEDS: dict[str, tuple[tuple[str, str], ...]] = {
     "cuda-vmm": (
         (
-            "CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED",
-            1,
+            "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED",
             "does not support CUDA virtual memory management (cuMemCreate/cuMemMap)",
         ),
         (
-            "CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED",
-            1,
+            "HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED",
             "cannot export memory as POSIX file descriptors",
         ),
     ),
     "cuda-ipc": (
         (
-            "CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING",
-            1,
+            "UNIFIED_ADDRESSING",
             "has no unified addressing, which CUDA IPC (cuIpcGetMemHandle) needs",
         ),
     ),
     "cuda-pool": (
         (
-            "CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED",
-            1,
+            "MEMORY_POOLS_SUPPORTED",
             "does not support stream-ordered memory pools (cuMemPoolCreate)",
         ),
         (
-            "CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES",
-            1,  # CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+            "MEMPOOL_SUPPORTED_HANDLE_TYPES",
             "cannot export memory pools as POSIX file descriptors",
         ),
     ),
@@ -455,12 +372,13 @@ def _device_reason(index: int, backend: str) -> str | None:
     err, dev = driver.cuDeviceGet(index)
     if int(err) != _CUDA_SUCCESS:
         return f"cuDeviceGet({index}) failed with {_error_name(err)}"
-    for name, bits, lack in _NEEDS[backend]:
+    for short, lack in _NEEDS[backend]:
+        name = f"CU_DEVICE_ATTRIBUTE_{short}"
         attribute = getattr(driver.CUdevice_attribute, name)
         err, value = driver.cuDeviceGetAttribute(attribute, dev)
         if int(err) != _CUDA_SUCCESS:
             return f"cuDeviceGetAttribute({name}) failed with {_error_name(err)}"
-        if int(value) & bits != bits:
+        if not int(value) & 1:
             return (
                 f"cuda:{index} ({_device_name(driver, dev)}) {lack}, which the {backend} "
                 "backend needs"
@@ -469,27 +387,12 @@ def _device_reason(index: int, backend: str) -> str | None:
 
 
 def why_unusable(index: int | None = None, backend: str = "cuda-vmm") -> str | None:
-    """Say why a CUDA backend cannot be used here, or return ``None`` when it can.
+    """Why CUDA backend ``backend`` cannot be used on device ``index`` (default 0) here, or
+    ``None`` when it can.
 
-    Cheap after the first call (the answer is cached per process, device and backend), never
-    raises, and imports nothing heavy: ``cuda.bindings`` is imported (and ``cuInit`` called)
-    on the first call, CuPy is only looked for.
-
-    Parameters
-    ----------
-    index : int, optional
-        The device ordinal to check as well (default 0).
-    backend : str
-        ``"cuda-vmm"`` (default), ``"cuda-ipc"`` or ``"cuda-pool"``: the device features
-        checked are those this backend needs.
-
-    Returns
-    -------
-    str or None
-        A sentence naming what is missing and what to do: a package to install, no driver,
-        a ``cuInit`` error, no device, an ordinal out of range, a device without the
-        backend's features (VMM and POSIX-fd handles; unified addressing; memory pools with
-        POSIX-fd handles), or a process forked after CUDA was initialised.
+    A sentence naming what is missing and what to do: a package, the driver, a ``cuInit``
+    error, a device or one of its features, or a process forked after CUDA was initialised.
+    Never raises; cached per process, device and backend (``cuInit`` on the first call).
     """
     global _reasons_pid
     idx = 0 if index is None else int(index)
@@ -520,8 +423,8 @@ _peers: dict[tuple[int, int], str | None] = {}
 
 
 def peer_reason(index: int, owner: int) -> str | None:
-    """Why device ``index`` cannot access memory of device ``owner``, or ``None`` when it
-    can (``cuDeviceCanAccessPeer``, cached per process). Never raises."""
+    """Why device ``index`` cannot access memory of device ``owner`` (``None``: it can);
+    cached, never raises."""
     key = (index, owner)
     if key in _peers:
         return _peers[key]
@@ -563,14 +466,12 @@ def current_device_index(default: int) -> int:
     return default
 
 
-_cupy_stream: Callable[[int], Any] | None = None
-"""CuPy's current stream of a device (``get_current_stream``), once CuPy is imported."""
+_cupy_stream: Callable[[int], Any] | None = None  # CuPy's get_current_stream, once found
 
 
 def current_stream(device_index: int) -> int:
-    """The stream handle work is queued on for a device: CuPy's current stream for that
-    device when CuPy is imported, else ``0`` (the legacy default stream of the current
-    context, which PyTorch also uses unless told otherwise)."""
+    """The stream work is queued on for a device: CuPy's current one when CuPy is imported,
+    else ``0`` (the legacy default stream, PyTorch's unless told otherwise)."""
     get = _cupy_stream
     if get is None:
         cupy = sys.modules.get("cupy")
@@ -581,7 +482,7 @@ def current_stream(device_index: int) -> int:
 
 
 def _find_cupy_stream(cupy: Any, device_index: int) -> Callable[[int], Any]:
-    """Keep CuPy's ``get_current_stream`` (looked up once: every message's fence asks)."""
+    """Keep CuPy's ``get_current_stream`` (every message's fence asks)."""
     global _cupy_stream
     get: Callable[[int], Any] = cupy.cuda.get_current_stream
     try:

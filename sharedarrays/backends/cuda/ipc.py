@@ -1,23 +1,12 @@
-"""The CUDA IPC backend: ``cuMemAlloc`` memory shared by legacy CUDA IPC handles.
+"""The CUDA IPC backend (``"cuda-ipc"``): ``cuMemAlloc`` memory shared by legacy IPC handles,
+for devices or drivers without VMM and POSIX-fd handles.
 
-For devices or drivers where VMM with POSIX-fd handles is unavailable. Called through
-``cuda.bindings.driver``:
-
-=========== =================================================================
-chunk       ``cuMemAlloc``: one per allocation, at an address the driver chooses
-handle      ``cuIpcGetMemHandle``: 64 portable bytes, taken once per chunk; no file
-            descriptor travels (the exporter's handle server sends the bytes, after its
-            checks: any process that saw them could open the memory)
-importer    ``cuIpcOpenMemHandle`` (``CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS``) once per process
-            (the registry of allocations is the cache; CUDA allows one open per context),
-            ``cuIpcCloseMemHandle`` when it releases the allocation
-=========== =================================================================
-
-Lifetime: the memory belongs to the exporter (``exporter_owned``). Freeing it while an
-importer still has it open is undefined behaviour in CUDA, so an exporter that releases an
-allocation keeps the memory until every process it served has closed it or exited (see
-:meth:`sharedarrays.Allocation.release`); at exit it waits for them a while and then says who
-still held it. An import after the exporter is gone raises
+A chunk is one ``cuMemAlloc`` allocation; its handle, 64 bytes from ``cuIpcGetMemHandle``
+taken once, goes out through the exporter's handle server after its checks. An importer opens
+it once per process (``cuIpcOpenMemHandle``; the allocation registry is the cache) and closes
+it on release. The memory belongs to the exporter (``exporter_owned``): freeing it while an
+importer has it open is undefined in CUDA, so a released allocation is kept until every
+process served has closed it or exited; an import after that raises
 :class:`~sharedarrays.HandleUnavailable`.
 """
 
@@ -43,8 +32,8 @@ from sharedarrays.errors import HandleUnavailable, NotShareable, PayloadError
 __all__ = ["CudaIpcBackend", "GRANULARITY"]
 
 GRANULARITY = 2 << 20
-"""cuda-ipc chunk sizes are multiples of 2 MiB: an IPC handle names a whole ``cuMemAlloc``
-allocation, which the driver places on 2 MiB pages anyway (small arrays share slabs)."""
+"""cuda-ipc chunk sizes are multiples of 2 MiB: a handle names a whole ``cuMemAlloc``
+allocation, which lies on 2 MiB pages anyway."""
 
 # What cuIpcOpenMemHandle answers for a handle whose memory is gone or never existed.
 _STALE = frozenset(
@@ -58,18 +47,7 @@ _STALE = frozenset(
 
 
 class CudaIpcBackend(CudaDevice):
-    """Device memory of one CUDA device, shared by CUDA IPC handles (``"cuda-ipc"``).
-
-    Parameters
-    ----------
-    device : Device
-        A CUDA device (``Device("cuda", N)``).
-
-    Raises
-    ------
-    BackendUnavailable
-        :func:`~sharedarrays.backends.cuda.driver.why_unusable` gave a reason.
-    """
+    """Device memory of one CUDA device, shared by CUDA IPC handles (``"cuda-ipc"``)."""
 
     name: ClassVar[str] = "cuda-ipc"
     zeroed: ClassVar[bool] = False  # cuMemAlloc does not clear memory
@@ -84,10 +62,6 @@ class CudaIpcBackend(CudaDevice):
     def granularity(self) -> int:
         """Chunk sizes are multiples of 2 MiB (:data:`GRANULARITY`)."""
         return GRANULARITY
-
-    def check_memory(self, nbytes: int) -> None:
-        """Nothing to check beforehand: ``cuMemAlloc`` takes the device memory at once, and
-        fails with :class:`CudaOutOfMemory` (an :class:`~sharedarrays.OutOfMemory`)."""
 
     def create_chunk(self, size: int) -> Chunk:
         """Allocate ``size`` bytes with ``cuMemAlloc`` and take its IPC handle (once)."""
@@ -108,31 +82,16 @@ class CudaIpcBackend(CudaDevice):
         return Chunk(size=size, handle=int(ptr), fd=-1, address=int(ptr), export=export)
 
     def borrow_chunk(self, pointer: int, owner: object) -> tuple[Chunk, int]:
-        """Share memory another library allocated on this device, without copying.
-
-        Finds the ``cuMemAlloc`` allocation that holds ``pointer``
-        (``cuMemGetAddressRange``) and takes its IPC handle (``cuIpcGetMemHandle``): what
-        CuPy's default memory pool and PyTorch's caching allocator hand out. The chunk is the
-        whole enclosing allocation (an importer opens all of it); it holds ``owner``, which
-        keeps the memory allocated, and releasing it drops ``owner`` instead of freeing.
-
-        Parameters
-        ----------
-        pointer : int
-            A device address inside the memory to share.
-        owner : object
-            What keeps that memory allocated (the CuPy array or torch tensor).
-
-        Returns
-        -------
-        tuple of (Chunk, int)
-            The chunk, and ``pointer``'s offset in it.
+        """Share, without copying, the ``cuMemAlloc`` allocation holding ``pointer`` (what
+        CuPy's and PyTorch's default allocators hand out): the chunk is the whole allocation
+        and holds ``owner``, dropped on release instead of freeing; returns it and
+        ``pointer``'s offset in it.
 
         Raises
         ------
         NotShareable
-            ``pointer`` is not device memory of this device, or CUDA IPC cannot export it
-            (managed memory, a stream-ordered pool, VMM memory).
+            Not device memory of this device, or CUDA IPC cannot export it (managed memory,
+            a stream-ordered pool, VMM memory).
         """
         d = self._d
         attr = d.CUpointer_attribute
@@ -193,18 +152,9 @@ class CudaIpcBackend(CudaDevice):
         )
         return chunk, pointer - int(base)
 
-    def seal(self, chunk: Chunk, readonly: bool) -> bool:
-        """Nothing to seal: IPC handles carry no access mode (read-only is a promise)."""
-        return False
-
-    def reopen_readonly(self, fd: int) -> int | None:
-        """IPC handles carry no access mode: a read-only export is the importer's promise."""
-        return None
-
     def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
-        """Open an IPC handle (``export``, 64 bytes) of another process's chunk.
-
-        ``fd`` is unused (closed if given). The opened range must hold ``size`` bytes.
+        """Open another process's chunk from its 64-byte IPC handle ``export`` (``fd`` is
+        unused, closed if given).
 
         Raises
         ------
@@ -244,9 +194,8 @@ class CudaIpcBackend(CudaDevice):
         )
 
     def release_chunk(self, chunk: Chunk) -> None:
-        """Wait for queued work, then close an imported handle (``cuIpcCloseMemHandle``),
-        free the exporter's memory (``cuMemFree``) or, for borrowed memory, drop its
-        :attr:`~Chunk.owner` (its library frees it). Idempotent; a no-op in a forked child."""
+        """Wait for queued work, then close an imported handle, free own memory, or drop a
+        borrowed chunk's owner. Idempotent; a no-op in a forked child."""
         ptr = chunk.handle
         if ptr < 0:
             return
@@ -264,14 +213,4 @@ class CudaIpcBackend(CudaDevice):
                 check(self._d.cuMemFree(ptr), "cuMemFree")
 
 
-register(
-    Registration(
-        name=CudaIpcBackend.name,
-        kind="cuda",
-        factory=CudaIpcBackend,
-        preference=1,
-        maps=CudaIpcBackend.maps,
-        exporter_owned=CudaIpcBackend.exporter_owned,
-        why_unusable=lambda index: why_unusable(index, CudaIpcBackend.name),
-    )
-)
+register(Registration.of(CudaIpcBackend, "cuda", 1, lambda i: why_unusable(i, CudaIpcBackend.name)))

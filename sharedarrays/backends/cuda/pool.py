@@ -1,26 +1,7 @@
-"""The CUDA memory-pool backend: stream-ordered allocations from an IPC-capable pool
-(``"cuda-pool"``): :class:`~sharedarrays.backends.pool.PoolBackend` on :class:`CudaPool`, the
-table of CUDA's pool IPC calls, made through ``cuda.bindings.driver``:
-
-=========== =================================================================
-pool        ``cuMemPoolCreate`` (pinned memory of this device, handle type
-            ``POSIX_FILE_DESCRIPTOR``), one per process and device, made on first use and
-            exported once (``cuMemPoolExportToShareableHandle``); its fd is what the handle
-            server sends, once per importer of each allocation
-chunk       ``cuMemAllocFromPoolAsync`` on the current stream (then synchronised, so the
-            allocation is complete before any importer can see it); one per allocation
-handle      ``cuMemPoolExportPointer``: 64 bytes after the pool's 16-byte id, sent with
-            the pool's fd by the exporter's handle server
-importer    ``cuMemPoolImportFromShareableHandle`` once per pool (kept while any pointer of
-            it is open), ``cuMemPoolImportPointer`` per allocation, ``cuMemFree`` when it
-            releases the allocation, ``cuMemPoolDestroy`` after the last one
-=========== =================================================================
-
-Lifetime: CUDA requires every importer to free a pool allocation before its exporter does.
-The exporter enforces that order: an allocation it releases keeps its memory until every
-process it served has freed it or exited (see :meth:`sharedarrays.Allocation.release`). This
-is the CUDA twin of HIP's ``hipMemPoolExportToShareableHandle``.
-"""
+"""The CUDA memory-pool backend (``"cuda-pool"``):
+:class:`~sharedarrays.backends.pool.PoolBackend` on :class:`CudaPool`, CUDA's table of pool
+IPC calls (``cuMemPoolCreate`` with POSIX fd handles, ``cuMemAllocFromPoolAsync`` on the
+current stream, ``cuMemPoolExportPointer``, ``cuMemPoolImportPointer``, ...)."""
 
 from __future__ import annotations
 
@@ -49,16 +30,13 @@ __all__ = [
 ]
 
 MAX_BYTES = 4 << 30
-"""Largest cuda-pool allocation (``SHAREDARRAYS_POOL_MAX_BYTES`` overrides it). Measured on
-an H200 with driver 580.159 (``benchmarks/probe_pool_import.py``): another process that
-imports a pool allocation of 5.25 GiB or more crashes with a segmentation fault inside
-``cuMemPoolImportPointer`` (cuda.core's IPC buffers crash the same way at 8 GiB), while 1 to
-5 GiB work. Both sides refuse larger sizes, so that no importer can crash."""
+"""Largest cuda-pool allocation (``SHAREDARRAYS_POOL_MAX_BYTES`` overrides it): importing one
+of 5.25 GiB or more segfaults inside ``cuMemPoolImportPointer`` (driver 580, H200;
+``benchmarks/probe_pool_import.py``), so both sides refuse larger ones."""
 
 
 def max_bytes() -> int:
-    """The largest cuda-pool allocation allowed here: :data:`MAX_BYTES` unless the
-    ``SHAREDARRAYS_POOL_MAX_BYTES`` environment variable says otherwise."""
+    """The largest cuda-pool allocation allowed here (:data:`MAX_BYTES`)."""
     return env_number("SHAREDARRAYS_POOL_MAX_BYTES", MAX_BYTES, 1)
 
 
@@ -75,8 +53,7 @@ def _too_large(size: int) -> str | None:
 
 
 class CudaPool:
-    """CUDA's pool IPC calls (:class:`~sharedarrays.backends.pool.PoolCalls`) for one
-    backend."""
+    """CUDA's pool IPC calls (:class:`~sharedarrays.backends.pool.PoolCalls`)."""
 
     too_large = staticmethod(_too_large)
 
@@ -141,24 +118,9 @@ class CudaPool:
 
 
 class CudaPoolBackend(PoolBackend, CudaDevice):
-    """Stream-ordered device memory of one CUDA device, shared through an exported memory
-    pool (``"cuda-pool"``).
-
-    Parameters
-    ----------
-    device : Device
-        A CUDA device (``Device("cuda", N)``).
-
-    Raises
-    ------
-    BackendUnavailable
-        :func:`~sharedarrays.backends.cuda.driver.why_unusable` gave a reason.
-
-    Notes
-    -----
-    See :class:`~sharedarrays.backends.pool.PoolBackend`. Allocations are made on the
-    current stream, and are at most :func:`max_bytes`.
-    """
+    """Stream-ordered memory of one CUDA device, shared through an exported pool
+    (``"cuda-pool"``); allocations are made on the current stream, at most
+    :func:`max_bytes`."""
 
     name: ClassVar[str] = "cuda-pool"
     values_refused: ClassVar[str | None] = (
@@ -169,18 +131,9 @@ class CudaPoolBackend(PoolBackend, CudaDevice):
     )
 
     def table(self) -> CudaPool:
-        """This backend's CUDA pool calls."""
         return CudaPool(self)
 
 
 register(
-    Registration(
-        name=CudaPoolBackend.name,
-        kind="cuda",
-        factory=CudaPoolBackend,
-        preference=2,
-        maps=CudaPoolBackend.maps,
-        exporter_owned=CudaPoolBackend.exporter_owned,
-        why_unusable=lambda index: why_unusable(index, CudaPoolBackend.name),
-    )
+    Registration.of(CudaPoolBackend, "cuda", 2, lambda i: why_unusable(i, CudaPoolBackend.name))
 )

@@ -1,12 +1,6 @@
-"""External semaphores on CUDA: importing one another API exported as a file descriptor
-(``cuImportExternalSemaphore``), signalling and waiting on it in stream order
-(``cuSignalExternalSemaphoresAsync`` / ``cuWaitExternalSemaphoresAsync``), and releasing it
-(``cuDestroyExternalSemaphore``).
-
-The user-facing class is :class:`sharedarrays.ExternalSemaphore`; it holds the
-:class:`ImportedSemaphore` that :meth:`CudaDevice.import_semaphore
-<sharedarrays.backends.cuda.device.CudaDevice.import_semaphore>` returns.
-"""
+"""External semaphores on CUDA: import one another API exported as an fd, signal and wait on
+it in stream order, destroy it. :class:`sharedarrays.ExternalSemaphore` holds the
+:class:`ImportedSemaphore` that :meth:`.device.CudaDevice.import_semaphore` returns."""
 
 from __future__ import annotations
 
@@ -21,22 +15,15 @@ __all__ = ["ImportedSemaphore", "import_semaphore", "enqueue"]
 
 
 def _destroy(on: OnDevice, handle: Any, pid: int) -> None:
-    """Destroy an imported semaphore, in the process that imported it only."""
     if os.getpid() != pid:
-        return  # a fork child's copy: CUDA is not usable here, the parent owns it
+        return  # a fork child's copy: the parent owns it
     with on.context():
         load_driver().cuDestroyExternalSemaphore(handle)
 
 
 class ImportedSemaphore:
-    """A ``CUexternalSemaphore`` imported into one device's primary context, destroyed by
-    :meth:`close` or when this object is freed (``weakref.finalize``).
-
-    Attributes
-    ----------
-    timeline : bool
-        A timeline semaphore (a 64-bit value) rather than a binary one.
-    """
+    """A ``CUexternalSemaphore`` imported into one device's primary context (``timeline``:
+    a 64-bit timeline, else binary), destroyed by :meth:`close` or when freed."""
 
     def __init__(self, on: OnDevice, handle: Any, timeline: bool) -> None:
         self.timeline = timeline
@@ -45,15 +32,8 @@ class ImportedSemaphore:
         self._finalizer = weakref.finalize(self, _destroy, on, handle, self._pid)
 
     def live(self) -> Any:
-        """The driver handle.
-
-        Raises
-        ------
-        ClosedArrayError
-            Closed already.
-        BackendUnavailable
-            Inherited through ``fork``.
-        """
+        """The driver handle; raises :class:`~sharedarrays.ClosedArrayError` once closed,
+        :class:`~sharedarrays.BackendUnavailable` after fork."""
         if not self._finalizer.alive:
             raise ClosedArrayError("this external semaphore was closed")
         if os.getpid() != self._pid:
@@ -71,14 +51,8 @@ class ImportedSemaphore:
 
 
 def import_semaphore(on: OnDevice, fd: int, timeline: bool) -> ImportedSemaphore:
-    """Import a semaphore exported as ``fd`` (opaque fd, or timeline-semaphore fd) into
-    ``on``'s device. CUDA owns ``fd`` on success; the caller closes it on failure.
-
-    Raises
-    ------
-    CudaDriverError
-        The driver refused the handle.
-    """
+    """Import a semaphore exported as ``fd`` (opaque or timeline fd) into ``on``'s device;
+    CUDA owns ``fd`` on success, the caller closes it on failure."""
     d = load_driver()
     types = d.CUexternalSemaphoreHandleType
     desc = d.CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC()

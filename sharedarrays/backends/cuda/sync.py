@@ -1,37 +1,18 @@
-"""Cross-process ordering of GPU work, with interprocess CUDA events.
+"""Cross-process ordering of GPU work with interprocess CUDA events.
 
-When an array is handed to another process, the work this process queued on it may still be
-running. The exporter records an event on its current stream (:func:`export_sync`) and puts
-the returned *token* in the payload; the importer makes its current stream wait for that
-event (:func:`import_sync`) before user code sees the array. Neither side blocks the CPU.
+The exporter records an event on its current stream (:func:`export_sync`) and puts its
+*token* in the payload; the importer makes its current stream wait for it
+(:func:`import_sync`). Neither blocks the CPU. An idle stream (``cuStreamQuery``) records
+nothing, and one pickling records at most one event for all its arrays (:func:`export_fence`).
 
-Steady-state cost is one ``cuEventRecord`` on the exporter and one ``cuStreamWaitEvent`` on the
-importer: no event is created and no handle is opened per handoff. When the exporter's stream
-is idle at the handoff (``cuStreamQuery``: everything queued on it is done) no event is
-recorded at all and the importer does not wait; one pickling (a pool task, a queue item,
-a ``pickle.dumps``) records at most one event for all the arrays in it (:func:`export_fence`).
-
-- Each process keeps, per device, a *ring* of events created with
-  ``CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING``, each with its 64-byte IPC handle
-  (``cuIpcGetEventHandle``, taken once). :func:`export_sync` records the next event of the
-  ring. A slot whose previous record has not completed yet (``cuEventQuery`` says
-  ``CUDA_ERROR_NOT_READY``) is not reused, since re-recording it would move the point its
-  earlier consumers wait for; the ring grows instead, up to ``RING_LIMIT`` events, past
-  which export waits (on the CPU) for the slot's earlier work to finish. Reusing a
-  completed slot is safe: a consumer that waits late then waits for a later point, never an
-  earlier one.
-- Importers open each handle once (``cuIpcOpenEventHandle``) and keep it, keyed by the
-  handle's bytes. A token names the exporting process (pid and start time): a token from this
-  very process uses the event itself (CUDA cannot open its own IPC handles), and a token
-  from a process that has exited needs no wait (its work is over), and its cached event is
-  dropped. Whenever an event is opened, those of every exporter that has exited are
-  destroyed too.
-- A token's bytes are :mod:`sharedarrays.protocol.token`'s format.
-- "Current stream" is CuPy's current stream for the device when CuPy is imported, else the
-  legacy default stream (which PyTorch also uses unless told otherwise). Work queued on other
-  streams is not covered; synchronise those yourself or make them current.
-
-Everything is released at process exit. :func:`no_sync` turns export off for a block.
+Each process keeps per device a *ring* of interprocess events, each with its IPC handle taken
+once. A slot whose last record is still pending is not reused (that would move the point its
+consumers wait for); the ring grows instead, up to :data:`RING_LIMIT`, past which export
+waits on the CPU. Importers open each handle once and keep it; a token names its exporter
+(pid and start time): this process's own tokens use the event itself, and an exited
+exporter's need no wait (its opened events are destroyed). "Current stream" is CuPy's for
+the device when CuPy is imported, else the legacy default stream; work on other streams is
+not covered.
 """
 
 from __future__ import annotations
@@ -70,11 +51,8 @@ __all__ = [
     "TOKEN_SIZE",
 ]
 
-RING_LIMIT = 256
-"""Most events in one device's ring."""
-
+RING_LIMIT = 256  # most events in one device's ring
 TOKEN_SIZE = wire.TOKEN_SIZE
-"""Bytes of an ordering token."""
 
 _CUDA_SUCCESS = 0
 _CUDA_ERROR_NOT_READY = 600
@@ -86,10 +64,8 @@ _no_sync: contextvars.ContextVar[bool] = contextvars.ContextVar(
 
 @contextlib.contextmanager
 def no_sync() -> Iterator[None]:
-    """Hand arrays off without ordering inside this block (thread- and task-local).
-
-    Use it when you have synchronised yourself (or nothing is in flight): payloads made inside
-    carry no event, and importers do not wait.
+    """Hand arrays off without ordering inside this block (thread- and task-local), when you
+    have synchronised yourself: payloads carry no event, and importers do not wait.
 
     Examples
     --------
@@ -108,28 +84,13 @@ def sync_enabled() -> bool:
     return not _no_sync.get()
 
 
-# --------------------------------------------------------------------------------------------
-# one record per message
-
-
 class Fence:
-    """The ordering of one message: one record (or none: the stream was idle) on one
-    device's stream, shared by every array of the message.
+    """The ordering of one message: one record (``token``; ``None`` when the stream was
+    idle), shared by every array of the message, pickled as the token itself.
 
-    A pickling puts the fence in the message as each array's ordering argument; it pickles
-    as its token (``bytes``, or ``None``: nothing to wait for), so an importer receives the
-    token itself. The pickler's memo holds a strong reference to every object it pickled
-    until the pickler is freed (``pickle.py``'s ``memoize``; ``_pickle.c``'s
-    ``PyMemoTable_Set``), and :func:`export_fence` holds the fence only weakly: so while one
-    ``dumps`` runs every array of it finds the same fence (written once, then a memo
-    reference), and the next message, whose pickler is a new one, makes a new fence and a
-    new record. A pickler reused for several ``dump`` calls shares one fence among them, as
-    it already shares each object it pickled.
-
-    Attributes
-    ----------
-    token : bytes or None
-        The record's ordering token, or ``None`` when there was nothing to order.
+    The pickler's memo holds the fence while one ``dumps`` runs and :func:`export_fence`
+    holds it only weakly, so every array of a message finds the same fence and the next
+    message (a new pickler) makes a new record.
     """
 
     __slots__ = ("token", "__weakref__")
@@ -151,20 +112,10 @@ _new_fence = object.__new__
 
 
 def export_fence(on: OnDevice) -> Fence | None:
-    """The ordering argument of one message handing memory of ``on``'s device off now: the
-    live :class:`Fence` of this thread and the device's current stream, else a new one
-    holding ``on.stream_token(stream)`` (no token when the stream is idle, else a record's).
-
-    Only a weak reference is kept here: the fence lives as long as someone holds it (the
-    memo of the pickling that is putting it in a message), then the next call records anew.
-    Every array of a message asks, so the common answer (the live fence) costs one lookup
-    and no object; a new message's fence costs this frame, the stream's lookup, the
-    device's query and the fence's constructor (written out here, not through helpers: a
-    warm handoff makes one per message, in a thread just woken, where each Python call
-    costs 1-2 us on the H200; docs/performance.md).
-
-    Returns ``None`` inside :func:`no_sync`.
-    """
+    """The ordering argument of one message handing ``on``'s memory off now: the live
+    :class:`Fence` of this thread and stream, else a new one holding
+    ``on.stream_token(stream)``; ``None`` inside :func:`no_sync`. Written out without
+    helpers: every array asks, and each Python call costs 1-2 us in a just-woken thread."""
     if _no_sync.get():
         return None
     index = on.device.index
@@ -181,10 +132,6 @@ def export_fence(on: OnDevice) -> Fence | None:
     made.token = on.stream_token(stream)
     refs[key] = weakref.ref(made)
     return made
-
-
-# --------------------------------------------------------------------------------------------
-# process state
 
 
 @dataclass
@@ -225,10 +172,6 @@ def _my_start_time() -> int:
     return _start_time_cache
 
 
-# --------------------------------------------------------------------------------------------
-# export
-
-
 def _next_slot(driver: Any, ring: _Ring) -> tuple[Any, bytes]:
     """The ring's next reusable event and its handle, creating one when the next is pending."""
     n = len(ring.slots)
@@ -260,25 +203,16 @@ def _next_slot(driver: Any, ring: _Ring) -> tuple[Any, bytes]:
 
 
 def export_sync(on: OnDevice) -> bytes | None:
-    """Record an event on the current stream of ``on``'s device now; return its token.
-
-    Returns
-    -------
-    bytes or None
-        ``None`` inside :func:`no_sync`, and when the stream has nothing left to run
-        (``cuStreamQuery`` says so: everything queued on it so far is done, so an importer
-        has nothing to wait for); else a :mod:`~sharedarrays.protocol.token` (exporter pid,
-        its start time, the event's IPC handle and the record's sequence number).
-    """
+    """Record an event on the current stream of ``on``'s device now; its token
+    (:mod:`~sharedarrays.protocol.token`), or ``None`` inside :func:`no_sync` or when the
+    stream is idle."""
     if _no_sync.get():
         return None
     return on.stream_token(current_stream(on.device.index))
 
 
 def record(on: OnDevice, stream: int) -> bytes:
-    """Record the next event of the device's ring on ``stream`` (a stream of ``on``'s
-    device with work queued: :meth:`OnDevice.stream_token` asked first) and return its
-    token."""
+    """Record the next event of the device's ring on ``stream``; its token."""
     global _records
     driver = load_driver()
     with _lock, on.context():
@@ -288,10 +222,6 @@ def record(on: OnDevice, stream: int) -> bytes:
         check(driver.cuEventRecord(event, stream), "cuEventRecord")
         _records += 1
         return wire.encode(wire.OrderingToken(os.getpid(), _my_start_time(), handle, _records))
-
-
-# --------------------------------------------------------------------------------------------
-# import
 
 
 def _event_for(driver: Any, token: bytes) -> Any | None:
@@ -323,10 +253,8 @@ def _event_for(driver: Any, token: bytes) -> Any | None:
 
 
 def _drop_exited(driver: Any, sender: int) -> None:
-    """Destroy the opened events of exporters that have exited (each process but ``sender``
-    asked once): their work is over, and no token of theirs comes again, so without this
-    they would stay open until exit, up to a ring's worth per exporter. Asked when an event
-    is opened (once per handle and process), never in the steady state."""
+    """Destroy the opened events of exporters (but ``sender``) that have exited; asked when
+    an event is opened, never in the steady state."""
     gone: dict[int, bool] = {}
     for handle, (pid, _, event) in list(_opened.items()):
         if pid == sender:
@@ -339,10 +267,8 @@ def _drop_exited(driver: Any, sender: int) -> None:
 
 
 def import_sync(on: OnDevice, token: bytes) -> None:
-    """Make the current stream of ``on``'s device wait for the event a token names.
-
-    Does not block the CPU. A token from a process that has exited needs no wait, nor does
-    the token the stream waited for last (many arrays of one pickling share one).
+    """Make the current stream of ``on``'s device wait for the event a token names (not the
+    CPU); no wait for an exited exporter's token or the one this stream waited for last.
 
     Raises
     ------

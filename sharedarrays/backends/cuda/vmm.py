@@ -1,24 +1,6 @@
-"""The CUDA VMM backend: device memory shared through POSIX file descriptors
-(``"cuda-vmm"``): :class:`~sharedarrays.backends.vmm.VmmBackend` on :class:`CudaVmm`, the
-table of CUDA's virtual memory management calls, made through ``cuda.bindings.driver`` (the
-tuple-returning driver bindings, ``err, value = driver.cuX(...)``):
-
-=========== =================================================================
-reservation ``cuMemAddressReserve`` (aligned to the granularity)
-chunk       ``cuMemCreate`` (pinned device memory of this device, requested handle
-            type ``POSIX_FILE_DESCRIPTOR``), exported once with
-            ``cuMemExportToShareableHandle``; the fd is kept for the chunk's life
-mapping     ``cuMemMap``
-access      ``cuMemSetAccess`` for the owning device and its peers
-handle      the exported fd; an importer turns it back into a chunk with
-            ``cuMemImportFromShareableHandle`` (and checks its device with
-            ``cuMemGetAllocationPropertiesFromHandle``) and keeps it too, so it can serve it on
-release     ``cuMemUnmap``, ``cuMemRelease``, ``cuMemAddressFree``
-=========== =================================================================
-
-Driver loading, errors, fork safety, the primary context and cross-process ordering are
-shared by the CUDA backends and live in :mod:`~sharedarrays.backends.cuda.driver`.
-"""
+"""The CUDA VMM backend (``"cuda-vmm"``): :class:`~sharedarrays.backends.vmm.VmmBackend` on
+:class:`CudaVmm`, CUDA's table of VMM calls (``cuMemCreate``, ``cuMemExportToShareableHandle``
+to a POSIX fd, ``cuMemMap``, ``cuMemSetAccess`` for the device and its peers, ...)."""
 
 from __future__ import annotations
 
@@ -34,11 +16,10 @@ __all__ = ["CudaVmmBackend", "CudaVmm"]
 
 
 class CudaVmm:
-    """CUDA's VMM calls (:class:`~sharedarrays.backends.vmm.VmmCalls`) for one backend."""
+    """CUDA's VMM calls (:class:`~sharedarrays.backends.vmm.VmmCalls`)."""
 
     vendor = "CUDA"
     whole_chunks = " (cuMemMap supports no offset into, and no part of, a device allocation)"
-    # What cuMemImportFromShareableHandle answers for an fd that is no exported allocation.
     not_an_allocation = frozenset(
         {
             "CUDA_ERROR_INVALID_VALUE",
@@ -55,16 +36,12 @@ class CudaVmm:
     def __init__(self, backend: CudaDevice) -> None:
         self._backend = backend
         self._d = d = backend._d
-        self._index = backend.device.index
-        prop = d.CUmemAllocationProp()
+        self._fd_type = d.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        prop = self._prop = d.CUmemAllocationProp()
         prop.type = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
         prop.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-        prop.location.id = self._index
-        prop.requestedHandleTypes = (
-            d.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-        )
-        self._prop = prop
-        self._fd_type = d.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        prop.location.id = backend.device.index
+        prop.requestedHandleTypes = self._fd_type
 
     def granularity(self) -> int:
         d = self._d
@@ -157,41 +134,14 @@ class CudaVmm:
 
 
 class CudaVmmBackend(VmmBackend, CudaDevice):
-    """Device memory of one CUDA device, shared through exported fds (``"cuda-vmm"``).
-
-    Parameters
-    ----------
-    device : Device
-        A CUDA device (``Device("cuda", N)``).
-
-    Raises
-    ------
-    BackendUnavailable
-        :func:`~sharedarrays.backends.cuda.driver.why_unusable` gave a reason.
-
-    Notes
-    -----
-    See :class:`~sharedarrays.backends.vmm.VmmBackend`. Peer devices may be given access
-    (``cuDeviceCanAccessPeer``). The device's primary context is retained once and kept for
-    the life of the process.
-    """
+    """Device memory of one CUDA device, shared through exported fds (``"cuda-vmm"``);
+    peer devices may be given access (``cuDeviceCanAccessPeer``)."""
 
     name: ClassVar[str] = "cuda-vmm"
     peer_access: ClassVar[bool] = True
 
     def table(self) -> CudaVmm:
-        """This backend's CUDA VMM calls."""
         return CudaVmm(self)
 
 
-register(
-    Registration(
-        name=CudaVmmBackend.name,
-        kind="cuda",
-        factory=CudaVmmBackend,
-        preference=0,
-        maps=CudaVmmBackend.maps,
-        exporter_owned=CudaVmmBackend.exporter_owned,
-        why_unusable=lambda index: why_unusable(index, CudaVmmBackend.name),
-    )
-)
+register(Registration.of(CudaVmmBackend, "cuda", 0, lambda i: why_unusable(i, CudaVmmBackend.name)))

@@ -1,26 +1,17 @@
-"""What the HIP backends share: one AMD GPU, its runtime calls, arrays and ordering.
-
-:class:`HipDevice` is the base of ``hip-vmm`` (:mod:`.vmm`) and ``hip-pool`` (:mod:`.pool`):
-making the device current, synchronising, and wrapping device memory as the native array.
-"""
+"""The base of the HIP backends (``hip-vmm``, ``hip-pool``): one AMD GPU, made current,
+synchronised, and its memory wrapped as the native array."""
 
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Any, ClassVar
 
 import numpy as np
 
-from sharedarrays.backends.base import NativeView, installed
+from sharedarrays.backends.base import DeviceBase, NativeView, SyncOrdering, installed
 from sharedarrays.backends.device import Device
-from sharedarrays.backends.hip.runtime import (
-    HipError,
-    check,
-    load_hip,
-    why_unusable,
-)
-from sharedarrays.backends.host import host_copy, host_view
+from sharedarrays.backends.hip.runtime import HipError, check, load_hip, why_unusable
+from sharedarrays.backends.host import host_copy, host_view, to_numpy
 from sharedarrays.errors import BackendUnavailable
 
 __all__ = ["HipDevice", "FORK_REASON"]
@@ -42,40 +33,19 @@ def _cupy_rocm() -> Any:
     return cupy if getattr(cupy.cuda.runtime, "is_hip", False) else None
 
 
-class HipDevice:
-    """One AMD GPU, as the HIP backends use it.
+class HipDevice(SyncOrdering, DeviceBase):
+    """One AMD GPU (``Device("hip", N)``), as the HIP backends use it.
 
-    Parameters
-    ----------
-    device : Device
-        A HIP device (``Device("hip", N)``).
-
-    Raises
-    ------
-    BackendUnavailable
-        :func:`~sharedarrays.backends.hip.runtime.why_unusable` gave a reason for the
-        backend's :attr:`feature`.
-
-    Notes
-    -----
-    The native array is a ``cupy.ndarray`` where CuPy's ROCm build is importable; else, on an
-    integrated device (an APU, ``hipDeviceAttributeIntegrated``), whose memory the CPU
-    addresses, a NumPy view; else a read-only NumPy copy (so that a write cannot be lost).
-    Pickling orders by ``hipDeviceSynchronize`` (no interprocess events yet).
+    The native array is a ``cupy.ndarray`` where CuPy's ROCm build is importable; else a
+    NumPy view on an integrated device (whose memory the CPU addresses); else a read-only
+    NumPy copy, so that no write is lost. Pickling orders by ``hipDeviceSynchronize``.
     """
 
-    name: ClassVar[str]
     feature: ClassVar[str]
     """What the backend needs of the device (a key of ``runtime.FEATURES``)."""
 
     def __init__(self, device: Device) -> None:
-        if device.kind != "hip":
-            raise BackendUnavailable(f"the {self.name} backend needs a HIP device, not {device}")
-        why = why_unusable(device.index, self.feature)
-        if why is not None:
-            raise BackendUnavailable(f"cannot use {device}: {why}")
-        self.device: Device = device
-        self._pid = os.getpid()
+        self._take(device, "hip", "a HIP device", lambda i: why_unusable(i, self.feature))
         self._hip = hip = load_hip()
         with self.context():
             self._integrated = bool(
@@ -87,31 +57,12 @@ class HipDevice:
                 )
             )
 
-    @property
-    def granularity(self) -> int:
-        """Chunk sizes are multiples of this many bytes (each backend says)."""
-        raise NotImplementedError
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.device})"
-
-    def _forked(self) -> bool:
-        return os.getpid() != self._pid
-
     def context(self) -> contextlib.AbstractContextManager[None]:
-        """Make this device current (``hipSetDevice``) for the calls that follow (in a
-        ``with`` block, as CUDA's context)."""
+        """Make this device current (``hipSetDevice``) for a ``with`` block."""
         if self._forked():
             raise BackendUnavailable(f"cannot use {self.device}: {FORK_REASON}")
         check(self._hip.hipSetDevice(self.device.index), f"hipSetDevice({self.device.index})")
         return contextlib.nullcontext()
-
-    def _check_size(self, size: int, what: str) -> None:
-        if size <= 0 or size % self.granularity:
-            raise ValueError(
-                f"{what} must be a positive multiple of the granularity "
-                f"({self.granularity} bytes), got {size}"
-            )
 
     def synchronize(self) -> None:
         """Wait for all work queued on this device (``hipDeviceSynchronize``)."""
@@ -125,9 +76,8 @@ class HipDevice:
         return int(free), int(total)
 
     def as_native(self, view: NativeView) -> Any:
-        """A ``cupy.ndarray`` (CuPy's ROCm build; DLPack device ``kDLROCM``), else a NumPy
-        view on an integrated device, else a read-only NumPy copy (``hipMemcpyDtoH``; the
-        whole mapped range is copied, then viewed with the view's layout)."""
+        """A ``cupy.ndarray`` (ROCm build), else a NumPy view on an integrated device, else a
+        read-only NumPy copy of the whole mapped range (``hipMemcpyDtoH``)."""
         cupy = _cupy_rocm()
         if cupy is not None:
             memory = cupy.cuda.UnownedMemory(view.address, view.size, view.owner, self.device.index)
@@ -144,22 +94,12 @@ class HipDevice:
         return host_copy(buffer, view)
 
     def to_native(self, obj: Any) -> Any:
-        """``obj`` as this backend's native array type (may copy): CuPy where it is the
-        native type, else NumPy (a torch tensor through ``.cpu()``, a CuPy array through
-        ``.get()``)."""
+        """``obj`` as CuPy where that is the native type, else NumPy (may copy)."""
         cupy = _cupy_rocm()
-        if cupy is not None:
-            with cupy.cuda.Device(self.device.index):
-                return cupy.asarray(obj)
-        if isinstance(obj, np.ndarray):
-            return obj
-        cpu = getattr(obj, "cpu", None)
-        if callable(cpu) and hasattr(obj, "numpy"):
-            return np.asarray(cpu().detach().numpy())
-        get = getattr(obj, "get", None)
-        if callable(get) and not isinstance(obj, np.ndarray):
-            return np.asarray(get())
-        return np.asarray(obj)
+        if cupy is None:
+            return to_numpy(obj)
+        with cupy.cuda.Device(self.device.index):
+            return cupy.asarray(obj)
 
     def current_device(self) -> int:
         """The HIP device this process works on now (``hipGetDevice``)."""
@@ -167,17 +107,3 @@ class HipDevice:
             return int(check(self._hip.hipGetDevice(), "hipGetDevice"))
         except HipError:
             return self.device.index
-
-    def export_sync(self) -> bytes | None:
-        """Wait for the device's queued work now (no interprocess events yet): nothing for
-        an importer to wait for."""
-        self.synchronize()
-        return None
-
-    def export_fence(self) -> object | None:
-        """See :meth:`export_sync`: the device is synchronised when an array is pickled."""
-        self.synchronize()
-        return None
-
-    def import_sync(self, token: bytes) -> None:
-        """Nothing to wait for (see :meth:`export_sync`)."""

@@ -1,16 +1,8 @@
-"""The HIP runtime, shared by the HIP backends: loading it, errors, the reason it cannot be
-used, and arrays over device memory.
+"""The HIP runtime of the HIP backends: loading hip-python's ``hip.hip`` (whose calls return
+tuples like CUDA's bindings) on first use, errors, and why a device is unusable.
 
-Every call goes through hip-python's ``hip.hip`` module (``from hip import hip``), whose
-functions return tuples like CUDA's Python bindings (``err, value = hip.hipX(...)``), and
-through :func:`check`. The module is imported on first use, never by ``import sharedarrays``
-(hip-python loads ``libamdhip64.so`` when it is imported).
-
-The setting ``SHAREDARRAYS_HIP_MODULE`` names the module to use instead of ``hip.hip``: one
-with the same functions, types and enums (the test suite's simulated driver,
-``tests/simulated/hip.py``, which implements them over host memory, is loaded this way, in
-every process, spawned workers included). Its value is read on every use, so a process may set
-it before it first uses a HIP device.
+``SHAREDARRAYS_HIP_MODULE`` names a module to use instead, with the same functions, types and
+enums (the tests' simulated driver, ``tests/simulated/hip.py``); it is read on every use.
 """
 
 from __future__ import annotations
@@ -23,6 +15,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from sharedarrays.backends.base import loadable as _loadable
 from sharedarrays.errors import DriverError, OutOfMemory
 
 __all__ = [
@@ -46,17 +39,7 @@ _reasons: dict[tuple[str, int, str], str | None] = {}
 
 
 class HipError(DriverError):
-    """A HIP runtime call failed.
-
-    Attributes
-    ----------
-    call : str
-        The call and what it was asked (``"hipMemCreate(2097152 bytes on hip:0)"``).
-    code : int
-        The ``hipError_t`` value.
-    error_name : str
-        Its name (``"hipErrorOutOfMemory"``).
-    """
+    """A HIP runtime call failed (``code``: the ``hipError_t``, ``error_name`` its name)."""
 
 
 class HipOutOfMemory(HipError, OutOfMemory):
@@ -69,8 +52,8 @@ def module_name() -> str:
 
 
 def load_hip() -> Any:
-    """Import and return the HIP module (see :func:`module_name`); raises ``ImportError`` or
-    ``OSError`` (hip-python's loading of ``libamdhip64.so``) where it cannot be loaded."""
+    """The HIP module (:func:`module_name`), imported once; raises ``ImportError`` or
+    ``OSError`` (no ``libamdhip64.so``)."""
     name = module_name()
     module = _modules.get(name)
     if module is None:
@@ -79,8 +62,8 @@ def load_hip() -> Any:
 
 
 def check(result: Any, call: str) -> Any:
-    """Raise :class:`HipError` unless ``result`` (a ``(hipError_t, value...)`` tuple) says
-    success; return the value (``None`` for none, a tuple for several)."""
+    """The values of a ``(hipError_t, values...)`` result (``None``, one, or a tuple); raises
+    :class:`HipError` unless it says success."""
     if not isinstance(result, tuple):
         result = (result,)
     err, rest = result[0], result[1:]
@@ -95,8 +78,7 @@ def check(result: Any, call: str) -> Any:
 
 
 def export_fd(export: Callable[[int], Any], call: str) -> int:
-    """The fd a HIP export call writes to the address it is given (``export(address)``);
-    closed again if the call then reports an error."""
+    """The fd an export call writes to the address it is given (closed if it then fails)."""
     out = ctypes.c_int(-1)
     try:
         check(export(ctypes.addressof(out)), call)
@@ -121,14 +103,6 @@ def _library_reason() -> str | None:
     if not found:
         return f"no AMD GPU support: the hip-python package is not installed ({INSTALL_HINT})"
     return None
-
-
-def _loadable(soname: str) -> bool:
-    try:
-        ctypes.CDLL(soname)
-    except OSError:
-        return False
-    return True
 
 
 def _reason(index: int, feature: str) -> str | None:
@@ -177,9 +151,8 @@ FEATURES = {
 
 
 def why_unusable(index: int = 0, feature: str = "vmm") -> str | None:
-    """Why HIP device ``index`` cannot be used in this process for ``feature`` (``"vmm"``:
-    hip-vmm, ``"pool"``: hip-pool), or ``None``. Never raises; the answer is kept per
-    module, device and feature (a failed import is not retried)."""
+    """Why HIP device ``index`` cannot be used here for ``feature`` (a key of
+    :data:`FEATURES`), or ``None``; never raises, cached per module, device and feature."""
     key = (module_name(), index, feature)
     if key not in _reasons:
         try:

@@ -1,23 +1,6 @@
-"""The HIP VMM backend: AMD GPU memory shared through POSIX file descriptors (``"hip-vmm"``):
-:class:`~sharedarrays.backends.vmm.VmmBackend` on :class:`HipVmm`, the table of HIP's
-virtual memory management calls (the twins of CUDA's), made through hip-python (see
-:mod:`~sharedarrays.backends.hip.runtime`):
-
-=========== =================================================================
-reservation ``hipMemAddressReserve`` (aligned to the granularity)
-chunk       ``hipMemCreate`` (pinned memory of this device, requested handle type
-            ``hipMemHandleTypePosixFileDescriptor``), exported once with
-            ``hipMemExportToShareableHandle``; the fd is kept for the chunk's life
-mapping     ``hipMemMap`` (whole chunks)
-access      ``hipMemSetAccess`` for the owning device
-handle      the exported fd; an importer turns it back into a chunk with
-            ``hipMemImportFromShareableHandle`` and keeps it too, so it can serve it on
-release     ``hipMemUnmap``, ``hipMemRelease``, ``hipMemAddressFree``
-=========== =================================================================
-
-The memory lives while any process holds a handle, an fd or a mapping of it (as on
-cuda-vmm). Tested on a simulated driver only (``tests/simulated/hip.py``).
-"""
+"""The HIP VMM backend (``"hip-vmm"``): :class:`~sharedarrays.backends.vmm.VmmBackend` on
+:class:`HipVmm`, HIP's table of VMM calls (the twins of CUDA's, through hip-python). Tested on
+a simulated driver only (``tests/simulated/hip.py``)."""
 
 from __future__ import annotations
 
@@ -31,16 +14,14 @@ from sharedarrays.backends.vmm import VmmBackend
 
 __all__ = ["HipVmmBackend", "HipVmm", "KDL_ROCM"]
 
-KDL_ROCM = 10
-"""DLPack's device type of ROCm memory (``kDLROCM``)."""
+KDL_ROCM = 10  # DLPack's device type of ROCm memory
 
 
 class HipVmm:
-    """HIP's VMM calls (:class:`~sharedarrays.backends.vmm.VmmCalls`) for one backend."""
+    """HIP's VMM calls (:class:`~sharedarrays.backends.vmm.VmmCalls`)."""
 
     vendor = "HIP"
     whole_chunks = ""
-    # What hipMemImportFromShareableHandle answers for an fd that is no exported allocation.
     not_an_allocation = frozenset(
         {"hipErrorInvalidValue", "hipErrorInvalidHandle", "hipErrorNotSupported"}
     )
@@ -54,10 +35,8 @@ class HipVmm:
         prop.location.type = hip.hipMemLocationType.hipMemLocationTypeDevice
         prop.location.id = backend.device.index
         # ROCm 7 renamed requestedHandleType to requestedHandleTypes
-        field = "requestedHandleType"
-        if hasattr(prop, "requestedHandleTypes"):
-            field = "requestedHandleTypes"
-        setattr(prop, field, self._fd_type)
+        plural = hasattr(prop, "requestedHandleTypes")
+        setattr(prop, "requestedHandleTypes" if plural else "requestedHandleType", self._fd_type)
         self._prop = prop
         self._device = backend.device
 
@@ -143,42 +122,14 @@ class HipVmm:
 
 
 class HipVmmBackend(VmmBackend, HipDevice):
-    """Memory of one AMD GPU, shared through exported fds (``"hip-vmm"``).
-
-    Parameters
-    ----------
-    device : Device
-        A HIP device (``Device("hip", N)``).
-
-    Raises
-    ------
-    BackendUnavailable
-        :func:`~sharedarrays.backends.hip.runtime.why_unusable` gave a reason.
-
-    Notes
-    -----
-    See :class:`~sharedarrays.backends.vmm.VmmBackend`; native arrays and ordering as
-    :class:`~sharedarrays.backends.hip.device.HipDevice`. Peer devices are not supported
-    (yet).
-    """
+    """Memory of one AMD GPU, shared through exported fds (``"hip-vmm"``); no peers yet."""
 
     name: ClassVar[str] = "hip-vmm"
     feature: ClassVar[str] = "vmm"
     peer_access: ClassVar[bool] = False
 
     def table(self) -> HipVmm:
-        """This backend's HIP VMM calls."""
         return HipVmm(self)
 
 
-register(
-    Registration(
-        name=HipVmmBackend.name,
-        kind="hip",
-        factory=HipVmmBackend,
-        preference=0,
-        maps=HipVmmBackend.maps,
-        exporter_owned=HipVmmBackend.exporter_owned,
-        why_unusable=why_unusable,
-    )
-)
+register(Registration.of(HipVmmBackend, "hip", 0, why_unusable))
