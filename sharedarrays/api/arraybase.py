@@ -6,9 +6,14 @@ methods uses to unwrap SharedDeviceArrays into their native arrays (arguments, `
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from sharedarrays.backends.device import Device
+    from sharedarrays.memory import Allocation, Lease
+    from sharedarrays.protocol.payload import ViewTuple
 
 __all__ = ["ArrayBase", "shareable_dtype"]
 
@@ -84,12 +89,40 @@ def _with_outs(result: Any, outs: tuple[Any, ...] | None) -> Any:
 class ArrayBase:
     """What the array supplies to its methods (see :mod:`sharedarrays.api.arraymethods`)."""
 
-    __slots__ = ()
+    # the view's state, set by the array
+    __slots__ = (
+        "_lease",
+        "_dtype",
+        "_shape",
+        "_strides",
+        "_offset",
+        "_readonly",
+        "_native",
+        "_packed",
+    )
+    _lease: Lease[Allocation] | None
+    _dtype: np.dtype[Any]
+    _shape: tuple[int, ...]
+    _strides: tuple[int, ...]
+    _offset: int
+    _readonly: bool
+    _native: Any
+    _packed: ViewTuple | None
 
     # supplied by the array ----------------------------------------------------------------
     @property
     def array(self) -> Any:
         """The zero-copy native array (NumPy on ``cpu``, CuPy on CUDA)."""
+        raise NotImplementedError
+
+    @property
+    def allocation(self) -> Allocation:
+        """The allocation behind this view."""
+        raise NotImplementedError
+
+    @property
+    def device(self) -> Device:
+        """Where the memory lives."""
         raise NotImplementedError
 
     @property
