@@ -26,37 +26,23 @@ class ArrayFlags:
 
     # NumPy's item names and the attribute each reads
     _KEYS: ClassVar[dict[str, str]] = {
-        "C": "c_contiguous",
-        "C_CONTIGUOUS": "c_contiguous",
-        "CONTIGUOUS": "c_contiguous",
-        "F": "f_contiguous",
-        "F_CONTIGUOUS": "f_contiguous",
-        "FORTRAN": "f_contiguous",
-        "W": "writeable",
-        "WRITEABLE": "writeable",
-        "O": "owndata",
-        "OWNDATA": "owndata",
-        "A": "aligned",
-        "ALIGNED": "aligned",
-        "X": "writebackifcopy",
-        "WRITEBACKIFCOPY": "writebackifcopy",
-        "B": "behaved",
-        "BEHAVED": "behaved",
-        "CA": "carray",
-        "CARRAY": "carray",
-        "FA": "farray",
-        "FARRAY": "farray",
+        **dict.fromkeys(("C", "C_CONTIGUOUS", "CONTIGUOUS"), "c_contiguous"),
+        **dict.fromkeys(("F", "F_CONTIGUOUS", "FORTRAN"), "f_contiguous"),
+        **dict.fromkeys(("W", "WRITEABLE"), "writeable"),
+        **dict.fromkeys(("O", "OWNDATA"), "owndata"),
+        **dict.fromkeys(("A", "ALIGNED"), "aligned"),
+        **dict.fromkeys(("X", "WRITEBACKIFCOPY"), "writebackifcopy"),
+        **dict.fromkeys(("B", "BEHAVED"), "behaved"),
+        **dict.fromkeys(("CA", "CARRAY"), "carray"),
+        **dict.fromkeys(("FA", "FARRAY"), "farray"),
         "FNC": "fnc",
         "FORC": "forc",
     }
     # the items NumPy lets one set, and setflags' keyword for each
     _SETTABLE: ClassVar[dict[str, str]] = {
-        "W": "write",
-        "WRITEABLE": "write",
-        "A": "align",
-        "ALIGNED": "align",
-        "X": "uic",
-        "WRITEBACKIFCOPY": "uic",
+        **dict.fromkeys(("W", "WRITEABLE"), "write"),
+        **dict.fromkeys(("A", "ALIGNED"), "align"),
+        **dict.fromkeys(("X", "WRITEBACKIFCOPY"), "uic"),
     }
 
     def __init__(

@@ -64,14 +64,6 @@ def share(
     it before this process exits. Finish writes on other streams than the current one
     before sending the array.
 
-    Examples
-    --------
-    >>> x = cupy.arange(10.0)                                 # doctest: +SKIP
-    >>> a = sa.share(x)                                       # doctest: +SKIP
-    >>> with sa.Pool(2) as pool:                              # doctest: +SKIP
-    ...     pool.map(double_in_place, [a[:5], a[5:]])
-    >>> x                                                     # doctest: +SKIP
-    array([ 0.,  2.,  4., ...])
     """
     if isinstance(obj, SharedDeviceArray):
         return obj
@@ -91,15 +83,7 @@ def share(
     backend = get_backend(device, BACKEND)
     if not isinstance(backend, BorrowingBackend):  # pragma: no cover - cuda-ipc borrows
         raise NotShareable(f"the {BACKEND} backend cannot share existing memory")
-    try:
-        view = backend.to_native(obj)  # on obj's own device: a view, never a copy
-    except SharedArrayError:
-        raise
-    except Exception as exc:  # CuPy's own refusal of what is not device memory
-        raise NotShareable(
-            f"{type(obj).__qualname__} does not describe CUDA memory this process can see "
-            f"({type(exc).__name__}: {exc}); sa.from_array(x) copies what can be read"
-        ) from exc
+    view = _native_view(backend, obj)
     if view.size == 0:  # no memory to share: an empty shared array is the same thing
         return from_array(view, device=device, backend=BACKEND)
     pointer = int(view.__cuda_array_interface__["data"][0])
@@ -108,3 +92,16 @@ def share(
     alloc.export_readonly = options.readonly
     alloc.allow_pids = options.allow_pids
     return SharedDeviceArray(alloc, view.dtype, view.shape, view.strides, offset)
+
+
+def _native_view(backend: BorrowingBackend, obj: Any) -> Any:
+    """``obj`` as a native view on its own device (never a copy)."""
+    try:
+        return backend.to_native(obj)
+    except SharedArrayError:
+        raise
+    except Exception as exc:  # CuPy's own refusal of what is not device memory
+        raise NotShareable(
+            f"{type(obj).__qualname__} does not describe CUDA memory this process can see "
+            f"({type(exc).__name__}: {exc}); sa.from_array(x) copies what can be read"
+        ) from exc
