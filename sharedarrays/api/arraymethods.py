@@ -40,18 +40,6 @@ _WRITES_FIRST: frozenset[Callable[..., Any]] = frozenset(
 )
 
 
-def _np_transpose(a: Any, axes: Any = None) -> Any:
-    return a.transpose() if axes is None else a.transpose(axes)
-
-
-def _np_swapaxes(a: Any, axis1: int, axis2: int) -> Any:
-    return a.swapaxes(axis1, axis2)
-
-
-def _np_squeeze(a: Any, axis: Any = None) -> Any:
-    return a.squeeze(axis)
-
-
 def _np_reshape(
     a: Any, shape: Any = None, order: str = "C", *, newshape: Any = None, copy: bool | None = None
 ) -> Any:
@@ -62,42 +50,24 @@ def _np_reshape(
     return a.reshape(shape, order=order, copy=copy)
 
 
-def _np_ravel(a: Any, order: str = "C") -> Any:
-    return a.ravel(order)
-
-
 # NumPy functions answered by the view's method, so that ``np.transpose(a)`` is a shared view
 _SHAPE_VIEWS: dict[Callable[..., Any], Callable[..., Any]] = {
-    np.transpose: _np_transpose,
-    np.swapaxes: _np_swapaxes,
-    np.squeeze: _np_squeeze,
+    np.transpose: lambda a, axes=None: a.transpose() if axes is None else a.transpose(axes),
+    np.swapaxes: lambda a, axis1, axis2: a.swapaxes(axis1, axis2),
+    np.squeeze: lambda a, axis=None: a.squeeze(axis),
     np.reshape: _np_reshape,
-    np.ravel: _np_ravel,
+    np.ravel: lambda a, order="C": a.ravel(order),
 }
-
 
 # NumPy functions that only rearrange their first argument's layout, answered on its layout
 # probe: shared views (a list of them for the splits)
 _LAYOUT_VIEWS: frozenset[Callable[..., Any]] = frozenset(
-    {
-        np.moveaxis,
-        np.rollaxis,
-        np.expand_dims,
-        np.atleast_1d,
-        np.atleast_2d,
-        np.atleast_3d,
-        np.flip,
-        np.fliplr,
-        np.flipud,
-        np.rot90,
-        np.split,
-        np.array_split,
-        np.hsplit,
-        np.vsplit,
-        np.dsplit,
-    }
+    (
+        *(np.moveaxis, np.rollaxis, np.expand_dims, np.atleast_1d, np.atleast_2d, np.atleast_3d),
+        *(np.flip, np.fliplr, np.flipud, np.rot90),
+        *(np.split, np.array_split, np.hsplit, np.vsplit, np.dsplit),
+    )
 )
-
 
 _AVERAGES = frozenset({"_mean", "_var", "_std"})
 
