@@ -28,20 +28,9 @@ from sharedarrays.api.indexing import Probe, check_key, native_key
 from sharedarrays.api.ordering import Ordering, Semaphore
 from sharedarrays.backends import NativeView
 from sharedarrays.backends.device import Device
-from sharedarrays.errors import (
-    ClosedArrayError,
-    MisalignedView,
-    PayloadError,
-    WrongNode,
-)
+from sharedarrays.errors import ClosedArrayError, MisalignedView, PayloadError, WrongNode
 from sharedarrays.memory import Allocation, Lease
-from sharedarrays.protocol.payload import (
-    Payload,
-    ViewFields,
-    ViewTuple,
-    misaligned,
-    view_extent,
-)
+from sharedarrays.protocol.payload import Payload, ViewFields, ViewTuple, misaligned, view_extent
 
 __all__ = ["SharedDeviceArray", "Semaphore", "load"]
 
