@@ -314,10 +314,7 @@ class Pool(multiprocessing.pool.Pool):
         )
 
     def apply(
-        self,
-        func: Callable[..., T],
-        args: Iterable[Any] = (),
-        kwds: Mapping[str, Any] = {},
+        self, func: Callable[..., T], args: Iterable[Any] = (), kwds: Mapping[str, Any] = {}
     ) -> T:
         """Call ``func(*args, **kwds)`` in a worker and wait for the result."""
         return self.apply_async(func, args, kwds).get()  # (as the standard library's)
@@ -349,11 +346,7 @@ class Pool(multiprocessing.pool.Pool):
     ) -> multiprocessing.pool.MapResult[T]:
         """Like :meth:`map`, returning an ``AsyncResult``."""
         return super().map_async(
-            _task(func),
-            list(_each(iterable, False)),
-            chunksize,
-            callback,
-            error_callback,
+            _task(func), list(_each(iterable, False)), chunksize, callback, error_callback
         )
 
     def imap(
@@ -387,9 +380,5 @@ class Pool(multiprocessing.pool.Pool):
     ) -> multiprocessing.pool.AsyncResult[list[T]]:
         """Like :meth:`starmap`, returning an ``AsyncResult``."""
         return super().starmap_async(
-            _task(func),
-            list(_each(iterable, True)),
-            chunksize,
-            callback,
-            error_callback,
+            _task(func), list(_each(iterable, True)), chunksize, callback, error_callback
         )

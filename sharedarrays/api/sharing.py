@@ -24,10 +24,7 @@ BACKEND = "cuda-ipc"
 
 
 def share(
-    obj: Any,
-    *,
-    readonly: bool = False,
-    allow_pids: Iterable[int] | None = None,
+    obj: Any, *, readonly: bool = False, allow_pids: Iterable[int] | None = None
 ) -> SharedDeviceArray:
     """Share a CuPy array or a torch CUDA tensor with other processes, without copying: a
     :class:`SharedDeviceArray` over ``obj``'s own memory (backend ``"cuda-ipc"``).
