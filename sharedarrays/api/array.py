@@ -52,6 +52,10 @@ class SharedDeviceArray(Growth, Display, Ordering, NativeArrayMethods):
     """
 
     __slots__ = ("_locked", "_interfaced", "_base", "__weakref__")
+    # the mixins' public methods, as the class's own (the API reference lists those)
+    resize, append, refresh = Growth.resize, Growth.append, Growth.refresh
+    synchronize, access, grant = Ordering.synchronize, Ordering.access, Ordering.grant
+    wait_for, signal, show = Ordering.wait_for, Ordering.signal, Display.show
 
     def __init__(
         self,
