@@ -88,13 +88,7 @@ def keep(a: Keepable, name: str | None) -> None:
 
 
 def unpark(alloc: Allocation) -> None:
-    """Let the keeper drop a parked allocation (the memory returns once no process maps it).
-
-    Raises
-    ------
-    NameNotFound
-        The keeper does not hold it.
-    """
+    """Let the keeper drop a parked allocation (NameNotFound if it does not hold it)."""
     try:
         status, body, _ = keeper.request(
             keeper_protocol.Unlink(alloc_id=alloc.id, secret=alloc.secret), start=False

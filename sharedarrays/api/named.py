@@ -88,13 +88,8 @@ def check_name(name: object) -> str:
 
 
 def qualify(name: str) -> str:
-    """The keeper's name for ``name``: ``"namespace/name"``, or ``"name"`` for a global one.
-
-    Raises
-    ------
-    TypeError, ValueError
-        Not a valid name (or a bad ``SHAREDARRAYS_NAMESPACE``).
-    """
+    """The keeper's name for ``name``: ``"namespace/name"``, or ``"name"`` for a global one
+    (TypeError or ValueError for a bad name or namespace setting)."""
     space, slash, base = check_name(name).rpartition("/")
     if not slash:
         space = namespace() or ""
@@ -170,13 +165,7 @@ class _Fd:
 
 
 def publish(a: SharedDeviceArray, name: str) -> None:
-    """Give ``a``'s handles to the keeper under ``name`` (a checked name).
-
-    Raises
-    ------
-    NameExists
-        The name is taken.
-    """
+    """Give ``a``'s handles to the keeper under ``name`` (NameExists if taken)."""
     keeping.keep(a, qualify(name))
 
 
