@@ -103,6 +103,17 @@ def _calls(name: str) -> Callable[..., Any]:
     return method
 
 
+def _writes(name: str) -> Callable[..., None]:
+    """The in-place method ``name`` of the native array, writing the shared memory."""
+
+    def method(self: NativeArrayMethods, *args: Any, **kwargs: Any) -> None:
+        getattr(self._writable_native(), name)(*[_native(x) for x in args], **kwargs)
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = f"Like :meth:`numpy.ndarray.{name}`, in shared memory."
+    return method
+
+
 class NativeArrayMethods(ArrayOperators, ShapeViews):
     """Operators, NumPy dispatch and ndarray methods over :attr:`array` (see the module)."""
 
@@ -206,21 +217,17 @@ class NativeArrayMethods(ArrayOperators, ShapeViews):
     choose = _calls("choose")
     diagonal = _calls("diagonal")
     searchsorted = _calls("searchsorted")
+    nonzero = _calls("nonzero")
+    copy = _calls("copy")
+    flatten = _calls("flatten")
+    tolist = _calls("tolist")
+    item = _calls("item")
+    tofile = _calls("tofile")
+    dumps = _calls("dumps")  # (a copy's pickle: pickle.dumps(a) shares the memory)
+    dump = _calls("dump")
+    astype = _calls("astype")  # (copy=False to the same dtype: this view)
     conj = _calls("conj")  # (of real values this view: NumPy returns the array itself)
     conjugate = _calls("conjugate")
-
-    def nonzero(self) -> Any:
-        """Like :meth:`numpy.ndarray.nonzero`; a tuple of native index arrays."""
-        return self.array.nonzero()
-
-    def astype(self, dtype: Any, *args: Any, **kwargs: Any) -> Any:
-        """Like :meth:`numpy.ndarray.astype`: a native copy (``copy=False`` of the same
-        dtype: this view)."""
-        return self._call("astype", dtype, *args, **kwargs)
-
-    def copy(self, order: str = "C") -> Any:
-        """A native copy (not shared)."""
-        return self.array.copy(order=order)
 
     def __copy__(self) -> Any:
         """A native copy of the values (another view of the same memory is ``a[...]``)."""
@@ -241,18 +248,6 @@ class NativeArrayMethods(ArrayOperators, ShapeViews):
             raise ValueError(_READONLY)
         self.array.flat = _native(value)
 
-    def flatten(self, order: str = "C") -> Any:
-        """A one-dimensional native copy (not shared), like :meth:`numpy.ndarray.flatten`."""
-        return self.array.flatten(order)
-
-    def tolist(self) -> Any:
-        """The values as nested Python lists."""
-        return self.array.tolist()
-
-    def item(self, *args: Any) -> Any:
-        """One element as a Python scalar, like :meth:`numpy.ndarray.item`."""
-        return self.array.item(*args)
-
     def tobytes(self, order: str = "C") -> bytes:
         """The raw bytes of the values, like :meth:`numpy.ndarray.tobytes`."""
         native = self.array
@@ -260,25 +255,14 @@ class NativeArrayMethods(ArrayOperators, ShapeViews):
             native = native.get()
         return bytes(native.tobytes(order))
 
-    # in place: writes the shared memory -------------------------------------------------
+    # in place: writes the shared memory
+    fill = _writes("fill")
+    sort = _writes("sort")
+    partition = _writes("partition")
+    put = _writes("put")
+
     def __delitem__(self, key: Any) -> None:
         raise ValueError("cannot delete array elements")  # (NumPy's words)
-
-    def fill(self, value: Any) -> None:
-        """Set every element to ``value``, in shared memory."""
-        self._writable_native().fill(_native(value))
-
-    def sort(self, *args: Any, **kwargs: Any) -> None:
-        """Sort in place, in shared memory, like :meth:`numpy.ndarray.sort`."""
-        self._writable_native().sort(*args, **kwargs)
-
-    def partition(self, *args: Any, **kwargs: Any) -> None:
-        """Partition in place, in shared memory, like :meth:`numpy.ndarray.partition`."""
-        self._writable_native().partition(*args, **kwargs)
-
-    def put(self, indices: Any, values: Any, mode: str = "raise") -> None:
-        """Like :meth:`numpy.ndarray.put`, in shared memory."""
-        self._writable_native().put(_native(indices), _native(values), mode)
 
     def byteswap(self, inplace: bool = False) -> Any:
         """Like :meth:`numpy.ndarray.byteswap`; ``inplace=True`` swaps shared memory."""
@@ -286,15 +270,3 @@ class NativeArrayMethods(ArrayOperators, ShapeViews):
             self._writable_native().byteswap(True)
             return self
         return self.array.byteswap(False)
-
-    def tofile(self, *args: Any, **kwargs: Any) -> None:
-        """Write the values to a file, like :meth:`numpy.ndarray.tofile` (host memory)."""
-        self.array.tofile(*args, **kwargs)
-
-    def dumps(self) -> bytes:
-        """A pickle of a native copy of the values (``pickle.dumps(a)`` shares the memory)."""
-        return self.array.dumps()  # type: ignore[no-any-return]
-
-    def dump(self, file: Any) -> None:
-        """Pickle a native copy of the values to ``file`` (:meth:`numpy.ndarray.dump`)."""
-        self.array.dump(file)
