@@ -33,14 +33,7 @@ def read_by_distributed(caller: FrameType | None) -> bool:
 class OtherNodeArray:
     """A shared array of another node that reached this process in a message distributed
     read: any use raises :class:`~sharedarrays.WrongNode` (scatter the array first, instead).
-    Pickled, it is the payload again.
-
-    Parameters
-    ----------
-    message : str
-        The refusal's message.
-    rebuild, args
-        The reconstructor and arguments of the pickle it came from.
+    Pickled, it is the payload again (``rebuild`` and ``args`` of the pickle it came from).
     """
 
     __slots__ = ("_message", "_rebuild", "_args")

@@ -87,10 +87,8 @@ def get_context(method: ContextLike = None) -> multiprocessing.context.BaseConte
     ------
     ForkAfterCudaError
         ``"fork"`` while CUDA is initialised in this process.
-    ValueError
-        A start method this platform does not have.
-    TypeError
-        Neither a name nor a multiprocessing context.
+    ValueError, TypeError
+        An unknown start method, or neither a name nor a context.
     """
     if method is None:
         ctx: multiprocessing.context.BaseContext = multiprocessing.get_context(DEFAULT_START_METHOD)
@@ -240,15 +238,6 @@ class Pool(multiprocessing.pool.Pool):
     ------
     ForkAfterCudaError
         ``"fork"`` asked for after CUDA was initialised.
-
-    Examples
-    --------
-    >>> import sharedarrays as sa
-    >>> def square(x):  # defined in a notebook cell
-    ...     return x * x
-    >>> with sa.Pool(2) as pool:  # doctest: +SKIP
-    ...     pool.map(square, range(4))
-    [0, 1, 4, 9]
     """
 
     def __init__(

@@ -37,15 +37,8 @@ def _streams(device: Device, what: str) -> StreamBackend:
 
 
 def timeline_value(value: object) -> int:
-    """``value`` as a timeline's value: an integer (not a bool or float) in [0, 2**64).
-
-    Raises
-    ------
-    TypeError
-        Not an integer.
-    ValueError
-        Outside [0, 2**64).
-    """
+    """``value`` as a timeline's value: an integer (not a bool or float; TypeError) in
+    [0, 2**64) (ValueError)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"a timeline value is an int, not {type(value).__name__}")
     if not 0 <= int(value) < 1 << 64:
