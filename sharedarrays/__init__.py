@@ -5,10 +5,8 @@ Create an array with :func:`empty`, :func:`zeros`, :func:`ones`, :func:`full`, t
 tensor in place with :func:`share`); pass it to other processes by
 pickling it (multiprocessing does that for you). Every process maps the same memory.
 
-``import sharedarrays`` loads the arrays and what they stand on, no more: the names that
-live in heavier modules (pools, the memory map, Dask, the node map, timelines) are imported
-the first time they are asked for (:func:`__getattr__`). ``__all__`` is the public API; every
-error of :mod:`sharedarrays.errors` is an attribute too, ``__all__`` or not.
+Names of heavier modules (pools, the memory map, Dask, timelines) are imported on first use.
+``__all__`` is the public API; every error of :mod:`sharedarrays.errors` is an attribute.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ import sys as _sys
 import typing as _typing
 
 from sharedarrays.api import clients as _clients
-from sharedarrays.api.array import SharedDeviceArray, load, synchronize
+from sharedarrays.api.array import SharedDeviceArray, load
 from sharedarrays.api.array import reduce_hooks as _reduce_hooks
 from sharedarrays.api.creation import (
     asarray,
@@ -33,6 +31,7 @@ from sharedarrays.api.creation import (
     zeros_like,
 )
 from sharedarrays.api.named import NamedArray, attach, list_named, unlink
+from sharedarrays.api.ordering import synchronize
 from sharedarrays.api.sharing import share
 from sharedarrays.backends import list_backends
 from sharedarrays.backends.cuda import driver as _cuda_driver  # noqa: F401 - installs the fork-after-CUDA hook
@@ -174,9 +173,7 @@ def _register_with_distributed() -> None:
     dask.register()
 
 
-# Dask: register with distributed now if it is imported, else the first time an array is
-# pickled (not by multiprocessing) after it is (what sharedarrays.api.dask.install does,
-# without importing that module, or dask, before distributed is imported)
+# Dask: register with distributed now if imported, else when a view is first pickled after
 if _DISTRIBUTED in _sys.modules:
     _register_with_distributed()
 else:

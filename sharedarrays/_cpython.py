@@ -1,19 +1,11 @@
 """The package's one adapter over interpreter and standard-library internals.
 
-Where the package's correctness or speed rests on something CPython or its standard library
-does not promise (reference counts of a given code shape, Python frames, multiprocessing's
-record of the Process being spawned, its interpreter flags, a pool job's private
-fields), the use is here and nowhere
-else: each is a small named function or name, whose notes say which internal it relies
-on, why there is no public way, and on which Python versions it was checked.
-``tests/test_cpython.py`` has a test for each, which fails when the interpreter or the
-standard library changes under it; ``tests/test_layers.py`` fails where the rest of the
-package names these internals itself.
-
-Checked on CPython 3.10, 3.11, 3.12 and 3.13 (``pyproject.toml`` asks for 3.10 or later). The
-hot names (:data:`refcount`, :data:`spawning_process`) are the standard library's own
-functions, bound here, not wrapped: a warm handoff calls them once per view, and a Python
-frame there costs 1-2 us cold (docs/performance.md).
+Each use of something CPython or its standard library does not promise (reference counts of
+a code shape, frames, multiprocessing's spawning record and flags, a pool job's private
+fields) is a small named function here, with no public way to do it; each has a test in
+``tests/test_cpython.py``, and ``tests/test_layers.py`` keeps the rest of the package from
+naming these internals. Checked on CPython 3.10-3.13. The hot names (:data:`refcount`,
+:data:`spawning_process`) are bound, not wrapped: a warm handoff calls them once per view.
 """
 
 from __future__ import annotations
@@ -38,21 +30,12 @@ __all__ = [
     "spawning_process",
 ]
 
-# ------------------------------------------------------------------------------------------
 # reference counts: is a kept object held by anyone else?
-
 refcount = sys.getrefcount
-"""``sys.getrefcount``, for the checks "nothing but my container holds this object", compared
-with :data:`ITEM_ALONE` or :data:`LOCAL_ALONE` in exactly the code shape each was measured
-with. The function is public, but what it counts for a given code shape is not: how a call's
-arguments and a frame's locals and stack hold references changes between versions (3.14
-borrows stack references) and builds (free-threaded deferred counting), so the constants are
-measured at import, never written down. No public way: a weak reference tells whether an
-object is alive, not whether someone else holds it, and ``gc.get_referrers`` walks every
-tracked object (milliseconds). What it serves: a kept native array is handed out again
-(``Allocation.native_view``), and a kept lease counted idle (``Allocation._kept_idle``),
-only where nothing else refers to it (a count that read low would hand one array to two
-owners; one that read high only costs a new native array)."""
+"""``sys.getrefcount``, for "nothing but my container holds this object", compared with
+:data:`ITEM_ALONE` or :data:`LOCAL_ALONE` in exactly the code shape each was measured with
+(what a code shape counts changes between versions and builds, so they are measured at
+import). Serves ``Allocation.native_view`` and ``Allocation._kept_idle``."""
 
 
 def _count_item(slot: tuple[Any, ...]) -> int:
@@ -83,29 +66,20 @@ def _local_alone() -> int:
 
 
 ITEM_ALONE: int = _item_alone()
-"""``refcount(slot[i])`` of an object that only the tuple ``slot`` holds, ``slot`` itself
-held by one local of the calling function: at most this, and nothing else holds it
-(2 on CPython 3.10-3.13)."""
+"""``refcount(slot[i])`` of an object only the tuple ``slot`` (a local) holds (2 on 3.10-3.13)."""
 
 LOCAL_ALONE: int = _local_alone()
-"""``refcount(kept)`` of an object that only one attribute holds besides the calling
-function's local ``kept`` (read from that attribute): at most this, and nothing else holds
-it (3 on CPython 3.10-3.13)."""
+"""``refcount(kept)`` of an object only one attribute and the local ``kept`` hold (3 on
+3.10-3.13)."""
 
-# ------------------------------------------------------------------------------------------
 # frames: who called?
 
 
 def caller_frame(depth: int = 1) -> FrameType | None:
-    """The frame ``depth`` Python frames above the function that calls this one (1: the
-    frame of its caller), or ``None`` where the stack is not that deep.
+    """The frame ``depth`` Python frames above the caller of this, or ``None``.
 
-    Relies on ``sys._getframe`` (CPython's; ``inspect.currentframe`` is the public name of
-    the same thing, but importing :mod:`inspect` costs milliseconds at the package's
-    import), and on C code having no frame: a reconstructor that the C unpickler calls sees
-    the Python function that called ``pickle.loads`` as its caller. No public way: the
-    standard library offers nothing else that tells a function who called it. Checked on
-    CPython 3.10-3.13."""
+    Relies on ``sys._getframe`` (importing :mod:`inspect` costs milliseconds) and on C code
+    having no frame: a reconstructor the C unpickler calls sees ``pickle.loads``'s caller."""
     try:
         return sys._getframe(depth + 1)
     except ValueError:
@@ -113,64 +87,40 @@ def caller_frame(depth: int = 1) -> FrameType | None:
 
 
 def frame_function(frame: FrameType | None) -> tuple[str, str]:
-    """The module (its ``__name__``) and the function name (the code's ``co_name``) of
-    ``frame``; ``("", "")`` for ``None``.
-
-    Relies on frames' ``f_globals`` and ``f_code`` (documented attributes, but frames
-    themselves are CPython's). Checked on CPython 3.10-3.13."""
+    """The module ``__name__`` and code name of ``frame``; ``("", "")`` for ``None``."""
     if frame is None:
         return "", ""
     return str(frame.f_globals.get("__name__", "")), frame.f_code.co_name
 
 
 def frame_local(frame: FrameType | None, name: str) -> Any:
-    """The local variable ``name`` of ``frame`` (an argument, say), or ``None`` where it has
-    none.
-
-    Relies on ``f_locals`` (a snapshot dict up to 3.12, a live proxy from 3.13: ``get``
-    reads either). Checked on CPython 3.10-3.13."""
+    """The local ``name`` of ``frame``, or ``None`` (``f_locals``: a dict or, from 3.13, a
+    proxy)."""
     if frame is None:
         return None
     return frame.f_locals.get(name)
 
 
-# ------------------------------------------------------------------------------------------
 # multiprocessing: is a Process being spawned, and with which interpreter flags?
-
 spawning_process = _mp_context.get_spawning_popen
 """``multiprocessing.context.get_spawning_popen``: the ``Popen`` of the Process this thread
-is spawning (its arguments are being pickled), else ``None``. A view pickled then carries
-its chunks' fds as multiprocessing's ``DupFd`` (which asks the same record). Not in
-multiprocessing's documented API, and no public way: nothing public tells a reduction that
-it runs for a Process's start. Checked on CPython 3.10-3.13."""
+is spawning, else ``None`` (a view pickled then carries its chunks' fds)."""
 
 
 def mark_no_spawn_in_thread() -> None:
-    """Make :data:`spawning_process` a plain read in this thread, where no Process was ever
-    spawned from it: ``set_spawning_popen(None)``, as a spawn leaves the record.
-
-    ``get_spawning_popen`` reads a thread-local attribute that only a spawn sets: in a
-    thread that never spawned, each call raises and catches an ``AttributeError`` inside
-    (10-15 us on a cold path, at every Pool task; docs/performance.md). Relies on
-    ``multiprocessing.context.set_spawning_popen`` (not in the documented API; no public way
-    to set the record). Checked on CPython 3.10-3.13."""
+    """Make :data:`spawning_process` a plain read in this thread, where no Process was
+    spawned (else each call raises and catches an ``AttributeError`` inside): relies on
+    ``set_spawning_popen(None)``, as a spawn leaves the record."""
     if _mp_context.get_spawning_popen() is None:
         _mp_context.set_spawning_popen(None)
 
 
 def interpreter_flags() -> list[str]:
-    """The command-line options that reproduce this interpreter's settings (``-X``, ``-W``,
-    ``-O``, ...) for a child Python started with :mod:`subprocess`, as multiprocessing starts
-    its resource tracker.
-
-    Relies on ``multiprocessing.util._args_from_interpreter_flags`` (``subprocess``'s,
-    private). No public way: ``sys.flags``, ``sys.warnoptions`` and ``sys._xoptions`` would
-    have to be turned back into options by hand, and ``sys._xoptions`` is private too.
-    Checked on CPython 3.10-3.13."""
+    """The command-line options (``-X``, ``-W``, ``-O``, ...) that reproduce this
+    interpreter's settings in a child Python (``_args_from_interpreter_flags``)."""
     return list(_mp_util._args_from_interpreter_flags())  # type: ignore[attr-defined]
 
 
-# ------------------------------------------------------------------------------------------
 # multiprocessing.pool: a job whose worker died
 
 
@@ -179,15 +129,9 @@ def _no_more(i: int, obj: object) -> None:
 
 
 def fail_pool_job(job: Any, error: BaseException) -> None:
-    """End ``job`` (a :class:`multiprocessing.pool.Pool`'s ``ApplyResult``, ``MapResult`` or
-    ``IMapIterator``), unless it has ended, with ``error``: what ``get``, ``map`` or the
-    iterator's next item raise; its error callback, if any, is called with it.
-
-    Relies on the jobs' private fields: ``_set`` (replaced, so that late results are
-    dropped), ``_success``, ``_value``, ``_error_callback``, ``_event``, ``_pool``, ``_cache``
-    and ``_job``; an iterator's ``_cond``, ``_items``, ``_unsorted``, ``_index`` and
-    ``_length``. No public way: a pool fails a job only with an exception its task raised,
-    and a job whose worker died waits forever. Checked on CPython 3.10-3.13."""
+    """End a pool's ``job`` (``ApplyResult``, ``MapResult`` or ``IMapIterator``), unless it
+    has ended, with ``error``, calling its error callback; late results are dropped.
+    Relies on the jobs' private fields."""
     import multiprocessing.pool
 
     if isinstance(job, multiprocessing.pool.IMapIterator):
@@ -217,13 +161,8 @@ def fail_pool_job(job: Any, error: BaseException) -> None:
 
 
 def next_pool_job() -> int:
-    """The number the next job submitted to any :class:`multiprocessing.pool.Pool` of this
-    process gets (each call takes one: the numbers only ever grow, so every job submitted
-    before the call has a smaller one).
-
-    Relies on ``multiprocessing.pool.job_counter`` (an ``itertools.count``, not in the
-    documented API), whose values are the jobs' ``_job``. No public way: a job's number is
-    private too. Checked on CPython 3.10-3.13."""
+    """Take the next pool job number (``multiprocessing.pool.job_counter``): every job
+    submitted before has a smaller one."""
     import multiprocessing.pool
 
     return next(multiprocessing.pool.job_counter)  # type: ignore[attr-defined,no-any-return]

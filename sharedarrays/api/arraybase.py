@@ -1,14 +1,17 @@
-"""The base of :class:`~sharedarrays.api.arraymethods.NativeArrayMethods`: what the array
-supplies (its native array, layout probe, derived views) and the helpers every family of its
-methods uses to unwrap SharedDeviceArrays into their native arrays (arguments, ``out=``).
-"""
+"""The base of the array's method families: its state, what the array supplies, and the
+helpers that unwrap SharedDeviceArrays into their native arrays (arguments, ``out=``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from sharedarrays.backends.device import Device
+    from sharedarrays.memory import Allocation, Lease
+    from sharedarrays.protocol.payload import ViewTuple
 
 __all__ = ["ArrayBase", "shareable_dtype"]
 
@@ -19,12 +22,7 @@ _READONLY = "assignment destination is read-only"  # NumPy's message for the sam
 
 def shareable_dtype(dtype: Any, instead: str) -> np.dtype[Any]:
     """``dtype`` as a NumPy dtype, where a shared array can hold it (bool, integer, float or
-    complex numbers: what a payload names).
-
-    Raises
-    ------
-    TypeError
-        Any other dtype (``instead``: what to do, said in the message)."""
+    complex); else a TypeError saying ``instead``."""
     dt: np.dtype[Any] = np.dtype(dtype)
     if dt.kind not in "biufc" or dt.fields is not None or dt.subdtype is not None:
         raise TypeError(
@@ -82,50 +80,68 @@ def _with_outs(result: Any, outs: tuple[Any, ...] | None) -> Any:
 
 
 class ArrayBase:
-    """What the array supplies to its methods (see :mod:`sharedarrays.api.arraymethods`)."""
+    """The view's state, and what the array supplies to its methods."""
 
-    __slots__ = ()
+    # the view's state, set by the array
+    __slots__ = (
+        "_lease",
+        "_dtype",
+        "_shape",
+        "_strides",
+        "_offset",
+        "_readonly",
+        "_native",
+        "_packed",
+    )
+    _lease: Lease[Allocation] | None
+    _dtype: np.dtype[Any]
+    _shape: tuple[int, ...]
+    _strides: tuple[int, ...]
+    _offset: int
+    _readonly: bool
+    _native: Any
+    _packed: ViewTuple | None
 
     # supplied by the array ----------------------------------------------------------------
     @property
     def array(self) -> Any:
-        """The zero-copy native array (NumPy on ``cpu``, CuPy on CUDA)."""
+        raise NotImplementedError
+
+    @property
+    def allocation(self) -> Allocation:
+        raise NotImplementedError
+
+    @property
+    def device(self) -> Device:
         raise NotImplementedError
 
     @property
     def readonly(self) -> bool:
-        """Whether writes through this view are refused."""
         raise NotImplementedError
 
     @property
     def shape(self) -> tuple[int, ...]:
-        """Length of each axis."""
         raise NotImplementedError
 
     @property
     def dtype(self) -> np.dtype[Any]:
-        """Element type."""
         raise NotImplementedError
 
     def _layout(self) -> np.ndarray[Any, Any]:
-        """A NumPy array with this view's address, dtype, shape and strides that must never be
-        read: NumPy works out the layout of a shape view on it."""
+        """A layout probe: an array with this view's layout that must never be read."""
         raise NotImplementedError
 
     def _derive(
         self: _A, layout: np.ndarray[Any, Any], view: np.ndarray[Any, Any], dtype: np.dtype[Any]
     ) -> _A:
-        """A view of the same allocation with ``view``'s shape and strides, ``dtype``, and
-        ``view``'s start relative to ``layout``'s (from :meth:`_layout`)."""
+        """A shared view laid out as ``view``, a view of ``layout`` (from :meth:`_layout`)."""
         raise NotImplementedError
 
     def _set_writeable(self, writeable: bool) -> None:
-        """Make this view writable or read-only (:meth:`setflags`' ``write``)."""
         raise NotImplementedError
 
     def _writable_native(self) -> Any:
-        """The native array, for a write: ClosedArrayError when closed, NumPy's ValueError
-        when read-only (CuPy arrays have no read-only flag, so this checks)."""
+        """The native array, for a write: NumPy's ValueError where read-only (also on CuPy)."""
         native = self.array
         if self.readonly:
             raise ValueError(_READONLY)

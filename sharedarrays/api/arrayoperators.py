@@ -1,18 +1,53 @@
-"""The operators of :class:`~sharedarrays.SharedDeviceArray` (comparisons, arithmetic and
-bitwise, unary, scalar conversions): computed on the native array, new memory as native
-arrays; the in-place forms write the shared memory and return the view itself.
+"""The operators of :class:`~sharedarrays.SharedDeviceArray`: computed on the native array,
+new memory as native arrays; the in-place forms write the shared memory and return the view.
 """
 
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
 
-from sharedarrays.api.arraybase import _A, ArrayBase, _native
+from sharedarrays.api.arraybase import ArrayBase, _native
 
 __all__ = ["ArrayOperators"]
+
+_Op = Callable[[Any, Any], Any]
+
+
+def _binary(op: _Op) -> Callable[[ArrayBase, object], Any]:
+    def method(self: ArrayBase, other: object) -> Any:
+        return op(self.array, _native(other))
+
+    return method
+
+
+def _reflected(op: _Op) -> Callable[[ArrayBase, object], Any]:
+    def method(self: ArrayBase, other: object) -> Any:
+        return op(_native(other), self.array)
+
+    return method
+
+
+_Method = Callable[[Any, object], Any]
+
+
+def _forms(op: _Op, iop: _Op) -> tuple[_Method, _Method, _Method]:
+    """The operator ``op``, its reflected form, and its in-place form ``iop``."""
+
+    def inplace(self: ArrayBase, other: object) -> Any:
+        return self._inplace(iop, other)
+
+    return _binary(op), _reflected(op), inplace
+
+
+def _unary(op: Callable[[Any], Any]) -> Callable[[ArrayBase], Any]:
+    def method(self: ArrayBase) -> Any:
+        return op(self.array)
+
+    return method
 
 
 class ArrayOperators(ArrayBase):
@@ -22,181 +57,44 @@ class ArrayOperators(ArrayBase):
     __slots__ = ()
     __hash__: ClassVar[None]  # type: ignore[assignment]
 
-    # comparisons ------------------------------------------------------------------------
-    def __eq__(self, other: object) -> Any:
-        return self.array == _native(other)
+    __eq__ = _binary(operator.eq)
+    __ne__ = _binary(operator.ne)
+    __lt__ = _binary(operator.lt)
+    __le__ = _binary(operator.le)
+    __gt__ = _binary(operator.gt)
+    __ge__ = _binary(operator.ge)
 
-    def __ne__(self, other: object) -> Any:
-        return self.array != _native(other)
+    __add__, __radd__, __iadd__ = _forms(operator.add, operator.iadd)
+    __sub__, __rsub__, __isub__ = _forms(operator.sub, operator.isub)
+    __mul__, __rmul__, __imul__ = _forms(operator.mul, operator.imul)
+    __truediv__, __rtruediv__, __itruediv__ = _forms(operator.truediv, operator.itruediv)
+    __floordiv__, __rfloordiv__, __ifloordiv__ = _forms(operator.floordiv, operator.ifloordiv)
+    __mod__, __rmod__, __imod__ = _forms(operator.mod, operator.imod)
+    __divmod__, __rdivmod__ = _binary(divmod), _reflected(divmod)
+    __pow__, __rpow__, __ipow__ = _forms(operator.pow, operator.ipow)
+    __matmul__, __rmatmul__, __imatmul__ = _forms(operator.matmul, operator.imatmul)
+    __and__, __rand__, __iand__ = _forms(operator.and_, operator.iand)
+    __or__, __ror__, __ior__ = _forms(operator.or_, operator.ior)
+    __xor__, __rxor__, __ixor__ = _forms(operator.xor, operator.ixor)
+    __lshift__, __rlshift__, __ilshift__ = _forms(operator.lshift, operator.ilshift)
+    __rshift__, __rrshift__, __irshift__ = _forms(operator.rshift, operator.irshift)
 
-    def __lt__(self, other: object) -> Any:
-        return self.array < _native(other)
-
-    def __le__(self, other: object) -> Any:
-        return self.array <= _native(other)
-
-    def __gt__(self, other: object) -> Any:
-        return self.array > _native(other)
-
-    def __ge__(self, other: object) -> Any:
-        return self.array >= _native(other)
-
-    # arithmetic and bitwise -------------------------------------------------------------
-    def __add__(self, other: object) -> Any:
-        return self.array + _native(other)
-
-    def __radd__(self, other: object) -> Any:
-        return _native(other) + self.array
-
-    def __iadd__(self: _A, other: object) -> _A:
-        return self._inplace(operator.iadd, other)
-
-    def __sub__(self, other: object) -> Any:
-        return self.array - _native(other)
-
-    def __rsub__(self, other: object) -> Any:
-        return _native(other) - self.array
-
-    def __isub__(self: _A, other: object) -> _A:
-        return self._inplace(operator.isub, other)
-
-    def __mul__(self, other: object) -> Any:
-        return self.array * _native(other)
-
-    def __rmul__(self, other: object) -> Any:
-        return _native(other) * self.array
-
-    def __imul__(self: _A, other: object) -> _A:
-        return self._inplace(operator.imul, other)
-
-    def __truediv__(self, other: object) -> Any:
-        return self.array / _native(other)
-
-    def __rtruediv__(self, other: object) -> Any:
-        return _native(other) / self.array
-
-    def __itruediv__(self: _A, other: object) -> _A:
-        return self._inplace(operator.itruediv, other)
-
-    def __floordiv__(self, other: object) -> Any:
-        return self.array // _native(other)
-
-    def __rfloordiv__(self, other: object) -> Any:
-        return _native(other) // self.array
-
-    def __ifloordiv__(self: _A, other: object) -> _A:
-        return self._inplace(operator.ifloordiv, other)
-
-    def __mod__(self, other: object) -> Any:
-        return self.array % _native(other)
-
-    def __rmod__(self, other: object) -> Any:
-        return _native(other) % self.array
-
-    def __imod__(self: _A, other: object) -> _A:
-        return self._inplace(operator.imod, other)
-
-    def __divmod__(self, other: object) -> Any:
-        return divmod(self.array, _native(other))
-
-    def __rdivmod__(self, other: object) -> Any:
-        return divmod(_native(other), self.array)
-
-    def __pow__(self, other: object) -> Any:
-        return self.array ** _native(other)
-
-    def __rpow__(self, other: object) -> Any:
-        return _native(other) ** self.array
-
-    def __ipow__(self: _A, other: object) -> _A:
-        return self._inplace(operator.ipow, other)
-
-    def __matmul__(self, other: object) -> Any:
-        return self.array @ _native(other)
-
-    def __rmatmul__(self, other: object) -> Any:
-        return _native(other) @ self.array
-
-    def __imatmul__(self: _A, other: object) -> _A:
-        return self._inplace(operator.imatmul, other)
-
-    def __and__(self, other: object) -> Any:
-        return self.array & _native(other)
-
-    def __rand__(self, other: object) -> Any:
-        return _native(other) & self.array
-
-    def __iand__(self: _A, other: object) -> _A:
-        return self._inplace(operator.iand, other)
-
-    def __or__(self, other: object) -> Any:
-        return self.array | _native(other)
-
-    def __ror__(self, other: object) -> Any:
-        return _native(other) | self.array
-
-    def __ior__(self: _A, other: object) -> _A:
-        return self._inplace(operator.ior, other)
-
-    def __xor__(self, other: object) -> Any:
-        return self.array ^ _native(other)
-
-    def __rxor__(self, other: object) -> Any:
-        return _native(other) ^ self.array
-
-    def __ixor__(self: _A, other: object) -> _A:
-        return self._inplace(operator.ixor, other)
-
-    def __lshift__(self, other: object) -> Any:
-        return self.array << _native(other)
-
-    def __rlshift__(self, other: object) -> Any:
-        return _native(other) << self.array
-
-    def __ilshift__(self: _A, other: object) -> _A:
-        return self._inplace(operator.ilshift, other)
-
-    def __rshift__(self, other: object) -> Any:
-        return self.array >> _native(other)
-
-    def __rrshift__(self, other: object) -> Any:
-        return _native(other) >> self.array
-
-    def __irshift__(self: _A, other: object) -> _A:
-        return self._inplace(operator.irshift, other)
-
-    # unary ------------------------------------------------------------------------------
-    def __neg__(self) -> Any:
-        return -self.array
-
-    def __pos__(self) -> Any:
-        return +self.array
-
-    def __invert__(self) -> Any:
-        return ~self.array
-
-    def __abs__(self) -> Any:
-        return abs(self.array)
+    __neg__ = _unary(operator.neg)
+    __pos__ = _unary(operator.pos)
+    __invert__ = _unary(operator.invert)
+    __abs__ = _unary(abs)
+    # scalars (size 1 only, NumPy's errors otherwise)
+    __bool__ = _unary(bool)
+    __float__ = _unary(float)
+    __int__ = _unary(int)
+    __complex__ = _unary(complex)
 
     def __round__(self, ndigits: int | None = None) -> Any:
         native = self.array
         if native.ndim == 0:  # its scalar's round, as NumPy's indexing would have given
             value: Any = native[()] if isinstance(native, np.ndarray) else native.item()
             return round(value) if ndigits is None else round(value, ndigits)
-        return round(native) if ndigits is None else round(native, ndigits)  # (its own error)
-
-    # scalars (size 1 only, NumPy's errors otherwise) --------------------------------------
-    def __bool__(self) -> bool:
-        return bool(self.array)
-
-    def __float__(self) -> float:
-        return float(self.array)
-
-    def __int__(self) -> int:
-        return int(self.array)
-
-    def __complex__(self) -> complex:
-        return complex(self.array)
+        return round(native) if ndigits is None else round(native, ndigits)
 
     def __index__(self) -> int:
         native = self.array

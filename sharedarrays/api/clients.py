@@ -1,20 +1,10 @@
-"""What other libraries need so that they take a shared array where they take the array it
-wraps.
+"""What other libraries need to take a shared array where they take the array it wraps.
 
-Most take it as it is (NumPy's dispatch, ``__array__``, DLPack, the CUDA Array Interface,
-``__array_namespace__``: see the user guide's table). One does not: torch's
-``default_collate`` (what a ``DataLoader`` batches with) looks an element up by its type in
-``default_collate_fn_map`` and refuses any other (``torch/utils/data/_utils/collate.py``:
-``elem_type in collate_fn_map``, then ``isinstance`` against each key, ``np.ndarray`` among
-them, which a SharedDeviceArray is not a subclass of). :func:`register_collate` adds one
-entry there, :func:`collate`, the documented way to extend it. A row ``a[i]`` stays a
-shared view: changing what indexing returns for torch's sake would copy for everyone.
-
-When: :func:`install` (``import sharedarrays`` calls it) registers at once if torch's collate
-module is imported, else when it is (a finder on :data:`sys.meta_path` that waits for that
-one module, runs the registration after the module has run, and removes itself). Either
-import order works, in the main process and in a DataLoader's workers, and nothing here
-imports torch.
+Most take it as it is (NumPy's dispatch, ``__array__``, DLPack, the CUDA Array Interface).
+torch's ``default_collate`` (a ``DataLoader``'s) looks elements up by type in
+``default_collate_fn_map``: :func:`install` adds :func:`collate` there, at once if torch's
+collate module is imported, else from a :data:`sys.meta_path` finder once it is; nothing
+here imports torch.
 """
 
 from __future__ import annotations
@@ -32,8 +22,7 @@ from sharedarrays.api.array import SharedDeviceArray
 if TYPE_CHECKING:
     from importlib.abc import Loader as _Loader
     from importlib.abc import MetaPathFinder as _MetaPathFinder
-else:  # (importlib.abc costs ``import sharedarrays`` some 5 ms: the import system asks
-    # finders and loaders for their methods, not their base classes)
+else:  # (importing importlib.abc costs some 5 ms; only methods are asked for)
     _Loader = _MetaPathFinder = object
 
 __all__ = ["install", "register_collate", "collate"]
@@ -44,11 +33,8 @@ _COLLATE = "torch.utils.data._utils.collate"
 def collate(
     batch: Sequence[Any], *, collate_fn_map: dict[Any, Callable[..., Any]] | None = None
 ) -> Any:
-    """torch's ``default_collate`` of shared arrays: as of their native arrays.
-
-    NumPy arrays (host memory) go to torch's own NumPy case (``torch.as_tensor``, no copy);
-    CuPy arrays become tensors on their device through DLPack (no copy); then torch stacks
-    them into one new tensor, as it stacks tensors."""
+    """torch's ``default_collate`` of shared arrays, as of their native arrays (CuPy ones
+    through DLPack, no copy)."""
     import torch
     from torch.utils.data._utils.collate import collate as torch_collate
     from torch.utils.dlpack import from_dlpack
@@ -66,8 +52,7 @@ def register_collate(module: ModuleType) -> None:
 
 
 def install() -> None:
-    """Register with torch's ``default_collate`` now if torch imported it, else once it does
-    (see the module's notes). Idempotent; imports no torch."""
+    """Register with torch's ``default_collate`` now or once it is imported. Idempotent."""
     module = sys.modules.get(_COLLATE)
     if module is not None:
         register_collate(module)
@@ -77,8 +62,7 @@ def install() -> None:
 
 class _AfterImport(_MetaPathFinder):
     """Calls ``hook(module)`` once the module ``name`` has run, then leaves
-    :data:`sys.meta_path`. It finds nothing itself: the module's spec is the one the other
-    finders give, with its loader wrapped (:class:`_ThenCall`)."""
+    :data:`sys.meta_path`: the other finders' spec, its loader wrapped."""
 
     def __init__(self, name: str, hook: Callable[[ModuleType], None]) -> None:
         self._name = name
@@ -106,8 +90,7 @@ class _AfterImport(_MetaPathFinder):
 
 
 class _ThenCall(_Loader):
-    """A loader that runs ``loader``'s module, then calls ``hook`` with it. The module names
-    ``loader`` as its own (tracebacks and ``inspect`` read its source through it)."""
+    """A loader that runs ``loader``'s module, then calls ``hook`` with it."""
 
     def __init__(self, loader: Any, hook: Callable[[ModuleType], None]) -> None:
         self._loader = loader

@@ -23,13 +23,8 @@ def _meta(a: SharedDeviceArray) -> Any:
 
 
 def to_dask(a: SharedDeviceArray, chunks: Any = "auto", *, name: str | None = None) -> Any:
-    """A :class:`dask.array.Array` whose chunks are shared views of ``a``.
-
-    Each chunk is ``a[block]`` (a :class:`SharedDeviceArray` view, no copy): a task on a
-    worker of the same node gets the view's payload and reads the shared memory itself, and
-    a chunk moved between such workers moves as its payload (with
-    :mod:`sharedarrays.api.dask` registered). Operations on the chunks give native arrays
-    (NumPy, or CuPy on a GPU), as the array's methods do.
+    """A :class:`dask.array.Array` whose chunks are shared views ``a[block]`` (no copy): a
+    task on the same node reads the shared memory itself.
 
     Parameters
     ----------
@@ -38,8 +33,7 @@ def to_dask(a: SharedDeviceArray, chunks: Any = "auto", *, name: str | None = No
     chunks : int, tuple, str
         As for :func:`dask.array.from_array` (``"auto"`` by default).
     name : str, optional
-        The dask key prefix; default: one made from the allocation and the view, so two
-        calls on the same view give the same keys.
+        The dask key prefix; default: one made from the allocation and the view.
 
     Returns
     -------
@@ -63,8 +57,8 @@ def to_dask(a: SharedDeviceArray, chunks: Any = "auto", *, name: str | None = No
 
 
 class _Target:
-    """What :func:`dask.array.store` writes into: the shared array (it travels to each task
-    as its payload), made visible to every process before the task reports its chunk done."""
+    """What :func:`dask.array.store` writes into: the shared array, synchronised before the
+    task reports its chunk done."""
 
     def __init__(self, out: SharedDeviceArray) -> None:
         self.out = out
@@ -74,26 +68,14 @@ class _Target:
 
     def __setitem__(self, key: Any, value: Any) -> None:
         self.out[key] = value
-        self.out.synchronize()  # a CUDA copy is queued on a stream: done before the task ends
+        self.out.synchronize()
 
 
+# creation keywords from_dask refuses (the others go to dask.array.store, which ignores them)
 _NOT_FOR_STORE = frozenset(
-    {
-        "shape",
-        "dtype",
-        "order",
-        "chunk_bytes",
-        "pack",
-        "allow_pids",
-        "readonly",
-        "capacity",
-        "access",
-        "progress",
-        "copy",
-    }
+    {"shape", "dtype", "order", "chunk_bytes", "pack", "allow_pids", "readonly"}
+    | {"capacity", "access", "progress", "copy"}
 )
-"""Keywords of the creation functions that :func:`from_dask` does not take (its other
-keywords go to :func:`dask.array.store`, which would ignore them)."""
 
 
 def from_dask(
@@ -104,29 +86,21 @@ def from_dask(
     name: str | None = None,
     **compute: Any,
 ) -> SharedDeviceArray:
-    """Compute a dask array into a new shared array, each task writing its chunk in place.
-
-    The array is made here (:func:`sharedarrays.empty`), then :func:`dask.array.store`
-    runs one task per chunk: each computes its chunk and writes it into the one shared
-    allocation (the array travels to the task as its payload, so on one node nothing is
-    gathered: e.g. a dataset loaded in parallel straight into shared GPU memory).
+    """Compute a dask array into a new shared array, each task writing its chunk in place
+    (:func:`dask.array.store`): on one node nothing is gathered.
 
     Parameters
     ----------
     x : dask.array.Array
         The array to compute.
     device : str, int, torch.device, cupy.cuda.Device or None
-        Where to put the result (as :func:`sharedarrays.empty`); default: a GPU when ``x``'s
-        chunks are CuPy arrays, else as :func:`sharedarrays.empty` decides.
+        Where to put the result; default: a GPU when ``x``'s chunks are CuPy arrays.
     backend : str
         The memory system (as :func:`sharedarrays.empty`).
     name : str, optional
-        Name the result (as :func:`sharedarrays.empty`'s ``name=``) once every chunk is
-        written: a process that attaches it by name never sees it half made.
+        Name the result once every chunk is written (never seen half made).
     **compute
-        Passed to :func:`dask.array.store` (``scheduler=``, ...). The creation functions'
-        other keywords (``pack=``, ``chunk_bytes=``, ...) are refused with TypeError
-        (``store`` would ignore them).
+        Passed to :func:`dask.array.store`; other creation keywords are a TypeError.
 
     Returns
     -------

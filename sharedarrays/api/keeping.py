@@ -1,10 +1,5 @@
-"""Handing an array's handles to this user's keeper: naming and parking.
-
-:func:`keep` gives the keeper an array's handles, under a name (``sa.empty(...,
-name=...)``, see :mod:`sharedarrays.api.named`) or unnamed (``a.park()``), so that it can be
-attached or its payloads loaded after its creator exited; :func:`unpark` lets a parked
-array go again. Both take anything with the array's :attr:`allocation` and :meth:`payload`
-(:class:`Keepable`), so this module needs neither the array class nor named arrays.
+"""Handing an array's handles to this user's keeper: naming (:mod:`~sharedarrays.api.named`)
+and parking (``a.park()``), through any :class:`Keepable`.
 """
 
 from __future__ import annotations
@@ -93,13 +88,7 @@ def keep(a: Keepable, name: str | None) -> None:
 
 
 def unpark(alloc: Allocation) -> None:
-    """Let the keeper drop a parked allocation (the memory returns once no process maps it).
-
-    Raises
-    ------
-    NameNotFound
-        The keeper does not hold it.
-    """
+    """Let the keeper drop a parked allocation (NameNotFound if it does not hold it)."""
     try:
         status, body, _ = keeper.request(
             keeper_protocol.Unlink(alloc_id=alloc.id, secret=alloc.secret), start=False

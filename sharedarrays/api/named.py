@@ -1,31 +1,15 @@
 """Named arrays and parked arrays: arrays whose handles this user's keeper holds.
 
-Like :class:`multiprocessing.shared_memory.SharedMemory` with ``name=``, but for shared
-arrays on a GPU or in host memory:
+As :class:`multiprocessing.shared_memory.SharedMemory` with ``name=``:
+``sa.empty(shape, name="features")`` gives the keeper its handles under that name,
+``sa.attach("features")`` maps it in any process of the same user on this host (also after
+its creator exited), and ``sa.unlink("features")`` removes the name; the memory is freed
+once the last process that maps it lets go. Closing a view never removes a name; unlinking
+never takes memory from a process that maps it.
 
-* ``sa.empty(shape, name="features")`` (and the other constructors) creates an array and
-  gives its handles to the keeper under that name;
-* ``sa.attach("features")`` maps it in any process of the same user on this host, also
-  after its creator exited;
-* ``sa.unlink("features")`` removes the name. The memory is freed once the last process that
-  attached it (or created it) releases it, exits or dies.
-
-A process *closes* its views (:meth:`SharedDeviceArray.close`); that never frees an array
-other processes use, and never removes its name. *Unlinking* removes the name; it never takes
-memory away from a process that maps it. Every name should be unlinked once: a named array
-that nobody unlinks lives as long as the keeper.
-
-Names live in a **namespace**, one per project, so that two projects' ``"features"`` never
-meet: ``"features"`` is the name in this process's namespace (:func:`namespace`: the setting
-``SHAREDARRAYS_NAMESPACE``, else one derived from the project directory), ``"ns/features"``
-the name in namespace ``ns``, and ``"/features"`` a global name, in no namespace. The keeper
-holds each as ``ns/features`` (a global one as ``features``); this module qualifies and
-splits them.
-
-``a.park()`` does the same for an unnamed array: the keeper holds its handles, so a payload
-(``pickle.dumps(a)``) still loads after the exporter exited. ``a.unpark()`` (in any process
-that holds a view of it) lets it go again. Both names and parking hand the handles over
-through :mod:`sharedarrays.api.keeping`.
+Names live in a namespace per project (:func:`namespace`): ``"features"`` is in this
+process's, ``"ns/features"`` in ``ns``, ``"/features"`` global. ``a.park()`` hands an
+unnamed array's handles to the keeper, so its payloads load after the exporter exited.
 """
 
 from __future__ import annotations
@@ -81,8 +65,7 @@ def check_name(name: object) -> str:
     """Return ``name`` if it is a valid array name, else raise.
 
     A name is 1 to 128 characters from ``A-Z a-z 0-9 . _ -``, starting with a letter or
-    digit: ``"features"`` (in this process's namespace); ``"ns/features"`` names it in
-    namespace ``ns`` (1 to 64 such characters), ``"/features"`` a global name.
+    digit, optionally after ``"ns/"`` (a namespace of 1 to 64 such) or ``"/"`` (global).
 
     Raises
     ------
@@ -105,13 +88,8 @@ def check_name(name: object) -> str:
 
 
 def qualify(name: str) -> str:
-    """The keeper's name for ``name``: ``"namespace/name"``, or ``"name"`` for a global one.
-
-    Raises
-    ------
-    TypeError, ValueError
-        Not a valid name (or a bad ``SHAREDARRAYS_NAMESPACE``).
-    """
+    """The keeper's name for ``name``: ``"namespace/name"``, or ``"name"`` for a global one
+    (TypeError or ValueError for a bad name or namespace setting)."""
     space, slash, base = check_name(name).rpartition("/")
     if not slash:
         space = namespace() or ""
@@ -137,21 +115,19 @@ class NamedArray:
     device : Device
         Where the memory lives.
     size : int
-        Bytes held (the whole allocation, rounded up to the backend's granularity).
+        Bytes held (the whole allocation).
     creator : int
         Pid of the process that created (or parked) it; it may have exited.
     created : float
         When the keeper received it (``time.time()``).
     pids : tuple of int
-        Processes that hold it now: the creator while it holds a view, and every process
-        that attached or fetched it and has not released its mapping.
+        Processes that map it now.
     linked : bool
-        False once unlinked (it stays listed until the last holder releases it).
+        False once unlinked (listed until the last holder releases it).
     readonly : bool
         Whether importers get read-only mappings.
     allow_pids : tuple of int or None
-        The processes allowed to import it (besides the creator), or ``None`` for any
-        process of this user.
+        The processes allowed to import it besides the creator (``None``: any of this user).
     """
 
     name: str | None
@@ -170,8 +146,7 @@ class NamedArray:
 
     @property
     def qualified(self) -> str | None:
-        """The name that reaches it from any namespace: ``"ns/name"``, or ``"/name"`` for a
-        global one (``None`` for a parked array)."""
+        """The name that reaches it from any namespace (``"ns/name"``, ``"/name"``)."""
         if self.name is None:
             return None
         return f"{self.namespace or ''}/{self.name}"
@@ -190,37 +165,26 @@ class _Fd:
 
 
 def publish(a: SharedDeviceArray, name: str) -> None:
-    """Give ``a``'s handles to the keeper under ``name`` (creation calls this, with a name
-    :class:`~sharedarrays.api.options.CreationOptions` has checked).
-
-    Raises
-    ------
-    NameExists
-        The name is taken.
-    """
+    """Give ``a``'s handles to the keeper under ``name`` (NameExists if taken)."""
     keeping.keep(a, qualify(name))
 
 
 def attach(name: str) -> SharedDeviceArray:
-    """Map the named array ``name`` into this process and return a view of it.
-
-    The view has the shape, dtype and layout the array was created with. It works in any
-    process of the same OS user on this host, also after the creator exited. Attaching an
-    array this process maps already returns a new view of the same mapping.
+    """Map the named array ``name`` into this process and return a view of it, with the
+    shape, dtype and layout it was created with (in any process of this user on this host).
 
     Parameters
     ----------
     name : str
-        The name given at creation (``sa.empty(..., name=...)``), in this process's
-        namespace; ``"ns/name"`` for one in namespace ``ns``, ``"/name"`` for a global one.
+        The name given at creation, in this process's namespace; ``"ns/name"`` in
+        namespace ``ns``, ``"/name"`` a global one.
 
     Raises
     ------
     NameNotFound
-        No array has that name in the namespace (none was made, it was unlinked, or no
-        keeper runs); the message names the namespaces where the name exists, if any.
+        No array has that name in the namespace; the message names namespaces where it is.
     KeeperError
-        The keeper runs but did not answer in time (it is overloaded or stopped).
+        The keeper runs but did not answer in time.
     PermissionDenied
         The array was created with ``allow_pids`` that do not include this process.
     ValueError, TypeError
@@ -267,8 +231,7 @@ def attach(name: str) -> SharedDeviceArray:
 
 
 def _not_found(name: str, key: str) -> NameNotFound:
-    """The error for ``name`` (the keeper's ``key``) missing: where else the name is, and how
-    to reach it there."""
+    """The error for ``name`` (the keeper's ``key``) missing, naming where else it is."""
     space, _, base = key.rpartition("/")
     where = f"namespace {space!r}" if space else "the global namespace"
     if "/" not in name and space:
@@ -298,20 +261,15 @@ def _not_found(name: str, key: str) -> NameNotFound:
 
 
 def unlink(name: str) -> None:
-    """Remove the name ``name``.
-
-    The array can no longer be attached by name (nor its payloads fetched from the keeper).
-    Processes that map it keep their mappings; the keeper closes its handles, and the memory
-    is freed, once the last of them releases it, exits or dies. Like
-    :meth:`multiprocessing.shared_memory.SharedMemory.unlink`, call it once per name, in
-    any process.
+    """Remove the name ``name`` (read as by :func:`attach`), once, in any process.
+    Processes that map the array keep it; the memory is freed once the last lets go.
 
     Raises
     ------
     NameNotFound
-        No array has that name in the namespace (``name`` is read as by :func:`attach`).
+        No array has that name in the namespace.
     KeeperError
-        The keeper runs but did not answer in time (it is overloaded or stopped).
+        The keeper runs but did not answer in time.
     """
     key = qualify(name)
     try:
@@ -328,8 +286,7 @@ def unlink(name: str) -> None:
 
 
 def list_named(parked: bool = False, all_namespaces: bool = False) -> list[NamedArray]:
-    """The arrays this user's keeper holds, by name (starts no keeper): those of this
-    process's namespace, the names :func:`attach` finds.
+    """The named arrays of this process's namespace that the keeper holds (starts none).
 
     Parameters
     ----------
@@ -341,7 +298,7 @@ def list_named(parked: bool = False, all_namespaces: bool = False) -> list[Named
     Raises
     ------
     KeeperError
-        The keeper runs but did not answer in time (it is overloaded or stopped).
+        The keeper runs but did not answer in time.
     """
     here = None if all_namespaces else namespace()
     out = []

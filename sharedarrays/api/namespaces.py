@@ -30,12 +30,10 @@ _SETTING = re.compile(rf"/|[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_NAMESPACE - 1}}}")
 def namespace() -> str | None:
     """The namespace this process's names are in (``None``: the global namespace).
 
-    ``SHAREDARRAYS_NAMESPACE`` if set (``/`` for the global namespace); else the project's:
-    the nearest directory, from the working directory up, that holds a ``.git`` or a
-    ``pyproject.toml`` (the working directory itself if none does), as its base name and a
-    hash of its path, e.g. ``"myproject-1a2b3c4d"``. So a script at a repository's root, its
-    notebooks in ``notebooks/`` and their pool workers (which inherit the working directory
-    and the environment) share one namespace, and another checkout has its own.
+    ``SHAREDARRAYS_NAMESPACE`` if set (``/``: global); else the project's: the nearest
+    directory up from the working directory holding a ``.git`` or ``pyproject.toml``, as its
+    base name and a hash of its path (``"myproject-1a2b3c4d"``). A project's scripts,
+    notebooks and pool workers share one; another checkout has its own.
 
     Raises
     ------

@@ -1,13 +1,7 @@
-"""The keywords of the creation functions, validated once: :class:`CreationOptions`.
+"""The keywords of the creation functions, validated once into a :class:`CreationOptions`.
 
-:func:`~sharedarrays.empty`, :func:`~sharedarrays.zeros`, :func:`~sharedarrays.ones`,
-:func:`~sharedarrays.full` and :func:`~sharedarrays.from_array` take the same keywords
-(documented once, in :class:`CreationKeywords`). Each turns them into one frozen
-:class:`CreationOptions` with :meth:`CreationOptions.from_keywords`, which checks every keyword
-and every combination of keywords, and hands the record down. What depends on the array
-itself (its shape and dtype: the size a ``capacity`` must hold, whether a small array is
-packed) or on the memory system chosen (whether a ``name`` can outlive its creator) is
-checked when the array is made (:mod:`sharedarrays.api.creation`).
+What depends on the array itself (its size) or on the memory system chosen is checked when
+the array is made (:mod:`sharedarrays.api.creation`).
 """
 
 from __future__ import annotations
@@ -34,82 +28,54 @@ AccessList = Sequence[DeviceLike | tuple[DeviceLike, str]]
 class CreationKeywords(TypedDict, total=False):
     """The keywords every creation function takes (``**options`` of
     :func:`~sharedarrays.empty`, :func:`~sharedarrays.zeros`, :func:`~sharedarrays.full`,
-    :func:`~sharedarrays.from_array`, ...), typed and documented once here; their defaults
-    and checks are :meth:`CreationOptions.from_keywords`'s. ``order`` is each function's own
-    (the ``*_like`` ones take it by position too, and :func:`~sharedarrays.from_array` keeps
-    its source's).
+    :func:`~sharedarrays.from_array`, ...); checked by :meth:`CreationOptions.from_keywords`.
 
     Parameters
     ----------
     device : str, int, torch.device, cupy.cuda.Device or None
         ``None`` picks ``"cuda:0"`` when a CUDA device is usable, else ``"cpu"``; also
-        ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``N`` (a NumPy integer too), a
-        :class:`~sharedarrays.Device`, a ``cupy.cuda.Device`` or a ``torch.device``.
+        ``"cuda"``, ``"cuda:N"``, ``N``, a :class:`~sharedarrays.Device`.
     backend : str, default "auto"
-        The memory system: ``"cuda-vmm"`` (CUDA virtual memory management, handles are fds;
-        memory lives while any process holds it), ``"cuda-ipc"`` (``cudaMalloc`` memory
-        shared by legacy CUDA IPC handles; the creating process must outlive every importer),
-        ``"cuda-pool"`` (a stream-ordered memory pool exported once, arrays allocated on the
-        current stream; the creating process must outlive every importer) or ``"host"``
-        (for ``device="cpu"``). ``"auto"`` takes host on the CPU and, on a CUDA device, the
-        first of cuda-vmm, cuda-ipc, cuda-pool that the device supports
-        (:func:`sharedarrays.list_backends` says which can be used here, and why not).
+        The memory system: ``"cuda-vmm"`` (fd handles; memory lives while any process holds
+        it), ``"cuda-ipc"`` (``cudaMalloc`` and legacy IPC handles) or ``"cuda-pool"`` (a
+        stream-ordered pool), both needing the creator to outlive every importer, or
+        ``"host"``. ``"auto"``: host on the CPU, else the first of cuda-vmm, cuda-ipc,
+        cuda-pool the device supports (see :func:`sharedarrays.list_backends`).
     chunk_bytes : int, optional
-        Largest chunk of the allocation. By default an array is one chunk (each chunk costs
-        every importer an import and a map) and a growable array maps at most 2 GiB at a
-        time (:data:`sharedarrays.memory.DEFAULT_CHUNK_BYTES`).
+        Largest chunk of the allocation (default: one chunk; a growable array maps at most
+        :data:`sharedarrays.memory.DEFAULT_CHUNK_BYTES` at a time).
     pack : bool, optional
-        Carve the array out of a shared 2 MiB *slab* allocation instead of giving it an
-        allocation of its own. The default packs arrays of at most
-        :data:`~sharedarrays.memory.PACK_BYTES` (64 KiB), so that many small arrays cost
-        one chunk, one handle and one import between them rather than one granule (2 MiB on
-        CUDA) each. Arrays packed together share a slab's secret: a process that can import
-        one of them could map its neighbours too. Pass ``pack=False`` for an array that must
-        be shared with nobody who should not see the others. Named, restricted
-        (``allow_pids``), ``readonly`` and growable arrays, and those given ``chunk_bytes``
-        or ``access``, are never packed.
+        Carve the array out of a shared 2 MiB slab (the default for arrays of at most
+        :data:`~sharedarrays.memory.PACK_BYTES`): many small arrays then cost one handle
+        and one import. Packed arrays share a slab's secret, so a process that can import
+        one could map its neighbours: pass ``pack=False`` where that matters. Named,
+        restricted, read-only and growable arrays, and those given ``chunk_bytes`` or
+        ``access``, are never packed.
     progress : bool, optional
-        Show a tqdm.auto progress bar (a widget in Jupyter, text on stderr) while filling or
-        copying (:func:`~sharedarrays.full`, :func:`~sharedarrays.from_array`, ...; nothing
-        to show in :func:`~sharedarrays.empty`); ``None`` (the default) shows one only in a
-        Jupyter kernel's own process, for arrays of at least
-        :data:`~sharedarrays.api.creation.PROGRESS_BYTES`; never in a script or a worker
-        unasked.
+        Show a tqdm progress bar while filling or copying; ``None``: only in a Jupyter
+        kernel, for arrays of at least :data:`~sharedarrays.api.creation.PROGRESS_BYTES`.
     name : str, optional
-        Give the array this name in this user's keeper (started if needed): any process of
-        the same user can then :func:`~sharedarrays.attach` it, also after this one exited,
-        until :func:`~sharedarrays.unlink` removes the name. 1 to 128 characters from
-        ``A-Z a-z 0-9 . _ -``. The name exists as soon as the memory does (before a fill).
+        Give the array this name in this user's keeper: any process of the user can
+        :func:`~sharedarrays.attach` it, also after this one exited, until
+        :func:`~sharedarrays.unlink`. 1 to 128 characters from ``A-Z a-z 0-9 . _ -``.
     allow_pids : iterable of int, optional
-        Only these processes (and this one) may import the array: others get
-        :class:`~sharedarrays.PermissionDenied` from this process's handle server and from
-        the keeper. Default: any process of this user that holds a payload (or the name).
+        Only these processes (and this one) may import the array; others get
+        :class:`~sharedarrays.PermissionDenied`. Default: any process of this user.
     readonly : bool, default False
-        Importers get read-only mappings (``PROT_READ`` on the host, a read-only
-        ``cuMemSetAccess`` on CUDA) and read-only views; this process's views stay
-        writable. On the host the kernel enforces it: once mapped here, the memory is sealed
-        against every new write (``F_SEAL_FUTURE_WRITE``), so no other process can write it
-        by any means, and the array cannot grow past its ``capacity``. On CUDA it is each
-        importer's own access setting, which a process of the same user can change (see the
-        user guide's security model).
+        Importers get read-only mappings and views. On the host the kernel enforces it
+        (the memfd is sealed against writes, so the array cannot grow past its capacity);
+        on CUDA it is each importer's own access setting.
     access : sequence, optional
-        Other CUDA devices that may read and write (``"rw"``, the default) or only read
-        (``"r"``) the memory in this process, over NVLink or PCIe, without copies, e.g.
-        ``access=["cuda:0", "cuda:1"]`` or ``[("cuda:1", "r")]`` (the memory's own device is
-        always read-write here). cuda-vmm only; see also
-        :meth:`~sharedarrays.SharedDeviceArray.grant`. An importer whose current device is
-        another one gets access for that device when it loads the array.
+        Other CUDA devices that may read and write (``"rw"``) or only read (``"r"``) the
+        memory in this process, e.g. ``["cuda:0", "cuda:1"]`` or ``[("cuda:1", "r")]``.
+        cuda-vmm only; see :meth:`~sharedarrays.SharedDeviceArray.grant`.
     capacity : int, optional
-        Make a *growable* array: reserve this many bytes of address space up front (rounded
-        up to the granularity) and back only what ``shape`` needs with chunks. The array
-        then grows and shrinks along axis 0 without copying
+        Make a growable array: reserve this many bytes of address space and back only what
+        ``shape`` needs; it then grows and shrinks along axis 0 without copying
         (:meth:`~sharedarrays.SharedDeviceArray.resize`,
-        :meth:`~sharedarrays.SharedDeviceArray.append`; importers see the growth on their
-        next load or :meth:`~sharedarrays.SharedDeviceArray.refresh`). Each growth maps a
-        chunk at least as large as what is mapped already, at most ``chunk_bytes`` (see
-        :func:`sharedarrays.memory.growth_sizes`). Growing past the capacity still works but
-        moves the array to a new reservation (its address changes). Growable arrays are
-        C-ordered, never packed and never named.
+        :meth:`~sharedarrays.SharedDeviceArray.append`; see
+        :func:`sharedarrays.memory.growth_sizes`). Growing past it moves the array to a new
+        reservation. Growable arrays are C-ordered, never packed and never named.
     """
 
     device: DeviceLike
@@ -126,39 +92,10 @@ class CreationKeywords(TypedDict, total=False):
 
 @dataclass(frozen=True)
 class CreationOptions:
-    """How to make a new shared array: the creation functions' keywords, validated.
-
-    Make one with :meth:`from_keywords`, which checks them; the meaning of each keyword is
-    documented in :func:`~sharedarrays.empty`.
-
-    Attributes
-    ----------
-    device : Device
-        The device of the memory (``device=`` parsed).
-    backend : str
-        The memory system asked for (``"auto"`` or a backend's name); it is chosen for the
-        device when the array is made.
-    order : {"C", "F"}
-        The layout.
-    chunk_bytes : int or None
-        The largest chunk, or None for the default.
-    pack : bool or None
-        True: carve the array out of a slab; False: an allocation of its own (asked for, or
-        ruled out by ``name``, ``allow_pids``, ``readonly``, ``capacity`` or ``access``);
-        None: pack when the array is small enough and ``chunk_bytes`` is not given.
-    progress : bool or None
-        Progress bar of a fill or copy (None: for large arrays in a Jupyter kernel only).
-    name : str or None
-        The array's name in the keeper (a valid name).
-    allow_pids : frozenset of int or None
-        The process ids that may import the array, or None for any.
-    readonly : bool
-        Whether importers get read-only mappings.
-    capacity : int or None
-        Bytes to reserve for a growable array (at most what a payload may name).
-    peers : Mapping[int, Access]
-        Other CUDA devices (by ordinal) granted access in this process (``access=``),
-        without the memory's own device.
+    """How to make a new shared array: the creation keywords, validated by
+    :meth:`from_keywords` (see :class:`CreationKeywords`). ``device`` is parsed, ``pack`` is
+    False where another keyword rules packing out, ``allow_pids`` is a frozenset, and
+    ``peers`` maps the other CUDA devices' ordinals to their access (``access=``).
     """
 
     device: Device
@@ -198,9 +135,7 @@ class CreationOptions:
         OutOfMemory
             A capacity over 128 TiB (no process can reserve it).
         TypeError, ValueError
-            A bad device, order, name, allow_pids (process ids), capacity or access, or
-            keywords that cannot be combined (``pack=True`` with what rules
-            packing out, ``capacity`` with ``name`` or ``order="F"``).
+            A bad keyword, or keywords that cannot be combined.
         """
         dev = parse_device(device)
         if order not in ("C", "F"):

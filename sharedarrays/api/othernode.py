@@ -1,29 +1,12 @@
 """A shared array of another node inside a message that distributed reads: a placeholder
 whose use raises :class:`~sharedarrays.WrongNode`, so that the task fails and not the worker.
 
-Why: distributed (2026.x) pickles a task's specification whole, with every array placed
-directly in the task (``client.submit(f, a)``, ``client.map``, ``dask.delayed(f)(a)``, the
-chunks of a :func:`sharedarrays.to_dask` graph) as its payload, and a worker unpickles it
-while it reads the scheduler's message (``distributed.protocol.core.loads`` ->
-``distributed.protocol.pickle.loads``). A payload of another node cannot be opened there;
-raised at that point, :class:`~sharedarrays.WrongNode` escapes the worker's read of its
-stream to the scheduler: the connection closes, the worker leaves the cluster and the task
-never completes (the client's ``result()`` waits forever).
-
-So where, and only where, distributed's own unpickler loads the payload
-(:func:`read_by_distributed`: the function that called the unpickler is
-``distributed.protocol.pickle.loads``, through which distributed reads every pickle it
-receives: task specifications, graphs, results and data of its ``"pickle"`` family), the
-refusal is deferred: the load returns an :class:`OtherNodeArray`, the message is read, and
-the task runs and fails with the refusal's message when it uses the array (its attributes,
-indexing, ``len``, iteration, NumPy conversion, arithmetic). distributed reports a task's
-error to the client: ``future.result()`` raises that :class:`~sharedarrays.WrongNode`, and
-the worker stays. Everywhere else (``pickle.loads`` in user code, multiprocessing, joblib,
-Ray) a payload of another node still raises :class:`~sharedarrays.WrongNode` at once.
-
-An :class:`OtherNodeArray` pickles as the payload it came from (nothing is lost): sent back
-to a process of the array's node (a task's result, a scheduler that forwards a task) it
-loads as the shared array there.
+distributed pickles a task's specification with the arrays placed in it, and a worker
+unpickles it while reading the scheduler's stream: a :class:`~sharedarrays.WrongNode` raised
+there would close the connection and the task would never complete. So where, and only
+where, distributed's unpickler loads a payload of another node (:func:`read_by_distributed`),
+the load returns an :class:`OtherNodeArray`: the task fails when it uses the array, and the
+worker stays. Pickled again, it is the payload it came from.
 """
 
 from __future__ import annotations
@@ -42,24 +25,15 @@ DISTRIBUTED_LOADS = ("distributed.protocol.pickle", "loads")
 
 
 def read_by_distributed(caller: FrameType | None) -> bool:
-    """Whether ``caller``, the frame of the Python function that called the unpickler (a
-    reconstructor's :func:`sharedarrays._cpython.caller_frame`: the unpickler is C code and
-    has no frame), is distributed's ``distributed.protocol.pickle.loads``."""
+    """Whether ``caller`` (the frame that called the unpickler) is distributed's
+    ``distributed.protocol.pickle.loads``."""
     return frame_function(caller) == DISTRIBUTED_LOADS
 
 
 class OtherNodeArray:
-    """A shared array whose payload, made on another node, reached this process inside a
-    message distributed read (see the module's notes): any use raises
-    :class:`~sharedarrays.WrongNode` with the refusal's message (what to do: scatter the
-    array first, ``client.submit(f, client.scatter(a))``). Pickled, it is the payload again.
-
-    Parameters
-    ----------
-    message : str
-        The refusal's message.
-    rebuild, args
-        The reconstructor and arguments of the pickle it came from.
+    """A shared array of another node that reached this process in a message distributed
+    read: any use raises :class:`~sharedarrays.WrongNode` (scatter the array first, instead).
+    Pickled, it is the payload again (``rebuild`` and ``args`` of the pickle it came from).
     """
 
     __slots__ = ("_message", "_rebuild", "_args")
@@ -80,9 +54,7 @@ class OtherNodeArray:
         return "<OtherNodeArray: a shared array of another node; using it raises WrongNode>"
 
     def __getattr__(self, name: str) -> Any:
-        # a special name is looked up by protocols probing what an object supports (pickle,
-        # dask's collection and tokenize checks, NumPy's and CuPy's array interfaces): not
-        # there. Any other attribute (a.shape, a.get(), a.sum()) is a use.
+        # (special names are protocols probing what the object supports: not a use)
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
         self.refuse()
@@ -109,8 +81,7 @@ _USES = [
     *(f"__r{op}__" for op in _OPERATORS),
     *(f"__i{op}__" for op in _OPERATORS if op != "divmod"),
 ]
-"""What using an array is, besides its attributes (special methods are looked up on the type,
-not through ``__getattr__``): each raises the refusal."""
+"""Special methods (looked up on the type, not through ``__getattr__``) that refuse."""
 
 for _name in _USES:
     setattr(OtherNodeArray, _name, _refusing(_name))

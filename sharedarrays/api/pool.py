@@ -1,49 +1,17 @@
 """Process pools that work from notebooks and never fork after CUDA was initialised.
 
-:class:`Pool` and :class:`ProcessPoolExecutor` are the standard library's, with two changes:
+:class:`Pool` and :class:`ProcessPoolExecutor` are the standard library's, except:
 
-* **spawn by default.** A process forked after CUDA was initialised cannot use CUDA, so the
-  default start method is ``"spawn"``; ``"forkserver"`` may be asked for, and ``"fork"`` is
-  refused with :class:`ForkAfterCudaError` when CUDA was initialised in this process.
-* **Functions defined in a notebook work.** A spawned worker cannot import a function from
-  a notebook's ``__main__`` (nor ``python -c``'s), nor a lambda or a nested function. Such
-  functions are shipped by value with cloudpickle, wrapped in a small picklable callable;
-  functions importable by name (a script's too, as the worker imports the script) are sent
-  by name as usual. In a worker the by-value functions of the parent's ``__main__`` share
-  one namespace, as a module's functions do, so a global that the initializer or a task
-  sets is seen by the next task; an exception of a class defined in a notebook comes back
-  as itself (:class:`~sharedarrays.api.pooltasks._RaisedInTask`).
-
-Shared arrays in the arguments and results are passed without copying, as everywhere.
-
-* **A worker that dies is an error, never a hung pool.** The standard library's pool starts
-  a new worker when one dies (killed, out of memory, a crash) but waits forever for the
-  task it was running, and a worker killed while it waits for a task (inside the lock of
-  the pool's task pipe) leaves every other worker waiting forever. Here the locks of both
-  pipes are ones the kernel releases at a worker's exit, the pool's table says which job
-  the dead worker was running (:mod:`sharedarrays.api.poolqueues`), that job fails with
-  :class:`~sharedarrays.WorkerLost`, and the pool goes on with a new worker and its other
-  jobs (:class:`_Workers`).
-* **A task that calls ``sys.exit()`` fails with** :class:`~sharedarrays.TaskExited` **and
-  its worker goes on.** The standard library's pool loses the worker and waits for the task
-  forever; its executor raises the ``SystemExit`` where the caller waits, ending the
-  caller's program.
-* **An argument that cannot be loaded is that task's error, never a dead worker.** The
-  standard library's workers (``Pool``'s and the executor's) load a task's arguments as
-  they take the task, and an error there ends the worker. Here they are pickled on their
-  own in the parent (:func:`~sharedarrays.api.pooltasks._args`) and loaded by the task
-  itself in the worker.
-* **A result that cannot be loaded is that task's error, never a hung pool.** The standard
-  library unpickles results in one thread of the pool (``Pool``) or of the executor's
-  manager; an exception there ends that thread and the pool waits forever (``Pool``) or
-  breaks (``ProcessPoolExecutor``). Here each result is pickled on its own in the worker
-  (:class:`~sharedarrays.api.pooltasks._Alone`) and loaded in the parent where its
-  caller's result is set, so the error (say, :class:`~sharedarrays.HandleUnavailable`) is
-  raised where the caller waits for that result (``map``, ``apply``, ``AsyncResult.get``,
-  ``Future.result``, the ``error_callback``), and the pool goes on working.
-
-What travels to the workers and back is :mod:`sharedarrays.api.pooltasks`; the executor is
-:mod:`sharedarrays.api.poolexecutor`.
+* spawn by default, and ``"fork"`` refused (:class:`ForkAfterCudaError`) after CUDA was
+  initialised here;
+* functions a spawned worker cannot import (a notebook's, a lambda) are shipped by value
+  with cloudpickle, sharing one ``__main__`` namespace in the worker;
+* a worker that dies fails the job it ran (:class:`~sharedarrays.WorkerLost`) and the pool
+  goes on, where the standard library's would hang (:class:`_Workers`,
+  :mod:`~sharedarrays.api.poolqueues`);
+* a task's ``sys.exit()`` is that task's error (:class:`~sharedarrays.TaskExited`);
+* arguments and results are pickled on their own, so one that cannot be loaded is that
+  task's error, never a dead worker or a hung pool (:mod:`~sharedarrays.api.pooltasks`).
 """
 
 from __future__ import annotations
@@ -94,21 +62,13 @@ class ForkAfterCudaError(SharedArrayError, ValueError):
 
 
 class ExecutorBroken(WorkerLost, concurrent.futures.process.BrokenProcessPool):
-    """A worker of a :class:`sharedarrays.ProcessPoolExecutor` died (killed, the kernel's
-    out-of-memory killer, a crash, ``os._exit()``): the executor is broken, as the standard
-    library's is, and every future pending then failed with this error. Make a new executor
-    and submit them again (:class:`sharedarrays.Pool` replaces a dead worker and goes on).
-
-    It is a :class:`~sharedarrays.WorkerLost` and the standard library's
-    ``BrokenProcessPool``: either ``except`` catches it."""
+    """A worker of a :class:`sharedarrays.ProcessPoolExecutor` died: the executor is broken,
+    as the standard library's is, and every pending future failed with this error. Both a
+    :class:`~sharedarrays.WorkerLost` and a ``BrokenProcessPool``."""
 
 
 def cuda_initialised() -> bool:
-    """Best effort: has CUDA been initialised in this process?
-
-    Asks the CUDA backend where it can tell; otherwise counts an imported ``cupy`` as
-    initialised.
-    """
+    """Best effort: has CUDA been initialised in this process (else: is cupy imported)?"""
     from sharedarrays.backends.cuda import driver as cuda_driver
 
     probe = getattr(cuda_driver, "_cuda_initialised_here", None)
@@ -127,10 +87,8 @@ def get_context(method: ContextLike = None) -> multiprocessing.context.BaseConte
     ------
     ForkAfterCudaError
         ``"fork"`` while CUDA is initialised in this process.
-    ValueError
-        A start method this platform does not have.
-    TypeError
-        Neither a name nor a multiprocessing context.
+    ValueError, TypeError
+        An unknown start method, or neither a name nor a context.
     """
     if method is None:
         ctx: multiprocessing.context.BaseContext = multiprocessing.get_context(DEFAULT_START_METHOD)
@@ -152,12 +110,10 @@ def get_context(method: ContextLike = None) -> multiprocessing.context.BaseConte
     return ctx
 
 
-# --------------------------------------------------------------------------------------------
 def _start_worker(
     table: PoolTable, initializer: Callable[..., object] | None, initargs: tuple[Any, ...]
 ) -> None:
-    """A :class:`Pool` worker's initializer: claims its slot in the pool's table
-    (:func:`~sharedarrays.api.poolqueues.start_worker`), then calls the user's."""
+    """A :class:`Pool` worker's initializer: claims its slot in the table, then the user's."""
     start_worker(table)
     if initializer is not None:
         initializer(*initargs)
@@ -165,25 +121,15 @@ def _start_worker(
 
 
 class _Workers(list):  # type: ignore[type-arg]
-    """A pool's list of its worker processes (``Pool._pool``) that fails the job a worker
-    was running when it died.
+    """A pool's list of its workers (``Pool._pool``) that fails the job a worker was
+    running when it died.
 
-    The standard library's worker handler thread forgets an exited worker with ``del
-    pool[i]`` (``Pool._join_exited_workers``), then appends a new one; a task the worker was
-    running is lost, and whoever waits for it would wait forever. Here the deletion of a
-    worker asks the pool's table what it held
-    (:meth:`~sharedarrays.api.poolqueues.PoolTable.reap`): nothing (it waited for a task or
-    ended as asked; or it was killed as it started, before it took a slot: nothing is
-    lost), or a task of one job, which fails with :class:`~sharedarrays.WorkerLost` when the
-    next worker is appended (after, so that a caller woken by the error finds a worker to
-    give the next task to). Where the table cannot tell (a task read, its job not yet
-    known), every job of ``cache`` (the pool's jobs) fails. So does every job when a worker
-    ends with an error before it took a slot (a spawned worker that cannot import the main
-    module again: a pool made outside ``if __name__ == "__main__":``, a script read from
-    standard input), or in the pool's initializer: each new worker would end the same way,
-    and the jobs would wait forever. The tasks of a failed job that no worker has taken yet
-    are not run (the table names the job), so that submitting it again runs them once. Only
-    the cache is kept, not the pool: the handler thread holds this list until the pool ends.
+    The standard library's handler thread forgets a dead worker with ``del pool[i]`` and
+    appends a new one, losing its task. Here the deletion asks the pool's table what the
+    worker held (:meth:`~sharedarrays.api.poolqueues.PoolTable.reap`): a task's job fails
+    with :class:`~sharedarrays.WorkerLost` once the next worker is appended; where the table
+    cannot tell, or the worker died starting or in the initializer (each new one would too),
+    every pending job fails. The failed jobs' untaken tasks are not run.
     """
 
     def __init__(self, workers: Iterable[Any], cache: Mapping[int, Any], table: PoolTable) -> None:
@@ -198,11 +144,9 @@ class _Workers(list):  # type: ignore[type-arg]
         if isinstance(index, int):
             worker = self[index]
             held = self.table.reap(worker.pid)
-            # held: 0 nothing, whatever its exit (it waited for a task, or ended as asked,
-            # after maxtasksperchild tasks or at close); None: no slot (it died before it
-            # took one, as it started: an error there, exit status 1, ends every new worker
-            # the same way; a signal, that one only); STARTING: in the pool's initializer;
-            # else a task (a task's os._exit(0) too)
+            # held: 0 nothing; None no slot yet (an error as it started ends every new
+            # worker the same way; a signal, that one only); STARTING in the initializer;
+            # else a task
             if held or (held is None and worker.exitcode > 0):
                 self._lost(worker.pid, worker.exitcode, held)
         super().__delitem__(index)
@@ -216,8 +160,8 @@ class _Workers(list):  # type: ignore[type-arg]
         )
         if held is not None and held > 0:
             job = self.cache.get(held - 1)
-            self.table.lose(held - 1, pid, code)  # (before the new worker starts: it could
-            if job is not None:  # take one)
+            self.table.lose(held - 1, pid, code)  # (before the new worker can take a task)
+            if job is not None:
                 self.failed.append(
                     (
                         job,
@@ -257,8 +201,7 @@ class _Workers(list):  # type: ignore[type-arg]
             )
         self.lost_all = WorkerLost(f"a worker of this Pool (pid {pid}) died ({why}) {what}")
         self.lost_by = (pid, code)
-        # the tasks of every job submitted until now that no worker has taken yet are not
-        # run (set now, before the new worker starts, which could take one first)
+        # untaken tasks of every job so far are not run (set before the new worker starts)
         self.table.lose_below(next_pool_job(), pid, code)
 
     def append(self, worker: Any) -> None:
@@ -266,9 +209,7 @@ class _Workers(list):  # type: ignore[type-arg]
         failed, self.failed = self.failed, []
         lost, self.lost_all = self.lost_all, None
         if lost is not None:
-            # (again: the jobs submitted since the worker was found dead fail too, so their
-            # tasks must not run either; a task skipped whose job is not in the list below
-            # fails its job itself, with the error the worker sends back)
+            # (again: jobs submitted since the death fail too)
             self.table.lose_below(next_pool_job(), *self.lost_by)
             failed = [(job, lost) for job in list(self.cache.values())]
         for job, error in failed:
@@ -297,15 +238,6 @@ class Pool(multiprocessing.pool.Pool):
     ------
     ForkAfterCudaError
         ``"fork"`` asked for after CUDA was initialised.
-
-    Examples
-    --------
-    >>> import sharedarrays as sa
-    >>> def square(x):  # defined in a notebook cell
-    ...     return x * x
-    >>> with sa.Pool(2) as pool:  # doctest: +SKIP
-    ...     pool.map(square, range(4))
-    [0, 1, 4, 9]
     """
 
     def __init__(
@@ -350,14 +282,12 @@ class Pool(multiprocessing.pool.Pool):
         super()._repopulate_pool()  # type: ignore[misc]
 
     def terminate(self) -> None:
-        """Stop the workers now (as the standard library's), and let go of the pool's
-        shared state."""
+        """Stop the workers now, and let go of the pool's shared state."""
         super().terminate()
         self._table.close()
 
     def join(self) -> None:
-        """Wait for the workers to exit (after :meth:`close` or :meth:`terminate`), and let
-        go of the pool's shared state."""
+        """Wait for the workers to exit, and let go of the pool's shared state."""
         super().join()
         self._table.close()
 
@@ -373,10 +303,7 @@ class Pool(multiprocessing.pool.Pool):
         )
 
     def apply(
-        self,
-        func: Callable[..., T],
-        args: Iterable[Any] = (),
-        kwds: Mapping[str, Any] = {},
+        self, func: Callable[..., T], args: Iterable[Any] = (), kwds: Mapping[str, Any] = {}
     ) -> T:
         """Call ``func(*args, **kwds)`` in a worker and wait for the result."""
         return self.apply_async(func, args, kwds).get()  # (as the standard library's)
@@ -408,11 +335,7 @@ class Pool(multiprocessing.pool.Pool):
     ) -> multiprocessing.pool.MapResult[T]:
         """Like :meth:`map`, returning an ``AsyncResult``."""
         return super().map_async(
-            _task(func),
-            list(_each(iterable, False)),
-            chunksize,
-            callback,
-            error_callback,
+            _task(func), list(_each(iterable, False)), chunksize, callback, error_callback
         )
 
     def imap(
@@ -446,9 +369,5 @@ class Pool(multiprocessing.pool.Pool):
     ) -> multiprocessing.pool.AsyncResult[list[T]]:
         """Like :meth:`starmap`, returning an ``AsyncResult``."""
         return super().starmap_async(
-            _task(func),
-            list(_each(iterable, True)),
-            chunksize,
-            callback,
-            error_callback,
+            _task(func), list(_each(iterable, True)), chunksize, callback, error_callback
         )

@@ -1,8 +1,5 @@
-"""The process pool executor: :class:`concurrent.futures.ProcessPoolExecutor` with the
-changes :mod:`sharedarrays.api.pool` lists (spawn by default, functions shipped by value,
-arguments and results pickled on their own, a ``sys.exit()`` in a task that task's error, a
-dead worker :class:`~sharedarrays.api.pool.ExecutorBroken`).
-"""
+""":class:`concurrent.futures.ProcessPoolExecutor` with the changes
+:mod:`sharedarrays.api.pool` lists."""
 
 from __future__ import annotations
 
@@ -21,8 +18,7 @@ T = TypeVar("T")
 
 
 def _broken(error: BaseException) -> BaseException:
-    """The executor's ``BrokenProcessPool`` as an :class:`ExecutorBroken` (other errors,
-    and one already converted, as they are)."""
+    """The executor's ``BrokenProcessPool`` as an :class:`ExecutorBroken`."""
     if type(error) is not concurrent.futures.process.BrokenProcessPool:
         return error
     made = ExecutorBroken(
@@ -38,8 +34,8 @@ def _broken(error: BaseException) -> BaseException:
 
 
 class _ResultFuture(Future[Any]):
-    """The future :meth:`ProcessPoolExecutor.submit` returns: it follows the executor's own
-    and fails with the load error when the result could not be loaded here."""
+    """What :meth:`ProcessPoolExecutor.submit` returns: it follows the executor's future,
+    loading the result here (a load error is its error)."""
 
     def __init__(self, inner: Future[Any]) -> None:
         super().__init__()
@@ -56,8 +52,8 @@ class _ResultFuture(Future[Any]):
             error = error.unwrap()
         if error is None:
             try:
-                value = _load_pending(inner.result())  # (the executor keeps the last result it
-            except Exception as e:  # got: only the bytes, so the arrays go with this)
+                value = _load_pending(inner.result())
+            except Exception as e:
                 error = e
         if error is not None:
             self.set_exception(_broken(error))
@@ -65,9 +61,7 @@ class _ResultFuture(Future[Any]):
             self.set_result(value)
 
     def _cancelled(self) -> None:
-        # (what the executor does for its own futures: cancelled, then waiters told;
-        # ``concurrent.futures.wait`` and ``as_completed`` learn of it only from the second.
-        # Called once: by _follow, which the inner future calls once, when it ends)
+        # (as the executor does for its own: cancelled, then waiters told)
         super().cancel()
         self.set_running_or_notify_cancel()
 
@@ -80,10 +74,6 @@ class _ResultFuture(Future[Any]):
     def running(self) -> bool:
         inner = self._inner
         return inner is not None and inner.running()
-
-
-# --------------------------------------------------------------------------------------------
-# the pools
 
 
 class ProcessPoolExecutor(concurrent.futures.ProcessPoolExecutor):

@@ -1,27 +1,12 @@
-"""What a :class:`~sharedarrays.Pool` and its workers share: its two queues, with locks that
-a dead worker never holds, and a table of the job each worker is running.
+"""What a :class:`~sharedarrays.Pool` and its workers share: two queues whose locks a dead
+worker never holds, and a table of the job each worker is running.
 
-The standard library's pool gives its workers one pipe of tasks and one of results, each
-with a ``multiprocessing.Lock`` (a POSIX semaphore) that a worker holds while it reads a task
-or writes a result. An idle worker waits for the next task inside that lock; killed there
-(the out-of-memory killer, ``kill``), it never releases it, and every other worker, and every
-new one, waits for it forever: the pool hangs, however many workers are left.
-
-Here both locks are POSIX record locks (``fcntl.lockf``) on one byte each of a ``memfd``
-(:class:`PoolTable`), which the kernel releases when their holder exits, however it exits.
-The same ``memfd`` holds the table a dying worker is judged by:
-
-- one slot per worker (taken as it starts, freed when the pool reaps it): its pid and what
-  it holds: :data:`STARTING` while the pool's initializer runs, ``0`` nothing (it waits for
-  a task, or has sent the result of the last), ``-1`` a task being read (from the moment
-  its first bytes are there until its job's number is read), else the number of the job
-  (plus one) whose task it runs, until its result is written;
-- the jobs the pool failed when a worker died (a ring of the last :data:`RING` numbers, and
-  a number below which every job failed): a worker that takes a task of one of them does
-  not run it (:func:`not_run`).
-
-The table answers, when the pool finds a worker dead (:meth:`PoolTable.reap`), whether it
-ran a task and of which job: only that job fails (:class:`~sharedarrays.api.pool._Workers`).
+The standard library's queue locks are semaphores: a worker killed while it waits for a task
+holds one forever and the pool hangs. Here they are POSIX record locks (``fcntl.lockf``) on
+bytes of a ``memfd``, released by the kernel at the holder's exit. The same ``memfd`` holds
+one slot per worker (its pid and what it holds: :data:`STARTING`, ``0`` nothing, ``-1`` a
+task being read, else its job's number plus one) and the jobs failed by a dead worker (a
+ring of the last :data:`RING`, and a mark below which all failed), whose tasks are not run.
 """
 
 from __future__ import annotations
@@ -57,12 +42,9 @@ __all__ = [
 ]
 
 RING = 64
-"""How many of the last jobs failed by a dead worker the table names (their tasks are not
-run); older ones are not run if below the table's mark, else run and their results
-dropped."""
+"""How many of the last jobs failed by a dead worker the table names."""
 
-_MARK = 0  # the cells of the number below which every job failed, and the dead worker's
-# pid and exit code; then the ring, RING entries of (job + 1, pid, exit code)
+_MARK = 0  # cells: (job below which all failed, pid, exit code), then RING of (job + 1, ...)
 _RING = 3
 _SLOTS = _RING + 3 * RING  # the first worker slot: (pid, state)
 _TAKING = -1  # a slot's state: a task being read, its job not yet known
@@ -71,18 +53,8 @@ _TASKS_LOCK, _RESULTS_LOCK, _SLOTS_LOCK = 0, 1, 2  # the locks' bytes, past the 
 
 
 class PoolTable:
-    """One pool's shared table and locks: a ``memfd`` of int64 cells that the pool and each
-    of its workers map, and on which they take POSIX record locks (see the module's notes).
-
-    It pickles as the fd (multiprocessing's ``DupFd``: as a new worker's start arguments);
-    a worker keeps the fd open, since its locks are held through it. :meth:`close` lets go
-    of the mapping and the fd.
-
-    Parameters
-    ----------
-    slots
-        How many workers the table can tell about (the pool's size).
-    """
+    """One pool's shared table and locks: a ``memfd`` of int64 cells, ``slots`` worker
+    slots; it pickles as the fd (``DupFd``)."""
 
     __slots__ = ("fd", "slots", "_map", "_cells", "_ring_next")
 
@@ -128,9 +100,7 @@ class PoolTable:
 
     # the pool's side ---------------------------------------------------------------------
     def reap(self, pid: int) -> int | None:
-        """Free the slot of worker ``pid``, found dead or ended: what it held
-        (:data:`STARTING`, ``0``, ``-1`` or a job's number plus one), or ``None`` when it had
-        no slot."""
+        """Free the slot of worker ``pid``: what it held, or ``None`` when it had none."""
         cells = self._cells
         for cell in self._slot_cells():
             if cells[cell] == pid:
@@ -141,8 +111,7 @@ class PoolTable:
         return None
 
     def lose(self, job: int, pid: int, code: int) -> None:
-        """Job ``job`` failed when worker ``pid`` died (exit code ``code``): its tasks that
-        no worker took yet are not run."""
+        """Job ``job`` failed when worker ``pid`` died: its untaken tasks are not run."""
         cell = _RING + 3 * self._ring_next
         self._cells[cell + 1] = pid
         self._cells[cell + 2] = code
@@ -157,9 +126,7 @@ class PoolTable:
 
     # a worker's side ---------------------------------------------------------------------
     def claim(self, pid: int) -> int:
-        """A slot for worker ``pid``: its state cell's index. A slot is freed when the pool
-        reaps its worker, before it starts the next; one whose worker is gone unreaped is
-        taken too.
+        """A free slot (or one whose worker is gone) for worker ``pid``: its state cell.
 
         Raises
         ------
@@ -181,12 +148,11 @@ class PoolTable:
             return free[0] + 1
 
     def hold(self, cell: int, state: int) -> None:
-        """Say what this worker holds (see the module's notes) in its slot's ``cell``."""
+        """Say what this worker holds in its slot's ``cell``."""
         self._cells[cell] = state
 
     def lost(self, job: int) -> tuple[int, int] | None:
-        """The pid and exit code of the worker whose death failed job ``job``, or ``None``
-        where it did not fail."""
+        """The pid and exit code of the worker whose death failed ``job``, or ``None``."""
         cells = self._cells
         if job < cells[_MARK]:
             return int(cells[_MARK + 1]), int(cells[_MARK + 2])
@@ -201,10 +167,8 @@ def _mapped_table(slots: int, dup: Any) -> PoolTable:
 
 
 class RecordLock:
-    """A lock between processes that its holder's exit releases: a POSIX record lock
-    (``fcntl.lockf``) on one byte of a :class:`PoolTable`'s fd. It excludes other
-    processes, not other threads of the holder's (the queues' locks are taken by one
-    thread in each worker)."""
+    """A lock between processes (not threads) that its holder's exit releases: a record
+    lock on one byte of a :class:`PoolTable`'s fd."""
 
     __slots__ = ("table", "byte")
 
@@ -213,9 +177,7 @@ class RecordLock:
         self.byte = byte
 
     def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
-        """Take the lock (waiting, unless ``block`` is false); whether it was taken.
-        (``timeout`` is not supported: as ``block``.) Once the table is closed (its pool's
-        workers are gone) there is no one to exclude: taken at once."""
+        """Take the lock (``timeout`` is ignored); a closed table's is taken at once."""
         fd = self.table.fd
         if fd < 0:  # (the standard library's pool takes its task lock as it ends, at last)
             return True
@@ -254,9 +216,7 @@ _worker: _Worker | None = None
 
 
 def start_worker(table: PoolTable) -> None:
-    """In a new worker of the pool of ``table``: claim a slot (where the tasks it takes are
-    said by :class:`TaskQueue`, and their end by :class:`ResultQueue`), saying that the
-    pool's initializer runs (:func:`started`)."""
+    """In a new worker: claim a slot in ``table``, saying the initializer runs."""
     global _worker
     _worker = _Worker(table, table.claim(os.getpid()))
     _worker.table.hold(_worker.cell, STARTING)
@@ -269,31 +229,20 @@ def started() -> None:
 
 
 MESSAGE_STALL = 30.0
-"""Seconds a worker waits for more of a task message it has begun to read, before it takes
-the task pipe for cut (see :func:`read_message`)."""
+"""Seconds a worker waits for the rest of a task message before it takes the pipe for cut."""
 
 
 class PipeCut(EOFError):
-    """A pool's task pipe holds the rest of a message a dead reader began (see
-    :func:`read_message`)."""
+    """A pool's task pipe holds the rest of a message a dead reader began."""
 
 
 def read_message(fd: int, before_read: Callable[[], None] | None = None) -> bytes:
-    """One message of a pool's task pipe ``fd`` (as ``Connection.recv_bytes`` reads it: a
-    4-byte size, or -1 and an 8-byte size, then a pickle), in a worker that holds the
-    pipe's read lock; ``EOFError`` when the writer closed it.
+    """One message of a pool's task pipe ``fd``, as ``Connection.recv_bytes`` reads it;
+    ``EOFError`` when the writer closed it. ``before_read`` is called once bytes are there.
 
-    A reader that died in the middle of a message (its lock is released at its exit, see
-    :class:`RecordLock`: a process killed as it read takes the bytes its last read copied)
-    leaves the rest of that message first in the pipe. Read as a size, a pickle's first byte
-    (0x80) makes a negative one; a size whose bytes do not come within
-    :data:`MESSAGE_STALL` seconds, or a body that is not a pickle, is the same. Then what
-    the pipe holds is read and dropped, so that the next reader starts at a message, and
-    :class:`PipeCut` ends this worker: its slot says it took a task of no known job, and the
-    pool fails every job pending (:class:`~sharedarrays.api.pool._Workers`).
-
-    ``before_read`` is called once the first bytes are there, before they are read.
-    """
+    A reader killed mid-message leaves its rest first in the pipe: a size that is not one
+    (a pickle's 0x80 reads negative), that stalls :data:`MESSAGE_STALL` seconds, or a body
+    that is no pickle drains the pipe and raises :class:`PipeCut`, ending this worker."""
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     header = _read(poller, fd, 4, first=True, before_read=before_read)
@@ -315,10 +264,8 @@ def _read(
     first: bool = False,
     before_read: Callable[[], None] | None = None,
 ) -> bytes:
-    """``n`` bytes of ``fd`` (``poller``: one that waits for it), or fewer where the rest
-    does not come within :data:`MESSAGE_STALL` seconds of the last (``first``: the first
-    part may take forever: a worker waiting for a task). ``EOFError`` when the writer
-    closed it."""
+    """``n`` bytes of ``fd``, or fewer where the rest stalls (``first``: the first part may
+    take forever). ``EOFError`` when the writer closed it."""
     parts: list[bytes] = []
     got = 0
     while got < n:
@@ -348,8 +295,7 @@ def _drain(fd: int) -> None:
 
 
 def not_run(pid: int, code: int) -> None:
-    """What a worker calls instead of a task of a job the pool failed when worker ``pid``
-    died (exit code ``code``)."""
+    """What a worker calls instead of a task of a job failed by worker ``pid``'s death."""
     raise WorkerLost(
         f"not run: its job failed when a worker of the pool (pid {pid}) died "
         f"({died_of(code)}); submit it again once that is mended"
@@ -362,10 +308,8 @@ def died_of(code: int) -> str:
 
 
 class _TaskUnpickler(pickle.Unpickler):
-    """multiprocessing's unpickler of a task, which loads a task whose function (or other
-    global) this worker cannot find as one that raises :class:`~sharedarrays.TaskNotLoaded`
-    when run: that job's error, where the worker died before (and every worker after it
-    that took one of that job's tasks, failing every job pending each time)."""
+    """Loads a task whose function this worker cannot find as one that raises
+    :class:`~sharedarrays.TaskNotLoaded` when run, instead of ending the worker."""
 
     def find_class(self, module: str, name: str) -> Any:
         try:
@@ -390,9 +334,8 @@ class _Unloadable:
 
 
 class TaskQueue(multiprocessing.queues.SimpleQueue):  # type: ignore[type-arg]
-    """A pool's queue of tasks (the standard library's ``SimpleQueue``, with its read lock
-    a :class:`RecordLock`): in a worker, the slot says what it took, and a task of a job the
-    pool failed is replaced by :func:`not_run`."""
+    """A pool's task queue with a :class:`RecordLock`: the worker's slot says what it took,
+    and a task of a failed job is replaced by :func:`not_run`."""
 
     def __init__(self, *, ctx: Any, table: PoolTable) -> None:
         super().__init__(ctx=ctx)
@@ -404,16 +347,15 @@ class TaskQueue(multiprocessing.queues.SimpleQueue):  # type: ignore[type-arg]
             return super().get()  # (not this pool's worker: the parent's terminate)
         table, cell = worker.table, worker.cell
         with self._rlock:
-            # (the slot says a task is taken before the first byte is read: killed after
-            # that, the pool fails every job pending, never none with a task lost)
+            # (taken before the first byte is read: never a task lost unsaid)
             res = read_message(
                 self._reader.fileno(),  # type: ignore[attr-defined]
                 lambda: table.hold(cell, _TAKING),
             )
         try:
             task = reduction.ForkingPickler.loads(res)
-        except (AttributeError, ImportError):  # (a name this worker cannot find: again,
-            task = _TaskUnpickler(io.BytesIO(res)).load()  # with a stand-in for it)
+        except (AttributeError, ImportError):  # (a name this worker cannot find)
+            task = _TaskUnpickler(io.BytesIO(res)).load()
         if type(task) is not tuple or len(task) != 5 or type(task[0]) is not int:
             table.hold(cell, 0)  # (the sentinel that ends the worker)
             return task
@@ -426,9 +368,8 @@ class TaskQueue(multiprocessing.queues.SimpleQueue):  # type: ignore[type-arg]
 
 
 class ResultQueue(multiprocessing.queues.SimpleQueue):  # type: ignore[type-arg]
-    """A pool's queue of results (the standard library's ``SimpleQueue``, with its write
-    lock a :class:`RecordLock`): in a worker, once a result is written, the slot says the
-    worker holds nothing."""
+    """A pool's result queue with a :class:`RecordLock`: once a result is written, the
+    worker's slot says it holds nothing."""
 
     def __init__(self, *, ctx: Any, table: PoolTable) -> None:
         super().__init__(ctx=ctx)

@@ -1,9 +1,7 @@
-"""What travels between a pool and its workers (:mod:`sharedarrays.api.pool`'s and
-:mod:`sharedarrays.api.poolexecutor`'s): functions shipped by value where a spawned worker
-could not import them (:func:`by_value`), the task a worker runs (:class:`_Task`: it loads
-its arguments itself), and arguments and results pickled on their own (:class:`_Alone`) and
-loaded under a guard where they arrive, so that one that cannot be loaded is that task's
-error (:func:`_guarded_get`, :class:`_RaisedInTask`).
+"""What travels between a pool and its workers: functions shipped by value where a spawned
+worker could not import them (:func:`by_value`), the task a worker runs (:class:`_Task`),
+and arguments and results pickled on their own (:class:`_Alone`), so that one that cannot
+be loaded is that task's error.
 """
 
 from __future__ import annotations
@@ -23,8 +21,6 @@ __all__ = ["ByValue", "by_value"]
 
 T = TypeVar("T")
 
-# shipping functions by value
-
 _loaded: dict[bytes, Callable[..., Any]] = {}
 _loaded_lock = threading.Lock()
 _LOADED_MAX = 128
@@ -33,20 +29,14 @@ _LOADED_MAX = 128
 _MAIN_MODULES = ("__main__", "__mp_main__")
 
 _main_namespace: dict[str, Any] = {}
-"""In a worker: the parent's ``__main__`` as the functions it ships by value see it, one
-namespace for all of them (see :func:`_in_main_namespace`)."""
+"""In a worker: the one namespace of the functions of the parent's ``__main__``."""
 
 
 def _in_main_namespace(fn: Any, seen: dict[int, Any] | None = None) -> Any:
-    """``fn`` (loaded from cloudpickle) with the globals of every function of the parent's
-    ``__main__`` it brings along in :data:`_main_namespace`.
-
-    cloudpickle gives each function it loads a globals dict of its own, so a global that an
-    initializer sets (``global ARR; ARR = a``) or a task sets for the next one was never
-    seen by the others; a module, as the standard library's spawned worker imports the
-    script, has one. Here functions and classes take the newest definition (a notebook
-    cell run again), and other values keep the worker's (an initializer's, an earlier
-    task's), as a module's globals do."""
+    """``fn`` (loaded from cloudpickle) and the ``__main__`` functions it brings, with
+    :data:`_main_namespace` as their globals, as a module's functions share theirs
+    (cloudpickle gives each its own). Functions and classes take the newest definition;
+    other values keep the worker's."""
     if isinstance(fn, functools.partial):
         inner = _in_main_namespace(fn.func, seen)
         return fn if inner is fn.func else functools.partial(inner, *fn.args, **fn.keywords)
@@ -90,15 +80,7 @@ def _load(blob: bytes) -> Callable[..., Any]:
 
 
 class ByValue:
-    """A picklable callable that carries a function pickled with cloudpickle.
-
-    Attributes
-    ----------
-    blob : bytes
-        The cloudpickle bytes of the function.
-    name : str
-        The function's qualified name (for messages).
-    """
+    """A picklable callable carrying a function's cloudpickle ``blob`` and its ``name``."""
 
     __slots__ = ("blob", "name")
 
@@ -126,11 +108,8 @@ def _rebuild(blob: bytes, name: str) -> ByValue:
 
 
 def _needs_value(fn: object) -> bool:
-    """Whether a spawned worker could not import ``fn`` by name: a lambda or a nested
-    function, or one of ``__main__`` where that is no file a worker imports (a notebook,
-    ``python -c``). A script's functions go by name, as the standard library sends them (the
-    worker imports the script as ``__mp_main__``: one module, its globals shared by the
-    initializer and the tasks, the classes of its exceptions the parent's)."""
+    """Whether a spawned worker could not import ``fn`` by name: a lambda, a nested
+    function, or one of a ``__main__`` that is no importable file (a notebook)."""
     if isinstance(fn, ByValue):
         return False
     if isinstance(fn, functools.partial):
@@ -143,8 +122,7 @@ def _needs_value(fn: object) -> bool:
 
 
 def _main_is_importable() -> bool:
-    """Whether a spawned worker imports this process's ``__main__`` (as multiprocessing's
-    spawn prepares it: a module run by name, or a file)."""
+    """Whether a spawned worker imports this process's ``__main__`` (a module or a file)."""
     main = sys.modules.get("__main__")
     if getattr(getattr(main, "__spec__", None), "name", None):
         return True
@@ -161,14 +139,9 @@ def by_value(fn: Callable[..., T]) -> Callable[..., T]:
     return fn
 
 
-# --------------------------------------------------------------------------------------------
-# results that load in the parent under a guard
-
-
 class _Pending:
-    """A value as it reaches the other process (a task's arguments in the worker, its result
-    in the parent): pickled bytes, loaded (:meth:`load`) where a failure to load it is that
-    task's error: by the task itself, or where the caller's result is set."""
+    """A value as it reaches the other process: bytes, loaded where a failure is the task's
+    error."""
 
     __slots__ = ("blob",)
 
@@ -180,10 +153,8 @@ class _Pending:
 
 
 class _Alone:
-    """A value pickled on its own (multiprocessing's pickler: shared arrays travel as
-    payloads): a task's arguments in the parent, its result in the worker. It arrives as a
-    :class:`_Pending`, so that the message carrying it always loads: the standard library's
-    worker does not survive arguments it cannot load, nor its pool's result thread a result."""
+    """A task's arguments or result pickled on its own, arriving as a :class:`_Pending`, so
+    that the message carrying it always loads."""
 
     __slots__ = ("value",)
 
@@ -193,11 +164,7 @@ class _Alone:
     def __reduce__(self) -> tuple[Any, tuple[bytes]]:
         try:
             blob = bytes(reduction.ForkingPickler.dumps(self.value))
-        except Exception as e:
-            # (what pickle knows only by name where the other process cannot find it: an
-            # instance of a class defined in a notebook cell, which a worker has only by
-            # value, or a lambda: cloudpickle writes those by value; anything else fails
-            # with the first error)
+        except Exception as e:  # (a notebook's class or a lambda: by value)
             import cloudpickle
 
             try:
@@ -208,10 +175,8 @@ class _Alone:
 
 
 class _RaisedInTask(Exception):
-    """A task's exception that multiprocessing's pickler cannot write (of a class defined
-    in a notebook cell, which the worker has only by value: pickle refuses it by name), sent
-    as :class:`_Alone` sends a value (cloudpickle), and raised in the parent as itself
-    (:meth:`unwrap`: cloudpickle gives back the parent's own class)."""
+    """A task's exception that multiprocessing's pickler cannot write (a notebook's class),
+    sent by value and raised in the parent as itself (:meth:`unwrap`)."""
 
     def __init__(self, error: BaseException, text: str | None = None) -> None:
         super().__init__(text or f"{type(error).__qualname__}: {error}")
@@ -221,8 +186,7 @@ class _RaisedInTask(Exception):
         return _raised_again, (self.carried, str(self))
 
     def unwrap(self) -> BaseException:
-        """The task's own exception (with this one's cause: the worker's traceback), or
-        this one where it cannot be loaded here."""
+        """The task's own exception (with the worker's traceback as cause), else this one."""
         try:
             error = self.carried.load() if type(self.carried) is _Pending else self.carried.value
         except Exception:
@@ -241,8 +205,7 @@ def _raised_again(carried: Any, text: str) -> _RaisedInTask:
 
 
 def _load_pending(value: Any) -> Any:
-    """A result as it arrived (one value, or a chunk's list of them), with its pending
-    parts loaded. Raises what loading raises."""
+    """A result (or a chunk's list of them) with its pending parts loaded."""
     if isinstance(value, _Pending):
         return value.load()
     if type(value) is list and any(isinstance(v, _Pending) for v in value):
@@ -251,20 +214,19 @@ def _load_pending(value: Any) -> Any:
 
 
 def _args(args: Iterable[Any], kwargs: Mapping[str, Any]) -> _Alone:
-    """A task's arguments, as the parent sends them: loaded by the task in the worker."""
+    """A task's arguments, loaded by the task in the worker."""
     return _Alone((tuple(args), dict(kwargs)))
 
 
 def _each(iterable: Iterable[Any], star: bool) -> Iterator[Any]:
-    """The items of a map's ``iterable`` as its tasks take them: the arguments of each
-    (:func:`_args`; ``star``: an item is the argument tuple, as ``starmap`` takes it)."""
+    """The arguments of each task of a map (``star``: each item is an argument tuple)."""
     for item in iterable:
         yield (_args(item, {}),) if star else _args((item,), {})
 
 
 class _Task:
-    """The function a worker runs: the user's, called with the arguments it loads (a
-    :class:`_Pending` of :func:`_args`), with its result wrapped in :class:`_Alone`."""
+    """The function a worker runs: the user's, on the arguments it loads, its result
+    wrapped in :class:`_Alone`."""
 
     __slots__ = ("fn",)
 
@@ -280,7 +242,7 @@ class _Task:
                 args, kwargs = sent.value
         try:
             return _Alone(self.fn(*args, **kwargs))
-        except SystemExit as e:  # (the pool would wait for it forever: see TaskExited)
+        except SystemExit as e:
             fn = self.fn
             name = fn.name if type(fn) is ByValue else getattr(fn, "__qualname__", repr(fn))
             raise TaskExited(
@@ -293,7 +255,7 @@ class _Task:
             try:
                 reduction.ForkingPickler.dumps(e)
             except Exception:
-                raise _RaisedInTask(e) from e  # (by value: see _RaisedInTask)
+                raise _RaisedInTask(e) from e
             raise
 
     def __reduce__(self) -> tuple[Any, tuple[Callable[..., Any]]]:
@@ -306,8 +268,7 @@ def _task(fn: Callable[..., T]) -> Callable[..., T]:
 
 
 def _guarded_get(recv: Callable[[], Any]) -> Any:
-    """``Pool``'s result reader: loads each result, and one that fails to load becomes that
-    task's error (the pool's result thread goes on)."""
+    """``Pool``'s result reader: a result that fails to load becomes that task's error."""
     task = recv()
     if type(task) is tuple and len(task) == 3 and type(task[2]) is tuple:
         job, i, (ok, value) = task

@@ -1,23 +1,9 @@
 """Ordering that other APIs and other processes can drive: external semaphores and timelines.
 
-:mod:`sharedarrays.backends.cuda.sync` orders a handoff (the importer waits for the
-exporter's work at the moment of pickling). Work that keeps going back and forth needs a
-primitive both sides signal and wait on:
-
-- :class:`ExternalSemaphore` imports a semaphore another API exported as a file descriptor
-  (a Vulkan binary or timeline semaphore, ``VK_KHR_external_semaphore_fd``) with
-  ``cuImportExternalSemaphore``; :meth:`~ExternalSemaphore.signal` and
-  :meth:`~ExternalSemaphore.wait` enqueue ``cuSignalExternalSemaphoresAsync`` /
-  ``cuWaitExternalSemaphoresAsync`` on the current stream, so a Vulkan producer and CUDA
-  consumers of a shared array order their access without the CPU.
-- :class:`Timeline` is a 64-bit counter in a shared array: :meth:`~Timeline.signal` enqueues
-  ``cuStreamWriteValue64`` and :meth:`~Timeline.wait` ``cuStreamWaitValue64`` (greater or
-  equal) on the current stream. It pickles with its array, so any process that has the array
-  can wait for another's work, in stream order, CUDA only. On the host backend the same
-  class writes and polls the word from the CPU.
-
-``SharedDeviceArray.wait_for(sem, value)`` and ``SharedDeviceArray.signal(sem, value)`` do the
-same on the array's device.
+:class:`ExternalSemaphore` imports a semaphore another API (Vulkan) exported as an fd, and
+signals or waits on it on the current CUDA stream. :class:`Timeline` is a 64-bit counter in
+a shared array, signalled and awaited in stream order (``cuStreamWriteValue64``,
+``cuStreamWaitValue64``) on CUDA, from the CPU on the host; it pickles with its array.
 """
 
 from __future__ import annotations
@@ -51,17 +37,8 @@ def _streams(device: Device, what: str) -> StreamBackend:
 
 
 def timeline_value(value: object) -> int:
-    """``value`` as a timeline's value, an int in [0, 2**64) (a :class:`Timeline`'s or a
-    timeline :class:`ExternalSemaphore`'s): an int or a NumPy integer, never a bool, a float
-    (3.7 would wait for 3) or a string.
-
-    Raises
-    ------
-    TypeError
-        Not an integer.
-    ValueError
-        Outside [0, 2**64).
-    """
+    """``value`` as a timeline's value: an integer (not a bool or float; TypeError) in
+    [0, 2**64) (ValueError)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"a timeline value is an int, not {type(value).__name__}")
     if not 0 <= int(value) < 1 << 64:
@@ -70,16 +47,13 @@ def timeline_value(value: object) -> int:
 
 
 class ExternalSemaphore:
-    """A semaphore exported by another API (Vulkan, say), imported into CUDA.
-
-    Make one with :meth:`from_fd`. Release it with :meth:`close` (or a ``with`` block, or by
-    dropping it); CUDA owns the imported fd.
+    """A semaphore exported by another API (Vulkan, say), imported into CUDA with
+    :meth:`from_fd`; released by :meth:`close`.
 
     Attributes
     ----------
     kind : {"opaque", "timeline"}
-        A binary semaphore (``CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_FD``) or a timeline
-        semaphore (``..._TIMELINE_SEMAPHORE_FD``) with a 64-bit value.
+        A binary semaphore or a timeline semaphore with a 64-bit value.
     device : Device
         The CUDA device it was imported into.
     """
@@ -100,9 +74,7 @@ class ExternalSemaphore:
         Parameters
         ----------
         fd : int
-            The exported fd (``vkGetSemaphoreFdKHR`` with
-            ``VK_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_FD_BIT``). CUDA takes ownership of it
-            on success; on failure it is closed too, so the caller never closes it.
+            The exported fd (``vkGetSemaphoreFdKHR``); taken over, also on failure.
         kind : {"opaque", "timeline"}
             ``"opaque"`` for a binary semaphore, ``"timeline"`` for a timeline semaphore.
         device : str, int or Device, optional
@@ -125,7 +97,6 @@ class ExternalSemaphore:
             try:
                 os.fstat(fd)  # a closed fd is a ValueError here, not a driver error
             except OSError as exc:
-                # (only this OSError: a CudaDriverError is one too, and its fd is open)
                 raise ValueError(f"fd {fd} is not an open file descriptor ({exc})") from None
             dev = parse_device("cuda:0" if device is None else device)
             backend = _streams(dev, "an external semaphore")
@@ -153,21 +124,17 @@ class ExternalSemaphore:
         return self._handle
 
     def signal(self, value: int | None = None) -> None:
-        """Enqueue a signal on the current stream: ``value`` for a timeline, none for a
-        binary semaphore. Returns at once; the semaphore is signalled when the stream's
-        earlier work is done."""
+        """Enqueue a signal on the current stream (``value`` for a timeline only)."""
         handle, fence = self._live(), self._value(value)
         self._backend.signal_semaphore(handle, fence)
 
     def wait(self, value: int | None = None) -> None:
-        """Enqueue a wait on the current stream (until a timeline reaches ``value``, or a
-        binary semaphore is signalled). Returns at once; later work on the stream waits."""
+        """Enqueue a wait on the current stream (``value`` for a timeline only)."""
         handle, fence = self._live(), self._value(value)
         self._backend.wait_semaphore(handle, fence)
 
     def close(self) -> None:
-        """Destroy the imported semaphore (``cuDestroyExternalSemaphore``). Idempotent; the
-        semaphore is also destroyed when this object is freed."""
+        """Destroy the imported semaphore. Idempotent."""
         handle, self._handle = self._handle, None
         if handle is not None:
             self._backend.destroy_semaphore(handle)
@@ -195,15 +162,10 @@ class Timeline:
 
     Notes
     -----
-    On CUDA, :meth:`signal` and :meth:`wait` enqueue ``cuStreamWriteValue64`` and
-    ``cuStreamWaitValue64(..., CU_STREAM_WAIT_VALUE_GEQ)`` on the current stream: the CPU
-    does not wait. A waiting stream blocks the GPU work queued after it, in that process,
-    until some process signals a value at least as large; signal values should only grow.
-    While a stream waits, calls that synchronise the whole device stall behind it: loading a
-    kernel for the first time (CuPy compiles and loads each kernel on its first use),
-    ``cudaDeviceSynchronize``. Run each kernel once before queueing a wait it guards.
-    On the host backend :meth:`signal` stores the value and :meth:`wait` polls it (the CPU
-    waits). A Timeline pickles as its array and index.
+    On CUDA a waiting stream blocks later GPU work until some process signals a value at
+    least as large (values should only grow); device-wide synchronisation, such as a
+    kernel's first load, stalls behind it: run each kernel once before queueing a wait it
+    guards. On the host, :meth:`wait` polls from the CPU.
     """
 
     def __init__(self, array: SharedDeviceArray, index: int | tuple[int, ...] = 0) -> None:
@@ -272,8 +234,7 @@ class Timeline:
 
     @property
     def value(self) -> int:
-        """The counter now, read without waiting for any stream (CUDA: a copy on a private
-        non-blocking stream, so a stream blocked in :meth:`wait` does not block this)."""
+        """The counter now, read without waiting for any stream."""
         if self._streams is None:
             return int(self._host().view(np.uint64))
         with self._lock:
@@ -308,8 +269,7 @@ class Timeline:
         return native
 
     def close(self) -> None:
-        """Release the private reading stream (CUDA; also released when this object is
-        freed). The array is the caller's."""
+        """Release the private reading stream (CUDA)."""
         with self._lock:
             reader, self._reader = self._reader, None
         if reader is not None:

@@ -1,8 +1,5 @@
-"""The shape views of :class:`~sharedarrays.SharedDeviceArray` (``a.T``, ``a.reshape(...)``
-when NumPy would not copy, ``a.view(dtype)``, ``a.real``, ...): SharedDeviceArrays over the
-same allocation, which pickle as shared views, their layout worked out by NumPy on the
-view's layout probe; and its :class:`ArrayFlags`.
-"""
+"""The shape views of :class:`~sharedarrays.SharedDeviceArray` (``a.T``, ``a.reshape(...)``,
+``a.view(dtype)``, ``a.real``, ...), laid out by NumPy on the layout probe, and its flags."""
 
 from __future__ import annotations
 
@@ -20,54 +17,32 @@ _A = TypeVar("_A", bound="ShapeViews")
 
 
 class ArrayFlags:
-    """The flags of a view, like :attr:`numpy.ndarray.flags`: its memory layout and whether
-    it may be written.
-
-    Attributes and items read as NumPy's (``flags.c_contiguous``, ``flags["C"]``,
-    ``flags["ALIGNED"]``, ``flags.behaved``, ``flags.num``, ...). ``owndata`` is always
-    False (a view never owns the shared memory) and ``writebackifcopy`` always False. As
-    with NumPy, ``flags.writeable = False`` (or ``flags["W"] = False``) makes the view
-    read-only (:meth:`~sharedarrays.SharedDeviceArray.setflags`); the layout flags are not
-    writable. ``writeable`` follows the view; the layout flags are the view's when the
-    flags were read.
-    """
+    """The flags of a view, read (and ``writeable`` set) as :attr:`numpy.ndarray.flags`'.
+    ``owndata`` and ``writebackifcopy`` are always False; the layout flags are the view's
+    when the flags were read, ``writeable`` follows the view."""
 
     __slots__ = ("_view", "_c", "_f", "_aligned")
     __hash__: ClassVar[None]  # type: ignore[assignment]
 
-    # NumPy's item names (case-sensitive, as NumPy's) and the attribute each reads
+    # NumPy's item names and the attribute each reads
     _KEYS: ClassVar[dict[str, str]] = {
-        "C": "c_contiguous",
-        "C_CONTIGUOUS": "c_contiguous",
-        "CONTIGUOUS": "c_contiguous",
-        "F": "f_contiguous",
-        "F_CONTIGUOUS": "f_contiguous",
-        "FORTRAN": "f_contiguous",
-        "W": "writeable",
-        "WRITEABLE": "writeable",
-        "O": "owndata",
-        "OWNDATA": "owndata",
-        "A": "aligned",
-        "ALIGNED": "aligned",
-        "X": "writebackifcopy",
-        "WRITEBACKIFCOPY": "writebackifcopy",
-        "B": "behaved",
-        "BEHAVED": "behaved",
-        "CA": "carray",
-        "CARRAY": "carray",
-        "FA": "farray",
-        "FARRAY": "farray",
+        **dict.fromkeys(("C", "C_CONTIGUOUS", "CONTIGUOUS"), "c_contiguous"),
+        **dict.fromkeys(("F", "F_CONTIGUOUS", "FORTRAN"), "f_contiguous"),
+        **dict.fromkeys(("W", "WRITEABLE"), "writeable"),
+        **dict.fromkeys(("O", "OWNDATA"), "owndata"),
+        **dict.fromkeys(("A", "ALIGNED"), "aligned"),
+        **dict.fromkeys(("X", "WRITEBACKIFCOPY"), "writebackifcopy"),
+        **dict.fromkeys(("B", "BEHAVED"), "behaved"),
+        **dict.fromkeys(("CA", "CARRAY"), "carray"),
+        **dict.fromkeys(("FA", "FARRAY"), "farray"),
         "FNC": "fnc",
         "FORC": "forc",
     }
     # the items NumPy lets one set, and setflags' keyword for each
     _SETTABLE: ClassVar[dict[str, str]] = {
-        "W": "write",
-        "WRITEABLE": "write",
-        "A": "align",
-        "ALIGNED": "align",
-        "X": "uic",
-        "WRITEBACKIFCOPY": "uic",
+        **dict.fromkeys(("W", "WRITEABLE"), "write"),
+        **dict.fromkeys(("A", "ALIGNED"), "align"),
+        **dict.fromkeys(("X", "WRITEBACKIFCOPY"), "uic"),
     }
 
     def __init__(
@@ -88,15 +63,8 @@ class ArrayFlags:
         """Whether the elements are contiguous in Fortran order."""
         return self._f
 
-    @property
-    def contiguous(self) -> bool:
-        """Same as ``c_contiguous``."""
-        return self._c
-
-    @property
-    def fortran(self) -> bool:
-        """Same as ``f_contiguous``."""
-        return self._f
+    contiguous = c_contiguous
+    fortran = f_contiguous
 
     @property
     def owndata(self) -> bool:
@@ -105,7 +73,7 @@ class ArrayFlags:
 
     @property
     def writeable(self) -> bool:
-        """Whether the view may be written (set it False to make the view read-only)."""
+        """Whether the view may be written (set False: read-only)."""
         return not self._view.readonly
 
     @writeable.setter
@@ -114,7 +82,7 @@ class ArrayFlags:
 
     @property
     def aligned(self) -> bool:
-        """Whether every element's address is a multiple of its type's alignment."""
+        """Whether every element is aligned for its type."""
         return self._aligned
 
     @aligned.setter
@@ -142,7 +110,7 @@ class ArrayFlags:
 
     @property
     def farray(self) -> bool:
-        """Behaved and not C-contiguous (NumPy's test, which reads no Fortran flag)."""
+        """Behaved and not C-contiguous (NumPy's test)."""
         return self.behaved and not self._c
 
     @property
@@ -158,12 +126,7 @@ class ArrayFlags:
     @property
     def num(self) -> int:
         """The flags as NumPy's bits (``NPY_ARRAY_C_CONTIGUOUS``, ...)."""
-        bits = (
-            (self._c, 0x1),
-            (self._f, 0x2),
-            (self._aligned, 0x100),
-            (self.writeable, 0x400),
-        )
+        bits = ((self._c, 0x1), (self._f, 0x2), (self._aligned, 0x100), (self.writeable, 0x400))
         return sum(bit for on, bit in bits if on)
 
     def __getitem__(self, key: str) -> bool:
@@ -190,8 +153,7 @@ class ArrayFlags:
 
 
 def _reshape_view(layout: np.ndarray[Any, Any], shape: Any, order: Any) -> np.ndarray[Any, Any]:
-    """``layout`` reshaped without a copy (never reading it), or ValueError if NumPy would
-    have to copy. ``shape`` is valid for ``layout``'s size."""
+    """``layout`` reshaped without a copy, or ValueError where NumPy would copy."""
     try:
         reshaped: np.ndarray[Any, Any] = layout.reshape(shape, order=order, copy=False)
         return reshaped
@@ -209,7 +171,7 @@ def _reshape_view(layout: np.ndarray[Any, Any], shape: Any, order: Any) -> np.nd
 
 
 class ShapeViews(ArrayBase):
-    """Shape views and flags over the view's layout probe (see the module)."""
+    """Shape views and flags over the view's layout probe."""
 
     __slots__ = ()
 
@@ -224,13 +186,9 @@ class ShapeViews(ArrayBase):
     def setflags(self, write: object = None, align: object = None, uic: object = None) -> None:
         """Set the array's flags, like :meth:`numpy.ndarray.setflags`.
 
-        ``write=False`` makes this view read-only: later writes through it (and through the
-        views and native arrays made from it after that) raise NumPy's ``ValueError``, as
-        NumPy's do; a native array taken from :attr:`array` before stays writable, as a
-        NumPy view taken before does. ``write=True`` makes it writable again, only where
-        ``write=False`` made it read-only (a view made read-only elsewhere, by a read-only
-        export, a pickle of a read-only view, or a view derived from one, raises NumPy's
-        ``ValueError``). ``align=True`` checks the alignment; ``uic=False`` does nothing.
+        ``write=False`` makes this view (and what is made from it after) read-only;
+        ``write=True`` undoes only that, not a read-only export. ``align=True`` checks the
+        alignment; ``uic=False`` does nothing.
 
         Raises
         ------
@@ -254,8 +212,7 @@ class ShapeViews(ArrayBase):
 
     @property
     def real(self: _A) -> _A:
-        """The real part, a shared view like :attr:`numpy.ndarray.real` (of real values: a
-        view of the same elements)."""
+        """The real part, a shared view like :attr:`numpy.ndarray.real`."""
         layout = self._layout()
         part = layout.real
         return self._derive(layout, part, part.dtype)
@@ -266,8 +223,8 @@ class ShapeViews(ArrayBase):
 
     @property
     def imag(self) -> Any:
-        """The imaginary part, like :attr:`numpy.ndarray.imag`: a shared view of complex
-        values; of real values a new native array of zeros, read-only, as NumPy gives."""
+        """The imaginary part: a shared view of complex values; of real values NumPy's
+        read-only zeros."""
         if self.dtype.kind != "c":
             return self.array.imag
         layout = self._layout()
@@ -293,8 +250,7 @@ class ShapeViews(ArrayBase):
         return self.swapaxes(-1, -2)
 
     def transpose(self: _A, *axes: Any) -> _A:
-        """A transposed view (shared): ``a.transpose()``, ``a.transpose(1, 0, 2)`` or
-        ``a.transpose((1, 0, 2))``."""
+        """A transposed view (shared), like :meth:`numpy.ndarray.transpose`."""
         layout = self._layout()
         return self._derive(layout, layout.transpose(*axes), self.dtype)
 
@@ -304,52 +260,43 @@ class ShapeViews(ArrayBase):
         return self._derive(layout, layout.swapaxes(axis1, axis2), self.dtype)
 
     def squeeze(self: _A, axis: int | tuple[int, ...] | None = None) -> _A:
-        """A view (shared) without the axes of length one (or only ``axis``); where there
-        is none to remove, this view itself, as NumPy returns the array itself."""
+        """A view (shared) without the axes of length one (or only ``axis``); this view
+        itself where there is none."""
         layout = self._layout()
         squeezed = layout.squeeze(axis)
         return self if squeezed is layout else self._derive(layout, squeezed, self.dtype)
 
     def getfield(self: _A, dtype: Any, offset: int = 0) -> _A:
-        """A view (shared) of the bytes at ``offset`` of each element as ``dtype``, like
-        :meth:`numpy.ndarray.getfield` (NumPy's checks: the field fits in the element).
+        """A view (shared) like :meth:`numpy.ndarray.getfield`.
 
         Raises
         ------
         TypeError
-            A dtype a shared array cannot hold (as :meth:`view`):
-            ``a.array.getfield(dtype, offset)`` is a native view."""
+            A dtype a shared array cannot hold (as :meth:`view`)."""
         new = shareable_dtype(dtype, f"a.array.getfield({dtype!r}, ...) is a native view of it")
         layout = self._layout()
         return self._derive(layout, layout.getfield(new, offset), new)
 
     def setfield(self, val: Any, dtype: Any, offset: int = 0) -> None:
-        """Write ``val`` into the field :meth:`getfield` names, in shared memory, like
-        :meth:`numpy.ndarray.setfield`."""
+        """Like :meth:`numpy.ndarray.setfield`, in shared memory."""
         self._writable_native()
         field: Any = self.getfield(dtype, offset)
         field[...] = val
 
     @property
     def data(self) -> Any:
-        """The native array's ``data``: on the host NumPy's :class:`memoryview` of the
-        values (it keeps the memory mapped while it exists), on CUDA CuPy's
-        ``MemoryPointer``."""
+        """The native array's ``data`` (a :class:`memoryview` on the host, CuPy's
+        ``MemoryPointer`` on CUDA); it keeps the memory mapped."""
         return self._native_attribute("data")
 
     @property
     def ctypes(self) -> Any:
-        """The native array's ``ctypes`` (:attr:`numpy.ndarray.ctypes`: the address, shape
-        and strides for ctypes; it keeps the memory mapped while it exists). Host memory
-        only: CuPy arrays have none (:attr:`address` is the address on any device)."""
+        """The native array's ``ctypes`` (host memory only); it keeps the memory mapped."""
         return self._native_attribute("ctypes")
 
     def to_device(self, device: Any, /, *, stream: Any = None) -> Any:
-        """The native array's ``to_device`` (the array API's): on the host NumPy's, which
-        takes ``"cpu"`` and returns this view itself. The array API passes a device object
-        as the array's :attr:`~sharedarrays.SharedDeviceArray.device` gives it
-        (``a.to_device(a.device)``): a :class:`~sharedarrays.Device` goes to the native as
-        its name. CuPy arrays have none."""
+        """The native array's ``to_device`` (the array API's; NumPy's on the host, where
+        ``"cpu"`` gives this view). A :class:`~sharedarrays.Device` goes as its name."""
         to_device = self._native_attribute("to_device")
         native = self.array
         if isinstance(device, Device):
@@ -358,8 +305,7 @@ class ShapeViews(ArrayBase):
         return self if result is native else result
 
     def _native_attribute(self, name: str) -> Any:
-        """The native array's attribute ``name``, or an AttributeError that names this
-        class and the native's."""
+        """The native array's attribute ``name``, or an AttributeError naming both types."""
         native = self.array
         try:
             return getattr(native, name)
@@ -371,20 +317,15 @@ class ShapeViews(ArrayBase):
             ) from None
 
     def view(self: _A, dtype: Any = None, type: Any = None) -> Any:
-        """A view (shared) of the same bytes as another dtype, with NumPy's rules for a
-        different item size (the last axis must be contiguous, and its bytes divide). With
-        ``type`` (or an ndarray class as the first argument, as NumPy takes it), a native
-        view of that type over the same memory (on the host: ``np.ndarray`` and its
-        subclasses), which pickles as a copy.
+        """A view (shared) of the same bytes as another dtype, with NumPy's rules. With
+        ``type`` (or an ndarray class first), a native view of that type, not shared.
 
         Raises
         ------
         TypeError
-            A dtype a shared array cannot hold (object, string, datetime, structured): its
-            view could not be pickled; ``a.array.view(dtype)`` is a native view.
+            A dtype a shared array cannot hold; ``a.array.view(dtype)`` is a native view.
         MisalignedView
-            On device memory, a view whose offset or strides are not multiples of the new
-            dtype's alignment (a GPU kernel would fail reading it; host memory allows it)."""
+            On device memory, offset or strides not aligned for the new dtype."""
         if isinstance(dtype, builtins.type) and issubclass(dtype, np.ndarray):
             dtype, type = None, dtype  # (NumPy's a.view(np.ndarray): a type, not a dtype)
         if type is not None:  # an ndarray (subclass) view over the same memory: native
@@ -397,9 +338,8 @@ class ShapeViews(ArrayBase):
         return self._derive(layout, layout.view(new), new)
 
     def reshape(self, *shape: Any, order: str = "C", copy: bool | None = None) -> Any:
-        """A view (shared) with a new shape when NumPy's reshape would not copy; otherwise,
-        as NumPy does, a native copy (``copy=False`` raises ValueError instead;
-        ``copy=True`` always returns a native copy)."""
+        """A view (shared) with a new shape where NumPy's reshape would not copy, else a
+        native copy (``copy=False``: ValueError instead; ``copy=True``: always a copy)."""
         if not shape:
             raise TypeError("reshape() takes exactly 1 argument (0 given)")  # (NumPy's words)
         new: Any = shape[0] if len(shape) == 1 else shape
@@ -417,9 +357,8 @@ class ShapeViews(ArrayBase):
         return self._derive(layout, view, self.dtype)
 
     def ravel(self, order: str | None = "C") -> Any:
-        """A one-dimensional view (shared) when NumPy's ravel would return a view (the
-        elements are contiguous in ``order``), else a native copy, like
-        :meth:`numpy.ndarray.ravel`."""
+        """A one-dimensional view (shared) where NumPy's ravel gives a view, else a native
+        copy."""
         if order is None:  # (NumPy's ravel(None) is ravel("C"))
             order = "C"
         elif not isinstance(order, str):

@@ -1,15 +1,8 @@
 """The live views of this process, as the memory map reads them.
 
-:mod:`sharedarrays.api.widgets` draws the views of an allocation without importing the
-array module: the view class registers itself here (:func:`register`), and
-:func:`live_views` finds its live instances. :class:`ArrayView` is what the widgets read of a
-view.
-
-Views are tracked only once someone asked (tracking costs an object and a callback per view,
-and a worker that loads 10,000 arrays per task never draws them): the first
-:func:`live_views` finds the views alive then among the objects the garbage collector tracks
-(``gc.get_objects``, once per process), and from then on every view made is tracked here by
-id (weakly: tracking never keeps a view alive).
+The view class registers itself (:func:`register`), so the widgets need not import it.
+Views are tracked only once asked for: the first :func:`live_views` finds the live ones
+with ``gc.get_objects``, and from then on each view made is tracked weakly by id.
 """
 
 from __future__ import annotations
@@ -58,9 +51,7 @@ class ArrayView(Protocol):
 
 
 class _ViewRef(weakref.ref):  # type: ignore[type-arg]
-    """A weak reference to a live view that knows its key in :data:`_live` (one object per
-    view, no closure: a view is made for every load, and each object the collector tracks
-    makes its passes longer)."""
+    """A weak reference to a live view that knows its key in :data:`_live` (no closure)."""
 
     __slots__ = ("key",)
     key: int
@@ -70,9 +61,8 @@ class _ViewRef(weakref.ref):  # type: ignore[type-arg]
 _live: dict[int, _ViewRef] = {}
 _view_types: tuple[type, ...] = ()
 tracking = False
-"""Whether views are tracked (set by the first :func:`live_views`: views made from then on
-are); a view's constructor reads it before calling :func:`track`, a frame less per view
-until then."""
+"""Whether views are tracked (set by the first :func:`live_views`); read by the view's
+constructor, a call less per view until then."""
 _start_lock = threading.Lock()
 
 
@@ -90,8 +80,7 @@ def _forget(ref: _ViewRef) -> None:
 
 
 def track(view: ArrayView) -> None:
-    """Count ``view`` among the live views (the array's constructor calls this); nothing
-    until :func:`live_views` was first called."""
+    """Count ``view`` among the live views, once tracking started."""
     if not tracking:
         return
     _add(view)
@@ -109,8 +98,7 @@ def is_view(obj: object) -> TypeGuard[ArrayView]:
 
 
 def _start() -> None:
-    """Track views from now on, starting with those alive now (found once, by type, among
-    the objects the garbage collector tracks: every view is one of them)."""
+    """Track views from now on, starting with those the garbage collector finds alive."""
     global tracking
     with _start_lock:
         if tracking:

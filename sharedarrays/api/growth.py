@@ -1,0 +1,147 @@
+"""Growth of a view along axis 0 (:meth:`~sharedarrays.SharedDeviceArray.resize`,
+``append``, ``refresh``) for arrays made with ``capacity=``."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import numpy as np
+
+from sharedarrays import importing
+from sharedarrays.api.arraybase import _READONLY, ArrayBase
+from sharedarrays.errors import ResizeRefused
+from sharedarrays.memory import Allocation
+from sharedarrays.protocol.payload import contiguous_strides, view_extent
+
+__all__ = ["Growth"]
+
+
+class Growth(ArrayBase):
+    """The growth methods of :class:`~sharedarrays.SharedDeviceArray`."""
+
+    __slots__ = ()
+
+    def resize(self, length: int) -> None:
+        """Change the length along axis 0 of a growable array, in place, without copying.
+
+        Growing maps new chunks at the end of the reservation (new rows uninitialised,
+        zeros on the host); past the capacity the chunks are mapped again into a reservation
+        at least twice as large, so :attr:`address` changes (native arrays made before keep
+        the old, still mapped, addresses). Shrinking unmaps the whole chunks past the end.
+
+        Only an array made with ``capacity=``, only in the process that created it, and only
+        through a C-contiguous view that starts at the allocation's first byte (the array as
+        created, or ``a[:k]``). Importers see the growth on their next load or
+        :meth:`refresh`.
+
+        Parameters
+        ----------
+        length : int
+            The new length of axis 0.
+
+        Raises
+        ------
+        ValueError
+            Not a growable array, not such a view, or a negative length.
+        ResizeRefused
+            A shrink would unmap chunks that a view or native array here, or a running
+            process that imported them, may still use; or this process is an importer.
+        """
+        if isinstance(length, (bool, np.bool_)):
+            raise TypeError("a bool is not a valid length")
+        n = operator.index(length)
+        if n < 0:
+            raise ValueError(f"a length is not negative, got {n}")
+        alloc, row = self._row_bytes("resize")
+        if not alloc.origin.created_here:
+            how = (
+                "inherited it through fork"
+                if alloc.source_server is None
+                else "imported it; call a.refresh() to see its current length"
+            )
+            raise ResizeRefused(
+                f"only the process that created a growable array resizes it (pid "
+                f"{alloc.origin.pid}); this one {how}"
+            )
+        nbytes = n * row
+        with alloc.growth_lock:
+            if nbytes > alloc.size:
+                alloc.grow(nbytes)
+            elif n < self._shape[0]:
+                if self._native is not None and self._lease is not None:
+                    # the native array shares the view's lease, which reaches the old end:
+                    # the view takes a lease of its own, the old one ends with the native
+                    end = self._lease.end
+                    self._native = None
+                    self._lease = alloc.lease(end)
+                alloc.shrink(nbytes, exclude=self._lease)
+            alloc.used = nbytes
+            self._set_length(n)
+
+    def append(self, values: Any) -> None:
+        """Append one row (shape ``a.shape[1:]``) or rows (shape ``(k, *a.shape[1:])``)
+        along axis 0 of a growable array, in place (see :meth:`resize`)."""
+        alloc, _ = self._row_bytes("append to")
+        if self._readonly:
+            raise ValueError(_READONLY)
+        src = alloc.backend.to_native(values)
+        if src.ndim == len(self._shape) - 1:
+            src = src.reshape((1, *src.shape))
+        if src.ndim != len(self._shape) or tuple(src.shape[1:]) != self._shape[1:]:
+            raise ValueError(
+                f"cannot append values of shape {tuple(src.shape)} to an array of shape "
+                f"{self._shape}: give one row of shape {self._shape[1:]} or rows of shape "
+                f"(k, {', '.join(map(str, self._shape[1:]))})".replace(", )", ")")
+            )
+        start = self._shape[0]
+        self.resize(start + src.shape[0])
+        try:
+            self.array[start:] = src
+        except BaseException:
+            self.resize(start)
+            raise
+
+    def refresh(self) -> None:
+        """Set the length along axis 0 of a growable array to its exporter's current length
+        (an importer maps the chunks added since, never copying). Same view conditions as
+        :meth:`resize`."""
+        alloc, row = self._row_bytes("refresh")
+        if not alloc.origin.created_here:
+            importing.catch_up(alloc)
+        self._set_length(min(alloc.used, alloc.size) // row)
+
+    def _row_bytes(self, what: str) -> tuple[Allocation, int]:
+        """The allocation and the bytes per row of a view that may change its length."""
+        alloc = self.allocation
+        if not alloc.growable:
+            raise ValueError(
+                f"cannot {what} an array made without capacity=: only arrays created with "
+                "sa.empty(..., capacity=...) (or zeros/full/from_array with capacity=) can grow"
+            )
+        if not self._shape:
+            raise ValueError(f"cannot {what} a 0-d array")
+        itemsize = self.dtype.itemsize
+        if self._offset != 0 or self._strides != contiguous_strides(self._shape, itemsize):
+            raise ValueError(
+                f"cannot {what} this view: only a C-contiguous view that starts at the "
+                "allocation's first byte (the array as created, or a[:k]) changes length along "
+                f"axis 0; this one has offset {self._offset} and strides {self._strides}"
+            )
+        row = itemsize
+        for n in self._shape[1:]:
+            row *= n
+        if row == 0:
+            raise ValueError(f"cannot {what} an array whose rows hold no bytes")
+        return alloc, row
+
+    def _set_length(self, length: int) -> None:
+        """Give this view ``length`` rows: a new lease reaching its new end."""
+        alloc = self.allocation
+        shape = (length, *self._shape[1:])
+        _, high = view_extent(self.dtype.itemsize, shape, self._strides)
+        lease = alloc.lease(self._offset + high)
+        self._shape = shape
+        self._native = None
+        self._packed = None
+        self._lease = lease
