@@ -1,23 +1,14 @@
 """The keeper: one process per user that holds the handles of named and parked arrays.
 
-An exported chunk handle (a memfd, or a CUDA VMM fd) keeps its memory alive in any process
-that holds it, with no mapping and no CUDA context. The keeper holds those of **named
-arrays** (``sa.empty(..., name="features")``), served by name to any process of the user
-(:func:`sharedarrays.attach`), and of **parked arrays** (``a.park()``), served to whoever
-presents the allocation's secret, so a payload still loads after its exporter exited.
-
-Like :mod:`multiprocessing.resource_tracker`, it is a fresh interpreter started on first need
-(:func:`sharedarrays.transport.keeper.ensure_running`, or ``python -m sharedarrays keeper``)
-in its own session, inside the private runtime directory. It listens on ``keeper.sock``
-there and holds ``keeper.lock`` (``flock``) for its whole life, so no second keeper runs
-beside it; where its socket file is removed, it listens there again. It exits after
-:func:`idle_seconds` holding nothing and asked nothing, never while a connection waits.
-
-Each client process keeps one connection (at most :func:`max_connections`; past it, the
-longest idle is closed, one holding nothing first). The keeper records what each connection
-holds, so ``ls`` shows true pids and an unlinked array's fds are closed as soon as its last
-holder lets go, exits or dies. Peers of another uid are refused on accept (``SO_PEERCRED``);
-a malformed request gets an ``ERROR`` reply and never stops the keeper.
+An exported chunk handle (a memfd, a CUDA VMM fd) keeps its memory alive in any process
+that holds it. The keeper holds those of **named arrays** (``sa.empty(..., name="x")``),
+served by name (:func:`sharedarrays.attach`), and of **parked arrays** (``a.park()``),
+served to whoever presents the allocation's secret, so a payload loads after its exporter
+exited. It is started on first need (:func:`sharedarrays.transport.keeper.ensure_running`),
+in its own session and the private runtime directory, listens on ``keeper.sock`` there and
+holds ``keeper.lock`` for its whole life. Each client process keeps one connection, through
+which the keeper counts what it holds, so an unlinked array's fds are closed when its last
+holder lets go or dies. It exits after :func:`idle_seconds` holding and asked nothing.
 """
 
 from __future__ import annotations
@@ -69,11 +60,8 @@ _NO_ROOM = (
 
 
 def idle_seconds() -> float:
-    """Seconds the keeper waits, holding nothing and asked nothing, before it exits.
-
-    ``SHAREDARRAYS_KEEPER_IDLE`` in the keeper's environment (inherited from the process that
-    started it), default 30; 0 exits as soon as it holds nothing.
-    """
+    """Seconds the keeper waits, holding nothing and asked nothing, before it exits:
+    ``SHAREDARRAYS_KEEPER_IDLE`` (inherited from the process that started it), default 30."""
     return env_number("SHAREDARRAYS_KEEPER_IDLE", 30.0, 0.0)
 
 
@@ -122,37 +110,16 @@ class _Peer:
 
 
 class Keeper:
-    """The keeper's server loop (runs in the keeper process).
-
-    Parameters
-    ----------
-    directory : Path
-        The private runtime directory (its socket and lock file go there).
-    idle : float
-        Seconds held nothing and asked nothing after which :meth:`serve_forever` returns.
-    max_connections : int
-        Connections kept open at most (the longest idle is closed for a new one).
-
-    Raises
-    ------
-    BlockingIOError
-        Another keeper holds the lock in ``directory``.
-    """
+    """The keeper's server loop, listening in ``directory`` (the private runtime directory),
+    returning after ``idle`` seconds holding and asked nothing, with ``max_connections``
+    open at most. Raises ``BlockingIOError`` where another keeper holds the lock."""
 
     def __init__(
         self, directory: Path, idle: float, max_connections: int = MAX_CONNECTIONS
     ) -> None:
         self.idle = idle
         self.max_connections = max_connections
-        self.path = str(directory / wire.SOCKET_NAME)
-        self._lock_fd = _take_lock(directory)
-        with contextlib.suppress(FileNotFoundError):  # left by a keeper that died
-            os.unlink(directory / ASIDE_NAME)
-        try:
-            self._listener, self._bound = _listen(self.path)
-        except BaseException:
-            os.close(self._lock_fd)
-            raise
+        self._lock_fd, self._listener, self._bound, self.path = _bind(directory)
         self._next_check = time.monotonic() + SOCKET_CHECK
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._listener, selectors.EVENT_READ, None)
@@ -163,7 +130,7 @@ class Keeper:
         self._stop = False
         self.served = 0
         self.errors = 0
-        self._handlers: dict[type, Callable[..., _Answer | None]] = {
+        self._handlers: dict[type, Callable[..., _Answer | None]] = {  # (None: no reply)
             wire.Hello: lambda peer, req, fds: (wire.OK, {"pid": os.getpid(), "version": 1}, []),
             wire.Keep: self._keep,
             wire.Attach: self._serve,
@@ -174,7 +141,6 @@ class Keeper:
             wire.List: self._list,
             wire.Status: lambda peer, req, fds: (wire.OK, self._status(), []),
         }
-        """The handler of each request type (returns the reply, or ``None``: no reply)."""
 
     # loop ---------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -244,27 +210,19 @@ class Keeper:
         self._next_check = now + SOCKET_CHECK
         if _file_id(self.path) == self._bound:
             return
-        lock_fd = self._lock_fd
         try:
-            directory = runtime_dir()
-            if _file_id(directory / wire.LOCK_NAME) != _file_id(lock_fd):
-                lock_fd = _take_lock(directory)
-            path = str(directory / wire.SOCKET_NAME)
-            listener, bound = _listen(path)
+            lock_fd, listener, bound, path = _bind(runtime_dir(), self._lock_fd)
         except BlockingIOError:
             return  # another keeper holds the directory now
         except OSError as e:
-            if lock_fd != self._lock_fd:
-                os.close(lock_fd)
             self._next_check = now + 5.0
             _say(f"cannot listen again: {e}")
             return
         if lock_fd != self._lock_fd:
             os.close(self._lock_fd)
-            self._lock_fd = lock_fd
         self._selector.unregister(self._listener)
         self._listener.close()
-        self._listener, self._bound, self.path = listener, bound, path
+        self._lock_fd, self._listener, self._bound, self.path = lock_fd, listener, bound, path
         self._selector.register(listener, selectors.EVENT_READ, None)
         _say(f"its socket was removed; listening again at {path}")
 
@@ -581,40 +539,33 @@ class Keeper:
         }
 
 
-def _take_lock(directory: Path) -> int:
-    """The lock file of ``directory``, opened, locked (``flock``) and this pid written in it.
-
-    Raises
-    ------
-    BlockingIOError
-        Another keeper holds it.
-    """
-    fd = os.open(directory / wire.LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _listen(path: str) -> tuple[socket.socket, tuple[int, int] | None]:
-    """A non-blocking socket listening at ``path`` (mode 0600; replaces a file left there:
-    the caller holds the lock), and the file's :func:`_file_id`."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
+def _bind(directory: Path, lock_fd: int = -1) -> tuple[int, socket.socket, Any, str]:
+    """Lock ``directory``'s lock file (unless ``lock_fd`` is it already; ``BlockingIOError``
+    where another keeper holds it), write this pid in it, and listen there (replacing a
+    socket file left by a keeper that died): the lock fd, the socket, its file's
+    :func:`_file_id` and path."""
+    path = str(directory / wire.SOCKET_NAME)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    new = -1
     try:
+        if lock_fd < 0 or _file_id(directory / wire.LOCK_NAME) != _file_id(lock_fd):
+            new = lock_fd = os.open(directory / wire.LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(new, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.ftruncate(new, 0)
+            os.write(new, f"{os.getpid()}\n".encode())
+        for name in (path, directory / ASIDE_NAME):  # left by a keeper that died
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name)
         sock.bind(path)
         os.chmod(path, 0o600)
         sock.listen(128)
         sock.setblocking(False)
     except BaseException:
         sock.close()
+        if new >= 0:
+            os.close(new)
         raise
-    return sock, _file_id(path)
+    return lock_fd, sock, _file_id(path), path
 
 
 def _file_id(file: str | Path | int) -> tuple[int, int] | None:
@@ -627,10 +578,7 @@ def _file_id(file: str | Path | int) -> tuple[int, int] | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the keeper in this process until it is idle.
-
-    Returns 0 when it served and exited, 3 when another keeper already runs.
-    """
+    """Run the keeper in this process until it is idle: 0, or 3 where another one runs."""
     idle, limit = idle_seconds(), max_connections()
     # a connection per process and a handle per chunk: raise the soft limit of open files
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
