@@ -207,22 +207,10 @@ class InFlight:
 class Keep:
     """``keep``: hold these chunk fds (attached to the message, one per size).
 
-    Attributes
-    ----------
-    alloc_id : str
-        The allocation's id (32 hex digits).
-    secret : bytes
-        Its 32-byte secret.
-    name : str or None
-        The array's name; ``None`` for a parked array or payloads in flight.
-    sizes : list of int
-        The chunk sizes (1 to :data:`MAX_CHUNKS`).
-    doc : dict
-        What the keeper returns to whoever attaches or fetches it (a payload's fields).
-    allow_pids : list of int or None
-        The only pids (besides the creator) it is served to; ``None``: any of the user's.
-    in_flight : InFlight or None
-        For payloads in flight (no name): how long they are kept.
+    ``alloc_id`` (32 hex digits) and its 32-byte ``secret``; ``name``, ``None`` for a parked
+    array or payloads in flight (``in_flight``: how long those are kept); ``doc``, what the
+    keeper returns to whoever attaches or fetches it; ``allow_pids``, the only pids besides
+    the creator's it is served to (``None``: any of the user's).
     """
 
     op: ClassVar[str] = "keep"
