@@ -359,9 +359,7 @@ class List:
         return cls(after)
 
 
-def list_pages(
-    ask: Callable[[List], tuple[int, dict[str, Any]]],
-) -> tuple[int, dict[str, Any]]:
+def list_pages(ask: Callable[[List], tuple[int, dict[str, Any]]]) -> tuple[int, dict[str, Any]]:
     """Every array the keeper holds: ``ask`` (one ``list`` request: its status and body)
     page by page until a reply says no more; the status and a body with every page's
     ``"arrays"``. A reply that is not OK, or not a list of arrays, ends it as it is."""
