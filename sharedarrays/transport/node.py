@@ -45,20 +45,9 @@ _NO_SECRET = bytes(32)
 
 @dataclass(frozen=True)
 class Answer:
-    """What one handle server answered.
-
-    Attributes
-    ----------
-    pid : int
-        The process the socket's name gives.
-    path : str
-        The socket.
-    status : str
-        ``"ok"``, ``"gone"`` (the process has exited), ``"no answer"`` (it did not answer in
-        time) or ``"refused"`` (another user's, or not a sharedarrays handle server).
-    snapshot : Snapshot or None
-        Its snapshot when ``status`` is ``"ok"``.
-    """
+    """What the handle server at ``path`` (of the process ``pid`` its name gives) answered:
+    ``status`` is ``"ok"`` (with its ``snapshot``), ``"gone"`` (the process exited),
+    ``"no answer"`` (not in time) or ``"refused"`` (another user's, or no handle server)."""
 
     pid: int
     path: str
@@ -182,13 +171,8 @@ def ask_keeper(timeout: float = ASK_TIMEOUT) -> KeeperAnswer:
 
 def drop_kept(alloc_id: str, timeout: float = ASK_TIMEOUT) -> tuple[int, str]:
     """Ask the keeper to let go of the unnamed allocation ``alloc_id`` (parked, or payloads
-    in flight): its status and error message (``""`` when ``OK``).
-
-    Raises
-    ------
-    KeeperError
-        No keeper answers.
-    """
+    in flight): its status and error message (``""`` when ``OK``); raises
+    :class:`~sharedarrays.KeeperError` where no keeper answers."""
     try:
         status, body = _keeper_request(wire.Drop(alloc_id), timeout, [])
     except (OSError, PermissionDenied) as e:
