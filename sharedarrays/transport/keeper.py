@@ -408,27 +408,23 @@ def hand_over(alloc: allocation.Allocation, loads: int, seconds: float) -> None:
     handles, temporary = alloc.handles_for_importers()  # read-only ones for readonly arrays
     got: list[int] = []  # (none are expected: closed, whatever happens)
     try:
-        try:
-            with _open(path, True, deadline) as sock:
-                send_fds(sock, data, handles)
-                sock.settimeout(max(deadline - time.monotonic(), 0.001))
-                msg, _ = recv_into(sock, wire.MAX_MESSAGE, wire.MAX_FDS, got)
-        except TimeoutError:
-            _answered(path, False)
-            raise KeeperError(
-                f"the keeper did not take the handles within {deadline - now:.3g} s: it is "
-                "stopped or overloaded"
-            ) from None
-        except OSError as e:
-            raise KeeperError(f"the keeper did not take the handles: {e}") from None
-        finally:
-            for fd in temporary:
-                os.close(fd)
-        reply = wire.Reply.decode(msg)
-        _answered(path, True)
+        with _open(path, True, deadline) as sock:
+            send_fds(sock, data, handles)
+            sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            msg, _ = recv_into(sock, wire.MAX_MESSAGE, wire.MAX_FDS, got)
+    except TimeoutError:
+        _answered(path, False)
+        raise KeeperError(
+            f"the keeper did not take the handles within {deadline - now:.3g} s: it is "
+            "stopped or overloaded"
+        ) from None
+    except OSError as e:
+        raise KeeperError(f"the keeper did not take the handles: {e}") from None
     finally:
-        for fd in got:
+        for fd in [*temporary, *got]:
             os.close(fd)
+    reply = wire.Reply.decode(msg)
+    _answered(path, True)
     raise_for(reply.status, reply.body, f"the keeper refused allocation {alloc.id}")
 
 
