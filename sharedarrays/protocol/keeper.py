@@ -1,18 +1,11 @@
 """The keeper's wire format: requests and replies, as typed records.
 
-``SOCK_SEQPACKET`` messages on the keeper's Unix socket (``keeper.sock`` in the runtime
-directory, :func:`sharedarrays.protocol.unix.runtime_dir`). A request is ``b"SAK1"`` + a
-JSON object with an ``"op"`` and that op's fields, with chunk fds attached by
-``SCM_RIGHTS`` (``keep`` only; past :data:`MAX_FDS`, the rest on messages of their own, as
-:func:`sharedarrays.protocol.unix.send_fds` sends them): one record class per op
-(:class:`Hello`, :class:`Keep`, :class:`Attach`, :class:`Fetch`, :class:`Release`,
-:class:`Unlink`, :class:`Drop`, :class:`List`, :class:`Status`). A reply (:class:`Reply`) is
-``b"SAK1"`` + a status byte + a JSON object, with fds attached (``attach`` and ``fetch``:
-one per chunk of its ``sizes``, batched alike). ``release`` has no reply.
-
-:func:`decode_request` refuses anything malformed with :class:`BadRequest` (the keeper
-answers it with an ``ERROR`` reply); :meth:`Reply.decode` refuses what is not a keeper reply
-with :class:`~sharedarrays.KeeperError`.
+``SOCK_SEQPACKET`` messages on ``keeper.sock`` in the runtime directory. A request is
+``b"SAK1"`` + a JSON object with an ``"op"`` and that op's fields; a ``keep`` carries one
+chunk fd per size by ``SCM_RIGHTS`` (past :data:`MAX_FDS`, the rest on messages of their own,
+as :func:`sharedarrays.protocol.unix.send_fds` sends them). A reply is ``b"SAK1"`` + a
+status byte + a JSON object, with the fds of an ``attach`` or ``fetch`` batched alike;
+``release`` has no reply.
 """
 
 from __future__ import annotations
@@ -68,10 +61,9 @@ OK, ERROR, NOT_FOUND, EXISTS, DENIED = range(5)
 MAX_MESSAGE = 1 << 16
 """Largest keeper message in bytes (requests and replies)."""
 MAX_FDS = FDS_PER_MESSAGE
-"""Most fds one keeper message carries (SCM_MAX_FD is 253): a request's or reply's first
-fds ride on it, the rest on messages of their own (``b"+"``) right after it."""
+"""Most fds one keeper message carries; the rest follow on messages of their own."""
 MAX_CHUNKS = 2048
-"""Most chunks a kept array may have (its ``sizes`` fit a message with room to spare)."""
+"""Most chunks a kept array may have."""
 MAX_NAME = 128
 """Longest array name in characters."""
 MAX_NAMESPACE = 64
@@ -82,6 +74,10 @@ MAX_SIZE = 1 << 56
 """Largest chunk size a ``keep`` request may give."""
 MAX_ALLOW_PIDS = 4096
 """Most pids in a ``keep`` request's ``allow_pids``."""
+MAX_DOC = 8 << 10
+"""Longest ``doc`` of a ``keep`` (bytes of JSON), well within a ``list`` page."""
+LIST_PAGE = 48 << 10
+"""Bytes of array descriptions in one ``list`` reply (under :data:`MAX_MESSAGE`)."""
 SOCKET_NAME = "keeper.sock"
 """The keeper's socket, in the runtime directory."""
 LOCK_NAME = "keeper.lock"
@@ -99,8 +95,7 @@ def check_name(name: object) -> str:
     """Return ``name`` if it is a valid array name in the keeper, else raise.
 
     A name is 1 to 128 characters from ``A-Z a-z 0-9 . _ -``, not starting with ``.``,
-    ``_`` or ``-``, after an optional namespace of 1 to 64 such characters and ``/``
-    (:mod:`sharedarrays.api.named` sends ``namespace/name``, and a global name as it is).
+    ``_`` or ``-``, after an optional namespace of 1 to 64 such characters and ``/``.
 
     Raises
     ------
@@ -121,7 +116,7 @@ def check_name(name: object) -> str:
     return name
 
 
-# field validation ---------------------------------------------------------------------------
+# field validation (each raises BadRequest) ---------------------------------------------------
 
 
 def _field(req: dict[str, Any], key: str, kind: type) -> Any:
@@ -136,6 +131,10 @@ def _hex(req: dict[str, Any], key: str, pattern: re.Pattern[str]) -> str:
     if not pattern.match(value):
         raise BadRequest(f"field {key!r} is not valid hex of the right length")
     return str(value)
+
+
+def _secret(req: dict[str, Any]) -> bytes:
+    return bytes.fromhex(_hex(req, "secret", _HEX64))
 
 
 def _name(req: dict[str, Any], optional: bool = False) -> str | None:
@@ -161,23 +160,39 @@ def _encode(op: str, fields: dict[str, Any]) -> bytes:
     return MAGIC + json.dumps({"op": op, **fields}, separators=(",", ":")).encode()
 
 
-# requests ----------------------------------------------------------------------------------
+# requests: each has encode() (the message's bytes) and from_fields(req) (the request in a
+# decoded JSON object; other fields are ignored, missing or invalid ones raise BadRequest)
+
+_T = TypeVar("_T", bound="_Bare")
+_ById_T = TypeVar("_ById_T", bound="_ById")
 
 
 @dataclass(frozen=True)
-class Hello:
+class _Bare:
+    """A request with no fields."""
+
+    op: ClassVar[str]
+
+    def encode(self) -> bytes:
+        return _encode(self.op, {})
+
+    @classmethod
+    def from_fields(cls: type[_T], req: dict[str, Any]) -> _T:
+        return cls()
+
+
+@dataclass(frozen=True)
+class Hello(_Bare):
     """``hello``: the keeper's pid and protocol version (also: start it, see it runs)."""
 
     op: ClassVar[str] = "hello"
 
-    def encode(self) -> bytes:
-        """The message's bytes."""
-        return _encode(self.op, {})
 
-    @classmethod
-    def from_fields(cls, req: dict[str, Any]) -> Hello:
-        """The request in a decoded JSON object (other fields are ignored)."""
-        return cls()
+@dataclass(frozen=True)
+class Status(_Bare):
+    """``status``: the keeper's counters (arrays, bytes, connections, ...)."""
+
+    op: ClassVar[str] = "status"
 
 
 @dataclass(frozen=True)
@@ -192,23 +207,10 @@ class InFlight:
 class Keep:
     """``keep``: hold these chunk fds (attached to the message, one per size).
 
-    Attributes
-    ----------
-    alloc_id : str
-        The allocation's id (32 hex digits).
-    secret : bytes
-        Its 32-byte secret.
-    name : str or None
-        The array's name (named arrays); ``None`` for a parked array or payloads in flight.
-    sizes : list of int
-        The chunk sizes (1 to :data:`MAX_CHUNKS`).
-    doc : dict
-        What the keeper returns to whoever attaches or fetches it (a payload's fields).
-    allow_pids : list of int or None
-        The only pids (besides the creator) it is served to; ``None``: every process of
-        the user.
-    in_flight : InFlight or None
-        For payloads in flight (no name): how long they are kept.
+    ``alloc_id`` (32 hex digits) and its 32-byte ``secret``; ``name``, ``None`` for a parked
+    array or payloads in flight (``in_flight``: how long those are kept); ``doc``, what the
+    keeper returns to whoever attaches or fetches it; ``allow_pids``, the only pids besides
+    the creator's it is served to (``None``: any of the user's).
     """
 
     op: ClassVar[str] = "keep"
@@ -221,30 +223,17 @@ class Keep:
     in_flight: InFlight | None = None
 
     def encode(self) -> bytes:
-        """The message's bytes (the fds go beside it)."""
         fields: dict[str, Any] = {"id": self.alloc_id, "secret": self.secret.hex()}
         if self.name is not None:
             fields["name"] = self.name
         fields.update(sizes=self.sizes, doc=self.doc, allow_pids=self.allow_pids)
         if self.in_flight is not None:
-            fields["in_flight"] = {
-                "loads": self.in_flight.loads,
-                "seconds": self.in_flight.seconds,
-            }
+            fields["in_flight"] = {"loads": self.in_flight.loads, "seconds": self.in_flight.seconds}
         return _encode(self.op, fields)
 
     @classmethod
     def from_fields(cls, req: dict[str, Any]) -> Keep:
-        """The request in a decoded JSON object.
-
-        Raises
-        ------
-        BadRequest
-            A field is missing or invalid.
-        """
-        alloc_id = _hex(req, "id", _HEX32)
-        secret = bytes.fromhex(_hex(req, "secret", _HEX64))
-        name = _name(req, optional=True)
+        alloc_id, secret, name = _hex(req, "id", _HEX32), _secret(req), _name(req, optional=True)
         sizes = _int_list(req.get("sizes"), "sizes", 1, MAX_SIZE, MAX_CHUNKS)
         doc = req.get("doc")
         if type(doc) is not dict:
@@ -252,11 +241,9 @@ class Keep:
         if len(json.dumps(doc, separators=(",", ":"))) > MAX_DOC:
             raise BadRequest(f"field 'doc' is longer than {MAX_DOC} bytes")
         allow = req.get("allow_pids")
-        allow_pids = (
-            None if allow is None else _int_list(allow, "allow_pids", 1, 1 << 31, MAX_ALLOW_PIDS)
-        )
+        if allow is not None:
+            allow = _int_list(allow, "allow_pids", 1, 1 << 31, MAX_ALLOW_PIDS)
         flight = req.get("in_flight")
-        in_flight = None
         if flight is not None:
             if type(flight) is not dict or name is not None:
                 raise BadRequest("field 'in_flight' must be an object, and only without a name")
@@ -264,8 +251,8 @@ class Keep:
             seconds = flight.get("seconds")
             if not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_IN_FLIGHT:
                 raise BadRequest(f"field 'in_flight.seconds' must be in (0, {MAX_IN_FLIGHT}]")
-            in_flight = InFlight(loads, float(seconds))
-        return cls(alloc_id, secret, name, sizes, doc, allow_pids, in_flight)
+            flight = InFlight(loads, float(seconds))
+        return cls(alloc_id, secret, name, sizes, doc, allow, flight)
 
 
 @dataclass(frozen=True)
@@ -276,18 +263,10 @@ class Attach:
     name: str
 
     def encode(self) -> bytes:
-        """The message's bytes."""
         return _encode(self.op, {"name": self.name})
 
     @classmethod
     def from_fields(cls, req: dict[str, Any]) -> Attach:
-        """The request in a decoded JSON object.
-
-        Raises
-        ------
-        BadRequest
-            No valid name.
-        """
         return cls(str(_name(req)))
 
 
@@ -300,45 +279,25 @@ class Fetch:
     secret: bytes
 
     def encode(self) -> bytes:
-        """The message's bytes."""
         return _encode(self.op, {"id": self.alloc_id, "secret": self.secret.hex()})
 
     @classmethod
     def from_fields(cls, req: dict[str, Any]) -> Fetch:
-        """The request in a decoded JSON object.
-
-        Raises
-        ------
-        BadRequest
-            No valid id or secret.
-        """
-        alloc_id = _hex(req, "id", _HEX32)
-        return cls(alloc_id, bytes.fromhex(_hex(req, "secret", _HEX64)))
-
-
-_ById_T = TypeVar("_ById_T", bound="_ById")
+        return cls(_hex(req, "id", _HEX32), _secret(req))
 
 
 @dataclass(frozen=True)
 class _ById:
-    """A request that names an allocation by its id alone (``release``, ``drop``)."""
+    """A request that names an allocation by its id alone."""
 
     op: ClassVar[str]
     alloc_id: str
 
     def encode(self) -> bytes:
-        """The message's bytes."""
         return _encode(self.op, {"id": self.alloc_id})
 
     @classmethod
     def from_fields(cls: type[_ById_T], req: dict[str, Any]) -> _ById_T:
-        """The request in a decoded JSON object.
-
-        Raises
-        ------
-        BadRequest
-            No valid id.
-        """
         return cls(_hex(req, "id", _HEX32))
 
 
@@ -347,6 +306,14 @@ class Release(_ById):
     """``release``: this process no longer holds ``alloc_id`` (no reply)."""
 
     op: ClassVar[str] = "release"
+
+
+@dataclass(frozen=True)
+class Drop(_ById):
+    """``drop``: let go of an unnamed allocation (parked, or payloads in flight) by id alone
+    (``python -m sharedarrays rm``); its fds are closed once no process holds it."""
+
+    op: ClassVar[str] = "drop"
 
 
 @dataclass(frozen=True)
@@ -360,7 +327,6 @@ class Unlink:
     secret: bytes | None = None
 
     def encode(self) -> bytes:
-        """The message's bytes."""
         if self.name is not None:
             return _encode(self.op, {"name": self.name})
         assert self.alloc_id is not None and self.secret is not None
@@ -368,62 +334,32 @@ class Unlink:
 
     @classmethod
     def from_fields(cls, req: dict[str, Any]) -> Unlink:
-        """The request in a decoded JSON object (by name when it has a ``name`` field).
-
-        Raises
-        ------
-        BadRequest
-            No valid name, or no valid id and secret.
-        """
         if "name" in req:
             return cls(name=_name(req))
-        alloc_id = _hex(req, "id", _HEX32)
-        return cls(alloc_id=alloc_id, secret=bytes.fromhex(_hex(req, "secret", _HEX64)))
-
-
-@dataclass(frozen=True)
-class Drop(_ById):
-    """``drop``: let go of an unnamed allocation (parked, or payloads in flight) by id alone,
-    for ``python -m sharedarrays rm`` (any process of the user may; a named array is dropped
-    by :class:`Unlink` of its name). Its fds are closed once no process holds it."""
-
-    op: ClassVar[str] = "drop"
+        return cls(alloc_id=_hex(req, "id", _HEX32), secret=_secret(req))
 
 
 @dataclass(frozen=True)
 class List:
-    """``list``: the arrays the keeper holds, one page (at most :data:`LIST_PAGE` bytes of
-    descriptions) at a time, by id: those whose id comes after ``after``
-    (``None``: from the first). A reply with more to come names the last id it holds
-    (``"more"``): ask again with it (:func:`list_pages`)."""
+    """``list``: one page (:data:`LIST_PAGE` bytes) of the arrays the keeper holds, those
+    whose id comes after ``after`` (``None``: from the first); a reply with more to come
+    names its last id in ``"more"`` (:func:`list_pages`)."""
 
     op: ClassVar[str] = "list"
     after: str | None = None
 
     def encode(self) -> bytes:
-        """The message's bytes."""
         return _encode(self.op, {} if self.after is None else {"after": self.after})
 
     @classmethod
     def from_fields(cls, req: dict[str, Any]) -> List:
-        """The request in a decoded JSON object (other fields are ignored)."""
         after = req.get("after")
         if after is not None and (type(after) is not str or len(after) > 64):
             raise BadRequest("field 'after' must be an allocation id")
         return cls(after)
 
 
-MAX_DOC = 8 << 10
-"""Longest ``doc`` of a ``keep`` (bytes of JSON): an array's description must fit a
-``list`` page (:data:`LIST_PAGE`) with room to spare."""
-
-LIST_PAGE = 48 << 10
-"""Bytes of array descriptions in one ``list`` reply (under :data:`MAX_MESSAGE`)."""
-
-
-def list_pages(
-    ask: Callable[[List], tuple[int, dict[str, Any]]],
-) -> tuple[int, dict[str, Any]]:
+def list_pages(ask: Callable[[List], tuple[int, dict[str, Any]]]) -> tuple[int, dict[str, Any]]:
     """Every array the keeper holds: ``ask`` (one ``list`` request: its status and body)
     page by page until a reply says no more; the status and a body with every page's
     ``"arrays"``. A reply that is not OK, or not a list of arrays, ends it as it is."""
@@ -439,22 +375,6 @@ def list_pages(
         if type(more) is not str or (after is not None and more <= after):
             return status, {**body, "arrays": arrays, "more": None}
         after = more
-
-
-@dataclass(frozen=True)
-class Status:
-    """``status``: the keeper's counters (arrays, bytes, connections, ...)."""
-
-    op: ClassVar[str] = "status"
-
-    def encode(self) -> bytes:
-        """The message's bytes."""
-        return _encode(self.op, {})
-
-    @classmethod
-    def from_fields(cls, req: dict[str, Any]) -> Status:
-        """The request in a decoded JSON object (other fields are ignored)."""
-        return cls()
 
 
 Request = Hello | Keep | Attach | Fetch | Release | Unlink | Drop | List | Status
@@ -493,9 +413,6 @@ def decode_request(msg: bytes, fds: int = 0) -> Request:
     return cls.from_fields(req)
 
 
-# replies -----------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Reply:
     """A keeper reply: a status (:data:`OK`, :data:`ERROR`, :data:`NOT_FOUND`,
@@ -505,19 +422,13 @@ class Reply:
     body: dict[str, Any]
 
     def encode(self) -> bytes:
-        """The message's bytes."""
         body = json.dumps(self.body, separators=(",", ":")).encode()
         return _STATUS.pack(MAGIC, self.status) + body
 
     @classmethod
     def decode(cls, msg: bytes) -> Reply:
-        """The reply in ``msg``.
-
-        Raises
-        ------
-        KeeperError
-            Truncated, or not a keeper reply.
-        """
+        """The reply in ``msg``; raises :class:`~sharedarrays.KeeperError` if truncated or
+        not a keeper reply."""
         if len(msg) < _STATUS.size:
             raise KeeperError("the keeper sent a truncated reply")
         magic, status = _STATUS.unpack_from(msg)

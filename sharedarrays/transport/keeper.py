@@ -1,10 +1,10 @@
-"""The keeper's client: what every process that names, parks, attaches or lists arrays
-runs to talk to this user's keeper (:mod:`sharedarrays.keeper`, started here on first need).
+"""The keeper's client: what a process that names, parks, attaches or lists arrays runs to
+talk to this user's keeper (:mod:`sharedarrays.keeper`, started here on first need).
 
-Each process keeps **one connection** to the keeper (:func:`request`), through which the
-keeper counts it as a holder of what it created, attached or fetched (:func:`hold`,
+Each process keeps one connection to the keeper (:func:`request`), through which the keeper
+counts it as a holder of what it created, attached or fetched (:func:`hold`,
 :func:`release`); payloads in flight are handed over on a connection of their own
-(:func:`hand_over`). The messages are :mod:`sharedarrays.protocol.keeper`'s records.
+(:func:`hand_over`).
 """
 
 from __future__ import annotations
@@ -31,25 +31,7 @@ from sharedarrays.errors import (
 )
 from sharedarrays.memory import allocation, registry
 from sharedarrays.process import STATE, at_exit
-from sharedarrays.protocol.keeper import (
-    DENIED,
-    ERROR,
-    EXISTS,
-    LOCK_NAME,
-    MAX_FDS,
-    MAX_IN_FLIGHT,
-    MAX_MESSAGE,
-    NOT_FOUND,
-    OK,
-    SOCKET_NAME,
-    Fetch,
-    Hello,
-    InFlight,
-    Keep,
-    Release,
-    Reply,
-    Request,
-)
+from sharedarrays.protocol import keeper as wire
 from sharedarrays.protocol.unix import (
     check_same_user,
     check_truncated,
@@ -64,7 +46,6 @@ __all__ = [
     "TIMEOUT",
     "RETRY",
     "socket_path",
-    "lock_path",
     "ensure_running",
     "running_pid",
     "request",
@@ -79,36 +60,29 @@ __all__ = [
 ]
 
 TIMEOUT = 10.0
-"""Seconds a client waits for the keeper to start or to answer: the most one call waits (a
-request; a close that hands its payloads in flight over), and the most one exit waits in
-all (its hand-overs share it). Once the keeper did not answer in time, :data:`RETRY`."""
+"""Seconds a client waits for the keeper to start or answer: the most one call waits, and
+the most one exit waits in all (its hand-overs share it)."""
 RETRY = 1.0
-"""Seconds a client waits, per call and per exit, for a keeper that did not answer it in
-time before (stopped or overloaded), until it answers again: a stopped keeper costs a
-process :data:`TIMEOUT` once, not at every close."""
+"""Seconds a client waits per call and per exit for a keeper that was late before (stopped
+or overloaded), until it answers again: a stopped keeper costs :data:`TIMEOUT` once."""
+
+
+class NoRoomForFiles(KeeperError):
+    """The keeper could not be asked, or its reply taken, because this process has as many
+    files open as its limit allows (``ulimit -n``): said first, whatever else failed."""
 
 
 def socket_path() -> Path:
     """The keeper's socket in this user's runtime directory."""
-    return runtime_dir() / SOCKET_NAME
+    return runtime_dir() / wire.SOCKET_NAME
 
 
-def lock_path() -> Path:
-    """The lock file a live keeper holds (``fcntl.flock``)."""
-    return runtime_dir() / LOCK_NAME
-
-
-def log_path() -> Path:
-    """The file a keeper started here writes its output to."""
+def _log_path() -> Path:
     return runtime_dir() / "keeper.log"
 
 
-# (the state, ``STATE.keeper``: the connection, what it holds, the exit's wait)
-
-
 def _patience(path: str) -> float:
-    """Seconds to wait now for the keeper at ``path``: :data:`TIMEOUT`, or :data:`RETRY`
-    while it is late."""
+    """Seconds to wait now for the keeper at ``path``: :data:`RETRY` while it is late."""
     return RETRY if STATE.keeper.late == path else TIMEOUT
 
 
@@ -124,61 +98,56 @@ def _answered(path: str, answered: bool) -> None:
 def running_pid() -> int | None:
     """The pid of this user's live keeper, or ``None`` (starts nothing)."""
     try:
-        _, body, _ = request(Hello(), start=False)
+        _, body, _ = request(wire.Hello(), start=False)
     except HandleUnavailable:
         return None
     pid = body.get("pid")
     return pid if type(pid) is int else None
 
 
-def _launch() -> subprocess.Popen[bytes] | None:
-    """Start a keeper in the background, as multiprocessing starts its resource tracker:
-    a fresh interpreter with this one's flags. It runs in a session of its own, so that it
-    outlives this process and a Ctrl-C in a terminal does not reach it.
+def ensure_running() -> int:
+    """Start this user's keeper unless one is running; return its pid."""
+    _, body, _ = request(wire.Hello())
+    return int(body["pid"])
 
-    It runs in the private runtime directory, with this package's root first on
-    ``PYTHONPATH`` and only the absolute entries of the caller's after it: ``-c`` puts the
-    working directory first on ``sys.path``, and an empty or relative ``PYTHONPATH`` entry
-    means it too, so in the caller's directory (a shared ``/tmp`` folder, say) another user's
-    ``json.py`` would run as this user.
+
+def _launch() -> subprocess.Popen[bytes] | None:
+    """Start a keeper in the background, as multiprocessing starts its resource tracker: a
+    fresh interpreter with this one's flags, in a session of its own (it outlives us, and a
+    Ctrl-C does not reach it). It runs in the private runtime directory with only absolute
+    ``PYTHONPATH`` entries after this package's root: the caller's directory (a shared
+    ``/tmp`` folder, say) could hold another user's ``json.py``.
 
     Raises
     ------
     HandleUnavailable
-        Its log cannot be made in the runtime directory (no space or inodes left there), or
-        no process can be started.
+        Its log cannot be made in the runtime directory, or no process can be started.
     """
     directory = runtime_dir()
     exe = spawn.get_executable()
-    cmd = [
-        exe,
-        *interpreter_flags(),
-        "-c",
-        "import sys; from sharedarrays.keeper.daemon import main; sys.exit(main())",
-    ]
+    code = "import sys; from sharedarrays.keeper.daemon import main; sys.exit(main())"
     env = dict(os.environ)
     package_root = str(Path(__file__).resolve().parents[2])  # above sharedarrays/
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if os.path.isabs(p)]
     env["PYTHONPATH"] = os.pathsep.join([package_root, *paths])
     try:
-        log = os.open(log_path(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        log = os.open(_log_path(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     except OSError as e:  # (ENOSPC, EDQUOT: the keeper could make neither socket nor lock)
         raise HandleUnavailable(
-            f"cannot start the sharedarrays keeper: its log {log_path()} cannot be made "
+            f"cannot start the sharedarrays keeper: its log {_log_path()} cannot be made "
             f"({e.strerror}). Free space or inodes where the runtime directory is (df -i "
             f"{directory}), or set XDG_RUNTIME_DIR to a private directory (mode 0700) that has "
             "room"
         ) from None
     try:
         proc = subprocess.Popen(
-            cmd,
+            [exe, *interpreter_flags(), "-c", code],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
             env=env,
             cwd=directory,
             start_new_session=True,
-            close_fds=True,
         )
     except OSError as e:  # (EAGAIN: no process left for this user; ENOMEM)
         raise HandleUnavailable(
@@ -188,61 +157,45 @@ def _launch() -> subprocess.Popen[bytes] | None:
         ) from None
     finally:
         os.close(log)
-    # reap it if it exits before we do (it usually outlives us: then init reaps it)
     if sys.is_finalizing():  # no thread starts now (it would hang): init reaps it
         return None
-    try:
+    try:  # reap it if it exits before we do
         threading.Thread(target=proc.wait, name="sharedarrays-keeper-reaper", daemon=True).start()
     except RuntimeError:  # at interpreter shutdown (a hand-over at exit): init reaps it
         return None
     return proc
 
 
-def _log_tail(path: Path) -> str:
-    """The last line of the keeper's log at ``path`` (what a keeper that failed said)."""
+def _why_it_exited(proc: subprocess.Popen[bytes]) -> str:
+    """What a keeper that exited as it started said: its log's last line, and a note when
+    the runtime directory's file system is full."""
+    path = _log_path()
     try:
         with open(path, "rb") as f:
             f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
             lines = [line for line in f.read().decode(errors="replace").splitlines() if line]
+        said = lines[-1][:300] if lines else "(its log is empty)"
     except OSError:
-        return "(its log cannot be read)"
-    return lines[-1][:300] if lines else "(its log is empty)"
-
-
-def _no_room(directory: Path) -> str:
-    """A note that the file system of ``directory`` is full (no block or no inode left for
-    this user: the keeper can write neither its lock, its socket nor its log), or ``""``."""
+        said = "(its log cannot be read)"
+    why = f"the sharedarrays keeper exited as it started (exit status {proc.returncode}): "
+    why += f"{said} (its log: {path})"
     try:
-        st = os.statvfs(directory)
+        st = os.statvfs(path.parent)
     except OSError:
-        return ""
+        return why
     if st.f_bavail and st.f_favail:
-        return ""
+        return why
     return (
-        f"; the file system of {directory} is full (no {'space' if not st.f_bavail else 'inode'} "
-        f"left: df -i {directory}). Free room there, or set XDG_RUNTIME_DIR to a private "
-        "directory (mode 0700) that has room"
+        f"{why}; the file system of {path.parent} is full (no "
+        f"{'space' if not st.f_bavail else 'inode'} left: df -i {path.parent}). Free room "
+        "there, or set XDG_RUNTIME_DIR to a private directory (mode 0700) that has room"
     )
 
 
-class NoRoomForFiles(KeeperError):
-    """The keeper could not be asked, or its reply taken, because this process has as many
-    files open as its limit allows (``ulimit -n``): said first, whatever else failed."""
-
-
 def _try_connect(path: str, deadline: float) -> socket.socket | None:
-    """A connection to the keeper at ``path``, or ``None`` where none listens there.
-
-    A keeper whose queue of connections to accept is full (``EAGAIN``: it is overloaded or
-    stopped) is tried again until ``deadline`` (``time.monotonic()``).
-
-    Raises
-    ------
-    KeeperError
-        It did not accept by ``deadline``, or connecting failed otherwise.
-    PermissionDenied
-        The socket or the keeper belongs to another user.
-    """
+    """A connection to the keeper at ``path``, or ``None`` where none listens there; one
+    whose queue is full is tried again until ``deadline``. Raises :class:`KeeperError`
+    (or :class:`PermissionDenied`: another user's socket) where connecting fails."""
     wait = max(deadline - time.monotonic(), 0.001)
     try:
         sock = connect_unix(path, deadline, wait)
@@ -277,8 +230,7 @@ def _try_connect(path: str, deadline: float) -> socket.socket | None:
 
 
 def _open(path: str, start: bool, deadline: float) -> socket.socket:
-    """A new connection to the keeper at ``path``, starting one first if ``start``, by
-    ``deadline`` (``time.monotonic()``; the socket's timeout is what is left of it)."""
+    """A new connection to the keeper at ``path`` by ``deadline``, starting one if ``start``."""
     sock = _try_connect(path, deadline)
     if sock is None and start:
         proc = _launch()
@@ -288,43 +240,34 @@ def _open(path: str, start: bool, deadline: float) -> socket.socket:
             if sock is None and proc is not None and proc.poll() is not None:
                 sock = _try_connect(path, deadline)  # (another keeper may have started)
                 if sock is None:  # it failed as it started (a bad setting, say): say why
-                    raise HandleUnavailable(
-                        f"the sharedarrays keeper exited as it started (exit status "
-                        f"{proc.returncode}): {_log_tail(log_path())} (its log: {log_path()})"
-                        + _no_room(log_path().parent)
-                    )
+                    raise HandleUnavailable(_why_it_exited(proc))
     if sock is None:
         if start:
             _answered(path, False)
         raise HandleUnavailable(
             "no sharedarrays keeper is running for this user"
-            + (f" (it did not start in time; see {log_path()})" if start else "")
+            + (f" (it did not start in time; see {_log_path()})" if start else "")
         )
     return sock
 
 
 def _connect(start: bool) -> tuple[socket.socket, str, float]:
-    """This process's connection to the keeper (opened, starting it if ``start``, where
-    none is open), the keeper's socket, and the seconds to wait for its answer (set as the
-    connection's timeout)."""
+    """This process's connection to the keeper (opened where none is), the keeper's socket,
+    and the seconds to wait for its answer (the connection's timeout)."""
     state = STATE.keeper
     path = str(socket_path())
     wait = _patience(path)
-    conn = state.conn
-    if conn is None or state.path != path:
+    if state.conn is None or state.path != path:
         disconnect()
-        conn = state.conn = _open(path, start, time.monotonic() + wait)
-        state.path = path
-    if conn.gettimeout() != wait:
-        conn.settimeout(wait)
-    return conn, path, wait
+        state.conn, state.path = _open(path, start, time.monotonic() + wait), path
+    if state.conn.gettimeout() != wait:
+        state.conn.settimeout(wait)
+    return state.conn, path, wait
 
 
 def disconnect(wait: float = -1) -> None:
-    """Close this process's connection to the keeper (it then holds nothing for us).
-
-    ``wait``: the most seconds to wait for a request another thread is making (the default:
-    as long as it takes); past it the connection is left as it is."""
+    """Close this process's connection to the keeper (it then holds nothing for us), waiting
+    at most ``wait`` seconds (default: as long as it takes) for another thread's request."""
     state = STATE.keeper
     if not state.lock.acquire(timeout=wait):
         return
@@ -338,25 +281,20 @@ def disconnect(wait: float = -1) -> None:
 
 
 def request(
-    req: Request, fds: Sequence[int] = (), start: bool = True
+    req: wire.Request, fds: Sequence[int] = (), start: bool = True
 ) -> tuple[int, dict[str, Any], list[int]]:
-    """Send one request to the keeper and return ``(status, body, fds)``.
-
-    Starts the keeper first when ``start`` and none is running. The caller owns the
-    returned fds. A connection that broke (the keeper exited or was killed) is reopened once.
+    """Send one request to the keeper (started first if ``start``) and return
+    ``(status, body, fds)``; the caller owns the fds. A broken connection is reopened.
 
     Raises
     ------
     HandleUnavailable
-        No keeper runs (nothing listens on its socket), and ``start`` is false or it did not
-        start.
+        No keeper runs, and ``start`` is false or it did not start.
     PermissionDenied
         The keeper's socket belongs to another user.
     KeeperError
-        A keeper runs but did not accept or answer within :data:`TIMEOUT` (:data:`RETRY`
-        once it was late; it is overloaded or stopped), the connection failed otherwise, or
-        it sent something that is not a keeper reply. Never "no keeper": a name it holds is
-        not reported missing.
+        A keeper runs but did not answer in time (:data:`TIMEOUT`, :data:`RETRY` once it
+        was late) or as a keeper does (never "no keeper": a name it holds is not missing).
     """
     data = req.encode()
     with STATE.keeper.lock:
@@ -365,93 +303,68 @@ def request(
             sock, path, wait = _connect(start)
             got: list[int] = []
             try:
-                msg, flags = _send_and_receive(sock, req, data, fds, got)
-            except TimeoutError:
+                if fds:
+                    send_fds(sock, data, fds)
+                else:
+                    sock.send(data)
+                if isinstance(req, wire.Release):
+                    return wire.OK, {}, []
+                msg, flags = recv_into(sock, wire.MAX_MESSAGE, wire.MAX_FDS, got)
+            except BaseException as e:
+                for fd in got:
+                    os.close(fd)
+                # (an interrupt too: its reply would be read as the next request's, say
+                # another array's fds for an attach)
                 disconnect()
-                _answered(path, False)
-                raise KeeperError(
-                    f"the keeper did not answer within {wait:g} s: it is overloaded or "
-                    "stopped. The request was sent and may still be carried out when it "
-                    "resumes: see python -m sharedarrays status and ls --all before trying "
-                    "it again"
-                ) from None
-            except OSError as e:
-                disconnect()
+                if isinstance(e, TimeoutError):
+                    _answered(path, False)
+                    raise KeeperError(
+                        f"the keeper did not answer within {wait:g} s: it is overloaded or "
+                        "stopped. The request was sent and may still be carried out when it "
+                        "resumes: see python -m sharedarrays status and ls --all before "
+                        "trying it again"
+                    ) from None
+                if not isinstance(e, OSError):
+                    raise
                 if e.errno in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN) and attempt < 3:
                     continue
                 raise KeeperError(f"asking the keeper failed: {e.strerror or e}") from None
-            except BaseException:
-                # An interrupt (Ctrl-C, an alarm's exception) before the reply was taken: the
-                # keeper's reply, when it comes, would be read as the reply of this
-                # connection's next request (another array's fds for an attach).
-                disconnect()
-                raise
-            if isinstance(req, Release):
-                return OK, {}, []
-            handed = False
+            reply = None
             try:
-                try:
-                    check_truncated(flags)
-                except HandleUnavailable:
-                    raise NoRoomForFiles(
-                        "this process has no room for the handles the keeper sent: it has as "
-                        "many files open as its limit allows (ulimit -n). Close some and try "
-                        "again"
-                    ) from None
-                if not msg:
-                    disconnect()  # the keeper exited (idle) or died: reconnect, maybe restart
-                    if attempt == 3:
-                        raise KeeperError("the keeper closed the connection three times; try again")
-                    continue
-                reply = Reply.decode(msg)
-                _answered(path, True)
-                if len(fds) > MAX_FDS and reply.status == ERROR:
-                    disconnect()  # (refused before its last fds came: read as requests)
-                _take_rest(sock, reply, got, wait)
-                handed = True
-                return reply.status, reply.body, got
+                reply = _reply(sock, msg, flags, got, path, wait, len(fds))
             finally:
-                if not handed:  # (a refusal, an interrupt: not the caller's)
+                if reply is None:  # (an error, an interrupt, an end of file: not the caller's)
                     for fd in got:
                         os.close(fd)
-    raise AssertionError("unreachable")  # pragma: no cover
+            if reply is not None:
+                return reply.status, reply.body, got
+            disconnect()  # the keeper exited (idle) or died: reconnect, maybe restart
+    raise KeeperError("the keeper closed the connection three times; try again")
 
 
-def _send_and_receive(
-    sock: socket.socket, req: Request, data: bytes, fds: Sequence[int], got: list[int]
-) -> tuple[bytes, int]:
-    """Send one request on ``sock`` and take its reply (none for a ``release``: ``b""``),
-    its fds appended to ``got``; those are closed here when this raises (an interrupt as
-    they came)."""
+def _reply(
+    sock: socket.socket, msg: bytes, flags: int, got: list[int], path: str, wait: float, sent: int
+) -> wire.Reply | None:
+    """The keeper's reply in ``msg``, the rest of its fds taken into ``got``; ``None`` at
+    an end of file. ``sent``: how many fds the request had."""
     try:
-        if fds:
-            send_fds(sock, data, fds)
-        else:
-            sock.send(data)
-        if isinstance(req, Release):
-            return b"", 0
-        return recv_into(sock, MAX_MESSAGE, MAX_FDS, got)
-    except BaseException:
-        for fd in got:
-            os.close(fd)
-        got.clear()
-        raise
-
-
-def _take_rest(sock: socket.socket, reply: Reply, got: list[int], wait: float) -> None:
-    """Receive the fds of an ``attach`` or ``fetch`` reply that follow it (one per chunk of
-    its ``sizes``, :data:`MAX_FDS` a message) into ``got``, within ``wait`` seconds.
-
-    Raises
-    ------
-    KeeperError
-        They did not all come (the connection is closed: its state is unknown).
-    """
+        check_truncated(flags)
+    except HandleUnavailable:
+        raise NoRoomForFiles(
+            "this process has no room for the handles the keeper sent: it has as many files "
+            "open as its limit allows (ulimit -n). Close some and try again"
+        ) from None
+    if not msg:
+        return None
+    reply = wire.Reply.decode(msg)
+    _answered(path, True)
+    if sent > wire.MAX_FDS and reply.status == wire.ERROR:
+        disconnect()  # (refused before its last fds came: read as requests)
     sizes = reply.body.get("sizes")
-    if len(got) != MAX_FDS or type(sizes) is not list or len(sizes) <= MAX_FDS:
-        return
+    if len(got) != wire.MAX_FDS or type(sizes) is not list or len(sizes) <= wire.MAX_FDS:
+        return reply
     why = "it stopped"
-    try:
+    try:  # the fds of an attach or fetch past the first message's
         complete = recv_fds(sock, len(sizes), got, time.monotonic() + wait)
         sock.settimeout(wait)  # (recv_fds left it at what remained)
     except (OSError, HandleUnavailable) as e:
@@ -459,20 +372,16 @@ def _take_rest(sock: socket.socket, reply: Reply, got: list[int], wait: float) -
     if not complete:
         disconnect()
         raise KeeperError(f"the keeper did not send all the handles: {why}")
+    return reply
 
 
 def hand_over(alloc: allocation.Allocation, loads: int, seconds: float) -> None:
     """Give the keeper (started if needed) ``alloc``'s handles for ``loads`` payloads in
-    flight, for at most ``seconds``: they then load after this process let go of the
-    memory or exited (a ``hand_over_hooks`` hook of the memory state).
+    flight, for at most ``seconds``, so that they load after this process exited.
 
-    Uses a connection of its own, opened and closed here: it runs from finalizers, in any
-    thread, maybe while this thread is inside :func:`request`. The keeper serves the handles
-    by id and secret, and drops them after ``loads`` fetches or ``seconds``, whichever comes
-    first (and once no process it served holds them).
-
-    Waits for the keeper :data:`TIMEOUT` at most (:data:`RETRY` once it was late); at exit,
-    what is left of the exit's wait (:func:`_hand_over_at_exit`).
+    A connection of its own: it runs from finalizers, in any thread, maybe inside
+    :func:`request`. Waits :data:`TIMEOUT` at most (:data:`RETRY` once the keeper was
+    late); at exit, what is left of the exit's wait.
 
     Raises
     ------
@@ -492,53 +401,38 @@ def hand_over(alloc: allocation.Allocation, loads: int, seconds: float) -> None:
             f"{TIMEOUT:g} s at most in all"
         )
     doc = {"backend": alloc.backend.name, "device": alloc.device.index}
-    doc["readonly"] = alloc.export_readonly
-    doc["used"] = alloc.used  # (the bytes asked for: the rest is lost to granularity)
-    req = Keep(
-        alloc.id,
-        alloc.secret,
-        None,
-        alloc.chunk_sizes(),
-        doc,
-        None if alloc.allow_pids is None else sorted(alloc.allow_pids),
-        InFlight(min(loads, 1 << 31), min(seconds, MAX_IN_FLIGHT)),
-    )
-    data = req.encode()
+    doc.update(readonly=alloc.export_readonly, used=alloc.used)  # (used: the bytes asked for)
+    allow = None if alloc.allow_pids is None else sorted(alloc.allow_pids)
+    flight = wire.InFlight(min(loads, 1 << 31), min(seconds, wire.MAX_IN_FLIGHT))
+    data = wire.Keep(alloc.id, alloc.secret, None, alloc.chunk_sizes(), doc, allow, flight).encode()
     handles, temporary = alloc.handles_for_importers()  # read-only ones for readonly arrays
     got: list[int] = []  # (none are expected: closed, whatever happens)
     try:
-        try:
-            with _open(path, True, deadline) as sock:
-                send_fds(sock, data, handles)
-                sock.settimeout(max(deadline - time.monotonic(), 0.001))
-                msg, _ = recv_into(sock, MAX_MESSAGE, MAX_FDS, got)
-        except TimeoutError:
-            _answered(path, False)
-            raise KeeperError(
-                f"the keeper did not take the handles within {deadline - now:.3g} s: it is "
-                "stopped or overloaded"
-            ) from None
-        except OSError as e:
-            raise KeeperError(f"the keeper did not take the handles: {e}") from None
-        finally:
-            for fd in temporary:
-                os.close(fd)
-        reply = Reply.decode(msg)
-        _answered(path, True)
+        with _open(path, True, deadline) as sock:
+            send_fds(sock, data, handles)
+            sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            msg, _ = recv_into(sock, wire.MAX_MESSAGE, wire.MAX_FDS, got)
+    except TimeoutError:
+        _answered(path, False)
+        raise KeeperError(
+            f"the keeper did not take the handles within {deadline - now:.3g} s: it is "
+            "stopped or overloaded"
+        ) from None
+    except OSError as e:
+        raise KeeperError(f"the keeper did not take the handles: {e}") from None
     finally:
-        for fd in got:
+        for fd in [*temporary, *got]:
             os.close(fd)
+    reply = wire.Reply.decode(msg)
+    _answered(path, True)
     raise_for(reply.status, reply.body, f"the keeper refused allocation {alloc.id}")
 
 
 def _hand_over_at_exit() -> None:
     """At exit: hand the payloads in flight of every allocation still mapped here to the
-    keeper (a Queue's feeder thread has pickled its items by then), waiting for it
-    :data:`TIMEOUT` at most in all, however many allocations there are.
-
-    The hook may run twice (at a Process's end, or multiprocessing's exit function, and at
-    the interpreter's exit): the second run hands over what was pickled since, within what
-    is left of that wait, and does not try again what failed."""
+    keeper, waiting :data:`TIMEOUT` at most in all. The hook may run twice (at a Process's
+    end and at the interpreter's exit): the second run hands over what was pickled since,
+    within what is left of that wait, and does not try again what failed."""
     state = STATE.keeper
     began = time.monotonic()
     left = TIMEOUT if state.exit_left is None else state.exit_left
@@ -547,9 +441,7 @@ def _hand_over_at_exit() -> None:
     try:
         # (and the released blocks that wait for their importers: memory/cache.py)
         for alloc in registry.live_allocations() + registry.draining_allocations():
-            if alloc.id in state.said:
-                continue
-            failure = alloc.hand_over(say=False)
+            failure = None if alloc.id in state.said else alloc.hand_over(say=False)
             if failure is not None:
                 state.said.add(alloc.id)
                 failed.append(failure)
@@ -565,16 +457,9 @@ def _hand_over_at_exit() -> None:
 
 
 def _close_at_exit() -> None:
-    """At the interpreter's exit, last in this layer: close the connection to the keeper (the
-    kernel would; closed here, no unclosed socket is reported). Not while another thread is
-    in a request for more than a second: the kernel closes it then."""
+    """Close the connection to the keeper, so that no unclosed socket is reported; not while
+    another thread is in a request for more than a second (the kernel closes it then)."""
     disconnect(wait=1.0)
-
-
-def ensure_running() -> int:
-    """Start this user's keeper unless one is running; return its pid."""
-    _, body, _ = request(Hello())
-    return int(body["pid"])
 
 
 def refusal(what: str, error: object) -> str:
@@ -590,18 +475,13 @@ def refusal(what: str, error: object) -> str:
     return message
 
 
+_ERRORS = {wire.NOT_FOUND: NameNotFound, wire.EXISTS: NameExists, wire.DENIED: PermissionDenied}
+
+
 def raise_for(status: int, body: dict[str, Any], what: str) -> None:
     """Turn a keeper reply's status into the library's exception (OK returns)."""
-    message = refusal(what, body.get("error", "refused"))
-    if status == OK:
-        return
-    if status == NOT_FOUND:
-        raise NameNotFound(message)
-    if status == EXISTS:
-        raise NameExists(message)
-    if status == DENIED:
-        raise PermissionDenied(message)
-    raise KeeperError(message)
+    if status != wire.OK:
+        raise _ERRORS.get(status, KeeperError)(refusal(what, body.get("error", "refused")))
 
 
 def hold(alloc_id: str) -> None:
@@ -614,10 +494,8 @@ def hold(alloc_id: str) -> None:
 def release(alloc_id: str) -> None:
     """Tell the keeper this process no longer holds ``alloc_id`` (no reply, best effort).
 
-    Never blocks: it runs from finalizers (a view's lease going away), which may run in any
-    thread, at any allocation, while another thread holds the client's lock (and may even
-    be waiting for the finalizing thread to start). Then the release is deferred to this
-    process's next keeper request, or to its exit, which the keeper sees anyway.
+    Never blocks: it runs from finalizers, in any thread, maybe while another thread holds
+    the client's lock; then the release waits for this process's next request or its exit.
     """
     lock = STATE.keeper.lock
     if not lock.acquire(blocking=False):
@@ -634,12 +512,11 @@ def _release_locked(alloc_id: str) -> None:
     if alloc_id not in state.held:
         return
     state.held.discard(alloc_id)
-    if state.conn is None:
-        return
-    try:
-        state.conn.send(Release(alloc_id).encode())
-    except OSError:
-        pass
+    if state.conn is not None:
+        try:
+            state.conn.send(wire.Release(alloc_id).encode())
+        except OSError:
+            pass
 
 
 def _flush_deferred() -> None:
@@ -665,7 +542,7 @@ def fetch_handles(
         Wrong secret, or this process is not in the array's ``allow_pids``.
     """
     try:
-        status, body, fds = request(Fetch(alloc_id, secret), start=False)
+        status, body, fds = request(wire.Fetch(alloc_id, secret), start=False)
     except HandleUnavailable:
         raise HandleUnavailable(f"{gone}; no keeper holds it either (see a.park())") from None
     except NoRoomForFiles as e:  # (the cause, said first: the keeper may well hold it)
@@ -673,12 +550,11 @@ def fetch_handles(
     except KeeperError as e:
         raise HandleUnavailable(f"{gone}; nor could the keeper be asked: {e}") from None
     try:
-        if status == NOT_FOUND:
+        if status == wire.NOT_FOUND:
             raise HandleUnavailable(f"{gone}; the keeper does not hold it either") from None
         raise_for(status, body, f"the keeper refused allocation {alloc_id}")
         hold(alloc_id)
-        sizes = body.get("sizes")
-        creator = body.get("creator")
+        sizes, creator = body.get("sizes"), body.get("creator")
         if (
             type(sizes) is not list
             or len(sizes) != len(fds)

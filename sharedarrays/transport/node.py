@@ -1,16 +1,10 @@
 """Asking every process of this user on the node what it holds, and dropping what no view
 uses.
 
-The processes are found the way the handle servers already find each other: every process
-that shares arrays runs a handle server whose socket, ``<pid>-<random>.sock``, lives in this
-user's private runtime directory (:func:`sharedarrays.protocol.unix.runtime_dir`), and the
-keeper listens on ``keeper.sock`` there. Each is asked once, on a new connection checked to
-run as this user (``SO_PEERCRED``), with a short timeout: a process that died, or one that
-does not answer in time, is reported as such and never waited for.
-
-Handle servers answer ``SNAPSHOT`` (:class:`~sharedarrays.protocol.handles.Snapshot`) and
-``DROP``; the keeper answers ``list`` and ``drop``. Nothing here maps memory or sees a
-secret.
+The handle servers' sockets (``<pid>-<random>.sock``) and the keeper's (``keeper.sock``)
+live in this user's runtime directory. Each is asked once, on a new connection checked to
+run as this user, with a short timeout: a process that died or does not answer in time is
+reported as such, never waited for. Nothing here maps memory or sees a secret.
 """
 
 from __future__ import annotations
@@ -24,16 +18,8 @@ from typing import Any
 
 from sharedarrays.errors import KeeperError, PayloadError, PermissionDenied
 from sharedarrays.process import running
+from sharedarrays.protocol import keeper as wire
 from sharedarrays.protocol.handles import REPLY_SIZE, Kind, Reply, Request, Snapshot, Status
-from sharedarrays.protocol.keeper import (
-    MAX_MESSAGE,
-    OK,
-    SOCKET_NAME,
-    Drop,
-    List,
-    list_pages,
-)
-from sharedarrays.protocol.keeper import Reply as KeeperReply
 from sharedarrays.protocol.unix import check_same_user, connect_unix, runtime_dir
 
 __all__ = [
@@ -49,8 +35,9 @@ __all__ = [
 ]
 
 ASK_TIMEOUT = 1.0
-"""Seconds one process is given to accept and answer (it is then reported as not
-answering)."""
+"""Seconds one process is given to accept and answer."""
+ASK_AT_ONCE = 32
+"""At most this many handle servers are asked at the same time (one thread each)."""
 
 _NO_ID = "0" * 32
 _NO_SECRET = bytes(32)
@@ -58,20 +45,9 @@ _NO_SECRET = bytes(32)
 
 @dataclass(frozen=True)
 class Answer:
-    """What one handle server answered.
-
-    Attributes
-    ----------
-    pid : int
-        The process the socket's name gives.
-    path : str
-        The socket.
-    status : str
-        ``"ok"``, ``"gone"`` (the process has exited), ``"no answer"`` (it did not answer in
-        time) or ``"refused"`` (another user's, or not a sharedarrays handle server).
-    snapshot : Snapshot or None
-        Its snapshot when ``status`` is ``"ok"``.
-    """
+    """What the handle server at ``path`` (of the process ``pid`` its name gives) answered:
+    ``status`` is ``"ok"`` (with its ``snapshot``), ``"gone"`` (the process exited),
+    ``"no answer"`` (not in time) or ``"refused"`` (another user's, or no handle server)."""
 
     pid: int
     path: str
@@ -81,8 +57,8 @@ class Answer:
 
 @dataclass(frozen=True)
 class KeeperAnswer:
-    """What the keeper answered: its pid (from ``hello``-free ``list``: the socket's peer)
-    and the arrays it holds (the ``list`` reply's rows), or why not (``status``)."""
+    """What the keeper answered: ``status`` (``"ok"`` or why not), its pid (the socket's
+    peer) and the arrays it holds (the ``list`` reply's rows)."""
 
     status: str
     pid: int | None = None
@@ -130,22 +106,13 @@ def ask(pid: int, path: str, timeout: float = ASK_TIMEOUT) -> Answer:
         return Answer(pid, path, "ok", Snapshot.decode(reply.body))
     except (PermissionDenied, PayloadError):
         return Answer(pid, path, "refused")
-    except (TimeoutError, BlockingIOError):
+    except OSError:  # (a timeout too)
         return Answer(pid, path, "no answer" if running(pid) else "gone")
-    except OSError:
-        return Answer(pid, path, "gone" if not running(pid) else "no answer")
-
-
-ASK_AT_ONCE = 32
-"""At most this many handle servers are asked at the same time (one thread each)."""
 
 
 def ask_all(timeout: float = ASK_TIMEOUT) -> list[Answer]:
-    """Ask every handle server of this user (but this process's own, which the caller reads
-    directly) for its snapshot, by pid.
-
-    They are asked at the same time (up to :data:`ASK_AT_ONCE` at once), so processes that
-    are stopped or busy cost about ``timeout`` together, not ``timeout`` each."""
+    """Ask every handle server of this user but this process's own for its snapshot, by pid,
+    at the same time (:data:`ASK_AT_ONCE` at most): stopped ones cost ``timeout`` together."""
     servers = [(pid, path) for pid, path in handle_servers() if pid != os.getpid()]
     if len(servers) <= 1:
         return [ask(pid, path, timeout) for pid, path in servers]
@@ -169,60 +136,45 @@ def drop_mapping(path: str, alloc_id: str, timeout: float = ASK_TIMEOUT) -> Stat
 
 
 def _keeper_request(
-    request: List | Drop, timeout: float, pids: list[int] | None = None
-) -> tuple[int, int, dict[str, Any]]:
-    """One request on a new connection to the keeper: its pid, the status and the body.
-
-    ``pids``, if given, gets the keeper's pid as soon as it is connected (before it answers:
-    a keeper that then does not answer is still named)."""
-    sock, pid = _connect(str(runtime_dir() / SOCKET_NAME), timeout)
-    if pids is not None:
-        pids.append(pid)
+    request: wire.List | wire.Drop, timeout: float, pids: list[int]
+) -> tuple[int, dict[str, Any]]:
+    """One request on a new connection to the keeper: the status and the body; ``pids``
+    gets the keeper's pid once connected (a keeper that then does not answer is named)."""
+    sock, pid = _connect(str(runtime_dir() / wire.SOCKET_NAME), timeout)
+    pids.append(pid)
     with sock:
         sock.send(request.encode())
-        msg = sock.recv(MAX_MESSAGE)
+        msg = sock.recv(wire.MAX_MESSAGE)
     if not msg:
         raise ConnectionResetError("the keeper closed the connection")
-    reply = KeeperReply.decode(msg)
-    return pid, reply.status, reply.body
+    reply = wire.Reply.decode(msg)
+    return reply.status, reply.body
 
 
 def ask_keeper(timeout: float = ASK_TIMEOUT) -> KeeperAnswer:
     """The arrays this user's keeper holds (``status`` ``"none"`` when none runs)."""
     pids: list[int] = []
-
-    def ask(req: List) -> tuple[int, dict[str, Any]]:
-        _, status, body = _keeper_request(req, timeout, pids)
-        return status, body
-
     try:
-        status, body = list_pages(ask)
+        status, body = wire.list_pages(lambda req: _keeper_request(req, timeout, pids))
         pid = pids[0]
-    except (FileNotFoundError, ConnectionRefusedError):
-        return KeeperAnswer("none")
     except (TimeoutError, BlockingIOError):  # (connected, but stopped or busy: its pid)
         return KeeperAnswer("no answer", pids[0] if pids else None)
     except (PermissionDenied, KeeperError):
         return KeeperAnswer("refused")
-    except OSError:
+    except OSError:  # (no keeper listens)
         return KeeperAnswer("none")
     arrays = body.get("arrays")
-    if status != OK or type(arrays) is not list or not all(type(a) is dict for a in arrays):
+    if status != wire.OK or type(arrays) is not list or not all(type(a) is dict for a in arrays):
         return KeeperAnswer("refused", pid)
     return KeeperAnswer("ok", pid, tuple(arrays))
 
 
 def drop_kept(alloc_id: str, timeout: float = ASK_TIMEOUT) -> tuple[int, str]:
     """Ask the keeper to let go of the unnamed allocation ``alloc_id`` (parked, or payloads
-    in flight): its status and error message (``""`` when ``OK``).
-
-    Raises
-    ------
-    KeeperError
-        No keeper answers.
-    """
+    in flight): its status and error message (``""`` when ``OK``); raises
+    :class:`~sharedarrays.KeeperError` where no keeper answers."""
     try:
-        _, status, body = _keeper_request(Drop(alloc_id), timeout)
+        status, body = _keeper_request(wire.Drop(alloc_id), timeout, [])
     except (OSError, PermissionDenied) as e:
         raise KeeperError(f"the keeper cannot be asked: {e}") from None
     return status, str(body.get("error", ""))
