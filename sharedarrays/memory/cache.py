@@ -21,13 +21,12 @@ from __future__ import annotations
 import secrets
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING
+from typing import Any
 
 from sharedarrays.process import STATE
 from sharedarrays.settings import env_number
 
-if TYPE_CHECKING:
-    from sharedarrays.memory.allocation import Allocation
+Allocation = Any  # (memory.allocation imports this module: its class is not named here)
 
 __all__ = ["CACHE_BYTES", "ChunkCache", "cache_bytes", "new_block"]
 
