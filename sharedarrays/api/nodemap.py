@@ -12,6 +12,8 @@ States, strongest first:
 live       a view (or a native array made from one) uses it in some process
 draining   exporter-owned memory (cuda-ipc, cuda-pool) its exporter released, that importers
            still map: freed by the exporter when they close it
+cached     its exporter released it and keeps it for its next array of that size
+           (``SHAREDARRAYS_CACHE_BYTES``); importers may keep their mappings parked
 named      the keeper holds it under a name (``sa.unlink`` / ``rm NAME`` removes it)
 parked     the keeper holds it for ``a.park()`` (``a.unpark()`` / ``rm ID`` lets go)
 orphaned   nobody uses it, but a handle keeps it: a mapping an importer keeps parked, or the
@@ -52,7 +54,7 @@ __all__ = [
     "free",
 ]
 
-STATES = ("live", "draining", "named", "parked", "orphaned")
+STATES = ("live", "draining", "cached", "named", "parked", "orphaned")
 """An allocation's states, strongest first (see the module's table)."""
 
 MAX_TIMEOUT = 86_400.0
@@ -344,6 +346,8 @@ def _state(seen: _Seen, holders: list[Holder]) -> str:
         return "live"
     if any(row.draining for _, _, row in seen.held):
         return "draining"
+    if any(row.cached for _, _, row in seen.held):
+        return "cached"
     if kept is not None and kept.get("linked") is True:
         if type(kept.get("name")) is str:
             return "named"

@@ -94,6 +94,16 @@ class ChunkCache:
         _free(over)
         return freed
 
+    def drop(self, alloc_id: str) -> bool:
+        """Free the kept allocation whose last id was ``alloc_id``; whether one was kept."""
+        with self._lock:
+            found = [b for b, a in self._kept.items() if a.id == alloc_id]
+            for block in found:
+                self.nbytes -= self._kept[block].capacity
+            gone = [self._kept.pop(block) for block in found]
+        _free(gone)
+        return bool(gone)
+
     def kept(self) -> list[Allocation]:
         """The kept allocations, oldest first (for ``describe`` and the widgets)."""
         with self._lock:

@@ -342,6 +342,9 @@ class HeldAllocation:
         every process that still holds it (they keep its exporter from freeing it).
     in_flight : int
         Payloads pickled here that may still be loaded.
+    cached : bool
+        Released here and kept for this process's next array of its size
+        (:mod:`sharedarrays.memory.cache`).
     """
 
     alloc_id: str
@@ -357,6 +360,7 @@ class HeldAllocation:
     draining: bool
     served: tuple[tuple[int, float], ...] = ()
     in_flight: int = 0
+    cached: bool = False
 
     def to_doc(self) -> dict[str, Any]:
         """The row as a JSON object."""
@@ -374,6 +378,7 @@ class HeldAllocation:
             "draining": self.draining,
             "served": [list(s) for s in self.served],
             "in_flight": self.in_flight,
+            "cached": self.cached,
         }
 
     @classmethod
@@ -400,7 +405,7 @@ class HeldAllocation:
         for key in ("size", "used", "origin_pid", "views", "in_flight"):
             if type(doc[key]) is not int or doc[key] < 0:
                 raise PayloadError(_INCONSISTENT)
-        for key in ("created_here", "parked", "draining"):
+        for key in ("created_here", "parked", "draining", "cached"):
             if type(doc[key]) is not bool:
                 raise PayloadError(_INCONSISTENT)
         if not isinstance(doc["since"], (int, float)) or isinstance(doc["since"], bool):
@@ -429,6 +434,7 @@ class HeldAllocation:
             doc["draining"],
             tuple((int(p), float(t)) for p, t in served),
             doc["in_flight"],
+            doc["cached"],
         )
 
 
@@ -446,6 +452,7 @@ _HELD_FIELDS = {
     "draining",
     "served",
     "in_flight",
+    "cached",
 }
 
 

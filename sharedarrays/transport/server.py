@@ -360,6 +360,9 @@ class HandleServer:
         mapped here; ``NOT_ALLOWED``: a view here uses it, which is never taken away). For
         exporter-owned memory that drains here: free it if every process that held it has
         exited or closed it (``OK``), else ``NOT_ALLOWED``."""
+        if STATE.memory.cache.drop(request.alloc_id):  # (kept for reuse: freed now)
+            conn.send(Reply(Status.OK).encode())
+            return
         alloc = registry.lookup(request.alloc_id)
         draining = registry.lookup(request.alloc_id, draining=True) if alloc is None else None
         if draining is not None:
@@ -406,11 +409,12 @@ def snapshot() -> Snapshot:
     that drain here, largest first (as a ``SNAPSHOT`` reply carries it)."""
     rows = [_held(a, draining=False) for a in registry.live_allocations()]
     rows += [_held(a, draining=True) for a in registry.draining_allocations()]
+    rows += [_held(a, draining=False, cached=True) for a in STATE.memory.cache.kept()]
     rows.sort(key=lambda r: r.size, reverse=True)
     return Snapshot(os.getpid(), command_line(os.getpid()), tuple(rows))
 
 
-def _held(alloc: allocation.Allocation, draining: bool) -> HeldAllocation:
+def _held(alloc: allocation.Allocation, draining: bool, cached: bool = False) -> HeldAllocation:
     origin = alloc.origin
     return HeldAllocation(
         alloc.id,
@@ -426,6 +430,7 @@ def _held(alloc: allocation.Allocation, draining: bool) -> HeldAllocation:
         draining,
         _served(alloc, draining),
         alloc.in_flight()[0],
+        cached,
     )
 
 

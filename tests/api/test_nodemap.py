@@ -29,6 +29,7 @@ from users import become, other_user
 import sharedarrays as sa
 from sharedarrays.api import nodemap
 from sharedarrays.api.widgets.nodeview import render_node_text
+from sharedarrays.process import STATE
 from sharedarrays.protocol.handles import HeldAllocation, Reply, Snapshot, Status
 from sharedarrays.protocol.unix import runtime_dir
 from sharedarrays.transport import keeper
@@ -255,7 +256,10 @@ def test_this_process_is_in_its_own_map_and_the_text_names_it() -> None:
     assert summaries["cpu"].bytes == sum(r.size for r in cpu_rows) >= row.size
     assert sorted(summaries) == sorted({r.device for r in picture.allocations})
     alloc_id = a.allocation.id
-    a.close()
+    a.close()  # (kept for this process's next array of its size: shown as such)
+    assert nodemap.find(nodemap.node_map(), alloc_id).state == "cached"
+    assert "cached" in render_node_text(nodemap.node_map())
+    STATE.memory.cache.trim()
     assert all(r.alloc_id != alloc_id for r in nodemap.node_map().allocations)
 
 

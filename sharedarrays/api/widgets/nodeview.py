@@ -14,7 +14,13 @@ __all__ = ["COLUMNS", "row_cells", "summary_lines", "render_node_text", "render_
 COLUMNS = ("ID", "NAME", "STATE", "BACKEND", "DEVICE", "SIZE", "LOST", "EXPORTER", "HOLDERS", "AGE")
 """The columns of the table (``top`` and ``ls`` alike)."""
 
-_COLOURS = {"live": "#2e7d32", "draining": "#ef6c00", "named": "#1565c0", "parked": "#6a1b9a"}
+_COLOURS = {
+    "live": "#2e7d32",
+    "draining": "#ef6c00",
+    "cached": "#00838f",
+    "named": "#1565c0",
+    "parked": "#6a1b9a",
+}
 _ROLES = {"exporter": "E", "importer": "I", "keeper": "K"}
 
 
