@@ -83,6 +83,7 @@ def keep(a: Keepable, name: str | None) -> None:
     keeper.raise_for(status, body, what)
     keeper.hold(alloc.id)
     alloc.in_keeper = True
+    alloc.block = None  # (its memory is never reused: the keeper may serve it to anyone)
     if name is not None:
         alloc.keeper_name = name
 
