@@ -14,6 +14,7 @@ One module per concern (each module's docstring says what it holds):
 ``reservation``  a reservation of address space, and tearing mappings down
 ``info``         the read-only records ``describe`` and the widgets show
 ``slabs``        small arrays packed into shared slabs
+``cache``        released memory kept for this process's next arrays (``empty_cache``)
 
 This package re-exports the names the layers above use: import them from here
 (``from sharedarrays.memory import Allocation, lookup``). The state is the process's
@@ -25,6 +26,7 @@ the foundation, protocol and backends layers; upper layers subscribe to it throu
 from __future__ import annotations
 
 from sharedarrays.memory.allocation import Allocation
+from sharedarrays.memory.cache import empty_cache
 from sharedarrays.memory.growth import DEFAULT_CHUNK_BYTES, MAX_CHUNKS, chunk_sizes, growth_sizes
 from sharedarrays.memory.inflight import IN_FLIGHT_SECONDS, in_flight_seconds
 from sharedarrays.memory.info import ChunkInfo, MappingInfo, Origin, Served
@@ -47,6 +49,7 @@ __all__ = [
     "Lease",
     "draining_allocations",
     "drop_parked",
+    "empty_cache",
     "held_elsewhere",
     "keep_imports",
     "live_allocations",

@@ -28,7 +28,7 @@ from sharedarrays.settings import env_number
 
 Allocation = Any  # (memory.allocation imports this module: its class is not named here)
 
-__all__ = ["CACHE_BYTES", "ChunkCache", "cache_bytes", "new_block"]
+__all__ = ["CACHE_BYTES", "ChunkCache", "cache_bytes", "empty_cache", "new_block"]
 
 CACHE_BYTES = 1 << 30
 """Default bound on the bytes one process keeps cached (``SHAREDARRAYS_CACHE_BYTES``)."""
@@ -37,6 +37,13 @@ CACHE_BYTES = 1 << 30
 def cache_bytes() -> int:
     """The bytes this process may keep cached: ``SHAREDARRAYS_CACHE_BYTES`` (default 1 GiB)."""
     return env_number("SHAREDARRAYS_CACHE_BYTES", CACHE_BYTES, 0)
+
+
+def empty_cache() -> int:
+    """Free the memory this process keeps for reuse (as ``torch.cuda.empty_cache`` does);
+    returns the bytes freed."""
+    freed: int = STATE.memory.cache.trim()
+    return freed
 
 
 def new_block() -> bytes:
