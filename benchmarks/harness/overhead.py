@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import multiprocessing.reduction
+import os
 import statistics
 import time
 import traceback
@@ -77,6 +78,20 @@ class Overhead(RunBase):
         cold = kind == "cold"
         sizes = self.cfg.cold_sizes if cold else self.cfg.warm_sizes
         families = self.round_families()
+        # (a cold round's array is one the worker never saw: memory this process keeps for
+        # reuse, which the worker may map already, is not used; the results part measures it)
+        setting = os.environ.get("SHAREDARRAYS_CACHE_BYTES")
+        if cold:
+            os.environ["SHAREDARRAYS_CACHE_BYTES"] = "0"
+        try:
+            self._overhead(kind, sizes, families)
+        finally:
+            if cold and setting is None:
+                del os.environ["SHAREDARRAYS_CACHE_BYTES"]
+            elif cold:
+                os.environ["SHAREDARRAYS_CACHE_BYTES"] = setting
+
+    def _overhead(self, kind: str, sizes: list[int], families: list[str]) -> None:
         part: dict[str, Any] = {"rounds": self.cfg.rounds, "families": families, "sizes": {}}
         self.data.setdefault("overhead", {})[kind] = part
         log(
