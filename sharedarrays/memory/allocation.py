@@ -513,8 +513,9 @@ class Allocation(Leasing, HandOver):
                     if drain:
                         STATE.memory.draining[self.id] = self
                         self.released_at = time.monotonic()
+                # (a block waits for its importers' DONE, or is kept now)
                 cached = cacheable and (drain or STATE.memory.cache.put(self))
-                if not cached:
+                if not drain and not cached:
                     self._free()
             if cacheable and drain:
                 servers = self.served_servers()
