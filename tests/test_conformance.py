@@ -39,6 +39,7 @@ from conftest import fd_targets, open_fds
 import sharedarrays as sa
 from sharedarrays.backends import get_backend
 from sharedarrays.backends.device import parse_device
+from sharedarrays.memory.cache import empty_cache
 from sharedarrays.memory.registry import draining_allocations, drop_parked, lookup
 
 TESTS = Path(__file__).parent
@@ -185,13 +186,15 @@ def test_native_arrays_share_the_memory_and_hold_it_after_their_views(target: Ta
 
 
 def test_release_while_an_importer_holds_it(target: Target) -> None:
-    """Any holder: the exporter's release frees its own hold at once, the importer keeps
-    the memory. Exporter-owned: the release leaves the allocation draining, the memory
-    stays valid for the importer, and it is freed once the importer closed it."""
+    """Any holder: the importer keeps the memory. Exporter-owned memory, and memory its
+    exporter keeps for reuse (memory/cache.py), drains while the importer holds it: valid
+    for the importer, and freed (or cached) once the importer closed it; other memory's
+    exporter lets go of its own hold at once."""
     ctx = mp.get_context("spawn")
     ready, go, result = ctx.Event(), ctx.Event(), ctx.Queue()
     a = target.from_array(np.arange(100_000, dtype=np.float64), pack=False)
     alloc_id = a.allocation.id
+    waits = target.exporter_owned or a.allocation.block is not None
     child = ctx.Process(target=cw.hold_then_read, args=(pickle.dumps(a), ready, go, result))
     child.start()
     try:
@@ -201,20 +204,16 @@ def test_release_while_an_importer_holds_it(target: Target) -> None:
         gc.collect()
         assert lookup(alloc_id) is None  # released here: nothing new is served
         draining = [x.id for x in draining_allocations()]
-        if target.exporter_owned:
-            assert holders == (child.pid,)
-            assert draining == [alloc_id]  # kept for the importer
-        else:
-            assert holders == ()
-            assert draining == []
+        assert holders == ((child.pid,) if target.exporter_owned else ())
+        assert (alloc_id in draining) == waits  # kept for the importer
         go.set()
         assert result.get(timeout=60) == float(np.arange(100_000).sum())
         child.join(60)
         assert child.exitcode == 0
         deadline = time.monotonic() + 15
-        while draining_allocations() and time.monotonic() < deadline:
+        while lookup(alloc_id, draining=True) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert draining_allocations() == []  # freed once the importer closed it
+        assert lookup(alloc_id, draining=True) is None  # freed (or cached) once closed
     finally:
         go.set()
         child.join(10)
@@ -299,18 +298,26 @@ def test_round_trips_leak_no_fds_and_no_memory(target: Target, pool: Any) -> Non
     del warm
     gc.collect()
     time.sleep(0.5)
+    empty_cache()
     fds, free, before = open_fds(), target.device_free(), fd_targets()
+    made = []
     for _ in range(20):
         a = target.from_array(ref, pack=False)
+        made.append(a.allocation.id)
         assert pool.map(cw.checksum, [a, a[::2]]) == [float(1 << 18), float(1 << 17)]
         del a
     gc.collect()
+
+    def draining() -> list[str]:
+        return [i for i in made if lookup(i, draining=True) is not None]
+
     deadline = time.monotonic() + 15
-    while draining_allocations() and time.monotonic() < deadline:
-        time.sleep(0.05)  # exporter-owned memory waits for the workers' close notices
-    assert draining_allocations() == []
+    while draining() and time.monotonic() < deadline:
+        time.sleep(0.05)  # exporter-owned memory and blocks wait for the workers' notices
+    assert draining() == []
     deadline = time.monotonic() + 20
     while open_fds() != fds and time.monotonic() < deadline:
+        empty_cache()  # (what it keeps for reuse is held, not leaked)
         time.sleep(0.05)  # the notifier thread may still be telling busy workers (a socket)
     assert open_fds() == fds, (sorted(fd_targets() - before), sorted(before - fd_targets()))
     if free is not None:

@@ -26,7 +26,8 @@ from conftest import fd_targets, open_fds
 from keeper_helpers import private_keeper  # noqa: F401 - fixture
 
 import sharedarrays as sa
-from sharedarrays.memory.registry import drop_parked
+from sharedarrays.memory.cache import empty_cache
+from sharedarrays.memory.registry import draining_allocations, drop_parked, reap_draining
 from sharedarrays.protocol import keeper as wire
 from sharedarrays.transport import client, keeper
 from sharedarrays.transport import handles as transport
@@ -65,6 +66,7 @@ def clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     # failed send to one since gone closes: counted apart too)
     client.close_connections()
     drop_parked()
+    empty_cache()  # (memory kept for reuse is held, not leaked: emptied before and after)
     before, targets = open_fds(), fd_targets()
     yield
     # A leak is an fd open now to something that was not open before, or more fds than
@@ -75,6 +77,7 @@ def clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     while True:
         gc.collect()
         drop_parked()
+        empty_cache()
         keeper.disconnect()  # (the one connection a process keeps to the keeper)
         client.close_connections()
         after, new = open_fds(), fd_targets() - targets
@@ -260,6 +263,30 @@ def test_a_result_that_cannot_load_is_an_error_and_the_pool_goes_on(method: str)
 
 
 @pytest.mark.timeout(120)
+def test_a_payload_never_loaded_of_cached_memory_leaks_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+    private_keeper: Path,  # noqa: F811
+    clean: None,
+) -> None:
+    """Memory its exporter keeps for reuse waits for a payload in flight in the exporter
+    (nothing goes to the keeper) for the payload's bound, then is let go."""
+    import pickle
+
+    monkeypatch.setenv("SHAREDARRAYS_IN_FLIGHT", "1")
+    a = sa.zeros(pw.N, device="cpu", pack=False)
+    alloc_id = a.allocation.id
+    pickle.dumps(a)  # never loaded
+    del a
+    gc.collect()
+    assert [x.id for x in draining_allocations()] == [alloc_id] and _keeper_holds() == 0
+    deadline = time.monotonic() + 30
+    while draining_allocations() and time.monotonic() < deadline:
+        reap_draining()  # (what the handle server's housekeeping does every few seconds)
+        time.sleep(0.05)
+    assert draining_allocations() == [] and _keeper_holds() == 0
+
+
+@pytest.mark.usefixtures("no_cache")
 def test_a_payload_never_loaded_leaks_nothing(
     monkeypatch: pytest.MonkeyPatch,
     private_keeper: Path,  # noqa: F811
