@@ -245,6 +245,7 @@ class Allocation(Leasing, HandOver):
         if capacity is not None:
             capacity = max(round_up(capacity, backend.granularity), sum(sizes))
         cacheable = backend.maps and capacity is None and not peers and not readonly
+        cacheable = cacheable and sum(sizes) <= cache_bytes()
         if cacheable:
             alloc = cls._reuse(backend, sizes, nbytes)
             if alloc is not None:
@@ -270,7 +271,7 @@ class Allocation(Leasing, HandOver):
         )
         alloc._chunk_bytes = chunk_bytes
         alloc.used = nbytes
-        if cacheable and sum(sizes) <= cache_bytes():
+        if cacheable:
             alloc.block = new_block()
         return alloc
 
