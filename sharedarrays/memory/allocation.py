@@ -41,7 +41,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 from sharedarrays.backends import Access, Backend, Chunk, MappingBackend, round_up
-from sharedarrays.errors import OutOfMemory, PayloadError
+from sharedarrays.errors import HandleUnavailable, OutOfMemory, PayloadError
 from sharedarrays.memory.cache import cache_bytes, new_block
 from sharedarrays.memory.growth import chunk_sizes
 from sharedarrays.memory.handover import HandOver
@@ -250,25 +250,26 @@ class Allocation(Leasing, HandOver):
             alloc = cls._reuse(backend, sizes, nbytes)
             if alloc is not None:
                 return alloc
-        try:
-            backend.check_memory(sum(sizes))
-        except OutOfMemory:
-            if not STATE.memory.cache.trim():
-                raise
-            backend.check_memory(sum(sizes))
-        alloc = cls._build(
-            backend,
-            secrets.token_hex(16),
-            secrets.token_bytes(32),
-            sizes,
-            backend.create_chunk,
-            "rw",
-            Origin(True, os.getpid(), time.time()),
-            capacity,
-            peers,
-            seal=True,
-            readonly=readonly,
-        )
+        for last_try in (False, True):  # (out of memory or fds: empty the cache, again)
+            try:
+                backend.check_memory(sum(sizes))
+                alloc = cls._build(
+                    backend,
+                    secrets.token_hex(16),
+                    secrets.token_bytes(32),
+                    sizes,
+                    backend.create_chunk,
+                    "rw",
+                    Origin(True, os.getpid(), time.time()),
+                    capacity,
+                    peers,
+                    seal=True,
+                    readonly=readonly,
+                )
+                break
+            except (OutOfMemory, HandleUnavailable):
+                if last_try or not STATE.memory.cache.trim():
+                    raise
         alloc._chunk_bytes = chunk_bytes
         alloc.used = nbytes
         if cacheable:

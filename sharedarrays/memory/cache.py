@@ -10,9 +10,9 @@ their mappings parked; the reused memory carries the same *block* token, by whic
 them (:func:`sharedarrays.importing.reused_block`): a result returned from a worker then costs
 neither side a driver call.
 
-Bounded by ``SHAREDARRAYS_CACHE_BYTES`` per process (default 1 GiB, 0 turns it off), least
-recently released dropped first; emptied when new memory cannot be had; released at exit. A
-payload loads as many times as it was pickled: loading the same bytes again after its array
+Bounded by ``SHAREDARRAYS_CACHE_BYTES`` per process (default 1 GiB, 0 turns it off) and
+:data:`CACHE_BLOCKS` allocations, least recently released dropped first; emptied when new
+memory or fds cannot be had; released at exit. A payload loads as many times as it was pickled: loading the same bytes again after its array
 was released may show the memory's next array.
 """
 
@@ -28,10 +28,12 @@ from sharedarrays.settings import env_number
 
 Allocation = Any  # (memory.allocation imports this module: its class is not named here)
 
-__all__ = ["CACHE_BYTES", "ChunkCache", "cache_bytes", "empty_cache", "new_block"]
+__all__ = ["CACHE_BLOCKS", "CACHE_BYTES", "ChunkCache", "cache_bytes", "empty_cache", "new_block"]
 
 CACHE_BYTES = 1 << 30
 """Default bound on the bytes one process keeps cached (``SHAREDARRAYS_CACHE_BYTES``)."""
+CACHE_BLOCKS = 64
+"""Bound on the allocations one process keeps cached (each holds its chunks' fds open)."""
 
 
 def cache_bytes() -> int:
@@ -124,7 +126,7 @@ class ChunkCache:
 
     def _over(self, limit: int) -> list[Allocation]:
         over = []
-        while self._kept and self.nbytes > limit:
+        while self._kept and (self.nbytes > limit or len(self._kept) > CACHE_BLOCKS):
             _, alloc = self._kept.popitem(last=False)
             self.nbytes -= alloc.capacity
             over.append(alloc)

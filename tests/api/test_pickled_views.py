@@ -359,6 +359,7 @@ def test_a_part_shares_its_lease_only_with_views_loaded_in_the_thread_that_took_
     assert alloc.leases == held
 
 
+@pytest.mark.usefixtures("no_cache")  # (a release frees: nothing kept for reuse)
 def test_a_warm_load_of_another_process_s_payload_stamps_the_use_and_counts_returns() -> None:
     """The common warm load (a payload of another process, of memory it does not own) takes
     the part again in one frame: it stamps the allocation's use (parking's order), counts a

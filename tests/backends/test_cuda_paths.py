@@ -29,6 +29,8 @@ from sharedarrays.protocol import token as wire
 
 __all__ = ["fake_cuda"]  # a fixture, used by name
 
+pytestmark = pytest.mark.usefixtures("no_cache")  # (a release frees: nothing kept for reuse)
+
 CUDA0 = Device("cuda", 0)
 
 

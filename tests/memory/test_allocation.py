@@ -39,6 +39,7 @@ def test_multi_chunk_allocation_is_contiguous(fd_baseline: None) -> None:
     a.close()
 
 
+@pytest.mark.usefixtures("no_cache")  # (a release frees: nothing kept for reuse)
 def test_release_unmaps_and_closes_fds(fd_baseline: None) -> None:
     a = sa.zeros(1 << 16, device="cpu", chunk_bytes=1 << 16)
     address, alloc_id = a.address, a.allocation.id
@@ -155,6 +156,7 @@ def test_a_closed_import_never_stays_live_whatever_its_source_pid(
     a.close()
 
 
+@pytest.mark.usefixtures("no_cache")  # (a release frees: nothing kept for reuse)
 def test_dropping_the_last_lease_releases_the_allocation(fd_baseline: None) -> None:
     """Dropping the last lease releases the allocation (fds closed, unmapped), and the
     lease is not brought back by its finalizer."""
