@@ -12,8 +12,9 @@ neither side a driver call.
 
 Bounded by ``SHAREDARRAYS_CACHE_BYTES`` per process (default 1 GiB, 0 turns it off) and
 :data:`CACHE_BLOCKS` allocations, least recently released dropped first; emptied when new
-memory or fds cannot be had; released at exit. A payload loads as many times as it was pickled: loading the same bytes again after its array
-was released may show the memory's next array.
+memory or fds cannot be had; released at exit. A payload loads as many times as it was
+pickled: loading the same bytes again after its array was released may show the memory's
+next array.
 """
 
 from __future__ import annotations
