@@ -247,9 +247,9 @@ class Allocation(Leasing, HandOver):
         cacheable = backend.maps and capacity is None and not peers and not readonly
         cacheable = cacheable and sum(sizes) <= cache_bytes()
         if cacheable:
-            alloc = cls._reuse(backend, sizes, nbytes)
-            if alloc is not None:
-                return alloc
+            reused = cls._reuse(backend, sizes, nbytes)
+            if reused is not None:
+                return reused
         for last_try in (False, True):  # (out of memory or fds: empty the cache, again)
             try:
                 backend.check_memory(sum(sizes))
