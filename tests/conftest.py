@@ -175,5 +175,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 @pytest.fixture
 def no_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     """Arrays made in the test (and its children) are not kept for reuse when released
-    (``SHAREDARRAYS_CACHE_BYTES=0``): what a release does to memory the cache does not keep."""
+    (``SHAREDARRAYS_CACHE_BYTES=0``), and nothing an earlier test released is kept: what a
+    release does to memory the cache does not keep."""
+    from sharedarrays.memory import empty_cache
+
     monkeypatch.setenv("SHAREDARRAYS_CACHE_BYTES", "0")
+    empty_cache()
