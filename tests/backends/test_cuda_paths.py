@@ -10,6 +10,7 @@ import contextlib
 import os
 import pickle
 import resource
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -257,3 +258,18 @@ def test_an_export_refused_at_the_fd_limit_says_so(fake_cuda: FakeCuda) -> None:
     with pytest.raises(CudaDriverError, match="cuMemExportToShareableHandle"):
         be.create_chunk(GRANULARITY)  # with fds left: the driver's own error
     assert fake_cuda.held() == {}
+
+
+def test_a_stream_asked_while_another_thread_imports_cupy_is_the_default(
+    fake_cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Pool's result thread loads a CUDA array while the main thread is still importing
+    CuPy (a module without its ``cuda`` yet): the legacy stream, not an AttributeError."""
+    import types
+
+    from sharedarrays.backends.cuda import driver
+
+    monkeypatch.setitem(sys.modules, "cupy", types.ModuleType("cupy"))
+    monkeypatch.setattr(driver, "_cupy_stream", None)
+    assert driver.current_stream(0) == 0
+    assert driver._cupy_stream is None  # (asked again once CuPy is imported)

@@ -477,7 +477,10 @@ def current_stream(device_index: int) -> int:
         cupy = sys.modules.get("cupy")
         if cupy is None:
             return 0
-        get = _find_cupy_stream(cupy, device_index)
+        try:
+            get = _find_cupy_stream(cupy, device_index)
+        except AttributeError:  # another thread is importing CuPy: none of its streams is
+            return 0  # in use yet (a Pool's result thread loads while the main one imports)
     return int(get(device_index).ptr)
 
 
