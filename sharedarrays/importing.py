@@ -18,13 +18,10 @@ user, a backend unusable here) are raised at once.
 
 Growable arrays
 ---------------
-An array made with ``capacity=`` has an allocation whose reservation is larger than its
-chunks; only its exporter resizes it. A payload of it names its exporter (whoever pickles
-it) and carries the allocation's chunk list at that moment, its *generation*. An importer
-that maps fewer chunks than a payload names fetches the missing ones from the exporter's
-handle server (:func:`sharedarrays.transport.client.fetch_growth`) before the view is made,
-so a view never reaches an unmapped hole; :func:`catch_up` asks for the current length on
-demand (``SharedDeviceArray.refresh``). No keeper holds a growable array.
+Only its exporter resizes an array made with ``capacity=``; a payload of it names that
+exporter and carries the chunk list of its moment. An importer that maps fewer chunks fetches
+the missing ones (:func:`sharedarrays.transport.client.fetch_growth`) before the view is
+made; :func:`catch_up` asks for the current length (``refresh``). No keeper holds one.
 
 This layer returns allocations; :mod:`sharedarrays.api.array` makes the views.
 """
@@ -81,20 +78,9 @@ __all__ = [
 
 @dataclass
 class Handles:
-    """Chunk handles found for an allocation not mapped here yet (the fds are owned).
-
-    Attributes
-    ----------
-    sizes : list of int
-        The allocation's chunk sizes, as its source reported them.
-    fds : list of int
-        The received fds (one per chunk for a mapping backend).
-    exports : tuple of bytes
-        A pointer backend's portable chunk handles (from the exporter's handle server).
-    capacity, used : int
-        A growable array's reserved bytes and length in bytes, as its exporter reported
-        them (0: not reported).
-    """
+    """Chunk handles found for an allocation not mapped here yet (the fds are owned): the
+    chunk sizes as reported, the fds (one per chunk for a mapping backend), a pointer
+    backend's portable handles, and a growable array's capacity and length (0: not said)."""
 
     sizes: list[int]
     fds: list[int]
@@ -104,21 +90,11 @@ class Handles:
 
 
 class Request:
-    """One payload being loaded: what the resolvers share.
+    """One payload being loaded, what the resolvers share: the decoded ``payload``, the fds
+    ``carried`` with it (owned here until a resolver uses or closes them; ``None``: none),
+    and the ``failures`` of the sources asked so far (why each gave no handles)."""
 
-    Attributes
-    ----------
-    payload : Payload
-        The decoded payload.
-    carried : list of int or None
-        The fds that travelled with the payload (owned here until a resolver uses or
-        closes them), or ``None`` when none did.
-    failures : tuple of HandleUnavailable
-        Why each source asked so far could not give the handles, oldest first.
-    """
-
-    # (slots, and no container made per request: every object the collector tracks makes
-    # its passes longer)
+    # (slots, no container per request: every object the collector tracks lengthens a pass)
     __slots__ = ("payload", "carried", "failures", "_backend")
 
     def __init__(self, payload: Payload, carried: list[int] | None = None) -> None:
@@ -227,19 +203,13 @@ def _count_load(alloc: Allocation, p: Payload, pid: int) -> None:
 
 
 def load_again(alloc: Allocation, p: Payload, sync: bytes | None) -> bool:
-    """Load ``p`` again where it was loaded before as ``alloc`` (the same payload bytes,
-    checked then against ``alloc``: its secret, chunks and backend): count the load and wait
-    for the ordering token ``sync``, as :func:`load_payload` does, without asking a resolver.
-    (The common warm load, another process's payload of memory it does not own, is written
-    out in :func:`sharedarrays.api.message.import_part`, which calls this for the others.)
+    """Load ``p`` again where it was loaded before as ``alloc`` (the same bytes, checked
+    then): count the load and wait for the token ``sync`` without asking a resolver (the
+    commonest warm load is written out in :func:`sharedarrays.api.message.import_part`).
 
-    Returns ``False``, having done nothing, when ``alloc`` is no longer mapped here (released
-    since, or inherited through fork) or grows: load the payload anew then.
-
-    Raises
-    ------
-    PayloadError
-        A malformed token.
+    Returns ``False``, having done nothing, when ``alloc`` is no longer mapped here under
+    that id (released, reused, inherited through fork) or grows: load it anew then. Raises
+    :class:`PayloadError` for a malformed token.
     """
     pid = process.STATE.pid  # (os.getpid(): a system call, microseconds on a cold path)
     if alloc.released or alloc.pid != pid or p.capacity is not None or alloc.id != p.alloc_id:
@@ -319,10 +289,8 @@ def from_exporter(req: Request) -> Allocation | None:
 
 def from_keeper(req: Request) -> Allocation | None:
     """The allocation mapped from handles this user's keeper holds (a parked or named
-    array; no keeper is started), or ``None`` (recorded) when it does not hold them.
-
-    Passes at once for memory no keeper can hold: exporter-owned memory went with its
-    exporter, and a growable array is never parked."""
+    array; no keeper is started), or ``None`` (recorded) when it does not; at once for
+    memory no keeper holds (exporter-owned, growable)."""
     p = req.payload
     if not req.failures or p.capacity is not None or req.backend().exporter_owned:
         return None
@@ -347,13 +315,8 @@ RESOLVERS: tuple[Resolver, ...] = (
 
 
 def resolve(req: Request, resolvers: tuple[Resolver, ...] = RESOLVERS) -> Allocation:
-    """Ask ``resolvers`` in order for ``req``'s allocation; the first answer wins.
-
-    Raises
-    ------
-    HandleUnavailable
-        Every resolver passed (the message says what was tried).
-    """
+    """Ask ``resolvers`` in order for ``req``'s allocation; the first answer wins. Raises
+    :class:`HandleUnavailable` when every one passed (its message says what was tried)."""
     for resolver in resolvers:
         alloc = resolver(req)
         if alloc is not None:
@@ -367,31 +330,22 @@ def load_payload(
     """Find the allocation of the decoded payload ``p`` through :data:`RESOLVERS`, mapping
     it on first sight; then wait for the ordering token ``sync``, if one travelled with it.
 
-    The first resolver, :func:`mapped_here`, is asked before a :class:`Request` is made:
-    most loads (every warm one) end there, and a message of 10,000 arrays then makes no
-    object per array beyond its view.
-
-    Parameters
-    ----------
-    p : Payload
-        The payload (:meth:`Payload.from_bytes` of what was pickled).
-    sync, fds
-        As for :func:`sharedarrays.load` (``fds``: objects with a ``detach()`` that returns
-        an fd, such as multiprocessing's DupFd).
+    :func:`mapped_here` is asked before a :class:`Request` is made: most loads (every warm
+    one) end there. ``sync`` and ``fds`` are as for :func:`sharedarrays.load` (``fds``:
+    objects whose ``detach()`` gives an fd, such as multiprocessing's DupFd).
 
     Raises
     ------
     PayloadError
-        A malformed token or carried handles, or a payload that does not match the
-        allocation.
+        A malformed token or carried handles, or a payload that does not match.
     HandleUnavailable
-        The allocation is not mapped here and no source of its handles is left.
+        Not mapped here, and no source of its handles is left.
     PermissionDenied
         Another user, or the wrong secret.
     BackendUnavailable
         Its memory system cannot be used in this process.
     WrongNode
-        The payload was made on another node (:mod:`sharedarrays.node`): nothing is opened.
+        Made on another node (:mod:`sharedarrays.node`): nothing is opened.
     """
     check_token(sync)
     carried: list[int] | None = None

@@ -138,7 +138,7 @@ def test_the_package_hooks_are_in_layer_order() -> None:
         "sharedarrays.transport.handles.shutdown_server",
         "sharedarrays.transport.client.close_connections",
         "sharedarrays.transport.keeper._close_at_exit",
-        "sharedarrays.memory.allocation._release_cache_at_exit",
+        "sharedarrays.memory.cache._release_at_exit",
     ]
 
 

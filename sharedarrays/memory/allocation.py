@@ -1,33 +1,19 @@
 """Allocations: a reservation with its chunks mapped, in this process; and the registry.
 
-An :class:`Allocation` is what one array's memory is. It is created in one process (the
-*exporter*) and imported into others (the *importers*); each process maps an allocation at
-most once, so the registry (in the process state, ``STATE.memory``) is keyed
-by the allocation's id.
+An :class:`Allocation` is one array's memory. It is created in one process (the *exporter*)
+and imported into others (the *importers*); each process maps an allocation at most once,
+so the registry (``STATE.memory``) is keyed by the allocation's id. This module holds the
+core: creating, importing and mapping chunks, releasing and draining. Its base classes, one
+concern each: leases, parking and native arrays (:mod:`~sharedarrays.memory.lease`), chunk
+sizing and growth (:mod:`~sharedarrays.memory.growth`), the hand-over of payloads in flight
+(:mod:`~sharedarrays.memory.handover`, with :mod:`~sharedarrays.memory.inflight`), what it
+tells of itself (:mod:`~sharedarrays.memory.records`) and reuse
+(:mod:`~sharedarrays.memory.cache`).
 
-This module holds the allocation's core: creating, importing and mapping its chunks,
-releasing and draining. The other concerns have their own modules, below this one: the
-leases views take on it, parking and native arrays (:mod:`~sharedarrays.memory.lease`, a
-base class: a lease and what makes it are in one module, so that neither imports the
-other), the chunk sizing policy and growth
-(:mod:`~sharedarrays.memory.growth`, a base class of :class:`Allocation`), payloads in
-flight and served processes (:mod:`~sharedarrays.memory.inflight`, one record per
-allocation) and their hand-over to the keeper (:mod:`~sharedarrays.memory.handover`, a base
-class), what the allocation tells of itself (:mod:`~sharedarrays.memory.records`, a base
-class: chunks, mappings, holders, served, handles for importers, ``describe``), the
-reservation and teardown (:mod:`~sharedarrays.memory.reservation`), the read-only records
-``describe`` shows (:mod:`~sharedarrays.memory.info`); and, above it, the
-functions that read the registry (:mod:`~sharedarrays.memory.registry`: ``lookup``,
-``live_allocations``, ...) and slabs (:mod:`~sharedarrays.memory.slabs`).
-
-Lifetime
---------
 An allocation is released (synchronised, unmapped, its reservation freed, its chunks
-released and their fds closed) when the last Python object that refers to it goes away:
-the :class:`~sharedarrays.SharedDeviceArray` views that are still open and the native arrays
-(NumPy or CuPy) built over it, each holding a :class:`~sharedarrays.memory.lease.Lease`, which a
-``weakref.finalize`` finalizer ends. Memory itself lives on while any other process maps it
-or holds one of its handles.
+released and their fds closed, or kept for reuse) when the last lease on it goes: the open
+views and the native arrays built over it each hold one. Memory itself lives on while any
+other process maps it or holds one of its handles.
 """
 
 from __future__ import annotations
@@ -42,25 +28,24 @@ from typing import Any, cast
 
 from sharedarrays.backends import Access, Backend, Chunk, MappingBackend, round_up
 from sharedarrays.errors import HandleUnavailable, OutOfMemory, PayloadError
-from sharedarrays.memory.cache import cache_bytes, new_block
+from sharedarrays.memory.cache import Cached, cache_bytes, new_block
 from sharedarrays.memory.growth import chunk_sizes
 from sharedarrays.memory.handover import HandOver
 from sharedarrays.memory.inflight import InFlight
 from sharedarrays.memory.info import Origin
 from sharedarrays.memory.lease import Lease, Leasing, use_clock
 from sharedarrays.memory.reservation import Reservation, teardown
-from sharedarrays.process import STATE, at_exit
+from sharedarrays.process import STATE
 
-__all__ = ["Allocation", "settle_draining"]
+__all__ = ["Allocation"]
 
 
-class Allocation(Leasing, HandOver):
+class Allocation(Leasing, HandOver, Cached):
     """A reservation with its chunks mapped back to back: the memory of one array.
 
-    Do not construct directly: use :meth:`create` (exporter) or :meth:`import_` (importer).
-    Views hold :class:`~sharedarrays.memory.lease.Lease` objects on it; the mapping is released
-    when the last lease goes (in an importer it may stay *parked* a while, ready for the next
-    handoff).
+    Made by :meth:`create` (exporter) or :meth:`import_` (importer). Views hold
+    :class:`~sharedarrays.memory.lease.Lease` objects on it; an importer may keep it *parked*
+    when the last goes, ready for the next handoff.
 
     Attributes
     ----------
@@ -83,27 +68,19 @@ class Allocation(Leasing, HandOver):
     origin : Origin
         Created here, or imported from which process and when.
     flight : InFlight
-        Its payloads in flight, the processes it was served to and the loads they reported
-        (``note_sent`` when a message carrying it is pickled, ``note_loaded`` and
-        ``note_returned`` when one is loaded); :meth:`in_flight` reads it.
+        Its payloads in flight, the processes it was served to and the loads reported.
     allow_pids : frozenset of int or None
         Processes allowed to import it (besides this one); ``None``: any of this user.
     export_readonly : bool
         Whether importers get read-only mappings (payloads say ``readonly``).
     slab : bool
-        Whether it is a slab that small arrays are packed into (made here by
-        :func:`~sharedarrays.memory.slabs.pack_into_slab`): its room belongs to them, none
-        of it is lost to granularity.
+        Whether small arrays are packed into it (:func:`~sharedarrays.memory.slabs.pack_into_slab`).
     keeper_name : str or None
-        The name this process gave it or attached it by (``sa.empty(..., name=)``,
-        ``sa.attach``), while this process knows the keeper holds it under that name.
+        The name this process gave it or attached it by, while the keeper holds it so.
     in_keeper : bool
-        Whether this process knows the keeper holds its handles: it named or parked it,
-        attached it by name, or had its handles from the keeper (its exporter gone). What
-        the widgets show; no process is asked.
+        Whether this process knows the keeper holds its handles (named, parked, attached).
     write_sealed : bool
-        Whether the kernel forbids every new write to the memory (``readonly=True`` on the
-        host backend): only the creator's mappings made before can write.
+        Whether the kernel forbids every new write to it (``readonly=True``, host backend).
     """
 
     def __init__(
@@ -172,17 +149,14 @@ class Allocation(Leasing, HandOver):
         # dtype, read-only, the array), up to NATIVES_KEPT, oldest first; a thread takes one
         # out (dict.pop is atomic) and puts it back
         self._natives: dict[tuple[Any, ...], tuple[Any, Any, bool, Any]] = {}
-        self.released_at = 0.0  # (time.monotonic() of a release that left it draining)
-        self.reused = False
-        """Whether its memory was another array's before (taken from the cache)."""
+        # memory kept for reuse (memory/cache.py): its block token (made here, or named by a
+        # payload); whether it was another array's; when a release left it draining; and,
+        # in an importer, its exporter's handle server and whether that one asked for DONE
         self.block: bytes | None = None
-        """The block token of cacheable memory (:mod:`~sharedarrays.memory.cache`): made
-        here and kept for reuse when released, or imported from a payload that names one."""
+        self.reused = False
+        self.released_at = 0.0
         self.pool_server: str | None = None
-        """(An importer of a block) its exporter's handle server."""
         self.done_asked = False
-        """(An importer of a block) whether its exporter asked to be told ``DONE`` when the
-        last view here goes (:meth:`ask_done`)."""
         self.encoded: tuple[int, int, bytes] | None = None
         """The payload of the whole allocation that pickles of its views carry, with the pid
         and :attr:`generation` it was made for (:mod:`sharedarrays.api.array` makes it): one
@@ -218,15 +192,12 @@ class Allocation(Leasing, HandOver):
             Other devices (by index) that get access to the memory in this process, and
             which (CUDA VMM only: see :meth:`grant`).
         readonly : bool
-            Read-only for every other process (:attr:`export_readonly`). Where the memory
-            system enforces it (:meth:`Backend.seal`, the host backend) the chunks are sealed
-            against every new write once this process has mapped them: its mappings stay
-            writable, and nothing (importers, a mapping made anew here, a ``write`` on an fd
-            opened again through ``/proc``) can write otherwise; such an allocation cannot
-            grow past its capacity (it would have to map its chunks again).
+            Read-only for every other process (:attr:`export_readonly`); where the memory
+            system enforces it (the host backend's seal) nothing but this process's mappings
+            made before can write.
 
-        On a pointer backend (cuda-ipc, cuda-pool) the allocation is one chunk, and neither
-        ``chunk_bytes`` nor ``capacity`` can be given.
+        On a pointer backend (cuda-ipc, cuda-pool) the allocation is one chunk. Memory this
+        process released may be taken from its cache (:mod:`~sharedarrays.memory.cache`).
         """
         if backend.maps:
             sizes = chunk_sizes(nbytes, backend.granularity, chunk_bytes)
@@ -446,20 +417,15 @@ class Allocation(Leasing, HandOver):
     def release(self) -> bool:
         """Unmap and close everything this process holds of the allocation, now.
 
-        Called when the last lease goes, or to drop a parked mapping. Does nothing while a
-        view (a lease) still uses the allocation, so a mapping is never taken from under a
-        view: another thread may have just leased a parked allocation again. Close views with
-        :meth:`SharedDeviceArray.close` instead. Idempotent. A parked allocation's kept native
-        base (:meth:`native_base`) is let go first; where a native array made from it still
-        lives, the release happens when the last one goes (and this call returns ``False``).
+        Called when the last lease goes, or to drop a parked mapping; does nothing while a
+        view (a lease) uses it. Idempotent. A kept native base is let go first; where a
+        native array of it lives, the release happens when the last one goes (``False``).
 
-        Exporter-owned memory (cuda-ipc, cuda-pool) that other processes still hold is not
-        freed yet: the allocation leaves the registry (nothing new is served) and *drains*
-        until its last holder closes it or exits (:attr:`holders`,
-        :func:`~sharedarrays.memory.registry.draining_allocations`); the processes it was
-        served to are told to drop their parked mappings. A growable allocation (never
-        handed to the keeper) drains the same way while a payload of it is in flight (a pool
-        worker's result), so that it loads while this process runs.
+        It leaves the registry; what it holds is freed now, except that it *drains* (served
+        still, :func:`~sharedarrays.memory.registry.draining_allocations`) while others hold
+        it: exporter-owned memory until its holders closed it or exited, a growable array
+        while a payload is in flight, memory kept for reuse until its importers said
+        ``DONE`` (then cached: :mod:`~sharedarrays.memory.cache`).
 
         Returns
         -------
@@ -504,9 +470,8 @@ class Allocation(Leasing, HandOver):
                     STATE.memory.parked.pop(self.id, None)
                     if self.block is not None and STATE.memory.blocks.get(self.block) is self:
                         del STATE.memory.blocks[self.block]
-                    # (a growable array is not handed over: it drains while its payloads
-                    # are in flight, served here until they load or their bound passes)
-                    # (cacheable memory waits for its importers to be done with it)
+                    # (a growable array and a block drain while payloads are in flight; a
+                    # block until its importers said DONE, then it is cached)
                     drain = (
                         (self.backend.exporter_owned and (bool(self.holders) or self.busy()))
                         or (self._growable and self.busy())
@@ -515,53 +480,15 @@ class Allocation(Leasing, HandOver):
                     if drain:
                         STATE.memory.draining[self.id] = self
                         self.released_at = time.monotonic()
-                # (a block waits for its importers' DONE, or is kept now)
                 cached = cacheable and (drain or STATE.memory.cache.put(self))
                 if not drain and not cached:
                     self._free()
-            if cacheable and drain:
-                servers = self.served_servers()
-                for hook in STATE.memory.ask_hooks:
-                    hook(self, servers)
+            for hook in STATE.memory.ask_hooks if cacheable and drain else ():
+                hook(self, self.served_servers())
         finally:
             if not cached:
                 self._released_hooks()
         return True
-
-    def _released_hooks(self) -> None:
-        for hook in STATE.memory.release_hooks:
-            try:
-                hook(self)
-            except Exception:
-                continue
-
-    def cacheable(self) -> bool:
-        """Whether this process may keep the memory for its next array when it releases it
-        (:mod:`~sharedarrays.memory.cache`): made here as a block, never named, parked in the
-        keeper, handed over nor packed with small arrays."""
-        return (
-            self.block is not None
-            and self.origin.created_here
-            and self.pid == os.getpid()
-            and not self.in_keeper
-            and self.keeper_name is None
-            and not self.slab
-            and not self.flight.was_handed_over
-        )
-
-    def done_by_importers(self, count: int) -> None:
-        """An importer closed its last view after loading ``count`` payloads of this
-        allocation (``DONE``): once all that were pickled here are, a released one goes to
-        the cache."""
-        self.flight.note_done(count)
-        settle_draining()
-
-    def free_cached(self) -> None:
-        """Free memory the cache let go (and tell the processes it was served to)."""
-        try:
-            self._free()
-        finally:
-            self._released_hooks()
 
     def _free(self) -> None:
         mapped = [(m.offset, m.size) for m in self.mappings] if self.backend.maps else []
@@ -671,38 +598,3 @@ class Allocation(Leasing, HandOver):
             if chunks[i].size != sizes[i]:
                 return False
         return True
-
-
-DONE_WAIT = 1.0
-"""Seconds a released block whose payloads were all loaded waits for its importers' ``DONE``
-before it is freed instead (an importer holds a view: its mapping keeps the memory)."""
-
-
-def settle_draining(at_exit: bool = False) -> None:
-    """Put the released cacheable allocations whose payloads were all loaded and closed in
-    the cache; free those still held elsewhere :data:`DONE_WAIT` after they were all loaded,
-    or whose payloads' bound passed (``at_exit``: all of them)."""
-    with STATE.memory.lock:
-        waiting = [
-            a for a in STATE.memory.draining.values() if a.block is not None and a.cacheable()
-        ]
-    now = time.monotonic()
-    for alloc in waiting:
-        undone, _ = alloc.flight.undone()
-        held = alloc.busy() or now < alloc.released_at + DONE_WAIT
-        if undone and held and not at_exit:
-            continue
-        with alloc.growth_lock:
-            with STATE.memory.lock:
-                if STATE.memory.draining.pop(alloc.id, None) is not alloc:
-                    continue
-            if at_exit or not alloc.flight.all_done() or not STATE.memory.cache.put(alloc):
-                alloc.free_cached()
-
-
-def _release_cache_at_exit() -> None:
-    settle_draining(at_exit=True)
-    STATE.memory.cache.trim()
-
-
-at_exit(_release_cache_at_exit, "memory")

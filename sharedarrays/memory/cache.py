@@ -19,17 +19,29 @@ next array.
 
 from __future__ import annotations
 
+import os
 import secrets
 import threading
+import time
 from collections import OrderedDict
 from typing import Any
 
-from sharedarrays.process import STATE
+from sharedarrays.process import STATE, at_exit
 from sharedarrays.settings import env_number
 
 Allocation = Any  # (memory.allocation imports this module: its class is not named here)
 
-__all__ = ["CACHE_BLOCKS", "CACHE_BYTES", "ChunkCache", "cache_bytes", "empty_cache", "new_block"]
+__all__ = [
+    "CACHE_BLOCKS",
+    "CACHE_BYTES",
+    "DONE_WAIT",
+    "Cached",
+    "ChunkCache",
+    "cache_bytes",
+    "empty_cache",
+    "new_block",
+    "settle_draining",
+]
 
 CACHE_BYTES = 1 << 30
 """Default bound on the bytes one process keeps cached (``SHAREDARRAYS_CACHE_BYTES``)."""
@@ -52,6 +64,57 @@ def empty_cache() -> int:
 def new_block() -> bytes:
     """A new block token: 32 random bytes that name a piece of memory across its reuses."""
     return secrets.token_bytes(32)
+
+
+class Cached:
+    """What the cache asks of an allocation, and its answers (a base class of
+    :class:`~sharedarrays.memory.allocation.Allocation`)."""
+
+    block: bytes | None
+    origin: Any
+    pid: int
+    in_keeper: bool
+    keeper_name: str | None
+    slab: bool
+    flight: Any
+
+    def _free(self) -> None:
+        raise NotImplementedError
+
+    def _released_hooks(self) -> None:
+        for hook in STATE.memory.release_hooks:
+            try:
+                hook(self)
+            except Exception:
+                continue
+
+    def cacheable(self) -> bool:
+        """Whether this process may keep the memory for its next array when it releases it
+        (:mod:`~sharedarrays.memory.cache`): made here as a block, never named, parked in the
+        keeper, handed over nor packed with small arrays."""
+        return (
+            self.block is not None
+            and self.origin.created_here
+            and self.pid == os.getpid()
+            and not self.in_keeper
+            and self.keeper_name is None
+            and not self.slab
+            and not self.flight.was_handed_over
+        )
+
+    def done_by_importers(self, count: int) -> None:
+        """An importer closed its last view after loading ``count`` payloads of this
+        allocation (``DONE``): once all that were pickled here are, a released one goes to
+        the cache."""
+        self.flight.note_done(count)
+        settle_draining()
+
+    def free_cached(self) -> None:
+        """Free memory the cache let go (and tell the processes it was served to)."""
+        try:
+            self._free()
+        finally:
+            self._released_hooks()
 
 
 class ChunkCache:
@@ -139,4 +202,39 @@ def _free(allocs: list[Allocation]) -> None:
         alloc.free_cached()
 
 
-STATE.memory.cache = ChunkCache()  # (emptied at exit: allocation.py)
+STATE.memory.cache = ChunkCache()
+
+
+DONE_WAIT = 1.0
+"""Seconds a released block whose payloads were all loaded waits for its importers' ``DONE``
+before it is freed instead (an importer holds a view: its mapping keeps the memory)."""
+
+
+def settle_draining(at_exit: bool = False) -> None:
+    """Put the released cacheable allocations whose payloads were all loaded and closed in
+    the cache; free those still held elsewhere :data:`DONE_WAIT` after they were all loaded,
+    or whose payloads' bound passed (``at_exit``: all of them)."""
+    with STATE.memory.lock:
+        waiting = [
+            a for a in STATE.memory.draining.values() if a.block is not None and a.cacheable()
+        ]
+    now = time.monotonic()
+    for alloc in waiting:
+        undone, _ = alloc.flight.undone()
+        held = alloc.busy() or now < alloc.released_at + DONE_WAIT
+        if undone and held and not at_exit:
+            continue
+        with alloc.growth_lock:
+            with STATE.memory.lock:
+                if STATE.memory.draining.pop(alloc.id, None) is not alloc:
+                    continue
+            if at_exit or not alloc.flight.all_done() or not STATE.memory.cache.put(alloc):
+                alloc.free_cached()
+
+
+def _release_at_exit() -> None:
+    settle_draining(at_exit=True)
+    STATE.memory.cache.trim()
+
+
+at_exit(_release_at_exit, "memory")

@@ -14,7 +14,8 @@ from __future__ import annotations
 import time
 from typing import cast
 
-from sharedarrays.memory.allocation import Allocation, settle_draining
+from sharedarrays.memory.allocation import Allocation
+from sharedarrays.memory.cache import settle_draining
 from sharedarrays.memory.lease import _last_used
 from sharedarrays.process import STATE, running
 
