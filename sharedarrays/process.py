@@ -1,41 +1,29 @@
 """Facts about processes, and THE per-process state of the package: one object, one fork
 reset, one exit sequence.
 
-Other processes: is a pid running (:func:`running`), since when (:func:`start_time`), and
-with which command line (:func:`command_line`).
+Other processes: is a pid running (:func:`running`), since when (:func:`start_time`), with
+which command line (:func:`command_line`).
 
-This process: everything the package keeps per process lives in one instance of one class,
-:data:`STATE` (a :class:`ProcessState`), in sections by concern (the memory layer's
-registry, the handle server, the kept connections, the notices, the keeper client, the
-pickling caches; see the class). No other module keeps module globals of state: a module
-reads and writes ``STATE.<section>.<field>`` (never a section kept in a name of its own: a
-forked child may get new ones). This module makes the only ``os.register_at_fork`` call and
-the only ``atexit`` registration of the package:
+This process: all the package keeps per process is in :data:`STATE` (a
+:class:`ProcessState`), in sections by concern; modules read and write
+``STATE.<section>.<field>`` (never a section kept in a name of their own: a forked child
+gets new ones). This module makes the package's only ``os.register_at_fork`` call and its
+only ``atexit`` registration:
 
-- **fork**: a forked child runs :meth:`ProcessState.reset_in_child`, which sets the pid,
-  brings every section to what a new process has, bottom layer first (what a child keeps
-  of its parent's state each section's ``reset_in_child`` says), and then runs the
-  ``after_in_child`` hooks of :func:`at_fork`. Hooks are for behaviour, not state (the
-  CUDA driver's check before a fork and its marks after one).
-- **exit**: the hooks of :func:`at_exit`, top layer first (transport hands payloads over
-  and stops its server while the memory below still works). The package's, in order: hand
-  the payloads in flight over to the keeper; wait for the importers of exporter-owned
-  memory; stop the handle server; close the kept connections; close the keeper connection.
+- **fork**: the child runs :meth:`ProcessState.reset_in_child` (each section, bottom layer
+  first, says what a child keeps), then the ``after_in_child`` hooks of :func:`at_fork`.
+  Hooks are for behaviour, not state.
+- **exit**: the hooks of :func:`at_exit`, top layer first: hand payloads in flight to the
+  keeper, wait for importers of exporter-owned memory, stop the handle server, close the
+  connections, then free the memory kept for reuse.
 
-Hooks run in an order that does not depend on which module was imported first:
+Hooks run by layer (:data:`LAYERS`; before a fork and at exit top layer first, after a
+fork bottom layer first), then by their ``order``, module and name: never by import order.
 
-- by layer (:data:`LAYERS`): around a fork, the ``before`` hooks run top layer first and the
-  ``after_in_child`` / ``after_in_parent`` hooks bottom layer first; at exit, top layer
-  first;
-- within a layer, by the ``order`` each hook was registered with (smaller first), then by
-  the hook's module and name.
-
-The cache policy, one for the package: a cache of process state is a field of a section of
-:data:`STATE`, keyed by what it is a fact of, bounded by a limit given where it is filled
-(the oldest entry forgotten first: ``protocol.payload.remember``) or by the number of things
-it is keyed on, and dropped in a forked child unless what it holds is true in any process (a
-validated payload by its bytes). Facts about the machine or the code, which no fork changes,
-may be cached with ``functools.cache`` on the function that finds them.
+The cache policy: a cache of process state is a field of a section of :data:`STATE`, keyed
+by what it is a fact of, bounded (``protocol.payload.remember``, or by what it is keyed
+on), and dropped in a forked child unless true in any process. Facts about the machine or
+the code may be cached with ``functools.cache``.
 """
 
 from __future__ import annotations
@@ -265,34 +253,26 @@ class MemoryState:
     registry : dict of str to Allocation
         Every allocation mapped in this process (parked ones too), by id.
     lock : threading.RLock
-        Guards ``registry``, ``parked`` and ``draining``.
-    unregistered : threading.Condition
-        On ``lock``: notified when a released allocation leaves ``registry``
-        (:meth:`wait_unregistered`).
+        Guards ``registry``, ``parked``, ``draining`` and ``blocks``; ``unregistered`` (a
+        condition on it) is notified when a released allocation leaves ``registry``.
     parked : OrderedDict of str to Allocation
-        Imported allocations kept mapped with no live view, least recently used first
-        (:attr:`Allocation.parked`). One leased again stays listed until it is idle again
-        (moved to the end) or an eviction passes it (taken off): a lease costs nothing here,
-        and only the idle ones listed are parked.
+        Imports kept mapped with no live view, least recently used first (one leased again
+        stays listed until idle again or an eviction passes it).
     draining : dict of str to Allocation
-        Exporter-owned allocations released here that other processes still hold.
+        Released here, still served: held by others, or with payloads in flight.
     slabs : dict of (backend name, Device) to (Lease, int)
-        The current slab per memory system and device, with its first free byte.
-    slabs_lock : threading.Lock
-        Guards ``slabs``.
+        The current slab per memory system and device, with its first free byte (guarded by
+        ``slabs_lock``).
     inherited : list
-        In a forked child: what it inherited and never releases (its parent's slabs and
-        parked mappings), so that nothing runs on them here.
-    release_hooks : list of callable
-        Called with each allocation this process releases (the transport layer tells the
-        processes it served, so that they drop their parked mappings too). A hook that
-        fails is skipped. Subscriptions of modules: a forked child keeps them.
-    hand_over_hooks : list of callable
-        Called with an allocation, the number of its payloads still in flight and the
-        seconds left of their bound, before an allocation of memory that outlives its
-        exporter leaves this process (released, or the process exits): the keeper takes
-        over their handles. A hook that fails raises; the allocation is then released all
-        the same. A forked child keeps them.
+        In a forked child: what it inherited and never releases.
+    cache, blocks, asked
+        Memory kept for reuse (:mod:`sharedarrays.memory.cache`); an importer's allocations
+        by block token; tokens asked ``DONE`` for before they were listed.
+    release_hooks, hand_over_hooks, done_hooks, ask_hooks : list of callable
+        How the transport layer hears of a release (it tells the processes it served), of
+        payloads in flight leaving with the process (the keeper takes their handles: a
+        failure raises), and of ``DONE`` and ``ASK`` notices to send. A forked child keeps
+        them.
     """
 
     def __init__(self) -> None:
@@ -382,18 +362,9 @@ class NoticesState:
     notifier thread, and warm loads not yet reported. A forked child drops them: what the
     parent queued is the parent's to send.
 
-    Attributes
-    ----------
-    queue : queue.SimpleQueue
-        ``(servers, messages)`` for the notifier thread.
-    thread : threading.Thread or None
-        The notifier thread, once started.
-    in_flight : list
-        One item per notice queued and not yet sent (append/pop: no lock).
-    unreported : dict of (server, allocation id, secret) to int
-        Warm loads not yet reported.
-    unreported_lock : threading.Lock
-        Guards ``unreported``.
+    ``queue`` holds ``(servers, messages)`` for the notifier ``thread``; ``in_flight`` one
+    item per notice not yet sent (append/pop: no lock); ``unreported`` the warm loads by
+    (server, allocation id, secret), guarded by ``unreported_lock``.
     """
 
     def __init__(self) -> None:
@@ -411,17 +382,10 @@ class ServerState:
     """The handle server's section (``STATE.server``). A forked child has the parent's
     listening socket but not its thread: it drops both.
 
-    Attributes
-    ----------
-    server : HandleServer or None
-        This process's handle server, once started.
-    lock : threading.Lock
-        Guards starting and stopping it.
-    drain_bound : (float, float) or None
-        The wait at exit for the importers of exporter-owned memory once it began: when it
-        ends (``time.monotonic()``) and how long it is (seconds).
-    drain_said : set of str
-        Allocations whose holders at exit this process named on stderr.
+    ``server`` is the handle server once started (``lock`` guards starting and stopping
+    it); ``drain_bound`` the exit's wait for importers of exporter-owned memory once begun
+    (its end, ``time.monotonic()``, and length); ``drain_said`` the allocations whose
+    holders at exit were named on stderr.
     """
 
     def __init__(self) -> None:
@@ -441,29 +405,12 @@ class KeeperState:
     """The keeper client's section (``STATE.keeper``). A forked child closes its copy of the
     connection (the parent's stays open) and holds nothing in the keeper.
 
-    Attributes
-    ----------
-    lock : threading.RLock
-        Guards the connection and ``held``.
-    conn : socket.socket or None
-        This process's connection to the keeper.
-    path : str or None
-        The keeper socket ``conn`` is connected to.
-    held : set of str
-        Allocation ids this process's connection holds in the keeper.
-    deferred : list of str
-        Releases that found the lock taken, sent with the next request.
-    late : str or None
-        The socket of a keeper that did not answer this process in time (waited for
-        ``RETRY`` until it answers again).
-    exit_wait : (float, float) or None
-        While the exit hands payloads over: when it began (``time.monotonic()``) and the
-        seconds of waiting for the keeper the exit has left then.
-    exit_left : float or None
-        Seconds of waiting for the keeper this process's exit has left (both runs of its
-        hook); ``None``: all of ``TIMEOUT``.
-    said : set of str
-        Allocations whose hand-over at exit failed (said on stderr, not tried again).
+    ``conn`` is the connection to the keeper at ``path`` (``lock`` guards it and ``held``,
+    the allocation ids it holds there); ``deferred`` the releases that found the lock taken,
+    sent with the next request; ``late`` the socket of a keeper that did not answer in time
+    (waited for ``RETRY`` until it does); ``exit_wait`` (start, seconds left) while the exit
+    hands payloads over, and ``exit_left`` what is left of that wait for a second run
+    (``None``: all of ``TIMEOUT``); ``said`` the hand-overs at exit that failed.
     """
 
     def __init__(self) -> None:

@@ -245,23 +245,10 @@ def _fetch(
     reply_to: str | None,
     first: int | None,
 ) -> tuple[bytes, list[int]]:
-    """One request to a handle server: the reply's JSON body and the fds (owned by the
-    caller).
-
-    Sent on this process's kept connection to that server when there is one; if that
-    connection turns out to be closed before any reply came (the server dropped it), the
-    request is sent once more on a new one.
-    """
-    gone = (
-        f"the handles of allocation {alloc_id} are no longer available: the process that "
-        f"shared it (pid {pid}) has exited or closed every view of it, and the payload was not "
-        "kept in flight (killed; older than SHAREDARRAYS_IN_FLIGHT seconds; or already loaded "
-        "as many times as it was pickled: each pickle.dumps counts one load, so bytes pickled "
-        "once and loaded by two processes load only in the first). Keep that "
-        "process and one open view alive until every importer has loaded the array, or name "
-        "or park() it (a named or parked array is gone too when the keeper that held it was "
-        "killed: python -m sharedarrays status shows whether one runs)"
-    )
+    """One request to a handle server: the reply's JSON body and the fds (the caller's).
+    Sent on the kept connection to that server if there is one; if that one was closed
+    before any reply came, once more on a new one."""
+    gone = _gone(alloc_id, pid)
     tail = reply_to if reply_to and len(reply_to.encode()) <= MAX_PATH else ""
     if first is None:
         request = Request(Kind.FETCH, alloc_id, secret, 0, tail).encode()
@@ -286,33 +273,17 @@ def _fetch(
                 break
             sock.close()  # a kept connection the server had closed: once more, anew
             sock, reused = None, False
-        assert sock is not None  # (the loop ends holding a connection)
-        conn = sock
+        conn = sock  # (the loop ends holding a connection)
         if len(msg) < REPLY_SIZE:
             raise HandleUnavailable(f"{gone} (the server closed the connection)")
         try:
             reply = Reply.decode(msg)
         except PayloadError:
             raise PayloadError(f"{server} is not a sharedarrays handle server") from None
-        status = reply.status
-        if status not in (Status.OK, Status.BAD_UID):  # a refusal: the connection serves on
-            sock = None
+        if reply.status not in (Status.OK, Status.BAD_UID):  # a refusal: the connection
+            sock = None  # serves on
             keep_connection(server, conn)
-        if status == Status.GONE:
-            raise HandleUnavailable(gone)
-        if status == Status.BAD_SECRET:
-            raise PermissionDenied(
-                f"the process that shared allocation {alloc_id} (pid {pid}) refused the "
-                "payload's secret; the payload does not belong to that allocation"
-            )
-        if status == Status.BAD_UID:
-            raise PermissionDenied("the handle server refused this process: another user")
-        if status == Status.NOT_ALLOWED:
-            raise PermissionDenied(
-                f"process {os.getpid()} is not in the allow_pids of allocation {alloc_id}"
-            )
-        if status != Status.OK:
-            raise PayloadError("the handle server rejected the request as malformed")
+        _raise_for(reply.status, gone, alloc_id, pid)
         more = reply.fds > len(fds)  # (handles in more messages: recv_fds sets the timeout)
         if not recv_fds(conn, reply.fds, fds, deadline):
             raise HandleUnavailable(f"{gone} (the server stopped while sending)")
@@ -346,6 +317,39 @@ def _fetch(
             os.close(fd)
         if sock is not None:
             sock.close()
+
+
+def _gone(alloc_id: str, pid: int) -> str:
+    """What a load says when the exporter no longer serves the allocation."""
+    return (
+        f"the handles of allocation {alloc_id} are no longer available: the process that "
+        f"shared it (pid {pid}) has exited or closed every view of it, and the payload was not "
+        "kept in flight (killed; older than SHAREDARRAYS_IN_FLIGHT seconds; or already loaded "
+        "as many times as it was pickled: each pickle.dumps counts one load, so bytes pickled "
+        "once and loaded by two processes load only in the first). Keep that "
+        "process and one open view alive until every importer has loaded the array, or name "
+        "or park() it (a named or parked array is gone too when the keeper that held it was "
+        "killed: python -m sharedarrays status shows whether one runs)"
+    )
+
+
+def _raise_for(status: int, gone: str, alloc_id: str, pid: int) -> None:
+    """Raise what a handle server's refusal means (nothing for ``OK``)."""
+    if status == Status.GONE:
+        raise HandleUnavailable(gone)
+    if status == Status.BAD_SECRET:
+        raise PermissionDenied(
+            f"the process that shared allocation {alloc_id} (pid {pid}) refused the "
+            "payload's secret; the payload does not belong to that allocation"
+        )
+    if status == Status.BAD_UID:
+        raise PermissionDenied("the handle server refused this process: another user")
+    if status == Status.NOT_ALLOWED:
+        raise PermissionDenied(
+            f"process {os.getpid()} is not in the allow_pids of allocation {alloc_id}"
+        )
+    if status != Status.OK:
+        raise PayloadError("the handle server rejected the request as malformed")
 
 
 def kept_connections() -> int:
