@@ -192,10 +192,11 @@ class Allocation(Leasing, HandOver, Cached):
             Other devices (by index) that get access to the memory in this process, and
             which (CUDA VMM only: see :meth:`grant`).
         readonly : bool
-            Read-only for every other process (:attr:`export_readonly`); where the memory
-            system enforces it (the host backend's seal) nothing but this process's mappings
-            made before can write.
+            Read-only for every other process (:attr:`export_readonly`), enforced where the
+            memory system can (the host backend's seal).
 
+        Notes
+        -----
         On a pointer backend (cuda-ipc, cuda-pool) the allocation is one chunk. Memory this
         process released may be taken from its cache (:mod:`~sharedarrays.memory.cache`).
         """
