@@ -1,8 +1,6 @@
-"""The memory layer: allocations (a reservation with chunks mapped in it), leases, growth,
-payloads in flight, slabs. Their per-process state is ``STATE.memory``
-(:mod:`sharedarrays.process`).
+"""The memory layer: allocations, leases, growth, payloads in flight, slabs, reuse.
 
-One module per concern (each module's docstring says what it holds):
+Per-process state is ``STATE.memory`` (:mod:`sharedarrays.process`). One module per concern:
 
 ``allocation``   :class:`Allocation` (create, import, map, release, drain)
 ``lease``        :class:`Lease`, and the base class that leases, parks, makes native arrays
@@ -16,11 +14,9 @@ One module per concern (each module's docstring says what it holds):
 ``slabs``        small arrays packed into shared slabs
 ``cache``        released memory kept for this process's next arrays (``empty_cache``)
 
-This package re-exports the names the layers above use: import them from here
-(``from sharedarrays.memory import Allocation, lookup``). The state is the process's
-(``from sharedarrays.process import STATE``; ``STATE.memory``). The memory layer imports only
-the foundation, protocol and backends layers; upper layers subscribe to it through
-``STATE.memory``'s ``release_hooks`` and ``hand_over_hooks``.
+Upper layers import the names re-exported here and subscribe through ``STATE.memory``'s
+``release_hooks`` and ``hand_over_hooks``; this layer imports only the foundation, protocol
+and backends layers.
 """
 
 from __future__ import annotations

@@ -1,19 +1,14 @@
-"""Allocations: a reservation with its chunks mapped, in this process; and the registry.
+"""Allocations: one array's memory, mapped in this process.
 
-An :class:`Allocation` is one array's memory. It is created in one process (the *exporter*)
-and imported into others (the *importers*); each process maps an allocation at most once,
-so the registry (``STATE.memory``) is keyed by the allocation's id. This module holds the
-core: creating, importing and mapping chunks, releasing and draining. Its base classes, one
-concern each: leases, parking and native arrays (:mod:`~sharedarrays.memory.lease`), chunk
-sizing and growth (:mod:`~sharedarrays.memory.growth`), the hand-over of payloads in flight
-(:mod:`~sharedarrays.memory.handover`, with :mod:`~sharedarrays.memory.inflight`), what it
-tells of itself (:mod:`~sharedarrays.memory.records`) and reuse
-(:mod:`~sharedarrays.memory.cache`).
+An :class:`Allocation` is created in one process (the *exporter*) and imported into others
+(the *importers*); each process maps it at most once, so the registry (``STATE.memory``) is
+keyed by its id. This module creates, imports, releases and drains; its base classes handle
+leases (:mod:`~sharedarrays.memory.lease`), growth (:mod:`~sharedarrays.memory.growth`),
+payloads in flight (:mod:`~sharedarrays.memory.handover`), records
+(:mod:`~sharedarrays.memory.records`) and reuse (:mod:`~sharedarrays.memory.cache`).
 
-An allocation is released (synchronised, unmapped, its reservation freed, its chunks
-released and their fds closed, or kept for reuse) when the last lease on it goes: the open
-views and the native arrays built over it each hold one. Memory itself lives on while any
-other process maps it or holds one of its handles.
+It is released when its last lease (a view's or a native array's) goes; the memory lives
+on while another process maps it or holds a handle.
 """
 
 from __future__ import annotations
@@ -43,32 +38,23 @@ __all__ = ["Allocation"]
 class Allocation(Leasing, HandOver, Cached):
     """A reservation with its chunks mapped back to back: the memory of one array.
 
-    Made by :meth:`create` (exporter) or :meth:`import_` (importer). Views hold
-    :class:`~sharedarrays.memory.lease.Lease` objects on it; an importer may keep it *parked*
-    when the last goes, ready for the next handoff.
+    Made by :meth:`create` (exporter) or :meth:`import_` (importer); views hold leases on
+    it, and an importer may keep it *parked* for the next handoff.
 
     Attributes
     ----------
     id : str
         32 hex digits, the same in every process that maps it.
-    backend : Backend
-        The memory system it lives in.
     address : int
-        Start of this process's reservation (it changes when a growable allocation moves to
-        a larger reservation).
+        Start of this process's reservation (changes when a growable allocation moves).
     size : int
-        Bytes mapped: the sum of the chunk sizes, back to back from the reservation's start.
+        Bytes mapped: the sum of the chunk sizes.
     capacity : int
         Bytes reserved (``size`` unless the allocation is growable).
     used : int
-        Bytes of the growable array (what its exporter's last resize asked for); ``size`` for
-        others.
+        Bytes of the growable array (its last resize); ``size`` for others.
     generation : int
-        Counts the changes of chunks or address in this process (payload caches key on it).
-    origin : Origin
-        Created here, or imported from which process and when.
-    flight : InFlight
-        Its payloads in flight, the processes it was served to and the loads reported.
+        Counts changes of chunks or address here (payload caches key on it).
     allow_pids : frozenset of int or None
         Processes allowed to import it (besides this one); ``None``: any of this user.
     export_readonly : bool
@@ -76,11 +62,11 @@ class Allocation(Leasing, HandOver, Cached):
     slab : bool
         Whether small arrays are packed into it (:func:`~sharedarrays.memory.slabs.pack_into_slab`).
     keeper_name : str or None
-        The name this process gave it or attached it by, while the keeper holds it so.
+        The name it has in the keeper, if any.
     in_keeper : bool
-        Whether this process knows the keeper holds its handles (named, parked, attached).
+        Whether the keeper is known to hold its handles.
     write_sealed : bool
-        Whether the kernel forbids every new write to it (``readonly=True``, host backend).
+        Whether the kernel forbids every new write (``readonly=True``, host backend).
     """
 
     def __init__(
@@ -106,21 +92,18 @@ class Allocation(Leasing, HandOver, Cached):
         self._reservation = Reservation(backend, address, self.capacity)
         self._growable = capacity is not None
         self.derives_natives = capacity is None and hasattr(backend, "native_view")
-        """Whether its views' native arrays come from :meth:`native_view` (one native memory
-        per allocation; not a growable one, whose native arrays each pin their own
-        reservation, nor a backend without ``native_memory`` and ``native_view``)."""
+        """Whether its views' native arrays come from :meth:`native_view` (not growable)."""
         self._chunk_bytes: int | None = None
         self._ends: dict[int, int] = {}
         self.growth_lock = threading.RLock()
-        """Held while chunks are added, removed or served (so an fd is never sent closed)."""
+        """Held while chunks are added, removed or served."""
         self.source_server: str | None = None
         """For an imported growable allocation: its exporter's handle server."""
         self._chunks = chunks
         self._access: Access = access
         self._peers: dict[int, Access] = dict(peers or {})
         self.native_device: int | None = None
-        """The device index of the native arrays made here, when this process reads the
-        memory as a peer from another CUDA device (``None``: the memory's own device)."""
+        """Device of the native arrays made here when read as a peer (``None``: its own)."""
         self.origin = origin
         self.flight = InFlight()
         self._lock = threading.Lock()
@@ -130,13 +113,9 @@ class Allocation(Leasing, HandOver, Cached):
         self._release_when_idle = False  # a release asked for waits for a native base's end
         self._orphaned = False
         self.kept_lease: Lease[Allocation] | None = None
-        """(An importer) the lease a parked allocation keeps for its next views, which
-        :meth:`lease` hands out: ``None`` until it first parks, and after it was let go
-        (released, orphaned, evicted while in use). Read-only."""
+        """(An importer) the lease a parked allocation keeps for its next view. Read-only."""
         self.last_used = use_clock()
-        """When this process last leased or loaded the allocation
-        (:data:`~sharedarrays.memory.lease.use_clock`): the parked allocations' order, least
-        recently used first."""
+        """When last leased or loaded here (:data:`~sharedarrays.memory.lease.use_clock`)."""
         self.pid = os.getpid()  # a forked child inherits the object but is not this process
         self.allow_pids: frozenset[int] | None = None
         self.export_readonly = False
@@ -145,22 +124,16 @@ class Allocation(Leasing, HandOver, Cached):
         self.in_keeper = False
         self.write_sealed = False
         self._native_base: tuple[int | None, Any] | None = None  # (device, native array)
-        # the native arrays native_view made, by layout (offset, shape, strides): (device,
-        # dtype, read-only, the array), up to NATIVES_KEPT, oldest first; a thread takes one
-        # out (dict.pop is atomic) and puts it back
+        # native arrays by layout (offset, shape, strides): (device, dtype, readonly, array)
         self._natives: dict[tuple[Any, ...], tuple[Any, Any, bool, Any]] = {}
-        # memory kept for reuse (memory/cache.py): its block token (made here, or named by a
-        # payload); whether it was another array's; when a release left it draining; and,
-        # in an importer, its exporter's handle server and whether that one asked for DONE
+        # reuse (memory/cache.py): block token, reused, drain start, pool server, DONE asked
         self.block: bytes | None = None
         self.reused = False
         self.released_at = 0.0
         self.pool_server: str | None = None
         self.done_asked = False
         self.encoded: tuple[int, int, bytes] | None = None
-        """The payload of the whole allocation that pickles of its views carry, with the pid
-        and :attr:`generation` it was made for (:mod:`sharedarrays.api.array` makes it): one
-        bytes object, so that pickle's memo writes it once per message."""
+        """The cached payload of the allocation, with the pid and generation it was made for."""
         with STATE.memory.lock:
             STATE.memory.registry[alloc_id] = self
 
@@ -186,19 +159,11 @@ class Allocation(Leasing, HandOver, Cached):
         chunk_bytes : int, optional
             Largest chunk (see :func:`chunk_sizes`, and :func:`growth_sizes` for growth).
         capacity : int, optional
-            Make a *growable* allocation: reserve this many bytes of address space (rounded
-            up to the granularity, at least what ``nbytes`` maps) and map only ``nbytes``.
+            Make it *growable*: reserve this many bytes and map only ``nbytes``.
         peers : mapping of int to Access, optional
-            Other devices (by index) that get access to the memory in this process, and
-            which (CUDA VMM only: see :meth:`grant`).
+            Access for other devices (CUDA VMM only: see :meth:`grant`).
         readonly : bool
-            Read-only for every other process (:attr:`export_readonly`), enforced where the
-            memory system can (the host backend's seal).
-
-        Notes
-        -----
-        On a pointer backend (cuda-ipc, cuda-pool) the allocation is one chunk. Memory this
-        process released may be taken from its cache (:mod:`~sharedarrays.memory.cache`).
+            Read-only for every other process, enforced where the backend can.
         """
         if backend.maps:
             sizes = chunk_sizes(nbytes, backend.granularity, chunk_bytes)
@@ -250,8 +215,7 @@ class Allocation(Leasing, HandOver, Cached):
 
     @classmethod
     def _reuse(cls, backend: Backend, sizes: list[int], nbytes: int) -> Allocation | None:
-        """A new allocation on cached memory of ``sizes`` (:mod:`~sharedarrays.memory.cache`),
-        with a new id and secret, or ``None`` when none is cached."""
+        """A new allocation on cached memory of ``sizes``, or ``None`` when none is cached."""
         old = STATE.memory.cache.take(backend.name, backend.device, sizes)
         if old is None:
             return None
@@ -270,11 +234,9 @@ class Allocation(Leasing, HandOver, Cached):
 
     @classmethod
     def borrow(cls, backend: Backend, chunk: Chunk) -> Allocation:
-        """Make an allocation of memory this process borrowed from another library.
+        """Make an allocation of memory borrowed from another library (``borrow_chunk``).
 
-        ``chunk`` comes from the backend's ``borrow_chunk`` (cuda-ipc): it holds the object
-        that keeps the memory allocated, and releasing the allocation drops that object
-        instead of freeing. Importers see an ordinary allocation of ``backend``.
+        Releasing it drops the object that keeps the memory instead of freeing it.
         """
         if backend.maps or not backend.exporter_owned:
             raise ValueError(f"memory cannot be borrowed into a {backend.name} allocation")
@@ -304,11 +266,9 @@ class Allocation(Leasing, HandOver, Cached):
     ) -> Allocation:
         """Map an allocation from its chunks' handles (an importer).
 
-        Takes ownership of every fd in ``fds``, on success and on failure. If this process
-        already maps ``alloc_id``, the fds are closed and the existing allocation returned.
-        ``capacity`` makes it growable, reserving that many bytes (at least the chunks' sum).
-        A pointer backend's chunk comes from its portable handle in ``exports`` (and, for
-        cuda-pool, the pool's fd in ``fds``, which may be empty).
+        Takes ownership of ``fds``; returns the existing allocation if ``alloc_id`` is mapped
+        here already. ``capacity`` makes it growable. A pointer backend's chunk comes from
+        its handle in ``exports``.
         """
         bad = (
             len(sizes) != len(fds) or bool(exports)
@@ -364,8 +324,7 @@ class Allocation(Leasing, HandOver, Cached):
         seal: bool = False,
         readonly: bool = False,
     ) -> Allocation:
-        """Make the chunks, map them, set access and, with ``seal`` (chunks made here), seal
-        them (``readonly``: against every new write); everything is released on failure."""
+        """Make, map and (with ``seal``) seal the chunks; everything is released on failure."""
         total = sum(sizes)
         write_sealed = False
         if not backend.maps:  # the chunk comes with its own address
@@ -412,21 +371,16 @@ class Allocation(Leasing, HandOver, Cached):
         """The source released this allocation: release it here too once nothing uses it."""
         with self._lock:
             self._orphaned = True
-        self._let_kept_go()  # (held by a view: the view's end releases it)
-        self.release()  # does nothing while a view uses it: its last lease releases it then
+        self._let_kept_go()
+        self.release()  # (in use: its last lease releases it)
 
     def release(self) -> bool:
         """Unmap and close everything this process holds of the allocation, now.
 
-        Called when the last lease goes, or to drop a parked mapping; does nothing while a
-        view (a lease) uses it. Idempotent. A kept native base is let go first; where a
-        native array of it lives, the release happens when the last one goes (``False``).
-
-        It leaves the registry; what it holds is freed now, except that it *drains* (served
-        still, :func:`~sharedarrays.memory.registry.draining_allocations`) while others hold
-        it: exporter-owned memory until its holders closed it or exited, a growable array
-        while a payload is in flight, memory kept for reuse until its importers said
-        ``DONE`` (then cached: :mod:`~sharedarrays.memory.cache`).
+        Does nothing while a view uses it; idempotent. A kept native base is let go first.
+        It leaves the registry, but *drains* (is still served) while others may need it:
+        exporter-owned memory until its holders close it, a growable array while a payload
+        is in flight, a reusable block until its importers say ``DONE``.
 
         Returns
         -------
@@ -438,11 +392,8 @@ class Allocation(Leasing, HandOver, Cached):
                 return False
             idle = not self._view_leases()
             kept, base = self.kept_lease, self._native_base
-            if idle and (kept is not None or base is not None):  # idle, but for what it keeps
-                # let them go (the kept lease, the native base with the native arrays
-                # kept for reuse): their leases end now, the base's where no native array of
-                # it is left (else with the last one), and come back to release through
-                # _unlease
+            if idle and (kept is not None or base is not None):
+                # let them go: their leases' ends come back here through _unlease
                 self.kept_lease = None
                 self._native_base = None
                 last, self._natives = self._natives, {}
@@ -453,17 +404,17 @@ class Allocation(Leasing, HandOver, Cached):
                 self.released = True
         if kept is not None or base is not None:
             del kept, base, last
-            if not self.released:  # native arrays of it live on: not parked, kept by them
+            if not self.released:  # native arrays live on: not parked
                 with STATE.memory.lock:
                     STATE.memory.parked.pop(self.id, None)
             return self.released
         cacheable = self.cacheable()
         if not self.backend.exporter_owned and not cacheable:
-            # still registered: a load asks this process until the keeper has the handles
+            # (still registered: a load asks here until the keeper has the handles)
             self.hand_over()
         cached = False
         try:
-            with self.growth_lock:  # the handle server sends no fd while they are closed
+            with self.growth_lock:
                 with STATE.memory.lock:
                     if STATE.memory.registry.get(self.id) is self:
                         del STATE.memory.registry[self.id]
@@ -471,8 +422,6 @@ class Allocation(Leasing, HandOver, Cached):
                     STATE.memory.parked.pop(self.id, None)
                     if self.block is not None and STATE.memory.blocks.get(self.block) is self:
                         del STATE.memory.blocks[self.block]
-                    # (a growable array and a block drain while payloads are in flight; a
-                    # block until its importers said DONE, then it is cached)
                     drain = (
                         (self.backend.exporter_owned and (bool(self.holders) or self.busy()))
                         or (self._growable and self.busy())
@@ -496,14 +445,14 @@ class Allocation(Leasing, HandOver, Cached):
         teardown(self.backend, self.address, self.capacity, mapped, self._chunks)
 
     def closed_by(self, pid: int | None) -> None:
-        """Process ``pid`` no longer holds this exporter-owned allocation (it said so, or it
-        exited); ``None`` only forgets holders that exited. Frees a draining allocation
-        once no holder is left and no payload of it is in flight."""
+        """Process ``pid`` (``None``: those that exited) no longer holds this allocation.
+
+        Frees a draining allocation once no holder and no payload in flight is left."""
         self.flight.closed_by(pid)
         if self.holders or self.busy() or self.cacheable():  # (a block: settle_draining)
             return
-        try:  # this runs in the handle server's thread, which must go on serving
-            with self.growth_lock:  # (the server sends no fd while they are closed)
+        try:  # (the handle server's thread: it must go on serving)
+            with self.growth_lock:
                 with STATE.memory.lock:
                     if STATE.memory.draining.pop(self.id, None) is not self:
                         return
@@ -517,29 +466,24 @@ class Allocation(Leasing, HandOver, Cached):
             )
 
     def disown(self) -> None:
-        """In a forked child: an inherited growable allocation stays the array of the process
-        that made it (its chunks and its length are that process's to change): this one
-        may use it, but resizing it raises :class:`~sharedarrays.ResizeRefused`, as in any
-        importer, and pickling it :class:`~sharedarrays.NotShareable` (its payload would
-        name this process, which cannot tell its length). (Grown here, two processes would
-        hold different chunks under one allocation id.)"""
+        """In a forked child: the inherited allocation stays its creator's to resize.
+
+        Resizing it here raises :class:`~sharedarrays.ResizeRefused`, as in an importer."""
         self._lock = threading.Lock()
         self.growth_lock = threading.RLock()
         if self.origin.created_here:
             self.origin = Origin(False, self.origin.pid, self.origin.time)
 
     def adopt(self) -> None:
-        """In a forked child: make this inherited mapping this process's import from the
-        parent, with no record of what the parent served or sent."""
-        self.disown()  # (new locks; made by the process that forked this one: not here)
-        self.kept_lease = None  # (a view came with it: its end parks it here)
+        """In a forked child: make this inherited mapping an import from the parent."""
+        self.disown()
+        self.kept_lease = None
         self.pid = os.getpid()
         self.flight.forget()
 
     # leases and access ---------------------------------------------------------------------
     def grant(self, index: int, access: Access = "rw") -> None:
-        """Give device ``index`` (a peer of the memory's device) ``access`` to the whole
-        reservation in this process (``cuMemSetAccess``; also for chunks mapped later).
+        """Give peer device ``index`` ``access`` to the whole reservation in this process.
 
         Raises
         ------
@@ -566,8 +510,7 @@ class Allocation(Leasing, HandOver, Cached):
 
     # growth -----------------------------------------------------------------------------
     def reach(self, exclude: Lease[Allocation] | None = None) -> int:
-        """One past the highest byte any lease here (but ``exclude``) may touch (of a
-        growable allocation, whose leases' ends are tracked; 0 for another)."""
+        """One past the highest byte a lease here (but ``exclude``) may touch; 0 if fixed."""
         with self._lock:
             ends = dict(self._ends)
         if exclude is not None and exclude.allocation is self:
@@ -584,14 +527,12 @@ class Allocation(Leasing, HandOver, Cached):
         Raises
         ------
         ResizeRefused
-            A lease here (but ``exclude``) reaches into those chunks, or a running process
-            was served them.
+            A lease here, or a running process, may use those chunks.
         """
         self._unmap_past(nbytes, lambda: self.reach(exclude))
 
     def has_chunk_sizes(self, sizes: tuple[int, ...]) -> bool:
-        """Whether the chunks are ``sizes``, in reservation order (what a payload names),
-        compared without making an object (a warm load asks it for every view)."""
+        """Whether the chunks are ``sizes``, in order (checked on every warm load)."""
         chunks = self._chunks
         if len(chunks) != len(sizes):
             return False

@@ -1,20 +1,12 @@
 """The exporter's cache of released memory, which the next array of the same size reuses.
 
-As torch's caching allocator and RMM's pool resource do, an allocation made here and
-released here is kept (its chunks, their exported handles and this process's mapping), and
-:meth:`Allocation.create` takes it for the next array of the same chunk sizes instead of
-making new memory. What sharing adds: a kept allocation is reused only once every payload of
-it pickled here was loaded and then closed by its importer (each says so with a ``DONE``
-notice when its last view goes), so no other process still holds a view of it. Importers keep
-their mappings parked; the reused memory carries the same *block* token, by which they find
-them (:func:`sharedarrays.importing.reused_block`): a result returned from a worker then costs
-neither side a driver call.
+Like torch's caching allocator, an allocation made and released here is kept (chunks,
+handles, mapping) for the next array of the same chunk sizes. It is reused only once every
+importer said ``DONE`` (closed its last view); importers find their parked mappings again by
+the memory's *block* token.
 
-Bounded by ``SHAREDARRAYS_CACHE_BYTES`` per process (default 1 GiB, 0 turns it off) and
-:data:`CACHE_BLOCKS` allocations, least recently released dropped first; emptied when new
-memory or fds cannot be had; released at exit. A payload loads as many times as it was
-pickled: loading the same bytes again after its array was released may show the memory's
-next array.
+Bounded by ``SHAREDARRAYS_CACHE_BYTES`` (default 1 GiB, 0: off) and :data:`CACHE_BLOCKS`,
+least recently released dropped first; emptied when memory or fds run out, and at exit.
 """
 
 from __future__ import annotations
@@ -29,7 +21,7 @@ from typing import Any
 from sharedarrays.process import STATE, at_exit
 from sharedarrays.settings import env_number
 
-Allocation = Any  # (memory.allocation imports this module: its class is not named here)
+Allocation = Any  # (memory.allocation imports this module)
 
 __all__ = [
     "CACHE_BLOCKS",
@@ -55,20 +47,18 @@ def cache_bytes() -> int:
 
 
 def empty_cache() -> int:
-    """Free the memory this process keeps for reuse (as ``torch.cuda.empty_cache`` does);
-    returns the bytes freed."""
+    """Free the memory this process keeps for reuse; returns the bytes freed."""
     freed: int = STATE.memory.cache.trim()
     return freed
 
 
 def new_block() -> bytes:
-    """A new block token: 32 random bytes that name a piece of memory across its reuses."""
+    """A new block token: names a piece of memory across its reuses."""
     return secrets.token_bytes(32)
 
 
 class Cached:
-    """What the cache asks of an allocation, and its answers (a base class of
-    :class:`~sharedarrays.memory.allocation.Allocation`)."""
+    """What the cache asks of an allocation (a base of ``Allocation``)."""
 
     block: bytes | None
     origin: Any
@@ -89,9 +79,8 @@ class Cached:
                 continue
 
     def cacheable(self) -> bool:
-        """Whether this process may keep the memory for its next array when it releases it
-        (:mod:`~sharedarrays.memory.cache`): made here as a block, never named, parked in the
-        keeper, handed over nor packed with small arrays."""
+        """Whether the memory may be kept for reuse on release (a block made here, never
+        named, kept by the keeper, handed over or a slab)."""
         return (
             self.block is not None
             and self.origin.created_here
@@ -103,9 +92,7 @@ class Cached:
         )
 
     def done_by_importers(self, count: int) -> None:
-        """An importer closed its last view after loading ``count`` payloads of this
-        allocation (``DONE``): once all that were pickled here are, a released one goes to
-        the cache."""
+        """An importer said ``DONE`` for ``count`` payloads of this allocation."""
         self.flight.note_done(count)
         settle_draining()
 
@@ -127,8 +114,7 @@ class ChunkCache:
         self.hits = 0  # (arrays made on kept memory)
 
     def put(self, alloc: Allocation) -> bool:
-        """Keep ``alloc`` (released here, no payload of it held elsewhere); whether it was
-        kept. Those over the bound are freed, oldest first."""
+        """Keep ``alloc``, freeing the oldest over the bound; whether it was kept."""
         limit = cache_bytes()
         if alloc.capacity > limit or alloc.block is None:
             return False
@@ -140,8 +126,7 @@ class ChunkCache:
         return True
 
     def take(self, backend_name: str, device: object, sizes: list[int]) -> Allocation | None:
-        """A kept allocation of ``backend_name`` on ``device`` with chunks ``sizes``, taken
-        out of the cache (the most recently released), or ``None``."""
+        """Take out the latest kept allocation matching backend, device and sizes, or ``None``."""
         wanted = tuple(sizes)
         with self._lock:
             for block in reversed(self._kept):
@@ -158,8 +143,7 @@ class ChunkCache:
         return None
 
     def trim(self, keep: int = 0) -> int:
-        """Free kept allocations, oldest first, until at most ``keep`` bytes are kept;
-        returns the bytes freed."""
+        """Free the oldest until at most ``keep`` bytes are kept; returns the bytes freed."""
         with self._lock:
             before = self.nbytes
             over = self._over(keep)
@@ -183,7 +167,7 @@ class ChunkCache:
             return list(self._kept.values())
 
     def forget(self) -> None:
-        """In a forked child: keep nothing (the parent's memory is its own to reuse)."""
+        """In a forked child: keep nothing."""
         self._lock = threading.Lock()
         self._kept.clear()
         self.nbytes = 0
@@ -206,14 +190,13 @@ STATE.memory.cache = ChunkCache()
 
 
 DONE_WAIT = 1.0
-"""Seconds a released block whose payloads were all loaded waits for its importers' ``DONE``
-before it is freed instead (an importer holds a view: its mapping keeps the memory)."""
+"""Seconds a released, fully loaded block waits for ``DONE`` before it is freed instead."""
 
 
 def settle_draining(at_exit: bool = False) -> None:
-    """Put the released cacheable allocations whose payloads were all loaded and closed in
-    the cache; free those still held elsewhere :data:`DONE_WAIT` after they were all loaded,
-    or whose payloads' bound passed (``at_exit``: all of them)."""
+    """Cache draining blocks whose importers are all done; free those that waited too long.
+
+    ``at_exit``: free all of them."""
     with STATE.memory.lock:
         waiting = [
             a for a in STATE.memory.draining.values() if a.block is not None and a.cacheable()

@@ -1,12 +1,7 @@
 """Growth: how big chunks are, and mapping chunks at the end of an allocation.
 
-The sizing policy (:func:`chunk_sizes` for a new allocation, :func:`growth_sizes` for a
-growing one) and :class:`Growth`, the part of :class:`~sharedarrays.memory.allocation.Allocation`
-that adds, removes and moves chunks: :meth:`Growth.grow` (the exporter), :meth:`Growth.extend`
-(an importer mapping chunks its exporter added), unmapping the chunks past a size (the
-allocation's ``shrink``) and moving to a larger reservation. ``Growth`` is a base class of
-``Allocation`` (this module sits below ``allocation.py`` and does not import it); the
-attributes it declares are the allocation's.
+The sizing policy (:func:`chunk_sizes`, :func:`growth_sizes`) and :class:`Growth`, the base
+of :class:`~sharedarrays.memory.allocation.Allocation` that adds, removes and moves chunks.
 """
 
 from __future__ import annotations
@@ -25,10 +20,10 @@ from sharedarrays.settings import env_number
 __all__ = ["DEFAULT_CHUNK_BYTES", "MAX_CHUNKS", "Growth", "chunk_sizes", "growth_sizes"]
 
 DEFAULT_CHUNK_BYTES = 2 << 30
-"""Largest chunk a growable array maps at a time by default (2 GiB; see
-:func:`growth_sizes`). An array of fixed size is one chunk by default, whatever its size
-(:func:`chunk_sizes`). Override per array with ``chunk_bytes=`` or for the process with the
-``SHAREDARRAYS_CHUNK_BYTES`` environment variable (which then splits fixed-size arrays too)."""
+"""Largest chunk a growable array maps at a time by default (2 GiB).
+
+Override with ``chunk_bytes=`` or ``SHAREDARRAYS_CHUNK_BYTES`` (which also splits fixed-size
+arrays)."""
 
 MAX_CHUNKS = 1 << 16
 """No allocation has more chunks than this (a payload claiming more is rejected)."""
@@ -50,12 +45,9 @@ def _chunk_limit(chunk_bytes: int | None) -> int:
 def chunk_sizes(nbytes: int, granularity: int, chunk_bytes: int | None = None) -> list[int]:
     """Split an allocation of ``nbytes`` into chunk sizes.
 
-    The allocation is rounded up to the granularity (at least one granule, so zero-size
-    arrays have real memory too). By default it is one chunk: every chunk costs each
-    importer one import and one map on its first load (about 80 us per chunk on an H200:
-    16 chunks of 2 GiB made a 32 GiB cold handoff 1.3 ms slower than one chunk). With
-    ``chunk_bytes`` (or ``SHAREDARRAYS_CHUNK_BYTES``) it is cut into chunks of at most that
-    many bytes (rounded up to the granularity); only the last chunk may be smaller.
+    Rounded up to the granularity (at least one granule). One chunk by default, since each
+    chunk costs every importer an import and a map; with ``chunk_bytes`` chunks of at most
+    that size, only the last smaller.
 
     Parameters
     ----------
@@ -88,13 +80,8 @@ def growth_sizes(
 ) -> list[int]:
     """The chunks a growable allocation adds so that at least ``nbytes`` are mapped.
 
-    The growth policy: each new chunk is at least as large as what is mapped already
-    (doubling, so ``n`` appends make ``O(log n)`` chunks and fds) and at least what is still
-    missing, at most ``chunk_bytes`` (default :data:`DEFAULT_CHUNK_BYTES`), rounded up to the
-    granularity. Near the end of the reservation a chunk is cut to the room left when the
-    rest fits there; otherwise the sizes run past ``capacity`` and the caller moves the
-    allocation to a larger reservation. Mapped memory is therefore at most
-    ``max(2 * needed, needed + chunk_bytes)``.
+    Each chunk doubles what is mapped (``O(log n)`` chunks for ``n`` appends), at most
+    ``chunk_bytes``; sizes past ``capacity`` mean the caller must move the allocation.
 
     Parameters
     ----------
@@ -112,7 +99,6 @@ def growth_sizes(
     chunk_bytes = _chunk_limit(chunk_bytes)
     target = round_up(max(nbytes, 1), granularity)
     largest = round_up(chunk_bytes, granularity)
-    # (past the doubling, every chunk is ``largest``: counted before the loop makes them)
     if (target - mapped) // largest > MAX_CHUNKS:
         raise ValueError(
             f"growing to {nbytes} bytes in chunks of at most {largest} bytes would need more "
@@ -134,8 +120,7 @@ def growth_sizes(
 class Growth:
     """The methods of an allocation that add, remove and move its chunks.
 
-    Every change happens under :attr:`growth_lock` (the handle server holds it while it
-    sends fds, so an fd is never sent closed) and bumps :attr:`generation`.
+    Every change happens under :attr:`growth_lock` and bumps :attr:`generation`.
     """
 
     id: str
@@ -163,14 +148,11 @@ class Growth:
     def grow(self, nbytes: int) -> None:
         """Map new chunks at the end so that at least ``nbytes`` are mapped (the exporter).
 
-        Chunk sizes follow :func:`growth_sizes`. Existing data and addresses do not change,
-        unless the chunks do not fit the capacity: then the allocation first *moves* to a
-        new reservation of at least twice the capacity, mapping the same chunks there (no
-        data is copied); native arrays made before keep the old reservation mapped while
-        they live.
+        If they do not fit the capacity, the allocation first *moves* to a reservation at
+        least twice as large (no data copied; old native arrays keep the old one mapped).
         """
         with self.growth_lock:
-            if nbytes > self.size:  # (what is missing at least, refused before it is planned)
+            if nbytes > self.size:
                 self.backend.check_memory(nbytes - self.size)
             sizes = growth_sizes(
                 self.size, nbytes, self.backend.granularity, self.capacity, self._chunk_bytes
@@ -180,8 +162,7 @@ class Growth:
                 self._add_chunks(sizes, self.backend.create_chunk, 0, seal=True)
 
     def extend(self, sizes: list[int], fds: list[int], capacity: int = 0) -> None:
-        """Map chunks the exporter added (an importer), at the end; takes ownership of
-        ``fds``. ``capacity``: the exporter's capacity, reserved if the chunks need a move."""
+        """Map chunks the exporter added (an importer); takes ownership of ``fds``."""
         pending = list(fds)
         try:
             if len(sizes) != len(pending):
@@ -197,8 +178,7 @@ class Growth:
                 os.close(fd)
 
     def _unmap_past(self, nbytes: int, reach: Callable[[], int]) -> None:
-        """Unmap and release the chunks that lie wholly past ``nbytes`` (the exporter);
-        ``reach()``: one past the highest byte a lease here may touch.
+        """Unmap and release the chunks wholly past ``nbytes`` (the exporter).
 
         Raises
         ------
@@ -231,7 +211,7 @@ class Growth:
                 )
             dropped = self._chunks[keep:]
             start = kept
-            self.size = kept  # new views and payloads stop here before anything is unmapped
+            self.size = kept  # (before anything is unmapped)
             self._chunks = self._chunks[:keep]
             self.generation += 1
             mapped = []
@@ -265,7 +245,7 @@ class Growth:
                     backend.map(address, size, chunk, 0)
                     mapped.append((self.size, size))
                     backend.set_access(address, size, self._access, self._peers)
-                    if seal:  # made here: sealed like the first chunks
+                    if seal:
                         backend.seal(chunk, self.export_readonly)
                 except BaseException:
                     teardown(backend, self.address, 0, mapped, [chunk], free=False)
@@ -303,4 +283,4 @@ class Growth:
         self.address = address
         self.capacity = capacity
         self.generation += 1
-        del old  # freed now unless a native array still uses its addresses
+        del old  # (freed unless a native array still uses it)

@@ -1,11 +1,7 @@
-"""Handing an allocation's payloads in flight over to the keeper: :class:`HandOver`, a base
-class of :class:`~sharedarrays.memory.allocation.Allocation`.
+"""Handing an allocation's payloads in flight over to the keeper (:class:`HandOver`).
 
-The payloads of an allocation pickled here and not loaded yet are counted in its
-:class:`~sharedarrays.memory.inflight.InFlight` record; when the allocation is released here
-(and at exit) their handles go to what outlives this process, the hooks of
-``STATE.memory.hand_over_hooks`` (the keeper's client, ``transport/keeper.py``), for the rest
-of their bound.
+When an allocation is released here (or at exit) with payloads not loaded yet, their
+handles go to ``STATE.memory.hand_over_hooks`` (the keeper) for the rest of their bound.
 """
 
 from __future__ import annotations
@@ -25,15 +21,9 @@ class HandOver(Growth):
     pid: int
 
     def in_flight(self) -> tuple[int, float]:
-        """Payloads pickled here that may still be loaded, and the seconds left of their
-        bound (:func:`in_flight_seconds`, counted from the last one pickled).
+        """Payloads pickled here that may still be loaded, and the seconds left of their bound.
 
-        Every payload pickled here counts until as many were counted loaded
-        (``flight.note_loaded``: a handle request answered here, a payload loaded back
-        here, the loads its exporter's release notice reports, the warm loads importers of
-        exporter-owned memory report), or the bound passed. Other warm loads (a process that
-        already maps the allocation asks nothing) are not counted, so the count errs on the
-        side of keeping memory alive.
+        Uncounted warm loads make the count err on the side of keeping memory alive.
 
         Returns
         -------
@@ -43,18 +33,14 @@ class HandOver(Growth):
         return self.flight.in_flight()
 
     def busy(self) -> bool:
-        """Whether a payload of this allocation pickled here may still be loaded
-        (:meth:`in_flight`)."""
+        """Whether a payload pickled here may still be loaded."""
         return self.in_flight()[0] > 0
 
     def hand_over(self, say: bool = True) -> tuple[int, str] | None:
-        """Give the handles of the payloads in flight to something that outlives this
-        process (the process state's ``hand_over_hooks``: the keeper), for the rest of their bound.
+        """Give the handles of payloads in flight to the keeper (``hand_over_hooks``).
 
-        Called when the allocation is released here and at exit, for memory that outlives
-        its exporter (host, cuda-vmm); does nothing when no payload is in flight. A hook's
-        failure is said on stderr (this runs from finalizers; with ``say=False`` the caller
-        says it): those payloads will not load.
+        For memory that outlives its exporter (host, cuda-vmm). A failure is printed on
+        stderr unless ``say=False``.
 
         Returns
         -------
@@ -78,5 +64,5 @@ class HandOver(Growth):
                 if say:
                     print(message, file=sys.stderr)
                 return count, message
-        self.flight.handed_over()  # the keeper answers for them from now on
+        self.flight.handed_over()
         return None

@@ -1,12 +1,8 @@
 """Payloads in flight and the processes an allocation was served to.
 
-An :class:`InFlight` is one allocation's record, in this process, of the payloads pickled
-here that may still be loaded elsewhere (:meth:`InFlight.in_flight`), of the processes its
-handles were served to (and, for exporter-owned memory, those that still hold it), and of
-payloads of it from other processes loaded here. The allocation keeps one and answers its
-``note_sent`` / ``note_loaded`` / ``note_returned`` / ``record_served`` / ``holders`` calls
-from it; the hand-over of payloads in flight to the keeper (:meth:`Allocation.hand_over`)
-reads it.
+An :class:`InFlight` is one allocation's record, in this process, of payloads pickled here
+that may still be loaded elsewhere, of the processes its handles were served to (and those
+that still hold exporter-owned memory), and of payloads from elsewhere loaded here.
 """
 
 from __future__ import annotations
@@ -29,12 +25,9 @@ _SERVED_HISTORY = 256
 
 
 def in_flight_seconds() -> float:
-    """How long a payload in flight (pickled here, not yet loaded) keeps its memory alive
-    after this process let go of it: ``SHAREDARRAYS_IN_FLIGHT`` seconds (default 60).
+    """How long a payload in flight keeps its memory alive: ``SHAREDARRAYS_IN_FLIGHT`` (60 s).
 
-    Within the bound a payload loads even when its sender closed its last view or exited
-    in the meantime; a payload loaded later raises :class:`~sharedarrays.HandleUnavailable`
-    (park or name the array to keep it longer)."""
+    A payload loaded later raises :class:`~sharedarrays.HandleUnavailable`."""
     return env_number("SHAREDARRAYS_IN_FLIGHT", IN_FLIGHT_SECONDS, 0.0)
 
 
@@ -46,15 +39,12 @@ class InFlight:
         self._sent = 0  # payloads pickled here that name this process's handle server
         self._sent_at = 0.0  # time.monotonic() of the last
         self._fetched = 0  # handle requests for it this process answered
-        self._returned: dict[str, int] = {}  # payloads of it loaded here, by their sender's
-        # handle server (one this process served): told to that process when released here
+        self._returned: dict[str, int] = {}  # payloads loaded here, by sender's server
         self._served: deque[Served] = deque(maxlen=_SERVED_HISTORY)
-        # processes this one served it to, by handle server (read without the lock by a
-        # warm load, :func:`sharedarrays.api.message.import_part`: a membership test)
-        self.servers: set[str] = set()
+        self.servers: set[str] = set()  # handle servers served (read without the lock)
         self._done = 0  # payloads of a block pickled here that importers closed (DONE)
-        self._loads = 0  # (an importer of a block) payloads loaded and leased since the last DONE
-        self._unleased = 0  # (an importer of a block) payloads loaded whose view has no lease yet
+        self._loads = 0  # (block importer) loaded and leased since the last DONE
+        self._unleased = 0  # (block importer) loaded, no lease yet
         self.was_handed_over = False
         self._holders: set[int] = set()  # exporter-owned memory: importers not done yet
         self._served_chunks: dict[int, int] = {}  # pid -> chunks it may map
@@ -71,18 +61,14 @@ class InFlight:
 
     # payloads in flight ----------------------------------------------------------------
     def note_sent(self) -> None:
-        """A payload naming this process's handle server was pickled (and may be loaded by
-        another process later): one per message that carries views of the allocation,
-        however many (:class:`sharedarrays.api.message.MessagePart`)."""
+        """A payload naming this process's handle server was pickled (one per message)."""
         with self._lock:
             self._sent += 1
             self._sent_at = time.monotonic()
 
     def note_loaded(self, count: int = 1) -> None:
-        """``count`` payloads pickled here were loaded (here, or where the process they came
-        back to said so): no longer in flight."""
-        with self._lock:  # (never more than were sent: a load of a payload counted
-            # nowhere, or one loaded twice, must not hide the next one in flight)
+        """``count`` payloads pickled here were loaded: no longer in flight."""
+        with self._lock:  # (never more than were sent)
             self._fetched = min(self._fetched + count, self._sent)
 
     def handed_over(self) -> None:
@@ -103,32 +89,28 @@ class InFlight:
             return self._done >= self._sent
 
     def undone(self) -> tuple[int, float]:
-        """Payloads pickled here not reported done, and the seconds left of their bound;
-        ``(0, 0.0)`` when none, or when the bound passed."""
+        """Payloads not reported done and seconds left of their bound, or ``(0, 0.0)``."""
         with self._lock:
             count, sent_at = self._sent - self._done, self._sent_at
         left = sent_at + in_flight_seconds() - time.monotonic() if count > 0 else 0.0
         return (count, left) if left > 0 else (0, 0.0)
 
     def note_block_load(self, first: bool = False) -> None:
-        """(An importer of a block) a payload of it was loaded here (``first``: on memory
-        taken under a new id: what was counted before was its last array's)."""
+        """(An importer of a block) a payload was loaded (``first``: under a new id)."""
         with self._lock:
             if first:
                 self._loads = self._unleased = 0
             self._unleased += 1
 
     def note_block_lease(self) -> None:
-        """(An importer of a block) a lease was taken: a load's view holds it from now on."""
+        """(An importer of a block) a load's view took a lease."""
         with self._lock:
             if self._unleased:
                 self._unleased -= 1
                 self._loads += 1
 
     def take_block_loads(self) -> int:
-        """(An importer of a block) the loads to report ``DONE`` now: 0 while a load has no
-        lease yet (its view is being made), or where this process handed the allocation on
-        (others may hold it through this one)."""
+        """(An importer of a block) the loads to report ``DONE`` now (0 while not yet)."""
         with self._lock:
             if self._unleased or self._sent or self.servers:
                 return 0
@@ -136,10 +118,8 @@ class InFlight:
             return loads
 
     def note_returned(self, server: str) -> None:
-        """A payload from the process whose handle server is ``server`` was loaded here.
-        Counted only for processes this one served (those it tells when it releases the
-        allocation: :meth:`returned`), so that they need not keep it in flight."""
-        if server not in self.servers:  # (the common case, a warm load: no lock taken)
+        """A payload from the process of handle server ``server`` (one served) loaded here."""
+        if server not in self.servers:  # (a warm load: no lock)
             return
         with self._lock:
             if server in self.servers:
@@ -151,8 +131,7 @@ class InFlight:
             return self._returned.get(server, 0)
 
     def in_flight(self) -> tuple[int, float]:
-        """Payloads pickled here that may still be loaded, and the seconds left of their
-        bound (:func:`in_flight_seconds`, from the last one pickled); ``(0, 0.0)`` when none."""
+        """Payloads that may still be loaded and seconds left of their bound, or ``(0, 0.0)``."""
         with self._lock:
             count, sent_at = self._sent - self._fetched, self._sent_at
         left = sent_at + in_flight_seconds() - time.monotonic() if count > 0 else 0.0
@@ -160,9 +139,7 @@ class InFlight:
 
     # served processes ------------------------------------------------------------------
     def record_served(self, pid: int, server: str | None, chunks: int, holder: bool) -> None:
-        """The handles were sent to process ``pid`` (with its handle server, if given);
-        ``chunks``: how many chunks it may map now; ``holder``: it holds exporter-owned
-        memory until it says it closed it or exits."""
+        """The handles (``chunks`` of them) were sent to ``pid``; ``holder``: it holds them."""
         with self._lock:
             self._fetched += 1
             self._served.append(Served(pid, time.time()))

@@ -1,6 +1,4 @@
-"""Read-only records describing an allocation in this process (what ``describe``, the
-widgets and the CLI show): where it came from, whom it was served to, its chunks and
-mappings. Plain frozen dataclasses: nothing here maps or frees memory."""
+"""Read-only records of an allocation, as ``describe``, the widgets and the CLI show it."""
 
 from __future__ import annotations
 
@@ -20,8 +18,7 @@ class Origin:
     created_here : bool
         True in the exporter, False in importers.
     pid : int
-        The process that created it (this one when ``created_here``), or for an importer the
-        process it was imported from.
+        The process that created it, or that an importer imported it from.
     time : float
         When it was created or imported (``time.time()``).
     """
@@ -32,8 +29,7 @@ class Origin:
 
     @property
     def role(self) -> str:
-        """This process's part, in the words the widgets, ``describe`` and the CLI use:
-        ``"exporter: this process"`` or ``"importer of pid 123's allocation"``."""
+        """This process's part, e.g. ``"importer of pid 123's allocation"``."""
         if self.created_here:
             return "exporter: this process"
         return f"importer of pid {self.pid}'s allocation"
@@ -58,8 +54,7 @@ class ChunkInfo:
 
 @dataclass(frozen=True)
 class MappingInfo:
-    """One mapping: ``size`` bytes of chunk ``chunk`` from ``chunk_offset`` placed at
-    ``offset`` bytes into the reservation, with this process's access."""
+    """One mapping: ``size`` bytes of chunk ``chunk`` at ``offset`` in the reservation."""
 
     offset: int
     size: int

@@ -1,11 +1,7 @@
-"""Leases: each view's hold on an allocation (:class:`Lease`), and :class:`Leasing`, the base
-class of :class:`~sharedarrays.memory.allocation.Allocation` that hands them out, parks an
-imported allocation when its last view goes (:func:`keep_imports`) and makes the native
-arrays of its views (:meth:`Leasing.native_base`, :meth:`Leasing.native_view`).
+"""Leases: each view's hold on an allocation, and :class:`Leasing`, which hands them out.
 
-A lease and what makes it are in one module, so that neither imports the other; the
-allocation releases itself (:meth:`~sharedarrays.memory.allocation.Allocation.release`) when
-its last lease ends and it is not parked.
+:class:`Leasing` (a base of :class:`~sharedarrays.memory.allocation.Allocation`) also parks
+idle imports (:func:`keep_imports`) and makes the native arrays of views.
 """
 
 from __future__ import annotations
@@ -39,15 +35,10 @@ _keep_imports: tuple[float, int] = (float("-inf"), 64)  # (when read, the value)
 def keep_imports() -> int:
     """How many imported allocations with no live view this process keeps mapped.
 
-    A worker that receives the same array again then finds it mapped (a *warm* handoff: no
-    connection, no import, no map). Set by ``SHAREDARRAYS_KEEP_IMPORTS`` (default 64; 0 turns
-    parking off), read at most once a second, when an import parks: its last view goes for
-    the first time, or after the lease it kept was let go. (A parked import keeps a lease,
-    which its next view takes and gives back: a warm handoff parks nothing and reads no
-    limit, so a lowered limit takes effect at the next park.) A parked mapping is dropped as
-    soon as its exporter releases the allocation (a notice) or exits (seen when it parks,
-    or by the handle server's housekeeping), and the least recently used are dropped when
-    a park goes over the limit.
+    A worker that receives the same array again then finds it mapped (a *warm* handoff).
+    Set by ``SHAREDARRAYS_KEEP_IMPORTS`` (default 64; 0 turns parking off), read at most once
+    a second. A parked mapping is dropped when its exporter releases it or exits; the least
+    recently used go first when over the limit.
     """
     global _keep_imports
     now = time.monotonic()
@@ -57,8 +48,7 @@ def keep_imports() -> int:
 
 
 NATIVES_KEPT = 1024
-"""Most native arrays an allocation keeps for reuse (:meth:`Leasing.native_view`): one per
-view layout used, a few hundred bytes each."""
+"""Most native arrays an allocation keeps for reuse, one per view layout."""
 
 
 def _last_used(alloc: Leasing) -> int:
@@ -70,12 +60,10 @@ use_clock = time.monotonic_ns
 
 
 class Lease(Generic[_L]):
-    """One user's hold on an allocation: each view takes one, which the native array built
-    over it shares (pinned: :meth:`Leasing.pin`).
+    """One user's hold on an allocation: each view takes one.
 
-    When the last lease of an allocation goes away, the allocation is released (in the
-    exporter) or parked (in an importer, see :func:`keep_imports`). A lease ends when it is
-    garbage collected (:meth:`__del__`).
+    When the last lease goes (garbage collected), the allocation is released (exporter) or
+    parked (importer, see :func:`keep_imports`).
 
     Attributes
     ----------
@@ -88,9 +76,7 @@ class Lease(Generic[_L]):
     __slots__ = ("allocation", "end", "_pinned", "__weakref__")
 
     def __init__(self, allocation: _L, end: int, reservation: Reservation | None = None) -> None:
-        """Hold ``allocation`` up to byte ``end``; ``reservation``: for a native array, the
-        reservation its addresses are in, kept mapped while the lease lives even after the
-        allocation moved to a larger one."""
+        """Hold ``allocation`` up to byte ``end``, keeping ``reservation`` mapped if given."""
         self.allocation = allocation
         self.end = end
         # (a list only when pinned: emptied first when the lease ends)
@@ -98,20 +84,13 @@ class Lease(Generic[_L]):
 
     @property
     def reservation(self) -> Reservation | None:
-        """For a native array: the reservation its addresses are in (the latest pinned),
-        kept mapped while the lease lives even after the allocation moved to a larger one."""
+        """The latest reservation pinned (kept mapped for a native array), or ``None``."""
         return self._pinned[-1] if self._pinned else None
 
     def __del__(self, _finalizing: Callable[[], bool] = sys.is_finalizing) -> None:
-        # The lease ends when it is collected: the reservation it pinned goes first (an
-        # abandoned reservation is freed before the allocation), then the hold. A __del__
-        # and not a weakref.finalize: a lease is made for every view and every load, and a
-        # finalizer object each (a reference the collector tracks, a callback) made a
-        # message of 10,000 arrays 15-20% slower to load (docs/performance.md). It only
-        # drops counts, so it can bring nothing back to life. Not while the interpreter
-        # shuts down (the process's mappings go with it). ``sys.is_finalizing`` is bound
-        # as a default: a lease collected late in shutdown finds this module's globals, sys
-        # among them, already None.
+        # The pinned reservation goes first, then the hold. A __del__ rather than
+        # weakref.finalize, which is slower per lease. ``sys.is_finalizing`` is bound as a
+        # default: late in shutdown this module's globals are already None.
         if _finalizing():
             return
         self._pinned = None
@@ -126,9 +105,7 @@ class Lease(Generic[_L]):
 
 
 class Leasing(AllocationRecords):
-    """The leases of an allocation, its parking and its native arrays (see the module).
-
-    The allocation supplies :meth:`release`."""
+    """The leases of an allocation, its parking and its native arrays (see the module)."""
 
     released: bool
     kept_lease: Lease[Any] | None
@@ -152,16 +129,14 @@ class Leasing(AllocationRecords):
         raise NotImplementedError
 
     def lease(self: _L, end: int | None = None, pin: bool = False) -> Lease[_L]:
-        """A new hold on this allocation (each view takes one). A parked allocation is no
-        longer parked while one lives.
+        """A new hold on this allocation (each view takes one); it unparks the allocation.
 
         Parameters
         ----------
         end : int, optional
             One past the highest byte the holder may touch (default: all mapped bytes).
         pin : bool
-            Keep the current reservation mapped while the lease lives, even after the
-            allocation moves (native arrays hold addresses in it).
+            Keep the current reservation mapped while the lease lives.
         """
         if end is None:
             end = self.size
@@ -172,8 +147,7 @@ class Leasing(AllocationRecords):
             if self.released:
                 raise ClosedArrayError(f"allocation {self.id} was released in this process")
             if not pin and end == self.size and self._kept_idle():
-                # parked: the lease it keeps, which no view holds, is the view's now (and is
-                # parked again when the view lets it go: no lease made or ended, no list)
+                # parked: hand out the kept lease
                 self._release_when_idle = False
                 return self.kept_lease  # type: ignore[return-value]
             self._leases += 1
@@ -181,22 +155,13 @@ class Leasing(AllocationRecords):
                 self._ends[end] = self._ends.get(end, 0) + 1
             self._release_when_idle = False  # (used again: a pending eviction is off)
             reservation = self._reservation if pin else None
-        # (still listed in STATE.memory.parked if it was parked: leased, it is not parked any more)
         return Lease(self, end, reservation)
 
     def native_base(self) -> Any:
-        """The native memory object of the whole allocation (the backend's
-        ``native_memory``), which the native arrays of its views share in this process (its
-        ``native_view`` derives them from it: one native memory object per allocation, not
-        per view).
+        """The native memory object of the whole allocation, shared by its views' arrays.
 
-        Made on first use with a lease of its own, pinned. It is kept while a view holds the
-        allocation, and while an importer keeps the allocation parked (so that the next
-        handoff of it makes none); else, when only its own lease is left, it is let go
-        (:meth:`_unlease`, :meth:`release`), and the lease ends with the last native array
-        made from it. Read-only where this
-        process maps the allocation read-only. Not for a growable allocation, whose views'
-        native arrays each pin the reservation of their own time."""
+        Made on first use with a pinned lease of its own; kept while a view holds the
+        allocation or it is parked. Not for a growable allocation."""
         device = self.native_device
         cached = self._native_base
         if cached is not None and cached[0] == device:
@@ -207,7 +172,7 @@ class Leasing(AllocationRecords):
         with self._lock:
             replaced, self._native_base = self._native_base, (device, base)
             kept, self._natives = self._natives, {}
-        del replaced, kept  # (a peer device's, if any: its lease ends with its native arrays)
+        del replaced, kept
         return base
 
     def native_view(
@@ -218,24 +183,16 @@ class Leasing(AllocationRecords):
         strides: tuple[int, ...],
         readonly: bool,
     ) -> Any:
-        """A native array of a view of this allocation: the backend's ``native_view`` of
-        :meth:`native_base` (not for a growable allocation).
+        """A native array of a view of this allocation, derived from :meth:`native_base`.
 
-        Each native array made is kept, by its layout (up to :data:`NATIVES_KEPT` of them,
-        the oldest let go first), and handed out again for a view of the same layout when
-        nothing else holds it any more and the backend finds its layout unchanged
-        (``native_intact``): a warm handoff's ``.array``, and each of a warm message of
-        many views of the allocation, then makes no new native array (CuPy's constructor is
-        the costliest step of it on the H200, and its two objects per array are what the
-        collector's passes cost in a worker that loads many). A native array someone still
-        holds, or changed (``x.shape = ...``), is never handed out twice. The kept ones go
-        with the native base (:meth:`release`, a move to a peer device).
+        Native arrays are kept by layout (up to :data:`NATIVES_KEPT`) and reused when
+        nothing else holds them and their layout is unchanged, so a warm handoff makes none.
         """
         device = self.native_device
         backend = self.backend
         natives = self._natives
         key = (offset, shape, strides)
-        last = natives.pop(key, None)  # (taken out: no other thread hands it out too)
+        last = natives.pop(key, None)  # (taken out: no other thread hands it out)
         if (
             last is not None
             and last[0] == device
@@ -249,8 +206,6 @@ class Leasing(AllocationRecords):
             natives[key] = last
             return last[3]
         del last
-        # (a view calls this: its lease holds the allocation, which release() leaves alone
-        # then, so the table is only ever filled here)
         native = backend.native_view(  # type: ignore[attr-defined]
             self.native_base(), offset, dtype, shape, strides, readonly
         )
@@ -259,12 +214,9 @@ class Leasing(AllocationRecords):
         return native
 
     def pin(self: _L, lease: Lease[_L]) -> Lease[_L]:
-        """Make ``lease`` (one of this allocation's) keep the current reservation mapped
-        while it lives, as a lease taken with ``pin=True`` does; returns it.
+        """Make ``lease`` keep the current reservation mapped while it lives; returns it.
 
-        A growable allocation's native arrays hold their view's own lease this way (one
-        lease per view and its native array: the lease ends when both are gone); other
-        allocations' native arrays share :meth:`native_base` and its lease."""
+        A growable allocation's native arrays hold their view's lease this way."""
         with self._lock:
             reservation = self._reservation
             pinned = lease._pinned
@@ -292,9 +244,7 @@ class Leasing(AllocationRecords):
                 return
             park = not self._release_when_idle
             park = park and not self.origin.created_here and not self._orphaned
-        # a mapping whose source process has exited will not be handed to us again: drop it
-        # (a Pool worker's source is its parent, alive while getppid still names it: one
-        # cheap call instead of kill(pid, 0) at every park)
+        # drop a mapping whose source exited (getppid: cheap check for a Pool's parent)
         pid = self.origin.pid
         limit = keep_imports() if park and (pid == os.getppid() or running(pid)) else 0
         if limit == 0:
@@ -320,15 +270,9 @@ class Leasing(AllocationRecords):
             a.release()  # (does nothing to one leased again)
 
     def _keep_lease(self) -> None:
-        """Parked: keep a lease for the next view (:meth:`lease` hands it out), so that a
-        warm handoff makes and ends no lease; the allocation holds it, and is parked again
-        whenever no view holds it. Not for a growable allocation (its views' ends count).
+        """Parked: keep a lease for the next view, so a warm handoff makes none.
 
-        The lease is counted under the lock and made outside it: making an object may start
-        a collection, and a lease of this allocation that it ends would take the lock in
-        this thread. Where a release, an orphaning or another keep came in between, the
-        lease is not kept: it ends at once, as any lease does (its end releases or parks
-        the allocation)."""
+        Made outside the lock (a collection it starts may end a lease, which takes it)."""
         with self._lock:
             if (
                 self.kept_lease is not None
@@ -350,9 +294,7 @@ class Leasing(AllocationRecords):
         del kept  # (outside the lock: a lease not kept ends here)
 
     def ask_done(self) -> None:
-        """(An importer of a block) its exporter released it and waits to reuse the memory:
-        say ``DONE`` now if no view holds it here, else when the last one goes
-        (:mod:`~sharedarrays.memory.cache`). No lease is kept for the next view from now on."""
+        """(An importer of a block) say ``DONE`` to its exporter once no view holds it."""
         self.done_asked = True
         self._let_kept_go()  # (its end says DONE, if it was idle)
         with self._lock:
@@ -361,8 +303,7 @@ class Leasing(AllocationRecords):
             self._say_done()
 
     def _say_done(self) -> bool:
-        """Idle and asked: tell the exporter, once no native array is left either (the native
-        base is let go first: its lease's end comes back here). Whether it was said."""
+        """Say ``DONE`` once no native array is left either; whether it was said."""
         with self._lock:
             base, self._native_base = self._native_base, None
             natives, self._natives = self._natives, {}
@@ -376,39 +317,32 @@ class Leasing(AllocationRecords):
         return True
 
     def _let_kept_go(self) -> None:
-        """Stop keeping a lease: one that no view holds ends now (and its end releases or
-        parks the allocation, as any lease's does); one a view holds ends with the view."""
+        """Stop keeping a lease (one a view holds ends with the view)."""
         with self._lock:
             kept, self.kept_lease = self.kept_lease, None
         del kept  # (outside the lock: its end takes it)
 
     def _kept_idle(self) -> int:
-        # 1 where the allocation keeps a lease that no view holds (only this attribute
-        # refers to it), else 0; the caller holds no reference to it
-        kept = self.kept_lease  # (the shape LOCAL_ALONE was measured with: one local)
+        # 1 where the kept lease is held by no view, else 0
+        kept = self.kept_lease
         return 0 if kept is None else int(refcount(kept) <= LOCAL_ALONE)
 
     @property
     def parked(self) -> bool:
-        """Whether this importer keeps the allocation mapped with no live view (listed in
-        :data:`STATE.memory.parked` and idle: one leased again stays listed until idle again)."""
+        """Whether this importer keeps the allocation mapped with no live view."""
         return not self.released and not self._view_leases() and self.id in STATE.memory.parked
 
     @property
     def leases(self) -> int:
-        """How many leases hold the allocation here: the views' (one per view, or one for
-        the views of one message) and the native base's (:meth:`native_base`), if any."""
+        """How many leases hold the allocation here (views' and the native base's)."""
         return self._leases - self._kept_idle()
 
     @property
     def view_leases(self) -> int:
-        """:attr:`leases` less the native base's: what views (and a growable allocation's
-        native arrays) hold here. Zero while the allocation is parked."""
+        """:attr:`leases` less the native base's; zero while parked."""
         with self._lock:
             return self._view_leases()
 
     def _view_leases(self) -> int:
-        # (:attr:`view_leases`, the caller holding the lock: the one rule of idleness that
-        # lease, _unlease and release read)
-        # (and the parked allocation's kept lease, while no view holds it)
+        # (:attr:`view_leases` with the lock held: the one rule of idleness)
         return self._leases - (self._native_base is not None) - self._kept_idle()

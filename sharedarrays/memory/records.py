@@ -1,10 +1,7 @@
-"""What an allocation tells of itself: :class:`AllocationRecords`, a base class of
-:class:`~sharedarrays.memory.allocation.Allocation`.
+"""What an allocation tells of itself: :class:`AllocationRecords`, a base of ``Allocation``.
 
-Its chunks and mappings (:mod:`~sharedarrays.memory.info`'s read-only records), its access
-by device, who keeps its memory alive (its lifetime, its holders), the processes it was
-served to, the handles it hands to importers (fds, a pointer backend's exports), and
-``describe`` / ``repr``. None of these changes the allocation's memory.
+Chunks, mappings, access, lifetime, holders, served processes, the handles for importers
+and ``describe``; none of it changes the memory.
 """
 
 from __future__ import annotations
@@ -62,8 +59,7 @@ class AllocationRecords:
 
     @property
     def access_by_device(self) -> dict[Device, Access]:
-        """Every device that may touch the memory in this process, and how: the memory's own
-        device, and the peers granted access (:meth:`grant`, ``access=``)."""
+        """Every device that may touch the memory here (its own and peers), and how."""
         out: dict[Device, Access] = {self.device: self._access}
         for index, mode in sorted(self._peers.items()):
             out[Device(self.device.kind, index)] = mode
@@ -71,16 +67,13 @@ class AllocationRecords:
 
     @property
     def lifetime(self) -> str:
-        """Who keeps the memory alive: ``"any holder"`` (host, cuda-vmm: every process that
-        maps it or holds a handle) or ``"exporter"`` (cuda-ipc, cuda-pool: only the process
-        that made it, which must outlive every importer; it waits for them before it frees
-        the memory)."""
+        """Who keeps the memory alive: ``"any holder"`` (host, cuda-vmm) or ``"exporter"``
+        (cuda-ipc, cuda-pool: it must outlive every importer)."""
         return "exporter" if self.backend.exporter_owned else "any holder"
 
     @property
     def holders(self) -> tuple[int, ...]:
-        """In the exporter of exporter-owned memory: the running processes it was served to
-        that have not closed it yet (it is freed only after they have). Empty otherwise."""
+        """(Exporter of exporter-owned memory) running processes that have not closed it."""
         return self.flight.holders()
 
     @property
@@ -89,10 +82,7 @@ class AllocationRecords:
         return self.flight.served()
 
     def record_served(self, pid: int, server: str | None = None, chunks: int = 0) -> None:
-        """Note that the handles were sent to process ``pid``, whose own handle server (if
-        given) is told when this process releases the allocation; ``chunks``: how many
-        chunks it may map now (shrinking below that is refused while it runs)."""
-        # (this process asking its own server imports nothing)
+        """Note that the handles (``chunks`` of them) were sent to process ``pid``."""
         holder = self.backend.exporter_owned and self.origin.created_here and pid != os.getpid()
         self.flight.record_served(pid, server, chunks, holder)
 
@@ -101,10 +91,7 @@ class AllocationRecords:
         return self.flight.served_servers()
 
     def chunk_fds(self) -> list[int]:
-        """The exported fds of the chunks, owned by this allocation (do not close them).
-
-        On a pointer backend: the fds an importer needs besides :meth:`exports` (cuda-pool:
-        the pool's; cuda-ipc: none)."""
+        """The chunks' exported fds, owned by this allocation (do not close them)."""
         return [c.fd for c in self._chunks if c.fd >= 0 or self.backend.maps]
 
     def exports(self) -> tuple[bytes, ...]:
@@ -112,9 +99,7 @@ class AllocationRecords:
         return () if self.backend.maps else tuple(c.export for c in self._chunks)
 
     def exports_for(self, pid: int) -> tuple[bytes, ...]:
-        """:meth:`exports`, to be handed to process ``pid``: first, where the backend has the
-        optional ``admit`` method (ascend: the driver's pid trust list), each chunk is
-        admitted for ``pid``."""
+        """:meth:`exports` for process ``pid``, admitting it first where the backend can."""
         exports = self.exports()
         admit = getattr(self.backend, "admit", None)
         if admit is not None and exports:
@@ -125,10 +110,8 @@ class AllocationRecords:
     def handles_for_importers(self) -> tuple[list[int], list[int]]:
         """The fds to hand to another process, and those of them the caller must close.
 
-        The chunks' own fds, except for a read-only export on a memory system that can
-        reopen a handle read-only (the host backend): then new ``O_RDONLY`` fds. (That alone
-        would not stop an importer, which can open such an fd again read-write through
-        ``/proc``; what does is the seal against new writes, see :meth:`create`.)
+        The chunks' own fds, or new ``O_RDONLY`` ones for a read-only export where the
+        backend can reopen them (the host).
         """
         fds = self.chunk_fds()
         if not self.export_readonly:

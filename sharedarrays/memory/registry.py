@@ -1,12 +1,7 @@
 """The registry's readers: this process's allocations, by id, parked and draining.
 
-The registry itself is process state (``STATE.memory``: ``registry``, ``parked``,
-``draining``); :class:`~sharedarrays.memory.allocation.Allocation` fills and empties it (it
-registers itself when made, and leaves it when released). These functions look an
-allocation up (:func:`lookup`, :func:`revive`), list them (:func:`live_allocations`,
-:func:`parked_allocations`, :func:`draining_allocations`, :func:`held_elsewhere`) and drop
-or free those nothing uses (:func:`drop_parked`, :func:`reap_draining`,
-:func:`wait_draining`, at exit).
+The registry lives in ``STATE.memory``; allocations add and remove themselves. These
+functions look allocations up, list them, and drop or free those nothing uses.
 """
 
 from __future__ import annotations
@@ -33,9 +28,7 @@ __all__ = [
 
 
 def lookup(alloc_id: str, draining: bool = False) -> Allocation | None:
-    """Return this process's mapped allocation with id ``alloc_id``, if any (``draining``:
-    also one released here but still held by other processes, see
-    :func:`draining_allocations`)."""
+    """This process's allocation ``alloc_id``, if mapped (``draining``: or draining)."""
     alloc = STATE.memory.registry.get(alloc_id)
     if alloc is None and draining:
         alloc = STATE.memory.draining.get(alloc_id)
@@ -43,9 +36,9 @@ def lookup(alloc_id: str, draining: bool = False) -> Allocation | None:
 
 
 def revive(alloc_id: str) -> Allocation | None:
-    """Put a draining allocation made here back in the registry and return it (``None`` if
-    none drains under that id): a payload of it came back to its exporter, which maps it
-    still (a pointer backend cannot import its own memory)."""
+    """Put a draining allocation back in the registry and return it, or ``None``.
+
+    For a payload come back to its exporter (a pointer backend cannot import its own memory)."""
     with STATE.memory.lock:
         alloc: Allocation | None = STATE.memory.draining.pop(alloc_id, None)
         if alloc is not None:
@@ -84,10 +77,7 @@ def drop_parked(only_orphans: bool = False) -> int:
 
 
 def draining_allocations() -> list[Allocation]:
-    """Allocations of exporter-owned memory (cuda-ipc, cuda-pool) that this process released
-    but cannot free yet: other processes still hold them (see :attr:`Allocation.holders`);
-    and growable allocations released here with payloads in flight (see
-    :meth:`Allocation.release`)."""
+    """Allocations released here but not freed yet, as others may still need them."""
     with STATE.memory.lock:
         return list(STATE.memory.draining.values())
 
@@ -105,8 +95,7 @@ def reap_draining() -> int:
 
 
 def held_elsewhere() -> list[Allocation]:
-    """Exporter-owned allocations made here (live or draining) that other running processes
-    still hold (see :attr:`Allocation.holders`)."""
+    """Exporter-owned allocations made here that other running processes still hold."""
     with STATE.memory.lock:
         mine: list[Allocation] = [
             a for a in STATE.memory.registry.values() if a.origin.created_here
@@ -116,8 +105,7 @@ def held_elsewhere() -> list[Allocation]:
 
 
 def wait_draining(timeout: float) -> list[Allocation]:
-    """Wait up to ``timeout`` seconds until no other process holds exporter-owned memory
-    made here, freeing draining allocations as their holders go (used at exit).
+    """Wait up to ``timeout`` seconds for other processes to let go of memory made here.
 
     Returns those still held afterwards.
     """

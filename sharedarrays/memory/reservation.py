@@ -1,9 +1,7 @@
 """Address space: a reservation of this process, and the teardown of what is mapped in it.
 
-:func:`teardown` releases what an allocation holds in the order the driver needs
-(synchronise, unmap, free the reservation, release the chunks). A :class:`Reservation` the
-allocation moved away from (growth past the capacity) is *retired*: it keeps its mappings
-until the last native array using its addresses goes, then a finalizer tears it down.
+A :class:`Reservation` the allocation moved away from is *retired*: a finalizer tears it
+down once the last native array using its addresses goes.
 """
 
 from __future__ import annotations
@@ -26,20 +24,8 @@ def teardown(
 ) -> None:
     """Release everything an allocation holds, in the order the driver needs.
 
-    Parameters
-    ----------
-    backend : Backend
-        The memory system.
-    address, size : int
-        The reservation (``address`` 0: none).
-    mapped : list of (offset, length)
-        The mappings to unmap, by offset into the reservation.
-    chunks : list of Chunk
-        The chunks to release (their fds closed).
-    free : bool
-        Also give back the reservation.
-
-    Every step is tried; the first failure is raised afterwards.
+    Unmaps ``mapped`` (offset, length) pairs, frees the reservation (with ``free``; ``address``
+    0: none) and releases ``chunks``. Every step is tried; the first failure is raised.
     """
     errors: list[BaseException] = []
     if mapped:
@@ -71,9 +57,7 @@ def teardown(
 def _free_retired(
     backend: Backend, address: int, size: int, retired: list[list[tuple[int, int]]]
 ) -> None:
-    """A reservation's finalizer: unmap and free it if it was retired (the current one is
-    torn down with its allocation). A failure has nowhere to go from a finalizer: what could
-    be released is."""
+    """A reservation's finalizer: unmap and free it if retired (errors are dropped)."""
     if retired:
         try:
             teardown(backend, address, size, retired[0], [])
@@ -84,18 +68,7 @@ def _free_retired(
 class Reservation:
     """One reservation of an allocation in this process.
 
-    The current one is torn down with the allocation. One the allocation moved away from is
-    retired (:meth:`retire`): once nothing refers to it any more (the last native array
-    using its addresses went), its finalizer unmaps and frees it.
-
-    Attributes
-    ----------
-    backend : Backend
-        The memory system.
-    address : int
-        Its start.
-    size : int
-        Bytes reserved.
+    The current one is torn down with the allocation; a retired one by its finalizer.
     """
 
     __slots__ = ("backend", "address", "size", "_retired", "__weakref__")
@@ -109,12 +82,10 @@ class Reservation:
         finalizer.atexit = False  # at exit the process's mappings go with it
 
     def retire(self, mapped: list[tuple[int, int]]) -> None:
-        """The allocation moved away: unmap ``mapped`` (offset, length) and free the
-        reservation once nothing refers to it any more."""
+        """The allocation moved away: unmap ``mapped`` and free it once unreferenced."""
         self._retired.append(mapped)
 
     @property
     def retired(self) -> list[tuple[int, int]] | None:
-        """Its mappings (offset, length), once the allocation moved away from it; ``None``
-        while it is the allocation's current reservation."""
+        """Its mappings once retired; ``None`` while current."""
         return self._retired[0] if self._retired else None

@@ -1,9 +1,6 @@
 """Packing small arrays into shared slabs.
 
-A slab is an ordinary allocation of :data:`SLAB_BYTES` that small arrays (at most
-:data:`PACK_BYTES` by default) are placed in back to back. This process's current slab per
-memory system and device is kept in the process state (``STATE.memory``, in
-:mod:`sharedarrays.process`), which a forked child empties: it never reuses its parent's slabs.
+The current slab per backend and device is kept in ``STATE.memory``.
 """
 
 from __future__ import annotations
@@ -27,10 +24,8 @@ PACK_ALIGN = 256
 def pack_into_slab(backend: Backend, nbytes: int) -> tuple[Allocation, int]:
     """Carve ``nbytes`` out of this process's current slab for ``backend``'s device.
 
-    A slab is an ordinary allocation of :data:`SLAB_BYTES` that small arrays are placed in
-    back to back (a bump allocator: space is never reused, so a region another process still
-    maps never changes owner). The current slab stays mapped while it has room; each slab is
-    released, like any allocation, once no array in it is alive anywhere in this process.
+    A bump allocator over allocations of :data:`SLAB_BYTES` (space is never reused, so a
+    region another process maps never changes owner).
 
     Returns
     -------
