@@ -1,22 +1,11 @@
 """The memory layer: allocations, leases, growth, payloads in flight, slabs, reuse.
 
-Per-process state is ``STATE.memory`` (:mod:`sharedarrays.process`). One module per concern:
-
-``allocation``   :class:`Allocation` (create, import, map, release, drain)
-``lease``        :class:`Lease`, and the base class that leases, parks, makes native arrays
-``registry``     the functions that read the registry (lookup, live, parked, draining)
-``growth``       the chunk sizing policy; adding, removing and moving chunks
-``inflight``     payloads in flight and the processes an allocation was served to
-``handover``     handing the payloads in flight over to the keeper (a base class)
-``records``      what an allocation tells of itself: chunks, holders, served, describe
-``reservation``  a reservation of address space, and tearing mappings down
-``info``         the read-only records ``describe`` and the widgets show
-``slabs``        small arrays packed into shared slabs
-``cache``        released memory kept for this process's next arrays (``empty_cache``)
+Per-process state is ``STATE.memory`` (:mod:`sharedarrays.process`). One module per
+concern: ``allocation`` (the :class:`Allocation`), ``lease``, ``registry``, ``growth``,
+``inflight``, ``handover``, ``records``, ``reservation``, ``info``, ``slabs``, ``cache``.
 
 Upper layers import the names re-exported here and subscribe through ``STATE.memory``'s
-``release_hooks`` and ``hand_over_hooks``; this layer imports only the foundation, protocol
-and backends layers.
+hooks; this layer imports only the foundation, protocol and backends layers.
 """
 
 from __future__ import annotations

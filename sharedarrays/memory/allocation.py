@@ -2,13 +2,8 @@
 
 An :class:`Allocation` is created in one process (the *exporter*) and imported into others
 (the *importers*); each process maps it at most once, so the registry (``STATE.memory``) is
-keyed by its id. This module creates, imports, releases and drains; its base classes handle
-leases (:mod:`~sharedarrays.memory.lease`), growth (:mod:`~sharedarrays.memory.growth`),
-payloads in flight (:mod:`~sharedarrays.memory.handover`), records
-(:mod:`~sharedarrays.memory.records`) and reuse (:mod:`~sharedarrays.memory.cache`).
-
-It is released when its last lease (a view's or a native array's) goes; the memory lives
-on while another process maps it or holds a handle.
+keyed by its id. It is released here when its last lease goes; the memory lives on while
+another process maps it or holds a handle.
 """
 
 from __future__ import annotations
@@ -380,12 +375,8 @@ class Allocation(Leasing, HandOver, Cached):
         Does nothing while a view uses it; idempotent. A kept native base is let go first.
         It leaves the registry, but *drains* (is still served) while others may need it:
         exporter-owned memory until its holders close it, a growable array while a payload
-        is in flight, a reusable block until its importers say ``DONE``.
-
-        Returns
-        -------
-        bool
-            Whether this call released it.
+        is in flight, a reusable block until its importers say ``DONE``. Returns whether
+        this call released it.
         """
         with self._lock:
             if self.released:

@@ -1,12 +1,9 @@
 """The exporter's cache of released memory, which the next array of the same size reuses.
 
-Like torch's caching allocator, an allocation made and released here is kept (chunks,
-handles, mapping) for the next array of the same chunk sizes. It is reused only once every
-importer said ``DONE`` (closed its last view); importers find their parked mappings again by
-the memory's *block* token.
-
-Bounded by ``SHAREDARRAYS_CACHE_BYTES`` (default 1 GiB, 0: off) and :data:`CACHE_BLOCKS`,
-least recently released dropped first; emptied when memory or fds run out, and at exit.
+Like torch's caching allocator, but reused only once every importer said ``DONE`` (closed
+its last view); importers find their parked mappings again by the memory's *block* token.
+Bounded by ``SHAREDARRAYS_CACHE_BYTES`` (default 1 GiB, 0: off) and :data:`CACHE_BLOCKS`;
+emptied when memory or fds run out, and at exit.
 """
 
 from __future__ import annotations

@@ -20,10 +20,7 @@ from sharedarrays.settings import env_number
 __all__ = ["DEFAULT_CHUNK_BYTES", "MAX_CHUNKS", "Growth", "chunk_sizes", "growth_sizes"]
 
 DEFAULT_CHUNK_BYTES = 2 << 30
-"""Largest chunk a growable array maps at a time by default (2 GiB).
-
-Override with ``chunk_bytes=`` or ``SHAREDARRAYS_CHUNK_BYTES`` (which also splits fixed-size
-arrays)."""
+"""Largest chunk a growable array maps at a time by default (``SHAREDARRAYS_CHUNK_BYTES``)."""
 
 MAX_CHUNKS = 1 << 16
 """No allocation has more chunks than this (a payload claiming more is rejected)."""
@@ -118,10 +115,7 @@ def growth_sizes(
 
 
 class Growth:
-    """The methods of an allocation that add, remove and move its chunks.
-
-    Every change happens under :attr:`growth_lock` and bumps :attr:`generation`.
-    """
+    """Adding, removing and moving chunks (under ``growth_lock``; each bumps ``generation``)."""
 
     id: str
     backend: Backend

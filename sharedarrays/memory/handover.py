@@ -23,12 +23,8 @@ class HandOver(Growth):
     def in_flight(self) -> tuple[int, float]:
         """Payloads pickled here that may still be loaded, and the seconds left of their bound.
 
-        Uncounted warm loads make the count err on the side of keeping memory alive.
-
-        Returns
-        -------
-        count, seconds
-            ``(0, 0.0)`` when nothing is in flight.
+        ``(0, 0.0)`` when none. Uncounted warm loads make the count err on the side of
+        keeping memory alive.
         """
         return self.flight.in_flight()
 

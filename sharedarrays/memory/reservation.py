@@ -66,10 +66,7 @@ def _free_retired(
 
 
 class Reservation:
-    """One reservation of an allocation in this process.
-
-    The current one is torn down with the allocation; a retired one by its finalizer.
-    """
+    """One reservation of an allocation in this process (a retired one frees itself)."""
 
     __slots__ = ("backend", "address", "size", "_retired", "__weakref__")
 

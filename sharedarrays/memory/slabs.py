@@ -1,7 +1,4 @@
-"""Packing small arrays into shared slabs.
-
-The current slab per backend and device is kept in ``STATE.memory``.
-"""
+"""Packing small arrays into shared slabs (the current ones are kept in ``STATE.memory``)."""
 
 from __future__ import annotations
 
