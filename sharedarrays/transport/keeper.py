@@ -1,10 +1,8 @@
-"""The keeper's client: what a process that names, parks, attaches or lists arrays runs to
-talk to this user's keeper (:mod:`sharedarrays.keeper`, started here on first need).
+"""The keeper's client: naming, parking, attaching and listing arrays.
 
-Each process keeps one connection to the keeper (:func:`request`), through which the keeper
-counts it as a holder of what it created, attached or fetched (:func:`hold`,
-:func:`release`); payloads in flight are handed over on a connection of their own
-(:func:`hand_over`).
+Each process keeps one connection to this user's keeper (:mod:`sharedarrays.keeper`,
+started on first need), which counts it as a holder of what it created or attached;
+payloads in flight are handed over on a connection of their own (:func:`hand_over`).
 """
 
 from __future__ import annotations
@@ -112,11 +110,10 @@ def ensure_running() -> int:
 
 
 def _launch() -> subprocess.Popen[bytes] | None:
-    """Start a keeper in the background, as multiprocessing starts its resource tracker: a
-    fresh interpreter with this one's flags, in a session of its own (it outlives us, and a
-    Ctrl-C does not reach it). It runs in the private runtime directory with only absolute
-    ``PYTHONPATH`` entries after this package's root: the caller's directory (a shared
-    ``/tmp`` folder, say) could hold another user's ``json.py``.
+    """Start a keeper in the background, in a session of its own so that it outlives us.
+
+    It runs in the private runtime directory with only absolute ``PYTHONPATH`` entries, so
+    that no other user's module shadows the standard library.
 
     Raises
     ------
@@ -193,9 +190,10 @@ def _why_it_exited(proc: subprocess.Popen[bytes]) -> str:
 
 
 def _try_connect(path: str, deadline: float) -> socket.socket | None:
-    """A connection to the keeper at ``path``, or ``None`` where none listens there; one
-    whose queue is full is tried again until ``deadline``. Raises :class:`KeeperError`
-    (or :class:`PermissionDenied`: another user's socket) where connecting fails."""
+    """A connection to the keeper at ``path``, or ``None`` where none listens there.
+
+    Raises :class:`KeeperError` or :class:`PermissionDenied` where connecting fails.
+    """
     wait = max(deadline - time.monotonic(), 0.001)
     try:
         sock = connect_unix(path, deadline, wait)
@@ -283,8 +281,7 @@ def disconnect(wait: float = -1) -> None:
 def request(
     req: wire.Request, fds: Sequence[int] = (), start: bool = True
 ) -> tuple[int, dict[str, Any], list[int]]:
-    """Send one request to the keeper (started first if ``start``) and return
-    ``(status, body, fds)``; the caller owns the fds. A broken connection is reopened.
+    """Send one request to the keeper and return ``(status, body, fds)`` (the caller's fds).
 
     Raises
     ------
@@ -293,8 +290,7 @@ def request(
     PermissionDenied
         The keeper's socket belongs to another user.
     KeeperError
-        A keeper runs but did not answer in time (:data:`TIMEOUT`, :data:`RETRY` once it
-        was late) or as a keeper does (never "no keeper": a name it holds is not missing).
+        A keeper runs but did not answer in time or as a keeper does.
     """
     data = req.encode()
     with STATE.keeper.lock:
@@ -313,8 +309,7 @@ def request(
             except BaseException as e:
                 for fd in got:
                     os.close(fd)
-                # (an interrupt too: its reply would be read as the next request's, say
-                # another array's fds for an attach)
+                # (an interrupt too: its reply would be read as the next request's)
                 disconnect()
                 if isinstance(e, TimeoutError):
                     _answered(path, False)
@@ -376,12 +371,9 @@ def _reply(
 
 
 def hand_over(alloc: allocation.Allocation, loads: int, seconds: float) -> None:
-    """Give the keeper (started if needed) ``alloc``'s handles for ``loads`` payloads in
-    flight, for at most ``seconds``, so that they load after this process exited.
+    """Give the keeper ``alloc``'s handles for ``loads`` payloads in flight, for ``seconds``.
 
-    A connection of its own: it runs from finalizers, in any thread, maybe inside
-    :func:`request`. Waits :data:`TIMEOUT` at most (:data:`RETRY` once the keeper was
-    late); at exit, what is left of the exit's wait.
+    On a connection of its own, since it runs from finalizers, in any thread.
 
     Raises
     ------
@@ -429,10 +421,10 @@ def hand_over(alloc: allocation.Allocation, loads: int, seconds: float) -> None:
 
 
 def _hand_over_at_exit() -> None:
-    """At exit: hand the payloads in flight of every allocation still mapped here to the
-    keeper, waiting :data:`TIMEOUT` at most in all. The hook may run twice (at a Process's
-    end and at the interpreter's exit): the second run hands over what was pickled since,
-    within what is left of that wait, and does not try again what failed."""
+    """At exit: hand every allocation's payloads in flight to the keeper.
+
+    It may run twice; the second run hands over only what was pickled since.
+    """
     state = STATE.keeper
     began = time.monotonic()
     left = TIMEOUT if state.exit_left is None else state.exit_left
@@ -494,8 +486,8 @@ def hold(alloc_id: str) -> None:
 def release(alloc_id: str) -> None:
     """Tell the keeper this process no longer holds ``alloc_id`` (no reply, best effort).
 
-    Never blocks: it runs from finalizers, in any thread, maybe while another thread holds
-    the client's lock; then the release waits for this process's next request or its exit.
+    Never blocks (it runs from finalizers): with the lock held elsewhere, it waits for the
+    next request or the exit.
     """
     lock = STATE.keeper.lock
     if not lock.acquire(blocking=False):
@@ -529,8 +521,7 @@ def _flush_deferred() -> None:
 def fetch_handles(
     alloc_id: str, secret: bytes, gone: HandleUnavailable
 ) -> tuple[list[int], list[int], int]:
-    """Ask the keeper (if one is running: none is started) for a parked or named
-    allocation's handles, after its exporter could not serve them.
+    """Ask a running keeper for a parked or named allocation's handles.
 
     Returns ``(sizes, fds, creator pid)``; this process is then counted as a holder.
 

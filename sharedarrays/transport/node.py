@@ -1,10 +1,7 @@
-"""Asking every process of this user on the node what it holds, and dropping what no view
-uses.
+"""Asking every process of this user on the node what it holds; dropping what no view uses.
 
-The handle servers' sockets (``<pid>-<random>.sock``) and the keeper's (``keeper.sock``)
-live in this user's runtime directory. Each is asked once, on a new connection checked to
-run as this user, with a short timeout: a process that died or does not answer in time is
-reported as such, never waited for. Nothing here maps memory or sees a secret.
+Each socket in the runtime directory is asked once, with a short timeout; a process that
+does not answer is reported, never waited for. Nothing here maps memory or sees a secret.
 """
 
 from __future__ import annotations
@@ -45,9 +42,10 @@ _NO_SECRET = bytes(32)
 
 @dataclass(frozen=True)
 class Answer:
-    """What the handle server at ``path`` (of the process ``pid`` its name gives) answered:
-    ``status`` is ``"ok"`` (with its ``snapshot``), ``"gone"`` (the process exited),
-    ``"no answer"`` (not in time) or ``"refused"`` (another user's, or no handle server)."""
+    """What the handle server at ``path`` answered.
+
+    ``status`` is ``"ok"`` (with ``snapshot``), ``"gone"``, ``"no answer"`` or ``"refused"``.
+    """
 
     pid: int
     path: str
@@ -122,9 +120,10 @@ def ask_all(timeout: float = ASK_TIMEOUT) -> list[Answer]:
 
 
 def drop_mapping(path: str, alloc_id: str, timeout: float = ASK_TIMEOUT) -> Status | None:
-    """Ask the handle server at ``path`` to drop its parked mapping of ``alloc_id``: ``OK``
-    (dropped), ``GONE`` (it does not map it), ``NOT_ALLOWED`` (a view there uses it), or
-    ``None`` where it did not answer."""
+    """Ask the handle server at ``path`` to drop its parked mapping of ``alloc_id``.
+
+    Returns its status, or ``None`` where it did not answer.
+    """
     try:
         _, reply = _ask(path, Request(Kind.DROP, alloc_id, _NO_SECRET), timeout)
     except (OSError, PermissionDenied, PayloadError):
@@ -170,9 +169,11 @@ def ask_keeper(timeout: float = ASK_TIMEOUT) -> KeeperAnswer:
 
 
 def drop_kept(alloc_id: str, timeout: float = ASK_TIMEOUT) -> tuple[int, str]:
-    """Ask the keeper to let go of the unnamed allocation ``alloc_id`` (parked, or payloads
-    in flight): its status and error message (``""`` when ``OK``); raises
-    :class:`~sharedarrays.KeeperError` where no keeper answers."""
+    """Ask the keeper to let go of the unnamed allocation ``alloc_id``.
+
+    Returns its status and error message; raises :class:`~sharedarrays.KeeperError` where
+    no keeper answers.
+    """
     try:
         status, body = _keeper_request(wire.Drop(alloc_id), timeout, [])
     except (OSError, PermissionDenied) as e:

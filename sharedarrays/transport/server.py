@@ -1,13 +1,8 @@
 """The handle server: serves this process's allocations' chunk handles to importers.
 
-Every process that pickles an array runs one
-(:func:`sharedarrays.transport.handles.server_address`): a thread that listens on a Unix
-``SOCK_SEQPACKET`` socket in the private runtime directory
-(:func:`sharedarrays.protocol.unix.runtime_dir`). An importer connects, names the allocation
-and proves it holds the payload's 32-byte secret; the server checks the peer's uid with
-``SO_PEERCRED`` (same user only) and the secret, then sends the chunks' fds. The messages are
-:mod:`sharedarrays.protocol.handles`' records; each kind of request has its handler
-(:attr:`HandleServer._handlers`).
+A thread of every process that pickles an array listens in the private runtime directory.
+An importer names the allocation and proves it holds the payload's secret; the server checks
+the peer's uid (same user only) and the secret, then sends the chunks' fds.
 """
 
 from __future__ import annotations
@@ -59,11 +54,9 @@ not starve the other connections and the listening socket."""
 class HandleServer:
     """Serves this process's allocations' fds to authenticated importers.
 
-    One per process, started on first need by :func:`server_address`, stopped at exit. An
-    importer may keep its connection open and send one request after another on it (each
-    is checked on its own: the uid and pid from ``SO_PEERCRED`` at connect, the secret per
-    request); the server keeps at most :data:`MAX_CONNECTIONS` open, closing the longest
-    idle first, and closes one when its importer hangs up or exits.
+    One per process, started on first need, stopped at exit. Importers may keep their
+    connection open (at most :data:`MAX_CONNECTIONS`, the longest idle closed first); each
+    request's secret is checked on its own.
     """
 
     def __init__(self) -> None:
@@ -141,11 +134,10 @@ class HandleServer:
             sel.close()
 
     def _listen_again(self, sel: selectors.BaseSelector) -> None:
-        """Listen again where the socket file was removed with the runtime directory (a tmp
-        cleaner; systemd at a user's last logout): at the same path, which the payloads
-        pickled here name, in the directory made again, or under a new name in the runtime
-        directory where that is now another one. Importers that find no file wait for it
-        while this process runs (:func:`sharedarrays.transport.client.fetch_handles`)."""
+        """Listen again where the runtime directory was removed, at the same path if possible.
+
+        The payloads pickled here name that path; importers wait for it while we run.
+        """
         try:
             os.stat(self.path)
             return
@@ -246,11 +238,7 @@ class HandleServer:
             conn.send(Reply(Status.GONE).encode())
 
     def _served(self, conn: socket.socket, request: Request) -> allocation.Allocation | None:
-        """The allocation ``request`` names if its secret is right, else ``None`` (refused).
-
-        (Released, it is served until it leaves the registry, handing its handles to the
-        keeper, and exporter-owned memory while it drains: the new importer holds it too.)
-        """
+        """The allocation ``request`` names if its secret is right, else ``None`` (refused)."""
         alloc = registry.lookup(request.alloc_id, draining=True)
         if alloc is None:
             conn.send(Reply(Status.GONE).encode())
@@ -322,8 +310,7 @@ class HandleServer:
                 else:  # a pointer backend: its portable handle, only after the checks above
                     body = Handles(sizes, alloc.exports_for(pid))
                 header = Reply(Status.OK, len(fds), body.encode()).encode()
-                # Record first: the importer may use the array and hand it back before this
-                # thread runs again, and a release must then know whom to tell.
+                # Record first: a release must know whom to tell.
                 server = request.reply_to if request.reply_to.startswith("/") else None
                 alloc.record_served(pid, server, len(sizes))
                 if server and alloc.block is not None and alloc.released:
@@ -336,9 +323,10 @@ class HandleServer:
         del alloc
 
     def _loaded(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
-        """``LOADED`` (no reply): an importer loaded ``request.count`` of this process's
-        payloads from the mapping it had: as many in flight less. Several reports may wait
-        on ``conn``: up to :data:`READ_AHEAD` that follow are read now too."""
+        """``LOADED`` (no reply): ``request.count`` payloads in flight fewer.
+
+        Up to :data:`READ_AHEAD` reports waiting on ``conn`` are read now too.
+        """
         _note_loaded(request)
         for _ in range(READ_AHEAD):
             try:
@@ -356,10 +344,11 @@ class HandleServer:
         conn.send(Reply(Status.OK, 0, snapshot().encode()).encode())
 
     def _drop_parked(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
-        """``DROP``: release this process's parked mapping of the allocation (``GONE``: not
-        mapped here; ``NOT_ALLOWED``: a view here uses it, which is never taken away). For
-        exporter-owned memory that drains here: free it if every process that held it has
-        exited or closed it (``OK``), else ``NOT_ALLOWED``."""
+        """``DROP``: release this process's parked mapping of the allocation.
+
+        ``GONE``: not mapped here; ``NOT_ALLOWED``: a view (or, for draining exporter-owned
+        memory, an importer) still uses it.
+        """
         if STATE.memory.cache.drop(request.alloc_id):  # (kept for reuse: freed now)
             conn.send(Reply(Status.OK).encode())
             return
@@ -470,13 +459,12 @@ def _off_thread(fn: Callable[[], object]) -> None:
 
 
 def _listen(path: str) -> socket.socket:
-    """A ``SOCK_SEQPACKET`` socket listening at ``path`` (mode 0600). It is bound under
-    another name until it listens: a ``<pid>-*.sock`` always accepts.
+    """A ``SOCK_SEQPACKET`` socket listening at ``path`` (mode 0600), renamed once it listens.
 
     Raises
     ------
     OSError
-        It cannot be bound there (no space, a path too long, no fd left).
+        It cannot be bound there.
     """
     new = path.removesuffix(".sock") + ".new"
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -496,10 +484,8 @@ def _listen(path: str) -> socket.socket:
 def _remove_stale_sockets(directory: Path) -> None:
     """Remove sockets left by processes of this user that died without cleaning up.
 
-    A handle server's socket file is named ``<pid>-<random>.sock`` and listens from the
-    moment it has that name. One whose pid runs here is kept; otherwise it is removed only if
-    connecting to it is refused (nothing listens there any more): a process in another pid
-    namespace that shares this directory, whose pid means nothing here, keeps its socket.
+    A ``<pid>-<random>.sock`` is removed only if its pid does not run here and connecting
+    is refused, so that another pid namespace's sockets are kept.
     """
     for entry in directory.glob("*.sock"):
         pid_text = entry.name.split("-", 1)[0]
