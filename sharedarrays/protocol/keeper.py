@@ -201,11 +201,7 @@ class InFlight:
 
 @dataclass(frozen=True)
 class Keep:
-    """``keep``: hold these chunk fds (attached to the message, one per size).
-
-    ``name`` is ``None`` for payloads in flight; ``doc`` is returned to whoever attaches;
-    ``allow_pids`` limits who may (``None``: any of the user's processes).
-    """
+    """``keep``: hold these chunk fds (one per size); ``allow_pids`` limits who may attach."""
 
     op: ClassVar[str] = "keep"
     alloc_id: str
@@ -304,16 +300,14 @@ class Release(_ById):
 
 @dataclass(frozen=True)
 class Drop(_ById):
-    """``drop``: let go of an unnamed allocation (parked, or payloads in flight) by id alone
-    (``python -m sharedarrays rm``); its fds are closed once no process holds it."""
+    """``drop``: let go of an unnamed allocation by id alone (``python -m sharedarrays rm``)."""
 
     op: ClassVar[str] = "drop"
 
 
 @dataclass(frozen=True)
 class Unlink:
-    """``unlink``: drop a name (``name``), or a parked allocation (``alloc_id`` and
-    ``secret``); its fds are closed once no process holds it."""
+    """``unlink``: drop a name, or a parked allocation (``alloc_id`` and ``secret``)."""
 
     op: ClassVar[str] = "unlink"
     name: str | None = None
@@ -404,8 +398,7 @@ def decode_request(msg: bytes, fds: int = 0) -> Request:
 
 @dataclass(frozen=True)
 class Reply:
-    """A keeper reply: a status (:data:`OK`, :data:`ERROR`, :data:`NOT_FOUND`,
-    :data:`EXISTS`, :data:`DENIED`) and a JSON object (fds go beside it)."""
+    """A keeper reply: a status (:data:`OK`, :data:`ERROR`, ...) and a JSON object."""
 
     status: int
     body: dict[str, Any]

@@ -40,8 +40,7 @@ TAG_BYTES = 16
 MAX_PAYLOAD_BYTES = 1 << 20
 MAX_NDIM = 64
 MAX_SIZE = 1 << 47
-"""No allocation, chunk, capacity, offset, stride or element count is larger: a process's
-address space on x86-64 (4-level paging) is 128 TiB, and no memory system maps more."""
+"""Bound on every size, offset, stride and count: x86-64's 128 TiB address space."""
 MAX_DEVICES = 1 << 10
 """Device ordinals are below this (more devices than one machine has)."""
 _KEYS = frozenset(
@@ -64,22 +63,17 @@ _HEX32 = re.compile(r"^[0-9a-f]{32}\Z")
 _HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
 _DTYPE = re.compile(r"^[<>|=]?[biufc][0-9]{1,2}\Z")
 _BACKEND = re.compile(r"^[a-z][a-z0-9-]{0,31}\Z")
-"""A backend name's shape (``host``, ``cuda-vmm``, ...). Whether this process knows the
-backend is its importer's question: :class:`Payload` is pure data."""
+"""A backend name's shape; whether the backend is known is the importer's question."""
 _OPTIONAL = frozenset(("capacity", "node", "block"))
 
 
 _DECODED_LIMIT = 16384
-"""Validated payloads remembered by their bytes (the oldest is forgotten first): enough for a
-message of 10,000 views to be decoded once and then found at every later handoff."""
+"""Validated payloads remembered by their bytes, the oldest forgotten first."""
 # (validated payloads and dtype strings, so that warm loads skip JSON)
 
 
 def view_extent(itemsize: int, shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, int]:
-    """Lowest and one-past-highest byte a view touches, relative to its offset.
-
-    A view with a zero-length axis touches nothing: ``(0, 0)``.
-    """
+    """Lowest and one-past-highest byte a view touches, relative to its offset (or 0, 0)."""
     low = 0
     high = itemsize
     for n, s in zip(shape, strides):
@@ -108,10 +102,7 @@ _V = TypeVar("_V")
 
 
 def remember(table: dict[_K, _V], key: _K, value: _V, limit: int) -> None:
-    """Keep ``value`` in ``table`` by ``key``, forgetting the oldest entry past ``limit``.
-
-    Safe where another thread forgets the same oldest entry at the same time.
-    """
+    """Keep ``value`` in ``table`` by ``key``, forgetting the oldest past ``limit``; thread-safe."""
     if len(table) >= limit:
         try:
             del table[next(iter(table))]  # the oldest
@@ -175,8 +166,7 @@ def misaligned(
 ) -> str:
     """Why a view of device memory is misaligned for ``dtype``, or "" if it is not.
 
-    A misaligned GPU access is fatal to the whole CUDA context, so device views must have
-    offset and strides (of axes longer than 1) that are multiples of ``dtype.alignment``.
+    A misaligned GPU access is fatal to the whole CUDA context.
     """
     mask = dtype.alignment - 1
     bits = offset
@@ -199,8 +189,7 @@ def misaligned(
 def _check_layout(
     itemsize: int, shape: tuple[int, ...], strides: tuple[int, ...], offset: int, size: int
 ) -> None:
-    """Refuse a view (whose fields each are in bounds) that does not lie inside an
-    allocation of ``size`` bytes or has more elements than any valid array."""
+    """Refuse a view that does not lie inside ``size`` bytes or has too many elements."""
     if len(shape) != len(strides):
         raise PayloadError(f"payload has {len(shape)} dims in shape but {len(strides)} strides")
     count = 1
@@ -247,13 +236,11 @@ class Payload:
     readonly : bool
         Whether the view is read-only.
     capacity : int or None
-        For a growable array, the bytes its exporter reserves; ``chunks`` are then the
-        generation when the payload was made.
+        For a growable array, the bytes its exporter reserves.
     node : str or None
         The node id (:mod:`sharedarrays.node`) of the maker; a load elsewhere is refused.
     block : bytes or None
-        The block token of memory its exporter keeps for reuse
-        (:mod:`sharedarrays.memory.cache`).
+        The block token of memory kept for reuse (:mod:`sharedarrays.memory.cache`).
 
     A pointer backend's payload always names the exporter, which hands out the portable
     handles itself, so a payload never carries anything another user could open.
@@ -421,8 +408,7 @@ class Payload:
 
 
 ViewTuple = tuple[int, tuple[int, ...], tuple[int, ...], str, bool]
-"""A view's fields as a pickle carries them beside its allocation's payload: ``(offset,
-shape, strides, dtype.str, readonly)`` (see :class:`ViewFields`)."""
+"""``(offset, shape, strides, dtype.str, readonly)``: a view as a pickle carries it."""
 
 
 class ViewFields(NamedTuple):

@@ -81,8 +81,7 @@ def check_same_user(sock: socket.socket, what: str) -> Credentials:
     Raises
     ------
     PermissionDenied
-        ``what`` (say, ``"the keeper /run/user/1000/sharedarrays/keeper.sock"``) runs as
-        another user.
+        ``what`` runs as another user.
     OSError
         ``SO_PEERCRED`` failed.
     """
@@ -287,13 +286,7 @@ def _login_dir(uid: int) -> Path | None:
 
 
 def _make_private(path: Path, uid: int) -> Path | None:
-    """``path``, made with mode 0700 if missing; ``None`` where another user owns it.
-
-    Raises
-    ------
-    PermissionDenied
-        It cannot be made, or it is this user's but open to others.
-    """
+    """``path``, made 0700 if missing; ``None`` if another user's; raises if not private."""
     try:
         with contextlib.suppress(FileExistsError):
             os.mkdir(path, 0o700)

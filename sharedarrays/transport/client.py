@@ -119,8 +119,7 @@ TIDY_CONNECTIONS = 4
 
 
 def close_connections() -> None:
-    """Close this process's idle connections to handle servers (the next request connects
-    again)."""
+    """Close this process's idle connections to handle servers."""
     with STATE.connections.lock:
         socks = list(STATE.connections.by_server.values())
         STATE.connections.by_server.clear()
@@ -129,17 +128,10 @@ def close_connections() -> None:
 
 
 def _connect(server: str, gone: str, pid: int | None = None) -> socket.socket:
-    """A new connection to the handle server at ``server``, checked to run as this user.
+    """A connection to the handle server at ``server``, checked to run as this user.
 
-    A full queue, or a missing socket while process ``pid`` runs, is retried until
-    :data:`TIMEOUT`.
-
-    Raises
-    ------
-    HandleUnavailable
-        Nothing listens there, it did not accept in time, or it is no socket.
-    PermissionDenied
-        The socket or its server belongs to another user.
+    A full queue, or a missing socket while ``pid`` runs, is retried until :data:`TIMEOUT`;
+    then HandleUnavailable, or PermissionDenied for another user's.
     """
     deadline = time.monotonic() + TIMEOUT
     try:
@@ -194,8 +186,7 @@ def _runs(pid: int) -> bool:
 def keep_connection(server: str, sock: socket.socket) -> None:
     """Put a connection back for the next request (or close it if another one is kept).
 
-    Past :data:`TIDY_CONNECTIONS`, a new server's connection first closes those whose
-    server hung up, so that kept connections follow the servers that still run.
+    Past :data:`TIDY_CONNECTIONS` kept, those whose server hung up are closed first.
     """
     with STATE.connections.lock:
         if server not in STATE.connections.by_server:
@@ -229,10 +220,7 @@ def _fetch(
     reply_to: str | None,
     first: int | None,
 ) -> tuple[bytes, list[int]]:
-    """One request to a handle server: the reply's JSON body and the fds (the caller's).
-
-    A kept connection closed before any reply is replaced by a new one, once.
-    """
+    """One request to a handle server: the reply's body and fds (retried once)."""
     gone = _gone(alloc_id, pid)
     tail = reply_to if reply_to and len(reply_to.encode()) <= MAX_PATH else ""
     if first is None:
@@ -343,8 +331,7 @@ def kept_connections() -> int:
 
 
 def take_connection(server: str) -> socket.socket | None:
-    """This process's kept connection to ``server``, taken out (put it back with
-    :func:`keep_connection`), or ``None``."""
+    """This process's kept connection to ``server``, taken out, or ``None``."""
     with STATE.connections.lock:
         return STATE.connections.by_server.pop(server, None)
 

@@ -82,11 +82,7 @@ def open_connections() -> int:
 
 
 def _notify_on_release(alloc: allocation.Allocation) -> None:
-    """Tell the processes served ``alloc`` (or its exporter, for imported exporter-owned
-    memory) that this one released it.
-
-    It only queues, since it runs from finalizers.
-    """
+    """Queue notices that ``alloc`` was released here, to whoever it was served or imported from."""
     if alloc.pid != os.getpid():
         return  # inherited across fork: the parent still holds it
     if alloc.backend.exporter_owned and not alloc.origin.created_here and alloc.source_server:
@@ -104,16 +100,14 @@ def _notify_on_release(alloc: allocation.Allocation) -> None:
 
 
 def _notify_done(alloc: allocation.Allocation, loads: int) -> None:
-    """Tell the exporter of a block that this process closed its last view of it, having
-    loaded ``loads`` of its payloads (:mod:`sharedarrays.memory.cache`)."""
+    """Tell a block's exporter that its last view here closed, after ``loads`` payloads."""
     if alloc.pool_server is not None:
         notices.start_notifier()
         notices.queue_notice([alloc.pool_server], Kind.DONE, alloc.id, alloc.secret, count=loads)
 
 
 def _ask_done(alloc: allocation.Allocation, servers: list[str]) -> None:
-    """Ask the processes of ``servers`` to say ``DONE`` when their last view of the block
-    ``alloc`` goes: it was released here and waits to be reused."""
+    """Ask ``servers`` to say ``DONE`` when their last view of the released block ``alloc`` goes."""
     block = alloc.block
     if block is not None and servers:
         notices.start_notifier()
@@ -125,15 +119,13 @@ STATE.memory.done_hooks.append(_notify_done)
 STATE.memory.ask_hooks.append(_ask_done)
 
 EXIT_WAIT = 10.0
-"""Seconds a process waits at exit for other processes to close the exporter-owned memory
-(cuda-ipc, cuda-pool) it made, before it exits anyway (``SHAREDARRAYS_EXIT_WAIT``)."""
+"""Seconds to wait at exit for importers of exporter-owned memory (``SHAREDARRAYS_EXIT_WAIT``)."""
 
 
 def _drain_at_exit() -> None:
-    """At exit: wait for the importers of exporter-owned memory made here to close it.
+    """At exit: wait for importers of exporter-owned memory made here, naming those left.
 
-    Holders that did not are named (their views become invalid). It may run twice; the
-    second run waits only for what is left of the first's bound.
+    It may run twice; the second run waits only for what is left of the first's bound.
     """
     state = STATE.server
     held = registry.held_elsewhere()

@@ -58,16 +58,13 @@ __all__ = [
 ]
 
 TIMEOUT = 10.0
-"""Seconds a client waits for the keeper to start or answer: the most one call waits, and
-the most one exit waits in all (its hand-overs share it)."""
+"""Seconds a client waits for the keeper to start or answer, per call and per exit."""
 RETRY = 1.0
-"""Seconds a client waits per call and per exit for a keeper that was late before (stopped
-or overloaded), until it answers again: a stopped keeper costs :data:`TIMEOUT` once."""
+"""Seconds a client waits for a keeper that was late before, until it answers again."""
 
 
 class NoRoomForFiles(KeeperError):
-    """The keeper could not be asked, or its reply taken, because this process has as many
-    files open as its limit allows (``ulimit -n``): said first, whatever else failed."""
+    """The keeper could not be asked because this process is at its open-files limit."""
 
 
 def socket_path() -> Path:
@@ -113,12 +110,7 @@ def _launch() -> subprocess.Popen[bytes] | None:
     """Start a keeper in the background, in a session of its own so that it outlives us.
 
     It runs in the private runtime directory with only absolute ``PYTHONPATH`` entries, so
-    that no other user's module shadows the standard library.
-
-    Raises
-    ------
-    HandleUnavailable
-        Its log cannot be made in the runtime directory, or no process can be started.
+    that no other user's module shadows the standard library; HandleUnavailable if it cannot.
     """
     directory = runtime_dir()
     exe = spawn.get_executable()
@@ -164,8 +156,7 @@ def _launch() -> subprocess.Popen[bytes] | None:
 
 
 def _why_it_exited(proc: subprocess.Popen[bytes]) -> str:
-    """What a keeper that exited as it started said: its log's last line, and a note when
-    the runtime directory's file system is full."""
+    """What a keeper that exited at start said: its log's last line, and a disk-full note."""
     path = _log_path()
     try:
         with open(path, "rb") as f:
@@ -190,10 +181,7 @@ def _why_it_exited(proc: subprocess.Popen[bytes]) -> str:
 
 
 def _try_connect(path: str, deadline: float) -> socket.socket | None:
-    """A connection to the keeper at ``path``, or ``None`` where none listens there.
-
-    Raises :class:`KeeperError` or :class:`PermissionDenied` where connecting fails.
-    """
+    """A connection to the keeper at ``path``, or ``None`` where none listens there."""
     wait = max(deadline - time.monotonic(), 0.001)
     try:
         sock = connect_unix(path, deadline, wait)
@@ -250,8 +238,7 @@ def _open(path: str, start: bool, deadline: float) -> socket.socket:
 
 
 def _connect(start: bool) -> tuple[socket.socket, str, float]:
-    """This process's connection to the keeper (opened where none is), the keeper's socket,
-    and the seconds to wait for its answer (the connection's timeout)."""
+    """This process's connection to the keeper (opened if none), its socket and timeout."""
     state = STATE.keeper
     path = str(socket_path())
     wait = _patience(path)
@@ -264,8 +251,7 @@ def _connect(start: bool) -> tuple[socket.socket, str, float]:
 
 
 def disconnect(wait: float = -1) -> None:
-    """Close this process's connection to the keeper (it then holds nothing for us), waiting
-    at most ``wait`` seconds (default: as long as it takes) for another thread's request."""
+    """Close this process's connection to the keeper, waiting at most ``wait`` seconds."""
     state = STATE.keeper
     if not state.lock.acquire(timeout=wait):
         return
@@ -340,8 +326,7 @@ def request(
 def _reply(
     sock: socket.socket, msg: bytes, flags: int, got: list[int], path: str, wait: float, sent: int
 ) -> wire.Reply | None:
-    """The keeper's reply in ``msg``, the rest of its fds taken into ``got``; ``None`` at
-    an end of file. ``sent``: how many fds the request had."""
+    """The keeper's reply in ``msg``, its other fds taken into ``got``; ``None`` at end of file."""
     try:
         check_truncated(flags)
     except HandleUnavailable:
@@ -421,10 +406,7 @@ def hand_over(alloc: allocation.Allocation, loads: int, seconds: float) -> None:
 
 
 def _hand_over_at_exit() -> None:
-    """At exit: hand every allocation's payloads in flight to the keeper.
-
-    It may run twice; the second run hands over only what was pickled since.
-    """
+    """At exit: hand what was pickled since the last run and is in flight to the keeper."""
     state = STATE.keeper
     began = time.monotonic()
     left = TIMEOUT if state.exit_left is None else state.exit_left
@@ -449,14 +431,12 @@ def _hand_over_at_exit() -> None:
 
 
 def _close_at_exit() -> None:
-    """Close the connection to the keeper, so that no unclosed socket is reported; not while
-    another thread is in a request for more than a second (the kernel closes it then)."""
+    """Close the connection to the keeper, unless another thread's request holds it over 1 s."""
     disconnect(wait=1.0)
 
 
 def refusal(what: str, error: object) -> str:
-    """The message of a keeper's refusal (``what: error``), saying so when the keeper running
-    is older than this library (it answers ``unknown op`` to an op it does not know)."""
+    """The message of a keeper's refusal, noting a keeper older than this library."""
     message = f"{what}: {error}"
     if "unknown op" in str(error):
         message += (
@@ -486,8 +466,7 @@ def hold(alloc_id: str) -> None:
 def release(alloc_id: str) -> None:
     """Tell the keeper this process no longer holds ``alloc_id`` (no reply, best effort).
 
-    Never blocks (it runs from finalizers): with the lock held elsewhere, it waits for the
-    next request or the exit.
+    Never blocks (it runs from finalizers); it may wait for the next request.
     """
     lock = STATE.keeper.lock
     if not lock.acquire(blocking=False):

@@ -26,8 +26,7 @@ __all__ = ["report_load", "pending_notices", "queue_notice", "start_notifier"]
 def report_load(server: str, alloc_id: str, secret: bytes) -> None:
     """Tell the exporter of exporter-owned memory that one of its payloads loaded here warm.
 
-    Counted here and sent by the notifier thread, one ``LOADED`` per sender and allocation,
-    only on a connection already kept to that sender.
+    Sent by the notifier, counted, only on a connection already kept to that sender.
     """
     key = (server, alloc_id, secret)
     notices = STATE.notices
@@ -58,8 +57,7 @@ def _send_reports() -> None:
 
 
 def pending_notices() -> int:
-    """How many release and close notices this process has queued and not yet sent (each
-    holds a socket open while it is sent)."""
+    """How many release and close notices this process has queued and not yet sent."""
     return len(STATE.notices.in_flight)
 
 
