@@ -1,7 +1,6 @@
 """The handle server's wire format: requests, replies and notices between processes.
 
-``SOCK_SEQPACKET`` messages on a Unix socket (:mod:`sharedarrays.protocol.unix`). A request
-is one fixed-layout message (:class:`Request`), of seven kinds told apart by their magic:
+A request (:class:`Request`) is one ``SOCK_SEQPACKET`` message; its magic gives its kind:
 
 =========  ==============  ====================================================================
 magic      kind            meaning
@@ -21,14 +20,9 @@ magic      kind            meaning
                            mapping no view uses costs at most a new import)
 =========  ==============  ====================================================================
 
-Each names the allocation (16 raw bytes of its id) and carries its 32-byte secret; the
-counted kinds (``GROW``, ``RELEASED``, ``LOADED``) add a 32-bit count. A ``FETCH`` or
-``GROW`` may end with the importer's own handle server path (up to 107 bytes), so that the
-exporter can tell it when it releases the allocation.
-
-A reply (:class:`Reply`) is ``b"SAR1"``, a status byte and the number of fds that come with
-it, then a JSON body (:class:`Handles` or :class:`Growth`); the fds ride on it and, past
-250, on messages of their own (:func:`sharedarrays.protocol.unix.send_fds`).
+Each carries the allocation's id and secret, the counted kinds a 32-bit count, and it may
+end with the sender's own handle server path. A reply (:class:`Reply`) is ``b"SAR1"``, a
+status byte and its fd count, then a JSON body.
 """
 
 from __future__ import annotations
@@ -72,8 +66,7 @@ MAX_EXPORT = 512
 """Longest portable chunk handle a :class:`Handles` reply carries, in hex digits."""
 _INCONSISTENT = "the handle server sent an inconsistent reply"
 MAX_SNAPSHOT_ROWS = 256
-"""Most allocations a :class:`Snapshot` lists (the largest; it says when it left some out),
-so that its reply fits one message of a socket's default buffer."""
+"""Most allocations a :class:`Snapshot` lists, so that it fits a default socket buffer."""
 MAX_COMMAND = 200
 """Longest command line a :class:`Snapshot` carries, in characters (cut beyond)."""
 
@@ -124,8 +117,7 @@ class Request:
     secret : bytes
         The allocation's 32-byte secret.
     count : int
-        ``GROW``: the first chunk wanted; ``RELEASED`` and ``LOADED``: how many payloads;
-        0 for the others (which do not carry it).
+        ``GROW``: the first chunk wanted; ``RELEASED``, ``LOADED``: how many payloads.
     reply_to : str
         The sender's own handle server path, or ``""``; at most :data:`MAX_PATH` bytes.
     """
@@ -176,8 +168,7 @@ class Reply:
     Attributes
     ----------
     status : int
-        A :class:`Status` (an int, so that a reply with a status this version does not know
-        decodes, and is refused by its reader).
+        A :class:`Status` (an int, so that an unknown one decodes and is refused later).
     fds : int
         How many fds come with it.
     body : bytes
@@ -211,16 +202,14 @@ class Reply:
 
 @dataclass(frozen=True)
 class Handles:
-    """The body of a ``FETCH`` reply: an allocation's chunk sizes and, for a pointer backend
-    (cuda-ipc, cuda-pool), its portable chunk handles.
+    """The body of a ``FETCH`` reply: chunk sizes and, for a pointer backend, chunk handles.
 
     Attributes
     ----------
     sizes : list of int
         The chunk sizes (checked by the importer against its payload).
     exports : tuple of bytes or None
-        The portable handles of a pointer backend; ``None`` for a mapping backend (whose
-        body is the bare list of sizes).
+        A pointer backend's portable handles; ``None`` for a mapping backend.
     """
 
     sizes: list[int]
@@ -240,7 +229,7 @@ class Handles:
         Raises
         ------
         PayloadError
-            Not JSON of this shape ("the handle server sent an inconsistent reply").
+            Not JSON of this shape.
         """
         doc = _json(body)
         sizes: Any = doc
@@ -262,8 +251,7 @@ class Handles:
 
 @dataclass(frozen=True)
 class Growth:
-    """The body of a ``GROW`` reply: a growable allocation's chunk sizes now, its reserved
-    bytes and the bytes of the array now.
+    """The body of a ``GROW`` reply: a growable allocation's chunk sizes and sizes now.
 
     Attributes
     ----------
@@ -289,8 +277,7 @@ class Growth:
         Raises
         ------
         PayloadError
-            Not JSON of this shape, or a negative capacity or length ("the handle server
-            sent an inconsistent reply").
+            Not JSON of this shape, or a negative capacity or length.
         """
         doc = _json(body)
         if type(doc) is not dict or set(doc) != {"sizes", "capacity", "used"}:
@@ -310,8 +297,7 @@ class Growth:
 
 @dataclass(frozen=True)
 class HeldAllocation:
-    """One allocation a process holds, as its handle server reports it (a :class:`Snapshot`
-    row).
+    """One allocation a process holds: a :class:`Snapshot` row.
 
     Attributes
     ----------
@@ -322,29 +308,25 @@ class HeldAllocation:
     size : int
         Bytes mapped (the chunks' sum).
     used : int
-        Bytes the exporter asked for (``size`` in an importer): ``size - used`` is lost to
-        the granularity.
+        Bytes the exporter asked for (``size`` in an importer).
     created_here : bool
-        This process made it (the exporter), or imported it.
+        This process made it, or imported it.
     origin_pid : int
-        Its exporter (this process) or the process it was imported from.
+        This process, or the one it was imported from.
     since : float
         When it was made or imported here (``time.time()``).
     views : int
-        Leases of views (and a growable array's native arrays) that use it here now
-        (:attr:`~sharedarrays.memory.Allocation.view_leases`).
+        View leases using it here (:attr:`~sharedarrays.memory.Allocation.view_leases`).
     parked : bool
-        Kept mapped with no view (an importer, ready for the next handoff).
+        Kept mapped with no view, ready for the next handoff.
     draining : bool
         Released here but held by importers (exporter-owned memory).
     served : tuple of (int, float)
-        The processes it was served to (pid, when), most recent last; while it drains,
-        every process that still holds it (they keep its exporter from freeing it).
+        The processes it was served to (pid, when), most recent last.
     in_flight : int
         Payloads pickled here that may still be loaded.
     cached : bool
-        Released here and kept for this process's next array of its size
-        (:mod:`sharedarrays.memory.cache`).
+        Released here and kept for reuse (:mod:`sharedarrays.memory.cache`).
     """
 
     alloc_id: str

@@ -1,11 +1,8 @@
 """The keeper's wire format: requests and replies, as typed records.
 
-``SOCK_SEQPACKET`` messages on ``keeper.sock`` in the runtime directory. A request is
-``b"SAK1"`` + a JSON object with an ``"op"`` and that op's fields; a ``keep`` carries one
-chunk fd per size by ``SCM_RIGHTS`` (past :data:`MAX_FDS`, the rest on messages of their own,
-as :func:`sharedarrays.protocol.unix.send_fds` sends them). A reply is ``b"SAK1"`` + a
-status byte + a JSON object, with the fds of an ``attach`` or ``fetch`` batched alike;
-``release`` has no reply.
+A request on ``keeper.sock`` is ``b"SAK1"`` + a JSON object with an ``"op"``; a ``keep``
+carries one chunk fd per size. A reply is ``b"SAK1"`` + a status byte + a JSON object, with
+any fds batched by :func:`sharedarrays.protocol.unix.send_fds`; ``release`` has no reply.
 """
 
 from __future__ import annotations
@@ -94,8 +91,8 @@ class BadRequest(KeeperError):
 def check_name(name: object) -> str:
     """Return ``name`` if it is a valid array name in the keeper, else raise.
 
-    A name is 1 to 128 characters from ``A-Z a-z 0-9 . _ -``, not starting with ``.``,
-    ``_`` or ``-``, after an optional namespace of 1 to 64 such characters and ``/``.
+    1 to 128 characters of ``A-Z a-z 0-9 . _ -``, not starting with ``.``, ``_`` or ``-``,
+    after an optional ``namespace/`` of up to 64 such characters.
 
     Raises
     ------
@@ -160,8 +157,7 @@ def _encode(op: str, fields: dict[str, Any]) -> bytes:
     return MAGIC + json.dumps({"op": op, **fields}, separators=(",", ":")).encode()
 
 
-# requests: each has encode() (the message's bytes) and from_fields(req) (the request in a
-# decoded JSON object; other fields are ignored, missing or invalid ones raise BadRequest)
+# requests: encode() gives the bytes, from_fields(req) validates a decoded JSON object
 
 _T = TypeVar("_T", bound="_Bare")
 _ById_T = TypeVar("_ById_T", bound="_ById")
@@ -205,13 +201,7 @@ class InFlight:
 
 @dataclass(frozen=True)
 class Keep:
-    """``keep``: hold these chunk fds (attached to the message, one per size).
-
-    ``alloc_id`` (32 hex digits) and its 32-byte ``secret``; ``name``, ``None`` for a parked
-    array or payloads in flight (``in_flight``: how long those are kept); ``doc``, what the
-    keeper returns to whoever attaches or fetches it; ``allow_pids``, the only pids besides
-    the creator's it is served to (``None``: any of the user's).
-    """
+    """``keep``: hold these chunk fds (one per size); ``allow_pids`` limits who may attach."""
 
     op: ClassVar[str] = "keep"
     alloc_id: str
@@ -310,16 +300,14 @@ class Release(_ById):
 
 @dataclass(frozen=True)
 class Drop(_ById):
-    """``drop``: let go of an unnamed allocation (parked, or payloads in flight) by id alone
-    (``python -m sharedarrays rm``); its fds are closed once no process holds it."""
+    """``drop``: let go of an unnamed allocation by id alone (``python -m sharedarrays rm``)."""
 
     op: ClassVar[str] = "drop"
 
 
 @dataclass(frozen=True)
 class Unlink:
-    """``unlink``: drop a name (``name``), or a parked allocation (``alloc_id`` and
-    ``secret``); its fds are closed once no process holds it."""
+    """``unlink``: drop a name, or a parked allocation (``alloc_id`` and ``secret``)."""
 
     op: ClassVar[str] = "unlink"
     name: str | None = None
@@ -341,9 +329,7 @@ class Unlink:
 
 @dataclass(frozen=True)
 class List:
-    """``list``: one page (:data:`LIST_PAGE` bytes) of the arrays the keeper holds, those
-    whose id comes after ``after`` (``None``: from the first); a reply with more to come
-    names its last id in ``"more"`` (:func:`list_pages`)."""
+    """``list``: one page of the arrays held, those whose id comes after ``after``."""
 
     op: ClassVar[str] = "list"
     after: str | None = None
@@ -360,9 +346,7 @@ class List:
 
 
 def list_pages(ask: Callable[[List], tuple[int, dict[str, Any]]]) -> tuple[int, dict[str, Any]]:
-    """Every array the keeper holds: ``ask`` (one ``list`` request: its status and body)
-    page by page until a reply says no more; the status and a body with every page's
-    ``"arrays"``. A reply that is not OK, or not a list of arrays, ends it as it is."""
+    """Every array the keeper holds, asked page by page with ``ask``; a bad reply ends it."""
     arrays: list[Any] = []
     after: str | None = None
     while True:
@@ -391,8 +375,7 @@ def decode_request(msg: bytes, fds: int = 0) -> Request:
     Raises
     ------
     BadRequest
-        Too long, a wrong magic, a body that is not a JSON object, an unknown op, fds with
-        an op other than ``keep``, or a field missing or invalid.
+        A malformed message, an unknown op, fds with an op but ``keep``, or a bad field.
     """
     if len(msg) > MAX_MESSAGE or fds > MAX_FDS:
         raise BadRequest(f"message too long (at most {MAX_MESSAGE} bytes, {MAX_FDS} fds)")
@@ -415,8 +398,7 @@ def decode_request(msg: bytes, fds: int = 0) -> Request:
 
 @dataclass(frozen=True)
 class Reply:
-    """A keeper reply: a status (:data:`OK`, :data:`ERROR`, :data:`NOT_FOUND`,
-    :data:`EXISTS`, :data:`DENIED`) and a JSON object (fds go beside it)."""
+    """A keeper reply: a status (:data:`OK`, :data:`ERROR`, ...) and a JSON object."""
 
     status: int
     body: dict[str, Any]

@@ -1,19 +1,10 @@
 """Payloads: what a pickled SharedDeviceArray carries, and their validation.
 
-A payload is plain data: ``b"SA1"``, a 16-byte keyed BLAKE2b tag, then a JSON object. It
-names the allocation (id and secret), the process to fetch the handles from (pid and the path
-of its handle server), the chunk sizes, and the view (dtype, shape, strides, byte offset).
-Loading one never calls anything it names; every field is checked, and anything malformed,
-truncated or altered raises :class:`~sharedarrays.PayloadError`. The backend's name is
-checked for its shape only: whether this process knows that backend is its importer's check.
-
-A pickle carries one payload per allocation of a message: the payload of the whole
-allocation (a canonical view: uint8 bytes from offset 0), the same bytes object for every view
-of it, which pickle's memo writes once; beside it each view's own fields as a small tuple
-(:class:`ViewFields`), validated against the allocation's size on load.
-
-The tag is keyed with the allocation's secret. It does not make the payload secret (the secret
-travels inside it) but it rejects any payload that was altered after it was made.
+A payload is ``b"SA1"``, a 16-byte BLAKE2b tag keyed with the allocation's secret, then a
+JSON object naming the allocation, the process serving its handles, the chunk sizes and the
+view. Loading one calls nothing it names; anything malformed or altered raises
+:class:`~sharedarrays.PayloadError`. A pickle carries one payload per allocation, shared by
+its views, and each view's own fields as a small tuple (:class:`ViewFields`).
 """
 
 from __future__ import annotations
@@ -49,8 +40,7 @@ TAG_BYTES = 16
 MAX_PAYLOAD_BYTES = 1 << 20
 MAX_NDIM = 64
 MAX_SIZE = 1 << 47
-"""No allocation, chunk, capacity, offset, stride or element count is larger: a process's
-address space on x86-64 (4-level paging) is 128 TiB, and no memory system maps more."""
+"""Bound on every size, offset, stride and count: x86-64's 128 TiB address space."""
 MAX_DEVICES = 1 << 10
 """Device ordinals are below this (more devices than one machine has)."""
 _KEYS = frozenset(
@@ -73,23 +63,17 @@ _HEX32 = re.compile(r"^[0-9a-f]{32}\Z")
 _HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
 _DTYPE = re.compile(r"^[<>|=]?[biufc][0-9]{1,2}\Z")
 _BACKEND = re.compile(r"^[a-z][a-z0-9-]{0,31}\Z")
-"""A backend name's shape (``host``, ``cuda-vmm``, ...). Whether this process knows the
-backend is its importer's question: :class:`Payload` is pure data."""
+"""A backend name's shape; whether the backend is known is the importer's question."""
 _OPTIONAL = frozenset(("capacity", "node", "block"))
 
 
 _DECODED_LIMIT = 16384
-"""Validated payloads remembered by their bytes (the oldest is forgotten first): enough for a
-message of 10,000 views to be decoded once and then found at every later handoff."""
-# (validated payloads by their bytes, so that warm loads skip JSON, and validated dtype
-# strings, few: ``STATE.pickling.decoded`` and ``.dtypes``)
+"""Validated payloads remembered by their bytes, the oldest forgotten first."""
+# (validated payloads and dtype strings, so that warm loads skip JSON)
 
 
 def view_extent(itemsize: int, shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, int]:
-    """Lowest and one-past-highest byte a view touches, relative to its offset.
-
-    A view with a zero-length axis touches nothing: ``(0, 0)``.
-    """
+    """Lowest and one-past-highest byte a view touches, relative to its offset (or 0, 0)."""
     low = 0
     high = itemsize
     for n, s in zip(shape, strides):
@@ -118,11 +102,7 @@ _V = TypeVar("_V")
 
 
 def remember(table: dict[_K, _V], key: _K, value: _V, limit: int) -> None:
-    """Keep ``value`` in ``table`` by ``key``, forgetting the oldest entry first when
-    ``table`` holds ``limit`` (a table of what payloads already seen gave, by their bytes:
-    this module's validated payloads, the importer's parts; an allocation's kept native
-    arrays, by layout). Safe where another thread forgets the same oldest entry at the same
-    time."""
+    """Keep ``value`` in ``table`` by ``key``, forgetting the oldest past ``limit``; thread-safe."""
     if len(table) >= limit:
         try:
             del table[next(iter(table))]  # the oldest
@@ -174,10 +154,7 @@ def _numeric_dtype(value: object, what: str) -> np.dtype[Any]:
 
 
 def _overlapping(shape: tuple[int, ...], strides: tuple[int, ...], size: int) -> PayloadError:
-    """The error for a view with more bytes of elements than its allocation holds: only
-    strides that overlap (a zero stride on a longer axis) make one, which no view of a
-    SharedDeviceArray has, and whose reading or writing would go on for as long as its
-    count of elements says, past any valid array's."""
+    """The error for a view with more element bytes than its allocation (overlapping strides)."""
     return PayloadError(
         f"payload's view of shape {shape} and strides {strides} has more bytes of elements "
         f"than its allocation of {size} bytes holds (overlapping strides)"
@@ -187,12 +164,10 @@ def _overlapping(shape: tuple[int, ...], strides: tuple[int, ...], size: int) ->
 def misaligned(
     dtype: np.dtype[Any], shape: tuple[int, ...], strides: tuple[int, ...], offset: int
 ) -> str:
-    """Why a view of device memory is misaligned for ``dtype`` ("" if it is not): its byte
-    offset, or the stride of an axis longer than 1, is not a multiple of
-    ``dtype.alignment`` (an empty view touches nothing, as NumPy counts it). A GPU kernel's
-    misaligned access is a fatal error of the whole context (CUDA's
-    ``cudaErrorMisalignedAddress`` ends every later GPU computation of the process), so such
-    a view of device memory is refused; host memory allows it, as NumPy does."""
+    """Why a view of device memory is misaligned for ``dtype``, or "" if it is not.
+
+    A misaligned GPU access is fatal to the whole CUDA context.
+    """
     mask = dtype.alignment - 1
     bits = offset
     for n, st in zip(shape, strides):
@@ -214,8 +189,7 @@ def misaligned(
 def _check_layout(
     itemsize: int, shape: tuple[int, ...], strides: tuple[int, ...], offset: int, size: int
 ) -> None:
-    """Refuse a view (whose fields each are in bounds) that does not lie inside an
-    allocation of ``size`` bytes or has more elements than any valid array."""
+    """Refuse a view that does not lie inside ``size`` bytes or has too many elements."""
     if len(shape) != len(strides):
         raise PayloadError(f"payload has {len(shape)} dims in shape but {len(strides)} strides")
     count = 1
@@ -262,25 +236,14 @@ class Payload:
     readonly : bool
         Whether the view is read-only.
     capacity : int or None
-        For a growable array, the bytes its exporter reserves (``None`` otherwise). Its
-        ``chunks`` are then the allocation's *generation* when the payload was made: an
-        importer that maps fewer chunks maps the new ones. Encoded only when set.
+        For a growable array, the bytes its exporter reserves.
     node : str or None
-        The node id (:mod:`sharedarrays.node`) of the process that made the payload: a load
-        on another node is refused before anything is opened. Encoded only when set (every
-        payload an array makes sets it).
+        The node id (:mod:`sharedarrays.node`) of the maker; a load elsewhere is refused.
     block : bytes or None
-        The block token of memory its exporter keeps for reuse (:mod:`sharedarrays.memory.cache`):
-        an importer that maps the block already reuses that mapping. Encoded only when set.
+        The block token of memory kept for reuse (:mod:`sharedarrays.memory.cache`).
 
-    A pointer backend's payload (cuda-ipc, cuda-pool) always names the exporter in ``pid``
-    and ``server``, even when an importer pickles it on: the exporter records every importer
-    (its memory must outlive them) and hands out the chunk's portable handle itself, after
-    the same checks as for fds, so that a payload never carries anything another user could
-    open.
-
-    The ordering token (an IPC event on CUDA) travels beside the payload, not in it: a
-    payload is the same bytes at every handoff of a view, so both ends can cache it.
+    A pointer backend's payload always names the exporter, which hands out the portable
+    handles itself, so a payload never carries anything another user could open.
     """
 
     backend: str
@@ -339,9 +302,7 @@ class Payload:
 
     @classmethod
     def from_doc(cls, doc: object) -> Payload:
-        """Validate a payload's plain dict form (:meth:`to_doc`) field by field, as
-        :meth:`from_bytes` does. A dict carries no tag: whoever takes one from another
-        process (the keeper's reply) answers for trusting its sender.
+        """Validate a payload's dict form (:meth:`to_doc`), which carries no tag.
 
         Raises
         ------
@@ -447,14 +408,11 @@ class Payload:
 
 
 ViewTuple = tuple[int, tuple[int, ...], tuple[int, ...], str, bool]
-"""A view's fields as a pickle carries them beside its allocation's payload: ``(offset,
-shape, strides, dtype.str, readonly)`` (see :class:`ViewFields`)."""
+"""``(offset, shape, strides, dtype.str, readonly)``: a view as a pickle carries it."""
 
 
 class ViewFields(NamedTuple):
-    """A validated view of an allocation: what a pickle carries per view, beside the one
-    payload of the allocation (:class:`Payload` of the whole allocation) that every view of
-    it in the message shares.
+    """A validated view of an allocation: what a pickle carries per view beside the payload.
 
     Attributes
     ----------
@@ -465,8 +423,7 @@ class ViewFields(NamedTuple):
     dtype : numpy.dtype
         Element type (numeric and bool only).
     readonly : bool
-        Whether the view is read-only (whatever the allocation's payload says: an
-        importer's view is read-only if either says so).
+        Whether the view is read-only (as is the import, if either says so).
     """
 
     offset: int
@@ -481,16 +438,13 @@ class ViewFields(NamedTuple):
 
     @classmethod
     def from_tuple(cls, data: object, size: int, device: bool = False) -> ViewFields:
-        """Validate a view's tuple (:meth:`to_tuple`) against an allocation of ``size``
-        bytes, with the bounds of :class:`Payload`'s view fields (and with ``device``, an
-        allocation of device memory, the alignment: :func:`misaligned`).
+        """Validate a view's tuple (:meth:`to_tuple`) against an allocation of ``size`` bytes.
 
         Raises
         ------
         PayloadError
-            Not a tuple of the five fields, a field of the wrong type (ints, not bools;
-            tuples of ints) or out of bounds, more than 64 dims, a view that does not lie
-            inside the allocation, or (``device``) is misaligned.
+            A malformed or out-of-bounds field, more than 64 dims, a view outside the
+            allocation, or (``device``) a misaligned one.
         """
         dtype, _, _ = check_view(data, size, device)
         offset, shape, strides, _, readonly = cast(ViewTuple, data)  # (checked)
@@ -498,11 +452,7 @@ class ViewFields(NamedTuple):
 
 
 def check_view(data: object, size: int, device: bool = False) -> tuple[np.dtype[Any], int, int]:
-    """:meth:`ViewFields.from_tuple` without the record: the view's dtype and extent
-    (:func:`view_extent`: lowest and one-past-highest byte relative to its offset) if ``data``
-    is a valid view tuple of an allocation of ``size`` bytes (what a view of a new layout in a
-    message runs; no object the collector tracks is made); with ``device`` (an allocation of
-    device memory) its offset and strides must be aligned for its dtype (:func:`misaligned`).
+    """:meth:`ViewFields.from_tuple` without the record: the view's dtype and extent.
 
     Raises
     ------
@@ -525,8 +475,7 @@ def check_view(data: object, size: int, device: bool = False) -> tuple[np.dtype[
         dtype = _numeric_dtype(dtype_str, "view field")
     if type(readonly) is not bool:
         raise PayloadError("view field 'readonly' must be a bool")
-    # (one pass: the bounds of each axis, the element count and the bytes touched, as
-    # _check_layout and view_extent do; the loop of every view of a message)
+    # (one pass over the axes, as _check_layout and view_extent do)
     count, low, high, bits = 1, 0, dtype.itemsize, offset
     for n, st in zip(shape, strides):
         if (

@@ -1,10 +1,7 @@
 """The ordering token's wire format: what an importer waits for before using memory.
 
-A token names one record of an interprocess GPU event (see
-:mod:`sharedarrays.backends.cuda.sync`): the exporting process (pid and start time, so a token
-of a process that has exited is recognised), the event's 64-byte IPC handle, and the
-record's sequence number (a token names one point in time; the same event recorded later
-gives another token). 88 bytes, little-endian::
+A token names one record of an interprocess GPU event
+(:mod:`sharedarrays.backends.cuda.sync`). 88 bytes, little-endian::
 
     offset  size  field
     0       8     pid          exporter's process id

@@ -1,17 +1,8 @@
 """Unix sockets of this user: where they live, who is at the other end, fds across them.
 
-One helper for the handle servers, their clients, the keeper and its clients:
-
-* :func:`runtime_dir`: the private directory (mode 0700) every socket of this user lives in;
-* :func:`peer_credentials`: the pid, uid and gid of the process at the other end
-  (``SO_PEERCRED``), and :func:`check_same_user`, which refuses another user's;
-* :func:`connect_unix`: a ``SOCK_SEQPACKET`` connection with a deadline for a listener whose
-  queue is full;
-* :func:`send_fds` / :func:`recv_fds`: file descriptors by ``SCM_RIGHTS`` in batches of
-  :data:`FDS_PER_MESSAGE`, with the kernel's truncation reported (:func:`check_truncated`);
-  :func:`recv_into` takes one message and its fds so that a Ctrl-C cannot lose them.
-
-Nothing here knows what the messages mean.
+:func:`runtime_dir` is the private directory of every socket; :func:`check_same_user`
+refuses another user's peer; :func:`send_fds` / :func:`recv_fds` pass fds in batches of
+:data:`FDS_PER_MESSAGE`. Nothing here knows what the messages mean.
 """
 
 from __future__ import annotations
@@ -59,8 +50,7 @@ BACKOFF = 0.05
 RUN_USER = Path("/run/user")
 """Where systemd makes each logged-in user's private runtime directory (``<uid>``)."""
 RUNTIME_DIR_TRIES = 100
-"""Names the fallback runtime directory under the temporary directory may take
-(``sharedarrays-<uid>``, then ``-1``, ``-2``, ...) while other users hold the earlier ones."""
+"""Names tried for the fallback runtime directory (``sharedarrays-<uid>``, ``-1``, ...)."""
 _CRED = struct.Struct("3i")
 
 
@@ -91,8 +81,7 @@ def check_same_user(sock: socket.socket, what: str) -> Credentials:
     Raises
     ------
     PermissionDenied
-        ``what`` (say, ``"the keeper /run/user/1000/sharedarrays/keeper.sock"``) runs as
-        another user.
+        ``what`` runs as another user.
     OSError
         ``SO_PEERCRED`` failed.
     """
@@ -103,19 +92,16 @@ def check_same_user(sock: socket.socket, what: str) -> Credentials:
 
 
 def connect_unix(path: str, deadline: float, timeout: float) -> socket.socket:
-    """A new ``SOCK_SEQPACKET`` connection to the Unix socket ``path`` (with ``timeout`` set
-    on it), for the handle servers and the keeper alike.
+    """A ``SOCK_SEQPACKET`` connection to ``path`` with ``timeout`` set on it.
 
-    A listener whose queue of connections to accept is full (``EAGAIN``: its process is
-    stopped or overloaded) is tried again until ``deadline`` (``time.monotonic()``).
+    A listener whose accept queue is full (``EAGAIN``) is retried until ``deadline``.
 
     Raises
     ------
     TimeoutError
         It did not accept by ``deadline``.
     OSError
-        Anything else ``socket()`` or ``connect()`` raised (no file, refused, not a socket,
-        another user's, no fd left); the caller says what it means.
+        Anything else ``socket()`` or ``connect()`` raised; the caller says what it means.
     """
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -135,8 +121,7 @@ def connect_unix(path: str, deadline: float, timeout: float) -> socket.socket:
 
 
 def send_fds(sock: socket.socket, message: bytes, fds: Sequence[int]) -> None:
-    """Send ``message`` with ``fds``: the first :data:`FDS_PER_MESSAGE` beside it, the rest in
-    messages of their own (``b"+"``), as many as they need; :func:`recv_fds` takes them."""
+    """Send ``message`` with ``fds``, those past :data:`FDS_PER_MESSAGE` in ``b"+"`` messages."""
     fds = list(fds)
     socket.send_fds(sock, [message], fds[:FDS_PER_MESSAGE])
     for i in range(FDS_PER_MESSAGE, len(fds), FDS_PER_MESSAGE):
@@ -146,20 +131,15 @@ def send_fds(sock: socket.socket, message: bytes, fds: Sequence[int]) -> None:
 def recv_fds(
     sock: socket.socket, count: int, fds: list[int], deadline: float | None = None
 ) -> bool:
-    """Receive the fds :func:`send_fds` sent after its first message, appending them to
-    ``fds`` (which holds those of the first message) until it holds ``count``; whether they
-    all came (``False``: the sender stopped first). ``fds`` stays the caller's, also when
-    this raises: it closes them.
+    """Append the fds :func:`send_fds` sent after its first message to ``fds`` until ``count``.
 
-    With a ``deadline`` (``time.monotonic()``) they must all have come by then, however the
-    sender spaces its messages (each within the socket's timeout would otherwise keep the
-    receiver waiting as long as the sender likes); ``sock``'s timeout is left at what
-    remained.
+    Returns whether they all came. ``fds`` stays the caller's to close, also when this
+    raises. A ``deadline`` bounds the whole wait, not each message.
 
     Raises
     ------
     TimeoutError
-        A message did not come within the socket's timeout, or not all by ``deadline``.
+        A message did not come in time.
     HandleUnavailable
         This process has no room for them (:func:`check_truncated`).
     OSError
@@ -180,18 +160,10 @@ def recv_fds(
 
 
 def recv_into(sock: socket.socket, size: int, maxfds: int, fds: list[int]) -> tuple[bytes, int]:
-    """``socket.recv_fds(sock, size, maxfds)``, its fds appended to ``fds`` (the caller's to
-    close, also when this raises); returns the message and its flags.
+    """``socket.recv_fds``, its fds appended to ``fds``; returns the message and its flags.
 
-    In the main thread a SIGINT (Ctrl-C, a notebook's interrupt) that comes while the message
-    is taken is handed to its handler only once the fds are in ``fds``: raised between the
-    receive and the append, the ``KeyboardInterrupt`` would leave the fds open with no owner
-    (memory the exporter can never free). The wait for the message stays interruptible: the
-    handler is held back only once the message is there.
-
-    The message is received into a buffer of its own length (:func:`_message_length`), at
-    most ``size`` bytes (a longer one is truncated, ``MSG_TRUNC`` in the flags): a buffer of
-    ``size`` for every message would cost a large one its allocation each time.
+    A SIGINT during the receive is delivered only once the fds are in ``fds``, so that a
+    ``KeyboardInterrupt`` cannot leave them open with no owner.
 
     Raises
     ------
@@ -222,10 +194,7 @@ def recv_into(sock: socket.socket, size: int, maxfds: int, fds: list[int]) -> tu
 
 
 def _message_length(sock: socket.socket, size: int) -> int:
-    """The length of the next message on ``sock`` (``SOCK_SEQPACKET``), at most ``size``
-    (at least 1: a peer's end of file is read as an empty message), taken without reading
-    it (``MSG_PEEK | MSG_TRUNC``: Linux gives a packet's whole length; its fds stay
-    queued). Waits as a receive does (the socket's timeout)."""
+    """The length of the next message, 1 to ``size``, peeked without reading it."""
     return max(1, min(sock.recv_into(bytearray(1), 1, _PEEK_LENGTH), size))
 
 
@@ -234,8 +203,7 @@ _MSG_CTRUNC = int(socket.MSG_CTRUNC)  # (a plain int: IntFlag's & makes a flag o
 
 
 def check_truncated(flags: int) -> None:
-    """Raise if the kernel dropped file descriptors of a message (``MSG_CTRUNC``: this
-    process's fd table was full, ``RLIMIT_NOFILE``).
+    """Raise if the kernel dropped fds of a message (``MSG_CTRUNC``: fd table full).
 
     Raises
     ------
@@ -252,25 +220,15 @@ def check_truncated(flags: int) -> None:
 def runtime_dir() -> Path:
     """The private directory of this user's sockets, created with mode 0700 if missing.
 
-    Made again when it was removed (a tmp cleaner; systemd, at a user's last logout, removes
-    ``/run/user/<uid>`` while tmux or nohup processes live on): each call checks. The first
-    of these, the same in every process of the user:
-
-    * ``$XDG_RUNTIME_DIR/sharedarrays`` when that is set and exists;
-    * ``/run/user/<uid>/sharedarrays`` when ``/run/user/<uid>`` is this user's and closed to
-      others (systemd makes it at login);
-    * ``<tmp>/sharedarrays-<uid>``; where another user made that name first (``/tmp`` is
-      open to everyone), ``<tmp>/sharedarrays-<uid>-1``, then ``-2``, ... up to
-      :data:`RUNTIME_DIR_TRIES` names: the first that is this user's or can be made.
+    ``$XDG_RUNTIME_DIR/sharedarrays``, else ``/run/user/<uid>/sharedarrays``, else
+    ``<tmp>/sharedarrays-<uid>`` (or ``-1``, ``-2``, ... where another user took the name).
+    Each call checks, since a tmp cleaner or logout may have removed it.
 
     Raises
     ------
     PermissionDenied
-        The directory cannot be made, is this user's but open to others, or (for
-        ``$XDG_RUNTIME_DIR``) belongs to another user or is a symlink; ``$XDG_RUNTIME_DIR``
-        itself belongs to another user (not root), or others may write in it without its
-        sticky bit (they could move the directory away and put theirs in its place); or every
-        fallback name belongs to another user.
+        The directory cannot be made or is not private, ``$XDG_RUNTIME_DIR`` is unsafe,
+        or every fallback name belongs to another user.
     """
     uid = os.getuid()
     login = _login_dir(uid)
@@ -292,8 +250,7 @@ def runtime_dir() -> Path:
 
 
 def _login_dir(uid: int) -> Path | None:
-    """``$XDG_RUNTIME_DIR`` when set and there, else ``/run/user/<uid>`` when it is
-    ``uid``'s and closed to others, else ``None``."""
+    """``$XDG_RUNTIME_DIR``, else a private ``/run/user/<uid>``, else ``None``."""
     base = os.environ.get("XDG_RUNTIME_DIR")
     st: os.stat_result | None = None
     if base:
@@ -329,14 +286,7 @@ def _login_dir(uid: int) -> Path | None:
 
 
 def _make_private(path: Path, uid: int) -> Path | None:
-    """``path``, made with mode 0700 unless it exists; ``None`` where it is not a directory
-    of ``uid`` (another user took the name).
-
-    Raises
-    ------
-    PermissionDenied
-        It cannot be made, or it is this user's but open to others.
-    """
+    """``path``, made 0700 if missing; ``None`` if another user's; raises if not private."""
     try:
         with contextlib.suppress(FileExistsError):
             os.mkdir(path, 0o700)

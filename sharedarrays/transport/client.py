@@ -1,10 +1,7 @@
 """The handle server's client: fetching an allocation's chunk handles from its exporter.
 
-An importer asks the exporter's handle server (:mod:`sharedarrays.transport.server`) for the
-chunks of an allocation (:func:`fetch_handles`), or a growable array's importer for its
-chunks from an index on (:func:`fetch_growth`). Each process keeps one connection per
-exporter open between requests (at most :data:`MAX_CLIENT_CONNECTIONS`), so that the next
-import connects to nothing. The messages are :mod:`sharedarrays.protocol.handles`' records.
+One connection per exporter is kept open between requests (at most
+:data:`MAX_CLIENT_CONNECTIONS`), so that the next import connects to nothing.
 """
 
 from __future__ import annotations
@@ -60,18 +57,15 @@ def fetch_handles(
     Returns
     -------
     sizes, fds : list of int
-        The chunk sizes and the received fds (owned by the caller): one per chunk for a
-        mapping backend; for a pointer backend what its importer needs besides the exports
-        (cuda-pool: the pool's fd; cuda-ipc: none), and the server records the caller as a
-        holder of the exporter-owned memory.
+        The chunk sizes and the received fds (the caller's): one per chunk for a mapping
+        backend; for a pointer backend, any it needs besides the exports.
     exports : tuple of bytes
-        A pointer backend's portable chunk handles (cuda-ipc's IPC handle, cuda-pool's pool
-        id and pointer data); empty for a mapping backend.
+        A pointer backend's portable chunk handles; empty for a mapping backend.
 
     Raises
     ------
     HandleUnavailable
-        The server is gone (its process exited) or no longer has the allocation.
+        The server is gone or no longer has the allocation.
     PermissionDenied
         Another user's server or directory, or the secret is wrong.
     """
@@ -95,8 +89,7 @@ def fetch_growth(
     Returns
     -------
     sizes : list of int
-        All its chunk sizes now (the first ``first`` are those the caller maps, unless the
-        array was shrunk meanwhile).
+        All its chunk sizes now.
     capacity, used : int
         Its reserved bytes and the bytes of the array now.
     fds : list of int
@@ -126,8 +119,7 @@ TIDY_CONNECTIONS = 4
 
 
 def close_connections() -> None:
-    """Close this process's idle connections to handle servers (the next request connects
-    again)."""
+    """Close this process's idle connections to handle servers."""
     with STATE.connections.lock:
         socks = list(STATE.connections.by_server.values())
         STATE.connections.by_server.clear()
@@ -136,21 +128,10 @@ def close_connections() -> None:
 
 
 def _connect(server: str, gone: str, pid: int | None = None) -> socket.socket:
-    """A new connection to the handle server at ``server`` (of process ``pid``, if known),
-    checked to run as this user.
+    """A connection to the handle server at ``server``, checked to run as this user.
 
-    A server whose queue of connections to accept is full (``EAGAIN``: it is stopped or
-    overloaded) is tried again until :data:`TIMEOUT`; so is one whose socket file is gone
-    while its process runs (the runtime directory was removed: the server listens there
-    again within :data:`~sharedarrays.transport.server.HOUSEKEEPING`).
-
-    Raises
-    ------
-    HandleUnavailable
-        Nothing listens there (``gone``), it did not accept in time, or ``server`` is not a
-        socket a connection can be made to (the message says why).
-    PermissionDenied
-        The socket or its server belongs to another user.
+    A full queue, or a missing socket while ``pid`` runs, is retried until :data:`TIMEOUT`;
+    then HandleUnavailable, or PermissionDenied for another user's.
     """
     deadline = time.monotonic() + TIMEOUT
     try:
@@ -205,12 +186,8 @@ def _runs(pid: int) -> bool:
 def keep_connection(server: str, sock: socket.socket) -> None:
     """Put a connection back for the next request (or close it if another one is kept).
 
-    A connection to a new server, where :data:`TIDY_CONNECTIONS` are kept already, first
-    closes the kept ones whose server hung up (its process exited: a pool's workers that
-    returned arrays, each with a server of its own), so that the kept connections follow
-    the servers that still run instead of growing to :data:`MAX_CLIENT_CONNECTIONS` fds.
-    (A request takes its connection out while it runs: with fewer kept, as in a worker
-    that asks its parent alone, a cold handoff does not poll them.)"""
+    Past :data:`TIDY_CONNECTIONS` kept, those whose server hung up are closed first.
+    """
     with STATE.connections.lock:
         if server not in STATE.connections.by_server:
             if len(STATE.connections.by_server) >= TIDY_CONNECTIONS:
@@ -223,9 +200,7 @@ def keep_connection(server: str, sock: socket.socket) -> None:
 
 
 def _close_hung_up() -> None:
-    """Close the kept connections whose server hung up (under ``STATE.connections.lock``): an
-    idle connection has nothing to read, so one that polls readable, hung up or in error is
-    at its end."""
+    """Close the kept connections that poll readable (hung up); under the connections lock."""
     if not STATE.connections.by_server:
         return
     poller = select.poll()
@@ -245,9 +220,7 @@ def _fetch(
     reply_to: str | None,
     first: int | None,
 ) -> tuple[bytes, list[int]]:
-    """One request to a handle server: the reply's JSON body and the fds (the caller's).
-    Sent on the kept connection to that server if there is one; if that one was closed
-    before any reply came, once more on a new one."""
+    """One request to a handle server: the reply's body and fds (retried once)."""
     gone = _gone(alloc_id, pid)
     tail = reply_to if reply_to and len(reply_to.encode()) <= MAX_PATH else ""
     if first is None:
@@ -358,8 +331,7 @@ def kept_connections() -> int:
 
 
 def take_connection(server: str) -> socket.socket | None:
-    """This process's kept connection to ``server``, taken out (put it back with
-    :func:`keep_connection`), or ``None``."""
+    """This process's kept connection to ``server``, taken out, or ``None``."""
     with STATE.connections.lock:
         return STATE.connections.by_server.pop(server, None)
 

@@ -1,22 +1,9 @@
-"""This process's handle traffic: its handle server's lifecycle, and what happens to it at
-release, fork and exit.
+"""This process's handle traffic: its handle server at start, release, fork and exit.
 
-Chunk handles (file descriptors) move between processes two ways, both ending in
-``SCM_RIGHTS``:
-
-* **The handle server.** Every process that pickles an array runs one
-  (:class:`~sharedarrays.transport.server.HandleServer`, started by :func:`server_address`),
-  which serves an allocation's fds to any process of the same user that proves it holds the
-  payload's secret (:mod:`sharedarrays.transport.client`). This serves plain
-  ``pickle.loads`` in any process of the same user, and multiprocessing's pools and queues
-  alike: an importer that already maps the allocation never connects at all.
-* **At process spawn**, arrays in a ``multiprocessing.Process``'s arguments carry their fds
-  with :func:`multiprocessing.reduction.DupFd`, so the child needs no connection.
-
-This module holds the process's one server, stops it at exit (after waiting for the
-importers of exporter-owned memory: :func:`_drain_at_exit`), forgets it in a forked child,
-and tells the processes an allocation was served to when this one releases it
-(:mod:`sharedarrays.transport.notices`). Nothing here knows about arrays.
+Handles move either through the handle server
+(:class:`~sharedarrays.transport.server.HandleServer`), which serves any process of the
+user that holds the payload's secret, or at process spawn with
+:func:`multiprocessing.reduction.DupFd`. Nothing here knows about arrays.
 """
 
 from __future__ import annotations
@@ -46,8 +33,7 @@ def server_address() -> str:
     PermissionDenied
         No private runtime directory (:func:`runtime_dir`).
     HandleUnavailable
-        The server's socket cannot be made there (say, a path longer than Unix sockets
-        allow, no space or inode left there, or no file descriptor left).
+        The server's socket cannot be made there.
     """
     state = STATE.server
     server: HandleServer | None = state.server
@@ -90,19 +76,13 @@ at_exit(shutdown_server, "transport", order=2, processes=False)
 
 
 def open_connections() -> int:
-    """How many sockets this process keeps open for handle traffic between requests: its
-    connections to other processes' handle servers and, when it serves, its importers'
-    connections to it."""
+    """How many sockets this process keeps open for handle traffic, both directions."""
     server: HandleServer | None = STATE.server.server
     return client.kept_connections() + (server.connections if server is not None else 0)
 
 
 def _notify_on_release(alloc: allocation.Allocation) -> None:
-    """Tell the processes this one served that it released ``alloc``, so that they drop
-    their parked mappings of it (and the memory can return); and, for an imported
-    allocation of exporter-owned memory (cuda-ipc, cuda-pool), tell its exporter that this
-    process closed it, so that the exporter may free it. Best effort, off-thread: this runs
-    from finalizers, so it only queues (the sending thread starts with the handle server)."""
+    """Queue notices that ``alloc`` was released here, to whoever it was served or imported from."""
     if alloc.pid != os.getpid():
         return  # inherited across fork: the parent still holds it
     if alloc.backend.exporter_owned and not alloc.origin.created_here and alloc.source_server:
@@ -120,16 +100,14 @@ def _notify_on_release(alloc: allocation.Allocation) -> None:
 
 
 def _notify_done(alloc: allocation.Allocation, loads: int) -> None:
-    """Tell the exporter of a block that this process closed its last view of it, having
-    loaded ``loads`` of its payloads (:mod:`sharedarrays.memory.cache`)."""
+    """Tell a block's exporter that its last view here closed, after ``loads`` payloads."""
     if alloc.pool_server is not None:
         notices.start_notifier()
         notices.queue_notice([alloc.pool_server], Kind.DONE, alloc.id, alloc.secret, count=loads)
 
 
 def _ask_done(alloc: allocation.Allocation, servers: list[str]) -> None:
-    """Ask the processes of ``servers`` to say ``DONE`` when their last view of the block
-    ``alloc`` goes: it was released here and waits to be reused."""
+    """Ask ``servers`` to say ``DONE`` when their last view of the released block ``alloc`` goes."""
     block = alloc.block
     if block is not None and servers:
         notices.start_notifier()
@@ -141,19 +119,14 @@ STATE.memory.done_hooks.append(_notify_done)
 STATE.memory.ask_hooks.append(_ask_done)
 
 EXIT_WAIT = 10.0
-"""Seconds a process waits at exit for other processes to close the exporter-owned memory
-(cuda-ipc, cuda-pool) it made, before it exits anyway (``SHAREDARRAYS_EXIT_WAIT``)."""
+"""Seconds to wait at exit for importers of exporter-owned memory (``SHAREDARRAYS_EXIT_WAIT``)."""
 
 
 def _drain_at_exit() -> None:
-    """At exit, before the handle server stops: wait for the importers of exporter-owned
-    memory (cuda-ipc, cuda-pool) made here to close it, telling them to drop what they only
-    keep parked; then say who did not (their views of it become invalid when this process's
-    CUDA context goes).
+    """At exit: wait for importers of exporter-owned memory made here, naming those left.
 
-    Exit hooks may run twice (at a Process's end, or multiprocessing's exit function, and at
-    the interpreter's): the second run waits only for what is left of the first one's
-    bound, and names only holders not named yet."""
+    It may run twice; the second run waits only for what is left of the first's bound.
+    """
     state = STATE.server
     held = registry.held_elsewhere()
     if not held:

@@ -1,10 +1,8 @@
-"""The keeper's client: what a process that names, parks, attaches or lists arrays runs to
-talk to this user's keeper (:mod:`sharedarrays.keeper`, started here on first need).
+"""The keeper's client: naming, parking, attaching and listing arrays.
 
-Each process keeps one connection to the keeper (:func:`request`), through which the keeper
-counts it as a holder of what it created, attached or fetched (:func:`hold`,
-:func:`release`); payloads in flight are handed over on a connection of their own
-(:func:`hand_over`).
+Each process keeps one connection to this user's keeper (:mod:`sharedarrays.keeper`,
+started on first need), which counts it as a holder of what it created or attached;
+payloads in flight are handed over on a connection of their own (:func:`hand_over`).
 """
 
 from __future__ import annotations
@@ -60,16 +58,13 @@ __all__ = [
 ]
 
 TIMEOUT = 10.0
-"""Seconds a client waits for the keeper to start or answer: the most one call waits, and
-the most one exit waits in all (its hand-overs share it)."""
+"""Seconds a client waits for the keeper to start or answer, per call and per exit."""
 RETRY = 1.0
-"""Seconds a client waits per call and per exit for a keeper that was late before (stopped
-or overloaded), until it answers again: a stopped keeper costs :data:`TIMEOUT` once."""
+"""Seconds a client waits for a keeper that was late before, until it answers again."""
 
 
 class NoRoomForFiles(KeeperError):
-    """The keeper could not be asked, or its reply taken, because this process has as many
-    files open as its limit allows (``ulimit -n``): said first, whatever else failed."""
+    """The keeper could not be asked because this process is at its open-files limit."""
 
 
 def socket_path() -> Path:
@@ -112,16 +107,10 @@ def ensure_running() -> int:
 
 
 def _launch() -> subprocess.Popen[bytes] | None:
-    """Start a keeper in the background, as multiprocessing starts its resource tracker: a
-    fresh interpreter with this one's flags, in a session of its own (it outlives us, and a
-    Ctrl-C does not reach it). It runs in the private runtime directory with only absolute
-    ``PYTHONPATH`` entries after this package's root: the caller's directory (a shared
-    ``/tmp`` folder, say) could hold another user's ``json.py``.
+    """Start a keeper in the background, in a session of its own so that it outlives us.
 
-    Raises
-    ------
-    HandleUnavailable
-        Its log cannot be made in the runtime directory, or no process can be started.
+    It runs in the private runtime directory with only absolute ``PYTHONPATH`` entries, so
+    that no other user's module shadows the standard library; HandleUnavailable if it cannot.
     """
     directory = runtime_dir()
     exe = spawn.get_executable()
@@ -167,8 +156,7 @@ def _launch() -> subprocess.Popen[bytes] | None:
 
 
 def _why_it_exited(proc: subprocess.Popen[bytes]) -> str:
-    """What a keeper that exited as it started said: its log's last line, and a note when
-    the runtime directory's file system is full."""
+    """What a keeper that exited at start said: its log's last line, and a disk-full note."""
     path = _log_path()
     try:
         with open(path, "rb") as f:
@@ -193,9 +181,7 @@ def _why_it_exited(proc: subprocess.Popen[bytes]) -> str:
 
 
 def _try_connect(path: str, deadline: float) -> socket.socket | None:
-    """A connection to the keeper at ``path``, or ``None`` where none listens there; one
-    whose queue is full is tried again until ``deadline``. Raises :class:`KeeperError`
-    (or :class:`PermissionDenied`: another user's socket) where connecting fails."""
+    """A connection to the keeper at ``path``, or ``None`` where none listens there."""
     wait = max(deadline - time.monotonic(), 0.001)
     try:
         sock = connect_unix(path, deadline, wait)
@@ -252,8 +238,7 @@ def _open(path: str, start: bool, deadline: float) -> socket.socket:
 
 
 def _connect(start: bool) -> tuple[socket.socket, str, float]:
-    """This process's connection to the keeper (opened where none is), the keeper's socket,
-    and the seconds to wait for its answer (the connection's timeout)."""
+    """This process's connection to the keeper (opened if none), its socket and timeout."""
     state = STATE.keeper
     path = str(socket_path())
     wait = _patience(path)
@@ -266,8 +251,7 @@ def _connect(start: bool) -> tuple[socket.socket, str, float]:
 
 
 def disconnect(wait: float = -1) -> None:
-    """Close this process's connection to the keeper (it then holds nothing for us), waiting
-    at most ``wait`` seconds (default: as long as it takes) for another thread's request."""
+    """Close this process's connection to the keeper, waiting at most ``wait`` seconds."""
     state = STATE.keeper
     if not state.lock.acquire(timeout=wait):
         return
@@ -283,8 +267,7 @@ def disconnect(wait: float = -1) -> None:
 def request(
     req: wire.Request, fds: Sequence[int] = (), start: bool = True
 ) -> tuple[int, dict[str, Any], list[int]]:
-    """Send one request to the keeper (started first if ``start``) and return
-    ``(status, body, fds)``; the caller owns the fds. A broken connection is reopened.
+    """Send one request to the keeper and return ``(status, body, fds)`` (the caller's fds).
 
     Raises
     ------
@@ -293,8 +276,7 @@ def request(
     PermissionDenied
         The keeper's socket belongs to another user.
     KeeperError
-        A keeper runs but did not answer in time (:data:`TIMEOUT`, :data:`RETRY` once it
-        was late) or as a keeper does (never "no keeper": a name it holds is not missing).
+        A keeper runs but did not answer in time or as a keeper does.
     """
     data = req.encode()
     with STATE.keeper.lock:
@@ -313,8 +295,7 @@ def request(
             except BaseException as e:
                 for fd in got:
                     os.close(fd)
-                # (an interrupt too: its reply would be read as the next request's, say
-                # another array's fds for an attach)
+                # (an interrupt too: its reply would be read as the next request's)
                 disconnect()
                 if isinstance(e, TimeoutError):
                     _answered(path, False)
@@ -345,8 +326,7 @@ def request(
 def _reply(
     sock: socket.socket, msg: bytes, flags: int, got: list[int], path: str, wait: float, sent: int
 ) -> wire.Reply | None:
-    """The keeper's reply in ``msg``, the rest of its fds taken into ``got``; ``None`` at
-    an end of file. ``sent``: how many fds the request had."""
+    """The keeper's reply in ``msg``, its other fds taken into ``got``; ``None`` at end of file."""
     try:
         check_truncated(flags)
     except HandleUnavailable:
@@ -376,12 +356,9 @@ def _reply(
 
 
 def hand_over(alloc: allocation.Allocation, loads: int, seconds: float) -> None:
-    """Give the keeper (started if needed) ``alloc``'s handles for ``loads`` payloads in
-    flight, for at most ``seconds``, so that they load after this process exited.
+    """Give the keeper ``alloc``'s handles for ``loads`` payloads in flight, for ``seconds``.
 
-    A connection of its own: it runs from finalizers, in any thread, maybe inside
-    :func:`request`. Waits :data:`TIMEOUT` at most (:data:`RETRY` once the keeper was
-    late); at exit, what is left of the exit's wait.
+    On a connection of its own, since it runs from finalizers, in any thread.
 
     Raises
     ------
@@ -429,10 +406,7 @@ def hand_over(alloc: allocation.Allocation, loads: int, seconds: float) -> None:
 
 
 def _hand_over_at_exit() -> None:
-    """At exit: hand the payloads in flight of every allocation still mapped here to the
-    keeper, waiting :data:`TIMEOUT` at most in all. The hook may run twice (at a Process's
-    end and at the interpreter's exit): the second run hands over what was pickled since,
-    within what is left of that wait, and does not try again what failed."""
+    """At exit: hand what was pickled since the last run and is in flight to the keeper."""
     state = STATE.keeper
     began = time.monotonic()
     left = TIMEOUT if state.exit_left is None else state.exit_left
@@ -457,14 +431,12 @@ def _hand_over_at_exit() -> None:
 
 
 def _close_at_exit() -> None:
-    """Close the connection to the keeper, so that no unclosed socket is reported; not while
-    another thread is in a request for more than a second (the kernel closes it then)."""
+    """Close the connection to the keeper, unless another thread's request holds it over 1 s."""
     disconnect(wait=1.0)
 
 
 def refusal(what: str, error: object) -> str:
-    """The message of a keeper's refusal (``what: error``), saying so when the keeper running
-    is older than this library (it answers ``unknown op`` to an op it does not know)."""
+    """The message of a keeper's refusal, noting a keeper older than this library."""
     message = f"{what}: {error}"
     if "unknown op" in str(error):
         message += (
@@ -494,8 +466,7 @@ def hold(alloc_id: str) -> None:
 def release(alloc_id: str) -> None:
     """Tell the keeper this process no longer holds ``alloc_id`` (no reply, best effort).
 
-    Never blocks: it runs from finalizers, in any thread, maybe while another thread holds
-    the client's lock; then the release waits for this process's next request or its exit.
+    Never blocks (it runs from finalizers); it may wait for the next request.
     """
     lock = STATE.keeper.lock
     if not lock.acquire(blocking=False):
@@ -529,8 +500,7 @@ def _flush_deferred() -> None:
 def fetch_handles(
     alloc_id: str, secret: bytes, gone: HandleUnavailable
 ) -> tuple[list[int], list[int], int]:
-    """Ask the keeper (if one is running: none is started) for a parked or named
-    allocation's handles, after its exporter could not serve them.
+    """Ask a running keeper for a parked or named allocation's handles.
 
     Returns ``(sizes, fds, creator pid)``; this process is then counted as a holder.
 

@@ -1,10 +1,7 @@
-"""Asking every process of this user on the node what it holds, and dropping what no view
-uses.
+"""Asking every process of this user on the node what it holds; dropping what no view uses.
 
-The handle servers' sockets (``<pid>-<random>.sock``) and the keeper's (``keeper.sock``)
-live in this user's runtime directory. Each is asked once, on a new connection checked to
-run as this user, with a short timeout: a process that died or does not answer in time is
-reported as such, never waited for. Nothing here maps memory or sees a secret.
+Each socket in the runtime directory is asked once, with a short timeout; a process that
+does not answer is reported, never waited for. Nothing here maps memory or sees a secret.
 """
 
 from __future__ import annotations
@@ -45,9 +42,7 @@ _NO_SECRET = bytes(32)
 
 @dataclass(frozen=True)
 class Answer:
-    """What the handle server at ``path`` (of the process ``pid`` its name gives) answered:
-    ``status`` is ``"ok"`` (with its ``snapshot``), ``"gone"`` (the process exited),
-    ``"no answer"`` (not in time) or ``"refused"`` (another user's, or no handle server)."""
+    """A handle server's answer: ``status`` ``ok`` (``snapshot``), gone, no answer or refused."""
 
     pid: int
     path: str
@@ -57,8 +52,7 @@ class Answer:
 
 @dataclass(frozen=True)
 class KeeperAnswer:
-    """What the keeper answered: ``status`` (``"ok"`` or why not), its pid (the socket's
-    peer) and the arrays it holds (the ``list`` reply's rows)."""
+    """What the keeper answered: ``status``, its pid and the arrays it holds."""
 
     status: str
     pid: int | None = None
@@ -111,8 +105,7 @@ def ask(pid: int, path: str, timeout: float = ASK_TIMEOUT) -> Answer:
 
 
 def ask_all(timeout: float = ASK_TIMEOUT) -> list[Answer]:
-    """Ask every handle server of this user but this process's own for its snapshot, by pid,
-    at the same time (:data:`ASK_AT_ONCE` at most): stopped ones cost ``timeout`` together."""
+    """Ask every other handle server of this user for its snapshot, by pid, in parallel."""
     servers = [(pid, path) for pid, path in handle_servers() if pid != os.getpid()]
     if len(servers) <= 1:
         return [ask(pid, path, timeout) for pid, path in servers]
@@ -122,9 +115,7 @@ def ask_all(timeout: float = ASK_TIMEOUT) -> list[Answer]:
 
 
 def drop_mapping(path: str, alloc_id: str, timeout: float = ASK_TIMEOUT) -> Status | None:
-    """Ask the handle server at ``path`` to drop its parked mapping of ``alloc_id``: ``OK``
-    (dropped), ``GONE`` (it does not map it), ``NOT_ALLOWED`` (a view there uses it), or
-    ``None`` where it did not answer."""
+    """Ask the server at ``path`` to drop its parked ``alloc_id``: its status, or ``None``."""
     try:
         _, reply = _ask(path, Request(Kind.DROP, alloc_id, _NO_SECRET), timeout)
     except (OSError, PermissionDenied, PayloadError):
@@ -138,8 +129,7 @@ def drop_mapping(path: str, alloc_id: str, timeout: float = ASK_TIMEOUT) -> Stat
 def _keeper_request(
     request: wire.List | wire.Drop, timeout: float, pids: list[int]
 ) -> tuple[int, dict[str, Any]]:
-    """One request on a new connection to the keeper: the status and the body; ``pids``
-    gets the keeper's pid once connected (a keeper that then does not answer is named)."""
+    """One request on a new keeper connection; ``pids`` gets the keeper's pid."""
     sock, pid = _connect(str(runtime_dir() / wire.SOCKET_NAME), timeout)
     pids.append(pid)
     with sock:
@@ -170,9 +160,7 @@ def ask_keeper(timeout: float = ASK_TIMEOUT) -> KeeperAnswer:
 
 
 def drop_kept(alloc_id: str, timeout: float = ASK_TIMEOUT) -> tuple[int, str]:
-    """Ask the keeper to let go of the unnamed allocation ``alloc_id`` (parked, or payloads
-    in flight): its status and error message (``""`` when ``OK``); raises
-    :class:`~sharedarrays.KeeperError` where no keeper answers."""
+    """Ask the keeper to let go of ``alloc_id``: its status and error (or KeeperError)."""
     try:
         status, body = _keeper_request(wire.Drop(alloc_id), timeout, [])
     except (OSError, PermissionDenied) as e:

@@ -1,16 +1,8 @@
 """Notices: what this process tells other processes' handle servers, off-thread.
 
-A finalizer (a view's lease going away, an allocation released) must never block, so the
-messages it causes are queued here and sent by one daemon thread, the notifier:
-
-* ``RELEASED``: this process released an allocation it served to others (they drop their
-  parked mappings of it), with how many of their payloads it loaded;
-* ``CLOSED``: this process closed its import of exporter-owned memory (cuda-ipc, cuda-pool),
-  so that its exporter may free it;
-* ``LOADED``: warm-load counts (:func:`report_load`), sent on kept connections, no reply.
-
-Each carries the allocation's secret, so each goes only to a socket whose peer runs as this
-user (``SO_PEERCRED``, as every connection of the handle server's client is checked).
+Finalizers must never block, so the ``RELEASED``, ``CLOSED`` and ``LOADED`` messages they
+cause are queued here and sent by one daemon thread. Each carries the allocation's secret,
+so it goes only to a peer of this user.
 """
 
 from __future__ import annotations
@@ -32,14 +24,10 @@ __all__ = ["report_load", "pending_notices", "queue_notice", "start_notifier"]
 
 
 def report_load(server: str, alloc_id: str, secret: bytes) -> None:
-    """Tell the exporter of exporter-owned memory (cuda-ipc, cuda-pool), whose handle server
-    is ``server``, that this process loaded one of its payloads from a mapping it already
-    had, so that it does not wait for that payload (:meth:`Allocation.in_flight`). (Not done
-    for other memory: it costs the warm handoff about 80 us on the H200, two threads woken.)
+    """Tell the exporter of exporter-owned memory that one of its payloads loaded here warm.
 
-    Counted here and sent by the notifier thread, one message (``SAL1`` with the count, no
-    reply) per sender and allocation for all the loads since the last, and only on a
-    connection this process keeps to that sender (a warm handoff connects to nothing)."""
+    Sent by the notifier, counted, only on a connection already kept to that sender.
+    """
     key = (server, alloc_id, secret)
     notices = STATE.notices
     with notices.unreported_lock:
@@ -69,8 +57,7 @@ def _send_reports() -> None:
 
 
 def pending_notices() -> int:
-    """How many release and close notices this process has queued and not yet sent (each
-    holds a socket open while it is sent)."""
+    """How many release and close notices this process has queued and not yet sent."""
     return len(STATE.notices.in_flight)
 
 
@@ -82,11 +69,7 @@ def queue_notice(
     alloc: Any = None,
     count: int = 0,
 ) -> None:
-    """Queue a notice (``RELEASED``, ``CLOSED`` or ``DONE`` with ``count``) for the notifier
-    thread. Never blocks: it runs from finalizers.
-
-    A release notice tells each server how many of its process's payloads of ``alloc`` this
-    process loaded (:meth:`Allocation.returned`)."""
+    """Queue a notice (``RELEASED``, ``CLOSED`` or ``DONE``) for the notifier; never blocks."""
     if kind is Kind.DONE:
         messages = [Request(kind, alloc_id, secret, count).encode()]
     elif kind is Kind.ASK:
@@ -115,8 +98,7 @@ def _send_notices(notices: NoticesState) -> None:
                 try:
                     sock.settimeout(1.0)
                     sock.connect(path)
-                    # (a notice carries the allocation's secret: never to a socket that
-                    # another user listens on, whatever path an importer gave as its own)
+                    # (it carries the secret: never to another user's socket)
                     check_same_user(sock, f"the handle server {path}")
                     sock.sendall(message)
                     sock.recv(REPLY_SIZE)

@@ -1,13 +1,8 @@
 """The handle server: serves this process's allocations' chunk handles to importers.
 
-Every process that pickles an array runs one
-(:func:`sharedarrays.transport.handles.server_address`): a thread that listens on a Unix
-``SOCK_SEQPACKET`` socket in the private runtime directory
-(:func:`sharedarrays.protocol.unix.runtime_dir`). An importer connects, names the allocation
-and proves it holds the payload's 32-byte secret; the server checks the peer's uid with
-``SO_PEERCRED`` (same user only) and the secret, then sends the chunks' fds. The messages are
-:mod:`sharedarrays.protocol.handles`' records; each kind of request has its handler
-(:attr:`HandleServer._handlers`).
+A thread of every process that pickles an array listens in the private runtime directory.
+An importer names the allocation and proves it holds the payload's secret; the server checks
+the peer's uid (same user only) and the secret, then sends the chunks' fds.
 """
 
 from __future__ import annotations
@@ -48,22 +43,16 @@ MAX_CONNECTIONS = 256
 HOUSEKEEPING = 5.0
 """Seconds between the server's checks for parked mappings whose source process died."""
 BACKOFF = 0.05
-"""Seconds a server waits after an error it cannot blame on one connection (EMFILE with no
-idle connection to close) before it serves again."""
+"""Seconds a server waits after an error no connection is to blame for (say, EMFILE)."""
 READ_AHEAD = 16
-"""``LOADED`` notices a server reads on one connection after the one that woke it, at most:
-the rest wait for the next round, so that peers that never stop sending on a connection do
-not starve the other connections and the listening socket."""
+"""Most ``LOADED`` notices read on one connection per round, so that none starves others."""
 
 
 class HandleServer:
     """Serves this process's allocations' fds to authenticated importers.
 
-    One per process, started on first need by :func:`server_address`, stopped at exit. An
-    importer may keep its connection open and send one request after another on it (each
-    is checked on its own: the uid and pid from ``SO_PEERCRED`` at connect, the secret per
-    request); the server keeps at most :data:`MAX_CONNECTIONS` open, closing the longest
-    idle first, and closes one when its importer hangs up or exits.
+    One per process. It keeps at most :data:`MAX_CONNECTIONS` open, the longest idle
+    closed first; each request's secret is checked on its own.
     """
 
     def __init__(self) -> None:
@@ -141,11 +130,7 @@ class HandleServer:
             sel.close()
 
     def _listen_again(self, sel: selectors.BaseSelector) -> None:
-        """Listen again where the socket file was removed with the runtime directory (a tmp
-        cleaner; systemd at a user's last logout): at the same path, which the payloads
-        pickled here name, in the directory made again, or under a new name in the runtime
-        directory where that is now another one. Importers that find no file wait for it
-        while this process runs (:func:`sharedarrays.transport.client.fetch_handles`)."""
+        """Listen again where the runtime directory was removed, at the same path if possible."""
         try:
             os.stat(self.path)
             return
@@ -167,8 +152,7 @@ class HandleServer:
         sel.register(listener, selectors.EVENT_READ)
 
     def _accept(self, sel: selectors.BaseSelector) -> None:
-        """Accept one importer (its sends never block the server: a peer that does not
-        read its replies is dropped when its socket buffer is full)."""
+        """Accept one importer; one that does not read its replies is dropped."""
         try:
             conn, _ = self._sock.accept()
         except BlockingIOError:
@@ -246,11 +230,7 @@ class HandleServer:
             conn.send(Reply(Status.GONE).encode())
 
     def _served(self, conn: socket.socket, request: Request) -> allocation.Allocation | None:
-        """The allocation ``request`` names if its secret is right, else ``None`` (refused).
-
-        (Released, it is served until it leaves the registry, handing its handles to the
-        keeper, and exporter-owned memory while it drains: the new importer holds it too.)
-        """
+        """The allocation ``request`` names if its secret is right, else ``None`` (refused)."""
         alloc = registry.lookup(request.alloc_id, draining=True)
         if alloc is None:
             conn.send(Reply(Status.GONE).encode())
@@ -261,8 +241,7 @@ class HandleServer:
         return alloc
 
     def _released(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
-        """``RELEASED``: the process that served us released the allocation (or, named by
-        its block token, the memory it kept for reuse: :func:`block_request`)."""
+        """``RELEASED``: the process that served us released the allocation (or block)."""
         alloc = STATE.memory.blocks.get(request.secret)
         if alloc is None or request.alloc_id != request.secret[:16].hex():
             alloc = self._served(conn, request)
@@ -282,8 +261,7 @@ class HandleServer:
         alloc.done_by_importers(request.count)
 
     def _asked(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
-        """``ASK``, named by a block token: its exporter released the memory and waits for
-        ``DONE`` from this process (remembered if the block is not listed here yet)."""
+        """``ASK``: a block's exporter released it and waits for this process's ``DONE``."""
         conn.send(Reply(Status.OK).encode())
         memory = STATE.memory
         with memory.lock:
@@ -296,8 +274,7 @@ class HandleServer:
             _off_thread(alloc.ask_done)
 
     def _send_handles(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
-        """``FETCH`` and ``GROW``: send the allocation's chunk handles (``GROW``: from chunk
-        ``request.count`` on)."""
+        """``FETCH`` and ``GROW``: send the chunk handles (``GROW``: from ``request.count``)."""
         alloc = self._served(conn, request)
         if alloc is None:
             return
@@ -322,8 +299,7 @@ class HandleServer:
                 else:  # a pointer backend: its portable handle, only after the checks above
                     body = Handles(sizes, alloc.exports_for(pid))
                 header = Reply(Status.OK, len(fds), body.encode()).encode()
-                # Record first: the importer may use the array and hand it back before this
-                # thread runs again, and a release must then know whom to tell.
+                # Record first: a release must know whom to tell.
                 server = request.reply_to if request.reply_to.startswith("/") else None
                 alloc.record_served(pid, server, len(sizes))
                 if server and alloc.block is not None and alloc.released:
@@ -336,9 +312,7 @@ class HandleServer:
         del alloc
 
     def _loaded(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
-        """``LOADED`` (no reply): an importer loaded ``request.count`` of this process's
-        payloads from the mapping it had: as many in flight less. Several reports may wait
-        on ``conn``: up to :data:`READ_AHEAD` that follow are read now too."""
+        """``LOADED`` (no reply): fewer in flight; up to :data:`READ_AHEAD` more are read too."""
         _note_loaded(request)
         for _ in range(READ_AHEAD):
             try:
@@ -351,15 +325,11 @@ class HandleServer:
             _note_loaded(request)
 
     def _snapshot(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
-        """``SNAPSHOT``: what this process holds (any process of the user may ask; the id
-        and secret are not read). Metadata only: no handle, no secret."""
+        """``SNAPSHOT``: what this process holds; metadata only, no handle or secret."""
         conn.send(Reply(Status.OK, 0, snapshot().encode()).encode())
 
     def _drop_parked(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
-        """``DROP``: release this process's parked mapping of the allocation (``GONE``: not
-        mapped here; ``NOT_ALLOWED``: a view here uses it, which is never taken away). For
-        exporter-owned memory that drains here: free it if every process that held it has
-        exited or closed it (``OK``), else ``NOT_ALLOWED``."""
+        """``DROP``: release this process's parked mapping (``GONE``, ``NOT_ALLOWED`` if used)."""
         if STATE.memory.cache.drop(request.alloc_id):  # (kept for reuse: freed now)
             conn.send(Reply(Status.OK).encode())
             return
@@ -379,8 +349,7 @@ class HandleServer:
             _off_thread(alloc.release)  # (a release may tell other processes: not here)
 
     def forget_in_child(self) -> None:
-        """In a forked child: close the copies of the parent's listening socket and
-        connections (the thread that serves them is the parent's), leaving the socket file."""
+        """In a forked child: close the parent's socket and connections, keeping the file."""
         for conn in self._conns:
             conn.close()
         self._conns.clear()
@@ -405,8 +374,7 @@ class HandleServer:
 
 
 def snapshot() -> Snapshot:
-    """What this process holds: every allocation mapped here (parked ones too) and those
-    that drain here, largest first (as a ``SNAPSHOT`` reply carries it)."""
+    """What this process holds (parked and draining too), largest first."""
     rows = [_held(a, draining=False) for a in registry.live_allocations()]
     rows += [_held(a, draining=True) for a in registry.draining_allocations()]
     rows += [_held(a, draining=False, cached=True) for a in STATE.memory.cache.kept()]
@@ -435,8 +403,7 @@ def _held(alloc: allocation.Allocation, draining: bool, cached: bool = False) ->
 
 
 def _served(alloc: allocation.Allocation, draining: bool) -> tuple[tuple[int, float], ...]:
-    """The running processes ``alloc`` was served to (pid, when); while it drains, only those
-    that still hold it (they keep it from being freed)."""
+    """The running processes ``alloc`` was served to (pid, when); if draining, its holders."""
     if not draining:
         return tuple((s.pid, s.time) for s in alloc.served if running(s.pid))
     holders = alloc.holders  # (running ones only)
@@ -458,8 +425,7 @@ def _note_loaded(request: Request) -> None:
 
 
 def _off_thread(fn: Callable[[], object]) -> None:
-    """Run ``fn`` in a thread of its own (daemon), so that the handle server goes on serving;
-    inline where no thread can start (at interpreter shutdown)."""
+    """Run ``fn`` in a daemon thread so that serving goes on; inline at shutdown."""
     if sys.is_finalizing():
         fn()
         return
@@ -470,14 +436,7 @@ def _off_thread(fn: Callable[[], object]) -> None:
 
 
 def _listen(path: str) -> socket.socket:
-    """A ``SOCK_SEQPACKET`` socket listening at ``path`` (mode 0600). It is bound under
-    another name until it listens: a ``<pid>-*.sock`` always accepts.
-
-    Raises
-    ------
-    OSError
-        It cannot be bound there (no space, a path too long, no fd left).
-    """
+    """A ``SOCK_SEQPACKET`` socket listening at ``path`` (0600), renamed once it listens."""
     new = path.removesuffix(".sock") + ".new"
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
@@ -494,13 +453,7 @@ def _listen(path: str) -> socket.socket:
 
 
 def _remove_stale_sockets(directory: Path) -> None:
-    """Remove sockets left by processes of this user that died without cleaning up.
-
-    A handle server's socket file is named ``<pid>-<random>.sock`` and listens from the
-    moment it has that name. One whose pid runs here is kept; otherwise it is removed only if
-    connecting to it is refused (nothing listens there any more): a process in another pid
-    namespace that shares this directory, whose pid means nothing here, keeps its socket.
-    """
+    """Remove sockets of dead processes whose connect is refused (other namespaces' stay)."""
     for entry in directory.glob("*.sock"):
         pid_text = entry.name.split("-", 1)[0]
         if not pid_text.isdigit() or running(int(pid_text)):
