@@ -189,7 +189,10 @@ class _Client:
 
 
 @pytest.fixture
-def fuzz_client(private_keeper: Path) -> Iterator[_Client]:
+def fuzz_client(private_keeper: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[_Client]:
+    # (no idle exit mid-run: a loaded machine may pause between examples longer than the
+    # test keeper's 2 s, and the keeper holds nothing; the fixture stops it at the end)
+    monkeypatch.setenv("SHAREDARRAYS_KEEPER_IDLE", "600")
     keeper.ensure_running()
     client = _Client(str(private_keeper / "keeper.sock"))
     client.replies_until_hello()  # accepted: the keeper's fds now count this connection
