@@ -26,6 +26,7 @@ __all__ = [
     "DONE_WAIT",
     "Cached",
     "ChunkCache",
+    "block_id",
     "cache_bytes",
     "empty_cache",
     "new_block",
@@ -47,6 +48,12 @@ def empty_cache() -> int:
     """Free the memory this process keeps for reuse; returns the bytes freed."""
     freed: int = STATE.memory.cache.trim()
     return freed
+
+
+def block_id(block: bytes) -> str:
+    """The id a notice names a block by (its secret is the token itself): only a holder of
+    the token can make it."""
+    return block[:16].hex()
 
 
 def new_block() -> bytes:

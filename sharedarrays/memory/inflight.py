@@ -31,6 +31,13 @@ def in_flight_seconds() -> float:
     return env_number("SHAREDARRAYS_IN_FLIGHT", IN_FLIGHT_SECONDS, 0.0)
 
 
+def _within_bound(count: int, sent_at: float) -> tuple[int, float]:
+    """``(count, seconds left)`` of payloads pickled until ``sent_at``, or ``(0, 0.0)`` when
+    none is left or their bound (:func:`in_flight_seconds`) passed."""
+    left = sent_at + in_flight_seconds() - time.monotonic() if count > 0 else 0.0
+    return (count, left) if left > 0 else (0, 0.0)
+
+
 class InFlight:
     """One allocation's payloads in flight and the processes it was served to, here."""
 
@@ -91,9 +98,7 @@ class InFlight:
     def undone(self) -> tuple[int, float]:
         """Payloads not reported done and seconds left of their bound, or ``(0, 0.0)``."""
         with self._lock:
-            count, sent_at = self._sent - self._done, self._sent_at
-        left = sent_at + in_flight_seconds() - time.monotonic() if count > 0 else 0.0
-        return (count, left) if left > 0 else (0, 0.0)
+            return _within_bound(self._sent - self._done, self._sent_at)
 
     def note_block_load(self, first: bool = False) -> None:
         """(An importer of a block) a payload was loaded (``first``: under a new id)."""
@@ -133,9 +138,7 @@ class InFlight:
     def in_flight(self) -> tuple[int, float]:
         """Payloads that may still be loaded and seconds left of their bound, or ``(0, 0.0)``."""
         with self._lock:
-            count, sent_at = self._sent - self._fetched, self._sent_at
-        left = sent_at + in_flight_seconds() - time.monotonic() if count > 0 else 0.0
-        return (count, left) if left > 0 else (0, 0.0)
+            return _within_bound(self._sent - self._fetched, self._sent_at)
 
     # served processes ------------------------------------------------------------------
     def record_served(self, pid: int, server: str | None, chunks: int, holder: bool) -> None:

@@ -15,6 +15,7 @@ import time
 
 from sharedarrays.errors import HandleUnavailable
 from sharedarrays.memory import allocation, registry
+from sharedarrays.memory.cache import block_id
 from sharedarrays.process import STATE, at_exit
 from sharedarrays.protocol.handles import Kind
 from sharedarrays.protocol.unix import MAX_PATH, runtime_dir
@@ -94,7 +95,7 @@ def _notify_on_release(alloc: allocation.Allocation) -> None:
     if servers and alloc.block is not None and alloc.origin.created_here:
         # (memory kept for reuse: its importers may know it by an id it had before)
         block = alloc.block
-        notices.queue_notice(servers, Kind.RELEASED, block[:16].hex(), block, alloc)
+        notices.queue_notice(servers, Kind.RELEASED, block_id(block), block, alloc)
     elif servers:
         notices.queue_notice(servers, Kind.RELEASED, alloc.id, alloc.secret, alloc)
 
@@ -111,7 +112,7 @@ def _ask_done(alloc: allocation.Allocation, servers: list[str]) -> None:
     block = alloc.block
     if block is not None and servers:
         notices.start_notifier()
-        notices.queue_notice(servers, Kind.ASK, block[:16].hex(), block)
+        notices.queue_notice(servers, Kind.ASK, block_id(block), block)
 
 
 STATE.memory.release_hooks.append(_notify_on_release)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from sharedarrays.errors import PayloadError, thread_error
 from sharedarrays.memory import allocation, registry
+from sharedarrays.memory.cache import block_id
 from sharedarrays.process import STATE, command_line, running
 from sharedarrays.protocol.handles import (
     COUNTED_SIZE,
@@ -243,7 +244,7 @@ class HandleServer:
     def _released(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
         """``RELEASED``: the process that served us released the allocation (or block)."""
         alloc = STATE.memory.blocks.get(request.secret)
-        if alloc is None or request.alloc_id != request.secret[:16].hex():
+        if alloc is None or request.alloc_id != block_id(request.secret):
             alloc = self._served(conn, request)
         if alloc is None:
             return
@@ -270,7 +271,7 @@ class HandleServer:
                 memory.asked[request.secret] = None
                 while len(memory.asked) > _ASKED_LIMIT:
                     del memory.asked[next(iter(memory.asked))]
-        if alloc is not None and request.alloc_id == request.secret[:16].hex():
+        if alloc is not None and request.alloc_id == block_id(request.secret):
             _off_thread(alloc.ask_done)
 
     def _send_handles(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
