@@ -187,6 +187,15 @@ def _cold_rows(data: dict[str, Any], row: _Row) -> None:
             bound=(bound is not None and bound["bound_ms"] > limit_ms)
             or (safe is not None and safe / 1e3 > limit_ms),
         )
+        if bound is not None and "driver_ms" in bound:  # (issue 46: within 1.5x of the driver)
+            ratio = sa / 1e3 / bound["driver_ms"]
+            row(
+                f"cold over the floor <= 1.5x the driver's import + map + access at "
+                f"{size_label(size)}",
+                ratio <= 1.5,
+                f"{ratio:.2f}x ({sa / 1e3:+.3f} ms against the driver's "
+                f"{bound['driver_ms']:.3f} ms)",
+            )
 
 
 def _other_rows(data: dict[str, Any], row: _Row) -> None:
