@@ -383,7 +383,8 @@ class ServerState:
     listening socket but not its thread: it drops both.
 
     ``server`` is the handle server once started (``lock`` guards starting and stopping
-    it); ``drain_bound`` the exit's wait for importers of exporter-owned memory once begun
+    it); ``jobs`` what its ``helper`` thread runs for it (releases, ``DONE``);
+    ``drain_bound`` the exit's wait for importers of exporter-owned memory once begun
     (its end, ``time.monotonic()``, and length); ``drain_said`` the allocations whose
     holders at exit were named on stderr.
     """
@@ -391,6 +392,8 @@ class ServerState:
     def __init__(self) -> None:
         self.server: Any = None
         self.lock = threading.Lock()
+        self.jobs: queue.SimpleQueue[Callable[[], object]] = queue.SimpleQueue()
+        self.helper: threading.Thread | None = None
         self.drain_bound: tuple[float, float] | None = None
         self.drain_said: set[str] = set()
 

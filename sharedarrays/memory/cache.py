@@ -2,7 +2,7 @@
 
 Like torch's caching allocator, but reused only once every importer said ``DONE`` (closed
 its last view); importers find their parked mappings again by the memory's *block* token.
-Bounded by ``SHAREDARRAYS_CACHE_BYTES`` (default 1 GiB, 0: off) and :data:`CACHE_BLOCKS`;
+Bounded by ``SHAREDARRAYS_CACHE_BYTES`` (default 4 GiB, 0: off) and :data:`CACHE_BLOCKS`;
 emptied when memory or fds run out, and at exit.
 """
 
@@ -33,14 +33,14 @@ __all__ = [
     "settle_draining",
 ]
 
-CACHE_BYTES = 1 << 30
+CACHE_BYTES = 4 << 30
 """Default bound on the bytes one process keeps cached (``SHAREDARRAYS_CACHE_BYTES``)."""
 CACHE_BLOCKS = 64
 """Bound on the allocations one process keeps cached (each holds its chunks' fds open)."""
 
 
 def cache_bytes() -> int:
-    """The bytes this process may keep cached: ``SHAREDARRAYS_CACHE_BYTES`` (default 1 GiB)."""
+    """The bytes this process may keep cached: ``SHAREDARRAYS_CACHE_BYTES`` (default 4 GiB)."""
     return env_number("SHAREDARRAYS_CACHE_BYTES", CACHE_BYTES, 0)
 
 

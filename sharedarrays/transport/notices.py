@@ -88,23 +88,51 @@ def queue_notice(
     notices.queue.put((servers, messages))
 
 
+NOTICE_TIMEOUT = 1.0
+"""Seconds the notifier waits for a handle server to take one notice."""
+
+
 def _send_notices(notices: NoticesState) -> None:
     while True:
         servers, messages = notices.queue.get()
         if not servers:  # (queued by report_load)
             _send_reports()
         for path, message in zip(servers, messages):
-            with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
-                try:
-                    sock.settimeout(1.0)
-                    sock.connect(path)
-                    # (it carries the secret: never to another user's socket)
-                    check_same_user(sock, f"the handle server {path}")
-                    sock.sendall(message)
-                    sock.recv(REPLY_SIZE)
-                except (OSError, PermissionDenied):
-                    continue  # that process is gone (or another user's): nothing to tell
+            _send(path, message)
         notices.in_flight.pop()
+
+
+def _send(path: str, message: bytes) -> None:
+    """Send one notice and wait for its reply, on the connection kept to ``path`` (kept for
+    the next: a notice per result returned from a worker made connecting its main cost).
+    A kept connection the server had closed is replaced once; a process that is gone, or
+    another user's, is told nothing."""
+    sock = client.take_connection(path)
+    reused = sock is not None
+    while True:
+        try:
+            if sock is None:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                sock.settimeout(NOTICE_TIMEOUT)
+                sock.connect(path)
+                # (it carries the secret: never to another user's socket)
+                check_same_user(sock, f"the handle server {path}")
+            else:
+                sock.settimeout(NOTICE_TIMEOUT)
+            sock.sendall(message)
+            if sock.recv(REPLY_SIZE):
+                sock.settimeout(client.TIMEOUT)
+                client.keep_connection(path, sock)
+                return
+        except TimeoutError:
+            reused = False  # (stopped or overloaded: not asked twice)
+        except (OSError, PermissionDenied):
+            pass
+        if sock is not None:
+            sock.close()
+        if not reused:
+            return
+        sock, reused = None, False
 
 
 def start_notifier() -> None:

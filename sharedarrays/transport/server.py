@@ -11,11 +11,13 @@ import contextlib
 import errno
 import hmac
 import os
+import queue
 import selectors
 import socket
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -426,14 +428,36 @@ def _note_loaded(request: Request) -> None:
 
 
 def _off_thread(fn: Callable[[], object]) -> None:
-    """Run ``fn`` in a daemon thread so that serving goes on; inline at shutdown."""
-    if sys.is_finalizing():
-        fn()
+    """Run ``fn`` in the server's helper thread (one, started on first use, fed in order)
+    so that serving goes on; inline at shutdown or where no thread can start. One thread,
+    not one per call: each result returned from a worker asks for one call."""
+    state = STATE.server
+    state.jobs.put(fn)
+    if state.helper is not None and state.helper.is_alive():
         return
+    helper = threading.Thread(
+        target=_run_jobs, args=(state.jobs, True), name="sharedarrays-release", daemon=True
+    )
     try:
-        threading.Thread(target=fn, name="sharedarrays-release", daemon=True).start()
-    except RuntimeError:
-        fn()
+        if sys.is_finalizing():
+            raise RuntimeError("finalizing")
+        helper.start()
+    except RuntimeError:  # (3.12 starts no thread at shutdown; or no thread is left)
+        _run_jobs(state.jobs, False)
+        return
+    state.helper = helper
+
+
+def _run_jobs(jobs: queue.SimpleQueue[Callable[[], object]], block: bool) -> None:
+    while True:
+        try:
+            fn = jobs.get(block)
+        except queue.Empty:
+            return
+        try:
+            fn()
+        except Exception:  # (said, as a thread of its own would: serving goes on)
+            traceback.print_exc()
 
 
 def _listen(path: str) -> socket.socket:

@@ -140,13 +140,12 @@ def test_connections_to_ended_pool_workers_do_not_pile_up() -> None:
         assert got.get().tolist() == [float(n)] * n
         got.close()
         counts.append((client.kept_connections(), sockets()))
-    # (a connection to each ended worker's server until TIDY_CONNECTIONS are kept; then
-    # those are closed when the next is kept: never more, however many pools)
+    # (a connection to an ended worker's server is closed by the next notice to it, or
+    # when TIDY_CONNECTIONS are kept and the next is kept: never more, however many pools;
+    # other sockets this process opens on first use may come in any round)
     tidy = client.TIDY_CONNECTIONS
-    assert [kept for kept, _ in counts] == [1, 2, 3, 4, 1, 2][: len(counts)], counts
-    # (and the sockets: the tidy in the fifth round closed four, opened one; other
-    # sockets this process opens on first use may come in any round)
-    assert tidy == 4 and counts[4][1] <= counts[3][1] - 2, counts
+    assert all(kept <= tidy for kept, _ in counts), counts
+    assert all(opened <= tidy + 2 for _, opened in counts), counts
 
 
 def test_loaded_notices_are_read_a_bounded_number_at_a_time() -> None:
