@@ -316,10 +316,11 @@ def test_round_trips_leak_no_fds_and_no_memory(target: Target, pool: Any) -> Non
         time.sleep(0.05)  # exporter-owned memory and blocks wait for the workers' notices
     assert draining() == []
     deadline = time.monotonic() + 20
-    while open_fds() != fds and time.monotonic() < deadline:
+    while open_fds() > fds and time.monotonic() < deadline:
         empty_cache()  # (what it keeps for reuse is held, not leaked)
         time.sleep(0.05)  # the notifier thread may still be telling busy workers (a socket)
-    assert open_fds() == fds, (sorted(fd_targets() - before), sorted(before - fd_targets()))
+    # (fewer is no leak: the CUDA driver closes a /dev/nvidiactl fd of its own at times)
+    assert open_fds() <= fds, (sorted(fd_targets() - before), sorted(before - fd_targets()))
     if free is not None:
         after = target.device_free()
         assert after is not None and after >= free - (8 << 20), (free, after)
