@@ -24,13 +24,12 @@ from multiprocessing import reduction
 from typing import Any
 
 from sharedarrays.errors import SharedArrayError, TaskNotLoaded, WorkerLost
-from sharedarrays.process import running
+from sharedarrays.process import STATE, running
 
 __all__ = [
     "MESSAGE_STALL",
     "STARTING",
     "died_of",
-    "started",
     "PipeCut",
     "PoolTable",
     "RING",
@@ -202,30 +201,16 @@ class RecordLock:
         return RecordLock, (self.table, self.byte)
 
 
-class _Worker:
-    """This process's slot, where it is a pool's worker (:func:`start_worker`)."""
-
-    __slots__ = ("table", "cell")
-
-    def __init__(self, table: PoolTable, cell: int) -> None:
-        self.table = table
-        self.cell = cell
-
-
-_worker: _Worker | None = None
-
-
-def start_worker(table: PoolTable) -> None:
-    """In a new worker: claim a slot in ``table``, saying the initializer runs."""
-    global _worker
-    _worker = _Worker(table, table.claim(os.getpid()))
-    _worker.table.hold(_worker.cell, STARTING)
-
-
-def started() -> None:
-    """The pool's initializer returned: this worker waits for tasks."""
-    if _worker is not None:
-        _worker.table.hold(_worker.cell, 0)
+def start_worker(
+    table: PoolTable, initializer: Callable[..., object] | None = None, initargs: Any = ()
+) -> None:
+    """A new worker's initializer: claim a slot in ``table``, then run the user's (a death
+    before it returns fails the jobs pending: ``pool._Workers``)."""
+    STATE.pools.worker = table, table.claim(os.getpid())
+    table.hold(STATE.pools.worker[1], STARTING)
+    if initializer is not None:
+        initializer(*initargs)
+    table.hold(STATE.pools.worker[1], 0)
 
 
 MESSAGE_STALL = 30.0
@@ -245,7 +230,10 @@ def read_message(fd: int, before_read: Callable[[], None] | None = None) -> byte
     that is no pickle drains the pipe and raises :class:`PipeCut`, ending this worker."""
     poller = select.poll()
     poller.register(fd, select.POLLIN)
-    header = _read(poller, fd, 4, first=True, before_read=before_read)
+    poller.poll()  # (the first byte may take forever)
+    if before_read is not None:
+        before_read()
+    header = _read(poller, fd, 4)
     (size,) = struct.unpack("!i", header) if len(header) == 4 else (0,)
     if size == -1:
         big = _read(poller, fd, 8)
@@ -257,23 +245,12 @@ def read_message(fd: int, before_read: Callable[[], None] | None = None) -> byte
     return body
 
 
-def _read(
-    poller: select.poll,
-    fd: int,
-    n: int,
-    first: bool = False,
-    before_read: Callable[[], None] | None = None,
-) -> bytes:
-    """``n`` bytes of ``fd``, or fewer where the rest stalls (``first``: the first part may
-    take forever). ``EOFError`` when the writer closed it."""
+def _read(poller: select.poll, fd: int, n: int) -> bytes:
+    """``n`` bytes of ``fd``, or fewer where the rest stalls (a size read from the middle of
+    a message). ``EOFError`` when the writer closed it."""
     parts: list[bytes] = []
     got = 0
-    while got < n:
-        if not poller.poll(-1 if first and not got else int(MESSAGE_STALL * 1000)):
-            break  # (stalled: a size read from the middle of a message)
-        if before_read is not None:
-            before_read()
-            before_read = None
+    while got < n and poller.poll(int(MESSAGE_STALL * 1000)):
         part = os.read(fd, min(n - got, 1 << 20))
         if not part:
             raise EOFError
@@ -342,10 +319,10 @@ class TaskQueue(multiprocessing.queues.SimpleQueue):  # type: ignore[type-arg]
         self._rlock = table.lock(_TASKS_LOCK)
 
     def get(self) -> Any:
-        worker = _worker
-        if worker is None or worker.table is not self._rlock.table:
+        worker = STATE.pools.worker
+        if worker is None or worker[0] is not self._rlock.table:
             return super().get()  # (not this pool's worker: the parent's terminate)
-        table, cell = worker.table, worker.cell
+        table, cell = worker
         with self._rlock:
             # (taken before the first byte is read: never a task lost unsaid)
             res = read_message(
@@ -377,6 +354,6 @@ class ResultQueue(multiprocessing.queues.SimpleQueue):  # type: ignore[type-arg]
 
     def put(self, obj: Any) -> None:
         super().put(obj)
-        worker = _worker
-        if worker is not None and worker.table is self._wlock.table:
-            worker.table.hold(worker.cell, 0)
+        worker = STATE.pools.worker
+        if worker is not None and worker[0] is self._wlock.table:
+            worker[0].hold(worker[1], 0)

@@ -747,13 +747,14 @@ def test_a_task_of_a_failed_job_is_not_run_by_the_worker_that_takes_it():
 
     from sharedarrays.api import poolqueues
     from sharedarrays.api.poolqueues import PoolTable, TaskQueue
+    from sharedarrays.process import STATE
 
     table = PoolTable(1)
     queue = TaskQueue(ctx=multiprocessing.get_context("spawn"), table=table)
-    saved = poolqueues._worker
+    saved = STATE.pools.worker
     try:
         poolqueues.start_worker(table)  # (as a worker does)
-        cell = poolqueues._worker.cell
+        cell = STATE.pools.worker[1]
         table.lose(5, 4242, -9)
         queue.put((5, 0, abs, (-1,), {}))
         queue.put((6, 0, abs, (-2,), {}))
@@ -767,7 +768,7 @@ def test_a_task_of_a_failed_job_is_not_run_by_the_worker_that_takes_it():
         assert table._cells[cell] == 6 + 1  # (until its result is written)
         assert queue.get() is None and table._cells[cell] == 0
     finally:
-        poolqueues._worker = saved
+        STATE.pools.worker = saved
         queue.close()
         table.close()
 
