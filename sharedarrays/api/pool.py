@@ -109,6 +109,14 @@ def get_context(method: ContextLike = None) -> multiprocessing.context.BaseConte
     return ctx
 
 
+def initializer_of(initializer: Callable[..., object] | None) -> Callable[..., object] | None:
+    """A pool's ``initializer`` as its workers get it: by value where needed (TypeError for
+    one that is not callable)."""
+    if initializer is not None and not callable(initializer):
+        raise TypeError("initializer must be a callable")
+    return None if initializer is None else by_value(initializer)
+
+
 class _Workers(list):  # type: ignore[type-arg]
     """A pool's list of its workers (``Pool._pool``) that fails the job a worker was
     running when it died.
@@ -228,11 +236,7 @@ class Pool(multiprocessing.pool.Pool):
         context: ContextLike = None,
     ) -> None:
         self.__dict__["_state"] = "CLOSE"  # lets Pool.__del__ pass if get_context raises
-        ctx = get_context(context)
-        if initializer is not None:
-            if not callable(initializer):
-                raise TypeError("initializer must be a callable")
-            initializer = by_value(initializer)
+        ctx, initializer = get_context(context), initializer_of(initializer)
         if processes is None:
             processes = os.cpu_count() or 1
         # (a bad number of processes: the standard library's error)

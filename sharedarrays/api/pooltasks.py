@@ -234,16 +234,20 @@ def _task(fn: Callable[..., T]) -> Callable[..., T]:
     return cast(Callable[..., T], fn if isinstance(fn, _Task) else _Task(by_value(fn)))
 
 
+def outcome(ok: bool, value: Any) -> tuple[bool, Any]:
+    """A task's ``(ok, result or error)`` as the parent takes it: the result loaded (a load
+    error is the task's error), the error unwrapped (:class:`_RaisedInTask`)."""
+    if not ok:
+        return False, value.unwrap() if type(value) is _RaisedInTask else value
+    try:
+        return True, _load_pending(value)
+    except Exception as e:
+        return False, e
+
+
 def _guarded_get(recv: Callable[[], Any]) -> Any:
     """``Pool``'s result reader: a result that fails to load becomes that task's error."""
     task = recv()
     if type(task) is tuple and len(task) == 3 and type(task[2]) is tuple:
-        job, i, (ok, value) = task
-        if ok:
-            try:
-                return job, i, (True, _load_pending(value))
-            except Exception as e:
-                return job, i, (False, e)
-        if type(value) is _RaisedInTask:
-            return job, i, (False, value.unwrap())
+        return task[0], task[1], outcome(*task[2])
     return task
