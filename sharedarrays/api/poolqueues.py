@@ -111,17 +111,16 @@ class PoolTable:
 
     def lose(self, job: int, pid: int, code: int) -> None:
         """Job ``job`` failed when worker ``pid`` died: its untaken tasks are not run."""
-        cell = _RING + 3 * self._ring_next
-        self._cells[cell + 1] = pid
-        self._cells[cell + 2] = code
-        self._cells[cell] = job + 1
+        self._note(_RING + 3 * self._ring_next, job + 1, pid, code)
         self._ring_next = (self._ring_next + 1) % RING
 
     def lose_below(self, job: int, pid: int, code: int) -> None:
         """Every job numbered below ``job`` failed (see :meth:`lose`)."""
-        self._cells[_MARK + 1] = pid
-        self._cells[_MARK + 2] = code
-        self._cells[_MARK] = job
+        self._note(_MARK, job, pid, code)
+
+    def _note(self, cell: int, job: int, pid: int, code: int) -> None:
+        self._cells[cell + 1], self._cells[cell + 2] = pid, code
+        self._cells[cell] = job  # (last: a worker reads the job first)
 
     # a worker's side ---------------------------------------------------------------------
     def claim(self, pid: int) -> int:
@@ -196,9 +195,6 @@ class RecordLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
-
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return RecordLock, (self.table, self.byte)
 
 
 def start_worker(
