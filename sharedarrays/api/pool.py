@@ -118,15 +118,13 @@ def initializer_of(initializer: Callable[..., object] | None) -> Callable[..., o
 
 
 class _Workers(list):  # type: ignore[type-arg]
-    """A pool's list of its workers (``Pool._pool``) that fails the job a worker was
-    running when it died.
+    """A pool's list of its workers (``Pool._pool``) that fails the job a dead worker ran.
 
     The standard library's handler thread forgets a dead worker with ``del pool[i]`` and
-    appends a new one, losing its task. Here the deletion asks the pool's table what the
-    worker held (:meth:`~sharedarrays.api.poolqueues.PoolTable.reap`): a task's job fails
-    with :class:`~sharedarrays.WorkerLost` once the next worker is appended; where the table
-    cannot tell, or the worker died starting or in the initializer (each new one would too),
-    every pending job fails. The failed jobs' untaken tasks are not run.
+    appends a new one, losing its task. Here the deletion asks the table what the worker held
+    (:meth:`~sharedarrays.api.poolqueues.PoolTable.reap`): that job fails with
+    :class:`~sharedarrays.WorkerLost` once the next worker is appended; where the table cannot
+    tell, or the worker died starting, every pending job fails. Their untaken tasks never run.
     """
 
     def __init__(self, workers: Iterable[Any], cache: Mapping[int, Any], table: PoolTable) -> None:

@@ -101,6 +101,24 @@ def test_nested_function_by_value():
     assert f(2) == 6
 
 
+def test_a_forked_child_is_not_its_parent_s_pool_worker_and_keeps_what_it_loaded():
+    from forking import in_forked_child
+
+    from sharedarrays.api.poolqueues import PoolTable, start_worker
+    from sharedarrays.process import STATE
+
+    f = pickle.loads(pickle.dumps(sa_pooltasks.by_value(lambda x: x + 1)))
+    table, saved = PoolTable(1), STATE.pools.worker
+    try:
+        assert f(1) == 2 and f.blob in STATE.pools.loaded
+        start_worker(table)  # (as a worker does)
+        child = in_forked_child(lambda: [STATE.pools.worker is None, f.blob in STATE.pools.loaded])
+        assert child == [True, True] and STATE.pools.worker is not None
+    finally:
+        STATE.pools.worker = saved
+        table.close()
+
+
 def test_default_is_spawn():
     assert sa_pool.get_context().get_start_method() == "spawn"
     assert sa_pool.get_context("forkserver").get_start_method() == "forkserver"
