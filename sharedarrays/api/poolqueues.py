@@ -12,6 +12,7 @@ ring of the last :data:`RING`, and a mark below which all failed), whose tasks a
 from __future__ import annotations
 
 import fcntl
+import functools
 import io
 import mmap
 import multiprocessing.queues
@@ -21,7 +22,7 @@ import select
 import struct
 from collections.abc import Callable
 from multiprocessing import reduction
-from typing import Any
+from typing import Any, NoReturn
 
 from sharedarrays.errors import SharedArrayError, TaskNotLoaded, WorkerLost
 from sharedarrays.process import STATE, running
@@ -288,22 +289,16 @@ class _TaskUnpickler(pickle.Unpickler):
         try:
             return super().find_class(module, name)
         except (AttributeError, ImportError) as e:
-            return _Unloadable(module, name, e)
+            return functools.partial(_not_loaded, f"{module}.{name}", f"{type(e).__name__}: {e}")
 
 
-class _Unloadable:
-    """What a task names and this worker cannot find: raises when called."""
-
-    def __init__(self, module: str, name: str, error: BaseException) -> None:
-        self.what = f"{module}.{name}"
-        self.error = f"{type(error).__name__}: {error}"
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        raise TaskNotLoaded(
-            f"a worker cannot find {self.what} ({self.error}): a function a pool runs must be "
-            "importable by the worker, at the top level of a module or script (not inside "
-            "`if __name__ == '__main__':`), or defined in a notebook cell"
-        )
+def _not_loaded(what: str, error: str, *args: Any, **kwargs: Any) -> NoReturn:
+    """What a task runs instead of the function ``what`` this worker cannot find."""
+    raise TaskNotLoaded(
+        f"a worker cannot find {what} ({error}): a function a pool runs must be importable "
+        "by the worker, at the top level of a module or script (not inside "
+        "`if __name__ == '__main__':`), or defined in a notebook cell"
+    )
 
 
 class TaskQueue(multiprocessing.queues.SimpleQueue):  # type: ignore[type-arg]
