@@ -132,8 +132,7 @@ class _Workers(list):  # type: ignore[type-arg]
         self.cache = cache
         self.table = table
         self.failed: list[tuple[Any, WorkerLost]] = []  # (jobs to fail once replaced)
-        self.lost_all: WorkerLost | None = None  # (every job to fail once replaced)
-        self.lost_by = (0, 0)  # (the pid and exit code of the worker that made lost_all)
+        self.lost_all: tuple[WorkerLost, int, int] | None = None  # (every job: pid, code)
 
     def __delitem__(self, index: Any) -> None:
         if isinstance(index, int):
@@ -184,18 +183,16 @@ class _Workers(list):  # type: ignore[type-arg]
             )
         else:
             what = f"as it took a task, before it could say of which job, {every} {others}{again}"
-        self.lost_all = WorkerLost(f"{died} {what}")
-        self.lost_by = (pid, code)
+        self.lost_all = WorkerLost(f"{died} {what}"), pid, code
         # untaken tasks of every job so far are not run (set before the new worker starts)
         self.table.lose_below(next_pool_job(), pid, code)
 
     def append(self, worker: Any) -> None:
         super().append(worker)
         failed, self.failed = self.failed, []
-        lost, self.lost_all = self.lost_all, None
-        if lost is not None:
-            # (again: jobs submitted since the death fail too)
-            self.table.lose_below(next_pool_job(), *self.lost_by)
+        if self.lost_all is not None:
+            (lost, pid, code), self.lost_all = self.lost_all, None
+            self.table.lose_below(next_pool_job(), pid, code)  # (jobs submitted since, too)
             failed = [(job, lost) for job in list(self.cache.values())]
         for job, error in failed:
             fail_pool_job(job, error)
