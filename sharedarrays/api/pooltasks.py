@@ -92,9 +92,9 @@ def _needs_value(fn: object) -> bool:
     function, or one of a ``__main__`` that is no importable file (a notebook)."""
     if isinstance(fn, functools.partial):
         return _needs_value(fn.func)
-    module = getattr(fn, "__module__", None)
     if isinstance(fn, ByValue):
         return False
+    module = getattr(fn, "__module__", None)
     if module is None or "<" in getattr(fn, "__qualname__", ""):
         return True
     if module not in _MAIN_MODULES:
