@@ -89,10 +89,8 @@ def get_context(method: ContextLike = None) -> multiprocessing.context.BaseConte
     ValueError, TypeError
         An unknown start method, or neither a name nor a context.
     """
-    if method is None:
-        ctx: multiprocessing.context.BaseContext = multiprocessing.get_context(DEFAULT_START_METHOD)
-    elif isinstance(method, str):
-        ctx = multiprocessing.get_context(method)
+    if method is None or isinstance(method, str):
+        ctx = multiprocessing.get_context(DEFAULT_START_METHOD if method is None else method)
     elif isinstance(method, multiprocessing.context.BaseContext):
         ctx = method
     else:

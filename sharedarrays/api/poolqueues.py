@@ -59,10 +59,8 @@ class PoolTable:
     __slots__ = ("fd", "slots", "_map", "_cells", "_ring_next")
 
     def __init__(self, slots: int, fd: int | None = None) -> None:
-        made = fd is None
-        if fd is None:
-            fd = os.memfd_create("sharedarrays-pool", os.MFD_CLOEXEC)
-        size = 8 * (_SLOTS + 2 * slots)
+        size, made = 8 * (_SLOTS + 2 * slots), fd is None
+        fd = os.memfd_create("sharedarrays-pool", os.MFD_CLOEXEC) if fd is None else fd
         try:
             if made:
                 os.ftruncate(fd, size)
