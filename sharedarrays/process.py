@@ -463,6 +463,28 @@ class PicklingState:
         self.received.clear()
 
 
+class PoolsState:
+    """The api layer's section for work in other processes (``STATE.pools``).
+
+    ``worker`` is this process's (table, state cell) where it is a pool's worker; a forked
+    child is not (it drops it). ``loaded`` holds functions loaded by value, by cloudpickle
+    bytes (bounded; guarded by ``lock``), ``main`` the one namespace of those of the
+    parent's ``__main__``, ``dask`` whether shared arrays are registered with distributed:
+    a child keeps those three.
+    """
+
+    def __init__(self) -> None:
+        self.worker: tuple[Any, int] | None = None
+        self.loaded: dict[bytes, Callable[..., Any]] = {}
+        self.lock = threading.Lock()
+        self.main: dict[str, Any] = {}
+        self.dask = False
+
+    def reset_in_child(self) -> None:
+        self.worker = None
+        self.lock = threading.Lock()
+
+
 class ProcessState:
     """THE per-process state of the package (one instance: :data:`STATE`).
 
@@ -486,6 +508,9 @@ class ProcessState:
         The connection to the keeper (``transport/keeper.py``).
     pickling : PicklingState
         The warm handoff's caches (``protocol/payload.py``, ``api/message.py``).
+    pools : PoolsState
+        Pool workers' slots, functions loaded by value, Dask's registration (``api/pool*``,
+        ``api/dask.py``).
     """
 
     def __init__(self) -> None:
@@ -497,6 +522,7 @@ class ProcessState:
         self.notices = NoticesState()
         self.keeper = KeeperState()
         self.pickling = PicklingState()
+        self.pools = PoolsState()
 
     def reset_in_child(self) -> None:
         """In a forked child: the pid first, then every section bottom layer first (each
@@ -510,6 +536,7 @@ class ProcessState:
             self.notices,
             self.keeper,
             self.pickling,
+            self.pools,
         ):
             _call(section.reset_in_child, "in a forked child")
         self.hooks.after_fork_in_child()

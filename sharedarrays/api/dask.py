@@ -19,29 +19,28 @@ from typing import Any
 
 from sharedarrays.api.array import SharedDeviceArray, reduce_hooks
 from sharedarrays.api.creation import from_array
+from sharedarrays.process import STATE
 
 __all__ = ["install", "register", "registered", "same_node_transfer"]
 
-_registered = False
 PAYLOAD = "payload"
 DATA = "data"
 
 
 def registered() -> bool:
     """Whether :func:`register` ran in this process."""
-    return _registered
+    return STATE.pools.dask
 
 
 def register() -> None:
     """Register shared arrays with distributed's ``"dask"`` serialization family (once)."""
-    global _registered
-    if _registered:
+    if STATE.pools.dask:
         return
     from distributed.protocol import dask_deserialize, dask_serialize
 
     dask_serialize.register(SharedDeviceArray)(serialize)
     dask_deserialize.register(SharedDeviceArray)(deserialize)
-    _registered = True
+    STATE.pools.dask = True
 
 
 _SERIALIZE = "distributed.protocol.serialize"

@@ -27,10 +27,8 @@ class Keepable(Protocol):
 
 
 def _allow(pids: Iterable[int] | None) -> list[int] | None:
-    if pids is None:
-        return None
-    out = sorted({int(p) for p in pids})
-    if any(p <= 0 for p in out):
+    out = None if pids is None else sorted({int(p) for p in pids})
+    if out is not None and any(p <= 0 for p in out):
         raise ValueError(f"allow_pids must be positive process ids, got {out}")
     return out
 
@@ -58,19 +56,14 @@ def keep(a: Keepable, name: str | None) -> None:
             "a growable array (capacity=) cannot be named or parked: the keeper holds a "
             "fixed set of chunks. Keep its creator running while others load it"
         )
-    req = keeper_protocol.Keep(
-        alloc.id,
-        alloc.secret,
-        name,
-        alloc.chunk_sizes(),
-        a.payload().to_doc(),
-        _allow(alloc.allow_pids),
-    )
-    if len(alloc.chunk_sizes()) > keeper_protocol.MAX_CHUNKS:
+    chunks = alloc.chunk_sizes()
+    if len(chunks) > keeper_protocol.MAX_CHUNKS:
         raise ValueError(
             f"the keeper holds arrays of at most {keeper_protocol.MAX_CHUNKS} chunks; this one has "
-            f"{len(alloc.chunk_sizes())} (pass a larger chunk_bytes)"
+            f"{len(chunks)} (pass a larger chunk_bytes)"
         )
+    doc, allow = a.payload().to_doc(), _allow(alloc.allow_pids)
+    req = keeper_protocol.Keep(alloc.id, alloc.secret, name, chunks, doc, allow)
     handles, temporary = alloc.handles_for_importers()  # read-only ones for readonly arrays
     try:
         status, body, fds = keeper.request(req, handles)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -190,24 +191,15 @@ def attach(name: str) -> SharedDeviceArray:
     ValueError, TypeError
         Not a valid name.
     """
-    key = qualify(name)
-    try:
-        status, body, fds = keeper.request(keeper_protocol.Attach(key), start=False)
-    except HandleUnavailable:
-        raise NameNotFound(f"no array named {name!r}: no keeper runs for this user") from None
-    if status == keeper_protocol.NOT_FOUND:
-        raise _not_found(name, key)
+    key, status, body, fds = _ask(name, keeper_protocol.Attach)
+    held = None  # (the allocation held in the keeper for this process, once it is)
     try:
         keeper.raise_for(status, body, f"cannot attach {name!r}")
         doc, alloc_id = body.get("doc"), body.get("id")
         if type(doc) is not dict or type(alloc_id) is not str:
             raise KeeperError("the keeper sent an inconsistent reply")
         keeper.hold(alloc_id)
-    except BaseException:
-        for fd in fds:
-            os.close(fd)
-        raise
-    try:
+        held = alloc_id
         try:
             found = Payload.from_doc(doc)
         except PayloadError as e:
@@ -218,7 +210,8 @@ def attach(name: str) -> SharedDeviceArray:
     except BaseException:
         for fd in fds:
             os.close(fd)
-        keeper.release(alloc_id)
+        if held is not None:
+            keeper.release(held)
         raise
     try:
         attached = load(blob, fds=tuple(_Fd(fd) for fd in fds))
@@ -228,6 +221,19 @@ def attach(name: str) -> SharedDeviceArray:
     attached.allocation.in_keeper = True
     attached.allocation.keeper_name = key
     return attached
+
+
+def _ask(name: str, request: Callable[[str], Any]) -> tuple[str, int, dict[str, Any], list[int]]:
+    """Send ``request(key)`` for the array ``name`` (its keeper's ``key``) to a running
+    keeper: the key and the reply (NameNotFound for none or no such name)."""
+    key = qualify(name)
+    try:
+        status, body, fds = keeper.request(request(key), start=False)
+    except HandleUnavailable:
+        raise NameNotFound(f"no array named {name!r}: no keeper runs for this user") from None
+    if status == keeper_protocol.NOT_FOUND:
+        raise _not_found(name, key)
+    return key, status, body, fds
 
 
 def _not_found(name: str, key: str) -> NameNotFound:
@@ -271,13 +277,7 @@ def unlink(name: str) -> None:
     KeeperError
         The keeper runs but did not answer in time.
     """
-    key = qualify(name)
-    try:
-        status, body, _ = keeper.request(keeper_protocol.Unlink(key), start=False)
-    except HandleUnavailable:
-        raise NameNotFound(f"no array named {name!r}: no keeper runs for this user") from None
-    if status == keeper_protocol.NOT_FOUND:
-        raise _not_found(name, key)
+    key, status, body, _ = _ask(name, keeper_protocol.Unlink)
     keeper.raise_for(status, body, f"cannot unlink {name!r}")
     for alloc in live_allocations():  # (what the memory map shows of it here)
         if alloc.keeper_name == key:
@@ -316,13 +316,8 @@ def list_named(parked: bool = False, all_namespaces: bool = False) -> list[Named
 
 def _entries() -> list[dict[str, Any]]:
     """What the keeper lists (every namespace; nothing when no keeper runs)."""
-
-    def ask(req: keeper_protocol.List) -> tuple[int, dict[str, Any]]:
-        status, body, _ = keeper.request(req, start=False)
-        return status, body
-
     try:
-        status, body = keeper_protocol.list_pages(ask)
+        status, body = keeper_protocol.list_pages(lambda req: keeper.request(req, start=False)[:2])
     except HandleUnavailable:
         return []
     keeper.raise_for(status, body, "cannot list the keeper's arrays")

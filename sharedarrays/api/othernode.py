@@ -69,18 +69,18 @@ def _refusing(name: str) -> Callable[..., NoReturn]:
     return use
 
 
-_OPERATORS = [
+_OPERATORS = (
     *("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "divmod", "pow"),
     *("lshift", "rshift", "and", "xor", "or"),
-]
-_USES = [
+)
+_USES = (
     *("__array__", "__getitem__", "__setitem__", "__delitem__", "__len__", "__iter__"),
     *("__contains__", "__float__", "__int__", "__index__", "__complex__", "__neg__"),
     *("__pos__", "__abs__", "__invert__", "__lt__", "__le__", "__gt__", "__ge__"),
     *(f"__{op}__" for op in _OPERATORS),
     *(f"__r{op}__" for op in _OPERATORS),
     *(f"__i{op}__" for op in _OPERATORS if op != "divmod"),
-]
+)
 """Special methods (looked up on the type, not through ``__getattr__``) that refuse."""
 
 for _name in _USES:

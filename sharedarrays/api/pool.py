@@ -35,7 +35,6 @@ from sharedarrays.api.poolqueues import (
     TaskQueue,
     died_of,
     start_worker,
-    started,
 )
 from sharedarrays.api.pooltasks import _args, _each, _guarded_get, _task, by_value
 from sharedarrays.errors import SharedArrayError, WorkerLost
@@ -90,10 +89,8 @@ def get_context(method: ContextLike = None) -> multiprocessing.context.BaseConte
     ValueError, TypeError
         An unknown start method, or neither a name nor a context.
     """
-    if method is None:
-        ctx: multiprocessing.context.BaseContext = multiprocessing.get_context(DEFAULT_START_METHOD)
-    elif isinstance(method, str):
-        ctx = multiprocessing.get_context(method)
+    if method is None or isinstance(method, str):
+        ctx = multiprocessing.get_context(DEFAULT_START_METHOD if method is None else method)
     elif isinstance(method, multiprocessing.context.BaseContext):
         ctx = method
     else:
@@ -110,26 +107,22 @@ def get_context(method: ContextLike = None) -> multiprocessing.context.BaseConte
     return ctx
 
 
-def _start_worker(
-    table: PoolTable, initializer: Callable[..., object] | None, initargs: tuple[Any, ...]
-) -> None:
-    """A :class:`Pool` worker's initializer: claims its slot in the table, then the user's."""
-    start_worker(table)
-    if initializer is not None:
-        initializer(*initargs)
-    started()  # (a death before this fails the jobs pending: see _Workers)
+def initializer_of(initializer: Callable[..., object] | None) -> Callable[..., object] | None:
+    """A pool's ``initializer`` as its workers get it: by value where needed (TypeError for
+    one that is not callable)."""
+    if initializer is not None and not callable(initializer):
+        raise TypeError("initializer must be a callable")
+    return None if initializer is None else by_value(initializer)
 
 
 class _Workers(list):  # type: ignore[type-arg]
-    """A pool's list of its workers (``Pool._pool``) that fails the job a worker was
-    running when it died.
+    """A pool's list of its workers (``Pool._pool``) that fails the job a dead worker ran.
 
     The standard library's handler thread forgets a dead worker with ``del pool[i]`` and
-    appends a new one, losing its task. Here the deletion asks the pool's table what the
-    worker held (:meth:`~sharedarrays.api.poolqueues.PoolTable.reap`): a task's job fails
-    with :class:`~sharedarrays.WorkerLost` once the next worker is appended; where the table
-    cannot tell, or the worker died starting or in the initializer (each new one would too),
-    every pending job fails. The failed jobs' untaken tasks are not run.
+    appends a new one, losing its task. Here the deletion asks the table what the worker held
+    (:meth:`~sharedarrays.api.poolqueues.PoolTable.reap`): that job fails with
+    :class:`~sharedarrays.WorkerLost` once the next worker is appended; where the table cannot
+    tell, or the worker died starting, every pending job fails. Their untaken tasks never run.
     """
 
     def __init__(self, workers: Iterable[Any], cache: Mapping[int, Any], table: PoolTable) -> None:
@@ -137,8 +130,7 @@ class _Workers(list):  # type: ignore[type-arg]
         self.cache = cache
         self.table = table
         self.failed: list[tuple[Any, WorkerLost]] = []  # (jobs to fail once replaced)
-        self.lost_all: WorkerLost | None = None  # (every job to fail once replaced)
-        self.lost_by = (0, 0)  # (the pid and exit code of the worker that made lost_all)
+        self.lost_all: tuple[WorkerLost, int, int] | None = None  # (every job: pid, code)
 
     def __delitem__(self, index: Any) -> None:
         if isinstance(index, int):
@@ -152,8 +144,12 @@ class _Workers(list):  # type: ignore[type-arg]
         super().__delitem__(index)
 
     def _lost(self, pid: int, code: int, held: int | None) -> None:
-        why = died_of(code)
-        after = (
+        died = f"a worker of this Pool (pid {pid}) died ({died_of(code)})"
+        others = (
+            "(its tasks no worker had taken are not run; those other workers were running "
+            "finish, their results dropped), and a new worker took its place"
+        )
+        again = (
             "; its standard error may say why (a task that called os._exit(), a crash; the "
             "kernel's log names the out-of-memory killer's victims): submit it again once "
             "that is mended"
@@ -162,55 +158,39 @@ class _Workers(list):  # type: ignore[type-arg]
             job = self.cache.get(held - 1)
             self.table.lose(held - 1, pid, code)  # (before the new worker can take a task)
             if job is not None:
-                self.failed.append(
-                    (
-                        job,
-                        WorkerLost(
-                            f"a worker of this Pool (pid {pid}) died ({why}) while it ran a "
-                            "task of this job, so the job failed with this error (its tasks "
-                            "no worker had taken are not run; those other workers were "
-                            "running finish, their results dropped), and a new worker took "
-                            "its place; the pool's other jobs go on" + after
-                        ),
-                    )
-                )
+                why = f"{died} while it ran a task of this job, so the job failed with this error"
+                lost = WorkerLost(f"{why} {others}; the pool's other jobs go on{again}")
+                self.failed.append((job, lost))
             return
+        every = "so every job pending then failed with this error"
         if held is None:
             what = (
-                "as it started, before the pool's initializer ran, so every job pending "
-                "then failed with this error, and a new worker took its place: each one that "
-                "ends so fails the jobs pending then. Its standard error says why. A spawned "
-                "or forkserver worker first imports the main module again: make the pool "
-                'only under if __name__ == "__main__": (the main module must not make one '
-                "as it is imported), run the script from a file (python - reads it from "
-                "standard input, which cannot be imported again), and make the pool again"
+                f"as it started, before the pool's initializer ran, {every}, and a new worker "
+                "took its place: each one that ends so fails the jobs pending then. Its "
+                "standard error says why. A spawned or forkserver worker first imports the "
+                'main module again: make the pool only under if __name__ == "__main__": (the '
+                "main module must not make one as it is imported), run the script from a file "
+                "(python - reads it from standard input, which cannot be imported again), and "
+                "make the pool again"
             )
         elif held == STARTING:
             what = (
-                "as the pool's initializer ran (it raised, or ended the process), so every "
-                "job pending then failed with this error, and a new worker took its place: "
-                "each one the initializer ends fails the jobs pending then; mend the "
-                "initializer, and make the pool again"
+                f"as the pool's initializer ran (it raised, or ended the process), {every}, "
+                "and a new worker took its place: each one the initializer ends fails the jobs "
+                "pending then; mend the initializer, and make the pool again"
             )
         else:
-            what = (
-                "as it took a task, before it could say of which job, so every job pending "
-                "then failed with this error (their tasks no worker had taken are not run; "
-                "those other workers were running finish, their results dropped), and a new "
-                "worker took its place" + after
-            )
-        self.lost_all = WorkerLost(f"a worker of this Pool (pid {pid}) died ({why}) {what}")
-        self.lost_by = (pid, code)
+            what = f"as it took a task, before it could say of which job, {every} {others}{again}"
+        self.lost_all = WorkerLost(f"{died} {what}"), pid, code
         # untaken tasks of every job so far are not run (set before the new worker starts)
         self.table.lose_below(next_pool_job(), pid, code)
 
     def append(self, worker: Any) -> None:
         super().append(worker)
         failed, self.failed = self.failed, []
-        lost, self.lost_all = self.lost_all, None
-        if lost is not None:
-            # (again: jobs submitted since the death fail too)
-            self.table.lose_below(next_pool_job(), *self.lost_by)
+        if self.lost_all is not None:
+            (lost, pid, code), self.lost_all = self.lost_all, None
+            self.table.lose_below(next_pool_job(), pid, code)  # (jobs submitted since, too)
             failed = [(job, lost) for job in list(self.cache.values())]
         for job, error in failed:
             fail_pool_job(job, error)
@@ -249,25 +229,14 @@ class Pool(multiprocessing.pool.Pool):
         context: ContextLike = None,
     ) -> None:
         self.__dict__["_state"] = "CLOSE"  # lets Pool.__del__ pass if get_context raises
-        ctx = get_context(context)
-        if initializer is not None:
-            if not callable(initializer):
-                raise TypeError("initializer must be a callable")
-            initializer = by_value(initializer)
+        ctx, initializer = get_context(context), initializer_of(initializer)
         if processes is None:
             processes = os.cpu_count() or 1
-        if type(processes) is int and processes > 0:  # (else the standard library's error)
-            self._table = PoolTable(processes)
-        else:
-            self._table = PoolTable(0)
+        # (a bad number of processes: the standard library's error)
+        self._table = PoolTable(processes if type(processes) is int and processes > 0 else 0)
         try:
-            super().__init__(
-                processes,
-                _start_worker,
-                (self._table, initializer, tuple(initargs)),
-                maxtasksperchild,
-                ctx,
-            )
+            args = (self._table, initializer, tuple(initargs))
+            super().__init__(processes, start_worker, args, maxtasksperchild, ctx)
         except BaseException:
             self._table.close()
             raise
@@ -297,16 +266,8 @@ class Pool(multiprocessing.pool.Pool):
         self._inqueue = TaskQueue(ctx=ctx, table=self._table)
         self._outqueue = ResultQueue(ctx=ctx, table=self._table)
         self._quick_put = self._inqueue._writer.send  # type: ignore[attr-defined]
-        self._quick_get = functools.partial(
-            _guarded_get,
-            self._outqueue._reader.recv,  # type: ignore[attr-defined]
-        )
-
-    def apply(
-        self, func: Callable[..., T], args: Iterable[Any] = (), kwds: Mapping[str, Any] = {}
-    ) -> T:
-        """Call ``func(*args, **kwds)`` in a worker and wait for the result."""
-        return self.apply_async(func, args, kwds).get()  # (as the standard library's)
+        recv = self._outqueue._reader.recv  # type: ignore[attr-defined]
+        self._quick_get = functools.partial(_guarded_get, recv)
 
     def apply_async(
         self,
@@ -319,24 +280,11 @@ class Pool(multiprocessing.pool.Pool):
         """Like :meth:`apply`, returning an ``AsyncResult``."""
         return super().apply_async(_task(func), (_args(args, kwds),), {}, callback, error_callback)
 
-    def map(
-        self, func: Callable[[Any], T], iterable: Iterable[Any], chunksize: int | None = None
-    ) -> list[T]:
-        """``[func(x) for x in iterable]``, computed by the workers."""
-        return super().map(_task(func), list(_each(iterable, False)), chunksize)
-
-    def map_async(
-        self,
-        func: Callable[[Any], T],
-        iterable: Iterable[Any],
-        chunksize: int | None = None,
-        callback: Callable[[list[T]], object] | None = None,
-        error_callback: Callable[[BaseException], object] | None = None,
-    ) -> multiprocessing.pool.MapResult[T]:
-        """Like :meth:`map`, returning an ``AsyncResult``."""
-        return super().map_async(
-            _task(func), list(_each(iterable, False)), chunksize, callback, error_callback
-        )
+    def _map_async(self, func: Callable[..., T], iterable: Iterable[Any], *rest: Any) -> Any:
+        # (map, map_async, starmap, starmap_async: the standard library's, on these tasks)
+        star = rest[0] is multiprocessing.pool.starmapstar  # type: ignore[attr-defined]
+        tasks = list(_each(iterable, star))
+        return super()._map_async(_task(func), tasks, *rest)  # type: ignore[misc]
 
     def imap(
         self, func: Callable[[Any], T], iterable: Iterable[Any], chunksize: int | None = 1
@@ -349,25 +297,3 @@ class Pool(multiprocessing.pool.Pool):
     ) -> multiprocessing.pool.IMapIterator[T]:
         """Like :meth:`imap`, in completion order."""
         return super().imap_unordered(_task(func), _each(iterable, False), chunksize)
-
-    def starmap(
-        self,
-        func: Callable[..., T],
-        iterable: Iterable[Iterable[Any]],
-        chunksize: int | None = None,
-    ) -> list[T]:
-        """``[func(*args) for args in iterable]``, computed by the workers."""
-        return super().starmap(_task(func), list(_each(iterable, True)), chunksize)
-
-    def starmap_async(
-        self,
-        func: Callable[..., T],
-        iterable: Iterable[Iterable[Any]],
-        chunksize: int | None = None,
-        callback: Callable[[list[T]], object] | None = None,
-        error_callback: Callable[[BaseException], object] | None = None,
-    ) -> multiprocessing.pool.AsyncResult[list[T]]:
-        """Like :meth:`starmap`, returning an ``AsyncResult``."""
-        return super().starmap_async(
-            _task(func), list(_each(iterable, True)), chunksize, callback, error_callback
-        )

@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from sharedarrays.api.pool import ContextLike, ExecutorBroken, get_context
-from sharedarrays.api.pooltasks import _args, _load_pending, _RaisedInTask, _task, by_value
+from sharedarrays.api.pool import ContextLike, ExecutorBroken, get_context, initializer_of
+from sharedarrays.api.pooltasks import _args, _task, by_value, outcome
 
 __all__ = ["ProcessPoolExecutor"]
 
@@ -44,26 +44,16 @@ class _ResultFuture(Future[Any]):
 
     def _follow(self, inner: Future[Any]) -> None:
         self._inner = None  # no cycle: the result goes with the last reference to this
-        if inner.cancelled():
-            self._cancelled()
+        if inner.cancelled():  # (as the executor does for its own: then waiters told)
+            super().cancel()
+            self.set_running_or_notify_cancel()
             return
         error = inner.exception()
-        if type(error) is _RaisedInTask:
-            error = error.unwrap()
-        if error is None:
-            try:
-                value = _load_pending(inner.result())
-            except Exception as e:
-                error = e
-        if error is not None:
-            self.set_exception(_broken(error))
-        else:
+        ok, value = outcome(error is None, inner.result() if error is None else error)
+        if ok:
             self.set_result(value)
-
-    def _cancelled(self) -> None:
-        # (as the executor does for its own: cancelled, then waiters told)
-        super().cancel()
-        self.set_running_or_notify_cancel()
+        else:
+            self.set_exception(_broken(value))
 
     def cancel(self) -> bool:
         inner = self._inner
@@ -109,9 +99,7 @@ class ProcessPoolExecutor(concurrent.futures.ProcessPoolExecutor):
         *,
         max_tasks_per_child: int | None = None,
     ) -> None:
-        ctx = get_context(mp_context)
-        if initializer is not None:
-            initializer = by_value(initializer)
+        ctx, initializer = get_context(mp_context), initializer_of(initializer)
         extra: dict[str, Any] = {}
         if max_tasks_per_child is not None:
             extra["max_tasks_per_child"] = max_tasks_per_child

@@ -12,6 +12,7 @@ ring of the last :data:`RING`, and a mark below which all failed), whose tasks a
 from __future__ import annotations
 
 import fcntl
+import functools
 import io
 import mmap
 import multiprocessing.queues
@@ -21,16 +22,15 @@ import select
 import struct
 from collections.abc import Callable
 from multiprocessing import reduction
-from typing import Any
+from typing import Any, NoReturn
 
 from sharedarrays.errors import SharedArrayError, TaskNotLoaded, WorkerLost
-from sharedarrays.process import running
+from sharedarrays.process import STATE, running
 
 __all__ = [
     "MESSAGE_STALL",
     "STARTING",
     "died_of",
-    "started",
     "PipeCut",
     "PoolTable",
     "RING",
@@ -59,10 +59,8 @@ class PoolTable:
     __slots__ = ("fd", "slots", "_map", "_cells", "_ring_next")
 
     def __init__(self, slots: int, fd: int | None = None) -> None:
-        made = fd is None
-        if fd is None:
-            fd = os.memfd_create("sharedarrays-pool", os.MFD_CLOEXEC)
-        size = 8 * (_SLOTS + 2 * slots)
+        size, made = 8 * (_SLOTS + 2 * slots), fd is None
+        fd = os.memfd_create("sharedarrays-pool", os.MFD_CLOEXEC) if fd is None else fd
         try:
             if made:
                 os.ftruncate(fd, size)
@@ -112,17 +110,16 @@ class PoolTable:
 
     def lose(self, job: int, pid: int, code: int) -> None:
         """Job ``job`` failed when worker ``pid`` died: its untaken tasks are not run."""
-        cell = _RING + 3 * self._ring_next
-        self._cells[cell + 1] = pid
-        self._cells[cell + 2] = code
-        self._cells[cell] = job + 1
+        self._note(_RING + 3 * self._ring_next, job + 1, pid, code)
         self._ring_next = (self._ring_next + 1) % RING
 
     def lose_below(self, job: int, pid: int, code: int) -> None:
         """Every job numbered below ``job`` failed (see :meth:`lose`)."""
-        self._cells[_MARK + 1] = pid
-        self._cells[_MARK + 2] = code
-        self._cells[_MARK] = job
+        self._note(_MARK, job, pid, code)
+
+    def _note(self, cell: int, job: int, pid: int, code: int) -> None:
+        self._cells[cell + 1], self._cells[cell + 2] = pid, code
+        self._cells[cell] = job  # (last: a worker reads the job first)
 
     # a worker's side ---------------------------------------------------------------------
     def claim(self, pid: int) -> int:
@@ -198,34 +195,17 @@ class RecordLock:
     def __exit__(self, *exc: object) -> None:
         self.release()
 
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return RecordLock, (self.table, self.byte)
 
-
-class _Worker:
-    """This process's slot, where it is a pool's worker (:func:`start_worker`)."""
-
-    __slots__ = ("table", "cell")
-
-    def __init__(self, table: PoolTable, cell: int) -> None:
-        self.table = table
-        self.cell = cell
-
-
-_worker: _Worker | None = None
-
-
-def start_worker(table: PoolTable) -> None:
-    """In a new worker: claim a slot in ``table``, saying the initializer runs."""
-    global _worker
-    _worker = _Worker(table, table.claim(os.getpid()))
-    _worker.table.hold(_worker.cell, STARTING)
-
-
-def started() -> None:
-    """The pool's initializer returned: this worker waits for tasks."""
-    if _worker is not None:
-        _worker.table.hold(_worker.cell, 0)
+def start_worker(
+    table: PoolTable, initializer: Callable[..., object] | None = None, initargs: Any = ()
+) -> None:
+    """A new worker's initializer: claim a slot in ``table``, then run the user's (a death
+    before it returns fails the jobs pending: ``pool._Workers``)."""
+    STATE.pools.worker = table, table.claim(os.getpid())
+    table.hold(STATE.pools.worker[1], STARTING)
+    if initializer is not None:
+        initializer(*initargs)
+    table.hold(STATE.pools.worker[1], 0)
 
 
 MESSAGE_STALL = 30.0
@@ -245,7 +225,10 @@ def read_message(fd: int, before_read: Callable[[], None] | None = None) -> byte
     that is no pickle drains the pipe and raises :class:`PipeCut`, ending this worker."""
     poller = select.poll()
     poller.register(fd, select.POLLIN)
-    header = _read(poller, fd, 4, first=True, before_read=before_read)
+    poller.poll()  # (the first byte may take forever)
+    if before_read is not None:
+        before_read()
+    header = _read(poller, fd, 4)
     (size,) = struct.unpack("!i", header) if len(header) == 4 else (0,)
     if size == -1:
         big = _read(poller, fd, 8)
@@ -257,23 +240,12 @@ def read_message(fd: int, before_read: Callable[[], None] | None = None) -> byte
     return body
 
 
-def _read(
-    poller: select.poll,
-    fd: int,
-    n: int,
-    first: bool = False,
-    before_read: Callable[[], None] | None = None,
-) -> bytes:
-    """``n`` bytes of ``fd``, or fewer where the rest stalls (``first``: the first part may
-    take forever). ``EOFError`` when the writer closed it."""
+def _read(poller: select.poll, fd: int, n: int) -> bytes:
+    """``n`` bytes of ``fd``, or fewer where the rest stalls (a size read from the middle of
+    a message). ``EOFError`` when the writer closed it."""
     parts: list[bytes] = []
     got = 0
-    while got < n:
-        if not poller.poll(-1 if first and not got else int(MESSAGE_STALL * 1000)):
-            break  # (stalled: a size read from the middle of a message)
-        if before_read is not None:
-            before_read()
-            before_read = None
+    while got < n and poller.poll(int(MESSAGE_STALL * 1000)):
         part = os.read(fd, min(n - got, 1 << 20))
         if not part:
             raise EOFError
@@ -315,22 +287,16 @@ class _TaskUnpickler(pickle.Unpickler):
         try:
             return super().find_class(module, name)
         except (AttributeError, ImportError) as e:
-            return _Unloadable(module, name, e)
+            return functools.partial(_not_loaded, f"{module}.{name}", f"{type(e).__name__}: {e}")
 
 
-class _Unloadable:
-    """What a task names and this worker cannot find: raises when called."""
-
-    def __init__(self, module: str, name: str, error: BaseException) -> None:
-        self.what = f"{module}.{name}"
-        self.error = f"{type(error).__name__}: {error}"
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        raise TaskNotLoaded(
-            f"a worker cannot find {self.what} ({self.error}): a function a pool runs must be "
-            "importable by the worker, at the top level of a module or script (not inside "
-            "`if __name__ == '__main__':`), or defined in a notebook cell"
-        )
+def _not_loaded(what: str, error: str, *args: Any, **kwargs: Any) -> NoReturn:
+    """What a task runs instead of the function ``what`` this worker cannot find."""
+    raise TaskNotLoaded(
+        f"a worker cannot find {what} ({error}): a function a pool runs must be importable "
+        "by the worker, at the top level of a module or script (not inside "
+        "`if __name__ == '__main__':`), or defined in a notebook cell"
+    )
 
 
 class TaskQueue(multiprocessing.queues.SimpleQueue):  # type: ignore[type-arg]
@@ -342,10 +308,10 @@ class TaskQueue(multiprocessing.queues.SimpleQueue):  # type: ignore[type-arg]
         self._rlock = table.lock(_TASKS_LOCK)
 
     def get(self) -> Any:
-        worker = _worker
-        if worker is None or worker.table is not self._rlock.table:
+        worker = STATE.pools.worker
+        if worker is None or worker[0] is not self._rlock.table:
             return super().get()  # (not this pool's worker: the parent's terminate)
-        table, cell = worker.table, worker.cell
+        table, cell = worker
         with self._rlock:
             # (taken before the first byte is read: never a task lost unsaid)
             res = read_message(
@@ -377,6 +343,6 @@ class ResultQueue(multiprocessing.queues.SimpleQueue):  # type: ignore[type-arg]
 
     def put(self, obj: Any) -> None:
         super().put(obj)
-        worker = _worker
-        if worker is not None and worker.table is self._wlock.table:
-            worker.table.hold(worker.cell, 0)
+        worker = STATE.pools.worker
+        if worker is not None and worker[0] is self._wlock.table:
+            worker[0].hold(worker[1], 0)

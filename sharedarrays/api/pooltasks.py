@@ -9,46 +9,39 @@ from __future__ import annotations
 import functools
 import os
 import sys
-import threading
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from multiprocessing import reduction
 from typing import Any, TypeVar, cast
 
 from sharedarrays.errors import TaskExited
+from sharedarrays.process import STATE
 
 __all__ = ["ByValue", "by_value"]
 
 T = TypeVar("T")
-
-_loaded: dict[bytes, Callable[..., Any]] = {}
-_loaded_lock = threading.Lock()
 _LOADED_MAX = 128
-
-
 _MAIN_MODULES = ("__main__", "__mp_main__")
 
-_main_namespace: dict[str, Any] = {}
-"""In a worker: the one namespace of the functions of the parent's ``__main__``."""
+
+def _main_function(value: object) -> bool:
+    return isinstance(value, types.FunctionType) and value.__module__ in _MAIN_MODULES
 
 
 def _in_main_namespace(fn: Any, seen: dict[int, Any] | None = None) -> Any:
     """``fn`` (loaded from cloudpickle) and the ``__main__`` functions it brings, with
-    :data:`_main_namespace` as their globals, as a module's functions share theirs
-    (cloudpickle gives each its own). Functions and classes take the newest definition;
-    other values keep the worker's."""
+    ``STATE.pools.main`` as their globals, as a module's functions share theirs (cloudpickle
+    gives each its own). Functions and classes take the newest definition; other values
+    keep the worker's."""
     if isinstance(fn, functools.partial):
         inner = _in_main_namespace(fn.func, seen)
         return fn if inner is fn.func else functools.partial(inner, *fn.args, **fn.keywords)
-    if not isinstance(fn, types.FunctionType) or fn.__module__ not in _MAIN_MODULES:
-        return fn
-    namespace = _main_namespace
-    if fn.__globals__ is namespace:
+    namespace = STATE.pools.main
+    if not _main_function(fn) or fn.__globals__ is namespace:
         return fn
     seen = {} if seen is None else seen
-    made = seen.get(id(fn))
-    if made is not None:
-        return made
+    if id(fn) in seen:
+        return seen[id(fn)]
     made = types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__, fn.__closure__)
     made.__kwdefaults__ = fn.__kwdefaults__
     made.__qualname__ = fn.__qualname__
@@ -57,26 +50,13 @@ def _in_main_namespace(fn: Any, seen: dict[int, Any] | None = None) -> Any:
     made.__module__ = fn.__module__
     seen[id(fn)] = made
     for name, value in fn.__globals__.items():
-        if isinstance(value, types.FunctionType) and value.__module__ in _MAIN_MODULES:
+        if _main_function(value):
             namespace[name] = _in_main_namespace(value, seen)
         elif isinstance(value, type) and value.__module__ in _MAIN_MODULES:
             namespace[name] = value
         else:
             namespace.setdefault(name, value)
     return made
-
-
-def _load(blob: bytes) -> Callable[..., Any]:
-    fn = _loaded.get(blob)
-    if fn is None:
-        import cloudpickle
-
-        fn = _in_main_namespace(cloudpickle.loads(blob))
-        with _loaded_lock:
-            if len(_loaded) >= _LOADED_MAX:
-                _loaded.pop(next(iter(_loaded)))
-            _loaded[blob] = fn
-    return fn
 
 
 class ByValue:
@@ -91,52 +71,46 @@ class ByValue:
         self.name: str = getattr(fn, "__qualname__", type(fn).__name__)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return _load(self.blob)(*args, **kwargs)
+        pools = STATE.pools
+        fn = pools.loaded.get(self.blob)
+        if fn is None:
+            import cloudpickle
 
-    def __reduce__(self) -> tuple[Any, tuple[bytes, str]]:
-        return _rebuild, (self.blob, self.name)
+            fn = _in_main_namespace(cloudpickle.loads(self.blob))
+            with pools.lock:
+                if len(pools.loaded) >= _LOADED_MAX:
+                    pools.loaded.pop(next(iter(pools.loaded)))
+                pools.loaded[self.blob] = fn
+        return fn(*args, **kwargs)
 
     def __repr__(self) -> str:
         return f"<by-value {self.name} ({len(self.blob)} bytes)>"
 
 
-def _rebuild(blob: bytes, name: str) -> ByValue:
-    obj = ByValue.__new__(ByValue)
-    obj.blob = blob
-    obj.name = name
-    return obj
-
-
 def _needs_value(fn: object) -> bool:
     """Whether a spawned worker could not import ``fn`` by name: a lambda, a nested
     function, or one of a ``__main__`` that is no importable file (a notebook)."""
-    if isinstance(fn, ByValue):
-        return False
     if isinstance(fn, functools.partial):
         return _needs_value(fn.func)
+    if isinstance(fn, ByValue):
+        return False
     module = getattr(fn, "__module__", None)
-    qualname = getattr(fn, "__qualname__", "")
-    if module is None or "<" in qualname:
+    if module is None or "<" in getattr(fn, "__qualname__", ""):
         return True
-    return module in _MAIN_MODULES and not _main_is_importable()
-
-
-def _main_is_importable() -> bool:
-    """Whether a spawned worker imports this process's ``__main__`` (a module or a file)."""
-    main = sys.modules.get("__main__")
-    if getattr(getattr(main, "__spec__", None), "name", None):
-        return True
+    if module not in _MAIN_MODULES:
+        return False
+    main = sys.modules.get("__main__")  # (a module or a file the worker imports again?)
     path = getattr(main, "__file__", None)
-    return isinstance(path, str) and os.path.isfile(path)
+    if getattr(getattr(main, "__spec__", None), "name", None):
+        return False
+    return not (isinstance(path, str) and os.path.isfile(path))
 
 
 def by_value(fn: Callable[..., T]) -> Callable[..., T]:
     """``fn`` wrapped to be pickled by value when a spawned worker could not import it by
     name (defined in ``__main__`` or a notebook, a lambda, a nested function); otherwise
     ``fn`` itself."""
-    if _needs_value(fn):
-        return ByValue(fn)
-    return fn
+    return ByValue(fn) if _needs_value(fn) else fn
 
 
 class _Pending:
@@ -161,6 +135,9 @@ class _Alone:
     def __init__(self, value: Any) -> None:
         self.value = value
 
+    def load(self) -> Any:  # (not pickled: as a _Pending)
+        return self.value
+
     def __reduce__(self) -> tuple[Any, tuple[bytes]]:
         try:
             blob = bytes(reduction.ForkingPickler.dumps(self.value))
@@ -176,32 +153,26 @@ class _Alone:
 
 class _RaisedInTask(Exception):
     """A task's exception that multiprocessing's pickler cannot write (a notebook's class),
-    sent by value and raised in the parent as itself (:meth:`unwrap`)."""
+    ``carried`` by value (an :class:`_Alone`) and raised in the parent as itself
+    (:meth:`unwrap`)."""
 
-    def __init__(self, error: BaseException, text: str | None = None) -> None:
-        super().__init__(text or f"{type(error).__qualname__}: {error}")
-        self.carried: Any = _Alone(error)
+    def __init__(self, carried: Any, text: str) -> None:
+        super().__init__(text)
+        self.carried = carried
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return _raised_again, (self.carried, str(self))
+        return _RaisedInTask, (self.carried, str(self))
 
     def unwrap(self) -> BaseException:
         """The task's own exception (with the worker's traceback as cause), else this one."""
         try:
-            error = self.carried.load() if type(self.carried) is _Pending else self.carried.value
+            error = self.carried.load()
         except Exception:
             return self
         if not isinstance(error, BaseException):
             return self
         error.__cause__ = self.__cause__
         return error
-
-
-def _raised_again(carried: Any, text: str) -> _RaisedInTask:
-    made = _RaisedInTask.__new__(_RaisedInTask)
-    Exception.__init__(made, text)
-    made.carried = carried
-    return made
 
 
 def _load_pending(value: Any) -> Any:
@@ -234,12 +205,8 @@ class _Task:
         self.fn = fn
 
     def __call__(self, *args: Any, **kwargs: Any) -> _Alone:
-        if len(args) == 1 and not kwargs:
-            sent = args[0]
-            if type(sent) is _Pending:
-                args, kwargs = sent.load()
-            elif type(sent) is _Alone:  # (called without pickling)
-                args, kwargs = sent.value
+        if len(args) == 1 and not kwargs and type(args[0]) in (_Pending, _Alone):
+            args, kwargs = args[0].load()
         try:
             return _Alone(self.fn(*args, **kwargs))
         except SystemExit as e:
@@ -255,7 +222,7 @@ class _Task:
             try:
                 reduction.ForkingPickler.dumps(e)
             except Exception:
-                raise _RaisedInTask(e) from e
+                raise _RaisedInTask(_Alone(e), f"{type(e).__qualname__}: {e}") from e
             raise
 
     def __reduce__(self) -> tuple[Any, tuple[Callable[..., Any]]]:
@@ -267,16 +234,20 @@ def _task(fn: Callable[..., T]) -> Callable[..., T]:
     return cast(Callable[..., T], fn if isinstance(fn, _Task) else _Task(by_value(fn)))
 
 
+def outcome(ok: bool, value: Any) -> tuple[bool, Any]:
+    """A task's ``(ok, result or error)`` as the parent takes it: the result loaded (a load
+    error is the task's error), the error unwrapped (:class:`_RaisedInTask`)."""
+    if not ok:
+        return False, value.unwrap() if type(value) is _RaisedInTask else value
+    try:
+        return True, _load_pending(value)
+    except Exception as e:
+        return False, e
+
+
 def _guarded_get(recv: Callable[[], Any]) -> Any:
     """``Pool``'s result reader: a result that fails to load becomes that task's error."""
     task = recv()
     if type(task) is tuple and len(task) == 3 and type(task[2]) is tuple:
-        job, i, (ok, value) = task
-        if ok:
-            try:
-                return job, i, (True, _load_pending(value))
-            except Exception as e:
-                return job, i, (False, e)
-        if type(value) is _RaisedInTask:
-            return job, i, (False, value.unwrap())
+        return task[0], task[1], outcome(*task[2])
     return task

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -109,29 +110,22 @@ class ExternalSemaphore:
             raise
         return cls(handle, kind, backend)
 
-    def _value(self, value: int | None) -> int:
-        if self.kind == "timeline":
-            return timeline_value(value)
-        if value is not None:
-            raise ValueError("a binary ('opaque') semaphore takes no value")
-        return 0
-
-    def _live(self) -> Any:
+    def _enqueue(self, op: Callable[[Any, int], None], value: int | None) -> None:
         if self._handle is None:
             raise ClosedArrayError("this external semaphore was closed")
         if os.getpid() != self._pid:
             raise BackendUnavailable("an external semaphore cannot be used after fork")
-        return self._handle
+        if self.kind != "timeline" and value is not None:
+            raise ValueError("a binary ('opaque') semaphore takes no value")
+        op(self._handle, timeline_value(value) if self.kind == "timeline" else 0)
 
     def signal(self, value: int | None = None) -> None:
         """Enqueue a signal on the current stream (``value`` for a timeline only)."""
-        handle, fence = self._live(), self._value(value)
-        self._backend.signal_semaphore(handle, fence)
+        self._enqueue(self._backend.signal_semaphore, value)
 
     def wait(self, value: int | None = None) -> None:
         """Enqueue a wait on the current stream (``value`` for a timeline only)."""
-        handle, fence = self._live(), self._value(value)
-        self._backend.wait_semaphore(handle, fence)
+        self._enqueue(self._backend.wait_semaphore, value)
 
     def close(self) -> None:
         """Destroy the imported semaphore. Idempotent."""

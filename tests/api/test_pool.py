@@ -101,6 +101,24 @@ def test_nested_function_by_value():
     assert f(2) == 6
 
 
+def test_a_forked_child_is_not_its_parent_s_pool_worker_and_keeps_what_it_loaded():
+    from forking import in_forked_child
+
+    from sharedarrays.api.poolqueues import PoolTable, start_worker
+    from sharedarrays.process import STATE
+
+    f = pickle.loads(pickle.dumps(sa_pooltasks.by_value(lambda x: x + 1)))
+    table, saved = PoolTable(1), STATE.pools.worker
+    try:
+        assert f(1) == 2 and f.blob in STATE.pools.loaded
+        start_worker(table)  # (as a worker does)
+        child = in_forked_child(lambda: [STATE.pools.worker is None, f.blob in STATE.pools.loaded])
+        assert child == [True, True] and STATE.pools.worker is not None
+    finally:
+        STATE.pools.worker = saved
+        table.close()
+
+
 def test_default_is_spawn():
     assert sa_pool.get_context().get_start_method() == "spawn"
     assert sa_pool.get_context("forkserver").get_start_method() == "forkserver"
@@ -747,13 +765,14 @@ def test_a_task_of_a_failed_job_is_not_run_by_the_worker_that_takes_it():
 
     from sharedarrays.api import poolqueues
     from sharedarrays.api.poolqueues import PoolTable, TaskQueue
+    from sharedarrays.process import STATE
 
     table = PoolTable(1)
     queue = TaskQueue(ctx=multiprocessing.get_context("spawn"), table=table)
-    saved = poolqueues._worker
+    saved = STATE.pools.worker
     try:
         poolqueues.start_worker(table)  # (as a worker does)
-        cell = poolqueues._worker.cell
+        cell = STATE.pools.worker[1]
         table.lose(5, 4242, -9)
         queue.put((5, 0, abs, (-1,), {}))
         queue.put((6, 0, abs, (-2,), {}))
@@ -767,7 +786,7 @@ def test_a_task_of_a_failed_job_is_not_run_by_the_worker_that_takes_it():
         assert table._cells[cell] == 6 + 1  # (until its result is written)
         assert queue.get() is None and table._cells[cell] == 0
     finally:
-        poolqueues._worker = saved
+        STATE.pools.worker = saved
         queue.close()
         table.close()
 
