@@ -239,6 +239,34 @@ def test_requests_to_one_server_reuse_one_connection(fd_baseline: None) -> None:
     assert server not in process.STATE.connections.by_server
 
 
+def test_notices_to_one_server_reuse_one_connection(fd_baseline: None) -> None:
+    """A notice per result returned from a worker: each goes on the connection kept to that
+    server, not a new one (and a fetch may take that connection next)."""
+    from sharedarrays.transport import notices
+
+    a = sa.zeros(16, device="cpu", pack=False)
+    server = transport.server_address()
+    client.close_connections()
+
+    def notify() -> socket.socket:
+        notices.start_notifier()
+        notices.queue_notice([server], Kind.DONE, a.allocation.id, a.allocation.secret, count=0)
+        deadline = time.monotonic() + 10
+        while notices.pending_notices() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert notices.pending_notices() == 0
+        return process.STATE.connections.by_server[server]
+
+    try:
+        kept = notify()
+        assert notify() is kept and notify() is kept  # no new connect per notice
+        _fetch_and_close(a)  # a request takes the same connection
+        assert process.STATE.connections.by_server[server] is kept
+    finally:
+        client.close_connections()
+        a.close()
+
+
 def test_a_kept_connection_the_server_dropped_is_replaced(
     monkeypatch: pytest.MonkeyPatch, fd_baseline: None
 ) -> None:
