@@ -41,6 +41,7 @@ import numpy as np
 
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import BackendUnavailable, PayloadError, fd_limit_error
+from sharedarrays.process import STATE
 
 __all__ = [
     "Access",
@@ -55,6 +56,8 @@ __all__ = [
     "SyncOrdering",
     "installed",
     "loadable",
+    "cached_reason",
+    "fork_reason",
     "round_up",
 ]
 
@@ -102,6 +105,28 @@ def loadable(soname: str) -> bool:
     except OSError:
         return False
     return True
+
+
+def cached_reason(key: tuple[Any, ...], probe: Callable[[], str | None], what: str) -> str | None:
+    """Why a driver, device or feature is unusable here (``None``: it is usable): ``probe()``
+    asked once per ``key`` (kept in ``STATE.backends.reasons``). Never raises: an exception is
+    the answer ``"{what} failed (...)"``, not kept (the next call asks again)."""
+    state = STATE.backends
+    with state.driver_lock:
+        if key not in state.reasons:
+            try:
+                state.reasons[key] = probe()
+            except Exception as exc:  # a broken installation must not break list_backends()
+                return f"{what} failed ({type(exc).__name__}: {exc})"
+        return state.reasons[key]
+
+
+def fork_reason(runtime: str) -> str:
+    """Why a backend object inherited through fork refuses to call ``runtime``."""
+    return (
+        f"this backend object was inherited through fork, and {runtime} cannot be used in "
+        "such a child; start worker processes with the 'spawn' or 'forkserver' start method"
+    )
 
 
 @dataclass

@@ -10,6 +10,7 @@ the exporter is collected).
 from __future__ import annotations
 
 import ctypes
+import types
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,7 @@ KDL_CPU = 1  # kDLCPU
 KDL_EXT_DEV = 12  # kDLExtDev: PyTorch's PrivateUse1 devices, such as torch_npu's npu
 
 # DLDataTypeCode, by NumPy's dtype kind
-_CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}
+_CODES = types.MappingProxyType({"i": 0, "u": 1, "f": 2, "c": 5, "b": 6})
 
 
 def dl_dtype(dtype: np.dtype[Any]) -> tuple[int, int, int]:

@@ -12,8 +12,10 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import functools
 import mmap
 import os
+import types
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -35,23 +37,16 @@ __all__ = ["HostBackend", "check_chunk_fd", "memory_available", "to_numpy"]
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = (
-    ctypes.c_void_p,
-    ctypes.c_size_t,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_long,
-)
-_libc.munmap.restype = ctypes.c_int
+_libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, *[ctypes.c_int] * 3, ctypes.c_long)
 _libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
-_libc.mprotect.restype = ctypes.c_int
 _libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 
 _MAP_FAILED = ctypes.c_void_p(-1).value
 _MAP_FIXED = 0x10
 _MAP_NORESERVE = 0x4000
-_PROT = {"rw": mmap.PROT_READ | mmap.PROT_WRITE, "r": mmap.PROT_READ, "none": 0}
+_PROT = types.MappingProxyType(
+    {"rw": mmap.PROT_READ | mmap.PROT_WRITE, "r": mmap.PROT_READ, "none": 0}
+)
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 _F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x0010)  # Linux 5.1; not in fcntl
 
@@ -86,20 +81,19 @@ def check_chunk_fd(fd: int, size: int) -> None:
         )
 
 
-_overcommit: int | None = None
+@functools.cache
+def _read_overcommit() -> int:
+    with open("/proc/sys/vm/overcommit_memory", "rb") as f:
+        return int(f.read())
 
 
 def _overcommit_mode() -> int:
     """``vm.overcommit_memory`` (0 heuristic, 1 always, 2 strict), read once; a failed read
     answers 0 and is tried again next time."""
-    global _overcommit
-    if _overcommit is None:
-        try:
-            with open("/proc/sys/vm/overcommit_memory", "rb") as f:
-                _overcommit = int(f.read())
-        except (OSError, ValueError):
-            return 0
-    return _overcommit
+    try:
+        return _read_overcommit()
+    except (OSError, ValueError):
+        return 0
 
 
 def memory_available() -> tuple[int, str] | None:
@@ -141,17 +135,15 @@ def _gib(n: int) -> str:
     return f"{n / (1 << 30):.1f} GiB"
 
 
-def _check_mmap(result: int | None, what: str) -> int:
-    if result is None or result == _MAP_FAILED:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-    return result
-
-
 def _check(rc: int, what: str) -> None:
     if rc != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _check_mmap(result: int | None, what: str) -> int:
+    _check(int(result is None or result == _MAP_FAILED), what)
+    return result  # type: ignore[return-value]
 
 
 _BYTES = np.dtype(np.uint8)
@@ -216,7 +208,8 @@ def to_numpy(obj: Any) -> np.ndarray[Any, Any]:
 
 
 class HostBackend:
-    """Host memory shared through memfd file descriptors (the ``"host"`` backend)."""
+    """Host memory shared through memfd file descriptors (the ``"host"`` backend); nothing to
+    order (it is accessed synchronously)."""
 
     name: ClassVar[str] = "host"
     zeroed: ClassVar[bool] = True
@@ -441,11 +434,10 @@ class HostBackend:
         """The host has one device: 0."""
         return 0
 
-    def export_sync(self) -> bytes | None:
-        """Nothing to order: host memory is accessed synchronously."""
+    def export_sync(self) -> None:
         return None
 
-    def export_fence(self) -> object | None:
+    def export_fence(self) -> None:
         return None
 
     def import_sync(self, token: bytes) -> None:
