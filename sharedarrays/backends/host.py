@@ -16,7 +16,7 @@ import functools
 import mmap
 import os
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -33,7 +33,7 @@ from sharedarrays.errors import (
     fd_limit_error,
 )
 
-__all__ = ["HostBackend", "check_chunk_fd", "memory_available", "to_numpy"]
+__all__ = ["HostBackend", "check_chunk_fd", "memory_available", "host_native", "to_numpy"]
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
@@ -183,14 +183,21 @@ def host_view(view: NativeView) -> np.ndarray[Any, Any]:
     return np.asarray(_HostMemory(address + offset, owner, dtype, shape, strides, readonly))
 
 
-def host_copy(buffer: np.ndarray[Any, Any], view: NativeView) -> np.ndarray[Any, Any]:
-    """A read-only NumPy copy of ``view`` out of ``buffer``, the whole mapped range copied to
-    the host."""
-    copy: np.ndarray[Any, Any] = np.ndarray(
+def host_native(
+    view: NativeView, addressable: bool, copy: Callable[[int, int, int], None]
+) -> np.ndarray[Any, Any]:
+    """Device memory as NumPy, where no device array library is importable: a view where the
+    CPU addresses it (``addressable``), else a read-only copy of the whole mapped range made
+    by ``copy(destination, source, size)``."""
+    if addressable:
+        return host_view(view)
+    buffer = np.empty(view.size, dtype=np.uint8)
+    copy(buffer.ctypes.data, view.address, view.size)
+    out: np.ndarray[Any, Any] = np.ndarray(
         view.shape, dtype=view.dtype, buffer=buffer, offset=view.offset, strides=view.strides
     ).copy()
-    copy.flags.writeable = False
-    return copy
+    out.flags.writeable = False
+    return out
 
 
 def to_numpy(obj: Any) -> np.ndarray[Any, Any]:
