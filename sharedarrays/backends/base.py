@@ -44,6 +44,7 @@ __all__ = [
     "ValueReader",
     "DeviceBase",
     "SyncOrdering",
+    "VendorCalls",
     "installed",
     "loadable",
     "cached_reason",
@@ -390,6 +391,44 @@ class DeviceBase:
     def reopen_readonly(self, fd: int) -> int | None:
         """The handle carries no access mode: read-only is set by each importer."""
         return None
+
+
+class VendorCalls:
+    """A GPU vendor's driver calls for the shared VMM and pool backends (:mod:`.vmm`,
+    :mod:`.pool`): CUDA's and HIP's are the same calls under two prefixes (``cu``, ``hip``),
+    made here; a vendor's subclass says what differs (types, enums, out-parameters).
+
+    Attributes
+    ----------
+    prefix : str
+        Of every call's name.
+    fd_type : object
+        The POSIX fd handle type; ``fd_name`` its name in messages.
+    """
+
+    prefix: ClassVar[str]
+    fd_name: ClassVar[str]
+    fd_type: Any
+
+    def __init__(self, module: Any, check: Callable[[Any, str], Any], device: Device) -> None:
+        self._m, self._check, self.device = module, check, device
+
+    def call(self, name: str, *args: Any, what: str = "") -> Any:
+        """``{prefix}{name}(*args)``, checked (``what``: its arguments in messages)."""
+        return self._check(getattr(self._m, self.prefix + name)(*args), self.prefix + name + what)
+
+    def allocating(self, thing: str, nbytes: int, name: str, *args: Any, what: str = "") -> Any:
+        """:meth:`call` of a call taking ``nbytes`` for ``thing`` (CUDA explains running
+        out of memory)."""
+        return self.call(name, *args, what=what)
+
+    def export_fd(self, name: str, *args: Any) -> int:
+        """The new fd of export call ``name`` of ``args`` (none left open on failure)."""
+        raise NotImplementedError
+
+    def handle(self, handle: int) -> Any:
+        """A VMM handle as the calls take it."""
+        return handle
 
 
 class SyncOrdering:

@@ -17,9 +17,9 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from sharedarrays.backends.base import Chunk, DeviceBase
+from sharedarrays.backends.base import Chunk, DeviceBase, VendorCalls
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import DriverError, HandleUnavailable, PayloadError
 
@@ -34,21 +34,50 @@ EXPORT_BYTES = POOL_ID_BYTES + POINTER_BYTES
 """A chunk's portable handle: the pool's random id, then the pointer's export data."""
 
 
-class PoolCalls(Protocol):
+class PoolCalls(VendorCalls):
     """One vendor's pool IPC driver calls, each checked (raising the vendor's
-    :class:`~sharedarrays.DriverError`)."""
+    :class:`~sharedarrays.DriverError`); the vendor's subclass names its ``allocate`` and
+    ``free`` calls and makes pools, streams and pointer export data."""
 
-    def create_pool(self) -> Any: ...  # pinned device memory, exportable as a POSIX fd
-    def export_pool(self, pool: Any) -> int: ...  # a new fd; none left open on failure
-    def destroy_pool(self, pool: Any) -> None: ...
-    def stream(self) -> int: ...  # the stream allocations are made on
-    def allocate(self, size: int, pool: Any, stream: int) -> int: ...
-    def synchronize(self, stream: int) -> None: ...
-    def export_pointer(self, pointer: int) -> bytes: ...  # POINTER_BYTES of an own allocation
-    def import_pool(self, fd: int) -> Any: ...  # the fd stays the caller's
-    def import_pointer(self, pool: Any, data: bytes) -> int: ...
-    def free(self, pointer: int) -> None: ...
-    def too_large(self, size: int) -> str | None: ...  # why ``size`` is refused, or None
+    allocate_call: ClassVar[str]  # (after the prefix)
+    free_call: ClassVar[str]
+
+    def create_pool(self) -> Any:  # pinned device memory, exportable as a POSIX fd
+        raise NotImplementedError
+
+    def export_pool(self, pool: Any) -> int:  # a new fd; none left open on failure
+        return self.export_fd("MemPoolExportToShareableHandle", pool)
+
+    def destroy_pool(self, pool: Any) -> None:
+        self.call("MemPoolDestroy", pool)
+
+    def stream(self) -> int:  # the stream allocations are made on
+        raise NotImplementedError
+
+    def allocate(self, size: int, pool: Any, stream: int) -> int:
+        what = f"({size} bytes on {self.device})"
+        return int(
+            self.allocating("pool memory", size, self.allocate_call, size, pool, stream, what=what)
+        )
+
+    def synchronize(self, stream: int) -> None:
+        self.call("StreamSynchronize", stream)
+
+    def export_pointer(self, pointer: int) -> bytes:  # POINTER_BYTES of an own allocation
+        raise NotImplementedError
+
+    def import_pool(self, fd: int) -> Any:  # the fd stays the caller's
+        what = f"({self.fd_name})"
+        return self.call("MemPoolImportFromShareableHandle", fd, self.fd_type, 0, what=what)
+
+    def import_pointer(self, pool: Any, data: bytes) -> int:
+        raise NotImplementedError
+
+    def free(self, pointer: int) -> None:
+        self.call(self.free_call, pointer)
+
+    def too_large(self, size: int) -> str | None:  # why ``size`` is refused, or None
+        return None
 
 
 class PoolBackend(DeviceBase):

@@ -14,9 +14,9 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from sharedarrays.backends.base import Access, Chunk, DeviceBase
+from sharedarrays.backends.base import Access, Chunk, DeviceBase, VendorCalls
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import DriverError, PayloadError, PeerAccessUnavailable
 
@@ -25,9 +25,10 @@ __all__ = ["VmmCalls", "VmmBackend", "ACCESS"]
 ACCESS: tuple[Access, ...] = ("rw", "r", "none")
 
 
-class VmmCalls(Protocol):
+class VmmCalls(VendorCalls):
     """One vendor's VMM driver calls, each checked (raising the vendor's
-    :class:`~sharedarrays.DriverError`).
+    :class:`~sharedarrays.DriverError`); the vendor's subclass sets the allocation
+    properties ``prop``, ``granularity_flag``, :meth:`access` descriptors and the rest.
 
     Attributes
     ----------
@@ -41,25 +42,59 @@ class VmmCalls(Protocol):
         The error name :meth:`map` answers for a chunk smaller than the range.
     """
 
-    vendor: str
-    whole_chunks: str
-    not_an_allocation: frozenset[str]
-    invalid_value: str
+    vendor: ClassVar[str]
+    whole_chunks: ClassVar[str] = ""
+    not_an_allocation: ClassVar[frozenset[str]]
+    invalid_value: ClassVar[str]
+    prop: Any
+    granularity_flag: Any
 
-    def granularity(self) -> int: ...
-    def create(self, size: int) -> int: ...
-    def export(self, handle: int) -> int: ...  # a new fd; none left open on failure
-    def import_fd(self, fd: int) -> int: ...  # a new handle; the fd stays the caller's
-    def location(self, handle: int) -> int | None: ...  # the chunk's device; None: not asked
-    def release(self, handle: int) -> None: ...
-    def reserve(self, size: int, alignment: int) -> int: ...
-    def free(self, address: int, size: int) -> None: ...
-    def map(self, address: int, size: int, handle: int) -> None: ...  # the whole chunk
-    def access(self, index: int, access: Access) -> Any: ...  # a descriptor for device index
-    # ``access`` is the owning device's, for the message
-    def set_access(self, address: int, size: int, descs: list[Any], access: Access) -> None: ...
-    def unmap(self, address: int, size: int) -> None: ...
-    def peer_reason(self, index: int, owner: int) -> str | None: ...  # None: index may access
+    def granularity(self) -> int:
+        return int(self.call("MemGetAllocationGranularity", self.prop, self.granularity_flag))
+
+    def create(self, size: int) -> int:
+        what = f"({size} bytes on {self.device})"
+        chunk = "a chunk of device memory"
+        return int(self.allocating(chunk, size, "MemCreate", size, self.prop, 0, what=what))
+
+    def export(self, handle: int) -> int:  # a new fd; none left open on failure
+        return self.export_fd("MemExportToShareableHandle", self.handle(handle))
+
+    def import_fd(self, fd: int) -> int:  # a new handle; the fd stays the caller's
+        what = f"({self.fd_name})"
+        return int(self.call("MemImportFromShareableHandle", fd, self.fd_type, what=what))
+
+    def location(self, handle: int) -> int | None:  # the chunk's device; None: not asked
+        return None
+
+    def release(self, handle: int) -> None:
+        self.call("MemRelease", self.handle(handle))
+
+    def reserve(self, size: int, alignment: int) -> int:
+        thing, what = "a reservation of address space", f"({size} bytes)"
+        return int(
+            self.allocating(thing, size, "MemAddressReserve", size, alignment, 0, 0, what=what)
+        )
+
+    def free(self, address: int, size: int) -> None:
+        self.call("MemAddressFree", address, size)
+
+    def map(self, address: int, size: int, handle: int) -> None:  # the whole chunk
+        what = f"({size} bytes at {address:#x})"
+        self.call("MemMap", address, size, 0, self.handle(handle), 0, what=what)
+
+    def access(self, index: int, access: Access) -> Any:  # a descriptor for device index
+        raise NotImplementedError
+
+    def set_access(self, address: int, size: int, descs: list[Any], access: Access) -> None:
+        what = f"({access!r}, {size} bytes at {address:#x})"  # (the owning device's access)
+        self.call("MemSetAccess", address, size, descs, len(descs), what=what)
+
+    def unmap(self, address: int, size: int) -> None:
+        self.call("MemUnmap", address, size, what=f"({size} bytes at {address:#x})")
+
+    def peer_reason(self, index: int, owner: int) -> str | None:  # None: index may access
+        raise NotImplementedError
 
 
 class VmmBackend(DeviceBase):

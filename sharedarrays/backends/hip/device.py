@@ -10,14 +10,15 @@ from sharedarrays.backends.base import (
     DeviceBase,
     NativeView,
     SyncOrdering,
+    VendorCalls,
     fork_reason,
     installed,
 )
 from sharedarrays.backends.device import Device
-from sharedarrays.backends.hip.runtime import HipError, check, load_hip, why_unusable
+from sharedarrays.backends.hip.runtime import HipError, check, export_fd, load_hip, why_unusable
 from sharedarrays.backends.host import host_native, to_numpy
 
-__all__ = ["HipDevice", "FORK_REASON"]
+__all__ = ["HipDevice", "HipCalls", "FORK_REASON"]
 
 FORK_REASON = fork_reason("HIP")
 
@@ -31,6 +32,23 @@ def _cupy_rocm() -> Any:
     except ImportError:
         return None
     return cupy if getattr(cupy.cuda.runtime, "is_hip", False) else None
+
+
+class HipCalls(VendorCalls):
+    """HIP's side of the VMM and pool tables (hip-python, whose calls take their results'
+    addresses where CUDA's bindings return them)."""
+
+    prefix = "hip"
+    fd_name = "PosixFileDescriptor"
+
+    def __init__(self, backend: HipDevice) -> None:
+        super().__init__(backend._hip, check, backend.device)
+        self._hip = hip = backend._hip
+        self.fd_type = hip.hipMemAllocationHandleType.hipMemHandleTypePosixFileDescriptor
+
+    def export_fd(self, name: str, *args: Any) -> int:
+        fn = getattr(self._hip, "hip" + name)
+        return export_fd(lambda out: fn(out, *args, self.fd_type, 0), f"hip{name}({self.fd_name})")
 
 
 class HipDevice(SyncOrdering, DeviceBase):
