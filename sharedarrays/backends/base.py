@@ -409,9 +409,11 @@ class VendorCalls:
     prefix: ClassVar[str]
     fd_name: ClassVar[str]
     fd_type: Any
+    _m: Any  # the vendor's module
+    _check: Callable[[Any, str], Any]
 
-    def __init__(self, module: Any, check: Callable[[Any, str], Any], device: Device) -> None:
-        self._m, self._check, self.device = module, check, device
+    def __init__(self, backend: Any) -> None:
+        self.device: Device = backend.device
 
     def call(self, name: str, *args: Any, what: str = "") -> Any:
         """``{prefix}{name}(*args)``, checked (``what``: its arguments in messages)."""

@@ -82,7 +82,7 @@ class PoolCalls(VendorCalls):
 
 class PoolBackend(DeviceBase):
     """Stream-ordered memory of one GPU shared through an exported pool: every vendor's pool
-    backend, put before the vendor's device base class, with :meth:`table` making its
+    backend, put before the vendor's device base class, with :attr:`calls` making its
     :class:`PoolCalls`."""
 
     zeroed: ClassVar[bool] = False
@@ -94,13 +94,12 @@ class PoolBackend(DeviceBase):
         def context(self) -> contextlib.AbstractContextManager[None]: ...
         def synchronize(self) -> None: ...
 
-    def table(self) -> PoolCalls:
-        """The vendor's calls for this backend."""
-        raise NotImplementedError
+    calls: ClassVar[type[PoolCalls]]
+    """The vendor's table, made of the backend."""
 
     def __init__(self, device: Device) -> None:
         super().__init__(device)  # type: ignore[call-arg]  # (the device base class)
-        self._calls = self.table()
+        self._calls = self.calls(self)
         self._lock = threading.Lock()
         self._pool: Any = None  # this process's own pool, made on first create_chunk
         self._pool_fd = -1

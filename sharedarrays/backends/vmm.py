@@ -99,7 +99,7 @@ class VmmCalls(VendorCalls):
 
 class VmmBackend(DeviceBase):
     """Device memory of one GPU shared through exported fds: every vendor's VMM backend,
-    put before the vendor's device base class, with :meth:`table` making its
+    put before the vendor's device base class, with :attr:`calls` making its
     :class:`VmmCalls`. New chunks are not zeroed."""
 
     zeroed: ClassVar[bool] = False
@@ -112,13 +112,12 @@ class VmmBackend(DeviceBase):
         def context(self) -> contextlib.AbstractContextManager[None]: ...
         def synchronize(self) -> None: ...
 
-    def table(self) -> VmmCalls:
-        """The vendor's calls for this backend."""
-        raise NotImplementedError
+    calls: ClassVar[type[VmmCalls]]
+    """The vendor's table, made of the backend."""
 
     def __init__(self, device: Device) -> None:
         super().__init__(device)  # type: ignore[call-arg]  # (the device base class)
-        calls = self._calls = self.table()
+        calls = self._calls = self.calls(self)
         with self.context():
             self._granularity = calls.granularity()
         self._access: dict[str, list[Any]] = {

@@ -87,10 +87,12 @@ class CudaCalls(VendorCalls):
 
     prefix = "cu"
     fd_name = "POSIX_FILE_DESCRIPTOR"
+    _check = staticmethod(check)
 
     def __init__(self, backend: CudaDevice) -> None:
-        super().__init__(backend._d, check, backend.device)
+        super().__init__(backend)
         self._backend, self._d = backend, backend._d
+        self._m = self._d
         self.fd_type = self._d.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
 
     def allocating(self, thing: str, nbytes: int, name: str, *args: Any, what: str = "") -> Any:

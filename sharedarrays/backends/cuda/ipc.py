@@ -45,6 +45,8 @@ _STALE = frozenset(
     }
 )
 
+_POINTER_ATTRIBUTES = ("MEMORY_TYPE", "DEVICE_ORDINAL", "IS_MANAGED", "IS_LEGACY_CUDA_IPC_CAPABLE")
+
 
 class CudaIpcBackend(CudaDevice):
     """Device memory of one CUDA device, shared by CUDA IPC handles (``"cuda-ipc"``)."""
@@ -98,24 +100,15 @@ class CudaIpcBackend(CudaDevice):
         suggestion = "; sa.from_array(x) copies it into new shared memory instead"
         with self.context():
             try:
-                kind = check(
-                    d.cuPointerGetAttribute(attr.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, pointer),
-                    "cuPointerGetAttribute(MEMORY_TYPE)",
-                )
-                ordinal = check(
-                    d.cuPointerGetAttribute(attr.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, pointer),
-                    "cuPointerGetAttribute(DEVICE_ORDINAL)",
-                )
-                managed = check(
-                    d.cuPointerGetAttribute(attr.CU_POINTER_ATTRIBUTE_IS_MANAGED, pointer),
-                    "cuPointerGetAttribute(IS_MANAGED)",
-                )
-                capable = check(
-                    d.cuPointerGetAttribute(
-                        attr.CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, pointer
-                    ),
-                    "cuPointerGetAttribute(IS_LEGACY_CUDA_IPC_CAPABLE)",
-                )
+                kind, ordinal, managed, capable = [
+                    check(
+                        d.cuPointerGetAttribute(
+                            getattr(attr, f"CU_POINTER_ATTRIBUTE_{a}"), pointer
+                        ),
+                        f"cuPointerGetAttribute({a})",
+                    )
+                    for a in _POINTER_ATTRIBUTES
+                ]
             except CudaDriverError as exc:
                 raise NotShareable(
                     f"address {pointer:#x} is not CUDA memory this process can see ({exc})"

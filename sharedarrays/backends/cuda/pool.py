@@ -91,9 +91,7 @@ class CudaPoolBackend(PoolBackend, CudaDevice):
         "driver 580). Put the counter in a cuda-vmm or cuda-ipc array: sa.zeros(1, 'uint64', "
         "backend='cuda-vmm')"
     )
-
-    def table(self) -> CudaPool:
-        return CudaPool(self)
+    calls = CudaPool
 
 
 register(

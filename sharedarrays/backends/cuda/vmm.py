@@ -68,9 +68,7 @@ class CudaVmmBackend(VmmBackend, CudaDevice):
 
     name: ClassVar[str] = "cuda-vmm"
     peer_access: ClassVar[bool] = True
-
-    def table(self) -> CudaVmm:
-        return CudaVmm(self)
+    calls = CudaVmm
 
 
 register(Registration.of(CudaVmmBackend, "cuda", 0, lambda i: why_unusable(i, CudaVmmBackend.name)))

@@ -40,10 +40,11 @@ class HipCalls(VendorCalls):
 
     prefix = "hip"
     fd_name = "PosixFileDescriptor"
+    _check = staticmethod(check)
 
     def __init__(self, backend: HipDevice) -> None:
-        super().__init__(backend._hip, check, backend.device)
-        self._hip = hip = backend._hip
+        super().__init__(backend)
+        self._m = self._hip = hip = backend._hip
         self.fd_type = hip.hipMemAllocationHandleType.hipMemHandleTypePosixFileDescriptor
 
     def export_fd(self, name: str, *args: Any) -> int:

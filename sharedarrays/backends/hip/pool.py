@@ -52,9 +52,7 @@ class HipPoolBackend(PoolBackend, HipDevice):
     name: ClassVar[str] = "hip-pool"
     feature: ClassVar[str] = "pool"
     peer_access: ClassVar[bool] = False
-
-    def table(self) -> HipPool:
-        return HipPool(self)
+    calls = HipPool
 
 
 register(

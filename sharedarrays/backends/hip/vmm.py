@@ -62,9 +62,7 @@ class HipVmmBackend(VmmBackend, HipDevice):
     name: ClassVar[str] = "hip-vmm"
     feature: ClassVar[str] = "vmm"
     peer_access: ClassVar[bool] = False
-
-    def table(self) -> HipVmm:
-        return HipVmm(self)
+    calls = HipVmm
 
 
 register(Registration.of(HipVmmBackend, "hip", 0, why_unusable))
