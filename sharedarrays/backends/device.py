@@ -115,15 +115,8 @@ def _foreign(device: object) -> str | int | None:
 
 def parse_name(device: DeviceLike) -> Device:
     """A device argument (not ``None``) as a :class:`Device`, by its form only. An int is
-    device ``N`` of the first registered accelerator kind.
-
-    Raises
-    ------
-    ValueError
-        The name is not one of the accepted forms, or an index is negative.
-    TypeError
-        Neither a Device, a str, an int, a ``torch.device`` nor a ``cupy.cuda.Device``.
-    """
+    device ``N`` of the first registered accelerator kind. ``ValueError`` for another
+    form or a negative index, ``TypeError`` for another type."""
     kinds = STATE.backends.kinds
     foreign = _foreign(device)
     if foreign is not None:
@@ -161,15 +154,9 @@ def parse_name(device: DeviceLike) -> Device:
 
 def parse_device(device: DeviceLike) -> Device:
     """A user's device argument as a :class:`Device` usable here; ``None`` picks device 0 of
-    the first registered kind usable here, else ``cpu``.
-
-    Raises
-    ------
-    ValueError
-        The name is not one of the accepted forms.
-    BackendUnavailable
-        An accelerator device was asked for explicitly and cannot be used here.
-    """
+    the first registered kind usable here, else ``cpu``. ``ValueError`` as
+    :func:`parse_name`; :class:`~sharedarrays.BackendUnavailable` for a device named that
+    cannot be used here."""
     if device is None:
         for kind, why_unusable in STATE.backends.kinds.items():
             if why_unusable(0) is None:

@@ -53,13 +53,8 @@ _F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x0010)  # Linux 5.
 
 def check_chunk_fd(fd: int, size: int) -> None:
     """Refuse a received handle that is not a memfd of ``size`` bytes sealed against
-    shrinking (its sender could otherwise crash the mapper with ``SIGBUS``). Keeps ``fd``.
-
-    Raises
-    ------
-    PayloadError
-        Not a memfd, not sealed against shrinking, or not ``size`` bytes long.
-    """
+    shrinking (its sender could otherwise crash the mapper with ``SIGBUS``): a
+    :class:`~sharedarrays.PayloadError`. Keeps ``fd``."""
     try:
         seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
         actual = os.fstat(fd).st_size
@@ -235,13 +230,7 @@ class HostBackend:
     def check_memory(self, nbytes: int) -> None:
         """Refuse more memory than is available (:func:`memory_available`): ``ftruncate``
         never fails, and a first touch past the machine's memory means ``SIGBUS`` or the OOM
-        killer. Up to half the free RAM passes on a cheap ``sysconf`` alone.
-
-        Raises
-        ------
-        OutOfMemory
-            ``nbytes`` is more than the memory available.
-        """
+        killer. Up to half the free RAM passes on a cheap ``sysconf`` alone."""
         if _overcommit_mode() != 2 and nbytes <= os.sysconf("SC_AVPHYS_PAGES") * mmap.PAGESIZE // 2:
             return
         known = memory_available()
@@ -273,13 +262,8 @@ class HostBackend:
 
     def seal(self, chunk: Chunk, readonly: bool) -> bool:
         """Forbid further seals and, with ``readonly``, every new write in any process
-        through any fd (``F_SEAL_FUTURE_WRITE``); mappings made before keep their access.
-
-        Raises
-        ------
-        BackendUnavailable
-            ``readonly`` on a kernel older than Linux 5.1, which has no such seal.
-        """
+        through any fd (``F_SEAL_FUTURE_WRITE``, Linux 5.1: else
+        :class:`~sharedarrays.BackendUnavailable`); mappings made before keep their access."""
         try:
             fcntl.fcntl(
                 chunk.fd, fcntl.F_ADD_SEALS, (_F_SEAL_FUTURE_WRITE if readonly else 0) | _SEALS

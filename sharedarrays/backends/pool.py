@@ -1,15 +1,10 @@
 """The memory-pool backend of every GPU vendor (``cuda-pool``, ``hip-pool``): stream-ordered
-allocations from an IPC-capable pool.
+allocations from an IPC-capable pool, written against :class:`PoolCalls`.
 
-:class:`PoolBackend` is written against :class:`PoolCalls`, a table of the vendor's driver
-calls. Each process makes one pool per device on first use and exports its fd once; a chunk
-is one allocation from it, synchronised before any importer can see it, whose handle is the
-pool's 16-byte id and the pointer's 64-byte export data. An importer imports each pool once
-(kept while any pointer of it is open) and each pointer per allocation.
-
-The drivers require every importer to free a pool allocation before its exporter does: the
-exporter keeps a released allocation until every process it served has freed it or exited
-(``exporter_owned``; see :meth:`sharedarrays.Allocation.release`).
+Each process makes one pool per device on first use and exports its fd once; a chunk is one
+allocation from it, synchronised before any importer sees it, whose handle is the pool's id
+and the pointer's export data. An importer opens each pool once (while any pointer of it is
+open). Importers must free an allocation before its exporter does (``exporter_owned``).
 """
 
 from __future__ import annotations
@@ -157,16 +152,9 @@ class PoolBackend(DeviceBase):
 
     def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
         """Open another process's pool allocation from ``export`` (pool id and pointer data)
-        and ``fd``, the pool's fd (imported once per pool, then closed; or ``-1``).
-
-        Raises
-        ------
-        PayloadError
-            ``export`` is not :data:`EXPORT_BYTES` long, ``fd`` is no exported pool, or the
-            vendor refuses ``size`` (:meth:`PoolCalls.too_large`).
-        HandleUnavailable
-            The pool is not open here and no fd came, or the pointer's memory was freed.
-        """
+        and ``fd``, the pool's fd (imported once per pool, then closed; or ``-1``);
+        :class:`~sharedarrays.HandleUnavailable` where the pool is not open here and no fd
+        came, or the pointer's memory was freed."""
         calls = self._calls
         try:
             if len(export) != EXPORT_BYTES:

@@ -1,12 +1,9 @@
 """The VMM backend of every GPU vendor (``cuda-vmm``, ``hip-vmm``): device memory shared
-through POSIX fds.
+through POSIX fds, written against :class:`VmmCalls` (the vendor's table of calls, each run
+with the device current) and put before the vendor's device base class.
 
-CUDA and HIP have the same VMM API under two names: :class:`VmmBackend` is written against
-:class:`VmmCalls`, a table of the vendor's driver calls, and sits before the vendor's device
-base class (context, synchronisation, native arrays). A chunk is pinned device memory
-exported once as an fd, kept for the chunk's life so it can be served on; importers keep
-theirs too. The memory lives while any process holds a handle, an fd or a mapping of it.
-Every call of the table runs with the device current (the backend's ``context()``).
+A chunk is pinned device memory exported once as an fd, kept for the chunk's life to serve
+on (importers keep theirs too): it lives while any process holds a handle, fd or mapping.
 """
 
 from __future__ import annotations
@@ -155,14 +152,9 @@ class VmmBackend(DeviceBase):
 
     def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
         """Import a chunk from an fd exported by :meth:`create_chunk`; takes ``fd`` (kept
-        in the chunk to serve on). A size larger than the chunk fails later, in :meth:`map`.
-
-        Raises
-        ------
-        PayloadError
-            ``size`` is no multiple of the granularity, the fd is no exported allocation of
-            this vendor, or the chunk lives on another device.
-        """
+        in the chunk to serve on): :class:`~sharedarrays.PayloadError` for an fd that is no
+        exported allocation or one of another device. A size larger than the chunk fails
+        later, in :meth:`map`."""
         calls = self._calls
         try:
             self._check_import_size(size)
@@ -249,15 +241,8 @@ class VmmBackend(DeviceBase):
         self, address: int, size: int, access: Access, peers: Mapping[int, Access] | None = None
     ) -> None:
         """Set this device's access to a mapped range, and that of ``peers`` (where
-        :attr:`peer_access`), in one call; lowering access first waits for queued work.
-
-        Raises
-        ------
-        PeerAccessUnavailable
-            A peer cannot access this device's memory.
-        ValueError
-            An unknown access, or peers given to a backend without peer access.
-        """
+        :attr:`peer_access`; else :class:`~sharedarrays.PeerAccessUnavailable`), in one call;
+        lowering access first waits for queued work."""
         own = self._access.get(access)
         if own is None:
             raise ValueError(f"access must be 'rw', 'r' or 'none', not {access!r}")

@@ -1,10 +1,7 @@
-"""The CANN runtime (``libascendcl``, through ctypes: its Python API is not on the package
-registry): loading it on first use (``aclInit`` once per process), errors, why a device is
-unusable, and the C types the ``ascend`` backend passes.
-
-``SHAREDARRAYS_ASCEND_MODULE`` names a Python module to call instead, with the same functions,
-ctypes arguments and ``aclError`` codes (the tests' simulated driver,
-``tests/simulated/ascend.py``); it is read on every use.
+"""The CANN runtime (``libascendcl`` through ctypes), loaded on first use (``aclInit`` once
+per process): errors, why a device is unusable, the C types the ``ascend`` backend passes.
+``SHAREDARRAYS_ASCEND_MODULE`` names a Python module to call instead (the tests' simulated
+driver, ``tests/simulated/ascend.py``); it is read on every use.
 """
 
 from __future__ import annotations

@@ -212,19 +212,9 @@ class AscendBackend(SyncOrdering, DeviceBase):
             admitted.add(pid)
 
     def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
-        """Import another process's chunk from its 8-byte ``export`` and map it here.
-
-        Raises
-        ------
-        PayloadError
-            ``export`` is not 8 bytes, or ``size`` is no multiple of the granularity or
-            larger than the chunk.
-        PermissionDenied
-            The driver refused: this process is not on the chunk's trust list (its exporter
-            did not admit it).
-        HandleUnavailable
-            The driver knows no such handle (its exporter freed the memory or exited).
-        """
+        """Import another process's chunk from its 8-byte ``export`` and map it here;
+        :class:`~sharedarrays.PermissionDenied` where this process is not on its trust list,
+        :class:`~sharedarrays.HandleUnavailable` where its exporter freed it or exited."""
         if fd >= 0:
             os.close(fd)  # CANN sends no fds
         if len(export) != EXPORT_BYTES:

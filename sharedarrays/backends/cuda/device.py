@@ -138,15 +138,7 @@ class CudaDevice(DeviceBase):
         """The ordering token of work queued so far on ``stream`` of this device: ``None``
         when ``cuStreamQuery`` says it is all done, else that of an event recorded now
         (:func:`.sync.record`). Asked once per message: the hot path (context already
-        current) is one ``cuCtxGetCurrent`` and one ``cuStreamQuery`` in this frame.
-
-        Raises
-        ------
-        BackendUnavailable
-            This backend object was inherited through ``fork``.
-        CudaDriverError
-            The query or the record failed.
-        """
+        current) is one ``cuCtxGetCurrent`` and one ``cuStreamQuery`` in this frame."""
         d = self._d
         err, current = d.cuCtxGetCurrent() if process.STATE.pid == self._pid else (1, None)
         if int(err) == 0 and current is not None and int(current) == self._ctx_int:

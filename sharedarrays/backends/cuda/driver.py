@@ -1,15 +1,10 @@
-"""The CUDA driver, shared by the CUDA backends: loading ``cuda.bindings.driver``, errors,
-fork safety, why a device is unusable, the current device and stream.
+"""The CUDA driver of the CUDA backends (``cuda.bindings.driver``, imported on first use):
+errors (:func:`check`), fork safety, why a device is unusable, the current device and stream.
 
-Every driver call goes through ``cuda.bindings.driver`` and :func:`check`, with the device's
-primary context current. Nothing here imports ``cuda.bindings`` or CuPy at import time.
-
-A process forked from one that had initialised CUDA cannot use it. A child is noticed by
-the pid that called ``cuInit`` here, by a fork hook asking whether anyone (CuPy, PyTorch,
-...) had initialised CUDA in the parent (``cuCtxGetCurrent`` answers
-``CUDA_ERROR_NOT_INITIALIZED`` exactly when nobody has), and by PyTorch's own bad-fork mark;
-:func:`why_unusable` then says to use spawn or forkserver, and inherited backend objects make
-no driver calls.
+A process forked from one that had initialised CUDA cannot use it: a child is noticed by the
+pid that called ``cuInit``, by a fork hook asking whether anyone had initialised CUDA in the
+parent (``cuCtxGetCurrent`` answers ``CUDA_ERROR_NOT_INITIALIZED`` exactly when nobody has),
+and by PyTorch's bad-fork mark; :func:`why_unusable` then says to use spawn or forkserver.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """The CUDA IPC backend (``"cuda-ipc"``): ``cuMemAlloc`` memory shared by legacy IPC handles,
 for devices or drivers without VMM and POSIX-fd handles.
 
-A chunk is one ``cuMemAlloc`` allocation; its handle, 64 bytes from ``cuIpcGetMemHandle``
-taken once, goes out through the exporter's handle server after its checks. An importer opens
-it once per process (``cuIpcOpenMemHandle``; the allocation registry is the cache) and closes
-it on release. The memory belongs to the exporter (``exporter_owned``): freeing it while an
-importer has it open is undefined in CUDA, so a released allocation is kept until every
-process served has closed it or exited; an import after that raises
-:class:`~sharedarrays.HandleUnavailable`.
+A chunk is one ``cuMemAlloc`` allocation with its 64-byte ``cuIpcGetMemHandle``; an importer
+opens it once per process and closes it on release. The memory is the exporter's
+(``exporter_owned``): freeing it while an importer has it open is undefined in CUDA.
 """
 
 from __future__ import annotations
@@ -87,14 +83,7 @@ class CudaIpcBackend(CudaDevice):
         """Share, without copying, the ``cuMemAlloc`` allocation holding ``pointer`` (what
         CuPy's and PyTorch's default allocators hand out): the chunk is the whole allocation
         and holds ``owner``, dropped on release instead of freeing; returns it and
-        ``pointer``'s offset in it.
-
-        Raises
-        ------
-        NotShareable
-            Not device memory of this device, or CUDA IPC cannot export it (managed memory,
-            a stream-ordered pool, VMM memory).
-        """
+        ``pointer``'s offset in it. :class:`~sharedarrays.NotShareable` for other memory."""
         d = self._d
         attr = d.CUpointer_attribute
         suggestion = "; sa.from_array(x) copies it into new shared memory instead"
@@ -147,15 +136,8 @@ class CudaIpcBackend(CudaDevice):
 
     def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
         """Open another process's chunk from its 64-byte IPC handle ``export`` (``fd`` is
-        unused, closed if given).
-
-        Raises
-        ------
-        PayloadError
-            ``export`` is not 64 bytes, or the memory is smaller than ``size``.
-        HandleUnavailable
-            The driver refused the handle: its memory was freed or its process exited.
-        """
+        unused, closed if given); :class:`~sharedarrays.HandleUnavailable` where the driver
+        refuses it (its memory was freed or its process exited)."""
         if fd >= 0:
             os.close(fd)
         if len(export) != OPAQUE_BYTES:
