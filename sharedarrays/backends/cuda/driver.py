@@ -300,35 +300,26 @@ def _device_name(driver: Any, dev: Any) -> str:
 
 
 # What each CUDA backend needs of a device: attributes whose lowest bit must be set (for
-# MEMPOOL_SUPPORTED_HANDLE_TYPES, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), what lacks.
+# MEMPOOL_SUPPORTED_HANDLE_TYPES, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), and what lacks.
 _NEEDS = types.MappingProxyType(
     {
         "cuda-vmm": (
-            (
-                "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED",
-                "does not support CUDA virtual memory management (cuMemCreate/cuMemMap)",
-            ),
-            (
-                "HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED",
-                "cannot export memory as POSIX file descriptors",
-            ),
+            "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED",
+            "HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED",
         ),
-        "cuda-ipc": (
-            (
-                "UNIFIED_ADDRESSING",
-                "has no unified addressing, which CUDA IPC (cuIpcGetMemHandle) needs",
-            ),
-        ),
-        "cuda-pool": (
-            (
-                "MEMORY_POOLS_SUPPORTED",
-                "does not support stream-ordered memory pools (cuMemPoolCreate)",
-            ),
-            (
-                "MEMPOOL_SUPPORTED_HANDLE_TYPES",
-                "cannot export memory pools as POSIX file descriptors",
-            ),
-        ),
+        "cuda-ipc": ("UNIFIED_ADDRESSING",),
+        "cuda-pool": ("MEMORY_POOLS_SUPPORTED", "MEMPOOL_SUPPORTED_HANDLE_TYPES"),
+    }
+)
+_LACKS = types.MappingProxyType(
+    {
+        "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED": "does not support CUDA virtual memory management "
+        "(cuMemCreate/cuMemMap)",
+        "HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED": "cannot export memory as POSIX file "
+        "descriptors",
+        "UNIFIED_ADDRESSING": "has no unified addressing, which CUDA IPC (cuIpcGetMemHandle) needs",
+        "MEMORY_POOLS_SUPPORTED": "does not support stream-ordered memory pools (cuMemPoolCreate)",
+        "MEMPOOL_SUPPORTED_HANDLE_TYPES": "cannot export memory pools as POSIX file descriptors",
     }
 )
 
@@ -349,7 +340,7 @@ def _device_reason(index: int, backend: str) -> str | None:
     err, dev = driver.cuDeviceGet(index)
     if int(err) != _CUDA_SUCCESS:
         return f"cuDeviceGet({index}) failed with {_error_name(err)}"
-    for short, lack in _NEEDS[backend]:
+    for short in _NEEDS[backend]:
         name = f"CU_DEVICE_ATTRIBUTE_{short}"
         attribute = getattr(driver.CUdevice_attribute, name)
         err, value = driver.cuDeviceGetAttribute(attribute, dev)
@@ -357,7 +348,7 @@ def _device_reason(index: int, backend: str) -> str | None:
             return f"cuDeviceGetAttribute({name}) failed with {_error_name(err)}"
         if not int(value) & 1:
             return (
-                f"cuda:{index} ({_device_name(driver, dev)}) {lack}, which the {backend} "
+                f"cuda:{index} ({_device_name(driver, dev)}) {_LACKS[short]}, which the {backend} "
                 "backend needs"
             )
     return None
