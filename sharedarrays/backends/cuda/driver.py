@@ -156,18 +156,15 @@ def _error_description(driver: Any, err: Any) -> str:
     return text.decode(errors="replace") if isinstance(text, bytes) else str(text)
 
 
-def _raise(err: Any, call: str) -> None:
-    code = int(err)
-    cls = CudaOutOfMemory if code == _CUDA_ERROR_OUT_OF_MEMORY else CudaDriverError
-    raise cls(call, code, _error_name(err), _error_description(STATE.backends.cuda_driver, err))
-
-
 def check(result: Any, call: str) -> Any:
     """The values of a binding's ``(err, values...)`` result: ``None``, the value, or a
     tuple; raises :class:`CudaDriverError` (named by ``call``) unless ``err`` is success."""
     err = result[0]
-    if int(err) != _CUDA_SUCCESS:
-        _raise(err, call)
+    code = int(err)
+    if code != _CUDA_SUCCESS:
+        cls = CudaOutOfMemory if code == _CUDA_ERROR_OUT_OF_MEMORY else CudaDriverError
+        description = _error_description(STATE.backends.cuda_driver, err)
+        raise cls(call, code, _error_name(err), description)
     if len(result) == 1:
         return None
     if len(result) == 2:
