@@ -241,6 +241,55 @@ class Member(Protocol):
     def parked(self) -> bool: ...
 
 
+class BackendsState:
+    """The backends' section (``STATE.backends``): registrations, backend objects, driver
+    probes and CUDA's cross-process events.
+
+    A forked child keeps what is true of the code or the machine, and what tells it that it
+    is a child: ``registrations`` (by name), device ``kinds`` (kind -> ``why_unusable``, in
+    ``device=None``'s order), the backend ``objects`` by (name, device) (they know they were
+    inherited and make no driver calls), the ``reasons`` why a device or feature is unusable
+    (by vendor and what was asked), ``cuda_driver``, ``cuda_init_pid`` (where ``cuInit``
+    succeeded), ``cuda_count``, ``cupy_stream`` (CuPy's ``get_current_stream``), ``fences``
+    (per thread) and ``records``. ``cuda_forked`` becomes true in a child of a process that
+    had initialised CUDA (``cuda_parent_had``, set just before the fork). It drops the rest:
+    new locks (``lock``: the registry's; ``driver_lock``: probing and loading drivers;
+    ``sync_lock``: the events), no loaded CANN runtime (``acl``: ``aclInit`` once per process),
+    no event ``rings``, ``own`` or ``opened`` events, streams ``waited`` on, ``start_time``.
+    """
+
+    def __init__(self) -> None:
+        self.registrations: dict[str, Any] = {}
+        self.kinds: dict[str, Callable[[int], str | None]] = {}
+        self.objects: dict[tuple[str, Any], Any] = {}
+        self.reasons: dict[tuple[Any, ...], str | None] = {}
+        self.cuda_driver: Any = None
+        self.cuda_init_pid: int | None = None
+        self.cuda_count = 0
+        self.cuda_parent_had = False
+        self.cuda_forked = False
+        self.cupy_stream: Callable[[int], Any] | None = None
+        self.fences = threading.local()
+        self.records = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.lock = threading.Lock()
+        self.driver_lock = threading.RLock()
+        self.sync_lock = threading.Lock()
+        self.acl: dict[str, Any] = {}
+        self.rings: dict[int, Any] = {}
+        self.own: dict[bytes, Any] = {}
+        self.opened: dict[bytes, tuple[int, int, Any]] = {}
+        self.waited: dict[tuple[int, int], bytes] = {}
+        self.start_time: int | None = None
+
+    def reset_in_child(self) -> None:
+        self.cuda_forked = self.cuda_forked or self.cuda_parent_had
+        self.cuda_parent_had = False
+        self._reset()
+
+
 class MemoryState:
     """The memory layer's section (``STATE.memory``): the allocations of this process.
 
@@ -496,6 +545,8 @@ class ProcessState:
         a system call, costs microseconds when it runs cold (docs/performance.md).
     hooks : _Hooks
         The fork and exit hooks (:func:`at_fork`, :func:`at_exit`), in running order.
+    backends : BackendsState
+        Registrations, backend objects, driver probes, CUDA events (``backends/``).
     memory : MemoryState
         The memory layer: registry, parked, draining, slabs (``memory/``).
     server : ServerState
@@ -516,6 +567,7 @@ class ProcessState:
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.hooks = _Hooks()
+        self.backends = BackendsState()
         self.memory = MemoryState()
         self.server = ServerState()
         self.connections = ConnectionsState()
@@ -530,6 +582,7 @@ class ProcessState:
         A section whose reset fails is said on stderr; the others reset all the same."""
         self.pid = os.getpid()
         for section in (
+            self.backends,
             self.memory,
             self.server,
             self.connections,

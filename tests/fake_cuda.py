@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from sharedarrays.backends.cuda import driver as cuda_driver
+from sharedarrays.process import STATE
 
 
 class FakeResult(enum.IntEnum):
@@ -105,14 +105,13 @@ class FakeDriver:
 def use_fake(monkeypatch: pytest.MonkeyPatch, driver: Any) -> None:
     """Point :mod:`sharedarrays.backends.cuda.driver` at ``driver`` with fresh caches, and
     make CuPy look installed (restored when the test ends)."""
-    monkeypatch.setattr(cuda_driver, "_driver", driver)
-    monkeypatch.setattr(cuda_driver, "_reasons", {})
-    monkeypatch.setattr(cuda_driver, "_reasons_pid", os.getpid())
-    monkeypatch.setattr(cuda_driver, "_init_pid", None)
-    monkeypatch.setattr(cuda_driver, "_device_count", 0)
-    monkeypatch.setattr(cuda_driver, "_forked_from_cuda", False)
-    monkeypatch.setattr(cuda_driver, "_parent_had_cuda", False)
-    monkeypatch.setattr(cuda_driver, "_peers", {})
+    state = STATE.backends
+    monkeypatch.setattr(state, "cuda_driver", driver)
+    monkeypatch.setattr(state, "reasons", {})
+    monkeypatch.setattr(state, "cuda_init_pid", None)
+    monkeypatch.setattr(state, "cuda_count", 0)
+    monkeypatch.setattr(state, "cuda_forked", False)
+    monkeypatch.setattr(state, "cuda_parent_had", False)
     real_find_spec = importlib.util.find_spec
 
     def find_spec(name: str, *args: Any) -> Any:
@@ -497,10 +496,8 @@ class FakeCuda(FakeDriver):
 def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> FakeCuda:
     """A :class:`FakeCuda` in place of the driver bindings (cuda-bindings' types needed)."""
     pytest.importorskip("cuda.bindings.driver")
-    from sharedarrays.backends import registry
-
     driver = FakeCuda()
     use_fake(monkeypatch, driver)
-    monkeypatch.setattr(registry, "_backends", {})  # (backends made now use the fake)
-    monkeypatch.setattr(cuda_driver, "_cupy_stream", lambda index: types.SimpleNamespace(ptr=0))
+    monkeypatch.setattr(STATE.backends, "objects", {})  # (backends made now use the fake)
+    monkeypatch.setattr(STATE.backends, "cupy_stream", lambda index: types.SimpleNamespace(ptr=0))
     return driver

@@ -127,10 +127,7 @@ def test_the_package_hooks_are_in_layer_order() -> None:
     names = [(h.layer, process._name(h.functions()[0])) for h in process.STATE.hooks.fork]
     layers = [layer for layer, _ in names]
     assert layers == sorted(layers, key=process.LAYERS.index)
-    assert [n for _, n in names] == [
-        "sharedarrays.backends.cuda.driver._before_fork",
-        "sharedarrays.backends.cuda.sync._reset_after_fork",
-    ]
+    assert [n for _, n in names] == ["sharedarrays.backends.cuda.driver._before_fork"]
     exits = [process._name(h.fn) for h in process.STATE.hooks.exit]
     assert exits == [
         "sharedarrays.transport.keeper._hand_over_at_exit",

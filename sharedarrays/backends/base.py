@@ -1,28 +1,18 @@
-"""The Backend protocols: what every memory system provides.
+"""The Backend protocols: what every memory system provides, and what the accelerator
+backends share.
 
 A backend makes and imports *chunks* (physical allocations with an exported handle) and wraps
-memory as its device's native array type; it knows nothing of pickling, payloads or widgets.
+memory as its device's native array type. **Mapping** backends (``host``, ``*-vmm``) also
+reserve address ranges and map chunks there; their handles are fds, and the memory lives while
+any process holds one. **Pointer** backends (``cuda-ipc``, ``*-pool``, ``ascend``) hand out
+memory at the driver's address, one chunk per allocation, with portable bytes as handle; it
+lives only while its exporter keeps it. A method that creates an OS resource returns its owner
+or raises having released everything it made.
 
-* **mapping** backends (:class:`MappingBackend`: ``host``, ``*-vmm``) also reserve address
-  ranges, map chunks into them and set access; their handles are fds, and the memory lives
-  while any process holds a handle or a mapping;
-* **pointer** backends (``cuda-ipc``, ``*-pool``, ``ascend``) hand out memory at an address
-  the driver chooses (:attr:`Chunk.address`), one chunk per allocation, with portable bytes
-  as handle (:attr:`Chunk.export`); it lives only while its exporter keeps it.
-
-Every method that creates an OS resource returns an object that owns it or raises having
-released everything it made.
-
-Optional methods, looked up with ``getattr``:
-
-* ``native_memory(address, size, owner, readonly, device_index)``, ``native_view(memory,
-  offset, dtype, shape, strides, readonly)`` and ``native_intact(native, dtype, shape,
-  strides, readonly)``, together: one native memory object per mapped allocation, cheap
-  native views of it, and whether a view still has its layout. Without them every native
-  array is made by :meth:`Backend.as_native`.
-* ``admit(chunk, pid)``: called before a chunk's export is handed to process ``pid``
-  (``ascend`` puts ``pid`` on the chunk's trust list); raises a
-  :class:`~sharedarrays.SharedArrayError` when the driver refuses.
+Optional methods, looked up with ``getattr``: ``native_memory``, ``native_view`` and
+``native_intact`` together (one native memory object per allocation, cheap views of it, and
+whether a view kept its layout; else :meth:`Backend.as_native` makes each), and ``admit(chunk,
+pid)``, called before a chunk's export goes to ``pid`` (``ascend``'s trust list).
 """
 
 from __future__ import annotations
@@ -41,6 +31,7 @@ import numpy as np
 
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import BackendUnavailable, PayloadError, fd_limit_error
+from sharedarrays.process import STATE
 
 __all__ = [
     "Access",
@@ -53,8 +44,11 @@ __all__ = [
     "ValueReader",
     "DeviceBase",
     "SyncOrdering",
+    "VendorCalls",
     "installed",
     "loadable",
+    "cached_reason",
+    "fork_reason",
     "round_up",
 ]
 
@@ -75,15 +69,9 @@ def installed(module: str) -> bool:
 
 @functools.cache
 def _findable(module: str) -> bool:
-    """Whether the import path has ``module`` (only answers are cached, not exceptions).
-
-    Raises
-    ------
-    HandleUnavailable
-        Too many open files to search the path.
-    BackendUnavailable
-        The search failed otherwise.
-    """
+    """Whether the import path has ``module`` (answers are cached, not exceptions: a
+    :class:`~sharedarrays.HandleUnavailable` with too many open files, else
+    :class:`~sharedarrays.BackendUnavailable`)."""
     try:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
@@ -102,6 +90,28 @@ def loadable(soname: str) -> bool:
     except OSError:
         return False
     return True
+
+
+def cached_reason(key: tuple[Any, ...], probe: Callable[[], str | None], what: str) -> str | None:
+    """Why a driver, device or feature is unusable here (``None``: it is usable): ``probe()``
+    asked once per ``key`` (kept in ``STATE.backends.reasons``). Never raises: an exception is
+    the answer ``"{what} failed (...)"``, not kept (the next call asks again)."""
+    state = STATE.backends
+    with state.driver_lock:
+        if key not in state.reasons:
+            try:
+                state.reasons[key] = probe()
+            except Exception as exc:  # a broken installation must not break list_backends()
+                return f"{what} failed ({type(exc).__name__}: {exc})"
+        return state.reasons[key]
+
+
+def fork_reason(runtime: str) -> str:
+    """Why a backend object inherited through fork refuses to call ``runtime``."""
+    return (
+        f"this backend object was inherited through fork, and {runtime} cannot be used in "
+        "such a child; start worker processes with the 'spawn' or 'forkserver' start method"
+    )
 
 
 @dataclass
@@ -161,12 +171,11 @@ class Backend(Protocol):
     Attributes
     ----------
     name : str
-        The backend's name in payloads and widgets (``"host"``, ``"cuda-vmm"``, ...).
+        Its name in payloads and widgets (``"host"``, ``"cuda-vmm"``, ...).
     zeroed : bool
         Whether new chunks read as zeros (memfd does; cuMemCreate does not).
     maps : bool
-        Whether it is a :class:`MappingBackend`; otherwise an allocation is one chunk with
-        its own address.
+        Whether it is a :class:`MappingBackend`; else an allocation is one chunk.
     exporter_owned : bool
         Whether the memory lives only while the exporter keeps it: importers must release
         it before the exporter frees it.
@@ -189,10 +198,8 @@ class Backend(Protocol):
         ...
 
     def check_memory(self, nbytes: int) -> None:
-        """Refuse, before any is made, ``nbytes`` of new memory the system cannot back.
-
-        Raises :class:`~sharedarrays.OutOfMemory` with the size and what is available.
-        """
+        """Refuse, before any is made, ``nbytes`` of new memory the system cannot back
+        (:class:`~sharedarrays.OutOfMemory` with the size and what is available)."""
         ...
 
     def create_chunk(self, size: int) -> Chunk:
@@ -200,27 +207,20 @@ class Backend(Protocol):
         ...
 
     def seal(self, chunk: Chunk, readonly: bool) -> bool:
-        """Called once on each chunk made here, after mapping it and before its handle leaves:
-        forbid resizing, and with ``readonly`` every new write in every process.
-
-        Returns whether the memory system enforces ``readonly``; ``False`` where read-only
-        is each importer's own access setting.
-        """
+        """Once per chunk made here, after mapping it and before its handle leaves: forbid
+        resizing, and with ``readonly`` every new write in every process. Whether the memory
+        system enforces ``readonly`` (``False``: it is each importer's access setting)."""
         ...
 
     def reopen_readonly(self, fd: int) -> int | None:
-        """A new handle of the same chunk that maps read-only only, or ``None`` where the
-        memory system has none."""
+        """A new handle of the same chunk that maps read-only only, or ``None``."""
         ...
 
     def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
-        """Import a chunk from ``fd`` (mapping backends; a pool's fd or ``-1``) and
-        ``export`` (pointer backends).
-
-        Takes ownership of ``fd``, also on failure. Raises
-        :class:`~sharedarrays.PayloadError` if the handle is no chunk of ``size`` bytes,
-        :class:`~sharedarrays.HandleUnavailable` if its exporter no longer has it.
-        """
+        """Import a chunk from ``fd`` (mapping backends; a pool's fd or ``-1``) and ``export``
+        (pointer backends); takes ``fd``, also on failure. Raises
+        :class:`~sharedarrays.PayloadError` for no chunk of ``size`` bytes,
+        :class:`~sharedarrays.HandleUnavailable` where its exporter no longer has it."""
         ...
 
     def release_chunk(self, chunk: Chunk) -> None:
@@ -232,12 +232,12 @@ class Backend(Protocol):
         ...
 
     def as_native(self, view: NativeView) -> Any:
-        """Wrap mapped memory as the device's native array type, without copying where that
-        type can address it; the array keeps ``view.owner`` alive."""
+        """Mapped memory as the device's native array type (no copy where that type can
+        address it), keeping ``view.owner`` alive."""
         ...
 
     def to_native(self, obj: Any) -> Any:
-        """Convert ``obj`` to an array of this device's native type (may copy)."""
+        """``obj`` as an array of this device's native type (may copy)."""
         ...
 
     def current_device(self) -> int:
@@ -246,14 +246,13 @@ class Backend(Protocol):
         ...
 
     def export_sync(self) -> bytes | None:
-        """Record now what an importer must wait for before using memory handed off now:
-        an ordering token, or ``None`` where no ordering is needed."""
+        """Record what an importer must wait for before using memory handed off now: an
+        ordering token, or ``None``."""
         ...
 
     def export_fence(self) -> object | None:
-        """The ordering argument of one message handing memory off now: ``None``, or an
-        object whose ``token`` is :meth:`export_sync`'s, shared by every call of this thread
-        while it is alive (one record per pickling)."""
+        """The ordering argument of one message: ``None``, or an object whose ``token`` is
+        :meth:`export_sync`'s, shared by this thread's calls while alive."""
         ...
 
     def import_sync(self, token: bytes) -> None:
@@ -292,56 +291,34 @@ class MappingBackend(Backend, Protocol):
 class ValueReader(Protocol):
     """Reads 64-bit words of device memory now, without waiting for any stream."""
 
-    def read(self, address: int) -> int:
-        """The word at ``address``."""
-        ...
+    def read(self, address: int) -> int: ...
 
-    def close(self) -> None:
-        """Release what it holds. Idempotent."""
-        ...
+    def close(self) -> None: ...
 
 
 @runtime_checkable
 class StreamBackend(Backend, Protocol):
     """A backend whose work is queued on streams (CUDA): 64-bit values and external
-    semaphores on its device's current stream. ``values_refused`` says why
-    :meth:`write_value` and :meth:`wait_value` cannot be used on its memory, or is ``None``."""
+    semaphores on its device's current stream; ``values_refused`` says why the values cannot
+    be used on its memory, or is ``None``."""
 
     values_refused: ClassVar[str | None]
 
-    def current_stream(self) -> int:
-        """The stream work is queued on here (as an int)."""
-        ...
+    def current_stream(self) -> int: ...
 
-    def write_value(self, address: int, value: int) -> None:
-        """Enqueue a write of the 64-bit ``value`` at ``address`` on the current stream."""
-        ...
+    def write_value(self, address: int, value: int) -> None: ...
 
-    def wait_value(self, address: int, value: int) -> None:
-        """Make the current stream's later work wait until the word at ``address`` is at
-        least ``value``."""
-        ...
+    def wait_value(self, address: int, value: int) -> None: ...
 
-    def value_reader(self) -> ValueReader:
-        """A reader of 64-bit words of this device's memory that waits for no stream."""
-        ...
+    def value_reader(self) -> ValueReader: ...
 
-    def import_semaphore(self, fd: int, timeline: bool) -> object:
-        """Import an external semaphore exported as ``fd`` (binary, or a timeline); takes
-        ownership of ``fd``. Released by :meth:`destroy_semaphore` or when freed."""
-        ...
+    def import_semaphore(self, fd: int, timeline: bool) -> object: ...
 
-    def signal_semaphore(self, semaphore: object, value: int) -> None:
-        """Enqueue a signal of an imported semaphore (to ``value``) on the current stream."""
-        ...
+    def signal_semaphore(self, semaphore: object, value: int) -> None: ...
 
-    def wait_semaphore(self, semaphore: object, value: int) -> None:
-        """Make the current stream wait for an imported semaphore (to reach ``value``)."""
-        ...
+    def wait_semaphore(self, semaphore: object, value: int) -> None: ...
 
-    def destroy_semaphore(self, semaphore: object) -> None:
-        """Release an imported semaphore now. Idempotent."""
-        ...
+    def destroy_semaphore(self, semaphore: object) -> None: ...
 
 
 @runtime_checkable
@@ -350,8 +327,8 @@ class BorrowingBackend(Backend, Protocol):
 
     def borrow_chunk(self, pointer: int, owner: object) -> tuple[Chunk, int]:
         """The chunk of the allocation holding ``pointer`` (holding ``owner``) and
-        ``pointer``'s offset in it; raises :class:`~sharedarrays.NotShareable` where the
-        memory cannot be exported."""
+        ``pointer``'s offset in it; :class:`~sharedarrays.NotShareable` where it cannot be
+        exported."""
         ...
 
 
@@ -384,6 +361,12 @@ class DeviceBase:
     def _forked(self) -> bool:
         return os.getpid() != self._pid
 
+    def _refuse_forked(self, reason: str) -> None:
+        """Raise :class:`~sharedarrays.BackendUnavailable` saying ``reason`` in a process
+        that inherited this object through fork."""
+        if self._forked():
+            raise BackendUnavailable(f"cannot use {self.device}: {reason}")
+
     def _check_size(self, size: int, what: str) -> None:
         if size <= 0 or size % self.granularity:
             raise ValueError(
@@ -399,8 +382,7 @@ class DeviceBase:
             )
 
     def check_memory(self, nbytes: int) -> None:
-        """Nothing to check beforehand: the driver takes the memory when a chunk is made,
-        and fails then with an :class:`~sharedarrays.OutOfMemory`."""
+        """Nothing to check beforehand: the driver fails when a chunk is made."""
 
     def seal(self, chunk: Chunk, readonly: bool) -> bool:
         """Nothing to seal: the handle carries no access mode (read-only is a promise)."""
@@ -409,6 +391,46 @@ class DeviceBase:
     def reopen_readonly(self, fd: int) -> int | None:
         """The handle carries no access mode: read-only is set by each importer."""
         return None
+
+
+class VendorCalls:
+    """A GPU vendor's driver calls for the shared VMM and pool backends (:mod:`.vmm`,
+    :mod:`.pool`): CUDA's and HIP's are the same calls under two prefixes (``cu``, ``hip``),
+    made here; a vendor's subclass says what differs (types, enums, out-parameters).
+
+    Attributes
+    ----------
+    prefix : str
+        Of every call's name.
+    fd_type : object
+        The POSIX fd handle type; ``fd_name`` its name in messages.
+    """
+
+    prefix: ClassVar[str]
+    fd_name: ClassVar[str]
+    fd_type: Any
+    _m: Any  # the vendor's module
+    _check: Callable[[Any, str], Any]
+
+    def __init__(self, backend: Any) -> None:
+        self.device: Device = backend.device
+
+    def call(self, name: str, *args: Any, what: str = "") -> Any:
+        """``{prefix}{name}(*args)``, checked (``what``: its arguments in messages)."""
+        return self._check(getattr(self._m, self.prefix + name)(*args), self.prefix + name + what)
+
+    def allocating(self, thing: str, nbytes: int, name: str, *args: Any, what: str = "") -> Any:
+        """:meth:`call` of a call taking ``nbytes`` for ``thing`` (CUDA explains running
+        out of memory)."""
+        return self.call(name, *args, what=what)
+
+    def export_fd(self, name: str, *args: Any) -> int:
+        """The new fd of export call ``name`` of ``args`` (none left open on failure)."""
+        raise NotImplementedError
+
+    def handle(self, handle: int) -> Any:
+        """A VMM handle as the calls take it."""
+        return handle
 
 
 class SyncOrdering:

@@ -15,6 +15,7 @@ from typing import Protocol, SupportsIndex, Union, runtime_checkable
 import numpy as np
 
 from sharedarrays.errors import BackendUnavailable
+from sharedarrays.process import STATE
 
 __all__ = ["Device", "DeviceLike", "CPU", "add_kind", "kinds", "parse_name", "parse_device"]
 
@@ -44,8 +45,6 @@ DeviceLike = Union["Device", str, SupportsIndex, TorchDeviceLike, CupyDeviceLike
 
 _NAME_RE = re.compile(r"^([a-z][a-z0-9_]*)(?::([0-9]+))?\Z")
 
-_kinds: dict[str, Callable[[int], str | None]] = {}  # kind -> why_unusable, in device=None's order
-
 
 def add_kind(kind: str, why_unusable: Callable[[int], str | None]) -> None:
     """Register accelerator kind ``kind`` (lower case; devices ``kind`` and ``kind:N``) with
@@ -53,12 +52,12 @@ def add_kind(kind: str, why_unusable: Callable[[int], str | None]) -> None:
     can) and must not raise."""
     if kind == "cpu" or not _NAME_RE.match(kind) or ":" in kind:
         raise ValueError(f"{kind!r} cannot be a device kind")
-    _kinds.setdefault(kind, why_unusable)
+    STATE.backends.kinds.setdefault(kind, why_unusable)
 
 
 def kinds() -> tuple[str, ...]:
     """Every device kind: ``"cpu"`` and the registered accelerator kinds."""
-    return ("cpu", *_kinds)
+    return ("cpu", *STATE.backends.kinds)
 
 
 @dataclass(frozen=True)
@@ -98,7 +97,7 @@ CPU = Device("cpu", 0)
 
 
 def _forms() -> str:
-    names = ", ".join(f"'{k}', '{k}:N'" for k in _kinds)
+    names = ", ".join(f"'{k}', '{k}:N'" for k in STATE.backends.kinds)
     return "'cpu', " + (names + " or an int N" if names else "or an int N")
 
 
@@ -116,18 +115,12 @@ def _foreign(device: object) -> str | int | None:
 
 def parse_name(device: DeviceLike) -> Device:
     """A device argument (not ``None``) as a :class:`Device`, by its form only. An int is
-    device ``N`` of the first registered accelerator kind.
-
-    Raises
-    ------
-    ValueError
-        The name is not one of the accepted forms, or an index is negative.
-    TypeError
-        Neither a Device, a str, an int, a ``torch.device`` nor a ``cupy.cuda.Device``.
-    """
+    device ``N`` of the first registered accelerator kind. ``ValueError`` for another
+    form or a negative index, ``TypeError`` for another type."""
+    kinds = STATE.backends.kinds
     foreign = _foreign(device)
     if foreign is not None:
-        if isinstance(foreign, int) and "cuda" in _kinds:
+        if isinstance(foreign, int) and "cuda" in kinds:
             dev = Device("cuda", foreign)
         else:
             return parse_name(foreign)
@@ -142,17 +135,17 @@ def parse_name(device: DeviceLike) -> Device:
         if name == "cpu":
             return CPU
         m = _NAME_RE.match(name)
-        if m is None or m.group(1) not in _kinds:
+        if m is None or m.group(1) not in kinds:
             raise ValueError(f"unknown device {device!r}: use {_forms()}")
         dev = Device(m.group(1), int(m.group(2) or 0))
     elif isinstance(device, SupportsIndex):
         index = operator.index(device)
-        if not _kinds:
+        if not kinds:
             raise ValueError(f"no accelerator device kind is registered for device {index}")
-        dev = Device(next(iter(_kinds)), index)
+        dev = Device(next(iter(kinds)), index)
     else:
         raise TypeError(f"device must be None, {_forms()}, not {type(device).__name__}")
-    if dev.kind != "cpu" and dev.kind not in _kinds:
+    if dev.kind != "cpu" and dev.kind not in kinds:
         raise ValueError(f"unknown device kind {dev.kind!r}: use {_forms()}")
     if dev.index < 0:
         raise ValueError(f"device index must be >= 0, got {dev.index}")
@@ -161,23 +154,17 @@ def parse_name(device: DeviceLike) -> Device:
 
 def parse_device(device: DeviceLike) -> Device:
     """A user's device argument as a :class:`Device` usable here; ``None`` picks device 0 of
-    the first registered kind usable here, else ``cpu``.
-
-    Raises
-    ------
-    ValueError
-        The name is not one of the accepted forms.
-    BackendUnavailable
-        An accelerator device was asked for explicitly and cannot be used here.
-    """
+    the first registered kind usable here, else ``cpu``. ``ValueError`` as
+    :func:`parse_name`; :class:`~sharedarrays.BackendUnavailable` for a device named that
+    cannot be used here."""
     if device is None:
-        for kind, why_unusable in _kinds.items():
+        for kind, why_unusable in STATE.backends.kinds.items():
             if why_unusable(0) is None:
                 return Device(kind, 0)
         return CPU
     dev = parse_name(device)
     if dev.kind != "cpu":
-        why = _kinds[dev.kind](dev.index)
+        why = STATE.backends.kinds[dev.kind](dev.index)
         if why is not None:
             raise BackendUnavailable(f"cannot use {dev}: {why}")
     return dev

@@ -1,15 +1,12 @@
-"""DLPack exporters over mapped memory, for consumers with no other way in (torch_npu).
-
-:func:`dlpack_view` describes memory at an address as a one-shot object with ``__dlpack__``
-and ``__dlpack_device__``. Structs and capsule are ctypes-dlpack's (the ``ascend`` extra);
-this module adds the ``DLManagedTensorVersioned``, held with its shape, strides and ``owner``
-by ctypes-dlpack's ``keepalive`` until the consumer's deleter runs (or, unconsumed, until
-the exporter is collected).
+"""DLPack exporters over mapped memory, for consumers with no other way in (torch_npu):
+:func:`dlpack_view` makes a one-shot ``__dlpack__`` object of ctypes-dlpack's structs (the
+``ascend`` extra), keeping shape, strides and ``owner`` until the consumer's deleter runs.
 """
 
 from __future__ import annotations
 
 import ctypes
+import types
 from typing import Any
 
 import numpy as np
@@ -22,7 +19,7 @@ KDL_CPU = 1  # kDLCPU
 KDL_EXT_DEV = 12  # kDLExtDev: PyTorch's PrivateUse1 devices, such as torch_npu's npu
 
 # DLDataTypeCode, by NumPy's dtype kind
-_CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}
+_CODES = types.MappingProxyType({"i": 0, "u": 1, "f": 2, "c": 5, "b": 6})
 
 
 def dl_dtype(dtype: np.dtype[Any]) -> tuple[int, int, int]:
@@ -46,17 +43,9 @@ def dlpack_view(
 ) -> Any:
     """A one-shot DLPack exporter (a ``ctypes_dlpack.DLPackArray``) of the memory at
     ``address``, the first element (``byte_offset`` 0: torch_npu ignores it); ``strides``
-    in bytes; ``owner`` kept alive until the consumer frees its array.
-
-    Raises
-    ------
-    TypeError
-        See :func:`dl_dtype`.
-    ValueError
-        A stride is no multiple of the item size.
-    BackendUnavailable
-        ``ctypes-dlpack`` is not installed.
-    """
+    in bytes; ``owner`` kept alive until the consumer frees its array. Raises ``TypeError``
+    (:func:`dl_dtype`), ``ValueError`` (a stride no multiple of the item size) or
+    :class:`~sharedarrays.BackendUnavailable` (no ``ctypes-dlpack``)."""
     code, bits, lanes = dl_dtype(dtype)
     if any(s % dtype.itemsize for s in strides):
         raise ValueError(f"strides {strides} are not multiples of the item size {dtype.itemsize}")

@@ -12,9 +12,11 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import functools
 import mmap
 import os
-from collections.abc import Mapping
+import types
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -31,40 +33,28 @@ from sharedarrays.errors import (
     fd_limit_error,
 )
 
-__all__ = ["HostBackend", "check_chunk_fd", "memory_available", "to_numpy"]
+__all__ = ["HostBackend", "check_chunk_fd", "memory_available", "host_native", "to_numpy"]
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = (
-    ctypes.c_void_p,
-    ctypes.c_size_t,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_long,
-)
-_libc.munmap.restype = ctypes.c_int
+_libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, *[ctypes.c_int] * 3, ctypes.c_long)
 _libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
-_libc.mprotect.restype = ctypes.c_int
 _libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 
 _MAP_FAILED = ctypes.c_void_p(-1).value
 _MAP_FIXED = 0x10
 _MAP_NORESERVE = 0x4000
-_PROT = {"rw": mmap.PROT_READ | mmap.PROT_WRITE, "r": mmap.PROT_READ, "none": 0}
+_PROT = types.MappingProxyType(
+    {"rw": mmap.PROT_READ | mmap.PROT_WRITE, "r": mmap.PROT_READ, "none": 0}
+)
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 _F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x0010)  # Linux 5.1; not in fcntl
 
 
 def check_chunk_fd(fd: int, size: int) -> None:
     """Refuse a received handle that is not a memfd of ``size`` bytes sealed against
-    shrinking (its sender could otherwise crash the mapper with ``SIGBUS``). Keeps ``fd``.
-
-    Raises
-    ------
-    PayloadError
-        Not a memfd, not sealed against shrinking, or not ``size`` bytes long.
-    """
+    shrinking (its sender could otherwise crash the mapper with ``SIGBUS``): a
+    :class:`~sharedarrays.PayloadError`. Keeps ``fd``."""
     try:
         seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
         actual = os.fstat(fd).st_size
@@ -86,20 +76,19 @@ def check_chunk_fd(fd: int, size: int) -> None:
         )
 
 
-_overcommit: int | None = None
+@functools.cache
+def _read_overcommit() -> int:
+    with open("/proc/sys/vm/overcommit_memory", "rb") as f:
+        return int(f.read())
 
 
 def _overcommit_mode() -> int:
     """``vm.overcommit_memory`` (0 heuristic, 1 always, 2 strict), read once; a failed read
     answers 0 and is tried again next time."""
-    global _overcommit
-    if _overcommit is None:
-        try:
-            with open("/proc/sys/vm/overcommit_memory", "rb") as f:
-                _overcommit = int(f.read())
-        except (OSError, ValueError):
-            return 0
-    return _overcommit
+    try:
+        return _read_overcommit()
+    except (OSError, ValueError):
+        return 0
 
 
 def memory_available() -> tuple[int, str] | None:
@@ -141,17 +130,15 @@ def _gib(n: int) -> str:
     return f"{n / (1 << 30):.1f} GiB"
 
 
-def _check_mmap(result: int | None, what: str) -> int:
-    if result is None or result == _MAP_FAILED:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-    return result
-
-
 def _check(rc: int, what: str) -> None:
     if rc != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _check_mmap(result: int | None, what: str) -> int:
+    _check(int(result is None or result == _MAP_FAILED), what)
+    return result  # type: ignore[return-value]
 
 
 _BYTES = np.dtype(np.uint8)
@@ -191,14 +178,21 @@ def host_view(view: NativeView) -> np.ndarray[Any, Any]:
     return np.asarray(_HostMemory(address + offset, owner, dtype, shape, strides, readonly))
 
 
-def host_copy(buffer: np.ndarray[Any, Any], view: NativeView) -> np.ndarray[Any, Any]:
-    """A read-only NumPy copy of ``view`` out of ``buffer``, the whole mapped range copied to
-    the host."""
-    copy: np.ndarray[Any, Any] = np.ndarray(
+def host_native(
+    view: NativeView, addressable: bool, copy: Callable[[int, int, int], None]
+) -> np.ndarray[Any, Any]:
+    """Device memory as NumPy, where no device array library is importable: a view where the
+    CPU addresses it (``addressable``), else a read-only copy of the whole mapped range made
+    by ``copy(destination, source, size)``."""
+    if addressable:
+        return host_view(view)
+    buffer = np.empty(view.size, dtype=np.uint8)
+    copy(buffer.ctypes.data, view.address, view.size)
+    out: np.ndarray[Any, Any] = np.ndarray(
         view.shape, dtype=view.dtype, buffer=buffer, offset=view.offset, strides=view.strides
     ).copy()
-    copy.flags.writeable = False
-    return copy
+    out.flags.writeable = False
+    return out
 
 
 def to_numpy(obj: Any) -> np.ndarray[Any, Any]:
@@ -216,7 +210,8 @@ def to_numpy(obj: Any) -> np.ndarray[Any, Any]:
 
 
 class HostBackend:
-    """Host memory shared through memfd file descriptors (the ``"host"`` backend)."""
+    """Host memory shared through memfd file descriptors (the ``"host"`` backend); nothing to
+    order (it is accessed synchronously)."""
 
     name: ClassVar[str] = "host"
     zeroed: ClassVar[bool] = True
@@ -235,13 +230,7 @@ class HostBackend:
     def check_memory(self, nbytes: int) -> None:
         """Refuse more memory than is available (:func:`memory_available`): ``ftruncate``
         never fails, and a first touch past the machine's memory means ``SIGBUS`` or the OOM
-        killer. Up to half the free RAM passes on a cheap ``sysconf`` alone.
-
-        Raises
-        ------
-        OutOfMemory
-            ``nbytes`` is more than the memory available.
-        """
+        killer. Up to half the free RAM passes on a cheap ``sysconf`` alone."""
         if _overcommit_mode() != 2 and nbytes <= os.sysconf("SC_AVPHYS_PAGES") * mmap.PAGESIZE // 2:
             return
         known = memory_available()
@@ -273,13 +262,8 @@ class HostBackend:
 
     def seal(self, chunk: Chunk, readonly: bool) -> bool:
         """Forbid further seals and, with ``readonly``, every new write in any process
-        through any fd (``F_SEAL_FUTURE_WRITE``); mappings made before keep their access.
-
-        Raises
-        ------
-        BackendUnavailable
-            ``readonly`` on a kernel older than Linux 5.1, which has no such seal.
-        """
+        through any fd (``F_SEAL_FUTURE_WRITE``, Linux 5.1: else
+        :class:`~sharedarrays.BackendUnavailable`); mappings made before keep their access."""
         try:
             fcntl.fcntl(
                 chunk.fd, fcntl.F_ADD_SEALS, (_F_SEAL_FUTURE_WRITE if readonly else 0) | _SEALS
@@ -441,11 +425,10 @@ class HostBackend:
         """The host has one device: 0."""
         return 0
 
-    def export_sync(self) -> bytes | None:
-        """Nothing to order: host memory is accessed synchronously."""
+    def export_sync(self) -> None:
         return None
 
-    def export_fence(self) -> object | None:
+    def export_fence(self) -> None:
         return None
 
     def import_sync(self, token: bytes) -> None:

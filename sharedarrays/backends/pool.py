@@ -1,15 +1,10 @@
 """The memory-pool backend of every GPU vendor (``cuda-pool``, ``hip-pool``): stream-ordered
-allocations from an IPC-capable pool.
+allocations from an IPC-capable pool, written against :class:`PoolCalls`.
 
-:class:`PoolBackend` is written against :class:`PoolCalls`, a table of the vendor's driver
-calls. Each process makes one pool per device on first use and exports its fd once; a chunk
-is one allocation from it, synchronised before any importer can see it, whose handle is the
-pool's 16-byte id and the pointer's 64-byte export data. An importer imports each pool once
-(kept while any pointer of it is open) and each pointer per allocation.
-
-The drivers require every importer to free a pool allocation before its exporter does: the
-exporter keeps a released allocation until every process it served has freed it or exited
-(``exporter_owned``; see :meth:`sharedarrays.Allocation.release`).
+Each process makes one pool per device on first use and exports its fd once; a chunk is one
+allocation from it, synchronised before any importer sees it, whose handle is the pool's id
+and the pointer's export data. An importer opens each pool once (while any pointer of it is
+open). Importers must free an allocation before its exporter does (``exporter_owned``).
 """
 
 from __future__ import annotations
@@ -17,9 +12,9 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from sharedarrays.backends.base import Chunk, DeviceBase
+from sharedarrays.backends.base import Chunk, DeviceBase, VendorCalls
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import DriverError, HandleUnavailable, PayloadError
 
@@ -34,26 +29,55 @@ EXPORT_BYTES = POOL_ID_BYTES + POINTER_BYTES
 """A chunk's portable handle: the pool's random id, then the pointer's export data."""
 
 
-class PoolCalls(Protocol):
+class PoolCalls(VendorCalls):
     """One vendor's pool IPC driver calls, each checked (raising the vendor's
-    :class:`~sharedarrays.DriverError`)."""
+    :class:`~sharedarrays.DriverError`); the vendor's subclass names its ``allocate`` and
+    ``free`` calls and makes pools, streams and pointer export data."""
 
-    def create_pool(self) -> Any: ...  # pinned device memory, exportable as a POSIX fd
-    def export_pool(self, pool: Any) -> int: ...  # a new fd; none left open on failure
-    def destroy_pool(self, pool: Any) -> None: ...
-    def stream(self) -> int: ...  # the stream allocations are made on
-    def allocate(self, size: int, pool: Any, stream: int) -> int: ...
-    def synchronize(self, stream: int) -> None: ...
-    def export_pointer(self, pointer: int) -> bytes: ...  # POINTER_BYTES of an own allocation
-    def import_pool(self, fd: int) -> Any: ...  # the fd stays the caller's
-    def import_pointer(self, pool: Any, data: bytes) -> int: ...
-    def free(self, pointer: int) -> None: ...
-    def too_large(self, size: int) -> str | None: ...  # why ``size`` is refused, or None
+    allocate_call: ClassVar[str]  # (after the prefix)
+    free_call: ClassVar[str]
+
+    def create_pool(self) -> Any:  # pinned device memory, exportable as a POSIX fd
+        raise NotImplementedError
+
+    def export_pool(self, pool: Any) -> int:  # a new fd; none left open on failure
+        return self.export_fd("MemPoolExportToShareableHandle", pool)
+
+    def destroy_pool(self, pool: Any) -> None:
+        self.call("MemPoolDestroy", pool)
+
+    def stream(self) -> int:  # the stream allocations are made on
+        raise NotImplementedError
+
+    def allocate(self, size: int, pool: Any, stream: int) -> int:
+        what = f"({size} bytes on {self.device})"
+        return int(
+            self.allocating("pool memory", size, self.allocate_call, size, pool, stream, what=what)
+        )
+
+    def synchronize(self, stream: int) -> None:
+        self.call("StreamSynchronize", stream)
+
+    def export_pointer(self, pointer: int) -> bytes:  # POINTER_BYTES of an own allocation
+        raise NotImplementedError
+
+    def import_pool(self, fd: int) -> Any:  # the fd stays the caller's
+        what = f"({self.fd_name})"
+        return self.call("MemPoolImportFromShareableHandle", fd, self.fd_type, 0, what=what)
+
+    def import_pointer(self, pool: Any, data: bytes) -> int:
+        raise NotImplementedError
+
+    def free(self, pointer: int) -> None:
+        self.call(self.free_call, pointer)
+
+    def too_large(self, size: int) -> str | None:  # why ``size`` is refused, or None
+        return None
 
 
 class PoolBackend(DeviceBase):
     """Stream-ordered memory of one GPU shared through an exported pool: every vendor's pool
-    backend, put before the vendor's device base class, with :meth:`table` making its
+    backend, put before the vendor's device base class, with :attr:`calls` making its
     :class:`PoolCalls`."""
 
     zeroed: ClassVar[bool] = False
@@ -65,13 +89,12 @@ class PoolBackend(DeviceBase):
         def context(self) -> contextlib.AbstractContextManager[None]: ...
         def synchronize(self) -> None: ...
 
-    def table(self) -> PoolCalls:
-        """The vendor's calls for this backend."""
-        raise NotImplementedError
+    calls: ClassVar[type[PoolCalls]]
+    """The vendor's table, made of the backend."""
 
     def __init__(self, device: Device) -> None:
         super().__init__(device)  # type: ignore[call-arg]  # (the device base class)
-        self._calls = self.table()
+        self._calls = self.calls(self)
         self._lock = threading.Lock()
         self._pool: Any = None  # this process's own pool, made on first create_chunk
         self._pool_fd = -1
@@ -129,16 +152,9 @@ class PoolBackend(DeviceBase):
 
     def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
         """Open another process's pool allocation from ``export`` (pool id and pointer data)
-        and ``fd``, the pool's fd (imported once per pool, then closed; or ``-1``).
-
-        Raises
-        ------
-        PayloadError
-            ``export`` is not :data:`EXPORT_BYTES` long, ``fd`` is no exported pool, or the
-            vendor refuses ``size`` (:meth:`PoolCalls.too_large`).
-        HandleUnavailable
-            The pool is not open here and no fd came, or the pointer's memory was freed.
-        """
+        and ``fd``, the pool's fd (imported once per pool, then closed; or ``-1``);
+        :class:`~sharedarrays.HandleUnavailable` where the pool is not open here and no fd
+        came, or the pointer's memory was freed."""
         calls = self._calls
         try:
             if len(export) != EXPORT_BYTES:

@@ -1,16 +1,14 @@
-"""The seam memory systems plug into: one :class:`Registration` per backend.
+"""The seam memory systems plug into: one :class:`Registration` per backend, made by its
+module (imported by ``sharedarrays/backends/__init__.py``).
 
-A backend module ends with one ``register(Registration(...))`` call and is imported by
-``sharedarrays/backends/__init__.py``. Everything above the backends asks this registry,
-never a backend's name: what ``backend="auto"`` means (:func:`choose_backend`), the device of
-a payload's memory (:func:`device_of`), why a backend is unusable (:func:`why_unusable`), and
-the process-wide backend object (:func:`get_backend`). A new device kind is added to device
-parsing on its first registration.
+Everything above the backends asks this registry, never a backend's name: what
+``backend="auto"`` means (:func:`choose_backend`), a payload's device (:func:`device_of`), why
+a backend is unusable (:func:`why_unusable`), the process-wide backend object
+(:func:`get_backend`). A backend's first registration of a device kind adds the kind.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +16,7 @@ from typing import Any
 from sharedarrays.backends.base import Backend
 from sharedarrays.backends.device import Device, add_kind, kinds, parse_name
 from sharedarrays.errors import BackendUnavailable, PayloadError
+from sharedarrays.process import STATE
 
 __all__ = [
     "Registration",
@@ -37,6 +36,13 @@ __all__ = [
 
 def _usable(index: int) -> str | None:
     return None
+
+
+def _registered(name: object) -> Registration | None:
+    reg: Registration | None = None
+    if isinstance(name, str):
+        reg = STATE.backends.registrations.get(name)
+    return reg
 
 
 @dataclass(frozen=True)
@@ -87,27 +93,22 @@ class Registration:
         return cls(b.name, kind, backend, preference, *flags, why_unusable, check_handle)
 
 
-_registry: dict[str, Registration] = {}
-_lock = threading.Lock()
-_backends: dict[tuple[str, Device], Backend] = {}
-
-
 def register(reg: Registration) -> None:
     """Add a backend (and, the first time, its device kind); :class:`ValueError` if another
     registration has that name."""
-    known = _registry.get(reg.name)
+    known = _registered(reg.name)
     if known is not None and known != reg:
         raise ValueError(f"a backend named {reg.name!r} is already registered")
     if reg.kind != "cpu":
         kind = reg.kind
         add_kind(kind, lambda index: kind_unusable(kind, index))
-    _registry[reg.name] = reg
+    STATE.backends.registrations[reg.name] = reg
 
 
 def registration(name: str) -> Registration:
     """The registration of backend ``name``; :class:`ValueError` naming those there are if
     none has that name."""
-    reg = _registry.get(name)
+    reg = _registered(name)
     if reg is None:
         raise ValueError(f"unknown backend {name!r}; choose 'auto' or one of {', '.join(names())}")
     return reg
@@ -117,7 +118,7 @@ def registrations(kind: str | None = None) -> list[Registration]:
     """The registered backends (of one kind), in ``backend="auto"``'s order: by kind
     (``cpu`` first), then preference (ties in registration order)."""
     order = {k: i for i, k in enumerate(kinds())}
-    regs = [r for r in _registry.values() if kind is None or r.kind == kind]
+    regs = [r for r in STATE.backends.registrations.values() if kind is None or r.kind == kind]
     return sorted(regs, key=lambda r: (order[r.kind], r.preference))
 
 
@@ -129,7 +130,7 @@ def names() -> tuple[str, ...]:
 def device_of(name: str, index: int) -> Device:
     """The device of a payload's memory (its ``backend`` and ``device``), usable or not;
     :class:`~sharedarrays.PayloadError` if no backend of that name is registered here."""
-    reg = _registry.get(name)
+    reg = _registered(name)
     if reg is None:
         raise PayloadError(
             f"unknown backend {name!r} in payload; the backends here are {', '.join(names())} "
@@ -140,7 +141,7 @@ def device_of(name: str, index: int) -> Device:
 
 def why_unusable(name: str, index: int = 0) -> str | None:
     """Why backend ``name`` cannot be used on device ``index`` of its kind here, or ``None``."""
-    reg = _registry.get(name)
+    reg = _registered(name)
     if reg is None:
         return f"unknown backend {name!r}; the backends are {', '.join(names())}"
     return reg.why_unusable(index)
@@ -157,7 +158,7 @@ def kind_unusable(kind: str, index: int = 0) -> str | None:
 
 def handle_check(name: object) -> Callable[[int, int], None] | None:
     """:attr:`Registration.check_handle` of backend ``name``, or ``None``."""
-    reg = _registry.get(name) if isinstance(name, str) else None
+    reg = _registered(name)
     return None if reg is None else reg.check_handle
 
 
@@ -187,14 +188,15 @@ def get_backend(device: Device, name: str | None = None) -> Backend:
     use; :class:`~sharedarrays.BackendUnavailable` says why it cannot run here."""
     if name is None:
         name = choose_backend(device)
+    state = STATE.backends
     key = (name, device)
-    backend = _backends.get(key)
+    backend: Backend | None = state.objects.get(key)
     if backend is not None:
         return backend
-    with _lock:
-        backend = _backends.get(key)
+    with state.lock:
+        backend = state.objects.get(key)
         if backend is None:
-            reg = _registry.get(name)
+            reg = _registered(name)
             if reg is None:
                 raise BackendUnavailable(
                     f"unknown backend {name!r}; available names: {', '.join(names())}"
@@ -205,7 +207,7 @@ def get_backend(device: Device, name: str | None = None) -> Backend:
             declared = (reg.name, reg.maps, reg.exporter_owned)
             if (backend.name, backend.maps, backend.exporter_owned) != declared:
                 raise TypeError(f"the {name} backend object does not match its registration")
-            _backends[key] = backend
+            state.objects[key] = backend
     return backend
 
 

@@ -1,12 +1,9 @@
 """The VMM backend of every GPU vendor (``cuda-vmm``, ``hip-vmm``): device memory shared
-through POSIX fds.
+through POSIX fds, written against :class:`VmmCalls` (the vendor's table of calls, each run
+with the device current) and put before the vendor's device base class.
 
-CUDA and HIP have the same VMM API under two names: :class:`VmmBackend` is written against
-:class:`VmmCalls`, a table of the vendor's driver calls, and sits before the vendor's device
-base class (context, synchronisation, native arrays). A chunk is pinned device memory
-exported once as an fd, kept for the chunk's life so it can be served on; importers keep
-theirs too. The memory lives while any process holds a handle, an fd or a mapping of it.
-Every call of the table runs with the device current (the backend's ``context()``).
+A chunk is pinned device memory exported once as an fd, kept for the chunk's life to serve
+on (importers keep theirs too): it lives while any process holds a handle, fd or mapping.
 """
 
 from __future__ import annotations
@@ -14,9 +11,9 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from sharedarrays.backends.base import Access, Chunk, DeviceBase
+from sharedarrays.backends.base import Access, Chunk, DeviceBase, VendorCalls
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import DriverError, PayloadError, PeerAccessUnavailable
 
@@ -25,9 +22,10 @@ __all__ = ["VmmCalls", "VmmBackend", "ACCESS"]
 ACCESS: tuple[Access, ...] = ("rw", "r", "none")
 
 
-class VmmCalls(Protocol):
+class VmmCalls(VendorCalls):
     """One vendor's VMM driver calls, each checked (raising the vendor's
-    :class:`~sharedarrays.DriverError`).
+    :class:`~sharedarrays.DriverError`); the vendor's subclass sets the allocation
+    properties ``prop``, ``granularity_flag``, :meth:`access` descriptors and the rest.
 
     Attributes
     ----------
@@ -41,30 +39,64 @@ class VmmCalls(Protocol):
         The error name :meth:`map` answers for a chunk smaller than the range.
     """
 
-    vendor: str
-    whole_chunks: str
-    not_an_allocation: frozenset[str]
-    invalid_value: str
+    vendor: ClassVar[str]
+    whole_chunks: ClassVar[str] = ""
+    not_an_allocation: ClassVar[frozenset[str]]
+    invalid_value: ClassVar[str]
+    prop: Any
+    granularity_flag: Any
 
-    def granularity(self) -> int: ...
-    def create(self, size: int) -> int: ...
-    def export(self, handle: int) -> int: ...  # a new fd; none left open on failure
-    def import_fd(self, fd: int) -> int: ...  # a new handle; the fd stays the caller's
-    def location(self, handle: int) -> int | None: ...  # the chunk's device; None: not asked
-    def release(self, handle: int) -> None: ...
-    def reserve(self, size: int, alignment: int) -> int: ...
-    def free(self, address: int, size: int) -> None: ...
-    def map(self, address: int, size: int, handle: int) -> None: ...  # the whole chunk
-    def access(self, index: int, access: Access) -> Any: ...  # a descriptor for device index
-    # ``access`` is the owning device's, for the message
-    def set_access(self, address: int, size: int, descs: list[Any], access: Access) -> None: ...
-    def unmap(self, address: int, size: int) -> None: ...
-    def peer_reason(self, index: int, owner: int) -> str | None: ...  # None: index may access
+    def granularity(self) -> int:
+        return int(self.call("MemGetAllocationGranularity", self.prop, self.granularity_flag))
+
+    def create(self, size: int) -> int:
+        what = f"({size} bytes on {self.device})"
+        chunk = "a chunk of device memory"
+        return int(self.allocating(chunk, size, "MemCreate", size, self.prop, 0, what=what))
+
+    def export(self, handle: int) -> int:  # a new fd; none left open on failure
+        return self.export_fd("MemExportToShareableHandle", self.handle(handle))
+
+    def import_fd(self, fd: int) -> int:  # a new handle; the fd stays the caller's
+        what = f"({self.fd_name})"
+        return int(self.call("MemImportFromShareableHandle", fd, self.fd_type, what=what))
+
+    def location(self, handle: int) -> int | None:  # the chunk's device; None: not asked
+        return None
+
+    def release(self, handle: int) -> None:
+        self.call("MemRelease", self.handle(handle))
+
+    def reserve(self, size: int, alignment: int) -> int:
+        thing, what = "a reservation of address space", f"({size} bytes)"
+        return int(
+            self.allocating(thing, size, "MemAddressReserve", size, alignment, 0, 0, what=what)
+        )
+
+    def free(self, address: int, size: int) -> None:
+        self.call("MemAddressFree", address, size)
+
+    def map(self, address: int, size: int, handle: int) -> None:  # the whole chunk
+        what = f"({size} bytes at {address:#x})"
+        self.call("MemMap", address, size, 0, self.handle(handle), 0, what=what)
+
+    def access(self, index: int, access: Access) -> Any:  # a descriptor for device index
+        raise NotImplementedError
+
+    def set_access(self, address: int, size: int, descs: list[Any], access: Access) -> None:
+        what = f"({access!r}, {size} bytes at {address:#x})"  # (the owning device's access)
+        self.call("MemSetAccess", address, size, descs, len(descs), what=what)
+
+    def unmap(self, address: int, size: int) -> None:
+        self.call("MemUnmap", address, size, what=f"({size} bytes at {address:#x})")
+
+    def peer_reason(self, index: int, owner: int) -> str | None:  # None: index may access
+        raise NotImplementedError
 
 
 class VmmBackend(DeviceBase):
     """Device memory of one GPU shared through exported fds: every vendor's VMM backend,
-    put before the vendor's device base class, with :meth:`table` making its
+    put before the vendor's device base class, with :attr:`calls` making its
     :class:`VmmCalls`. New chunks are not zeroed."""
 
     zeroed: ClassVar[bool] = False
@@ -77,13 +109,12 @@ class VmmBackend(DeviceBase):
         def context(self) -> contextlib.AbstractContextManager[None]: ...
         def synchronize(self) -> None: ...
 
-    def table(self) -> VmmCalls:
-        """The vendor's calls for this backend."""
-        raise NotImplementedError
+    calls: ClassVar[type[VmmCalls]]
+    """The vendor's table, made of the backend."""
 
     def __init__(self, device: Device) -> None:
         super().__init__(device)  # type: ignore[call-arg]  # (the device base class)
-        calls = self._calls = self.table()
+        calls = self._calls = self.calls(self)
         with self.context():
             self._granularity = calls.granularity()
         self._access: dict[str, list[Any]] = {
@@ -121,14 +152,9 @@ class VmmBackend(DeviceBase):
 
     def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
         """Import a chunk from an fd exported by :meth:`create_chunk`; takes ``fd`` (kept
-        in the chunk to serve on). A size larger than the chunk fails later, in :meth:`map`.
-
-        Raises
-        ------
-        PayloadError
-            ``size`` is no multiple of the granularity, the fd is no exported allocation of
-            this vendor, or the chunk lives on another device.
-        """
+        in the chunk to serve on): :class:`~sharedarrays.PayloadError` for an fd that is no
+        exported allocation or one of another device. A size larger than the chunk fails
+        later, in :meth:`map`."""
         calls = self._calls
         try:
             self._check_import_size(size)
@@ -215,15 +241,8 @@ class VmmBackend(DeviceBase):
         self, address: int, size: int, access: Access, peers: Mapping[int, Access] | None = None
     ) -> None:
         """Set this device's access to a mapped range, and that of ``peers`` (where
-        :attr:`peer_access`), in one call; lowering access first waits for queued work.
-
-        Raises
-        ------
-        PeerAccessUnavailable
-            A peer cannot access this device's memory.
-        ValueError
-            An unknown access, or peers given to a backend without peer access.
-        """
+        :attr:`peer_access`; else :class:`~sharedarrays.PeerAccessUnavailable`), in one call;
+        lowering access first waits for queued work."""
         own = self._access.get(access)
         if own is None:
             raise ValueError(f"access must be 'rw', 'r' or 'none', not {access!r}")

@@ -33,6 +33,7 @@ from sharedarrays.backends.cuda.driver import (
 from sharedarrays.backends.cuda.vmm import CudaVmmBackend
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import BackendUnavailable
+from sharedarrays.process import STATE
 
 # ============================================================================================
 # CPU: why_unusable against the real environment
@@ -93,11 +94,11 @@ def test_fake_usable_and_cached(fake: FakeDriver) -> None:
     assert why_unusable() is None
     assert why_unusable(0) is None
     assert fake.init_calls == 1
-    assert cuda_driver._init_pid == os.getpid()
+    assert STATE.backends.cuda_init_pid == os.getpid()
 
 
 def test_fake_no_bindings(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cuda_driver, "_driver", None)
+    monkeypatch.setattr(STATE.backends, "cuda_driver", None)
     monkeypatch.setitem(sys.modules, "cuda.bindings.driver", None)
     reason = why_unusable()
     assert reason is not None and "cuda-bindings" in reason and INSTALL_HINT in reason
@@ -171,7 +172,7 @@ def test_fake_each_backend_names_the_feature_it_lacks(
     fake: FakeDriver, backend: str, attribute: str, value: int, says: str
 ) -> None:
     assert why_unusable(0, backend) is None
-    cuda_driver._reasons.clear()
+    STATE.backends.reasons.clear()
     fake.attrs[FakeAttribute[attribute]] = value
     reason = why_unusable(0, backend)
     assert reason is not None and says in reason and backend in reason and "Fake GPU" in reason
@@ -186,10 +187,10 @@ def test_fake_vmm_missing_leaves_the_other_backends(fake: FakeDriver) -> None:
     assert kind_unusable("cuda", 0) is None  # any of them: cuda-ipc can
     assert choose_backend(Device("cuda", 0)) == "cuda-ipc"
     fake.attrs[FakeAttribute.CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING] = 0
-    cuda_driver._reasons.clear()
+    STATE.backends.reasons.clear()
     assert choose_backend(Device("cuda", 0)) == "cuda-pool"
     fake.attrs[FakeAttribute.CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED] = 0
-    cuda_driver._reasons.clear()
+    STATE.backends.reasons.clear()
     with pytest.raises(BackendUnavailable, match="no CUDA backend can use cuda:0") as info:
         choose_backend(Device("cuda", 0))
     for name in ("cuda-vmm:", "cuda-ipc:", "cuda-pool:"):
@@ -220,7 +221,8 @@ def _why_unusable_in_a_forked_child() -> str:
 
 
 def test_fork_after_our_init_is_named(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cuda_driver, "_init_pid", os.getpid() + 100000)  # "initialised in a parent"
+    # "initialised in a parent"
+    monkeypatch.setattr(STATE.backends, "cuda_init_pid", os.getpid() + 100000)
     reason = why_unusable()
     assert reason == FORK_REASON
     assert "'spawn'" in reason and "'forkserver'" in reason
@@ -280,7 +282,7 @@ def test_fake_peer_access(fake: FakeDriver) -> None:
     assert cuda_driver.peer_reason(1, 0) is None
     assert cuda_driver.peer_reason(0, 0) is None  # a device reaches its own memory
     fake.peer_access = 0
-    cuda_driver._peers.clear()
+    STATE.backends.reasons.clear()
     why = cuda_driver.peer_reason(1, 0)
     assert why is not None and "cuda:1" in why and "cuDeviceCanAccessPeer is 0" in why
     assert "out of range" in (cuda_driver.peer_reason(2, 0) or "")
@@ -323,7 +325,7 @@ def test_current_stream_is_cupys_looked_up_once(monkeypatch: pytest.MonkeyPatch)
     """The fence asks for the current stream at every message: CuPy's
     ``get_current_stream`` is looked up once, when CuPy is first seen, and kept; a CuPy
     without the ``device_id`` argument is asked inside the device's context."""
-    monkeypatch.setattr(cuda_driver, "_cupy_stream", None)
+    monkeypatch.setattr(STATE.backends, "cupy_stream", None)
     monkeypatch.delitem(sys.modules, "cupy", raising=False)
     assert cuda_driver.current_stream(0) == 0  # no CuPy: the legacy default stream
     asked: list[Any] = []
@@ -339,7 +341,7 @@ def test_current_stream_is_cupys_looked_up_once(monkeypatch: pytest.MonkeyPatch)
     assert cuda_driver.current_stream(2) == 1002
     assert asked[-1] == 2
 
-    monkeypatch.setattr(cuda_driver, "_cupy_stream", None)
+    monkeypatch.setattr(STATE.backends, "cupy_stream", None)
     entered: list[int] = []
 
     class Device:

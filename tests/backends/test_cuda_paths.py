@@ -199,8 +199,8 @@ class _On:
 def test_events_of_exporters_that_exited_are_destroyed(
     fake_cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for name in ("_opened", "_waited", "_own", "_rings"):
-        monkeypatch.setattr(sync, name, {})
+    for name in ("opened", "waited", "own", "rings"):
+        monkeypatch.setattr(STATE.backends, name, {})
     alive = {100001: 7, 100002: 9}  # pid -> start time, of two "exporters"
     monkeypatch.setattr(sync, "start_time", alive.get)
     monkeypatch.setattr(sync, "running", lambda pid: pid in alive)
@@ -215,7 +215,7 @@ def test_events_of_exporters_that_exited_are_destroyed(
     del alive[100001]  # it exited, and sends no token again: its events are no use here
     sync.import_sync(_On(), token(100002, 3))
     assert list(fake_cuda.events.values()) == ["opened"]  # (three were kept)
-    assert len(sync._opened) == 1
+    assert len(STATE.backends.opened) == 1
 
 
 # ============================================================================================
@@ -270,6 +270,6 @@ def test_a_stream_asked_while_another_thread_imports_cupy_is_the_default(
     from sharedarrays.backends.cuda import driver
 
     monkeypatch.setitem(sys.modules, "cupy", types.ModuleType("cupy"))
-    monkeypatch.setattr(driver, "_cupy_stream", None)
+    monkeypatch.setattr(STATE.backends, "cupy_stream", None)
     assert driver.current_stream(0) == 0
-    assert driver._cupy_stream is None  # (asked again once CuPy is imported)
+    assert STATE.backends.cupy_stream is None  # (asked again once CuPy is imported)

@@ -43,6 +43,7 @@ from sharedarrays.backends.cuda.driver import (
 from sharedarrays.backends.cuda.vmm import CudaVmmBackend
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import PayloadError
+from sharedarrays.process import STATE
 
 MiB = 1 << 20
 
@@ -488,7 +489,7 @@ def _child_wait_read(fd: int, size: int, conn: Any) -> None:
                 "pending": pending,
                 "unsynced": unsynced,
                 "waited": waited,
-                "cached": sync._opened.get(bytes(token[16:80])) is not None,
+                "cached": STATE.backends.opened.get(bytes(token[16:80])) is not None,
             }
             del arr
         be.release_chunk(chunk)
@@ -538,7 +539,7 @@ def test_one_multiprocessing_message_records_one_event(spin: Spin) -> None:
     arrays = [sa.full(16, i, "float32", device="cuda:0") for i in range(50)]
     scratch = cupy.zeros(1024, dtype=cupy.float32)
     cupy.cuda.get_current_stream().synchronize()
-    before = sync._records
+    before = STATE.backends.records
 
     def token(a: Any) -> Any:
         """What an importer receives as the ordering token of a message holding ``a`` alone
@@ -546,19 +547,19 @@ def test_one_multiprocessing_message_records_one_event(spin: Spin) -> None:
         return pickle.loads(pickle.dumps(a.__reduce__()[1][0].fence))
 
     idle = bytes(ForkingPickler.dumps(arrays))
-    assert sync._records == before and token(arrays[0]) is None  # idle: no event
+    assert STATE.backends.records == before and token(arrays[0]) is None  # idle: no event
     spin(scratch, 1.0, seconds=3.0)  # the stream is busy from here on
     one = bytes(ForkingPickler.dumps(arrays))
-    assert sync._records == before + 1
+    assert STATE.backends.records == before + 1
     pickle.dumps(arrays)  # plain pickle: one record for the message too
-    assert sync._records == before + 2
+    assert STATE.backends.records == before + 2
     tokens = [token(a) for a in arrays[:2]]  # two messages
     assert isinstance(tokens[0], bytes) and tokens[0] != tokens[1]  # two records, two numbers
-    assert sync._records == before + 4
+    assert STATE.backends.records == before + 4
     assert len(one) < len(idle) + 2 * sync.TOKEN_SIZE  # the token went once into the message
     back = pickle.loads(one)  # in the exporter itself: its own event
     assert [float(b.array[0]) for b in back] == list(range(50))
-    assert len(sync._waited) == 1  # one stream, and the token it waited for last
+    assert len(STATE.backends.waited) == 1  # one stream, and the token it waited for last
     assert float(scratch[0]) == 1.0
 
 
@@ -568,11 +569,11 @@ def test_export_ring_grows_only_while_pending(be: CudaVmmBackend, spin: Spin) ->
 
     scratch = cupy.zeros(1024, dtype=cupy.float32)
     be.synchronize()
-    ring = sync._rings.get(0)
+    ring = STATE.backends.rings.get(0)
     n0 = len(ring.slots) if ring is not None else 0
     spin(scratch, 1.0, seconds=0.5)
     tokens = [be.export_sync() for _ in range(n0 + 2)]
-    ring = sync._rings[0]
+    ring = STATE.backends.rings[0]
     assert len(ring.slots) == n0 + 2
     assert len({t for t in tokens if t is not None}) == n0 + 2  # no pending event reused
     # In this same process the token names our own event: import waits on it directly.
@@ -625,7 +626,7 @@ _CUPY_ONLY_FORK = textwrap.dedent(
     import cupy
     cupy.zeros(1)  # CuPy (the runtime) initialises CUDA; sharedarrays has not
     from sharedarrays.backends.cuda import driver as cuda_driver
-    assert cuda_driver._init_pid is None
+    assert STATE.backends.cuda_init_pid is None
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:

@@ -22,13 +22,13 @@ from sharedarrays.backends import (
     register,
     registration,
     registrations,
-    registry,
     why_unusable,
 )
 from sharedarrays.backends import device as device_mod
 from sharedarrays.backends.device import CPU, Device, kinds, parse_device, parse_name
 from sharedarrays.backends.host import HostBackend, check_chunk_fd
 from sharedarrays.errors import BackendUnavailable, PayloadError
+from sharedarrays.process import STATE
 
 PACKAGE = Path(__file__).resolve().parents[2] / "sharedarrays"
 
@@ -36,9 +36,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "sharedarrays"
 @pytest.fixture
 def clean_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     """Registrations and device kinds made by a test are gone after it."""
-    monkeypatch.setattr(registry, "_registry", dict(registry._registry))
-    monkeypatch.setattr(registry, "_backends", dict(registry._backends))
-    monkeypatch.setattr(device_mod, "_kinds", dict(device_mod._kinds))
+    for name in ("registrations", "objects", "kinds"):
+        monkeypatch.setattr(STATE.backends, name, dict(getattr(STATE.backends, name)))
 
 
 class FakeBackend(HostBackend):

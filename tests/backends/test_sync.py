@@ -192,3 +192,31 @@ def test_a_queue_message_records_once() -> None:
 def test_no_fence_inside_no_sync() -> None:
     with sync.no_sync():
         assert sync.export_fence(object()) is None  # type: ignore[arg-type]
+
+
+def test_a_forked_child_keeps_the_backends_facts_and_drops_their_events(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``STATE.backends.reset_in_child``: registrations, kinds, backend objects and reasons
+    stay; CUDA's events, the loaded CANN runtimes and the locks are the child's own; a
+    parent that had initialised CUDA marks the child."""
+    from forking import in_forked_child
+
+    from sharedarrays.backends.cuda import driver
+    from sharedarrays.process import STATE
+
+    state = STATE.backends
+    monkeypatch.setattr(state, "rings", {0: "a ring"})
+    monkeypatch.setattr(state, "waited", {(0, 0): b"token"})
+    monkeypatch.setattr(state, "acl", {"": "runtime"})
+    monkeypatch.setattr(state, "cuda_forked", False)
+    monkeypatch.setattr(driver, "_cuda_initialised_here", lambda: True)  # (the fork hook asks)
+    lock = state.lock
+
+    def child() -> list[object]:
+        s = STATE.backends
+        kept = bool(s.registrations) and bool(s.kinds) and "host" in s.registrations
+        return [kept, s.rings, s.waited, s.acl, s.cuda_forked, s.cuda_parent_had, s.lock is lock]
+
+    assert in_forked_child(child) == [True, {}, {}, {}, True, False, False]
+    assert state.rings == {0: "a ring"}  # (the parent keeps its own)

@@ -1,10 +1,7 @@
-"""The CANN runtime (``libascendcl``, through ctypes: its Python API is not on the package
-registry): loading it on first use (``aclInit`` once per process), errors, why a device is
-unusable, and the C types the ``ascend`` backend passes.
-
-``SHAREDARRAYS_ASCEND_MODULE`` names a Python module to call instead, with the same functions,
-ctypes arguments and ``aclError`` codes (the tests' simulated driver,
-``tests/simulated/ascend.py``); it is read on every use.
+"""The CANN runtime (``libascendcl`` through ctypes), loaded on first use (``aclInit`` once
+per process): errors, why a device is unusable, the C types the ``ascend`` backend passes.
+``SHAREDARRAYS_ASCEND_MODULE`` names a Python module to call instead (the tests' simulated
+driver, ``tests/simulated/ascend.py``); it is read on every use.
 """
 
 from __future__ import annotations
@@ -13,11 +10,13 @@ import ctypes
 import ctypes.util
 import importlib
 import os
-import threading
+import types
 from typing import Any
 
+from sharedarrays.backends.base import cached_reason
 from sharedarrays.backends.base import loadable as _loadable
 from sharedarrays.errors import DriverError, OutOfMemory
+from sharedarrays.process import STATE
 
 __all__ = [
     "AclError",
@@ -49,7 +48,9 @@ ACL_ERROR_RT_NO_DEVICE = 207004
 ACL_ERROR_RT_NO_PERMISSION = 207006
 ACL_ERROR_RT_DEVICE_OOM = 207018
 
-ERROR_NAMES = {v: k for k, v in dict(globals()).items() if k.startswith("ACL_ERROR_")}
+ERROR_NAMES = types.MappingProxyType(
+    {v: k for k, v in dict(globals()).items() if k.startswith("ACL_ERROR_")}
+)
 
 # enums (acl_rt.h)
 ACL_MEM_HANDLE_TYPE_NONE = 0
@@ -80,7 +81,7 @@ class PhysicalMemProp(ctypes.Structure):
 
 
 _P = ctypes.POINTER
-_SIGNATURES: dict[str, tuple[Any, ...]] = {
+_SIGNATURES = types.MappingProxyType({
     "aclInit": (ctypes.c_char_p,),
     "aclrtSetDevice": (ctypes.c_int32,),
     "aclrtGetDevice": (_P(ctypes.c_int32),),
@@ -108,12 +109,8 @@ _SIGNATURES: dict[str, tuple[Any, ...]] = {
     "aclrtMemcpy": (
         ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
     ),
-}  # fmt: skip
+})  # fmt: skip
 """The C signature of every call the backend makes (all return ``aclError``)."""
-
-_lock = threading.Lock()
-_loaded: dict[tuple[str, int], Any] = {}  # (module or library, pid) -> initialised runtime
-_reasons: dict[tuple[str, int], str | None] = {}
 
 
 class AclError(DriverError):
@@ -152,21 +149,20 @@ def _open_library() -> Any:
 
 def load_acl() -> Any:
     """The CANN runtime of this process (the library, or :func:`module_name`'s module),
-    initialised once per process. Raises ``OSError`` (no library), ``ImportError`` (no
-    module) or :class:`AclError` (``aclInit`` failed)."""
+    initialised once per process (``STATE.backends.acl``). Raises ``OSError`` (no library),
+    ``ImportError`` (no module) or :class:`AclError` (``aclInit`` failed)."""
     name = module_name()
-    key = (name or LIBRARY, os.getpid())
-    acl = _loaded.get(key)
-    if acl is not None:
-        return acl
-    with _lock:
-        acl = _loaded.get(key)
-        if acl is None:
-            acl = importlib.import_module(name) if name else _open_library()
-            code = int(acl.aclInit(None))
-            if code != ACL_ERROR_REPEAT_INITIALIZE:
-                check(code, "aclInit")
-            _loaded[key] = acl
+    state = STATE.backends
+    acl = state.acl.get(name)
+    if acl is None:
+        with state.driver_lock:
+            acl = state.acl.get(name)
+            if acl is None:
+                acl = importlib.import_module(name) if name else _open_library()
+                code = int(acl.aclInit(None))
+                if code != ACL_ERROR_REPEAT_INITIALIZE:
+                    check(code, "aclInit")
+                state.acl[name] = acl
     return acl
 
 
@@ -204,12 +200,7 @@ def _reason(index: int) -> str | None:
 
 
 def why_unusable(index: int = 0) -> str | None:
-    """Why Ascend device ``index`` cannot be used here, or ``None``; never raises, cached per
-    module and device."""
-    key = (module_name(), index)
-    if key not in _reasons:
-        try:
-            _reasons[key] = _reason(index)
-        except Exception as exc:  # a broken installation must not break sa.list_backends()
-            _reasons[key] = f"the CANN runtime failed: {exc!r}"
-    return _reasons[key]
+    """Why Ascend device ``index`` cannot be used here, or ``None``; never raises, asked once
+    per module and device."""
+    key = ("ascend", module_name(), index)
+    return cached_reason(key, lambda: _reason(index), "the CANN runtime")

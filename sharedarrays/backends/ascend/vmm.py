@@ -1,13 +1,11 @@
 """The Ascend backend (``"ascend"``): Huawei NPU memory shared through CANN's shareable
 handles, a pointer backend (one chunk per allocation, like cuda-ipc).
 
-A chunk is ``aclrtMallocPhysical`` memory mapped at an address of its own
-(``aclrtReserveMemAddress``, ``aclrtMapMem``), exported as a ``uint64`` with the pid trust
-list on. Before the exporter's handle server hands a handle to a process it admits that pid
-(``aclrtMemSetPidToShareableHandle``, :meth:`AscendBackend.admit`); the driver refuses
-importers not on the list. CANN imports only while the exporter still has the memory, so
-the exporter keeps a released allocation until every process it served has closed it
-(``exporter_owned``). Tested on a simulated driver only (``tests/simulated/ascend.py``).
+A chunk is ``aclrtMallocPhysical`` memory mapped at an address of its own, exported as a
+``uint64`` with the pid trust list on: the exporter's handle server admits a pid
+(:meth:`AscendBackend.admit`) before handing it the handle. CANN imports only while the
+exporter has the memory (``exporter_owned``). Tested on a simulated driver only
+(``tests/simulated/ascend.py``).
 """
 
 from __future__ import annotations
@@ -25,10 +23,17 @@ import numpy as np
 
 from sharedarrays.backends.ascend import runtime as rt
 from sharedarrays.backends.ascend.runtime import AclError, check, load_acl, why_unusable
-from sharedarrays.backends.base import Chunk, DeviceBase, NativeView, SyncOrdering, installed
+from sharedarrays.backends.base import (
+    Chunk,
+    DeviceBase,
+    NativeView,
+    SyncOrdering,
+    fork_reason,
+    installed,
+)
 from sharedarrays.backends.device import Device
 from sharedarrays.backends.dlpack import KDL_EXT_DEV, dl_dtype, dlpack_view
-from sharedarrays.backends.host import host_copy, host_view, to_numpy
+from sharedarrays.backends.host import host_native, to_numpy
 from sharedarrays.backends.registry import Registration, register
 from sharedarrays.errors import (
     BackendUnavailable,
@@ -79,10 +84,7 @@ def _torch_layout(dtype: np.dtype[Any], strides: tuple[int, ...]) -> bool:
     return all(s >= 0 and s % dtype.itemsize == 0 for s in strides)
 
 
-FORK_REASON = (
-    "this backend object was inherited through fork, and CANN cannot be used in such a "
-    "child; start worker processes with the 'spawn' or 'forkserver' start method"
-)
+FORK_REASON = fork_reason("CANN")
 
 
 class AscendBackend(SyncOrdering, DeviceBase):
@@ -132,8 +134,7 @@ class AscendBackend(SyncOrdering, DeviceBase):
 
     def _on_device(self) -> None:
         """Make this device current for the calling thread (``aclrtSetDevice``)."""
-        if self._forked():
-            raise BackendUnavailable(f"cannot use {self.device}: {FORK_REASON}")
+        self._refuse_forked(FORK_REASON)
         check(self._acl.aclrtSetDevice(self.device.index), f"aclrtSetDevice({self.device.index})")
 
     def _map(self, handle: int, size: int) -> int:
@@ -211,19 +212,9 @@ class AscendBackend(SyncOrdering, DeviceBase):
             admitted.add(pid)
 
     def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
-        """Import another process's chunk from its 8-byte ``export`` and map it here.
-
-        Raises
-        ------
-        PayloadError
-            ``export`` is not 8 bytes, or ``size`` is no multiple of the granularity or
-            larger than the chunk.
-        PermissionDenied
-            The driver refused: this process is not on the chunk's trust list (its exporter
-            did not admit it).
-        HandleUnavailable
-            The driver knows no such handle (its exporter freed the memory or exited).
-        """
+        """Import another process's chunk from its 8-byte ``export`` and map it here;
+        :class:`~sharedarrays.PermissionDenied` where this process is not on its trust list,
+        :class:`~sharedarrays.HandleUnavailable` where its exporter freed it or exited."""
         if fd >= 0:
             os.close(fd)  # CANN sends no fds
         if len(export) != EXPORT_BYTES:
@@ -304,7 +295,7 @@ class AscendBackend(SyncOrdering, DeviceBase):
         ``owner``) where torch_npu is importable, else a NumPy view where the CPU addresses
         the memory, else a read-only NumPy copy. Read-only views and layouts torch cannot
         have take the NumPy way."""
-        address, size, offset, owner, dtype, shape, strides, readonly, _ = view
+        address, _, offset, owner, dtype, shape, strides, readonly, _ = view
         if not readonly and _torch_layout(dtype, strides):
             consume = torch_npu_from_dlpack()
             if consume is not None:
@@ -322,17 +313,13 @@ class AscendBackend(SyncOrdering, DeviceBase):
                     warnings.warn(f"{exc}; giving NumPy arrays meanwhile", stacklevel=2)
                 else:
                     return consume(exporter)
-        if self._cpu_addressable:
-            return host_view(view)
-        buffer = np.empty(size, dtype=np.uint8)
-        self._on_device()
-        check(
-            self._acl.aclrtMemcpy(
-                buffer.ctypes.data, size, address, size, rt.ACL_MEMCPY_DEVICE_TO_HOST
-            ),
-            "aclrtMemcpy(device to host)",
-        )
-        return host_copy(buffer, view)
+
+        def copy(dst: int, src: int, n: int) -> None:
+            self._on_device()
+            code = self._acl.aclrtMemcpy(dst, n, src, n, rt.ACL_MEMCPY_DEVICE_TO_HOST)
+            check(code, "aclrtMemcpy(device to host)")
+
+        return host_native(view, self._cpu_addressable, copy)
 
     def to_native(self, obj: Any) -> Any:
         """``obj`` as a NumPy array (may copy)."""

@@ -14,13 +14,14 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from sharedarrays import process
-from sharedarrays.backends.base import DeviceBase, NativeView
+from sharedarrays.backends.base import DeviceBase, NativeView, VendorCalls
 from sharedarrays.backends.cuda import semaphore, sync
 from sharedarrays.backends.cuda.driver import (
     FORK_REASON,
     CudaOutOfMemory,
     OnDevice,
     check,
+    check_export,
     current_device_index,
     current_stream,
     explain_out_of_memory,
@@ -31,7 +32,7 @@ from sharedarrays.backends.device import Device
 from sharedarrays.errors import BackendUnavailable, ClosedArrayError, SharedArrayError
 from sharedarrays.protocol.payload import contiguous_strides
 
-__all__ = ["CudaDevice", "ValueReader"]
+__all__ = ["CudaDevice", "CudaCalls", "ValueReader"]
 
 
 def _c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> bool:
@@ -81,6 +82,31 @@ class ValueReader:
         self._finalizer()
 
 
+class CudaCalls(VendorCalls):
+    """CUDA's side of the VMM and pool tables (``cuda.bindings.driver``)."""
+
+    prefix = "cu"
+    fd_name = "POSIX_FILE_DESCRIPTOR"
+    _check = staticmethod(check)
+
+    def __init__(self, backend: CudaDevice) -> None:
+        super().__init__(backend)
+        self._backend, self._d = backend, backend._d
+        self._m = self._d
+        self.fd_type = self._d.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+
+    def allocating(self, thing: str, nbytes: int, name: str, *args: Any, what: str = "") -> Any:
+        result = getattr(self._d, "cu" + name)(*args)
+        return self._backend._check_allocation(result, f"cu{name}{what}", thing, nbytes)
+
+    def export_fd(self, name: str, *args: Any) -> int:
+        result = getattr(self._d, "cu" + name)(*args, self.fd_type, 0)
+        return int(check_export(result, f"cu{name}({self.fd_name})"))
+
+    def handle(self, handle: int) -> Any:
+        return self._d.CUmemGenericAllocationHandle(handle)
+
+
 class CudaDevice(DeviceBase):
     """The base of the CUDA backends: one device (``Device("cuda", N)``) and its primary
     context, retained once for the life of the process."""
@@ -112,15 +138,7 @@ class CudaDevice(DeviceBase):
         """The ordering token of work queued so far on ``stream`` of this device: ``None``
         when ``cuStreamQuery`` says it is all done, else that of an event recorded now
         (:func:`.sync.record`). Asked once per message: the hot path (context already
-        current) is one ``cuCtxGetCurrent`` and one ``cuStreamQuery`` in this frame.
-
-        Raises
-        ------
-        BackendUnavailable
-            This backend object was inherited through ``fork``.
-        CudaDriverError
-            The query or the record failed.
-        """
+        current) is one ``cuCtxGetCurrent`` and one ``cuStreamQuery`` in this frame."""
         d = self._d
         err, current = d.cuCtxGetCurrent() if process.STATE.pid == self._pid else (1, None)
         if int(err) == 0 and current is not None and int(current) == self._ctx_int:

@@ -1,15 +1,10 @@
-"""The CUDA driver, shared by the CUDA backends: loading ``cuda.bindings.driver``, errors,
-fork safety, why a device is unusable, the current device and stream.
+"""The CUDA driver of the CUDA backends (``cuda.bindings.driver``, imported on first use):
+errors (:func:`check`), fork safety, why a device is unusable, the current device and stream.
 
-Every driver call goes through ``cuda.bindings.driver`` and :func:`check`, with the device's
-primary context current. Nothing here imports ``cuda.bindings`` or CuPy at import time.
-
-A process forked from one that had initialised CUDA cannot use it. A child is noticed by
-the pid that called ``cuInit`` here, by a fork hook asking whether anyone (CuPy, PyTorch,
-...) had initialised CUDA in the parent (``cuCtxGetCurrent`` answers
-``CUDA_ERROR_NOT_INITIALIZED`` exactly when nobody has), and by PyTorch's own bad-fork mark;
-:func:`why_unusable` then says to use spawn or forkserver, and inherited backend objects make
-no driver calls.
+A process forked from one that had initialised CUDA cannot use it: a child is noticed by the
+pid that called ``cuInit``, by a fork hook asking whether anyone had initialised CUDA in the
+parent (``cuCtxGetCurrent`` answers ``CUDA_ERROR_NOT_INITIALIZED`` exactly when nobody has),
+and by PyTorch's bad-fork mark; :func:`why_unusable` then says to use spawn or forkserver.
 """
 
 from __future__ import annotations
@@ -21,17 +16,18 @@ import importlib
 import importlib.util
 import os
 import sys
-import threading
+import types
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from sharedarrays.backends.base import cached_reason
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import (
     DriverError,
     OutOfMemory,
     fd_limit_error,
 )
-from sharedarrays.process import at_fork
+from sharedarrays.process import STATE, at_fork
 
 __all__ = [
     "OnDevice",
@@ -160,18 +156,15 @@ def _error_description(driver: Any, err: Any) -> str:
     return text.decode(errors="replace") if isinstance(text, bytes) else str(text)
 
 
-def _raise(err: Any, call: str) -> None:
-    code = int(err)
-    cls = CudaOutOfMemory if code == _CUDA_ERROR_OUT_OF_MEMORY else CudaDriverError
-    raise cls(call, code, _error_name(err), _error_description(_driver, err))
-
-
 def check(result: Any, call: str) -> Any:
     """The values of a binding's ``(err, values...)`` result: ``None``, the value, or a
     tuple; raises :class:`CudaDriverError` (named by ``call``) unless ``err`` is success."""
     err = result[0]
-    if int(err) != _CUDA_SUCCESS:
-        _raise(err, call)
+    code = int(err)
+    if code != _CUDA_SUCCESS:
+        cls = CudaOutOfMemory if code == _CUDA_ERROR_OUT_OF_MEMORY else CudaDriverError
+        description = _error_description(STATE.backends.cuda_driver, err)
+        raise cls(call, code, _error_name(err), description)
     if len(result) == 1:
         return None
     if len(result) == 2:
@@ -200,63 +193,42 @@ def opaque_from_bytes(cls: Any, data: bytes) -> Any:
     return handle
 
 
-_driver: Any = None
-_lock = threading.RLock()
-_reasons: dict[tuple[int, str] | None, str | None] = {}  # (device, backend); None: the driver
-_reasons_pid = os.getpid()
-_device_count = 0
-_init_pid: int | None = None  # the pid in which this module's cuInit succeeded
-_parent_had_cuda = False  # set just before a fork; read in the child
-_forked_from_cuda = False  # this process is a fork child of a process that had CUDA
-
-
 def load_driver() -> Any:
     """Import and return ``cuda.bindings.driver`` (raises ``ImportError`` if absent)."""
-    global _driver
-    if _driver is None:
-        _driver = importlib.import_module("cuda.bindings.driver")
-    return _driver
+    state = STATE.backends
+    if state.cuda_driver is None:
+        state.cuda_driver = importlib.import_module("cuda.bindings.driver")
+    return state.cuda_driver
 
 
 def _cuda_initialised_here() -> bool:
     """Best effort: has anyone called ``cuInit`` in this process?"""
-    if _init_pid == os.getpid():
+    if STATE.backends.cuda_init_pid == os.getpid():
         return True
     if not any(name in sys.modules for name in _CUDA_USERS):
         return False
     try:
-        driver = load_driver()
-        err = driver.cuCtxGetCurrent()[0]
+        err = load_driver().cuCtxGetCurrent()[0]
     except Exception:
         return False
     return int(err) != _CUDA_ERROR_NOT_INITIALIZED
 
 
 def _before_fork() -> None:
-    global _parent_had_cuda
-    _parent_had_cuda = _cuda_initialised_here()  # (never raises)
-
-
-def _after_fork_in_child() -> None:
-    global _forked_from_cuda
-    _forked_from_cuda = _forked_from_cuda or _parent_had_cuda
+    STATE.backends.cuda_parent_had = _cuda_initialised_here()  # (never raises)
 
 
 def _after_fork_in_parent() -> None:
-    global _parent_had_cuda
-    _parent_had_cuda = False
+    STATE.backends.cuda_parent_had = False
 
 
-at_fork(
-    "backends",
-    before=_before_fork,
-    after_in_child=_after_fork_in_child,
-    after_in_parent=_after_fork_in_parent,
-)
+# (the child: STATE.backends.reset_in_child marks it forked from CUDA)
+at_fork("backends", before=_before_fork, after_in_parent=_after_fork_in_parent)
 
 
 def _fork_reason() -> str | None:
-    if _forked_from_cuda or (_init_pid is not None and _init_pid != os.getpid()):
+    state = STATE.backends
+    if state.cuda_forked or state.cuda_init_pid not in (None, os.getpid()):
         return FORK_REASON
     torch = sys.modules.get("torch")
     if torch is not None:
@@ -269,8 +241,7 @@ def _fork_reason() -> str | None:
 
 
 def _driver_reason() -> str | None:
-    """Why the driver cannot be used at all, or ``None``; sets ``_device_count``."""
-    global _init_pid, _device_count
+    """Why the driver cannot be used at all, or ``None``; counts the devices."""
     try:
         driver = load_driver()
     except ImportError as exc:
@@ -307,13 +278,13 @@ def _driver_reason() -> str | None:
     if int(err) != _CUDA_SUCCESS:
         text = _error_description(driver, err)
         return f"cuInit failed with {name}" + (f" ({text})" if text else "")
-    _init_pid = os.getpid()
+    STATE.backends.cuda_init_pid = os.getpid()
     err, count = driver.cuDeviceGetCount()
     if int(err) != _CUDA_SUCCESS:
         return f"cuDeviceGetCount failed with {_error_name(err)}"
     if count == 0:
         return "no CUDA device is visible (cuDeviceGetCount returned 0)"
-    _device_count = int(count)
+    STATE.backends.cuda_count = int(count)
     return None
 
 
@@ -326,53 +297,47 @@ def _device_name(driver: Any, dev: Any) -> str:
 
 
 # What each CUDA backend needs of a device: attributes whose lowest bit must be set (for
-# MEMPOOL_SUPPORTED_HANDLE_TYPES, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), what lacks.
-_NEEDS: dict[str, tuple[tuple[str, str], ...]] = {
-    "cuda-vmm": (
-        (
+# MEMPOOL_SUPPORTED_HANDLE_TYPES, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), and what lacks.
+_NEEDS = types.MappingProxyType(
+    {
+        "cuda-vmm": (
             "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED",
-            "does not support CUDA virtual memory management (cuMemCreate/cuMemMap)",
-        ),
-        (
             "HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED",
-            "cannot export memory as POSIX file descriptors",
         ),
-    ),
-    "cuda-ipc": (
-        (
-            "UNIFIED_ADDRESSING",
-            "has no unified addressing, which CUDA IPC (cuIpcGetMemHandle) needs",
-        ),
-    ),
-    "cuda-pool": (
-        (
-            "MEMORY_POOLS_SUPPORTED",
-            "does not support stream-ordered memory pools (cuMemPoolCreate)",
-        ),
-        (
-            "MEMPOOL_SUPPORTED_HANDLE_TYPES",
-            "cannot export memory pools as POSIX file descriptors",
-        ),
-    ),
-}
+        "cuda-ipc": ("UNIFIED_ADDRESSING",),
+        "cuda-pool": ("MEMORY_POOLS_SUPPORTED", "MEMPOOL_SUPPORTED_HANDLE_TYPES"),
+    }
+)
+_LACKS = types.MappingProxyType(
+    {
+        "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED": "does not support CUDA virtual memory management "
+        "(cuMemCreate/cuMemMap)",
+        "HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED": "cannot export memory as POSIX file "
+        "descriptors",
+        "UNIFIED_ADDRESSING": "has no unified addressing, which CUDA IPC (cuIpcGetMemHandle) needs",
+        "MEMORY_POOLS_SUPPORTED": "does not support stream-ordered memory pools (cuMemPoolCreate)",
+        "MEMPOOL_SUPPORTED_HANDLE_TYPES": "cannot export memory pools as POSIX file descriptors",
+    }
+)
 
 
 def _device_reason(index: int, backend: str) -> str | None:
     """Why device ``index`` cannot serve ``backend``, or ``None``."""
     if index < 0:
         return f"device index must be >= 0, got {index}"
-    if index >= _device_count:
+    count = STATE.backends.cuda_count
+    if index >= count:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         where = f", CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else ""
         return (
-            f"device index {index} is out of range: {_device_count} CUDA device(s) visible "
-            f"(cuda:0 to cuda:{_device_count - 1}{where})"
+            f"device index {index} is out of range: {count} CUDA device(s) visible "
+            f"(cuda:0 to cuda:{count - 1}{where})"
         )
     driver = load_driver()
     err, dev = driver.cuDeviceGet(index)
     if int(err) != _CUDA_SUCCESS:
         return f"cuDeviceGet({index}) failed with {_error_name(err)}"
-    for short, lack in _NEEDS[backend]:
+    for short in _NEEDS[backend]:
         name = f"CU_DEVICE_ATTRIBUTE_{short}"
         attribute = getattr(driver.CUdevice_attribute, name)
         err, value = driver.cuDeviceGetAttribute(attribute, dev)
@@ -380,7 +345,7 @@ def _device_reason(index: int, backend: str) -> str | None:
             return f"cuDeviceGetAttribute({name}) failed with {_error_name(err)}"
         if not int(value) & 1:
             return (
-                f"cuda:{index} ({_device_name(driver, dev)}) {lack}, which the {backend} "
+                f"cuda:{index} ({_device_name(driver, dev)}) {_LACKS[short]}, which the {backend} "
                 "backend needs"
             )
     return None
@@ -388,63 +353,41 @@ def _device_reason(index: int, backend: str) -> str | None:
 
 def why_unusable(index: int | None = None, backend: str = "cuda-vmm") -> str | None:
     """Why CUDA backend ``backend`` cannot be used on device ``index`` (default 0) here, or
-    ``None`` when it can.
-
-    A sentence naming what is missing and what to do: a package, the driver, a ``cuInit``
-    error, a device or one of its features, or a process forked after CUDA was initialised.
-    Never raises; cached per process, device and backend (``cuInit`` on the first call).
-    """
-    global _reasons_pid
+    ``None`` when it can: a sentence naming what is missing (a package, the driver, a
+    ``cuInit`` error, a device or one of its features, or a process forked after CUDA was
+    initialised) and what to do. Never raises; asked once per device and backend (``cuInit``
+    on the first call)."""
     idx = 0 if index is None else int(index)
     if backend not in _NEEDS:
         return f"unknown CUDA backend {backend!r}; the CUDA backends are {', '.join(_NEEDS)}"
-    try:
-        fork = _fork_reason()
-        if fork is not None:
-            return fork
-        with _lock:
-            if _reasons_pid != os.getpid():
-                _reasons.clear()
-                _reasons_pid = os.getpid()
-            if None not in _reasons:
-                _reasons[None] = _driver_reason()
-            reason = _reasons[None]
-            if reason is not None:
-                return reason
-            key = (idx, backend)
-            if key not in _reasons:
-                _reasons[key] = _device_reason(idx, backend)
-            return _reasons[key]
-    except Exception as exc:  # never raise: this answers a question
-        return f"checking CUDA failed unexpectedly ({type(exc).__name__}: {exc})"
-
-
-_peers: dict[tuple[int, int], str | None] = {}
+    what = "checking CUDA unexpectedly"
+    return (
+        _fork_reason()
+        or cached_reason(("cuda",), _driver_reason, what)
+        or cached_reason(("cuda", idx, backend), lambda: _device_reason(idx, backend), what)
+    )
 
 
 def peer_reason(index: int, owner: int) -> str | None:
     """Why device ``index`` cannot access memory of device ``owner`` (``None``: it can);
-    cached, never raises."""
-    key = (index, owner)
-    if key in _peers:
-        return _peers[key]
+    asked once, never raises."""
+    what = f"checking peer access cuda:{index} -> cuda:{owner}"
+    return cached_reason(("cuda-peer", index, owner), lambda: _peer_reason(index, owner), what)
+
+
+def _peer_reason(index: int, owner: int) -> str | None:
     why = why_unusable(index, "cuda-vmm") or why_unusable(owner, "cuda-vmm")
-    if why is None and index != owner:
-        try:
-            d = load_driver()
-            peer, dev = d.cuDeviceGet(index)[1], d.cuDeviceGet(owner)[1]
-            can = check(d.cuDeviceCanAccessPeer(peer, dev), "cuDeviceCanAccessPeer")
-            if not can:
-                why = (
-                    f"cuda:{index} ({_device_name(d, peer)}) cannot access the memory of "
-                    f"cuda:{owner} ({_device_name(d, dev)}): cuDeviceCanAccessPeer is 0 (no "
-                    "NVLink or PCIe peer path between them). Copy the data to that device "
-                    "instead, or use a device that can reach it"
-                )
-        except Exception as exc:
-            why = f"checking peer access cuda:{index} -> cuda:{owner} failed: {exc}"
-    _peers[key] = why
-    return why
+    if why is not None or index == owner:
+        return why
+    d = load_driver()
+    peer, dev = d.cuDeviceGet(index)[1], d.cuDeviceGet(owner)[1]
+    if check(d.cuDeviceCanAccessPeer(peer, dev), "cuDeviceCanAccessPeer"):
+        return None
+    return (
+        f"cuda:{index} ({_device_name(d, peer)}) cannot access the memory of cuda:{owner} "
+        f"({_device_name(d, dev)}): cuDeviceCanAccessPeer is 0 (no NVLink or PCIe peer path "
+        "between them). Copy the data to that device instead, or use a device that can reach it"
+    )
 
 
 def current_device_index(default: int) -> int:
@@ -466,13 +409,10 @@ def current_device_index(default: int) -> int:
     return default
 
 
-_cupy_stream: Callable[[int], Any] | None = None  # CuPy's get_current_stream, once found
-
-
 def current_stream(device_index: int) -> int:
     """The stream work is queued on for a device: CuPy's current one when CuPy is imported,
     else ``0`` (the legacy default stream, PyTorch's unless told otherwise)."""
-    get = _cupy_stream
+    get = STATE.backends.cupy_stream
     if get is None:
         cupy = sys.modules.get("cupy")
         if cupy is None:
@@ -486,7 +426,6 @@ def current_stream(device_index: int) -> int:
 
 def _find_cupy_stream(cupy: Any, device_index: int) -> Callable[[int], Any]:
     """Keep CuPy's ``get_current_stream`` (every message's fence asks)."""
-    global _cupy_stream
     get: Callable[[int], Any] = cupy.cuda.get_current_stream
     try:
         get(device_index)
@@ -496,5 +435,5 @@ def _find_cupy_stream(cupy: Any, device_index: int) -> Callable[[int], Any]:
             with cupy.cuda.Device(device_index):
                 return cupy.cuda.get_current_stream()
 
-    _cupy_stream = get
+    STATE.backends.cupy_stream = get
     return get

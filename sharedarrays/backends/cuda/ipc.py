@@ -1,13 +1,9 @@
 """The CUDA IPC backend (``"cuda-ipc"``): ``cuMemAlloc`` memory shared by legacy IPC handles,
 for devices or drivers without VMM and POSIX-fd handles.
 
-A chunk is one ``cuMemAlloc`` allocation; its handle, 64 bytes from ``cuIpcGetMemHandle``
-taken once, goes out through the exporter's handle server after its checks. An importer opens
-it once per process (``cuIpcOpenMemHandle``; the allocation registry is the cache) and closes
-it on release. The memory belongs to the exporter (``exporter_owned``): freeing it while an
-importer has it open is undefined in CUDA, so a released allocation is kept until every
-process served has closed it or exited; an import after that raises
-:class:`~sharedarrays.HandleUnavailable`.
+A chunk is one ``cuMemAlloc`` allocation with its 64-byte ``cuIpcGetMemHandle``; an importer
+opens it once per process and closes it on release. The memory is the exporter's
+(``exporter_owned``): freeing it while an importer has it open is undefined in CUDA.
 """
 
 from __future__ import annotations
@@ -44,6 +40,8 @@ _STALE = frozenset(
         "CUDA_ERROR_NOT_FOUND",
     }
 )
+
+_POINTER_ATTRIBUTES = ("MEMORY_TYPE", "DEVICE_ORDINAL", "IS_MANAGED", "IS_LEGACY_CUDA_IPC_CAPABLE")
 
 
 class CudaIpcBackend(CudaDevice):
@@ -85,37 +83,21 @@ class CudaIpcBackend(CudaDevice):
         """Share, without copying, the ``cuMemAlloc`` allocation holding ``pointer`` (what
         CuPy's and PyTorch's default allocators hand out): the chunk is the whole allocation
         and holds ``owner``, dropped on release instead of freeing; returns it and
-        ``pointer``'s offset in it.
-
-        Raises
-        ------
-        NotShareable
-            Not device memory of this device, or CUDA IPC cannot export it (managed memory,
-            a stream-ordered pool, VMM memory).
-        """
+        ``pointer``'s offset in it. :class:`~sharedarrays.NotShareable` for other memory."""
         d = self._d
         attr = d.CUpointer_attribute
         suggestion = "; sa.from_array(x) copies it into new shared memory instead"
         with self.context():
             try:
-                kind = check(
-                    d.cuPointerGetAttribute(attr.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, pointer),
-                    "cuPointerGetAttribute(MEMORY_TYPE)",
-                )
-                ordinal = check(
-                    d.cuPointerGetAttribute(attr.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, pointer),
-                    "cuPointerGetAttribute(DEVICE_ORDINAL)",
-                )
-                managed = check(
-                    d.cuPointerGetAttribute(attr.CU_POINTER_ATTRIBUTE_IS_MANAGED, pointer),
-                    "cuPointerGetAttribute(IS_MANAGED)",
-                )
-                capable = check(
-                    d.cuPointerGetAttribute(
-                        attr.CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, pointer
-                    ),
-                    "cuPointerGetAttribute(IS_LEGACY_CUDA_IPC_CAPABLE)",
-                )
+                kind, ordinal, managed, capable = [
+                    check(
+                        d.cuPointerGetAttribute(
+                            getattr(attr, f"CU_POINTER_ATTRIBUTE_{a}"), pointer
+                        ),
+                        f"cuPointerGetAttribute({a})",
+                    )
+                    for a in _POINTER_ATTRIBUTES
+                ]
             except CudaDriverError as exc:
                 raise NotShareable(
                     f"address {pointer:#x} is not CUDA memory this process can see ({exc})"
@@ -154,15 +136,8 @@ class CudaIpcBackend(CudaDevice):
 
     def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
         """Open another process's chunk from its 64-byte IPC handle ``export`` (``fd`` is
-        unused, closed if given).
-
-        Raises
-        ------
-        PayloadError
-            ``export`` is not 64 bytes, or the memory is smaller than ``size``.
-        HandleUnavailable
-            The driver refused the handle: its memory was freed or its process exited.
-        """
+        unused, closed if given); :class:`~sharedarrays.HandleUnavailable` where the driver
+        refuses it (its memory was freed or its process exited)."""
         if fd >= 0:
             os.close(fd)
         if len(export) != OPAQUE_BYTES:

@@ -1,21 +1,21 @@
 """The CUDA memory-pool backend (``"cuda-pool"``):
-:class:`~sharedarrays.backends.pool.PoolBackend` on :class:`CudaPool`, CUDA's table of pool
-IPC calls (``cuMemPoolCreate`` with POSIX fd handles, ``cuMemAllocFromPoolAsync`` on the
-current stream, ``cuMemPoolExportPointer``, ``cuMemPoolImportPointer``, ...)."""
+:class:`~sharedarrays.backends.pool.PoolBackend` on :class:`CudaPool`, CUDA's pool IPC calls
+(``cuMemPoolCreate`` with POSIX fd handles, ``cuMemAllocFromPoolAsync`` on the current
+stream, ``cuMemPoolExportPointer``, ``cuMemPoolImportPointer``, ...)."""
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from sharedarrays.backends.cuda.device import CudaDevice
-from sharedarrays.backends.cuda.driver import (
-    check,
-    check_export,
-    opaque_bytes,
-    opaque_from_bytes,
-    why_unusable,
+from sharedarrays.backends.cuda.device import CudaCalls, CudaDevice
+from sharedarrays.backends.cuda.driver import opaque_bytes, opaque_from_bytes, why_unusable
+from sharedarrays.backends.pool import (
+    EXPORT_BYTES,
+    GRANULARITY,
+    POOL_ID_BYTES,
+    PoolBackend,
+    PoolCalls,
 )
-from sharedarrays.backends.pool import EXPORT_BYTES, GRANULARITY, POOL_ID_BYTES, PoolBackend
 from sharedarrays.backends.registry import Registration, register
 from sharedarrays.settings import env_number
 
@@ -52,69 +52,31 @@ def _too_large(size: int) -> str | None:
     )
 
 
-class CudaPool:
+class CudaPool(CudaCalls, PoolCalls):
     """CUDA's pool IPC calls (:class:`~sharedarrays.backends.pool.PoolCalls`)."""
 
+    allocate_call = "MemAllocFromPoolAsync"
+    free_call = "MemFree"
     too_large = staticmethod(_too_large)
-
-    def __init__(self, backend: CudaDevice) -> None:
-        self._backend = backend
-        self._d = d = backend._d
-        self._fd_type = d.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
 
     def create_pool(self) -> Any:
         d = self._d
         props = d.CUmemPoolProps()
         props.allocType = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-        props.handleTypes = self._fd_type
+        props.handleTypes = self.fd_type
         props.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-        props.location.id = self._backend.device.index
-        return check(d.cuMemPoolCreate(props), f"cuMemPoolCreate(POSIX fd, {self._backend.device})")
-
-    def export_pool(self, pool: Any) -> int:
-        return int(
-            check_export(
-                self._d.cuMemPoolExportToShareableHandle(pool, self._fd_type, 0),
-                "cuMemPoolExportToShareableHandle(POSIX_FILE_DESCRIPTOR)",
-            )
-        )
-
-    def destroy_pool(self, pool: Any) -> None:
-        check(self._d.cuMemPoolDestroy(pool), "cuMemPoolDestroy")
+        props.location.id = self.device.index
+        return self.call("MemPoolCreate", props, what=f"(POSIX fd, {self.device})")
 
     def stream(self) -> int:
         return self._backend.current_stream()
 
-    def allocate(self, size: int, pool: Any, stream: int) -> int:
-        return int(
-            self._backend._check_allocation(
-                self._d.cuMemAllocFromPoolAsync(size, pool, stream),
-                f"cuMemAllocFromPoolAsync({size} bytes on {self._backend.device})",
-                "pool memory",
-                size,
-            )
-        )
-
-    def synchronize(self, stream: int) -> None:
-        check(self._d.cuStreamSynchronize(stream), "cuStreamSynchronize")
-
     def export_pointer(self, pointer: int) -> bytes:
-        return opaque_bytes(
-            check(self._d.cuMemPoolExportPointer(pointer), "cuMemPoolExportPointer")
-        )
-
-    def import_pool(self, fd: int) -> Any:
-        return check(
-            self._d.cuMemPoolImportFromShareableHandle(fd, self._fd_type, 0),
-            "cuMemPoolImportFromShareableHandle(POSIX_FILE_DESCRIPTOR)",
-        )
+        return opaque_bytes(self.call("MemPoolExportPointer", pointer))
 
     def import_pointer(self, pool: Any, data: bytes) -> int:
         share = opaque_from_bytes(self._d.CUmemPoolPtrExportData, data)
-        return int(check(self._d.cuMemPoolImportPointer(pool, share), "cuMemPoolImportPointer"))
-
-    def free(self, pointer: int) -> None:
-        check(self._d.cuMemFree(pointer), "cuMemFree")
+        return int(self.call("MemPoolImportPointer", pool, share))
 
 
 class CudaPoolBackend(PoolBackend, CudaDevice):
@@ -129,9 +91,7 @@ class CudaPoolBackend(PoolBackend, CudaDevice):
         "driver 580). Put the counter in a cuda-vmm or cuda-ipc array: sa.zeros(1, 'uint64', "
         "backend='cuda-vmm')"
     )
-
-    def table(self) -> CudaPool:
-        return CudaPool(self)
+    calls = CudaPool
 
 
 register(

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
-import threading
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ from sharedarrays.backends.cuda.driver import (
     opaque_from_bytes,
 )
 from sharedarrays.errors import PayloadError
-from sharedarrays.process import at_fork, running, start_time
+from sharedarrays.process import running, start_time
 from sharedarrays.protocol import token as wire
 
 __all__ = [
@@ -107,7 +106,6 @@ class Fence:
         return f"<Fence {'idle' if self.token is None else self.token[-8:].hex()}>"
 
 
-_fences = threading.local()
 _new_fence = object.__new__
 
 
@@ -120,9 +118,10 @@ def export_fence(on: OnDevice) -> Fence | None:
         return None
     index = on.device.index
     stream = current_stream(index)
-    refs: dict[tuple[int, int], weakref.ref[Fence]] | None = getattr(_fences, "refs", None)
+    fences = process.STATE.backends.fences  # (per thread)
+    refs: dict[tuple[int, int], weakref.ref[Fence]] | None = getattr(fences, "refs", None)
     if refs is None:
-        refs = _fences.refs = {}
+        refs = fences.refs = {}
     key = (index, stream)
     ref = refs.get(key)
     found = None if ref is None else ref()
@@ -140,36 +139,18 @@ class _Ring:
     cursor: int = 0
 
 
-_lock = threading.Lock()
-_state_pid = os.getpid()
-_rings: dict[int, _Ring] = {}  # device index -> ring
-_own: dict[bytes, Any] = {}  # handle bytes -> an event of this process's rings
-_opened: dict[bytes, tuple[int, int, Any]] = {}  # handle bytes -> (pid, start, opened event)
-_waited: dict[tuple[int, int], bytes] = {}  # (device, stream) -> the last token it waited for
-_records = 0  # events recorded by this process (the tokens' sequence numbers)
-_start_time_cache: int | None = None
-
-
-def _reset_after_fork() -> None:
-    """Forget the parent's events in a fork child (CUDA is unusable there anyway)."""
-    global _state_pid, _start_time_cache
-    if _state_pid != os.getpid():
-        _rings.clear()
-        _own.clear()
-        _opened.clear()
-        _waited.clear()
-        _state_pid = os.getpid()
-        _start_time_cache = None
-
-
-at_fork("backends", order=1, after_in_child=_reset_after_fork)
+# In STATE.backends (a forked child forgets the parent's events: CUDA is unusable there):
+# ``sync_lock``; ``rings``: device index -> _Ring; ``own``: handle bytes -> an event of this
+# process's rings; ``opened``: handle bytes -> (pid, start, opened event); ``waited``:
+# (device, stream) -> the last token it waited for; ``records``: events recorded by this
+# process (the tokens' sequence numbers); ``start_time``: this process's.
 
 
 def _my_start_time() -> int:
-    global _start_time_cache
-    if _start_time_cache is None:
-        _start_time_cache = start_time(os.getpid()) or 0
-    return _start_time_cache
+    state = process.STATE.backends
+    if state.start_time is None:
+        state.start_time = start_time(os.getpid()) or 0
+    return state.start_time
 
 
 def _next_slot(driver: Any, ring: _Ring) -> tuple[Any, bytes]:
@@ -198,7 +179,7 @@ def _next_slot(driver: Any, ring: _Ring) -> tuple[Any, bytes]:
     slot = (event, handle)
     ring.slots.insert(ring.cursor, slot)
     ring.cursor = (ring.cursor + 1) % len(ring.slots)
-    _own[handle] = event
+    process.STATE.backends.own[handle] = event
     return slot
 
 
@@ -213,34 +194,35 @@ def export_sync(on: OnDevice) -> bytes | None:
 
 def record(on: OnDevice, stream: int) -> bytes:
     """Record the next event of the device's ring on ``stream``; its token."""
-    global _records
     driver = load_driver()
-    with _lock, on.context():
-        _reset_after_fork()
-        ring = _rings.setdefault(on.device.index, _Ring())
+    state = process.STATE.backends
+    with state.sync_lock, on.context():
+        ring = state.rings.setdefault(on.device.index, _Ring())
         event, handle = _next_slot(driver, ring)
         check(driver.cuEventRecord(event, stream), "cuEventRecord")
-        _records += 1
-        return wire.encode(wire.OrderingToken(os.getpid(), _my_start_time(), handle, _records))
+        state.records += 1
+        token = wire.OrderingToken(os.getpid(), _my_start_time(), handle, state.records)
+        return wire.encode(token)
 
 
 def _event_for(driver: Any, token: bytes) -> Any | None:
     """The event a token names, opened once per process; ``None`` if no wait is needed."""
     record = wire.decode(token)
     pid, start, handle = record.pid, record.start, record.handle
+    state = process.STATE.backends
     if pid == os.getpid():
-        event = _own.get(handle)
+        event = state.own.get(handle)
         if event is None:
             raise PayloadError("the sync token names an event this process never exported")
         return event
-    cached = _opened.get(handle)
+    cached = state.opened.get(handle)
     if cached is not None and cached[:2] == (pid, start) and running(pid):
         return cached[2]  # the steady state: no /proc read, no open
     alive = start_time(pid)
     if alive is None or (start and alive != start):
         # The exporter has exited: its work is over, and its events are gone.
         if cached is not None:
-            del _opened[handle]
+            del state.opened[handle]
             driver.cuEventDestroy(cached[2])
         return None
     ipc = opaque_from_bytes(driver.CUipcEventHandle, handle)
@@ -248,7 +230,7 @@ def _event_for(driver: Any, token: bytes) -> Any | None:
     if cached is not None:
         driver.cuEventDestroy(cached[2])
     _drop_exited(driver, pid)
-    _opened[handle] = (pid, start, event)
+    state.opened[handle] = (pid, start, event)
     return event
 
 
@@ -256,13 +238,14 @@ def _drop_exited(driver: Any, sender: int) -> None:
     """Destroy the opened events of exporters (but ``sender``) that have exited; asked when
     an event is opened, never in the steady state."""
     gone: dict[int, bool] = {}
-    for handle, (pid, _, event) in list(_opened.items()):
+    opened = process.STATE.backends.opened
+    for handle, (pid, _, event) in list(opened.items()):
         if pid == sender:
             continue
         if pid not in gone:
             gone[pid] = not running(pid)
         if gone[pid]:
-            del _opened[handle]
+            del opened[handle]
             driver.cuEventDestroy(event)
 
 
@@ -278,12 +261,12 @@ def import_sync(on: OnDevice, token: bytes) -> None:
         Opening the event or waiting on it failed.
     """
     driver = load_driver()
+    state = process.STATE.backends
     key = (on.device.index, current_stream(on.device.index))
-    if _waited.get(key) == token and _state_pid == process.STATE.pid:
+    if state.waited.get(key) == token:
         return  # this stream already waits for that very record
-    with _lock, on.context():
-        _reset_after_fork()
+    with state.sync_lock, on.context():
         event = _event_for(driver, token)
         if event is not None:
             check(driver.cuStreamWaitEvent(key[1], event, 0), "cuStreamWaitEvent")
-        _waited[key] = token
+        state.waited[key] = token

@@ -6,20 +6,21 @@ from __future__ import annotations
 import contextlib
 from typing import Any, ClassVar
 
-import numpy as np
-
-from sharedarrays.backends.base import DeviceBase, NativeView, SyncOrdering, installed
-from sharedarrays.backends.device import Device
-from sharedarrays.backends.hip.runtime import HipError, check, load_hip, why_unusable
-from sharedarrays.backends.host import host_copy, host_view, to_numpy
-from sharedarrays.errors import BackendUnavailable
-
-__all__ = ["HipDevice", "FORK_REASON"]
-
-FORK_REASON = (
-    "this backend object was inherited through fork, and HIP cannot be used in such a "
-    "child; start worker processes with the 'spawn' or 'forkserver' start method"
+from sharedarrays.backends.base import (
+    DeviceBase,
+    NativeView,
+    SyncOrdering,
+    VendorCalls,
+    fork_reason,
+    installed,
 )
+from sharedarrays.backends.device import Device
+from sharedarrays.backends.hip.runtime import HipError, check, export_fd, load_hip, why_unusable
+from sharedarrays.backends.host import host_native, to_numpy
+
+__all__ = ["HipDevice", "HipCalls", "FORK_REASON"]
+
+FORK_REASON = fork_reason("HIP")
 
 
 def _cupy_rocm() -> Any:
@@ -31,6 +32,24 @@ def _cupy_rocm() -> Any:
     except ImportError:
         return None
     return cupy if getattr(cupy.cuda.runtime, "is_hip", False) else None
+
+
+class HipCalls(VendorCalls):
+    """HIP's side of the VMM and pool tables (hip-python, whose calls take their results'
+    addresses where CUDA's bindings return them)."""
+
+    prefix = "hip"
+    fd_name = "PosixFileDescriptor"
+    _check = staticmethod(check)
+
+    def __init__(self, backend: HipDevice) -> None:
+        super().__init__(backend)
+        self._m = self._hip = hip = backend._hip
+        self.fd_type = hip.hipMemAllocationHandleType.hipMemHandleTypePosixFileDescriptor
+
+    def export_fd(self, name: str, *args: Any) -> int:
+        fn = getattr(self._hip, "hip" + name)
+        return export_fd(lambda out: fn(out, *args, self.fd_type, 0), f"hip{name}({self.fd_name})")
 
 
 class HipDevice(SyncOrdering, DeviceBase):
@@ -47,20 +66,18 @@ class HipDevice(SyncOrdering, DeviceBase):
     def __init__(self, device: Device) -> None:
         self._take(device, "hip", "a HIP device", lambda i: why_unusable(i, self.feature))
         self._hip = hip = load_hip()
+        integrated = hip.hipDeviceAttribute_t.hipDeviceAttributeIntegrated
         with self.context():
             self._integrated = bool(
                 check(
-                    hip.hipDeviceGetAttribute(
-                        hip.hipDeviceAttribute_t.hipDeviceAttributeIntegrated, device.index
-                    ),
+                    hip.hipDeviceGetAttribute(integrated, device.index),
                     "hipDeviceGetAttribute(Integrated)",
                 )
             )
 
     def context(self) -> contextlib.AbstractContextManager[None]:
         """Make this device current (``hipSetDevice``) for a ``with`` block."""
-        if self._forked():
-            raise BackendUnavailable(f"cannot use {self.device}: {FORK_REASON}")
+        self._refuse_forked(FORK_REASON)
         check(self._hip.hipSetDevice(self.device.index), f"hipSetDevice({self.device.index})")
         return contextlib.nullcontext()
 
@@ -76,22 +93,19 @@ class HipDevice(SyncOrdering, DeviceBase):
         return int(free), int(total)
 
     def as_native(self, view: NativeView) -> Any:
-        """A ``cupy.ndarray`` (ROCm build), else a NumPy view on an integrated device, else a
-        read-only NumPy copy of the whole mapped range (``hipMemcpyDtoH``)."""
+        """A ``cupy.ndarray`` (ROCm build), else NumPy (:func:`.host.host_native`; copied by
+        ``hipMemcpyDtoH``)."""
         cupy = _cupy_rocm()
         if cupy is not None:
             memory = cupy.cuda.UnownedMemory(view.address, view.size, view.owner, self.device.index)
             pointer = cupy.cuda.MemoryPointer(memory, view.offset)
             return cupy.ndarray(view.shape, dtype=view.dtype, memptr=pointer, strides=view.strides)
-        if self._integrated:
-            return host_view(view)
-        buffer = np.empty(view.size, dtype=np.uint8)
-        with self.context():
-            check(
-                self._hip.hipMemcpyDtoH(buffer.ctypes.data, view.address, view.size),
-                "hipMemcpyDtoH",
-            )
-        return host_copy(buffer, view)
+
+        def copy(dst: int, src: int, size: int) -> None:
+            with self.context():
+                check(self._hip.hipMemcpyDtoH(dst, src, size), "hipMemcpyDtoH")
+
+        return host_native(view, self._integrated, copy)
 
     def to_native(self, obj: Any) -> Any:
         """``obj`` as CuPy where that is the native type, else NumPy (may copy)."""

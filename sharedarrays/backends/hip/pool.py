@@ -1,16 +1,16 @@
 """The HIP memory-pool backend (``"hip-pool"``): :class:`~sharedarrays.backends.pool.PoolBackend`
-on :class:`HipPool`, HIP's table of pool IPC calls (the twins of cuda-pool's; allocations on
-the null stream). Export data structs are passed as 64-byte ctypes buffers, which hip-python
-takes for struct pointers. Tested on a simulated driver only (``tests/simulated/hip.py``)."""
+on :class:`HipPool`, HIP's pool IPC calls (the twins of cuda-pool's; allocations on the null
+stream). Export data structs are passed as 64-byte ctypes buffers, which hip-python takes for
+struct pointers. Tested on a simulated driver only (``tests/simulated/hip.py``)."""
 
 from __future__ import annotations
 
 import ctypes
 from typing import Any, ClassVar
 
-from sharedarrays.backends.hip.device import HipDevice
-from sharedarrays.backends.hip.runtime import check, export_fd, why_unusable
-from sharedarrays.backends.pool import POINTER_BYTES, PoolBackend
+from sharedarrays.backends.hip.device import HipCalls, HipDevice
+from sharedarrays.backends.hip.runtime import why_unusable
+from sharedarrays.backends.pool import POINTER_BYTES, PoolBackend, PoolCalls
 from sharedarrays.backends.registry import Registration, register
 
 __all__ = ["HipPoolBackend", "HipPool"]
@@ -18,70 +18,31 @@ __all__ = ["HipPoolBackend", "HipPool"]
 _ExportData = ctypes.c_ubyte * POINTER_BYTES
 
 
-class HipPool:
+class HipPool(HipCalls, PoolCalls):
     """HIP's pool IPC calls (:class:`~sharedarrays.backends.pool.PoolCalls`)."""
 
-    def __init__(self, backend: HipDevice) -> None:
-        self._hip = hip = backend._hip
-        self._device = backend.device
-        self._fd_type = hip.hipMemAllocationHandleType.hipMemHandleTypePosixFileDescriptor
+    allocate_call = "MallocFromPoolAsync"
+    free_call = "Free"
 
     def create_pool(self) -> Any:
         hip = self._hip
         props = hip.hipMemPoolProps()
         props.allocType = hip.hipMemAllocationType.hipMemAllocationTypePinned
-        props.handleTypes = self._fd_type
+        props.handleTypes = self.fd_type
         props.location.type = hip.hipMemLocationType.hipMemLocationTypeDevice
-        props.location.id = self._device.index
-        return check(hip.hipMemPoolCreate(props), f"hipMemPoolCreate({self._device})")
-
-    def export_pool(self, pool: Any) -> int:
-        return export_fd(
-            lambda out: self._hip.hipMemPoolExportToShareableHandle(out, pool, self._fd_type, 0),
-            "hipMemPoolExportToShareableHandle(PosixFileDescriptor)",
-        )
-
-    def destroy_pool(self, pool: Any) -> None:
-        check(self._hip.hipMemPoolDestroy(pool), "hipMemPoolDestroy")
+        props.location.id = self.device.index
+        return self.call("MemPoolCreate", props, what=f"({self.device})")
 
     def stream(self) -> int:
         return 0  # the null stream
 
-    def allocate(self, size: int, pool: Any, stream: int) -> int:
-        return int(
-            check(
-                self._hip.hipMallocFromPoolAsync(size, pool, stream),
-                f"hipMallocFromPoolAsync({size} bytes on {self._device})",
-            )
-        )
-
-    def synchronize(self, stream: int) -> None:
-        check(self._hip.hipStreamSynchronize(stream), "hipStreamSynchronize")
-
     def export_pointer(self, pointer: int) -> bytes:
         data = _ExportData()
-        check(self._hip.hipMemPoolExportPointer(data, pointer), "hipMemPoolExportPointer")
+        self.call("MemPoolExportPointer", data, pointer)
         return bytes(data)
 
-    def import_pool(self, fd: int) -> Any:
-        return check(
-            self._hip.hipMemPoolImportFromShareableHandle(fd, self._fd_type, 0),
-            "hipMemPoolImportFromShareableHandle(PosixFileDescriptor)",
-        )
-
     def import_pointer(self, pool: Any, data: bytes) -> int:
-        return int(
-            check(
-                self._hip.hipMemPoolImportPointer(pool, _ExportData.from_buffer_copy(data)),
-                "hipMemPoolImportPointer",
-            )
-        )
-
-    def free(self, pointer: int) -> None:
-        check(self._hip.hipFree(pointer), "hipFree")
-
-    def too_large(self, size: int) -> str | None:
-        return None
+        return int(self.call("MemPoolImportPointer", pool, _ExportData.from_buffer_copy(data)))
 
 
 class HipPoolBackend(PoolBackend, HipDevice):
@@ -91,9 +52,7 @@ class HipPoolBackend(PoolBackend, HipDevice):
     name: ClassVar[str] = "hip-pool"
     feature: ClassVar[str] = "pool"
     peer_access: ClassVar[bool] = False
-
-    def table(self) -> HipPool:
-        return HipPool(self)
+    calls = HipPool
 
 
 register(

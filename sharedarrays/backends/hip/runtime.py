@@ -1,5 +1,5 @@
-"""The HIP runtime of the HIP backends: loading hip-python's ``hip.hip`` (whose calls return
-tuples like CUDA's bindings) on first use, errors, and why a device is unusable.
+"""The HIP runtime of the HIP backends: hip-python's ``hip.hip`` (whose calls return tuples
+like CUDA's bindings), loaded on first use; errors, and why a device is unusable.
 
 ``SHAREDARRAYS_HIP_MODULE`` names a module to use instead, with the same functions, types and
 enums (the tests' simulated driver, ``tests/simulated/hip.py``); it is read on every use.
@@ -12,9 +12,11 @@ import ctypes.util
 import importlib
 import importlib.util
 import os
+import types
 from collections.abc import Callable
 from typing import Any
 
+from sharedarrays.backends.base import cached_reason
 from sharedarrays.backends.base import loadable as _loadable
 from sharedarrays.errors import DriverError, OutOfMemory
 
@@ -24,6 +26,7 @@ __all__ = [
     "MODULE_SETTING",
     "DEFAULT_MODULE",
     "INSTALL_HINT",
+    "FEATURES",
     "load_hip",
     "check",
     "export_fd",
@@ -34,8 +37,16 @@ MODULE_SETTING = "SHAREDARRAYS_HIP_MODULE"
 DEFAULT_MODULE = "hip.hip"
 INSTALL_HINT = "pip install 'sharedarrays[hip]'"
 
-_modules: dict[str, Any] = {}
-_reasons: dict[tuple[str, int, str], str | None] = {}
+FEATURES = types.MappingProxyType(
+    {
+        "vmm": (
+            "hipDeviceAttributeVirtualMemoryManagementSupported",
+            "virtual memory management (hipMemCreate)",
+        ),
+        "pool": ("hipDeviceAttributeMemoryPoolsSupported", "memory pools (hipMemPoolCreate)"),
+    }
+)
+"""What each HIP backend needs of a device: the attribute that says it has it, and its name."""
 
 
 class HipError(DriverError):
@@ -52,13 +63,9 @@ def module_name() -> str:
 
 
 def load_hip() -> Any:
-    """The HIP module (:func:`module_name`), imported once; raises ``ImportError`` or
-    ``OSError`` (no ``libamdhip64.so``)."""
-    name = module_name()
-    module = _modules.get(name)
-    if module is None:
-        module = _modules[name] = importlib.import_module(name)
-    return module
+    """The HIP module (:func:`module_name`); raises ``ImportError`` or ``OSError`` (no
+    ``libamdhip64.so``)."""
+    return importlib.import_module(module_name())
 
 
 def check(result: Any, call: str) -> Any:
@@ -107,10 +114,9 @@ def _library_reason() -> str | None:
 
 def _reason(index: int, feature: str) -> str | None:
     name = module_name()
-    if name == DEFAULT_MODULE:
-        why = _library_reason()
-        if why is not None:
-            return why
+    why = _library_reason() if name == DEFAULT_MODULE else None
+    if why is not None:
+        return why
     try:
         hip = load_hip()
     except ImportError as exc:
@@ -119,44 +125,24 @@ def _reason(index: int, feature: str) -> str | None:
         return f"the HIP module {name!r} cannot be imported ({exc})"
     except OSError as exc:  # hip-python could not dlopen libamdhip64.so
         return f"no AMD GPU: libamdhip64 not found ({exc})"
-    try:
-        count = check(hip.hipGetDeviceCount(), "hipGetDeviceCount")
-    except HipError as exc:
-        if exc.error_name == "hipErrorNoDevice":
-            return "no AMD GPU is visible: hipGetDeviceCount failed with hipErrorNoDevice"
-        return str(exc)
-    if index >= int(count):
-        return f"there is no device hip:{index} (HIP sees {int(count)})"
     attribute, what = FEATURES[feature]
     try:
+        count = check(hip.hipGetDeviceCount(), "hipGetDeviceCount")
+        if index >= int(count):
+            return f"there is no device hip:{index} (HIP sees {int(count)})"
         supported = check(
             hip.hipDeviceGetAttribute(getattr(hip.hipDeviceAttribute_t, attribute), index),
             f"hipDeviceGetAttribute({attribute.removeprefix('hipDeviceAttribute')})",
         )
     except HipError as exc:
+        if exc.error_name == "hipErrorNoDevice" and exc.call == "hipGetDeviceCount":
+            return "no AMD GPU is visible: hipGetDeviceCount failed with hipErrorNoDevice"
         return str(exc)
-    if not supported:
-        return f"hip:{index} does not support {what}"
-    return None
-
-
-FEATURES = {
-    "vmm": (
-        "hipDeviceAttributeVirtualMemoryManagementSupported",
-        "virtual memory management (hipMemCreate)",
-    ),
-    "pool": ("hipDeviceAttributeMemoryPoolsSupported", "memory pools (hipMemPoolCreate)"),
-}
-"""What each HIP backend needs of a device: the attribute that says it has it, and its name."""
+    return None if supported else f"hip:{index} does not support {what}"
 
 
 def why_unusable(index: int = 0, feature: str = "vmm") -> str | None:
     """Why HIP device ``index`` cannot be used here for ``feature`` (a key of
-    :data:`FEATURES`), or ``None``; never raises, cached per module, device and feature."""
-    key = (module_name(), index, feature)
-    if key not in _reasons:
-        try:
-            _reasons[key] = _reason(index, feature)
-        except Exception as exc:  # a broken installation must not break sa.list_backends()
-            _reasons[key] = f"the HIP runtime failed: {exc!r}"
-    return _reasons[key]
+    :data:`FEATURES`), or ``None``; never raises, asked once per module, device and feature."""
+    key = ("hip", module_name(), index, feature)
+    return cached_reason(key, lambda: _reason(index, feature), "the HIP runtime")
