@@ -126,6 +126,9 @@ def _progress_bar(nbytes: int, desc: str) -> Any:
 
 
 def _fill(a: SharedDeviceArray, value: Any, progress: bool | None) -> None:
+    if not show_progress(progress, a.nbytes):  # (one kernel: the blocks are for the bar)
+        a.array[...] = value
+        return
     for native, key in _blocks(a, progress, "fill"):
         native[key] = value
 
