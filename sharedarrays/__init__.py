@@ -14,10 +14,10 @@ from __future__ import annotations
 import importlib as _importlib
 import sys as _sys
 import typing as _typing
+from types import MappingProxyType as _MappingProxyType
 
 from sharedarrays.api import clients as _clients
 from sharedarrays.api.array import SharedDeviceArray, load
-from sharedarrays.api.array import reduce_hooks as _reduce_hooks
 from sharedarrays.api.creation import (
     asarray,
     empty,
@@ -64,6 +64,7 @@ from sharedarrays.errors import TaskNotLoaded as TaskNotLoaded
 from sharedarrays.errors import ThreadUnavailable as ThreadUnavailable
 from sharedarrays.errors import WaitTimeout as WaitTimeout
 from sharedarrays.errors import WrongNode as WrongNode
+from sharedarrays.process import STATE as _STATE
 from sharedarrays.settings import check_environment as _check_environment
 
 # imported on first use (__getattr__); type checkers and IDEs see them here
@@ -128,21 +129,23 @@ __all__ = [
     "WorkerLost",
 ]
 
-_LAZY = {
-    "Pool": "sharedarrays.api.pool",
-    "ProcessPoolExecutor": "sharedarrays.api.poolexecutor",
-    "ExecutorBroken": "sharedarrays.api.pool",
-    "ForkAfterCudaError": "sharedarrays.api.pool",
-    "show": "sharedarrays.api.widgets",
-    "MemoryMap": "sharedarrays.api.widgets",
-    "node_map": "sharedarrays.api.nodemap",
-    "to_dask": "sharedarrays.api.daskarray",
-    "from_dask": "sharedarrays.api.daskarray",
-    "Timeline": "sharedarrays.api.semaphore",
-    "ExternalSemaphore": "sharedarrays.api.semaphore",
-    "Allocation": "sharedarrays.memory",  # internals: sharedarrays.memory's, kept as attributes
-    "live_allocations": "sharedarrays.memory",
-}
+_LAZY = _MappingProxyType(
+    {
+        "Pool": "sharedarrays.api.pool",
+        "ProcessPoolExecutor": "sharedarrays.api.poolexecutor",
+        "ExecutorBroken": "sharedarrays.api.pool",
+        "ForkAfterCudaError": "sharedarrays.api.pool",
+        "show": "sharedarrays.api.widgets",
+        "MemoryMap": "sharedarrays.api.widgets",
+        "node_map": "sharedarrays.api.nodemap",
+        "to_dask": "sharedarrays.api.daskarray",
+        "from_dask": "sharedarrays.api.daskarray",
+        "Timeline": "sharedarrays.api.semaphore",
+        "ExternalSemaphore": "sharedarrays.api.semaphore",
+        "Allocation": "sharedarrays.memory",  # internals: sharedarrays.memory's, kept as attributes
+        "live_allocations": "sharedarrays.memory",
+    }
+)
 """Names imported on first use: ``{name: the module that defines it}``."""
 
 
@@ -177,7 +180,7 @@ def _register_with_distributed() -> None:
 if _DISTRIBUTED in _sys.modules:
     _register_with_distributed()
 else:
-    _reduce_hooks.setdefault(_DISTRIBUTED, _register_with_distributed)
+    _STATE.pickling.reduce_hooks.setdefault(_DISTRIBUTED, _register_with_distributed)
 _clients.install()  # registers with torch's default_collate once it is imported (no torch)
 
 _check_environment()  # (a bad SHAREDARRAYS_* number: ValueError here, not where it is read)

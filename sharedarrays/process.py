@@ -314,6 +314,8 @@ class MemoryState:
         ``slabs_lock``).
     inherited : list
         In a forked child: what it inherited and never releases.
+    keep_imports : tuple of (float, int)
+        ``SHAREDARRAYS_KEEP_IMPORTS`` and when it was read (``memory.lease.keep_imports``).
     cache, blocks, asked
         Memory kept for reuse (:mod:`sharedarrays.memory.cache`); an importer's allocations
         by block token; tokens asked ``DONE`` for before they were listed.
@@ -340,6 +342,7 @@ class MemoryState:
         self.ask_hooks: list[Callable[[Any, list[str]], None]] = []  # (transport: ASK)
         self.blocks: dict[bytes, Any] = {}  # an importer's allocations by block token
         self.asked: dict[bytes, None] = {}  # block tokens asked DONE for before listed here
+        self.keep_imports: tuple[float, int] = (float("-inf"), 64)
 
     def wait_unregistered(self, alloc: Any, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds until ``alloc`` (being released by another thread:
@@ -499,6 +502,16 @@ class PicklingState:
         Validated dtype strings (few: the pattern allows few; kept in a child).
     on_device : dict of str to bool
         Whether each registered backend's memory is a device's (kept in a child).
+    interned : dict
+        Shapes, strides and dtype strings of pickled views, one object each (up to 4,096),
+        so that pickle's memo writes each once per message (kept in a child).
+    reduce_hooks : dict of str to callable
+        ``{module name: hook}``: called once, and dropped, when a view is pickled by a
+        pickler other than multiprocessing's and that module is imported (api/dask.py waits
+        for distributed's serialization here; kept in a child).
+    reconstructor : callable or None
+        What a pickled part calls: the api layer's view reconstructor, which takes a part's
+        arguments too, so that a message names one function (kept in a child).
     """
 
     def __init__(self) -> None:
@@ -507,6 +520,9 @@ class PicklingState:
         self.decoded: dict[bytes, Any] = {}
         self.dtypes: dict[str, Any] = {}
         self.on_device: dict[str, bool] = {}
+        self.interned: dict[Any, Any] = {}
+        self.reduce_hooks: dict[str, Callable[[], None]] = {}
+        self.reconstructor: Callable[..., Any] | None = None
 
     def reset_in_child(self) -> None:
         self.received.clear()

@@ -12,7 +12,7 @@ import math
 import operator
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from multiprocessing import reduction
 from typing import Any, TypeVar, cast, overload
 
@@ -30,6 +30,7 @@ from sharedarrays.backends import NativeView
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import ClosedArrayError, MisalignedView, PayloadError, WrongNode
 from sharedarrays.memory import Allocation, Lease
+from sharedarrays.process import STATE
 from sharedarrays.protocol.payload import Payload, ViewFields, ViewTuple, misaligned, view_extent
 
 __all__ = ["SharedDeviceArray", "Semaphore", "load"]
@@ -401,22 +402,14 @@ class SharedDeviceArray(Growth, Display, Ordering, NativeArrayMethods):
 
 views.register(SharedDeviceArray)
 
-reduce_hooks: dict[str, Callable[[], None]] = {}
-"""``{module name: hook}``: called once, and dropped, when a view is pickled by a pickler
-other than multiprocessing's and that module is imported (api/dask.py waits for
-distributed's serialization here)."""
-
-
-_interned: dict[Any, Any] = {}
-"""Shapes, strides and dtype strings of pickled views, one object each (up to 4,096), so
-that pickle's memo writes each once per message."""
-
 
 def _intern(value: _T) -> _T:
-    """The one object equal to ``value`` (a tuple of ints, or a str)."""
-    if len(_interned) >= 4096:
-        _interned.clear()
-    return _interned.setdefault(value, value)  # type: ignore[no-any-return]
+    """The one object equal to ``value`` (a tuple of ints, or a str): ``STATE.pickling``'s
+    ``interned``."""
+    interned = STATE.pickling.interned
+    if len(interned) >= 4096:
+        interned.clear()
+    return interned.setdefault(value, value)  # type: ignore[no-any-return]
 
 
 def _reduce(for_multiprocessing: bool, a: SharedDeviceArray) -> tuple[Any, tuple[Any, ...]]:
@@ -438,6 +431,7 @@ def _reduce(for_multiprocessing: bool, a: SharedDeviceArray) -> tuple[Any, tuple
         and alloc.backend.maps
     )
     # (isdisjoint against a keys view walks the smaller side, the hooks)
+    reduce_hooks = STATE.pickling.reduce_hooks
     if (
         reduce_hooks
         and not for_multiprocessing

@@ -17,7 +17,7 @@ import pickle
 import sys
 from typing import Any
 
-from sharedarrays.api.array import SharedDeviceArray, reduce_hooks
+from sharedarrays.api.array import SharedDeviceArray
 from sharedarrays.api.creation import from_array
 from sharedarrays.process import STATE
 
@@ -52,7 +52,7 @@ def install() -> None:
     if _SERIALIZE in sys.modules:
         register()
     else:
-        reduce_hooks[_SERIALIZE] = register
+        STATE.pickling.reduce_hooks[_SERIALIZE] = register
 
 
 def same_node_transfer(context: dict[str, Any] | None) -> bool:

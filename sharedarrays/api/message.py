@@ -126,8 +126,7 @@ def use_reconstructor(fn: Callable[..., Any]) -> None:
     arguments too (``(payload bytes, token[, fds])``, handed to :func:`import_part`), so that
     a message names one function: pickle writes it once and the unpickler looks up one
     global per message instead of two."""
-    global _reconstructor
-    _reconstructor = fn
+    STATE.pickling.reconstructor = fn
 
 
 class MessagePart:
@@ -162,11 +161,12 @@ class MessagePart:
         alloc = self.allocation
         fence = self.fence  # (its token: the same object for every part of the message)
         token = None if fence is None else fence.token  # type: ignore[attr-defined]
+        reconstructor = STATE.pickling.reconstructor or import_part
         if self.fds is not None:
-            return _reconstructor, (self.blob, token, self.fds)
+            return reconstructor, (self.blob, token, self.fds)
         if alloc.source_server is None:
             alloc.flight.note_sent()
-        return _reconstructor, (self.blob, token)
+        return reconstructor, (self.blob, token)
 
     def received_here(self) -> ReceivedPart:
         """The part as this process's own reconstructor takes it (a view's reduction called
@@ -277,9 +277,6 @@ def import_part(blob: bytes, token: object = None, fds: object = None) -> Receiv
     return ReceivedPart(Payload.from_bytes(blob), token, fds, blob)
 
 
-_reconstructor: Callable[..., Any] = import_part  # (see use_reconstructor)
-
-
 def _on_device(p: Payload) -> bool:
     """Whether ``p``'s memory is a device's (GPU, NPU: not the CPU's), whose views must be
     aligned for their dtype (:func:`~sharedarrays.protocol.payload.misaligned`). A backend
@@ -349,7 +346,7 @@ class ReceivedPart:
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         blob = self.blob if self.blob is not None else self.payload.to_bytes()
-        return _reconstructor, (blob, self.token)
+        return STATE.pickling.reconstructor or import_part, (blob, self.token)
 
     def bind(self, alloc: Allocation) -> None:
         """Take ``alloc`` as the allocation of every view of the part."""

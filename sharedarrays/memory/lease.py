@@ -29,9 +29,6 @@ __all__ = ["NATIVES_KEPT", "Lease", "Leasing", "keep_imports", "use_clock"]
 _L = TypeVar("_L", bound="Leasing")  # (the allocation: a lease is typed by what it holds)
 
 
-_keep_imports: tuple[float, int] = (float("-inf"), 64)  # (when read, the value)
-
-
 def keep_imports() -> int:
     """How many imported allocations with no live view this process keeps mapped.
 
@@ -40,11 +37,11 @@ def keep_imports() -> int:
     a second. A parked mapping is dropped when its exporter releases it or exits; the least
     recently used go first when over the limit.
     """
-    global _keep_imports
+    memory = STATE.memory
     now = time.monotonic()
-    if now - _keep_imports[0] >= 1.0:
-        _keep_imports = (now, env_number("SHAREDARRAYS_KEEP_IMPORTS", 64, 0))
-    return _keep_imports[1]
+    if now - memory.keep_imports[0] >= 1.0:
+        memory.keep_imports = (now, env_number("SHAREDARRAYS_KEEP_IMPORTS", 64, 0))
+    return memory.keep_imports[1]
 
 
 NATIVES_KEPT = 1024

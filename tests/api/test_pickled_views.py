@@ -25,6 +25,7 @@ from sharedarrays import process
 from sharedarrays.api import message as message_module
 from sharedarrays.api.array import _rebuild_view
 from sharedarrays.api.message import allocation_bytes, import_part, message_part
+from sharedarrays.process import STATE
 from sharedarrays.protocol.payload import Payload
 
 
@@ -608,17 +609,17 @@ def test_a_reduce_hook_runs_once_its_module_is_imported(monkeypatch: pytest.Monk
     modules = _Modules(sys.modules)
     monkeypatch.setattr(array_module, "sys", types.SimpleNamespace(modules=modules))
     ran: list[int] = []
-    monkeypatch.setitem(array_module.reduce_hooks, "sa_test_awaited", lambda: ran.append(1))
+    monkeypatch.setitem(STATE.pickling.reduce_hooks, "sa_test_awaited", lambda: ran.append(1))
     a = sa.zeros(4, device="cpu", pack=False)
     pickle.dumps(a)
-    assert ran == [] and "sa_test_awaited" in array_module.reduce_hooks
+    assert ran == [] and "sa_test_awaited" in STATE.pickling.reduce_hooks
     modules["sa_test_awaited"] = types.ModuleType("sa_test_awaited")
     # multiprocessing's pickler never asks (a Pool's handoff: no lookup of the hooks)
     ForkingPickler.dumps(a)
-    assert ran == [] and "sa_test_awaited" in array_module.reduce_hooks
+    assert ran == [] and "sa_test_awaited" in STATE.pickling.reduce_hooks
     pickle.dumps(a)
     pickle.dumps(a)
-    assert ran == [1] and "sa_test_awaited" not in array_module.reduce_hooks
+    assert ran == [1] and "sa_test_awaited" not in STATE.pickling.reduce_hooks
 
 
 def test_a_part_carries_its_fences_token_once_per_message() -> None:

@@ -124,9 +124,8 @@ def test_a_parked_import_leased_again_is_not_parked_until_idle(monkeypatch: Any)
     """Parked imports are listed in least-recently-idle order; one leased again stays listed
     (a lease does not touch the list) but is not parked: not reported, not dropped, and an
     eviction takes it off the list without releasing it."""
-    from sharedarrays.memory import lease as lease_module
 
-    monkeypatch.setattr(lease_module, "_keep_imports", (float("inf"), 1))  # limit 1
+    monkeypatch.setattr(STATE.memory, "keep_imports", (float("inf"), 1))  # limit 1
     source = sa.from_array(np.arange(512.0), device="cpu", pack=False)
     first = _import_of(source, "6" * 32, os.getppid())  # (as a worker's, from its parent)
     second = _import_of(source, "7" * 32, os.getppid())
@@ -160,9 +159,8 @@ def test_a_parked_import_keeps_a_lease_for_its_next_view_and_the_limit_evicts_by
     goes. The parked list is in order of last use, and a park over the limit (lowered since)
     evicts the least recently used. An import whose source is this process's parent parks
     (``getppid`` says it runs); one whose source has exited is released at once."""
-    from sharedarrays.memory import lease as lease_module
 
-    monkeypatch.setattr(lease_module, "_keep_imports", (float("inf"), 2))
+    monkeypatch.setattr(STATE.memory, "keep_imports", (float("inf"), 2))
     source = sa.from_array(np.arange(512.0), device="cpu", pack=False)
     first = _import_of(source, "8" * 32, os.getppid())
     second = _import_of(source, "9" * 32, os.getppid())
@@ -187,7 +185,7 @@ def test_a_parked_import_keeps_a_lease_for_its_next_view_and_the_limit_evicts_by
         again, leases = id(first.kept_lease), first.leases
         assert again == kept and leases == 0 and first.parked
         assert [a.id for a in parked_allocations()] == [second.id, first.id]
-        monkeypatch.setattr(lease_module, "_keep_imports", (float("inf"), 1))
+        monkeypatch.setattr(STATE.memory, "keep_imports", (float("inf"), 1))
         handoff(first)  # (a warm handoff does not evict: the next park does)
         assert not second.released
         handoff(third)  # over the lowered limit: the least recently used two go
