@@ -295,12 +295,14 @@ def from_keeper(req: Request) -> Allocation | None:
     if not req.failures or p.capacity is not None or req.backend().exporter_owned:
         return None
     try:
-        sizes, fds, _ = keeper.fetch_handles(p.alloc_id, p.secret, req.failures[-1])
+        sizes, fds, relayed = keeper.fetch_handles(p.alloc_id, p.secret, req.failures[-1])
     except HandleUnavailable as gone:  # its message says the exporter was asked too
         req.failed(gone)
         return None
     alloc = _map(req, Handles(sizes, fds))
     alloc.in_keeper = True
+    if relayed:  # (a payload its exporter left in flight: nobody loads it again, so a
+        alloc.orphan(now=False)  # parked mapping would keep its memory for nothing)
     return alloc
 
 

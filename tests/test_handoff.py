@@ -145,6 +145,26 @@ def test_warm_handoffs_are_parked_and_dropped_when_the_exporter_releases() -> No
         assert p.apply(workers.mapped_ids) == []
 
 
+@pytest.mark.timeout(120)
+def test_results_the_keeper_relayed_are_not_kept_parked(no_cache: None) -> None:
+    # (the worker drops each result before it is loaded: with no cache to keep it, the keeper
+    # takes its handles until the parent loads it; nobody can load it again after, so the
+    # parent's last view unmaps it at once instead of parking memory nothing else frees)
+    from sharedarrays.memory import parked_allocations
+
+    with mp.get_context("spawn").Pool(2) as pool:
+        for blob in pool.imap_unordered(workers.made_here_pickled, [4] * 8):
+            got = pickle.loads(blob)
+            assert got.get().tolist() == [4.0] * 4
+            alloc_id, relayed = got.allocation.id, got.allocation.in_keeper
+            got.close()
+            del got
+            gc.collect()  # (the load's own reference cycles)
+            assert relayed  # (what the test is about: the keeper held it)
+            assert alloc_id not in {a.id for a in parked_allocations()}
+            assert lookup(alloc_id) is None  # unmapped here
+
+
 def test_parking_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SHAREDARRAYS_KEEP_IMPORTS", "2")  # spawned workers inherit it
     arrays = [sa.zeros(3, device="cpu", pack=False) for _ in range(4)]

@@ -272,6 +272,13 @@ def made_here(n: int) -> Any:
     return sa.full(n, float(n), device="cpu", pack=False)
 
 
+def made_here_pickled(n: int) -> bytes:
+    """:func:`made_here`'s array pickled, and dropped here before the bytes are returned."""
+    import pickle
+
+    return pickle.dumps(made_here(n))
+
+
 def limit_address_space(nbytes: int) -> None:
     """A Pool initializer: this worker may map at most ``nbytes`` of address space."""
     import resource

@@ -445,6 +445,7 @@ class Keeper:
             raise _Refused(wire.DENIED, f"pid {peer.pid} is not in the array's allow_pids")
         self._hold(peer, entry)
         self.served += 1
+        relayed = entry.expires is not None and entry.name is None  # (a hand-over only)
         if entry.expires is not None:  # one payload in flight less
             entry.loads -= 1
             if entry.loads <= 0:
@@ -455,6 +456,7 @@ class Keeper:
             "sizes": entry.sizes,
             "doc": entry.doc,
             "creator": entry.creator,
+            "relayed": relayed,
         }
         return wire.OK, body, list(entry.fds)
 

@@ -362,12 +362,14 @@ class Allocation(Leasing, HandOver, Cached):
         return alloc
 
     # lifetime ---------------------------------------------------------------------------
-    def orphan(self) -> None:
-        """The source released this allocation: release it here too once nothing uses it."""
+    def orphan(self, now: bool = True) -> None:
+        """The source released this allocation: release it here too once nothing uses it
+        (``now=False``: when the last view's lease ends, not at once), never parked."""
         with self._lock:
             self._orphaned = True
-        self._let_kept_go()
-        self.release()  # (in use: its last lease releases it)
+        if now:
+            self._let_kept_go()
+            self.release()  # (in use: its last lease releases it)
 
     def release(self) -> bool:
         """Unmap and close everything this process holds of the allocation, now.

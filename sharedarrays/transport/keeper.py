@@ -499,10 +499,12 @@ def _flush_deferred() -> None:
 
 def fetch_handles(
     alloc_id: str, secret: bytes, gone: HandleUnavailable
-) -> tuple[list[int], list[int], int]:
+) -> tuple[list[int], list[int], bool]:
     """Ask a running keeper for a parked or named allocation's handles.
 
-    Returns ``(sizes, fds, creator pid)``; this process is then counted as a holder.
+    Returns ``(sizes, fds, relayed)``, ``relayed`` when the keeper held them only for a
+    payload in flight whose exporter left (not a parked or named array); this process is
+    then counted as a holder.
 
     Raises
     ------
@@ -537,7 +539,7 @@ def fetch_handles(
         for fd in fds:
             os.close(fd)
         raise
-    return sizes, fds, creator
+    return sizes, fds, body.get("relayed") is True
 
 
 def _on_release(alloc: allocation.Allocation) -> None:
