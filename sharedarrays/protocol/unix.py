@@ -123,6 +123,9 @@ def connect_unix(path: str, deadline: float, timeout: float) -> socket.socket:
 def send_fds(sock: socket.socket, message: bytes, fds: Sequence[int]) -> None:
     """Send ``message`` with ``fds``, those past :data:`FDS_PER_MESSAGE` in ``b"+"`` messages."""
     fds = list(fds)
+    if not fds:
+        sock.send(message)
+        return
     socket.send_fds(sock, [message], fds[:FDS_PER_MESSAGE])
     for i in range(FDS_PER_MESSAGE, len(fds), FDS_PER_MESSAGE):
         socket.send_fds(sock, [b"+"], fds[i : i + FDS_PER_MESSAGE])
