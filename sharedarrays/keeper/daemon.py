@@ -369,9 +369,10 @@ class Keeper:
         if len(fds) != len(req.sizes):
             raise wire.BadRequest(f"{len(req.sizes)} chunk sizes but {len(fds)} file descriptors")
         check_chunk_fd = handle_check(req.doc.get("backend"))
-        for fd, size in zip(fds, req.sizes) if check_chunk_fd is not None else ():
+        for fd, size in zip(fds, req.sizes):
             try:  # an unsealed memfd would let its sender crash every attacher (SIGBUS)
-                check_chunk_fd(fd, size)
+                if check_chunk_fd is not None:
+                    check_chunk_fd(fd, size)
             except PayloadError as e:
                 raise wire.BadRequest(str(e)) from None
         flight = req.in_flight
