@@ -20,10 +20,12 @@ __all__ = ["COMMANDS", "add_parsers", "run"]
 COMMANDS = ("ls", "rm", "keeper", "status")
 
 _NODE_KEYS = ("state", "backend", "lost", "holders", "exporter", "age", "kept", "in_flight")
-_LS_COLUMNS = re.findall(
-    r"(\w+):(\S*)",
-    "NAME:<24 NAMESPACE:<20 SHAPE:<16 DTYPE:<8 DEVICE:<7 SIZE:>9 CREATOR:>8 CREATED:<19 "
-    "PIDS:<12 STATE:<9 BACKEND:<8 LOST:>9 AGE:>5 HOLDERS:",
+_LS_COLUMNS = tuple(  # (heading, format spec)
+    re.findall(
+        r"(\w+):(\S*)",
+        "NAME:<24 NAMESPACE:<20 SHAPE:<16 DTYPE:<8 DEVICE:<7 SIZE:>9 CREATOR:>8 CREATED:<19 "
+        "PIDS:<12 STATE:<9 BACKEND:<8 LOST:>9 AGE:>5 HOLDERS:",
+    )
 )
 
 

@@ -1,13 +1,11 @@
 """The keeper: one process per user that holds the handles of named and parked arrays.
 
-A chunk's exported handle (a memfd, a CUDA VMM fd) keeps its memory alive in any process that
-holds it. The keeper holds those of named arrays, served by name, and of parked ones, served
-to whoever presents the allocation's secret, so memory outlives its producer. Started on first
-need (:func:`sharedarrays.transport.keeper.ensure_running`) in a session of its own, it listens
-on ``keeper.sock`` in the private runtime directory and holds ``keeper.lock`` while it lives.
-Each client process keeps one connection, counted as a holder of what it created or attached:
-an unlinked array is freed when its last holder lets go or dies. It exits after
-:func:`idle_seconds` holding and asked nothing.
+An exported chunk handle (a memfd, a CUDA VMM fd) keeps its memory alive wherever it is held:
+the keeper holds those of named arrays (served by name) and parked ones (served for the
+secret), so memory outlives its producer. Started on first need, in a session of its own, it
+listens on ``keeper.sock`` and holds ``keeper.lock`` in the private runtime directory. Each
+client's one connection holds what it made or attached: an unlinked array is freed when its
+last holder lets go or dies. It exits after :func:`idle_seconds` holding and asked nothing.
 """
 
 from __future__ import annotations

@@ -217,14 +217,12 @@ def runtime_dir() -> Path:
 def _login_dir(uid: int) -> Path | None:
     """``$XDG_RUNTIME_DIR``, else a private ``/run/user/<uid>``, else ``None``."""
     base = os.environ.get("XDG_RUNTIME_DIR")
-    st: os.stat_result | None = None
-    if base:
-        try:
-            st = os.stat(base)
-        except FileNotFoundError:  # (removed, as systemd does at the last logout: as if unset)
-            pass
-        except OSError:
-            return Path(base)  # (making the directory in it says why it cannot)
+    try:
+        st = os.stat(base) if base else None
+    except FileNotFoundError:  # (removed, as systemd does at the last logout: as if unset)
+        st = None
+    except OSError:
+        return Path(str(base))  # (making the directory in it says why it cannot)
     if base and st is not None:
         if st.st_uid not in (uid, 0):
             raise PermissionDenied(
@@ -245,9 +243,8 @@ def _login_dir(uid: int) -> Path | None:
         st = os.stat(login)
     except OSError:
         return None
-    if stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077:
-        return login
-    return None
+    private = stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077
+    return login if private else None
 
 
 def _make_private(path: Path, uid: int) -> Path | None:
