@@ -5,6 +5,7 @@ status``. ``ls`` adds the node-wide map's columns (:mod:`sharedarrays.api.nodema
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -19,10 +20,12 @@ __all__ = ["COMMANDS", "add_parsers", "run"]
 COMMANDS = ("ls", "rm", "keeper", "status")
 
 _NODE_KEYS = ("state", "backend", "lost", "holders", "exporter", "age", "kept", "in_flight")
-_LS_COLUMNS = re.findall(
-    r"(\w+):(\S*)",
-    "NAME:<24 NAMESPACE:<20 SHAPE:<16 DTYPE:<8 DEVICE:<7 SIZE:>9 CREATOR:>8 CREATED:<19 "
-    "PIDS:<12 STATE:<9 BACKEND:<8 LOST:>9 AGE:>5 HOLDERS:",
+_LS_COLUMNS = tuple(  # (heading, format spec)
+    re.findall(
+        r"(\w+):(\S*)",
+        "NAME:<24 NAMESPACE:<20 SHAPE:<16 DTYPE:<8 DEVICE:<7 SIZE:>9 CREATOR:>8 CREATED:<19 "
+        "PIDS:<12 STATE:<9 BACKEND:<8 LOST:>9 AGE:>5 HOLDERS:",
+    )
 )
 
 
@@ -76,20 +79,9 @@ def _ls(args: argparse.Namespace) -> int:
     if args.json:
         for r in rows:
             more = seen[r.id].to_doc() if r.id in seen else {}
-            doc = {
-                "name": r.name,
-                "namespace": r.namespace,
-                "id": r.id,
-                "shape": list(r.shape),
-                "dtype": r.dtype.str,
-                "device": str(r.device),
-                "size": r.size,
-                "creator": r.creator,
-                "created": r.created,
-                "pids": list(r.pids),
-                "linked": r.linked,
-                "readonly": r.readonly,
-            }
+            doc = {f.name: getattr(r, f.name) for f in dataclasses.fields(r)}  # (tuples: lists)
+            doc.update(dtype=r.dtype.str, device=str(r.device))
+            del doc["allow_pids"]
             print(json.dumps({**doc, **{k: more[k] for k in _NODE_KEYS if k in more}}))
         return 0
     print(_ls_line([name for name, _ in _LS_COLUMNS]))

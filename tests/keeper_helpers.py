@@ -100,9 +100,13 @@ def wait_gone(pid: int, timeout: float = 15.0) -> None:
 def keeper_memfds(pid: int) -> int:
     """How many chunk handles the process ``pid`` holds open: memfds of the host backend,
     and CUDA's exported handles (fds of /dev/nvidiactl; the keeper has no CUDA context, so
-    every such fd it holds is a chunk)."""
+    every such fd it holds is a chunk). A keeper that exited (idle) holds none."""
     n = 0
-    for fd in os.listdir(f"/proc/{pid}/fd"):
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except FileNotFoundError:
+        return 0
+    for fd in fds:
         try:
             target = os.readlink(f"/proc/{pid}/fd/{fd}")
             if target.startswith("/memfd:sharedarrays") or target == "/dev/nvidiactl":

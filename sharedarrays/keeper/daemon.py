@@ -1,14 +1,11 @@
 """The keeper: one process per user that holds the handles of named and parked arrays.
 
-An exported chunk handle (a memfd, a CUDA VMM fd) keeps its memory alive in any process
-that holds it. The keeper holds those of **named arrays** (``sa.empty(..., name="x")``),
-served by name (:func:`sharedarrays.attach`), and of **parked arrays** (``a.park()``),
-served to whoever presents the allocation's secret, so a payload loads after its exporter
-exited. It is started on first need (:func:`sharedarrays.transport.keeper.ensure_running`),
-in its own session and the private runtime directory, listens on ``keeper.sock`` there and
-holds ``keeper.lock`` for its whole life. Each client process keeps one connection, through
-which the keeper counts what it holds, so an unlinked array's fds are closed when its last
-holder lets go or dies. It exits after :func:`idle_seconds` holding and asked nothing.
+An exported chunk handle (a memfd, a CUDA VMM fd) keeps its memory alive wherever it is held:
+the keeper holds those of named arrays (served by name) and parked ones (served for the
+secret), so memory outlives its producer. Started on first need, in a session of its own, it
+listens on ``keeper.sock`` and holds ``keeper.lock`` in the private runtime directory. Each
+client's one connection holds what it made or attached: an unlinked array is freed when its
+last holder lets go or dies. It exits after :func:`idle_seconds` holding and asked nothing.
 """
 
 from __future__ import annotations
@@ -97,9 +94,6 @@ class _Entry:
     linked: bool = True
     holders: set[int] = field(default_factory=set)  # peer keys (connection fds)
 
-    def allows(self, pid: int) -> bool:
-        return self.allow_pids is None or pid == self.creator or pid in self.allow_pids
-
 
 @dataclass
 class _Peer:
@@ -130,16 +124,9 @@ class Keeper:
         self._stop = False
         self.served = 0
         self.errors = 0
-        self._handlers: dict[type, Callable[..., _Answer | None]] = {  # (None: no reply)
-            wire.Hello: lambda peer, req, fds: (wire.OK, {"pid": os.getpid(), "version": 1}, []),
-            wire.Keep: self._keep,
-            wire.Attach: self._serve,
-            wire.Fetch: self._serve,
-            wire.Release: self._release,
-            wire.Unlink: self._unlink,
-            wire.Drop: self._drop_unnamed,
-            wire.List: self._list,
-            wire.Status: lambda peer, req, fds: (wire.OK, self._status(), []),
+        # each request's handler is the method named after its op; None: no reply
+        self._handlers: dict[type, Callable[..., _Answer | None]] = {
+            cls: getattr(self, f"_{cls.op}") for cls in wire.OPS.values()
         }
 
     # loop ---------------------------------------------------------------------------------
@@ -158,17 +145,16 @@ class Keeper:
                         self._accept()
                     else:
                         self._read(key.data)
-                self._expire()
+                now = time.monotonic()
+                for entry in list(self._entries.values()):  # payloads in flight past due
+                    if entry.expires is not None and entry.expires <= now:
+                        self._unlink_entry(entry)
                 if self._entries:
-                    self._idle_since = time.monotonic()
-                elif time.monotonic() - self._idle_since > self.idle and self._may_exit():
+                    self._idle_since = now
+                elif now - self._idle_since > self.idle and self._may_exit():
                     return
         finally:
             self.close()
-
-    @property
-    def _aside(self) -> str:
-        return os.path.join(os.path.dirname(self.path), ASIDE_NAME)
 
     def _may_exit(self) -> bool:
         """Whether the idle keeper may exit now: every connection it accepted has been read
@@ -176,22 +162,23 @@ class Keeper:
         after the check, and back when something waits."""
         if not all(peer.asked for peer in self._peers.values()):
             return False
+        aside = os.path.join(os.path.dirname(self.path), ASIDE_NAME)
         with contextlib.suppress(FileNotFoundError):
-            os.rename(self.path, self._aside)
+            os.rename(self.path, aside)
         if not self._selector.select(0):
             return True
         with contextlib.suppress(FileNotFoundError):
-            os.rename(self._aside, self.path)
+            os.rename(aside, self.path)
         return False
 
     def close(self) -> None:
         """Remove the socket, drop every connection, close every held fd, free the lock."""
-        for name in (self.path, self._aside):  # (not another keeper's, bound since)
-            if _file_id(name) == self._bound:
+        for name in (self.path, os.path.join(os.path.dirname(self.path), ASIDE_NAME)):
+            if _file_id(name) == self._bound:  # (not another keeper's, bound since)
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(name)
         for peer in list(self._peers.values()):
-            self._drop(peer)
+            self._hang_up(peer)
         for entry in list(self._entries.values()):
             self._free(entry)
         with contextlib.suppress(KeyError, ValueError):
@@ -233,7 +220,7 @@ class Keeper:
             return
         except OSError as e:
             if e.errno in (errno.EMFILE, errno.ENFILE) and self._peers:
-                self._drop(self._idlest())  # no fd left: make room, the next round accepts
+                self._hang_up(self._idlest())  # no fd left: make room, the next round accepts
                 return
             _say(f"accept failed: {e}")
             time.sleep(0.05)  # back off, keep serving the others
@@ -249,7 +236,7 @@ class Keeper:
             conn.close()
             return
         while len(self._peers) >= self.max_connections:
-            self._drop(self._idlest())
+            self._hang_up(self._idlest())
         peer = _Peer(conn, creds.pid)
         self._peers[conn.fileno()] = peer
         self._selector.register(conn, selectors.EVENT_READ, peer)
@@ -263,7 +250,7 @@ class Keeper:
         except OSError:
             msg, fds, flags = b"", [], 0
         if not msg and not fds:
-            self._drop(peer)  # EOF (or an error): the process closed its connection or died
+            self._hang_up(peer)  # EOF (or an error): the process closed its connection or died
             return
         self._idle_since = time.monotonic()
         peer.asked = True
@@ -279,20 +266,16 @@ class Keeper:
             return
         status, body, send = reply
         try:
-            data = wire.Reply(status, body).encode()
-            if send:
-                send_fds(peer.sock, data, send)
-            else:
-                peer.sock.send(data)
+            send_fds(peer.sock, wire.Reply(status, body).encode(), send)
         except OSError:
-            self._drop(peer)  # gone, or not reading its replies
+            self._hang_up(peer)  # gone, or not reading its replies
 
     def _idlest(self) -> _Peer:
         """The longest idle connection of those that hold nothing, else the longest idle."""
         peers = self._peers.values()
         return next((p for p in peers if not p.held), None) or next(iter(peers))
 
-    def _drop(self, peer: _Peer) -> None:
+    def _hang_up(self, peer: _Peer) -> None:
         key = peer.sock.fileno()
         if self._peers.get(key) is not peer:
             return
@@ -306,15 +289,12 @@ class Keeper:
                 entry.holders.discard(key)
                 self._maybe_free(entry)
 
-    def _expire(self) -> None:
-        """Unlink the entries of payloads in flight whose bound has passed."""
-        now = time.monotonic()
-        for entry in list(self._entries.values()):
-            if entry.expires is not None and entry.expires <= now:
-                self._end_flight(entry)
-
-    def _end_flight(self, entry: _Entry) -> None:
+    def _unlink_entry(self, entry: _Entry) -> None:
+        """Unlink ``entry`` (its name goes, no payload in flight any more): freed when no
+        process holds it."""
         entry.expires, entry.loads, entry.linked = None, 0, False
+        if entry.name is not None and self._names.get(entry.name) == entry.id:
+            del self._names[entry.name]
         self._maybe_free(entry)
 
     def _maybe_free(self, entry: _Entry) -> None:
@@ -323,14 +303,12 @@ class Keeper:
 
     def _free(self, entry: _Entry) -> None:
         self._entries.pop(entry.id, None)
-        if entry.name is not None and self._names.get(entry.name) == entry.id:
-            del self._names[entry.name]
         fds, entry.fds = entry.fds, []
         for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
-    # requests -----------------------------------------------------------------------------
+    # requests: _<op>(peer, request, fds) -> reply ----------------------------------------
     def _handle(self, peer: _Peer, msg: bytes, fds: list[int], flags: int) -> _Answer | None:
         """Answer one message (``None``: no reply), by the handler of its request's type."""
         try:
@@ -355,6 +333,9 @@ class Keeper:
             traceback.print_exc(file=sys.stderr)
             return wire.ERROR, {"error": f"internal error: {type(e).__name__}: {e}"}, []
 
+    def _hello(self, peer: _Peer, req: wire.Hello, fds: list[int]) -> _Answer:
+        return wire.OK, {"pid": os.getpid(), "version": 1}, []
+
     def _release(self, peer: _Peer, req: wire.Release, fds: list[int]) -> None:
         entry = self._entries.get(req.alloc_id)
         if entry is not None and entry.id in peer.held:
@@ -375,16 +356,23 @@ class Keeper:
 
     def _keep(self, peer: _Peer, req: wire.Keep, fds: list[int]) -> _Answer:
         if len(fds) == wire.MAX_FDS < len(req.sizes):  # the rest come on messages of their own
-            self._take_rest(peer, len(req.sizes), fds)
+            try:
+                recv_fds(peer.sock, len(req.sizes), fds, time.monotonic() + FDS_WAIT)
+            except (OSError, HandleUnavailable) as e:  # (HandleUnavailable: no room for them)
+                raise wire.BadRequest(
+                    f"the rest of the file descriptors did not come: {e}"
+                ) from None
+            finally:
+                peer.sock.setblocking(False)
         if len(fds) != len(req.sizes):
             raise wire.BadRequest(f"{len(req.sizes)} chunk sizes but {len(fds)} file descriptors")
         check_chunk_fd = handle_check(req.doc.get("backend"))
-        if check_chunk_fd is not None:
-            for fd, size in zip(fds, req.sizes):
-                try:  # an unsealed memfd would let its sender crash every attacher (SIGBUS)
+        for fd, size in zip(fds, req.sizes):
+            try:  # an unsealed memfd would let its sender crash every attacher (SIGBUS)
+                if check_chunk_fd is not None:
                     check_chunk_fd(fd, size)
-                except PayloadError as e:
-                    raise wire.BadRequest(str(e)) from None
+            except PayloadError as e:
+                raise wire.BadRequest(str(e)) from None
         flight = req.in_flight
         expires = None if flight is None else time.monotonic() + flight.seconds
         loads = 0 if flight is None else flight.loads
@@ -421,27 +409,17 @@ class Keeper:
         if name is not None:
             entry.name = name
 
-    def _take_rest(self, peer: _Peer, count: int, fds: list[int]) -> None:
-        """Receive the fds that follow a request's message until ``fds`` holds ``count``
-        (the caller's to close), within :data:`FDS_WAIT`."""
-        try:
-            recv_fds(peer.sock, count, fds, time.monotonic() + FDS_WAIT)
-        except (OSError, HandleUnavailable) as e:  # (HandleUnavailable: no room for them)
-            raise wire.BadRequest(f"the rest of the file descriptors did not come: {e}") from None
-        finally:
-            peer.sock.setblocking(False)
-
     def _hold(self, peer: _Peer, entry: _Entry) -> None:
         peer.held.add(entry.id)
         entry.holders.add(peer.sock.fileno())
 
-    def _serve(self, peer: _Peer, req: wire.Attach | wire.Fetch, fds: list[int]) -> _Answer:
+    def _attach(self, peer: _Peer, req: wire.Attach | wire.Fetch, fds: list[int]) -> _Answer:
         """``attach`` (by name) and ``fetch`` (by id and secret)."""
         if isinstance(req, wire.Attach):
             entry = self._named(req.name)
         else:
             entry = self._linked(req.alloc_id, req.secret)
-        if not entry.allows(peer.pid):
+        if not (entry.allow_pids is None or peer.pid in (entry.creator, *entry.allow_pids)):
             raise _Refused(wire.DENIED, f"pid {peer.pid} is not in the array's allow_pids")
         self._hold(peer, entry)
         self.served += 1
@@ -449,16 +427,12 @@ class Keeper:
         if entry.expires is not None:  # one payload in flight less
             entry.loads -= 1
             if entry.loads <= 0:
-                self._end_flight(entry)  # (the fetcher holds it now)
-        body = {
-            "id": entry.id,
-            "secret": entry.secret.hex(),
-            "sizes": entry.sizes,
-            "doc": entry.doc,
-            "creator": entry.creator,
-            "relayed": relayed,
-        }
+                self._unlink_entry(entry)  # (the fetcher holds it now)
+        body = {"id": entry.id, "secret": entry.secret.hex(), "sizes": entry.sizes}
+        body.update(doc=entry.doc, creator=entry.creator, relayed=relayed)
         return wire.OK, body, list(entry.fds)
+
+    _fetch = _attach
 
     def _named(self, name: str) -> _Entry:
         entry = self._entries.get(self._names.get(name, ""))
@@ -492,20 +466,17 @@ class Keeper:
                     f"allocation {entry.id} is not parked (the keeper holds it only for "
                     "payloads of it in flight, until they load or time out)",
                 )
-        entry.linked = False
-        if entry.name is not None and self._names.get(entry.name) == entry.id:
-            del self._names[entry.name]
-        self._maybe_free(entry)
+        self._unlink_entry(entry)
         return wire.OK, {}, []
 
-    def _drop_unnamed(self, peer: _Peer, req: wire.Drop, fds: list[int]) -> _Answer:
+    def _drop(self, peer: _Peer, req: wire.Drop, fds: list[int]) -> _Answer:
         """``drop``: unlink an unnamed entry by id alone (the peer is this user's, checked
         at accept); a named one is refused."""
         entry = self._linked(req.alloc_id)
         if entry.name is not None:
             error = f"allocation {req.alloc_id} is named {entry.name!r}: unlink it by its name"
             raise _Refused(wire.DENIED, error)
-        self._end_flight(entry)  # unlinked; freed now unless a process holds it
+        self._unlink_entry(entry)  # freed now unless a process holds it
         return wire.OK, {"freed": entry.id not in self._entries}, []
 
     def _describe(self, e: _Entry) -> dict[str, Any]:
@@ -525,8 +496,8 @@ class Keeper:
             "used": doc["used"] if type(doc.get("used")) is int else None,
         }
 
-    def _status(self) -> dict[str, Any]:
-        return {
+    def _status(self, peer: _Peer, req: wire.Status, fds: list[int]) -> _Answer:
+        body = {
             "pid": os.getpid(),
             "socket": self.path,
             "arrays": len(self._entries),
@@ -539,6 +510,7 @@ class Keeper:
             "errors": self.errors,
             "idle": self.idle,
         }
+        return wire.OK, body, []
 
 
 def _bind(directory: Path, lock_fd: int = -1) -> tuple[int, socket.socket, Any, str]:

@@ -3,16 +3,20 @@
 A request on ``keeper.sock`` is ``b"SAK1"`` + a JSON object with an ``"op"``; a ``keep``
 carries one chunk fd per size. A reply is ``b"SAK1"`` + a status byte + a JSON object, with
 any fds batched by :func:`sharedarrays.protocol.unix.send_fds`; ``release`` has no reply.
+Each request field is named and checked once, in ``_FIELDS``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import struct
-from collections.abc import Callable
+import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from types import MappingProxyType
+from typing import Any, ClassVar
 
 from sharedarrays.errors import KeeperError
 from sharedarrays.protocol.unix import FDS_PER_MESSAGE
@@ -48,6 +52,7 @@ __all__ = [
     "list_pages",
     "Status",
     "Request",
+    "OPS",
     "decode_request",
     "Reply",
 ]
@@ -80,8 +85,6 @@ SOCKET_NAME = "keeper.sock"
 LOCK_NAME = "keeper.lock"
 """The lock file a live keeper holds (``fcntl.flock``), in the runtime directory."""
 _NAME = re.compile(r"^(?:([A-Za-z0-9][A-Za-z0-9._-]*)/)?([A-Za-z0-9][A-Za-z0-9._-]*)\Z")
-_HEX32 = re.compile(r"^[0-9a-f]{32}\Z")
-_HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
 
 
 class BadRequest(KeeperError):
@@ -113,82 +116,124 @@ def check_name(name: object) -> str:
     return name
 
 
-# field validation (each raises BadRequest) ---------------------------------------------------
+# field checks: (value, wire key) -> the field's value, or BadRequest --------------------------
+
+_Check = Callable[[Any, str], Any]
 
 
-def _field(req: dict[str, Any], key: str, kind: type) -> Any:
-    value = req.get(key)
-    if type(value) is not kind:
-        raise BadRequest(f"field {key!r} must be a {kind.__name__}")
-    return value
+def _hex(digits: int) -> _Check:
+    pattern = re.compile(f"^[0-9a-f]{{{digits}}}\\Z")
+
+    def check(value: object, key: str) -> str:
+        if type(value) is not str:
+            raise BadRequest(f"field {key!r} must be a str")
+        if not pattern.match(value):
+            raise BadRequest(f"field {key!r} is not valid hex of the right length")
+        return value
+
+    return check
 
 
-def _hex(req: dict[str, Any], key: str, pattern: re.Pattern[str]) -> str:
-    value = _field(req, key, str)
-    if not pattern.match(value):
-        raise BadRequest(f"field {key!r} is not valid hex of the right length")
-    return str(value)
+def _ints(high: int, most: int) -> _Check:
+    def check(value: object, key: str) -> list[int]:
+        if type(value) is not list or not 0 < len(value) <= most:
+            raise BadRequest(f"field {key!r} must be a list of 1 to {most} ints")
+        for x in value:
+            if type(x) is not int or not 1 <= x <= high:
+                raise BadRequest(f"field {key!r} has {x!r}, not an int in [1, {high}]")
+        return list(value)
+
+    return check
 
 
-def _secret(req: dict[str, Any]) -> bytes:
-    return bytes.fromhex(_hex(req, "secret", _HEX64))
-
-
-def _name(req: dict[str, Any], optional: bool = False) -> str | None:
-    value = req.get("name")
-    if value is None and optional:
-        return None
+def _name(value: object, key: str) -> str:
     try:
         return check_name(value)
     except (TypeError, ValueError) as e:
         raise BadRequest(str(e)) from None
 
 
-def _int_list(value: object, key: str, low: int, high: int, max_len: int) -> list[int]:
-    if type(value) is not list or not 0 < len(value) <= max_len:
-        raise BadRequest(f"field {key!r} must be a list of 1 to {max_len} ints")
-    for x in value:
-        if type(x) is not int or not low <= x <= high:
-            raise BadRequest(f"field {key!r} has {x!r}, not an int in [{low}, {high}]")
-    return list(value)
+def _doc(value: object, key: str) -> dict[str, Any]:
+    if type(value) is not dict:
+        raise BadRequest("field 'doc' must be a JSON object")
+    if len(_dumps(value)) > MAX_DOC:
+        raise BadRequest(f"field 'doc' is longer than {MAX_DOC} bytes")
+    return value
 
 
-def _encode(op: str, fields: dict[str, Any]) -> bytes:
-    return MAGIC + json.dumps({"op": op, **fields}, separators=(",", ":")).encode()
+def _in_flight(value: object, key: str) -> InFlight:
+    if type(value) is not dict:
+        raise BadRequest("field 'in_flight' must be an object, and only without a name")
+    loads = _ints(1 << 31, 1)([value.get("loads")], "in_flight.loads")[0]
+    seconds = value.get("seconds")
+    if not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_IN_FLIGHT:
+        raise BadRequest(f"field 'in_flight.seconds' must be in (0, {MAX_IN_FLIGHT}]")
+    return InFlight(loads, float(seconds))
 
 
-# requests: encode() gives the bytes, from_fields(req) validates a decoded JSON object
+def _after(value: object, key: str) -> str:
+    if type(value) is not str or len(value) > 64:
+        raise BadRequest("field 'after' must be an allocation id")
+    return value
 
-_T = TypeVar("_T", bound="_Bare")
-_ById_T = TypeVar("_ById_T", bound="_ById")
+
+_FIELDS: Mapping[str, tuple[str, _Check]] = MappingProxyType(
+    {  # a request's attribute: its key in the JSON object, and its check
+        "alloc_id": ("id", _hex(32)),
+        "secret": ("secret", lambda value, key: bytes.fromhex(_hex(64)(value, key))),
+        "name": ("name", _name),
+        "sizes": ("sizes", _ints(MAX_SIZE, MAX_CHUNKS)),
+        "doc": ("doc", _doc),
+        "allow_pids": ("allow_pids", _ints(1 << 31, MAX_ALLOW_PIDS)),
+        "in_flight": ("in_flight", _in_flight),
+        "after": ("after", _after),
+    }
+)
+
+
+def _dumps(value: object) -> bytes:
+    """Compact JSON; a secret as hex, an :class:`InFlight` as an object."""
+    plain = lambda o: o.hex() if isinstance(o, bytes) else dataclasses.asdict(o)  # noqa: E731
+    return json.dumps(value, separators=(",", ":"), default=plain).encode()
+
+
+def _field(req: dict[str, Any], attr: str) -> Any:
+    key, check = _FIELDS[attr]
+    return check(req.get(key), key)
 
 
 @dataclass(frozen=True)
-class _Bare:
-    """A request with no fields."""
+class _Request:
+    """A request, its op its class's name in lower case: ``encode()`` gives its bytes,
+    ``from_fields(req)`` checks a decoded JSON object (a field typed ``X | None`` may be
+    absent)."""
 
     op: ClassVar[str]
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.op = cls.__name__.lower()
+
     def encode(self) -> bytes:
-        return _encode(self.op, {})
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        fields = {_FIELDS[k][0]: v for k, v in values.items() if v is not None}
+        return MAGIC + _dumps({"op": self.op, **fields})
 
     @classmethod
-    def from_fields(cls: type[_T], req: dict[str, Any]) -> _T:
-        return cls()
+    def from_fields(cls, req: dict[str, Any]) -> Any:
+        values = {}
+        for f in dataclasses.fields(cls):
+            absent = str(f.type).endswith("| None") and req.get(_FIELDS[f.name][0]) is None
+            values[f.name] = None if absent else _field(req, f.name)
+        return cls(**values)
 
 
-@dataclass(frozen=True)
-class Hello(_Bare):
+class Hello(_Request):
     """``hello``: the keeper's pid and protocol version (also: start it, see it runs)."""
 
-    op: ClassVar[str] = "hello"
 
-
-@dataclass(frozen=True)
-class Status(_Bare):
+class Status(_Request):
     """``status``: the keeper's counters (arrays, bytes, connections, ...)."""
-
-    op: ClassVar[str] = "status"
 
 
 @dataclass(frozen=True)
@@ -200,10 +245,9 @@ class InFlight:
 
 
 @dataclass(frozen=True)
-class Keep:
+class Keep(_Request):
     """``keep``: hold these chunk fds (one per size); ``allow_pids`` limits who may attach."""
 
-    op: ClassVar[str] = "keep"
     alloc_id: str
     secret: bytes
     name: str | None
@@ -212,137 +256,63 @@ class Keep:
     allow_pids: list[int] | None = None
     in_flight: InFlight | None = None
 
-    def encode(self) -> bytes:
-        fields: dict[str, Any] = {"id": self.alloc_id, "secret": self.secret.hex()}
-        if self.name is not None:
-            fields["name"] = self.name
-        fields.update(sizes=self.sizes, doc=self.doc, allow_pids=self.allow_pids)
-        if self.in_flight is not None:
-            fields["in_flight"] = {"loads": self.in_flight.loads, "seconds": self.in_flight.seconds}
-        return _encode(self.op, fields)
-
     @classmethod
     def from_fields(cls, req: dict[str, Any]) -> Keep:
-        alloc_id, secret, name = _hex(req, "id", _HEX32), _secret(req), _name(req, optional=True)
-        sizes = _int_list(req.get("sizes"), "sizes", 1, MAX_SIZE, MAX_CHUNKS)
-        doc = req.get("doc")
-        if type(doc) is not dict:
-            raise BadRequest("field 'doc' must be a JSON object")
-        if len(json.dumps(doc, separators=(",", ":"))) > MAX_DOC:
-            raise BadRequest(f"field 'doc' is longer than {MAX_DOC} bytes")
-        allow = req.get("allow_pids")
-        if allow is not None:
-            allow = _int_list(allow, "allow_pids", 1, 1 << 31, MAX_ALLOW_PIDS)
-        flight = req.get("in_flight")
-        if flight is not None:
-            if type(flight) is not dict or name is not None:
-                raise BadRequest("field 'in_flight' must be an object, and only without a name")
-            loads = _int_list([flight.get("loads")], "in_flight.loads", 1, 1 << 31, 1)[0]
-            seconds = flight.get("seconds")
-            if not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_IN_FLIGHT:
-                raise BadRequest(f"field 'in_flight.seconds' must be in (0, {MAX_IN_FLIGHT}]")
-            flight = InFlight(loads, float(seconds))
-        return cls(alloc_id, secret, name, sizes, doc, allow, flight)
+        keep: Keep = super().from_fields(req)
+        if keep.in_flight is not None and keep.name is not None:
+            raise BadRequest("field 'in_flight' must be an object, and only without a name")
+        return keep
 
 
 @dataclass(frozen=True)
-class Attach:
+class Attach(_Request):
     """``attach``: the handles of the array named ``name``."""
 
-    op: ClassVar[str] = "attach"
     name: str
-
-    def encode(self) -> bytes:
-        return _encode(self.op, {"name": self.name})
-
-    @classmethod
-    def from_fields(cls, req: dict[str, Any]) -> Attach:
-        return cls(str(_name(req)))
 
 
 @dataclass(frozen=True)
-class Fetch:
+class Fetch(_Request):
     """``fetch``: the handles of a parked (or named) allocation, by id and secret."""
 
-    op: ClassVar[str] = "fetch"
     alloc_id: str
     secret: bytes
 
-    def encode(self) -> bytes:
-        return _encode(self.op, {"id": self.alloc_id, "secret": self.secret.hex()})
-
-    @classmethod
-    def from_fields(cls, req: dict[str, Any]) -> Fetch:
-        return cls(_hex(req, "id", _HEX32), _secret(req))
-
 
 @dataclass(frozen=True)
-class _ById:
-    """A request that names an allocation by its id alone."""
-
-    op: ClassVar[str]
-    alloc_id: str
-
-    def encode(self) -> bytes:
-        return _encode(self.op, {"id": self.alloc_id})
-
-    @classmethod
-    def from_fields(cls: type[_ById_T], req: dict[str, Any]) -> _ById_T:
-        return cls(_hex(req, "id", _HEX32))
-
-
-@dataclass(frozen=True)
-class Release(_ById):
+class Release(_Request):
     """``release``: this process no longer holds ``alloc_id`` (no reply)."""
 
-    op: ClassVar[str] = "release"
+    alloc_id: str
 
 
 @dataclass(frozen=True)
-class Drop(_ById):
+class Drop(_Request):
     """``drop``: let go of an unnamed allocation by id alone (``python -m sharedarrays rm``)."""
 
-    op: ClassVar[str] = "drop"
+    alloc_id: str
 
 
 @dataclass(frozen=True)
-class Unlink:
+class Unlink(_Request):
     """``unlink``: drop a name, or a parked allocation (``alloc_id`` and ``secret``)."""
 
-    op: ClassVar[str] = "unlink"
     name: str | None = None
     alloc_id: str | None = None
     secret: bytes | None = None
 
-    def encode(self) -> bytes:
-        if self.name is not None:
-            return _encode(self.op, {"name": self.name})
-        assert self.alloc_id is not None and self.secret is not None
-        return _encode(self.op, {"id": self.alloc_id, "secret": self.secret.hex()})
-
     @classmethod
     def from_fields(cls, req: dict[str, Any]) -> Unlink:
         if "name" in req:
-            return cls(name=_name(req))
-        return cls(alloc_id=_hex(req, "id", _HEX32), secret=_secret(req))
+            return cls(name=_field(req, "name"))
+        return cls(alloc_id=_field(req, "alloc_id"), secret=_field(req, "secret"))
 
 
 @dataclass(frozen=True)
-class List:
+class List(_Request):
     """``list``: one page of the arrays held, those whose id comes after ``after``."""
 
-    op: ClassVar[str] = "list"
     after: str | None = None
-
-    def encode(self) -> bytes:
-        return _encode(self.op, {} if self.after is None else {"after": self.after})
-
-    @classmethod
-    def from_fields(cls, req: dict[str, Any]) -> List:
-        after = req.get("after")
-        if after is not None and (type(after) is not str or len(after) > 64):
-            raise BadRequest("field 'after' must be an allocation id")
-        return cls(after)
 
 
 def list_pages(ask: Callable[[List], tuple[int, dict[str, Any]]]) -> tuple[int, dict[str, Any]]:
@@ -364,9 +334,8 @@ def list_pages(ask: Callable[[List], tuple[int, dict[str, Any]]]) -> tuple[int, 
 Request = Hello | Keep | Attach | Fetch | Release | Unlink | Drop | List | Status
 """Any keeper request."""
 
-_OPS: dict[str, type[Request]] = {
-    cls.op: cls for cls in (Hello, Keep, Attach, Fetch, Release, Unlink, Drop, List, Status)
-}
+OPS: Mapping[str, type[Request]] = MappingProxyType({c.op: c for c in typing.get_args(Request)})
+"""Every request type, by its op."""
 
 
 def decode_request(msg: bytes, fds: int = 0) -> Request:
@@ -390,10 +359,11 @@ def decode_request(msg: bytes, fds: int = 0) -> Request:
     op = req.get("op")
     if op != "keep" and fds:
         raise BadRequest(f"op {op!r} takes no file descriptors")
-    cls = _OPS.get(op) if type(op) is str else None
+    cls = OPS.get(op) if type(op) is str else None
     if cls is None:
         raise BadRequest(f"unknown op {op!r}")
-    return cls.from_fields(req)
+    request: Request = cls.from_fields(req)
+    return request
 
 
 @dataclass(frozen=True)
@@ -404,8 +374,7 @@ class Reply:
     body: dict[str, Any]
 
     def encode(self) -> bytes:
-        body = json.dumps(self.body, separators=(",", ":")).encode()
-        return _STATUS.pack(MAGIC, self.status) + body
+        return _STATUS.pack(MAGIC, self.status) + _dumps(self.body)
 
     @classmethod
     def decode(cls, msg: bytes) -> Reply:

@@ -64,27 +64,14 @@ class Credentials:
 
 
 def peer_credentials(sock: socket.socket) -> Credentials:
-    """The credentials of ``sock``'s peer (``SO_PEERCRED``).
-
-    Raises
-    ------
-    OSError
-        ``sock`` is not a connected Unix socket.
-    """
+    """The credentials of ``sock``'s peer (``SO_PEERCRED``); OSError if not a Unix socket."""
     pid, uid, gid = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
     return Credentials(pid, uid, gid)
 
 
 def check_same_user(sock: socket.socket, what: str) -> Credentials:
-    """The credentials of ``sock``'s peer, refused when it runs as another user.
-
-    Raises
-    ------
-    PermissionDenied
-        ``what`` runs as another user.
-    OSError
-        ``SO_PEERCRED`` failed.
-    """
+    """The credentials of ``sock``'s peer: PermissionDenied (naming it ``what``) where it
+    runs as another user, OSError where ``SO_PEERCRED`` failed."""
     peer = peer_credentials(sock)
     if peer.uid != os.getuid():
         raise PermissionDenied(f"{what} runs as another user (uid {peer.uid})")
@@ -94,14 +81,8 @@ def check_same_user(sock: socket.socket, what: str) -> Credentials:
 def connect_unix(path: str, deadline: float, timeout: float) -> socket.socket:
     """A ``SOCK_SEQPACKET`` connection to ``path`` with ``timeout`` set on it.
 
-    A listener whose accept queue is full (``EAGAIN``) is retried until ``deadline``.
-
-    Raises
-    ------
-    TimeoutError
-        It did not accept by ``deadline``.
-    OSError
-        Anything else ``socket()`` or ``connect()`` raised; the caller says what it means.
+    A listener whose accept queue is full (``EAGAIN``) is retried until ``deadline``, then
+    TimeoutError; any other OSError of ``socket()`` or ``connect()`` is the caller's to say.
     """
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -123,6 +104,9 @@ def connect_unix(path: str, deadline: float, timeout: float) -> socket.socket:
 def send_fds(sock: socket.socket, message: bytes, fds: Sequence[int]) -> None:
     """Send ``message`` with ``fds``, those past :data:`FDS_PER_MESSAGE` in ``b"+"`` messages."""
     fds = list(fds)
+    if not fds:
+        sock.send(message)
+        return
     socket.send_fds(sock, [message], fds[:FDS_PER_MESSAGE])
     for i in range(FDS_PER_MESSAGE, len(fds), FDS_PER_MESSAGE):
         socket.send_fds(sock, [b"+"], fds[i : i + FDS_PER_MESSAGE])
@@ -134,16 +118,8 @@ def recv_fds(
     """Append the fds :func:`send_fds` sent after its first message to ``fds`` until ``count``.
 
     Returns whether they all came. ``fds`` stays the caller's to close, also when this
-    raises. A ``deadline`` bounds the whole wait, not each message.
-
-    Raises
-    ------
-    TimeoutError
-        A message did not come in time.
-    HandleUnavailable
-        This process has no room for them (:func:`check_truncated`).
-    OSError
-        Receiving failed.
+    raises: TimeoutError past ``deadline`` (the whole wait), HandleUnavailable where this
+    process has no room for them (:func:`check_truncated`), OSError where receiving failed.
     """
     while len(fds) < count:
         before = len(fds)
@@ -163,14 +139,8 @@ def recv_into(sock: socket.socket, size: int, maxfds: int, fds: list[int]) -> tu
     """``socket.recv_fds``, its fds appended to ``fds``; returns the message and its flags.
 
     A SIGINT during the receive is delivered only once the fds are in ``fds``, so that a
-    ``KeyboardInterrupt`` cannot leave them open with no owner.
-
-    Raises
-    ------
-    TimeoutError
-        No message within the socket's timeout.
-    OSError
-        Receiving failed.
+    ``KeyboardInterrupt`` cannot leave them open with no owner. TimeoutError where no
+    message came within the socket's timeout; OSError where receiving failed.
     """
     if threading.current_thread() is not threading.main_thread() or not callable(
         signal.getsignal(signal.SIGINT)
@@ -203,13 +173,8 @@ _MSG_CTRUNC = int(socket.MSG_CTRUNC)  # (a plain int: IntFlag's & makes a flag o
 
 
 def check_truncated(flags: int) -> None:
-    """Raise if the kernel dropped fds of a message (``MSG_CTRUNC``: fd table full).
-
-    Raises
-    ------
-    HandleUnavailable
-        Some fds were dropped.
-    """
+    """Raise HandleUnavailable if the kernel dropped fds of a message (``MSG_CTRUNC``: this
+    process's fd table is full)."""
     if flags & _MSG_CTRUNC:
         raise HandleUnavailable(
             "this process has no room for the handles it was sent: it has as many files open "
@@ -252,14 +217,12 @@ def runtime_dir() -> Path:
 def _login_dir(uid: int) -> Path | None:
     """``$XDG_RUNTIME_DIR``, else a private ``/run/user/<uid>``, else ``None``."""
     base = os.environ.get("XDG_RUNTIME_DIR")
-    st: os.stat_result | None = None
-    if base:
-        try:
-            st = os.stat(base)
-        except FileNotFoundError:  # (removed, as systemd does at the last logout: as if unset)
-            pass
-        except OSError:
-            return Path(base)  # (making the directory in it says why it cannot)
+    try:
+        st = os.stat(base) if base else None
+    except FileNotFoundError:  # (removed, as systemd does at the last logout: as if unset)
+        st = None
+    except OSError:
+        return Path(str(base))  # (making the directory in it says why it cannot)
     if base and st is not None:
         if st.st_uid not in (uid, 0):
             raise PermissionDenied(
@@ -280,9 +243,8 @@ def _login_dir(uid: int) -> Path | None:
         st = os.stat(login)
     except OSError:
         return None
-    if stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077:
-        return login
-    return None
+    private = stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077
+    return login if private else None
 
 
 def _make_private(path: Path, uid: int) -> Path | None:

@@ -7,6 +7,7 @@ payloads in flight are handed over on a connection of their own (:func:`hand_ove
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import socket
@@ -17,6 +18,7 @@ import time
 from collections.abc import Sequence
 from multiprocessing import spawn
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from sharedarrays._cpython import interpreter_flags
@@ -285,10 +287,7 @@ def request(
             sock, path, wait = _connect(start)
             got: list[int] = []
             try:
-                if fds:
-                    send_fds(sock, data, fds)
-                else:
-                    sock.send(data)
+                send_fds(sock, data, fds)
                 if isinstance(req, wire.Release):
                     return wire.OK, {}, []
                 msg, flags = recv_into(sock, wire.MAX_MESSAGE, wire.MAX_FDS, got)
@@ -447,7 +446,9 @@ def refusal(what: str, error: object) -> str:
     return message
 
 
-_ERRORS = {wire.NOT_FOUND: NameNotFound, wire.EXISTS: NameExists, wire.DENIED: PermissionDenied}
+_ERRORS = MappingProxyType(
+    {wire.NOT_FOUND: NameNotFound, wire.EXISTS: NameExists, wire.DENIED: PermissionDenied}
+)
 
 
 def raise_for(status: int, body: dict[str, Any], what: str) -> None:
@@ -466,35 +467,28 @@ def hold(alloc_id: str) -> None:
 def release(alloc_id: str) -> None:
     """Tell the keeper this process no longer holds ``alloc_id`` (no reply, best effort).
 
-    Never blocks (it runs from finalizers); it may wait for the next request.
+    Never blocks (it runs from finalizers): where another thread asks the keeper, it is sent
+    before that thread's next request.
     """
     lock = STATE.keeper.lock
-    if not lock.acquire(blocking=False):
-        STATE.keeper.deferred.append(alloc_id)
-        return
-    try:
-        _release_locked(alloc_id)
-    finally:
-        lock.release()
-
-
-def _release_locked(alloc_id: str) -> None:
-    state = STATE.keeper
-    if alloc_id not in state.held:
-        return
-    state.held.discard(alloc_id)
-    if state.conn is not None:
+    STATE.keeper.deferred.append(alloc_id)
+    if lock.acquire(blocking=False):
         try:
-            state.conn.send(wire.Release(alloc_id).encode())
-        except OSError:
-            pass
+            _flush_deferred()
+        finally:
+            lock.release()
 
 
 def _flush_deferred() -> None:
     """Send the releases deferred by :func:`release` (the caller holds the lock)."""
-    deferred = STATE.keeper.deferred
-    while deferred:
-        _release_locked(deferred.pop())
+    state = STATE.keeper
+    while state.deferred:
+        alloc_id = state.deferred.pop()
+        if alloc_id in state.held:
+            state.held.discard(alloc_id)
+            if state.conn is not None:
+                with contextlib.suppress(OSError):
+                    state.conn.send(wire.Release(alloc_id).encode())
 
 
 def fetch_handles(

@@ -46,6 +46,13 @@ def _ask(k: daemon.Keeper, request: wire.Request, fds: list[int] | None = None) 
         return wire.Reply.decode(msg)
 
 
+def _sealed(size: int = 4096) -> int:
+    fd = os.memfd_create("sharedarrays", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
+    return fd
+
+
 def test_every_request_type_has_a_handler(keeper: daemon.Keeper) -> None:
     ops = {wire.Hello, wire.Keep, wire.Attach, wire.Fetch, wire.Release, wire.Unlink, wire.Drop}
     assert set(keeper._handlers) == ops | {wire.List, wire.Status}
@@ -73,9 +80,7 @@ def test_keep_attach_unlink(keeper: daemon.Keeper) -> None:
     finally:
         os.close(unsealed)
     assert reply.status == wire.ERROR and "not sealed against shrinking" in reply.body["error"]
-    fd = os.memfd_create("sharedarrays", os.MFD_ALLOW_SEALING)
-    os.ftruncate(fd, 4096)
-    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
+    fd = _sealed()
     keep = wire.Keep("ab" * 16, bytes(32), "n1", [4096], {"backend": "host"})
     try:
         reply = _ask(keeper, keep, [fd])
@@ -113,12 +118,7 @@ def test_a_keeper_out_of_open_files_says_so(keeper: daemon.Keeper) -> None:
     # limit of a message: said as "message too long" before)
     import resource
 
-    chunks = []
-    for _ in range(3):
-        fd = os.memfd_create("sharedarrays", os.MFD_ALLOW_SEALING)
-        os.ftruncate(fd, 4096)
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
-        chunks.append(fd)
+    chunks = [_sealed() for _ in range(3)]
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     sock.settimeout(10)
     sock.connect(keeper.path)
@@ -162,13 +162,6 @@ def idle_keeper() -> Iterator[tuple[daemon.Keeper, threading.Thread]]:
             thread.join(10)
             assert not thread.is_alive()
         shutil.rmtree(directory)
-
-
-def _sealed(size: int = 4096) -> int:
-    fd = os.memfd_create("sharedarrays", os.MFD_ALLOW_SEALING)
-    os.ftruncate(fd, size)
-    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
-    return fd
 
 
 @pytest.mark.timeout(60)

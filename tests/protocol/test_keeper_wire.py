@@ -73,6 +73,20 @@ def test_requests_carry_the_fields_of_version_1() -> None:
         "secret": SECRET.hex(),
     }
     assert Release(ID).encode() == b'SAK1{"op":"release","id":"' + ID.encode() + b'"}'
+    # (a field that is None is left out; the keeper reads it as absent)
+    assert set(json.loads(Keep(ID, SECRET, None, [1], DOC).encode()[4:])) == {
+        "op",
+        "id",
+        "secret",
+        "sizes",
+        "doc",
+    }
+
+
+def test_the_op_table_is_read_only() -> None:
+    assert set(wire.OPS) == {cls.op for cls, _ in REQUESTS} | {"drop"}
+    with pytest.raises(TypeError):
+        wire.OPS["explode"] = Hello  # type: ignore[index]
 
 
 @pytest.mark.parametrize(
