@@ -30,6 +30,7 @@ from sharedarrays.backends import NativeView
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import ClosedArrayError, MisalignedView, PayloadError, WrongNode
 from sharedarrays.memory import Allocation, Lease
+from sharedarrays.process import STATE
 from sharedarrays.protocol.payload import Payload, ViewFields, ViewTuple, misaligned, view_extent
 
 __all__ = ["SharedDeviceArray", "Semaphore", "load"]
@@ -101,7 +102,7 @@ class SharedDeviceArray(Growth, Display, Ordering, NativeArrayMethods):
         self._interfaced: Any = None  # (whose __cuda_array_interface__ a consumer reads)
         self._packed: ViewTuple | None = None  # the view's fields as a pickle carries them
         self._base: SharedDeviceArray | None = None
-        if views.tracking:
+        if STATE.views.tracking:
             views.track(self)
 
     # metadata ---------------------------------------------------------------------------

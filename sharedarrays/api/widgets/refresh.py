@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
 from sharedarrays.errors import thread_error
+from sharedarrays.process import STATE
 
 __all__ = ["AutoRefresh", "MIN_INTERVAL", "MAX_INTERVAL", "current_cell", "stop_on_rerun"]
 
@@ -118,12 +119,6 @@ def _loop(
         del view
 
 
-_views: dict[str, list[weakref.ref[Any]]] = {}
-"""Per cell id, the views made or started there (held weakly)."""
-_hooked: list[Any] = []
-"""The shells the hook is registered with (at most one)."""
-
-
 def kernel_shell() -> Any:
     """The IPython shell of the Jupyter kernel this process is, or ``None``."""
     try:
@@ -155,19 +150,19 @@ def stop_on_rerun(view: Any) -> None:
     shell = kernel_shell()
     if cell is None or shell is None:
         return
-    if shell not in _hooked:
+    if shell not in STATE.views.shells:
         shell.events.register("pre_run_cell", _on_cell)
-        _hooked.append(shell)
-    refs = [r for r in _views.get(cell, []) if r() is not None]
+        STATE.views.shells.append(shell)
+    refs = [r for r in STATE.views.cells.get(cell, []) if r() is not None]
     if not any(r() is view for r in refs):
         refs.append(weakref.ref(view))
-    _views[cell] = refs
+    STATE.views.cells[cell] = refs
 
 
 def _on_cell(info: Any = None) -> None:
     """The shell's ``pre_run_cell`` hook: stop the views of the cell that starts."""
     cell = getattr(info, "cell_id", None) or current_cell()
-    for ref in _views.pop(cell, []) if cell else []:
+    for ref in STATE.views.cells.pop(cell, []) if cell else []:
         view = ref()
         try:
             if view is not None:
