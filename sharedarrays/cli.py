@@ -18,7 +18,6 @@ import numpy as np
 
 __all__ = ["main", "parse_size"]
 
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _BLOCK = 1 << 24  # elements filled or checked at a time
 
 
@@ -27,7 +26,7 @@ def parse_size(text: str) -> int:
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
     if m is None:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 256M or 1G)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    return int(float(m.group(1)) * (1 << 10 * " KMGT".index(m.group(2).upper() or " ")))
 
 
 def _xp(native: Any) -> Any:

@@ -24,6 +24,7 @@ loaded on another node raises :class:`~sharedarrays.errors.WrongNode`.
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import os
 import re
@@ -42,9 +43,6 @@ _ABSENT = frozenset((errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.EPERM))
 """Errors that mean a fact is not there to read in this process (no ``/proc``, a namespace
 file hidden): the empty fact, which stays so. Any other error (too many open files, no
 memory) is no answer: it raises, and the next call reads again."""
-
-_machine: str | None = None
-"""The node id :func:`machine_node` read (the facts do not change while a process runs)."""
 
 
 def _unreadable(path: str, e: OSError) -> HandleUnavailable:
@@ -76,29 +74,21 @@ def _namespace(kind: str) -> str:
     return f"{st.st_dev}:{st.st_ino}"
 
 
+@functools.cache
 def machine_node() -> str:
     """This process's node id from the facts (boot, user, mount and pid namespaces), without
     the ``SHAREDARRAYS_NODE`` setting. Read once: the facts do not change while a process
-    runs; a read that fails is not kept, so the next call reads again.
+    runs (a read that fails is not kept).
 
     Raises
     ------
     HandleUnavailable
         A fact could not be read now (e.g. this process has as many files open as it may):
-        nothing is kept, and the next call reads again.
+        the next call reads again.
     """
-    global _machine
-    if _machine is None:
-        facts = "\0".join(
-            (
-                _read("/proc/sys/kernel/random/boot_id"),
-                str(os.getuid()),
-                _namespace("mnt"),
-                _namespace("pid"),
-            )
-        )
-        _machine = hashlib.blake2b(facts.encode(), digest_size=16).hexdigest()
-    return _machine
+    facts = (_read("/proc/sys/kernel/random/boot_id"), str(os.getuid()))
+    facts += (_namespace("mnt"), _namespace("pid"))
+    return hashlib.blake2b("\0".join(facts).encode(), digest_size=16).hexdigest()
 
 
 def this_node() -> str:
