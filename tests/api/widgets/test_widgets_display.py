@@ -148,11 +148,11 @@ def test_widget_refresh_and_auto_refresh_stop_on_close():
     m = MemoryMap(a, interval=0.2)
     box = m.widget
     assert box is m.widget
-    html = m._ui["html"]
+    html = m.widget.html
     b = a[1:3]
-    m._ui["refresh"].click()
+    m.widget.refresh_button.click()
     assert html.value.count('class="sa-view"') == 2
-    m._ui["auto"].value = True
+    m.widget.auto_toggle.value = True
     assert m.auto_refreshing
     thread = m._refresher._thread
     first = m.updated
@@ -160,7 +160,7 @@ def test_widget_refresh_and_auto_refresh_stop_on_close():
     while m.updated == first and time.time() < deadline:
         time.sleep(0.02)
     assert m.updated > first, "auto-refresh did not refresh"
-    m._ui["interval"].value = 0.5
+    m.widget.interval_text.value = 0.5
     assert m._interval == 0.5
     m.close()
     assert not thread.is_alive()
@@ -186,7 +186,7 @@ def test_toggle_off_stops_thread():
     assert m.widget is not None
     assert m.auto_refreshing
     thread = m._refresher._thread
-    m._ui["auto"].value = False
+    m.widget.auto_toggle.value = False
     assert not thread.is_alive()
     m.close()
 
