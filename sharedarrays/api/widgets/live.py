@@ -9,11 +9,9 @@ from typing import Any
 import ipywidgets as w
 
 from sharedarrays.api.widgets.model import ReservationMap
-from sharedarrays.api.widgets.refresh import MAX_INTERVAL, MIN_INTERVAL
+from sharedarrays.api.widgets.refresh import MAX_INTERVAL, MIN_INTERVAL, WIDGET_MIME
 
 __all__ = ["MemoryMapWidget", "NodeMapWidget"]
-
-WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 
 class _Box(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped

@@ -23,6 +23,8 @@ MIN_INTERVAL = 0.2
 """The shortest auto-refresh interval in seconds (what the widgets' *every (s)* allows)."""
 MAX_INTERVAL = 3600.0
 """The longest auto-refresh interval in seconds."""
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+"""The mime type of a live widget's view in a kernel's display data."""
 
 
 class _Refreshable(Protocol):

@@ -10,6 +10,7 @@ import re
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from sharedarrays.api import nodemap
@@ -18,6 +19,7 @@ from sharedarrays.api.widgets.nodeview import render_node_html, render_node_text
 from sharedarrays.api.widgets.refresh import (
     MAX_INTERVAL,
     MIN_INTERVAL,
+    WIDGET_MIME,
     AutoRefresh,
     kernel_shell,
     stop_on_rerun,
@@ -35,8 +37,6 @@ __all__ = [
     "in_kernel",
     "WIDGET_MIME",
 ]
-
-WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 
 def major_version(version: str) -> int:
@@ -74,14 +74,10 @@ class _Shown:
         self._box: Any = None
         self.updated = 0.0
 
-    def _read(self) -> Any:
-        raise NotImplementedError
-
-    def text(self) -> str:
-        raise NotImplementedError
-
-    def html(self) -> str:
-        raise NotImplementedError
+    _read: Callable[[], Any]  # (re-reads and keeps what it read)
+    text: Callable[[], str]
+    html: Callable[[], str]
+    _make_widget: Callable[[], Any]
 
     def _gone(self) -> bool:
         """Whether there is nothing more to show (auto-refresh then stops)."""
@@ -106,9 +102,6 @@ class _Shown:
 
     def __repr__(self) -> str:
         return self.text()
-
-    def _make_widget(self) -> Any:
-        raise NotImplementedError
 
     @property
     def widget(self) -> Any:
