@@ -86,9 +86,9 @@ def machine_node() -> str:
         A fact could not be read now (e.g. this process has as many files open as it may):
         the next call reads again.
     """
-    facts = (_read("/proc/sys/kernel/random/boot_id"), str(os.getuid()))
-    facts += (_namespace("mnt"), _namespace("pid"))
-    return hashlib.blake2b("\0".join(facts).encode(), digest_size=16).hexdigest()
+    boot = _read("/proc/sys/kernel/random/boot_id")
+    facts = "\0".join((boot, str(os.getuid()), _namespace("mnt"), _namespace("pid")))
+    return hashlib.blake2b(facts.encode(), digest_size=16).hexdigest()
 
 
 def this_node() -> str:
