@@ -112,14 +112,11 @@ def _race(pool: Any, a: Any, slices: list[Any], on_cuda: bool) -> tuple[list[Any
     return rows, bad + _verify(a.array, n)
 
 
-def demo(size: int | None, workers: int, device: str | None, progress: bool) -> int:
-    """The main job: share a large array with a Pool, transform it in place, verify."""
+def demo(size: int | None, workers: int, dev: Any, progress: bool) -> int:
+    """The main job: share a large array with a Pool, transform it in place, verify (on
+    ``dev``, a Device; ``None``: the default)."""
     import sharedarrays as sa
-    from sharedarrays.backends.device import parse_device
 
-    dev = sa.Device("cpu") if device == "cpu" else None
-    if device not in (None, "auto", "cpu"):
-        dev = parse_device(device)
     with sa.empty(1, "float32", device=dev) as probe:
         on_cuda = probe.device.is_cuda
     if size is None:
@@ -178,14 +175,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.workers < 1:
         d.error("--workers must be at least 1")
     try:
-        if args.device not in (None, "auto", "cpu"):
+        dev = None
+        if args.device not in (None, "auto"):
             try:
-                parse_device(args.device)
+                dev = parse_device(args.device)
             except SharedArrayError:  # (no such device here: said below)
                 raise
             except (TypeError, ValueError) as e:  # (not a device's name)
                 d.error(f"--device: {e}")
-        return demo(args.size, args.workers, args.device, not args.no_progress)
+        return demo(args.size, args.workers, dev, not args.no_progress)
     except SharedArrayError as e:  # (no device, not enough memory: said, not a traceback)
         print(f"demo: {type(e).__name__}: {e}", file=sys.stderr)
         return 1

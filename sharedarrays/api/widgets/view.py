@@ -64,7 +64,7 @@ class _Shown:
     (``text``, ``html``), refreshed by hand or every ``interval`` seconds in a daemon thread
     that holds the map weakly, and a live widget made on first use."""
 
-    _thread = "sharedarrays-map"
+    _thread, _widget = "sharedarrays-map", ""  # (the thread's name, the widget's class)
 
     def __init__(self, interval: float, auto_refresh: bool) -> None:
         self._interval = _interval_of(interval)
@@ -77,7 +77,6 @@ class _Shown:
     _read: Callable[[], Any]  # (re-reads and keeps what it read)
     text: Callable[[], str]
     html: Callable[[], str]
-    _make_widget: Callable[[], Any]
 
     def _gone(self) -> bool:
         """Whether there is nothing more to show (auto-refresh then stops)."""
@@ -108,7 +107,9 @@ class _Shown:
         """The live view (made on first use; needs ipywidgets 8 or later): a
         :class:`~sharedarrays.api.widgets.live.MemoryMapWidget` or ``NodeMapWidget``."""
         if self._box is None:
-            self._box = self._make_widget()
+            from sharedarrays.api.widgets import live
+
+            self._box = getattr(live, self._widget)(self)
             stop_on_rerun(self)
             if self._auto_start:
                 self._box.auto_toggle.value = True
@@ -184,7 +185,7 @@ class MemoryMap(_Shown):
         Start refreshing automatically (once the widget exists).
     """
 
-    _thread = "sharedarrays-memory-map"
+    _thread, _widget = "sharedarrays-memory-map", "MemoryMapWidget"
 
     def __init__(
         self, target: Any = None, *, interval: float = 2.0, auto_refresh: bool = False
@@ -214,11 +215,6 @@ class MemoryMap(_Shown):
     def html(self) -> str:
         return render_html(self.maps, self._title)
 
-    def _make_widget(self) -> Any:
-        from sharedarrays.api.widgets.live import MemoryMapWidget
-
-        return MemoryMapWidget(self)
-
     def _static(self) -> dict[str, Any]:
         bundle = super()._static()
         try:
@@ -233,7 +229,7 @@ class NodeView(_Shown):
     seconds each process is given to answer. Its live widget is a
     :class:`~sharedarrays.api.widgets.live.NodeMapWidget`."""
 
-    _thread = "sharedarrays-node-map"
+    _thread, _widget = "sharedarrays-node-map", "NodeMapWidget"
 
     def __init__(
         self, timeout: float = 1.0, *, interval: float = 2.0, auto_refresh: bool = False
@@ -251,11 +247,6 @@ class NodeView(_Shown):
 
     def html(self) -> str:
         return render_node_html(self.map)
-
-    def _make_widget(self) -> Any:
-        from sharedarrays.api.widgets.live import NodeMapWidget
-
-        return NodeMapWidget(self)
 
     def free(self, target: str) -> str:
         """Free what keeps ``target`` (an id, its start, or a name) although no view uses it
