@@ -20,12 +20,11 @@ from sharedarrays.api.widgets.refresh import (
     MAX_INTERVAL,
     MIN_INTERVAL,
     WIDGET_MIME,
-    AutoRefresh,
     kernel_shell,
     stop_on_rerun,
 )
 from sharedarrays.api.widgets.render import render_html, render_png, render_text
-from sharedarrays.errors import SharedArrayError
+from sharedarrays.errors import SharedArrayError, thread_error
 from sharedarrays.memory import Allocation
 from sharedarrays.settings import seconds
 
@@ -64,13 +63,15 @@ class _Shown:
     (``text``, ``html``), refreshed by hand or every ``interval`` seconds in a daemon thread
     that holds the map weakly, and a live widget made on first use."""
 
-    _thread, _widget = "sharedarrays-map", ""  # (the thread's name, the widget's class)
+    _name, _widget = "sharedarrays-map", ""  # (the thread's name, the widget's class)
 
     def __init__(self, interval: float, auto_refresh: bool) -> None:
         self._interval = _interval_of(interval)
         self._auto_start = auto_refresh
         self._lock = threading.Lock()
-        self._refresher: AutoRefresh[Any] = AutoRefresh(self._thread, _next, _report)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._finalizer: weakref.finalize[Any, Any] | None = None
         self._box: Any = None
         self.updated = 0.0
 
@@ -118,7 +119,7 @@ class _Shown:
     @property
     def auto_refreshing(self) -> bool:
         """Whether the auto-refresh thread is running."""
-        return self._refresher.running
+        return self._thread is not None and self._thread.is_alive()
 
     def _set_toggle(self, on: bool) -> None:
         if self._box is not None and self._box.auto_toggle.value != on:
@@ -126,16 +127,38 @@ class _Shown:
 
     def start(self, interval: float | None = None) -> None:
         """Start refreshing every ``interval`` seconds in a daemon thread (it holds this map
-        weakly: a map that is garbage-collected stops it)."""
+        weakly: a map that is garbage-collected stops it).
+
+        Raises
+        ------
+        ThreadUnavailable
+            No thread can start in this process now.
+        """
         if interval is not None:
             self._interval = _interval_of(interval)
         stop_on_rerun(self)
-        self._refresher.start(self)
+        if not self.auto_refreshing:
+            self._stop = stop = threading.Event()
+            if self._finalizer is not None:
+                self._finalizer.detach()
+            self._finalizer = weakref.finalize(self, stop.set)
+            args = (weakref.ref(self), stop)
+            self._thread = threading.Thread(target=_loop, args=args, name=self._name, daemon=True)
+            try:
+                self._thread.start()
+            except RuntimeError as e:  # nothing left waiting for the map
+                self._finalizer.detach()
+                self._finalizer = self._thread = None
+                raise thread_error(f"cannot start the refresh thread {self._name!r}", e) from None
         self._set_toggle(True)
 
     def stop(self, timeout: float | None = 5.0) -> None:
-        """Stop auto-refreshing (waits up to ``timeout`` seconds for the thread to end)."""
-        self._refresher.stop(timeout)
+        """Stop auto-refreshing (waits up to ``timeout`` seconds for the thread to end, unless
+        called from it)."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
         self._set_toggle(False)
 
     def close(self) -> None:
@@ -185,7 +208,7 @@ class MemoryMap(_Shown):
         Start refreshing automatically (once the widget exists).
     """
 
-    _thread, _widget = "sharedarrays-memory-map", "MemoryMapWidget"
+    _name, _widget = "sharedarrays-memory-map", "MemoryMapWidget"
 
     def __init__(
         self, target: Any = None, *, interval: float = 2.0, auto_refresh: bool = False
@@ -229,7 +252,7 @@ class NodeView(_Shown):
     seconds each process is given to answer. Its live widget is a
     :class:`~sharedarrays.api.widgets.live.NodeMapWidget`."""
 
-    _thread, _widget = "sharedarrays-node-map", "NodeMapWidget"
+    _name, _widget = "sharedarrays-node-map", "NodeMapWidget"
 
     def __init__(
         self, timeout: float = 1.0, *, interval: float = 2.0, auto_refresh: bool = False
@@ -264,16 +287,27 @@ def _interval_of(value: object) -> float:
     return seconds(value, "interval", MIN_INTERVAL, MAX_INTERVAL)
 
 
-def _next(view: _Shown) -> float | None:
-    """Seconds to the next refresh; ``None`` once the widget was closed from outside."""
-    box = view._box
-    return None if box is not None and box.comm is None else view._interval
-
-
-def _report(view: _Shown, error: Exception) -> None:
-    """Show a failed auto-refresh in the widget's status (the thread goes on)."""
-    if view._box is not None:
-        view._box.status.value = f"refresh failed: {error}"
+def _loop(ref: weakref.ref[_Shown], stop: threading.Event) -> None:
+    """The auto-refresh thread: refresh the map every interval (read anew each time) until it
+    is stopped, collected (it is not held while waiting) or its widget closed from outside. A
+    failed refresh is shown in the widget's status, and the thread goes on."""
+    while True:
+        view = ref()
+        box = None if view is None else view._box
+        closed = box is not None and box.comm is None
+        seconds = None if view is None or closed else view._interval
+        del view, box
+        if seconds is None or stop.wait(seconds):
+            return
+        view = ref()
+        if view is None:
+            return
+        try:
+            view.refresh()
+        except Exception as e:  # a refresh must never kill the kernel's thread
+            if view._box is not None:
+                view._box.status.value = f"refresh failed: {e}"
+        del view
 
 
 def live_or_static(shown: Any) -> Any:

@@ -154,7 +154,7 @@ def test_widget_refresh_and_auto_refresh_stop_on_close():
     assert html.value.count('class="sa-view"') == 2
     m.widget.auto_toggle.value = True
     assert m.auto_refreshing
-    thread = m._refresher._thread
+    thread = m._thread
     first = m.updated
     deadline = time.time() + 5
     while m.updated == first and time.time() < deadline:
@@ -173,7 +173,7 @@ def test_auto_refresh_stops_when_widget_closed_from_outside():
     m = sa.show(interval=0.2)
     box = m.widget
     m.start()
-    thread = m._refresher._thread
+    thread = m._thread
     box.close()  # e.g. Widget.close_all()
     thread.join(5)
     assert not thread.is_alive()
@@ -185,7 +185,7 @@ def test_toggle_off_stops_thread():
     m = sa.show(interval=0.2, auto_refresh=True)
     assert m.widget is not None
     assert m.auto_refreshing
-    thread = m._refresher._thread
+    thread = m._thread
     m.widget.auto_toggle.value = False
     assert not thread.is_alive()
     m.close()
@@ -197,7 +197,7 @@ def test_auto_refresh_stops_when_the_map_is_collected():
 
     m = sa.show(interval=60.0)
     m.start()
-    thread = m._refresher._thread
+    thread = m._thread
     assert thread is not None and thread.is_alive()
     del m
     gc.collect()
