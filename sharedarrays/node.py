@@ -43,35 +43,24 @@ _ABSENT = frozenset((errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.EPERM))
 """Errors that mean a fact is not there to read in this process (no ``/proc``, a namespace
 file hidden): the empty fact, which stays so. Any other error (too many open files, no
 memory) is no answer: it raises, and the next call reads again."""
+_FACTS = ("sys/kernel/random/boot_id", "self/ns/mnt", "self/ns/pid")
 
 
-def _unreadable(path: str, e: OSError) -> HandleUnavailable:
-    """The error for a fact at ``path`` that could not be read now (``e``)."""
-    what = f"cannot read {path} to tell which node this process is on"
-    if e.errno in (errno.EMFILE, errno.ENFILE):
-        return fd_limit_error(what, str(e.strerror))
-    return HandleUnavailable(f"{what}: {e.strerror or e}; try again")
-
-
-def _read(path: str) -> str:
+def _fact(path: str) -> str:
+    """The fact at ``path``: a namespace's identity (``/proc/self/ns/``), or a file's text."""
     try:
+        if path.startswith("/proc/self/ns/"):
+            st = os.stat(path)
+            return f"{st.st_dev}:{st.st_ino}"
         with open(path) as f:
             return f.read().strip()
     except OSError as e:
         if e.errno in _ABSENT:
             return ""
-        raise _unreadable(path, e) from None
-
-
-def _namespace(kind: str) -> str:
-    path = f"/proc/self/ns/{kind}"
-    try:
-        st = os.stat(path)
-    except OSError as e:
-        if e.errno in _ABSENT:
-            return ""
-        raise _unreadable(path, e) from None
-    return f"{st.st_dev}:{st.st_ino}"
+        what = f"cannot read {path} to tell which node this process is on"
+        if e.errno in (errno.EMFILE, errno.ENFILE):
+            raise fd_limit_error(what, str(e.strerror)) from None
+        raise HandleUnavailable(f"{what}: {e.strerror or e}; try again") from None
 
 
 @functools.cache
@@ -86,8 +75,8 @@ def machine_node() -> str:
         A fact could not be read now (e.g. this process has as many files open as it may):
         the next call reads again.
     """
-    boot = _read("/proc/sys/kernel/random/boot_id")
-    facts = "\0".join((boot, str(os.getuid()), _namespace("mnt"), _namespace("pid")))
+    boot, mnt, pid = (_fact(f"/proc/{p}") for p in _FACTS)
+    facts = "\0".join((boot, str(os.getuid()), mnt, pid))
     return hashlib.blake2b(facts.encode(), digest_size=16).hexdigest()
 
 
