@@ -18,7 +18,6 @@ import numpy as np
 
 __all__ = ["main", "parse_size"]
 
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _BLOCK = 1 << 24  # elements filled or checked at a time
 
 
@@ -27,7 +26,7 @@ def parse_size(text: str) -> int:
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
     if m is None:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 256M or 1G)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    return int(float(m.group(1)) * (1 << 10 * " KMGT".index(m.group(2).upper() or " ")))
 
 
 def _xp(native: Any) -> Any:
@@ -113,14 +112,11 @@ def _race(pool: Any, a: Any, slices: list[Any], on_cuda: bool) -> tuple[list[Any
     return rows, bad + _verify(a.array, n)
 
 
-def demo(size: int | None, workers: int, device: str | None, progress: bool) -> int:
-    """The main job: share a large array with a Pool, transform it in place, verify."""
+def demo(size: int | None, workers: int, dev: Any, progress: bool) -> int:
+    """The main job: share a large array with a Pool, transform it in place, verify (on
+    ``dev``, a Device; ``None``: the default)."""
     import sharedarrays as sa
-    from sharedarrays.backends.device import parse_device
 
-    dev = sa.Device("cpu") if device == "cpu" else None
-    if device not in (None, "auto", "cpu"):
-        dev = parse_device(device)
     with sa.empty(1, "float32", device=dev) as probe:
         on_cuda = probe.device.is_cuda
     if size is None:
@@ -179,14 +175,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.workers < 1:
         d.error("--workers must be at least 1")
     try:
-        if args.device not in (None, "auto", "cpu"):
+        dev = None
+        if args.device not in (None, "auto"):
             try:
-                parse_device(args.device)
+                dev = parse_device(args.device)
             except SharedArrayError:  # (no such device here: said below)
                 raise
             except (TypeError, ValueError) as e:  # (not a device's name)
                 d.error(f"--device: {e}")
-        return demo(args.size, args.workers, args.device, not args.no_progress)
+        return demo(args.size, args.workers, dev, not args.no_progress)
     except SharedArrayError as e:  # (no device, not enough memory: said, not a traceback)
         print(f"demo: {type(e).__name__}: {e}", file=sys.stderr)
         return 1

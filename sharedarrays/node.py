@@ -24,6 +24,7 @@ loaded on another node raises :class:`~sharedarrays.errors.WrongNode`.
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import os
 import re
@@ -42,63 +43,41 @@ _ABSENT = frozenset((errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.EPERM))
 """Errors that mean a fact is not there to read in this process (no ``/proc``, a namespace
 file hidden): the empty fact, which stays so. Any other error (too many open files, no
 memory) is no answer: it raises, and the next call reads again."""
-
-_machine: str | None = None
-"""The node id :func:`machine_node` read (the facts do not change while a process runs)."""
+_FACTS = ("sys/kernel/random/boot_id", "self/ns/mnt", "self/ns/pid")
 
 
-def _unreadable(path: str, e: OSError) -> HandleUnavailable:
-    """The error for a fact at ``path`` that could not be read now (``e``)."""
-    what = f"cannot read {path} to tell which node this process is on"
-    if e.errno in (errno.EMFILE, errno.ENFILE):
-        return fd_limit_error(what, str(e.strerror))
-    return HandleUnavailable(f"{what}: {e.strerror or e}; try again")
-
-
-def _read(path: str) -> str:
+def _fact(path: str) -> str:
+    """The fact at ``path``: a namespace's identity (``/proc/self/ns/``), or a file's text."""
     try:
+        if path.startswith("/proc/self/ns/"):
+            st = os.stat(path)
+            return f"{st.st_dev}:{st.st_ino}"
         with open(path) as f:
             return f.read().strip()
     except OSError as e:
         if e.errno in _ABSENT:
             return ""
-        raise _unreadable(path, e) from None
+        what = f"cannot read {path} to tell which node this process is on"
+        if e.errno in (errno.EMFILE, errno.ENFILE):
+            raise fd_limit_error(what, str(e.strerror)) from None
+        raise HandleUnavailable(f"{what}: {e.strerror or e}; try again") from None
 
 
-def _namespace(kind: str) -> str:
-    path = f"/proc/self/ns/{kind}"
-    try:
-        st = os.stat(path)
-    except OSError as e:
-        if e.errno in _ABSENT:
-            return ""
-        raise _unreadable(path, e) from None
-    return f"{st.st_dev}:{st.st_ino}"
-
-
+@functools.cache
 def machine_node() -> str:
     """This process's node id from the facts (boot, user, mount and pid namespaces), without
     the ``SHAREDARRAYS_NODE`` setting. Read once: the facts do not change while a process
-    runs; a read that fails is not kept, so the next call reads again.
+    runs (a read that fails is not kept).
 
     Raises
     ------
     HandleUnavailable
         A fact could not be read now (e.g. this process has as many files open as it may):
-        nothing is kept, and the next call reads again.
+        the next call reads again.
     """
-    global _machine
-    if _machine is None:
-        facts = "\0".join(
-            (
-                _read("/proc/sys/kernel/random/boot_id"),
-                str(os.getuid()),
-                _namespace("mnt"),
-                _namespace("pid"),
-            )
-        )
-        _machine = hashlib.blake2b(facts.encode(), digest_size=16).hexdigest()
-    return _machine
+    boot, mnt, pid = (_fact(f"/proc/{p}") for p in _FACTS)
+    facts = "\0".join((boot, str(os.getuid()), mnt, pid))
+    return hashlib.blake2b(facts.encode(), digest_size=16).hexdigest()
 
 
 def this_node() -> str:

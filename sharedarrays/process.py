@@ -550,6 +550,29 @@ class PoolsState:
         self.lock = threading.Lock()
 
 
+class ViewsState:
+    """The api layer's live views and notebook cells (``STATE.views``: ``api/views.py``,
+    ``api/widgets/refresh.py``). A forked child keeps them (its views are copies of the
+    parent's), with a new lock.
+
+    ``types``: the view classes; ``tracking``: whether views are tracked (from the first
+    ``live_views``), then ``live`` holds them weakly by id (``lock`` guards the start);
+    ``cells``: per notebook cell id, the live maps made there (weakly), stopped when it runs
+    again; ``shells``: the IPython shells whose ``pre_run_cell`` hook is registered.
+    """
+
+    def __init__(self) -> None:
+        self.types: tuple[type, ...] = ()
+        self.tracking = False
+        self.live: dict[int, Any] = {}
+        self.lock = threading.Lock()
+        self.cells: dict[str, list[Any]] = {}
+        self.shells: list[Any] = []
+
+    def reset_in_child(self) -> None:
+        self.lock = threading.Lock()
+
+
 class ProcessState:
     """THE per-process state of the package (one instance: :data:`STATE`).
 
@@ -578,6 +601,8 @@ class ProcessState:
     pools : PoolsState
         Pool workers' slots, functions loaded by value, Dask's registration (``api/pool*``,
         ``api/dask.py``).
+    views : ViewsState
+        The live views and the notebook cells of the memory maps (``api/views.py``).
     """
 
     def __init__(self) -> None:
@@ -591,6 +616,7 @@ class ProcessState:
         self.keeper = KeeperState()
         self.pickling = PicklingState()
         self.pools = PoolsState()
+        self.views = ViewsState()
 
     def reset_in_child(self) -> None:
         """In a forked child: the pid first, then every section bottom layer first (each
@@ -606,6 +632,7 @@ class ProcessState:
             self.keeper,
             self.pickling,
             self.pools,
+            self.views,
         ):
             _call(section.reset_in_child, "in a forked child")
         self.hooks.after_fork_in_child()

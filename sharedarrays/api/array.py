@@ -102,7 +102,7 @@ class SharedDeviceArray(Growth, Display, Ordering, NativeArrayMethods):
         self._interfaced: Any = None  # (whose __cuda_array_interface__ a consumer reads)
         self._packed: ViewTuple | None = None  # the view's fields as a pickle carries them
         self._base: SharedDeviceArray | None = None
-        if views.tracking:
+        if STATE.views.tracking:
             views.track(self)
 
     # metadata ---------------------------------------------------------------------------

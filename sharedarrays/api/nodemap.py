@@ -40,19 +40,8 @@ from sharedarrays.settings import seconds
 from sharedarrays.transport import keeper, server
 from sharedarrays.transport import node as transport_node
 
-__all__ = [
-    "LEFT_ALONE",
-    "MAX_TIMEOUT",
-    "STATES",
-    "Holder",
-    "NodeAllocation",
-    "NodeProcess",
-    "DeviceSummary",
-    "NodeMap",
-    "node_map",
-    "find",
-    "free",
-]
+__all__ = ["LEFT_ALONE", "MAX_TIMEOUT", "STATES", "Holder", "NodeAllocation", "NodeProcess"]
+__all__ += ["DeviceSummary", "NodeMap", "node_map", "find", "free"]
 
 STATES = ("live", "draining", "cached", "named", "parked", "orphaned")
 """An allocation's states, strongest first (see the module's table)."""
@@ -66,21 +55,11 @@ LEFT_ALONE = "left alone: payloads in flight"
 
 @dataclass(frozen=True)
 class Holder:
-    """A process that holds an allocation.
-
-    Attributes
-    ----------
-    pid, command : int, str
-        The process and its command line (``""`` when it cannot be read).
-    role : str
-        ``"exporter"`` (made it), ``"importer"`` (maps it) or ``"keeper"`` (holds handles).
-    since : float
-        When it made, imported or kept it (``time.time()``).
-    views : int
-        Views and native arrays that use it there (0 in the keeper; -1: the process was not
-        asked, it attached it through the keeper and runs no handle server).
-    parked : bool
-        Mapped with no view (an importer keeps it for the next handoff).
+    """A process that holds an allocation: ``pid``, its ``command`` line (``""``: unreadable),
+    its ``role`` (``"exporter"``: made it, ``"importer"``: maps it, ``"keeper"``: holds its
+    handles), ``since`` when (``time.time()``), the ``views`` and native arrays using it there
+    (0 in the keeper; -1: not asked, it attached it through the keeper and runs no handle
+    server), and whether it keeps it ``parked`` (mapped with no view, for the next handoff).
     """
 
     pid: int
@@ -93,27 +72,12 @@ class Holder:
 
 @dataclass(frozen=True)
 class NodeAllocation:
-    """One allocation, as the whole node sees it.
-
-    Attributes
-    ----------
-    alloc_id, name : str, str or None
-        The allocation id, and its name in the keeper if any.
-    backend, device : str
-        Its memory system and device.
-    size, lost : int
-        Bytes of memory it holds, and of those the bytes no array asked for (granularity).
-    exporter_pid, exporter_command, exporter_alive : int, str, bool
-        The process that made it (0: unknown), its command line, whether it still runs.
-    holders : tuple of Holder
-        Every process that holds it (exporter, importers, keeper).
-    kept, in_flight : bool, int
-        The keeper holds its handles; payloads of it that may still be loaded.
-    state : str
-        One of :data:`STATES`.
-    created, age : float
-        When it was made (``time.time()``), and seconds since then when the map was made.
-    """
+    """One allocation, as the whole node sees it: its id and keeper ``name`` (or None), memory
+    system and device; the bytes it holds (``size``) and of those the ``lost`` ones no array
+    asked for (granularity); its exporter (pid, 0: unknown; command line; whether it runs);
+    every :class:`Holder`; whether the keeper holds its handles (``kept``) and how many of its
+    payloads may still load (``in_flight``); its ``state`` (one of :data:`STATES`); when it was
+    ``created`` and its ``age`` in seconds when the map was made."""
 
     alloc_id: str
     name: str | None
@@ -169,18 +133,9 @@ class DeviceSummary:
 
 @dataclass(frozen=True)
 class NodeMap:
-    """The node-wide picture at one moment (:func:`node_map`).
-
-    Attributes
-    ----------
-    time : float
-        When it was made.
-    allocations : tuple of NodeAllocation
-        Largest first.
-    processes, devices : tuple of NodeProcess, tuple of DeviceSummary
-        Every process asked, by pid; one summary per device, by name.
-    keeper : str
-        The keeper's status: ``"ok"``, ``"none"`` (none runs), ``"no answer"``, ``"refused"``.
+    """The node-wide picture at one moment (:func:`node_map`): its ``time``, the
+    ``allocations`` largest first, every process asked by pid, one summary per device by name,
+    and the keeper's status (``"ok"``, ``"none"``: none runs, ``"no answer"``, ``"refused"``).
     """
 
     time: float

@@ -185,14 +185,14 @@ def test_live_widget_refreshes_auto_refreshes_and_closes(kernel: types.ModuleTyp
     assert live.html.value.count('class="sa-view"') == 2
     live.auto_toggle.value = True
     assert live.auto_refreshing
-    thread = live.memory_map._refresher._thread
+    thread = live.memory_map._thread
     live.interval_text.value = 0.5
     assert live.memory_map._interval == 0.5
     live.stop()
     assert not thread.is_alive() and not live.auto_toggle.value
     live.start(0.2)
     assert live.auto_refreshing and live.auto_toggle.value
-    thread = live.memory_map._refresher._thread
+    thread = live.memory_map._thread
     live.close()
     assert not thread.is_alive() and not live.auto_refreshing
     assert live.comm is None and live.html.comm is None

@@ -505,12 +505,12 @@ def test_nvml_cross_check_counts_this_processes_cuda_allocation() -> None:
 @pytest.mark.timeout(120)
 def test_the_node_widget_shows_refreshes_and_refuses_to_free_a_live_array() -> None:
     pytest.importorskip("ipywidgets")
-    from sharedarrays.api.widgets.nodelive import NodeView, node_widget
+    from sharedarrays.api.widgets.view import NodeView
 
     view = sa.show(scope="node")  # outside a kernel: the static view
     assert isinstance(view, NodeView)
     a = sa.zeros(4096, device="cpu", pack=False)
-    widget = node_widget(NodeView(), interval=0.2)
+    widget = NodeView(interval=0.2).widget
     try:
         assert a.allocation.id[:12] in widget.html.value
         b = sa.zeros(8192, device="cpu", pack=False)

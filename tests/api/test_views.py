@@ -38,10 +38,11 @@ _FRESH = """
 import gc
 import sharedarrays as sa
 from sharedarrays.api import views
+from sharedarrays.process import STATE
 
 a = sa.zeros(8, device="cpu")
 b = a[2:4]
-assert not views._live, "a view was tracked before anyone asked"
+assert not STATE.views.live, "a view was tracked before anyone asked"
 live = views.live_views()
 assert any(v is a for v in live) and any(v is b for v in live), live
 c = a[5:]

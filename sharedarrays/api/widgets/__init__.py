@@ -8,6 +8,7 @@ are imported only when a live widget or a PNG is made.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from sharedarrays.api.widgets.model import (
@@ -24,12 +25,13 @@ from sharedarrays.api.widgets.model import (
 )
 from sharedarrays.api.widgets.refresh import MAX_INTERVAL, MIN_INTERVAL
 from sharedarrays.api.widgets.render import render_html, render_png, render_text
-from sharedarrays.api.widgets.view import MemoryMap, in_kernel, live_or_static, widgets_available
+from sharedarrays.api.widgets.view import MemoryMap, NodeView, live_or_static
 from sharedarrays.settings import seconds
 
 __all__ = [
     "show",
     "MemoryMap",
+    "NodeView",
     "live_or_static",
     "ReservationMap",
     "ChunkBar",
@@ -72,7 +74,7 @@ def show(
         ``VBox`` that composes with other widgets (its :class:`MemoryMap` is its
         ``memory_map``); elsewhere the :class:`MemoryMap`. Both have ``maps``, ``refresh``,
         ``start``, ``stop`` and ``close``. With ``scope="node"``: a live ``VBox``, or a
-        :class:`~sharedarrays.api.widgets.nodelive.NodeView` (text and HTML).
+        :class:`~sharedarrays.api.widgets.view.NodeView` (text and HTML).
 
     Raises
     ------
@@ -83,15 +85,9 @@ def show(
         is neither.
     """
     seconds(interval, "interval", MIN_INTERVAL, MAX_INTERVAL)
-    if scope == "node":
-        if target is not None:
-            raise ValueError("show(scope='node') shows every allocation: give no target")
-        from sharedarrays.api.widgets.nodelive import NodeView, node_widget
-
-        view = NodeView()
-        if in_kernel() and widgets_available():
-            return node_widget(view, interval, auto_refresh)
-        return view
-    if scope != "process":
+    if scope not in ("process", "node"):
         raise ValueError(f"scope must be 'process' or 'node', not {scope!r}")
-    return live_or_static(MemoryMap(target, interval=interval, auto_refresh=auto_refresh))
+    if scope == "node" and target is not None:
+        raise ValueError("show(scope='node') shows every allocation: give no target")
+    cls = NodeView if scope == "node" else partial(MemoryMap, target)
+    return live_or_static(cls(interval=interval, auto_refresh=auto_refresh))

@@ -291,14 +291,14 @@ def build_map(
         spans. Only the views within them are drawn; the others are counted as neighbours.
     """
     vs = views_of(allocation) if views is None else [v for v in views if not v.closed]
-    slab = bool(getattr(allocation, "slab", False))
+    slab = allocation.slab
     neighbours = 0
     if slab and own is not None:  # (its own views: packed arrays never overlap)
         mine = [v for v in vs if _span(v)[0] < own[1] and own[0] < _span(v)[1]]
         neighbours, vs = len(vs) - len(mine), mine
     else:
         own = None
-    capacity = int(getattr(allocation, "capacity", allocation.size))  # reserved bytes
+    capacity = allocation.capacity  # reserved bytes
     bars, gaps = _bars_and_gaps(allocation, capacity)
     spans = sorted(((*_span(v), _view_label(v)) for v in vs), key=lambda s: (s[0], s[0] - s[1]))
     levels = _levels([(s[0], s[1]) for s in spans])
@@ -306,10 +306,7 @@ def build_map(
     used = min(max((b.stop for b in brackets), default=allocation.size), allocation.size)
     if slab:  # (its room is the small arrays', those to come too: none of it is lost)
         used = allocation.size
-    by_device = getattr(allocation, "access_by_device", None)  # own device and peers
-    if by_device is None:
-        by_device = {allocation.device: getattr(allocation, "access", "rw")}
-    keeper_name = getattr(allocation, "keeper_name", None)
+    keeper_name = allocation.keeper_name
     origin = allocation.origin
     return ReservationMap(
         alloc_id=allocation.id,
@@ -323,20 +320,20 @@ def build_map(
         views=brackets,
         used=used,
         lost=allocation.size - used,
-        access={str(d): str(a) for d, a in by_device.items()},
+        access={str(d): str(a) for d, a in allocation.access_by_device.items()},  # and peers
         created_here=origin.created_here,
         origin_pid=origin.pid,
         origin_time=origin.time,
         served=tuple(ServedInfo(s.pid, s.time) for s in allocation.served),
         mapped=allocation.size,
-        lifetime=str(getattr(allocation, "lifetime", "any holder")),
-        holders=tuple(getattr(allocation, "holders", ())),
-        export_readonly=bool(getattr(allocation, "export_readonly", False)),
-        access_enforced=bool(getattr(allocation.backend, "maps", True)),
+        lifetime=allocation.lifetime,
+        holders=tuple(allocation.holders),
+        export_readonly=allocation.export_readonly,
+        access_enforced=allocation.backend.maps,
         exporter_alive=origin.created_here or running(origin.pid),
-        in_keeper=bool(getattr(allocation, "in_keeper", False)),
+        in_keeper=allocation.in_keeper,
         name=None if keeper_name is None else local_name(keeper_name),
-        parked=bool(getattr(allocation, "parked", False)),
+        parked=allocation.parked,
         slab=slab,
         own=own,
         neighbours=neighbours,

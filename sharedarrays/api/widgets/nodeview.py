@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 import time
 
-from sharedarrays.api.nodemap import Holder, NodeAllocation, NodeMap
+from sharedarrays.api.nodemap import STATES, Holder, NodeAllocation, NodeMap
 from sharedarrays.api.widgets.model import fmt_bytes, plural
 
 __all__ = ["COLUMNS", "row_cells", "summary_lines", "render_node_text", "render_node_html"]
@@ -14,14 +14,8 @@ __all__ = ["COLUMNS", "row_cells", "summary_lines", "render_node_text", "render_
 COLUMNS = ("ID", "NAME", "STATE", "BACKEND", "DEVICE", "SIZE", "LOST", "EXPORTER", "HOLDERS", "AGE")
 """The columns of the table (``top`` and ``ls`` alike)."""
 
-_COLOURS = {
-    "live": "#2e7d32",
-    "draining": "#ef6c00",
-    "cached": "#00838f",
-    "named": "#1565c0",
-    "parked": "#6a1b9a",
-}
-_ROLES = {"exporter": "E", "importer": "I", "keeper": "K"}
+_COLOURS = ("#2e7d32", "#ef6c00", "#00838f", "#1565c0", "#6a1b9a", "#c62828")
+"""The colour of each of :data:`~sharedarrays.api.nodemap.STATES`, in order."""
 
 
 def _age(seconds: float) -> str:
@@ -49,7 +43,7 @@ def _program(command: str) -> str:
 
 def _holder(h: Holder) -> str:
     extra = "p" if h.parked else (f"{h.views}v" if h.views > 0 else "")
-    return f"{h.pid}{_ROLES[h.role]}{extra}"
+    return f"{h.pid}{h.role[0].upper()}{extra}"  # (E exporter, I importer, K keeper)
 
 
 def row_cells(row: NodeAllocation) -> tuple[str, ...]:
@@ -117,7 +111,7 @@ def render_node_html(node: NodeMap) -> str:
     )
     body = []
     for r in node.allocations:
-        state = f";color:{_COLOURS.get(r.state, '#c62828')};font-weight:bold"
+        state = f";color:{_COLOURS[STATES.index(r.state)]};font-weight:bold"
         tds = "".join(
             f"<td style='{cell}{state if c == 'STATE' else ''}' title='{html.escape(r.alloc_id)}'>"
             f"{html.escape(text)}</td>"

@@ -43,6 +43,7 @@ _LEVEL_H = 15
 _HEAD_H = 20
 _FOOT_H = 30
 _LABEL_CHAR = 6.0  # the widest a character of a view's label (10 px sans-serif) is drawn
+_CHAR = 7.0 / (_W - 2 * _PAD)  # the widest a character of a chunk's label, of the bar's width
 _LOST = "lost to granularity (mapped beyond the views)"
 _EMPTY = "no live shared allocations in this process"
 
@@ -71,12 +72,16 @@ def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _chunk_label(index: int, size: int, width: float, per_char: float) -> str:
-    """The longest chunk label that fits ``width`` (``per_char`` per character), or ''."""
+def _chunk_label(index: int, size: int, width: float) -> str:
+    """The longest chunk label that fits ``width`` (a fraction of the bar's), or ''."""
     for label in (f"chunk {index} · {fmt_bytes(size)}", f"{index}: {fmt_bytes(size)}"):
-        if width > per_char * (len(label) + 1):
+        if width > _CHAR * (len(label) + 1):
             return label
     return ""
+
+
+def _colour(chunk: int) -> str:
+    return PALETTE[chunk % len(PALETTE)]
 
 
 def _marks(m: ReservationMap) -> str:
@@ -105,115 +110,120 @@ def render_text(maps: Sequence[ReservationMap]) -> str:
     )
 
 
-class _Scale:
-    """Offsets and lengths of one reservation as SVG x positions and widths."""
+def _levels(m: ReservationMap) -> int:
+    """The rows of view brackets above a reservation's bar."""
+    return max((v.level for v in m.views), default=-1) + 1
 
-    def __init__(self, size: int) -> None:
-        self.width, self.size = _W - 2 * _PAD, max(size, 1)
 
-    def x(self, off: int) -> float:
-        return _PAD + self.width * off / self.size
+def _draw(m: ReservationMap, pen: Any) -> None:
+    """One reservation, drawn by ``pen`` (:class:`_Svg` or :class:`_Png`) at fractions of its
+    width: its title line, the views' brackets, its bar (chunks in colour, unmapped parts
+    hatched grey, bytes lost hatched red, each with a tooltip) and its addresses under it."""
+    a, size = m.address, max(m.size, 1)
+    pen.begin(_levels(m))
+    pen.text(0, "head", _head(m), fontweight="bold")
+    pen.text(1, "head", f"access {m.access_text}", cls="sa-access")
+    for v in m.views:  # level 0 nearest the bar
+        tip = f"view {v.label}: {a + v.start:#x}-{a + v.stop:#x}"
+        pen.bracket(v.start / size, v.stop / size, v.level, v.label, tip)
+    for c in m.chunks:
+        tip = (
+            f"mapping of chunk {c.chunk} at offset {c.start:#x}: {a + c.start:#x}-"
+            f"{a + c.start + c.size:#x} ({fmt_bytes(c.size)}, fd {c.fd}, {c.access})"
+        )
+        label = _chunk_label(c.chunk, c.size, c.size / size)
+        pen.rect(c.start / size, c.size / size, "chunk", tip, c.chunk, label)
+    for g in m.gaps:
+        tip = f"unmapped: {a + g.start:#x}-{a + g.start + g.size:#x}"
+        pen.rect(g.start / size, g.size / size, "unmapped", tip)
+    if m.lost:
+        tip = (
+            f"lost to granularity: {fmt_bytes(m.lost)} mapped beyond the views "
+            f"({a + m.used:#x}-{a + m.used + m.lost:#x})"
+        )
+        pen.rect(m.used / size, m.lost / size, "lost", tip)
+    pen.text(0, "foot", f"{a:#x}", family="monospace")
+    pen.text(1, "foot", f"{a + m.size:#x}", family="monospace")
+    if m.lost:
+        pen.text(0.5, "foot", f"{fmt_bytes(m.lost)} {_LOST}", color="#c00")
+    elif m.slab:
+        pen.text(0.5, "foot", m.packed_text, cls="sa-packed")
 
-    def w(self, n: int) -> float:
-        return max(self.width * n / self.size, 2.0)
+
+class _Svg:
+    """Draws reservations one under the other as SVG elements (``out``), ``y`` high."""
+
+    _ANCHOR = ("", ' text-anchor="middle"', ' text-anchor="end"')
+    _ATTRS = (("fontweight", "font-weight"), ("family", "font-family"), ("color", "fill"))
+
+    def __init__(self) -> None:
+        self.out: list[str] = []
+        self.y = 0
+
+    def begin(self, levels: int) -> None:
+        self.bar_y = self.y + _HEAD_H + levels * _LEVEL_H + 4
+        self.rows = {"head": self.y + 14, "foot": self.bar_y + _BAR_H + 13}
+        self.y = self.bar_y + _BAR_H + _FOOT_H
+
+    @staticmethod
+    def x(f: float) -> float:
+        return _PAD + (_W - 2 * _PAD) * f
+
+    def text(self, f: float, row: str, text: str, cls: str = "", **style: str) -> None:
+        attrs = self._ANCHOR[int(f * 2)] + (f' class="{cls}"' if cls else "")
+        attrs += "".join(f' {name}="{style[k]}"' for k, name in self._ATTRS if k in style)
+        self.out.append(_svg_text(self.x(f), self.rows[row], text, attrs))
+
+    def bracket(self, f1: float, f2: float, level: int, label: str, tip: str) -> None:
+        top = self.bar_y - 4 - (level + 1) * _LEVEL_H + 9
+        x1 = self.x(f1)
+        x2 = max(self.x(f2), x1 + 2)
+        # the label centred over its bracket, moved in where it would run off either edge
+        half = len(label) * _LABEL_CHAR / 2
+        mid = min(max((x1 + x2) / 2, _PAD + half), _W - _PAD - half)
+        self.out.append(
+            f'<g class="sa-view"><title>{_e(tip)}</title>'
+            f'<path d="M{x1:.1f},{top + 5} V{top} H{x2:.1f} V{top + 5}" fill="none" '
+            f'stroke="#333" stroke-width="1.5"/>'
+            + _svg_text(mid, top - 2, label, ' text-anchor="middle" font-size="10"')
+            + "</g>"
+        )
+
+    def rect(
+        self, f: float, n: float, kind: str, tip: str, chunk: int = 0, label: str = ""
+    ) -> None:
+        attrs = {
+            "chunk": f'class="sa-chunk" data-chunk="{chunk}" fill="{_colour(chunk)}" stroke="#fff"',
+            "unmapped": 'class="sa-unmapped" fill="url(#sa-hatch-gap)" stroke="#999" '
+            'stroke-dasharray="3,2"',
+            "lost": 'class="sa-lost" fill="url(#sa-hatch-lost)" stroke="#c00"',
+        }[kind]
+        width = max((_W - 2 * _PAD) * n, 2.0)
+        self.out.append(
+            f'<rect {attrs} x="{self.x(f):.1f}" y="{self.bar_y}" width="{width:.1f}" '
+            f'height="{_BAR_H}"><title>{_e(tip)}</title></rect>'
+        )
+        if label:
+            attrs = ' text-anchor="middle" fill="#fff" pointer-events="none"'
+            self.out.append(_svg_text(self.x(f) + width / 2, self.bar_y + 17, label, attrs))
 
 
 def _svg_text(x: float, y: float, text: str, attrs: str = "") -> str:
     return f'<text x="{x:.1f}" y="{y}"{attrs}>{_e(text)}</text>'
 
 
-def _svg_block(m: ReservationMap, y0: int) -> tuple[list[str], int]:
-    """SVG elements of one reservation starting at height ``y0``, and the height used."""
-    s = _Scale(m.size)
-    out = [
-        _svg_text(_PAD, y0 + 14, _head(m), ' font-weight="bold"'),
-        _svg_text(
-            _W - _PAD, y0 + 14, f"access {m.access_text}", ' text-anchor="end" class="sa-access"'
-        ),
-    ]
-    levels = max((v.level for v in m.views), default=-1) + 1
-    bar_y = y0 + _HEAD_H + levels * _LEVEL_H + 4
-    for v in m.views:  # brackets, level 0 nearest the bar
-        top = bar_y - 4 - (v.level + 1) * _LEVEL_H + 9
-        x1 = s.x(v.start)
-        x2 = max(s.x(v.stop), x1 + 2)
-        tip = f"view {v.label}: {m.address + v.start:#x}-{m.address + v.stop:#x}"
-        # the label centred over its bracket, moved in where it would run off either edge
-        half = len(v.label) * _LABEL_CHAR / 2
-        mid = min(max((x1 + x2) / 2, _PAD + half), _W - _PAD - half)
-        out.append(
-            f'<g class="sa-view"><title>{_e(tip)}</title>'
-            f'<path d="M{x1:.1f},{top + 5} V{top} H{x2:.1f} V{top + 5}" fill="none" '
-            f'stroke="#333" stroke-width="1.5"/>'
-            + _svg_text(mid, top - 2, v.label, ' text-anchor="middle" font-size="10"')
-            + "</g>"
-        )
-    out += _svg_bar(m, bar_y, s)
-    foot = bar_y + _BAR_H + 13
-    out.append(_svg_text(_PAD, foot, f"{m.address:#x}", ' font-family="monospace"'))
-    end = f"{m.address + m.size:#x}"
-    out.append(_svg_text(_W - _PAD, foot, end, ' text-anchor="end" font-family="monospace"'))
-    if m.lost:
-        lost = f"{fmt_bytes(m.lost)} {_LOST}"
-        out.append(_svg_text(_W / 2, foot, lost, ' text-anchor="middle" fill="#c00"'))
-    elif m.slab:
-        out.append(
-            _svg_text(_W / 2, foot, m.packed_text, ' text-anchor="middle" class="sa-packed"')
-        )
-    return out, bar_y + _BAR_H + _FOOT_H - y0
-
-
-def _svg_rect(s: _Scale, start: int, size: int, y: int, attrs: str, tip: str) -> str:
-    return (
-        f'<rect {attrs} x="{s.x(start):.1f}" y="{y}" width="{s.w(size):.1f}" '
-        f'height="{_BAR_H}"><title>{_e(tip)}</title></rect>'
-    )
-
-
-def _svg_bar(m: ReservationMap, bar_y: int, s: _Scale) -> list[str]:
-    """A reservation's bar: its chunks, unmapped gaps and bytes lost, each with a tooltip."""
-    a, out = m.address, []
-    for c in m.chunks:
-        tip = (
-            f"mapping of chunk {c.chunk} at offset {c.start:#x}: {a + c.start:#x}-"
-            f"{a + c.start + c.size:#x} ({fmt_bytes(c.size)}, fd {c.fd}, {c.access})"
-        )
-        colour = PALETTE[c.chunk % len(PALETTE)]
-        attrs = f'class="sa-chunk" data-chunk="{c.chunk}" fill="{colour}" stroke="#fff"'
-        out.append(_svg_rect(s, c.start, c.size, bar_y, attrs, tip))
-        label = _chunk_label(c.chunk, c.size, s.w(c.size), 7.0)
-        if label:
-            middle = s.x(c.start) + s.w(c.size) / 2
-            attrs = ' text-anchor="middle" fill="#fff" pointer-events="none"'
-            out.append(_svg_text(middle, bar_y + 17, label, attrs))
-    for g in m.gaps:
-        tip = f"unmapped: {a + g.start:#x}-{a + g.start + g.size:#x}"
-        attrs = 'class="sa-unmapped" fill="url(#sa-hatch-gap)" stroke="#999" stroke-dasharray="3,2"'
-        out.append(_svg_rect(s, g.start, g.size, bar_y, attrs, tip))
-    if m.lost:
-        tip = (
-            f"lost to granularity: {fmt_bytes(m.lost)} mapped beyond the views "
-            f"({a + m.used:#x}-{a + m.used + m.lost:#x})"
-        )
-        attrs = 'class="sa-lost" fill="url(#sa-hatch-lost)" stroke="#c00"'
-        out.append(_svg_rect(s, m.used, m.lost, bar_y, attrs, tip))
-    return out
-
-
 def _svg(maps: Sequence[ReservationMap]) -> str:
-    parts: list[str] = []
-    y = 0
+    pen = _Svg()
     for m in maps[:MAX_DRAWN]:
-        block, height = _svg_block(m, y)
-        parts.extend(block)
-        y += height
+        _draw(m, pen)
+    y = pen.y
     if len(maps) > MAX_DRAWN:
-        parts.append(f'<text x="{_PAD}" y="{y + 12}">{_e(_more(len(maps)))}</text>')
+        pen.out.append(f'<text x="{_PAD}" y="{y + 12}">{_e(_more(len(maps)))}</text>')
         y += 18
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{y}" '
         f'viewBox="0 0 {_W} {y}" font-family="sans-serif" font-size="12">'
-        f"{_DEFS}{''.join(parts)}</svg>"
+        f"{_DEFS}{''.join(pen.out)}</svg>"
     )
 
 
@@ -279,8 +289,7 @@ def render_png(maps: Sequence[ReservationMap], dpi: int = 100) -> bytes:
     from matplotlib.figure import Figure
 
     drawn = list(maps[:MAX_DRAWN])
-    heights = [1.0 + 0.28 * (max((v.level for v in m.views), default=-1) + 1) for m in drawn]
-    total = sum(heights) or 1.0
+    total = sum(1.0 + 0.28 * _levels(m) for m in drawn) or 1.0
     fig = Figure(figsize=(9.0, 0.3 + 0.75 * total), dpi=dpi)
     FigureCanvasAgg(fig)
     ax = fig.add_axes((0.02, 0.02, 0.96, 0.96))
@@ -289,62 +298,56 @@ def render_png(maps: Sequence[ReservationMap], dpi: int = 100) -> bytes:
     ax.axis("off")
     if not drawn:
         ax.text(0.5, 0.5, _EMPTY, ha="center")
-    y_top = total
-    for m, h in zip(drawn, heights):
-        _png_reservation(ax, m, y_top, h)
-        y_top -= h
+    pen = _Png(ax, total)
+    for m in drawn:
+        _draw(m, pen)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     return buf.getvalue()
 
 
-def _png_reservation(ax: Any, m: ReservationMap, y_top: float, h: float) -> None:
-    """One reservation, ``h`` high below ``y_top``: its title line, bar and views."""
-    size = max(m.size, 1)
-    bar_y = y_top - h + 0.3
-    ax.text(0, y_top - 0.12, _head(m), fontsize=8, fontweight="bold", va="center")
-    ax.text(1, y_top - 0.12, f"access {m.access_text}", fontsize=8, ha="right", va="center")
-    _png_bar(ax, m, bar_y, size)
-    for v in m.views:
-        top = bar_y + 0.36 + 0.28 * v.level
-        x1, x2 = v.start / size, max(v.stop / size, v.start / size + 0.002)
-        ax.plot([x1, x1, x2, x2], [top, top + 0.07, top + 0.07, top], color="#333", lw=1)
-        ax.text((x1 + x2) / 2, top + 0.14, v.label, fontsize=6.5, ha="center", va="center")
+class _Png:
+    """Draws reservations one under the other on matplotlib axes, from ``y_top`` down (each
+    one unit high, and a row more per level of view brackets)."""
 
+    _HA = ("left", "center", "right")
 
-def _png_bar(ax: Any, m: ReservationMap, bar_y: float, size: int) -> None:
-    """A reservation's bar scaled to ``size``: chunks in colour, unmapped parts grey and
-    hatched, bytes lost hatched red, and its start and end addresses."""
-    from matplotlib.patches import Rectangle
+    def __init__(self, ax: Any, y_top: float) -> None:
+        self.ax, self.y_top = ax, y_top
 
-    def rect(start: int, length: int, least: float, **style: Any) -> None:
-        ax.add_patch(Rectangle((start / size, bar_y), max(length / size, least), 0.3, **style))
+    def begin(self, levels: int) -> None:
+        h = 1.0 + 0.28 * levels
+        self.bar_y = self.y_top - h + 0.3
+        self.rows = {"head": (self.y_top - 0.12, 8), "foot": (self.bar_y - 0.12, 7)}
+        self.y_top -= h
 
-    def note(x: float, text: str, **style: Any) -> None:
-        ax.text(x, bar_y - 0.12, text, fontsize=7, va="center", **style)
+    def text(self, f: float, row: str, text: str, cls: str = "", **style: str) -> None:
+        y, size = self.rows[row]
+        self.ax.text(f, y, text, fontsize=size, ha=self._HA[int(f * 2)], va="center", **style)
 
-    for c in m.chunks:
-        rect(c.start, c.size, 0.0, facecolor=PALETTE[c.chunk % len(PALETTE)], edgecolor="white")
-        label = _chunk_label(c.chunk, c.size, c.size / size, 0.0095)
+    def bracket(self, f1: float, f2: float, level: int, label: str, tip: str) -> None:
+        top = self.bar_y + 0.36 + 0.28 * level
+        f2 = max(f2, f1 + 0.002)
+        self.ax.plot([f1, f1, f2, f2], [top, top + 0.07, top + 0.07, top], color="#333", lw=1)
+        self.ax.text((f1 + f2) / 2, top + 0.14, label, fontsize=6.5, ha="center", va="center")
+
+    def rect(
+        self, f: float, n: float, kind: str, tip: str, chunk: int = 0, label: str = ""
+    ) -> None:
+        from matplotlib.patches import Rectangle
+
+        style: dict[str, Any] = {
+            "chunk": {"facecolor": _colour(chunk), "edgecolor": "white"},
+            "unmapped": {
+                "facecolor": "#f4f4f4",
+                "edgecolor": "#999",
+                "hatch": "//",
+                "linestyle": "--",
+            },
+            "lost": {"facecolor": "none", "edgecolor": "#c00", "hatch": "xxx"},
+        }[kind]
+        least = 0.0 if kind == "chunk" else 0.003
+        self.ax.add_patch(Rectangle((f, self.bar_y), max(n, least), 0.3, **style))
         if label:
-            middle = (c.start + c.size / 2) / size
-            ax.text(
-                middle, bar_y + 0.15, label, color="white", fontsize=7, ha="center", va="center"
-            )
-    for g in m.gaps:
-        rect(
-            g.start,
-            g.size,
-            0.003,
-            facecolor="#f4f4f4",
-            edgecolor="#999",
-            hatch="//",
-            linestyle="--",
-        )
-    if m.lost:
-        rect(m.used, m.lost, 0.003, facecolor="none", edgecolor="#c00", hatch="xxx")
-        note(0.5, f"{fmt_bytes(m.lost)} {_LOST}", color="#c00", ha="center")
-    elif m.slab:
-        note(0.5, m.packed_text, ha="center")
-    note(0, f"{m.address:#x}", family="monospace")
-    note(1, f"{m.address + m.size:#x}", family="monospace", ha="right")
+            ax, y = self.ax, self.bar_y + 0.15
+            ax.text(f + n / 2, y, label, color="white", fontsize=7, ha="center", va="center")

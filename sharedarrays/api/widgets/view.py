@@ -1,6 +1,7 @@
-"""MemoryMap: the memory map's data, refresh and display; its live view is a
-:class:`~sharedarrays.api.widgets.live.MemoryMapWidget`. ipywidgets and matplotlib are
-imported only when a widget or a PNG is made."""
+"""The maps Jupyter shows: :class:`MemoryMap` (this process's allocations) and
+:class:`NodeView` (the whole node's), with their refresh and display; their live views are
+the widgets of :mod:`~sharedarrays.api.widgets.live`. ipywidgets and matplotlib are imported
+only when a widget or a PNG is made."""
 
 from __future__ import annotations
 
@@ -9,23 +10,32 @@ import re
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
+from sharedarrays.api import nodemap
 from sharedarrays.api.widgets.model import ReservationMap, build_map, build_maps, targets
+from sharedarrays.api.widgets.nodeview import render_node_html, render_node_text
 from sharedarrays.api.widgets.refresh import (
     MAX_INTERVAL,
     MIN_INTERVAL,
-    AutoRefresh,
+    WIDGET_MIME,
     kernel_shell,
     stop_on_rerun,
 )
 from sharedarrays.api.widgets.render import render_html, render_png, render_text
+from sharedarrays.errors import SharedArrayError, thread_error
 from sharedarrays.memory import Allocation
 from sharedarrays.settings import seconds
 
-__all__ = ["MemoryMap", "live_or_static", "widgets_available", "in_kernel", "WIDGET_MIME"]
-
-WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+__all__ = [
+    "MemoryMap",
+    "NodeView",
+    "live_or_static",
+    "widgets_available",
+    "in_kernel",
+    "WIDGET_MIME",
+]
 
 
 def major_version(version: str) -> int:
@@ -48,7 +58,136 @@ def in_kernel() -> bool:
     return kernel_shell() is not None
 
 
-class MemoryMap:
+class _Shown:
+    """What both maps share: the data as last read (``_read``), shown as text and HTML
+    (``text``, ``html``), refreshed by hand or every ``interval`` seconds in a daemon thread
+    that holds the map weakly, and a live widget made on first use."""
+
+    _name, _widget = "sharedarrays-map", ""  # (the thread's name, the widget's class)
+
+    def __init__(self, interval: float, auto_refresh: bool) -> None:
+        self._interval = _interval_of(interval)
+        self._auto_start = auto_refresh
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._finalizer: weakref.finalize[Any, Any] | None = None
+        self._box: Any = None
+        self.updated = 0.0
+
+    _read: Callable[[], Any]  # (re-reads and keeps what it read)
+    text: Callable[[], str]
+    html: Callable[[], str]
+
+    def _gone(self) -> bool:
+        """Whether there is nothing more to show (auto-refresh then stops)."""
+        return False
+
+    def refresh(self) -> Any:
+        """Re-read and redraw; what was read (a :class:`MemoryMap`'s ``maps``, a
+        :class:`NodeView`'s ``map``). A map of chosen allocations stops auto-refreshing once
+        every one is released: there is nothing more to show."""
+        with self._lock:
+            data = self._read()
+            self.updated = time.time()
+            gone = self._gone() and self.auto_refreshing
+            if self._box is not None:
+                self._box.html.value = self.html()
+                self._box.status.value = time.strftime("updated %H:%M:%S") + (
+                    "; released: auto-refresh stopped" if gone else ""
+                )
+        if gone:
+            self.stop()
+        return data
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    @property
+    def widget(self) -> Any:
+        """The live view (made on first use; needs ipywidgets 8 or later): a
+        :class:`~sharedarrays.api.widgets.live.MemoryMapWidget` or ``NodeMapWidget``."""
+        if self._box is None:
+            from sharedarrays.api.widgets import live
+
+            self._box = getattr(live, self._widget)(self)
+            stop_on_rerun(self)
+            if self._auto_start:
+                self._box.auto_toggle.value = True
+        return self._box
+
+    @property
+    def auto_refreshing(self) -> bool:
+        """Whether the auto-refresh thread is running."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def _set_toggle(self, on: bool) -> None:
+        if self._box is not None and self._box.auto_toggle.value != on:
+            self._box.auto_toggle.value = on
+
+    def start(self, interval: float | None = None) -> None:
+        """Start refreshing every ``interval`` seconds in a daemon thread (it holds this map
+        weakly: a map that is garbage-collected stops it).
+
+        Raises
+        ------
+        ThreadUnavailable
+            No thread can start in this process now.
+        """
+        if interval is not None:
+            self._interval = _interval_of(interval)
+        stop_on_rerun(self)
+        if not self.auto_refreshing:
+            self._stop = stop = threading.Event()
+            if self._finalizer is not None:
+                self._finalizer.detach()
+            self._finalizer = weakref.finalize(self, stop.set)
+            args = (weakref.ref(self), stop)
+            self._thread = threading.Thread(target=_loop, args=args, name=self._name, daemon=True)
+            try:
+                self._thread.start()
+            except RuntimeError as e:  # nothing left waiting for the map
+                self._finalizer.detach()
+                self._finalizer = self._thread = None
+                raise thread_error(f"cannot start the refresh thread {self._name!r}", e) from None
+        self._set_toggle(True)
+
+    def stop(self, timeout: float | None = 5.0) -> None:
+        """Stop auto-refreshing (waits up to ``timeout`` seconds for the thread to end, unless
+        called from it)."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        self._set_toggle(False)
+
+    def close(self) -> None:
+        """Stop auto-refreshing and close the widget (if one was made)."""
+        self.stop()
+        box, self._box = self._box, None
+        if box is not None:
+            box.close()  # and its controls
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        """text/plain and text/html (and a PNG); plus the live widget in a Jupyter kernel."""
+        return self.mimebundle(include, exclude)
+
+    def _static(self) -> dict[str, Any]:
+        return {"text/plain": self.text(), "text/html": self.html()}
+
+    def mimebundle(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        """The display data: the static views, and the live widget where it can be shown."""
+        bundle = self._static()
+        if in_kernel() and widgets_available():
+            bundle.update(self.widget.view_data())
+        return {
+            k: v
+            for k, v in bundle.items()
+            if (not include or k in include) and (not exclude or k not in exclude)
+        }
+
+
+class MemoryMap(_Shown):
     """The memory map of shared allocations in this process, live in Jupyter.
 
     Each allocation's reservation is a bar over its address range: mapped chunks in colour,
@@ -69,6 +208,8 @@ class MemoryMap:
         Start refreshing automatically (once the widget exists).
     """
 
+    _name, _widget = "sharedarrays-memory-map", "MemoryMapWidget"
+
     def __init__(
         self, target: Any = None, *, interval: float = 2.0, auto_refresh: bool = False
     ) -> None:
@@ -77,146 +218,99 @@ class MemoryMap:
         if target is not None:
             self._refs = [(weakref.ref(alloc), own) for alloc, own in targets(target)]
         self._title = "shared memory map" if target is None else "memory map"
-        self._interval = _interval_of(interval)
-        self._auto_start = auto_refresh
-        self._lock = threading.Lock()
-        self._refresher: AutoRefresh[MemoryMap] = AutoRefresh(
-            "sharedarrays-memory-map", _interval, _report
-        )
-        self._ui: dict[str, Any] | None = None
-        self.updated = 0.0
+        super().__init__(interval, auto_refresh)
         self.maps: list[ReservationMap] = self._read()
 
     def _read(self) -> list[ReservationMap]:
         if self._refs is None:
-            return build_maps(None)
-        allocs = [(ref(), own) for ref, own in self._refs]
-        return [build_map(a, own=own) for a, own in allocs if a is not None and not a.released]
-
-    def refresh(self) -> list[ReservationMap]:
-        """Re-read the allocations and redraw; the maps. Once every chosen allocation is
-        released there is nothing more to show, and auto-refresh stops."""
-        with self._lock:
-            self.maps = self._read()
-            self.updated = time.time()
-            gone = self._refs is not None and not self.maps and self.auto_refreshing
-            if self._ui is not None:
-                self._ui["html"].value = render_html(self.maps, self._title)
-                self._ui["status"].value = f"updated {time.strftime('%H:%M:%S')}" + (
-                    "; released: auto-refresh stopped" if gone else ""
-                )
-        if gone:
-            self.stop()
+            self.maps = build_maps(None)
+        else:
+            allocs = [(ref(), own) for ref, own in self._refs]
+            self.maps = [build_map(a, own=own) for a, own in allocs if a and not a.released]
         return self.maps
 
-    def __repr__(self) -> str:
+    def _gone(self) -> bool:  # (every chosen allocation released)
+        return self._refs is not None and not self.maps
+
+    def text(self) -> str:
         return render_text(self.maps)
 
-    @property
-    def widget(self) -> Any:
-        """The live view, a :class:`~sharedarrays.api.widgets.live.MemoryMapWidget` (made on
-        first use; needs ipywidgets 8 or later)."""
-        if self._ui is None:
-            from sharedarrays.api.widgets.live import MemoryMapWidget
+    def html(self) -> str:
+        return render_html(self.maps, self._title)
 
-            box = MemoryMapWidget(self, render_html(self.maps, self._title), self._interval)
-            self._ui = {
-                "box": box,
-                "refresh": box.refresh_button,
-                "auto": box.auto_toggle,
-                "interval": box.interval_text,
-                "status": box.status,
-                "html": box.html,
-            }
-            box.refresh_button.on_click(lambda _b: self.refresh())
-            box.auto_toggle.observe(self._on_toggle, names="value")
-            box.interval_text.observe(self._on_interval, names="value")
-            stop_on_rerun(self)
-            if self._auto_start:
-                box.auto_toggle.value = True
-        return self._ui["box"]
-
-    def _on_toggle(self, change: dict[str, Any]) -> None:
-        if change["new"]:
-            self.start()
-        else:
-            self.stop()
-
-    def _on_interval(self, change: dict[str, Any]) -> None:
-        self._interval = float(change["new"])
-
-    @property
-    def auto_refreshing(self) -> bool:
-        """Whether the auto-refresh thread is running."""
-        return self._refresher.running
-
-    def _set_toggle(self, on: bool) -> None:
-        if self._ui is not None and self._ui["auto"].value != on:
-            self._ui["auto"].value = on
-
-    def start(self, interval: float | None = None) -> None:
-        """Start refreshing every ``interval`` seconds in a daemon thread (it holds this map
-        weakly: a map that is garbage-collected stops it)."""
-        if interval is not None:
-            self._interval = _interval_of(interval)
-        stop_on_rerun(self)
-        self._refresher.start(self)
-        self._set_toggle(True)
-
-    def stop(self, timeout: float | None = 5.0) -> None:
-        """Stop auto-refreshing (waits up to ``timeout`` seconds for the thread to end)."""
-        self._refresher.stop(timeout)
-        self._set_toggle(False)
-
-    def close(self) -> None:
-        """Stop auto-refreshing and close the widget (if one was made)."""
-        self.stop()
-        ui, self._ui = self._ui, None
-        if ui is not None:
-            ui["box"].close()  # and its controls
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        """text/plain, text/html and image/png; plus the live widget in a Jupyter kernel."""
-        return self.mimebundle(include, exclude)
-
-    def mimebundle(
-        self, include: Any = None, exclude: Any = None, text: str | None = None
-    ) -> dict[str, Any]:
-        """The display data: the static views, and the live widget where it can be shown."""
-        bundle: dict[str, Any] = {
-            "text/plain": text or render_text(self.maps),
-            "text/html": render_html(self.maps, self._title),
-        }
+    def _static(self) -> dict[str, Any]:
+        bundle = super()._static()
         try:
             bundle["image/png"] = base64.b64encode(render_png(self.maps)).decode("ascii")
         except ImportError:  # matplotlib missing: the HTML still shows the map
             pass
-        if in_kernel() and widgets_available():
-            bundle.update(self.widget.view_data())
-        return {
-            k: v
-            for k, v in bundle.items()
-            if (not include or k in include) and (not exclude or k not in exclude)
-        }
+        return bundle
+
+
+class NodeView(_Shown):
+    """The node-wide map as last read (``map``), displayed as text or HTML; ``timeout``: the
+    seconds each process is given to answer. Its live widget is a
+    :class:`~sharedarrays.api.widgets.live.NodeMapWidget`."""
+
+    _name, _widget = "sharedarrays-node-map", "NodeMapWidget"
+
+    def __init__(
+        self, timeout: float = 1.0, *, interval: float = 2.0, auto_refresh: bool = False
+    ) -> None:
+        super().__init__(interval, auto_refresh)
+        self.timeout = timeout
+        self.map = self._read()
+
+    def _read(self) -> nodemap.NodeMap:
+        self.map = nodemap.node_map(self.timeout)
+        return self.map
+
+    def text(self) -> str:
+        return render_node_text(self.map)
+
+    def html(self) -> str:
+        return render_node_html(self.map)
+
+    def free(self, target: str) -> str:
+        """Free what keeps ``target`` (an id, its start, or a name) although no view uses it
+        (:func:`~sharedarrays.api.nodemap.free`, leaving payloads in flight); what happened."""
+        try:
+            row = nodemap.find(self.refresh(), target.strip())
+            done = nodemap.free(row, confirm=None)
+        except SharedArrayError as e:
+            return str(e)
+        self.refresh()
+        return f"{row.alloc_id[:12]}: " + ("; ".join(done) or "nothing holds it any more")
 
 
 def _interval_of(value: object) -> float:
     return seconds(value, "interval", MIN_INTERVAL, MAX_INTERVAL)
 
 
-def _interval(view: MemoryMap) -> float | None:
-    """Seconds to the next refresh; ``None`` once the widget was closed from outside."""
-    ui = view._ui
-    return None if ui is not None and ui["box"].comm is None else view._interval
+def _loop(ref: weakref.ref[_Shown], stop: threading.Event) -> None:
+    """The auto-refresh thread: refresh the map every interval (read anew each time) until it
+    is stopped, collected (it is not held while waiting) or its widget closed from outside. A
+    failed refresh is shown in the widget's status, and the thread goes on."""
+    while True:
+        view = ref()
+        box = None if view is None else view._box
+        closed = box is not None and box.comm is None
+        seconds = None if view is None or closed else view._interval
+        del view, box
+        if seconds is None or stop.wait(seconds):
+            return
+        view = ref()
+        if view is None:
+            return
+        try:
+            view.refresh()
+        except Exception as e:  # a refresh must never kill the kernel's thread
+            if view._box is not None:
+                view._box.status.value = f"refresh failed: {e}"
+        del view
 
 
-def _report(view: MemoryMap, error: Exception) -> None:
-    """Show a failed auto-refresh in the widget's status (the thread goes on)."""
-    if view._ui is not None:
-        view._ui["status"].value = f"refresh failed: {error}"
-
-
-def live_or_static(memory_map: MemoryMap) -> Any:
+def live_or_static(shown: Any) -> Any:
     """What ``show()`` returns: the map's live widget in a Jupyter kernel with ipywidgets 8
-    or later, else the :class:`MemoryMap` itself."""
-    return memory_map.widget if in_kernel() and widgets_available() else memory_map
+    or later, else the map itself."""
+    return shown.widget if in_kernel() and widgets_available() else shown

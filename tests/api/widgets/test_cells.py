@@ -89,7 +89,7 @@ def test_a_map_of_closed_arrays_stops_refreshing(kernel: Any) -> None:
     # (its thread went on redrawing an empty map every interval for as long as the kernel ran)
     _run(kernel, "import sharedarrays as sa\na = sa.zeros(100_000, pack=False)", "setup")
     _run(kernel, "m = a.show(interval=0.2, auto_refresh=True)", "map")
-    _run(kernel, "t = m.memory_map._refresher._thread\na.close()\nt.join(30)", "close")
+    _run(kernel, "t = m.memory_map._thread\na.close()\nt.join(30)", "close")
     out = _run(kernel, "print(t.is_alive(), m.auto_toggle.value, m.status.value)", "check")
     alive, toggle, status = out.split(" ", 2)
     assert (alive, toggle) == ("False", "False") and "auto-refresh stopped" in status

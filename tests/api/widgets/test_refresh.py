@@ -1,68 +1,57 @@
-"""AutoRefresh: the auto-refresh thread shared by the memory map and the node-wide map."""
+"""A map's auto-refresh thread (the memory map's and the node-wide map's): it refreshes until
+stopped, goes on after a failed refresh, and one that cannot start is ThreadUnavailable; the
+interval's bounds."""
 
 from __future__ import annotations
 
-import gc
 import threading
 
 import pytest
 
-from sharedarrays.api.widgets.refresh import MAX_INTERVAL, MIN_INTERVAL, AutoRefresh
+import sharedarrays as sa
+from sharedarrays.api.widgets import MemoryMap
+from sharedarrays.api.widgets.refresh import MAX_INTERVAL, MIN_INTERVAL
 from sharedarrays.settings import seconds
 
 pytestmark = pytest.mark.timeout(60)
 
 
-class View:
-    def __init__(self, fail: bool = False) -> None:
-        self.calls = threading.Semaphore(0)
-        self.fail = fail
-        self.closed = False
+def _counted(fail: bool = False) -> tuple[sa.SharedDeviceArray, MemoryMap, threading.Semaphore]:
+    """An array, its map refreshing every MIN_INTERVAL, and a semaphore released per read."""
+    a = sa.zeros(10, device="cpu")
+    m = MemoryMap(a, interval=MIN_INTERVAL)
+    calls, read = threading.Semaphore(0), m._read
 
-    def refresh(self) -> None:
-        self.calls.release()
-        if self.fail:
+    def counted() -> object:
+        calls.release()
+        if fail:
             raise RuntimeError("boom")
+        return read()
+
+    m._read = counted  # type: ignore[method-assign]
+    return a, m, calls
 
 
 def test_refreshes_until_stopped() -> None:
-    r: AutoRefresh[View] = AutoRefresh("t", lambda v: 0.01)
-    v = View()
-    r.start(v)
-    r.start(v)  # already running: one thread
-    assert r.running
+    a, m, calls = _counted()
+    m.start()
+    thread = m._thread
+    m.start()  # already running: one thread
+    assert m.auto_refreshing and m._thread is thread and thread is not None
     for _ in range(3):
-        assert v.calls.acquire(timeout=10)
-    r.stop()
-    assert not r.running
+        assert calls.acquire(timeout=10)
+    m.stop()
+    assert not m.auto_refreshing and not thread.is_alive()
+    a.close()
 
 
-def test_ends_when_the_interval_says_none_and_reports_failures() -> None:
-    errors: list[str] = []
-    r: AutoRefresh[View] = AutoRefresh(
-        "t", lambda v: None if v.closed else 0.01, lambda v, e: errors.append(str(e))
-    )
-    v = View(fail=True)
-    r.start(v)
-    assert v.calls.acquire(timeout=10) and v.calls.acquire(timeout=10)  # a failure goes on
-    v.closed = True
-    thread = r._thread
-    assert thread is not None
-    thread.join(10)
-    assert not thread.is_alive() and "boom" in errors
-
-
-def test_a_collected_view_stops_its_thread() -> None:
-    r: AutoRefresh[View] = AutoRefresh("t", lambda v: 0.01)
-    v = View()
-    r.start(v)
-    assert v.calls.acquire(timeout=10)
-    thread = r._thread
-    assert thread is not None
-    del v
-    gc.collect()
-    thread.join(10)
-    assert not thread.is_alive()
+def test_a_failed_refresh_does_not_end_it() -> None:
+    a, m, calls = _counted(fail=True)
+    m.start()
+    assert calls.acquire(timeout=10) and calls.acquire(timeout=10)  # a failure goes on
+    assert m.auto_refreshing
+    m.stop()
+    a.close()
 
 
 @pytest.mark.parametrize(
@@ -79,9 +68,6 @@ def test_a_collected_view_stops_its_thread() -> None:
     ],
 )
 def test_a_bad_interval_is_refused_before_any_thread_runs(interval: object, error: type) -> None:
-    import sharedarrays as sa
-    from sharedarrays.api.widgets import MemoryMap
-
     a = sa.zeros(10, device="cpu")
     with pytest.raises(error, match="interval"):
         sa.show(interval=interval)  # type: ignore[arg-type]
@@ -105,18 +91,16 @@ def test_seconds_takes_numpy_numbers() -> None:
 
 
 def test_a_thread_that_cannot_start_is_thread_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
-    import sharedarrays as sa
-
     def refused(self: threading.Thread) -> None:
         raise RuntimeError("can't start new thread")
 
-    r: AutoRefresh[View] = AutoRefresh("t", lambda v: 0.01)
-    v = View()
+    a, m, calls = _counted()
     monkeypatch.setattr(threading.Thread, "start", refused)
     with pytest.raises(sa.ThreadUnavailable, match="ulimit -v"):
-        r.start(v)
-    assert not r.running
+        m.start()
+    assert not m.auto_refreshing
     monkeypatch.undo()
-    r.start(v)  # can start again
-    assert v.calls.acquire(timeout=10)
-    r.stop()
+    m.start()  # can start again
+    assert calls.acquire(timeout=10)
+    m.stop()
+    a.close()

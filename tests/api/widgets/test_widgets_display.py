@@ -148,19 +148,19 @@ def test_widget_refresh_and_auto_refresh_stop_on_close():
     m = MemoryMap(a, interval=0.2)
     box = m.widget
     assert box is m.widget
-    html = m._ui["html"]
+    html = m.widget.html
     b = a[1:3]
-    m._ui["refresh"].click()
+    m.widget.refresh_button.click()
     assert html.value.count('class="sa-view"') == 2
-    m._ui["auto"].value = True
+    m.widget.auto_toggle.value = True
     assert m.auto_refreshing
-    thread = m._refresher._thread
+    thread = m._thread
     first = m.updated
     deadline = time.time() + 5
     while m.updated == first and time.time() < deadline:
         time.sleep(0.02)
     assert m.updated > first, "auto-refresh did not refresh"
-    m._ui["interval"].value = 0.5
+    m.widget.interval_text.value = 0.5
     assert m._interval == 0.5
     m.close()
     assert not thread.is_alive()
@@ -173,7 +173,7 @@ def test_auto_refresh_stops_when_widget_closed_from_outside():
     m = sa.show(interval=0.2)
     box = m.widget
     m.start()
-    thread = m._refresher._thread
+    thread = m._thread
     box.close()  # e.g. Widget.close_all()
     thread.join(5)
     assert not thread.is_alive()
@@ -185,8 +185,8 @@ def test_toggle_off_stops_thread():
     m = sa.show(interval=0.2, auto_refresh=True)
     assert m.widget is not None
     assert m.auto_refreshing
-    thread = m._refresher._thread
-    m._ui["auto"].value = False
+    thread = m._thread
+    m.widget.auto_toggle.value = False
     assert not thread.is_alive()
     m.close()
 
@@ -197,7 +197,7 @@ def test_auto_refresh_stops_when_the_map_is_collected():
 
     m = sa.show(interval=60.0)
     m.start()
-    thread = m._refresher._thread
+    thread = m._thread
     assert thread is not None and thread.is_alive()
     del m
     gc.collect()

@@ -130,10 +130,18 @@ def test_unmapped_gaps_from_mappings():
         chunks=(ChunkInfo(0, PAGE, 7), ChunkInfo(1, PAGE, 8)),
         mappings=(MappingInfo(0, PAGE, 0, 0, "rw"), MappingInfo(2 * PAGE, PAGE, 1, 0, "r")),
         device=sa.Device("cpu"),
-        access="rw",
-        backend=SimpleNamespace(name="host", granularity=PAGE),
+        capacity=4 * PAGE,
+        access_by_device={sa.Device("cpu"): "rw"},
+        backend=SimpleNamespace(name="host", granularity=PAGE, maps=True),
         origin=Origin(False, 4242, 0.0),
         served=(),
+        slab=False,
+        keeper_name=None,
+        lifetime="any holder",
+        holders=(),
+        export_readonly=False,
+        in_keeper=False,
+        parked=False,
     )
     m = build_map(fake, views=[])  # type: ignore[arg-type]
     assert [(g.start, g.size) for g in m.gaps] == [(PAGE, PAGE), (3 * PAGE, PAGE)]
