@@ -2262,12 +2262,19 @@ def stalled_keeper(row: Row) -> None:
                     loads = Counter(r.last["outcomes"]) if r.lines else Counter(["no answer"])
                     ok = loads == Counter(loaded=3) and not said
                     what = "loaded" if ok else f"{dict(loads)} {err.strip()[-200:]}"
-                else:
-                    ok = len(said) == 2 and len(failed) == 3 and not raw
+                else:  # (each said line names one allocation, and "N more" alike)
+                    named = sum(1 + int(m) for m in _more_allocations(said))
+                    ok = named == 3 and len(failed) == 3 and not raw
                     what = "bounded, said as KeeperError" if ok else f"{failed} {err[-300:]}"
                 verdict = what if took < 1.5 * TIMEOUT else f"waited {took:.0f} s"
                 row.add(f"keeper {signal.Signals(how).name}: {verdict}")
     row.lost("nothing held, nothing to leak", True)
+
+
+def _more_allocations(lines: list[str]) -> list[str]:
+    """Per line said at exit, how many more allocations it names "alike" ("0" if none)."""
+    found = [re.search(r"of (\d+) more allocation\(s\), alike", line) for line in lines]
+    return [m.group(1) if m else "0" for m in found]
 
 
 MANY_CHUNKS = (
