@@ -14,8 +14,8 @@ namespace, reductions and the in-place methods.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
-from types import FrameType
+from collections.abc import Callable, Mapping
+from types import FrameType, MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -51,13 +51,15 @@ def _np_reshape(
 
 
 # NumPy functions answered by the view's method, so that ``np.transpose(a)`` is a shared view
-_SHAPE_VIEWS: dict[Callable[..., Any], Callable[..., Any]] = {
-    np.transpose: lambda a, axes=None: a.transpose() if axes is None else a.transpose(axes),
-    np.swapaxes: lambda a, axis1, axis2: a.swapaxes(axis1, axis2),
-    np.squeeze: lambda a, axis=None: a.squeeze(axis),
-    np.reshape: _np_reshape,
-    np.ravel: lambda a, order="C": a.ravel(order),
-}
+_SHAPE_VIEWS: Mapping[Callable[..., Any], Callable[..., Any]] = MappingProxyType(
+    {
+        np.transpose: lambda a, axes=None: a.transpose() if axes is None else a.transpose(axes),
+        np.swapaxes: lambda a, axis1, axis2: a.swapaxes(axis1, axis2),
+        np.squeeze: lambda a, axis=None: a.squeeze(axis),
+        np.reshape: _np_reshape,
+        np.ravel: lambda a, order="C": a.ravel(order),
+    }
+)
 
 # NumPy functions that only rearrange their first argument's layout, answered on its layout
 # probe: shared views (a list of them for the splits)

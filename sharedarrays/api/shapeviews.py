@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import builtins
+from types import MappingProxyType
 from typing import Any, ClassVar, TypeVar, cast
 
 import numpy as np
@@ -16,130 +17,84 @@ __all__ = ["ArrayFlags", "ShapeViews"]
 _A = TypeVar("_A", bound="ShapeViews")
 
 
+# NumPy's flag attributes (settable ones: setflags' keyword) and the item keys reading each
+_SETTABLE = MappingProxyType({"writeable": "write", "aligned": "align", "writebackifcopy": "uic"})
+_ITEMS = MappingProxyType(
+    {
+        key: name
+        for name, keys in (
+            ("c_contiguous", ("C", "C_CONTIGUOUS", "CONTIGUOUS")),
+            ("f_contiguous", ("F", "F_CONTIGUOUS", "FORTRAN")),
+            ("writeable", ("W", "WRITEABLE")),
+            ("owndata", ("O", "OWNDATA")),
+            ("aligned", ("A", "ALIGNED")),
+            ("writebackifcopy", ("X", "WRITEBACKIFCOPY")),
+            ("behaved", ("B", "BEHAVED")),
+            ("carray", ("CA", "CARRAY")),
+            ("farray", ("FA", "FARRAY")),
+            ("fnc", ("FNC",)),
+            ("forc", ("FORC",)),
+        )
+        for key in keys
+    }
+)
+
+
 class ArrayFlags:
-    """The flags of a view, read (and ``writeable`` set) as :attr:`numpy.ndarray.flags`'.
-    ``owndata`` and ``writebackifcopy`` are always False; the layout flags are the view's
-    when the flags were read, ``writeable`` follows the view."""
+    """The flags of a view, read as :attr:`numpy.ndarray.flags`' by attribute or item
+    (``flags.c_contiguous``, ``flags["C"]``); ``writeable`` (which follows the view),
+    ``aligned`` and ``writebackifcopy`` set as :meth:`ShapeViews.setflags`. ``owndata`` and
+    ``writebackifcopy`` are always False; the layout flags are the view's when read."""
 
-    __slots__ = ("_view", "_c", "_f", "_aligned")
+    __slots__ = ("_view", "_layout")
     __hash__: ClassVar[None]  # type: ignore[assignment]
+    _view: ShapeViews
+    _layout: tuple[bool, bool, bool]  # C- and Fortran-contiguous, aligned
 
-    # NumPy's item names and the attribute each reads
-    _KEYS: ClassVar[dict[str, str]] = {
-        **dict.fromkeys(("C", "C_CONTIGUOUS", "CONTIGUOUS"), "c_contiguous"),
-        **dict.fromkeys(("F", "F_CONTIGUOUS", "FORTRAN"), "f_contiguous"),
-        **dict.fromkeys(("W", "WRITEABLE"), "writeable"),
-        **dict.fromkeys(("O", "OWNDATA"), "owndata"),
-        **dict.fromkeys(("A", "ALIGNED"), "aligned"),
-        **dict.fromkeys(("X", "WRITEBACKIFCOPY"), "writebackifcopy"),
-        **dict.fromkeys(("B", "BEHAVED"), "behaved"),
-        **dict.fromkeys(("CA", "CARRAY"), "carray"),
-        **dict.fromkeys(("FA", "FARRAY"), "farray"),
-        "FNC": "fnc",
-        "FORC": "forc",
-    }
-    # the items NumPy lets one set, and setflags' keyword for each
-    _SETTABLE: ClassVar[dict[str, str]] = {
-        **dict.fromkeys(("W", "WRITEABLE"), "write"),
-        **dict.fromkeys(("A", "ALIGNED"), "align"),
-        **dict.fromkeys(("X", "WRITEBACKIFCOPY"), "uic"),
-    }
+    def __init__(self, view: ShapeViews, c_contiguous: bool, f_contiguous: bool, aligned: bool):
+        object.__setattr__(self, "_view", view)
+        object.__setattr__(self, "_layout", (c_contiguous, f_contiguous, aligned))
 
-    def __init__(
-        self, view: ShapeViews, c_contiguous: bool, f_contiguous: bool, aligned: bool
-    ) -> None:
-        self._view = view
-        self._c = c_contiguous
-        self._f = f_contiguous
-        self._aligned = aligned
+    def _values(self) -> dict[str, bool]:
+        c, f, aligned = self._layout
+        writeable = not self._view.readonly
+        behaved = aligned and writeable
+        return {
+            **dict.fromkeys(("c_contiguous", "contiguous"), c),
+            **dict.fromkeys(("f_contiguous", "fortran"), f),
+            **dict.fromkeys(("owndata", "writebackifcopy"), False),
+            **{"writeable": writeable, "aligned": aligned, "behaved": behaved},
+            **{"carray": behaved and c, "farray": behaved and not c},  # (NumPy's farray test)
+            **{"fnc": f and not c, "forc": f or c},
+        }
 
-    @property
-    def c_contiguous(self) -> bool:
-        """Whether the elements are contiguous in C order."""
-        return self._c
+    def __getattr__(self, name: str) -> bool:
+        values = {} if name.startswith("_") else self._values()
+        if name not in values:
+            raise AttributeError(f"'ArrayFlags' object has no attribute {name!r}")
+        return values[name]
 
-    @property
-    def f_contiguous(self) -> bool:
-        """Whether the elements are contiguous in Fortran order."""
-        return self._f
-
-    contiguous = c_contiguous
-    fortran = f_contiguous
-
-    @property
-    def owndata(self) -> bool:
-        """Always False: a view never owns the shared memory."""
-        return False
-
-    @property
-    def writeable(self) -> bool:
-        """Whether the view may be written (set False: read-only)."""
-        return not self._view.readonly
-
-    @writeable.setter
-    def writeable(self, value: object) -> None:
-        self._view.setflags(write=value)
-
-    @property
-    def aligned(self) -> bool:
-        """Whether every element is aligned for its type."""
-        return self._aligned
-
-    @aligned.setter
-    def aligned(self, value: object) -> None:
-        self._view.setflags(align=value)
-
-    @property
-    def writebackifcopy(self) -> bool:
-        """Always False: a view is never a temporary copy."""
-        return False
-
-    @writebackifcopy.setter
-    def writebackifcopy(self, value: object) -> None:
-        self._view.setflags(uic=value)
-
-    @property
-    def behaved(self) -> bool:
-        """Aligned and writeable."""
-        return self._aligned and self.writeable
-
-    @property
-    def carray(self) -> bool:
-        """Behaved and C-contiguous."""
-        return self.behaved and self._c
-
-    @property
-    def farray(self) -> bool:
-        """Behaved and not C-contiguous (NumPy's test)."""
-        return self.behaved and not self._c
-
-    @property
-    def fnc(self) -> bool:
-        """Fortran-contiguous and not C-contiguous."""
-        return self._f and not self._c
-
-    @property
-    def forc(self) -> bool:
-        """Fortran- or C-contiguous."""
-        return self._f or self._c
+    def __setattr__(self, name: str, value: object) -> None:
+        if name not in _SETTABLE:
+            raise AttributeError(f"attribute {name!r} of 'ArrayFlags' objects is not writable")
+        self._view.setflags(**{_SETTABLE[name]: value})
 
     @property
     def num(self) -> int:
         """The flags as NumPy's bits (``NPY_ARRAY_C_CONTIGUOUS``, ...)."""
-        bits = ((self._c, 0x1), (self._f, 0x2), (self._aligned, 0x100), (self.writeable, 0x400))
+        c, f, aligned = self._layout
+        bits = ((c, 0x1), (f, 0x2), (aligned, 0x100), (not self._view.readonly, 0x400))
         return sum(bit for on, bit in bits if on)
 
     def __getitem__(self, key: str) -> bool:
-        name = self._KEYS.get(key) if isinstance(key, str) else None
-        if name is None:
+        if not isinstance(key, str) or key not in _ITEMS:
             raise KeyError("Unknown flag")  # (NumPy's words)
-        return bool(getattr(self, name))
+        return self._values()[_ITEMS[key]]
 
     def __setitem__(self, key: str, value: object) -> None:
-        keyword = self._SETTABLE.get(key) if isinstance(key, str) else None
-        if keyword is None:
+        if not isinstance(key, str) or _ITEMS.get(key) not in _SETTABLE:
             raise KeyError("Unknown flag")
-        self._view.setflags(**{keyword: value})
+        setattr(self, _ITEMS[key], value)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ArrayFlags):
