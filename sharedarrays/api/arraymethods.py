@@ -151,22 +151,13 @@ class NativeArrayMethods(ArrayOperators, ShapeViews):
             and not _more_arrays(func, args)
             and (self.shape or func is not np.flip)  # (flip of a 0-d array reads its value)
         ):
-            layout = self._layout()
-            return self._derive_all(layout, func(layout, *args[1:], **kwargs))
+            return self._on_layout(lambda layout: func(layout, *args[1:], **kwargs))
         if func in _WRITES_FIRST and args:
             _check_writable(args[0])
         kwargs = dict(kwargs)
         outs = _outs(kwargs)
         result = func(*_native_nested(args), **_native_nested(kwargs))
         return _with_outs(result, outs)
-
-    def _derive_all(self, layout: np.ndarray[Any, Any], result: Any) -> Any:
-        """Shared views for what a layout function returned (``layout`` itself: this view)."""
-        if isinstance(result, (list, tuple)):
-            return type(result)(self._derive_all(layout, r) for r in result)
-        if result is layout:
-            return self
-        return self._derive(layout, result, self.dtype)
 
     def __array_namespace__(self, *, api_version: str | None = None) -> Any:
         """The native array's namespace (``numpy``, ``cupy``). Asked by array-api-compat's

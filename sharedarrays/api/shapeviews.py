@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import builtins
+from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any, ClassVar, TypeVar, cast
 
@@ -130,6 +131,19 @@ class ShapeViews(ArrayBase):
 
     __slots__ = ()
 
+    def _on_layout(self: _A, how: Callable[[Any], Any], dtype: np.dtype[Any] | None = None) -> _A:
+        """The shared view (of ``dtype``, default this view's) of what ``how`` makes of the
+        layout probe (for a list or tuple of views, the splits, a list or tuple of them);
+        this view itself where ``how`` gave the probe itself."""
+        layout = self._layout()
+        new = self.dtype if dtype is None else dtype
+        return cast(_A, self._derive_all(layout, how(layout), new))
+
+    def _derive_all(self, layout: np.ndarray[Any, Any], result: Any, dtype: np.dtype[Any]) -> Any:
+        if isinstance(result, (list, tuple)):
+            return type(result)(self._derive_all(layout, r, dtype) for r in result)
+        return self if result is layout else self._derive(layout, result, dtype)
+
     @property
     def flags(self) -> ArrayFlags:
         """Memory layout, like :attr:`numpy.ndarray.flags` (``owndata`` is False)."""
@@ -169,7 +183,7 @@ class ShapeViews(ArrayBase):
     def real(self: _A) -> _A:
         """The real part, a shared view like :attr:`numpy.ndarray.real`."""
         layout = self._layout()
-        part = layout.real
+        part = layout.real  # (of real values the probe itself: still a new view here)
         return self._derive(layout, part, part.dtype)
 
     @real.setter
@@ -206,20 +220,16 @@ class ShapeViews(ArrayBase):
 
     def transpose(self: _A, *axes: Any) -> _A:
         """A transposed view (shared), like :meth:`numpy.ndarray.transpose`."""
-        layout = self._layout()
-        return self._derive(layout, layout.transpose(*axes), self.dtype)
+        return self._on_layout(lambda layout: layout.transpose(*axes))
 
     def swapaxes(self: _A, axis1: int, axis2: int) -> _A:
         """A view (shared) with two axes swapped."""
-        layout = self._layout()
-        return self._derive(layout, layout.swapaxes(axis1, axis2), self.dtype)
+        return self._on_layout(lambda layout: layout.swapaxes(axis1, axis2))
 
     def squeeze(self: _A, axis: int | tuple[int, ...] | None = None) -> _A:
         """A view (shared) without the axes of length one (or only ``axis``); this view
         itself where there is none."""
-        layout = self._layout()
-        squeezed = layout.squeeze(axis)
-        return self if squeezed is layout else self._derive(layout, squeezed, self.dtype)
+        return self._on_layout(lambda layout: layout.squeeze(axis))
 
     def getfield(self: _A, dtype: Any, offset: int = 0) -> _A:
         """A view (shared) like :meth:`numpy.ndarray.getfield`.
@@ -229,8 +239,7 @@ class ShapeViews(ArrayBase):
         TypeError
             A dtype a shared array cannot hold (as :meth:`view`)."""
         new = shareable_dtype(dtype, f"a.array.getfield({dtype!r}, ...) is a native view of it")
-        layout = self._layout()
-        return self._derive(layout, layout.getfield(new, offset), new)
+        return self._on_layout(lambda layout: layout.getfield(new, offset), new)
 
     def setfield(self, val: Any, dtype: Any, offset: int = 0) -> None:
         """Like :meth:`numpy.ndarray.setfield`, in shared memory."""
