@@ -1,14 +1,10 @@
-"""What makes a :class:`~sharedarrays.SharedDeviceArray` act like the native array it wraps.
+"""What makes a :class:`~sharedarrays.SharedDeviceArray` act like its native array.
 
-Everything is computed on the native array. **New memory** (``a + 1``, ``a.sum()``,
-``np.sqrt(a)``) is a plain native array, not shared; **in-place** operations (``a += 1``,
-``a.fill(0)``, ``np.add(a, 1, out=a)``) write the shared memory and return the view;
-**shape views** (``a.T``, ``a.reshape(...)`` when NumPy would not copy) are shared views,
-their layout worked out by NumPy on a layout probe that is never read.
-
-Operators are in :mod:`~sharedarrays.api.arrayoperators`, shape views and flags in
-:mod:`~sharedarrays.api.shapeviews`; this module adds NumPy dispatch, the array API
-namespace, reductions and the in-place methods.
+Everything is computed on the native array: **new memory** (``a + 1``, ``a.sum()``,
+``np.sqrt(a)``) is a native array, not shared; **in-place** operations (``a += 1``,
+``np.add(a, 1, out=a)``) write the shared memory; **shape views** (``a.T``, the
+:mod:`~sharedarrays.api.shapeviews`) are shared. This module adds NumPy dispatch, the array
+API namespace, reductions and in-place methods to the operators and shape views.
 """
 
 from __future__ import annotations
@@ -71,18 +67,12 @@ _LAYOUT_VIEWS: frozenset[Callable[..., Any]] = frozenset(
     )
 )
 
-_AVERAGES = frozenset({"_mean", "_var", "_std"})
-
 
 def _numpy_averages(frame: FrameType | None) -> bool:
     """Whether ``frame`` is NumPy's own ``mean``, ``var`` or ``std``."""
     module, function = frame_function(frame)
-    return function in _AVERAGES and module in ("numpy._core._methods", "numpy.core._methods")
-
-
-def _more_arrays(func: Callable[..., Any], args: tuple[Any, ...]) -> bool:
-    """Whether ``np.atleast_*d`` was given other arrays beside the first."""
-    return func in (np.atleast_1d, np.atleast_2d, np.atleast_3d) and len(args) > 1
+    averages = ("_mean", "_var", "_std")
+    return function in averages and module in ("numpy._core._methods", "numpy.core._methods")
 
 
 def _asking_compat(frame: FrameType | None) -> Any:
@@ -148,7 +138,7 @@ class NativeArrayMethods(ArrayOperators, ShapeViews):
             func in _LAYOUT_VIEWS
             and args
             and args[0] is self
-            and not _more_arrays(func, args)
+            and (len(args) == 1 or func not in (np.atleast_1d, np.atleast_2d, np.atleast_3d))
             and (self.shape or func is not np.flip)  # (flip of a 0-d array reads its value)
         ):
             return self._on_layout(lambda layout: func(layout, *args[1:], **kwargs))
