@@ -229,8 +229,7 @@ def zeros(
     order: str = "C",
     **options: Unpack[CreationKeywords],
 ) -> SharedDeviceArray:
-    """A new shared array of zeros (parameters as :func:`empty`; ``progress`` as
-    :func:`full`)."""
+    """A new shared array of zeros (parameters as :func:`empty`)."""
     return _full(shape, 0, dtype, CreationOptions.from_keywords(order=order, **options))
 
 
@@ -241,8 +240,7 @@ def ones(
     order: str = "C",
     **options: Unpack[CreationKeywords],
 ) -> SharedDeviceArray:
-    """A new shared array of ones (parameters as :func:`empty`; ``progress`` as
-    :func:`full`)."""
+    """A new shared array of ones (parameters as :func:`empty`)."""
     return _full(shape, 1, dtype, CreationOptions.from_keywords(order=order, **options))
 
 
@@ -256,10 +254,8 @@ def full(
 ) -> SharedDeviceArray:
     """A new shared array with every element set to ``fill_value``.
 
-    ``dtype`` defaults to NumPy's type for ``fill_value``; other parameters as :func:`empty`.
-    ``progress``: show a tqdm.auto progress bar (a widget in Jupyter, text on stderr)
-    while filling; ``None`` (the default) shows one only in a Jupyter kernel's own process,
-    for arrays of at least :data:`PROGRESS_BYTES`; never in a script or a worker unasked.
+    ``dtype`` defaults to NumPy's type for ``fill_value``; other parameters as :func:`empty`
+    (``progress``: a tqdm.auto bar while filling, a widget in Jupyter, text on stderr).
     """
     return _full(shape, fill_value, dtype, CreationOptions.from_keywords(order=order, **options))
 
@@ -488,8 +484,7 @@ def zeros_like(
     shape: ShapeLike | None = None,
     **options: Unpack[CreationKeywords],
 ) -> SharedDeviceArray:
-    """A new shared array of zeros like ``obj`` (parameters as :func:`empty_like`;
-    ``progress`` as :func:`full`)."""
+    """A new shared array of zeros like ``obj`` (parameters as :func:`empty_like`)."""
     return full_like(obj, 0, dtype, order, shape=shape, **options)
 
 
@@ -501,8 +496,7 @@ def ones_like(
     shape: ShapeLike | None = None,
     **options: Unpack[CreationKeywords],
 ) -> SharedDeviceArray:
-    """A new shared array of ones like ``obj`` (parameters as :func:`empty_like`;
-    ``progress`` as :func:`full`)."""
+    """A new shared array of ones like ``obj`` (parameters as :func:`empty_like`)."""
     return full_like(obj, 1, dtype, order, shape=shape, **options)
 
 
@@ -516,7 +510,6 @@ def full_like(
     **options: Unpack[CreationKeywords],
 ) -> SharedDeviceArray:
     """A new shared array like ``obj`` with every element set to ``fill_value``, of
-    ``obj``'s dtype unless ``dtype`` is given, as in NumPy (parameters as
-    :func:`empty_like`; ``progress`` as :func:`full`)."""
+    ``obj``'s dtype unless ``dtype`` is given, as in NumPy (parameters as :func:`empty_like`)."""
     new_shape, new_dtype, checked = _like(obj, dtype, order, shape, options)
     return _full(new_shape, fill_value, new_dtype, checked)
