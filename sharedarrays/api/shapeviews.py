@@ -53,8 +53,8 @@ class ArrayFlags:
     _layout: tuple[bool, bool, bool]  # C- and Fortran-contiguous, aligned
 
     def __init__(self, view: ShapeViews, c_contiguous: bool, f_contiguous: bool, aligned: bool):
-        object.__setattr__(self, "_view", view)
-        object.__setattr__(self, "_layout", (c_contiguous, f_contiguous, aligned))
+        self._view = view
+        self._layout = (c_contiguous, f_contiguous, aligned)
 
     def _values(self) -> dict[str, bool]:
         c, f, aligned = self._layout
@@ -76,9 +76,12 @@ class ArrayFlags:
         return values[name]
 
     def __setattr__(self, name: str, value: object) -> None:
-        if name not in _SETTABLE:
+        if name.startswith("_"):  # its own fields (also as copy.copy sets them)
+            object.__setattr__(self, name, value)
+        elif name in _SETTABLE:
+            self._view.setflags(**{_SETTABLE[name]: value})
+        else:
             raise AttributeError(f"attribute {name!r} of 'ArrayFlags' objects is not writable")
-        self._view.setflags(**{_SETTABLE[name]: value})
 
     @property
     def num(self) -> int:
