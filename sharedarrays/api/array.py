@@ -38,6 +38,11 @@ __all__ = ["SharedDeviceArray", "Semaphore", "load"]
 _T = TypeVar("_T")
 
 
+def _field(name: str, doc: str) -> Any:
+    """A read-only property giving the view's attribute ``name``."""
+    return property(operator.attrgetter(name), doc=doc)
+
+
 class SharedDeviceArray(Growth, Display, Ordering, NativeArrayMethods):
     """An array in memory that other processes can map without copying.
 
@@ -106,26 +111,16 @@ class SharedDeviceArray(Growth, Display, Ordering, NativeArrayMethods):
             views.track(self)
 
     # metadata ---------------------------------------------------------------------------
-    @property
-    def base(self) -> SharedDeviceArray | None:
-        """The view this one was derived from (as :attr:`numpy.ndarray.base`); ``None`` for
-        one made by a constructor or loaded from a payload."""
-        return self._base
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """Length of each axis."""
-        return self._shape
-
-    @property
-    def dtype(self) -> np.dtype[Any]:
-        """Element type."""
-        return self._dtype
-
-    @property
-    def strides(self) -> tuple[int, ...]:
-        """Bytes to step in each axis (may be negative)."""
-        return self._strides
+    base: SharedDeviceArray | None = _field(
+        "_base",
+        "The view this one was derived from (as :attr:`numpy.ndarray.base`); ``None`` for "
+        "one made by a constructor or loaded from a payload.",
+    )
+    shape: tuple[int, ...] = _field("_shape", "Length of each axis.")
+    dtype: np.dtype[Any] = _field("_dtype", "Element type.")
+    strides: tuple[int, ...] = _field("_strides", "Bytes to step in each axis (may be negative).")
+    offset: int = _field("_offset", "Byte offset of the first element in the allocation.")
+    readonly: bool = _field("_readonly", "Whether writes through this view are refused.")
 
     @property
     def ndim(self) -> int:
@@ -146,16 +141,6 @@ class SharedDeviceArray(Growth, Display, Ordering, NativeArrayMethods):
     def itemsize(self) -> int:
         """Bytes per element."""
         return self._dtype.itemsize
-
-    @property
-    def offset(self) -> int:
-        """Byte offset of the first element from the start of the allocation."""
-        return self._offset
-
-    @property
-    def readonly(self) -> bool:
-        """Whether writes through this view are refused."""
-        return self._readonly
 
     def _set_writeable(self, writeable: bool) -> None:
         if self._lease is None:
@@ -249,12 +234,14 @@ class SharedDeviceArray(Growth, Display, Ordering, NativeArrayMethods):
         return self._derive(layout, view, self._dtype)
 
     def _layout(self) -> np.ndarray[Any, Any]:
+        """A layout probe: an array with this view's layout that must never be read."""
         base = self.allocation.address + self._offset
         return np.asarray(Probe(base, self._dtype, self._shape, self._strides))
 
     def _derive(
         self, layout: np.ndarray[Any, Any], view: np.ndarray[Any, Any], dtype: np.dtype[Any]
     ) -> SharedDeviceArray:
+        """A shared view laid out as ``view``, a view of ``layout`` (from :meth:`_layout`)."""
         delta = view.__array_interface__["data"][0] - layout.__array_interface__["data"][0]
         derived = SharedDeviceArray(
             self.allocation,

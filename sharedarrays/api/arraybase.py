@@ -102,43 +102,25 @@ class ArrayBase:
     _native: Any
     _packed: ViewTuple | None
 
-    # supplied by the array ----------------------------------------------------------------
-    @property
-    def array(self) -> Any:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # supplied by the array (sharedarrays.api.array)
 
-    @property
-    def allocation(self) -> Allocation:
-        raise NotImplementedError
-
-    @property
-    def device(self) -> Device:
-        raise NotImplementedError
-
-    @property
-    def readonly(self) -> bool:
-        raise NotImplementedError
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        raise NotImplementedError
-
-    @property
-    def dtype(self) -> np.dtype[Any]:
-        raise NotImplementedError
-
-    def _layout(self) -> np.ndarray[Any, Any]:
-        """A layout probe: an array with this view's layout that must never be read."""
-        raise NotImplementedError
-
-    def _derive(
-        self: _A, layout: np.ndarray[Any, Any], view: np.ndarray[Any, Any], dtype: np.dtype[Any]
-    ) -> _A:
-        """A shared view laid out as ``view``, a view of ``layout`` (from :meth:`_layout`)."""
-        raise NotImplementedError
-
-    def _set_writeable(self, writeable: bool) -> None:
-        raise NotImplementedError
+        @property
+        def array(self) -> Any: ...
+        @property
+        def allocation(self) -> Allocation: ...
+        @property
+        def device(self) -> Device: ...
+        @property
+        def readonly(self) -> bool: ...
+        @property
+        def shape(self) -> tuple[int, ...]: ...
+        @property
+        def dtype(self) -> np.dtype[Any]: ...
+        def _layout(self) -> np.ndarray[Any, Any]: ...
+        def _derive(
+            self: _A, layout: np.ndarray[Any, Any], view: np.ndarray[Any, Any], dtype: np.dtype[Any]
+        ) -> _A: ...
+        def _set_writeable(self, writeable: bool) -> None: ...
 
     def _writable_native(self) -> Any:
         """The native array, for a write: NumPy's ValueError where read-only (also on CuPy)."""

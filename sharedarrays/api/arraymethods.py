@@ -1,21 +1,17 @@
-"""What makes a :class:`~sharedarrays.SharedDeviceArray` act like the native array it wraps.
+"""What makes a :class:`~sharedarrays.SharedDeviceArray` act like its native array.
 
-Everything is computed on the native array. **New memory** (``a + 1``, ``a.sum()``,
-``np.sqrt(a)``) is a plain native array, not shared; **in-place** operations (``a += 1``,
-``a.fill(0)``, ``np.add(a, 1, out=a)``) write the shared memory and return the view;
-**shape views** (``a.T``, ``a.reshape(...)`` when NumPy would not copy) are shared views,
-their layout worked out by NumPy on a layout probe that is never read.
-
-Operators are in :mod:`~sharedarrays.api.arrayoperators`, shape views and flags in
-:mod:`~sharedarrays.api.shapeviews`; this module adds NumPy dispatch, the array API
-namespace, reductions and the in-place methods.
+Everything is computed on the native array: **new memory** (``a + 1``, ``a.sum()``,
+``np.sqrt(a)``) is a native array, not shared; **in-place** operations (``a += 1``,
+``np.add(a, 1, out=a)``) write the shared memory; **shape views** (``a.T``, the
+:mod:`~sharedarrays.api.shapeviews`) are shared. This module adds NumPy dispatch, the array
+API namespace, reductions and in-place methods to the operators and shape views.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
-from types import FrameType
+from collections.abc import Callable, Mapping
+from types import FrameType, MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -51,13 +47,15 @@ def _np_reshape(
 
 
 # NumPy functions answered by the view's method, so that ``np.transpose(a)`` is a shared view
-_SHAPE_VIEWS: dict[Callable[..., Any], Callable[..., Any]] = {
-    np.transpose: lambda a, axes=None: a.transpose() if axes is None else a.transpose(axes),
-    np.swapaxes: lambda a, axis1, axis2: a.swapaxes(axis1, axis2),
-    np.squeeze: lambda a, axis=None: a.squeeze(axis),
-    np.reshape: _np_reshape,
-    np.ravel: lambda a, order="C": a.ravel(order),
-}
+_SHAPE_VIEWS: Mapping[Callable[..., Any], Callable[..., Any]] = MappingProxyType(
+    {
+        np.transpose: lambda a, axes=None: a.transpose() if axes is None else a.transpose(axes),
+        np.swapaxes: lambda a, axis1, axis2: a.swapaxes(axis1, axis2),
+        np.squeeze: lambda a, axis=None: a.squeeze(axis),
+        np.reshape: _np_reshape,
+        np.ravel: lambda a, order="C": a.ravel(order),
+    }
+)
 
 # NumPy functions that only rearrange their first argument's layout, answered on its layout
 # probe: shared views (a list of them for the splits)
@@ -69,18 +67,12 @@ _LAYOUT_VIEWS: frozenset[Callable[..., Any]] = frozenset(
     )
 )
 
-_AVERAGES = frozenset({"_mean", "_var", "_std"})
-
 
 def _numpy_averages(frame: FrameType | None) -> bool:
     """Whether ``frame`` is NumPy's own ``mean``, ``var`` or ``std``."""
     module, function = frame_function(frame)
-    return function in _AVERAGES and module in ("numpy._core._methods", "numpy.core._methods")
-
-
-def _more_arrays(func: Callable[..., Any], args: tuple[Any, ...]) -> bool:
-    """Whether ``np.atleast_*d`` was given other arrays beside the first."""
-    return func in (np.atleast_1d, np.atleast_2d, np.atleast_3d) and len(args) > 1
+    averages = ("_mean", "_var", "_std")
+    return function in averages and module in ("numpy._core._methods", "numpy.core._methods")
 
 
 def _asking_compat(frame: FrameType | None) -> Any:
@@ -146,25 +138,16 @@ class NativeArrayMethods(ArrayOperators, ShapeViews):
             func in _LAYOUT_VIEWS
             and args
             and args[0] is self
-            and not _more_arrays(func, args)
+            and (len(args) == 1 or func not in (np.atleast_1d, np.atleast_2d, np.atleast_3d))
             and (self.shape or func is not np.flip)  # (flip of a 0-d array reads its value)
         ):
-            layout = self._layout()
-            return self._derive_all(layout, func(layout, *args[1:], **kwargs))
+            return self._on_layout(lambda layout: func(layout, *args[1:], **kwargs))
         if func in _WRITES_FIRST and args:
             _check_writable(args[0])
         kwargs = dict(kwargs)
         outs = _outs(kwargs)
         result = func(*_native_nested(args), **_native_nested(kwargs))
         return _with_outs(result, outs)
-
-    def _derive_all(self, layout: np.ndarray[Any, Any], result: Any) -> Any:
-        """Shared views for what a layout function returned (``layout`` itself: this view)."""
-        if isinstance(result, (list, tuple)):
-            return type(result)(self._derive_all(layout, r) for r in result)
-        if result is layout:
-            return self
-        return self._derive(layout, result, self.dtype)
 
     def __array_namespace__(self, *, api_version: str | None = None) -> Any:
         """The native array's namespace (``numpy``, ``cupy``). Asked by array-api-compat's

@@ -3,7 +3,9 @@ and asarray."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import math
 import multiprocessing
 import sys
 import threading
@@ -59,10 +61,6 @@ def _shape(shape: ShapeLike) -> tuple[int, ...]:
     return out
 
 
-def _dtype(dtype: DTypeLike) -> np.dtype[Any]:
-    return shareable_dtype(dtype, "keep such data in a NumPy array")
-
-
 PROGRESS_BYTES = 256 << 20
 """Fills and copies of at least this many bytes show a progress bar unasked, in a Jupyter
 kernel's own process only (see :func:`show_progress`)."""
@@ -100,15 +98,13 @@ def _blocks(a: SharedDeviceArray, progress: bool | None, desc: str) -> Any:
         return
     row = max(a.nbytes // max(a.shape[0], 1), 1)
     step = max(_BLOCK_BYTES // row, 1)
-    if not show_progress(progress, a.nbytes):  # no tqdm at all (see _progress_bar)
-        for start in range(0, a.shape[0], step):
-            yield native, slice(start, min(a.shape[0], start + step))
-        return
-    with _progress_bar(a.nbytes, desc) as bar:
+    shown = show_progress(progress, a.nbytes)  # (else no tqdm at all: see _progress_bar)
+    with _progress_bar(a.nbytes, desc) if shown else contextlib.nullcontext() as bar:
         for start in range(0, a.shape[0], step):
             stop = min(a.shape[0], start + step)
             yield native, slice(start, stop)
-            bar.update((stop - start) * row)
+            if bar is not None:
+                bar.update((stop - start) * row)
 
 
 def _progress_bar(nbytes: int, desc: str) -> Any:
@@ -138,10 +134,7 @@ def _new(shape: ShapeLike, dtype: DTypeLike, options: CreationOptions) -> Shared
     from sharedarrays.api import named
 
     shp = _shape(shape)
-    dt = _dtype(dtype)
-    n = 1
-    for s in shp:
-        n *= s
+    dt = shareable_dtype(dtype, "keep such data in a NumPy array")
     device, capacity, name = options.device, options.capacity, options.name
     backend = get_backend(device, choose_backend(device, options.backend))
     if backend.exporter_owned and name is not None:
@@ -149,7 +142,7 @@ def _new(shape: ShapeLike, dtype: DTypeLike, options: CreationOptions) -> Shared
             f"a named array must outlive its creator, and {backend.name} memory lives only as "
             "long as the process that made it; use backend='cuda-vmm' (or 'auto') for name="
         )
-    nbytes = n * dt.itemsize
+    nbytes = math.prod(shp) * dt.itemsize
     pack = options.pack
     if pack is None:
         pack = options.chunk_bytes is None and nbytes <= PACK_BYTES
@@ -200,9 +193,6 @@ def empty(
 ) -> SharedDeviceArray:
     """A new shared array whose contents are undefined.
 
-    The keywords after ``order`` (``**options``) are those of every creation function,
-    typed and documented once by :class:`~sharedarrays.api.options.CreationKeywords`.
-
     Parameters
     ----------
     shape : int or sequence of int
@@ -242,8 +232,7 @@ def zeros(
     order: str = "C",
     **options: Unpack[CreationKeywords],
 ) -> SharedDeviceArray:
-    """A new shared array of zeros (parameters as :func:`empty`; ``progress`` as
-    :func:`full`)."""
+    """A new shared array of zeros (parameters as :func:`empty`)."""
     return _full(shape, 0, dtype, CreationOptions.from_keywords(order=order, **options))
 
 
@@ -254,8 +243,7 @@ def ones(
     order: str = "C",
     **options: Unpack[CreationKeywords],
 ) -> SharedDeviceArray:
-    """A new shared array of ones (parameters as :func:`empty`; ``progress`` as
-    :func:`full`)."""
+    """A new shared array of ones (parameters as :func:`empty`)."""
     return _full(shape, 1, dtype, CreationOptions.from_keywords(order=order, **options))
 
 
@@ -269,10 +257,8 @@ def full(
 ) -> SharedDeviceArray:
     """A new shared array with every element set to ``fill_value``.
 
-    ``dtype`` defaults to NumPy's type for ``fill_value``; other parameters as :func:`empty`.
-    ``progress``: show a tqdm.auto progress bar (a widget in Jupyter, text on stderr)
-    while filling; ``None`` (the default) shows one only in a Jupyter kernel's own process,
-    for arrays of at least :data:`PROGRESS_BYTES`; never in a script or a worker unasked.
+    ``dtype`` defaults to NumPy's type for ``fill_value``; other parameters as :func:`empty`
+    (``progress``: a tqdm.auto bar while filling, a widget in Jupyter, text on stderr).
     """
     return _full(shape, fill_value, dtype, CreationOptions.from_keywords(order=order, **options))
 
@@ -325,13 +311,9 @@ def from_array(
         the dtype and device asked for is returned as it is; any other ``obj`` raises
         ValueError, since memory that exists cannot become shared without a copy.
     device : str, int, torch.device, cupy.cuda.Device or None
-        Where to put the copy. ``None``: the source's CUDA device if it is on one, otherwise
-        as :func:`empty` decides.
-    progress : bool, optional
-        Show a progress bar while copying (as :func:`full`).
-    capacity : int, optional
-        Make the copy growable, reserving this many bytes (as :func:`empty`; the copy is
-        then in C order).
+        Where to put the copy. ``None``: the source's accelerator device if it is on one,
+        otherwise as :func:`empty` decides. (``progress`` as :func:`full`; with
+        ``capacity`` the copy is growable and in C order.)
 
     Raises
     ------
@@ -505,8 +487,7 @@ def zeros_like(
     shape: ShapeLike | None = None,
     **options: Unpack[CreationKeywords],
 ) -> SharedDeviceArray:
-    """A new shared array of zeros like ``obj`` (parameters as :func:`empty_like`;
-    ``progress`` as :func:`full`)."""
+    """A new shared array of zeros like ``obj`` (parameters as :func:`empty_like`)."""
     return full_like(obj, 0, dtype, order, shape=shape, **options)
 
 
@@ -518,8 +499,7 @@ def ones_like(
     shape: ShapeLike | None = None,
     **options: Unpack[CreationKeywords],
 ) -> SharedDeviceArray:
-    """A new shared array of ones like ``obj`` (parameters as :func:`empty_like`;
-    ``progress`` as :func:`full`)."""
+    """A new shared array of ones like ``obj`` (parameters as :func:`empty_like`)."""
     return full_like(obj, 1, dtype, order, shape=shape, **options)
 
 
@@ -533,7 +513,6 @@ def full_like(
     **options: Unpack[CreationKeywords],
 ) -> SharedDeviceArray:
     """A new shared array like ``obj`` with every element set to ``fill_value``, of
-    ``obj``'s dtype unless ``dtype`` is given, as in NumPy (parameters as
-    :func:`empty_like`; ``progress`` as :func:`full`)."""
+    ``obj``'s dtype unless ``dtype`` is given, as in NumPy (parameters as :func:`empty_like`)."""
     new_shape, new_dtype, checked = _like(obj, dtype, order, shape, options)
     return _full(new_shape, fill_value, new_dtype, checked)

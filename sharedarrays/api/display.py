@@ -23,11 +23,8 @@ class Display(ArrayBase):
         return show(self, interval=interval, auto_refresh=auto_refresh)
 
     def _allocation_line(self) -> str:
-        """One line about the shared memory behind this view (metadata only)."""
-        lease = self._lease
-        if lease is None:
-            return f"SharedDeviceArray shape={self._shape} dtype={self._dtype}, closed"
-        a = lease.allocation
+        """One line about the shared memory behind this open view (metadata only)."""
+        a = self.allocation
         who = a.origin.role
         served = len({s.pid for s in a.served})
         if served:
@@ -40,26 +37,21 @@ class Display(ArrayBase):
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         """Jupyter display: the values and a line about the allocation."""
-        if self._lease is None:
-            bundle: dict[str, Any] = {"text/plain": repr(self)}
-        else:
+        bundle = {"text/plain": repr(self)}
+        if self._lease is not None:
             import html
 
-            values, line = repr(self.array), self._allocation_line()
-            bundle = {
-                "text/plain": f"{values}\n{line}",
-                "text/html": (
-                    f'<pre class="sa-values">{html.escape(values)}</pre>'
-                    f'<div class="sa-allocation" style="font-size:smaller;opacity:0.75">'
-                    f"{html.escape(line)} &middot; <code>.show()</code> draws its memory map"
-                    "</div>"
-                ),
-            }
-        if include:
-            bundle = {k: v for k, v in bundle.items() if k in include}
-        if exclude:
-            bundle = {k: v for k, v in bundle.items() if k not in exclude}
-        return bundle
+            bundle["text/html"] = (
+                f'<pre class="sa-values">{html.escape(repr(self.array))}</pre>'
+                f'<div class="sa-allocation" style="font-size:smaller;opacity:0.75">'
+                f"{html.escape(self._allocation_line())} &middot; <code>.show()</code> draws "
+                "its memory map</div>"
+            )
+        return {
+            k: v
+            for k, v in bundle.items()
+            if (not include or k in include) and not (exclude and k in exclude)
+        }
 
     def __repr__(self) -> str:
         """The values as the native array shows them, and a line about the allocation."""

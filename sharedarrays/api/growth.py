@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any
 
@@ -128,9 +129,7 @@ class Growth(ArrayBase):
                 "allocation's first byte (the array as created, or a[:k]) changes length along "
                 f"axis 0; this one has offset {self._offset} and strides {self._strides}"
             )
-        row = itemsize
-        for n in self._shape[1:]:
-            row *= n
+        row = itemsize * math.prod(self._shape[1:])
         if row == 0:
             raise ValueError(f"cannot {what} an array whose rows hold no bytes")
         return alloc, row

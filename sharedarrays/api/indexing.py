@@ -24,46 +24,25 @@ def check_key(key: object) -> tuple[Any, ...] | None:
     items = key if isinstance(key, tuple) else (key,)
     for item in items:
         if isinstance(item, (bool, np.bool_)) or not isinstance(item, _BASIC_INDEX):
-            kind = _index_kind(item)
-            if kind == "i" and _is_zero_d(item):  # a 0-d integer array indexes as its value
-                return check_key(tuple(_zero_d_index(i) for i in items))
-            if kind == "" and hasattr(type(item), "__index__"):  # an integer to NumPy
-                return check_key(tuple(_as_index(i) for i in items))
-            return None
+            if _as_index(item) is item:
+                return None
+            return check_key(tuple(_as_index(i) for i in items))
     return items
 
 
 def _as_index(item: object) -> object:
-    """An object with ``__index__`` (not an array, not a bool) as its integer."""
-    if (
-        not isinstance(item, (bool, np.bool_, int))
-        and _index_kind(item) == ""
-        and hasattr(type(item), "__index__")
-    ):
-        return operator.index(item)  # type: ignore[arg-type]
-    return item
-
-
-def _index_kind(item: object) -> str:
-    """The dtype kind of a key item (``"i"`` for any integer, ``""`` for a non-array)."""
-    if isinstance(item, (bool, np.bool_)):
-        return "b"
-    if isinstance(item, int):
-        return "i"
+    """An integer to NumPy (a 0-d integer array, an object with ``__index__`` that is no
+    array) as its int; anything else as it is."""
+    if isinstance(item, (bool, np.bool_, int)):
+        return item
     dtype = getattr(item, "dtype", None)
     if isinstance(dtype, np.dtype):
-        return "i" if dtype.kind == "u" else dtype.kind
-    return ""
-
-
-def _is_zero_d(item: object) -> bool:
-    return (isinstance(item, ArrayBase) or type(item) is np.ndarray) and not item.shape
-
-
-def _zero_d_index(item: object) -> object:
-    if _index_kind(item) == "i" and _is_zero_d(item):
-        return operator.index(item)  # type: ignore[arg-type]
-    return item
+        zero_d = (isinstance(item, ArrayBase) or type(item) is np.ndarray) and not item.shape
+        if not (zero_d and dtype.kind in "iu"):
+            return item
+    elif not hasattr(type(item), "__index__"):
+        return item
+    return operator.index(item)  # type: ignore[arg-type]
 
 
 def native_key(key: object) -> object:

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import builtins
+from collections.abc import Callable
+from types import MappingProxyType
 from typing import Any, ClassVar, TypeVar, cast
 
 import numpy as np
@@ -16,130 +18,87 @@ __all__ = ["ArrayFlags", "ShapeViews"]
 _A = TypeVar("_A", bound="ShapeViews")
 
 
+# NumPy's flag attributes (settable ones: setflags' keyword) and the item keys reading each
+_SETTABLE = MappingProxyType({"writeable": "write", "aligned": "align", "writebackifcopy": "uic"})
+_ITEMS = MappingProxyType(
+    {
+        key: name
+        for name, keys in (
+            ("c_contiguous", ("C", "C_CONTIGUOUS", "CONTIGUOUS")),
+            ("f_contiguous", ("F", "F_CONTIGUOUS", "FORTRAN")),
+            ("writeable", ("W", "WRITEABLE")),
+            ("owndata", ("O", "OWNDATA")),
+            ("aligned", ("A", "ALIGNED")),
+            ("writebackifcopy", ("X", "WRITEBACKIFCOPY")),
+            ("behaved", ("B", "BEHAVED")),
+            ("carray", ("CA", "CARRAY")),
+            ("farray", ("FA", "FARRAY")),
+            ("fnc", ("FNC",)),
+            ("forc", ("FORC",)),
+        )
+        for key in keys
+    }
+)
+
+
 class ArrayFlags:
-    """The flags of a view, read (and ``writeable`` set) as :attr:`numpy.ndarray.flags`'.
-    ``owndata`` and ``writebackifcopy`` are always False; the layout flags are the view's
-    when the flags were read, ``writeable`` follows the view."""
+    """The flags of a view, read as :attr:`numpy.ndarray.flags`' by attribute or item
+    (``flags.c_contiguous``, ``flags["C"]``); ``writeable`` (which follows the view),
+    ``aligned`` and ``writebackifcopy`` set as :meth:`ShapeViews.setflags`. ``owndata`` and
+    ``writebackifcopy`` are always False; the layout flags are the view's when read."""
 
-    __slots__ = ("_view", "_c", "_f", "_aligned")
+    __slots__ = ("_view", "_layout")
     __hash__: ClassVar[None]  # type: ignore[assignment]
+    _view: ShapeViews
+    _layout: tuple[bool, bool, bool]  # C- and Fortran-contiguous, aligned
 
-    # NumPy's item names and the attribute each reads
-    _KEYS: ClassVar[dict[str, str]] = {
-        **dict.fromkeys(("C", "C_CONTIGUOUS", "CONTIGUOUS"), "c_contiguous"),
-        **dict.fromkeys(("F", "F_CONTIGUOUS", "FORTRAN"), "f_contiguous"),
-        **dict.fromkeys(("W", "WRITEABLE"), "writeable"),
-        **dict.fromkeys(("O", "OWNDATA"), "owndata"),
-        **dict.fromkeys(("A", "ALIGNED"), "aligned"),
-        **dict.fromkeys(("X", "WRITEBACKIFCOPY"), "writebackifcopy"),
-        **dict.fromkeys(("B", "BEHAVED"), "behaved"),
-        **dict.fromkeys(("CA", "CARRAY"), "carray"),
-        **dict.fromkeys(("FA", "FARRAY"), "farray"),
-        "FNC": "fnc",
-        "FORC": "forc",
-    }
-    # the items NumPy lets one set, and setflags' keyword for each
-    _SETTABLE: ClassVar[dict[str, str]] = {
-        **dict.fromkeys(("W", "WRITEABLE"), "write"),
-        **dict.fromkeys(("A", "ALIGNED"), "align"),
-        **dict.fromkeys(("X", "WRITEBACKIFCOPY"), "uic"),
-    }
-
-    def __init__(
-        self, view: ShapeViews, c_contiguous: bool, f_contiguous: bool, aligned: bool
-    ) -> None:
+    def __init__(self, view: ShapeViews, c_contiguous: bool, f_contiguous: bool, aligned: bool):
         self._view = view
-        self._c = c_contiguous
-        self._f = f_contiguous
-        self._aligned = aligned
+        self._layout = (c_contiguous, f_contiguous, aligned)
 
-    @property
-    def c_contiguous(self) -> bool:
-        """Whether the elements are contiguous in C order."""
-        return self._c
+    def _values(self) -> dict[str, bool]:
+        c, f, aligned = self._layout
+        writeable = not self._view.readonly
+        behaved = aligned and writeable
+        return {
+            **dict.fromkeys(("c_contiguous", "contiguous"), c),
+            **dict.fromkeys(("f_contiguous", "fortran"), f),
+            **dict.fromkeys(("owndata", "writebackifcopy"), False),
+            **{"writeable": writeable, "aligned": aligned, "behaved": behaved},
+            **{"carray": behaved and c, "farray": behaved and not c},  # (NumPy's farray test)
+            **{"fnc": f and not c, "forc": f or c},
+        }
 
-    @property
-    def f_contiguous(self) -> bool:
-        """Whether the elements are contiguous in Fortran order."""
-        return self._f
+    def __getattr__(self, name: str) -> bool:
+        values = {} if name.startswith("_") else self._values()
+        if name not in values:
+            raise AttributeError(f"'ArrayFlags' object has no attribute {name!r}")
+        return values[name]
 
-    contiguous = c_contiguous
-    fortran = f_contiguous
-
-    @property
-    def owndata(self) -> bool:
-        """Always False: a view never owns the shared memory."""
-        return False
-
-    @property
-    def writeable(self) -> bool:
-        """Whether the view may be written (set False: read-only)."""
-        return not self._view.readonly
-
-    @writeable.setter
-    def writeable(self, value: object) -> None:
-        self._view.setflags(write=value)
-
-    @property
-    def aligned(self) -> bool:
-        """Whether every element is aligned for its type."""
-        return self._aligned
-
-    @aligned.setter
-    def aligned(self, value: object) -> None:
-        self._view.setflags(align=value)
-
-    @property
-    def writebackifcopy(self) -> bool:
-        """Always False: a view is never a temporary copy."""
-        return False
-
-    @writebackifcopy.setter
-    def writebackifcopy(self, value: object) -> None:
-        self._view.setflags(uic=value)
-
-    @property
-    def behaved(self) -> bool:
-        """Aligned and writeable."""
-        return self._aligned and self.writeable
-
-    @property
-    def carray(self) -> bool:
-        """Behaved and C-contiguous."""
-        return self.behaved and self._c
-
-    @property
-    def farray(self) -> bool:
-        """Behaved and not C-contiguous (NumPy's test)."""
-        return self.behaved and not self._c
-
-    @property
-    def fnc(self) -> bool:
-        """Fortran-contiguous and not C-contiguous."""
-        return self._f and not self._c
-
-    @property
-    def forc(self) -> bool:
-        """Fortran- or C-contiguous."""
-        return self._f or self._c
+    def __setattr__(self, name: str, value: object) -> None:
+        if name.startswith("_"):  # its own fields (also as copy.copy sets them)
+            object.__setattr__(self, name, value)
+        elif name in _SETTABLE:
+            self._view.setflags(**{_SETTABLE[name]: value})
+        else:
+            raise AttributeError(f"attribute {name!r} of 'ArrayFlags' objects is not writable")
 
     @property
     def num(self) -> int:
         """The flags as NumPy's bits (``NPY_ARRAY_C_CONTIGUOUS``, ...)."""
-        bits = ((self._c, 0x1), (self._f, 0x2), (self._aligned, 0x100), (self.writeable, 0x400))
+        c, f, aligned = self._layout
+        bits = ((c, 0x1), (f, 0x2), (aligned, 0x100), (not self._view.readonly, 0x400))
         return sum(bit for on, bit in bits if on)
 
     def __getitem__(self, key: str) -> bool:
-        name = self._KEYS.get(key) if isinstance(key, str) else None
-        if name is None:
+        if not isinstance(key, str) or key not in _ITEMS:
             raise KeyError("Unknown flag")  # (NumPy's words)
-        return bool(getattr(self, name))
+        return self._values()[_ITEMS[key]]
 
     def __setitem__(self, key: str, value: object) -> None:
-        keyword = self._SETTABLE.get(key) if isinstance(key, str) else None
-        if keyword is None:
+        if not isinstance(key, str) or _ITEMS.get(key) not in _SETTABLE:
             raise KeyError("Unknown flag")
-        self._view.setflags(**{keyword: value})
+        setattr(self, _ITEMS[key], value)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ArrayFlags):
@@ -174,6 +133,19 @@ class ShapeViews(ArrayBase):
     """Shape views and flags over the view's layout probe."""
 
     __slots__ = ()
+
+    def _on_layout(self: _A, how: Callable[[Any], Any], dtype: np.dtype[Any] | None = None) -> _A:
+        """The shared view (of ``dtype``, default this view's) of what ``how`` makes of the
+        layout probe (for a list or tuple of views, the splits, a list or tuple of them);
+        this view itself where ``how`` gave the probe itself."""
+        layout = self._layout()
+        new = self.dtype if dtype is None else dtype
+        return cast(_A, self._derive_all(layout, how(layout), new))
+
+    def _derive_all(self, layout: np.ndarray[Any, Any], result: Any, dtype: np.dtype[Any]) -> Any:
+        if isinstance(result, (list, tuple)):
+            return type(result)(self._derive_all(layout, r, dtype) for r in result)
+        return self if result is layout else self._derive(layout, result, dtype)
 
     @property
     def flags(self) -> ArrayFlags:
@@ -214,7 +186,7 @@ class ShapeViews(ArrayBase):
     def real(self: _A) -> _A:
         """The real part, a shared view like :attr:`numpy.ndarray.real`."""
         layout = self._layout()
-        part = layout.real
+        part = layout.real  # (of real values the probe itself: still a new view here)
         return self._derive(layout, part, part.dtype)
 
     @real.setter
@@ -251,20 +223,16 @@ class ShapeViews(ArrayBase):
 
     def transpose(self: _A, *axes: Any) -> _A:
         """A transposed view (shared), like :meth:`numpy.ndarray.transpose`."""
-        layout = self._layout()
-        return self._derive(layout, layout.transpose(*axes), self.dtype)
+        return self._on_layout(lambda layout: layout.transpose(*axes))
 
     def swapaxes(self: _A, axis1: int, axis2: int) -> _A:
         """A view (shared) with two axes swapped."""
-        layout = self._layout()
-        return self._derive(layout, layout.swapaxes(axis1, axis2), self.dtype)
+        return self._on_layout(lambda layout: layout.swapaxes(axis1, axis2))
 
     def squeeze(self: _A, axis: int | tuple[int, ...] | None = None) -> _A:
         """A view (shared) without the axes of length one (or only ``axis``); this view
         itself where there is none."""
-        layout = self._layout()
-        squeezed = layout.squeeze(axis)
-        return self if squeezed is layout else self._derive(layout, squeezed, self.dtype)
+        return self._on_layout(lambda layout: layout.squeeze(axis))
 
     def getfield(self: _A, dtype: Any, offset: int = 0) -> _A:
         """A view (shared) like :meth:`numpy.ndarray.getfield`.
@@ -274,8 +242,7 @@ class ShapeViews(ArrayBase):
         TypeError
             A dtype a shared array cannot hold (as :meth:`view`)."""
         new = shareable_dtype(dtype, f"a.array.getfield({dtype!r}, ...) is a native view of it")
-        layout = self._layout()
-        return self._derive(layout, layout.getfield(new, offset), new)
+        return self._on_layout(lambda layout: layout.getfield(new, offset), new)
 
     def setfield(self, val: Any, dtype: Any, offset: int = 0) -> None:
         """Like :meth:`numpy.ndarray.setfield`, in shared memory."""
