@@ -104,8 +104,9 @@ class Request:
         self._backend: Backend | None = None
 
     def failed(self, why: HandleUnavailable) -> None:
-        """Record that a source could not give the handles."""
-        self.failures = (*self.failures, why)
+        """Record that a source could not give the handles (without its traceback, whose
+        frames hold this request: a cycle that kept a failed load's lease until a GC)."""
+        self.failures = (*self.failures, why.with_traceback(None))
 
     def backend(self) -> Backend:
         """The payload's memory system in this process (closes the carried fds if it
