@@ -278,19 +278,9 @@ class HeldAllocation:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """The body of a ``SNAPSHOT`` reply: what one process holds.
-
-    Attributes
-    ----------
-    pid : int
-        The answering process.
-    command : str
-        Its command line (at most :data:`MAX_COMMAND` characters).
-    allocations : tuple of HeldAllocation
-        At most :data:`MAX_SNAPSHOT_ROWS` of them, the largest.
-    left_out : int
-        How many more it holds than it lists.
-    """
+    """The body of a ``SNAPSHOT`` reply: what the process ``pid`` (its ``command`` line, at
+    most :data:`MAX_COMMAND` characters) holds: at most :data:`MAX_SNAPSHOT_ROWS`
+    ``allocations``, the largest, and how many more it holds (``left_out``)."""
 
     pid: int
     command: str

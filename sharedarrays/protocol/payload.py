@@ -417,7 +417,7 @@ def _place(
     """The view's extent (as :func:`view_extent`), or PayloadError if it has too many
     elements, does not lie inside ``size`` bytes or (``device``) is misaligned."""
     # (one pass over the axes, checking the view tuple's ints on the way)
-    count, low, high, bits = 1, 0, dtype.itemsize, offset
+    count, low, high = 1, 0, dtype.itemsize
     for n, st in zip(shape, strides):
         if (
             type(n) is not int
@@ -428,8 +428,6 @@ def _place(
             _ints(shape, "shape", 0)  # (one of the two raises)
             _ints(strides, "strides", -MAX_SIZE)
         count *= n
-        if n > 1:
-            bits |= st
         if st < 0:
             low += st * (n - 1)
         else:
@@ -448,10 +446,8 @@ def _place(
             f"payload's view reaches bytes [{offset + low}, {offset + high}) outside its "
             f"allocation of {size} bytes"
         )
-    if device and bits & (dtype.alignment - 1) and count:
-        raise PayloadError(
-            f"a pickled view is refused: {misaligned(dtype, shape, strides, offset)}"
-        )
+    if device and (why := misaligned(dtype, shape, strides, offset)):
+        raise PayloadError(f"a pickled view is refused: {why}")
     return low, high
 
 
