@@ -219,30 +219,13 @@ class Growth:
 class HeldAllocation:
     """One allocation a process holds: a :class:`Snapshot` row.
 
-    Attributes
-    ----------
-    alloc_id : str
-        The allocation id (32 hex digits).
-    backend, device : str
-        Its memory system and device (``"host"``, ``"cpu"``).
-    size, used : int
-        Bytes mapped (the chunks' sum); bytes the exporter asked for (``size`` here if
-        imported).
-    created_here : bool
-        This process made it, or imported it.
-    origin_pid : int
-        This process, or the one it was imported from.
-    since : float
-        When it was made or imported here (``time.time()``).
-    views : int
-        View leases using it here (:attr:`~sharedarrays.memory.Allocation.view_leases`).
-    parked, draining, cached : bool
-        Kept mapped with no view; released here but held by importers; released here and
-        kept for reuse (:mod:`sharedarrays.memory.cache`).
-    served : tuple of (int, float)
-        The processes it was served to (pid, when), most recent last.
-    in_flight : int
-        Payloads pickled here that may still be loaded.
+    Its id (32 hex digits), memory system and device (``"host"``, ``"cpu"``); bytes mapped
+    (``size``) and asked for by the exporter (``used``; ``size`` in an importer); whether
+    this process made it, else the process it came from (``origin_pid``), and ``since`` when
+    (``time.time()``); ``views``: view leases using it here; ``parked``: mapped with no
+    view; ``draining``: released here, held by importers; ``cached``: released, kept for
+    reuse; ``served``: ``(pid, when)`` it was served to, latest last; ``in_flight``:
+    payloads pickled here that may still be loaded.
     """
 
     alloc_id: str
