@@ -365,27 +365,16 @@ class ViewFields(NamedTuple):
 
     @classmethod
     def from_tuple(cls, data: object, size: int, device: bool = False) -> ViewFields:
-        """Validate a view's tuple (:meth:`to_tuple`) against an allocation of ``size`` bytes.
-
-        Raises
-        ------
-        PayloadError
-            A malformed or out-of-bounds field, more than 64 dims, a view outside the
-            allocation, or (``device``) a misaligned one.
-        """
+        """Validate a view's tuple (:meth:`to_tuple`) against an allocation of ``size`` bytes:
+        PayloadError for a malformed or out-of-bounds field, more than 64 dims, a view outside
+        the allocation, or (``device``) a misaligned one."""
         dtype, _, _ = check_view(data, size, device)
         offset, shape, strides, _, readonly = cast(ViewTuple, data)  # (checked)
         return cls(offset, shape, strides, dtype, readonly)
 
 
 def check_view(data: object, size: int, device: bool = False) -> tuple[np.dtype[Any], int, int]:
-    """:meth:`ViewFields.from_tuple` without the record: the view's dtype and extent.
-
-    Raises
-    ------
-    PayloadError
-        As :meth:`ViewFields.from_tuple`.
-    """
+    """:meth:`ViewFields.from_tuple` without the record: the view's dtype and extent."""
     if type(data) is not tuple or len(data) != 5:
         raise PayloadError("a pickled view is corrupted: its view fields are not 5 values")
     offset, shape, strides, dtype_str, readonly = data
