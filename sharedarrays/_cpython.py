@@ -55,17 +55,13 @@ def _count_local(holder: _Holder) -> int:
     return refcount(kept)
 
 
-def _item_alone() -> int:
-    return _count_item((None, object()))
-
-
 def _local_alone() -> int:
     holder = _Holder()
     holder.kept = object()
     return _count_local(holder)
 
 
-ITEM_ALONE: int = _item_alone()
+ITEM_ALONE: int = _count_item((None, object()))
 """``refcount(slot[i])`` of an object only the tuple ``slot`` (a local) holds (2 on 3.10-3.13)."""
 
 LOCAL_ALONE: int = _local_alone()
@@ -94,11 +90,8 @@ def frame_function(frame: FrameType | None) -> tuple[str, str]:
 
 
 def frame_local(frame: FrameType | None, name: str) -> Any:
-    """The local ``name`` of ``frame``, or ``None`` (``f_locals``: a dict or, from 3.13, a
-    proxy)."""
-    if frame is None:
-        return None
-    return frame.f_locals.get(name)
+    """The local ``name`` of ``frame``, or ``None`` (``f_locals``: from 3.13, a proxy)."""
+    return None if frame is None else frame.f_locals.get(name)
 
 
 # multiprocessing: is a Process being spawned, and with which interpreter flags?

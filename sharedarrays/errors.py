@@ -59,30 +59,28 @@ class HandleUnavailable(SharedArrayError):
     holds them, or this process cannot open one more file."""
 
 
-def fd_limit_error(what: str, strerror: str) -> HandleUnavailable:
-    """The error for ``what`` failing because this process can open no more files."""
+def _limit(which: str, unit: int = 1) -> str:
+    """This process's soft limit ``resource.RLIMIT_<which>`` in ``unit``, as ``ulimit`` says."""
     import resource
 
-    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    soft = resource.getrlimit(getattr(resource, f"RLIMIT_{which}"))[0]
+    return "unlimited" if soft == resource.RLIM_INFINITY else str(soft // unit)
+
+
+def fd_limit_error(what: str, strerror: str) -> HandleUnavailable:
+    """The error for ``what`` failing because this process can open no more files."""
     return HandleUnavailable(
-        f"{what}: {strerror} (this process may have {limit} open, ulimit -n). Close arrays "
-        "this process no longer needs (a.close()), or raise the limit"
+        f"{what}: {strerror} (this process may have {_limit('NOFILE')} open, ulimit -n). Close "
+        "arrays this process no longer needs (a.close()), or raise the limit"
     )
 
 
 def thread_error(what: str, error: BaseException) -> ThreadUnavailable:
     """The error for ``what`` failing because no thread can start (``error``)."""
-    import resource
-
-    def limit(which: int, unit: int) -> str:
-        soft = resource.getrlimit(which)[0]
-        return "unlimited" if soft == resource.RLIM_INFINITY else str(soft // unit)
-
     return ThreadUnavailable(
         f"{what}: {error} (this process is at its limit of threads or of address space for "
-        f"their stacks: ulimit -u {limit(resource.RLIMIT_NPROC, 1)}, ulimit -v "
-        f"{limit(resource.RLIMIT_AS, 1024)}). Raise the limit, or end threads this process "
-        "no longer needs"
+        f"their stacks: ulimit -u {_limit('NPROC')}, ulimit -v {_limit('AS', 1024)}). Raise "
+        "the limit, or end threads this process no longer needs"
     )
 
 

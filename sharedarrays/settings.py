@@ -16,6 +16,7 @@ import numbers
 import os
 import re
 import warnings
+from types import MappingProxyType
 from typing import TypeVar
 
 from sharedarrays.errors import SettingError
@@ -26,16 +27,8 @@ N = TypeVar("N", int, float)
 
 
 def env_number(name: str, default: N, minimum: N) -> N:
-    """The number in the environment variable ``name`` (an int or a float like ``default``).
-
-    Parameters
-    ----------
-    name : str
-        The variable, e.g. ``"SHAREDARRAYS_KEEP_IMPORTS"``.
-    default : int or float
-        The value when the variable is unset or empty; its type is the setting's kind.
-    minimum : int or float
-        The smallest value accepted.
+    """The number in the environment variable ``name``: ``default`` when it is unset or empty,
+    else a number of ``default``'s type (int or float) of at least ``minimum``.
 
     Raises
     ------
@@ -61,19 +54,11 @@ def env_number(name: str, default: N, minimum: N) -> N:
 def env_word(name: str, pattern: re.Pattern[str], what: str) -> str | None:
     """The word in the environment variable ``name``, or ``None`` when it is unset or empty.
 
-    Parameters
-    ----------
-    name : str
-        The variable, e.g. ``"SHAREDARRAYS_NODE"``.
-    pattern : re.Pattern
-        What a value must match in full (surrounding blanks are dropped first).
-    what : str
-        What the pattern takes, in words, for the error message.
-
     Raises
     ------
     ValueError
-        The value does not match ``pattern``.
+        The value (less surrounding blanks) does not match ``pattern`` in full; the message
+        says it is not ``what``.
     """
     text = os.environ.get(name, "").strip()
     if not text:
@@ -83,19 +68,20 @@ def env_word(name: str, pattern: re.Pattern[str], what: str) -> str | None:
     return text
 
 
-NUMBERS: dict[str, tuple[type, int | float]] = {
-    "SHAREDARRAYS_CHUNK_BYTES": (int, 1),
-    "SHAREDARRAYS_KEEP_IMPORTS": (int, 0),
-    "SHAREDARRAYS_KEEPER_IDLE": (float, 0.0),
-    "SHAREDARRAYS_KEEPER_CONNECTIONS": (int, 1),
-    "SHAREDARRAYS_POOL_MAX_BYTES": (int, 1),
-    "SHAREDARRAYS_IN_FLIGHT": (float, 0.0),
-    "SHAREDARRAYS_EXIT_WAIT": (float, 0.0),
-    "SHAREDARRAYS_CACHE_BYTES": (int, 0),
-}
-"""Every number setting: its kind and minimum (each is read where it is used, with its
-default, by :func:`env_number`; this table lets :func:`check_environment` read them all at
-once)."""
+NUMBERS: MappingProxyType[str, int | float] = MappingProxyType(
+    {
+        "SHAREDARRAYS_CHUNK_BYTES": 1,
+        "SHAREDARRAYS_KEEP_IMPORTS": 0,
+        "SHAREDARRAYS_KEEPER_IDLE": 0.0,
+        "SHAREDARRAYS_KEEPER_CONNECTIONS": 1,
+        "SHAREDARRAYS_POOL_MAX_BYTES": 1,
+        "SHAREDARRAYS_IN_FLIGHT": 0.0,
+        "SHAREDARRAYS_EXIT_WAIT": 0.0,
+        "SHAREDARRAYS_CACHE_BYTES": 0,
+    }
+)
+"""Every number setting's minimum, whose type is its kind (each is read where it is used,
+with its default, by :func:`env_number`; :func:`check_environment` reads them all)."""
 
 
 WORDS = (
@@ -112,18 +98,16 @@ PREFIX = "SHAREDARRAYS_"
 
 def check_environment() -> None:
     """Read every number setting of :data:`NUMBERS` now (``import sharedarrays`` does), so
-    that a bad one is refused where the process starts, not where it is first read (at exit
-    a payload in flight was lost, a release failed with a warning, a keeper did not start);
-    and warn of each ``SHAREDARRAYS_*`` variable that is no setting (a misspelt one is
-    otherwise ignored without a word), naming the setting it is closest to.
+    that a bad one is refused where the process starts, not at exit; warn of each
+    ``SHAREDARRAYS_*`` variable that is no setting, naming the setting closest to it.
 
     Raises
     ------
     ValueError
         One of them is bad (the message names it).
     """
-    for name, (kind, minimum) in NUMBERS.items():
-        env_number(name, kind(minimum), minimum)
+    for name, minimum in NUMBERS.items():
+        env_number(name, minimum, minimum)
     settings = (*NUMBERS, *WORDS)
     known = (*settings, *TOOLS)
     for name in sorted(os.environ):
@@ -155,11 +139,7 @@ def seconds(value: object, what: str, low: float, high: float, *, above: bool = 
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
     number = float(value)
-    if above:
-        if not low < number <= high:  # (False for nan)
-            raise SettingError(
-                f"{what} must be above {low:g} and at most {high:g} seconds, not {number:g}"
-            )
-    elif not low <= number <= high:
-        raise SettingError(f"{what} must be from {low:g} to {high:g} seconds, not {number:g}")
+    if not (low < number if above else low <= number) or not number <= high:  # (nan: refused)
+        bounds = f"above {low:g} and at most" if above else f"from {low:g} to"
+        raise SettingError(f"{what} must be {bounds} {high:g} seconds, not {number:g}")
     return number

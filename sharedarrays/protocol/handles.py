@@ -30,7 +30,9 @@ from __future__ import annotations
 import enum
 import json
 import struct
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+from types import MappingProxyType
 from typing import Any
 
 from sharedarrays.errors import PayloadError
@@ -90,9 +92,6 @@ class Kind(enum.Enum):
         return self in (Kind.GROW, Kind.RELEASED, Kind.LOADED, Kind.DONE)
 
 
-_KINDS = {kind.value: kind for kind in Kind}
-
-
 class Status(enum.IntEnum):
     """A reply's status byte."""
 
@@ -106,21 +105,9 @@ class Status(enum.IntEnum):
 
 @dataclass(frozen=True)
 class Request:
-    """One request (or notice) to a handle server.
-
-    Attributes
-    ----------
-    kind : Kind
-        What it asks.
-    alloc_id : str
-        The allocation's id (32 hex digits).
-    secret : bytes
-        The allocation's 32-byte secret.
-    count : int
-        ``GROW``: the first chunk wanted; ``RELEASED``, ``LOADED``: how many payloads.
-    reply_to : str
-        The sender's own handle server path, or ``""``; at most :data:`MAX_PATH` bytes.
-    """
+    """One request (or notice) to a handle server: its kind, the allocation's id (32 hex
+    digits) and 32-byte secret, a count (``GROW``: the first chunk wanted; ``RELEASED``,
+    ``LOADED``: how many payloads) and the sender's own handle server path or ``""``."""
 
     kind: Kind
     alloc_id: str
@@ -130,50 +117,33 @@ class Request:
 
     def encode(self) -> bytes:
         """The message's bytes."""
-        raw_id = bytes.fromhex(self.alloc_id)
+        head = (self.kind.value, bytes.fromhex(self.alloc_id), self.secret)
         if self.kind.counted:
-            head = _COUNTED.pack(self.kind.value, raw_id, self.secret, self.count)
-        else:
-            head = _PLAIN.pack(self.kind.value, raw_id, self.secret)
-        return head + self.reply_to.encode()
+            return _COUNTED.pack(*head, self.count) + self.reply_to.encode()
+        return _PLAIN.pack(*head) + self.reply_to.encode()
 
     @classmethod
     def decode(cls, data: bytes) -> Request:
-        """The request in ``data``.
-
-        Raises
-        ------
-        PayloadError
-            An unknown magic, or a message too short or too long for its kind.
-        """
-        kind = _KINDS.get(bytes(data[:4]))
-        if kind is None:
-            raise PayloadError("not a sharedarrays handle request (unknown magic)")
+        """The request in ``data``; PayloadError for an unknown magic or a wrong length."""
+        try:
+            kind = Kind(bytes(data[:4]))
+        except ValueError:
+            raise PayloadError("not a sharedarrays handle request (unknown magic)") from None
         layout = _COUNTED if kind.counted else _PLAIN
         if not layout.size <= len(data) <= layout.size + MAX_PATH:
             raise PayloadError(
                 f"a handle request of kind {kind.name} is {layout.size} to "
                 f"{layout.size + MAX_PATH} bytes, not {len(data)}"
             )
-        fields = layout.unpack_from(data)
-        count = fields[3] if kind.counted else 0
+        _, raw_id, secret, *count = layout.unpack_from(data)
         reply_to = bytes(data[layout.size :]).decode(errors="replace")
-        return cls(kind, fields[1].hex(), fields[2], count, reply_to)
+        return cls(kind, raw_id.hex(), secret, count[0] if count else 0, reply_to)
 
 
 @dataclass(frozen=True)
 class Reply:
-    """A handle server's reply: a status, how many fds come with it, and a JSON body.
-
-    Attributes
-    ----------
-    status : int
-        A :class:`Status` (an int, so that an unknown one decodes and is refused later).
-    fds : int
-        How many fds come with it.
-    body : bytes
-        JSON (:class:`Handles` or :class:`Growth`), or empty.
-    """
+    """A handle server's reply: a status (an int, so that an unknown one decodes and is
+    refused later), how many fds come with it, and a JSON body or ``b""``."""
 
     status: int
     fds: int = 0
@@ -185,13 +155,7 @@ class Reply:
 
     @classmethod
     def decode(cls, data: bytes) -> Reply:
-        """The reply in ``data``.
-
-        Raises
-        ------
-        PayloadError
-            Too short, or not a handle server's reply (wrong magic).
-        """
+        """The reply in ``data``; PayloadError if too short or of a wrong magic."""
         if len(data) < _REPLY.size:
             raise PayloadError(f"a handle server reply is at least {_REPLY.size} bytes")
         magic, status, fds = _REPLY.unpack_from(data)
@@ -202,15 +166,8 @@ class Reply:
 
 @dataclass(frozen=True)
 class Handles:
-    """The body of a ``FETCH`` reply: chunk sizes and, for a pointer backend, chunk handles.
-
-    Attributes
-    ----------
-    sizes : list of int
-        The chunk sizes (checked by the importer against its payload).
-    exports : tuple of bytes or None
-        A pointer backend's portable handles; ``None`` for a mapping backend.
-    """
+    """The body of a ``FETCH`` reply: the chunk sizes (checked by the importer against its
+    payload) and a pointer backend's portable handles (``None`` for a mapping backend)."""
 
     sizes: list[int]
     exports: tuple[bytes, ...] | None = None
@@ -224,42 +181,21 @@ class Handles:
 
     @classmethod
     def decode(cls, body: bytes) -> Handles:
-        """The body in ``body``.
-
-        Raises
-        ------
-        PayloadError
-            Not JSON of this shape.
-        """
+        """The body in ``body``; PayloadError if not JSON of this shape."""
         doc = _json(body)
-        sizes: Any = doc
-        exports: Any = None
+        sizes, exports = doc, None
         if type(doc) is dict and set(doc) == {"sizes", "exports"}:
             sizes, exports = doc["sizes"], doc["exports"]
-            if type(exports) is not list or not all(
-                type(e) is str and 0 < len(e) <= MAX_EXPORT for e in exports
-            ):
-                raise PayloadError(_INCONSISTENT)
-            try:
-                exports = tuple(bytes.fromhex(e) for e in exports)
-            except ValueError:
-                raise PayloadError(_INCONSISTENT) from None
-        if type(sizes) is not list or not all(type(n) is int and n > 0 for n in sizes):
-            raise PayloadError(_INCONSISTENT)  # (a float equals an int: 2097152.0 passed)
+            _check(type(exports) is list and all(_hex(e, 1, MAX_EXPORT) for e in exports))
+            exports = tuple(bytes.fromhex(e) for e in exports)
+        _check(_sizes(sizes))
         return cls(sizes, exports)
 
 
 @dataclass(frozen=True)
 class Growth:
-    """The body of a ``GROW`` reply: a growable allocation's chunk sizes and sizes now.
-
-    Attributes
-    ----------
-    sizes : list of int
-        Every chunk size (positive).
-    capacity, used : int
-        Reserved bytes, and the bytes of the array.
-    """
+    """The body of a ``GROW`` reply: every chunk size (positive), the bytes reserved
+    (``capacity``) and the bytes of the array (``used``)."""
 
     sizes: list[int]
     capacity: int
@@ -272,61 +208,24 @@ class Growth:
 
     @classmethod
     def decode(cls, body: bytes) -> Growth:
-        """The body in ``body``.
-
-        Raises
-        ------
-        PayloadError
-            Not JSON of this shape, or a negative capacity or length.
-        """
-        doc = _json(body)
-        if type(doc) is not dict or set(doc) != {"sizes", "capacity", "used"}:
-            raise PayloadError(_INCONSISTENT)
-        sizes, capacity, used = doc["sizes"], doc["capacity"], doc["used"]
-        if (
-            type(sizes) is not list
-            or not all(type(n) is int and n > 0 for n in sizes)
-            or type(capacity) is not int
-            or type(used) is not int
-            or capacity < 0
-            or used < 0  # (a refresh gave the array a negative length: shape (-1000,))
-        ):
-            raise PayloadError(_INCONSISTENT)
-        return cls(sizes, capacity, used)
+        """The body in ``body``; PayloadError if not JSON of this shape or a size < 0."""
+        doc = _json(body, {"sizes", "capacity", "used"})
+        # (used < 0: a refresh gave the array a negative length, shape (-1000,))
+        _check(_sizes(doc["sizes"]) and _natural(doc["capacity"]) and _natural(doc["used"]))
+        return cls(doc["sizes"], doc["capacity"], doc["used"])
 
 
 @dataclass(frozen=True)
 class HeldAllocation:
     """One allocation a process holds: a :class:`Snapshot` row.
 
-    Attributes
-    ----------
-    alloc_id : str
-        The allocation id (32 hex digits).
-    backend, device : str
-        Its memory system and device (``"host"``, ``"cpu"``).
-    size : int
-        Bytes mapped (the chunks' sum).
-    used : int
-        Bytes the exporter asked for (``size`` in an importer).
-    created_here : bool
-        This process made it, or imported it.
-    origin_pid : int
-        This process, or the one it was imported from.
-    since : float
-        When it was made or imported here (``time.time()``).
-    views : int
-        View leases using it here (:attr:`~sharedarrays.memory.Allocation.view_leases`).
-    parked : bool
-        Kept mapped with no view, ready for the next handoff.
-    draining : bool
-        Released here but held by importers (exporter-owned memory).
-    served : tuple of (int, float)
-        The processes it was served to (pid, when), most recent last.
-    in_flight : int
-        Payloads pickled here that may still be loaded.
-    cached : bool
-        Released here and kept for reuse (:mod:`sharedarrays.memory.cache`).
+    Its id (32 hex digits), memory system and device (``"host"``, ``"cpu"``); bytes mapped
+    (``size``) and asked for by the exporter (``used``; ``size`` in an importer); whether
+    this process made it, else the process it came from (``origin_pid``), and ``since`` when
+    (``time.time()``); ``views``: view leases using it here; ``parked``: mapped with no
+    view; ``draining``: released here, held by importers; ``cached``: released, kept for
+    reuse; ``served``: ``(pid, when)`` it was served to, latest last; ``in_flight``:
+    payloads pickled here that may still be loaded.
     """
 
     alloc_id: str
@@ -346,113 +245,25 @@ class HeldAllocation:
 
     def to_doc(self) -> dict[str, Any]:
         """The row as a JSON object."""
-        return {
-            "id": self.alloc_id,
-            "backend": self.backend,
-            "device": self.device,
-            "size": self.size,
-            "used": self.used,
-            "created_here": self.created_here,
-            "origin_pid": self.origin_pid,
-            "since": self.since,
-            "views": self.views,
-            "parked": self.parked,
-            "draining": self.draining,
-            "served": [list(s) for s in self.served],
-            "in_flight": self.in_flight,
-            "cached": self.cached,
-        }
+        doc = dict(zip(_ROW, (getattr(self, f.name) for f in fields(self))))
+        doc["served"] = [list(s) for s in self.served]
+        return doc
 
     @classmethod
     def from_doc(cls, doc: Any) -> HeldAllocation:
-        """The row in a JSON object.
-
-        Raises
-        ------
-        PayloadError
-            Not an object of this shape.
-        """
-        if type(doc) is not dict or set(doc) != _HELD_FIELDS:
-            raise PayloadError(_INCONSISTENT)
-        alloc_id = doc["id"]
-        if type(alloc_id) is not str or len(alloc_id) != 32:
-            raise PayloadError(_INCONSISTENT)
-        try:
-            bytes.fromhex(alloc_id)
-        except ValueError:
-            raise PayloadError(_INCONSISTENT) from None
-        for key in ("backend", "device"):
-            if type(doc[key]) is not str or not 0 < len(doc[key]) <= 64:
-                raise PayloadError(_INCONSISTENT)
-        for key in ("size", "used", "origin_pid", "views", "in_flight"):
-            if type(doc[key]) is not int or doc[key] < 0:
-                raise PayloadError(_INCONSISTENT)
-        for key in ("created_here", "parked", "draining", "cached"):
-            if type(doc[key]) is not bool:
-                raise PayloadError(_INCONSISTENT)
-        if not isinstance(doc["since"], (int, float)) or isinstance(doc["since"], bool):
-            raise PayloadError(_INCONSISTENT)
-        served = doc["served"]
-        if type(served) is not list or not all(
-            type(s) is list
-            and len(s) == 2
-            and type(s[0]) is int
-            and isinstance(s[1], (int, float))
-            and not isinstance(s[1], bool)
-            for s in served
-        ):
-            raise PayloadError(_INCONSISTENT)
-        return cls(
-            alloc_id,
-            doc["backend"],
-            doc["device"],
-            doc["size"],
-            doc["used"],
-            doc["created_here"],
-            doc["origin_pid"],
-            float(doc["since"]),
-            doc["views"],
-            doc["parked"],
-            doc["draining"],
-            tuple((int(p), float(t)) for p, t in served),
-            doc["in_flight"],
-            doc["cached"],
-        )
-
-
-_HELD_FIELDS = {
-    "id",
-    "backend",
-    "device",
-    "size",
-    "used",
-    "created_here",
-    "origin_pid",
-    "since",
-    "views",
-    "parked",
-    "draining",
-    "served",
-    "in_flight",
-    "cached",
-}
+        """The row in a JSON object; PayloadError if not an object of this shape."""
+        _check(type(doc) is dict and set(doc) == _ROW.keys())
+        _check(all(valid(doc[key]) for key, valid in _ROW.items()))
+        row = cls(*(doc[key] for key in _ROW))
+        served = tuple((int(p), float(t)) for p, t in row.served)
+        return replace(row, since=float(row.since), served=served)
 
 
 @dataclass(frozen=True)
 class Snapshot:
-    """The body of a ``SNAPSHOT`` reply: what one process holds.
-
-    Attributes
-    ----------
-    pid : int
-        The answering process.
-    command : str
-        Its command line (at most :data:`MAX_COMMAND` characters).
-    allocations : tuple of HeldAllocation
-        At most :data:`MAX_SNAPSHOT_ROWS` of them, the largest.
-    left_out : int
-        How many more it holds than it lists.
-    """
+    """The body of a ``SNAPSHOT`` reply: what the process ``pid`` (its ``command`` line, at
+    most :data:`MAX_COMMAND` characters) holds: at most :data:`MAX_SNAPSHOT_ROWS`
+    ``allocations``, the largest, and how many more it holds (``left_out``)."""
 
     pid: int
     command: str
@@ -471,38 +282,88 @@ class Snapshot:
 
     @classmethod
     def decode(cls, body: bytes) -> Snapshot:
-        """The body in ``body``.
-
-        Raises
-        ------
-        PayloadError
-            Not JSON of this shape, or more rows than :data:`MAX_SNAPSHOT_ROWS`.
-        """
-        doc = _json(body)
-        if type(doc) is not dict or set(doc) != {"pid", "command", "allocations", "left_out"}:
-            raise PayloadError(_INCONSISTENT)
-        pid, command, rows, left_out = (
-            doc["pid"],
-            doc["command"],
-            doc["allocations"],
-            doc["left_out"],
+        """The body in ``body``; PayloadError if not JSON of this shape or too many rows."""
+        doc = _json(body, {"pid", "command", "allocations", "left_out"})
+        pid, command, rows = doc["pid"], doc["command"], doc["allocations"]
+        _check(
+            type(pid) is int
+            and pid > 0
+            and type(command) is str
+            and len(command) <= MAX_COMMAND
+            and type(rows) is list
+            and len(rows) <= MAX_SNAPSHOT_ROWS
+            and _natural(doc["left_out"])
         )
-        if (
-            type(pid) is not int
-            or pid <= 0
-            or type(command) is not str
-            or len(command) > MAX_COMMAND
-            or type(rows) is not list
-            or len(rows) > MAX_SNAPSHOT_ROWS
-            or type(left_out) is not int
-            or left_out < 0
-        ):
-            raise PayloadError(_INCONSISTENT)
-        return cls(pid, command, tuple(HeldAllocation.from_doc(r) for r in rows), left_out)
+        return cls(pid, command, tuple(map(HeldAllocation.from_doc, rows)), doc["left_out"])
 
 
-def _json(body: bytes) -> Any:
+def _check(valid: bool) -> None:
+    if not valid:
+        raise PayloadError(_INCONSISTENT)
+
+
+def _json(body: bytes, keys: set[str] | None = None) -> Any:
+    """The JSON in ``body`` (an object of exactly ``keys``, if given)."""
     try:
-        return json.loads(bytes(body).decode())  # (str: bytes would have their encoding guessed)
+        doc = json.loads(bytes(body).decode())  # (str: bytes would have their encoding guessed)
     except (ValueError, RecursionError):  # (UnicodeDecodeError is a ValueError)
         raise PayloadError(_INCONSISTENT) from None
+    _check(keys is None or (type(doc) is dict and set(doc) == keys))
+    return doc
+
+
+def _hex(v: object, low: int, high: int) -> bool:
+    if type(v) is not str or not low <= len(v) <= high:
+        return False
+    try:
+        bytes.fromhex(v)
+    except ValueError:
+        return False
+    return True
+
+
+def _natural(v: object) -> bool:
+    return type(v) is int and v >= 0
+
+
+def _real(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _sizes(v: object) -> bool:  # (type: a float equals an int, 2097152.0 passed)
+    return type(v) is list and all(type(n) is int and n > 0 for n in v)
+
+
+def _name(v: object) -> bool:
+    return type(v) is str and 0 < len(v) <= 64
+
+
+def _bool(v: object) -> bool:
+    return type(v) is bool
+
+
+def _served(v: object) -> bool:
+    return type(v) is list and all(
+        type(s) is list and len(s) == 2 and type(s[0]) is int and _real(s[1]) for s in v
+    )
+
+
+_ROW: MappingProxyType[str, Callable[[Any], bool]] = MappingProxyType(
+    {
+        "id": lambda v: _hex(v, 32, 32),
+        "backend": _name,
+        "device": _name,
+        "size": _natural,
+        "used": _natural,
+        "created_here": _bool,
+        "origin_pid": _natural,
+        "since": _real,
+        "views": _natural,
+        "parked": _bool,
+        "draining": _bool,
+        "served": _served,
+        "in_flight": _natural,
+        "cached": _bool,
+    }
+)
+"""A :class:`HeldAllocation` row's JSON keys, in its fields' order, and their checks."""

@@ -13,8 +13,8 @@ import hashlib
 import hmac
 import json
 import re
-from collections.abc import Hashable
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, fields
 from typing import Any, NamedTuple, TypeVar, cast
 
 import numpy as np
@@ -43,33 +43,14 @@ MAX_SIZE = 1 << 47
 """Bound on every size, offset, stride and count: x86-64's 128 TiB address space."""
 MAX_DEVICES = 1 << 10
 """Device ordinals are below this (more devices than one machine has)."""
-_KEYS = frozenset(
-    (
-        "backend",
-        "device",
-        "id",
-        "secret",
-        "pid",
-        "server",
-        "chunks",
-        "dtype",
-        "shape",
-        "strides",
-        "offset",
-        "readonly",
-    )
-)
 _HEX32 = re.compile(r"^[0-9a-f]{32}\Z")
 _HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
 _DTYPE = re.compile(r"^[<>|=]?[biufc][0-9]{1,2}\Z")
 _BACKEND = re.compile(r"^[a-z][a-z0-9-]{0,31}\Z")
 """A backend name's shape; whether the backend is known is the importer's question."""
 _OPTIONAL = frozenset(("capacity", "node", "block"))
-
-
 _DECODED_LIMIT = 16384
-"""Validated payloads remembered by their bytes, the oldest forgotten first."""
-# (validated payloads and dtype strings, so that warm loads skip JSON)
+"""Validated payloads remembered by their bytes (so that warm loads skip JSON)."""
 
 
 def view_extent(itemsize: int, shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, int]:
@@ -126,14 +107,27 @@ def _int(doc: dict[str, Any], key: str, low: int, high: int) -> int:
     return v
 
 
-def _ints(doc: dict[str, Any], key: str, low: int, high: int, max_len: int) -> tuple[int, ...]:
-    v = doc[key]
-    if type(v) is not list or len(v) > max_len:
-        raise PayloadError(f"payload field {key!r} must be a list of at most {max_len} ints")
+def _ints(
+    v: object, key: str, low: int, high: int = MAX_SIZE, max_len: int = MAX_NDIM, what: str = "view"
+) -> tuple[int, ...]:
+    """``v`` as a tuple, if it is a list (a payload's field) or tuple (a view field, ``what``
+    is ``"view"``) of at most ``max_len`` ints in [``low``, ``high``]."""
+    kind = tuple if what == "view" else list
+    if type(v) is not kind or len(v) > max_len:
+        raise PayloadError(
+            f"{what} field {key!r} must be a {kind.__name__} of at most {max_len} ints"
+        )
     for x in v:
         if type(x) is not int or not low <= x <= high:
-            raise PayloadError(f"payload field {key!r} has {x!r}, not an int in [{low}, {high}]")
+            raise PayloadError(f"{what} field {key!r} has {x!r}, not an int in [{low}, {high}]")
     return tuple(v)
+
+
+def _text(v: object, matches: Callable[[str], object], error: str) -> Any:
+    """``v``, if it is a string that ``matches``; else PayloadError(``error``)."""
+    if type(v) is not str or not matches(v):
+        raise PayloadError(error)
+    return v
 
 
 def _numeric_dtype(value: object, what: str) -> np.dtype[Any]:
@@ -151,14 +145,6 @@ def _numeric_dtype(value: object, what: str) -> np.dtype[Any]:
                 STATE.pickling.dtypes[value] = dtype
                 return dtype
     raise PayloadError(f"{what} 'dtype' is not a numeric dtype: {value!r}")
-
-
-def _overlapping(shape: tuple[int, ...], strides: tuple[int, ...], size: int) -> PayloadError:
-    """The error for a view with more element bytes than its allocation (overlapping strides)."""
-    return PayloadError(
-        f"payload's view of shape {shape} and strides {strides} has more bytes of elements "
-        f"than its allocation of {size} bytes holds (overlapping strides)"
-    )
 
 
 def misaligned(
@@ -186,64 +172,20 @@ def misaligned(
     )
 
 
-def _check_layout(
-    itemsize: int, shape: tuple[int, ...], strides: tuple[int, ...], offset: int, size: int
-) -> None:
-    """Refuse a view that does not lie inside ``size`` bytes or has too many elements."""
-    if len(shape) != len(strides):
-        raise PayloadError(f"payload has {len(shape)} dims in shape but {len(strides)} strides")
-    count = 1
-    for n in shape:
-        count *= n
-    if count > MAX_SIZE:
-        raise PayloadError(f"payload's shape {shape} has more elements than any valid array")
-    if count * itemsize > size:
-        raise _overlapping(shape, strides, size)
-    low, high = view_extent(itemsize, shape, strides)
-    if offset + low < 0 or offset + high > size:
-        raise PayloadError(
-            f"payload's view reaches bytes [{offset + low}, {offset + high}) outside its "
-            f"allocation of {size} bytes"
-        )
-
-
 @dataclass(frozen=True, slots=True)
 class Payload:
     """The validated content of a pickled SharedDeviceArray.
 
-    Attributes
-    ----------
-    backend : str
-        ``"host"`` or ``"cuda-vmm"``.
-    device : int
-        Device ordinal of the memory.
-    alloc_id : str
-        The allocation's id (32 hex digits).
-    secret : bytes
-        The allocation's 32-byte secret; whoever holds it may import the allocation.
-    pid : int
-        The process that made the payload, which serves the handles.
-    server : str
-        Path of that process's handle server socket.
-    chunks : tuple of int
-        Chunk sizes in reservation order.
-    dtype : numpy.dtype
-        Element type (numeric and bool only).
-    shape, strides : tuple of int
-        The view's layout (strides in bytes, may be negative).
-    offset : int
-        Byte offset of the view's first element from the reservation's start.
-    readonly : bool
-        Whether the view is read-only.
-    capacity : int or None
-        For a growable array, the bytes its exporter reserves.
-    node : str or None
-        The node id (:mod:`sharedarrays.node`) of the maker; a load elsewhere is refused.
-    block : bytes or None
-        The block token of memory kept for reuse (:mod:`sharedarrays.memory.cache`).
-
-    A pointer backend's payload always names the exporter, which hands out the portable
-    handles itself, so a payload never carries anything another user could open.
+    The memory: ``backend`` (``"host"``, ``"cuda-vmm"``) on device ordinal ``device``, the
+    allocation's ``alloc_id`` (32 hex digits) and 32-byte ``secret`` (whoever holds it may
+    import it), the process ``pid`` that made the payload and serves its handles at the
+    socket path ``server``, the ``chunks`` sizes in reservation order; the view: ``dtype``
+    (numeric or bool), ``shape``, ``strides`` (bytes, may be negative), ``offset`` (bytes from
+    the reservation's start), ``readonly``; optional: a growable array's ``capacity``
+    (bytes reserved), the maker's ``node`` id (:mod:`sharedarrays.node`; a load elsewhere is
+    refused), the ``block`` token of memory kept for reuse (:mod:`sharedarrays.memory.cache`).
+    A pointer backend's payload names the exporter, which hands out the portable handles
+    itself, so a payload never carries anything another user could open.
     """
 
     backend: str
@@ -302,25 +244,15 @@ class Payload:
 
     @classmethod
     def from_doc(cls, doc: object) -> Payload:
-        """Validate a payload's dict form (:meth:`to_doc`), which carries no tag.
-
-        Raises
-        ------
-        PayloadError
-            Not a dict, a field missing or unknown, or a field invalid.
-        """
-        fields = _fields(doc)
-        return cls._validate(fields, _secret(fields))
+        """Validate a payload's dict form (:meth:`to_doc`), which carries no tag; PayloadError
+        if not a dict, a field is missing or unknown, or a field is invalid."""
+        checked = _fields(doc)
+        return cls._validate(checked, _secret(checked))
 
     @classmethod
     def from_bytes(cls, data: object) -> Payload:
-        """Decode and validate a payload (remembering the result for the same bytes).
-
-        Raises
-        ------
-        PayloadError
-            For anything but an unaltered, well-formed payload of this version.
-        """
+        """Decode and validate a payload (remembering the result for the same bytes);
+        PayloadError for anything but an unaltered, well-formed payload of this version."""
         if type(data) is bytes:
             known: Payload | None = STATE.pickling.decoded.get(data)
             if known is not None:
@@ -349,27 +281,22 @@ class Payload:
 
     @classmethod
     def _validate(cls, doc: dict[str, Any], secret: bytes) -> Payload:
-        backend = doc["backend"]
-        if type(backend) is not str or not _BACKEND.match(backend):
-            raise PayloadError(f"unknown backend {backend!r} in payload")
-        alloc_id = doc["id"]
-        if type(alloc_id) is not str or not _HEX32.match(alloc_id):
-            raise PayloadError("payload field 'id' must be 32 hex digits")
-        server = doc["server"]
-        if (
-            type(server) is not str
-            or not server.startswith("/")
-            or "\0" in server
-            or len(server.encode()) > 107
-        ):
-            raise PayloadError("payload field 'server' must be an absolute socket path")
+        backend = _text(
+            doc["backend"], _BACKEND.match, f"unknown backend {doc['backend']!r} in payload"
+        )
+        alloc_id = _text(doc["id"], _HEX32.match, "payload field 'id' must be 32 hex digits")
+        server = _text(
+            doc["server"],
+            lambda v: v.startswith("/") and "\0" not in v and len(v.encode()) <= 107,
+            "payload field 'server' must be an absolute socket path",
+        )
         readonly = doc["readonly"]
         if type(readonly) is not bool:
             raise PayloadError("payload field 'readonly' must be a bool")
         dtype = _numeric_dtype(doc["dtype"], "payload field")
         device = _int(doc, "device", 0, MAX_DEVICES - 1)
         pid = _int(doc, "pid", 1, PID_MAX_LIMIT)
-        chunks = _ints(doc, "chunks", 1, MAX_SIZE, 1 << 16)
+        chunks = _ints(doc["chunks"], "chunks", 1, MAX_SIZE, 1 << 16, "payload")
         if not chunks:
             raise PayloadError("payload has no chunks")
         size = sum(chunks)
@@ -377,54 +304,54 @@ class Payload:
             raise PayloadError(
                 f"payload's chunks add up to {size} bytes, more than any address space holds"
             )
-        shape = _ints(doc, "shape", 0, MAX_SIZE, MAX_NDIM)
-        strides = _ints(doc, "strides", -MAX_SIZE, MAX_SIZE, MAX_NDIM)
+        shape = _ints(doc["shape"], "shape", 0, what="payload")
+        strides = _ints(doc["strides"], "strides", -MAX_SIZE, what="payload")
         offset = _int(doc, "offset", 0, size)
-        _check_layout(dtype.itemsize, shape, strides, offset, size)
+        if len(shape) != len(strides):
+            raise _dims(shape, strides)
+        _place(dtype, shape, strides, offset, size)
         capacity = _int(doc, "capacity", size, MAX_SIZE) if "capacity" in doc else None
         node = doc.get("node")
-        if "node" in doc and (type(node) is not str or not NODE_PATTERN.fullmatch(node)):
-            raise PayloadError("payload field 'node' must be a node id (sharedarrays.node)")
+        if "node" in doc:
+            _text(
+                node,
+                NODE_PATTERN.fullmatch,
+                "payload field 'node' must be a node id (sharedarrays.node)",
+            )
         block = doc.get("block")
-        if "block" in doc and (type(block) is not str or not _HEX64.match(block)):
-            raise PayloadError("payload field 'block' must be 64 hex digits")
+        if "block" in doc:
+            block = bytes.fromhex(
+                _text(block, _HEX64.match, "payload field 'block' must be 64 hex digits")
+            )
         return cls(
-            backend=backend,
-            device=device,
-            alloc_id=alloc_id,
-            secret=secret,
-            pid=pid,
-            server=server,
-            chunks=chunks,
-            dtype=dtype,
-            shape=shape,
-            strides=strides,
-            offset=offset,
-            readonly=readonly,
-            capacity=capacity,
-            node=node,
-            block=bytes.fromhex(block) if block is not None else None,
+            backend,
+            device,
+            alloc_id,
+            secret,
+            pid,
+            server,
+            chunks,
+            dtype,
+            shape,
+            strides,
+            offset,
+            readonly,
+            capacity,
+            node,
+            block,
         )
 
+
+_KEYS = frozenset("id" if f.name == "alloc_id" else f.name for f in fields(Payload)) - _OPTIONAL
+"""A payload's fields: its record's but ``id``, less the optional ones."""
 
 ViewTuple = tuple[int, tuple[int, ...], tuple[int, ...], str, bool]
 """``(offset, shape, strides, dtype.str, readonly)``: a view as a pickle carries it."""
 
 
 class ViewFields(NamedTuple):
-    """A validated view of an allocation: what a pickle carries per view beside the payload.
-
-    Attributes
-    ----------
-    offset : int
-        Byte offset of the view's first element from the reservation's start.
-    shape, strides : tuple of int
-        The view's layout (strides in bytes, may be negative).
-    dtype : numpy.dtype
-        Element type (numeric and bool only).
-    readonly : bool
-        Whether the view is read-only (as is the import, if either says so).
-    """
+    """A validated view of an allocation: what a pickle carries per view beside the payload
+    (its fields as :class:`Payload`'s; the import is read-only if either says so)."""
 
     offset: int
     shape: tuple[int, ...]
@@ -438,36 +365,25 @@ class ViewFields(NamedTuple):
 
     @classmethod
     def from_tuple(cls, data: object, size: int, device: bool = False) -> ViewFields:
-        """Validate a view's tuple (:meth:`to_tuple`) against an allocation of ``size`` bytes.
-
-        Raises
-        ------
-        PayloadError
-            A malformed or out-of-bounds field, more than 64 dims, a view outside the
-            allocation, or (``device``) a misaligned one.
-        """
+        """Validate a view's tuple (:meth:`to_tuple`) against an allocation of ``size`` bytes:
+        PayloadError for a malformed or out-of-bounds field, more than 64 dims, a view outside
+        the allocation, or (``device``) a misaligned one."""
         dtype, _, _ = check_view(data, size, device)
         offset, shape, strides, _, readonly = cast(ViewTuple, data)  # (checked)
         return cls(offset, shape, strides, dtype, readonly)
 
 
 def check_view(data: object, size: int, device: bool = False) -> tuple[np.dtype[Any], int, int]:
-    """:meth:`ViewFields.from_tuple` without the record: the view's dtype and extent.
-
-    Raises
-    ------
-    PayloadError
-        As :meth:`ViewFields.from_tuple`.
-    """
+    """:meth:`ViewFields.from_tuple` without the record: the view's dtype and extent."""
     if type(data) is not tuple or len(data) != 5:
         raise PayloadError("a pickled view is corrupted: its view fields are not 5 values")
     offset, shape, strides, dtype_str, readonly = data
     if type(offset) is not int or not 0 <= offset <= size:
         raise PayloadError(f"view field 'offset' must be an int in [0, {size}], got {offset!r}")
     if type(shape) is not tuple or type(strides) is not tuple or len(shape) != len(strides):
-        _view_ints(shape, "shape", 0)
-        _view_ints(strides, "strides", -MAX_SIZE)
-        raise PayloadError(f"payload has {len(shape)} dims in shape but {len(strides)} strides")
+        _ints(shape, "shape", 0)
+        _ints(strides, "strides", -MAX_SIZE)
+        raise _dims(shape, strides)
     if len(shape) > MAX_NDIM:
         raise PayloadError(f"view field 'shape' must be a tuple of at most {MAX_NDIM} ints")
     dtype = STATE.pickling.dtypes.get(dtype_str) if type(dtype_str) is str else None
@@ -475,8 +391,22 @@ def check_view(data: object, size: int, device: bool = False) -> tuple[np.dtype[
         dtype = _numeric_dtype(dtype_str, "view field")
     if type(readonly) is not bool:
         raise PayloadError("view field 'readonly' must be a bool")
-    # (one pass over the axes, as _check_layout and view_extent do)
-    count, low, high, bits = 1, 0, dtype.itemsize, offset
+    low, high = _place(dtype, shape, strides, offset, size, device)
+    return dtype, low, high
+
+
+def _place(
+    dtype: np.dtype[Any],
+    shape: tuple[int, ...],
+    strides: tuple[int, ...],
+    offset: int,
+    size: int,
+    device: bool = False,
+) -> tuple[int, int]:
+    """The view's extent (as :func:`view_extent`), or PayloadError if it has too many
+    elements, does not lie inside ``size`` bytes or (``device``) is misaligned."""
+    # (one pass over the axes, checking the view tuple's ints on the way)
+    count, low, high = 1, 0, dtype.itemsize
     for n, st in zip(shape, strides):
         if (
             type(n) is not int
@@ -484,11 +414,9 @@ def check_view(data: object, size: int, device: bool = False) -> tuple[np.dtype[
             or not 0 <= n <= MAX_SIZE
             or not -MAX_SIZE <= st <= MAX_SIZE
         ):
-            _view_ints(shape, "shape", 0)  # (one of the two raises)
-            _view_ints(strides, "strides", -MAX_SIZE)
+            _ints(shape, "shape", 0)  # (one of the two raises)
+            _ints(strides, "strides", -MAX_SIZE)
         count *= n
-        if n > 1:
-            bits |= st
         if st < 0:
             low += st * (n - 1)
         else:
@@ -496,7 +424,10 @@ def check_view(data: object, size: int, device: bool = False) -> tuple[np.dtype[
     if count > MAX_SIZE:
         raise PayloadError(f"payload's shape {shape} has more elements than any valid array")
     if count * dtype.itemsize > size:
-        raise _overlapping(shape, strides, size)
+        raise PayloadError(
+            f"payload's view of shape {shape} and strides {strides} has more bytes of elements "
+            f"than its allocation of {size} bytes holds (overlapping strides)"
+        )
     if count == 0:  # touches nothing
         low = high = 0
     if offset + low < 0 or offset + high > size:
@@ -504,20 +435,13 @@ def check_view(data: object, size: int, device: bool = False) -> tuple[np.dtype[
             f"payload's view reaches bytes [{offset + low}, {offset + high}) outside its "
             f"allocation of {size} bytes"
         )
-    if device and bits & (dtype.alignment - 1) and count:
-        raise PayloadError(
-            f"a pickled view is refused: {misaligned(dtype, shape, strides, offset)}"
-        )
-    return dtype, low, high
+    if device and (why := misaligned(dtype, shape, strides, offset)):
+        raise PayloadError(f"a pickled view is refused: {why}")
+    return low, high
 
 
-def _view_ints(v: object, key: str, low: int) -> None:
-    """Refuse ``v`` unless it is a tuple of at most 64 ints in [``low``, MAX_SIZE]."""
-    if type(v) is not tuple or len(v) > MAX_NDIM:
-        raise PayloadError(f"view field {key!r} must be a tuple of at most {MAX_NDIM} ints")
-    for x in v:
-        if type(x) is not int or not low <= x <= MAX_SIZE:
-            raise PayloadError(f"view field {key!r} has {x!r}, not an int in [{low}, {MAX_SIZE}]")
+def _dims(shape: tuple[int, ...], strides: tuple[int, ...]) -> PayloadError:
+    return PayloadError(f"payload has {len(shape)} dims in shape but {len(strides)} strides")
 
 
 def _fields(doc: object) -> dict[str, Any]:
@@ -529,7 +453,6 @@ def _fields(doc: object) -> dict[str, Any]:
 
 def _secret(doc: dict[str, Any]) -> bytes:
     """The payload's secret."""
-    secret_hex = doc["secret"]
-    if type(secret_hex) is not str or not _HEX64.match(secret_hex):
-        raise PayloadError("payload field 'secret' must be 64 hex digits")
-    return bytes.fromhex(secret_hex)
+    return bytes.fromhex(
+        _text(doc["secret"], _HEX64.match, "payload field 'secret' must be 64 hex digits")
+    )

@@ -19,30 +19,17 @@ from sharedarrays.errors import PayloadError
 
 __all__ = ["OrderingToken", "TOKEN_SIZE", "HANDLE_SIZE", "encode", "decode"]
 
-_HEAD = struct.Struct("<QQ")
-_SEQ = struct.Struct("<Q")
 HANDLE_SIZE = 64
 """Bytes of the event handle in a token."""
-TOKEN_SIZE = _HEAD.size + HANDLE_SIZE + _SEQ.size
+_TOKEN = struct.Struct(f"<QQ{HANDLE_SIZE}sQ")  # pid, start, handle, seq
+TOKEN_SIZE = _TOKEN.size
 """Bytes of a token."""
-_U64 = 1 << 64
 
 
 @dataclass(frozen=True)
 class OrderingToken:
-    """One record of an exporter's interprocess event.
-
-    Attributes
-    ----------
-    pid : int
-        The exporting process.
-    start : int
-        Its start time in clock ticks since boot (``0`` when unknown).
-    handle : bytes
-        The event's IPC handle (64 bytes).
-    seq : int
-        Which record of the event this token names.
-    """
+    """One record (``seq``) of an exporter's interprocess event: the fields of the table
+    above."""
 
     pid: int
     start: int
@@ -52,7 +39,7 @@ class OrderingToken:
     def __post_init__(self) -> None:
         for name in ("pid", "start", "seq"):
             value = getattr(self, name)
-            if type(value) is not int or not 0 <= value < _U64:
+            if type(value) is not int or not 0 <= value < 1 << 64:
                 raise PayloadError(f"an ordering token's {name} is a 64-bit unsigned int")
         if type(self.handle) is not bytes or len(self.handle) != HANDLE_SIZE:
             raise PayloadError(f"an ordering token's event handle has {HANDLE_SIZE} bytes")
@@ -60,21 +47,13 @@ class OrderingToken:
 
 def encode(token: OrderingToken) -> bytes:
     """The token's :data:`TOKEN_SIZE` bytes."""
-    return _HEAD.pack(token.pid, token.start) + token.handle + _SEQ.pack(token.seq)
+    return _TOKEN.pack(token.pid, token.start, token.handle, token.seq)
 
 
 def decode(data: bytes) -> OrderingToken:
-    """Read a token.
-
-    Raises
-    ------
-    PayloadError
-        ``data`` is not bytes of a sync token's size.
-    """
+    """The token in ``data``; PayloadError unless it is bytes of :data:`TOKEN_SIZE`."""
     if not isinstance(data, bytes | bytearray | memoryview):
         raise PayloadError(f"a sync token is bytes, not {type(data).__name__}")
     if len(data) != TOKEN_SIZE:
         raise PayloadError(f"a sync token has {TOKEN_SIZE} bytes, not {len(data)}")
-    pid, start = _HEAD.unpack_from(data)
-    (seq,) = _SEQ.unpack_from(data, _HEAD.size + HANDLE_SIZE)
-    return OrderingToken(pid, start, bytes(data[_HEAD.size : _HEAD.size + HANDLE_SIZE]), seq)
+    return OrderingToken(*_TOKEN.unpack(data))
