@@ -626,6 +626,7 @@ _CUPY_ONLY_FORK = textwrap.dedent(
     import cupy
     cupy.zeros(1)  # CuPy (the runtime) initialises CUDA; sharedarrays has not
     from sharedarrays.backends.cuda import driver as cuda_driver
+    from sharedarrays.process import STATE
     assert STATE.backends.cuda_init_pid is None
     read, write = os.pipe()
     pid = os.fork()

@@ -366,20 +366,20 @@ def test_the_least_handoff_on_cuda_queries_the_stream_and_leaves_a_busy_one_to_t
     from harness import handoffs
 
     import sharedarrays as sa
-    from sharedarrays.backends.cuda import sync
+    from sharedarrays.process import STATE
 
     a = sa.zeros(256, "float32", device="cuda:0")
     try:
         least = handoffs.LeastHandoff(b"x" * 64, a._view_tuple(), a.allocation.backend, 0)
         cupy.cuda.Device(0).synchronize()
-        before = sync._records
+        before = STATE.backends.records
         blob = pickle.dumps(least)
-        assert least.busy == 0 and sync._records == before
+        assert least.busy == 0 and STATE.backends.records == before
         assert pickle.loads(blob).array is not None
         scratch = cupy.zeros(1024, dtype=cupy.float32)
         Spin()(scratch, 1.0, seconds=1.0)  # the stream is busy from here on
         busy = pickle.loads(pickle.dumps(least.__reduce__()[1]))
-        assert least.busy == 1 and sync._records == before + 1
+        assert least.busy == 1 and STATE.backends.records == before + 1
         assert isinstance(busy[2], bytes)  # the record's token
         cupy.cuda.Device(0).synchronize()
     finally:
