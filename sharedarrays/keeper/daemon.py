@@ -428,7 +428,7 @@ class Keeper:
             entry.loads -= 1
             if entry.loads <= 0:
                 self._unlink_entry(entry)  # (the fetcher holds it now)
-        body = {"id": entry.id, "secret": entry.secret.hex(), "sizes": entry.sizes}
+        body: dict[str, Any] = {"id": entry.id, "secret": entry.secret.hex(), "sizes": entry.sizes}
         body.update(doc=entry.doc, creator=entry.creator, relayed=relayed)
         return wire.OK, body, list(entry.fds)
 
