@@ -81,9 +81,10 @@ def fds_settle(server: str) -> Iterator[None]:
     before = open_fds()
     yield
     deadline = time.monotonic() + 5
-    while open_fds() != before and time.monotonic() < deadline:
+    while open_fds() > before and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert open_fds() == before, f"{open_fds() - before} file descriptors leaked"
+    # (fewer is no leak: a kept connection an earlier test left may be tidied meanwhile)
+    assert open_fds() <= before, f"{open_fds() - before} file descriptors leaked"
 
 
 def _col0(a: sa.SharedDeviceArray) -> float:

@@ -145,7 +145,7 @@ def test_connections_to_ended_pool_workers_do_not_pile_up() -> None:
     # other sockets this process opens on first use may come in any round)
     tidy = client.TIDY_CONNECTIONS
     assert all(kept <= tidy for kept, _ in counts), counts
-    assert all(opened <= tidy + 2 for _, opened in counts), counts
+    assert counts[-1][1] <= counts[0][1] + 2, counts  # (piling up: one more per pool)
 
 
 def test_loaded_notices_are_read_a_bounded_number_at_a_time() -> None:
