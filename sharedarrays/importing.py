@@ -11,10 +11,9 @@ either returns the allocation or passes (returns ``None``) to the next:
 4. :func:`from_exporter`: does the exporter's handle server still serve them?
 5. :func:`from_keeper`: does this user's keeper hold them? (a parked or named array)
 
-A resolver that finds nothing records why (a :class:`HandleUnavailable`); when every one
-passed, the last of those errors is raised: its message says what was tried (the exporter,
-then the keeper). Errors that are not about finding handles (a malformed payload, another
-user, a backend unusable here) are raised at once.
+A resolver that finds nothing records why (a :class:`HandleUnavailable`); when all passed,
+the last of those is raised (it says what was tried). Other errors (a malformed payload,
+another user, a backend unusable here) are raised at once.
 
 Growable arrays
 ---------------
@@ -104,8 +103,7 @@ class Request:
         self._backend: Backend | None = None
 
     def failed(self, why: HandleUnavailable) -> None:
-        """Record that a source could not give the handles (without its traceback, whose
-        frames hold this request: a cycle that kept a failed load's lease until a GC)."""
+        """Record that a source gave no handles (no traceback: its frames hold this request)."""
         self.failures = (*self.failures, why.with_traceback(None))
 
     def backend(self) -> Backend:
@@ -302,8 +300,8 @@ def from_keeper(req: Request) -> Allocation | None:
         return None
     alloc = _map(req, Handles(sizes, fds))
     alloc.in_keeper = True
-    if relayed:  # (a payload its exporter left in flight: nobody loads it again, so a
-        alloc.orphan(now=False)  # parked mapping would keep its memory for nothing)
+    if relayed:  # (its exporter left it in flight: parked, it would hold memory for nothing)
+        alloc.orphan(now=False)
     return alloc
 
 

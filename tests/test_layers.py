@@ -31,6 +31,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "sharedarrays.errors",
             "sharedarrays.settings",
             "sharedarrays.process",
+            "sharedarrays.sections",
             "sharedarrays.node",
         ),
     ),

@@ -13,9 +13,10 @@ import threading
 from typing import Any
 
 from sharedarrays.errors import PermissionDenied
-from sharedarrays.process import STATE, NoticesState
+from sharedarrays.process import STATE
 from sharedarrays.protocol.handles import REPLY_SIZE, Kind, Request
 from sharedarrays.protocol.unix import check_same_user
+from sharedarrays.sections import NoticesState
 from sharedarrays.transport import client
 
 __all__ = ["report_load", "pending_notices", "queue_notice", "start_notifier"]
