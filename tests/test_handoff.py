@@ -314,11 +314,12 @@ def test_fd_counts_return_to_baseline_after_200_round_trips(method: str) -> None
         deadline = time.time() + 10
         while time.time() < deadline:
             after, worker_after = open_fds(), p.apply(workers.num_fds)
-            if (after, worker_after) == (before, worker_before):
+            if after <= before and worker_after <= worker_before:
                 break
             time.sleep(0.05)
-    assert after == before, f"exporter leaked {after - before} fds"
-    assert worker_after == worker_before, f"worker leaked {worker_after - worker_before} fds"
+    # (fewer is no leak: a kept connection or cached memory of an earlier test may go meanwhile)
+    assert after <= before, f"exporter leaked {after - before} fds"
+    assert worker_after <= worker_before, f"worker leaked {worker_after - worker_before} fds"
 
 
 def test_a_list_of_small_arrays_imports_each_slab_once() -> None:
