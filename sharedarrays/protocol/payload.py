@@ -124,8 +124,13 @@ def _ints(
 
 
 def _text(v: object, matches: Callable[[str], object], error: str) -> Any:
-    """``v``, if it is a string that ``matches``; else PayloadError(``error``)."""
-    if type(v) is not str or not matches(v):
+    """``v``, if it is a string that ``matches``; else PayloadError(``error``) (also for one
+    that cannot be encoded, such as a lone surrogate)."""
+    try:
+        ok = type(v) is str and matches(v)
+    except UnicodeError:
+        ok = False
+    if not ok:
         raise PayloadError(error)
     return v
 

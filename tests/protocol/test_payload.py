@@ -224,6 +224,7 @@ def test_doc_round_trip() -> None:
         {"shape": [1000]},
         {"dtype": "O"},
         {"backend": "Host!"},
+        {"server": "/\ud800"},  # (a lone surrogate: no path; UnicodeEncodeError before)
     ],
 )
 def test_from_doc_validates_like_from_bytes(change: dict[str, object]) -> None:
