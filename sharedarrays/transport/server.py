@@ -435,17 +435,17 @@ def _off_thread(fn: Callable[[], object]) -> None:
     state.jobs.put(fn)
     if state.helper is not None and state.helper.is_alive():
         return
-    helper = threading.Thread(
-        target=_run_jobs, args=(state.jobs, True), name="sharedarrays-release", daemon=True
-    )
-    try:
-        if sys.is_finalizing():
-            raise RuntimeError("finalizing")
-        helper.start()
-    except RuntimeError:  # (3.12 starts no thread at shutdown; or no thread is left)
-        _run_jobs(state.jobs, False)
-        return
-    state.helper = helper
+    if not sys.is_finalizing():
+        helper = threading.Thread(
+            target=_run_jobs, args=(state.jobs, True), name="sharedarrays-release", daemon=True
+        )
+        try:
+            helper.start()
+            state.helper = helper
+            return
+        except RuntimeError:  # (3.12 starts no thread at shutdown; or no thread is left)
+            pass
+    _run_jobs(state.jobs, False)
 
 
 def _run_jobs(jobs: queue.SimpleQueue[Callable[[], object]], block: bool) -> None:
