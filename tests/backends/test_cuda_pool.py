@@ -1,7 +1,8 @@
 """The cuda-pool backend's own rules (the conformance suite covers the rest).
 
 CPU: the size limit's setting. ``gpu``: both sides refuse allocations above the limit, where
-importing crashes the importer inside the driver (see ``benchmarks/probe_pool_import.py``).
+importing crashes the importer inside the driver (a spawn child importing one such
+allocation dies with a segmentation fault; the probe that found it is in git history).
 """
 
 from __future__ import annotations
