@@ -1,13 +1,12 @@
 """Asking every process of this user on the node what it holds; dropping what no view uses.
 
-Each socket in the runtime directory is asked once, with a short timeout; a process that
+Each socket in the runtime directory is asked once, with a short timeout: a process that
 does not answer is reported, never waited for. Nothing here maps memory or sees a secret.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -19,17 +18,8 @@ from sharedarrays.protocol import keeper as wire
 from sharedarrays.protocol.handles import REPLY_SIZE, Kind, Reply, Request, Snapshot, Status
 from sharedarrays.protocol.unix import check_same_user, connect_unix, runtime_dir
 
-__all__ = [
-    "ASK_TIMEOUT",
-    "ASK_AT_ONCE",
-    "Answer",
-    "KeeperAnswer",
-    "handle_servers",
-    "ask_all",
-    "ask_keeper",
-    "drop_mapping",
-    "drop_kept",
-]
+__all__ = ["ASK_TIMEOUT", "ASK_AT_ONCE", "Answer", "KeeperAnswer", "handle_servers", "ask_all"]
+__all__ += ["ask_keeper", "drop_mapping", "drop_kept"]
 
 ASK_TIMEOUT = 1.0
 """Seconds one process is given to accept and answer."""
@@ -69,26 +59,22 @@ def handle_servers() -> list[tuple[int, str]]:
     return sorted(found)
 
 
-def _connect(path: str, timeout: float) -> tuple[socket.socket, int]:
-    """A connection to ``path`` (checked to run as this user) and the peer's pid."""
-    sock = connect_unix(path, time.monotonic() + timeout, timeout)
-    try:
-        peer = check_same_user(sock, path)
-    except BaseException:
-        sock.close()
-        raise
-    return sock, peer.pid
+def _exchange(path: str, request: bytes, size: int, timeout: float, pids: list[int]) -> bytes:
+    """``request`` sent on a new connection to ``path``, the reply read; ``pids`` gets the
+    peer's pid once it is checked to run as this user."""
+    with connect_unix(path, time.monotonic() + timeout, timeout) as sock:
+        pids.append(check_same_user(sock, path).pid)
+        sock.send(request)
+        return sock.recv(size)
 
 
 def _ask(path: str, request: Request, timeout: float) -> tuple[int, Reply]:
     """Send ``request`` to the handle server at ``path``: its pid and its reply."""
-    sock, pid = _connect(path, timeout)
-    with sock:
-        sock.send(request.encode())
-        msg = sock.recv(1 << 20)
+    pids: list[int] = []
+    msg = _exchange(path, request.encode(), 1 << 20, timeout, pids)
     if len(msg) < REPLY_SIZE:
         raise ConnectionResetError("closed without a reply")
-    return pid, Reply.decode(msg)
+    return pids[0], Reply.decode(msg)
 
 
 def ask(pid: int, path: str, timeout: float = ASK_TIMEOUT) -> Answer:
@@ -118,11 +104,8 @@ def drop_mapping(path: str, alloc_id: str, timeout: float = ASK_TIMEOUT) -> Stat
     """Ask the server at ``path`` to drop its parked ``alloc_id``: its status, or ``None``."""
     try:
         _, reply = _ask(path, Request(Kind.DROP, alloc_id, _NO_SECRET), timeout)
-    except (OSError, PermissionDenied, PayloadError):
-        return None
-    try:
         return Status(reply.status)
-    except ValueError:
+    except (OSError, PermissionDenied, PayloadError, ValueError):
         return None
 
 
@@ -130,11 +113,8 @@ def _keeper_request(
     request: wire.List | wire.Drop, timeout: float, pids: list[int]
 ) -> tuple[int, dict[str, Any]]:
     """One request on a new keeper connection; ``pids`` gets the keeper's pid."""
-    sock, pid = _connect(str(runtime_dir() / wire.SOCKET_NAME), timeout)
-    pids.append(pid)
-    with sock:
-        sock.send(request.encode())
-        msg = sock.recv(wire.MAX_MESSAGE)
+    path = str(runtime_dir() / wire.SOCKET_NAME)
+    msg = _exchange(path, request.encode(), wire.MAX_MESSAGE, timeout, pids)
     if not msg:
         raise ConnectionResetError("the keeper closed the connection")
     reply = wire.Reply.decode(msg)
@@ -146,7 +126,6 @@ def ask_keeper(timeout: float = ASK_TIMEOUT) -> KeeperAnswer:
     pids: list[int] = []
     try:
         status, body = wire.list_pages(lambda req: _keeper_request(req, timeout, pids))
-        pid = pids[0]
     except (TimeoutError, BlockingIOError):  # (connected, but stopped or busy: its pid)
         return KeeperAnswer("no answer", pids[0] if pids else None)
     except (PermissionDenied, KeeperError):
@@ -155,8 +134,8 @@ def ask_keeper(timeout: float = ASK_TIMEOUT) -> KeeperAnswer:
         return KeeperAnswer("none")
     arrays = body.get("arrays")
     if status != wire.OK or type(arrays) is not list or not all(type(a) is dict for a in arrays):
-        return KeeperAnswer("refused", pid)
-    return KeeperAnswer("ok", pid, tuple(arrays))
+        return KeeperAnswer("refused", pids[0])
+    return KeeperAnswer("ok", pids[0], tuple(arrays))
 
 
 def drop_kept(alloc_id: str, timeout: float = ASK_TIMEOUT) -> tuple[int, str]:
