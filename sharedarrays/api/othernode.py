@@ -1,12 +1,9 @@
-"""A shared array of another node inside a message that distributed reads: a placeholder
-whose use raises :class:`~sharedarrays.WrongNode`, so that the task fails and not the worker.
+"""A shared array of another node inside a message distributed reads: a placeholder whose use
+raises :class:`~sharedarrays.WrongNode`, so that the task fails and not the worker.
 
-distributed pickles a task's specification with the arrays placed in it, and a worker
-unpickles it while reading the scheduler's stream: a :class:`~sharedarrays.WrongNode` raised
-there would close the connection and the task would never complete. So where, and only
-where, distributed's unpickler loads a payload of another node (:func:`read_by_distributed`),
-the load returns an :class:`OtherNodeArray`: the task fails when it uses the array, and the
-worker stays. Pickled again, it is the payload it came from.
+A :class:`~sharedarrays.WrongNode` raised while a worker reads the scheduler's stream would
+close the connection and the task would never complete; so only there
+(:func:`read_by_distributed`) a payload of another node loads as an :class:`OtherNodeArray`.
 """
 
 from __future__ import annotations
@@ -25,16 +22,14 @@ DISTRIBUTED_LOADS = ("distributed.protocol.pickle", "loads")
 
 
 def read_by_distributed(caller: FrameType | None) -> bool:
-    """Whether ``caller`` (the frame that called the unpickler) is distributed's
-    ``distributed.protocol.pickle.loads``."""
+    """Whether ``caller`` (the frame that called the unpickler) is distributed's ``loads``."""
     return frame_function(caller) == DISTRIBUTED_LOADS
 
 
 class OtherNodeArray:
     """A shared array of another node that reached this process in a message distributed
-    read: any use raises :class:`~sharedarrays.WrongNode` (scatter the array first, instead).
-    Pickled, it is the payload again (``rebuild`` and ``args`` of the pickle it came from).
-    """
+    read: any use raises :class:`~sharedarrays.WrongNode` (scatter the array instead).
+    Pickled, it is the payload it came from (``rebuild`` and ``args``)."""
 
     __slots__ = ("_message", "_rebuild", "_args")
 
@@ -43,7 +38,7 @@ class OtherNodeArray:
         self._rebuild = rebuild
         self._args = args
 
-    def refuse(self) -> NoReturn:
+    def refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
         """Raise the refusal: :class:`~sharedarrays.WrongNode`."""
         raise WrongNode(self._message)
 
@@ -60,29 +55,18 @@ class OtherNodeArray:
         self.refuse()
 
 
-def _refusing(name: str) -> Callable[..., NoReturn]:
-    def use(self: OtherNodeArray, *args: Any, **kwargs: Any) -> NoReturn:
-        self.refuse()
-
-    use.__name__ = name
-    use.__doc__ = "Using an array of another node: raises WrongNode."
-    return use
-
-
 _OPERATORS = (
     *("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "divmod", "pow"),
     *("lshift", "rshift", "and", "xor", "or"),
 )
-_USES = (
+# special methods (looked up on the type, not through __getattr__) that refuse
+for _name in (
     *("__array__", "__getitem__", "__setitem__", "__delitem__", "__len__", "__iter__"),
     *("__contains__", "__float__", "__int__", "__index__", "__complex__", "__neg__"),
     *("__pos__", "__abs__", "__invert__", "__lt__", "__le__", "__gt__", "__ge__"),
     *(f"__{op}__" for op in _OPERATORS),
     *(f"__r{op}__" for op in _OPERATORS),
     *(f"__i{op}__" for op in _OPERATORS if op != "divmod"),
-)
-"""Special methods (looked up on the type, not through ``__getattr__``) that refuse."""
-
-for _name in _USES:
-    setattr(OtherNodeArray, _name, _refusing(_name))
+):
+    setattr(OtherNodeArray, _name, OtherNodeArray.refuse)
 del _name
