@@ -69,7 +69,7 @@ from sharedarrays.settings import check_environment as _check_environment
 
 # imported on first use (__getattr__); type checkers and IDEs see them here
 if _typing.TYPE_CHECKING:
-    from sharedarrays.api.daskarray import from_dask, to_dask
+    from sharedarrays.api.dask import from_dask, to_dask
     from sharedarrays.api.nodemap import node_map
     from sharedarrays.api.pool import ExecutorBroken as ExecutorBroken
     from sharedarrays.api.pool import ForkAfterCudaError as ForkAfterCudaError
@@ -138,8 +138,8 @@ _LAZY = _MappingProxyType(
         "show": "sharedarrays.api.widgets",
         "MemoryMap": "sharedarrays.api.widgets",
         "node_map": "sharedarrays.api.nodemap",
-        "to_dask": "sharedarrays.api.daskarray",
-        "from_dask": "sharedarrays.api.daskarray",
+        "to_dask": "sharedarrays.api.dask",
+        "from_dask": "sharedarrays.api.dask",
         "Timeline": "sharedarrays.api.semaphore",
         "ExternalSemaphore": "sharedarrays.api.semaphore",
         "Allocation": "sharedarrays.memory",  # internals: sharedarrays.memory's, kept as attributes

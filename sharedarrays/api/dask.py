@@ -1,30 +1,32 @@
-"""Dask: shared arrays travel through distributed's serialization as payloads on one node and
-as data between nodes.
+"""Dask: shared arrays through distributed's serialization, and dask.array over shared memory.
 
 :func:`register` adds :class:`~sharedarrays.SharedDeviceArray` to distributed's ``"dask"``
-serialization family; ``import sharedarrays`` does it once distributed is imported. The
-sender chooses per transfer from the comm's ``context``: on one host (same address host,
-``inproc://``, or no comm) the array travels as its **payload** and the receiver maps the
-same memory; otherwise as its **data** (NumPy's serializer, or CuPy's ``"cuda"`` family on
-``ucx://``), copied into a new shared array on the receiver's node. A payload that reaches
-another node anyway is refused with :class:`~sharedarrays.WrongNode`. An array placed
-directly in a task travels pickled with the task (see :mod:`sharedarrays.api.othernode`).
+family (``import sharedarrays`` does it once distributed is imported): an array travels as
+its payload to this host, as its data to another (see docs/scaling.md). :func:`to_dask` and
+:func:`from_dask` make and compute dask arrays without copies. Nothing here imports dask
+before it is called.
 """
 
 from __future__ import annotations
 
+import itertools
 import pickle
 import sys
 from typing import Any
 
+import numpy as np
+
 from sharedarrays.api.array import SharedDeviceArray
-from sharedarrays.api.creation import from_array
+from sharedarrays.api.creation import empty, from_array
+from sharedarrays.api.named import check_name, publish
+from sharedarrays.backends.device import DeviceLike
 from sharedarrays.process import STATE
 
-__all__ = ["install", "register", "registered", "same_node_transfer"]
+__all__ = ["install", "register", "registered", "same_node_transfer", "to_dask", "from_dask"]
 
 PAYLOAD = "payload"
 DATA = "data"
+_SERIALIZE = "distributed.protocol.serialize"
 
 
 def registered() -> bool:
@@ -41,9 +43,6 @@ def register() -> None:
     dask_serialize.register(SharedDeviceArray)(serialize)
     dask_deserialize.register(SharedDeviceArray)(deserialize)
     STATE.pools.dask = True
-
-
-_SERIALIZE = "distributed.protocol.serialize"
 
 
 def install() -> None:
@@ -77,23 +76,23 @@ def same_node_transfer(context: dict[str, Any] | None) -> bool:
 def serialize(
     a: SharedDeviceArray, context: dict[str, Any] | None = None
 ) -> tuple[dict[str, Any], list[Any]]:
-    """distributed's ``dask_serialize``: the payload on one host, the data between hosts."""
+    """distributed's ``dask_serialize``: the payload on one host, the data between hosts
+    (NumPy's serializer, or CuPy's ``"cuda"`` family on ``ucx://``)."""
     if same_node_transfer(context):
         return {"form": PAYLOAD}, [pickle.dumps(a, protocol=5)]
     from distributed.protocol.serialize import serialize as dask_serialize_any
 
-    native = a.array
     recipient = ((context or {}).get("recipient") or {}).get("address", "")
     family = "cuda" if a.device.needs_context and str(recipient).startswith("ucx") else "dask"
     header, frames = dask_serialize_any(
-        native, serializers=(family,), on_error="raise", context=context
+        a.array, serializers=(family,), on_error="raise", context=context
     )
     return {"form": DATA, "kind": a.device.kind, "data": header}, list(frames)
 
 
 def deserialize(header: dict[str, Any], frames: list[Any]) -> SharedDeviceArray:
     """distributed's ``dask_deserialize``: load the payload, or copy the data into a new
-    shared array."""
+    shared array on this node."""
     if header.get("form") == PAYLOAD:
         a = pickle.loads(frames[0])
         if not isinstance(a, SharedDeviceArray):
@@ -103,3 +102,103 @@ def deserialize(header: dict[str, Any], frames: list[Any]) -> SharedDeviceArray:
 
     native = dask_deserialize_any(header["data"], frames)
     return from_array(native, device="cpu" if header.get("kind") == "cpu" else None)
+
+
+def to_dask(a: SharedDeviceArray, chunks: Any = "auto", *, name: str | None = None) -> Any:
+    """A :class:`dask.array.Array` whose chunks are shared views ``a[block]`` (no copy); ``a``
+    must stay open while it is computed.
+
+    Parameters
+    ----------
+    chunks : int, tuple, str
+        As for :func:`dask.array.from_array`.
+    name : str, optional
+        The dask key prefix; default: one made from the allocation and the view.
+    """
+    import dask.array as da
+    from dask.array.core import normalize_chunks, slices_from_chunks
+
+    if not isinstance(a, SharedDeviceArray):
+        raise TypeError(f"to_dask takes a SharedDeviceArray, not {type(a).__name__}")
+    if name is None:
+        layout = "-".join(str(n) for n in (*a.shape, *a.strides))
+        name = f"shared-{a.allocation.id}-{a.offset}-{a.dtype.str}-{layout}"
+    # (not dask.array.from_array: it copies whatever has a copy() method)
+    chunks = normalize_chunks(chunks, a.shape, dtype=a.dtype)
+    blocks = itertools.product(*(range(len(c)) for c in chunks))
+    graph = {(name, *index): a[slices] for index, slices in zip(blocks, slices_from_chunks(chunks))}
+    meta = a.array[(slice(0, 0),) * a.ndim] if a.ndim else a.array.reshape(1)[:0]
+    return da.Array(graph, name, chunks, meta=meta)
+
+
+class _Target:
+    """What :func:`dask.array.store` writes into: ``out``, synchronised after each chunk."""
+
+    def __init__(self, out: SharedDeviceArray) -> None:
+        self.out = out
+        self.shape, self.dtype, self.ndim = out.shape, out.dtype, out.ndim
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.out[key] = value
+        self.out.synchronize()
+
+
+# creation keywords from_dask refuses (the others go to dask.array.store, which ignores them)
+_NOT_FOR_STORE = frozenset(
+    {"shape", "dtype", "order", "chunk_bytes", "pack", "allow_pids", "readonly"}
+    | {"capacity", "access", "progress", "copy"}
+)
+
+
+def from_dask(
+    x: Any,
+    *,
+    device: DeviceLike = None,
+    backend: str = "auto",
+    name: str | None = None,
+    **compute: Any,
+) -> SharedDeviceArray:
+    """Compute a dask array into a new shared array, each task writing its chunk in place
+    (:func:`dask.array.store`): on one node nothing is gathered. On an error the array is
+    closed and the error raised.
+
+    Parameters
+    ----------
+    device : str, int, torch.device, cupy.cuda.Device or None
+        Where to put the result; default: a GPU when ``x``'s chunks are CuPy arrays.
+    backend : str
+        The memory system (as :func:`sharedarrays.empty`).
+    name : str, optional
+        Name the result once every chunk is written (never seen half made).
+    **compute
+        Passed to :func:`dask.array.store`; other creation keywords are a TypeError.
+    """
+    import dask.array as da
+
+    if not isinstance(x, da.Array):
+        raise TypeError(f"from_dask takes a dask.array.Array, not {type(x).__name__}")
+    if any(np.isnan(n) for n in x.shape):
+        raise ValueError(
+            "from_dask needs a dask array of known shape (call x.compute_chunk_sizes() first)"
+        )
+    refused = sorted(_NOT_FOR_STORE & compute.keys())
+    if refused:
+        raise TypeError(
+            f"from_dask does not take {', '.join(refused)}: it makes the array with device=, "
+            "backend= and name=, and passes its other keywords to dask.array.store"
+        )
+    if name is not None:
+        check_name(name)  # (before the computation)
+    if device is None and type(x._meta).__module__.partition(".")[0] == "cupy":
+        device = "cuda"
+    out = empty(
+        x.shape, dtype=x.dtype, device=device, backend=backend, pack=False if name else None
+    )
+    try:
+        da.store(x, _Target(out), lock=False, **compute)
+        if name is not None:
+            publish(out, name)  # (once written: an attacher never sees it half made)
+    except BaseException:
+        out.close()
+        raise
+    return out

@@ -1,5 +1,5 @@
-"""Dask: shared arrays through distributed (sharedarrays.api.dask) and dask.array
-(sharedarrays.api.daskarray), on a LocalCluster of worker processes on the CPU.
+"""Dask: shared arrays through distributed and dask.array (sharedarrays.api.dask), on a
+LocalCluster of worker processes on the CPU.
 
 Small arrays are made with pack=False: a slab served to the workers would show "served to"
 in later tests' arrays packed into it."""
