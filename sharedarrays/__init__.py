@@ -73,8 +73,7 @@ if _typing.TYPE_CHECKING:
     from sharedarrays.api.nodemap import node_map
     from sharedarrays.api.pool import ExecutorBroken as ExecutorBroken
     from sharedarrays.api.pool import ForkAfterCudaError as ForkAfterCudaError
-    from sharedarrays.api.pool import Pool
-    from sharedarrays.api.poolexecutor import ProcessPoolExecutor
+    from sharedarrays.api.pool import Pool, ProcessPoolExecutor
     from sharedarrays.api.semaphore import ExternalSemaphore, Timeline
     from sharedarrays.api.widgets import MemoryMap, show
     from sharedarrays.memory import Allocation as Allocation
@@ -132,7 +131,7 @@ __all__ = [
 _LAZY = _MappingProxyType(
     {
         "Pool": "sharedarrays.api.pool",
-        "ProcessPoolExecutor": "sharedarrays.api.poolexecutor",
+        "ProcessPoolExecutor": "sharedarrays.api.pool",
         "ExecutorBroken": "sharedarrays.api.pool",
         "ForkAfterCudaError": "sharedarrays.api.pool",
         "show": "sharedarrays.api.widgets",

@@ -1,17 +1,12 @@
 """Process pools that work from notebooks and never fork after CUDA was initialised.
 
-:class:`Pool` and :class:`ProcessPoolExecutor` are the standard library's, except:
-
-* spawn by default, and ``"fork"`` refused (:class:`ForkAfterCudaError`) after CUDA was
-  initialised here;
-* functions a spawned worker cannot import (a notebook's, a lambda) are shipped by value
-  with cloudpickle, sharing one ``__main__`` namespace in the worker;
-* a worker that dies fails the job it ran (:class:`~sharedarrays.WorkerLost`) and the pool
-  goes on, where the standard library's would hang (:class:`_Workers`,
-  :mod:`~sharedarrays.api.poolqueues`);
-* a task's ``sys.exit()`` is that task's error (:class:`~sharedarrays.TaskExited`);
-* arguments and results are pickled on their own, so one that cannot be loaded is that
-  task's error, never a dead worker or a hung pool (:mod:`~sharedarrays.api.pooltasks`).
+:class:`Pool` and :class:`ProcessPoolExecutor` are the standard library's, except: spawn by
+default and ``"fork"`` refused after CUDA was initialised here (:class:`ForkAfterCudaError`);
+functions a spawned worker cannot import (a notebook's, a lambda) shipped by value; a worker
+that dies fails the job it ran (:class:`~sharedarrays.WorkerLost`) and the pool goes on
+(:mod:`~sharedarrays.api.poolqueues`); a task's ``sys.exit()`` is its error
+(:class:`~sharedarrays.TaskExited`), and so is an argument or result that cannot be loaded
+(:mod:`~sharedarrays.api.pooltasks`).
 """
 
 from __future__ import annotations
@@ -24,7 +19,8 @@ import multiprocessing.context
 import multiprocessing.pool
 import os
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from sharedarrays._cpython import fail_pool_job, next_pool_job
@@ -36,18 +32,11 @@ from sharedarrays.api.poolqueues import (
     died_of,
     start_worker,
 )
-from sharedarrays.api.pooltasks import _args, _each, _guarded_get, _task, by_value
+from sharedarrays.api.pooltasks import _args, _each, _guarded_get, _task, by_value, outcome
 from sharedarrays.errors import SharedArrayError, WorkerLost
 
-__all__ = [
-    "Pool",
-    "ForkAfterCudaError",
-    "ExecutorBroken",
-    "DEFAULT_START_METHOD",
-    "get_context",
-    "cuda_initialised",
-    "by_value",
-]
+__all__ = ["Pool", "ProcessPoolExecutor", "ForkAfterCudaError", "ExecutorBroken", "by_value"]
+__all__ += ["DEFAULT_START_METHOD", "get_context", "cuda_initialised"]
 
 DEFAULT_START_METHOD = "spawn"
 """The start method used when none is given."""
@@ -80,15 +69,9 @@ def cuda_initialised() -> bool:
 
 
 def get_context(method: ContextLike = None) -> multiprocessing.context.BaseContext:
-    """The multiprocessing context for ``method`` (default :data:`DEFAULT_START_METHOD`).
-
-    Raises
-    ------
-    ForkAfterCudaError
-        ``"fork"`` while CUDA is initialised in this process.
-    ValueError, TypeError
-        An unknown start method, or neither a name nor a context.
-    """
+    """The multiprocessing context for ``method`` (default :data:`DEFAULT_START_METHOD`):
+    :class:`ForkAfterCudaError` for ``"fork"`` while CUDA is initialised here, ValueError or
+    TypeError for an unknown start method."""
     if method is None or isinstance(method, str):
         ctx = multiprocessing.get_context(DEFAULT_START_METHOD if method is None else method)
     elif isinstance(method, multiprocessing.context.BaseContext):
@@ -107,9 +90,8 @@ def get_context(method: ContextLike = None) -> multiprocessing.context.BaseConte
     return ctx
 
 
-def initializer_of(initializer: Callable[..., object] | None) -> Callable[..., object] | None:
-    """A pool's ``initializer`` as its workers get it: by value where needed (TypeError for
-    one that is not callable)."""
+def _initializer(initializer: Callable[..., object] | None) -> Callable[..., object] | None:
+    """A pool's ``initializer`` as its workers get it (by value where needed)."""
     if initializer is not None and not callable(initializer):
         raise TypeError("initializer must be a callable")
     return None if initializer is None else by_value(initializer)
@@ -119,10 +101,8 @@ class _Workers(list):  # type: ignore[type-arg]
     """A pool's list of its workers (``Pool._pool``) that fails the job a dead worker ran.
 
     The standard library's handler thread forgets a dead worker with ``del pool[i]`` and
-    appends a new one, losing its task. Here the deletion asks the table what the worker held
-    (:meth:`~sharedarrays.api.poolqueues.PoolTable.reap`): that job fails with
-    :class:`~sharedarrays.WorkerLost` once the next worker is appended; where the table cannot
-    tell, or the worker died starting, every pending job fails. Their untaken tasks never run.
+    appends a new one: here the deletion asks the table what the worker held, and that job
+    (or, where the table cannot tell, every pending job) fails once the next one is appended.
     """
 
     def __init__(self, workers: Iterable[Any], cache: Mapping[int, Any], table: PoolTable) -> None:
@@ -197,28 +177,9 @@ class _Workers(list):  # type: ignore[type-arg]
 
 
 class Pool(multiprocessing.pool.Pool):
-    """:class:`multiprocessing.pool.Pool` with the spawn start method by default and
-    notebook-defined functions shipped by value.
-
-    Parameters
-    ----------
-    processes : int, optional
-        Number of workers (default ``os.cpu_count()``).
-    initializer : callable, optional
-        Called in each worker on start with ``initargs``.
-    initargs : tuple
-        Arguments of ``initializer``.
-    maxtasksperchild : int, optional
-        Replace a worker after this many tasks.
-    context : str or multiprocessing context, optional
-        ``"spawn"`` (the default), ``"forkserver"``, or ``"fork"`` (refused after CUDA
-        was initialised in this process).
-
-    Raises
-    ------
-    ForkAfterCudaError
-        ``"fork"`` asked for after CUDA was initialised.
-    """
+    """:class:`multiprocessing.pool.Pool` with the changes this module lists; ``context``: a
+    start method or context, ``"spawn"`` by default (:class:`ForkAfterCudaError` for
+    ``"fork"`` after CUDA was initialised here)."""
 
     def __init__(
         self,
@@ -229,7 +190,7 @@ class Pool(multiprocessing.pool.Pool):
         context: ContextLike = None,
     ) -> None:
         self.__dict__["_state"] = "CLOSE"  # lets Pool.__del__ pass if get_context raises
-        ctx, initializer = get_context(context), initializer_of(initializer)
+        ctx, initializer = get_context(context), _initializer(initializer)
         if processes is None:
             processes = os.cpu_count() or 1
         # (a bad number of processes: the standard library's error)
@@ -297,3 +258,91 @@ class Pool(multiprocessing.pool.Pool):
     ) -> multiprocessing.pool.IMapIterator[T]:
         """Like :meth:`imap`, in completion order."""
         return super().imap_unordered(_task(func), _each(iterable, False), chunksize)
+
+
+def _broken(error: BaseException) -> BaseException:
+    """The executor's ``BrokenProcessPool`` as an :class:`ExecutorBroken`."""
+    if type(error) is not concurrent.futures.process.BrokenProcessPool:
+        return error
+    made = ExecutorBroken(
+        f"{error} A worker of this ProcessPoolExecutor died (killed, out of memory, a "
+        "crash, os._exit(), or an error as it started: a spawned or forkserver worker "
+        "imports the main module again, so make the executor only under if __name__ == "
+        '"__main__": in a script saved as a file; its standard error may say why), so the '
+        "executor is broken and every future pending then failed: make a new executor and "
+        "submit them again (sharedarrays.Pool replaces a dead worker and goes on)"
+    )
+    made.__cause__ = error
+    return made
+
+
+class _ResultFuture(Future[Any]):
+    """What :meth:`ProcessPoolExecutor.submit` returns: it follows the executor's future,
+    loading the result here (a load error is its error)."""
+
+    def __init__(self, inner: Future[Any]) -> None:
+        super().__init__()
+        self._inner: Future[Any] | None = inner
+        inner.add_done_callback(self._follow)
+
+    def _follow(self, inner: Future[Any]) -> None:
+        self._inner = None  # no cycle: the result goes with the last reference to this
+        if inner.cancelled():  # (as the executor does for its own: then waiters told)
+            super().cancel()
+            self.set_running_or_notify_cancel()
+            return
+        error = inner.exception()
+        ok, value = outcome(error is None, inner.result() if error is None else error)
+        if ok:
+            self.set_result(value)
+        else:
+            self.set_exception(_broken(value))
+
+    def cancel(self) -> bool:
+        inner = self._inner
+        if inner is not None:
+            inner.cancel()  # (cancelled, it calls _follow before it returns)
+        return self.cancelled()
+
+    def running(self) -> bool:
+        inner = self._inner
+        return inner is not None and inner.running()
+
+
+class ProcessPoolExecutor(concurrent.futures.ProcessPoolExecutor):
+    """:class:`concurrent.futures.ProcessPoolExecutor` with the changes this module lists;
+    ``mp_context``: as :class:`Pool`'s ``context``."""
+
+    def __init__(
+        self,
+        max_workers: int | None = None,
+        mp_context: ContextLike = None,
+        initializer: Callable[..., object] | None = None,
+        initargs: tuple[Any, ...] = (),
+        *,
+        max_tasks_per_child: int | None = None,
+    ) -> None:
+        ctx, initializer = get_context(mp_context), _initializer(initializer)
+        # (max_tasks_per_child: Python 3.11 and newer)
+        extra = {} if max_tasks_per_child is None else {"max_tasks_per_child": max_tasks_per_child}
+        super().__init__(max_workers, ctx, initializer, initargs, **extra)
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        """Schedule ``fn(*args, **kwargs)`` in a worker; returns a Future
+        (:class:`ExecutorBroken` where a worker died earlier)."""
+        try:
+            inner = super().submit(_task(fn), _args(args, kwargs))
+        except concurrent.futures.process.BrokenProcessPool as e:
+            raise _broken(e) from e
+        return _ResultFuture(inner)
+
+    def map(
+        self,
+        fn: Callable[..., T],
+        *iterables: Iterable[Any],
+        timeout: float | None = None,
+        chunksize: int = 1,
+        **kwargs: Any,
+    ) -> Iterator[T]:
+        """Like the built-in ``map(fn, *iterables)``, computed by the workers."""
+        return super().map(by_value(fn), *iterables, timeout=timeout, chunksize=chunksize, **kwargs)
