@@ -1,7 +1,7 @@
-"""What travels between a pool and its workers: functions shipped by value where a spawned
-worker could not import them (:func:`by_value`), the task a worker runs (:class:`_Task`),
-and arguments and results pickled on their own (:class:`_Alone`), so that one that cannot
-be loaded is that task's error.
+"""What travels between a pool and its workers: functions by value where a spawned worker
+could not import them (:func:`by_value`), the task a worker runs (:class:`_Task`), and
+arguments and results pickled on their own (:class:`_Alone`): one that cannot be loaded is
+that task's error.
 """
 
 from __future__ import annotations
@@ -29,10 +29,9 @@ def _main_function(value: object) -> bool:
 
 
 def _in_main_namespace(fn: Any, seen: dict[int, Any] | None = None) -> Any:
-    """``fn`` (loaded from cloudpickle) and the ``__main__`` functions it brings, with
-    ``STATE.pools.main`` as their globals, as a module's functions share theirs (cloudpickle
-    gives each its own). Functions and classes take the newest definition; other values
-    keep the worker's."""
+    """``fn`` (from cloudpickle) and the ``__main__`` functions it brings, sharing
+    ``STATE.pools.main`` as their globals as a module's functions do; functions and classes
+    take the newest definition, other values keep the worker's."""
     if isinstance(fn, functools.partial):
         inner = _in_main_namespace(fn.func, seen)
         return fn if inner is fn.func else functools.partial(inner, *fn.args, **fn.keywords)
@@ -43,11 +42,9 @@ def _in_main_namespace(fn: Any, seen: dict[int, Any] | None = None) -> Any:
     if id(fn) in seen:
         return seen[id(fn)]
     made = types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__, fn.__closure__)
-    made.__kwdefaults__ = fn.__kwdefaults__
-    made.__qualname__ = fn.__qualname__
-    made.__doc__ = fn.__doc__
+    for attr in ("__kwdefaults__", "__qualname__", "__doc__", "__module__"):
+        setattr(made, attr, getattr(fn, attr))
     made.__dict__.update(fn.__dict__)
-    made.__module__ = fn.__module__
     seen[id(fn)] = made
     for name, value in fn.__globals__.items():
         if _main_function(value):
@@ -88,8 +85,8 @@ class ByValue:
 
 
 def _needs_value(fn: object) -> bool:
-    """Whether a spawned worker could not import ``fn`` by name: a lambda, a nested
-    function, or one of a ``__main__`` that is no importable file (a notebook)."""
+    """Whether a spawned worker cannot import ``fn`` by name: a lambda, a nested function,
+    or one of a ``__main__`` that is no importable file (a notebook)."""
     if isinstance(fn, functools.partial):
         return _needs_value(fn.func)
     if isinstance(fn, ByValue):
@@ -107,38 +104,27 @@ def _needs_value(fn: object) -> bool:
 
 
 def by_value(fn: Callable[..., T]) -> Callable[..., T]:
-    """``fn`` wrapped to be pickled by value when a spawned worker could not import it by
-    name (defined in ``__main__`` or a notebook, a lambda, a nested function); otherwise
-    ``fn`` itself."""
+    """``fn`` wrapped to be pickled by value where a spawned worker cannot import it by name
+    (a notebook's, a lambda, a nested function); else ``fn`` itself."""
     return ByValue(fn) if _needs_value(fn) else fn
 
 
-class _Pending:
-    """A value as it reaches the other process: bytes, loaded where a failure is the task's
-    error."""
+class _Alone:
+    """A task's arguments or result pickled on its own, so that the message carrying it
+    always loads: it arrives as bytes, loaded where a failure is the task's error."""
 
-    __slots__ = ("blob",)
+    __slots__ = ("value", "blob")
 
-    def __init__(self, blob: bytes) -> None:
+    def __init__(self, value: Any = None, blob: bytes | None = None) -> None:
+        self.value = value
         self.blob = blob
 
     def load(self) -> Any:
-        return reduction.ForkingPickler.loads(self.blob)
+        return self.value if self.blob is None else reduction.ForkingPickler.loads(self.blob)
 
-
-class _Alone:
-    """A task's arguments or result pickled on its own, arriving as a :class:`_Pending`, so
-    that the message carrying it always loads."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def load(self) -> Any:  # (not pickled: as a _Pending)
-        return self.value
-
-    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
+    def __reduce__(self) -> tuple[Any, tuple[None, bytes]]:
+        if self.blob is not None:
+            return _Alone, (None, self.blob)
         try:
             blob = bytes(reduction.ForkingPickler.dumps(self.value))
         except Exception as e:  # (a notebook's class or a lambda: by value)
@@ -148,13 +134,12 @@ class _Alone:
                 blob = cloudpickle.dumps(self.value)
             except Exception:
                 raise e from None
-        return _Pending, (blob,)
+        return _Alone, (None, blob)
 
 
 class _RaisedInTask(Exception):
     """A task's exception that multiprocessing's pickler cannot write (a notebook's class),
-    ``carried`` by value (an :class:`_Alone`) and raised in the parent as itself
-    (:meth:`unwrap`)."""
+    ``carried`` by value and raised in the parent as itself (:meth:`unwrap`)."""
 
     def __init__(self, carried: Any, text: str) -> None:
         super().__init__(text)
@@ -175,15 +160,6 @@ class _RaisedInTask(Exception):
         return error
 
 
-def _load_pending(value: Any) -> Any:
-    """A result (or a chunk's list of them) with its pending parts loaded."""
-    if isinstance(value, _Pending):
-        return value.load()
-    if type(value) is list and any(isinstance(v, _Pending) for v in value):
-        return [_load_pending(v) for v in value]
-    return value
-
-
 def _args(args: Iterable[Any], kwargs: Mapping[str, Any]) -> _Alone:
     """A task's arguments, loaded by the task in the worker."""
     return _Alone((tuple(args), dict(kwargs)))
@@ -196,8 +172,8 @@ def _each(iterable: Iterable[Any], star: bool) -> Iterator[Any]:
 
 
 class _Task:
-    """The function a worker runs: the user's, on the arguments it loads, its result
-    wrapped in :class:`_Alone`."""
+    """The function a worker runs: the user's, on the arguments it loads, its result in an
+    :class:`_Alone`."""
 
     __slots__ = ("fn",)
 
@@ -205,7 +181,7 @@ class _Task:
         self.fn = fn
 
     def __call__(self, *args: Any, **kwargs: Any) -> _Alone:
-        if len(args) == 1 and not kwargs and type(args[0]) in (_Pending, _Alone):
+        if len(args) == 1 and not kwargs and type(args[0]) is _Alone:
             args, kwargs = args[0].load()
         try:
             return _Alone(self.fn(*args, **kwargs))
@@ -239,8 +215,10 @@ def outcome(ok: bool, value: Any) -> tuple[bool, Any]:
     error is the task's error), the error unwrapped (:class:`_RaisedInTask`)."""
     if not ok:
         return False, value.unwrap() if type(value) is _RaisedInTask else value
-    try:
-        return True, _load_pending(value)
+    try:  # (a result, or a chunk's list of them)
+        if type(value) is list:
+            return True, [v.load() if type(v) is _Alone else v for v in value]
+        return True, value.load() if type(value) is _Alone else value
     except Exception as e:
         return False, e
 
