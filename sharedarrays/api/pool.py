@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import concurrent.futures.process
+import contextlib
 import functools
 import multiprocessing
 import multiprocessing.context
@@ -50,9 +51,8 @@ class ForkAfterCudaError(SharedArrayError, ValueError):
 
 
 class ExecutorBroken(WorkerLost, concurrent.futures.process.BrokenProcessPool):
-    """A worker of a :class:`sharedarrays.ProcessPoolExecutor` died: the executor is broken,
-    as the standard library's is, and every pending future failed with this error. Both a
-    :class:`~sharedarrays.WorkerLost` and a ``BrokenProcessPool``."""
+    """A worker of a :class:`sharedarrays.ProcessPoolExecutor` died: the executor is broken
+    (as the standard library's) and every pending future failed with this error."""
 
 
 def cuda_initialised() -> bool:
@@ -60,11 +60,9 @@ def cuda_initialised() -> bool:
     from sharedarrays.backends.cuda import driver as cuda_driver
 
     probe = getattr(cuda_driver, "_cuda_initialised_here", None)
-    if callable(probe):
-        try:
+    with contextlib.suppress(Exception):
+        if callable(probe):
             return bool(probe())
-        except Exception:
-            pass
     return "cupy" in sys.modules
 
 
@@ -116,9 +114,7 @@ class _Workers(list):  # type: ignore[type-arg]
         if isinstance(index, int):
             worker = self[index]
             held = self.table.reap(worker.pid)
-            # held: 0 nothing; None no slot yet (an error as it started ends every new
-            # worker the same way; a signal, that one only); STARTING in the initializer;
-            # else a task
+            # (None: no slot yet; an error then ends every new worker the same way)
             if held or (held is None and worker.exitcode > 0):
                 self._lost(worker.pid, worker.exitcode, held)
         super().__delitem__(index)
@@ -163,14 +159,14 @@ class _Workers(list):  # type: ignore[type-arg]
             what = f"as it took a task, before it could say of which job, {every} {others}{again}"
         self.lost_all = WorkerLost(f"{died} {what}"), pid, code
         # untaken tasks of every job so far are not run (set before the new worker starts)
-        self.table.lose_below(next_pool_job(), pid, code)
+        self.table.lose(next_pool_job(), pid, code, below=True)
 
     def append(self, worker: Any) -> None:
         super().append(worker)
         failed, self.failed = self.failed, []
         if self.lost_all is not None:
             (lost, pid, code), self.lost_all = self.lost_all, None
-            self.table.lose_below(next_pool_job(), pid, code)  # (jobs submitted since, too)
+            self.table.lose(next_pool_job(), pid, code, below=True)  # (jobs submitted since, too)
             failed = [(job, lost) for job in list(self.cache.values())]
         for job, error in failed:
             fail_pool_job(job, error)
@@ -212,7 +208,7 @@ class Pool(multiprocessing.pool.Pool):
         super()._repopulate_pool()  # type: ignore[misc]
 
     def terminate(self) -> None:
-        """Stop the workers now, and let go of the pool's shared state."""
+        """Stop the workers now; let go of the pool's shared state."""
         super().terminate()
         self._table.close()
 

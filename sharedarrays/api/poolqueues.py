@@ -1,12 +1,11 @@
 """What a :class:`~sharedarrays.Pool` and its workers share: two queues whose locks a dead
-worker never holds, and a table of the job each worker is running.
+worker never holds (the standard library's semaphores stay taken: the pool hangs), and a
+table of the job each worker runs.
 
-The standard library's queue locks are semaphores: a worker killed while it waits for a task
-holds one forever and the pool hangs. Here they are POSIX record locks (``fcntl.lockf``) on
-bytes of a ``memfd``, released by the kernel at the holder's exit. The same ``memfd`` holds
-one slot per worker (its pid and what it holds: :data:`STARTING`, ``0`` nothing, ``-1`` a
-task being read, else its job's number plus one) and the jobs failed by a dead worker (a
-ring of the last :data:`RING`, and a mark below which all failed), whose tasks are not run.
+The locks are record locks (``fcntl.lockf``) on bytes of a ``memfd``, released at the
+holder's exit. The ``memfd`` holds one slot per worker (its pid and what it holds:
+:data:`STARTING`, ``0`` nothing, ``-1`` a task being read, else its job plus one) and the jobs
+a dead worker failed (the last :data:`RING`, and a mark below which all failed).
 """
 
 from __future__ import annotations
@@ -27,19 +26,8 @@ from typing import Any, NoReturn
 from sharedarrays.errors import SharedArrayError, TaskNotLoaded, WorkerLost
 from sharedarrays.process import STATE, running
 
-__all__ = [
-    "MESSAGE_STALL",
-    "STARTING",
-    "died_of",
-    "PipeCut",
-    "PoolTable",
-    "RING",
-    "ResultQueue",
-    "TaskQueue",
-    "not_run",
-    "read_message",
-    "start_worker",
-]
+__all__ = ["MESSAGE_STALL", "STARTING", "RING", "PipeCut", "PoolTable", "ResultQueue"]
+__all__ += ["TaskQueue", "died_of", "not_run", "read_message", "start_worker"]
 
 RING = 64
 """How many of the last jobs failed by a dead worker the table names."""
@@ -53,35 +41,34 @@ _TASKS_LOCK, _RESULTS_LOCK, _SLOTS_LOCK = 0, 1, 2  # the locks' bytes, past the 
 
 
 class PoolTable:
-    """One pool's shared table and locks: a ``memfd`` of int64 cells, ``slots`` worker
-    slots; it pickles as the fd (``DupFd``)."""
+    """One pool's shared table and locks: a ``memfd`` of int64 cells with ``slots`` worker
+    slots; it pickles as the fd (``dup``: a ``DupFd``)."""
 
     __slots__ = ("fd", "slots", "_map", "_cells", "_ring_next")
 
-    def __init__(self, slots: int, fd: int | None = None) -> None:
-        size, made = 8 * (_SLOTS + 2 * slots), fd is None
-        fd = os.memfd_create("sharedarrays-pool", os.MFD_CLOEXEC) if fd is None else fd
+    def __init__(self, slots: int, dup: Any = None) -> None:
+        size = 8 * (_SLOTS + 2 * slots)
+        fd = os.memfd_create("sharedarrays-pool", os.MFD_CLOEXEC) if dup is None else dup.detach()
         try:
-            if made:
+            if dup is None:
                 os.ftruncate(fd, size)
             self._map = mmap.mmap(fd, size)
         except BaseException:
             os.close(fd)
             raise
+        self._cells = memoryview(self._map).cast("q")
         self.fd = fd
         self.slots = slots
-        self._cells = memoryview(self._map).cast("q")
         self._ring_next = 0  # (the pool's own: the next ring cell it writes)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return _mapped_table, (self.slots, reduction.DupFd(self.fd))
+        return PoolTable, (self.slots, reduction.DupFd(self.fd))
 
     def close(self) -> None:
         """Unmap the table and close its fd (idempotent; also when it is collected)."""
-        cells = getattr(self, "_cells", None)
-        if cells is None or self._map.closed:  # (construction failed, or closed)
+        if getattr(self, "fd", -1) < 0:  # (construction failed, or closed)
             return
-        cells.release()
+        self._cells.release()
         self._map.close()
         os.close(self.fd)
         self.fd = -1
@@ -108,28 +95,21 @@ class PoolTable:
                 return state
         return None
 
-    def lose(self, job: int, pid: int, code: int) -> None:
-        """Job ``job`` failed when worker ``pid`` died: its untaken tasks are not run."""
-        self._note(_RING + 3 * self._ring_next, job + 1, pid, code)
-        self._ring_next = (self._ring_next + 1) % RING
-
-    def lose_below(self, job: int, pid: int, code: int) -> None:
-        """Every job numbered below ``job`` failed (see :meth:`lose`)."""
-        self._note(_MARK, job, pid, code)
-
-    def _note(self, cell: int, job: int, pid: int, code: int) -> None:
+    def lose(self, job: int, pid: int, code: int, below: bool = False) -> None:
+        """Job ``job`` (``below``: every job numbered below it) failed when worker ``pid``
+        died: its untaken tasks are not run."""
+        if below:
+            cell = _MARK
+        else:
+            cell, job = _RING + 3 * self._ring_next, job + 1
+            self._ring_next = (self._ring_next + 1) % RING
         self._cells[cell + 1], self._cells[cell + 2] = pid, code
         self._cells[cell] = job  # (last: a worker reads the job first)
 
     # a worker's side ---------------------------------------------------------------------
     def claim(self, pid: int) -> int:
-        """A free slot (or one whose worker is gone) for worker ``pid``: its state cell.
-
-        Raises
-        ------
-        SharedArrayError
-            No slot is free (the pool has more workers than its table has slots).
-        """
+        """A free slot (or one whose worker is gone) for worker ``pid``: its state cell
+        (SharedArrayError where every slot is held by a running worker)."""
         cells = self._cells
         with self.lock(_SLOTS_LOCK):
             free = [cell for cell in self._slot_cells() if cells[cell] == 0]
@@ -157,10 +137,6 @@ class PoolTable:
             if cells[cell] == job + 1:
                 return int(cells[cell + 1]), int(cells[cell + 2])
         return None
-
-
-def _mapped_table(slots: int, dup: Any) -> PoolTable:
-    return PoolTable(slots, dup.detach())
 
 
 class RecordLock:
@@ -199,8 +175,7 @@ class RecordLock:
 def start_worker(
     table: PoolTable, initializer: Callable[..., object] | None = None, initargs: Any = ()
 ) -> None:
-    """A new worker's initializer: claim a slot in ``table``, then run the user's (a death
-    before it returns fails the jobs pending: ``pool._Workers``)."""
+    """A new worker's initializer: claim a slot in ``table``, then run the user's."""
     STATE.pools.worker = table, table.claim(os.getpid())
     table.hold(STATE.pools.worker[1], STARTING)
     if initializer is not None:
@@ -217,12 +192,12 @@ class PipeCut(EOFError):
 
 
 def read_message(fd: int, before_read: Callable[[], None] | None = None) -> bytes:
-    """One message of a pool's task pipe ``fd``, as ``Connection.recv_bytes`` reads it;
-    ``EOFError`` when the writer closed it. ``before_read`` is called once bytes are there.
+    """One message of a pool's task pipe ``fd``, as ``Connection.recv_bytes`` reads it
+    (EOFError when the writer closed it); ``before_read`` is called once bytes are there.
 
-    A reader killed mid-message leaves its rest first in the pipe: a size that is not one
-    (a pickle's 0x80 reads negative), that stalls :data:`MESSAGE_STALL` seconds, or a body
-    that is no pickle drains the pipe and raises :class:`PipeCut`, ending this worker."""
+    A reader killed mid-message leaves its rest in the pipe: a size that is none (a pickle's
+    0x80 reads negative), a stall of :data:`MESSAGE_STALL` seconds, or a body that is no
+    pickle drains the pipe and raises :class:`PipeCut`, ending this worker."""
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     poller.poll()  # (the first byte may take forever)
@@ -235,14 +210,14 @@ def read_message(fd: int, before_read: Callable[[], None] | None = None) -> byte
         (size,) = struct.unpack("!Q", big) if len(big) == 8 else (0,)
     body = _read(poller, fd, size) if size > 0 else b""
     if len(body) != size or body[:1] != b"\x80":
-        _drain(fd)
+        while poller.poll(0) and os.read(fd, 1 << 16):  # (drop what the pipe holds now)
+            pass
         raise PipeCut("the pool's task pipe was cut in the middle of a message")
     return body
 
 
 def _read(poller: select.poll, fd: int, n: int) -> bytes:
-    """``n`` bytes of ``fd``, or fewer where the rest stalls (a size read from the middle of
-    a message). ``EOFError`` when the writer closed it."""
+    """``n`` bytes of ``fd``, or fewer where the rest stalls; EOFError at its end."""
     parts: list[bytes] = []
     got = 0
     while got < n and poller.poll(int(MESSAGE_STALL * 1000)):
@@ -252,18 +227,6 @@ def _read(poller: select.poll, fd: int, n: int) -> bytes:
         parts.append(part)
         got += len(part)
     return b"".join(parts)
-
-
-def _drain(fd: int) -> None:
-    """Read and drop what ``fd`` holds now."""
-    os.set_blocking(fd, False)
-    try:
-        while os.read(fd, 1 << 16):
-            pass
-    except BlockingIOError:
-        pass
-    finally:
-        os.set_blocking(fd, True)
 
 
 def not_run(pid: int, code: int) -> None:
@@ -281,7 +244,7 @@ def died_of(code: int) -> str:
 
 class _TaskUnpickler(pickle.Unpickler):
     """Loads a task whose function this worker cannot find as one that raises
-    :class:`~sharedarrays.TaskNotLoaded` when run, instead of ending the worker."""
+    :class:`~sharedarrays.TaskNotLoaded` when run (instead of ending the worker)."""
 
     def find_class(self, module: str, name: str) -> Any:
         try:
@@ -312,12 +275,9 @@ class TaskQueue(multiprocessing.queues.SimpleQueue):  # type: ignore[type-arg]
         if worker is None or worker[0] is not self._rlock.table:
             return super().get()  # (not this pool's worker: the parent's terminate)
         table, cell = worker
-        with self._rlock:
-            # (taken before the first byte is read: never a task lost unsaid)
-            res = read_message(
-                self._reader.fileno(),  # type: ignore[attr-defined]
-                lambda: table.hold(cell, _TAKING),
-            )
+        fd = self._reader.fileno()  # type: ignore[attr-defined]
+        with self._rlock:  # (taken before the first byte is read: never a task lost unsaid)
+            res = read_message(fd, lambda: table.hold(cell, _TAKING))
         try:
             task = reduction.ForkingPickler.loads(res)
         except (AttributeError, ImportError):  # (a name this worker cannot find)
@@ -328,9 +288,7 @@ class TaskQueue(multiprocessing.queues.SimpleQueue):  # type: ignore[type-arg]
         job = task[0]
         table.hold(cell, job + 1)
         lost = table.lost(job)
-        if lost is not None:
-            return (job, task[1], not_run, lost, {})
-        return task
+        return task if lost is None else (job, task[1], not_run, lost, {})
 
 
 class ResultQueue(multiprocessing.queues.SimpleQueue):  # type: ignore[type-arg]
