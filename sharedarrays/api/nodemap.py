@@ -1,24 +1,9 @@
 """The node-wide memory map: every allocation this user's processes and keeper hold, joined.
 
-:func:`node_map` asks every handle server of this user (same user only, short timeouts) and
-the keeper, reads this process's own allocations, and joins the reports by allocation id
-into a :class:`NodeMap`. :func:`free` releases what no view uses (``rm`` and the node widget
-use it); memory a view uses, or that drains in its exporter, is refused with
-:class:`~sharedarrays.errors.InUse`.
-
-States, strongest first:
-
-========== ===================================================================================
-live       a view (or a native array made from one) uses it in some process
-draining   exporter-owned memory (cuda-ipc, cuda-pool) its exporter released, that importers
-           still map: freed by the exporter when they close it
-cached     its exporter released it and keeps it for its next array of that size
-           (``SHAREDARRAYS_CACHE_BYTES``); importers may keep their mappings parked
-named      the keeper holds it under a name (``sa.unlink`` / ``rm NAME`` removes it)
-parked     the keeper holds it for ``a.park()`` (``a.unpark()`` / ``rm ID`` lets go)
-orphaned   nobody uses it, but a handle keeps it: a mapping an importer keeps parked, or the
-           keeper holding payloads in flight (``rm ID`` frees it)
-========== ===================================================================================
+:func:`node_map` asks every handle server of this user and the keeper (short timeouts),
+reads this process's own allocations, and joins the reports by allocation id into a
+:class:`NodeMap`. :func:`free` releases what no view uses (``rm`` and the node widget); memory
+a view uses, or that drains in its exporter, is refused with :class:`~sharedarrays.InUse`.
 """
 
 from __future__ import annotations
@@ -44,7 +29,10 @@ __all__ = ["LEFT_ALONE", "MAX_TIMEOUT", "STATES", "Holder", "NodeAllocation", "N
 __all__ += ["DeviceSummary", "NodeMap", "node_map", "find", "free"]
 
 STATES = ("live", "draining", "cached", "named", "parked", "orphaned")
-"""An allocation's states, strongest first (see the module's table)."""
+"""An allocation's states, strongest first: a view uses it; exporter-owned memory its exporter
+released while importers map it; kept by its exporter for its next array of that size
+(``SHAREDARRAYS_CACHE_BYTES``); the keeper holds it under a name, or for ``a.park()``; no one
+uses it but a handle keeps it (a mapping an importer keeps parked, payloads in flight)."""
 
 MAX_TIMEOUT = 86_400.0
 """The longest ``timeout`` of :func:`node_map` (a day, as ``top --timeout``)."""
@@ -55,12 +43,10 @@ LEFT_ALONE = "left alone: payloads in flight"
 
 @dataclass(frozen=True)
 class Holder:
-    """A process that holds an allocation: ``pid``, its ``command`` line (``""``: unreadable),
-    its ``role`` (``"exporter"``: made it, ``"importer"``: maps it, ``"keeper"``: holds its
-    handles), ``since`` when (``time.time()``), the ``views`` and native arrays using it there
-    (0 in the keeper; -1: not asked, it attached it through the keeper and runs no handle
-    server), and whether it keeps it ``parked`` (mapped with no view, for the next handoff).
-    """
+    """A process that holds an allocation: its ``command`` line (``""``: unreadable), its
+    ``role`` (``"exporter"``, ``"importer"`` or ``"keeper"``), ``since`` when, the ``views``
+    and native arrays using it there (0 in the keeper; -1: not asked, it runs no handle
+    server), and whether it keeps it ``parked`` (mapped with no view)."""
 
     pid: int
     command: str
@@ -72,12 +58,11 @@ class Holder:
 
 @dataclass(frozen=True)
 class NodeAllocation:
-    """One allocation, as the whole node sees it: its id and keeper ``name`` (or None), memory
-    system and device; the bytes it holds (``size``) and of those the ``lost`` ones no array
-    asked for (granularity); its exporter (pid, 0: unknown; command line; whether it runs);
-    every :class:`Holder`; whether the keeper holds its handles (``kept``) and how many of its
-    payloads may still load (``in_flight``); its ``state`` (one of :data:`STATES`); when it was
-    ``created`` and its ``age`` in seconds when the map was made."""
+    """One allocation as the whole node sees it: its keeper ``name`` (or None), the bytes it
+    holds (``size``) and those no array asked for (``lost``), its exporter (pid 0: unknown),
+    every :class:`Holder`, whether the keeper holds its handles (``kept``), how many of its
+    payloads may still load (``in_flight``), one of :data:`STATES`, and its ``age`` in
+    seconds when the map was made."""
 
     alloc_id: str
     name: str | None
@@ -109,10 +94,8 @@ class NodeAllocation:
 
 @dataclass(frozen=True)
 class NodeProcess:
-    """One process that was asked: a handle server's, this one, or the keeper.
-
-    ``status``: ``"ok"``, ``"gone"`` (exited; its socket file is left over), ``"no answer"``
-    (did not answer in time) or ``"refused"``."""
+    """One process that was asked (a handle server's, this one, or the keeper), its
+    ``status``: ``"ok"``, ``"gone"`` (exited), ``"no answer"`` (in time) or ``"refused"``."""
 
     pid: int
     command: str
@@ -133,10 +116,9 @@ class DeviceSummary:
 
 @dataclass(frozen=True)
 class NodeMap:
-    """The node-wide picture at one moment (:func:`node_map`): its ``time``, the
-    ``allocations`` largest first, every process asked by pid, one summary per device by name,
-    and the keeper's status (``"ok"``, ``"none"``: none runs, ``"no answer"``, ``"refused"``).
-    """
+    """The node-wide picture at one ``time``: the allocations largest first, the processes
+    asked by pid, a summary per device, and the keeper's status (``"ok"``, ``"none"``: none
+    runs, ``"no answer"``, ``"refused"``)."""
 
     time: float
     allocations: tuple[NodeAllocation, ...]
@@ -146,13 +128,7 @@ class NodeMap:
 
     def to_doc(self) -> dict[str, Any]:
         """The map as a JSON object (``top --json``)."""
-        return {
-            "time": self.time,
-            "allocations": [a.to_doc() for a in self.allocations],
-            "processes": [asdict(p) for p in self.processes],
-            "devices": [asdict(d) for d in self.devices],
-            "keeper": self.keeper,
-        }
+        return {**asdict(self), "allocations": [a.to_doc() for a in self.allocations]}
 
 
 @dataclass
@@ -166,16 +142,9 @@ class _Seen:
 def node_map(timeout: float = transport_node.ASK_TIMEOUT) -> NodeMap:
     """Ask this user's processes and keeper what they hold, and join it.
 
-    Parameters
-    ----------
-    timeout : float
-        Seconds each process is given to answer (one that does not is listed as
-        ``"no answer"``, its allocations left out): above 0, at most :data:`MAX_TIMEOUT`.
-
-    Raises
-    ------
-    TypeError, ValueError
-        ``timeout`` is not such a number of seconds.
+    ``timeout``: seconds each process is given to answer (above 0, at most
+    :data:`MAX_TIMEOUT`; else TypeError or ValueError); one that does not is listed as
+    ``"no answer"``, its allocations left out.
     """
     timeout = seconds(timeout, "timeout", 0.0, MAX_TIMEOUT, above=True)
     now = time.time()
@@ -223,8 +192,7 @@ def _join(
 ) -> NodeAllocation:
     """One allocation's row from what its holders and the keeper said."""
     kept = seen.kept or {}
-    exporters = [(pid, row) for pid, _, row in seen.held if row.created_here]
-    exporter_pid, exporter = exporters[0] if exporters else (0, None)
+    exporter_pid, exporter = next(((p, r) for p, _, r in seen.held if r.created_here), (0, None))
     row = exporter or (seen.held[0][2] if seen.held else None)
     holders = _holders(seen, exporter, keeper_pid, now)
     if row is not None:
@@ -268,8 +236,8 @@ def _join(
 def _holders(
     seen: _Seen, exporter: HeldAllocation | None, keeper_pid: int, now: float
 ) -> list[Holder]:
-    """Who holds it: the processes that reported it, then importers only the exporter (of
-    draining memory) or the keeper knows of, which were not asked."""
+    """The processes that reported it, then importers only the exporter (of draining memory)
+    or the keeper knows of, which were not asked."""
     holders = [
         Holder(pid, cmd, "exporter" if r.created_here else "importer", r.since, r.views, r.parked)
         for pid, cmd, r in seen.held
@@ -331,14 +299,8 @@ def _nbytes(doc: dict[str, Any]) -> int:
 
 
 def find(node: NodeMap, target: str) -> NodeAllocation:
-    """The allocation ``target`` names: its name, its id, or a prefix of its id that only
-    it has (at least 4 hex digits).
-
-    Raises
-    ------
-    NameNotFound
-        Nothing, or more than one allocation, matches.
-    """
+    """The allocation ``target`` names: its name, its id, or a prefix of its id that only it
+    has (at least 4 hex digits); NameNotFound where none or several match."""
     for row in node.allocations:
         if target in (row.name, row.alloc_id):
             return row
@@ -355,26 +317,21 @@ def find(node: NodeMap, target: str) -> NodeAllocation:
     )
 
 
-def _server_of(pid: int) -> str | None:
-    return next((p for server_pid, p in transport_node.handle_servers() if server_pid == pid), None)
+def _drop(pid: int, alloc_id: str) -> Status | None:
+    """Ask process ``pid`` to drop ``alloc_id``: its answer, ``None`` without one."""
+    path = next((p for server, p in transport_node.handle_servers() if server == pid), None)
+    return None if path is None else transport_node.drop_mapping(path, alloc_id)
 
 
 def free(row: NodeAllocation, confirm: Callable[[str], bool] | None = None) -> list[str]:
     """Release what keeps ``row``'s memory although no view uses it; what was done, in words.
 
-    Parked or orphaned: the keeper lets go of its handles and every importer that keeps it
-    parked drops its mapping. Named: its name is removed (as ``sa.unlink``). Payloads in
-    flight that would then no longer load are dropped only if ``confirm`` (called with a
-    question) says yes.
-
-    Raises
-    ------
-    InUse
-        A view uses it (``live``), or it drains in its exporter while importers that run
-        still map it (the message names them). A draining allocation whose importers are all
-        gone is freed by its exporter when asked.
-    KeeperError
-        The keeper holds it but cannot be asked.
+    The keeper lets go of its handles (of a named one: its name, as ``sa.unlink``) and every
+    importer that keeps it parked drops its mapping; payloads in flight that would no longer
+    load are dropped only if ``confirm`` (called with a question) says yes. A draining one
+    whose importers are all gone is freed by its exporter. :class:`~sharedarrays.InUse`
+    where a view uses it or running importers map it while it drains; KeeperError where the
+    keeper holds it but cannot be asked.
     """
     if row.state == "live":
         users = ", ".join(str(h.pid) for h in row.holders if h.views > 0)
@@ -404,8 +361,7 @@ def free(row: NodeAllocation, confirm: Callable[[str], bool] | None = None) -> l
         elif status != NOT_FOUND:
             raise KeeperError(keeper.refusal("the keeper refused", error))
     for h in row.importers:
-        path = _server_of(h.pid) if h.parked else None
-        if path is not None and transport_node.drop_mapping(path, row.alloc_id) is Status.OK:
+        if h.parked and _drop(h.pid, row.alloc_id) is Status.OK:
             done.append(f"pid {h.pid} dropped its parked mapping")
     attached = [str(h.pid) for h in row.importers if not h.parked and h.views < 0]
     if attached:
@@ -420,8 +376,7 @@ def free(row: NodeAllocation, confirm: Callable[[str], bool] | None = None) -> l
 
 
 def _drain(row: NodeAllocation) -> list[str]:
-    """Have the exporter free a draining allocation whose importers are all gone; refuse while
-    any still maps it."""
+    """Have the exporter free a draining allocation once no importer maps it."""
     users = sorted({h.pid for h in row.importers if running(h.pid)})
     exporter = f"the exporter (pid {row.exporter_pid})"
     if users:
@@ -433,8 +388,7 @@ def _drain(row: NodeAllocation) -> list[str]:
             "it cannot be freed from outside. Close it in those processes (close the arrays, or "
             "let them exit): the exporter then frees it"
         )
-    path = _server_of(row.exporter_pid)
-    answer = None if path is None else transport_node.drop_mapping(path, row.alloc_id)
+    answer = _drop(row.exporter_pid, row.alloc_id)
     if answer is Status.OK:
         return [f"its importers are gone: {exporter} freed it"]
     if answer is Status.NOT_ALLOWED:
