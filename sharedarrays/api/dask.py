@@ -105,16 +105,9 @@ def deserialize(header: dict[str, Any], frames: list[Any]) -> SharedDeviceArray:
 
 
 def to_dask(a: SharedDeviceArray, chunks: Any = "auto", *, name: str | None = None) -> Any:
-    """A :class:`dask.array.Array` whose chunks are shared views ``a[block]`` (no copy); ``a``
-    must stay open while it is computed.
-
-    Parameters
-    ----------
-    chunks : int, tuple, str
-        As for :func:`dask.array.from_array`.
-    name : str, optional
-        The dask key prefix; default: one made from the allocation and the view.
-    """
+    """A :class:`dask.array.Array` whose chunks are shared views ``a[block]`` (no copy);
+    ``a`` must stay open while it is computed. ``chunks`` as for
+    :func:`dask.array.from_array`; ``name``: the key prefix (default: from the view)."""
     import dask.array as da
     from dask.array.core import normalize_chunks, slices_from_chunks
 
@@ -159,19 +152,12 @@ def from_dask(
     **compute: Any,
 ) -> SharedDeviceArray:
     """Compute a dask array into a new shared array, each task writing its chunk in place
-    (:func:`dask.array.store`): on one node nothing is gathered. On an error the array is
-    closed and the error raised.
+    (:func:`dask.array.store`, given ``compute``; creation keywords are a TypeError): on one
+    node nothing is gathered.
 
-    Parameters
-    ----------
-    device : str, int, torch.device, cupy.cuda.Device or None
-        Where to put the result; default: a GPU when ``x``'s chunks are CuPy arrays.
-    backend : str
-        The memory system (as :func:`sharedarrays.empty`).
-    name : str, optional
-        Name the result once every chunk is written (never seen half made).
-    **compute
-        Passed to :func:`dask.array.store`; other creation keywords are a TypeError.
+    ``device`` and ``backend`` are :func:`sharedarrays.empty`'s (default: a GPU when ``x``'s
+    chunks are CuPy arrays); ``name`` names the result once every chunk is written. On an
+    error the array is closed and the error raised.
     """
     import dask.array as da
 

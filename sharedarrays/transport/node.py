@@ -51,12 +51,8 @@ class KeeperAnswer:
 
 def handle_servers() -> list[tuple[int, str]]:
     """The handle server sockets in this user's runtime directory: ``(pid, path)``, by pid."""
-    found = []
-    for entry in runtime_dir().glob("*.sock"):
-        pid_text = entry.name.split("-", 1)[0]
-        if pid_text.isdigit():
-            found.append((int(pid_text), str(entry)))
-    return sorted(found)
+    found = ((entry.name.split("-", 1)[0], str(entry)) for entry in runtime_dir().glob("*.sock"))
+    return sorted((int(pid), path) for pid, path in found if pid.isdigit())
 
 
 def _exchange(path: str, request: bytes, size: int, timeout: float, pids: list[int]) -> bytes:
