@@ -19,15 +19,16 @@ import os
 import pickle
 import select
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from multiprocessing import reduction
 from typing import Any, NoReturn
 
+from sharedarrays._cpython import fail_pool_job, next_pool_job
 from sharedarrays.errors import SharedArrayError, TaskNotLoaded, WorkerLost
 from sharedarrays.process import STATE, running
 
 __all__ = ["MESSAGE_STALL", "STARTING", "RING", "PipeCut", "PoolTable", "ResultQueue"]
-__all__ += ["TaskQueue", "died_of", "not_run", "read_message", "start_worker"]
+__all__ += ["TaskQueue", "Workers", "died_of", "not_run", "read_message", "start_worker"]
 
 RING = 64
 """How many of the last jobs failed by a dead worker the table names."""
@@ -170,6 +171,83 @@ class RecordLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+class Workers(list):  # type: ignore[type-arg]
+    """A pool's list of its workers (``Pool._pool``) that fails the job a dead worker ran.
+
+    The standard library's handler thread forgets a dead worker with ``del pool[i]`` and
+    appends a new one: here the deletion asks the table what the worker held, and that job
+    (or, where the table cannot tell, every pending job) fails once the next one is appended.
+    """
+
+    def __init__(self, workers: Iterable[Any], cache: Mapping[int, Any], table: PoolTable) -> None:
+        super().__init__(workers)
+        self.cache = cache
+        self.table = table
+        self.failed: list[tuple[Any, WorkerLost]] = []  # (jobs to fail once replaced)
+        self.lost_all: tuple[WorkerLost, int, int] | None = None  # (every job: pid, code)
+
+    def __delitem__(self, index: Any) -> None:
+        if isinstance(index, int):
+            worker = self[index]
+            held = self.table.reap(worker.pid)
+            # (None: no slot yet; an error then ends every new worker the same way)
+            if held or (held is None and worker.exitcode > 0):
+                self._lost(worker.pid, worker.exitcode, held)
+        super().__delitem__(index)
+
+    def _lost(self, pid: int, code: int, held: int | None) -> None:
+        died = f"a worker of this Pool (pid {pid}) died ({died_of(code)})"
+        others = (
+            "(its tasks no worker had taken are not run; those other workers were running "
+            "finish, their results dropped), and a new worker took its place"
+        )
+        again = (
+            "; its standard error may say why (a task that called os._exit(), a crash; the "
+            "kernel's log names the out-of-memory killer's victims): submit it again once "
+            "that is mended"
+        )
+        if held is not None and held > 0:
+            job = self.cache.get(held - 1)
+            self.table.lose(held - 1, pid, code)  # (before the new worker can take a task)
+            if job is not None:
+                why = f"{died} while it ran a task of this job, so the job failed with this error"
+                lost = WorkerLost(f"{why} {others}; the pool's other jobs go on{again}")
+                self.failed.append((job, lost))
+            return
+        every = "so every job pending then failed with this error"
+        if held is None:
+            what = (
+                f"as it started, before the pool's initializer ran, {every}, and a new worker "
+                "took its place: each one that ends so fails the jobs pending then. Its "
+                "standard error says why. A spawned or forkserver worker first imports the "
+                'main module again: make the pool only under if __name__ == "__main__": (the '
+                "main module must not make one as it is imported), run the script from a file "
+                "(python - reads it from standard input, which cannot be imported again), and "
+                "make the pool again"
+            )
+        elif held == STARTING:
+            what = (
+                f"as the pool's initializer ran (it raised, or ended the process), {every}, "
+                "and a new worker took its place: each one the initializer ends fails the jobs "
+                "pending then; mend the initializer, and make the pool again"
+            )
+        else:
+            what = f"as it took a task, before it could say of which job, {every} {others}{again}"
+        self.lost_all = WorkerLost(f"{died} {what}"), pid, code
+        # untaken tasks of every job so far are not run (set before the new worker starts)
+        self.table.lose(next_pool_job(), pid, code, below=True)
+
+    def append(self, worker: Any) -> None:
+        super().append(worker)
+        failed, self.failed = self.failed, []
+        if self.lost_all is not None:
+            (lost, pid, code), self.lost_all = self.lost_all, None
+            self.table.lose(next_pool_job(), pid, code, below=True)  # (jobs submitted since, too)
+            failed = [(job, lost) for job in list(self.cache.values())]
+        for job, error in failed:
+            fail_pool_job(job, error)
 
 
 def start_worker(

@@ -622,14 +622,13 @@ class _Dead:
 
 
 def test_a_dead_worker_fails_the_job_its_slot_names():
-    from sharedarrays.api import pool as pool_module
-    from sharedarrays.api.poolqueues import PoolTable
+    from sharedarrays.api.poolqueues import PoolTable, Workers
 
     table = PoolTable(2)
     try:
         cache: dict = {}
         jobs = [_Job(cache, key) for key in (10, 11, 12)]
-        workers = pool_module._Workers([_Dead(101), _Dead(102)], cache, table)
+        workers = Workers([_Dead(101), _Dead(102)], cache, table)
         running = table.claim(101)
         idle = table.claim(102)
         table.hold(running, 11 + 1)  # (running a task of job 11)
@@ -660,13 +659,12 @@ def test_a_worker_dead_before_it_could_say_which_job_fails_every_job_pending():
     # and none of their tasks runs)
     import multiprocessing.pool
 
-    from sharedarrays.api import pool as pool_module
-    from sharedarrays.api.poolqueues import PoolTable
+    from sharedarrays.api.poolqueues import PoolTable, Workers
 
     table = PoolTable(1)
     try:
         cache: dict = {}
-        workers = pool_module._Workers([_Dead(101)], cache, table)
+        workers = Workers([_Dead(101)], cache, table)
         table.hold(table.claim(101), -1)  # (a task read, its job not yet known)
         before = next(multiprocessing.pool.job_counter)
         _Job(cache, before)
@@ -686,16 +684,17 @@ def test_a_worker_that_ends_with_an_error_before_its_slot_fails_every_job_pendin
     # (a spawned worker that cannot import the main module again ends as it starts, before
     # it takes a slot: it looked as if nothing was lost, and the pool started new ones for
     # ever while the jobs waited)
-    from sharedarrays.api import pool as pool_module
-    from sharedarrays.api.poolqueues import PoolTable
+    import multiprocessing.pool
+
+    from sharedarrays.api.poolqueues import PoolTable, Workers
 
     table = PoolTable(2)
     try:
         cache: dict = {}
-        job = _Job(cache, next(pool_module.multiprocessing.pool.job_counter))
+        job = _Job(cache, next(multiprocessing.pool.job_counter))
         killed, failed = _Dead(101), _Dead(102)
         failed.exitcode = 1
-        workers = pool_module._Workers([killed, failed], cache, table)
+        workers = Workers([killed, failed], cache, table)
         del workers[0]  # killed by a signal as it started: that one only, nothing fails
         workers.append(object())
         assert set(cache) == {job._job} and job._value is None
