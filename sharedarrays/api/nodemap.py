@@ -154,14 +154,9 @@ def node_map(timeout: float = transport_node.ASK_TIMEOUT) -> NodeMap:
     if own.allocations:
         reports.append((own.pid, own))
     seen: dict[str, _Seen] = {}
-    commands: dict[int, str] = {}
-    processes = [
-        NodeProcess(a.pid, command_line(a.pid), a.status, 0, 0)
-        for a in answers
-        if a.snapshot is None
-    ]
+    unanswered = [a for a in answers if a.snapshot is None]
+    processes = [NodeProcess(a.pid, command_line(a.pid), a.status, 0, 0) for a in unanswered]
     for pid, snap in reports:
-        commands[pid] = snap.command
         for row in snap.allocations:
             seen.setdefault(row.alloc_id, _Seen([])).held.append((pid, snap.command, row))
         size = sum(r.size for r in snap.allocations if not r.draining)
@@ -174,6 +169,7 @@ def node_map(timeout: float = transport_node.ASK_TIMEOUT) -> NodeMap:
         size = sum(int(d.get("size") or 0) for d in kept.arrays)
         command = command_line(kept.pid)
         processes.append(NodeProcess(kept.pid, command, kept.status, len(kept.arrays), size))
+    commands = {pid: snap.command for pid, snap in reports}
     rows = sorted(
         (_join(alloc_id, s, kept.pid or 0, commands, now) for alloc_id, s in seen.items()),
         key=lambda r: (-r.size, r.alloc_id),

@@ -115,11 +115,8 @@ class Pool(multiprocessing.pool.Pool):
 
     def _repopulate_pool(self) -> None:
         if type(self._pool) is list:  # type: ignore[has-type]  # (the first call, in __init__)
-            self._pool = Workers(
-                self._pool,  # type: ignore[has-type]
-                self._cache,  # type: ignore[attr-defined]
-                self._table,
-            )
+            workers, cache = self._pool, self._cache  # type: ignore[has-type,attr-defined]
+            self._pool = Workers(workers, cache, self._table)
         super()._repopulate_pool()  # type: ignore[misc]
 
     def terminate(self) -> None:

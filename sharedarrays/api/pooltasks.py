@@ -28,7 +28,7 @@ def _main_function(value: object) -> bool:
     return isinstance(value, types.FunctionType) and value.__module__ in _MAIN_MODULES
 
 
-def _in_main_namespace(fn: Any, seen: dict[int, Any] | None = None) -> Any:
+def _in_main_namespace(fn: Any, seen: dict[int, Any]) -> Any:
     """``fn`` (from cloudpickle) and the ``__main__`` functions it brings, sharing
     ``STATE.pools.main`` as their globals as a module's functions do; functions and classes
     take the newest definition, other values keep the worker's."""
@@ -38,7 +38,6 @@ def _in_main_namespace(fn: Any, seen: dict[int, Any] | None = None) -> Any:
     namespace = STATE.pools.main
     if not _main_function(fn) or fn.__globals__ is namespace:
         return fn
-    seen = {} if seen is None else seen
     if id(fn) in seen:
         return seen[id(fn)]
     made = types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__, fn.__closure__)
@@ -73,7 +72,7 @@ class ByValue:
         if fn is None:
             import cloudpickle
 
-            fn = _in_main_namespace(cloudpickle.loads(self.blob))
+            fn = _in_main_namespace(cloudpickle.loads(self.blob), {})
             with pools.lock:
                 if len(pools.loaded) >= _LOADED_MAX:
                     pools.loaded.pop(next(iter(pools.loaded)))
@@ -151,10 +150,8 @@ class _RaisedInTask(Exception):
     def unwrap(self) -> BaseException:
         """The task's own exception (with the worker's traceback as cause), else this one."""
         try:
-            error = self.carried.load()
+            error: BaseException = self.carried.load()
         except Exception:
-            return self
-        if not isinstance(error, BaseException):
             return self
         error.__cause__ = self.__cause__
         return error
