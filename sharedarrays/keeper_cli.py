@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
 def _ls(args: argparse.Namespace) -> int:
     from sharedarrays.api import named, nodemap
     from sharedarrays.api.widgets.model import fmt_bytes
-    from sharedarrays.api.widgets.nodeview import COLUMNS, row_cells
+    from sharedarrays.api.widgets.render import COLUMNS, row_cells
     from sharedarrays.errors import SharedArrayError
 
     try:

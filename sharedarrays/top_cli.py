@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _loop(args: argparse.Namespace, screen: bool) -> int:
     from sharedarrays.api import nodemap
-    from sharedarrays.api.widgets.nodeview import render_node_text
+    from sharedarrays.api.widgets.render import render_node_text
 
     while True:
         picture = nodemap.node_map(args.timeout)

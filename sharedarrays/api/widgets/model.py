@@ -1,5 +1,6 @@
 """The memory map as plain data, read from allocations' metadata only (never their memory):
-one :class:`ReservationMap` per allocation and the rows of the side table."""
+one :class:`ReservationMap` per allocation and the rows of the side table; and the constants
+the maps and their widgets share."""
 
 from __future__ import annotations
 
@@ -15,6 +16,12 @@ from sharedarrays.process import running
 from sharedarrays.protocol.payload import view_extent
 
 Span = tuple[int, int]
+MIN_INTERVAL = 0.2
+"""The shortest auto-refresh interval in seconds (what the widgets' *every (s)* allows)."""
+MAX_INTERVAL = 3600.0
+"""The longest auto-refresh interval in seconds."""
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+"""The mime type of a live widget's view in a kernel's display data."""
 
 
 def fmt_bytes(n: int) -> str:
