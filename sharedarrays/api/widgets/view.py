@@ -1,12 +1,7 @@
 """The maps Jupyter shows: :class:`MemoryMap` (this process's allocations) and
-:class:`NodeView` (the whole node's), their auto-refresh and display; their live views are
-the widgets of :mod:`~sharedarrays.api.widgets.live` (ipywidgets and matplotlib are imported
-only when a widget or a PNG is made).
-
-A cell run again replaces its output, but the kernel keeps its widgets and their threads: a
-map remembers the cell that made it (``cellId`` in the request's metadata, as JupyterLab and
-Notebook 7 send it), and the shell's ``pre_run_cell`` hook stops it when that cell runs again.
-"""
+:class:`NodeView` (the whole node's), their auto-refresh and display; their live widgets are
+in :mod:`~sharedarrays.api.widgets.live`. A notebook cell run again stops the auto-refresh
+it started (its output goes, but the kernel keeps its widgets and their threads)."""
 
 from __future__ import annotations
 
@@ -19,22 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from sharedarrays.api import nodemap
-from sharedarrays.api.widgets.model import (
-    MAX_INTERVAL,
-    MIN_INTERVAL,
-    WIDGET_MIME,  # noqa: F401 (re-exported)
-    ReservationMap,
-    build_map,
-    build_maps,
-    targets,
-)
-from sharedarrays.api.widgets.render import (
-    render_html,
-    render_node_html,
-    render_node_text,
-    render_png,
-    render_text,
-)
+from sharedarrays.api.widgets import model, render
+from sharedarrays.api.widgets.model import WIDGET_MIME  # noqa: F401 (re-exported)
 from sharedarrays.errors import SharedArrayError, thread_error
 from sharedarrays.memory import Allocation
 from sharedarrays.process import STATE
@@ -78,7 +59,8 @@ def live_or_static(shown: Any) -> Any:
 
 
 def current_cell() -> str | None:
-    """The id of the notebook cell the kernel runs now, or ``None``."""
+    """The id of the notebook cell the kernel runs now (``cellId`` in the request's metadata,
+    sent by JupyterLab and Notebook 7), or ``None``."""
     try:
         parent = kernel_shell().kernel.get_parent("shell")
     except Exception:  # no kernel, or an ipykernel without get_parent (before 6)
@@ -117,7 +99,7 @@ def _on_cell(info: Any = None) -> None:
 
 
 def _interval_of(value: object) -> float:
-    return seconds(value, "interval", MIN_INTERVAL, MAX_INTERVAL)
+    return seconds(value, "interval", model.MIN_INTERVAL, model.MAX_INTERVAL)
 
 
 class _Shown:
@@ -141,8 +123,7 @@ class _Shown:
     text: Callable[[], str]
     html: Callable[[], str]
 
-    def _gone(self) -> bool:
-        """Whether there is nothing more to show (auto-refresh then stops)."""
+    def _gone(self) -> bool:  # (nothing more to show: auto-refresh stops)
         return False
 
     def refresh(self) -> Any:
@@ -245,12 +226,10 @@ class _Shown:
 class MemoryMap(_Shown):
     """The memory map of shared allocations in this process, live in Jupyter.
 
-    Each allocation's reservation is a bar over its address range: mapped chunks in colour,
-    unmapped parts grey, bytes lost to granularity hatched red, the access per device and the
-    live views as brackets; then a table of exact addresses, and who exported and imported
-    it. In Jupyter with ipywidgets it has *refresh* and *auto-refresh* (a daemon thread that
-    ends with the toggle, :meth:`close`, the widget or this object); elsewhere it displays as
-    text, HTML and a PNG.
+    Each allocation is a bar over its address range (chunks in colour, unmapped parts grey,
+    bytes lost to granularity red, live views as brackets), then a table of its addresses and
+    who exported and imported it. With ipywidgets it has *refresh* and *auto-refresh*;
+    elsewhere it displays as text, HTML and a PNG.
 
     Parameters
     ----------
@@ -271,32 +250,32 @@ class MemoryMap(_Shown):
         # (each allocation weakly, with the bytes of it a packed small array spans)
         self._refs: list[tuple[weakref.ref[Allocation], tuple[int, int] | None]] | None = None
         if target is not None:
-            self._refs = [(weakref.ref(alloc), own) for alloc, own in targets(target)]
+            self._refs = [(weakref.ref(alloc), own) for alloc, own in model.targets(target)]
         self._title = "shared memory map" if target is None else "memory map"
         super().__init__(interval, auto_refresh)
-        self.maps: list[ReservationMap] = self._read()
+        self.maps: list[model.ReservationMap] = self._read()
 
-    def _read(self) -> list[ReservationMap]:
+    def _read(self) -> list[model.ReservationMap]:
         if self._refs is None:
-            self.maps = build_maps(None)
+            self.maps = model.build_maps(None)
         else:
             allocs = [(ref(), own) for ref, own in self._refs]
-            self.maps = [build_map(a, own=own) for a, own in allocs if a and not a.released]
+            self.maps = [model.build_map(a, own=own) for a, own in allocs if a and not a.released]
         return self.maps
 
     def _gone(self) -> bool:  # (every chosen allocation released)
         return self._refs is not None and not self.maps
 
     def text(self) -> str:
-        return render_text(self.maps)
+        return render.render_text(self.maps)
 
     def html(self) -> str:
-        return render_html(self.maps, self._title)
+        return render.render_html(self.maps, self._title)
 
     def _static(self) -> dict[str, Any]:
         bundle = super()._static()
         try:
-            bundle["image/png"] = base64.b64encode(render_png(self.maps)).decode("ascii")
+            bundle["image/png"] = base64.b64encode(render.render_png(self.maps)).decode("ascii")
         except ImportError:  # matplotlib missing: the HTML still shows the map
             pass
         return bundle
@@ -321,10 +300,10 @@ class NodeView(_Shown):
         return self.map
 
     def text(self) -> str:
-        return render_node_text(self.map)
+        return render.render_node_text(self.map)
 
     def html(self) -> str:
-        return render_node_html(self.map)
+        return render.render_node_html(self.map)
 
     def free(self, target: str) -> str:
         """Free what keeps ``target`` (an id, its start, or a name) although no view uses it
