@@ -1,6 +1,5 @@
-"""The memory map as plain data, read from allocations' metadata only (never their memory):
-one :class:`ReservationMap` per allocation and the rows of the side table; and the constants
-the maps and their widgets share."""
+"""The memory map as plain data from allocations' metadata (never their memory): one
+:class:`ReservationMap` per allocation, the side table's rows, and the widgets' constants."""
 
 from __future__ import annotations
 
@@ -16,10 +15,8 @@ from sharedarrays.process import running
 from sharedarrays.protocol.payload import view_extent
 
 Span = tuple[int, int]
-MIN_INTERVAL = 0.2
-"""The shortest auto-refresh interval in seconds (what the widgets' *every (s)* allows)."""
-MAX_INTERVAL = 3600.0
-"""The longest auto-refresh interval in seconds."""
+MIN_INTERVAL, MAX_INTERVAL = 0.2, 3600.0
+"""The shortest and longest auto-refresh interval in seconds."""
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 """The mime type of a live widget's view in a kernel's display data."""
 
@@ -60,7 +57,7 @@ class Gap:
 @dataclass(frozen=True)
 class ViewBracket:
     """The bytes ``[start, stop)`` one live view touches, drawn in row ``level`` (0 nearest
-    the bar) so that overlapping views do not overlap on screen."""
+    the bar) so that overlapping views do not overlap."""
 
     start: int
     stop: int
@@ -118,7 +115,7 @@ class ReservationMap:
 
     @property
     def packed_text(self) -> str:
-        """For a slab, what it holds and (a packed array's map) which of it is this array's."""
+        """For a slab, what it holds, or which of it a packed array's map shows."""
         if not self.slab:
             return ""
         if self.own is None:
@@ -201,7 +198,7 @@ class TableRow:
 
 
 def views_of(allocation: Allocation) -> list[ArrayView]:
-    """The open views of ``allocation`` in this process, by offset then size."""
+    """The open views of ``allocation`` in this process, by offset then size (largest first)."""
     out = []
     for v in live_views():
         try:
@@ -310,8 +307,7 @@ def build_map(
 
 
 def build_maps(target: Any = None) -> list[ReservationMap]:
-    """The maps to show for ``target`` (see :func:`targets`); ``None``: every live allocation
-    in this process, re-read on every call."""
+    """The maps of ``target`` (see :func:`targets`); ``None``: every live allocation here."""
     if target is None:
         return [build_map(a) for a in live_allocations()]
     return [build_map(alloc, own=own) for alloc, own in targets(target)]
@@ -334,8 +330,8 @@ def targets(target: Any) -> list[tuple[Allocation, Span | None]]:
 
 
 def table_rows(maps: Sequence[ReservationMap]) -> list[TableRow]:
-    """The side table: per allocation its reservation, each mapping of a chunk, each unmapped
-    gap, the bytes lost to granularity, the packed array and each view (absolute addresses)."""
+    """The side table: per allocation its reservation, mappings, unmapped gaps, bytes lost to
+    granularity, packed array and views (absolute addresses)."""
     return [
         TableRow(m.short_id, kind, m.address + start, m.address + stop, detail)
         for m in maps
