@@ -214,9 +214,7 @@ def _svg(maps: Sequence[ReservationMap]) -> str:
 
 
 def _table(rows: Sequence[TableRow]) -> str:
-    head = "".join(
-        f"<th>{h}</th>" for h in ("allocation", "what", "start", "end", "size", "detail")
-    )
+    head = "<th>allocation</th><th>what</th><th>start</th><th>end</th><th>size</th><th>detail</th>"
     body = "".join(
         f'<tr class="sa-row" data-kind="{_e(r.kind)}"><td>{_e(r.alloc_id)}</td>'
         f"<td>{_e(r.kind)}</td><td class='sa-num'>{r.start:#x}</td>"
@@ -274,8 +272,7 @@ def render_png(maps: Sequence[ReservationMap], dpi: int = 100) -> bytes:
     fig = Figure(figsize=(9.0, 0.3 + 0.75 * total), dpi=dpi)
     FigureCanvasAgg(fig)
     ax = fig.add_axes((0.02, 0.02, 0.96, 0.96))
-    ax.set_xlim(-0.01, 1.01)
-    ax.set_ylim(0, total)
+    ax.set(xlim=(-0.01, 1.01), ylim=(0, total))
     ax.axis("off")
     if not drawn:
         ax.text(0.5, 0.5, _EMPTY, ha="center")
