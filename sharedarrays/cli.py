@@ -85,30 +85,25 @@ def _verify(native: Any, n: int) -> int:
     return bad
 
 
-def _timed(rows: list[tuple[str, float, int]], name: str, start: float, nbytes: int) -> None:
-    rows.append((name, time.perf_counter() - start, nbytes))
-
-
 def _race(pool: Any, a: Any, slices: list[Any], on_cuda: bool) -> tuple[list[Any], int]:
     """Time the empty tasks, the in-place path and the copy path; the rows and bad elements."""
-    n = a.size
-    rows: list[tuple[str, float, int]] = []
-    t = time.perf_counter()
+    n, clock = a.size, time.perf_counter
+    t = clock()
     pool.map(_noop, range(len(slices)))
-    _timed(rows, "empty tasks (floor)", t, 0)
-    t = time.perf_counter()
+    rows = [("empty tasks (floor)", clock() - t, 0)]
+    t = clock()
     done = pool.map(_transform_shared, slices, chunksize=1)
-    _timed(rows, "sharedarrays (in place)", t, sum(len(pickle.dumps(s)) for s in slices))
+    rows.append(("sharedarrays (in place)", clock() - t, sum(len(pickle.dumps(s)) for s in slices)))
     assert sum(done) == n
     bad = _verify(a.array, n)
     _fill_pattern(a.array, n, False)  # (the same fill again: its bar was shown once)
-    t = time.perf_counter()
+    t = clock()
     blobs = [pickle.dumps(s.get(), protocol=pickle.HIGHEST_PROTOCOL) for s in slices]
     results = pool.starmap(_transform_copy, [(b, on_cuda) for b in blobs], chunksize=1)
     for s, r in zip(slices, results):
         s[...] = pickle.loads(r)
     _sync(a.array)
-    _timed(rows, "plain copy (pickle)", t, 2 * sum(map(len, blobs)))
+    rows.append(("plain copy (pickle)", clock() - t, 2 * sum(map(len, blobs))))
     return rows, bad + _verify(a.array, n)
 
 

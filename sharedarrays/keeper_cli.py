@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
 def _ls(args: argparse.Namespace) -> int:
     from sharedarrays.api import named, nodemap
     from sharedarrays.api.widgets.model import fmt_bytes
-    from sharedarrays.api.widgets.nodeview import COLUMNS, row_cells
+    from sharedarrays.api.widgets.render import COLUMNS, row_cells
     from sharedarrays.errors import SharedArrayError
 
     try:
@@ -84,31 +84,26 @@ def _ls(args: argparse.Namespace) -> int:
             del doc["allow_pids"]
             print(json.dumps({**doc, **{k: more[k] for k in _NODE_KEYS if k in more}}))
         return 0
-    print(_ls_line([name for name, _ in _LS_COLUMNS]))
+    lines = [[name for name, _ in _LS_COLUMNS]]
     for r in rows:
-        label = (r.name or f"(parked {r.id[:8]})") + ("" if r.linked else " (unlinked)")
-        cells = dict(zip(COLUMNS, row_cells(seen[r.id]))) if r.id in seen else {}
-        print(
-            _ls_line(
-                [
-                    label,
-                    "-" if r.name is None else r.namespace or "/ (global)",
-                    str(r.shape),
-                    r.dtype.name,
-                    str(r.device),
-                    fmt_bytes(r.size),
-                    r.creator,
-                    time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created)),
-                    ",".join(map(str, r.pids)) or "-",
-                    *(cells.get(c, "-") for c in ("STATE", "BACKEND", "LOST", "AGE", "HOLDERS")),
-                ]
-            )
+        node = dict(zip(COLUMNS, row_cells(seen[r.id]))) if r.id in seen else {}
+        lines.append(
+            [
+                (r.name or f"(parked {r.id[:8]})") + ("" if r.linked else " (unlinked)"),
+                "-" if r.name is None else r.namespace or "/ (global)",
+                str(r.shape),
+                r.dtype.name,
+                str(r.device),
+                fmt_bytes(r.size),
+                r.creator,
+                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created)),
+                ",".join(map(str, r.pids)) or "-",
+                *(node.get(c, "-") for c in ("STATE", "BACKEND", "LOST", "AGE", "HOLDERS")),
+            ]
         )
+    for cells in lines:
+        print(" ".join(f"{cell:{spec}}" for cell, (_, spec) in zip(cells, _LS_COLUMNS)))
     return 0
-
-
-def _ls_line(cells: list[Any]) -> str:
-    return " ".join(f"{cell:{spec}}" for cell, (_, spec) in zip(cells, _LS_COLUMNS))
 
 
 def _ask(question: str) -> bool:

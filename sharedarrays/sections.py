@@ -363,7 +363,7 @@ class PoolsState:
 
 class ViewsState:
     """The api layer's live views and notebook cells (``STATE.views``: ``api/views.py``,
-    ``api/widgets/refresh.py``). A forked child keeps them (its views are copies of the
+    ``api/widgets/view.py``). A forked child keeps them (its views are copies of the
     parent's), with a new lock.
 
     ``types``: the view classes; ``tracking``: whether views are tracked (from the first

@@ -3,6 +3,7 @@ array shows them, and a line about the shared memory behind it."""
 
 from __future__ import annotations
 
+import html
 from typing import Any
 
 from sharedarrays.api.arraybase import ArrayBase
@@ -39,8 +40,6 @@ class Display(ArrayBase):
         """Jupyter display: the values and a line about the allocation."""
         bundle = {"text/plain": repr(self)}
         if self._lease is not None:
-            import html
-
             bundle["text/html"] = (
                 f'<pre class="sa-values">{html.escape(repr(self.array))}</pre>'
                 f'<div class="sa-allocation" style="font-size:smaller;opacity:0.75">'
@@ -61,12 +60,8 @@ class Display(ArrayBase):
 
     def __str__(self) -> str:
         """The values alone, as ``str`` of the native array shows them."""
-        if self._lease is None:
-            return repr(self)
-        return str(self.array)
+        return repr(self) if self._lease is None else str(self.array)
 
     def __format__(self, spec: str) -> str:
         """``format(a, spec)`` as the native array formats (``f"{a[0]:.2f}"``)."""
-        if self._lease is None:
-            return format(repr(self), spec)
-        return format(self.array, spec)
+        return format(repr(self) if self._lease is None else self.array, spec)

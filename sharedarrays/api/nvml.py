@@ -1,12 +1,10 @@
-"""GPU memory cross-check: what the driver reports per process (NVML) against what
+"""GPU memory cross-check: what the driver (NVML) reports per process against what
 sharedarrays holds there in the node-wide map (:mod:`sharedarrays.api.nodemap`).
 
-Needs ``nvidia-ml-py`` (the ``nvml`` extra); without it, or without an NVIDIA driver,
-:func:`cross_check` returns nothing and :func:`available` says why. A process's driver
-figure counts its whole CUDA context (its own allocations, CuPy's and torch's pools), so the
-figure minus sharedarrays' is memory sharedarrays is not answerable for. Devices are matched
-by index: set ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (and no ``CUDA_VISIBLE_DEVICES``) so that
-CUDA counts GPUs in NVML's order.
+Needs ``nvidia-ml-py`` (the ``nvml`` extra). The driver's figure is a process's whole CUDA
+context (its pools too); the rest beyond sharedarrays' is not sharedarrays' to answer for.
+Devices match by index: set ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (and no
+``CUDA_VISIBLE_DEVICES``) so that CUDA counts GPUs in NVML's order.
 """
 
 from __future__ import annotations
@@ -23,9 +21,8 @@ __all__ = ["ProcessGpuMemory", "available", "driver_usage", "cross_check", "rend
 
 @dataclass(frozen=True)
 class ProcessGpuMemory:
-    """One process on one GPU (``device``: ``"cuda:N"``, NVML's index N): the bytes the
-    driver says it uses there (``None``: NVML does not say), and the bytes of sharedarrays
-    allocations on that device it maps."""
+    """One process on one GPU (``"cuda:N"``, NVML's index N): the bytes the driver says it
+    uses there (``None``: NVML does not say) and those of sharedarrays allocations it maps."""
 
     pid: int
     device: str
@@ -42,16 +39,10 @@ class ProcessGpuMemory:
         return asdict(self)
 
 
-def _pynvml() -> Any:
-    import pynvml
-
-    return pynvml
-
-
 def available() -> str | None:
     """``None`` when NVML can be asked, else why not."""
     try:
-        nv = _pynvml()
+        import pynvml as nv
     except ImportError:
         return "nvidia-ml-py is not installed (pip install 'sharedarrays[nvml]')"
     try:
@@ -66,7 +57,8 @@ def driver_usage() -> dict[tuple[int, str], int | None]:
     """Per (pid, ``"cuda:N"``), the bytes the driver reports (empty where NVML cannot be
     asked)."""
     try:
-        nv = _pynvml()
+        import pynvml as nv
+
         nv.nvmlInit()
     except Exception:
         return {}

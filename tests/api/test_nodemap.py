@@ -28,7 +28,7 @@ from users import become, other_user
 
 import sharedarrays as sa
 from sharedarrays.api import nodemap
-from sharedarrays.api.widgets.nodeview import render_node_text
+from sharedarrays.api.widgets.render import render_node_text
 from sharedarrays.process import STATE
 from sharedarrays.protocol.handles import HeldAllocation, Reply, Snapshot, Status
 from sharedarrays.protocol.unix import runtime_dir

@@ -1,10 +1,6 @@
-"""The memory map of this process's shared allocations, and of the whole node, for Jupyter.
-
-In a kernel with ipywidgets 8 or later ``sa.show()`` and ``a.show()`` return a live
-:class:`~.live.MemoryMapWidget`; elsewhere a :class:`MemoryMap`, shown as text, an HTML table
-and a PNG. Only allocations' metadata is read, never array memory; ipywidgets and matplotlib
-are imported only when a live widget or a PNG is made.
-"""
+"""The memory map of this process's shared allocations, and of the whole node, for Jupyter:
+a live :class:`~.live.MemoryMapWidget` in a kernel with ipywidgets 8 or later, else a
+:class:`MemoryMap` shown as text, HTML and a PNG. Only allocations' metadata is read."""
 
 from __future__ import annotations
 
@@ -12,6 +8,8 @@ from functools import partial
 from typing import Any
 
 from sharedarrays.api.widgets.model import (
+    MAX_INTERVAL,
+    MIN_INTERVAL,
     ChunkBar,
     Gap,
     ReservationMap,
@@ -23,7 +21,6 @@ from sharedarrays.api.widgets.model import (
     table_rows,
     views_of,
 )
-from sharedarrays.api.widgets.refresh import MAX_INTERVAL, MIN_INTERVAL
 from sharedarrays.api.widgets.render import render_html, render_png, render_text
 from sharedarrays.api.widgets.view import MemoryMap, NodeView, live_or_static
 from sharedarrays.settings import seconds
@@ -70,10 +67,9 @@ def show(
     Returns
     -------
     MemoryMapWidget or MemoryMap
-        In a Jupyter kernel with ipywidgets 8 or later the live map, a real ipywidgets
-        ``VBox`` that composes with other widgets (its :class:`MemoryMap` is its
-        ``memory_map``); elsewhere the :class:`MemoryMap`. Both have ``maps``, ``refresh``,
-        ``start``, ``stop`` and ``close``. With ``scope="node"``: a live ``VBox``, or a
+        In a Jupyter kernel with ipywidgets 8 or later the live map, an ipywidgets ``VBox``
+        (its ``memory_map`` is the :class:`MemoryMap`); elsewhere the :class:`MemoryMap`.
+        With ``scope="node"``: a live ``VBox``, or a
         :class:`~sharedarrays.api.widgets.view.NodeView` (text and HTML).
 
     Raises
@@ -81,8 +77,7 @@ def show(
     TypeError
         ``target`` is not an array or an allocation, or ``interval`` is not a number.
     ValueError
-        ``interval`` is out of range, a target is given with ``scope="node"``, or ``scope``
-        is neither.
+        ``interval`` is out of range, or ``scope`` is wrong or given with a target.
     """
     seconds(interval, "interval", MIN_INTERVAL, MAX_INTERVAL)
     if scope not in ("process", "node"):

@@ -1,6 +1,4 @@
-"""The live views as ipywidgets ``VBox``es: :class:`MemoryMapWidget` and
-:class:`NodeMapWidget`. This module imports ipywidgets; the others import it only when a
-widget is made."""
+"""The live maps as ipywidgets ``VBox``es (this module alone imports ipywidgets)."""
 
 from __future__ import annotations
 
@@ -8,15 +6,14 @@ from typing import Any
 
 import ipywidgets as w
 
-from sharedarrays.api.widgets.model import ReservationMap
-from sharedarrays.api.widgets.refresh import MAX_INTERVAL, MIN_INTERVAL, WIDGET_MIME
+from sharedarrays.api.widgets.model import MAX_INTERVAL, MIN_INTERVAL, WIDGET_MIME, ReservationMap
 
 __all__ = ["MemoryMapWidget", "NodeMapWidget"]
 
 
 class _Box(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
-    """*refresh*, *auto-refresh*, the interval and a status above the map's HTML (``extra``
-    rows between), wired to ``shown`` (a ``MemoryMap`` or ``NodeView``), which it drives."""
+    """*refresh*, *auto-refresh*, the interval and a status above the HTML of ``shown`` (a
+    ``MemoryMap`` or ``NodeView``, which it drives), ``extra`` rows between."""
 
     def __init__(self, shown: Any, extra: tuple[Any, ...] = ()) -> None:
         self.refresh_button = w.Button(description="refresh", icon="refresh", tooltip="re-read now")
@@ -65,7 +62,7 @@ class _Box(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         super().close()
 
     def view_data(self) -> dict[str, Any]:
-        """The widget-view mime entry that shows this widget live in a kernel's frontend."""
+        """The widget-view mime entry that shows this widget live in a kernel."""
         data: dict[str, Any] = super()._repr_mimebundle_()
         return {k: v for k, v in data.items() if k == WIDGET_MIME}
 
@@ -80,12 +77,9 @@ class _Box(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
 
 
 class MemoryMapWidget(_Box):
-    """The memory map as an ipywidgets ``VBox``: *refresh*, *auto-refresh*, the interval and
-    the time of the last update above the map's HTML.
-
-    It composes with other widgets (``VBox``, ``HBox``, ``Tab``, ...). Made by
-    :attr:`MemoryMap.widget <sharedarrays.MemoryMap.widget>`; its
-    :class:`~sharedarrays.MemoryMap` is :attr:`memory_map`.
+    """The memory map as an ipywidgets ``VBox`` (composes with ``HBox``, ``Tab``, ...):
+    *refresh*, *auto-refresh*, the interval and the last update above the map's HTML. Made by
+    :attr:`MemoryMap.widget <sharedarrays.MemoryMap.widget>`; the map is :attr:`memory_map`.
     """
 
     @property
@@ -102,8 +96,8 @@ class MemoryMapWidget(_Box):
 
 class NodeMapWidget(_Box):
     """The node-wide map as an ipywidgets ``VBox``: the refresh controls and *free* (an id or
-    name, as ``python -m sharedarrays rm`` frees it, never dropping payloads in flight) above
-    the table of a :class:`~sharedarrays.api.widgets.view.NodeView` (:attr:`node_view`)."""
+    name, freed as ``rm`` frees it, never dropping payloads in flight) above the table of a
+    :class:`~sharedarrays.api.widgets.view.NodeView` (:attr:`node_view`)."""
 
     def __init__(self, view: Any) -> None:
         self.target = w.Text(placeholder="id or name", layout=w.Layout(width="220px"))
@@ -111,10 +105,9 @@ class NodeMapWidget(_Box):
             description="free", icon="trash", tooltip="free a parked or orphaned allocation"
         )
         super().__init__(view, (w.HBox([self.target, self.free_button]),))
-        self.free_button.on_click(lambda _: self._free())
-
-    def _free(self) -> None:
-        self.status.value = self._shown.free(self.target.value)
+        self.free_button.on_click(
+            lambda _: setattr(self.status, "value", view.free(self.target.value))
+        )
 
     @property
     def node_view(self) -> Any:

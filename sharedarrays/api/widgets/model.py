@@ -1,5 +1,5 @@
-"""The memory map as plain data, read from allocations' metadata only (never their memory):
-one :class:`ReservationMap` per allocation and the rows of the side table."""
+"""The memory map as plain data from allocations' metadata (never their memory): one
+:class:`ReservationMap` per allocation, the side table's rows, and the widgets' constants."""
 
 from __future__ import annotations
 
@@ -14,20 +14,11 @@ from sharedarrays.memory import Allocation, live_allocations
 from sharedarrays.process import running
 from sharedarrays.protocol.payload import view_extent
 
-__all__ = [
-    "ChunkBar",
-    "Gap",
-    "ViewBracket",
-    "ServedInfo",
-    "ReservationMap",
-    "TableRow",
-    "views_of",
-    "build_map",
-    "build_maps",
-    "targets",
-    "table_rows",
-    "fmt_bytes",
-]
+Span = tuple[int, int]
+MIN_INTERVAL, MAX_INTERVAL = 0.2, 3600.0
+"""The shortest and longest auto-refresh interval in seconds."""
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+"""The mime type of a live widget's view in a kernel's display data."""
 
 
 def fmt_bytes(n: int) -> str:
@@ -65,8 +56,8 @@ class Gap:
 
 @dataclass(frozen=True)
 class ViewBracket:
-    """The bytes ``[start, stop)`` of the reservation one live view touches, drawn in row
-    ``level`` (0 nearest the bar) so that overlapping views do not overlap on screen."""
+    """The bytes ``[start, stop)`` one live view touches, drawn in row ``level`` (0 nearest
+    the bar) so that overlapping views do not overlap."""
 
     start: int
     stop: int
@@ -86,16 +77,11 @@ class ServedInfo:
 class ReservationMap:
     """Everything the memory map shows about one allocation in this process.
 
-    ``address`` and ``size`` are this process's reservation (a growable array's capacity),
-    ``mapped`` the bytes mapped from its start (-1: unknown). ``used`` is one past the highest
-    byte a live view touches, ``lost`` the bytes mapped beyond it (granularity, ``top``'s
-    LOST). ``access`` maps each device to ``"rw"``, ``"r"`` or ``"none"``. ``created_here``:
-    this process made it (else it imported it from ``origin_pid``); ``served``: the importers
-    it served handles to. ``lifetime`` is ``"any holder"`` or ``"exporter"`` (exporter-owned
-    memory, still held by ``holders``). ``access_enforced`` is False where read-only is only
-    a promise (pointer handles). ``name``, ``in_keeper``, ``parked``: what holds it besides
-    views. ``slab``: small arrays are packed into it; ``own`` the bytes of it one packed array
-    spans (only its views are drawn; ``neighbours`` counts the others).
+    ``size`` is the reservation (a growable array's capacity), ``mapped`` the bytes mapped
+    from its start (-1: unknown), ``used`` one past the highest byte a live view touches and
+    ``lost`` the mapped bytes beyond it. ``lifetime`` is ``"any holder"`` or ``"exporter"``;
+    ``access_enforced`` is False where read-only is only a promise. A ``slab`` packs small
+    arrays; ``own`` is the span one packed array has in it (``neighbours``: the other views).
     """
 
     alloc_id: str
@@ -124,12 +110,12 @@ class ReservationMap:
     name: str | None = None
     parked: bool = False
     slab: bool = False
-    own: tuple[int, int] | None = None
+    own: Span | None = None
     neighbours: int = 0
 
     @property
     def packed_text(self) -> str:
-        """For a slab, what it holds and (a packed array's map) which of it is this array's."""
+        """For a slab, what it holds, or which of it a packed array's map shows."""
         if not self.slab:
             return ""
         if self.own is None:
@@ -144,14 +130,10 @@ class ReservationMap:
     @property
     def marks(self) -> tuple[str, ...]:
         """What holds it besides views: its name, the keeper, a parked mapping."""
-        out = []
-        if self.name is not None:
-            out.append(f'named "{self.name}"')
-        elif self.in_keeper:
-            out.append("parked in the keeper")
-        if self.parked:
-            out.append("parked mapping, no view")
-        return tuple(out)
+        named = f'named "{self.name}"' if self.name is not None else None
+        keeper = "parked in the keeper" if self.in_keeper and named is None else None
+        parked = "parked mapping, no view" if self.parked else None
+        return tuple(m for m in (named, keeper, parked) if m)
 
     @property
     def importers_note(self) -> str:
@@ -173,20 +155,20 @@ class ReservationMap:
 
     @property
     def origin_text(self) -> str:
-        """``"exporter: this process, since 12:00:01"`` or ``"importer of pid 123's
-        allocation, since 12:00:01"``, with what its lifetime depends on."""
+        """Who made it (``"exporter: this process, ..."``, ``"importer of pid N's
+        allocation, ..."``), since when, and what its lifetime depends on."""
         stamp = time.strftime("%H:%M:%S", time.localtime(self.origin_time))
+        owned = self.lifetime == "exporter"
         if self.created_here:
-            text = f"exporter: this process, since {stamp}"
-            if self.lifetime == "exporter":
-                held = ", ".join(map(str, self.holders)) or "nobody"
-                text += f"; exporter-owned: must outlive its importers (held by {held})"
-            return text
+            held = ", ".join(map(str, self.holders)) or "nobody"
+            return f"exporter: this process, since {stamp}" + (
+                f"; exporter-owned: must outlive its importers (held by {held})" if owned else ""
+            )
         text = f"importer of pid {self.origin_pid}'s allocation"
         if not self.exporter_alive:
             text += ", whose exporter exited" + ("; the keeper holds it" if self.in_keeper else "")
         text += f", since {stamp}"
-        if self.lifetime == "exporter":
+        if owned:
             text += f"; lives only while its exporter, pid {self.origin_pid}, does"
         return text
 
@@ -216,7 +198,7 @@ class TableRow:
 
 
 def views_of(allocation: Allocation) -> list[ArrayView]:
-    """The open views of ``allocation`` in this process, by offset then size."""
+    """The open views of ``allocation`` in this process, by offset then size (largest first)."""
     out = []
     for v in live_views():
         try:
@@ -227,7 +209,7 @@ def views_of(allocation: Allocation) -> list[ArrayView]:
     return sorted(out, key=lambda v: (v.offset, -v.nbytes))
 
 
-def _levels(spans: Sequence[tuple[int, int]]) -> list[int]:
+def _levels(spans: Sequence[Span]) -> list[int]:
     """Give each span ``[start, stop)`` the lowest level no earlier overlapping span has."""
     ends: list[int] = []  # per level, the stop of the last span placed there
     levels = []
@@ -246,20 +228,33 @@ def _view_label(v: ArrayView) -> str:
         contiguous = contiguous and (n <= 1 or stride == step)
         step *= n
     shape = "×".join(str(n) for n in v.shape) or "scalar"
-    return (
-        f"{shape} {v.dtype}"
-        + ("" if contiguous else " (strided)")
-        + (" read-only" if v.readonly else "")
-    )
+    strided = "" if contiguous else " (strided)"
+    return f"{shape} {v.dtype}{strided}" + (" read-only" if v.readonly else "")
 
 
-def _span(v: ArrayView) -> tuple[int, int]:
+def _span(v: ArrayView) -> Span:
     """The bytes ``[start, stop)`` of its allocation that view ``v`` touches."""
     low, high = view_extent(v.itemsize, v.shape, v.strides)
     return v.offset + low, v.offset + high
 
 
-def _bars_and_gaps(allocation: Allocation, capacity: int) -> tuple[tuple[ChunkBar, ...], list[Gap]]:
+def build_map(
+    allocation: Allocation, views: Iterable[ArrayView] | None = None, own: Span | None = None
+) -> ReservationMap:
+    """Describe one allocation for the memory map (only its metadata is read).
+
+    ``views``: the views drawn as brackets (default: its open views in this process).
+    ``own``: for one array packed in a slab, the bytes ``[start, stop)`` of it; only the
+    views within are drawn, the others counted as neighbours.
+    """
+    vs = views_of(allocation) if views is None else [v for v in views if not v.closed]
+    slab, neighbours = allocation.slab, 0
+    if slab and own is not None:  # (its own views: packed arrays never overlap)
+        mine = [v for v in vs if _span(v)[0] < own[1] and own[0] < _span(v)[1]]
+        neighbours, vs = len(vs) - len(mine), mine
+    else:
+        own = None
+    capacity = allocation.capacity  # reserved bytes
     fds = {c.index: c.fd for c in allocation.chunks}
     bars = tuple(
         ChunkBar(m.chunk, m.offset, m.size, m.chunk_offset, fds.get(m.chunk, -1), str(m.access))
@@ -272,42 +267,13 @@ def _bars_and_gaps(allocation: Allocation, capacity: int) -> tuple[tuple[ChunkBa
         pos = max(pos, b.start + b.size)
     if pos < capacity:
         gaps.append(Gap(pos, capacity - pos))
-    return bars, gaps
-
-
-def build_map(
-    allocation: Allocation,
-    views: Iterable[ArrayView] | None = None,
-    own: tuple[int, int] | None = None,
-) -> ReservationMap:
-    """Describe one allocation for the memory map (only its metadata is read).
-
-    Parameters
-    ----------
-    views : iterable of SharedDeviceArray, optional
-        The views to draw as brackets; default: every open view of it in this process.
-    own : tuple of int, optional
-        The map of one array packed in a slab: the bytes ``[start, stop)`` of the slab it
-        spans. Only the views within them are drawn; the others are counted as neighbours.
-    """
-    vs = views_of(allocation) if views is None else [v for v in views if not v.closed]
-    slab = allocation.slab
-    neighbours = 0
-    if slab and own is not None:  # (its own views: packed arrays never overlap)
-        mine = [v for v in vs if _span(v)[0] < own[1] and own[0] < _span(v)[1]]
-        neighbours, vs = len(vs) - len(mine), mine
-    else:
-        own = None
-    capacity = allocation.capacity  # reserved bytes
-    bars, gaps = _bars_and_gaps(allocation, capacity)
     spans = sorted(((*_span(v), _view_label(v)) for v in vs), key=lambda s: (s[0], s[0] - s[1]))
     levels = _levels([(s[0], s[1]) for s in spans])
     brackets = tuple(ViewBracket(*s, level) for s, level in zip(spans, levels))
     used = min(max((b.stop for b in brackets), default=allocation.size), allocation.size)
     if slab:  # (its room is the small arrays', those to come too: none of it is lost)
         used = allocation.size
-    keeper_name = allocation.keeper_name
-    origin = allocation.origin
+    keeper_name, origin = allocation.keeper_name, allocation.origin
     return ReservationMap(
         alloc_id=allocation.id,
         backend=allocation.backend.name,
@@ -341,25 +307,18 @@ def build_map(
 
 
 def build_maps(target: Any = None) -> list[ReservationMap]:
-    """The maps to show for ``target`` (see :func:`targets`); ``None``: every live allocation
-    in this process, re-read on every call."""
+    """The maps of ``target`` (see :func:`targets`); ``None``: every live allocation here."""
     if target is None:
         return [build_map(a) for a in live_allocations()]
     return [build_map(alloc, own=own) for alloc, own in targets(target)]
 
 
-def targets(target: Any) -> list[tuple[Allocation, tuple[int, int] | None]]:
+def targets(target: Any) -> list[tuple[Allocation, Span | None]]:
     """The allocations ``target`` (a view, an allocation, or a sequence of them) names, each
-    once, with the bytes of it a packed small array spans (``None`` for the others).
-
-    Raises
-    ------
-    TypeError
-        Something else.
-    """
-    items = target if isinstance(target, (list, tuple)) else [target]
-    out: dict[tuple[str, tuple[int, int] | None], Allocation] = {}
-    for item in items:
+    once, with the span of it a packed small array has (else ``None``); TypeError for
+    anything else."""
+    out: dict[tuple[str, Span | None], Allocation] = {}
+    for item in target if isinstance(target, (list, tuple)) else [target]:
         alloc = item.allocation if is_view(item) else item
         if not isinstance(alloc, Allocation):
             raise TypeError(
@@ -371,8 +330,8 @@ def targets(target: Any) -> list[tuple[Allocation, tuple[int, int] | None]]:
 
 
 def table_rows(maps: Sequence[ReservationMap]) -> list[TableRow]:
-    """The side table: per allocation its reservation, each mapping of a chunk, each unmapped
-    gap, the bytes lost to granularity, the packed array and each view (absolute addresses)."""
+    """The side table: per allocation its reservation, mappings, unmapped gaps, bytes lost to
+    granularity, packed array and views (absolute addresses)."""
     return [
         TableRow(m.short_id, kind, m.address + start, m.address + stop, detail)
         for m in maps

@@ -1,10 +1,10 @@
-"""Drawing the memory map: plain text, HTML (an SVG map, the side table, the provenance
-panel) and a static PNG made with matplotlib.
+"""Drawing the maps: this process's memory map as text, HTML (an SVG map, the side table, the
+provenance panel) and a PNG (matplotlib); the node-wide map as text and HTML.
 
-The HTML's outer element has the CSS class ``sa-memory-map`` and the data attributes
+The memory map's outer element has the class ``sa-memory-map`` and the data attributes
 ``data-allocations``, ``data-shown``, ``data-chunks``, ``data-views`` and ``data-rows``; each
-chunk bar is an SVG ``rect`` of class ``sa-chunk`` and each table row a ``tr`` of class
-``sa-row`` (a stable marker for tests and scripts).
+chunk bar is a ``rect`` of class ``sa-chunk``, each table row a ``tr`` of class ``sa-row``
+(stable markers for tests and scripts).
 """
 
 from __future__ import annotations
@@ -15,33 +15,18 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from sharedarrays.api.nodemap import STATES, Holder, NodeAllocation, NodeMap
 from sharedarrays.api.widgets.model import ReservationMap, TableRow, fmt_bytes, plural, table_rows
 
-__all__ = ["PALETTE", "render_text", "render_html", "render_png", "MAX_DRAWN"]
-
-PALETTE = (
-    "#4e79a7",
-    "#f28e2b",
-    "#59a14f",
-    "#b07aa1",
-    "#76b7b2",
-    "#edc948",
-    "#9c755f",
-    "#e15759",
-    "#bab0ac",
-    "#ff9da7",
+PALETTE = tuple(
+    "#4e79a7 #f28e2b #59a14f #b07aa1 #76b7b2 #edc948 #9c755f #e15759 #bab0ac #ff9da7".split()  # noqa: SIM905
 )
 """Chunk colours, by chunk index (cycled)."""
 
 MAX_DRAWN = 24
 """At most this many allocations are drawn and listed (a line says how many were left out)."""
 
-_W = 760  # SVG width
-_PAD = 12
-_BAR_H = 26
-_LEVEL_H = 15
-_HEAD_H = 20
-_FOOT_H = 30
+_W, _PAD, _BAR_H, _LEVEL_H, _HEAD_H, _FOOT_H = 760, 12, 26, 15, 20, 30  # SVG sizes (px)
 _LABEL_CHAR = 6.0  # the widest a character of a view's label (10 px sans-serif) is drawn
 _CHAR = 7.0 / (_W - 2 * _PAD)  # the widest a character of a chunk's label, of the bar's width
 _LOST = "lost to granularity (mapped beyond the views)"
@@ -88,13 +73,14 @@ def _marks(m: ReservationMap) -> str:
     return "".join(f" [{mark}]" for mark in m.marks)
 
 
-def _head(m: ReservationMap) -> str:
-    """The title line of one reservation in the SVG and the PNG."""
-    mapped = f", {fmt_bytes(m.mapped)} mapped" if 0 <= m.mapped < m.size else ""
-    return (
-        f"{m.short_id}{_marks(m)}  {m.backend} {m.device}  {fmt_bytes(m.size)} reserved{mapped}"
-        f" in {plural(len(m.chunks), 'chunk')}  ·  {m.origin_text}"
-    )
+def _levels(m: ReservationMap) -> int:
+    """The rows of view brackets above a reservation's bar."""
+    return max((v.level for v in m.views), default=-1) + 1
+
+
+def _more(total: int) -> str:
+    """The line under a picture or table that shows :data:`MAX_DRAWN` of ``total``."""
+    return f"… {plural(total - MAX_DRAWN, 'more allocation')} not shown (of {total})"
 
 
 def render_text(maps: Sequence[ReservationMap]) -> str:
@@ -110,18 +96,18 @@ def render_text(maps: Sequence[ReservationMap]) -> str:
     )
 
 
-def _levels(m: ReservationMap) -> int:
-    """The rows of view brackets above a reservation's bar."""
-    return max((v.level for v in m.views), default=-1) + 1
-
-
 def _draw(m: ReservationMap, pen: Any) -> None:
     """One reservation, drawn by ``pen`` (:class:`_Svg` or :class:`_Png`) at fractions of its
-    width: its title line, the views' brackets, its bar (chunks in colour, unmapped parts
-    hatched grey, bytes lost hatched red, each with a tooltip) and its addresses under it."""
+    width: title, access, view brackets, the bar (chunks, unmapped, lost; with tooltips) and
+    its first and last address."""
     a, size = m.address, max(m.size, 1)
+    mapped = f", {fmt_bytes(m.mapped)} mapped" if 0 <= m.mapped < m.size else ""
     pen.begin(_levels(m))
-    pen.text(0, "head", _head(m), fontweight="bold")
+    head = (
+        f"{m.short_id}{_marks(m)}  {m.backend} {m.device}  {fmt_bytes(m.size)} reserved{mapped}"
+        f" in {plural(len(m.chunks), 'chunk')}  ·  {m.origin_text}"
+    )
+    pen.text(0, "head", head, fontweight="bold")
     pen.text(1, "head", f"access {m.access_text}", cls="sa-access")
     for v in m.views:  # level 0 nearest the bar
         tip = f"view {v.label}: {a + v.start:#x}-{a + v.stop:#x}"
@@ -150,11 +136,20 @@ def _draw(m: ReservationMap, pen: Any) -> None:
         pen.text(0.5, "foot", m.packed_text, cls="sa-packed")
 
 
+def _svg_text(x: float, y: float, text: str, attrs: str = "") -> str:
+    return f'<text x="{x:.1f}" y="{y}"{attrs}>{_e(text)}</text>'
+
+
 class _Svg:
     """Draws reservations one under the other as SVG elements (``out``), ``y`` high."""
 
     _ANCHOR = ("", ' text-anchor="middle"', ' text-anchor="end"')
     _ATTRS = (("fontweight", "font-weight"), ("family", "font-family"), ("color", "fill"))
+    _RECT = {
+        "unmapped": 'class="sa-unmapped" fill="url(#sa-hatch-gap)" stroke="#999" '
+        'stroke-dasharray="3,2"',
+        "lost": 'class="sa-lost" fill="url(#sa-hatch-lost)" stroke="#c00"',
+    }
 
     def __init__(self) -> None:
         self.out: list[str] = []
@@ -192,24 +187,15 @@ class _Svg:
     def rect(
         self, f: float, n: float, kind: str, tip: str, chunk: int = 0, label: str = ""
     ) -> None:
-        attrs = {
-            "chunk": f'class="sa-chunk" data-chunk="{chunk}" fill="{_colour(chunk)}" stroke="#fff"',
-            "unmapped": 'class="sa-unmapped" fill="url(#sa-hatch-gap)" stroke="#999" '
-            'stroke-dasharray="3,2"',
-            "lost": 'class="sa-lost" fill="url(#sa-hatch-lost)" stroke="#c00"',
-        }[kind]
+        chunk_attrs = f'class="sa-chunk" data-chunk="{chunk}" fill="{_colour(chunk)}" stroke="#fff"'
         width = max((_W - 2 * _PAD) * n, 2.0)
         self.out.append(
-            f'<rect {attrs} x="{self.x(f):.1f}" y="{self.bar_y}" width="{width:.1f}" '
-            f'height="{_BAR_H}"><title>{_e(tip)}</title></rect>'
+            f'<rect {self._RECT.get(kind, chunk_attrs)} x="{self.x(f):.1f}" y="{self.bar_y}" '
+            f'width="{width:.1f}" height="{_BAR_H}"><title>{_e(tip)}</title></rect>'
         )
         if label:
             attrs = ' text-anchor="middle" fill="#fff" pointer-events="none"'
             self.out.append(_svg_text(self.x(f) + width / 2, self.bar_y + 17, label, attrs))
-
-
-def _svg_text(x: float, y: float, text: str, attrs: str = "") -> str:
-    return f'<text x="{x:.1f}" y="{y}"{attrs}>{_e(text)}</text>'
 
 
 def _svg(maps: Sequence[ReservationMap]) -> str:
@@ -227,15 +213,8 @@ def _svg(maps: Sequence[ReservationMap]) -> str:
     )
 
 
-def _more(total: int) -> str:
-    """The line under a picture or table that shows :data:`MAX_DRAWN` of ``total``."""
-    return f"… {plural(total - MAX_DRAWN, 'more allocation')} not shown (of {total})"
-
-
 def _table(rows: Sequence[TableRow]) -> str:
-    head = "".join(
-        f"<th>{h}</th>" for h in ("allocation", "what", "start", "end", "size", "detail")
-    )
+    head = "<th>allocation</th><th>what</th><th>start</th><th>end</th><th>size</th><th>detail</th>"
     body = "".join(
         f'<tr class="sa-row" data-kind="{_e(r.kind)}"><td>{_e(r.alloc_id)}</td>'
         f"<td>{_e(r.kind)}</td><td class='sa-num'>{r.start:#x}</td>"
@@ -293,8 +272,7 @@ def render_png(maps: Sequence[ReservationMap], dpi: int = 100) -> bytes:
     fig = Figure(figsize=(9.0, 0.3 + 0.75 * total), dpi=dpi)
     FigureCanvasAgg(fig)
     ax = fig.add_axes((0.02, 0.02, 0.96, 0.96))
-    ax.set_xlim(-0.01, 1.01)
-    ax.set_ylim(0, total)
+    ax.set(xlim=(-0.01, 1.01), ylim=(0, total))
     ax.axis("off")
     if not drawn:
         ax.text(0.5, 0.5, _EMPTY, ha="center")
@@ -311,6 +289,10 @@ class _Png:
     one unit high, and a row more per level of view brackets)."""
 
     _HA = ("left", "center", "right")
+    _RECT: dict[str, dict[str, Any]] = {
+        "unmapped": {"facecolor": "#f4f4f4", "edgecolor": "#999", "hatch": "//", "linestyle": "--"},
+        "lost": {"facecolor": "none", "edgecolor": "#c00", "hatch": "xxx"},
+    }
 
     def __init__(self, ax: Any, y_top: float) -> None:
         self.ax, self.y_top = ax, y_top
@@ -336,18 +318,120 @@ class _Png:
     ) -> None:
         from matplotlib.patches import Rectangle
 
-        style: dict[str, Any] = {
-            "chunk": {"facecolor": _colour(chunk), "edgecolor": "white"},
-            "unmapped": {
-                "facecolor": "#f4f4f4",
-                "edgecolor": "#999",
-                "hatch": "//",
-                "linestyle": "--",
-            },
-            "lost": {"facecolor": "none", "edgecolor": "#c00", "hatch": "xxx"},
-        }[kind]
+        style = self._RECT.get(kind, {"facecolor": _colour(chunk), "edgecolor": "white"})
         least = 0.0 if kind == "chunk" else 0.003
         self.ax.add_patch(Rectangle((f, self.bar_y), max(n, least), 0.3, **style))
         if label:
             ax, y = self.ax, self.bar_y + 0.15
             ax.text(f + n / 2, y, label, color="white", fontsize=7, ha="center", va="center")
+
+
+COLUMNS = ("ID", "NAME", "STATE", "BACKEND", "DEVICE", "SIZE", "LOST", "EXPORTER", "HOLDERS", "AGE")
+"""The columns of the node-wide table (``top``, ``ls`` and ``show(scope="node")``)."""
+
+_STATE_COLOURS = ("#2e7d32", "#ef6c00", "#00838f", "#1565c0", "#6a1b9a", "#c62828")  # by STATES
+_AGES = ((60, 1, ".0f", "s"), (3600, 60, ".0f", "m"), (86400, 3600, ".1f", "h"))
+
+
+def _age(seconds: float) -> str:
+    _, unit_s, spec, unit = next((a for a in _AGES if seconds < a[0]), (0, 86400, ".1f", "d"))
+    return f"{seconds / unit_s:{spec}}{unit}"
+
+
+def _program(command: str) -> str:
+    """A short name for a command line: the script or module it runs, else its program."""
+    words = command.split()
+    if not words:
+        return ""
+    if "-m" in words[:-1]:
+        return words[words.index("-m") + 1][:24]
+    if "-c" in words[:-1]:
+        return "keeper" if "sharedarrays.keeper" in command else "python -c"
+    word = next((w for w in words[1:] if not w.startswith("-")), words[0])
+    return word.rsplit("/", 1)[-1][:24]
+
+
+def _holder(h: Holder) -> str:
+    extra = "p" if h.parked else (f"{h.views}v" if h.views > 0 else "")
+    return f"{h.pid}{h.role[0].upper()}{extra}"  # (E exporter, I importer, K keeper)
+
+
+def row_cells(row: NodeAllocation) -> tuple[str, ...]:
+    """One allocation's cells, in :data:`COLUMNS` order."""
+    exporter = str(row.exporter_pid) if row.exporter_pid else "?"
+    if not row.exporter_alive:
+        exporter += " (gone)"
+    elif row.exporter_command:
+        exporter += f" {_program(row.exporter_command)}"
+    return (
+        row.alloc_id[:12],
+        row.name or "-",
+        row.state,
+        row.backend,
+        row.device,
+        fmt_bytes(row.size),
+        fmt_bytes(row.lost) if row.lost else "0",
+        exporter,
+        " ".join(_holder(h) for h in row.holders) or "-",
+        _age(row.age),
+    )
+
+
+def summary_lines(node: NodeMap) -> list[str]:
+    """One line per device with what sharedarrays holds there, and one about the processes."""
+    lines = [
+        f"{d.device}: {fmt_bytes(d.bytes)} in {plural(d.allocations, 'allocation')} "
+        f"({fmt_bytes(d.lost)} lost to granularity)"
+        for d in node.devices
+    ] or ["no shared allocations"]
+    silent = [p for p in node.processes if p.status != "ok"]
+    note = ", ".join(f"pid {p.pid} ({_program(p.command) or '?'}) {p.status}" for p in silent)
+    asked = len(node.processes)
+    lines.append(
+        f"{asked} process{'es' if asked != 1 else ''} asked, keeper: {node.keeper}"
+        + (f"; {note}" if note else "")
+    )
+    return lines
+
+
+def render_node_text(node: NodeMap) -> str:
+    """The node-wide map as a fixed-width table (largest allocation first) under its summary.
+
+    Holders read ``<pid><role>``: ``E`` exporter, ``I`` importer, ``K`` keeper; then ``Nv``
+    for N views using it there, or ``p`` for a mapping kept parked.
+    """
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(node.time))
+    rows = [COLUMNS] + [row_cells(r) for r in node.allocations]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    table = [
+        "  ".join(
+            cell.rjust(w) if c in ("SIZE", "LOST", "AGE") else cell.ljust(w)
+            for c, cell, w in zip(COLUMNS, r, widths)
+        ).rstrip()
+        for r in rows
+    ]
+    return "\n".join([f"sharedarrays on this node at {stamp}", *summary_lines(node), "", *table])
+
+
+def render_node_html(node: NodeMap) -> str:
+    """The node-wide map as an HTML table under its summary lines."""
+    cell = "padding:2px 8px;font-family:monospace;white-space:nowrap"
+    head = "".join(
+        f"<th style='text-align:left;padding:2px 8px;white-space:nowrap'>{c}</th>" for c in COLUMNS
+    )
+    body = []
+    for r in node.allocations:
+        state = f";color:{_STATE_COLOURS[STATES.index(r.state)]};font-weight:bold"
+        tds = "".join(
+            f"<td style='{cell}{state if c == 'STATE' else ''}' title='{html.escape(r.alloc_id)}'>"
+            f"{html.escape(text)}</td>"
+            for c, text in zip(COLUMNS, row_cells(r))
+        )
+        body.append(f"<tr>{tds}</tr>")
+    summary = "<br>".join(html.escape(line) for line in summary_lines(node))
+    return (
+        "<div class='sharedarrays-node-map'>"
+        f"<div style='margin-bottom:4px'><b>sharedarrays on this node</b><br>{summary}</div>"
+        f"<table style='border-collapse:collapse'><thead><tr>{head}</tr></thead>"
+        f"<tbody>{''.join(body)}</tbody></table></div>"
+    )

@@ -1,7 +1,7 @@
 """The maps Jupyter shows: :class:`MemoryMap` (this process's allocations) and
-:class:`NodeView` (the whole node's), with their refresh and display; their live views are
-the widgets of :mod:`~sharedarrays.api.widgets.live`. ipywidgets and matplotlib are imported
-only when a widget or a PNG is made."""
+:class:`NodeView` (the whole node's), their auto-refresh and display; their live widgets are
+in :mod:`~sharedarrays.api.widgets.live`. A notebook cell run again stops the auto-refresh
+it started (its output goes, but the kernel keeps its widgets and their threads)."""
 
 from __future__ import annotations
 
@@ -14,28 +14,12 @@ from collections.abc import Callable
 from typing import Any
 
 from sharedarrays.api import nodemap
-from sharedarrays.api.widgets.model import ReservationMap, build_map, build_maps, targets
-from sharedarrays.api.widgets.nodeview import render_node_html, render_node_text
-from sharedarrays.api.widgets.refresh import (
-    MAX_INTERVAL,
-    MIN_INTERVAL,
-    WIDGET_MIME,
-    kernel_shell,
-    stop_on_rerun,
-)
-from sharedarrays.api.widgets.render import render_html, render_png, render_text
+from sharedarrays.api.widgets import model, render
+from sharedarrays.api.widgets.model import WIDGET_MIME  # noqa: F401 (re-exported)
 from sharedarrays.errors import SharedArrayError, thread_error
 from sharedarrays.memory import Allocation
+from sharedarrays.process import STATE
 from sharedarrays.settings import seconds
-
-__all__ = [
-    "MemoryMap",
-    "NodeView",
-    "live_or_static",
-    "widgets_available",
-    "in_kernel",
-    "WIDGET_MIME",
-]
 
 
 def major_version(version: str) -> int:
@@ -53,15 +37,75 @@ def widgets_available() -> bool:
     return major_version(str(ipywidgets.__version__)) >= 8
 
 
+def kernel_shell() -> Any:
+    """The IPython shell of the Jupyter kernel this process is, or ``None``."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    shell = get_ipython()
+    return shell if getattr(shell, "kernel", None) is not None else None
+
+
 def in_kernel() -> bool:
     """Whether this process is a Jupyter kernel (where a live widget can be shown)."""
     return kernel_shell() is not None
 
 
+def live_or_static(shown: Any) -> Any:
+    """What ``show()`` returns: the map's live widget in a Jupyter kernel with ipywidgets 8
+    or later, else the map itself."""
+    return shown.widget if in_kernel() and widgets_available() else shown
+
+
+def current_cell() -> str | None:
+    """The id of the notebook cell the kernel runs now (``cellId`` in the request's metadata,
+    sent by JupyterLab and Notebook 7), or ``None``."""
+    try:
+        parent = kernel_shell().kernel.get_parent("shell")
+    except Exception:  # no kernel, or an ipykernel without get_parent (before 6)
+        return None
+    metadata = parent.get("metadata") if isinstance(parent, dict) else None
+    if not isinstance(metadata, dict) or parent.get("msg_type") != "execute_request":
+        return None
+    cell = metadata.get("cellId")
+    return cell if isinstance(cell, str) and cell else None
+
+
+def stop_on_rerun(view: Any) -> None:
+    """Call ``view.stop()`` when the cell running now runs again."""
+    cell, shell = current_cell(), kernel_shell()
+    if cell is None or shell is None:
+        return
+    if shell not in STATE.views.shells:
+        shell.events.register("pre_run_cell", _on_cell)
+        STATE.views.shells.append(shell)
+    refs = [r for r in STATE.views.cells.get(cell, []) if r() is not None]
+    if not any(r() is view for r in refs):
+        refs.append(weakref.ref(view))
+    STATE.views.cells[cell] = refs
+
+
+def _on_cell(info: Any = None) -> None:
+    """The shell's ``pre_run_cell`` hook: stop the views of the cell that starts."""
+    cell = getattr(info, "cell_id", None) or current_cell()
+    for ref in STATE.views.cells.pop(cell, []) if cell else []:
+        view = ref()
+        try:
+            if view is not None:
+                view.stop()
+        except Exception:  # a hook must never fail the user's cell
+            pass
+
+
+def _interval_of(value: object) -> float:
+    return seconds(value, "interval", model.MIN_INTERVAL, model.MAX_INTERVAL)
+
+
 class _Shown:
-    """What both maps share: the data as last read (``_read``), shown as text and HTML
-    (``text``, ``html``), refreshed by hand or every ``interval`` seconds in a daemon thread
-    that holds the map weakly, and a live widget made on first use."""
+    """What both maps share: the data as last read (``_read``), shown as text and HTML,
+    refreshed by hand or every ``interval`` seconds in a daemon thread that holds the map
+    weakly, and a live widget made on first use."""
 
     _name, _widget = "sharedarrays-map", ""  # (the thread's name, the widget's class)
 
@@ -79,14 +123,13 @@ class _Shown:
     text: Callable[[], str]
     html: Callable[[], str]
 
-    def _gone(self) -> bool:
-        """Whether there is nothing more to show (auto-refresh then stops)."""
+    def _gone(self) -> bool:  # (nothing more to show: auto-refresh stops)
         return False
 
     def refresh(self) -> Any:
         """Re-read and redraw; what was read (a :class:`MemoryMap`'s ``maps``, a
         :class:`NodeView`'s ``map``). A map of chosen allocations stops auto-refreshing once
-        every one is released: there is nothing more to show."""
+        every one is released."""
         with self._lock:
             data = self._read()
             self.updated = time.time()
@@ -105,7 +148,7 @@ class _Shown:
 
     @property
     def widget(self) -> Any:
-        """The live view (made on first use; needs ipywidgets 8 or later): a
+        """The live view, made on first use (needs ipywidgets 8 or later): a
         :class:`~sharedarrays.api.widgets.live.MemoryMapWidget` or ``NodeMapWidget``."""
         if self._box is None:
             from sharedarrays.api.widgets import live
@@ -126,14 +169,8 @@ class _Shown:
             self._box.auto_toggle.value = on
 
     def start(self, interval: float | None = None) -> None:
-        """Start refreshing every ``interval`` seconds in a daemon thread (it holds this map
-        weakly: a map that is garbage-collected stops it).
-
-        Raises
-        ------
-        ThreadUnavailable
-            No thread can start in this process now.
-        """
+        """Start refreshing every ``interval`` seconds in a daemon thread that holds this map
+        weakly (collecting the map stops it); ThreadUnavailable if no thread can start."""
         if interval is not None:
             self._interval = _interval_of(interval)
         stop_on_rerun(self)
@@ -168,34 +205,31 @@ class _Shown:
         if box is not None:
             box.close()  # and its controls
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        """text/plain and text/html (and a PNG); plus the live widget in a Jupyter kernel."""
-        return self.mimebundle(include, exclude)
-
     def _static(self) -> dict[str, Any]:
         return {"text/plain": self.text(), "text/html": self.html()}
 
     def mimebundle(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        """The display data: the static views, and the live widget where it can be shown."""
+        """The display data: text, HTML (and a PNG), and the live widget where it can be
+        shown (a Jupyter kernel)."""
         bundle = self._static()
         if in_kernel() and widgets_available():
             bundle.update(self.widget.view_data())
         return {
             k: v
             for k, v in bundle.items()
-            if (not include or k in include) and (not exclude or k not in exclude)
+            if (not include or k in include) and not (exclude and k in exclude)
         }
+
+    _repr_mimebundle_ = mimebundle
 
 
 class MemoryMap(_Shown):
     """The memory map of shared allocations in this process, live in Jupyter.
 
-    Each allocation's reservation is a bar over its address range: mapped chunks in colour,
-    unmapped parts grey, bytes lost to granularity hatched red, the access per device and the
-    live views as brackets; then a table of exact addresses, and who exported and imported
-    it. In Jupyter with ipywidgets it has *refresh*, and *auto-refresh* in a daemon thread
-    that ends with the toggle, :meth:`close`, the widget or this object; elsewhere it
-    displays as text, HTML and a PNG.
+    Each allocation is a bar over its address range (chunks in colour, unmapped parts grey,
+    bytes lost to granularity red, live views as brackets), then a table of its addresses and
+    who exported and imported it. With ipywidgets it has *refresh* and *auto-refresh*;
+    elsewhere it displays as text, HTML and a PNG.
 
     Parameters
     ----------
@@ -216,32 +250,32 @@ class MemoryMap(_Shown):
         # (each allocation weakly, with the bytes of it a packed small array spans)
         self._refs: list[tuple[weakref.ref[Allocation], tuple[int, int] | None]] | None = None
         if target is not None:
-            self._refs = [(weakref.ref(alloc), own) for alloc, own in targets(target)]
+            self._refs = [(weakref.ref(alloc), own) for alloc, own in model.targets(target)]
         self._title = "shared memory map" if target is None else "memory map"
         super().__init__(interval, auto_refresh)
-        self.maps: list[ReservationMap] = self._read()
+        self.maps: list[model.ReservationMap] = self._read()
 
-    def _read(self) -> list[ReservationMap]:
+    def _read(self) -> list[model.ReservationMap]:
         if self._refs is None:
-            self.maps = build_maps(None)
+            self.maps = model.build_maps(None)
         else:
             allocs = [(ref(), own) for ref, own in self._refs]
-            self.maps = [build_map(a, own=own) for a, own in allocs if a and not a.released]
+            self.maps = [model.build_map(a, own=own) for a, own in allocs if a and not a.released]
         return self.maps
 
     def _gone(self) -> bool:  # (every chosen allocation released)
         return self._refs is not None and not self.maps
 
     def text(self) -> str:
-        return render_text(self.maps)
+        return render.render_text(self.maps)
 
     def html(self) -> str:
-        return render_html(self.maps, self._title)
+        return render.render_html(self.maps, self._title)
 
     def _static(self) -> dict[str, Any]:
         bundle = super()._static()
         try:
-            bundle["image/png"] = base64.b64encode(render_png(self.maps)).decode("ascii")
+            bundle["image/png"] = base64.b64encode(render.render_png(self.maps)).decode("ascii")
         except ImportError:  # matplotlib missing: the HTML still shows the map
             pass
         return bundle
@@ -266,10 +300,10 @@ class NodeView(_Shown):
         return self.map
 
     def text(self) -> str:
-        return render_node_text(self.map)
+        return render.render_node_text(self.map)
 
     def html(self) -> str:
-        return render_node_html(self.map)
+        return render.render_node_html(self.map)
 
     def free(self, target: str) -> str:
         """Free what keeps ``target`` (an id, its start, or a name) although no view uses it
@@ -283,14 +317,10 @@ class NodeView(_Shown):
         return f"{row.alloc_id[:12]}: " + ("; ".join(done) or "nothing holds it any more")
 
 
-def _interval_of(value: object) -> float:
-    return seconds(value, "interval", MIN_INTERVAL, MAX_INTERVAL)
-
-
 def _loop(ref: weakref.ref[_Shown], stop: threading.Event) -> None:
-    """The auto-refresh thread: refresh the map every interval (read anew each time) until it
-    is stopped, collected (it is not held while waiting) or its widget closed from outside. A
-    failed refresh is shown in the widget's status, and the thread goes on."""
+    """The auto-refresh thread: refresh every interval until stopped, the map collected (it
+    is not held while waiting) or its widget closed from outside; a failed refresh is shown
+    in the widget's status and the thread goes on."""
     while True:
         view = ref()
         box = None if view is None else view._box
@@ -308,9 +338,3 @@ def _loop(ref: weakref.ref[_Shown], stop: threading.Event) -> None:
             if view._box is not None:
                 view._box.status.value = f"refresh failed: {e}"
         del view
-
-
-def live_or_static(shown: Any) -> Any:
-    """What ``show()`` returns: the map's live widget in a Jupyter kernel with ipywidgets 8
-    or later, else the map itself."""
-    return shown.widget if in_kernel() and widgets_available() else shown

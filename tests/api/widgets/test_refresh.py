@@ -10,7 +10,7 @@ import pytest
 
 import sharedarrays as sa
 from sharedarrays.api.widgets import MemoryMap
-from sharedarrays.api.widgets.refresh import MAX_INTERVAL, MIN_INTERVAL
+from sharedarrays.api.widgets.model import MAX_INTERVAL, MIN_INTERVAL
 from sharedarrays.settings import seconds
 
 pytestmark = pytest.mark.timeout(60)
