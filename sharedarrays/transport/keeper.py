@@ -1,8 +1,6 @@
-"""The keeper's client: naming, parking, attaching and listing arrays.
-
-Each process keeps one connection to this user's keeper (:mod:`sharedarrays.keeper`,
-started on first need), which counts it as a holder of what it created or attached;
-payloads in flight are handed over on a connection of their own (:func:`hand_over`).
+"""The keeper's client. Each process keeps one connection to this user's keeper (started on
+first need), which counts it as a holder of what it created or attached; payloads in flight
+are handed over on a connection of their own (:func:`hand_over`).
 """
 
 from __future__ import annotations
@@ -59,10 +57,8 @@ __all__ = [
     "NoRoomForFiles",
 ]
 
-TIMEOUT = 10.0
-"""Seconds a client waits for the keeper to start or answer, per call and per exit."""
-RETRY = 1.0
-"""Seconds a client waits for a keeper that was late before, until it answers again."""
+TIMEOUT = 10.0  # seconds to wait for the keeper to start or answer, per call and per exit
+RETRY = 1.0  # seconds to wait for a keeper that was late before, until it answers again
 
 
 class NoRoomForFiles(KeeperError):
@@ -109,11 +105,9 @@ def ensure_running() -> int:
 
 
 def _launch() -> subprocess.Popen[bytes] | None:
-    """Start a keeper in the background, in a session of its own so that it outlives us.
-
-    It runs in the private runtime directory with only absolute ``PYTHONPATH`` entries, so
-    that no other user's module shadows the standard library; HandleUnavailable if it cannot.
-    """
+    """Start a keeper in a session of its own (it outlives us), in the private runtime
+    directory with only absolute ``PYTHONPATH`` entries (no other user's module shadows the
+    standard library)."""
     directory = runtime_dir()
     exe = spawn.get_executable()
     code = "import sys; from sharedarrays.keeper.daemon import main; sys.exit(main())"
@@ -158,7 +152,7 @@ def _launch() -> subprocess.Popen[bytes] | None:
 
 
 def _why_it_exited(proc: subprocess.Popen[bytes]) -> str:
-    """What a keeper that exited at start said: its log's last line, and a disk-full note."""
+    """Why a keeper exited at start: its log's last line, and a disk-full note."""
     path = _log_path()
     try:
         with open(path, "rb") as f:
@@ -269,16 +263,10 @@ def disconnect(wait: float = -1) -> None:
 def request(
     req: wire.Request, fds: Sequence[int] = (), start: bool = True
 ) -> tuple[int, dict[str, Any], list[int]]:
-    """Send one request to the keeper and return ``(status, body, fds)`` (the caller's fds).
+    """Send one request to the keeper; return ``(status, body, fds)``, the fds the caller's.
 
-    Raises
-    ------
-    HandleUnavailable
-        No keeper runs, and ``start`` is false or it did not start.
-    PermissionDenied
-        The keeper's socket belongs to another user.
-    KeeperError
-        A keeper runs but did not answer in time or as a keeper does.
+    HandleUnavailable where no keeper runs (and ``start`` is false or it did not start);
+    PermissionDenied where it is another user's; KeeperError where it did not answer well.
     """
     data = req.encode()
     with STATE.keeper.lock:
@@ -325,7 +313,7 @@ def request(
 def _reply(
     sock: socket.socket, msg: bytes, flags: int, got: list[int], path: str, wait: float, sent: int
 ) -> wire.Reply | None:
-    """The keeper's reply in ``msg``, its other fds taken into ``got``; ``None`` at end of file."""
+    """The reply in ``msg``, its later fds appended to ``got``; ``None`` at end of file."""
     try:
         check_truncated(flags)
     except HandleUnavailable:
@@ -355,17 +343,8 @@ def _reply(
 
 
 def hand_over(alloc: allocation.Allocation, loads: int, seconds: float) -> None:
-    """Give the keeper ``alloc``'s handles for ``loads`` payloads in flight, for ``seconds``.
-
-    On a connection of its own, since it runs from finalizers, in any thread.
-
-    Raises
-    ------
-    KeeperError
-        The keeper did not take the handles in time, or refused them.
-    HandleUnavailable
-        No keeper could be started.
-    """
+    """Give the keeper ``alloc``'s handles for ``loads`` payloads in flight, for ``seconds``,
+    on a connection of its own (this runs from finalizers, in any thread)."""
     path = str(socket_path())
     now = time.monotonic()
     exit_wait = STATE.keeper.exit_wait
@@ -465,11 +444,8 @@ def hold(alloc_id: str) -> None:
 
 
 def release(alloc_id: str) -> None:
-    """Tell the keeper this process no longer holds ``alloc_id`` (no reply, best effort).
-
-    Never blocks (it runs from finalizers): where another thread asks the keeper, it is sent
-    before that thread's next request.
-    """
+    """Tell the keeper this process no longer holds ``alloc_id``, best effort. Never blocks
+    (it runs from finalizers): where another thread asks the keeper, it is sent later."""
     lock = STATE.keeper.lock
     STATE.keeper.deferred.append(alloc_id)
     if lock.acquire(blocking=False):
@@ -494,19 +470,9 @@ def _flush_deferred() -> None:
 def fetch_handles(
     alloc_id: str, secret: bytes, gone: HandleUnavailable
 ) -> tuple[list[int], list[int], bool]:
-    """Ask a running keeper for a parked or named allocation's handles.
-
-    Returns ``(sizes, fds, relayed)``, ``relayed`` when the keeper held them only for a
-    payload in flight whose exporter left (not a parked or named array); this process is
-    then counted as a holder.
-
-    Raises
-    ------
-    HandleUnavailable
-        ``gone``, with a note, when no keeper runs or it does not hold the allocation.
-    PermissionDenied
-        Wrong secret, or this process is not in the array's ``allow_pids``.
-    """
+    """``(sizes, fds, relayed)`` of a parked, named or in-flight (``relayed``) allocation
+    from a running keeper, which then counts this process as a holder. HandleUnavailable
+    (``gone`` and a note) where it does not hold it; PermissionDenied where refused."""
     try:
         status, body, fds = request(wire.Fetch(alloc_id, secret), start=False)
     except HandleUnavailable:
