@@ -34,7 +34,7 @@ from sharedarrays.settings import env_number
 
 __all__ = ["Keeper", "MAX_CONNECTIONS", "idle_seconds", "max_connections", "main"]
 
-MAX_CONNECTIONS = 1024  # connections open at most, by default (:func:`max_connections`)
+MAX_CONNECTIONS = 1024  # connections open at most, by default
 SOCKET_CHECK = 0.2  # seconds between checks that the socket file is still there
 FDS_WAIT = 2.0  # seconds to wait for the fds of a ``keep`` that follow its message
 ASIDE_NAME = "keeper.closing"  # the socket file while the keeper exits: no process connects
@@ -100,9 +100,7 @@ class Keeper:
     """The keeper's server loop in ``directory``; BlockingIOError where another keeper
     holds its lock."""
 
-    def __init__(
-        self, directory: Path, idle: float, max_connections: int = MAX_CONNECTIONS
-    ) -> None:
+    def __init__(self, directory: Path, idle: float, max_connections: int) -> None:
         self.idle = idle
         self.max_connections = max_connections
         self._lock_fd, self._listener, self._bound, self.path = _bind(directory)

@@ -20,42 +20,6 @@ from typing import Any, ClassVar
 from sharedarrays.errors import KeeperError
 from sharedarrays.protocol.unix import FDS_PER_MESSAGE
 
-__all__ = [
-    "MAGIC",
-    "OK",
-    "ERROR",
-    "NOT_FOUND",
-    "EXISTS",
-    "DENIED",
-    "MAX_MESSAGE",
-    "MAX_FDS",
-    "MAX_CHUNKS",
-    "MAX_NAME",
-    "MAX_NAMESPACE",
-    "MAX_IN_FLIGHT",
-    "SOCKET_NAME",
-    "LOCK_NAME",
-    "BadRequest",
-    "check_name",
-    "Hello",
-    "Keep",
-    "InFlight",
-    "Attach",
-    "Fetch",
-    "Release",
-    "Unlink",
-    "Drop",
-    "List",
-    "LIST_PAGE",
-    "MAX_DOC",
-    "list_pages",
-    "Status",
-    "Request",
-    "OPS",
-    "decode_request",
-    "Reply",
-]
-
 MAGIC = b"SAK1"
 _STATUS = struct.Struct("4sB")
 OK, ERROR, NOT_FOUND, EXISTS, DENIED = range(5)

@@ -40,23 +40,6 @@ from sharedarrays.protocol.unix import (
     send_fds,
 )
 
-__all__ = [
-    "TIMEOUT",
-    "RETRY",
-    "socket_path",
-    "ensure_running",
-    "running_pid",
-    "request",
-    "raise_for",
-    "refusal",
-    "hold",
-    "release",
-    "hand_over",
-    "fetch_handles",
-    "disconnect",
-    "NoRoomForFiles",
-]
-
 TIMEOUT = 10.0  # seconds to wait for the keeper to start or answer, per call and per exit
 RETRY = 1.0  # seconds to wait for a keeper that was late before, until it answers again
 
@@ -163,17 +146,16 @@ def _why_it_exited(proc: subprocess.Popen[bytes]) -> str:
         said = "(its log cannot be read)"
     why = f"the sharedarrays keeper exited as it started (exit status {proc.returncode}): "
     why += f"{said} (its log: {path})"
-    try:
+    with contextlib.suppress(OSError):
         st = os.statvfs(path.parent)
-    except OSError:
-        return why
-    if st.f_bavail and st.f_favail:
-        return why
-    return (
-        f"{why}; the file system of {path.parent} is full (no "
-        f"{'space' if not st.f_bavail else 'inode'} left: df -i {path.parent}). Free room "
-        "there, or set XDG_RUNTIME_DIR to a private directory (mode 0700) that has room"
-    )
+        if not st.f_bavail or not st.f_favail:
+            return (
+                f"{why}; the file system of {path.parent} is full (no "
+                f"{'space' if not st.f_bavail else 'inode'} left: df -i {path.parent}). Free "
+                "room there, or set XDG_RUNTIME_DIR to a private directory (mode 0700) that "
+                "has room"
+            )
+    return why
 
 
 def _try_connect(path: str, deadline: float) -> socket.socket | None:
@@ -274,31 +256,28 @@ def request(
         for attempt in (1, 2, 3):
             sock, path, wait = _connect(start)
             got: list[int] = []
-            try:
-                send_fds(sock, data, fds)
-                if isinstance(req, wire.Release):
-                    return wire.OK, {}, []
-                msg, flags = recv_into(sock, wire.MAX_MESSAGE, wire.MAX_FDS, got)
-            except BaseException as e:
-                for fd in got:
-                    os.close(fd)
-                # (an interrupt too: its reply would be read as the next request's)
-                disconnect()
-                if isinstance(e, TimeoutError):
-                    _answered(path, False)
-                    raise KeeperError(
-                        f"the keeper did not answer within {wait:g} s: it is overloaded or "
-                        "stopped. The request was sent and may still be carried out when it "
-                        "resumes: see python -m sharedarrays status and ls --all before "
-                        "trying it again"
-                    ) from None
-                if not isinstance(e, OSError):
-                    raise
-                if e.errno in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN) and attempt < 3:
-                    continue
-                raise KeeperError(f"asking the keeper failed: {e.strerror or e}") from None
             reply = None
             try:
+                try:
+                    send_fds(sock, data, fds)
+                    if isinstance(req, wire.Release):
+                        return wire.OK, {}, []
+                    msg, flags = recv_into(sock, wire.MAX_MESSAGE, wire.MAX_FDS, got)
+                except BaseException as e:
+                    disconnect()  # (an interrupt too: its reply would be read as the next's)
+                    if isinstance(e, TimeoutError):
+                        _answered(path, False)
+                        raise KeeperError(
+                            f"the keeper did not answer within {wait:g} s: it is overloaded or "
+                            "stopped. The request was sent and may still be carried out when "
+                            "it resumes: see python -m sharedarrays status and ls --all before "
+                            "trying it again"
+                        ) from None
+                    if not isinstance(e, OSError):
+                        raise
+                    if e.errno in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN) and attempt < 3:
+                        continue
+                    raise KeeperError(f"asking the keeper failed: {e.strerror or e}") from None
                 reply = _reply(sock, msg, flags, got, path, wait, len(fds))
             finally:
                 if reply is None:  # (an error, an interrupt, an end of file: not the caller's)
@@ -347,8 +326,7 @@ def hand_over(alloc: allocation.Allocation, loads: int, seconds: float) -> None:
     on a connection of its own (this runs from finalizers, in any thread)."""
     path = str(socket_path())
     now = time.monotonic()
-    exit_wait = STATE.keeper.exit_wait
-    began, left = (now, TIMEOUT) if exit_wait is None else exit_wait
+    began, left = STATE.keeper.exit_wait or (now, TIMEOUT)
     deadline = began + min(left, _patience(path))
     if deadline <= now:
         raise KeeperError(
