@@ -21,7 +21,7 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -533,7 +533,7 @@ def _file_id(file: str | Path | int) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main() -> int:
     """Run the keeper in this process until it is idle: 0, or 3 where another one runs."""
     idle, limit = idle_seconds(), max_connections()
     # a connection per process and a handle per chunk: raise the soft limit of open files

@@ -30,15 +30,7 @@ from sharedarrays.errors import (
 from sharedarrays.memory import allocation, registry
 from sharedarrays.process import STATE, at_exit
 from sharedarrays.protocol import keeper as wire
-from sharedarrays.protocol.unix import (
-    check_same_user,
-    check_truncated,
-    connect_unix,
-    recv_fds,
-    recv_into,
-    runtime_dir,
-    send_fds,
-)
+from sharedarrays.protocol import unix
 
 TIMEOUT = 10.0  # seconds to wait for the keeper to start or answer, per call and per exit
 RETRY = 1.0  # seconds to wait for a keeper that was late before, until it answers again
@@ -50,11 +42,11 @@ class NoRoomForFiles(KeeperError):
 
 def socket_path() -> Path:
     """The keeper's socket in this user's runtime directory."""
-    return runtime_dir() / wire.SOCKET_NAME
+    return unix.runtime_dir() / wire.SOCKET_NAME
 
 
 def _log_path() -> Path:
-    return runtime_dir() / "keeper.log"
+    return unix.runtime_dir() / "keeper.log"
 
 
 def _patience(path: str) -> float:
@@ -91,7 +83,7 @@ def _launch() -> subprocess.Popen[bytes] | None:
     """Start a keeper in a session of its own (it outlives us), in the private runtime
     directory with only absolute ``PYTHONPATH`` entries (no other user's module shadows the
     standard library)."""
-    directory = runtime_dir()
+    directory = unix.runtime_dir()
     exe = spawn.get_executable()
     code = "import sys; from sharedarrays.keeper.daemon import main; sys.exit(main())"
     env = dict(os.environ)
@@ -162,7 +154,7 @@ def _try_connect(path: str, deadline: float) -> socket.socket | None:
     """A connection to the keeper at ``path``, or ``None`` where none listens there."""
     wait = max(deadline - time.monotonic(), 0.001)
     try:
-        sock = connect_unix(path, deadline, wait)
+        sock = unix.connect_unix(path, deadline, wait)
     except TimeoutError:
         _answered(path, False)
         raise KeeperError(
@@ -183,7 +175,7 @@ def _try_connect(path: str, deadline: float) -> socket.socket | None:
             ) from None
         raise KeeperError(f"cannot connect to the keeper {path}: {e.strerror or e}") from None
     try:
-        check_same_user(sock, f"the keeper {path}")
+        unix.check_same_user(sock, f"the keeper {path}")
     except OSError as e:
         sock.close()
         raise KeeperError(f"cannot connect to the keeper {path}: {e.strerror or e}") from None
@@ -259,10 +251,10 @@ def request(
             reply = None
             try:
                 try:
-                    send_fds(sock, data, fds)
+                    unix.send_fds(sock, data, fds)
                     if isinstance(req, wire.Release):
                         return wire.OK, {}, []
-                    msg, flags = recv_into(sock, wire.MAX_MESSAGE, wire.MAX_FDS, got)
+                    msg, flags = unix.recv_into(sock, wire.MAX_MESSAGE, wire.MAX_FDS, got)
                 except BaseException as e:
                     disconnect()  # (an interrupt too: its reply would be read as the next's)
                     if isinstance(e, TimeoutError):
@@ -294,7 +286,7 @@ def _reply(
 ) -> wire.Reply | None:
     """The reply in ``msg``, its later fds appended to ``got``; ``None`` at end of file."""
     try:
-        check_truncated(flags)
+        unix.check_truncated(flags)
     except HandleUnavailable:
         raise NoRoomForFiles(
             "this process has no room for the handles the keeper sent: it has as many files "
@@ -311,7 +303,7 @@ def _reply(
         return reply
     why = "it stopped"
     try:  # the fds of an attach or fetch past the first message's
-        complete = recv_fds(sock, len(sizes), got, time.monotonic() + wait)
+        complete = unix.recv_fds(sock, len(sizes), got, time.monotonic() + wait)
         sock.settimeout(wait)  # (recv_fds left it at what remained)
     except (OSError, HandleUnavailable) as e:
         complete, why = False, str(e)
@@ -342,9 +334,9 @@ def hand_over(alloc: allocation.Allocation, loads: int, seconds: float) -> None:
     got: list[int] = []  # (none are expected: closed, whatever happens)
     try:
         with _open(path, True, deadline) as sock:
-            send_fds(sock, data, handles)
+            unix.send_fds(sock, data, handles)
             sock.settimeout(max(deadline - time.monotonic(), 0.001))
-            msg, _ = recv_into(sock, wire.MAX_MESSAGE, wire.MAX_FDS, got)
+            msg, _ = unix.recv_into(sock, wire.MAX_MESSAGE, wire.MAX_FDS, got)
     except TimeoutError:
         _answered(path, False)
         raise KeeperError(
