@@ -1,9 +1,8 @@
 """The keeper: one process per user holding the chunk handles of named, parked and
-in-flight arrays, so that their memory outlives its producer.
-
-It listens on ``keeper.sock`` in the private runtime directory, holding ``keeper.lock``.
-Each client's connection holds what it made or attached: an unlinked array is freed when its
-last holder lets go or dies. It exits after :func:`idle_seconds` holding and asked nothing.
+in-flight arrays, so that their memory outlives its producer. Started on first need, it
+listens on ``keeper.sock`` in the private runtime directory; each client's connection holds
+what it made or attached (an unlinked array is freed when its last holder lets go or dies).
+It exits after :func:`idle_seconds` holding and asked nothing.
 """
 
 from __future__ import annotations
@@ -56,8 +55,7 @@ def idle_seconds() -> float:
 
 
 def max_connections() -> int:
-    """Connections the keeper keeps open at most (``SHAREDARRAYS_KEEPER_CONNECTIONS``);
-    a process whose connection was closed reconnects."""
+    """Connections the keeper keeps open at most (``SHAREDARRAYS_KEEPER_CONNECTIONS``)."""
     return env_number("SHAREDARRAYS_KEEPER_CONNECTIONS", MAX_CONNECTIONS, 1)
 
 
@@ -97,8 +95,7 @@ class _Peer:
 
 
 class Keeper:
-    """The keeper's server loop in ``directory``; BlockingIOError where another keeper
-    holds its lock."""
+    """The keeper's server loop in ``directory`` (BlockingIOError where another holds it)."""
 
     def __init__(self, directory: Path, idle: float, max_connections: int) -> None:
         self.idle = idle
@@ -146,8 +143,7 @@ class Keeper:
             self.close()
 
     def _may_exit(self) -> bool:
-        """Whether every accepted connection was read and none waits; the socket file is
-        moved aside first (no connection comes after the check), back if one waits."""
+        """Whether all accepted was read and none waits (the socket file moved aside first)."""
         if not all(peer.asked for peer in self._peers.values()):
             return False
         aside = os.path.join(os.path.dirname(self.path), ASIDE_NAME)
@@ -176,8 +172,7 @@ class Keeper:
         os.close(self._lock_fd)
 
     def _listen_again(self) -> None:
-        """Listen again where the socket file was removed (a tmp cleaner, a logout), unless
-        another keeper took the directory: checked every :data:`SOCKET_CHECK` seconds."""
+        """Listen again where the socket file was removed (a tmp cleaner, a logout)."""
         now = time.monotonic()
         if now < self._next_check:
             return
@@ -498,8 +493,7 @@ class Keeper:
 
 def _bind(directory: Path, lock_fd: int = -1) -> tuple[int, socket.socket, Any, str]:
     """Lock ``directory`` (unless ``lock_fd`` holds it) and listen there: the lock fd, the
-    socket, its file's :func:`_file_id` and path. BlockingIOError where another keeper
-    holds the lock."""
+    socket, its file's :func:`_file_id` and path."""
     path = str(directory / wire.SOCKET_NAME)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     new = -1

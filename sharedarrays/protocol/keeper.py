@@ -148,8 +148,7 @@ def _field(req: dict[str, Any], attr: str) -> Any:
 
 @dataclass(frozen=True)
 class _Request:
-    """A request, its op its class's name in lower case; ``from_fields`` checks a decoded
-    JSON object (a field typed ``X | None`` may be absent)."""
+    """A request, its op its class's name in lower case (a field ``X | None`` may be absent)."""
 
     op: ClassVar[str]
 

@@ -80,9 +80,8 @@ def ensure_running() -> int:
 
 
 def _launch() -> subprocess.Popen[bytes] | None:
-    """Start a keeper in a session of its own (it outlives us), in the private runtime
-    directory with only absolute ``PYTHONPATH`` entries (no other user's module shadows the
-    standard library)."""
+    """Start a keeper in a session of its own, in the runtime directory with only absolute
+    ``PYTHONPATH`` entries (no other user's module shadows the standard library)."""
     directory = unix.runtime_dir()
     exe = spawn.get_executable()
     code = "import sys; from sharedarrays.keeper.daemon import main; sys.exit(main())"
@@ -238,10 +237,7 @@ def request(
     req: wire.Request, fds: Sequence[int] = (), start: bool = True
 ) -> tuple[int, dict[str, Any], list[int]]:
     """Send one request to the keeper; return ``(status, body, fds)``, the fds the caller's.
-
-    HandleUnavailable where no keeper runs (and ``start`` is false or it did not start);
-    PermissionDenied where it is another user's; KeeperError where it did not answer well.
-    """
+    HandleUnavailable where none runs (or starts), KeeperError where it did not answer well."""
     data = req.encode()
     with STATE.keeper.lock:
         _flush_deferred()
@@ -414,8 +410,8 @@ def hold(alloc_id: str) -> None:
 
 
 def release(alloc_id: str) -> None:
-    """Tell the keeper this process no longer holds ``alloc_id``, best effort. Never blocks
-    (it runs from finalizers): where another thread asks the keeper, it is sent later."""
+    """Tell the keeper this process no longer holds ``alloc_id``: never blocks (finalizers
+    call it), sent later where another thread asks the keeper."""
     lock = STATE.keeper.lock
     STATE.keeper.deferred.append(alloc_id)
     if lock.acquire(blocking=False):
