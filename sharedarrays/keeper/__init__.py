@@ -1,2 +1,1 @@
-"""The keeper daemon: a program of its own (``python -m sharedarrays.keeper``) that holds
-the handles of named and parked arrays for one user (:mod:`sharedarrays.keeper.daemon`)."""
+"""The keeper daemon, ``python -m sharedarrays.keeper`` (:mod:`sharedarrays.keeper.daemon`)."""

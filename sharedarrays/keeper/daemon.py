@@ -1,11 +1,8 @@
-"""The keeper: one process per user that holds the handles of named and parked arrays.
-
-An exported chunk handle (a memfd, a CUDA VMM fd) keeps its memory alive wherever it is held:
-the keeper holds those of named arrays (served by name) and parked ones (served for the
-secret), so memory outlives its producer. Started on first need, in a session of its own, it
-listens on ``keeper.sock`` and holds ``keeper.lock`` in the private runtime directory. Each
-client's one connection holds what it made or attached: an unlinked array is freed when its
-last holder lets go or dies. It exits after :func:`idle_seconds` holding and asked nothing.
+"""The keeper: one process per user holding the chunk handles of named, parked and
+in-flight arrays, so that their memory outlives its producer. Started on first need, it
+listens on ``keeper.sock`` in the private runtime directory; each client's connection holds
+what it made or attached (an unlinked array is freed when its last holder lets go or dies).
+It exits after :func:`idle_seconds` holding and asked nothing.
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,17 +33,12 @@ from sharedarrays.settings import env_number
 
 __all__ = ["Keeper", "MAX_CONNECTIONS", "idle_seconds", "max_connections", "main"]
 
-MAX_CONNECTIONS = 1024
-"""Connections the keeper keeps open at most, by default (:func:`max_connections`)."""
-SOCKET_CHECK = 0.2
-"""Seconds between the keeper's checks that its socket file is still there."""
-FDS_WAIT = 2.0
-"""Seconds the keeper waits for the fds of a ``keep`` that follow its message."""
-ASIDE_NAME = "keeper.closing"
-"""The keeper's socket file while it exits (:meth:`Keeper._may_exit`): no process connects."""
+MAX_CONNECTIONS = 1024  # connections open at most, by default
+SOCKET_CHECK = 0.2  # seconds between checks that the socket file is still there
+FDS_WAIT = 2.0  # seconds to wait for the fds of a ``keep`` that follow its message
+ASIDE_NAME = "keeper.closing"  # the socket file while the keeper exits: no process connects
 
-_Answer = tuple[int, dict[str, Any], list[int]]
-"""A reply to send: status, body and the fds that go with it."""
+_Answer = tuple[int, dict[str, Any], list[int]]  # a reply's status, body and fds
 
 _NO_ROOM = (
     "the keeper has no room for the handles sent: it holds as many open files as its limit "
@@ -57,14 +49,13 @@ _NO_ROOM = (
 
 
 def idle_seconds() -> float:
-    """Seconds the keeper waits, holding nothing and asked nothing, before it exits:
+    """Seconds the keeper waits, holding and asked nothing, before it exits:
     ``SHAREDARRAYS_KEEPER_IDLE`` (inherited from the process that started it), default 30."""
     return env_number("SHAREDARRAYS_KEEPER_IDLE", 30.0, 0.0)
 
 
 def max_connections() -> int:
-    """Connections the keeper keeps open at most (``SHAREDARRAYS_KEEPER_CONNECTIONS``,
-    default :data:`MAX_CONNECTIONS`); a process whose connection was closed reconnects."""
+    """Connections the keeper keeps open at most (``SHAREDARRAYS_KEEPER_CONNECTIONS``)."""
     return env_number("SHAREDARRAYS_KEEPER_CONNECTIONS", MAX_CONNECTIONS, 1)
 
 
@@ -73,7 +64,7 @@ def _say(message: str) -> None:
 
 
 class _Refused(Exception):
-    """A handler's refusal: ``args`` are the reply's status and error message."""
+    """A handler's refusal: ``args`` are the reply's status and error."""
 
 
 @dataclass
@@ -89,8 +80,8 @@ class _Entry:
     allow_pids: list[int] | None
     creator: int
     created: float
-    expires: float | None = None  # payloads in flight: unlinked at this time.monotonic()
-    loads: int = 0  # payloads in flight: unlinked after this many fetches
+    expires: float | None = None  # in flight: unlinked at this time.monotonic()
+    loads: int = 0  # in flight: unlinked after this many fetches
     linked: bool = True
     holders: set[int] = field(default_factory=set)  # peer keys (connection fds)
 
@@ -104,13 +95,9 @@ class _Peer:
 
 
 class Keeper:
-    """The keeper's server loop, listening in ``directory`` (the private runtime directory),
-    returning after ``idle`` seconds holding and asked nothing, with ``max_connections``
-    open at most. Raises ``BlockingIOError`` where another keeper holds the lock."""
+    """The keeper's server loop in ``directory`` (BlockingIOError where another holds it)."""
 
-    def __init__(
-        self, directory: Path, idle: float, max_connections: int = MAX_CONNECTIONS
-    ) -> None:
+    def __init__(self, directory: Path, idle: float, max_connections: int) -> None:
         self.idle = idle
         self.max_connections = max_connections
         self._lock_fd, self._listener, self._bound, self.path = _bind(directory)
@@ -135,8 +122,7 @@ class Keeper:
         self._stop = True
 
     def serve_forever(self) -> None:
-        """Serve until stopped, or until it held nothing and was asked nothing for
-        :attr:`idle` seconds and :meth:`_may_exit`."""
+        """Serve until stopped, or idle for :attr:`idle` seconds and :meth:`_may_exit`."""
         try:
             while not self._stop:
                 self._listen_again()
@@ -157,9 +143,7 @@ class Keeper:
             self.close()
 
     def _may_exit(self) -> bool:
-        """Whether the idle keeper may exit now: every connection it accepted has been read
-        and nothing waits. The socket file is moved aside first, so that no connection comes
-        after the check, and back when something waits."""
+        """Whether all accepted was read and none waits (the socket file moved aside first)."""
         if not all(peer.asked for peer in self._peers.values()):
             return False
         aside = os.path.join(os.path.dirname(self.path), ASIDE_NAME)
@@ -188,9 +172,7 @@ class Keeper:
         os.close(self._lock_fd)
 
     def _listen_again(self) -> None:
-        """Every :data:`SOCKET_CHECK` seconds: where the socket file was removed (a tmp
-        cleaner; systemd at a user's last logout), take the lock and listen again in the
-        runtime directory, made again; where another keeper took it, serve on until idle."""
+        """Listen again where the socket file was removed (a tmp cleaner, a logout)."""
         now = time.monotonic()
         if now < self._next_check:
             return
@@ -284,22 +266,23 @@ class Keeper:
             self._selector.unregister(peer.sock)
         peer.sock.close()
         for alloc_id in peer.held:
-            entry = self._entries.get(alloc_id)
-            if entry is not None:
-                entry.holders.discard(key)
-                self._maybe_free(entry)
+            self._let_go(key, alloc_id)
 
     def _unlink_entry(self, entry: _Entry) -> None:
-        """Unlink ``entry`` (its name goes, no payload in flight any more): freed when no
-        process holds it."""
+        """Drop ``entry``'s name and payloads in flight: freed once no process holds it."""
         entry.expires, entry.loads, entry.linked = None, 0, False
         if entry.name is not None and self._names.get(entry.name) == entry.id:
             del self._names[entry.name]
-        self._maybe_free(entry)
-
-    def _maybe_free(self, entry: _Entry) -> None:
-        if not entry.linked and not entry.holders:
+        if not entry.holders:
             self._free(entry)
+
+    def _let_go(self, key: int, alloc_id: str) -> None:
+        """Connection ``key`` no longer holds ``alloc_id``: freed if unlinked and unheld."""
+        entry = self._entries.get(alloc_id)
+        if entry is not None:
+            entry.holders.discard(key)
+            if not entry.linked and not entry.holders:
+                self._free(entry)
 
     def _free(self, entry: _Entry) -> None:
         self._entries.pop(entry.id, None)
@@ -308,9 +291,8 @@ class Keeper:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
-    # requests: _<op>(peer, request, fds) -> reply ----------------------------------------
+    # requests: _<op>(peer, request, fds) -> reply (None: no reply) -------------------------
     def _handle(self, peer: _Peer, msg: bytes, fds: list[int], flags: int) -> _Answer | None:
-        """Answer one message (``None``: no reply), by the handler of its request's type."""
         try:
             if flags & socket.MSG_TRUNC or (flags & socket.MSG_CTRUNC and len(fds) >= wire.MAX_FDS):
                 raise wire.BadRequest(
@@ -337,11 +319,9 @@ class Keeper:
         return wire.OK, {"pid": os.getpid(), "version": 1}, []
 
     def _release(self, peer: _Peer, req: wire.Release, fds: list[int]) -> None:
-        entry = self._entries.get(req.alloc_id)
-        if entry is not None and entry.id in peer.held:
-            peer.held.discard(entry.id)
-            entry.holders.discard(peer.sock.fileno())
-            self._maybe_free(entry)
+        if req.alloc_id in peer.held:
+            peer.held.discard(req.alloc_id)
+            self._let_go(peer.sock.fileno(), req.alloc_id)
 
     def _list(self, peer: _Peer, req: wire.List, fds: list[int]) -> _Answer:
         arrays: list[dict[str, Any]] = []
@@ -366,13 +346,12 @@ class Keeper:
                 peer.sock.setblocking(False)
         if len(fds) != len(req.sizes):
             raise wire.BadRequest(f"{len(req.sizes)} chunk sizes but {len(fds)} file descriptors")
-        check_chunk_fd = handle_check(req.doc.get("backend"))
-        for fd, size in zip(fds, req.sizes):
-            try:  # an unsealed memfd would let its sender crash every attacher (SIGBUS)
-                if check_chunk_fd is not None:
-                    check_chunk_fd(fd, size)
-            except PayloadError as e:
-                raise wire.BadRequest(str(e)) from None
+        check = handle_check(req.doc.get("backend")) or (lambda fd, size: None)
+        try:  # an unsealed memfd would let its sender crash every attacher (SIGBUS)
+            for fd, size in zip(fds, req.sizes):
+                check(fd, size)
+        except PayloadError as e:
+            raise wire.BadRequest(str(e)) from None
         flight = req.in_flight
         expires = None if flight is None else time.monotonic() + flight.seconds
         loads = 0 if flight is None else flight.loads
@@ -470,8 +449,7 @@ class Keeper:
         return wire.OK, {}, []
 
     def _drop(self, peer: _Peer, req: wire.Drop, fds: list[int]) -> _Answer:
-        """``drop``: unlink an unnamed entry by id alone (the peer is this user's, checked
-        at accept); a named one is refused."""
+        """Unlink an unnamed entry by id alone (the peer is this user's, checked at accept)."""
         entry = self._linked(req.alloc_id)
         if entry.name is not None:
             error = f"allocation {req.alloc_id} is named {entry.name!r}: unlink it by its name"
@@ -514,10 +492,8 @@ class Keeper:
 
 
 def _bind(directory: Path, lock_fd: int = -1) -> tuple[int, socket.socket, Any, str]:
-    """Lock ``directory``'s lock file (unless ``lock_fd`` is it already; ``BlockingIOError``
-    where another keeper holds it), write this pid in it, and listen there (replacing a
-    socket file left by a keeper that died): the lock fd, the socket, its file's
-    :func:`_file_id` and path."""
+    """Lock ``directory`` (unless ``lock_fd`` holds it) and listen there: the lock fd, the
+    socket, its file's :func:`_file_id` and path."""
     path = str(directory / wire.SOCKET_NAME)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     new = -1
@@ -543,7 +519,7 @@ def _bind(directory: Path, lock_fd: int = -1) -> tuple[int, socket.socket, Any, 
 
 
 def _file_id(file: str | Path | int) -> tuple[int, int] | None:
-    """The device and inode of a file (a path, not followed, or an fd); ``None`` if gone."""
+    """The device and inode of a path (not followed) or fd; ``None`` if gone."""
     try:
         st = os.fstat(file) if isinstance(file, int) else os.lstat(file)
     except OSError:
@@ -551,7 +527,7 @@ def _file_id(file: str | Path | int) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main() -> int:
     """Run the keeper in this process until it is idle: 0, or 3 where another one runs."""
     idle, limit = idle_seconds(), max_connections()
     # a connection per process and a handle per chunk: raise the soft limit of open files

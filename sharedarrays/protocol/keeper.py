@@ -1,9 +1,8 @@
 """The keeper's wire format: requests and replies, as typed records.
 
-A request on ``keeper.sock`` is ``b"SAK1"`` + a JSON object with an ``"op"``; a ``keep``
-carries one chunk fd per size. A reply is ``b"SAK1"`` + a status byte + a JSON object, with
-any fds batched by :func:`sharedarrays.protocol.unix.send_fds`; ``release`` has no reply.
-Each request field is named and checked once, in ``_FIELDS``.
+A request is ``b"SAK1"`` + a JSON object with an ``"op"`` (a ``keep`` carries one chunk fd
+per size); a reply is ``b"SAK1"`` + a status byte + a JSON object, its fds batched by
+:func:`~sharedarrays.protocol.unix.send_fds`. ``release`` has no reply.
 """
 
 from __future__ import annotations
@@ -21,69 +20,21 @@ from typing import Any, ClassVar
 from sharedarrays.errors import KeeperError
 from sharedarrays.protocol.unix import FDS_PER_MESSAGE
 
-__all__ = [
-    "MAGIC",
-    "OK",
-    "ERROR",
-    "NOT_FOUND",
-    "EXISTS",
-    "DENIED",
-    "MAX_MESSAGE",
-    "MAX_FDS",
-    "MAX_CHUNKS",
-    "MAX_NAME",
-    "MAX_NAMESPACE",
-    "MAX_IN_FLIGHT",
-    "SOCKET_NAME",
-    "LOCK_NAME",
-    "BadRequest",
-    "check_name",
-    "Hello",
-    "Keep",
-    "InFlight",
-    "Attach",
-    "Fetch",
-    "Release",
-    "Unlink",
-    "Drop",
-    "List",
-    "LIST_PAGE",
-    "MAX_DOC",
-    "list_pages",
-    "Status",
-    "Request",
-    "OPS",
-    "decode_request",
-    "Reply",
-]
-
 MAGIC = b"SAK1"
 _STATUS = struct.Struct("4sB")
 OK, ERROR, NOT_FOUND, EXISTS, DENIED = range(5)
-MAX_MESSAGE = 1 << 16
-"""Largest keeper message in bytes (requests and replies)."""
-MAX_FDS = FDS_PER_MESSAGE
-"""Most fds one keeper message carries; the rest follow on messages of their own."""
-MAX_CHUNKS = 2048
-"""Most chunks a kept array may have."""
-MAX_NAME = 128
-"""Longest array name in characters."""
-MAX_NAMESPACE = 64
-"""Longest namespace in characters (the keeper holds a name as ``namespace/name``)."""
-MAX_IN_FLIGHT = 7 * 86400.0
-"""Longest bound the keeper accepts for payloads in flight (seconds)."""
-MAX_SIZE = 1 << 56
-"""Largest chunk size a ``keep`` request may give."""
-MAX_ALLOW_PIDS = 4096
-"""Most pids in a ``keep`` request's ``allow_pids``."""
-MAX_DOC = 8 << 10
-"""Longest ``doc`` of a ``keep`` (bytes of JSON), well within a ``list`` page."""
-LIST_PAGE = 48 << 10
-"""Bytes of array descriptions in one ``list`` reply (under :data:`MAX_MESSAGE`)."""
-SOCKET_NAME = "keeper.sock"
-"""The keeper's socket, in the runtime directory."""
-LOCK_NAME = "keeper.lock"
-"""The lock file a live keeper holds (``fcntl.flock``), in the runtime directory."""
+MAX_MESSAGE = 1 << 16  # bytes of a keeper message, request or reply
+MAX_FDS = FDS_PER_MESSAGE  # fds of one message; the rest follow on messages of their own
+MAX_CHUNKS = 2048  # chunks of a kept array
+MAX_NAME = 128  # characters of an array name
+MAX_NAMESPACE = 64  # characters of a namespace (a name is held as ``namespace/name``)
+MAX_IN_FLIGHT = 7 * 86400.0  # seconds a payload in flight may be held
+MAX_SIZE = 1 << 56  # bytes of a chunk in a ``keep``
+MAX_ALLOW_PIDS = 4096  # pids in a ``keep``'s ``allow_pids``
+MAX_DOC = 8 << 10  # bytes of a ``keep``'s ``doc`` as JSON, well within a ``list`` page
+LIST_PAGE = 48 << 10  # bytes of array descriptions in one ``list`` reply
+SOCKET_NAME = "keeper.sock"  # in the runtime directory
+LOCK_NAME = "keeper.lock"  # held (``fcntl.flock``) by the live keeper
 _NAME = re.compile(r"^(?:([A-Za-z0-9][A-Za-z0-9._-]*)/)?([A-Za-z0-9][A-Za-z0-9._-]*)\Z")
 
 
@@ -92,17 +43,10 @@ class BadRequest(KeeperError):
 
 
 def check_name(name: object) -> str:
-    """Return ``name`` if it is a valid array name in the keeper, else raise.
+    """Return ``name`` if it is a valid array name, else raise TypeError or ValueError.
 
     1 to 128 characters of ``A-Z a-z 0-9 . _ -``, not starting with ``.``, ``_`` or ``-``,
     after an optional ``namespace/`` of up to 64 such characters.
-
-    Raises
-    ------
-    TypeError
-        ``name`` is not a str.
-    ValueError
-        Empty, too long, or with other characters.
     """
     if not isinstance(name, str):
         raise TypeError(f"an array name is a str, not {type(name).__name__}")
@@ -204,9 +148,7 @@ def _field(req: dict[str, Any], attr: str) -> Any:
 
 @dataclass(frozen=True)
 class _Request:
-    """A request, its op its class's name in lower case: ``encode()`` gives its bytes,
-    ``from_fields(req)`` checks a decoded JSON object (a field typed ``X | None`` may be
-    absent)."""
+    """A request, its op its class's name in lower case (a field ``X | None`` may be absent)."""
 
     op: ClassVar[str]
 
@@ -332,20 +274,12 @@ def list_pages(ask: Callable[[List], tuple[int, dict[str, Any]]]) -> tuple[int, 
 
 
 Request = Hello | Keep | Attach | Fetch | Release | Unlink | Drop | List | Status
-"""Any keeper request."""
-
 OPS: Mapping[str, type[Request]] = MappingProxyType({c.op: c for c in typing.get_args(Request)})
-"""Every request type, by its op."""
 
 
 def decode_request(msg: bytes, fds: int = 0) -> Request:
-    """The request in ``msg``, which came with ``fds`` file descriptors.
-
-    Raises
-    ------
-    BadRequest
-        A malformed message, an unknown op, fds with an op but ``keep``, or a bad field.
-    """
+    """The request in ``msg``, which came with ``fds`` file descriptors; BadRequest where it
+    is malformed, of an unknown op, has a bad field, or fds with an op but ``keep``."""
     if len(msg) > MAX_MESSAGE or fds > MAX_FDS:
         raise BadRequest(f"message too long (at most {MAX_MESSAGE} bytes, {MAX_FDS} fds)")
     if not msg.startswith(MAGIC):
@@ -362,8 +296,7 @@ def decode_request(msg: bytes, fds: int = 0) -> Request:
     cls = OPS.get(op) if type(op) is str else None
     if cls is None:
         raise BadRequest(f"unknown op {op!r}")
-    request: Request = cls.from_fields(req)
-    return request
+    return cls.from_fields(req)
 
 
 @dataclass(frozen=True)
@@ -378,8 +311,7 @@ class Reply:
 
     @classmethod
     def decode(cls, msg: bytes) -> Reply:
-        """The reply in ``msg``; raises :class:`~sharedarrays.KeeperError` if truncated or
-        not a keeper reply."""
+        """The reply in ``msg``; KeeperError if truncated or not a keeper reply."""
         if len(msg) < _STATUS.size:
             raise KeeperError("the keeper sent a truncated reply")
         magic, status = _STATUS.unpack_from(msg)

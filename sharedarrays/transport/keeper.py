@@ -1,8 +1,6 @@
-"""The keeper's client: naming, parking, attaching and listing arrays.
-
-Each process keeps one connection to this user's keeper (:mod:`sharedarrays.keeper`,
-started on first need), which counts it as a holder of what it created or attached;
-payloads in flight are handed over on a connection of their own (:func:`hand_over`).
+"""The keeper's client. Each process keeps one connection to this user's keeper (started on
+first need), which counts it as a holder of what it created or attached; payloads in flight
+are handed over on a connection of their own (:func:`hand_over`).
 """
 
 from __future__ import annotations
@@ -32,37 +30,10 @@ from sharedarrays.errors import (
 from sharedarrays.memory import allocation, registry
 from sharedarrays.process import STATE, at_exit
 from sharedarrays.protocol import keeper as wire
-from sharedarrays.protocol.unix import (
-    check_same_user,
-    check_truncated,
-    connect_unix,
-    recv_fds,
-    recv_into,
-    runtime_dir,
-    send_fds,
-)
+from sharedarrays.protocol import unix
 
-__all__ = [
-    "TIMEOUT",
-    "RETRY",
-    "socket_path",
-    "ensure_running",
-    "running_pid",
-    "request",
-    "raise_for",
-    "refusal",
-    "hold",
-    "release",
-    "hand_over",
-    "fetch_handles",
-    "disconnect",
-    "NoRoomForFiles",
-]
-
-TIMEOUT = 10.0
-"""Seconds a client waits for the keeper to start or answer, per call and per exit."""
-RETRY = 1.0
-"""Seconds a client waits for a keeper that was late before, until it answers again."""
+TIMEOUT = 10.0  # seconds to wait for the keeper to start or answer, per call and per exit
+RETRY = 1.0  # seconds to wait for a keeper that was late before, until it answers again
 
 
 class NoRoomForFiles(KeeperError):
@@ -71,11 +42,11 @@ class NoRoomForFiles(KeeperError):
 
 def socket_path() -> Path:
     """The keeper's socket in this user's runtime directory."""
-    return runtime_dir() / wire.SOCKET_NAME
+    return unix.runtime_dir() / wire.SOCKET_NAME
 
 
 def _log_path() -> Path:
-    return runtime_dir() / "keeper.log"
+    return unix.runtime_dir() / "keeper.log"
 
 
 def _patience(path: str) -> float:
@@ -109,12 +80,9 @@ def ensure_running() -> int:
 
 
 def _launch() -> subprocess.Popen[bytes] | None:
-    """Start a keeper in the background, in a session of its own so that it outlives us.
-
-    It runs in the private runtime directory with only absolute ``PYTHONPATH`` entries, so
-    that no other user's module shadows the standard library; HandleUnavailable if it cannot.
-    """
-    directory = runtime_dir()
+    """Start a keeper in a session of its own, in the runtime directory with only absolute
+    ``PYTHONPATH`` entries (no other user's module shadows the standard library)."""
+    directory = unix.runtime_dir()
     exe = spawn.get_executable()
     code = "import sys; from sharedarrays.keeper.daemon import main; sys.exit(main())"
     env = dict(os.environ)
@@ -158,7 +126,7 @@ def _launch() -> subprocess.Popen[bytes] | None:
 
 
 def _why_it_exited(proc: subprocess.Popen[bytes]) -> str:
-    """What a keeper that exited at start said: its log's last line, and a disk-full note."""
+    """Why a keeper exited at start: its log's last line, and a disk-full note."""
     path = _log_path()
     try:
         with open(path, "rb") as f:
@@ -169,24 +137,23 @@ def _why_it_exited(proc: subprocess.Popen[bytes]) -> str:
         said = "(its log cannot be read)"
     why = f"the sharedarrays keeper exited as it started (exit status {proc.returncode}): "
     why += f"{said} (its log: {path})"
-    try:
+    with contextlib.suppress(OSError):
         st = os.statvfs(path.parent)
-    except OSError:
-        return why
-    if st.f_bavail and st.f_favail:
-        return why
-    return (
-        f"{why}; the file system of {path.parent} is full (no "
-        f"{'space' if not st.f_bavail else 'inode'} left: df -i {path.parent}). Free room "
-        "there, or set XDG_RUNTIME_DIR to a private directory (mode 0700) that has room"
-    )
+        if not st.f_bavail or not st.f_favail:
+            return (
+                f"{why}; the file system of {path.parent} is full (no "
+                f"{'space' if not st.f_bavail else 'inode'} left: df -i {path.parent}). Free "
+                "room there, or set XDG_RUNTIME_DIR to a private directory (mode 0700) that "
+                "has room"
+            )
+    return why
 
 
 def _try_connect(path: str, deadline: float) -> socket.socket | None:
     """A connection to the keeper at ``path``, or ``None`` where none listens there."""
     wait = max(deadline - time.monotonic(), 0.001)
     try:
-        sock = connect_unix(path, deadline, wait)
+        sock = unix.connect_unix(path, deadline, wait)
     except TimeoutError:
         _answered(path, False)
         raise KeeperError(
@@ -207,7 +174,7 @@ def _try_connect(path: str, deadline: float) -> socket.socket | None:
             ) from None
         raise KeeperError(f"cannot connect to the keeper {path}: {e.strerror or e}") from None
     try:
-        check_same_user(sock, f"the keeper {path}")
+        unix.check_same_user(sock, f"the keeper {path}")
     except OSError as e:
         sock.close()
         raise KeeperError(f"cannot connect to the keeper {path}: {e.strerror or e}") from None
@@ -269,48 +236,36 @@ def disconnect(wait: float = -1) -> None:
 def request(
     req: wire.Request, fds: Sequence[int] = (), start: bool = True
 ) -> tuple[int, dict[str, Any], list[int]]:
-    """Send one request to the keeper and return ``(status, body, fds)`` (the caller's fds).
-
-    Raises
-    ------
-    HandleUnavailable
-        No keeper runs, and ``start`` is false or it did not start.
-    PermissionDenied
-        The keeper's socket belongs to another user.
-    KeeperError
-        A keeper runs but did not answer in time or as a keeper does.
-    """
+    """Send one request to the keeper; return ``(status, body, fds)``, the fds the caller's.
+    HandleUnavailable where none runs (or starts), KeeperError where it did not answer well."""
     data = req.encode()
     with STATE.keeper.lock:
         _flush_deferred()
         for attempt in (1, 2, 3):
             sock, path, wait = _connect(start)
             got: list[int] = []
-            try:
-                send_fds(sock, data, fds)
-                if isinstance(req, wire.Release):
-                    return wire.OK, {}, []
-                msg, flags = recv_into(sock, wire.MAX_MESSAGE, wire.MAX_FDS, got)
-            except BaseException as e:
-                for fd in got:
-                    os.close(fd)
-                # (an interrupt too: its reply would be read as the next request's)
-                disconnect()
-                if isinstance(e, TimeoutError):
-                    _answered(path, False)
-                    raise KeeperError(
-                        f"the keeper did not answer within {wait:g} s: it is overloaded or "
-                        "stopped. The request was sent and may still be carried out when it "
-                        "resumes: see python -m sharedarrays status and ls --all before "
-                        "trying it again"
-                    ) from None
-                if not isinstance(e, OSError):
-                    raise
-                if e.errno in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN) and attempt < 3:
-                    continue
-                raise KeeperError(f"asking the keeper failed: {e.strerror or e}") from None
             reply = None
             try:
+                try:
+                    unix.send_fds(sock, data, fds)
+                    if isinstance(req, wire.Release):
+                        return wire.OK, {}, []
+                    msg, flags = unix.recv_into(sock, wire.MAX_MESSAGE, wire.MAX_FDS, got)
+                except BaseException as e:
+                    disconnect()  # (an interrupt too: its reply would be read as the next's)
+                    if isinstance(e, TimeoutError):
+                        _answered(path, False)
+                        raise KeeperError(
+                            f"the keeper did not answer within {wait:g} s: it is overloaded or "
+                            "stopped. The request was sent and may still be carried out when "
+                            "it resumes: see python -m sharedarrays status and ls --all before "
+                            "trying it again"
+                        ) from None
+                    if not isinstance(e, OSError):
+                        raise
+                    if e.errno in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN) and attempt < 3:
+                        continue
+                    raise KeeperError(f"asking the keeper failed: {e.strerror or e}") from None
                 reply = _reply(sock, msg, flags, got, path, wait, len(fds))
             finally:
                 if reply is None:  # (an error, an interrupt, an end of file: not the caller's)
@@ -325,9 +280,9 @@ def request(
 def _reply(
     sock: socket.socket, msg: bytes, flags: int, got: list[int], path: str, wait: float, sent: int
 ) -> wire.Reply | None:
-    """The keeper's reply in ``msg``, its other fds taken into ``got``; ``None`` at end of file."""
+    """The reply in ``msg``, its later fds appended to ``got``; ``None`` at end of file."""
     try:
-        check_truncated(flags)
+        unix.check_truncated(flags)
     except HandleUnavailable:
         raise NoRoomForFiles(
             "this process has no room for the handles the keeper sent: it has as many files "
@@ -344,7 +299,7 @@ def _reply(
         return reply
     why = "it stopped"
     try:  # the fds of an attach or fetch past the first message's
-        complete = recv_fds(sock, len(sizes), got, time.monotonic() + wait)
+        complete = unix.recv_fds(sock, len(sizes), got, time.monotonic() + wait)
         sock.settimeout(wait)  # (recv_fds left it at what remained)
     except (OSError, HandleUnavailable) as e:
         complete, why = False, str(e)
@@ -355,21 +310,11 @@ def _reply(
 
 
 def hand_over(alloc: allocation.Allocation, loads: int, seconds: float) -> None:
-    """Give the keeper ``alloc``'s handles for ``loads`` payloads in flight, for ``seconds``.
-
-    On a connection of its own, since it runs from finalizers, in any thread.
-
-    Raises
-    ------
-    KeeperError
-        The keeper did not take the handles in time, or refused them.
-    HandleUnavailable
-        No keeper could be started.
-    """
+    """Give the keeper ``alloc``'s handles for ``loads`` payloads in flight, for ``seconds``,
+    on a connection of its own (this runs from finalizers, in any thread)."""
     path = str(socket_path())
     now = time.monotonic()
-    exit_wait = STATE.keeper.exit_wait
-    began, left = (now, TIMEOUT) if exit_wait is None else exit_wait
+    began, left = STATE.keeper.exit_wait or (now, TIMEOUT)
     deadline = began + min(left, _patience(path))
     if deadline <= now:
         raise KeeperError(
@@ -385,9 +330,9 @@ def hand_over(alloc: allocation.Allocation, loads: int, seconds: float) -> None:
     got: list[int] = []  # (none are expected: closed, whatever happens)
     try:
         with _open(path, True, deadline) as sock:
-            send_fds(sock, data, handles)
+            unix.send_fds(sock, data, handles)
             sock.settimeout(max(deadline - time.monotonic(), 0.001))
-            msg, _ = recv_into(sock, wire.MAX_MESSAGE, wire.MAX_FDS, got)
+            msg, _ = unix.recv_into(sock, wire.MAX_MESSAGE, wire.MAX_FDS, got)
     except TimeoutError:
         _answered(path, False)
         raise KeeperError(
@@ -465,11 +410,8 @@ def hold(alloc_id: str) -> None:
 
 
 def release(alloc_id: str) -> None:
-    """Tell the keeper this process no longer holds ``alloc_id`` (no reply, best effort).
-
-    Never blocks (it runs from finalizers): where another thread asks the keeper, it is sent
-    before that thread's next request.
-    """
+    """Tell the keeper this process no longer holds ``alloc_id``: never blocks (finalizers
+    call it), sent later where another thread asks the keeper."""
     lock = STATE.keeper.lock
     STATE.keeper.deferred.append(alloc_id)
     if lock.acquire(blocking=False):
@@ -494,19 +436,9 @@ def _flush_deferred() -> None:
 def fetch_handles(
     alloc_id: str, secret: bytes, gone: HandleUnavailable
 ) -> tuple[list[int], list[int], bool]:
-    """Ask a running keeper for a parked or named allocation's handles.
-
-    Returns ``(sizes, fds, relayed)``, ``relayed`` when the keeper held them only for a
-    payload in flight whose exporter left (not a parked or named array); this process is
-    then counted as a holder.
-
-    Raises
-    ------
-    HandleUnavailable
-        ``gone``, with a note, when no keeper runs or it does not hold the allocation.
-    PermissionDenied
-        Wrong secret, or this process is not in the array's ``allow_pids``.
-    """
+    """``(sizes, fds, relayed)`` of a parked, named or in-flight (``relayed``) allocation
+    from a running keeper, which then counts this process as a holder. HandleUnavailable
+    (``gone`` and a note) where it does not hold it; PermissionDenied where refused."""
     try:
         status, body, fds = request(wire.Fetch(alloc_id, secret), start=False)
     except HandleUnavailable:

@@ -36,6 +36,7 @@ from sharedarrays import process
 from sharedarrays.cli import main as cli_main
 from sharedarrays.memory import registry as sa_registry
 from sharedarrays.protocol import keeper as wire
+from sharedarrays.protocol import unix
 from sharedarrays.transport import keeper
 
 __all__ = ["private_keeper"]  # a fixture, used by name
@@ -944,7 +945,7 @@ def test_fds_of_an_interrupted_reply_are_closed(
         fds.append(r)
         raise Interrupted
 
-    monkeypatch.setattr(keeper, "recv_into", interrupted)
+    monkeypatch.setattr(unix, "recv_into", interrupted)
     with pytest.raises(Interrupted):
         keeper.request(wire.Attach("x"), start=False)
     try:
