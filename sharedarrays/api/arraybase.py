@@ -1,10 +1,12 @@
-"""The base of the array's method families: its state, what the array supplies, and the
-helpers that unwrap SharedDeviceArrays into their native arrays (arguments, ``out=``)."""
+"""The base of the array's method families: its state, its operators (computed on the native
+array; the in-place forms write shared memory), and the helpers that unwrap views into native
+arrays (arguments, ``out=``)."""
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 
@@ -16,13 +18,15 @@ if TYPE_CHECKING:
 __all__ = ["ArrayBase", "shareable_dtype"]
 
 _A = TypeVar("_A", bound="ArrayBase")
+_Op = Callable[[Any, Any], Any]
+_Method = Callable[[Any, object], Any]
 
 _READONLY = "assignment destination is read-only"  # NumPy's message for the same misuse
 
 
 def shareable_dtype(dtype: Any, instead: str) -> np.dtype[Any]:
-    """``dtype`` as a NumPy dtype, where a shared array can hold it (bool, integer, float or
-    complex); else a TypeError saying ``instead``."""
+    """``dtype`` as a NumPy dtype a shared array can hold (bool, integer, float, complex);
+    else a TypeError saying ``instead``."""
     dt: np.dtype[Any] = np.dtype(dtype)
     if dt.kind not in "biufc" or dt.fields is not None or dt.subdtype is not None:
         raise TypeError(
@@ -33,25 +37,23 @@ def shareable_dtype(dtype: Any, instead: str) -> np.dtype[Any]:
 
 
 def _native(obj: Any) -> Any:
-    """The native array of a SharedDeviceArray; anything else as it is."""
+    """The native array of a view; anything else as it is."""
     return obj.array if isinstance(obj, ArrayBase) else obj
 
 
 def _native_nested(obj: Any) -> Any:
     """:func:`_native` through lists, tuples and dicts (``np.concatenate([a, b])``)."""
-    if isinstance(obj, ArrayBase):
-        return obj.array
     if type(obj) is list:
         return [_native_nested(x) for x in obj]
     if type(obj) is tuple:
         return tuple(_native_nested(x) for x in obj)
     if type(obj) is dict:
         return {k: _native_nested(v) for k, v in obj.items()}
-    return obj
+    return _native(obj)
 
 
 def _check_writable(target: Any) -> None:
-    """Refuse to write a read-only (or closed) SharedDeviceArray, as NumPy refuses."""
+    """Refuse to write a read-only (or closed) view, as NumPy refuses."""
     if isinstance(target, ArrayBase):
         target._writable_native()
 
@@ -70,7 +72,7 @@ def _outs(kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
 
 
 def _with_outs(result: Any, outs: tuple[Any, ...] | None) -> Any:
-    """``result`` with the native arrays of SharedDeviceArray outputs replaced by those."""
+    """``result`` with the native arrays of shared outputs replaced by those."""
     if outs is None:
         return result
     shared = {id(o.array): o for o in outs if isinstance(o, ArrayBase)}
@@ -79,10 +81,44 @@ def _with_outs(result: Any, outs: tuple[Any, ...] | None) -> Any:
     return shared.get(id(result), result)
 
 
-class ArrayBase:
-    """The view's state, and what the array supplies to its methods."""
+def _apply(
+    func: Callable[..., Any], args: Any, kwargs: dict[str, Any], native_out: bool = False
+) -> Any:
+    """``func`` on the native arrays of ``args`` and ``kwargs``; shared ``out=`` arrays are
+    written and (unless ``native_out``) returned."""
+    kwargs = dict(kwargs)
+    outs = _outs(kwargs)
+    result = func(*_native_nested(args), **_native_nested(kwargs))
+    return result if native_out else _with_outs(result, outs)
 
-    # the view's state, set by the array
+
+def _forms(op: _Op, iop: _Op | None = None) -> tuple[_Method, ...]:
+    """The operator ``op``, its reflected form and (given ``iop``) its in-place form."""
+
+    def binary(self: ArrayBase, other: object) -> Any:
+        return op(self.array, _native(other))
+
+    def reflected(self: ArrayBase, other: object) -> Any:
+        return op(_native(other), self.array)
+
+    if iop is None:
+        return binary, reflected
+
+    def inplace(self: ArrayBase, other: object) -> Any:
+        iop(self._writable_native(), _native(other))
+        return self
+
+    return binary, reflected, inplace
+
+
+def _unary(op: Callable[[Any], Any]) -> Callable[[ArrayBase], Any]:
+    return lambda self: op(self.array)
+
+
+class ArrayBase:
+    """The view's state, its operators, and what the array supplies to its methods.
+    Comparisons are elementwise, so, like :class:`numpy.ndarray`, the array is unhashable."""
+
     __slots__ = (
         "_lease",
         "_dtype",
@@ -101,6 +137,7 @@ class ArrayBase:
     _readonly: bool
     _native: Any
     _packed: ViewTuple | None
+    __hash__: ClassVar[None]  # type: ignore[assignment]
 
     if TYPE_CHECKING:  # supplied by the array (sharedarrays.api.array)
 
@@ -129,6 +166,49 @@ class ArrayBase:
             raise ValueError(_READONLY)
         return native
 
-    def _inplace(self: _A, op: Callable[[Any, Any], Any], other: Any) -> _A:
-        op(self._writable_native(), _native(other))
-        return self
+    __eq__ = _forms(operator.eq)[0]
+    __ne__ = _forms(operator.ne)[0]
+    __lt__ = _forms(operator.lt)[0]
+    __le__ = _forms(operator.le)[0]
+    __gt__ = _forms(operator.gt)[0]
+    __ge__ = _forms(operator.ge)[0]
+    __add__, __radd__, __iadd__ = _forms(operator.add, operator.iadd)
+    __sub__, __rsub__, __isub__ = _forms(operator.sub, operator.isub)
+    __mul__, __rmul__, __imul__ = _forms(operator.mul, operator.imul)
+    __truediv__, __rtruediv__, __itruediv__ = _forms(operator.truediv, operator.itruediv)
+    __floordiv__, __rfloordiv__, __ifloordiv__ = _forms(operator.floordiv, operator.ifloordiv)
+    __mod__, __rmod__, __imod__ = _forms(operator.mod, operator.imod)
+    __divmod__, __rdivmod__ = _forms(divmod)
+    __pow__, __rpow__, __ipow__ = _forms(operator.pow, operator.ipow)
+    __matmul__, __rmatmul__, __imatmul__ = _forms(operator.matmul, operator.imatmul)
+    __and__, __rand__, __iand__ = _forms(operator.and_, operator.iand)
+    __or__, __ror__, __ior__ = _forms(operator.or_, operator.ior)
+    __xor__, __rxor__, __ixor__ = _forms(operator.xor, operator.ixor)
+    __lshift__, __rlshift__, __ilshift__ = _forms(operator.lshift, operator.ilshift)
+    __rshift__, __rrshift__, __irshift__ = _forms(operator.rshift, operator.irshift)
+    __neg__ = _unary(operator.neg)
+    __pos__ = _unary(operator.pos)
+    __invert__ = _unary(operator.invert)
+    __abs__ = _unary(abs)
+    # scalars (size 1 only, NumPy's errors otherwise)
+    __bool__ = _unary(bool)
+    __float__ = _unary(float)
+    __int__ = _unary(int)
+    __complex__ = _unary(complex)
+
+    def __round__(self, ndigits: int | None = None) -> Any:
+        native = self.array
+        if native.ndim == 0:  # its scalar's round, as NumPy's indexing would have given
+            native = native[()] if isinstance(native, np.ndarray) else native.item()
+        return round(native) if ndigits is None else round(native, ndigits)
+
+    def __index__(self) -> int:
+        native = self.array
+        if isinstance(native, np.ndarray):
+            return operator.index(native)
+        if native.size != 1 or native.dtype.kind not in "iub":  # CuPy has no __index__
+            raise TypeError("only integer scalar arrays can be converted to a scalar index")
+        return operator.index(native.item())
+
+    def __contains__(self, value: object) -> bool:
+        return bool(_native(value) in self.array)

@@ -1,10 +1,10 @@
-"""What makes a :class:`~sharedarrays.SharedDeviceArray` act like its native array.
+"""What makes a :class:`~sharedarrays.SharedDeviceArray` act like its native array: NumPy
+dispatch, the array API namespace, reductions and in-place methods (the operators are
+:mod:`~sharedarrays.api.arraybase`'s, the shape views :mod:`~sharedarrays.api.shapeviews`').
 
-Everything is computed on the native array: **new memory** (``a + 1``, ``a.sum()``,
-``np.sqrt(a)``) is a native array, not shared; **in-place** operations (``a += 1``,
-``np.add(a, 1, out=a)``) write the shared memory; **shape views** (``a.T``, the
-:mod:`~sharedarrays.api.shapeviews`) are shared. This module adds NumPy dispatch, the array
-API namespace, reductions and in-place methods to the operators and shape views.
+New memory (``a + 1``, ``a.sum()``, ``np.sqrt(a)``) is a native array, not shared; in-place
+operations (``a += 1``, ``np.add(a, 1, out=a)``) write the shared memory; shape views (``a.T``)
+are shared.
 """
 
 from __future__ import annotations
@@ -17,15 +17,7 @@ from typing import Any
 import numpy as np
 
 from sharedarrays._cpython import caller_frame, frame_function, frame_local
-from sharedarrays.api.arraybase import (
-    _READONLY,
-    _check_writable,
-    _native,
-    _native_nested,
-    _outs,
-    _with_outs,
-)
-from sharedarrays.api.arrayoperators import ArrayOperators
+from sharedarrays.api.arraybase import _apply, _check_writable, _native
 from sharedarrays.api.shapeviews import ShapeViews
 
 __all__ = ["NativeArrayMethods"]
@@ -84,29 +76,26 @@ def _asking_compat(frame: FrameType | None) -> Any:
     return sys.modules.get(name[: -len(".common._helpers")])
 
 
-def _calls(name: str) -> Callable[..., Any]:
-    """The method ``name`` of the native array, as a method of the view."""
+def _methods(writes: bool, *names: str) -> tuple[Callable[..., Any], ...]:
+    """The native array's methods ``names`` as the view's: native results, or (``writes``)
+    in place, writing the shared memory."""
 
-    def method(self: NativeArrayMethods, *args: Any, **kwargs: Any) -> Any:
-        return self._call(name, *args, **kwargs)
+    def make(name: str) -> Callable[..., Any]:
+        def method(self: NativeArrayMethods, *args: Any, **kwargs: Any) -> Any:
+            if not writes:
+                return self._call(name, *args, **kwargs)
+            getattr(self._writable_native(), name)(*[_native(x) for x in args], **kwargs)
+            return None
 
-    method.__name__ = method.__qualname__ = name
-    method.__doc__ = f"Like :meth:`numpy.ndarray.{name}`; a native result."
-    return method
+        method.__name__ = method.__qualname__ = name
+        how = ", in shared memory" if writes else "; a native result"
+        method.__doc__ = f"Like :meth:`numpy.ndarray.{name}`{how}."
+        return method
 
-
-def _writes(name: str) -> Callable[..., None]:
-    """The in-place method ``name`` of the native array, writing the shared memory."""
-
-    def method(self: NativeArrayMethods, *args: Any, **kwargs: Any) -> None:
-        getattr(self._writable_native(), name)(*[_native(x) for x in args], **kwargs)
-
-    method.__name__ = method.__qualname__ = name
-    method.__doc__ = f"Like :meth:`numpy.ndarray.{name}`, in shared memory."
-    return method
+    return tuple(map(make, names))
 
 
-class NativeArrayMethods(ArrayOperators, ShapeViews):
+class NativeArrayMethods(ShapeViews):
     """Operators, NumPy dispatch and ndarray methods over :attr:`array` (see the module)."""
 
     __slots__ = ()
@@ -116,15 +105,10 @@ class NativeArrayMethods(ArrayOperators, ShapeViews):
     # NumPy dispatch ---------------------------------------------------------------------
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
         """Ufuncs on the native arrays; shared ``out=`` arrays are written and returned."""
-        outs = _outs(kwargs)
-        args = tuple(_native(x) for x in inputs)
-        kwargs = {k: _native(v) for k, v in kwargs.items()}
-        result = getattr(ufunc, method)(*args, **kwargs)
-        if outs is not None and method == "reduce" and _numpy_averages(caller_frame()):
-            # NumPy's x.mean(out=a) divides the sum in place only where it is an ndarray:
-            # the native array (the same memory) is divided there
-            return result
-        return _with_outs(result, outs)
+        # NumPy's x.mean(out=a) divides the sum in place only where it is an ndarray: the
+        # native array (the same memory) is returned to be divided there
+        native_out = "out" in kwargs and method == "reduce" and _numpy_averages(caller_frame())
+        return _apply(getattr(ufunc, method), inputs, kwargs, native_out)
 
     def __array_function__(
         self, func: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -144,10 +128,7 @@ class NativeArrayMethods(ArrayOperators, ShapeViews):
             return self._on_layout(lambda layout: func(layout, *args[1:], **kwargs))
         if func in _WRITES_FIRST and args:
             _check_writable(args[0])
-        kwargs = dict(kwargs)
-        outs = _outs(kwargs)
-        result = func(*_native_nested(args), **_native_nested(kwargs))
-        return _with_outs(result, outs)
+        return _apply(func, args, kwargs)
 
     def __array_namespace__(self, *, api_version: str | None = None) -> Any:
         """The native array's namespace (``numpy``, ``cupy``). Asked by array-api-compat's
@@ -167,50 +148,26 @@ class NativeArrayMethods(ArrayOperators, ShapeViews):
     def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """The native array's method ``name``; ``out=`` as for ufuncs; where it returns the
         native array itself, this view."""
-        outs = _outs(kwargs)
-        args = tuple(_native(x) for x in args)
-        kwargs = {k: _native(v) for k, v in kwargs.items()}
         native = self.array
-        result = getattr(native, name)(*args, **kwargs)
-        return self if result is native else _with_outs(result, outs)
+        result = _apply(getattr(native, name), args, kwargs)
+        return self if result is native else result
 
-    # reductions and other reads: native results (``out=a`` writes in place)
-    sum = _calls("sum")
-    mean = _calls("mean")
-    min = _calls("min")
-    max = _calls("max")
-    std = _calls("std")
-    var = _calls("var")
-    prod = _calls("prod")
-    any = _calls("any")
-    all = _calls("all")
-    argmax = _calls("argmax")
-    argmin = _calls("argmin")
-    cumsum = _calls("cumsum")
-    cumprod = _calls("cumprod")
-    clip = _calls("clip")
-    round = _calls("round")
-    argsort = _calls("argsort")
-    dot = _calls("dot")
-    trace = _calls("trace")
-    take = _calls("take")
-    repeat = _calls("repeat")
-    argpartition = _calls("argpartition")
-    compress = _calls("compress")
-    choose = _calls("choose")
-    diagonal = _calls("diagonal")
-    searchsorted = _calls("searchsorted")
-    nonzero = _calls("nonzero")
-    copy = _calls("copy")
-    flatten = _calls("flatten")
-    tolist = _calls("tolist")
-    item = _calls("item")
-    tofile = _calls("tofile")
-    dumps = _calls("dumps")  # (a copy's pickle: pickle.dumps(a) shares the memory)
-    dump = _calls("dump")
-    astype = _calls("astype")  # (copy=False to the same dtype: this view)
-    conj = _calls("conj")  # (of real values this view: NumPy returns the array itself)
-    conjugate = _calls("conjugate")
+    # reductions and other reads: native results (``out=a`` writes in place); ``dumps`` is a
+    # copy's pickle (pickle.dumps(a) shares the memory); astype(copy=False) to the same dtype
+    # and conj of real values give this view, as NumPy gives the array itself
+    sum, mean, min, max, std, var, prod, any, all = _methods(
+        False, "sum", "mean", "min", "max", "std", "var", "prod", "any", "all"
+    )
+    argmax, argmin, cumsum, cumprod, clip, round, argsort, dot, trace = _methods(
+        False, "argmax", "argmin", "cumsum", "cumprod", "clip", "round", "argsort", "dot", "trace"
+    )
+    take, repeat, argpartition, compress, choose, diagonal, searchsorted = _methods(
+        False, "take", "repeat", "argpartition", "compress", "choose", "diagonal", "searchsorted"
+    )
+    nonzero, copy, flatten, tolist, item, tofile, dumps, dump = _methods(
+        False, "nonzero", "copy", "flatten", "tolist", "item", "tofile", "dumps", "dump"
+    )
+    astype, conj, conjugate = _methods(False, "astype", "conj", "conjugate")
 
     def __copy__(self) -> Any:
         """A native copy of the values (another view of the same memory is ``a[...]``)."""
@@ -227,9 +184,7 @@ class NativeArrayMethods(ArrayOperators, ShapeViews):
 
     @flat.setter
     def flat(self, value: Any) -> None:
-        if self.readonly:
-            raise ValueError(_READONLY)
-        self.array.flat = _native(value)
+        self._writable_native().flat = _native(value)
 
     def tobytes(self, order: str = "C") -> bytes:
         """The raw bytes of the values, like :meth:`numpy.ndarray.tobytes`."""
@@ -238,11 +193,7 @@ class NativeArrayMethods(ArrayOperators, ShapeViews):
             native = native.get()
         return bytes(native.tobytes(order))
 
-    # in place: writes the shared memory
-    fill = _writes("fill")
-    sort = _writes("sort")
-    partition = _writes("partition")
-    put = _writes("put")
+    fill, sort, partition, put = _methods(True, "fill", "sort", "partition", "put")
 
     def __delitem__(self, key: Any) -> None:
         raise ValueError("cannot delete array elements")  # (NumPy's words)

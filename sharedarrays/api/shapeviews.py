@@ -1,5 +1,5 @@
 """The shape views of :class:`~sharedarrays.SharedDeviceArray` (``a.T``, ``a.reshape(...)``,
-``a.view(dtype)``, ``a.real``, ...), laid out by NumPy on the layout probe, and its flags."""
+``a.view(dtype)``, ``a.real``, ...), laid out by NumPy on the layout probe; its flags."""
 
 from __future__ import annotations
 
@@ -42,10 +42,9 @@ _ITEMS = MappingProxyType(
 
 
 class ArrayFlags:
-    """The flags of a view, read as :attr:`numpy.ndarray.flags`' by attribute or item
-    (``flags.c_contiguous``, ``flags["C"]``); ``writeable`` (which follows the view),
-    ``aligned`` and ``writebackifcopy`` set as :meth:`ShapeViews.setflags`. ``owndata`` and
-    ``writebackifcopy`` are always False; the layout flags are the view's when read."""
+    """A view's flags, as :attr:`numpy.ndarray.flags` (``flags.c_contiguous``,
+    ``flags["C"]``); ``writeable`` follows the view, and sets as :meth:`ShapeViews.setflags`
+    (also ``aligned``, ``writebackifcopy``). ``owndata`` and ``writebackifcopy`` are False."""
 
     __slots__ = ("_view", "_layout")
     __hash__: ClassVar[None]  # type: ignore[assignment]
@@ -112,7 +111,7 @@ class ArrayFlags:
 
 
 def _reshape_view(layout: np.ndarray[Any, Any], shape: Any, order: Any) -> np.ndarray[Any, Any]:
-    """``layout`` reshaped without a copy, or ValueError where NumPy would copy."""
+    """``layout`` reshaped without a copy, else ValueError."""
     try:
         reshaped: np.ndarray[Any, Any] = layout.reshape(shape, order=order, copy=False)
         return reshaped
@@ -130,14 +129,11 @@ def _reshape_view(layout: np.ndarray[Any, Any], shape: Any, order: Any) -> np.nd
 
 
 class ShapeViews(ArrayBase):
-    """Shape views and flags over the view's layout probe."""
-
     __slots__ = ()
 
     def _on_layout(self: _A, how: Callable[[Any], Any], dtype: np.dtype[Any] | None = None) -> _A:
         """The shared view (of ``dtype``, default this view's) of what ``how`` makes of the
-        layout probe (for a list or tuple of views, the splits, a list or tuple of them);
-        this view itself where ``how`` gave the probe itself."""
+        layout probe (a list or tuple of them for one of views); this view for the probe."""
         layout = self._layout()
         new = self.dtype if dtype is None else dtype
         return cast(_A, self._derive_all(layout, how(layout), new))
@@ -156,19 +152,9 @@ class ShapeViews(ArrayBase):
         )
 
     def setflags(self, write: object = None, align: object = None, uic: object = None) -> None:
-        """Set the array's flags, like :meth:`numpy.ndarray.setflags`.
-
-        ``write=False`` makes this view (and what is made from it after) read-only;
-        ``write=True`` undoes only that, not a read-only export. ``align=True`` checks the
-        alignment; ``uic=False`` does nothing.
-
-        Raises
-        ------
-        ValueError
-            ``write=True`` on a view that cannot be made writable, ``align=True`` on a
-            misaligned view, ``align=False`` (the alignment follows the view's address),
-            ``uic=True``.
-        """
+        """Like :meth:`numpy.ndarray.setflags`: ``write=False`` makes this view (and views
+        made from it after) read-only; ``write=True`` undoes only that, not a read-only
+        export. ValueError where NumPy's would refuse, and for ``align=False``."""
         if write is not None:
             self._set_writeable(bool(write))
         if align is not None:
@@ -182,12 +168,15 @@ class ShapeViews(ArrayBase):
         if uic:
             raise ValueError("cannot set WRITEBACKIFCOPY flag to True")  # (NumPy's words)
 
+    def _part(self: _A, name: str) -> _A:
+        layout = self._layout()
+        part = getattr(layout, name)  # (real of real values: the probe, still a new view)
+        return self._derive(layout, part, part.dtype)
+
     @property
     def real(self: _A) -> _A:
         """The real part, a shared view like :attr:`numpy.ndarray.real`."""
-        layout = self._layout()
-        part = layout.real  # (of real values the probe itself: still a new view here)
-        return self._derive(layout, part, part.dtype)
+        return self._part("real")
 
     @real.setter
     def real(self, value: Any) -> None:
@@ -195,13 +184,8 @@ class ShapeViews(ArrayBase):
 
     @property
     def imag(self) -> Any:
-        """The imaginary part: a shared view of complex values; of real values NumPy's
-        read-only zeros."""
-        if self.dtype.kind != "c":
-            return self.array.imag
-        layout = self._layout()
-        part = layout.imag
-        return self._derive(layout, part, part.dtype)
+        """The imaginary part: a shared view of complex values; of real ones NumPy's zeros."""
+        return self._part("imag") if self.dtype.kind == "c" else self.array.imag
 
     @imag.setter
     def imag(self, value: Any) -> None:
@@ -211,18 +195,18 @@ class ShapeViews(ArrayBase):
 
     @property
     def T(self: _A) -> _A:  # NumPy's name
-        """The transposed view (shared), like :attr:`numpy.ndarray.T`."""
+        """The transposed view (shared)."""
         return self.transpose()
 
     @property
     def mT(self: _A) -> _A:  # NumPy's name
-        """The view (shared) with the last two axes swapped, like :attr:`numpy.ndarray.mT`."""
+        """The view (shared) with the last two axes swapped."""
         if len(self.shape) < 2:
             raise ValueError("matrix transpose with ndim < 2 is undefined")
         return self.swapaxes(-1, -2)
 
     def transpose(self: _A, *axes: Any) -> _A:
-        """A transposed view (shared), like :meth:`numpy.ndarray.transpose`."""
+        """A transposed view (shared)."""
         return self._on_layout(lambda layout: layout.transpose(*axes))
 
     def swapaxes(self: _A, axis1: int, axis2: int) -> _A:
@@ -230,17 +214,11 @@ class ShapeViews(ArrayBase):
         return self._on_layout(lambda layout: layout.swapaxes(axis1, axis2))
 
     def squeeze(self: _A, axis: int | tuple[int, ...] | None = None) -> _A:
-        """A view (shared) without the axes of length one (or only ``axis``); this view
-        itself where there is none."""
+        """A view (shared) without the axes of length one (or only ``axis``)."""
         return self._on_layout(lambda layout: layout.squeeze(axis))
 
     def getfield(self: _A, dtype: Any, offset: int = 0) -> _A:
-        """A view (shared) like :meth:`numpy.ndarray.getfield`.
-
-        Raises
-        ------
-        TypeError
-            A dtype a shared array cannot hold (as :meth:`view`)."""
+        """A view (shared) like :meth:`numpy.ndarray.getfield`; TypeError as :meth:`view`."""
         new = shareable_dtype(dtype, f"a.array.getfield({dtype!r}, ...) is a native view of it")
         return self._on_layout(lambda layout: layout.getfield(new, offset), new)
 
@@ -252,18 +230,17 @@ class ShapeViews(ArrayBase):
 
     @property
     def data(self) -> Any:
-        """The native array's ``data`` (a :class:`memoryview` on the host, CuPy's
-        ``MemoryPointer`` on CUDA); it keeps the memory mapped."""
+        """The native array's ``data`` (a :class:`memoryview`, CuPy's ``MemoryPointer``)."""
         return self._native_attribute("data")
 
     @property
     def ctypes(self) -> Any:
-        """The native array's ``ctypes`` (host memory only); it keeps the memory mapped."""
+        """The native array's ``ctypes`` (host memory only)."""
         return self._native_attribute("ctypes")
 
     def to_device(self, device: Any, /, *, stream: Any = None) -> Any:
-        """The native array's ``to_device`` (the array API's; NumPy's on the host, where
-        ``"cpu"`` gives this view). A :class:`~sharedarrays.Device` goes as its name."""
+        """The native array's ``to_device`` (the array API's); this view where that gives
+        the native array itself (``"cpu"`` on the host)."""
         to_device = self._native_attribute("to_device")
         native = self.array
         if isinstance(device, Device):
@@ -284,8 +261,8 @@ class ShapeViews(ArrayBase):
             ) from None
 
     def view(self: _A, dtype: Any = None, type: Any = None) -> Any:
-        """A view (shared) of the same bytes as another dtype, with NumPy's rules. With
-        ``type`` (or an ndarray class first), a native view of that type, not shared.
+        """A view (shared) of the same bytes as another dtype, with NumPy's rules; with
+        ``type`` (or an ndarray class first), a native view of that type.
 
         Raises
         ------
@@ -324,8 +301,7 @@ class ShapeViews(ArrayBase):
         return self._derive(layout, view, self.dtype)
 
     def ravel(self, order: str | None = "C") -> Any:
-        """A one-dimensional view (shared) where NumPy's ravel gives a view, else a native
-        copy."""
+        """A 1-d view (shared) where NumPy's ravel gives a view, else a native copy."""
         if order is None:  # (NumPy's ravel(None) is ravel("C"))
             order = "C"
         elif not isinstance(order, str):
