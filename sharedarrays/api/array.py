@@ -12,19 +12,19 @@ import math
 import operator
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing import reduction
+from types import EllipsisType
 from typing import Any, TypeVar, cast, overload
 
 import numpy as np
 
 from sharedarrays._cpython import caller_frame, spawning_process
 from sharedarrays.api import keeping, message, othernode, views
-from sharedarrays.api.arraybase import _READONLY
+from sharedarrays.api.arraybase import _READONLY, ArrayBase
 from sharedarrays.api.arraymethods import NativeArrayMethods
 from sharedarrays.api.display import Display
 from sharedarrays.api.growth import Growth
-from sharedarrays.api.indexing import Probe, check_key, native_key
 from sharedarrays.api.ordering import Ordering, Semaphore
 from sharedarrays.backends import NativeView
 from sharedarrays.backends.device import Device
@@ -36,25 +36,22 @@ from sharedarrays.protocol.payload import Payload, ViewFields, ViewTuple, misali
 __all__ = ["SharedDeviceArray", "Semaphore", "load"]
 
 _T = TypeVar("_T")
+_BASIC_INDEX = (int, slice, EllipsisType, type(None), np.integer)
 
 
-def _field(name: str, doc: str) -> Any:
-    """A read-only property giving the view's attribute ``name``."""
-    return property(operator.attrgetter(name), doc=doc)
+def _field(get: str | Callable[[Any], Any], doc: str) -> Any:
+    """A read-only property: the view's attribute ``get``, or ``get(view)``."""
+    return property(operator.attrgetter(get) if isinstance(get, str) else get, doc=doc)
 
 
 class SharedDeviceArray(Growth, Display, Ordering, NativeArrayMethods):
     """An array in memory that other processes can map without copying.
 
-    Create one with :func:`sharedarrays.empty`, :func:`~sharedarrays.zeros`,
-    :func:`~sharedarrays.full` or :func:`~sharedarrays.from_array`; pass it to another process
-    by pickling it (multiprocessing does this for you).
-
-    It acts like its native array (:attr:`array`, see
-    :mod:`sharedarrays.api.arraymethods`): new results are native arrays, in-place operations
-    write the shared memory, shape views (``a.T``, ``a.reshape``) are shared views. The
-    mapping here is released when no open view and no native array refers to it; the memory
-    is freed when the last process that maps it or holds a handle of it lets go.
+    Made by :func:`sharedarrays.empty`, :func:`~sharedarrays.from_array`, ...; passed to
+    another process by pickling it (multiprocessing does). It acts like its native array
+    (:attr:`array`): new results are native arrays, in-place operations and shape views
+    (``a.T``, ``a.reshape``) are shared. The memory is freed when the last process that maps
+    it or holds a handle of it lets go.
     """
 
     __slots__ = ("_locked", "_interfaced", "_base", "__weakref__")
@@ -112,35 +109,18 @@ class SharedDeviceArray(Growth, Display, Ordering, NativeArrayMethods):
 
     # metadata ---------------------------------------------------------------------------
     base: SharedDeviceArray | None = _field(
-        "_base",
-        "The view this one was derived from (as :attr:`numpy.ndarray.base`); ``None`` for "
-        "one made by a constructor or loaded from a payload.",
+        "_base", "The view this one was derived from (``None`` if made or loaded)."
     )
     shape: tuple[int, ...] = _field("_shape", "Length of each axis.")
     dtype: np.dtype[Any] = _field("_dtype", "Element type.")
     strides: tuple[int, ...] = _field("_strides", "Bytes to step in each axis (may be negative).")
     offset: int = _field("_offset", "Byte offset of the first element in the allocation.")
     readonly: bool = _field("_readonly", "Whether writes through this view are refused.")
-
-    @property
-    def ndim(self) -> int:
-        """Number of axes."""
-        return len(self._shape)
-
-    @property
-    def size(self) -> int:
-        """Number of elements."""
-        return math.prod(self._shape)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the elements (``size * itemsize``)."""
-        return self.size * self._dtype.itemsize
-
-    @property
-    def itemsize(self) -> int:
-        """Bytes per element."""
-        return self._dtype.itemsize
+    ndim: int = _field(lambda a: len(a._shape), "Number of axes.")
+    size: int = _field(lambda a: math.prod(a._shape), "Number of elements.")
+    nbytes: int = _field(lambda a: a.size * a._dtype.itemsize, "Bytes of the elements.")
+    itemsize: int = _field(lambda a: a._dtype.itemsize, "Bytes per element.")
+    closed: bool = _field(lambda a: a._lease is None, "Whether :meth:`close` was called.")
 
     def _set_writeable(self, writeable: bool) -> None:
         if self._lease is None:
@@ -155,11 +135,6 @@ class SharedDeviceArray(Growth, Display, Ordering, NativeArrayMethods):
         self._packed = None
 
     @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` was called on this view."""
-        return self._lease is None
-
-    @property
     def allocation(self) -> Allocation:
         """The reservation, chunks, mappings and origin behind this view."""
         lease = self._lease
@@ -169,13 +144,12 @@ class SharedDeviceArray(Growth, Display, Ordering, NativeArrayMethods):
 
     @property
     def device(self) -> Device:
-        """Where the memory lives; equal to its name too (``a.device == "cuda:0"``)."""
+        """Where the memory lives (``a.device == "cuda:0"``)."""
         return self.allocation.device
 
     @property
     def backend(self) -> str:
-        """Name of the memory system: ``"host"``, ``"cuda-vmm"``, ``"cuda-ipc"`` or
-        ``"cuda-pool"``."""
+        """Name of the memory system (``"host"``, ``"cuda-vmm"``, ...)."""
         return self.allocation.backend.name
 
     @property
@@ -187,38 +161,28 @@ class SharedDeviceArray(Growth, Display, Ordering, NativeArrayMethods):
     @property
     def array(self) -> Any:
         """The zero-copy native array (NumPy on ``cpu``, CuPy on CUDA and ROCm, a
-        ``torch.Tensor`` on Ascend); it keeps the mapping alive while it exists."""
+        ``torch.Tensor`` on Ascend); it keeps the mapping alive."""
         native = self._native
         if native is None:
             lease = self._lease
             if lease is None:
                 raise _closed()
             alloc = lease.allocation  # (self.allocation, without its frame)
+            layout = (self._dtype, self._shape, self._strides, self._readonly)
             if alloc.derives_natives:  # one native memory per allocation
-                native = self._native = alloc.native_view(
-                    self._offset, self._dtype, self._shape, self._strides, self._readonly
+                native = alloc.native_view(self._offset, *layout)
+            else:  # (pinned: the native may outlive the view)
+                pinned = alloc.pin(lease)
+                view = NativeView(
+                    alloc.address, alloc.size, self._offset, pinned, *layout, alloc.native_device
                 )
-                return native
-            native = alloc.backend.as_native(
-                NativeView(
-                    alloc.address,
-                    alloc.size,
-                    self._offset,
-                    alloc.pin(lease),  # (the native may outlive the view)
-                    self._dtype,
-                    self._shape,
-                    self._strides,
-                    self._readonly,
-                    alloc.native_device,
-                )
-            )
+                native = alloc.backend.as_native(view)
             self._native = native
         return native
 
     def __getitem__(self, key: object) -> Any:
         """``a[key]``: a basic index gives a shared view (one element: NumPy's scalar on
-        the host, CuPy's 0-d view on a GPU); an advanced index gives a native **copy**, as
-        NumPy does (writes through one, ``a[mask] = 0``, go to shared memory)."""
+        the host, a 0-d view on a GPU); an advanced index a native **copy**, as NumPy's."""
         items = check_key(key)
         if items is None:
             return self.array[native_key(key)]
@@ -243,13 +207,9 @@ class SharedDeviceArray(Growth, Display, Ordering, NativeArrayMethods):
     ) -> SharedDeviceArray:
         """A shared view laid out as ``view``, a view of ``layout`` (from :meth:`_layout`)."""
         delta = view.__array_interface__["data"][0] - layout.__array_interface__["data"][0]
+        shape, strides = tuple(view.shape), tuple(view.strides)
         derived = SharedDeviceArray(
-            self.allocation,
-            dtype,
-            tuple(view.shape),
-            tuple(view.strides),
-            self._offset + delta,
-            self._readonly,
+            self.allocation, dtype, shape, strides, self._offset + delta, self._readonly
         )
         derived._base = self if self._base is None else self._base
         return derived
@@ -299,8 +259,7 @@ class SharedDeviceArray(Growth, Display, Ordering, NativeArrayMethods):
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        """The CUDA Array Interface (v3) of CUDA arrays. A consumer holds this view, not
-        the native array: the memory stays mapped until the view is gone, even closed."""
+        """The CUDA Array Interface (v3); the memory stays mapped while the view lives."""
         if not self.device.is_cuda:
             raise AttributeError("a cpu SharedDeviceArray has no __cuda_array_interface__")
         native = self.array
@@ -320,9 +279,8 @@ class SharedDeviceArray(Growth, Display, Ordering, NativeArrayMethods):
 
     # lifecycle --------------------------------------------------------------------------
     def close(self) -> None:
-        """Close this view: later data access raises :class:`ClosedArrayError`. The mapping
-        here goes once no open view or native array refers to the allocation; other
-        processes keep theirs. Closing twice is allowed."""
+        """Close this view: later data access raises :class:`ClosedArrayError`; the mapping
+        goes once no open view or native array here uses it. Closing twice is allowed."""
         self._native = None
         self._lease = None
 
@@ -487,7 +445,7 @@ def load(
 
 def assignable(native: Any, value: Any) -> Any:
     """``value`` as ``native[key] = value`` takes it: a ``torch.Tensor`` native (Ascend)
-    takes tensors and numbers only, so anything else becomes a tensor on its device."""
+    takes tensors and numbers only; anything else becomes a tensor on its device."""
     torch = sys.modules.get("torch")
     if (
         torch is None
@@ -556,6 +514,61 @@ def operator_index(n: object) -> int:
     if isinstance(n, (bool, np.bool_)):
         raise TypeError("a bool is not a valid size")
     return operator.index(n)  # type: ignore[arg-type]
+
+
+def check_key(key: object) -> tuple[Any, ...] | None:
+    """``key`` as a tuple of basic indices, or ``None`` for an advanced index (which a view
+    cannot hold) or no index at all (which the native array refuses itself). The cheap type
+    checks come first: a basic key (the hot path) pays for nothing else."""
+    items = key if isinstance(key, tuple) else (key,)
+    for item in items:
+        if isinstance(item, (bool, np.bool_)) or not isinstance(item, _BASIC_INDEX):
+            if _as_index(item) is item:
+                return None
+            return check_key(tuple(_as_index(i) for i in items))
+    return items
+
+
+def _as_index(item: object) -> object:
+    """An integer to NumPy (a 0-d integer array, an object with ``__index__`` that is no
+    array) as its int; anything else as it is."""
+    if isinstance(item, (bool, np.bool_, int)):
+        return item
+    dtype = getattr(item, "dtype", None)
+    if isinstance(dtype, np.dtype):
+        zero_d = (isinstance(item, ArrayBase) or type(item) is np.ndarray) and not item.shape
+        if not (zero_d and dtype.kind in "iu"):
+            return item
+    elif not hasattr(type(item), "__index__"):
+        return item
+    return operator.index(item)  # type: ignore[arg-type]
+
+
+def native_key(key: object) -> object:
+    """``key`` with its views replaced by their native arrays."""
+    if isinstance(key, ArrayBase):
+        return key.array
+    if type(key) is tuple and any(isinstance(i, ArrayBase) for i in key):
+        return tuple(i.array if isinstance(i, ArrayBase) else i for i in key)
+    return key
+
+
+class Probe:
+    """A NumPy array interface over an address that is never read: NumPy works out the
+    layout of a view on it without touching (possibly device) memory."""
+
+    __slots__ = ("__array_interface__",)
+
+    def __init__(
+        self, address: int, dtype: np.dtype[Any], shape: tuple[int, ...], strides: tuple[int, ...]
+    ) -> None:
+        self.__array_interface__ = {
+            "version": 3,
+            "shape": shape,
+            "typestr": dtype.str,
+            "strides": strides,
+            "data": (address, True),
+        }
 
 
 def _closed() -> ClosedArrayError:
