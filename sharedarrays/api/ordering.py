@@ -33,13 +33,12 @@ class Ordering(ArrayBase):
 
     def synchronize(self) -> None:
         """Wait until the work queued so far on this array's device is done (every stream
-        of its context on CUDA). Call it before another process reads what this one wrote."""
+        of its context on CUDA): before another process reads what this one wrote."""
         self.allocation.backend.synchronize()
 
     @property
     def access(self) -> dict[str, str]:
-        """Which devices may touch this array's memory in this process: ``"rw"`` or ``"r"``
-        by device name."""
+        """Which devices may touch this array's memory here: ``"rw"`` or ``"r"`` by name."""
         return {str(d): a for d, a in self.allocation.access_by_device.items()}
 
     def grant(self, device: DeviceLike, mode: Access = "rw") -> None:
@@ -61,15 +60,9 @@ class Ordering(ArrayBase):
         self.allocation.grant(dev.index, mode)
 
     def wait_for(self, sem: Semaphore, value: int | None = None) -> None:
-        """Make later work on this array's device (its current stream) wait for ``sem``.
-
-        Parameters
-        ----------
-        sem : ExternalSemaphore or Timeline
-            Any :class:`Semaphore` on this array's device.
-        value : int, optional
-            The value to wait for: required for timelines, omitted for binary semaphores.
-        """
+        """Make later work on this array's device (its current stream) wait for ``sem``, a
+        :class:`Semaphore` on that device; ``value``: required for timelines, omitted for
+        binary semaphores."""
         self._same_device(sem).wait(value)
 
     def signal(self, sem: Semaphore, value: int | None = None) -> None:
@@ -89,24 +82,16 @@ class Ordering(ArrayBase):
 
 
 def synchronize(device: DeviceLike = None) -> None:
-    """Wait until the work queued so far on a device is done.
+    """Wait until the work queued so far on a device is done (BackendUnavailable if the
+    device asked for cannot be used here).
 
     Parameters
     ----------
     device : str, int, torch.device, cupy.cuda.Device or None
         The device; ``None``: every device with shared memory mapped here.
-
-    Raises
-    ------
-    BackendUnavailable
-        The device asked for cannot be used here.
     """
     if device is not None:
         get_backend(parse_device(device)).synchronize()
         return
-    done: set[int] = set()
-    for alloc in live_allocations():
-        backend = alloc.backend
-        if id(backend) not in done:
-            done.add(id(backend))
-            backend.synchronize()
+    for backend in {id(a.backend): a.backend for a in live_allocations()}.values():
+        backend.synchronize()
