@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from multiprocessing import reduction
-from types import EllipsisType
+from types import EllipsisType, SimpleNamespace
 from typing import Any, TypeVar, cast, overload
 
 import numpy as np
@@ -197,10 +197,17 @@ class SharedDeviceArray(Growth, Display, Ordering, NativeArrayMethods):
                 return native[cast(Any, native_key(key))]
         return self._derive(layout, view, self._dtype)
 
-    def _layout(self) -> np.ndarray[Any, Any]:
-        """A layout probe: an array with this view's layout that must never be read."""
-        base = self.allocation.address + self._offset
-        return np.asarray(Probe(base, self._dtype, self._shape, self._strides))
+    def _layout(self, writeable: bool = False) -> np.ndarray[Any, Any]:
+        """A layout probe: an array with this view's layout, on which NumPy works out the
+        layout of views without touching (maybe device) memory; never read or written."""
+        interface = {
+            "version": 3,
+            "shape": self._shape,
+            "typestr": self._dtype.str,
+            "strides": self._strides,
+            "data": (self.allocation.address + self._offset, not writeable),
+        }
+        return np.asarray(SimpleNamespace(__array_interface__=interface))
 
     def _derive(
         self, layout: np.ndarray[Any, Any], view: np.ndarray[Any, Any], dtype: np.dtype[Any]
@@ -551,24 +558,6 @@ def native_key(key: object) -> object:
     if type(key) is tuple and any(isinstance(i, ArrayBase) for i in key):
         return tuple(i.array if isinstance(i, ArrayBase) else i for i in key)
     return key
-
-
-class Probe:
-    """A NumPy array interface over an address that is never read: NumPy works out the
-    layout of a view on it without touching (possibly device) memory."""
-
-    __slots__ = ("__array_interface__",)
-
-    def __init__(
-        self, address: int, dtype: np.dtype[Any], shape: tuple[int, ...], strides: tuple[int, ...]
-    ) -> None:
-        self.__array_interface__ = {
-            "version": 3,
-            "shape": shape,
-            "typestr": dtype.str,
-            "strides": strides,
-            "data": (address, True),
-        }
 
 
 def _closed() -> ClosedArrayError:

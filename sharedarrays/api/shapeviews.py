@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import builtins
+import contextlib
 from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any, ClassVar, TypeVar, cast
@@ -18,61 +19,36 @@ __all__ = ["ArrayFlags", "ShapeViews"]
 _A = TypeVar("_A", bound="ShapeViews")
 
 
-# NumPy's flag attributes (settable ones: setflags' keyword) and the item keys reading each
+# the settable flags: setflags' keyword by attribute, the attribute by item
 _SETTABLE = MappingProxyType({"writeable": "write", "aligned": "align", "writebackifcopy": "uic"})
-_ITEMS = MappingProxyType(
-    {
-        key: name
-        for name, keys in (
-            ("c_contiguous", ("C", "C_CONTIGUOUS", "CONTIGUOUS")),
-            ("f_contiguous", ("F", "F_CONTIGUOUS", "FORTRAN")),
-            ("writeable", ("W", "WRITEABLE")),
-            ("owndata", ("O", "OWNDATA")),
-            ("aligned", ("A", "ALIGNED")),
-            ("writebackifcopy", ("X", "WRITEBACKIFCOPY")),
-            ("behaved", ("B", "BEHAVED")),
-            ("carray", ("CA", "CARRAY")),
-            ("farray", ("FA", "FARRAY")),
-            ("fnc", ("FNC",)),
-            ("forc", ("FORC",)),
-        )
-        for key in keys
-    }
+_SETTABLE_ITEMS = MappingProxyType(
+    {"W": "writeable", "WRITEABLE": "writeable", "A": "aligned", "ALIGNED": "aligned"}
+    | {"X": "writebackifcopy", "WRITEBACKIFCOPY": "writebackifcopy"}
 )
 
 
 class ArrayFlags:
-    """A view's flags, as :attr:`numpy.ndarray.flags` (``flags.c_contiguous``,
+    """A view's flags, read as :attr:`numpy.ndarray.flags` (``flags.c_contiguous``,
     ``flags["C"]``); ``writeable`` follows the view, and sets as :meth:`ShapeViews.setflags`
-    (also ``aligned``, ``writebackifcopy``). ``owndata`` and ``writebackifcopy`` are False."""
+    (also ``aligned``, ``writebackifcopy``)."""
 
-    __slots__ = ("_view", "_layout")
+    __slots__ = ("_view", "_numpy")
     __hash__: ClassVar[None]  # type: ignore[assignment]
     _view: ShapeViews
-    _layout: tuple[bool, bool, bool]  # C- and Fortran-contiguous, aligned
+    _numpy: tuple[Any, Any]  # NumPy's flags of the layout probe, writable and read-only
 
-    def __init__(self, view: ShapeViews, c_contiguous: bool, f_contiguous: bool, aligned: bool):
+    def __init__(self, view: ShapeViews) -> None:
         self._view = view
-        self._layout = (c_contiguous, f_contiguous, aligned)
+        self._numpy = (view._layout(writeable=True).flags, view._layout().flags)
 
-    def _values(self) -> dict[str, bool]:
-        c, f, aligned = self._layout
-        writeable = not self._view.readonly
-        behaved = aligned and writeable
-        return {
-            **dict.fromkeys(("c_contiguous", "contiguous"), c),
-            **dict.fromkeys(("f_contiguous", "fortran"), f),
-            **dict.fromkeys(("owndata", "writebackifcopy"), False),
-            **{"writeable": writeable, "aligned": aligned, "behaved": behaved},
-            **{"carray": behaved and c, "farray": behaved and not c},  # (NumPy's farray test)
-            **{"fnc": f and not c, "forc": f or c},
-        }
+    def _flags(self) -> Any:
+        return self._numpy[self._view.readonly]
 
-    def __getattr__(self, name: str) -> bool:
-        values = {} if name.startswith("_") else self._values()
-        if name not in values:
-            raise AttributeError(f"'ArrayFlags' object has no attribute {name!r}")
-        return values[name]
+    def __getattr__(self, name: str) -> Any:
+        if not name.startswith("_"):
+            with contextlib.suppress(AttributeError):
+                return getattr(self._flags(), name)
+        raise AttributeError(f"'ArrayFlags' object has no attribute {name!r}")
 
     def __setattr__(self, name: str, value: object) -> None:
         if name.startswith("_"):  # its own fields (also as copy.copy sets them)
@@ -82,32 +58,21 @@ class ArrayFlags:
         else:
             raise AttributeError(f"attribute {name!r} of 'ArrayFlags' objects is not writable")
 
-    @property
-    def num(self) -> int:
-        """The flags as NumPy's bits (``NPY_ARRAY_C_CONTIGUOUS``, ...)."""
-        c, f, aligned = self._layout
-        bits = ((c, 0x1), (f, 0x2), (aligned, 0x100), (not self._view.readonly, 0x400))
-        return sum(bit for on, bit in bits if on)
-
     def __getitem__(self, key: str) -> bool:
-        if not isinstance(key, str) or key not in _ITEMS:
-            raise KeyError("Unknown flag")  # (NumPy's words)
-        return self._values()[_ITEMS[key]]
+        return self._flags()[key]  # type: ignore[no-any-return]
 
     def __setitem__(self, key: str, value: object) -> None:
-        if not isinstance(key, str) or _ITEMS.get(key) not in _SETTABLE:
-            raise KeyError("Unknown flag")
-        setattr(self, _ITEMS[key], value)
+        if not isinstance(key, str) or key not in _SETTABLE_ITEMS:
+            raise KeyError("Unknown flag")  # (NumPy's words)
+        setattr(self, _SETTABLE_ITEMS[key], value)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ArrayFlags):
             return NotImplemented
-        return self.num == other.num
+        return bool(self._flags() == other._flags())
 
     def __repr__(self) -> str:
-        names = ("C_CONTIGUOUS", "F_CONTIGUOUS", "OWNDATA", "WRITEABLE", "ALIGNED")
-        lines = [f"  {name} : {self[name]}" for name in (*names, "WRITEBACKIFCOPY")]
-        return "\n".join(lines) + "\n"
+        return repr(self._flags())
 
 
 def _reshape_view(layout: np.ndarray[Any, Any], shape: Any, order: Any) -> np.ndarray[Any, Any]:
@@ -146,10 +111,7 @@ class ShapeViews(ArrayBase):
     @property
     def flags(self) -> ArrayFlags:
         """Memory layout, like :attr:`numpy.ndarray.flags` (``owndata`` is False)."""
-        flags = self._layout().flags
-        return ArrayFlags(
-            self, bool(flags.c_contiguous), bool(flags.f_contiguous), bool(flags.aligned)
-        )
+        return ArrayFlags(self)
 
     def setflags(self, write: object = None, align: object = None, uic: object = None) -> None:
         """Like :meth:`numpy.ndarray.setflags`: ``write=False`` makes this view (and views
