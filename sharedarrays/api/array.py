@@ -22,10 +22,10 @@ import numpy as np
 from sharedarrays._cpython import caller_frame, spawning_process
 from sharedarrays.api import keeping, message, othernode, views
 from sharedarrays.api.arraybase import _READONLY, ArrayBase
-from sharedarrays.api.arraymethods import NativeArrayMethods
 from sharedarrays.api.display import Display
 from sharedarrays.api.growth import Growth
 from sharedarrays.api.ordering import Ordering, Semaphore
+from sharedarrays.api.shapeviews import ShapeViews
 from sharedarrays.backends import NativeView
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import ClosedArrayError, MisalignedView, PayloadError, WrongNode
@@ -44,7 +44,7 @@ def _field(get: str | Callable[[Any], Any], doc: str) -> Any:
     return property(operator.attrgetter(get) if isinstance(get, str) else get, doc=doc)
 
 
-class SharedDeviceArray(Growth, Display, Ordering, NativeArrayMethods):
+class SharedDeviceArray(Growth, Display, Ordering, ShapeViews):
     """An array in memory that other processes can map without copying.
 
     Made by :func:`sharedarrays.empty`, :func:`~sharedarrays.from_array`, ...; passed to
