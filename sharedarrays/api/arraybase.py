@@ -66,38 +66,22 @@ def _check_writable(target: Any) -> None:
         target._writable_native()
 
 
-def _outs(kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
-    """Replace ``out=`` in ``kwargs`` by native arrays; return the outputs as given."""
-    out = kwargs.get("out")
-    if out is None:
-        return None
-    outs = out if isinstance(out, tuple) else (out,)
-    for o in outs:
-        _check_writable(o)
-    natives = tuple(_native(o) for o in outs)
-    kwargs["out"] = natives if isinstance(out, tuple) else natives[0]
-    return outs
-
-
-def _with_outs(result: Any, outs: tuple[Any, ...] | None) -> Any:
-    """``result`` with the native arrays of shared outputs replaced by those."""
-    if outs is None:
-        return result
-    shared = {id(o.array): o for o in outs if isinstance(o, ArrayBase)}
-    if isinstance(result, tuple):
-        return tuple(shared.get(id(r), r) for r in result)
-    return shared.get(id(result), result)
-
-
 def _apply(
     func: Callable[..., Any], args: Any, kwargs: dict[str, Any], native_out: bool = False
 ) -> Any:
     """``func`` on the native arrays of ``args`` and ``kwargs``; shared ``out=`` arrays are
-    written and (unless ``native_out``) returned."""
-    kwargs = dict(kwargs)
-    outs = _outs(kwargs)
+    written and (unless ``native_out``) returned in place of their native arrays."""
+    out = kwargs.get("out")
+    outs = out if isinstance(out, tuple) else () if out is None else (out,)
+    for o in outs:
+        _check_writable(o)
     result = func(*_native_nested(args), **_native_nested(kwargs))
-    return result if native_out else _with_outs(result, outs)
+    shared = {id(o.array): o for o in outs if isinstance(o, ArrayBase)}
+    if native_out or not shared:
+        return result
+    if isinstance(result, tuple):
+        return tuple(shared.get(id(r), r) for r in result)
+    return shared.get(id(result), result)
 
 
 def _forms(op: _Op, iop: _Op | None = None) -> tuple[_Method, ...]:
@@ -139,22 +123,17 @@ def _np_reshape(
     return a.reshape(shape, order=order, copy=copy)
 
 
-# NumPy functions answered by the view's method, so that ``np.transpose(a)`` is a shared view
+# NumPy functions answered by the view's method (a shared view where NumPy gives a view)
 _SHAPE_VIEWS: Mapping[Callable[..., Any], Callable[..., Any]] = MappingProxyType(
-    {
-        np.transpose: lambda a, axes=None: a.transpose() if axes is None else a.transpose(axes),
-        np.swapaxes: lambda a, axis1, axis2: a.swapaxes(axis1, axis2),
-        np.squeeze: lambda a, axis=None: a.squeeze(axis),
-        np.reshape: _np_reshape,
-        np.ravel: lambda a, order="C": a.ravel(order),
-    }
+    {np.reshape: _np_reshape, np.ravel: lambda a, order="C": a.ravel(order)}
 )
 
 # NumPy functions that only rearrange their first argument's layout, answered on its layout
 # probe: shared views (a list of them for the splits)
 _LAYOUT_VIEWS: frozenset[Callable[..., Any]] = frozenset(
     (
-        *(np.moveaxis, np.rollaxis, np.expand_dims, np.atleast_1d, np.atleast_2d, np.atleast_3d),
+        *(np.transpose, np.swapaxes, np.squeeze, np.moveaxis, np.rollaxis, np.expand_dims),
+        *(np.atleast_1d, np.atleast_2d, np.atleast_3d),
         *(np.flip, np.fliplr, np.flipud, np.rot90),
         *(np.split, np.array_split, np.hsplit, np.vsplit, np.dsplit),
     )
