@@ -70,11 +70,7 @@ class SharedDeviceArray(Growth, Display, Ordering, ShapeViews):
         readonly: bool = False,
     ) -> None:
         low, high = view_extent(dtype.itemsize, shape, strides)
-        if (
-            offset + low < 0
-            or offset + high > allocation.size
-            or not 0 <= offset <= allocation.size
-        ):
+        if min(offset, offset + low) < 0 or max(offset, offset + high) > allocation.size:
             raise ValueError("view reaches outside its allocation")
         why = allocation.device.needs_context and misaligned(dtype, shape, strides, offset)
         if why:  # device memory: aligned views only
@@ -142,20 +138,15 @@ class SharedDeviceArray(Growth, Display, Ordering, ShapeViews):
             raise _closed()
         return lease.allocation
 
-    @property
-    def device(self) -> Device:
-        """Where the memory lives (``a.device == "cuda:0"``)."""
-        return self.allocation.device
-
-    @property
-    def backend(self) -> str:
-        """Name of the memory system (``"host"``, ``"cuda-vmm"``, ...)."""
-        return self.allocation.backend.name
-
-    @property
-    def address(self) -> int:
-        """Address of the first element in this process."""
-        return self.allocation.address + self._offset
+    device: Device = _field(
+        lambda a: a.allocation.device, 'Where the memory lives (``a.device == "cuda:0"``).'
+    )
+    backend: str = _field(
+        lambda a: a.allocation.backend.name, 'The memory system (``"host"``, ``"cuda-vmm"``, ...).'
+    )
+    address: int = _field(
+        lambda a: a.allocation.address + a._offset, "Address of the first element here."
+    )
 
     # data -------------------------------------------------------------------------------
     @property
