@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Iterator
 from multiprocessing import reduction
 from types import EllipsisType, SimpleNamespace
-from typing import Any, TypeVar, cast, overload
+from typing import Any, Protocol, TypeVar, cast, overload, runtime_checkable
 
 import numpy as np
 
@@ -24,16 +24,15 @@ from sharedarrays.api import keeping, message, othernode, views
 from sharedarrays.api.arraybase import _READONLY, ArrayBase
 from sharedarrays.api.display import Display
 from sharedarrays.api.growth import Growth
-from sharedarrays.api.ordering import Ordering, Semaphore
 from sharedarrays.api.shapeviews import ShapeViews
-from sharedarrays.backends import NativeView
-from sharedarrays.backends.device import Device
+from sharedarrays.backends import Access, NativeView, get_backend
+from sharedarrays.backends.device import Device, DeviceLike, parse_device
 from sharedarrays.errors import ClosedArrayError, MisalignedView, PayloadError, WrongNode
-from sharedarrays.memory import Allocation, Lease
+from sharedarrays.memory import Allocation, Lease, live_allocations
 from sharedarrays.process import STATE
 from sharedarrays.protocol.payload import Payload, ViewFields, ViewTuple, misaligned, view_extent
 
-__all__ = ["SharedDeviceArray", "Semaphore", "load"]
+__all__ = ["SharedDeviceArray", "Semaphore", "load", "synchronize"]
 
 _T = TypeVar("_T")
 _BASIC_INDEX = (int, slice, EllipsisType, type(None), np.integer)
@@ -44,7 +43,21 @@ def _field(get: str | Callable[[Any], Any], doc: str) -> Any:
     return property(operator.attrgetter(get) if isinstance(get, str) else get, doc=doc)
 
 
-class SharedDeviceArray(Growth, Display, Ordering, ShapeViews):
+@runtime_checkable
+class Semaphore(Protocol):
+    """What :meth:`SharedDeviceArray.wait_for` and :meth:`~SharedDeviceArray.signal` take:
+    an :class:`~sharedarrays.ExternalSemaphore`, a :class:`~sharedarrays.Timeline`, or any
+    object with a ``device`` and these methods ordering that device's current stream."""
+
+    @property
+    def device(self) -> Device: ...
+
+    def wait(self, value: int | None) -> None: ...
+
+    def signal(self, value: int | None) -> None: ...
+
+
+class SharedDeviceArray(Growth, Display, ShapeViews):
     """An array in memory that other processes can map without copying.
 
     Made by :func:`sharedarrays.empty`, :func:`~sharedarrays.from_array`, ...; passed to
@@ -56,9 +69,7 @@ class SharedDeviceArray(Growth, Display, Ordering, ShapeViews):
 
     __slots__ = ("_locked", "_interfaced", "_base", "__weakref__")
     # the mixins' public methods, as the class's own (the API reference lists those)
-    resize, append, refresh = Growth.resize, Growth.append, Growth.refresh
-    synchronize, access, grant = Ordering.synchronize, Ordering.access, Ordering.grant
-    wait_for, signal, show = Ordering.wait_for, Ordering.signal, Display.show
+    resize, append, refresh, show = Growth.resize, Growth.append, Growth.refresh, Display.show
 
     def __init__(
         self,
@@ -288,6 +299,56 @@ class SharedDeviceArray(Growth, Display, Ordering, ShapeViews):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # device work ------------------------------------------------------------------------
+    def synchronize(self) -> None:
+        """Wait until the work queued so far on this array's device is done (every stream
+        of its context on CUDA): before another process reads what this one wrote."""
+        self.allocation.backend.synchronize()
+
+    @property
+    def access(self) -> dict[str, str]:
+        """Which devices may touch this array's memory here: ``"rw"`` or ``"r"`` by name."""
+        return {str(d): a for d, a in self.allocation.access_by_device.items()}
+
+    def grant(self, device: DeviceLike, mode: Access = "rw") -> None:
+        """Let another CUDA device read (``"r"``) or read and write (``"rw"``) this array's
+        whole allocation in this process, without copying (``cuMemSetAccess``).
+
+        Raises
+        ------
+        ValueError
+            Not a cuda-vmm array, the memory's own device, or a bad mode.
+        PeerAccessUnavailable
+            That device cannot reach this memory (``cuDeviceCanAccessPeer`` is 0).
+        BackendUnavailable
+            No such device.
+        """
+        dev = parse_device(device)
+        if not dev.needs_context:
+            raise ValueError(f"grant() takes a CUDA device, not {dev}")
+        self.allocation.grant(dev.index, mode)
+
+    def wait_for(self, sem: Semaphore, value: int | None = None) -> None:
+        """Make later work on this array's device (its current stream) wait for ``sem``, a
+        :class:`Semaphore` on that device; ``value``: required for timelines, omitted for
+        binary semaphores."""
+        self._same_device(sem).wait(value)
+
+    def signal(self, sem: Semaphore, value: int | None = None) -> None:
+        """Signal ``sem`` once the work queued so far on this array's device (its current
+        stream) is done: a timeline is set to ``value``; a binary semaphore takes none."""
+        self._same_device(sem).signal(value)
+
+    def _same_device(self, sem: Semaphore) -> Semaphore:
+        if not isinstance(sem, Semaphore):
+            raise TypeError(
+                f"expected an ExternalSemaphore or a Timeline (an object with a device, wait "
+                f"and signal), not {type(sem).__name__}"
+            )
+        if sem.device != self.device:
+            raise ValueError(f"the semaphore is on {sem.device}, this array on {self.device}")
+        return sem
+
     # pickling ---------------------------------------------------------------------------
     def payload(self) -> Payload:
         """What a pickle of this view carries, as one payload (starts the handle server)."""
@@ -505,6 +566,22 @@ def _rebuild_view(
 
 
 message.use_reconstructor(_rebuild_view)
+
+
+def synchronize(device: DeviceLike = None) -> None:
+    """Wait until the work queued so far on a device is done (BackendUnavailable if the
+    device asked for cannot be used here).
+
+    Parameters
+    ----------
+    device : str, int, torch.device, cupy.cuda.Device or None
+        The device; ``None``: every device with shared memory mapped here.
+    """
+    if device is not None:
+        get_backend(parse_device(device)).synchronize()
+        return
+    for backend in {id(a.backend): a.backend for a in live_allocations()}.values():
+        backend.synchronize()
 
 
 def operator_index(n: object) -> int:
