@@ -21,7 +21,7 @@ import numpy as np
 
 from sharedarrays._cpython import caller_frame, spawning_process
 from sharedarrays.api import keeping, message, othernode, views
-from sharedarrays.api.arraybase import _READONLY, ArrayBase
+from sharedarrays.api.arraybase import _READONLY
 from sharedarrays.api.display import Display
 from sharedarrays.api.growth import Growth
 from sharedarrays.api.shapeviews import ShapeViews
@@ -611,7 +611,9 @@ def _as_index(item: object) -> object:
         return item
     dtype = getattr(item, "dtype", None)
     if isinstance(dtype, np.dtype):
-        zero_d = (isinstance(item, ArrayBase) or type(item) is np.ndarray) and not item.shape
+        zero_d = (
+            isinstance(item, SharedDeviceArray) or type(item) is np.ndarray
+        ) and not item.shape
         if not (zero_d and dtype.kind in "iu"):
             return item
     elif not hasattr(type(item), "__index__"):
@@ -621,10 +623,10 @@ def _as_index(item: object) -> object:
 
 def native_key(key: object) -> object:
     """``key`` with its views replaced by their native arrays."""
-    if isinstance(key, ArrayBase):
+    if isinstance(key, SharedDeviceArray):
         return key.array
-    if type(key) is tuple and any(isinstance(i, ArrayBase) for i in key):
-        return tuple(i.array if isinstance(i, ArrayBase) else i for i in key)
+    if type(key) is tuple and any(isinstance(i, SharedDeviceArray) for i in key):
+        return tuple(i.array if isinstance(i, SharedDeviceArray) else i for i in key)
     return key
 
 

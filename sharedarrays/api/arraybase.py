@@ -19,7 +19,6 @@ import numpy as np
 from sharedarrays._cpython import caller_frame, frame_function, frame_local
 
 if TYPE_CHECKING:
-    from sharedarrays.backends.device import Device
     from sharedarrays.memory import Allocation, Lease
     from sharedarrays.protocol.payload import ViewTuple
 
@@ -207,12 +206,6 @@ class ArrayBase:
         @property
         def allocation(self) -> Allocation: ...
         @property
-        def device(self) -> Device: ...
-        @property
-        def readonly(self) -> bool: ...
-        @property
-        def shape(self) -> tuple[int, ...]: ...
-        @property
         def dtype(self) -> np.dtype[Any]: ...
         def _layout(self, writeable: bool = False) -> np.ndarray[Any, Any]: ...
         def _derive(
@@ -224,7 +217,7 @@ class ArrayBase:
     def _writable_native(self) -> Any:
         """The native array, for a write: NumPy's ValueError where read-only (also on CuPy)."""
         native = self.array
-        if self.readonly:
+        if self._readonly:
             raise ValueError(_READONLY)
         return native
 
@@ -299,7 +292,7 @@ class ArrayBase:
             and args
             and args[0] is self
             and (len(args) == 1 or func not in (np.atleast_1d, np.atleast_2d, np.atleast_3d))
-            and (self.shape or func is not np.flip)  # (flip of a 0-d array reads its value)
+            and (self._shape or func is not np.flip)  # (flip of a 0-d array reads its value)
         ):
             return self._on_layout(lambda layout: func(layout, *args[1:], **kwargs))
         if func in _WRITES_FIRST and args:

@@ -42,7 +42,7 @@ class ArrayFlags:
         self._numpy = (view._layout(writeable=True).flags, view._layout().flags)
 
     def _flags(self) -> Any:
-        return self._numpy[self._view.readonly]
+        return self._numpy[self._view._readonly]
 
     def __getattr__(self, name: str) -> Any:
         if not name.startswith("_"):
@@ -100,7 +100,7 @@ class ShapeViews(ArrayBase):
         """The shared view (of ``dtype``, default this view's) of what ``how`` makes of the
         layout probe (a list or tuple of them for one of views); this view for the probe."""
         layout = self._layout()
-        new = self.dtype if dtype is None else dtype
+        new = self._dtype if dtype is None else dtype
         return cast(_A, self._derive_all(layout, how(layout), new))
 
     def _derive_all(self, layout: np.ndarray[Any, Any], result: Any, dtype: np.dtype[Any]) -> Any:
@@ -147,11 +147,11 @@ class ShapeViews(ArrayBase):
     @property
     def imag(self) -> Any:
         """The imaginary part: a shared view of complex values; of real ones NumPy's zeros."""
-        return self._part("imag") if self.dtype.kind == "c" else self.array.imag
+        return self._part("imag") if self._dtype.kind == "c" else self.array.imag
 
     @imag.setter
     def imag(self, value: Any) -> None:
-        if self.dtype.kind != "c":
+        if self._dtype.kind != "c":
             raise TypeError("array does not have imaginary part to set")  # (NumPy's words)
         self.imag[...] = value
 
@@ -163,7 +163,7 @@ class ShapeViews(ArrayBase):
     @property
     def mT(self: _A) -> _A:  # NumPy's name
         """The view (shared) with the last two axes swapped."""
-        if len(self.shape) < 2:
+        if len(self._shape) < 2:
             raise ValueError("matrix transpose with ndim < 2 is undefined")
         return self.swapaxes(-1, -2)
 
@@ -239,7 +239,7 @@ class ShapeViews(ArrayBase):
             return native.view(type=type) if dtype is None else native.view(dtype, type)
         layout = self._layout()
         if dtype is None:
-            return self._derive(layout, layout, self.dtype)
+            return self._derive(layout, layout, self._dtype)
         new = shareable_dtype(dtype, f"a.array.view({dtype!r}) is a native view of it")
         return self._derive(layout, layout.view(new), new)
 
@@ -250,7 +250,7 @@ class ShapeViews(ArrayBase):
             raise TypeError("reshape() takes exactly 1 argument (0 given)")  # (NumPy's words)
         new: Any = shape[0] if len(shape) == 1 else shape
         # checks the shape with NumPy's errors, reading nothing (every stride is 0)
-        np.broadcast_to(np.False_, self.shape).reshape(new, order=order)  # type: ignore[call-overload]
+        np.broadcast_to(np.False_, self._shape).reshape(new, order=order)  # type: ignore[call-overload]
         if copy:
             return self.array.reshape(new, order=order).copy(order="K")
         layout = self._layout()
@@ -260,7 +260,7 @@ class ShapeViews(ArrayBase):
             if copy is False:
                 raise
             return self.array.reshape(new, order=order)
-        return self._derive(layout, view, self.dtype)
+        return self._derive(layout, view, self._dtype)
 
     def ravel(self, order: str | None = "C") -> Any:
         """A 1-d view (shared) where NumPy's ravel gives a view, else a native copy."""
@@ -273,9 +273,9 @@ class ShapeViews(ArrayBase):
         if order in ("A", "a"):
             order = "F" if flags.f_contiguous and not flags.c_contiguous else "C"
         if order in ("C", "c") and flags.c_contiguous:
-            return self._derive(layout, layout.reshape(-1), self.dtype)
+            return self._derive(layout, layout.reshape(-1), self._dtype)
         if order in ("F", "f") and flags.f_contiguous:
-            return self._derive(layout, layout.reshape(-1, order="F"), self.dtype)
+            return self._derive(layout, layout.reshape(-1, order="F"), self._dtype)
         if order in ("K", "k"):
             # contiguous in the order of its strides (e.g. a transpose): a view
             perm = sorted(range(layout.ndim), key=lambda i: -layout.strides[i])
@@ -284,7 +284,7 @@ class ShapeViews(ArrayBase):
                 s >= 0 for s, n in zip(layout.strides, layout.shape, strict=True) if n > 1
             )
             if permuted.flags.c_contiguous and forward:
-                return self._derive(layout, permuted.reshape(-1), self.dtype)
+                return self._derive(layout, permuted.reshape(-1), self._dtype)
         if order not in ("C", "c", "F", "f", "K", "k"):
             raise ValueError(f"order must be one of 'C', 'F', 'A', or 'K' (got {order!r})")
         return self.array.ravel(order)
