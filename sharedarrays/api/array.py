@@ -404,9 +404,6 @@ class SharedDeviceArray(Growth, Display, ShapeViews):
         )
 
 
-views.register(SharedDeviceArray)
-
-
 def _intern(value: _T) -> _T:
     """The one object equal to ``value`` (a tuple of ints, or a str): ``STATE.pickling``'s
     ``interned``."""

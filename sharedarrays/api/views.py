@@ -1,6 +1,6 @@
-"""The live views of this process, as the memory map reads them (the view class registers
-itself, so the widgets need not import it). The first :func:`live_views` finds the live ones
-with ``gc.get_objects``; from then on each view made is tracked weakly (``STATE.views``).
+"""The live views of this process, as the memory map reads them (without importing the
+view class). The first :func:`live_views` finds the live ones with ``gc.get_objects``; from
+then on each view made is tracked weakly (``STATE.views``).
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ from typing import Any, Protocol, TypeGuard
 
 import numpy as np
 
+from sharedarrays.api.arraybase import ArrayBase
 from sharedarrays.memory.allocation import Allocation
 from sharedarrays.process import STATE
 
-__all__ = ["ArrayView", "register", "track", "is_view", "live_views"]
+__all__ = ["ArrayView", "track", "is_view", "live_views"]
 
 
 class ArrayView(Protocol):
@@ -41,12 +42,6 @@ class ArrayView(Protocol):
     def readonly(self) -> bool: ...
 
 
-def register(cls: type) -> None:
-    """Make ``cls`` (the view class) known here: its instances are views."""
-    if cls not in STATE.views.types:
-        STATE.views.types = (*STATE.views.types, cls)
-
-
 def _forget(key: int, ref: weakref.ref[Any]) -> None:
     """Drop a dead view's entry (unless its id was already reused by a newer view)."""
     if STATE.views.live.get(key) is ref:
@@ -59,8 +54,8 @@ def track(view: object) -> None:
 
 
 def is_view(obj: object) -> TypeGuard[ArrayView]:
-    """Whether ``obj`` is a view (an instance of a :func:`register`-ed class)."""
-    return isinstance(obj, STATE.views.types)
+    """Whether ``obj`` is a view (a :class:`~sharedarrays.SharedDeviceArray`)."""
+    return isinstance(obj, ArrayBase)
 
 
 def live_views() -> list[ArrayView]:
