@@ -268,16 +268,16 @@ class ShapeViews(ArrayBase):
             order = "C"
         elif not isinstance(order, str):
             raise TypeError(f"order must be str, not {type(order).__name__}")
+        if order not in ("C", "c", "F", "f", "A", "a", "K", "k"):
+            raise ValueError(f"order must be one of 'C', 'F', 'A', or 'K' (got {order!r})")
         layout = self._layout()
         flags = layout.flags
-        if order in ("A", "a"):
-            order = "F" if flags.f_contiguous and not flags.c_contiguous else "C"
-        if order in ("C", "c") and flags.c_contiguous:
-            return self._derive(layout, layout.reshape(-1), self._dtype)
-        if order in ("F", "f") and flags.f_contiguous:
-            return self._derive(layout, layout.reshape(-1, order="F"), self._dtype)
-        if order in ("K", "k"):
-            # contiguous in the order of its strides (e.g. a transpose): a view
+        kind = order.upper()
+        if kind == "A":
+            kind = "F" if flags.f_contiguous and not flags.c_contiguous else "C"
+        if kind in ("C", "F") and flags[f"{kind}_CONTIGUOUS"]:
+            return self._derive(layout, layout.reshape(-1, order=kind), self._dtype)
+        if kind == "K":  # contiguous in the order of its strides (e.g. a transpose): a view
             perm = sorted(range(layout.ndim), key=lambda i: -layout.strides[i])
             permuted = layout.transpose(perm)
             forward = all(
@@ -285,6 +285,4 @@ class ShapeViews(ArrayBase):
             )
             if permuted.flags.c_contiguous and forward:
                 return self._derive(layout, permuted.reshape(-1), self._dtype)
-        if order not in ("C", "c", "F", "f", "K", "k"):
-            raise ValueError(f"order must be one of 'C', 'F', 'A', or 'K' (got {order!r})")
         return self.array.ravel(order)
