@@ -94,6 +94,8 @@ def _reshape_view(layout: np.ndarray[Any, Any], shape: Any, order: Any) -> np.nd
 
 
 class ShapeViews(ArrayBase):
+    """Shape views and flags over the layout probe."""
+
     __slots__ = ()
 
     def _on_layout(self: _A, how: Callable[[Any], Any], dtype: np.dtype[Any] | None = None) -> _A:
@@ -275,8 +277,8 @@ class ShapeViews(ArrayBase):
         kind = order.upper()
         if kind == "A":
             kind = "F" if flags.f_contiguous and not flags.c_contiguous else "C"
-        if kind in ("C", "F") and flags[f"{kind}_CONTIGUOUS"]:
-            return self._derive(layout, layout.reshape(-1, order=kind), self._dtype)
+        if (kind == "C" and flags.c_contiguous) or (kind == "F" and flags.f_contiguous):
+            return self._derive(layout, layout.reshape(-1, order=cast(Any, kind)), self._dtype)
         if kind == "K":  # contiguous in the order of its strides (e.g. a transpose): a view
             perm = sorted(range(layout.ndim), key=lambda i: -layout.strides[i])
             permuted = layout.transpose(perm)

@@ -22,24 +22,15 @@ __all__ = ["ArrayView", "track", "is_view", "live_views"]
 class ArrayView(Protocol):
     """What the memory map reads of a view."""
 
-    @property
-    def allocation(self) -> Allocation: ...
-    @property
-    def closed(self) -> bool: ...
-    @property
-    def shape(self) -> tuple[int, ...]: ...
-    @property
-    def strides(self) -> tuple[int, ...]: ...
-    @property
-    def dtype(self) -> np.dtype[Any]: ...
-    @property
-    def itemsize(self) -> int: ...
-    @property
-    def offset(self) -> int: ...
-    @property
-    def nbytes(self) -> int: ...
-    @property
-    def readonly(self) -> bool: ...
+    allocation: Allocation
+    closed: bool
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: np.dtype[Any]
+    itemsize: int
+    offset: int
+    nbytes: int
+    readonly: bool
 
 
 def _forget(key: int, ref: weakref.ref[Any]) -> None:
