@@ -312,16 +312,10 @@ class SharedDeviceArray(Growth, Display, ShapeViews):
 
     def grant(self, device: DeviceLike, mode: Access = "rw") -> None:
         """Let another CUDA device read (``"r"``) or read and write (``"rw"``) this array's
-        whole allocation in this process, without copying (``cuMemSetAccess``).
-
-        Raises
-        ------
-        ValueError
-            Not a cuda-vmm array, the memory's own device, or a bad mode.
-        PeerAccessUnavailable
-            That device cannot reach this memory (``cuDeviceCanAccessPeer`` is 0).
-        BackendUnavailable
-            No such device.
+        whole allocation in this process, without copying (``cuMemSetAccess``). ValueError
+        for a non-cuda-vmm array, the memory's own device or a bad mode;
+        PeerAccessUnavailable where that device cannot reach it; BackendUnavailable: no such
+        device.
         """
         dev = parse_device(device)
         if not dev.needs_context:

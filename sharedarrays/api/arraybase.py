@@ -285,16 +285,13 @@ class ArrayBase:
         """NumPy functions on the native arrays (also inside lists, tuples, dicts); ``out=``
         and ``np.copyto``'s destination write shared memory; the shape and layout functions
         (``np.transpose``, ``np.moveaxis``, ``np.split``, ...) give shared views."""
-        if func in _SHAPE_VIEWS and args and args[0] is self:
-            return _SHAPE_VIEWS[func](*args, **kwargs)
-        if (
-            func in _LAYOUT_VIEWS
-            and args
-            and args[0] is self
-            and (len(args) == 1 or func not in (np.atleast_1d, np.atleast_2d, np.atleast_3d))
-            and (self._shape or func is not np.flip)  # (flip of a 0-d array reads its value)
-        ):
-            return self._on_layout(lambda layout: func(layout, *args[1:], **kwargs))
+        if args and args[0] is self:
+            if func in _SHAPE_VIEWS:
+                return _SHAPE_VIEWS[func](*args, **kwargs)
+            several = len(args) > 1 and func in (np.atleast_1d, np.atleast_2d, np.atleast_3d)
+            # (flip of a 0-d array reads its value)
+            if func in _LAYOUT_VIEWS and not several and (self._shape or func is not np.flip):
+                return self._on_layout(lambda layout: func(layout, *args[1:], **kwargs))
         if func in _WRITES_FIRST and args:
             _check_writable(args[0])
         return _apply(func, args, kwargs)

@@ -226,14 +226,8 @@ class ShapeViews(ArrayBase):
 
     def view(self: _A, dtype: Any = None, type: Any = None) -> Any:
         """A view (shared) of the same bytes as another dtype, with NumPy's rules; with
-        ``type`` (or an ndarray class first), a native view of that type.
-
-        Raises
-        ------
-        TypeError
-            A dtype a shared array cannot hold; ``a.array.view(dtype)`` is a native view.
-        MisalignedView
-            On device memory, offset or strides not aligned for the new dtype."""
+        ``type`` (or an ndarray class first), a native view of that type. TypeError for a
+        dtype a shared array cannot hold; MisalignedView where device memory would be."""
         if isinstance(dtype, builtins.type) and issubclass(dtype, np.ndarray):
             dtype, type = None, dtype  # (NumPy's a.view(np.ndarray): a type, not a dtype)
         if type is not None:  # an ndarray (subclass) view over the same memory: native
