@@ -227,12 +227,9 @@ class ArrayBase:
             raise ValueError(_READONLY)
         return native
 
-    __eq__ = _forms(operator.eq)[0]
-    __ne__ = _forms(operator.ne)[0]
-    __lt__ = _forms(operator.lt)[0]
-    __le__ = _forms(operator.le)[0]
-    __gt__ = _forms(operator.gt)[0]
-    __ge__ = _forms(operator.ge)[0]
+    __eq__, __ne__, __lt__, __le__, __gt__, __ge__ = (
+        _forms(getattr(operator, name))[0] for name in ("eq", "ne", "lt", "le", "gt", "ge")
+    )
     __add__, __radd__, __iadd__ = _forms(operator.add, operator.iadd)
     __sub__, __rsub__, __isub__ = _forms(operator.sub, operator.isub)
     __mul__, __rmul__, __imul__ = _forms(operator.mul, operator.imul)
@@ -252,10 +249,7 @@ class ArrayBase:
     __invert__ = _unary(operator.invert)
     __abs__ = _unary(abs)
     # scalars (size 1 only, NumPy's errors otherwise)
-    __bool__ = _unary(bool)
-    __float__ = _unary(float)
-    __int__ = _unary(int)
-    __complex__ = _unary(complex)
+    __bool__, __float__, __int__, __complex__ = map(_unary, (bool, float, int, complex))
 
     def __round__(self, ndigits: int | None = None) -> Any:
         native = self.array
