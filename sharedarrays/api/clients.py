@@ -56,22 +56,19 @@ def install() -> None:
     if module is not None:
         register_collate(module)
     elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(_COLLATE, register_collate))
+        sys.meta_path.insert(0, _AfterImport())
 
 
 class _AfterImport(_Hook):
-    """Finds the module ``name`` as the other finders do, then, as its loader, runs it with
-    their loader and calls ``hook(module)``; leaves :data:`sys.meta_path` once asked."""
+    """Finds torch's collate module as the other finders do, then, as its loader, runs it
+    with their loader and registers :func:`collate`; leaves :data:`sys.meta_path` once asked."""
 
-    def __init__(self, name: str, hook: Callable[[ModuleType], None]) -> None:
-        self._name = name
-        self._hook = hook
-        self._loader: Any = None
+    _loader: Any = None
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
-        if fullname != self._name:
+        if fullname != _COLLATE:
             return None
         with contextlib.suppress(ValueError):
             sys.meta_path.remove(self)
@@ -90,4 +87,4 @@ class _AfterImport(_Hook):
         if module.__spec__ is not None:
             module.__spec__.loader = self._loader
         self._loader.exec_module(module)
-        self._hook(module)
+        register_collate(module)
