@@ -385,16 +385,8 @@ class SharedDeviceArray(Growth, Display, ShapeViews):
     def __dask_tokenize__(self) -> tuple[Any, ...]:
         """Dask's token: the allocation and layout, not the values (a pickle would count a
         payload in flight). Submit tasks that must see new values with ``pure=False``."""
-        alloc = self.allocation
-        return (
-            "sharedarrays",
-            alloc.id,
-            self._offset,
-            self._dtype.str,
-            self._shape,
-            self._strides,
-            self._readonly,
-        )
+        layout = (self._offset, self._dtype.str, self._shape, self._strides, self._readonly)
+        return ("sharedarrays", self.allocation.id, *layout)
 
 
 def _intern(value: _T) -> _T:
