@@ -65,12 +65,6 @@ def _native_nested(obj: Any) -> Any:
     return _native(obj)
 
 
-def _check_writable(target: Any) -> None:
-    """Refuse to write a read-only (or closed) view, as NumPy refuses."""
-    if isinstance(target, ArrayBase):
-        target._writable_native()
-
-
 def _apply(
     func: Callable[..., Any], args: Any, kwargs: dict[str, Any], native_out: bool = False
 ) -> Any:
@@ -78,8 +72,9 @@ def _apply(
     written and (unless ``native_out``) returned in place of their native arrays."""
     out = kwargs.get("out")
     outs = out if isinstance(out, tuple) else () if out is None else (out,)
-    for o in outs:
-        _check_writable(o)
+    for o in outs:  # (refused as NumPy refuses, where read-only or closed)
+        if isinstance(o, ArrayBase):
+            o._writable_native()
     result = func(*_native_nested(args), **_native_nested(kwargs))
     shared = {id(o.array): o for o in outs if isinstance(o, ArrayBase)}
     if native_out or not shared:
@@ -292,8 +287,8 @@ class ArrayBase:
             # (flip of a 0-d array reads its value)
             if func in _LAYOUT_VIEWS and not several and (self._shape or func is not np.flip):
                 return self._on_layout(lambda layout: func(layout, *args[1:], **kwargs))
-        if func in _WRITES_FIRST and args:
-            _check_writable(args[0])
+        if func in _WRITES_FIRST and args and isinstance(args[0], ArrayBase):
+            args[0]._writable_native()
         return _apply(func, args, kwargs)
 
     def __array_namespace__(self, *, api_version: str | None = None) -> Any:
