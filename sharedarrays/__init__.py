@@ -17,7 +17,7 @@ import typing as _typing
 from types import MappingProxyType as _MappingProxyType
 
 from sharedarrays.api import clients as _clients
-from sharedarrays.api.array import SharedDeviceArray, load
+from sharedarrays.api.array import SharedDeviceArray, load, synchronize
 from sharedarrays.api.creation import (
     asarray,
     empty,
@@ -31,7 +31,6 @@ from sharedarrays.api.creation import (
     zeros_like,
 )
 from sharedarrays.api.named import NamedArray, attach, list_named, unlink
-from sharedarrays.api.ordering import synchronize
 from sharedarrays.api.sharing import share
 from sharedarrays.backends import list_backends
 from sharedarrays.backends.cuda import driver as _cuda_driver  # noqa: F401 - installs the fork-after-CUDA hook

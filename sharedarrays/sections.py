@@ -366,14 +366,13 @@ class ViewsState:
     ``api/widgets/view.py``). A forked child keeps them (its views are copies of the
     parent's), with a new lock.
 
-    ``types``: the view classes; ``tracking``: whether views are tracked (from the first
-    ``live_views``), then ``live`` holds them weakly by id (``lock`` guards the start);
+    ``tracking``: whether views are tracked (from the first ``live_views``), then ``live``
+    holds them weakly by id (``lock`` guards the start);
     ``cells``: per notebook cell id, the live maps made there (weakly), stopped when it runs
     again; ``shells``: the IPython shells whose ``pre_run_cell`` hook is registered.
     """
 
     def __init__(self) -> None:
-        self.types: tuple[type, ...] = ()
         self.tracking = False
         self.live: dict[int, Any] = {}
         self.lock = threading.Lock()

@@ -143,8 +143,8 @@ class _Out:
 
 
 def test_numpy_s_mean_is_still_the_caller_of_its_reduction_into_out() -> None:
-    """What ``NativeArrayMethods.__array_ufunc__`` looks for (``_numpy_averages``)."""
-    from sharedarrays.api.arraymethods import _numpy_averages
+    """What ``ArrayBase.__array_ufunc__`` looks for (``_numpy_averages``)."""
+    from sharedarrays.api.arraybase import _numpy_averages
 
     _Out.seen.clear()
     np.arange(4.0).mean(out=_Out())  # type: ignore[call-overload]
@@ -164,7 +164,7 @@ def test_numpy_s_mean_is_still_the_caller_of_its_reduction_into_out() -> None:
 
 
 def test_array_api_compat_s_array_namespace_is_still_the_caller_with_use_compat() -> None:
-    """What ``NativeArrayMethods.__array_namespace__`` looks for (``_asking_compat``) and
+    """What ``ArrayBase.__array_namespace__`` looks for (``_asking_compat``) and
     reads (the ``use_compat`` argument)."""
     compat = pytest.importorskip("array_api_compat")
     seen: list[tuple[tuple[str, str], Any]] = []

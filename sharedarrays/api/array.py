@@ -12,56 +12,63 @@ import math
 import operator
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing import reduction
-from typing import Any, TypeVar, cast, overload
+from types import EllipsisType, SimpleNamespace
+from typing import Any, Protocol, TypeVar, cast, overload, runtime_checkable
 
 import numpy as np
 
 from sharedarrays._cpython import caller_frame, spawning_process
 from sharedarrays.api import keeping, message, othernode, views
-from sharedarrays.api.arraybase import _READONLY
-from sharedarrays.api.arraymethods import NativeArrayMethods
+from sharedarrays.api.arraybase import _READONLY, ShapeViews
 from sharedarrays.api.display import Display
 from sharedarrays.api.growth import Growth
-from sharedarrays.api.indexing import Probe, check_key, native_key
-from sharedarrays.api.ordering import Ordering, Semaphore
-from sharedarrays.backends import NativeView
-from sharedarrays.backends.device import Device
+from sharedarrays.backends import Access, NativeView, get_backend
+from sharedarrays.backends.device import Device, DeviceLike, parse_device
 from sharedarrays.errors import ClosedArrayError, MisalignedView, PayloadError, WrongNode
-from sharedarrays.memory import Allocation, Lease
+from sharedarrays.memory import Allocation, Lease, live_allocations
 from sharedarrays.process import STATE
 from sharedarrays.protocol.payload import Payload, ViewFields, ViewTuple, misaligned, view_extent
 
-__all__ = ["SharedDeviceArray", "Semaphore", "load"]
+__all__ = ["SharedDeviceArray", "Semaphore", "load", "synchronize"]
 
 _T = TypeVar("_T")
+_BASIC_INDEX = (int, slice, EllipsisType, type(None), np.integer)
 
 
-def _field(name: str, doc: str) -> Any:
-    """A read-only property giving the view's attribute ``name``."""
-    return property(operator.attrgetter(name), doc=doc)
+def _field(get: str | Callable[[Any], Any], doc: str) -> Any:
+    """A read-only property: the view's attribute ``get``, or ``get(view)``."""
+    return property(operator.attrgetter(get) if isinstance(get, str) else get, doc=doc)
 
 
-class SharedDeviceArray(Growth, Display, Ordering, NativeArrayMethods):
+@runtime_checkable
+class Semaphore(Protocol):
+    """What :meth:`SharedDeviceArray.wait_for` and :meth:`~SharedDeviceArray.signal` take:
+    an :class:`~sharedarrays.ExternalSemaphore`, a :class:`~sharedarrays.Timeline`, or any
+    object with a ``device`` and these methods ordering that device's current stream."""
+
+    @property
+    def device(self) -> Device: ...
+
+    def wait(self, value: int | None) -> None: ...
+
+    def signal(self, value: int | None) -> None: ...
+
+
+class SharedDeviceArray(Growth, Display, ShapeViews):
     """An array in memory that other processes can map without copying.
 
-    Create one with :func:`sharedarrays.empty`, :func:`~sharedarrays.zeros`,
-    :func:`~sharedarrays.full` or :func:`~sharedarrays.from_array`; pass it to another process
-    by pickling it (multiprocessing does this for you).
-
-    It acts like its native array (:attr:`array`, see
-    :mod:`sharedarrays.api.arraymethods`): new results are native arrays, in-place operations
-    write the shared memory, shape views (``a.T``, ``a.reshape``) are shared views. The
-    mapping here is released when no open view and no native array refers to it; the memory
-    is freed when the last process that maps it or holds a handle of it lets go.
+    Made by :func:`sharedarrays.empty`, :func:`~sharedarrays.from_array`, ...; passed to
+    another process by pickling it (multiprocessing does). It acts like its native array
+    (:attr:`array`): new results are native arrays, in-place operations and shape views
+    (``a.T``, ``a.reshape``) are shared. The memory is freed when the last process that maps
+    it or holds a handle of it lets go.
     """
 
     __slots__ = ("_locked", "_interfaced", "_base", "__weakref__")
     # the mixins' public methods, as the class's own (the API reference lists those)
-    resize, append, refresh = Growth.resize, Growth.append, Growth.refresh
-    synchronize, access, grant = Ordering.synchronize, Ordering.access, Ordering.grant
-    wait_for, signal, show = Ordering.wait_for, Ordering.signal, Display.show
+    resize, append, refresh, show = Growth.resize, Growth.append, Growth.refresh, Display.show
 
     def __init__(
         self,
@@ -73,11 +80,7 @@ class SharedDeviceArray(Growth, Display, Ordering, NativeArrayMethods):
         readonly: bool = False,
     ) -> None:
         low, high = view_extent(dtype.itemsize, shape, strides)
-        if (
-            offset + low < 0
-            or offset + high > allocation.size
-            or not 0 <= offset <= allocation.size
-        ):
+        if min(offset, offset + low) < 0 or max(offset, offset + high) > allocation.size:
             raise ValueError("view reaches outside its allocation")
         why = allocation.device.needs_context and misaligned(dtype, shape, strides, offset)
         if why:  # device memory: aligned views only
@@ -112,35 +115,18 @@ class SharedDeviceArray(Growth, Display, Ordering, NativeArrayMethods):
 
     # metadata ---------------------------------------------------------------------------
     base: SharedDeviceArray | None = _field(
-        "_base",
-        "The view this one was derived from (as :attr:`numpy.ndarray.base`); ``None`` for "
-        "one made by a constructor or loaded from a payload.",
+        "_base", "The view this one was derived from (``None`` if made or loaded)."
     )
     shape: tuple[int, ...] = _field("_shape", "Length of each axis.")
     dtype: np.dtype[Any] = _field("_dtype", "Element type.")
     strides: tuple[int, ...] = _field("_strides", "Bytes to step in each axis (may be negative).")
     offset: int = _field("_offset", "Byte offset of the first element in the allocation.")
     readonly: bool = _field("_readonly", "Whether writes through this view are refused.")
-
-    @property
-    def ndim(self) -> int:
-        """Number of axes."""
-        return len(self._shape)
-
-    @property
-    def size(self) -> int:
-        """Number of elements."""
-        return math.prod(self._shape)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the elements (``size * itemsize``)."""
-        return self.size * self._dtype.itemsize
-
-    @property
-    def itemsize(self) -> int:
-        """Bytes per element."""
-        return self._dtype.itemsize
+    ndim: int = _field(lambda a: len(a._shape), "Number of axes.")
+    size: int = _field(lambda a: math.prod(a._shape), "Number of elements.")
+    nbytes: int = _field(lambda a: a.size * a._dtype.itemsize, "Bytes of the elements.")
+    itemsize: int = _field(lambda a: a._dtype.itemsize, "Bytes per element.")
+    closed: bool = _field(lambda a: a._lease is None, "Whether :meth:`close` was called.")
 
     def _set_writeable(self, writeable: bool) -> None:
         if self._lease is None:
@@ -155,11 +141,6 @@ class SharedDeviceArray(Growth, Display, Ordering, NativeArrayMethods):
         self._packed = None
 
     @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` was called on this view."""
-        return self._lease is None
-
-    @property
     def allocation(self) -> Allocation:
         """The reservation, chunks, mappings and origin behind this view."""
         lease = self._lease
@@ -167,58 +148,42 @@ class SharedDeviceArray(Growth, Display, Ordering, NativeArrayMethods):
             raise _closed()
         return lease.allocation
 
-    @property
-    def device(self) -> Device:
-        """Where the memory lives; equal to its name too (``a.device == "cuda:0"``)."""
-        return self.allocation.device
-
-    @property
-    def backend(self) -> str:
-        """Name of the memory system: ``"host"``, ``"cuda-vmm"``, ``"cuda-ipc"`` or
-        ``"cuda-pool"``."""
-        return self.allocation.backend.name
-
-    @property
-    def address(self) -> int:
-        """Address of the first element in this process."""
-        return self.allocation.address + self._offset
+    device: Device = _field(
+        lambda a: a.allocation.device, 'Where the memory lives (``a.device == "cuda:0"``).'
+    )
+    backend: str = _field(
+        lambda a: a.allocation.backend.name, 'The memory system (``"host"``, ``"cuda-vmm"``, ...).'
+    )
+    address: int = _field(
+        lambda a: a.allocation.address + a._offset, "Address of the first element here."
+    )
 
     # data -------------------------------------------------------------------------------
     @property
     def array(self) -> Any:
         """The zero-copy native array (NumPy on ``cpu``, CuPy on CUDA and ROCm, a
-        ``torch.Tensor`` on Ascend); it keeps the mapping alive while it exists."""
+        ``torch.Tensor`` on Ascend); it keeps the mapping alive."""
         native = self._native
         if native is None:
             lease = self._lease
             if lease is None:
                 raise _closed()
             alloc = lease.allocation  # (self.allocation, without its frame)
+            layout = (self._dtype, self._shape, self._strides, self._readonly)
             if alloc.derives_natives:  # one native memory per allocation
-                native = self._native = alloc.native_view(
-                    self._offset, self._dtype, self._shape, self._strides, self._readonly
+                native = alloc.native_view(self._offset, *layout)
+            else:  # (pinned: the native may outlive the view)
+                pinned = alloc.pin(lease)
+                view = NativeView(
+                    alloc.address, alloc.size, self._offset, pinned, *layout, alloc.native_device
                 )
-                return native
-            native = alloc.backend.as_native(
-                NativeView(
-                    alloc.address,
-                    alloc.size,
-                    self._offset,
-                    alloc.pin(lease),  # (the native may outlive the view)
-                    self._dtype,
-                    self._shape,
-                    self._strides,
-                    self._readonly,
-                    alloc.native_device,
-                )
-            )
+                native = alloc.backend.as_native(view)
             self._native = native
         return native
 
     def __getitem__(self, key: object) -> Any:
         """``a[key]``: a basic index gives a shared view (one element: NumPy's scalar on
-        the host, CuPy's 0-d view on a GPU); an advanced index gives a native **copy**, as
-        NumPy does (writes through one, ``a[mask] = 0``, go to shared memory)."""
+        the host, a 0-d view on a GPU); an advanced index a native **copy**, as NumPy's."""
         items = check_key(key)
         if items is None:
             return self.array[native_key(key)]
@@ -233,23 +198,26 @@ class SharedDeviceArray(Growth, Display, Ordering, NativeArrayMethods):
                 return native[cast(Any, native_key(key))]
         return self._derive(layout, view, self._dtype)
 
-    def _layout(self) -> np.ndarray[Any, Any]:
-        """A layout probe: an array with this view's layout that must never be read."""
-        base = self.allocation.address + self._offset
-        return np.asarray(Probe(base, self._dtype, self._shape, self._strides))
+    def _layout(self, writeable: bool = False) -> np.ndarray[Any, Any]:
+        """A layout probe: an array with this view's layout, on which NumPy works out the
+        layout of views without touching (maybe device) memory; never read or written."""
+        interface = {
+            "version": 3,
+            "shape": self._shape,
+            "typestr": self._dtype.str,
+            "strides": self._strides,
+            "data": (self.allocation.address + self._offset, not writeable),
+        }
+        return np.asarray(SimpleNamespace(__array_interface__=interface))
 
     def _derive(
         self, layout: np.ndarray[Any, Any], view: np.ndarray[Any, Any], dtype: np.dtype[Any]
     ) -> SharedDeviceArray:
         """A shared view laid out as ``view``, a view of ``layout`` (from :meth:`_layout`)."""
         delta = view.__array_interface__["data"][0] - layout.__array_interface__["data"][0]
+        shape, strides = tuple(view.shape), tuple(view.strides)
         derived = SharedDeviceArray(
-            self.allocation,
-            dtype,
-            tuple(view.shape),
-            tuple(view.strides),
-            self._offset + delta,
-            self._readonly,
+            self.allocation, dtype, shape, strides, self._offset + delta, self._readonly
         )
         derived._base = self if self._base is None else self._base
         return derived
@@ -299,8 +267,7 @@ class SharedDeviceArray(Growth, Display, Ordering, NativeArrayMethods):
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        """The CUDA Array Interface (v3) of CUDA arrays. A consumer holds this view, not
-        the native array: the memory stays mapped until the view is gone, even closed."""
+        """The CUDA Array Interface (v3); the memory stays mapped while the view lives."""
         if not self.device.is_cuda:
             raise AttributeError("a cpu SharedDeviceArray has no __cuda_array_interface__")
         native = self.array
@@ -320,9 +287,8 @@ class SharedDeviceArray(Growth, Display, Ordering, NativeArrayMethods):
 
     # lifecycle --------------------------------------------------------------------------
     def close(self) -> None:
-        """Close this view: later data access raises :class:`ClosedArrayError`. The mapping
-        here goes once no open view or native array refers to the allocation; other
-        processes keep theirs. Closing twice is allowed."""
+        """Close this view: later data access raises :class:`ClosedArrayError`; the mapping
+        goes once no open view or native array here uses it. Closing twice is allowed."""
         self._native = None
         self._lease = None
 
@@ -331,6 +297,50 @@ class SharedDeviceArray(Growth, Display, Ordering, NativeArrayMethods):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # device work ------------------------------------------------------------------------
+    def synchronize(self) -> None:
+        """Wait until the work queued so far on this array's device is done (every stream
+        of its context on CUDA): before another process reads what this one wrote."""
+        self.allocation.backend.synchronize()
+
+    @property
+    def access(self) -> dict[str, str]:
+        """Which devices may touch this array's memory here: ``"rw"`` or ``"r"`` by name."""
+        return {str(d): a for d, a in self.allocation.access_by_device.items()}
+
+    def grant(self, device: DeviceLike, mode: Access = "rw") -> None:
+        """Let another CUDA device read (``"r"``) or read and write (``"rw"``) this array's
+        whole allocation in this process, without copying (``cuMemSetAccess``). ValueError
+        for a non-cuda-vmm array, the memory's own device or a bad mode;
+        PeerAccessUnavailable where that device cannot reach it; BackendUnavailable: no such
+        device.
+        """
+        dev = parse_device(device)
+        if not dev.needs_context:
+            raise ValueError(f"grant() takes a CUDA device, not {dev}")
+        self.allocation.grant(dev.index, mode)
+
+    def wait_for(self, sem: Semaphore, value: int | None = None) -> None:
+        """Make later work on this array's device (its current stream) wait for ``sem``, a
+        :class:`Semaphore` on that device; ``value``: required for timelines, omitted for
+        binary semaphores."""
+        self._same_device(sem).wait(value)
+
+    def signal(self, sem: Semaphore, value: int | None = None) -> None:
+        """Signal ``sem`` once the work queued so far on this array's device (its current
+        stream) is done: a timeline is set to ``value``; a binary semaphore takes none."""
+        self._same_device(sem).signal(value)
+
+    def _same_device(self, sem: Semaphore) -> Semaphore:
+        if not isinstance(sem, Semaphore):
+            raise TypeError(
+                f"expected an ExternalSemaphore or a Timeline (an object with a device, wait "
+                f"and signal), not {type(sem).__name__}"
+            )
+        if sem.device != self.device:
+            raise ValueError(f"the semaphore is on {sem.device}, this array on {self.device}")
+        return sem
 
     # pickling ---------------------------------------------------------------------------
     def payload(self) -> Payload:
@@ -375,19 +385,8 @@ class SharedDeviceArray(Growth, Display, Ordering, NativeArrayMethods):
     def __dask_tokenize__(self) -> tuple[Any, ...]:
         """Dask's token: the allocation and layout, not the values (a pickle would count a
         payload in flight). Submit tasks that must see new values with ``pure=False``."""
-        alloc = self.allocation
-        return (
-            "sharedarrays",
-            alloc.id,
-            self._offset,
-            self._dtype.str,
-            self._shape,
-            self._strides,
-            self._readonly,
-        )
-
-
-views.register(SharedDeviceArray)
+        layout = (self._offset, self._dtype.str, self._shape, self._strides, self._readonly)
+        return ("sharedarrays", self.allocation.id, *layout)
 
 
 def _intern(value: _T) -> _T:
@@ -487,7 +486,7 @@ def load(
 
 def assignable(native: Any, value: Any) -> Any:
     """``value`` as ``native[key] = value`` takes it: a ``torch.Tensor`` native (Ascend)
-    takes tensors and numbers only, so anything else becomes a tensor on its device."""
+    takes tensors and numbers only; anything else becomes a tensor on its device."""
     torch = sys.modules.get("torch")
     if (
         torch is None
@@ -551,11 +550,66 @@ def _rebuild_view(
 message.use_reconstructor(_rebuild_view)
 
 
+def synchronize(device: DeviceLike = None) -> None:
+    """Wait until the work queued so far on a device is done (BackendUnavailable if the
+    device asked for cannot be used here).
+
+    Parameters
+    ----------
+    device : str, int, torch.device, cupy.cuda.Device or None
+        The device; ``None``: every device with shared memory mapped here.
+    """
+    if device is not None:
+        get_backend(parse_device(device)).synchronize()
+        return
+    for backend in {id(a.backend): a.backend for a in live_allocations()}.values():
+        backend.synchronize()
+
+
 def operator_index(n: object) -> int:
     """``operator.index`` that refuses bools."""
     if isinstance(n, (bool, np.bool_)):
         raise TypeError("a bool is not a valid size")
     return operator.index(n)  # type: ignore[arg-type]
+
+
+def check_key(key: object) -> tuple[Any, ...] | None:
+    """``key`` as a tuple of basic indices, or ``None`` for an advanced index (which a view
+    cannot hold) or no index at all (which the native array refuses itself). The cheap type
+    checks come first: a basic key (the hot path) pays for nothing else."""
+    items = key if isinstance(key, tuple) else (key,)
+    for item in items:
+        if isinstance(item, (bool, np.bool_)) or not isinstance(item, _BASIC_INDEX):
+            if _as_index(item) is item:
+                return None
+            return check_key(tuple(_as_index(i) for i in items))
+    return items
+
+
+def _as_index(item: object) -> object:
+    """An integer to NumPy (a 0-d integer array, an object with ``__index__`` that is no
+    array) as its int; anything else as it is."""
+    if isinstance(item, (bool, np.bool_, int)):
+        return item
+    dtype = getattr(item, "dtype", None)
+    if isinstance(dtype, np.dtype):
+        zero_d = (
+            isinstance(item, SharedDeviceArray) or type(item) is np.ndarray
+        ) and not item.shape
+        if not (zero_d and dtype.kind in "iu"):
+            return item
+    elif not hasattr(type(item), "__index__"):
+        return item
+    return operator.index(item)  # type: ignore[arg-type]
+
+
+def native_key(key: object) -> object:
+    """``key`` with its views replaced by their native arrays."""
+    if isinstance(key, SharedDeviceArray):
+        return key.array
+    if type(key) is tuple and any(isinstance(i, SharedDeviceArray) for i in key):
+        return tuple(i.array if isinstance(i, SharedDeviceArray) else i for i in key)
+    return key
 
 
 def _closed() -> ClosedArrayError:

@@ -1,29 +1,29 @@
-"""What other libraries need to take a shared array where they take the array it wraps.
-
-Most take it as it is (NumPy's dispatch, ``__array__``, DLPack, the CUDA Array Interface).
-torch's ``default_collate`` (a ``DataLoader``'s) looks elements up by type in
-``default_collate_fn_map``: :func:`install` adds :func:`collate` there, at once if torch's
-collate module is imported, else from a :data:`sys.meta_path` finder once it is; nothing
-here imports torch.
+"""What other libraries need to take a shared array where they take its native array (most
+need nothing): torch's ``default_collate`` looks elements up by type in its
+``default_collate_fn_map``, where :func:`install` adds :func:`collate`, at once or from a
+:data:`sys.meta_path` finder once torch's collate module is imported (never importing torch).
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable, Sequence
 from importlib.machinery import ModuleSpec
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from sharedarrays.api.array import SharedDeviceArray
 
 if TYPE_CHECKING:
-    from importlib.abc import Loader as _Loader
-    from importlib.abc import MetaPathFinder as _MetaPathFinder
+    from importlib.abc import Loader, MetaPathFinder
+
+    class _Hook(MetaPathFinder, Loader): ...
+
 else:  # (importing importlib.abc costs some 5 ms; only methods are asked for)
-    _Loader = _MetaPathFinder = object
+    _Hook = object
 
 __all__ = ["install", "register_collate", "collate"]
 
@@ -46,8 +46,7 @@ def collate(
 
 
 def register_collate(module: ModuleType) -> None:
-    """Add :func:`collate` to ``module``'s (torch's collate module) ``default_collate_fn_map``
-    for shared arrays."""
+    """Add :func:`collate` to ``module``'s (torch's collate) ``default_collate_fn_map``."""
     module.default_collate_fn_map[SharedDeviceArray] = collate
 
 
@@ -57,44 +56,28 @@ def install() -> None:
     if module is not None:
         register_collate(module)
     elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(_COLLATE, register_collate))
+        sys.meta_path.insert(0, _AfterImport())
 
 
-class _AfterImport(_MetaPathFinder):
-    """Calls ``hook(module)`` once the module ``name`` has run, then leaves
-    :data:`sys.meta_path`: the other finders' spec, its loader wrapped."""
+class _AfterImport(_Hook):
+    """Finds torch's collate module as the other finders do, then, as its loader, runs it
+    with their loader and registers :func:`collate`; leaves :data:`sys.meta_path` once asked."""
 
-    def __init__(self, name: str, hook: Callable[[ModuleType], None]) -> None:
-        self._name = name
-        self._hook = hook
+    _loader: Any = None
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
-        if fullname != self._name:
+        if fullname != _COLLATE:
             return None
-        try:
+        with contextlib.suppress(ValueError):
             sys.meta_path.remove(self)
-        except ValueError:
-            pass
-        for finder in list(sys.meta_path):  # (the others, as the import system asks them)
-            find = getattr(finder, "find_spec", None)
-            spec = cast(ModuleSpec | None, None if find is None else find(fullname, path, target))
-            if spec is not None:
-                break
-        else:
-            return None
-        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = _ThenCall(spec.loader, self._hook)
+        import importlib.util
+
+        spec = importlib.util.find_spec(fullname)  # (the other finders, as for the import)
+        if spec is not None and hasattr(spec.loader, "exec_module"):
+            self._loader, spec.loader = spec.loader, self
         return spec
-
-
-class _ThenCall(_Loader):
-    """A loader that runs ``loader``'s module, then calls ``hook`` with it."""
-
-    def __init__(self, loader: Any, hook: Callable[[ModuleType], None]) -> None:
-        self._loader = loader
-        self._hook = hook
 
     def create_module(self, spec: ModuleSpec) -> ModuleType | None:
         return self._loader.create_module(spec)  # type: ignore[no-any-return]
@@ -104,4 +87,4 @@ class _ThenCall(_Loader):
         if module.__spec__ is not None:
             module.__spec__.loader = self._loader
         self._loader.exec_module(module)
-        self._hook(module)
+        register_collate(module)

@@ -1,9 +1,5 @@
-"""The namespace of this process's array names: per project, or a setting.
-
-Names are global per user in the keeper; a process qualifies each name with its namespace
-(``"namespace/name"``) so that two projects' ``"demo-state"`` never meet. This module has
-no upward imports: the widgets ask it how to write a keeper name too.
-"""
+"""The namespace of this process's array names (per project, or a setting): a process
+qualifies each keeper name as ``"namespace/name"``, so that two projects' names never meet."""
 
 from __future__ import annotations
 
@@ -32,13 +28,8 @@ def namespace() -> str | None:
 
     ``SHAREDARRAYS_NAMESPACE`` if set (``/``: global); else the project's: the nearest
     directory up from the working directory holding a ``.git`` or ``pyproject.toml``, as its
-    base name and a hash of its path (``"myproject-1a2b3c4d"``). A project's scripts,
-    notebooks and pool workers share one; another checkout has its own.
-
-    Raises
-    ------
-    ValueError
-        ``SHAREDARRAYS_NAMESPACE`` is not a namespace.
+    base name and a hash of its path (``"myproject-1a2b3c4d"``). ValueError for a setting
+    that is not a namespace.
     """
     setting = env_word(
         NAMESPACE_VARIABLE,
@@ -75,7 +66,6 @@ def whose() -> str:
 
 
 def _cwd() -> str:
-    """The working directory, whose project names the namespace."""
     try:
         return os.getcwd()
     except OSError as e:  # (removed under this process)
@@ -87,7 +77,7 @@ def _cwd() -> str:
 
 def local_name(key: str) -> str:
     """A keeper name as this process writes it: ``"name"`` in this namespace, else
-    ``"namespace/name"`` (``"/name"`` for a global name)."""
+    :func:`shown`."""
     space, slash, base = key.rpartition("/")
     here = namespace() if slash else None
     return base if slash and space == here else shown(key)

@@ -1,14 +1,10 @@
-"""Share an array that already exists on a CUDA device, without copying: :func:`share`.
-
-CuPy's and PyTorch's default allocators take memory with ``cudaMalloc``, which CUDA IPC
-exports as a whole: the shared array is that allocation plus the array's offset, on the
-``cuda-ipc`` backend. The memory stays its library's; the shared array holds the source.
-"""
+"""Share an array that already exists on a CUDA device, without copying: :func:`share`
+(the ``cudaMalloc`` allocation holding it, exported whole by CUDA IPC, plus its offset)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 from sharedarrays.api.array import SharedDeviceArray
 from sharedarrays.api.creation import _source_device, from_array
@@ -40,11 +36,6 @@ def share(
     allow_pids : iterable of int, optional
         Only these processes (besides this one) may import it.
 
-    Returns
-    -------
-    SharedDeviceArray
-        A view of ``obj``'s memory, with ``obj``'s shape, strides and dtype.
-
     Raises
     ------
     NotShareable
@@ -55,12 +46,10 @@ def share(
 
     Notes
     -----
-    Importers open the whole ``cudaMalloc`` allocation holding ``obj`` (where a pool may
-    have placed other arrays) and read only ``obj``'s range. ``obj`` is kept alive while
-    this process holds the shared array or an importer has it open; importers must release
-    it before this process exits. Finish writes on other streams than the current one
-    before sending the array.
-
+    Importers open the whole ``cudaMalloc`` allocation holding ``obj`` (maybe other arrays
+    of a pool) and read only its range. ``obj`` is kept alive while this process holds the
+    shared array or an importer has it open; importers must release it before this process
+    exits. Finish writes on other streams than the current one before sending it.
     """
     if isinstance(obj, SharedDeviceArray):
         return obj
@@ -77,10 +66,16 @@ def share(
     )
     if getattr(obj, "requires_grad", False) and callable(getattr(obj, "detach", None)):
         obj = obj.detach()
-    backend = get_backend(device, BACKEND)
-    if not isinstance(backend, BorrowingBackend):  # pragma: no cover - cuda-ipc borrows
-        raise NotShareable(f"the {BACKEND} backend cannot share existing memory")
-    view = _native_view(backend, obj)
+    backend = cast(BorrowingBackend, get_backend(device, BACKEND))
+    try:
+        view = backend.to_native(obj)  # (never a copy)
+    except SharedArrayError:
+        raise
+    except Exception as exc:  # CuPy's own refusal of what is not device memory
+        raise NotShareable(
+            f"{type(obj).__qualname__} does not describe CUDA memory this process can see "
+            f"({type(exc).__name__}: {exc}); sa.from_array(x) copies what can be read"
+        ) from exc
     if view.size == 0:  # no memory to share: an empty shared array is the same thing
         return from_array(view, device=device, backend=BACKEND)
     pointer = int(view.__cuda_array_interface__["data"][0])
@@ -89,16 +84,3 @@ def share(
     alloc.export_readonly = options.readonly
     alloc.allow_pids = options.allow_pids
     return SharedDeviceArray(alloc, view.dtype, view.shape, view.strides, offset)
-
-
-def _native_view(backend: BorrowingBackend, obj: Any) -> Any:
-    """``obj`` as a native view on its own device (never a copy)."""
-    try:
-        return backend.to_native(obj)
-    except SharedArrayError:
-        raise
-    except Exception as exc:  # CuPy's own refusal of what is not device memory
-        raise NotShareable(
-            f"{type(obj).__qualname__} does not describe CUDA memory this process can see "
-            f"({type(exc).__name__}: {exc}); sa.from_array(x) copies what can be read"
-        ) from exc

@@ -1,78 +1,52 @@
-"""The live views of this process, as the memory map reads them.
-
-The view class registers itself (:func:`register`), so the widgets need not import it.
-Views are tracked only once asked for: the first :func:`live_views` finds the live ones
-with ``gc.get_objects``, and from then on each view made is tracked weakly by id (in
-``STATE.views``).
+"""The live views of this process, as the memory map reads them (without importing the
+view class). The first :func:`live_views` finds the live ones with ``gc.get_objects``; from
+then on each view made is tracked weakly (``STATE.views``).
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import weakref
 from typing import Any, Protocol, TypeGuard
 
 import numpy as np
 
+from sharedarrays.api.arraybase import ArrayBase
 from sharedarrays.memory.allocation import Allocation
 from sharedarrays.process import STATE
 
-__all__ = ["ArrayView", "register", "track", "is_view", "live_views"]
+__all__ = ["ArrayView", "track", "is_view", "live_views"]
 
 
 class ArrayView(Protocol):
-    """What the memory map reads of a view (a :class:`~sharedarrays.SharedDeviceArray`)."""
+    """What the memory map reads of a view."""
 
-    @property
-    def allocation(self) -> Allocation: ...
-    @property
-    def closed(self) -> bool: ...
-    @property
-    def shape(self) -> tuple[int, ...]: ...
-    @property
-    def strides(self) -> tuple[int, ...]: ...
-    @property
-    def dtype(self) -> np.dtype[Any]: ...
-    @property
-    def itemsize(self) -> int: ...
-    @property
-    def offset(self) -> int: ...
-    @property
-    def nbytes(self) -> int: ...
-    @property
-    def readonly(self) -> bool: ...
+    allocation: Allocation
+    closed: bool
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: np.dtype[Any]
+    itemsize: int
+    offset: int
+    nbytes: int
+    readonly: bool
 
 
-class _ViewRef(weakref.ref):  # type: ignore[type-arg]
-    """A weak reference to a live view that knows its key in ``STATE.views.live``."""
-
-    __slots__ = ("key",)
-    key: int
-
-
-def register(cls: type) -> None:
-    """Make ``cls`` (the view class) known here: its instances are views."""
-    if cls not in STATE.views.types:
-        STATE.views.types = (*STATE.views.types, cls)
-
-
-def _forget(ref: _ViewRef) -> None:
+def _forget(key: int, ref: weakref.ref[Any]) -> None:
     """Drop a dead view's entry (unless its id was already reused by a newer view)."""
-    if STATE.views.live.get(ref.key) is ref:
-        STATE.views.live.pop(ref.key, None)
+    if STATE.views.live.get(key) is ref:
+        STATE.views.live.pop(key, None)
 
 
 def track(view: object) -> None:
-    """Count ``view`` among the live views (the view's constructor calls it once
-    ``STATE.views.tracking``: a call less per view until then)."""
-    ref = _ViewRef(view, _forget)
-    ref.key = id(view)
-    STATE.views.live[ref.key] = ref
+    """Count ``view`` among the live views (called once ``STATE.views.tracking``)."""
+    STATE.views.live[id(view)] = weakref.ref(view, functools.partial(_forget, id(view)))
 
 
 def is_view(obj: object) -> TypeGuard[ArrayView]:
-    """Whether ``obj`` is a view (an instance of a :func:`register`-ed class)."""
-    return isinstance(obj, STATE.views.types)
+    """Whether ``obj`` is a view (a :class:`~sharedarrays.SharedDeviceArray`)."""
+    return isinstance(obj, ArrayBase)
 
 
 def live_views() -> list[ArrayView]:
@@ -86,11 +60,5 @@ def live_views() -> list[ArrayView]:
                     # (one still being made has no lease slot yet: its track() comes)
                     if is_view(obj) and hasattr(obj, "_lease") and id(obj) not in state.live:
                         track(obj)
-    # Another thread may add a view while we copy the dict; copy again if so.
-    for _ in range(10):
-        try:
-            refs = list(state.live.values())
-        except RuntimeError:
-            continue
-        return [v for v in (ref() for ref in refs) if v is not None]
-    return []
+    # (dict.copy is atomic, where iterating the dict meets another thread's views)
+    return [v for v in (ref() for ref in state.live.copy().values()) if v is not None]
