@@ -21,9 +21,10 @@ import numpy as np
 
 from sharedarrays._cpython import caller_frame, spawning_process
 from sharedarrays.api import keeping, message, othernode, views
-from sharedarrays.api.arraybase import _READONLY, ShapeViews
+from sharedarrays.api.arraybase import _READONLY
 from sharedarrays.api.display import Display
 from sharedarrays.api.growth import Growth
+from sharedarrays.api.shapeviews import ShapeViews
 from sharedarrays.backends import Access, NativeView, get_backend
 from sharedarrays.backends.device import Device, DeviceLike, parse_device
 from sharedarrays.errors import ClosedArrayError, MisalignedView, PayloadError, WrongNode

@@ -1,6 +1,6 @@
 """The base of :class:`~sharedarrays.SharedDeviceArray`: its state and what makes it act
 like its native array (:class:`ArrayBase`: operators, NumPy dispatch, the array API
-namespace, ndarray methods), its shape views and flags (:class:`ShapeViews`).
+namespace, ndarray methods); its shape views and flags are in :mod:`.shapeviews`.
 
 New memory (``a + 1``, ``a.sum()``, ``np.sqrt(a)``) is a native array, not shared; in-place
 operations (``a += 1``, ``np.add(a, 1, out=a)``) write the shared memory and give the view;
@@ -10,27 +10,23 @@ probe, are shared.
 
 from __future__ import annotations
 
-import builtins
-import contextlib
 import operator
 import sys
 from collections.abc import Callable, Mapping
 from types import FrameType, MappingProxyType
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 
 from sharedarrays._cpython import caller_frame, frame_function, frame_local
-from sharedarrays.backends.device import Device
 
 if TYPE_CHECKING:
     from sharedarrays.memory import Allocation, Lease
     from sharedarrays.protocol.payload import ViewTuple
 
-__all__ = ["ArrayBase", "ArrayFlags", "ShapeViews", "shareable_dtype"]
+__all__ = ["ArrayBase", "shareable_dtype"]
 
 _A = TypeVar("_A", bound="ArrayBase")
-_S = TypeVar("_S", bound="ShapeViews")
 _Op = Callable[[Any, Any], Any]
 _Method = Callable[[Any, object], Any]
 
@@ -365,268 +361,3 @@ class ArrayBase:
             self._writable_native().byteswap(True)
             return self
         return self.array.byteswap(False)
-
-
-# the settable flags: setflags' keyword by attribute, the attribute by item
-_SETTABLE = MappingProxyType({"writeable": "write", "aligned": "align", "writebackifcopy": "uic"})
-_SETTABLE_ITEMS = MappingProxyType(
-    {"W": "writeable", "WRITEABLE": "writeable", "A": "aligned", "ALIGNED": "aligned"}
-    | {"X": "writebackifcopy", "WRITEBACKIFCOPY": "writebackifcopy"}
-)
-
-
-class ArrayFlags:
-    """A view's flags, read as :attr:`numpy.ndarray.flags` (``flags.c_contiguous``,
-    ``flags["C"]``); ``writeable`` follows the view, and sets as :meth:`ShapeViews.setflags`
-    (also ``aligned``, ``writebackifcopy``)."""
-
-    __slots__ = ("_view", "_numpy")
-    __hash__: ClassVar[None]  # type: ignore[assignment]
-    _view: ShapeViews
-    _numpy: tuple[Any, Any]  # NumPy's flags of the layout probe, writable and read-only
-
-    def __init__(self, view: ShapeViews) -> None:
-        self._view = view
-        self._numpy = (view._layout(writeable=True).flags, view._layout().flags)
-
-    def _flags(self) -> Any:
-        return self._numpy[self._view._readonly]
-
-    def __getattr__(self, name: str) -> Any:
-        if not name.startswith("_"):
-            with contextlib.suppress(AttributeError):
-                return getattr(self._flags(), name)
-        raise AttributeError(f"'ArrayFlags' object has no attribute {name!r}")
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if name.startswith("_"):  # its own fields (also as copy.copy sets them)
-            object.__setattr__(self, name, value)
-        elif name in _SETTABLE:
-            self._view.setflags(**{_SETTABLE[name]: value})
-        else:
-            raise AttributeError(f"attribute {name!r} of 'ArrayFlags' objects is not writable")
-
-    def __getitem__(self, key: str) -> bool:
-        return self._flags()[key]  # type: ignore[no-any-return]
-
-    def __setitem__(self, key: str, value: object) -> None:
-        if not isinstance(key, str) or key not in _SETTABLE_ITEMS:
-            raise KeyError("Unknown flag")  # (NumPy's words)
-        setattr(self, _SETTABLE_ITEMS[key], value)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, ArrayFlags):
-            return NotImplemented
-        return bool(self._flags() == other._flags())
-
-    def __repr__(self) -> str:
-        return repr(self._flags())
-
-
-def _reshape_view(layout: np.ndarray[Any, Any], shape: Any, order: Any) -> np.ndarray[Any, Any]:
-    """``layout`` reshaped without a copy, else ValueError."""
-    try:
-        reshaped: np.ndarray[Any, Any] = layout.reshape(shape, order=order, copy=False)
-        return reshaped
-    except TypeError:  # NumPy < 2.1 has no copy=: assigning a shape never copies either
-        pass
-    fortran = order in ("F", "f") or (order in ("A", "a") and layout.flags.f_contiguous)
-    view = layout.T.view() if fortran else layout.view()
-    new = np.broadcast_to(np.False_, layout.shape).reshape(shape, order=order).shape
-    try:
-        view.shape = new[::-1] if fortran else new
-    except AttributeError as e:
-        raise ValueError(f"cannot reshape without a copy: {e}") from None
-    result: np.ndarray[Any, Any] = view.T if fortran else view
-    return result
-
-
-class ShapeViews(ArrayBase):
-    """Shape views and flags over the layout probe."""
-
-    __slots__ = ()
-
-    def _on_layout(self: _S, how: Callable[[Any], Any], dtype: np.dtype[Any] | None = None) -> _S:
-        """The shared view (of ``dtype``, default this view's) of what ``how`` makes of the
-        layout probe (a list or tuple of them for one of views); this view for the probe."""
-        layout = self._layout()
-        new = self._dtype if dtype is None else dtype
-        return cast(_S, self._derive_all(layout, how(layout), new))
-
-    def _derive_all(self, layout: np.ndarray[Any, Any], result: Any, dtype: np.dtype[Any]) -> Any:
-        if isinstance(result, (list, tuple)):
-            return type(result)(self._derive_all(layout, r, dtype) for r in result)
-        return self if result is layout else self._derive(layout, result, dtype)
-
-    @property
-    def flags(self) -> ArrayFlags:
-        """Memory layout, like :attr:`numpy.ndarray.flags` (``owndata`` is False)."""
-        return ArrayFlags(self)
-
-    def setflags(self, write: object = None, align: object = None, uic: object = None) -> None:
-        """Like :meth:`numpy.ndarray.setflags`: ``write=False`` makes this view (and views
-        made from it after) read-only; ``write=True`` undoes only that, not a read-only
-        export. ValueError where NumPy's would refuse, and for ``align=False``."""
-        if write is not None:
-            self._set_writeable(bool(write))
-        if align is not None:
-            if not align:
-                raise ValueError(
-                    "cannot clear the ALIGNED flag of a SharedDeviceArray: it follows the "
-                    "view's address (a.array.setflags(align=False) marks a native array)"
-                )
-            if not self.flags.aligned:
-                raise ValueError("cannot set aligned flag of mis-aligned array to True")
-        if uic:
-            raise ValueError("cannot set WRITEBACKIFCOPY flag to True")  # (NumPy's words)
-
-    def _part(self: _S, name: str) -> _S:
-        layout = self._layout()
-        part = getattr(layout, name)  # (real of real values: the probe, still a new view)
-        return self._derive(layout, part, part.dtype)
-
-    @property
-    def real(self: _S) -> _S:
-        """The real part, a shared view like :attr:`numpy.ndarray.real`."""
-        return self._part("real")
-
-    @real.setter
-    def real(self, value: Any) -> None:
-        cast(Any, self.real)[...] = value  # (as NumPy's a.real = x: writes them in place)
-
-    @property
-    def imag(self) -> Any:
-        """The imaginary part: a shared view of complex values; of real ones NumPy's zeros."""
-        return self._part("imag") if self._dtype.kind == "c" else self.array.imag
-
-    @imag.setter
-    def imag(self, value: Any) -> None:
-        if self._dtype.kind != "c":
-            raise TypeError("array does not have imaginary part to set")  # (NumPy's words)
-        self.imag[...] = value
-
-    @property
-    def T(self: _S) -> _S:  # NumPy's name
-        """The transposed view (shared)."""
-        return self.transpose()
-
-    @property
-    def mT(self: _S) -> _S:  # NumPy's name
-        """The view (shared) with the last two axes swapped."""
-        if len(self._shape) < 2:
-            raise ValueError("matrix transpose with ndim < 2 is undefined")
-        return self.swapaxes(-1, -2)
-
-    def transpose(self: _S, *axes: Any) -> _S:
-        """A transposed view (shared)."""
-        return self._on_layout(lambda layout: layout.transpose(*axes))
-
-    def swapaxes(self: _S, axis1: int, axis2: int) -> _S:
-        """A view (shared) with two axes swapped."""
-        return self._on_layout(lambda layout: layout.swapaxes(axis1, axis2))
-
-    def squeeze(self: _S, axis: int | tuple[int, ...] | None = None) -> _S:
-        """A view (shared) without the axes of length one (or only ``axis``)."""
-        return self._on_layout(lambda layout: layout.squeeze(axis))
-
-    def getfield(self: _S, dtype: Any, offset: int = 0) -> _S:
-        """A view (shared) like :meth:`numpy.ndarray.getfield`; TypeError as :meth:`view`."""
-        new = shareable_dtype(dtype, f"a.array.getfield({dtype!r}, ...) is a native view of it")
-        return self._on_layout(lambda layout: layout.getfield(new, offset), new)
-
-    def setfield(self, val: Any, dtype: Any, offset: int = 0) -> None:
-        """Like :meth:`numpy.ndarray.setfield`, in shared memory."""
-        self._writable_native()
-        field: Any = self.getfield(dtype, offset)
-        field[...] = val
-
-    @property
-    def data(self) -> Any:
-        """The native array's ``data`` (a :class:`memoryview`, CuPy's ``MemoryPointer``)."""
-        return self._native_attribute("data")
-
-    @property
-    def ctypes(self) -> Any:
-        """The native array's ``ctypes`` (host memory only)."""
-        return self._native_attribute("ctypes")
-
-    def to_device(self, device: Any, /, *, stream: Any = None) -> Any:
-        """The native array's ``to_device`` (the array API's); this view where that gives
-        the native array itself (``"cpu"`` on the host)."""
-        to_device = self._native_attribute("to_device")
-        native = self.array
-        if isinstance(device, Device):
-            device = str(device)
-        result = to_device(device) if stream is None else to_device(device, stream=stream)
-        return self if result is native else result
-
-    def _native_attribute(self, name: str) -> Any:
-        """The native array's attribute ``name``, or an AttributeError naming both types."""
-        native = self.array
-        try:
-            return getattr(native, name)
-        except AttributeError:
-            kind = f"{type(native).__module__.partition('.')[0]}.{type(native).__name__}"
-            raise AttributeError(
-                f"'{type(self).__name__}' object has no attribute {name!r} here: its native "
-                f"array, a {kind}, has none"
-            ) from None
-
-    def view(self: _S, dtype: Any = None, type: Any = None) -> Any:
-        """A view (shared) of the same bytes as another dtype, with NumPy's rules; with
-        ``type`` (or an ndarray class first), a native view of that type. TypeError for a
-        dtype a shared array cannot hold; MisalignedView where device memory would be."""
-        if isinstance(dtype, builtins.type) and issubclass(dtype, np.ndarray):
-            dtype, type = None, dtype  # (NumPy's a.view(np.ndarray): a type, not a dtype)
-        if type is not None:  # an ndarray (subclass) view over the same memory: native
-            native = self.array
-            return native.view(type=type) if dtype is None else native.view(dtype, type)
-        layout = self._layout()
-        if dtype is None:
-            return self._derive(layout, layout, self._dtype)
-        new = shareable_dtype(dtype, f"a.array.view({dtype!r}) is a native view of it")
-        return self._derive(layout, layout.view(new), new)
-
-    def reshape(self, *shape: Any, order: str = "C", copy: bool | None = None) -> Any:
-        """A view (shared) with a new shape where NumPy's reshape would not copy, else a
-        native copy (``copy=False``: ValueError instead; ``copy=True``: always a copy)."""
-        if not shape:
-            raise TypeError("reshape() takes exactly 1 argument (0 given)")  # (NumPy's words)
-        new: Any = shape[0] if len(shape) == 1 else shape
-        # checks the shape with NumPy's errors, reading nothing (every stride is 0)
-        np.broadcast_to(np.False_, self._shape).reshape(new, order=order)  # type: ignore[call-overload]
-        if copy:
-            return self.array.reshape(new, order=order).copy(order="K")
-        layout = self._layout()
-        try:
-            view = _reshape_view(layout, new, order)
-        except ValueError:
-            if copy is False:
-                raise
-            return self.array.reshape(new, order=order)
-        return self._derive(layout, view, self._dtype)
-
-    def ravel(self, order: str | None = "C") -> Any:
-        """A 1-d view (shared) where NumPy's ravel gives a view, else a native copy."""
-        if order is None:  # (NumPy's ravel(None) is ravel("C"))
-            order = "C"
-        elif not isinstance(order, str):
-            raise TypeError(f"order must be str, not {type(order).__name__}")
-        if order not in ("C", "c", "F", "f", "A", "a", "K", "k"):
-            raise ValueError(f"order must be one of 'C', 'F', 'A', or 'K' (got {order!r})")
-        layout = self._layout()
-        flags = layout.flags
-        kind = order.upper()
-        if kind == "A":
-            kind = "F" if flags.f_contiguous and not flags.c_contiguous else "C"
-        if (kind == "C" and flags.c_contiguous) or (kind == "F" and flags.f_contiguous):
-            return self._derive(layout, layout.reshape(-1, order=cast(Any, kind)), self._dtype)
-        if kind == "K":  # contiguous in the order of its strides (e.g. a transpose): a view
-            perm = sorted(range(layout.ndim), key=lambda i: -layout.strides[i])
-            permuted = layout.transpose(perm)
-            forward = all(
-                s >= 0 for s, n in zip(layout.strides, layout.shape, strict=True) if n > 1
-            )
-            if permuted.flags.c_contiguous and forward:
-                return self._derive(layout, permuted.reshape(-1), self._dtype)
-        return self.array.ravel(order)
