@@ -303,7 +303,7 @@ def task_steps(
     ``blob`` and ``view`` are what a pickle of an array this worker already maps carries
     (its allocation's payload and the view's fields: a warm load)."""
     from sharedarrays.api.array import _rebuild_view
-    from sharedarrays.api.message import import_part
+    from sharedarrays.importing import import_part
     from sharedarrays.protocol.payload import Payload, ViewFields
 
     steps: dict[str, list[float]] = {
