@@ -1,7 +1,5 @@
-"""The handle server's client: fetching an allocation's chunk handles from its exporter.
-
-One connection per exporter is kept open between requests (at most
-:data:`MAX_CLIENT_CONNECTIONS`), so that the next import connects to nothing.
+"""The handle server's client: fetching an allocation's chunk handles from its exporter,
+on one connection per exporter kept open between requests (so the next connects to nothing).
 """
 
 from __future__ import annotations
@@ -11,6 +9,7 @@ import os
 import select
 import socket
 import time
+from typing import cast
 
 from sharedarrays.errors import HandleUnavailable, PayloadError, PermissionDenied, SharedArrayError
 from sharedarrays.process import STATE, at_exit
@@ -45,77 +44,32 @@ __all__ = [
     "keep_connection",
 ]
 
-TIMEOUT = 10.0
-"""Seconds an importer waits for a handle server."""
+_INCONSISTENT = "the handle server sent an inconsistent reply"
+TIMEOUT = 10.0  # seconds an importer waits for a handle server
+MAX_CLIENT_CONNECTIONS = 64  # connections to handle servers kept open at most (oldest closed)
+TIDY_CONNECTIONS = 4  # kept connections from which a new one first closes those hung up
 
 
 def fetch_handles(
     server: str, pid: int, alloc_id: str, secret: bytes, reply_to: str | None = None
 ) -> tuple[list[int], list[int], tuple[bytes, ...]]:
-    """Ask the handle server at ``server`` for the chunks of an allocation.
-
-    Returns
-    -------
-    sizes, fds : list of int
-        The chunk sizes and the received fds (the caller's): one per chunk for a mapping
-        backend; for a pointer backend, any it needs besides the exports.
-    exports : tuple of bytes
-        A pointer backend's portable chunk handles; empty for a mapping backend.
-
-    Raises
-    ------
-    HandleUnavailable
-        The server is gone or no longer has the allocation.
-    PermissionDenied
-        Another user's server or directory, or the secret is wrong.
-    """
+    """An allocation's chunk sizes, fds (the caller's; a pointer backend's: any it needs
+    besides the exports) and a pointer backend's portable handles (exports), from the handle
+    server at ``server``. HandleUnavailable where it is gone or no longer has them;
+    PermissionDenied for another user's server or a wrong secret."""
     body, fds = _fetch(server, pid, alloc_id, secret, reply_to, None)
-    try:
-        handles = Handles.decode(body)
-        if len(fds) > len(handles.sizes):
-            raise PayloadError("the handle server sent an inconsistent reply")
-        return handles.sizes, fds, handles.exports or ()
-    except BaseException:
-        for fd in fds:
-            os.close(fd)
-        raise
+    handles = cast(Handles, body)
+    return handles.sizes, fds, handles.exports or ()
 
 
 def fetch_growth(
     server: str, pid: int, alloc_id: str, secret: bytes, first: int, reply_to: str | None = None
 ) -> tuple[list[int], int, int, list[int]]:
-    """Ask the exporter of a growable array for its current chunks from index ``first``.
-
-    Returns
-    -------
-    sizes : list of int
-        All its chunk sizes now.
-    capacity, used : int
-        Its reserved bytes and the bytes of the array now.
-    fds : list of int
-        The fds of the chunks from ``first`` on (owned by the caller).
-
-    Raises
-    ------
-    HandleUnavailable, PermissionDenied
-        As :func:`fetch_handles`.
-    """
+    """A growable array's chunk sizes, capacity and length now, and the fds of its chunks
+    from index ``first`` (the caller's), from its exporter; raises as :func:`fetch_handles`."""
     body, fds = _fetch(server, pid, alloc_id, secret, reply_to, first)
-    try:
-        growth = Growth.decode(body)
-        if len(fds) != max(len(growth.sizes) - first, 0):
-            raise PayloadError("the handle server sent an inconsistent reply")
-    except BaseException:
-        for fd in fds:
-            os.close(fd)
-        raise
+    growth = cast(Growth, body)
     return growth.sizes, growth.capacity, growth.used, fds
-
-
-MAX_CLIENT_CONNECTIONS = 64
-"""Connections to handle servers this process keeps open at most (the oldest is closed)."""
-TIDY_CONNECTIONS = 4
-"""Kept connections from which a new one first closes those whose server hung up."""
 
 
 def close_connections() -> None:
@@ -128,11 +82,8 @@ def close_connections() -> None:
 
 
 def _connect(server: str, gone: str, pid: int | None = None) -> socket.socket:
-    """A connection to the handle server at ``server``, checked to run as this user.
-
-    A full queue, or a missing socket while ``pid`` runs, is retried until :data:`TIMEOUT`;
-    then HandleUnavailable, or PermissionDenied for another user's.
-    """
+    """A connection to the handle server at ``server``, checked to run as this user (a full
+    queue, or a missing socket while ``pid`` runs, retried until :data:`TIMEOUT`)."""
     deadline = time.monotonic() + TIMEOUT
     try:
         while True:
@@ -184,10 +135,8 @@ def _runs(pid: int) -> bool:
 
 
 def keep_connection(server: str, sock: socket.socket) -> None:
-    """Put a connection back for the next request (or close it if another one is kept).
-
-    Past :data:`TIDY_CONNECTIONS` kept, those whose server hung up are closed first.
-    """
+    """Put a connection back for the next request (or close it if another one is kept);
+    past :data:`TIDY_CONNECTIONS` kept, those whose server hung up are closed first."""
     with STATE.connections.lock:
         if server not in STATE.connections.by_server:
             if len(STATE.connections.by_server) >= TIDY_CONNECTIONS:
@@ -201,8 +150,6 @@ def keep_connection(server: str, sock: socket.socket) -> None:
 
 def _close_hung_up() -> None:
     """Close the kept connections that poll readable (hung up); under the connections lock."""
-    if not STATE.connections.by_server:
-        return
     poller = select.poll()
     by_fd = {}
     for server, kept in STATE.connections.by_server.items():
@@ -219,16 +166,14 @@ def _fetch(
     secret: bytes,
     reply_to: str | None,
     first: int | None,
-) -> tuple[bytes, list[int]]:
-    """One request to a handle server: the reply's body and fds (retried once)."""
+) -> tuple[Handles | Growth, list[int]]:
+    """One ``FETCH`` (``first`` None) or ``GROW`` request: the reply's body and fds (retried
+    once on a kept connection the server had closed)."""
     gone = _gone(alloc_id, pid)
     tail = reply_to if reply_to and len(reply_to.encode()) <= MAX_PATH else ""
-    if first is None:
-        request = Request(Kind.FETCH, alloc_id, secret, 0, tail).encode()
-    else:
-        request = Request(Kind.GROW, alloc_id, secret, first, tail).encode()
-    with STATE.connections.lock:
-        sock = STATE.connections.by_server.pop(server, None)
+    kind = Kind.FETCH if first is None else Kind.GROW
+    request = Request(kind, alloc_id, secret, first or 0, tail).encode()
+    sock = take_connection(server)
     reused = sock is not None
     fds: list[int] = []
     try:
@@ -261,14 +206,22 @@ def _fetch(
         if not recv_fds(conn, reply.fds, fds, deadline):
             raise HandleUnavailable(f"{gone} (the server stopped while sending)")
         if len(fds) != reply.fds:
-            raise PayloadError("the handle server sent an inconsistent reply")
-        result = fds
-        fds = []
+            raise PayloadError(_INCONSISTENT)
         sock = None
         if more:  # (recv_fds left it at what remained of the deadline)
             conn.settimeout(TIMEOUT)
         keep_connection(server, conn)
-        return reply.body, result
+        body: Handles | Growth
+        if first is None:
+            body = Handles.decode(reply.body)
+            consistent = len(fds) <= len(body.sizes)
+        else:
+            body = Growth.decode(reply.body)
+            consistent = len(fds) == max(len(body.sizes) - first, 0)
+        if not consistent:
+            raise PayloadError(_INCONSISTENT)
+        result, fds = fds, []
+        return body, result
     except SharedArrayError:
         raise
     except TimeoutError:
