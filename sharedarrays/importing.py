@@ -63,30 +63,6 @@ from sharedarrays.protocol.payload import Payload, check_view, remember
 from sharedarrays.transport import client, keeper, notices
 from sharedarrays.transport import handles as transport
 
-__all__ = [
-    "MessagePart",
-    "ReceivedPart",
-    "allocation_bytes",
-    "allocation_payload",
-    "import_part",
-    "message_part",
-    "use_reconstructor",
-    "Request",
-    "Handles",
-    "Resolver",
-    "RESOLVERS",
-    "load_payload",
-    "load_again",
-    "check_token",
-    "resolve",
-    "mapped_here",
-    "reused_block",
-    "in_message",
-    "from_exporter",
-    "from_keeper",
-    "catch_up",
-]
-
 RELEASE_WAIT = 2 * keeper.TIMEOUT
 """Seconds a load waits for another thread's release of the allocation it found to end."""
 _BYTES = np.dtype(np.uint8)

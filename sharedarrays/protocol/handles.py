@@ -38,22 +38,6 @@ from typing import Any
 from sharedarrays.errors import PayloadError
 from sharedarrays.protocol.unix import MAX_PATH
 
-__all__ = [
-    "Kind",
-    "Status",
-    "Request",
-    "Reply",
-    "Handles",
-    "Growth",
-    "MAX_REQUEST",
-    "COUNTED_SIZE",
-    "REPLY_SIZE",
-    "MAX_EXPORT",
-    "MAX_SNAPSHOT_ROWS",
-    "HeldAllocation",
-    "Snapshot",
-]
-
 _PLAIN = struct.Struct("4s16s32s")  # magic, allocation id, secret
 _COUNTED = struct.Struct("4s16s32sI")  # and a count
 _REPLY = struct.Struct("4sBI")  # magic, status, number of fds

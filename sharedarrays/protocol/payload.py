@@ -22,18 +22,6 @@ from sharedarrays.errors import PayloadError
 from sharedarrays.node import NODE_PATTERN
 from sharedarrays.process import PID_MAX_LIMIT, STATE
 
-__all__ = [
-    "Payload",
-    "check_view",
-    "misaligned",
-    "ViewFields",
-    "ViewTuple",
-    "MAX_PAYLOAD_BYTES",
-    "contiguous_strides",
-    "remember",
-    "view_extent",
-]
-
 MAGIC = b"SA1"
 TAG_BYTES = 16
 MAX_PAYLOAD_BYTES = 1 << 20

@@ -17,8 +17,6 @@ from dataclasses import dataclass
 
 from sharedarrays.errors import PayloadError
 
-__all__ = ["OrderingToken", "TOKEN_SIZE", "HANDLE_SIZE", "encode", "decode"]
-
 HANDLE_SIZE = 64
 """Bytes of the event handle in a token."""
 _TOKEN = struct.Struct(f"<QQ{HANDLE_SIZE}sQ")  # pid, start, handle, seq

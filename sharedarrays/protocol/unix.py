@@ -24,21 +24,6 @@ from pathlib import Path
 
 from sharedarrays.errors import HandleUnavailable, PermissionDenied
 
-__all__ = [
-    "FDS_PER_MESSAGE",
-    "MAX_PATH",
-    "BACKOFF",
-    "Credentials",
-    "runtime_dir",
-    "peer_credentials",
-    "check_same_user",
-    "connect_unix",
-    "send_fds",
-    "recv_fds",
-    "recv_into",
-    "check_truncated",
-]
-
 SCM_MAX_FD = 253
 """Most file descriptors the kernel passes in one ``SCM_RIGHTS`` message."""
 FDS_PER_MESSAGE = 250

@@ -33,17 +33,6 @@ from sharedarrays.protocol.unix import (
     recv_into,
 )
 
-__all__ = [
-    "TIMEOUT",
-    "MAX_CLIENT_CONNECTIONS",
-    "fetch_handles",
-    "fetch_growth",
-    "close_connections",
-    "kept_connections",
-    "take_connection",
-    "keep_connection",
-]
-
 _INCONSISTENT = "the handle server sent an inconsistent reply"
 TIMEOUT = 10.0  # seconds an importer waits for a handle server
 MAX_CLIENT_CONNECTIONS = 64  # connections to handle servers kept open at most (oldest closed)

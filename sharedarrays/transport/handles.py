@@ -23,8 +23,6 @@ from sharedarrays.settings import env_number
 from sharedarrays.transport import client, notices
 from sharedarrays.transport.server import HandleServer
 
-__all__ = ["server_address", "shutdown_server", "open_connections", "EXIT_WAIT"]
-
 
 def server_address() -> str:
     """The path of this process's handle server, starting it on first call.

@@ -19,8 +19,6 @@ from sharedarrays.protocol.unix import check_same_user
 from sharedarrays.sections import NoticesState
 from sharedarrays.transport import client
 
-__all__ = ["report_load", "pending_notices", "queue_notice", "start_notifier"]
-
 # (the state, ``STATE.notices``: the queue, the thread, the warm loads not yet reported)
 
 

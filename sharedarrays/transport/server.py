@@ -37,8 +37,6 @@ from sharedarrays.protocol.handles import (
 )
 from sharedarrays.protocol.unix import Credentials, peer_credentials, runtime_dir, send_fds
 
-__all__ = ["HandleServer", "MAX_CONNECTIONS", "HOUSEKEEPING", "BACKOFF", "READ_AHEAD"]
-
 MAX_CONNECTIONS = 256  # importer connections kept open at most (the longest idle closed)
 HOUSEKEEPING = 5.0  # seconds between checks for parked mappings whose source process died
 BACKOFF = 0.05  # seconds waited after an error no connection is to blame for (EMFILE)
@@ -81,6 +79,11 @@ class HandleServer:
             raise thread_error("cannot start the handle server's thread", e) from None
 
     @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    @property
     def connections(self) -> int:
         """How many importer connections are open now."""
         return len(self._conns)
@@ -106,7 +109,7 @@ class HandleServer:
                             self._request(sel, key.fileobj)  # type: ignore[arg-type]
                     failing = False
                 except Exception as e:  # EMFILE and the like: back off, keep serving
-                    if self._closed:
+                    if self.closed:
                         return  # closed under the selector
                     if not failing:
                         print(f"sharedarrays: handle server: {e!r}; retrying", file=sys.stderr)
