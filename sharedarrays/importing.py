@@ -1,30 +1,18 @@
-"""The handoff: a pickled view's allocation part, sent and loaded, and the resolvers.
+"""The handoff: one allocation's part of a pickled message, sent and loaded.
 
 Sender: a pickled view is ``_rebuild_view(part, view)`` (:mod:`sharedarrays.api.array`),
-``part`` a :class:`MessagePart` made once per allocation and message (:func:`message_part`,
-found by every view of the allocation through a weak reference while one ``dumps`` runs).
-It pickles as ``reconstructor(payload bytes, token[, fds])``: the allocation's encoded
-payload (:func:`allocation_bytes`, once per process and generation), the message's ordering
-token, and the chunk fds where a spawned Process carries them. Pickle's memo writes it once
-per message: the sender counts one payload in flight per message, the importer one load.
+``part`` a :class:`MessagePart` made once per allocation and message (:func:`message_part`).
+It pickles as ``reconstructor(payload bytes, token[, fds])``, written once per message by
+pickle's memo: one payload in flight per message, one load by the importer.
 
 Importer: :func:`import_part` decodes the payload once per message into a
 :class:`ReceivedPart` (a warm handoff, the same bytes still mapped, takes the last part
-again: only the load is counted and the token waited for); each view costs a check of its
-tuple (:meth:`ReceivedPart.take`). Its first view finds or maps the allocation through
-:func:`load_payload`, which asks a chain of resolvers, in order:
-
-1. :func:`mapped_here`: this process maps it already;
-2. :func:`reused_block`: it maps, parked, the memory the exporter reused for it;
-3. :func:`in_message`: its handles travelled with the message (DupFd, or the keeper's
-   reply to ``attach``);
-4. :func:`from_exporter`: the exporter's handle server still serves them;
-5. :func:`from_keeper`: this user's keeper holds them (a parked or named array).
-
-A resolver that finds nothing records why; when all passed, the last
-:class:`HandleUnavailable` is raised. Other errors are raised at once. A growable array's
-importer maps the chunks its exporter added (:func:`catch_up`). A view's reduction called in
-place (without a pickler) passes the part itself: nothing is counted.
+again); each view costs a check of its tuple (:meth:`ReceivedPart.take`). The first view
+finds or maps the allocation (:func:`load_payload`), asking :data:`RESOLVERS` in order:
+:func:`mapped_here`, :func:`reused_block` (the exporter reused memory parked here),
+:func:`in_message` (fds that travelled with it), :func:`from_exporter` (its handle server),
+:func:`from_keeper`. One that finds nothing records why; when all passed, the last
+:class:`HandleUnavailable` is raised. A growable import catches up (:func:`catch_up`).
 """
 
 from __future__ import annotations
@@ -36,7 +24,6 @@ import os
 import threading
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from multiprocessing import reduction
 from typing import Any
 
@@ -414,19 +401,6 @@ class ReceivedPart:
 
 
 # loading a payload: the resolvers ------------------------------------------------------------
-@dataclass
-class Handles:
-    """Chunk handles found for an allocation not mapped here yet (the fds owned): the chunk
-    sizes reported, the fds, a pointer backend's portable handles, and a growable array's
-    capacity and length (0: not said)."""
-
-    sizes: list[int]
-    fds: list[int]
-    exports: tuple[bytes, ...] = ()
-    capacity: int = 0
-    used: int = 0
-
-
 class Request:
     """One payload being loaded, what the resolvers share: the ``payload``, the fds
     ``carried`` with it (owned here until used or closed; ``None``: none), and the
@@ -570,7 +544,7 @@ def in_message(req: Request) -> Allocation | None:
     if req.carried is None:
         return None
     req.backend()
-    alloc = _map(req, Handles(list(req.payload.chunks), req.carried))
+    alloc = _map(req, list(req.payload.chunks), req.carried)
     transport.server_address()  # (so that the node view sees what this child holds)
     return alloc
 
@@ -585,16 +559,16 @@ def from_exporter(req: Request) -> Allocation | None:
             sizes, capacity, used, fds = client.fetch_growth(
                 p.server, p.pid, p.alloc_id, p.secret, 0, reply_to=transport.server_address()
             )
-            found = Handles(sizes, fds, capacity=capacity, used=used)
+            exports: tuple[bytes, ...] = ()
         else:
             sizes, fds, exports = client.fetch_handles(
                 p.server, p.pid, p.alloc_id, p.secret, reply_to=transport.server_address()
             )
-            found = Handles(sizes, fds, exports)
+            capacity = used = 0
     except HandleUnavailable as gone:  # the exporter is gone: a keeper may hold it
         req.failed(gone)
         return None
-    return _map(req, found)
+    return _map(req, sizes, fds, exports, capacity, used)
 
 
 def from_keeper(req: Request) -> Allocation | None:
@@ -608,7 +582,7 @@ def from_keeper(req: Request) -> Allocation | None:
     except HandleUnavailable as gone:
         req.failed(gone)
         return None
-    alloc = _map(req, Handles(sizes, fds))
+    alloc = _map(req, sizes, fds)
     alloc.in_keeper = True
     if relayed:  # (its exporter left it in flight: parked, it would hold memory for nothing)
         alloc.orphan(now=False)
@@ -754,45 +728,35 @@ def _check_node(p: Payload) -> None:
         )
 
 
-def _map(req: Request, found: Handles) -> Allocation:
-    """Map an allocation from the handles a resolver found (takes ``found.fds``)."""
+def _map(
+    req: Request,
+    sizes: list[int],
+    fds: list[int],
+    exports: tuple[bytes, ...] = (),
+    capacity: int = 0,
+    used: int = 0,
+) -> Allocation:
+    """Map an allocation from the chunks a resolver found (taking ``fds``; ``exports``: a
+    pointer backend's handles; a growable array's ``capacity`` and ``used``, 0 if unsaid)."""
     p = req.payload
     backend = req.backend()
     access: Access = "r" if p.readonly else "rw"
+    head = (backend, p.alloc_id, p.secret, sizes, fds, p.pid, access)
     if p.capacity is not None:
-        if found.sizes[: len(p.chunks)] != list(p.chunks):
-            _close(found.fds)
+        if sizes[: len(p.chunks)] != list(p.chunks):
+            _close(fds)
             raise _shrunk(p.alloc_id)
-        alloc = Allocation.import_(
-            backend,
-            p.alloc_id,
-            p.secret,
-            found.sizes,
-            found.fds,
-            p.pid,
-            access,
-            capacity=max(found.capacity, p.capacity),
-        )
+        alloc = Allocation.import_(*head, capacity=max(capacity, p.capacity))
         if alloc.source_server is None:
             alloc.source_server = p.server
-            alloc.used = found.used or p.size
+            alloc.used = used or p.size
         return alloc
-    if found.sizes != list(p.chunks):
-        _close(found.fds)
+    if sizes != list(p.chunks):
+        _close(fds)
         raise PayloadError("payload's chunk sizes do not match its exporter's allocation")
     here = backend.current_device() if backend.peer_access else p.device
     peers = {here: access} if here != p.device else None
-    alloc = Allocation.import_(
-        backend,
-        p.alloc_id,
-        p.secret,
-        found.sizes,
-        found.fds,
-        p.pid,
-        access,
-        exports=found.exports,
-        peers=peers,
-    )
+    alloc = Allocation.import_(*head, exports=exports, peers=peers)
     if peers:  # this process works on another device: it reads the memory as a peer
         alloc.native_device = here
     if backend.exporter_owned:  # its payloads made here name the exporter, which must see
