@@ -42,19 +42,13 @@ _PLAIN = struct.Struct("4s16s32s")  # magic, allocation id, secret
 _COUNTED = struct.Struct("4s16s32sI")  # and a count
 _REPLY = struct.Struct("4sBI")  # magic, status, number of fds
 REPLY_MAGIC = b"SAR1"
-REPLY_SIZE = _REPLY.size
-"""Bytes of a reply before its JSON body."""
-MAX_REQUEST = _COUNTED.size + MAX_PATH
-"""Longest request in bytes."""
-COUNTED_SIZE = _COUNTED.size
-"""Bytes of a request of a counted kind (``GROW``, ``RELEASED``, ``LOADED``) with no path."""
-MAX_EXPORT = 512
-"""Longest portable chunk handle a :class:`Handles` reply carries, in hex digits."""
+REPLY_SIZE = _REPLY.size  # bytes of a reply before its JSON body
+MAX_REQUEST = _COUNTED.size + MAX_PATH  # longest request in bytes
+COUNTED_SIZE = _COUNTED.size  # bytes of a request of a counted kind with no path
+MAX_EXPORT = 512  # longest portable chunk handle in a Handles reply, in hex digits
+MAX_SNAPSHOT_ROWS = 256  # most rows a Snapshot lists: it fits a default socket buffer
+MAX_COMMAND = 200  # longest command line a Snapshot carries, in characters (cut beyond)
 _INCONSISTENT = "the handle server sent an inconsistent reply"
-MAX_SNAPSHOT_ROWS = 256
-"""Most allocations a :class:`Snapshot` lists, so that it fits a default socket buffer."""
-MAX_COMMAND = 200
-"""Longest command line a :class:`Snapshot` carries, in characters (cut beyond)."""
 
 
 class Kind(enum.Enum):
@@ -72,7 +66,7 @@ class Kind(enum.Enum):
 
     @property
     def counted(self) -> bool:
-        """Whether its requests carry a count (and have the longer layout)."""
+        """Whether its requests carry a count (the longer layout)."""
         return self in (Kind.GROW, Kind.RELEASED, Kind.LOADED, Kind.DONE)
 
 
@@ -90,8 +84,8 @@ class Status(enum.IntEnum):
 @dataclass(frozen=True)
 class Request:
     """One request (or notice) to a handle server: its kind, the allocation's id (32 hex
-    digits) and 32-byte secret, a count (``GROW``: the first chunk wanted; ``RELEASED``,
-    ``LOADED``: how many payloads) and the sender's own handle server path or ``""``."""
+    digits) and secret, a count (``GROW``: the first chunk wanted; else how many payloads)
+    and the sender's own handle server path or ``""``."""
 
     kind: Kind
     alloc_id: str
@@ -126,8 +120,8 @@ class Request:
 
 @dataclass(frozen=True)
 class Reply:
-    """A handle server's reply: a status (an int, so that an unknown one decodes and is
-    refused later), how many fds come with it, and a JSON body or ``b""``."""
+    """A handle server's reply: a status (an int: an unknown one decodes, refused later),
+    how many fds come with it, and a JSON body or ``b""``."""
 
     status: int
     fds: int = 0
@@ -203,13 +197,11 @@ class Growth:
 class HeldAllocation:
     """One allocation a process holds: a :class:`Snapshot` row.
 
-    Its id (32 hex digits), memory system and device (``"host"``, ``"cpu"``); bytes mapped
-    (``size``) and asked for by the exporter (``used``; ``size`` in an importer); whether
-    this process made it, else the process it came from (``origin_pid``), and ``since`` when
-    (``time.time()``); ``views``: view leases using it here; ``parked``: mapped with no
-    view; ``draining``: released here, held by importers; ``cached``: released, kept for
-    reuse; ``served``: ``(pid, when)`` it was served to, latest last; ``in_flight``:
-    payloads pickled here that may still be loaded.
+    Bytes mapped (``size``) and asked for by the exporter (``used``); ``origin_pid``, the
+    process it came from, ``since`` when; ``views``: view leases here; ``parked``: mapped
+    with no view; ``draining``: released here, held by importers; ``cached``: kept for
+    reuse; ``served``: ``(pid, when)`` it was served to; ``in_flight``: payloads pickled
+    here that may still be loaded.
     """
 
     alloc_id: str
@@ -245,9 +237,9 @@ class HeldAllocation:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """The body of a ``SNAPSHOT`` reply: what the process ``pid`` (its ``command`` line, at
-    most :data:`MAX_COMMAND` characters) holds: at most :data:`MAX_SNAPSHOT_ROWS`
-    ``allocations``, the largest, and how many more it holds (``left_out``)."""
+    """The body of a ``SNAPSHOT`` reply: what the process ``pid`` (its ``command`` line)
+    holds: at most :data:`MAX_SNAPSHOT_ROWS` ``allocations``, the largest, and how many
+    more (``left_out``)."""
 
     pid: int
     command: str

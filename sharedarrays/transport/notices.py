@@ -1,8 +1,7 @@
 """Notices: what this process tells other processes' handle servers, off-thread.
 
-Finalizers must never block, so the ``RELEASED``, ``CLOSED`` and ``LOADED`` messages they
-cause are queued here and sent by one daemon thread. Each carries the allocation's secret,
-so it goes only to a peer of this user.
+Finalizers must never block, so the notices they cause are queued here (``STATE.notices``)
+and sent by one daemon thread, each only to a peer of this user (it carries the secret).
 """
 
 from __future__ import annotations
@@ -19,14 +18,10 @@ from sharedarrays.protocol.unix import check_same_user
 from sharedarrays.sections import NoticesState
 from sharedarrays.transport import client
 
-# (the state, ``STATE.notices``: the queue, the thread, the warm loads not yet reported)
-
 
 def report_load(server: str, alloc_id: str, secret: bytes) -> None:
-    """Tell the exporter of exporter-owned memory that one of its payloads loaded here warm.
-
-    Sent by the notifier, counted, only on a connection already kept to that sender.
-    """
+    """Tell the exporter of exporter-owned memory that one of its payloads loaded here warm
+    (counted, sent by the notifier only on a connection already kept to that sender)."""
     key = (server, alloc_id, secret)
     notices = STATE.notices
     with notices.unreported_lock:
@@ -68,12 +63,9 @@ def queue_notice(
     alloc: Any = None,
     count: int = 0,
 ) -> None:
-    """Queue a notice (``RELEASED``, ``CLOSED`` or ``DONE``) for the notifier; never blocks."""
-    if kind is Kind.DONE:
-        messages = [Request(kind, alloc_id, secret, count).encode()]
-    elif kind is Kind.ASK:
-        messages = [Request(kind, alloc_id, secret).encode()] * len(servers)
-    elif kind is Kind.RELEASED:
+    """Queue a notice for each of ``servers`` (``RELEASED``: with the count of ``alloc``'s
+    payloads each returned) and start the notifier if it does not run; never blocks."""
+    if kind is Kind.RELEASED:
         messages = [
             Request(
                 kind, alloc_id, secret, min(alloc.flight.returned(path) if alloc else 0, 1 << 31)
@@ -81,14 +73,14 @@ def queue_notice(
             for path in servers
         ]
     else:
-        messages = [Request(kind, alloc_id, secret).encode()] * len(servers)
+        messages = [Request(kind, alloc_id, secret, count).encode()] * len(servers)
+    start_notifier()
     notices = STATE.notices
     notices.in_flight.append(None)
     notices.queue.put((servers, messages))
 
 
-NOTICE_TIMEOUT = 1.0
-"""Seconds the notifier waits for a handle server to take one notice."""
+NOTICE_TIMEOUT = 1.0  # seconds the notifier waits for a handle server to take one notice
 
 
 def _send_notices(notices: NoticesState) -> None:
@@ -102,10 +94,9 @@ def _send_notices(notices: NoticesState) -> None:
 
 
 def _send(path: str, message: bytes) -> None:
-    """Send one notice and wait for its reply, on the connection kept to ``path`` (kept for
-    the next: a notice per result returned from a worker made connecting its main cost).
-    A kept connection the server had closed is replaced once; a process that is gone, or
-    another user's, is told nothing."""
+    """Send one notice and wait for its reply, on the connection kept to ``path`` (replaced
+    once if the server had closed it); a process that is gone, or another user's, is told
+    nothing."""
     sock = client.take_connection(path)
     reused = sock is not None
     while True:
