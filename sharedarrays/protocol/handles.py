@@ -310,36 +310,23 @@ def _sizes(v: object) -> bool:  # (type: a float equals an int, 2097152.0 passed
     return type(v) is list and all(type(n) is int and n > 0 for n in v)
 
 
-def _name(v: object) -> bool:
-    return type(v) is str and 0 < len(v) <= 64
-
-
-def _bool(v: object) -> bool:
-    return type(v) is bool
-
-
 def _served(v: object) -> bool:
     return type(v) is list and all(
         type(s) is list and len(s) == 2 and type(s[0]) is int and _real(s[1]) for s in v
     )
 
 
-_ROW: MappingProxyType[str, Callable[[Any], bool]] = MappingProxyType(
+_CHECKS: MappingProxyType[str, Callable[[Any], bool]] = MappingProxyType(
     {
-        "id": lambda v: _hex(v, 32, 32),
-        "backend": _name,
-        "device": _name,
-        "size": _natural,
-        "used": _natural,
-        "created_here": _bool,
-        "origin_pid": _natural,
-        "since": _real,
-        "views": _natural,
-        "parked": _bool,
-        "draining": _bool,
-        "served": _served,
-        "in_flight": _natural,
-        "cached": _bool,
+        "str": lambda v: type(v) is str and 0 < len(v) <= 64,
+        "int": _natural,
+        "float": _real,
+        "bool": lambda v: type(v) is bool,
     }
 )
-"""A :class:`HeldAllocation` row's JSON keys, in its fields' order, and their checks."""
+_ROW: MappingProxyType[str, Callable[[Any], bool]] = MappingProxyType(
+    {"id": lambda v: _hex(v, 32, 32)}
+    | {f.name: _CHECKS.get(str(f.type), _served) for f in fields(HeldAllocation)[1:]}
+)
+"""A :class:`HeldAllocation` row's JSON keys, in its fields' order, and their checks: the
+id's, then by the field's type (``served``: its pairs)."""
