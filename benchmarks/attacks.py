@@ -1316,7 +1316,7 @@ import sharedarrays as sa
 import ctypes, fcntl, hmac, mmap, resource, selectors, threading  # noqa
 from sharedarrays import importing  # noqa
 from sharedarrays.api import keeping, named  # noqa
-from sharedarrays.transport import client, handles as transport, keeper, notices, server  # noqa
+from sharedarrays.transport import client, handles as transport, keeper, server  # noqa
 from sharedarrays.protocol import handles as handle_wire, keeper as wire, unix  # noqa
 from sharedarrays.backends import host  # (all imported while this user can read them)
 # a fresh interpreter of this user drops to the other user before it does anything: the

@@ -47,7 +47,7 @@ from sharedarrays.memory.registry import lookup, revive
 from sharedarrays.node import NODE_VARIABLE, this_node
 from sharedarrays.process import STATE
 from sharedarrays.protocol.payload import Payload, check_view, remember
-from sharedarrays.transport import client, keeper, notices
+from sharedarrays.transport import client, keeper
 from sharedarrays.transport import handles as transport
 
 RELEASE_WAIT = 2 * keeper.TIMEOUT
@@ -172,12 +172,8 @@ def message_part(alloc: Allocation, carry_fds: bool) -> MessagePart:
     if carry_fds:  # (once per spawn and allocation: a spawner refuses an fd passed twice)
         fds = tuple(reduction.DupFd(fd) for fd in alloc.chunk_fds())
     made = _new_part(MessagePart)  # (without the constructor's frame)
-    made.allocation, made.blob, made.fence, made.fds = (
-        alloc,
-        blob,
-        alloc.backend.export_fence(),
-        fds,
-    )
+    made.allocation, made.blob, made.fds = alloc, blob, fds
+    made.fence = alloc.backend.export_fence()
     if len(refs) >= _PARTS_TIDY and len(refs) >= getattr(parts, "tidy_at", _PARTS_TIDY):
         for k in [k for k, r in refs.items() if r() is None]:
             del refs[k]
@@ -492,7 +488,7 @@ def _count_load(alloc: Allocation, p: Payload, pid: int) -> None:
     else:  # its sender counts it in flight until told
         alloc.flight.note_returned(p.server)
         if alloc.backend.exporter_owned:  # the exporter waits for its payloads: say so
-            notices.report_load(p.server, p.alloc_id, p.secret)
+            client.report_load(p.server, p.alloc_id, p.secret)
 
 
 def load_again(alloc: Allocation, p: Payload, sync: bytes | None) -> bool:
