@@ -585,13 +585,7 @@ def from_keeper(req: Request) -> Allocation | None:
     return alloc
 
 
-RESOLVERS: tuple[Resolver, ...] = (
-    mapped_here,
-    reused_block,
-    in_message,
-    from_exporter,
-    from_keeper,
-)
+RESOLVERS = (mapped_here, reused_block, in_message, from_exporter, from_keeper)
 """The chain :func:`load_payload` asks, in order."""
 
 

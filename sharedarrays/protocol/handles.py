@@ -1,28 +1,9 @@
 """The handle server's wire format: requests, replies and notices between processes.
 
-A request (:class:`Request`) is one ``SOCK_SEQPACKET`` message; its magic gives its kind:
-
-=========  ==============  ====================================================================
-magic      kind            meaning
-=========  ==============  ====================================================================
-``SAH1``   ``FETCH``       "send me the chunks of this allocation" (reply: :class:`Handles`)
-``SAG1``   ``GROW``        "send me a growable allocation's chunks from index ``count``"
-                           (reply: :class:`Growth`)
-``SAX1``   ``RELEASED``    exporter -> importer: "I released this allocation; I loaded
-                           ``count`` of your payloads of it" (reply: status only)
-``SAC1``   ``CLOSED``      importer -> exporter of exporter-owned memory: "I closed it"
-``SAL1``   ``LOADED``      importer -> sender: "I loaded ``count`` of your payloads from the
-                           mapping I had" (no reply)
-``SAS1``   ``SNAPSHOT``    any process of the user: "what do you hold?" (reply:
-                           :class:`Snapshot`; the id and secret are zeros and not read)
-``SAD1``   ``DROP``        any process of the user: "drop your parked mapping of this
-                           allocation" (reply: status only; the secret is not read: dropping a
-                           mapping no view uses costs at most a new import)
-=========  ==============  ====================================================================
-
-Each carries the allocation's id and secret, the counted kinds a 32-bit count, and it may
-end with the sender's own handle server path. A reply (:class:`Reply`) is ``b"SAR1"``, a
-status byte and its fd count, then a JSON body.
+A request (:class:`Request`) is one ``SOCK_SEQPACKET`` message: a magic giving its
+:class:`Kind`, the allocation's id and secret, a 32-bit count for the counted kinds, and
+maybe the sender's own handle server path. A reply (:class:`Reply`) is ``b"SAR1"``, a status
+byte and its fd count, then a JSON body.
 """
 
 from __future__ import annotations
@@ -52,17 +33,17 @@ _INCONSISTENT = "the handle server sent an inconsistent reply"
 
 
 class Kind(enum.Enum):
-    """What a request asks; its value is the request's magic."""
+    """What a request asks (who sends it, what is answered); its value is its magic."""
 
-    FETCH = b"SAH1"
-    GROW = b"SAG1"
-    RELEASED = b"SAX1"
-    CLOSED = b"SAC1"
-    LOADED = b"SAL1"
-    SNAPSHOT = b"SAS1"
-    DROP = b"SAD1"
-    DONE = b"SAU1"
-    ASK = b"SAQ1"
+    FETCH = b"SAH1"  # send the chunks of this allocation (Handles)
+    GROW = b"SAG1"  # send a growable allocation's chunks from index count (Growth)
+    RELEASED = b"SAX1"  # exporter: I released it, having loaded count of your payloads
+    CLOSED = b"SAC1"  # importer of exporter-owned memory: I closed it
+    LOADED = b"SAL1"  # importer: I loaded count of your payloads warm (no reply)
+    SNAPSHOT = b"SAS1"  # what do you hold? (Snapshot; id and secret zeros, not read)
+    DROP = b"SAD1"  # drop your parked mapping of it (secret not read: costs an import)
+    DONE = b"SAU1"  # importer: my last view of your block closed, after count loads
+    ASK = b"SAQ1"  # exporter: say DONE when your last view of this block goes
 
     @property
     def counted(self) -> bool:

@@ -35,6 +35,7 @@ from sharedarrays.protocol.handles import (
     Snapshot,
     Status,
 )
+from sharedarrays.protocol.payload import remember
 from sharedarrays.protocol.unix import Credentials, peer_credentials, runtime_dir, send_fds
 
 MAX_CONNECTIONS = 256  # importer connections kept open at most (the longest idle closed)
@@ -249,9 +250,7 @@ class HandleServer:
         with memory.lock:
             alloc = memory.blocks.get(request.secret)
             if alloc is None:
-                memory.asked[request.secret] = None
-                while len(memory.asked) > _ASKED_LIMIT:
-                    del memory.asked[next(iter(memory.asked))]
+                remember(memory.asked, request.secret, None, _ASKED_LIMIT)
         if alloc is not None and request.alloc_id == block_id(request.secret):
             _off_thread(alloc.ask_done)
 
