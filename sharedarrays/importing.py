@@ -296,13 +296,10 @@ class ReceivedPart:
 
     def lease(self, readonly: bool) -> tuple[Allocation, Lease[Allocation] | None]:
         """The allocation (found or mapped by :meth:`find` on first use) and a new lease for
-        the part's views to share (``None`` for a growable allocation, whose views each keep
-        their own ``end``). ClosedArrayError if it was released here since.
-
-        A view takes the lease of the views before (:meth:`take`) only where it is the one a
-        parked allocation keeps, or in the thread that took it for this message: through the
-        weak reference alone it could take a lease whose end runs in another thread.
-        """
+        the part's views to share (``None`` if growable: each view keeps its own ``end``).
+        ClosedArrayError if it was released here since. (A view takes the lease of the views
+        before only where a parked allocation keeps it, or in the thread that took it for
+        this message: else its end could be running in another thread.)"""
         alloc = self.allocation
         if alloc is None:
             alloc = self.find(readonly)
@@ -332,15 +329,8 @@ class ReceivedPart:
     def take(self, view: object) -> tuple[Any, ...]:
         """A view's checked fields with the allocation and the lease it takes: ``(allocation,
         lease, dtype, shape, strides, offset, readonly, end)``, ``end`` one past its last
-        byte. One frame for a view of the layout checked last (every view of a warm handoff).
-
-        Raises
-        ------
-        PayloadError
-            As :func:`~sharedarrays.protocol.payload.check_view`.
-        ClosedArrayError, HandleUnavailable, WrongNode, ...
-            As :meth:`lease`.
-        """
+        byte; raises as :func:`~sharedarrays.protocol.payload.check_view` and :meth:`lease`.
+        One frame for a view of the layout checked last (every view of a warm handoff)."""
         fields = None
         layout = self._layout
         if type(view) is tuple and len(view) == 5 and layout is not None:
@@ -609,21 +599,9 @@ def load_payload(
 ) -> Allocation:
     """Find the allocation of the decoded payload ``p`` through :data:`RESOLVERS`, mapping
     it on first sight; then wait for the ordering token ``sync``. ``fds``: objects whose
-    ``detach()`` gives an fd (multiprocessing's DupFd).
-
-    Raises
-    ------
-    PayloadError
-        A malformed token or carried handles, or a payload that does not match.
-    HandleUnavailable
-        Not mapped here, and no source of its handles is left.
-    PermissionDenied
-        Another user, or the wrong secret.
-    BackendUnavailable
-        Its memory system cannot be used in this process.
-    WrongNode
-        Made on another node (:mod:`sharedarrays.node`): nothing is opened.
-    """
+    ``detach()`` gives an fd (multiprocessing's DupFd). Raises PayloadError (a malformed
+    token or handles, a mismatch), HandleUnavailable (no source left), PermissionDenied,
+    BackendUnavailable, or WrongNode (made on another node: nothing is opened)."""
     check_token(sync)
     carried: list[int] | None = None
     if fds is not None:
@@ -789,15 +767,8 @@ def _catch_up_to(alloc: Allocation, p: Payload, received: list[int]) -> Allocati
 
 def catch_up(alloc: Allocation) -> None:
     """Map the chunks the exporter of ``alloc`` (a growable import) added since and take its
-    current length (``alloc.used``), asking its handle server.
-
-    Raises
-    ------
-    PayloadError
-        The exporter shrank and grew it again since, or ``alloc`` does not know its exporter.
-    HandleUnavailable, PermissionDenied
-        As :func:`sharedarrays.transport.client.fetch_growth`.
-    """
+    current length (``alloc.used``), asking its handle server. PayloadError where it shrank
+    and grew again since, or ``alloc`` does not know its exporter; else as ``fetch_growth``."""
     server = alloc.source_server
     if server is None:  # (inherited through fork: every growable import sets it)
         raise PayloadError(
