@@ -254,7 +254,7 @@ def task_cold_bound(blob: bytes) -> dict[str, float]:
     t1 = time.perf_counter()
     driver = _driver_map(sizes, fds, p.device) if p.backend == "cuda-vmm" else None
     t2 = time.perf_counter()
-    alloc = importing._map(request, importing.Handles(sizes, fds, exports))
+    alloc = importing._map(request, sizes, fds, exports)
     t3 = time.perf_counter()
     alloc.lease()  # (a lease that ends at once: the mapping is released or parked)
     del alloc
