@@ -26,23 +26,19 @@ MAGIC = b"SA1"
 TAG_BYTES = 16
 MAX_PAYLOAD_BYTES = 1 << 20
 MAX_NDIM = 64
-MAX_SIZE = 1 << 47
-"""Bound on every size, offset, stride and count: x86-64's 128 TiB address space."""
-MAX_DEVICES = 1 << 10
-"""Device ordinals are below this (more devices than one machine has)."""
+MAX_SIZE = 1 << 47  # bound on every size, offset, stride and count: x86-64's 128 TiB
+MAX_DEVICES = 1 << 10  # device ordinals are below this
 _HEX32 = re.compile(r"^[0-9a-f]{32}\Z")
 _HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
 _DTYPE = re.compile(r"^[<>|=]?[biufc][0-9]{1,2}\Z")
-_BACKEND = re.compile(r"^[a-z][a-z0-9-]{0,31}\Z")
-"""A backend name's shape; whether the backend is known is the importer's question."""
+_BACKEND = re.compile(r"^[a-z][a-z0-9-]{0,31}\Z")  # (whether it is known: the importer's question)
 _OPTIONAL = frozenset(("capacity", "node", "block"))
 _DECODED_LIMIT = 16384  # validated payloads remembered by their bytes (warm loads skip JSON)
 
 
 def view_extent(itemsize: int, shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, int]:
     """Lowest and one-past-highest byte a view touches, relative to its offset (or 0, 0)."""
-    low = 0
-    high = itemsize
+    low, high = 0, itemsize
     for n, s in zip(shape, strides):
         if n == 0:
             return 0, 0

@@ -113,22 +113,21 @@ def recv_into(sock: socket.socket, size: int, maxfds: int, fds: list[int]) -> tu
     """``socket.recv_fds``, its fds appended to ``fds``: the message and its flags. A SIGINT
     meanwhile is delivered once the fds are in ``fds`` (none left without an owner).
     TimeoutError where no message came within the socket's timeout."""
-    if threading.current_thread() is not threading.main_thread() or not callable(
+    # (elsewhere no Python handler can run between the receive and the append)
+    guard = threading.current_thread() is threading.main_thread() and callable(
         signal.getsignal(signal.SIGINT)
-    ):  # (no Python handler can run here between the receive and the append)
-        msg, got, flags, _ = socket.recv_fds(sock, _message_length(sock, size), maxfds)
-        fds.extend(got)
-        return msg, flags
-    if not select.select([sock], [], [], sock.gettimeout())[0]:
+    )
+    if guard and not select.select([sock], [], [], sock.gettimeout())[0]:
         raise TimeoutError("timed out")
     length = _message_length(sock, size)
     caught: list[typing.Any] = []
-    handler = signal.signal(signal.SIGINT, lambda *args: caught.append(args))
+    handler = signal.signal(signal.SIGINT, lambda *args: caught.append(args)) if guard else None
     try:
         msg, got, flags, _ = socket.recv_fds(sock, length, maxfds)
         fds.extend(got)
     finally:
-        signal.signal(signal.SIGINT, handler)
+        if guard:
+            signal.signal(signal.SIGINT, handler)
     if caught and callable(handler):
         handler(*caught[0])  # (the KeyboardInterrupt, now that the fds are owned)
     return msg, flags
