@@ -1316,7 +1316,7 @@ import sharedarrays as sa
 import ctypes, fcntl, hmac, mmap, resource, selectors, threading  # noqa
 from sharedarrays import importing  # noqa
 from sharedarrays.api import keeping, named  # noqa
-from sharedarrays.transport import client, handles as transport, keeper, notices, server  # noqa
+from sharedarrays.transport import client, handles as transport, keeper, server  # noqa
 from sharedarrays.protocol import handles as handle_wire, keeper as wire, unix  # noqa
 from sharedarrays.backends import host  # (all imported while this user can read them)
 # a fresh interpreter of this user drops to the other user before it does anything: the
@@ -2115,7 +2115,7 @@ CRAFTED_RECONSTRUCTOR = (
     PRELUDE
     + RECONSTRUCTOR_CALL
     + r"""
-from sharedarrays.api.message import allocation_bytes
+from sharedarrays.importing import allocation_bytes
 
 a = sa.from_array(np.arange(8.0), device="cpu", pack=False)
 blob, view = allocation_bytes(a.allocation), a._view_tuple()
@@ -2152,7 +2152,7 @@ MISALIGNED_VIEWS = (
     PRELUDE
     + RECONSTRUCTOR_CALL
     + r"""
-from sharedarrays.api.message import message_part
+from sharedarrays.importing import message_part
 
 a = sa.zeros(4096, "uint8", device="hip:0", pack=False)
 part = message_part(a.allocation, False)

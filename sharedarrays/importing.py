@@ -1,99 +1,397 @@
-"""Importing: turn a payload into the allocation it names, mapped in this process.
+"""The handoff: one allocation's part of a pickled message, sent and loaded.
 
-A payload (see :mod:`sharedarrays.protocol.payload`) names an allocation by id, secret and
-chunk sizes. Loading it asks a chain of *resolvers*, in order; each answers one question and
-either returns the allocation or passes (returns ``None``) to the next:
+Sender: a pickled view is ``_rebuild_view(part, view)`` (:mod:`sharedarrays.api.array`),
+``part`` a :class:`MessagePart` made once per allocation and message (:func:`message_part`).
+It pickles as ``reconstructor(payload bytes, token[, fds])``, written once per message by
+pickle's memo: one payload in flight per message, one load by the importer.
 
-1. :func:`mapped_here`: does this process map it already? (a warm load: nothing is asked)
-2. :func:`reused_block`: does it map, parked, the memory the exporter reused for it?
-3. :func:`in_message`: did its handles travel with the message? (multiprocessing's DupFd
-   while a Process is being spawned, or the keeper's reply to ``attach``)
-4. :func:`from_exporter`: does the exporter's handle server still serve them?
-5. :func:`from_keeper`: does this user's keeper hold them? (a parked or named array)
-
-A resolver that finds nothing records why (a :class:`HandleUnavailable`); when all passed,
-the last of those is raised (it says what was tried). Other errors (a malformed payload,
-another user, a backend unusable here) are raised at once.
-
-Growable arrays
----------------
-Only its exporter resizes an array made with ``capacity=``; a payload of it names that
-exporter and carries the chunk list of its moment. An importer that maps fewer chunks fetches
-the missing ones (:func:`sharedarrays.transport.client.fetch_growth`) before the view is
-made; :func:`catch_up` asks for the current length (``refresh``). No keeper holds one.
-
-This layer returns allocations; :mod:`sharedarrays.api.array` makes the views.
+Importer: :func:`import_part` decodes the payload once per message into a
+:class:`ReceivedPart` (a warm handoff, the same bytes still mapped, takes the last part
+again); each view costs a check of its tuple (:meth:`ReceivedPart.take`). The first view
+finds or maps the allocation (:func:`load_payload`), asking :data:`RESOLVERS` in order:
+:func:`mapped_here`, :func:`reused_block` (the exporter reused memory parked here),
+:func:`in_message` (fds that travelled with it), :func:`from_exporter` (its handle server),
+:func:`from_keeper`. One that finds nothing records why; when all passed, the last
+:class:`HandleUnavailable` is raised. A growable import catches up (:func:`catch_up`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import errno
 import os
+import threading
+import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from multiprocessing import reduction
 from typing import Any
 
-from sharedarrays import process
+import numpy as np
+
+from sharedarrays._cpython import mark_no_spawn_in_thread, spawning_process
 from sharedarrays.backends import Access, Backend, device_of, get_backend, why_unusable
 from sharedarrays.errors import (
     BackendUnavailable,
     ClosedArrayError,
     HandleUnavailable,
+    NotShareable,
     PayloadError,
     PermissionDenied,
     WrongNode,
     fd_limit_error,
 )
 from sharedarrays.memory.allocation import Allocation
-from sharedarrays.memory.lease import use_clock
+from sharedarrays.memory.lease import Lease, use_clock
 from sharedarrays.memory.registry import lookup, revive
 from sharedarrays.node import NODE_VARIABLE, this_node
 from sharedarrays.process import STATE
-from sharedarrays.protocol.payload import Payload
-from sharedarrays.transport import client, keeper, notices
+from sharedarrays.protocol.payload import Payload, check_view, remember
+from sharedarrays.transport import client, keeper
 from sharedarrays.transport import handles as transport
 
 RELEASE_WAIT = 2 * keeper.TIMEOUT
-"""Seconds a load waits for another thread's release of the allocation it found to end (the
-keeper's hand-over: its requests' time limit, twice) before it fails."""
-
-__all__ = [
-    "Request",
-    "Handles",
-    "Resolver",
-    "RESOLVERS",
-    "load_payload",
-    "load_again",
-    "check_token",
-    "resolve",
-    "mapped_here",
-    "reused_block",
-    "in_message",
-    "from_exporter",
-    "from_keeper",
-    "catch_up",
-]
+"""Seconds a load waits for another thread's release of the allocation it found to end."""
+_BYTES = np.dtype(np.uint8)
+_PARTS_TIDY = 256  # entries in one thread's parts table past which dead references go
+_RECEIVED_LIMIT = 1024  # parts kept by payload bytes for warm loads (STATE.pickling.received)
 
 
-@dataclass
-class Handles:
-    """Chunk handles found for an allocation not mapped here yet (the fds are owned): the
-    chunk sizes as reported, the fds (one per chunk for a mapping backend), a pointer
-    backend's portable handles, and a growable array's capacity and length (0: not said)."""
+# the sender's side ---------------------------------------------------------------------------
+def allocation_payload(alloc: Allocation) -> Payload:
+    """The payload of the whole allocation (uint8 bytes from offset 0) that pickles of its
+    views carry; starts this process's handle server."""
+    pid, server = os.getpid(), alloc.source_server  # a growable array names its exporter
+    if server is None and alloc.growable and not alloc.origin.created_here:
+        # inherited through fork: its length is its creator's, which this server cannot tell
+        raise NotShareable(
+            f"a growable array inherited through fork cannot be handed on from this process: "
+            f"its length changes in the process that made it (pid {alloc.origin.pid}); "
+            "pickle it there, or hand on a copy (sa.from_array(a.get()))"
+        )
+    if server is None:
+        server = transport.server_address()
+    else:
+        pid = alloc.origin.pid
+    chunks = tuple(alloc.chunk_sizes())
+    return Payload(
+        backend=alloc.backend.name,
+        device=alloc.device.index,
+        alloc_id=alloc.id,
+        secret=alloc.secret,
+        pid=pid,
+        server=server,
+        chunks=chunks,
+        dtype=_BYTES,
+        shape=(sum(chunks),),
+        strides=(1,),
+        offset=0,
+        readonly=alloc.export_readonly,
+        capacity=alloc.capacity if alloc.growable else None,
+        node=this_node(),
+        block=alloc.block if alloc.cacheable() else None,
+    )
 
-    sizes: list[int]
-    fds: list[int]
-    exports: tuple[bytes, ...] = ()
-    capacity: int = 0
-    used: int = 0
+
+def allocation_bytes(alloc: Allocation) -> bytes:
+    """The encoded :func:`allocation_payload`, made once per allocation, process and
+    generation (which changes when a growable allocation's chunks change)."""
+    cached = alloc.encoded
+    pid = STATE.pid
+    if cached is None or cached[0] != pid or cached[1] != alloc.generation:
+        cached = (pid, alloc.generation, allocation_payload(alloc).to_bytes())
+        alloc.encoded = cached
+    return cached[2]
 
 
+def use_reconstructor(fn: Callable[..., Any]) -> None:
+    """Make ``fn`` what a pickled part calls instead of :func:`import_part` (the api's view
+    reconstructor takes a part's arguments too: a message names one function)."""
+    STATE.pickling.reconstructor = fn
+
+
+class MessagePart:
+    """One allocation's part of the message being pickled now: the ``allocation`` (never
+    pickled), its encoded payload ``blob``, the backend's ordering ``fence`` (its token
+    travels) and, where a spawned Process carries them, the chunk ``fds`` (DupFd)."""
+
+    __slots__ = ("allocation", "blob", "fence", "fds", "__weakref__")
+
+    def __init__(
+        self, allocation: Allocation, blob: bytes, fence: object, fds: tuple[Any, ...] | None
+    ) -> None:
+        self.allocation = allocation
+        self.blob = blob
+        self.fence = fence
+        self.fds = fds
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # once per pickler that writes this part: one payload in flight per message
+        fence = self.fence
+        token = None if fence is None else fence.token  # type: ignore[attr-defined]
+        reconstructor = STATE.pickling.reconstructor or import_part
+        if self.fds is not None:
+            return reconstructor, (self.blob, token, self.fds)
+        if self.allocation.source_server is None:
+            self.allocation.flight.note_sent()
+        return reconstructor, (self.blob, token)
+
+    def received_here(self) -> ReceivedPart:
+        """The part as this process's reconstructor takes it (a reduction called in place):
+        the allocation known, nothing counted or waited for."""
+        part = ReceivedPart(Payload.from_bytes(self.blob), None, None)
+        part.bind(self.allocation)
+        return part
+
+
+_new_part = object.__new__
+
+
+def message_part(alloc: Allocation, carry_fds: bool) -> MessagePart:
+    """The part of ``alloc`` in the message this thread is pickling, made at its first view
+    (with ``carry_fds``, the chunk fds for the Process being spawned)."""
+    parts = STATE.pickling.parts
+    refs: dict[Any, weakref.ref[MessagePart]] | None = getattr(parts, "refs", None)
+    if refs is None:
+        refs = parts.refs = {}
+        # spawning_process() raises and catches inside where no spawn ever ran in this
+        # thread (10-15 us per view on a cold path): made a plain read
+        mark_no_spawn_in_thread()
+    # (the spawn's id, not the Popen: a key would keep it, and its pipes, open)
+    key = (alloc.id, id(spawning_process())) if carry_fds else alloc.id
+    ref = refs.get(key)
+    found = None if ref is None else ref()
+    cached = alloc.encoded  # (allocation_bytes' cache, checked here: a frame less per view)
+    if cached is not None and cached[0] == STATE.pid and cached[1] == alloc.generation:
+        blob = cached[2]
+    else:
+        blob = allocation_bytes(alloc)
+    if found is not None and found.blob is blob and found.allocation is alloc:
+        return found
+    fds = None
+    if carry_fds:  # (once per spawn and allocation: a spawner refuses an fd passed twice)
+        fds = tuple(reduction.DupFd(fd) for fd in alloc.chunk_fds())
+    made = _new_part(MessagePart)  # (without the constructor's frame)
+    made.allocation, made.blob, made.fds = alloc, blob, fds
+    made.fence = alloc.backend.export_fence()
+    if len(refs) >= _PARTS_TIDY and len(refs) >= getattr(parts, "tidy_at", _PARTS_TIDY):
+        for k in [k for k, r in refs.items() if r() is None]:
+            del refs[k]
+        # (next sweep when the table has doubled: a sweep per part would be quadratic)
+        parts.tidy_at = max(_PARTS_TIDY, 2 * len(refs))
+    refs[key] = weakref.ref(made)
+    return made
+
+
+# the importer's side: a message's parts ------------------------------------------------------
+def import_part(blob: bytes, token: object = None, fds: object = None) -> ReceivedPart:
+    """What a pickled :class:`MessagePart` calls, once per message: a new part of the
+    decoded payload, or that of an earlier message with the same payload whose allocation
+    this process still maps (load counted, token waited for). PayloadError for a malformed
+    or altered payload or token."""
+    if token is not None and type(token) is not bytes:
+        raise PayloadError("the ordering token that travelled with the payload is malformed")
+    if fds is None and type(blob) is bytes:
+        part: ReceivedPart | None = STATE.pickling.received.get(blob)
+        if part is not None:
+            alloc = part.allocation
+            served = part._served
+            if served is not None and not alloc.released:  # type: ignore[union-attr]
+                # another process's payload of memory it does not own (the common warm
+                # load): load_again's steps, written out from what the part keeps
+                if token is not None:
+                    check_token(token)
+                alloc.last_used = use_clock()  # type: ignore[union-attr]
+                if part._server in served:  # (counted for a process this one served it to)
+                    alloc.flight.note_returned(part._server)  # type: ignore[union-attr]
+                if token is not None:
+                    alloc.backend.import_sync(token)  # type: ignore[union-attr]
+                part._stale = True  # (a new message: see ReceivedPart.take)
+                return part
+            if alloc is not None and load_again(alloc, part.payload, token):
+                part._stale = True
+                return part
+            STATE.pickling.received.pop(blob, None)
+    elif fds is not None and type(fds) is not tuple:
+        raise PayloadError("the handles that travelled with the payload do not match it")
+    return ReceivedPart(Payload.from_bytes(blob), token, fds, blob)
+
+
+def _on_device(p: Payload) -> bool:
+    """Whether ``p``'s memory is a device's, whose views must be aligned (an unknown
+    backend counts as one: its load is refused anyway)."""
+    known = STATE.pickling.on_device.get(p.backend)
+    if known is None:
+        try:
+            known = device_of(p.backend, p.device).needs_context
+        except PayloadError:
+            return True
+        STATE.pickling.on_device[p.backend] = known
+    return known
+
+
+class ReceivedPart:
+    """One allocation's part of a message being loaded here: its payload (decoded once), the
+    allocation once the first view found or mapped it, and the last view layout checked.
+    Pickled again (inside an OtherNodeArray), it is its payload and token."""
+
+    __slots__ = (
+        "payload",
+        "size",
+        "blob",
+        "token",
+        "fds",
+        "allocation",
+        "readonly",
+        "_lease",
+        "_layout",
+        "_device",
+        "_growable",
+        "_stale",
+        "_lease_thread",
+        "_served",
+        "_server",
+    )
+
+    def __init__(
+        self,
+        payload: Payload,
+        token: bytes | None,
+        fds: tuple[Any, ...] | None,
+        blob: bytes | None = None,
+    ) -> None:
+        self.payload = payload
+        self.size = payload.size
+        self.blob = blob
+        self.token = token
+        self.fds = fds
+        self.allocation: Allocation | None = None
+        # the lease its views share, weakly: a part kept alive (a traceback) holds no mapping
+        self._lease: weakref.ref[Lease[Allocation]] | None = None
+        self.readonly = payload.readonly  # every view of it is read-only here
+        self._growable = False  # (its allocation's, once bound)
+        self._stale = False  # (the lease referred to is an earlier message's)
+        self._lease_thread = 0  # (the thread that took the lease referred to)
+        self._served: set[str] | None = None  # (see bind)
+        self._server = payload.server
+        # (shape, strides, dtype string, dtype, low, high, alignment mask) of the last view
+        self._layout: tuple[Any, ...] | None = None
+        self._device = _on_device(payload)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        blob = self.blob if self.blob is not None else self.payload.to_bytes()
+        return STATE.pickling.reconstructor or import_part, (blob, self.token)
+
+    def bind(self, alloc: Allocation) -> None:
+        """Take ``alloc`` as the allocation of every view of the part."""
+        p = self.payload
+        self.allocation = alloc
+        self._lease = None
+        self._growable = alloc.growable
+        self.readonly = p.readonly or alloc.access != "rw"
+        # another process's payload of memory it does not own, no block: a warm load only
+        # stamps the use and counts a return (import_part)
+        plain = p.pid != STATE.pid and not alloc.backend.exporter_owned and not alloc.growable
+        self._served = alloc.flight.servers if plain and p.block is None else None
+
+    def lease(self, readonly: bool) -> tuple[Allocation, Lease[Allocation] | None]:
+        """The allocation (found or mapped by :meth:`find` on first use) and a new lease for
+        the part's views to share (``None`` if growable: each view keeps its own ``end``).
+        ClosedArrayError if it was released here since. (A view takes the lease of the views
+        before only where a parked allocation keeps it, or in the thread that took it for
+        this message: else its end could be running in another thread.)"""
+        alloc = self.allocation
+        if alloc is None:
+            alloc = self.find(readonly)
+        self._stale = False
+        lease = None
+        if not self._growable:
+            lease = alloc.lease()
+            self._lease = weakref.ref(lease)
+            self._lease_thread = threading.get_ident()
+        return alloc, lease
+
+    def find(self, readonly: bool) -> Allocation:
+        """Find or map the allocation (:func:`load_payload`), read-only on first sight if the
+        first view is; the carried fds are used once."""
+        p = self.payload
+        if readonly and not p.readonly:
+            p = dataclasses.replace(p, readonly=True)
+        fds, self.fds = self.fds, None
+        alloc = load_payload(p, self.token, fds)
+        self.token = None  # (waited for; kept where the load failed, for a re-pickle)
+        self.bind(alloc)
+        blob = self.blob
+        if blob is not None and fds is None and not alloc.growable:
+            remember(STATE.pickling.received, blob, self, _RECEIVED_LIMIT)
+        return alloc
+
+    def take(self, view: object) -> tuple[Any, ...]:
+        """A view's checked fields with the allocation and the lease it takes: ``(allocation,
+        lease, dtype, shape, strides, offset, readonly, end)``, ``end`` one past its last
+        byte; raises as :func:`~sharedarrays.protocol.payload.check_view` and :meth:`lease`.
+        One frame for a view of the layout checked last (every view of a warm handoff)."""
+        fields = None
+        layout = self._layout
+        if type(view) is tuple and len(view) == 5 and layout is not None:
+            offset, shape, strides, dtype_str, readonly = view
+            # the last layout? each field the same object (interned by the sender) or an
+            # equal one of the same type; a comparison that raises is checked in full below
+            try:
+                same = (
+                    type(offset) is int
+                    and type(readonly) is bool
+                    and (shape is layout[0] or (type(shape) is tuple and shape == layout[0]))
+                    and (strides is layout[1] or (type(strides) is tuple and strides == layout[1]))
+                    and (
+                        dtype_str is layout[2]
+                        or (type(dtype_str) is str and dtype_str == layout[2])
+                    )
+                )
+            except Exception:
+                same = False
+            if same:
+                low, high = layout[4], layout[5]
+                if (
+                    offset + low >= 0
+                    and offset + high <= self.size
+                    and offset >= 0
+                    and not offset & layout[6]
+                ):
+                    fields = (layout[3], layout[0], layout[1], offset, readonly, offset + high)
+        if fields is None:
+            dtype, low, high = check_view(view, self.size, self._device)
+            offset, shape, strides, dtype_str, readonly = view  # type: ignore[misc]
+            mask = dtype.alignment - 1 if self._device else 0
+            self._layout = (shape, strides, dtype_str, dtype, low, high, mask)
+            fields = (dtype, shape, strides, offset, readonly, offset + high)
+        alloc = self.allocation
+        ref = self._lease
+        lease = None if ref is None else ref()
+        if (
+            lease is not None
+            and alloc is not None
+            and (
+                lease is alloc.kept_lease
+                or (not self._stale and self._lease_thread == threading.get_ident())
+            )
+        ):
+            self._stale = False
+        else:
+            try:
+                alloc, lease = self.lease(fields[4])
+            except ClosedArrayError:  # a parked mapping dropped since it was found: map anew
+                self.find(fields[4])
+                alloc, lease = self.lease(fields[4])
+        return (alloc, lease, *fields)
+
+
+# loading a payload: the resolvers ------------------------------------------------------------
 class Request:
-    """One payload being loaded, what the resolvers share: the decoded ``payload``, the fds
-    ``carried`` with it (owned here until a resolver uses or closes them; ``None``: none),
-    and the ``failures`` of the sources asked so far (why each gave no handles)."""
+    """One payload being loaded, what the resolvers share: the ``payload``, the fds
+    ``carried`` with it (owned here until used or closed; ``None``: none), and the
+    ``failures`` of the sources asked so far."""
 
-    # (slots, no container per request: every object the collector tracks lengthens a pass)
     __slots__ = ("payload", "carried", "failures", "_backend")
 
     def __init__(self, payload: Payload, carried: list[int] | None = None) -> None:
@@ -107,8 +405,7 @@ class Request:
         self.failures = (*self.failures, why.with_traceback(None))
 
     def backend(self) -> Backend:
-        """The payload's memory system in this process (closes the carried fds if it
-        cannot be used here)."""
+        """The payload's memory system here (the carried fds closed if it is unusable)."""
         if self._backend is None:
             p = self.payload
             try:
@@ -117,16 +414,6 @@ class Request:
                 _close(self.carried or [])
                 raise
         return self._backend
-
-    def unavailable(self) -> HandleUnavailable:
-        """The error to raise when every resolver passed: the last source's, which says
-        what was tried."""
-        if self.failures:
-            return self.failures[-1]
-        return HandleUnavailable(  # pragma: no cover - from_exporter always records one
-            f"allocation {self.payload.alloc_id} is not mapped here and no source of its "
-            "handles answered"
-        )
 
 
 Resolver = Callable[[Request], Allocation | None]
@@ -138,21 +425,17 @@ def _close(fds: list[int]) -> None:
         os.close(fd)
 
 
-# the resolvers ------------------------------------------------------------------------------
 def mapped_here(req: Request) -> Allocation | None:
     """The allocation if this process maps it already (a growable one catches up with the
-    chunks the payload names); the carried fds are then closed, or used to catch up."""
+    chunks the payload names); the carried fds are closed, or used to catch up."""
     return _mapped(req.payload, req.carried)
 
 
 def _mapped(p: Payload, carried: list[int] | None) -> Allocation | None:
-    """:func:`mapped_here` for a payload and its carried fds (asked first by
-    :func:`load_payload`, before any :class:`Request` is made)."""
     alloc = lookup(p.alloc_id)
     if alloc is not None and alloc.released:
-        # Another thread is releasing it: it stays registered while the keeper takes its
-        # handles (a load elsewhere still finds this process's handle server). Once it
-        # has left, the payload loads as any other does (from the keeper, if in flight).
+        # another thread releases it (registered while the keeper takes its handles): once
+        # it has left, the payload loads as any other does
         STATE.memory.wait_unregistered(alloc, RELEASE_WAIT)
         alloc = lookup(p.alloc_id)
     pid = os.getpid()
@@ -163,23 +446,20 @@ def _mapped(p: Payload, carried: list[int] | None) -> Allocation | None:
     received = carried or []
     import hmac  # (not at module level: hashlib's import costs ``import sharedarrays`` 2 ms)
 
-    if not hmac.compare_digest(p.secret, alloc.secret):  # (as the handle server checks it)
+    if not hmac.compare_digest(p.secret, alloc.secret):
         _close(received)
         raise PermissionDenied(
             f"allocation {p.alloc_id} is mapped here, but the payload's secret is not its "
             "secret; the payload does not belong to that allocation"
         )
-    if alloc.pid != pid and alloc.device.needs_context:
-        # inherited through fork: CUDA cannot be used here (no driver call may notice it
-        # later when the stream was idle and the token is None)
+    if alloc.pid != pid and alloc.device.needs_context:  # inherited through fork
         why = why_unusable(alloc.backend.name, alloc.device.index)
         if why is not None:
             _close(received)
             raise BackendUnavailable(f"cannot use {alloc.device}: {why}")
     if p.capacity is not None:  # a growable array: maps the chunks added since, if any
         return _catch_up_to(alloc, p, received)
-    if received:
-        _close(received)
+    _close(received)
     if not alloc.has_chunk_sizes(p.chunks) or alloc.backend.name != p.backend:
         device_of(p.backend, p.device)  # a backend unknown here says so (else: a mismatch)
         raise PayloadError(f"payload does not match allocation {p.alloc_id} mapped here")
@@ -196,26 +476,21 @@ def _count_load(alloc: Allocation, p: Payload, pid: int) -> None:
         if p.block is not None:  # (and no importer's: its views here hold the memory)
             alloc.flight.note_done(1)
     else:  # its sender counts it in flight until told
-        alloc.flight.note_returned(p.server)  # (when this process releases it, if it served it)
+        alloc.flight.note_returned(p.server)
         if alloc.backend.exporter_owned:  # the exporter waits for its payloads: say so
-            notices.report_load(p.server, p.alloc_id, p.secret)
+            client.report_load(p.server, p.alloc_id, p.secret)
 
 
 def load_again(alloc: Allocation, p: Payload, sync: bytes | None) -> bool:
-    """Load ``p`` again where it was loaded before as ``alloc`` (the same bytes, checked
-    then): count the load and wait for the token ``sync`` without asking a resolver (the
-    commonest warm load is written out in :func:`sharedarrays.api.message.import_part`).
-
-    Returns ``False``, having done nothing, when ``alloc`` is no longer mapped here under
-    that id (released, reused, inherited through fork) or grows: load it anew then. Raises
-    :class:`PayloadError` for a malformed token.
-    """
-    pid = process.STATE.pid  # (os.getpid(): a system call, microseconds on a cold path)
+    """Load ``p`` again as ``alloc``, where it was loaded before (the same bytes): count the
+    load and wait for ``sync``. ``False``, having done nothing, when ``alloc`` is no longer
+    mapped here under that id or grows; PayloadError for a malformed token."""
+    pid = STATE.pid  # (os.getpid(): a system call, microseconds on a cold path)
     if alloc.released or alloc.pid != pid or p.capacity is not None or alloc.id != p.alloc_id:
-        return False  # (another id: its block was reused since, under a new one)
+        return False
     if sync is not None:
         check_token(sync)
-    alloc.last_used = use_clock()  # (its views may share a lease kept alive: no lease() call)
+    alloc.last_used = use_clock()  # (its views may share a lease kept alive)
     _count_load(alloc, p, pid)
     if sync is not None:
         alloc.backend.import_sync(sync)
@@ -223,9 +498,8 @@ def load_again(alloc: Allocation, p: Payload, sync: bytes | None) -> bool:
 
 
 def reused_block(req: Request) -> Allocation | None:
-    """The allocation this process maps parked on the payload's block, which its exporter
-    reused for a new array (:mod:`sharedarrays.memory.cache`): taken under the new id and
-    secret (nothing asked, nothing mapped); the carried fds are closed."""
+    """The allocation parked here on the payload's block, which its exporter reused for a
+    new array (:mod:`sharedarrays.memory.cache`): renamed to the new id and secret."""
     p = req.payload
     if p.block is None:
         return None
@@ -256,11 +530,8 @@ def in_message(req: Request) -> Allocation | None:
     if req.carried is None:
         return None
     req.backend()
-    alloc = _map(req, Handles(list(req.payload.chunks), req.carried))
-    # (this process's handle server answers the node view's questions, as it does for an
-    # importer that fetched: without it a child given arrays as Process arguments would
-    # hold memory that `top` cannot see)
-    transport.server_address()
+    alloc = _map(req, list(req.payload.chunks), req.carried)
+    transport.server_address()  # (so that the node view sees what this child holds)
     return alloc
 
 
@@ -274,89 +545,72 @@ def from_exporter(req: Request) -> Allocation | None:
             sizes, capacity, used, fds = client.fetch_growth(
                 p.server, p.pid, p.alloc_id, p.secret, 0, reply_to=transport.server_address()
             )
-            found = Handles(sizes, fds, capacity=capacity, used=used)
+            exports: tuple[bytes, ...] = ()
         else:
             sizes, fds, exports = client.fetch_handles(
                 p.server, p.pid, p.alloc_id, p.secret, reply_to=transport.server_address()
             )
-            found = Handles(sizes, fds, exports)
+            capacity = used = 0
     except HandleUnavailable as gone:  # the exporter is gone: a keeper may hold it
         req.failed(gone)
         return None
-    return _map(req, found)
+    return _map(req, sizes, fds, exports, capacity, used)
 
 
 def from_keeper(req: Request) -> Allocation | None:
-    """The allocation mapped from handles this user's keeper holds (a parked or named
-    array; no keeper is started), or ``None`` (recorded) when it does not; at once for
-    memory no keeper holds (exporter-owned, growable)."""
+    """The allocation mapped from handles this user's keeper holds, or ``None`` (recorded)
+    when it does not; at once for memory no keeper holds (exporter-owned, growable)."""
     p = req.payload
     if not req.failures or p.capacity is not None or req.backend().exporter_owned:
         return None
     try:
         sizes, fds, relayed = keeper.fetch_handles(p.alloc_id, p.secret, req.failures[-1])
-    except HandleUnavailable as gone:  # its message says the exporter was asked too
+    except HandleUnavailable as gone:
         req.failed(gone)
         return None
-    alloc = _map(req, Handles(sizes, fds))
+    alloc = _map(req, sizes, fds)
     alloc.in_keeper = True
     if relayed:  # (its exporter left it in flight: parked, it would hold memory for nothing)
         alloc.orphan(now=False)
     return alloc
 
 
-RESOLVERS: tuple[Resolver, ...] = (
-    mapped_here,
-    reused_block,
-    in_message,
-    from_exporter,
-    from_keeper,
-)
+RESOLVERS = (mapped_here, reused_block, in_message, from_exporter, from_keeper)
 """The chain :func:`load_payload` asks, in order."""
 
 
 def resolve(req: Request, resolvers: tuple[Resolver, ...] = RESOLVERS) -> Allocation:
     """Ask ``resolvers`` in order for ``req``'s allocation; the first answer wins. Raises
-    :class:`HandleUnavailable` when every one passed (its message says what was tried)."""
+    the last source's :class:`HandleUnavailable` when every one passed."""
     for resolver in resolvers:
         alloc = resolver(req)
         if alloc is not None:
             return alloc
-    raise req.unavailable()
+    if req.failures:
+        raise req.failures[-1]
+    raise HandleUnavailable(
+        f"allocation {req.payload.alloc_id} is not mapped here and no source of its "
+        "handles answered"
+    )
 
 
 def load_payload(
     p: Payload, sync: bytes | None = None, fds: tuple[Any, ...] | None = None
 ) -> Allocation:
     """Find the allocation of the decoded payload ``p`` through :data:`RESOLVERS`, mapping
-    it on first sight; then wait for the ordering token ``sync``, if one travelled with it.
-
-    :func:`mapped_here` is asked before a :class:`Request` is made: most loads (every warm
-    one) end there. ``sync`` and ``fds`` are as for :func:`sharedarrays.load` (``fds``:
-    objects whose ``detach()`` gives an fd, such as multiprocessing's DupFd).
-
-    Raises
-    ------
-    PayloadError
-        A malformed token or carried handles, or a payload that does not match.
-    HandleUnavailable
-        Not mapped here, and no source of its handles is left.
-    PermissionDenied
-        Another user, or the wrong secret.
-    BackendUnavailable
-        Its memory system cannot be used in this process.
-    WrongNode
-        Made on another node (:mod:`sharedarrays.node`): nothing is opened.
-    """
+    it on first sight; then wait for the ordering token ``sync``. ``fds``: objects whose
+    ``detach()`` gives an fd (multiprocessing's DupFd). Raises PayloadError (a malformed
+    token or handles, a mismatch), HandleUnavailable (no source left), PermissionDenied,
+    BackendUnavailable, or WrongNode (made on another node: nothing is opened)."""
     check_token(sync)
     carried: list[int] | None = None
     if fds is not None:
         if type(fds) is not tuple or len(fds) != len(p.chunks):
             raise PayloadError("the handles that travelled with the payload do not match it")
         carried = _detach(fds)
-    alloc = _mapped(p, carried)
+    alloc = _mapped(p, carried)  # (most loads, every warm one, end here: no Request)
     fresh = alloc is None
-    if alloc is None:  # (one mapped here is on this node)
+    if alloc is None:
         try:
             _check_node(p)
         except WrongNode:
@@ -369,16 +623,16 @@ def load_payload(
         try:
             alloc.backend.import_sync(sync)
         except BaseException:
-            if fresh:  # (mapped for this load alone: not left mapped, unused)
-                _let_go(alloc)
+            if fresh:  # mapped for this load alone: parked or released as a lease ends
+                with contextlib.suppress(ClosedArrayError):  # (released meanwhile)
+                    alloc.lease()  # (dropped at once: its end parks or releases it)
             raise
     return alloc
 
 
 def _take_block(alloc: Allocation, p: Payload) -> None:
-    """List a newly mapped allocation by its block and count the load (one taken by
-    :func:`reused_block` is counted there); say ``DONE`` when idle if its exporter asked
-    for that before it was listed."""
+    """List a newly mapped allocation by its block and count the load; say ``DONE`` when
+    idle if its exporter asked for that before it was listed."""
     block = p.block
     if block is None or alloc.block is not None or alloc.origin.created_here:
         return
@@ -393,22 +647,14 @@ def _take_block(alloc: Allocation, p: Payload) -> None:
 
 def _detach(fds: tuple[Any, ...]) -> list[int]:
     """The fds that travelled with a payload, received (``detach()``); those received are
-    closed where a later one cannot be.
-
-    Raises
-    ------
-    HandleUnavailable
-        A handle could not be received (this process has as many files open as it may, or
-        the sender's resource sharer is gone).
-    PayloadError
-        One is not a handle (an object without ``detach()`` giving an fd).
-    """
+    closed where a later one fails: HandleUnavailable (no room, or the sender is gone), or
+    PayloadError (not a handle)."""
     carried: list[int] = []
     try:
         for travelled in fds:
             detach = getattr(travelled, "detach", None)
             fd = detach() if callable(detach) else None
-            if type(fd) is not int or fd < 0:  # (those received are closed below)
+            if type(fd) is not int or fd < 0:
                 raise PayloadError(
                     "the handles that travelled with the payload are malformed: "
                     f"{type(travelled).__name__} gives no fd"
@@ -430,16 +676,6 @@ def _detach(fds: tuple[Any, ...]) -> list[int]:
     return carried
 
 
-def _let_go(alloc: Allocation) -> None:
-    """An allocation mapped for a load that then failed: parked or released as when a view's
-    lease ends (it has none: left as it is, it would stay mapped, unused, until exit)."""
-    try:
-        lease = alloc.lease()
-    except ClosedArrayError:  # released meanwhile
-        return
-    del lease
-
-
 def check_token(sync: object) -> None:
     """Refuse a malformed ordering token (:class:`PayloadError`)."""
     if sync is not None and (type(sync) is not bytes or not 0 < len(sync) <= 256):
@@ -447,12 +683,8 @@ def check_token(sync: object) -> None:
 
 
 def _check_node(p: Payload) -> None:
-    """Refuse a payload made on another node (:mod:`sharedarrays.node`) before anything is
-    opened."""
-    if p.node is None:
-        return
-    here = this_node()
-    if p.node != here:
+    """Refuse a payload made on another node before anything is opened."""
+    if p.node is not None and p.node != (here := this_node()):
         raise WrongNode(
             f"this payload was made on node {p.node} and this process is on node {here} "
             "(another machine, user, or mount or pid namespace; or a claimed "
@@ -464,62 +696,52 @@ def _check_node(p: Payload) -> None:
         )
 
 
-# mapping what was found ----------------------------------------------------------------------
-def _map(req: Request, found: Handles) -> Allocation:
-    """Map an allocation from the handles a resolver found (takes ``found.fds``)."""
+def _map(
+    req: Request,
+    sizes: list[int],
+    fds: list[int],
+    exports: tuple[bytes, ...] = (),
+    capacity: int = 0,
+    used: int = 0,
+) -> Allocation:
+    """Map an allocation from the chunks a resolver found (taking ``fds``; ``exports``: a
+    pointer backend's handles; a growable array's ``capacity`` and ``used``, 0 if unsaid)."""
     p = req.payload
     backend = req.backend()
     access: Access = "r" if p.readonly else "rw"
+    head = (backend, p.alloc_id, p.secret, sizes, fds, p.pid, access)
     if p.capacity is not None:
-        if found.sizes[: len(p.chunks)] != list(p.chunks):
-            _close(found.fds)
-            raise PayloadError(
-                f"allocation {p.alloc_id} was shrunk since this payload was made; pickle the "
-                "array again"
-            )
-        alloc = Allocation.import_(
-            backend,
-            p.alloc_id,
-            p.secret,
-            found.sizes,
-            found.fds,
-            p.pid,
-            access,
-            capacity=max(found.capacity, p.capacity),
-        )
+        if sizes[: len(p.chunks)] != list(p.chunks):
+            _close(fds)
+            raise _shrunk(p.alloc_id)
+        alloc = Allocation.import_(*head, capacity=max(capacity, p.capacity))
         if alloc.source_server is None:
             alloc.source_server = p.server
-            alloc.used = found.used or p.size
+            alloc.used = used or p.size
         return alloc
-    if found.sizes != list(p.chunks):
-        _close(found.fds)
+    if sizes != list(p.chunks):
+        _close(fds)
         raise PayloadError("payload's chunk sizes do not match its exporter's allocation")
     here = backend.current_device() if backend.peer_access else p.device
     peers = {here: access} if here != p.device else None
-    alloc = Allocation.import_(
-        backend,
-        p.alloc_id,
-        p.secret,
-        found.sizes,
-        found.fds,
-        p.pid,
-        access,
-        exports=found.exports,
-        peers=peers,
-    )
+    alloc = Allocation.import_(*head, exports=exports, peers=peers)
     if peers:  # this process works on another device: it reads the memory as a peer
         alloc.native_device = here
-    if backend.exporter_owned:  # payloads made here name the exporter, which must
-        alloc.source_server = p.server  # see every importer; told when this one closes
+    if backend.exporter_owned:  # its payloads made here name the exporter, which must see
+        alloc.source_server = p.server  # every importer; told when this one closes
     return alloc
 
 
-# growable arrays: catching up with the exporter -----------------------------------------------
+def _shrunk(alloc_id: str) -> PayloadError:
+    return PayloadError(
+        f"allocation {alloc_id} was shrunk since this payload was made; pickle the array again"
+    )
+
+
+# growable arrays: catching up with the exporter ----------------------------------------------
 def _catch_up_to(alloc: Allocation, p: Payload, received: list[int]) -> Allocation:
-    """``alloc``, a growable array mapped here, with at least the chunks payload ``p``
-    names: one with fewer maps the new ones (from ``received``, the fds that travelled
-    with it, if any, else from its exporter); one with more (an older payload) is used as
-    it is. Takes ownership of ``received``."""
+    """``alloc``, a growable array mapped here, with at least the chunks ``p`` names: new
+    ones mapped from ``received`` (the carried fds, taken) if any, else from its exporter."""
     with alloc.growth_lock:
         local = alloc.chunk_sizes()
         n = len(p.chunks)
@@ -530,39 +752,23 @@ def _catch_up_to(alloc: Allocation, p: Payload, received: list[int]) -> Allocati
         ):
             _close(received)
             raise PayloadError(f"payload does not match allocation {p.alloc_id} mapped here")
-        if n <= len(local):  # the same or an older generation: all mapped already
+        if n <= len(local) or alloc.origin.created_here:
             _close(received)
-            return alloc
-        if alloc.origin.created_here:
-            _close(received)
-            raise PayloadError(
-                f"allocation {p.alloc_id} was shrunk since this payload was made; pickle the "
-                "array again"
-            )
+            if n > len(local):  # (its exporter has fewer chunks than the payload names)
+                raise _shrunk(p.alloc_id)
+            return alloc  # the same or an older generation: all mapped already
         if received:
             _close(received[: len(local)])
             alloc.extend(list(p.chunks[len(local) :]), received[len(local) :], p.capacity or 0)
             return alloc
-        sizes, capacity, used, fds = client.fetch_growth(
-            p.server, p.pid, p.alloc_id, p.secret, len(local), reply_to=transport.server_address()
-        )
-        _extend(alloc, local, sizes, capacity, fds)
-        alloc.used = used
+        _fetch_growth(alloc, p.server, p.pid, local)
         return alloc
 
 
 def catch_up(alloc: Allocation) -> None:
-    """Map the chunks the exporter of ``alloc`` (a growable array imported here) added
-    since, and take its current length (``alloc.used``), asking its handle server.
-
-    Raises
-    ------
-    PayloadError
-        The exporter shrank and grew it again since (its chunks differ from those mapped
-        here), or ``alloc`` does not know its exporter.
-    HandleUnavailable, PermissionDenied
-        As :func:`sharedarrays.transport.client.fetch_growth`.
-    """
+    """Map the chunks the exporter of ``alloc`` (a growable import) added since and take its
+    current length (``alloc.used``), asking its handle server. PayloadError where it shrank
+    and grew again since, or ``alloc`` does not know its exporter; else as ``fetch_growth``."""
     server = alloc.source_server
     if server is None:  # (inherited through fork: every growable import sets it)
         raise PayloadError(
@@ -571,23 +777,15 @@ def catch_up(alloc: Allocation) -> None:
             "it (pickled there) to see its current length"
         )
     with alloc.growth_lock:
-        local = alloc.chunk_sizes()
-        sizes, capacity, used, fds = client.fetch_growth(
-            server,
-            alloc.origin.pid,
-            alloc.id,
-            alloc.secret,
-            len(local),
-            reply_to=transport.server_address(),
-        )
-        _extend(alloc, local, sizes, capacity, fds)
-        alloc.used = used
+        _fetch_growth(alloc, server, alloc.origin.pid, alloc.chunk_sizes())
 
 
-def _extend(
-    alloc: Allocation, local: list[int], sizes: list[int], capacity: int, fds: list[int]
-) -> None:
-    """Map the chunks an exporter reported beyond those mapped here (takes ``fds``)."""
+def _fetch_growth(alloc: Allocation, server: str, pid: int, local: list[int]) -> None:
+    """Map the chunks beyond ``local`` (those mapped here) that the exporter reports, and
+    take its length; under ``alloc.growth_lock``."""
+    sizes, capacity, used, fds = client.fetch_growth(
+        server, pid, alloc.id, alloc.secret, len(local), reply_to=transport.server_address()
+    )
     if sizes[: len(local)] != local:
         _close(fds)
         raise PayloadError(
@@ -598,3 +796,4 @@ def _extend(
         alloc.extend(sizes[len(local) :], fds, capacity)
     else:
         _close(fds)
+    alloc.used = used

@@ -241,7 +241,7 @@ class ProcessState:
     connections : ConnectionsState
         Kept connections to other handle servers (``transport/client.py``).
     notices : NoticesState
-        The notifier thread's queue (``transport/notices.py``).
+        The notifier thread's queue (``transport/client.py``).
     keeper : KeeperState
         The connection to the keeper (``transport/keeper.py``).
     pickling : PicklingState

@@ -71,12 +71,12 @@ def open_fds() -> int:
 
     import psutil
 
+    from sharedarrays.transport import client
     from sharedarrays.transport import handles as transport
-    from sharedarrays.transport import notices
 
     gc.collect()
     deadline = time.monotonic() + 10
-    while notices.pending_notices() and time.monotonic() < deadline:
+    while client.pending_notices() and time.monotonic() < deadline:
         time.sleep(0.01)
 
     def count() -> int:

@@ -419,7 +419,7 @@ def _safe_cold_loaded(
         offset=0,
         readonly=False,
     )
-    alloc = importing._map(importing.Request(payload), importing.Handles(sizes, fds, exports))
+    alloc = importing._map(importing.Request(payload), sizes, fds, exports)
     hold = alloc.lease()
     if token is not None:
         alloc.backend.import_sync(token)

@@ -254,7 +254,7 @@ def task_cold_bound(blob: bytes) -> dict[str, float]:
     t1 = time.perf_counter()
     driver = _driver_map(sizes, fds, p.device) if p.backend == "cuda-vmm" else None
     t2 = time.perf_counter()
-    alloc = importing._map(request, importing.Handles(sizes, fds, exports))
+    alloc = importing._map(request, sizes, fds, exports)
     t3 = time.perf_counter()
     alloc.lease()  # (a lease that ends at once: the mapping is released or parked)
     del alloc
@@ -303,7 +303,7 @@ def task_steps(
     ``blob`` and ``view`` are what a pickle of an array this worker already maps carries
     (its allocation's payload and the view's fields: a warm load)."""
     from sharedarrays.api.array import _rebuild_view
-    from sharedarrays.api.message import import_part
+    from sharedarrays.importing import import_part
     from sharedarrays.protocol.payload import Payload, ViewFields
 
     steps: dict[str, list[float]] = {

@@ -1,28 +1,9 @@
 """The handle server's wire format: requests, replies and notices between processes.
 
-A request (:class:`Request`) is one ``SOCK_SEQPACKET`` message; its magic gives its kind:
-
-=========  ==============  ====================================================================
-magic      kind            meaning
-=========  ==============  ====================================================================
-``SAH1``   ``FETCH``       "send me the chunks of this allocation" (reply: :class:`Handles`)
-``SAG1``   ``GROW``        "send me a growable allocation's chunks from index ``count``"
-                           (reply: :class:`Growth`)
-``SAX1``   ``RELEASED``    exporter -> importer: "I released this allocation; I loaded
-                           ``count`` of your payloads of it" (reply: status only)
-``SAC1``   ``CLOSED``      importer -> exporter of exporter-owned memory: "I closed it"
-``SAL1``   ``LOADED``      importer -> sender: "I loaded ``count`` of your payloads from the
-                           mapping I had" (no reply)
-``SAS1``   ``SNAPSHOT``    any process of the user: "what do you hold?" (reply:
-                           :class:`Snapshot`; the id and secret are zeros and not read)
-``SAD1``   ``DROP``        any process of the user: "drop your parked mapping of this
-                           allocation" (reply: status only; the secret is not read: dropping a
-                           mapping no view uses costs at most a new import)
-=========  ==============  ====================================================================
-
-Each carries the allocation's id and secret, the counted kinds a 32-bit count, and it may
-end with the sender's own handle server path. A reply (:class:`Reply`) is ``b"SAR1"``, a
-status byte and its fd count, then a JSON body.
+A request (:class:`Request`) is one ``SOCK_SEQPACKET`` message: a magic giving its
+:class:`Kind`, the allocation's id and secret, a 32-bit count for the counted kinds, and
+maybe the sender's own handle server path. A reply (:class:`Reply`) is ``b"SAR1"``, a status
+byte and its fd count, then a JSON body.
 """
 
 from __future__ import annotations
@@ -38,57 +19,35 @@ from typing import Any
 from sharedarrays.errors import PayloadError
 from sharedarrays.protocol.unix import MAX_PATH
 
-__all__ = [
-    "Kind",
-    "Status",
-    "Request",
-    "Reply",
-    "Handles",
-    "Growth",
-    "MAX_REQUEST",
-    "COUNTED_SIZE",
-    "REPLY_SIZE",
-    "MAX_EXPORT",
-    "MAX_SNAPSHOT_ROWS",
-    "HeldAllocation",
-    "Snapshot",
-]
-
 _PLAIN = struct.Struct("4s16s32s")  # magic, allocation id, secret
 _COUNTED = struct.Struct("4s16s32sI")  # and a count
 _REPLY = struct.Struct("4sBI")  # magic, status, number of fds
 REPLY_MAGIC = b"SAR1"
-REPLY_SIZE = _REPLY.size
-"""Bytes of a reply before its JSON body."""
-MAX_REQUEST = _COUNTED.size + MAX_PATH
-"""Longest request in bytes."""
-COUNTED_SIZE = _COUNTED.size
-"""Bytes of a request of a counted kind (``GROW``, ``RELEASED``, ``LOADED``) with no path."""
-MAX_EXPORT = 512
-"""Longest portable chunk handle a :class:`Handles` reply carries, in hex digits."""
+REPLY_SIZE = _REPLY.size  # bytes of a reply before its JSON body
+MAX_REQUEST = _COUNTED.size + MAX_PATH  # longest request in bytes
+COUNTED_SIZE = _COUNTED.size  # bytes of a request of a counted kind with no path
+MAX_EXPORT = 512  # longest portable chunk handle in a Handles reply, in hex digits
+MAX_SNAPSHOT_ROWS = 256  # most rows a Snapshot lists: it fits a default socket buffer
+MAX_COMMAND = 200  # longest command line a Snapshot carries, in characters (cut beyond)
 _INCONSISTENT = "the handle server sent an inconsistent reply"
-MAX_SNAPSHOT_ROWS = 256
-"""Most allocations a :class:`Snapshot` lists, so that it fits a default socket buffer."""
-MAX_COMMAND = 200
-"""Longest command line a :class:`Snapshot` carries, in characters (cut beyond)."""
 
 
 class Kind(enum.Enum):
-    """What a request asks; its value is the request's magic."""
+    """What a request asks (who sends it, what is answered); its value is its magic."""
 
-    FETCH = b"SAH1"
-    GROW = b"SAG1"
-    RELEASED = b"SAX1"
-    CLOSED = b"SAC1"
-    LOADED = b"SAL1"
-    SNAPSHOT = b"SAS1"
-    DROP = b"SAD1"
-    DONE = b"SAU1"
-    ASK = b"SAQ1"
+    FETCH = b"SAH1"  # send the chunks of this allocation (Handles)
+    GROW = b"SAG1"  # send a growable allocation's chunks from index count (Growth)
+    RELEASED = b"SAX1"  # exporter: I released it, having loaded count of your payloads
+    CLOSED = b"SAC1"  # importer of exporter-owned memory: I closed it
+    LOADED = b"SAL1"  # importer: I loaded count of your payloads warm (no reply)
+    SNAPSHOT = b"SAS1"  # what do you hold? (Snapshot; id and secret zeros, not read)
+    DROP = b"SAD1"  # drop your parked mapping of it (secret not read: costs an import)
+    DONE = b"SAU1"  # importer: my last view of your block closed, after count loads
+    ASK = b"SAQ1"  # exporter: say DONE when your last view of this block goes
 
     @property
     def counted(self) -> bool:
-        """Whether its requests carry a count (and have the longer layout)."""
+        """Whether its requests carry a count (the longer layout)."""
         return self in (Kind.GROW, Kind.RELEASED, Kind.LOADED, Kind.DONE)
 
 
@@ -106,8 +65,8 @@ class Status(enum.IntEnum):
 @dataclass(frozen=True)
 class Request:
     """One request (or notice) to a handle server: its kind, the allocation's id (32 hex
-    digits) and 32-byte secret, a count (``GROW``: the first chunk wanted; ``RELEASED``,
-    ``LOADED``: how many payloads) and the sender's own handle server path or ``""``."""
+    digits) and secret, a count (``GROW``: the first chunk wanted; else how many payloads)
+    and the sender's own handle server path or ``""``."""
 
     kind: Kind
     alloc_id: str
@@ -142,8 +101,8 @@ class Request:
 
 @dataclass(frozen=True)
 class Reply:
-    """A handle server's reply: a status (an int, so that an unknown one decodes and is
-    refused later), how many fds come with it, and a JSON body or ``b""``."""
+    """A handle server's reply: a status (an int: an unknown one decodes, refused later),
+    how many fds come with it, and a JSON body or ``b""``."""
 
     status: int
     fds: int = 0
@@ -219,13 +178,11 @@ class Growth:
 class HeldAllocation:
     """One allocation a process holds: a :class:`Snapshot` row.
 
-    Its id (32 hex digits), memory system and device (``"host"``, ``"cpu"``); bytes mapped
-    (``size``) and asked for by the exporter (``used``; ``size`` in an importer); whether
-    this process made it, else the process it came from (``origin_pid``), and ``since`` when
-    (``time.time()``); ``views``: view leases using it here; ``parked``: mapped with no
-    view; ``draining``: released here, held by importers; ``cached``: released, kept for
-    reuse; ``served``: ``(pid, when)`` it was served to, latest last; ``in_flight``:
-    payloads pickled here that may still be loaded.
+    Bytes mapped (``size``) and asked for by the exporter (``used``); ``origin_pid``, the
+    process it came from, ``since`` when; ``views``: view leases here; ``parked``: mapped
+    with no view; ``draining``: released here, held by importers; ``cached``: kept for
+    reuse; ``served``: ``(pid, when)`` it was served to; ``in_flight``: payloads pickled
+    here that may still be loaded.
     """
 
     alloc_id: str
@@ -261,9 +218,9 @@ class HeldAllocation:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """The body of a ``SNAPSHOT`` reply: what the process ``pid`` (its ``command`` line, at
-    most :data:`MAX_COMMAND` characters) holds: at most :data:`MAX_SNAPSHOT_ROWS`
-    ``allocations``, the largest, and how many more it holds (``left_out``)."""
+    """The body of a ``SNAPSHOT`` reply: what the process ``pid`` (its ``command`` line)
+    holds: at most :data:`MAX_SNAPSHOT_ROWS` ``allocations``, the largest, and how many
+    more (``left_out``)."""
 
     pid: int
     command: str
@@ -334,36 +291,23 @@ def _sizes(v: object) -> bool:  # (type: a float equals an int, 2097152.0 passed
     return type(v) is list and all(type(n) is int and n > 0 for n in v)
 
 
-def _name(v: object) -> bool:
-    return type(v) is str and 0 < len(v) <= 64
-
-
-def _bool(v: object) -> bool:
-    return type(v) is bool
-
-
 def _served(v: object) -> bool:
     return type(v) is list and all(
         type(s) is list and len(s) == 2 and type(s[0]) is int and _real(s[1]) for s in v
     )
 
 
-_ROW: MappingProxyType[str, Callable[[Any], bool]] = MappingProxyType(
+_CHECKS: MappingProxyType[str, Callable[[Any], bool]] = MappingProxyType(
     {
-        "id": lambda v: _hex(v, 32, 32),
-        "backend": _name,
-        "device": _name,
-        "size": _natural,
-        "used": _natural,
-        "created_here": _bool,
-        "origin_pid": _natural,
-        "since": _real,
-        "views": _natural,
-        "parked": _bool,
-        "draining": _bool,
-        "served": _served,
-        "in_flight": _natural,
-        "cached": _bool,
+        "str": lambda v: type(v) is str and 0 < len(v) <= 64,
+        "int": _natural,
+        "float": _real,
+        "bool": lambda v: type(v) is bool,
     }
 )
-"""A :class:`HeldAllocation` row's JSON keys, in its fields' order, and their checks."""
+_ROW: MappingProxyType[str, Callable[[Any], bool]] = MappingProxyType(
+    {"id": lambda v: _hex(v, 32, 32)}
+    | {f.name: _CHECKS.get(str(f.type), _served) for f in fields(HeldAllocation)[1:]}
+)
+"""A :class:`HeldAllocation` row's JSON keys, in its fields' order, and their checks: the
+id's, then by the field's type (``served``: its pairs)."""

@@ -1,10 +1,9 @@
 """Payloads: what a pickled SharedDeviceArray carries, and their validation.
 
 A payload is ``b"SA1"``, a 16-byte BLAKE2b tag keyed with the allocation's secret, then a
-JSON object naming the allocation, the process serving its handles, the chunk sizes and the
-view. Loading one calls nothing it names; anything malformed or altered raises
-:class:`~sharedarrays.PayloadError`. A pickle carries one payload per allocation, shared by
-its views, and each view's own fields as a small tuple (:class:`ViewFields`).
+JSON object naming the allocation, the process serving its handles, the chunks and the view.
+Anything malformed or altered raises :class:`~sharedarrays.PayloadError`. A pickle carries
+one payload per allocation and each view's own fields as a tuple (:class:`ViewFields`).
 """
 
 from __future__ import annotations
@@ -23,40 +22,23 @@ from sharedarrays.errors import PayloadError
 from sharedarrays.node import NODE_PATTERN
 from sharedarrays.process import PID_MAX_LIMIT, STATE
 
-__all__ = [
-    "Payload",
-    "check_view",
-    "misaligned",
-    "ViewFields",
-    "ViewTuple",
-    "MAX_PAYLOAD_BYTES",
-    "contiguous_strides",
-    "remember",
-    "view_extent",
-]
-
 MAGIC = b"SA1"
 TAG_BYTES = 16
 MAX_PAYLOAD_BYTES = 1 << 20
 MAX_NDIM = 64
-MAX_SIZE = 1 << 47
-"""Bound on every size, offset, stride and count: x86-64's 128 TiB address space."""
-MAX_DEVICES = 1 << 10
-"""Device ordinals are below this (more devices than one machine has)."""
+MAX_SIZE = 1 << 47  # bound on every size, offset, stride and count: x86-64's 128 TiB
+MAX_DEVICES = 1 << 10  # device ordinals are below this
 _HEX32 = re.compile(r"^[0-9a-f]{32}\Z")
 _HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
 _DTYPE = re.compile(r"^[<>|=]?[biufc][0-9]{1,2}\Z")
-_BACKEND = re.compile(r"^[a-z][a-z0-9-]{0,31}\Z")
-"""A backend name's shape; whether the backend is known is the importer's question."""
+_BACKEND = re.compile(r"^[a-z][a-z0-9-]{0,31}\Z")  # (whether it is known: the importer's question)
 _OPTIONAL = frozenset(("capacity", "node", "block"))
-_DECODED_LIMIT = 16384
-"""Validated payloads remembered by their bytes (so that warm loads skip JSON)."""
+_DECODED_LIMIT = 16384  # validated payloads remembered by their bytes (warm loads skip JSON)
 
 
 def view_extent(itemsize: int, shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, int]:
     """Lowest and one-past-highest byte a view touches, relative to its offset (or 0, 0)."""
-    low = 0
-    high = itemsize
+    low, high = 0, itemsize
     for n, s in zip(shape, strides):
         if n == 0:
             return 0, 0
@@ -92,8 +74,7 @@ def remember(table: dict[_K, _V], key: _K, value: _V, limit: int) -> None:
     table[key] = value
 
 
-_COMPACT = json.JSONEncoder(separators=(",", ":"))
-"""The payload body's encoder (``json.dumps`` with separators makes one at every call)."""
+_COMPACT = json.JSONEncoder(separators=(",", ":"))  # (json.dumps makes one per call)
 
 
 def _tag(body: bytes, secret: bytes) -> bytes:
@@ -110,8 +91,8 @@ def _int(doc: dict[str, Any], key: str, low: int, high: int) -> int:
 def _ints(
     v: object, key: str, low: int, high: int = MAX_SIZE, max_len: int = MAX_NDIM, what: str = "view"
 ) -> tuple[int, ...]:
-    """``v`` as a tuple, if it is a list (a payload's field) or tuple (a view field, ``what``
-    is ``"view"``) of at most ``max_len`` ints in [``low``, ``high``]."""
+    """``v`` as a tuple, if a list (a payload field) or a tuple (``what`` is ``"view"``) of
+    at most ``max_len`` ints in [``low``, ``high``]."""
     kind = tuple if what == "view" else list
     if type(v) is not kind or len(v) > max_len:
         raise PayloadError(
@@ -124,8 +105,7 @@ def _ints(
 
 
 def _text(v: object, matches: Callable[[str], object], error: str) -> Any:
-    """``v``, if it is a string that ``matches``; else PayloadError(``error``) (also for one
-    that cannot be encoded, such as a lone surrogate)."""
+    """``v``, if a string that ``matches`` (and can be encoded); else PayloadError(``error``)."""
     try:
         ok = type(v) is str and matches(v)
     except UnicodeError:
@@ -155,10 +135,8 @@ def _numeric_dtype(value: object, what: str) -> np.dtype[Any]:
 def misaligned(
     dtype: np.dtype[Any], shape: tuple[int, ...], strides: tuple[int, ...], offset: int
 ) -> str:
-    """Why a view of device memory is misaligned for ``dtype``, or "" if it is not.
-
-    A misaligned GPU access is fatal to the whole CUDA context.
-    """
+    """Why a view of device memory is misaligned for ``dtype`` (fatal to a CUDA context),
+    or "" if it is not."""
     mask = dtype.alignment - 1
     bits = offset
     for n, st in zip(shape, strides):
@@ -179,18 +157,15 @@ def misaligned(
 
 @dataclass(frozen=True, slots=True)
 class Payload:
-    """The validated content of a pickled SharedDeviceArray.
+    """The validated content of a pickled SharedDeviceArray (a value).
 
-    The memory: ``backend`` (``"host"``, ``"cuda-vmm"``) on device ordinal ``device``, the
-    allocation's ``alloc_id`` (32 hex digits) and 32-byte ``secret`` (whoever holds it may
-    import it), the process ``pid`` that made the payload and serves its handles at the
-    socket path ``server``, the ``chunks`` sizes in reservation order; the view: ``dtype``
-    (numeric or bool), ``shape``, ``strides`` (bytes, may be negative), ``offset`` (bytes from
-    the reservation's start), ``readonly``; optional: a growable array's ``capacity``
-    (bytes reserved), the maker's ``node`` id (:mod:`sharedarrays.node`; a load elsewhere is
-    refused), the ``block`` token of memory kept for reuse (:mod:`sharedarrays.memory.cache`).
-    A pointer backend's payload names the exporter, which hands out the portable handles
-    itself, so a payload never carries anything another user could open.
+    The memory: ``backend`` on device ordinal ``device``, the allocation's ``alloc_id`` (32
+    hex digits) and 32-byte ``secret`` (whoever holds it may import it), the ``pid`` serving
+    its handles at the socket path ``server``, the ``chunks`` sizes; the view: ``dtype``
+    (numeric or bool), ``shape``, ``strides`` (bytes), ``offset`` (bytes), ``readonly``;
+    optional: a growable array's ``capacity``, the maker's ``node`` id (a load elsewhere is
+    refused), the ``block`` token of memory kept for reuse. Nothing in it opens anything
+    for another user: the exporter hands out handles itself.
     """
 
     backend: str
@@ -219,7 +194,7 @@ class Payload:
         return ViewFields(self.offset, self.shape, self.strides, self.dtype, self.readonly)
 
     def to_doc(self) -> dict[str, Any]:
-        """The payload as a plain dict (its JSON body): what :meth:`from_doc` takes back."""
+        """The payload as its JSON body's dict (what :meth:`from_doc` takes back)."""
         doc: dict[str, Any] = {
             "backend": self.backend,
             "device": self.device,
@@ -249,15 +224,15 @@ class Payload:
 
     @classmethod
     def from_doc(cls, doc: object) -> Payload:
-        """Validate a payload's dict form (:meth:`to_doc`), which carries no tag; PayloadError
-        if not a dict, a field is missing or unknown, or a field is invalid."""
+        """Validate a payload's dict (:meth:`to_doc`; no tag): PayloadError if a field is
+        missing, unknown or invalid."""
         checked = _fields(doc)
         return cls._validate(checked, _secret(checked))
 
     @classmethod
     def from_bytes(cls, data: object) -> Payload:
-        """Decode and validate a payload (remembering the result for the same bytes);
-        PayloadError for anything but an unaltered, well-formed payload of this version."""
+        """Decode and validate a payload (remembered by its bytes); PayloadError for anything
+        but an unaltered, well-formed payload of this version."""
         if type(data) is bytes:
             known: Payload | None = STATE.pickling.decoded.get(data)
             if known is not None:
@@ -328,35 +303,20 @@ class Payload:
             block = bytes.fromhex(
                 _text(block, _HEX64.match, "payload field 'block' must be 64 hex digits")
             )
-        return cls(
-            backend,
-            device,
-            alloc_id,
-            secret,
-            pid,
-            server,
-            chunks,
-            dtype,
-            shape,
-            strides,
-            offset,
-            readonly,
-            capacity,
-            node,
-            block,
-        )
+        memory = (backend, device, alloc_id, secret, pid, server, chunks)
+        return cls(*memory, dtype, shape, strides, offset, readonly, capacity, node, block)
 
 
+# a payload's required fields: its record's (``id`` for ``alloc_id``) less the optional ones
 _KEYS = frozenset("id" if f.name == "alloc_id" else f.name for f in fields(Payload)) - _OPTIONAL
-"""A payload's fields: its record's but ``id``, less the optional ones."""
 
 ViewTuple = tuple[int, tuple[int, ...], tuple[int, ...], str, bool]
 """``(offset, shape, strides, dtype.str, readonly)``: a view as a pickle carries it."""
 
 
 class ViewFields(NamedTuple):
-    """A validated view of an allocation: what a pickle carries per view beside the payload
-    (its fields as :class:`Payload`'s; the import is read-only if either says so)."""
+    """A validated view of an allocation, what a pickle carries per view beside the payload
+    (fields as :class:`Payload`'s; read-only if either says so)."""
 
     offset: int
     shape: tuple[int, ...]
@@ -371,8 +331,7 @@ class ViewFields(NamedTuple):
     @classmethod
     def from_tuple(cls, data: object, size: int, device: bool = False) -> ViewFields:
         """Validate a view's tuple (:meth:`to_tuple`) against an allocation of ``size`` bytes:
-        PayloadError for a malformed or out-of-bounds field, more than 64 dims, a view outside
-        the allocation, or (``device``) a misaligned one."""
+        PayloadError for a malformed field, a view outside it, or (``device``) misaligned."""
         dtype, _, _ = check_view(data, size, device)
         offset, shape, strides, _, readonly = cast(ViewTuple, data)  # (checked)
         return cls(offset, shape, strides, dtype, readonly)
@@ -408,9 +367,8 @@ def _place(
     size: int,
     device: bool = False,
 ) -> tuple[int, int]:
-    """The view's extent (as :func:`view_extent`), or PayloadError if it has too many
-    elements, does not lie inside ``size`` bytes or (``device``) is misaligned."""
-    # (one pass over the axes, checking the view tuple's ints on the way)
+    """The view's extent (:func:`view_extent`); PayloadError if it has too many elements,
+    lies outside ``size`` bytes or (``device``) is misaligned. One pass over the axes."""
     count, low, high = 1, 0, dtype.itemsize
     for n, st in zip(shape, strides):
         if (
@@ -450,14 +408,12 @@ def _dims(shape: tuple[int, ...], strides: tuple[int, ...]) -> PayloadError:
 
 
 def _fields(doc: object) -> dict[str, Any]:
-    """``doc``, if it is a dict with a payload's fields."""
     if type(doc) is not dict or set(doc) - _OPTIONAL != _KEYS:
         raise PayloadError("payload is corrupted: wrong set of fields")
     return doc
 
 
 def _secret(doc: dict[str, Any]) -> bytes:
-    """The payload's secret."""
     return bytes.fromhex(
         _text(doc["secret"], _HEX64.match, "payload field 'secret' must be 64 hex digits")
     )

@@ -17,19 +17,14 @@ from dataclasses import dataclass
 
 from sharedarrays.errors import PayloadError
 
-__all__ = ["OrderingToken", "TOKEN_SIZE", "HANDLE_SIZE", "encode", "decode"]
-
-HANDLE_SIZE = 64
-"""Bytes of the event handle in a token."""
+HANDLE_SIZE = 64  # bytes of the event handle in a token
 _TOKEN = struct.Struct(f"<QQ{HANDLE_SIZE}sQ")  # pid, start, handle, seq
-TOKEN_SIZE = _TOKEN.size
-"""Bytes of a token."""
+TOKEN_SIZE = _TOKEN.size  # bytes of a token
 
 
 @dataclass(frozen=True)
 class OrderingToken:
-    """One record (``seq``) of an exporter's interprocess event: the fields of the table
-    above."""
+    """One record (``seq``) of an exporter's interprocess event (the table above)."""
 
     pid: int
     start: int

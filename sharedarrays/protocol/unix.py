@@ -24,33 +24,12 @@ from pathlib import Path
 
 from sharedarrays.errors import HandleUnavailable, PermissionDenied
 
-__all__ = [
-    "FDS_PER_MESSAGE",
-    "MAX_PATH",
-    "BACKOFF",
-    "Credentials",
-    "runtime_dir",
-    "peer_credentials",
-    "check_same_user",
-    "connect_unix",
-    "send_fds",
-    "recv_fds",
-    "recv_into",
-    "check_truncated",
-]
-
-SCM_MAX_FD = 253
-"""Most file descriptors the kernel passes in one ``SCM_RIGHTS`` message."""
-FDS_PER_MESSAGE = 250
-"""File descriptors sent per message (below :data:`SCM_MAX_FD`)."""
-MAX_PATH = 107
-"""Longest Unix socket path in bytes (``sun_path`` less its terminating NUL)."""
-BACKOFF = 0.05
-"""Seconds between tries to connect to a listener whose queue of connections is full."""
-RUN_USER = Path("/run/user")
-"""Where systemd makes each logged-in user's private runtime directory (``<uid>``)."""
-RUNTIME_DIR_TRIES = 100
-"""Names tried for the fallback runtime directory (``sharedarrays-<uid>``, ``-1``, ...)."""
+SCM_MAX_FD = 253  # most fds the kernel passes in one SCM_RIGHTS message
+FDS_PER_MESSAGE = 250  # fds sent per message (below SCM_MAX_FD)
+MAX_PATH = 107  # longest Unix socket path in bytes (sun_path less its NUL)
+BACKOFF = 0.05  # seconds between tries to connect to a listener whose queue is full
+RUN_USER = Path("/run/user")  # where systemd makes each user's runtime directory
+RUNTIME_DIR_TRIES = 100  # names tried for the fallback runtime directory
 _CRED = struct.Struct("3i")
 
 
@@ -79,11 +58,8 @@ def check_same_user(sock: socket.socket, what: str) -> Credentials:
 
 
 def connect_unix(path: str, deadline: float, timeout: float) -> socket.socket:
-    """A ``SOCK_SEQPACKET`` connection to ``path`` with ``timeout`` set on it.
-
-    A listener whose accept queue is full (``EAGAIN``) is retried until ``deadline``, then
-    TimeoutError; any other OSError of ``socket()`` or ``connect()`` is the caller's to say.
-    """
+    """A ``SOCK_SEQPACKET`` connection to ``path`` with ``timeout`` set on it; a full accept
+    queue is retried until ``deadline``, then TimeoutError (other OSErrors are raised)."""
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
@@ -115,11 +91,9 @@ def send_fds(sock: socket.socket, message: bytes, fds: Sequence[int]) -> None:
 def recv_fds(
     sock: socket.socket, count: int, fds: list[int], deadline: float | None = None
 ) -> bool:
-    """Append the fds :func:`send_fds` sent after its first message to ``fds`` until ``count``.
-
-    Returns whether they all came. ``fds`` stays the caller's to close, also when this
-    raises: TimeoutError past ``deadline`` (the whole wait), HandleUnavailable where this
-    process has no room for them (:func:`check_truncated`), OSError where receiving failed.
+    """Append the fds :func:`send_fds` sent after its first message to ``fds`` until
+    ``count``; whether they all came. ``fds`` stays the caller's to close, also when this
+    raises: TimeoutError past ``deadline``, HandleUnavailable (:func:`check_truncated`), OSError.
     """
     while len(fds) < count:
         before = len(fds)
@@ -136,28 +110,24 @@ def recv_fds(
 
 
 def recv_into(sock: socket.socket, size: int, maxfds: int, fds: list[int]) -> tuple[bytes, int]:
-    """``socket.recv_fds``, its fds appended to ``fds``; returns the message and its flags.
-
-    A SIGINT during the receive is delivered only once the fds are in ``fds``, so that a
-    ``KeyboardInterrupt`` cannot leave them open with no owner. TimeoutError where no
-    message came within the socket's timeout; OSError where receiving failed.
-    """
-    if threading.current_thread() is not threading.main_thread() or not callable(
+    """``socket.recv_fds``, its fds appended to ``fds``: the message and its flags. A SIGINT
+    meanwhile is delivered once the fds are in ``fds`` (none left without an owner).
+    TimeoutError where no message came within the socket's timeout."""
+    # (elsewhere no Python handler can run between the receive and the append)
+    guard = threading.current_thread() is threading.main_thread() and callable(
         signal.getsignal(signal.SIGINT)
-    ):  # (no Python handler can run here between the receive and the append)
-        msg, got, flags, _ = socket.recv_fds(sock, _message_length(sock, size), maxfds)
-        fds.extend(got)
-        return msg, flags
-    if not select.select([sock], [], [], sock.gettimeout())[0]:
+    )
+    if guard and not select.select([sock], [], [], sock.gettimeout())[0]:
         raise TimeoutError("timed out")
     length = _message_length(sock, size)
     caught: list[typing.Any] = []
-    handler = signal.signal(signal.SIGINT, lambda *args: caught.append(args))
+    handler = signal.signal(signal.SIGINT, lambda *args: caught.append(args)) if guard else None
     try:
         msg, got, flags, _ = socket.recv_fds(sock, length, maxfds)
         fds.extend(got)
     finally:
-        signal.signal(signal.SIGINT, handler)
+        if guard:
+            signal.signal(signal.SIGINT, handler)
     if caught and callable(handler):
         handler(*caught[0])  # (the KeyboardInterrupt, now that the fds are owned)
     return msg, flags
@@ -183,18 +153,10 @@ def check_truncated(flags: int) -> None:
 
 
 def runtime_dir() -> Path:
-    """The private directory of this user's sockets, created with mode 0700 if missing.
-
-    ``$XDG_RUNTIME_DIR/sharedarrays``, else ``/run/user/<uid>/sharedarrays``, else
-    ``<tmp>/sharedarrays-<uid>`` (or ``-1``, ``-2``, ... where another user took the name).
-    Each call checks, since a tmp cleaner or logout may have removed it.
-
-    Raises
-    ------
-    PermissionDenied
-        The directory cannot be made or is not private, ``$XDG_RUNTIME_DIR`` is unsafe,
-        or every fallback name belongs to another user.
-    """
+    """The private directory of this user's sockets, made 0700 if missing (checked at each
+    call: a tmp cleaner or logout may remove it): ``$XDG_RUNTIME_DIR/sharedarrays``, else
+    ``/run/user/<uid>/sharedarrays``, else ``<tmp>/sharedarrays-<uid>`` (or ``-1``, ...).
+    PermissionDenied where it cannot be made or is not private, or the first is unsafe."""
     uid = os.getuid()
     login = _login_dir(uid)
     if login is not None:

@@ -1,7 +1,8 @@
-"""The handle server's client: fetching an allocation's chunk handles from its exporter.
-
-One connection per exporter is kept open between requests (at most
-:data:`MAX_CLIENT_CONNECTIONS`), so that the next import connects to nothing.
+"""The handle server's client: fetching an allocation's chunk handles from its exporter,
+on one connection per exporter kept open between requests (so the next connects to nothing),
+and the notices this process sends on them. Finalizers must never block, so the notices they
+cause are queued (``STATE.notices``) and sent by one daemon thread, each only to a peer of
+this user (it carries the secret).
 """
 
 from __future__ import annotations
@@ -10,7 +11,10 @@ import errno
 import os
 import select
 import socket
+import sys
+import threading
 import time
+from typing import Any, cast
 
 from sharedarrays.errors import HandleUnavailable, PayloadError, PermissionDenied, SharedArrayError
 from sharedarrays.process import STATE, at_exit
@@ -33,89 +37,35 @@ from sharedarrays.protocol.unix import (
     recv_fds,
     recv_into,
 )
+from sharedarrays.sections import NoticesState
 
-__all__ = [
-    "TIMEOUT",
-    "MAX_CLIENT_CONNECTIONS",
-    "fetch_handles",
-    "fetch_growth",
-    "close_connections",
-    "kept_connections",
-    "take_connection",
-    "keep_connection",
-]
-
-TIMEOUT = 10.0
-"""Seconds an importer waits for a handle server."""
+_INCONSISTENT = "the handle server sent an inconsistent reply"
+TIMEOUT = 10.0  # seconds an importer waits for a handle server
+MAX_CLIENT_CONNECTIONS = 64  # connections to handle servers kept open at most (oldest closed)
+TIDY_CONNECTIONS = 4  # kept connections from which a new one first closes those hung up
+NOTICE_TIMEOUT = 1.0  # seconds the notifier waits for a handle server to take one notice
 
 
 def fetch_handles(
     server: str, pid: int, alloc_id: str, secret: bytes, reply_to: str | None = None
 ) -> tuple[list[int], list[int], tuple[bytes, ...]]:
-    """Ask the handle server at ``server`` for the chunks of an allocation.
-
-    Returns
-    -------
-    sizes, fds : list of int
-        The chunk sizes and the received fds (the caller's): one per chunk for a mapping
-        backend; for a pointer backend, any it needs besides the exports.
-    exports : tuple of bytes
-        A pointer backend's portable chunk handles; empty for a mapping backend.
-
-    Raises
-    ------
-    HandleUnavailable
-        The server is gone or no longer has the allocation.
-    PermissionDenied
-        Another user's server or directory, or the secret is wrong.
-    """
+    """An allocation's chunk sizes, fds (the caller's; a pointer backend's: any it needs
+    besides the exports) and a pointer backend's portable handles (exports), from the handle
+    server at ``server``. HandleUnavailable where it is gone or no longer has them;
+    PermissionDenied for another user's server or a wrong secret."""
     body, fds = _fetch(server, pid, alloc_id, secret, reply_to, None)
-    try:
-        handles = Handles.decode(body)
-        if len(fds) > len(handles.sizes):
-            raise PayloadError("the handle server sent an inconsistent reply")
-        return handles.sizes, fds, handles.exports or ()
-    except BaseException:
-        for fd in fds:
-            os.close(fd)
-        raise
+    handles = cast(Handles, body)
+    return handles.sizes, fds, handles.exports or ()
 
 
 def fetch_growth(
     server: str, pid: int, alloc_id: str, secret: bytes, first: int, reply_to: str | None = None
 ) -> tuple[list[int], int, int, list[int]]:
-    """Ask the exporter of a growable array for its current chunks from index ``first``.
-
-    Returns
-    -------
-    sizes : list of int
-        All its chunk sizes now.
-    capacity, used : int
-        Its reserved bytes and the bytes of the array now.
-    fds : list of int
-        The fds of the chunks from ``first`` on (owned by the caller).
-
-    Raises
-    ------
-    HandleUnavailable, PermissionDenied
-        As :func:`fetch_handles`.
-    """
+    """A growable array's chunk sizes, capacity and length now, and the fds of its chunks
+    from index ``first`` (the caller's), from its exporter; raises as :func:`fetch_handles`."""
     body, fds = _fetch(server, pid, alloc_id, secret, reply_to, first)
-    try:
-        growth = Growth.decode(body)
-        if len(fds) != max(len(growth.sizes) - first, 0):
-            raise PayloadError("the handle server sent an inconsistent reply")
-    except BaseException:
-        for fd in fds:
-            os.close(fd)
-        raise
+    growth = cast(Growth, body)
     return growth.sizes, growth.capacity, growth.used, fds
-
-
-MAX_CLIENT_CONNECTIONS = 64
-"""Connections to handle servers this process keeps open at most (the oldest is closed)."""
-TIDY_CONNECTIONS = 4
-"""Kept connections from which a new one first closes those whose server hung up."""
 
 
 def close_connections() -> None:
@@ -128,11 +78,8 @@ def close_connections() -> None:
 
 
 def _connect(server: str, gone: str, pid: int | None = None) -> socket.socket:
-    """A connection to the handle server at ``server``, checked to run as this user.
-
-    A full queue, or a missing socket while ``pid`` runs, is retried until :data:`TIMEOUT`;
-    then HandleUnavailable, or PermissionDenied for another user's.
-    """
+    """A connection to the handle server at ``server``, checked to run as this user (a full
+    queue, or a missing socket while ``pid`` runs, retried until :data:`TIMEOUT`)."""
     deadline = time.monotonic() + TIMEOUT
     try:
         while True:
@@ -184,10 +131,8 @@ def _runs(pid: int) -> bool:
 
 
 def keep_connection(server: str, sock: socket.socket) -> None:
-    """Put a connection back for the next request (or close it if another one is kept).
-
-    Past :data:`TIDY_CONNECTIONS` kept, those whose server hung up are closed first.
-    """
+    """Put a connection back for the next request (or close it if another one is kept);
+    past :data:`TIDY_CONNECTIONS` kept, those whose server hung up are closed first."""
     with STATE.connections.lock:
         if server not in STATE.connections.by_server:
             if len(STATE.connections.by_server) >= TIDY_CONNECTIONS:
@@ -201,8 +146,6 @@ def keep_connection(server: str, sock: socket.socket) -> None:
 
 def _close_hung_up() -> None:
     """Close the kept connections that poll readable (hung up); under the connections lock."""
-    if not STATE.connections.by_server:
-        return
     poller = select.poll()
     by_fd = {}
     for server, kept in STATE.connections.by_server.items():
@@ -219,16 +162,14 @@ def _fetch(
     secret: bytes,
     reply_to: str | None,
     first: int | None,
-) -> tuple[bytes, list[int]]:
-    """One request to a handle server: the reply's body and fds (retried once)."""
+) -> tuple[Handles | Growth, list[int]]:
+    """One ``FETCH`` (``first`` None) or ``GROW`` request: the reply's body and fds (retried
+    once on a kept connection the server had closed)."""
     gone = _gone(alloc_id, pid)
     tail = reply_to if reply_to and len(reply_to.encode()) <= MAX_PATH else ""
-    if first is None:
-        request = Request(Kind.FETCH, alloc_id, secret, 0, tail).encode()
-    else:
-        request = Request(Kind.GROW, alloc_id, secret, first, tail).encode()
-    with STATE.connections.lock:
-        sock = STATE.connections.by_server.pop(server, None)
+    kind = Kind.FETCH if first is None else Kind.GROW
+    request = Request(kind, alloc_id, secret, first or 0, tail).encode()
+    sock = take_connection(server)
     reused = sock is not None
     fds: list[int] = []
     try:
@@ -261,14 +202,22 @@ def _fetch(
         if not recv_fds(conn, reply.fds, fds, deadline):
             raise HandleUnavailable(f"{gone} (the server stopped while sending)")
         if len(fds) != reply.fds:
-            raise PayloadError("the handle server sent an inconsistent reply")
-        result = fds
-        fds = []
+            raise PayloadError(_INCONSISTENT)
         sock = None
         if more:  # (recv_fds left it at what remained of the deadline)
             conn.settimeout(TIMEOUT)
         keep_connection(server, conn)
-        return reply.body, result
+        body: Handles | Growth
+        if first is None:
+            body = Handles.decode(reply.body)
+            consistent = len(fds) <= len(body.sizes)
+        else:
+            body = Growth.decode(reply.body)
+            consistent = len(fds) == max(len(body.sizes) - first, 0)
+        if not consistent:
+            raise PayloadError(_INCONSISTENT)
+        result, fds = fds, []
+        return body, result
     except SharedArrayError:
         raise
     except TimeoutError:
@@ -337,3 +286,121 @@ def take_connection(server: str) -> socket.socket | None:
 
 
 at_exit(close_connections, "transport", order=3)  # after the handle server's shutdown
+
+
+# notices ---------------------------------------------------------------------------------------
+def report_load(server: str, alloc_id: str, secret: bytes) -> None:
+    """Tell the exporter of exporter-owned memory that one of its payloads loaded here warm
+    (counted, sent by the notifier only on a connection already kept to that sender)."""
+    key = (server, alloc_id, secret)
+    notices = STATE.notices
+    with notices.unreported_lock:
+        first = not notices.unreported
+        notices.unreported[key] = notices.unreported.get(key, 0) + 1
+    if first:  # the notifier sends what has gathered by the time it gets to it
+        start_notifier()
+        notices.in_flight.append(None)
+        notices.queue.put(([], []))
+
+
+def _send_reports() -> None:
+    """Send the warm-load counts gathered by :func:`report_load` (in the notifier thread)."""
+    notices = STATE.notices
+    with notices.unreported_lock:
+        reports, notices.unreported = notices.unreported, {}
+    for (server, alloc_id, secret), count in reports.items():
+        sock = take_connection(server)
+        if sock is None:
+            continue  # (the sender counts them in flight until the bound: the safe side)
+        try:
+            sock.send(Request(Kind.LOADED, alloc_id, secret, count).encode())
+        except OSError:
+            sock.close()
+            continue
+        keep_connection(server, sock)
+
+
+def pending_notices() -> int:
+    """How many release and close notices this process has queued and not yet sent."""
+    return len(STATE.notices.in_flight)
+
+
+def queue_notice(
+    servers: list[str],
+    kind: Kind,
+    alloc_id: str,
+    secret: bytes,
+    alloc: Any = None,
+    count: int = 0,
+) -> None:
+    """Queue a notice for each of ``servers`` (``RELEASED``: with the count of ``alloc``'s
+    payloads each returned) and start the notifier if it does not run; never blocks."""
+    if kind is Kind.RELEASED:
+        messages = [
+            Request(
+                kind, alloc_id, secret, min(alloc.flight.returned(path) if alloc else 0, 1 << 31)
+            ).encode()
+            for path in servers
+        ]
+    else:
+        messages = [Request(kind, alloc_id, secret, count).encode()] * len(servers)
+    start_notifier()
+    notices = STATE.notices
+    notices.in_flight.append(None)
+    notices.queue.put((servers, messages))
+
+
+def _send_notices(notices: NoticesState) -> None:
+    while True:
+        servers, messages = notices.queue.get()
+        if not servers:  # (queued by report_load)
+            _send_reports()
+        for path, message in zip(servers, messages):
+            _send(path, message)
+        notices.in_flight.pop()
+
+
+def _send(path: str, message: bytes) -> None:
+    """Send one notice and wait for its reply, on the connection kept to ``path`` (replaced
+    once if the server had closed it); a process that is gone, or another user's, is told
+    nothing."""
+    sock = take_connection(path)
+    reused = sock is not None
+    while True:
+        try:
+            if sock is None:  # (a full queue: TimeoutError at once)
+                sock = connect_unix(path, 0.0, NOTICE_TIMEOUT)
+                # (it carries the secret: never to another user's socket)
+                check_same_user(sock, f"the handle server {path}")
+            else:
+                sock.settimeout(NOTICE_TIMEOUT)
+            sock.sendall(message)
+            if sock.recv(REPLY_SIZE):
+                sock.settimeout(TIMEOUT)
+                keep_connection(path, sock)
+                return
+        except TimeoutError:
+            reused = False  # (stopped or overloaded: not asked twice)
+        except (OSError, PermissionDenied):
+            pass
+        if sock is not None:
+            sock.close()
+        if not reused:
+            return
+        sock, reused = None, False
+
+
+def start_notifier() -> None:
+    """Start the thread that sends release notices, if it does not run (after a fork)."""
+    notices = STATE.notices
+    if sys.is_finalizing():  # no thread starts now (it would hang): the process is ending,
+        return  # and those it would tell see that for themselves
+    if notices.thread is None or not notices.thread.is_alive():
+        notifier = threading.Thread(
+            target=_send_notices, args=(notices,), name="sharedarrays-notices", daemon=True
+        )
+        try:
+            notifier.start()
+        except RuntimeError:  # at interpreter shutdown (3.12: no new threads)
+            return
+        notices.thread = notifier

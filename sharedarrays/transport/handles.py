@@ -1,9 +1,5 @@
-"""This process's handle traffic: its handle server at start, release, fork and exit.
-
-Handles move either through the handle server
-(:class:`~sharedarrays.transport.server.HandleServer`), which serves any process of the
-user that holds the payload's secret, or at process spawn with
-:func:`multiprocessing.reduction.DupFd`. Nothing here knows about arrays.
+"""This process's handle server at start and exit, and the memory layer's hooks that
+queue notices (release, DONE, ASK). Nothing here knows about arrays.
 """
 
 from __future__ import annotations
@@ -20,22 +16,13 @@ from sharedarrays.process import STATE, at_exit
 from sharedarrays.protocol.handles import Kind
 from sharedarrays.protocol.unix import MAX_PATH, runtime_dir
 from sharedarrays.settings import env_number
-from sharedarrays.transport import client, notices
+from sharedarrays.transport import client
 from sharedarrays.transport.server import HandleServer
-
-__all__ = ["server_address", "shutdown_server", "open_connections", "EXIT_WAIT"]
 
 
 def server_address() -> str:
-    """The path of this process's handle server, starting it on first call.
-
-    Raises
-    ------
-    PermissionDenied
-        No private runtime directory (:func:`runtime_dir`).
-    HandleUnavailable
-        The server's socket cannot be made there.
-    """
+    """The path of this process's handle server, starting it on first call: PermissionDenied
+    without a private runtime directory, HandleUnavailable where its socket cannot be made."""
     state = STATE.server
     server: HandleServer | None = state.server
     if server is not None:
@@ -59,7 +46,7 @@ def server_address() -> str:
                     f"cannot start this process's handle server in {runtime_dir()}: "
                     f"{e.strerror or e}. {what}"
                 ) from None
-            notices.start_notifier()  # now, never from a finalizer (see _notify_on_release)
+            client.start_notifier()  # (now: release hooks may run in a finalizer)
         path: str = state.server.path
         return path
 
@@ -87,47 +74,41 @@ def _notify_on_release(alloc: allocation.Allocation) -> None:
     if alloc.pid != os.getpid():
         return  # inherited across fork: the parent still holds it
     if alloc.backend.exporter_owned and not alloc.origin.created_here and alloc.source_server:
-        notices.start_notifier()
-        notices.queue_notice([alloc.source_server], Kind.CLOSED, alloc.id, alloc.secret)
+        client.queue_notice([alloc.source_server], Kind.CLOSED, alloc.id, alloc.secret)
     server: HandleServer | None = STATE.server.server
     own = server.path if server is not None else None
     servers = [p for p in alloc.served_servers() if p != own]
     if servers and alloc.block is not None and alloc.origin.created_here:
         # (memory kept for reuse: its importers may know it by an id it had before)
         block = alloc.block
-        notices.queue_notice(servers, Kind.RELEASED, block_id(block), block, alloc)
+        client.queue_notice(servers, Kind.RELEASED, block_id(block), block, alloc)
     elif servers:
-        notices.queue_notice(servers, Kind.RELEASED, alloc.id, alloc.secret, alloc)
+        client.queue_notice(servers, Kind.RELEASED, alloc.id, alloc.secret, alloc)
 
 
 def _notify_done(alloc: allocation.Allocation, loads: int) -> None:
     """Tell a block's exporter that its last view here closed, after ``loads`` payloads."""
     if alloc.pool_server is not None:
-        notices.start_notifier()
-        notices.queue_notice([alloc.pool_server], Kind.DONE, alloc.id, alloc.secret, count=loads)
+        client.queue_notice([alloc.pool_server], Kind.DONE, alloc.id, alloc.secret, count=loads)
 
 
 def _ask_done(alloc: allocation.Allocation, servers: list[str]) -> None:
     """Ask ``servers`` to say ``DONE`` when their last view of the released block ``alloc`` goes."""
     block = alloc.block
     if block is not None and servers:
-        notices.start_notifier()
-        notices.queue_notice(servers, Kind.ASK, block_id(block), block)
+        client.queue_notice(servers, Kind.ASK, block_id(block), block)
 
 
 STATE.memory.release_hooks.append(_notify_on_release)
 STATE.memory.done_hooks.append(_notify_done)
 STATE.memory.ask_hooks.append(_ask_done)
 
-EXIT_WAIT = 10.0
-"""Seconds to wait at exit for importers of exporter-owned memory (``SHAREDARRAYS_EXIT_WAIT``)."""
+EXIT_WAIT = 10.0  # seconds to wait at exit for importers (SHAREDARRAYS_EXIT_WAIT)
 
 
 def _drain_at_exit() -> None:
-    """At exit: wait for importers of exporter-owned memory made here, naming those left.
-
-    It may run twice; the second run waits only for what is left of the first's bound.
-    """
+    """At exit: wait for importers of exporter-owned memory made here, naming those left (a
+    second run waits only for what is left of the first's bound)."""
     state = STATE.server
     held = registry.held_elsewhere()
     if not held:
@@ -135,8 +116,7 @@ def _drain_at_exit() -> None:
     for alloc in held:  # its importers may have it parked (also those served since the
         servers = alloc.served_servers()  # release, which loaded payloads in flight)
         if servers:
-            notices.start_notifier()
-            notices.queue_notice(servers, Kind.RELEASED, alloc.id, alloc.secret, alloc)
+            client.queue_notice(servers, Kind.RELEASED, alloc.id, alloc.secret, alloc)
     if state.drain_bound is None:
         try:
             timeout = env_number("SHAREDARRAYS_EXIT_WAIT", EXIT_WAIT, 0.0)

@@ -1,8 +1,6 @@
-"""The handle server: serves this process's allocations' chunk handles to importers.
-
-A thread of every process that pickles an array listens in the private runtime directory.
-An importer names the allocation and proves it holds the payload's secret; the server checks
-the peer's uid (same user only) and the secret, then sends the chunks' fds.
+"""The handle server: a thread of every process that pickles an array, listening in the
+private runtime directory. It checks each request's peer uid (same user only) and secret,
+then sends the chunks' fds or acts on a notice (:mod:`sharedarrays.protocol.handles`).
 """
 
 from __future__ import annotations
@@ -37,26 +35,19 @@ from sharedarrays.protocol.handles import (
     Snapshot,
     Status,
 )
+from sharedarrays.protocol.payload import remember
 from sharedarrays.protocol.unix import Credentials, peer_credentials, runtime_dir, send_fds
 
-__all__ = ["HandleServer", "MAX_CONNECTIONS", "HOUSEKEEPING", "BACKOFF", "READ_AHEAD"]
-
-MAX_CONNECTIONS = 256
-"""Importer connections a handle server keeps open at most (the longest idle is closed)."""
-HOUSEKEEPING = 5.0
-"""Seconds between the server's checks for parked mappings whose source process died."""
-BACKOFF = 0.05
-"""Seconds a server waits after an error no connection is to blame for (say, EMFILE)."""
-READ_AHEAD = 16
-"""Most ``LOADED`` notices read on one connection per round, so that none starves others."""
+MAX_CONNECTIONS = 256  # importer connections kept open at most (the longest idle closed)
+HOUSEKEEPING = 5.0  # seconds between checks for parked mappings whose source process died
+BACKOFF = 0.05  # seconds waited after an error no connection is to blame for (EMFILE)
+READ_AHEAD = 16  # most LOADED notices read on one connection per round: none starves
+_ASKED_LIMIT = 256  # block tokens remembered as asked DONE for before they were listed
 
 
 class HandleServer:
-    """Serves this process's allocations' fds to authenticated importers.
-
-    One per process. It keeps at most :data:`MAX_CONNECTIONS` open, the longest idle
-    closed first; each request's secret is checked on its own.
-    """
+    """Serves this process's allocations' fds to authenticated importers (one per process;
+    at most :data:`MAX_CONNECTIONS` connections, the longest idle closed first)."""
 
     def __init__(self) -> None:
         directory = runtime_dir()
@@ -76,8 +67,7 @@ class HandleServer:
             Kind.DROP: self._drop_parked,
             Kind.DONE: self._done,
             Kind.ASK: self._asked,
-        }
-        """The handler of each kind of request (each sends its own reply, if any)."""
+        }  # (each sends its own reply, if any)
         self._thread = threading.Thread(
             target=self._serve, name="sharedarrays-handles", daemon=True
         )
@@ -210,36 +200,28 @@ class HandleServer:
     def _answer(self, conn: socket.socket, peer: Credentials, data: bytes) -> None:
         """Answer one request from ``conn``, by the handler of its kind."""
         if peer.uid != os.getuid():
-            conn.send(Reply(Status.BAD_UID).encode())
+            _reply(conn, Status.BAD_UID)
             return
         try:
             request = Request.decode(data)
-        except PayloadError:
-            conn.send(Reply(Status.BAD_REQUEST).encode())
-            return
-        handler = self._handlers.get(request.kind)
-        if handler is None:
-            conn.send(Reply(Status.BAD_REQUEST).encode())
+            handler = self._handlers[request.kind]
+        except (PayloadError, KeyError):  # (a kind without a handler: refused too)
+            _reply(conn, Status.BAD_REQUEST)
             return
         handler(conn, peer, request)
 
     def _closed_by(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
         """``CLOSED``: the peer freed its import: maybe the memory can go now."""
-        alloc = registry.lookup(request.alloc_id, draining=True)
-        if alloc is not None and hmac.compare_digest(request.secret, alloc.secret):
-            conn.send(Reply(Status.OK).encode())
+        alloc = _found(request)
+        _reply(conn, Status.GONE if alloc is None else Status.OK)
+        if alloc is not None:
             alloc.closed_by(peer.pid)
-        else:
-            conn.send(Reply(Status.GONE).encode())
 
     def _served(self, conn: socket.socket, request: Request) -> allocation.Allocation | None:
         """The allocation ``request`` names if its secret is right, else ``None`` (refused)."""
         alloc = registry.lookup(request.alloc_id, draining=True)
-        if alloc is None:
-            conn.send(Reply(Status.GONE).encode())
-            return None
-        if not hmac.compare_digest(request.secret, alloc.secret):
-            conn.send(Reply(Status.BAD_SECRET).encode())
+        if alloc is None or not hmac.compare_digest(request.secret, alloc.secret):
+            _reply(conn, Status.GONE if alloc is None else Status.BAD_SECRET)
             return None
         return alloc
 
@@ -250,29 +232,25 @@ class HandleServer:
             alloc = self._served(conn, request)
         if alloc is None:
             return
-        conn.send(Reply(Status.OK).encode())
+        _reply(conn, Status.OK)
         alloc.flight.note_loaded(request.count)  # its payloads that came back to their exporter
         _off_thread(alloc.orphan)  # a release may hand over to the keeper: not here
 
     def _done(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
         """``DONE``: an importer closed its last view of a block after ``count`` loads."""
-        alloc = registry.lookup(request.alloc_id, draining=True)
-        if alloc is None or not hmac.compare_digest(request.secret, alloc.secret):
-            conn.send(Reply(Status.GONE).encode())
-            return
-        conn.send(Reply(Status.OK).encode())
-        alloc.done_by_importers(request.count)
+        alloc = _found(request)
+        _reply(conn, Status.GONE if alloc is None else Status.OK)
+        if alloc is not None:
+            alloc.done_by_importers(request.count)
 
     def _asked(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
         """``ASK``: a block's exporter released it and waits for this process's ``DONE``."""
-        conn.send(Reply(Status.OK).encode())
+        _reply(conn, Status.OK)
         memory = STATE.memory
         with memory.lock:
             alloc = memory.blocks.get(request.secret)
             if alloc is None:
-                memory.asked[request.secret] = None
-                while len(memory.asked) > _ASKED_LIMIT:
-                    del memory.asked[next(iter(memory.asked))]
+                remember(memory.asked, request.secret, None, _ASKED_LIMIT)
         if alloc is not None and request.alloc_id == block_id(request.secret):
             _off_thread(alloc.ask_done)
 
@@ -283,12 +261,11 @@ class HandleServer:
             return
         pid = peer.pid
         if alloc.allow_pids is not None and pid not in alloc.allow_pids and pid != self._pid:
-            conn.send(Reply(Status.NOT_ALLOWED).encode())
+            _reply(conn, Status.NOT_ALLOWED)
             return
-        # ``alloc`` is a strong reference: the fds stay open until they are sent.
         with alloc.growth_lock:  # a shrink or a release waits: the fds stay open until sent
             if registry.lookup(alloc.id, draining=True) is not alloc:  # freed since
-                conn.send(Reply(Status.GONE).encode())
+                _reply(conn, Status.GONE)
                 return
             sizes = alloc.chunk_sizes()
             fds, temporary = alloc.handles_for_importers()
@@ -302,7 +279,7 @@ class HandleServer:
                 else:  # a pointer backend: its portable handle, only after the checks above
                     body = Handles(sizes, alloc.exports_for(pid))
                 header = Reply(Status.OK, len(fds), body.encode()).encode()
-                # Record first: a release must know whom to tell.
+                # recorded first: a release must know whom to tell
                 server = request.reply_to if request.reply_to.startswith("/") else None
                 alloc.record_served(pid, server, len(sizes))
                 if server and alloc.block is not None and alloc.released:
@@ -329,26 +306,25 @@ class HandleServer:
 
     def _snapshot(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
         """``SNAPSHOT``: what this process holds; metadata only, no handle or secret."""
-        conn.send(Reply(Status.OK, 0, snapshot().encode()).encode())
+        _reply(conn, Status.OK, snapshot().encode())
 
     def _drop_parked(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
         """``DROP``: release this process's parked mapping (``GONE``, ``NOT_ALLOWED`` if used)."""
         if STATE.memory.cache.drop(request.alloc_id):  # (kept for reuse: freed now)
-            conn.send(Reply(Status.OK).encode())
+            _reply(conn, Status.OK)
             return
         alloc = registry.lookup(request.alloc_id)
         draining = registry.lookup(request.alloc_id, draining=True) if alloc is None else None
         if draining is not None:
             draining.closed_by(None)  # forgets the holders that exited; frees if none is left
             gone = registry.lookup(request.alloc_id, draining=True) is None
-            conn.send(Reply(Status.OK if gone else Status.NOT_ALLOWED).encode())
-            return
-        if alloc is None or alloc.pid != self._pid:
-            conn.send(Reply(Status.GONE).encode())
+            _reply(conn, Status.OK if gone else Status.NOT_ALLOWED)
+        elif alloc is None or alloc.pid != self._pid:
+            _reply(conn, Status.GONE)
         elif not alloc.parked:  # (parked: idle, no view lease)
-            conn.send(Reply(Status.NOT_ALLOWED).encode())
+            _reply(conn, Status.NOT_ALLOWED)
         else:
-            conn.send(Reply(Status.OK).encode())
+            _reply(conn, Status.OK)
             _off_thread(alloc.release)  # (a release may tell other processes: not here)
 
     def forget_in_child(self) -> None:
@@ -365,14 +341,10 @@ class HandleServer:
             return
         self._closed = True
         if self._pid == os.getpid():
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
-            except FileNotFoundError:
-                pass
-            try:
+            with contextlib.suppress(OSError):
                 self._sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
         self._sock.close()
 
 
@@ -416,21 +388,28 @@ def _served(alloc: allocation.Allocation, draining: bool) -> tuple[tuple[int, fl
     return tuple(rows)
 
 
-_ASKED_LIMIT = 256
-"""Block tokens an importer remembers being asked ``DONE`` for before it listed them."""
+def _reply(conn: socket.socket, status: Status, body: bytes = b"") -> None:
+    conn.send(Reply(status, 0, body).encode())
+
+
+def _found(request: Request) -> allocation.Allocation | None:
+    """The allocation ``request`` names (draining too), if its secret is right."""
+    alloc = registry.lookup(request.alloc_id, draining=True)
+    if alloc is not None and hmac.compare_digest(request.secret, alloc.secret):
+        return alloc
+    return None
 
 
 def _note_loaded(request: Request) -> None:
     """Count a ``LOADED`` notice whose secret is right (others are ignored: no reply)."""
-    alloc = registry.lookup(request.alloc_id, draining=True)
-    if alloc is not None and hmac.compare_digest(request.secret, alloc.secret):
+    alloc = _found(request)
+    if alloc is not None:
         alloc.flight.note_loaded(request.count)
 
 
 def _off_thread(fn: Callable[[], object]) -> None:
-    """Run ``fn`` in the server's helper thread (one, started on first use, fed in order)
-    so that serving goes on; inline at shutdown or where no thread can start. One thread,
-    not one per call: each result returned from a worker asks for one call."""
+    """Run ``fn`` in the server's one helper thread (started on first use, fed in order) so
+    that serving goes on; inline at shutdown or where no thread can start."""
     state = STATE.server
     state.jobs.put(fn)
     if state.helper is not None and state.helper.is_alive():

@@ -58,7 +58,7 @@ def _cluster(**kwargs: object) -> Iterator[distributed.Client]:
     # what the cluster's messages held (results distributed dropped, arrays its threads
     # deserialised) is let go of a little after it closes; later tests count fds. Waited for
     # while the count falls: what is still held once it has stopped falling for 2 s (arrays
-    # this process made and got back, kept mapped by sharedarrays.api.message's cache of
+    # this process made and got back, kept mapped by sharedarrays.importing's cache of
     # received parts) no wait lets go of: it used to wait the whole 30 s, twice a run.
     deadline = time.monotonic() + 30
     last, since = _memfds(), time.monotonic()

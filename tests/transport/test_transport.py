@@ -243,19 +243,17 @@ def test_requests_to_one_server_reuse_one_connection(fd_baseline: None) -> None:
 def test_notices_to_one_server_reuse_one_connection(fd_baseline: None) -> None:
     """A notice per result returned from a worker: each goes on the connection kept to that
     server, not a new one (and a fetch may take that connection next)."""
-    from sharedarrays.transport import notices
-
     a = sa.zeros(16, device="cpu", pack=False)
     server = transport.server_address()
     client.close_connections()
 
     def notify() -> socket.socket:
-        notices.start_notifier()
-        notices.queue_notice([server], Kind.DONE, a.allocation.id, a.allocation.secret, count=0)
+        client.start_notifier()
+        client.queue_notice([server], Kind.DONE, a.allocation.id, a.allocation.secret, count=0)
         deadline = time.monotonic() + 10
-        while notices.pending_notices() and time.monotonic() < deadline:
+        while client.pending_notices() and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert notices.pending_notices() == 0
+        assert client.pending_notices() == 0
         return process.STATE.connections.by_server[server]
 
     try:
@@ -524,8 +522,6 @@ def test_a_release_notice_goes_to_no_socket_of_another_user() -> None:
 
     from forking import in_forked_child
 
-    from sharedarrays.transport import notices
-
     a = sa.from_array(np.arange(4.0), device="cpu", pack=False)
     alloc = a.allocation
 
@@ -540,8 +536,8 @@ def test_a_release_notice_goes_to_no_socket_of_another_user() -> None:
             deadline = time.monotonic() + 20
             while not os.path.exists(path) and time.monotonic() < deadline:
                 time.sleep(0.01)
-            notices.start_notifier()
-            notices.queue_notice([path], Kind.RELEASED, alloc.id, alloc.secret)
+            client.start_notifier()
+            client.queue_notice([path], Kind.RELEASED, alloc.id, alloc.secret)
             return int(listening.result(40))
 
     shared = Path(tempfile.mkdtemp(prefix="sa-notice-"))
