@@ -37,6 +37,7 @@ from sharedarrays.backends import list_backends
 from sharedarrays.backends.cuda import driver as _cuda_driver  # noqa: F401 - installs the fork-after-CUDA hook
 from sharedarrays.backends.cuda.sync import no_sync
 from sharedarrays.backends.device import Device
+from sharedarrays.errors import *  # noqa: F403 - every error is an attribute, few in __all__
 from sharedarrays.errors import (
     BackendUnavailable,
     NameNotFound,
@@ -44,26 +45,7 @@ from sharedarrays.errors import (
     SharedArrayError,
     WorkerLost,
 )
-
-# the other errors: attributes (``sa.PayloadError``), not in ``__all__``
-from sharedarrays.errors import ClosedArrayError as ClosedArrayError
 from sharedarrays.errors import DriverError as DriverError
-from sharedarrays.errors import HandleUnavailable as HandleUnavailable
-from sharedarrays.errors import InUse as InUse
-from sharedarrays.errors import KeeperError as KeeperError
-from sharedarrays.errors import MisalignedView as MisalignedView
-from sharedarrays.errors import NameExists as NameExists
-from sharedarrays.errors import NotShareable as NotShareable
-from sharedarrays.errors import PayloadError as PayloadError
-from sharedarrays.errors import PeerAccessUnavailable as PeerAccessUnavailable
-from sharedarrays.errors import PermissionDenied as PermissionDenied
-from sharedarrays.errors import ResizeRefused as ResizeRefused
-from sharedarrays.errors import SettingError as SettingError
-from sharedarrays.errors import TaskExited as TaskExited
-from sharedarrays.errors import TaskNotLoaded as TaskNotLoaded
-from sharedarrays.errors import ThreadUnavailable as ThreadUnavailable
-from sharedarrays.errors import WaitTimeout as WaitTimeout
-from sharedarrays.errors import WrongNode as WrongNode
 from sharedarrays.process import STATE as _STATE
 from sharedarrays.settings import check_environment as _check_environment
 
@@ -168,8 +150,6 @@ _DISTRIBUTED = "distributed.protocol.serialize"
 
 
 def _register_with_distributed() -> None:
-    """Register shared arrays with distributed's serialization
-    (:func:`sharedarrays.api.dask.register`)."""
     from sharedarrays.api import dask
 
     dask.register()

@@ -12,7 +12,7 @@ import contextlib
 import sys
 from multiprocessing import context as _mp_context
 from multiprocessing import util as _mp_util
-from types import FrameType
+from types import FrameType, SimpleNamespace
 from typing import Any
 
 __all__ = [
@@ -40,12 +40,7 @@ def _count_item(slot: tuple[Any, ...]) -> int:
     return refcount(slot[1])
 
 
-class _Holder:
-    __slots__ = ("kept",)
-    kept: object
-
-
-def _count_local(holder: _Holder) -> int:
+def _count_local(holder: Any) -> int:
     # Allocation._kept_idle's shape: the attribute's value in one local, passed on
     kept = holder.kept
     return refcount(kept)
@@ -54,11 +49,8 @@ def _count_local(holder: _Holder) -> int:
 ITEM_ALONE: int = _count_item((None, object()))
 """``refcount(slot[i])`` of an object only the local tuple ``slot`` holds (2 on 3.10-3.13)."""
 
-_holder = _Holder()
-_holder.kept = object()
-LOCAL_ALONE: int = _count_local(_holder)
+LOCAL_ALONE: int = _count_local(SimpleNamespace(kept=object()))
 """``refcount(kept)`` of an object only one attribute and the local ``kept`` hold (3)."""
-del _holder
 
 # frames: who called?
 
