@@ -1,15 +1,10 @@
 """Facts about processes, and THE per-process state of the package.
 
-All the package keeps per process is in :data:`STATE`, in sections by concern; modules
-read ``STATE.<section>.<field>`` (never a section kept in a name of their own: a forked
-child gets new ones). This module makes the package's only ``os.register_at_fork`` call
-and its only ``atexit`` registration. Hooks run by layer (:data:`LAYERS`: before a fork
-and at exit top layer first, after a fork bottom layer first), then by ``order``, module
-and name: never by import order.
-
-A cache of process state is a bounded field of a section, dropped in a forked child
-unless true in any process; facts about the machine or the code may use
-``functools.cache``.
+All the package keeps per process is in :data:`STATE`, in sections by concern, read as
+``STATE.<section>.<field>`` (never kept in a name of its own: a forked child gets new
+ones). This module makes the only ``os.register_at_fork`` call and ``atexit``
+registration; hooks run by layer (:data:`LAYERS`; top layer first, bottom first after a
+fork), then by ``order``, module and name: never by import order.
 """
 
 from __future__ import annotations
@@ -23,17 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing import util
 
-from sharedarrays.sections import (
-    BackendsState,
-    ConnectionsState,
-    KeeperState,
-    MemoryState,
-    NoticesState,
-    PicklingState,
-    PoolsState,
-    ServerState,
-    ViewsState,
-)
+from sharedarrays import sections
 
 __all__ = [
     "PID_MAX_LIMIT",
@@ -208,15 +193,15 @@ class ProcessState:
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.hooks = _Hooks()
-        self.backends = BackendsState()
-        self.memory = MemoryState()
-        self.server = ServerState()
-        self.connections = ConnectionsState()
-        self.notices = NoticesState()
-        self.keeper = KeeperState()
-        self.pickling = PicklingState()
-        self.pools = PoolsState()
-        self.views = ViewsState()
+        self.backends = sections.BackendsState()
+        self.memory = sections.MemoryState()
+        self.server = sections.ServerState()
+        self.connections = sections.ConnectionsState()
+        self.notices = sections.NoticesState()
+        self.keeper = sections.KeeperState()
+        self.pickling = sections.PicklingState()
+        self.pools = sections.PoolsState()
+        self.views = sections.ViewsState()
 
     def reset_in_child(self) -> None:
         """In a forked child: the pid, then each section in order (one that fails is said on

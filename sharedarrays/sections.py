@@ -1,5 +1,6 @@
 """The sections of the package's per-process state (:data:`sharedarrays.process.STATE`), one
-class per concern, each saying in ``reset_in_child`` what a forked child keeps of it."""
+class per concern, each saying in ``reset_in_child`` what a forked child keeps of it. A cache
+is a bounded field here, dropped in a child unless true in any process."""
 
 from __future__ import annotations
 
