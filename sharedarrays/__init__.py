@@ -112,19 +112,16 @@ __all__ = [
 
 _LAZY = _MappingProxyType(
     {
-        "Pool": "sharedarrays.api.pool",
-        "ProcessPoolExecutor": "sharedarrays.api.pool",
-        "ExecutorBroken": "sharedarrays.api.pool",
-        "ForkAfterCudaError": "sharedarrays.api.pool",
-        "show": "sharedarrays.api.widgets",
-        "MemoryMap": "sharedarrays.api.widgets",
-        "node_map": "sharedarrays.api.nodemap",
-        "to_dask": "sharedarrays.api.dask",
-        "from_dask": "sharedarrays.api.dask",
-        "Timeline": "sharedarrays.api.semaphore",
-        "ExternalSemaphore": "sharedarrays.api.semaphore",
-        "Allocation": "sharedarrays.memory",  # internals: sharedarrays.memory's, kept as attributes
-        "live_allocations": "sharedarrays.memory",
+        name: f"sharedarrays.{module}"
+        for module, names in {
+            "api.pool": ("Pool", "ProcessPoolExecutor", "ExecutorBroken", "ForkAfterCudaError"),
+            "api.widgets": ("show", "MemoryMap"),
+            "api.nodemap": ("node_map",),
+            "api.dask": ("to_dask", "from_dask"),
+            "api.semaphore": ("Timeline", "ExternalSemaphore"),
+            "memory": ("Allocation", "live_allocations"),  # internals, kept as attributes
+        }.items()
+        for name in names
     }
 )
 """Names imported on first use: ``{name: the module that defines it}``."""

@@ -64,15 +64,9 @@ def _proc(pid: int, name: str, size: int = -1) -> bytes | None:
 def start_time(pid: int) -> int | None:
     """A process's start time in clock ticks since boot, or ``None`` if it does not exist:
     with the pid, it names one process for good."""
-    stat = _proc(pid, "stat")
-    if stat is None:
-        return None
-    # fields after the command name, which is in parentheses and may hold spaces
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
+    stat = _proc(pid, "stat") or b""
+    fields = stat[stat.rfind(b")") + 2 :].split()  # after the name, which may hold spaces
+    return int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else None
 
 
 def command_line(pid: int) -> str:

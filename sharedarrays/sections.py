@@ -142,10 +142,9 @@ class ConnectionsState:
         self.by_server: dict[str, socket.socket] = {}
 
     def reset_in_child(self) -> None:
-        self.lock = threading.Lock()
         for sock in self.by_server.values():
             sock.close()
-        self.by_server.clear()
+        self.__init__()  # type: ignore[misc]
 
 
 class NoticesState:
