@@ -143,11 +143,15 @@ class _Hooks:
 
     def _add(self, table: str, entry: _ForkHooks | _ExitHook, taken: str) -> None:
         """Put ``entry`` in its place in ``self.<table>``; the same entry again does nothing."""
+        if entry.layer not in LAYERS:
+            raise ValueError(f"layer must be one of {', '.join(LAYERS)}, not {entry.layer!r}")
+        mine = entry.functions()
+        if not mine:
+            raise ValueError("at_fork needs at least one hook")
         with self.lock:
             entries = getattr(self, table)
             if entry in entries:
                 return
-            mine = entry.functions()
             if any(fn in mine for e in entries for fn in e.functions()):
                 raise ValueError(f"{_name(mine[0])} is {taken}")
             setattr(self, table, sorted([*entries, entry], key=type(entry).key))
@@ -210,11 +214,6 @@ STATE = ProcessState()
 """This process's state."""
 
 
-def _check(layer: str) -> None:
-    if layer not in LAYERS:
-        raise ValueError(f"layer must be one of {', '.join(LAYERS)}, not {layer!r}")
-
-
 def at_fork(
     layer: str,
     *,
@@ -229,9 +228,6 @@ def at_fork(
     raises is said on stderr. Registering the same hooks again does nothing; an unknown
     layer, or no hook, is a ``ValueError``.
     """
-    _check(layer)
-    if before is None and after_in_child is None and after_in_parent is None:
-        raise ValueError("at_fork needs at least one hook")
     STATE.hooks.add_fork(_ForkHooks(layer, order, before, after_in_child, after_in_parent))
 
 
@@ -243,7 +239,6 @@ def at_exit(fn: Hook, layer: str, *, order: int = 0, processes: bool = True) -> 
     twice and must be idempotent. Registering it again with the same arguments does
     nothing; with others, or an unknown layer, is a ``ValueError``.
     """
-    _check(layer)
     STATE.hooks.add_exit(_ExitHook(layer, order, fn, processes))
 
 
