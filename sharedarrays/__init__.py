@@ -36,6 +36,7 @@ from sharedarrays.backends import list_backends
 from sharedarrays.backends.cuda import driver as _cuda_driver  # noqa: F401 - installs the fork-after-CUDA hook
 from sharedarrays.backends.cuda.sync import no_sync
 from sharedarrays.backends.device import Device
+from sharedarrays.errors import *  # noqa: F403 - every error is an attribute, few in __all__
 from sharedarrays.errors import (
     BackendUnavailable,
     NameNotFound,
@@ -43,26 +44,7 @@ from sharedarrays.errors import (
     SharedArrayError,
     WorkerLost,
 )
-
-# the other errors: attributes (``sa.PayloadError``), not in ``__all__``
-from sharedarrays.errors import ClosedArrayError as ClosedArrayError
 from sharedarrays.errors import DriverError as DriverError
-from sharedarrays.errors import HandleUnavailable as HandleUnavailable
-from sharedarrays.errors import InUse as InUse
-from sharedarrays.errors import KeeperError as KeeperError
-from sharedarrays.errors import MisalignedView as MisalignedView
-from sharedarrays.errors import NameExists as NameExists
-from sharedarrays.errors import NotShareable as NotShareable
-from sharedarrays.errors import PayloadError as PayloadError
-from sharedarrays.errors import PeerAccessUnavailable as PeerAccessUnavailable
-from sharedarrays.errors import PermissionDenied as PermissionDenied
-from sharedarrays.errors import ResizeRefused as ResizeRefused
-from sharedarrays.errors import SettingError as SettingError
-from sharedarrays.errors import TaskExited as TaskExited
-from sharedarrays.errors import TaskNotLoaded as TaskNotLoaded
-from sharedarrays.errors import ThreadUnavailable as ThreadUnavailable
-from sharedarrays.errors import WaitTimeout as WaitTimeout
-from sharedarrays.errors import WrongNode as WrongNode
 from sharedarrays.process import STATE as _STATE
 from sharedarrays.settings import check_environment as _check_environment
 
@@ -129,19 +111,16 @@ __all__ = [
 
 _LAZY = _MappingProxyType(
     {
-        "Pool": "sharedarrays.api.pool",
-        "ProcessPoolExecutor": "sharedarrays.api.pool",
-        "ExecutorBroken": "sharedarrays.api.pool",
-        "ForkAfterCudaError": "sharedarrays.api.pool",
-        "show": "sharedarrays.api.widgets",
-        "MemoryMap": "sharedarrays.api.widgets",
-        "node_map": "sharedarrays.api.nodemap",
-        "to_dask": "sharedarrays.api.dask",
-        "from_dask": "sharedarrays.api.dask",
-        "Timeline": "sharedarrays.api.semaphore",
-        "ExternalSemaphore": "sharedarrays.api.semaphore",
-        "Allocation": "sharedarrays.memory",  # internals: sharedarrays.memory's, kept as attributes
-        "live_allocations": "sharedarrays.memory",
+        name: f"sharedarrays.{module}"
+        for module, names in {
+            "api.pool": ("Pool", "ProcessPoolExecutor", "ExecutorBroken", "ForkAfterCudaError"),
+            "api.widgets": ("show", "MemoryMap"),
+            "api.nodemap": ("node_map",),
+            "api.dask": ("to_dask", "from_dask"),
+            "api.semaphore": ("Timeline", "ExternalSemaphore"),
+            "memory": ("Allocation", "live_allocations"),  # internals, kept as attributes
+        }.items()
+        for name in names
     }
 )
 """Names imported on first use: ``{name: the module that defines it}``."""
@@ -167,8 +146,6 @@ _DISTRIBUTED = "distributed.protocol.serialize"
 
 
 def _register_with_distributed() -> None:
-    """Register shared arrays with distributed's serialization
-    (:func:`sharedarrays.api.dask.register`)."""
     from sharedarrays.api import dask
 
     dask.register()

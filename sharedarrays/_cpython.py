@@ -1,19 +1,18 @@
-"""The package's one adapter over interpreter and standard-library internals.
+"""The package's one adapter over what CPython and its standard library do not promise.
 
-Each use of something CPython or its standard library does not promise (reference counts of
-a code shape, frames, multiprocessing's spawning record and flags, a pool job's private
-fields) is a small named function here, with no public way to do it; each has a test in
-``tests/test_cpython.py``, and ``tests/test_layers.py`` keeps the rest of the package from
-naming these internals. Checked on CPython 3.10-3.13. The hot names (:data:`refcount`,
-:data:`spawning_process`) are bound, not wrapped: a warm handoff calls them once per view.
+Each use is a named function here with a test in ``tests/test_cpython.py``
+(``tests/test_layers.py`` keeps these internals out of other modules). Checked on CPython
+3.10-3.13. :data:`refcount` and :data:`spawning_process` are bound, not wrapped: the warm
+handoff calls them once per view.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from multiprocessing import context as _mp_context
 from multiprocessing import util as _mp_util
-from types import FrameType
+from types import FrameType, SimpleNamespace
 from typing import Any
 
 __all__ = [
@@ -32,50 +31,33 @@ __all__ = [
 
 # reference counts: is a kept object held by anyone else?
 refcount = sys.getrefcount
-"""``sys.getrefcount``, for "nothing but my container holds this object", compared with
-:data:`ITEM_ALONE` or :data:`LOCAL_ALONE` in exactly the code shape each was measured with
-(what a code shape counts changes between versions and builds, so they are measured at
-import). Serves ``Allocation.native_view`` and ``Allocation._kept_idle``."""
+"""Compared with :data:`ITEM_ALONE` or :data:`LOCAL_ALONE` only in the code shape each was
+measured with at import (counts change between versions and builds)."""
 
 
 def _count_item(slot: tuple[Any, ...]) -> int:
-    # the shape of Allocation.native_view: the tuple is a local (here an argument), the
-    # object read from it inside the call's argument list
+    # Allocation.native_view's shape: the item read from a local tuple in the call
     return refcount(slot[1])
 
 
-class _Holder:
-    __slots__ = ("kept",)
-    kept: object
-
-
-def _count_local(holder: _Holder) -> int:
-    # the shape of Allocation._kept_idle: the attribute's value in one local, passed on
+def _count_local(holder: Any) -> int:
+    # Allocation._kept_idle's shape: the attribute's value in one local, passed on
     kept = holder.kept
     return refcount(kept)
 
 
-def _local_alone() -> int:
-    holder = _Holder()
-    holder.kept = object()
-    return _count_local(holder)
-
-
 ITEM_ALONE: int = _count_item((None, object()))
-"""``refcount(slot[i])`` of an object only the tuple ``slot`` (a local) holds (2 on 3.10-3.13)."""
+"""``refcount(slot[i])`` of an object only the local tuple ``slot`` holds (2 on 3.10-3.13)."""
 
-LOCAL_ALONE: int = _local_alone()
-"""``refcount(kept)`` of an object only one attribute and the local ``kept`` hold (3 on
-3.10-3.13)."""
+LOCAL_ALONE: int = _count_local(SimpleNamespace(kept=object()))
+"""``refcount(kept)`` of an object only one attribute and the local ``kept`` hold (3)."""
 
 # frames: who called?
 
 
 def caller_frame(depth: int = 1) -> FrameType | None:
-    """The frame ``depth`` Python frames above the caller of this, or ``None``.
-
-    Relies on ``sys._getframe`` (importing :mod:`inspect` costs milliseconds) and on C code
-    having no frame: a reconstructor the C unpickler calls sees ``pickle.loads``'s caller."""
+    """The frame ``depth`` Python frames above the caller of this, or ``None``. C code has
+    no frame: a reconstructor the C unpickler calls sees ``pickle.loads``'s caller."""
     try:
         return sys._getframe(depth + 1)
     except ValueError:
@@ -101,9 +83,8 @@ is spawning, else ``None`` (a view pickled then carries its chunks' fds)."""
 
 
 def mark_no_spawn_in_thread() -> None:
-    """Make :data:`spawning_process` a plain read in this thread, where no Process was
-    spawned (else each call raises and catches an ``AttributeError`` inside): relies on
-    ``set_spawning_popen(None)``, as a spawn leaves the record."""
+    """Make :data:`spawning_process` a plain read in this thread (else each call raises and
+    catches an ``AttributeError`` inside), as a spawn leaves the record."""
     if _mp_context.get_spawning_popen() is None:
         _mp_context.set_spawning_popen(None)
 
@@ -123,8 +104,7 @@ def _no_more(i: int, obj: object) -> None:
 
 def fail_pool_job(job: Any, error: BaseException) -> None:
     """End a pool's ``job`` (``ApplyResult``, ``MapResult`` or ``IMapIterator``), unless it
-    has ended, with ``error``, calling its error callback; late results are dropped.
-    Relies on the jobs' private fields."""
+    has ended, with ``error``, calling its error callback; late results are dropped."""
     import multiprocessing.pool
 
     if isinstance(job, multiprocessing.pool.IMapIterator):
@@ -147,10 +127,8 @@ def fail_pool_job(job: Any, error: BaseException) -> None:
                 print(f"sharedarrays: a Pool error_callback raised {e!r}", file=sys.stderr)
         job._event.set()
         job._pool = None
-    try:  # (del, not pop: the pool's cache wakes its worker thread when it empties)
+    with contextlib.suppress(KeyError):  # (del: the pool's cache wakes its worker when empty)
         del job._cache[job._job]
-    except KeyError:
-        pass
 
 
 def next_pool_job() -> int:
