@@ -53,11 +53,10 @@ _BLOCK_BYTES = 64 << 20
 
 
 def _shape(shape: ShapeLike) -> tuple[int, ...]:
-    items = shape if isinstance(shape, Sequence) else (shape,)
-    if isinstance(shape, (str, bytes)):
-        raise TypeError(f"shape must be an int or a sequence of ints, not {shape!r}")
     try:
-        out = tuple(operator_index(n) for n in items)
+        if isinstance(shape, (str, bytes)):
+            raise TypeError
+        out = tuple(operator_index(n) for n in (shape if isinstance(shape, Sequence) else [shape]))
     except TypeError:
         raise TypeError(f"shape must be an int or a sequence of ints, not {shape!r}") from None
     if any(n < 0 for n in out):
@@ -164,31 +163,11 @@ def empty(
 ) -> SharedDeviceArray:
     """A new shared array whose contents are undefined.
 
-    Parameters
-    ----------
-    shape : int or sequence of int
-        Length of each axis.
-    dtype : dtype-like, default "float64"
-        A bool, integer, float or complex type.
-    order : {"C", "F"}
-        Row-major or column-major layout.
-    **options
-        ``device``, ``backend``, ``chunk_bytes``, ``pack``, ``progress``, ``name``,
-        ``allow_pids``, ``readonly``, ``access``, ``capacity``: see
-        :class:`~sharedarrays.api.options.CreationKeywords`.
-
-    Raises
-    ------
-    BackendUnavailable
-        CUDA (or the backend asked for) cannot be used here; the message says why.
-    OutOfMemory
-        Not enough memory, or a capacity larger than this process can reserve.
-    PeerAccessUnavailable
-        A device in ``access`` cannot reach the memory.
-    NameExists
-        ``name`` is taken (the new memory is released again).
-    TypeError, ValueError
-        A bad shape, dtype, order or keyword.
+    ``shape``, ``dtype`` (bool, integer, float or complex) and ``order`` (``"C"`` or ``"F"``)
+    as in NumPy; ``**options`` (``device``, ``backend``, ``name``, ``capacity``, ...) are the
+    :class:`~sharedarrays.api.options.CreationKeywords`. Raises BackendUnavailable,
+    OutOfMemory (also for a capacity too large to reserve), PeerAccessUnavailable (for
+    ``access``), NameExists (the memory is released again), TypeError or ValueError.
     """
     return _new(shape, dtype, CreationOptions.from_keywords(order=order, **options))
 
@@ -257,22 +236,14 @@ def from_array(
     copy: bool | None = None,
     **options: Unpack[CreationKeywords],
 ) -> SharedDeviceArray:
-    """A new shared array holding a copy of ``obj``, in Fortran order when ``obj`` is
-    Fortran-contiguous, else C order. Other parameters as :func:`empty`.
+    """A new shared array holding a copy of ``obj`` (a NumPy or CuPy array, a torch tensor,
+    anything with ``__dlpack__``, ``__cuda_array_interface__`` or ``__array__``, or a nested
+    sequence), Fortran-ordered if ``obj`` is, else C. ``device`` defaults to ``obj``'s
+    accelerator device, if any; other keywords as :func:`empty`.
 
-    Parameters
-    ----------
-    obj : array-like
-        A NumPy or CuPy array, a torch tensor, anything with ``__dlpack__``,
-        ``__cuda_array_interface__`` or ``__array__``, or a nested sequence.
-    dtype : dtype-like, optional
-        The copy's element type (as ``numpy.array(obj, dtype=...)``); default: the source's.
-    copy : bool, optional
-        ``None`` and ``True`` copy. ``False`` ("never copy", as in NumPy 2) returns a
-        :class:`SharedDeviceArray` that already has the dtype and device asked for, and
-        raises ValueError for anything else.
-    device : str, int, torch.device, cupy.cuda.Device or None
-        Default: the source's accelerator device, if any, else as :func:`empty`.
+    ``dtype`` converts as ``numpy.array(obj, dtype=...)``. ``copy=False`` ("never copy", as
+    in NumPy 2) returns a :class:`SharedDeviceArray` that already has the dtype and device
+    asked for, and raises ValueError for anything else.
     """
     if copy is not None and not isinstance(copy, (bool, np.bool_)):
         raise TypeError(f"copy must be True, False or None, not {type(copy).__name__}")
@@ -384,22 +355,9 @@ def empty_like(
     shape: ShapeLike | None = None,
     **options: Unpack[CreationKeywords],
 ) -> SharedDeviceArray:
-    """A new shared array of ``obj``'s shape, dtype, layout and device, its contents
-    undefined. Other parameters as :func:`empty`.
-
-    Parameters
-    ----------
-    obj : array-like
-        A NumPy or CuPy array, a :class:`SharedDeviceArray`, or anything with
-        ``__cuda_array_interface__`` or ``__array__``; its values are never read.
-    dtype, shape : optional
-        Default: ``obj``'s.
-    order : {"K", "A", "C", "F"}, default "K"
-        ``"K"`` and ``"A"`` keep ``obj``'s layout (Fortran when it is Fortran-contiguous,
-        else C).
-    device : str, int, torch.device, cupy.cuda.Device or None
-        Default: ``obj``'s device (``"cpu"`` for a NumPy array).
-    """
+    """A new shared array of ``obj``'s shape, dtype, layout and device (``"cpu"`` for a
+    NumPy array; its values are never read), contents undefined; ``order="K"`` or ``"A"``
+    keeps a Fortran layout. Other keywords as :func:`empty`."""
     return _new(*_like(obj, dtype, order, shape, options))
 
 

@@ -31,15 +31,8 @@ class Growth(ArrayBase):
         Growing maps new chunks at the end (new rows uninitialised, zeros on the host); past
         the capacity the chunks move to a reservation at least twice as large, so
         :attr:`address` changes. Shrinking unmaps the whole chunks past the end. Importers
-        see the change on their next load or :meth:`refresh`.
-
-        Raises
-        ------
-        ValueError
-            Not a growable array, not such a view, or a negative length.
-        ResizeRefused
-            This process is an importer, or a shrink would unmap chunks that a view or
-            native array here, or a running importer, may still use.
+        see the change on their next load or :meth:`refresh`. ResizeRefused in an importer,
+        or for a shrink that would unmap chunks a view, native array or importer may use.
         """
         if isinstance(length, (bool, np.bool_)):
             raise TypeError("a bool is not a valid length")

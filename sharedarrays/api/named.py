@@ -109,9 +109,7 @@ class NamedArray:
     @property
     def qualified(self) -> str | None:
         """The name that reaches it from any namespace (``"ns/name"``, ``"/name"``)."""
-        if self.name is None:
-            return None
-        return f"{self.namespace or ''}/{self.name}"
+        return None if self.name is None else f"{self.namespace or ''}/{self.name}"
 
 
 @dataclass(frozen=True)
@@ -132,18 +130,8 @@ def publish(a: SharedDeviceArray, name: str) -> None:
 def attach(name: str) -> SharedDeviceArray:
     """A view of the named array ``name`` (``"name"`` in this process's namespace,
     ``"ns/name"`` in ``ns``, ``"/name"`` global), mapped into this process as created.
-
-    Raises
-    ------
-    NameNotFound
-        No such name in the namespace; the message names namespaces where it is.
-    KeeperError
-        The keeper runs but did not answer in time.
-    PermissionDenied
-        The array's ``allow_pids`` leave this process out.
-    ValueError, TypeError
-        Not a valid name.
-    """
+    Raises NameNotFound (naming namespaces where it is), KeeperError (no answer in time),
+    PermissionDenied (``allow_pids`` leave this process out), ValueError or TypeError."""
     key, status, body, fds = _ask(name, keeper_protocol.Attach)
     held = None  # (the allocation held in the keeper for this process, once it is)
     try:
@@ -195,16 +183,8 @@ def _not_found(name: str, key: str) -> NameNotFound:
     where = f"namespace {space!r}" if space else "the global namespace"
     if "/" not in name and space:
         where += f" ({whose()})"
-    elsewhere = sorted(
-        {
-            shown(e["name"])
-            for e in _entries()
-            if type(e.get("name")) is str
-            and e.get("linked")
-            and e["name"].rpartition("/")[2] == base
-            and e["name"] != key
-        }
-    )
+    names = [e["name"] for e in _entries() if type(e.get("name")) is str and e.get("linked")]
+    elsewhere = sorted({shown(n) for n in names if n.rpartition("/")[2] == base and n != key})
     if not elsewhere:
         return NameNotFound(
             f"no array named {base!r} in {where}: none was made there, or it was unlinked "

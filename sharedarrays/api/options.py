@@ -40,36 +40,30 @@ class CreationKeywords(TypedDict, total=False):
         ``"cuda-pool"`` (the creator must outlive every importer), or ``"host"``. ``"auto"``:
         host on the CPU, else the first the device supports (:func:`~sharedarrays.list_backends`).
     chunk_bytes : int, optional
-        Largest chunk of the allocation (default: one chunk; a growable array maps at most
+        Largest chunk of the allocation (default: one; a growable array maps at most
         :data:`sharedarrays.memory.DEFAULT_CHUNK_BYTES` at a time).
     pack : bool, optional
-        Carve the array out of a shared 2 MiB slab (default for arrays of at most
-        :data:`~sharedarrays.memory.PACK_BYTES`): one handle and one import for many small
-        arrays, but neighbours share the slab's secret; ``pack=False`` where that matters.
-        Named, restricted, read-only, growable arrays and those given ``chunk_bytes`` or
-        ``access`` are never packed.
+        Carve the array out of a shared 2 MiB slab (default up to
+        :data:`~sharedarrays.memory.PACK_BYTES`, unless another keyword rules it out): one
+        handle for many small arrays, but neighbours share the slab's secret.
     progress : bool, optional
-        Show a tqdm progress bar while filling or copying; ``None``: only in a Jupyter kernel,
-        for at least :data:`~sharedarrays.api.creation.PROGRESS_BYTES`.
+        Show a tqdm bar while filling or copying; ``None``: only in a Jupyter kernel, from
+        :data:`~sharedarrays.api.creation.PROGRESS_BYTES` on.
     name : str, optional
         Name the array in this user's keeper: any process of the user can
         :func:`~sharedarrays.attach` it, also after this one exited, until
         :func:`~sharedarrays.unlink`. 1 to 128 characters from ``A-Z a-z 0-9 . _ -``.
     allow_pids : iterable of int, optional
-        Only these processes (and this one) may import the array; others get
-        :class:`~sharedarrays.PermissionDenied`. Default: any process of this user.
+        Only these processes (and this one) may import the array; default: any of this user.
     readonly : bool, default False
-        Importers get read-only mappings (on the host the memfd is sealed against writes, so
-        the array cannot grow past its capacity).
+        Importers get read-only mappings (a host memfd is sealed: it cannot grow).
     access : sequence, optional
         Other CUDA devices that may read and write (``"rw"``) or only read (``"r"``) the
-        memory here, e.g. ``["cuda:0", "cuda:1"]`` or ``[("cuda:1", "r")]``; cuda-vmm only
-        (:meth:`~sharedarrays.SharedDeviceArray.grant`).
+        memory here, e.g. ``["cuda:1", ("cuda:2", "r")]``; cuda-vmm only.
     capacity : int, optional
         Bytes of address space to reserve: the array then grows and shrinks along axis 0
-        without copying (:meth:`~sharedarrays.SharedDeviceArray.resize`,
-        :meth:`~sharedarrays.SharedDeviceArray.append`), and moves to a new reservation past
-        it. Growable arrays are C-ordered, never packed and never named.
+        without copying (:meth:`~sharedarrays.SharedDeviceArray.resize`), and moves to a new
+        reservation past it. Growable arrays are C-ordered, never packed and never named.
     """
 
     device: DeviceLike

@@ -51,17 +51,8 @@ class ExternalSemaphore:
         cls, fd: int, kind: SemaphoreKind = "opaque", device: DeviceLike = None
     ) -> ExternalSemaphore:
         """Import the semaphore of ``fd`` (``vkGetSemaphoreFdKHR``; taken over, also on
-        failure) into ``device`` (default ``cuda:0``).
-
-        Raises
-        ------
-        ValueError
-            ``kind`` is neither, or ``fd`` is not an open descriptor.
-        BackendUnavailable
-            No usable CUDA device.
-        CudaDriverError
-            The driver refused the handle (not a semaphore of that kind, or another device's).
-        """
+        failure) into ``device`` (default ``cuda:0``). Raises ValueError (a bad ``kind`` or
+        ``fd``), BackendUnavailable (no CUDA device) or CudaDriverError (a refused handle)."""
         try:
             if kind not in ("opaque", "timeline"):
                 raise ValueError(f"kind must be 'opaque' or 'timeline', not {kind!r}")
