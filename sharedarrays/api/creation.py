@@ -4,12 +4,13 @@ and asarray."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import multiprocessing
 import sys
 import threading
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, SupportsIndex
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, ParamSpec, SupportsIndex
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -44,6 +45,7 @@ __all__ = [
 ]
 
 ShapeLike = SupportsIndex | Sequence[SupportsIndex]
+P = ParamSpec("P")
 
 PROGRESS_BYTES = 256 << 20
 """Fills and copies of at least this many bytes show a progress bar unasked, in a Jupyter
@@ -140,18 +142,31 @@ def _new(shape: ShapeLike, dtype: DTypeLike, options: CreationOptions) -> Shared
     return a
 
 
-def _full(
-    shape: ShapeLike, fill_value: Any, dtype: DTypeLike | None, options: CreationOptions
-) -> SharedDeviceArray:
-    if dtype is None:
-        dtype = np.asarray(fill_value).dtype
-    a = _new(shape, dtype, options)
+def _fill(a: SharedDeviceArray, value: Any, progress: bool | None) -> SharedDeviceArray:
+    """``a`` with every element set to ``value`` (no work for zeros in fresh memory)."""
     alloc = a.allocation  # (memfd reads zero; a slab's room is never reused, its memory may be)
     fresh_memory_reads_zero = alloc.backend.zeroed and not alloc.reused
-    if not (fresh_memory_reads_zero and np.ndim(fill_value) == 0 and fill_value == 0):
-        for native, key in _blocks(a, options.progress, "fill"):
-            native[key] = fill_value
+    if not (fresh_memory_reads_zero and np.ndim(value) == 0 and value == 0):
+        for native, key in _blocks(a, progress, "fill"):
+            native[key] = value
     return a
+
+
+def _filled(
+    value: int, make: Callable[P, SharedDeviceArray], name: str
+) -> Callable[P, SharedDeviceArray]:
+    """``make`` (:func:`empty` or :func:`empty_like`), then :func:`_fill` with ``value``: the
+    same signature, defined once."""
+
+    @functools.wraps(make)
+    def filled(*args: P.args, **kwargs: P.kwargs) -> SharedDeviceArray:
+        progress: Any = kwargs.get("progress")  # (keyword-only, as CreationKeywords say)
+        return _fill(make(*args, **kwargs), value, progress)
+
+    filled.__name__ = filled.__qualname__ = name
+    what, of = name.split("_")[0], make.__name__
+    filled.__doc__ = f"A new shared array of {what} (parameters as :func:`{of}`)."
+    return filled
 
 
 def empty(
@@ -172,26 +187,8 @@ def empty(
     return _new(shape, dtype, CreationOptions.from_keywords(order=order, **options))
 
 
-def zeros(
-    shape: ShapeLike,
-    dtype: DTypeLike = "float64",
-    *,
-    order: str = "C",
-    **options: Unpack[CreationKeywords],
-) -> SharedDeviceArray:
-    """A new shared array of zeros (parameters as :func:`empty`)."""
-    return _full(shape, 0, dtype, CreationOptions.from_keywords(order=order, **options))
-
-
-def ones(
-    shape: ShapeLike,
-    dtype: DTypeLike = "float64",
-    *,
-    order: str = "C",
-    **options: Unpack[CreationKeywords],
-) -> SharedDeviceArray:
-    """A new shared array of ones (parameters as :func:`empty`)."""
-    return _full(shape, 1, dtype, CreationOptions.from_keywords(order=order, **options))
+zeros = _filled(0, empty, "zeros")
+ones = _filled(1, empty, "ones")
 
 
 def full(
@@ -204,7 +201,10 @@ def full(
 ) -> SharedDeviceArray:
     """A new shared array with every element ``fill_value``; ``dtype`` defaults to NumPy's
     type for it, other parameters as :func:`empty`."""
-    return _full(shape, fill_value, dtype, CreationOptions.from_keywords(order=order, **options))
+    checked = CreationOptions.from_keywords(order=order, **options)
+    if dtype is None:
+        dtype = np.asarray(fill_value).dtype
+    return _fill(_new(shape, dtype, checked), fill_value, checked.progress)
 
 
 def _source_device(obj: Any) -> Device | None:
@@ -361,28 +361,8 @@ def empty_like(
     return _new(*_like(obj, dtype, order, shape, options))
 
 
-def zeros_like(
-    obj: Any,
-    dtype: DTypeLike | None = None,
-    order: str = "K",
-    *,
-    shape: ShapeLike | None = None,
-    **options: Unpack[CreationKeywords],
-) -> SharedDeviceArray:
-    """A new shared array of zeros like ``obj`` (parameters as :func:`empty_like`)."""
-    return full_like(obj, 0, dtype, order, shape=shape, **options)
-
-
-def ones_like(
-    obj: Any,
-    dtype: DTypeLike | None = None,
-    order: str = "K",
-    *,
-    shape: ShapeLike | None = None,
-    **options: Unpack[CreationKeywords],
-) -> SharedDeviceArray:
-    """A new shared array of ones like ``obj`` (parameters as :func:`empty_like`)."""
-    return full_like(obj, 1, dtype, order, shape=shape, **options)
+zeros_like = _filled(0, empty_like, "zeros_like")
+ones_like = _filled(1, empty_like, "ones_like")
 
 
 def full_like(
@@ -397,4 +377,4 @@ def full_like(
     """A new shared array like ``obj``, every element ``fill_value``, of ``obj``'s dtype unless
     ``dtype`` is given (parameters as :func:`empty_like`)."""
     new_shape, new_dtype, checked = _like(obj, dtype, order, shape, options)
-    return _full(new_shape, fill_value, new_dtype, checked)
+    return _fill(_new(new_shape, new_dtype, checked), fill_value, checked.progress)
