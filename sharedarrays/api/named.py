@@ -1,10 +1,6 @@
-"""Named arrays, whose handles this user's keeper holds (as ``SharedMemory(name=...)``).
-
-``sa.empty(shape, name="features")`` gives the keeper its handles, ``sa.attach("features")``
-maps it in any process of the user on this host (also after its creator exited), and
-``sa.unlink("features")`` removes the name; the memory goes once the last mapping does.
-Names live in a namespace per project (:func:`namespace`): ``"features"`` in this process's,
-``"ns/features"`` in ``ns``, ``"/features"`` global.
+"""Named arrays, whose handles this user's keeper holds, as ``SharedMemory(name=...)``:
+``sa.empty(n, name="x")``, ``sa.attach("x")`` in any process of the user (also after the
+creator exited), ``sa.unlink("x")``; names live in a namespace per project (:func:`namespace`).
 """
 
 from __future__ import annotations
