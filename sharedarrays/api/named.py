@@ -235,9 +235,7 @@ def _entries() -> list[dict[str, Any]]:
 
 
 def _info(e: dict[str, Any]) -> NamedArray:
-    device = device_of(e["backend"], int(e["device"]))
-    allow = e.get("allow_pids")
-    key = e["name"]
+    key, allow = e["name"], e.get("allow_pids")
     if key is not None and type(key) is not str:
         raise TypeError("a name is a str")
     space, _, name = ("", "", None) if key is None else key.rpartition("/")
@@ -247,7 +245,7 @@ def _info(e: dict[str, Any]) -> NamedArray:
         id=e["id"],
         shape=tuple(int(n) for n in e["shape"]),
         dtype=np.dtype(e["dtype"]),
-        device=device,
+        device=device_of(e["backend"], int(e["device"])),
         size=int(e["size"]),
         creator=int(e["creator"]),
         created=float(e["created"]),
