@@ -70,7 +70,7 @@ def test_zeros_and_ones_share_the_signature_of_empty_and_empty_like() -> None:
     assert inspect.signature(sa.zeros_like) == inspect.signature(sa.ones_like) == like
     assert sa.zeros.__name__ == "zeros" and sa.ones_like.__qualname__ == "ones_like"
     for make in (sa.zeros, sa.ones):  # dtype=None is float64, as in NumPy
-        a = make(3, None, device="cpu")
+        a = make(3, None, device="cpu")  # type: ignore[arg-type]
         assert a.dtype == np.float64 and a.get().tolist() == make(3, device="cpu").get().tolist()
 
 
