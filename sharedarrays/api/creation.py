@@ -155,8 +155,7 @@ def _fill(a: SharedDeviceArray, value: Any, progress: bool | None) -> SharedDevi
 def _filled(
     value: int, make: Callable[P, SharedDeviceArray], name: str
 ) -> Callable[P, SharedDeviceArray]:
-    """``make`` (:func:`empty` or :func:`empty_like`), then :func:`_fill` with ``value``: the
-    same signature, defined once."""
+    """``make`` then :func:`_fill` with ``value``, under ``make``'s (typed) signature."""
 
     @functools.wraps(make)
     def filled(*args: P.args, **kwargs: P.kwargs) -> SharedDeviceArray:
@@ -208,8 +207,7 @@ def full(
 
 
 def _source_device(obj: Any) -> Device | None:
-    """The accelerator device (``cuda``, ``hip``, ``npu``) of a CuPy/torch/CAI/DLPack object,
-    or None for host objects."""
+    """The accelerator device of a CuPy/torch/CAI/DLPack object; None for host objects."""
     if hasattr(obj, "__dlpack_device__"):
         try:
             kind, index = obj.__dlpack_device__()

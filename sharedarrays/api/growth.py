@@ -89,8 +89,7 @@ class Growth(ArrayBase):
             raise
 
     def refresh(self) -> None:
-        """Take the exporter's current length along axis 0 (an importer maps the chunks added
-        since); view conditions as :meth:`resize`."""
+        """Take the exporter's current length along axis 0 (view conditions as :meth:`resize`)."""
         alloc, row = self._row_bytes("refresh")
         if not alloc.origin.created_here:
             importing.catch_up(alloc)

@@ -1,6 +1,5 @@
-"""The creation keywords, defined once (:class:`CreationKeywords`) and validated once into a
-:class:`CreationOptions`; what depends on the array's size or backend is checked when it is
-made (:mod:`sharedarrays.api.creation`)."""
+"""The creation keywords, defined once (:class:`CreationKeywords`) and checked once into a
+:class:`CreationOptions`; what depends on size or backend is checked in ``creation``."""
 
 from __future__ import annotations
 
