@@ -1,7 +1,4 @@
-"""Exceptions raised by sharedarrays.
-
-Every message says what happened and what to do about it.
-"""
+"""Exceptions raised by sharedarrays; every message says what happened and what to do."""
 
 from __future__ import annotations
 
@@ -42,8 +39,8 @@ class SettingError(SharedArrayError, ValueError):
 
 
 class BackendUnavailable(SharedArrayError):
-    """The requested memory system cannot be used in this process (no driver, no device, a
-    package not installed, or CUDA after ``fork``: the message says which)."""
+    """The requested memory system cannot be used here (no driver or device, a package not
+    installed, or CUDA after ``fork``: the message says which)."""
 
 
 class PeerAccessUnavailable(BackendUnavailable):
@@ -55,12 +52,12 @@ class ClosedArrayError(SharedArrayError, ValueError):
 
 
 class HandleUnavailable(SharedArrayError):
-    """The handles of an allocation cannot be obtained: its exporter is gone and nobody else
-    holds them, or this process cannot open one more file."""
+    """An allocation's handles cannot be had: its exporter is gone and nobody else holds
+    them, or this process cannot open one more file."""
 
 
 def _limit(which: str, unit: int = 1) -> str:
-    """This process's soft limit ``resource.RLIMIT_<which>`` in ``unit``, as ``ulimit`` says."""
+    """This process's soft ``resource.RLIMIT_<which>`` in ``unit``, as ``ulimit`` says."""
     import resource
 
     soft = resource.getrlimit(getattr(resource, f"RLIMIT_{which}"))[0]
@@ -85,8 +82,8 @@ def thread_error(what: str, error: BaseException) -> ThreadUnavailable:
 
 
 class PermissionDenied(SharedArrayError, PermissionError):
-    """The requesting process may not import this allocation (another user, a wrong secret,
-    or a process outside the allow-list)."""
+    """This process may not import the allocation (another user, a wrong secret, or not in
+    its allow-list)."""
 
 
 class PayloadError(SharedArrayError, ValueError):
@@ -94,14 +91,14 @@ class PayloadError(SharedArrayError, ValueError):
 
 
 class MisalignedView(SharedArrayError, ValueError):
-    """A view of GPU memory whose offset or a stride is not a multiple of its dtype's
-    alignment: a kernel reading it would fail and end the process's GPU work. Copy the bytes
-    first (``a.array[1:9].copy().view("float64")``)."""
+    """A view of GPU memory with an offset or stride off its dtype's alignment, which would
+    fail a kernel and end the process's GPU work: copy the bytes first
+    (``a.array[1:9].copy().view("float64")``)."""
 
 
 class ThreadUnavailable(SharedArrayError, RuntimeError):
-    """This process cannot start a thread sharedarrays needs: it is at its limit of threads
-    or address space (``ulimit -u``, ``ulimit -v``). Nothing made for it is left open."""
+    """No thread can start: this process is at its limit of threads or address space
+    (``ulimit -u``, ``ulimit -v``); nothing made for it is left open."""
 
 
 class NameExists(SharedArrayError, FileExistsError):
@@ -110,8 +107,7 @@ class NameExists(SharedArrayError, FileExistsError):
 
 
 class NameNotFound(SharedArrayError, FileNotFoundError):
-    """No array of that name exists for this user (never made, unlinked, or its keeper
-    stopped)."""
+    """No array of that name exists for this user (never made, unlinked, or keeper gone)."""
 
 
 class KeeperError(SharedArrayError):
@@ -125,18 +121,18 @@ class InUse(SharedArrayError, RuntimeError):
 
 
 class WorkerLost(SharedArrayError, RuntimeError):
-    """A worker of a :class:`sharedarrays.Pool` died while it ran a task of this job: the
-    job fails (where the standard library's pool would hang) and the pool goes on."""
+    """A :class:`sharedarrays.Pool` worker died running a task of this job: the job fails
+    (the standard library's pool would hang) and the pool goes on."""
 
 
 class TaskNotLoaded(SharedArrayError, AttributeError):
-    """A worker of a :class:`sharedarrays.Pool` cannot find a task's function (defined under
-    ``if __name__ == "__main__":``, say): that task's error; the worker goes on."""
+    """A :class:`sharedarrays.Pool` worker cannot find a task's function (defined under
+    ``if __name__ == "__main__":``, say): that task fails, the worker goes on."""
 
 
 class TaskExited(SharedArrayError, RuntimeError):
-    """A pool task called ``sys.exit()``: that task's error, and the worker goes on (the
-    standard library would hang, or exit the caller)."""
+    """A pool task called ``sys.exit()``: that task fails, the worker goes on (the standard
+    library would hang, or exit the caller)."""
 
 
 class WaitTimeout(SharedArrayError, TimeoutError):
@@ -144,25 +140,23 @@ class WaitTimeout(SharedArrayError, TimeoutError):
 
 
 class ResizeRefused(SharedArrayError, RuntimeError):
-    """A growable array cannot be resized now: a shrink would unmap chunks still used here
-    or by a running importer, or this process is an importer (which calls
-    :meth:`SharedDeviceArray.refresh`)."""
+    """A growable array cannot be resized: this process is an importer (it calls
+    :meth:`SharedDeviceArray.refresh`), or a shrink would unmap chunks still in use."""
 
 
 class OutOfMemory(SharedArrayError, MemoryError):
-    """The memory or address space an array (or its growth) needs is not there; the
-    message gives the size asked for and what is available."""
+    """The memory or address space an array (or its growth) needs is not there; the message
+    gives both sizes."""
 
 
 class NotShareable(SharedArrayError, ValueError):
-    """Memory that already exists cannot be shared in place (:func:`sharedarrays.share`):
-    host memory, device memory CUDA IPC cannot export, or no array.
-    :func:`sharedarrays.from_array` copies it instead."""
+    """:func:`sharedarrays.share` cannot share this in place (host memory, device memory
+    CUDA IPC cannot export, or no array); :func:`sharedarrays.from_array` copies it."""
 
 
 class WrongNode(SharedArrayError):
-    """A payload made on another node (machine, user, or mount or pid namespace) was loaded
-    here: send the data instead (``a.get()``, or Dask with ``sharedarrays.api.dask``)."""
+    """A payload of another node (machine, user, or mount or pid namespace) was loaded here:
+    send the data instead (``a.get()``, or Dask with ``sharedarrays.api.dask``)."""
 
 
 class DriverError(SharedArrayError, OSError):

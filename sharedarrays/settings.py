@@ -1,12 +1,6 @@
-"""Settings from the environment, read one way.
-
-Every ``SHAREDARRAYS_*`` number is read by :func:`env_number`: unset or empty means the
-default; anything else must be a number of the setting's kind, at least its minimum, or a
-:class:`ValueError` names the variable and what it takes. A word (a name, an id) is read by
-:func:`env_word` the same way: unset or empty means ``None``, anything else must match the
-setting's pattern. A number of seconds given as an argument (an interval, a timeout) is
-checked by :func:`seconds`.
-"""
+"""Settings from the environment (``SHAREDARRAYS_*``), read one way: unset or empty means
+the default, anything else must be valid or a :class:`~sharedarrays.errors.SettingError`
+names the variable and what it takes."""
 
 from __future__ import annotations
 
@@ -28,13 +22,7 @@ N = TypeVar("N", int, float)
 
 def env_number(name: str, default: N, minimum: N) -> N:
     """The number in the environment variable ``name``: ``default`` when it is unset or empty,
-    else a number of ``default``'s type (int or float) of at least ``minimum``.
-
-    Raises
-    ------
-    ValueError
-        The value is not a number of that kind (or not finite), or is below ``minimum``.
-    """
+    else a finite number of ``default``'s type (int or float), at least ``minimum``."""
     text = os.environ.get(name, "").strip()
     if not text:
         return default
@@ -52,14 +40,8 @@ def env_number(name: str, default: N, minimum: N) -> N:
 
 
 def env_word(name: str, pattern: re.Pattern[str], what: str) -> str | None:
-    """The word in the environment variable ``name``, or ``None`` when it is unset or empty.
-
-    Raises
-    ------
-    ValueError
-        The value (less surrounding blanks) does not match ``pattern`` in full; the message
-        says it is not ``what``.
-    """
+    """The word in the environment variable ``name`` (``None`` when unset or empty), which
+    must match ``pattern`` in full; the error says it is not ``what``."""
     text = os.environ.get(name, "").strip()
     if not text:
         return None
@@ -80,8 +62,8 @@ NUMBERS: MappingProxyType[str, int | float] = MappingProxyType(
         "SHAREDARRAYS_CACHE_BYTES": 0,
     }
 )
-"""Every number setting's minimum, whose type is its kind (each is read where it is used,
-with its default, by :func:`env_number`; :func:`check_environment` reads them all)."""
+"""Every number setting's minimum, of its kind (each is read where it is used, with its
+default, by :func:`env_number`)."""
 
 
 WORDS = (
@@ -90,32 +72,24 @@ WORDS = (
     "SHAREDARRAYS_HIP_MODULE",
     "SHAREDARRAYS_ASCEND_MODULE",
 )
-"""Every word setting (read where it is used, by :func:`env_word` or as a module name)."""
+"""Every word setting (read by :func:`env_word` or as a module name)."""
 TOOLS = ("SHAREDARRAYS_BENCH_TIMEOUT", "SHAREDARRAYS_BENCH_DEBUG", "SHAREDARRAYS_CHROMIUM")
 """Settings of the benchmark (``python benchmarks/bench.py``) and of the test suite."""
 PREFIX = "SHAREDARRAYS_"
 
 
 def check_environment() -> None:
-    """Read every number setting of :data:`NUMBERS` now (``import sharedarrays`` does), so
-    that a bad one is refused where the process starts, not at exit; warn of each
-    ``SHAREDARRAYS_*`` variable that is no setting, naming the setting closest to it.
-
-    Raises
-    ------
-    ValueError
-        One of them is bad (the message names it).
-    """
+    """Refuse a bad number setting when the process starts (``import sharedarrays``), not
+    at exit, and warn of each ``SHAREDARRAYS_*`` variable that is no setting, naming the
+    closest one."""
     for name, minimum in NUMBERS.items():
         env_number(name, minimum, minimum)
     settings = (*NUMBERS, *WORDS)
     known = (*settings, *TOOLS)
     for name in sorted(os.environ):
         if name.startswith(PREFIX) and name not in known:
-            # (the rest of the name against the settings' rest: every name shares the prefix)
-            close = difflib.get_close_matches(
-                name[len(PREFIX) :], [k[len(PREFIX) :] for k in known], n=1
-            )
+            rest = [k[len(PREFIX) :] for k in known]  # (every name shares the prefix)
+            close = difflib.get_close_matches(name[len(PREFIX) :], rest, n=1)
             hint = f" (did you mean {PREFIX}{close[0]}?)" if close else ""
             warnings.warn(
                 f"{name} is not a sharedarrays setting{hint}: it is ignored. The settings "
@@ -126,16 +100,9 @@ def check_environment() -> None:
 
 
 def seconds(value: object, what: str, low: float, high: float, *, above: bool = False) -> float:
-    """``value`` as a float number of seconds from ``low`` (``above``: more than ``low``) to
-    ``high``: an argument such as an interval or a timeout, checked before anything runs.
-
-    Raises
-    ------
-    TypeError
-        ``value`` is not a real number (a string, ``None``, a bool).
-    ValueError
-        It is out of range, ``nan`` or infinite (``interval=0`` would refresh without pause).
-    """
+    """An argument of seconds (an interval, a timeout) as a float from ``low`` (``above``:
+    more than ``low``) to ``high``: TypeError for no real number (a bool), SettingError out
+    of range or ``nan``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
     number = float(value)

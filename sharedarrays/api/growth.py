@@ -24,30 +24,15 @@ class Growth(ArrayBase):
     __slots__ = ()
 
     def resize(self, length: int) -> None:
-        """Change the length along axis 0 of a growable array, in place, without copying.
+        """Set the length along axis 0 of a growable array (``capacity=``), in place,
+        without copying; in its creator only, through a C-contiguous view starting at the
+        allocation's first byte (the array as created, or ``a[:k]``).
 
-        Growing maps new chunks at the end of the reservation (new rows uninitialised,
-        zeros on the host); past the capacity the chunks are mapped again into a reservation
-        at least twice as large, so :attr:`address` changes (native arrays made before keep
-        the old, still mapped, addresses). Shrinking unmaps the whole chunks past the end.
-
-        Only an array made with ``capacity=``, only in the process that created it, and only
-        through a C-contiguous view that starts at the allocation's first byte (the array as
-        created, or ``a[:k]``). Importers see the growth on their next load or
-        :meth:`refresh`.
-
-        Parameters
-        ----------
-        length : int
-            The new length of axis 0.
-
-        Raises
-        ------
-        ValueError
-            Not a growable array, not such a view, or a negative length.
-        ResizeRefused
-            A shrink would unmap chunks that a view or native array here, or a running
-            process that imported them, may still use; or this process is an importer.
+        Growing maps new chunks at the end (new rows uninitialised, zeros on the host); past
+        the capacity the chunks move to a reservation at least twice as large, so
+        :attr:`address` changes. Shrinking unmaps the whole chunks past the end. Importers
+        see the change on their next load or :meth:`refresh`. ResizeRefused in an importer,
+        or for a shrink that would unmap chunks a view, native array or importer may use.
         """
         if isinstance(length, (bool, np.bool_)):
             raise TypeError("a bool is not a valid length")
@@ -81,8 +66,8 @@ class Growth(ArrayBase):
             self._set_length(n)
 
     def append(self, values: Any) -> None:
-        """Append one row (shape ``a.shape[1:]``) or rows (shape ``(k, *a.shape[1:])``)
-        along axis 0 of a growable array, in place (see :meth:`resize`)."""
+        """Append a row (shape ``a.shape[1:]``) or rows (``(k, *a.shape[1:])``) to a growable
+        array, in place (see :meth:`resize`)."""
         alloc, _ = self._row_bytes("append to")
         if self._readonly:
             raise ValueError(_READONLY)
@@ -104,16 +89,14 @@ class Growth(ArrayBase):
             raise
 
     def refresh(self) -> None:
-        """Set the length along axis 0 of a growable array to its exporter's current length
-        (an importer maps the chunks added since, never copying). Same view conditions as
-        :meth:`resize`."""
+        """Take the exporter's current length along axis 0 (view conditions as :meth:`resize`)."""
         alloc, row = self._row_bytes("refresh")
         if not alloc.origin.created_here:
             importing.catch_up(alloc)
         self._set_length(min(alloc.used, alloc.size) // row)
 
     def _row_bytes(self, what: str) -> tuple[Allocation, int]:
-        """The allocation and the bytes per row of a view that may change its length."""
+        """The allocation and bytes per row of a view that may change its length."""
         alloc = self.allocation
         if not alloc.growable:
             raise ValueError(
@@ -135,7 +118,7 @@ class Growth(ArrayBase):
         return alloc, row
 
     def _set_length(self, length: int) -> None:
-        """Give this view ``length`` rows: a new lease reaching its new end."""
+        """Give this view ``length`` rows, with a lease reaching its new end."""
         alloc = self.allocation
         shape = (length, *self._shape[1:])
         _, high = view_extent(self.dtype.itemsize, shape, self._strides)

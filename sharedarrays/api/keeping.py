@@ -1,11 +1,9 @@
 """Handing an array's handles to this user's keeper: naming (:mod:`~sharedarrays.api.named`)
-and parking (``a.park()``), through any :class:`Keepable`.
-"""
+and parking (``a.park()``, so its payloads load after the exporter exited)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 from typing import Protocol
 
 from sharedarrays.errors import HandleUnavailable, NameNotFound
@@ -26,24 +24,10 @@ class Keepable(Protocol):
     def payload(self) -> Payload: ...
 
 
-def _allow(pids: Iterable[int] | None) -> list[int] | None:
-    out = None if pids is None else sorted({int(p) for p in pids})
-    if out is not None and any(p <= 0 for p in out):
-        raise ValueError(f"allow_pids must be positive process ids, got {out}")
-    return out
-
-
 def keep(a: Keepable, name: str | None) -> None:
-    """Give ``a``'s handles to the keeper (started if needed), under ``name`` or, with
-    ``None``, parked unnamed. Idempotent for a parked array.
-
-    Raises
-    ------
-    ValueError
-        Exporter-owned memory, a growable array, or too many chunks.
-    NameExists
-        The name is taken.
-    """
+    """Give ``a``'s handles to the keeper (started if needed), under ``name`` or parked
+    (``None``; idempotent). ValueError for exporter-owned memory, a growable array or too
+    many chunks; NameExists for a name taken."""
     alloc = a.allocation
     if alloc.backend.exporter_owned:
         raise ValueError(
@@ -62,7 +46,8 @@ def keep(a: Keepable, name: str | None) -> None:
             f"the keeper holds arrays of at most {keeper_protocol.MAX_CHUNKS} chunks; this one has "
             f"{len(chunks)} (pass a larger chunk_bytes)"
         )
-    doc, allow = a.payload().to_doc(), _allow(alloc.allow_pids)
+    doc = a.payload().to_doc()
+    allow = None if alloc.allow_pids is None else sorted(alloc.allow_pids)
     req = keeper_protocol.Keep(alloc.id, alloc.secret, name, chunks, doc, allow)
     handles, temporary = alloc.handles_for_importers()  # read-only ones for readonly arrays
     try:

@@ -1,15 +1,6 @@
-"""Named arrays and parked arrays: arrays whose handles this user's keeper holds.
-
-As :class:`multiprocessing.shared_memory.SharedMemory` with ``name=``:
-``sa.empty(shape, name="features")`` gives the keeper its handles under that name,
-``sa.attach("features")`` maps it in any process of the same user on this host (also after
-its creator exited), and ``sa.unlink("features")`` removes the name; the memory is freed
-once the last process that maps it lets go. Closing a view never removes a name; unlinking
-never takes memory from a process that maps it.
-
-Names live in a namespace per project (:func:`namespace`): ``"features"`` is in this
-process's, ``"ns/features"`` in ``ns``, ``"/features"`` global. ``a.park()`` hands an
-unnamed array's handles to the keeper, so its payloads load after the exporter exited.
+"""Named arrays, whose handles this user's keeper holds, as ``SharedMemory(name=...)``:
+``sa.empty(n, name="x")``, ``sa.attach("x")`` in any process of the user (also after the
+creator exited), ``sa.unlink("x")``; names live in a namespace per project (:func:`namespace`).
 """
 
 from __future__ import annotations
@@ -63,18 +54,9 @@ _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 def check_name(name: object) -> str:
-    """Return ``name`` if it is a valid array name, else raise.
-
-    A name is 1 to 128 characters from ``A-Z a-z 0-9 . _ -``, starting with a letter or
-    digit, optionally after ``"ns/"`` (a namespace of 1 to 64 such) or ``"/"`` (global).
-
-    Raises
-    ------
-    TypeError
-        ``name`` is not a str.
-    ValueError
-        Not a valid name.
-    """
+    """``name`` if it is a valid array name (TypeError, ValueError if not): 1 to 128
+    characters from ``A-Z a-z 0-9 . _ -``, starting with a letter or digit, optionally
+    after ``"ns/"`` (a namespace of 1 to 64 such) or ``"/"`` (global)."""
     if not isinstance(name, str):
         raise TypeError(f"an array name is a str, not {type(name).__name__}")
     space, _, base = name.rpartition("/")
@@ -99,37 +81,12 @@ def qualify(name: str) -> str:
 
 @dataclass(frozen=True)
 class NamedArray:
-    """One array the keeper holds, as :func:`list_named` reports it.
-
-    Attributes
-    ----------
-    name : str or None
-        Its name in its namespace; ``None`` for a parked unnamed array.
-    namespace : str or None
-        Its namespace (:func:`namespace`); ``None`` for a global name or a parked array.
-    id : str
-        The allocation id.
-    shape : tuple of int
-        The shape it was created with.
-    dtype : numpy.dtype
-        Element type.
-    device : Device
-        Where the memory lives.
-    size : int
-        Bytes held (the whole allocation).
-    creator : int
-        Pid of the process that created (or parked) it; it may have exited.
-    created : float
-        When the keeper received it (``time.time()``).
-    pids : tuple of int
-        Processes that map it now.
-    linked : bool
-        False once unlinked (listed until the last holder releases it).
-    readonly : bool
-        Whether importers get read-only mappings.
-    allow_pids : tuple of int or None
-        The processes allowed to import it besides the creator (``None``: any of this user).
-    """
+    """One array the keeper holds, as :func:`list_named` reports it: its ``name`` and
+    ``namespace`` (``None`` for a parked array; no namespace for a global name), allocation
+    ``id``, ``shape``, ``dtype``, ``device``, ``size`` in bytes, ``creator`` pid (it may have
+    exited), when the keeper got it (``created``, ``time.time()``), the ``pids`` that map it
+    now, ``linked`` (False once unlinked, listed until the last holder lets go),
+    ``readonly`` and ``allow_pids`` (``None``: any process of this user)."""
 
     name: str | None
     namespace: str | None
@@ -148,18 +105,14 @@ class NamedArray:
     @property
     def qualified(self) -> str | None:
         """The name that reaches it from any namespace (``"ns/name"``, ``"/name"``)."""
-        if self.name is None:
-            return None
-        return f"{self.namespace or ''}/{self.name}"
+        return None if self.name is None else f"{self.namespace or ''}/{self.name}"
 
 
+@dataclass(frozen=True)
 class _Fd:
-    """An fd received from the keeper, in the shape :func:`sharedarrays.load` takes."""
+    """An fd received from the keeper, as :func:`sharedarrays.load` takes it."""
 
-    __slots__ = ("fd",)
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
+    fd: int
 
     def detach(self) -> int:
         return self.fd
@@ -171,26 +124,10 @@ def publish(a: SharedDeviceArray, name: str) -> None:
 
 
 def attach(name: str) -> SharedDeviceArray:
-    """Map the named array ``name`` into this process and return a view of it, with the
-    shape, dtype and layout it was created with (in any process of this user on this host).
-
-    Parameters
-    ----------
-    name : str
-        The name given at creation, in this process's namespace; ``"ns/name"`` in
-        namespace ``ns``, ``"/name"`` a global one.
-
-    Raises
-    ------
-    NameNotFound
-        No array has that name in the namespace; the message names namespaces where it is.
-    KeeperError
-        The keeper runs but did not answer in time.
-    PermissionDenied
-        The array was created with ``allow_pids`` that do not include this process.
-    ValueError, TypeError
-        Not a valid name.
-    """
+    """A view of the named array ``name`` (``"name"`` in this process's namespace,
+    ``"ns/name"`` in ``ns``, ``"/name"`` global), mapped into this process as created.
+    Raises NameNotFound (naming namespaces where it is), KeeperError (no answer in time),
+    PermissionDenied (``allow_pids`` leave this process out), ValueError or TypeError."""
     key, status, body, fds = _ask(name, keeper_protocol.Attach)
     held = None  # (the allocation held in the keeper for this process, once it is)
     try:
@@ -224,8 +161,8 @@ def attach(name: str) -> SharedDeviceArray:
 
 
 def _ask(name: str, request: Callable[[str], Any]) -> tuple[str, int, dict[str, Any], list[int]]:
-    """Send ``request(key)`` for the array ``name`` (its keeper's ``key``) to a running
-    keeper: the key and the reply (NameNotFound for none or no such name)."""
+    """``name``'s keeper key and the reply of a running keeper to ``request(key)``
+    (NameNotFound for no keeper or no such name)."""
     key = qualify(name)
     try:
         status, body, fds = keeper.request(request(key), start=False)
@@ -237,21 +174,13 @@ def _ask(name: str, request: Callable[[str], Any]) -> tuple[str, int, dict[str, 
 
 
 def _not_found(name: str, key: str) -> NameNotFound:
-    """The error for ``name`` (the keeper's ``key``) missing, naming where else it is."""
+    """The error for ``name`` missing, naming where else it is."""
     space, _, base = key.rpartition("/")
     where = f"namespace {space!r}" if space else "the global namespace"
     if "/" not in name and space:
         where += f" ({whose()})"
-    elsewhere = sorted(
-        {
-            shown(e["name"])
-            for e in _entries()
-            if type(e.get("name")) is str
-            and e.get("linked")
-            and e["name"].rpartition("/")[2] == base
-            and e["name"] != key
-        }
-    )
+    names = [e["name"] for e in _entries() if type(e.get("name")) is str and e.get("linked")]
+    elsewhere = sorted({shown(n) for n in names if n.rpartition("/")[2] == base and n != key})
     if not elsewhere:
         return NameNotFound(
             f"no array named {base!r} in {where}: none was made there, or it was unlinked "
@@ -267,16 +196,8 @@ def _not_found(name: str, key: str) -> NameNotFound:
 
 
 def unlink(name: str) -> None:
-    """Remove the name ``name`` (read as by :func:`attach`), once, in any process.
-    Processes that map the array keep it; the memory is freed once the last lets go.
-
-    Raises
-    ------
-    NameNotFound
-        No array has that name in the namespace.
-    KeeperError
-        The keeper runs but did not answer in time.
-    """
+    """Remove the name ``name`` (read as by :func:`attach`); processes that map the array
+    keep it (NameNotFound for no such name, KeeperError for a keeper that did not answer)."""
     key, status, body, _ = _ask(name, keeper_protocol.Unlink)
     keeper.raise_for(status, body, f"cannot unlink {name!r}")
     for alloc in live_allocations():  # (what the memory map shows of it here)
@@ -286,20 +207,9 @@ def unlink(name: str) -> None:
 
 
 def list_named(parked: bool = False, all_namespaces: bool = False) -> list[NamedArray]:
-    """The named arrays of this process's namespace that the keeper holds (starts none).
-
-    Parameters
-    ----------
-    parked : bool, default False
-        Also list parked unnamed arrays and unlinked arrays that are still held.
-    all_namespaces : bool, default False
-        List the names of every namespace, global names included.
-
-    Raises
-    ------
-    KeeperError
-        The keeper runs but did not answer in time.
-    """
+    """The named arrays of this process's namespace (``all_namespaces``: of all) that the
+    keeper holds, starting none; ``parked`` adds parked and unlinked arrays still held
+    (KeeperError for a keeper that did not answer)."""
     here = None if all_namespaces else namespace()
     out = []
     for e in _entries():
@@ -325,9 +235,7 @@ def _entries() -> list[dict[str, Any]]:
 
 
 def _info(e: dict[str, Any]) -> NamedArray:
-    device = device_of(e["backend"], int(e["device"]))
-    allow = e.get("allow_pids")
-    key = e["name"]
+    key, allow = e["name"], e.get("allow_pids")
     if key is not None and type(key) is not str:
         raise TypeError("a name is a str")
     space, _, name = ("", "", None) if key is None else key.rpartition("/")
@@ -337,7 +245,7 @@ def _info(e: dict[str, Any]) -> NamedArray:
         id=e["id"],
         shape=tuple(int(n) for n in e["shape"]),
         dtype=np.dtype(e["dtype"]),
-        device=device,
+        device=device_of(e["backend"], int(e["device"])),
         size=int(e["size"]),
         creator=int(e["creator"]),
         created=float(e["created"]),

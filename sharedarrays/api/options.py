@@ -1,15 +1,12 @@
-"""The keywords of the creation functions, validated once into a :class:`CreationOptions`.
-
-What depends on the array itself (its size) or on the memory system chosen is checked when
-the array is made (:mod:`sharedarrays.api.creation`).
-"""
+"""The creation keywords, defined once (:class:`CreationKeywords`) and checked once into a
+:class:`CreationOptions`; what depends on size or backend is checked in ``creation``."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from sharedarrays.api.array import operator_index
 from sharedarrays.api.named import check_name
@@ -19,6 +16,9 @@ from sharedarrays.errors import OutOfMemory
 from sharedarrays.process import PID_MAX_LIMIT
 from sharedarrays.protocol.payload import MAX_SIZE
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 __all__ = ["AccessList", "CreationKeywords", "CreationOptions"]
 
 AccessList = Sequence[DeviceLike | tuple[DeviceLike, str]]
@@ -26,56 +26,43 @@ AccessList = Sequence[DeviceLike | tuple[DeviceLike, str]]
 
 
 class CreationKeywords(TypedDict, total=False):
-    """The keywords every creation function takes (``**options`` of
-    :func:`~sharedarrays.empty`, :func:`~sharedarrays.zeros`, :func:`~sharedarrays.full`,
-    :func:`~sharedarrays.from_array`, ...); checked by :meth:`CreationOptions.from_keywords`.
+    """The keywords every creation function takes (``**options`` of :func:`~sharedarrays.empty`,
+    :func:`~sharedarrays.from_array`, ...).
 
     Parameters
     ----------
     device : str, int, torch.device, cupy.cuda.Device or None
-        ``None`` picks ``"cuda:0"`` when a CUDA device is usable, else ``"cpu"``; also
-        ``"cuda"``, ``"cuda:N"``, ``N``, a :class:`~sharedarrays.Device`.
+        ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``N`` or a :class:`~sharedarrays.Device`;
+        ``None``: ``"cuda:0"`` when a CUDA device is usable, else ``"cpu"``.
     backend : str, default "auto"
-        The memory system: ``"cuda-vmm"`` (fd handles; memory lives while any process holds
-        it), ``"cuda-ipc"`` (``cudaMalloc`` and legacy IPC handles) or ``"cuda-pool"`` (a
-        stream-ordered pool), both needing the creator to outlive every importer, or
-        ``"host"``. ``"auto"``: host on the CPU, else the first of cuda-vmm, cuda-ipc,
-        cuda-pool the device supports (see :func:`sharedarrays.list_backends`).
+        ``"cuda-vmm"`` (memory lives while any process holds it), ``"cuda-ipc"`` or
+        ``"cuda-pool"`` (the creator must outlive every importer), or ``"host"``. ``"auto"``:
+        host on the CPU, else the first the device supports (:func:`~sharedarrays.list_backends`).
     chunk_bytes : int, optional
-        Largest chunk of the allocation (default: one chunk; a growable array maps at most
+        Largest chunk of the allocation (default: one; a growable array maps at most
         :data:`sharedarrays.memory.DEFAULT_CHUNK_BYTES` at a time).
     pack : bool, optional
-        Carve the array out of a shared 2 MiB slab (the default for arrays of at most
-        :data:`~sharedarrays.memory.PACK_BYTES`): many small arrays then cost one handle
-        and one import. Packed arrays share a slab's secret, so a process that can import
-        one could map its neighbours: pass ``pack=False`` where that matters. Named,
-        restricted, read-only and growable arrays, and those given ``chunk_bytes`` or
-        ``access``, are never packed.
+        Carve the array out of a shared 2 MiB slab (default up to
+        :data:`~sharedarrays.memory.PACK_BYTES`, unless another keyword rules it out): one
+        handle for many small arrays, but neighbours share the slab's secret.
     progress : bool, optional
-        Show a tqdm progress bar while filling or copying; ``None``: only in a Jupyter
-        kernel, for arrays of at least :data:`~sharedarrays.api.creation.PROGRESS_BYTES`.
+        Show a tqdm bar while filling or copying; ``None``: only in a Jupyter kernel, from
+        :data:`~sharedarrays.api.creation.PROGRESS_BYTES` on.
     name : str, optional
-        Give the array this name in this user's keeper: any process of the user can
+        Name the array in this user's keeper: any process of the user can
         :func:`~sharedarrays.attach` it, also after this one exited, until
         :func:`~sharedarrays.unlink`. 1 to 128 characters from ``A-Z a-z 0-9 . _ -``.
     allow_pids : iterable of int, optional
-        Only these processes (and this one) may import the array; others get
-        :class:`~sharedarrays.PermissionDenied`. Default: any process of this user.
+        Only these processes (and this one) may import the array; default: any of this user.
     readonly : bool, default False
-        Importers get read-only mappings and views. On the host the kernel enforces it
-        (the memfd is sealed against writes, so the array cannot grow past its capacity);
-        on CUDA it is each importer's own access setting.
+        Importers get read-only mappings (a host memfd is sealed: it cannot grow).
     access : sequence, optional
         Other CUDA devices that may read and write (``"rw"``) or only read (``"r"``) the
-        memory in this process, e.g. ``["cuda:0", "cuda:1"]`` or ``[("cuda:1", "r")]``.
-        cuda-vmm only; see :meth:`~sharedarrays.SharedDeviceArray.grant`.
+        memory here, e.g. ``["cuda:1", ("cuda:2", "r")]``; cuda-vmm only.
     capacity : int, optional
-        Make a growable array: reserve this many bytes of address space and back only what
-        ``shape`` needs; it then grows and shrinks along axis 0 without copying
-        (:meth:`~sharedarrays.SharedDeviceArray.resize`,
-        :meth:`~sharedarrays.SharedDeviceArray.append`; see
-        :func:`sharedarrays.memory.growth_sizes`). Growing past it moves the array to a new
-        reservation. Growable arrays are C-ordered, never packed and never named.
+        Bytes of address space to reserve: the array then grows and shrinks along axis 0
+        without copying (:meth:`~sharedarrays.SharedDeviceArray.resize`), and moves to a new
+        reservation past it. Growable arrays are C-ordered, never packed and never named.
     """
 
     device: DeviceLike
@@ -92,11 +79,9 @@ class CreationKeywords(TypedDict, total=False):
 
 @dataclass(frozen=True)
 class CreationOptions:
-    """How to make a new shared array: the creation keywords, validated by
-    :meth:`from_keywords` (see :class:`CreationKeywords`). ``device`` is parsed, ``pack`` is
-    False where another keyword rules packing out, ``allow_pids`` is a frozenset, and
-    ``peers`` maps the other CUDA devices' ordinals to their access (``access=``).
-    """
+    """The creation keywords, checked by :meth:`from_keywords`: ``device`` parsed, ``pack``
+    False where another keyword rules it out, ``allow_pids`` a frozenset, and ``peers`` the
+    other CUDA devices' ordinals with their access (``access=``)."""
 
     device: Device
     backend: str = "auto"
@@ -112,32 +97,15 @@ class CreationOptions:
 
     @classmethod
     def from_keywords(
-        cls,
-        *,
-        device: DeviceLike = None,
-        backend: str = "auto",
-        order: str = "C",
-        chunk_bytes: int | None = None,
-        pack: bool | None = None,
-        progress: bool | None = None,
-        name: str | None = None,
-        allow_pids: Iterable[int] | None = None,
-        readonly: bool = False,
-        capacity: int | None = None,
-        access: AccessList | None = None,
+        cls, *, order: str = "C", **keywords: Unpack[CreationKeywords]
     ) -> CreationOptions:
-        """Check the creation keywords (as :func:`~sharedarrays.empty` takes them).
-
-        Raises
-        ------
-        BackendUnavailable
-            CUDA was asked for explicitly and cannot be used here.
-        OutOfMemory
-            A capacity over 128 TiB (no process can reserve it).
-        TypeError, ValueError
-            A bad keyword, or keywords that cannot be combined.
-        """
-        dev = parse_device(device)
+        """Check the creation keywords (BackendUnavailable, OutOfMemory for a capacity over
+        128 TiB, TypeError or ValueError for a bad keyword or combination)."""
+        unknown = keywords.keys() - CreationKeywords.__annotations__
+        if unknown:
+            raise TypeError(f"unexpected keyword argument {sorted(unknown)[0]!r}")
+        dev = parse_device(keywords.get("device"))
+        pack, name, capacity = keywords.get("pack"), keywords.get("name"), keywords.get("capacity")
         if order not in ("C", "F"):
             raise ValueError(f"order must be 'C' or 'F', not {order!r}")
         if capacity is not None:
@@ -159,39 +127,42 @@ class CreationOptions:
             pack = False
         if name is not None:
             check_name(name)
-        allowed = None if allow_pids is None else frozenset(operator_index(p) for p in allow_pids)
+        pids = keywords.get("allow_pids")
+        allowed = None if pids is None else frozenset(operator_index(p) for p in pids)
         if allowed is not None and not all(0 < p <= PID_MAX_LIMIT for p in allowed):
             raise ValueError(
                 f"allow_pids are process ids, from 1 to {PID_MAX_LIMIT}: got {sorted(allowed)}"
             )
+        readonly = bool(keywords.get("readonly", False))
         if name is not None or allowed is not None or readonly:
             if pack:
                 raise ValueError("pack=True cannot be combined with name, allow_pids or readonly")
             pack = False  # a slab's neighbours would share the name, the pid list or the secret
-        peers = _peers(access, dev)
+        peers = _peers(keywords.get("access"), dev)
         if peers:
             if pack:
                 raise ValueError("pack=True cannot be combined with access= for other devices")
             pack = False  # a slab's neighbours would share the grant
+        chunk_bytes = keywords.get("chunk_bytes")
         if pack and chunk_bytes is not None:
             raise ValueError("pack=True and chunk_bytes cannot be combined")
         return cls(
             device=dev,
-            backend=backend,
+            backend=keywords.get("backend", "auto"),
             order=order,
             chunk_bytes=chunk_bytes,
             pack=None if pack is None else bool(pack),
-            progress=progress,
+            progress=keywords.get("progress"),
             name=name,
             allow_pids=allowed,
-            readonly=bool(readonly),
+            readonly=readonly,
             capacity=capacity,
             peers=MappingProxyType(peers),
         )
 
 
 def _peers(access: AccessList | None, device: Device) -> dict[int, Access]:
-    """The peer devices ``access=`` names (besides ``device``), with their access."""
+    """The devices besides ``device`` that ``access=`` names, with their access."""
     if access is None:
         return {}
     if isinstance(access, (str, bytes, Device, int)):

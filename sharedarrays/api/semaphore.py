@@ -1,13 +1,9 @@
-"""Ordering that other APIs and other processes can drive: external semaphores and timelines.
-
-:class:`ExternalSemaphore` imports a semaphore another API (Vulkan) exported as an fd, and
-signals or waits on it on the current CUDA stream. :class:`Timeline` is a 64-bit counter in
-a shared array, signalled and awaited in stream order (``cuStreamWriteValue64``,
-``cuStreamWaitValue64``) on CUDA, from the CPU on the host; it pickles with its array.
-"""
+"""Ordering that other APIs and processes drive: :class:`ExternalSemaphore` (exported by
+Vulkan, say) and :class:`Timeline` (a counter in a shared array)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -29,17 +25,8 @@ __all__ = ["ExternalSemaphore", "Timeline", "SemaphoreKind"]
 SemaphoreKind = Literal["opaque", "timeline"]
 
 
-def _streams(device: Device, what: str) -> StreamBackend:
-    """The backend of ``device``, which must queue work on streams (CUDA)."""
-    backend = get_backend(device) if device.needs_context else None
-    if not isinstance(backend, StreamBackend):
-        raise BackendUnavailable(f"{what} needs a CUDA device, not {device}")
-    return backend
-
-
 def timeline_value(value: object) -> int:
-    """``value`` as a timeline's value: an integer (not a bool or float; TypeError) in
-    [0, 2**64) (ValueError)."""
+    """``value`` as a timeline's value: an int (TypeError if not) in [0, 2**64)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"a timeline value is an int, not {type(value).__name__}")
     if not 0 <= int(value) < 1 << 64:
@@ -48,16 +35,9 @@ def timeline_value(value: object) -> int:
 
 
 class ExternalSemaphore:
-    """A semaphore exported by another API (Vulkan, say), imported into CUDA with
-    :meth:`from_fd`; released by :meth:`close`.
-
-    Attributes
-    ----------
-    kind : {"opaque", "timeline"}
-        A binary semaphore or a timeline semaphore with a 64-bit value.
-    device : Device
-        The CUDA device it was imported into.
-    """
+    """A semaphore another API (Vulkan, say) exported, imported into CUDA with
+    :meth:`from_fd`, signalled and awaited on the current stream; ``kind`` is ``"opaque"``
+    (binary) or ``"timeline"`` (a 64-bit value), ``device`` the CUDA device."""
 
     def __init__(self, handle: Any, kind: SemaphoreKind, backend: StreamBackend) -> None:
         self._handle: Any = handle
@@ -70,26 +50,9 @@ class ExternalSemaphore:
     def from_fd(
         cls, fd: int, kind: SemaphoreKind = "opaque", device: DeviceLike = None
     ) -> ExternalSemaphore:
-        """Import a semaphore from a file descriptor another API exported.
-
-        Parameters
-        ----------
-        fd : int
-            The exported fd (``vkGetSemaphoreFdKHR``); taken over, also on failure.
-        kind : {"opaque", "timeline"}
-            ``"opaque"`` for a binary semaphore, ``"timeline"`` for a timeline semaphore.
-        device : str, int or Device, optional
-            The CUDA device to import it into (default ``cuda:0``).
-
-        Raises
-        ------
-        ValueError
-            ``kind`` is neither, or ``fd`` is not an open descriptor.
-        BackendUnavailable
-            No usable CUDA device.
-        CudaDriverError
-            The driver refused the handle (not a semaphore of that kind, or another device's).
-        """
+        """Import the semaphore of ``fd`` (``vkGetSemaphoreFdKHR``; taken over, also on
+        failure) into ``device`` (default ``cuda:0``). Raises ValueError (a bad ``kind`` or
+        ``fd``), BackendUnavailable (no CUDA device) or CudaDriverError (a refused handle)."""
         try:
             if kind not in ("opaque", "timeline"):
                 raise ValueError(f"kind must be 'opaque' or 'timeline', not {kind!r}")
@@ -100,13 +63,13 @@ class ExternalSemaphore:
             except OSError as exc:
                 raise ValueError(f"fd {fd} is not an open file descriptor ({exc})") from None
             dev = parse_device("cuda:0" if device is None else device)
-            backend = _streams(dev, "an external semaphore")
+            backend = get_backend(dev) if dev.needs_context else None
+            if not isinstance(backend, StreamBackend):
+                raise BackendUnavailable(f"an external semaphore needs a CUDA device, not {dev}")
             handle = backend.import_semaphore(fd, kind == "timeline")
         except BaseException:
-            try:
+            with contextlib.suppress(OSError, TypeError):
                 os.close(fd)
-            except (OSError, TypeError):
-                pass
             raise
         return cls(handle, kind, backend)
 
@@ -145,21 +108,13 @@ class ExternalSemaphore:
 
 
 class Timeline:
-    """A 64-bit counter in a shared array that processes signal and wait on, in stream order.
+    """A 64-bit counter, element ``index`` of a ``uint64`` or ``int64`` shared ``array``,
+    that processes signal and wait on in stream order (``cuStreamWriteValue64``,
+    ``cuStreamWaitValue64``) on CUDA, from the CPU on the host; it pickles with its array.
 
-    Parameters
-    ----------
-    array : SharedDeviceArray
-        An array of ``uint64`` or ``int64``; the counter is one element of it.
-    index : int or tuple of int
-        Which element (default: the first).
-
-    Notes
-    -----
-    On CUDA a waiting stream blocks later GPU work until some process signals a value at
-    least as large (values should only grow); device-wide synchronisation, such as a
-    kernel's first load, stalls behind it: run each kernel once before queueing a wait it
-    guards. On the host, :meth:`wait` polls from the CPU.
+    A waiting CUDA stream blocks later GPU work until a value at least as large is signalled
+    (values should only grow); device-wide synchronisation, such as a kernel's first load,
+    stalls behind it: run each kernel once before queueing a wait it guards.
     """
 
     def __init__(self, array: SharedDeviceArray, index: int | tuple[int, ...] = 0) -> None:
@@ -203,8 +158,8 @@ class Timeline:
         return Timeline, (self.array, self.index)
 
     def signal(self, value: int | None) -> None:
-        """Set the counter to ``value`` once the current stream's earlier work is done
-        (CUDA; returns at once), or now (host)."""
+        """Set the counter to ``value`` after the current stream's earlier work (CUDA;
+        returns at once), or now (host)."""
         v = timeline_value(value)
         if self._streams is None:
             self._host()[...] = np.uint64(v).view(self.array.dtype)
@@ -213,13 +168,7 @@ class Timeline:
 
     def wait(self, value: int | None, timeout: float | None = None) -> None:
         """Make the current stream's later work wait until the counter is at least
-        ``value`` (CUDA; returns at once), or wait on the CPU (host).
-
-        Raises
-        ------
-        WaitTimeout
-            Host only: the counter did not reach ``value`` within ``timeout`` seconds.
-        """
+        ``value`` (CUDA; returns at once), or :meth:`wait_host` (host)."""
         v = timeline_value(value)
         if self._streams is None:
             self.wait_host(v, timeout)
@@ -238,13 +187,8 @@ class Timeline:
         return reader.read(self.address)
 
     def wait_host(self, value: int, timeout: float | None = None) -> None:
-        """Wait on the CPU until the counter is at least ``value``.
-
-        Raises
-        ------
-        WaitTimeout
-            Not reached within ``timeout`` seconds (``None``: wait forever).
-        """
+        """Wait on the CPU until the counter is at least ``value`` (WaitTimeout after
+        ``timeout`` seconds; ``None``: forever)."""
         v = timeline_value(value)
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = 1e-5

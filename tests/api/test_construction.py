@@ -5,6 +5,7 @@ CuPy inputs are gpu-marked (they skip without a CUDA device)."""
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,16 @@ def test_zeros_ones_full_like_values() -> None:
     np.testing.assert_array_equal(f.get(), np.full_like(x, 2.7))
     g = sa.full_like(x, 2.5, dtype="float32")
     assert g.dtype == np.float32 and g.get().tolist() == [[2.5] * 3] * 2
+
+
+def test_zeros_and_ones_share_the_signature_of_empty_and_empty_like() -> None:
+    assert inspect.signature(sa.zeros) == inspect.signature(sa.ones) == inspect.signature(sa.empty)
+    like = inspect.signature(sa.empty_like)
+    assert inspect.signature(sa.zeros_like) == inspect.signature(sa.ones_like) == like
+    assert sa.zeros.__name__ == "zeros" and sa.ones_like.__qualname__ == "ones_like"
+    for make in (sa.zeros, sa.ones):  # dtype=None is float64, as in NumPy
+        a = make(3, None, device="cpu")  # type: ignore[arg-type]
+        assert a.dtype == np.float64 and a.get().tolist() == make(3, device="cpu").get().tolist()
 
 
 def test_like_keywords_override_the_source() -> None:

@@ -66,6 +66,12 @@ def test_each_bad_keyword_is_refused_with_todays_error(
         assert str(by_copy.value) == str(by_options.value)
 
 
+def test_an_unknown_keyword_is_a_type_error() -> None:
+    for make in (sa.empty, sa.zeros, sa.zeros_like, sa.from_array):
+        with pytest.raises(TypeError, match="unexpected keyword argument 'devic'"):
+            make(4, devic="cpu")  # type: ignore[call-arg]
+
+
 def test_what_depends_on_the_array_is_checked_when_it_is_made() -> None:
     options = CreationOptions.from_keywords(device="cpu", capacity=16)
     assert options.capacity == 16 and options.pack is False
