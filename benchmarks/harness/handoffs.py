@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.worker import _worker_state
+from harness.worker import _map, _worker_state
 from sharedarrays.backends.device import parse_name
 
 __all__ = ["LeastHandoff", "SafeHandoff", "SafeColdHandoff"]
@@ -419,7 +419,7 @@ def _safe_cold_loaded(
         offset=0,
         readonly=False,
     )
-    alloc = importing._map(importing.Request(payload), sizes, fds, exports)
+    alloc = _map(importing, importing.Request(payload), sizes, fds, exports)
     hold = alloc.lease()
     if token is not None:
         alloc.backend.import_sync(token)

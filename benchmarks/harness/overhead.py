@@ -225,7 +225,7 @@ class Overhead(RunBase):
         exporter and the mapping, each timed alone in the worker (:func:`task_cold_bound`),
         over ``BOUND_REPEATS`` new arrays; medians in ms."""
         import sharedarrays as sa
-        from sharedarrays.importing import allocation_bytes
+        from sharedarrays.api.message import allocation_bytes
 
         steps: dict[str, list[float]] = {"fetch": [], "map": [], "driver": []}
         try:

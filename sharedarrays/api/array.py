@@ -19,9 +19,8 @@ from typing import Any, Protocol, TypeVar, cast, overload, runtime_checkable
 
 import numpy as np
 
-from sharedarrays import importing
 from sharedarrays._cpython import caller_frame, spawning_process
-from sharedarrays.api import keeping, othernode, views
+from sharedarrays.api import keeping, message, othernode, views
 from sharedarrays.api.arraybase import _READONLY
 from sharedarrays.api.display import Display
 from sharedarrays.api.growth import Growth
@@ -348,7 +347,7 @@ class SharedDeviceArray(Growth, Display, ShapeViews):
     def payload(self) -> Payload:
         """What a pickle of this view carries, as one payload (starts the handle server)."""
         return dataclasses.replace(
-            importing.allocation_payload(self.allocation),
+            message.allocation_payload(self.allocation),
             dtype=self._dtype,
             shape=self._shape,
             strides=self._strides,
@@ -402,7 +401,7 @@ def _intern(value: _T) -> _T:
 
 def _reduce(for_multiprocessing: bool, a: SharedDeviceArray) -> tuple[Any, tuple[Any, ...]]:
     """The reduction of a view: :func:`_rebuild_view`, its allocation's part of the message
-    (:func:`~sharedarrays.importing.message_part`, written once per message) and the
+    (:func:`~sharedarrays.api.message.message_part`, written once per message) and the
     view's fields. ``for_multiprocessing``: pickled by ``ForkingPickler``, where a Process
     being spawned carries the chunk fds themselves."""
     lease = a._lease
@@ -430,7 +429,7 @@ def _reduce(for_multiprocessing: bool, a: SharedDeviceArray) -> tuple[Any, tuple
     packed = a._packed
     if packed is None:
         packed = a._view_tuple()
-    return _rebuild_view, (importing.message_part(alloc, carry_fds), packed)
+    return _rebuild_view, (message.message_part(alloc, carry_fds), packed)
 
 
 reduction.ForkingPickler.register(SharedDeviceArray, functools.partial(_reduce, True))
@@ -481,7 +480,7 @@ def load(
             "pickle.loads(data); sa.load takes a.payload() or a.payload().to_bytes()"
         )
     p = Payload.from_bytes(data)
-    part = importing.ReceivedPart(p, sync, fds)
+    part = message.ReceivedPart(p, sync, fds)
     view = p.view_fields().to_tuple()  # (checked as a pickled view's: one way to a view)
     return cast("SharedDeviceArray", _rebuild_view(part, view))
 
@@ -500,24 +499,22 @@ def assignable(native: Any, value: Any) -> Any:
 
 
 @overload
-def _rebuild_view(
-    part: bytes, view: object = None, fds: object = None
-) -> importing.ReceivedPart: ...
+def _rebuild_view(part: bytes, view: object = None, fds: object = None) -> message.ReceivedPart: ...
 
 
 @overload
 def _rebuild_view(
-    part: importing.ReceivedPart | importing.MessagePart, view: object
+    part: message.ReceivedPart | message.MessagePart, view: object
 ) -> SharedDeviceArray | othernode.OtherNodeArray: ...
 
 
 def _rebuild_view(
     part: object = None, view: object = None, fds: object = None, *extra: object
-) -> SharedDeviceArray | othernode.OtherNodeArray | importing.ReceivedPart:
+) -> SharedDeviceArray | othernode.OtherNodeArray | message.ReceivedPart:
     """What a pickled view calls, with its allocation's part of the message (a
-    :class:`~sharedarrays.importing.ReceivedPart`) and its fields ``view`` (checked against
+    :class:`~sharedarrays.api.message.ReceivedPart`) and its fields ``view`` (checked against
     the part's payload). The part itself calls it with the payload's bytes, token and fds
-    (:func:`~sharedarrays.importing.import_part`): a message names one function.
+    (:func:`~sharedarrays.api.message.import_part`): a message names one function.
 
     A payload of another node raises :class:`~sharedarrays.WrongNode`, except where
     distributed's unpickler reads it: there it becomes an
@@ -533,10 +530,10 @@ def _rebuild_view(
             f"a pickled view is corrupted: its reconstructor got {3 + len(extra)} "
             "arguments, not at most 3"
         )
-    if type(part) is not importing.ReceivedPart:
+    if type(part) is not message.ReceivedPart:
         if type(part) is bytes:  # the allocation's part of the message
-            return importing.import_part(part, view, fds)
-        if type(part) is not importing.MessagePart:
+            return message.import_part(part, view, fds)
+        if type(part) is not message.MessagePart:
             raise PayloadError("a pickled view is corrupted: its allocation's part is missing")
         part = part.received_here()  # a reduction called in place: this process's own part
     try:
@@ -551,7 +548,7 @@ def _rebuild_view(
     return made
 
 
-importing.use_reconstructor(_rebuild_view)
+message.use_reconstructor(_rebuild_view)
 
 
 def synchronize(device: DeviceLike = None) -> None:

@@ -21,10 +21,10 @@ import view_workers
 from forking import in_forked_child
 
 import sharedarrays as sa
-from sharedarrays import importing as message_module
 from sharedarrays import process
+from sharedarrays.api import message as message_module
 from sharedarrays.api.array import _rebuild_view
-from sharedarrays.importing import allocation_bytes, import_part, message_part
+from sharedarrays.api.message import allocation_bytes, import_part, message_part
 from sharedarrays.process import STATE
 from sharedarrays.protocol.payload import Payload
 
@@ -369,7 +369,7 @@ def test_a_warm_load_of_another_process_s_payload_stamps_the_use_and_counts_retu
     taken."""
     import dataclasses
 
-    from sharedarrays.importing import allocation_payload
+    from sharedarrays.api.message import allocation_payload
 
     a = sa.from_array(np.arange(16.0), device="cpu", pack=False)
     alloc = a.allocation
