@@ -1,12 +1,20 @@
-"""Read-only records of an allocation, as ``describe``, the widgets and the CLI show it."""
+"""What an allocation tells of itself (:class:`AllocationRecords`, a base of ``Allocation``)
+and the read-only records ``describe``, the widgets and the CLI show."""
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 from dataclasses import dataclass
+from typing import Any
 
-from sharedarrays.backends import Access
+from sharedarrays.backends import Access, Backend, Chunk
+from sharedarrays.backends.device import Device
+from sharedarrays.memory.inflight import InFlight, Served
+from sharedarrays.memory.reservation import Reservation
 
-__all__ = ["Origin", "Served", "ChunkInfo", "MappingInfo", "format_bytes"]
+__all__ = ["AllocationRecords", "Origin", "Served", "ChunkInfo", "MappingInfo", "format_bytes"]
 
 
 @dataclass(frozen=True)
@@ -36,14 +44,6 @@ class Origin:
 
 
 @dataclass(frozen=True)
-class Served:
-    """One time this process handed an allocation's handles to another process."""
-
-    pid: int
-    time: float
-
-
-@dataclass(frozen=True)
 class ChunkInfo:
     """One chunk of an allocation, as seen from this process."""
 
@@ -69,3 +69,183 @@ def format_bytes(n: int) -> str:
         if n >= 1 << shift:
             return f"{n / (1 << shift):.4g} {unit}"
     return f"{n} B"
+
+
+class AllocationRecords:
+    """The fields of an allocation (set by ``Allocation.__init__``, typed here for its bases)
+    and what it shows of them: chunks, mappings, access, holders, served processes, the
+    handles for importers."""
+
+    id: str
+    backend: Backend
+    address: int
+    size: int
+    capacity: int
+    generation: int
+    origin: Origin
+    flight: InFlight
+    pid: int
+    released: bool
+    last_used: int
+    kept_lease: Any  # a Lease or None
+    pool_server: str | None
+    done_asked: bool
+    export_readonly: bool
+    write_sealed: bool
+    native_device: int | None
+    growth_lock: threading.RLock
+    _chunks: list[Chunk]
+    _access: Access
+    _peers: dict[int, Access]
+    _chunk_bytes: int | None
+    _growable: bool
+    _lock: threading.Lock
+    _leases: int
+    _ends: dict[int, int]
+    _release_when_idle: bool
+    _orphaned: bool
+    _reservation: Reservation
+    _native_base: tuple[int | None, Any] | None
+    _natives: dict[tuple[Any, ...], tuple[Any, Any, bool, Any]]
+
+    @property
+    def device(self) -> Device:
+        """The device the memory lives on."""
+        return self.backend.device
+
+    @property
+    def chunks(self) -> tuple[ChunkInfo, ...]:
+        """The chunks, in reservation order."""
+        return tuple(ChunkInfo(i, c.size, c.fd) for i, c in enumerate(self._chunks))
+
+    @property
+    def mappings(self) -> tuple[MappingInfo, ...]:
+        """The mappings, in reservation order (one per chunk, back to back)."""
+        out = []
+        offset = 0
+        for i, c in enumerate(self._chunks):
+            out.append(MappingInfo(offset, c.size, i, 0, self._access))
+            offset += c.size
+        return tuple(out)
+
+    @property
+    def access(self) -> Access:
+        """This process's access to the whole reservation, from the memory's own device."""
+        return self._access
+
+    @property
+    def access_by_device(self) -> dict[Device, Access]:
+        """Every device that may touch the memory here (its own and peers), and how."""
+        out: dict[Device, Access] = {self.device: self._access}
+        for index, mode in sorted(self._peers.items()):
+            out[Device(self.device.kind, index)] = mode
+        return out
+
+    @property
+    def lifetime(self) -> str:
+        """Who keeps the memory alive: ``"any holder"`` (host, cuda-vmm) or ``"exporter"``
+        (cuda-ipc, cuda-pool: it must outlive every importer)."""
+        return "exporter" if self.backend.exporter_owned else "any holder"
+
+    @property
+    def holders(self) -> tuple[int, ...]:
+        """(Exporter of exporter-owned memory) running processes that have not closed it."""
+        return self.flight.holders()
+
+    @property
+    def served(self) -> tuple[Served, ...]:
+        """The most recent processes this process served the handles to (pid, time)."""
+        return self.flight.served()
+
+    def record_served(self, pid: int, server: str | None = None, chunks: int = 0) -> None:
+        """Note that the handles (``chunks`` of them) were sent to process ``pid``."""
+        holder = self.backend.exporter_owned and self.origin.created_here and pid != os.getpid()
+        self.flight.record_served(pid, server, chunks, holder)
+
+    def served_servers(self) -> list[str]:
+        """Handle servers of the processes this one served (told on release)."""
+        return self.flight.served_servers()
+
+    def chunk_fds(self) -> list[int]:
+        """The chunks' exported fds, owned by this allocation (do not close them)."""
+        return [c.fd for c in self._chunks if c.fd >= 0 or self.backend.maps]
+
+    def exports(self) -> tuple[bytes, ...]:
+        """A pointer backend's portable chunk handles (empty on a mapping backend)."""
+        return () if self.backend.maps else tuple(c.export for c in self._chunks)
+
+    def exports_for(self, pid: int) -> tuple[bytes, ...]:
+        """:meth:`exports` for process ``pid``, admitting it first where the backend can."""
+        exports = self.exports()
+        admit = getattr(self.backend, "admit", None)
+        if admit is not None and exports:
+            for chunk in self._chunks:
+                admit(chunk, pid)
+        return exports
+
+    def handles_for_importers(self) -> tuple[list[int], list[int]]:
+        """The fds to hand to another process, and those of them the caller must close: the
+        chunks' own, or new ``O_RDONLY`` ones for a read-only export where the backend can
+        reopen them (the host)."""
+        fds = self.chunk_fds()
+        if not self.export_readonly:
+            return fds, []
+        reopened: list[int] = []
+        try:
+            for fd in fds:
+                ro = self.backend.reopen_readonly(fd)
+                if ro is None:
+                    return fds, reopened
+                reopened.append(ro)
+        except BaseException:
+            for fd in reopened:
+                os.close(fd)
+            raise
+        return reopened, reopened
+
+    def chunk_sizes(self) -> list[int]:
+        """The chunk sizes, in reservation order."""
+        return [c.size for c in self._chunks]
+
+    def has_chunk_sizes(self, sizes: tuple[int, ...]) -> bool:
+        """Whether the chunks are ``sizes``, in order (checked on every warm load)."""
+        chunks = self._chunks
+        if len(chunks) != len(sizes):
+            return False
+        for i in range(len(sizes)):  # noqa: SIM110 - all() would make a generator per load
+            if chunks[i].size != sizes[i]:
+                return False
+        return True
+
+    def describe(self) -> str:
+        """A multi-line table of the reservation, its mappings and their chunks."""
+        o = self.origin
+        stamp = time.strftime("%H:%M:%S", time.localtime(o.time))
+        owned = self.backend.exporter_owned
+        lines = [
+            f"allocation {self.id} on {self.device} ({self.backend.name}), {o.role}, since {stamp}",
+            f"memory kept alive by: {self.lifetime}"
+            + (" (the exporter must outlive every importer)" if owned else ""),
+            f"reservation {self.address:#x}-{self.address + self.capacity:#x} "
+            f"({format_bytes(self.capacity)}, {format_bytes(self.size)} mapped)",
+            f"{'mapping':>8} {'offset':>12} {'size':>10} {'chunk':>6} {'fd':>4} access",
+        ]
+        for m in self.mappings:
+            fd = self._chunks[m.chunk].fd
+            size = format_bytes(m.size)
+            lines.append(
+                f"{m.chunk:>8} {m.offset:>#12x} {size:>10} {m.chunk:>6} {fd:>4} {m.access}"
+            )
+        served = self.served
+        if served:
+            pids = sorted({s.pid for s in served})
+            lines.append(f"served handles to pids {', '.join(map(str, pids))}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        where = "here" if self.origin.created_here else f"from pid {self.origin.pid}"
+        n, size = len(self._chunks), format_bytes(self.size)
+        return (
+            f"<Allocation {self.id[:12]} {self.backend.name} {self.device} {size} "
+            f"in {n} chunk{'s' if n != 1 else ''}, {where}>"
+        )
