@@ -15,16 +15,15 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, cast
+from typing import cast
 
 from sharedarrays.backends import Access, Backend, Chunk, MappingBackend, round_up
 from sharedarrays.errors import HandleUnavailable, OutOfMemory, PayloadError
 from sharedarrays.memory.cache import cache_bytes, new_block, settle_draining
 from sharedarrays.memory.growth import Growth, chunk_sizes
-from sharedarrays.memory.inflight import InFlight
 from sharedarrays.memory.info import Origin
-from sharedarrays.memory.lease import Lease, Leasing, use_clock
-from sharedarrays.memory.reservation import Reservation, back_to_back, teardown
+from sharedarrays.memory.lease import Leasing
+from sharedarrays.memory.reservation import back_to_back, teardown
 from sharedarrays.process import STATE
 
 __all__ = ["Allocation"]
@@ -73,74 +72,6 @@ class Allocation(Leasing, Growth):
     write_sealed : bool
         Whether the kernel forbids every new write (``readonly=True``, host backend).
     """
-
-    def __init__(
-        self,
-        backend: Backend,
-        alloc_id: str,
-        secret: bytes,
-        origin: Origin,
-        address: int,
-        chunks: list[Chunk],
-        access: Access,
-        capacity: int | None = None,
-        peers: Mapping[int, Access] | None = None,
-    ) -> None:
-        self.id = alloc_id
-        self.secret = secret
-        self.backend = backend
-        self.address = address
-        self.size = sum(c.size for c in chunks)
-        self.capacity = self.size if capacity is None else capacity
-        self.used = self.size
-        self.generation = 0
-        self._reservation = Reservation(backend, address, self.capacity)
-        self._growable = capacity is not None
-        self.derives_natives = capacity is None and hasattr(backend, "native_view")
-        """Whether its views' native arrays come from :meth:`native_view` (not growable)."""
-        self._chunk_bytes: int | None = None
-        self._ends: dict[int, int] = {}  # (growable) lease ends -> leases: bounds shrinking
-        self.growth_lock = threading.RLock()
-        """Held while chunks are added, removed or served."""
-        self.source_server: str | None = None
-        """For an imported growable allocation: its exporter's handle server."""
-        self._chunks = chunks
-        self._access: Access = access
-        self._peers: dict[int, Access] = dict(peers or {})
-        self.native_device: int | None = None
-        """Device of the native arrays made here when read as a peer (``None``: its own)."""
-        self.origin = origin
-        self.flight = InFlight()
-        self._lock = threading.Lock()
-        self._leases = 0
-        self.released = False
-        """Whether this process has already released the allocation. Read-only."""
-        self._release_when_idle = False  # a release asked for waits for a native base's end
-        self._orphaned = False
-        self.kept_lease: Lease[Allocation] | None = None
-        """(An importer) the lease a parked allocation keeps for its next view. Read-only."""
-        self.last_used = use_clock()
-        """When last leased or loaded here (:data:`~sharedarrays.memory.lease.use_clock`)."""
-        self.pid = os.getpid()  # a forked child inherits the object but is not this process
-        self.allow_pids: frozenset[int] | None = None
-        self.export_readonly = False
-        self.slab = False
-        self.keeper_name: str | None = None
-        self.in_keeper = False
-        self.write_sealed = False
-        self._native_base: tuple[int | None, Any] | None = None  # (device, native array)
-        # native arrays by layout (offset, shape, strides): (device, dtype, readonly, array)
-        self._natives: dict[tuple[Any, ...], tuple[Any, Any, bool, Any]] = {}
-        # reuse (memory/cache.py): block token, reused, drain start, pool server, DONE asked
-        self.block: bytes | None = None
-        self.reused = False
-        self.released_at = 0.0
-        self.pool_server: str | None = None
-        self.done_asked = False
-        self.encoded: tuple[int, int, bytes] | None = None
-        """The cached payload of the allocation, with the pid and generation it was made for."""
-        with STATE.memory.lock:
-            STATE.memory.registry[alloc_id] = self
 
     # construction -----------------------------------------------------------------------
     @classmethod

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,8 +14,17 @@ from sharedarrays.backends import Access, Backend, Chunk
 from sharedarrays.backends.device import Device
 from sharedarrays.memory.inflight import InFlight, Served
 from sharedarrays.memory.reservation import Reservation
+from sharedarrays.process import STATE
 
-__all__ = ["AllocationRecords", "Origin", "Served", "ChunkInfo", "MappingInfo", "format_bytes"]
+__all__ = [
+    "AllocationRecords",
+    "Origin",
+    "Served",
+    "ChunkInfo",
+    "MappingInfo",
+    "format_bytes",
+    "use_clock",
+]
 
 
 @dataclass(frozen=True)
@@ -63,6 +73,10 @@ class MappingInfo:
     access: Access
 
 
+use_clock = time.monotonic_ns
+"""The clock of ``Allocation.last_used`` (a C call: no Python frame)."""
+
+
 def format_bytes(n: int) -> str:
     """Bytes as a short human-readable size (binary units)."""
     for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
@@ -72,41 +86,69 @@ def format_bytes(n: int) -> str:
 
 
 class AllocationRecords:
-    """The fields of an allocation (set by ``Allocation.__init__``, typed here for its bases)
+    """The fields of an allocation (its constructor: the bases of ``Allocation`` share them)
     and what it shows of them: chunks, mappings, access, holders, served processes, the
     handles for importers."""
 
-    id: str
-    backend: Backend
-    address: int
-    size: int
-    capacity: int
-    generation: int
-    origin: Origin
-    flight: InFlight
-    pid: int
-    released: bool
-    last_used: int
-    kept_lease: Any  # a Lease or None
-    pool_server: str | None
-    done_asked: bool
-    export_readonly: bool
-    write_sealed: bool
-    native_device: int | None
-    growth_lock: threading.RLock
-    _chunks: list[Chunk]
-    _access: Access
-    _peers: dict[int, Access]
-    _chunk_bytes: int | None
-    _growable: bool
-    _lock: threading.Lock
-    _leases: int
-    _ends: dict[int, int]
-    _release_when_idle: bool
-    _orphaned: bool
-    _reservation: Reservation
-    _native_base: tuple[int | None, Any] | None
-    _natives: dict[tuple[Any, ...], tuple[Any, Any, bool, Any]]
+    def __init__(
+        self,
+        backend: Backend,
+        alloc_id: str,
+        secret: bytes,
+        origin: Origin,
+        address: int,
+        chunks: list[Chunk],
+        access: Access,
+        capacity: int | None = None,
+        peers: Mapping[int, Access] | None = None,
+    ) -> None:
+        self.id = alloc_id
+        self.secret = secret
+        self.backend = backend
+        self.origin = origin
+        self.address = address
+        self.size = sum(c.size for c in chunks)
+        self.capacity = self.size if capacity is None else capacity
+        self.used = self.size
+        self.generation = 0
+        self._chunks = chunks
+        self._access: Access = access
+        self._peers: dict[int, Access] = dict(peers or {})
+        self._reservation = Reservation(backend, address, self.capacity)
+        self._growable = capacity is not None
+        self._chunk_bytes: int | None = None
+        self._ends: dict[int, int] = {}  # (growable) lease ends -> leases: bounds shrinking
+        self.growth_lock = threading.RLock()  # held while chunks are added, removed or served
+        self._lock = threading.Lock()
+        self._leases = 0
+        self.released = False  # (read-only) this process has released it
+        self._release_when_idle = False  # a release asked for waits for a native base's end
+        self._orphaned = False
+        self.kept_lease: Any = None  # (importer, read-only) a parked one's Lease for its next view
+        self.last_used = use_clock()  # when last leased or loaded here
+        self.pid = os.getpid()  # a forked child inherits the object but is not this process
+        self.flight = InFlight()
+        self.allow_pids: frozenset[int] | None = None
+        self.export_readonly = False
+        self.write_sealed = False
+        self.slab = False
+        self.keeper_name: str | None = None
+        self.in_keeper = False
+        self.source_server: str | None = None  # (imported growable) its exporter's server
+        self.encoded: tuple[int, int, bytes] | None = None  # (pickling) pid, generation, bytes
+        self.derives_natives = capacity is None and hasattr(backend, "native_view")
+        self.native_device: int | None = None  # device of native arrays read as a peer
+        self._native_base: tuple[int | None, Any] | None = None  # (device, native array)
+        # native arrays by layout (offset, shape, strides): (device, dtype, readonly, array)
+        self._natives: dict[tuple[Any, ...], tuple[Any, Any, bool, Any]] = {}
+        # reuse (memory/cache.py): block token, reused, drain start, pool server, DONE asked
+        self.block: bytes | None = None
+        self.reused = False
+        self.released_at = 0.0
+        self.pool_server: str | None = None
+        self.done_asked = False
+        with STATE.memory.lock:
+            STATE.memory.registry[alloc_id] = self
 
     @property
     def device(self) -> Device:

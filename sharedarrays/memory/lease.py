@@ -14,7 +14,7 @@ import numpy as np
 
 from sharedarrays._cpython import ITEM_ALONE, LOCAL_ALONE, refcount
 from sharedarrays.errors import ClosedArrayError
-from sharedarrays.memory.info import AllocationRecords
+from sharedarrays.memory.info import AllocationRecords, use_clock
 from sharedarrays.memory.reservation import Reservation
 from sharedarrays.process import STATE, running
 from sharedarrays.protocol.payload import remember
@@ -54,10 +54,6 @@ def drop_end(ends: dict[int, int], end: int) -> None:
         ends[end] = left
     else:
         ends.pop(end, None)
-
-
-use_clock = time.monotonic_ns
-"""The clock of ``Allocation.last_used`` (a C call: no Python frame)."""
 
 
 class Lease(Generic[_L]):
