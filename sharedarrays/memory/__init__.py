@@ -11,8 +11,8 @@ from __future__ import annotations
 from sharedarrays.memory.allocation import Allocation
 from sharedarrays.memory.cache import empty_cache
 from sharedarrays.memory.growth import DEFAULT_CHUNK_BYTES, MAX_CHUNKS, chunk_sizes, growth_sizes
-from sharedarrays.memory.inflight import IN_FLIGHT_SECONDS, in_flight_seconds
-from sharedarrays.memory.info import ChunkInfo, MappingInfo, Origin, Served
+from sharedarrays.memory.inflight import IN_FLIGHT_SECONDS, Served, in_flight_seconds
+from sharedarrays.memory.info import ChunkInfo, MappingInfo, Origin
 from sharedarrays.memory.lease import Lease, keep_imports, use_clock
 from sharedarrays.memory.registry import (
     PACK_BYTES,

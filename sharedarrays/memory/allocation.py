@@ -86,20 +86,10 @@ class Allocation(Leasing, Growth):
     ) -> Allocation:
         """Make a new allocation of at least ``nbytes`` bytes in this process (the exporter).
 
-        Parameters
-        ----------
-        backend : Backend
-            Where the memory lives.
-        nbytes : int
-            Bytes needed; rounded up to the backend's granularity.
-        chunk_bytes : int, optional
-            Largest chunk (see :func:`chunk_sizes`, and :func:`growth_sizes` for growth).
-        capacity : int, optional
-            Make it *growable*: reserve this many bytes and map only ``nbytes``.
-        peers : mapping of int to Access, optional
-            Access for other devices (CUDA VMM only: see :meth:`grant`).
-        readonly : bool
-            Read-only for every other process, enforced where the backend can.
+        ``chunk_bytes`` bounds a chunk (:func:`chunk_sizes`, :func:`growth_sizes`); a
+        ``capacity`` makes it *growable* (reserved, only ``nbytes`` mapped); ``peers`` gives
+        other devices access (CUDA VMM: :meth:`grant`); ``readonly`` holds for every other
+        process, enforced where the backend can.
         """
         if backend.maps:
             sizes = chunk_sizes(nbytes, backend.granularity, chunk_bytes)
@@ -281,14 +271,11 @@ class Allocation(Leasing, Growth):
             self.release()  # (in use: its last lease releases it)
 
     def release(self) -> bool:
-        """Unmap and close everything this process holds of the allocation, now; returns
-        whether this call released it.
-
-        Does nothing while a view uses it; idempotent. A kept native base is let go first.
-        It leaves the registry, but *drains* (is still served) while others may need it:
-        exporter-owned memory until its holders close it, a growable array while a payload
-        is in flight, a reusable block until its importers say ``DONE``.
-        """
+        """Unmap and close all this process holds of the allocation unless a view uses it (a
+        kept native base is let go first); whether this call released it. It leaves the
+        registry but *drains* (is still served) while needed: exporter-owned memory until its
+        holders close it, a growable array while a payload is in flight, a reusable block
+        until its importers say ``DONE``."""
         with self._lock:
             if self.released:
                 return False
@@ -425,14 +412,8 @@ class Allocation(Leasing, Growth):
 
     def hand_over(self, say: bool = True) -> tuple[int, str] | None:
         """Give the handles of payloads in flight to the keeper (``hand_over_hooks``), for
-        memory that outlives its exporter (host, cuda-vmm).
-
-        Returns
-        -------
-        tuple of (int, str) or None
-            On a failure, how many payloads will not load and the message that says so
-            (printed on stderr unless ``say=False``).
-        """
+        memory that outlives its exporter (host, cuda-vmm). On a failure, returns how many
+        payloads will not load and the message saying so (printed unless ``say=False``)."""
         if self.pid != os.getpid() or self.growable or not self.backend.maps:
             return None
         count, seconds = self.in_flight()
@@ -457,12 +438,8 @@ class Allocation(Leasing, Growth):
     def grant(self, index: int, access: Access = "rw") -> None:
         """Give peer device ``index`` ``access`` to the whole reservation in this process.
 
-        Raises
-        ------
-        ValueError
-            Not a CUDA VMM allocation, or a bad access mode.
-        PeerAccessUnavailable
-            That device cannot reach this memory (``cuDeviceCanAccessPeer`` is 0).
+        Raises ValueError (not CUDA VMM, a bad mode) or PeerAccessUnavailable (that device
+        cannot reach this memory: ``cuDeviceCanAccessPeer`` is 0).
         """
         if access not in ("rw", "r", "none"):
             raise ValueError(f"access must be 'rw', 'r' or 'none', not {access!r}")

@@ -62,10 +62,8 @@ class ChunkCache:
     """Released allocations made here, kept for reuse, least recently released first."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._kept: OrderedDict[bytes, Allocation] = OrderedDict()
-        self.nbytes = 0
         self.hits = 0  # (arrays made on kept memory)
+        self.forget()
 
     def put(self, alloc: Allocation) -> bool:
         """Keep ``alloc``, freeing the oldest over the bound; whether it was kept."""
@@ -121,9 +119,9 @@ class ChunkCache:
             return list(self._kept.values())
 
     def forget(self) -> None:
-        """In a forked child: keep nothing."""
+        """Keep nothing (in a forked child: what the parent keeps is its own)."""
         self._lock = threading.Lock()
-        self._kept.clear()
+        self._kept: OrderedDict[bytes, Allocation] = OrderedDict()
         self.nbytes = 0
 
     def _over(self, limit: int) -> list[Allocation]:

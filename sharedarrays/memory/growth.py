@@ -59,9 +59,8 @@ def growth_sizes(
     Each chunk doubles what is mapped (``O(log n)`` chunks for ``n`` appends), at most
     ``chunk_bytes``; sizes past ``capacity`` mean the caller must move the allocation.
     """
-    chunk_bytes = _chunk_limit(chunk_bytes)
     target = round_up(max(nbytes, 1), granularity)
-    largest = round_up(chunk_bytes, granularity)
+    largest = round_up(_chunk_limit(chunk_bytes), granularity)
     if (target - mapped) // largest > MAX_CHUNKS:
         raise ValueError(
             f"growing to {nbytes} bytes in chunks of at most {largest} bytes would need more "

@@ -44,9 +44,14 @@ class InFlight:
     payloads from elsewhere loaded here, and a block's ``DONE`` counts."""
 
     def __init__(self) -> None:
+        self.was_handed_over = False
+        self._sent_at = 0.0  # time.monotonic() of the last payload sent
+        self.forget()
+
+    def forget(self) -> None:
+        """Start a record (in a forked child: a new lock, none of what the parent did)."""
         self._lock = threading.Lock()
         self._sent = 0  # payloads pickled here that name this process's handle server
-        self._sent_at = 0.0  # time.monotonic() of the last
         self._fetched = 0  # handle requests for it this process answered
         self._returned: dict[str, int] = {}  # payloads loaded here, by sender's server
         self._served: deque[Served] = deque(maxlen=256)
@@ -54,19 +59,8 @@ class InFlight:
         self._done = 0  # payloads of a block pickled here that importers closed (DONE)
         self._loads = 0  # (block importer) loaded and leased since the last DONE
         self._unleased = 0  # (block importer) loaded, no lease yet
-        self.was_handed_over = False
         self._holders: set[int] = set()  # exporter-owned memory: importers not done yet
         self._served_chunks: dict[int, int] = {}  # pid -> chunks it may map
-
-    def forget(self) -> None:
-        """In a forked child: a new lock, no record of what the parent served or sent."""
-        self._lock = threading.Lock()
-        self._served.clear()
-        self.servers.clear()
-        self._holders.clear()
-        self._served_chunks.clear()
-        self._returned.clear()
-        self._sent = self._fetched = self._done = self._loads = self._unleased = 0
 
     def note_sent(self) -> None:
         """A payload naming this process's handle server was pickled (one per message)."""

@@ -13,33 +13,16 @@ from typing import Any
 from sharedarrays.backends import Access, Backend, Chunk
 from sharedarrays.backends.device import Device
 from sharedarrays.memory.inflight import InFlight, Served
-from sharedarrays.memory.reservation import Reservation
+from sharedarrays.memory.reservation import Reservation, back_to_back
 from sharedarrays.process import STATE
 
-__all__ = [
-    "AllocationRecords",
-    "Origin",
-    "Served",
-    "ChunkInfo",
-    "MappingInfo",
-    "format_bytes",
-    "use_clock",
-]
+__all__ = ["AllocationRecords", "ChunkInfo", "MappingInfo", "Origin", "format_bytes", "use_clock"]
 
 
 @dataclass(frozen=True)
 class Origin:
-    """Where an allocation in this process came from.
-
-    Attributes
-    ----------
-    created_here : bool
-        True in the exporter, False in importers.
-    pid : int
-        The process that created it, or that an importer imported it from.
-    time : float
-        When it was created or imported (``time.time()``).
-    """
+    """Where an allocation in this process came from: made here (the exporter) or not, the
+    ``pid`` that made it or it was imported from, and when (``time.time()``)."""
 
     created_here: bool
     pid: int
@@ -163,12 +146,8 @@ class AllocationRecords:
     @property
     def mappings(self) -> tuple[MappingInfo, ...]:
         """The mappings, in reservation order (one per chunk, back to back)."""
-        out = []
-        offset = 0
-        for i, c in enumerate(self._chunks):
-            out.append(MappingInfo(offset, c.size, i, 0, self._access))
-            offset += c.size
-        return tuple(out)
+        layout = enumerate(back_to_back(self._chunks))
+        return tuple(MappingInfo(offset, size, i, 0, self._access) for i, (offset, size) in layout)
 
     @property
     def access(self) -> Access:
