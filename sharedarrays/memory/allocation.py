@@ -15,6 +15,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
+from itertools import accumulate
 from typing import cast
 
 from sharedarrays.backends import Access, Backend, Chunk, MappingBackend, round_up
@@ -243,13 +244,10 @@ class Allocation(Leasing, Growth):
             address = 0
             try:
                 address = mapper.reserve(reserved)
-                offset = 0
-                for size in sizes:
-                    chunk = make_chunk(size)
-                    chunks.append(chunk)
-                    mapper.map(address + offset, size, chunk, 0)
+                for offset, size in zip(accumulate(sizes, initial=0), sizes):
+                    chunks.append(make_chunk(size))
+                    mapper.map(address + offset, size, chunks[-1], 0)
                     mapped.append((offset, size))
-                    offset += size
                 mapper.set_access(address, total, access, peers)
                 if seal:
                     write_sealed = all([backend.seal(c, readonly) for c in chunks])
@@ -313,7 +311,7 @@ class Allocation(Leasing, Growth):
                         del STATE.memory.blocks[self.block]
                     drain = (
                         (self.backend.exporter_owned and (bool(self.holders) or self.busy()))
-                        or (self._growable and self.busy())
+                        or (self.growable and self.busy())
                         or (cacheable and self.flight.undone()[0] > 0)
                     )
                     if drain:

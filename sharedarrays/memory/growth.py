@@ -82,11 +82,6 @@ def growth_sizes(
 class Growth(AllocationRecords):
     """Adding, removing and moving chunks (under ``growth_lock``; each bumps ``generation``)."""
 
-    @property
-    def growable(self) -> bool:
-        """Whether the allocation was made with a ``capacity`` (and so may grow and shrink)."""
-        return self._growable
-
     def grow(self, nbytes: int) -> None:
         """Map new chunks at the end so that at least ``nbytes`` are mapped (the exporter);
         past the capacity the allocation first *moves* to a reservation at least twice as large
@@ -117,22 +112,10 @@ class Growth(AllocationRecords):
             for fd in pending:
                 os.close(fd)
 
-    def reach(self, exclude: Lease[Any] | None = None) -> int:
-        """One past the highest byte a lease here (but ``exclude``) may touch; 0 if fixed."""
-        with self._lock:
-            ends = dict(self._ends)
-        if exclude is not None and exclude.allocation is self:
-            drop_end(ends, exclude.end)
-        return max(ends, default=0)
-
     def shrink(self, nbytes: int, exclude: Lease[Any] | None = None) -> None:
-        """Unmap and release the chunks wholly past ``nbytes`` (the exporter).
-
-        Raises
-        ------
-        ResizeRefused
-            A lease here (but ``exclude``) or a running process may use those chunks.
-        """
+        """Unmap and release the chunks wholly past ``nbytes`` (the exporter); raises
+        :class:`~sharedarrays.ResizeRefused` where a lease here (but ``exclude``) or a running
+        process may use them."""
         with self.growth_lock:
             target = round_up(max(nbytes, 1), self.backend.granularity)
             keep, kept = 0, 0
@@ -141,7 +124,11 @@ class Growth(AllocationRecords):
                 keep += 1
             if keep == len(self._chunks):
                 return
-            reached = self.reach(exclude)
+            with self._lock:  # (the lease ends here, but exclude's, bound what may go)
+                ends = dict(self._ends)
+            if exclude is not None and exclude.allocation is self:
+                drop_end(ends, exclude.end)
+            reached = max(ends, default=0)
             if reached > kept:
                 raise ResizeRefused(
                     f"cannot unmap bytes {kept}-{self.size} of allocation {self.id}: a view or "
@@ -212,12 +199,10 @@ class Growth(AllocationRecords):
         address = backend.reserve(capacity)
         mapped: list[tuple[int, int]] = []
         try:
-            offset = 0
-            for c in self._chunks:
-                backend.map(address + offset, c.size, c, 0)
-                mapped.append((offset, c.size))
-                offset += c.size
-            backend.set_access(address, offset, self._access, self._peers)
+            for (offset, size), c in zip(back_to_back(self._chunks), self._chunks):
+                backend.map(address + offset, size, c, 0)
+                mapped.append((offset, size))
+            backend.set_access(address, self.size, self._access, self._peers)
         except BaseException:
             teardown(backend, address, capacity, mapped, [])
             raise

@@ -98,7 +98,7 @@ class AllocationRecords:
         self._access: Access = access
         self._peers: dict[int, Access] = dict(peers or {})
         self._reservation = Reservation(backend, address, self.capacity)
-        self._growable = capacity is not None
+        self.growable = capacity is not None  # (made with a capacity: may grow and shrink)
         self._chunk_bytes: int | None = None
         self._ends: dict[int, int] = {}  # (growable) lease ends -> leases: bounds shrinking
         self.growth_lock = threading.RLock()  # held while chunks are added, removed or served

@@ -57,21 +57,13 @@ def drop_end(ends: dict[int, int], end: int) -> None:
 
 
 class Lease(Generic[_L]):
-    """One user's hold on an allocation (each view takes one); when the last goes, the
-    allocation is released (exporter) or parked (importer, see :func:`keep_imports`).
-
-    Attributes
-    ----------
-    allocation : Leasing
-        What it holds.
-    end : int
-        One past the highest byte its holder may touch (shrinking never unmaps below it).
-    """
+    """One user's hold on ``allocation`` up to byte ``end`` (shrinking never unmaps below
+    it); each view takes one. When the last goes, the allocation is released (exporter) or
+    parked (importer, see :func:`keep_imports`)."""
 
     __slots__ = ("allocation", "end", "_pinned", "__weakref__")
 
     def __init__(self, allocation: _L, end: int, reservation: Reservation | None = None) -> None:
-        """Hold ``allocation`` up to byte ``end``, keeping ``reservation`` mapped if given."""
         self.allocation = allocation
         self.end = end
         # (a list only when pinned: emptied first when the lease ends)
@@ -119,7 +111,7 @@ class Leasing(AllocationRecords):
                 self._release_when_idle = False
                 return self.kept_lease  # type: ignore[no-any-return]
             self._leases += 1
-            if self._growable:  # (ends bound shrinking: see reach)
+            if self.growable:  # (ends bound shrinking)
                 self._ends[end] = self._ends.get(end, 0) + 1
             self._release_when_idle = False  # (used again: a pending eviction is off)
             reservation = self._reservation if pin else None
@@ -191,7 +183,7 @@ class Leasing(AllocationRecords):
 
     def _unlease(self, end: int) -> None:
         with self._lock:
-            if self._growable:
+            if self.growable:
                 drop_end(self._ends, end)
             self._leases -= 1
             if self._view_leases() or self.released:  # (idle: none but the native base's)
@@ -234,7 +226,7 @@ class Leasing(AllocationRecords):
         with self._lock:
             if (
                 self.kept_lease is not None
-                or self._growable
+                or self.growable
                 or self.done_asked  # (each view's end may have to say DONE)
                 or self.released
                 or self._release_when_idle
