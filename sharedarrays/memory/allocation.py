@@ -8,13 +8,14 @@ or holds a handle.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from itertools import accumulate
 from typing import cast
 
@@ -24,7 +25,7 @@ from sharedarrays.memory.cache import cache_bytes, new_block, settle_draining
 from sharedarrays.memory.growth import Growth, chunk_sizes
 from sharedarrays.memory.info import Origin
 from sharedarrays.memory.lease import Leasing
-from sharedarrays.memory.reservation import back_to_back, teardown
+from sharedarrays.memory.reservation import back_to_back, close_fds, teardown
 from sharedarrays.process import STATE
 
 __all__ = ["Allocation"]
@@ -33,11 +34,6 @@ __all__ = ["Allocation"]
 def _fresh() -> tuple[str, bytes, Origin]:
     """A new allocation's id, secret and origin (this process, now)."""
     return secrets.token_hex(16), secrets.token_bytes(32), Origin(True, os.getpid(), time.time())
-
-
-def _close(fds: Iterable[int]) -> None:
-    for fd in fds:
-        os.close(fd)
 
 
 class Allocation(Leasing, Growth):
@@ -175,14 +171,14 @@ class Allocation(Leasing, Growth):
             else len(sizes) != 1 or len(exports) != 1 or len(fds) > 1
         )
         if bad:
-            _close(fds)
+            close_fds(fds)
             raise PayloadError(
                 f"{len(sizes)} chunk sizes but {len(fds)} handles and {len(exports)} exports"
             )
         with STATE.memory.lock:
             existing: Allocation | None = STATE.memory.registry.get(alloc_id)
             if existing is not None:
-                _close(fds)
+                close_fds(fds)
                 return existing
             pending = list(fds)
 
@@ -203,7 +199,7 @@ class Allocation(Leasing, Growth):
                     peers,
                 )
             finally:
-                _close(pending)
+                close_fds(pending)
 
     @classmethod
     def _build(
@@ -333,10 +329,8 @@ class Allocation(Leasing, Growth):
 
     def _released_hooks(self) -> None:
         for hook in STATE.memory.release_hooks:
-            try:
+            with contextlib.suppress(Exception):
                 hook(self)
-            except Exception:
-                continue
 
     def free_cached(self) -> None:
         """Free memory the cache let go (and tell the processes it was served to)."""

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -11,7 +10,7 @@ from sharedarrays.backends import Chunk, MappingBackend, round_up
 from sharedarrays.errors import PayloadError, ResizeRefused
 from sharedarrays.memory.info import AllocationRecords
 from sharedarrays.memory.lease import Lease, drop_end
-from sharedarrays.memory.reservation import Reservation, back_to_back, teardown
+from sharedarrays.memory.reservation import Reservation, back_to_back, close_fds, teardown
 from sharedarrays.settings import env_number
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "MAX_CHUNKS", "Growth", "chunk_sizes", "growth_sizes"]
@@ -109,8 +108,7 @@ class Growth(AllocationRecords):
             with self.growth_lock:
                 self._add_chunks(sizes, import_next, capacity)
         finally:
-            for fd in pending:
-                os.close(fd)
+            close_fds(pending)
 
     def shrink(self, nbytes: int, exclude: Lease[Any] | None = None) -> None:
         """Unmap and release the chunks wholly past ``nbytes`` (the exporter); raises

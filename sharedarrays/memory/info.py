@@ -13,7 +13,7 @@ from typing import Any
 from sharedarrays.backends import Access, Backend, Chunk
 from sharedarrays.backends.device import Device
 from sharedarrays.memory.inflight import InFlight, Served
-from sharedarrays.memory.reservation import Reservation, back_to_back
+from sharedarrays.memory.reservation import Reservation, back_to_back, close_fds
 from sharedarrays.process import STATE
 
 __all__ = ["AllocationRecords", "ChunkInfo", "MappingInfo", "Origin", "format_bytes", "use_clock"]
@@ -157,10 +157,8 @@ class AllocationRecords:
     @property
     def access_by_device(self) -> dict[Device, Access]:
         """Every device that may touch the memory here (its own and peers), and how."""
-        out: dict[Device, Access] = {self.device: self._access}
-        for index, mode in sorted(self._peers.items()):
-            out[Device(self.device.kind, index)] = mode
-        return out
+        peers = {Device(self.device.kind, i): mode for i, mode in sorted(self._peers.items())}
+        return {self.device: self._access, **peers}
 
     @property
     def lifetime(self) -> str:
@@ -219,8 +217,7 @@ class AllocationRecords:
                     return fds, reopened
                 reopened.append(ro)
         except BaseException:
-            for fd in reopened:
-                os.close(fd)
+            close_fds(reopened)
             raise
         return reopened, reopened
 

@@ -6,13 +6,20 @@ down once the last native array using its addresses goes.
 
 from __future__ import annotations
 
+import os
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import cast
 
 from sharedarrays.backends import Backend, Chunk, MappingBackend
 
-__all__ = ["Reservation", "back_to_back", "teardown"]
+__all__ = ["Reservation", "back_to_back", "close_fds", "teardown"]
+
+
+def close_fds(fds: Iterable[int]) -> None:
+    """Close ``fds`` (handles this process owns and no longer needs)."""
+    for fd in fds:
+        os.close(fd)
 
 
 def back_to_back(chunks: list[Chunk], start: int = 0) -> list[tuple[int, int]]:
