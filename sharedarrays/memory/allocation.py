@@ -1,36 +1,42 @@
 """Allocations: one array's memory, mapped in this process.
 
-An :class:`Allocation` is created in one process (the *exporter*) and imported into others
-(the *importers*); each process maps it at most once, so the registry (``STATE.memory``) is
-keyed by its id. It is released here when its last lease goes; the memory lives on while
-another process maps it or holds a handle.
+An :class:`Allocation` is made in one process (the *exporter*) and imported into others (the
+*importers*), at most once per process: ``STATE.memory.registry`` keys it by id. It is
+released here when its last lease goes; the memory lives on while another process maps it
+or holds a handle.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
+import sys
 import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any, cast
+from itertools import accumulate
+from typing import cast
 
 from sharedarrays.backends import Access, Backend, Chunk, MappingBackend, round_up
 from sharedarrays.errors import HandleUnavailable, OutOfMemory, PayloadError
-from sharedarrays.memory.cache import Cached, cache_bytes, new_block
-from sharedarrays.memory.growth import chunk_sizes
-from sharedarrays.memory.handover import HandOver
-from sharedarrays.memory.inflight import InFlight
+from sharedarrays.memory.cache import cache_bytes, new_block, settle_draining
+from sharedarrays.memory.growth import Growth, chunk_sizes
 from sharedarrays.memory.info import Origin
-from sharedarrays.memory.lease import Lease, Leasing, use_clock
-from sharedarrays.memory.reservation import Reservation, teardown
+from sharedarrays.memory.lease import Leasing
+from sharedarrays.memory.reservation import back_to_back, close_fds, teardown
 from sharedarrays.process import STATE
 
 __all__ = ["Allocation"]
 
 
-class Allocation(Leasing, HandOver, Cached):
+def _fresh() -> tuple[str, bytes, Origin]:
+    """A new allocation's id, secret and origin (this process, now)."""
+    return secrets.token_hex(16), secrets.token_bytes(32), Origin(True, os.getpid(), time.time())
+
+
+class Allocation(Leasing, Growth):
     """A reservation with its chunks mapped back to back: the memory of one array.
 
     Made by :meth:`create` (exporter) or :meth:`import_` (importer); views hold leases on
@@ -55,7 +61,7 @@ class Allocation(Leasing, HandOver, Cached):
     export_readonly : bool
         Whether importers get read-only mappings (payloads say ``readonly``).
     slab : bool
-        Whether small arrays are packed into it (:func:`~sharedarrays.memory.slabs.pack_into_slab`).
+        Whether small arrays are packed into it (:func:`~sharedarrays.memory.pack_into_slab`).
     keeper_name : str or None
         The name it has in the keeper, if any.
     in_keeper : bool
@@ -63,74 +69,6 @@ class Allocation(Leasing, HandOver, Cached):
     write_sealed : bool
         Whether the kernel forbids every new write (``readonly=True``, host backend).
     """
-
-    def __init__(
-        self,
-        backend: Backend,
-        alloc_id: str,
-        secret: bytes,
-        address: int,
-        chunks: list[Chunk],
-        access: Access,
-        origin: Origin,
-        capacity: int | None = None,
-        peers: Mapping[int, Access] | None = None,
-    ) -> None:
-        self.id = alloc_id
-        self.secret = secret
-        self.backend = backend
-        self.address = address
-        self.size = sum(c.size for c in chunks)
-        self.capacity = self.size if capacity is None else capacity
-        self.used = self.size
-        self.generation = 0
-        self._reservation = Reservation(backend, address, self.capacity)
-        self._growable = capacity is not None
-        self.derives_natives = capacity is None and hasattr(backend, "native_view")
-        """Whether its views' native arrays come from :meth:`native_view` (not growable)."""
-        self._chunk_bytes: int | None = None
-        self._ends: dict[int, int] = {}
-        self.growth_lock = threading.RLock()
-        """Held while chunks are added, removed or served."""
-        self.source_server: str | None = None
-        """For an imported growable allocation: its exporter's handle server."""
-        self._chunks = chunks
-        self._access: Access = access
-        self._peers: dict[int, Access] = dict(peers or {})
-        self.native_device: int | None = None
-        """Device of the native arrays made here when read as a peer (``None``: its own)."""
-        self.origin = origin
-        self.flight = InFlight()
-        self._lock = threading.Lock()
-        self._leases = 0
-        self.released = False
-        """Whether this process has already released the allocation. Read-only."""
-        self._release_when_idle = False  # a release asked for waits for a native base's end
-        self._orphaned = False
-        self.kept_lease: Lease[Allocation] | None = None
-        """(An importer) the lease a parked allocation keeps for its next view. Read-only."""
-        self.last_used = use_clock()
-        """When last leased or loaded here (:data:`~sharedarrays.memory.lease.use_clock`)."""
-        self.pid = os.getpid()  # a forked child inherits the object but is not this process
-        self.allow_pids: frozenset[int] | None = None
-        self.export_readonly = False
-        self.slab = False
-        self.keeper_name: str | None = None
-        self.in_keeper = False
-        self.write_sealed = False
-        self._native_base: tuple[int | None, Any] | None = None  # (device, native array)
-        # native arrays by layout (offset, shape, strides): (device, dtype, readonly, array)
-        self._natives: dict[tuple[Any, ...], tuple[Any, Any, bool, Any]] = {}
-        # reuse (memory/cache.py): block token, reused, drain start, pool server, DONE asked
-        self.block: bytes | None = None
-        self.reused = False
-        self.released_at = 0.0
-        self.pool_server: str | None = None
-        self.done_asked = False
-        self.encoded: tuple[int, int, bytes] | None = None
-        """The cached payload of the allocation, with the pid and generation it was made for."""
-        with STATE.memory.lock:
-            STATE.memory.registry[alloc_id] = self
 
     # construction -----------------------------------------------------------------------
     @classmethod
@@ -145,20 +83,10 @@ class Allocation(Leasing, HandOver, Cached):
     ) -> Allocation:
         """Make a new allocation of at least ``nbytes`` bytes in this process (the exporter).
 
-        Parameters
-        ----------
-        backend : Backend
-            Where the memory lives.
-        nbytes : int
-            Bytes needed; rounded up to the backend's granularity.
-        chunk_bytes : int, optional
-            Largest chunk (see :func:`chunk_sizes`, and :func:`growth_sizes` for growth).
-        capacity : int, optional
-            Make it *growable*: reserve this many bytes and map only ``nbytes``.
-        peers : mapping of int to Access, optional
-            Access for other devices (CUDA VMM only: see :meth:`grant`).
-        readonly : bool
-            Read-only for every other process, enforced where the backend can.
+        ``chunk_bytes`` bounds a chunk (:func:`chunk_sizes`, :func:`growth_sizes`); a
+        ``capacity`` makes it *growable* (reserved, only ``nbytes`` mapped); ``peers`` gives
+        other devices access (CUDA VMM: :meth:`grant`); ``readonly`` holds for every other
+        process, enforced where the backend can.
         """
         if backend.maps:
             sizes = chunk_sizes(nbytes, backend.granularity, chunk_bytes)
@@ -178,21 +106,22 @@ class Allocation(Leasing, HandOver, Cached):
             capacity = max(round_up(capacity, backend.granularity), sum(sizes))
         cacheable = backend.maps and capacity is None and not peers and not readonly
         cacheable = cacheable and sum(sizes) <= cache_bytes()
-        if cacheable:
-            reused = cls._reuse(backend, sizes, nbytes)
-            if reused is not None:
-                return reused
+        if cacheable:  # a new allocation on cached memory of these sizes, if any
+            old = STATE.memory.cache.take(backend.name, backend.device, sizes)
+            if old is not None:
+                alloc = cls(backend, *_fresh(), old.address, old._chunks, "rw")
+                alloc.block, alloc.used, alloc.reused = old.block, nbytes, True
+                alloc.flight.servers.update(old.flight.servers)  # (told when it is freed at last)
+                return alloc
         for last_try in (False, True):  # (out of memory or fds: empty the cache, again)
             try:
                 backend.check_memory(sum(sizes))
                 alloc = cls._build(
                     backend,
-                    secrets.token_hex(16),
-                    secrets.token_bytes(32),
+                    *_fresh(),
                     sizes,
                     backend.create_chunk,
                     "rw",
-                    Origin(True, os.getpid(), time.time()),
                     capacity,
                     peers,
                     seal=True,
@@ -209,41 +138,12 @@ class Allocation(Leasing, HandOver, Cached):
         return alloc
 
     @classmethod
-    def _reuse(cls, backend: Backend, sizes: list[int], nbytes: int) -> Allocation | None:
-        """A new allocation on cached memory of ``sizes``, or ``None`` when none is cached."""
-        old = STATE.memory.cache.take(backend.name, backend.device, sizes)
-        if old is None:
-            return None
-        alloc = cls(
-            backend,
-            secrets.token_hex(16),
-            secrets.token_bytes(32),
-            old.address,
-            old._chunks,
-            "rw",
-            Origin(True, os.getpid(), time.time()),
-        )
-        alloc.block, alloc.used, alloc.reused = old.block, nbytes, True
-        alloc.flight.servers.update(old.flight.servers)  # (told when it is freed at last)
-        return alloc
-
-    @classmethod
     def borrow(cls, backend: Backend, chunk: Chunk) -> Allocation:
-        """Make an allocation of memory borrowed from another library (``borrow_chunk``).
-
-        Releasing it drops the object that keeps the memory instead of freeing it.
-        """
+        """Make an allocation of memory borrowed from another library (``borrow_chunk``):
+        releasing it drops the object that keeps the memory instead of freeing it."""
         if backend.maps or not backend.exporter_owned:
             raise ValueError(f"memory cannot be borrowed into a {backend.name} allocation")
-        return cls._build(
-            backend,
-            secrets.token_hex(16),
-            secrets.token_bytes(32),
-            [chunk.size],
-            lambda size: chunk,
-            "rw",
-            Origin(True, os.getpid(), time.time()),
-        )
+        return cls._build(backend, *_fresh(), [chunk.size], lambda size: chunk, "rw")
 
     @classmethod
     def import_(
@@ -271,16 +171,14 @@ class Allocation(Leasing, HandOver, Cached):
             else len(sizes) != 1 or len(exports) != 1 or len(fds) > 1
         )
         if bad:
-            for fd in fds:
-                os.close(fd)
+            close_fds(fds)
             raise PayloadError(
                 f"{len(sizes)} chunk sizes but {len(fds)} handles and {len(exports)} exports"
             )
         with STATE.memory.lock:
             existing: Allocation | None = STATE.memory.registry.get(alloc_id)
             if existing is not None:
-                for fd in fds:
-                    os.close(fd)
+                close_fds(fds)
                 return existing
             pending = list(fds)
 
@@ -293,16 +191,15 @@ class Allocation(Leasing, HandOver, Cached):
                     backend,
                     alloc_id,
                     secret,
+                    Origin(False, source_pid, time.time()),
                     sizes,
                     import_next,
                     access,
-                    Origin(False, source_pid, time.time()),
                     None if capacity is None else max(capacity, sum(sizes)),
                     peers,
                 )
             finally:
-                for fd in pending:
-                    os.close(fd)
+                close_fds(pending)
 
     @classmethod
     def _build(
@@ -310,10 +207,10 @@ class Allocation(Leasing, HandOver, Cached):
         backend: Backend,
         alloc_id: str,
         secret: bytes,
+        origin: Origin,
         sizes: list[int],
         make_chunk: Callable[[int], Chunk],
         access: Access,
-        origin: Origin,
         capacity: int | None = None,
         peers: Mapping[int, Access] | None = None,
         seal: bool = False,
@@ -334,30 +231,26 @@ class Allocation(Leasing, HandOver, Cached):
             except BaseException:
                 teardown(backend, 0, 0, [], [chunk])
                 raise
-            alloc = cls(backend, alloc_id, secret, chunk.address, [chunk], access, origin)
-            alloc.export_readonly, alloc.write_sealed = readonly, write_sealed and readonly
-            return alloc
-        mapper = cast(MappingBackend, backend)
-        reserved = total if capacity is None else round_up(capacity, backend.granularity)
-        chunks: list[Chunk] = []
-        mapped: list[tuple[int, int]] = []
-        address = 0
-        try:
-            address = mapper.reserve(reserved)
-            offset = 0
-            for size in sizes:
-                chunk = make_chunk(size)
-                chunks.append(chunk)
-                mapper.map(address + offset, size, chunk, 0)
-                mapped.append((offset, size))
-                offset += size
-            mapper.set_access(address, total, access, peers)
-            if seal:
-                write_sealed = all([backend.seal(c, readonly) for c in chunks])
-        except BaseException:
-            teardown(backend, address, reserved, mapped, chunks)
-            raise
-        alloc = cls(backend, alloc_id, secret, address, chunks, access, origin, capacity, peers)
+            alloc = cls(backend, alloc_id, secret, origin, chunk.address, [chunk], access)
+        else:
+            mapper = cast(MappingBackend, backend)
+            reserved = total if capacity is None else round_up(capacity, backend.granularity)
+            chunks: list[Chunk] = []
+            mapped: list[tuple[int, int]] = []
+            address = 0
+            try:
+                address = mapper.reserve(reserved)
+                for offset, size in zip(accumulate(sizes, initial=0), sizes):
+                    chunks.append(make_chunk(size))
+                    mapper.map(address + offset, size, chunks[-1], 0)
+                    mapped.append((offset, size))
+                mapper.set_access(address, total, access, peers)
+                if seal:
+                    write_sealed = all([backend.seal(c, readonly) for c in chunks])
+            except BaseException:
+                teardown(backend, address, reserved, mapped, chunks)
+                raise
+            alloc = cls(backend, alloc_id, secret, origin, address, chunks, access, capacity, peers)
         alloc.export_readonly, alloc.write_sealed = readonly, write_sealed and readonly
         return alloc
 
@@ -372,14 +265,11 @@ class Allocation(Leasing, HandOver, Cached):
             self.release()  # (in use: its last lease releases it)
 
     def release(self) -> bool:
-        """Unmap and close everything this process holds of the allocation, now.
-
-        Does nothing while a view uses it; idempotent. A kept native base is let go first.
-        It leaves the registry, but *drains* (is still served) while others may need it:
-        exporter-owned memory until its holders close it, a growable array while a payload
-        is in flight, a reusable block until its importers say ``DONE``. Returns whether
-        this call released it.
-        """
+        """Unmap and close all this process holds of the allocation unless a view uses it (a
+        kept native base is let go first); whether this call released it. It leaves the
+        registry but *drains* (is still served) while needed: exporter-owned memory until its
+        holders close it, a growable array while a payload is in flight, a reusable block
+        until its importers say ``DONE``."""
         with self._lock:
             if self.released:
                 return False
@@ -417,7 +307,7 @@ class Allocation(Leasing, HandOver, Cached):
                         del STATE.memory.blocks[self.block]
                     drain = (
                         (self.backend.exporter_owned and (bool(self.holders) or self.busy()))
-                        or (self._growable and self.busy())
+                        or (self.growable and self.busy())
                         or (cacheable and self.flight.undone()[0] > 0)
                     )
                     if drain:
@@ -434,13 +324,42 @@ class Allocation(Leasing, HandOver, Cached):
         return True
 
     def _free(self) -> None:
-        mapped = [(m.offset, m.size) for m in self.mappings] if self.backend.maps else []
+        mapped = back_to_back(self._chunks) if self.backend.maps else []
         teardown(self.backend, self.address, self.capacity, mapped, self._chunks)
 
-    def closed_by(self, pid: int | None) -> None:
-        """Process ``pid`` (``None``: those that exited) no longer holds this allocation.
+    def _released_hooks(self) -> None:
+        for hook in STATE.memory.release_hooks:
+            with contextlib.suppress(Exception):
+                hook(self)
 
-        Frees a draining allocation once no holder and no payload in flight is left."""
+    def free_cached(self) -> None:
+        """Free memory the cache let go (and tell the processes it was served to)."""
+        try:
+            self._free()
+        finally:
+            self._released_hooks()
+
+    def cacheable(self) -> bool:
+        """Whether the memory may be kept for reuse on release (a block made here, never
+        named, kept by the keeper, handed over or a slab)."""
+        return (
+            self.block is not None
+            and self.origin.created_here
+            and self.pid == os.getpid()
+            and not self.in_keeper
+            and self.keeper_name is None
+            and not self.slab
+            and not self.flight.was_handed_over
+        )
+
+    def done_by_importers(self, count: int) -> None:
+        """An importer said ``DONE`` for ``count`` payloads of this allocation."""
+        self.flight.note_done(count)
+        settle_draining()
+
+    def closed_by(self, pid: int | None) -> None:
+        """Process ``pid`` (``None``: those that exited) no longer holds this allocation:
+        frees a draining allocation once no holder and no payload in flight is left."""
         self.flight.closed_by(pid)
         if self.holders or self.busy() or self.cacheable():  # (a block: settle_draining)
             return
@@ -459,9 +378,8 @@ class Allocation(Leasing, HandOver, Cached):
             )
 
     def disown(self) -> None:
-        """In a forked child: the inherited allocation stays its creator's to resize.
-
-        Resizing it here raises :class:`~sharedarrays.ResizeRefused`, as in an importer."""
+        """In a forked child: the inherited allocation stays its creator's to resize
+        (resizing it here raises :class:`~sharedarrays.ResizeRefused`, as in an importer)."""
         self._lock = threading.Lock()
         self.growth_lock = threading.RLock()
         if self.origin.created_here:
@@ -474,16 +392,46 @@ class Allocation(Leasing, HandOver, Cached):
         self.pid = os.getpid()
         self.flight.forget()
 
-    # leases and access ---------------------------------------------------------------------
+    # payloads in flight -----------------------------------------------------------------
+    def in_flight(self) -> tuple[int, float]:
+        """Payloads pickled here that may still be loaded, and the seconds left of their bound
+        (``(0, 0.0)`` when none; uncounted warm loads err on the side of keeping memory)."""
+        return self.flight.in_flight()
+
+    def busy(self) -> bool:
+        """Whether a payload pickled here may still be loaded."""
+        return self.in_flight()[0] > 0
+
+    def hand_over(self, say: bool = True) -> tuple[int, str] | None:
+        """Give the handles of payloads in flight to the keeper (``hand_over_hooks``), for
+        memory that outlives its exporter (host, cuda-vmm). On a failure, returns how many
+        payloads will not load and the message saying so (printed unless ``say=False``)."""
+        if self.pid != os.getpid() or self.growable or not self.backend.maps:
+            return None
+        count, seconds = self.in_flight()
+        if not count:
+            return None
+        for hook in STATE.memory.hand_over_hooks:
+            try:
+                hook(self, count, seconds)
+            except Exception as exc:
+                message = (
+                    f"sharedarrays: {count} payload(s) of allocation {self.id} are in flight "
+                    f"but their memory could not be handed to the keeper ({exc}); they will "
+                    "not load. Keep a view open until they are loaded, or park() the array"
+                )
+                if say:
+                    print(message, file=sys.stderr)
+                return count, message
+        self.flight.handed_over()
+        return None
+
+    # access -----------------------------------------------------------------------------
     def grant(self, index: int, access: Access = "rw") -> None:
         """Give peer device ``index`` ``access`` to the whole reservation in this process.
 
-        Raises
-        ------
-        ValueError
-            Not a CUDA VMM allocation, or a bad access mode.
-        PeerAccessUnavailable
-            That device cannot reach this memory (``cuDeviceCanAccessPeer`` is 0).
+        Raises ValueError (not CUDA VMM, a bad mode) or PeerAccessUnavailable (that device
+        cannot reach this memory: ``cuDeviceCanAccessPeer`` is 0).
         """
         if access not in ("rw", "r", "none"):
             raise ValueError(f"access must be 'rw', 'r' or 'none', not {access!r}")
@@ -500,36 +448,3 @@ class Allocation(Leasing, HandOver, Cached):
             mapper = cast(MappingBackend, self.backend)
             mapper.set_access(self.address, self.size, self._access, {index: access})
             self._peers[index] = access
-
-    # growth -----------------------------------------------------------------------------
-    def reach(self, exclude: Lease[Allocation] | None = None) -> int:
-        """One past the highest byte a lease here (but ``exclude``) may touch; 0 if fixed."""
-        with self._lock:
-            ends = dict(self._ends)
-        if exclude is not None and exclude.allocation is self:
-            left = ends.get(exclude.end, 0) - 1
-            if left > 0:
-                ends[exclude.end] = left
-            else:
-                ends.pop(exclude.end, None)
-        return max(ends, default=0)
-
-    def shrink(self, nbytes: int, exclude: Lease[Allocation] | None = None) -> None:
-        """Unmap and release the chunks that lie wholly past ``nbytes`` (the exporter).
-
-        Raises
-        ------
-        ResizeRefused
-            A lease here, or a running process, may use those chunks.
-        """
-        self._unmap_past(nbytes, lambda: self.reach(exclude))
-
-    def has_chunk_sizes(self, sizes: tuple[int, ...]) -> bool:
-        """Whether the chunks are ``sizes``, in order (checked on every warm load)."""
-        chunks = self._chunks
-        if len(chunks) != len(sizes):
-            return False
-        for i in range(len(sizes)):  # noqa: SIM110 - all() would make a generator per load
-            if chunks[i].size != sizes[i]:
-                return False
-        return True

@@ -8,7 +8,6 @@ emptied when memory or fds run out, and at exit.
 
 from __future__ import annotations
 
-import os
 import secrets
 import threading
 import time
@@ -24,7 +23,6 @@ __all__ = [
     "CACHE_BLOCKS",
     "CACHE_BYTES",
     "DONE_WAIT",
-    "Cached",
     "ChunkCache",
     "block_id",
     "cache_bytes",
@@ -51,8 +49,7 @@ def empty_cache() -> int:
 
 
 def block_id(block: bytes) -> str:
-    """The id a notice names a block by (its secret is the token itself): only a holder of
-    the token can make it."""
+    """The id a notice names a block by (its secret is the token itself)."""
     return block[:16].hex()
 
 
@@ -61,61 +58,12 @@ def new_block() -> bytes:
     return secrets.token_bytes(32)
 
 
-class Cached:
-    """What the cache asks of an allocation (a base of ``Allocation``)."""
-
-    block: bytes | None
-    origin: Any
-    pid: int
-    in_keeper: bool
-    keeper_name: str | None
-    slab: bool
-    flight: Any
-
-    def _free(self) -> None:
-        raise NotImplementedError
-
-    def _released_hooks(self) -> None:
-        for hook in STATE.memory.release_hooks:
-            try:
-                hook(self)
-            except Exception:
-                continue
-
-    def cacheable(self) -> bool:
-        """Whether the memory may be kept for reuse on release (a block made here, never
-        named, kept by the keeper, handed over or a slab)."""
-        return (
-            self.block is not None
-            and self.origin.created_here
-            and self.pid == os.getpid()
-            and not self.in_keeper
-            and self.keeper_name is None
-            and not self.slab
-            and not self.flight.was_handed_over
-        )
-
-    def done_by_importers(self, count: int) -> None:
-        """An importer said ``DONE`` for ``count`` payloads of this allocation."""
-        self.flight.note_done(count)
-        settle_draining()
-
-    def free_cached(self) -> None:
-        """Free memory the cache let go (and tell the processes it was served to)."""
-        try:
-            self._free()
-        finally:
-            self._released_hooks()
-
-
 class ChunkCache:
     """Released allocations made here, kept for reuse, least recently released first."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._kept: OrderedDict[bytes, Allocation] = OrderedDict()
-        self.nbytes = 0
         self.hits = 0  # (arrays made on kept memory)
+        self.forget()
 
     def put(self, alloc: Allocation) -> bool:
         """Keep ``alloc``, freeing the oldest over the bound; whether it was kept."""
@@ -171,9 +119,9 @@ class ChunkCache:
             return list(self._kept.values())
 
     def forget(self) -> None:
-        """In a forked child: keep nothing."""
+        """Keep nothing (in a forked child: what the parent keeps is its own)."""
         self._lock = threading.Lock()
-        self._kept.clear()
+        self._kept: OrderedDict[bytes, Allocation] = OrderedDict()
         self.nbytes = 0
 
     def _over(self, limit: int) -> list[Allocation]:
@@ -198,9 +146,8 @@ DONE_WAIT = 1.0
 
 
 def settle_draining(at_exit: bool = False) -> None:
-    """Cache draining blocks whose importers are all done; free those that waited too long.
-
-    ``at_exit``: free all of them."""
+    """Cache draining blocks whose importers are all done; free those that waited too long
+    (``at_exit``: all of them)."""
     with STATE.memory.lock:
         waiting = [
             a for a in STATE.memory.draining.values() if a.block is not None and a.cacheable()

@@ -1,20 +1,16 @@
-"""Growth: how big chunks are, and mapping chunks at the end of an allocation.
-
-The sizing policy (:func:`chunk_sizes`, :func:`growth_sizes`) and :class:`Growth`, the base
-of :class:`~sharedarrays.memory.allocation.Allocation` that adds, removes and moves chunks.
-"""
+"""Growth: how big chunks are (:func:`chunk_sizes`, :func:`growth_sizes`), and
+:class:`Growth`, the base of ``Allocation`` that adds, removes and moves chunks."""
 
 from __future__ import annotations
 
-import os
-import threading
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
-from sharedarrays.backends import Access, Backend, Chunk, MappingBackend, round_up
+from sharedarrays.backends import Chunk, MappingBackend, round_up
 from sharedarrays.errors import PayloadError, ResizeRefused
-from sharedarrays.memory.inflight import InFlight
-from sharedarrays.memory.reservation import Reservation, teardown
+from sharedarrays.memory.info import AllocationRecords
+from sharedarrays.memory.lease import Lease, drop_end
+from sharedarrays.memory.reservation import Reservation, back_to_back, close_fds, teardown
 from sharedarrays.settings import env_number
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "MAX_CHUNKS", "Growth", "chunk_sizes", "growth_sizes"]
@@ -26,40 +22,21 @@ MAX_CHUNKS = 1 << 16
 """No allocation has more chunks than this (a payload claiming more is rejected)."""
 
 
-def _default_chunk_bytes() -> int:
-    return env_number("SHAREDARRAYS_CHUNK_BYTES", DEFAULT_CHUNK_BYTES, 1)
-
-
-def _chunk_limit(chunk_bytes: int | None) -> int:
-    """The largest chunk: ``chunk_bytes``, or the process default when ``None``."""
+def _chunk_limit(chunk_bytes: int | None, default: int = DEFAULT_CHUNK_BYTES) -> int:
+    """The largest chunk: ``chunk_bytes``, else ``SHAREDARRAYS_CHUNK_BYTES``, else ``default``."""
     if chunk_bytes is None:
-        chunk_bytes = _default_chunk_bytes()
+        chunk_bytes = env_number("SHAREDARRAYS_CHUNK_BYTES", default, 1)
     if chunk_bytes <= 0:
         raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
     return chunk_bytes
 
 
 def chunk_sizes(nbytes: int, granularity: int, chunk_bytes: int | None = None) -> list[int]:
-    """Split an allocation of ``nbytes`` into chunk sizes.
-
-    Rounded up to the granularity (at least one granule). One chunk by default, since each
-    chunk costs every importer an import and a map; with ``chunk_bytes`` chunks of at most
-    that size, only the last smaller.
-
-    Parameters
-    ----------
-    nbytes : int
-        Bytes the array needs.
-    granularity : int
-        The backend's granularity.
-    chunk_bytes : int, optional
-        Largest chunk; by default ``SHAREDARRAYS_CHUNK_BYTES`` if set, else no limit.
-    """
+    """Split ``nbytes`` (rounded up to ``granularity``, at least one granule) into chunks of
+    at most ``chunk_bytes`` (default ``SHAREDARRAYS_CHUNK_BYTES`` if set), only the last
+    smaller: one chunk by default, as each costs every importer an import and a map."""
     total = round_up(max(nbytes, 1), granularity)
-    if chunk_bytes is None:  # unset: one chunk
-        chunk_bytes = env_number("SHAREDARRAYS_CHUNK_BYTES", total, 1)
-    chunk_bytes = _chunk_limit(chunk_bytes)
-    step = round_up(chunk_bytes, granularity)
+    step = round_up(_chunk_limit(chunk_bytes, total), granularity)
     count = -(-total // step)  # (counted before the list is made: it may be huge)
     if count > MAX_CHUNKS:
         raise ValueError(
@@ -75,27 +52,14 @@ def chunk_sizes(nbytes: int, granularity: int, chunk_bytes: int | None = None) -
 def growth_sizes(
     mapped: int, nbytes: int, granularity: int, capacity: int, chunk_bytes: int | None = None
 ) -> list[int]:
-    """The chunks a growable allocation adds so that at least ``nbytes`` are mapped.
+    """The chunks a growable allocation with ``mapped`` bytes mapped (of ``capacity``
+    reserved) adds so that at least ``nbytes`` are mapped.
 
     Each chunk doubles what is mapped (``O(log n)`` chunks for ``n`` appends), at most
     ``chunk_bytes``; sizes past ``capacity`` mean the caller must move the allocation.
-
-    Parameters
-    ----------
-    mapped : int
-        Bytes mapped now (a multiple of ``granularity``).
-    nbytes : int
-        Bytes needed.
-    granularity : int
-        The backend's granularity.
-    capacity : int
-        Bytes reserved now.
-    chunk_bytes : int, optional
-        Largest chunk.
     """
-    chunk_bytes = _chunk_limit(chunk_bytes)
     target = round_up(max(nbytes, 1), granularity)
-    largest = round_up(chunk_bytes, granularity)
+    largest = round_up(_chunk_limit(chunk_bytes), granularity)
     if (target - mapped) // largest > MAX_CHUNKS:
         raise ValueError(
             f"growing to {nbytes} bytes in chunks of at most {largest} bytes would need more "
@@ -114,37 +78,13 @@ def growth_sizes(
     return sizes
 
 
-class Growth:
+class Growth(AllocationRecords):
     """Adding, removing and moving chunks (under ``growth_lock``; each bumps ``generation``)."""
 
-    id: str
-    backend: Backend
-    address: int
-    size: int
-    capacity: int
-    generation: int
-    growth_lock: threading.RLock
-    write_sealed: bool
-    export_readonly: bool
-    _chunk_bytes: int | None
-    _chunks: list[Chunk]
-    _access: Access
-    _peers: dict[int, Access]
-    _reservation: Reservation
-    _growable: bool
-    flight: InFlight
-
-    @property
-    def growable(self) -> bool:
-        """Whether the allocation was made with a ``capacity`` (and so may grow and shrink)."""
-        return self._growable
-
     def grow(self, nbytes: int) -> None:
-        """Map new chunks at the end so that at least ``nbytes`` are mapped (the exporter).
-
-        If they do not fit the capacity, the allocation first *moves* to a reservation at
-        least twice as large (no data copied; old native arrays keep the old one mapped).
-        """
+        """Map new chunks at the end so that at least ``nbytes`` are mapped (the exporter);
+        past the capacity the allocation first *moves* to a reservation at least twice as large
+        (no data copied; old native arrays keep the old one mapped)."""
         with self.growth_lock:
             if nbytes > self.size:
                 self.backend.check_memory(nbytes - self.size)
@@ -168,17 +108,12 @@ class Growth:
             with self.growth_lock:
                 self._add_chunks(sizes, import_next, capacity)
         finally:
-            for fd in pending:
-                os.close(fd)
+            close_fds(pending)
 
-    def _unmap_past(self, nbytes: int, reach: Callable[[], int]) -> None:
-        """Unmap and release the chunks wholly past ``nbytes`` (the exporter).
-
-        Raises
-        ------
-        ResizeRefused
-            A lease reaches into those chunks, or a running process was served them.
-        """
+    def shrink(self, nbytes: int, exclude: Lease[Any] | None = None) -> None:
+        """Unmap and release the chunks wholly past ``nbytes`` (the exporter); raises
+        :class:`~sharedarrays.ResizeRefused` where a lease here (but ``exclude``) or a running
+        process may use them."""
         with self.growth_lock:
             target = round_up(max(nbytes, 1), self.backend.granularity)
             keep, kept = 0, 0
@@ -187,7 +122,11 @@ class Growth:
                 keep += 1
             if keep == len(self._chunks):
                 return
-            reached = reach()
+            with self._lock:  # (the lease ends here, but exclude's, bound what may go)
+                ends = dict(self._ends)
+            if exclude is not None and exclude.allocation is self:
+                drop_end(ends, exclude.end)
+            reached = max(ends, default=0)
             if reached > kept:
                 raise ResizeRefused(
                     f"cannot unmap bytes {kept}-{self.size} of allocation {self.id}: a view or "
@@ -204,14 +143,10 @@ class Growth:
                     "or leave the array at its length"
                 )
             dropped = self._chunks[keep:]
-            start = kept
             self.size = kept  # (before anything is unmapped)
             self._chunks = self._chunks[:keep]
             self.generation += 1
-            mapped = []
-            for c in dropped:
-                mapped.append((start, c.size))
-                start += c.size
+            mapped = back_to_back(dropped, kept)
             teardown(self.backend, self.address, self.capacity, mapped, dropped, free=False)
 
     def _add_chunks(
@@ -262,12 +197,10 @@ class Growth:
         address = backend.reserve(capacity)
         mapped: list[tuple[int, int]] = []
         try:
-            offset = 0
-            for c in self._chunks:
-                backend.map(address + offset, c.size, c, 0)
-                mapped.append((offset, c.size))
-                offset += c.size
-            backend.set_access(address, offset, self._access, self._peers)
+            for (offset, size), c in zip(back_to_back(self._chunks), self._chunks):
+                backend.map(address + offset, size, c, 0)
+                mapped.append((offset, size))
+            backend.set_access(address, self.size, self._access, self._peers)
         except BaseException:
             teardown(backend, address, capacity, mapped, [])
             raise

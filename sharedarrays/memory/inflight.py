@@ -1,9 +1,4 @@
-"""Payloads in flight and the processes an allocation was served to.
-
-An :class:`InFlight` is one allocation's record, in this process, of payloads pickled here
-that may still be loaded elsewhere, of the processes its handles were served to (and those
-that still hold exporter-owned memory), and of payloads from elsewhere loaded here.
-"""
+"""Payloads in flight and the processes an allocation was served to (:class:`InFlight`)."""
 
 from __future__ import annotations
 
@@ -11,62 +6,62 @@ import os
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 
-from sharedarrays.memory.info import Served
 from sharedarrays.process import running
 from sharedarrays.settings import env_number
 
-__all__ = ["IN_FLIGHT_SECONDS", "InFlight", "in_flight_seconds"]
+__all__ = ["IN_FLIGHT_SECONDS", "InFlight", "Served", "in_flight_seconds"]
 
 IN_FLIGHT_SECONDS = 60.0
 """Default bound on how long a payload in flight keeps its memory alive (seconds)."""
 
-_SERVED_HISTORY = 256
+
+@dataclass(frozen=True)
+class Served:
+    """One time this process handed an allocation's handles to another process."""
+
+    pid: int
+    time: float
 
 
 def in_flight_seconds() -> float:
-    """How long a payload in flight keeps its memory alive: ``SHAREDARRAYS_IN_FLIGHT`` (60 s).
-
-    A payload loaded later raises :class:`~sharedarrays.HandleUnavailable`."""
+    """How long a payload in flight keeps its memory alive: ``SHAREDARRAYS_IN_FLIGHT`` (60 s);
+    a payload loaded later raises :class:`~sharedarrays.HandleUnavailable`."""
     return env_number("SHAREDARRAYS_IN_FLIGHT", IN_FLIGHT_SECONDS, 0.0)
 
 
 def _within_bound(count: int, sent_at: float) -> tuple[int, float]:
-    """``(count, seconds left)`` of payloads pickled until ``sent_at``, or ``(0, 0.0)`` when
-    none is left or their bound (:func:`in_flight_seconds`) passed."""
+    """``(count, seconds left)`` of payloads pickled until ``sent_at``; ``(0, 0.0)`` past the
+    bound."""
     left = sent_at + in_flight_seconds() - time.monotonic() if count > 0 else 0.0
     return (count, left) if left > 0 else (0, 0.0)
 
 
 class InFlight:
-    """One allocation's payloads in flight and the processes it was served to, here."""
+    """One allocation's record here: payloads pickled here that may still be loaded elsewhere,
+    the processes its handles were served to (and which still hold exporter-owned memory),
+    payloads from elsewhere loaded here, and a block's ``DONE`` counts."""
 
     def __init__(self) -> None:
+        self.was_handed_over = False
+        self._sent_at = 0.0  # time.monotonic() of the last payload sent
+        self.forget()
+
+    def forget(self) -> None:
+        """Start a record (in a forked child: a new lock, none of what the parent did)."""
         self._lock = threading.Lock()
         self._sent = 0  # payloads pickled here that name this process's handle server
-        self._sent_at = 0.0  # time.monotonic() of the last
         self._fetched = 0  # handle requests for it this process answered
         self._returned: dict[str, int] = {}  # payloads loaded here, by sender's server
-        self._served: deque[Served] = deque(maxlen=_SERVED_HISTORY)
+        self._served: deque[Served] = deque(maxlen=256)
         self.servers: set[str] = set()  # handle servers served (read without the lock)
         self._done = 0  # payloads of a block pickled here that importers closed (DONE)
         self._loads = 0  # (block importer) loaded and leased since the last DONE
         self._unleased = 0  # (block importer) loaded, no lease yet
-        self.was_handed_over = False
         self._holders: set[int] = set()  # exporter-owned memory: importers not done yet
         self._served_chunks: dict[int, int] = {}  # pid -> chunks it may map
 
-    def forget(self) -> None:
-        """In a forked child: a new lock, and no record of what the parent served or sent."""
-        self._lock = threading.Lock()
-        self._served.clear()
-        self.servers.clear()
-        self._holders.clear()
-        self._served_chunks.clear()
-        self._returned.clear()
-        self._sent = self._fetched = self._done = self._loads = self._unleased = 0
-
-    # payloads in flight ----------------------------------------------------------------
     def note_sent(self) -> None:
         """A payload naming this process's handle server was pickled (one per message)."""
         with self._lock:
@@ -84,7 +79,6 @@ class InFlight:
             self._fetched = self._sent
             self.was_handed_over = True
 
-    # blocks (memory/cache.py) ------------------------------------------------------------
     def note_done(self, count: int) -> None:
         """(The exporter of a block) an importer closed ``count`` payloads it loaded."""
         with self._lock:
@@ -140,7 +134,6 @@ class InFlight:
         with self._lock:
             return _within_bound(self._sent - self._fetched, self._sent_at)
 
-    # served processes ------------------------------------------------------------------
     def record_served(self, pid: int, server: str | None, chunks: int, holder: bool) -> None:
         """The handles (``chunks`` of them) were sent to ``pid``; ``holder``: it holds them."""
         with self._lock:

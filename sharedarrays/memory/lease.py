@@ -1,14 +1,10 @@
-"""Leases: each view's hold on an allocation, and :class:`Leasing`, which hands them out.
-
-:class:`Leasing` (a base of :class:`~sharedarrays.memory.allocation.Allocation`) also parks
-idle imports (:func:`keep_imports`) and makes the native arrays of views.
-"""
+"""Leases: each view's hold on an allocation, and :class:`Leasing` (a base of
+``Allocation``), which hands them out, parks idle imports and makes views' native arrays."""
 
 from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -18,24 +14,23 @@ import numpy as np
 
 from sharedarrays._cpython import ITEM_ALONE, LOCAL_ALONE, refcount
 from sharedarrays.errors import ClosedArrayError
-from sharedarrays.memory.records import AllocationRecords
+from sharedarrays.memory.info import AllocationRecords, use_clock
 from sharedarrays.memory.reservation import Reservation
 from sharedarrays.process import STATE, running
 from sharedarrays.protocol.payload import remember
 from sharedarrays.settings import env_number
 
-__all__ = ["NATIVES_KEPT", "Lease", "Leasing", "keep_imports", "use_clock"]
+__all__ = ["NATIVES_KEPT", "Lease", "Leasing", "drop_end", "keep_imports", "use_clock"]
 
 _L = TypeVar("_L", bound="Leasing")  # (the allocation: a lease is typed by what it holds)
 
 
 def keep_imports() -> int:
-    """How many imported allocations with no live view this process keeps mapped.
+    """How many imports with no live view this process keeps mapped (*parked*), so that the
+    same array received again is found mapped (a *warm* handoff).
 
-    A worker that receives the same array again then finds it mapped (a *warm* handoff).
-    Set by ``SHAREDARRAYS_KEEP_IMPORTS`` (default 64; 0 turns parking off), read at most once
-    a second. A parked mapping is dropped when its exporter releases it or exits; the least
-    recently used go first when over the limit.
+    ``SHAREDARRAYS_KEEP_IMPORTS`` (default 64; 0: off), read at most once a second. A parked
+    mapping goes when its exporter releases it or exits, least recently used first when over.
     """
     memory = STATE.memory
     now = time.monotonic()
@@ -52,28 +47,23 @@ def _last_used(alloc: Leasing) -> int:
     return alloc.last_used
 
 
-use_clock = time.monotonic_ns
-"""The clock of ``Allocation.last_used`` (a C call: no Python frame)."""
+def drop_end(ends: dict[int, int], end: int) -> None:
+    """Count one lease less reaching byte ``end`` in ``ends`` (end -> leases)."""
+    left = ends.get(end, 0) - 1
+    if left > 0:
+        ends[end] = left
+    else:
+        ends.pop(end, None)
 
 
 class Lease(Generic[_L]):
-    """One user's hold on an allocation: each view takes one.
-
-    When the last lease goes (garbage collected), the allocation is released (exporter) or
-    parked (importer, see :func:`keep_imports`).
-
-    Attributes
-    ----------
-    allocation : Leasing
-        What it holds.
-    end : int
-        One past the highest byte its holder may touch (shrinking never unmaps below it).
-    """
+    """One user's hold on ``allocation`` up to byte ``end`` (shrinking never unmaps below
+    it); each view takes one. When the last goes, the allocation is released (exporter) or
+    parked (importer, see :func:`keep_imports`)."""
 
     __slots__ = ("allocation", "end", "_pinned", "__weakref__")
 
     def __init__(self, allocation: _L, end: int, reservation: Reservation | None = None) -> None:
-        """Hold ``allocation`` up to byte ``end``, keeping ``reservation`` mapped if given."""
         self.allocation = allocation
         self.end = end
         # (a list only when pinned: emptied first when the lease ends)
@@ -85,12 +75,10 @@ class Lease(Generic[_L]):
         return self._pinned[-1] if self._pinned else None
 
     def __del__(self, _finalizing: Callable[[], bool] = sys.is_finalizing) -> None:
-        # The pinned reservation goes first, then the hold. A __del__ rather than
-        # weakref.finalize, which is slower per lease. ``sys.is_finalizing`` is bound as a
-        # default: late in shutdown this module's globals are already None.
+        # (faster than weakref.finalize; is_finalizing bound early: at shutdown globals are None)
         if _finalizing():
             return
-        self._pinned = None
+        self._pinned = None  # the pinned reservation first, then the hold
         try:
             self.allocation._unlease(self.end)
         except Exception as e:  # nowhere to raise to from a finalizer: say so
@@ -104,37 +92,12 @@ class Lease(Generic[_L]):
 class Leasing(AllocationRecords):
     """The leases of an allocation, its parking and its native arrays (see the module)."""
 
-    released: bool
-    kept_lease: Lease[Any] | None
-    pool_server: str | None
-    done_asked: bool
-    flight: Any
-    last_used: int
-    native_device: int | None
-    _lock: threading.Lock
-    _leases: int
-    _growable: bool
-    _ends: dict[int, int]
-    _release_when_idle: bool
-    _orphaned: bool
-    _reservation: Reservation
-    _native_base: tuple[int | None, Any] | None
-    _natives: dict[tuple[Any, ...], tuple[Any, Any, bool, Any]]
-
     def release(self) -> bool:
-        """Release the allocation here (the allocation's; see there)."""
-        raise NotImplementedError
+        raise NotImplementedError  # (Allocation's)
 
     def lease(self: _L, end: int | None = None, pin: bool = False) -> Lease[_L]:
-        """A new hold on this allocation (each view takes one); it unparks the allocation.
-
-        Parameters
-        ----------
-        end : int, optional
-            One past the highest byte the holder may touch (default: all mapped bytes).
-        pin : bool
-            Keep the current reservation mapped while the lease lives.
-        """
+        """A new hold on this allocation up to byte ``end`` (default: all mapped); it unparks
+        the allocation. ``pin``: keep the current reservation mapped while the lease lives."""
         if end is None:
             end = self.size
         self.last_used = use_clock()
@@ -146,19 +109,17 @@ class Leasing(AllocationRecords):
             if not pin and end == self.size and self._kept_idle():
                 # parked: hand out the kept lease
                 self._release_when_idle = False
-                return self.kept_lease  # type: ignore[return-value]
+                return self.kept_lease  # type: ignore[no-any-return]
             self._leases += 1
-            if self._growable:  # (ends bound shrinking: see reach)
+            if self.growable:  # (ends bound shrinking)
                 self._ends[end] = self._ends.get(end, 0) + 1
             self._release_when_idle = False  # (used again: a pending eviction is off)
             reservation = self._reservation if pin else None
         return Lease(self, end, reservation)
 
     def native_base(self) -> Any:
-        """The native memory object of the whole allocation, shared by its views' arrays.
-
-        Made on first use with a pinned lease of its own; kept while a view holds the
-        allocation or it is parked. Not for a growable allocation."""
+        """The native memory object of the whole (fixed-size) allocation, shared by its views'
+        arrays: made on first use with a pinned lease, kept while a view holds it or parked."""
         device = self.native_device
         cached = self._native_base
         if cached is not None and cached[0] == device:
@@ -180,10 +141,8 @@ class Leasing(AllocationRecords):
         strides: tuple[int, ...],
         readonly: bool,
     ) -> Any:
-        """A native array of a view of this allocation, derived from :meth:`native_base`.
-
-        Native arrays are kept by layout (up to :data:`NATIVES_KEPT`) and reused when
-        nothing else holds them and their layout is unchanged, so a warm handoff makes none.
+        """A native array of a view, derived from :meth:`native_base`; kept by layout (up to
+        :data:`NATIVES_KEPT`) and reused while nothing else holds it: a warm handoff makes none.
         """
         device = self.native_device
         backend = self.backend
@@ -211,9 +170,8 @@ class Leasing(AllocationRecords):
         return native
 
     def pin(self: _L, lease: Lease[_L]) -> Lease[_L]:
-        """Make ``lease`` keep the current reservation mapped while it lives; returns it.
-
-        A growable allocation's native arrays hold their view's lease this way."""
+        """Make ``lease`` keep the current reservation mapped while it lives (a growable
+        allocation's native arrays hold their view's lease so); returns it."""
         with self._lock:
             reservation = self._reservation
             pinned = lease._pinned
@@ -225,12 +183,8 @@ class Leasing(AllocationRecords):
 
     def _unlease(self, end: int) -> None:
         with self._lock:
-            if self._growable:
-                left = self._ends.get(end, 0) - 1
-                if left > 0:
-                    self._ends[end] = left
-                else:
-                    self._ends.pop(end, None)
+            if self.growable:
+                drop_end(self._ends, end)
             self._leases -= 1
             if self._view_leases() or self.released:  # (idle: none but the native base's)
                 return
@@ -267,13 +221,12 @@ class Leasing(AllocationRecords):
             a.release()  # (does nothing to one leased again)
 
     def _keep_lease(self) -> None:
-        """Parked: keep a lease for the next view, so a warm handoff makes none.
-
-        Made outside the lock (a collection it starts may end a lease, which takes it)."""
+        """Parked: keep a lease for the next view, so a warm handoff makes none (made outside
+        the lock: a collection it starts may end a lease, which takes it)."""
         with self._lock:
             if (
                 self.kept_lease is not None
-                or self._growable
+                or self.growable
                 or self.done_asked  # (each view's end may have to say DONE)
                 or self.released
                 or self._release_when_idle

@@ -1,30 +1,41 @@
-"""The registry's readers: this process's allocations, by id, parked and draining.
-
-The registry lives in ``STATE.memory``; allocations add and remove themselves. These
-functions look allocations up, list them, and drop or free those nothing uses.
-"""
+"""This process's allocations (``STATE.memory``; allocations add and remove themselves):
+look them up, list them, drop or free those nothing uses, and pack small arrays into slabs."""
 
 from __future__ import annotations
 
 import time
 from typing import cast
 
+from sharedarrays.backends import Backend, round_up
 from sharedarrays.memory.allocation import Allocation
 from sharedarrays.memory.cache import settle_draining
 from sharedarrays.memory.lease import _last_used
 from sharedarrays.process import STATE, running
 
 __all__ = [
+    "PACK_ALIGN",
+    "PACK_BYTES",
+    "SLAB_BYTES",
     "draining_allocations",
     "drop_parked",
     "held_elsewhere",
     "live_allocations",
     "lookup",
+    "pack_into_slab",
     "parked_allocations",
     "reap_draining",
     "revive",
     "wait_draining",
 ]
+
+PACK_BYTES = 64 << 10
+"""Arrays of at most this many bytes are packed into slabs by default (see ``pack=``)."""
+
+SLAB_BYTES = 2 << 20
+"""Size of one slab allocation (rounded up to the backend's granularity)."""
+
+PACK_ALIGN = 256
+"""Packed arrays start at multiples of this many bytes (CuPy's and cuBLAS's alignment)."""
 
 
 def lookup(alloc_id: str, draining: bool = False) -> Allocation | None:
@@ -36,9 +47,8 @@ def lookup(alloc_id: str, draining: bool = False) -> Allocation | None:
 
 
 def revive(alloc_id: str) -> Allocation | None:
-    """Put a draining allocation back in the registry and return it, or ``None``.
-
-    For a payload come back to its exporter (a pointer backend cannot import its own memory)."""
+    """Put a draining allocation back in the registry and return it, or ``None``: for a
+    payload come back to its exporter (a pointer backend cannot import its own memory)."""
     with STATE.memory.lock:
         alloc: Allocation | None = STATE.memory.draining.pop(alloc_id, None)
         if alloc is not None:
@@ -63,10 +73,8 @@ def parked_allocations() -> list[Allocation]:
 
 
 def drop_parked(only_orphans: bool = False) -> int:
-    """Release parked allocations: all of them, or only those whose source process is gone.
-
-    Returns how many were released.
-    """
+    """Release parked allocations (``only_orphans``: those whose source process is gone);
+    returns how many were released."""
     with STATE.memory.lock:
         victims: list[Allocation] = [
             a
@@ -83,10 +91,8 @@ def draining_allocations() -> list[Allocation]:
 
 
 def reap_draining() -> int:
-    """Free the draining allocations whose holders have all closed or exited.
-
-    Returns how many are still waiting.
-    """
+    """Free the draining allocations whose holders have all closed or exited; returns how
+    many are still waiting."""
     settle_draining()
     for alloc in draining_allocations():
         alloc.closed_by(None)
@@ -105,10 +111,8 @@ def held_elsewhere() -> list[Allocation]:
 
 
 def wait_draining(timeout: float) -> list[Allocation]:
-    """Wait up to ``timeout`` seconds for other processes to let go of memory made here.
-
-    Returns those still held afterwards.
-    """
+    """Wait up to ``timeout`` seconds for other processes to let go of memory made here;
+    returns those still held afterwards."""
     deadline = time.monotonic() + timeout
     while True:
         reap_draining()
@@ -116,3 +120,28 @@ def wait_draining(timeout: float) -> list[Allocation]:
         if not held or time.monotonic() >= deadline:
             return held
         time.sleep(0.05)
+
+
+def pack_into_slab(backend: Backend, nbytes: int) -> tuple[Allocation, int]:
+    """Carve ``nbytes`` out of this process's current slab for ``backend``'s device; returns
+    the slab and the array's offset in it.
+
+    A bump allocator over allocations of :data:`SLAB_BYTES` (space is never reused, so a
+    region another process maps never changes owner).
+    """
+    need = round_up(max(nbytes, 1), PACK_ALIGN)
+    size = round_up(SLAB_BYTES, backend.granularity)
+    if need > size:
+        raise ValueError(f"an array of {nbytes} bytes does not fit a {size}-byte slab; pack=False")
+    key = (backend.name, backend.device)
+    with STATE.memory.slabs_lock:
+        current = STATE.memory.slabs.get(key)
+        if current is None or current[1] + need > current[0].allocation.size:
+            lease = Allocation.create(backend, size).lease()
+            lease.allocation.slab = True
+            offset = 0
+        else:
+            lease, offset = current
+        # (the previous slab's lease goes here, if replaced)
+        STATE.memory.slabs[key] = (lease, offset + need)
+        return lease.allocation, offset

@@ -1,4 +1,4 @@
-"""Address space: a reservation of this process, and the teardown of what is mapped in it.
+"""A reservation of address space in this process, and the teardown of what is mapped in it.
 
 A :class:`Reservation` the allocation moved away from is *retired*: a finalizer tears it
 down once the last native array using its addresses goes.
@@ -6,12 +6,29 @@ down once the last native array using its addresses goes.
 
 from __future__ import annotations
 
+import os
 import weakref
+from collections.abc import Callable, Iterable
 from typing import cast
 
 from sharedarrays.backends import Backend, Chunk, MappingBackend
 
-__all__ = ["Reservation", "teardown"]
+__all__ = ["Reservation", "back_to_back", "close_fds", "teardown"]
+
+
+def close_fds(fds: Iterable[int]) -> None:
+    """Close ``fds`` (handles this process owns and no longer needs)."""
+    for fd in fds:
+        os.close(fd)
+
+
+def back_to_back(chunks: list[Chunk], start: int = 0) -> list[tuple[int, int]]:
+    """The (offset, length) of ``chunks`` mapped one after another from ``start``."""
+    out = []
+    for c in chunks:
+        out.append((start, c.size))
+        start += c.size
+    return out
 
 
 def teardown(
@@ -22,34 +39,26 @@ def teardown(
     chunks: list[Chunk],
     free: bool = True,
 ) -> None:
-    """Release everything an allocation holds, in the order the driver needs.
-
-    Unmaps ``mapped`` (offset, length) pairs, frees the reservation (with ``free``; ``address``
-    0: none) and releases ``chunks``. Every step is tried; the first failure is raised.
-    """
+    """Unmap ``mapped`` (offset, length) pairs, free the reservation (with ``free``;
+    ``address`` 0: none) and release ``chunks``: every step tried, the first failure raised."""
     errors: list[BaseException] = []
-    if mapped:
+
+    def attempt(step: Callable[..., object], *args: object) -> None:
         try:
-            backend.synchronize()
+            step(*args)
         except BaseException as e:  # keep going: fds must be closed regardless
             errors.append(e)
+
+    if mapped:
+        attempt(backend.synchronize)
     if backend.maps:
         mapper = cast(MappingBackend, backend)
         for offset, length in mapped:
-            try:
-                mapper.unmap(address + offset, length)
-            except BaseException as e:
-                errors.append(e)
+            attempt(mapper.unmap, address + offset, length)
         if address and free:
-            try:
-                mapper.free_reservation(address, size)
-            except BaseException as e:
-                errors.append(e)
+            attempt(mapper.free_reservation, address, size)
     for chunk in chunks:
-        try:
-            backend.release_chunk(chunk)
-        except BaseException as e:
-            errors.append(e)
+        attempt(backend.release_chunk, chunk)
     if errors:
         raise errors[0]
 
@@ -57,8 +66,7 @@ def teardown(
 def _free_retired(
     backend: Backend, address: int, size: int, retired: list[list[tuple[int, int]]]
 ) -> None:
-    """A reservation's finalizer: unmap and free it if retired (errors are dropped)."""
-    if retired:
+    if retired:  # (a finalizer: errors are dropped)
         try:
             teardown(backend, address, size, retired[0], [])
         except Exception:

@@ -74,13 +74,7 @@ def test_failed_build_releases_everything(fd_baseline: None) -> None:
 
     with pytest.raises(OSError, match="chunk 3 failed"):
         Allocation._build(
-            backend,
-            "0" * 32,
-            b"x" * 32,
-            [4096] * 4,
-            Exploding(),
-            "rw",
-            Origin(True, 1, 0.0),
+            backend, "0" * 32, b"x" * 32, Origin(True, 1, 0.0), [4096] * 4, Exploding(), "rw"
         )
     assert lookup("0" * 32) is None
 
