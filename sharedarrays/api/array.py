@@ -14,14 +14,14 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from multiprocessing import reduction
-from types import EllipsisType, SimpleNamespace
+from types import SimpleNamespace
 from typing import Any, Protocol, TypeVar, cast, overload, runtime_checkable
 
 import numpy as np
 
 from sharedarrays._cpython import caller_frame, spawning_process
 from sharedarrays.api import keeping, message, othernode, views
-from sharedarrays.api.arraybase import _READONLY
+from sharedarrays.api.arraybase import _READONLY, check_key, native_key
 from sharedarrays.api.display import Display
 from sharedarrays.api.growth import Growth
 from sharedarrays.api.shapeviews import ShapeViews
@@ -35,7 +35,6 @@ from sharedarrays.protocol.payload import Payload, ViewFields, ViewTuple, misali
 __all__ = ["SharedDeviceArray", "Semaphore", "load", "synchronize"]
 
 _T = TypeVar("_T")
-_BASIC_INDEX = (int, slice, EllipsisType, type(None), np.integer)
 
 
 def _field(get: str | Callable[[Any], Any], doc: str) -> Any:
@@ -565,52 +564,6 @@ def synchronize(device: DeviceLike = None) -> None:
         return
     for backend in {id(a.backend): a.backend for a in live_allocations()}.values():
         backend.synchronize()
-
-
-def operator_index(n: object) -> int:
-    """``operator.index`` that refuses bools."""
-    if isinstance(n, (bool, np.bool_)):
-        raise TypeError("a bool is not a valid size")
-    return operator.index(n)  # type: ignore[arg-type]
-
-
-def check_key(key: object) -> tuple[Any, ...] | None:
-    """``key`` as a tuple of basic indices, or ``None`` for an advanced index (which a view
-    cannot hold) or no index at all (which the native array refuses itself). The cheap type
-    checks come first: a basic key (the hot path) pays for nothing else."""
-    items = key if isinstance(key, tuple) else (key,)
-    for item in items:
-        if isinstance(item, (bool, np.bool_)) or not isinstance(item, _BASIC_INDEX):
-            if _as_index(item) is item:
-                return None
-            return check_key(tuple(_as_index(i) for i in items))
-    return items
-
-
-def _as_index(item: object) -> object:
-    """An integer to NumPy (a 0-d integer array, an object with ``__index__`` that is no
-    array) as its int; anything else as it is."""
-    if isinstance(item, (bool, np.bool_, int)):
-        return item
-    dtype = getattr(item, "dtype", None)
-    if isinstance(dtype, np.dtype):
-        zero_d = (
-            isinstance(item, SharedDeviceArray) or type(item) is np.ndarray
-        ) and not item.shape
-        if not (zero_d and dtype.kind in "iu"):
-            return item
-    elif not hasattr(type(item), "__index__"):
-        return item
-    return operator.index(item)  # type: ignore[arg-type]
-
-
-def native_key(key: object) -> object:
-    """``key`` with its views replaced by their native arrays."""
-    if isinstance(key, SharedDeviceArray):
-        return key.array
-    if type(key) is tuple and any(isinstance(i, SharedDeviceArray) for i in key):
-        return tuple(i.array if isinstance(i, SharedDeviceArray) else i for i in key)
-    return key
 
 
 def _closed() -> ClosedArrayError:

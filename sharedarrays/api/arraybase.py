@@ -13,7 +13,7 @@ from __future__ import annotations
 import operator
 import sys
 from collections.abc import Callable, Mapping
-from types import FrameType, MappingProxyType
+from types import EllipsisType, FrameType, MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
@@ -361,3 +361,51 @@ class ArrayBase:
             self._writable_native().byteswap(True)
             return self
         return self.array.byteswap(False)
+
+
+_BASIC_INDEX = (int, slice, EllipsisType, type(None), np.integer)
+
+
+def operator_index(n: object) -> int:
+    """``operator.index`` that refuses bools."""
+    if isinstance(n, (bool, np.bool_)):
+        raise TypeError("a bool is not a valid size")
+    return operator.index(n)  # type: ignore[arg-type]
+
+
+def check_key(key: object) -> tuple[Any, ...] | None:
+    """``key`` as a tuple of basic indices, or ``None`` for an advanced index (which a view
+    cannot hold) or no index at all (which the native array refuses itself). The cheap type
+    checks come first: a basic key (the hot path) pays for nothing else."""
+    items = key if isinstance(key, tuple) else (key,)
+    for item in items:
+        if isinstance(item, (bool, np.bool_)) or not isinstance(item, _BASIC_INDEX):
+            if _as_index(item) is item:
+                return None
+            return check_key(tuple(_as_index(i) for i in items))
+    return items
+
+
+def _as_index(item: object) -> object:
+    """An integer to NumPy (a 0-d integer array, an object with ``__index__`` that is no
+    array) as its int; anything else as it is."""
+    if isinstance(item, (bool, np.bool_, int)):
+        return item
+    dtype = getattr(item, "dtype", None)
+    if isinstance(dtype, np.dtype):
+        shape = item._shape if isinstance(item, ArrayBase) else getattr(item, "shape", None)
+        zero_d = (isinstance(item, ArrayBase) or type(item) is np.ndarray) and shape == ()
+        if not (zero_d and dtype.kind in "iu"):
+            return item
+    elif not hasattr(type(item), "__index__"):
+        return item
+    return operator.index(item)  # type: ignore[arg-type]
+
+
+def native_key(key: object) -> object:
+    """``key`` with its views replaced by their native arrays."""
+    if isinstance(key, ArrayBase):
+        return key.array
+    if type(key) is tuple and any(isinstance(i, ArrayBase) for i in key):
+        return tuple(i.array if isinstance(i, ArrayBase) else i for i in key)
+    return key

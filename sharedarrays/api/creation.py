@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, ParamSpec, SupportsIndex
 import numpy as np
 from numpy.typing import DTypeLike
 
-from sharedarrays.api.array import SharedDeviceArray, assignable, operator_index
-from sharedarrays.api.arraybase import shareable_dtype
+from sharedarrays.api.array import SharedDeviceArray, assignable
+from sharedarrays.api.arraybase import operator_index, shareable_dtype
 from sharedarrays.api.named import publish
 from sharedarrays.api.options import CreationKeywords, CreationOptions
 from sharedarrays.backends import choose_backend, get_backend

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, TypedDict
 
-from sharedarrays.api.array import operator_index
+from sharedarrays.api.arraybase import operator_index
 from sharedarrays.api.named import check_name
 from sharedarrays.backends import Access
 from sharedarrays.backends.device import Device, DeviceLike, parse_device
