@@ -1,10 +1,8 @@
-"""The memory-pool backend of every GPU vendor (``cuda-pool``, ``hip-pool``): stream-ordered
-allocations from an IPC-capable pool, written against :class:`PoolCalls`.
-
-Each process makes one pool per device on first use and exports its fd once; a chunk is one
-allocation from it, synchronised before any importer sees it, whose handle is the pool's id
-and the pointer's export data. An importer opens each pool once (while any pointer of it is
-open). Importers must free an allocation before its exporter does (``exporter_owned``).
+"""The memory-pool backend of every GPU vendor (``cuda-pool``, ``hip-pool``), written
+against :class:`PoolCalls`. Each process makes one pool per device and exports its fd once;
+a chunk is one allocation from it, its handle the pool's id and the pointer's export data.
+An importer opens each pool once (while any pointer of it is open) and must free an
+allocation before its exporter does.
 """
 
 from __future__ import annotations
@@ -30,18 +28,17 @@ EXPORT_BYTES = POOL_ID_BYTES + POINTER_BYTES
 
 
 class PoolCalls(VendorCalls):
-    """One vendor's pool IPC driver calls, each checked (raising the vendor's
-    :class:`~sharedarrays.DriverError`); the vendor's subclass names its ``allocate`` and
-    ``free`` calls and makes pools, streams and pointer export data."""
+    """One vendor's pool IPC calls: the names of its ``allocate`` and ``free`` calls, its
+    stream and pointer export data."""
 
     allocate_call: ClassVar[str]  # (after the prefix)
     free_call: ClassVar[str]
 
     def create_pool(self) -> Any:  # pinned device memory, exportable as a POSIX fd
-        raise NotImplementedError
-
-    def export_pool(self, pool: Any) -> int:  # a new fd; none left open on failure
-        return self.export_fd("MemPoolExportToShareableHandle", pool)
+        props = self.located("PoolProps", self.device.index)
+        props.allocType = self.pinned
+        props.handleTypes = self.fd_type
+        return self.call("MemPoolCreate", props, what=f"({self.fd_name}, {self.device})")
 
     def destroy_pool(self, pool: Any) -> None:
         self.call("MemPoolDestroy", pool)
@@ -49,21 +46,8 @@ class PoolCalls(VendorCalls):
     def stream(self) -> int:  # the stream allocations are made on
         raise NotImplementedError
 
-    def allocate(self, size: int, pool: Any, stream: int) -> int:
-        what = f"({size} bytes on {self.device})"
-        return int(
-            self.allocating("pool memory", size, self.allocate_call, size, pool, stream, what=what)
-        )
-
-    def synchronize(self, stream: int) -> None:
-        self.call("StreamSynchronize", stream)
-
     def export_pointer(self, pointer: int) -> bytes:  # POINTER_BYTES of an own allocation
         raise NotImplementedError
-
-    def import_pool(self, fd: int) -> Any:  # the fd stays the caller's
-        what = f"({self.fd_name})"
-        return self.call("MemPoolImportFromShareableHandle", fd, self.fd_type, 0, what=what)
 
     def import_pointer(self, pool: Any, data: bytes) -> int:
         raise NotImplementedError
@@ -77,8 +61,7 @@ class PoolCalls(VendorCalls):
 
 class PoolBackend(DeviceBase):
     """Stream-ordered memory of one GPU shared through an exported pool: every vendor's pool
-    backend, put before the vendor's device base class, with :attr:`calls` making its
-    :class:`PoolCalls`."""
+    backend, put before the vendor's device base class, with :attr:`calls` its table."""
 
     zeroed: ClassVar[bool] = False
     maps: ClassVar[bool] = False
@@ -90,7 +73,6 @@ class PoolBackend(DeviceBase):
         def synchronize(self) -> None: ...
 
     calls: ClassVar[type[PoolCalls]]
-    """The vendor's table, made of the backend."""
 
     def __init__(self, device: Device) -> None:
         super().__init__(device)  # type: ignore[call-arg]  # (the device base class)
@@ -119,7 +101,7 @@ class PoolBackend(DeviceBase):
             with self.context():
                 pool = calls.create_pool()
                 try:
-                    fd = calls.export_pool(pool)
+                    fd = calls.export_fd("MemPoolExportToShareableHandle", pool)
                 except BaseException:
                     with contextlib.suppress(DriverError):
                         calls.destroy_pool(pool)
@@ -129,8 +111,8 @@ class PoolBackend(DeviceBase):
             return pool
 
     def create_chunk(self, size: int) -> Chunk:
-        """Allocate ``size`` bytes from this process's pool on the vendor's stream, wait for
-        the allocation, and export the pointer (once)."""
+        """Allocate ``size`` bytes from this process's pool, wait for the allocation, and
+        export the pointer (once)."""
         self._check_size(size, "a chunk size")
         calls = self._calls
         why = calls.too_large(size)
@@ -138,10 +120,12 @@ class PoolBackend(DeviceBase):
             raise ValueError(why)
         pool = self._own_pool()
         stream = calls.stream()
+        what = f"({size} bytes on {self.device})"
         with self.context():
-            ptr = calls.allocate(size, pool, stream)
+            args = (size, pool, stream)
+            ptr = int(calls.allocating("pool memory", size, calls.allocate_call, *args, what=what))
             try:
-                calls.synchronize(stream)
+                calls.call("StreamSynchronize", stream)
                 data = calls.export_pointer(ptr)
             except BaseException:
                 with contextlib.suppress(DriverError):
@@ -151,10 +135,9 @@ class PoolBackend(DeviceBase):
         return Chunk(size=size, handle=ptr, fd=self._pool_fd, address=ptr, export=export)
 
     def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
-        """Open another process's pool allocation from ``export`` (pool id and pointer data)
-        and ``fd``, the pool's fd (imported once per pool, then closed; or ``-1``);
-        :class:`~sharedarrays.HandleUnavailable` where the pool is not open here and no fd
-        came, or the pointer's memory was freed."""
+        """Open another process's pool allocation from ``export`` and ``fd``, the pool's fd
+        (imported once per pool, then closed; or ``-1``). ``HandleUnavailable`` where the
+        pool is not open here and no fd came, or the memory was freed."""
         calls = self._calls
         try:
             if len(export) != EXPORT_BYTES:
@@ -173,8 +156,9 @@ class PoolBackend(DeviceBase):
                             f"the memory pool of this {self.name} allocation is not open here "
                             "and its handle did not come with the payload"
                         )
+                    args, what = (fd, calls.fd_type, 0), f"({calls.fd_name})"
                     try:
-                        pool = calls.import_pool(fd)
+                        pool = calls.call("MemPoolImportFromShareableHandle", *args, what=what)
                     except DriverError as exc:
                         raise PayloadError(
                             f"the handle is not an exported memory pool: {exc}"
@@ -199,8 +183,7 @@ class PoolBackend(DeviceBase):
 
     def release_chunk(self, chunk: Chunk) -> None:
         """Wait for queued work, then free the pointer; an importer closes the imported pool
-        after its last pointer, even where the wait or free failed. The pool fd stays with
-        the backend. Idempotent; a no-op in a forked child."""
+        after its last pointer, even where that failed. Idempotent; a no-op after fork."""
         ptr = chunk.handle
         if ptr < 0:
             return
@@ -217,7 +200,6 @@ class PoolBackend(DeviceBase):
                 self._close_imported(chunk.export[:POOL_ID_BYTES])
 
     def _close_imported(self, pool_id: bytes) -> None:
-        """One pointer of imported pool ``pool_id`` less; the pool closed after its last."""
         with self._lock:
             entry = self._imported.get(pool_id)
             if entry is None:

@@ -86,25 +86,36 @@ class CudaCalls(VendorCalls):
     """CUDA's side of the VMM and pool tables (``cuda.bindings.driver``)."""
 
     prefix = "cu"
+    type_prefix = "CUmem"
     fd_name = "POSIX_FILE_DESCRIPTOR"
     _check = staticmethod(check)
 
     def __init__(self, backend: CudaDevice) -> None:
+        self._backend = backend
+        d = self._m = backend._d
+        self.fd_type = d.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        self.pinned = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        self.on_device = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        flags = d.CUmemAccess_flags
+        self.access_flags = {
+            "rw": flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            "r": flags.CU_MEM_ACCESS_FLAGS_PROT_READ,
+            "none": flags.CU_MEM_ACCESS_FLAGS_PROT_NONE,
+        }
+        granularity = d.CUmemAllocationGranularity_flags
+        self.granularity_flag = granularity.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
         super().__init__(backend)
-        self._backend, self._d = backend, backend._d
-        self._m = self._d
-        self.fd_type = self._d.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
 
     def allocating(self, thing: str, nbytes: int, name: str, *args: Any, what: str = "") -> Any:
-        result = getattr(self._d, "cu" + name)(*args)
+        result = getattr(self._m, "cu" + name)(*args)
         return self._backend._check_allocation(result, f"cu{name}{what}", thing, nbytes)
 
     def export_fd(self, name: str, *args: Any) -> int:
-        result = getattr(self._d, "cu" + name)(*args, self.fd_type, 0)
+        result = getattr(self._m, "cu" + name)(*args, self.fd_type, 0)
         return int(check_export(result, f"cu{name}({self.fd_name})"))
 
     def handle(self, handle: int) -> Any:
-        return self._d.CUmemGenericAllocationHandle(handle)
+        return self._m.CUmemGenericAllocationHandle(handle)
 
 
 class CudaDevice(DeviceBase):

@@ -59,15 +59,6 @@ class CudaPool(CudaCalls, PoolCalls):
     free_call = "MemFree"
     too_large = staticmethod(_too_large)
 
-    def create_pool(self) -> Any:
-        d = self._d
-        props = d.CUmemPoolProps()
-        props.allocType = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-        props.handleTypes = self.fd_type
-        props.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-        props.location.id = self.device.index
-        return self.call("MemPoolCreate", props, what=f"(POSIX fd, {self.device})")
-
     def stream(self) -> int:
         return self._backend.current_stream()
 
@@ -75,7 +66,7 @@ class CudaPool(CudaCalls, PoolCalls):
         return opaque_bytes(self.call("MemPoolExportPointer", pointer))
 
     def import_pointer(self, pool: Any, data: bytes) -> int:
-        share = opaque_from_bytes(self._d.CUmemPoolPtrExportData, data)
+        share = opaque_from_bytes(self._m.CUmemPoolPtrExportData, data)
         return int(self.call("MemPoolImportPointer", pool, share))
 
 

@@ -38,17 +38,27 @@ class HipCalls(VendorCalls):
     """HIP's side of the VMM and pool tables (hip-python, whose calls take their results'
     addresses where CUDA's bindings return them)."""
 
-    prefix = "hip"
+    prefix, type_prefix = "hip", "hipMem"
     fd_name = "PosixFileDescriptor"
     _check = staticmethod(check)
 
     def __init__(self, backend: HipDevice) -> None:
-        super().__init__(backend)
-        self._m = self._hip = hip = backend._hip
+        hip = self._m = backend._hip
         self.fd_type = hip.hipMemAllocationHandleType.hipMemHandleTypePosixFileDescriptor
+        self.pinned = hip.hipMemAllocationType.hipMemAllocationTypePinned
+        self.on_device = hip.hipMemLocationType.hipMemLocationTypeDevice
+        flags = hip.hipMemAccessFlags
+        self.access_flags = {
+            "rw": flags.hipMemAccessFlagsProtReadWrite,
+            "r": flags.hipMemAccessFlagsProtRead,
+            "none": flags.hipMemAccessFlagsProtNone,
+        }
+        granularity = hip.hipMemAllocationGranularity_flags
+        self.granularity_flag = granularity.hipMemAllocationGranularityRecommended
+        super().__init__(backend)
 
     def export_fd(self, name: str, *args: Any) -> int:
-        fn = getattr(self._hip, "hip" + name)
+        fn = getattr(self._m, "hip" + name)
         return export_fd(lambda out: fn(out, *args, self.fd_type, 0), f"hip{name}({self.fd_name})")
 
 

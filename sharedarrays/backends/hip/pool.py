@@ -24,15 +24,6 @@ class HipPool(HipCalls, PoolCalls):
     allocate_call = "MallocFromPoolAsync"
     free_call = "Free"
 
-    def create_pool(self) -> Any:
-        hip = self._hip
-        props = hip.hipMemPoolProps()
-        props.allocType = hip.hipMemAllocationType.hipMemAllocationTypePinned
-        props.handleTypes = self.fd_type
-        props.location.type = hip.hipMemLocationType.hipMemLocationTypeDevice
-        props.location.id = self.device.index
-        return self.call("MemPoolCreate", props, what=f"({self.device})")
-
     def stream(self) -> int:
         return 0  # the null stream
 
