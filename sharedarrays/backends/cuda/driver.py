@@ -1,10 +1,9 @@
-"""The CUDA driver of the CUDA backends (``cuda.bindings.driver``, imported on first use):
-errors (:func:`check`), fork safety, why a device is unusable, the current device and stream.
+"""The CUDA driver (``cuda.bindings.driver``, imported on first use): errors, fork safety,
+why a device is unusable, the current device and stream.
 
-A process forked from one that had initialised CUDA cannot use it: a child is noticed by the
-pid that called ``cuInit``, by a fork hook asking whether anyone had initialised CUDA in the
-parent (``cuCtxGetCurrent`` answers ``CUDA_ERROR_NOT_INITIALIZED`` exactly when nobody has),
-and by PyTorch's bad-fork mark; :func:`why_unusable` then says to use spawn or forkserver.
+A child forked after CUDA was initialised cannot use it; it is noticed by the pid that called
+``cuInit``, by a fork hook asking the parent (``cuCtxGetCurrent`` answers
+``CUDA_ERROR_NOT_INITIALIZED`` exactly when nobody initialised CUDA), and by PyTorch's mark.
 """
 
 from __future__ import annotations
@@ -22,11 +21,7 @@ from typing import Any, Protocol
 
 from sharedarrays.backends.base import cached_reason
 from sharedarrays.backends.device import Device
-from sharedarrays.errors import (
-    DriverError,
-    OutOfMemory,
-    fd_limit_error,
-)
+from sharedarrays.errors import DriverError, OutOfMemory, fd_limit_error
 from sharedarrays.process import STATE, at_fork
 
 __all__ = [
@@ -83,8 +78,7 @@ class CudaDriverError(DriverError):
 
 
 class CudaOutOfMemory(CudaDriverError, OutOfMemory):
-    """``CUDA_ERROR_OUT_OF_MEMORY``; ``hint`` says what was asked, what is free and what
-    to do (empty straight from :func:`check`)."""
+    """``CUDA_ERROR_OUT_OF_MEMORY``; ``hint`` says what was asked, what is free, what to do."""
 
     def __init__(
         self, call: str, code: int, error_name: str, description: str = "", hint: str = ""
@@ -99,8 +93,7 @@ class CudaOutOfMemory(CudaDriverError, OutOfMemory):
 
 
 def check_export(result: Any, call: str) -> Any:
-    """:func:`check` of an export to an fd, raising
-    :class:`~sharedarrays.HandleUnavailable` where it failed because this process can open
+    """:func:`check` of an export to an fd; ``HandleUnavailable`` where this process can open
     no more files (the driver's error does not say so)."""
     try:
         return check(result, call)
@@ -125,8 +118,7 @@ def _gib(nbytes: int) -> str:
 def explain_out_of_memory(
     exc: CudaOutOfMemory, what: str, nbytes: int, free_total: tuple[int, int] | None
 ) -> CudaOutOfMemory:
-    """``exc`` again, saying what was asked for, what the device has free (``free_total``;
-    ``None``: not known) and what to do."""
+    """``exc`` again, saying what was asked for, what is free (if known) and what to do."""
     known = (
         f"the device has {_gib(free_total[0])} of {_gib(free_total[1])} free"
         if free_total is not None
@@ -157,8 +149,8 @@ def _error_description(driver: Any, err: Any) -> str:
 
 
 def check(result: Any, call: str) -> Any:
-    """The values of a binding's ``(err, values...)`` result: ``None``, the value, or a
-    tuple; raises :class:`CudaDriverError` (named by ``call``) unless ``err`` is success."""
+    """The values of a binding's ``(err, values...)`` result (``None``, one, or a tuple);
+    raises :class:`CudaDriverError` unless ``err`` is success."""
     err = result[0]
     code = int(err)
     if code != _CUDA_SUCCESS:
@@ -173,8 +165,8 @@ def check(result: Any, call: str) -> Any:
 
 
 def opaque_bytes(handle: Any) -> bytes:
-    """The 64 bytes of an opaque driver struct (IPC handles, pool export data): its
-    ``reserved`` field, else its memory (cuda-bindings 13.5 has no ``reserved``)."""
+    """The 64 bytes of an opaque driver struct: its ``reserved`` field, else its memory
+    (cuda-bindings 13.5 has no ``reserved``)."""
     reserved = getattr(handle, "reserved", None)
     if reserved is not None:
         return bytes(reserved)
@@ -194,7 +186,7 @@ def opaque_from_bytes(cls: Any, data: bytes) -> Any:
 
 
 def load_driver() -> Any:
-    """Import and return ``cuda.bindings.driver`` (raises ``ImportError`` if absent)."""
+    """``cuda.bindings.driver`` (``ImportError`` if absent)."""
     state = STATE.backends
     if state.cuda_driver is None:
         state.cuda_driver = importlib.import_module("cuda.bindings.driver")
@@ -353,10 +345,8 @@ def _device_reason(index: int, backend: str) -> str | None:
 
 def why_unusable(index: int | None = None, backend: str = "cuda-vmm") -> str | None:
     """Why CUDA backend ``backend`` cannot be used on device ``index`` (default 0) here, or
-    ``None`` when it can: a sentence naming what is missing (a package, the driver, a
-    ``cuInit`` error, a device or one of its features, or a process forked after CUDA was
-    initialised) and what to do. Never raises; asked once per device and backend (``cuInit``
-    on the first call)."""
+    ``None``: what is missing (a package, the driver, a device or one of its features, or
+    a fork after CUDA was initialised) and what to do. Never raises; asked once."""
     idx = 0 if index is None else int(index)
     if backend not in _NEEDS:
         return f"unknown CUDA backend {backend!r}; the CUDA backends are {', '.join(_NEEDS)}"
@@ -369,8 +359,7 @@ def why_unusable(index: int | None = None, backend: str = "cuda-vmm") -> str | N
 
 
 def peer_reason(index: int, owner: int) -> str | None:
-    """Why device ``index`` cannot access memory of device ``owner`` (``None``: it can);
-    asked once, never raises."""
+    """Why device ``index`` cannot access memory of device ``owner`` (``None``: it can)."""
     what = f"checking peer access cuda:{index} -> cuda:{owner}"
     return cached_reason(("cuda-peer", index, owner), lambda: _peer_reason(index, owner), what)
 
@@ -391,8 +380,7 @@ def _peer_reason(index: int, owner: int) -> str | None:
 
 
 def current_device_index(default: int) -> int:
-    """The CUDA device this process works on: CuPy's current device where CuPy is imported,
-    else PyTorch's where it has initialised CUDA, else ``default``."""
+    """The CUDA device this process works on: CuPy's, else PyTorch's, else ``default``."""
     cupy = sys.modules.get("cupy")
     if cupy is not None:
         try:
@@ -410,8 +398,8 @@ def current_device_index(default: int) -> int:
 
 
 def current_stream(device_index: int) -> int:
-    """The stream work is queued on for a device: CuPy's current one when CuPy is imported,
-    else ``0`` (the legacy default stream, PyTorch's unless told otherwise)."""
+    """The stream work is queued on: CuPy's current one when CuPy is imported, else ``0``
+    (the legacy default stream, PyTorch's unless told otherwise)."""
     get = STATE.backends.cupy_stream
     if get is None:
         cupy = sys.modules.get("cupy")
@@ -425,7 +413,6 @@ def current_stream(device_index: int) -> int:
 
 
 def _find_cupy_stream(cupy: Any, device_index: int) -> Callable[[int], Any]:
-    """Keep CuPy's ``get_current_stream`` (every message's fence asks)."""
     get: Callable[[int], Any] = cupy.cuda.get_current_stream
     try:
         get(device_index)
