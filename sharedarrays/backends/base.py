@@ -183,63 +183,49 @@ class Backend(Protocol):
     @property
     def granularity(self) -> int:
         """Chunk sizes and mapping offsets are multiples of this many bytes."""
-        ...
 
     def check_memory(self, nbytes: int) -> None:
         """Refuse ``nbytes`` of new memory the system cannot back (``OutOfMemory``)."""
-        ...
 
     def create_chunk(self, size: int) -> Chunk:
         """Allocate a chunk of ``size`` bytes (a multiple of the granularity) and export it."""
-        ...
 
     def seal(self, chunk: Chunk, readonly: bool) -> bool:
         """Before a new chunk's handle leaves: forbid resizing, and with ``readonly`` new
         writes everywhere. Whether the memory system enforces ``readonly``."""
-        ...
 
     def reopen_readonly(self, fd: int) -> int | None:
         """A new handle of the same chunk that maps read-only only, or ``None``."""
-        ...
 
     def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
         """Import a chunk from ``fd`` (or ``-1``) and ``export``; takes ``fd``, also on
         failure. ``PayloadError``: no chunk of ``size`` bytes; ``HandleUnavailable``: gone."""
-        ...
 
     def release_chunk(self, chunk: Chunk) -> None:
         """Release this process's reference to a chunk and close its fd. Idempotent."""
-        ...
 
     def synchronize(self) -> None:
         """Wait for all work this process queued that may touch mapped memory."""
-        ...
 
     def as_native(self, view: NativeView) -> Any:
         """Mapped memory as the device's native array type (no copy where it can address
         it), keeping ``view.owner`` alive."""
-        ...
 
     def to_native(self, obj: Any) -> Any:
         """``obj`` as an array of this device's native type (may copy)."""
-        ...
 
     def current_device(self) -> int:
         """The index of the device of this kind this process works on now."""
-        ...
 
     def export_sync(self) -> bytes | None:
         """What an importer must wait for before using memory handed off now (a token)."""
-        ...
 
     def export_fence(self) -> object | None:
         """The ordering of one message: ``None``, or an object with :meth:`export_sync`'s
         ``token``, shared by this thread's calls while alive."""
-        ...
 
     def import_sync(self, token: bytes) -> None:
         """Make this process's current work wait for what :meth:`export_sync` recorded."""
-        ...
 
 
 @runtime_checkable
@@ -248,25 +234,20 @@ class MappingBackend(Backend, Protocol):
 
     def reserve(self, size: int) -> int:
         """Reserve ``size`` bytes of address space; its start address."""
-        ...
 
     def free_reservation(self, address: int, size: int) -> None:
         """Give back a reservation made by :meth:`reserve` (nothing may be mapped in it)."""
-        ...
 
     def map(self, address: int, size: int, chunk: Chunk, chunk_offset: int = 0) -> None:
         """Map ``size`` bytes of ``chunk`` from ``chunk_offset`` at ``address``."""
-        ...
 
     def set_access(
         self, address: int, size: int, access: Access, peers: Mapping[int, Access] | None = None
     ) -> None:
         """Set the device's access to a mapped range, and that of ``peers`` (by index)."""
-        ...
 
     def unmap(self, address: int, size: int) -> None:
         """Unmap a range mapped by :meth:`map`, after work that may use it has finished."""
-        ...
 
 
 class ValueReader(Protocol):
@@ -308,7 +289,6 @@ class BorrowingBackend(Backend, Protocol):
     def borrow_chunk(self, pointer: int, owner: object) -> tuple[Chunk, int]:
         """The chunk holding ``pointer`` (keeping ``owner``) and the offset in it;
         ``NotShareable`` where it cannot be exported."""
-        ...
 
 
 class DeviceBase:

@@ -5,6 +5,7 @@ above the backends uses instead of driver calls."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import threading
 import weakref
@@ -18,21 +19,29 @@ from sharedarrays.backends.base import DeviceBase, NativeView, VendorCalls
 from sharedarrays.backends.cuda import sync
 from sharedarrays.backends.cuda.driver import (
     FORK_REASON,
+    CudaDriverError,
     CudaOutOfMemory,
     OnDevice,
     check,
-    check_export,
     current_device_index,
     current_stream,
-    explain_out_of_memory,
     load_driver,
     why_unusable,
 )
 from sharedarrays.backends.device import Device
-from sharedarrays.errors import BackendUnavailable, ClosedArrayError, SharedArrayError
+from sharedarrays.errors import (
+    BackendUnavailable,
+    ClosedArrayError,
+    SharedArrayError,
+    fd_limit_error,
+)
 from sharedarrays.protocol.payload import contiguous_strides
 
 __all__ = ["CudaDevice", "CudaCalls", "ValueReader", "ImportedSemaphore"]
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / (1 << 30):.2f} GiB"
 
 
 def _c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> bool:
@@ -142,8 +151,23 @@ class CudaCalls(VendorCalls):
         return self._backend._check_allocation(result, f"cu{name}{what}", thing, nbytes)
 
     def export_fd(self, name: str, *args: Any) -> int:
+        """The new fd; ``HandleUnavailable`` where this process can open no more files (the
+        driver's error does not say so)."""
         result = getattr(self._m, "cu" + name)(*args, self.fd_type, 0)
-        return int(check_export(result, f"cu{name}({self.fd_name})"))
+        try:
+            return int(check(result, f"cu{name}({self.fd_name})"))
+        except CudaDriverError as exc:
+            try:
+                probe = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError as e:
+                if e.errno not in (errno.EMFILE, errno.ENFILE):
+                    raise exc from None
+                raise fd_limit_error(
+                    f"{exc}: this process can open no more files, and an exported handle is one",
+                    str(e.strerror),
+                ) from exc
+            os.close(probe)
+            raise
 
     def handle(self, handle: int) -> Any:
         return self._m.CUmemGenericAllocationHandle(handle)
@@ -214,12 +238,19 @@ class CudaDevice(DeviceBase):
             return check(result, call)
         except CudaOutOfMemory as exc:
             try:
-                free_total: tuple[int, int] | None = self.mem_get_info()
+                free, total = self.mem_get_info()
+                known = f"the device has {_gib(free)} of {_gib(total)} free"
             except SharedArrayError:
-                free_total = None
-            raise explain_out_of_memory(
-                exc, f"{what} on {self.device}", nbytes, free_total
-            ) from None
+                known = "how much the device has free is not known (cuMemGetInfo failed)"
+            hint = (
+                f"cannot make {what} on {self.device} of {_gib(nbytes)} ({nbytes} bytes); "
+                f"{known}. Make the array smaller or in several parts, or free device memory "
+                "(close arrays this and other processes no longer need, and CuPy's or "
+                "PyTorch's cached blocks: cupy.get_default_memory_pool().free_all_blocks(), "
+                "torch.cuda.empty_cache())"
+            )
+            args = (exc.call, exc.code, exc.error_name, exc.description, hint)
+            raise CudaOutOfMemory(*args) from None
 
     def synchronize(self) -> None:
         """Wait for all work queued in this device's primary context, on every stream."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import importlib
 import importlib.util
 import os
@@ -21,15 +20,13 @@ from typing import Any, Protocol
 
 from sharedarrays.backends.base import cached_reason
 from sharedarrays.backends.device import Device
-from sharedarrays.errors import DriverError, OutOfMemory, fd_limit_error
+from sharedarrays.errors import DriverError, OutOfMemory
 from sharedarrays.process import STATE, at_fork
 
 __all__ = [
     "OnDevice",
     "CudaDriverError",
     "CudaOutOfMemory",
-    "check_export",
-    "explain_out_of_memory",
     "why_unusable",
     "load_driver",
     "check",
@@ -90,47 +87,6 @@ class CudaOutOfMemory(CudaDriverError, OutOfMemory):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.call, self.code, self.error_name, self.description, self.hint))
-
-
-def check_export(result: Any, call: str) -> Any:
-    """:func:`check` of an export to an fd; ``HandleUnavailable`` where this process can open
-    no more files (the driver's error does not say so)."""
-    try:
-        return check(result, call)
-    except CudaDriverError as exc:
-        try:
-            probe = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as e:
-            if e.errno not in (errno.EMFILE, errno.ENFILE):
-                raise exc from None
-            raise fd_limit_error(
-                f"{exc}: this process can open no more files, and an exported handle is one",
-                str(e.strerror),
-            ) from exc
-        os.close(probe)
-        raise
-
-
-def _gib(nbytes: int) -> str:
-    return f"{nbytes / (1 << 30):.2f} GiB"
-
-
-def explain_out_of_memory(
-    exc: CudaOutOfMemory, what: str, nbytes: int, free_total: tuple[int, int] | None
-) -> CudaOutOfMemory:
-    """``exc`` again, saying what was asked for, what is free (if known) and what to do."""
-    known = (
-        f"the device has {_gib(free_total[0])} of {_gib(free_total[1])} free"
-        if free_total is not None
-        else "how much the device has free is not known (cuMemGetInfo failed)"
-    )
-    hint = (
-        f"cannot make {what} of {_gib(nbytes)} ({nbytes} bytes); {known}. Make the array "
-        "smaller or in several parts, or free device memory (close arrays this and other "
-        "processes no longer need, and CuPy's or PyTorch's cached blocks: "
-        "cupy.get_default_memory_pool().free_all_blocks(), torch.cuda.empty_cache())"
-    )
-    return CudaOutOfMemory(exc.call, exc.code, exc.error_name, exc.description, hint)
 
 
 def _error_name(err: Any) -> str:

@@ -1,8 +1,6 @@
-"""The HIP runtime of the HIP backends: hip-python's ``hip.hip`` (whose calls return tuples
-like CUDA's bindings), loaded on first use; errors, and why a device is unusable.
-
-``SHAREDARRAYS_HIP_MODULE`` names a module to use instead, with the same functions, types and
-enums (the tests' simulated driver, ``tests/simulated/hip.py``); it is read on every use.
+"""The HIP runtime: hip-python's ``hip.hip``, loaded on first use; errors, and why a device
+is unusable. ``SHAREDARRAYS_HIP_MODULE`` names a module to use instead (the tests' simulated
+driver, ``tests/simulated/hip.py``), read on every use.
 """
 
 from __future__ import annotations
@@ -63,13 +61,12 @@ def module_name() -> str:
 
 
 def load_hip() -> Any:
-    """The HIP module (:func:`module_name`); raises ``ImportError`` or ``OSError`` (no
-    ``libamdhip64.so``)."""
+    """The HIP module (``ImportError``, or ``OSError``: no ``libamdhip64.so``)."""
     return importlib.import_module(module_name())
 
 
 def check(result: Any, call: str) -> Any:
-    """The values of a ``(hipError_t, values...)`` result (``None``, one, or a tuple); raises
+    """The values of a ``(hipError_t, values...)`` result (``None``, one, or a tuple);
     :class:`HipError` unless it says success."""
     if not isinstance(result, tuple):
         result = (result,)
@@ -142,7 +139,7 @@ def _reason(index: int, feature: str) -> str | None:
 
 
 def why_unusable(index: int = 0, feature: str = "vmm") -> str | None:
-    """Why HIP device ``index`` cannot be used here for ``feature`` (a key of
-    :data:`FEATURES`), or ``None``; never raises, asked once per module, device and feature."""
+    """Why HIP device ``index`` cannot be used for ``feature`` (a key of :data:`FEATURES`),
+    or ``None``; never raises, asked once."""
     key = ("hip", module_name(), index, feature)
     return cached_reason(key, lambda: _reason(index, feature), "the HIP runtime")
