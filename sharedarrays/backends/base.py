@@ -29,25 +29,6 @@ from sharedarrays.backends.device import Device
 from sharedarrays.errors import BackendUnavailable, PayloadError, fd_limit_error
 from sharedarrays.process import STATE
 
-__all__ = [
-    "Access",
-    "Chunk",
-    "NativeView",
-    "Backend",
-    "MappingBackend",
-    "StreamBackend",
-    "BorrowingBackend",
-    "ValueReader",
-    "DeviceBase",
-    "SyncOrdering",
-    "VendorCalls",
-    "installed",
-    "loadable",
-    "cached_reason",
-    "fork_reason",
-    "round_up",
-]
-
 Access = Literal["rw", "r", "none"]
 """Who may touch a mapping: read-write, read-only, or nobody."""
 

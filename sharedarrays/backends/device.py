@@ -16,8 +16,6 @@ import numpy as np
 from sharedarrays.errors import BackendUnavailable
 from sharedarrays.process import STATE
 
-__all__ = ["Device", "DeviceLike", "CPU", "add_kind", "kinds", "parse_name", "parse_device"]
-
 
 @runtime_checkable
 class TorchDeviceLike(Protocol):

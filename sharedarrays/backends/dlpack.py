@@ -13,8 +13,6 @@ import numpy as np
 
 from sharedarrays.errors import BackendUnavailable
 
-__all__ = ["KDL_CPU", "KDL_EXT_DEV", "dl_dtype", "dlpack_view"]
-
 KDL_CPU = 1  # kDLCPU
 KDL_EXT_DEV = 12  # kDLExtDev: PyTorch's PrivateUse1 devices, such as torch_npu's npu
 

@@ -29,8 +29,6 @@ from sharedarrays.errors import (
     fd_limit_error,
 )
 
-__all__ = ["HostBackend", "check_chunk_fd", "memory_available", "host_native", "to_numpy"]
-
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
 _libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, *[ctypes.c_int] * 3, ctypes.c_long)

@@ -16,8 +16,6 @@ from sharedarrays.backends.base import Chunk, DeviceBase, VendorCalls
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import DriverError, HandleUnavailable, PayloadError
 
-__all__ = ["PoolCalls", "PoolBackend", "GRANULARITY", "POOL_ID_BYTES", "EXPORT_BYTES"]
-
 GRANULARITY = 512
 """Pool chunk sizes are multiples of 512 bytes (the pool sub-allocates)."""
 

@@ -14,8 +14,6 @@ from sharedarrays.backends.base import Access, Chunk, DeviceBase, VendorCalls
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import DriverError, PayloadError, PeerAccessUnavailable
 
-__all__ = ["VmmCalls", "VmmBackend", "ACCESS"]
-
 ACCESS: tuple[Access, ...] = ("rw", "r", "none")
 
 

@@ -17,20 +17,6 @@ from sharedarrays.backends.base import loadable as _loadable
 from sharedarrays.errors import DriverError, OutOfMemory
 from sharedarrays.process import STATE
 
-__all__ = [
-    "AclError",
-    "AclOutOfMemory",
-    "MODULE_SETTING",
-    "LIBRARY",
-    "MemLocation",
-    "PhysicalMemProp",
-    "load_acl",
-    "check",
-    "why_unusable",
-    "cpu_addressable",
-    "ERROR_NAMES",
-]
-
 MODULE_SETTING = "SHAREDARRAYS_ASCEND_MODULE"
 LIBRARY = "libascendcl.so"
 

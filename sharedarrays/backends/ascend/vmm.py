@@ -39,8 +39,6 @@ from sharedarrays.errors import (
     PermissionDenied,
 )
 
-__all__ = ["AscendBackend", "EXPORT_BYTES", "KDL_ASCEND", "is_npu_dlpack", "torch_npu_from_dlpack"]
-
 EXPORT_BYTES = 8
 """A chunk's portable handle: the ``uint64`` shareable handle, little-endian."""
 

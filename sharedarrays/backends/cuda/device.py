@@ -37,8 +37,6 @@ from sharedarrays.errors import (
 )
 from sharedarrays.protocol.payload import contiguous_strides
 
-__all__ = ["CudaDevice", "CudaCalls", "ValueReader", "ImportedSemaphore"]
-
 
 def _gib(nbytes: int) -> str:
     return f"{nbytes / (1 << 30):.2f} GiB"

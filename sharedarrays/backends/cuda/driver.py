@@ -23,23 +23,6 @@ from sharedarrays.backends.device import Device
 from sharedarrays.errors import DriverError, OutOfMemory
 from sharedarrays.process import STATE, at_fork
 
-__all__ = [
-    "OnDevice",
-    "CudaDriverError",
-    "CudaOutOfMemory",
-    "why_unusable",
-    "load_driver",
-    "check",
-    "opaque_bytes",
-    "peer_reason",
-    "current_device_index",
-    "current_stream",
-    "opaque_from_bytes",
-    "OPAQUE_BYTES",
-    "INSTALL_HINT",
-    "FORK_REASON",
-]
-
 INSTALL_HINT = "pip install 'sharedarrays[cuda13]'"
 
 FORK_REASON = (

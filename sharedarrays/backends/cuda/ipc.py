@@ -25,8 +25,6 @@ from sharedarrays.backends.device import Device
 from sharedarrays.backends.registry import Registration, register
 from sharedarrays.errors import HandleUnavailable, NotShareable, PayloadError
 
-__all__ = ["CudaIpcBackend", "GRANULARITY"]
-
 GRANULARITY = 2 << 20
 """cuda-ipc chunk sizes are multiples of 2 MiB: a handle names a whole ``cuMemAlloc``
 allocation, which lies on 2 MiB pages anyway."""

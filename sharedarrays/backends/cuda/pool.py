@@ -1,7 +1,5 @@
 """The CUDA memory-pool backend (``"cuda-pool"``):
-:class:`~sharedarrays.backends.pool.PoolBackend` on :class:`CudaPool`, CUDA's pool IPC calls
-(``cuMemPoolCreate`` with POSIX fd handles, ``cuMemAllocFromPoolAsync`` on the current
-stream, ``cuMemPoolExportPointer``, ``cuMemPoolImportPointer``, ...)."""
+:class:`~sharedarrays.backends.pool.PoolBackend` on CUDA's calls (:class:`CudaPool`)."""
 
 from __future__ import annotations
 
@@ -9,30 +7,14 @@ from typing import Any, ClassVar
 
 from sharedarrays.backends.cuda.device import CudaCalls, CudaDevice
 from sharedarrays.backends.cuda.driver import opaque_bytes, opaque_from_bytes, why_unusable
-from sharedarrays.backends.pool import (
-    EXPORT_BYTES,
-    GRANULARITY,
-    POOL_ID_BYTES,
-    PoolBackend,
-    PoolCalls,
-)
+from sharedarrays.backends.pool import PoolBackend, PoolCalls
 from sharedarrays.backends.registry import Registration, register
 from sharedarrays.settings import env_number
 
-__all__ = [
-    "CudaPoolBackend",
-    "CudaPool",
-    "GRANULARITY",
-    "EXPORT_BYTES",
-    "POOL_ID_BYTES",
-    "MAX_BYTES",
-    "max_bytes",
-]
-
 MAX_BYTES = 4 << 30
 """Largest cuda-pool allocation (``SHAREDARRAYS_POOL_MAX_BYTES`` overrides it): importing one
-of 5.25 GiB or more segfaults inside ``cuMemPoolImportPointer`` (driver 580, H200;
-``benchmarks/probe_pool_import.py``), so both sides refuse larger ones."""
+of 5.25 GiB or more segfaults in ``cuMemPoolImportPointer`` (driver 580, H200), so both sides
+refuse larger ones."""
 
 
 def max_bytes() -> int:

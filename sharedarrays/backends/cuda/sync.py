@@ -33,18 +33,6 @@ from sharedarrays.errors import PayloadError
 from sharedarrays.process import running, start_time
 from sharedarrays.protocol import token as wire
 
-__all__ = [
-    "Fence",
-    "no_sync",
-    "sync_enabled",
-    "export_fence",
-    "export_sync",
-    "import_sync",
-    "record",
-    "RING_LIMIT",
-    "TOKEN_SIZE",
-]
-
 RING_LIMIT = 256  # most events in one device's ring
 TOKEN_SIZE = wire.TOKEN_SIZE
 

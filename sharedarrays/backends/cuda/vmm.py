@@ -10,8 +10,6 @@ from sharedarrays.backends.cuda.driver import peer_reason, why_unusable
 from sharedarrays.backends.registry import Registration, register
 from sharedarrays.backends.vmm import VmmBackend, VmmCalls
 
-__all__ = ["CudaVmmBackend", "CudaVmm"]
-
 
 class CudaVmm(CudaCalls, VmmCalls):
     """CUDA's VMM calls (:class:`~sharedarrays.backends.vmm.VmmCalls`)."""

@@ -18,8 +18,6 @@ from sharedarrays.backends.device import Device
 from sharedarrays.backends.hip.runtime import HipError, check, export_fd, load_hip, why_unusable
 from sharedarrays.backends.host import host_native, to_numpy
 
-__all__ = ["HipDevice", "HipCalls", "FORK_REASON"]
-
 FORK_REASON = fork_reason("HIP")
 
 

@@ -13,8 +13,6 @@ from sharedarrays.backends.hip.runtime import why_unusable
 from sharedarrays.backends.pool import POINTER_BYTES, PoolBackend, PoolCalls
 from sharedarrays.backends.registry import Registration, register
 
-__all__ = ["HipPoolBackend", "HipPool"]
-
 _ExportData = ctypes.c_ubyte * POINTER_BYTES
 
 

@@ -18,19 +18,6 @@ from sharedarrays.backends.base import cached_reason
 from sharedarrays.backends.base import loadable as _loadable
 from sharedarrays.errors import DriverError, OutOfMemory
 
-__all__ = [
-    "HipError",
-    "HipOutOfMemory",
-    "MODULE_SETTING",
-    "DEFAULT_MODULE",
-    "INSTALL_HINT",
-    "FEATURES",
-    "load_hip",
-    "check",
-    "export_fd",
-    "why_unusable",
-]
-
 MODULE_SETTING = "SHAREDARRAYS_HIP_MODULE"
 DEFAULT_MODULE = "hip.hip"
 INSTALL_HINT = "pip install 'sharedarrays[hip]'"

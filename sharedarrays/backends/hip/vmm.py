@@ -10,8 +10,6 @@ from sharedarrays.backends.hip.runtime import why_unusable
 from sharedarrays.backends.registry import Registration, register
 from sharedarrays.backends.vmm import VmmBackend, VmmCalls
 
-__all__ = ["HipVmmBackend", "HipVmm", "KDL_ROCM"]
-
 KDL_ROCM = 10  # DLPack's device type of ROCm memory
 
 
