@@ -78,14 +78,6 @@ def cached_reason(key: tuple[Any, ...], probe: Callable[[], str | None], what: s
         return state.reasons[key]
 
 
-def fork_reason(runtime: str) -> str:
-    """Why a backend object inherited through fork refuses to call ``runtime``."""
-    return (
-        f"this backend object was inherited through fork, and {runtime} cannot be used in "
-        "such a child; start worker processes with the 'spawn' or 'forkserver' start method"
-    )
-
-
 @dataclass
 class Chunk:
     """One physical allocation and its exported handle, owned by this process.
@@ -300,9 +292,13 @@ class DeviceBase:
     def _forked(self) -> bool:
         return os.getpid() != self._pid
 
-    def _refuse_forked(self, reason: str) -> None:
+    def _refuse_forked(self, runtime: str) -> None:
         if self._forked():
-            raise BackendUnavailable(f"cannot use {self.device}: {reason}")
+            raise BackendUnavailable(
+                f"cannot use {self.device}: this backend object was inherited through fork, "
+                f"and {runtime} cannot be used in such a child; start worker processes with "
+                "the 'spawn' or 'forkserver' start method"
+            )
 
     def _check_size(self, size: int, what: str) -> None:
         if size <= 0 or size % self.granularity:

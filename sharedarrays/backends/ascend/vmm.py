@@ -20,14 +20,7 @@ import numpy as np
 
 from sharedarrays.backends.ascend import runtime as rt
 from sharedarrays.backends.ascend.runtime import AclError, check, load_acl, why_unusable
-from sharedarrays.backends.base import (
-    Chunk,
-    DeviceBase,
-    NativeView,
-    SyncOrdering,
-    fork_reason,
-    installed,
-)
+from sharedarrays.backends.base import Chunk, DeviceBase, NativeView, SyncOrdering, installed
 from sharedarrays.backends.device import Device
 from sharedarrays.backends.dlpack import KDL_EXT_DEV, dl_dtype, dlpack_view
 from sharedarrays.backends.host import host_native, to_numpy
@@ -77,9 +70,6 @@ def _torch_layout(dtype: np.dtype[Any], strides: tuple[int, ...]) -> bool:
     except TypeError:
         return False
     return all(s >= 0 and s % dtype.itemsize == 0 for s in strides)
-
-
-FORK_REASON = fork_reason("CANN")
 
 
 class AscendBackend(SyncOrdering, DeviceBase):
@@ -133,7 +123,7 @@ class AscendBackend(SyncOrdering, DeviceBase):
 
     def _on_device(self) -> None:
         """Make this device current for the calling thread (``aclrtSetDevice``)."""
-        self._refuse_forked(FORK_REASON)
+        self._refuse_forked("CANN")
         self._call("aclrtSetDevice", self.device.index, what=f"({self.device.index})")
 
     def _map(self, handle: int, size: int) -> int:

@@ -6,19 +6,10 @@ from __future__ import annotations
 import contextlib
 from typing import Any, ClassVar
 
-from sharedarrays.backends.base import (
-    DeviceBase,
-    NativeView,
-    SyncOrdering,
-    VendorCalls,
-    fork_reason,
-    installed,
-)
+from sharedarrays.backends.base import DeviceBase, NativeView, SyncOrdering, VendorCalls, installed
 from sharedarrays.backends.device import Device
 from sharedarrays.backends.hip.runtime import HipError, check, export_fd, load_hip, why_unusable
 from sharedarrays.backends.host import host_native, to_numpy
-
-FORK_REASON = fork_reason("HIP")
 
 
 def _cupy_rocm() -> Any:
@@ -85,7 +76,7 @@ class HipDevice(SyncOrdering, DeviceBase):
 
     def context(self) -> contextlib.AbstractContextManager[None]:
         """Make this device current (``hipSetDevice``) for a ``with`` block."""
-        self._refuse_forked(FORK_REASON)
+        self._refuse_forked("HIP")
         check(self._hip.hipSetDevice(self.device.index), f"hipSetDevice({self.device.index})")
         return contextlib.nullcontext()
 
