@@ -325,13 +325,33 @@ class DeviceBase:
 
 
 class VendorCalls:
-    """A GPU vendor's driver calls for :mod:`.vmm` and :mod:`.pool`: CUDA's and HIP's are
-    the same calls and structs under two prefixes; a subclass sets the enums (``fd_type``,
-    ``pinned``, ``on_device``, ...) and says what else differs."""
+    """A GPU vendor's table of driver calls for :mod:`.vmm` and :mod:`.pool`: CUDA's and
+    HIP's are the same calls and structs under two prefixes; a subclass sets the enums
+    (``fd_type``, ``pinned``, ...) and says what else differs.
 
+    Attributes
+    ----------
+    vendor : str
+        Its name in messages (``"CUDA"``).
+    whole_chunks : str
+        Why it maps whole chunks only, for the message refusing a part (may be empty).
+    not_an_allocation : frozenset of str
+        The error names importing an fd that is no exported allocation answers.
+    invalid_value : str
+        The error name mapping a chunk smaller than the range answers.
+    allocate_call, free_call : str
+        The names (after the prefix) of its pool allocation and free.
+    """
+
+    vendor: ClassVar[str]
     prefix: ClassVar[str]  # of every call's name
     type_prefix: ClassVar[str]  # of every memory struct's name
     fd_name: ClassVar[str]  # the POSIX fd handle type's name, in messages
+    whole_chunks: ClassVar[str] = ""
+    not_an_allocation: ClassVar[frozenset[str]]
+    invalid_value: ClassVar[str]
+    allocate_call: ClassVar[str]
+    free_call: ClassVar[str]
     fd_type: Any
     pinned: Any  # the pinned allocation type
     on_device: Any  # the device location type
@@ -364,6 +384,39 @@ class VendorCalls:
         obj.location.type = self.on_device
         obj.location.id = index
         return obj
+
+    @functools.cached_property
+    def prop(self) -> Any:
+        """The properties of a VMM allocation on the device, exportable as a POSIX fd."""
+        prop = self.located("AllocationProp", self.device.index)
+        prop.type = self.pinned
+        # ROCm 7 renamed requestedHandleType to requestedHandleTypes
+        plural = hasattr(prop, "requestedHandleTypes")
+        setattr(prop, "requestedHandleTypes" if plural else "requestedHandleType", self.fd_type)
+        return prop
+
+    def location(self, handle: int) -> int | None:  # a VMM chunk's device; None: not asked
+        return None
+
+    def access(self, index: int, access: Access) -> Any:  # a descriptor for device index
+        desc = self.located("AccessDesc", index)
+        desc.flags = self.access_flags[access]
+        return desc
+
+    def create_pool(self) -> Any:  # pinned device memory, exportable as a POSIX fd
+        props = self.located("PoolProps", self.device.index)
+        props.allocType = self.pinned
+        props.handleTypes = self.fd_type
+        return self.call("MemPoolCreate", props, what=f"({self.fd_name}, {self.device})")
+
+    def stream(self) -> int:  # the stream pool allocations are made on
+        raise NotImplementedError
+
+    def export_pointer(self, pointer: int) -> bytes:  # POINTER_BYTES of an own allocation
+        raise NotImplementedError
+
+    def import_pointer(self, pool: Any, data: bytes) -> int:
+        raise NotImplementedError
 
 
 class SyncOrdering:

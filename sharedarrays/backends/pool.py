@@ -1,8 +1,8 @@
 """The memory-pool backend of every GPU vendor (``cuda-pool``, ``hip-pool``), written
-against :class:`PoolCalls`. Each process makes one pool per device and exports its fd once;
-a chunk is one allocation from it, its handle the pool's id and the pointer's export data.
-An importer opens each pool once (while any pointer of it is open) and must free an
-allocation before its exporter does.
+against the vendor's :class:`~.base.VendorCalls`. Each process makes one pool per device
+and exports its fd once; a chunk is one allocation from it, its handle the pool's id and
+the pointer's export data. An importer opens each pool once (while any pointer of it is
+open) and must free an allocation before its exporter does.
 """
 
 from __future__ import annotations
@@ -25,38 +25,6 @@ EXPORT_BYTES = POOL_ID_BYTES + POINTER_BYTES
 """A chunk's portable handle: the pool's random id, then the pointer's export data."""
 
 
-class PoolCalls(VendorCalls):
-    """One vendor's pool IPC calls: the names of its ``allocate`` and ``free`` calls, its
-    stream and pointer export data."""
-
-    allocate_call: ClassVar[str]  # (after the prefix)
-    free_call: ClassVar[str]
-
-    def create_pool(self) -> Any:  # pinned device memory, exportable as a POSIX fd
-        props = self.located("PoolProps", self.device.index)
-        props.allocType = self.pinned
-        props.handleTypes = self.fd_type
-        return self.call("MemPoolCreate", props, what=f"({self.fd_name}, {self.device})")
-
-    def destroy_pool(self, pool: Any) -> None:
-        self.call("MemPoolDestroy", pool)
-
-    def stream(self) -> int:  # the stream allocations are made on
-        raise NotImplementedError
-
-    def export_pointer(self, pointer: int) -> bytes:  # POINTER_BYTES of an own allocation
-        raise NotImplementedError
-
-    def import_pointer(self, pool: Any, data: bytes) -> int:
-        raise NotImplementedError
-
-    def free(self, pointer: int) -> None:
-        self.call(self.free_call, pointer)
-
-    def too_large(self, size: int) -> str | None:  # why ``size`` is refused, or None
-        return None
-
-
 class PoolBackend(DeviceBase):
     """Stream-ordered memory of one GPU shared through an exported pool: every vendor's pool
     backend, put before the vendor's device base class, with :attr:`calls` its table."""
@@ -70,7 +38,7 @@ class PoolBackend(DeviceBase):
         def context(self) -> contextlib.AbstractContextManager[None]: ...
         def synchronize(self) -> None: ...
 
-    calls: ClassVar[type[PoolCalls]]
+    calls: ClassVar[type[VendorCalls]]
 
     def __init__(self, device: Device) -> None:
         super().__init__(device)  # type: ignore[call-arg]  # (the device base class)
@@ -85,6 +53,9 @@ class PoolBackend(DeviceBase):
     def granularity(self) -> int:
         """Chunk sizes are multiples of 512 bytes (:data:`GRANULARITY`)."""
         return GRANULARITY
+
+    def _too_large(self, size: int) -> str | None:  # why ``size`` is refused, or None
+        return None
 
     @property
     def pool_fd(self) -> int:
@@ -102,7 +73,7 @@ class PoolBackend(DeviceBase):
                     fd = calls.export_fd("MemPoolExportToShareableHandle", pool)
                 except BaseException:
                     with contextlib.suppress(DriverError):
-                        calls.destroy_pool(pool)
+                        calls.call("MemPoolDestroy", pool)
                     raise
             os.set_inheritable(fd, False)
             self._pool, self._pool_fd = pool, fd
@@ -113,7 +84,7 @@ class PoolBackend(DeviceBase):
         export the pointer (once)."""
         self._check_size(size, "a chunk size")
         calls = self._calls
-        why = calls.too_large(size)
+        why = self._too_large(size)
         if why is not None:
             raise ValueError(why)
         pool = self._own_pool()
@@ -127,7 +98,7 @@ class PoolBackend(DeviceBase):
                 data = calls.export_pointer(ptr)
             except BaseException:
                 with contextlib.suppress(DriverError):
-                    calls.free(ptr)
+                    calls.call(calls.free_call, ptr)
                 raise
         export = self._pool_id + data
         return Chunk(size=size, handle=ptr, fd=self._pool_fd, address=ptr, export=export)
@@ -142,7 +113,7 @@ class PoolBackend(DeviceBase):
                 raise PayloadError(
                     f"a {self.name} handle is {EXPORT_BYTES} bytes, not {len(export)}"
                 )
-            why = calls.too_large(size)
+            why = self._too_large(size)
             if why is not None:
                 raise PayloadError(f"refusing to import: {why}")
             pool_id, data = export[:POOL_ID_BYTES], export[POOL_ID_BYTES:]
@@ -168,7 +139,7 @@ class PoolBackend(DeviceBase):
                     if not entry[1]:
                         del self._imported[pool_id]
                         with contextlib.suppress(DriverError):
-                            calls.destroy_pool(entry[0])
+                            calls.call("MemPoolDestroy", entry[0])
                     raise HandleUnavailable(
                         f"{exc}: the memory of this {self.name} allocation is gone (its "
                         "exporter freed it or exited)"
@@ -192,7 +163,7 @@ class PoolBackend(DeviceBase):
         try:
             self.synchronize()
             with self._lock, self.context():
-                self._calls.free(ptr)
+                self._calls.call(self._calls.free_call, ptr)
         finally:
             if chunk.imported:
                 self._close_imported(chunk.export[:POOL_ID_BYTES])
@@ -207,4 +178,4 @@ class PoolBackend(DeviceBase):
                 return
             del self._imported[pool_id]
             with self.context():
-                self._calls.destroy_pool(entry[0])
+                self._calls.call("MemPoolDestroy", entry[0])

@@ -1,6 +1,6 @@
-"""The VMM backend of every GPU vendor (``cuda-vmm``, ``hip-vmm``), written against
-:class:`VmmCalls`. A chunk is pinned device memory exported once as an fd, kept to serve on:
-it lives while any process holds a handle, fd or mapping.
+"""The VMM backend of every GPU vendor (``cuda-vmm``, ``hip-vmm``), written against the
+vendor's :class:`~.base.VendorCalls`. A chunk is pinned device memory exported once as an
+fd, kept to serve on: it lives while any process holds a handle, fd or mapping.
 """
 
 from __future__ import annotations
@@ -15,47 +15,6 @@ from sharedarrays.backends.device import Device
 from sharedarrays.errors import DriverError, PayloadError, PeerAccessUnavailable
 
 ACCESS: tuple[Access, ...] = ("rw", "r", "none")
-
-
-class VmmCalls(VendorCalls):
-    """One vendor's VMM calls: the allocation properties ``prop``, access descriptors, and
-    what its errors mean.
-
-    Attributes
-    ----------
-    vendor : str
-        Its name in messages (``"CUDA"``).
-    whole_chunks : str
-        Why it maps whole chunks only, for the message refusing a part (may be empty).
-    not_an_allocation : frozenset of str
-        The error names importing an fd that is no exported allocation answers.
-    invalid_value : str
-        The error name mapping a chunk smaller than the range answers.
-    """
-
-    vendor: ClassVar[str]
-    whole_chunks: ClassVar[str] = ""
-    not_an_allocation: ClassVar[frozenset[str]]
-    invalid_value: ClassVar[str]
-
-    def __init__(self, backend: Any) -> None:
-        super().__init__(backend)
-        prop = self.prop = self.located("AllocationProp", self.device.index)
-        prop.type = self.pinned
-        # ROCm 7 renamed requestedHandleType to requestedHandleTypes
-        plural = hasattr(prop, "requestedHandleTypes")
-        setattr(prop, "requestedHandleTypes" if plural else "requestedHandleType", self.fd_type)
-
-    def location(self, handle: int) -> int | None:  # the chunk's device; None: not asked
-        return None
-
-    def access(self, index: int, access: Access) -> Any:  # a descriptor for device index
-        desc = self.located("AccessDesc", index)
-        desc.flags = self.access_flags[access]
-        return desc
-
-    def peer_reason(self, index: int, owner: int) -> str | None:  # asked where peer_access
-        raise NotImplementedError
 
 
 class VmmBackend(DeviceBase):
@@ -73,7 +32,7 @@ class VmmBackend(DeviceBase):
         def context(self) -> contextlib.AbstractContextManager[None]: ...
         def synchronize(self) -> None: ...
 
-    calls: ClassVar[type[VmmCalls]]
+    calls: ClassVar[type[VendorCalls]]
 
     def __init__(self, device: Device) -> None:
         super().__init__(device)  # type: ignore[call-arg]  # (the device base class)
@@ -89,6 +48,9 @@ class VmmBackend(DeviceBase):
     def granularity(self) -> int:
         """The device's recommended allocation granularity (2 MiB on an H200)."""
         return self._granularity
+
+    def _peer_reason(self, index: int, owner: int) -> str | None:  # asked where peer_access
+        raise NotImplementedError
 
     def _release(self, handle: int) -> None:
         """Release ``handle`` while undoing a failed step (its own failure is not reported)."""
@@ -221,7 +183,7 @@ class VmmBackend(DeviceBase):
                 continue
             if not self.peer_access:
                 raise ValueError(f"{self.name} grants no peer devices: access= takes {self.device}")
-            why = self._calls.peer_reason(index, self.device.index)
+            why = self._peer_reason(index, self.device.index)
             if why is not None:
                 raise PeerAccessUnavailable(why)
             if mode not in ACCESS:

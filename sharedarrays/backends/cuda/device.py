@@ -26,6 +26,8 @@ from sharedarrays.backends.cuda.driver import (
     current_device_index,
     current_stream,
     load_driver,
+    opaque_bytes,
+    opaque_from_bytes,
     why_unusable,
 )
 from sharedarrays.backends.device import Device
@@ -68,8 +70,8 @@ class ValueReader:
             flags = int(d.CUstream_flags.CU_STREAM_NON_BLOCKING)
             self._stream = check(d.cuStreamCreate(flags), "cuStreamCreate")
         self._lock = threading.Lock()
-        destroy = (_destroy, on, "cuStreamDestroy", self._stream, os.getpid())
-        self._finalizer = weakref.finalize(self, *destroy)
+        stream, pid = self._stream, os.getpid()
+        self._finalizer = weakref.finalize(self, _destroy, on, "cuStreamDestroy", stream, pid)
 
     def read(self, address: int) -> int:
         """The 64-bit word at ``address`` now."""
@@ -98,8 +100,8 @@ class ImportedSemaphore:
         self.timeline = timeline
         self._handle: Any = handle
         self._pid = os.getpid()
-        destroy = (_destroy, on, "cuDestroyExternalSemaphore", handle, self._pid)
-        self._finalizer = weakref.finalize(self, *destroy)
+        destroy = "cuDestroyExternalSemaphore"
+        self._finalizer = weakref.finalize(self, _destroy, on, destroy, handle, self._pid)
 
     def live(self) -> Any:
         """The driver handle; ``ClosedArrayError`` once closed, ``BackendUnavailable`` after
@@ -121,11 +123,26 @@ class ImportedSemaphore:
 
 
 class CudaCalls(VendorCalls):
-    """CUDA's side of the VMM and pool tables (``cuda.bindings.driver``)."""
+    """CUDA's table of VMM and pool calls (``cuda.bindings.driver``)."""
 
+    vendor = "CUDA"
     prefix = "cu"
     type_prefix = "CUmem"
     fd_name = "POSIX_FILE_DESCRIPTOR"
+    whole_chunks = " (cuMemMap supports no offset into, and no part of, a device allocation)"
+    not_an_allocation = frozenset(
+        {
+            "CUDA_ERROR_INVALID_VALUE",
+            "CUDA_ERROR_INVALID_HANDLE",
+            "CUDA_ERROR_NOT_SUPPORTED",
+            "CUDA_ERROR_OPERATING_SYSTEM",
+            "CUDA_ERROR_INVALID_DEVICE",
+            "CUDA_ERROR_UNKNOWN",  # what driver 580 answers for a memfd or a closed fd
+        }
+    )
+    invalid_value = "CUDA_ERROR_INVALID_VALUE"
+    allocate_call = "MemAllocFromPoolAsync"
+    free_call = "MemFree"
     _check = staticmethod(check)
 
     def __init__(self, backend: CudaDevice) -> None:
@@ -170,6 +187,20 @@ class CudaCalls(VendorCalls):
     def handle(self, handle: int) -> Any:
         return self._m.CUmemGenericAllocationHandle(handle)
 
+    def location(self, handle: int) -> int | None:
+        prop = self.call("MemGetAllocationPropertiesFromHandle", self.handle(handle))
+        return int(prop.location.id)
+
+    def stream(self) -> int:
+        return self._backend.current_stream()
+
+    def export_pointer(self, pointer: int) -> bytes:
+        return opaque_bytes(self.call("MemPoolExportPointer", pointer))
+
+    def import_pointer(self, pool: Any, data: bytes) -> int:
+        share = opaque_from_bytes(self._m.CUmemPoolPtrExportData, data)
+        return int(self.call("MemPoolImportPointer", pool, share))
+
 
 class CudaDevice(DeviceBase):
     """The base of the CUDA backends: one device (``Device("cuda", N)``) and its primary
@@ -178,6 +209,7 @@ class CudaDevice(DeviceBase):
     name: ClassVar[str]
     peer_access: ClassVar[bool] = False
     values_refused: ClassVar[str | None] = None
+    calls: ClassVar[type[VendorCalls]] = CudaCalls  # (the VMM and pool backends')
 
     def __init__(self, device: Device) -> None:
         self._take(device, "cuda", "a CUDA device", lambda i: why_unusable(i, self.name))

@@ -1,13 +1,13 @@
 """The CUDA memory-pool backend (``"cuda-pool"``):
-:class:`~sharedarrays.backends.pool.PoolBackend` on CUDA's calls (:class:`CudaPool`)."""
+:class:`~sharedarrays.backends.pool.PoolBackend` on CUDA's calls."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from sharedarrays.backends.cuda.device import CudaCalls, CudaDevice
-from sharedarrays.backends.cuda.driver import opaque_bytes, opaque_from_bytes, why_unusable
-from sharedarrays.backends.pool import PoolBackend, PoolCalls
+from sharedarrays.backends.cuda.device import CudaDevice
+from sharedarrays.backends.cuda.driver import why_unusable
+from sharedarrays.backends.pool import PoolBackend
 from sharedarrays.backends.registry import Registration, register
 from sharedarrays.settings import env_number
 
@@ -34,24 +34,6 @@ def _too_large(size: int) -> str | None:
     )
 
 
-class CudaPool(CudaCalls, PoolCalls):
-    """CUDA's pool IPC calls (:class:`~sharedarrays.backends.pool.PoolCalls`)."""
-
-    allocate_call = "MemAllocFromPoolAsync"
-    free_call = "MemFree"
-    too_large = staticmethod(_too_large)
-
-    def stream(self) -> int:
-        return self._backend.current_stream()
-
-    def export_pointer(self, pointer: int) -> bytes:
-        return opaque_bytes(self.call("MemPoolExportPointer", pointer))
-
-    def import_pointer(self, pool: Any, data: bytes) -> int:
-        share = opaque_from_bytes(self._m.CUmemPoolPtrExportData, data)
-        return int(self.call("MemPoolImportPointer", pool, share))
-
-
 class CudaPoolBackend(PoolBackend, CudaDevice):
     """Stream-ordered memory of one CUDA device, shared through an exported pool
     (``"cuda-pool"``); allocations are made on the current stream, at most
@@ -64,7 +46,7 @@ class CudaPoolBackend(PoolBackend, CudaDevice):
         "driver 580). Put the counter in a cuda-vmm or cuda-ipc array: sa.zeros(1, 'uint64', "
         "backend='cuda-vmm')"
     )
-    calls = CudaPool
+    _too_large = staticmethod(_too_large)
 
 
 register(

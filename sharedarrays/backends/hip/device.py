@@ -1,15 +1,18 @@
-"""The base of the HIP backends (``hip-vmm``, ``hip-pool``): one AMD GPU, made current,
-synchronised, and its memory wrapped as the native array."""
+"""The base of the HIP backends (``hip-vmm``, ``hip-pool``): one AMD GPU and its arrays."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 from typing import Any, ClassVar
 
 from sharedarrays.backends.base import DeviceBase, NativeView, SyncOrdering, VendorCalls, installed
 from sharedarrays.backends.device import Device
 from sharedarrays.backends.hip.runtime import HipError, check, export_fd, load_hip, why_unusable
 from sharedarrays.backends.host import host_native, to_numpy
+from sharedarrays.backends.pool import POINTER_BYTES
+
+_ExportData = ctypes.c_ubyte * POINTER_BYTES
 
 
 def _cupy_rocm() -> Any:
@@ -24,11 +27,19 @@ def _cupy_rocm() -> Any:
 
 
 class HipCalls(VendorCalls):
-    """HIP's side of the VMM and pool tables (hip-python, whose calls take their results'
-    addresses where CUDA's bindings return them)."""
+    """HIP's table of VMM and pool calls (hip-python, whose calls take their results'
+    addresses where CUDA's bindings return them; pool allocations on the null stream,
+    export data as 64-byte ctypes buffers)."""
 
+    vendor = "HIP"
     prefix, type_prefix = "hip", "hipMem"
     fd_name = "PosixFileDescriptor"
+    not_an_allocation = frozenset(
+        {"hipErrorInvalidValue", "hipErrorInvalidHandle", "hipErrorNotSupported"}
+    )
+    invalid_value = "hipErrorInvalidValue"
+    allocate_call = "MallocFromPoolAsync"
+    free_call = "Free"
     _check = staticmethod(check)
 
     def __init__(self, backend: HipDevice) -> None:
@@ -50,17 +61,25 @@ class HipCalls(VendorCalls):
         fn = getattr(self._m, "hip" + name)
         return export_fd(lambda out: fn(out, *args, self.fd_type, 0), f"hip{name}({self.fd_name})")
 
+    def stream(self) -> int:
+        return 0  # the null stream
+
+    def export_pointer(self, pointer: int) -> bytes:
+        data = _ExportData()
+        self.call("MemPoolExportPointer", data, pointer)
+        return bytes(data)
+
+    def import_pointer(self, pool: Any, data: bytes) -> int:
+        return int(self.call("MemPoolImportPointer", pool, _ExportData.from_buffer_copy(data)))
+
 
 class HipDevice(SyncOrdering, DeviceBase):
-    """One AMD GPU (``Device("hip", N)``), as the HIP backends use it.
+    """One AMD GPU (``Device("hip", N)``). The native array is a ``cupy.ndarray`` where
+    CuPy's ROCm build is importable, else a NumPy view on an integrated device, else a
+    read-only NumPy copy (so that no write is lost)."""
 
-    The native array is a ``cupy.ndarray`` where CuPy's ROCm build is importable; else a
-    NumPy view on an integrated device (whose memory the CPU addresses); else a read-only
-    NumPy copy, so that no write is lost. Pickling orders by ``hipDeviceSynchronize``.
-    """
-
-    feature: ClassVar[str]
-    """What the backend needs of the device (a key of ``runtime.FEATURES``)."""
+    feature: ClassVar[str]  # what the backend needs of the device (``runtime.FEATURES``)
+    calls: ClassVar[type[VendorCalls]] = HipCalls  # (the VMM and pool backends')
 
     def __init__(self, device: Device) -> None:
         self._take(device, "hip", "a HIP device", lambda i: why_unusable(i, self.feature))
@@ -92,8 +111,7 @@ class HipDevice(SyncOrdering, DeviceBase):
         return int(free), int(total)
 
     def as_native(self, view: NativeView) -> Any:
-        """A ``cupy.ndarray`` (ROCm build), else NumPy (:func:`.host.host_native`; copied by
-        ``hipMemcpyDtoH``)."""
+        """A ``cupy.ndarray`` (ROCm build), else NumPy (:func:`.host.host_native`)."""
         cupy = _cupy_rocm()
         if cupy is not None:
             memory = cupy.cuda.UnownedMemory(view.address, view.size, view.owner, self.device.index)
