@@ -13,6 +13,7 @@ Optional methods (looked up with ``getattr``): ``native_memory``, ``native_view`
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import functools
@@ -269,8 +270,15 @@ class DeviceBase:
     no sealing (their handles carry no access mode)."""
 
     name: ClassVar[str]
+    peer_access: ClassVar[bool]
+    calls: ClassVar[type[VendorCalls]]  # the vendor's table (VMM and pool backends)
     device: Device
     _pid: int
+
+    if TYPE_CHECKING:  # what the vendor's device base class provides
+
+        def context(self) -> contextlib.AbstractContextManager[None]: ...
+        def synchronize(self) -> None: ...
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.device})"
@@ -327,31 +335,17 @@ class DeviceBase:
 class VendorCalls:
     """A GPU vendor's table of driver calls for :mod:`.vmm` and :mod:`.pool`: CUDA's and
     HIP's are the same calls and structs under two prefixes; a subclass sets the enums
-    (``fd_type``, ``pinned``, ...) and says what else differs.
+    (``fd_type``, ``pinned``, ...) and says what else differs."""
 
-    Attributes
-    ----------
-    vendor : str
-        Its name in messages (``"CUDA"``).
-    whole_chunks : str
-        Why it maps whole chunks only, for the message refusing a part (may be empty).
-    not_an_allocation : frozenset of str
-        The error names importing an fd that is no exported allocation answers.
-    invalid_value : str
-        The error name mapping a chunk smaller than the range answers.
-    allocate_call, free_call : str
-        The names (after the prefix) of its pool allocation and free.
-    """
-
-    vendor: ClassVar[str]
+    vendor: ClassVar[str]  # its name in messages
     prefix: ClassVar[str]  # of every call's name
     type_prefix: ClassVar[str]  # of every memory struct's name
     fd_name: ClassVar[str]  # the POSIX fd handle type's name, in messages
-    whole_chunks: ClassVar[str] = ""
-    not_an_allocation: ClassVar[frozenset[str]]
-    invalid_value: ClassVar[str]
-    allocate_call: ClassVar[str]
-    free_call: ClassVar[str]
+    whole_chunks: ClassVar[str] = ""  # why it maps whole chunks only (for the message)
+    not_an_allocation: ClassVar[frozenset[str]]  # errors importing an fd of no allocation
+    invalid_value: ClassVar[str]  # the error mapping a chunk smaller than the range
+    allocate_call: ClassVar[str]  # pool allocation (after the prefix)
+    free_call: ClassVar[str]  # and its free
     fd_type: Any
     pinned: Any  # the pinned allocation type
     on_device: Any  # the device location type

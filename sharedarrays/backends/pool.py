@@ -10,9 +10,9 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-from sharedarrays.backends.base import Chunk, DeviceBase, VendorCalls
+from sharedarrays.backends.base import Chunk, DeviceBase
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import DriverError, HandleUnavailable, PayloadError
 
@@ -32,13 +32,6 @@ class PoolBackend(DeviceBase):
     zeroed: ClassVar[bool] = False
     maps: ClassVar[bool] = False
     exporter_owned: ClassVar[bool] = True
-
-    if TYPE_CHECKING:  # what the vendor's device base class provides
-
-        def context(self) -> contextlib.AbstractContextManager[None]: ...
-        def synchronize(self) -> None: ...
-
-    calls: ClassVar[type[VendorCalls]]
 
     def __init__(self, device: Device) -> None:
         super().__init__(device)  # type: ignore[call-arg]  # (the device base class)

@@ -8,9 +8,9 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-from sharedarrays.backends.base import Access, Chunk, DeviceBase, VendorCalls
+from sharedarrays.backends.base import Access, Chunk, DeviceBase
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import DriverError, PayloadError, PeerAccessUnavailable
 
@@ -25,14 +25,6 @@ class VmmBackend(DeviceBase):
     zeroed: ClassVar[bool] = False
     maps: ClassVar[bool] = True
     exporter_owned: ClassVar[bool] = False
-
-    if TYPE_CHECKING:  # what the vendor's device base class provides
-        peer_access: ClassVar[bool]
-
-        def context(self) -> contextlib.AbstractContextManager[None]: ...
-        def synchronize(self) -> None: ...
-
-    calls: ClassVar[type[VendorCalls]]
 
     def __init__(self, device: Device) -> None:
         super().__init__(device)  # type: ignore[call-arg]  # (the device base class)

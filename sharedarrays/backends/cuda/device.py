@@ -209,7 +209,7 @@ class CudaDevice(DeviceBase):
     name: ClassVar[str]
     peer_access: ClassVar[bool] = False
     values_refused: ClassVar[str | None] = None
-    calls: ClassVar[type[VendorCalls]] = CudaCalls  # (the VMM and pool backends')
+    calls = CudaCalls
 
     def __init__(self, device: Device) -> None:
         self._take(device, "cuda", "a CUDA device", lambda i: why_unusable(i, self.name))

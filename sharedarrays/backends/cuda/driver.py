@@ -43,7 +43,7 @@ _CUDA_USERS = ("cuda.bindings.driver", "cupy", "torch", "numba.cuda", "jax")
 
 
 class OnDevice(Protocol):
-    """What :mod:`.sync` and :mod:`.semaphore` need of a CUDA backend."""
+    """What :mod:`.sync` and the stream objects of :mod:`.device` need of a CUDA backend."""
 
     @property
     def device(self) -> Device: ...

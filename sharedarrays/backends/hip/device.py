@@ -79,7 +79,7 @@ class HipDevice(SyncOrdering, DeviceBase):
     read-only NumPy copy (so that no write is lost)."""
 
     feature: ClassVar[str]  # what the backend needs of the device (``runtime.FEATURES``)
-    calls: ClassVar[type[VendorCalls]] = HipCalls  # (the VMM and pool backends')
+    calls = HipCalls
 
     def __init__(self, device: Device) -> None:
         self._take(device, "hip", "a HIP device", lambda i: why_unusable(i, self.feature))
