@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 from typing import Any, ClassVar
 
 from sharedarrays.backends.base import DeviceBase, NativeView, SyncOrdering, VendorCalls, installed
 from sharedarrays.backends.device import Device
-from sharedarrays.backends.hip.runtime import HipError, check, export_fd, load_hip, why_unusable
+from sharedarrays.backends.hip.runtime import HipError, check, load_hip, why_unusable
 from sharedarrays.backends.host import host_native, to_numpy
 from sharedarrays.backends.pool import POINTER_BYTES
 
@@ -58,8 +59,16 @@ class HipCalls(VendorCalls):
         super().__init__(backend)
 
     def export_fd(self, name: str, *args: Any) -> int:
-        fn = getattr(self._m, "hip" + name)
-        return export_fd(lambda out: fn(out, *args, self.fd_type, 0), f"hip{name}({self.fd_name})")
+        """The fd the call writes to the address it is given (closed if it then fails)."""
+        out = ctypes.c_int(-1)
+        try:
+            call = getattr(self._m, "hip" + name)
+            check(call(ctypes.addressof(out), *args, self.fd_type, 0), f"hip{name}({self.fd_name})")
+        except BaseException:
+            if out.value >= 0:
+                os.close(out.value)
+            raise
+        return out.value
 
     def stream(self) -> int:
         return 0  # the null stream

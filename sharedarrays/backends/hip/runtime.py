@@ -11,7 +11,6 @@ import importlib
 import importlib.util
 import os
 import types
-from collections.abc import Callable
 from typing import Any
 
 from sharedarrays.backends.base import cached_reason
@@ -66,18 +65,6 @@ def check(result: Any, call: str) -> Any:
     if not rest:
         return None
     return rest[0] if len(rest) == 1 else rest
-
-
-def export_fd(export: Callable[[int], Any], call: str) -> int:
-    """The fd an export call writes to the address it is given (closed if it then fails)."""
-    out = ctypes.c_int(-1)
-    try:
-        check(export(ctypes.addressof(out)), call)
-    except BaseException:
-        if out.value >= 0:
-            os.close(out.value)
-        raise
-    return out.value
 
 
 def _library_reason() -> str | None:
