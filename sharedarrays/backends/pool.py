@@ -149,8 +149,7 @@ class PoolBackend(DeviceBase):
         ptr = chunk.handle
         if ptr < 0:
             return
-        chunk.handle = -1
-        chunk.fd = -1
+        chunk.handle = chunk.fd = -1
         if self._forked():
             return
         try:

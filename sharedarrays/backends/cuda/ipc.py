@@ -58,13 +58,9 @@ class CudaIpcBackend(CudaDevice):
         """Allocate ``size`` bytes with ``cuMemAlloc`` and take its IPC handle (once)."""
         self._check_size(size, "a chunk size")
         d = self._d
+        call = f"cuMemAlloc({size} bytes on {self.device})"
         with self.context():
-            ptr = self._check_allocation(
-                d.cuMemAlloc(size),
-                f"cuMemAlloc({size} bytes on {self.device})",
-                "device memory",
-                size,
-            )
+            ptr = self._check_allocation(d.cuMemAlloc(size), call, "device memory", size)
             try:
                 export = opaque_bytes(check(d.cuIpcGetMemHandle(ptr), "cuIpcGetMemHandle"))
             except BaseException:
