@@ -98,12 +98,8 @@ class AscendBackend(SyncOrdering, DeviceBase):
         prop.location.type = rt.ACL_MEM_LOCATION_TYPE_DEVICE
         prop.location.id = device.index
         self._on_device()
-        self._granularity = self._out(
-            ctypes.c_size_t,
-            "aclrtMemGetAllocationGranularity",
-            ctypes.pointer(prop),
-            rt.ACL_RT_MEM_ALLOC_GRANULARITY_RECOMMENDED,
-        )
+        args = (ctypes.pointer(prop), rt.ACL_RT_MEM_ALLOC_GRANULARITY_RECOMMENDED)
+        self._granularity = self._out(ctypes.c_size_t, "aclrtMemGetAllocationGranularity", *args)
         self._cpu_addressable = rt.cpu_addressable(self._acl)
 
     @property
@@ -155,13 +151,8 @@ class AscendBackend(SyncOrdering, DeviceBase):
         address = 0
         try:
             address = self._map(handle, size)
-            shareable = self._out(
-                ctypes.c_uint64,
-                "aclrtMemExportToShareableHandle",
-                handle,
-                rt.ACL_MEM_HANDLE_TYPE_NONE,
-                rt.ACL_RT_VMM_EXPORT_FLAG_DEFAULT,
-            )
+            args = (handle, rt.ACL_MEM_HANDLE_TYPE_NONE, rt.ACL_RT_VMM_EXPORT_FLAG_DEFAULT)
+            shareable = self._out(ctypes.c_uint64, "aclrtMemExportToShareableHandle", *args)
         except BaseException:
             if address:
                 self._unmap(address)
@@ -198,12 +189,8 @@ class AscendBackend(SyncOrdering, DeviceBase):
         (shareable,) = struct.unpack("<Q", export)
         self._on_device()
         try:
-            handle = self._out(
-                ctypes.c_void_p,
-                "aclrtMemImportFromShareableHandle",
-                shareable,
-                self.device.index,
-            )
+            args = (shareable, self.device.index)
+            handle = self._out(ctypes.c_void_p, "aclrtMemImportFromShareableHandle", *args)
         except AclError as exc:
             if exc.code == rt.ACL_ERROR_RT_NO_PERMISSION:
                 raise PermissionDenied(
