@@ -151,8 +151,8 @@ class AscendBackend(SyncOrdering, DeviceBase):
         address = 0
         try:
             address = self._map(handle, size)
-            args = (handle, rt.ACL_MEM_HANDLE_TYPE_NONE, rt.ACL_RT_VMM_EXPORT_FLAG_DEFAULT)
-            shareable = self._out(ctypes.c_uint64, "aclrtMemExportToShareableHandle", *args)
+            kind = (rt.ACL_MEM_HANDLE_TYPE_NONE, rt.ACL_RT_VMM_EXPORT_FLAG_DEFAULT)
+            shareable = self._out(ctypes.c_uint64, "aclrtMemExportToShareableHandle", handle, *kind)
         except BaseException:
             if address:
                 self._unmap(address)
