@@ -1,9 +1,6 @@
 """Memory systems, one module (or folder) each, behind the :class:`~.base.Backend` protocol.
-
-Each backend module registers itself (:func:`~.registry.register`) when imported here; none
-loads a driver until used. A GPU vendor's VMM or pool IPC is a table of its driver calls for
-:class:`~.vmm.VmmBackend` or :class:`~.pool.PoolBackend`. ``get_backend(device)`` returns a
-device's process-wide backend object, made on first use.
+Each registers itself (:func:`~.registry.register`) when imported here; none loads a driver
+until used. ``get_backend(device)`` returns a device's process-wide backend object.
 """
 
 from __future__ import annotations

@@ -1,22 +1,19 @@
-"""The Backend protocols: what every memory system provides, and what the accelerator
-backends share.
+"""The Backend protocols, and what the accelerator backends share.
 
-A backend makes and imports *chunks* (physical allocations with an exported handle) and wraps
-memory as its device's native array type. **Mapping** backends (``host``, ``*-vmm``) also
-reserve address ranges and map chunks there; their handles are fds, and the memory lives while
-any process holds one. **Pointer** backends (``cuda-ipc``, ``*-pool``, ``ascend``) hand out
-memory at the driver's address, one chunk per allocation, with portable bytes as handle; it
-lives only while its exporter keeps it. A method that creates an OS resource returns its owner
-or raises having released everything it made.
+A backend makes and imports *chunks* (physical allocations with an exported handle).
+**Mapping** backends (``host``, ``*-vmm``) map chunks into reserved ranges; their fd handles
+keep the memory alive. **Pointer** backends (``cuda-ipc``, ``*-pool``, ``ascend``) give one
+chunk per allocation at the driver's address, alive while its exporter keeps it. A method
+that creates an OS resource returns its owner or raises having released all it made.
 
-Optional methods, looked up with ``getattr``: ``native_memory``, ``native_view`` and
-``native_intact`` together (one native memory object per allocation, cheap views of it, and
-whether a view kept its layout; else :meth:`Backend.as_native` makes each), and ``admit(chunk,
-pid)``, called before a chunk's export goes to ``pid`` (``ascend``'s trust list).
+Optional methods (looked up with ``getattr``): ``native_memory``, ``native_view`` and
+``native_intact`` together (one native object per allocation, cheap views of it), and
+``admit(chunk, pid)``, called before a chunk's export goes to ``pid``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import functools
@@ -33,25 +30,6 @@ from sharedarrays.backends.device import Device
 from sharedarrays.errors import BackendUnavailable, PayloadError, fd_limit_error
 from sharedarrays.process import STATE
 
-__all__ = [
-    "Access",
-    "Chunk",
-    "NativeView",
-    "Backend",
-    "MappingBackend",
-    "StreamBackend",
-    "BorrowingBackend",
-    "ValueReader",
-    "DeviceBase",
-    "SyncOrdering",
-    "VendorCalls",
-    "installed",
-    "loadable",
-    "cached_reason",
-    "fork_reason",
-    "round_up",
-]
-
 Access = Literal["rw", "r", "none"]
 """Who may touch a mapping: read-write, read-only, or nobody."""
 
@@ -62,16 +40,12 @@ def round_up(n: int, multiple: int) -> int:
 
 
 def installed(module: str) -> bool:
-    """Whether the optional ``module`` is imported or importable (a failed search of the
-    import path is made once per process)."""
+    """Whether the optional ``module`` is imported or importable (searched once)."""
     return module in sys.modules or _findable(module)
 
 
 @functools.cache
 def _findable(module: str) -> bool:
-    """Whether the import path has ``module`` (answers are cached, not exceptions: a
-    :class:`~sharedarrays.HandleUnavailable` with too many open files, else
-    :class:`~sharedarrays.BackendUnavailable`)."""
     try:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
@@ -93,9 +67,8 @@ def loadable(soname: str) -> bool:
 
 
 def cached_reason(key: tuple[Any, ...], probe: Callable[[], str | None], what: str) -> str | None:
-    """Why a driver, device or feature is unusable here (``None``: it is usable): ``probe()``
-    asked once per ``key`` (kept in ``STATE.backends.reasons``). Never raises: an exception is
-    the answer ``"{what} failed (...)"``, not kept (the next call asks again)."""
+    """Why a driver, device or feature is unusable (``None``: usable): ``probe()`` once per
+    ``key``. Never raises: an exception answers ``"{what} failed (...)"``, not cached."""
     state = STATE.backends
     with state.driver_lock:
         if key not in state.reasons:
@@ -106,14 +79,6 @@ def cached_reason(key: tuple[Any, ...], probe: Callable[[], str | None], what: s
         return state.reasons[key]
 
 
-def fork_reason(runtime: str) -> str:
-    """Why a backend object inherited through fork refuses to call ``runtime``."""
-    return (
-        f"this backend object was inherited through fork, and {runtime} cannot be used in "
-        "such a child; start worker processes with the 'spawn' or 'forkserver' start method"
-    )
-
-
 @dataclass
 class Chunk:
     """One physical allocation and its exported handle, owned by this process.
@@ -121,21 +86,20 @@ class Chunk:
     Attributes
     ----------
     size : int
-        Size in bytes, a multiple of the backend's granularity.
+        Bytes, a multiple of the backend's granularity.
     handle : int
-        The native handle (memfd, VMM handle, or device pointer); ``-1`` once released.
+        The native handle (memfd, VMM handle or device pointer); ``-1`` once released.
     fd : int
-        The exported fd, kept open to serve importers (host: the memfd; pools: the pool's,
-        owned by the backend; ``-1`` where none, or once released).
+        The exported fd kept to serve importers (pools: the backend's); ``-1`` if none.
     address : int
         Pointer backends: where the chunk is here (``0`` on mapping backends).
     export : bytes
-        Pointer backends: the portable handle an importer opens (``b""`` on mapping ones).
+        Pointer backends: the portable handle an importer opens.
     imported : bool
         Whether this process imported the chunk rather than made it.
     owner : object
-        Memory borrowed from another library (:func:`sharedarrays.share`): what keeps it
-        allocated; releasing the chunk drops it instead of freeing. ``None`` otherwise.
+        What keeps memory borrowed from another library (:func:`sharedarrays.share`)
+        allocated; releasing the chunk drops it instead of freeing.
     """
 
     size: int
@@ -148,10 +112,9 @@ class Chunk:
 
 
 class NativeView(NamedTuple):
-    """A native array over mapped memory, the argument of every :meth:`Backend.as_native`:
-    the whole mapped range (``address``, ``size``), the first element's ``offset`` in it,
-    the ``owner`` to keep alive, the layout (``strides`` in bytes, may be negative), and the
-    peer device reading it (``device_index``; ``None``: the memory's own)."""
+    """The argument of :meth:`Backend.as_native`: the mapped range (``address``, ``size``),
+    the first element's ``offset``, the ``owner`` to keep alive, the layout (byte
+    ``strides``), and the peer device reading it (``device_index``; ``None``: its own)."""
 
     address: int
     size: int
@@ -173,14 +136,13 @@ class Backend(Protocol):
     name : str
         Its name in payloads and widgets (``"host"``, ``"cuda-vmm"``, ...).
     zeroed : bool
-        Whether new chunks read as zeros (memfd does; cuMemCreate does not).
+        Whether new chunks read as zeros.
     maps : bool
         Whether it is a :class:`MappingBackend`; else an allocation is one chunk.
     exporter_owned : bool
-        Whether the memory lives only while the exporter keeps it: importers must release
-        it before the exporter frees it.
+        Whether the memory lives only while the exporter keeps it.
     peer_access : bool
-        Whether other devices of the same kind may be given access to its mappings.
+        Whether other devices of its kind may be given access to its mappings.
     device : Device
         The device whose memory it allocates.
     """
@@ -195,69 +157,49 @@ class Backend(Protocol):
     @property
     def granularity(self) -> int:
         """Chunk sizes and mapping offsets are multiples of this many bytes."""
-        ...
 
     def check_memory(self, nbytes: int) -> None:
-        """Refuse, before any is made, ``nbytes`` of new memory the system cannot back
-        (:class:`~sharedarrays.OutOfMemory` with the size and what is available)."""
-        ...
+        """Refuse ``nbytes`` of new memory the system cannot back (``OutOfMemory``)."""
 
     def create_chunk(self, size: int) -> Chunk:
         """Allocate a chunk of ``size`` bytes (a multiple of the granularity) and export it."""
-        ...
 
     def seal(self, chunk: Chunk, readonly: bool) -> bool:
-        """Once per chunk made here, after mapping it and before its handle leaves: forbid
-        resizing, and with ``readonly`` every new write in every process. Whether the memory
-        system enforces ``readonly`` (``False``: it is each importer's access setting)."""
-        ...
+        """Before a new chunk's handle leaves: forbid resizing, and with ``readonly`` new
+        writes everywhere. Whether the memory system enforces ``readonly``."""
 
     def reopen_readonly(self, fd: int) -> int | None:
         """A new handle of the same chunk that maps read-only only, or ``None``."""
-        ...
 
     def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
-        """Import a chunk from ``fd`` (mapping backends; a pool's fd or ``-1``) and ``export``
-        (pointer backends); takes ``fd``, also on failure. Raises
-        :class:`~sharedarrays.PayloadError` for no chunk of ``size`` bytes,
-        :class:`~sharedarrays.HandleUnavailable` where its exporter no longer has it."""
-        ...
+        """Import a chunk from ``fd`` (or ``-1``) and ``export``; takes ``fd``, also on
+        failure. ``PayloadError``: no chunk of ``size`` bytes; ``HandleUnavailable``: gone."""
 
     def release_chunk(self, chunk: Chunk) -> None:
         """Release this process's reference to a chunk and close its fd. Idempotent."""
-        ...
 
     def synchronize(self) -> None:
         """Wait for all work this process queued that may touch mapped memory."""
-        ...
 
     def as_native(self, view: NativeView) -> Any:
-        """Mapped memory as the device's native array type (no copy where that type can
-        address it), keeping ``view.owner`` alive."""
-        ...
+        """Mapped memory as the device's native array type (no copy where it can address
+        it), keeping ``view.owner`` alive."""
 
     def to_native(self, obj: Any) -> Any:
         """``obj`` as an array of this device's native type (may copy)."""
-        ...
 
     def current_device(self) -> int:
-        """The index of the device of this kind this process works on now, else the
-        memory's own."""
-        ...
+        """The index of the device of this kind this process works on now."""
 
     def export_sync(self) -> bytes | None:
-        """Record what an importer must wait for before using memory handed off now: an
-        ordering token, or ``None``."""
-        ...
+        """What an importer must wait for before using memory handed off now (a token)."""
 
     def export_fence(self) -> object | None:
-        """The ordering argument of one message: ``None``, or an object whose ``token`` is
-        :meth:`export_sync`'s, shared by this thread's calls while alive."""
-        ...
+        """The ordering of one message: ``None``, or an object with :meth:`export_sync`'s
+        ``token``, shared by this thread's calls while alive."""
 
     def import_sync(self, token: bytes) -> None:
-        """Make this process's current work wait for the point :meth:`export_sync` recorded."""
-        ...
+        """Make this process's current work wait for what :meth:`export_sync` recorded."""
 
 
 @runtime_checkable
@@ -266,26 +208,20 @@ class MappingBackend(Backend, Protocol):
 
     def reserve(self, size: int) -> int:
         """Reserve ``size`` bytes of address space; its start address."""
-        ...
 
     def free_reservation(self, address: int, size: int) -> None:
         """Give back a reservation made by :meth:`reserve` (nothing may be mapped in it)."""
-        ...
 
     def map(self, address: int, size: int, chunk: Chunk, chunk_offset: int = 0) -> None:
         """Map ``size`` bytes of ``chunk`` from ``chunk_offset`` at ``address``."""
-        ...
 
     def set_access(
         self, address: int, size: int, access: Access, peers: Mapping[int, Access] | None = None
     ) -> None:
-        """Set the owning device's access to a mapped range, and that of ``peers`` (other
-        devices of the same kind, by index) where the memory system has them."""
-        ...
+        """Set the device's access to a mapped range, and that of ``peers`` (by index)."""
 
     def unmap(self, address: int, size: int) -> None:
         """Unmap a range mapped by :meth:`map`, after work that may use it has finished."""
-        ...
 
 
 class ValueReader(Protocol):
@@ -298,9 +234,8 @@ class ValueReader(Protocol):
 
 @runtime_checkable
 class StreamBackend(Backend, Protocol):
-    """A backend whose work is queued on streams (CUDA): 64-bit values and external
-    semaphores on its device's current stream; ``values_refused`` says why the values cannot
-    be used on its memory, or is ``None``."""
+    """A backend queueing work on streams (CUDA): 64-bit values and external semaphores;
+    ``values_refused``: why values cannot be used on its memory, or ``None``."""
 
     values_refused: ClassVar[str | None]
 
@@ -326,30 +261,34 @@ class BorrowingBackend(Backend, Protocol):
     """A pointer backend that can share memory another library allocated (cuda-ipc)."""
 
     def borrow_chunk(self, pointer: int, owner: object) -> tuple[Chunk, int]:
-        """The chunk of the allocation holding ``pointer`` (holding ``owner``) and
-        ``pointer``'s offset in it; :class:`~sharedarrays.NotShareable` where it cannot be
-        exported."""
-        ...
+        """The chunk holding ``pointer`` (keeping ``owner``) and the offset in it;
+        ``NotShareable`` where it cannot be exported."""
 
 
 class DeviceBase:
     """What the accelerator backends share: their device, fork detection, size checks, and
-    no sealing (their handles carry no access mode: read-only is the importer's setting)."""
+    no sealing (their handles carry no access mode)."""
 
     name: ClassVar[str]
+    peer_access: ClassVar[bool]
+    calls: ClassVar[type[VendorCalls]]  # the vendor's table (VMM and pool backends)
     device: Device
     _pid: int
+
+    if TYPE_CHECKING:  # what the vendor's device base class provides
+
+        def context(self) -> contextlib.AbstractContextManager[None]: ...
+        def synchronize(self) -> None: ...
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.device})"
 
     @property
     def granularity(self) -> int:
-        """Chunk sizes are multiples of this many bytes (each backend says)."""
         raise NotImplementedError
 
     def _take(self, device: Device, kind: str, what: str, why: Callable[[int], str | None]) -> None:
-        """Serve ``device``, of ``kind`` (``what`` in messages), unless ``why`` says no."""
+        """Serve ``device`` of ``kind`` unless ``why`` says no."""
         if device.kind != kind:
             raise BackendUnavailable(f"the {self.name} backend needs {what}, not {device}")
         reason = why(device.index)
@@ -361,11 +300,13 @@ class DeviceBase:
     def _forked(self) -> bool:
         return os.getpid() != self._pid
 
-    def _refuse_forked(self, reason: str) -> None:
-        """Raise :class:`~sharedarrays.BackendUnavailable` saying ``reason`` in a process
-        that inherited this object through fork."""
+    def _refuse_forked(self, runtime: str) -> None:
         if self._forked():
-            raise BackendUnavailable(f"cannot use {self.device}: {reason}")
+            raise BackendUnavailable(
+                f"cannot use {self.device}: this backend object was inherited through fork, "
+                f"and {runtime} cannot be used in such a child; start worker processes with "
+                "the 'spawn' or 'forkserver' start method"
+            )
 
     def _check_size(self, size: int, what: str) -> None:
         if size <= 0 or size % self.granularity:
@@ -382,33 +323,34 @@ class DeviceBase:
             )
 
     def check_memory(self, nbytes: int) -> None:
-        """Nothing to check beforehand: the driver fails when a chunk is made."""
+        """Nothing to check: the driver fails when a chunk is made."""
 
     def seal(self, chunk: Chunk, readonly: bool) -> bool:
-        """Nothing to seal: the handle carries no access mode (read-only is a promise)."""
         return False
 
     def reopen_readonly(self, fd: int) -> int | None:
-        """The handle carries no access mode: read-only is set by each importer."""
         return None
 
 
 class VendorCalls:
-    """A GPU vendor's driver calls for the shared VMM and pool backends (:mod:`.vmm`,
-    :mod:`.pool`): CUDA's and HIP's are the same calls under two prefixes (``cu``, ``hip``),
-    made here; a vendor's subclass says what differs (types, enums, out-parameters).
+    """A GPU vendor's table of driver calls for :mod:`.vmm` and :mod:`.pool`: CUDA's and
+    HIP's are the same calls and structs under two prefixes; a subclass sets the enums
+    (``fd_type``, ``pinned``, ...) and says what else differs."""
 
-    Attributes
-    ----------
-    prefix : str
-        Of every call's name.
-    fd_type : object
-        The POSIX fd handle type; ``fd_name`` its name in messages.
-    """
-
-    prefix: ClassVar[str]
-    fd_name: ClassVar[str]
+    vendor: ClassVar[str]  # its name in messages
+    prefix: ClassVar[str]  # of every call's name
+    type_prefix: ClassVar[str]  # of every memory struct's name
+    fd_name: ClassVar[str]  # the POSIX fd handle type's name, in messages
+    whole_chunks: ClassVar[str] = ""  # why it maps whole chunks only (for the message)
+    not_an_allocation: ClassVar[frozenset[str]]  # errors importing an fd of no allocation
+    invalid_value: ClassVar[str]  # the error mapping a chunk smaller than the range
+    allocate_call: ClassVar[str]  # pool allocation (after the prefix)
+    free_call: ClassVar[str]  # and its free
     fd_type: Any
+    pinned: Any  # the pinned allocation type
+    on_device: Any  # the device location type
+    access_flags: Mapping[str, Any]  # by Access
+    granularity_flag: Any  # the recommended granularity
     _m: Any  # the vendor's module
     _check: Callable[[Any, str], Any]
 
@@ -416,40 +358,75 @@ class VendorCalls:
         self.device: Device = backend.device
 
     def call(self, name: str, *args: Any, what: str = "") -> Any:
-        """``{prefix}{name}(*args)``, checked (``what``: its arguments in messages)."""
+        """``{prefix}{name}(*args)``, checked (``what``: its arguments, for messages)."""
         return self._check(getattr(self._m, self.prefix + name)(*args), self.prefix + name + what)
 
     def allocating(self, thing: str, nbytes: int, name: str, *args: Any, what: str = "") -> Any:
-        """:meth:`call` of a call taking ``nbytes`` for ``thing`` (CUDA explains running
-        out of memory)."""
+        """:meth:`call` taking ``nbytes`` for ``thing`` (CUDA explains running out)."""
         return self.call(name, *args, what=what)
 
     def export_fd(self, name: str, *args: Any) -> int:
-        """The new fd of export call ``name`` of ``args`` (none left open on failure)."""
+        """The new fd of export call ``name`` (none left open on failure)."""
         raise NotImplementedError
 
-    def handle(self, handle: int) -> Any:
-        """A VMM handle as the calls take it."""
+    def handle(self, handle: int) -> Any:  # a VMM handle as the calls take it
         return handle
+
+    def located(self, struct: str, index: int) -> Any:
+        """A new ``{type_prefix}{struct}`` whose location is device ``index``."""
+        obj = getattr(self._m, self.type_prefix + struct)()
+        obj.location.type = self.on_device
+        obj.location.id = index
+        return obj
+
+    @functools.cached_property
+    def prop(self) -> Any:
+        """The properties of a VMM allocation on the device, exportable as a POSIX fd."""
+        prop = self.located("AllocationProp", self.device.index)
+        prop.type = self.pinned
+        # ROCm 7 renamed requestedHandleType to requestedHandleTypes
+        plural = hasattr(prop, "requestedHandleTypes")
+        setattr(prop, "requestedHandleTypes" if plural else "requestedHandleType", self.fd_type)
+        return prop
+
+    def location(self, handle: int) -> int | None:  # a VMM chunk's device; None: not asked
+        return None
+
+    def access(self, index: int, access: Access) -> Any:  # a descriptor for device index
+        desc = self.located("AccessDesc", index)
+        desc.flags = self.access_flags[access]
+        return desc
+
+    def create_pool(self) -> Any:  # pinned device memory, exportable as a POSIX fd
+        props = self.located("PoolProps", self.device.index)
+        props.allocType = self.pinned
+        props.handleTypes = self.fd_type
+        return self.call("MemPoolCreate", props, what=f"({self.fd_name}, {self.device})")
+
+    def stream(self) -> int:  # the stream pool allocations are made on
+        raise NotImplementedError
+
+    def export_pointer(self, pointer: int) -> bytes:  # POINTER_BYTES of an own allocation
+        raise NotImplementedError
+
+    def import_pointer(self, pool: Any, data: bytes) -> int:
+        raise NotImplementedError
 
 
 class SyncOrdering:
-    """Ordering by synchronising the device when memory is handed off (no interprocess
-    events): an importer has nothing to wait for."""
+    """Ordering by synchronising the device at handoff: importers wait for nothing."""
 
     if TYPE_CHECKING:
 
         def synchronize(self) -> None: ...
 
     def export_sync(self) -> bytes | None:
-        """Wait for the device's queued work now; no token."""
         self.synchronize()
         return None
 
     def export_fence(self) -> object | None:
-        """See :meth:`export_sync`."""
         self.synchronize()
         return None
 
     def import_sync(self, token: bytes) -> None:
-        """Nothing to wait for (see :meth:`export_sync`)."""
+        pass

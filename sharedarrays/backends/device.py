@@ -1,7 +1,6 @@
 """Devices: ``"cpu"`` and the numbered accelerator kinds backends register (``"cuda"``,
-``"cuda:N"`` or ``N``; also a ``cupy.cuda.Device`` or a ``torch.device``). Each kind comes
-with the function saying why one of its devices cannot be used (:func:`add_kind`). This
-module imports no backend.
+``"cuda:N"``, ``N``, a ``cupy.cuda.Device`` or a ``torch.device``), each with the function
+saying why one of its devices cannot be used. This module imports no backend.
 """
 
 from __future__ import annotations
@@ -16,8 +15,6 @@ import numpy as np
 
 from sharedarrays.errors import BackendUnavailable
 from sharedarrays.process import STATE
-
-__all__ = ["Device", "DeviceLike", "CPU", "add_kind", "kinds", "parse_name", "parse_device"]
 
 
 @runtime_checkable
@@ -47,9 +44,8 @@ _NAME_RE = re.compile(r"^([a-z][a-z0-9_]*)(?::([0-9]+))?\Z")
 
 
 def add_kind(kind: str, why_unusable: Callable[[int], str | None]) -> None:
-    """Register accelerator kind ``kind`` (lower case; devices ``kind`` and ``kind:N``) with
-    ``why_unusable(index)``, which says why ``kind:index`` cannot be used here (``None``: it
-    can) and must not raise."""
+    """Register accelerator kind ``kind`` (lower case) with ``why_unusable(index)``, which
+    says why ``kind:index`` cannot be used here (``None``: it can) and never raises."""
     if kind == "cpu" or not _NAME_RE.match(kind) or ":" in kind:
         raise ValueError(f"{kind!r} cannot be a device kind")
     STATE.backends.kinds.setdefault(kind, why_unusable)
@@ -89,7 +85,7 @@ class Device:
 
     @property
     def needs_context(self) -> bool:
-        """Whether its memory needs a device context (not usable after fork): all but ``cpu``."""
+        """Whether its memory needs a device context (all but ``cpu``)."""
         return self.kind != "cpu"
 
 
@@ -102,8 +98,7 @@ def _forms() -> str:
 
 
 def _foreign(device: object) -> str | int | None:
-    """A ``torch.device`` as a name, a ``cupy.cuda.Device`` as its ordinal, else ``None``
-    (without importing either library)."""
+    """A ``torch.device`` as a name, a ``cupy.cuda.Device`` as its ordinal, else ``None``."""
     module = type(device).__module__.split(".")[0]
     if module == "torch" and isinstance(device, TorchDeviceLike):
         kind, index = str(device.type), device.index
@@ -114,9 +109,8 @@ def _foreign(device: object) -> str | int | None:
 
 
 def parse_name(device: DeviceLike) -> Device:
-    """A device argument (not ``None``) as a :class:`Device`, by its form only. An int is
-    device ``N`` of the first registered accelerator kind. ``ValueError`` for another
-    form or a negative index, ``TypeError`` for another type."""
+    """A device argument (not ``None``) as a :class:`Device`, by its form only (an int is
+    device ``N`` of the first accelerator kind); ``ValueError``, ``TypeError``."""
     kinds = STATE.backends.kinds
     foreign = _foreign(device)
     if foreign is not None:
@@ -153,10 +147,8 @@ def parse_name(device: DeviceLike) -> Device:
 
 
 def parse_device(device: DeviceLike) -> Device:
-    """A user's device argument as a :class:`Device` usable here; ``None`` picks device 0 of
-    the first registered kind usable here, else ``cpu``. ``ValueError`` as
-    :func:`parse_name`; :class:`~sharedarrays.BackendUnavailable` for a device named that
-    cannot be used here."""
+    """A user's device argument as a :class:`Device` usable here (``None``: device 0 of the
+    first kind usable here, else ``cpu``); ``BackendUnavailable`` for one that is not."""
     if device is None:
         for kind, why_unusable in STATE.backends.kinds.items():
             if why_unusable(0) is None:

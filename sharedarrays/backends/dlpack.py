@@ -1,7 +1,5 @@
-"""DLPack exporters over mapped memory, for consumers with no other way in (torch_npu):
-:func:`dlpack_view` makes a one-shot ``__dlpack__`` object of ctypes-dlpack's structs (the
-``ascend`` extra), keeping shape, strides and ``owner`` until the consumer's deleter runs.
-"""
+"""DLPack exporters over mapped memory, for consumers with no other way in (torch_npu), made
+of ctypes-dlpack's structs (the ``ascend`` extra)."""
 
 from __future__ import annotations
 
@@ -13,8 +11,6 @@ import numpy as np
 
 from sharedarrays.errors import BackendUnavailable
 
-__all__ = ["KDL_CPU", "KDL_EXT_DEV", "dl_dtype", "dlpack_view"]
-
 KDL_CPU = 1  # kDLCPU
 KDL_EXT_DEV = 12  # kDLExtDev: PyTorch's PrivateUse1 devices, such as torch_npu's npu
 
@@ -23,8 +19,7 @@ _CODES = types.MappingProxyType({"i": 0, "u": 1, "f": 2, "c": 5, "b": 6})
 
 
 def dl_dtype(dtype: np.dtype[Any]) -> tuple[int, int, int]:
-    """``dtype`` as DLPack's ``(code, bits, lanes)``; :class:`TypeError` where DLPack has
-    no code for it or it is not in native byte order."""
+    """``dtype`` as DLPack's ``(code, bits, lanes)``; ``TypeError`` where DLPack has none."""
     code = _CODES.get(dtype.kind)
     if code is None or not dtype.isnative:
         raise TypeError(f"DLPack cannot describe dtype {dtype}")
@@ -41,11 +36,10 @@ def dlpack_view(
     owner: object,
     readonly: bool = False,
 ) -> Any:
-    """A one-shot DLPack exporter (a ``ctypes_dlpack.DLPackArray``) of the memory at
-    ``address``, the first element (``byte_offset`` 0: torch_npu ignores it); ``strides``
-    in bytes; ``owner`` kept alive until the consumer frees its array. Raises ``TypeError``
-    (:func:`dl_dtype`), ``ValueError`` (a stride no multiple of the item size) or
-    :class:`~sharedarrays.BackendUnavailable` (no ``ctypes-dlpack``)."""
+    """A one-shot DLPack exporter (``ctypes_dlpack.DLPackArray``) of the memory at
+    ``address`` (the first element: torch_npu ignores ``byte_offset``), byte ``strides``;
+    ``owner`` is kept until the consumer frees its array. ``BackendUnavailable`` without
+    ``ctypes-dlpack``."""
     code, bits, lanes = dl_dtype(dtype)
     if any(s % dtype.itemsize for s in strides):
         raise ValueError(f"strides {strides} are not multiples of the item size {dtype.itemsize}")

@@ -1,10 +1,6 @@
-"""The host backend: memfd chunks mapped into reserved address ranges, the same model as
-CUDA VMM on any Linux machine.
-
-A reservation is an anonymous ``PROT_NONE`` mapping; a chunk a sealed memfd (its handle);
-mapping is ``mmap(MAP_FIXED|MAP_SHARED)`` of the memfd inside the reservation; access is
-``mprotect``. Python's :mod:`mmap` cannot map at a fixed address, so ``mmap``, ``munmap``
-and ``mprotect`` go through libc with :mod:`ctypes`.
+"""The host backend: CUDA VMM's model on any Linux machine. A reservation is an anonymous
+``PROT_NONE`` mapping, a chunk a sealed memfd, mapping ``mmap(MAP_FIXED|MAP_SHARED)``, access
+``mprotect`` (through libc: Python's :mod:`mmap` cannot map at a fixed address).
 """
 
 from __future__ import annotations
@@ -21,7 +17,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from sharedarrays.backends.base import Access, Chunk, NativeView
+from sharedarrays.backends.base import Access, Chunk, NativeView, SyncOrdering
 from sharedarrays.backends.device import CPU, Device
 from sharedarrays.backends.registry import Registration, register
 from sharedarrays.errors import (
@@ -32,8 +28,6 @@ from sharedarrays.errors import (
     PermissionDenied,
     fd_limit_error,
 )
-
-__all__ = ["HostBackend", "check_chunk_fd", "memory_available", "host_native", "to_numpy"]
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
@@ -52,9 +46,8 @@ _F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x0010)  # Linux 5.
 
 
 def check_chunk_fd(fd: int, size: int) -> None:
-    """Refuse a received handle that is not a memfd of ``size`` bytes sealed against
-    shrinking (its sender could otherwise crash the mapper with ``SIGBUS``): a
-    :class:`~sharedarrays.PayloadError`. Keeps ``fd``."""
+    """Refuse (``PayloadError``) a received handle that is not a memfd of ``size`` bytes
+    sealed against shrinking (else its sender could crash us with ``SIGBUS``). Keeps ``fd``."""
     try:
         seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
         actual = os.fstat(fd).st_size
@@ -83,8 +76,7 @@ def _read_overcommit() -> int:
 
 
 def _overcommit_mode() -> int:
-    """``vm.overcommit_memory`` (0 heuristic, 1 always, 2 strict), read once; a failed read
-    answers 0 and is tried again next time."""
+    """``vm.overcommit_memory`` (0 heuristic, 1 always, 2 strict); 0 if unreadable."""
     try:
         return _read_overcommit()
     except (OSError, ValueError):
@@ -92,9 +84,9 @@ def _overcommit_mode() -> int:
 
 
 def memory_available() -> tuple[int, str] | None:
-    """Bytes a new host chunk may still use, and how that was reckoned: ``MemAvailable +
-    SwapFree``, under strict overcommit at most ``CommitLimit - Committed_AS``; ``None``
-    under ``vm.overcommit_memory=1`` or when ``/proc/meminfo`` cannot be read."""
+    """Bytes a new host chunk may use and how that was reckoned (``MemAvailable + SwapFree``,
+    under strict overcommit at most ``CommitLimit - Committed_AS``); ``None``: no limit
+    known."""
     mode = _overcommit_mode()
     if mode == 1:
         return None
@@ -145,7 +137,7 @@ _BYTES = np.dtype(np.uint8)
 
 
 class _HostMemory:
-    """Exposes a mapped range to NumPy; NumPy keeps it (and so ``owner``) alive."""
+    """A mapped range for NumPy, which keeps it (and ``owner``) alive."""
 
     __slots__ = ("__array_interface__", "owner")
 
@@ -172,8 +164,7 @@ class _HostMemory:
 
 
 def host_view(view: NativeView) -> np.ndarray[Any, Any]:
-    """A NumPy array over memory the CPU addresses directly (a host mapping, an integrated
-    device's memory), keeping ``view.owner`` alive; nothing is copied."""
+    """A NumPy array over memory the CPU addresses, keeping ``view.owner`` alive."""
     address, _, offset, owner, dtype, shape, strides, readonly, _ = view
     return np.asarray(_HostMemory(address + offset, owner, dtype, shape, strides, readonly))
 
@@ -181,8 +172,7 @@ def host_view(view: NativeView) -> np.ndarray[Any, Any]:
 def host_native(
     view: NativeView, addressable: bool, copy: Callable[[int, int, int], None]
 ) -> np.ndarray[Any, Any]:
-    """Device memory as NumPy, where no device array library is importable: a view where the
-    CPU addresses it (``addressable``), else a read-only copy of the whole mapped range made
+    """Device memory as NumPy: a view where the CPU addresses it, else a read-only copy made
     by ``copy(destination, source, size)``."""
     if addressable:
         return host_view(view)
@@ -196,8 +186,7 @@ def host_native(
 
 
 def to_numpy(obj: Any) -> np.ndarray[Any, Any]:
-    """``obj`` as a NumPy array (may copy): a torch tensor through ``.cpu()``, an object with
-    ``.get()`` (CuPy) through it."""
+    """``obj`` as a NumPy array (may copy; torch through ``.cpu()``, CuPy ``.get()``)."""
     if isinstance(obj, np.ndarray):
         return obj
     cpu = getattr(obj, "cpu", None)
@@ -209,9 +198,8 @@ def to_numpy(obj: Any) -> np.ndarray[Any, Any]:
     return np.asarray(obj)
 
 
-class HostBackend:
-    """Host memory shared through memfd file descriptors (the ``"host"`` backend); nothing to
-    order (it is accessed synchronously)."""
+class HostBackend(SyncOrdering):
+    """Host memory shared through memfd file descriptors (the ``"host"`` backend)."""
 
     name: ClassVar[str] = "host"
     zeroed: ClassVar[bool] = True
@@ -228,9 +216,8 @@ class HostBackend:
         return mmap.PAGESIZE
 
     def check_memory(self, nbytes: int) -> None:
-        """Refuse more memory than is available (:func:`memory_available`): ``ftruncate``
-        never fails, and a first touch past the machine's memory means ``SIGBUS`` or the OOM
-        killer. Up to half the free RAM passes on a cheap ``sysconf`` alone."""
+        """Refuse more than :func:`memory_available` (a touch past it means ``SIGBUS`` or the
+        OOM killer); up to half the free RAM passes on ``sysconf`` alone."""
         if _overcommit_mode() != 2 and nbytes <= os.sysconf("SC_AVPHYS_PAGES") * mmap.PAGESIZE // 2:
             return
         known = memory_available()
@@ -244,8 +231,7 @@ class HostBackend:
         )
 
     def create_chunk(self, size: int) -> Chunk:
-        """A memfd of ``size`` bytes, sealed against resizing
-        (:class:`~sharedarrays.HandleUnavailable` when no more files can be opened)."""
+        """A memfd of ``size`` bytes, sealed against resizing."""
         try:
             fd = os.memfd_create("sharedarrays", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         except OSError as e:
@@ -261,9 +247,8 @@ class HostBackend:
         return Chunk(size=size, handle=fd, fd=fd)
 
     def seal(self, chunk: Chunk, readonly: bool) -> bool:
-        """Forbid further seals and, with ``readonly``, every new write in any process
-        through any fd (``F_SEAL_FUTURE_WRITE``, Linux 5.1: else
-        :class:`~sharedarrays.BackendUnavailable`); mappings made before keep their access."""
+        """Forbid further seals and, with ``readonly``, new writes through any fd
+        (``F_SEAL_FUTURE_WRITE``, Linux 5.1)."""
         try:
             fcntl.fcntl(
                 chunk.fd, fcntl.F_ADD_SEALS, (_F_SEAL_FUTURE_WRITE if readonly else 0) | _SEALS
@@ -279,8 +264,7 @@ class HostBackend:
         return True
 
     def reopen_readonly(self, fd: int) -> int | None:
-        """Open the memfd again ``O_RDONLY`` (against mistakes; :meth:`seal` stops the rest);
-        :class:`~sharedarrays.HandleUnavailable` with too many open files or no ``/proc``."""
+        """Open the memfd again ``O_RDONLY`` (against mistakes; :meth:`seal` stops the rest)."""
         try:
             return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
         except OSError as e:
@@ -290,7 +274,7 @@ class HostBackend:
             raise HandleUnavailable(f"{what}: {e.strerror or e} (is /proc mounted?)") from None
 
     def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
-        """Take a received memfd as a chunk (see :func:`check_chunk_fd`); closes it if not."""
+        """Take a received memfd as a chunk (:func:`check_chunk_fd`); closes it if not."""
         try:
             check_chunk_fd(fd, size)
         except BaseException:
@@ -371,7 +355,6 @@ class HostBackend:
     def native_memory(
         self, address: int, size: int, owner: object, readonly: bool, device_index: int | None
     ) -> np.ndarray[Any, Any]:
-        """The mapped range as a NumPy byte array keeping ``owner`` alive."""
         return np.asarray(_HostMemory(address, owner, _BYTES, (size,), (1,), readonly))
 
     def native_view(
@@ -383,7 +366,6 @@ class HostBackend:
         strides: tuple[int, ...],
         readonly: bool,
     ) -> np.ndarray[Any, Any]:
-        """A NumPy array over ``base``'s buffer, read-only if ``readonly`` or ``base`` is."""
         view: np.ndarray[Any, Any] = np.ndarray(
             shape, dtype, buffer=base, offset=offset, strides=strides
         )
@@ -399,7 +381,6 @@ class HostBackend:
         strides: tuple[int, ...],
         readonly: bool,
     ) -> bool:
-        """Whether ``native`` still has its layout and writeability (all can be set)."""
         return (
             native.shape == shape
             and native.strides == strides
@@ -422,17 +403,7 @@ class HostBackend:
         return np.asarray(obj)
 
     def current_device(self) -> int:
-        """The host has one device: 0."""
         return 0
-
-    def export_sync(self) -> None:
-        return None
-
-    def export_fence(self) -> None:
-        return None
-
-    def import_sync(self, token: bytes) -> None:
-        pass
 
 
 register(Registration.of(HostBackend, "cpu", 0, check_handle=check_chunk_fd))

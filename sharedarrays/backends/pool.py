@@ -1,10 +1,8 @@
-"""The memory-pool backend of every GPU vendor (``cuda-pool``, ``hip-pool``): stream-ordered
-allocations from an IPC-capable pool, written against :class:`PoolCalls`.
-
-Each process makes one pool per device on first use and exports its fd once; a chunk is one
-allocation from it, synchronised before any importer sees it, whose handle is the pool's id
-and the pointer's export data. An importer opens each pool once (while any pointer of it is
-open). Importers must free an allocation before its exporter does (``exporter_owned``).
+"""The memory-pool backend of every GPU vendor (``cuda-pool``, ``hip-pool``), written
+against the vendor's :class:`~.base.VendorCalls`. Each process makes one pool per device
+and exports its fd once; a chunk is one allocation from it, its handle the pool's id and
+the pointer's export data. An importer opens each pool once (while any pointer of it is
+open) and must free an allocation before its exporter does.
 """
 
 from __future__ import annotations
@@ -12,13 +10,11 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-from sharedarrays.backends.base import Chunk, DeviceBase, VendorCalls
+from sharedarrays.backends.base import Chunk, DeviceBase
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import DriverError, HandleUnavailable, PayloadError
-
-__all__ = ["PoolCalls", "PoolBackend", "GRANULARITY", "POOL_ID_BYTES", "EXPORT_BYTES"]
 
 GRANULARITY = 512
 """Pool chunk sizes are multiples of 512 bytes (the pool sub-allocates)."""
@@ -29,68 +25,13 @@ EXPORT_BYTES = POOL_ID_BYTES + POINTER_BYTES
 """A chunk's portable handle: the pool's random id, then the pointer's export data."""
 
 
-class PoolCalls(VendorCalls):
-    """One vendor's pool IPC driver calls, each checked (raising the vendor's
-    :class:`~sharedarrays.DriverError`); the vendor's subclass names its ``allocate`` and
-    ``free`` calls and makes pools, streams and pointer export data."""
-
-    allocate_call: ClassVar[str]  # (after the prefix)
-    free_call: ClassVar[str]
-
-    def create_pool(self) -> Any:  # pinned device memory, exportable as a POSIX fd
-        raise NotImplementedError
-
-    def export_pool(self, pool: Any) -> int:  # a new fd; none left open on failure
-        return self.export_fd("MemPoolExportToShareableHandle", pool)
-
-    def destroy_pool(self, pool: Any) -> None:
-        self.call("MemPoolDestroy", pool)
-
-    def stream(self) -> int:  # the stream allocations are made on
-        raise NotImplementedError
-
-    def allocate(self, size: int, pool: Any, stream: int) -> int:
-        what = f"({size} bytes on {self.device})"
-        return int(
-            self.allocating("pool memory", size, self.allocate_call, size, pool, stream, what=what)
-        )
-
-    def synchronize(self, stream: int) -> None:
-        self.call("StreamSynchronize", stream)
-
-    def export_pointer(self, pointer: int) -> bytes:  # POINTER_BYTES of an own allocation
-        raise NotImplementedError
-
-    def import_pool(self, fd: int) -> Any:  # the fd stays the caller's
-        what = f"({self.fd_name})"
-        return self.call("MemPoolImportFromShareableHandle", fd, self.fd_type, 0, what=what)
-
-    def import_pointer(self, pool: Any, data: bytes) -> int:
-        raise NotImplementedError
-
-    def free(self, pointer: int) -> None:
-        self.call(self.free_call, pointer)
-
-    def too_large(self, size: int) -> str | None:  # why ``size`` is refused, or None
-        return None
-
-
 class PoolBackend(DeviceBase):
     """Stream-ordered memory of one GPU shared through an exported pool: every vendor's pool
-    backend, put before the vendor's device base class, with :attr:`calls` making its
-    :class:`PoolCalls`."""
+    backend, put before the vendor's device base class, with :attr:`calls` its table."""
 
     zeroed: ClassVar[bool] = False
     maps: ClassVar[bool] = False
     exporter_owned: ClassVar[bool] = True
-
-    if TYPE_CHECKING:  # what the vendor's device base class provides
-
-        def context(self) -> contextlib.AbstractContextManager[None]: ...
-        def synchronize(self) -> None: ...
-
-    calls: ClassVar[type[PoolCalls]]
-    """The vendor's table, made of the backend."""
 
     def __init__(self, device: Device) -> None:
         super().__init__(device)  # type: ignore[call-arg]  # (the device base class)
@@ -106,6 +47,9 @@ class PoolBackend(DeviceBase):
         """Chunk sizes are multiples of 512 bytes (:data:`GRANULARITY`)."""
         return GRANULARITY
 
+    def _too_large(self, size: int) -> str | None:  # why ``size`` is refused, or None
+        return None
+
     @property
     def pool_fd(self) -> int:
         """The exported fd of this process's pool (``-1`` before the first allocation)."""
@@ -119,49 +63,50 @@ class PoolBackend(DeviceBase):
             with self.context():
                 pool = calls.create_pool()
                 try:
-                    fd = calls.export_pool(pool)
+                    fd = calls.export_fd("MemPoolExportToShareableHandle", pool)
                 except BaseException:
                     with contextlib.suppress(DriverError):
-                        calls.destroy_pool(pool)
+                        calls.call("MemPoolDestroy", pool)
                     raise
             os.set_inheritable(fd, False)
             self._pool, self._pool_fd = pool, fd
             return pool
 
     def create_chunk(self, size: int) -> Chunk:
-        """Allocate ``size`` bytes from this process's pool on the vendor's stream, wait for
-        the allocation, and export the pointer (once)."""
+        """Allocate ``size`` bytes from this process's pool, wait for the allocation, and
+        export the pointer (once)."""
         self._check_size(size, "a chunk size")
         calls = self._calls
-        why = calls.too_large(size)
+        why = self._too_large(size)
         if why is not None:
             raise ValueError(why)
         pool = self._own_pool()
         stream = calls.stream()
+        what = f"({size} bytes on {self.device})"
         with self.context():
-            ptr = calls.allocate(size, pool, stream)
+            args = (size, pool, stream)
+            ptr = int(calls.allocating("pool memory", size, calls.allocate_call, *args, what=what))
             try:
-                calls.synchronize(stream)
+                calls.call("StreamSynchronize", stream)
                 data = calls.export_pointer(ptr)
             except BaseException:
                 with contextlib.suppress(DriverError):
-                    calls.free(ptr)
+                    calls.call(calls.free_call, ptr)
                 raise
         export = self._pool_id + data
         return Chunk(size=size, handle=ptr, fd=self._pool_fd, address=ptr, export=export)
 
     def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
-        """Open another process's pool allocation from ``export`` (pool id and pointer data)
-        and ``fd``, the pool's fd (imported once per pool, then closed; or ``-1``);
-        :class:`~sharedarrays.HandleUnavailable` where the pool is not open here and no fd
-        came, or the pointer's memory was freed."""
+        """Open another process's pool allocation from ``export`` and ``fd``, the pool's fd
+        (imported once per pool, then closed; or ``-1``). ``HandleUnavailable`` where the
+        pool is not open here and no fd came, or the memory was freed."""
         calls = self._calls
         try:
             if len(export) != EXPORT_BYTES:
                 raise PayloadError(
                     f"a {self.name} handle is {EXPORT_BYTES} bytes, not {len(export)}"
                 )
-            why = calls.too_large(size)
+            why = self._too_large(size)
             if why is not None:
                 raise PayloadError(f"refusing to import: {why}")
             pool_id, data = export[:POOL_ID_BYTES], export[POOL_ID_BYTES:]
@@ -173,8 +118,9 @@ class PoolBackend(DeviceBase):
                             f"the memory pool of this {self.name} allocation is not open here "
                             "and its handle did not come with the payload"
                         )
+                    args, what = (fd, calls.fd_type, 0), f"({calls.fd_name})"
                     try:
-                        pool = calls.import_pool(fd)
+                        pool = calls.call("MemPoolImportFromShareableHandle", *args, what=what)
                     except DriverError as exc:
                         raise PayloadError(
                             f"the handle is not an exported memory pool: {exc}"
@@ -186,7 +132,7 @@ class PoolBackend(DeviceBase):
                     if not entry[1]:
                         del self._imported[pool_id]
                         with contextlib.suppress(DriverError):
-                            calls.destroy_pool(entry[0])
+                            calls.call("MemPoolDestroy", entry[0])
                     raise HandleUnavailable(
                         f"{exc}: the memory of this {self.name} allocation is gone (its "
                         "exporter freed it or exited)"
@@ -199,25 +145,22 @@ class PoolBackend(DeviceBase):
 
     def release_chunk(self, chunk: Chunk) -> None:
         """Wait for queued work, then free the pointer; an importer closes the imported pool
-        after its last pointer, even where the wait or free failed. The pool fd stays with
-        the backend. Idempotent; a no-op in a forked child."""
+        after its last pointer, even where that failed. Idempotent; a no-op after fork."""
         ptr = chunk.handle
         if ptr < 0:
             return
-        chunk.handle = -1
-        chunk.fd = -1
+        chunk.handle = chunk.fd = -1
         if self._forked():
             return
         try:
             self.synchronize()
             with self._lock, self.context():
-                self._calls.free(ptr)
+                self._calls.call(self._calls.free_call, ptr)
         finally:
             if chunk.imported:
                 self._close_imported(chunk.export[:POOL_ID_BYTES])
 
     def _close_imported(self, pool_id: bytes) -> None:
-        """One pointer of imported pool ``pool_id`` less; the pool closed after its last."""
         with self._lock:
             entry = self._imported.get(pool_id)
             if entry is None:
@@ -227,4 +170,4 @@ class PoolBackend(DeviceBase):
                 return
             del self._imported[pool_id]
             with self.context():
-                self._calls.destroy_pool(entry[0])
+                self._calls.call("MemPoolDestroy", entry[0])

@@ -1,10 +1,6 @@
-"""The seam memory systems plug into: one :class:`Registration` per backend, made by its
-module (imported by ``sharedarrays/backends/__init__.py``).
-
-Everything above the backends asks this registry, never a backend's name: what
-``backend="auto"`` means (:func:`choose_backend`), a payload's device (:func:`device_of`), why
-a backend is unusable (:func:`why_unusable`), the process-wide backend object
-(:func:`get_backend`). A backend's first registration of a device kind adds the kind.
+"""The seam memory systems plug into: one :class:`Registration` per backend. Everything
+above the backends asks this registry, never a backend's name: what ``backend="auto"`` means,
+a payload's device, why a backend is unusable, the process-wide backend object.
 """
 
 from __future__ import annotations
@@ -39,10 +35,7 @@ def _usable(index: int) -> str | None:
 
 
 def _registered(name: object) -> Registration | None:
-    reg: Registration | None = None
-    if isinstance(name, str):
-        reg = STATE.backends.registrations.get(name)
-    return reg
+    return STATE.backends.registrations.get(name) if isinstance(name, str) else None
 
 
 @dataclass(frozen=True)
@@ -62,11 +55,11 @@ class Registration:
     maps, exporter_owned : bool
         As the backend's attributes.
     why_unusable : callable
-        ``why_unusable(index)``: why it cannot be used on device ``index`` here, or
-        ``None``; must not raise.
+        ``why_unusable(index)``: why device ``index`` cannot be used, or ``None``; never
+        raises.
     check_handle : callable, optional
-        ``check_handle(fd, size)``: refuse (``PayloadError``) a received chunk handle this
-        backend cannot safely keep and map; does not close ``fd``.
+        ``check_handle(fd, size)``: refuse (``PayloadError``) a received handle this backend
+        cannot safely map; keeps ``fd``.
     """
 
     name: str
@@ -87,15 +80,14 @@ class Registration:
         why_unusable: Callable[[int], str | None] = _usable,
         check_handle: Callable[[int, int], None] | None = None,
     ) -> Registration:
-        """The registration of backend class ``backend``, its name and flags read from it."""
+        """The registration of backend class ``backend`` (name and flags read from it)."""
         b: Any = backend
         flags = (b.maps, b.exporter_owned)
         return cls(b.name, kind, backend, preference, *flags, why_unusable, check_handle)
 
 
 def register(reg: Registration) -> None:
-    """Add a backend (and, the first time, its device kind); :class:`ValueError` if another
-    registration has that name."""
+    """Add a backend (and its device kind); ``ValueError`` if the name is taken."""
     known = _registered(reg.name)
     if known is not None and known != reg:
         raise ValueError(f"a backend named {reg.name!r} is already registered")
@@ -106,8 +98,7 @@ def register(reg: Registration) -> None:
 
 
 def registration(name: str) -> Registration:
-    """The registration of backend ``name``; :class:`ValueError` naming those there are if
-    none has that name."""
+    """The registration of backend ``name`` (``ValueError`` if none)."""
     reg = _registered(name)
     if reg is None:
         raise ValueError(f"unknown backend {name!r}; choose 'auto' or one of {', '.join(names())}")
@@ -115,8 +106,8 @@ def registration(name: str) -> Registration:
 
 
 def registrations(kind: str | None = None) -> list[Registration]:
-    """The registered backends (of one kind), in ``backend="auto"``'s order: by kind
-    (``cpu`` first), then preference (ties in registration order)."""
+    """The registered backends (of one kind) in ``backend="auto"``'s order: by kind, then
+    preference."""
     order = {k: i for i, k in enumerate(kinds())}
     regs = [r for r in STATE.backends.registrations.values() if kind is None or r.kind == kind]
     return sorted(regs, key=lambda r: (order[r.kind], r.preference))
@@ -128,8 +119,7 @@ def names() -> tuple[str, ...]:
 
 
 def device_of(name: str, index: int) -> Device:
-    """The device of a payload's memory (its ``backend`` and ``device``), usable or not;
-    :class:`~sharedarrays.PayloadError` if no backend of that name is registered here."""
+    """The device of a payload's memory, usable or not (``PayloadError``: unknown backend)."""
     reg = _registered(name)
     if reg is None:
         raise PayloadError(
@@ -148,8 +138,7 @@ def why_unusable(name: str, index: int = 0) -> str | None:
 
 
 def kind_unusable(kind: str, index: int = 0) -> str | None:
-    """Why no backend of ``kind`` can be used on device ``index`` here (the first one's
-    reason), or ``None`` when one can."""
+    """Why no backend of ``kind`` can be used on device ``index`` (the first one's reason)."""
     reasons = [r.why_unusable(index) for r in registrations(kind)]
     if not reasons:
         return f"no backend serves {kind} devices"
@@ -163,8 +152,8 @@ def handle_check(name: object) -> Callable[[int, int], None] | None:
 
 
 def choose_backend(device: Device, name: str = "auto") -> str:
-    """The backend ``name`` means on ``device``: ``"auto"`` is the first of its kind (by
-    preference) usable here, e.g. on CUDA the first of cuda-vmm, cuda-ipc, cuda-pool.
+    """The backend ``name`` means on ``device``: ``"auto"`` is the first of its kind usable
+    here (on CUDA: cuda-vmm, cuda-ipc, cuda-pool).
 
     Raises
     ------
@@ -185,7 +174,7 @@ def choose_backend(device: Device, name: str = "auto") -> str:
 
 def get_backend(device: Device, name: str | None = None) -> Backend:
     """The process-wide backend ``name`` (default ``"auto"``) for ``device``, made on first
-    use; :class:`~sharedarrays.BackendUnavailable` says why it cannot run here."""
+    use; ``BackendUnavailable`` says why it cannot run here."""
     if name is None:
         name = choose_backend(device)
     state = STATE.backends
@@ -212,7 +201,6 @@ def get_backend(device: Device, name: str | None = None) -> Backend:
 
 
 def _wrong_kind(reg: Registration, device: Device) -> str:
-    """Why backend ``reg`` refuses ``device``, and what to use instead."""
     if reg.kind == "cpu":
         others = ", ".join(f"'{r.name}'" for r in registrations(device.kind))
         return (
@@ -229,8 +217,7 @@ def _wrong_kind(reg: Registration, device: Device) -> str:
 
 
 def list_backends(device: str | int | Device | None = None) -> dict[str, str | None]:
-    """Every memory system sharedarrays knows: name -> ``None`` when it can be used here,
-    else why not.
+    """Every memory system sharedarrays knows: name -> ``None`` if usable here, else why not.
 
     Parameters
     ----------

@@ -1,9 +1,6 @@
-"""The VMM backend of every GPU vendor (``cuda-vmm``, ``hip-vmm``): device memory shared
-through POSIX fds, written against :class:`VmmCalls` (the vendor's table of calls, each run
-with the device current) and put before the vendor's device base class.
-
-A chunk is pinned device memory exported once as an fd, kept for the chunk's life to serve
-on (importers keep theirs too): it lives while any process holds a handle, fd or mapping.
+"""The VMM backend of every GPU vendor (``cuda-vmm``, ``hip-vmm``), written against the
+vendor's :class:`~.base.VendorCalls`. A chunk is pinned device memory exported once as an
+fd, kept to serve on: it lives while any process holds a handle, fd or mapping.
 """
 
 from __future__ import annotations
@@ -11,112 +8,30 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-from sharedarrays.backends.base import Access, Chunk, DeviceBase, VendorCalls
+from sharedarrays.backends.base import Access, Chunk, DeviceBase
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import DriverError, PayloadError, PeerAccessUnavailable
-
-__all__ = ["VmmCalls", "VmmBackend", "ACCESS"]
 
 ACCESS: tuple[Access, ...] = ("rw", "r", "none")
 
 
-class VmmCalls(VendorCalls):
-    """One vendor's VMM driver calls, each checked (raising the vendor's
-    :class:`~sharedarrays.DriverError`); the vendor's subclass sets the allocation
-    properties ``prop``, ``granularity_flag``, :meth:`access` descriptors and the rest.
-
-    Attributes
-    ----------
-    vendor : str
-        Its name in messages (``"CUDA"``).
-    whole_chunks : str
-        Why it maps whole chunks only, for the message refusing a part (may be empty).
-    not_an_allocation : frozenset of str
-        The error names :meth:`import_fd` answers for an fd that is no exported allocation.
-    invalid_value : str
-        The error name :meth:`map` answers for a chunk smaller than the range.
-    """
-
-    vendor: ClassVar[str]
-    whole_chunks: ClassVar[str] = ""
-    not_an_allocation: ClassVar[frozenset[str]]
-    invalid_value: ClassVar[str]
-    prop: Any
-    granularity_flag: Any
-
-    def granularity(self) -> int:
-        return int(self.call("MemGetAllocationGranularity", self.prop, self.granularity_flag))
-
-    def create(self, size: int) -> int:
-        what = f"({size} bytes on {self.device})"
-        chunk = "a chunk of device memory"
-        return int(self.allocating(chunk, size, "MemCreate", size, self.prop, 0, what=what))
-
-    def export(self, handle: int) -> int:  # a new fd; none left open on failure
-        return self.export_fd("MemExportToShareableHandle", self.handle(handle))
-
-    def import_fd(self, fd: int) -> int:  # a new handle; the fd stays the caller's
-        what = f"({self.fd_name})"
-        return int(self.call("MemImportFromShareableHandle", fd, self.fd_type, what=what))
-
-    def location(self, handle: int) -> int | None:  # the chunk's device; None: not asked
-        return None
-
-    def release(self, handle: int) -> None:
-        self.call("MemRelease", self.handle(handle))
-
-    def reserve(self, size: int, alignment: int) -> int:
-        thing, what = "a reservation of address space", f"({size} bytes)"
-        return int(
-            self.allocating(thing, size, "MemAddressReserve", size, alignment, 0, 0, what=what)
-        )
-
-    def free(self, address: int, size: int) -> None:
-        self.call("MemAddressFree", address, size)
-
-    def map(self, address: int, size: int, handle: int) -> None:  # the whole chunk
-        what = f"({size} bytes at {address:#x})"
-        self.call("MemMap", address, size, 0, self.handle(handle), 0, what=what)
-
-    def access(self, index: int, access: Access) -> Any:  # a descriptor for device index
-        raise NotImplementedError
-
-    def set_access(self, address: int, size: int, descs: list[Any], access: Access) -> None:
-        what = f"({access!r}, {size} bytes at {address:#x})"  # (the owning device's access)
-        self.call("MemSetAccess", address, size, descs, len(descs), what=what)
-
-    def unmap(self, address: int, size: int) -> None:
-        self.call("MemUnmap", address, size, what=f"({size} bytes at {address:#x})")
-
-    def peer_reason(self, index: int, owner: int) -> str | None:  # None: index may access
-        raise NotImplementedError
-
-
 class VmmBackend(DeviceBase):
-    """Device memory of one GPU shared through exported fds: every vendor's VMM backend,
-    put before the vendor's device base class, with :attr:`calls` making its
-    :class:`VmmCalls`. New chunks are not zeroed."""
+    """Device memory of one GPU shared through exported fds: every vendor's VMM backend, put
+    before the vendor's device base class, with :attr:`calls` its table. New chunks are not
+    zeroed."""
 
     zeroed: ClassVar[bool] = False
     maps: ClassVar[bool] = True
     exporter_owned: ClassVar[bool] = False
 
-    if TYPE_CHECKING:  # what the vendor's device base class provides
-        peer_access: ClassVar[bool]
-
-        def context(self) -> contextlib.AbstractContextManager[None]: ...
-        def synchronize(self) -> None: ...
-
-    calls: ClassVar[type[VmmCalls]]
-    """The vendor's table, made of the backend."""
-
     def __init__(self, device: Device) -> None:
         super().__init__(device)  # type: ignore[call-arg]  # (the device base class)
         calls = self._calls = self.calls(self)
         with self.context():
-            self._granularity = calls.granularity()
+            flag = calls.granularity_flag
+            self._granularity = int(calls.call("MemGetAllocationGranularity", calls.prop, flag))
         self._access: dict[str, list[Any]] = {
             access: [calls.access(device.index, access)] for access in ACCESS
         }
@@ -126,19 +41,24 @@ class VmmBackend(DeviceBase):
         """The device's recommended allocation granularity (2 MiB on an H200)."""
         return self._granularity
 
+    def _peer_reason(self, index: int, owner: int) -> str | None:  # asked where peer_access
+        raise NotImplementedError
+
     def _release(self, handle: int) -> None:
         """Release ``handle`` while undoing a failed step (its own failure is not reported)."""
         with contextlib.suppress(DriverError):
-            self._calls.release(handle)
+            self._calls.call("MemRelease", self._calls.handle(handle))
 
     def create_chunk(self, size: int) -> Chunk:
         """Allocate ``size`` bytes of pinned device memory and export its fd (once)."""
         self._check_size(size, "a chunk size")
         calls = self._calls
         with self.context():
-            handle = calls.create(size)
+            what = f"({size} bytes on {self.device})"
+            chunk = "a chunk of device memory"
+            handle = int(calls.allocating(chunk, size, "MemCreate", size, calls.prop, 0, what=what))
             try:
-                fd = calls.export(handle)
+                fd = calls.export_fd("MemExportToShareableHandle", calls.handle(handle))
             except BaseException:
                 self._release(handle)
                 raise
@@ -151,16 +71,16 @@ class VmmBackend(DeviceBase):
         return Chunk(size=size, handle=handle, fd=fd)
 
     def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
-        """Import a chunk from an fd exported by :meth:`create_chunk`; takes ``fd`` (kept
-        in the chunk to serve on): :class:`~sharedarrays.PayloadError` for an fd that is no
-        exported allocation or one of another device. A size larger than the chunk fails
-        later, in :meth:`map`."""
+        """Import a chunk from an fd exported by :meth:`create_chunk`; takes ``fd`` (kept to
+        serve on). ``PayloadError`` for an fd that is no exported allocation or one of
+        another device; a size larger than the chunk fails in :meth:`map`."""
         calls = self._calls
         try:
             self._check_import_size(size)
+            args, what = (fd, calls.fd_type), f"({calls.fd_name})"
             with self.context():
                 try:
-                    handle = calls.import_fd(fd)
+                    handle = int(calls.call("MemImportFromShareableHandle", *args, what=what))
                 except DriverError as exc:
                     if exc.error_name in calls.not_an_allocation:
                         raise PayloadError(
@@ -193,7 +113,7 @@ class VmmBackend(DeviceBase):
         try:
             if handle >= 0 and not self._forked():
                 with self.context():
-                    self._calls.release(handle)
+                    self._calls.call("MemRelease", self._calls.handle(handle))
         finally:
             if fd >= 0:
                 os.close(fd)
@@ -201,22 +121,25 @@ class VmmBackend(DeviceBase):
     def reserve(self, size: int) -> int:
         """Reserve ``size`` bytes of device address space, aligned to the granularity."""
         self._check_size(size, "a reservation size")
+        thing, what = "a reservation of address space", f"({size} bytes)"
         with self.context():
-            return self._calls.reserve(size, self._granularity)
+            return int(
+                self._calls.allocating(
+                    thing, size, "MemAddressReserve", size, self._granularity, 0, 0, what=what
+                )
+            )
 
     def free_reservation(self, address: int, size: int) -> None:
         """Give back a reservation (a no-op in a forked child)."""
         if self._forked():
             return
         with self.context():
-            self._calls.free(address, size)
+            self._calls.call("MemAddressFree", address, size)
 
     def map(self, address: int, size: int, chunk: Chunk, chunk_offset: int = 0) -> None:
         """Map the whole of ``chunk`` at ``address`` (inaccessible until :meth:`set_access`).
-
         Whole chunks only: ``cuMemMap`` answers ``CUDA_ERROR_NOT_SUPPORTED`` for an offset
-        into a device allocation or a part of one (driver 580), whatever its documentation
-        says.
+        into or a part of a device allocation (driver 580), whatever its documentation says.
         """
         self._check_size(size, "a mapping size")
         calls = self._calls
@@ -227,9 +150,10 @@ class VmmBackend(DeviceBase):
             )
         if chunk.handle < 0:
             raise ValueError("the chunk was released")
+        what = f"({size} bytes at {address:#x})"
         with self.context():
             try:
-                calls.map(address, size, chunk.handle)
+                calls.call("MemMap", address, size, 0, calls.handle(chunk.handle), 0, what=what)
             except DriverError as exc:
                 if exc.error_name == calls.invalid_value:
                     raise PayloadError(
@@ -241,8 +165,7 @@ class VmmBackend(DeviceBase):
         self, address: int, size: int, access: Access, peers: Mapping[int, Access] | None = None
     ) -> None:
         """Set this device's access to a mapped range, and that of ``peers`` (where
-        :attr:`peer_access`; else :class:`~sharedarrays.PeerAccessUnavailable`), in one call;
-        lowering access first waits for queued work."""
+        :attr:`peer_access`), in one call; lowering access first waits for queued work."""
         own = self._access.get(access)
         if own is None:
             raise ValueError(f"access must be 'rw', 'r' or 'none', not {access!r}")
@@ -252,7 +175,7 @@ class VmmBackend(DeviceBase):
                 continue
             if not self.peer_access:
                 raise ValueError(f"{self.name} grants no peer devices: access= takes {self.device}")
-            why = self._calls.peer_reason(index, self.device.index)
+            why = self._peer_reason(index, self.device.index)
             if why is not None:
                 raise PeerAccessUnavailable(why)
             if mode not in ACCESS:
@@ -260,8 +183,9 @@ class VmmBackend(DeviceBase):
             descs.append(self._calls.access(index, mode))
         if access != "rw" or any(m != "rw" for m in (peers or {}).values()):
             self.synchronize()
+        what = f"({access!r}, {size} bytes at {address:#x})"
         with self.context():
-            self._calls.set_access(address, size, descs, access)
+            self._calls.call("MemSetAccess", address, size, descs, len(descs), what=what)
 
     def unmap(self, address: int, size: int) -> None:
         """Wait for queued work (unmapping does not), then unmap; a no-op in a fork child."""
@@ -269,4 +193,4 @@ class VmmBackend(DeviceBase):
             return
         self.synchronize()
         with self.context():
-            self._calls.unmap(address, size)
+            self._calls.call("MemUnmap", address, size, what=f"({size} bytes at {address:#x})")

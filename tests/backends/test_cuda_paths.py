@@ -17,8 +17,9 @@ import pytest
 from fake_cuda import GRANULARITY, FakeCuda, fake_cuda
 
 import sharedarrays as sa
+from sharedarrays.backends import pool
 from sharedarrays.backends.base import Chunk
-from sharedarrays.backends.cuda import pool, sync
+from sharedarrays.backends.cuda import sync
 from sharedarrays.backends.cuda.driver import CudaDriverError
 from sharedarrays.backends.cuda.pool import CudaPoolBackend
 from sharedarrays.backends.cuda.vmm import CudaVmmBackend

@@ -1,4 +1,4 @@
-"""The driver-level external semaphore (``sharedarrays.backends.cuda.semaphore``) on the CPU,
+"""The driver-level external semaphore (``sharedarrays.backends.cuda.device``) on the CPU,
 with a fake driver: released once, by ``close`` or when freed (``weakref.finalize``), never
 in a fork child. The real driver's side runs in ``api/test_semaphore.py`` on a GPU."""
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from sharedarrays.backends.cuda import semaphore
+from sharedarrays.backends.cuda import device as semaphore
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import BackendUnavailable, ClosedArrayError
 

@@ -1,7 +1,6 @@
-"""The CANN runtime (``libascendcl`` through ctypes), loaded on first use (``aclInit`` once
-per process): errors, why a device is unusable, the C types the ``ascend`` backend passes.
-``SHAREDARRAYS_ASCEND_MODULE`` names a Python module to call instead (the tests' simulated
-driver, ``tests/simulated/ascend.py``); it is read on every use.
+"""The CANN runtime (``libascendcl`` through ctypes, ``aclInit`` once per process): errors,
+why a device is unusable, the C types. ``SHAREDARRAYS_ASCEND_MODULE`` names a module to call
+instead (the tests' simulated driver, ``tests/simulated/ascend.py``), read on every use.
 """
 
 from __future__ import annotations
@@ -17,20 +16,6 @@ from sharedarrays.backends.base import cached_reason
 from sharedarrays.backends.base import loadable as _loadable
 from sharedarrays.errors import DriverError, OutOfMemory
 from sharedarrays.process import STATE
-
-__all__ = [
-    "AclError",
-    "AclOutOfMemory",
-    "MODULE_SETTING",
-    "LIBRARY",
-    "MemLocation",
-    "PhysicalMemProp",
-    "load_acl",
-    "check",
-    "why_unusable",
-    "cpu_addressable",
-    "ERROR_NAMES",
-]
 
 MODULE_SETTING = "SHAREDARRAYS_ASCEND_MODULE"
 LIBRARY = "libascendcl.so"
@@ -148,9 +133,8 @@ def _open_library() -> Any:
 
 
 def load_acl() -> Any:
-    """The CANN runtime of this process (the library, or :func:`module_name`'s module),
-    initialised once per process (``STATE.backends.acl``). Raises ``OSError`` (no library),
-    ``ImportError`` (no module) or :class:`AclError` (``aclInit`` failed)."""
+    """The CANN runtime (the library or :func:`module_name`'s module), initialised once per
+    process; ``OSError``, ``ImportError`` or :class:`AclError` (``aclInit`` failed)."""
     name = module_name()
     state = STATE.backends
     acl = state.acl.get(name)
@@ -167,8 +151,8 @@ def load_acl() -> Any:
 
 
 def cpu_addressable(acl: Any) -> bool:
-    """Whether the CPU addresses mapped NPU memory directly: never for ``libascendcl``; a
-    stand-in module says so with ``SHAREDARRAYS_CPU_ADDRESSABLE = True``."""
+    """Whether the CPU addresses mapped NPU memory: never for ``libascendcl``; a stand-in
+    module says so with ``SHAREDARRAYS_CPU_ADDRESSABLE = True``."""
     return bool(getattr(acl, "SHAREDARRAYS_CPU_ADDRESSABLE", False)) if module_name() else False
 
 
@@ -200,7 +184,6 @@ def _reason(index: int) -> str | None:
 
 
 def why_unusable(index: int = 0) -> str | None:
-    """Why Ascend device ``index`` cannot be used here, or ``None``; never raises, asked once
-    per module and device."""
+    """Why Ascend device ``index`` cannot be used here, or ``None``; never raises."""
     key = ("ascend", module_name(), index)
     return cached_reason(key, lambda: _reason(index), "the CANN runtime")

@@ -1,11 +1,8 @@
 """The Ascend backend (``"ascend"``): Huawei NPU memory shared through CANN's shareable
-handles, a pointer backend (one chunk per allocation, like cuda-ipc).
-
-A chunk is ``aclrtMallocPhysical`` memory mapped at an address of its own, exported as a
-``uint64`` with the pid trust list on: the exporter's handle server admits a pid
-(:meth:`AscendBackend.admit`) before handing it the handle. CANN imports only while the
-exporter has the memory (``exporter_owned``). Tested on a simulated driver only
-(``tests/simulated/ascend.py``).
+handles, a pointer backend. A chunk is ``aclrtMallocPhysical`` memory mapped at its own
+address, exported as a ``uint64`` with the pid trust list on: the exporter's handle server
+admits a pid (:meth:`AscendBackend.admit`) before handing it the handle. Tested on a
+simulated driver only (``tests/simulated/ascend.py``).
 """
 
 from __future__ import annotations
@@ -23,14 +20,7 @@ import numpy as np
 
 from sharedarrays.backends.ascend import runtime as rt
 from sharedarrays.backends.ascend.runtime import AclError, check, load_acl, why_unusable
-from sharedarrays.backends.base import (
-    Chunk,
-    DeviceBase,
-    NativeView,
-    SyncOrdering,
-    fork_reason,
-    installed,
-)
+from sharedarrays.backends.base import Chunk, DeviceBase, NativeView, SyncOrdering, installed
 from sharedarrays.backends.device import Device
 from sharedarrays.backends.dlpack import KDL_EXT_DEV, dl_dtype, dlpack_view
 from sharedarrays.backends.host import host_native, to_numpy
@@ -41,8 +31,6 @@ from sharedarrays.errors import (
     PayloadError,
     PermissionDenied,
 )
-
-__all__ = ["AscendBackend", "EXPORT_BYTES", "KDL_ASCEND", "is_npu_dlpack", "torch_npu_from_dlpack"]
 
 EXPORT_BYTES = 8
 """A chunk's portable handle: the ``uint64`` shareable handle, little-endian."""
@@ -75,8 +63,8 @@ def torch_npu_from_dlpack() -> Callable[[Any], Any] | None:
 
 
 def _torch_layout(dtype: np.dtype[Any], strides: tuple[int, ...]) -> bool:
-    """Whether a torch tensor can have this layout: a DLPack dtype, and strides that are
-    non-negative multiples of the item size."""
+    """Whether a torch tensor can have this layout (a DLPack dtype, strides non-negative
+    multiples of the item size)."""
     try:
         dl_dtype(dtype)
     except TypeError:
@@ -84,16 +72,12 @@ def _torch_layout(dtype: np.dtype[Any], strides: tuple[int, ...]) -> bool:
     return all(s >= 0 and s % dtype.itemsize == 0 for s in strides)
 
 
-FORK_REASON = fork_reason("CANN")
-
-
 class AscendBackend(SyncOrdering, DeviceBase):
     """Memory of one Ascend NPU (``Device("npu", N)``), shared through CANN shareable handles.
 
     The native array is a ``torch.Tensor`` on ``npu:N`` where torch_npu is importable (zero
     copy through DLPack; untested on hardware), else a NumPy view where the CPU addresses the
-    memory (the simulated driver), else a read-only NumPy copy. Pickling orders by
-    ``aclrtSynchronizeDevice``.
+    memory (the simulated driver), else a read-only NumPy copy.
     """
 
     name: ClassVar[str] = "ascend"
@@ -107,24 +91,15 @@ class AscendBackend(SyncOrdering, DeviceBase):
         self._acl = load_acl()
         self._lock = threading.Lock()
         self._admitted: dict[int, set[int]] = {}  # shareable handle -> pids on its trust list
-        prop = rt.PhysicalMemProp()
+        prop = self._prop = rt.PhysicalMemProp()
         prop.handleType = rt.ACL_MEM_HANDLE_TYPE_NONE
         prop.allocationType = rt.ACL_MEM_ALLOCATION_TYPE_PINNED
         prop.memAttr = rt.ACL_HBM_MEM_HUGE
         prop.location.type = rt.ACL_MEM_LOCATION_TYPE_DEVICE
         prop.location.id = device.index
-        self._prop = prop
-        granularity = ctypes.c_size_t(0)
         self._on_device()
-        check(
-            self._acl.aclrtMemGetAllocationGranularity(
-                ctypes.pointer(prop),
-                rt.ACL_RT_MEM_ALLOC_GRANULARITY_RECOMMENDED,
-                ctypes.pointer(granularity),
-            ),
-            "aclrtMemGetAllocationGranularity",
-        )
-        self._granularity = int(granularity.value)
+        args = (ctypes.pointer(prop), rt.ACL_RT_MEM_ALLOC_GRANULARITY_RECOMMENDED)
+        self._granularity = self._out(ctypes.c_size_t, "aclrtMemGetAllocationGranularity", *args)
         self._cpu_addressable = rt.cpu_addressable(self._acl)
 
     @property
@@ -132,65 +107,58 @@ class AscendBackend(SyncOrdering, DeviceBase):
         """The recommended allocation granularity of this device (2 MiB huge pages)."""
         return self._granularity
 
+    def _call(self, name: str, *args: Any, what: str = "") -> None:
+        check(getattr(self._acl, name)(*args), name + what)
+
+    def _out(self, ctype: Any, name: str, *args: Any, first: bool = False, what: str = "") -> int:
+        """What call ``name`` writes to its out-parameter (its last, or ``first``)."""
+        out = ctype(0)
+        pointer = ctypes.pointer(out)
+        self._call(name, *((pointer, *args) if first else (*args, pointer)), what=what)
+        return int(out.value or 0)
+
     def _on_device(self) -> None:
         """Make this device current for the calling thread (``aclrtSetDevice``)."""
-        self._refuse_forked(FORK_REASON)
-        check(self._acl.aclrtSetDevice(self.device.index), f"aclrtSetDevice({self.device.index})")
+        self._refuse_forked("CANN")
+        self._call("aclrtSetDevice", self.device.index, what=f"({self.device.index})")
 
     def _map(self, handle: int, size: int) -> int:
         """Reserve ``size`` bytes of address space and map physical ``handle`` there."""
-        acl = self._acl
-        va = ctypes.c_void_p(0)
-        check(
-            acl.aclrtReserveMemAddress(ctypes.pointer(va), size, 0, None, 0),
-            f"aclrtReserveMemAddress({size} bytes)",
-        )
-        address = int(va.value or 0)
+        what = f"({size} bytes)"
+        args = (size, 0, None, 0)
+        address = self._out(ctypes.c_void_p, "aclrtReserveMemAddress", *args, first=True, what=what)
         try:
-            check(acl.aclrtMapMem(address, size, 0, handle, 0), f"aclrtMapMem({size} bytes)")
+            self._call("aclrtMapMem", address, size, 0, handle, 0, what=what)
         except BaseException:
-            acl.aclrtReleaseMemAddress(address)
+            self._acl.aclrtReleaseMemAddress(address)
             raise
         return address
 
     def _unmap(self, address: int) -> None:
-        acl = self._acl
         try:
-            check(acl.aclrtUnmapMem(address), f"aclrtUnmapMem({address:#x})")
+            self._call("aclrtUnmapMem", address, what=f"({address:#x})")
         finally:
-            check(acl.aclrtReleaseMemAddress(address), f"aclrtReleaseMemAddress({address:#x})")
+            self._call("aclrtReleaseMemAddress", address, what=f"({address:#x})")
 
     def create_chunk(self, size: int) -> Chunk:
         """Allocate ``size`` bytes of NPU memory, map it here, and export its shareable
         handle (with the pid trust list on)."""
         self._check_size(size, "a chunk size")
-        acl = self._acl
         self._on_device()
-        out = ctypes.c_void_p(0)
-        check(
-            acl.aclrtMallocPhysical(ctypes.pointer(out), size, ctypes.pointer(self._prop), 0),
-            f"aclrtMallocPhysical({size} bytes on {self.device})",
-        )
-        handle = int(out.value or 0)
+        args = (size, ctypes.pointer(self._prop), 0)
+        what = f"({size} bytes on {self.device})"
+        handle = self._out(ctypes.c_void_p, "aclrtMallocPhysical", *args, first=True, what=what)
         address = 0
         try:
             address = self._map(handle, size)
-            shareable = ctypes.c_uint64(0)
-            check(
-                acl.aclrtMemExportToShareableHandle(
-                    handle,
-                    rt.ACL_MEM_HANDLE_TYPE_NONE,
-                    rt.ACL_RT_VMM_EXPORT_FLAG_DEFAULT,
-                    ctypes.pointer(shareable),
-                ),
-                "aclrtMemExportToShareableHandle",
-            )
+            kind = (rt.ACL_MEM_HANDLE_TYPE_NONE, rt.ACL_RT_VMM_EXPORT_FLAG_DEFAULT)
+            shareable = self._out(ctypes.c_uint64, "aclrtMemExportToShareableHandle", handle, *kind)
         except BaseException:
             if address:
                 self._unmap(address)
-            acl.aclrtFreePhysical(handle)
+            self._acl.aclrtFreePhysical(handle)
             raise
-        export = struct.pack("<Q", shareable.value)
+        export = struct.pack("<Q", shareable)
         return Chunk(size=size, handle=handle, fd=-1, address=address, export=export)
 
     def admit(self, chunk: Chunk, pid: int) -> None:
@@ -205,32 +173,24 @@ class AscendBackend(SyncOrdering, DeviceBase):
                 return
             self._on_device()
             pids = (ctypes.c_int32 * 1)(pid)
-            check(
-                self._acl.aclrtMemSetPidToShareableHandle(shareable, pids, 1),
-                f"aclrtMemSetPidToShareableHandle(pid {pid})",
-            )
+            what = f"(pid {pid})"
+            self._call("aclrtMemSetPidToShareableHandle", shareable, pids, 1, what=what)
             admitted.add(pid)
 
     def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
         """Import another process's chunk from its 8-byte ``export`` and map it here;
-        :class:`~sharedarrays.PermissionDenied` where this process is not on its trust list,
-        :class:`~sharedarrays.HandleUnavailable` where its exporter freed it or exited."""
+        ``PermissionDenied`` where this process is not on its trust list,
+        ``HandleUnavailable`` where its exporter freed it or exited."""
         if fd >= 0:
             os.close(fd)  # CANN sends no fds
         if len(export) != EXPORT_BYTES:
             raise PayloadError(f"an ascend handle is {EXPORT_BYTES} bytes, not {len(export)}")
         self._check_import_size(size)
         (shareable,) = struct.unpack("<Q", export)
-        acl = self._acl
         self._on_device()
-        out = ctypes.c_void_p(0)
         try:
-            check(
-                acl.aclrtMemImportFromShareableHandle(
-                    shareable, self.device.index, ctypes.pointer(out)
-                ),
-                "aclrtMemImportFromShareableHandle",
-            )
+            args = (shareable, self.device.index)
+            handle = self._out(ctypes.c_void_p, "aclrtMemImportFromShareableHandle", *args)
         except AclError as exc:
             if exc.code == rt.ACL_ERROR_RT_NO_PERMISSION:
                 raise PermissionDenied(
@@ -244,11 +204,10 @@ class AscendBackend(SyncOrdering, DeviceBase):
                     "it or exited)"
                 ) from exc
             raise
-        handle = int(out.value or 0)
         try:
             address = self._map(handle, size)
         except BaseException as exc:
-            acl.aclrtFreePhysical(handle)
+            self._acl.aclrtFreePhysical(handle)
             if isinstance(exc, AclError) and exc.call.startswith("aclrtMapMem"):
                 raise PayloadError(
                     f"{exc}; the chunk may be smaller than its payload says"
@@ -273,28 +232,25 @@ class AscendBackend(SyncOrdering, DeviceBase):
             if address:
                 self._unmap(address)
         finally:
-            check(self._acl.aclrtFreePhysical(handle), "aclrtFreePhysical")
+            self._call("aclrtFreePhysical", handle)
 
     def synchronize(self) -> None:
         """Wait for all work queued on this device (``aclrtSynchronizeDevice``)."""
         self._on_device()
-        check(self._acl.aclrtSynchronizeDevice(), "aclrtSynchronizeDevice")
+        self._call("aclrtSynchronizeDevice")
 
     def mem_get_info(self) -> tuple[int, int]:
         """Free and total HBM of the device in bytes (``aclrtGetMemInfo(ACL_HBM_MEM)``)."""
         free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
         self._on_device()
-        check(
-            self._acl.aclrtGetMemInfo(1, ctypes.pointer(free), ctypes.pointer(total)),
-            "aclrtGetMemInfo(ACL_HBM_MEM)",
-        )
+        pointers = (ctypes.pointer(free), ctypes.pointer(total))
+        self._call("aclrtGetMemInfo", 1, *pointers, what="(ACL_HBM_MEM)")
         return int(free.value), int(total.value)
 
     def as_native(self, view: NativeView) -> Any:
-        """A ``torch.Tensor`` on ``npu:N`` through a ``kDLExtDev`` DLPack capsule (holding
-        ``owner``) where torch_npu is importable, else a NumPy view where the CPU addresses
-        the memory, else a read-only NumPy copy. Read-only views and layouts torch cannot
-        have take the NumPy way."""
+        """A ``torch.Tensor`` through a ``kDLExtDev`` DLPack capsule (holding ``owner``) where
+        torch_npu is importable, else NumPy (:func:`.host.host_native`). Read-only views and
+        layouts torch cannot have take the NumPy way."""
         address, _, offset, owner, dtype, shape, strides, readonly, _ = view
         if not readonly and _torch_layout(dtype, strides):
             consume = torch_npu_from_dlpack()
@@ -316,8 +272,8 @@ class AscendBackend(SyncOrdering, DeviceBase):
 
         def copy(dst: int, src: int, n: int) -> None:
             self._on_device()
-            code = self._acl.aclrtMemcpy(dst, n, src, n, rt.ACL_MEMCPY_DEVICE_TO_HOST)
-            check(code, "aclrtMemcpy(device to host)")
+            args = (dst, n, src, n, rt.ACL_MEMCPY_DEVICE_TO_HOST)
+            self._call("aclrtMemcpy", *args, what="(device to host)")
 
         return host_native(view, self._cpu_addressable, copy)
 
@@ -327,12 +283,10 @@ class AscendBackend(SyncOrdering, DeviceBase):
 
     def current_device(self) -> int:
         """The NPU this thread works on now (``aclrtGetDevice``), else the memory's own."""
-        index = ctypes.c_int32(0)
         try:
-            check(self._acl.aclrtGetDevice(ctypes.pointer(index)), "aclrtGetDevice")
+            return self._out(ctypes.c_int32, "aclrtGetDevice")
         except AclError:
             return self.device.index
-        return int(index.value)
 
 
 register(Registration.of(AscendBackend, "npu", 0, why_unusable))

@@ -1,10 +1,11 @@
-"""The base of the CUDA backends: one device, its primary context, streams and CuPy arrays,
-cross-process ordering (:mod:`.sync`), and the stream operations (64-bit values, external
-semaphores) everything above the backends uses instead of driver calls."""
+"""The base of the CUDA backends: one device, its primary context, CuPy arrays, ordering
+(:mod:`.sync`), and the stream operations (64-bit values, external semaphores) everything
+above the backends uses instead of driver calls."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import threading
 import weakref
@@ -15,44 +16,52 @@ import numpy as np
 
 from sharedarrays import process
 from sharedarrays.backends.base import DeviceBase, NativeView, VendorCalls
-from sharedarrays.backends.cuda import semaphore, sync
+from sharedarrays.backends.cuda import sync
 from sharedarrays.backends.cuda.driver import (
     FORK_REASON,
+    CudaDriverError,
     CudaOutOfMemory,
     OnDevice,
     check,
-    check_export,
     current_device_index,
     current_stream,
-    explain_out_of_memory,
     load_driver,
+    opaque_bytes,
+    opaque_from_bytes,
     why_unusable,
 )
 from sharedarrays.backends.device import Device
-from sharedarrays.errors import BackendUnavailable, ClosedArrayError, SharedArrayError
+from sharedarrays.errors import (
+    BackendUnavailable,
+    ClosedArrayError,
+    SharedArrayError,
+    fd_limit_error,
+)
 from sharedarrays.protocol.payload import contiguous_strides
 
-__all__ = ["CudaDevice", "CudaCalls", "ValueReader"]
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / (1 << 30):.2f} GiB"
 
 
 def _c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> bool:
-    """Whether ``strides`` are those CuPy computes when given none (``False`` where an
-    extent is 0: CuPy's rule for the other strides then need not be NumPy's)."""
+    """Whether ``strides`` are those CuPy computes when given none (not where an extent is 0:
+    CuPy's rule then need not be NumPy's)."""
     if len(shape) == 1:
         return strides[0] == itemsize and shape[0] > 0
     return 0 not in shape and strides == contiguous_strides(shape, itemsize)
 
 
-def _destroy_stream(on: OnDevice, stream: Any, pid: int) -> None:
-    if os.getpid() != pid:
-        return
-    with on.context():
-        load_driver().cuStreamDestroy(stream)
+def _destroy(on: OnDevice, call: str, handle: Any, pid: int) -> None:
+    """``call(handle)``, not in a fork child (its copy is the parent's)."""
+    if os.getpid() == pid:
+        with on.context():
+            getattr(load_driver(), call)(handle)
 
 
 class ValueReader:
-    """Reads 64-bit words of device memory on a private non-blocking stream (a stream blocked
-    in a wait does not block it), destroyed by :meth:`close` or when this is freed."""
+    """Reads 64-bit words of device memory on a private non-blocking stream (which a stream
+    blocked in a wait does not block), destroyed by :meth:`close` or when freed."""
 
     def __init__(self, on: OnDevice) -> None:
         d = load_driver()
@@ -61,7 +70,8 @@ class ValueReader:
             flags = int(d.CUstream_flags.CU_STREAM_NON_BLOCKING)
             self._stream = check(d.cuStreamCreate(flags), "cuStreamCreate")
         self._lock = threading.Lock()
-        self._finalizer = weakref.finalize(self, _destroy_stream, on, self._stream, os.getpid())
+        stream, pid = self._stream, os.getpid()
+        self._finalizer = weakref.finalize(self, _destroy, on, "cuStreamDestroy", stream, pid)
 
     def read(self, address: int) -> int:
         """The 64-bit word at ``address`` now."""
@@ -82,29 +92,114 @@ class ValueReader:
         self._finalizer()
 
 
-class CudaCalls(VendorCalls):
-    """CUDA's side of the VMM and pool tables (``cuda.bindings.driver``)."""
+class ImportedSemaphore:
+    """A ``CUexternalSemaphore`` imported into one device's primary context (``timeline``:
+    a 64-bit timeline, else binary), destroyed by :meth:`close` or when freed."""
 
+    def __init__(self, on: OnDevice, handle: Any, timeline: bool) -> None:
+        self.timeline = timeline
+        self._handle: Any = handle
+        self._pid = os.getpid()
+        destroy = "cuDestroyExternalSemaphore"
+        self._finalizer = weakref.finalize(self, _destroy, on, destroy, handle, self._pid)
+
+    def live(self) -> Any:
+        """The driver handle; ``ClosedArrayError`` once closed, ``BackendUnavailable`` after
+        fork."""
+        if not self._finalizer.alive:
+            raise ClosedArrayError("this external semaphore was closed")
+        if os.getpid() != self._pid:
+            raise BackendUnavailable("an external semaphore cannot be used after fork")
+        return self._handle
+
+    @property
+    def closed(self) -> bool:
+        """Whether it was released."""
+        return not self._finalizer.alive
+
+    def close(self) -> None:
+        """Destroy it now (``cuDestroyExternalSemaphore``). Idempotent."""
+        self._finalizer()
+
+
+class CudaCalls(VendorCalls):
+    """CUDA's table of VMM and pool calls (``cuda.bindings.driver``)."""
+
+    vendor = "CUDA"
     prefix = "cu"
+    type_prefix = "CUmem"
     fd_name = "POSIX_FILE_DESCRIPTOR"
+    whole_chunks = " (cuMemMap supports no offset into, and no part of, a device allocation)"
+    not_an_allocation = frozenset(
+        {
+            "CUDA_ERROR_INVALID_VALUE",
+            "CUDA_ERROR_INVALID_HANDLE",
+            "CUDA_ERROR_NOT_SUPPORTED",
+            "CUDA_ERROR_OPERATING_SYSTEM",
+            "CUDA_ERROR_INVALID_DEVICE",
+            "CUDA_ERROR_UNKNOWN",  # what driver 580 answers for a memfd or a closed fd
+        }
+    )
+    invalid_value = "CUDA_ERROR_INVALID_VALUE"
+    allocate_call = "MemAllocFromPoolAsync"
+    free_call = "MemFree"
     _check = staticmethod(check)
 
     def __init__(self, backend: CudaDevice) -> None:
+        self._backend = backend
+        d = self._m = backend._d
+        self.fd_type = d.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        self.pinned = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        self.on_device = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        flags = d.CUmemAccess_flags
+        self.access_flags = {
+            "rw": flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            "r": flags.CU_MEM_ACCESS_FLAGS_PROT_READ,
+            "none": flags.CU_MEM_ACCESS_FLAGS_PROT_NONE,
+        }
+        granularity = d.CUmemAllocationGranularity_flags
+        self.granularity_flag = granularity.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
         super().__init__(backend)
-        self._backend, self._d = backend, backend._d
-        self._m = self._d
-        self.fd_type = self._d.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
 
     def allocating(self, thing: str, nbytes: int, name: str, *args: Any, what: str = "") -> Any:
-        result = getattr(self._d, "cu" + name)(*args)
+        result = getattr(self._m, "cu" + name)(*args)
         return self._backend._check_allocation(result, f"cu{name}{what}", thing, nbytes)
 
     def export_fd(self, name: str, *args: Any) -> int:
-        result = getattr(self._d, "cu" + name)(*args, self.fd_type, 0)
-        return int(check_export(result, f"cu{name}({self.fd_name})"))
+        """The new fd; ``HandleUnavailable`` where this process can open no more files (the
+        driver's error does not say so)."""
+        result = getattr(self._m, "cu" + name)(*args, self.fd_type, 0)
+        try:
+            return int(check(result, f"cu{name}({self.fd_name})"))
+        except CudaDriverError as exc:
+            try:
+                probe = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError as e:
+                if e.errno not in (errno.EMFILE, errno.ENFILE):
+                    raise exc from None
+                raise fd_limit_error(
+                    f"{exc}: this process can open no more files, and an exported handle is one",
+                    str(e.strerror),
+                ) from exc
+            os.close(probe)
+            raise
 
     def handle(self, handle: int) -> Any:
-        return self._d.CUmemGenericAllocationHandle(handle)
+        return self._m.CUmemGenericAllocationHandle(handle)
+
+    def location(self, handle: int) -> int | None:
+        prop = self.call("MemGetAllocationPropertiesFromHandle", self.handle(handle))
+        return int(prop.location.id)
+
+    def stream(self) -> int:
+        return self._backend.current_stream()
+
+    def export_pointer(self, pointer: int) -> bytes:
+        return opaque_bytes(self.call("MemPoolExportPointer", pointer))
+
+    def import_pointer(self, pool: Any, data: bytes) -> int:
+        share = opaque_from_bytes(self._m.CUmemPoolPtrExportData, data)
+        return int(self.call("MemPoolImportPointer", pool, share))
 
 
 class CudaDevice(DeviceBase):
@@ -114,6 +209,7 @@ class CudaDevice(DeviceBase):
     name: ClassVar[str]
     peer_access: ClassVar[bool] = False
     values_refused: ClassVar[str | None] = None
+    calls = CudaCalls
 
     def __init__(self, device: Device) -> None:
         self._take(device, "cuda", "a CUDA device", lambda i: why_unusable(i, self.name))
@@ -124,9 +220,8 @@ class CudaDevice(DeviceBase):
         self._ctx_int = int(self._ctx)
 
     def context(self) -> contextlib.AbstractContextManager[None]:
-        """Make this device's primary context current for a ``with`` block: nothing to do
-        when it is; made current (and left so) when no context is; else pushed and popped.
-        Refused in a process that inherited this object through fork."""
+        """Make this device's primary context current for a ``with`` block: set where no
+        context is (and left so), else pushed and popped. Refused after fork."""
         if self._forked():
             raise BackendUnavailable(f"cannot use {self.device}: {FORK_REASON}")
         current = check(self._d.cuCtxGetCurrent(), "cuCtxGetCurrent")
@@ -135,10 +230,9 @@ class CudaDevice(DeviceBase):
         return self._make_current(0 if current is None else int(current))
 
     def stream_token(self, stream: int) -> bytes | None:
-        """The ordering token of work queued so far on ``stream`` of this device: ``None``
-        when ``cuStreamQuery`` says it is all done, else that of an event recorded now
-        (:func:`.sync.record`). Asked once per message: the hot path (context already
-        current) is one ``cuCtxGetCurrent`` and one ``cuStreamQuery`` in this frame."""
+        """The ordering token of work queued so far on ``stream``: ``None`` when it is all
+        done, else that of an event recorded now (:func:`.sync.record`). Asked per message:
+        the hot path is one ``cuCtxGetCurrent`` and one ``cuStreamQuery`` in this frame."""
         d = self._d
         err, current = d.cuCtxGetCurrent() if process.STATE.pid == self._pid else (1, None)
         if int(err) == 0 and current is not None and int(current) == self._ctx_int:
@@ -169,18 +263,24 @@ class CudaDevice(DeviceBase):
         return int(free), int(total)
 
     def _check_allocation(self, result: Any, call: str, what: str, nbytes: int) -> Any:
-        """:func:`check` of a call taking ``nbytes`` for ``what``, whose out-of-memory error
-        says the size, what the device has free and what to do."""
+        """:func:`check` of a call taking ``nbytes`` for ``what``, explaining running out."""
         try:
             return check(result, call)
         except CudaOutOfMemory as exc:
             try:
-                free_total: tuple[int, int] | None = self.mem_get_info()
+                free, total = self.mem_get_info()
+                known = f"the device has {_gib(free)} of {_gib(total)} free"
             except SharedArrayError:
-                free_total = None
-            raise explain_out_of_memory(
-                exc, f"{what} on {self.device}", nbytes, free_total
-            ) from None
+                known = "how much the device has free is not known (cuMemGetInfo failed)"
+            hint = (
+                f"cannot make {what} on {self.device} of {_gib(nbytes)} ({nbytes} bytes); "
+                f"{known}. Make the array smaller or in several parts, or free device memory "
+                "(close arrays this and other processes no longer need, and CuPy's or "
+                "PyTorch's cached blocks: cupy.get_default_memory_pool().free_all_blocks(), "
+                "torch.cuda.empty_cache())"
+            )
+            args = (exc.call, exc.code, exc.error_name, exc.description, hint)
+            raise CudaOutOfMemory(*args) from None
 
     def synchronize(self) -> None:
         """Wait for all work queued in this device's primary context, on every stream."""
@@ -188,8 +288,7 @@ class CudaDevice(DeviceBase):
             check(self._d.cuCtxSynchronize(), "cuCtxSynchronize")
 
     def current_device(self) -> int:
-        """The CUDA device this process works on now (CuPy's or PyTorch's current device),
-        else this backend's."""
+        """The CUDA device this process works on now (CuPy's or PyTorch's), else this one."""
         return current_device_index(self.device.index)
 
     def current_stream(self) -> int:
@@ -203,8 +302,8 @@ class CudaDevice(DeviceBase):
             check(self._d.cuStreamWriteValue64(stream, address, value, 0), "cuStreamWriteValue64")
 
     def wait_value(self, address: int, value: int) -> None:
-        """Enqueue ``cuStreamWaitValue64(..., CU_STREAM_WAIT_VALUE_GEQ)`` on the current
-        stream: its later work waits until the word at ``address`` is at least ``value``."""
+        """Make the current stream's later work wait until the word at ``address`` is at
+        least ``value`` (``cuStreamWaitValue64``, GEQ)."""
         stream = self.current_stream()
         geq = int(self._d.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
         with self.context():
@@ -214,9 +313,23 @@ class CudaDevice(DeviceBase):
         """A reader of 64-bit words on a private non-blocking stream of this device."""
         return ValueReader(self)
 
-    def import_semaphore(self, fd: int, timeline: bool) -> semaphore.ImportedSemaphore:
-        """Import an external semaphore exported as ``fd`` (:func:`.semaphore.import_semaphore`)."""
-        return semaphore.import_semaphore(self, fd, timeline)
+    def import_semaphore(self, fd: int, timeline: bool) -> ImportedSemaphore:
+        """Import a semaphore exported as ``fd`` (opaque or timeline fd); CUDA owns ``fd`` on
+        success, the caller closes it on failure."""
+        d = self._d
+        kinds = d.CUexternalSemaphoreHandleType
+        desc = d.CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC()
+        desc.type = (
+            kinds.CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_FD
+            if timeline
+            else kinds.CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_FD
+        )
+        desc.handle.fd = fd
+        desc.flags = 0
+        what = "timeline" if timeline else "opaque"
+        with self.context():
+            handle = check(d.cuImportExternalSemaphore(desc), f"cuImportExternalSemaphore({what})")
+        return ImportedSemaphore(self, handle, timeline)
 
     def signal_semaphore(self, sem: object, value: int) -> None:
         """Enqueue a signal of ``sem`` (to ``value``, timelines) on the current stream."""
@@ -226,21 +339,30 @@ class CudaDevice(DeviceBase):
         """Make the current stream wait for ``sem`` (to reach ``value``, timelines)."""
         self._enqueue("Wait", sem, value)
 
-    def _enqueue(self, op: Literal["Signal", "Wait"], sem: object, value: int) -> None:
-        if not isinstance(sem, semaphore.ImportedSemaphore):
+    def _semaphore(self, sem: object) -> ImportedSemaphore:
+        if not isinstance(sem, ImportedSemaphore):
             raise TypeError(f"not a semaphore imported into CUDA: {sem!r}")
-        semaphore.enqueue(self, op, sem, value, self.current_stream())
+        return sem
+
+    def _enqueue(self, op: Literal["Signal", "Wait"], sem: object, value: int) -> None:
+        """``cu{op}ExternalSemaphoresAsync`` of ``sem`` on the current stream."""
+        sem = self._semaphore(sem)
+        stream = self.current_stream()
+        handle = sem.live()
+        params = getattr(self._d, f"CUDA_EXTERNAL_SEMAPHORE_{op.upper()}_PARAMS")()
+        params.params.fence.value = value
+        params.flags = 0
+        call = f"cu{op}ExternalSemaphoresAsync"
+        with self.context():
+            check(getattr(self._d, call)([handle], [params], 1, stream), call)
 
     def destroy_semaphore(self, sem: object) -> None:
         """Release ``sem`` now. Idempotent."""
-        if not isinstance(sem, semaphore.ImportedSemaphore):
-            raise TypeError(f"not a semaphore imported into CUDA: {sem!r}")
-        sem.close()
+        self._semaphore(sem).close()
 
     def as_native(self, view: NativeView) -> Any:
-        """A ``cupy.ndarray`` over the mapped memory (no copy), whose memory object spans the
-        whole range and holds ``view.owner``. CuPy has no read-only arrays: ``readonly`` is
-        the caller's to enforce."""
+        """A ``cupy.ndarray`` over the mapped memory holding ``view.owner``. CuPy has no
+        read-only arrays: ``readonly`` is the caller's to enforce."""
         address, size, offset, owner, dtype, shape, strides, readonly, device_index = view
         base = self.native_memory(address, size, owner, readonly, device_index)
         return self.native_view(base, offset, dtype, shape, strides, readonly)
@@ -248,8 +370,8 @@ class CudaDevice(DeviceBase):
     def native_memory(
         self, address: int, size: int, owner: object, readonly: bool, device_index: int | None
     ) -> Any:
-        """The mapped range as a CuPy ``MemoryPointer`` keeping ``owner`` alive, on this
-        device or ``device_index`` (a peer reading it)."""
+        """The mapped range as a CuPy ``MemoryPointer`` keeping ``owner``, on this device or
+        peer ``device_index``."""
         import cupy
 
         index = self.device.index if device_index is None else device_index
@@ -264,9 +386,8 @@ class CudaDevice(DeviceBase):
         strides: tuple[int, ...],
         readonly: bool,
     ) -> Any:
-        """A ``cupy.ndarray`` at ``base`` (:meth:`native_memory`) plus ``offset``. Strides
-        are passed only where CuPy would not compute them itself, arguments by position: that
-        halves the constructor's time."""
+        """A ``cupy.ndarray`` at ``base`` plus ``offset``; strides passed only where CuPy
+        would not compute them, arguments by position (halves the constructor's time)."""
         import cupy
 
         if _c_contiguous(shape, strides, dtype.itemsize):
@@ -281,13 +402,11 @@ class CudaDevice(DeviceBase):
         strides: tuple[int, ...],
         readonly: bool,
     ) -> bool:
-        """Whether ``native`` still has its layout (a CuPy array's shape can be set)."""
         return bool(native.shape == shape and native.strides == strides)
 
     def to_native(self, obj: Any) -> Any:
-        """``obj`` as a ``cupy.ndarray`` on this device, copied only when needed (host
-        memory, another device): CuPy, NumPy, DLPack and CUDA array interface objects, and
-        anything ``numpy.asarray`` takes."""
+        """``obj`` as a ``cupy.ndarray`` on this device, copied only from host memory or
+        another device."""
         import cupy
 
         index = self.device.index
@@ -310,7 +429,7 @@ class CudaDevice(DeviceBase):
             return cupy.asarray(np.asarray(obj))
 
     def export_sync(self) -> bytes | None:
-        """Record an interprocess event on the current stream now (:func:`.sync.export_sync`)."""
+        """Record an event on the current stream now (:func:`.sync.export_sync`)."""
         return sync.export_sync(self)
 
     export_fence = sync.export_fence  # (bound directly: one call less per message)

@@ -1,17 +1,15 @@
-"""The CUDA driver of the CUDA backends (``cuda.bindings.driver``, imported on first use):
-errors (:func:`check`), fork safety, why a device is unusable, the current device and stream.
+"""The CUDA driver (``cuda.bindings.driver``, imported on first use): errors, fork safety,
+why a device is unusable, the current device and stream.
 
-A process forked from one that had initialised CUDA cannot use it: a child is noticed by the
-pid that called ``cuInit``, by a fork hook asking whether anyone had initialised CUDA in the
-parent (``cuCtxGetCurrent`` answers ``CUDA_ERROR_NOT_INITIALIZED`` exactly when nobody has),
-and by PyTorch's bad-fork mark; :func:`why_unusable` then says to use spawn or forkserver.
+A child forked after CUDA was initialised cannot use it; it is noticed by the pid that called
+``cuInit``, by a fork hook asking the parent (``cuCtxGetCurrent`` answers
+``CUDA_ERROR_NOT_INITIALIZED`` exactly when nobody initialised CUDA), and by PyTorch's mark.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import importlib
 import importlib.util
 import os
@@ -22,31 +20,8 @@ from typing import Any, Protocol
 
 from sharedarrays.backends.base import cached_reason
 from sharedarrays.backends.device import Device
-from sharedarrays.errors import (
-    DriverError,
-    OutOfMemory,
-    fd_limit_error,
-)
+from sharedarrays.errors import DriverError, OutOfMemory
 from sharedarrays.process import STATE, at_fork
-
-__all__ = [
-    "OnDevice",
-    "CudaDriverError",
-    "CudaOutOfMemory",
-    "check_export",
-    "explain_out_of_memory",
-    "why_unusable",
-    "load_driver",
-    "check",
-    "opaque_bytes",
-    "peer_reason",
-    "current_device_index",
-    "current_stream",
-    "opaque_from_bytes",
-    "OPAQUE_BYTES",
-    "INSTALL_HINT",
-    "FORK_REASON",
-]
 
 INSTALL_HINT = "pip install 'sharedarrays[cuda13]'"
 
@@ -68,7 +43,7 @@ _CUDA_USERS = ("cuda.bindings.driver", "cupy", "torch", "numba.cuda", "jax")
 
 
 class OnDevice(Protocol):
-    """What :mod:`.sync` and :mod:`.semaphore` need of a CUDA backend."""
+    """What :mod:`.sync` and the stream objects of :mod:`.device` need of a CUDA backend."""
 
     @property
     def device(self) -> Device: ...
@@ -83,8 +58,7 @@ class CudaDriverError(DriverError):
 
 
 class CudaOutOfMemory(CudaDriverError, OutOfMemory):
-    """``CUDA_ERROR_OUT_OF_MEMORY``; ``hint`` says what was asked, what is free and what
-    to do (empty straight from :func:`check`)."""
+    """``CUDA_ERROR_OUT_OF_MEMORY``; ``hint`` says what was asked, what is free, what to do."""
 
     def __init__(
         self, call: str, code: int, error_name: str, description: str = "", hint: str = ""
@@ -96,49 +70,6 @@ class CudaOutOfMemory(CudaDriverError, OutOfMemory):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.call, self.code, self.error_name, self.description, self.hint))
-
-
-def check_export(result: Any, call: str) -> Any:
-    """:func:`check` of an export to an fd, raising
-    :class:`~sharedarrays.HandleUnavailable` where it failed because this process can open
-    no more files (the driver's error does not say so)."""
-    try:
-        return check(result, call)
-    except CudaDriverError as exc:
-        try:
-            probe = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as e:
-            if e.errno not in (errno.EMFILE, errno.ENFILE):
-                raise exc from None
-            raise fd_limit_error(
-                f"{exc}: this process can open no more files, and an exported handle is one",
-                str(e.strerror),
-            ) from exc
-        os.close(probe)
-        raise
-
-
-def _gib(nbytes: int) -> str:
-    return f"{nbytes / (1 << 30):.2f} GiB"
-
-
-def explain_out_of_memory(
-    exc: CudaOutOfMemory, what: str, nbytes: int, free_total: tuple[int, int] | None
-) -> CudaOutOfMemory:
-    """``exc`` again, saying what was asked for, what the device has free (``free_total``;
-    ``None``: not known) and what to do."""
-    known = (
-        f"the device has {_gib(free_total[0])} of {_gib(free_total[1])} free"
-        if free_total is not None
-        else "how much the device has free is not known (cuMemGetInfo failed)"
-    )
-    hint = (
-        f"cannot make {what} of {_gib(nbytes)} ({nbytes} bytes); {known}. Make the array "
-        "smaller or in several parts, or free device memory (close arrays this and other "
-        "processes no longer need, and CuPy's or PyTorch's cached blocks: "
-        "cupy.get_default_memory_pool().free_all_blocks(), torch.cuda.empty_cache())"
-    )
-    return CudaOutOfMemory(exc.call, exc.code, exc.error_name, exc.description, hint)
 
 
 def _error_name(err: Any) -> str:
@@ -157,8 +88,8 @@ def _error_description(driver: Any, err: Any) -> str:
 
 
 def check(result: Any, call: str) -> Any:
-    """The values of a binding's ``(err, values...)`` result: ``None``, the value, or a
-    tuple; raises :class:`CudaDriverError` (named by ``call``) unless ``err`` is success."""
+    """The values of a binding's ``(err, values...)`` result (``None``, one, or a tuple);
+    raises :class:`CudaDriverError` unless ``err`` is success."""
     err = result[0]
     code = int(err)
     if code != _CUDA_SUCCESS:
@@ -173,8 +104,8 @@ def check(result: Any, call: str) -> Any:
 
 
 def opaque_bytes(handle: Any) -> bytes:
-    """The 64 bytes of an opaque driver struct (IPC handles, pool export data): its
-    ``reserved`` field, else its memory (cuda-bindings 13.5 has no ``reserved``)."""
+    """The 64 bytes of an opaque driver struct: its ``reserved`` field, else its memory
+    (cuda-bindings 13.5 has no ``reserved``)."""
     reserved = getattr(handle, "reserved", None)
     if reserved is not None:
         return bytes(reserved)
@@ -194,7 +125,7 @@ def opaque_from_bytes(cls: Any, data: bytes) -> Any:
 
 
 def load_driver() -> Any:
-    """Import and return ``cuda.bindings.driver`` (raises ``ImportError`` if absent)."""
+    """``cuda.bindings.driver`` (``ImportError`` if absent)."""
     state = STATE.backends
     if state.cuda_driver is None:
         state.cuda_driver = importlib.import_module("cuda.bindings.driver")
@@ -353,10 +284,8 @@ def _device_reason(index: int, backend: str) -> str | None:
 
 def why_unusable(index: int | None = None, backend: str = "cuda-vmm") -> str | None:
     """Why CUDA backend ``backend`` cannot be used on device ``index`` (default 0) here, or
-    ``None`` when it can: a sentence naming what is missing (a package, the driver, a
-    ``cuInit`` error, a device or one of its features, or a process forked after CUDA was
-    initialised) and what to do. Never raises; asked once per device and backend (``cuInit``
-    on the first call)."""
+    ``None``: what is missing (a package, the driver, a device or one of its features, or
+    a fork after CUDA was initialised) and what to do. Never raises; asked once."""
     idx = 0 if index is None else int(index)
     if backend not in _NEEDS:
         return f"unknown CUDA backend {backend!r}; the CUDA backends are {', '.join(_NEEDS)}"
@@ -369,8 +298,7 @@ def why_unusable(index: int | None = None, backend: str = "cuda-vmm") -> str | N
 
 
 def peer_reason(index: int, owner: int) -> str | None:
-    """Why device ``index`` cannot access memory of device ``owner`` (``None``: it can);
-    asked once, never raises."""
+    """Why device ``index`` cannot access memory of device ``owner`` (``None``: it can)."""
     what = f"checking peer access cuda:{index} -> cuda:{owner}"
     return cached_reason(("cuda-peer", index, owner), lambda: _peer_reason(index, owner), what)
 
@@ -391,8 +319,7 @@ def _peer_reason(index: int, owner: int) -> str | None:
 
 
 def current_device_index(default: int) -> int:
-    """The CUDA device this process works on: CuPy's current device where CuPy is imported,
-    else PyTorch's where it has initialised CUDA, else ``default``."""
+    """The CUDA device this process works on: CuPy's, else PyTorch's, else ``default``."""
     cupy = sys.modules.get("cupy")
     if cupy is not None:
         try:
@@ -410,8 +337,8 @@ def current_device_index(default: int) -> int:
 
 
 def current_stream(device_index: int) -> int:
-    """The stream work is queued on for a device: CuPy's current one when CuPy is imported,
-    else ``0`` (the legacy default stream, PyTorch's unless told otherwise)."""
+    """The stream work is queued on: CuPy's current one when CuPy is imported, else ``0``
+    (the legacy default stream, PyTorch's unless told otherwise)."""
     get = STATE.backends.cupy_stream
     if get is None:
         cupy = sys.modules.get("cupy")
@@ -425,7 +352,6 @@ def current_stream(device_index: int) -> int:
 
 
 def _find_cupy_stream(cupy: Any, device_index: int) -> Callable[[int], Any]:
-    """Keep CuPy's ``get_current_stream`` (every message's fence asks)."""
     get: Callable[[int], Any] = cupy.cuda.get_current_stream
     try:
         get(device_index)

@@ -1,9 +1,6 @@
-"""The CUDA IPC backend (``"cuda-ipc"``): ``cuMemAlloc`` memory shared by legacy IPC handles,
-for devices or drivers without VMM and POSIX-fd handles.
-
-A chunk is one ``cuMemAlloc`` allocation with its 64-byte ``cuIpcGetMemHandle``; an importer
-opens it once per process and closes it on release. The memory is the exporter's
-(``exporter_owned``): freeing it while an importer has it open is undefined in CUDA.
+"""The CUDA IPC backend (``"cuda-ipc"``): ``cuMemAlloc`` memory shared by legacy 64-byte IPC
+handles, for devices or drivers without VMM and POSIX-fd handles. The memory is the
+exporter's: freeing it while an importer has it open is undefined in CUDA.
 """
 
 from __future__ import annotations
@@ -25,11 +22,8 @@ from sharedarrays.backends.device import Device
 from sharedarrays.backends.registry import Registration, register
 from sharedarrays.errors import HandleUnavailable, NotShareable, PayloadError
 
-__all__ = ["CudaIpcBackend", "GRANULARITY"]
-
 GRANULARITY = 2 << 20
-"""cuda-ipc chunk sizes are multiples of 2 MiB: a handle names a whole ``cuMemAlloc``
-allocation, which lies on 2 MiB pages anyway."""
+"""cuda-ipc chunk sizes are multiples of 2 MiB (``cuMemAlloc``'s pages)."""
 
 # What cuIpcOpenMemHandle answers for a handle whose memory is gone or never existed.
 _STALE = frozenset(
@@ -58,20 +52,15 @@ class CudaIpcBackend(CudaDevice):
 
     @property
     def granularity(self) -> int:
-        """Chunk sizes are multiples of 2 MiB (:data:`GRANULARITY`)."""
         return GRANULARITY
 
     def create_chunk(self, size: int) -> Chunk:
         """Allocate ``size`` bytes with ``cuMemAlloc`` and take its IPC handle (once)."""
         self._check_size(size, "a chunk size")
         d = self._d
+        call = f"cuMemAlloc({size} bytes on {self.device})"
         with self.context():
-            ptr = self._check_allocation(
-                d.cuMemAlloc(size),
-                f"cuMemAlloc({size} bytes on {self.device})",
-                "device memory",
-                size,
-            )
+            ptr = self._check_allocation(d.cuMemAlloc(size), call, "device memory", size)
             try:
                 export = opaque_bytes(check(d.cuIpcGetMemHandle(ptr), "cuIpcGetMemHandle"))
             except BaseException:
@@ -80,10 +69,9 @@ class CudaIpcBackend(CudaDevice):
         return Chunk(size=size, handle=int(ptr), fd=-1, address=int(ptr), export=export)
 
     def borrow_chunk(self, pointer: int, owner: object) -> tuple[Chunk, int]:
-        """Share, without copying, the ``cuMemAlloc`` allocation holding ``pointer`` (what
-        CuPy's and PyTorch's default allocators hand out): the chunk is the whole allocation
-        and holds ``owner``, dropped on release instead of freeing; returns it and
-        ``pointer``'s offset in it. :class:`~sharedarrays.NotShareable` for other memory."""
+        """The whole ``cuMemAlloc`` allocation holding ``pointer`` (CuPy's and PyTorch's
+        default allocators) as a chunk holding ``owner``, and ``pointer``'s offset in it;
+        ``NotShareable`` for other memory."""
         d = self._d
         attr = d.CUpointer_attribute
         suggestion = "; sa.from_array(x) copies it into new shared memory instead"
@@ -135,9 +123,8 @@ class CudaIpcBackend(CudaDevice):
         return chunk, pointer - int(base)
 
     def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
-        """Open another process's chunk from its 64-byte IPC handle ``export`` (``fd`` is
-        unused, closed if given); :class:`~sharedarrays.HandleUnavailable` where the driver
-        refuses it (its memory was freed or its process exited)."""
+        """Open another process's chunk from its IPC handle ``export`` (closes ``fd``);
+        ``HandleUnavailable`` where its memory was freed or its process exited."""
         if fd >= 0:
             os.close(fd)
         if len(export) != OPAQUE_BYTES:
@@ -170,7 +157,7 @@ class CudaIpcBackend(CudaDevice):
 
     def release_chunk(self, chunk: Chunk) -> None:
         """Wait for queued work, then close an imported handle, free own memory, or drop a
-        borrowed chunk's owner. Idempotent; a no-op in a forked child."""
+        borrowed chunk's owner. Idempotent; a no-op after fork."""
         ptr = chunk.handle
         if ptr < 0:
             return

@@ -1,38 +1,20 @@
 """The CUDA memory-pool backend (``"cuda-pool"``):
-:class:`~sharedarrays.backends.pool.PoolBackend` on :class:`CudaPool`, CUDA's pool IPC calls
-(``cuMemPoolCreate`` with POSIX fd handles, ``cuMemAllocFromPoolAsync`` on the current
-stream, ``cuMemPoolExportPointer``, ``cuMemPoolImportPointer``, ...)."""
+:class:`~sharedarrays.backends.pool.PoolBackend` on CUDA's calls."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from sharedarrays.backends.cuda.device import CudaCalls, CudaDevice
-from sharedarrays.backends.cuda.driver import opaque_bytes, opaque_from_bytes, why_unusable
-from sharedarrays.backends.pool import (
-    EXPORT_BYTES,
-    GRANULARITY,
-    POOL_ID_BYTES,
-    PoolBackend,
-    PoolCalls,
-)
+from sharedarrays.backends.cuda.device import CudaDevice
+from sharedarrays.backends.cuda.driver import why_unusable
+from sharedarrays.backends.pool import PoolBackend
 from sharedarrays.backends.registry import Registration, register
 from sharedarrays.settings import env_number
 
-__all__ = [
-    "CudaPoolBackend",
-    "CudaPool",
-    "GRANULARITY",
-    "EXPORT_BYTES",
-    "POOL_ID_BYTES",
-    "MAX_BYTES",
-    "max_bytes",
-]
-
 MAX_BYTES = 4 << 30
 """Largest cuda-pool allocation (``SHAREDARRAYS_POOL_MAX_BYTES`` overrides it): importing one
-of 5.25 GiB or more segfaults inside ``cuMemPoolImportPointer`` (driver 580, H200;
-``benchmarks/probe_pool_import.py``), so both sides refuse larger ones."""
+of 5.25 GiB or more segfaults in ``cuMemPoolImportPointer`` (driver 580, H200), so both sides
+refuse larger ones."""
 
 
 def max_bytes() -> int:
@@ -52,33 +34,6 @@ def _too_large(size: int) -> str | None:
     )
 
 
-class CudaPool(CudaCalls, PoolCalls):
-    """CUDA's pool IPC calls (:class:`~sharedarrays.backends.pool.PoolCalls`)."""
-
-    allocate_call = "MemAllocFromPoolAsync"
-    free_call = "MemFree"
-    too_large = staticmethod(_too_large)
-
-    def create_pool(self) -> Any:
-        d = self._d
-        props = d.CUmemPoolProps()
-        props.allocType = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-        props.handleTypes = self.fd_type
-        props.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-        props.location.id = self.device.index
-        return self.call("MemPoolCreate", props, what=f"(POSIX fd, {self.device})")
-
-    def stream(self) -> int:
-        return self._backend.current_stream()
-
-    def export_pointer(self, pointer: int) -> bytes:
-        return opaque_bytes(self.call("MemPoolExportPointer", pointer))
-
-    def import_pointer(self, pool: Any, data: bytes) -> int:
-        share = opaque_from_bytes(self._d.CUmemPoolPtrExportData, data)
-        return int(self.call("MemPoolImportPointer", pool, share))
-
-
 class CudaPoolBackend(PoolBackend, CudaDevice):
     """Stream-ordered memory of one CUDA device, shared through an exported pool
     (``"cuda-pool"``); allocations are made on the current stream, at most
@@ -91,7 +46,7 @@ class CudaPoolBackend(PoolBackend, CudaDevice):
         "driver 580). Put the counter in a cuda-vmm or cuda-ipc array: sa.zeros(1, 'uint64', "
         "backend='cuda-vmm')"
     )
-    calls = CudaPool
+    _too_large = staticmethod(_too_large)
 
 
 register(

@@ -1,18 +1,13 @@
 """Cross-process ordering of GPU work with interprocess CUDA events.
 
-The exporter records an event on its current stream (:func:`export_sync`) and puts its
-*token* in the payload; the importer makes its current stream wait for it
-(:func:`import_sync`). Neither blocks the CPU. An idle stream (``cuStreamQuery``) records
-nothing, and one pickling records at most one event for all its arrays (:func:`export_fence`).
+The exporter records an event on its current stream and puts its *token* in the payload; the
+importer makes its current stream wait for it. Neither blocks the CPU; an idle stream records
+nothing, and one message records at most one event (:func:`export_fence`).
 
-Each process keeps per device a *ring* of interprocess events, each with its IPC handle taken
-once. A slot whose last record is still pending is not reused (that would move the point its
-consumers wait for); the ring grows instead, up to :data:`RING_LIMIT`, past which export
-waits on the CPU. Importers open each handle once and keep it; a token names its exporter
-(pid and start time): this process's own tokens use the event itself, and an exited
-exporter's need no wait (its opened events are destroyed). "Current stream" is CuPy's for
-the device when CuPy is imported, else the legacy default stream; work on other streams is
-not covered.
+Each process keeps per device a *ring* of events with their IPC handles. A slot whose record
+is pending is not reused (that would move what its consumers wait for): the ring grows, up to
+:data:`RING_LIMIT`, past which export waits on the CPU. Importers open each handle once; a
+token names its exporter (pid, start time), and an exited exporter's needs no wait.
 """
 
 from __future__ import annotations
@@ -38,18 +33,6 @@ from sharedarrays.errors import PayloadError
 from sharedarrays.process import running, start_time
 from sharedarrays.protocol import token as wire
 
-__all__ = [
-    "Fence",
-    "no_sync",
-    "sync_enabled",
-    "export_fence",
-    "export_sync",
-    "import_sync",
-    "record",
-    "RING_LIMIT",
-    "TOKEN_SIZE",
-]
-
 RING_LIMIT = 256  # most events in one device's ring
 TOKEN_SIZE = wire.TOKEN_SIZE
 
@@ -64,7 +47,7 @@ _no_sync: contextvars.ContextVar[bool] = contextvars.ContextVar(
 @contextlib.contextmanager
 def no_sync() -> Iterator[None]:
     """Hand arrays off without ordering inside this block (thread- and task-local), when you
-    have synchronised yourself: payloads carry no event, and importers do not wait.
+    have synchronised yourself: payloads carry no event, importers do not wait.
 
     Examples
     --------
@@ -84,13 +67,9 @@ def sync_enabled() -> bool:
 
 
 class Fence:
-    """The ordering of one message: one record (``token``; ``None`` when the stream was
-    idle), shared by every array of the message, pickled as the token itself.
-
-    The pickler's memo holds the fence while one ``dumps`` runs and :func:`export_fence`
-    holds it only weakly, so every array of a message finds the same fence and the next
-    message (a new pickler) makes a new record.
-    """
+    """The ordering of one message: one record (``token``; ``None``: the stream was idle),
+    pickled as the token. The pickler's memo holds it while one ``dumps`` runs and
+    :func:`export_fence` only weakly, so the next message makes a new record."""
 
     __slots__ = ("token", "__weakref__")
 
@@ -110,10 +89,9 @@ _new_fence = object.__new__
 
 
 def export_fence(on: OnDevice) -> Fence | None:
-    """The ordering argument of one message handing ``on``'s memory off now: the live
-    :class:`Fence` of this thread and stream, else a new one holding
-    ``on.stream_token(stream)``; ``None`` inside :func:`no_sync`. Written out without
-    helpers: every array asks, and each Python call costs 1-2 us in a just-woken thread."""
+    """The live :class:`Fence` of this thread and stream, else a new one; ``None`` inside
+    :func:`no_sync`. No helpers: every array asks, and a call costs 1-2 us in a just-woken
+    thread."""
     if _no_sync.get():
         return None
     index = on.device.index
@@ -139,11 +117,9 @@ class _Ring:
     cursor: int = 0
 
 
-# In STATE.backends (a forked child forgets the parent's events: CUDA is unusable there):
-# ``sync_lock``; ``rings``: device index -> _Ring; ``own``: handle bytes -> an event of this
-# process's rings; ``opened``: handle bytes -> (pid, start, opened event); ``waited``:
-# (device, stream) -> the last token it waited for; ``records``: events recorded by this
-# process (the tokens' sequence numbers); ``start_time``: this process's.
+# In STATE.backends: ``rings``: device index -> _Ring; ``own``: handle -> own event;
+# ``opened``: handle -> (pid, start, opened event); ``waited``: (device, stream) -> the last
+# token waited for; ``records``: events recorded here (the tokens' sequence numbers).
 
 
 def _my_start_time() -> int:
@@ -154,7 +130,7 @@ def _my_start_time() -> int:
 
 
 def _next_slot(driver: Any, ring: _Ring) -> tuple[Any, bytes]:
-    """The ring's next reusable event and its handle, creating one when the next is pending."""
+    """The ring's next reusable event and its handle (a new one if the next is pending)."""
     n = len(ring.slots)
     if n:
         slot = ring.slots[ring.cursor]
@@ -184,9 +160,8 @@ def _next_slot(driver: Any, ring: _Ring) -> tuple[Any, bytes]:
 
 
 def export_sync(on: OnDevice) -> bytes | None:
-    """Record an event on the current stream of ``on``'s device now; its token
-    (:mod:`~sharedarrays.protocol.token`), or ``None`` inside :func:`no_sync` or when the
-    stream is idle."""
+    """The token of an event recorded on ``on``'s current stream now; ``None`` inside
+    :func:`no_sync` or when the stream is idle."""
     if _no_sync.get():
         return None
     return on.stream_token(current_stream(on.device.index))
@@ -235,8 +210,7 @@ def _event_for(driver: Any, token: bytes) -> Any | None:
 
 
 def _drop_exited(driver: Any, sender: int) -> None:
-    """Destroy the opened events of exporters (but ``sender``) that have exited; asked when
-    an event is opened, never in the steady state."""
+    """Destroy the opened events of exited exporters (but ``sender``'s)."""
     gone: dict[int, bool] = {}
     opened = process.STATE.backends.opened
     for handle, (pid, _, event) in list(opened.items()):
@@ -250,16 +224,9 @@ def _drop_exited(driver: Any, sender: int) -> None:
 
 
 def import_sync(on: OnDevice, token: bytes) -> None:
-    """Make the current stream of ``on``'s device wait for the event a token names (not the
-    CPU); no wait for an exited exporter's token or the one this stream waited for last.
-
-    Raises
-    ------
-    PayloadError
-        The token is malformed.
-    CudaDriverError
-        Opening the event or waiting on it failed.
-    """
+    """Make ``on``'s current stream (not the CPU) wait for the event a token names; none
+    for an exited exporter's or the one this stream waited for last. ``PayloadError``: a
+    malformed token."""
     driver = load_driver()
     state = process.STATE.backends
     key = (on.device.index, current_stream(on.device.index))

@@ -1,65 +1,14 @@
 """The CUDA VMM backend (``"cuda-vmm"``): :class:`~sharedarrays.backends.vmm.VmmBackend` on
-:class:`CudaVmm`, CUDA's VMM calls (``cuMemCreate``, ``cuMemExportToShareableHandle`` to a
-POSIX fd, ``cuMemMap``, ``cuMemSetAccess`` for the device and its peers, ...)."""
+CUDA's calls."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from sharedarrays.backends.base import Access
-from sharedarrays.backends.cuda.device import CudaCalls, CudaDevice
+from sharedarrays.backends.cuda.device import CudaDevice
 from sharedarrays.backends.cuda.driver import peer_reason, why_unusable
 from sharedarrays.backends.registry import Registration, register
-from sharedarrays.backends.vmm import VmmBackend, VmmCalls
-
-__all__ = ["CudaVmmBackend", "CudaVmm"]
-
-
-class CudaVmm(CudaCalls, VmmCalls):
-    """CUDA's VMM calls (:class:`~sharedarrays.backends.vmm.VmmCalls`)."""
-
-    vendor = "CUDA"
-    whole_chunks = " (cuMemMap supports no offset into, and no part of, a device allocation)"
-    not_an_allocation = frozenset(
-        {
-            "CUDA_ERROR_INVALID_VALUE",
-            "CUDA_ERROR_INVALID_HANDLE",
-            "CUDA_ERROR_NOT_SUPPORTED",
-            "CUDA_ERROR_OPERATING_SYSTEM",
-            "CUDA_ERROR_INVALID_DEVICE",
-            "CUDA_ERROR_UNKNOWN",  # what driver 580 answers for a memfd or a closed fd
-        }
-    )
-    invalid_value = "CUDA_ERROR_INVALID_VALUE"
-    peer_reason = staticmethod(peer_reason)
-
-    def __init__(self, backend: CudaDevice) -> None:
-        super().__init__(backend)
-        d = self._d
-        prop = self.prop = d.CUmemAllocationProp()
-        prop.type = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-        prop.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-        prop.location.id = backend.device.index
-        prop.requestedHandleTypes = self.fd_type
-        flags = d.CUmemAllocationGranularity_flags
-        self.granularity_flag = flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
-
-    def location(self, handle: int) -> int | None:
-        prop = self.call("MemGetAllocationPropertiesFromHandle", self.handle(handle))
-        return int(prop.location.id)
-
-    def access(self, index: int, access: Access) -> Any:
-        d = self._d
-        flags = d.CUmemAccess_flags
-        desc = d.CUmemAccessDesc()
-        desc.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-        desc.location.id = index
-        desc.flags = {
-            "rw": flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-            "r": flags.CU_MEM_ACCESS_FLAGS_PROT_READ,
-            "none": flags.CU_MEM_ACCESS_FLAGS_PROT_NONE,
-        }[access]
-        return desc
+from sharedarrays.backends.vmm import VmmBackend
 
 
 class CudaVmmBackend(VmmBackend, CudaDevice):
@@ -68,7 +17,7 @@ class CudaVmmBackend(VmmBackend, CudaDevice):
 
     name: ClassVar[str] = "cuda-vmm"
     peer_access: ClassVar[bool] = True
-    calls = CudaVmm
+    _peer_reason = staticmethod(peer_reason)
 
 
 register(Registration.of(CudaVmmBackend, "cuda", 0, lambda i: why_unusable(i, CudaVmmBackend.name)))

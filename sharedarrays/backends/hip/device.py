@@ -1,26 +1,19 @@
-"""The base of the HIP backends (``hip-vmm``, ``hip-pool``): one AMD GPU, made current,
-synchronised, and its memory wrapped as the native array."""
+"""The base of the HIP backends (``hip-vmm``, ``hip-pool``): one AMD GPU and its arrays."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import os
 from typing import Any, ClassVar
 
-from sharedarrays.backends.base import (
-    DeviceBase,
-    NativeView,
-    SyncOrdering,
-    VendorCalls,
-    fork_reason,
-    installed,
-)
+from sharedarrays.backends.base import DeviceBase, NativeView, SyncOrdering, VendorCalls, installed
 from sharedarrays.backends.device import Device
-from sharedarrays.backends.hip.runtime import HipError, check, export_fd, load_hip, why_unusable
+from sharedarrays.backends.hip.runtime import HipError, check, load_hip, why_unusable
 from sharedarrays.backends.host import host_native, to_numpy
+from sharedarrays.backends.pool import POINTER_BYTES
 
-__all__ = ["HipDevice", "HipCalls", "FORK_REASON"]
-
-FORK_REASON = fork_reason("HIP")
+_ExportData = ctypes.c_ubyte * POINTER_BYTES
 
 
 def _cupy_rocm() -> Any:
@@ -35,33 +28,67 @@ def _cupy_rocm() -> Any:
 
 
 class HipCalls(VendorCalls):
-    """HIP's side of the VMM and pool tables (hip-python, whose calls take their results'
-    addresses where CUDA's bindings return them)."""
+    """HIP's table of VMM and pool calls (hip-python, whose calls take their results'
+    addresses where CUDA's bindings return them; pool allocations on the null stream,
+    export data as 64-byte ctypes buffers)."""
 
-    prefix = "hip"
+    vendor = "HIP"
+    prefix, type_prefix = "hip", "hipMem"
     fd_name = "PosixFileDescriptor"
+    not_an_allocation = frozenset(
+        {"hipErrorInvalidValue", "hipErrorInvalidHandle", "hipErrorNotSupported"}
+    )
+    invalid_value = "hipErrorInvalidValue"
+    allocate_call = "MallocFromPoolAsync"
+    free_call = "Free"
     _check = staticmethod(check)
 
     def __init__(self, backend: HipDevice) -> None:
-        super().__init__(backend)
-        self._m = self._hip = hip = backend._hip
+        hip = self._m = backend._hip
         self.fd_type = hip.hipMemAllocationHandleType.hipMemHandleTypePosixFileDescriptor
+        self.pinned = hip.hipMemAllocationType.hipMemAllocationTypePinned
+        self.on_device = hip.hipMemLocationType.hipMemLocationTypeDevice
+        flags = hip.hipMemAccessFlags
+        self.access_flags = {
+            "rw": flags.hipMemAccessFlagsProtReadWrite,
+            "r": flags.hipMemAccessFlagsProtRead,
+            "none": flags.hipMemAccessFlagsProtNone,
+        }
+        granularity = hip.hipMemAllocationGranularity_flags
+        self.granularity_flag = granularity.hipMemAllocationGranularityRecommended
+        super().__init__(backend)
 
     def export_fd(self, name: str, *args: Any) -> int:
-        fn = getattr(self._hip, "hip" + name)
-        return export_fd(lambda out: fn(out, *args, self.fd_type, 0), f"hip{name}({self.fd_name})")
+        """The fd the call writes to the address it is given (closed if it then fails)."""
+        out = ctypes.c_int(-1)
+        try:
+            call = getattr(self._m, "hip" + name)
+            check(call(ctypes.addressof(out), *args, self.fd_type, 0), f"hip{name}({self.fd_name})")
+        except BaseException:
+            if out.value >= 0:
+                os.close(out.value)
+            raise
+        return out.value
+
+    def stream(self) -> int:
+        return 0  # the null stream
+
+    def export_pointer(self, pointer: int) -> bytes:
+        data = _ExportData()
+        self.call("MemPoolExportPointer", data, pointer)
+        return bytes(data)
+
+    def import_pointer(self, pool: Any, data: bytes) -> int:
+        return int(self.call("MemPoolImportPointer", pool, _ExportData.from_buffer_copy(data)))
 
 
 class HipDevice(SyncOrdering, DeviceBase):
-    """One AMD GPU (``Device("hip", N)``), as the HIP backends use it.
+    """One AMD GPU (``Device("hip", N)``). The native array is a ``cupy.ndarray`` where
+    CuPy's ROCm build is importable, else a NumPy view on an integrated device, else a
+    read-only NumPy copy (so that no write is lost)."""
 
-    The native array is a ``cupy.ndarray`` where CuPy's ROCm build is importable; else a
-    NumPy view on an integrated device (whose memory the CPU addresses); else a read-only
-    NumPy copy, so that no write is lost. Pickling orders by ``hipDeviceSynchronize``.
-    """
-
-    feature: ClassVar[str]
-    """What the backend needs of the device (a key of ``runtime.FEATURES``)."""
+    feature: ClassVar[str]  # what the backend needs of the device (``runtime.FEATURES``)
+    calls = HipCalls
 
     def __init__(self, device: Device) -> None:
         self._take(device, "hip", "a HIP device", lambda i: why_unusable(i, self.feature))
@@ -77,7 +104,7 @@ class HipDevice(SyncOrdering, DeviceBase):
 
     def context(self) -> contextlib.AbstractContextManager[None]:
         """Make this device current (``hipSetDevice``) for a ``with`` block."""
-        self._refuse_forked(FORK_REASON)
+        self._refuse_forked("HIP")
         check(self._hip.hipSetDevice(self.device.index), f"hipSetDevice({self.device.index})")
         return contextlib.nullcontext()
 
@@ -93,8 +120,7 @@ class HipDevice(SyncOrdering, DeviceBase):
         return int(free), int(total)
 
     def as_native(self, view: NativeView) -> Any:
-        """A ``cupy.ndarray`` (ROCm build), else NumPy (:func:`.host.host_native`; copied by
-        ``hipMemcpyDtoH``)."""
+        """A ``cupy.ndarray`` (ROCm build), else NumPy (:func:`.host.host_native`)."""
         cupy = _cupy_rocm()
         if cupy is not None:
             memory = cupy.cuda.UnownedMemory(view.address, view.size, view.owner, self.device.index)

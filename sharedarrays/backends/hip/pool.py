@@ -1,58 +1,22 @@
 """The HIP memory-pool backend (``"hip-pool"``): :class:`~sharedarrays.backends.pool.PoolBackend`
-on :class:`HipPool`, HIP's pool IPC calls (the twins of cuda-pool's; allocations on the null
-stream). Export data structs are passed as 64-byte ctypes buffers, which hip-python takes for
-struct pointers. Tested on a simulated driver only (``tests/simulated/hip.py``)."""
+on HIP's calls. Tested on a simulated driver only (``tests/simulated/hip.py``)."""
 
 from __future__ import annotations
 
-import ctypes
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from sharedarrays.backends.hip.device import HipCalls, HipDevice
+from sharedarrays.backends.hip.device import HipDevice
 from sharedarrays.backends.hip.runtime import why_unusable
-from sharedarrays.backends.pool import POINTER_BYTES, PoolBackend, PoolCalls
+from sharedarrays.backends.pool import PoolBackend
 from sharedarrays.backends.registry import Registration, register
-
-__all__ = ["HipPoolBackend", "HipPool"]
-
-_ExportData = ctypes.c_ubyte * POINTER_BYTES
-
-
-class HipPool(HipCalls, PoolCalls):
-    """HIP's pool IPC calls (:class:`~sharedarrays.backends.pool.PoolCalls`)."""
-
-    allocate_call = "MallocFromPoolAsync"
-    free_call = "Free"
-
-    def create_pool(self) -> Any:
-        hip = self._hip
-        props = hip.hipMemPoolProps()
-        props.allocType = hip.hipMemAllocationType.hipMemAllocationTypePinned
-        props.handleTypes = self.fd_type
-        props.location.type = hip.hipMemLocationType.hipMemLocationTypeDevice
-        props.location.id = self.device.index
-        return self.call("MemPoolCreate", props, what=f"({self.device})")
-
-    def stream(self) -> int:
-        return 0  # the null stream
-
-    def export_pointer(self, pointer: int) -> bytes:
-        data = _ExportData()
-        self.call("MemPoolExportPointer", data, pointer)
-        return bytes(data)
-
-    def import_pointer(self, pool: Any, data: bytes) -> int:
-        return int(self.call("MemPoolImportPointer", pool, _ExportData.from_buffer_copy(data)))
 
 
 class HipPoolBackend(PoolBackend, HipDevice):
-    """Stream-ordered memory of one AMD GPU, shared through an exported pool
-    (``"hip-pool"``)."""
+    """Memory of one AMD GPU, shared through an exported pool (``"hip-pool"``)."""
 
     name: ClassVar[str] = "hip-pool"
     feature: ClassVar[str] = "pool"
     peer_access: ClassVar[bool] = False
-    calls = HipPool
 
 
 register(

@@ -1,8 +1,6 @@
-"""The HIP runtime of the HIP backends: hip-python's ``hip.hip`` (whose calls return tuples
-like CUDA's bindings), loaded on first use; errors, and why a device is unusable.
-
-``SHAREDARRAYS_HIP_MODULE`` names a module to use instead, with the same functions, types and
-enums (the tests' simulated driver, ``tests/simulated/hip.py``); it is read on every use.
+"""The HIP runtime: hip-python's ``hip.hip``, loaded on first use; errors, and why a device
+is unusable. ``SHAREDARRAYS_HIP_MODULE`` names a module to use instead (the tests' simulated
+driver, ``tests/simulated/hip.py``), read on every use.
 """
 
 from __future__ import annotations
@@ -13,25 +11,11 @@ import importlib
 import importlib.util
 import os
 import types
-from collections.abc import Callable
 from typing import Any
 
 from sharedarrays.backends.base import cached_reason
 from sharedarrays.backends.base import loadable as _loadable
 from sharedarrays.errors import DriverError, OutOfMemory
-
-__all__ = [
-    "HipError",
-    "HipOutOfMemory",
-    "MODULE_SETTING",
-    "DEFAULT_MODULE",
-    "INSTALL_HINT",
-    "FEATURES",
-    "load_hip",
-    "check",
-    "export_fd",
-    "why_unusable",
-]
 
 MODULE_SETTING = "SHAREDARRAYS_HIP_MODULE"
 DEFAULT_MODULE = "hip.hip"
@@ -63,13 +47,12 @@ def module_name() -> str:
 
 
 def load_hip() -> Any:
-    """The HIP module (:func:`module_name`); raises ``ImportError`` or ``OSError`` (no
-    ``libamdhip64.so``)."""
+    """The HIP module (``ImportError``, or ``OSError``: no ``libamdhip64.so``)."""
     return importlib.import_module(module_name())
 
 
 def check(result: Any, call: str) -> Any:
-    """The values of a ``(hipError_t, values...)`` result (``None``, one, or a tuple); raises
+    """The values of a ``(hipError_t, values...)`` result (``None``, one, or a tuple);
     :class:`HipError` unless it says success."""
     if not isinstance(result, tuple):
         result = (result,)
@@ -82,18 +65,6 @@ def check(result: Any, call: str) -> Any:
     if not rest:
         return None
     return rest[0] if len(rest) == 1 else rest
-
-
-def export_fd(export: Callable[[int], Any], call: str) -> int:
-    """The fd an export call writes to the address it is given (closed if it then fails)."""
-    out = ctypes.c_int(-1)
-    try:
-        check(export(ctypes.addressof(out)), call)
-    except BaseException:
-        if out.value >= 0:
-            os.close(out.value)
-        raise
-    return out.value
 
 
 def _library_reason() -> str | None:
@@ -142,7 +113,7 @@ def _reason(index: int, feature: str) -> str | None:
 
 
 def why_unusable(index: int = 0, feature: str = "vmm") -> str | None:
-    """Why HIP device ``index`` cannot be used here for ``feature`` (a key of
-    :data:`FEATURES`), or ``None``; never raises, asked once per module, device and feature."""
+    """Why HIP device ``index`` cannot be used for ``feature`` (a key of :data:`FEATURES`),
+    or ``None``; never raises, asked once."""
     key = ("hip", module_name(), index, feature)
     return cached_reason(key, lambda: _reason(index, feature), "the HIP runtime")
