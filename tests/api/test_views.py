@@ -63,3 +63,34 @@ def test_views_are_tracked_from_the_first_ask_with_those_alive_then() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+_DEAD_PROXY = """
+import gc, weakref, warnings
+import sharedarrays as sa
+from sharedarrays.api import views
+
+class Thing:
+    pass
+
+thing = Thing()
+proxy = weakref.proxy(thing)  # (reading its __class__ raises once the thing is gone)
+del thing
+gc.collect()
+a = sa.zeros(8, device="cpu")
+with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    live = views.live_views()
+assert any(v is a for v in live), live
+print("ok")
+"""
+
+
+def test_the_first_search_reads_no_object_beyond_its_type() -> None:
+    """The first ask looks at every object the collector knows: a dead weakref.proxy among
+    them (whose ``__class__`` raises) neither breaks it nor is taken for a view."""
+    done = subprocess.run(
+        [sys.executable, "-c", _DEAD_PROXY], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
