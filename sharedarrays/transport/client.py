@@ -220,25 +220,30 @@ def _fetch(
         return body, result
     except SharedArrayError:
         raise
-    except TimeoutError:
-        raise HandleUnavailable(
-            f"the process that shared allocation {alloc_id} (pid {pid}) did not answer (with "
-            f"all its handles) within {TIMEOUT:g} s: it is stopped or overloaded. Try again "
-            "when it runs"
-        ) from None
-    except OSError as e:
-        if e.errno in (errno.ECONNRESET, errno.EPIPE):
-            raise HandleUnavailable(gone) from None
-        raise HandleUnavailable(
-            f"asking the process that shared allocation {alloc_id} (pid {pid}) for its "
-            f"handles failed: {e.strerror or e}. Close some files in this process if it has "
-            "too many open, and try again"
-        ) from None
+    except OSError as e:  # (TimeoutError too)
+        raise _fetch_failed(e, gone, alloc_id, pid) from None
     finally:
         for fd in fds:
             os.close(fd)
         if sock is not None:
             sock.close()
+
+
+def _fetch_failed(e: OSError, gone: str, alloc_id: str, pid: int) -> HandleUnavailable:
+    """What a handle request that failed with ``e`` raises."""
+    if isinstance(e, TimeoutError):
+        return HandleUnavailable(
+            f"the process that shared allocation {alloc_id} (pid {pid}) did not answer (with "
+            f"all its handles) within {TIMEOUT:g} s: it is stopped or overloaded. Try again "
+            "when it runs"
+        )
+    if e.errno in (errno.ECONNRESET, errno.EPIPE):
+        return HandleUnavailable(gone)
+    return HandleUnavailable(
+        f"asking the process that shared allocation {alloc_id} (pid {pid}) for its "
+        f"handles failed: {e.strerror or e}. Close some files in this process if it has "
+        "too many open, and try again"
+    )
 
 
 def _gone(alloc_id: str, pid: int) -> str:
