@@ -16,8 +16,6 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from sharedarrays.backends import Access, Backend, device_of, get_backend, why_unusable
 from sharedarrays.errors import (
     BackendUnavailable,
@@ -39,9 +37,6 @@ from sharedarrays.transport import handles as transport
 
 RELEASE_WAIT = 2 * keeper.TIMEOUT
 """Seconds a load waits for another thread's release of the allocation it found to end."""
-_BYTES = np.dtype(np.uint8)
-_PARTS_TIDY = 256  # entries in one thread's parts table past which dead references go
-_RECEIVED_LIMIT = 1024  # parts kept by payload bytes for warm loads (STATE.pickling.received)
 
 
 # loading a payload: the resolvers ------------------------------------------------------------

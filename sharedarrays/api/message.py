@@ -37,10 +37,7 @@ from sharedarrays.node import this_node
 from sharedarrays.process import STATE
 from sharedarrays.protocol.payload import Payload, check_view, remember
 from sharedarrays.transport import handles as transport
-from sharedarrays.transport import keeper
 
-RELEASE_WAIT = 2 * keeper.TIMEOUT
-"""Seconds a load waits for another thread's release of the allocation it found to end."""
 _BYTES = np.dtype(np.uint8)
 _PARTS_TIDY = 256  # entries in one thread's parts table past which dead references go
 _RECEIVED_LIMIT = 1024  # parts kept by payload bytes for warm loads (STATE.pickling.received)
