@@ -2117,7 +2117,7 @@ CRAFTED_RECONSTRUCTOR = (
     PRELUDE
     + RECONSTRUCTOR_CALL
     + r"""
-from sharedarrays.api.message import allocation_bytes
+from sharedarrays.api.array import allocation_bytes
 
 a = sa.from_array(np.arange(8.0), device="cpu", pack=False)
 blob, view = allocation_bytes(a.allocation), a._view_tuple()
@@ -2154,7 +2154,7 @@ MISALIGNED_VIEWS = (
     PRELUDE
     + RECONSTRUCTOR_CALL
     + r"""
-from sharedarrays.api.message import message_part
+from sharedarrays.api.array import message_part
 
 a = sa.zeros(4096, "uint8", device="hip:0", pack=False)
 part = message_part(a.allocation, False)

@@ -1,18 +1,23 @@
-"""Importing: find or map the allocation a payload names (:func:`load_payload`).
+"""Importing: a message's parts as loaded here, and the allocation a payload names.
 
-A payload is decoded once per message by :mod:`sharedarrays.api.message`; its first view asks
-:data:`RESOLVERS` in order: :func:`mapped_here`, :func:`reused_block` (the exporter reused
-memory parked here), :func:`in_message` (fds that travelled with it), :func:`from_exporter`
-(its handle server), :func:`from_keeper`. One that finds nothing records why; when all
-passed, the last :class:`HandleUnavailable` is raised. A growable import catches up
-(:func:`catch_up`).
+A pickled view calls :func:`import_part` once per message with its allocation's payload
+bytes: the payload is decoded once into a :class:`ReceivedPart` (a warm handoff, the same
+bytes still mapped, takes the last part again, :func:`load_again`), whose first view finds or
+maps the allocation (:func:`load_payload`) by asking :data:`RESOLVERS` in order:
+:func:`mapped_here`, :func:`reused_block` (the exporter reused memory parked here),
+:func:`in_message` (fds that travelled with it), :func:`from_exporter` (its handle server),
+:func:`from_keeper`. One that finds nothing records why; when all passed, the last
+:class:`HandleUnavailable` is raised. A growable import catches up (:func:`catch_up`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import os
+import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -27,16 +32,198 @@ from sharedarrays.errors import (
     fd_limit_error,
 )
 from sharedarrays.memory.allocation import Allocation
-from sharedarrays.memory.lease import use_clock
+from sharedarrays.memory.lease import Lease, use_clock
 from sharedarrays.memory.registry import lookup, revive
 from sharedarrays.node import NODE_VARIABLE, this_node
 from sharedarrays.process import STATE
-from sharedarrays.protocol.payload import Payload
+from sharedarrays.protocol.payload import Payload, check_view, remember
 from sharedarrays.transport import client, keeper
 from sharedarrays.transport import handles as transport
 
 RELEASE_WAIT = 2 * keeper.TIMEOUT
 """Seconds a load waits for another thread's release of the allocation it found to end."""
+_RECEIVED_LIMIT = 1024  # parts kept by payload bytes for warm loads (STATE.pickling.received)
+_WARM_TYPES = (int, tuple, tuple, str, bool)  # a view tuple's fields, as a sender writes them
+
+
+# a message's parts, as loaded here ----------------------------------------------------------
+def use_reconstructor(fn: Callable[..., Any]) -> None:
+    """Make ``fn`` what a re-pickled :class:`ReceivedPart` calls instead of
+    :func:`import_part` (the api's view reconstructor takes a part's arguments too)."""
+    STATE.pickling.reconstructor = fn
+
+
+def import_part(blob: bytes, token: object = None, fds: object = None) -> ReceivedPart:
+    """What a pickled :class:`MessagePart` calls, once per message: a new part of the
+    decoded payload, or that of an earlier message with the same payload whose allocation
+    this process still maps (load counted, token waited for). PayloadError for a malformed
+    or altered payload or token."""
+    if token is not None and type(token) is not bytes:
+        raise PayloadError("the ordering token that travelled with the payload is malformed")
+    if fds is None and type(blob) is bytes:
+        part: ReceivedPart | None = STATE.pickling.received.get(blob)
+        if part is not None:
+            alloc = part.allocation
+            if alloc is not None and load_again(alloc, part.payload, token):
+                part._stale = True  # (a new message: see ReceivedPart.take)
+                return part
+            STATE.pickling.received.pop(blob, None)
+    elif fds is not None and type(fds) is not tuple:
+        raise PayloadError("the handles that travelled with the payload do not match it")
+    return ReceivedPart(Payload.from_bytes(blob), token, fds, blob)
+
+
+def _on_device(p: Payload) -> bool:
+    """Whether ``p``'s memory is a device's, whose views must be aligned (an unknown
+    backend counts as one: its load is refused anyway)."""
+    known = STATE.pickling.on_device.get(p.backend)
+    if known is None:
+        try:
+            known = device_of(p.backend, p.device).needs_context
+        except PayloadError:
+            return True
+        STATE.pickling.on_device[p.backend] = known
+    return known
+
+
+class ReceivedPart:
+    """One allocation's part of a message being loaded here: its payload (decoded once), the
+    allocation once the first view found or mapped it, and the last view layout checked.
+    Pickled again (inside an OtherNodeArray), it is its payload and token."""
+
+    __slots__ = (
+        "payload",
+        "size",
+        "blob",
+        "token",
+        "fds",
+        "allocation",
+        "readonly",
+        "_lease",
+        "_layout",
+        "_device",
+        "_growable",
+        "_stale",
+        "_lease_thread",
+    )
+
+    def __init__(
+        self,
+        payload: Payload,
+        token: bytes | None,
+        fds: tuple[Any, ...] | None,
+        blob: bytes | None = None,
+    ) -> None:
+        self.payload = payload
+        self.size = payload.size
+        self.blob = blob
+        self.token = token
+        self.fds = fds
+        self.allocation: Allocation | None = None
+        # the lease its views share, weakly: a part kept alive (a traceback) holds no mapping
+        self._lease: weakref.ref[Lease[Allocation]] | None = None
+        self.readonly = payload.readonly  # every view of it is read-only here
+        self._growable = False  # (its allocation's, once bound)
+        self._stale = False  # (the lease referred to is an earlier message's)
+        self._lease_thread = 0  # (the thread that took the lease referred to)
+        # (shape, strides, dtype string, dtype, low, high, alignment mask) of the last view
+        self._layout: tuple[Any, ...] | None = None
+        self._device = _on_device(payload)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        blob = self.blob if self.blob is not None else self.payload.to_bytes()
+        return STATE.pickling.reconstructor or import_part, (blob, self.token)
+
+    def bind(self, alloc: Allocation) -> None:
+        """Take ``alloc`` as the allocation of every view of the part."""
+        p = self.payload
+        self.allocation = alloc
+        self._lease = None
+        self._growable = alloc.growable
+        self.readonly = p.readonly or alloc.access != "rw"
+
+    def lease(self, readonly: bool) -> tuple[Allocation, Lease[Allocation] | None]:
+        """The allocation (found or mapped by :meth:`find` on first use) and a new lease for
+        the part's views to share (``None`` if growable: each view keeps its own ``end``).
+        ClosedArrayError if it was released here since. (A view takes the lease of the views
+        before only where a parked allocation keeps it, or in the thread that took it for
+        this message: else its end could be running in another thread.)"""
+        alloc = self.allocation
+        if alloc is None:
+            alloc = self.find(readonly)
+        self._stale = False
+        lease = None
+        if not self._growable:
+            lease = alloc.lease()
+            self._lease = weakref.ref(lease)
+            self._lease_thread = threading.get_ident()
+        return alloc, lease
+
+    def find(self, readonly: bool) -> Allocation:
+        """Find or map the allocation (:func:`load_payload`),
+        read-only on first sight if the first view is; the carried fds are used once."""
+        p = self.payload
+        if readonly and not p.readonly:
+            p = dataclasses.replace(p, readonly=True)
+        fds, self.fds = self.fds, None
+        alloc = load_payload(p, self.token, fds)
+        self.token = None  # (waited for; kept where the load failed, for a re-pickle)
+        self.bind(alloc)
+        blob = self.blob
+        if blob is not None and fds is None and not alloc.growable:
+            remember(STATE.pickling.received, blob, self, _RECEIVED_LIMIT)
+        return alloc
+
+    def take(self, view: object) -> tuple[Any, ...]:
+        """A view's checked fields with the allocation and the lease it takes: ``(allocation,
+        lease, dtype, shape, strides, offset, readonly, end)``, ``end`` one past its last
+        byte; raises as :func:`~sharedarrays.protocol.payload.check_view` and :meth:`lease`.
+        One frame for a view of the layout checked last (every view of a warm handoff)."""
+        fields = None
+        layout = self._layout
+        if type(view) is tuple and len(view) == 5 and layout is not None:
+            offset, shape, strides, dtype_str, readonly = view
+            # the last layout (fields the sender interned: identical objects)? Only the
+            # fields checked then are used, so a crafted ``__eq__`` gains nothing
+            try:
+                same = (
+                    type(offset),
+                    type(shape),
+                    type(strides),
+                    type(dtype_str),
+                    type(readonly),
+                ) == _WARM_TYPES and (shape, strides, dtype_str) == layout[:3]
+            except Exception:  # (checked in full below)
+                same = False
+            low, high, mask = layout[4:]
+            fits = same and offset >= 0 and offset + low >= 0 and offset + high <= self.size
+            if fits and not offset & mask:
+                fields = (layout[3], layout[0], layout[1], offset, readonly, offset + high)
+        if fields is None:
+            dtype, low, high = check_view(view, self.size, self._device)
+            offset, shape, strides, dtype_str, readonly = view  # type: ignore[misc]
+            mask = dtype.alignment - 1 if self._device else 0
+            self._layout = (shape, strides, dtype_str, dtype, low, high, mask)
+            fields = (dtype, shape, strides, offset, readonly, offset + high)
+        alloc = self.allocation
+        ref = self._lease
+        lease = None if ref is None else ref()
+        if (
+            lease is not None
+            and alloc is not None
+            and (
+                lease is alloc.kept_lease
+                or (not self._stale and self._lease_thread == threading.get_ident())
+            )
+        ):
+            self._stale = False
+        else:
+            try:
+                alloc, lease = self.lease(fields[4])
+            except ClosedArrayError:  # a parked mapping dropped since it was found: map anew
+                self.find(fields[4])
+                alloc, lease = self.lease(fields[4])
+        return (alloc, lease, *fields)
 
 
 # loading a payload: the resolvers ------------------------------------------------------------

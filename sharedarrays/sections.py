@@ -208,9 +208,10 @@ class KeeperState:
 
 class PicklingState:
     """``STATE.pickling``: the warm handoff's caches (``protocol/payload.py``,
-    ``api/message.py``). A forked child keeps all but ``received`` (the parts found here,
-    which it maps anew): validated payloads and dtypes, backends ``on_device``, ``interned``
-    shapes, the ``reduce_hooks`` run when a module is imported, the ``reconstructor``."""
+    ``api/array.py``, ``importing.py``). A forked child keeps all but ``received`` (the parts
+    found here, which it maps anew): validated payloads and dtypes, backends ``on_device``,
+    ``interned`` shapes, the ``reduce_hooks`` run when a module is imported, the
+    ``reconstructor``."""
 
     def __init__(self) -> None:
         self.parts = threading.local()

@@ -303,8 +303,7 @@ def test_misaligned_views_of_a_cuda_array_are_refused_and_the_importer_keeps_its
     # cudaErrorMisalignedAddress, which ends every later GPU computation of that process.
     from cuda_helpers import child_env
 
-    from sharedarrays.api.array import _rebuild_view
-    from sharedarrays.api.message import message_part
+    from sharedarrays.api.array import _rebuild_view, message_part
 
     class Call:
         def __init__(self, *args: object) -> None:

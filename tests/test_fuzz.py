@@ -97,7 +97,7 @@ def test_malformed_payloads_raise_shared_array_errors(case: tuple[str, bytes]) -
     try:
         if kind == "pickle":  # the reconstructor called with a junk allocation payload
             from sharedarrays.api.array import _rebuild_view
-            from sharedarrays.api.message import import_part
+            from sharedarrays.importing import import_part
 
             v = _rebuild_view(import_part(pickle.loads(blob)), _A[2:, 1::3]._view_tuple())
         else:

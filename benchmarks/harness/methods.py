@@ -18,6 +18,7 @@ from harness.config import COPY_MAX_BYTES, TASK_TIMEOUT, Config
 from harness.handoffs import LeastHandoff, SafeColdHandoff, SafeHandoff
 from harness.worker import (
     cuda_core,
+    handoff_part,
     task_copy,
     task_cuda_core,
     task_drop,
@@ -213,7 +214,7 @@ def bound_method(cfg: Config, array: Any) -> Method:
     """The warm rounds' ``bound`` entry (:class:`~harness.handoffs.LeastHandoff`)
     for the sharedarrays ``array`` of the same rounds: its payload's size, its view tuple
     and its backend; the worker's task is sharedarrays' own (``.array``, ``close``)."""
-    from sharedarrays.api.message import allocation_bytes
+    allocation_bytes = handoff_part("allocation_bytes")
 
     blob = bytes(len(allocation_bytes(array.allocation)))
     device = parse_name(cfg.device).index if cfg.is_cuda else None
@@ -225,7 +226,7 @@ def safe_method(cfg: Config, array: Any) -> Method:
     """The warm rounds' ``safe`` entry (:class:`~harness.handoffs.SafeHandoff`): the
     bound and the least more that the library's guarantees need, for the sharedarrays
     ``array`` of the same rounds; the worker's task is sharedarrays' own."""
-    from sharedarrays.api.message import allocation_bytes
+    allocation_bytes = handoff_part("allocation_bytes")
 
     # (bytes of the payload's size, one value per array: each has its record in the worker)
     blob = f"safe {array.nbytes} ".encode().ljust(len(allocation_bytes(array.allocation)), b".")

@@ -34,6 +34,7 @@ from harness.pools import (
 from harness.rounds import FLOOR, over_floor, run_rounds
 from harness.sizes import size_label
 from harness.worker import (
+    handoff_part,
     task_cleanup,
     task_cold_bound,
     task_floor,
@@ -225,7 +226,8 @@ class Overhead(RunBase):
         exporter and the mapping, each timed alone in the worker (:func:`task_cold_bound`),
         over ``BOUND_REPEATS`` new arrays; medians in ms."""
         import sharedarrays as sa
-        from sharedarrays.api.message import allocation_bytes
+
+        allocation_bytes = handoff_part("allocation_bytes")
 
         steps: dict[str, list[float]] = {"fetch": [], "map": [], "driver": []}
         try:

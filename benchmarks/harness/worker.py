@@ -262,6 +262,16 @@ def task_cold_bound(blob: bytes) -> dict[str, float]:
     return {"fetch": t1 - t0, "map": t3 - t2, **({"driver": driver} if driver else {})}
 
 
+def handoff_part(name: str) -> Any:
+    """The handoff's ``name`` (``allocation_bytes``, ``import_part``) where the tree measured
+    defines it: api/array.py or importing.py, or an older tree's api/message.py (ab.sh)."""
+    for module in ("sharedarrays.api.array", "sharedarrays.importing", "sharedarrays.api.message"):
+        found = getattr(importlib.import_module(module), name, None)
+        if found is not None:
+            return found
+    raise ImportError(f"the sharedarrays measured defines no {name}")
+
+
 def _map(importing: Any, request: Any, sizes: list[int], fds: list[int], exports: Any) -> Any:
     """``importing._map`` of the tree measured: an older one (ab.sh's A side) takes a
     ``Handles`` record of the chunks found."""
@@ -311,7 +321,8 @@ def task_steps(
     ``blob`` and ``view`` are what a pickle of an array this worker already maps carries
     (its allocation's payload and the view's fields: a warm load)."""
     from sharedarrays.api.array import _rebuild_view
-    from sharedarrays.api.message import import_part
+
+    import_part = handoff_part("import_part")
     from sharedarrays.protocol.payload import Payload, ViewFields
 
     steps: dict[str, list[float]] = {

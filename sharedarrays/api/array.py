@@ -12,6 +12,7 @@ import math
 import operator
 import os
 import sys
+import weakref
 from collections.abc import Callable, Iterator
 from multiprocessing import reduction
 from types import SimpleNamespace
@@ -19,22 +20,33 @@ from typing import Any, Protocol, TypeVar, cast, overload, runtime_checkable
 
 import numpy as np
 
-from sharedarrays._cpython import caller_frame, spawning_process
-from sharedarrays.api import keeping, message, othernode, views
+from sharedarrays import importing
+from sharedarrays._cpython import caller_frame, mark_no_spawn_in_thread, spawning_process
+from sharedarrays.api import keeping, othernode, views
 from sharedarrays.api.arraybase import _READONLY, check_key, native_key
 from sharedarrays.api.display import Display
 from sharedarrays.api.growth import Growth
 from sharedarrays.api.shapeviews import ShapeViews
 from sharedarrays.backends import Access, NativeView, get_backend
 from sharedarrays.backends.device import Device, DeviceLike, parse_device
-from sharedarrays.errors import ClosedArrayError, MisalignedView, PayloadError, WrongNode
+from sharedarrays.errors import (
+    ClosedArrayError,
+    MisalignedView,
+    NotShareable,
+    PayloadError,
+    WrongNode,
+)
 from sharedarrays.memory import Allocation, Lease, live_allocations
+from sharedarrays.node import this_node
 from sharedarrays.process import STATE
 from sharedarrays.protocol.payload import Payload, ViewFields, ViewTuple, misaligned, view_extent
+from sharedarrays.transport import handles as transport
 
 __all__ = ["SharedDeviceArray", "Semaphore", "load", "synchronize"]
 
 _T = TypeVar("_T")
+_BYTES = np.dtype(np.uint8)
+_PARTS_TIDY = 256  # entries in one thread's parts table past which dead references go
 
 
 def _field(get: str | Callable[[Any], Any], doc: str) -> Any:
@@ -346,7 +358,7 @@ class SharedDeviceArray(Growth, Display, ShapeViews):
     def payload(self) -> Payload:
         """What a pickle of this view carries, as one payload (starts the handle server)."""
         return dataclasses.replace(
-            message.allocation_payload(self.allocation),
+            allocation_payload(self.allocation),
             dtype=self._dtype,
             shape=self._shape,
             strides=self._strides,
@@ -400,7 +412,7 @@ def _intern(value: _T) -> _T:
 
 def _reduce(for_multiprocessing: bool, a: SharedDeviceArray) -> tuple[Any, tuple[Any, ...]]:
     """The reduction of a view: :func:`_rebuild_view`, its allocation's part of the message
-    (:func:`~sharedarrays.api.message.message_part`, written once per message) and the
+    (:func:`message_part`, written once per message) and the
     view's fields. ``for_multiprocessing``: pickled by ``ForkingPickler``, where a Process
     being spawned carries the chunk fds themselves."""
     lease = a._lease
@@ -428,10 +440,120 @@ def _reduce(for_multiprocessing: bool, a: SharedDeviceArray) -> tuple[Any, tuple
     packed = a._packed
     if packed is None:
         packed = a._view_tuple()
-    return _rebuild_view, (message.message_part(alloc, carry_fds), packed)
+    return _rebuild_view, (message_part(alloc, carry_fds), packed)
 
 
 reduction.ForkingPickler.register(SharedDeviceArray, functools.partial(_reduce, True))
+
+
+# pickling: one allocation's part of a message ------------------------------------------------
+def allocation_payload(alloc: Allocation) -> Payload:
+    """The payload of the whole allocation (uint8 bytes from offset 0) that pickles of its
+    views carry; starts this process's handle server."""
+    pid, server = os.getpid(), alloc.source_server  # a growable array names its exporter
+    if server is None and alloc.growable and not alloc.origin.created_here:
+        # inherited through fork: its length is its creator's, which this server cannot tell
+        raise NotShareable(
+            f"a growable array inherited through fork cannot be handed on from this process: "
+            f"its length changes in the process that made it (pid {alloc.origin.pid}); "
+            "pickle it there, or hand on a copy (sa.from_array(a.get()))"
+        )
+    if server is None:
+        server = transport.server_address()
+    else:
+        pid = alloc.origin.pid
+    chunks = tuple(alloc.chunk_sizes())
+    return Payload(
+        backend=alloc.backend.name,
+        device=alloc.device.index,
+        alloc_id=alloc.id,
+        secret=alloc.secret,
+        pid=pid,
+        server=server,
+        chunks=chunks,
+        dtype=_BYTES,
+        shape=(sum(chunks),),
+        strides=(1,),
+        offset=0,
+        readonly=alloc.export_readonly,
+        capacity=alloc.capacity if alloc.growable else None,
+        node=this_node(),
+        block=alloc.block if alloc.cacheable() else None,
+    )
+
+
+def allocation_bytes(alloc: Allocation) -> bytes:
+    """The encoded :func:`allocation_payload`, made once per allocation, process and
+    generation (which changes when a growable allocation's chunks change)."""
+    cached = alloc.encoded
+    pid = STATE.pid
+    if cached is None or cached[0] != pid or cached[1] != alloc.generation:
+        cached = (pid, alloc.generation, allocation_payload(alloc).to_bytes())
+        alloc.encoded = cached
+    return cached[2]
+
+
+class MessagePart:
+    """One allocation's part of the message being pickled now: the ``allocation`` (never
+    pickled), its encoded payload ``blob``, the backend's ordering ``fence`` (its token
+    travels) and, where a spawned Process carries them, the chunk ``fds`` (DupFd)."""
+
+    __slots__ = ("allocation", "blob", "fence", "fds", "__weakref__")
+
+    def __init__(
+        self, allocation: Allocation, blob: bytes, fence: object, fds: tuple[Any, ...] | None
+    ) -> None:
+        self.allocation = allocation
+        self.blob = blob
+        self.fence = fence
+        self.fds = fds
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # once per pickler that writes this part: one payload in flight per message
+        fence = self.fence
+        token = None if fence is None else fence.token  # type: ignore[attr-defined]
+        if self.fds is not None:
+            return _rebuild_view, (self.blob, token, self.fds)
+        if self.allocation.source_server is None:
+            self.allocation.flight.note_sent()
+        return _rebuild_view, (self.blob, token)
+
+    def received_here(self) -> importing.ReceivedPart:
+        """The part as this process's reconstructor takes it (a reduction called in place):
+        the allocation known, nothing counted or waited for."""
+        part = importing.ReceivedPart(Payload.from_bytes(self.blob), None, None)
+        part.bind(self.allocation)
+        return part
+
+
+def message_part(alloc: Allocation, carry_fds: bool) -> MessagePart:
+    """The part of ``alloc`` in the message this thread is pickling, made at its first view
+    (with ``carry_fds``, the chunk fds for the Process being spawned)."""
+    parts = STATE.pickling.parts
+    refs: dict[Any, weakref.ref[MessagePart]] | None = getattr(parts, "refs", None)
+    if refs is None:
+        refs = parts.refs = {}
+        # spawning_process() raises and catches inside where no spawn ever ran in this
+        # thread (10-15 us per view on a cold path): made a plain read
+        mark_no_spawn_in_thread()
+    # (the spawn's id, not the Popen: a key would keep it, and its pipes, open)
+    key = (alloc.id, id(spawning_process())) if carry_fds else alloc.id
+    ref = refs.get(key)
+    found = None if ref is None else ref()
+    blob = allocation_bytes(alloc)
+    if found is not None and found.blob is blob and found.allocation is alloc:
+        return found
+    fds = None
+    if carry_fds:  # (once per spawn and allocation: a spawner refuses an fd passed twice)
+        fds = tuple(reduction.DupFd(fd) for fd in alloc.chunk_fds())
+    made = MessagePart(alloc, blob, alloc.backend.export_fence(), fds)
+    if len(refs) >= _PARTS_TIDY and len(refs) >= getattr(parts, "tidy_at", _PARTS_TIDY):
+        for k in [k for k, r in refs.items() if r() is None]:
+            del refs[k]
+        # (next sweep when the table has doubled: a sweep per part would be quadratic)
+        parts.tidy_at = max(_PARTS_TIDY, 2 * len(refs))
+    refs[key] = weakref.ref(made)
+    return made
 
 
 def load(
@@ -479,7 +601,7 @@ def load(
             "pickle.loads(data); sa.load takes a.payload() or a.payload().to_bytes()"
         )
     p = Payload.from_bytes(data)
-    part = message.ReceivedPart(p, sync, fds)
+    part = importing.ReceivedPart(p, sync, fds)
     view = p.view_fields().to_tuple()  # (checked as a pickled view's: one way to a view)
     return cast("SharedDeviceArray", _rebuild_view(part, view))
 
@@ -498,22 +620,24 @@ def assignable(native: Any, value: Any) -> Any:
 
 
 @overload
-def _rebuild_view(part: bytes, view: object = None, fds: object = None) -> message.ReceivedPart: ...
+def _rebuild_view(
+    part: bytes, view: object = None, fds: object = None
+) -> importing.ReceivedPart: ...
 
 
 @overload
 def _rebuild_view(
-    part: message.ReceivedPart | message.MessagePart, view: object
+    part: importing.ReceivedPart | MessagePart, view: object
 ) -> SharedDeviceArray | othernode.OtherNodeArray: ...
 
 
 def _rebuild_view(
     part: object = None, view: object = None, fds: object = None, *extra: object
-) -> SharedDeviceArray | othernode.OtherNodeArray | message.ReceivedPart:
+) -> SharedDeviceArray | othernode.OtherNodeArray | importing.ReceivedPart:
     """What a pickled view calls, with its allocation's part of the message (a
-    :class:`~sharedarrays.api.message.ReceivedPart`) and its fields ``view`` (checked against
+    :class:`~sharedarrays.api.importing.ReceivedPart`) and its fields ``view`` (checked against
     the part's payload). The part itself calls it with the payload's bytes, token and fds
-    (:func:`~sharedarrays.api.message.import_part`): a message names one function.
+    (:func:`~sharedarrays.importing.import_part`): a message names one function.
 
     A payload of another node raises :class:`~sharedarrays.WrongNode`, except where
     distributed's unpickler reads it: there it becomes an
@@ -529,10 +653,10 @@ def _rebuild_view(
             f"a pickled view is corrupted: its reconstructor got {3 + len(extra)} "
             "arguments, not at most 3"
         )
-    if type(part) is not message.ReceivedPart:
+    if type(part) is not importing.ReceivedPart:
         if type(part) is bytes:  # the allocation's part of the message
-            return message.import_part(part, view, fds)
-        if type(part) is not message.MessagePart:
+            return importing.import_part(part, view, fds)
+        if type(part) is not MessagePart:
             raise PayloadError("a pickled view is corrupted: its allocation's part is missing")
         part = part.received_here()  # a reduction called in place: this process's own part
     try:
@@ -547,7 +671,7 @@ def _rebuild_view(
     return made
 
 
-message.use_reconstructor(_rebuild_view)
+importing.use_reconstructor(_rebuild_view)
 
 
 def synchronize(device: DeviceLike = None) -> None:

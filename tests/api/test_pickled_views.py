@@ -21,10 +21,10 @@ import view_workers
 from forking import in_forked_child
 
 import sharedarrays as sa
-from sharedarrays import process
-from sharedarrays.api import message as message_module
-from sharedarrays.api.array import _rebuild_view
-from sharedarrays.api.message import allocation_bytes, import_part, message_part
+from sharedarrays import importing, process
+from sharedarrays.api import array as array_module
+from sharedarrays.api.array import _rebuild_view, allocation_bytes, message_part
+from sharedarrays.importing import import_part
 from sharedarrays.process import STATE
 from sharedarrays.protocol.payload import Payload
 
@@ -343,7 +343,7 @@ def test_a_part_shares_its_lease_only_with_views_loaded_in_the_thread_that_took_
     alloc = a.allocation
     held = alloc.leases
     (sent, view) = a[2:].__reduce__()[1]
-    part = message_module.ReceivedPart(Payload.from_bytes(sent.blob), None, None, sent.blob)
+    part = importing.ReceivedPart(Payload.from_bytes(sent.blob), None, None, sent.blob)
     one = _rebuild_view(part, view)
     same_thread = _rebuild_view(part, view)
     got: list[Any] = []
@@ -369,15 +369,14 @@ def test_a_warm_load_of_another_process_s_payload_stamps_the_use_and_counts_retu
     taken."""
     import dataclasses
 
-    from sharedarrays.api.message import allocation_payload
+    from sharedarrays.api.array import allocation_payload
 
     a = sa.from_array(np.arange(16.0), device="cpu", pack=False)
     alloc = a.allocation
     theirs = dataclasses.replace(allocation_payload(alloc), pid=os.getpid() + 1, server="/srv/x")
     blob = theirs.to_bytes()
-    part = message_module.ReceivedPart(Payload.from_bytes(blob), None, None, blob)
+    part = importing.ReceivedPart(Payload.from_bytes(blob), None, None, blob)
     part.bind(alloc)
-    assert part._served is alloc.flight.servers  # (the plain case)
     process.STATE.pickling.received[blob] = part
     try:
         alloc.last_used = 0
@@ -392,7 +391,7 @@ def test_a_warm_load_of_another_process_s_payload_stamps_the_use_and_counts_retu
         assert view.get().tolist() == list(range(16))
         view.close()
         alloc.flight.servers.discard("/srv/x")
-        own = message_module.ReceivedPart(Payload.from_bytes(blob), None, None, blob)
+        own = importing.ReceivedPart(Payload.from_bytes(blob), None, None, blob)
         own.bind(sa.zeros(4, device="cpu", pack=False).allocation)  # (released: dropped)
         process.STATE.pickling.received[blob] = own
         assert import_part(blob) is not own and blob not in process.STATE.pickling.received
@@ -630,7 +629,7 @@ def test_a_part_carries_its_fences_token_once_per_message() -> None:
     b = sa.from_array(np.arange(8.0), device="cpu", pack=False)
     fence = types.SimpleNamespace(token=b"ordering-token-" + b"x" * 17)
     parts = [
-        message_module.MessagePart(x.allocation, allocation_bytes(x.allocation), fence, None)
+        array_module.MessagePart(x.allocation, allocation_bytes(x.allocation), fence, None)
         for x in (a, b)
     ]
     assert parts[0].__reduce__()[1] == (parts[0].blob, fence.token)
@@ -680,8 +679,8 @@ def test_a_new_message_never_takes_a_lease_whose_end_is_running(monkeypatch: Any
     alloc = Allocation.import_(
         get_backend(CPU), "d" * 32, b"q" * 32, source.allocation.chunk_sizes(), [fd], os.getppid()
     )  # (an import of the same memory, as a Pool worker's from its parent)
-    blob = message_module.allocation_payload(alloc).to_bytes()
-    part = message_module.ReceivedPart(Payload.from_bytes(blob), None, None, blob)
+    blob = array_module.allocation_payload(alloc).to_bytes()
+    part = importing.ReceivedPart(Payload.from_bytes(blob), None, None, blob)
     part.bind(alloc)
     process.STATE.pickling.received[blob] = part  # (as its first load leaves it)
     view = source._view_tuple()
@@ -722,7 +721,7 @@ def test_a_message_of_many_allocations_looks_at_each_part_a_bounded_number_of_ti
             looked[0] += 1
             return super().__call__()
 
-    monkeypatch.setattr(message_module.weakref, "ref", Counted)
+    monkeypatch.setattr(array_module.weakref, "ref", Counted)
     monkeypatch.setattr(process.STATE.pickling.parts, "refs", {}, raising=False)
     arrays = [sa.full(2, i, dtype="int64", device="cpu", pack=False) for i in range(3000)]
     loaded = pickle.loads(pickle.dumps(arrays))
@@ -783,7 +782,7 @@ def test_a_crafted_pickle_of_the_view_reconstructor_raises_payload_error() -> No
             got = pickle.loads(data)
         except sa.PayloadError:
             return
-        assert isinstance(got, (sa.SharedDeviceArray, message_module.ReceivedPart))
+        assert isinstance(got, (sa.SharedDeviceArray, importing.ReceivedPart))
         if isinstance(got, sa.SharedDeviceArray):
             got.close()
 

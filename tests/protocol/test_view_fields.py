@@ -1,5 +1,5 @@
 """A pickled view's own fields (protocol/payload.py ViewFields) and the reduction that carries
-them beside one payload per allocation (api/array.py _rebuild_view, api/message.py)."""
+them beside one payload per allocation (api/array.py _rebuild_view, importing.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import sharedarrays as sa
 from sharedarrays.api.array import _rebuild_view
-from sharedarrays.api.message import import_part
+from sharedarrays.importing import import_part
 from sharedarrays.protocol.payload import MAX_NDIM, MAX_SIZE, Payload, ViewFields, view_extent
 
 _A = sa.from_array(np.arange(48, dtype=np.float32).reshape(6, 8), device="cpu", pack=False)
