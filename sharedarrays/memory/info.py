@@ -16,13 +16,10 @@ from sharedarrays.memory.inflight import InFlight, Served
 from sharedarrays.memory.reservation import Reservation, back_to_back, close_fds
 from sharedarrays.process import STATE
 
-__all__ = ["AllocationRecords", "ChunkInfo", "MappingInfo", "Origin", "format_bytes", "use_clock"]
-
 
 @dataclass(frozen=True)
 class Origin:
-    """Where an allocation in this process came from: made here (the exporter) or not, the
-    ``pid`` that made it or it was imported from, and when (``time.time()``)."""
+    """Where an allocation here came from: made here (exporter) or imported from ``pid``, when."""
 
     created_here: bool
     pid: int
@@ -69,9 +66,8 @@ def format_bytes(n: int) -> str:
 
 
 class AllocationRecords:
-    """The fields of an allocation (its constructor: the bases of ``Allocation`` share them)
-    and what it shows of them: chunks, mappings, access, holders, served processes, the
-    handles for importers."""
+    """The fields of an allocation (shared by the bases of ``Allocation``) and what it shows of
+    them: chunks, mappings, access, holders, served processes, handles for importers."""
 
     def __init__(
         self,
@@ -162,8 +158,7 @@ class AllocationRecords:
 
     @property
     def lifetime(self) -> str:
-        """Who keeps the memory alive: ``"any holder"`` (host, cuda-vmm) or ``"exporter"``
-        (cuda-ipc, cuda-pool: it must outlive every importer)."""
+        """Who keeps the memory alive: ``"any holder"`` or ``"exporter"`` (cuda-ipc, cuda-pool)."""
         return "exporter" if self.backend.exporter_owned else "any holder"
 
     @property
@@ -203,9 +198,8 @@ class AllocationRecords:
         return exports
 
     def handles_for_importers(self) -> tuple[list[int], list[int]]:
-        """The fds to hand to another process, and those of them the caller must close: the
-        chunks' own, or new ``O_RDONLY`` ones for a read-only export where the backend can
-        reopen them (the host)."""
+        """The fds to hand to another process and those the caller must close: the chunks'
+        own, or new ``O_RDONLY`` ones for a read-only export where the backend can (host)."""
         fds = self.chunk_fds()
         if not self.export_readonly:
             return fds, []
