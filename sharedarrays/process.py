@@ -80,9 +80,6 @@ class _ForkHooks:
     def functions(self) -> list[Hook]:
         return [f for f in (self.before, self.after_in_child, self.after_in_parent) if f]
 
-    def key(self) -> tuple[int, int, str]:
-        return LAYERS.index(self.layer), self.order, _name(self.functions()[0])
-
 
 @dataclass(frozen=True)
 class _ExitHook:
@@ -93,9 +90,6 @@ class _ExitHook:
 
     def functions(self) -> list[Hook]:
         return [self.fn]
-
-    def key(self) -> tuple[int, int, str]:
-        return -LAYERS.index(self.layer), self.order, _name(self.fn)
 
 
 def _call(fn: Hook | None, when: str) -> None:
@@ -118,13 +112,9 @@ class _Hooks:
         self.fork: list[_ForkHooks] = []
         self.exit: list[_ExitHook] = []
 
-    def add_fork(self, hooks: _ForkHooks) -> None:
-        self._add("fork", hooks, "registered at fork already")
-
-    def add_exit(self, hook: _ExitHook) -> None:
-        self._add("exit", hook, "registered to run at exit already")
-
-    def _add(self, table: str, entry: _ForkHooks | _ExitHook, taken: str) -> None:
+    def add(self, entry: _ForkHooks | _ExitHook) -> None:
+        """Put ``entry`` in its place: by layer (exit hooks top first), order and name."""
+        table, sign = ("fork", 1) if isinstance(entry, _ForkHooks) else ("exit", -1)
         if entry.layer not in LAYERS:
             raise ValueError(f"layer must be one of {', '.join(LAYERS)}, not {entry.layer!r}")
         mine = entry.functions()
@@ -135,8 +125,13 @@ class _Hooks:
             if entry in entries:
                 return
             if any(fn in mine for e in entries for fn in e.functions()):
-                raise ValueError(f"{_name(mine[0])} is {taken}")
-            setattr(self, table, sorted([*entries, entry], key=type(entry).key))
+                taken = "at fork" if sign > 0 else "to run at exit"
+                raise ValueError(f"{_name(mine[0])} is registered {taken} already")
+            ordered = sorted(
+                [*entries, entry],
+                key=lambda e: (sign * LAYERS.index(e.layer), e.order, _name(e.functions()[0])),
+            )
+            setattr(self, table, ordered)
 
     def before_fork(self) -> None:
         for hooks in reversed(self.fork):  # top layer first
@@ -203,14 +198,14 @@ def at_fork(
     """Run these hooks around every ``os.fork`` of this process, placed by ``layer`` and
     ``order`` (smaller first). The same hooks again do nothing; an unknown layer, no hook or
     a function registered already is a ``ValueError``."""
-    STATE.hooks.add_fork(_ForkHooks(layer, order, before, after_in_child, after_in_parent))
+    STATE.hooks.add(_ForkHooks(layer, order, before, after_in_child, after_in_parent))
 
 
 def at_exit(fn: Hook, layer: str, *, order: int = 0, processes: bool = True) -> None:
     """Run ``fn`` when this process exits, top layer first; with ``processes``, also at the
     end of a ``multiprocessing.Process`` (which runs finalizers, not atexit). ``fn`` may run
     twice and must be idempotent; registering it with other arguments is a ``ValueError``."""
-    STATE.hooks.add_exit(_ExitHook(layer, order, fn, processes))
+    STATE.hooks.add(_ExitHook(layer, order, fn, processes))
 
 
 os.register_at_fork(
