@@ -39,10 +39,8 @@ class Allocation(Leasing, Growth):
         32 hex digits, the same in every process that maps it.
     address : int
         Start of this process's reservation (changes when a growable allocation moves).
-    size : int
-        Bytes mapped: the sum of the chunk sizes.
-    capacity : int
-        Bytes reserved (``size`` unless the allocation is growable).
+    size, capacity : int
+        Bytes mapped (the sum of the chunk sizes) and reserved (more if growable).
     used : int
         Bytes of the growable array (its last resize); ``size`` for others.
     generation : int
@@ -51,12 +49,6 @@ class Allocation(Leasing, Growth):
         Processes allowed to import it (besides this one); ``None``: any of this user.
     export_readonly : bool
         Whether importers get read-only mappings (payloads say ``readonly``).
-    slab : bool
-        Whether small arrays are packed into it (:func:`~sharedarrays.memory.pack_into_slab`).
-    keeper_name : str or None
-        The name it has in the keeper, if any.
-    in_keeper : bool
-        Whether the keeper is known to hold its handles.
     write_sealed : bool
         Whether the kernel forbids every new write (``readonly=True``, host backend).
     """
@@ -169,17 +161,11 @@ class Allocation(Leasing, Growth):
                 fd = pending.pop(0) if pending else -1
                 return backend.import_chunk(fd, size, exports[0] if exports else b"")
 
+            origin = Origin(False, source_pid, time.time())
+            capacity = None if capacity is None else max(capacity, sum(sizes))
             try:
                 return cls._build(
-                    backend,
-                    alloc_id,
-                    secret,
-                    Origin(False, source_pid, time.time()),
-                    sizes,
-                    import_next,
-                    access,
-                    None if capacity is None else max(capacity, sum(sizes)),
-                    peers,
+                    backend, alloc_id, secret, origin, sizes, import_next, access, capacity, peers
                 )
             finally:
                 close_fds(pending)
