@@ -242,15 +242,13 @@ class AllocationRecords:
             f"({format_bytes(self.capacity)}, {format_bytes(self.size)} mapped)",
             f"{'mapping':>8} {'offset':>12} {'size':>10} {'chunk':>6} {'fd':>4} access",
         ]
-        for m in self.mappings:
-            fd = self._chunks[m.chunk].fd
+        for m, c in zip(self.mappings, self._chunks):
             size = format_bytes(m.size)
             lines.append(
-                f"{m.chunk:>8} {m.offset:>#12x} {size:>10} {m.chunk:>6} {fd:>4} {m.access}"
+                f"{m.chunk:>8} {m.offset:>#12x} {size:>10} {m.chunk:>6} {c.fd:>4} {m.access}"
             )
-        served = self.served
-        if served:
-            pids = sorted({s.pid for s in served})
+        if self.served:
+            pids = sorted({s.pid for s in self.served})
             lines.append(f"served handles to pids {', '.join(map(str, pids))}")
         return "\n".join(lines)
 
