@@ -40,8 +40,7 @@ LOCAL_ALONE: int = _count_local(SimpleNamespace(kept=object()))
 
 
 def caller_frame(depth: int = 1) -> FrameType | None:
-    """The frame ``depth`` Python frames above the caller of this, or ``None`` (C code has no
-    frame)."""
+    """The frame ``depth`` Python frames above this one's caller (C has none), or ``None``."""
     try:
         return sys._getframe(depth + 1)
     except ValueError:

@@ -46,8 +46,7 @@ def _proc(pid: int, name: str, size: int = -1) -> bytes | None:
 
 
 def start_time(pid: int) -> int | None:
-    """A process's start time in clock ticks since boot (with the pid, it names one process
-    for good), or ``None`` if it does not exist."""
+    """A process's start time in ticks since boot (with the pid, it names one), or ``None``."""
     stat = _proc(pid, "stat") or b""
     fields = stat[stat.rfind(b")") + 2 :].split()  # after the name, which may hold spaces
     return int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else None
@@ -152,8 +151,7 @@ class _Hooks:
                 _call(hook.fn, "at exit")
 
     def finalize_in_process(self) -> None:
-        """Run the exit hooks at the end of a ``multiprocessing.Process`` too, after a Queue's
-        (priority -5)."""
+        """Run the exit hooks at a ``multiprocessing.Process``'s end too, after a Queue's (-5)."""
         util.Finalize(None, self.run_exit, args=(True,), exitpriority=-20)
 
 

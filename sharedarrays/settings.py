@@ -20,8 +20,7 @@ N = TypeVar("N", int, float)
 
 
 def env_number(name: str, default: N, minimum: N) -> N:
-    """The number (of ``default``'s type, finite, at least ``minimum``) in the environment
-    variable ``name``, or ``default``."""
+    """The number (of ``default``'s type, at least ``minimum``) in ``$name``, or ``default``."""
     text = os.environ.get(name, "").strip()
     if not text:
         return default

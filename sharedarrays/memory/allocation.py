@@ -225,8 +225,7 @@ class Allocation(Leasing, Growth):
 
     # lifetime ---------------------------------------------------------------------------
     def orphan(self, now: bool = True) -> None:
-        """The source released this allocation: release it here too, never parked (at once, or
-        with ``now=False`` when the last view's lease ends)."""
+        """The source released it: release it here too, never parked (``now=False``: later)."""
         with self._lock:
             self._orphaned = True
         if now:
@@ -307,8 +306,7 @@ class Allocation(Leasing, Growth):
             self._released_hooks()
 
     def cacheable(self) -> bool:
-        """Whether the memory may be kept for reuse on release (a block made here, never named,
-        kept, handed over or a slab)."""
+        """Whether the memory may be kept for reuse on release (a plain block made here)."""
         return (
             self.block is not None
             and self.origin.created_here

@@ -32,8 +32,8 @@ def teardown(
     chunks: list[Chunk],
     free: bool = True,
 ) -> None:
-    """Unmap ``mapped`` (offset, length) pairs, free the reservation (with ``free``;
-    ``address`` 0: none) and release ``chunks``: every step tried, the first failure raised."""
+    """Unmap ``mapped`` (offset, length), free the reservation (with ``free``; ``address`` 0:
+    none) and release ``chunks``: every step tried, the first failure raised."""
     errors: list[BaseException] = []
 
     def attempt(step: Callable[..., object], *args: object) -> None:
