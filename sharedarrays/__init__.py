@@ -1,12 +1,9 @@
 """sharedarrays: share GPU (and host) arrays between processes without copying.
 
-Create an array with :func:`empty`, :func:`zeros`, :func:`ones`, :func:`full`, their
-``*_like`` forms, :func:`from_array` or :func:`asarray` (or share a CuPy array or torch
-tensor in place with :func:`share`); pass it to other processes by
-pickling it (multiprocessing does that for you). Every process maps the same memory.
-
-Names of heavier modules (pools, the memory map, Dask, timelines) are imported on first use.
-``__all__`` is the public API; every error of :mod:`sharedarrays.errors` is an attribute.
+Create an array with :func:`empty`, :func:`zeros`, :func:`from_array` and the like (or share
+a CuPy array or torch tensor in place with :func:`share`) and pickle it to other processes
+(multiprocessing does that for you): every process maps the same memory. ``__all__`` is the
+public API; names of heavier modules are imported on first use.
 """
 
 from __future__ import annotations

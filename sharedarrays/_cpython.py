@@ -1,9 +1,7 @@
 """The package's one adapter over what CPython and its standard library do not promise.
 
-Each use is a named function here with a test in ``tests/test_cpython.py``
-(``tests/test_layers.py`` keeps these internals out of other modules). Checked on CPython
-3.10-3.13. :data:`refcount` and :data:`spawning_process` are bound, not wrapped: the warm
-handoff calls them once per view.
+Each use is a named function here, tested in ``tests/test_cpython.py`` on CPython 3.10-3.13
+(``tests/test_layers.py`` keeps these internals out of other modules).
 """
 
 from __future__ import annotations
@@ -15,24 +13,10 @@ from multiprocessing import util as _mp_util
 from types import FrameType, SimpleNamespace
 from typing import Any
 
-__all__ = [
-    "ITEM_ALONE",
-    "LOCAL_ALONE",
-    "caller_frame",
-    "fail_pool_job",
-    "frame_function",
-    "frame_local",
-    "interpreter_flags",
-    "mark_no_spawn_in_thread",
-    "next_pool_job",
-    "refcount",
-    "spawning_process",
-]
-
 # reference counts: is a kept object held by anyone else?
 refcount = sys.getrefcount
 """Compared with :data:`ITEM_ALONE` or :data:`LOCAL_ALONE` only in the code shape each was
-measured with at import (counts change between versions and builds)."""
+measured with at import (bound, not wrapped: the warm handoff calls it once per view)."""
 
 
 def _count_item(slot: tuple[Any, ...]) -> int:
@@ -56,8 +40,7 @@ LOCAL_ALONE: int = _count_local(SimpleNamespace(kept=object()))
 
 
 def caller_frame(depth: int = 1) -> FrameType | None:
-    """The frame ``depth`` Python frames above the caller of this, or ``None``. C code has
-    no frame: a reconstructor the C unpickler calls sees ``pickle.loads``'s caller."""
+    """The frame ``depth`` Python frames above this one's caller (C has none), or ``None``."""
     try:
         return sys._getframe(depth + 1)
     except ValueError:
@@ -84,14 +67,13 @@ is spawning, else ``None`` (a view pickled then carries its chunks' fds)."""
 
 def mark_no_spawn_in_thread() -> None:
     """Make :data:`spawning_process` a plain read in this thread (else each call raises and
-    catches an ``AttributeError`` inside), as a spawn leaves the record."""
+    catches an ``AttributeError`` inside)."""
     if _mp_context.get_spawning_popen() is None:
         _mp_context.set_spawning_popen(None)
 
 
 def interpreter_flags() -> list[str]:
-    """The command-line options (``-X``, ``-W``, ``-O``, ...) that reproduce this
-    interpreter's settings in a child Python (``_args_from_interpreter_flags``)."""
+    """The options (``-X``, ``-W``, ``-O``, ...) that give a child Python this one's settings."""
     return list(_mp_util._args_from_interpreter_flags())  # type: ignore[attr-defined]
 
 
@@ -103,8 +85,8 @@ def _no_more(i: int, obj: object) -> None:
 
 
 def fail_pool_job(job: Any, error: BaseException) -> None:
-    """End a pool's ``job`` (``ApplyResult``, ``MapResult`` or ``IMapIterator``), unless it
-    has ended, with ``error``, calling its error callback; late results are dropped."""
+    """End a pool's ``job`` (``ApplyResult``, ``MapResult``, ``IMapIterator``) with ``error``
+    unless it has ended, calling its error callback; late results are dropped."""
     import multiprocessing.pool
 
     if isinstance(job, multiprocessing.pool.IMapIterator):
@@ -132,8 +114,7 @@ def fail_pool_job(job: Any, error: BaseException) -> None:
 
 
 def next_pool_job() -> int:
-    """Take the next pool job number (``multiprocessing.pool.job_counter``): every job
-    submitted before has a smaller one."""
+    """Take the next pool job number: every job submitted before has a smaller one."""
     import multiprocessing.pool
 
     return next(multiprocessing.pool.job_counter)  # type: ignore[attr-defined,no-any-return]

@@ -39,8 +39,7 @@ class SettingError(SharedArrayError, ValueError):
 
 
 class BackendUnavailable(SharedArrayError):
-    """The requested memory system cannot be used here (no driver or device, a package not
-    installed, or CUDA after ``fork``: the message says which)."""
+    """The requested memory system cannot be used here (the message says why)."""
 
 
 class PeerAccessUnavailable(BackendUnavailable):
@@ -52,12 +51,11 @@ class ClosedArrayError(SharedArrayError, ValueError):
 
 
 class HandleUnavailable(SharedArrayError):
-    """An allocation's handles cannot be had: its exporter is gone and nobody else holds
-    them, or this process cannot open one more file."""
+    """An allocation's handles cannot be had (its exporter is gone, or no more open files)."""
 
 
 def _limit(which: str, unit: int = 1) -> str:
-    """This process's soft ``resource.RLIMIT_<which>`` in ``unit``, as ``ulimit`` says."""
+    # this process's soft resource.RLIMIT_<which> in unit, as ulimit says
     import resource
 
     soft = resource.getrlimit(getattr(resource, f"RLIMIT_{which}"))[0]
@@ -82,8 +80,7 @@ def thread_error(what: str, error: BaseException) -> ThreadUnavailable:
 
 
 class PermissionDenied(SharedArrayError, PermissionError):
-    """This process may not import the allocation (another user, a wrong secret, or not in
-    its allow-list)."""
+    """This process may not import the allocation (another user, a wrong secret, not allowed)."""
 
 
 class PayloadError(SharedArrayError, ValueError):
@@ -92,13 +89,11 @@ class PayloadError(SharedArrayError, ValueError):
 
 class MisalignedView(SharedArrayError, ValueError):
     """A view of GPU memory with an offset or stride off its dtype's alignment, which would
-    fail a kernel and end the process's GPU work: copy the bytes first
-    (``a.array[1:9].copy().view("float64")``)."""
+    fail a kernel: copy the bytes first (``a.array[1:9].copy().view("float64")``)."""
 
 
 class ThreadUnavailable(SharedArrayError, RuntimeError):
-    """No thread can start: this process is at its limit of threads or address space
-    (``ulimit -u``, ``ulimit -v``); nothing made for it is left open."""
+    """No thread can start (``ulimit -u``, ``ulimit -v``); nothing made for it is left open."""
 
 
 class NameExists(SharedArrayError, FileExistsError):
@@ -111,28 +106,25 @@ class NameNotFound(SharedArrayError, FileNotFoundError):
 
 
 class KeeperError(SharedArrayError):
-    """The keeper refused a request as malformed, answered nonsense, or did not answer in
-    time (``python -m sharedarrays status`` shows it)."""
+    """The keeper refused a request, answered nonsense, or did not answer in time."""
 
 
 class InUse(SharedArrayError, RuntimeError):
-    """Memory cannot be freed from outside the processes that use it (``python -m
-    sharedarrays rm``); the message names them."""
+    """Memory cannot be freed from outside the processes that use it (the message names them)."""
 
 
 class WorkerLost(SharedArrayError, RuntimeError):
-    """A :class:`sharedarrays.Pool` worker died running a task of this job: the job fails
-    (the standard library's pool would hang) and the pool goes on."""
+    """A :class:`sharedarrays.Pool` worker died running a task of this job: the job fails, the
+    pool goes on."""
 
 
 class TaskNotLoaded(SharedArrayError, AttributeError):
     """A :class:`sharedarrays.Pool` worker cannot find a task's function (defined under
-    ``if __name__ == "__main__":``, say): that task fails, the worker goes on."""
+    ``if __name__ == "__main__":``, say)."""
 
 
 class TaskExited(SharedArrayError, RuntimeError):
-    """A pool task called ``sys.exit()``: that task fails, the worker goes on (the standard
-    library would hang, or exit the caller)."""
+    """A pool task called ``sys.exit()``: that task fails, the worker goes on."""
 
 
 class WaitTimeout(SharedArrayError, TimeoutError):
@@ -145,8 +137,7 @@ class ResizeRefused(SharedArrayError, RuntimeError):
 
 
 class OutOfMemory(SharedArrayError, MemoryError):
-    """The memory or address space an array (or its growth) needs is not there; the message
-    gives both sizes."""
+    """The memory or address space an array (or its growth) needs is not there."""
 
 
 class NotShareable(SharedArrayError, ValueError):
@@ -155,8 +146,8 @@ class NotShareable(SharedArrayError, ValueError):
 
 
 class WrongNode(SharedArrayError):
-    """A payload of another node (machine, user, or mount or pid namespace) was loaded here:
-    send the data instead (``a.get()``, or Dask with ``sharedarrays.api.dask``)."""
+    """A payload of another node (machine, user, mount or pid namespace) was loaded here: send
+    the data instead (``a.get()``, or Dask with ``sharedarrays.api.dask``)."""
 
 
 class DriverError(SharedArrayError, OSError):

@@ -1,10 +1,8 @@
-"""Facts about processes, and THE per-process state of the package.
+"""Facts about processes, and THE per-process state of the package: :data:`STATE`, read as
+``STATE.<section>.<field>`` (never kept in a name of its own: a forked child gets new ones).
 
-All the package keeps per process is in :data:`STATE`, in sections by concern, read as
-``STATE.<section>.<field>`` (never kept in a name of its own: a forked child gets new
-ones). This module makes the only ``os.register_at_fork`` call and ``atexit``
-registration; hooks run by layer (:data:`LAYERS`; top layer first, bottom first after a
-fork), then by ``order``, module and name: never by import order.
+This module makes the only ``os.register_at_fork`` call and ``atexit`` registration; hooks run
+by layer (:data:`LAYERS`; top first, bottom first after a fork), then by ``order`` and name.
 """
 
 from __future__ import annotations
@@ -20,25 +18,12 @@ from multiprocessing import util
 
 from sharedarrays import sections
 
-__all__ = [
-    "PID_MAX_LIMIT",
-    "STATE",
-    "ProcessState",
-    "LAYERS",
-    "running",
-    "start_time",
-    "command_line",
-    "at_fork",
-    "at_exit",
-]
-
 PID_MAX_LIMIT = 1 << 22
 """No Linux process has a larger pid (the kernel's ``PID_MAX_LIMIT`` on 64-bit)."""
 
 
 def running(pid: int) -> bool:
-    """Whether process ``pid`` exists (another user's counts); False outside
-    ``1..PID_MAX_LIMIT`` (``kill`` takes 0 and negatives for process groups)."""
+    """Whether process ``pid`` exists (another user's counts); False outside 1..PID_MAX_LIMIT."""
     if not 0 < pid <= PID_MAX_LIMIT:
         return False
     try:
@@ -51,7 +36,6 @@ def running(pid: int) -> bool:
 
 
 def _proc(pid: int, name: str, size: int = -1) -> bytes | None:
-    """``/proc/<pid>/<name>``, or ``None`` where it cannot be read."""
     if not 0 < pid <= PID_MAX_LIMIT:
         return None
     try:
@@ -62,16 +46,14 @@ def _proc(pid: int, name: str, size: int = -1) -> bytes | None:
 
 
 def start_time(pid: int) -> int | None:
-    """A process's start time in clock ticks since boot, or ``None`` if it does not exist:
-    with the pid, it names one process for good."""
+    """A process's start time in ticks since boot (with the pid, it names one), or ``None``."""
     stat = _proc(pid, "stat") or b""
     fields = stat[stat.rfind(b")") + 2 :].split()  # after the name, which may hold spaces
     return int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else None
 
 
 def command_line(pid: int) -> str:
-    """Process ``pid``'s arguments joined by spaces (at most 200 characters), or ``""``
-    where they cannot be read (gone, a kernel thread, or hidden from this user)."""
+    """Process ``pid``'s arguments joined by spaces (at most 200 characters), or ``""``."""
     raw = _proc(pid, "cmdline", 800) or b""
     return raw.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")[:200]
 
@@ -97,9 +79,6 @@ class _ForkHooks:
     def functions(self) -> list[Hook]:
         return [f for f in (self.before, self.after_in_child, self.after_in_parent) if f]
 
-    def key(self) -> tuple[int, int, str]:
-        return LAYERS.index(self.layer), self.order, _name(self.functions()[0])
-
 
 @dataclass(frozen=True)
 class _ExitHook:
@@ -111,12 +90,9 @@ class _ExitHook:
     def functions(self) -> list[Hook]:
         return [self.fn]
 
-    def key(self) -> tuple[int, int, str]:
-        return -LAYERS.index(self.layer), self.order, _name(self.fn)
-
 
 def _call(fn: Hook | None, when: str) -> None:
-    """Run one hook; a failure is said on stderr and the next hook runs all the same."""
+    # run one hook; a failure is said on stderr and the next hook runs all the same
     if fn is None:
         return
     try:
@@ -135,14 +111,9 @@ class _Hooks:
         self.fork: list[_ForkHooks] = []
         self.exit: list[_ExitHook] = []
 
-    def add_fork(self, hooks: _ForkHooks) -> None:
-        self._add("fork", hooks, "registered at fork already")
-
-    def add_exit(self, hook: _ExitHook) -> None:
-        self._add("exit", hook, "registered to run at exit already")
-
-    def _add(self, table: str, entry: _ForkHooks | _ExitHook, taken: str) -> None:
-        """Put ``entry`` in its place in ``self.<table>``; the same entry again does nothing."""
+    def add(self, entry: _ForkHooks | _ExitHook) -> None:
+        """Put ``entry`` in its place: by layer (exit hooks top first), order and name."""
+        table, sign = ("fork", 1) if isinstance(entry, _ForkHooks) else ("exit", -1)
         if entry.layer not in LAYERS:
             raise ValueError(f"layer must be one of {', '.join(LAYERS)}, not {entry.layer!r}")
         mine = entry.functions()
@@ -153,8 +124,13 @@ class _Hooks:
             if entry in entries:
                 return
             if any(fn in mine for e in entries for fn in e.functions()):
-                raise ValueError(f"{_name(mine[0])} is {taken}")
-            setattr(self, table, sorted([*entries, entry], key=type(entry).key))
+                taken = "at fork" if sign > 0 else "to run at exit"
+                raise ValueError(f"{_name(mine[0])} is registered {taken} already")
+            ordered = sorted(
+                [*entries, entry],
+                key=lambda e: (sign * LAYERS.index(e.layer), e.order, _name(e.functions()[0])),
+            )
+            setattr(self, table, ordered)
 
     def before_fork(self) -> None:
         for hooks in reversed(self.fork):  # top layer first
@@ -175,18 +151,14 @@ class _Hooks:
                 _call(hook.fn, "at exit")
 
     def finalize_in_process(self) -> None:
-        """Run the exit hooks at the end of this ``multiprocessing.Process`` too (it clears
-        inherited finalizers), below a Queue's priority (-5)."""
+        """Run the exit hooks at a ``multiprocessing.Process``'s end too, after a Queue's (-5)."""
         util.Finalize(None, self.run_exit, args=(True,), exitpriority=-20)
 
 
 class ProcessState:
-    """THE per-process state of the package (one instance: :data:`STATE`).
-
-    ``pid`` is this process's id, set anew first in a forked child (the warm handoff reads
-    it: ``os.getpid()`` costs microseconds cold); ``hooks`` the fork and exit hooks; the
-    other attributes are the sections of :mod:`sharedarrays.sections`, bottom layer first.
-    """
+    """THE per-process state of the package (one instance: :data:`STATE`): ``pid`` (set anew
+    first in a forked child: ``os.getpid()`` costs microseconds cold), the ``hooks``, and the
+    sections of :mod:`sharedarrays.sections`, bottom layer first."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
@@ -202,8 +174,7 @@ class ProcessState:
         self.views = sections.ViewsState()
 
     def reset_in_child(self) -> None:
-        """In a forked child: the pid, then each section in order (one that fails is said on
-        stderr), then the ``after_in_child`` hooks of :func:`at_fork`."""
+        """In a forked child: the pid, each section in order, then the ``after_in_child`` hooks."""
         self.pid = os.getpid()
         for section in list(vars(self).values()):
             _call(getattr(section, "reset_in_child", None), "in a forked child")
@@ -222,24 +193,17 @@ def at_fork(
     after_in_child: Hook | None = None,
     after_in_parent: Hook | None = None,
 ) -> None:
-    """Run these hooks around every ``os.fork`` of this process.
-
-    ``layer`` (one of :data:`LAYERS`) and ``order`` (smaller first) place them; a hook that
-    raises is said on stderr. Registering the same hooks again does nothing; an unknown
-    layer, or no hook, is a ``ValueError``.
-    """
-    STATE.hooks.add_fork(_ForkHooks(layer, order, before, after_in_child, after_in_parent))
+    """Run these hooks around every ``os.fork`` of this process, placed by ``layer`` and
+    ``order`` (smaller first). The same hooks again do nothing; an unknown layer, no hook or
+    a function registered already is a ``ValueError``."""
+    STATE.hooks.add(_ForkHooks(layer, order, before, after_in_child, after_in_parent))
 
 
 def at_exit(fn: Hook, layer: str, *, order: int = 0, processes: bool = True) -> None:
-    """Run ``fn`` when this process exits, top layer first.
-
-    With ``processes``, also at the end of a ``multiprocessing.Process`` (which runs
-    finalizers, not atexit), after a Queue's feeder has pickled every item. ``fn`` may run
-    twice and must be idempotent. Registering it again with the same arguments does
-    nothing; with others, or an unknown layer, is a ``ValueError``.
-    """
-    STATE.hooks.add_exit(_ExitHook(layer, order, fn, processes))
+    """Run ``fn`` when this process exits, top layer first; with ``processes``, also at the
+    end of a ``multiprocessing.Process`` (which runs finalizers, not atexit). ``fn`` may run
+    twice and must be idempotent; registering it with other arguments is a ``ValueError``."""
+    STATE.hooks.add(_ExitHook(layer, order, fn, processes))
 
 
 os.register_at_fork(

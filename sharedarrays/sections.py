@@ -11,27 +11,13 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-__all__ = [
-    "BackendsState",
-    "MemoryState",
-    "ConnectionsState",
-    "NoticesState",
-    "ServerState",
-    "KeeperState",
-    "PicklingState",
-    "PoolsState",
-    "ViewsState",
-]
-
 
 class BackendsState:
     """``STATE.backends``: registrations, backend objects, driver probes, CUDA events.
 
-    A forked child keeps what is true of the code or the machine (``registrations``, device
-    ``kinds``, backend ``objects``, which know they were inherited, the ``reasons`` a device
-    is unusable, the CUDA driver facts, ``fences``, ``records``) and sets ``cuda_forked`` if
-    its parent had initialised CUDA. It gets new locks, no CANN runtime (``acl``) and no
-    event ``rings``, ``own``/``opened`` events, streams ``waited`` on or ``start_time``.
+    A forked child keeps what is true of the code or the machine (the fields set in
+    ``__init__``), sets ``cuda_forked`` if its parent had initialised CUDA, and gets anew
+    those of ``_reset``: locks, the CANN runtime, events, streams waited on.
     """
 
     def __init__(self) -> None:
@@ -69,11 +55,11 @@ class BackendsState:
 class MemoryState:
     """``STATE.memory``: the allocations of this process (``memory/``).
 
-    ``registry`` holds every allocation mapped here by id; ``parked`` imports kept mapped
-    with no live view (least recently used first); ``draining`` those released here but
-    still served; ``slabs`` the current slab and first free byte per (backend, device);
-    ``inherited`` what a forked child never releases; the ``*_hooks`` are how the transport
-    layer hears of releases, hand-overs at exit and ``DONE``/``ASK`` notices to send.
+    ``registry``: every allocation mapped here, by id; ``parked``: imports kept mapped with no
+    live view (least recently used first); ``draining``: released here but still served;
+    ``slabs``: the current slab and first free byte per (backend, device); ``inherited``:
+    what a forked child never releases; the ``*_hooks``: how the transport layer hears of
+    releases, hand-overs at exit and ``DONE``/``ASK`` notices to send.
     """
 
     def __init__(self) -> None:
@@ -95,18 +81,17 @@ class MemoryState:
         self.keep_imports: tuple[float, int] = (float("-inf"), 64)  # (read at, value)
 
     def wait_unregistered(self, alloc: Any, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds until ``alloc`` (being released by another thread)
-        has left ``registry``; whether it has."""
+        """Wait up to ``timeout`` seconds for ``alloc`` (released by another thread) to leave
+        ``registry``; whether it has."""
         with self.unregistered:
             return self.unregistered.wait_for(
                 lambda: self.registry.get(alloc.id) is not alloc, timeout
             )
 
     def reset_in_child(self) -> None:
-        """New locks, no slab, parked, draining or cached memory (all kept as ``inherited``).
-        Host allocations with views become the child's imports from the parent; CUDA ones
-        (unusable after fork) and growable ones (their creator's to resize) stay the
-        parent's."""
+        """New locks, no slab, parked, draining or cached memory (kept as ``inherited``). Host
+        allocations with views become imports from the parent; CUDA ones (unusable after
+        fork) and growable ones (their creator's to resize) stay the parent's."""
         self.lock = threading.RLock()
         self.unregistered = threading.Condition(self.lock)
         self.slabs_lock = threading.Lock()
@@ -134,8 +119,8 @@ class MemoryState:
 
 
 class ConnectionsState:
-    """``STATE.connections``: open connections to handle servers by path, one per exporter;
-    a request takes its connection out while it runs. A forked child closes its copies."""
+    """``STATE.connections``: open connections to handle servers by path (a request takes its
+    one out while it runs). A forked child closes its copies."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -164,9 +149,8 @@ class NoticesState:
 
 
 class ServerState:
-    """``STATE.server``: the handle server, the ``jobs`` of its ``helper`` thread, and the
-    exit's drain (``drain_bound``: end and length; ``drain_said``: holders named). A forked
-    child drops the parent's socket and thread."""
+    """``STATE.server``: the handle server, the ``jobs`` of its ``helper`` thread, the exit's
+    drain (end and length, holders named). A forked child drops the parent's socket, thread."""
 
     def __init__(self) -> None:
         self.server: Any = None
@@ -184,10 +168,9 @@ class ServerState:
 
 
 class KeeperState:
-    """``STATE.keeper``: the connection ``conn`` to the keeper at ``path`` and the ids it
-    ``held`` there (both under ``lock``), releases ``deferred`` to the next request, a
-    ``late`` keeper's socket, the exit's hand-over wait and failures ``said``. A forked
-    child closes its copy of the connection and holds nothing."""
+    """``STATE.keeper``: the connection to the keeper and the ids it ``held`` (under ``lock``),
+    releases ``deferred`` to the next request, a ``late`` keeper's socket, the exit's wait and
+    failures ``said``. A forked child closes its copy of the connection and holds nothing."""
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
@@ -207,11 +190,8 @@ class KeeperState:
 
 
 class PicklingState:
-    """``STATE.pickling``: the warm handoff's caches (``protocol/payload.py``,
-    ``api/array.py``, ``importing.py``). A forked child keeps all but ``received`` (the parts
-    found here, which it maps anew): validated payloads and dtypes, backends ``on_device``,
-    ``interned`` shapes, the ``reduce_hooks`` run when a module is imported, the
-    ``reconstructor``."""
+    """``STATE.pickling``: the warm handoff's caches and the ``reduce_hooks`` run when a module
+    is imported. A forked child keeps all but ``received`` (the parts found here)."""
 
     def __init__(self) -> None:
         self.parts = threading.local()
@@ -228,9 +208,8 @@ class PicklingState:
 
 
 class PoolsState:
-    """``STATE.pools``: the ``worker`` cell where this process is a pool's worker (not in a
-    forked child), functions ``loaded`` by value, the parent's ``main`` namespace, and
-    whether ``dask`` is registered."""
+    """``STATE.pools``: the ``worker`` cell of a pool's worker (not in a forked child),
+    functions ``loaded`` by value, the parent's ``main`` namespace, ``dask`` registered."""
 
     def __init__(self) -> None:
         self.worker: tuple[Any, int] | None = None
@@ -245,9 +224,8 @@ class PoolsState:
 
 
 class ViewsState:
-    """``STATE.views``: the ``live`` views (weakly, once ``tracking``), and the live maps
-    of each notebook cell and the ``shells`` hooked. A forked child keeps them, with a new
-    lock."""
+    """``STATE.views``: the ``live`` views (weakly, once ``tracking``), each notebook cell's
+    live maps and the ``shells`` hooked. A forked child keeps them, with a new lock."""
 
     def __init__(self) -> None:
         self.tracking = False

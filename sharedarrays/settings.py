@@ -1,6 +1,5 @@
-"""Settings from the environment (``SHAREDARRAYS_*``), read one way: unset or empty means
-the default, anything else must be valid or a :class:`~sharedarrays.errors.SettingError`
-names the variable and what it takes."""
+"""Settings from the environment (``SHAREDARRAYS_*``): unset or empty means the default,
+anything else must be valid or a :class:`~sharedarrays.errors.SettingError` says why."""
 
 from __future__ import annotations
 
@@ -21,8 +20,7 @@ N = TypeVar("N", int, float)
 
 
 def env_number(name: str, default: N, minimum: N) -> N:
-    """The number in the environment variable ``name``: ``default`` when it is unset or empty,
-    else a finite number of ``default``'s type (int or float), at least ``minimum``."""
+    """The number (of ``default``'s type, at least ``minimum``) in ``$name``, or ``default``."""
     text = os.environ.get(name, "").strip()
     if not text:
         return default
@@ -40,8 +38,7 @@ def env_number(name: str, default: N, minimum: N) -> N:
 
 
 def env_word(name: str, pattern: re.Pattern[str], what: str) -> str | None:
-    """The word in the environment variable ``name`` (``None`` when unset or empty), which
-    must match ``pattern`` in full; the error says it is not ``what``."""
+    """The word in the environment variable ``name`` matching ``pattern`` (``what``), or None."""
     text = os.environ.get(name, "").strip()
     if not text:
         return None
@@ -62,8 +59,7 @@ NUMBERS: MappingProxyType[str, int | float] = MappingProxyType(
         "SHAREDARRAYS_CACHE_BYTES": 0,
     }
 )
-"""Every number setting's minimum, of its kind (each is read where it is used, with its
-default, by :func:`env_number`)."""
+"""Every number setting's minimum, of its kind (read where it is used, by :func:`env_number`)."""
 
 
 WORDS = (
@@ -79,9 +75,8 @@ PREFIX = "SHAREDARRAYS_"
 
 
 def check_environment() -> None:
-    """Refuse a bad number setting when the process starts (``import sharedarrays``), not
-    at exit, and warn of each ``SHAREDARRAYS_*`` variable that is no setting, naming the
-    closest one."""
+    """Refuse a bad number setting at ``import sharedarrays`` (not at exit), and warn of each
+    ``SHAREDARRAYS_*`` variable that is no setting, naming the closest one."""
     for name, minimum in NUMBERS.items():
         env_number(name, minimum, minimum)
     settings = (*NUMBERS, *WORDS)
@@ -100,9 +95,8 @@ def check_environment() -> None:
 
 
 def seconds(value: object, what: str, low: float, high: float, *, above: bool = False) -> float:
-    """An argument of seconds (an interval, a timeout) as a float from ``low`` (``above``:
-    more than ``low``) to ``high``: TypeError for no real number (a bool), SettingError out
-    of range or ``nan``."""
+    """An argument of seconds as a float from ``low`` (``above``: more than ``low``) to
+    ``high``: TypeError for no real number, SettingError out of range or ``nan``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
     number = float(value)

@@ -46,20 +46,20 @@ def test_hooks_run_by_layer_whatever_the_registration_order() -> None:
         return fn
 
     c = {n: hook(n) for n in ("transport", "memory", "backends-1", "backends-0")}
-    table.add_fork(process._ForkHooks("transport", 0, hook("b-transport"), c["transport"], None))
-    table.add_fork(process._ForkHooks("memory", 0, None, c["memory"], None))
-    table.add_fork(process._ForkHooks("backends", 1, None, c["backends-1"], None))
-    table.add_fork(process._ForkHooks("backends", 0, hook("b-backends"), c["backends-0"], None))
+    table.add(process._ForkHooks("transport", 0, hook("b-transport"), c["transport"], None))
+    table.add(process._ForkHooks("memory", 0, None, c["memory"], None))
+    table.add(process._ForkHooks("backends", 1, None, c["backends-1"], None))
+    table.add(process._ForkHooks("backends", 0, hook("b-backends"), c["backends-0"], None))
     table.before_fork()
     assert ran == ["b-transport", "b-backends"]  # top layer first
     ran.clear()
     table.after_fork_in_child()
     assert ran == ["backends-0", "backends-1", "memory", "transport"]  # bottom layer first
     ran.clear()
-    table.add_exit(process._ExitHook("memory", 0, hook("x-memory"), True))
-    table.add_exit(process._ExitHook("transport", 2, hook("x-shutdown"), False))
-    table.add_exit(process._ExitHook("transport", 0, hook("x-hand-over"), True))
-    table.add_exit(process._ExitHook("api", 0, hook("x-api"), True))
+    table.add(process._ExitHook("memory", 0, hook("x-memory"), True))
+    table.add(process._ExitHook("transport", 2, hook("x-shutdown"), False))
+    table.add(process._ExitHook("transport", 0, hook("x-hand-over"), True))
+    table.add(process._ExitHook("api", 0, hook("x-api"), True))
     table.run_exit()
     assert ran == ["x-api", "x-hand-over", "x-shutdown", "x-memory"]  # top layer first
     ran.clear()
@@ -74,8 +74,8 @@ def test_a_failing_hook_does_not_stop_the_others(capfd: pytest.CaptureFixture[st
     def boom() -> None:
         raise RuntimeError("boom")
 
-    table.add_exit(process._ExitHook("transport", 0, boom, True))
-    table.add_exit(process._ExitHook("memory", 0, lambda: ran.append("memory"), True))
+    table.add(process._ExitHook("transport", 0, boom, True))
+    table.add(process._ExitHook("memory", 0, lambda: ran.append("memory"), True))
     table.run_exit()
     assert ran == ["memory"]
     assert "boom" in capfd.readouterr().err
@@ -88,16 +88,16 @@ def test_registering_twice_is_idempotent_and_a_conflict_is_refused() -> None:
 
     def b() -> None: ...
 
-    table.add_fork(process._ForkHooks("memory", 0, None, a, None))
-    table.add_fork(process._ForkHooks("memory", 0, None, a, None))
+    table.add(process._ForkHooks("memory", 0, None, a, None))
+    table.add(process._ForkHooks("memory", 0, None, a, None))
     assert len(table.fork) == 1
     with pytest.raises(ValueError, match="registered at fork already"):
-        table.add_fork(process._ForkHooks("transport", 0, None, a, b))
-    table.add_exit(process._ExitHook("memory", 0, b, True))
-    table.add_exit(process._ExitHook("memory", 0, b, True))
+        table.add(process._ForkHooks("transport", 0, None, a, b))
+    table.add(process._ExitHook("memory", 0, b, True))
+    table.add(process._ExitHook("memory", 0, b, True))
     assert len(table.exit) == 1
     with pytest.raises(ValueError, match="at exit already"):
-        table.add_exit(process._ExitHook("memory", 1, b, True))
+        table.add(process._ExitHook("memory", 1, b, True))
 
 
 def test_the_public_functions_check_their_arguments() -> None:

@@ -1,60 +1,35 @@
 """The memory layer: allocations, leases, growth, payloads in flight, slabs, reuse.
 
-Per-process state is ``STATE.memory`` (:mod:`sharedarrays.process`). Modules: ``allocation``
-(the :class:`Allocation`), ``lease``, ``growth``, ``info`` (what it shows), ``reservation``,
-``inflight``, ``cache`` (reuse), ``registry`` (lookup, parked, draining, slabs). Upper layers
-import the names re-exported here and subscribe through ``STATE.memory``'s hooks.
+Per-process state is ``STATE.memory``. Upper layers import the names re-exported here
+(``X as X``: each written once) and subscribe through ``STATE.memory``'s hooks.
 """
 
 from __future__ import annotations
 
-from sharedarrays.memory.allocation import Allocation
-from sharedarrays.memory.cache import empty_cache
-from sharedarrays.memory.growth import DEFAULT_CHUNK_BYTES, MAX_CHUNKS, chunk_sizes, growth_sizes
-from sharedarrays.memory.inflight import IN_FLIGHT_SECONDS, Served, in_flight_seconds
-from sharedarrays.memory.info import ChunkInfo, MappingInfo, Origin
-from sharedarrays.memory.lease import Lease, keep_imports, use_clock
-from sharedarrays.memory.registry import (
-    PACK_BYTES,
-    SLAB_BYTES,
-    draining_allocations,
-    drop_parked,
-    held_elsewhere,
-    live_allocations,
-    lookup,
-    pack_into_slab,
-    parked_allocations,
-    reap_draining,
-    revive,
-    wait_draining,
-)
-
-__all__ = [
-    "Allocation",
-    "Lease",
-    "draining_allocations",
-    "drop_parked",
-    "empty_cache",
-    "held_elsewhere",
-    "keep_imports",
-    "live_allocations",
-    "lookup",
-    "parked_allocations",
-    "use_clock",
-    "reap_draining",
-    "revive",
-    "wait_draining",
-    "DEFAULT_CHUNK_BYTES",
-    "MAX_CHUNKS",
-    "chunk_sizes",
-    "growth_sizes",
-    "IN_FLIGHT_SECONDS",
-    "in_flight_seconds",
-    "ChunkInfo",
-    "MappingInfo",
-    "Origin",
-    "Served",
-    "PACK_BYTES",
-    "SLAB_BYTES",
-    "pack_into_slab",
-]
+from sharedarrays.memory.allocation import Allocation as Allocation
+from sharedarrays.memory.cache import empty_cache as empty_cache
+from sharedarrays.memory.growth import DEFAULT_CHUNK_BYTES as DEFAULT_CHUNK_BYTES
+from sharedarrays.memory.growth import MAX_CHUNKS as MAX_CHUNKS
+from sharedarrays.memory.growth import chunk_sizes as chunk_sizes
+from sharedarrays.memory.growth import growth_sizes as growth_sizes
+from sharedarrays.memory.inflight import IN_FLIGHT_SECONDS as IN_FLIGHT_SECONDS
+from sharedarrays.memory.inflight import Served as Served
+from sharedarrays.memory.inflight import in_flight_seconds as in_flight_seconds
+from sharedarrays.memory.info import ChunkInfo as ChunkInfo
+from sharedarrays.memory.info import MappingInfo as MappingInfo
+from sharedarrays.memory.info import Origin as Origin
+from sharedarrays.memory.lease import Lease as Lease
+from sharedarrays.memory.lease import keep_imports as keep_imports
+from sharedarrays.memory.lease import use_clock as use_clock
+from sharedarrays.memory.registry import PACK_BYTES as PACK_BYTES
+from sharedarrays.memory.registry import SLAB_BYTES as SLAB_BYTES
+from sharedarrays.memory.registry import draining_allocations as draining_allocations
+from sharedarrays.memory.registry import drop_parked as drop_parked
+from sharedarrays.memory.registry import held_elsewhere as held_elsewhere
+from sharedarrays.memory.registry import live_allocations as live_allocations
+from sharedarrays.memory.registry import lookup as lookup
+from sharedarrays.memory.registry import pack_into_slab as pack_into_slab
+from sharedarrays.memory.registry import parked_allocations as parked_allocations
+from sharedarrays.memory.registry import reap_draining as reap_draining
+from sharedarrays.memory.registry import revive as revive
+from sharedarrays.memory.registry import wait_draining as wait_draining

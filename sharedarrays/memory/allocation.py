@@ -1,10 +1,5 @@
-"""Allocations: one array's memory, mapped in this process.
-
-An :class:`Allocation` is made in one process (the *exporter*) and imported into others (the
-*importers*), at most once per process: ``STATE.memory.registry`` keys it by id. It is
-released here when its last lease goes; the memory lives on while another process maps it
-or holds a handle.
-"""
+"""Allocations: one array's memory, made by its *exporter*, mapped at most once per process
+(``STATE.memory.registry`` keys it by id) and released here when its last lease goes."""
 
 from __future__ import annotations
 
@@ -28,8 +23,6 @@ from sharedarrays.memory.lease import Leasing
 from sharedarrays.memory.reservation import back_to_back, close_fds, teardown
 from sharedarrays.process import STATE
 
-__all__ = ["Allocation"]
-
 
 def _fresh() -> tuple[str, bytes, Origin]:
     """A new allocation's id, secret and origin (this process, now)."""
@@ -37,10 +30,8 @@ def _fresh() -> tuple[str, bytes, Origin]:
 
 
 class Allocation(Leasing, Growth):
-    """A reservation with its chunks mapped back to back: the memory of one array.
-
-    Made by :meth:`create` (exporter) or :meth:`import_` (importer); views hold leases on
-    it, and an importer may keep it *parked* for the next handoff.
+    """A reservation with its chunks mapped back to back: the memory of one array, made by
+    :meth:`create` (exporter) or :meth:`import_` (importer); views hold leases on it.
 
     Attributes
     ----------
@@ -48,10 +39,8 @@ class Allocation(Leasing, Growth):
         32 hex digits, the same in every process that maps it.
     address : int
         Start of this process's reservation (changes when a growable allocation moves).
-    size : int
-        Bytes mapped: the sum of the chunk sizes.
-    capacity : int
-        Bytes reserved (``size`` unless the allocation is growable).
+    size, capacity : int
+        Bytes mapped (the sum of the chunk sizes) and reserved (more if growable).
     used : int
         Bytes of the growable array (its last resize); ``size`` for others.
     generation : int
@@ -60,12 +49,6 @@ class Allocation(Leasing, Growth):
         Processes allowed to import it (besides this one); ``None``: any of this user.
     export_readonly : bool
         Whether importers get read-only mappings (payloads say ``readonly``).
-    slab : bool
-        Whether small arrays are packed into it (:func:`~sharedarrays.memory.pack_into_slab`).
-    keeper_name : str or None
-        The name it has in the keeper, if any.
-    in_keeper : bool
-        Whether the keeper is known to hold its handles.
     write_sealed : bool
         Whether the kernel forbids every new write (``readonly=True``, host backend).
     """
@@ -81,12 +64,9 @@ class Allocation(Leasing, Growth):
         peers: Mapping[int, Access] | None = None,
         readonly: bool = False,
     ) -> Allocation:
-        """Make a new allocation of at least ``nbytes`` bytes in this process (the exporter).
-
-        ``chunk_bytes`` bounds a chunk (:func:`chunk_sizes`, :func:`growth_sizes`); a
-        ``capacity`` makes it *growable* (reserved, only ``nbytes`` mapped); ``peers`` gives
-        other devices access (CUDA VMM: :meth:`grant`); ``readonly`` holds for every other
-        process, enforced where the backend can.
+        """Make a new allocation of at least ``nbytes`` bytes here (the exporter): chunks of
+        at most ``chunk_bytes``; a ``capacity`` makes it *growable*; ``peers`` get access
+        (:meth:`grant`); ``readonly`` for every other process, enforced where the backend can.
         """
         if backend.maps:
             sizes = chunk_sizes(nbytes, backend.granularity, chunk_bytes)
@@ -139,8 +119,7 @@ class Allocation(Leasing, Growth):
 
     @classmethod
     def borrow(cls, backend: Backend, chunk: Chunk) -> Allocation:
-        """Make an allocation of memory borrowed from another library (``borrow_chunk``):
-        releasing it drops the object that keeps the memory instead of freeing it."""
+        """Make an allocation of memory borrowed from another library (``borrow_chunk``)."""
         if backend.maps or not backend.exporter_owned:
             raise ValueError(f"memory cannot be borrowed into a {backend.name} allocation")
         return cls._build(backend, *_fresh(), [chunk.size], lambda size: chunk, "rw")
@@ -159,12 +138,8 @@ class Allocation(Leasing, Growth):
         exports: tuple[bytes, ...] = (),
         peers: Mapping[int, Access] | None = None,
     ) -> Allocation:
-        """Map an allocation from its chunks' handles (an importer).
-
-        Takes ownership of ``fds``; returns the existing allocation if ``alloc_id`` is mapped
-        here already. ``capacity`` makes it growable. A pointer backend's chunk comes from
-        its handle in ``exports``.
-        """
+        """Map an allocation from its chunks' handles (an importer), taking ownership of
+        ``fds``, or return the one mapped here already. A pointer backend uses ``exports``."""
         bad = (
             len(sizes) != len(fds) or bool(exports)
             if backend.maps
@@ -186,17 +161,11 @@ class Allocation(Leasing, Growth):
                 fd = pending.pop(0) if pending else -1
                 return backend.import_chunk(fd, size, exports[0] if exports else b"")
 
+            origin = Origin(False, source_pid, time.time())
+            capacity = None if capacity is None else max(capacity, sum(sizes))
             try:
                 return cls._build(
-                    backend,
-                    alloc_id,
-                    secret,
-                    Origin(False, source_pid, time.time()),
-                    sizes,
-                    import_next,
-                    access,
-                    None if capacity is None else max(capacity, sum(sizes)),
-                    peers,
+                    backend, alloc_id, secret, origin, sizes, import_next, access, capacity, peers
                 )
             finally:
                 close_fds(pending)
@@ -216,7 +185,7 @@ class Allocation(Leasing, Growth):
         seal: bool = False,
         readonly: bool = False,
     ) -> Allocation:
-        """Make, map and (with ``seal``) seal the chunks; everything is released on failure."""
+        # make, map and (with seal) seal the chunks; everything is released on failure
         total = sum(sizes)
         write_sealed = False
         if not backend.maps:  # the chunk comes with its own address
@@ -256,8 +225,7 @@ class Allocation(Leasing, Growth):
 
     # lifetime ---------------------------------------------------------------------------
     def orphan(self, now: bool = True) -> None:
-        """The source released this allocation: release it here too once nothing uses it
-        (``now=False``: when the last view's lease ends, not at once), never parked."""
+        """The source released it: release it here too, never parked (``now=False``: later)."""
         with self._lock:
             self._orphaned = True
         if now:
@@ -265,11 +233,9 @@ class Allocation(Leasing, Growth):
             self.release()  # (in use: its last lease releases it)
 
     def release(self) -> bool:
-        """Unmap and close all this process holds of the allocation unless a view uses it (a
-        kept native base is let go first); whether this call released it. It leaves the
-        registry but *drains* (is still served) while needed: exporter-owned memory until its
-        holders close it, a growable array while a payload is in flight, a reusable block
-        until its importers say ``DONE``."""
+        """Unmap and close all this process holds unless a view uses it; whether it did. It
+        *drains* (is still served) while exporter-owned memory has holders, a payload of a
+        growable array is in flight, or a reusable block waits for its importers' ``DONE``."""
         with self._lock:
             if self.released:
                 return False
@@ -340,8 +306,7 @@ class Allocation(Leasing, Growth):
             self._released_hooks()
 
     def cacheable(self) -> bool:
-        """Whether the memory may be kept for reuse on release (a block made here, never
-        named, kept by the keeper, handed over or a slab)."""
+        """Whether the memory may be kept for reuse on release (a plain block made here)."""
         return (
             self.block is not None
             and self.origin.created_here
@@ -358,8 +323,7 @@ class Allocation(Leasing, Growth):
         settle_draining()
 
     def closed_by(self, pid: int | None) -> None:
-        """Process ``pid`` (``None``: those that exited) no longer holds this allocation:
-        frees a draining allocation once no holder and no payload in flight is left."""
+        """Process ``pid`` (``None``: those that exited) let go: free it if draining and unheld."""
         self.flight.closed_by(pid)
         if self.holders or self.busy() or self.cacheable():  # (a block: settle_draining)
             return
@@ -378,8 +342,7 @@ class Allocation(Leasing, Growth):
             )
 
     def disown(self) -> None:
-        """In a forked child: the inherited allocation stays its creator's to resize
-        (resizing it here raises :class:`~sharedarrays.ResizeRefused`, as in an importer)."""
+        """In a forked child: the inherited allocation stays its creator's to resize."""
         self._lock = threading.Lock()
         self.growth_lock = threading.RLock()
         if self.origin.created_here:
@@ -394,8 +357,7 @@ class Allocation(Leasing, Growth):
 
     # payloads in flight -----------------------------------------------------------------
     def in_flight(self) -> tuple[int, float]:
-        """Payloads pickled here that may still be loaded, and the seconds left of their bound
-        (``(0, 0.0)`` when none; uncounted warm loads err on the side of keeping memory)."""
+        """Payloads pickled here that may still be loaded, and the seconds left of their bound."""
         return self.flight.in_flight()
 
     def busy(self) -> bool:
@@ -403,9 +365,8 @@ class Allocation(Leasing, Growth):
         return self.in_flight()[0] > 0
 
     def hand_over(self, say: bool = True) -> tuple[int, str] | None:
-        """Give the handles of payloads in flight to the keeper (``hand_over_hooks``), for
-        memory that outlives its exporter (host, cuda-vmm). On a failure, returns how many
-        payloads will not load and the message saying so (printed unless ``say=False``)."""
+        """Give the handles of payloads in flight to the keeper (``hand_over_hooks``); on a
+        failure, how many will not load and the message saying so (printed if ``say``)."""
         if self.pid != os.getpid() or self.growable or not self.backend.maps:
             return None
         count, seconds = self.in_flight()
@@ -428,11 +389,8 @@ class Allocation(Leasing, Growth):
 
     # access -----------------------------------------------------------------------------
     def grant(self, index: int, access: Access = "rw") -> None:
-        """Give peer device ``index`` ``access`` to the whole reservation in this process.
-
-        Raises ValueError (not CUDA VMM, a bad mode) or PeerAccessUnavailable (that device
-        cannot reach this memory: ``cuDeviceCanAccessPeer`` is 0).
-        """
+        """Give peer device ``index`` ``access`` to the whole reservation in this process
+        (PeerAccessUnavailable where it cannot reach this memory)."""
         if access not in ("rw", "r", "none"):
             raise ValueError(f"access must be 'rw', 'r' or 'none', not {access!r}")
         if not self.backend.peer_access:

@@ -13,8 +13,6 @@ from sharedarrays.memory.lease import Lease, drop_end
 from sharedarrays.memory.reservation import Reservation, back_to_back, close_fds, teardown
 from sharedarrays.settings import env_number
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "MAX_CHUNKS", "Growth", "chunk_sizes", "growth_sizes"]
-
 DEFAULT_CHUNK_BYTES = 2 << 30
 """Largest chunk a growable array maps at a time by default (``SHAREDARRAYS_CHUNK_BYTES``)."""
 
@@ -23,7 +21,6 @@ MAX_CHUNKS = 1 << 16
 
 
 def _chunk_limit(chunk_bytes: int | None, default: int = DEFAULT_CHUNK_BYTES) -> int:
-    """The largest chunk: ``chunk_bytes``, else ``SHAREDARRAYS_CHUNK_BYTES``, else ``default``."""
     if chunk_bytes is None:
         chunk_bytes = env_number("SHAREDARRAYS_CHUNK_BYTES", default, 1)
     if chunk_bytes <= 0:
@@ -32,9 +29,9 @@ def _chunk_limit(chunk_bytes: int | None, default: int = DEFAULT_CHUNK_BYTES) ->
 
 
 def chunk_sizes(nbytes: int, granularity: int, chunk_bytes: int | None = None) -> list[int]:
-    """Split ``nbytes`` (rounded up to ``granularity``, at least one granule) into chunks of
-    at most ``chunk_bytes`` (default ``SHAREDARRAYS_CHUNK_BYTES`` if set), only the last
-    smaller: one chunk by default, as each costs every importer an import and a map."""
+    """Split ``nbytes`` (rounded up to ``granularity``) into chunks of ``chunk_bytes`` (default
+    ``SHAREDARRAYS_CHUNK_BYTES``, else one chunk: each costs every importer a map), the last
+    smaller."""
     total = round_up(max(nbytes, 1), granularity)
     step = round_up(_chunk_limit(chunk_bytes, total), granularity)
     count = -(-total // step)  # (counted before the list is made: it may be huge)
@@ -53,10 +50,8 @@ def growth_sizes(
     mapped: int, nbytes: int, granularity: int, capacity: int, chunk_bytes: int | None = None
 ) -> list[int]:
     """The chunks a growable allocation with ``mapped`` bytes mapped (of ``capacity``
-    reserved) adds so that at least ``nbytes`` are mapped.
-
-    Each chunk doubles what is mapped (``O(log n)`` chunks for ``n`` appends), at most
-    ``chunk_bytes``; sizes past ``capacity`` mean the caller must move the allocation.
+    reserved) adds to map at least ``nbytes``: each doubles what is mapped (``O(log n)`` for
+    ``n`` appends), at most ``chunk_bytes``; past ``capacity``, the allocation must move.
     """
     target = round_up(max(nbytes, 1), granularity)
     largest = round_up(_chunk_limit(chunk_bytes), granularity)
@@ -82,9 +77,8 @@ class Growth(AllocationRecords):
     """Adding, removing and moving chunks (under ``growth_lock``; each bumps ``generation``)."""
 
     def grow(self, nbytes: int) -> None:
-        """Map new chunks at the end so that at least ``nbytes`` are mapped (the exporter);
-        past the capacity the allocation first *moves* to a reservation at least twice as large
-        (no data copied; old native arrays keep the old one mapped)."""
+        """Map new chunks at the end so that at least ``nbytes`` are mapped (the exporter); past
+        the capacity it first *moves* to a reservation at least twice as large (no copy)."""
         with self.growth_lock:
             if nbytes > self.size:
                 self.backend.check_memory(nbytes - self.size)
@@ -111,9 +105,8 @@ class Growth(AllocationRecords):
             close_fds(pending)
 
     def shrink(self, nbytes: int, exclude: Lease[Any] | None = None) -> None:
-        """Unmap and release the chunks wholly past ``nbytes`` (the exporter); raises
-        :class:`~sharedarrays.ResizeRefused` where a lease here (but ``exclude``) or a running
-        process may use them."""
+        """Unmap and release the chunks wholly past ``nbytes`` (the exporter): ResizeRefused
+        where a lease here (but ``exclude``) or a running process may use them."""
         with self.growth_lock:
             target = round_up(max(nbytes, 1), self.backend.granularity)
             keep, kept = 0, 0

@@ -16,13 +16,10 @@ from sharedarrays.memory.inflight import InFlight, Served
 from sharedarrays.memory.reservation import Reservation, back_to_back, close_fds
 from sharedarrays.process import STATE
 
-__all__ = ["AllocationRecords", "ChunkInfo", "MappingInfo", "Origin", "format_bytes", "use_clock"]
-
 
 @dataclass(frozen=True)
 class Origin:
-    """Where an allocation in this process came from: made here (the exporter) or not, the
-    ``pid`` that made it or it was imported from, and when (``time.time()``)."""
+    """Where an allocation here came from: made here (exporter) or imported from ``pid``, when."""
 
     created_here: bool
     pid: int
@@ -69,9 +66,8 @@ def format_bytes(n: int) -> str:
 
 
 class AllocationRecords:
-    """The fields of an allocation (its constructor: the bases of ``Allocation`` share them)
-    and what it shows of them: chunks, mappings, access, holders, served processes, the
-    handles for importers."""
+    """The fields of an allocation (shared by the bases of ``Allocation``) and what it shows of
+    them: chunks, mappings, access, holders, served processes, handles for importers."""
 
     def __init__(
         self,
@@ -114,9 +110,9 @@ class AllocationRecords:
         self.allow_pids: frozenset[int] | None = None
         self.export_readonly = False
         self.write_sealed = False
-        self.slab = False
-        self.keeper_name: str | None = None
-        self.in_keeper = False
+        self.slab = False  # small arrays are packed into it (registry.pack_into_slab)
+        self.keeper_name: str | None = None  # its name in the keeper, if any
+        self.in_keeper = False  # the keeper is known to hold its handles
         self.source_server: str | None = None  # (imported growable) its exporter's server
         self.encoded: tuple[int, int, bytes] | None = None  # (pickling) pid, generation, bytes
         self.derives_natives = capacity is None and hasattr(backend, "native_view")
@@ -162,8 +158,7 @@ class AllocationRecords:
 
     @property
     def lifetime(self) -> str:
-        """Who keeps the memory alive: ``"any holder"`` (host, cuda-vmm) or ``"exporter"``
-        (cuda-ipc, cuda-pool: it must outlive every importer)."""
+        """Who keeps the memory alive: ``"any holder"`` or ``"exporter"`` (cuda-ipc, cuda-pool)."""
         return "exporter" if self.backend.exporter_owned else "any holder"
 
     @property
@@ -203,9 +198,8 @@ class AllocationRecords:
         return exports
 
     def handles_for_importers(self) -> tuple[list[int], list[int]]:
-        """The fds to hand to another process, and those of them the caller must close: the
-        chunks' own, or new ``O_RDONLY`` ones for a read-only export where the backend can
-        reopen them (the host)."""
+        """The fds to hand to another process and those the caller must close: the chunks'
+        own, or new ``O_RDONLY`` ones for a read-only export where the backend can (host)."""
         fds = self.chunk_fds()
         if not self.export_readonly:
             return fds, []
@@ -248,15 +242,13 @@ class AllocationRecords:
             f"({format_bytes(self.capacity)}, {format_bytes(self.size)} mapped)",
             f"{'mapping':>8} {'offset':>12} {'size':>10} {'chunk':>6} {'fd':>4} access",
         ]
-        for m in self.mappings:
-            fd = self._chunks[m.chunk].fd
+        for m, c in zip(self.mappings, self._chunks):
             size = format_bytes(m.size)
             lines.append(
-                f"{m.chunk:>8} {m.offset:>#12x} {size:>10} {m.chunk:>6} {fd:>4} {m.access}"
+                f"{m.chunk:>8} {m.offset:>#12x} {size:>10} {m.chunk:>6} {c.fd:>4} {m.access}"
             )
-        served = self.served
-        if served:
-            pids = sorted({s.pid for s in served})
+        if self.served:
+            pids = sorted({s.pid for s in self.served})
             lines.append(f"served handles to pids {', '.join(map(str, pids))}")
         return "\n".join(lines)
 

@@ -14,23 +14,19 @@ import numpy as np
 
 from sharedarrays._cpython import ITEM_ALONE, LOCAL_ALONE, refcount
 from sharedarrays.errors import ClosedArrayError
-from sharedarrays.memory.info import AllocationRecords, use_clock
+from sharedarrays.memory.info import AllocationRecords
+from sharedarrays.memory.info import use_clock as use_clock
 from sharedarrays.memory.reservation import Reservation
 from sharedarrays.process import STATE, running
 from sharedarrays.protocol.payload import remember
 from sharedarrays.settings import env_number
 
-__all__ = ["NATIVES_KEPT", "Lease", "Leasing", "drop_end", "keep_imports", "use_clock"]
-
 _L = TypeVar("_L", bound="Leasing")  # (the allocation: a lease is typed by what it holds)
 
 
 def keep_imports() -> int:
-    """How many imports with no live view this process keeps mapped (*parked*), so that the
-    same array received again is found mapped (a *warm* handoff).
-
-    ``SHAREDARRAYS_KEEP_IMPORTS`` (default 64; 0: off), read at most once a second. A parked
-    mapping goes when its exporter releases it or exits, least recently used first when over.
+    """How many imports with no live view this process keeps mapped (*parked*) for a *warm*
+    handoff: ``SHAREDARRAYS_KEEP_IMPORTS`` (default 64; 0: off), read at most once a second.
     """
     memory = STATE.memory
     now = time.monotonic()
@@ -43,10 +39,6 @@ NATIVES_KEPT = 1024
 """Most native arrays an allocation keeps for reuse, one per view layout."""
 
 
-def _last_used(alloc: Leasing) -> int:
-    return alloc.last_used
-
-
 def drop_end(ends: dict[int, int], end: int) -> None:
     """Count one lease less reaching byte ``end`` in ``ends`` (end -> leases)."""
     left = ends.get(end, 0) - 1
@@ -57,9 +49,8 @@ def drop_end(ends: dict[int, int], end: int) -> None:
 
 
 class Lease(Generic[_L]):
-    """One user's hold on ``allocation`` up to byte ``end`` (shrinking never unmaps below
-    it); each view takes one. When the last goes, the allocation is released (exporter) or
-    parked (importer, see :func:`keep_imports`)."""
+    """A view's hold on ``allocation`` up to byte ``end`` (shrinking never unmaps below it).
+    When the last goes, the allocation is released (exporter) or parked (importer)."""
 
     __slots__ = ("allocation", "end", "_pinned", "__weakref__")
 
@@ -96,8 +87,8 @@ class Leasing(AllocationRecords):
         raise NotImplementedError  # (Allocation's)
 
     def lease(self: _L, end: int | None = None, pin: bool = False) -> Lease[_L]:
-        """A new hold on this allocation up to byte ``end`` (default: all mapped); it unparks
-        the allocation. ``pin``: keep the current reservation mapped while the lease lives."""
+        """A new hold up to byte ``end`` (default: all mapped), which unparks the allocation;
+        ``pin``: keep the current reservation mapped while the lease lives."""
         if end is None:
             end = self.size
         self.last_used = use_clock()
@@ -119,7 +110,7 @@ class Leasing(AllocationRecords):
 
     def native_base(self) -> Any:
         """The native memory object of the whole (fixed-size) allocation, shared by its views'
-        arrays: made on first use with a pinned lease, kept while a view holds it or parked."""
+        arrays (made on first use, with a pinned lease)."""
         device = self.native_device
         cached = self._native_base
         if cached is not None and cached[0] == device:
@@ -141,9 +132,8 @@ class Leasing(AllocationRecords):
         strides: tuple[int, ...],
         readonly: bool,
     ) -> Any:
-        """A native array of a view, derived from :meth:`native_base`; kept by layout (up to
-        :data:`NATIVES_KEPT`) and reused while nothing else holds it: a warm handoff makes none.
-        """
+        """A native array of a view, derived from :meth:`native_base`; kept by layout and
+        reused while nothing else holds it (a warm handoff makes none)."""
         device = self.native_device
         backend = self.backend
         natives = self._natives
@@ -170,8 +160,7 @@ class Leasing(AllocationRecords):
         return native
 
     def pin(self: _L, lease: Lease[_L]) -> Lease[_L]:
-        """Make ``lease`` keep the current reservation mapped while it lives (a growable
-        allocation's native arrays hold their view's lease so); returns it."""
+        """Make ``lease`` keep the current reservation mapped while it lives; returns it."""
         with self._lock:
             reservation = self._reservation
             pinned = lease._pinned
@@ -208,8 +197,8 @@ class Leasing(AllocationRecords):
             over = len(parked) - limit
             evict: list[Leasing] = []
             if over > 0:
-                oldest = sorted((a for a in parked.values() if a is not self), key=_last_used)
-                evict = oldest[:over]
+                others = [a for a in parked.values() if a is not self]
+                evict = sorted(others, key=lambda a: a.last_used)[:over]
             for a in evict:
                 if not a.parked:  # leased again since it was listed: not parked
                     del parked[a.id]
@@ -221,8 +210,8 @@ class Leasing(AllocationRecords):
             a.release()  # (does nothing to one leased again)
 
     def _keep_lease(self) -> None:
-        """Parked: keep a lease for the next view, so a warm handoff makes none (made outside
-        the lock: a collection it starts may end a lease, which takes it)."""
+        # parked: keep a lease for the next view (made outside the lock: a collection it
+        # starts may end a lease, which takes the lock)
         with self._lock:
             if (
                 self.kept_lease is not None
@@ -253,7 +242,7 @@ class Leasing(AllocationRecords):
             self._say_done()
 
     def _say_done(self) -> bool:
-        """Say ``DONE`` once no native array is left either; whether it was said."""
+        # say DONE once no native array is left either; whether it was said
         with self._lock:
             base, self._native_base = self._native_base, None
             natives, self._natives = self._natives, {}
@@ -267,7 +256,6 @@ class Leasing(AllocationRecords):
         return True
 
     def _let_kept_go(self) -> None:
-        """Stop keeping a lease (one a view holds ends with the view)."""
         with self._lock:
             kept, self.kept_lease = self.kept_lease, None
         del kept  # (outside the lock: its end takes it)

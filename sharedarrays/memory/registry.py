@@ -9,24 +9,7 @@ from typing import cast
 from sharedarrays.backends import Backend, round_up
 from sharedarrays.memory.allocation import Allocation
 from sharedarrays.memory.cache import settle_draining
-from sharedarrays.memory.lease import _last_used
 from sharedarrays.process import STATE, running
-
-__all__ = [
-    "PACK_ALIGN",
-    "PACK_BYTES",
-    "SLAB_BYTES",
-    "draining_allocations",
-    "drop_parked",
-    "held_elsewhere",
-    "live_allocations",
-    "lookup",
-    "pack_into_slab",
-    "parked_allocations",
-    "reap_draining",
-    "revive",
-    "wait_draining",
-]
 
 PACK_BYTES = 64 << 10
 """Arrays of at most this many bytes are packed into slabs by default (see ``pack=``)."""
@@ -47,8 +30,8 @@ def lookup(alloc_id: str, draining: bool = False) -> Allocation | None:
 
 
 def revive(alloc_id: str) -> Allocation | None:
-    """Put a draining allocation back in the registry and return it, or ``None``: for a
-    payload come back to its exporter (a pointer backend cannot import its own memory)."""
+    """Put a draining allocation back in the registry (a payload come back to its exporter:
+    a pointer backend cannot import its own memory); it, or ``None``."""
     with STATE.memory.lock:
         alloc: Allocation | None = STATE.memory.draining.pop(alloc_id, None)
         if alloc is not None:
@@ -69,12 +52,11 @@ def parked_allocations() -> list[Allocation]:
     """Imported allocations kept mapped with no live view, least recently used first."""
     with STATE.memory.lock:
         parked = [a for a in STATE.memory.parked.values() if a.parked]
-    return sorted(parked, key=_last_used)
+    return sorted(parked, key=lambda a: a.last_used)
 
 
 def drop_parked(only_orphans: bool = False) -> int:
-    """Release parked allocations (``only_orphans``: those whose source process is gone);
-    returns how many were released."""
+    """Release parked allocations (``only_orphans``: of gone sources); how many it released."""
     with STATE.memory.lock:
         victims: list[Allocation] = [
             a
@@ -91,8 +73,7 @@ def draining_allocations() -> list[Allocation]:
 
 
 def reap_draining() -> int:
-    """Free the draining allocations whose holders have all closed or exited; returns how
-    many are still waiting."""
+    """Free the draining allocations whose holders all closed or exited; how many are left."""
     settle_draining()
     for alloc in draining_allocations():
         alloc.closed_by(None)
@@ -111,8 +92,7 @@ def held_elsewhere() -> list[Allocation]:
 
 
 def wait_draining(timeout: float) -> list[Allocation]:
-    """Wait up to ``timeout`` seconds for other processes to let go of memory made here;
-    returns those still held afterwards."""
+    """Wait up to ``timeout`` seconds for others to let go of memory made here; those held."""
     deadline = time.monotonic() + timeout
     while True:
         reap_draining()
@@ -123,12 +103,8 @@ def wait_draining(timeout: float) -> list[Allocation]:
 
 
 def pack_into_slab(backend: Backend, nbytes: int) -> tuple[Allocation, int]:
-    """Carve ``nbytes`` out of this process's current slab for ``backend``'s device; returns
-    the slab and the array's offset in it.
-
-    A bump allocator over allocations of :data:`SLAB_BYTES` (space is never reused, so a
-    region another process maps never changes owner).
-    """
+    """Carve ``nbytes`` out of this process's current slab for ``backend``'s device: the slab
+    and the array's offset in it (a bump allocator: a region never changes owner)."""
     need = round_up(max(nbytes, 1), PACK_ALIGN)
     size = round_up(SLAB_BYTES, backend.granularity)
     if need > size:

@@ -1,19 +1,15 @@
-"""A reservation of address space in this process, and the teardown of what is mapped in it.
-
-A :class:`Reservation` the allocation moved away from is *retired*: a finalizer tears it
-down once the last native array using its addresses goes.
-"""
+"""A reservation of address space in this process, and the teardown of what is mapped in it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import weakref
 from collections.abc import Callable, Iterable
+from itertools import accumulate
 from typing import cast
 
 from sharedarrays.backends import Backend, Chunk, MappingBackend
-
-__all__ = ["Reservation", "back_to_back", "close_fds", "teardown"]
 
 
 def close_fds(fds: Iterable[int]) -> None:
@@ -24,11 +20,8 @@ def close_fds(fds: Iterable[int]) -> None:
 
 def back_to_back(chunks: list[Chunk], start: int = 0) -> list[tuple[int, int]]:
     """The (offset, length) of ``chunks`` mapped one after another from ``start``."""
-    out = []
-    for c in chunks:
-        out.append((start, c.size))
-        start += c.size
-    return out
+    sizes = [c.size for c in chunks]
+    return list(zip(accumulate(sizes, initial=start), sizes))
 
 
 def teardown(
@@ -39,8 +32,8 @@ def teardown(
     chunks: list[Chunk],
     free: bool = True,
 ) -> None:
-    """Unmap ``mapped`` (offset, length) pairs, free the reservation (with ``free``;
-    ``address`` 0: none) and release ``chunks``: every step tried, the first failure raised."""
+    """Unmap ``mapped`` (offset, length), free the reservation (with ``free``; ``address`` 0:
+    none) and release ``chunks``: every step tried, the first failure raised."""
     errors: list[BaseException] = []
 
     def attempt(step: Callable[..., object], *args: object) -> None:
@@ -67,14 +60,13 @@ def _free_retired(
     backend: Backend, address: int, size: int, retired: list[list[tuple[int, int]]]
 ) -> None:
     if retired:  # (a finalizer: errors are dropped)
-        try:
+        with contextlib.suppress(Exception):
             teardown(backend, address, size, retired[0], [])
-        except Exception:
-            pass
 
 
 class Reservation:
-    """One reservation of an allocation in this process (a retired one frees itself)."""
+    """One reservation of an allocation in this process; once *retired* (the allocation
+    moved away), a finalizer tears it down when the last native array using it goes."""
 
     __slots__ = ("backend", "address", "size", "_retired", "__weakref__")
 
