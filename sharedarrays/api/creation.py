@@ -1,5 +1,5 @@
 """Making new shared arrays: empty, zeros, ones, full, their ``*_like`` forms, from_array
-and asarray."""
+and asarray; and sharing a CUDA array that already exists without a copy (:func:`share`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import math
 import multiprocessing
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, ParamSpec, SupportsIndex
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, ParamSpec, SupportsIndex, cast
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -19,10 +19,11 @@ from sharedarrays.api.array import SharedDeviceArray, assignable
 from sharedarrays.api.arraybase import operator_index, shareable_dtype
 from sharedarrays.api.named import publish
 from sharedarrays.api.options import CreationKeywords, CreationOptions
-from sharedarrays.backends import choose_backend, get_backend
+from sharedarrays.backends import BorrowingBackend, choose_backend, get_backend
 from sharedarrays.backends.ascend.vmm import is_npu_dlpack
 from sharedarrays.backends.device import CPU, Device, DeviceLike, parse_device
 from sharedarrays.backends.hip.vmm import KDL_ROCM
+from sharedarrays.errors import NotShareable, SharedArrayError
 from sharedarrays.memory import PACK_BYTES, Allocation, pack_into_slab
 from sharedarrays.protocol.payload import contiguous_strides
 
@@ -40,6 +41,7 @@ __all__ = [
     "full_like",
     "from_array",
     "asarray",
+    "share",
     "ShapeLike",
     "PROGRESS_BYTES",
 ]
@@ -376,3 +378,55 @@ def full_like(
     ``dtype`` is given (parameters as :func:`empty_like`)."""
     new_shape, new_dtype, checked = _like(obj, dtype, order, shape, options)
     return _fill(_new(new_shape, new_dtype, checked), fill_value, checked.progress)
+
+
+def share(
+    obj: Any, *, readonly: bool = False, allow_pids: Iterable[int] | None = None
+) -> SharedDeviceArray:
+    """A :class:`SharedDeviceArray` over the memory of a CuPy array or torch CUDA tensor
+    ``obj`` (``cudaMalloc``'d; anything with CUDA ``__cuda_array_interface__`` or
+    ``__dlpack__``), without copying, by CUDA IPC (backend ``"cuda-ipc"``). A tensor that
+    requires grad is shared as its data; a SharedDeviceArray is returned as it is.
+    ``readonly``: importers get read-only views (CUDA IPC does not enforce it);
+    ``allow_pids``: only these processes (and this one) may import it.
+
+    Importers open the whole allocation holding ``obj`` (maybe other arrays of a pool) and
+    read only its range; ``obj`` lives while this process holds the view or an importer has
+    it open, and importers must release it before this process exits. Finish writes on other
+    streams before sending it. Raises NotShareable for host memory or memory CUDA IPC cannot
+    export (async pools, managed memory, ``expandable_segments``; :func:`from_array` copies
+    it), BackendUnavailable where ``cuda-ipc`` cannot be used.
+    """
+    if isinstance(obj, SharedDeviceArray):
+        return obj
+    device = _source_device(obj)
+    if device is None:
+        raise NotShareable(
+            f"sa.share shares CUDA memory that already exists (a CuPy array, a torch CUDA "
+            f"tensor); a {type(obj).__module__}.{type(obj).__qualname__} is not on a CUDA "
+            "device, and host memory of one process cannot become shared in place. "
+            "sa.from_array(x) copies it into new shared memory"
+        )
+    options = CreationOptions.from_keywords(
+        device=device, backend="cuda-ipc", allow_pids=allow_pids, readonly=readonly
+    )
+    if getattr(obj, "requires_grad", False) and callable(getattr(obj, "detach", None)):
+        obj = obj.detach()
+    backend = cast(BorrowingBackend, get_backend(device, "cuda-ipc"))
+    try:
+        view = backend.to_native(obj)  # (never a copy)
+    except SharedArrayError:
+        raise
+    except Exception as exc:  # CuPy's own refusal of what is not device memory
+        raise NotShareable(
+            f"{type(obj).__qualname__} does not describe CUDA memory this process can see "
+            f"({type(exc).__name__}: {exc}); sa.from_array(x) copies what can be read"
+        ) from exc
+    if view.size == 0:  # no memory to share: an empty shared array is the same thing
+        return from_array(view, device=device, backend="cuda-ipc")
+    pointer = int(view.__cuda_array_interface__["data"][0])
+    chunk, offset = backend.borrow_chunk(pointer, owner=(obj, view))
+    alloc = Allocation.borrow(backend, chunk)
+    alloc.export_readonly = options.readonly
+    alloc.allow_pids = options.allow_pids
+    return SharedDeviceArray(alloc, view.dtype, view.shape, view.strides, offset)
