@@ -50,8 +50,7 @@ ShapeLike = SupportsIndex | Sequence[SupportsIndex]
 P = ParamSpec("P")
 
 PROGRESS_BYTES = 256 << 20
-"""Fills and copies of at least this many bytes show a progress bar unasked, in a Jupyter
-kernel's own process only (see :func:`show_progress`)."""
+"""Fills and copies from this many bytes on show a progress bar in a Jupyter kernel itself."""
 
 _BLOCK_BYTES = 64 << 20
 
@@ -72,8 +71,7 @@ def _shape(shape: ShapeLike) -> tuple[int, ...]:
 
 def show_progress(progress: bool | None, nbytes: int) -> bool:
     """Whether a fill or copy of ``nbytes`` shows a bar: as ``progress`` says; for ``None``
-    only from :data:`PROGRESS_BYTES` on, in a Jupyter kernel itself (where the bar is a
-    widget), never in a process it started."""
+    from :data:`PROGRESS_BYTES` on, in a Jupyter kernel itself (never a process it started)."""
     if progress is not None:
         return progress
     if nbytes < PROGRESS_BYTES or multiprocessing.parent_process() is not None:
@@ -105,7 +103,7 @@ def _blocks(a: SharedDeviceArray, progress: bool | None, desc: str) -> Iterator[
 
 
 def _new(shape: ShapeLike, dtype: DTypeLike, options: CreationOptions) -> SharedDeviceArray:
-    """Make the array, checking what depends on its shape, dtype and memory system."""
+    """The new array; checks what depends on its shape, dtype and memory system."""
     shp = _shape(shape)
     dt = shareable_dtype(dtype, "keep such data in a NumPy array")
     device, capacity, name = options.device, options.capacity, options.name
@@ -157,7 +155,7 @@ def _fill(a: SharedDeviceArray, value: Any, progress: bool | None) -> SharedDevi
 def _filled(
     value: int, make: Callable[P, SharedDeviceArray], name: str
 ) -> Callable[P, SharedDeviceArray]:
-    """``make`` then :func:`_fill` with ``value``, under ``make``'s (typed) signature."""
+    """``make`` then :func:`_fill` with ``value``, under ``make``'s signature."""
 
     @functools.wraps(make)
     def filled(*args: P.args, **kwargs: P.kwargs) -> SharedDeviceArray:
@@ -179,11 +177,10 @@ def empty(
 ) -> SharedDeviceArray:
     """A new shared array whose contents are undefined.
 
-    ``shape``, ``dtype`` (bool, integer, float or complex) and ``order`` (``"C"`` or ``"F"``)
-    as in NumPy; ``**options`` (``device``, ``backend``, ``name``, ``capacity``, ...) are the
-    :class:`~sharedarrays.api.options.CreationKeywords`. Raises BackendUnavailable,
-    OutOfMemory (also for a capacity too large to reserve), PeerAccessUnavailable (for
-    ``access``), NameExists (the memory is released again), TypeError or ValueError.
+    ``shape``, ``dtype`` (bool, integer, float or complex) and ``order`` as in NumPy;
+    ``**options`` are the :class:`~sharedarrays.api.options.CreationKeywords`. Raises
+    BackendUnavailable, OutOfMemory (also for a capacity too large to reserve),
+    PeerAccessUnavailable (``access``), NameExists, TypeError or ValueError.
     """
     return _new(shape, dtype, CreationOptions.from_keywords(order=order, **options))
 
@@ -237,13 +234,11 @@ def from_array(
     **options: Unpack[CreationKeywords],
 ) -> SharedDeviceArray:
     """A new shared array holding a copy of ``obj`` (a NumPy or CuPy array, a torch tensor,
-    anything with ``__dlpack__``, ``__cuda_array_interface__`` or ``__array__``, or a nested
-    sequence), Fortran-ordered if ``obj`` is, else C. ``device`` defaults to ``obj``'s
-    accelerator device, if any; other keywords as :func:`empty`.
-
-    ``dtype`` converts as ``numpy.array(obj, dtype=...)``. ``copy=False`` ("never copy", as
-    in NumPy 2) returns a :class:`SharedDeviceArray` that already has the dtype and device
-    asked for, and raises ValueError for anything else.
+    anything with ``__dlpack__``, ``__cuda_array_interface__`` or ``__array__``, a nested
+    sequence), Fortran-ordered if ``obj`` is. ``device`` defaults to ``obj``'s accelerator, if
+    any; ``dtype`` converts as in ``numpy.array``; ``copy=False`` (NumPy 2's "never copy")
+    returns a SharedDeviceArray that already has the dtype and device asked for, else raises
+    ValueError. Other keywords as :func:`empty`.
     """
     if copy is not None and not isinstance(copy, (bool, np.bool_)):
         raise TypeError(f"copy must be True, False or None, not {type(copy).__name__}")
@@ -291,8 +286,7 @@ def asarray(
     progress: bool | None = None,
 ) -> SharedDeviceArray:
     """``obj`` itself when it is a :class:`SharedDeviceArray` of that dtype, device and
-    backend (default: ``obj``'s), else a new shared copy as :func:`from_array` makes it
-    (which takes the other creation keywords and always copies)."""
+    backend (default: ``obj``'s), else a new copy as :func:`from_array` makes it."""
     if isinstance(obj, SharedDeviceArray):
         if _reusable(obj, dtype, device, backend):
             return obj
@@ -308,9 +302,8 @@ def _like(
     shape: ShapeLike | None,
     options: CreationKeywords,
 ) -> tuple[ShapeLike, DTypeLike, CreationOptions]:
-    """The shape, dtype and options of a new array like ``obj``, read from its array
-    interface where it has one (never its values). NumPy's rules: ``order="K"`` or ``"A"``
-    keeps a Fortran layout unless ``shape`` changes the number of axes."""
+    """The shape, dtype and options of a new array like ``obj`` (never reading its values);
+    ``order="K"`` or ``"A"`` keeps a Fortran layout unless ``shape`` changes the ndim."""
     if order not in ("C", "F", "A", "K"):
         raise ValueError(f"order must be 'C', 'F', 'A' or 'K', not {order!r}")
     if isinstance(obj, SharedDeviceArray):
@@ -355,9 +348,8 @@ def empty_like(
     shape: ShapeLike | None = None,
     **options: Unpack[CreationKeywords],
 ) -> SharedDeviceArray:
-    """A new shared array of ``obj``'s shape, dtype, layout and device (``"cpu"`` for a
-    NumPy array; its values are never read), contents undefined; ``order="K"`` or ``"A"``
-    keeps a Fortran layout. Other keywords as :func:`empty`."""
+    """A new shared array of ``obj``'s shape, dtype, layout and device, contents undefined;
+    ``order="K"`` or ``"A"`` keeps a Fortran layout. Other keywords as :func:`empty`."""
     return _new(*_like(obj, dtype, order, shape, options))
 
 
@@ -374,8 +366,7 @@ def full_like(
     shape: ShapeLike | None = None,
     **options: Unpack[CreationKeywords],
 ) -> SharedDeviceArray:
-    """A new shared array like ``obj``, every element ``fill_value``, of ``obj``'s dtype unless
-    ``dtype`` is given (parameters as :func:`empty_like`)."""
+    """A new shared array like ``obj`` (as :func:`empty_like`), every element ``fill_value``."""
     new_shape, new_dtype, checked = _like(obj, dtype, order, shape, options)
     return _fill(_new(new_shape, new_dtype, checked), fill_value, checked.progress)
 

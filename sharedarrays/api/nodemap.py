@@ -1,14 +1,8 @@
-"""The node-wide memory map: every allocation this user's processes and keeper hold, joined.
-
-:func:`node_map` asks every handle server of this user and the keeper (short timeouts),
-reads this process's own allocations, and joins the reports by allocation id into a
-:class:`NodeMap`. :func:`free` releases what no view uses (``rm`` and the node widget); memory
-a view uses, or that drains in its exporter, is refused with :class:`~sharedarrays.InUse`.
-
-:func:`cross_check` sets what the driver (NVML, the ``nvml`` extra) reports per process
-against the map. The driver's figure is a process's whole CUDA context (its pools too).
-Devices match by index: set ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (and no
-``CUDA_VISIBLE_DEVICES``) so that CUDA counts GPUs in NVML's order.
+"""The node-wide memory map: what this user's processes and keeper hold (:func:`node_map`,
+their reports joined by allocation id), :func:`free` for what no view uses (``rm``, the node
+widget), and :func:`cross_check` against the driver's per-process figures (NVML, the
+``nvml`` extra; a whole CUDA context's; devices match by index, so set
+``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and no ``CUDA_VISIBLE_DEVICES``).
 """
 
 from __future__ import annotations
@@ -50,10 +44,9 @@ LEFT_ALONE = "left alone: payloads in flight"
 
 @dataclass(frozen=True)
 class Holder:
-    """A process that holds an allocation: its ``command`` line (``""``: unreadable), its
-    ``role`` (``"exporter"``, ``"importer"`` or ``"keeper"``), ``since`` when, the ``views``
-    and native arrays using it there (0 in the keeper; -1: not asked, it runs no handle
-    server), and whether it keeps it ``parked`` (mapped with no view)."""
+    """A process holding an allocation: ``command`` (``""``: unreadable), ``role``
+    (``"exporter"``, ``"importer"``, ``"keeper"``), ``since`` when, the ``views`` using it
+    (0 in the keeper; -1: not asked), and whether it keeps it ``parked`` (no view)."""
 
     pid: int
     command: str
@@ -65,11 +58,9 @@ class Holder:
 
 @dataclass(frozen=True)
 class NodeAllocation:
-    """One allocation as the whole node sees it: its keeper ``name`` (or None), the bytes it
-    holds (``size``) and those no array asked for (``lost``), its exporter (pid 0: unknown),
-    every :class:`Holder`, whether the keeper holds its handles (``kept``), how many of its
-    payloads may still load (``in_flight``), one of :data:`STATES`, and its ``age`` in
-    seconds when the map was made."""
+    """One allocation as the node sees it: keeper ``name``, bytes held (``size``) and not
+    asked for (``lost``), exporter (pid 0: unknown), :class:`Holder` s, whether the keeper
+    holds it (``kept``), payloads that may still load (``in_flight``), one of :data:`STATES`."""
 
     alloc_id: str
     name: str | None
@@ -101,8 +92,7 @@ class NodeAllocation:
 
 @dataclass(frozen=True)
 class NodeProcess:
-    """One process that was asked (a handle server's, this one, or the keeper), its
-    ``status``: ``"ok"``, ``"gone"`` (exited), ``"no answer"`` (in time) or ``"refused"``."""
+    """A process asked, its ``status``: ``"ok"``, ``"gone"``, ``"no answer"``, ``"refused"``."""
 
     pid: int
     command: str
@@ -123,9 +113,8 @@ class DeviceSummary:
 
 @dataclass(frozen=True)
 class NodeMap:
-    """The node-wide picture at one ``time``: the allocations largest first, the processes
-    asked by pid, a summary per device, and the keeper's status (``"ok"``, ``"none"``: none
-    runs, ``"no answer"``, ``"refused"``)."""
+    """The node at one ``time``: allocations largest first, processes asked by pid, a summary
+    per device, the keeper's status (as a process's, or ``"none"``: none runs)."""
 
     time: float
     allocations: tuple[NodeAllocation, ...]
@@ -140,19 +129,15 @@ class NodeMap:
 
 @dataclass
 class _Seen:
-    """What the reports say about one allocation while they are joined."""
+    """What the reports say about one allocation."""
 
     held: list[tuple[int, str, HeldAllocation]]
     kept: dict[str, Any] | None = None
 
 
 def node_map(timeout: float = transport_node.ASK_TIMEOUT) -> NodeMap:
-    """Ask this user's processes and keeper what they hold, and join it.
-
-    ``timeout``: seconds each process is given to answer (above 0, at most
-    :data:`MAX_TIMEOUT`; else TypeError or ValueError); one that does not is listed as
-    ``"no answer"``, its allocations left out.
-    """
+    """Ask this user's processes and keeper what they hold, and join it; one that does not
+    answer in ``timeout`` seconds (above 0, at most :data:`MAX_TIMEOUT`) is ``"no answer"``."""
     timeout = seconds(timeout, "timeout", 0.0, MAX_TIMEOUT, above=True)
     now = time.time()
     answers = transport_node.ask_all(timeout)
@@ -239,8 +224,7 @@ def _join(
 def _holders(
     seen: _Seen, exporter: HeldAllocation | None, keeper_pid: int, now: float
 ) -> list[Holder]:
-    """The processes that reported it, then importers only the exporter (of draining memory)
-    or the keeper knows of, which were not asked."""
+    """Its reporters, then importers (not asked) that a draining exporter or the keeper names."""
     holders = [
         Holder(pid, cmd, "exporter" if r.created_here else "importer", r.since, r.views, r.parked)
         for pid, cmd, r in seen.held
@@ -327,14 +311,12 @@ def _drop(pid: int, alloc_id: str) -> Status | None:
 
 
 def free(row: NodeAllocation, confirm: Callable[[str], bool] | None = None) -> list[str]:
-    """Release what keeps ``row``'s memory although no view uses it; what was done, in words.
+    """Release what keeps ``row``'s memory though no view uses it; what was done, in words.
 
-    The keeper lets go of its handles (of a named one: its name, as ``sa.unlink``) and every
-    importer that keeps it parked drops its mapping; payloads in flight that would no longer
-    load are dropped only if ``confirm`` (called with a question) says yes. A draining one
-    whose importers are all gone is freed by its exporter. :class:`~sharedarrays.InUse`
-    where a view uses it or running importers map it while it drains; KeeperError where the
-    keeper holds it but cannot be asked.
+    The keeper lets go (of a name: ``sa.unlink``), parked importers drop their mappings;
+    payloads in flight are dropped only if ``confirm(question)`` says yes; a draining exporter
+    frees it once its importers are gone. InUse where a view or a running importer of
+    draining memory uses it; KeeperError where the keeper holds it but cannot be asked.
     """
     if row.state == "live":
         users = ", ".join(str(h.pid) for h in row.holders if h.views > 0)
@@ -407,8 +389,8 @@ def _drain(row: NodeAllocation) -> list[str]:
 
 @dataclass(frozen=True)
 class ProcessGpuMemory:
-    """One process on one GPU (``"cuda:N"``, NVML's index N): the bytes the driver says it
-    uses there (``None``: NVML does not say) and those of sharedarrays allocations it maps."""
+    """One process on ``"cuda:N"`` (NVML's N): the driver's bytes (``None``: not said) and
+    those of the sharedarrays allocations it maps."""
 
     pid: int
     device: str
@@ -440,8 +422,7 @@ def available() -> str | None:
 
 
 def driver_usage() -> dict[tuple[int, str], int | None]:
-    """Per (pid, ``"cuda:N"``), the bytes the driver reports (empty where NVML cannot be
-    asked)."""
+    """The bytes the driver reports per (pid, ``"cuda:N"``); empty where NVML cannot be asked."""
     try:
         import pynvml as nv
 
@@ -462,8 +443,7 @@ def driver_usage() -> dict[tuple[int, str], int | None]:
 
 
 def cross_check(node: NodeMap) -> list[ProcessGpuMemory]:
-    """Each process NVML or the map knows on each GPU: driver bytes against sharedarrays'
-    (empty where NVML cannot be asked)."""
+    """Driver bytes against sharedarrays' per process and GPU (empty without NVML)."""
     driver = driver_usage()
     if not driver:
         return []

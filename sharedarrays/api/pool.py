@@ -1,12 +1,11 @@
 """Process pools that work from notebooks and never fork after CUDA was initialised.
 
 :class:`Pool` and :class:`ProcessPoolExecutor` are the standard library's, except: spawn by
-default and ``"fork"`` refused after CUDA was initialised here (:class:`ForkAfterCudaError`);
-functions a spawned worker cannot import (a notebook's, a lambda) shipped by value; a worker
-that dies fails the job it ran (:class:`~sharedarrays.WorkerLost`) and the pool goes on
-(:class:`~sharedarrays.api.poolqueues.Workers`); a task's ``sys.exit()`` is its error
-(:class:`~sharedarrays.TaskExited`), and so is an argument or result that cannot be loaded
-(each pickled on its own, :class:`_Alone`).
+default, ``"fork"`` refused after CUDA was initialised (:class:`ForkAfterCudaError`);
+functions a spawned worker cannot import (a notebook's, a lambda) go by value; a dead worker
+fails the job it ran (:class:`~sharedarrays.WorkerLost`) and the pool goes on; a task's
+``sys.exit()`` is its error (:class:`~sharedarrays.TaskExited`), and so is an argument or
+result that cannot be loaded (each is pickled on its own, :class:`_Alone`).
 """
 
 from __future__ import annotations
@@ -48,8 +47,7 @@ def _main_function(value: object) -> bool:
 
 def _in_main_namespace(fn: Any, seen: dict[int, Any]) -> Any:
     """``fn`` (from cloudpickle) and the ``__main__`` functions it brings, sharing
-    ``STATE.pools.main`` as their globals as a module's functions do; functions and classes
-    take the newest definition, other values keep the worker's."""
+    ``STATE.pools.main`` as globals like a module's; other values keep the worker's."""
     if isinstance(fn, functools.partial):
         inner = _in_main_namespace(fn.func, seen)
         return fn if inner is fn.func else functools.partial(inner, *fn.args, **fn.keywords)
@@ -102,8 +100,7 @@ class ByValue:
 
 
 def _needs_value(fn: object) -> bool:
-    """Whether a spawned worker cannot import ``fn`` by name: a lambda, a nested function,
-    or one of a ``__main__`` that is no importable file (a notebook)."""
+    """Whether a spawned worker cannot import ``fn`` (a lambda, a nested or notebook's one)."""
     if isinstance(fn, functools.partial):
         return _needs_value(fn.func)
     if isinstance(fn, ByValue):
@@ -121,14 +118,13 @@ def _needs_value(fn: object) -> bool:
 
 
 def by_value(fn: Callable[..., T]) -> Callable[..., T]:
-    """``fn`` wrapped to be pickled by value where a spawned worker cannot import it by name
-    (a notebook's, a lambda, a nested function); else ``fn`` itself."""
+    """``fn`` wrapped to pickle by value where a spawned worker cannot import it, else ``fn``."""
     return ByValue(fn) if _needs_value(fn) else fn
 
 
 class _Alone:
-    """A task's arguments or result pickled on its own, so that the message carrying it
-    always loads: it arrives as bytes, loaded where a failure is the task's error."""
+    """A task's arguments or result pickled on its own (as bytes), so that the message
+    carrying it always loads, and a load error is the task's."""
 
     __slots__ = ("value", "blob")
 
@@ -155,8 +151,7 @@ class _Alone:
 
 
 class _RaisedInTask(Exception):
-    """A task's exception that multiprocessing's pickler cannot write (a notebook's class),
-    ``carried`` by value and raised in the parent as itself (:meth:`unwrap`)."""
+    """A task's exception multiprocessing cannot pickle, ``carried`` by value (:meth:`unwrap`)."""
 
     def __init__(self, carried: Any, text: str) -> None:
         super().__init__(text)
@@ -187,8 +182,7 @@ def _each(iterable: Iterable[Any], star: bool) -> Iterator[Any]:
 
 
 class _Task:
-    """The function a worker runs: the user's, on the arguments it loads, its result in an
-    :class:`_Alone`."""
+    """The user's function as a worker runs it: arguments loaded, the result an :class:`_Alone`."""
 
     __slots__ = ("fn",)
 
@@ -226,8 +220,7 @@ def _task(fn: Callable[..., T]) -> Callable[..., T]:
 
 
 def outcome(ok: bool, value: Any) -> tuple[bool, Any]:
-    """A task's ``(ok, result or error)`` as the parent takes it: the result loaded (a load
-    error is the task's error), the error unwrapped (:class:`_RaisedInTask`)."""
+    """A task's ``(ok, result or error)`` in the parent: results loaded, errors unwrapped."""
     if not ok:
         return False, value.unwrap() if type(value) is _RaisedInTask else value
     try:  # (a result, or a chunk's list of them)

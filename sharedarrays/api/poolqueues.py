@@ -1,9 +1,7 @@
 """What a :class:`~sharedarrays.Pool` and its workers share: two queues whose locks a dead
 worker never holds (the standard library's semaphores stay taken: the pool hangs), and a
-table of the job each worker runs.
-
-The locks are record locks (``fcntl.lockf``) on bytes of a ``memfd``, released at the
-holder's exit. The ``memfd`` holds one slot per worker (its pid and what it holds:
+table of the job each worker runs. The locks are record locks (``fcntl.lockf``, released at
+the holder's exit) on a ``memfd`` that holds one slot per worker (its pid and state:
 :data:`STARTING`, ``0`` nothing, ``-1`` a task being read, else its job plus one) and the jobs
 a dead worker failed (the last :data:`RING`, and a mark below which all failed).
 """
@@ -42,8 +40,7 @@ _TASKS_LOCK, _RESULTS_LOCK, _SLOTS_LOCK = 0, 1, 2  # the locks' bytes, past the 
 
 
 class PoolTable:
-    """One pool's shared table and locks: a ``memfd`` of int64 cells with ``slots`` worker
-    slots; it pickles as the fd (``dup``: a ``DupFd``)."""
+    """One pool's table and locks: a ``memfd`` of int64 cells; pickles as a ``DupFd``."""
 
     __slots__ = ("fd", "slots", "_map", "_cells", "_ring_next")
 
@@ -66,7 +63,7 @@ class PoolTable:
         return PoolTable, (self.slots, reduction.DupFd(self.fd))
 
     def close(self) -> None:
-        """Unmap the table and close its fd (idempotent; also when it is collected)."""
+        """Unmap the table and close its fd (idempotent)."""
         if getattr(self, "fd", -1) < 0:  # (construction failed, or closed)
             return
         self._cells.release()
@@ -77,11 +74,9 @@ class PoolTable:
     __del__ = close
 
     def lock(self, which: int) -> RecordLock:
-        """The lock of byte ``which`` past the cells."""
         return RecordLock(self, len(self._map) + which)
 
-    def _slot_cells(self) -> range:
-        """The first cell (the pid) of each worker slot."""
+    def _slot_cells(self) -> range:  # (each slot's first cell: the pid)
         return range(_SLOTS, _SLOTS + 2 * self.slots, 2)
 
     # the pool's side ---------------------------------------------------------------------
@@ -97,8 +92,7 @@ class PoolTable:
         return None
 
     def lose(self, job: int, pid: int, code: int, below: bool = False) -> None:
-        """Job ``job`` (``below``: every job numbered below it) failed when worker ``pid``
-        died: its untaken tasks are not run."""
+        """Job ``job`` (``below``: every job below it) failed as worker ``pid`` died."""
         if below:
             cell = _MARK
         else:
@@ -109,8 +103,7 @@ class PoolTable:
 
     # a worker's side ---------------------------------------------------------------------
     def claim(self, pid: int) -> int:
-        """A free slot (or one whose worker is gone) for worker ``pid``: its state cell
-        (SharedArrayError where every slot is held by a running worker)."""
+        """The state cell of a free slot (or a dead worker's) for worker ``pid``."""
         cells = self._cells
         with self.lock(_SLOTS_LOCK):
             free = [cell for cell in self._slot_cells() if cells[cell] == 0]
@@ -141,8 +134,7 @@ class PoolTable:
 
 
 class RecordLock:
-    """A lock between processes (not threads) that its holder's exit releases: a record
-    lock on one byte of a :class:`PoolTable`'s fd."""
+    """A lock between processes that its holder's exit releases: a record lock on one byte."""
 
     __slots__ = ("table", "byte")
 
@@ -174,12 +166,9 @@ class RecordLock:
 
 
 class Workers(list):  # type: ignore[type-arg]
-    """A pool's list of its workers (``Pool._pool``) that fails the job a dead worker ran.
-
-    The standard library's handler thread forgets a dead worker with ``del pool[i]`` and
-    appends a new one: here the deletion asks the table what the worker held, and that job
-    (or, where the table cannot tell, every pending job) fails once the next one is appended.
-    """
+    """``Pool._pool``, failing the job a dead worker ran: the handler thread's ``del pool[i]``
+    asks the table what it held, and that job (where it cannot tell, every pending job) fails
+    once the next worker is appended."""
 
     def __init__(self, workers: Iterable[Any], cache: Mapping[int, Any], table: PoolTable) -> None:
         super().__init__(workers)
