@@ -1,33 +1,24 @@
-"""Handing an array's handles to this user's keeper: naming (:mod:`~sharedarrays.api.named`)
-and parking (``a.park()``, so its payloads load after the exporter exited)."""
+"""Handing an array's handles to this user's keeper, to name it or park it (``a.park()``)."""
 
 from __future__ import annotations
 
 import os
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from sharedarrays.errors import HandleUnavailable, NameNotFound
 from sharedarrays.memory.allocation import Allocation
 from sharedarrays.protocol import keeper as keeper_protocol
-from sharedarrays.protocol.payload import Payload
 from sharedarrays.transport import keeper
 
-__all__ = ["Keepable", "keep", "unpark"]
+if TYPE_CHECKING:
+    from sharedarrays.api.array import SharedDeviceArray
+
+__all__ = ["keep", "unpark"]
 
 
-class Keepable(Protocol):
-    """A view whose handles the keeper can hold (a :class:`~sharedarrays.SharedDeviceArray`)."""
-
-    @property
-    def allocation(self) -> Allocation: ...
-
-    def payload(self) -> Payload: ...
-
-
-def keep(a: Keepable, name: str | None) -> None:
+def keep(a: SharedDeviceArray, name: str | None) -> None:
     """Give ``a``'s handles to the keeper (started if needed), under ``name`` or parked
-    (``None``; idempotent). ValueError for exporter-owned memory, a growable array or too
-    many chunks; NameExists for a name taken."""
+    (``None``). ValueError for memory the keeper cannot hold; NameExists for a name taken."""
     alloc = a.allocation
     if alloc.backend.exporter_owned:
         raise ValueError(
