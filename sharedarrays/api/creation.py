@@ -30,21 +30,8 @@ from sharedarrays.protocol.payload import contiguous_strides
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = [
-    "empty",
-    "zeros",
-    "ones",
-    "full",
-    "empty_like",
-    "zeros_like",
-    "ones_like",
-    "full_like",
-    "from_array",
-    "asarray",
-    "share",
-    "ShapeLike",
-    "PROGRESS_BYTES",
-]
+__all__ = ["empty", "zeros", "ones", "full", "empty_like", "zeros_like", "ones_like"]
+__all__ += ["full_like", "from_array", "asarray", "share", "ShapeLike", "PROGRESS_BYTES"]
 
 ShapeLike = SupportsIndex | Sequence[SupportsIndex]
 P = ParamSpec("P")
