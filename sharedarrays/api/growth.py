@@ -64,7 +64,7 @@ class Growth(ArrayBase):
             self._set_length(n)
 
     def append(self, values: Any) -> None:
-        """Append a row or rows (``(k, *a.shape[1:])``) to a growable array (see :meth:`resize`)."""
+        """Append a row or rows (``(k, *a.shape[1:])``) to a growable array (:meth:`resize`)."""
         alloc, _ = self._row_bytes("append to")
         if self._readonly:
             raise ValueError(_READONLY)

@@ -18,6 +18,7 @@ import numpy as np
 from sharedarrays.backends import device_of
 from sharedarrays.backends.device import parse_name
 from sharedarrays.errors import InUse, KeeperError, NameNotFound, SharedArrayError
+from sharedarrays.memory.info import format_bytes
 from sharedarrays.process import command_line, running
 from sharedarrays.protocol.handles import HeldAllocation, Status
 from sharedarrays.protocol.keeper import NOT_FOUND, OK, Unlink
@@ -461,15 +462,12 @@ def cross_check(node: NodeMap) -> list[ProcessGpuMemory]:
 
 def render_text(checks: list[ProcessGpuMemory]) -> str:
     """The cross-check as a small table (or why there is none)."""
-    from sharedarrays.api.widgets.model import fmt_bytes
-
     if not checks:
         return f"GPU memory by process: {available() or 'no process uses a GPU'}"
     lines = [f"{'PID':>8}  {'DEVICE':<7} {'DRIVER':>10} {'SHAREDARRAYS':>13} {'OTHER':>10}"]
     for c in checks:
-        driver = "?" if c.driver is None else fmt_bytes(c.driver)
-        other = "?" if c.other is None else fmt_bytes(max(c.other, 0))
-        lines.append(
-            f"{c.pid:>8}  {c.device:<7} {driver:>10} {fmt_bytes(c.sharedarrays):>13} {other:>10}"
-        )
+        driver = "?" if c.driver is None else format_bytes(c.driver)
+        mine = format_bytes(c.sharedarrays)
+        other = "?" if c.other is None else format_bytes(max(c.other, 0))
+        lines.append(f"{c.pid:>8}  {c.device:<7} {driver:>10} {mine:>13} {other:>10}")
     return "GPU memory by process (driver vs sharedarrays)\n" + "\n".join(lines)

@@ -1,4 +1,4 @@
-"""The creation keywords (:class:`CreationKeywords`), checked once into :class:`CreationOptions`."""
+"""The creation keywords (:class:`CreationKeywords`), checked into :class:`CreationOptions`."""
 
 from __future__ import annotations
 

@@ -259,12 +259,10 @@ class PipeCut(EOFError):
 
 
 def read_message(fd: int, before_read: Callable[[], None] | None = None) -> bytes:
-    """One message of a pool's task pipe ``fd``, as ``Connection.recv_bytes`` reads it
-    (EOFError when the writer closed it); ``before_read`` is called once bytes are there.
-
-    A reader killed mid-message leaves its rest in the pipe: a size that is none (a pickle's
-    0x80 reads negative), a stall of :data:`MESSAGE_STALL` seconds, or a body that is no
-    pickle drains the pipe and raises :class:`PipeCut`, ending this worker."""
+    """One message of a pool's task pipe ``fd``, as ``Connection.recv_bytes`` reads it;
+    ``before_read`` is called once bytes are there. A reader killed mid-message leaves its
+    rest in the pipe: a bad size, a stall of :data:`MESSAGE_STALL` seconds or a body that is
+    no pickle drains the pipe and raises :class:`PipeCut`, ending this worker."""
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     poller.poll()  # (the first byte may take forever)
@@ -285,15 +283,13 @@ def read_message(fd: int, before_read: Callable[[], None] | None = None) -> byte
 
 def _read(poller: select.poll, fd: int, n: int) -> bytes:
     """``n`` bytes of ``fd``, or fewer where the rest stalls; EOFError at its end."""
-    parts: list[bytes] = []
-    got = 0
-    while got < n and poller.poll(int(MESSAGE_STALL * 1000)):
-        part = os.read(fd, min(n - got, 1 << 20))
+    data = bytearray()
+    while len(data) < n and poller.poll(int(MESSAGE_STALL * 1000)):
+        part = os.read(fd, min(n - len(data), 1 << 20))
         if not part:
             raise EOFError
-        parts.append(part)
-        got += len(part)
-    return b"".join(parts)
+        data += part
+    return bytes(data)
 
 
 def not_run(pid: int, code: int) -> None:
@@ -310,8 +306,7 @@ def died_of(code: int) -> str:
 
 
 class _TaskUnpickler(pickle.Unpickler):
-    """Loads a task whose function this worker cannot find as one that raises
-    :class:`~sharedarrays.TaskNotLoaded` when run (instead of ending the worker)."""
+    """Loads a function this worker cannot find as one raising ``TaskNotLoaded``."""
 
     def find_class(self, module: str, name: str) -> Any:
         try:
@@ -330,8 +325,7 @@ def _not_loaded(what: str, error: str, *args: Any, **kwargs: Any) -> NoReturn:
 
 
 class TaskQueue(multiprocessing.queues.SimpleQueue):  # type: ignore[type-arg]
-    """A pool's task queue with a :class:`RecordLock`: the worker's slot says what it took,
-    and a task of a failed job is replaced by :func:`not_run`."""
+    """A task queue: the worker's slot says what it took; a failed job's tasks not run."""
 
     def __init__(self, *, ctx: Any, table: PoolTable) -> None:
         super().__init__(ctx=ctx)
@@ -359,8 +353,7 @@ class TaskQueue(multiprocessing.queues.SimpleQueue):  # type: ignore[type-arg]
 
 
 class ResultQueue(multiprocessing.queues.SimpleQueue):  # type: ignore[type-arg]
-    """A pool's result queue with a :class:`RecordLock`: once a result is written, the
-    worker's slot says it holds nothing."""
+    """A result queue; once a result is written, the worker's slot says it holds nothing."""
 
     def __init__(self, *, ctx: Any, table: PoolTable) -> None:
         super().__init__(ctx=ctx)
