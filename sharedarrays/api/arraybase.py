@@ -58,8 +58,7 @@ def _native_nested(obj: Any) -> Any:
 def _apply(
     func: Callable[..., Any], args: Any, kwargs: dict[str, Any], native_out: bool = False
 ) -> Any:
-    """``func`` on the native arrays; shared ``out=`` arrays are written and (unless
-    ``native_out``) returned in place of their native arrays."""
+    """``func`` on the native arrays; shared ``out=`` arrays (unless ``native_out``) returned."""
     out = kwargs.get("out")
     outs = out if isinstance(out, tuple) else () if out is None else (out,)
     for o in outs:  # (refused as NumPy refuses, where read-only or closed)

@@ -31,8 +31,7 @@ _COLLATE = "torch.utils.data._utils.collate"
 def collate(
     batch: Sequence[Any], *, collate_fn_map: dict[Any, Callable[..., Any]] | None = None
 ) -> Any:
-    """torch's ``default_collate`` of shared arrays, as of their native arrays (CuPy ones
-    through DLPack, no copy)."""
+    """torch's ``default_collate`` of the native arrays (CuPy ones through DLPack, no copy)."""
     import torch
     from torch.utils.data._utils.collate import collate as torch_collate
     from torch.utils.dlpack import from_dlpack

@@ -184,8 +184,7 @@ def full(
     order: str = "C",
     **options: Unpack[CreationKeywords],
 ) -> SharedDeviceArray:
-    """A new shared array with every element ``fill_value``; ``dtype`` defaults to NumPy's
-    type for it, other parameters as :func:`empty`."""
+    """A new shared array with every element ``fill_value`` (parameters as :func:`empty`)."""
     checked = CreationOptions.from_keywords(order=order, **options)
     if dtype is None:
         dtype = np.asarray(fill_value).dtype

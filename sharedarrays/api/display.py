@@ -1,5 +1,4 @@
-"""How a shared array shows itself: its values as the native array does, and a line about
-its shared memory."""
+"""How a shared array shows itself: its values, and a line about its shared memory."""
 
 from __future__ import annotations
 

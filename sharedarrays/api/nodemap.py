@@ -390,8 +390,7 @@ def _drain(row: NodeAllocation) -> list[str]:
 
 @dataclass(frozen=True)
 class ProcessGpuMemory:
-    """One process on ``"cuda:N"`` (NVML's N): the driver's bytes (``None``: not said) and
-    those of the sharedarrays allocations it maps."""
+    """One process on ``"cuda:N"`` (NVML's N): the driver's bytes and sharedarrays'."""
 
     pid: int
     device: str

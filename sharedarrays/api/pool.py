@@ -290,8 +290,7 @@ def _initializer(initializer: Callable[..., object] | None) -> Callable[..., obj
 
 class Pool(multiprocessing.pool.Pool):
     """:class:`multiprocessing.pool.Pool` with the changes this module lists; ``context``: a
-    start method or context, ``"spawn"`` by default (:class:`ForkAfterCudaError` for
-    ``"fork"`` after CUDA was initialised here)."""
+    start method or context (default ``"spawn"``)."""
 
     def __init__(
         self,
@@ -386,8 +385,7 @@ def _broken(error: BaseException) -> BaseException:
 
 
 class _ResultFuture(Future[Any]):
-    """What :meth:`ProcessPoolExecutor.submit` returns: it follows the executor's future,
-    loading the result here (a load error is its error)."""
+    """:meth:`ProcessPoolExecutor.submit`'s future: the executor's, its result loaded here."""
 
     def __init__(self, inner: Future[Any]) -> None:
         super().__init__()
@@ -437,8 +435,7 @@ class ProcessPoolExecutor(concurrent.futures.ProcessPoolExecutor):
         super().__init__(max_workers, ctx, initializer, initargs, **extra)
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
-        """Schedule ``fn(*args, **kwargs)`` in a worker; returns a Future
-        (:class:`ExecutorBroken` where a worker died earlier)."""
+        """Schedule ``fn(*args, **kwargs)`` in a worker (ExecutorBroken after a death)."""
         try:
             inner = super().submit(_task(fn), _args(args, kwargs))
         except concurrent.futures.process.BrokenProcessPool as e:

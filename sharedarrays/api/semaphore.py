@@ -165,8 +165,7 @@ class Timeline:
         self._streams.write_value(self.address, v)
 
     def wait(self, value: int | None, timeout: float | None = None) -> None:
-        """Make the current stream's later work wait for the counter to reach ``value``
-        (CUDA), or :meth:`wait_host` (host)."""
+        """Make later work on the current stream wait for ``value`` (host: :meth:`wait_host`)."""
         v = timeline_value(value)
         if self._streams is None:
             self.wait_host(v, timeout)

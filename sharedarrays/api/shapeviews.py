@@ -236,8 +236,7 @@ class ShapeViews(ArrayBase):
         return self._derive(layout, layout.view(new), new)
 
     def reshape(self, *shape: Any, order: str = "C", copy: bool | None = None) -> Any:
-        """A shared view where NumPy's reshape would not copy, else a native copy (``copy``:
-        as NumPy's)."""
+        """A shared view where NumPy's reshape would not copy, else a native copy."""
         if not shape:
             raise TypeError("reshape() takes exactly 1 argument (0 given)")  # (NumPy's words)
         new: Any = shape[0] if len(shape) == 1 else shape
