@@ -24,11 +24,11 @@ from sharedarrays.api.creation import (
     full_like,
     ones,
     ones_like,
+    share,
     zeros,
     zeros_like,
 )
 from sharedarrays.api.named import NamedArray, attach, list_named, unlink
-from sharedarrays.api.sharing import share
 from sharedarrays.backends import list_backends
 from sharedarrays.backends.cuda import driver as _cuda_driver  # noqa: F401 - installs the fork-after-CUDA hook
 from sharedarrays.backends.cuda.sync import no_sync

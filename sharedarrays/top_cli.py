@@ -81,7 +81,7 @@ def _loop(args: argparse.Namespace, screen: bool) -> int:
         picture = nodemap.node_map(args.timeout)
         checks = None
         if args.nvml:
-            from sharedarrays.api.nvml import cross_check, render_text
+            from sharedarrays.api.nodemap import cross_check, render_text
 
             checks = cross_check(picture)
         if args.json:

@@ -18,7 +18,7 @@ import sharedarrays as sa
 from sharedarrays import errors
 
 # modules (and their submodules) that ``import sharedarrays`` must not load; ``*``: any name
-# that starts so (``sharedarrays.api.pool*``: ``pool``, ``pooltasks`` and ``poolqueues``)
+# that starts so (``sharedarrays.api.pool*``: ``pool`` and ``poolqueues``)
 NOT_AT_IMPORT = (
     "sharedarrays.api.widgets*",
     "sharedarrays.api.pool*",

@@ -1,11 +1,7 @@
-"""The base of :class:`~sharedarrays.SharedDeviceArray`: its state and what makes it act
-like its native array (:class:`ArrayBase`: operators, NumPy dispatch, the array API
-namespace, ndarray methods); its shape views and flags are in :mod:`.shapeviews`.
-
+"""The base of :class:`~sharedarrays.SharedDeviceArray` (:class:`ArrayBase`): its state, and
+operators, NumPy dispatch, the array API namespace and ndarray methods over its native array.
 New memory (``a + 1``, ``a.sum()``, ``np.sqrt(a)``) is a native array, not shared; in-place
-operations (``a += 1``, ``np.add(a, 1, out=a)``) write the shared memory and give the view;
-shape views (``a.T``, ``a.reshape(...)``, ``a.view(dtype)``), laid out by NumPy on the layout
-probe, are shared.
+operations (``a += 1``, ``np.add(a, 1, out=a)``) write the shared memory and give the view.
 """
 
 from __future__ import annotations
@@ -34,8 +30,7 @@ _READONLY = "assignment destination is read-only"  # NumPy's message for the sam
 
 
 def shareable_dtype(dtype: Any, instead: str) -> np.dtype[Any]:
-    """``dtype`` as a NumPy dtype a shared array can hold (bool, integer, float, complex);
-    else a TypeError saying ``instead``."""
+    """``dtype`` if a shared array can hold it (bool, int, float, complex), else TypeError."""
     dt: np.dtype[Any] = np.dtype(dtype)
     if dt.kind not in "biufc" or dt.fields is not None or dt.subdtype is not None:
         raise TypeError(
@@ -46,7 +41,6 @@ def shareable_dtype(dtype: Any, instead: str) -> np.dtype[Any]:
 
 
 def _native(obj: Any) -> Any:
-    """The native array of a view; anything else as it is."""
     return obj.array if isinstance(obj, ArrayBase) else obj
 
 
@@ -64,8 +58,7 @@ def _native_nested(obj: Any) -> Any:
 def _apply(
     func: Callable[..., Any], args: Any, kwargs: dict[str, Any], native_out: bool = False
 ) -> Any:
-    """``func`` on the native arrays of ``args`` and ``kwargs``; shared ``out=`` arrays are
-    written and (unless ``native_out``) returned in place of their native arrays."""
+    """``func`` on the native arrays; shared ``out=`` arrays (unless ``native_out``) returned."""
     out = kwargs.get("out")
     outs = out if isinstance(out, tuple) else () if out is None else (out,)
     for o in outs:  # (refused as NumPy refuses, where read-only or closed)
@@ -144,8 +137,7 @@ def _numpy_averages(frame: FrameType | None) -> bool:
 
 
 def _asking_compat(frame: FrameType | None) -> Any:
-    """The array-api-compat package (or vendored copy) whose ``array_namespace`` runs
-    ``frame``, else ``None``."""
+    """The array-api-compat (or vendored copy) whose ``array_namespace`` runs ``frame``."""
     name = frame_function(frame)[0]
     if not name.endswith("array_api_compat.common._helpers"):
         return None
@@ -153,8 +145,7 @@ def _asking_compat(frame: FrameType | None) -> Any:
 
 
 def _methods(writes: bool, *names: str) -> tuple[Callable[..., Any], ...]:
-    """The native array's methods ``names`` as the view's: native results, or (``writes``)
-    in place, writing the shared memory."""
+    """The native array's methods ``names`` as the view's (``writes``: in shared memory)."""
 
     def make(name: str) -> Callable[..., Any]:
         def method(self: ArrayBase, *args: Any, **kwargs: Any) -> Any:
@@ -172,9 +163,8 @@ def _methods(writes: bool, *names: str) -> tuple[Callable[..., Any], ...]:
 
 
 class ArrayBase:
-    """The view's state, operators, NumPy dispatch and ndarray methods over :attr:`array`
-    (see the module). Comparisons are elementwise: like :class:`numpy.ndarray`, the array
-    is unhashable."""
+    """The view's state, operators, NumPy dispatch and ndarray methods over :attr:`array`;
+    unhashable, as comparisons are elementwise."""
 
     __slots__ = (
         "_lease",
@@ -273,9 +263,8 @@ class ArrayBase:
     def __array_function__(
         self, func: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        """NumPy functions on the native arrays (also inside lists, tuples, dicts); ``out=``
-        and ``np.copyto``'s destination write shared memory; the shape and layout functions
-        (``np.transpose``, ``np.moveaxis``, ``np.split``, ...) give shared views."""
+        """NumPy functions on the native arrays (also in lists, tuples, dicts); ``out=`` and
+        ``np.copyto``'s destination write shared memory; layout functions give shared views."""
         if args and args[0] is self:
             if func in _SHAPE_VIEWS:
                 return _SHAPE_VIEWS[func](*args, **kwargs)
@@ -288,9 +277,8 @@ class ArrayBase:
         return _apply(func, args, kwargs)
 
     def __array_namespace__(self, *, api_version: str | None = None) -> Any:
-        """The native array's namespace (``numpy``, ``cupy``). Asked by array-api-compat's
-        ``array_namespace`` (or a vendored copy), the namespace that copy gives the native
-        array, so that shared and native arrays mixed resolve to one namespace."""
+        """The native array's namespace (``numpy``, ``cupy``); asked by array-api-compat, the
+        one it gives the native array, so that mixed arrays resolve to one namespace."""
         native = self.array
         frame = caller_frame()
         compat = _asking_compat(frame)
@@ -303,8 +291,7 @@ class ArrayBase:
         return sys.modules[type(native).__module__.partition(".")[0]]
 
     def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        """The native array's method ``name``; ``out=`` as for ufuncs; where it returns the
-        native array itself, this view."""
+        """The native array's method ``name`` (``out=`` as for ufuncs; itself: this view)."""
         native = self.array
         result = _apply(getattr(native, name), args, kwargs)
         return self if result is native else result
@@ -374,9 +361,8 @@ def operator_index(n: object) -> int:
 
 
 def check_key(key: object) -> tuple[Any, ...] | None:
-    """``key`` as a tuple of basic indices, or ``None`` for an advanced index (which a view
-    cannot hold) or no index at all (which the native array refuses itself). The cheap type
-    checks come first: a basic key (the hot path) pays for nothing else."""
+    """``key`` as a tuple of basic indices, or ``None`` for an advanced or invalid index (the
+    native array's to take or refuse). A basic key (the hot path) pays only type checks."""
     items = key if isinstance(key, tuple) else (key,)
     for item in items:
         if isinstance(item, (bool, np.bool_)) or not isinstance(item, _BASIC_INDEX):
@@ -387,8 +373,7 @@ def check_key(key: object) -> tuple[Any, ...] | None:
 
 
 def _as_index(item: object) -> object:
-    """An integer to NumPy (a 0-d integer array, an object with ``__index__`` that is no
-    array) as its int; anything else as it is."""
+    """An integer to NumPy (a 0-d integer array, an ``__index__`` object) as its int."""
     if isinstance(item, (bool, np.bool_, int)):
         return item
     dtype = getattr(item, "dtype", None)

@@ -1,7 +1,5 @@
-"""What other libraries need to take a shared array where they take its native array (most
-need nothing): torch's ``default_collate`` looks elements up by type in its
-``default_collate_fn_map``, where :func:`install` adds :func:`collate`, at once or from a
-:data:`sys.meta_path` finder once torch's collate module is imported (never importing torch).
+"""torch's ``default_collate`` for shared arrays: :func:`install` adds :func:`collate` to its
+``default_collate_fn_map``, now or (a :data:`sys.meta_path` hook) once torch imports it.
 """
 
 from __future__ import annotations
@@ -25,7 +23,7 @@ if TYPE_CHECKING:
 else:  # (importing importlib.abc costs some 5 ms; only methods are asked for)
     _Hook = object
 
-__all__ = ["install", "register_collate", "collate"]
+__all__ = ["install", "collate"]
 
 _COLLATE = "torch.utils.data._utils.collate"
 
@@ -33,8 +31,7 @@ _COLLATE = "torch.utils.data._utils.collate"
 def collate(
     batch: Sequence[Any], *, collate_fn_map: dict[Any, Callable[..., Any]] | None = None
 ) -> Any:
-    """torch's ``default_collate`` of shared arrays, as of their native arrays (CuPy ones
-    through DLPack, no copy)."""
+    """torch's ``default_collate`` of the native arrays (CuPy ones through DLPack, no copy)."""
     import torch
     from torch.utils.data._utils.collate import collate as torch_collate
     from torch.utils.dlpack import from_dlpack
@@ -45,23 +42,18 @@ def collate(
     return torch_collate(natives, collate_fn_map=collate_fn_map)
 
 
-def register_collate(module: ModuleType) -> None:
-    """Add :func:`collate` to ``module``'s (torch's collate) ``default_collate_fn_map``."""
-    module.default_collate_fn_map[SharedDeviceArray] = collate
-
-
 def install() -> None:
     """Register with torch's ``default_collate`` now or once it is imported. Idempotent."""
     module = sys.modules.get(_COLLATE)
     if module is not None:
-        register_collate(module)
+        module.default_collate_fn_map[SharedDeviceArray] = collate
     elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _AfterImport())
 
 
 class _AfterImport(_Hook):
-    """Finds torch's collate module as the other finders do, then, as its loader, runs it
-    with their loader and registers :func:`collate`; leaves :data:`sys.meta_path` once asked."""
+    """Finds torch's collate module with the other finders, runs it as its loader, registers
+    :func:`collate`; leaves :data:`sys.meta_path` once asked."""
 
     _loader: Any = None
 
@@ -87,4 +79,4 @@ class _AfterImport(_Hook):
         if module.__spec__ is not None:
             module.__spec__.loader = self._loader
         self._loader.exec_module(module)
-        register_collate(module)
+        module.default_collate_fn_map[SharedDeviceArray] = collate

@@ -1,5 +1,5 @@
 """Making new shared arrays: empty, zeros, ones, full, their ``*_like`` forms, from_array
-and asarray."""
+and asarray; and sharing a CUDA array that already exists without a copy (:func:`share`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import math
 import multiprocessing
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, ParamSpec, SupportsIndex
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, ParamSpec, SupportsIndex, cast
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -19,37 +19,25 @@ from sharedarrays.api.array import SharedDeviceArray, assignable
 from sharedarrays.api.arraybase import operator_index, shareable_dtype
 from sharedarrays.api.named import publish
 from sharedarrays.api.options import CreationKeywords, CreationOptions
-from sharedarrays.backends import choose_backend, get_backend
+from sharedarrays.backends import BorrowingBackend, choose_backend, get_backend
 from sharedarrays.backends.ascend.vmm import is_npu_dlpack
 from sharedarrays.backends.device import CPU, Device, DeviceLike, parse_device
 from sharedarrays.backends.hip.vmm import KDL_ROCM
+from sharedarrays.errors import NotShareable, SharedArrayError
 from sharedarrays.memory import PACK_BYTES, Allocation, pack_into_slab
 from sharedarrays.protocol.payload import contiguous_strides
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = [
-    "empty",
-    "zeros",
-    "ones",
-    "full",
-    "empty_like",
-    "zeros_like",
-    "ones_like",
-    "full_like",
-    "from_array",
-    "asarray",
-    "ShapeLike",
-    "PROGRESS_BYTES",
-]
+__all__ = ["empty", "zeros", "ones", "full", "empty_like", "zeros_like", "ones_like"]
+__all__ += ["full_like", "from_array", "asarray", "share", "ShapeLike", "PROGRESS_BYTES"]
 
 ShapeLike = SupportsIndex | Sequence[SupportsIndex]
 P = ParamSpec("P")
 
 PROGRESS_BYTES = 256 << 20
-"""Fills and copies of at least this many bytes show a progress bar unasked, in a Jupyter
-kernel's own process only (see :func:`show_progress`)."""
+"""Fills and copies from this many bytes on show a progress bar in a Jupyter kernel itself."""
 
 _BLOCK_BYTES = 64 << 20
 
@@ -70,8 +58,7 @@ def _shape(shape: ShapeLike) -> tuple[int, ...]:
 
 def show_progress(progress: bool | None, nbytes: int) -> bool:
     """Whether a fill or copy of ``nbytes`` shows a bar: as ``progress`` says; for ``None``
-    only from :data:`PROGRESS_BYTES` on, in a Jupyter kernel itself (where the bar is a
-    widget), never in a process it started."""
+    from :data:`PROGRESS_BYTES` on, in a Jupyter kernel itself (never a process it started)."""
     if progress is not None:
         return progress
     if nbytes < PROGRESS_BYTES or multiprocessing.parent_process() is not None:
@@ -103,7 +90,7 @@ def _blocks(a: SharedDeviceArray, progress: bool | None, desc: str) -> Iterator[
 
 
 def _new(shape: ShapeLike, dtype: DTypeLike, options: CreationOptions) -> SharedDeviceArray:
-    """Make the array, checking what depends on its shape, dtype and memory system."""
+    """The new array; checks what depends on its shape, dtype and memory system."""
     shp = _shape(shape)
     dt = shareable_dtype(dtype, "keep such data in a NumPy array")
     device, capacity, name = options.device, options.capacity, options.name
@@ -155,7 +142,7 @@ def _fill(a: SharedDeviceArray, value: Any, progress: bool | None) -> SharedDevi
 def _filled(
     value: int, make: Callable[P, SharedDeviceArray], name: str
 ) -> Callable[P, SharedDeviceArray]:
-    """``make`` then :func:`_fill` with ``value``, under ``make``'s (typed) signature."""
+    """``make`` then :func:`_fill` with ``value``, under ``make``'s signature."""
 
     @functools.wraps(make)
     def filled(*args: P.args, **kwargs: P.kwargs) -> SharedDeviceArray:
@@ -177,11 +164,10 @@ def empty(
 ) -> SharedDeviceArray:
     """A new shared array whose contents are undefined.
 
-    ``shape``, ``dtype`` (bool, integer, float or complex) and ``order`` (``"C"`` or ``"F"``)
-    as in NumPy; ``**options`` (``device``, ``backend``, ``name``, ``capacity``, ...) are the
-    :class:`~sharedarrays.api.options.CreationKeywords`. Raises BackendUnavailable,
-    OutOfMemory (also for a capacity too large to reserve), PeerAccessUnavailable (for
-    ``access``), NameExists (the memory is released again), TypeError or ValueError.
+    ``shape``, ``dtype`` (bool, integer, float or complex) and ``order`` as in NumPy;
+    ``**options`` are the :class:`~sharedarrays.api.options.CreationKeywords`. Raises
+    BackendUnavailable, OutOfMemory (also for a capacity too large to reserve),
+    PeerAccessUnavailable (``access``), NameExists, TypeError or ValueError.
     """
     return _new(shape, dtype, CreationOptions.from_keywords(order=order, **options))
 
@@ -198,8 +184,7 @@ def full(
     order: str = "C",
     **options: Unpack[CreationKeywords],
 ) -> SharedDeviceArray:
-    """A new shared array with every element ``fill_value``; ``dtype`` defaults to NumPy's
-    type for it, other parameters as :func:`empty`."""
+    """A new shared array with every element ``fill_value`` (parameters as :func:`empty`)."""
     checked = CreationOptions.from_keywords(order=order, **options)
     if dtype is None:
         dtype = np.asarray(fill_value).dtype
@@ -235,13 +220,11 @@ def from_array(
     **options: Unpack[CreationKeywords],
 ) -> SharedDeviceArray:
     """A new shared array holding a copy of ``obj`` (a NumPy or CuPy array, a torch tensor,
-    anything with ``__dlpack__``, ``__cuda_array_interface__`` or ``__array__``, or a nested
-    sequence), Fortran-ordered if ``obj`` is, else C. ``device`` defaults to ``obj``'s
-    accelerator device, if any; other keywords as :func:`empty`.
-
-    ``dtype`` converts as ``numpy.array(obj, dtype=...)``. ``copy=False`` ("never copy", as
-    in NumPy 2) returns a :class:`SharedDeviceArray` that already has the dtype and device
-    asked for, and raises ValueError for anything else.
+    anything with ``__dlpack__``, ``__cuda_array_interface__`` or ``__array__``, a nested
+    sequence), Fortran-ordered if ``obj`` is. ``device`` defaults to ``obj``'s accelerator, if
+    any; ``dtype`` converts as in ``numpy.array``; ``copy=False`` (NumPy 2's "never copy")
+    returns a SharedDeviceArray that already has the dtype and device asked for, else raises
+    ValueError. Other keywords as :func:`empty`.
     """
     if copy is not None and not isinstance(copy, (bool, np.bool_)):
         raise TypeError(f"copy must be True, False or None, not {type(copy).__name__}")
@@ -289,8 +272,7 @@ def asarray(
     progress: bool | None = None,
 ) -> SharedDeviceArray:
     """``obj`` itself when it is a :class:`SharedDeviceArray` of that dtype, device and
-    backend (default: ``obj``'s), else a new shared copy as :func:`from_array` makes it
-    (which takes the other creation keywords and always copies)."""
+    backend (default: ``obj``'s), else a new copy as :func:`from_array` makes it."""
     if isinstance(obj, SharedDeviceArray):
         if _reusable(obj, dtype, device, backend):
             return obj
@@ -306,9 +288,8 @@ def _like(
     shape: ShapeLike | None,
     options: CreationKeywords,
 ) -> tuple[ShapeLike, DTypeLike, CreationOptions]:
-    """The shape, dtype and options of a new array like ``obj``, read from its array
-    interface where it has one (never its values). NumPy's rules: ``order="K"`` or ``"A"``
-    keeps a Fortran layout unless ``shape`` changes the number of axes."""
+    """The shape, dtype and options of a new array like ``obj`` (never reading its values);
+    ``order="K"`` or ``"A"`` keeps a Fortran layout unless ``shape`` changes the ndim."""
     if order not in ("C", "F", "A", "K"):
         raise ValueError(f"order must be 'C', 'F', 'A' or 'K', not {order!r}")
     if isinstance(obj, SharedDeviceArray):
@@ -353,9 +334,8 @@ def empty_like(
     shape: ShapeLike | None = None,
     **options: Unpack[CreationKeywords],
 ) -> SharedDeviceArray:
-    """A new shared array of ``obj``'s shape, dtype, layout and device (``"cpu"`` for a
-    NumPy array; its values are never read), contents undefined; ``order="K"`` or ``"A"``
-    keeps a Fortran layout. Other keywords as :func:`empty`."""
+    """A new shared array of ``obj``'s shape, dtype, layout and device, contents undefined;
+    ``order="K"`` or ``"A"`` keeps a Fortran layout. Other keywords as :func:`empty`."""
     return _new(*_like(obj, dtype, order, shape, options))
 
 
@@ -372,7 +352,58 @@ def full_like(
     shape: ShapeLike | None = None,
     **options: Unpack[CreationKeywords],
 ) -> SharedDeviceArray:
-    """A new shared array like ``obj``, every element ``fill_value``, of ``obj``'s dtype unless
-    ``dtype`` is given (parameters as :func:`empty_like`)."""
+    """A new shared array like ``obj`` (as :func:`empty_like`), every element ``fill_value``."""
     new_shape, new_dtype, checked = _like(obj, dtype, order, shape, options)
     return _fill(_new(new_shape, new_dtype, checked), fill_value, checked.progress)
+
+
+def share(
+    obj: Any, *, readonly: bool = False, allow_pids: Iterable[int] | None = None
+) -> SharedDeviceArray:
+    """A :class:`SharedDeviceArray` over the memory of a CuPy array or torch CUDA tensor
+    ``obj`` (``cudaMalloc``'d; anything with CUDA ``__cuda_array_interface__`` or
+    ``__dlpack__``), without copying, by CUDA IPC (backend ``"cuda-ipc"``). A tensor that
+    requires grad is shared as its data; a SharedDeviceArray is returned as it is.
+    ``readonly``: importers get read-only views (CUDA IPC does not enforce it);
+    ``allow_pids``: only these processes (and this one) may import it.
+
+    Importers open the whole allocation holding ``obj`` (maybe other arrays of a pool) and
+    read only its range; ``obj`` lives while this process holds the view or an importer has
+    it open, and importers must release it before this process exits. Finish writes on other
+    streams before sending it. Raises NotShareable for host memory or memory CUDA IPC cannot
+    export (async pools, managed memory, ``expandable_segments``; :func:`from_array` copies
+    it), BackendUnavailable where ``cuda-ipc`` cannot be used.
+    """
+    if isinstance(obj, SharedDeviceArray):
+        return obj
+    device = _source_device(obj)
+    if device is None:
+        raise NotShareable(
+            f"sa.share shares CUDA memory that already exists (a CuPy array, a torch CUDA "
+            f"tensor); a {type(obj).__module__}.{type(obj).__qualname__} is not on a CUDA "
+            "device, and host memory of one process cannot become shared in place. "
+            "sa.from_array(x) copies it into new shared memory"
+        )
+    options = CreationOptions.from_keywords(
+        device=device, backend="cuda-ipc", allow_pids=allow_pids, readonly=readonly
+    )
+    if getattr(obj, "requires_grad", False) and callable(getattr(obj, "detach", None)):
+        obj = obj.detach()
+    backend = cast(BorrowingBackend, get_backend(device, "cuda-ipc"))
+    try:
+        view = backend.to_native(obj)  # (never a copy)
+    except SharedArrayError:
+        raise
+    except Exception as exc:  # CuPy's own refusal of what is not device memory
+        raise NotShareable(
+            f"{type(obj).__qualname__} does not describe CUDA memory this process can see "
+            f"({type(exc).__name__}: {exc}); sa.from_array(x) copies what can be read"
+        ) from exc
+    if view.size == 0:  # no memory to share: an empty shared array is the same thing
+        return from_array(view, device=device, backend="cuda-ipc")
+    pointer = int(view.__cuda_array_interface__["data"][0])
+    chunk, offset = backend.borrow_chunk(pointer, owner=(obj, view))
+    alloc = Allocation.borrow(backend, chunk)
+    alloc.export_readonly = options.readonly
+    alloc.allow_pids = options.allow_pids
+    return SharedDeviceArray(alloc, view.dtype, view.shape, view.strides, offset)

@@ -1,10 +1,6 @@
-"""Dask: shared arrays through distributed's serialization, and dask.array over shared memory.
-
-:func:`register` adds :class:`~sharedarrays.SharedDeviceArray` to distributed's ``"dask"``
-family (``import sharedarrays`` does it once distributed is imported): an array travels as
-its payload to this host, as its data to another (see docs/scaling.md). :func:`to_dask` and
-:func:`from_dask` make and compute dask arrays without copies. Nothing here imports dask
-before it is called.
+"""Dask: shared arrays in distributed's ``"dask"`` serialization family (:func:`register`;
+a payload to this host, the data to another), and dask arrays over shared memory without
+copies (:func:`to_dask`, :func:`from_dask`). Nothing here imports dask before it is called.
 """
 
 from __future__ import annotations
@@ -46,8 +42,7 @@ def register() -> None:
 
 
 def install() -> None:
-    """Register now if distributed is imported, else the first time a view is pickled (not
-    by multiprocessing) after it is; imports no dask."""
+    """Register now if distributed is imported, else when a view is next pickled after it is."""
     if _SERIALIZE in sys.modules:
         register()
     else:
@@ -55,8 +50,7 @@ def install() -> None:
 
 
 def same_node_transfer(context: dict[str, Any] | None) -> bool:
-    """Whether a message written with distributed's ``context`` goes to this host (also
-    without a comm, or over ``inproc://``)."""
+    """Whether a message written with distributed's ``context`` stays on this host."""
     if not context:
         return True
     sender = (context.get("sender") or {}).get("address")
@@ -76,8 +70,8 @@ def same_node_transfer(context: dict[str, Any] | None) -> bool:
 def serialize(
     a: SharedDeviceArray, context: dict[str, Any] | None = None
 ) -> tuple[dict[str, Any], list[Any]]:
-    """distributed's ``dask_serialize``: the payload on one host, the data between hosts
-    (NumPy's serializer, or CuPy's ``"cuda"`` family on ``ucx://``)."""
+    """distributed's ``dask_serialize``: the payload on one host, else the data (CuPy's
+    ``"cuda"`` family on ``ucx://``)."""
     if same_node_transfer(context):
         return {"form": PAYLOAD}, [pickle.dumps(a, protocol=5)]
     from distributed.protocol.serialize import serialize as dask_serialize_any
@@ -91,8 +85,7 @@ def serialize(
 
 
 def deserialize(header: dict[str, Any], frames: list[Any]) -> SharedDeviceArray:
-    """distributed's ``dask_deserialize``: load the payload, or copy the data into a new
-    shared array on this node."""
+    """distributed's ``dask_deserialize``: the payload loaded, or the data in a new array."""
     if header.get("form") == PAYLOAD:
         a = pickle.loads(frames[0])
         if not isinstance(a, SharedDeviceArray):
@@ -105,9 +98,8 @@ def deserialize(header: dict[str, Any], frames: list[Any]) -> SharedDeviceArray:
 
 
 def to_dask(a: SharedDeviceArray, chunks: Any = "auto", *, name: str | None = None) -> Any:
-    """A :class:`dask.array.Array` whose chunks are shared views ``a[block]`` (no copy);
-    ``a`` must stay open while it is computed. ``chunks`` as for
-    :func:`dask.array.from_array`; ``name``: the key prefix (default: from the view)."""
+    """A :class:`dask.array.Array` whose chunks are the shared views ``a[block]`` (``a`` must
+    stay open); ``chunks`` as for :func:`dask.array.from_array`, ``name`` the key prefix."""
     import dask.array as da
     from dask.array.core import normalize_chunks, slices_from_chunks
 
@@ -151,13 +143,10 @@ def from_dask(
     name: str | None = None,
     **compute: Any,
 ) -> SharedDeviceArray:
-    """Compute a dask array into a new shared array, each task writing its chunk in place
-    (:func:`dask.array.store`, given ``compute``; creation keywords are a TypeError): on one
-    node nothing is gathered.
-
-    ``device`` and ``backend`` are :func:`sharedarrays.empty`'s (default: a GPU when ``x``'s
-    chunks are CuPy arrays); ``name`` names the result once every chunk is written. On an
-    error the array is closed and the error raised.
+    """Compute dask array ``x`` into a new shared array, each task writing its chunk in place
+    (:func:`dask.array.store`, given ``compute``): nothing is gathered. ``device`` and
+    ``backend`` as :func:`sharedarrays.empty`'s (default: a GPU for CuPy chunks); ``name``
+    names the result once written. On an error the array is closed.
     """
     import dask.array as da
 

@@ -1,5 +1,4 @@
-"""How a :class:`~sharedarrays.SharedDeviceArray` shows itself: its values as the native
-array shows them, and a line about the shared memory behind it."""
+"""How a shared array shows itself: its values, and a line about its shared memory."""
 
 from __future__ import annotations
 
@@ -17,14 +16,13 @@ class Display(ArrayBase):
     __slots__ = ()
 
     def show(self, *, interval: float = 2.0, auto_refresh: bool = False) -> Any:
-        """The memory map of this view's allocation (see :func:`sharedarrays.show`): a live
-        ipywidgets ``VBox`` in a Jupyter kernel, else a :class:`~sharedarrays.MemoryMap`."""
+        """The memory map of this view's allocation, as :func:`sharedarrays.show` draws it."""
         from sharedarrays.api.widgets import show
 
         return show(self, interval=interval, auto_refresh=auto_refresh)
 
     def _allocation_line(self) -> str:
-        """One line about the shared memory behind this open view (metadata only)."""
+        """One line about the shared memory behind this open view."""
         a = self.allocation
         who = a.origin.role
         served = len({s.pid for s in a.served})

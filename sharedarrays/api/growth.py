@@ -1,5 +1,4 @@
-"""Growth of a view along axis 0 (:meth:`~sharedarrays.SharedDeviceArray.resize`,
-``append``, ``refresh``) for arrays made with ``capacity=``."""
+"""Growth along axis 0 (``resize``, ``append``, ``refresh``) of arrays made with ``capacity=``."""
 
 from __future__ import annotations
 
@@ -24,15 +23,14 @@ class Growth(ArrayBase):
     __slots__ = ()
 
     def resize(self, length: int) -> None:
-        """Set the length along axis 0 of a growable array (``capacity=``), in place,
-        without copying; in its creator only, through a C-contiguous view starting at the
-        allocation's first byte (the array as created, or ``a[:k]``).
+        """Set the length along axis 0 of a growable array in place, without copying; in its
+        creator only, through a C-contiguous view from the first byte (as created, ``a[:k]``).
 
-        Growing maps new chunks at the end (new rows uninitialised, zeros on the host); past
-        the capacity the chunks move to a reservation at least twice as large, so
-        :attr:`address` changes. Shrinking unmaps the whole chunks past the end. Importers
-        see the change on their next load or :meth:`refresh`. ResizeRefused in an importer,
-        or for a shrink that would unmap chunks a view, native array or importer may use.
+        Growing maps chunks at the end (rows uninitialised, zeros on the host); past the
+        capacity they move to a reservation twice as large (:attr:`address` changes).
+        Shrinking unmaps whole chunks past the end. Importers see it on their next load or
+        :meth:`refresh`. ResizeRefused in an importer, or for a shrink that would unmap
+        chunks in use.
         """
         if isinstance(length, (bool, np.bool_)):
             raise TypeError("a bool is not a valid length")
@@ -66,8 +64,7 @@ class Growth(ArrayBase):
             self._set_length(n)
 
     def append(self, values: Any) -> None:
-        """Append a row (shape ``a.shape[1:]``) or rows (``(k, *a.shape[1:])``) to a growable
-        array, in place (see :meth:`resize`)."""
+        """Append a row or rows (``(k, *a.shape[1:])``) to a growable array (:meth:`resize`)."""
         alloc, _ = self._row_bytes("append to")
         if self._readonly:
             raise ValueError(_READONLY)
@@ -89,7 +86,7 @@ class Growth(ArrayBase):
             raise
 
     def refresh(self) -> None:
-        """Take the exporter's current length along axis 0 (view conditions as :meth:`resize`)."""
+        """Take the exporter's current length along axis 0 (views as for :meth:`resize`)."""
         alloc, row = self._row_bytes("refresh")
         if not alloc.origin.created_here:
             importing.catch_up(alloc)

@@ -1,18 +1,94 @@
-"""Handing an array's handles to this user's keeper: naming (:mod:`~sharedarrays.api.named`)
-and parking (``a.park()``, so its payloads load after the exporter exited)."""
+"""Handing an array's handles to this user's keeper, to name it or park it (``a.park()``),
+and the namespace of this process's names (per project, or a setting), which qualifies each
+keeper name as ``"namespace/name"`` so that two projects' names never meet."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
+import re
+from pathlib import Path
 from typing import Protocol
 
-from sharedarrays.errors import HandleUnavailable, NameNotFound
+from sharedarrays.errors import HandleUnavailable, NameNotFound, SettingError
 from sharedarrays.memory.allocation import Allocation
 from sharedarrays.protocol import keeper as keeper_protocol
 from sharedarrays.protocol.payload import Payload
+from sharedarrays.settings import env_word
 from sharedarrays.transport import keeper
 
-__all__ = ["Keepable", "keep", "unpark"]
+__all__ = ["NAMESPACE_VARIABLE", "PROJECT_MARKERS", "Keepable", "keep", "unpark"]
+__all__ += ["local_name", "namespace", "shown", "whose"]
+
+NAMESPACE_VARIABLE = "SHAREDARRAYS_NAMESPACE"
+"""The setting that names this process's namespace (``/``: the global one)."""
+PROJECT_MARKERS = (".git", "pyproject.toml")
+"""What makes a directory a project's root, for the default namespace."""
+MAX_NAMESPACE = keeper_protocol.MAX_NAMESPACE
+_SETTING = re.compile(rf"/|[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_NAMESPACE - 1}}}")
+
+
+def namespace() -> str | None:
+    """This process's namespace (``None``: the global one): ``SHAREDARRAYS_NAMESPACE`` if set
+    (``/``: global), else the project's, the nearest directory up from the working directory
+    with a ``.git`` or ``pyproject.toml``, as its name and a hash of its path
+    (``"myproject-1a2b3c4d"``). ValueError for a setting that is not a namespace.
+    """
+    setting = env_word(
+        NAMESPACE_VARIABLE,
+        _SETTING,
+        f"a namespace (1 to {MAX_NAMESPACE} characters from A-Z a-z 0-9 . _ -, "
+        "starting with a letter or digit) or / (the global namespace)",
+    )
+    if setting is not None:
+        return None if setting == "/" else setting
+    return _project_namespace(_cwd())
+
+
+@functools.lru_cache(maxsize=16)
+def _project_root(cwd: str) -> Path:
+    here = Path(cwd).resolve()
+    for directory in (here, *here.parents):
+        if any((directory / marker).exists() for marker in PROJECT_MARKERS):
+            return directory
+    return here
+
+
+@functools.lru_cache(maxsize=16)
+def _project_namespace(cwd: str) -> str:
+    root = _project_root(cwd)
+    word = re.sub(r"[^A-Za-z0-9._-]", "_", root.name).lstrip("._-")[:40] or "root"
+    return f"{word}-{hashlib.sha256(str(root).encode()).hexdigest()[:8]}"
+
+
+def whose() -> str:
+    """Where this process's namespace comes from, for messages."""
+    if os.environ.get(NAMESPACE_VARIABLE, "").strip():
+        return f"set by {NAMESPACE_VARIABLE}"
+    return f"of the project directory {_project_root(_cwd())}"
+
+
+def _cwd() -> str:
+    try:
+        return os.getcwd()
+    except OSError as e:  # (removed under this process)
+        raise SettingError(
+            f"the working directory is gone ({e.strerror}), so it names no project: "
+            f"change to a directory that exists, or set {NAMESPACE_VARIABLE}"
+        ) from None
+
+
+def local_name(key: str) -> str:
+    """A keeper name as this process writes it: ``"name"`` here, else :func:`shown`."""
+    space, slash, base = key.rpartition("/")
+    here = namespace() if slash else None
+    return base if slash and space == here else shown(key)
+
+
+def shown(key: str) -> str:
+    """A keeper name as it reaches the array from any namespace (``/name`` if global)."""
+    return key if "/" in key else f"/{key}"
 
 
 class Keepable(Protocol):
@@ -26,8 +102,7 @@ class Keepable(Protocol):
 
 def keep(a: Keepable, name: str | None) -> None:
     """Give ``a``'s handles to the keeper (started if needed), under ``name`` or parked
-    (``None``; idempotent). ValueError for exporter-owned memory, a growable array or too
-    many chunks; NameExists for a name taken."""
+    (``None``). ValueError for memory the keeper cannot hold; NameExists for a name taken."""
     alloc = a.allocation
     if alloc.backend.exporter_owned:
         raise ValueError(

@@ -1,6 +1,7 @@
 """Named arrays, whose handles this user's keeper holds, as ``SharedMemory(name=...)``:
 ``sa.empty(n, name="x")``, ``sa.attach("x")`` in any process of the user (also after the
-creator exited), ``sa.unlink("x")``; names live in a namespace per project (:func:`namespace`).
+creator exited), ``sa.unlink("x")``. Names live in a namespace per project
+(:func:`namespace`), qualified as ``"namespace/name"`` so that two projects' never meet.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy as np
 
 from sharedarrays.api import keeping
 from sharedarrays.api.array import SharedDeviceArray, load
-from sharedarrays.api.namespaces import (
+from sharedarrays.api.keeping import (
     MAX_NAMESPACE,
     NAMESPACE_VARIABLE,
     PROJECT_MARKERS,
@@ -37,26 +38,15 @@ from sharedarrays.protocol import keeper as keeper_protocol
 from sharedarrays.protocol.payload import Payload
 from sharedarrays.transport import keeper
 
-__all__ = [
-    "NAMESPACE_VARIABLE",
-    "PROJECT_MARKERS",
-    "NamedArray",
-    "attach",
-    "check_name",
-    "list_named",
-    "namespace",
-    "publish",
-    "qualify",
-    "unlink",
-]
+__all__ = ["NAMESPACE_VARIABLE", "PROJECT_MARKERS", "NamedArray", "attach", "check_name"]
+__all__ += ["list_named", "namespace", "publish", "qualify", "unlink"]
 
 _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 def check_name(name: object) -> str:
-    """``name`` if it is a valid array name (TypeError, ValueError if not): 1 to 128
-    characters from ``A-Z a-z 0-9 . _ -``, starting with a letter or digit, optionally
-    after ``"ns/"`` (a namespace of 1 to 64 such) or ``"/"`` (global)."""
+    """``name`` if it is a valid array name (TypeError, ValueError if not): 1 to 128 of
+    ``A-Z a-z 0-9 . _ -``, not starting with ``._-``, after ``"ns/"`` or ``"/"`` (global)."""
     if not isinstance(name, str):
         raise TypeError(f"an array name is a str, not {type(name).__name__}")
     space, _, base = name.rpartition("/")
@@ -71,8 +61,7 @@ def check_name(name: object) -> str:
 
 
 def qualify(name: str) -> str:
-    """The keeper's name for ``name``: ``"namespace/name"``, or ``"name"`` for a global one
-    (TypeError or ValueError for a bad name or namespace setting)."""
+    """The keeper's name for ``name``: ``"namespace/name"``, or ``"name"`` for a global one."""
     space, slash, base = check_name(name).rpartition("/")
     if not slash:
         space = namespace() or ""
@@ -81,12 +70,10 @@ def qualify(name: str) -> str:
 
 @dataclass(frozen=True)
 class NamedArray:
-    """One array the keeper holds, as :func:`list_named` reports it: its ``name`` and
-    ``namespace`` (``None`` for a parked array; no namespace for a global name), allocation
-    ``id``, ``shape``, ``dtype``, ``device``, ``size`` in bytes, ``creator`` pid (it may have
-    exited), when the keeper got it (``created``, ``time.time()``), the ``pids`` that map it
-    now, ``linked`` (False once unlinked, listed until the last holder lets go),
-    ``readonly`` and ``allow_pids`` (``None``: any process of this user)."""
+    """One array the keeper holds, as :func:`list_named` reports it: ``name`` and ``namespace``
+    (``None`` for a parked array or a global name), allocation ``id``, ``size`` in bytes,
+    ``creator`` pid, when the keeper got it (``created``), the ``pids`` that map it, ``linked``
+    (False once unlinked, until the last holder lets go), ``allow_pids`` (``None``: any)."""
 
     name: str | None
     namespace: str | None
@@ -124,10 +111,9 @@ def publish(a: SharedDeviceArray, name: str) -> None:
 
 
 def attach(name: str) -> SharedDeviceArray:
-    """A view of the named array ``name`` (``"name"`` in this process's namespace,
-    ``"ns/name"`` in ``ns``, ``"/name"`` global), mapped into this process as created.
-    Raises NameNotFound (naming namespaces where it is), KeeperError (no answer in time),
-    PermissionDenied (``allow_pids`` leave this process out), ValueError or TypeError."""
+    """A view of the named array ``name`` (``"name"`` in this namespace, ``"ns/name"`` in
+    ``ns``, ``"/name"`` global), as created. Raises NameNotFound (naming where it is),
+    KeeperError (no answer in time), PermissionDenied (``allow_pids``), ValueError, TypeError."""
     key, status, body, fds = _ask(name, keeper_protocol.Attach)
     held = None  # (the allocation held in the keeper for this process, once it is)
     try:
@@ -161,8 +147,7 @@ def attach(name: str) -> SharedDeviceArray:
 
 
 def _ask(name: str, request: Callable[[str], Any]) -> tuple[str, int, dict[str, Any], list[int]]:
-    """``name``'s keeper key and the reply of a running keeper to ``request(key)``
-    (NameNotFound for no keeper or no such name)."""
+    """``name``'s keeper key and a running keeper's reply to ``request(key)``."""
     key = qualify(name)
     try:
         status, body, fds = keeper.request(request(key), start=False)
@@ -196,8 +181,7 @@ def _not_found(name: str, key: str) -> NameNotFound:
 
 
 def unlink(name: str) -> None:
-    """Remove the name ``name`` (read as by :func:`attach`); processes that map the array
-    keep it (NameNotFound for no such name, KeeperError for a keeper that did not answer)."""
+    """Remove the name ``name`` (as :func:`attach` reads it); processes that map it keep it."""
     key, status, body, _ = _ask(name, keeper_protocol.Unlink)
     keeper.raise_for(status, body, f"cannot unlink {name!r}")
     for alloc in live_allocations():  # (what the memory map shows of it here)
@@ -207,9 +191,8 @@ def unlink(name: str) -> None:
 
 
 def list_named(parked: bool = False, all_namespaces: bool = False) -> list[NamedArray]:
-    """The named arrays of this process's namespace (``all_namespaces``: of all) that the
-    keeper holds, starting none; ``parked`` adds parked and unlinked arrays still held
-    (KeeperError for a keeper that did not answer)."""
+    """The named arrays the keeper holds in this namespace (``all_namespaces``: in all);
+    ``parked`` adds parked and unlinked ones still held. Starts no keeper."""
     here = None if all_namespaces else namespace()
     out = []
     for e in _entries():
@@ -225,7 +208,7 @@ def list_named(parked: bool = False, all_namespaces: bool = False) -> list[Named
 
 
 def _entries() -> list[dict[str, Any]]:
-    """What the keeper lists (every namespace; nothing when no keeper runs)."""
+    """What the keeper lists, in every namespace (nothing when none runs)."""
     try:
         status, body = keeper_protocol.list_pages(lambda req: keeper.request(req, start=False)[:2])
     except HandleUnavailable:

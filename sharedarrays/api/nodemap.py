@@ -1,9 +1,8 @@
-"""The node-wide memory map: every allocation this user's processes and keeper hold, joined.
-
-:func:`node_map` asks every handle server of this user and the keeper (short timeouts),
-reads this process's own allocations, and joins the reports by allocation id into a
-:class:`NodeMap`. :func:`free` releases what no view uses (``rm`` and the node widget); memory
-a view uses, or that drains in its exporter, is refused with :class:`~sharedarrays.InUse`.
+"""The node-wide memory map: what this user's processes and keeper hold (:func:`node_map`,
+their reports joined by allocation id), :func:`free` for what no view uses (``rm``, the node
+widget), and :func:`cross_check` against the driver's per-process figures (NVML, the
+``nvml`` extra; a whole CUDA context's; devices match by index, so set
+``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and no ``CUDA_VISIBLE_DEVICES``).
 """
 
 from __future__ import annotations
@@ -17,7 +16,9 @@ from typing import Any
 import numpy as np
 
 from sharedarrays.backends import device_of
+from sharedarrays.backends.device import parse_name
 from sharedarrays.errors import InUse, KeeperError, NameNotFound, SharedArrayError
+from sharedarrays.memory.info import format_bytes
 from sharedarrays.process import command_line, running
 from sharedarrays.protocol.handles import HeldAllocation, Status
 from sharedarrays.protocol.keeper import NOT_FOUND, OK, Unlink
@@ -27,6 +28,7 @@ from sharedarrays.transport import node as transport_node
 
 __all__ = ["LEFT_ALONE", "MAX_TIMEOUT", "STATES", "Holder", "NodeAllocation", "NodeProcess"]
 __all__ += ["DeviceSummary", "NodeMap", "node_map", "find", "free"]
+__all__ += ["ProcessGpuMemory", "available", "driver_usage", "cross_check", "render_text"]
 
 STATES = ("live", "draining", "cached", "named", "parked", "orphaned")
 """An allocation's states, strongest first: a view uses it; exporter-owned memory its exporter
@@ -43,10 +45,9 @@ LEFT_ALONE = "left alone: payloads in flight"
 
 @dataclass(frozen=True)
 class Holder:
-    """A process that holds an allocation: its ``command`` line (``""``: unreadable), its
-    ``role`` (``"exporter"``, ``"importer"`` or ``"keeper"``), ``since`` when, the ``views``
-    and native arrays using it there (0 in the keeper; -1: not asked, it runs no handle
-    server), and whether it keeps it ``parked`` (mapped with no view)."""
+    """A process holding an allocation: ``command`` (``""``: unreadable), ``role``
+    (``"exporter"``, ``"importer"``, ``"keeper"``), ``since`` when, the ``views`` using it
+    (0 in the keeper; -1: not asked), and whether it keeps it ``parked`` (no view)."""
 
     pid: int
     command: str
@@ -58,11 +59,9 @@ class Holder:
 
 @dataclass(frozen=True)
 class NodeAllocation:
-    """One allocation as the whole node sees it: its keeper ``name`` (or None), the bytes it
-    holds (``size``) and those no array asked for (``lost``), its exporter (pid 0: unknown),
-    every :class:`Holder`, whether the keeper holds its handles (``kept``), how many of its
-    payloads may still load (``in_flight``), one of :data:`STATES`, and its ``age`` in
-    seconds when the map was made."""
+    """One allocation as the node sees it: keeper ``name``, bytes held (``size``) and not
+    asked for (``lost``), exporter (pid 0: unknown), :class:`Holder` s, whether the keeper
+    holds it (``kept``), payloads that may still load (``in_flight``), one of :data:`STATES`."""
 
     alloc_id: str
     name: str | None
@@ -94,8 +93,7 @@ class NodeAllocation:
 
 @dataclass(frozen=True)
 class NodeProcess:
-    """One process that was asked (a handle server's, this one, or the keeper), its
-    ``status``: ``"ok"``, ``"gone"`` (exited), ``"no answer"`` (in time) or ``"refused"``."""
+    """A process asked, its ``status``: ``"ok"``, ``"gone"``, ``"no answer"``, ``"refused"``."""
 
     pid: int
     command: str
@@ -116,9 +114,8 @@ class DeviceSummary:
 
 @dataclass(frozen=True)
 class NodeMap:
-    """The node-wide picture at one ``time``: the allocations largest first, the processes
-    asked by pid, a summary per device, and the keeper's status (``"ok"``, ``"none"``: none
-    runs, ``"no answer"``, ``"refused"``)."""
+    """The node at one ``time``: allocations largest first, processes asked by pid, a summary
+    per device, the keeper's status (as a process's, or ``"none"``: none runs)."""
 
     time: float
     allocations: tuple[NodeAllocation, ...]
@@ -133,19 +130,15 @@ class NodeMap:
 
 @dataclass
 class _Seen:
-    """What the reports say about one allocation while they are joined."""
+    """What the reports say about one allocation."""
 
     held: list[tuple[int, str, HeldAllocation]]
     kept: dict[str, Any] | None = None
 
 
 def node_map(timeout: float = transport_node.ASK_TIMEOUT) -> NodeMap:
-    """Ask this user's processes and keeper what they hold, and join it.
-
-    ``timeout``: seconds each process is given to answer (above 0, at most
-    :data:`MAX_TIMEOUT`; else TypeError or ValueError); one that does not is listed as
-    ``"no answer"``, its allocations left out.
-    """
+    """Ask this user's processes and keeper what they hold, and join it; one that does not
+    answer in ``timeout`` seconds (above 0, at most :data:`MAX_TIMEOUT`) is ``"no answer"``."""
     timeout = seconds(timeout, "timeout", 0.0, MAX_TIMEOUT, above=True)
     now = time.time()
     answers = transport_node.ask_all(timeout)
@@ -232,8 +225,7 @@ def _join(
 def _holders(
     seen: _Seen, exporter: HeldAllocation | None, keeper_pid: int, now: float
 ) -> list[Holder]:
-    """The processes that reported it, then importers only the exporter (of draining memory)
-    or the keeper knows of, which were not asked."""
+    """Its reporters, then importers (not asked) that a draining exporter or the keeper names."""
     holders = [
         Holder(pid, cmd, "exporter" if r.created_here else "importer", r.since, r.views, r.parked)
         for pid, cmd, r in seen.held
@@ -320,14 +312,12 @@ def _drop(pid: int, alloc_id: str) -> Status | None:
 
 
 def free(row: NodeAllocation, confirm: Callable[[str], bool] | None = None) -> list[str]:
-    """Release what keeps ``row``'s memory although no view uses it; what was done, in words.
+    """Release what keeps ``row``'s memory though no view uses it; what was done, in words.
 
-    The keeper lets go of its handles (of a named one: its name, as ``sa.unlink``) and every
-    importer that keeps it parked drops its mapping; payloads in flight that would no longer
-    load are dropped only if ``confirm`` (called with a question) says yes. A draining one
-    whose importers are all gone is freed by its exporter. :class:`~sharedarrays.InUse`
-    where a view uses it or running importers map it while it drains; KeeperError where the
-    keeper holds it but cannot be asked.
+    The keeper lets go (of a name: ``sa.unlink``), parked importers drop their mappings;
+    payloads in flight are dropped only if ``confirm(question)`` says yes; a draining exporter
+    frees it once its importers are gone. InUse where a view or a running importer of
+    draining memory uses it; KeeperError where the keeper holds it but cannot be asked.
     """
     if row.state == "live":
         users = ", ".join(str(h.pid) for h in row.holders if h.views > 0)
@@ -396,3 +386,87 @@ def _drain(row: NodeAllocation) -> list[str]:
     if answer is Status.GONE:
         return [f"its importers are gone: {exporter} freed it already"]
     return [f"its importers are gone; {exporter} frees it by itself within seconds"]
+
+
+@dataclass(frozen=True)
+class ProcessGpuMemory:
+    """One process on ``"cuda:N"`` (NVML's N): the driver's bytes and sharedarrays'."""
+
+    pid: int
+    device: str
+    driver: int | None
+    sharedarrays: int
+
+    @property
+    def other(self) -> int | None:
+        """Bytes the driver reports beyond sharedarrays' (``None`` where it reports none)."""
+        return None if self.driver is None else self.driver - self.sharedarrays
+
+    def to_doc(self) -> dict[str, Any]:
+        """The row as a JSON object."""
+        return asdict(self)
+
+
+def available() -> str | None:
+    """``None`` when NVML can be asked, else why not."""
+    try:
+        import pynvml as nv
+    except ImportError:
+        return "nvidia-ml-py is not installed (pip install 'sharedarrays[nvml]')"
+    try:
+        nv.nvmlInit()
+    except Exception as e:  # pynvml.NVMLError: no driver, no library
+        return f"NVML is not usable here: {e}"
+    nv.nvmlShutdown()
+    return None
+
+
+def driver_usage() -> dict[tuple[int, str], int | None]:
+    """The bytes the driver reports per (pid, ``"cuda:N"``); empty where NVML cannot be asked."""
+    try:
+        import pynvml as nv
+
+        nv.nvmlInit()
+    except Exception:
+        return {}
+    usage: dict[tuple[int, str], int | None] = {}
+    try:
+        for index in range(nv.nvmlDeviceGetCount()):
+            handle = nv.nvmlDeviceGetHandleByIndex(index)
+            for proc in nv.nvmlDeviceGetComputeRunningProcesses(handle):
+                used = proc.usedGpuMemory
+                ok = isinstance(used, int) and used >= 0
+                usage[(int(proc.pid), f"cuda:{index}")] = int(used) if ok else None
+    finally:
+        nv.nvmlShutdown()
+    return usage
+
+
+def cross_check(node: NodeMap) -> list[ProcessGpuMemory]:
+    """Driver bytes against sharedarrays' per process and GPU (empty without NVML)."""
+    driver = driver_usage()
+    if not driver:
+        return []
+    mine: dict[tuple[int, str], int] = {}
+    for row in node.allocations:
+        if parse_name(row.device).is_cuda:  # NVML knows NVIDIA's devices only
+            for h in row.holders:
+                if h.role in ("exporter", "importer"):
+                    mine[(h.pid, row.device)] = mine.get((h.pid, row.device), 0) + row.size
+    return [
+        ProcessGpuMemory(pid, dev, driver.get((pid, dev)), mine.get((pid, dev), 0))
+        for pid, dev in sorted(set(driver) | set(mine))
+    ]
+
+
+def render_text(checks: list[ProcessGpuMemory]) -> str:
+    """The cross-check as a small table (or why there is none)."""
+    if not checks:
+        return f"GPU memory by process: {available() or 'no process uses a GPU'}"
+    lines = [f"{'PID':>8}  {'DEVICE':<7} {'DRIVER':>10} {'SHAREDARRAYS':>13} {'OTHER':>10}"]
+    for c in checks:
+        driver = "?" if c.driver is None else format_bytes(c.driver)
+        mine = format_bytes(c.sharedarrays)
+        other = "?" if c.other is None else format_bytes(max(c.other, 0))
+        lines.append(f"{c.pid:>8}  {c.device:<7} {driver:>10} {mine:>13} {other:>10}")
+    return "GPU memory by process (driver vs sharedarrays)\n" + "\n".join(lines)

@@ -1,5 +1,4 @@
-"""The creation keywords, defined once (:class:`CreationKeywords`) and checked once into a
-:class:`CreationOptions`; what depends on size or backend is checked in ``creation``."""
+"""The creation keywords (:class:`CreationKeywords`), checked into :class:`CreationOptions`."""
 
 from __future__ import annotations
 
@@ -26,8 +25,7 @@ AccessList = Sequence[DeviceLike | tuple[DeviceLike, str]]
 
 
 class CreationKeywords(TypedDict, total=False):
-    """The keywords every creation function takes (``**options`` of :func:`~sharedarrays.empty`,
-    :func:`~sharedarrays.from_array`, ...).
+    """The keywords every creation function takes (``**options`` of :func:`~sharedarrays.empty`).
 
     Parameters
     ----------
@@ -39,15 +37,15 @@ class CreationKeywords(TypedDict, total=False):
         ``"cuda-pool"`` (the creator must outlive every importer), or ``"host"``. ``"auto"``:
         host on the CPU, else the first the device supports (:func:`~sharedarrays.list_backends`).
     chunk_bytes : int, optional
-        Largest chunk of the allocation (default: one; a growable array maps at most
-        :data:`sharedarrays.memory.DEFAULT_CHUNK_BYTES` at a time).
+        Largest chunk of the allocation (default: one chunk; a growable array's at most
+        :data:`sharedarrays.memory.DEFAULT_CHUNK_BYTES`).
     pack : bool, optional
         Carve the array out of a shared 2 MiB slab (default up to
-        :data:`~sharedarrays.memory.PACK_BYTES`, unless another keyword rules it out): one
-        handle for many small arrays, but neighbours share the slab's secret.
+        :data:`~sharedarrays.memory.PACK_BYTES` where no keyword rules it out): one handle
+        for many small arrays, but neighbours share the slab's secret.
     progress : bool, optional
-        Show a tqdm bar while filling or copying; ``None``: only in a Jupyter kernel, from
-        :data:`~sharedarrays.api.creation.PROGRESS_BYTES` on.
+        Show a tqdm bar while filling or copying (default: in a Jupyter kernel, from
+        :data:`~sharedarrays.api.creation.PROGRESS_BYTES` on).
     name : str, optional
         Name the array in this user's keeper: any process of the user can
         :func:`~sharedarrays.attach` it, also after this one exited, until
@@ -79,9 +77,8 @@ class CreationKeywords(TypedDict, total=False):
 
 @dataclass(frozen=True)
 class CreationOptions:
-    """The creation keywords, checked by :meth:`from_keywords`: ``device`` parsed, ``pack``
-    False where another keyword rules it out, ``allow_pids`` a frozenset, and ``peers`` the
-    other CUDA devices' ordinals with their access (``access=``)."""
+    """The creation keywords, checked (:meth:`from_keywords`): ``pack`` False where another
+    keyword rules it out, ``peers`` the other CUDA devices' ordinals with their access."""
 
     device: Device
     backend: str = "auto"
@@ -99,8 +96,8 @@ class CreationOptions:
     def from_keywords(
         cls, *, order: str = "C", **keywords: Unpack[CreationKeywords]
     ) -> CreationOptions:
-        """Check the creation keywords (BackendUnavailable, OutOfMemory for a capacity over
-        128 TiB, TypeError or ValueError for a bad keyword or combination)."""
+        """Check the keywords (BackendUnavailable, OutOfMemory for a capacity over 128 TiB,
+        TypeError or ValueError for a bad keyword or combination)."""
         unknown = keywords.keys() - CreationKeywords.__annotations__
         if unknown:
             raise TypeError(f"unexpected keyword argument {sorted(unknown)[0]!r}")
@@ -162,7 +159,7 @@ class CreationOptions:
 
 
 def _peers(access: AccessList | None, device: Device) -> dict[int, Access]:
-    """The devices besides ``device`` that ``access=`` names, with their access."""
+    """The devices besides ``device`` that ``access=`` names, with their modes."""
     if access is None:
         return {}
     if isinstance(access, (str, bytes, Device, int)):

@@ -1,9 +1,6 @@
-"""A shared array of another node inside a message distributed reads: a placeholder whose use
-raises :class:`~sharedarrays.WrongNode`, so that the task fails and not the worker.
-
-A :class:`~sharedarrays.WrongNode` raised while a worker reads the scheduler's stream would
-close the connection and the task would never complete; so only there
-(:func:`read_by_distributed`) a payload of another node loads as an :class:`OtherNodeArray`.
+"""A shared array of another node in a message distributed reads loads as a placeholder whose
+use raises :class:`~sharedarrays.WrongNode`, so that the task fails, not the worker (raised
+while a worker reads the scheduler's stream, it would close the connection).
 """
 
 from __future__ import annotations
@@ -27,9 +24,8 @@ def read_by_distributed(caller: FrameType | None) -> bool:
 
 
 class OtherNodeArray:
-    """A shared array of another node that reached this process in a message distributed
-    read: any use raises :class:`~sharedarrays.WrongNode` (scatter the array instead).
-    Pickled, it is the payload it came from (``rebuild`` and ``args``)."""
+    """Another node's shared array in a message distributed read: any use raises
+    :class:`~sharedarrays.WrongNode` (scatter the array instead); it pickles as it came."""
 
     __slots__ = ("_message", "_rebuild", "_args")
 
@@ -39,7 +35,6 @@ class OtherNodeArray:
         self._args = args
 
     def refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
-        """Raise the refusal: :class:`~sharedarrays.WrongNode`."""
         raise WrongNode(self._message)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:

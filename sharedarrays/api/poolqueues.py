@@ -1,9 +1,7 @@
 """What a :class:`~sharedarrays.Pool` and its workers share: two queues whose locks a dead
 worker never holds (the standard library's semaphores stay taken: the pool hangs), and a
-table of the job each worker runs.
-
-The locks are record locks (``fcntl.lockf``) on bytes of a ``memfd``, released at the
-holder's exit. The ``memfd`` holds one slot per worker (its pid and what it holds:
+table of the job each worker runs. The locks are record locks (``fcntl.lockf``, released at
+the holder's exit) on a ``memfd`` that holds one slot per worker (its pid and state:
 :data:`STARTING`, ``0`` nothing, ``-1`` a task being read, else its job plus one) and the jobs
 a dead worker failed (the last :data:`RING`, and a mark below which all failed).
 """
@@ -42,8 +40,7 @@ _TASKS_LOCK, _RESULTS_LOCK, _SLOTS_LOCK = 0, 1, 2  # the locks' bytes, past the 
 
 
 class PoolTable:
-    """One pool's shared table and locks: a ``memfd`` of int64 cells with ``slots`` worker
-    slots; it pickles as the fd (``dup``: a ``DupFd``)."""
+    """One pool's table and locks: a ``memfd`` of int64 cells; pickles as a ``DupFd``."""
 
     __slots__ = ("fd", "slots", "_map", "_cells", "_ring_next")
 
@@ -66,7 +63,7 @@ class PoolTable:
         return PoolTable, (self.slots, reduction.DupFd(self.fd))
 
     def close(self) -> None:
-        """Unmap the table and close its fd (idempotent; also when it is collected)."""
+        """Unmap the table and close its fd (idempotent)."""
         if getattr(self, "fd", -1) < 0:  # (construction failed, or closed)
             return
         self._cells.release()
@@ -77,11 +74,9 @@ class PoolTable:
     __del__ = close
 
     def lock(self, which: int) -> RecordLock:
-        """The lock of byte ``which`` past the cells."""
         return RecordLock(self, len(self._map) + which)
 
-    def _slot_cells(self) -> range:
-        """The first cell (the pid) of each worker slot."""
+    def _slot_cells(self) -> range:  # (each slot's first cell: the pid)
         return range(_SLOTS, _SLOTS + 2 * self.slots, 2)
 
     # the pool's side ---------------------------------------------------------------------
@@ -97,8 +92,7 @@ class PoolTable:
         return None
 
     def lose(self, job: int, pid: int, code: int, below: bool = False) -> None:
-        """Job ``job`` (``below``: every job numbered below it) failed when worker ``pid``
-        died: its untaken tasks are not run."""
+        """Job ``job`` (``below``: every job below it) failed as worker ``pid`` died."""
         if below:
             cell = _MARK
         else:
@@ -109,8 +103,7 @@ class PoolTable:
 
     # a worker's side ---------------------------------------------------------------------
     def claim(self, pid: int) -> int:
-        """A free slot (or one whose worker is gone) for worker ``pid``: its state cell
-        (SharedArrayError where every slot is held by a running worker)."""
+        """The state cell of a free slot (or a dead worker's) for worker ``pid``."""
         cells = self._cells
         with self.lock(_SLOTS_LOCK):
             free = [cell for cell in self._slot_cells() if cells[cell] == 0]
@@ -141,8 +134,7 @@ class PoolTable:
 
 
 class RecordLock:
-    """A lock between processes (not threads) that its holder's exit releases: a record
-    lock on one byte of a :class:`PoolTable`'s fd."""
+    """A lock between processes that its holder's exit releases: a record lock on one byte."""
 
     __slots__ = ("table", "byte")
 
@@ -174,12 +166,9 @@ class RecordLock:
 
 
 class Workers(list):  # type: ignore[type-arg]
-    """A pool's list of its workers (``Pool._pool``) that fails the job a dead worker ran.
-
-    The standard library's handler thread forgets a dead worker with ``del pool[i]`` and
-    appends a new one: here the deletion asks the table what the worker held, and that job
-    (or, where the table cannot tell, every pending job) fails once the next one is appended.
-    """
+    """``Pool._pool``, failing the job a dead worker ran: the handler thread's ``del pool[i]``
+    asks the table what it held, and that job (where it cannot tell, every pending job) fails
+    once the next worker is appended."""
 
     def __init__(self, workers: Iterable[Any], cache: Mapping[int, Any], table: PoolTable) -> None:
         super().__init__(workers)
@@ -270,12 +259,10 @@ class PipeCut(EOFError):
 
 
 def read_message(fd: int, before_read: Callable[[], None] | None = None) -> bytes:
-    """One message of a pool's task pipe ``fd``, as ``Connection.recv_bytes`` reads it
-    (EOFError when the writer closed it); ``before_read`` is called once bytes are there.
-
-    A reader killed mid-message leaves its rest in the pipe: a size that is none (a pickle's
-    0x80 reads negative), a stall of :data:`MESSAGE_STALL` seconds, or a body that is no
-    pickle drains the pipe and raises :class:`PipeCut`, ending this worker."""
+    """One message of a pool's task pipe ``fd``, as ``Connection.recv_bytes`` reads it;
+    ``before_read`` is called once bytes are there. A reader killed mid-message leaves its
+    rest in the pipe: a bad size, a stall of :data:`MESSAGE_STALL` seconds or a body that is
+    no pickle drains the pipe and raises :class:`PipeCut`, ending this worker."""
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     poller.poll()  # (the first byte may take forever)
@@ -296,15 +283,13 @@ def read_message(fd: int, before_read: Callable[[], None] | None = None) -> byte
 
 def _read(poller: select.poll, fd: int, n: int) -> bytes:
     """``n`` bytes of ``fd``, or fewer where the rest stalls; EOFError at its end."""
-    parts: list[bytes] = []
-    got = 0
-    while got < n and poller.poll(int(MESSAGE_STALL * 1000)):
-        part = os.read(fd, min(n - got, 1 << 20))
+    data = bytearray()
+    while len(data) < n and poller.poll(int(MESSAGE_STALL * 1000)):
+        part = os.read(fd, min(n - len(data), 1 << 20))
         if not part:
             raise EOFError
-        parts.append(part)
-        got += len(part)
-    return b"".join(parts)
+        data += part
+    return bytes(data)
 
 
 def not_run(pid: int, code: int) -> None:
@@ -321,8 +306,7 @@ def died_of(code: int) -> str:
 
 
 class _TaskUnpickler(pickle.Unpickler):
-    """Loads a task whose function this worker cannot find as one that raises
-    :class:`~sharedarrays.TaskNotLoaded` when run (instead of ending the worker)."""
+    """Loads a function this worker cannot find as one raising ``TaskNotLoaded``."""
 
     def find_class(self, module: str, name: str) -> Any:
         try:
@@ -341,8 +325,7 @@ def _not_loaded(what: str, error: str, *args: Any, **kwargs: Any) -> NoReturn:
 
 
 class TaskQueue(multiprocessing.queues.SimpleQueue):  # type: ignore[type-arg]
-    """A pool's task queue with a :class:`RecordLock`: the worker's slot says what it took,
-    and a task of a failed job is replaced by :func:`not_run`."""
+    """A task queue: the worker's slot says what it took; a failed job's tasks not run."""
 
     def __init__(self, *, ctx: Any, table: PoolTable) -> None:
         super().__init__(ctx=ctx)
@@ -370,8 +353,7 @@ class TaskQueue(multiprocessing.queues.SimpleQueue):  # type: ignore[type-arg]
 
 
 class ResultQueue(multiprocessing.queues.SimpleQueue):  # type: ignore[type-arg]
-    """A pool's result queue with a :class:`RecordLock`: once a result is written, the
-    worker's slot says it holds nothing."""
+    """A result queue; once a result is written, the worker's slot says it holds nothing."""
 
     def __init__(self, *, ctx: Any, table: PoolTable) -> None:
         super().__init__(ctx=ctx)

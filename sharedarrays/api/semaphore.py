@@ -35,9 +35,8 @@ def timeline_value(value: object) -> int:
 
 
 class ExternalSemaphore:
-    """A semaphore another API (Vulkan, say) exported, imported into CUDA with
-    :meth:`from_fd`, signalled and awaited on the current stream; ``kind`` is ``"opaque"``
-    (binary) or ``"timeline"`` (a 64-bit value), ``device`` the CUDA device."""
+    """A semaphore another API (Vulkan, say) exported, imported into CUDA (:meth:`from_fd`),
+    signalled and awaited on the current stream; ``kind``: ``"opaque"`` or ``"timeline"``."""
 
     def __init__(self, handle: Any, kind: SemaphoreKind, backend: StreamBackend) -> None:
         self._handle: Any = handle
@@ -50,9 +49,9 @@ class ExternalSemaphore:
     def from_fd(
         cls, fd: int, kind: SemaphoreKind = "opaque", device: DeviceLike = None
     ) -> ExternalSemaphore:
-        """Import the semaphore of ``fd`` (``vkGetSemaphoreFdKHR``; taken over, also on
-        failure) into ``device`` (default ``cuda:0``). Raises ValueError (a bad ``kind`` or
-        ``fd``), BackendUnavailable (no CUDA device) or CudaDriverError (a refused handle)."""
+        """Import the semaphore of ``fd`` (``vkGetSemaphoreFdKHR``; closed here, also on
+        failure) into ``device`` (default ``cuda:0``). ValueError for a bad ``kind`` or ``fd``,
+        BackendUnavailable without CUDA, CudaDriverError for a refused handle."""
         try:
             if kind not in ("opaque", "timeline"):
                 raise ValueError(f"kind must be 'opaque' or 'timeline', not {kind!r}")
@@ -108,13 +107,13 @@ class ExternalSemaphore:
 
 
 class Timeline:
-    """A 64-bit counter, element ``index`` of a ``uint64`` or ``int64`` shared ``array``,
-    that processes signal and wait on in stream order (``cuStreamWriteValue64``,
-    ``cuStreamWaitValue64``) on CUDA, from the CPU on the host; it pickles with its array.
+    """A 64-bit counter, element ``index`` of a ``uint64``/``int64`` shared ``array``, that
+    processes signal and wait on in stream order on CUDA (``cuStreamWriteValue64``,
+    ``cuStreamWaitValue64``), from the CPU on the host; it pickles with its array.
 
-    A waiting CUDA stream blocks later GPU work until a value at least as large is signalled
-    (values should only grow); device-wide synchronisation, such as a kernel's first load,
-    stalls behind it: run each kernel once before queueing a wait it guards.
+    A waiting stream blocks later GPU work until a value at least as large is signalled
+    (values should only grow); device-wide synchronisation (a kernel's first load) stalls
+    behind it: run each kernel once before queueing a wait it guards.
     """
 
     def __init__(self, array: SharedDeviceArray, index: int | tuple[int, ...] = 0) -> None:
@@ -158,8 +157,7 @@ class Timeline:
         return Timeline, (self.array, self.index)
 
     def signal(self, value: int | None) -> None:
-        """Set the counter to ``value`` after the current stream's earlier work (CUDA;
-        returns at once), or now (host)."""
+        """Set the counter after the current stream's earlier work (CUDA), or now (host)."""
         v = timeline_value(value)
         if self._streams is None:
             self._host()[...] = np.uint64(v).view(self.array.dtype)
@@ -167,8 +165,7 @@ class Timeline:
         self._streams.write_value(self.address, v)
 
     def wait(self, value: int | None, timeout: float | None = None) -> None:
-        """Make the current stream's later work wait until the counter is at least
-        ``value`` (CUDA; returns at once), or :meth:`wait_host` (host)."""
+        """Make later work on the current stream wait for ``value`` (host: :meth:`wait_host`)."""
         v = timeline_value(value)
         if self._streams is None:
             self.wait_host(v, timeout)
@@ -187,8 +184,7 @@ class Timeline:
         return reader.read(self.address)
 
     def wait_host(self, value: int, timeout: float | None = None) -> None:
-        """Wait on the CPU until the counter is at least ``value`` (WaitTimeout after
-        ``timeout`` seconds; ``None``: forever)."""
+        """Wait on the CPU for the counter to reach ``value`` (WaitTimeout after ``timeout``)."""
         v = timeline_value(value)
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = 1e-5
@@ -202,9 +198,7 @@ class Timeline:
             pause = min(pause * 2, 1e-3)
 
     def _host(self) -> np.ndarray[Any, Any]:
-        native = self._word.array
-        assert isinstance(native, np.ndarray)
-        return native
+        return self._word.array  # type: ignore[no-any-return]  # (host memory: NumPy)
 
     def close(self) -> None:
         """Release the private reading stream (CUDA)."""

@@ -1,6 +1,5 @@
-"""Shape views and flags of a shared array (:class:`ShapeViews`, :class:`ArrayFlags`): shape
-views (``a.T``, ``a.reshape(...)``, ``a.view(dtype)``), laid out by NumPy on the layout probe,
-share the memory."""
+"""Shape views (``a.T``, ``a.reshape(...)``, ``a.view(dtype)``: laid out by NumPy on the layout
+probe, sharing the memory) and flags of a shared array."""
 
 from __future__ import annotations
 
@@ -28,9 +27,8 @@ _SETTABLE_ITEMS = MappingProxyType(
 
 
 class ArrayFlags:
-    """A view's flags, read as :attr:`numpy.ndarray.flags` (``flags.c_contiguous``,
-    ``flags["C"]``); ``writeable`` follows the view, and sets as :meth:`ShapeViews.setflags`
-    (also ``aligned``, ``writebackifcopy``)."""
+    """A view's flags, read as :attr:`numpy.ndarray.flags`; ``writeable``, ``aligned`` and
+    ``writebackifcopy`` set as :meth:`ShapeViews.setflags`."""
 
     __slots__ = ("_view", "_numpy")
     __hash__: ClassVar[None]  # type: ignore[assignment]
@@ -99,8 +97,7 @@ class ShapeViews(ArrayBase):
     __slots__ = ()
 
     def _on_layout(self: _S, how: Callable[[Any], Any], dtype: np.dtype[Any] | None = None) -> _S:
-        """The shared view (of ``dtype``, default this view's) of what ``how`` makes of the
-        layout probe (a list or tuple of them for one of views); this view for the probe."""
+        """The shared view(s) (of ``dtype``, default this view's) of ``how(layout probe)``."""
         layout = self._layout()
         new = self._dtype if dtype is None else dtype
         return cast(_S, self._derive_all(layout, how(layout), new))
@@ -116,9 +113,9 @@ class ShapeViews(ArrayBase):
         return ArrayFlags(self)
 
     def setflags(self, write: object = None, align: object = None, uic: object = None) -> None:
-        """Like :meth:`numpy.ndarray.setflags`: ``write=False`` makes this view (and views
-        made from it after) read-only; ``write=True`` undoes only that, not a read-only
-        export. ValueError where NumPy's would refuse, and for ``align=False``."""
+        """Like :meth:`numpy.ndarray.setflags`: ``write=False`` makes this view (and views made
+        from it) read-only, ``write=True`` undoes only that. ValueError as NumPy's, and for
+        ``align=False``."""
         if write is not None:
             self._set_writeable(bool(write))
         if align is not None:
@@ -182,7 +179,7 @@ class ShapeViews(ArrayBase):
         return self._on_layout(lambda layout: layout.squeeze(axis))
 
     def getfield(self: _S, dtype: Any, offset: int = 0) -> _S:
-        """A view (shared) like :meth:`numpy.ndarray.getfield`; TypeError as :meth:`view`."""
+        """A shared view like :meth:`numpy.ndarray.getfield`."""
         new = shareable_dtype(dtype, f"a.array.getfield({dtype!r}, ...) is a native view of it")
         return self._on_layout(lambda layout: layout.getfield(new, offset), new)
 
@@ -203,8 +200,7 @@ class ShapeViews(ArrayBase):
         return self._native_attribute("ctypes")
 
     def to_device(self, device: Any, /, *, stream: Any = None) -> Any:
-        """The native array's ``to_device`` (the array API's); this view where that gives
-        the native array itself (``"cpu"`` on the host)."""
+        """The native array's ``to_device``; this view where that gives the native array."""
         to_device = self._native_attribute("to_device")
         native = self.array
         if isinstance(device, Device):
@@ -225,9 +221,9 @@ class ShapeViews(ArrayBase):
             ) from None
 
     def view(self: _S, dtype: Any = None, type: Any = None) -> Any:
-        """A view (shared) of the same bytes as another dtype, with NumPy's rules; with
-        ``type`` (or an ndarray class first), a native view of that type. TypeError for a
-        dtype a shared array cannot hold; MisalignedView where device memory would be."""
+        """A shared view of the same bytes as another dtype (NumPy's rules); with ``type`` (or
+        an ndarray class first), a native view of that type. MisalignedView where device
+        memory would be misaligned."""
         if isinstance(dtype, builtins.type) and issubclass(dtype, np.ndarray):
             dtype, type = None, dtype  # (NumPy's a.view(np.ndarray): a type, not a dtype)
         if type is not None:  # an ndarray (subclass) view over the same memory: native
@@ -240,8 +236,7 @@ class ShapeViews(ArrayBase):
         return self._derive(layout, layout.view(new), new)
 
     def reshape(self, *shape: Any, order: str = "C", copy: bool | None = None) -> Any:
-        """A view (shared) with a new shape where NumPy's reshape would not copy, else a
-        native copy (``copy=False``: ValueError instead; ``copy=True``: always a copy)."""
+        """A shared view where NumPy's reshape would not copy, else a native copy."""
         if not shape:
             raise TypeError("reshape() takes exactly 1 argument (0 given)")  # (NumPy's words)
         new: Any = shape[0] if len(shape) == 1 else shape

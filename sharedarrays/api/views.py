@@ -1,6 +1,5 @@
-"""The live views of this process, as the memory map reads them (without importing the
-view class). The first :func:`live_views` finds the live ones with ``gc.get_objects``; from
-then on each view made is tracked weakly (``STATE.views``).
+"""The live views of this process, as the memory map reads them: found by the first
+:func:`live_views` with ``gc.get_objects``, then each new one tracked weakly (``STATE.views``).
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ class ArrayView(Protocol):
 
 
 def _forget(key: int, ref: weakref.ref[Any]) -> None:
-    """Drop a dead view's entry (unless its id was already reused by a newer view)."""
+    """Drop a dead view's entry (unless a newer view reused its id)."""
     if STATE.views.live.get(key) is ref:
         STATE.views.live.pop(key, None)
 
@@ -45,9 +44,8 @@ def track(view: object) -> None:
 
 
 def is_view(obj: object) -> TypeGuard[ArrayView]:
-    """Whether ``obj`` is a view (a :class:`~sharedarrays.SharedDeviceArray`). By its type:
-    ``isinstance`` would read ``obj.__class__``, which a dead weakref.proxy raises for and
-    some objects (deprecated aliases) warn on, and live_views asks every object."""
+    """Whether ``obj`` is a view, by its type (``isinstance`` reads ``obj.__class__``, which a
+    dead weakref.proxy raises for and deprecated aliases warn on)."""
     return issubclass(type(obj), ArrayBase)
 
 

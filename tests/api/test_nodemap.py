@@ -452,9 +452,7 @@ def test_nvml_cross_check_covers_exporter_and_importer_processes() -> None:
     importer of a cuda-vmm array, the allocation's bytes under sharedarrays and a driver
     figure at least as large (NVML counts every allocation of the process's context)."""
     pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed (the nvml extra)")
-    from sharedarrays.api import nvml
-
-    why = nvml.available()
+    why = nodemap.available()
     if why is not None:
         pytest.skip(why)
     with _cuda_pair() as (alloc_id, exp, imp, _):
@@ -483,22 +481,20 @@ def test_nvml_cross_check_counts_this_processes_cuda_allocation() -> None:
     """On CUDA with nvidia-ml-py: the driver's figure for this process covers what
     sharedarrays holds here, and the map accounts for the allocation's bytes."""
     pytest.importorskip("pynvml")
-    from sharedarrays.api import nvml
-
-    if nvml.available() is not None:
-        pytest.skip(str(nvml.available()))
+    if nodemap.available() is not None:
+        pytest.skip(str(nodemap.available()))
     # Earlier tests in this process may still hold CUDA memory (a pack slab, a kept array):
     # the allocation made here must add exactly its size to this process's figure.
-    before = {(c.pid, c.device): c for c in nvml.cross_check(nodemap.node_map())}
+    before = {(c.pid, c.device): c for c in nodemap.cross_check(nodemap.node_map())}
     held_before = getattr(before.get((os.getpid(), "cuda:0")), "sharedarrays", 0)
     a = sa.zeros(64 << 20, dtype="uint8", device="cuda:0", backend="cuda-vmm", pack=False)
-    checks = {(c.pid, c.device): c for c in nvml.cross_check(nodemap.node_map())}
+    checks = {(c.pid, c.device): c for c in nodemap.cross_check(nodemap.node_map())}
     mine = checks[(os.getpid(), "cuda:0")]
     assert mine.sharedarrays - held_before == a.allocation.size
     if mine.driver is None:  # as in a container whose pids NVML does not see
         pytest.skip(f"NVML gives no per-process figure for pid {os.getpid()}")
     assert mine.driver >= mine.sharedarrays
-    assert "SHAREDARRAYS" in nvml.render_text(list(checks.values()))
+    assert "SHAREDARRAYS" in nodemap.render_text(list(checks.values()))
     a.close()
 
 

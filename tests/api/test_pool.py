@@ -16,7 +16,6 @@ import pytest
 
 import sharedarrays as sa
 from sharedarrays.api import pool as sa_pool
-from sharedarrays.api import pooltasks as sa_pooltasks
 
 SCRIPT = textwrap.dedent(
     """
@@ -81,13 +80,13 @@ def test_main_functions_work_in_spawned_workers(tmp_path):
 
 
 def test_by_value_only_where_needed():
-    assert sa_pooltasks.by_value(os.getpid) is os.getpid
-    assert sa_pooltasks.by_value(pickle.dumps) is pickle.dumps
-    f = sa_pooltasks.by_value(lambda x: x + 1)
-    assert isinstance(f, sa_pooltasks.ByValue)
+    assert sa_pool.by_value(os.getpid) is os.getpid
+    assert sa_pool.by_value(pickle.dumps) is pickle.dumps
+    f = sa_pool.by_value(lambda x: x + 1)
+    assert isinstance(f, sa_pool.ByValue)
     g = pickle.loads(pickle.dumps(f))
     assert g(1) == 2
-    assert sa_pooltasks.by_value(f) is f
+    assert sa_pool.by_value(f) is f
     assert "lambda" in repr(f)
 
 
@@ -97,7 +96,7 @@ def test_nested_function_by_value():
     def times_k(x):
         return x * k
 
-    f = pickle.loads(pickle.dumps(sa_pooltasks.by_value(times_k)))
+    f = pickle.loads(pickle.dumps(sa_pool.by_value(times_k)))
     assert f(2) == 6
 
 
@@ -107,7 +106,7 @@ def test_a_forked_child_is_not_its_parent_s_pool_worker_and_keeps_what_it_loaded
     from sharedarrays.api.poolqueues import PoolTable, start_worker
     from sharedarrays.process import STATE
 
-    f = pickle.loads(pickle.dumps(sa_pooltasks.by_value(lambda x: x + 1)))
+    f = pickle.loads(pickle.dumps(sa_pool.by_value(lambda x: x + 1)))
     table, saved = PoolTable(1), STATE.pools.worker
     try:
         assert f(1) == 2 and f.blob in STATE.pools.loaded
@@ -560,10 +559,10 @@ def test_a_scripts_functions_go_by_name_and_a_notebooks_by_value(monkeypatch):
 
     f.__module__, f.__qualname__ = "__main__", "f"
     monkeypatch.setitem(sys.modules, "__main__", main)
-    assert isinstance(sa_pooltasks.by_value(f), sa_pooltasks.ByValue)  # no file: a notebook
+    assert isinstance(sa_pool.by_value(f), sa_pool.ByValue)  # no file: a notebook
     main.__file__ = __file__
-    assert sa_pooltasks.by_value(f) is f  # a script: imported as __mp_main__ by the worker
-    assert isinstance(sa_pooltasks.by_value(lambda x: x), sa_pooltasks.ByValue)
+    assert sa_pool.by_value(f) is f  # a script: imported as __mp_main__ by the worker
+    assert isinstance(sa_pool.by_value(lambda x: x), sa_pool.ByValue)
 
 
 def _pool_counters() -> int:

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sharedarrays.api.namespaces import local_name
+from sharedarrays.api.keeping import local_name
 from sharedarrays.api.views import ArrayView, is_view, live_views
 from sharedarrays.memory import Allocation, live_allocations
 from sharedarrays.process import running
