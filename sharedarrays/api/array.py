@@ -13,21 +13,22 @@ import operator
 import os
 import sys
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from multiprocessing import reduction
 from types import SimpleNamespace
-from typing import Any, Protocol, TypeVar, cast, overload, runtime_checkable
+from typing import Any, TypeVar, cast, overload
 
 import numpy as np
 
 from sharedarrays import importing
 from sharedarrays._cpython import caller_frame, mark_no_spawn_in_thread, spawning_process
 from sharedarrays.api import keeping, othernode, views
-from sharedarrays.api.arraybase import _READONLY, check_key, native_key
+from sharedarrays.api.arraybase import _READONLY, ArrayBase, assignable, check_key, native_key
+from sharedarrays.api.devicework import DeviceWork
 from sharedarrays.api.display import Display
 from sharedarrays.api.growth import Growth
 from sharedarrays.api.shapeviews import ShapeViews
-from sharedarrays.backends import Access, NativeView, get_backend
+from sharedarrays.backends import NativeView, get_backend
 from sharedarrays.backends.device import Device, DeviceLike, parse_device
 from sharedarrays.errors import (
     ClosedArrayError,
@@ -42,7 +43,7 @@ from sharedarrays.process import STATE
 from sharedarrays.protocol.payload import Payload, ViewFields, ViewTuple, misaligned, view_extent
 from sharedarrays.transport import handles as transport
 
-__all__ = ["SharedDeviceArray", "Semaphore", "load", "synchronize"]
+__all__ = ["SharedDeviceArray", "load", "synchronize"]
 
 _T = TypeVar("_T")
 _BYTES = np.dtype(np.uint8)
@@ -54,21 +55,7 @@ def _field(get: str | Callable[[Any], Any], doc: str) -> Any:
     return property(operator.attrgetter(get) if isinstance(get, str) else get, doc=doc)
 
 
-@runtime_checkable
-class Semaphore(Protocol):
-    """What :meth:`SharedDeviceArray.wait_for` and :meth:`~SharedDeviceArray.signal` take:
-    an :class:`~sharedarrays.ExternalSemaphore`, a :class:`~sharedarrays.Timeline`, or any
-    object with a ``device`` and these methods ordering that device's current stream."""
-
-    @property
-    def device(self) -> Device: ...
-
-    def wait(self, value: int | None) -> None: ...
-
-    def signal(self, value: int | None) -> None: ...
-
-
-class SharedDeviceArray(Growth, Display, ShapeViews):
+class SharedDeviceArray(Growth, Display, ShapeViews, DeviceWork):
     """An array in memory that other processes can map without copying.
 
     Made by :func:`sharedarrays.empty`, :func:`~sharedarrays.from_array`, ...; passed to
@@ -81,6 +68,8 @@ class SharedDeviceArray(Growth, Display, ShapeViews):
     __slots__ = ("_locked", "_interfaced", "_base", "__weakref__")
     # the mixins' public methods, as the class's own (the API reference lists those)
     resize, append, refresh, show = Growth.resize, Growth.append, Growth.refresh, Display.show
+    synchronize, access, grant = DeviceWork.synchronize, DeviceWork.access, DeviceWork.grant
+    wait_for, signal, get = DeviceWork.wait_for, DeviceWork.signal, ArrayBase.get
 
     def __init__(
         self,
@@ -247,36 +236,6 @@ class SharedDeviceArray(Growth, Display, ShapeViews):
             value = self.allocation.backend.to_native(value)  # e.g. NumPy into CuPy
         native[native_key(key)] = assignable(native, value)
 
-    def get(self) -> np.ndarray[Any, Any]:
-        """Copy the data into a new NumPy array in host memory."""
-        native = self.array
-        if isinstance(native, np.ndarray):
-            return np.array(native, copy=True)
-        if not hasattr(native, "get") and hasattr(native, "cpu"):  # a torch tensor (torch_npu)
-            return np.array(native.detach().cpu().numpy(), copy=True)
-        return native.get()  # type: ignore[no-any-return]
-
-    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
-        if self.device.needs_context:
-            raise TypeError(
-                "Implicit conversion of a CUDA SharedDeviceArray to a NumPy array is not "
-                "allowed; use a.get() to copy it to the host"
-            )
-        native: np.ndarray[Any, Any] = self.array
-        if copy:
-            native = native.copy()
-        if dtype is not None and np.dtype(dtype) != native.dtype:
-            if copy is False:
-                raise ValueError("a dtype conversion needs a copy")
-            native = native.astype(dtype)
-        return native
-
-    def __dlpack__(self, **kwargs: Any) -> Any:
-        return self.array.__dlpack__(**kwargs)
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        return self.array.__dlpack_device__()  # type: ignore[no-any-return]
-
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
         """The CUDA Array Interface (v3); the memory stays mapped while the view lives."""
@@ -285,17 +244,6 @@ class SharedDeviceArray(Growth, Display, ShapeViews):
         native = self.array
         self._interfaced = native
         return native.__cuda_array_interface__  # type: ignore[no-any-return]
-
-    def __len__(self) -> int:
-        if not self._shape:
-            raise TypeError("len() of a 0-d array")
-        return self._shape[0]
-
-    def __iter__(self) -> Iterator[Any]:
-        """``a[0]``, ``a[1]``, ... along the first axis."""
-        if not self._shape:
-            raise TypeError("iteration over a 0-d array")
-        return (self[i] for i in range(self._shape[0]))
 
     # lifecycle --------------------------------------------------------------------------
     def close(self) -> None:
@@ -309,50 +257,6 @@ class SharedDeviceArray(Growth, Display, ShapeViews):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # device work ------------------------------------------------------------------------
-    def synchronize(self) -> None:
-        """Wait until the work queued so far on this array's device is done (every stream
-        of its context on CUDA): before another process reads what this one wrote."""
-        self.allocation.backend.synchronize()
-
-    @property
-    def access(self) -> dict[str, str]:
-        """Which devices may touch this array's memory here: ``"rw"`` or ``"r"`` by name."""
-        return {str(d): a for d, a in self.allocation.access_by_device.items()}
-
-    def grant(self, device: DeviceLike, mode: Access = "rw") -> None:
-        """Let another CUDA device read (``"r"``) or read and write (``"rw"``) this array's
-        whole allocation in this process, without copying (``cuMemSetAccess``). ValueError
-        for a non-cuda-vmm array, the memory's own device or a bad mode;
-        PeerAccessUnavailable where that device cannot reach it; BackendUnavailable: no such
-        device.
-        """
-        dev = parse_device(device)
-        if not dev.needs_context:
-            raise ValueError(f"grant() takes a CUDA device, not {dev}")
-        self.allocation.grant(dev.index, mode)
-
-    def wait_for(self, sem: Semaphore, value: int | None = None) -> None:
-        """Make later work on this array's device (its current stream) wait for ``sem``, a
-        :class:`Semaphore` on that device; ``value``: required for timelines, omitted for
-        binary semaphores."""
-        self._same_device(sem).wait(value)
-
-    def signal(self, sem: Semaphore, value: int | None = None) -> None:
-        """Signal ``sem`` once the work queued so far on this array's device (its current
-        stream) is done: a timeline is set to ``value``; a binary semaphore takes none."""
-        self._same_device(sem).signal(value)
-
-    def _same_device(self, sem: Semaphore) -> Semaphore:
-        if not isinstance(sem, Semaphore):
-            raise TypeError(
-                f"expected an ExternalSemaphore or a Timeline (an object with a device, wait "
-                f"and signal), not {type(sem).__name__}"
-            )
-        if sem.device != self.device:
-            raise ValueError(f"the semaphore is on {sem.device}, this array on {self.device}")
-        return sem
 
     # pickling ---------------------------------------------------------------------------
     def payload(self) -> Payload:
@@ -604,19 +508,6 @@ def load(
     part = importing.ReceivedPart(p, sync, fds)
     view = p.view_fields().to_tuple()  # (checked as a pickled view's: one way to a view)
     return cast("SharedDeviceArray", _rebuild_view(part, view))
-
-
-def assignable(native: Any, value: Any) -> Any:
-    """``value`` as ``native[key] = value`` takes it: a ``torch.Tensor`` native (Ascend)
-    takes tensors and numbers only; anything else becomes a tensor on its device."""
-    torch = sys.modules.get("torch")
-    if (
-        torch is None
-        or not isinstance(native, torch.Tensor)
-        or isinstance(value, (torch.Tensor, bool, int, float, complex))
-    ):
-        return value
-    return torch.tensor(np.asarray(value), device=native.device)
 
 
 @overload

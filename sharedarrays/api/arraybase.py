@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import operator
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import EllipsisType, FrameType, MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -194,6 +194,7 @@ class ArrayBase:
         def allocation(self) -> Allocation: ...
         @property
         def dtype(self) -> np.dtype[Any]: ...
+        def __getitem__(self, key: object) -> Any: ...
         def _layout(self, writeable: bool = False) -> np.ndarray[Any, Any]: ...
         def _derive(
             self: _A, layout: np.ndarray[Any, Any], view: np.ndarray[Any, Any], dtype: np.dtype[Any]
@@ -248,6 +249,48 @@ class ArrayBase:
 
     def __contains__(self, value: object) -> bool:
         return bool(_native(value) in self.array)
+
+    # interop ---------------------------------------------------------------------------
+    def get(self) -> np.ndarray[Any, Any]:
+        """Copy the data into a new NumPy array in host memory."""
+        native = self.array
+        if isinstance(native, np.ndarray):
+            return np.array(native, copy=True)
+        if not hasattr(native, "get") and hasattr(native, "cpu"):  # a torch tensor (torch_npu)
+            return np.array(native.detach().cpu().numpy(), copy=True)
+        return native.get()  # type: ignore[no-any-return]
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
+        if self.allocation.device.needs_context:
+            raise TypeError(
+                "Implicit conversion of a CUDA SharedDeviceArray to a NumPy array is not "
+                "allowed; use a.get() to copy it to the host"
+            )
+        native: np.ndarray[Any, Any] = self.array
+        if copy:
+            native = native.copy()
+        if dtype is not None and np.dtype(dtype) != native.dtype:
+            if copy is False:
+                raise ValueError("a dtype conversion needs a copy")
+            native = native.astype(dtype)
+        return native
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self.array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.array.__dlpack_device__()  # type: ignore[no-any-return]
+
+    def __len__(self) -> int:
+        if not self._shape:
+            raise TypeError("len() of a 0-d array")
+        return self._shape[0]
+
+    def __iter__(self) -> Iterator[Any]:
+        """``a[0]``, ``a[1]``, ... along the first axis."""
+        if not self._shape:
+            raise TypeError("iteration over a 0-d array")
+        return (self[i] for i in range(self._shape[0]))
 
     # above CuPy's (100): cupy_array + a defers to a.__radd__, which unwraps a
     __array_priority__ = 200.0
@@ -351,6 +394,19 @@ class ArrayBase:
 
 
 _BASIC_INDEX = (int, slice, EllipsisType, type(None), np.integer)
+
+
+def assignable(native: Any, value: Any) -> Any:
+    """``value`` as ``native[key] = value`` takes it: a ``torch.Tensor`` native (Ascend)
+    takes tensors and numbers only; anything else becomes a tensor on its device."""
+    torch = sys.modules.get("torch")
+    if (
+        torch is None
+        or not isinstance(native, torch.Tensor)
+        or isinstance(value, (torch.Tensor, bool, int, float, complex))
+    ):
+        return value
+    return torch.tensor(np.asarray(value), device=native.device)
 
 
 def operator_index(n: object) -> int:

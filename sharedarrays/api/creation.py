@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, ParamSpec, SupportsIndex, cast
 import numpy as np
 from numpy.typing import DTypeLike
 
-from sharedarrays.api.array import SharedDeviceArray, assignable
-from sharedarrays.api.arraybase import operator_index, shareable_dtype
+from sharedarrays.api.array import SharedDeviceArray
+from sharedarrays.api.arraybase import assignable, operator_index, shareable_dtype
 from sharedarrays.api.named import publish
 from sharedarrays.api.options import CreationKeywords, CreationOptions
 from sharedarrays.backends import BorrowingBackend, choose_backend, get_backend
