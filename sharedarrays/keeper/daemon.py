@@ -1,9 +1,7 @@
-"""The keeper: one process per user holding the chunk handles of named, parked and
-in-flight arrays, so that their memory outlives its producer. Started on first need, it
-listens on ``keeper.sock`` in the private runtime directory; each client's connection holds
-what it made or attached (an unlinked array is freed when its last holder lets go or dies).
-It exits after :func:`idle_seconds` holding and asked nothing.
-"""
+"""The keeper: one process per user holding the chunk handles of named, parked and in-flight
+arrays, so that their memory outlives its producer. It listens on ``keeper.sock`` in the
+runtime directory; each connection holds what it kept or attached (an unlinked array is freed
+when its last holder lets go or dies). It exits after :func:`idle_seconds` holding nothing."""
 
 from __future__ import annotations
 

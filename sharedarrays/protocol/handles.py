@@ -1,10 +1,7 @@
-"""The handle server's wire format: requests, replies and notices between processes.
-
-A request (:class:`Request`) is one ``SOCK_SEQPACKET`` message: a magic giving its
-:class:`Kind`, the allocation's id and secret, a 32-bit count for the counted kinds, and
-maybe the sender's own handle server path. A reply (:class:`Reply`) is ``b"SAR1"``, a status
-byte and its fd count, then a JSON body.
-"""
+"""The handle server's wire format: a :class:`Request` is one ``SOCK_SEQPACKET`` message (a
+magic giving its :class:`Kind`, the allocation's id and secret, a count for counted kinds, and
+maybe the sender's own server path); a :class:`Reply` is ``b"SAR1"``, a status byte, its fd
+count and a JSON body."""
 
 from __future__ import annotations
 
@@ -12,7 +9,7 @@ import enum
 import json
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -47,7 +44,6 @@ class Kind(enum.Enum):
 
     @property
     def counted(self) -> bool:
-        """Whether its requests carry a count (the longer layout)."""
         return self in (Kind.GROW, Kind.RELEASED, Kind.LOADED, Kind.DONE)
 
 
@@ -75,7 +71,6 @@ class Request:
     reply_to: str = ""
 
     def encode(self) -> bytes:
-        """The message's bytes."""
         head = (self.kind.value, bytes.fromhex(self.alloc_id), self.secret)
         if self.kind.counted:
             return _COUNTED.pack(*head, self.count) + self.reply_to.encode()
@@ -109,7 +104,6 @@ class Reply:
     body: bytes = b""
 
     def encode(self) -> bytes:
-        """The message's bytes."""
         return _REPLY.pack(REPLY_MAGIC, self.status, self.fds) + self.body
 
     @classmethod
@@ -132,7 +126,6 @@ class Handles:
     exports: tuple[bytes, ...] | None = None
 
     def encode(self) -> bytes:
-        """The body's bytes (JSON)."""
         if self.exports is None:
             return json.dumps(self.sizes).encode()
         doc = {"sizes": self.sizes, "exports": [e.hex() for e in self.exports]}
@@ -161,9 +154,7 @@ class Growth:
     used: int
 
     def encode(self) -> bytes:
-        """The body's bytes (JSON)."""
-        doc = {"sizes": self.sizes, "capacity": self.capacity, "used": self.used}
-        return json.dumps(doc).encode()
+        return json.dumps(asdict(self)).encode()
 
     @classmethod
     def decode(cls, body: bytes) -> Growth:
@@ -228,7 +219,6 @@ class Snapshot:
     left_out: int = 0
 
     def encode(self) -> bytes:
-        """The body's bytes (JSON)."""
         doc = {
             "pid": self.pid,
             "command": self.command[:MAX_COMMAND],

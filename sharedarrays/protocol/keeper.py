@@ -1,9 +1,6 @@
-"""The keeper's wire format: requests and replies, as typed records.
-
-A request is ``b"SAK1"`` + a JSON object with an ``"op"`` (a ``keep`` carries one chunk fd
-per size); a reply is ``b"SAK1"`` + a status byte + a JSON object, its fds batched by
-:func:`~sharedarrays.protocol.unix.send_fds`. ``release`` has no reply.
-"""
+"""The keeper's wire format: a request is ``b"SAK1"`` + a JSON object with an ``"op"`` (a
+``keep`` carries one chunk fd per size); a reply is ``b"SAK1"`` + a status byte + a JSON object,
+its fds batched by :func:`~sharedarrays.protocol.unix.send_fds`. ``release`` has no reply."""
 
 from __future__ import annotations
 
@@ -141,11 +138,6 @@ def _dumps(value: object) -> bytes:
     return json.dumps(value, separators=(",", ":"), default=plain).encode()
 
 
-def _field(req: dict[str, Any], attr: str) -> Any:
-    key, check = _FIELDS[attr]
-    return check(req.get(key), key)
-
-
 @dataclass(frozen=True)
 class _Request:
     """A request, its op its class's name in lower case (a field ``X | None`` may be absent)."""
@@ -165,8 +157,9 @@ class _Request:
     def from_fields(cls, req: dict[str, Any]) -> Any:
         values = {}
         for f in dataclasses.fields(cls):
-            absent = str(f.type).endswith("| None") and req.get(_FIELDS[f.name][0]) is None
-            values[f.name] = None if absent else _field(req, f.name)
+            key, check = _FIELDS[f.name]
+            absent = str(f.type).endswith("| None") and req.get(key) is None
+            values[f.name] = None if absent else check(req.get(key), key)
         return cls(**values)
 
 
@@ -246,8 +239,8 @@ class Unlink(_Request):
     @classmethod
     def from_fields(cls, req: dict[str, Any]) -> Unlink:
         if "name" in req:
-            return cls(name=_field(req, "name"))
-        return cls(alloc_id=_field(req, "alloc_id"), secret=_field(req, "secret"))
+            return cls(name=_name(req["name"], "name"))
+        return cls(**dataclasses.asdict(Fetch.from_fields(req)))  # (id and secret, required)
 
 
 @dataclass(frozen=True)

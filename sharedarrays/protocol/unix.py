@@ -19,7 +19,6 @@ import threading
 import time
 import typing
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from sharedarrays.errors import HandleUnavailable, PermissionDenied
@@ -30,11 +29,10 @@ MAX_PATH = 107  # longest Unix socket path in bytes (sun_path less its NUL)
 BACKOFF = 0.05  # seconds between tries to connect to a listener whose queue is full
 RUN_USER = Path("/run/user")  # where systemd makes each user's runtime directory
 RUNTIME_DIR_TRIES = 100  # names tried for the fallback runtime directory
-_CRED = struct.Struct("3i")
+_CRED = struct.Struct("3i")  # pid, uid, gid
 
 
-@dataclass(frozen=True)
-class Credentials:
+class Credentials(typing.NamedTuple):
     """The process at the other end of a Unix socket, as the kernel saw it at connect."""
 
     pid: int
@@ -44,8 +42,8 @@ class Credentials:
 
 def peer_credentials(sock: socket.socket) -> Credentials:
     """The credentials of ``sock``'s peer (``SO_PEERCRED``); OSError if not a Unix socket."""
-    pid, uid, gid = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
-    return Credentials(pid, uid, gid)
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size)
+    return Credentials(*_CRED.unpack(creds))
 
 
 def check_same_user(sock: socket.socket, what: str) -> Credentials:
@@ -119,7 +117,7 @@ def recv_into(sock: socket.socket, size: int, maxfds: int, fds: list[int]) -> tu
     )
     if guard and not select.select([sock], [], [], sock.gettimeout())[0]:
         raise TimeoutError("timed out")
-    length = _message_length(sock, size)
+    length = max(1, min(sock.recv_into(bytearray(1), 1, _PEEK_LENGTH), size))  # (peeked)
     caught: list[typing.Any] = []
     handler = signal.signal(signal.SIGINT, lambda *args: caught.append(args)) if guard else None
     try:
@@ -131,11 +129,6 @@ def recv_into(sock: socket.socket, size: int, maxfds: int, fds: list[int]) -> tu
     if caught and callable(handler):
         handler(*caught[0])  # (the KeyboardInterrupt, now that the fds are owned)
     return msg, flags
-
-
-def _message_length(sock: socket.socket, size: int) -> int:
-    """The length of the next message, 1 to ``size``, peeked without reading it."""
-    return max(1, min(sock.recv_into(bytearray(1), 1, _PEEK_LENGTH), size))
 
 
 _PEEK_LENGTH = int(socket.MSG_PEEK | socket.MSG_TRUNC)

@@ -55,7 +55,7 @@ def _patience(path: str) -> float:
 
 
 def _answered(path: str, answered: bool) -> None:
-    """Note whether the keeper at ``path`` answered in time (``STATE.keeper.late``)."""
+    """Note whether the keeper at ``path`` answered in time."""
     state = STATE.keeper
     if not answered:
         state.late = path
@@ -85,10 +85,9 @@ def _launch() -> subprocess.Popen[bytes] | None:
     directory = unix.runtime_dir()
     exe = spawn.get_executable()
     code = "import sys; from sharedarrays.keeper.daemon import main; sys.exit(main())"
-    env = dict(os.environ)
     package_root = str(Path(__file__).resolve().parents[2])  # above sharedarrays/
-    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if os.path.isabs(p)]
-    env["PYTHONPATH"] = os.pathsep.join([package_root, *paths])
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if os.path.isabs(p)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([package_root, *paths])}
     try:
         log = os.open(_log_path(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     except OSError as e:  # (ENOSPC, EDQUOT: the keeper could make neither socket nor lock)
@@ -248,8 +247,6 @@ def request(
             try:
                 try:
                     unix.send_fds(sock, data, fds)
-                    if isinstance(req, wire.Release):
-                        return wire.OK, {}, []
                     msg, flags = unix.recv_into(sock, wire.MAX_MESSAGE, wire.MAX_FDS, got)
                 except BaseException as e:
                     disconnect()  # (an interrupt too: its reply would be read as the next's)
@@ -375,8 +372,7 @@ def _hand_over_at_exit() -> None:
 
 
 def _close_at_exit() -> None:
-    """Close the connection to the keeper, unless another thread's request holds it over 1 s."""
-    disconnect(wait=1.0)
+    disconnect(wait=1.0)  # (unless another thread's request holds it over 1 s)
 
 
 def refusal(what: str, error: object) -> str:
@@ -436,9 +432,8 @@ def _flush_deferred() -> None:
 def fetch_handles(
     alloc_id: str, secret: bytes, gone: HandleUnavailable
 ) -> tuple[list[int], list[int], bool]:
-    """``(sizes, fds, relayed)`` of a parked, named or in-flight (``relayed``) allocation
-    from a running keeper, which then counts this process as a holder. HandleUnavailable
-    (``gone`` and a note) where it does not hold it; PermissionDenied where refused."""
+    """``(sizes, fds, relayed)`` of an allocation a running keeper holds, which then counts
+    this process as a holder: HandleUnavailable (``gone``, noted) where it holds none."""
     try:
         status, body, fds = request(wire.Fetch(alloc_id, secret), start=False)
     except HandleUnavailable:
