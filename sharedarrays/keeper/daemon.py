@@ -293,9 +293,7 @@ class Keeper:
     def _handle(self, peer: _Peer, msg: bytes, fds: list[int], flags: int) -> _Answer | None:
         try:
             if flags & socket.MSG_TRUNC or (flags & socket.MSG_CTRUNC and len(fds) >= wire.MAX_FDS):
-                raise wire.BadRequest(
-                    f"message too long (at most {wire.MAX_MESSAGE} bytes, {wire.MAX_FDS} fds)"
-                )
+                raise wire.BadRequest(wire.TOO_LONG)
             if flags & socket.MSG_CTRUNC:  # (fewer than MAX_FDS came: no room here for them)
                 raise wire.BadRequest(_NO_ROOM)
             req = wire.decode_request(msg, len(fds))

@@ -60,9 +60,8 @@ class Status(enum.IntEnum):
 
 @dataclass(frozen=True)
 class Request:
-    """One request (or notice) to a handle server: its kind, the allocation's id (32 hex
-    digits) and secret, a count (``GROW``: the first chunk wanted; else how many payloads)
-    and the sender's own handle server path or ``""``."""
+    """A request (or notice) to a handle server; ``count``: ``GROW``'s first chunk wanted,
+    else how many payloads; ``reply_to``: the sender's own handle server path or ``""``."""
 
     kind: Kind
     alloc_id: str
@@ -192,7 +191,6 @@ class HeldAllocation:
     cached: bool = False
 
     def to_doc(self) -> dict[str, Any]:
-        """The row as a JSON object."""
         doc = dict(zip(_ROW, (getattr(self, f.name) for f in fields(self))))
         doc["served"] = [list(s) for s in self.served]
         return doc
@@ -232,15 +230,9 @@ class Snapshot:
         """The body in ``body``; PayloadError if not JSON of this shape or too many rows."""
         doc = _json(body, {"pid", "command", "allocations", "left_out"})
         pid, command, rows = doc["pid"], doc["command"], doc["allocations"]
-        _check(
-            type(pid) is int
-            and pid > 0
-            and type(command) is str
-            and len(command) <= MAX_COMMAND
-            and type(rows) is list
-            and len(rows) <= MAX_SNAPSHOT_ROWS
-            and _natural(doc["left_out"])
-        )
+        _check(type(pid) is int and pid > 0 and _natural(doc["left_out"]))
+        _check(type(command) is str and len(command) <= MAX_COMMAND)
+        _check(type(rows) is list and len(rows) <= MAX_SNAPSHOT_ROWS)
         return cls(pid, command, tuple(map(HeldAllocation.from_doc, rows)), doc["left_out"])
 
 
@@ -250,7 +242,6 @@ def _check(valid: bool) -> None:
 
 
 def _json(body: bytes, keys: set[str] | None = None) -> Any:
-    """The JSON in ``body`` (an object of exactly ``keys``, if given)."""
     try:
         doc = json.loads(bytes(body).decode())  # (str: bytes would have their encoding guessed)
     except (ValueError, RecursionError):  # (UnicodeDecodeError is a ValueError)

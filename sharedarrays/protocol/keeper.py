@@ -33,6 +33,7 @@ LIST_PAGE = 48 << 10  # bytes of array descriptions in one ``list`` reply
 SOCKET_NAME = "keeper.sock"  # in the runtime directory
 LOCK_NAME = "keeper.lock"  # held (``fcntl.flock``) by the live keeper
 _NAME = re.compile(r"^(?:([A-Za-z0-9][A-Za-z0-9._-]*)/)?([A-Za-z0-9][A-Za-z0-9._-]*)\Z")
+TOO_LONG = f"message too long (at most {MAX_MESSAGE} bytes, {MAX_FDS} fds)"
 
 
 class BadRequest(KeeperError):
@@ -274,7 +275,7 @@ def decode_request(msg: bytes, fds: int = 0) -> Request:
     """The request in ``msg``, which came with ``fds`` file descriptors; BadRequest where it
     is malformed, of an unknown op, has a bad field, or fds with an op but ``keep``."""
     if len(msg) > MAX_MESSAGE or fds > MAX_FDS:
-        raise BadRequest(f"message too long (at most {MAX_MESSAGE} bytes, {MAX_FDS} fds)")
+        raise BadRequest(TOO_LONG)
     if not msg.startswith(MAGIC):
         raise BadRequest("not a sharedarrays keeper request (bad magic)")
     try:

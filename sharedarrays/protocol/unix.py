@@ -1,9 +1,5 @@
-"""Unix sockets of this user: where they live, who is at the other end, fds across them.
-
-:func:`runtime_dir` is the private directory of every socket; :func:`check_same_user`
-refuses another user's peer; :func:`send_fds` / :func:`recv_fds` pass fds in batches of
-:data:`FDS_PER_MESSAGE`. Nothing here knows what the messages mean.
-"""
+"""Unix sockets of this user: where they live (:func:`runtime_dir`), who is at the other end
+(:func:`check_same_user`), fds across them in batches (:func:`send_fds`, :func:`recv_fds`)."""
 
 from __future__ import annotations
 
@@ -89,10 +85,8 @@ def send_fds(sock: socket.socket, message: bytes, fds: Sequence[int]) -> None:
 def recv_fds(
     sock: socket.socket, count: int, fds: list[int], deadline: float | None = None
 ) -> bool:
-    """Append the fds :func:`send_fds` sent after its first message to ``fds`` until
-    ``count``; whether they all came. ``fds`` stays the caller's to close, also when this
-    raises: TimeoutError past ``deadline``, HandleUnavailable (:func:`check_truncated`), OSError.
-    """
+    """Append the fds :func:`send_fds` sent after its first message to ``fds`` (the caller's
+    to close, also where this raises) until ``count``: whether they all came."""
     while len(fds) < count:
         before = len(fds)
         if deadline is not None:
@@ -136,8 +130,7 @@ _MSG_CTRUNC = int(socket.MSG_CTRUNC)  # (a plain int: IntFlag's & makes a flag o
 
 
 def check_truncated(flags: int) -> None:
-    """Raise HandleUnavailable if the kernel dropped fds of a message (``MSG_CTRUNC``: this
-    process's fd table is full)."""
+    """Raise HandleUnavailable if the kernel dropped fds of a message (its fd table full)."""
     if flags & _MSG_CTRUNC:
         raise HandleUnavailable(
             "this process has no room for the handles it was sent: it has as many files open "
@@ -221,7 +214,6 @@ def _make_private(path: Path, uid: int) -> Path | None:
 
 
 def _refuse(path: Path, st: os.stat_result) -> typing.NoReturn:
-    """Raise PermissionDenied: ``path`` is not a private directory of this user."""
     raise PermissionDenied(
         f"{path} is not a private directory of this user (owner uid {st.st_uid}, mode "
         f"{stat.filemode(st.st_mode)}); remove it or set XDG_RUNTIME_DIR to a private directory"

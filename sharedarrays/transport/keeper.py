@@ -1,7 +1,6 @@
 """The keeper's client. Each process keeps one connection to this user's keeper (started on
 first need), which counts it as a holder of what it created or attached; payloads in flight
-are handed over on a connection of their own (:func:`hand_over`).
-"""
+are handed over on a connection of their own (:func:`hand_over`)."""
 
 from __future__ import annotations
 
@@ -278,13 +277,11 @@ def _reply(
     sock: socket.socket, msg: bytes, flags: int, got: list[int], path: str, wait: float, sent: int
 ) -> wire.Reply | None:
     """The reply in ``msg``, its later fds appended to ``got``; ``None`` at end of file."""
-    try:
-        unix.check_truncated(flags)
-    except HandleUnavailable:
+    if flags & socket.MSG_CTRUNC:  # (the kernel dropped fds: this process's fd table is full)
         raise NoRoomForFiles(
             "this process has no room for the handles the keeper sent: it has as many files "
             "open as its limit allows (ulimit -n). Close some and try again"
-        ) from None
+        )
     if not msg:
         return None
     reply = wire.Reply.decode(msg)
@@ -294,15 +291,13 @@ def _reply(
     sizes = reply.body.get("sizes")
     if len(got) != wire.MAX_FDS or type(sizes) is not list or len(sizes) <= wire.MAX_FDS:
         return reply
-    why = "it stopped"
     try:  # the fds of an attach or fetch past the first message's
-        complete = unix.recv_fds(sock, len(sizes), got, time.monotonic() + wait)
+        if not unix.recv_fds(sock, len(sizes), got, time.monotonic() + wait):
+            raise EOFError("it stopped")
         sock.settimeout(wait)  # (recv_fds left it at what remained)
-    except (OSError, HandleUnavailable) as e:
-        complete, why = False, str(e)
-    if not complete:
+    except (OSError, EOFError, HandleUnavailable) as e:
         disconnect()
-        raise KeeperError(f"the keeper did not send all the handles: {why}")
+        raise KeeperError(f"the keeper did not send all the handles: {e}") from None
     return reply
 
 
