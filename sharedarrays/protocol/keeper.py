@@ -192,12 +192,9 @@ class Keep(_Request):
     allow_pids: list[int] | None = None
     in_flight: InFlight | None = None
 
-    @classmethod
-    def from_fields(cls, req: dict[str, Any]) -> Keep:
-        keep: Keep = super().from_fields(req)
-        if keep.in_flight is not None and keep.name is not None:
+    def __post_init__(self) -> None:
+        if self.in_flight is not None and self.name is not None:
             raise BadRequest("field 'in_flight' must be an object, and only without a name")
-        return keep
 
 
 @dataclass(frozen=True)
