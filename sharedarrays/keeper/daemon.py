@@ -488,8 +488,7 @@ class Keeper:
 
 
 def _bind(directory: Path, lock_fd: int = -1) -> tuple[int, socket.socket, Any, str]:
-    """Lock ``directory`` (unless ``lock_fd`` holds it) and listen there: the lock fd, the
-    socket, its file's :func:`_file_id` and path."""
+    """Lock ``directory`` (unless ``lock_fd`` holds it), listen: lock fd, socket, file id, path."""
     path = str(directory / wire.SOCKET_NAME)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     new = -1
