@@ -47,13 +47,8 @@ def _fact(path: str) -> str:
 
 @functools.cache
 def machine_node() -> str:
-    """This process's node id from the facts, ignoring ``SHAREDARRAYS_NODE`` (read once).
-
-    Raises
-    ------
-    HandleUnavailable
-        A fact could not be read now (e.g. at the fd limit): the next call reads again.
-    """
+    """This process's node id from the facts, ignoring ``SHAREDARRAYS_NODE`` (read once):
+    HandleUnavailable where a fact cannot be read now (the fd limit), read again next call."""
     paths = ("sys/kernel/random/boot_id", "self/ns/mnt", "self/ns/pid")
     boot, mnt, pid = (_fact(f"/proc/{p}") for p in paths)
     facts = "\0".join((boot, str(os.getuid()), mnt, pid))
@@ -63,7 +58,5 @@ def machine_node() -> str:
 def this_node() -> str:
     """This process's node id: the one ``SHAREDARRAYS_NODE`` claims, else
     :func:`machine_node` (ValueError for a setting that is no node id)."""
-    claimed = env_word(
-        NODE_VARIABLE, NODE_PATTERN, "a node id (at most 64 letters, digits or ._:-)"
-    )
+    claimed = env_word(NODE_VARIABLE, NODE_PATTERN, "a node id (1 to 64 letters, digits or ._:-)")
     return machine_node() if claimed is None else claimed

@@ -1,9 +1,7 @@
-"""The keeper: one process per user holding the chunk handles of named, parked and
-in-flight arrays, so that their memory outlives its producer. Started on first need, it
-listens on ``keeper.sock`` in the private runtime directory; each client's connection holds
-what it made or attached (an unlinked array is freed when its last holder lets go or dies).
-It exits after :func:`idle_seconds` holding and asked nothing.
-"""
+"""The keeper: one process per user holding the chunk handles of named, parked and in-flight
+arrays, so that their memory outlives its producer. It listens on ``keeper.sock`` in the
+runtime directory; each connection holds what it kept or attached (an unlinked array is freed
+when its last holder lets go or dies). It exits after :func:`idle_seconds` holding nothing."""
 
 from __future__ import annotations
 
@@ -295,9 +293,7 @@ class Keeper:
     def _handle(self, peer: _Peer, msg: bytes, fds: list[int], flags: int) -> _Answer | None:
         try:
             if flags & socket.MSG_TRUNC or (flags & socket.MSG_CTRUNC and len(fds) >= wire.MAX_FDS):
-                raise wire.BadRequest(
-                    f"message too long (at most {wire.MAX_MESSAGE} bytes, {wire.MAX_FDS} fds)"
-                )
+                raise wire.BadRequest(wire.TOO_LONG)
             if flags & socket.MSG_CTRUNC:  # (fewer than MAX_FDS came: no room here for them)
                 raise wire.BadRequest(_NO_ROOM)
             req = wire.decode_request(msg, len(fds))
@@ -492,8 +488,7 @@ class Keeper:
 
 
 def _bind(directory: Path, lock_fd: int = -1) -> tuple[int, socket.socket, Any, str]:
-    """Lock ``directory`` (unless ``lock_fd`` holds it) and listen there: the lock fd, the
-    socket, its file's :func:`_file_id` and path."""
+    """Lock ``directory`` (unless ``lock_fd`` holds it), listen: lock fd, socket, file id, path."""
     path = str(directory / wire.SOCKET_NAME)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     new = -1

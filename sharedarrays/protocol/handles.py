@@ -1,10 +1,7 @@
-"""The handle server's wire format: requests, replies and notices between processes.
-
-A request (:class:`Request`) is one ``SOCK_SEQPACKET`` message: a magic giving its
-:class:`Kind`, the allocation's id and secret, a 32-bit count for the counted kinds, and
-maybe the sender's own handle server path. A reply (:class:`Reply`) is ``b"SAR1"``, a status
-byte and its fd count, then a JSON body.
-"""
+"""The handle server's wire format: a :class:`Request` is one ``SOCK_SEQPACKET`` message (a
+magic giving its :class:`Kind`, the allocation's id and secret, a count for counted kinds, and
+maybe the sender's own server path); a :class:`Reply` is ``b"SAR1"``, a status byte, its fd
+count and a JSON body."""
 
 from __future__ import annotations
 
@@ -12,7 +9,7 @@ import enum
 import json
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -47,7 +44,6 @@ class Kind(enum.Enum):
 
     @property
     def counted(self) -> bool:
-        """Whether its requests carry a count (the longer layout)."""
         return self in (Kind.GROW, Kind.RELEASED, Kind.LOADED, Kind.DONE)
 
 
@@ -64,9 +60,8 @@ class Status(enum.IntEnum):
 
 @dataclass(frozen=True)
 class Request:
-    """One request (or notice) to a handle server: its kind, the allocation's id (32 hex
-    digits) and secret, a count (``GROW``: the first chunk wanted; else how many payloads)
-    and the sender's own handle server path or ``""``."""
+    """A request (or notice) to a handle server; ``count``: ``GROW``'s first chunk wanted,
+    else how many payloads; ``reply_to``: the sender's own handle server path or ``""``."""
 
     kind: Kind
     alloc_id: str
@@ -75,7 +70,6 @@ class Request:
     reply_to: str = ""
 
     def encode(self) -> bytes:
-        """The message's bytes."""
         head = (self.kind.value, bytes.fromhex(self.alloc_id), self.secret)
         if self.kind.counted:
             return _COUNTED.pack(*head, self.count) + self.reply_to.encode()
@@ -109,7 +103,6 @@ class Reply:
     body: bytes = b""
 
     def encode(self) -> bytes:
-        """The message's bytes."""
         return _REPLY.pack(REPLY_MAGIC, self.status, self.fds) + self.body
 
     @classmethod
@@ -132,7 +125,6 @@ class Handles:
     exports: tuple[bytes, ...] | None = None
 
     def encode(self) -> bytes:
-        """The body's bytes (JSON)."""
         if self.exports is None:
             return json.dumps(self.sizes).encode()
         doc = {"sizes": self.sizes, "exports": [e.hex() for e in self.exports]}
@@ -161,9 +153,7 @@ class Growth:
     used: int
 
     def encode(self) -> bytes:
-        """The body's bytes (JSON)."""
-        doc = {"sizes": self.sizes, "capacity": self.capacity, "used": self.used}
-        return json.dumps(doc).encode()
+        return json.dumps(asdict(self)).encode()
 
     @classmethod
     def decode(cls, body: bytes) -> Growth:
@@ -201,7 +191,6 @@ class HeldAllocation:
     cached: bool = False
 
     def to_doc(self) -> dict[str, Any]:
-        """The row as a JSON object."""
         doc = dict(zip(_ROW, (getattr(self, f.name) for f in fields(self))))
         doc["served"] = [list(s) for s in self.served]
         return doc
@@ -228,7 +217,6 @@ class Snapshot:
     left_out: int = 0
 
     def encode(self) -> bytes:
-        """The body's bytes (JSON)."""
         doc = {
             "pid": self.pid,
             "command": self.command[:MAX_COMMAND],
@@ -242,15 +230,9 @@ class Snapshot:
         """The body in ``body``; PayloadError if not JSON of this shape or too many rows."""
         doc = _json(body, {"pid", "command", "allocations", "left_out"})
         pid, command, rows = doc["pid"], doc["command"], doc["allocations"]
-        _check(
-            type(pid) is int
-            and pid > 0
-            and type(command) is str
-            and len(command) <= MAX_COMMAND
-            and type(rows) is list
-            and len(rows) <= MAX_SNAPSHOT_ROWS
-            and _natural(doc["left_out"])
-        )
+        _check(type(pid) is int and pid > 0 and _natural(doc["left_out"]))
+        _check(type(command) is str and len(command) <= MAX_COMMAND)
+        _check(type(rows) is list and len(rows) <= MAX_SNAPSHOT_ROWS)
         return cls(pid, command, tuple(map(HeldAllocation.from_doc, rows)), doc["left_out"])
 
 
@@ -260,7 +242,6 @@ def _check(valid: bool) -> None:
 
 
 def _json(body: bytes, keys: set[str] | None = None) -> Any:
-    """The JSON in ``body`` (an object of exactly ``keys``, if given)."""
     try:
         doc = json.loads(bytes(body).decode())  # (str: bytes would have their encoding guessed)
     except (ValueError, RecursionError):  # (UnicodeDecodeError is a ValueError)

@@ -1,9 +1,6 @@
-"""The keeper's wire format: requests and replies, as typed records.
-
-A request is ``b"SAK1"`` + a JSON object with an ``"op"`` (a ``keep`` carries one chunk fd
-per size); a reply is ``b"SAK1"`` + a status byte + a JSON object, its fds batched by
-:func:`~sharedarrays.protocol.unix.send_fds`. ``release`` has no reply.
-"""
+"""The keeper's wire format: a request is ``b"SAK1"`` + a JSON object with an ``"op"`` (a
+``keep`` carries one chunk fd per size); a reply is ``b"SAK1"`` + a status byte + a JSON object,
+its fds batched by :func:`~sharedarrays.protocol.unix.send_fds`. ``release`` has no reply."""
 
 from __future__ import annotations
 
@@ -36,6 +33,7 @@ LIST_PAGE = 48 << 10  # bytes of array descriptions in one ``list`` reply
 SOCKET_NAME = "keeper.sock"  # in the runtime directory
 LOCK_NAME = "keeper.lock"  # held (``fcntl.flock``) by the live keeper
 _NAME = re.compile(r"^(?:([A-Za-z0-9][A-Za-z0-9._-]*)/)?([A-Za-z0-9][A-Za-z0-9._-]*)\Z")
+TOO_LONG = f"message too long (at most {MAX_MESSAGE} bytes, {MAX_FDS} fds)"
 
 
 class BadRequest(KeeperError):
@@ -141,11 +139,6 @@ def _dumps(value: object) -> bytes:
     return json.dumps(value, separators=(",", ":"), default=plain).encode()
 
 
-def _field(req: dict[str, Any], attr: str) -> Any:
-    key, check = _FIELDS[attr]
-    return check(req.get(key), key)
-
-
 @dataclass(frozen=True)
 class _Request:
     """A request, its op its class's name in lower case (a field ``X | None`` may be absent)."""
@@ -165,8 +158,9 @@ class _Request:
     def from_fields(cls, req: dict[str, Any]) -> Any:
         values = {}
         for f in dataclasses.fields(cls):
-            absent = str(f.type).endswith("| None") and req.get(_FIELDS[f.name][0]) is None
-            values[f.name] = None if absent else _field(req, f.name)
+            key, check = _FIELDS[f.name]
+            absent = str(f.type).endswith("| None") and req.get(key) is None
+            values[f.name] = None if absent else check(req.get(key), key)
         return cls(**values)
 
 
@@ -198,12 +192,9 @@ class Keep(_Request):
     allow_pids: list[int] | None = None
     in_flight: InFlight | None = None
 
-    @classmethod
-    def from_fields(cls, req: dict[str, Any]) -> Keep:
-        keep: Keep = super().from_fields(req)
-        if keep.in_flight is not None and keep.name is not None:
+    def __post_init__(self) -> None:
+        if self.in_flight is not None and self.name is not None:
             raise BadRequest("field 'in_flight' must be an object, and only without a name")
-        return keep
 
 
 @dataclass(frozen=True)
@@ -246,8 +237,8 @@ class Unlink(_Request):
     @classmethod
     def from_fields(cls, req: dict[str, Any]) -> Unlink:
         if "name" in req:
-            return cls(name=_field(req, "name"))
-        return cls(alloc_id=_field(req, "alloc_id"), secret=_field(req, "secret"))
+            return cls(name=_name(req["name"], "name"))
+        return cls(**dataclasses.asdict(Fetch.from_fields(req)))  # (id and secret, required)
 
 
 @dataclass(frozen=True)
@@ -281,7 +272,7 @@ def decode_request(msg: bytes, fds: int = 0) -> Request:
     """The request in ``msg``, which came with ``fds`` file descriptors; BadRequest where it
     is malformed, of an unknown op, has a bad field, or fds with an op but ``keep``."""
     if len(msg) > MAX_MESSAGE or fds > MAX_FDS:
-        raise BadRequest(f"message too long (at most {MAX_MESSAGE} bytes, {MAX_FDS} fds)")
+        raise BadRequest(TOO_LONG)
     if not msg.startswith(MAGIC):
         raise BadRequest("not a sharedarrays keeper request (bad magic)")
     try:

@@ -1,9 +1,5 @@
-"""Unix sockets of this user: where they live, who is at the other end, fds across them.
-
-:func:`runtime_dir` is the private directory of every socket; :func:`check_same_user`
-refuses another user's peer; :func:`send_fds` / :func:`recv_fds` pass fds in batches of
-:data:`FDS_PER_MESSAGE`. Nothing here knows what the messages mean.
-"""
+"""Unix sockets of this user: where they live (:func:`runtime_dir`), who is at the other end
+(:func:`check_same_user`), fds across them in batches (:func:`send_fds`, :func:`recv_fds`)."""
 
 from __future__ import annotations
 
@@ -19,7 +15,6 @@ import threading
 import time
 import typing
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from sharedarrays.errors import HandleUnavailable, PermissionDenied
@@ -30,11 +25,10 @@ MAX_PATH = 107  # longest Unix socket path in bytes (sun_path less its NUL)
 BACKOFF = 0.05  # seconds between tries to connect to a listener whose queue is full
 RUN_USER = Path("/run/user")  # where systemd makes each user's runtime directory
 RUNTIME_DIR_TRIES = 100  # names tried for the fallback runtime directory
-_CRED = struct.Struct("3i")
+_CRED = struct.Struct("3i")  # pid, uid, gid
 
 
-@dataclass(frozen=True)
-class Credentials:
+class Credentials(typing.NamedTuple):
     """The process at the other end of a Unix socket, as the kernel saw it at connect."""
 
     pid: int
@@ -44,8 +38,8 @@ class Credentials:
 
 def peer_credentials(sock: socket.socket) -> Credentials:
     """The credentials of ``sock``'s peer (``SO_PEERCRED``); OSError if not a Unix socket."""
-    pid, uid, gid = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
-    return Credentials(pid, uid, gid)
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size)
+    return Credentials(*_CRED.unpack(creds))
 
 
 def check_same_user(sock: socket.socket, what: str) -> Credentials:
@@ -91,10 +85,8 @@ def send_fds(sock: socket.socket, message: bytes, fds: Sequence[int]) -> None:
 def recv_fds(
     sock: socket.socket, count: int, fds: list[int], deadline: float | None = None
 ) -> bool:
-    """Append the fds :func:`send_fds` sent after its first message to ``fds`` until
-    ``count``; whether they all came. ``fds`` stays the caller's to close, also when this
-    raises: TimeoutError past ``deadline``, HandleUnavailable (:func:`check_truncated`), OSError.
-    """
+    """Append the fds :func:`send_fds` sent after its first message to ``fds`` (the caller's
+    to close, also where this raises) until ``count``: whether they all came."""
     while len(fds) < count:
         before = len(fds)
         if deadline is not None:
@@ -119,7 +111,7 @@ def recv_into(sock: socket.socket, size: int, maxfds: int, fds: list[int]) -> tu
     )
     if guard and not select.select([sock], [], [], sock.gettimeout())[0]:
         raise TimeoutError("timed out")
-    length = _message_length(sock, size)
+    length = max(1, min(sock.recv_into(bytearray(1), 1, _PEEK_LENGTH), size))  # (peeked)
     caught: list[typing.Any] = []
     handler = signal.signal(signal.SIGINT, lambda *args: caught.append(args)) if guard else None
     try:
@@ -133,18 +125,12 @@ def recv_into(sock: socket.socket, size: int, maxfds: int, fds: list[int]) -> tu
     return msg, flags
 
 
-def _message_length(sock: socket.socket, size: int) -> int:
-    """The length of the next message, 1 to ``size``, peeked without reading it."""
-    return max(1, min(sock.recv_into(bytearray(1), 1, _PEEK_LENGTH), size))
-
-
 _PEEK_LENGTH = int(socket.MSG_PEEK | socket.MSG_TRUNC)
 _MSG_CTRUNC = int(socket.MSG_CTRUNC)  # (a plain int: IntFlag's & makes a flag object)
 
 
 def check_truncated(flags: int) -> None:
-    """Raise HandleUnavailable if the kernel dropped fds of a message (``MSG_CTRUNC``: this
-    process's fd table is full)."""
+    """Raise HandleUnavailable if the kernel dropped fds of a message (its fd table full)."""
     if flags & _MSG_CTRUNC:
         raise HandleUnavailable(
             "this process has no room for the handles it was sent: it has as many files open "
@@ -228,7 +214,6 @@ def _make_private(path: Path, uid: int) -> Path | None:
 
 
 def _refuse(path: Path, st: os.stat_result) -> typing.NoReturn:
-    """Raise PermissionDenied: ``path`` is not a private directory of this user."""
     raise PermissionDenied(
         f"{path} is not a private directory of this user (owner uid {st.st_uid}, mode "
         f"{stat.filemode(st.st_mode)}); remove it or set XDG_RUNTIME_DIR to a private directory"

@@ -1,7 +1,6 @@
 """The keeper's client. Each process keeps one connection to this user's keeper (started on
 first need), which counts it as a holder of what it created or attached; payloads in flight
-are handed over on a connection of their own (:func:`hand_over`).
-"""
+are handed over on a connection of their own (:func:`hand_over`)."""
 
 from __future__ import annotations
 
@@ -55,7 +54,7 @@ def _patience(path: str) -> float:
 
 
 def _answered(path: str, answered: bool) -> None:
-    """Note whether the keeper at ``path`` answered in time (``STATE.keeper.late``)."""
+    """Note whether the keeper at ``path`` answered in time."""
     state = STATE.keeper
     if not answered:
         state.late = path
@@ -85,10 +84,9 @@ def _launch() -> subprocess.Popen[bytes] | None:
     directory = unix.runtime_dir()
     exe = spawn.get_executable()
     code = "import sys; from sharedarrays.keeper.daemon import main; sys.exit(main())"
-    env = dict(os.environ)
     package_root = str(Path(__file__).resolve().parents[2])  # above sharedarrays/
-    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if os.path.isabs(p)]
-    env["PYTHONPATH"] = os.pathsep.join([package_root, *paths])
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if os.path.isabs(p)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([package_root, *paths])}
     try:
         log = os.open(_log_path(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     except OSError as e:  # (ENOSPC, EDQUOT: the keeper could make neither socket nor lock)
@@ -248,8 +246,6 @@ def request(
             try:
                 try:
                     unix.send_fds(sock, data, fds)
-                    if isinstance(req, wire.Release):
-                        return wire.OK, {}, []
                     msg, flags = unix.recv_into(sock, wire.MAX_MESSAGE, wire.MAX_FDS, got)
                 except BaseException as e:
                     disconnect()  # (an interrupt too: its reply would be read as the next's)
@@ -281,13 +277,11 @@ def _reply(
     sock: socket.socket, msg: bytes, flags: int, got: list[int], path: str, wait: float, sent: int
 ) -> wire.Reply | None:
     """The reply in ``msg``, its later fds appended to ``got``; ``None`` at end of file."""
-    try:
-        unix.check_truncated(flags)
-    except HandleUnavailable:
+    if flags & socket.MSG_CTRUNC:  # (the kernel dropped fds: this process's fd table is full)
         raise NoRoomForFiles(
             "this process has no room for the handles the keeper sent: it has as many files "
             "open as its limit allows (ulimit -n). Close some and try again"
-        ) from None
+        )
     if not msg:
         return None
     reply = wire.Reply.decode(msg)
@@ -297,15 +291,13 @@ def _reply(
     sizes = reply.body.get("sizes")
     if len(got) != wire.MAX_FDS or type(sizes) is not list or len(sizes) <= wire.MAX_FDS:
         return reply
-    why = "it stopped"
     try:  # the fds of an attach or fetch past the first message's
-        complete = unix.recv_fds(sock, len(sizes), got, time.monotonic() + wait)
+        if not unix.recv_fds(sock, len(sizes), got, time.monotonic() + wait):
+            raise EOFError("it stopped")
         sock.settimeout(wait)  # (recv_fds left it at what remained)
-    except (OSError, HandleUnavailable) as e:
-        complete, why = False, str(e)
-    if not complete:
+    except (OSError, EOFError, HandleUnavailable) as e:
         disconnect()
-        raise KeeperError(f"the keeper did not send all the handles: {why}")
+        raise KeeperError(f"the keeper did not send all the handles: {e}") from None
     return reply
 
 
@@ -375,8 +367,7 @@ def _hand_over_at_exit() -> None:
 
 
 def _close_at_exit() -> None:
-    """Close the connection to the keeper, unless another thread's request holds it over 1 s."""
-    disconnect(wait=1.0)
+    disconnect(wait=1.0)  # (unless another thread's request holds it over 1 s)
 
 
 def refusal(what: str, error: object) -> str:
@@ -436,9 +427,8 @@ def _flush_deferred() -> None:
 def fetch_handles(
     alloc_id: str, secret: bytes, gone: HandleUnavailable
 ) -> tuple[list[int], list[int], bool]:
-    """``(sizes, fds, relayed)`` of a parked, named or in-flight (``relayed``) allocation
-    from a running keeper, which then counts this process as a holder. HandleUnavailable
-    (``gone`` and a note) where it does not hold it; PermissionDenied where refused."""
+    """``(sizes, fds, relayed)`` of an allocation a running keeper holds, which then counts
+    this process as a holder: HandleUnavailable (``gone``, noted) where it holds none."""
     try:
         status, body, fds = request(wire.Fetch(alloc_id, secret), start=False)
     except HandleUnavailable:

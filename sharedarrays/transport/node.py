@@ -1,8 +1,6 @@
 """Asking every process of this user on the node what it holds; dropping what no view uses.
-
-Each socket in the runtime directory is asked once, with a short timeout: a process that
-does not answer is reported, never waited for. Nothing here maps memory or sees a secret.
-"""
+Each socket is asked once, with a short timeout: a process that does not answer is reported,
+never waited for. Nothing here maps memory or sees a secret."""
 
 from __future__ import annotations
 
@@ -21,10 +19,8 @@ from sharedarrays.protocol.unix import check_same_user, connect_unix, runtime_di
 __all__ = ["ASK_TIMEOUT", "ASK_AT_ONCE", "Answer", "KeeperAnswer", "handle_servers", "ask_all"]
 __all__ += ["ask_keeper", "drop_mapping", "drop_kept"]
 
-ASK_TIMEOUT = 1.0
-"""Seconds one process is given to accept and answer."""
-ASK_AT_ONCE = 32
-"""At most this many handle servers are asked at the same time (one thread each)."""
+ASK_TIMEOUT = 1.0  # seconds one process is given to accept and answer
+ASK_AT_ONCE = 32  # handle servers asked at the same time at most (one thread each)
 
 _NO_ID = "0" * 32
 _NO_SECRET = bytes(32)
