@@ -7,7 +7,8 @@ maps the allocation (:func:`load_payload`) by asking :data:`RESOLVERS` in order:
 :func:`mapped_here`, :func:`reused_block` (the exporter reused memory parked here),
 :func:`in_message` (fds that travelled with it), :func:`from_exporter` (its handle server),
 :func:`from_keeper`. One that finds nothing records why; when all passed, the last
-:class:`HandleUnavailable` is raised. A growable import catches up (:func:`catch_up`).
+:class:`HandleUnavailable` is raised. A growable import catches up
+(:mod:`sharedarrays.transport.growth`).
 """
 
 from __future__ import annotations
@@ -34,11 +35,13 @@ from sharedarrays.errors import (
 from sharedarrays.memory.allocation import Allocation
 from sharedarrays.memory.lease import Lease, use_clock
 from sharedarrays.memory.registry import lookup, revive
+from sharedarrays.memory.reservation import close_fds
 from sharedarrays.node import NODE_VARIABLE, this_node
 from sharedarrays.process import STATE
 from sharedarrays.protocol.payload import Payload, check_view, remember
 from sharedarrays.transport import client, keeper
 from sharedarrays.transport import handles as transport
+from sharedarrays.transport.growth import catch_up_to, shrunk
 
 RELEASE_WAIT = 2 * keeper.TIMEOUT
 """Seconds a load waits for another thread's release of the allocation it found to end."""
@@ -251,18 +254,13 @@ class Request:
             try:
                 self._backend = get_backend(device_of(p.backend, p.device), p.backend)
             except BaseException:
-                _close(self.carried or [])
+                close_fds(self.carried or [])
                 raise
         return self._backend
 
 
 Resolver = Callable[[Request], Allocation | None]
 """A step of the chain: the allocation, or ``None`` to pass to the next step."""
-
-
-def _close(fds: list[int]) -> None:
-    for fd in fds:
-        os.close(fd)
 
 
 def mapped_here(req: Request) -> Allocation | None:
@@ -287,7 +285,7 @@ def _mapped(p: Payload, carried: list[int] | None) -> Allocation | None:
     import hmac  # (not at module level: hashlib's import costs ``import sharedarrays`` 2 ms)
 
     if not hmac.compare_digest(p.secret, alloc.secret):
-        _close(received)
+        close_fds(received)
         raise PermissionDenied(
             f"allocation {p.alloc_id} is mapped here, but the payload's secret is not its "
             "secret; the payload does not belong to that allocation"
@@ -295,11 +293,11 @@ def _mapped(p: Payload, carried: list[int] | None) -> Allocation | None:
     if alloc.pid != pid and alloc.device.needs_context:  # inherited through fork
         why = why_unusable(alloc.backend.name, alloc.device.index)
         if why is not None:
-            _close(received)
+            close_fds(received)
             raise BackendUnavailable(f"cannot use {alloc.device}: {why}")
     if p.capacity is not None:  # a growable array: maps the chunks added since, if any
-        return _catch_up_to(alloc, p, received)
-    _close(received)
+        return catch_up_to(alloc, p, received)
+    close_fds(received)
     if not alloc.has_chunk_sizes(p.chunks) or alloc.backend.name != p.backend:
         device_of(p.backend, p.device)  # a backend unknown here says so (else: a mismatch)
         raise PayloadError(f"payload does not match allocation {p.alloc_id} mapped here")
@@ -361,7 +359,7 @@ def reused_block(req: Request) -> Allocation | None:
         alloc.flight.note_block_load(first=True)
         memory.registry[alloc.id] = alloc
         memory.parked[alloc.id] = alloc
-    _close(req.carried or [])
+    close_fds(req.carried or [])
     return alloc
 
 
@@ -454,7 +452,7 @@ def load_payload(
         try:
             _check_node(p)
         except WrongNode:
-            _close(carried or [])
+            close_fds(carried or [])
             raise
         alloc = resolve(Request(p, carried), RESOLVERS[1:])
         if p.block is not None and p.pid != STATE.pid:  # (counted by _mapped otherwise)
@@ -501,7 +499,7 @@ def _detach(fds: tuple[Any, ...]) -> list[int]:
                 )
             carried.append(fd)
     except (OSError, EOFError) as exc:
-        _close(carried)
+        close_fds(carried)
         if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
             raise fd_limit_error(
                 "cannot receive the handles that travelled with the payload", str(exc.strerror)
@@ -511,7 +509,7 @@ def _detach(fds: tuple[Any, ...]) -> list[int]:
             "may have exited. Send the array again"
         ) from None
     except BaseException:
-        _close(carried)
+        close_fds(carried)
         raise
     return carried
 
@@ -552,15 +550,15 @@ def _map(
     head = (backend, p.alloc_id, p.secret, sizes, fds, p.pid, access)
     if p.capacity is not None:
         if sizes[: len(p.chunks)] != list(p.chunks):
-            _close(fds)
-            raise _shrunk(p.alloc_id)
+            close_fds(fds)
+            raise shrunk(p.alloc_id)
         alloc = Allocation.import_(*head, capacity=max(capacity, p.capacity))
         if alloc.source_server is None:
             alloc.source_server = p.server
             alloc.used = used or p.size
         return alloc
     if sizes != list(p.chunks):
-        _close(fds)
+        close_fds(fds)
         raise PayloadError("payload's chunk sizes do not match its exporter's allocation")
     here = backend.current_device() if backend.peer_access else p.device
     peers = {here: access} if here != p.device else None
@@ -570,70 +568,3 @@ def _map(
     if backend.exporter_owned:  # its payloads made here name the exporter, which must see
         alloc.source_server = p.server  # every importer; told when this one closes
     return alloc
-
-
-def _shrunk(alloc_id: str) -> PayloadError:
-    return PayloadError(
-        f"allocation {alloc_id} was shrunk since this payload was made; pickle the array again"
-    )
-
-
-# growable arrays: catching up with the exporter ----------------------------------------------
-def _catch_up_to(alloc: Allocation, p: Payload, received: list[int]) -> Allocation:
-    """``alloc``, a growable array mapped here, with at least the chunks ``p`` names: new
-    ones mapped from ``received`` (the carried fds, taken) if any, else from its exporter."""
-    with alloc.growth_lock:
-        local = alloc.chunk_sizes()
-        n = len(p.chunks)
-        if (
-            not alloc.growable
-            or alloc.backend.name != p.backend
-            or list(p.chunks[: len(local)]) != local[:n]
-        ):
-            _close(received)
-            raise PayloadError(f"payload does not match allocation {p.alloc_id} mapped here")
-        if n <= len(local) or alloc.origin.created_here:
-            _close(received)
-            if n > len(local):  # (its exporter has fewer chunks than the payload names)
-                raise _shrunk(p.alloc_id)
-            return alloc  # the same or an older generation: all mapped already
-        if received:
-            _close(received[: len(local)])
-            alloc.extend(list(p.chunks[len(local) :]), received[len(local) :], p.capacity or 0)
-            return alloc
-        _fetch_growth(alloc, p.server, p.pid, local)
-        return alloc
-
-
-def catch_up(alloc: Allocation) -> None:
-    """Map the chunks the exporter of ``alloc`` (a growable import) added since and take its
-    current length (``alloc.used``), asking its handle server. PayloadError where it shrank
-    and grew again since, or ``alloc`` does not know its exporter; else as ``fetch_growth``."""
-    server = alloc.source_server
-    if server is None:  # (inherited through fork: every growable import sets it)
-        raise PayloadError(
-            f"allocation {alloc.id} does not know its exporter's handle server: this process "
-            f"inherited it through fork from pid {alloc.origin.pid}; load a new payload of "
-            "it (pickled there) to see its current length"
-        )
-    with alloc.growth_lock:
-        _fetch_growth(alloc, server, alloc.origin.pid, alloc.chunk_sizes())
-
-
-def _fetch_growth(alloc: Allocation, server: str, pid: int, local: list[int]) -> None:
-    """Map the chunks beyond ``local`` (those mapped here) that the exporter reports, and
-    take its length; under ``alloc.growth_lock``."""
-    sizes, capacity, used, fds = client.fetch_growth(
-        server, pid, alloc.id, alloc.secret, len(local), reply_to=transport.server_address()
-    )
-    if sizes[: len(local)] != local:
-        _close(fds)
-        raise PayloadError(
-            f"allocation {alloc.id} was shrunk and grown again since this process mapped it "
-            "(its chunks differ); close its views here and load a new payload"
-        )
-    if len(sizes) > len(local):
-        alloc.extend(sizes[len(local) :], fds, capacity)
-    else:
-        _close(fds)
-    alloc.used = used

@@ -25,7 +25,6 @@ from sharedarrays.api import keeping
 from sharedarrays.importing import (
     RESOLVERS,
     Request,
-    catch_up,
     from_exporter,
     from_keeper,
     in_message,
@@ -37,6 +36,7 @@ from sharedarrays.memory.allocation import Allocation
 from sharedarrays.memory.registry import lookup
 from sharedarrays.protocol.payload import Payload
 from sharedarrays.transport import client
+from sharedarrays.transport.growth import catch_up
 
 __all__ = ["private_keeper"]  # a fixture, used by name
 

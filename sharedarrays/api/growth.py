@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from sharedarrays import importing
 from sharedarrays.api.arraybase import _READONLY, ArrayBase
 from sharedarrays.errors import ResizeRefused
 from sharedarrays.memory import Allocation
 from sharedarrays.protocol.payload import contiguous_strides, view_extent
+from sharedarrays.transport import growth
 
 __all__ = ["Growth"]
 
@@ -89,7 +89,7 @@ class Growth(ArrayBase):
         """Take the exporter's current length along axis 0 (views as for :meth:`resize`)."""
         alloc, row = self._row_bytes("refresh")
         if not alloc.origin.created_here:
-            importing.catch_up(alloc)
+            growth.catch_up(alloc)
         self._set_length(min(alloc.used, alloc.size) // row)
 
     def _row_bytes(self, what: str) -> tuple[Allocation, int]:
