@@ -7,6 +7,7 @@ from __future__ import annotations
 import queue
 import socket
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -202,6 +203,10 @@ class PicklingState:
         self.interned: dict[Any, Any] = {}
         self.reduce_hooks: dict[str, Callable[[], None]] = {}
         self.reconstructor: Callable[..., Any] | None = None
+        # allocation -> (pid, generation, its payload's bytes): api/array.allocation_bytes
+        self.encoded: weakref.WeakKeyDictionary[Any, tuple[int, int, bytes]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def reset_in_child(self) -> None:
         self.received.clear()

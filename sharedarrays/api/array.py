@@ -389,11 +389,11 @@ def allocation_payload(alloc: Allocation) -> Payload:
 def allocation_bytes(alloc: Allocation) -> bytes:
     """The encoded :func:`allocation_payload`, made once per allocation, process and
     generation (which changes when a growable allocation's chunks change)."""
-    cached = alloc.encoded
+    encoded = STATE.pickling.encoded
+    cached = encoded.get(alloc)
     pid = STATE.pid
     if cached is None or cached[0] != pid or cached[1] != alloc.generation:
-        cached = (pid, alloc.generation, allocation_payload(alloc).to_bytes())
-        alloc.encoded = cached
+        cached = encoded[alloc] = (pid, alloc.generation, allocation_payload(alloc).to_bytes())
     return cached[2]
 
 

@@ -114,7 +114,6 @@ class AllocationRecords:
         self.keeper_name: str | None = None  # its name in the keeper, if any
         self.in_keeper = False  # the keeper is known to hold its handles
         self.source_server: str | None = None  # (imported growable) its exporter's server
-        self.encoded: tuple[int, int, bytes] | None = None  # (pickling) pid, generation, bytes
         self.derives_natives = capacity is None and hasattr(backend, "native_view")
         self.native_device: int | None = None  # device of native arrays read as a peer
         self._native_base: tuple[int | None, Any] | None = None  # (device, native array)
