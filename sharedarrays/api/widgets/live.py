@@ -62,14 +62,13 @@ class _Box(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         super().close()
 
     def view_data(self) -> dict[str, Any]:
-        """The widget-view mime entry that shows this widget live in a kernel."""
+        """The widget-view entry of display data (this widget live in a kernel)."""
         data: dict[str, Any] = super()._repr_mimebundle_()
         return {k: v for k, v in data.items() if k == WIDGET_MIME}
 
     def _repr_mimebundle_(
         self, include: Any = None, exclude: Any = None, **kwargs: Any
-    ) -> dict[str, Any]:
-        """The map's display data: text, HTML (and PNG), and the live view in a kernel."""
+    ) -> dict[str, Any]:  # (the map's: text, HTML, PNG, and this live view in a kernel)
         return dict(self._shown.mimebundle(include, exclude))
 
     def __repr__(self) -> str:
@@ -79,8 +78,7 @@ class _Box(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
 class MemoryMapWidget(_Box):
     """The memory map as an ipywidgets ``VBox`` (composes with ``HBox``, ``Tab``, ...):
     *refresh*, *auto-refresh*, the interval and the last update above the map's HTML. Made by
-    :attr:`MemoryMap.widget <sharedarrays.MemoryMap.widget>`; the map is :attr:`memory_map`.
-    """
+    :attr:`MemoryMap.widget <sharedarrays.MemoryMap.widget>`; the map is :attr:`memory_map`."""
 
     @property
     def memory_map(self) -> Any:
@@ -90,8 +88,7 @@ class MemoryMapWidget(_Box):
     @property
     def maps(self) -> list[ReservationMap]:
         """The allocations as last read (see :meth:`refresh`)."""
-        maps: list[ReservationMap] = self._shown.maps
-        return maps
+        return self._shown.maps  # type: ignore[no-any-return]
 
 
 class NodeMapWidget(_Box):
