@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from sharedarrays.errors import HandleUnavailable, NameNotFound, SharedArrayError
+
 __all__ = ["main", "parse_size"]
 
 _BLOCK = 1 << 24  # elements filled or checked at a time
@@ -225,7 +227,6 @@ def _ls(args: argparse.Namespace) -> int:
     from sharedarrays.api import named, nodemap
     from sharedarrays.api.widgets.model import fmt_bytes
     from sharedarrays.api.widgets.render import COLUMNS, row_cells
-    from sharedarrays.errors import SharedArrayError
 
     try:
         rows = named.list_named(parked=args.all, all_namespaces=args.all_namespaces)
@@ -273,7 +274,6 @@ def _ask(question: str) -> bool:
 def _rm(args: argparse.Namespace) -> int:
     """Unlink each name; free each id (or its start) of a parked or orphaned allocation."""
     from sharedarrays.api import named, nodemap
-    from sharedarrays.errors import NameNotFound, SharedArrayError
 
     status = 0
     for target in args.names:
@@ -312,7 +312,6 @@ def _keeper(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from sharedarrays.errors import HandleUnavailable, SharedArrayError
     from sharedarrays.protocol.keeper import Status
     from sharedarrays.transport import keeper
 
@@ -333,14 +332,11 @@ def _status(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m sharedarrays`` and the ``sharedarrays`` script."""
     from sharedarrays.backends.device import parse_device
-    from sharedarrays.errors import SharedArrayError
 
     parser = argparse.ArgumentParser(prog="python -m sharedarrays")
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="share a large array with a Pool and transform it in place")
-    d.add_argument(
-        "--size", type=parse_size, default=None, help="array size (default 1G on GPU, 256M on host)"
-    )
+    d.add_argument("--size", type=parse_size, help="array size (default 1G on GPU, 256M on host)")
     d.add_argument("--workers", type=int, default=4)
     d.add_argument("--device", default=None, help="auto (default), cpu, cuda or cuda:N")
     d.add_argument("--no-progress", action="store_true", help="no progress bar for the fill")
@@ -381,7 +377,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     k.add_argument(
         "--idle",
         type=seconds,
-        default=None,
         help="seconds to wait holding nothing before exiting (above 0, at most a day)",
     )
     sub.add_parser("status", help="show this user's keeper").set_defaults(run=_status)

@@ -85,16 +85,10 @@ def stop_on_rerun(view: Any) -> None:
 def _on_cell(info: Any = None) -> None:  # (the shell's pre_run_cell hook)
     cell = getattr(info, "cell_id", None) or current_cell()
     for ref in STATE.views.cells.pop(cell, []) if cell else []:
-        view = ref()
         try:
-            if view is not None:
-                view.stop()
+            ref().stop()  # (a collected view: AttributeError on None)
         except Exception:  # a hook must never fail the user's cell
             pass
-
-
-def _interval_of(value: object) -> float:
-    return seconds(value, "interval", model.MIN_INTERVAL, model.MAX_INTERVAL)
 
 
 class _Shown:
@@ -104,7 +98,7 @@ class _Shown:
     _name, _widget = "sharedarrays-map", ""  # (the thread's name, the widget's class)
 
     def __init__(self, interval: float, auto_refresh: bool) -> None:
-        self._interval = _interval_of(interval)
+        self._interval = seconds(interval, "interval", model.MIN_INTERVAL, model.MAX_INTERVAL)
         self._auto_start = auto_refresh
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -165,21 +159,19 @@ class _Shown:
         """Refresh every ``interval`` seconds in a daemon thread holding this map weakly
         (collecting the map stops it); ThreadUnavailable if no thread can start."""
         if interval is not None:
-            self._interval = _interval_of(interval)
+            self._interval = seconds(interval, "interval", model.MIN_INTERVAL, model.MAX_INTERVAL)
         stop_on_rerun(self)
         if not self.auto_refreshing:
             self._stop = stop = threading.Event()
+            args = (weakref.ref(self), stop)
+            thread = threading.Thread(target=_loop, args=args, name=self._name, daemon=True)
+            try:
+                thread.start()
+            except RuntimeError as e:
+                raise thread_error(f"cannot start the refresh thread {self._name!r}", e) from None
             if self._finalizer is not None:
                 self._finalizer.detach()
-            self._finalizer = weakref.finalize(self, stop.set)
-            args = (weakref.ref(self), stop)
-            self._thread = threading.Thread(target=_loop, args=args, name=self._name, daemon=True)
-            try:
-                self._thread.start()
-            except RuntimeError as e:  # nothing left waiting for the map
-                self._finalizer.detach()
-                self._finalizer = self._thread = None
-                raise thread_error(f"cannot start the refresh thread {self._name!r}", e) from None
+            self._finalizer, self._thread = weakref.finalize(self, stop.set), thread
         self._set_toggle(True)
 
     def stop(self, timeout: float | None = 5.0) -> None:
