@@ -179,48 +179,44 @@ def demo(size: int | None, workers: int, dev: Any, progress: bool) -> int:
 def _top(args: argparse.Namespace) -> int:
     """On a terminal redraw in place on the alternate screen, elsewhere print each refresh;
     Ctrl-C and a closed pipe end it (0)."""
+    from sharedarrays.api import nodemap
+    from sharedarrays.api.widgets.render import render_node_text
+
     screen = not (args.once or args.json) and sys.stdout.isatty()
+    if screen:
+        sys.stdout.write(ENTER)
     try:
-        if screen:
-            sys.stdout.write(ENTER)
-        try:
-            return _top_loop(args, screen)
-        finally:
+        while True:
+            picture = nodemap.node_map(args.timeout)
+            checks = nodemap.cross_check(picture) if args.nvml else None
+            if args.json:
+                doc = picture.to_doc()
+                if checks is not None:
+                    doc["nvml"] = [c.to_doc() for c in checks]
+                print(json.dumps(doc, separators=(",", ":")))
+                return 0
+            text = render_node_text(picture)
+            if checks is not None:
+                text += f"\n\n{nodemap.render_text(checks)}"
+            if args.once:
+                print(text)
+                return 0
             if screen:
-                sys.stdout.write(LEAVE)
-                sys.stdout.flush()
+                text = f"{CLEAR}{text}\n\n(every {args.interval:g} s; Ctrl-C to quit)\n"
+            else:
+                text += "\n\n"
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            time.sleep(args.interval)
     except KeyboardInterrupt:
         return 0
     except BrokenPipeError:  # ``top | head``: the reader left
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
         return 0
-
-
-def _top_loop(args: argparse.Namespace, screen: bool) -> int:
-    from sharedarrays.api import nodemap
-    from sharedarrays.api.widgets.render import render_node_text
-
-    while True:
-        picture = nodemap.node_map(args.timeout)
-        checks = nodemap.cross_check(picture) if args.nvml else None
-        if args.json:
-            doc = picture.to_doc()
-            if checks is not None:
-                doc["nvml"] = [c.to_doc() for c in checks]
-            print(json.dumps(doc, separators=(",", ":")))
-            return 0
-        text = render_node_text(picture)
-        if checks is not None:
-            text += f"\n\n{nodemap.render_text(checks)}"
-        if args.once:
-            print(text)
-            return 0
+    finally:
         if screen:
-            sys.stdout.write(CLEAR + text + f"\n\n(every {args.interval:g} s; Ctrl-C to quit)\n")
-        else:
-            sys.stdout.write(text + "\n\n")
-        sys.stdout.flush()
-        time.sleep(args.interval)
+            sys.stdout.write(LEAVE)
+            sys.stdout.flush()
 
 
 def _ls(args: argparse.Namespace) -> int:

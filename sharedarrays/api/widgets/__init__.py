@@ -51,12 +51,10 @@ def show(
     Parameters
     ----------
     target : SharedDeviceArray, Allocation, a list of them, or None
-        ``None`` (the default): every live allocation of this process.
-    interval : float, default 2.0
-        Seconds between automatic refreshes, from 0.2 to 3600.
-    auto_refresh : bool, default False
-        Start refreshing automatically once displayed.
-    scope : {"process", "node"}, default "process"
+        What to show (``None``: every live allocation of this process).
+    interval, auto_refresh
+        Seconds between refreshes (0.2 to 3600), and whether to start refreshing once shown.
+    scope : {"process", "node"}
         ``"node"`` (no ``target``): every allocation of this user on this node, who holds it
         and in which state (:mod:`sharedarrays.api.nodemap`), with a *free* action.
 
@@ -65,13 +63,8 @@ def show(
     MemoryMapWidget or MemoryMap
         In a Jupyter kernel with ipywidgets 8 or later the live map, an ipywidgets ``VBox``
         (its ``memory_map`` is the :class:`MemoryMap`), elsewhere the :class:`MemoryMap`;
-        with ``scope="node"`` a live ``VBox`` or a
-        :class:`~sharedarrays.api.widgets.view.NodeView` (text and HTML).
-
-    Raises
-    ------
-    TypeError, ValueError
-        A wrong ``target``, ``interval`` or ``scope``.
+        for the node a live ``VBox`` or a :class:`~sharedarrays.api.widgets.view.NodeView`.
+        TypeError or ValueError for a wrong argument.
     """
     if scope not in ("process", "node"):
         raise ValueError(f"scope must be 'process' or 'node', not {scope!r}")

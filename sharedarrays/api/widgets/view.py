@@ -214,15 +214,10 @@ class MemoryMap(_Shown):
     and imported it. With ipywidgets it has *refresh* and *auto-refresh*; elsewhere it
     displays as text, HTML and a PNG.
 
-    Parameters
-    ----------
-    target : SharedDeviceArray, Allocation, a list of them, or None
-        What to show; ``None``: every live allocation of this process, re-read on each
-        refresh. The map holds allocations weakly, so it never keeps memory mapped.
-    interval : float, default 2.0
-        Seconds between automatic refreshes, from 0.2 to 3600.
-    auto_refresh : bool, default False
-        Start refreshing automatically (once the widget exists).
+    ``target``: what to show (see :func:`~sharedarrays.show`; ``None``: every live allocation
+    of this process, re-read on each refresh), held weakly: the map never keeps memory mapped.
+    ``interval``: seconds between refreshes (0.2 to 3600); ``auto_refresh``: start refreshing
+    once the widget exists.
     """
 
     _name, _widget = "sharedarrays-memory-map", "MemoryMapWidget"
