@@ -151,10 +151,6 @@ class _Shown:
         """Whether the auto-refresh thread is running."""
         return self._thread is not None and self._thread.is_alive()
 
-    def _set_toggle(self, on: bool) -> None:
-        if self._box is not None and self._box.auto_toggle.value != on:
-            self._box.auto_toggle.value = on
-
     def start(self, interval: float | None = None) -> None:
         """Refresh every ``interval`` seconds in a daemon thread holding this map weakly
         (collecting the map stops it); ThreadUnavailable if no thread can start."""
@@ -172,7 +168,8 @@ class _Shown:
             if self._finalizer is not None:
                 self._finalizer.detach()
             self._finalizer, self._thread = weakref.finalize(self, stop.set), thread
-        self._set_toggle(True)
+        if self._box is not None:  # (a trait set to the value it has sends no event)
+            self._box.auto_toggle.value = True
 
     def stop(self, timeout: float | None = 5.0) -> None:
         """Stop auto-refreshing; wait up to ``timeout`` s for the thread (unless in it)."""
@@ -180,7 +177,8 @@ class _Shown:
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
-        self._set_toggle(False)
+        if self._box is not None:
+            self._box.auto_toggle.value = False
 
     def close(self) -> None:
         """Stop auto-refreshing and close the widget (if one was made)."""
