@@ -242,12 +242,10 @@ def build_map(
         for m in sorted(allocation.mappings, key=lambda m: m.offset)
     )
     gaps, pos = [], 0
-    for b in bars:
-        if b.start > pos:
-            gaps.append(Gap(pos, b.start - pos))
-        pos = max(pos, b.start + b.size)
-    if pos < capacity:
-        gaps.append(Gap(pos, capacity - pos))
+    for start, stop in [*((b.start, b.start + b.size) for b in bars), (capacity, capacity)]:
+        if start > pos:  # (the reservation's end closes the last gap)
+            gaps.append(Gap(pos, start - pos))
+        pos = max(pos, stop)
     spans = sorted(((*_span(v), _view_label(v)) for v in vs), key=lambda s: (s[0], s[0] - s[1]))
     levels = _levels([(s[0], s[1]) for s in spans])
     brackets = tuple(ViewBracket(*s, level) for s, level in zip(spans, levels))
