@@ -22,25 +22,9 @@ from sharedarrays.api.widgets.model import (
 from sharedarrays.api.widgets.render import render_html, render_png, render_text
 from sharedarrays.api.widgets.view import MemoryMap, NodeView, live_or_static
 
-__all__ = [
-    "show",
-    "MemoryMap",
-    "NodeView",
-    "live_or_static",
-    "ReservationMap",
-    "ChunkBar",
-    "Gap",
-    "ViewBracket",
-    "ServedInfo",
-    "TableRow",
-    "build_map",
-    "build_maps",
-    "table_rows",
-    "views_of",
-    "render_html",
-    "render_png",
-    "render_text",
-]
+__all__ = ["show", "MemoryMap", "NodeView", "live_or_static", "ReservationMap", "ChunkBar", "Gap"]
+__all__ += ["ViewBracket", "ServedInfo", "TableRow", "build_map", "build_maps", "table_rows"]
+__all__ += ["views_of", "render_html", "render_png", "render_text"]
 
 
 def show(
