@@ -138,8 +138,7 @@ def _race(pool: Any, a: Any, slices: list[Any], on_cuda: bool) -> tuple[list[Any
 
 
 def demo(size: int | None, workers: int, dev: Any, progress: bool) -> int:
-    """The main job: share a large array with a Pool, transform it in place, verify (on
-    ``dev``, a Device; ``None``: the default)."""
+    """Share a large array on ``dev`` with a Pool, transform it in place, verify."""
     import sharedarrays as sa
 
     with sa.empty(1, "float32", device=dev) as probe:
@@ -177,8 +176,7 @@ def demo(size: int | None, workers: int, dev: Any, progress: bool) -> int:
 
 # top, ls, rm, keeper, status ----------------------------------------------------------------
 def _top(args: argparse.Namespace) -> int:
-    """On a terminal redraw in place on the alternate screen, elsewhere print each refresh;
-    Ctrl-C and a closed pipe end it (0)."""
+    """Redraw on the alternate screen of a terminal, else print each refresh; until Ctrl-C."""
     from sharedarrays.api import nodemap
     from sharedarrays.api.widgets.render import render_node_text
 

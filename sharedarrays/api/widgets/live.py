@@ -12,8 +12,7 @@ __all__ = ["MemoryMapWidget", "NodeMapWidget"]
 
 
 class _Box(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
-    """*refresh*, *auto-refresh*, the interval and a status above the HTML of ``shown`` (a
-    ``MemoryMap`` or ``NodeView``, which it drives), ``extra`` rows between."""
+    """The controls, ``extra`` rows and the HTML of ``shown`` (a MemoryMap or NodeView)."""
 
     def __init__(self, shown: Any, extra: tuple[Any, ...] = ()) -> None:
         self.refresh_button = w.Button(description="refresh", icon="refresh", tooltip="re-read now")

@@ -225,9 +225,8 @@ def _span(v: ArrayView) -> Span:  # (the bytes of its allocation v touches)
 def build_map(
     allocation: Allocation, views: Iterable[ArrayView] | None = None, own: Span | None = None
 ) -> ReservationMap:
-    """Describe one allocation for the memory map (only its metadata is read): ``views`` drawn
-    as brackets (default: its open views here); ``own``, for one array packed in a slab, its
-    bytes ``[start, stop)``, whose views alone are drawn (the others: neighbours)."""
+    """One allocation's map: ``views`` as brackets (default: its open views here); ``own``: a
+    packed array's bytes ``[start, stop)`` of a slab, whose views alone are drawn."""
     vs = views_of(allocation) if views is None else [v for v in views if not v.closed]
     slab, neighbours = allocation.slab, 0
     if slab and own is not None:  # (its own views: packed arrays never overlap)
@@ -293,8 +292,8 @@ def build_maps(target: Any = None) -> list[ReservationMap]:
 
 
 def targets(target: Any) -> list[tuple[Allocation, Span | None]]:
-    """The allocations ``target`` (a view, an allocation, or a sequence of them) names, each
-    once, with a packed small array's span of it (else ``None``); TypeError for others."""
+    """Each allocation ``target`` (a view, an allocation, or a list of them) names, once, with a
+    packed view's span of it (else ``None``); TypeError for anything else."""
     out: dict[tuple[str, Span | None], Allocation] = {}
     for item in target if isinstance(target, (list, tuple)) else [target]:
         alloc = item.allocation if is_view(item) else item
@@ -308,8 +307,7 @@ def targets(target: Any) -> list[tuple[Allocation, Span | None]]:
 
 
 def table_rows(maps: Sequence[ReservationMap]) -> list[TableRow]:
-    """The side table: per allocation its reservation, mappings, unmapped gaps, bytes lost,
-    packed array and views (absolute addresses)."""
+    """The side table's rows (absolute addresses): reservation, mappings, gaps, lost, views."""
     return [
         TableRow(m.short_id, kind, m.address + start, m.address + stop, detail)
         for m in maps

@@ -90,8 +90,7 @@ def render_text(maps: Sequence[ReservationMap]) -> str:
 
 
 def _draw(m: ReservationMap, pen: Any) -> None:
-    """One reservation, drawn by ``pen`` (:class:`_Svg` or :class:`_Png`) at fractions of its
-    width: title, access, view brackets, the bar (with tooltips) and its first and last byte."""
+    """One reservation, drawn by ``pen`` (:class:`_Svg` or :class:`_Png`) at its fractions."""
     a, size = m.address, max(m.size, 1)
     mapped = f", {fmt_bytes(m.mapped)} mapped" if m.mapped < m.size else ""
     pen.begin(_levels(m))
@@ -234,8 +233,7 @@ def _provenance(maps: Sequence[ReservationMap]) -> str:
 
 
 def render_html(maps: Sequence[ReservationMap], title: str = "shared memory map") -> str:
-    """The HTML view: the SVG map, the side table and the provenance panel (of at most
-    :data:`MAX_DRAWN` allocations)."""
+    """The SVG map, the side table and the provenance panel of the first :data:`MAX_DRAWN`."""
     shown = maps[:MAX_DRAWN]
     rows = table_rows(shown)
     attrs = (
@@ -276,8 +274,7 @@ def render_png(maps: Sequence[ReservationMap], dpi: int = 100) -> bytes:
 
 
 class _Png:
-    """Draws reservations one under the other on matplotlib axes, from ``y_top`` down (one
-    unit each, and 0.28 per level of view brackets)."""
+    """Draws reservations one under the other on matplotlib axes, from ``y_top`` down."""
 
     _HA = ("left", "center", "right")
     _RECT: dict[str, dict[str, Any]] = {

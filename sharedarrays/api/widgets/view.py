@@ -92,8 +92,7 @@ def _on_cell(info: Any = None) -> None:  # (the shell's pre_run_cell hook)
 
 
 class _Shown:
-    """What both maps share: the data as last read (``_read``) as text and HTML, refreshed by
-    hand or by a daemon thread, and a live widget made on first use."""
+    """What both maps share: the data last read, refreshing, display and a live widget."""
 
     _name, _widget = "sharedarrays-map", ""  # (the thread's name, the widget's class)
 
@@ -115,8 +114,8 @@ class _Shown:
         return False
 
     def refresh(self) -> Any:
-        """Re-read and redraw; return what was read (``maps``, or a NodeView's ``map``). A map
-        of chosen allocations stops auto-refreshing once every one is released."""
+        """Re-read and redraw; return what was read. A map whose chosen allocations are all
+        released stops auto-refreshing."""
         with self._lock:
             data = self._read()
             self.updated = time.time()
@@ -135,8 +134,7 @@ class _Shown:
 
     @property
     def widget(self) -> Any:
-        """The live :class:`~sharedarrays.api.widgets.live.MemoryMapWidget` (or
-        ``NodeMapWidget``), made on first use; needs ipywidgets 8 or later."""
+        """The live :class:`~sharedarrays.api.widgets.live.MemoryMapWidget` (ipywidgets 8+)."""
         if self._box is None:
             from sharedarrays.api.widgets import live
 
@@ -152,8 +150,8 @@ class _Shown:
         return self._thread is not None and self._thread.is_alive()
 
     def start(self, interval: float | None = None) -> None:
-        """Refresh every ``interval`` seconds in a daemon thread holding this map weakly
-        (collecting the map stops it); ThreadUnavailable if no thread can start."""
+        """Refresh every ``interval`` s in a daemon thread holding the map weakly;
+        ThreadUnavailable if no thread can start."""
         if interval is not None:
             self._interval = seconds(interval, "interval", model.MIN_INTERVAL, model.MAX_INTERVAL)
         stop_on_rerun(self)
@@ -257,8 +255,8 @@ class MemoryMap(_Shown):
 
 
 class NodeView(_Shown):
-    """The node-wide map as last read (``map``) as text or HTML; ``timeout``: the seconds each
-    process is given to answer. Its live widget is a ``NodeMapWidget``."""
+    """The node-wide map as last read (``map``); ``timeout``: seconds each process has to
+    answer."""
 
     _name, _widget = "sharedarrays-node-map", "NodeMapWidget"
 
@@ -280,8 +278,8 @@ class NodeView(_Shown):
         return render.render_node_html(self.map)
 
     def free(self, target: str) -> str:
-        """Free what keeps ``target`` (an id, its start, or a name) though no view uses it,
-        leaving payloads in flight (:func:`~sharedarrays.api.nodemap.free`); what happened."""
+        """Free ``target`` (an id, its start, or a name) as :func:`~sharedarrays.api.nodemap.free`
+        does, leaving payloads in flight; return what happened."""
         try:
             row = nodemap.find(self.refresh(), target.strip())
             done = nodemap.free(row, confirm=None)
@@ -292,8 +290,7 @@ class NodeView(_Shown):
 
 
 def _loop(ref: weakref.ref[_Shown], stop: threading.Event) -> None:
-    """The auto-refresh thread: until stopped, the map collected (not held while waiting) or
-    its widget closed; a failed refresh is shown in the widget's status."""
+    """Refresh until stopped, the map collected (held only to refresh) or its widget closed."""
     while True:
         view = ref()
         box = None if view is None else view._box
