@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import sharedarrays as sa
-from sharedarrays.top_cli import CLEAR, ENTER, LEAVE
+from sharedarrays.cli import CLEAR, ENTER, LEAVE
 
 HEADER = b"sharedarrays on this node at "
 TIMEOUT = 60

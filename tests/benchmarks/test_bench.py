@@ -771,7 +771,7 @@ def test_import_sharedarrays_leaves_the_tools_out() -> None:
     proc = _run_python(
         "import sys, sharedarrays\n"
         "print(sorted(m for m in sys.modules if m.startswith(('harness', 'sharedarrays.bench', "
-        "'sharedarrays.cli', 'sharedarrays.keeper_cli'))))"
+        "'sharedarrays.cli'))))"
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"

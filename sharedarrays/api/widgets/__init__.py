@@ -8,8 +8,6 @@ from functools import partial
 from typing import Any
 
 from sharedarrays.api.widgets.model import (
-    MAX_INTERVAL,
-    MIN_INTERVAL,
     ChunkBar,
     Gap,
     ReservationMap,
@@ -23,27 +21,10 @@ from sharedarrays.api.widgets.model import (
 )
 from sharedarrays.api.widgets.render import render_html, render_png, render_text
 from sharedarrays.api.widgets.view import MemoryMap, NodeView, live_or_static
-from sharedarrays.settings import seconds
 
-__all__ = [
-    "show",
-    "MemoryMap",
-    "NodeView",
-    "live_or_static",
-    "ReservationMap",
-    "ChunkBar",
-    "Gap",
-    "ViewBracket",
-    "ServedInfo",
-    "TableRow",
-    "build_map",
-    "build_maps",
-    "table_rows",
-    "views_of",
-    "render_html",
-    "render_png",
-    "render_text",
-]
+__all__ = ["show", "MemoryMap", "NodeView", "live_or_static", "ReservationMap", "ChunkBar", "Gap"]
+__all__ += ["ViewBracket", "ServedInfo", "TableRow", "build_map", "build_maps", "table_rows"]
+__all__ += ["views_of", "render_html", "render_png", "render_text"]
 
 
 def show(
@@ -54,32 +35,21 @@ def show(
     Parameters
     ----------
     target : SharedDeviceArray, Allocation, a list of them, or None
-        ``None`` (the default): every live allocation of this process.
-    interval : float, default 2.0
-        Seconds between automatic refreshes, from 0.2 to 3600.
-    auto_refresh : bool, default False
-        Start refreshing automatically once displayed.
-    scope : {"process", "node"}, default "process"
-        ``"node"``: every allocation of this user on this node, who holds it and in which
-        state (:mod:`sharedarrays.api.nodemap`), with a *free* action; ``target`` must then
-        be ``None``.
+        What to show (``None``: every live allocation of this process).
+    interval, auto_refresh
+        Seconds between refreshes (0.2 to 3600), and whether to start refreshing once shown.
+    scope : {"process", "node"}
+        ``"node"`` (no ``target``): every allocation of this user on this node, who holds it
+        and in which state (:mod:`sharedarrays.api.nodemap`), with a *free* action.
 
     Returns
     -------
     MemoryMapWidget or MemoryMap
         In a Jupyter kernel with ipywidgets 8 or later the live map, an ipywidgets ``VBox``
-        (its ``memory_map`` is the :class:`MemoryMap`); elsewhere the :class:`MemoryMap`.
-        With ``scope="node"``: a live ``VBox``, or a
-        :class:`~sharedarrays.api.widgets.view.NodeView` (text and HTML).
-
-    Raises
-    ------
-    TypeError
-        ``target`` is not an array or an allocation, or ``interval`` is not a number.
-    ValueError
-        ``interval`` is out of range, or ``scope`` is wrong or given with a target.
+        (its ``memory_map`` is the :class:`MemoryMap`), elsewhere the :class:`MemoryMap`;
+        for the node a live ``VBox`` or a :class:`~sharedarrays.api.widgets.view.NodeView`.
+        TypeError or ValueError for a wrong argument.
     """
-    seconds(interval, "interval", MIN_INTERVAL, MAX_INTERVAL)
     if scope not in ("process", "node"):
         raise ValueError(f"scope must be 'process' or 'node', not {scope!r}")
     if scope == "node" and target is not None:

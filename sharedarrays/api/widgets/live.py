@@ -12,8 +12,7 @@ __all__ = ["MemoryMapWidget", "NodeMapWidget"]
 
 
 class _Box(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
-    """*refresh*, *auto-refresh*, the interval and a status above the HTML of ``shown`` (a
-    ``MemoryMap`` or ``NodeView``, which it drives), ``extra`` rows between."""
+    """The controls, ``extra`` rows and the HTML of ``shown`` (a MemoryMap or NodeView)."""
 
     def __init__(self, shown: Any, extra: tuple[Any, ...] = ()) -> None:
         self.refresh_button = w.Button(description="refresh", icon="refresh", tooltip="re-read now")
@@ -62,14 +61,13 @@ class _Box(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         super().close()
 
     def view_data(self) -> dict[str, Any]:
-        """The widget-view mime entry that shows this widget live in a kernel."""
+        """The widget-view entry of display data (this widget live in a kernel)."""
         data: dict[str, Any] = super()._repr_mimebundle_()
         return {k: v for k, v in data.items() if k == WIDGET_MIME}
 
     def _repr_mimebundle_(
         self, include: Any = None, exclude: Any = None, **kwargs: Any
-    ) -> dict[str, Any]:
-        """The map's display data: text, HTML (and PNG), and the live view in a kernel."""
+    ) -> dict[str, Any]:  # (the map's: text, HTML, PNG, and this live view in a kernel)
         return dict(self._shown.mimebundle(include, exclude))
 
     def __repr__(self) -> str:
@@ -79,8 +77,7 @@ class _Box(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
 class MemoryMapWidget(_Box):
     """The memory map as an ipywidgets ``VBox`` (composes with ``HBox``, ``Tab``, ...):
     *refresh*, *auto-refresh*, the interval and the last update above the map's HTML. Made by
-    :attr:`MemoryMap.widget <sharedarrays.MemoryMap.widget>`; the map is :attr:`memory_map`.
-    """
+    :attr:`MemoryMap.widget <sharedarrays.MemoryMap.widget>`; the map is :attr:`memory_map`."""
 
     @property
     def memory_map(self) -> Any:
@@ -90,8 +87,7 @@ class MemoryMapWidget(_Box):
     @property
     def maps(self) -> list[ReservationMap]:
         """The allocations as last read (see :meth:`refresh`)."""
-        maps: list[ReservationMap] = self._shown.maps
-        return maps
+        return self._shown.maps  # type: ignore[no-any-return]
 
 
 class NodeMapWidget(_Box):

@@ -11,22 +11,14 @@ from typing import Any
 from sharedarrays.api.keeping import local_name
 from sharedarrays.api.views import ArrayView, is_view, live_views
 from sharedarrays.memory import Allocation, live_allocations
+from sharedarrays.memory.info import format_bytes
 from sharedarrays.process import running
 from sharedarrays.protocol.payload import view_extent
 
 Span = tuple[int, int]
-MIN_INTERVAL, MAX_INTERVAL = 0.2, 3600.0
-"""The shortest and longest auto-refresh interval in seconds."""
-WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
-"""The mime type of a live widget's view in a kernel's display data."""
-
-
-def fmt_bytes(n: int) -> str:
-    """Bytes as a short human-readable size (binary units): ``"4 KiB"``, ``"1.5 MiB"``."""
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift:
-            return f"{n / (1 << shift):.4g} {unit}"
-    return f"{n} B"
+fmt_bytes = format_bytes  # ("4 KiB", "1.5 MiB"; the widgets' and the CLI's name)
+MIN_INTERVAL, MAX_INTERVAL = 0.2, 3600.0  # the auto-refresh interval's bounds (s)
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"  # a live widget's display data
 
 
 def plural(n: int, word: str) -> str:
@@ -56,8 +48,7 @@ class Gap:
 
 @dataclass(frozen=True)
 class ViewBracket:
-    """The bytes ``[start, stop)`` one live view touches, drawn in row ``level`` (0 nearest
-    the bar) so that overlapping views do not overlap."""
+    """The bytes ``[start, stop)`` a live view touches, drawn in row ``level`` (0: nearest)."""
 
     start: int
     stop: int
@@ -78,7 +69,7 @@ class ReservationMap:
     """Everything the memory map shows about one allocation in this process.
 
     ``size`` is the reservation (a growable array's capacity), ``mapped`` the bytes mapped
-    from its start (-1: unknown), ``used`` one past the highest byte a live view touches and
+    from its start, ``used`` one past the highest byte a live view touches and
     ``lost`` the mapped bytes beyond it. ``lifetime`` is ``"any holder"`` or ``"exporter"``;
     ``access_enforced`` is False where read-only is only a promise. A ``slab`` packs small
     arrays; ``own`` is the span one packed array has in it (``neighbours``: the other views).
@@ -100,18 +91,18 @@ class ReservationMap:
     origin_pid: int
     origin_time: float
     served: tuple[ServedInfo, ...]
-    mapped: int = -1
-    lifetime: str = "any holder"
-    holders: tuple[int, ...] = ()
-    export_readonly: bool = False
-    access_enforced: bool = True
-    exporter_alive: bool = True
-    in_keeper: bool = False
-    name: str | None = None
-    parked: bool = False
-    slab: bool = False
-    own: Span | None = None
-    neighbours: int = 0
+    mapped: int
+    lifetime: str
+    holders: tuple[int, ...]
+    export_readonly: bool
+    access_enforced: bool
+    exporter_alive: bool
+    in_keeper: bool
+    name: str | None
+    parked: bool
+    slab: bool
+    own: Span | None
+    neighbours: int
 
     @property
     def packed_text(self) -> str:
@@ -136,8 +127,7 @@ class ReservationMap:
         return tuple(m for m in (named, keeper, parked) if m)
 
     @property
-    def importers_note(self) -> str:
-        """``" (importers: r)"`` for this process's read-only export, else ``""``."""
+    def importers_note(self) -> str:  # (this process's read-only export)
         return " (importers: r)" if self.export_readonly and self.created_here else ""
 
     @property
@@ -149,14 +139,12 @@ class ReservationMap:
         return text
 
     @property
-    def short_id(self) -> str:
-        """The first 8 hex digits of the id."""
+    def short_id(self) -> str:  # (its first 8 hex digits)
         return self.alloc_id[:8]
 
     @property
     def origin_text(self) -> str:
-        """Who made it (``"exporter: this process, ..."``, ``"importer of pid N's
-        allocation, ..."``), since when, and what its lifetime depends on."""
+        """Who made it (exporter, or importer of whose), since when, and what it lives on."""
         stamp = time.strftime("%H:%M:%S", time.localtime(self.origin_time))
         owned = self.lifetime == "exporter"
         if self.created_here:
@@ -193,7 +181,6 @@ class TableRow:
 
     @property
     def size(self) -> int:
-        """``stop - start`` in bytes."""
         return self.stop - self.start
 
 
@@ -215,9 +202,7 @@ def _levels(spans: Sequence[Span]) -> list[int]:
     levels = []
     for start, stop in spans:
         level = next((i for i, end in enumerate(ends) if start >= end), len(ends))
-        if level == len(ends):
-            ends.append(0)
-        ends[level] = max(stop, start + 1)
+        ends[level : level + 1] = [max(stop, start + 1)]  # (a new level: appended)
         levels.append(level)
     return levels
 
@@ -232,8 +217,7 @@ def _view_label(v: ArrayView) -> str:
     return f"{shape} {v.dtype}{strided}" + (" read-only" if v.readonly else "")
 
 
-def _span(v: ArrayView) -> Span:
-    """The bytes ``[start, stop)`` of its allocation that view ``v`` touches."""
+def _span(v: ArrayView) -> Span:  # (the bytes of its allocation v touches)
     low, high = view_extent(v.itemsize, v.shape, v.strides)
     return v.offset + low, v.offset + high
 
@@ -241,12 +225,8 @@ def _span(v: ArrayView) -> Span:
 def build_map(
     allocation: Allocation, views: Iterable[ArrayView] | None = None, own: Span | None = None
 ) -> ReservationMap:
-    """Describe one allocation for the memory map (only its metadata is read).
-
-    ``views``: the views drawn as brackets (default: its open views in this process).
-    ``own``: for one array packed in a slab, the bytes ``[start, stop)`` of it; only the
-    views within are drawn, the others counted as neighbours.
-    """
+    """One allocation's map: ``views`` as brackets (default: its open views here); ``own``: a
+    packed array's bytes ``[start, stop)`` of a slab, whose views alone are drawn."""
     vs = views_of(allocation) if views is None else [v for v in views if not v.closed]
     slab, neighbours = allocation.slab, 0
     if slab and own is not None:  # (its own views: packed arrays never overlap)
@@ -261,12 +241,10 @@ def build_map(
         for m in sorted(allocation.mappings, key=lambda m: m.offset)
     )
     gaps, pos = [], 0
-    for b in bars:
-        if b.start > pos:
-            gaps.append(Gap(pos, b.start - pos))
-        pos = max(pos, b.start + b.size)
-    if pos < capacity:
-        gaps.append(Gap(pos, capacity - pos))
+    for start, stop in [*((b.start, b.start + b.size) for b in bars), (capacity, capacity)]:
+        if start > pos:  # (the reservation's end closes the last gap)
+            gaps.append(Gap(pos, start - pos))
+        pos = max(pos, stop)
     spans = sorted(((*_span(v), _view_label(v)) for v in vs), key=lambda s: (s[0], s[0] - s[1]))
     levels = _levels([(s[0], s[1]) for s in spans])
     brackets = tuple(ViewBracket(*s, level) for s, level in zip(spans, levels))
@@ -314,9 +292,8 @@ def build_maps(target: Any = None) -> list[ReservationMap]:
 
 
 def targets(target: Any) -> list[tuple[Allocation, Span | None]]:
-    """The allocations ``target`` (a view, an allocation, or a sequence of them) names, each
-    once, with the span of it a packed small array has (else ``None``); TypeError for
-    anything else."""
+    """Each allocation ``target`` (a view, an allocation, or a list of them) names, once, with a
+    packed view's span of it (else ``None``); TypeError for anything else."""
     out: dict[tuple[str, Span | None], Allocation] = {}
     for item in target if isinstance(target, (list, tuple)) else [target]:
         alloc = item.allocation if is_view(item) else item
@@ -330,8 +307,7 @@ def targets(target: Any) -> list[tuple[Allocation, Span | None]]:
 
 
 def table_rows(maps: Sequence[ReservationMap]) -> list[TableRow]:
-    """The side table: per allocation its reservation, mappings, unmapped gaps, bytes lost to
-    granularity, packed array and views (absolute addresses)."""
+    """The side table's rows (absolute addresses): reservation, mappings, gaps, lost, views."""
     return [
         TableRow(m.short_id, kind, m.address + start, m.address + stop, detail)
         for m in maps
@@ -352,7 +328,7 @@ def _table_parts(m: ReservationMap) -> Iterator[tuple[str, int, int, str]]:
             f"{c.chunk_offset + c.size:#x}, fd {c.fd}, {m.device}: {c.access}{m.importers_note}",
         )
     for g in m.gaps:
-        free = "free capacity" if g.start >= m.mapped >= 0 else ""
+        free = "free capacity" if g.start >= m.mapped else ""
         yield "unmapped", g.start, g.start + g.size, free
     if m.lost:  # (up to the mapped end: a growable array's free capacity is unmapped)
         yield "lost to granularity", m.used, m.used + m.lost, "mapped beyond the views"

@@ -1,10 +1,9 @@
 """Drawing the maps: this process's memory map as text, HTML (an SVG map, the side table, the
 provenance panel) and a PNG (matplotlib); the node-wide map as text and HTML.
 
-The memory map's outer element has the class ``sa-memory-map`` and the data attributes
-``data-allocations``, ``data-shown``, ``data-chunks``, ``data-views`` and ``data-rows``; each
-chunk bar is a ``rect`` of class ``sa-chunk``, each table row a ``tr`` of class ``sa-row``
-(stable markers for tests and scripts).
+Stable markers for tests and scripts: the memory map's ``div.sa-memory-map`` has the data
+attributes ``allocations``, ``shown``, ``chunks``, ``views`` and ``rows``; each chunk bar is a
+``rect.sa-chunk``, each table row a ``tr.sa-row``.
 """
 
 from __future__ import annotations
@@ -18,13 +17,10 @@ from typing import Any
 from sharedarrays.api.nodemap import STATES, Holder, NodeAllocation, NodeMap
 from sharedarrays.api.widgets.model import ReservationMap, TableRow, fmt_bytes, plural, table_rows
 
-PALETTE = tuple(
+PALETTE = tuple(  # chunk colours, by chunk index (cycled)
     "#4e79a7 #f28e2b #59a14f #b07aa1 #76b7b2 #edc948 #9c755f #e15759 #bab0ac #ff9da7".split()  # noqa: SIM905
 )
-"""Chunk colours, by chunk index (cycled)."""
-
-MAX_DRAWN = 24
-"""At most this many allocations are drawn and listed (a line says how many were left out)."""
+MAX_DRAWN = 24  # allocations drawn and listed at most (a line says how many were left out)
 
 _W, _PAD, _BAR_H, _LEVEL_H, _HEAD_H, _FOOT_H = 760, 12, 26, 15, 20, 30  # SVG sizes (px)
 _LABEL_CHAR = 6.0  # the widest a character of a view's label (10 px sans-serif) is drawn
@@ -57,8 +53,7 @@ def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _chunk_label(index: int, size: int, width: float) -> str:
-    """The longest chunk label that fits ``width`` (a fraction of the bar's), or ''."""
+def _chunk_label(index: int, size: int, width: float) -> str:  # (the longest that fits)
     for label in (f"chunk {index} · {fmt_bytes(size)}", f"{index}: {fmt_bytes(size)}"):
         if width > _CHAR * (len(label) + 1):
             return label
@@ -73,13 +68,11 @@ def _marks(m: ReservationMap) -> str:
     return "".join(f" [{mark}]" for mark in m.marks)
 
 
-def _levels(m: ReservationMap) -> int:
-    """The rows of view brackets above a reservation's bar."""
+def _levels(m: ReservationMap) -> int:  # (the rows of view brackets above its bar)
     return max((v.level for v in m.views), default=-1) + 1
 
 
-def _more(total: int) -> str:
-    """The line under a picture or table that shows :data:`MAX_DRAWN` of ``total``."""
+def _more(total: int) -> str:  # (under a picture or table of MAX_DRAWN of total)
     return f"… {plural(total - MAX_DRAWN, 'more allocation')} not shown (of {total})"
 
 
@@ -97,11 +90,9 @@ def render_text(maps: Sequence[ReservationMap]) -> str:
 
 
 def _draw(m: ReservationMap, pen: Any) -> None:
-    """One reservation, drawn by ``pen`` (:class:`_Svg` or :class:`_Png`) at fractions of its
-    width: title, access, view brackets, the bar (chunks, unmapped, lost; with tooltips) and
-    its first and last address."""
+    """One reservation, drawn by ``pen`` (:class:`_Svg` or :class:`_Png`) at its fractions."""
     a, size = m.address, max(m.size, 1)
-    mapped = f", {fmt_bytes(m.mapped)} mapped" if 0 <= m.mapped < m.size else ""
+    mapped = f", {fmt_bytes(m.mapped)} mapped" if m.mapped < m.size else ""
     pen.begin(_levels(m))
     head = (
         f"{m.short_id}{_marks(m)}  {m.backend} {m.device}  {fmt_bytes(m.size)} reserved{mapped}"
@@ -242,8 +233,7 @@ def _provenance(maps: Sequence[ReservationMap]) -> str:
 
 
 def render_html(maps: Sequence[ReservationMap], title: str = "shared memory map") -> str:
-    """The HTML view: the SVG map, the side table and the provenance panel (of at most
-    :data:`MAX_DRAWN` allocations), in a ``div`` with the module's marker."""
+    """The SVG map, the side table and the provenance panel of the first :data:`MAX_DRAWN`."""
     shown = maps[:MAX_DRAWN]
     rows = table_rows(shown)
     attrs = (
@@ -262,8 +252,7 @@ def render_html(maps: Sequence[ReservationMap], title: str = "shared memory map"
 
 
 def render_png(maps: Sequence[ReservationMap], dpi: int = 100) -> bytes:
-    """A static PNG of the memory map, drawn with matplotlib (Agg, no pyplot state): one bar
-    per reservation, scaled to its own length, as the SVG draws it."""
+    """The memory map as the SVG draws it, as a PNG (matplotlib's Agg, no pyplot state)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -285,8 +274,7 @@ def render_png(maps: Sequence[ReservationMap], dpi: int = 100) -> bytes:
 
 
 class _Png:
-    """Draws reservations one under the other on matplotlib axes, from ``y_top`` down (each
-    one unit high, and a row more per level of view brackets)."""
+    """Draws reservations one under the other on matplotlib axes, from ``y_top`` down."""
 
     _HA = ("left", "center", "right")
     _RECT: dict[str, dict[str, Any]] = {
@@ -326,8 +314,8 @@ class _Png:
             ax.text(f + n / 2, y, label, color="white", fontsize=7, ha="center", va="center")
 
 
+# the node-wide table's (``top``, ``ls`` and ``show(scope="node")``)
 COLUMNS = ("ID", "NAME", "STATE", "BACKEND", "DEVICE", "SIZE", "LOST", "EXPORTER", "HOLDERS", "AGE")
-"""The columns of the node-wide table (``top``, ``ls`` and ``show(scope="node")``)."""
 
 _STATE_COLOURS = ("#2e7d32", "#ef6c00", "#00838f", "#1565c0", "#6a1b9a", "#c62828")  # by STATES
 _AGES = ((60, 1, ".0f", "s"), (3600, 60, ".0f", "m"), (86400, 3600, ".1f", "h"))
@@ -338,8 +326,7 @@ def _age(seconds: float) -> str:
     return f"{seconds / unit_s:{spec}}{unit}"
 
 
-def _program(command: str) -> str:
-    """A short name for a command line: the script or module it runs, else its program."""
+def _program(command: str) -> str:  # (the script or module it runs, else its program)
     words = command.split()
     if not words:
         return ""
@@ -378,7 +365,7 @@ def row_cells(row: NodeAllocation) -> tuple[str, ...]:
 
 
 def summary_lines(node: NodeMap) -> list[str]:
-    """One line per device with what sharedarrays holds there, and one about the processes."""
+    """One line per device with what sharedarrays holds there, one about the processes."""
     lines = [
         f"{d.device}: {fmt_bytes(d.bytes)} in {plural(d.allocations, 'allocation')} "
         f"({fmt_bytes(d.lost)} lost to granularity)"
@@ -396,10 +383,8 @@ def summary_lines(node: NodeMap) -> list[str]:
 
 def render_node_text(node: NodeMap) -> str:
     """The node-wide map as a fixed-width table (largest allocation first) under its summary.
-
     Holders read ``<pid><role>``: ``E`` exporter, ``I`` importer, ``K`` keeper; then ``Nv``
-    for N views using it there, or ``p`` for a mapping kept parked.
-    """
+    for N views using it there, or ``p`` for a mapping kept parked."""
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(node.time))
     rows = [COLUMNS] + [row_cells(r) for r in node.allocations]
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]

@@ -1,7 +1,7 @@
 """The maps Jupyter shows: :class:`MemoryMap` (this process's allocations) and
-:class:`NodeView` (the whole node's), their auto-refresh and display; their live widgets are
-in :mod:`~sharedarrays.api.widgets.live`. A notebook cell run again stops the auto-refresh
-it started (its output goes, but the kernel keeps its widgets and their threads)."""
+:class:`NodeView` (the whole node's), refreshed by hand or by a thread; their live widgets are
+in :mod:`~sharedarrays.api.widgets.live`. A cell run again stops the auto-refresh it started
+(the kernel keeps its widgets and their threads when their output goes)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from sharedarrays.settings import seconds
 
 
 def major_version(version: str) -> int:
-    """The major number of a version string (``"10.0.1"`` -> 10; 0 when it has none)."""
+    """``"10.0.1"`` -> 10 (0 when it has no number)."""
     m = re.match(r"\s*v?(\d+)", version)
     return int(m.group(1)) if m else 0
 
@@ -53,23 +53,19 @@ def in_kernel() -> bool:
 
 
 def live_or_static(shown: Any) -> Any:
-    """What ``show()`` returns: the map's live widget in a Jupyter kernel with ipywidgets 8
-    or later, else the map itself."""
+    """The map's live widget in a kernel with ipywidgets 8 or later, else the map."""
     return shown.widget if in_kernel() and widgets_available() else shown
 
 
 def current_cell() -> str | None:
-    """The id of the notebook cell the kernel runs now (``cellId`` in the request's metadata,
-    sent by JupyterLab and Notebook 7), or ``None``."""
+    """The id of the cell the kernel runs now (JupyterLab's and Notebook 7's ``cellId``)."""
     try:
         parent = kernel_shell().kernel.get_parent("shell")
-    except Exception:  # no kernel, or an ipykernel without get_parent (before 6)
+        cell = parent["metadata"].get("cellId")
+    except Exception:  # no kernel or request, or an ipykernel without get_parent (before 6)
         return None
-    metadata = parent.get("metadata") if isinstance(parent, dict) else None
-    if not isinstance(metadata, dict) or parent.get("msg_type") != "execute_request":
-        return None
-    cell = metadata.get("cellId")
-    return cell if isinstance(cell, str) and cell else None
+    ok = isinstance(cell, str) and cell and parent.get("msg_type") == "execute_request"
+    return cell if ok else None
 
 
 def stop_on_rerun(view: Any) -> None:
@@ -86,31 +82,22 @@ def stop_on_rerun(view: Any) -> None:
     STATE.views.cells[cell] = refs
 
 
-def _on_cell(info: Any = None) -> None:
-    """The shell's ``pre_run_cell`` hook: stop the views of the cell that starts."""
+def _on_cell(info: Any = None) -> None:  # (the shell's pre_run_cell hook)
     cell = getattr(info, "cell_id", None) or current_cell()
     for ref in STATE.views.cells.pop(cell, []) if cell else []:
-        view = ref()
         try:
-            if view is not None:
-                view.stop()
+            ref().stop()  # (a collected view: AttributeError on None)
         except Exception:  # a hook must never fail the user's cell
             pass
 
 
-def _interval_of(value: object) -> float:
-    return seconds(value, "interval", model.MIN_INTERVAL, model.MAX_INTERVAL)
-
-
 class _Shown:
-    """What both maps share: the data as last read (``_read``), shown as text and HTML,
-    refreshed by hand or every ``interval`` seconds in a daemon thread that holds the map
-    weakly, and a live widget made on first use."""
+    """What both maps share: the data last read, refreshing, display and a live widget."""
 
     _name, _widget = "sharedarrays-map", ""  # (the thread's name, the widget's class)
 
     def __init__(self, interval: float, auto_refresh: bool) -> None:
-        self._interval = _interval_of(interval)
+        self._interval = seconds(interval, "interval", model.MIN_INTERVAL, model.MAX_INTERVAL)
         self._auto_start = auto_refresh
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -127,9 +114,8 @@ class _Shown:
         return False
 
     def refresh(self) -> Any:
-        """Re-read and redraw; what was read (a :class:`MemoryMap`'s ``maps``, a
-        :class:`NodeView`'s ``map``). A map of chosen allocations stops auto-refreshing once
-        every one is released."""
+        """Re-read and redraw; return what was read. A map whose chosen allocations are all
+        released stops auto-refreshing."""
         with self._lock:
             data = self._read()
             self.updated = time.time()
@@ -148,8 +134,7 @@ class _Shown:
 
     @property
     def widget(self) -> Any:
-        """The live view, made on first use (needs ipywidgets 8 or later): a
-        :class:`~sharedarrays.api.widgets.live.MemoryMapWidget` or ``NodeMapWidget``."""
+        """The live :class:`~sharedarrays.api.widgets.live.MemoryMapWidget` (ipywidgets 8+)."""
         if self._box is None:
             from sharedarrays.api.widgets import live
 
@@ -164,39 +149,34 @@ class _Shown:
         """Whether the auto-refresh thread is running."""
         return self._thread is not None and self._thread.is_alive()
 
-    def _set_toggle(self, on: bool) -> None:
-        if self._box is not None and self._box.auto_toggle.value != on:
-            self._box.auto_toggle.value = on
-
     def start(self, interval: float | None = None) -> None:
-        """Start refreshing every ``interval`` seconds in a daemon thread that holds this map
-        weakly (collecting the map stops it); ThreadUnavailable if no thread can start."""
+        """Refresh every ``interval`` s in a daemon thread holding the map weakly;
+        ThreadUnavailable if no thread can start."""
         if interval is not None:
-            self._interval = _interval_of(interval)
+            self._interval = seconds(interval, "interval", model.MIN_INTERVAL, model.MAX_INTERVAL)
         stop_on_rerun(self)
         if not self.auto_refreshing:
             self._stop = stop = threading.Event()
+            args = (weakref.ref(self), stop)
+            thread = threading.Thread(target=_loop, args=args, name=self._name, daemon=True)
+            try:
+                thread.start()
+            except RuntimeError as e:
+                raise thread_error(f"cannot start the refresh thread {self._name!r}", e) from None
             if self._finalizer is not None:
                 self._finalizer.detach()
-            self._finalizer = weakref.finalize(self, stop.set)
-            args = (weakref.ref(self), stop)
-            self._thread = threading.Thread(target=_loop, args=args, name=self._name, daemon=True)
-            try:
-                self._thread.start()
-            except RuntimeError as e:  # nothing left waiting for the map
-                self._finalizer.detach()
-                self._finalizer = self._thread = None
-                raise thread_error(f"cannot start the refresh thread {self._name!r}", e) from None
-        self._set_toggle(True)
+            self._finalizer, self._thread = weakref.finalize(self, stop.set), thread
+        if self._box is not None:  # (a trait set to the value it has sends no event)
+            self._box.auto_toggle.value = True
 
     def stop(self, timeout: float | None = 5.0) -> None:
-        """Stop auto-refreshing (waits up to ``timeout`` seconds for the thread to end, unless
-        called from it)."""
+        """Stop auto-refreshing; wait up to ``timeout`` s for the thread (unless in it)."""
         self._stop.set()
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
-        self._set_toggle(False)
+        if self._box is not None:
+            self._box.auto_toggle.value = False
 
     def close(self) -> None:
         """Stop auto-refreshing and close the widget (if one was made)."""
@@ -209,8 +189,7 @@ class _Shown:
         return {"text/plain": self.text(), "text/html": self.html()}
 
     def mimebundle(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        """The display data: text, HTML (and a PNG), and the live widget where it can be
-        shown (a Jupyter kernel)."""
+        """The display data: text, HTML (and a PNG), and the live widget in a kernel."""
         bundle = self._static()
         if in_kernel() and widgets_available():
             bundle.update(self.widget.view_data())
@@ -226,20 +205,15 @@ class _Shown:
 class MemoryMap(_Shown):
     """The memory map of shared allocations in this process, live in Jupyter.
 
-    Each allocation is a bar over its address range (chunks in colour, unmapped parts grey,
-    bytes lost to granularity red, live views as brackets), then a table of its addresses and
-    who exported and imported it. With ipywidgets it has *refresh* and *auto-refresh*;
-    elsewhere it displays as text, HTML and a PNG.
+    Each allocation is a bar over its addresses (chunks in colour, unmapped grey, bytes lost
+    to granularity red, views as brackets), then tables of its addresses and of who exported
+    and imported it. With ipywidgets it has *refresh* and *auto-refresh*; elsewhere it
+    displays as text, HTML and a PNG.
 
-    Parameters
-    ----------
-    target : SharedDeviceArray, Allocation, a list of them, or None
-        What to show; ``None``: every live allocation of this process, re-read on each
-        refresh. The map holds allocations weakly, so it never keeps memory mapped.
-    interval : float, default 2.0
-        Seconds between automatic refreshes, from 0.2 to 3600.
-    auto_refresh : bool, default False
-        Start refreshing automatically (once the widget exists).
+    ``target``: what to show (see :func:`~sharedarrays.show`; ``None``: every live allocation
+    of this process, re-read on each refresh), held weakly: the map never keeps memory mapped.
+    ``interval``: seconds between refreshes (0.2 to 3600); ``auto_refresh``: start refreshing
+    once the widget exists.
     """
 
     _name, _widget = "sharedarrays-memory-map", "MemoryMapWidget"
@@ -247,12 +221,11 @@ class MemoryMap(_Shown):
     def __init__(
         self, target: Any = None, *, interval: float = 2.0, auto_refresh: bool = False
     ) -> None:
-        # (each allocation weakly, with the bytes of it a packed small array spans)
+        super().__init__(interval, auto_refresh)
         self._refs: list[tuple[weakref.ref[Allocation], tuple[int, int] | None]] | None = None
         if target is not None:
             self._refs = [(weakref.ref(alloc), own) for alloc, own in model.targets(target)]
         self._title = "shared memory map" if target is None else "memory map"
-        super().__init__(interval, auto_refresh)
         self.maps: list[model.ReservationMap] = self._read()
 
     def _read(self) -> list[model.ReservationMap]:
@@ -282,9 +255,8 @@ class MemoryMap(_Shown):
 
 
 class NodeView(_Shown):
-    """The node-wide map as last read (``map``), displayed as text or HTML; ``timeout``: the
-    seconds each process is given to answer. Its live widget is a
-    :class:`~sharedarrays.api.widgets.live.NodeMapWidget`."""
+    """The node-wide map as last read (``map``); ``timeout``: seconds each process has to
+    answer."""
 
     _name, _widget = "sharedarrays-node-map", "NodeMapWidget"
 
@@ -306,8 +278,8 @@ class NodeView(_Shown):
         return render.render_node_html(self.map)
 
     def free(self, target: str) -> str:
-        """Free what keeps ``target`` (an id, its start, or a name) although no view uses it
-        (:func:`~sharedarrays.api.nodemap.free`, leaving payloads in flight); what happened."""
+        """Free ``target`` (an id, its start, or a name) as :func:`~sharedarrays.api.nodemap.free`
+        does, leaving payloads in flight; return what happened."""
         try:
             row = nodemap.find(self.refresh(), target.strip())
             done = nodemap.free(row, confirm=None)
@@ -318,9 +290,7 @@ class NodeView(_Shown):
 
 
 def _loop(ref: weakref.ref[_Shown], stop: threading.Event) -> None:
-    """The auto-refresh thread: refresh every interval until stopped, the map collected (it
-    is not held while waiting) or its widget closed from outside; a failed refresh is shown
-    in the widget's status and the thread goes on."""
+    """Refresh until stopped, the map collected (held only to refresh) or its widget closed."""
     while True:
         view = ref()
         box = None if view is None else view._box
