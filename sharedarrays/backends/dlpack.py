@@ -12,6 +12,7 @@ import numpy as np
 from sharedarrays.errors import BackendUnavailable
 
 KDL_CPU = 1  # kDLCPU
+KDL_ROCM = 10  # kDLROCM
 KDL_EXT_DEV = 12  # kDLExtDev: PyTorch's PrivateUse1 devices, such as torch_npu's npu
 
 # DLDataTypeCode, by NumPy's dtype kind

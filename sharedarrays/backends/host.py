@@ -141,22 +141,14 @@ class _HostMemory:
 
     __slots__ = ("__array_interface__", "owner")
 
-    def __init__(
-        self,
-        address: int,
-        owner: object,
-        dtype: np.dtype[Any],
-        shape: tuple[int, ...],
-        strides: tuple[int, ...],
-        readonly: bool,
-    ) -> None:
-        self.owner = owner
+    def __init__(self, view: NativeView) -> None:
+        address, _, offset, self.owner, dtype, shape, strides, readonly, _ = view
         interface = {
             "version": 3,
             "shape": shape,
             "typestr": dtype.str,
             "strides": strides,
-            "data": (address, readonly),
+            "data": (address + offset, readonly),
         }
         if dtype.names is not None:  # only a structured dtype needs its fields spelled out
             interface["descr"] = dtype.descr
@@ -165,8 +157,7 @@ class _HostMemory:
 
 def host_view(view: NativeView) -> np.ndarray[Any, Any]:
     """A NumPy array over memory the CPU addresses, keeping ``view.owner`` alive."""
-    address, _, offset, owner, dtype, shape, strides, readonly, _ = view
-    return np.asarray(_HostMemory(address + offset, owner, dtype, shape, strides, readonly))
+    return np.asarray(_HostMemory(view))
 
 
 def host_native(
@@ -355,7 +346,7 @@ class HostBackend(SyncOrdering):
     def native_memory(
         self, address: int, size: int, owner: object, readonly: bool, device_index: int | None
     ) -> np.ndarray[Any, Any]:
-        return np.asarray(_HostMemory(address, owner, _BYTES, (size,), (1,), readonly))
+        return host_view(NativeView(address, size, 0, owner, _BYTES, (size,), (1,), readonly))
 
     def native_view(
         self,
