@@ -50,11 +50,6 @@ class PoolBackend(DeviceBase):
     def _too_large(self, size: int) -> str | None:  # why ``size`` is refused, or None
         return None
 
-    @property
-    def pool_fd(self) -> int:
-        """The exported fd of this process's pool (``-1`` before the first allocation)."""
-        return self._pool_fd
-
     def _own_pool(self) -> Any:
         with self._lock:
             if self._pool is not None:

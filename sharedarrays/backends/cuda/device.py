@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Iterator
@@ -23,7 +24,6 @@ from sharedarrays.backends.cuda.driver import (
     CudaOutOfMemory,
     OnDevice,
     check,
-    current_device_index,
     current_stream,
     load_driver,
     opaque_bytes,
@@ -81,8 +81,7 @@ class ValueReader:
             if not self._finalizer.alive:
                 raise ClosedArrayError("this value reader was closed")
             check(
-                d.cuMemcpyDtoHAsync(out.ctypes.data, address, 8, self._stream),
-                "cuMemcpyDtoHAsync",
+                d.cuMemcpyDtoHAsync(out.ctypes.data, address, 8, self._stream), "cuMemcpyDtoHAsync"
             )
             check(d.cuStreamSynchronize(self._stream), "cuStreamSynchronize")
         return int(out[0])
@@ -288,8 +287,21 @@ class CudaDevice(DeviceBase):
             check(self._d.cuCtxSynchronize(), "cuCtxSynchronize")
 
     def current_device(self) -> int:
-        """The CUDA device this process works on now (CuPy's or PyTorch's), else this one."""
-        return current_device_index(self.device.index)
+        """The CUDA device this process works on now: CuPy's, else PyTorch's, else this one."""
+        cupy = sys.modules.get("cupy")
+        if cupy is not None:
+            try:
+                return int(cupy.cuda.runtime.getDevice())
+            except Exception:
+                pass
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            try:
+                if torch.cuda.is_initialized():
+                    return int(torch.cuda.current_device())
+            except Exception:
+                pass
+        return self.device.index
 
     def current_stream(self) -> int:
         """The stream work is queued on here (:func:`.driver.current_stream`)."""
@@ -428,12 +440,7 @@ class CudaDevice(DeviceBase):
                 return arr if arr.device.id == index else arr.copy()
             return cupy.asarray(np.asarray(obj))
 
-    def export_sync(self) -> bytes | None:
-        """Record an event on the current stream now (:func:`.sync.export_sync`)."""
-        return sync.export_sync(self)
-
-    export_fence = sync.export_fence  # (bound directly: one call less per message)
-
-    def import_sync(self, token: bytes) -> None:
-        """Make the current stream wait for an exported event (:func:`.sync.import_sync`)."""
-        sync.import_sync(self, token)
+    # cross-process ordering (bound directly: one call less per message)
+    export_sync = sync.export_sync
+    export_fence = sync.export_fence
+    import_sync = sync.import_sync

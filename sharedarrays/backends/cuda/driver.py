@@ -318,24 +318,6 @@ def _peer_reason(index: int, owner: int) -> str | None:
     )
 
 
-def current_device_index(default: int) -> int:
-    """The CUDA device this process works on: CuPy's, else PyTorch's, else ``default``."""
-    cupy = sys.modules.get("cupy")
-    if cupy is not None:
-        try:
-            return int(cupy.cuda.runtime.getDevice())
-        except Exception:
-            pass
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        try:
-            if torch.cuda.is_initialized():
-                return int(torch.cuda.current_device())
-        except Exception:
-            pass
-    return default
-
-
 def current_stream(device_index: int) -> int:
     """The stream work is queued on: CuPy's current one when CuPy is imported, else ``0``
     (the legacy default stream, PyTorch's unless told otherwise)."""

@@ -113,12 +113,7 @@ class CudaIpcBackend(CudaDevice):
             except CudaDriverError as exc:
                 raise NotShareable(f"CUDA IPC refused this memory ({exc})" + suggestion) from exc
         chunk = Chunk(
-            size=int(length),
-            handle=int(base),
-            fd=-1,
-            address=int(base),
-            export=export,
-            owner=owner,
+            size=int(length), handle=int(base), fd=-1, address=int(base), export=export, owner=owner
         )
         return chunk, pointer - int(base)
 

@@ -61,11 +61,6 @@ def no_sync() -> Iterator[None]:
         _no_sync.reset(token)
 
 
-def sync_enabled() -> bool:
-    """Whether :func:`export_sync` records events here (``False`` inside :func:`no_sync`)."""
-    return not _no_sync.get()
-
-
 class Fence:
     """The ordering of one message: one record (``token``; ``None``: the stream was idle),
     pickled as the token. The pickler's memo holds it while one ``dumps`` runs and
