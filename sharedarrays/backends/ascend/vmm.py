@@ -255,16 +255,9 @@ class AscendBackend(SyncOrdering, DeviceBase):
         if not readonly and _torch_layout(dtype, strides):
             consume = torch_npu_from_dlpack()
             if consume is not None:
+                where = (KDL_EXT_DEV, self.device.index)
                 try:
-                    exporter = dlpack_view(
-                        address + offset,
-                        dtype,
-                        shape,
-                        strides,
-                        KDL_EXT_DEV,
-                        self.device.index,
-                        owner,
-                    )
+                    exporter = dlpack_view(address + offset, dtype, shape, strides, *where, owner)
                 except BackendUnavailable as exc:
                     warnings.warn(f"{exc}; giving NumPy arrays meanwhile", stacklevel=2)
                 else:
