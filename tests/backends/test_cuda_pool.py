@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import sharedarrays as sa
-from sharedarrays.backends.cuda import device as cuda_pool
+from sharedarrays.backends.cuda import pool as cuda_pool
 
 TESTS = Path(__file__).parents[1]
 

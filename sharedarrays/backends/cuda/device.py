@@ -1,7 +1,7 @@
 """The base of the CUDA backends: one device, its primary context, CuPy arrays, ordering
 (:mod:`.sync`), and the stream operations (64-bit values, external semaphores) everything
-above the backends uses instead of driver calls. On it, ``cuda-vmm`` and ``cuda-pool``:
-:class:`~..vmm.VmmBackend` and :class:`~..pool.PoolBackend` on CUDA's calls."""
+above the backends uses instead of driver calls; and on it ``cuda-vmm``,
+:class:`~..vmm.VmmBackend` on CUDA's calls."""
 
 from __future__ import annotations
 
@@ -33,7 +33,6 @@ from sharedarrays.backends.cuda.driver import (
     why_unusable,
 )
 from sharedarrays.backends.device import Device
-from sharedarrays.backends.pool import PoolBackend
 from sharedarrays.backends.registry import Registration, register
 from sharedarrays.backends.vmm import VmmBackend
 from sharedarrays.errors import (
@@ -43,7 +42,6 @@ from sharedarrays.errors import (
     fd_limit_error,
 )
 from sharedarrays.protocol.payload import contiguous_strides
-from sharedarrays.settings import env_number
 
 
 def _gib(nbytes: int) -> str:
@@ -461,43 +459,4 @@ class CudaVmmBackend(VmmBackend, CudaDevice):
     _peer_reason = staticmethod(peer_reason)
 
 
-MAX_BYTES = 4 << 30
-"""Largest cuda-pool allocation (``SHAREDARRAYS_POOL_MAX_BYTES`` overrides it): importing one
-of 5.25 GiB or more segfaults in ``cuMemPoolImportPointer`` (driver 580, H200), so both sides
-refuse larger ones."""
-
-
-def max_bytes() -> int:
-    """The largest cuda-pool allocation allowed here (:data:`MAX_BYTES`)."""
-    return env_number("SHAREDARRAYS_POOL_MAX_BYTES", MAX_BYTES, 1)
-
-
-def _too_large(size: int) -> str | None:
-    limit = max_bytes()
-    if size <= limit:
-        return None
-    return (
-        f"a cuda-pool allocation of {size} bytes is larger than {limit} "
-        "(SHAREDARRAYS_POOL_MAX_BYTES): importing pool allocations above about 5 GiB crashes "
-        "the importing process inside cuMemPoolImportPointer (driver 580, H200). Use "
-        "backend='cuda-vmm' or 'cuda-ipc' for large arrays"
-    )
-
-
-class CudaPoolBackend(PoolBackend, CudaDevice):
-    """Stream-ordered memory of one CUDA device, shared through an exported pool
-    (``"cuda-pool"``); allocations are made on the current stream, at most
-    :func:`max_bytes`."""
-
-    name: ClassVar[str] = "cuda-pool"
-    values_refused: ClassVar[str | None] = (
-        "the driver refuses stream memory operations on pool memory imported by another "
-        "process (cuStreamWaitValue64 answers CUDA_ERROR_INVALID_VALUE, seen on an H200 with "
-        "driver 580). Put the counter in a cuda-vmm or cuda-ipc array: sa.zeros(1, 'uint64', "
-        "backend='cuda-vmm')"
-    )
-    _too_large = staticmethod(_too_large)
-
-
-register(Registration.of(CudaPoolBackend, "cuda", 2, lambda i: why_unusable(i, "cuda-pool")))
 register(Registration.of(CudaVmmBackend, "cuda", 0, lambda i: why_unusable(i, "cuda-vmm")))
