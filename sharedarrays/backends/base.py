@@ -32,6 +32,9 @@ from sharedarrays.process import STATE
 Access = Literal["rw", "r", "none"]
 """Who may touch a mapping: read-write, read-only, or nobody."""
 
+DType = np.dtype[Any]
+Shape = tuple[int, ...]  # a shape, or byte strides
+
 
 def round_up(n: int, multiple: int) -> int:
     """Round ``n`` up to a multiple of ``multiple`` (a positive int)."""
@@ -106,9 +109,9 @@ class NativeView(NamedTuple):
     size: int
     offset: int
     owner: object
-    dtype: np.dtype[Any]
-    shape: tuple[int, ...]
-    strides: tuple[int, ...]
+    dtype: DType
+    shape: Shape
+    strides: Shape
     readonly: bool
     device_index: int | None = None
 
@@ -240,17 +243,15 @@ class DeviceBase:
     device: Device
     _pid: int
 
-    if TYPE_CHECKING:  # what the vendor's device base class provides
+    if TYPE_CHECKING:  # what the backend and the vendor's device base class provide
 
+        @property
+        def granularity(self) -> int: ...
         def context(self) -> contextlib.AbstractContextManager[None]: ...
         def synchronize(self) -> None: ...
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.device})"
-
-    @property
-    def granularity(self) -> int:
-        raise NotImplementedError
 
     def _take(self, device: Device, kind: str, what: str, why: Callable[[int], str | None]) -> None:
         """Serve ``device`` of ``kind`` unless ``why`` says no."""

@@ -100,7 +100,10 @@ class AscendBackend(SyncOrdering, DeviceBase):
         self._on_device()
         args = (ctypes.pointer(prop), rt.ACL_RT_MEM_ALLOC_GRANULARITY_RECOMMENDED)
         self._granularity = self._out(ctypes.c_size_t, "aclrtMemGetAllocationGranularity", *args)
-        self._cpu_addressable = rt.cpu_addressable(self._acl)
+        # whether the CPU addresses mapped NPU memory: never for libascendcl; a stand-in
+        # module says so with SHAREDARRAYS_CPU_ADDRESSABLE = True
+        addressable = getattr(self._acl, "SHAREDARRAYS_CPU_ADDRESSABLE", False)
+        self._cpu_addressable = bool(addressable) if rt.module_name() else False
 
     @property
     def granularity(self) -> int:

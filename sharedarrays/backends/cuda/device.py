@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from sharedarrays import process
-from sharedarrays.backends.base import DeviceBase, NativeView, VendorCalls
+from sharedarrays.backends.base import DeviceBase, DType, NativeView, Shape, VendorCalls
 from sharedarrays.backends.cuda import sync
 from sharedarrays.backends.cuda.driver import (
     FORK_REASON,
@@ -48,7 +48,7 @@ def _gib(nbytes: int) -> str:
     return f"{nbytes / (1 << 30):.2f} GiB"
 
 
-def _c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> bool:
+def _c_contiguous(shape: Shape, strides: Shape, itemsize: int) -> bool:
     """Whether ``strides`` are those CuPy computes when given none (not where an extent is 0:
     CuPy's rule then need not be NumPy's)."""
     if len(shape) == 1:
@@ -114,11 +114,6 @@ class ImportedSemaphore:
         if os.getpid() != self._pid:
             raise BackendUnavailable("an external semaphore cannot be used after fork")
         return self._handle
-
-    @property
-    def closed(self) -> bool:
-        """Whether it was released."""
-        return not self._finalizer.alive
 
     def close(self) -> None:
         """Destroy it now (``cuDestroyExternalSemaphore``). Idempotent."""
@@ -394,13 +389,7 @@ class CudaDevice(DeviceBase):
         return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(address, size, owner, index), 0)
 
     def native_view(
-        self,
-        base: Any,
-        offset: int,
-        dtype: np.dtype[Any],
-        shape: tuple[int, ...],
-        strides: tuple[int, ...],
-        readonly: bool,
+        self, base: Any, offset: int, dtype: DType, shape: Shape, strides: Shape, readonly: bool
     ) -> Any:
         """A ``cupy.ndarray`` at ``base`` plus ``offset``; strides passed only where CuPy
         would not compute them, arguments by position (halves the constructor's time)."""
@@ -411,12 +400,7 @@ class CudaDevice(DeviceBase):
         return cupy.ndarray(shape, dtype, base + offset, strides)
 
     def native_intact(
-        self,
-        native: Any,
-        dtype: np.dtype[Any],
-        shape: tuple[int, ...],
-        strides: tuple[int, ...],
-        readonly: bool,
+        self, native: Any, dtype: DType, shape: Shape, strides: Shape, readonly: bool
     ) -> bool:
         return bool(native.shape == shape and native.strides == strides)
 

@@ -67,9 +67,7 @@ class Fence:
     :func:`export_fence` only weakly, so the next message makes a new record."""
 
     __slots__ = ("token", "__weakref__")
-
-    def __init__(self, token: bytes | None) -> None:
-        self.token = token
+    token: bytes | None  # (set by export_fence, which skips the constructor)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         if self.token is None:
