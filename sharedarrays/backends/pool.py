@@ -32,6 +32,7 @@ class PoolBackend(DeviceBase):
     zeroed: ClassVar[bool] = False
     maps: ClassVar[bool] = False
     exporter_owned: ClassVar[bool] = True
+    granularity = GRANULARITY
 
     def __init__(self, device: Device) -> None:
         super().__init__(device)  # type: ignore[call-arg]  # (the device base class)
@@ -41,11 +42,6 @@ class PoolBackend(DeviceBase):
         self._pool_fd = -1
         self._pool_id = os.urandom(POOL_ID_BYTES)
         self._imported: dict[bytes, list[Any]] = {}  # pool id -> [pool, open pointers]
-
-    @property
-    def granularity(self) -> int:
-        """Chunk sizes are multiples of 512 bytes (:data:`GRANULARITY`)."""
-        return GRANULARITY
 
     def _too_large(self, size: int) -> str | None:  # why ``size`` is refused, or None
         return None
