@@ -197,14 +197,10 @@ class HostBackend(SyncOrdering):
     maps: ClassVar[bool] = True
     exporter_owned: ClassVar[bool] = False
     peer_access: ClassVar[bool] = False
+    granularity = mmap.PAGESIZE
 
     def __init__(self, device: Device = CPU) -> None:
         self.device: Device = CPU
-
-    @property
-    def granularity(self) -> int:
-        """The page size."""
-        return mmap.PAGESIZE
 
     def check_memory(self, nbytes: int) -> None:
         """Refuse more than :func:`memory_available` (a touch past it means ``SIGBUS`` or the
