@@ -134,6 +134,7 @@ def _check_mmap(result: int | None, what: str) -> int:
 
 
 _BYTES = np.dtype(np.uint8)
+Array = np.ndarray[Any, Any]
 
 
 class _HostMemory:
@@ -155,28 +156,28 @@ class _HostMemory:
         self.__array_interface__ = interface
 
 
-def host_view(view: NativeView) -> np.ndarray[Any, Any]:
+def host_view(view: NativeView) -> Array:
     """A NumPy array over memory the CPU addresses, keeping ``view.owner`` alive."""
     return np.asarray(_HostMemory(view))
 
 
 def host_native(
     view: NativeView, addressable: bool, copy: Callable[[int, int, int], None]
-) -> np.ndarray[Any, Any]:
+) -> Array:
     """Device memory as NumPy: a view where the CPU addresses it, else a read-only copy made
     by ``copy(destination, source, size)``."""
     if addressable:
         return host_view(view)
     buffer = np.empty(view.size, dtype=np.uint8)
     copy(buffer.ctypes.data, view.address, view.size)
-    out: np.ndarray[Any, Any] = np.ndarray(
+    out: Array = np.ndarray(
         view.shape, dtype=view.dtype, buffer=buffer, offset=view.offset, strides=view.strides
     ).copy()
     out.flags.writeable = False
     return out
 
 
-def to_numpy(obj: Any) -> np.ndarray[Any, Any]:
+def to_numpy(obj: Any) -> Array:
     """``obj`` as a NumPy array (may copy; torch through ``.cpu()``, CuPy ``.get()``)."""
     if isinstance(obj, np.ndarray):
         return obj
@@ -339,32 +340,19 @@ class HostBackend(SyncOrdering):
 
     def native_memory(
         self, address: int, size: int, owner: object, readonly: bool, device_index: int | None
-    ) -> np.ndarray[Any, Any]:
+    ) -> Array:
         return host_view(NativeView(address, size, 0, owner, _BYTES, (size,), (1,), readonly))
 
     def native_view(
-        self,
-        base: np.ndarray[Any, Any],
-        offset: int,
-        dtype: DType,
-        shape: Shape,
-        strides: Shape,
-        readonly: bool,
-    ) -> np.ndarray[Any, Any]:
-        view: np.ndarray[Any, Any] = np.ndarray(
-            shape, dtype, buffer=base, offset=offset, strides=strides
-        )
+        self, base: Array, offset: int, dtype: DType, shape: Shape, strides: Shape, readonly: bool
+    ) -> Array:
+        view: Array = np.ndarray(shape, dtype, buffer=base, offset=offset, strides=strides)
         if readonly:
             view.flags.writeable = False
         return view
 
     def native_intact(
-        self,
-        native: np.ndarray[Any, Any],
-        dtype: DType,
-        shape: Shape,
-        strides: Shape,
-        readonly: bool,
+        self, native: Array, dtype: DType, shape: Shape, strides: Shape, readonly: bool
     ) -> bool:
         return (
             native.shape == shape
@@ -373,7 +361,7 @@ class HostBackend(SyncOrdering):
             and native.flags.writeable is not readonly
         )
 
-    def to_native(self, obj: Any) -> np.ndarray[Any, Any]:
+    def to_native(self, obj: Any) -> Array:
         if isinstance(obj, np.ndarray):
             return obj
         if hasattr(obj, "__cuda_array_interface__"):
