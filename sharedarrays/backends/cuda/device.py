@@ -211,8 +211,7 @@ class CudaDevice(DeviceBase):
 
     def __init__(self, device: Device) -> None:
         self._take(device, "cuda", "a CUDA device", lambda i: why_unusable(i, self.name))
-        d = load_driver()
-        self._d = d
+        d = self._d = load_driver()
         self._dev = check(d.cuDeviceGet(device.index), f"cuDeviceGet({device.index})")
         self._ctx = check(d.cuDevicePrimaryCtxRetain(self._dev), "cuDevicePrimaryCtxRetain")
         self._ctx_int = int(self._ctx)
@@ -289,17 +288,13 @@ class CudaDevice(DeviceBase):
         """The CUDA device this process works on now: CuPy's, else PyTorch's, else this one."""
         cupy = sys.modules.get("cupy")
         if cupy is not None:
-            try:
+            with contextlib.suppress(Exception):
                 return int(cupy.cuda.runtime.getDevice())
-            except Exception:
-                pass
         torch = sys.modules.get("torch")
         if torch is not None:
-            try:
+            with contextlib.suppress(Exception):
                 if torch.cuda.is_initialized():
                     return int(torch.cuda.current_device())
-            except Exception:
-                pass
         return self.device.index
 
     def current_stream(self) -> int:

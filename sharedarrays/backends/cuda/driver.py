@@ -163,11 +163,9 @@ def _fork_reason() -> str | None:
         return FORK_REASON
     torch = sys.modules.get("torch")
     if torch is not None:
-        try:
+        with contextlib.suppress(Exception):
             if torch.cuda._is_in_bad_fork():
                 return FORK_REASON
-        except Exception:
-            pass
     return None
 
 
