@@ -254,13 +254,11 @@ class AscendBackend(SyncOrdering, DeviceBase):
         """A ``torch.Tensor`` through a ``kDLExtDev`` DLPack capsule (holding ``owner``) where
         torch_npu is importable, else NumPy (:func:`.host.host_native`). Read-only views and
         layouts torch cannot have take the NumPy way."""
-        address, _, offset, owner, dtype, shape, strides, readonly, _ = view
-        if not readonly and _torch_layout(dtype, strides):
+        if not view.readonly and _torch_layout(view.dtype, view.strides):
             consume = torch_npu_from_dlpack()
             if consume is not None:
-                where = (KDL_EXT_DEV, self.device.index)
                 try:
-                    exporter = dlpack_view(address + offset, dtype, shape, strides, *where, owner)
+                    exporter = dlpack_view(view, KDL_EXT_DEV, self.device.index)
                 except BackendUnavailable as exc:
                     warnings.warn(f"{exc}; giving NumPy arrays meanwhile", stacklevel=2)
                 else:
