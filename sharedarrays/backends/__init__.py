@@ -17,11 +17,10 @@ from sharedarrays.backends.base import (
     StreamBackend,
     round_up,
 )
+from sharedarrays.backends.cuda import device as _cuda  # noqa: F401 - registers "cuda-vmm"
 from sharedarrays.backends.cuda import ipc as _cuda_ipc  # noqa: F401 - registers "cuda-ipc"
 from sharedarrays.backends.cuda import pool as _cuda_pool  # noqa: F401 - registers "cuda-pool"
-from sharedarrays.backends.cuda import vmm as _cuda_vmm  # noqa: F401 - registers "cuda-vmm"
-from sharedarrays.backends.hip import pool as _hip_pool  # noqa: F401 - registers "hip-pool"
-from sharedarrays.backends.hip import vmm as _hip_vmm  # noqa: F401 - registers "hip-vmm"
+from sharedarrays.backends.hip import device as _hip  # noqa: F401 - registers "hip-*"
 from sharedarrays.backends.registry import *  # noqa: F403
 
 __all__ = [

@@ -5,7 +5,6 @@ A backend makes and imports *chunks* (physical allocations with an exported hand
 keep the memory alive. **Pointer** backends (``cuda-ipc``, ``*-pool``, ``ascend``) give one
 chunk per allocation at the driver's address, alive while its exporter keeps it. A method
 that creates an OS resource returns its owner or raises having released all it made.
-
 Optional methods (looked up with ``getattr``): ``native_memory``, ``native_view`` and
 ``native_intact`` together (one native object per allocation, cheap views of it), and
 ``admit(chunk, pid)``, called before a chunk's export goes to ``pid``.
@@ -32,6 +31,9 @@ from sharedarrays.process import STATE
 
 Access = Literal["rw", "r", "none"]
 """Who may touch a mapping: read-write, read-only, or nobody."""
+
+DType = np.dtype[Any]
+Shape = tuple[int, ...]  # a shape, or byte strides
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -81,26 +83,13 @@ def cached_reason(key: tuple[Any, ...], probe: Callable[[], str | None], what: s
 
 @dataclass
 class Chunk:
-    """One physical allocation and its exported handle, owned by this process.
-
-    Attributes
-    ----------
-    size : int
-        Bytes, a multiple of the backend's granularity.
-    handle : int
-        The native handle (memfd, VMM handle or device pointer); ``-1`` once released.
-    fd : int
-        The exported fd kept to serve importers (pools: the backend's); ``-1`` if none.
-    address : int
-        Pointer backends: where the chunk is here (``0`` on mapping backends).
-    export : bytes
-        Pointer backends: the portable handle an importer opens.
-    imported : bool
-        Whether this process imported the chunk rather than made it.
-    owner : object
-        What keeps memory borrowed from another library (:func:`sharedarrays.share`)
-        allocated; releasing the chunk drops it instead of freeing.
-    """
+    """One physical allocation and its exported handle, owned by this process: ``size`` in
+    bytes (a multiple of the granularity); the native ``handle`` (memfd, VMM handle or device
+    pointer; ``-1`` once released); the exported ``fd`` kept to serve importers (pools: the
+    backend's; ``-1`` if none); for pointer backends, its ``address`` here and the portable
+    ``export`` an importer opens; whether it was ``imported``; and the ``owner`` keeping
+    memory borrowed from another library (:func:`sharedarrays.share`) allocated, which
+    releasing the chunk drops instead of freeing."""
 
     size: int
     handle: int
@@ -120,32 +109,19 @@ class NativeView(NamedTuple):
     size: int
     offset: int
     owner: object
-    dtype: np.dtype[Any]
-    shape: tuple[int, ...]
-    strides: tuple[int, ...]
+    dtype: DType
+    shape: Shape
+    strides: Shape
     readonly: bool
     device_index: int | None = None
 
 
 @runtime_checkable
 class Backend(Protocol):
-    """One memory system on one device.
-
-    Attributes
-    ----------
-    name : str
-        Its name in payloads and widgets (``"host"``, ``"cuda-vmm"``, ...).
-    zeroed : bool
-        Whether new chunks read as zeros.
-    maps : bool
-        Whether it is a :class:`MappingBackend`; else an allocation is one chunk.
-    exporter_owned : bool
-        Whether the memory lives only while the exporter keeps it.
-    peer_access : bool
-        Whether other devices of its kind may be given access to its mappings.
-    device : Device
-        The device whose memory it allocates.
-    """
+    """One memory system on one ``device``: its ``name`` in payloads and widgets, whether
+    new chunks are ``zeroed``, whether it ``maps`` (a :class:`MappingBackend`; else an
+    allocation is one chunk), whether the memory is ``exporter_owned`` (lives only while the
+    exporter keeps it), and whether it grants ``peer_access`` to other devices of its kind."""
 
     name: ClassVar[str]
     zeroed: ClassVar[bool]
@@ -228,7 +204,6 @@ class ValueReader(Protocol):
     """Reads 64-bit words of device memory now, without waiting for any stream."""
 
     def read(self, address: int) -> int: ...
-
     def close(self) -> None: ...
 
 
@@ -240,19 +215,12 @@ class StreamBackend(Backend, Protocol):
     values_refused: ClassVar[str | None]
 
     def current_stream(self) -> int: ...
-
     def write_value(self, address: int, value: int) -> None: ...
-
     def wait_value(self, address: int, value: int) -> None: ...
-
     def value_reader(self) -> ValueReader: ...
-
     def import_semaphore(self, fd: int, timeline: bool) -> object: ...
-
     def signal_semaphore(self, semaphore: object, value: int) -> None: ...
-
     def wait_semaphore(self, semaphore: object, value: int) -> None: ...
-
     def destroy_semaphore(self, semaphore: object) -> None: ...
 
 
@@ -275,17 +243,15 @@ class DeviceBase:
     device: Device
     _pid: int
 
-    if TYPE_CHECKING:  # what the vendor's device base class provides
+    if TYPE_CHECKING:  # what the backend and the vendor's device base class provide
 
+        @property
+        def granularity(self) -> int: ...
         def context(self) -> contextlib.AbstractContextManager[None]: ...
         def synchronize(self) -> None: ...
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.device})"
-
-    @property
-    def granularity(self) -> int:
-        raise NotImplementedError
 
     def _take(self, device: Device, kind: str, what: str, why: Callable[[int], str | None]) -> None:
         """Serve ``device`` of ``kind`` unless ``why`` says no."""
@@ -365,10 +331,6 @@ class VendorCalls:
         """:meth:`call` taking ``nbytes`` for ``thing`` (CUDA explains running out)."""
         return self.call(name, *args, what=what)
 
-    def export_fd(self, name: str, *args: Any) -> int:
-        """The new fd of export call ``name`` (none left open on failure)."""
-        raise NotImplementedError
-
     def handle(self, handle: int) -> Any:  # a VMM handle as the calls take it
         return handle
 
@@ -403,14 +365,13 @@ class VendorCalls:
         props.handleTypes = self.fd_type
         return self.call("MemPoolCreate", props, what=f"({self.fd_name}, {self.device})")
 
-    def stream(self) -> int:  # the stream pool allocations are made on
-        raise NotImplementedError
+    if TYPE_CHECKING:  # each vendor's: the new fd of an export call (none left open on
+        # failure), the stream pool allocations are made on, a pool pointer's export data
 
-    def export_pointer(self, pointer: int) -> bytes:  # POINTER_BYTES of an own allocation
-        raise NotImplementedError
-
-    def import_pointer(self, pool: Any, data: bytes) -> int:
-        raise NotImplementedError
+        def export_fd(self, name: str, *args: Any) -> int: ...
+        def stream(self) -> int: ...
+        def export_pointer(self, pointer: int) -> bytes: ...
+        def import_pointer(self, pool: Any, data: bytes) -> int: ...
 
 
 class SyncOrdering:
@@ -424,9 +385,7 @@ class SyncOrdering:
         self.synchronize()
         return None
 
-    def export_fence(self) -> object | None:
-        self.synchronize()
-        return None
+    export_fence = export_sync
 
     def import_sync(self, token: bytes) -> None:
         pass

@@ -9,9 +9,11 @@ from typing import Any
 
 import numpy as np
 
+from sharedarrays.backends.base import NativeView
 from sharedarrays.errors import BackendUnavailable
 
 KDL_CPU = 1  # kDLCPU
+KDL_ROCM = 10  # kDLROCM
 KDL_EXT_DEV = 12  # kDLExtDev: PyTorch's PrivateUse1 devices, such as torch_npu's npu
 
 # DLDataTypeCode, by NumPy's dtype kind
@@ -26,20 +28,11 @@ def dl_dtype(dtype: np.dtype[Any]) -> tuple[int, int, int]:
     return code, dtype.itemsize * 8, 1
 
 
-def dlpack_view(
-    address: int,
-    dtype: np.dtype[Any],
-    shape: tuple[int, ...],
-    strides: tuple[int, ...],
-    device_type: int,
-    device_id: int,
-    owner: object,
-    readonly: bool = False,
-) -> Any:
-    """A one-shot DLPack exporter (``ctypes_dlpack.DLPackArray``) of the memory at
-    ``address`` (the first element: torch_npu ignores ``byte_offset``), byte ``strides``;
-    ``owner`` is kept until the consumer frees its array. ``BackendUnavailable`` without
-    ``ctypes-dlpack``."""
+def dlpack_view(view: NativeView, device_type: int, device_id: int) -> Any:
+    """A one-shot DLPack exporter (``ctypes_dlpack.DLPackArray``) of ``view``, given by its
+    first element's address (torch_npu ignores ``byte_offset``); ``view.owner`` is kept until
+    the consumer frees its array. ``BackendUnavailable`` without ``ctypes-dlpack``."""
+    address, _, offset, owner, dtype, shape, strides, readonly, _ = view
     code, bits, lanes = dl_dtype(dtype)
     if any(s % dtype.itemsize for s in strides):
         raise ValueError(f"strides {strides} are not multiples of the item size {dtype.itemsize}")
@@ -57,7 +50,7 @@ def dlpack_view(
     managed.version.major, managed.version.minor = 1, 0
     managed.flags = dl.DLPACK_FLAG_BITMASK_READ_ONLY if readonly else 0
     tensor = managed.dl_tensor
-    tensor.data = address or None
+    tensor.data = (address + offset) or None
     tensor.device.device_type = device_type
     tensor.device.device_id = device_id
     tensor.ndim = ndim

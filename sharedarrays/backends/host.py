@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from sharedarrays.backends.base import Access, Chunk, NativeView, SyncOrdering
+from sharedarrays.backends.base import Access, Chunk, DType, NativeView, Shape, SyncOrdering
 from sharedarrays.backends.device import CPU, Device
 from sharedarrays.backends.registry import Registration, register
 from sharedarrays.errors import (
@@ -134,6 +134,7 @@ def _check_mmap(result: int | None, what: str) -> int:
 
 
 _BYTES = np.dtype(np.uint8)
+Array = np.ndarray[Any, Any]
 
 
 class _HostMemory:
@@ -141,51 +142,42 @@ class _HostMemory:
 
     __slots__ = ("__array_interface__", "owner")
 
-    def __init__(
-        self,
-        address: int,
-        owner: object,
-        dtype: np.dtype[Any],
-        shape: tuple[int, ...],
-        strides: tuple[int, ...],
-        readonly: bool,
-    ) -> None:
-        self.owner = owner
+    def __init__(self, view: NativeView) -> None:
+        address, _, offset, self.owner, dtype, shape, strides, readonly, _ = view
         interface = {
             "version": 3,
             "shape": shape,
             "typestr": dtype.str,
             "strides": strides,
-            "data": (address, readonly),
+            "data": (address + offset, readonly),
         }
         if dtype.names is not None:  # only a structured dtype needs its fields spelled out
             interface["descr"] = dtype.descr
         self.__array_interface__ = interface
 
 
-def host_view(view: NativeView) -> np.ndarray[Any, Any]:
+def host_view(view: NativeView) -> Array:
     """A NumPy array over memory the CPU addresses, keeping ``view.owner`` alive."""
-    address, _, offset, owner, dtype, shape, strides, readonly, _ = view
-    return np.asarray(_HostMemory(address + offset, owner, dtype, shape, strides, readonly))
+    return np.asarray(_HostMemory(view))
 
 
 def host_native(
     view: NativeView, addressable: bool, copy: Callable[[int, int, int], None]
-) -> np.ndarray[Any, Any]:
+) -> Array:
     """Device memory as NumPy: a view where the CPU addresses it, else a read-only copy made
     by ``copy(destination, source, size)``."""
     if addressable:
         return host_view(view)
     buffer = np.empty(view.size, dtype=np.uint8)
     copy(buffer.ctypes.data, view.address, view.size)
-    out: np.ndarray[Any, Any] = np.ndarray(
+    out: Array = np.ndarray(
         view.shape, dtype=view.dtype, buffer=buffer, offset=view.offset, strides=view.strides
     ).copy()
     out.flags.writeable = False
     return out
 
 
-def to_numpy(obj: Any) -> np.ndarray[Any, Any]:
+def to_numpy(obj: Any) -> Array:
     """``obj`` as a NumPy array (may copy; torch through ``.cpu()``, CuPy ``.get()``)."""
     if isinstance(obj, np.ndarray):
         return obj
@@ -206,14 +198,10 @@ class HostBackend(SyncOrdering):
     maps: ClassVar[bool] = True
     exporter_owned: ClassVar[bool] = False
     peer_access: ClassVar[bool] = False
+    granularity = mmap.PAGESIZE
 
     def __init__(self, device: Device = CPU) -> None:
         self.device: Device = CPU
-
-    @property
-    def granularity(self) -> int:
-        """The page size."""
-        return mmap.PAGESIZE
 
     def check_memory(self, nbytes: int) -> None:
         """Refuse more than :func:`memory_available` (a touch past it means ``SIGBUS`` or the
@@ -318,8 +306,6 @@ class HostBackend(SyncOrdering):
                 "it was not made by sharedarrays; load only payloads of arrays made by this "
                 "user's processes"
             )
-        if got != address:  # pragma: no cover - MAP_FIXED either lands or fails
-            raise OSError(f"map landed at {got:#x}, not {address:#x}")
 
     def set_access(
         self, address: int, size: int, access: Access, peers: Mapping[int, Access] | None = None
@@ -354,32 +340,19 @@ class HostBackend(SyncOrdering):
 
     def native_memory(
         self, address: int, size: int, owner: object, readonly: bool, device_index: int | None
-    ) -> np.ndarray[Any, Any]:
-        return np.asarray(_HostMemory(address, owner, _BYTES, (size,), (1,), readonly))
+    ) -> Array:
+        return host_view(NativeView(address, size, 0, owner, _BYTES, (size,), (1,), readonly))
 
     def native_view(
-        self,
-        base: np.ndarray[Any, Any],
-        offset: int,
-        dtype: np.dtype[Any],
-        shape: tuple[int, ...],
-        strides: tuple[int, ...],
-        readonly: bool,
-    ) -> np.ndarray[Any, Any]:
-        view: np.ndarray[Any, Any] = np.ndarray(
-            shape, dtype, buffer=base, offset=offset, strides=strides
-        )
+        self, base: Array, offset: int, dtype: DType, shape: Shape, strides: Shape, readonly: bool
+    ) -> Array:
+        view: Array = np.ndarray(shape, dtype, buffer=base, offset=offset, strides=strides)
         if readonly:
             view.flags.writeable = False
         return view
 
     def native_intact(
-        self,
-        native: np.ndarray[Any, Any],
-        dtype: np.dtype[Any],
-        shape: tuple[int, ...],
-        strides: tuple[int, ...],
-        readonly: bool,
+        self, native: Array, dtype: DType, shape: Shape, strides: Shape, readonly: bool
     ) -> bool:
         return (
             native.shape == shape
@@ -388,7 +361,7 @@ class HostBackend(SyncOrdering):
             and native.flags.writeable is not readonly
         )
 
-    def to_native(self, obj: Any) -> np.ndarray[Any, Any]:
+    def to_native(self, obj: Any) -> Array:
         if isinstance(obj, np.ndarray):
             return obj
         if hasattr(obj, "__cuda_array_interface__"):

@@ -32,6 +32,7 @@ class PoolBackend(DeviceBase):
     zeroed: ClassVar[bool] = False
     maps: ClassVar[bool] = False
     exporter_owned: ClassVar[bool] = True
+    granularity = GRANULARITY
 
     def __init__(self, device: Device) -> None:
         super().__init__(device)  # type: ignore[call-arg]  # (the device base class)
@@ -42,18 +43,8 @@ class PoolBackend(DeviceBase):
         self._pool_id = os.urandom(POOL_ID_BYTES)
         self._imported: dict[bytes, list[Any]] = {}  # pool id -> [pool, open pointers]
 
-    @property
-    def granularity(self) -> int:
-        """Chunk sizes are multiples of 512 bytes (:data:`GRANULARITY`)."""
-        return GRANULARITY
-
     def _too_large(self, size: int) -> str | None:  # why ``size`` is refused, or None
         return None
-
-    @property
-    def pool_fd(self) -> int:
-        """The exported fd of this process's pool (``-1`` before the first allocation)."""
-        return self._pool_fd
 
     def _own_pool(self) -> Any:
         with self._lock:

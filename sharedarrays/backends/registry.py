@@ -40,27 +40,12 @@ def _registered(name: object) -> Registration | None:
 
 @dataclass(frozen=True)
 class Registration:
-    """What a backend declares of itself.
-
-    Attributes
-    ----------
-    name : str
-        Its name in payloads, ``backend=`` and widgets.
-    kind : str
-        The device kind it serves (``"cpu"``, ``"cuda"``).
-    factory : callable
-        ``factory(device)`` makes the backend object.
-    preference : int
-        Its place in what ``backend="auto"`` tries on its kind: lowest first.
-    maps, exporter_owned : bool
-        As the backend's attributes.
-    why_unusable : callable
-        ``why_unusable(index)``: why device ``index`` cannot be used, or ``None``; never
-        raises.
-    check_handle : callable, optional
-        ``check_handle(fd, size)``: refuse (``PayloadError``) a received handle this backend
-        cannot safely map; keeps ``fd``.
-    """
+    """What a backend declares of itself: its ``name`` (in payloads, ``backend=`` and
+    widgets), the device ``kind`` it serves, the ``factory(device)`` making it, its
+    ``preference`` among its kind's backends for ``backend="auto"`` (lowest first), its
+    ``maps`` and ``exporter_owned`` flags, ``why_unusable(index)`` (why device ``index``
+    cannot be used, or ``None``; never raises) and ``check_handle(fd, size)``, refusing
+    (``PayloadError``) a received handle it cannot safely map (keeps ``fd``)."""
 
     name: str
     kind: str
@@ -153,15 +138,8 @@ def handle_check(name: object) -> Callable[[int, int], None] | None:
 
 def choose_backend(device: Device, name: str = "auto") -> str:
     """The backend ``name`` means on ``device``: ``"auto"`` is the first of its kind usable
-    here (on CUDA: cuda-vmm, cuda-ipc, cuda-pool).
-
-    Raises
-    ------
-    ValueError
-        An unknown name.
-    BackendUnavailable
-        ``"auto"`` on a device no backend of its kind can use (the reasons are named).
-    """
+    here (on CUDA: cuda-vmm, cuda-ipc, cuda-pool). ``ValueError``: an unknown name;
+    ``BackendUnavailable``: no backend of its kind can use ``device`` (each says why)."""
     if name != "auto":
         return registration(name).name
     reasons = {r.name: r.why_unusable(device.index) for r in registrations(device.kind)}

@@ -57,15 +57,13 @@ class VmmBackend(DeviceBase):
             what = f"({size} bytes on {self.device})"
             chunk = "a chunk of device memory"
             handle = int(calls.allocating(chunk, size, "MemCreate", size, calls.prop, 0, what=what))
+            fd = -1
             try:
                 fd = calls.export_fd("MemExportToShareableHandle", calls.handle(handle))
-            except BaseException:
-                self._release(handle)
-                raise
-            try:
                 os.set_inheritable(fd, False)
             except BaseException:
-                os.close(fd)
+                if fd >= 0:
+                    os.close(fd)
                 self._release(handle)
                 raise
         return Chunk(size=size, handle=handle, fd=fd)
@@ -105,7 +103,6 @@ class VmmBackend(DeviceBase):
         return Chunk(size=size, handle=handle, fd=fd, imported=True)
 
     def release_chunk(self, chunk: Chunk) -> None:
-        """Release this process's handle and close its fd. Idempotent."""
         handle, fd = chunk.handle, chunk.fd
         if handle < 0 and fd < 0:
             return
@@ -122,12 +119,9 @@ class VmmBackend(DeviceBase):
         """Reserve ``size`` bytes of device address space, aligned to the granularity."""
         self._check_size(size, "a reservation size")
         thing, what = "a reservation of address space", f"({size} bytes)"
+        args = (size, self._granularity, 0, 0)
         with self.context():
-            return int(
-                self._calls.allocating(
-                    thing, size, "MemAddressReserve", size, self._granularity, 0, 0, what=what
-                )
-            )
+            return int(self._calls.allocating(thing, size, "MemAddressReserve", *args, what=what))
 
     def free_reservation(self, address: int, size: int) -> None:
         """Give back a reservation (a no-op in a forked child)."""

@@ -23,6 +23,7 @@ from cuda_helpers import ROOT, child_env
 from fake_cuda import FakeAttribute, FakeDriver, FakeResult, use_fake
 
 from sharedarrays.backends.cuda import driver as cuda_driver
+from sharedarrays.backends.cuda.device import CudaVmmBackend
 from sharedarrays.backends.cuda.driver import (
     FORK_REASON,
     INSTALL_HINT,
@@ -30,7 +31,6 @@ from sharedarrays.backends.cuda.driver import (
     CudaOutOfMemory,
     why_unusable,
 )
-from sharedarrays.backends.cuda.vmm import CudaVmmBackend
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import BackendUnavailable
 from sharedarrays.process import STATE
@@ -69,7 +69,7 @@ def test_backend_refuses_with_the_reason() -> None:
 def test_importing_loads_no_cuda_module() -> None:
     code = (
         "import sys\n"
-        "import sharedarrays.backends.cuda.vmm, sharedarrays.backends.cuda.sync\n"
+        "import sharedarrays.backends.cuda.device, sharedarrays.backends.cuda.sync\n"
         "bad = [m for m in sys.modules if m == 'cupy' or m.startswith(('cupy.', 'cuda.'))"
         " or m in ('cuda', 'torch')]\n"
         "assert not bad, bad\n"

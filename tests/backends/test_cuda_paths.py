@@ -20,9 +20,9 @@ import sharedarrays as sa
 from sharedarrays.backends import pool
 from sharedarrays.backends.base import Chunk
 from sharedarrays.backends.cuda import sync
+from sharedarrays.backends.cuda.device import CudaVmmBackend
 from sharedarrays.backends.cuda.driver import CudaDriverError
 from sharedarrays.backends.cuda.pool import CudaPoolBackend
-from sharedarrays.backends.cuda.vmm import CudaVmmBackend
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import SharedArrayError
 from sharedarrays.memory.allocation import Allocation

@@ -41,10 +41,10 @@ def driver(monkeypatch: pytest.MonkeyPatch) -> _FakeDriver:
 
 def test_close_releases_once(driver: _FakeDriver) -> None:
     sem = semaphore.ImportedSemaphore(_On(), "handle-1", timeline=True)
-    assert sem.live() == "handle-1" and not sem.closed
+    assert sem.live() == "handle-1" and sem._finalizer.alive
     sem.close()
     sem.close()
-    assert driver.destroyed == ["handle-1"] and sem.closed
+    assert driver.destroyed == ["handle-1"] and not sem._finalizer.alive
     with pytest.raises(ClosedArrayError, match="closed"):
         sem.live()
 

@@ -36,11 +36,11 @@ from cuda_helpers import ROOT, Spin, child_env
 from sharedarrays.backends.base import Backend, Chunk, NativeView
 from sharedarrays.backends.cuda import driver as cuda_driver
 from sharedarrays.backends.cuda import sync
+from sharedarrays.backends.cuda.device import CudaVmmBackend
 from sharedarrays.backends.cuda.driver import (
     FORK_REASON,
     why_unusable,
 )
-from sharedarrays.backends.cuda.vmm import CudaVmmBackend
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import PayloadError
 from sharedarrays.process import STATE

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import sharedarrays as sa
+from sharedarrays.backends.base import NativeView
 from sharedarrays.backends.dlpack import KDL_CPU, KDL_EXT_DEV, dl_dtype, dlpack_view
 
 pytest.importorskip("ctypes_dlpack")
@@ -23,7 +24,8 @@ class Owner:
 
 def _export(a: sa.SharedDeviceArray, owner: object, readonly: bool = False) -> Any:
     n = a.array
-    return dlpack_view(a.address, n.dtype, n.shape, n.strides, KDL_CPU, 0, owner, readonly)
+    view = NativeView(a.address, n.nbytes, 0, owner, n.dtype, n.shape, n.strides, readonly)
+    return dlpack_view(view, KDL_CPU, 0)
 
 
 def test_values_are_shared_both_ways() -> None:
@@ -119,9 +121,12 @@ def test_what_dlpack_cannot_describe_is_refused() -> None:
     with pytest.raises(TypeError, match="DLPack cannot describe"):
         dl_dtype(np.dtype(">f8" if np.little_endian else "<f8"))
     with pytest.raises(ValueError, match="multiples of the item size"):
-        dlpack_view(4096, np.dtype("int64"), (2,), (4,), KDL_CPU, 0, Owner())
+        dlpack_view(
+            NativeView(4096, 16, 0, Owner(), np.dtype("int64"), (2,), (4,), False), KDL_CPU, 0
+        )
 
 
 def test_the_device_is_what_was_asked() -> None:
-    exporter = dlpack_view(4096, np.dtype("int8"), (2,), (1,), KDL_EXT_DEV, 3, Owner())
+    view = NativeView(4096, 2, 0, Owner(), np.dtype("int8"), (2,), (1,), False)
+    exporter = dlpack_view(view, KDL_EXT_DEV, 3)
     assert exporter.__dlpack_device__() == (KDL_EXT_DEV, 3)

@@ -99,6 +99,7 @@ def test_hip_pool_round_trips(simulated: None) -> None:
 def test_a_hip_pool_pointer_freed_by_its_exporter_is_unavailable(simulated: None) -> None:
     backend = get_backend(Device("hip", 0), "hip-pool")
     chunk = backend.create_chunk(4096)
+    pool_fd = chunk.fd
     ctypes.c_int64.from_address(chunk.address).value = 99
     other = backend.import_chunk(os.dup(chunk.fd), 4096, chunk.export)
     try:
@@ -108,7 +109,7 @@ def test_a_hip_pool_pointer_freed_by_its_exporter_is_unavailable(simulated: None
         backend.release_chunk(other)
     backend.release_chunk(chunk)
     with pytest.raises(sa.HandleUnavailable, match="gone"):
-        backend.import_chunk(os.dup(backend.pool_fd), 4096, chunk.export)
+        backend.import_chunk(os.dup(pool_fd), 4096, chunk.export)
 
 
 def test_an_fd_that_is_no_pool_is_refused(simulated: None) -> None:

@@ -224,9 +224,9 @@ def test_the_cuda_backends_offer_the_stream_operations() -> None:
     from typing import _get_protocol_attrs  # type: ignore[attr-defined]
 
     from sharedarrays.backends import Backend, StreamBackend
+    from sharedarrays.backends.cuda.device import CudaVmmBackend
     from sharedarrays.backends.cuda.ipc import CudaIpcBackend
     from sharedarrays.backends.cuda.pool import CudaPoolBackend
-    from sharedarrays.backends.cuda.vmm import CudaVmmBackend
 
     members = _get_protocol_attrs(StreamBackend) - {"device"}  # set in __init__
     assert {"write_value", "wait_value", "value_reader", "import_semaphore"} <= members

@@ -34,19 +34,19 @@ def child_env() -> dict[str, str]:
 
 
 def test_no_sync_switch() -> None:
-    assert sync.sync_enabled()
+    assert not sync._no_sync.get()
     with sync.no_sync():
-        assert not sync.sync_enabled()
+        assert sync._no_sync.get()
         assert sync.export_sync(object()) is None  # type: ignore[arg-type]
         seen: list[bool] = []
-        t = threading.Thread(target=lambda: seen.append(sync.sync_enabled()))
+        t = threading.Thread(target=lambda: seen.append(not sync._no_sync.get()))
         t.start()
         t.join()
         assert seen == [True]  # the switch is local to this thread
         with sync.no_sync():
             pass
-        assert not sync.sync_enabled()
-    assert sync.sync_enabled()
+        assert sync._no_sync.get()
+    assert not sync._no_sync.get()
 
 
 def test_sync_token_checks() -> None:

@@ -1,6 +1,6 @@
 """A simulated HIP runtime with hip-python's interface (``from hip import hip``), over memfd.
 
-What it keeps of the real one, because ``sharedarrays.backends.hip.vmm`` depends on it:
+What it keeps of the real one, because ``sharedarrays.backends.hip`` depends on it:
 
 - calls return tuples ``(hipError_t, value...)``, with HIP's error codes;
 - ``hipMemCreate`` needs a size that is a multiple of the minimum granularity (4 KiB here,
@@ -16,7 +16,7 @@ What it keeps of the real one, because ``sharedarrays.backends.hip.vmm`` depends
 - the device is integrated (``hipDeviceAttributeIntegrated`` is 1, as an APU): the CPU
   addresses its memory, so a NumPy array over a mapping reads and writes the device memory.
 
-And of its memory pools, for ``sharedarrays.backends.hip.pool``:
+And of its memory pools, for its ``hip-pool`` backend:
 
 - ``hipMemPoolCreate`` makes a pool that exports a POSIX fd only if created with that handle
   type; the pool is one memfd (mapped whole in each process that has it), whose first page

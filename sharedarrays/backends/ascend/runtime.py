@@ -150,12 +150,6 @@ def load_acl() -> Any:
     return acl
 
 
-def cpu_addressable(acl: Any) -> bool:
-    """Whether the CPU addresses mapped NPU memory: never for ``libascendcl``; a stand-in
-    module says so with ``SHAREDARRAYS_CPU_ADDRESSABLE = True``."""
-    return bool(getattr(acl, "SHAREDARRAYS_CPU_ADDRESSABLE", False)) if module_name() else False
-
-
 def _reason(index: int) -> str | None:
     name = module_name()
     if not name and ctypes.util.find_library("ascendcl") is None and not _loadable(LIBRARY):

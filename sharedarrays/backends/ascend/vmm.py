@@ -100,7 +100,10 @@ class AscendBackend(SyncOrdering, DeviceBase):
         self._on_device()
         args = (ctypes.pointer(prop), rt.ACL_RT_MEM_ALLOC_GRANULARITY_RECOMMENDED)
         self._granularity = self._out(ctypes.c_size_t, "aclrtMemGetAllocationGranularity", *args)
-        self._cpu_addressable = rt.cpu_addressable(self._acl)
+        # whether the CPU addresses mapped NPU memory: never for libascendcl; a stand-in
+        # module says so with SHAREDARRAYS_CPU_ADDRESSABLE = True
+        addressable = getattr(self._acl, "SHAREDARRAYS_CPU_ADDRESSABLE", False)
+        self._cpu_addressable = bool(addressable) if rt.module_name() else False
 
     @property
     def granularity(self) -> int:
@@ -251,20 +254,11 @@ class AscendBackend(SyncOrdering, DeviceBase):
         """A ``torch.Tensor`` through a ``kDLExtDev`` DLPack capsule (holding ``owner``) where
         torch_npu is importable, else NumPy (:func:`.host.host_native`). Read-only views and
         layouts torch cannot have take the NumPy way."""
-        address, _, offset, owner, dtype, shape, strides, readonly, _ = view
-        if not readonly and _torch_layout(dtype, strides):
+        if not view.readonly and _torch_layout(view.dtype, view.strides):
             consume = torch_npu_from_dlpack()
             if consume is not None:
                 try:
-                    exporter = dlpack_view(
-                        address + offset,
-                        dtype,
-                        shape,
-                        strides,
-                        KDL_EXT_DEV,
-                        self.device.index,
-                        owner,
-                    )
+                    exporter = dlpack_view(view, KDL_EXT_DEV, self.device.index)
                 except BackendUnavailable as exc:
                     warnings.warn(f"{exc}; giving NumPy arrays meanwhile", stacklevel=2)
                 else:

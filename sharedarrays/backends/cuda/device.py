@@ -1,12 +1,14 @@
 """The base of the CUDA backends: one device, its primary context, CuPy arrays, ordering
 (:mod:`.sync`), and the stream operations (64-bit values, external semaphores) everything
-above the backends uses instead of driver calls."""
+above the backends uses instead of driver calls; and on it ``cuda-vmm``,
+:class:`~..vmm.VmmBackend` on CUDA's calls."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Iterator
@@ -15,7 +17,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from sharedarrays import process
-from sharedarrays.backends.base import DeviceBase, NativeView, VendorCalls
+from sharedarrays.backends.base import DeviceBase, DType, NativeView, Shape, VendorCalls
 from sharedarrays.backends.cuda import sync
 from sharedarrays.backends.cuda.driver import (
     FORK_REASON,
@@ -23,14 +25,16 @@ from sharedarrays.backends.cuda.driver import (
     CudaOutOfMemory,
     OnDevice,
     check,
-    current_device_index,
     current_stream,
     load_driver,
     opaque_bytes,
     opaque_from_bytes,
+    peer_reason,
     why_unusable,
 )
 from sharedarrays.backends.device import Device
+from sharedarrays.backends.registry import Registration, register
+from sharedarrays.backends.vmm import VmmBackend
 from sharedarrays.errors import (
     BackendUnavailable,
     ClosedArrayError,
@@ -44,7 +48,7 @@ def _gib(nbytes: int) -> str:
     return f"{nbytes / (1 << 30):.2f} GiB"
 
 
-def _c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> bool:
+def _c_contiguous(shape: Shape, strides: Shape, itemsize: int) -> bool:
     """Whether ``strides`` are those CuPy computes when given none (not where an extent is 0:
     CuPy's rule then need not be NumPy's)."""
     if len(shape) == 1:
@@ -81,8 +85,7 @@ class ValueReader:
             if not self._finalizer.alive:
                 raise ClosedArrayError("this value reader was closed")
             check(
-                d.cuMemcpyDtoHAsync(out.ctypes.data, address, 8, self._stream),
-                "cuMemcpyDtoHAsync",
+                d.cuMemcpyDtoHAsync(out.ctypes.data, address, 8, self._stream), "cuMemcpyDtoHAsync"
             )
             check(d.cuStreamSynchronize(self._stream), "cuStreamSynchronize")
         return int(out[0])
@@ -111,11 +114,6 @@ class ImportedSemaphore:
         if os.getpid() != self._pid:
             raise BackendUnavailable("an external semaphore cannot be used after fork")
         return self._handle
-
-    @property
-    def closed(self) -> bool:
-        """Whether it was released."""
-        return not self._finalizer.alive
 
     def close(self) -> None:
         """Destroy it now (``cuDestroyExternalSemaphore``). Idempotent."""
@@ -213,8 +211,7 @@ class CudaDevice(DeviceBase):
 
     def __init__(self, device: Device) -> None:
         self._take(device, "cuda", "a CUDA device", lambda i: why_unusable(i, self.name))
-        d = load_driver()
-        self._d = d
+        d = self._d = load_driver()
         self._dev = check(d.cuDeviceGet(device.index), f"cuDeviceGet({device.index})")
         self._ctx = check(d.cuDevicePrimaryCtxRetain(self._dev), "cuDevicePrimaryCtxRetain")
         self._ctx_int = int(self._ctx)
@@ -288,8 +285,17 @@ class CudaDevice(DeviceBase):
             check(self._d.cuCtxSynchronize(), "cuCtxSynchronize")
 
     def current_device(self) -> int:
-        """The CUDA device this process works on now (CuPy's or PyTorch's), else this one."""
-        return current_device_index(self.device.index)
+        """The CUDA device this process works on now: CuPy's, else PyTorch's, else this one."""
+        cupy = sys.modules.get("cupy")
+        if cupy is not None:
+            with contextlib.suppress(Exception):
+                return int(cupy.cuda.runtime.getDevice())
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            with contextlib.suppress(Exception):
+                if torch.cuda.is_initialized():
+                    return int(torch.cuda.current_device())
+        return self.device.index
 
     def current_stream(self) -> int:
         """The stream work is queued on here (:func:`.driver.current_stream`)."""
@@ -378,13 +384,7 @@ class CudaDevice(DeviceBase):
         return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(address, size, owner, index), 0)
 
     def native_view(
-        self,
-        base: Any,
-        offset: int,
-        dtype: np.dtype[Any],
-        shape: tuple[int, ...],
-        strides: tuple[int, ...],
-        readonly: bool,
+        self, base: Any, offset: int, dtype: DType, shape: Shape, strides: Shape, readonly: bool
     ) -> Any:
         """A ``cupy.ndarray`` at ``base`` plus ``offset``; strides passed only where CuPy
         would not compute them, arguments by position (halves the constructor's time)."""
@@ -395,12 +395,7 @@ class CudaDevice(DeviceBase):
         return cupy.ndarray(shape, dtype, base + offset, strides)
 
     def native_intact(
-        self,
-        native: Any,
-        dtype: np.dtype[Any],
-        shape: tuple[int, ...],
-        strides: tuple[int, ...],
-        readonly: bool,
+        self, native: Any, dtype: DType, shape: Shape, strides: Shape, readonly: bool
     ) -> bool:
         return bool(native.shape == shape and native.strides == strides)
 
@@ -428,12 +423,19 @@ class CudaDevice(DeviceBase):
                 return arr if arr.device.id == index else arr.copy()
             return cupy.asarray(np.asarray(obj))
 
-    def export_sync(self) -> bytes | None:
-        """Record an event on the current stream now (:func:`.sync.export_sync`)."""
-        return sync.export_sync(self)
+    # cross-process ordering (bound directly: one call less per message)
+    export_sync = sync.export_sync
+    export_fence = sync.export_fence
+    import_sync = sync.import_sync
 
-    export_fence = sync.export_fence  # (bound directly: one call less per message)
 
-    def import_sync(self, token: bytes) -> None:
-        """Make the current stream wait for an exported event (:func:`.sync.import_sync`)."""
-        sync.import_sync(self, token)
+class CudaVmmBackend(VmmBackend, CudaDevice):
+    """Device memory of one CUDA device, shared through exported fds (``"cuda-vmm"``);
+    peer devices may be given access (``cuDeviceCanAccessPeer``)."""
+
+    name: ClassVar[str] = "cuda-vmm"
+    peer_access: ClassVar[bool] = True
+    _peer_reason = staticmethod(peer_reason)
+
+
+register(Registration.of(CudaVmmBackend, "cuda", 0, lambda i: why_unusable(i, "cuda-vmm")))

@@ -163,11 +163,9 @@ def _fork_reason() -> str | None:
         return FORK_REASON
     torch = sys.modules.get("torch")
     if torch is not None:
-        try:
+        with contextlib.suppress(Exception):
             if torch.cuda._is_in_bad_fork():
                 return FORK_REASON
-        except Exception:
-            pass
     return None
 
 
@@ -316,24 +314,6 @@ def _peer_reason(index: int, owner: int) -> str | None:
         f"({_device_name(d, dev)}): cuDeviceCanAccessPeer is 0 (no NVLink or PCIe peer path "
         "between them). Copy the data to that device instead, or use a device that can reach it"
     )
-
-
-def current_device_index(default: int) -> int:
-    """The CUDA device this process works on: CuPy's, else PyTorch's, else ``default``."""
-    cupy = sys.modules.get("cupy")
-    if cupy is not None:
-        try:
-            return int(cupy.cuda.runtime.getDevice())
-        except Exception:
-            pass
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        try:
-            if torch.cuda.is_initialized():
-                return int(torch.cuda.current_device())
-        except Exception:
-            pass
-    return default
 
 
 def current_stream(device_index: int) -> int:

@@ -6,7 +6,7 @@ exporter's: freeing it while an importer has it open is undefined in CUDA.
 from __future__ import annotations
 
 import os
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from sharedarrays.backends.base import Chunk
 from sharedarrays.backends.cuda.device import CudaDevice
@@ -45,14 +45,11 @@ class CudaIpcBackend(CudaDevice):
     zeroed: ClassVar[bool] = False  # cuMemAlloc does not clear memory
     maps: ClassVar[bool] = False
     exporter_owned: ClassVar[bool] = True
+    granularity = GRANULARITY
 
     def __init__(self, device: Device) -> None:
         super().__init__(device)
         self._flags = int(self._d.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
-
-    @property
-    def granularity(self) -> int:
-        return GRANULARITY
 
     def create_chunk(self, size: int) -> Chunk:
         """Allocate ``size`` bytes with ``cuMemAlloc`` and take its IPC handle (once)."""
@@ -73,19 +70,15 @@ class CudaIpcBackend(CudaDevice):
         default allocators) as a chunk holding ``owner``, and ``pointer``'s offset in it;
         ``NotShareable`` for other memory."""
         d = self._d
-        attr = d.CUpointer_attribute
         suggestion = "; sa.from_array(x) copies it into new shared memory instead"
+
+        def get(a: str) -> Any:
+            attribute = getattr(d.CUpointer_attribute, f"CU_POINTER_ATTRIBUTE_{a}")
+            return check(d.cuPointerGetAttribute(attribute, pointer), f"cuPointerGetAttribute({a})")
+
         with self.context():
             try:
-                kind, ordinal, managed, capable = [
-                    check(
-                        d.cuPointerGetAttribute(
-                            getattr(attr, f"CU_POINTER_ATTRIBUTE_{a}"), pointer
-                        ),
-                        f"cuPointerGetAttribute({a})",
-                    )
-                    for a in _POINTER_ATTRIBUTES
-                ]
+                kind, ordinal, managed, capable = [get(a) for a in _POINTER_ATTRIBUTES]
             except CudaDriverError as exc:
                 raise NotShareable(
                     f"address {pointer:#x} is not CUDA memory this process can see ({exc})"
@@ -113,12 +106,7 @@ class CudaIpcBackend(CudaDevice):
             except CudaDriverError as exc:
                 raise NotShareable(f"CUDA IPC refused this memory ({exc})" + suggestion) from exc
         chunk = Chunk(
-            size=int(length),
-            handle=int(base),
-            fd=-1,
-            address=int(base),
-            export=export,
-            owner=owner,
+            size=int(length), handle=int(base), fd=-1, address=int(base), export=export, owner=owner
         )
         return chunk, pointer - int(base)
 

@@ -61,20 +61,13 @@ def no_sync() -> Iterator[None]:
         _no_sync.reset(token)
 
 
-def sync_enabled() -> bool:
-    """Whether :func:`export_sync` records events here (``False`` inside :func:`no_sync`)."""
-    return not _no_sync.get()
-
-
 class Fence:
     """The ordering of one message: one record (``token``; ``None``: the stream was idle),
     pickled as the token. The pickler's memo holds it while one ``dumps`` runs and
     :func:`export_fence` only weakly, so the next message makes a new record."""
 
     __slots__ = ("token", "__weakref__")
-
-    def __init__(self, token: bytes | None) -> None:
-        self.token = token
+    token: bytes | None  # (set by export_fence, which skips the constructor)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         if self.token is None:

@@ -1,4 +1,6 @@
-"""The base of the HIP backends (``hip-vmm``, ``hip-pool``): one AMD GPU and its arrays."""
+"""The HIP backends (``hip-vmm``, ``hip-pool``): :class:`~..vmm.VmmBackend` and
+:class:`~..pool.PoolBackend` on HIP's calls, on one AMD GPU. Tested on a simulated driver
+only (``tests/simulated/hip.py``)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ from sharedarrays.backends.base import DeviceBase, NativeView, SyncOrdering, Ven
 from sharedarrays.backends.device import Device
 from sharedarrays.backends.hip.runtime import HipError, check, load_hip, why_unusable
 from sharedarrays.backends.host import host_native, to_numpy
-from sharedarrays.backends.pool import POINTER_BYTES
+from sharedarrays.backends.pool import POINTER_BYTES, PoolBackend
+from sharedarrays.backends.registry import Registration, register
+from sharedarrays.backends.vmm import VmmBackend
 
 _ExportData = ctypes.c_ubyte * POINTER_BYTES
 
@@ -147,3 +151,23 @@ class HipDevice(SyncOrdering, DeviceBase):
             return int(check(self._hip.hipGetDevice(), "hipGetDevice"))
         except HipError:
             return self.device.index
+
+
+class HipVmmBackend(VmmBackend, HipDevice):
+    """Memory of one AMD GPU, shared through exported fds (``"hip-vmm"``); no peers yet."""
+
+    name: ClassVar[str] = "hip-vmm"
+    feature: ClassVar[str] = "vmm"
+    peer_access: ClassVar[bool] = False
+
+
+class HipPoolBackend(PoolBackend, HipDevice):
+    """Memory of one AMD GPU, shared through an exported pool (``"hip-pool"``)."""
+
+    name: ClassVar[str] = "hip-pool"
+    feature: ClassVar[str] = "pool"
+    peer_access: ClassVar[bool] = False
+
+
+register(Registration.of(HipPoolBackend, "hip", 1, lambda i: why_unusable(i, "pool")))
+register(Registration.of(HipVmmBackend, "hip", 0, why_unusable))
