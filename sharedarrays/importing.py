@@ -407,7 +407,7 @@ def from_keeper(req: Request) -> Allocation | None:
         req.failed(gone)
         return None
     alloc = _map(req, sizes, fds)
-    alloc.in_keeper = True
+    STATE.keeper.kept[alloc] = None
     if relayed:  # (its exporter left it in flight: parked, it would hold memory for nothing)
         alloc.orphan(now=False)
     return alloc

@@ -71,6 +71,7 @@ class MemoryState:
         self.draining: dict[str, Any] = {}
         self.slabs: dict[tuple[str, Any], tuple[Any, int]] = {}
         self.slabs_lock = threading.Lock()
+        self.packed: weakref.WeakSet[Any] = weakref.WeakSet()  # slabs: small arrays packed in
         self.inherited: list[object] = []
         self.release_hooks: list[Callable[[Any], None]] = []
         self.hand_over_hooks: list[Callable[[Any, int, float], None]] = []
@@ -183,6 +184,8 @@ class KeeperState:
         self.exit_wait: tuple[float, float] | None = None  # (start, seconds left)
         self.exit_left: float | None = None  # (None: all of TIMEOUT)
         self.said: set[str] = set()
+        # allocations mapped here that the keeper holds -> their name (None: parked)
+        self.kept: weakref.WeakKeyDictionary[Any, str | None] = weakref.WeakKeyDictionary()
 
     def reset_in_child(self) -> None:
         if self.conn is not None:

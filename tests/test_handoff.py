@@ -18,6 +18,7 @@ import workers
 
 import sharedarrays as sa
 from sharedarrays.memory.registry import lookup
+from sharedarrays.process import STATE
 
 METHODS = [m for m in ("fork", "spawn", "forkserver") if m in mp.get_all_start_methods()]
 
@@ -156,7 +157,7 @@ def test_results_the_keeper_relayed_are_not_kept_parked(no_cache: None) -> None:
         for blob in pool.imap_unordered(workers.made_here_pickled, [4] * 8):
             got = pickle.loads(blob)
             assert got.get().tolist() == [4.0] * 4
-            alloc_id, relayed = got.allocation.id, got.allocation.in_keeper
+            alloc_id, relayed = got.allocation.id, got.allocation in STATE.keeper.kept
             got.close()
             del got
             gc.collect()  # (the load's own reference cycles)

@@ -13,6 +13,7 @@ from typing import Protocol
 
 from sharedarrays.errors import HandleUnavailable, NameNotFound, SettingError
 from sharedarrays.memory.allocation import Allocation
+from sharedarrays.process import STATE
 from sharedarrays.protocol import keeper as keeper_protocol
 from sharedarrays.protocol.payload import Payload
 from sharedarrays.settings import env_word
@@ -135,10 +136,8 @@ def keep(a: Keepable, name: str | None) -> None:
     what = f"cannot name the array {name!r}" if name else "cannot park the array"
     keeper.raise_for(status, body, what)
     keeper.hold(alloc.id)
-    alloc.in_keeper = True
     alloc.block = None  # (its memory is never reused: the keeper may serve it to anyone)
-    if name is not None:
-        alloc.keeper_name = name
+    STATE.keeper.kept[alloc] = name
 
 
 def unpark(alloc: Allocation) -> None:
@@ -150,4 +149,4 @@ def unpark(alloc: Allocation) -> None:
     except HandleUnavailable:
         raise NameNotFound(f"allocation {alloc.id} is not parked: no keeper runs") from None
     keeper.raise_for(status, body, f"cannot unpark allocation {alloc.id}")
-    alloc.in_keeper = False
+    STATE.keeper.kept.pop(alloc, None)

@@ -34,6 +34,7 @@ from sharedarrays.errors import (
     SharedArrayError,
 )
 from sharedarrays.memory import live_allocations
+from sharedarrays.process import STATE
 from sharedarrays.protocol import keeper as keeper_protocol
 from sharedarrays.protocol.payload import Payload
 from sharedarrays.transport import keeper
@@ -141,8 +142,7 @@ def attach(name: str) -> SharedDeviceArray:
     except BaseException:
         keeper.release(alloc_id)
         raise
-    attached.allocation.in_keeper = True
-    attached.allocation.keeper_name = key
+    STATE.keeper.kept[attached.allocation] = key
     return attached
 
 
@@ -185,9 +185,8 @@ def unlink(name: str) -> None:
     key, status, body, _ = _ask(name, keeper_protocol.Unlink)
     keeper.raise_for(status, body, f"cannot unlink {name!r}")
     for alloc in live_allocations():  # (what the memory map shows of it here)
-        if alloc.keeper_name == key:
-            alloc.keeper_name = None
-            alloc.in_keeper = False
+        if STATE.keeper.kept.get(alloc) == key:
+            del STATE.keeper.kept[alloc]
 
 
 def list_named(parked: bool = False, all_namespaces: bool = False) -> list[NamedArray]:

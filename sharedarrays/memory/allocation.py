@@ -311,9 +311,6 @@ class Allocation(Leasing, Growth):
             self.block is not None
             and self.origin.created_here
             and self.pid == os.getpid()
-            and not self.in_keeper
-            and self.keeper_name is None
-            and not self.slab
             and not self.flight.was_handed_over
         )
 

@@ -110,9 +110,6 @@ class AllocationRecords:
         self.allow_pids: frozenset[int] | None = None
         self.export_readonly = False
         self.write_sealed = False
-        self.slab = False  # small arrays are packed into it (registry.pack_into_slab)
-        self.keeper_name: str | None = None  # its name in the keeper, if any
-        self.in_keeper = False  # the keeper is known to hold its handles
         self.source_server: str | None = None  # (imported growable) its exporter's server
         self.derives_natives = capacity is None and hasattr(backend, "native_view")
         self.native_device: int | None = None  # device of native arrays read as a peer

@@ -12,6 +12,7 @@ from keeper_helpers import private_keeper, py, run_cli
 
 import sharedarrays as sa
 from sharedarrays.api import named
+from sharedarrays.process import STATE
 
 __all__ = ["private_keeper"]  # a fixture, used by name
 
@@ -103,7 +104,7 @@ def test_attach_says_which_namespace_has_the_name(
     # the name in the message reaches it
     a = sa.attach(f"{theirs}/frames")
     np.testing.assert_array_equal(a.get(), [5.0, 5.0, 5.0])
-    assert a.allocation.keeper_name == f"{theirs}/frames"
+    assert STATE.keeper.kept[a.allocation] == f"{theirs}/frames"
     # so does the setting
     monkeypatch.setenv("SHAREDARRAYS_NAMESPACE", theirs)
     assert sa.attach("frames").allocation is a.allocation
@@ -118,7 +119,7 @@ def test_global_names(
 ) -> None:
     monkeypatch.chdir(_project(tmp_path, "one"))
     g = sa.zeros(2, device="cpu", name="/shared")
-    assert g.allocation.keeper_name == "shared"  # a global name is held as it is
+    assert STATE.keeper.kept[g.allocation] == "shared"  # a global name is held as it is
     monkeypatch.chdir(_project(tmp_path, "two"))
     assert sa.attach("/shared").allocation is g.allocation  # from any project
     with pytest.raises(sa.NameNotFound, match=r"it exists as '/shared'.*NAMESPACE=/ "):

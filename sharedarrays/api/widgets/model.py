@@ -12,7 +12,7 @@ from sharedarrays.api.keeping import local_name
 from sharedarrays.api.views import ArrayView, is_view, live_views
 from sharedarrays.memory import Allocation, live_allocations
 from sharedarrays.memory.info import format_bytes
-from sharedarrays.process import running
+from sharedarrays.process import STATE, running
 from sharedarrays.protocol.payload import view_extent
 
 Span = tuple[int, int]
@@ -228,7 +228,7 @@ def build_map(
     """One allocation's map: ``views`` as brackets (default: its open views here); ``own``: a
     packed array's bytes ``[start, stop)`` of a slab, whose views alone are drawn."""
     vs = views_of(allocation) if views is None else [v for v in views if not v.closed]
-    slab, neighbours = allocation.slab, 0
+    slab, neighbours = allocation in STATE.memory.packed, 0
     if slab and own is not None:  # (its own views: packed arrays never overlap)
         mine = [v for v in vs if _span(v)[0] < own[1] and own[0] < _span(v)[1]]
         neighbours, vs = len(vs) - len(mine), mine
@@ -251,7 +251,7 @@ def build_map(
     used = min(max((b.stop for b in brackets), default=allocation.size), allocation.size)
     if slab:  # (its room is the small arrays', those to come too: none of it is lost)
         used = allocation.size
-    keeper_name, origin = allocation.keeper_name, allocation.origin
+    keeper_name, origin = STATE.keeper.kept.get(allocation), allocation.origin
     return ReservationMap(
         alloc_id=allocation.id,
         backend=allocation.backend.name,
@@ -275,7 +275,7 @@ def build_map(
         export_readonly=allocation.export_readonly,
         access_enforced=allocation.backend.maps,
         exporter_alive=origin.created_here or running(origin.pid),
-        in_keeper=allocation.in_keeper,
+        in_keeper=allocation in STATE.keeper.kept,
         name=None if keeper_name is None else local_name(keeper_name),
         parked=allocation.parked,
         slab=slab,
@@ -301,7 +301,7 @@ def targets(target: Any) -> list[tuple[Allocation, Span | None]]:
             raise TypeError(
                 f"expected a SharedDeviceArray or an Allocation, not {type(item).__name__}"
             )
-        own = _span(item) if is_view(item) and alloc.slab else None
+        own = _span(item) if is_view(item) and alloc in STATE.memory.packed else None
         out.setdefault((alloc.id, own), alloc)
     return [(alloc, own) for (_, own), alloc in out.items()]
 

@@ -9,6 +9,7 @@ import mmap
 import os
 import pickle
 import time
+import types
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ from keeper_helpers import private_keeper  # noqa: F401 - a fixture
 import sharedarrays as sa
 from sharedarrays.api.widgets import build_map, build_maps, table_rows, views_of
 from sharedarrays.api.widgets.model import _levels
-from sharedarrays.process import running
+from sharedarrays.process import STATE, running
 
 PAGE = mmap.PAGESIZE
 
@@ -117,13 +118,18 @@ def test_registry_maps_include_every_live_allocation():
     assert a.allocation.id in ids
 
 
+class _FakeAllocation(types.SimpleNamespace):
+    """An allocation's fields for :func:`build_map`; hashable and weakly referable, as an
+    Allocation is."""
+
+    __hash__ = object.__hash__
+
+
 def test_unmapped_gaps_from_mappings():
     """Gaps come from the mappings: a stand-in allocation with a hole in the middle."""
-    from types import SimpleNamespace
-
     from sharedarrays.memory import ChunkInfo, MappingInfo, Origin
 
-    fake = SimpleNamespace(
+    fake = _FakeAllocation(
         id="f" * 32,
         address=0x1000_0000,
         size=4 * PAGE,
@@ -132,15 +138,12 @@ def test_unmapped_gaps_from_mappings():
         device=sa.Device("cpu"),
         capacity=4 * PAGE,
         access_by_device={sa.Device("cpu"): "rw"},
-        backend=SimpleNamespace(name="host", granularity=PAGE, maps=True),
+        backend=types.SimpleNamespace(name="host", granularity=PAGE, maps=True),
         origin=Origin(False, 4242, 0.0),
         served=(),
-        slab=False,
-        keeper_name=None,
         lifetime="any holder",
         holders=(),
         export_readonly=False,
-        in_keeper=False,
         parked=False,
     )
     m = build_map(fake, views=[])  # type: ignore[arg-type]
@@ -203,7 +206,7 @@ def test_an_importer_whose_exporter_exited_says_so():
     # (the worker lets go of its array once the result is sent: where that comes before the
     # parent's handle request, the payload in flight was handed to the keeper and the parent
     # had the handles from it, which the map then says too)
-    kept = "; the keeper holds it" if d.allocation.in_keeper else ""
+    kept = "; the keeper holds it" if d.allocation in STATE.keeper.kept else ""
     assert text.startswith(
         f"importer of pid {pid}'s allocation, whose exporter exited{kept}, since"
     ), text
@@ -258,7 +261,7 @@ def test_a_packed_arrays_map_is_its_own_bytes_of_a_shared_slab():
 
     neighbour = sa.zeros(100, device="cpu")
     a = sa.zeros(100, device="cpu")  # 800 bytes, packed beside it
-    assert a.allocation is neighbour.allocation and a.allocation.slab
+    assert a.allocation is neighbour.allocation and a.allocation in STATE.memory.packed
     m = build_maps(a)[0]
     assert m.slab and m.lost == 0
     assert m.own == (a.offset, a.offset + 800)
