@@ -353,6 +353,29 @@ def new_filled(args: tuple[int, int]) -> Any:
     return sa.full(n, float(value), device="cpu", pack=False)
 
 
+def count_notices() -> None:
+    """A Pool initializer: count the notices this worker queues, by kind
+    (:func:`notice_counts`)."""
+    import collections
+
+    from sharedarrays.transport import client
+
+    counts: collections.Counter[str] = collections.Counter()
+    queue = client.queue_notice
+
+    def counting(servers: list[str], kind: Any, *args: Any, **kwargs: Any) -> None:
+        counts[kind.name] += 1
+        queue(servers, kind, *args, **kwargs)
+
+    client.queue_notice = counting  # type: ignore[assignment]
+    globals()["_notices"] = counts
+
+
+def notice_counts(_: object = None) -> tuple[int, dict[str, int]]:
+    """(this worker's pid, the notices it queued so far by kind) after :func:`count_notices`."""
+    return os.getpid(), dict(globals()["_notices"])
+
+
 def cache_counts(_: object = None) -> tuple[int, int]:
     """(arrays made on cached memory so far, bytes cached now) in this worker."""
     from sharedarrays.process import STATE

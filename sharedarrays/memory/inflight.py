@@ -56,6 +56,9 @@ class InFlight:
         self._returned: dict[str, int] = {}  # payloads loaded here, by sender's server
         self._served: deque[Served] = deque(maxlen=256)
         self.servers: set[str] = set()  # handle servers served (read without the lock)
+        # (a block's exporter) servers of importers that said DONE for it: their mapping,
+        # asked once, says DONE at each later load's end unasked (memory/lease.py)
+        self.reporting: set[str] = set()
         self._done = 0  # payloads of a block pickled here that importers closed (DONE)
         self._loads = 0  # (block importer) loaded and leased since the last DONE
         self._unleased = 0  # (block importer) loaded, no lease yet
@@ -141,6 +144,7 @@ class InFlight:
             self._served.append(Served(pid, time.time()))
             if server:
                 self.servers.add(server)
+                self.reporting.discard(server)  # (a new mapping there: not asked yet)
             if holder:
                 self._holders.add(pid)
             if chunks > self._served_chunks.get(pid, 0):

@@ -241,7 +241,9 @@ class HandleServer:
         alloc = _found(request)
         _reply(conn, Status.GONE if alloc is None else Status.OK)
         if alloc is not None:
-            alloc.done_by_importers(request.count)
+            mine = f"{peer.pid}-"  # (a server's socket is named "<pid>-<random>.sock")
+            servers = [s for s in alloc.served_servers() if os.path.basename(s).startswith(mine)]
+            alloc.done_by_importers(request.count, servers)
 
     def _asked(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
         """``ASK``: a block's exporter released it and waits for this process's ``DONE``."""

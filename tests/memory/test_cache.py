@@ -84,6 +84,23 @@ def test_results_from_workers_reuse_memory_and_keep_their_values(method: str) ->
 
 
 @pytest.mark.timeout(180)
+def test_an_importer_that_said_done_is_not_asked_again() -> None:
+    """A worker asks the parent for ``DONE`` once per block: the parent's mapping, asked
+    once, says it unasked at the end of each later result on that block, so the workers'
+    results are made on reused memory without an ``ASK`` each."""
+    with mp.get_context("spawn").Pool(1, initializer=workers.count_notices) as pool:
+        for rnd in range(12):
+            tasks = [(N, 10 * rnd + i) for i in range(2)]
+            for i, a in enumerate(pool.imap(workers.new_filled, tasks)):
+                assert a.get()[-1] == 10 * rnd + i
+                del a
+        _, counts = pool.apply(workers.notice_counts)
+        hits = pool.apply(workers.cache_counts)[0]
+    # (an ASK per block made fresh, none per result made on reused memory: 24 before)
+    assert hits > 0 and counts.get("ASK", 0) <= 24 - hits, (hits, counts)
+
+
+@pytest.mark.timeout(180)
 def test_memory_a_parent_still_holds_is_never_reused() -> None:
     """The parent keeps some results (as arrays, or only as NumPy arrays over them) while the
     workers make many more: none of the kept ones changes."""
