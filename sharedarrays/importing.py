@@ -187,7 +187,8 @@ class ReceivedPart:
         if type(view) is tuple and len(view) == 5 and layout is not None:
             offset, shape, strides, dtype_str, readonly = view
             # the last layout (fields the sender interned: identical objects)? Only the
-            # fields checked then are used, so a crafted ``__eq__`` gains nothing
+            # fields checked then are used, so a crafted ``__eq__`` gains nothing. It buys
+            # ~1 us a view: a 10,000-view message (bench --only many) loads ~10% faster
             try:
                 same = (
                     type(offset),
