@@ -307,7 +307,9 @@ class SharedDeviceArray(Growth, Display, ShapeViews, DeviceWork):
 
 def _intern(value: _T) -> _T:
     """The one object equal to ``value`` (a tuple of ints, or a str): ``STATE.pickling``'s
-    ``interned``."""
+    ``interned``. Views of one layout then share their fields, which a pickle writes once
+    and the importer checks once: a 10,000-view message loads ~30% faster (host,
+    ``bench.py --only many``: 42-44 ms against 59-64 ms without)."""
     interned = STATE.pickling.interned
     if len(interned) >= 4096:
         interned.clear()
