@@ -285,9 +285,10 @@ class Allocation(Leasing, Growth):
                     self._free()
             # (servers that say DONE unasked are not asked: a message less per result, 49-108
             # us less per 1 MiB result on the host, benchmarks/ab_trees.py --case results)
-            unasked = [s for s in self.served_servers() if s not in self.flight.reporting]
-            for hook in STATE.memory.ask_hooks if cacheable and drain and unasked else ():
-                hook(self, unasked)
+            if cacheable and drain:
+                unasked = [s for s in self.served_servers() if s not in self.flight.reporting]
+                for hook in STATE.memory.ask_hooks if unasked else ():
+                    hook(self, unasked)
         finally:
             if not cached:
                 self._released_hooks()

@@ -138,6 +138,12 @@ def check_truncated(flags: int) -> None:
         )
 
 
+def socket_pid(path: str | Path) -> int | None:
+    """The pid a handle server's socket is named by (``<pid>-<random>.sock``), or ``None``."""
+    pid = Path(path).name.split("-", 1)[0]
+    return int(pid) if pid.isdigit() else None
+
+
 def runtime_dir() -> Path:
     """The private directory of this user's sockets, made 0700 if missing (checked at each
     call: a tmp cleaner or logout may remove it): ``$XDG_RUNTIME_DIR/sharedarrays``, else

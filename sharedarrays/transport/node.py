@@ -14,7 +14,7 @@ from sharedarrays.errors import KeeperError, PayloadError, PermissionDenied
 from sharedarrays.process import running
 from sharedarrays.protocol import keeper as wire
 from sharedarrays.protocol.handles import REPLY_SIZE, Kind, Reply, Request, Snapshot, Status
-from sharedarrays.protocol.unix import check_same_user, connect_unix, runtime_dir
+from sharedarrays.protocol.unix import check_same_user, connect_unix, runtime_dir, socket_pid
 
 __all__ = ["ASK_TIMEOUT", "ASK_AT_ONCE", "Answer", "KeeperAnswer", "handle_servers", "ask_all"]
 __all__ += ["ask_keeper", "drop_mapping", "drop_kept"]
@@ -47,8 +47,8 @@ class KeeperAnswer:
 
 def handle_servers() -> list[tuple[int, str]]:
     """The handle server sockets in this user's runtime directory: ``(pid, path)``, by pid."""
-    found = ((entry.name.split("-", 1)[0], str(entry)) for entry in runtime_dir().glob("*.sock"))
-    return sorted((int(pid), path) for pid, path in found if pid.isdigit())
+    found = ((socket_pid(entry), str(entry)) for entry in runtime_dir().glob("*.sock"))
+    return sorted((pid, path) for pid, path in found if pid is not None)
 
 
 def _exchange(path: str, request: bytes, size: int, timeout: float, pids: list[int]) -> bytes:

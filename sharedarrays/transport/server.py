@@ -36,7 +36,13 @@ from sharedarrays.protocol.handles import (
     Status,
 )
 from sharedarrays.protocol.payload import remember
-from sharedarrays.protocol.unix import Credentials, peer_credentials, runtime_dir, send_fds
+from sharedarrays.protocol.unix import (
+    Credentials,
+    peer_credentials,
+    runtime_dir,
+    send_fds,
+    socket_pid,
+)
 
 MAX_CONNECTIONS = 256  # importer connections kept open at most (the longest idle closed)
 HOUSEKEEPING = 5.0  # seconds between checks for parked mappings whose source process died
@@ -241,8 +247,7 @@ class HandleServer:
         alloc = _found(request)
         _reply(conn, Status.GONE if alloc is None else Status.OK)
         if alloc is not None:
-            mine = f"{peer.pid}-"  # (a server's socket is named "<pid>-<random>.sock")
-            servers = [s for s in alloc.served_servers() if os.path.basename(s).startswith(mine)]
+            servers = [s for s in alloc.served_servers() if socket_pid(s) == peer.pid]
             alloc.done_by_importers(request.count, servers)
 
     def _asked(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
@@ -461,8 +466,8 @@ def _listen(path: str) -> socket.socket:
 def _remove_stale_sockets(directory: Path) -> None:
     """Remove sockets of dead processes whose connect is refused (other namespaces' stay)."""
     for entry in directory.glob("*.sock"):
-        pid_text = entry.name.split("-", 1)[0]
-        if not pid_text.isdigit() or running(int(pid_text)):
+        pid = socket_pid(entry)
+        if pid is None or running(pid):
             continue
         with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as probe:
             probe.setblocking(False)
