@@ -26,6 +26,7 @@ da = pytest.importorskip("dask.array", reason="pip install 'sharedarrays[dask]'"
 dask = pytest.importorskip("dask", reason="pip install 'sharedarrays[dask]'")
 
 import dask_workers as w  # noqa: E402  (tests/: importable in the workers too)
+from conftest import open_memfds  # noqa: E402
 from distributed.protocol import serialize  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
@@ -41,19 +42,8 @@ OTHER_HOST = {
 }
 
 
-def _memfds() -> int:
-    """memfds open in this process (shared memory its views or handles hold)."""
-    n = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            n += os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:")
-        except OSError:
-            pass
-    return n
-
-
 def _cluster(**kwargs: object) -> Iterator[distributed.Client]:
-    before = _memfds()
+    before = open_memfds()
     yield from _run_cluster(**kwargs)
     # what the cluster's messages held (results distributed dropped, arrays its threads
     # deserialised) is let go of a little after it closes; later tests count fds. Waited for
@@ -61,11 +51,11 @@ def _cluster(**kwargs: object) -> Iterator[distributed.Client]:
     # this process made and got back, kept mapped by sharedarrays.importing's cache of
     # received parts) no wait lets go of: it used to wait the whole 30 s, twice a run.
     deadline = time.monotonic() + 30
-    last, since = _memfds(), time.monotonic()
+    last, since = open_memfds(), time.monotonic()
     while last > before and time.monotonic() < deadline and time.monotonic() - since < 2:
         gc.collect()
         time.sleep(0.1)
-        if (now := _memfds()) != last:
+        if (now := open_memfds()) != last:
             last, since = now, time.monotonic()
 
 

@@ -9,25 +9,12 @@ import time
 import numpy as np
 import pytest
 import workers
+from conftest import open_memfds
 
 import sharedarrays as sa
 from sharedarrays.process import STATE
 
 N = 1 << 17  # float64: 1 MiB
-
-
-def memfds() -> int:
-    """This process's open memfds (the host backend's chunks): unlike :func:`open_fds`, not
-    moved by the sockets other tests' threads open and close meanwhile."""
-    import os
-
-    def target(fd: str) -> str:
-        try:
-            return os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:  # (closed since it was listed)
-            return ""
-
-    return sum(target(fd).startswith("/memfd:") for fd in os.listdir("/proc/self/fd"))
 
 
 def test_a_released_array_s_memory_is_the_next_one_s_and_zeros_are_zeros() -> None:
@@ -50,17 +37,17 @@ def test_the_bound_and_trim_return_the_memory_and_its_fds(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     STATE.memory.cache.trim()
-    before = memfds()
+    before = open_memfds()
     monkeypatch.setenv("SHAREDARRAYS_CACHE_BYTES", str(3 << 20))
     arrays = [sa.empty(N, device="cpu", pack=False) for _ in range(5)]
     del arrays
-    assert STATE.memory.cache.nbytes == 3 << 20 and memfds() == before + 3
+    assert STATE.memory.cache.nbytes == 3 << 20 and open_memfds() == before + 3
     assert STATE.memory.cache.trim() == 3 << 20
-    assert STATE.memory.cache.nbytes == 0 and memfds() == before
+    assert STATE.memory.cache.nbytes == 0 and open_memfds() == before
     monkeypatch.setenv("SHAREDARRAYS_CACHE_BYTES", "0")
     a = sa.empty(N, device="cpu", pack=False)
     a.close()
-    assert STATE.memory.cache.nbytes == 0 and memfds() == before
+    assert STATE.memory.cache.nbytes == 0 and open_memfds() == before
 
 
 @pytest.mark.timeout(180)
