@@ -1,11 +1,11 @@
 """Interleaved A/B of a warm host handoff between two trees of the library, in pairs.
 
     python benchmarks/ab_trees.py [--pairs 1000] [--size 1M] [--case warm|results]
-        [--env-b NAME=VALUE ...] TREE_A TREE_B
+        [--device cpu|cuda:0] [--env-b NAME=VALUE ...] TREE_A TREE_B
 
 A TREE is a folder holding a ``sharedarrays`` package (e.g. ``git archive REV sharedarrays |
 tar -x -C DIR``, or a worktree). Each tree gets a side process (``PYTHONPATH=TREE``) with a
-1 MiB host array and a spawned worker. A round on a side: the side pickles the array with
+1 MiB array (host, or ``--device``'s) and a spawned worker. A round on a side: the side pickles the array with
 multiprocessing's ``ForkingPickler`` (warm: it was pickled before), sends the bytes through a
 pipe, and the worker loads them, takes ``.array`` and closes the view. Pairs alternate the
 order (A then B, B then A), so both trees meet the same machine state and each order is
@@ -51,25 +51,25 @@ def _worker(conn: Any) -> None:
         conn.send_bytes(str(time.perf_counter_ns() - t0).encode())
 
 
-def _maker(conn: Any, size: int) -> None:
+def _maker(conn: Any, size: int, device: str) -> None:
     """The ``results`` case's worker: a new array for each request, returned pickled."""
     import sharedarrays as sa
 
     while conn.recv_bytes():
         t0 = time.perf_counter_ns()
-        blob = _dumps(sa.empty(size, dtype="uint8", device="cpu", pack=False))
+        blob = _dumps(sa.empty(size, dtype="uint8", device=device, pack=False))
         conn.send_bytes(str(time.perf_counter_ns() - t0).encode())
         conn.send_bytes(blob)
 
 
-def _side(size: int, case: str) -> None:
+def _side(size: int, case: str, device: str) -> None:
     import sharedarrays as sa
 
-    a = sa.empty(size, dtype="uint8", device="cpu")
+    a = sa.empty(size, dtype="uint8", device=device)
     ctx = mp.get_context("spawn")
     mine, theirs = ctx.Pipe()
     if case == "results":
-        worker = ctx.Process(target=_maker, args=(theirs, size), daemon=True)
+        worker = ctx.Process(target=_maker, args=(theirs, size, device), daemon=True)
     else:
         worker = ctx.Process(target=_worker, args=(theirs,), daemon=True)
     worker.start()
@@ -82,7 +82,7 @@ def _side(size: int, case: str) -> None:
             blob = mine.recv_bytes()
             t1 = time.perf_counter_ns()
             x = pickle.loads(blob)
-            x.array[0]  # (read it)
+            x.array[0].item()  # (read it)
             x.close()
             del x
             t2 = time.perf_counter_ns()
@@ -118,6 +118,7 @@ def main() -> None:
         help="warm: a worker loads the side's array again; results: a worker returns a new "
         "array each round, which the side loads, reads and closes",
     )
+    parser.add_argument("--device", default="cpu", help="the arrays' device (cpu, cuda:0)")
     parser.add_argument(
         "--env-b", action="append", default=[], metavar="NAME=VALUE", help="set for B only"
     )
@@ -137,6 +138,8 @@ def main() -> None:
                 str(args.size),
                 "--case",
                 args.case,
+                "--device",
+                args.device,
                 "x",
                 "x",
             ],
@@ -171,7 +174,9 @@ def main() -> None:
     def med(rows: list[list[float]], k: int) -> float:
         return statistics.median(r[k] for r in rows)
 
-    print(f"{args.pairs} interleaved pairs, {args.case}, {args.size:,} bytes, host (medians, us)")
+    print(
+        f"{args.pairs} interleaved pairs, {args.case}, {args.size:,} bytes, {args.device} (medians, us)"
+    )
     if args.case == "results":
         print("(parts: pickle = the worker's new array and its pickle; load = load, read, close)")
     print(f"{'':<22}" + "".join(f"{p:>10}" for p in PARTS))
@@ -203,6 +208,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     if "--side" in sys.argv:
-        _side(int(sys.argv[sys.argv.index("--size") + 1]), sys.argv[sys.argv.index("--case") + 1])
+        opt = {k: sys.argv[sys.argv.index(k) + 1] for k in ("--size", "--case", "--device")}
+        _side(int(opt["--size"]), opt["--case"], opt["--device"])
     else:
         main()
