@@ -1,7 +1,7 @@
 """Interleaved A/B of a warm host handoff between two trees of the library, in pairs.
 
     python benchmarks/ab_trees.py [--pairs 1000] [--size 1M] [--case warm|results]
-        [--device cpu|cuda:0] [--env-b NAME=VALUE ...] TREE_A TREE_B
+        [--device cpu|cuda:0] [--growable] [--env-b NAME=VALUE ...] TREE_A TREE_B
 
 A TREE is a folder holding a ``sharedarrays`` package (e.g. ``git archive REV sharedarrays |
 tar -x -C DIR``, or a worktree). Each tree gets a side process (``PYTHONPATH=TREE``) with a
@@ -62,10 +62,10 @@ def _maker(conn: Any, size: int, device: str) -> None:
         conn.send_bytes(blob)
 
 
-def _side(size: int, case: str, device: str) -> None:
+def _side(size: int, case: str, device: str, growable: bool) -> None:
     import sharedarrays as sa
 
-    a = sa.empty(size, dtype="uint8", device=device)
+    a = sa.empty(size, dtype="uint8", device=device, capacity=2 * size if growable else None)
     ctx = mp.get_context("spawn")
     mine, theirs = ctx.Pipe()
     if case == "results":
@@ -119,6 +119,7 @@ def main() -> None:
         "array each round, which the side loads, reads and closes",
     )
     parser.add_argument("--device", default="cpu", help="the arrays' device (cpu, cuda:0)")
+    parser.add_argument("--growable", action="store_true", help="warm: a growable array")
     parser.add_argument(
         "--env-b", action="append", default=[], metavar="NAME=VALUE", help="set for B only"
     )
@@ -140,6 +141,7 @@ def main() -> None:
                 args.case,
                 "--device",
                 args.device,
+                *(["--growable"] if args.growable else []),
                 "x",
                 "x",
             ],
@@ -209,6 +211,6 @@ def main() -> None:
 if __name__ == "__main__":
     if "--side" in sys.argv:
         opt = {k: sys.argv[sys.argv.index(k) + 1] for k in ("--size", "--case", "--device")}
-        _side(int(opt["--size"]), opt["--case"], opt["--device"])
+        _side(int(opt["--size"]), opt["--case"], opt["--device"], "--growable" in sys.argv)
     else:
         main()
