@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import ClassVar
 
 from sharedarrays.backends.base import Access, Chunk, DeviceBase
@@ -23,6 +23,7 @@ class VmmBackend(DeviceBase):
     zeroed: ClassVar[bool] = False
     maps: ClassVar[bool] = True
     exporter_owned: ClassVar[bool] = False
+    _peer_reason: Callable[[int, int], str | None]  # asked where peer_access
 
     def __init__(self, device: Device) -> None:
         super().__init__(device)  # type: ignore[call-arg]  # (the device base class)
@@ -35,9 +36,6 @@ class VmmBackend(DeviceBase):
     @property
     def granularity(self) -> int:  # recommended: 2 MiB on an H200
         return self._granularity
-
-    def _peer_reason(self, index: int, owner: int) -> str | None:  # asked where peer_access
-        raise NotImplementedError
 
     def _release(self, handle: int) -> None:  # undoing a failed step
         with contextlib.suppress(DriverError):

@@ -199,8 +199,8 @@ class CudaDevice(DeviceBase):
     def __init__(self, device: Device) -> None:
         self._take(device, "cuda", "a CUDA device", lambda i: why_unusable(i, self.name))
         d = self._d = load_driver()
-        self._dev = check(d.cuDeviceGet(device.index), f"cuDeviceGet({device.index})")
-        self._ctx = check(d.cuDevicePrimaryCtxRetain(self._dev), "cuDevicePrimaryCtxRetain")
+        dev = check(d.cuDeviceGet(device.index), f"cuDeviceGet({device.index})")
+        self._ctx = check(d.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
         self._ctx_int = int(self._ctx)
 
     def context(self) -> contextlib.AbstractContextManager[None]:

@@ -16,7 +16,6 @@ from sharedarrays.backends.cuda.driver import (
     opaque_from_bytes,
     why_unusable,
 )
-from sharedarrays.backends.device import Device
 from sharedarrays.backends.registry import Registration, register
 from sharedarrays.errors import HandleUnavailable, NotShareable, PayloadError
 
@@ -41,10 +40,6 @@ class CudaIpcBackend(CudaDevice):
     maps: ClassVar[bool] = False
     exporter_owned: ClassVar[bool] = True
     granularity = 2 << 20  # cuMemAlloc's pages
-
-    def __init__(self, device: Device) -> None:
-        super().__init__(device)
-        self._flags = int(self._d.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
 
     def create_chunk(self, size: int) -> Chunk:
         """Allocate ``size`` bytes with ``cuMemAlloc`` and take its IPC handle once."""
@@ -112,9 +107,10 @@ class CudaIpcBackend(CudaDevice):
             raise PayloadError(f"a CUDA IPC handle is {OPAQUE_BYTES} bytes, not {len(export)}")
         d = self._d
         handle = opaque_from_bytes(d.CUipcMemHandle, export)
+        flags = int(d.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
         with self.context():
             try:
-                ptr = check(d.cuIpcOpenMemHandle(handle, self._flags), "cuIpcOpenMemHandle")
+                ptr = check(d.cuIpcOpenMemHandle(handle, flags), "cuIpcOpenMemHandle")
             except CudaDriverError as exc:
                 if exc.error_name in _STALE:
                     raise HandleUnavailable(
