@@ -1,7 +1,5 @@
-"""Memory systems, one module (or folder) each, behind the :class:`~.base.Backend` protocol.
-Each registers itself (:func:`~.registry.register`) when imported here; none loads a driver
-until used. ``get_backend(device)`` returns a device's process-wide backend object.
-"""
+"""Memory systems behind the :class:`~.base.Backend` protocol, one module or folder each,
+registered when imported here (none loads a driver until used)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""The Backend protocols, and what the accelerator backends share.
-
-A backend makes and imports *chunks* (physical allocations with an exported handle).
-**Mapping** backends (``host``, ``*-vmm``) map chunks into reserved ranges; their fd handles
-keep the memory alive. **Pointer** backends (``cuda-ipc``, ``*-pool``, ``ascend``) give one
-chunk per allocation at the driver's address, alive while its exporter keeps it. A method
-that creates an OS resource returns its owner or raises having released all it made.
-Optional methods (looked up with ``getattr``): ``native_memory``, ``native_view`` and
-``native_intact`` together (one native object per allocation, cheap views of it), and
-``admit(chunk, pid)``, called before a chunk's export goes to ``pid``.
+"""The Backend protocols (a backend makes and imports *chunks*: mapping backends map them into
+reservations, pointer backends give one per allocation), and what accelerator backends share.
+Optional methods: ``native_memory``/``native_view``/``native_intact``, ``admit(chunk, pid)``.
 """
 
 from __future__ import annotations
@@ -83,13 +76,10 @@ def cached_reason(key: tuple[Any, ...], probe: Callable[[], str | None], what: s
 
 @dataclass
 class Chunk:
-    """One physical allocation and its exported handle, owned by this process: ``size`` in
-    bytes (a multiple of the granularity); the native ``handle`` (memfd, VMM handle or device
-    pointer; ``-1`` once released); the exported ``fd`` kept to serve importers (pools: the
-    backend's; ``-1`` if none); for pointer backends, its ``address`` here and the portable
-    ``export`` an importer opens; whether it was ``imported``; and the ``owner`` keeping
-    memory borrowed from another library (:func:`sharedarrays.share`) allocated, which
-    releasing the chunk drops instead of freeing."""
+    """One physical allocation owned by this process: ``size`` in bytes, the native ``handle``
+    (``-1`` once released), the exported ``fd`` kept to serve importers (``-1``: none), a
+    pointer backend's ``address`` and portable ``export``, whether it was ``imported``, and
+    the ``owner`` of memory borrowed from another library (dropped, not freed, on release)."""
 
     size: int
     handle: int
@@ -101,9 +91,8 @@ class Chunk:
 
 
 class NativeView(NamedTuple):
-    """The argument of :meth:`Backend.as_native`: the mapped range (``address``, ``size``),
-    the first element's ``offset``, the ``owner`` to keep alive, the layout (byte
-    ``strides``), and the peer device reading it (``device_index``; ``None``: its own)."""
+    """What :meth:`Backend.as_native` shows: a mapped range, the first element's ``offset``,
+    the ``owner`` to keep alive, the layout, and the peer device reading it (``None``: own)."""
 
     address: int
     size: int
@@ -118,10 +107,9 @@ class NativeView(NamedTuple):
 
 @runtime_checkable
 class Backend(Protocol):
-    """One memory system on one ``device``: its ``name`` in payloads and widgets, whether
-    new chunks are ``zeroed``, whether it ``maps`` (a :class:`MappingBackend`; else an
-    allocation is one chunk), whether the memory is ``exporter_owned`` (lives only while the
-    exporter keeps it), and whether it grants ``peer_access`` to other devices of its kind."""
+    """One memory system on one ``device``: its ``name``, whether new chunks are ``zeroed``,
+    whether it ``maps`` (a :class:`MappingBackend`), whether memory is ``exporter_owned``
+    (lives only while its exporter keeps it), and whether it grants ``peer_access``."""
 
     name: ClassVar[str]
     zeroed: ClassVar[bool]
@@ -141,8 +129,8 @@ class Backend(Protocol):
         """Allocate a chunk of ``size`` bytes (a multiple of the granularity) and export it."""
 
     def seal(self, chunk: Chunk, readonly: bool) -> bool:
-        """Before a new chunk's handle leaves: forbid resizing, and with ``readonly`` new
-        writes everywhere. Whether the memory system enforces ``readonly``."""
+        """Forbid resizing (and with ``readonly`` writes) before the handle leaves; whether
+        ``readonly`` is enforced."""
 
     def reopen_readonly(self, fd: int) -> int | None:
         """A new handle of the same chunk that maps read-only only, or ``None``."""
@@ -158,8 +146,7 @@ class Backend(Protocol):
         """Wait for all work this process queued that may touch mapped memory."""
 
     def as_native(self, view: NativeView) -> Any:
-        """Mapped memory as the device's native array type (no copy where it can address
-        it), keeping ``view.owner`` alive."""
+        """Mapped memory as the device's native array type, keeping ``view.owner`` alive."""
 
     def to_native(self, obj: Any) -> Any:
         """``obj`` as an array of this device's native type (may copy)."""
@@ -171,8 +158,7 @@ class Backend(Protocol):
         """What an importer must wait for before using memory handed off now (a token)."""
 
     def export_fence(self) -> object | None:
-        """The ordering of one message: ``None``, or an object with :meth:`export_sync`'s
-        ``token``, shared by this thread's calls while alive."""
+        """The ordering of one message: ``None``, or an object with a ``token``."""
 
     def import_sync(self, token: bytes) -> None:
         """Make this process's current work wait for what :meth:`export_sync` recorded."""
@@ -234,8 +220,7 @@ class BorrowingBackend(Backend, Protocol):
 
 
 class DeviceBase:
-    """What the accelerator backends share: their device, fork detection, size checks, and
-    no sealing (their handles carry no access mode)."""
+    """What accelerator backends share: the device, fork detection, size checks, no sealing."""
 
     name: ClassVar[str]
     peer_access: ClassVar[bool]
@@ -254,7 +239,6 @@ class DeviceBase:
         return f"{type(self).__name__}({self.device})"
 
     def _take(self, device: Device, kind: str, what: str, why: Callable[[int], str | None]) -> None:
-        """Serve ``device`` of ``kind`` unless ``why`` says no."""
         if device.kind != kind:
             raise BackendUnavailable(f"the {self.name} backend needs {what}, not {device}")
         reason = why(device.index)
@@ -300,8 +284,8 @@ class DeviceBase:
 
 class VendorCalls:
     """A GPU vendor's table of driver calls for :mod:`.vmm` and :mod:`.pool`: CUDA's and
-    HIP's are the same calls and structs under two prefixes; a subclass sets the enums
-    (``fd_type``, ``pinned``, ...) and says what else differs."""
+    HIP's are the same calls and structs under two prefixes; a subclass names its enums and
+    says what else differs. ``backend._d`` is the vendor's module."""
 
     vendor: ClassVar[str]  # its name in messages
     prefix: ClassVar[str]  # of every call's name
@@ -312,16 +296,20 @@ class VendorCalls:
     invalid_value: ClassVar[str]  # the error mapping a chunk smaller than the range
     allocate_call: ClassVar[str]  # pool allocation (after the prefix)
     free_call: ClassVar[str]  # and its free
-    fd_type: Any
-    pinned: Any  # the pinned allocation type
-    on_device: Any  # the device location type
-    access_flags: Mapping[str, Any]  # by Access
-    granularity_flag: Any  # the recommended granularity
-    _m: Any  # the vendor's module
+    # "Enum.MEMBER" of the module by use: fd_type, pinned, on_device, granularity, and the
+    # access flags by Access
+    enums: ClassVar[Mapping[str, str]]
     _check: Callable[[Any, str], Any]
 
     def __init__(self, backend: Any) -> None:
+        self._backend = backend
         self.device: Device = backend.device
+        self._m = backend._d
+        self.enum: dict[str, Any] = {}
+        for use, name in self.enums.items():
+            enum, _, member = name.partition(".")
+            self.enum[use] = getattr(getattr(self._m, enum), member)
+        self.fd_type = self.enum["fd_type"]
 
     def call(self, name: str, *args: Any, what: str = "") -> Any:
         """``{prefix}{name}(*args)``, checked (``what``: its arguments, for messages)."""
@@ -337,7 +325,7 @@ class VendorCalls:
     def located(self, struct: str, index: int) -> Any:
         """A new ``{type_prefix}{struct}`` whose location is device ``index``."""
         obj = getattr(self._m, self.type_prefix + struct)()
-        obj.location.type = self.on_device
+        obj.location.type = self.enum["on_device"]
         obj.location.id = index
         return obj
 
@@ -345,7 +333,7 @@ class VendorCalls:
     def prop(self) -> Any:
         """The properties of a VMM allocation on the device, exportable as a POSIX fd."""
         prop = self.located("AllocationProp", self.device.index)
-        prop.type = self.pinned
+        prop.type = self.enum["pinned"]
         # ROCm 7 renamed requestedHandleType to requestedHandleTypes
         plural = hasattr(prop, "requestedHandleTypes")
         setattr(prop, "requestedHandleTypes" if plural else "requestedHandleType", self.fd_type)
@@ -356,14 +344,8 @@ class VendorCalls:
 
     def access(self, index: int, access: Access) -> Any:  # a descriptor for device index
         desc = self.located("AccessDesc", index)
-        desc.flags = self.access_flags[access]
+        desc.flags = self.enum[access]
         return desc
-
-    def create_pool(self) -> Any:  # pinned device memory, exportable as a POSIX fd
-        props = self.located("PoolProps", self.device.index)
-        props.allocType = self.pinned
-        props.handleTypes = self.fd_type
-        return self.call("MemPoolCreate", props, what=f"({self.fd_name}, {self.device})")
 
     if TYPE_CHECKING:  # each vendor's: the new fd of an export call (none left open on
         # failure), the stream pool allocations are made on, a pool pointer's export data

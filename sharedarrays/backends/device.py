@@ -1,7 +1,5 @@
-"""Devices: ``"cpu"`` and the numbered accelerator kinds backends register (``"cuda"``,
-``"cuda:N"``, ``N``, a ``cupy.cuda.Device`` or a ``torch.device``), each with the function
-saying why one of its devices cannot be used. This module imports no backend.
-"""
+"""Devices: ``"cpu"`` and the numbered accelerator kinds backends register, each with the
+function saying why one of its devices cannot be used. This module imports no backend."""
 
 from __future__ import annotations
 
@@ -23,7 +21,6 @@ class TorchDeviceLike(Protocol):
 
     @property
     def type(self) -> str: ...
-
     @property
     def index(self) -> int | None: ...
 
@@ -45,7 +42,7 @@ _NAME_RE = re.compile(r"^([a-z][a-z0-9_]*)(?::([0-9]+))?\Z")
 
 def add_kind(kind: str, why_unusable: Callable[[int], str | None]) -> None:
     """Register accelerator kind ``kind`` (lower case) with ``why_unusable(index)``, which
-    says why ``kind:index`` cannot be used here (``None``: it can) and never raises."""
+    says why ``kind:index`` cannot be used here (``None``: it can); never raises."""
     if kind == "cpu" or not _NAME_RE.match(kind) or ":" in kind:
         raise ValueError(f"{kind!r} cannot be a device kind")
     STATE.backends.kinds.setdefault(kind, why_unusable)
@@ -58,8 +55,7 @@ def kinds() -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Device:
-    """Where an allocation's physical memory lives: ``kind`` (``"cpu"`` or a registered
-    accelerator kind) and ``index`` (always 0 for ``"cpu"``)."""
+    """Where an allocation's physical memory lives: ``kind`` and ``index`` (0 for cpu)."""
 
     kind: str
     index: int = 0
@@ -67,8 +63,7 @@ class Device:
     def __str__(self) -> str:
         return "cpu" if self.kind == "cpu" else f"{self.kind}:{self.index}"
 
-    def __eq__(self, other: object) -> bool:
-        """Equal to the same device and to its exact name (``"cuda:0"``; so hashes agree)."""
+    def __eq__(self, other: object) -> bool:  # also to its exact name: hashes agree
         if isinstance(other, Device):
             return (self.kind, self.index) == (other.kind, other.index)
         if isinstance(other, str):
@@ -97,8 +92,7 @@ def _forms() -> str:
     return "'cpu', " + (names + " or an int N" if names else "or an int N")
 
 
-def _foreign(device: object) -> str | int | None:
-    """A ``torch.device`` as a name, a ``cupy.cuda.Device`` as its ordinal, else ``None``."""
+def _foreign(device: object) -> str | int | None:  # a torch.device's name, a CuPy ordinal
     module = type(device).__module__.split(".")[0]
     if module == "torch" and isinstance(device, TorchDeviceLike):
         kind, index = str(device.type), device.index

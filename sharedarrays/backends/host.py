@@ -1,7 +1,6 @@
-"""The host backend: CUDA VMM's model on any Linux machine. A reservation is an anonymous
-``PROT_NONE`` mapping, a chunk a sealed memfd, mapping ``mmap(MAP_FIXED|MAP_SHARED)``, access
-``mprotect`` (through libc: Python's :mod:`mmap` cannot map at a fixed address).
-"""
+"""The host backend, CUDA VMM's model on Linux: a reservation is a ``PROT_NONE`` mapping, a
+chunk a sealed memfd, mapping ``mmap(MAP_FIXED|MAP_SHARED)``, access ``mprotect`` (libc's:
+Python's :mod:`mmap` cannot map at a fixed address)."""
 
 from __future__ import annotations
 
@@ -46,8 +45,8 @@ _F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x0010)  # Linux 5.
 
 
 def check_chunk_fd(fd: int, size: int) -> None:
-    """Refuse (``PayloadError``) a received handle that is not a memfd of ``size`` bytes
-    sealed against shrinking (else its sender could crash us with ``SIGBUS``). Keeps ``fd``."""
+    """Refuse (``PayloadError``) a received handle but a memfd of ``size`` bytes sealed
+    against shrinking (else its sender could crash us with ``SIGBUS``); keeps ``fd``."""
     try:
         seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
         actual = os.fstat(fd).st_size
@@ -85,8 +84,7 @@ def _overcommit_mode() -> int:
 
 def memory_available() -> tuple[int, str] | None:
     """Bytes a new host chunk may use and how that was reckoned (``MemAvailable + SwapFree``,
-    under strict overcommit at most ``CommitLimit - Committed_AS``); ``None``: no limit
-    known."""
+    under strict overcommit at most ``CommitLimit - Committed_AS``), or ``None``."""
     mode = _overcommit_mode()
     if mode == 1:
         return None
@@ -164,8 +162,8 @@ def host_view(view: NativeView) -> Array:
 def host_native(
     view: NativeView, addressable: bool, copy: Callable[[int, int, int], None]
 ) -> Array:
-    """Device memory as NumPy: a view where the CPU addresses it, else a read-only copy made
-    by ``copy(destination, source, size)``."""
+    """Device memory as NumPy: a view where the CPU addresses it, else a read-only copy by
+    ``copy(destination, source, size)``."""
     if addressable:
         return host_view(view)
     buffer = np.empty(view.size, dtype=np.uint8)
@@ -235,8 +233,7 @@ class HostBackend(SyncOrdering):
         return Chunk(size=size, handle=fd, fd=fd)
 
     def seal(self, chunk: Chunk, readonly: bool) -> bool:
-        """Forbid further seals and, with ``readonly``, new writes through any fd
-        (``F_SEAL_FUTURE_WRITE``, Linux 5.1)."""
+        """Forbid further seals and with ``readonly`` new writes (Linux 5.1)."""
         try:
             fcntl.fcntl(
                 chunk.fd, fcntl.F_ADD_SEALS, (_F_SEAL_FUTURE_WRITE if readonly else 0) | _SEALS
@@ -262,7 +259,6 @@ class HostBackend(SyncOrdering):
             raise HandleUnavailable(f"{what}: {e.strerror or e} (is /proc mounted?)") from None
 
     def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
-        """Take a received memfd as a chunk (:func:`check_chunk_fd`); closes it if not."""
         try:
             check_chunk_fd(fd, size)
         except BaseException:
@@ -333,8 +329,8 @@ class HostBackend(SyncOrdering):
         flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE | _MAP_FIXED
         _check_mmap(_libc.mmap(address, size, 0, flags, -1, 0), "unmap")
 
-    def synchronize(self) -> None:
-        """Nothing to wait for: host memory is accessed synchronously."""
+    def synchronize(self) -> None:  # host memory is accessed synchronously
+        pass
 
     as_native = staticmethod(host_view)
 

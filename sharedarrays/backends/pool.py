@@ -1,9 +1,6 @@
-"""The memory-pool backend of every GPU vendor (``cuda-pool``, ``hip-pool``), written
-against the vendor's :class:`~.base.VendorCalls`. Each process makes one pool per device
-and exports its fd once; a chunk is one allocation from it, its handle the pool's id and
-the pointer's export data. An importer opens each pool once (while any pointer of it is
-open) and must free an allocation before its exporter does.
-"""
+"""The memory-pool backend of every GPU vendor (``cuda-pool``, ``hip-pool``) on its
+:class:`~.base.VendorCalls`: one exported pool per process and device, a chunk one allocation
+from it. An importer opens each pool once and must free before its exporter does."""
 
 from __future__ import annotations
 
@@ -16,23 +13,19 @@ from sharedarrays.backends.base import Chunk, DeviceBase
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import DriverError, HandleUnavailable, PayloadError
 
-GRANULARITY = 512
-"""Pool chunk sizes are multiples of 512 bytes (the pool sub-allocates)."""
-
 POOL_ID_BYTES = 16
 POINTER_BYTES = 64  # sizeof(CUmemPoolPtrExportData), sizeof(hipMemPoolPtrExportData)
-EXPORT_BYTES = POOL_ID_BYTES + POINTER_BYTES
-"""A chunk's portable handle: the pool's random id, then the pointer's export data."""
+EXPORT_BYTES = POOL_ID_BYTES + POINTER_BYTES  # an export: the pool's random id, pointer's data
 
 
 class PoolBackend(DeviceBase):
-    """Stream-ordered memory of one GPU shared through an exported pool: every vendor's pool
-    backend, put before the vendor's device base class, with :attr:`calls` its table."""
+    """Stream-ordered memory of one GPU shared through an exported pool, put before the
+    vendor's device base class (:attr:`calls`: its table)."""
 
     zeroed: ClassVar[bool] = False
     maps: ClassVar[bool] = False
     exporter_owned: ClassVar[bool] = True
-    granularity = GRANULARITY
+    granularity = 512  # the pool sub-allocates
 
     def __init__(self, device: Device) -> None:
         super().__init__(device)  # type: ignore[call-arg]  # (the device base class)
@@ -52,7 +45,10 @@ class PoolBackend(DeviceBase):
                 return self._pool
             calls = self._calls
             with self.context():
-                pool = calls.create_pool()
+                props = calls.located("PoolProps", self.device.index)
+                props.allocType = calls.enum["pinned"]
+                props.handleTypes = calls.fd_type
+                pool = calls.call("MemPoolCreate", props, what=f"({calls.fd_name}, {self.device})")
                 try:
                     fd = calls.export_fd("MemPoolExportToShareableHandle", pool)
                 except BaseException:
@@ -64,8 +60,7 @@ class PoolBackend(DeviceBase):
             return pool
 
     def create_chunk(self, size: int) -> Chunk:
-        """Allocate ``size`` bytes from this process's pool, wait for the allocation, and
-        export the pointer (once)."""
+        """Allocate ``size`` bytes from this process's pool, wait for it, export the pointer."""
         self._check_size(size, "a chunk size")
         calls = self._calls
         why = self._too_large(size)
@@ -88,9 +83,8 @@ class PoolBackend(DeviceBase):
         return Chunk(size=size, handle=ptr, fd=self._pool_fd, address=ptr, export=export)
 
     def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
-        """Open another process's pool allocation from ``export`` and ``fd``, the pool's fd
-        (imported once per pool, then closed; or ``-1``). ``HandleUnavailable`` where the
-        pool is not open here and no fd came, or the memory was freed."""
+        """Open another process's allocation from ``export`` and the pool's ``fd`` (or ``-1``);
+        ``HandleUnavailable`` where the pool is not open here and no fd came, or it was freed."""
         calls = self._calls
         try:
             if len(export) != EXPORT_BYTES:
@@ -135,8 +129,8 @@ class PoolBackend(DeviceBase):
         return Chunk(size=size, handle=ptr, fd=-1, address=ptr, export=export, imported=True)
 
     def release_chunk(self, chunk: Chunk) -> None:
-        """Wait for queued work, then free the pointer; an importer closes the imported pool
-        after its last pointer, even where that failed. Idempotent; a no-op after fork."""
+        """Wait for queued work, free the pointer, and close an imported pool after its last
+        pointer (even where freeing failed)."""
         ptr = chunk.handle
         if ptr < 0:
             return

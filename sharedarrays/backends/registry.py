@@ -1,7 +1,6 @@
-"""The seam memory systems plug into: one :class:`Registration` per backend. Everything
-above the backends asks this registry, never a backend's name: what ``backend="auto"`` means,
-a payload's device, why a backend is unusable, the process-wide backend object.
-"""
+"""The seam memory systems plug into, one :class:`Registration` per backend: everything above
+the backends asks it what ``backend="auto"`` means, a payload's device, why a backend is
+unusable, and for the process-wide backend object."""
 
 from __future__ import annotations
 
@@ -40,12 +39,10 @@ def _registered(name: object) -> Registration | None:
 
 @dataclass(frozen=True)
 class Registration:
-    """What a backend declares of itself: its ``name`` (in payloads, ``backend=`` and
-    widgets), the device ``kind`` it serves, the ``factory(device)`` making it, its
-    ``preference`` among its kind's backends for ``backend="auto"`` (lowest first), its
-    ``maps`` and ``exporter_owned`` flags, ``why_unusable(index)`` (why device ``index``
-    cannot be used, or ``None``; never raises) and ``check_handle(fd, size)``, refusing
-    (``PayloadError``) a received handle it cannot safely map (keeps ``fd``)."""
+    """What a backend declares: its ``name``, the device ``kind`` it serves, the
+    ``factory(device)`` making it, its ``preference`` for ``backend="auto"`` (lowest first),
+    its flags, ``why_unusable(index)`` (never raises) and ``check_handle(fd, size)``, which
+    refuses (``PayloadError``) a received handle it cannot safely map (keeps ``fd``)."""
 
     name: str
     kind: str
@@ -65,7 +62,7 @@ class Registration:
         why_unusable: Callable[[int], str | None] = _usable,
         check_handle: Callable[[int, int], None] | None = None,
     ) -> Registration:
-        """The registration of backend class ``backend`` (name and flags read from it)."""
+        """The registration of backend class ``backend`` (its name and flags)."""
         b: Any = backend
         flags = (b.maps, b.exporter_owned)
         return cls(b.name, kind, backend, preference, *flags, why_unusable, check_handle)
@@ -91,15 +88,14 @@ def registration(name: str) -> Registration:
 
 
 def registrations(kind: str | None = None) -> list[Registration]:
-    """The registered backends (of one kind) in ``backend="auto"``'s order: by kind, then
-    preference."""
+    """The registered backends (of one kind) in ``backend="auto"``'s order."""
     order = {k: i for i, k in enumerate(kinds())}
     regs = [r for r in STATE.backends.registrations.values() if kind is None or r.kind == kind]
     return sorted(regs, key=lambda r: (order[r.kind], r.preference))
 
 
 def names() -> tuple[str, ...]:
-    """The names of every registered backend, in :func:`registrations`' order."""
+    """Every registered backend's name, in :func:`registrations`' order."""
     return tuple(r.name for r in registrations())
 
 
@@ -139,7 +135,7 @@ def handle_check(name: object) -> Callable[[int, int], None] | None:
 def choose_backend(device: Device, name: str = "auto") -> str:
     """The backend ``name`` means on ``device``: ``"auto"`` is the first of its kind usable
     here (on CUDA: cuda-vmm, cuda-ipc, cuda-pool). ``ValueError``: an unknown name;
-    ``BackendUnavailable``: no backend of its kind can use ``device`` (each says why)."""
+    ``BackendUnavailable``: none of its kind can use ``device`` (each says why)."""
     if name != "auto":
         return registration(name).name
     reasons = {r.name: r.why_unusable(device.index) for r in registrations(device.kind)}
@@ -152,7 +148,7 @@ def choose_backend(device: Device, name: str = "auto") -> str:
 
 def get_backend(device: Device, name: str | None = None) -> Backend:
     """The process-wide backend ``name`` (default ``"auto"``) for ``device``, made on first
-    use; ``BackendUnavailable`` says why it cannot run here."""
+    use (``BackendUnavailable``: why it cannot run here)."""
     if name is None:
         name = choose_backend(device)
     state = STATE.backends
@@ -168,30 +164,26 @@ def get_backend(device: Device, name: str | None = None) -> Backend:
                 raise BackendUnavailable(
                     f"unknown backend {name!r}; available names: {', '.join(names())}"
                 )
+            if device.kind != reg.kind and reg.kind == "cpu":
+                others = ", ".join(f"'{r.name}'" for r in registrations(device.kind))
+                raise BackendUnavailable(
+                    f"the {reg.name} backend only serves device 'cpu', not {device}; for a "
+                    f"{device.kind.upper()} device use backend='auto'"
+                    + (f" or {others}" if others else "")
+                )
             if device.kind != reg.kind:
-                raise BackendUnavailable(_wrong_kind(reg, device))
+                why = reg.why_unusable(0)
+                because = f", and {reg.kind.upper()} cannot be used here: {why}" if why else ""
+                raise BackendUnavailable(
+                    f"the {reg.name} backend needs a {reg.kind.upper()} device "
+                    f"(device='{reg.kind}:N'), not {device}{because}"
+                )
             backend = reg.factory(device)
             declared = (reg.name, reg.maps, reg.exporter_owned)
             if (backend.name, backend.maps, backend.exporter_owned) != declared:
                 raise TypeError(f"the {name} backend object does not match its registration")
             state.objects[key] = backend
     return backend
-
-
-def _wrong_kind(reg: Registration, device: Device) -> str:
-    if reg.kind == "cpu":
-        others = ", ".join(f"'{r.name}'" for r in registrations(device.kind))
-        return (
-            f"the {reg.name} backend only serves device 'cpu', not {device}; for a "
-            f"{device.kind.upper()} device use backend='auto'" + (f" or {others}" if others else "")
-        )
-    kind = reg.kind.upper()
-    why = reg.why_unusable(0)
-    because = f", and {kind} cannot be used here: {why}" if why else ""
-    return (
-        f"the {reg.name} backend needs a {kind} device (device='{reg.kind}:N'), not "
-        f"{device}{because}"
-    )
 
 
 def list_backends(device: str | int | Device | None = None) -> dict[str, str | None]:

@@ -1,14 +1,13 @@
-"""The VMM backend of every GPU vendor (``cuda-vmm``, ``hip-vmm``), written against the
-vendor's :class:`~.base.VendorCalls`. A chunk is pinned device memory exported once as an
-fd, kept to serve on: it lives while any process holds a handle, fd or mapping.
-"""
+"""The VMM backend of every GPU vendor (``cuda-vmm``, ``hip-vmm``) on its
+:class:`~.base.VendorCalls`: a chunk is pinned device memory exported once as an fd, alive
+while any process holds a handle, fd or mapping."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping
-from typing import Any, ClassVar
+from collections.abc import Callable, Mapping
+from typing import ClassVar
 
 from sharedarrays.backends.base import Access, Chunk, DeviceBase
 from sharedarrays.backends.device import Device
@@ -18,39 +17,32 @@ ACCESS: tuple[Access, ...] = ("rw", "r", "none")
 
 
 class VmmBackend(DeviceBase):
-    """Device memory of one GPU shared through exported fds: every vendor's VMM backend, put
-    before the vendor's device base class, with :attr:`calls` its table. New chunks are not
-    zeroed."""
+    """Device memory of one GPU shared through exported fds, put before the vendor's device
+    base class (:attr:`calls`: its table)."""
 
     zeroed: ClassVar[bool] = False
     maps: ClassVar[bool] = True
     exporter_owned: ClassVar[bool] = False
+    _peer_reason: Callable[[int, int], str | None]  # asked where peer_access
 
     def __init__(self, device: Device) -> None:
         super().__init__(device)  # type: ignore[call-arg]  # (the device base class)
         calls = self._calls = self.calls(self)
         with self.context():
-            flag = calls.granularity_flag
+            flag = calls.enum["granularity"]
             self._granularity = int(calls.call("MemGetAllocationGranularity", calls.prop, flag))
-        self._access: dict[str, list[Any]] = {
-            access: [calls.access(device.index, access)] for access in ACCESS
-        }
+        self._access = {access: [calls.access(device.index, access)] for access in ACCESS}
 
     @property
-    def granularity(self) -> int:
-        """The device's recommended allocation granularity (2 MiB on an H200)."""
+    def granularity(self) -> int:  # recommended: 2 MiB on an H200
         return self._granularity
 
-    def _peer_reason(self, index: int, owner: int) -> str | None:  # asked where peer_access
-        raise NotImplementedError
-
-    def _release(self, handle: int) -> None:
-        """Release ``handle`` while undoing a failed step (its own failure is not reported)."""
+    def _release(self, handle: int) -> None:  # undoing a failed step
         with contextlib.suppress(DriverError):
             self._calls.call("MemRelease", self._calls.handle(handle))
 
     def create_chunk(self, size: int) -> Chunk:
-        """Allocate ``size`` bytes of pinned device memory and export its fd (once)."""
+        """Allocate ``size`` bytes of pinned device memory and export its fd once."""
         self._check_size(size, "a chunk size")
         calls = self._calls
         with self.context():
@@ -69,9 +61,8 @@ class VmmBackend(DeviceBase):
         return Chunk(size=size, handle=handle, fd=fd)
 
     def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
-        """Import a chunk from an fd exported by :meth:`create_chunk`; takes ``fd`` (kept to
-        serve on). ``PayloadError`` for an fd that is no exported allocation or one of
-        another device; a size larger than the chunk fails in :meth:`map`."""
+        """Import a chunk from an fd of :meth:`create_chunk` (kept to serve on); ``PayloadError``
+        for no exported allocation or another device's (a too-large size fails in :meth:`map`)."""
         calls = self._calls
         try:
             self._check_import_size(size)
@@ -116,7 +107,6 @@ class VmmBackend(DeviceBase):
                 os.close(fd)
 
     def reserve(self, size: int) -> int:
-        """Reserve ``size`` bytes of device address space, aligned to the granularity."""
         self._check_size(size, "a reservation size")
         thing, what = "a reservation of address space", f"({size} bytes)"
         args = (size, self._granularity, 0, 0)
@@ -124,17 +114,14 @@ class VmmBackend(DeviceBase):
             return int(self._calls.allocating(thing, size, "MemAddressReserve", *args, what=what))
 
     def free_reservation(self, address: int, size: int) -> None:
-        """Give back a reservation (a no-op in a forked child)."""
         if self._forked():
             return
         with self.context():
             self._calls.call("MemAddressFree", address, size)
 
     def map(self, address: int, size: int, chunk: Chunk, chunk_offset: int = 0) -> None:
-        """Map the whole of ``chunk`` at ``address`` (inaccessible until :meth:`set_access`).
-        Whole chunks only: ``cuMemMap`` answers ``CUDA_ERROR_NOT_SUPPORTED`` for an offset
-        into or a part of a device allocation (driver 580), whatever its documentation says.
-        """
+        """Map the whole of ``chunk`` at ``address``: ``cuMemMap`` answers
+        ``CUDA_ERROR_NOT_SUPPORTED`` for a part of a device allocation (driver 580)."""
         self._check_size(size, "a mapping size")
         calls = self._calls
         if chunk_offset != 0 or size != chunk.size:
@@ -158,8 +145,7 @@ class VmmBackend(DeviceBase):
     def set_access(
         self, address: int, size: int, access: Access, peers: Mapping[int, Access] | None = None
     ) -> None:
-        """Set this device's access to a mapped range, and that of ``peers`` (where
-        :attr:`peer_access`), in one call; lowering access first waits for queued work."""
+        """Set this device's and ``peers``' access in one call; lowering it waits for work."""
         own = self._access.get(access)
         if own is None:
             raise ValueError(f"access must be 'rw', 'r' or 'none', not {access!r}")
@@ -182,7 +168,7 @@ class VmmBackend(DeviceBase):
             self._calls.call("MemSetAccess", address, size, descs, len(descs), what=what)
 
     def unmap(self, address: int, size: int) -> None:
-        """Wait for queued work (unmapping does not), then unmap; a no-op in a fork child."""
+        """Wait for queued work (unmapping does not), then unmap."""
         if self._forked():
             return
         self.synchronize()

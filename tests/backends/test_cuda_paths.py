@@ -156,7 +156,7 @@ def test_out_of_memory_where_the_free_memory_is_not_known(fake_cuda: FakeCuda) -
 def _import_pool_chunk(be: CudaPoolBackend) -> Chunk:
     """A chunk of another process's pool (its id unknown here), imported with its pool's fd."""
     export = os.urandom(pool.POOL_ID_BYTES) + bytes(64)
-    return be.import_chunk(os.memfd_create("a-pool-fd"), pool.GRANULARITY, export)
+    return be.import_chunk(os.memfd_create("a-pool-fd"), pool.PoolBackend.granularity, export)
 
 
 @pytest.mark.parametrize("call", ["cuMemFree", "cuCtxSynchronize"])
@@ -176,8 +176,8 @@ def test_a_failing_release_still_closes_the_imported_pool(fake_cuda: FakeCuda, c
 def test_the_imported_pool_stays_while_another_pointer_is_open(fake_cuda: FakeCuda) -> None:
     be = CudaPoolBackend(CUDA0)
     export = os.urandom(pool.POOL_ID_BYTES) + bytes(64)
-    first = be.import_chunk(os.memfd_create("a-pool-fd"), pool.GRANULARITY, export)
-    second = be.import_chunk(-1, pool.GRANULARITY, export)  # (the pool is open here)
+    first = be.import_chunk(os.memfd_create("a-pool-fd"), pool.PoolBackend.granularity, export)
+    second = be.import_chunk(-1, pool.PoolBackend.granularity, export)  # (the pool is open here)
     fake_cuda.fail("cuMemFree")
     with pytest.raises(SharedArrayError, match="cuMemFree"):
         be.release_chunk(first)

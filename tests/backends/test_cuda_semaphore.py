@@ -40,7 +40,7 @@ def driver(monkeypatch: pytest.MonkeyPatch) -> _FakeDriver:
 
 
 def test_close_releases_once(driver: _FakeDriver) -> None:
-    sem = semaphore.ImportedSemaphore(_On(), "handle-1", timeline=True)
+    sem = semaphore.ImportedSemaphore(_On(), "handle-1")
     assert sem.live() == "handle-1" and sem._finalizer.alive
     sem.close()
     sem.close()
@@ -50,7 +50,7 @@ def test_close_releases_once(driver: _FakeDriver) -> None:
 
 
 def test_freeing_releases(driver: _FakeDriver) -> None:
-    sem = semaphore.ImportedSemaphore(_On(), "handle-2", timeline=False)
+    sem = semaphore.ImportedSemaphore(_On(), "handle-2")
     del sem
     gc.collect()
     assert driver.destroyed == ["handle-2"]
@@ -59,7 +59,7 @@ def test_freeing_releases(driver: _FakeDriver) -> None:
 def test_a_fork_child_never_releases_its_parent_semaphore(
     driver: _FakeDriver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sem = semaphore.ImportedSemaphore(_On(), "handle-3", timeline=False)
+    sem = semaphore.ImportedSemaphore(_On(), "handle-3")
     parent = os.getpid()
     monkeypatch.setattr(semaphore.os, "getpid", lambda: parent + 1)
     with pytest.raises(BackendUnavailable, match="after fork"):

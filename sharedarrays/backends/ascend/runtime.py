@@ -1,7 +1,6 @@
 """The CANN runtime (``libascendcl`` through ctypes, ``aclInit`` once per process): errors,
 why a device is unusable, the C types. ``SHAREDARRAYS_ASCEND_MODULE`` names a module to call
-instead (the tests' simulated driver, ``tests/simulated/ascend.py``), read on every use.
-"""
+instead (``tests/simulated/ascend.py``), read on every use."""
 
 from __future__ import annotations
 
@@ -47,15 +46,11 @@ ACL_RT_VMM_EXPORT_FLAG_DEFAULT = 0  # the pid trust list is checked on import
 ACL_MEMCPY_DEVICE_TO_HOST = 2
 
 
-class MemLocation(ctypes.Structure):
-    """``aclrtMemLocation``."""
-
+class MemLocation(ctypes.Structure):  # aclrtMemLocation
     _fields_ = [("id", ctypes.c_uint32), ("type", ctypes.c_int)]
 
 
-class PhysicalMemProp(ctypes.Structure):
-    """``aclrtPhysicalMemProp``."""
-
+class PhysicalMemProp(ctypes.Structure):  # aclrtPhysicalMemProp
     _fields_ = [
         ("handleType", ctypes.c_int),
         ("allocationType", ctypes.c_int),
@@ -99,8 +94,7 @@ _SIGNATURES = types.MappingProxyType({
 
 
 class AclError(DriverError):
-    """A CANN runtime call failed (``code``: the ``aclError``, ``error_name`` its name where
-    known, else ``"aclError N"``)."""
+    """A CANN runtime call failed (``code``: the ``aclError``, ``error_name`` its name)."""
 
 
 class AclOutOfMemory(AclError, OutOfMemory):
@@ -118,18 +112,8 @@ def check(code: int, call: str) -> None:
 
 
 def module_name() -> str:
-    """The Python module standing in for ``libascendcl`` (``SHAREDARRAYS_ASCEND_MODULE``), or
-    ``""`` for the library itself."""
+    """The module standing in for ``libascendcl`` (``SHAREDARRAYS_ASCEND_MODULE``), or ``""``."""
     return os.environ.get(MODULE_SETTING, "").strip()
-
-
-def _open_library() -> Any:
-    lib = ctypes.CDLL(LIBRARY)
-    for name, argtypes in _SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.argtypes = argtypes
-        fn.restype = ctypes.c_int
-    return lib
 
 
 def load_acl() -> Any:
@@ -142,7 +126,10 @@ def load_acl() -> Any:
         with state.driver_lock:
             acl = state.acl.get(name)
             if acl is None:
-                acl = importlib.import_module(name) if name else _open_library()
+                acl = importlib.import_module(name) if name else ctypes.CDLL(LIBRARY)
+                for call, argtypes in _SIGNATURES.items() if not name else ():
+                    getattr(acl, call).argtypes = argtypes  # the library's C signatures
+                    getattr(acl, call).restype = ctypes.c_int
                 code = int(acl.aclInit(None))
                 if code != ACL_ERROR_REPEAT_INITIALIZE:
                     check(code, "aclInit")

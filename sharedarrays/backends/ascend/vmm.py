@@ -1,9 +1,6 @@
-"""The Ascend backend (``"ascend"``): Huawei NPU memory shared through CANN's shareable
-handles, a pointer backend. A chunk is ``aclrtMallocPhysical`` memory mapped at its own
-address, exported as a ``uint64`` with the pid trust list on: the exporter's handle server
-admits a pid (:meth:`AscendBackend.admit`) before handing it the handle. Tested on a
-simulated driver only (``tests/simulated/ascend.py``).
-"""
+"""The Ascend backend (``"ascend"``), a pointer backend: a chunk is ``aclrtMallocPhysical``
+memory mapped here and exported as a ``uint64`` shareable handle whose pid trust list admits
+each importer (:meth:`AscendBackend.admit`). Tested on ``tests/simulated/ascend.py`` only."""
 
 from __future__ import annotations
 
@@ -32,12 +29,8 @@ from sharedarrays.errors import (
     PermissionDenied,
 )
 
-EXPORT_BYTES = 8
-"""A chunk's portable handle: the ``uint64`` shareable handle, little-endian."""
-
-KDL_ASCEND = 21
-"""DLPack's device type of Ascend memory (``kDLAscend``, after v1.3). torch_npu reports and
-takes ``kDLExtDev`` instead (:func:`is_npu_dlpack`, :meth:`AscendBackend.as_native`)."""
+EXPORT_BYTES = 8  # a chunk's export: the uint64 shareable handle, little-endian
+KDL_ASCEND = 21  # kDLAscend (after DLPack 1.3); torch_npu reports and takes kDLExtDev
 
 
 def is_npu_dlpack(obj: object, device_type: int) -> bool:
@@ -49,8 +42,8 @@ def is_npu_dlpack(obj: object, device_type: int) -> bool:
 
 
 def torch_npu_from_dlpack() -> Callable[[Any], Any] | None:
-    """``torch.utils.dlpack.from_dlpack`` where torch_npu is installed (importing it makes
-    ``from_dlpack`` take ``kDLExtDev`` capsules), else ``None``."""
+    """``torch.utils.dlpack.from_dlpack`` made to take ``kDLExtDev`` capsules by importing
+    torch_npu, else ``None``."""
     if not installed("torch_npu"):
         return None
     try:
@@ -63,8 +56,7 @@ def torch_npu_from_dlpack() -> Callable[[Any], Any] | None:
 
 
 def _torch_layout(dtype: np.dtype[Any], strides: tuple[int, ...]) -> bool:
-    """Whether a torch tensor can have this layout (a DLPack dtype, strides non-negative
-    multiples of the item size)."""
+    """Whether a torch tensor can have this layout."""
     try:
         dl_dtype(dtype)
     except TypeError:
@@ -73,18 +65,16 @@ def _torch_layout(dtype: np.dtype[Any], strides: tuple[int, ...]) -> bool:
 
 
 class AscendBackend(SyncOrdering, DeviceBase):
-    """Memory of one Ascend NPU (``Device("npu", N)``), shared through CANN shareable handles.
-
-    The native array is a ``torch.Tensor`` on ``npu:N`` where torch_npu is importable (zero
-    copy through DLPack; untested on hardware), else a NumPy view where the CPU addresses the
-    memory (the simulated driver), else a read-only NumPy copy.
-    """
+    """Memory of one Ascend NPU (``Device("npu", N)``). Native arrays are torch tensors where
+    torch_npu is importable (through DLPack; untested on hardware), else NumPy views where the
+    CPU addresses the memory (the simulated driver), else read-only NumPy copies."""
 
     name: ClassVar[str] = "ascend"
     zeroed: ClassVar[bool] = False  # aclrtMallocPhysical does not clear memory
     maps: ClassVar[bool] = False
     exporter_owned: ClassVar[bool] = True
     peer_access: ClassVar[bool] = False
+    granularity: int  # the recommended one: 2 MiB huge pages
 
     def __init__(self, device: Device) -> None:
         self._take(device, "npu", "an NPU device", why_unusable)
@@ -99,16 +89,11 @@ class AscendBackend(SyncOrdering, DeviceBase):
         prop.location.id = device.index
         self._on_device()
         args = (ctypes.pointer(prop), rt.ACL_RT_MEM_ALLOC_GRANULARITY_RECOMMENDED)
-        self._granularity = self._out(ctypes.c_size_t, "aclrtMemGetAllocationGranularity", *args)
+        self.granularity = self._out(ctypes.c_size_t, "aclrtMemGetAllocationGranularity", *args)
         # whether the CPU addresses mapped NPU memory: never for libascendcl; a stand-in
         # module says so with SHAREDARRAYS_CPU_ADDRESSABLE = True
         addressable = getattr(self._acl, "SHAREDARRAYS_CPU_ADDRESSABLE", False)
         self._cpu_addressable = bool(addressable) if rt.module_name() else False
-
-    @property
-    def granularity(self) -> int:
-        """The recommended allocation granularity of this device (2 MiB huge pages)."""
-        return self._granularity
 
     def _call(self, name: str, *args: Any, what: str = "") -> None:
         check(getattr(self._acl, name)(*args), name + what)
@@ -120,13 +105,11 @@ class AscendBackend(SyncOrdering, DeviceBase):
         self._call(name, *((pointer, *args) if first else (*args, pointer)), what=what)
         return int(out.value or 0)
 
-    def _on_device(self) -> None:
-        """Make this device current for the calling thread (``aclrtSetDevice``)."""
+    def _on_device(self) -> None:  # for the calling thread
         self._refuse_forked("CANN")
         self._call("aclrtSetDevice", self.device.index, what=f"({self.device.index})")
 
-    def _map(self, handle: int, size: int) -> int:
-        """Reserve ``size`` bytes of address space and map physical ``handle`` there."""
+    def _map(self, handle: int, size: int) -> int:  # in a new reservation
         what = f"({size} bytes)"
         args = (size, 0, None, 0)
         address = self._out(ctypes.c_void_p, "aclrtReserveMemAddress", *args, first=True, what=what)
@@ -144,8 +127,7 @@ class AscendBackend(SyncOrdering, DeviceBase):
             self._call("aclrtReleaseMemAddress", address, what=f"({address:#x})")
 
     def create_chunk(self, size: int) -> Chunk:
-        """Allocate ``size`` bytes of NPU memory, map it here, and export its shareable
-        handle (with the pid trust list on)."""
+        """Allocate ``size`` bytes, map them here, and export the shareable handle."""
         self._check_size(size, "a chunk size")
         self._on_device()
         args = (size, ctypes.pointer(self._prop), 0)
@@ -165,8 +147,7 @@ class AscendBackend(SyncOrdering, DeviceBase):
         return Chunk(size=size, handle=handle, fd=-1, address=address, export=export)
 
     def admit(self, chunk: Chunk, pid: int) -> None:
-        """Put ``pid`` on the trust list of ``chunk`` (exported here), once; called by the
-        handle server before it hands ``pid`` the chunk's handle."""
+        """Put ``pid`` on the trust list of ``chunk`` (exported here) before it is served."""
         if chunk.imported or pid == os.getpid():
             return
         (shareable,) = struct.unpack("<Q", chunk.export)
@@ -181,9 +162,8 @@ class AscendBackend(SyncOrdering, DeviceBase):
             admitted.add(pid)
 
     def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
-        """Import another process's chunk from its 8-byte ``export`` and map it here;
-        ``PermissionDenied`` where this process is not on its trust list,
-        ``HandleUnavailable`` where its exporter freed it or exited."""
+        """Import and map another process's chunk (``PermissionDenied``: not on its trust
+        list; ``HandleUnavailable``: its exporter freed it or exited)."""
         if fd >= 0:
             os.close(fd)  # CANN sends no fds
         if len(export) != EXPORT_BYTES:
@@ -219,8 +199,7 @@ class AscendBackend(SyncOrdering, DeviceBase):
         return Chunk(size=size, handle=handle, fd=-1, address=address, export=export, imported=True)
 
     def release_chunk(self, chunk: Chunk) -> None:
-        """Wait for queued work, unmap the chunk and free this process's handle of it.
-        Idempotent; a no-op in a forked child."""
+        """Wait for queued work, unmap the chunk and free this process's handle of it."""
         handle, address = chunk.handle, chunk.address
         if handle < 0:
             return
@@ -238,12 +217,10 @@ class AscendBackend(SyncOrdering, DeviceBase):
             self._call("aclrtFreePhysical", handle)
 
     def synchronize(self) -> None:
-        """Wait for all work queued on this device (``aclrtSynchronizeDevice``)."""
         self._on_device()
         self._call("aclrtSynchronizeDevice")
 
     def mem_get_info(self) -> tuple[int, int]:
-        """Free and total HBM of the device in bytes (``aclrtGetMemInfo(ACL_HBM_MEM)``)."""
         free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
         self._on_device()
         pointers = (ctypes.pointer(free), ctypes.pointer(total))
@@ -251,9 +228,8 @@ class AscendBackend(SyncOrdering, DeviceBase):
         return int(free.value), int(total.value)
 
     def as_native(self, view: NativeView) -> Any:
-        """A ``torch.Tensor`` through a ``kDLExtDev`` DLPack capsule (holding ``owner``) where
-        torch_npu is importable, else NumPy (:func:`.host.host_native`). Read-only views and
-        layouts torch cannot have take the NumPy way."""
+        """A torch tensor through a ``kDLExtDev`` capsule where torch_npu is importable, else
+        (also for read-only views and layouts torch cannot have) NumPy."""
         if not view.readonly and _torch_layout(view.dtype, view.strides):
             consume = torch_npu_from_dlpack()
             if consume is not None:
@@ -271,12 +247,9 @@ class AscendBackend(SyncOrdering, DeviceBase):
 
         return host_native(view, self._cpu_addressable, copy)
 
-    def to_native(self, obj: Any) -> Any:
-        """``obj`` as a NumPy array (may copy)."""
-        return to_numpy(obj)
+    to_native = staticmethod(to_numpy)
 
     def current_device(self) -> int:
-        """The NPU this thread works on now (``aclrtGetDevice``), else the memory's own."""
         try:
             return self._out(ctypes.c_int32, "aclrtGetDevice")
         except AclError:

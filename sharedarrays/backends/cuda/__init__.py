@@ -1,3 +1,2 @@
-"""The CUDA memory systems (``vmm``, ``ipc``, ``pool``) and what they share: ``driver``
-(loading, errors, fork safety), ``device`` (the base class, streams and semaphores), ``sync``
-(cross-process ordering). No module imports a CUDA package until it is used."""
+"""The CUDA memory systems (``vmm`` in ``device``, ``ipc``, ``pool``) on ``driver`` and
+``sync``; no module imports a CUDA package until it is used."""

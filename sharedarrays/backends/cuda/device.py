@@ -1,7 +1,5 @@
-"""The base of the CUDA backends: one device, its primary context, CuPy arrays, ordering
-(:mod:`.sync`), and the stream operations (64-bit values, external semaphores) everything
-above the backends uses instead of driver calls; and on it ``cuda-vmm``,
-:class:`~..vmm.VmmBackend` on CUDA's calls."""
+"""The base of the CUDA backends (one device, its primary context, CuPy arrays, ordering,
+stream values and external semaphores), and on it ``cuda-vmm``: :class:`~..vmm.VmmBackend`."""
 
 from __future__ import annotations
 
@@ -10,6 +8,7 @@ import errno
 import os
 import sys
 import threading
+import types
 import weakref
 from collections.abc import Iterator
 from typing import Any, ClassVar, Literal
@@ -49,8 +48,8 @@ def _gib(nbytes: int) -> str:
 
 
 def _c_contiguous(shape: Shape, strides: Shape, itemsize: int) -> bool:
-    """Whether ``strides`` are those CuPy computes when given none (not where an extent is 0:
-    CuPy's rule then need not be NumPy's)."""
+    """Whether CuPy computes ``strides`` when given none (not with an extent 0: its rule
+    then need not be NumPy's)."""
     if len(shape) == 1:
         return strides[0] == itemsize and shape[0] > 0
     return 0 not in shape and strides == contiguous_strides(shape, itemsize)
@@ -64,8 +63,8 @@ def _destroy(on: OnDevice, call: str, handle: Any, pid: int) -> None:
 
 
 class ValueReader:
-    """Reads 64-bit words of device memory on a private non-blocking stream (which a stream
-    blocked in a wait does not block), destroyed by :meth:`close` or when freed."""
+    """Reads 64-bit words of device memory on a private non-blocking stream (not blocked by
+    a stream waiting), destroyed by :meth:`close` or when freed."""
 
     def __init__(self, on: OnDevice) -> None:
         d = load_driver()
@@ -78,45 +77,39 @@ class ValueReader:
         self._finalizer = weakref.finalize(self, _destroy, on, "cuStreamDestroy", stream, pid)
 
     def read(self, address: int) -> int:
-        """The 64-bit word at ``address`` now."""
         d = load_driver()
         out = np.zeros(1, dtype=np.uint64)
         with self._lock, self._on.context():
             if not self._finalizer.alive:
                 raise ClosedArrayError("this value reader was closed")
-            check(
-                d.cuMemcpyDtoHAsync(out.ctypes.data, address, 8, self._stream), "cuMemcpyDtoHAsync"
-            )
+            result = d.cuMemcpyDtoHAsync(out.ctypes.data, address, 8, self._stream)
+            check(result, "cuMemcpyDtoHAsync")
             check(d.cuStreamSynchronize(self._stream), "cuStreamSynchronize")
         return int(out[0])
 
-    def close(self) -> None:
-        """Destroy the private stream. Idempotent."""
+    def close(self) -> None:  # idempotent
         self._finalizer()
 
 
 class ImportedSemaphore:
-    """A ``CUexternalSemaphore`` imported into one device's primary context (``timeline``:
-    a 64-bit timeline, else binary), destroyed by :meth:`close` or when freed."""
+    """A ``CUexternalSemaphore`` imported into one device's primary context, destroyed by
+    :meth:`close` or when freed."""
 
-    def __init__(self, on: OnDevice, handle: Any, timeline: bool) -> None:
-        self.timeline = timeline
+    def __init__(self, on: OnDevice, handle: Any) -> None:
         self._handle: Any = handle
         self._pid = os.getpid()
         destroy = "cuDestroyExternalSemaphore"
         self._finalizer = weakref.finalize(self, _destroy, on, destroy, handle, self._pid)
 
     def live(self) -> Any:
-        """The driver handle; ``ClosedArrayError`` once closed, ``BackendUnavailable`` after
-        fork."""
+        """The driver handle (``ClosedArrayError``: closed; ``BackendUnavailable``: forked)."""
         if not self._finalizer.alive:
             raise ClosedArrayError("this external semaphore was closed")
         if os.getpid() != self._pid:
             raise BackendUnavailable("an external semaphore cannot be used after fork")
         return self._handle
 
-    def close(self) -> None:
-        """Destroy it now (``cuDestroyExternalSemaphore``). Idempotent."""
+    def close(self) -> None:  # idempotent
         self._finalizer()
 
 
@@ -141,31 +134,26 @@ class CudaCalls(VendorCalls):
     invalid_value = "CUDA_ERROR_INVALID_VALUE"
     allocate_call = "MemAllocFromPoolAsync"
     free_call = "MemFree"
-    _check = staticmethod(check)
-
-    def __init__(self, backend: CudaDevice) -> None:
-        self._backend = backend
-        d = self._m = backend._d
-        self.fd_type = d.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-        self.pinned = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-        self.on_device = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-        flags = d.CUmemAccess_flags
-        self.access_flags = {
-            "rw": flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-            "r": flags.CU_MEM_ACCESS_FLAGS_PROT_READ,
-            "none": flags.CU_MEM_ACCESS_FLAGS_PROT_NONE,
+    enums = types.MappingProxyType(
+        {
+            "fd_type": "CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR",
+            "pinned": "CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED",
+            "on_device": "CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE",
+            "granularity": "CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED",
+            "rw": "CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE",
+            "r": "CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READ",
+            "none": "CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_NONE",
         }
-        granularity = d.CUmemAllocationGranularity_flags
-        self.granularity_flag = granularity.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
-        super().__init__(backend)
+    )
+    _check = staticmethod(check)
+    _backend: CudaDevice
 
     def allocating(self, thing: str, nbytes: int, name: str, *args: Any, what: str = "") -> Any:
         result = getattr(self._m, "cu" + name)(*args)
         return self._backend._check_allocation(result, f"cu{name}{what}", thing, nbytes)
 
     def export_fd(self, name: str, *args: Any) -> int:
-        """The new fd; ``HandleUnavailable`` where this process can open no more files (the
-        driver's error does not say so)."""
+        """The new fd; tells where this process can open no more files (the driver does not)."""
         result = getattr(self._m, "cu" + name)(*args, self.fd_type, 0)
         try:
             return int(check(result, f"cu{name}({self.fd_name})"))
@@ -201,8 +189,7 @@ class CudaCalls(VendorCalls):
 
 
 class CudaDevice(DeviceBase):
-    """The base of the CUDA backends: one device (``Device("cuda", N)``) and its primary
-    context, retained once for the life of the process."""
+    """The base of the CUDA backends: one device and its primary context, retained once."""
 
     name: ClassVar[str]
     peer_access: ClassVar[bool] = False
@@ -212,13 +199,13 @@ class CudaDevice(DeviceBase):
     def __init__(self, device: Device) -> None:
         self._take(device, "cuda", "a CUDA device", lambda i: why_unusable(i, self.name))
         d = self._d = load_driver()
-        self._dev = check(d.cuDeviceGet(device.index), f"cuDeviceGet({device.index})")
-        self._ctx = check(d.cuDevicePrimaryCtxRetain(self._dev), "cuDevicePrimaryCtxRetain")
+        dev = check(d.cuDeviceGet(device.index), f"cuDeviceGet({device.index})")
+        self._ctx = check(d.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
         self._ctx_int = int(self._ctx)
 
     def context(self) -> contextlib.AbstractContextManager[None]:
-        """Make this device's primary context current for a ``with`` block: set where no
-        context is (and left so), else pushed and popped. Refused after fork."""
+        """Make the primary context current for a ``with`` block: set where none is (and left
+        so), else pushed and popped."""
         if self._forked():
             raise BackendUnavailable(f"cannot use {self.device}: {FORK_REASON}")
         current = check(self._d.cuCtxGetCurrent(), "cuCtxGetCurrent")
@@ -227,9 +214,8 @@ class CudaDevice(DeviceBase):
         return self._make_current(0 if current is None else int(current))
 
     def stream_token(self, stream: int) -> bytes | None:
-        """The ordering token of work queued so far on ``stream``: ``None`` when it is all
-        done, else that of an event recorded now (:func:`.sync.record`). Asked per message:
-        the hot path is one ``cuCtxGetCurrent`` and one ``cuStreamQuery`` in this frame."""
+        """The ordering token of work queued on ``stream`` (``None``: all done); asked per
+        message, so the hot path is one ``cuCtxGetCurrent`` and one ``cuStreamQuery``."""
         d = self._d
         err, current = d.cuCtxGetCurrent() if process.STATE.pid == self._pid else (1, None)
         if int(err) == 0 and current is not None and int(current) == self._ctx_int:
@@ -254,13 +240,11 @@ class CudaDevice(DeviceBase):
                 d.cuCtxPopCurrent()
 
     def mem_get_info(self) -> tuple[int, int]:
-        """Free and total memory of the device in bytes (``cuMemGetInfo``)."""
         with self.context():
             free, total = check(self._d.cuMemGetInfo(), "cuMemGetInfo")
         return int(free), int(total)
 
     def _check_allocation(self, result: Any, call: str, what: str, nbytes: int) -> Any:
-        """:func:`check` of a call taking ``nbytes`` for ``what``, explaining running out."""
         try:
             return check(result, call)
         except CudaOutOfMemory as exc:
@@ -280,7 +264,6 @@ class CudaDevice(DeviceBase):
             raise CudaOutOfMemory(*args) from None
 
     def synchronize(self) -> None:
-        """Wait for all work queued in this device's primary context, on every stream."""
         with self.context():
             check(self._d.cuCtxSynchronize(), "cuCtxSynchronize")
 
@@ -298,30 +281,25 @@ class CudaDevice(DeviceBase):
         return self.device.index
 
     def current_stream(self) -> int:
-        """The stream work is queued on here (:func:`.driver.current_stream`)."""
         return current_stream(self.device.index)
 
     def write_value(self, address: int, value: int) -> None:
-        """Enqueue ``cuStreamWriteValue64`` of ``value`` at ``address`` on the current stream."""
         stream = self.current_stream()
         with self.context():
             check(self._d.cuStreamWriteValue64(stream, address, value, 0), "cuStreamWriteValue64")
 
     def wait_value(self, address: int, value: int) -> None:
-        """Make the current stream's later work wait until the word at ``address`` is at
-        least ``value`` (``cuStreamWaitValue64``, GEQ)."""
+        """Make the current stream wait until the word at ``address`` is >= ``value``."""
         stream = self.current_stream()
         geq = int(self._d.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
         with self.context():
             check(self._d.cuStreamWaitValue64(stream, address, value, geq), "cuStreamWaitValue64")
 
     def value_reader(self) -> ValueReader:
-        """A reader of 64-bit words on a private non-blocking stream of this device."""
         return ValueReader(self)
 
     def import_semaphore(self, fd: int, timeline: bool) -> ImportedSemaphore:
-        """Import a semaphore exported as ``fd`` (opaque or timeline fd); CUDA owns ``fd`` on
-        success, the caller closes it on failure."""
+        """Import a semaphore's ``fd`` (CUDA owns it on success, the caller on failure)."""
         d = self._d
         kinds = d.CUexternalSemaphoreHandleType
         desc = d.CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC()
@@ -335,14 +313,12 @@ class CudaDevice(DeviceBase):
         what = "timeline" if timeline else "opaque"
         with self.context():
             handle = check(d.cuImportExternalSemaphore(desc), f"cuImportExternalSemaphore({what})")
-        return ImportedSemaphore(self, handle, timeline)
+        return ImportedSemaphore(self, handle)
 
     def signal_semaphore(self, sem: object, value: int) -> None:
-        """Enqueue a signal of ``sem`` (to ``value``, timelines) on the current stream."""
         self._enqueue("Signal", sem, value)
 
     def wait_semaphore(self, sem: object, value: int) -> None:
-        """Make the current stream wait for ``sem`` (to reach ``value``, timelines)."""
         self._enqueue("Wait", sem, value)
 
     def _semaphore(self, sem: object) -> ImportedSemaphore:
@@ -351,7 +327,6 @@ class CudaDevice(DeviceBase):
         return sem
 
     def _enqueue(self, op: Literal["Signal", "Wait"], sem: object, value: int) -> None:
-        """``cu{op}ExternalSemaphoresAsync`` of ``sem`` on the current stream."""
         sem = self._semaphore(sem)
         stream = self.current_stream()
         handle = sem.live()
@@ -363,12 +338,10 @@ class CudaDevice(DeviceBase):
             check(getattr(self._d, call)([handle], [params], 1, stream), call)
 
     def destroy_semaphore(self, sem: object) -> None:
-        """Release ``sem`` now. Idempotent."""
         self._semaphore(sem).close()
 
     def as_native(self, view: NativeView) -> Any:
-        """A ``cupy.ndarray`` over the mapped memory holding ``view.owner``. CuPy has no
-        read-only arrays: ``readonly`` is the caller's to enforce."""
+        """A ``cupy.ndarray`` holding ``view.owner`` (``readonly`` is the caller's to enforce)."""
         address, size, offset, owner, dtype, shape, strides, readonly, device_index = view
         base = self.native_memory(address, size, owner, readonly, device_index)
         return self.native_view(base, offset, dtype, shape, strides, readonly)
@@ -376,8 +349,6 @@ class CudaDevice(DeviceBase):
     def native_memory(
         self, address: int, size: int, owner: object, readonly: bool, device_index: int | None
     ) -> Any:
-        """The mapped range as a CuPy ``MemoryPointer`` keeping ``owner``, on this device or
-        peer ``device_index``."""
         import cupy
 
         index = self.device.index if device_index is None else device_index
@@ -386,8 +357,7 @@ class CudaDevice(DeviceBase):
     def native_view(
         self, base: Any, offset: int, dtype: DType, shape: Shape, strides: Shape, readonly: bool
     ) -> Any:
-        """A ``cupy.ndarray`` at ``base`` plus ``offset``; strides passed only where CuPy
-        would not compute them, arguments by position (halves the constructor's time)."""
+        # strides only where CuPy would not compute them, by position: half the time
         import cupy
 
         if _c_contiguous(shape, strides, dtype.itemsize):
@@ -400,8 +370,7 @@ class CudaDevice(DeviceBase):
         return bool(native.shape == shape and native.strides == strides)
 
     def to_native(self, obj: Any) -> Any:
-        """``obj`` as a ``cupy.ndarray`` on this device, copied only from host memory or
-        another device."""
+        """``obj`` as CuPy on this device, copied only from host memory or another device."""
         import cupy
 
         index = self.device.index
@@ -430,8 +399,7 @@ class CudaDevice(DeviceBase):
 
 
 class CudaVmmBackend(VmmBackend, CudaDevice):
-    """Device memory of one CUDA device, shared through exported fds (``"cuda-vmm"``);
-    peer devices may be given access (``cuDeviceCanAccessPeer``)."""
+    """Device memory of one CUDA device, shared through exported fds; peers may access it."""
 
     name: ClassVar[str] = "cuda-vmm"
     peer_access: ClassVar[bool] = True

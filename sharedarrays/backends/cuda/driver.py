@@ -1,10 +1,6 @@
-"""The CUDA driver (``cuda.bindings.driver``, imported on first use): errors, fork safety,
-why a device is unusable, the current device and stream.
-
-A child forked after CUDA was initialised cannot use it; it is noticed by the pid that called
-``cuInit``, by a fork hook asking the parent (``cuCtxGetCurrent`` answers
-``CUDA_ERROR_NOT_INITIALIZED`` exactly when nobody initialised CUDA), and by PyTorch's mark.
-"""
+"""The CUDA driver (``cuda.bindings.driver``, imported on first use): errors, why a device is
+unusable, the current stream, and fork safety: a child forked after ``cuInit`` cannot use
+CUDA, noticed by ``cuInit``'s pid, a fork hook asking the parent, and PyTorch's mark."""
 
 from __future__ import annotations
 
@@ -15,7 +11,6 @@ import importlib.util
 import os
 import sys
 import types
-from collections.abc import Callable
 from typing import Any, Protocol
 
 from sharedarrays.backends.base import cached_reason
@@ -43,7 +38,7 @@ _CUDA_USERS = ("cuda.bindings.driver", "cupy", "torch", "numba.cuda", "jax")
 
 
 class OnDevice(Protocol):
-    """What :mod:`.sync` and the stream objects of :mod:`.device` need of a CUDA backend."""
+    """What :mod:`.sync` and :mod:`.device`'s stream objects need of a CUDA backend."""
 
     @property
     def device(self) -> Device: ...
@@ -88,8 +83,8 @@ def _error_description(driver: Any, err: Any) -> str:
 
 
 def check(result: Any, call: str) -> Any:
-    """The values of a binding's ``(err, values...)`` result (``None``, one, or a tuple);
-    raises :class:`CudaDriverError` unless ``err`` is success."""
+    """The values of an ``(err, values...)`` result (``None``, one, or a tuple), or raises
+    :class:`CudaDriverError`."""
     err = result[0]
     code = int(err)
     if code != _CUDA_SUCCESS:
@@ -104,8 +99,7 @@ def check(result: Any, call: str) -> Any:
 
 
 def opaque_bytes(handle: Any) -> bytes:
-    """The 64 bytes of an opaque driver struct: its ``reserved`` field, else its memory
-    (cuda-bindings 13.5 has no ``reserved``)."""
+    """The 64 bytes of an opaque driver struct (cuda-bindings 13.5 has no ``reserved``)."""
     reserved = getattr(handle, "reserved", None)
     if reserved is not None:
         return bytes(reserved)
@@ -132,8 +126,7 @@ def load_driver() -> Any:
     return state.cuda_driver
 
 
-def _cuda_initialised_here() -> bool:
-    """Best effort: has anyone called ``cuInit`` in this process?"""
+def _cuda_initialised_here() -> bool:  # best effort
     if STATE.backends.cuda_init_pid == os.getpid():
         return True
     if not any(name in sys.modules for name in _CUDA_USERS):
@@ -169,8 +162,7 @@ def _fork_reason() -> str | None:
     return None
 
 
-def _driver_reason() -> str | None:
-    """Why the driver cannot be used at all, or ``None``; counts the devices."""
+def _driver_reason() -> str | None:  # and counts the devices
     try:
         driver = load_driver()
     except ImportError as exc:
@@ -230,28 +222,26 @@ def _device_name(driver: Any, dev: Any) -> str:
 _NEEDS = types.MappingProxyType(
     {
         "cuda-vmm": (
-            "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED",
-            "HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED",
+            ("VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED", "does not support CUDA virtual memory "
+             "management (cuMemCreate/cuMemMap)"),
+            ("HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED", "cannot export memory as POSIX "
+             "file descriptors"),
         ),
-        "cuda-ipc": ("UNIFIED_ADDRESSING",),
-        "cuda-pool": ("MEMORY_POOLS_SUPPORTED", "MEMPOOL_SUPPORTED_HANDLE_TYPES"),
+        "cuda-ipc": (
+            ("UNIFIED_ADDRESSING", "has no unified addressing, which CUDA IPC "
+             "(cuIpcGetMemHandle) needs"),
+        ),
+        "cuda-pool": (
+            ("MEMORY_POOLS_SUPPORTED", "does not support stream-ordered memory pools "
+             "(cuMemPoolCreate)"),
+            ("MEMPOOL_SUPPORTED_HANDLE_TYPES", "cannot export memory pools as POSIX file "
+             "descriptors"),
+        ),
     }
-)
-_LACKS = types.MappingProxyType(
-    {
-        "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED": "does not support CUDA virtual memory management "
-        "(cuMemCreate/cuMemMap)",
-        "HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED": "cannot export memory as POSIX file "
-        "descriptors",
-        "UNIFIED_ADDRESSING": "has no unified addressing, which CUDA IPC (cuIpcGetMemHandle) needs",
-        "MEMORY_POOLS_SUPPORTED": "does not support stream-ordered memory pools (cuMemPoolCreate)",
-        "MEMPOOL_SUPPORTED_HANDLE_TYPES": "cannot export memory pools as POSIX file descriptors",
-    }
-)
+)  # fmt: skip
 
 
 def _device_reason(index: int, backend: str) -> str | None:
-    """Why device ``index`` cannot serve ``backend``, or ``None``."""
     if index < 0:
         return f"device index must be >= 0, got {index}"
     count = STATE.backends.cuda_count
@@ -266,7 +256,7 @@ def _device_reason(index: int, backend: str) -> str | None:
     err, dev = driver.cuDeviceGet(index)
     if int(err) != _CUDA_SUCCESS:
         return f"cuDeviceGet({index}) failed with {_error_name(err)}"
-    for short in _NEEDS[backend]:
+    for short, lacks in _NEEDS[backend]:
         name = f"CU_DEVICE_ATTRIBUTE_{short}"
         attribute = getattr(driver.CUdevice_attribute, name)
         err, value = driver.cuDeviceGetAttribute(attribute, dev)
@@ -274,7 +264,7 @@ def _device_reason(index: int, backend: str) -> str | None:
             return f"cuDeviceGetAttribute({name}) failed with {_error_name(err)}"
         if not int(value) & 1:
             return (
-                f"cuda:{index} ({_device_name(driver, dev)}) {_LACKS[short]}, which the {backend} "
+                f"cuda:{index} ({_device_name(driver, dev)}) {lacks}, which the {backend} "
                 "backend needs"
             )
     return None
@@ -282,8 +272,8 @@ def _device_reason(index: int, backend: str) -> str | None:
 
 def why_unusable(index: int | None = None, backend: str = "cuda-vmm") -> str | None:
     """Why CUDA backend ``backend`` cannot be used on device ``index`` (default 0) here, or
-    ``None``: what is missing (a package, the driver, a device or one of its features, or
-    a fork after CUDA was initialised) and what to do. Never raises; asked once."""
+    ``None``: what is missing (a package, the driver, a device or a feature of it, or a fork
+    after CUDA was initialised) and what to do. Never raises; asked once."""
     idx = 0 if index is None else int(index)
     if backend not in _NEEDS:
         return f"unknown CUDA backend {backend!r}; the CUDA backends are {', '.join(_NEEDS)}"
@@ -325,21 +315,15 @@ def current_stream(device_index: int) -> int:
         if cupy is None:
             return 0
         try:
-            get = _find_cupy_stream(cupy, device_index)
+            get = cupy.cuda.get_current_stream
+            get(device_index)
         except AttributeError:  # another thread is importing CuPy: none of its streams is
             return 0  # in use yet (a Pool's result thread loads while the main one imports)
+        except TypeError:  # a CuPy without the device_id argument
+
+            def get(device_index: int) -> Any:
+                with cupy.cuda.Device(device_index):
+                    return cupy.cuda.get_current_stream()
+
+        STATE.backends.cupy_stream = get
     return int(get(device_index).ptr)
-
-
-def _find_cupy_stream(cupy: Any, device_index: int) -> Callable[[int], Any]:
-    get: Callable[[int], Any] = cupy.cuda.get_current_stream
-    try:
-        get(device_index)
-    except TypeError:  # a CuPy without the device_id argument
-
-        def get(device_index: int) -> Any:
-            with cupy.cuda.Device(device_index):
-                return cupy.cuda.get_current_stream()
-
-    STATE.backends.cupy_stream = get
-    return get

@@ -1,7 +1,5 @@
-"""The CUDA IPC backend (``"cuda-ipc"``): ``cuMemAlloc`` memory shared by legacy 64-byte IPC
-handles, for devices or drivers without VMM and POSIX-fd handles. The memory is the
-exporter's: freeing it while an importer has it open is undefined in CUDA.
-"""
+"""The CUDA IPC backend (``"cuda-ipc"``): ``cuMemAlloc`` memory shared by 64-byte IPC handles,
+for devices or drivers without VMM and POSIX-fd handles; the memory is the exporter's."""
 
 from __future__ import annotations
 
@@ -18,12 +16,8 @@ from sharedarrays.backends.cuda.driver import (
     opaque_from_bytes,
     why_unusable,
 )
-from sharedarrays.backends.device import Device
 from sharedarrays.backends.registry import Registration, register
 from sharedarrays.errors import HandleUnavailable, NotShareable, PayloadError
-
-GRANULARITY = 2 << 20
-"""cuda-ipc chunk sizes are multiples of 2 MiB (``cuMemAlloc``'s pages)."""
 
 # What cuIpcOpenMemHandle answers for a handle whose memory is gone or never existed.
 _STALE = frozenset(
@@ -45,14 +39,10 @@ class CudaIpcBackend(CudaDevice):
     zeroed: ClassVar[bool] = False  # cuMemAlloc does not clear memory
     maps: ClassVar[bool] = False
     exporter_owned: ClassVar[bool] = True
-    granularity = GRANULARITY
-
-    def __init__(self, device: Device) -> None:
-        super().__init__(device)
-        self._flags = int(self._d.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+    granularity = 2 << 20  # cuMemAlloc's pages
 
     def create_chunk(self, size: int) -> Chunk:
-        """Allocate ``size`` bytes with ``cuMemAlloc`` and take its IPC handle (once)."""
+        """Allocate ``size`` bytes with ``cuMemAlloc`` and take its IPC handle once."""
         self._check_size(size, "a chunk size")
         d = self._d
         call = f"cuMemAlloc({size} bytes on {self.device})"
@@ -66,9 +56,8 @@ class CudaIpcBackend(CudaDevice):
         return Chunk(size=size, handle=int(ptr), fd=-1, address=int(ptr), export=export)
 
     def borrow_chunk(self, pointer: int, owner: object) -> tuple[Chunk, int]:
-        """The whole ``cuMemAlloc`` allocation holding ``pointer`` (CuPy's and PyTorch's
-        default allocators) as a chunk holding ``owner``, and ``pointer``'s offset in it;
-        ``NotShareable`` for other memory."""
+        """The whole ``cuMemAlloc`` allocation holding ``pointer`` (as CuPy's and PyTorch's
+        allocators make) as a chunk holding ``owner``, and the offset; else ``NotShareable``."""
         d = self._d
         suggestion = "; sa.from_array(x) copies it into new shared memory instead"
 
@@ -111,17 +100,17 @@ class CudaIpcBackend(CudaDevice):
         return chunk, pointer - int(base)
 
     def import_chunk(self, fd: int, size: int, export: bytes = b"") -> Chunk:
-        """Open another process's chunk from its IPC handle ``export`` (closes ``fd``);
-        ``HandleUnavailable`` where its memory was freed or its process exited."""
+        """Open another process's chunk from its IPC handle (``HandleUnavailable``: freed)."""
         if fd >= 0:
             os.close(fd)
         if len(export) != OPAQUE_BYTES:
             raise PayloadError(f"a CUDA IPC handle is {OPAQUE_BYTES} bytes, not {len(export)}")
         d = self._d
         handle = opaque_from_bytes(d.CUipcMemHandle, export)
+        flags = int(d.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
         with self.context():
             try:
-                ptr = check(d.cuIpcOpenMemHandle(handle, self._flags), "cuIpcOpenMemHandle")
+                ptr = check(d.cuIpcOpenMemHandle(handle, flags), "cuIpcOpenMemHandle")
             except CudaDriverError as exc:
                 if exc.error_name in _STALE:
                     raise HandleUnavailable(
@@ -145,7 +134,7 @@ class CudaIpcBackend(CudaDevice):
 
     def release_chunk(self, chunk: Chunk) -> None:
         """Wait for queued work, then close an imported handle, free own memory, or drop a
-        borrowed chunk's owner. Idempotent; a no-op after fork."""
+        borrowed chunk's owner."""
         ptr = chunk.handle
         if ptr < 0:
             return

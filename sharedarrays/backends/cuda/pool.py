@@ -1,5 +1,4 @@
-"""The CUDA memory-pool backend (``"cuda-pool"``):
-:class:`~sharedarrays.backends.pool.PoolBackend` on CUDA's calls."""
+"""The CUDA memory-pool backend (``"cuda-pool"``): :class:`~..pool.PoolBackend` on CUDA's calls."""
 
 from __future__ import annotations
 
@@ -12,9 +11,8 @@ from sharedarrays.backends.registry import Registration, register
 from sharedarrays.settings import env_number
 
 MAX_BYTES = 4 << 30
-"""Largest cuda-pool allocation (``SHAREDARRAYS_POOL_MAX_BYTES`` overrides it): importing one
-of 5.25 GiB or more segfaults in ``cuMemPoolImportPointer`` (driver 580, H200), so both sides
-refuse larger ones."""
+"""Largest cuda-pool allocation (``SHAREDARRAYS_POOL_MAX_BYTES`` overrides it): importing
+5.25 GiB or more segfaults in ``cuMemPoolImportPointer`` (driver 580, H200)."""
 
 
 def max_bytes() -> int:
@@ -35,9 +33,8 @@ def _too_large(size: int) -> str | None:
 
 
 class CudaPoolBackend(PoolBackend, CudaDevice):
-    """Stream-ordered memory of one CUDA device, shared through an exported pool
-    (``"cuda-pool"``); allocations are made on the current stream, at most
-    :func:`max_bytes`."""
+    """Stream-ordered memory of one CUDA device, shared through an exported pool; allocated
+    on the current stream, at most :func:`max_bytes`."""
 
     name: ClassVar[str] = "cuda-pool"
     values_refused: ClassVar[str | None] = (

@@ -1,13 +1,7 @@
-"""Cross-process ordering of GPU work with interprocess CUDA events.
-
-The exporter records an event on its current stream and puts its *token* in the payload; the
-importer makes its current stream wait for it. Neither blocks the CPU; an idle stream records
-nothing, and one message records at most one event (:func:`export_fence`).
-
-Each process keeps per device a *ring* of events with their IPC handles. A slot whose record
-is pending is not reused (that would move what its consumers wait for): the ring grows, up to
-:data:`RING_LIMIT`, past which export waits on the CPU. Importers open each handle once; a
-token names its exporter (pid, start time), and an exited exporter's needs no wait.
+"""Cross-process ordering of GPU work: the exporter records an interprocess event on its
+stream (none when idle, one per message) and sends its *token*; the importer's stream waits.
+Events come from a per-device ring whose pending slots are not reused (it grows up to
+:data:`RING_LIMIT`, then export waits); a token names its exporter, whose exit ends the wait.
 """
 
 from __future__ import annotations
@@ -47,13 +41,7 @@ _no_sync: contextvars.ContextVar[bool] = contextvars.ContextVar(
 @contextlib.contextmanager
 def no_sync() -> Iterator[None]:
     """Hand arrays off without ordering inside this block (thread- and task-local), when you
-    have synchronised yourself: payloads carry no event, importers do not wait.
-
-    Examples
-    --------
-    >>> with sharedarrays.no_sync():          # doctest: +SKIP
-    ...     pool.map(work, [a] * 4)
-    """
+    have synchronised yourself: payloads carry no event, importers do not wait."""
     token = _no_sync.set(True)
     try:
         yield
@@ -62,9 +50,8 @@ def no_sync() -> Iterator[None]:
 
 
 class Fence:
-    """The ordering of one message: one record (``token``; ``None``: the stream was idle),
-    pickled as the token. The pickler's memo holds it while one ``dumps`` runs and
-    :func:`export_fence` only weakly, so the next message makes a new record."""
+    """The ordering of one message (``token``; ``None``: idle), pickled as the token; held
+    by one ``dumps``'s memo and :func:`export_fence` only weakly, so each message records."""
 
     __slots__ = ("token", "__weakref__")
     token: bytes | None  # (set by export_fence, which skips the constructor)
@@ -83,8 +70,7 @@ _new_fence = object.__new__
 
 def export_fence(on: OnDevice) -> Fence | None:
     """The live :class:`Fence` of this thread and stream, else a new one; ``None`` inside
-    :func:`no_sync`. No helpers: every array asks, and a call costs 1-2 us in a just-woken
-    thread."""
+    :func:`no_sync`. No helpers: every array asks, a call costs 1-2 us in a woken thread."""
     if _no_sync.get():
         return None
     index = on.device.index
@@ -122,8 +108,7 @@ def _my_start_time() -> int:
     return state.start_time
 
 
-def _next_slot(driver: Any, ring: _Ring) -> tuple[Any, bytes]:
-    """The ring's next reusable event and its handle (a new one if the next is pending)."""
+def _next_slot(driver: Any, ring: _Ring) -> tuple[Any, bytes]:  # (a new one if pending)
     n = len(ring.slots)
     if n:
         slot = ring.slots[ring.cursor]
@@ -153,15 +138,14 @@ def _next_slot(driver: Any, ring: _Ring) -> tuple[Any, bytes]:
 
 
 def export_sync(on: OnDevice) -> bytes | None:
-    """The token of an event recorded on ``on``'s current stream now; ``None`` inside
-    :func:`no_sync` or when the stream is idle."""
+    """The token of an event recorded on ``on``'s current stream now (``None``: idle, or
+    inside :func:`no_sync`)."""
     if _no_sync.get():
         return None
     return on.stream_token(current_stream(on.device.index))
 
 
 def record(on: OnDevice, stream: int) -> bytes:
-    """Record the next event of the device's ring on ``stream``; its token."""
     driver = load_driver()
     state = process.STATE.backends
     with state.sync_lock, on.context():
@@ -174,7 +158,7 @@ def record(on: OnDevice, stream: int) -> bytes:
 
 
 def _event_for(driver: Any, token: bytes) -> Any | None:
-    """The event a token names, opened once per process; ``None`` if no wait is needed."""
+    """The event a token names, opened once per process; ``None``: no wait needed."""
     record = wire.decode(token)
     pid, start, handle = record.pid, record.start, record.handle
     state = process.STATE.backends
@@ -202,8 +186,7 @@ def _event_for(driver: Any, token: bytes) -> Any | None:
     return event
 
 
-def _drop_exited(driver: Any, sender: int) -> None:
-    """Destroy the opened events of exited exporters (but ``sender``'s)."""
+def _drop_exited(driver: Any, sender: int) -> None:  # destroy exited exporters' events
     gone: dict[int, bool] = {}
     opened = process.STATE.backends.opened
     for handle, (pid, _, event) in list(opened.items()):
@@ -217,9 +200,8 @@ def _drop_exited(driver: Any, sender: int) -> None:
 
 
 def import_sync(on: OnDevice, token: bytes) -> None:
-    """Make ``on``'s current stream (not the CPU) wait for the event a token names; none
-    for an exited exporter's or the one this stream waited for last. ``PayloadError``: a
-    malformed token."""
+    """Make ``on``'s current stream wait for the event a token names (none for an exited
+    exporter's or the one it waited for last); ``PayloadError``: a malformed token."""
     driver = load_driver()
     state = process.STATE.backends
     key = (on.device.index, current_stream(on.device.index))

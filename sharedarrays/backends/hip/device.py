@@ -1,12 +1,12 @@
 """The HIP backends (``hip-vmm``, ``hip-pool``): :class:`~..vmm.VmmBackend` and
-:class:`~..pool.PoolBackend` on HIP's calls, on one AMD GPU. Tested on a simulated driver
-only (``tests/simulated/hip.py``)."""
+:class:`~..pool.PoolBackend` on HIP's calls; tested on ``tests/simulated/hip.py`` only."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import os
+import types
 from typing import Any, ClassVar
 
 from sharedarrays.backends.base import DeviceBase, NativeView, SyncOrdering, VendorCalls, installed
@@ -20,8 +20,7 @@ from sharedarrays.backends.vmm import VmmBackend
 _ExportData = ctypes.c_ubyte * POINTER_BYTES
 
 
-def _cupy_rocm() -> Any:
-    """CuPy's ROCm build where it is importable, else ``None``."""
+def _cupy_rocm() -> Any:  # CuPy's ROCm build where it is importable, else None
     if not installed("cupy"):
         return None
     try:
@@ -32,9 +31,8 @@ def _cupy_rocm() -> Any:
 
 
 class HipCalls(VendorCalls):
-    """HIP's table of VMM and pool calls (hip-python, whose calls take their results'
-    addresses where CUDA's bindings return them; pool allocations on the null stream,
-    export data as 64-byte ctypes buffers)."""
+    """HIP's table of VMM and pool calls (hip-python: export calls take their results'
+    addresses; pool allocations on the null stream; export data as ctypes buffers)."""
 
     vendor = "HIP"
     prefix, type_prefix = "hip", "hipMem"
@@ -45,25 +43,22 @@ class HipCalls(VendorCalls):
     invalid_value = "hipErrorInvalidValue"
     allocate_call = "MallocFromPoolAsync"
     free_call = "Free"
+    enums = types.MappingProxyType(
+        {
+            "fd_type": "hipMemAllocationHandleType.hipMemHandleTypePosixFileDescriptor",
+            "pinned": "hipMemAllocationType.hipMemAllocationTypePinned",
+            "on_device": "hipMemLocationType.hipMemLocationTypeDevice",
+            "granularity": (
+                "hipMemAllocationGranularity_flags.hipMemAllocationGranularityRecommended"
+            ),
+            "rw": "hipMemAccessFlags.hipMemAccessFlagsProtReadWrite",
+            "r": "hipMemAccessFlags.hipMemAccessFlagsProtRead",
+            "none": "hipMemAccessFlags.hipMemAccessFlagsProtNone",
+        }
+    )
     _check = staticmethod(check)
 
-    def __init__(self, backend: HipDevice) -> None:
-        hip = self._m = backend._hip
-        self.fd_type = hip.hipMemAllocationHandleType.hipMemHandleTypePosixFileDescriptor
-        self.pinned = hip.hipMemAllocationType.hipMemAllocationTypePinned
-        self.on_device = hip.hipMemLocationType.hipMemLocationTypeDevice
-        flags = hip.hipMemAccessFlags
-        self.access_flags = {
-            "rw": flags.hipMemAccessFlagsProtReadWrite,
-            "r": flags.hipMemAccessFlagsProtRead,
-            "none": flags.hipMemAccessFlagsProtNone,
-        }
-        granularity = hip.hipMemAllocationGranularity_flags
-        self.granularity_flag = granularity.hipMemAllocationGranularityRecommended
-        super().__init__(backend)
-
     def export_fd(self, name: str, *args: Any) -> int:
-        """The fd the call writes to the address it is given (closed if it then fails)."""
         out = ctypes.c_int(-1)
         try:
             call = getattr(self._m, "hip" + name)
@@ -87,40 +82,33 @@ class HipCalls(VendorCalls):
 
 
 class HipDevice(SyncOrdering, DeviceBase):
-    """One AMD GPU (``Device("hip", N)``). The native array is a ``cupy.ndarray`` where
-    CuPy's ROCm build is importable, else a NumPy view on an integrated device, else a
-    read-only NumPy copy (so that no write is lost)."""
+    """One AMD GPU (``Device("hip", N)``); native arrays are CuPy's (ROCm build), else NumPy
+    views on an integrated device, else read-only NumPy copies (no write is lost)."""
 
     feature: ClassVar[str]  # what the backend needs of the device (``runtime.FEATURES``)
+    peer_access: ClassVar[bool] = False
     calls = HipCalls
 
     def __init__(self, device: Device) -> None:
         self._take(device, "hip", "a HIP device", lambda i: why_unusable(i, self.feature))
-        self._hip = hip = load_hip()
+        self._d = hip = load_hip()
         integrated = hip.hipDeviceAttribute_t.hipDeviceAttributeIntegrated
         with self.context():
-            self._integrated = bool(
-                check(
-                    hip.hipDeviceGetAttribute(integrated, device.index),
-                    "hipDeviceGetAttribute(Integrated)",
-                )
-            )
+            result = hip.hipDeviceGetAttribute(integrated, device.index)
+            self._integrated = bool(check(result, "hipDeviceGetAttribute(Integrated)"))
 
     def context(self) -> contextlib.AbstractContextManager[None]:
-        """Make this device current (``hipSetDevice``) for a ``with`` block."""
         self._refuse_forked("HIP")
-        check(self._hip.hipSetDevice(self.device.index), f"hipSetDevice({self.device.index})")
+        check(self._d.hipSetDevice(self.device.index), f"hipSetDevice({self.device.index})")
         return contextlib.nullcontext()
 
     def synchronize(self) -> None:
-        """Wait for all work queued on this device (``hipDeviceSynchronize``)."""
         with self.context():
-            check(self._hip.hipDeviceSynchronize(), "hipDeviceSynchronize")
+            check(self._d.hipDeviceSynchronize(), "hipDeviceSynchronize")
 
     def mem_get_info(self) -> tuple[int, int]:
-        """Free and total memory of the device in bytes (``hipMemGetInfo``)."""
         with self.context():
-            free, total = check(self._hip.hipMemGetInfo(), "hipMemGetInfo")
+            free, total = check(self._d.hipMemGetInfo(), "hipMemGetInfo")
         return int(free), int(total)
 
     def as_native(self, view: NativeView) -> Any:
@@ -133,12 +121,11 @@ class HipDevice(SyncOrdering, DeviceBase):
 
         def copy(dst: int, src: int, size: int) -> None:
             with self.context():
-                check(self._hip.hipMemcpyDtoH(dst, src, size), "hipMemcpyDtoH")
+                check(self._d.hipMemcpyDtoH(dst, src, size), "hipMemcpyDtoH")
 
         return host_native(view, self._integrated, copy)
 
     def to_native(self, obj: Any) -> Any:
-        """``obj`` as CuPy where that is the native type, else NumPy (may copy)."""
         cupy = _cupy_rocm()
         if cupy is None:
             return to_numpy(obj)
@@ -146,9 +133,8 @@ class HipDevice(SyncOrdering, DeviceBase):
             return cupy.asarray(obj)
 
     def current_device(self) -> int:
-        """The HIP device this process works on now (``hipGetDevice``)."""
         try:
-            return int(check(self._hip.hipGetDevice(), "hipGetDevice"))
+            return int(check(self._d.hipGetDevice(), "hipGetDevice"))
         except HipError:
             return self.device.index
 
@@ -158,7 +144,6 @@ class HipVmmBackend(VmmBackend, HipDevice):
 
     name: ClassVar[str] = "hip-vmm"
     feature: ClassVar[str] = "vmm"
-    peer_access: ClassVar[bool] = False
 
 
 class HipPoolBackend(PoolBackend, HipDevice):
@@ -166,7 +151,6 @@ class HipPoolBackend(PoolBackend, HipDevice):
 
     name: ClassVar[str] = "hip-pool"
     feature: ClassVar[str] = "pool"
-    peer_access: ClassVar[bool] = False
 
 
 register(Registration.of(HipPoolBackend, "hip", 1, lambda i: why_unusable(i, "pool")))

@@ -1,7 +1,6 @@
-"""The HIP runtime: hip-python's ``hip.hip``, loaded on first use; errors, and why a device
-is unusable. ``SHAREDARRAYS_HIP_MODULE`` names a module to use instead (the tests' simulated
-driver, ``tests/simulated/hip.py``), read on every use.
-"""
+"""The HIP runtime (hip-python's ``hip.hip``, loaded on first use): errors, why a device is
+unusable. ``SHAREDARRAYS_HIP_MODULE`` names a module to use instead (``tests/simulated/hip.py``),
+read on every use."""
 
 from __future__ import annotations
 
@@ -30,7 +29,7 @@ FEATURES = types.MappingProxyType(
         "pool": ("hipDeviceAttributeMemoryPoolsSupported", "memory pools (hipMemPoolCreate)"),
     }
 )
-"""What each HIP backend needs of a device: the attribute that says it has it, and its name."""
+"""What each HIP backend needs of a device: the attribute saying it has it, and its name."""
 
 
 class HipError(DriverError):
@@ -52,8 +51,8 @@ def load_hip() -> Any:
 
 
 def check(result: Any, call: str) -> Any:
-    """The values of a ``(hipError_t, values...)`` result (``None``, one, or a tuple);
-    :class:`HipError` unless it says success."""
+    """The values of a ``(hipError_t, values...)`` result (``None``, one, or a tuple), or
+    raises :class:`HipError`."""
     if not isinstance(result, tuple):
         result = (result,)
     err, rest = result[0], result[1:]
@@ -67,8 +66,7 @@ def check(result: Any, call: str) -> Any:
     return rest[0] if len(rest) == 1 else rest
 
 
-def _library_reason() -> str | None:
-    """Why hip-python cannot load (the default module only), or ``None``."""
+def _library_reason() -> str | None:  # why hip-python cannot load, or None
     if ctypes.util.find_library("amdhip64") is None and not _loadable("libamdhip64.so"):
         return (
             "no AMD GPU: libamdhip64 not found (install ROCm; HIP also needs hip-python: "
