@@ -16,7 +16,7 @@ from typing import cast
 
 from sharedarrays.backends import Access, Backend, Chunk, MappingBackend, round_up
 from sharedarrays.errors import HandleUnavailable, OutOfMemory, PayloadError
-from sharedarrays.memory.cache import cache_bytes, new_block, settle_draining
+from sharedarrays.memory.cache import cache_bytes, settle_draining
 from sharedarrays.memory.growth import Growth, chunk_sizes
 from sharedarrays.memory.info import Origin
 from sharedarrays.memory.lease import Leasing
@@ -37,20 +37,16 @@ class Allocation(Leasing, Growth):
     ----------
     id : str
         32 hex digits, the same in every process that maps it.
-    address : int
-        Start of this process's reservation (changes when a growable allocation moves).
-    size, capacity : int
-        Bytes mapped (the sum of the chunk sizes) and reserved (more if growable).
-    used : int
-        Bytes of the growable array (its last resize); ``size`` for others.
-    generation : int
-        Counts changes of chunks or address here (payload caches key on it).
+    device, access : Device, str
+        The memory's device, and this process's access from it ("rw", "r").
+    address, size, capacity : int
+        Start of this process's reservation, bytes mapped, bytes reserved (more if growable).
+    used, generation : int
+        Bytes of a growable array (else ``size``); changes of chunks or address here.
     allow_pids : frozenset of int or None
         Processes allowed to import it (besides this one); ``None``: any of this user.
-    export_readonly : bool
-        Whether importers get read-only mappings (payloads say ``readonly``).
-    write_sealed : bool
-        Whether the kernel forbids every new write (``readonly=True``, host backend).
+    export_readonly, write_sealed : bool
+        Importers map it read-only; the kernel forbids every new write (host backend).
     """
 
     # construction -----------------------------------------------------------------------
@@ -66,8 +62,7 @@ class Allocation(Leasing, Growth):
     ) -> Allocation:
         """Make a new allocation of at least ``nbytes`` bytes here (the exporter): chunks of
         at most ``chunk_bytes``; a ``capacity`` makes it *growable*; ``peers`` get access
-        (:meth:`grant`); ``readonly`` for every other process, enforced where the backend can.
-        """
+        (:meth:`grant`); ``readonly`` for every other process, enforced where the backend can."""
         if backend.maps:
             sizes = chunk_sizes(nbytes, backend.granularity, chunk_bytes)
         elif capacity is not None:
@@ -97,17 +92,8 @@ class Allocation(Leasing, Growth):
         for last_try in (False, True):  # (out of memory or fds: empty the cache, again)
             try:
                 backend.check_memory(sum(sizes))
-                alloc = cls._build(
-                    backend,
-                    *_fresh(),
-                    sizes,
-                    backend.create_chunk,
-                    "rw",
-                    capacity,
-                    peers,
-                    seal=True,
-                    readonly=readonly,
-                )
+                args = (backend, *_fresh(), sizes, backend.create_chunk, "rw", capacity, peers)
+                alloc = cls._build(*args, seal=True, readonly=readonly)
                 break
             except (OutOfMemory, HandleUnavailable):
                 if last_try or not STATE.memory.cache.trim():
@@ -115,7 +101,7 @@ class Allocation(Leasing, Growth):
         alloc._chunk_bytes = chunk_bytes
         alloc.used = nbytes
         if cacheable:
-            alloc.block = new_block()
+            alloc.block = secrets.token_bytes(32)  # names the memory across its reuses
         return alloc
 
     @classmethod
@@ -139,8 +125,8 @@ class Allocation(Leasing, Growth):
         exports: tuple[bytes, ...] = (),
         peers: Mapping[int, Access] | None = None,
     ) -> Allocation:
-        """Map an allocation from its chunks' handles (an importer), taking ownership of
-        ``fds``, or return the one mapped here already. A pointer backend uses ``exports``."""
+        """Map an allocation from its chunks' ``fds`` (or a pointer backend's ``exports``), an
+        importer, taking the fds; or return the one mapped here already."""
         bad = (
             len(sizes) != len(fds) or bool(exports)
             if backend.maps
@@ -235,8 +221,8 @@ class Allocation(Leasing, Growth):
 
     def release(self) -> bool:
         """Unmap and close all this process holds unless a view uses it; whether it did. It
-        *drains* (is still served) while exporter-owned memory has holders, a payload of a
-        growable array is in flight, or a reusable block waits for its importers' ``DONE``."""
+        *drains* (is still served) while others may need it: holders of exporter-owned memory,
+        a growable array's payload in flight, a reusable block's importers not ``DONE``."""
         with self._lock:
             if self.released:
                 return False
@@ -361,7 +347,7 @@ class Allocation(Leasing, Growth):
 
     # payloads in flight -----------------------------------------------------------------
     def in_flight(self) -> tuple[int, float]:
-        """Payloads pickled here that may still be loaded, and the seconds left of their bound."""
+        """Payloads pickled here that may still be loaded, and seconds left of their bound."""
         return self.flight.in_flight()
 
     def busy(self) -> bool:
@@ -408,5 +394,5 @@ class Allocation(Leasing, Growth):
             )
         with self.growth_lock:
             mapper = cast(MappingBackend, self.backend)
-            mapper.set_access(self.address, self.size, self._access, {index: access})
+            mapper.set_access(self.address, self.size, self.access, {index: access})
             self._peers[index] = access

@@ -1,14 +1,10 @@
-"""The exporter's cache of released memory, which the next array of the same size reuses.
-
-Like torch's caching allocator, but reused only once every importer said ``DONE`` (closed
-its last view); importers find their parked mappings again by the memory's *block* token.
-Bounded by ``SHAREDARRAYS_CACHE_BYTES`` (default 4 GiB, 0: off) and :data:`CACHE_BLOCKS`;
-emptied when memory or fds run out, and at exit.
-"""
+"""The exporter's cache of released memory for its next arrays of the same sizes: reused once
+every importer said ``DONE``; importers find their parked mappings by the *block* token.
+Bounded by ``SHAREDARRAYS_CACHE_BYTES`` and :data:`CACHE_BLOCKS`, emptied when memory or fds
+run out, and at exit."""
 
 from __future__ import annotations
 
-import secrets
 import threading
 import time
 from collections import OrderedDict
@@ -18,18 +14,6 @@ from sharedarrays.process import STATE, at_exit
 from sharedarrays.settings import env_number
 
 Allocation = Any  # (memory.allocation imports this module)
-
-__all__ = [
-    "CACHE_BLOCKS",
-    "CACHE_BYTES",
-    "DONE_WAIT",
-    "ChunkCache",
-    "block_id",
-    "cache_bytes",
-    "empty_cache",
-    "new_block",
-    "settle_draining",
-]
 
 CACHE_BYTES = 4 << 30
 """Default bound on the bytes one process keeps cached (``SHAREDARRAYS_CACHE_BYTES``)."""
@@ -44,18 +28,12 @@ def cache_bytes() -> int:
 
 def empty_cache() -> int:
     """Free the memory this process keeps for reuse; returns the bytes freed."""
-    freed: int = STATE.memory.cache.trim()
-    return freed
+    return int(STATE.memory.cache.trim())
 
 
 def block_id(block: bytes) -> str:
     """The id a notice names a block by (its secret is the token itself)."""
     return block[:16].hex()
-
-
-def new_block() -> bytes:
-    """A new block token: names a piece of memory across its reuses."""
-    return secrets.token_bytes(32)
 
 
 class ChunkCache:
@@ -147,7 +125,7 @@ DONE_WAIT = 1.0
 
 def settle_draining(at_exit: bool = False) -> None:
     """Cache draining blocks whose importers are all done; free those that waited too long
-    (``at_exit``: all of them)."""
+    (``at_exit``: all)."""
     with STATE.memory.lock:
         waiting = [
             a for a in STATE.memory.draining.values() if a.block is not None and a.cacheable()

@@ -166,7 +166,7 @@ class Growth(AllocationRecords):
                 try:
                     backend.map(address, size, chunk, 0)
                     mapped.append((self.size, size))
-                    backend.set_access(address, size, self._access, self._peers)
+                    backend.set_access(address, size, self.access, self._peers)
                     if seal:
                         backend.seal(chunk, self.export_readonly)
                 except BaseException:
@@ -193,7 +193,7 @@ class Growth(AllocationRecords):
             for (offset, size), c in zip(back_to_back(self._chunks), self._chunks):
                 backend.map(address + offset, size, c, 0)
                 mapped.append((offset, size))
-            backend.set_access(address, self.size, self._access, self._peers)
+            backend.set_access(address, self.size, self.access, self._peers)
         except BaseException:
             teardown(backend, address, capacity, mapped, [])
             raise
