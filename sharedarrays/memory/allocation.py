@@ -92,8 +92,8 @@ class Allocation(Leasing, Growth):
         for last_try in (False, True):  # (out of memory or fds: empty the cache, again)
             try:
                 backend.check_memory(sum(sizes))
-                args = (backend, *_fresh(), sizes, backend.create_chunk, "rw", capacity, peers)
-                alloc = cls._build(*args, seal=True, readonly=readonly)
+                made = (backend, *_fresh(), sizes, backend.create_chunk)
+                alloc = cls._build(*made, "rw", capacity, peers, seal=True, readonly=readonly)
                 break
             except (OutOfMemory, HandleUnavailable):
                 if last_try or not STATE.memory.cache.trim():
