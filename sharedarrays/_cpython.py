@@ -32,6 +32,7 @@ ITEM_ALONE: int = _count_item((None, object()))
 LOCAL_ALONE: int = _count_local(SimpleNamespace(kept=object()))
 """``refcount(kept)`` of an object only one attribute and the local ``kept`` hold (3)."""
 
+
 def caller_frame(depth: int = 1) -> FrameType | None:
     """The frame ``depth`` Python frames above this one's caller (C has none), or ``None``."""
     try:
