@@ -1,5 +1,5 @@
 """Allocations: one array's memory, made by its *exporter*, mapped at most once per process
-(``STATE.memory.registry`` keys it by id) and released here when its last lease goes."""
+(``STATE.memory.registry``) and released here when its last lease goes."""
 
 from __future__ import annotations
 
@@ -306,8 +306,8 @@ class Allocation(Leasing, Growth):
         )
 
     def done_by_importers(self, count: int, servers: Iterable[str] = ()) -> None:
-        """An importer said ``DONE`` for ``count`` payloads of this allocation; ``servers``:
-        its handle servers, which say it unasked for the block's later loads."""
+        """An importer said ``DONE`` for ``count`` payloads; its ``servers`` say it unasked
+        for the block's later loads."""
         self.flight.reporting.update(servers)
         self.flight.note_done(count)
         settle_draining()
@@ -355,8 +355,8 @@ class Allocation(Leasing, Growth):
         return self.in_flight()[0] > 0
 
     def hand_over(self, say: bool = True) -> tuple[int, str] | None:
-        """Give the handles of payloads in flight to the keeper (``hand_over_hooks``); on a
-        failure, how many will not load and the message saying so (printed if ``say``)."""
+        """Give the handles of payloads in flight to the keeper; on a failure, how many will not
+        load and the message saying so (printed if ``say``)."""
         if self.pid != os.getpid() or self.growable or not self.backend.maps:
             return None
         count, seconds = self.in_flight()
@@ -379,8 +379,7 @@ class Allocation(Leasing, Growth):
 
     # access -----------------------------------------------------------------------------
     def grant(self, index: int, access: Access = "rw") -> None:
-        """Give peer device ``index`` ``access`` to the whole reservation in this process
-        (PeerAccessUnavailable where it cannot reach this memory)."""
+        """Give peer device ``index`` ``access`` to the whole reservation in this process."""
         if access not in ("rw", "r", "none"):
             raise ValueError(f"access must be 'rw', 'r' or 'none', not {access!r}")
         if not self.backend.peer_access:

@@ -24,8 +24,7 @@ class Served:
 
 
 def in_flight_seconds() -> float:
-    """How long a payload in flight keeps its memory alive: ``SHAREDARRAYS_IN_FLIGHT`` (60 s);
-    a payload loaded later raises :class:`~sharedarrays.HandleUnavailable`."""
+    """How long a payload in flight keeps its memory alive: ``SHAREDARRAYS_IN_FLIGHT`` (60 s)."""
     return env_number("SHAREDARRAYS_IN_FLIGHT", IN_FLIGHT_SECONDS, 0.0)
 
 

@@ -1,5 +1,5 @@
 """What an allocation tells of itself (:class:`AllocationRecords`, a base of ``Allocation``)
-and the read-only records ``describe``, the widgets and the CLI show."""
+and the read-only records the widgets and the CLI show."""
 
 from __future__ import annotations
 
@@ -183,8 +183,8 @@ class AllocationRecords:
         return exports
 
     def handles_for_importers(self) -> tuple[list[int], list[int]]:
-        """The fds to hand to another process and those the caller must close: the chunks'
-        own, or new ``O_RDONLY`` ones for a read-only export where the backend can (host)."""
+        """The fds to hand to another process and those the caller must close (new
+        ``O_RDONLY`` ones for a read-only export where the backend can: host)."""
         fds = self.chunk_fds()
         if not self.export_readonly:
             return fds, []
