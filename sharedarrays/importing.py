@@ -467,18 +467,17 @@ def _detach(fds: tuple[Any, ...]) -> list[int]:
                     f"{type(travelled).__name__} gives no fd"
                 )
             carried.append(fd)
-    except (OSError, EOFError) as exc:
+    except BaseException as exc:
         close_fds(carried)
         if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
             raise fd_limit_error(
                 "cannot receive the handles that travelled with the payload", str(exc.strerror)
             ) from None
-        raise HandleUnavailable(
-            f"cannot receive the handles that travelled with the payload ({exc}); its sender "
-            "may have exited. Send the array again"
-        ) from None
-    except BaseException:
-        close_fds(carried)
+        if isinstance(exc, (OSError, EOFError)):
+            raise HandleUnavailable(
+                f"cannot receive the handles that travelled with the payload ({exc}); its "
+                "sender may have exited. Send the array again"
+            ) from None
         raise
     return carried
 

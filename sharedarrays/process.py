@@ -1,9 +1,6 @@
-"""Facts about processes, and THE per-process state of the package: :data:`STATE`, read as
-``STATE.<section>.<field>`` (never kept in a name of its own: a forked child gets new ones).
-
-This module makes the only ``os.register_at_fork`` call and ``atexit`` registration; hooks run
-by layer (:data:`LAYERS`; top first, bottom first after a fork), then by ``order`` and name.
-"""
+"""Facts about processes, and :data:`STATE`, the package's per-process state (read as
+``STATE.<section>.<field>``: a forked child gets new ones), with the only fork and exit hooks;
+those registered here run by layer (:data:`LAYERS`), then by ``order`` and name."""
 
 from __future__ import annotations
 
@@ -18,8 +15,7 @@ from multiprocessing import util
 
 from sharedarrays import sections
 
-PID_MAX_LIMIT = 1 << 22
-"""No Linux process has a larger pid (the kernel's ``PID_MAX_LIMIT`` on 64-bit)."""
+PID_MAX_LIMIT = 1 << 22  # no Linux process has a larger pid (the kernel's, on 64-bit)
 
 
 def running(pid: int) -> bool:
@@ -103,8 +99,8 @@ def _call(fn: Hook | None, when: str) -> None:
 
 
 class _Hooks:
-    """Every fork and exit hook of this process, in running order (``STATE.hooks``, kept
-    for the process's life: multiprocessing holds its after-fork callback weakly)."""
+    """Every fork and exit hook of this process, in running order (``STATE.hooks``: kept for
+    the process's life, as multiprocessing holds its after-fork callback weakly)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -156,9 +152,8 @@ class _Hooks:
 
 
 class ProcessState:
-    """THE per-process state of the package (one instance: :data:`STATE`): ``pid`` (set anew
-    first in a forked child: ``os.getpid()`` costs microseconds cold), the ``hooks``, and the
-    sections of :mod:`sharedarrays.sections`, bottom layer first."""
+    """THE per-process state (:data:`STATE`): ``pid`` (``os.getpid()`` costs microseconds
+    cold), the ``hooks``, and the sections of :mod:`sharedarrays.sections`, bottom layer first."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
@@ -182,7 +177,6 @@ class ProcessState:
 
 
 STATE = ProcessState()
-"""This process's state."""
 
 
 def at_fork(
@@ -193,16 +187,14 @@ def at_fork(
     after_in_child: Hook | None = None,
     after_in_parent: Hook | None = None,
 ) -> None:
-    """Run these hooks around every ``os.fork`` of this process, placed by ``layer`` and
-    ``order`` (smaller first). The same hooks again do nothing; an unknown layer, no hook or
-    a function registered already is a ``ValueError``."""
+    """Run these hooks around every ``os.fork`` of this process, by ``layer`` (top first before
+    it, bottom first after) and ``order``; the same hooks again do nothing."""
     STATE.hooks.add(_ForkHooks(layer, order, before, after_in_child, after_in_parent))
 
 
 def at_exit(fn: Hook, layer: str, *, order: int = 0, processes: bool = True) -> None:
-    """Run ``fn`` when this process exits, top layer first; with ``processes``, also at the
-    end of a ``multiprocessing.Process`` (which runs finalizers, not atexit). ``fn`` may run
-    twice and must be idempotent; registering it with other arguments is a ``ValueError``."""
+    """Run ``fn`` (idempotent: it may run twice) when this process exits, top layer first;
+    with ``processes``, also at the end of a ``multiprocessing.Process`` (no atexit there)."""
     STATE.hooks.add(_ExitHook(layer, order, fn, processes))
 
 

@@ -57,37 +57,28 @@ class ChunkCache:
 
     def take(self, backend_name: str, device: object, sizes: list[int]) -> Allocation | None:
         """Take out the latest kept allocation matching backend, device and sizes, or ``None``."""
-        wanted = tuple(sizes)
+        key, wanted = (backend_name, device), tuple(sizes)
         with self._lock:
-            for block in reversed(self._kept):
-                alloc = self._kept[block]
-                if (
-                    alloc.backend.name == backend_name
-                    and alloc.device == device
-                    and alloc.has_chunk_sizes(wanted)
-                ):
+            for block, alloc in reversed(self._kept.items()):
+                if (alloc.backend.name, alloc.device) == key and alloc.has_chunk_sizes(wanted):
                     del self._kept[block]
                     self.nbytes -= alloc.capacity
                     self.hits += 1
                     return alloc
         return None
 
-    def trim(self, keep: int = 0) -> int:
-        """Free the oldest until at most ``keep`` bytes are kept; returns the bytes freed."""
+    def trim(self) -> int:
+        """Free all that is kept; returns the bytes freed."""
         with self._lock:
-            before = self.nbytes
-            over = self._over(keep)
-            freed = before - self.nbytes
+            freed, over = self.nbytes, self._over(0)
         _free(over)
         return freed
 
     def drop(self, alloc_id: str) -> bool:
         """Free the kept allocation whose last id was ``alloc_id``; whether one was kept."""
         with self._lock:
-            found = [b for b, a in self._kept.items() if a.id == alloc_id]
-            for block in found:
-                self.nbytes -= self._kept[block].capacity
-            gone = [self._kept.pop(block) for block in found]
+            gone = [self._kept.pop(b) for b, a in list(self._kept.items()) if a.id == alloc_id]
+            self.nbytes -= sum(a.capacity for a in gone)
         _free(gone)
         return bool(gone)
 
