@@ -14,8 +14,7 @@ from typing import Any
 
 class BackendsState:
     """``STATE.backends``: registrations, backend objects, driver probes, CUDA events. A forked
-    child keeps what is true of the code or the machine, sets ``cuda_forked`` if its parent
-    had initialised CUDA, and gets new ``_reset`` fields (locks, CANN runtime, events)."""
+    child keeps what is true of the code or the machine and gets new ``_reset`` fields."""
 
     def __init__(self) -> None:
         self.registrations: dict[str, Any] = {}
@@ -127,9 +126,8 @@ class ConnectionsState:
 
 
 class NoticesState:
-    """``STATE.notices``: ``(servers, messages)`` queued for the notifier ``thread``,
-    ``in_flight`` (one item per notice not yet sent) and the warm loads ``unreported``. A
-    forked child drops them: they are the parent's to send."""
+    """``STATE.notices``: ``(servers, messages)`` queued for the notifier ``thread``, those
+    ``in_flight`` and warm loads ``unreported``; a forked child drops them (the parent's)."""
 
     def __init__(self) -> None:
         self.queue: queue.SimpleQueue[tuple[list[str], list[bytes]]] = queue.SimpleQueue()
@@ -162,9 +160,8 @@ class ServerState:
 
 
 class KeeperState:
-    """``STATE.keeper``: the connection to the keeper and the ids it ``held`` (under ``lock``),
-    releases ``deferred`` to the next request, a ``late`` keeper's socket, the exit's wait and
-    failures ``said``. A forked child closes its copy of the connection and holds nothing."""
+    """``STATE.keeper``: the connection to the keeper, the ids it ``held``, releases
+    ``deferred``, a ``late`` keeper's socket, the exit's wait; a forked child holds nothing."""
 
     def __init__(self) -> None:
         self.lock = threading.RLock()

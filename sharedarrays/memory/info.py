@@ -83,6 +83,8 @@ class AllocationRecords:
         self.secret = secret
         self.backend = backend
         self.device: Device = backend.device  # the device the memory lives on
+        # who keeps the memory alive: "exporter" (cuda-ipc, cuda-pool) or "any holder"
+        self.lifetime = "exporter" if backend.exporter_owned else "any holder"
         self.origin = origin
         self.address = address
         self.size = sum(c.size for c in chunks)
@@ -140,11 +142,6 @@ class AllocationRecords:
         """Every device that may touch the memory here (its own and peers), and how."""
         peers = {Device(self.device.kind, i): mode for i, mode in sorted(self._peers.items())}
         return {self.device: self.access, **peers}
-
-    @property
-    def lifetime(self) -> str:
-        """Who keeps the memory alive: ``"any holder"`` or ``"exporter"`` (cuda-ipc, cuda-pool)."""
-        return "exporter" if self.backend.exporter_owned else "any holder"
 
     @property
     def holders(self) -> tuple[int, ...]:
