@@ -340,7 +340,6 @@ def in_message(req: Request) -> Allocation | None:
     """The allocation mapped from the fds that travelled with the payload, if any did."""
     if req.carried is None:
         return None
-    req.backend()
     alloc = _map(req, list(req.payload.chunks), req.carried)
     transport.server_address()  # (so that the node view sees what this child holds)
     return alloc
