@@ -39,7 +39,6 @@ _RECEIVED_LIMIT = 1024  # parts kept by payload bytes for warm loads (STATE.pick
 _WARM_TYPES = (int, tuple, tuple, str, bool)  # a view tuple's fields, as a sender writes them
 
 
-# a message's parts, as loaded here ----------------------------------------------------------
 def use_reconstructor(fn: Callable[..., Any]) -> None:
     """Make ``fn`` (taking :func:`import_part`'s arguments) what a re-pickled part calls."""
     STATE.pickling.reconstructor = fn
@@ -207,7 +206,6 @@ class ReceivedPart:
         return (alloc, lease, *fields)
 
 
-# loading a payload: the resolvers ------------------------------------------------------------
 @dataclasses.dataclass(slots=True)
 class Request:
     """What the resolvers share: the ``payload``, the fds ``carried`` with it (owned here

@@ -18,6 +18,7 @@ from sharedarrays.backends import Access, Backend, Chunk, MappingBackend, round_
 from sharedarrays.errors import HandleUnavailable, OutOfMemory, PayloadError
 from sharedarrays.memory.cache import cache_bytes, settle_draining
 from sharedarrays.memory.growth import Growth, chunk_sizes
+from sharedarrays.memory.inflight import InFlight
 from sharedarrays.memory.info import Origin
 from sharedarrays.memory.lease import Leasing
 from sharedarrays.memory.reservation import back_to_back, close_fds, teardown
@@ -49,7 +50,6 @@ class Allocation(Leasing, Growth):
         Importers map it read-only; the kernel forbids every new write (host backend).
     """
 
-    # construction -----------------------------------------------------------------------
     @classmethod
     def create(
         cls,
@@ -210,7 +210,6 @@ class Allocation(Leasing, Growth):
         alloc.export_readonly, alloc.write_sealed = readonly, write_sealed and readonly
         return alloc
 
-    # lifetime ---------------------------------------------------------------------------
     def orphan(self, now: bool = True) -> None:
         """The source released it: release it here too, never parked (``now=False``: later)."""
         with self._lock:
@@ -343,9 +342,8 @@ class Allocation(Leasing, Growth):
         self.disown()
         self.kept_lease = None
         self.pid = os.getpid()
-        self.flight.forget()
+        self.flight = InFlight()  # (none of what the parent did)
 
-    # payloads in flight -----------------------------------------------------------------
     def in_flight(self) -> tuple[int, float]:
         """Payloads pickled here that may still be loaded, and seconds left of their bound."""
         return self.flight.in_flight()
@@ -377,7 +375,6 @@ class Allocation(Leasing, Growth):
         self.flight.handed_over()
         return None
 
-    # access -----------------------------------------------------------------------------
     def grant(self, index: int, access: Access = "rw") -> None:
         """Give peer device ``index`` ``access`` to the whole reservation in this process."""
         if access not in ("rw", "r", "none"):

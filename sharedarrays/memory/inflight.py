@@ -41,10 +41,6 @@ class InFlight:
     def __init__(self) -> None:
         self.was_handed_over = False
         self._sent_at = 0.0  # time.monotonic() of the last payload sent
-        self.forget()
-
-    def forget(self) -> None:
-        """Start a record (in a forked child: a new lock, none of what the parent did)."""
         self._lock = threading.Lock()
         self._sent = 0  # payloads pickled here that name this process's handle server
         self._fetched = 0  # handle requests for it this process answered
