@@ -417,11 +417,7 @@ def load_payload(
     alloc = _mapped(p, carried)  # (most loads, every warm one, end here: no Request)
     fresh = alloc is None
     if alloc is None:
-        try:
-            _check_node(p)
-        except WrongNode:
-            close_fds(carried or [])
-            raise
+        _check_node(p, carried)
         alloc = resolve(Request(p, carried), RESOLVERS[1:])
         if p.block is not None and p.pid != STATE.pid:  # (counted by _mapped otherwise)
             _take_block(alloc, p)
@@ -485,9 +481,10 @@ def check_token(sync: object) -> None:
         raise PayloadError("the ordering token that travelled with the payload is malformed")
 
 
-def _check_node(p: Payload) -> None:
-    """Refuse a payload made on another node before anything is opened."""
+def _check_node(p: Payload, carried: list[int] | None) -> None:
+    """Refuse a payload made on another node before anything is opened (``carried`` closed)."""
     if p.node is not None and p.node != (here := this_node()):
+        close_fds(carried or [])
         raise WrongNode(
             f"this payload was made on node {p.node} and this process is on node {here} "
             "(another machine, user, or mount or pid namespace; or a claimed "

@@ -95,14 +95,12 @@ class Leasing(AllocationRecords):
         with self._lock:
             if self.released:
                 raise ClosedArrayError(f"allocation {self.id} was released in this process")
+            self._release_when_idle = False  # (used again: a pending eviction is off)
             if not pin and end == self.size and self._kept_idle():
-                # parked: hand out the kept lease
-                self._release_when_idle = False
-                return self.kept_lease  # type: ignore[no-any-return]
+                return self.kept_lease  # type: ignore[no-any-return]  # (parked: the kept one)
             self._leases += 1
             if self.growable:  # (ends bound shrinking)
                 self._ends[end] = self._ends.get(end, 0) + 1
-            self._release_when_idle = False  # (used again: a pending eviction is off)
             reservation = self._reservation if pin else None
         return Lease(self, end, reservation)
 
