@@ -433,8 +433,7 @@ def load_payload(
 
 
 def _take_block(alloc: Allocation, p: Payload) -> None:
-    """List a newly mapped allocation by its block, count the load, and say ``DONE`` when
-    idle if asked for it before."""
+    """List a newly mapped allocation by its block, count the load, say ``DONE`` if asked."""
     block = p.block
     if block is None or alloc.block is not None or alloc.origin.created_here:
         return

@@ -93,8 +93,7 @@ class _Hooks:
         self.exit: list[_Hook] = []
 
     def add(self, *hooks: _Hook) -> None:
-        """Put the ``hooks`` of one registration in place: by layer (exit hooks top first),
-        order and name."""
+        """Put one registration's ``hooks`` in place: by layer (at exit top first), order, name."""
         if not hooks:
             raise ValueError("at_fork needs at least one hook")
         if hooks[0].layer not in LAYERS:

@@ -1,7 +1,6 @@
-"""The exporter's cache of released memory for its next arrays of the same sizes: reused once
-every importer said ``DONE``; importers find their parked mappings by the *block* token.
-Bounded by ``SHAREDARRAYS_CACHE_BYTES`` and :data:`CACHE_BLOCKS`, emptied when memory or fds
-run out, and at exit."""
+"""The exporter's cache of released memory for its next arrays of the same sizes, reused once
+every importer said ``DONE`` (importers find their parked mappings by the *block* token);
+bounded by ``SHAREDARRAYS_CACHE_BYTES``, emptied when memory or fds run out and at exit."""
 
 from __future__ import annotations
 
