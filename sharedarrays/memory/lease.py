@@ -81,8 +81,7 @@ class Lease(Generic[_L]):
 class Leasing(AllocationRecords):
     """The leases of an allocation, its parking and its native arrays."""
 
-    def release(self) -> bool:
-        raise NotImplementedError  # (Allocation's)
+    release: Callable[[], bool]  # (Allocation's)
 
     def lease(self: _L, end: int | None = None, pin: bool = False) -> Lease[_L]:
         """A new hold up to byte ``end`` (default: all mapped), which unparks the allocation;
