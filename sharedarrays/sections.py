@@ -100,7 +100,7 @@ class MemoryState:
         self.asked.clear()
         if self.cache is not None:
             self.inherited.extend(self.cache.kept())
-            self.cache.forget()
+            self.cache = type(self.cache)()  # (what the parent keeps is its own)
         for alloc_id in [k for k, a in self.registry.items() if a.released]:
             # being released by a thread of the parent: no thread here finishes it
             self.inherited.append(self.registry.pop(alloc_id))

@@ -40,7 +40,9 @@ class ChunkCache:
 
     def __init__(self) -> None:
         self.hits = 0  # (arrays made on kept memory)
-        self.forget()
+        self._lock = threading.Lock()
+        self._kept: OrderedDict[bytes, Allocation] = OrderedDict()
+        self.nbytes = 0
 
     def put(self, alloc: Allocation) -> bool:
         """Keep ``alloc``, freeing the oldest over the bound; whether it was kept."""
@@ -85,12 +87,6 @@ class ChunkCache:
         """The kept allocations, oldest first (for ``describe`` and the widgets)."""
         with self._lock:
             return list(self._kept.values())
-
-    def forget(self) -> None:
-        """Keep nothing (in a forked child: what the parent keeps is its own)."""
-        self._lock = threading.Lock()
-        self._kept: OrderedDict[bytes, Allocation] = OrderedDict()
-        self.nbytes = 0
 
     def _over(self, limit: int) -> list[Allocation]:
         over = []
