@@ -1,10 +1,6 @@
-"""sharedarrays: share GPU (and host) arrays between processes without copying.
-
-Create an array with :func:`empty`, :func:`zeros`, :func:`from_array` and the like (or share
-a CuPy array or torch tensor in place with :func:`share`) and pickle it to other processes
-(multiprocessing does that for you): every process maps the same memory. ``__all__`` is the
-public API; names of heavier modules are imported on first use.
-"""
+"""sharedarrays: share GPU (and host) arrays between processes without copying. Make one with
+:func:`empty`, :func:`from_array` and the like (or :func:`share` a CuPy array or torch tensor)
+and pickle it to other processes: every process maps the same memory."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The package's one adapter over what CPython and its standard library do not promise.
-
-Each use is a named function here, tested in ``tests/test_cpython.py`` on CPython 3.10-3.13
-(``tests/test_layers.py`` keeps these internals out of other modules).
-"""
+"""The package's one adapter over what CPython and its standard library do not promise: each
+use a named function, tested in ``tests/test_cpython.py`` on CPython 3.10-3.13."""
 
 from __future__ import annotations
 
@@ -13,7 +10,6 @@ from multiprocessing import util as _mp_util
 from types import FrameType, SimpleNamespace
 from typing import Any
 
-# reference counts: is a kept object held by anyone else?
 refcount = sys.getrefcount
 """Compared with :data:`ITEM_ALONE` or :data:`LOCAL_ALONE` only in the code shape each was
 measured with at import (bound, not wrapped: the warm handoff calls it once per view)."""
@@ -36,8 +32,6 @@ ITEM_ALONE: int = _count_item((None, object()))
 LOCAL_ALONE: int = _count_local(SimpleNamespace(kept=object()))
 """``refcount(kept)`` of an object only one attribute and the local ``kept`` hold (3)."""
 
-# frames: who called?
-
 
 def caller_frame(depth: int = 1) -> FrameType | None:
     """The frame ``depth`` Python frames above this one's caller (C has none), or ``None``."""
@@ -59,7 +53,6 @@ def frame_local(frame: FrameType | None, name: str) -> Any:
     return None if frame is None else frame.f_locals.get(name)
 
 
-# multiprocessing: is a Process being spawned, and with which interpreter flags?
 spawning_process = _mp_context.get_spawning_popen
 """``multiprocessing.context.get_spawning_popen``: the ``Popen`` of the Process this thread
 is spawning, else ``None`` (a view pickled then carries its chunks' fds)."""
@@ -75,9 +68,6 @@ def mark_no_spawn_in_thread() -> None:
 def interpreter_flags() -> list[str]:
     """The options (``-X``, ``-W``, ``-O``, ...) that give a child Python this one's settings."""
     return list(_mp_util._args_from_interpreter_flags())  # type: ignore[attr-defined]
-
-
-# multiprocessing.pool: a job whose worker died
 
 
 def _no_more(i: int, obj: object) -> None:

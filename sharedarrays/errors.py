@@ -88,8 +88,7 @@ class PayloadError(SharedArrayError, ValueError):
 
 
 class MisalignedView(SharedArrayError, ValueError):
-    """A view of GPU memory with an offset or stride off its dtype's alignment, which would
-    fail a kernel: copy the bytes first (``a.array[1:9].copy().view("float64")``)."""
+    """A view of GPU memory off its dtype's alignment (a kernel would fail): copy it first."""
 
 
 class ThreadUnavailable(SharedArrayError, RuntimeError):
@@ -97,8 +96,7 @@ class ThreadUnavailable(SharedArrayError, RuntimeError):
 
 
 class NameExists(SharedArrayError, FileExistsError):
-    """An array of that name exists already: :func:`sharedarrays.attach` it, or
-    :func:`sharedarrays.unlink` the name first."""
+    """An array of that name exists already: attach it, or unlink the name first."""
 
 
 class NameNotFound(SharedArrayError, FileNotFoundError):
@@ -114,13 +112,11 @@ class InUse(SharedArrayError, RuntimeError):
 
 
 class WorkerLost(SharedArrayError, RuntimeError):
-    """A :class:`sharedarrays.Pool` worker died running a task of this job: the job fails, the
-    pool goes on."""
+    """A :class:`sharedarrays.Pool` worker died running a task: the job fails, the pool lives."""
 
 
 class TaskNotLoaded(SharedArrayError, AttributeError):
-    """A :class:`sharedarrays.Pool` worker cannot find a task's function (defined under
-    ``if __name__ == "__main__":``, say)."""
+    """A :class:`sharedarrays.Pool` worker cannot find a task's function (defined in main?)."""
 
 
 class TaskExited(SharedArrayError, RuntimeError):
@@ -132,8 +128,7 @@ class WaitTimeout(SharedArrayError, TimeoutError):
 
 
 class ResizeRefused(SharedArrayError, RuntimeError):
-    """A growable array cannot be resized: this process is an importer (it calls
-    :meth:`SharedDeviceArray.refresh`), or a shrink would unmap chunks still in use."""
+    """A growable array cannot be resized here (an importer), or not below chunks in use."""
 
 
 class OutOfMemory(SharedArrayError, MemoryError):
@@ -146,8 +141,7 @@ class NotShareable(SharedArrayError, ValueError):
 
 
 class WrongNode(SharedArrayError):
-    """A payload of another node (machine, user, mount or pid namespace) was loaded here: send
-    the data instead (``a.get()``, or Dask with ``sharedarrays.api.dask``)."""
+    """A payload of another node (machine, user, namespace) was loaded here: send the data."""
 
 
 class DriverError(SharedArrayError, OSError):

@@ -1,15 +1,6 @@
-"""Importing: a message's parts as loaded here, and the allocation a payload names.
-
-A pickled view calls :func:`import_part` once per message with its allocation's payload
-bytes: the payload is decoded once into a :class:`ReceivedPart` (a warm handoff, the same
-bytes still mapped, takes the last part again, :func:`load_again`), whose first view finds or
-maps the allocation (:func:`load_payload`) by asking :data:`RESOLVERS` in order:
-:func:`mapped_here`, :func:`reused_block` (the exporter reused memory parked here),
-:func:`in_message` (fds that travelled with it), :func:`from_exporter` (its handle server),
-:func:`from_keeper`. One that finds nothing records why; when all passed, the last
-:class:`HandleUnavailable` is raised. A growable import catches up
-(:mod:`sharedarrays.transport.growth`).
-"""
+"""Importing: a message's parts as loaded here (:class:`ReceivedPart`, decoded once per
+message; a warm handoff takes the last part again) and the allocation a payload names, found
+or mapped by the chain of :data:`RESOLVERS` (:func:`load_payload`)."""
 
 from __future__ import annotations
 
@@ -43,24 +34,20 @@ from sharedarrays.transport import client, keeper
 from sharedarrays.transport import handles as transport
 from sharedarrays.transport.growth import catch_up_to, shrunk
 
-RELEASE_WAIT = 2 * keeper.TIMEOUT
-"""Seconds a load waits for another thread's release of the allocation it found to end."""
+RELEASE_WAIT = 2 * keeper.TIMEOUT  # seconds a load waits for another thread's release to end
 _RECEIVED_LIMIT = 1024  # parts kept by payload bytes for warm loads (STATE.pickling.received)
 _WARM_TYPES = (int, tuple, tuple, str, bool)  # a view tuple's fields, as a sender writes them
 
 
-# a message's parts, as loaded here ----------------------------------------------------------
 def use_reconstructor(fn: Callable[..., Any]) -> None:
-    """Make ``fn`` what a re-pickled :class:`ReceivedPart` calls instead of
-    :func:`import_part` (the api's view reconstructor takes a part's arguments too)."""
+    """Make ``fn`` (taking :func:`import_part`'s arguments) what a re-pickled part calls."""
     STATE.pickling.reconstructor = fn
 
 
 def import_part(blob: bytes, token: object = None, fds: object = None) -> ReceivedPart:
-    """What a pickled :class:`MessagePart` calls, once per message: a new part of the
-    decoded payload, or that of an earlier message with the same payload whose allocation
-    this process still maps (load counted, token waited for). PayloadError for a malformed
-    or altered payload or token."""
+    """What a pickled message part calls, once per message: a new part, or that of an
+    earlier message with the same payload bytes whose allocation is still mapped here (load
+    counted, token waited for). PayloadError for a malformed payload or token."""
     if token is not None and type(token) is not bytes:
         raise PayloadError("the ordering token that travelled with the payload is malformed")
     if fds is None and type(blob) is bytes:
@@ -76,23 +63,9 @@ def import_part(blob: bytes, token: object = None, fds: object = None) -> Receiv
     return ReceivedPart(Payload.from_bytes(blob), token, fds, blob)
 
 
-def _on_device(p: Payload) -> bool:
-    """Whether ``p``'s memory is a device's, whose views must be aligned (an unknown
-    backend counts as one: its load is refused anyway)."""
-    known = STATE.pickling.on_device.get(p.backend)
-    if known is None:
-        try:
-            known = device_of(p.backend, p.device).needs_context
-        except PayloadError:
-            return True
-        STATE.pickling.on_device[p.backend] = known
-    return known
-
-
 class ReceivedPart:
-    """One allocation's part of a message being loaded here: its payload (decoded once), the
-    allocation once the first view found or mapped it, and the last view layout checked.
-    Pickled again (inside an OtherNodeArray), it is its payload and token."""
+    """One allocation's part of a message loaded here: its payload, the allocation once the
+    first view found it, and the last view layout checked; pickled again, payload and token."""
 
     __slots__ = (
         "payload",
@@ -131,7 +104,15 @@ class ReceivedPart:
         self._lease_thread = 0  # (the thread that took the lease referred to)
         # (shape, strides, dtype string, dtype, low, high, alignment mask) of the last view
         self._layout: tuple[Any, ...] | None = None
-        self._device = _on_device(payload)
+        device = STATE.pickling.on_device.get(payload.backend)
+        if device is None:  # (an unknown backend counts as a device: its load is refused)
+            try:
+                device = device_of(payload.backend, payload.device).needs_context
+            except PayloadError:
+                device = True
+            else:
+                STATE.pickling.on_device[payload.backend] = device
+        self._device = device  # a device's memory: its views must be aligned
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         blob = self.blob if self.blob is not None else self.payload.to_bytes()
@@ -139,18 +120,14 @@ class ReceivedPart:
 
     def bind(self, alloc: Allocation) -> None:
         """Take ``alloc`` as the allocation of every view of the part."""
-        p = self.payload
         self.allocation = alloc
         self._lease = None
         self._growable = alloc.growable
-        self.readonly = p.readonly or alloc.access != "rw"
+        self.readonly = self.payload.readonly or alloc.access != "rw"
 
     def lease(self, readonly: bool) -> tuple[Allocation, Lease[Allocation] | None]:
-        """The allocation (found or mapped by :meth:`find` on first use) and a new lease for
-        the part's views to share (``None`` if growable: each view keeps its own ``end``).
-        ClosedArrayError if it was released here since. (A view takes the lease of the views
-        before only where a parked allocation keeps it, or in the thread that took it for
-        this message: else its end could be running in another thread.)"""
+        """The allocation (:meth:`find` on first use) and a new lease for the part's views to
+        share (``None`` if growable); ClosedArrayError if it was released here since."""
         alloc = self.allocation
         if alloc is None:
             alloc = self.find(readonly)
@@ -163,8 +140,7 @@ class ReceivedPart:
         return alloc, lease
 
     def find(self, readonly: bool) -> Allocation:
-        """Find or map the allocation (:func:`load_payload`),
-        read-only on first sight if the first view is; the carried fds are used once."""
+        """Find or map the allocation (read-only if the first view is); fds are used once."""
         p = self.payload
         if readonly and not p.readonly:
             p = dataclasses.replace(p, readonly=True)
@@ -178,10 +154,10 @@ class ReceivedPart:
         return alloc
 
     def take(self, view: object) -> tuple[Any, ...]:
-        """A view's checked fields with the allocation and the lease it takes: ``(allocation,
-        lease, dtype, shape, strides, offset, readonly, end)``, ``end`` one past its last
-        byte; raises as :func:`~sharedarrays.protocol.payload.check_view` and :meth:`lease`.
-        One frame for a view of the layout checked last (every view of a warm handoff)."""
+        """``(allocation, lease, dtype, shape, strides, offset, readonly, end)`` of a checked
+        view; one frame for the layout checked last (every view of a warm handoff). A view
+        shares the lease of the views before only where a parked allocation keeps it, or in
+        the thread that took it for this message (else its end may run in another thread)."""
         fields = None
         layout = self._layout
         if type(view) is tuple and len(view) == 5 and layout is not None:
@@ -230,19 +206,15 @@ class ReceivedPart:
         return (alloc, lease, *fields)
 
 
-# loading a payload: the resolvers ------------------------------------------------------------
+@dataclasses.dataclass(slots=True)
 class Request:
-    """One payload being loaded, what the resolvers share: the ``payload``, the fds
-    ``carried`` with it (owned here until used or closed; ``None``: none), and the
-    ``failures`` of the sources asked so far."""
+    """What the resolvers share: the ``payload``, the fds ``carried`` with it (owned here
+    until used or closed; ``None``: none), and the ``failures`` of the sources asked so far."""
 
-    __slots__ = ("payload", "carried", "failures", "_backend")
-
-    def __init__(self, payload: Payload, carried: list[int] | None = None) -> None:
-        self.payload = payload
-        self.carried = carried
-        self.failures: tuple[HandleUnavailable, ...] = ()
-        self._backend: Backend | None = None
+    payload: Payload
+    carried: list[int] | None = None
+    failures: tuple[HandleUnavailable, ...] = ()
+    _backend: Backend | None = None
 
     def failed(self, why: HandleUnavailable) -> None:
         """Record that a source gave no handles (no traceback: its frames hold this request)."""
@@ -260,13 +232,12 @@ class Request:
         return self._backend
 
 
-Resolver = Callable[[Request], Allocation | None]
-"""A step of the chain: the allocation, or ``None`` to pass to the next step."""
+Resolver = Callable[[Request], Allocation | None]  # (None: pass to the next step)
 
 
 def mapped_here(req: Request) -> Allocation | None:
-    """The allocation if this process maps it already (a growable one catches up with the
-    chunks the payload names); the carried fds are closed, or used to catch up."""
+    """The allocation if mapped here already (a growable one catches up with the carried
+    fds, which are closed otherwise)."""
     return _mapped(req.payload, req.carried)
 
 
@@ -321,9 +292,8 @@ def _count_load(alloc: Allocation, p: Payload, pid: int) -> None:
 
 
 def load_again(alloc: Allocation, p: Payload, sync: bytes | None) -> bool:
-    """Load ``p`` again as ``alloc``, where it was loaded before (the same bytes): count the
-    load and wait for ``sync``. ``False``, having done nothing, when ``alloc`` is no longer
-    mapped here under that id or grows; PayloadError for a malformed token."""
+    """Load ``p`` again as ``alloc`` (the same bytes as before): count it, wait for ``sync``.
+    ``False``, doing nothing, where ``alloc`` is no longer mapped here under that id or grows."""
     pid = STATE.pid  # (os.getpid(): a system call, microseconds on a cold path)
     if alloc.released or alloc.pid != pid or p.capacity is not None or alloc.id != p.alloc_id:
         return False
@@ -337,8 +307,8 @@ def load_again(alloc: Allocation, p: Payload, sync: bytes | None) -> bool:
 
 
 def reused_block(req: Request) -> Allocation | None:
-    """The allocation parked here on the payload's block, which its exporter reused for a
-    new array (:mod:`sharedarrays.memory.cache`): renamed to the new id and secret."""
+    """The allocation parked here on the payload's block (its exporter reused the memory for
+    a new array: :mod:`sharedarrays.memory.cache`), renamed to the new id and secret."""
     p = req.payload
     if p.block is None:
         return None
@@ -368,7 +338,6 @@ def in_message(req: Request) -> Allocation | None:
     """The allocation mapped from the fds that travelled with the payload, if any did."""
     if req.carried is None:
         return None
-    req.backend()
     alloc = _map(req, list(req.payload.chunks), req.carried)
     transport.server_address()  # (so that the node view sees what this child holds)
     return alloc
@@ -376,7 +345,7 @@ def in_message(req: Request) -> Allocation | None:
 
 def from_exporter(req: Request) -> Allocation | None:
     """The allocation mapped from handles the exporter's handle server sends, or ``None``
-    (recorded in ``req.failures``) when it is gone or no longer has them."""
+    (recorded in ``req.failures``)."""
     p = req.payload
     req.backend()
     try:
@@ -397,8 +366,8 @@ def from_exporter(req: Request) -> Allocation | None:
 
 
 def from_keeper(req: Request) -> Allocation | None:
-    """The allocation mapped from handles this user's keeper holds, or ``None`` (recorded)
-    when it does not; at once for memory no keeper holds (exporter-owned, growable)."""
+    """The allocation mapped from handles this user's keeper holds, or ``None`` (recorded;
+    at once for memory no keeper holds: exporter-owned, growable)."""
     p = req.payload
     if not req.failures or p.capacity is not None or req.backend().exporter_owned:
         return None
@@ -415,12 +384,12 @@ def from_keeper(req: Request) -> Allocation | None:
 
 
 RESOLVERS = (mapped_here, reused_block, in_message, from_exporter, from_keeper)
-"""The chain :func:`load_payload` asks, in order."""
+"""The chain :func:`load_payload` asks, in order; the first answer wins."""
 
 
 def resolve(req: Request, resolvers: tuple[Resolver, ...] = RESOLVERS) -> Allocation:
-    """Ask ``resolvers`` in order for ``req``'s allocation; the first answer wins. Raises
-    the last source's :class:`HandleUnavailable` when every one passed."""
+    """Ask ``resolvers`` in order for ``req``'s allocation; when every one passed, raise the
+    last source's :class:`HandleUnavailable`."""
     for resolver in resolvers:
         alloc = resolver(req)
         if alloc is not None:
@@ -436,11 +405,9 @@ def resolve(req: Request, resolvers: tuple[Resolver, ...] = RESOLVERS) -> Alloca
 def load_payload(
     p: Payload, sync: bytes | None = None, fds: tuple[Any, ...] | None = None
 ) -> Allocation:
-    """Find the allocation of the decoded payload ``p`` through :data:`RESOLVERS`, mapping
-    it on first sight; then wait for the ordering token ``sync``. ``fds``: objects whose
-    ``detach()`` gives an fd (multiprocessing's DupFd). Raises PayloadError (a malformed
-    token or handles, a mismatch), HandleUnavailable (no source left), PermissionDenied,
-    BackendUnavailable, or WrongNode (made on another node: nothing is opened)."""
+    """Find or map ``p``'s allocation through :data:`RESOLVERS`, then wait for the ordering
+    token ``sync``; ``fds``: objects whose ``detach()`` gives an fd (multiprocessing's DupFd).
+    WrongNode for a payload of another node (nothing is opened)."""
     check_token(sync)
     carried: list[int] | None = None
     if fds is not None:
@@ -450,11 +417,7 @@ def load_payload(
     alloc = _mapped(p, carried)  # (most loads, every warm one, end here: no Request)
     fresh = alloc is None
     if alloc is None:
-        try:
-            _check_node(p)
-        except WrongNode:
-            close_fds(carried or [])
-            raise
+        _check_node(p, carried)
         alloc = resolve(Request(p, carried), RESOLVERS[1:])
         if p.block is not None and p.pid != STATE.pid:  # (counted by _mapped otherwise)
             _take_block(alloc, p)
@@ -470,8 +433,7 @@ def load_payload(
 
 
 def _take_block(alloc: Allocation, p: Payload) -> None:
-    """List a newly mapped allocation by its block and count the load; say ``DONE`` when
-    idle if its exporter asked for that before it was listed."""
+    """List a newly mapped allocation by its block, count the load, say ``DONE`` if asked."""
     block = p.block
     if block is None or alloc.block is not None or alloc.origin.created_here:
         return
@@ -485,9 +447,7 @@ def _take_block(alloc: Allocation, p: Payload) -> None:
 
 
 def _detach(fds: tuple[Any, ...]) -> list[int]:
-    """The fds that travelled with a payload, received (``detach()``); those received are
-    closed where a later one fails: HandleUnavailable (no room, or the sender is gone), or
-    PayloadError (not a handle)."""
+    """The fds that travelled with a payload, received; all closed where one fails."""
     carried: list[int] = []
     try:
         for travelled in fds:
@@ -499,18 +459,17 @@ def _detach(fds: tuple[Any, ...]) -> list[int]:
                     f"{type(travelled).__name__} gives no fd"
                 )
             carried.append(fd)
-    except (OSError, EOFError) as exc:
+    except BaseException as exc:
         close_fds(carried)
         if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
             raise fd_limit_error(
                 "cannot receive the handles that travelled with the payload", str(exc.strerror)
             ) from None
-        raise HandleUnavailable(
-            f"cannot receive the handles that travelled with the payload ({exc}); its sender "
-            "may have exited. Send the array again"
-        ) from None
-    except BaseException:
-        close_fds(carried)
+        if isinstance(exc, (OSError, EOFError)):
+            raise HandleUnavailable(
+                f"cannot receive the handles that travelled with the payload ({exc}); its "
+                "sender may have exited. Send the array again"
+            ) from None
         raise
     return carried
 
@@ -521,9 +480,10 @@ def check_token(sync: object) -> None:
         raise PayloadError("the ordering token that travelled with the payload is malformed")
 
 
-def _check_node(p: Payload) -> None:
-    """Refuse a payload made on another node before anything is opened."""
+def _check_node(p: Payload, carried: list[int] | None) -> None:
+    """Refuse a payload made on another node before anything is opened (``carried`` closed)."""
     if p.node is not None and p.node != (here := this_node()):
+        close_fds(carried or [])
         raise WrongNode(
             f"this payload was made on node {p.node} and this process is on node {here} "
             "(another machine, user, or mount or pid namespace; or a claimed "
@@ -543,8 +503,8 @@ def _map(
     capacity: int = 0,
     used: int = 0,
 ) -> Allocation:
-    """Map an allocation from the chunks a resolver found (taking ``fds``; ``exports``: a
-    pointer backend's handles; a growable array's ``capacity`` and ``used``, 0 if unsaid)."""
+    """Map an allocation from the chunks a resolver found (taking ``fds``); ``capacity`` and
+    ``used`` of a growable array, 0 if unsaid."""
     p = req.payload
     backend = req.backend()
     access: Access = "r" if p.readonly else "rw"

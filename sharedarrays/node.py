@@ -1,10 +1,6 @@
-"""Node identity: which processes can open each other's payloads.
-
-Two processes are on one node when they share the kernel's boot, the real user id, and the
-mount and pid namespaces (a payload names socket paths and a pid): the node id is a digest of
-these, or the id claimed with ``SHAREDARRAYS_NODE``. See "What same node means" in
-docs/scaling.md.
-"""
+"""Node identity: two processes can open each other's payloads when they share the kernel's
+boot, the real user id, and the mount and pid namespaces (a payload names socket paths and a
+pid). The node id is a digest of these, or the id claimed with ``SHAREDARRAYS_NODE``."""
 
 from __future__ import annotations
 

@@ -1,25 +1,22 @@
-"""Facts about processes, and THE per-process state of the package: :data:`STATE`, read as
-``STATE.<section>.<field>`` (never kept in a name of its own: a forked child gets new ones).
-
-This module makes the only ``os.register_at_fork`` call and ``atexit`` registration; hooks run
-by layer (:data:`LAYERS`; top first, bottom first after a fork), then by ``order`` and name.
-"""
+"""Facts about processes, and :data:`STATE`, the package's per-process state (read as
+``STATE.<section>.<field>``: a forked child gets new ones), with the only fork and exit hooks;
+those registered here run by layer (:data:`LAYERS`), then by ``order`` and name."""
 
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import sys
 import threading
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from multiprocessing import util
+from typing import NamedTuple
 
 from sharedarrays import sections
 
-PID_MAX_LIMIT = 1 << 22
-"""No Linux process has a larger pid (the kernel's ``PID_MAX_LIMIT`` on 64-bit)."""
+PID_MAX_LIMIT = 1 << 22  # no Linux process has a larger pid (the kernel's, on 64-bit)
 
 
 def running(pid: int) -> bool:
@@ -62,39 +59,23 @@ LAYERS = ("foundation", "protocol", "backends", "memory", "transport", "importin
 """The layers that may register hooks, bottom to top (``tests/test_layers.py`` draws them)."""
 
 Hook = Callable[[], None]
+FORK = ("before fork", "in a forked child", "after fork")  # when at_fork's hooks run
 
 
-def _name(fn: Hook | None) -> str:
+def _name(fn: Hook) -> str:
     return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}"
 
 
-@dataclass(frozen=True)
-class _ForkHooks:
-    layer: str
-    order: int
-    before: Hook | None
-    after_in_child: Hook | None
-    after_in_parent: Hook | None
-
-    def functions(self) -> list[Hook]:
-        return [f for f in (self.before, self.after_in_child, self.after_in_parent) if f]
-
-
-@dataclass(frozen=True)
-class _ExitHook:
+class _Hook(NamedTuple):
     layer: str
     order: int
     fn: Hook
-    processes: bool
-
-    def functions(self) -> list[Hook]:
-        return [self.fn]
+    when: str = "at exit"  # or one of FORK
+    processes: bool = True  # (at exit) also at the end of a multiprocessing.Process
 
 
-def _call(fn: Hook | None, when: str) -> None:
+def _call(fn: Hook, when: str) -> None:
     # run one hook; a failure is said on stderr and the next hook runs all the same
-    if fn is None:
-        return
     try:
         fn()
     except Exception:
@@ -103,52 +84,46 @@ def _call(fn: Hook | None, when: str) -> None:
 
 
 class _Hooks:
-    """Every fork and exit hook of this process, in running order (``STATE.hooks``, kept
-    for the process's life: multiprocessing holds its after-fork callback weakly)."""
+    """Every fork and exit hook of this process, in running order (``STATE.hooks``: kept for
+    the process's life, as multiprocessing holds its after-fork callback weakly)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.fork: list[_ForkHooks] = []
-        self.exit: list[_ExitHook] = []
+        self.fork: list[_Hook] = []
+        self.exit: list[_Hook] = []
 
-    def add(self, entry: _ForkHooks | _ExitHook) -> None:
-        """Put ``entry`` in its place: by layer (exit hooks top first), order and name."""
-        table, sign = ("fork", 1) if isinstance(entry, _ForkHooks) else ("exit", -1)
-        if entry.layer not in LAYERS:
-            raise ValueError(f"layer must be one of {', '.join(LAYERS)}, not {entry.layer!r}")
-        mine = entry.functions()
-        if not mine:
+    def add(self, *hooks: _Hook) -> None:
+        """Put one registration's ``hooks`` in place: by layer (at exit top first), order, name."""
+        if not hooks:
             raise ValueError("at_fork needs at least one hook")
+        if hooks[0].layer not in LAYERS:
+            raise ValueError(f"layer must be one of {', '.join(LAYERS)}, not {hooks[0].layer!r}")
+        table, sign = ("exit", -1) if hooks[0].when == "at exit" else ("fork", 1)
         with self.lock:
-            entries = getattr(self, table)
-            if entry in entries:
+            entries: list[_Hook] = getattr(self, table)
+            if all(h in entries for h in hooks):
                 return
-            if any(fn in mine for e in entries for fn in e.functions()):
+            if any(h.fn == e.fn for e in entries for h in hooks):
                 taken = "at fork" if sign > 0 else "to run at exit"
-                raise ValueError(f"{_name(mine[0])} is registered {taken} already")
+                raise ValueError(f"{_name(hooks[0].fn)} is registered {taken} already")
             ordered = sorted(
-                [*entries, entry],
-                key=lambda e: (sign * LAYERS.index(e.layer), e.order, _name(e.functions()[0])),
+                [*entries, *hooks],
+                key=lambda h: (sign * LAYERS.index(h.layer), h.order, _name(h.fn)),
             )
             setattr(self, table, ordered)
 
-    def before_fork(self) -> None:
-        for hooks in reversed(self.fork):  # top layer first
-            _call(hooks.before, "before fork")
-
-    def after_fork_in_child(self) -> None:
-        self.lock = threading.Lock()  # another thread of the parent may have held it
-        for hooks in self.fork:
-            _call(hooks.after_in_child, "in a forked child")
-
-    def after_fork_in_parent(self) -> None:
-        for hooks in self.fork:
-            _call(hooks.after_in_parent, "after fork")
+    def run_fork(self, when: str) -> None:
+        """Run the fork hooks of ``when``: bottom layer first, but top first before a fork."""
+        if when == FORK[1]:
+            self.lock = threading.Lock()  # another thread of the parent may have held it
+        for hook in reversed(self.fork) if when == FORK[0] else self.fork:
+            if hook.when == when:
+                _call(hook.fn, hook.when)
 
     def run_exit(self, processes_only: bool = False) -> None:
         for hook in self.exit:
             if hook.processes or not processes_only:
-                _call(hook.fn, "at exit")
+                _call(hook.fn, hook.when)
 
     def finalize_in_process(self) -> None:
         """Run the exit hooks at a ``multiprocessing.Process``'s end too, after a Queue's (-5)."""
@@ -156,9 +131,8 @@ class _Hooks:
 
 
 class ProcessState:
-    """THE per-process state of the package (one instance: :data:`STATE`): ``pid`` (set anew
-    first in a forked child: ``os.getpid()`` costs microseconds cold), the ``hooks``, and the
-    sections of :mod:`sharedarrays.sections`, bottom layer first."""
+    """THE per-process state (:data:`STATE`): ``pid`` (``os.getpid()`` costs microseconds
+    cold), the ``hooks``, and the sections of :mod:`sharedarrays.sections`, bottom layer first."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
@@ -176,13 +150,12 @@ class ProcessState:
     def reset_in_child(self) -> None:
         """In a forked child: the pid, each section in order, then the ``after_in_child`` hooks."""
         self.pid = os.getpid()
-        for section in list(vars(self).values()):
-            _call(getattr(section, "reset_in_child", None), "in a forked child")
-        self.hooks.after_fork_in_child()
+        for section in [s for s in vars(self).values() if hasattr(s, "reset_in_child")]:
+            _call(section.reset_in_child, FORK[1])
+        self.hooks.run_fork(FORK[1])
 
 
 STATE = ProcessState()
-"""This process's state."""
 
 
 def at_fork(
@@ -193,23 +166,22 @@ def at_fork(
     after_in_child: Hook | None = None,
     after_in_parent: Hook | None = None,
 ) -> None:
-    """Run these hooks around every ``os.fork`` of this process, placed by ``layer`` and
-    ``order`` (smaller first). The same hooks again do nothing; an unknown layer, no hook or
-    a function registered already is a ``ValueError``."""
-    STATE.hooks.add(_ForkHooks(layer, order, before, after_in_child, after_in_parent))
+    """Run these hooks around every ``os.fork`` of this process, by ``layer`` (top first before
+    it, bottom first after) and ``order``; the same hooks again do nothing."""
+    hooks = zip(FORK, (before, after_in_child, after_in_parent))
+    STATE.hooks.add(*(_Hook(layer, order, fn, when) for when, fn in hooks if fn is not None))
 
 
 def at_exit(fn: Hook, layer: str, *, order: int = 0, processes: bool = True) -> None:
-    """Run ``fn`` when this process exits, top layer first; with ``processes``, also at the
-    end of a ``multiprocessing.Process`` (which runs finalizers, not atexit). ``fn`` may run
-    twice and must be idempotent; registering it with other arguments is a ``ValueError``."""
-    STATE.hooks.add(_ExitHook(layer, order, fn, processes))
+    """Run ``fn`` (idempotent: it may run twice) when this process exits, top layer first;
+    with ``processes``, also at the end of a ``multiprocessing.Process`` (no atexit there)."""
+    STATE.hooks.add(_Hook(layer, order, fn, "at exit", processes))
 
 
 os.register_at_fork(
-    before=STATE.hooks.before_fork,
+    before=functools.partial(STATE.hooks.run_fork, FORK[0]),
     after_in_child=STATE.reset_in_child,
-    after_in_parent=STATE.hooks.after_fork_in_parent,
+    after_in_parent=functools.partial(STATE.hooks.run_fork, FORK[2]),
 )
 atexit.register(STATE.hooks.run_exit)
 STATE.hooks.finalize_in_process()

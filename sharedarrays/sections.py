@@ -1,6 +1,5 @@
-"""The sections of the package's per-process state (:data:`sharedarrays.process.STATE`), one
-class per concern, each saying in ``reset_in_child`` what a forked child keeps of it. A cache
-is a bounded field here, dropped in a child unless true in any process."""
+"""The sections of :data:`sharedarrays.process.STATE`, one class per concern, each saying in
+``reset_in_child`` what a forked child keeps (a cache: only what is true in any process)."""
 
 from __future__ import annotations
 
@@ -14,12 +13,8 @@ from typing import Any
 
 
 class BackendsState:
-    """``STATE.backends``: registrations, backend objects, driver probes, CUDA events.
-
-    A forked child keeps what is true of the code or the machine (the fields set in
-    ``__init__``), sets ``cuda_forked`` if its parent had initialised CUDA, and gets anew
-    those of ``_reset``: locks, the CANN runtime, events, streams waited on.
-    """
+    """``STATE.backends``: registrations, backend objects, driver probes, CUDA events. A forked
+    child keeps what is true of the code or the machine and gets new ``_reset`` fields."""
 
     def __init__(self) -> None:
         self.registrations: dict[str, Any] = {}
@@ -54,13 +49,10 @@ class BackendsState:
 
 
 class MemoryState:
-    """``STATE.memory``: the allocations of this process (``memory/``).
-
-    ``registry``: every allocation mapped here, by id; ``parked``: imports kept mapped with no
-    live view (least recently used first); ``draining``: released here but still served;
-    ``slabs``: the current slab and first free byte per (backend, device); ``inherited``:
-    what a forked child never releases; the ``*_hooks``: how the transport layer hears of
-    releases, hand-overs at exit and ``DONE``/``ASK`` notices to send.
+    """``STATE.memory``: the allocations of this process (``memory/``): ``registry`` by id,
+    ``parked`` (imports with no live view, least recently used first), ``draining`` (released,
+    still served), ``slabs`` (current slab, first free byte), ``inherited`` (a forked child's,
+    never released); the ``*_hooks`` tell the transport layer of releases, hand-overs, notices.
     """
 
     def __init__(self) -> None:
@@ -83,15 +75,14 @@ class MemoryState:
         self.keep_imports: tuple[float, int] = (float("-inf"), 64)  # (read at, value)
 
     def wait_unregistered(self, alloc: Any, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for ``alloc`` (released by another thread) to leave
-        ``registry``; whether it has."""
+        """Wait up to ``timeout`` s for ``alloc`` (released elsewhere) to leave ``registry``."""
         with self.unregistered:
             return self.unregistered.wait_for(
                 lambda: self.registry.get(alloc.id) is not alloc, timeout
             )
 
     def reset_in_child(self) -> None:
-        """New locks, no slab, parked, draining or cached memory (kept as ``inherited``). Host
+        """New locks, no slab, parked, draining or cached memory (``inherited``). Host
         allocations with views become imports from the parent; CUDA ones (unusable after
         fork) and growable ones (their creator's to resize) stay the parent's."""
         self.lock = threading.RLock()
@@ -109,7 +100,7 @@ class MemoryState:
         self.asked.clear()
         if self.cache is not None:
             self.inherited.extend(self.cache.kept())
-            self.cache.forget()
+            self.cache = type(self.cache)()  # (what the parent keeps is its own)
         for alloc_id in [k for k, a in self.registry.items() if a.released]:
             # being released by a thread of the parent: no thread here finishes it
             self.inherited.append(self.registry.pop(alloc_id))
@@ -122,7 +113,7 @@ class MemoryState:
 
 class ConnectionsState:
     """``STATE.connections``: open connections to handle servers by path (a request takes its
-    one out while it runs). A forked child closes its copies."""
+    one out while it runs); a forked child closes its copies."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -135,9 +126,8 @@ class ConnectionsState:
 
 
 class NoticesState:
-    """``STATE.notices``: ``(servers, messages)`` queued for the notifier ``thread``,
-    ``in_flight`` (one item per notice not yet sent) and the warm loads ``unreported``. A
-    forked child drops them: they are the parent's to send."""
+    """``STATE.notices``: ``(servers, messages)`` queued for the notifier ``thread``, those
+    ``in_flight`` and warm loads ``unreported``; a forked child drops them (the parent's)."""
 
     def __init__(self) -> None:
         self.queue: queue.SimpleQueue[tuple[list[str], list[bytes]]] = queue.SimpleQueue()
@@ -170,9 +160,8 @@ class ServerState:
 
 
 class KeeperState:
-    """``STATE.keeper``: the connection to the keeper and the ids it ``held`` (under ``lock``),
-    releases ``deferred`` to the next request, a ``late`` keeper's socket, the exit's wait and
-    failures ``said``. A forked child closes its copy of the connection and holds nothing."""
+    """``STATE.keeper``: the connection to the keeper, the ids it ``held``, releases
+    ``deferred``, a ``late`` keeper's socket, the exit's wait; a forked child holds nothing."""
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
@@ -207,9 +196,7 @@ class PicklingState:
         self.reduce_hooks: dict[str, Callable[[], None]] = {}
         self.reconstructor: Callable[..., Any] | None = None
         # allocation -> (pid, generation, its payload's bytes): api/array.allocation_bytes
-        self.encoded: weakref.WeakKeyDictionary[Any, tuple[int, int, bytes]] = (
-            weakref.WeakKeyDictionary()
-        )
+        self.encoded = weakref.WeakKeyDictionary[Any, tuple[int, int, bytes]]()
 
     def reset_in_child(self) -> None:
         self.received.clear()

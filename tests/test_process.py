@@ -46,20 +46,27 @@ def test_hooks_run_by_layer_whatever_the_registration_order() -> None:
         return fn
 
     c = {n: hook(n) for n in ("transport", "memory", "backends-1", "backends-0")}
-    table.add(process._ForkHooks("transport", 0, hook("b-transport"), c["transport"], None))
-    table.add(process._ForkHooks("memory", 0, None, c["memory"], None))
-    table.add(process._ForkHooks("backends", 1, None, c["backends-1"], None))
-    table.add(process._ForkHooks("backends", 0, hook("b-backends"), c["backends-0"], None))
-    table.before_fork()
+    before, child, _ = process.FORK
+    fork = process._Hook
+    table.add(
+        fork("transport", 0, hook("b-transport"), before),
+        fork("transport", 0, c["transport"], child),
+    )
+    table.add(fork("memory", 0, c["memory"], child))
+    table.add(fork("backends", 1, c["backends-1"], child))
+    table.add(
+        fork("backends", 0, hook("b-backends"), before), fork("backends", 0, c["backends-0"], child)
+    )
+    table.run_fork(before)
     assert ran == ["b-transport", "b-backends"]  # top layer first
     ran.clear()
-    table.after_fork_in_child()
+    table.run_fork(child)
     assert ran == ["backends-0", "backends-1", "memory", "transport"]  # bottom layer first
     ran.clear()
-    table.add(process._ExitHook("memory", 0, hook("x-memory"), True))
-    table.add(process._ExitHook("transport", 2, hook("x-shutdown"), False))
-    table.add(process._ExitHook("transport", 0, hook("x-hand-over"), True))
-    table.add(process._ExitHook("api", 0, hook("x-api"), True))
+    table.add(process._Hook("memory", 0, hook("x-memory")))
+    table.add(process._Hook("transport", 2, hook("x-shutdown"), processes=False))
+    table.add(process._Hook("transport", 0, hook("x-hand-over")))
+    table.add(process._Hook("api", 0, hook("x-api")))
     table.run_exit()
     assert ran == ["x-api", "x-hand-over", "x-shutdown", "x-memory"]  # top layer first
     ran.clear()
@@ -74,8 +81,8 @@ def test_a_failing_hook_does_not_stop_the_others(capfd: pytest.CaptureFixture[st
     def boom() -> None:
         raise RuntimeError("boom")
 
-    table.add(process._ExitHook("transport", 0, boom, True))
-    table.add(process._ExitHook("memory", 0, lambda: ran.append("memory"), True))
+    table.add(process._Hook("transport", 0, boom))
+    table.add(process._Hook("memory", 0, lambda: ran.append("memory")))
     table.run_exit()
     assert ran == ["memory"]
     assert "boom" in capfd.readouterr().err
@@ -88,16 +95,17 @@ def test_registering_twice_is_idempotent_and_a_conflict_is_refused() -> None:
 
     def b() -> None: ...
 
-    table.add(process._ForkHooks("memory", 0, None, a, None))
-    table.add(process._ForkHooks("memory", 0, None, a, None))
+    child, parent = process.FORK[1:]
+    table.add(process._Hook("memory", 0, a, child))
+    table.add(process._Hook("memory", 0, a, child))
     assert len(table.fork) == 1
     with pytest.raises(ValueError, match="registered at fork already"):
-        table.add(process._ForkHooks("transport", 0, None, a, b))
-    table.add(process._ExitHook("memory", 0, b, True))
-    table.add(process._ExitHook("memory", 0, b, True))
+        table.add(process._Hook("transport", 0, a, child), process._Hook("transport", 0, b, parent))
+    table.add(process._Hook("memory", 0, b))
+    table.add(process._Hook("memory", 0, b))
     assert len(table.exit) == 1
     with pytest.raises(ValueError, match="at exit already"):
-        table.add(process._ExitHook("memory", 1, b, True))
+        table.add(process._Hook("memory", 1, b))
 
 
 def test_the_public_functions_check_their_arguments() -> None:
@@ -124,10 +132,13 @@ def test_the_public_functions_check_their_arguments() -> None:
 def test_the_package_hooks_are_in_layer_order() -> None:
     import sharedarrays  # noqa: F401 - registers every hook
 
-    names = [(h.layer, process._name(h.functions()[0])) for h in process.STATE.hooks.fork]
+    names = [(h.layer, process._name(h.fn)) for h in process.STATE.hooks.fork]
     layers = [layer for layer, _ in names]
     assert layers == sorted(layers, key=process.LAYERS.index)
-    assert [n for _, n in names] == ["sharedarrays.backends.cuda.driver._before_fork"]
+    assert [n for _, n in names] == [
+        "sharedarrays.backends.cuda.driver._after_fork_in_parent",
+        "sharedarrays.backends.cuda.driver._before_fork",
+    ]
     exits = [process._name(h.fn) for h in process.STATE.hooks.exit]
     assert exits == [
         "sharedarrays.transport.keeper._hand_over_at_exit",

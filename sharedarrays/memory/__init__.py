@@ -1,8 +1,5 @@
-"""The memory layer: allocations, leases, growth, payloads in flight, slabs, reuse.
-
-Per-process state is ``STATE.memory``. Upper layers import the names re-exported here
-(``X as X``: each written once) and subscribe through ``STATE.memory``'s hooks.
-"""
+"""The memory layer: allocations, leases, growth, payloads in flight, slabs, reuse. Its state
+is ``STATE.memory``, whose hooks upper layers subscribe to."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Allocations: one array's memory, made by its *exporter*, mapped at most once per process
-(``STATE.memory.registry`` keys it by id) and released here when its last lease goes."""
+(``STATE.memory.registry``) and released here when its last lease goes."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from typing import cast
 
 from sharedarrays.backends import Access, Backend, Chunk, MappingBackend, round_up
 from sharedarrays.errors import HandleUnavailable, OutOfMemory, PayloadError
-from sharedarrays.memory.cache import cache_bytes, new_block, settle_draining
+from sharedarrays.memory.cache import cache_bytes, settle_draining
 from sharedarrays.memory.growth import Growth, chunk_sizes
+from sharedarrays.memory.inflight import InFlight
 from sharedarrays.memory.info import Origin
 from sharedarrays.memory.lease import Leasing
 from sharedarrays.memory.reservation import back_to_back, close_fds, teardown
@@ -37,23 +38,18 @@ class Allocation(Leasing, Growth):
     ----------
     id : str
         32 hex digits, the same in every process that maps it.
-    address : int
-        Start of this process's reservation (changes when a growable allocation moves).
-    size, capacity : int
-        Bytes mapped (the sum of the chunk sizes) and reserved (more if growable).
-    used : int
-        Bytes of the growable array (its last resize); ``size`` for others.
-    generation : int
-        Counts changes of chunks or address here (payload caches key on it).
+    device, access : Device, str
+        The memory's device, and this process's access from it ("rw", "r").
+    address, size, capacity : int
+        Start of this process's reservation, bytes mapped, bytes reserved (more if growable).
+    used, generation : int
+        Bytes of a growable array (else ``size``); changes of chunks or address here.
     allow_pids : frozenset of int or None
         Processes allowed to import it (besides this one); ``None``: any of this user.
-    export_readonly : bool
-        Whether importers get read-only mappings (payloads say ``readonly``).
-    write_sealed : bool
-        Whether the kernel forbids every new write (``readonly=True``, host backend).
+    export_readonly, write_sealed : bool
+        Importers map it read-only; the kernel forbids every new write (host backend).
     """
 
-    # construction -----------------------------------------------------------------------
     @classmethod
     def create(
         cls,
@@ -66,8 +62,7 @@ class Allocation(Leasing, Growth):
     ) -> Allocation:
         """Make a new allocation of at least ``nbytes`` bytes here (the exporter): chunks of
         at most ``chunk_bytes``; a ``capacity`` makes it *growable*; ``peers`` get access
-        (:meth:`grant`); ``readonly`` for every other process, enforced where the backend can.
-        """
+        (:meth:`grant`); ``readonly`` for every other process, enforced where the backend can."""
         if backend.maps:
             sizes = chunk_sizes(nbytes, backend.granularity, chunk_bytes)
         elif capacity is not None:
@@ -97,17 +92,8 @@ class Allocation(Leasing, Growth):
         for last_try in (False, True):  # (out of memory or fds: empty the cache, again)
             try:
                 backend.check_memory(sum(sizes))
-                alloc = cls._build(
-                    backend,
-                    *_fresh(),
-                    sizes,
-                    backend.create_chunk,
-                    "rw",
-                    capacity,
-                    peers,
-                    seal=True,
-                    readonly=readonly,
-                )
+                made = (backend, *_fresh(), sizes, backend.create_chunk)
+                alloc = cls._build(*made, "rw", capacity, peers, seal=True, readonly=readonly)
                 break
             except (OutOfMemory, HandleUnavailable):
                 if last_try or not STATE.memory.cache.trim():
@@ -115,7 +101,7 @@ class Allocation(Leasing, Growth):
         alloc._chunk_bytes = chunk_bytes
         alloc.used = nbytes
         if cacheable:
-            alloc.block = new_block()
+            alloc.block = secrets.token_bytes(32)  # names the memory across its reuses
         return alloc
 
     @classmethod
@@ -139,8 +125,8 @@ class Allocation(Leasing, Growth):
         exports: tuple[bytes, ...] = (),
         peers: Mapping[int, Access] | None = None,
     ) -> Allocation:
-        """Map an allocation from its chunks' handles (an importer), taking ownership of
-        ``fds``, or return the one mapped here already. A pointer backend uses ``exports``."""
+        """Map an allocation from its chunks' ``fds`` (or a pointer backend's ``exports``), an
+        importer, taking the fds; or return the one mapped here already."""
         bad = (
             len(sizes) != len(fds) or bool(exports)
             if backend.maps
@@ -224,7 +210,6 @@ class Allocation(Leasing, Growth):
         alloc.export_readonly, alloc.write_sealed = readonly, write_sealed and readonly
         return alloc
 
-    # lifetime ---------------------------------------------------------------------------
     def orphan(self, now: bool = True) -> None:
         """The source released it: release it here too, never parked (``now=False``: later)."""
         with self._lock:
@@ -235,8 +220,8 @@ class Allocation(Leasing, Growth):
 
     def release(self) -> bool:
         """Unmap and close all this process holds unless a view uses it; whether it did. It
-        *drains* (is still served) while exporter-owned memory has holders, a payload of a
-        growable array is in flight, or a reusable block waits for its importers' ``DONE``."""
+        *drains* (is still served) while others may need it: holders of exporter-owned memory,
+        a growable array's payload in flight, a reusable block's importers not ``DONE``."""
         with self._lock:
             if self.released:
                 return False
@@ -320,8 +305,8 @@ class Allocation(Leasing, Growth):
         )
 
     def done_by_importers(self, count: int, servers: Iterable[str] = ()) -> None:
-        """An importer said ``DONE`` for ``count`` payloads of this allocation; ``servers``:
-        its handle servers, which say it unasked for the block's later loads."""
+        """An importer said ``DONE`` for ``count`` payloads; its ``servers`` say it unasked
+        for the block's later loads."""
         self.flight.reporting.update(servers)
         self.flight.note_done(count)
         settle_draining()
@@ -357,11 +342,10 @@ class Allocation(Leasing, Growth):
         self.disown()
         self.kept_lease = None
         self.pid = os.getpid()
-        self.flight.forget()
+        self.flight = InFlight()  # (none of what the parent did)
 
-    # payloads in flight -----------------------------------------------------------------
     def in_flight(self) -> tuple[int, float]:
-        """Payloads pickled here that may still be loaded, and the seconds left of their bound."""
+        """Payloads pickled here that may still be loaded, and seconds left of their bound."""
         return self.flight.in_flight()
 
     def busy(self) -> bool:
@@ -369,8 +353,8 @@ class Allocation(Leasing, Growth):
         return self.in_flight()[0] > 0
 
     def hand_over(self, say: bool = True) -> tuple[int, str] | None:
-        """Give the handles of payloads in flight to the keeper (``hand_over_hooks``); on a
-        failure, how many will not load and the message saying so (printed if ``say``)."""
+        """Give the handles of payloads in flight to the keeper; on a failure, how many will not
+        load and the message saying so (printed if ``say``)."""
         if self.pid != os.getpid() or self.growable or not self.backend.maps:
             return None
         count, seconds = self.in_flight()
@@ -391,10 +375,8 @@ class Allocation(Leasing, Growth):
         self.flight.handed_over()
         return None
 
-    # access -----------------------------------------------------------------------------
     def grant(self, index: int, access: Access = "rw") -> None:
-        """Give peer device ``index`` ``access`` to the whole reservation in this process
-        (PeerAccessUnavailable where it cannot reach this memory)."""
+        """Give peer device ``index`` ``access`` to the whole reservation in this process."""
         if access not in ("rw", "r", "none"):
             raise ValueError(f"access must be 'rw', 'r' or 'none', not {access!r}")
         if not self.backend.peer_access:
@@ -408,5 +390,5 @@ class Allocation(Leasing, Growth):
             )
         with self.growth_lock:
             mapper = cast(MappingBackend, self.backend)
-            mapper.set_access(self.address, self.size, self._access, {index: access})
+            mapper.set_access(self.address, self.size, self.access, {index: access})
             self._peers[index] = access

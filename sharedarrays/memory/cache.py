@@ -1,14 +1,9 @@
-"""The exporter's cache of released memory, which the next array of the same size reuses.
-
-Like torch's caching allocator, but reused only once every importer said ``DONE`` (closed
-its last view); importers find their parked mappings again by the memory's *block* token.
-Bounded by ``SHAREDARRAYS_CACHE_BYTES`` (default 4 GiB, 0: off) and :data:`CACHE_BLOCKS`;
-emptied when memory or fds run out, and at exit.
-"""
+"""The exporter's cache of released memory for its next arrays of the same sizes, reused once
+every importer said ``DONE`` (importers find their parked mappings by the *block* token);
+bounded by ``SHAREDARRAYS_CACHE_BYTES``, emptied when memory or fds run out and at exit."""
 
 from __future__ import annotations
 
-import secrets
 import threading
 import time
 from collections import OrderedDict
@@ -18,18 +13,6 @@ from sharedarrays.process import STATE, at_exit
 from sharedarrays.settings import env_number
 
 Allocation = Any  # (memory.allocation imports this module)
-
-__all__ = [
-    "CACHE_BLOCKS",
-    "CACHE_BYTES",
-    "DONE_WAIT",
-    "ChunkCache",
-    "block_id",
-    "cache_bytes",
-    "empty_cache",
-    "new_block",
-    "settle_draining",
-]
 
 CACHE_BYTES = 4 << 30
 """Default bound on the bytes one process keeps cached (``SHAREDARRAYS_CACHE_BYTES``)."""
@@ -44,8 +27,7 @@ def cache_bytes() -> int:
 
 def empty_cache() -> int:
     """Free the memory this process keeps for reuse; returns the bytes freed."""
-    freed: int = STATE.memory.cache.trim()
-    return freed
+    return int(STATE.memory.cache.trim())
 
 
 def block_id(block: bytes) -> str:
@@ -53,17 +35,14 @@ def block_id(block: bytes) -> str:
     return block[:16].hex()
 
 
-def new_block() -> bytes:
-    """A new block token: names a piece of memory across its reuses."""
-    return secrets.token_bytes(32)
-
-
 class ChunkCache:
     """Released allocations made here, kept for reuse, least recently released first."""
 
     def __init__(self) -> None:
         self.hits = 0  # (arrays made on kept memory)
-        self.forget()
+        self._lock = threading.Lock()
+        self._kept: OrderedDict[bytes, Allocation] = OrderedDict()
+        self.nbytes = 0
 
     def put(self, alloc: Allocation) -> bool:
         """Keep ``alloc``, freeing the oldest over the bound; whether it was kept."""
@@ -79,37 +58,28 @@ class ChunkCache:
 
     def take(self, backend_name: str, device: object, sizes: list[int]) -> Allocation | None:
         """Take out the latest kept allocation matching backend, device and sizes, or ``None``."""
-        wanted = tuple(sizes)
+        key, wanted = (backend_name, device), tuple(sizes)
         with self._lock:
-            for block in reversed(self._kept):
-                alloc = self._kept[block]
-                if (
-                    alloc.backend.name == backend_name
-                    and alloc.device == device
-                    and alloc.has_chunk_sizes(wanted)
-                ):
+            for block, alloc in reversed(self._kept.items()):
+                if (alloc.backend.name, alloc.device) == key and alloc.has_chunk_sizes(wanted):
                     del self._kept[block]
                     self.nbytes -= alloc.capacity
                     self.hits += 1
                     return alloc
         return None
 
-    def trim(self, keep: int = 0) -> int:
-        """Free the oldest until at most ``keep`` bytes are kept; returns the bytes freed."""
+    def trim(self) -> int:
+        """Free all that is kept; returns the bytes freed."""
         with self._lock:
-            before = self.nbytes
-            over = self._over(keep)
-            freed = before - self.nbytes
+            freed, over = self.nbytes, self._over(0)
         _free(over)
         return freed
 
     def drop(self, alloc_id: str) -> bool:
         """Free the kept allocation whose last id was ``alloc_id``; whether one was kept."""
         with self._lock:
-            found = [b for b, a in self._kept.items() if a.id == alloc_id]
-            for block in found:
-                self.nbytes -= self._kept[block].capacity
-            gone = [self._kept.pop(block) for block in found]
+            gone = [self._kept.pop(b) for b, a in list(self._kept.items()) if a.id == alloc_id]
+            self.nbytes -= sum(a.capacity for a in gone)
         _free(gone)
         return bool(gone)
 
@@ -117,12 +87,6 @@ class ChunkCache:
         """The kept allocations, oldest first (for ``describe`` and the widgets)."""
         with self._lock:
             return list(self._kept.values())
-
-    def forget(self) -> None:
-        """Keep nothing (in a forked child: what the parent keeps is its own)."""
-        self._lock = threading.Lock()
-        self._kept: OrderedDict[bytes, Allocation] = OrderedDict()
-        self.nbytes = 0
 
     def _over(self, limit: int) -> list[Allocation]:
         over = []
@@ -147,7 +111,7 @@ DONE_WAIT = 1.0
 
 def settle_draining(at_exit: bool = False) -> None:
     """Cache draining blocks whose importers are all done; free those that waited too long
-    (``at_exit``: all of them)."""
+    (``at_exit``: all)."""
     with STATE.memory.lock:
         waiting = [
             a for a in STATE.memory.draining.values() if a.block is not None and a.cacheable()

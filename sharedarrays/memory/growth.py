@@ -15,7 +15,6 @@ from sharedarrays.settings import env_number
 
 DEFAULT_CHUNK_BYTES = 2 << 30
 """Largest chunk a growable array maps at a time by default (``SHAREDARRAYS_CHUNK_BYTES``)."""
-
 MAX_CHUNKS = 1 << 16
 """No allocation has more chunks than this (a payload claiming more is rejected)."""
 
@@ -30,8 +29,7 @@ def _chunk_limit(chunk_bytes: int | None, default: int = DEFAULT_CHUNK_BYTES) ->
 
 def chunk_sizes(nbytes: int, granularity: int, chunk_bytes: int | None = None) -> list[int]:
     """Split ``nbytes`` (rounded up to ``granularity``) into chunks of ``chunk_bytes`` (default
-    ``SHAREDARRAYS_CHUNK_BYTES``, else one chunk: each costs every importer a map), the last
-    smaller."""
+    ``SHAREDARRAYS_CHUNK_BYTES``, else one: each costs every importer a map), the last smaller."""
     total = round_up(max(nbytes, 1), granularity)
     step = round_up(_chunk_limit(chunk_bytes, total), granularity)
     count = -(-total // step)  # (counted before the list is made: it may be huge)
@@ -49,10 +47,9 @@ def chunk_sizes(nbytes: int, granularity: int, chunk_bytes: int | None = None) -
 def growth_sizes(
     mapped: int, nbytes: int, granularity: int, capacity: int, chunk_bytes: int | None = None
 ) -> list[int]:
-    """The chunks a growable allocation with ``mapped`` bytes mapped (of ``capacity``
-    reserved) adds to map at least ``nbytes``: each doubles what is mapped (``O(log n)`` for
-    ``n`` appends), at most ``chunk_bytes``; past ``capacity``, the allocation must move.
-    """
+    """The chunks a growable allocation with ``mapped`` bytes mapped (of ``capacity``) adds to
+    map at least ``nbytes``: each doubles what is mapped (``O(log n)`` for ``n`` appends), at
+    most ``chunk_bytes``; past ``capacity``, the allocation must move."""
     target = round_up(max(nbytes, 1), granularity)
     largest = round_up(_chunk_limit(chunk_bytes), granularity)
     if (target - mapped) // largest > MAX_CHUNKS:
@@ -140,7 +137,7 @@ class Growth(AllocationRecords):
             self._chunks = self._chunks[:keep]
             self.generation += 1
             mapped = back_to_back(dropped, kept)
-            teardown(self.backend, self.address, self.capacity, mapped, dropped, free=False)
+            teardown(self.backend, self.address, 0, mapped, dropped)
 
     def _add_chunks(
         self,
@@ -166,11 +163,11 @@ class Growth(AllocationRecords):
                 try:
                     backend.map(address, size, chunk, 0)
                     mapped.append((self.size, size))
-                    backend.set_access(address, size, self._access, self._peers)
+                    backend.set_access(address, size, self.access, self._peers)
                     if seal:
                         backend.seal(chunk, self.export_readonly)
                 except BaseException:
-                    teardown(backend, self.address, 0, mapped, [chunk], free=False)
+                    teardown(backend, self.address, 0, mapped, [chunk])
                     raise
                 self._chunks.append(chunk)
                 self.size += size  # only now may views reach it: nobody sees a hole
@@ -193,14 +190,13 @@ class Growth(AllocationRecords):
             for (offset, size), c in zip(back_to_back(self._chunks), self._chunks):
                 backend.map(address + offset, size, c, 0)
                 mapped.append((offset, size))
-            backend.set_access(address, self.size, self._access, self._peers)
+            backend.set_access(address, self.size, self.access, self._peers)
         except BaseException:
             teardown(backend, address, capacity, mapped, [])
             raise
-        old = self._reservation
-        old.retire(mapped)  # the same layout at the old address
+        # the same layout at the old address, freed unless a native array still uses it
+        self._reservation.retire(mapped)
         self._reservation = Reservation(backend, address, capacity)
         self.address = address
         self.capacity = capacity
         self.generation += 1
-        del old  # (freed unless a native array still uses it)

@@ -11,8 +11,6 @@ from dataclasses import dataclass
 from sharedarrays.process import running
 from sharedarrays.settings import env_number
 
-__all__ = ["IN_FLIGHT_SECONDS", "InFlight", "Served", "in_flight_seconds"]
-
 IN_FLIGHT_SECONDS = 60.0
 """Default bound on how long a payload in flight keeps its memory alive (seconds)."""
 
@@ -26,30 +24,23 @@ class Served:
 
 
 def in_flight_seconds() -> float:
-    """How long a payload in flight keeps its memory alive: ``SHAREDARRAYS_IN_FLIGHT`` (60 s);
-    a payload loaded later raises :class:`~sharedarrays.HandleUnavailable`."""
+    """How long a payload in flight keeps its memory alive: ``SHAREDARRAYS_IN_FLIGHT`` (60 s)."""
     return env_number("SHAREDARRAYS_IN_FLIGHT", IN_FLIGHT_SECONDS, 0.0)
 
 
 def _within_bound(count: int, sent_at: float) -> tuple[int, float]:
-    """``(count, seconds left)`` of payloads pickled until ``sent_at``; ``(0, 0.0)`` past the
-    bound."""
+    """``(count, seconds left)`` of payloads pickled until ``sent_at``; ``(0, 0.0)`` past it."""
     left = sent_at + in_flight_seconds() - time.monotonic() if count > 0 else 0.0
     return (count, left) if left > 0 else (0, 0.0)
 
 
 class InFlight:
-    """One allocation's record here: payloads pickled here that may still be loaded elsewhere,
-    the processes its handles were served to (and which still hold exporter-owned memory),
-    payloads from elsewhere loaded here, and a block's ``DONE`` counts."""
+    """One allocation's record here: payloads pickled here that may still be loaded, the
+    processes served its handles (holders), payloads loaded here, a block's ``DONE`` counts."""
 
     def __init__(self) -> None:
         self.was_handed_over = False
         self._sent_at = 0.0  # time.monotonic() of the last payload sent
-        self.forget()
-
-    def forget(self) -> None:
-        """Start a record (in a forked child: a new lock, none of what the parent did)."""
         self._lock = threading.Lock()
         self._sent = 0  # payloads pickled here that name this process's handle server
         self._fetched = 0  # handle requests for it this process answered
@@ -156,7 +147,6 @@ class InFlight:
             return tuple(self._served)
 
     def served_servers(self) -> list[str]:
-        """Handle servers of the processes served."""
         with self._lock:
             return sorted(self.servers)
 

@@ -1,5 +1,5 @@
 """What an allocation tells of itself (:class:`AllocationRecords`, a base of ``Allocation``)
-and the read-only records ``describe``, the widgets and the CLI show."""
+and the read-only records the widgets and the CLI show."""
 
 from __future__ import annotations
 
@@ -53,8 +53,7 @@ class MappingInfo:
     access: Access
 
 
-use_clock = time.monotonic_ns
-"""The clock of ``Allocation.last_used`` (a C call: no Python frame)."""
+use_clock = time.monotonic_ns  # the clock of ``Allocation.last_used`` (a C call: no frame)
 
 
 def format_bytes(n: int) -> str:
@@ -66,8 +65,7 @@ def format_bytes(n: int) -> str:
 
 
 class AllocationRecords:
-    """The fields of an allocation (shared by the bases of ``Allocation``) and what it shows of
-    them: chunks, mappings, access, holders, served processes, handles for importers."""
+    """The fields of an allocation (shared by the bases of ``Allocation``) and what it shows."""
 
     def __init__(
         self,
@@ -84,6 +82,9 @@ class AllocationRecords:
         self.id = alloc_id
         self.secret = secret
         self.backend = backend
+        self.device: Device = backend.device  # the device the memory lives on
+        # who keeps the memory alive: "exporter" (cuda-ipc, cuda-pool) or "any holder"
+        self.lifetime = "exporter" if backend.exporter_owned else "any holder"
         self.origin = origin
         self.address = address
         self.size = sum(c.size for c in chunks)
@@ -91,7 +92,7 @@ class AllocationRecords:
         self.used = self.size
         self.generation = 0
         self._chunks = chunks
-        self._access: Access = access
+        self.access: Access = access
         self._peers: dict[int, Access] = dict(peers or {})
         self._reservation = Reservation(backend, address, self.capacity)
         self.growable = capacity is not None  # (made with a capacity: may grow and shrink)
@@ -126,11 +127,6 @@ class AllocationRecords:
             STATE.memory.registry[alloc_id] = self
 
     @property
-    def device(self) -> Device:
-        """The device the memory lives on."""
-        return self.backend.device
-
-    @property
     def chunks(self) -> tuple[ChunkInfo, ...]:
         """The chunks, in reservation order."""
         return tuple(ChunkInfo(i, c.size, c.fd) for i, c in enumerate(self._chunks))
@@ -139,23 +135,13 @@ class AllocationRecords:
     def mappings(self) -> tuple[MappingInfo, ...]:
         """The mappings, in reservation order (one per chunk, back to back)."""
         layout = enumerate(back_to_back(self._chunks))
-        return tuple(MappingInfo(offset, size, i, 0, self._access) for i, (offset, size) in layout)
-
-    @property
-    def access(self) -> Access:
-        """This process's access to the whole reservation, from the memory's own device."""
-        return self._access
+        return tuple(MappingInfo(offset, size, i, 0, self.access) for i, (offset, size) in layout)
 
     @property
     def access_by_device(self) -> dict[Device, Access]:
         """Every device that may touch the memory here (its own and peers), and how."""
         peers = {Device(self.device.kind, i): mode for i, mode in sorted(self._peers.items())}
-        return {self.device: self._access, **peers}
-
-    @property
-    def lifetime(self) -> str:
-        """Who keeps the memory alive: ``"any holder"`` or ``"exporter"`` (cuda-ipc, cuda-pool)."""
-        return "exporter" if self.backend.exporter_owned else "any holder"
+        return {self.device: self.access, **peers}
 
     @property
     def holders(self) -> tuple[int, ...]:
@@ -194,8 +180,8 @@ class AllocationRecords:
         return exports
 
     def handles_for_importers(self) -> tuple[list[int], list[int]]:
-        """The fds to hand to another process and those the caller must close: the chunks'
-        own, or new ``O_RDONLY`` ones for a read-only export where the backend can (host)."""
+        """The fds to hand to another process and those the caller must close (new
+        ``O_RDONLY`` ones for a read-only export where the backend can: host)."""
         fds = self.chunk_fds()
         if not self.export_readonly:
             return fds, []

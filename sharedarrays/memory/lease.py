@@ -26,8 +26,7 @@ _L = TypeVar("_L", bound="Leasing")  # (the allocation: a lease is typed by what
 
 def keep_imports() -> int:
     """How many imports with no live view this process keeps mapped (*parked*) for a *warm*
-    handoff: ``SHAREDARRAYS_KEEP_IMPORTS`` (default 64; 0: off), read at most once a second.
-    """
+    handoff: ``SHAREDARRAYS_KEEP_IMPORTS`` (default 64; 0: off), read at most once a second."""
     memory = STATE.memory
     now = time.monotonic()
     if now - memory.keep_imports[0] >= 1.0:
@@ -35,8 +34,7 @@ def keep_imports() -> int:
     return memory.keep_imports[1]
 
 
-NATIVES_KEPT = 1024
-"""Most native arrays an allocation keeps for reuse, one per view layout."""
+NATIVES_KEPT = 1024  # most native arrays an allocation keeps for reuse, one per view layout
 
 
 def drop_end(ends: dict[int, int], end: int) -> None:
@@ -49,8 +47,8 @@ def drop_end(ends: dict[int, int], end: int) -> None:
 
 
 class Lease(Generic[_L]):
-    """A view's hold on ``allocation`` up to byte ``end`` (shrinking never unmaps below it).
-    When the last goes, the allocation is released (exporter) or parked (importer)."""
+    """A view's hold on ``allocation`` up to byte ``end`` (shrinking never unmaps below it);
+    when the last goes, the allocation is released (exporter) or parked (importer)."""
 
     __slots__ = ("allocation", "end", "_pinned", "__weakref__")
 
@@ -81,14 +79,13 @@ class Lease(Generic[_L]):
 
 
 class Leasing(AllocationRecords):
-    """The leases of an allocation, its parking and its native arrays (see the module)."""
+    """The leases of an allocation, its parking and its native arrays."""
 
-    def release(self) -> bool:
-        raise NotImplementedError  # (Allocation's)
+    release: Callable[[], bool]  # (Allocation's)
 
     def lease(self: _L, end: int | None = None, pin: bool = False) -> Lease[_L]:
         """A new hold up to byte ``end`` (default: all mapped), which unparks the allocation;
-        ``pin``: keep the current reservation mapped while the lease lives."""
+        ``pin``: keep the current reservation mapped while it lives."""
         if end is None:
             end = self.size
         self.last_used = use_clock()
@@ -97,20 +94,17 @@ class Leasing(AllocationRecords):
         with self._lock:
             if self.released:
                 raise ClosedArrayError(f"allocation {self.id} was released in this process")
+            self._release_when_idle = False  # (used again: a pending eviction is off)
             if not pin and end == self.size and self._kept_idle():
-                # parked: hand out the kept lease
-                self._release_when_idle = False
-                return self.kept_lease  # type: ignore[no-any-return]
+                return self.kept_lease  # type: ignore[no-any-return]  # (parked: the kept one)
             self._leases += 1
             if self.growable:  # (ends bound shrinking)
                 self._ends[end] = self._ends.get(end, 0) + 1
-            self._release_when_idle = False  # (used again: a pending eviction is off)
             reservation = self._reservation if pin else None
         return Lease(self, end, reservation)
 
     def native_base(self) -> Any:
-        """The native memory object of the whole (fixed-size) allocation, shared by its views'
-        arrays (made on first use, with a pinned lease)."""
+        """The native memory object of the whole allocation, shared by its views' arrays."""
         device = self.native_device
         cached = self._native_base
         if cached is not None and cached[0] == device:
@@ -132,8 +126,7 @@ class Leasing(AllocationRecords):
         strides: tuple[int, ...],
         readonly: bool,
     ) -> Any:
-        """A native array of a view, derived from :meth:`native_base`; kept by layout and
-        reused while nothing else holds it (a warm handoff makes none)."""
+        """A view's native array, kept by layout and reused while nothing else holds it."""
         device = self.native_device
         backend = self.backend
         natives = self._natives
@@ -260,8 +253,7 @@ class Leasing(AllocationRecords):
             kept, self.kept_lease = self.kept_lease, None
         del kept  # (outside the lock: its end takes it)
 
-    def _kept_idle(self) -> int:
-        # 1 where the kept lease is held by no view, else 0
+    def _kept_idle(self) -> int:  # 1 where the kept lease is held by no view, else 0
         kept = self.kept_lease
         return 0 if kept is None else int(refcount(kept) <= LOCAL_ALONE)
 
@@ -281,6 +273,5 @@ class Leasing(AllocationRecords):
         with self._lock:
             return self._view_leases()
 
-    def _view_leases(self) -> int:
-        # (:attr:`view_leases` with the lock held: the one rule of idleness)
+    def _view_leases(self) -> int:  # (with the lock held: the one rule of idleness)
         return self._leases - (self._native_base is not None) - self._kept_idle()

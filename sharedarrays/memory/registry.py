@@ -1,5 +1,5 @@
-"""This process's allocations (``STATE.memory``; allocations add and remove themselves):
-look them up, list them, drop or free those nothing uses, and pack small arrays into slabs."""
+"""This process's allocations (``STATE.memory``): look them up, list them, drop or free those
+nothing uses, and pack small arrays into slabs."""
 
 from __future__ import annotations
 
@@ -13,10 +13,8 @@ from sharedarrays.process import STATE, running
 
 PACK_BYTES = 64 << 10
 """Arrays of at most this many bytes are packed into slabs by default (see ``pack=``)."""
-
 SLAB_BYTES = 2 << 20
 """Size of one slab allocation (rounded up to the backend's granularity)."""
-
 PACK_ALIGN = 256
 """Packed arrays start at multiples of this many bytes (CuPy's and cuBLAS's alignment)."""
 
@@ -30,8 +28,8 @@ def lookup(alloc_id: str, draining: bool = False) -> Allocation | None:
 
 
 def revive(alloc_id: str) -> Allocation | None:
-    """Put a draining allocation back in the registry (a payload come back to its exporter:
-    a pointer backend cannot import its own memory); it, or ``None``."""
+    """Put a draining allocation back in the registry (a payload came back to its exporter,
+    which cannot import its own memory); it, or ``None``."""
     with STATE.memory.lock:
         alloc: Allocation | None = STATE.memory.draining.pop(alloc_id, None)
         if alloc is not None:
@@ -103,8 +101,8 @@ def wait_draining(timeout: float) -> list[Allocation]:
 
 
 def pack_into_slab(backend: Backend, nbytes: int) -> tuple[Allocation, int]:
-    """Carve ``nbytes`` out of this process's current slab for ``backend``'s device: the slab
-    and the array's offset in it (a bump allocator: a region never changes owner)."""
+    """The current slab for ``backend``'s device and the offset of ``nbytes`` carved out of it
+    (a bump allocator: a region never changes owner)."""
     need = round_up(max(nbytes, 1), PACK_ALIGN)
     size = round_up(SLAB_BYTES, backend.granularity)
     if need > size:

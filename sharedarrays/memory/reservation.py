@@ -30,10 +30,9 @@ def teardown(
     size: int,
     mapped: list[tuple[int, int]],
     chunks: list[Chunk],
-    free: bool = True,
 ) -> None:
-    """Unmap ``mapped`` (offset, length), free the reservation (with ``free``; ``address`` 0:
-    none) and release ``chunks``: every step tried, the first failure raised."""
+    """Unmap ``mapped`` (offset, length), free the reservation of ``size`` bytes (none if 0)
+    and release ``chunks``: every step tried, the first failure raised."""
     errors: list[BaseException] = []
 
     def attempt(step: Callable[..., object], *args: object) -> None:
@@ -48,7 +47,7 @@ def teardown(
         mapper = cast(MappingBackend, backend)
         for offset, length in mapped:
             attempt(mapper.unmap, address + offset, length)
-        if address and free:
+        if address and size:
             attempt(mapper.free_reservation, address, size)
     for chunk in chunks:
         attempt(backend.release_chunk, chunk)
@@ -68,12 +67,9 @@ class Reservation:
     """One reservation of an allocation in this process; once *retired* (the allocation
     moved away), a finalizer tears it down when the last native array using it goes."""
 
-    __slots__ = ("backend", "address", "size", "_retired", "__weakref__")
+    __slots__ = ("_retired", "__weakref__")
 
     def __init__(self, backend: Backend, address: int, size: int) -> None:
-        self.backend = backend
-        self.address = address
-        self.size = size
         self._retired: list[list[tuple[int, int]]] = []  # its mappings, once retired
         finalizer = weakref.finalize(self, _free_retired, backend, address, size, self._retired)
         finalizer.atexit = False  # at exit the process's mappings go with it

@@ -46,11 +46,6 @@ def test_served_processes_holders_and_returned_payloads() -> None:
     assert f.returned("/srv/a") == 1 and f.returned("/srv/b") == 0
     f.closed_by(os.getppid())
     assert f.holders() == ()
-    f.note_sent()
-    lock = f._lock
-    f.forget()
-    assert f._lock is not lock and f.served() == () and f.served_servers() == []
-    assert f.in_flight() == (0, 0.0) and f.returned("/srv/a") == 0
 
 
 def test_a_load_counted_nowhere_never_hides_the_next_payload_in_flight() -> None:

@@ -45,7 +45,8 @@ def test_a_forked_child_starts_with_a_reset_state() -> None:
     STATE.memory.draining[draining_id] = (
         object()
     )  # (a stand-in: only the child's copy is looked at)
-    locks = (id(STATE.memory.lock), id(STATE.memory.slabs_lock), id(exported.allocation._lock))
+    e = exported.allocation
+    locks = (id(STATE.memory.lock), id(STATE.memory.slabs_lock), id(e._lock), id(e.flight))
     hooks = (len(STATE.memory.release_hooks), len(STATE.memory.hand_over_hooks))
     assert STATE.memory.slabs
 
@@ -54,7 +55,9 @@ def test_a_forked_child_starts_with_a_reset_state() -> None:
         return {
             "locks_new": [
                 id(x) != old
-                for x, old in zip((STATE.memory.lock, STATE.memory.slabs_lock, e._lock), locks)
+                for x, old in zip(
+                    (STATE.memory.lock, STATE.memory.slabs_lock, e._lock, e.flight), locks
+                )
             ],
             "slabs": len(STATE.memory.slabs),
             "inherited_slab": any(
@@ -78,7 +81,7 @@ def test_a_forked_child_starts_with_a_reset_state() -> None:
         out = in_forked_child(child)
     finally:
         del STATE.memory.draining[draining_id]
-    assert out["locks_new"] == [True, True, True]
+    assert out["locks_new"] == [True, True, True, True]  # and a new record of payloads
     assert out["slabs"] == 0 and out["inherited_slab"]
     assert out["parked"] == [] and not out["parked_registered"] and out["inherited_parked"]
     assert out["draining"] == []
