@@ -1,8 +1,6 @@
-"""Named arrays, whose handles this user's keeper holds, as ``SharedMemory(name=...)``:
-``sa.empty(n, name="x")``, ``sa.attach("x")`` in any process of the user (also after the
-creator exited), ``sa.unlink("x")``. Names live in a namespace per project
-(:func:`namespace`), qualified as ``"namespace/name"`` so that two projects' never meet.
-"""
+"""Named arrays, whose handles this user's keeper holds (as ``SharedMemory(name=...)``):
+``sa.empty(n, name="x")``, ``sa.attach("x")`` in any process of the user, also after the
+creator exited, ``sa.unlink("x")``; in a namespace per project (:func:`namespace`)."""
 
 from __future__ import annotations
 
