@@ -138,15 +138,11 @@ class Timeline:
             )
         self.array = array
         self.index = index
+        self.device: Device = array.device  # where the counter lives
         self._word = word
         self._streams = streams  # None: the CPU signals and polls the word
         self._reader: ValueReader | None = None
         self._lock = threading.Lock()
-
-    @property
-    def device(self) -> Device:
-        """Where the counter lives."""
-        return self.array.device
 
     @property
     def address(self) -> int:
