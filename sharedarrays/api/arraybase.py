@@ -176,15 +176,8 @@ class ArrayBase:
     over :attr:`array`; unhashable, as comparisons are elementwise."""
 
     __slots__ = (
-        "_lease",
-        "_dtype",
-        "_shape",
-        "_strides",
-        "_offset",
-        "_readonly",
-        "_native",
-        "_packed",
-        "_locked",
+        *("_lease", "_dtype", "_shape", "_strides", "_offset", "_readonly", "_native"),
+        *("_packed", "_locked"),
     )
     _lease: Lease[Allocation] | None
     _dtype: np.dtype[Any]
@@ -465,10 +458,8 @@ class ArrayBase:
     def grant(self, device: DeviceLike, mode: Access = "rw") -> None:
         """Let another CUDA device read (``"r"``) or read and write (``"rw"``) this array's
         whole allocation in this process, without copying (``cuMemSetAccess``). ValueError
-        for a non-cuda-vmm array, the memory's own device or a bad mode;
-        PeerAccessUnavailable where that device cannot reach it; BackendUnavailable: no such
-        device.
-        """
+        for a non-cuda-vmm array, the memory's own device or a bad mode; PeerAccessUnavailable
+        where that device cannot reach it; BackendUnavailable: no such device."""
         dev = parse_device(device)
         if not dev.needs_context:
             raise ValueError(f"grant() takes a CUDA device, not {dev}")
@@ -476,8 +467,7 @@ class ArrayBase:
 
     def wait_for(self, sem: Semaphore, value: int | None = None) -> None:
         """Make later work on this array's device (its current stream) wait for ``sem``, a
-        :class:`Semaphore` on that device; ``value``: required for timelines, omitted for
-        binary semaphores."""
+        :class:`Semaphore` on that device; ``value``: for timelines, not binary semaphores."""
         self._same_device(sem).wait(value)
 
     def signal(self, sem: Semaphore, value: int | None = None) -> None:

@@ -33,8 +33,7 @@ def namespace() -> str | None:
     """This process's namespace (``None``: the global one): ``SHAREDARRAYS_NAMESPACE`` if set
     (``/``: global), else the project's, the nearest directory up from the working directory
     with a ``.git`` or ``pyproject.toml``, as its name and a hash of its path
-    (``"myproject-1a2b3c4d"``). ValueError for a setting that is not a namespace.
-    """
+    (``"myproject-1a2b3c4d"``). ValueError for a setting that is not a namespace."""
     setting = env_word(
         NAMESPACE_VARIABLE,
         _SETTING,
