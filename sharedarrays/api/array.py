@@ -23,23 +23,11 @@ import numpy as np
 from sharedarrays import importing
 from sharedarrays._cpython import caller_frame, mark_no_spawn_in_thread, spawning_process
 from sharedarrays.api import keeping, othernode, views
-from sharedarrays.api.arraybase import (
-    _READONLY,
-    ArrayBase,
-    assignable,
-    check_key,
-    closed_error,
-    native_key,
-)
+from sharedarrays.api.arraybase import _READONLY, ArrayBase, assignable, check_key, native_key
 from sharedarrays.api.shapeviews import ShapeViews
 from sharedarrays.backends import NativeView, get_backend
 from sharedarrays.backends.device import Device, DeviceLike, parse_device
-from sharedarrays.errors import (
-    MisalignedView,
-    NotShareable,
-    PayloadError,
-    WrongNode,
-)
+from sharedarrays.errors import MisalignedView, NotShareable, PayloadError, WrongNode
 from sharedarrays.memory import Allocation, Lease, live_allocations
 from sharedarrays.node import this_node
 from sharedarrays.process import STATE
@@ -137,7 +125,7 @@ class SharedDeviceArray(ShapeViews):
         """The reservation, chunks, mappings and origin behind this view."""
         lease = self._lease
         if lease is None:
-            raise closed_error()
+            raise self._closed()
         return lease.allocation
 
     device: Device = _field(
@@ -158,7 +146,7 @@ class SharedDeviceArray(ShapeViews):
         if native is None:
             lease = self._lease
             if lease is None:
-                raise closed_error()
+                raise self._closed()
             alloc = lease.allocation  # (self.allocation, without its frame)
             layout = (self._dtype, self._shape, self._strides, self._readonly)
             if alloc.derives_natives:  # one native memory per allocation
@@ -306,7 +294,7 @@ def _reduce(for_multiprocessing: bool, a: SharedDeviceArray) -> tuple[Any, tuple
     (``for_multiprocessing``: by ``ForkingPickler``, where a spawned Process carries fds)."""
     lease = a._lease
     if lease is None:
-        raise closed_error()
+        raise a._closed()
     alloc = lease.allocation  # (a.allocation, without its frame)
     # (not for growable memory, whose server records who maps its chunks, nor for
     # exporter-owned memory, whose exporter must see every importer)

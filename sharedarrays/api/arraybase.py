@@ -43,10 +43,6 @@ def shareable_dtype(dtype: Any, instead: str) -> np.dtype[Any]:
     return dt
 
 
-def closed_error() -> ClosedArrayError:
-    return ClosedArrayError("this SharedDeviceArray is closed; attach or load it again")
-
-
 def _native(obj: Any) -> Any:
     return obj.array if isinstance(obj, ArrayBase) else obj
 
@@ -165,9 +161,7 @@ class Semaphore(Protocol):
 
     @property
     def device(self) -> Device: ...
-
     def wait(self, value: int | None) -> None: ...
-
     def signal(self, value: int | None) -> None: ...
 
 
@@ -203,6 +197,10 @@ class ArrayBase:
         ) -> _A: ...
         def _on_layout(self: _A, how: Callable[[Any], Any]) -> _A: ...
         def payload(self) -> Payload: ...
+
+    @staticmethod
+    def _closed() -> ClosedArrayError:
+        return ClosedArrayError("this SharedDeviceArray is closed; attach or load it again")
 
     def _writable_native(self) -> Any:
         """The native array, for a write: NumPy's ValueError where read-only (also on CuPy)."""

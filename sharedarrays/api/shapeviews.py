@@ -12,13 +12,7 @@ from typing import Any, ClassVar, TypeVar, cast
 
 import numpy as np
 
-from sharedarrays.api.arraybase import (
-    _READONLY,
-    ArrayBase,
-    closed_error,
-    operator_index,
-    shareable_dtype,
-)
+from sharedarrays.api.arraybase import _READONLY, ArrayBase, operator_index, shareable_dtype
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import ResizeRefused
 from sharedarrays.memory import Allocation
@@ -129,7 +123,7 @@ class ShapeViews(ArrayBase):
         ``align=False``."""
         if write is not None:
             if self._lease is None:
-                raise closed_error()
+                raise self._closed()
             if bool(write) == self._readonly:
                 if not self._locked and write:  # read-only as made: NumPy's words
                     raise ValueError("cannot set WRITEABLE flag to True of this array")
