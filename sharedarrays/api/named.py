@@ -14,14 +14,7 @@ import numpy as np
 
 from sharedarrays.api import keeping
 from sharedarrays.api.array import SharedDeviceArray, load
-from sharedarrays.api.keeping import (
-    MAX_NAMESPACE,
-    NAMESPACE_VARIABLE,
-    PROJECT_MARKERS,
-    namespace,
-    shown,
-    whose,
-)
+from sharedarrays.api.keeping import NAMESPACE_VARIABLE, PROJECT_MARKERS, namespace, shown, whose
 from sharedarrays.backends import device_of
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import (
@@ -49,7 +42,9 @@ def check_name(name: object) -> str:
     if not isinstance(name, str):
         raise TypeError(f"an array name is a str, not {type(name).__name__}")
     space, _, base = name.rpartition("/")
-    good_space = space == "" or (_WORD.fullmatch(space) and len(space) <= MAX_NAMESPACE)
+    good_space = space == "" or (
+        _WORD.fullmatch(space) and len(space) <= keeper_protocol.MAX_NAMESPACE
+    )
     if not (good_space and _WORD.fullmatch(base) and len(base) <= keeper_protocol.MAX_NAME):
         raise ValueError(
             f"invalid array name {name!r}: use 1 to {keeper_protocol.MAX_NAME} characters from "
