@@ -59,7 +59,7 @@ class SharedDeviceArray(ShapeViews):
     __slots__ = ("_interfaced", "_base", "__weakref__")
     # the bases' public methods, as the class's own (the API reference lists those)
     resize, append, refresh = ShapeViews.resize, ShapeViews.append, ShapeViews.refresh
-    show, synchronize, get = ArrayBase.show, ArrayBase.synchronize, ArrayBase.get
+    synchronize, get = ArrayBase.synchronize, ArrayBase.get
     access, grant = ArrayBase.access, ArrayBase.grant
     wait_for, signal = ArrayBase.wait_for, ArrayBase.signal
 
@@ -228,6 +228,12 @@ class SharedDeviceArray(ShapeViews):
         here. Idempotent."""
         self._native = None
         self._lease = None
+
+    def show(self, *, interval: float = 2.0, auto_refresh: bool = False) -> Any:
+        """The memory map of this view's allocation, as :func:`sharedarrays.show` draws it."""
+        from sharedarrays.api.widgets import show
+
+        return show(self, interval=interval, auto_refresh=auto_refresh)
 
     def __enter__(self) -> SharedDeviceArray:
         return self

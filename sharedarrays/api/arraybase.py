@@ -393,12 +393,6 @@ class ArrayBase:
         return self.array.byteswap(False)
 
     # display ----------------------------------------------------------------------------
-    def show(self, *, interval: float = 2.0, auto_refresh: bool = False) -> Any:
-        """The memory map of this view's allocation, as :func:`sharedarrays.show` draws it."""
-        from sharedarrays.api.widgets import show
-
-        return show(self, interval=interval, auto_refresh=auto_refresh)
-
     def _allocation_line(self) -> str:
         """One line about the shared memory behind this open view."""
         a = self.allocation

@@ -226,8 +226,8 @@ def from_array(
         raise TypeError(f"copy must be True, False or None, not {type(copy).__name__}")
     device = options.get("device")
     if copy is False:
-        backend = options.get("backend", "auto")
-        if isinstance(obj, SharedDeviceArray) and _reusable(obj, dtype, device, backend):
+        name = options.get("backend", "auto")
+        if isinstance(obj, SharedDeviceArray) and _reusable(obj, dtype, device, name):
             return obj
         raise ValueError(
             "from_array(copy=False): memory that already exists cannot become shared without "
@@ -237,9 +237,8 @@ def from_array(
     if device is None:  # (a dict of the caller's own: its **options)
         options["device"] = _source_device(obj)
     checked = CreationOptions.from_keywords(**options)
-    src = get_backend(checked.device, choose_backend(checked.device, checked.backend)).to_native(
-        obj
-    )
+    backend = get_backend(checked.device, choose_backend(checked.device, checked.backend))
+    src = backend.to_native(obj)
     if src.flags.f_contiguous and not src.flags.c_contiguous and checked.capacity is None:
         checked = dataclasses.replace(checked, order="F")  # keep a Fortran source's layout
     a = _new(src.shape, src.dtype if dtype is None else dtype, checked)
