@@ -1,8 +1,6 @@
-"""SharedDeviceArray: a view (dtype, shape, strides, byte offset) over an allocation.
-
-Pickling a view never copies data: it writes a payload that another process of the same
-user turns back into a view of the same memory (:func:`load`, :func:`_rebuild_view`).
-"""
+"""SharedDeviceArray: a view (dtype, shape, strides, byte offset) over an allocation. Pickling
+a view never copies data: it writes a payload that another process of the same user turns back
+into a view of the same memory (:func:`load`, :func:`_rebuild_view`)."""
 
 from __future__ import annotations
 
