@@ -1,8 +1,6 @@
-"""SharedDeviceArray: a view (dtype, shape, strides, byte offset) over an allocation.
-
-Pickling a view never copies data: it writes a payload that another process of the same
-user turns back into a view of the same memory (:func:`load`, :func:`_rebuild_view`).
-"""
+"""SharedDeviceArray: a view (dtype, shape, strides, byte offset) over an allocation. Pickling
+a view never copies data: it writes a payload that another process of the same user turns back
+into a view of the same memory (:func:`load`, :func:`_rebuild_view`)."""
 
 from __future__ import annotations
 
@@ -16,7 +14,7 @@ import weakref
 from collections.abc import Callable
 from multiprocessing import reduction
 from types import SimpleNamespace
-from typing import Any, TypeVar, cast, overload
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -24,19 +22,10 @@ from sharedarrays import importing
 from sharedarrays._cpython import caller_frame, mark_no_spawn_in_thread, spawning_process
 from sharedarrays.api import keeping, othernode, views
 from sharedarrays.api.arraybase import _READONLY, ArrayBase, assignable, check_key, native_key
-from sharedarrays.api.devicework import DeviceWork
-from sharedarrays.api.display import Display
-from sharedarrays.api.growth import Growth
 from sharedarrays.api.shapeviews import ShapeViews
 from sharedarrays.backends import NativeView, get_backend
 from sharedarrays.backends.device import Device, DeviceLike, parse_device
-from sharedarrays.errors import (
-    ClosedArrayError,
-    MisalignedView,
-    NotShareable,
-    PayloadError,
-    WrongNode,
-)
+from sharedarrays.errors import MisalignedView, NotShareable, PayloadError, WrongNode
 from sharedarrays.memory import Allocation, Lease, live_allocations
 from sharedarrays.node import this_node
 from sharedarrays.process import STATE
@@ -55,7 +44,7 @@ def _field(get: str | Callable[[Any], Any], doc: str) -> Any:
     return property(operator.attrgetter(get) if isinstance(get, str) else get, doc=doc)
 
 
-class SharedDeviceArray(Growth, Display, ShapeViews, DeviceWork):
+class SharedDeviceArray(ShapeViews):
     """An array in memory that other processes can map without copying.
 
     Made by :func:`sharedarrays.empty`, :func:`~sharedarrays.from_array`, ...; passed to
@@ -65,11 +54,12 @@ class SharedDeviceArray(Growth, Display, ShapeViews, DeviceWork):
     it or holds a handle of it lets go.
     """
 
-    __slots__ = ("_locked", "_interfaced", "_base", "__weakref__")
-    # the mixins' public methods, as the class's own (the API reference lists those)
-    resize, append, refresh, show = Growth.resize, Growth.append, Growth.refresh, Display.show
-    synchronize, access, grant = DeviceWork.synchronize, DeviceWork.access, DeviceWork.grant
-    wait_for, signal, get = DeviceWork.wait_for, DeviceWork.signal, ArrayBase.get
+    __slots__ = ("_interfaced", "_base", "__weakref__")
+    # the bases' public methods, as the class's own (the API reference lists those)
+    resize, append, refresh = ShapeViews.resize, ShapeViews.append, ShapeViews.refresh
+    synchronize, get = ArrayBase.synchronize, ArrayBase.get
+    access, grant = ArrayBase.access, ArrayBase.grant
+    wait_for, signal = ArrayBase.wait_for, ArrayBase.signal
 
     def __init__(
         self,
@@ -97,16 +87,15 @@ class SharedDeviceArray(Growth, Display, ShapeViews, DeviceWork):
         offset: int,
         readonly: bool,
         end: int,
-        lease: Lease[Allocation] | None = None,
+        lease: Lease[Allocation] | None = None,  # one shared by a message's views
     ) -> None:
-        # (``lease``: one shared by a message's views of one allocation)
         self._lease: Lease[Allocation] | None = allocation.lease(end) if lease is None else lease
         self._dtype = dtype
         self._shape = shape
         self._strides = strides
         self._offset = offset
         self._readonly = readonly
-        self._locked = False  # (made read-only by setflags(write=False): may be unlocked)
+        self._locked = False
         self._native: Any = None
         self._interfaced: Any = None  # (whose __cuda_array_interface__ a consumer reads)
         self._packed: ViewTuple | None = None  # the view's fields as a pickle carries them
@@ -129,24 +118,12 @@ class SharedDeviceArray(Growth, Display, ShapeViews, DeviceWork):
     itemsize: int = _field(lambda a: a._dtype.itemsize, "Bytes per element.")
     closed: bool = _field(lambda a: a._lease is None, "Whether :meth:`close` was called.")
 
-    def _set_writeable(self, writeable: bool) -> None:
-        if self._lease is None:
-            raise _closed()
-        if writeable == (not self._readonly):
-            return
-        if writeable and not self._locked:  # read-only as made: NumPy's words
-            raise ValueError("cannot set WRITEABLE flag to True of this array")
-        self._readonly = not writeable
-        self._locked = not writeable
-        self._native = None
-        self._packed = None
-
     @property
     def allocation(self) -> Allocation:
         """The reservation, chunks, mappings and origin behind this view."""
         lease = self._lease
         if lease is None:
-            raise _closed()
+            raise self._closed()
         return lease.allocation
 
     device: Device = _field(
@@ -162,13 +139,12 @@ class SharedDeviceArray(Growth, Display, ShapeViews, DeviceWork):
     # data -------------------------------------------------------------------------------
     @property
     def array(self) -> Any:
-        """The zero-copy native array (NumPy on ``cpu``, CuPy on CUDA and ROCm, a
-        ``torch.Tensor`` on Ascend); it keeps the mapping alive."""
+        """The zero-copy native array (NumPy, CuPy, or torch on Ascend); keeps the mapping."""
         native = self._native
         if native is None:
             lease = self._lease
             if lease is None:
-                raise _closed()
+                raise self._closed()
             alloc = lease.allocation  # (self.allocation, without its frame)
             layout = (self._dtype, self._shape, self._strides, self._readonly)
             if alloc.derives_natives:  # one native memory per allocation
@@ -200,8 +176,7 @@ class SharedDeviceArray(Growth, Display, ShapeViews, DeviceWork):
         return self._derive(layout, view, self._dtype)
 
     def _layout(self, writeable: bool = False) -> np.ndarray[Any, Any]:
-        """A layout probe: an array with this view's layout, on which NumPy works out the
-        layout of views without touching (maybe device) memory; never read or written."""
+        """A probe with this view's layout, on which NumPy lays out views; never read."""
         interface = {
             "version": 3,
             "shape": self._shape,
@@ -247,10 +222,16 @@ class SharedDeviceArray(Growth, Display, ShapeViews, DeviceWork):
 
     # lifecycle --------------------------------------------------------------------------
     def close(self) -> None:
-        """Close this view: later data access raises :class:`ClosedArrayError`; the mapping
-        goes once no open view or native array here uses it. Closing twice is allowed."""
+        """Close this view (later use: ClosedArrayError); the mapping goes with the last user
+        here. Idempotent."""
         self._native = None
         self._lease = None
+
+    def show(self, *, interval: float = 2.0, auto_refresh: bool = False) -> Any:
+        """The memory map of this view's allocation, as :func:`sharedarrays.show` draws it."""
+        from sharedarrays.api.widgets import show
+
+        return show(self, interval=interval, auto_refresh=auto_refresh)
 
     def __enter__(self) -> SharedDeviceArray:
         return self
@@ -271,17 +252,13 @@ class SharedDeviceArray(Growth, Display, ShapeViews, DeviceWork):
         )
 
     def _view_tuple(self) -> ViewTuple:
-        """The view's fields as a pickle carries them (made once per view)."""
+        """The view's fields as a pickle carries them (once per view)."""
         packed = self._packed
         if packed is None:
-            view = ViewFields(
-                self._offset,
-                _intern(self._shape),
-                _intern(self._strides),
-                self._dtype,
-                self._readonly,
-            )
-            offset, shape, strides, dtype, readonly = view.to_tuple()
+            shape, strides = _intern(self._shape), _intern(self._strides)
+            offset, shape, strides, dtype, readonly = ViewFields(
+                self._offset, shape, strides, self._dtype, self._readonly
+            ).to_tuple()
             packed = self._packed = (offset, shape, strides, _intern(dtype), readonly)
         return packed
 
@@ -317,13 +294,11 @@ def _intern(value: _T) -> _T:
 
 
 def _reduce(for_multiprocessing: bool, a: SharedDeviceArray) -> tuple[Any, tuple[Any, ...]]:
-    """The reduction of a view: :func:`_rebuild_view`, its allocation's part of the message
-    (:func:`message_part`, written once per message) and the
-    view's fields. ``for_multiprocessing``: pickled by ``ForkingPickler``, where a Process
-    being spawned carries the chunk fds themselves."""
+    """A view's reduction: its allocation's :func:`message_part` and its fields
+    (``for_multiprocessing``: by ``ForkingPickler``, where a spawned Process carries fds)."""
     lease = a._lease
     if lease is None:
-        raise _closed()
+        raise a._closed()
     alloc = lease.allocation  # (a.allocation, without its frame)
     # (not for growable memory, whose server records who maps its chunks, nor for
     # exporter-owned memory, whose exporter must see every importer)
@@ -354,8 +329,7 @@ reduction.ForkingPickler.register(SharedDeviceArray, functools.partial(_reduce, 
 
 # pickling: one allocation's part of a message ------------------------------------------------
 def allocation_payload(alloc: Allocation) -> Payload:
-    """The payload of the whole allocation (uint8 bytes from offset 0) that pickles of its
-    views carry; starts this process's handle server."""
+    """The payload of the whole allocation (its bytes) that pickles of its views carry."""
     pid, server = os.getpid(), alloc.source_server  # a growable array names its exporter
     if server is None and alloc.growable and not alloc.origin.created_here:
         # inherited through fork: its length is its creator's, which this server cannot tell
@@ -389,8 +363,7 @@ def allocation_payload(alloc: Allocation) -> Payload:
 
 
 def allocation_bytes(alloc: Allocation) -> bytes:
-    """The encoded :func:`allocation_payload`, made once per allocation, process and
-    generation (which changes when a growable allocation's chunks change)."""
+    """The encoded :func:`allocation_payload`, once per allocation, process and generation."""
     encoded = STATE.pickling.encoded
     cached = encoded.get(alloc)
     pid = STATE.pid
@@ -399,22 +372,18 @@ def allocation_bytes(alloc: Allocation) -> bytes:
     return cached[2]
 
 
+@dataclasses.dataclass(eq=False)
 class MessagePart:
-    """One allocation's part of the message being pickled now: the ``allocation`` (never
-    pickled), its encoded payload ``blob``, the backend's ordering ``fence`` (its token
-    travels) and, where a spawned Process carries them, the chunk ``fds`` (DupFd); ``made``:
-    the process and allocation generation whose payload ``blob`` is."""
+    """One allocation's part of the message being pickled: its payload ``blob``, ordering
+    ``fence`` (its token travels), chunk ``fds`` for a spawned Process, and the process and
+    generation it was ``made`` for (the ``allocation`` itself is never pickled)."""
 
     __slots__ = ("allocation", "blob", "fence", "fds", "made", "__weakref__")
-
-    def __init__(
-        self, allocation: Allocation, blob: bytes, fence: object, fds: tuple[Any, ...] | None
-    ) -> None:
-        self.allocation = allocation
-        self.blob = blob
-        self.fence = fence
-        self.fds = fds
-        self.made = (STATE.pid, allocation.generation)
+    allocation: Allocation
+    blob: bytes
+    fence: object
+    fds: tuple[Any, ...] | None
+    made: tuple[int, int]
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # once per pickler that writes this part: one payload in flight per message
@@ -427,16 +396,14 @@ class MessagePart:
         return _rebuild_view, (self.blob, token)
 
     def received_here(self) -> importing.ReceivedPart:
-        """The part as this process's reconstructor takes it (a reduction called in place):
-        the allocation known, nothing counted or waited for."""
+        """The part as a reduction called in place takes it: nothing counted or waited for."""
         part = importing.ReceivedPart(Payload.from_bytes(self.blob), None, None)
         part.bind(self.allocation)
         return part
 
 
 def message_part(alloc: Allocation, carry_fds: bool) -> MessagePart:
-    """The part of ``alloc`` in the message this thread is pickling, made at its first view
-    (with ``carry_fds``, the chunk fds for the Process being spawned)."""
+    """The part of ``alloc`` in the message this thread is pickling, made at its first view."""
     parts = STATE.pickling.parts
     refs: dict[Any, weakref.ref[MessagePart]] | None = getattr(parts, "refs", None)
     if refs is None:
@@ -448,19 +415,16 @@ def message_part(alloc: Allocation, carry_fds: bool) -> MessagePart:
     key = (alloc.id, id(spawning_process())) if carry_fds else alloc.id
     ref = refs.get(key)
     found = None if ref is None else ref()
+    now = (STATE.pid, alloc.generation)
     # (its payload still the allocation's: no cache lookup per view, ~6% of a 10,000-view
     # message on the host, bench.py --only many)
-    if (
-        found is not None
-        and found.allocation is alloc
-        and found.made == (STATE.pid, alloc.generation)
-    ):
+    if found is not None and found.allocation is alloc and found.made == now:
         return found
     blob = allocation_bytes(alloc)
     fds = None
     if carry_fds:  # (once per spawn and allocation: a spawner refuses an fd passed twice)
         fds = tuple(reduction.DupFd(fd) for fd in alloc.chunk_fds())
-    made = MessagePart(alloc, blob, alloc.backend.export_fence(), fds)
+    made = MessagePart(alloc, blob, alloc.backend.export_fence(), fds, now)
     if len(refs) >= _PARTS_TIDY and len(refs) >= getattr(parts, "tidy_at", _PARTS_TIDY):
         for k in [k for k, r in refs.items() if r() is None]:
             del refs[k]
@@ -476,25 +440,12 @@ def load(
     """Turn a payload back into a view, mapping its allocation on first sight (from the
     handles that travelled with it, its exporter's handle server, or this user's keeper).
 
-    Parameters
-    ----------
-    data : bytes or Payload
-        :meth:`SharedDeviceArray.payload` or its ``to_bytes()`` (not a pickle).
-    sync : bytes, optional
-        The ordering token that travelled with it: the current stream waits for it.
-    fds : tuple, optional
-        Handles that travelled with it (multiprocessing's DupFd objects).
-
-    Raises
-    ------
-    PayloadError
-        Malformed or altered payload, or one that does not match the allocation.
-    HandleUnavailable
-        The allocation is not mapped here and its exporter is gone.
-    PermissionDenied
-        Another user, or the wrong secret.
-    BackendUnavailable
-        Its memory system cannot be used in this process.
+    ``data``: :meth:`SharedDeviceArray.payload` or its ``to_bytes()`` (not a pickle);
+    ``sync``: the ordering token that travelled with it (the current stream waits for it);
+    ``fds``: handles that travelled with it (multiprocessing's DupFd objects). Raises
+    PayloadError (malformed, altered or not matching the allocation), HandleUnavailable (not
+    mapped here, exporter gone), PermissionDenied (another user, wrong secret),
+    BackendUnavailable (its memory system cannot be used here).
     """
     if isinstance(data, (str, os.PathLike)):
         hint = ""
@@ -520,35 +471,13 @@ def load(
     return cast("SharedDeviceArray", _rebuild_view(part, view))
 
 
-@overload
-def _rebuild_view(
-    part: bytes, view: object = None, fds: object = None
-) -> importing.ReceivedPart: ...
-
-
-@overload
-def _rebuild_view(
-    part: importing.ReceivedPart | MessagePart, view: object
-) -> SharedDeviceArray | othernode.OtherNodeArray: ...
-
-
 def _rebuild_view(
     part: object = None, view: object = None, fds: object = None, *extra: object
 ) -> SharedDeviceArray | othernode.OtherNodeArray | importing.ReceivedPart:
-    """What a pickled view calls, with its allocation's part of the message (a
-    :class:`~sharedarrays.api.importing.ReceivedPart`) and its fields ``view`` (checked against
-    the part's payload). The part itself calls it with the payload's bytes, token and fds
-    (:func:`~sharedarrays.importing.import_part`): a message names one function.
-
-    A payload of another node raises :class:`~sharedarrays.WrongNode`, except where
-    distributed's unpickler reads it: there it becomes an
-    :class:`~sharedarrays.api.othernode.OtherNodeArray`, refusing at first use.
-
-    Raises
-    ------
-    PayloadError
-        Arguments no pickled view has (a crafted pickle).
-    """
+    """What a pickled view calls with its allocation's part and fields ``view``; the part
+    itself calls it with the payload's bytes, token and fds (a message names one function).
+    Another node's payload raises WrongNode, or where distributed reads it gives an
+    :class:`~sharedarrays.api.othernode.OtherNodeArray`; a crafted pickle, PayloadError."""
     if extra:
         raise PayloadError(
             f"a pickled view is corrupted: its reconstructor got {3 + len(extra)} "
@@ -576,20 +505,10 @@ importing.use_reconstructor(_rebuild_view)
 
 
 def synchronize(device: DeviceLike = None) -> None:
-    """Wait until the work queued so far on a device is done (BackendUnavailable if the
-    device asked for cannot be used here).
-
-    Parameters
-    ----------
-    device : str, int, torch.device, cupy.cuda.Device or None
-        The device; ``None``: every device with shared memory mapped here.
-    """
+    """Wait until the work queued so far on ``device`` is done (``None``: every device with
+    shared memory mapped here); BackendUnavailable if it cannot be used here."""
     if device is not None:
         get_backend(parse_device(device)).synchronize()
         return
     for backend in {id(a.backend): a.backend for a in live_allocations()}.values():
         backend.synchronize()
-
-
-def _closed() -> ClosedArrayError:
-    return ClosedArrayError("this SharedDeviceArray is closed; attach or load it again")

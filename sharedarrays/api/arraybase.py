@@ -1,26 +1,29 @@
-"""The base of :class:`~sharedarrays.SharedDeviceArray` (:class:`ArrayBase`): its state, and
-operators, NumPy dispatch, the array API namespace and ndarray methods over its native array.
-New memory (``a + 1``, ``a.sum()``, ``np.sqrt(a)``) is a native array, not shared; in-place
-operations (``a += 1``, ``np.add(a, 1, out=a)``) write the shared memory and give the view.
+"""The base of :class:`~sharedarrays.SharedDeviceArray`: its state, operators, NumPy dispatch,
+ndarray methods, display and device work over its native array. New memory (``a + 1``,
+``np.sqrt(a)``) is native; in-place operations (``a += 1``, ``out=a``) write the shared memory.
 """
 
 from __future__ import annotations
 
+import html
 import operator
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from types import EllipsisType, FrameType, MappingProxyType
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
 from sharedarrays._cpython import caller_frame, frame_function, frame_local
+from sharedarrays.backends import Access
+from sharedarrays.backends.device import Device, DeviceLike, parse_device
+from sharedarrays.errors import ClosedArrayError
 
 if TYPE_CHECKING:
     from sharedarrays.memory import Allocation, Lease
-    from sharedarrays.protocol.payload import ViewTuple
+    from sharedarrays.protocol.payload import Payload, ViewTuple
 
-__all__ = ["ArrayBase", "shareable_dtype"]
+__all__ = ["ArrayBase", "Semaphore", "shareable_dtype"]
 
 _A = TypeVar("_A", bound="ArrayBase")
 _Op = Callable[[Any, Any], Any]
@@ -92,10 +95,6 @@ def _forms(op: _Op, iop: _Op | None = None) -> tuple[_Method, ...]:
     return binary, reflected, inplace
 
 
-def _unary(op: Callable[[Any], Any]) -> Callable[[ArrayBase], Any]:
-    return lambda self: op(self.array)
-
-
 # NumPy functions that write their first argument (checked here: CuPy has no read-only flag)
 _WRITES_FIRST: frozenset[Callable[..., Any]] = frozenset(
     {np.copyto, np.place, np.put, np.putmask, np.fill_diagonal, np.put_along_axis}
@@ -136,14 +135,6 @@ def _numpy_averages(frame: FrameType | None) -> bool:
     return function in averages and module in ("numpy._core._methods", "numpy.core._methods")
 
 
-def _asking_compat(frame: FrameType | None) -> Any:
-    """The array-api-compat (or vendored copy) whose ``array_namespace`` runs ``frame``."""
-    name = frame_function(frame)[0]
-    if not name.endswith("array_api_compat.common._helpers"):
-        return None
-    return sys.modules.get(name[: -len(".common._helpers")])
-
-
 def _methods(writes: bool, *names: str) -> tuple[Callable[..., Any], ...]:
     """The native array's methods ``names`` as the view's (``writes``: in shared memory)."""
 
@@ -162,19 +153,25 @@ def _methods(writes: bool, *names: str) -> tuple[Callable[..., Any], ...]:
     return tuple(map(make, names))
 
 
+@runtime_checkable
+class Semaphore(Protocol):
+    """What :meth:`SharedDeviceArray.wait_for` and :meth:`~SharedDeviceArray.signal` take:
+    an :class:`~sharedarrays.ExternalSemaphore`, a :class:`~sharedarrays.Timeline`, or any
+    object with a ``device`` and these methods ordering that device's current stream."""
+
+    @property
+    def device(self) -> Device: ...
+    def wait(self, value: int | None) -> None: ...
+    def signal(self, value: int | None) -> None: ...
+
+
 class ArrayBase:
-    """The view's state, operators, NumPy dispatch and ndarray methods over :attr:`array`;
-    unhashable, as comparisons are elementwise."""
+    """The view's state, operators, NumPy dispatch, ndarray methods, display and device work
+    over :attr:`array`; unhashable, as comparisons are elementwise."""
 
     __slots__ = (
-        "_lease",
-        "_dtype",
-        "_shape",
-        "_strides",
-        "_offset",
-        "_readonly",
-        "_native",
-        "_packed",
+        *("_lease", "_dtype", "_shape", "_strides", "_offset", "_readonly", "_native"),
+        *("_packed", "_locked"),
     )
     _lease: Lease[Allocation] | None
     _dtype: np.dtype[Any]
@@ -184,6 +181,7 @@ class ArrayBase:
     _readonly: bool
     _native: Any
     _packed: ViewTuple | None
+    _locked: bool  # made read-only by setflags(write=False): may be made writable again
     __hash__: ClassVar[None]  # type: ignore[assignment]
 
     if TYPE_CHECKING:  # supplied by the array (sharedarrays.api.array)
@@ -192,15 +190,17 @@ class ArrayBase:
         def array(self) -> Any: ...
         @property
         def allocation(self) -> Allocation: ...
-        @property
-        def dtype(self) -> np.dtype[Any]: ...
         def __getitem__(self, key: object) -> Any: ...
         def _layout(self, writeable: bool = False) -> np.ndarray[Any, Any]: ...
         def _derive(
             self: _A, layout: np.ndarray[Any, Any], view: np.ndarray[Any, Any], dtype: np.dtype[Any]
         ) -> _A: ...
-        def _set_writeable(self, writeable: bool) -> None: ...
         def _on_layout(self: _A, how: Callable[[Any], Any]) -> _A: ...
+        def payload(self) -> Payload: ...
+
+    @staticmethod
+    def _closed() -> ClosedArrayError:
+        return ClosedArrayError("this SharedDeviceArray is closed; attach or load it again")
 
     def _writable_native(self) -> Any:
         """The native array, for a write: NumPy's ValueError where read-only (also on CuPy)."""
@@ -226,12 +226,11 @@ class ArrayBase:
     __xor__, __rxor__, __ixor__ = _forms(operator.xor, operator.ixor)
     __lshift__, __rlshift__, __ilshift__ = _forms(operator.lshift, operator.ilshift)
     __rshift__, __rrshift__, __irshift__ = _forms(operator.rshift, operator.irshift)
-    __neg__ = _unary(operator.neg)
-    __pos__ = _unary(operator.pos)
-    __invert__ = _unary(operator.invert)
-    __abs__ = _unary(abs)
-    # scalars (size 1 only, NumPy's errors otherwise)
-    __bool__, __float__, __int__, __complex__ = map(_unary, (bool, float, int, complex))
+    # (bool ... complex: size 1 only, NumPy's errors otherwise)
+    __neg__, __pos__, __invert__, __abs__, __bool__, __float__, __int__, __complex__ = (
+        lambda self, op=op: op(self.array)
+        for op in (operator.neg, operator.pos, operator.invert, abs, bool, float, int, complex)
+    )
 
     def __round__(self, ndigits: int | None = None) -> Any:
         native = self.array
@@ -324,8 +323,9 @@ class ArrayBase:
         one it gives the native array, so that mixed arrays resolve to one namespace."""
         native = self.array
         frame = caller_frame()
-        compat = _asking_compat(frame)
-        if compat is not None:
+        helpers = frame_function(frame)[0]  # array-api-compat's, or a vendored copy's
+        if helpers.endswith("array_api_compat.common._helpers"):
+            compat = sys.modules[helpers[: -len(".common._helpers")]]
             use_compat = frame_local(frame, "use_compat")  # (its argument: None, True, False)
             return compat.array_namespace(native, api_version=api_version, use_compat=use_compat)
         namespace = getattr(native, "__array_namespace__", None)
@@ -392,6 +392,93 @@ class ArrayBase:
             return self
         return self.array.byteswap(False)
 
+    # display ----------------------------------------------------------------------------
+    def _allocation_line(self) -> str:
+        """One line about the shared memory behind this open view."""
+        a = self.allocation
+        who = a.origin.role
+        served = len({s.pid for s in a.served})
+        if served:
+            who += f", served to {served} importer{'s' if served != 1 else ''}"
+        ro = ", read-only view" if self._readonly else ""
+        return (
+            f"SharedDeviceArray on {a.device} ({a.backend.name}), allocation {a.id[:12]} "
+            f"offset {self._offset}, {who}{ro}"
+        )
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        """Jupyter display: the values and a line about the allocation."""
+        bundle = {"text/plain": repr(self)}
+        if self._lease is not None:
+            bundle["text/html"] = (
+                f'<pre class="sa-values">{html.escape(repr(self.array))}</pre>'
+                f'<div class="sa-allocation" style="font-size:smaller;opacity:0.75">'
+                f"{html.escape(self._allocation_line())} &middot; <code>.show()</code> draws "
+                "its memory map</div>"
+            )
+        return {
+            k: v
+            for k, v in bundle.items()
+            if (not include or k in include) and not (exclude and k in exclude)
+        }
+
+    def __repr__(self) -> str:
+        """The values as the native array shows them, and a line about the allocation."""
+        if self._lease is None:
+            return f"<SharedDeviceArray shape={self._shape} dtype={self._dtype} closed>"
+        return f"{self.array!r}\n{self._allocation_line()}"
+
+    def __str__(self) -> str:
+        """The values alone, as ``str`` of the native array shows them."""
+        return repr(self) if self._lease is None else str(self.array)
+
+    def __format__(self, spec: str) -> str:
+        """``format(a, spec)`` as the native array formats (``f"{a[0]:.2f}"``)."""
+        return format(repr(self) if self._lease is None else self.array, spec)
+
+    # device work ------------------------------------------------------------------------
+    def synchronize(self) -> None:
+        """Wait until the work queued so far on this array's device is done (every stream
+        of its context on CUDA): before another process reads what this one wrote."""
+        self.allocation.backend.synchronize()
+
+    @property
+    def access(self) -> dict[str, str]:
+        """Which devices may touch this array's memory here: ``"rw"`` or ``"r"`` by name."""
+        return {str(d): a for d, a in self.allocation.access_by_device.items()}
+
+    def grant(self, device: DeviceLike, mode: Access = "rw") -> None:
+        """Let another CUDA device read (``"r"``) or read and write (``"rw"``) this array's
+        whole allocation in this process, without copying (``cuMemSetAccess``). ValueError
+        for a non-cuda-vmm array, the memory's own device or a bad mode; PeerAccessUnavailable
+        where that device cannot reach it; BackendUnavailable: no such device."""
+        dev = parse_device(device)
+        if not dev.needs_context:
+            raise ValueError(f"grant() takes a CUDA device, not {dev}")
+        self.allocation.grant(dev.index, mode)
+
+    def wait_for(self, sem: Semaphore, value: int | None = None) -> None:
+        """Make later work on this array's device (its current stream) wait for ``sem``, a
+        :class:`Semaphore` on that device; ``value``: for timelines, not binary semaphores."""
+        self._same_device(sem).wait(value)
+
+    def signal(self, sem: Semaphore, value: int | None = None) -> None:
+        """Signal ``sem`` once the work queued so far on this array's device (its current
+        stream) is done: a timeline is set to ``value``; a binary semaphore takes none."""
+        self._same_device(sem).signal(value)
+
+    def _same_device(self, sem: Semaphore) -> Semaphore:
+        if not isinstance(sem, Semaphore):
+            raise TypeError(
+                f"expected an ExternalSemaphore or a Timeline (an object with a device, wait "
+                f"and signal), not {type(sem).__name__}"
+            )
+        if sem.device != self.allocation.device:
+            raise ValueError(
+                f"the semaphore is on {sem.device}, this array on {self.allocation.device}"
+            )
+        return sem
+
 
 _BASIC_INDEX = (int, slice, EllipsisType, type(None), np.integer)
 
@@ -409,10 +496,10 @@ def assignable(native: Any, value: Any) -> Any:
     return torch.tensor(np.asarray(value), device=native.device)
 
 
-def operator_index(n: object) -> int:
+def operator_index(n: object, what: str = "size") -> int:
     """``operator.index`` that refuses bools."""
     if isinstance(n, (bool, np.bool_)):
-        raise TypeError("a bool is not a valid size")
+        raise TypeError(f"a bool is not a valid {what}")
     return operator.index(n)  # type: ignore[arg-type]
 
 

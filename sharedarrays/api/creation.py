@@ -57,8 +57,8 @@ def _shape(shape: ShapeLike) -> tuple[int, ...]:
 
 
 def show_progress(progress: bool | None, nbytes: int) -> bool:
-    """Whether a fill or copy of ``nbytes`` shows a bar: as ``progress`` says; for ``None``
-    from :data:`PROGRESS_BYTES` on, in a Jupyter kernel itself (never a process it started)."""
+    """Whether a fill or copy of ``nbytes`` shows a bar (``None``: from :data:`PROGRESS_BYTES`
+    on, in a Jupyter kernel itself, never a process it started)."""
     if progress is not None:
         return progress
     if nbytes < PROGRESS_BYTES or multiprocessing.parent_process() is not None:
@@ -93,8 +93,8 @@ def _new(shape: ShapeLike, dtype: DTypeLike, options: CreationOptions) -> Shared
     """The new array; checks what depends on its shape, dtype and memory system."""
     shp = _shape(shape)
     dt = shareable_dtype(dtype, "keep such data in a NumPy array")
-    device, capacity, name = options.device, options.capacity, options.name
-    backend = get_backend(device, choose_backend(device, options.backend))
+    capacity, name = options.capacity, options.name
+    backend = get_backend(options.device, choose_backend(options.device, options.backend))
     if backend.exporter_owned and name is not None:
         raise ValueError(
             f"a named array must outlive its creator, and {backend.name} memory lives only as "
@@ -102,15 +102,13 @@ def _new(shape: ShapeLike, dtype: DTypeLike, options: CreationOptions) -> Shared
         )
     nbytes = math.prod(shp) * dt.itemsize
     pack = options.pack
-    if pack is None:
-        pack = options.chunk_bytes is None and nbytes <= PACK_BYTES
     if capacity is not None and (not shp or capacity < nbytes):
         raise ValueError(
             f"capacity={capacity} bytes does not hold the {nbytes} bytes of shape {shp}"
             if shp
             else "a growable array has at least one axis; a 0-d array cannot grow"
         )
-    if pack:
+    if pack or (pack is None and options.chunk_bytes is None and nbytes <= PACK_BYTES):
         alloc, offset = pack_into_slab(backend, nbytes)
     else:
         alloc = Allocation.create(
@@ -132,8 +130,7 @@ def _new(shape: ShapeLike, dtype: DTypeLike, options: CreationOptions) -> Shared
 def _fill(a: SharedDeviceArray, value: Any, progress: bool | None) -> SharedDeviceArray:
     """``a`` with every element set to ``value`` (no work for zeros in fresh memory)."""
     alloc = a.allocation  # (memfd reads zero; a slab's room is never reused, its memory may be)
-    fresh_memory_reads_zero = alloc.backend.zeroed and not alloc.reused
-    if not (fresh_memory_reads_zero and np.ndim(value) == 0 and value == 0):
+    if not (alloc.backend.zeroed and not alloc.reused and np.ndim(value) == 0 and value == 0):
         for native, key in _blocks(a, progress, "fill"):
             native[key] = value
     return a
@@ -166,8 +163,7 @@ def empty(
 
     ``shape``, ``dtype`` (bool, integer, float or complex) and ``order`` as in NumPy;
     ``**options`` are the :class:`~sharedarrays.api.options.CreationKeywords`. Raises
-    BackendUnavailable, OutOfMemory (also for a capacity too large to reserve),
-    PeerAccessUnavailable (``access``), NameExists, TypeError or ValueError.
+    BackendUnavailable, OutOfMemory, PeerAccessUnavailable, NameExists, TypeError, ValueError.
     """
     return _new(shape, dtype, CreationOptions.from_keywords(order=order, **options))
 
@@ -192,7 +188,7 @@ def full(
 
 
 def _source_device(obj: Any) -> Device | None:
-    """The accelerator device of a CuPy/torch/CAI/DLPack object; None for host objects."""
+    """The accelerator device of a CuPy/torch/CAI/DLPack object; None on the host."""
     if hasattr(obj, "__dlpack_device__"):
         try:
             kind, index = obj.__dlpack_device__()
@@ -230,8 +226,8 @@ def from_array(
         raise TypeError(f"copy must be True, False or None, not {type(copy).__name__}")
     device = options.get("device")
     if copy is False:
-        backend = options.get("backend", "auto")
-        if isinstance(obj, SharedDeviceArray) and _reusable(obj, dtype, device, backend):
+        name = options.get("backend", "auto")
+        if isinstance(obj, SharedDeviceArray) and _reusable(obj, dtype, device, name):
             return obj
         raise ValueError(
             "from_array(copy=False): memory that already exists cannot become shared without "
@@ -241,9 +237,8 @@ def from_array(
     if device is None:  # (a dict of the caller's own: its **options)
         options["device"] = _source_device(obj)
     checked = CreationOptions.from_keywords(**options)
-    src = get_backend(checked.device, choose_backend(checked.device, checked.backend)).to_native(
-        obj
-    )
+    backend = get_backend(checked.device, choose_backend(checked.device, checked.backend))
+    src = backend.to_native(obj)
     if src.flags.f_contiguous and not src.flags.c_contiguous and checked.capacity is None:
         checked = dataclasses.replace(checked, order="F")  # keep a Fortran source's layout
     a = _new(src.shape, src.dtype if dtype is None else dtype, checked)
@@ -360,19 +355,16 @@ def full_like(
 def share(
     obj: Any, *, readonly: bool = False, allow_pids: Iterable[int] | None = None
 ) -> SharedDeviceArray:
-    """A :class:`SharedDeviceArray` over the memory of a CuPy array or torch CUDA tensor
-    ``obj`` (``cudaMalloc``'d; anything with CUDA ``__cuda_array_interface__`` or
-    ``__dlpack__``), without copying, by CUDA IPC (backend ``"cuda-ipc"``). A tensor that
-    requires grad is shared as its data; a SharedDeviceArray is returned as it is.
-    ``readonly``: importers get read-only views (CUDA IPC does not enforce it);
-    ``allow_pids``: only these processes (and this one) may import it.
+    """A :class:`SharedDeviceArray` over the CUDA memory of ``obj`` (a CuPy array, a torch
+    tensor, anything with ``__cuda_array_interface__`` or ``__dlpack__``), without copying,
+    by CUDA IPC (``"cuda-ipc"``); a tensor's data, a SharedDeviceArray as it is.
+    ``readonly``: importers get read-only views (not enforced by CUDA IPC); ``allow_pids``:
+    only these processes (and this one) may import it.
 
-    Importers open the whole allocation holding ``obj`` (maybe other arrays of a pool) and
-    read only its range; ``obj`` lives while this process holds the view or an importer has
-    it open, and importers must release it before this process exits. Finish writes on other
-    streams before sending it. Raises NotShareable for host memory or memory CUDA IPC cannot
-    export (async pools, managed memory, ``expandable_segments``; :func:`from_array` copies
-    it), BackendUnavailable where ``cuda-ipc`` cannot be used.
+    Importers open the whole allocation holding ``obj`` and must release it before this
+    process exits; finish writes on other streams before sending it. NotShareable for host
+    memory or memory CUDA IPC cannot export (async pools, managed memory,
+    ``expandable_segments``: :func:`from_array` copies it); BackendUnavailable without IPC.
     """
     if isinstance(obj, SharedDeviceArray):
         return obj

@@ -1,13 +1,11 @@
-"""Dask: shared arrays in distributed's ``"dask"`` serialization family (:func:`register`;
-a payload to this host, the data to another), and dask arrays over shared memory without
-copies (:func:`to_dask`, :func:`from_dask`). Nothing here imports dask before it is called.
-"""
+"""Dask: shared arrays in distributed's ``"dask"`` serialization family (a payload to this
+host, the data to another), and dask arrays over shared memory without copies (:func:`to_dask`,
+:func:`from_dask`). Nothing here imports dask before it is called."""
 
 from __future__ import annotations
 
 import itertools
 import pickle
-import sys
 from typing import Any
 
 import numpy as np
@@ -18,11 +16,10 @@ from sharedarrays.api.named import check_name, publish
 from sharedarrays.backends.device import DeviceLike
 from sharedarrays.process import STATE
 
-__all__ = ["install", "register", "registered", "same_node_transfer", "to_dask", "from_dask"]
+__all__ = ["register", "registered", "same_node_transfer", "to_dask", "from_dask"]
 
 PAYLOAD = "payload"
 DATA = "data"
-_SERIALIZE = "distributed.protocol.serialize"
 
 
 def registered() -> bool:
@@ -39,14 +36,6 @@ def register() -> None:
     dask_serialize.register(SharedDeviceArray)(serialize)
     dask_deserialize.register(SharedDeviceArray)(deserialize)
     STATE.pools.dask = True
-
-
-def install() -> None:
-    """Register now if distributed is imported, else when a view is next pickled after it is."""
-    if _SERIALIZE in sys.modules:
-        register()
-    else:
-        STATE.pickling.reduce_hooks[_SERIALIZE] = register
 
 
 def same_node_transfer(context: dict[str, Any] | None) -> bool:
@@ -146,8 +135,7 @@ def from_dask(
     """Compute dask array ``x`` into a new shared array, each task writing its chunk in place
     (:func:`dask.array.store`, given ``compute``): nothing is gathered. ``device`` and
     ``backend`` as :func:`sharedarrays.empty`'s (default: a GPU for CuPy chunks); ``name``
-    names the result once written. On an error the array is closed.
-    """
+    names the result once written. On an error the array is closed."""
     import dask.array as da
 
     if not isinstance(x, da.Array):

@@ -9,17 +9,16 @@ import hashlib
 import os
 import re
 from pathlib import Path
-from typing import Protocol
 
+from sharedarrays.api.arraybase import ArrayBase
 from sharedarrays.errors import HandleUnavailable, NameNotFound, SettingError
 from sharedarrays.memory.allocation import Allocation
 from sharedarrays.process import STATE
 from sharedarrays.protocol import keeper as keeper_protocol
-from sharedarrays.protocol.payload import Payload
 from sharedarrays.settings import env_word
 from sharedarrays.transport import keeper
 
-__all__ = ["NAMESPACE_VARIABLE", "PROJECT_MARKERS", "Keepable", "keep", "unpark"]
+__all__ = ["NAMESPACE_VARIABLE", "PROJECT_MARKERS", "keep", "unpark"]
 __all__ += ["local_name", "namespace", "shown", "whose"]
 
 NAMESPACE_VARIABLE = "SHAREDARRAYS_NAMESPACE"
@@ -34,8 +33,7 @@ def namespace() -> str | None:
     """This process's namespace (``None``: the global one): ``SHAREDARRAYS_NAMESPACE`` if set
     (``/``: global), else the project's, the nearest directory up from the working directory
     with a ``.git`` or ``pyproject.toml``, as its name and a hash of its path
-    (``"myproject-1a2b3c4d"``). ValueError for a setting that is not a namespace.
-    """
+    (``"myproject-1a2b3c4d"``). ValueError for a setting that is not a namespace."""
     setting = env_word(
         NAMESPACE_VARIABLE,
         _SETTING,
@@ -92,16 +90,7 @@ def shown(key: str) -> str:
     return key if "/" in key else f"/{key}"
 
 
-class Keepable(Protocol):
-    """A view whose handles the keeper can hold (a :class:`~sharedarrays.SharedDeviceArray`)."""
-
-    @property
-    def allocation(self) -> Allocation: ...
-
-    def payload(self) -> Payload: ...
-
-
-def keep(a: Keepable, name: str | None) -> None:
+def keep(a: ArrayBase, name: str | None) -> None:
     """Give ``a``'s handles to the keeper (started if needed), under ``name`` or parked
     (``None``). ValueError for memory the keeper cannot hold; NameExists for a name taken."""
     alloc = a.allocation

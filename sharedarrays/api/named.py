@@ -1,8 +1,6 @@
-"""Named arrays, whose handles this user's keeper holds, as ``SharedMemory(name=...)``:
-``sa.empty(n, name="x")``, ``sa.attach("x")`` in any process of the user (also after the
-creator exited), ``sa.unlink("x")``. Names live in a namespace per project
-(:func:`namespace`), qualified as ``"namespace/name"`` so that two projects' never meet.
-"""
+"""Named arrays, whose handles this user's keeper holds (as ``SharedMemory(name=...)``):
+``sa.empty(n, name="x")``, ``sa.attach("x")`` in any process of the user, also after the
+creator exited, ``sa.unlink("x")``; in a namespace per project (:func:`namespace`)."""
 
 from __future__ import annotations
 
@@ -16,14 +14,7 @@ import numpy as np
 
 from sharedarrays.api import keeping
 from sharedarrays.api.array import SharedDeviceArray, load
-from sharedarrays.api.keeping import (
-    MAX_NAMESPACE,
-    NAMESPACE_VARIABLE,
-    PROJECT_MARKERS,
-    namespace,
-    shown,
-    whose,
-)
+from sharedarrays.api.keeping import NAMESPACE_VARIABLE, PROJECT_MARKERS, namespace, shown, whose
 from sharedarrays.backends import device_of
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import (
@@ -51,7 +42,9 @@ def check_name(name: object) -> str:
     if not isinstance(name, str):
         raise TypeError(f"an array name is a str, not {type(name).__name__}")
     space, _, base = name.rpartition("/")
-    good_space = space == "" or (_WORD.fullmatch(space) and len(space) <= MAX_NAMESPACE)
+    good_space = space == "" or (
+        _WORD.fullmatch(space) and len(space) <= keeper_protocol.MAX_NAMESPACE
+    )
     if not (good_space and _WORD.fullmatch(base) and len(base) <= keeper_protocol.MAX_NAME):
         raise ValueError(
             f"invalid array name {name!r}: use 1 to {keeper_protocol.MAX_NAME} characters from "
@@ -147,19 +140,16 @@ def attach(name: str) -> SharedDeviceArray:
 
 
 def _ask(name: str, request: Callable[[str], Any]) -> tuple[str, int, dict[str, Any], list[int]]:
-    """``name``'s keeper key and a running keeper's reply to ``request(key)``."""
+    """``name``'s keeper key and a running keeper's reply to ``request(key)`` (NameNotFound
+    naming where else it is)."""
     key = qualify(name)
     try:
         status, body, fds = keeper.request(request(key), start=False)
     except HandleUnavailable:
         raise NameNotFound(f"no array named {name!r}: no keeper runs for this user") from None
-    if status == keeper_protocol.NOT_FOUND:
-        raise _not_found(name, key)
-    return key, status, body, fds
-
-
-def _not_found(name: str, key: str) -> NameNotFound:
-    """The error for ``name`` missing, naming where else it is."""
+    if status != keeper_protocol.NOT_FOUND:
+        return key, status, body, fds
+    # not found: say where else it is
     space, _, base = key.rpartition("/")
     where = f"namespace {space!r}" if space else "the global namespace"
     if "/" not in name and space:
@@ -167,12 +157,12 @@ def _not_found(name: str, key: str) -> NameNotFound:
     names = [e["name"] for e in _entries() if type(e.get("name")) is str and e.get("linked")]
     elsewhere = sorted({shown(n) for n in names if n.rpartition("/")[2] == base and n != key})
     if not elsewhere:
-        return NameNotFound(
+        raise NameNotFound(
             f"no array named {base!r} in {where}: none was made there, or it was unlinked "
             "(python -m sharedarrays ls --all-namespaces lists every namespace)"
         )
     first = elsewhere[0].rpartition("/")[0] or "/"
-    return NameNotFound(
+    raise NameNotFound(
         f"no array named {base!r} in {where}; it exists as "
         + " and ".join(repr(n) for n in elsewhere)
         + f": attach it by that name (sa.attach({elsewhere[0]!r})), or set "
@@ -196,7 +186,25 @@ def list_named(parked: bool = False, all_namespaces: bool = False) -> list[Named
     out = []
     for e in _entries():
         try:
-            info = _info(e)
+            key, allow = e["name"], e.get("allow_pids")
+            if key is not None and type(key) is not str:
+                raise TypeError("a name is a str")
+            space, _, name = ("", "", None) if key is None else key.rpartition("/")
+            info = NamedArray(
+                name=name,
+                namespace=space or None,
+                id=e["id"],
+                shape=tuple(int(n) for n in e["shape"]),
+                dtype=np.dtype(e["dtype"]),
+                device=device_of(e["backend"], int(e["device"])),
+                size=int(e["size"]),
+                creator=int(e["creator"]),
+                created=float(e["created"]),
+                pids=tuple(int(p) for p in e["pids"]),
+                linked=bool(e["linked"]),
+                readonly=bool(e["readonly"]),
+                allow_pids=None if allow is None else tuple(int(p) for p in allow),
+            )
         except (KeyError, TypeError, ValueError, SharedArrayError):
             continue
         if info.name is not None and not all_namespaces and info.namespace != here:
@@ -214,25 +222,3 @@ def _entries() -> list[dict[str, Any]]:
         return []
     keeper.raise_for(status, body, "cannot list the keeper's arrays")
     return [e for e in body.get("arrays", []) if type(e) is dict]
-
-
-def _info(e: dict[str, Any]) -> NamedArray:
-    key, allow = e["name"], e.get("allow_pids")
-    if key is not None and type(key) is not str:
-        raise TypeError("a name is a str")
-    space, _, name = ("", "", None) if key is None else key.rpartition("/")
-    return NamedArray(
-        name=name,
-        namespace=space or None,
-        id=e["id"],
-        shape=tuple(int(n) for n in e["shape"]),
-        dtype=np.dtype(e["dtype"]),
-        device=device_of(e["backend"], int(e["device"])),
-        size=int(e["size"]),
-        creator=int(e["creator"]),
-        created=float(e["created"]),
-        pids=tuple(int(p) for p in e["pids"]),
-        linked=bool(e["linked"]),
-        readonly=bool(e["readonly"]),
-        allow_pids=None if allow is None else tuple(int(p) for p in allow),
-    )

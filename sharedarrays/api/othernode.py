@@ -1,7 +1,6 @@
 """A shared array of another node in a message distributed reads loads as a placeholder whose
 use raises :class:`~sharedarrays.WrongNode`, so that the task fails, not the worker (raised
-while a worker reads the scheduler's stream, it would close the connection).
-"""
+while a worker reads the scheduler's stream, it would close the connection)."""
 
 from __future__ import annotations
 

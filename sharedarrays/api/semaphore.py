@@ -138,15 +138,11 @@ class Timeline:
             )
         self.array = array
         self.index = index
+        self.device: Device = array.device  # where the counter lives
         self._word = word
         self._streams = streams  # None: the CPU signals and polls the word
         self._reader: ValueReader | None = None
         self._lock = threading.Lock()
-
-    @property
-    def device(self) -> Device:
-        """Where the counter lives."""
-        return self.array.device
 
     @property
     def address(self) -> int:
@@ -160,23 +156,22 @@ class Timeline:
         """Set the counter after the current stream's earlier work (CUDA), or now (host)."""
         v = timeline_value(value)
         if self._streams is None:
-            self._host()[...] = np.uint64(v).view(self.array.dtype)
-            return
-        self._streams.write_value(self.address, v)
+            self._word.array[...] = np.uint64(v).view(self.array.dtype)
+        else:
+            self._streams.write_value(self.address, v)
 
     def wait(self, value: int | None, timeout: float | None = None) -> None:
         """Make later work on the current stream wait for ``value`` (host: :meth:`wait_host`)."""
-        v = timeline_value(value)
         if self._streams is None:
-            self.wait_host(v, timeout)
-            return
-        self._streams.wait_value(self.address, v)
+            self.wait_host(timeline_value(value), timeout)
+        else:
+            self._streams.wait_value(self.address, timeline_value(value))
 
     @property
     def value(self) -> int:
         """The counter now, read without waiting for any stream."""
         if self._streams is None:
-            return int(self._host().view(np.uint64))
+            return int(self._word.array.view(np.uint64))  # (host memory: NumPy)
         with self._lock:
             if self._reader is None:
                 self._reader = self._streams.value_reader()
@@ -196,9 +191,6 @@ class Timeline:
                 )
             time.sleep(pause)
             pause = min(pause * 2, 1e-3)
-
-    def _host(self) -> np.ndarray[Any, Any]:
-        return self._word.array  # type: ignore[no-any-return]  # (host memory: NumPy)
 
     def close(self) -> None:
         """Release the private reading stream (CUDA)."""

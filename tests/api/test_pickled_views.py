@@ -629,7 +629,9 @@ def test_a_part_carries_its_fences_token_once_per_message() -> None:
     b = sa.from_array(np.arange(8.0), device="cpu", pack=False)
     fence = types.SimpleNamespace(token=b"ordering-token-" + b"x" * 17)
     parts = [
-        array_module.MessagePart(x.allocation, allocation_bytes(x.allocation), fence, None)
+        array_module.MessagePart(
+            x.allocation, allocation_bytes(x.allocation), fence, None, (os.getpid(), 0)
+        )
         for x in (a, b)
     ]
     assert parts[0].__reduce__()[1] == (parts[0].blob, fence.token)
