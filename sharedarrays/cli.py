@@ -17,6 +17,7 @@ import re
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -190,7 +191,7 @@ def _top(args: argparse.Namespace) -> int:
             if args.json:
                 doc = picture.to_doc()
                 if checks is not None:
-                    doc["nvml"] = [c.to_doc() for c in checks]
+                    doc["nvml"] = [asdict(c) for c in checks]
                 print(json.dumps(doc, separators=(",", ":")))
                 return 0
             text = render_node_text(picture)

@@ -1,12 +1,10 @@
-"""The node-wide memory map: what this user's processes and keeper hold (:func:`node_map`,
-their reports joined by allocation id), :func:`free` for what no view uses (``rm``, the node
-widget), and :func:`cross_check` against the driver's per-process figures (NVML, the
-``nvml`` extra; a whole CUDA context's; devices match by index, so set
-``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and no ``CUDA_VISIBLE_DEVICES``).
-"""
+"""The node-wide memory map: what this user's processes and keeper hold (:func:`node_map`),
+:func:`free` for what no view uses, and :func:`cross_check` against NVML's per-process figures
+(devices match by index: set ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and no ``CUDA_VISIBLE_DEVICES``)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -32,15 +30,11 @@ __all__ += ["ProcessGpuMemory", "available", "driver_usage", "cross_check", "ren
 
 STATES = ("live", "draining", "cached", "named", "parked", "orphaned")
 """An allocation's states, strongest first: a view uses it; exporter-owned memory its exporter
-released while importers map it; kept by its exporter for its next array of that size
-(``SHAREDARRAYS_CACHE_BYTES``); the keeper holds it under a name, or for ``a.park()``; no one
-uses it but a handle keeps it (a mapping an importer keeps parked, payloads in flight)."""
+released while importers map it; kept by its exporter for its next array of that size; the
+keeper holds it under a name, or for ``a.park()``; only a handle keeps it (parked, in flight)."""
 
-MAX_TIMEOUT = 86_400.0
-"""The longest ``timeout`` of :func:`node_map` (a day, as ``top --timeout``)."""
-
-LEFT_ALONE = "left alone: payloads in flight"
-"""What :func:`free` says when it frees nothing: payloads in flight, and no one confirmed."""
+MAX_TIMEOUT = 86_400.0  # the longest timeout of node_map (a day, as ``top --timeout``)
+LEFT_ALONE = "left alone: payloads in flight"  # what free says when no one confirmed
 
 
 @dataclass(frozen=True)
@@ -187,14 +181,20 @@ def _join(
     if row is not None:
         backend, device, size = row.backend, row.device, row.size
     else:
-        backend = str(kept.get("backend") or "?")
-        device, size = _device(backend, kept.get("device")), int(kept.get("size") or 0)
+        backend, device, size = str(kept.get("backend") or "?"), "?", int(kept.get("size") or 0)
+        if type(kept.get("device")) is int:
+            with contextlib.suppress(SharedArrayError):
+                device = str(device_of(backend, kept["device"]))
     if exporter is not None:
         lost, created = exporter.size - exporter.used, exporter.since
     else:
         # (a named array's shape, or the bytes its exporter asked for before it handed the
         # payloads in flight over)
-        wanted = _nbytes(kept) or kept.get("used")
+        try:
+            wanted = int(np.prod(kept["shape"], dtype=np.int64)) * np.dtype(kept["dtype"]).itemsize
+        except (KeyError, TypeError, ValueError):
+            wanted = 0
+        wanted = wanted or kept.get("used")
         lost = max(0, size - wanted) if type(wanted) is int else 0
         created = _time(kept.get("created"), min(h.since for h in holders))
         creator = kept.get("creator")
@@ -265,25 +265,6 @@ def _state(seen: _Seen, holders: list[Holder]) -> str:
         if not kept.get("in_flight"):
             return "parked"
     return "orphaned"
-
-
-def _device(backend: str, index: object) -> str:
-    """The device a keeper row's backend and device index name (``"?"`` where unknown)."""
-    if type(index) is not int:
-        return "?"
-    try:
-        return str(device_of(backend, index))
-    except SharedArrayError:
-        return "?"
-
-
-def _nbytes(doc: dict[str, Any]) -> int:
-    """The bytes of the array a keeper row describes (0 where it does not say)."""
-    try:
-        count = int(np.prod(doc["shape"], dtype=np.int64))
-        return count * int(np.dtype(doc["dtype"]).itemsize)
-    except (KeyError, TypeError, ValueError):
-        return 0
 
 
 def find(node: NodeMap, target: str) -> NodeAllocation:
@@ -397,15 +378,6 @@ class ProcessGpuMemory:
     driver: int | None
     sharedarrays: int
 
-    @property
-    def other(self) -> int | None:
-        """Bytes the driver reports beyond sharedarrays' (``None`` where it reports none)."""
-        return None if self.driver is None else self.driver - self.sharedarrays
-
-    def to_doc(self) -> dict[str, Any]:
-        """The row as a JSON object."""
-        return asdict(self)
-
 
 def available() -> str | None:
     """``None`` when NVML can be asked, else why not."""
@@ -467,6 +439,6 @@ def render_text(checks: list[ProcessGpuMemory]) -> str:
     for c in checks:
         driver = "?" if c.driver is None else format_bytes(c.driver)
         mine = format_bytes(c.sharedarrays)
-        other = "?" if c.other is None else format_bytes(max(c.other, 0))
+        other = "?" if c.driver is None else format_bytes(max(c.driver - c.sharedarrays, 0))
         lines.append(f"{c.pid:>8}  {c.device:<7} {driver:>10} {mine:>13} {other:>10}")
     return "GPU memory by process (driver vs sharedarrays)\n" + "\n".join(lines)
