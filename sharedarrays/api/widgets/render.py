@@ -1,10 +1,7 @@
-"""Drawing the maps: this process's memory map as text, HTML (an SVG map, the side table, the
-provenance panel) and a PNG (matplotlib); the node-wide map as text and HTML.
-
-Stable markers for tests and scripts: the memory map's ``div.sa-memory-map`` has the data
-attributes ``allocations``, ``shown``, ``chunks``, ``views`` and ``rows``; each chunk bar is a
-``rect.sa-chunk``, each table row a ``tr.sa-row``.
-"""
+"""Drawing the maps: this process's as text, HTML (an SVG map, the side table, the provenance
+panel) and a PNG (matplotlib); the node's as text and HTML. Stable markers: ``div.sa-memory-map``
+with the data attributes ``allocations``, ``shown``, ``chunks``, ``views`` and ``rows``; each
+chunk bar a ``rect.sa-chunk``, each table row a ``tr.sa-row``."""
 
 from __future__ import annotations
 
@@ -89,8 +86,7 @@ def render_text(maps: Sequence[ReservationMap]) -> str:
     )
 
 
-def _draw(m: ReservationMap, pen: Any) -> None:
-    """One reservation, drawn by ``pen`` (:class:`_Svg` or :class:`_Png`) at its fractions."""
+def _draw(m: ReservationMap, pen: Any) -> None:  # (pen: an _Svg or a _Png)
     a, size = m.address, max(m.size, 1)
     mapped = f", {fmt_bytes(m.mapped)} mapped" if m.mapped < m.size else ""
     pen.begin(_levels(m))
@@ -189,21 +185,6 @@ class _Svg:
             self.out.append(_svg_text(self.x(f) + width / 2, self.bar_y + 17, label, attrs))
 
 
-def _svg(maps: Sequence[ReservationMap]) -> str:
-    pen = _Svg()
-    for m in maps[:MAX_DRAWN]:
-        _draw(m, pen)
-    y = pen.y
-    if len(maps) > MAX_DRAWN:
-        pen.out.append(f'<text x="{_PAD}" y="{y + 12}">{_e(_more(len(maps)))}</text>')
-        y += 18
-    return (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{y}" '
-        f'viewBox="0 0 {_W} {y}" font-family="sans-serif" font-size="12">'
-        f"{_DEFS}{''.join(pen.out)}</svg>"
-    )
-
-
 def _table(rows: Sequence[TableRow]) -> str:
     head = "<th>allocation</th><th>what</th><th>start</th><th>end</th><th>size</th><th>detail</th>"
     body = "".join(
@@ -244,8 +225,19 @@ def render_html(maps: Sequence[ReservationMap], title: str = "shared memory map"
     if not maps:
         return f"{_CSS}<div {attrs}><h4>{_e(title)}</h4><p>{_EMPTY}</p></div>"
     more = f'<p class="sa-more">{_e(_more(len(maps)))}</p>' if len(maps) > len(shown) else ""
+    pen = _Svg()
+    for m in shown:
+        _draw(m, pen)
+    if more:
+        pen.out.append(f'<text x="{_PAD}" y="{pen.y + 12}">{_e(_more(len(maps)))}</text>')
+        pen.y += 18
+    svg = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{pen.y}" '
+        f'viewBox="0 0 {_W} {pen.y}" font-family="sans-serif" font-size="12">'
+        f"{_DEFS}{''.join(pen.out)}</svg>"
+    )
     return (
-        f"{_CSS}<div {attrs}><h4>{_e(title)}</h4>{_svg(maps)}"
+        f"{_CSS}<div {attrs}><h4>{_e(title)}</h4>{svg}"
         f"<h4>addresses</h4>{_table(rows)}{more}<h4>exporters and importers</h4>"
         f"{_provenance(shown)}{more}</div>"
     )
@@ -382,9 +374,8 @@ def summary_lines(node: NodeMap) -> list[str]:
 
 
 def render_node_text(node: NodeMap) -> str:
-    """The node-wide map as a fixed-width table (largest allocation first) under its summary.
-    Holders read ``<pid><role>``: ``E`` exporter, ``I`` importer, ``K`` keeper; then ``Nv``
-    for N views using it there, or ``p`` for a mapping kept parked."""
+    """The node-wide map as a fixed-width table (largest allocation first) under its summary;
+    holders read ``<pid><role>`` (Exporter, Importer, Keeper), then ``Nv`` (N views) or ``p``."""
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(node.time))
     rows = [COLUMNS] + [row_cells(r) for r in node.allocations]
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
