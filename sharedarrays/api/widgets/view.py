@@ -71,19 +71,15 @@ def stop_on_rerun(view: Any) -> None:
     if shell not in STATE.views.shells:
         shell.events.register("pre_run_cell", _on_cell)
         STATE.views.shells.append(shell)
-    refs = [r for r in STATE.views.cells.get(cell, []) if r() is not None]
-    if not any(r() is view for r in refs):
-        refs.append(weakref.ref(view))
-    STATE.views.cells[cell] = refs
+    refs = [r for r in STATE.views.cells.get(cell, []) if r() not in (None, view)]
+    STATE.views.cells[cell] = [*refs, weakref.ref(view)]
 
 
 def _on_cell(info: Any = None) -> None:  # (the shell's pre_run_cell hook)
     cell = getattr(info, "cell_id", None) or current_cell()
     for ref in STATE.views.cells.pop(cell, []) if cell else []:
-        try:
+        with contextlib.suppress(Exception):  # (a hook must never fail the user's cell)
             ref().stop()  # (a collected view: AttributeError on None)
-        except Exception:  # a hook must never fail the user's cell
-            pass
 
 
 class _Shown:
@@ -188,11 +184,8 @@ class _Shown:
         bundle = self._static()
         if in_kernel():
             bundle.update(self.widget.view_data())
-        return {
-            k: v
-            for k, v in bundle.items()
-            if (not include or k in include) and not (exclude and k in exclude)
-        }
+        keep = [k for k in bundle if (not include or k in include) and k not in (exclude or ())]
+        return {k: bundle[k] for k in keep}
 
     _repr_mimebundle_ = mimebundle
 
@@ -215,7 +208,6 @@ class MemoryMap(_Shown):
         self._refs: list[tuple[weakref.ref[Allocation], tuple[int, int] | None]] | None = None
         if target is not None:
             self._refs = [(weakref.ref(alloc), own) for alloc, own in model.targets(target)]
-        self._title = "shared memory map" if target is None else "memory map"
         self.maps: list[model.ReservationMap] = self._read()
 
     def _read(self) -> list[model.ReservationMap]:
@@ -233,7 +225,8 @@ class MemoryMap(_Shown):
         return render.render_text(self.maps)
 
     def html(self) -> str:
-        return render.render_html(self.maps, self._title)
+        title = "shared memory map" if self._refs is None else "memory map"
+        return render.render_html(self.maps, title)
 
     def _static(self) -> dict[str, Any]:
         bundle = super()._static()
