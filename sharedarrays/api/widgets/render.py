@@ -50,13 +50,6 @@ def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _chunk_label(index: int, size: int, width: float) -> str:  # (the longest that fits)
-    for label in (f"chunk {index} · {fmt_bytes(size)}", f"{index}: {fmt_bytes(size)}"):
-        if width > _CHAR * (len(label) + 1):
-            return label
-    return ""
-
-
 def _colour(chunk: int) -> str:
     return PALETTE[chunk % len(PALETTE)]
 
@@ -104,7 +97,8 @@ def _draw(m: ReservationMap, pen: Any) -> None:  # (pen: an _Svg or a _Png)
             f"mapping of chunk {c.chunk} at offset {c.start:#x}: {a + c.start:#x}-"
             f"{a + c.start + c.size:#x} ({fmt_bytes(c.size)}, fd {c.fd}, {c.access})"
         )
-        label = _chunk_label(c.chunk, c.size, c.size / size)
+        labels = (f"chunk {c.chunk} · {fmt_bytes(c.size)}", f"{c.chunk}: {fmt_bytes(c.size)}")
+        label = next((t for t in labels if c.size / size > _CHAR * (len(t) + 1)), "")
         pen.rect(c.start / size, c.size / size, "chunk", tip, c.chunk, label)
     for g in m.gaps:
         tip = f"unmapped: {a + g.start:#x}-{a + g.start + g.size:#x}"
@@ -313,11 +307,6 @@ _STATE_COLOURS = ("#2e7d32", "#ef6c00", "#00838f", "#1565c0", "#6a1b9a", "#c6282
 _AGES = ((60, 1, ".0f", "s"), (3600, 60, ".0f", "m"), (86400, 3600, ".1f", "h"))
 
 
-def _age(seconds: float) -> str:
-    _, unit_s, spec, unit = next((a for a in _AGES if seconds < a[0]), (0, 86400, ".1f", "d"))
-    return f"{seconds / unit_s:{spec}}{unit}"
-
-
 def _program(command: str) -> str:  # (the script or module it runs, else its program)
     words = command.split()
     if not words:
@@ -337,6 +326,7 @@ def _holder(h: Holder) -> str:
 
 def row_cells(row: NodeAllocation) -> tuple[str, ...]:
     """One allocation's cells, in :data:`COLUMNS` order."""
+    _, unit_s, spec, unit = next((a for a in _AGES if row.age < a[0]), (0, 86400, ".1f", "d"))
     exporter = str(row.exporter_pid) if row.exporter_pid else "?"
     if not row.exporter_alive:
         exporter += " (gone)"
@@ -352,7 +342,7 @@ def row_cells(row: NodeAllocation) -> tuple[str, ...]:
         fmt_bytes(row.lost) if row.lost else "0",
         exporter,
         " ".join(_holder(h) for h in row.holders) or "-",
-        _age(row.age),
+        f"{row.age / unit_s:{spec}}{unit}",
     )
 
 
