@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sharedarrays.api.keeping import local_name
 from sharedarrays.api.views import ArrayView, is_view, live_views
@@ -27,8 +27,7 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}{'s' if n != 1 else ''}"
 
 
-@dataclass(frozen=True)
-class ChunkBar:
+class ChunkBar(NamedTuple):
     """One mapping of one chunk: ``size`` bytes at ``start`` bytes into the reservation."""
 
     chunk: int
@@ -39,16 +38,14 @@ class ChunkBar:
     access: str
 
 
-@dataclass(frozen=True)
-class Gap:
+class Gap(NamedTuple):
     """A part of the reservation that nothing is mapped at."""
 
     start: int
     size: int
 
 
-@dataclass(frozen=True)
-class ViewBracket:
+class ViewBracket(NamedTuple):
     """The bytes ``[start, stop)`` a live view touches, drawn in row ``level`` (0: nearest)."""
 
     start: int
@@ -153,8 +150,7 @@ class ReservationMap:
         return f"served to {plural(len(pids), 'importer')}: pid {', '.join(map(str, pids))}"
 
 
-@dataclass(frozen=True)
-class TableRow:
+class TableRow(NamedTuple):
     """One row of the side table: what, where (absolute addresses) and how big."""
 
     alloc_id: str
