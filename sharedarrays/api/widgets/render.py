@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sharedarrays.api.nodemap import STATES, Holder, NodeAllocation, NodeMap
-from sharedarrays.api.widgets.model import ReservationMap, TableRow, fmt_bytes, plural, table_rows
+from sharedarrays.api.widgets.model import ReservationMap, fmt_bytes, plural, table_rows
 
 PALETTE = tuple(  # chunk colours, by chunk index (cycled)
     "#4e79a7 #f28e2b #59a14f #b07aa1 #76b7b2 #edc948 #9c755f #e15759 #bab0ac #ff9da7".split()  # noqa: SIM905
@@ -179,34 +179,6 @@ class _Svg:
             self.out.append(_svg_text(self.x(f) + width / 2, self.bar_y + 17, label, attrs))
 
 
-def _table(rows: Sequence[TableRow]) -> str:
-    head = "<th>allocation</th><th>what</th><th>start</th><th>end</th><th>size</th><th>detail</th>"
-    body = "".join(
-        f'<tr class="sa-row" data-kind="{_e(r.kind)}"><td>{_e(r.alloc_id)}</td>'
-        f"<td>{_e(r.kind)}</td><td class='sa-num'>{r.start:#x}</td>"
-        f"<td class='sa-num'>{r.stop:#x}</td><td class='sa-num'>{_e(fmt_bytes(r.size))}</td>"
-        f"<td>{_e(r.detail)}</td></tr>"
-        for r in rows
-    )
-    return f'<table class="sa-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
-
-
-def _provenance(maps: Sequence[ReservationMap]) -> str:
-    body = []
-    for m in maps:
-        stamps = [(s.pid, time.strftime("%H:%M:%S", time.localtime(s.time))) for s in m.served]
-        served = ", ".join(f"pid {pid} at {at}" for pid, at in stamps) or "no importer yet"
-        marks = "".join(f"; {mark}" for mark in m.marks)
-        body.append(
-            f'<tr class="sa-provenance-row"><td>{_e(m.short_id)}</td><td>{_e(m.origin_text)}'
-            f"{_e(marks)}</td><td>{_e(served)}</td></tr>"
-        )
-    return (
-        '<table class="sa-provenance"><thead><tr><th>allocation</th><th>exporter / importer</th>'
-        f"<th>handles served to importers</th></tr></thead><tbody>{''.join(body)}</tbody></table>"
-    )
-
-
 def render_html(maps: Sequence[ReservationMap], title: str = "shared memory map") -> str:
     """The SVG map, the side table and the provenance panel of the first :data:`MAX_DRAWN`."""
     shown = maps[:MAX_DRAWN]
@@ -230,10 +202,30 @@ def render_html(maps: Sequence[ReservationMap], title: str = "shared memory map"
         f'viewBox="0 0 {_W} {pen.y}" font-family="sans-serif" font-size="12">'
         f"{_DEFS}{''.join(pen.out)}</svg>"
     )
+    table = "".join(
+        f'<tr class="sa-row" data-kind="{_e(r.kind)}"><td>{_e(r.alloc_id)}</td>'
+        f"<td>{_e(r.kind)}</td><td class='sa-num'>{r.start:#x}</td>"
+        f"<td class='sa-num'>{r.stop:#x}</td><td class='sa-num'>{_e(fmt_bytes(r.size))}</td>"
+        f"<td>{_e(r.detail)}</td></tr>"
+        for r in rows
+    )
+    provenance = []
+    for m in shown:
+        stamps = [(s.pid, time.strftime("%H:%M:%S", time.localtime(s.time))) for s in m.served]
+        served = ", ".join(f"pid {pid} at {at}" for pid, at in stamps) or "no importer yet"
+        marks = "".join(f"; {mark}" for mark in m.marks)
+        provenance.append(
+            f'<tr class="sa-provenance-row"><td>{_e(m.short_id)}</td><td>{_e(m.origin_text)}'
+            f"{_e(marks)}</td><td>{_e(served)}</td></tr>"
+        )
     return (
-        f"{_CSS}<div {attrs}><h4>{_e(title)}</h4>{svg}"
-        f"<h4>addresses</h4>{_table(rows)}{more}<h4>exporters and importers</h4>"
-        f"{_provenance(shown)}{more}</div>"
+        f"{_CSS}<div {attrs}><h4>{_e(title)}</h4>{svg}<h4>addresses</h4>"
+        '<table class="sa-table"><thead><tr><th>allocation</th><th>what</th><th>start</th>'
+        "<th>end</th><th>size</th><th>detail</th></tr></thead>"
+        f"<tbody>{table}</tbody></table>{more}<h4>exporters and importers</h4>"
+        '<table class="sa-provenance"><thead><tr><th>allocation</th><th>exporter / importer</th>'
+        "<th>handles served to importers</th></tr></thead>"
+        f"<tbody>{''.join(provenance)}</tbody></table>{more}</div>"
     )
 
 
