@@ -17,6 +17,7 @@ import re
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -63,13 +64,9 @@ def seconds(text: str) -> float:
 
 
 # demo ---------------------------------------------------------------------------------------
-def _xp(native: Any) -> Any:
-    return np if isinstance(native, np.ndarray) else __import__("cupy")
-
-
 def _sync(native: Any) -> None:
     if not isinstance(native, np.ndarray):
-        _xp(native).cuda.get_current_stream().synchronize()
+        __import__("cupy").cuda.get_current_stream().synchronize()
 
 
 def _transform_shared(view: Any) -> int:
@@ -90,7 +87,8 @@ def _transform_copy(data: bytes, on_cuda: bool) -> bytes:
     return pickle.dumps(g.get() if on_cuda else g, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def _pattern(xp: Any, start: int, stop: int) -> Any:
+def _pattern(like: Any, start: int, stop: int) -> Any:  # (i % 1000, where ``like`` lives)
+    xp = np if isinstance(like, np.ndarray) else __import__("cupy")
     return xp.arange(start, stop, dtype=xp.float32) % 1000
 
 
@@ -101,7 +99,7 @@ def _fill_pattern(native: Any, n: int, progress: bool) -> None:
     with tqdm(total=n * 4, unit="B", unit_scale=True, desc="fill", disable=not progress) as bar:
         for start in range(0, n, _BLOCK):
             stop = min(n, start + _BLOCK)
-            native[start:stop] = _pattern(_xp(native), start, stop)
+            native[start:stop] = _pattern(native, start, stop)
             bar.update((stop - start) * 4)
     _sync(native)
 
@@ -111,30 +109,8 @@ def _verify(native: Any, n: int) -> int:
     bad = 0
     for start in range(0, n, _BLOCK):
         stop = min(n, start + _BLOCK)
-        bad += int((native[start:stop] != _pattern(_xp(native), start, stop) * 2 + 1).sum())
+        bad += int((native[start:stop] != _pattern(native, start, stop) * 2 + 1).sum())
     return bad
-
-
-def _race(pool: Any, a: Any, slices: list[Any], on_cuda: bool) -> tuple[list[Any], int]:
-    """Time the empty tasks, the in-place path and the copy path; the rows and bad elements."""
-    n, clock = a.size, time.perf_counter
-    t = clock()
-    pool.map(int, range(len(slices)))  # (int: an empty task)
-    rows = [("empty tasks (floor)", clock() - t, 0)]
-    t = clock()
-    done = pool.map(_transform_shared, slices, chunksize=1)
-    rows.append(("sharedarrays (in place)", clock() - t, sum(len(pickle.dumps(s)) for s in slices)))
-    assert sum(done) == n
-    bad = _verify(a.array, n)
-    _fill_pattern(a.array, n, False)  # (the same fill again: its bar was shown once)
-    t = clock()
-    blobs = [pickle.dumps(s.get(), protocol=pickle.HIGHEST_PROTOCOL) for s in slices]
-    results = pool.starmap(_transform_copy, [(b, on_cuda) for b in blobs], chunksize=1)
-    for s, r in zip(slices, results):
-        s[...] = pickle.loads(r)
-    _sync(a.array)
-    rows.append(("plain copy (pickle)", clock() - t, 2 * sum(map(len, blobs))))
-    return rows, bad + _verify(a.array, n)
 
 
 def demo(size: int | None, workers: int, dev: Any, progress: bool) -> int:
@@ -159,7 +135,26 @@ def demo(size: int | None, workers: int, dev: Any, progress: bool) -> int:
         with sa.zeros((workers, 1024), "float32", device=dev) as warm:
             pool.map(_transform_shared, [warm[i] for i in range(workers)], chunksize=1)
         pool.starmap(_transform_copy, [(pickle.dumps(np.ones(8, np.float32)), on_cuda)] * workers)
-        rows, bad = _race(pool, a, slices, on_cuda)
+        # time the empty tasks (int), the in-place path and the copy path
+        clock = time.perf_counter
+        t = clock()
+        pool.map(int, range(workers))
+        rows = [("empty tasks (floor)", clock() - t, 0)]
+        t = clock()
+        done = pool.map(_transform_shared, slices, chunksize=1)
+        pickled = sum(len(pickle.dumps(s)) for s in slices)
+        rows.append(("sharedarrays (in place)", clock() - t, pickled))
+        assert sum(done) == n
+        bad = _verify(a.array, n)
+        _fill_pattern(a.array, n, False)  # (the same fill again: its bar was shown once)
+        t = clock()
+        blobs = [pickle.dumps(s.get(), protocol=pickle.HIGHEST_PROTOCOL) for s in slices]
+        results = pool.starmap(_transform_copy, [(b, on_cuda) for b in blobs], chunksize=1)
+        for s, r in zip(slices, results):
+            s[...] = pickle.loads(r)
+        _sync(a.array)
+        rows.append(("plain copy (pickle)", clock() - t, 2 * sum(map(len, blobs))))
+        bad += _verify(a.array, n)
     print(f"\n{'method':<26}{'time':>12}{'bytes pickled':>16}")
     for name, sec, nbytes in rows:
         print(f"{name:<26}{sec * 1e3:>9.2f} ms{nbytes:>16,}")
@@ -190,7 +185,7 @@ def _top(args: argparse.Namespace) -> int:
             if args.json:
                 doc = picture.to_doc()
                 if checks is not None:
-                    doc["nvml"] = [c.to_doc() for c in checks]
+                    doc["nvml"] = [asdict(c) for c in checks]
                 print(json.dumps(doc, separators=(",", ":")))
                 return 0
             text = render_node_text(picture)
@@ -337,7 +332,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     top = sub.add_parser(
         "top", help="every shared allocation of this user on this node, who holds it, refreshing"
     )
-    top.set_defaults(run=_top)
     top.add_argument("--once", action="store_true", help="print the map once and exit")
     top.add_argument("--json", action="store_true", help="one JSON object (implies --once)")
     top.add_argument(
@@ -348,7 +342,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     top.add_argument("--nvml", action="store_true", help="add the driver's per-process GPU memory")
     ls = sub.add_parser("ls", help="list this user's named arrays (of this namespace)")
-    ls.set_defaults(run=_ls)
     ls.add_argument("--all", action="store_true", help="also parked and unlinked arrays")
     ls.add_argument(
         "-A",
@@ -360,23 +353,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     rm = sub.add_parser(
         "rm", help="unlink named arrays, free parked and orphaned allocations (by name or id)"
     )
-    rm.set_defaults(run=_rm)
     rm.add_argument("names", nargs="+", metavar="NAME|ID")
     rm.add_argument(
         "--yes", action="store_true", help="do not ask before dropping payloads in flight"
     )
     k = sub.add_parser("keeper", help="start this user's keeper (in the background)")
-    k.set_defaults(run=_keeper)
     k.add_argument("--foreground", action="store_true", help="run it in this process")
     k.add_argument(
         "--idle",
         type=seconds,
         help="seconds to wait holding nothing before exiting (above 0, at most a day)",
     )
-    sub.add_parser("status", help="show this user's keeper").set_defaults(run=_status)
+    sub.add_parser("status", help="show this user's keeper")
     args = parser.parse_args(argv)
     if args.command != "demo":
-        return int(args.run(args))
+        run = {"top": _top, "ls": _ls, "rm": _rm, "keeper": _keeper, "status": _status}
+        return run[args.command](args)
     if args.workers < 1:
         d.error("--workers must be at least 1")
     try:

@@ -1,12 +1,10 @@
-"""The node-wide memory map: what this user's processes and keeper hold (:func:`node_map`,
-their reports joined by allocation id), :func:`free` for what no view uses (``rm``, the node
-widget), and :func:`cross_check` against the driver's per-process figures (NVML, the
-``nvml`` extra; a whole CUDA context's; devices match by index, so set
-``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and no ``CUDA_VISIBLE_DEVICES``).
-"""
+"""The node-wide memory map: what this user's processes and keeper hold (:func:`node_map`),
+:func:`free` for what no view uses, and :func:`cross_check` against NVML's per-process figures
+(devices match by index: set ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and no ``CUDA_VISIBLE_DEVICES``)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -32,15 +30,11 @@ __all__ += ["ProcessGpuMemory", "available", "driver_usage", "cross_check", "ren
 
 STATES = ("live", "draining", "cached", "named", "parked", "orphaned")
 """An allocation's states, strongest first: a view uses it; exporter-owned memory its exporter
-released while importers map it; kept by its exporter for its next array of that size
-(``SHAREDARRAYS_CACHE_BYTES``); the keeper holds it under a name, or for ``a.park()``; no one
-uses it but a handle keeps it (a mapping an importer keeps parked, payloads in flight)."""
+released while importers map it; kept by its exporter for its next array of that size; the
+keeper holds it under a name, or for ``a.park()``; only a handle keeps it (parked, in flight)."""
 
-MAX_TIMEOUT = 86_400.0
-"""The longest ``timeout`` of :func:`node_map` (a day, as ``top --timeout``)."""
-
-LEFT_ALONE = "left alone: payloads in flight"
-"""What :func:`free` says when it frees nothing: payloads in flight, and no one confirmed."""
+MAX_TIMEOUT = 86_400.0  # the longest timeout of node_map (a day, as ``top --timeout``)
+LEFT_ALONE = "left alone: payloads in flight"  # what free says when no one confirmed
 
 
 @dataclass(frozen=True)
@@ -128,12 +122,7 @@ class NodeMap:
         return {**asdict(self), "allocations": [a.to_doc() for a in self.allocations]}
 
 
-@dataclass
-class _Seen:
-    """What the reports say about one allocation."""
-
-    held: list[tuple[int, str, HeldAllocation]]
-    kept: dict[str, Any] | None = None
+_Held = list[tuple[int, str, HeldAllocation]]  # (pid, command, what it said) per reporter
 
 
 def node_map(timeout: float = transport_node.ASK_TIMEOUT) -> NodeMap:
@@ -146,25 +135,26 @@ def node_map(timeout: float = transport_node.ASK_TIMEOUT) -> NodeMap:
     reports = [(a.pid, a.snapshot) for a in answers if a.snapshot is not None]
     if own.allocations:
         reports.append((own.pid, own))
-    seen: dict[str, _Seen] = {}
+    held: dict[str, _Held] = {}
     unanswered = [a for a in answers if a.snapshot is None]
     processes = [NodeProcess(a.pid, command_line(a.pid), a.status, 0, 0) for a in unanswered]
     for pid, snap in reports:
         for row in snap.allocations:
-            seen.setdefault(row.alloc_id, _Seen([])).held.append((pid, snap.command, row))
+            held.setdefault(row.alloc_id, []).append((pid, snap.command, row))
         size = sum(r.size for r in snap.allocations if not r.draining)
         processes.append(NodeProcess(pid, snap.command, "ok", len(snap.allocations), size))
     kept = transport_node.ask_keeper(timeout)
-    for doc in kept.arrays:
-        if type(doc.get("id")) is str:
-            seen.setdefault(doc["id"], _Seen([])).kept = doc
+    docs = {doc["id"]: doc for doc in kept.arrays if type(doc.get("id")) is str}
     if kept.pid is not None:
         size = sum(int(d.get("size") or 0) for d in kept.arrays)
         command = command_line(kept.pid)
         processes.append(NodeProcess(kept.pid, command, kept.status, len(kept.arrays), size))
     commands = {pid: snap.command for pid, snap in reports}
     rows = sorted(
-        (_join(alloc_id, s, kept.pid or 0, commands, now) for alloc_id, s in seen.items()),
+        (
+            _join(i, held.get(i, []), docs.get(i), kept.pid or 0, commands, now)
+            for i in {*held, *docs}
+        ),
         key=lambda r: (-r.size, r.alloc_id),
     )
     totals: dict[str, list[int]] = {}
@@ -177,29 +167,56 @@ def node_map(timeout: float = transport_node.ASK_TIMEOUT) -> NodeMap:
 
 
 def _join(
-    alloc_id: str, seen: _Seen, keeper_pid: int, commands: dict[int, str], now: float
+    alloc_id: str,
+    held: _Held,
+    doc: dict[str, Any] | None,
+    keeper_pid: int,
+    commands: dict[int, str],
+    now: float,
 ) -> NodeAllocation:
-    """One allocation's row from what its holders and the keeper said."""
-    kept = seen.kept or {}
-    exporter_pid, exporter = next(((p, r) for p, _, r in seen.held if r.created_here), (0, None))
-    row = exporter or (seen.held[0][2] if seen.held else None)
-    holders = _holders(seen, exporter, keeper_pid, now)
+    """One allocation's row from what its holders and the keeper (``doc``) said."""
+    kept = doc or {}
+    exporter_pid, exporter = next(((p, r) for p, _, r in held if r.created_here), (0, None))
+    row = exporter or (held[0][2] if held else None)
+    holders = [
+        Holder(pid, cmd, "exporter" if r.created_here else "importer", r.since, r.views, r.parked)
+        for pid, cmd, r in held
+    ]
+
+    def add_importer(pid: object, since: float) -> None:  # (one no report names)
+        if type(pid) is int and pid not in {h.pid for h in holders} and running(pid):
+            holders.append(Holder(pid, command_line(pid), "importer", since, -1))
+
+    if exporter is not None and exporter.draining:
+        for pid, when in exporter.served:
+            add_importer(pid, when)
+    if doc is not None:
+        since = _time(doc.get("created"), now)
+        holders.append(Holder(keeper_pid, command_line(keeper_pid), "keeper", since, 0))
+        for pid in doc.get("pids") or ():
+            add_importer(pid, since)
     if row is not None:
         backend, device, size = row.backend, row.device, row.size
     else:
-        backend = str(kept.get("backend") or "?")
-        device, size = _device(backend, kept.get("device")), int(kept.get("size") or 0)
+        backend, device, size = str(kept.get("backend") or "?"), "?", int(kept.get("size") or 0)
+        if type(kept.get("device")) is int:
+            with contextlib.suppress(SharedArrayError):
+                device = str(device_of(backend, kept["device"]))
     if exporter is not None:
         lost, created = exporter.size - exporter.used, exporter.since
     else:
         # (a named array's shape, or the bytes its exporter asked for before it handed the
         # payloads in flight over)
-        wanted = _nbytes(kept) or kept.get("used")
+        try:
+            wanted = int(np.prod(kept["shape"], dtype=np.int64)) * np.dtype(kept["dtype"]).itemsize
+        except (KeyError, TypeError, ValueError):
+            wanted = 0
+        wanted = wanted or kept.get("used")
         lost = max(0, size - wanted) if type(wanted) is int else 0
         created = _time(kept.get("created"), min(h.since for h in holders))
         creator = kept.get("creator")
         exporter_pid = creator if type(creator) is int else (row.origin_pid if row else 0)
-    in_flight = sum(r.in_flight for _, _, r in seen.held) + int(kept.get("in_flight") or 0)
+    in_flight = sum(r.in_flight for _, _, r in held) + int(kept.get("in_flight") or 0)
     name = kept.get("name")
     alive = exporter is not None or running(exporter_pid)
     command = commands.get(exporter_pid, "") or (command_line(exporter_pid) if alive else "")
@@ -214,76 +231,32 @@ def _join(
         command,
         alive,
         tuple(holders),
-        seen.kept is not None,
+        doc is not None,
         in_flight,
-        _state(seen, holders),
+        _state(held, kept, holders),
         created,
         max(0.0, now - created),
     )
-
-
-def _holders(
-    seen: _Seen, exporter: HeldAllocation | None, keeper_pid: int, now: float
-) -> list[Holder]:
-    """Its reporters, then importers (not asked) that a draining exporter or the keeper names."""
-    holders = [
-        Holder(pid, cmd, "exporter" if r.created_here else "importer", r.since, r.views, r.parked)
-        for pid, cmd, r in seen.held
-    ]
-
-    def add_importer(pid: object, since: float) -> None:
-        if type(pid) is int and pid not in {h.pid for h in holders} and running(pid):
-            holders.append(Holder(pid, command_line(pid), "importer", since, -1))
-
-    if exporter is not None and exporter.draining:
-        for pid, when in exporter.served:
-            add_importer(pid, when)
-    if seen.kept is not None:
-        since = _time(seen.kept.get("created"), now)
-        holders.append(Holder(keeper_pid, command_line(keeper_pid), "keeper", since, 0))
-        for pid in seen.kept.get("pids") or ():
-            add_importer(pid, since)
-    return holders
 
 
 def _time(value: object, default: float) -> float:
     return float(value) if isinstance(value, (int, float)) else default
 
 
-def _state(seen: _Seen, holders: list[Holder]) -> str:
+def _state(held: _Held, kept: dict[str, Any], holders: list[Holder]) -> str:
     """The strongest of :data:`STATES` that holds."""
-    kept = seen.kept
     if any(h.views > 0 for h in holders):
         return "live"
-    if any(row.draining for _, _, row in seen.held):
+    if any(row.draining for _, _, row in held):
         return "draining"
-    if any(row.cached for _, _, row in seen.held):
+    if any(row.cached for _, _, row in held):
         return "cached"
-    if kept is not None and kept.get("linked") is True:
+    if kept.get("linked") is True:
         if type(kept.get("name")) is str:
             return "named"
         if not kept.get("in_flight"):
             return "parked"
     return "orphaned"
-
-
-def _device(backend: str, index: object) -> str:
-    """The device a keeper row's backend and device index name (``"?"`` where unknown)."""
-    if type(index) is not int:
-        return "?"
-    try:
-        return str(device_of(backend, index))
-    except SharedArrayError:
-        return "?"
-
-
-def _nbytes(doc: dict[str, Any]) -> int:
-    """The bytes of the array a keeper row describes (0 where it does not say)."""
-    try:
-        count = int(np.prod(doc["shape"], dtype=np.int64))
-        return count * int(np.dtype(doc["dtype"]).itemsize)
-    except (KeyError, TypeError, ValueError):
-        return 0
 
 
 def find(node: NodeMap, target: str) -> NodeAllocation:
@@ -375,16 +348,15 @@ def _drain(row: NodeAllocation) -> list[str]:
             "let them exit): the exporter then frees it"
         )
     answer = _drop(row.exporter_pid, row.alloc_id)
-    if answer is Status.OK:
-        return [f"its importers are gone: {exporter} freed it"]
     if answer is Status.NOT_ALLOWED:
         raise InUse(
             f"allocation {row.alloc_id}: its exporter (pid {row.exporter_pid}) still waits for "
             "a process that maps it or a payload of it in flight; close it there (or end that "
             "process)"
         )
-    if answer is Status.GONE:
-        return [f"its importers are gone: {exporter} freed it already"]
+    if answer is Status.OK or answer is Status.GONE:
+        already = " already" if answer is Status.GONE else ""
+        return [f"its importers are gone: {exporter} freed it{already}"]
     return [f"its importers are gone; {exporter} frees it by itself within seconds"]
 
 
@@ -396,15 +368,6 @@ class ProcessGpuMemory:
     device: str
     driver: int | None
     sharedarrays: int
-
-    @property
-    def other(self) -> int | None:
-        """Bytes the driver reports beyond sharedarrays' (``None`` where it reports none)."""
-        return None if self.driver is None else self.driver - self.sharedarrays
-
-    def to_doc(self) -> dict[str, Any]:
-        """The row as a JSON object."""
-        return asdict(self)
 
 
 def available() -> str | None:
@@ -467,6 +430,6 @@ def render_text(checks: list[ProcessGpuMemory]) -> str:
     for c in checks:
         driver = "?" if c.driver is None else format_bytes(c.driver)
         mine = format_bytes(c.sharedarrays)
-        other = "?" if c.other is None else format_bytes(max(c.other, 0))
+        other = "?" if c.driver is None else format_bytes(max(c.driver - c.sharedarrays, 0))
         lines.append(f"{c.pid:>8}  {c.device:<7} {driver:>10} {mine:>13} {other:>10}")
     return "GPU memory by process (driver vs sharedarrays)\n" + "\n".join(lines)

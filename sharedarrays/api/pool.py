@@ -1,12 +1,9 @@
-"""Process pools that work from notebooks and never fork after CUDA was initialised.
-
-:class:`Pool` and :class:`ProcessPoolExecutor` are the standard library's, except: spawn by
-default, ``"fork"`` refused after CUDA was initialised (:class:`ForkAfterCudaError`);
-functions a spawned worker cannot import (a notebook's, a lambda) go by value; a dead worker
-fails the job it ran (:class:`~sharedarrays.WorkerLost`) and the pool goes on; a task's
-``sys.exit()`` is its error (:class:`~sharedarrays.TaskExited`), and so is an argument or
-result that cannot be loaded (each is pickled on its own, :class:`_Alone`).
-"""
+"""Process pools that work from notebooks: the standard library's, except spawn by default,
+``"fork"`` refused after CUDA was initialised (:class:`ForkAfterCudaError`); functions a spawned
+worker cannot import (a notebook's, a lambda) go by value; a dead worker fails the job it ran
+(:class:`~sharedarrays.WorkerLost`) and the pool goes on; a task's ``sys.exit()``
+(:class:`~sharedarrays.TaskExited`), or an argument or result that cannot be loaded (each is
+pickled on its own), is that task's error."""
 
 from __future__ import annotations
 
@@ -22,6 +19,7 @@ import sys
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future
+from dataclasses import dataclass
 from multiprocessing import reduction
 from typing import Any, TypeVar, cast
 
@@ -32,9 +30,7 @@ from sharedarrays.process import STATE
 __all__ = ["Pool", "ProcessPoolExecutor", "ForkAfterCudaError", "ExecutorBroken", "by_value"]
 __all__ += ["ByValue", "DEFAULT_START_METHOD", "get_context", "cuda_initialised"]
 
-DEFAULT_START_METHOD = "spawn"
-"""The start method used when none is given."""
-
+DEFAULT_START_METHOD = "spawn"  # the start method used when none is given
 T = TypeVar("T")
 ContextLike = str | multiprocessing.context.BaseContext | None
 _LOADED_MAX = 128
@@ -122,15 +118,13 @@ def by_value(fn: Callable[..., T]) -> Callable[..., T]:
     return ByValue(fn) if _needs_value(fn) else fn
 
 
+@dataclass(slots=True, eq=False)
 class _Alone:
     """A task's arguments or result pickled on its own (as bytes), so that the message
     carrying it always loads, and a load error is the task's."""
 
-    __slots__ = ("value", "blob")
-
-    def __init__(self, value: Any = None, blob: bytes | None = None) -> None:
-        self.value = value
-        self.blob = blob
+    value: Any = None
+    blob: bytes | None = None
 
     def load(self) -> Any:
         return self.value if self.blob is None else reduction.ForkingPickler.loads(self.blob)
@@ -170,24 +164,17 @@ class _RaisedInTask(Exception):
         return error
 
 
-def _args(args: Iterable[Any], kwargs: Mapping[str, Any]) -> _Alone:
-    """A task's arguments, loaded by the task in the worker."""
-    return _Alone((tuple(args), dict(kwargs)))
-
-
 def _each(iterable: Iterable[Any], star: bool) -> Iterator[Any]:
     """The arguments of each task of a map (``star``: each item is an argument tuple)."""
     for item in iterable:
-        yield (_args(item, {}),) if star else _args((item,), {})
+        yield (_Alone((tuple(item), {})),) if star else _Alone(((item,), {}))
 
 
+@dataclass(slots=True, eq=False)
 class _Task:
     """The user's function as a worker runs it: arguments loaded, the result an :class:`_Alone`."""
 
-    __slots__ = ("fn",)
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        self.fn = fn
+    fn: Callable[..., Any]
 
     def __call__(self, *args: Any, **kwargs: Any) -> _Alone:
         if len(args) == 1 and not kwargs and type(args[0]) is _Alone:
@@ -209,9 +196,6 @@ class _Task:
             except Exception:
                 raise _RaisedInTask(_Alone(e), f"{type(e).__qualname__}: {e}") from e
             raise
-
-    def __reduce__(self) -> tuple[Any, tuple[Callable[..., Any]]]:
-        return _Task, (self.fn,)
 
 
 def _task(fn: Callable[..., T]) -> Callable[..., T]:
@@ -347,7 +331,9 @@ class Pool(multiprocessing.pool.Pool):
         error_callback: Callable[[BaseException], object] | None = None,
     ) -> multiprocessing.pool.AsyncResult[T]:
         """Like :meth:`apply`, returning an ``AsyncResult``."""
-        return super().apply_async(_task(func), (_args(args, kwds),), {}, callback, error_callback)
+        return super().apply_async(
+            _task(func), (_Alone((tuple(args), dict(kwds))),), {}, callback, error_callback
+        )
 
     def _map_async(self, func: Callable[..., T], iterable: Iterable[Any], *rest: Any) -> Any:
         # (map, map_async, starmap, starmap_async: the standard library's, on these tasks)
@@ -437,7 +423,7 @@ class ProcessPoolExecutor(concurrent.futures.ProcessPoolExecutor):
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         """Schedule ``fn(*args, **kwargs)`` in a worker (ExecutorBroken after a death)."""
         try:
-            inner = super().submit(_task(fn), _args(args, kwargs))
+            inner = super().submit(_task(fn), _Alone((args, kwargs)))
         except concurrent.futures.process.BrokenProcessPool as e:
             raise _broken(e) from e
         return _ResultFuture(inner)

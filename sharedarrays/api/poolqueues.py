@@ -1,10 +1,6 @@
-"""What a :class:`~sharedarrays.Pool` and its workers share: two queues whose locks a dead
-worker never holds (the standard library's semaphores stay taken: the pool hangs), and a
-table of the job each worker runs. The locks are record locks (``fcntl.lockf``, released at
-the holder's exit) on a ``memfd`` that holds one slot per worker (its pid and state:
-:data:`STARTING`, ``0`` nothing, ``-1`` a task being read, else its job plus one) and the jobs
-a dead worker failed (the last :data:`RING`, and a mark below which all failed).
-"""
+"""What a :class:`~sharedarrays.Pool` and its workers share: two queues whose locks a dead worker
+never holds (record locks, ``fcntl.lockf``, released at the holder's exit) and a ``memfd`` table
+of the job each worker runs and of the jobs a dead worker failed."""
 
 from __future__ import annotations
 
@@ -19,7 +15,7 @@ import select
 import struct
 from collections.abc import Callable, Iterable, Mapping
 from multiprocessing import reduction
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 from sharedarrays._cpython import fail_pool_job, next_pool_job
 from sharedarrays.errors import SharedArrayError, TaskNotLoaded, WorkerLost
@@ -28,21 +24,19 @@ from sharedarrays.process import STATE, running
 __all__ = ["MESSAGE_STALL", "STARTING", "RING", "PipeCut", "PoolTable", "ResultQueue"]
 __all__ += ["TaskQueue", "Workers", "died_of", "not_run", "read_message", "start_worker"]
 
-RING = 64
-"""How many of the last jobs failed by a dead worker the table names."""
-
-_MARK = 0  # cells: (job below which all failed, pid, exit code), then RING of (job + 1, ...)
-_RING = 3
-_SLOTS = _RING + 3 * RING  # the first worker slot: (pid, state)
-_TAKING = -1  # a slot's state: a task being read, its job not yet known
-STARTING = -2  # a slot's state: the pool's initializer has not returned yet
+RING = 64  # how many of the last jobs failed by a dead worker the table names
+# cells: (job below which all failed, pid, exit code), RING of (job + 1, pid, exit code), then
+# per worker slot (pid, state): STARTING, 0 nothing, _TAKING a task being read, else job + 1
+_MARK, _RING = 0, 3
+_SLOTS = _RING + 3 * RING
+_TAKING, STARTING = -1, -2  # STARTING: the pool's initializer has not returned yet
 _TASKS_LOCK, _RESULTS_LOCK, _SLOTS_LOCK = 0, 1, 2  # the locks' bytes, past the cells
 
 
 class PoolTable:
-    """One pool's table and locks: a ``memfd`` of int64 cells; pickles as a ``DupFd``."""
+    """One pool's table and locks: a ``memfd`` of int64 ``cells``; pickles as a ``DupFd``."""
 
-    __slots__ = ("fd", "slots", "_map", "_cells", "_ring_next")
+    __slots__ = ("fd", "slots", "_map", "cells", "_ring_next")
 
     def __init__(self, slots: int, dup: Any = None) -> None:
         size = 8 * (_SLOTS + 2 * slots)
@@ -54,9 +48,8 @@ class PoolTable:
         except BaseException:
             os.close(fd)
             raise
-        self._cells = memoryview(self._map).cast("q")
-        self.fd = fd
-        self.slots = slots
+        self.cells = memoryview(self._map).cast("q")
+        self.fd, self.slots = fd, slots
         self._ring_next = 0  # (the pool's own: the next ring cell it writes)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
@@ -66,7 +59,7 @@ class PoolTable:
         """Unmap the table and close its fd (idempotent)."""
         if getattr(self, "fd", -1) < 0:  # (construction failed, or closed)
             return
-        self._cells.release()
+        self.cells.release()
         self._map.close()
         os.close(self.fd)
         self.fd = -1
@@ -79,15 +72,13 @@ class PoolTable:
     def _slot_cells(self) -> range:  # (each slot's first cell: the pid)
         return range(_SLOTS, _SLOTS + 2 * self.slots, 2)
 
-    # the pool's side ---------------------------------------------------------------------
     def reap(self, pid: int) -> int | None:
         """Free the slot of worker ``pid``: what it held, or ``None`` when it had none."""
-        cells = self._cells
+        cells = self.cells
         for cell in self._slot_cells():
             if cells[cell] == pid:
                 state = int(cells[cell + 1])
-                cells[cell + 1] = 0
-                cells[cell] = 0
+                cells[cell + 1] = cells[cell] = 0
                 return state
         return None
 
@@ -98,13 +89,12 @@ class PoolTable:
         else:
             cell, job = _RING + 3 * self._ring_next, job + 1
             self._ring_next = (self._ring_next + 1) % RING
-        self._cells[cell + 1], self._cells[cell + 2] = pid, code
-        self._cells[cell] = job  # (last: a worker reads the job first)
+        self.cells[cell + 1], self.cells[cell + 2] = pid, code
+        self.cells[cell] = job  # (last: a worker reads the job first)
 
-    # a worker's side ---------------------------------------------------------------------
     def claim(self, pid: int) -> int:
-        """The state cell of a free slot (or a dead worker's) for worker ``pid``."""
-        cells = self._cells
+        """A worker's: the state cell of a free slot (or a dead worker's) for worker ``pid``."""
+        cells = self.cells
         with self.lock(_SLOTS_LOCK):
             free = [cell for cell in self._slot_cells() if cells[cell] == 0]
             if not free:
@@ -118,13 +108,9 @@ class PoolTable:
             cells[free[0]] = pid
             return free[0] + 1
 
-    def hold(self, cell: int, state: int) -> None:
-        """Say what this worker holds in its slot's ``cell``."""
-        self._cells[cell] = state
-
     def lost(self, job: int) -> tuple[int, int] | None:
         """The pid and exit code of the worker whose death failed ``job``, or ``None``."""
-        cells = self._cells
+        cells = self.cells
         if job < cells[_MARK]:
             return int(cells[_MARK + 1]), int(cells[_MARK + 2])
         for cell in range(_RING, _SLOTS, 3):
@@ -133,14 +119,11 @@ class PoolTable:
         return None
 
 
-class RecordLock:
+class RecordLock(NamedTuple):
     """A lock between processes that its holder's exit releases: a record lock on one byte."""
 
-    __slots__ = ("table", "byte")
-
-    def __init__(self, table: PoolTable, byte: int) -> None:
-        self.table = table
-        self.byte = byte
+    table: PoolTable
+    byte: int
 
     def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
         """Take the lock (``timeout`` is ignored); a closed table's is taken at once."""
@@ -154,9 +137,8 @@ class RecordLock:
         return True
 
     def release(self) -> None:
-        fd = self.table.fd
-        if fd >= 0:
-            fcntl.lockf(fd, fcntl.LOCK_UN, 1, self.byte)
+        if self.table.fd >= 0:
+            fcntl.lockf(self.table.fd, fcntl.LOCK_UN, 1, self.byte)
 
     def __enter__(self) -> bool:
         return self.acquire()
@@ -243,11 +225,12 @@ def start_worker(
     table: PoolTable, initializer: Callable[..., object] | None = None, initargs: Any = ()
 ) -> None:
     """A new worker's initializer: claim a slot in ``table``, then run the user's."""
-    STATE.pools.worker = table, table.claim(os.getpid())
-    table.hold(STATE.pools.worker[1], STARTING)
+    cell = table.claim(os.getpid())
+    STATE.pools.worker = table, cell
+    table.cells[cell] = STARTING
     if initializer is not None:
         initializer(*initargs)
-    table.hold(STATE.pools.worker[1], 0)
+    table.cells[cell] = 0
 
 
 MESSAGE_STALL = 30.0
@@ -268,28 +251,27 @@ def read_message(fd: int, before_read: Callable[[], None] | None = None) -> byte
     poller.poll()  # (the first byte may take forever)
     if before_read is not None:
         before_read()
-    header = _read(poller, fd, 4)
+
+    def read(n: int) -> bytes:  # (fewer where the rest stalls; EOFError at the pipe's end)
+        data = bytearray()
+        while len(data) < n and poller.poll(int(MESSAGE_STALL * 1000)):
+            part = os.read(fd, min(n - len(data), 1 << 20))
+            if not part:
+                raise EOFError
+            data += part
+        return bytes(data)
+
+    header = read(4)
     (size,) = struct.unpack("!i", header) if len(header) == 4 else (0,)
     if size == -1:
-        big = _read(poller, fd, 8)
+        big = read(8)
         (size,) = struct.unpack("!Q", big) if len(big) == 8 else (0,)
-    body = _read(poller, fd, size) if size > 0 else b""
+    body = read(size) if size > 0 else b""
     if len(body) != size or body[:1] != b"\x80":
         while poller.poll(0) and os.read(fd, 1 << 16):  # (drop what the pipe holds now)
             pass
         raise PipeCut("the pool's task pipe was cut in the middle of a message")
     return body
-
-
-def _read(poller: select.poll, fd: int, n: int) -> bytes:
-    """``n`` bytes of ``fd``, or fewer where the rest stalls; EOFError at its end."""
-    data = bytearray()
-    while len(data) < n and poller.poll(int(MESSAGE_STALL * 1000)):
-        part = os.read(fd, min(n - len(data), 1 << 20))
-        if not part:
-            raise EOFError
-        data += part
-    return bytes(data)
 
 
 def not_run(pid: int, code: int) -> None:
@@ -316,7 +298,6 @@ class _TaskUnpickler(pickle.Unpickler):
 
 
 def _not_loaded(what: str, error: str, *args: Any, **kwargs: Any) -> NoReturn:
-    """What a task runs instead of the function ``what`` this worker cannot find."""
     raise TaskNotLoaded(
         f"a worker cannot find {what} ({error}): a function a pool runs must be importable "
         "by the worker, at the top level of a module or script (not inside "
@@ -338,16 +319,16 @@ class TaskQueue(multiprocessing.queues.SimpleQueue):  # type: ignore[type-arg]
         table, cell = worker
         fd = self._reader.fileno()  # type: ignore[attr-defined]
         with self._rlock:  # (taken before the first byte is read: never a task lost unsaid)
-            res = read_message(fd, lambda: table.hold(cell, _TAKING))
+            res = read_message(fd, lambda: table.cells.__setitem__(cell, _TAKING))
         try:
             task = reduction.ForkingPickler.loads(res)
         except (AttributeError, ImportError):  # (a name this worker cannot find)
             task = _TaskUnpickler(io.BytesIO(res)).load()
         if type(task) is not tuple or len(task) != 5 or type(task[0]) is not int:
-            table.hold(cell, 0)  # (the sentinel that ends the worker)
+            table.cells[cell] = 0  # (the sentinel that ends the worker)
             return task
         job = task[0]
-        table.hold(cell, job + 1)
+        table.cells[cell] = job + 1
         lost = table.lost(job)
         return task if lost is None else (job, task[1], not_run, lost, {})
 
@@ -363,4 +344,4 @@ class ResultQueue(multiprocessing.queues.SimpleQueue):  # type: ignore[type-arg]
         super().put(obj)
         worker = STATE.pools.worker
         if worker is not None and worker[0] is self._wlock.table:
-            worker[0].hold(worker[1], 0)
+            worker[0].cells[worker[1]] = 0

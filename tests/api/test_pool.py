@@ -630,8 +630,8 @@ def test_a_dead_worker_fails_the_job_its_slot_names():
         workers = Workers([_Dead(101), _Dead(102)], cache, table)
         running = table.claim(101)
         idle = table.claim(102)
-        table.hold(running, 11 + 1)  # (running a task of job 11)
-        table.hold(idle, 0)
+        table.cells[running] = 11 + 1  # (running a task of job 11)
+        table.cells[idle] = 0
         del workers[1]  # idle (held 0): nothing fails, whatever its exit
         workers.append(object())
         assert set(cache) == {10, 11, 12}
@@ -647,8 +647,8 @@ def test_a_dead_worker_fails_the_job_its_slot_names():
         with pytest.raises(sa.SharedArrayError, match="make a new pool"):
             table.claim(os.getpid())  # (every slot held by a running process)
         table.reap(os.getpid())
-        table.hold(table.claim(2**22 + 1), 0)  # (a pid no process has)
-        table.hold(table.claim(os.getpid()), 0)  # the dead one's slot is taken over
+        table.cells[table.claim(2**22 + 1)] = 0  # (a pid no process has)
+        table.cells[table.claim(os.getpid())] = 0  # the dead one's slot is taken over
     finally:
         table.close()
 
@@ -664,7 +664,7 @@ def test_a_worker_dead_before_it_could_say_which_job_fails_every_job_pending():
     try:
         cache: dict = {}
         workers = Workers([_Dead(101)], cache, table)
-        table.hold(table.claim(101), -1)  # (a task read, its job not yet known)
+        table.cells[table.claim(101)] = -1  # (a task read, its job not yet known)
         before = next(multiprocessing.pool.job_counter)
         _Job(cache, before)
         del workers[0]
@@ -777,12 +777,12 @@ def test_a_task_of_a_failed_job_is_not_run_by_the_worker_that_takes_it():
         queue.put(None)
         job, _, func, args, kwds = queue.get()
         assert (job, func, args) == (5, poolqueues.not_run, (4242, -9))
-        assert table._cells[cell] == 5 + 1  # (what the worker holds: a task of job 5)
+        assert table.cells[cell] == 5 + 1  # (what the worker holds: a task of job 5)
         with pytest.raises(sa.WorkerLost, match=r"not run.*pid 4242\) died \(killed by signal 9"):
             func(*args, **kwds)
         assert queue.get() == (6, 0, abs, (-2,), {})
-        assert table._cells[cell] == 6 + 1  # (until its result is written)
-        assert queue.get() is None and table._cells[cell] == 0
+        assert table.cells[cell] == 6 + 1  # (until its result is written)
+        assert queue.get() is None and table.cells[cell] == 0
     finally:
         STATE.pools.worker = saved
         queue.close()

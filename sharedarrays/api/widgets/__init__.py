@@ -46,9 +46,9 @@ def show(
     -------
     MemoryMapWidget or MemoryMap
         In a Jupyter kernel with ipywidgets 8 or later the live map, an ipywidgets ``VBox``
-        (its ``memory_map`` is the :class:`MemoryMap`), elsewhere the :class:`MemoryMap`;
-        for the node a live ``VBox`` or a :class:`~sharedarrays.api.widgets.view.NodeView`.
-        TypeError or ValueError for a wrong argument.
+        (its ``memory_map`` is the :class:`MemoryMap`), elsewhere the :class:`MemoryMap`; for
+        the node a ``VBox`` or a :class:`~sharedarrays.api.widgets.view.NodeView`. TypeError
+        or ValueError for a wrong argument.
     """
     if scope not in ("process", "node"):
         raise ValueError(f"scope must be 'process' or 'node', not {scope!r}")

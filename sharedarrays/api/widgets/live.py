@@ -67,7 +67,7 @@ class _Box(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
 
     def _repr_mimebundle_(
         self, include: Any = None, exclude: Any = None, **kwargs: Any
-    ) -> dict[str, Any]:  # (the map's: text, HTML, PNG, and this live view in a kernel)
+    ) -> dict[str, Any]:
         return dict(self._shown.mimebundle(include, exclude))
 
     def __repr__(self) -> str:
@@ -101,11 +101,7 @@ class NodeMapWidget(_Box):
             description="free", icon="trash", tooltip="free a parked or orphaned allocation"
         )
         super().__init__(view, (w.HBox([self.target, self.free_button]),))
+        self.node_view = view
         self.free_button.on_click(
             lambda _: setattr(self.status, "value", view.free(self.target.value))
         )
-
-    @property
-    def node_view(self) -> Any:
-        """The :class:`~sharedarrays.api.widgets.view.NodeView` this widget shows."""
-        return self._shown

@@ -6,17 +6,18 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sharedarrays.api.keeping import local_name
 from sharedarrays.api.views import ArrayView, is_view, live_views
-from sharedarrays.memory import Allocation, live_allocations
+from sharedarrays.memory import Allocation, Served, live_allocations
 from sharedarrays.memory.info import format_bytes
 from sharedarrays.process import STATE, running
 from sharedarrays.protocol.payload import view_extent
 
 Span = tuple[int, int]
 fmt_bytes = format_bytes  # ("4 KiB", "1.5 MiB"; the widgets' and the CLI's name)
+ServedInfo = Served  # one time this process served the allocation's handles: pid, time
 MIN_INTERVAL, MAX_INTERVAL = 0.2, 3600.0  # the auto-refresh interval's bounds (s)
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"  # a live widget's display data
 
@@ -26,8 +27,7 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}{'s' if n != 1 else ''}"
 
 
-@dataclass(frozen=True)
-class ChunkBar:
+class ChunkBar(NamedTuple):
     """One mapping of one chunk: ``size`` bytes at ``start`` bytes into the reservation."""
 
     chunk: int
@@ -38,16 +38,14 @@ class ChunkBar:
     access: str
 
 
-@dataclass(frozen=True)
-class Gap:
+class Gap(NamedTuple):
     """A part of the reservation that nothing is mapped at."""
 
     start: int
     size: int
 
 
-@dataclass(frozen=True)
-class ViewBracket:
+class ViewBracket(NamedTuple):
     """The bytes ``[start, stop)`` a live view touches, drawn in row ``level`` (0: nearest)."""
 
     start: int
@@ -57,23 +55,11 @@ class ViewBracket:
 
 
 @dataclass(frozen=True)
-class ServedInfo:
-    """One time this process served the allocation's handles to process ``pid``."""
-
-    pid: int
-    time: float
-
-
-@dataclass(frozen=True)
 class ReservationMap:
-    """Everything the memory map shows about one allocation in this process.
-
-    ``size`` is the reservation (a growable array's capacity), ``mapped`` the bytes mapped
-    from its start, ``used`` one past the highest byte a live view touches and
-    ``lost`` the mapped bytes beyond it. ``lifetime`` is ``"any holder"`` or ``"exporter"``;
-    ``access_enforced`` is False where read-only is only a promise. A ``slab`` packs small
-    arrays; ``own`` is the span one packed array has in it (``neighbours``: the other views).
-    """
+    """What the memory map shows of one allocation here: ``size`` reserved, ``mapped`` from its
+    start, ``used`` up to the end of the last view, ``lost`` mapped beyond it; read-only access
+    is a promise only unless ``access_enforced``; a ``slab`` packs small arrays, ``own`` is one
+    packed array's span of it (``neighbours``: the other views)."""
 
     alloc_id: str
     backend: str
@@ -105,8 +91,7 @@ class ReservationMap:
     neighbours: int
 
     @property
-    def packed_text(self) -> str:
-        """For a slab, what it holds, or which of it a packed array's map shows."""
+    def packed_text(self) -> str:  # (a slab's: what it holds, or one packed array's part)
         if not self.slab:
             return ""
         if self.own is None:
@@ -119,8 +104,7 @@ class ReservationMap:
         )
 
     @property
-    def marks(self) -> tuple[str, ...]:
-        """What holds it besides views: its name, the keeper, a parked mapping."""
+    def marks(self) -> tuple[str, ...]:  # (what holds it besides views)
         named = f'named "{self.name}"' if self.name is not None else None
         keeper = "parked in the keeper" if self.in_keeper and named is None else None
         parked = "parked mapping, no view" if self.parked else None
@@ -131,8 +115,7 @@ class ReservationMap:
         return " (importers: r)" if self.export_readonly and self.created_here else ""
 
     @property
-    def access_text(self) -> str:
-        """This process's access per device, e.g. ``"cpu: rw (importers: r)"``."""
+    def access_text(self) -> str:  # (e.g. "cpu: rw (importers: r)")
         text = ", ".join(f"{d}: {a}" for d, a in self.access.items()) + self.importers_note
         if not self.access_enforced and "r" in self.access.values():
             text += " (not enforced)"
@@ -143,8 +126,7 @@ class ReservationMap:
         return self.alloc_id[:8]
 
     @property
-    def origin_text(self) -> str:
-        """Who made it (exporter, or importer of whose), since when, and what it lives on."""
+    def origin_text(self) -> str:  # (exporter, or importer of whose, since when; its lifetime)
         stamp = time.strftime("%H:%M:%S", time.localtime(self.origin_time))
         owned = self.lifetime == "exporter"
         if self.created_here:
@@ -162,15 +144,13 @@ class ReservationMap:
 
     @property
     def served_text(self) -> str:
-        """``"served to 2 importers: pid 123, 456"`` or ``"served to no importer yet"``."""
         pids = sorted({s.pid for s in self.served})
         if not pids:
             return "served to no importer yet"
         return f"served to {plural(len(pids), 'importer')}: pid {', '.join(map(str, pids))}"
 
 
-@dataclass(frozen=True)
-class TableRow:
+class TableRow(NamedTuple):
     """One row of the side table: what, where (absolute addresses) and how big."""
 
     alloc_id: str
@@ -268,7 +248,7 @@ def build_map(
         created_here=origin.created_here,
         origin_pid=origin.pid,
         origin_time=origin.time,
-        served=tuple(ServedInfo(s.pid, s.time) for s in allocation.served),
+        served=allocation.served,
         mapped=allocation.size,
         lifetime=allocation.lifetime,
         holders=tuple(allocation.holders),

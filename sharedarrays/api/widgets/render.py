@@ -1,10 +1,7 @@
-"""Drawing the maps: this process's memory map as text, HTML (an SVG map, the side table, the
-provenance panel) and a PNG (matplotlib); the node-wide map as text and HTML.
-
-Stable markers for tests and scripts: the memory map's ``div.sa-memory-map`` has the data
-attributes ``allocations``, ``shown``, ``chunks``, ``views`` and ``rows``; each chunk bar is a
-``rect.sa-chunk``, each table row a ``tr.sa-row``.
-"""
+"""Drawing the maps: this process's as text, HTML (an SVG map, the side table, the provenance
+panel) and a PNG (matplotlib); the node's as text and HTML. Stable markers: ``div.sa-memory-map``
+with the data attributes ``allocations``, ``shown``, ``chunks``, ``views`` and ``rows``; each
+chunk bar a ``rect.sa-chunk``, each table row a ``tr.sa-row``."""
 
 from __future__ import annotations
 
@@ -15,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sharedarrays.api.nodemap import STATES, Holder, NodeAllocation, NodeMap
-from sharedarrays.api.widgets.model import ReservationMap, TableRow, fmt_bytes, plural, table_rows
+from sharedarrays.api.widgets.model import ReservationMap, fmt_bytes, plural, table_rows
 
 PALETTE = tuple(  # chunk colours, by chunk index (cycled)
     "#4e79a7 #f28e2b #59a14f #b07aa1 #76b7b2 #edc948 #9c755f #e15759 #bab0ac #ff9da7".split()  # noqa: SIM905
@@ -53,13 +50,6 @@ def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _chunk_label(index: int, size: int, width: float) -> str:  # (the longest that fits)
-    for label in (f"chunk {index} · {fmt_bytes(size)}", f"{index}: {fmt_bytes(size)}"):
-        if width > _CHAR * (len(label) + 1):
-            return label
-    return ""
-
-
 def _colour(chunk: int) -> str:
     return PALETTE[chunk % len(PALETTE)]
 
@@ -89,8 +79,7 @@ def render_text(maps: Sequence[ReservationMap]) -> str:
     )
 
 
-def _draw(m: ReservationMap, pen: Any) -> None:
-    """One reservation, drawn by ``pen`` (:class:`_Svg` or :class:`_Png`) at its fractions."""
+def _draw(m: ReservationMap, pen: Any) -> None:  # (pen: an _Svg or a _Png)
     a, size = m.address, max(m.size, 1)
     mapped = f", {fmt_bytes(m.mapped)} mapped" if m.mapped < m.size else ""
     pen.begin(_levels(m))
@@ -108,7 +97,8 @@ def _draw(m: ReservationMap, pen: Any) -> None:
             f"mapping of chunk {c.chunk} at offset {c.start:#x}: {a + c.start:#x}-"
             f"{a + c.start + c.size:#x} ({fmt_bytes(c.size)}, fd {c.fd}, {c.access})"
         )
-        label = _chunk_label(c.chunk, c.size, c.size / size)
+        labels = (f"chunk {c.chunk} · {fmt_bytes(c.size)}", f"{c.chunk}: {fmt_bytes(c.size)}")
+        label = next((t for t in labels if c.size / size > _CHAR * (len(t) + 1)), "")
         pen.rect(c.start / size, c.size / size, "chunk", tip, c.chunk, label)
     for g in m.gaps:
         tip = f"unmapped: {a + g.start:#x}-{a + g.start + g.size:#x}"
@@ -189,49 +179,6 @@ class _Svg:
             self.out.append(_svg_text(self.x(f) + width / 2, self.bar_y + 17, label, attrs))
 
 
-def _svg(maps: Sequence[ReservationMap]) -> str:
-    pen = _Svg()
-    for m in maps[:MAX_DRAWN]:
-        _draw(m, pen)
-    y = pen.y
-    if len(maps) > MAX_DRAWN:
-        pen.out.append(f'<text x="{_PAD}" y="{y + 12}">{_e(_more(len(maps)))}</text>')
-        y += 18
-    return (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{y}" '
-        f'viewBox="0 0 {_W} {y}" font-family="sans-serif" font-size="12">'
-        f"{_DEFS}{''.join(pen.out)}</svg>"
-    )
-
-
-def _table(rows: Sequence[TableRow]) -> str:
-    head = "<th>allocation</th><th>what</th><th>start</th><th>end</th><th>size</th><th>detail</th>"
-    body = "".join(
-        f'<tr class="sa-row" data-kind="{_e(r.kind)}"><td>{_e(r.alloc_id)}</td>'
-        f"<td>{_e(r.kind)}</td><td class='sa-num'>{r.start:#x}</td>"
-        f"<td class='sa-num'>{r.stop:#x}</td><td class='sa-num'>{_e(fmt_bytes(r.size))}</td>"
-        f"<td>{_e(r.detail)}</td></tr>"
-        for r in rows
-    )
-    return f'<table class="sa-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
-
-
-def _provenance(maps: Sequence[ReservationMap]) -> str:
-    body = []
-    for m in maps:
-        stamps = [(s.pid, time.strftime("%H:%M:%S", time.localtime(s.time))) for s in m.served]
-        served = ", ".join(f"pid {pid} at {at}" for pid, at in stamps) or "no importer yet"
-        marks = "".join(f"; {mark}" for mark in m.marks)
-        body.append(
-            f'<tr class="sa-provenance-row"><td>{_e(m.short_id)}</td><td>{_e(m.origin_text)}'
-            f"{_e(marks)}</td><td>{_e(served)}</td></tr>"
-        )
-    return (
-        '<table class="sa-provenance"><thead><tr><th>allocation</th><th>exporter / importer</th>'
-        f"<th>handles served to importers</th></tr></thead><tbody>{''.join(body)}</tbody></table>"
-    )
-
-
 def render_html(maps: Sequence[ReservationMap], title: str = "shared memory map") -> str:
     """The SVG map, the side table and the provenance panel of the first :data:`MAX_DRAWN`."""
     shown = maps[:MAX_DRAWN]
@@ -244,10 +191,41 @@ def render_html(maps: Sequence[ReservationMap], title: str = "shared memory map"
     if not maps:
         return f"{_CSS}<div {attrs}><h4>{_e(title)}</h4><p>{_EMPTY}</p></div>"
     more = f'<p class="sa-more">{_e(_more(len(maps)))}</p>' if len(maps) > len(shown) else ""
+    pen = _Svg()
+    for m in shown:
+        _draw(m, pen)
+    if more:
+        pen.out.append(f'<text x="{_PAD}" y="{pen.y + 12}">{_e(_more(len(maps)))}</text>')
+        pen.y += 18
+    svg = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{pen.y}" '
+        f'viewBox="0 0 {_W} {pen.y}" font-family="sans-serif" font-size="12">'
+        f"{_DEFS}{''.join(pen.out)}</svg>"
+    )
+    table = "".join(
+        f'<tr class="sa-row" data-kind="{_e(r.kind)}"><td>{_e(r.alloc_id)}</td>'
+        f"<td>{_e(r.kind)}</td><td class='sa-num'>{r.start:#x}</td>"
+        f"<td class='sa-num'>{r.stop:#x}</td><td class='sa-num'>{_e(fmt_bytes(r.size))}</td>"
+        f"<td>{_e(r.detail)}</td></tr>"
+        for r in rows
+    )
+    provenance = []
+    for m in shown:
+        stamps = [(s.pid, time.strftime("%H:%M:%S", time.localtime(s.time))) for s in m.served]
+        served = ", ".join(f"pid {pid} at {at}" for pid, at in stamps) or "no importer yet"
+        marks = "".join(f"; {mark}" for mark in m.marks)
+        provenance.append(
+            f'<tr class="sa-provenance-row"><td>{_e(m.short_id)}</td><td>{_e(m.origin_text)}'
+            f"{_e(marks)}</td><td>{_e(served)}</td></tr>"
+        )
     return (
-        f"{_CSS}<div {attrs}><h4>{_e(title)}</h4>{_svg(maps)}"
-        f"<h4>addresses</h4>{_table(rows)}{more}<h4>exporters and importers</h4>"
-        f"{_provenance(shown)}{more}</div>"
+        f"{_CSS}<div {attrs}><h4>{_e(title)}</h4>{svg}<h4>addresses</h4>"
+        '<table class="sa-table"><thead><tr><th>allocation</th><th>what</th><th>start</th>'
+        "<th>end</th><th>size</th><th>detail</th></tr></thead>"
+        f"<tbody>{table}</tbody></table>{more}<h4>exporters and importers</h4>"
+        '<table class="sa-provenance"><thead><tr><th>allocation</th><th>exporter / importer</th>'
+        "<th>handles served to importers</th></tr></thead>"
+        f"<tbody>{''.join(provenance)}</tbody></table>{more}</div>"
     )
 
 
@@ -321,11 +299,6 @@ _STATE_COLOURS = ("#2e7d32", "#ef6c00", "#00838f", "#1565c0", "#6a1b9a", "#c6282
 _AGES = ((60, 1, ".0f", "s"), (3600, 60, ".0f", "m"), (86400, 3600, ".1f", "h"))
 
 
-def _age(seconds: float) -> str:
-    _, unit_s, spec, unit = next((a for a in _AGES if seconds < a[0]), (0, 86400, ".1f", "d"))
-    return f"{seconds / unit_s:{spec}}{unit}"
-
-
 def _program(command: str) -> str:  # (the script or module it runs, else its program)
     words = command.split()
     if not words:
@@ -345,6 +318,7 @@ def _holder(h: Holder) -> str:
 
 def row_cells(row: NodeAllocation) -> tuple[str, ...]:
     """One allocation's cells, in :data:`COLUMNS` order."""
+    _, unit_s, spec, unit = next((a for a in _AGES if row.age < a[0]), (0, 86400, ".1f", "d"))
     exporter = str(row.exporter_pid) if row.exporter_pid else "?"
     if not row.exporter_alive:
         exporter += " (gone)"
@@ -360,7 +334,7 @@ def row_cells(row: NodeAllocation) -> tuple[str, ...]:
         fmt_bytes(row.lost) if row.lost else "0",
         exporter,
         " ".join(_holder(h) for h in row.holders) or "-",
-        _age(row.age),
+        f"{row.age / unit_s:{spec}}{unit}",
     )
 
 
@@ -382,9 +356,8 @@ def summary_lines(node: NodeMap) -> list[str]:
 
 
 def render_node_text(node: NodeMap) -> str:
-    """The node-wide map as a fixed-width table (largest allocation first) under its summary.
-    Holders read ``<pid><role>``: ``E`` exporter, ``I`` importer, ``K`` keeper; then ``Nv``
-    for N views using it there, or ``p`` for a mapping kept parked."""
+    """The node-wide map as a fixed-width table (largest allocation first) under its summary;
+    holders read ``<pid><role>`` (Exporter, Importer, Keeper), then ``Nv`` (N views) or ``p``."""
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(node.time))
     rows = [COLUMNS] + [row_cells(r) for r in node.allocations]
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]

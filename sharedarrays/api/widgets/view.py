@@ -1,11 +1,11 @@
-"""The maps Jupyter shows: :class:`MemoryMap` (this process's allocations) and
-:class:`NodeView` (the whole node's), refreshed by hand or by a thread; their live widgets are
-in :mod:`~sharedarrays.api.widgets.live`. A cell run again stops the auto-refresh it started
-(the kernel keeps its widgets and their threads when their output goes)."""
+"""The maps Jupyter shows: :class:`MemoryMap` (this process's allocations) and :class:`NodeView`
+(the node's), refreshed by hand or by a thread; their live widgets are in
+:mod:`~sharedarrays.api.widgets.live`. A cell run again stops the auto-refresh it started."""
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import re
 import threading
 import time
@@ -22,19 +22,14 @@ from sharedarrays.process import STATE
 from sharedarrays.settings import seconds
 
 
-def major_version(version: str) -> int:
-    """``"10.0.1"`` -> 10 (0 when it has no number)."""
-    m = re.match(r"\s*v?(\d+)", version)
-    return int(m.group(1)) if m else 0
-
-
 def widgets_available() -> bool:
     """Whether ipywidgets 8 or later can be imported."""
     try:
         import ipywidgets
     except ImportError:
         return False
-    return major_version(str(ipywidgets.__version__)) >= 8
+    major = re.match(r"\s*v?(\d+)", str(ipywidgets.__version__))
+    return major is not None and int(major.group(1)) >= 8
 
 
 def kernel_shell() -> Any:
@@ -48,13 +43,13 @@ def kernel_shell() -> Any:
 
 
 def in_kernel() -> bool:
-    """Whether this process is a Jupyter kernel (where a live widget can be shown)."""
-    return kernel_shell() is not None
+    """Whether a live widget can be shown: in a Jupyter kernel, with ipywidgets 8 or later."""
+    return kernel_shell() is not None and widgets_available()
 
 
 def live_or_static(shown: Any) -> Any:
-    """The map's live widget in a kernel with ipywidgets 8 or later, else the map."""
-    return shown.widget if in_kernel() and widgets_available() else shown
+    """The map's live widget where :func:`in_kernel`, else the map."""
+    return shown.widget if in_kernel() else shown
 
 
 def current_cell() -> str | None:
@@ -76,19 +71,15 @@ def stop_on_rerun(view: Any) -> None:
     if shell not in STATE.views.shells:
         shell.events.register("pre_run_cell", _on_cell)
         STATE.views.shells.append(shell)
-    refs = [r for r in STATE.views.cells.get(cell, []) if r() is not None]
-    if not any(r() is view for r in refs):
-        refs.append(weakref.ref(view))
-    STATE.views.cells[cell] = refs
+    refs = [r for r in STATE.views.cells.get(cell, []) if r() not in (None, view)]
+    STATE.views.cells[cell] = [*refs, weakref.ref(view)]
 
 
 def _on_cell(info: Any = None) -> None:  # (the shell's pre_run_cell hook)
     cell = getattr(info, "cell_id", None) or current_cell()
     for ref in STATE.views.cells.pop(cell, []) if cell else []:
-        try:
+        with contextlib.suppress(Exception):  # (a hook must never fail the user's cell)
             ref().stop()  # (a collected view: AttributeError on None)
-        except Exception:  # a hook must never fail the user's cell
-            pass
 
 
 class _Shown:
@@ -191,29 +182,21 @@ class _Shown:
     def mimebundle(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         """The display data: text, HTML (and a PNG), and the live widget in a kernel."""
         bundle = self._static()
-        if in_kernel() and widgets_available():
+        if in_kernel():
             bundle.update(self.widget.view_data())
-        return {
-            k: v
-            for k, v in bundle.items()
-            if (not include or k in include) and not (exclude and k in exclude)
-        }
+        keep = [k for k in bundle if (not include or k in include) and k not in (exclude or ())]
+        return {k: bundle[k] for k in keep}
 
     _repr_mimebundle_ = mimebundle
 
 
 class MemoryMap(_Shown):
-    """The memory map of shared allocations in this process, live in Jupyter.
+    """The memory map of shared allocations in this process: a bar over each allocation's
+    addresses (chunks in colour, unmapped grey, bytes lost to granularity red, views as
+    brackets), tables of its addresses and of who exported and imported it; live in Jupyter.
 
-    Each allocation is a bar over its addresses (chunks in colour, unmapped grey, bytes lost
-    to granularity red, views as brackets), then tables of its addresses and of who exported
-    and imported it. With ipywidgets it has *refresh* and *auto-refresh*; elsewhere it
-    displays as text, HTML and a PNG.
-
-    ``target``: what to show (see :func:`~sharedarrays.show`; ``None``: every live allocation
-    of this process, re-read on each refresh), held weakly: the map never keeps memory mapped.
-    ``interval``: seconds between refreshes (0.2 to 3600); ``auto_refresh``: start refreshing
-    once the widget exists.
+    ``target`` as :func:`~sharedarrays.show` takes it, held weakly (``None``: every live
+    allocation, re-read on each refresh); ``interval`` and ``auto_refresh`` as there too.
     """
 
     _name, _widget = "sharedarrays-memory-map", "MemoryMapWidget"
@@ -225,7 +208,6 @@ class MemoryMap(_Shown):
         self._refs: list[tuple[weakref.ref[Allocation], tuple[int, int] | None]] | None = None
         if target is not None:
             self._refs = [(weakref.ref(alloc), own) for alloc, own in model.targets(target)]
-        self._title = "shared memory map" if target is None else "memory map"
         self.maps: list[model.ReservationMap] = self._read()
 
     def _read(self) -> list[model.ReservationMap]:
@@ -243,14 +225,13 @@ class MemoryMap(_Shown):
         return render.render_text(self.maps)
 
     def html(self) -> str:
-        return render.render_html(self.maps, self._title)
+        title = "shared memory map" if self._refs is None else "memory map"
+        return render.render_html(self.maps, title)
 
     def _static(self) -> dict[str, Any]:
         bundle = super()._static()
-        try:
+        with contextlib.suppress(ImportError):  # (no matplotlib: the HTML still shows the map)
             bundle["image/png"] = base64.b64encode(render.render_png(self.maps)).decode("ascii")
-        except ImportError:  # matplotlib missing: the HTML still shows the map
-            pass
         return bundle
 
 
