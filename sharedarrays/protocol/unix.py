@@ -26,6 +26,8 @@ BACKOFF = 0.05  # seconds between tries to connect to a listener whose queue is 
 RUN_USER = Path("/run/user")  # where systemd makes each user's runtime directory
 RUNTIME_DIR_TRIES = 100  # names tried for the fallback runtime directory
 _CRED = struct.Struct("3i")  # pid, uid, gid
+_PEEK_LENGTH = int(socket.MSG_PEEK | socket.MSG_TRUNC)
+_MSG_CTRUNC = int(socket.MSG_CTRUNC)  # (a plain int: IntFlag's & makes a flag object)
 
 
 class Credentials(typing.NamedTuple):
@@ -43,8 +45,7 @@ def peer_credentials(sock: socket.socket) -> Credentials:
 
 
 def check_same_user(sock: socket.socket, what: str) -> Credentials:
-    """The credentials of ``sock``'s peer: PermissionDenied (naming it ``what``) where it
-    runs as another user, OSError where ``SO_PEERCRED`` failed."""
+    """``sock``'s peer's credentials; PermissionDenied (naming it ``what``) if another user's."""
     peer = peer_credentials(sock)
     if peer.uid != os.getuid():
         raise PermissionDenied(f"{what} runs as another user (uid {peer.uid})")
@@ -103,8 +104,7 @@ def recv_fds(
 
 def recv_into(sock: socket.socket, size: int, maxfds: int, fds: list[int]) -> tuple[bytes, int]:
     """``socket.recv_fds``, its fds appended to ``fds``: the message and its flags. A SIGINT
-    meanwhile is delivered once the fds are in ``fds`` (none left without an owner).
-    TimeoutError where no message came within the socket's timeout."""
+    meanwhile is delivered once the fds are in ``fds`` (none left without an owner)."""
     # (elsewhere no Python handler can run between the receive and the append)
     guard = threading.current_thread() is threading.main_thread() and callable(
         signal.getsignal(signal.SIGINT)
@@ -125,10 +125,6 @@ def recv_into(sock: socket.socket, size: int, maxfds: int, fds: list[int]) -> tu
     return msg, flags
 
 
-_PEEK_LENGTH = int(socket.MSG_PEEK | socket.MSG_TRUNC)
-_MSG_CTRUNC = int(socket.MSG_CTRUNC)  # (a plain int: IntFlag's & makes a flag object)
-
-
 def check_truncated(flags: int) -> None:
     """Raise HandleUnavailable if the kernel dropped fds of a message (its fd table full)."""
     if flags & _MSG_CTRUNC:
@@ -145,10 +141,9 @@ def socket_pid(path: str | Path) -> int | None:
 
 
 def runtime_dir() -> Path:
-    """The private directory of this user's sockets, made 0700 if missing (checked at each
-    call: a tmp cleaner or logout may remove it): ``$XDG_RUNTIME_DIR/sharedarrays``, else
-    ``/run/user/<uid>/sharedarrays``, else ``<tmp>/sharedarrays-<uid>`` (or ``-1``, ...).
-    PermissionDenied where it cannot be made or is not private, or the first is unsafe."""
+    """This user's private directory of sockets, made 0700 at each call if missing:
+    ``$XDG_RUNTIME_DIR/sharedarrays``, else ``/run/user/<uid>/sharedarrays``, else
+    ``<tmp>/sharedarrays-<uid>[-n]``; PermissionDenied where none is private or safe."""
     uid = os.getuid()
     login = _login_dir(uid)
     if login is not None:
