@@ -1,9 +1,6 @@
-"""The handle server's client: fetching an allocation's chunk handles from its exporter,
-on one connection per exporter kept open between requests (so the next connects to nothing),
-and the notices this process sends on them. Finalizers must never block, so the notices they
-cause are queued (``STATE.notices``) and sent by one daemon thread, each only to a peer of
-this user (it carries the secret).
-"""
+"""The handle server's client: chunk handles fetched from their exporter on one connection
+per exporter, kept between requests; notices (finalizers cause them: never blocking) queued
+on ``STATE.notices`` and sent by one daemon thread, only to a peer of this user."""
 
 from __future__ import annotations
 
@@ -14,6 +11,7 @@ import socket
 import sys
 import threading
 import time
+from types import MappingProxyType
 from typing import Any, cast
 
 from sharedarrays.errors import HandleUnavailable, PayloadError, PermissionDenied, SharedArrayError
@@ -40,6 +38,32 @@ from sharedarrays.protocol.unix import (
 from sharedarrays.sections import NoticesState
 
 _INCONSISTENT = "the handle server sent an inconsistent reply"
+_GONE = (  # what a load says when the exporter no longer serves the allocation
+    "the handles of allocation {alloc_id} are no longer available: the process that "
+    "shared it (pid {pid}) has exited or closed every view of it, and the payload was not "
+    "kept in flight (killed; older than SHAREDARRAYS_IN_FLIGHT seconds; or already loaded "
+    "as many times as it was pickled: each pickle.dumps counts one load, so bytes pickled "
+    "once and loaded by two processes load only in the first). Keep that "
+    "process and one open view alive until every importer has loaded the array, or name "
+    "or park() it (a named or parked array is gone too when the keeper that held it was "
+    "killed: python -m sharedarrays status shows whether one runs)"
+)
+_REFUSED: MappingProxyType[int, tuple[type[SharedArrayError], str]] = MappingProxyType(
+    {  # what a handle server's refusal raises; others: malformed
+        Status.GONE: (HandleUnavailable, "{gone}"),
+        Status.BAD_SECRET: (
+            PermissionDenied,
+            "the process that shared allocation {alloc_id} (pid {pid}) refused the payload's "
+            "secret; the payload does not belong to that allocation",
+        ),
+        Status.BAD_UID: (PermissionDenied, "the handle server refused this process: another user"),
+        Status.NOT_ALLOWED: (
+            PermissionDenied,
+            "process {me} is not in the allow_pids of allocation {alloc_id}",
+        ),
+    }
+)
+_MALFORMED = (PayloadError, "the handle server rejected the request as malformed")
 TIMEOUT = 10.0  # seconds an importer waits for a handle server
 MAX_CLIENT_CONNECTIONS = 64  # connections to handle servers kept open at most (oldest closed)
 TIDY_CONNECTIONS = 4  # kept connections from which a new one first closes those hung up
@@ -134,25 +158,21 @@ def keep_connection(server: str, sock: socket.socket) -> None:
     """Put a connection back for the next request (or close it if another one is kept);
     past :data:`TIDY_CONNECTIONS` kept, those whose server hung up are closed first."""
     with STATE.connections.lock:
-        if server not in STATE.connections.by_server:
-            if len(STATE.connections.by_server) >= TIDY_CONNECTIONS:
-                _close_hung_up()
-            while len(STATE.connections.by_server) >= MAX_CLIENT_CONNECTIONS:
-                STATE.connections.by_server.pop(next(iter(STATE.connections.by_server))).close()
-            STATE.connections.by_server[server] = sock
+        by_server = STATE.connections.by_server
+        if server not in by_server:
+            if len(by_server) >= TIDY_CONNECTIONS:  # close those that poll readable: hung up
+                poller = select.poll()
+                by_fd = {}
+                for path, kept in by_server.items():
+                    poller.register(kept, select.POLLIN | select.POLLHUP | select.POLLERR)
+                    by_fd[kept.fileno()] = path
+                for fd, _ in poller.poll(0):
+                    by_server.pop(by_fd[fd]).close()
+            while len(by_server) >= MAX_CLIENT_CONNECTIONS:
+                by_server.pop(next(iter(by_server))).close()
+            by_server[server] = sock
             return
     sock.close()
-
-
-def _close_hung_up() -> None:
-    """Close the kept connections that poll readable (hung up); under the connections lock."""
-    poller = select.poll()
-    by_fd = {}
-    for server, kept in STATE.connections.by_server.items():
-        poller.register(kept, select.POLLIN | select.POLLHUP | select.POLLERR)
-        by_fd[kept.fileno()] = server
-    for fd, _ in poller.poll(0):
-        STATE.connections.by_server.pop(by_fd[fd]).close()
 
 
 def _fetch(
@@ -165,7 +185,7 @@ def _fetch(
 ) -> tuple[Handles | Growth, list[int]]:
     """One ``FETCH`` (``first`` None) or ``GROW`` request: the reply's body and fds (retried
     once on a kept connection the server had closed)."""
-    gone = _gone(alloc_id, pid)
+    gone = _GONE.format(alloc_id=alloc_id, pid=pid)
     tail = reply_to if reply_to and len(reply_to.encode()) <= MAX_PATH else ""
     kind = Kind.FETCH if first is None else Kind.GROW
     request = Request(kind, alloc_id, secret, first or 0, tail).encode()
@@ -197,7 +217,9 @@ def _fetch(
         if reply.status not in (Status.OK, Status.BAD_UID):  # a refusal: the connection
             sock = None  # serves on
             keep_connection(server, conn)
-        _raise_for(reply.status, gone, alloc_id, pid)
+        if reply.status != Status.OK:
+            error, message = _REFUSED.get(reply.status, _MALFORMED)
+            raise error(message.format(gone=gone, alloc_id=alloc_id, pid=pid, me=os.getpid()))
         more = reply.fds > len(fds)  # (handles in more messages: recv_fds sets the timeout)
         if not recv_fds(conn, reply.fds, fds, deadline):
             raise HandleUnavailable(f"{gone} (the server stopped while sending)")
@@ -246,44 +268,6 @@ def _fetch_failed(e: OSError, gone: str, alloc_id: str, pid: int) -> HandleUnava
     )
 
 
-def _gone(alloc_id: str, pid: int) -> str:
-    """What a load says when the exporter no longer serves the allocation."""
-    return (
-        f"the handles of allocation {alloc_id} are no longer available: the process that "
-        f"shared it (pid {pid}) has exited or closed every view of it, and the payload was not "
-        "kept in flight (killed; older than SHAREDARRAYS_IN_FLIGHT seconds; or already loaded "
-        "as many times as it was pickled: each pickle.dumps counts one load, so bytes pickled "
-        "once and loaded by two processes load only in the first). Keep that "
-        "process and one open view alive until every importer has loaded the array, or name "
-        "or park() it (a named or parked array is gone too when the keeper that held it was "
-        "killed: python -m sharedarrays status shows whether one runs)"
-    )
-
-
-def _raise_for(status: int, gone: str, alloc_id: str, pid: int) -> None:
-    """Raise what a handle server's refusal means (nothing for ``OK``)."""
-    if status == Status.GONE:
-        raise HandleUnavailable(gone)
-    if status == Status.BAD_SECRET:
-        raise PermissionDenied(
-            f"the process that shared allocation {alloc_id} (pid {pid}) refused the "
-            "payload's secret; the payload does not belong to that allocation"
-        )
-    if status == Status.BAD_UID:
-        raise PermissionDenied("the handle server refused this process: another user")
-    if status == Status.NOT_ALLOWED:
-        raise PermissionDenied(
-            f"process {os.getpid()} is not in the allow_pids of allocation {alloc_id}"
-        )
-    if status != Status.OK:
-        raise PayloadError("the handle server rejected the request as malformed")
-
-
-def kept_connections() -> int:
-    """How many connections to handle servers this process keeps open between requests."""
-    return len(STATE.connections.by_server)
-
-
 def take_connection(server: str) -> socket.socket | None:
     """This process's kept connection to ``server``, taken out, or ``None``."""
     with STATE.connections.lock:
@@ -306,23 +290,6 @@ def report_load(server: str, alloc_id: str, secret: bytes) -> None:
         start_notifier()
         notices.in_flight.append(None)
         notices.queue.put(([], []))
-
-
-def _send_reports() -> None:
-    """Send the warm-load counts gathered by :func:`report_load` (in the notifier thread)."""
-    notices = STATE.notices
-    with notices.unreported_lock:
-        reports, notices.unreported = notices.unreported, {}
-    for (server, alloc_id, secret), count in reports.items():
-        sock = take_connection(server)
-        if sock is None:
-            continue  # (the sender counts them in flight until the bound: the safe side)
-        try:
-            sock.send(Request(Kind.LOADED, alloc_id, secret, count).encode())
-        except OSError:
-            sock.close()
-            continue
-        keep_connection(server, sock)
 
 
 def pending_notices() -> int:
@@ -358,8 +325,19 @@ def queue_notice(
 def _send_notices(notices: NoticesState) -> None:
     while True:
         servers, messages = notices.queue.get()
-        if not servers:  # (queued by report_load)
-            _send_reports()
+        if not servers:  # queued by report_load: the warm-load counts gathered
+            with notices.unreported_lock:
+                reports, notices.unreported = notices.unreported, {}
+            for (server, alloc_id, secret), count in reports.items():
+                sock = take_connection(server)
+                if sock is None:
+                    continue  # (the sender counts them in flight until the bound: the safe side)
+                try:
+                    sock.send(Request(Kind.LOADED, alloc_id, secret, count).encode())
+                except OSError:
+                    sock.close()
+                    continue
+                keep_connection(server, sock)
         for path, message in zip(servers, messages):
             _send(path, message)
         notices.in_flight.pop()

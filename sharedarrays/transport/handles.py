@@ -66,7 +66,7 @@ at_exit(shutdown_server, "transport", order=2, processes=False)
 def open_connections() -> int:
     """How many sockets this process keeps open for handle traffic, both directions."""
     server: HandleServer | None = STATE.server.server
-    return client.kept_connections() + (server.connections if server is not None else 0)
+    return len(STATE.connections.by_server) + (len(server.conns) if server is not None else 0)
 
 
 def _notify_on_release(alloc: allocation.Allocation) -> None:
