@@ -52,14 +52,17 @@ def check_same_user(sock: socket.socket, what: str) -> Credentials:
     return peer
 
 
-def connect_unix(path: str, deadline: float, timeout: float) -> socket.socket:
-    """A ``SOCK_SEQPACKET`` connection to ``path`` with ``timeout`` set on it; a full accept
-    queue is retried until ``deadline``, then TimeoutError (other OSErrors are raised)."""
+def connect_unix(path: str, deadline: float, timeout: float, what: str = "") -> socket.socket:
+    """A ``SOCK_SEQPACKET`` connection to ``path`` with ``timeout`` set on it, its peer checked
+    (:func:`check_same_user`) if ``what`` names it; a full accept queue is retried until
+    ``deadline``, then TimeoutError (other OSErrors are raised)."""
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             sock.settimeout(timeout)
             sock.connect(path)
+            if what:
+                check_same_user(sock, what)
         except BlockingIOError:
             sock.close()
             if time.monotonic() >= deadline:

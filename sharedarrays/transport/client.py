@@ -29,7 +29,6 @@ from sharedarrays.protocol.unix import (
     BACKOFF,
     FDS_PER_MESSAGE,
     MAX_PATH,
-    check_same_user,
     check_truncated,
     connect_unix,
     recv_fds,
@@ -108,7 +107,7 @@ def _connect(server: str, gone: str, pid: int | None = None) -> socket.socket:
     try:
         while True:
             try:
-                sock = connect_unix(server, deadline, TIMEOUT)
+                sock = connect_unix(server, deadline, TIMEOUT, f"the handle server {server}")
                 break
             except FileNotFoundError:
                 if pid is None or not _runs(pid) or time.monotonic() >= deadline:
@@ -121,6 +120,8 @@ def _connect(server: str, gone: str, pid: int | None = None) -> socket.socket:
         ) from None
     except (FileNotFoundError, ConnectionRefusedError):
         raise HandleUnavailable(gone) from None
+    except PermissionDenied:  # (the check's: it runs as another user)
+        raise
     except PermissionError:
         raise PermissionDenied(
             f"cannot connect to the handle server {server}: it belongs to another user. "
@@ -137,11 +138,6 @@ def _connect(server: str, gone: str, pid: int | None = None) -> socket.socket:
             f"{e.strerror or e}. It is not a sharedarrays handle server: the payload was "
             "made for another machine or altered; ask its exporter for a new one"
         ) from None
-    try:
-        check_same_user(sock, f"the handle server {server}")
-    except BaseException:
-        sock.close()
-        raise
     return sock
 
 
@@ -351,10 +347,8 @@ def _send(path: str, message: bytes) -> None:
     reused = sock is not None
     while True:
         try:
-            if sock is None:  # (a full queue: TimeoutError at once)
-                sock = connect_unix(path, 0.0, NOTICE_TIMEOUT)
-                # (it carries the secret: never to another user's socket)
-                check_same_user(sock, f"the handle server {path}")
+            if sock is None:  # (a full queue: TimeoutError at once; never another user's)
+                sock = connect_unix(path, 0.0, NOTICE_TIMEOUT, f"the handle server {path}")
             else:
                 sock.settimeout(NOTICE_TIMEOUT)
             sock.sendall(message)

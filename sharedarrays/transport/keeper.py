@@ -151,7 +151,7 @@ def _try_connect(path: str, deadline: float) -> socket.socket | None:
     """A connection to the keeper at ``path``, or ``None`` where none listens there."""
     wait = max(deadline - time.monotonic(), 0.001)
     try:
-        sock = unix.connect_unix(path, deadline, wait)
+        return unix.connect_unix(path, deadline, wait, f"the keeper {path}")
     except TimeoutError:
         _answered(path, False)
         raise KeeperError(
@@ -160,6 +160,8 @@ def _try_connect(path: str, deadline: float) -> socket.socket | None:
         ) from None
     except (FileNotFoundError, ConnectionRefusedError):
         return None
+    except PermissionDenied:  # (the check's: it runs as another user)
+        raise
     except PermissionError:
         raise PermissionDenied(
             f"cannot connect to the keeper {path}: it belongs to another user"
@@ -171,15 +173,6 @@ def _try_connect(path: str, deadline: float) -> socket.socket | None:
                 "process (or raise its ulimit -n) and try again"
             ) from None
         raise KeeperError(f"cannot connect to the keeper {path}: {e.strerror or e}") from None
-    try:
-        unix.check_same_user(sock, f"the keeper {path}")
-    except OSError as e:
-        sock.close()
-        raise KeeperError(f"cannot connect to the keeper {path}: {e.strerror or e}") from None
-    except BaseException:
-        sock.close()
-        raise
-    return sock
 
 
 def _open(path: str, start: bool, deadline: float) -> socket.socket:
