@@ -98,10 +98,8 @@ class HandleServer:
                         else:
                             self._request(sel, key.fileobj)  # type: ignore[arg-type]
                     failing = False
-                except Exception as e:  # EMFILE and the like: back off, keep serving
-                    if self._stopped:
-                        return  # closed under the selector
-                    if not failing:
+                except Exception as e:  # EMFILE and the like (or closed under the selector)
+                    if not (failing or self._stopped):
                         print(f"sharedarrays: handle server: {e!r}; retrying", file=sys.stderr)
                     failing = True
                     time.sleep(BACKOFF)
