@@ -48,11 +48,6 @@ def _log_path() -> Path:
     return unix.runtime_dir() / "keeper.log"
 
 
-def _patience(path: str) -> float:
-    """Seconds to wait now for the keeper at ``path``: :data:`RETRY` while it is late."""
-    return RETRY if STATE.keeper.late == path else TIMEOUT
-
-
 def _answered(path: str, answered: bool) -> None:
     """Note whether the keeper at ``path`` answered in time."""
     state = STATE.keeper
@@ -222,7 +217,7 @@ def request(
         _flush_deferred()
         for attempt in (1, 2, 3):
             path = str(socket_path())
-            wait = _patience(path)
+            wait = RETRY if state.late == path else TIMEOUT
             if state.conn is None or state.path != path:
                 disconnect()
                 state.conn, state.path = _open(path, start, time.monotonic() + wait), path
@@ -295,7 +290,7 @@ def hand_over(alloc: allocation.Allocation, loads: int, seconds: float) -> None:
     path = str(socket_path())
     now = time.monotonic()
     began, left = STATE.keeper.exit_wait or (now, TIMEOUT)
-    deadline = began + min(left, _patience(path))
+    deadline = began + min(left, RETRY if STATE.keeper.late == path else TIMEOUT)
     if deadline <= now:
         raise KeeperError(
             f"the keeper did not answer in time earlier at this exit, which waits for it "

@@ -67,11 +67,8 @@ class HandleServer:
         self._handlers: dict[Kind, Callable[[socket.socket, Credentials, Request], None]] = {
             kind: getattr(self, f"_{kind.name.lower()}") for kind in Kind
         }
-        self._thread = threading.Thread(
-            target=self._serve, name="sharedarrays-handles", daemon=True
-        )
         try:
-            self._thread.start()
+            threading.Thread(target=self._serve, name="sharedarrays-handles", daemon=True).start()
         except RuntimeError as e:  # no thread can start: no socket is left behind
             self._sock.close()
             with contextlib.suppress(OSError):
@@ -111,11 +108,8 @@ class HandleServer:
 
     def _listen_again(self, sel: selectors.BaseSelector) -> None:
         """Listen again where the runtime directory was removed, at the same path if possible."""
-        try:
-            os.stat(self.path)
+        if os.path.exists(self.path):
             return
-        except FileNotFoundError:
-            pass
         directory = runtime_dir()  # (made again)
         path = self.path
         if Path(path).parent != directory:
