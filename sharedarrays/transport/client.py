@@ -72,10 +72,9 @@ NOTICE_TIMEOUT = 1.0  # seconds the notifier waits for a handle server to take o
 def fetch_handles(
     server: str, pid: int, alloc_id: str, secret: bytes, reply_to: str | None = None
 ) -> tuple[list[int], list[int], tuple[bytes, ...]]:
-    """An allocation's chunk sizes, fds (the caller's; a pointer backend's: any it needs
-    besides the exports) and a pointer backend's portable handles (exports), from the handle
-    server at ``server``. HandleUnavailable where it is gone or no longer has them;
-    PermissionDenied for another user's server or a wrong secret."""
+    """An allocation's chunk sizes, fds (the caller's) and a pointer backend's portable
+    handles from the handle server at ``server``: HandleUnavailable where it is gone or no
+    longer has them; PermissionDenied for another user's server or a wrong secret."""
     body, fds = _fetch(server, pid, alloc_id, secret, reply_to, None)
     handles = cast(Handles, body)
     return handles.sizes, fds, handles.exports or ()
@@ -340,9 +339,8 @@ def _send_notices(notices: NoticesState) -> None:
 
 
 def _send(path: str, message: bytes) -> None:
-    """Send one notice and wait for its reply, on the connection kept to ``path`` (replaced
-    once if the server had closed it); a process that is gone, or another user's, is told
-    nothing."""
+    """Send one notice and wait for its reply on the connection kept to ``path`` (replaced
+    once if the server had closed it); one gone, or another user's, is told nothing."""
     sock = take_connection(path)
     reused = sock is not None
     while True:

@@ -51,9 +51,8 @@ _ASKED_LIMIT = 256  # block tokens remembered as asked DONE for before they were
 
 
 class HandleServer:
-    """Serves this process's allocations' fds to authenticated importers (one per process);
-    ``conns``: the open connections and their peers, the longest idle first (at most
-    :data:`MAX_CONNECTIONS`: the longest idle closed first)."""
+    """Serves this process's allocations' fds to authenticated importers; ``conns``: the open
+    connections' peers, the longest idle first (closed first past :data:`MAX_CONNECTIONS`)."""
 
     def __init__(self) -> None:
         directory = runtime_dir()
