@@ -186,7 +186,9 @@ class Payload:
 
     def to_doc(self) -> dict[str, Any]:
         """The payload as its JSON body's dict (what :meth:`from_doc` takes back)."""
-        doc: dict[str, Any] = {
+        block = None if self.block is None else self.block.hex()
+        optional = {"capacity": self.capacity, "node": self.node, "block": block}
+        return {
             "backend": self.backend,
             "device": self.device,
             "id": self.alloc_id,
@@ -199,14 +201,8 @@ class Payload:
             "strides": list(self.strides),
             "offset": self.offset,
             "readonly": self.readonly,
+            **{key: value for key, value in optional.items() if value is not None},
         }
-        if self.capacity is not None:
-            doc["capacity"] = self.capacity
-        if self.node is not None:
-            doc["node"] = self.node
-        if self.block is not None:
-            doc["block"] = self.block.hex()
-        return doc
 
     def to_bytes(self) -> bytes:
         """Encode as ``b"SA1" + tag + JSON``."""
