@@ -16,15 +16,7 @@ from typing import Any, cast
 
 from sharedarrays.errors import HandleUnavailable, PayloadError, PermissionDenied, SharedArrayError
 from sharedarrays.process import STATE, at_exit
-from sharedarrays.protocol.handles import (
-    REPLY_SIZE,
-    Growth,
-    Handles,
-    Kind,
-    Reply,
-    Request,
-    Status,
-)
+from sharedarrays.protocol.handles import REPLY_SIZE, Growth, Handles, Kind, Reply, Request, Status
 from sharedarrays.protocol.unix import (
     BACKOFF,
     FDS_PER_MESSAGE,
@@ -171,12 +163,7 @@ def keep_connection(server: str, sock: socket.socket) -> None:
 
 
 def _fetch(
-    server: str,
-    pid: int,
-    alloc_id: str,
-    secret: bytes,
-    reply_to: str | None,
-    first: int | None,
+    server: str, pid: int, alloc_id: str, secret: bytes, reply_to: str | None, first: int | None
 ) -> tuple[Handles | Growth, list[int]]:
     """One ``FETCH`` (``first`` None) or ``GROW`` request: the reply's body and fds (retried
     once on a kept connection the server had closed)."""
@@ -293,12 +280,7 @@ def pending_notices() -> int:
 
 
 def queue_notice(
-    servers: list[str],
-    kind: Kind,
-    alloc_id: str,
-    secret: bytes,
-    alloc: Any = None,
-    count: int = 0,
+    servers: list[str], kind: Kind, alloc_id: str, secret: bytes, alloc: Any = None, count: int = 0
 ) -> None:
     """Queue a notice for each of ``servers`` (``RELEASED``: with the count of ``alloc``'s
     payloads each returned) and start the notifier if it does not run; never blocks."""
