@@ -151,13 +151,12 @@ def runtime_dir() -> Path:
     login = _login_dir(uid)
     if login is not None:
         path = login / "sharedarrays"
-        if _make_private(path, uid) is None:
-            _refuse(path, os.lstat(path))
+        _make_private(path, uid, strict=True)
         return path
     tmp = Path(tempfile.gettempdir())
     for n in range(RUNTIME_DIR_TRIES):
         path = tmp / (f"sharedarrays-{uid}-{n}" if n else f"sharedarrays-{uid}")
-        if _make_private(path, uid) is not None:
+        if _make_private(path, uid, strict=False):
             return path
     raise PermissionDenied(
         f"{tmp / f'sharedarrays-{uid}'} and the next {RUNTIME_DIR_TRIES - 1} names after it "
@@ -199,8 +198,9 @@ def _login_dir(uid: int) -> Path | None:
     return login if private else None
 
 
-def _make_private(path: Path, uid: int) -> Path | None:
-    """``path``, made 0700 if missing; ``None`` if another user's; raises if not private."""
+def _make_private(path: Path, uid: int, strict: bool) -> bool:
+    """Make ``path`` 0700 if missing: False if another user's (``strict``: refused), else
+    True; PermissionDenied if it is not private."""
     try:
         with contextlib.suppress(FileExistsError):
             os.mkdir(path, 0o700)
@@ -210,15 +210,13 @@ def _make_private(path: Path, uid: int) -> Path | None:
             f"cannot make the runtime directory {path}: {e.strerror}; set XDG_RUNTIME_DIR to "
             "a private directory of this user (mode 0700)"
         ) from None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
-        return None
-    if st.st_mode & 0o077:
-        _refuse(path, st)
-    return path
-
-
-def _refuse(path: Path, st: os.stat_result) -> typing.NoReturn:
-    raise PermissionDenied(
-        f"{path} is not a private directory of this user (owner uid {st.st_uid}, mode "
-        f"{stat.filemode(st.st_mode)}); remove it or set XDG_RUNTIME_DIR to a private directory"
-    )
+    mine = stat.S_ISDIR(st.st_mode) and st.st_uid == uid
+    if not mine and not strict:
+        return False
+    if not mine or st.st_mode & 0o077:
+        raise PermissionDenied(
+            f"{path} is not a private directory of this user (owner uid {st.st_uid}, mode "
+            f"{stat.filemode(st.st_mode)}); remove it or set XDG_RUNTIME_DIR to a private "
+            "directory"
+        )
+    return True
