@@ -186,11 +186,17 @@ class HandleServer:
             self._hang_up(sel, conn)
 
     def _closed(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
-        """``CLOSED``: the peer freed its import: maybe the memory can go now."""
+        """``CLOSED``: the peer freed its import (maybe the memory can go now); ``DONE``: it
+        closed its last view of a block after ``count`` loads."""
         alloc = _found(request)
         _reply(conn, Status.GONE if alloc is None else Status.OK)
-        if alloc is not None:
+        if alloc is not None and request.kind is Kind.CLOSED:
             alloc.closed_by(peer.pid)
+        elif alloc is not None:
+            servers = [s for s in alloc.served_servers() if socket_pid(s) == peer.pid]
+            alloc.done_by_importers(request.count, servers)
+
+    _done = _closed
 
     def _released(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
         """``RELEASED``: the process that served us released the allocation (or block)."""
@@ -202,14 +208,6 @@ class HandleServer:
         _reply(conn, Status.OK)
         alloc.flight.note_loaded(request.count)  # its payloads that came back to their exporter
         _off_thread(alloc.orphan)  # a release may hand over to the keeper: not here
-
-    def _done(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
-        """``DONE``: an importer closed its last view of a block after ``count`` loads."""
-        alloc = _found(request)
-        _reply(conn, Status.GONE if alloc is None else Status.OK)
-        if alloc is not None:
-            servers = [s for s in alloc.served_servers() if socket_pid(s) == peer.pid]
-            alloc.done_by_importers(request.count, servers)
 
     def _ask(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
         """``ASK``: a block's exporter released it and waits for this process's ``DONE``."""
@@ -263,16 +261,18 @@ class HandleServer:
 
     def _loaded(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
         """``LOADED`` (no reply): fewer in flight; up to :data:`READ_AHEAD` more are read too."""
-        _note_loaded(request)
-        for _ in range(READ_AHEAD):
-            try:
-                ahead = conn.recv(COUNTED_SIZE, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-                if len(ahead) < COUNTED_SIZE or not ahead.startswith(Kind.LOADED.value):
+        for ahead in range(READ_AHEAD + 1):
+            if ahead:  # the next message, if it is a LOADED too
+                try:
+                    peek = conn.recv(COUNTED_SIZE, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+                    if len(peek) < COUNTED_SIZE or not peek.startswith(Kind.LOADED.value):
+                        return
+                    request = Request.decode(conn.recv(COUNTED_SIZE))
+                except OSError:
                     return
-                request = Request.decode(conn.recv(COUNTED_SIZE))
-            except OSError:
-                return
-            _note_loaded(request)
+            alloc = _found(request)
+            if alloc is not None:  # (a wrong secret: ignored, no reply)
+                alloc.flight.note_loaded(request.count)
 
     def _snapshot(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
         """``SNAPSHOT``: what this process holds; metadata only, no handle or secret."""
@@ -371,13 +371,6 @@ def _found(request: Request, conn: socket.socket | None = None) -> allocation.Al
     if conn is not None:
         _reply(conn, Status.GONE if alloc is None else Status.BAD_SECRET)
     return None
-
-
-def _note_loaded(request: Request) -> None:
-    """Count a ``LOADED`` notice whose secret is right (others are ignored: no reply)."""
-    alloc = _found(request)
-    if alloc is not None:
-        alloc.flight.note_loaded(request.count)
 
 
 def _off_thread(fn: Callable[[], object]) -> None:
