@@ -282,17 +282,10 @@ def pending_notices() -> int:
 def queue_notice(
     servers: list[str], kind: Kind, alloc_id: str, secret: bytes, alloc: Any = None, count: int = 0
 ) -> None:
-    """Queue a notice for each of ``servers`` (``RELEASED``: with the count of ``alloc``'s
-    payloads each returned) and start the notifier if it does not run; never blocks."""
-    if kind is Kind.RELEASED:
-        messages = [
-            Request(
-                kind, alloc_id, secret, min(alloc.flight.returned(path) if alloc else 0, 1 << 31)
-            ).encode()
-            for path in servers
-        ]
-    else:
-        messages = [Request(kind, alloc_id, secret, count).encode()] * len(servers)
+    """Queue a notice for each of ``servers`` (with ``alloc``: the count of its payloads each
+    returned, else ``count``) and start the notifier if it does not run; never blocks."""
+    counts = [min(alloc.flight.returned(path), 1 << 31) if alloc else count for path in servers]
+    messages = [Request(kind, alloc_id, secret, n).encode() for n in counts]
     start_notifier()
     notices = STATE.notices
     notices.in_flight.append(None)
