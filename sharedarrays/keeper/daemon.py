@@ -234,8 +234,26 @@ class Keeper:
         key = peer.sock.fileno()
         if self._peers.get(key) is peer:
             self._peers[key] = self._peers.pop(key)  # most recently used last
-        try:
-            reply = self._handle(peer, msg, fds, flags)
+        reply: _Answer | None
+        try:  # by the handler of its op: _<op>(peer, request, fds) -> reply (None: no reply)
+            if flags & socket.MSG_TRUNC or (flags & socket.MSG_CTRUNC and len(fds) >= wire.MAX_FDS):
+                raise wire.BadRequest(wire.TOO_LONG)
+            if flags & socket.MSG_CTRUNC:  # (fewer than MAX_FDS came: no room here for them)
+                raise wire.BadRequest(_NO_ROOM)
+            req = wire.decode_request(msg, len(fds))
+            handler = self._handlers.get(type(req))
+            if handler is None:
+                raise wire.BadRequest(f"unknown op {req.op!r}")
+            reply = handler(peer, req, fds)
+        except _Refused as e:
+            reply = e.args[0], {"error": e.args[1]}, []
+        except wire.BadRequest as e:
+            self.errors += 1
+            reply = wire.ERROR, {"error": str(e)}, []
+        except Exception as e:  # a bug here must not take the keeper down
+            self.errors += 1
+            traceback.print_exc(file=sys.stderr)
+            reply = wire.ERROR, {"error": f"internal error: {type(e).__name__}: {e}"}, []
         finally:
             for fd in fds:  # whatever a handler did not adopt
                 os.close(fd)
@@ -286,28 +304,7 @@ class Keeper:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
-    # requests: _<op>(peer, request, fds) -> reply (None: no reply) -------------------------
-    def _handle(self, peer: _Peer, msg: bytes, fds: list[int], flags: int) -> _Answer | None:
-        try:
-            if flags & socket.MSG_TRUNC or (flags & socket.MSG_CTRUNC and len(fds) >= wire.MAX_FDS):
-                raise wire.BadRequest(wire.TOO_LONG)
-            if flags & socket.MSG_CTRUNC:  # (fewer than MAX_FDS came: no room here for them)
-                raise wire.BadRequest(_NO_ROOM)
-            req = wire.decode_request(msg, len(fds))
-            handler = self._handlers.get(type(req))
-            if handler is None:
-                raise wire.BadRequest(f"unknown op {req.op!r}")
-            return handler(peer, req, fds)
-        except _Refused as e:
-            return e.args[0], {"error": e.args[1]}, []
-        except wire.BadRequest as e:
-            self.errors += 1
-            return wire.ERROR, {"error": str(e)}, []
-        except Exception as e:  # a bug here must not take the keeper down
-            self.errors += 1
-            traceback.print_exc(file=sys.stderr)
-            return wire.ERROR, {"error": f"internal error: {type(e).__name__}: {e}"}, []
-
+    # requests ----------------------------------------------------------------------------
     def _hello(self, peer: _Peer, req: wire.Hello, fds: list[int]) -> _Answer:
         return wire.OK, {"pid": os.getpid(), "version": 1}, []
 
