@@ -38,8 +38,8 @@ def catch_up_to(alloc: Allocation, p: Payload, received: list[int]) -> Allocatio
         if received:
             close_fds(received[: len(local)])
             alloc.extend(list(p.chunks[len(local) :]), received[len(local) :], p.capacity or 0)
-            return alloc
-        _fetch_growth(alloc, p.server, p.pid, local)
+        else:
+            _fetch_growth(alloc, p.server, p.pid, local)
         return alloc
 
 
