@@ -302,8 +302,7 @@ class HandleServer:
         for conn in self.conns:
             conn.close()
         self.conns.clear()
-        self._sock.close()
-        self._stopped = True
+        self.close()  # (not this process's: the file stays)
 
     def close(self) -> None:
         """Stop serving and remove the socket file. Idempotent."""
