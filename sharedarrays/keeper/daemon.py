@@ -1,7 +1,6 @@
 """The keeper: one process per user holding the chunk handles of named, parked and in-flight
-arrays, so that their memory outlives its producer. It listens on ``keeper.sock`` in the
-runtime directory; each connection holds what it kept or attached (an unlinked array is freed
-when its last holder lets go or dies). It exits after :func:`idle_seconds` holding nothing."""
+arrays, so that their memory outlives its producer. Each connection holds what it kept or
+attached (an unlinked array is freed when its last holder goes); idle, it exits."""
 
 from __future__ import annotations
 
@@ -28,8 +27,6 @@ from sharedarrays.errors import HandleUnavailable, PayloadError
 from sharedarrays.protocol import keeper as wire
 from sharedarrays.protocol.unix import peer_credentials, recv_fds, runtime_dir, send_fds
 from sharedarrays.settings import env_number
-
-__all__ = ["Keeper", "MAX_CONNECTIONS", "idle_seconds", "max_connections", "main"]
 
 MAX_CONNECTIONS = 1024  # connections open at most, by default
 SOCKET_CHECK = 0.2  # seconds between checks that the socket file is still there
@@ -237,8 +234,26 @@ class Keeper:
         key = peer.sock.fileno()
         if self._peers.get(key) is peer:
             self._peers[key] = self._peers.pop(key)  # most recently used last
-        try:
-            reply = self._handle(peer, msg, fds, flags)
+        reply: _Answer | None
+        try:  # by the handler of its op: _<op>(peer, request, fds) -> reply (None: no reply)
+            if flags & socket.MSG_TRUNC or (flags & socket.MSG_CTRUNC and len(fds) >= wire.MAX_FDS):
+                raise wire.BadRequest(wire.TOO_LONG)
+            if flags & socket.MSG_CTRUNC:  # (fewer than MAX_FDS came: no room here for them)
+                raise wire.BadRequest(_NO_ROOM)
+            req = wire.decode_request(msg, len(fds))
+            handler = self._handlers.get(type(req))
+            if handler is None:
+                raise wire.BadRequest(f"unknown op {req.op!r}")
+            reply = handler(peer, req, fds)
+        except _Refused as e:
+            reply = e.args[0], {"error": e.args[1]}, []
+        except wire.BadRequest as e:
+            self.errors += 1
+            reply = wire.ERROR, {"error": str(e)}, []
+        except Exception as e:  # a bug here must not take the keeper down
+            self.errors += 1
+            traceback.print_exc(file=sys.stderr)
+            reply = wire.ERROR, {"error": f"internal error: {type(e).__name__}: {e}"}, []
         finally:
             for fd in fds:  # whatever a handler did not adopt
                 os.close(fd)
@@ -289,28 +304,7 @@ class Keeper:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
-    # requests: _<op>(peer, request, fds) -> reply (None: no reply) -------------------------
-    def _handle(self, peer: _Peer, msg: bytes, fds: list[int], flags: int) -> _Answer | None:
-        try:
-            if flags & socket.MSG_TRUNC or (flags & socket.MSG_CTRUNC and len(fds) >= wire.MAX_FDS):
-                raise wire.BadRequest(wire.TOO_LONG)
-            if flags & socket.MSG_CTRUNC:  # (fewer than MAX_FDS came: no room here for them)
-                raise wire.BadRequest(_NO_ROOM)
-            req = wire.decode_request(msg, len(fds))
-            handler = self._handlers.get(type(req))
-            if handler is None:
-                raise wire.BadRequest(f"unknown op {req.op!r}")
-            return handler(peer, req, fds)
-        except _Refused as e:
-            return e.args[0], {"error": e.args[1]}, []
-        except wire.BadRequest as e:
-            self.errors += 1
-            return wire.ERROR, {"error": str(e)}, []
-        except Exception as e:  # a bug here must not take the keeper down
-            self.errors += 1
-            traceback.print_exc(file=sys.stderr)
-            return wire.ERROR, {"error": f"internal error: {type(e).__name__}: {e}"}, []
-
+    # requests ----------------------------------------------------------------------------
     def _hello(self, peer: _Peer, req: wire.Hello, fds: list[int]) -> _Answer:
         return wire.OK, {"pid": os.getpid(), "version": 1}, []
 
@@ -352,37 +346,32 @@ class Keeper:
         expires = None if flight is None else time.monotonic() + flight.seconds
         loads = 0 if flight is None else flight.loads
         entry = self._entries.get(req.alloc_id)
-        if entry is not None:
-            self._keep_again(entry, req, expires, loads)
-        elif req.name is not None and req.name in self._names:
-            raise _Refused(wire.EXISTS, f"an array named {req.name!r} exists")
-        else:
-            fields = (req.alloc_id, req.secret, req.name, req.sizes, list(fds), req.doc)
+        name = req.name
+        if entry is None:
+            if name is not None and name in self._names:
+                raise _Refused(wire.EXISTS, f"an array named {name!r} exists")
+            fields = (req.alloc_id, req.secret, name, req.sizes, list(fds), req.doc)
             entry = _Entry(*fields, req.allow_pids, peer.pid, time.time(), expires, loads)
             fds.clear()  # adopted
             self._entries[entry.id] = entry
-        if req.name is not None:
-            self._names[req.name] = entry.id
-        self._hold(peer, entry)
-        return wire.OK, self._describe(entry), []
-
-    def _keep_again(self, entry: _Entry, req: wire.Keep, expires: float | None, loads: int) -> None:
-        """A ``keep`` of an allocation held already: named, parked, or in flight once more."""
-        if not hmac.compare_digest(req.secret, entry.secret):
-            raise _Refused(wire.DENIED, "wrong secret for an allocation the keeper holds")
-        named = entry.name if entry.linked else None  # (unlinked: its name went, may be anew)
-        name = req.name
-        if name is not None and name != named and (named is not None or name in self._names):
-            error = f"the allocation is kept as {named!r}" if named else f"{name!r} exists"
-            raise _Refused(wire.EXISTS, error)
-        if not entry.linked:  # unlinked, still mapped somewhere: kept again
-            entry.linked, entry.name, entry.expires, entry.loads = True, None, expires, loads
-        elif expires is None:  # named or parked now: kept until unlinked
-            entry.expires, entry.loads = None, 0
-        elif entry.expires is not None:  # more payloads in flight
-            entry.expires, entry.loads = max(entry.expires, expires), entry.loads + loads
+        else:  # held already: named, parked, or in flight once more
+            if not hmac.compare_digest(req.secret, entry.secret):
+                raise _Refused(wire.DENIED, "wrong secret for an allocation the keeper holds")
+            named = entry.name if entry.linked else None  # (unlinked: its name went)
+            if name is not None and name != named and (named is not None or name in self._names):
+                error = f"the allocation is kept as {named!r}" if named else f"{name!r} exists"
+                raise _Refused(wire.EXISTS, error)
+            if not entry.linked:  # unlinked, still mapped somewhere: kept again
+                entry.linked, entry.name, entry.expires, entry.loads = True, None, expires, loads
+            elif expires is None:  # named or parked now: kept until unlinked
+                entry.expires, entry.loads = None, 0
+            elif entry.expires is not None:  # more payloads in flight
+                entry.expires, entry.loads = max(entry.expires, expires), entry.loads + loads
         if name is not None:
             entry.name = name
+            self._names[name] = entry.id
+        self._hold(peer, entry)
+        return wire.OK, self._describe(entry), []
 
     def _hold(self, peer: _Peer, entry: _Entry) -> None:
         peer.held.add(entry.id)

@@ -1,12 +1,12 @@
-"""The handle server's wire format: a :class:`Request` is one ``SOCK_SEQPACKET`` message (a
-magic giving its :class:`Kind`, the allocation's id and secret, a count for counted kinds, and
-maybe the sender's own server path); a :class:`Reply` is ``b"SAR1"``, a status byte, its fd
-count and a JSON body."""
+"""The handle server's wire format: a :class:`Request` is one ``SOCK_SEQPACKET`` message (its
+:class:`Kind`'s magic, allocation id, secret, a count, maybe the sender's server path); a
+:class:`Reply` is ``b"SAR1"``, a status byte, its fd count and a JSON body."""
 
 from __future__ import annotations
 
 import enum
 import json
+import re
 import struct
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
@@ -27,6 +27,7 @@ MAX_EXPORT = 512  # longest portable chunk handle in a Handles reply, in hex dig
 MAX_SNAPSHOT_ROWS = 256  # most rows a Snapshot lists: it fits a default socket buffer
 MAX_COMMAND = 200  # longest command line a Snapshot carries, in characters (cut beyond)
 _INCONSISTENT = "the handle server sent an inconsistent reply"
+_HEX = re.compile(r"(?:[0-9a-f]{2})+\Z")
 
 
 class Kind(enum.Enum):
@@ -47,15 +48,8 @@ class Kind(enum.Enum):
         return self in (Kind.GROW, Kind.RELEASED, Kind.LOADED, Kind.DONE)
 
 
-class Status(enum.IntEnum):
-    """A reply's status byte."""
-
-    OK = 0
-    GONE = 1
-    BAD_SECRET = 2
-    BAD_UID = 3
-    BAD_REQUEST = 4
-    NOT_ALLOWED = 5
+Status = enum.IntEnum("Status", "OK GONE BAD_SECRET BAD_UID BAD_REQUEST NOT_ALLOWED", start=0)
+"""A reply's status byte: the members are 0 to 5, in this order (the wire's values)."""
 
 
 @dataclass(frozen=True)
@@ -166,14 +160,10 @@ class Growth:
 
 @dataclass(frozen=True)
 class HeldAllocation:
-    """One allocation a process holds: a :class:`Snapshot` row.
-
-    Bytes mapped (``size``) and asked for by the exporter (``used``); ``origin_pid``, the
-    process it came from, ``since`` when; ``views``: view leases here; ``parked``: mapped
-    with no view; ``draining``: released here, held by importers; ``cached``: kept for
-    reuse; ``served``: ``(pid, when)`` it was served to; ``in_flight``: payloads pickled
-    here that may still be loaded.
-    """
+    """A :class:`Snapshot` row: bytes mapped (``size``) and asked for (``used``), whence
+    (``origin_pid``) and ``since`` when, ``views`` leased (``parked``: none), ``draining``
+    (released here, held by importers), served to ``(pid, when)``, payloads ``in_flight``
+    here, ``cached`` for reuse."""
 
     alloc_id: str
     backend: str
@@ -251,13 +241,7 @@ def _json(body: bytes, keys: set[str] | None = None) -> Any:
 
 
 def _hex(v: object, low: int, high: int) -> bool:
-    if type(v) is not str or not low <= len(v) <= high:
-        return False
-    try:
-        bytes.fromhex(v)
-    except ValueError:
-        return False
-    return True
+    return type(v) is str and low <= len(v) <= high and _HEX.match(v) is not None
 
 
 def _natural(v: object) -> bool:
@@ -286,9 +270,7 @@ _CHECKS: MappingProxyType[str, Callable[[Any], bool]] = MappingProxyType(
         "bool": lambda v: type(v) is bool,
     }
 )
-_ROW: MappingProxyType[str, Callable[[Any], bool]] = MappingProxyType(
+_ROW: MappingProxyType[str, Callable[[Any], bool]] = MappingProxyType(  # keys in field order
     {"id": lambda v: _hex(v, 32, 32)}
     | {f.name: _CHECKS.get(str(f.type), _served) for f in fields(HeldAllocation)[1:]}
 )
-"""A :class:`HeldAllocation` row's JSON keys, in its fields' order, and their checks: the
-id's, then by the field's type (``served``: its pairs)."""

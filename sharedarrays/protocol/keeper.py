@@ -41,11 +41,9 @@ class BadRequest(KeeperError):
 
 
 def check_name(name: object) -> str:
-    """Return ``name`` if it is a valid array name, else raise TypeError or ValueError.
-
-    1 to 128 characters of ``A-Z a-z 0-9 . _ -``, not starting with ``.``, ``_`` or ``-``,
-    after an optional ``namespace/`` of up to 64 such characters.
-    """
+    """Return ``name`` if it is a valid array name, else raise TypeError or ValueError: 1 to
+    128 characters of ``A-Z a-z 0-9 . _ -``, not starting with ``.``, ``_`` or ``-``, after
+    an optional ``namespace/`` of up to 64 such characters."""
     if not isinstance(name, str):
         raise TypeError(f"an array name is a str, not {type(name).__name__}")
     found = _NAME.match(name)

@@ -1,10 +1,6 @@
-"""Payloads: what a pickled SharedDeviceArray carries, and their validation.
-
-A payload is ``b"SA1"``, a 16-byte BLAKE2b tag keyed with the allocation's secret, then a
-JSON object naming the allocation, the process serving its handles, the chunks and the view.
-Anything malformed or altered raises :class:`~sharedarrays.PayloadError`. A pickle carries
-one payload per allocation and each view's own fields as a tuple (:class:`ViewFields`).
-"""
+"""Payloads, what a pickle carries per allocation: ``b"SA1"``, a 16-byte BLAKE2b tag keyed
+with its secret, a JSON object; each view's fields as a tuple (:class:`ViewFields`). Anything
+malformed or altered raises :class:`~sharedarrays.PayloadError`."""
 
 from __future__ import annotations
 
@@ -157,16 +153,11 @@ def misaligned(
 
 @dataclass(frozen=True, slots=True)
 class Payload:
-    """The validated content of a pickled SharedDeviceArray (a value).
-
-    The memory: ``backend`` on device ordinal ``device``, the allocation's ``alloc_id`` (32
-    hex digits) and 32-byte ``secret`` (whoever holds it may import it), the ``pid`` serving
-    its handles at the socket path ``server``, the ``chunks`` sizes; the view: ``dtype``
-    (numeric or bool), ``shape``, ``strides`` (bytes), ``offset`` (bytes), ``readonly``;
-    optional: a growable array's ``capacity``, the maker's ``node`` id (a load elsewhere is
-    refused), the ``block`` token of memory kept for reuse. Nothing in it opens anything
-    for another user: the exporter hands out handles itself.
-    """
+    """A validated payload: the memory (``backend``, ``device`` ordinal, ``alloc_id``,
+    ``secret``: whoever holds it may import it, the ``pid`` serving its handles at ``server``,
+    ``chunks`` sizes), the view (``dtype``, ``shape``, ``strides`` and ``offset`` in bytes,
+    ``readonly``), maybe a growable array's ``capacity``, the maker's ``node`` (a load
+    elsewhere is refused), the ``block`` token of memory kept for reuse."""
 
     backend: str
     device: int
@@ -195,7 +186,9 @@ class Payload:
 
     def to_doc(self) -> dict[str, Any]:
         """The payload as its JSON body's dict (what :meth:`from_doc` takes back)."""
-        doc: dict[str, Any] = {
+        block = None if self.block is None else self.block.hex()
+        optional = {"capacity": self.capacity, "node": self.node, "block": block}
+        return {
             "backend": self.backend,
             "device": self.device,
             "id": self.alloc_id,
@@ -208,26 +201,13 @@ class Payload:
             "strides": list(self.strides),
             "offset": self.offset,
             "readonly": self.readonly,
+            **{key: value for key, value in optional.items() if value is not None},
         }
-        if self.capacity is not None:
-            doc["capacity"] = self.capacity
-        if self.node is not None:
-            doc["node"] = self.node
-        if self.block is not None:
-            doc["block"] = self.block.hex()
-        return doc
 
     def to_bytes(self) -> bytes:
         """Encode as ``b"SA1" + tag + JSON``."""
         body = _COMPACT.encode(self.to_doc()).encode()
         return MAGIC + _tag(body, self.secret) + body
-
-    @classmethod
-    def from_doc(cls, doc: object) -> Payload:
-        """Validate a payload's dict (:meth:`to_doc`; no tag): PayloadError if a field is
-        missing, unknown or invalid."""
-        checked = _fields(doc)
-        return cls._validate(checked, _secret(checked))
 
     @classmethod
     def from_bytes(cls, data: object) -> Payload:
@@ -251,16 +231,23 @@ class Payload:
             doc = json.loads(body.decode())  # (str: bytes would have their encoding guessed)
         except (UnicodeDecodeError, ValueError, RecursionError):
             raise PayloadError("payload is corrupted: its body is not valid JSON") from None
-        doc = _fields(doc)
-        secret = _secret(doc)
-        if len(tag) != TAG_BYTES or not hmac.compare_digest(tag, _tag(body, secret)):
-            raise PayloadError("payload was altered or truncated after it was made (tag mismatch)")
-        payload = cls._validate(doc, secret)
+        payload = cls.from_doc(doc, tag, body)
         remember(STATE.pickling.decoded, bytes(data), payload, _DECODED_LIMIT)
         return payload
 
     @classmethod
-    def _validate(cls, doc: dict[str, Any], secret: bytes) -> Payload:
+    def from_doc(cls, doc: object, tag: bytes | None = None, body: bytes = b"") -> Payload:
+        """Validate a payload's dict (:meth:`to_doc`) and, unless ``None``, its ``tag`` of
+        ``body``: PayloadError if a field is missing, unknown or invalid, or the tag wrong."""
+        if type(doc) is not dict or set(doc) - _OPTIONAL != _KEYS:
+            raise PayloadError("payload is corrupted: wrong set of fields")
+        secret = bytes.fromhex(
+            _text(doc["secret"], _HEX64.match, "payload field 'secret' must be 64 hex digits")
+        )
+        if tag is not None and (
+            len(tag) != TAG_BYTES or not hmac.compare_digest(tag, _tag(body, secret))
+        ):
+            raise PayloadError("payload was altered or truncated after it was made (tag mismatch)")
         backend = _text(
             doc["backend"], _BACKEND.match, f"unknown backend {doc['backend']!r} in payload"
         )
@@ -405,15 +392,3 @@ def _place(
 
 def _dims(shape: tuple[int, ...], strides: tuple[int, ...]) -> PayloadError:
     return PayloadError(f"payload has {len(shape)} dims in shape but {len(strides)} strides")
-
-
-def _fields(doc: object) -> dict[str, Any]:
-    if type(doc) is not dict or set(doc) - _OPTIONAL != _KEYS:
-        raise PayloadError("payload is corrupted: wrong set of fields")
-    return doc
-
-
-def _secret(doc: dict[str, Any]) -> bytes:
-    return bytes.fromhex(
-        _text(doc["secret"], _HEX64.match, "payload field 'secret' must be 64 hex digits")
-    )

@@ -1,14 +1,6 @@
-"""The ordering token's wire format: what an importer waits for before using memory.
-
-A token names one record of an interprocess GPU event
-(:mod:`sharedarrays.backends.cuda.sync`). 88 bytes, little-endian::
-
-    offset  size  field
-    0       8     pid          exporter's process id
-    8       8     start        exporter's start time, clock ticks since boot (0: unknown)
-    16      64    handle       the event's IPC handle (``CUipcEventHandle``), opaque
-    80      8     seq          which record of that event
-"""
+"""The ordering token: what an importer waits for before using memory, one record of an
+exporter's interprocess GPU event (:mod:`sharedarrays.backends.cuda.sync`). 88 bytes,
+little-endian: pid, start time (clock ticks since boot, 0: unknown), event handle, seq."""
 
 from __future__ import annotations
 
@@ -24,7 +16,7 @@ TOKEN_SIZE = _TOKEN.size  # bytes of a token
 
 @dataclass(frozen=True)
 class OrderingToken:
-    """One record (``seq``) of an exporter's interprocess event (the table above)."""
+    """One record (``seq``) of the interprocess event ``handle`` of process ``pid``."""
 
     pid: int
     start: int

@@ -26,6 +26,8 @@ BACKOFF = 0.05  # seconds between tries to connect to a listener whose queue is 
 RUN_USER = Path("/run/user")  # where systemd makes each user's runtime directory
 RUNTIME_DIR_TRIES = 100  # names tried for the fallback runtime directory
 _CRED = struct.Struct("3i")  # pid, uid, gid
+_PEEK_LENGTH = int(socket.MSG_PEEK | socket.MSG_TRUNC)
+_MSG_CTRUNC = int(socket.MSG_CTRUNC)  # (a plain int: IntFlag's & makes a flag object)
 
 
 class Credentials(typing.NamedTuple):
@@ -43,22 +45,24 @@ def peer_credentials(sock: socket.socket) -> Credentials:
 
 
 def check_same_user(sock: socket.socket, what: str) -> Credentials:
-    """The credentials of ``sock``'s peer: PermissionDenied (naming it ``what``) where it
-    runs as another user, OSError where ``SO_PEERCRED`` failed."""
+    """``sock``'s peer's credentials; PermissionDenied (naming it ``what``) if another user's."""
     peer = peer_credentials(sock)
     if peer.uid != os.getuid():
         raise PermissionDenied(f"{what} runs as another user (uid {peer.uid})")
     return peer
 
 
-def connect_unix(path: str, deadline: float, timeout: float) -> socket.socket:
-    """A ``SOCK_SEQPACKET`` connection to ``path`` with ``timeout`` set on it; a full accept
-    queue is retried until ``deadline``, then TimeoutError (other OSErrors are raised)."""
+def connect_unix(path: str, deadline: float, timeout: float, what: str = "") -> socket.socket:
+    """A ``SOCK_SEQPACKET`` connection to ``path`` with ``timeout`` set on it, its peer checked
+    (:func:`check_same_user`) if ``what`` names it; a full accept queue is retried until
+    ``deadline``, then TimeoutError (other OSErrors are raised)."""
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             sock.settimeout(timeout)
             sock.connect(path)
+            if what:
+                check_same_user(sock, what)
         except BlockingIOError:
             sock.close()
             if time.monotonic() >= deadline:
@@ -103,8 +107,7 @@ def recv_fds(
 
 def recv_into(sock: socket.socket, size: int, maxfds: int, fds: list[int]) -> tuple[bytes, int]:
     """``socket.recv_fds``, its fds appended to ``fds``: the message and its flags. A SIGINT
-    meanwhile is delivered once the fds are in ``fds`` (none left without an owner).
-    TimeoutError where no message came within the socket's timeout."""
+    meanwhile is delivered once the fds are in ``fds`` (none left without an owner)."""
     # (elsewhere no Python handler can run between the receive and the append)
     guard = threading.current_thread() is threading.main_thread() and callable(
         signal.getsignal(signal.SIGINT)
@@ -125,10 +128,6 @@ def recv_into(sock: socket.socket, size: int, maxfds: int, fds: list[int]) -> tu
     return msg, flags
 
 
-_PEEK_LENGTH = int(socket.MSG_PEEK | socket.MSG_TRUNC)
-_MSG_CTRUNC = int(socket.MSG_CTRUNC)  # (a plain int: IntFlag's & makes a flag object)
-
-
 def check_truncated(flags: int) -> None:
     """Raise HandleUnavailable if the kernel dropped fds of a message (its fd table full)."""
     if flags & _MSG_CTRUNC:
@@ -145,21 +144,19 @@ def socket_pid(path: str | Path) -> int | None:
 
 
 def runtime_dir() -> Path:
-    """The private directory of this user's sockets, made 0700 if missing (checked at each
-    call: a tmp cleaner or logout may remove it): ``$XDG_RUNTIME_DIR/sharedarrays``, else
-    ``/run/user/<uid>/sharedarrays``, else ``<tmp>/sharedarrays-<uid>`` (or ``-1``, ...).
-    PermissionDenied where it cannot be made or is not private, or the first is unsafe."""
+    """This user's private directory of sockets, made 0700 at each call if missing:
+    ``$XDG_RUNTIME_DIR/sharedarrays``, else ``/run/user/<uid>/sharedarrays``, else
+    ``<tmp>/sharedarrays-<uid>[-n]``; PermissionDenied where none is private or safe."""
     uid = os.getuid()
     login = _login_dir(uid)
     if login is not None:
         path = login / "sharedarrays"
-        if _make_private(path, uid) is None:
-            _refuse(path, os.lstat(path))
+        _make_private(path, uid, strict=True)
         return path
     tmp = Path(tempfile.gettempdir())
     for n in range(RUNTIME_DIR_TRIES):
         path = tmp / (f"sharedarrays-{uid}-{n}" if n else f"sharedarrays-{uid}")
-        if _make_private(path, uid) is not None:
+        if _make_private(path, uid, strict=False):
             return path
     raise PermissionDenied(
         f"{tmp / f'sharedarrays-{uid}'} and the next {RUNTIME_DIR_TRIES - 1} names after it "
@@ -201,8 +198,9 @@ def _login_dir(uid: int) -> Path | None:
     return login if private else None
 
 
-def _make_private(path: Path, uid: int) -> Path | None:
-    """``path``, made 0700 if missing; ``None`` if another user's; raises if not private."""
+def _make_private(path: Path, uid: int, strict: bool) -> bool:
+    """Make ``path`` 0700 if missing: False if another user's (``strict``: refused), else
+    True; PermissionDenied if it is not private."""
     try:
         with contextlib.suppress(FileExistsError):
             os.mkdir(path, 0o700)
@@ -212,15 +210,13 @@ def _make_private(path: Path, uid: int) -> Path | None:
             f"cannot make the runtime directory {path}: {e.strerror}; set XDG_RUNTIME_DIR to "
             "a private directory of this user (mode 0700)"
         ) from None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
-        return None
-    if st.st_mode & 0o077:
-        _refuse(path, st)
-    return path
-
-
-def _refuse(path: Path, st: os.stat_result) -> typing.NoReturn:
-    raise PermissionDenied(
-        f"{path} is not a private directory of this user (owner uid {st.st_uid}, mode "
-        f"{stat.filemode(st.st_mode)}); remove it or set XDG_RUNTIME_DIR to a private directory"
-    )
+    mine = stat.S_ISDIR(st.st_mode) and st.st_uid == uid
+    if not mine and not strict:
+        return False
+    if not mine or st.st_mode & 0o077:
+        raise PermissionDenied(
+            f"{path} is not a private directory of this user (owner uid {st.st_uid}, mode "
+            f"{stat.filemode(st.st_mode)}); remove it or set XDG_RUNTIME_DIR to a private "
+            "directory"
+        )
+    return True

@@ -1,5 +1,2 @@
-"""Moving handles between processes (never data): the endpoints of the wire formats.
-
-``handles``, ``server``, ``client``, ``notices`` and ``keeper`` (the keeper's client). It
-imports protocol, backends and memory.
-"""
+"""Moving handles between processes (never data): the endpoints of the wire formats. It
+imports protocol, backends and memory."""

@@ -1,9 +1,6 @@
-"""The handle server's client: fetching an allocation's chunk handles from its exporter,
-on one connection per exporter kept open between requests (so the next connects to nothing),
-and the notices this process sends on them. Finalizers must never block, so the notices they
-cause are queued (``STATE.notices``) and sent by one daemon thread, each only to a peer of
-this user (it carries the secret).
-"""
+"""The handle server's client: chunk handles fetched from their exporter on one connection
+per exporter, kept between requests; notices (finalizers cause them: never blocking) queued
+on ``STATE.notices`` and sent by one daemon thread, only to a peer of this user."""
 
 from __future__ import annotations
 
@@ -14,24 +11,16 @@ import socket
 import sys
 import threading
 import time
+from types import MappingProxyType
 from typing import Any, cast
 
 from sharedarrays.errors import HandleUnavailable, PayloadError, PermissionDenied, SharedArrayError
 from sharedarrays.process import STATE, at_exit
-from sharedarrays.protocol.handles import (
-    REPLY_SIZE,
-    Growth,
-    Handles,
-    Kind,
-    Reply,
-    Request,
-    Status,
-)
+from sharedarrays.protocol.handles import REPLY_SIZE, Growth, Handles, Kind, Reply, Request, Status
 from sharedarrays.protocol.unix import (
     BACKOFF,
     FDS_PER_MESSAGE,
     MAX_PATH,
-    check_same_user,
     check_truncated,
     connect_unix,
     recv_fds,
@@ -40,6 +29,32 @@ from sharedarrays.protocol.unix import (
 from sharedarrays.sections import NoticesState
 
 _INCONSISTENT = "the handle server sent an inconsistent reply"
+_GONE = (  # what a load says when the exporter no longer serves the allocation
+    "the handles of allocation {alloc_id} are no longer available: the process that "
+    "shared it (pid {pid}) has exited or closed every view of it, and the payload was not "
+    "kept in flight (killed; older than SHAREDARRAYS_IN_FLIGHT seconds; or already loaded "
+    "as many times as it was pickled: each pickle.dumps counts one load, so bytes pickled "
+    "once and loaded by two processes load only in the first). Keep that "
+    "process and one open view alive until every importer has loaded the array, or name "
+    "or park() it (a named or parked array is gone too when the keeper that held it was "
+    "killed: python -m sharedarrays status shows whether one runs)"
+)
+_REFUSED: MappingProxyType[int, tuple[type[SharedArrayError], str]] = MappingProxyType(
+    {  # what a handle server's refusal raises; others: malformed
+        Status.GONE: (HandleUnavailable, "{gone}"),
+        Status.BAD_SECRET: (
+            PermissionDenied,
+            "the process that shared allocation {alloc_id} (pid {pid}) refused the payload's "
+            "secret; the payload does not belong to that allocation",
+        ),
+        Status.BAD_UID: (PermissionDenied, "the handle server refused this process: another user"),
+        Status.NOT_ALLOWED: (
+            PermissionDenied,
+            "process {me} is not in the allow_pids of allocation {alloc_id}",
+        ),
+    }
+)
+_MALFORMED = (PayloadError, "the handle server rejected the request as malformed")
 TIMEOUT = 10.0  # seconds an importer waits for a handle server
 MAX_CLIENT_CONNECTIONS = 64  # connections to handle servers kept open at most (oldest closed)
 TIDY_CONNECTIONS = 4  # kept connections from which a new one first closes those hung up
@@ -49,10 +64,9 @@ NOTICE_TIMEOUT = 1.0  # seconds the notifier waits for a handle server to take o
 def fetch_handles(
     server: str, pid: int, alloc_id: str, secret: bytes, reply_to: str | None = None
 ) -> tuple[list[int], list[int], tuple[bytes, ...]]:
-    """An allocation's chunk sizes, fds (the caller's; a pointer backend's: any it needs
-    besides the exports) and a pointer backend's portable handles (exports), from the handle
-    server at ``server``. HandleUnavailable where it is gone or no longer has them;
-    PermissionDenied for another user's server or a wrong secret."""
+    """An allocation's chunk sizes, fds (the caller's) and a pointer backend's portable
+    handles from the handle server at ``server``: HandleUnavailable where it is gone or no
+    longer has them; PermissionDenied for another user's server or a wrong secret."""
     body, fds = _fetch(server, pid, alloc_id, secret, reply_to, None)
     handles = cast(Handles, body)
     return handles.sizes, fds, handles.exports or ()
@@ -84,7 +98,7 @@ def _connect(server: str, gone: str, pid: int | None = None) -> socket.socket:
     try:
         while True:
             try:
-                sock = connect_unix(server, deadline, TIMEOUT)
+                sock = connect_unix(server, deadline, TIMEOUT, f"the handle server {server}")
                 break
             except FileNotFoundError:
                 if pid is None or not _runs(pid) or time.monotonic() >= deadline:
@@ -97,6 +111,8 @@ def _connect(server: str, gone: str, pid: int | None = None) -> socket.socket:
         ) from None
     except (FileNotFoundError, ConnectionRefusedError):
         raise HandleUnavailable(gone) from None
+    except PermissionDenied:  # (the check's: it runs as another user)
+        raise
     except PermissionError:
         raise PermissionDenied(
             f"cannot connect to the handle server {server}: it belongs to another user. "
@@ -113,11 +129,6 @@ def _connect(server: str, gone: str, pid: int | None = None) -> socket.socket:
             f"{e.strerror or e}. It is not a sharedarrays handle server: the payload was "
             "made for another machine or altered; ask its exporter for a new one"
         ) from None
-    try:
-        check_same_user(sock, f"the handle server {server}")
-    except BaseException:
-        sock.close()
-        raise
     return sock
 
 
@@ -134,38 +145,29 @@ def keep_connection(server: str, sock: socket.socket) -> None:
     """Put a connection back for the next request (or close it if another one is kept);
     past :data:`TIDY_CONNECTIONS` kept, those whose server hung up are closed first."""
     with STATE.connections.lock:
-        if server not in STATE.connections.by_server:
-            if len(STATE.connections.by_server) >= TIDY_CONNECTIONS:
-                _close_hung_up()
-            while len(STATE.connections.by_server) >= MAX_CLIENT_CONNECTIONS:
-                STATE.connections.by_server.pop(next(iter(STATE.connections.by_server))).close()
-            STATE.connections.by_server[server] = sock
+        by_server = STATE.connections.by_server
+        if server not in by_server:
+            if len(by_server) >= TIDY_CONNECTIONS:  # close those that poll readable: hung up
+                poller = select.poll()
+                by_fd = {}
+                for path, kept in by_server.items():
+                    poller.register(kept, select.POLLIN | select.POLLHUP | select.POLLERR)
+                    by_fd[kept.fileno()] = path
+                for fd, _ in poller.poll(0):
+                    by_server.pop(by_fd[fd]).close()
+            while len(by_server) >= MAX_CLIENT_CONNECTIONS:
+                by_server.pop(next(iter(by_server))).close()
+            by_server[server] = sock
             return
     sock.close()
 
 
-def _close_hung_up() -> None:
-    """Close the kept connections that poll readable (hung up); under the connections lock."""
-    poller = select.poll()
-    by_fd = {}
-    for server, kept in STATE.connections.by_server.items():
-        poller.register(kept, select.POLLIN | select.POLLHUP | select.POLLERR)
-        by_fd[kept.fileno()] = server
-    for fd, _ in poller.poll(0):
-        STATE.connections.by_server.pop(by_fd[fd]).close()
-
-
 def _fetch(
-    server: str,
-    pid: int,
-    alloc_id: str,
-    secret: bytes,
-    reply_to: str | None,
-    first: int | None,
+    server: str, pid: int, alloc_id: str, secret: bytes, reply_to: str | None, first: int | None
 ) -> tuple[Handles | Growth, list[int]]:
     """One ``FETCH`` (``first`` None) or ``GROW`` request: the reply's body and fds (retried
     once on a kept connection the server had closed)."""
-    gone = _gone(alloc_id, pid)
+    gone = _GONE.format(alloc_id=alloc_id, pid=pid)
     tail = reply_to if reply_to and len(reply_to.encode()) <= MAX_PATH else ""
     kind = Kind.FETCH if first is None else Kind.GROW
     request = Request(kind, alloc_id, secret, first or 0, tail).encode()
@@ -197,7 +199,9 @@ def _fetch(
         if reply.status not in (Status.OK, Status.BAD_UID):  # a refusal: the connection
             sock = None  # serves on
             keep_connection(server, conn)
-        _raise_for(reply.status, gone, alloc_id, pid)
+        if reply.status != Status.OK:
+            error, message = _REFUSED.get(reply.status, _MALFORMED)
+            raise error(message.format(gone=gone, alloc_id=alloc_id, pid=pid, me=os.getpid()))
         more = reply.fds > len(fds)  # (handles in more messages: recv_fds sets the timeout)
         if not recv_fds(conn, reply.fds, fds, deadline):
             raise HandleUnavailable(f"{gone} (the server stopped while sending)")
@@ -246,44 +250,6 @@ def _fetch_failed(e: OSError, gone: str, alloc_id: str, pid: int) -> HandleUnava
     )
 
 
-def _gone(alloc_id: str, pid: int) -> str:
-    """What a load says when the exporter no longer serves the allocation."""
-    return (
-        f"the handles of allocation {alloc_id} are no longer available: the process that "
-        f"shared it (pid {pid}) has exited or closed every view of it, and the payload was not "
-        "kept in flight (killed; older than SHAREDARRAYS_IN_FLIGHT seconds; or already loaded "
-        "as many times as it was pickled: each pickle.dumps counts one load, so bytes pickled "
-        "once and loaded by two processes load only in the first). Keep that "
-        "process and one open view alive until every importer has loaded the array, or name "
-        "or park() it (a named or parked array is gone too when the keeper that held it was "
-        "killed: python -m sharedarrays status shows whether one runs)"
-    )
-
-
-def _raise_for(status: int, gone: str, alloc_id: str, pid: int) -> None:
-    """Raise what a handle server's refusal means (nothing for ``OK``)."""
-    if status == Status.GONE:
-        raise HandleUnavailable(gone)
-    if status == Status.BAD_SECRET:
-        raise PermissionDenied(
-            f"the process that shared allocation {alloc_id} (pid {pid}) refused the "
-            "payload's secret; the payload does not belong to that allocation"
-        )
-    if status == Status.BAD_UID:
-        raise PermissionDenied("the handle server refused this process: another user")
-    if status == Status.NOT_ALLOWED:
-        raise PermissionDenied(
-            f"process {os.getpid()} is not in the allow_pids of allocation {alloc_id}"
-        )
-    if status != Status.OK:
-        raise PayloadError("the handle server rejected the request as malformed")
-
-
-def kept_connections() -> int:
-    """How many connections to handle servers this process keeps open between requests."""
-    return len(STATE.connections.by_server)
-
-
 def take_connection(server: str) -> socket.socket | None:
     """This process's kept connection to ``server``, taken out, or ``None``."""
     with STATE.connections.lock:
@@ -308,47 +274,18 @@ def report_load(server: str, alloc_id: str, secret: bytes) -> None:
         notices.queue.put(([], []))
 
 
-def _send_reports() -> None:
-    """Send the warm-load counts gathered by :func:`report_load` (in the notifier thread)."""
-    notices = STATE.notices
-    with notices.unreported_lock:
-        reports, notices.unreported = notices.unreported, {}
-    for (server, alloc_id, secret), count in reports.items():
-        sock = take_connection(server)
-        if sock is None:
-            continue  # (the sender counts them in flight until the bound: the safe side)
-        try:
-            sock.send(Request(Kind.LOADED, alloc_id, secret, count).encode())
-        except OSError:
-            sock.close()
-            continue
-        keep_connection(server, sock)
-
-
 def pending_notices() -> int:
     """How many release and close notices this process has queued and not yet sent."""
     return len(STATE.notices.in_flight)
 
 
 def queue_notice(
-    servers: list[str],
-    kind: Kind,
-    alloc_id: str,
-    secret: bytes,
-    alloc: Any = None,
-    count: int = 0,
+    servers: list[str], kind: Kind, alloc_id: str, secret: bytes, alloc: Any = None, count: int = 0
 ) -> None:
-    """Queue a notice for each of ``servers`` (``RELEASED``: with the count of ``alloc``'s
-    payloads each returned) and start the notifier if it does not run; never blocks."""
-    if kind is Kind.RELEASED:
-        messages = [
-            Request(
-                kind, alloc_id, secret, min(alloc.flight.returned(path) if alloc else 0, 1 << 31)
-            ).encode()
-            for path in servers
-        ]
-    else:
-        messages = [Request(kind, alloc_id, secret, count).encode()] * len(servers)
+    """Queue a notice for each of ``servers`` (with ``alloc``: the count of its payloads each
+    returned, else ``count``) and start the notifier if it does not run; never blocks."""
+    counts = [min(alloc.flight.returned(path), 1 << 31) if alloc else count for path in servers]
+    messages = [Request(kind, alloc_id, secret, n).encode() for n in counts]
     start_notifier()
     notices = STATE.notices
     notices.in_flight.append(None)
@@ -358,25 +295,33 @@ def queue_notice(
 def _send_notices(notices: NoticesState) -> None:
     while True:
         servers, messages = notices.queue.get()
-        if not servers:  # (queued by report_load)
-            _send_reports()
+        if not servers:  # queued by report_load: the warm-load counts gathered
+            with notices.unreported_lock:
+                reports, notices.unreported = notices.unreported, {}
+            for (server, alloc_id, secret), count in reports.items():
+                sock = take_connection(server)
+                if sock is None:
+                    continue  # (the sender counts them in flight until the bound: the safe side)
+                try:
+                    sock.send(Request(Kind.LOADED, alloc_id, secret, count).encode())
+                except OSError:
+                    sock.close()
+                    continue
+                keep_connection(server, sock)
         for path, message in zip(servers, messages):
             _send(path, message)
         notices.in_flight.pop()
 
 
 def _send(path: str, message: bytes) -> None:
-    """Send one notice and wait for its reply, on the connection kept to ``path`` (replaced
-    once if the server had closed it); a process that is gone, or another user's, is told
-    nothing."""
+    """Send one notice and wait for its reply on the connection kept to ``path`` (replaced
+    once if the server had closed it); one gone, or another user's, is told nothing."""
     sock = take_connection(path)
     reused = sock is not None
     while True:
         try:
-            if sock is None:  # (a full queue: TimeoutError at once)
-                sock = connect_unix(path, 0.0, NOTICE_TIMEOUT)
-                # (it carries the secret: never to another user's socket)
-                check_same_user(sock, f"the handle server {path}")
+            if sock is None:  # (a full queue: TimeoutError at once; never another user's)
+                sock = connect_unix(path, 0.0, NOTICE_TIMEOUT, f"the handle server {path}")
             else:
                 sock.settimeout(NOTICE_TIMEOUT)
             sock.sendall(message)

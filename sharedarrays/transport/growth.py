@@ -38,15 +38,15 @@ def catch_up_to(alloc: Allocation, p: Payload, received: list[int]) -> Allocatio
         if received:
             close_fds(received[: len(local)])
             alloc.extend(list(p.chunks[len(local) :]), received[len(local) :], p.capacity or 0)
-            return alloc
-        _fetch_growth(alloc, p.server, p.pid, local)
+        else:
+            _fetch_growth(alloc, p.server, p.pid, local)
         return alloc
 
 
 def catch_up(alloc: Allocation) -> None:
-    """Map the chunks the exporter of ``alloc`` (a growable import) added since and take its
-    current length (``alloc.used``), asking its handle server. PayloadError where it shrank
-    and grew again since, or ``alloc`` does not know its exporter; else as ``fetch_growth``."""
+    """Map the chunks the exporter of ``alloc`` (a growable import) added since, and take its
+    length (``alloc.used``); PayloadError where it shrank and grew again since, or ``alloc``
+    does not know its exporter."""
     server = alloc.source_server
     if server is None:  # (inherited through fork: every growable import sets it)
         raise PayloadError(
@@ -59,8 +59,7 @@ def catch_up(alloc: Allocation) -> None:
 
 
 def _fetch_growth(alloc: Allocation, server: str, pid: int, local: list[int]) -> None:
-    """Map the chunks beyond ``local`` (those mapped here) that the exporter reports, and
-    take its length; under ``alloc.growth_lock``."""
+    """Map the exporter's chunks beyond ``local`` and take its length (under the growth lock)."""
     sizes, capacity, used, fds = client.fetch_growth(
         server, pid, alloc.id, alloc.secret, len(local), reply_to=transport.server_address()
     )

@@ -1,6 +1,5 @@
-"""This process's handle server at start and exit, and the memory layer's hooks that
-queue notices (release, DONE, ASK). Nothing here knows about arrays.
-"""
+"""This process's handle server at start and exit, and the memory layer's hooks that queue
+notices (release, DONE, ASK). Nothing here knows about arrays."""
 
 from __future__ import annotations
 
@@ -66,7 +65,7 @@ at_exit(shutdown_server, "transport", order=2, processes=False)
 def open_connections() -> int:
     """How many sockets this process keeps open for handle traffic, both directions."""
     server: HandleServer | None = STATE.server.server
-    return client.kept_connections() + (server.connections if server is not None else 0)
+    return len(STATE.connections.by_server) + (len(server.conns) if server is not None else 0)
 
 
 def _notify_on_release(alloc: allocation.Allocation) -> None:
@@ -78,9 +77,8 @@ def _notify_on_release(alloc: allocation.Allocation) -> None:
     server: HandleServer | None = STATE.server.server
     own = server.path if server is not None else None
     servers = [p for p in alloc.served_servers() if p != own]
-    if servers and alloc.block is not None and alloc.origin.created_here:
-        # (memory kept for reuse: its importers may know it by an id it had before)
-        block = alloc.block
+    block = alloc.block if alloc.origin.created_here else None
+    if servers and block is not None:  # (kept for reuse: importers may know an older id)
         client.queue_notice(servers, Kind.RELEASED, block_id(block), block, alloc)
     elif servers:
         client.queue_notice(servers, Kind.RELEASED, alloc.id, alloc.secret, alloc)

@@ -1,6 +1,6 @@
-"""The keeper's client. Each process keeps one connection to this user's keeper (started on
-first need), which counts it as a holder of what it created or attached; payloads in flight
-are handed over on a connection of their own (:func:`hand_over`)."""
+"""The keeper's client: one connection per process to this user's keeper (started on first
+need), which counts it as a holder of what it made or attached; payloads in flight are handed
+over on a connection of their own (:func:`hand_over`)."""
 
 from __future__ import annotations
 
@@ -46,11 +46,6 @@ def socket_path() -> Path:
 
 def _log_path() -> Path:
     return unix.runtime_dir() / "keeper.log"
-
-
-def _patience(path: str) -> float:
-    """Seconds to wait now for the keeper at ``path``: :data:`RETRY` while it is late."""
-    return RETRY if STATE.keeper.late == path else TIMEOUT
 
 
 def _answered(path: str, answered: bool) -> None:
@@ -123,7 +118,7 @@ def _launch() -> subprocess.Popen[bytes] | None:
     return proc
 
 
-def _why_it_exited(proc: subprocess.Popen[bytes]) -> str:
+def _why_it_exited(status: int | None) -> str:
     """Why a keeper exited at start: its log's last line, and a disk-full note."""
     path = _log_path()
     try:
@@ -133,7 +128,7 @@ def _why_it_exited(proc: subprocess.Popen[bytes]) -> str:
         said = lines[-1][:300] if lines else "(its log is empty)"
     except OSError:
         said = "(its log cannot be read)"
-    why = f"the sharedarrays keeper exited as it started (exit status {proc.returncode}): "
+    why = f"the sharedarrays keeper exited as it started (exit status {status}): "
     why += f"{said} (its log: {path})"
     with contextlib.suppress(OSError):
         st = os.statvfs(path.parent)
@@ -151,7 +146,7 @@ def _try_connect(path: str, deadline: float) -> socket.socket | None:
     """A connection to the keeper at ``path``, or ``None`` where none listens there."""
     wait = max(deadline - time.monotonic(), 0.001)
     try:
-        sock = unix.connect_unix(path, deadline, wait)
+        return unix.connect_unix(path, deadline, wait, f"the keeper {path}")
     except TimeoutError:
         _answered(path, False)
         raise KeeperError(
@@ -160,6 +155,8 @@ def _try_connect(path: str, deadline: float) -> socket.socket | None:
         ) from None
     except (FileNotFoundError, ConnectionRefusedError):
         return None
+    except PermissionDenied:  # (the check's: it runs as another user)
+        raise
     except PermissionError:
         raise PermissionDenied(
             f"cannot connect to the keeper {path}: it belongs to another user"
@@ -171,15 +168,6 @@ def _try_connect(path: str, deadline: float) -> socket.socket | None:
                 "process (or raise its ulimit -n) and try again"
             ) from None
         raise KeeperError(f"cannot connect to the keeper {path}: {e.strerror or e}") from None
-    try:
-        unix.check_same_user(sock, f"the keeper {path}")
-    except OSError as e:
-        sock.close()
-        raise KeeperError(f"cannot connect to the keeper {path}: {e.strerror or e}") from None
-    except BaseException:
-        sock.close()
-        raise
-    return sock
 
 
 def _open(path: str, start: bool, deadline: float) -> socket.socket:
@@ -193,7 +181,7 @@ def _open(path: str, start: bool, deadline: float) -> socket.socket:
             if sock is None and proc is not None and proc.poll() is not None:
                 sock = _try_connect(path, deadline)  # (another keeper may have started)
                 if sock is None:  # it failed as it started (a bad setting, say): say why
-                    raise HandleUnavailable(_why_it_exited(proc))
+                    raise HandleUnavailable(_why_it_exited(proc.returncode))
     if sock is None:
         if start:
             _answered(path, False)
@@ -202,19 +190,6 @@ def _open(path: str, start: bool, deadline: float) -> socket.socket:
             + (f" (it did not start in time; see {_log_path()})" if start else "")
         )
     return sock
-
-
-def _connect(start: bool) -> tuple[socket.socket, str, float]:
-    """This process's connection to the keeper (opened if none), its socket and timeout."""
-    state = STATE.keeper
-    path = str(socket_path())
-    wait = _patience(path)
-    if state.conn is None or state.path != path:
-        disconnect()
-        state.conn, state.path = _open(path, start, time.monotonic() + wait), path
-    if state.conn.gettimeout() != wait:
-        state.conn.settimeout(wait)
-    return state.conn, path, wait
 
 
 def disconnect(wait: float = -1) -> None:
@@ -237,10 +212,18 @@ def request(
     """Send one request to the keeper; return ``(status, body, fds)``, the fds the caller's.
     HandleUnavailable where none runs (or starts), KeeperError where it did not answer well."""
     data = req.encode()
-    with STATE.keeper.lock:
+    state = STATE.keeper
+    with state.lock:
         _flush_deferred()
         for attempt in (1, 2, 3):
-            sock, path, wait = _connect(start)
+            path = str(socket_path())
+            wait = RETRY if state.late == path else TIMEOUT
+            if state.conn is None or state.path != path:
+                disconnect()
+                state.conn, state.path = _open(path, start, time.monotonic() + wait), path
+            sock = state.conn
+            if sock.gettimeout() != wait:
+                sock.settimeout(wait)
             got: list[int] = []
             reply = None
             try:
@@ -307,7 +290,7 @@ def hand_over(alloc: allocation.Allocation, loads: int, seconds: float) -> None:
     path = str(socket_path())
     now = time.monotonic()
     began, left = STATE.keeper.exit_wait or (now, TIMEOUT)
-    deadline = began + min(left, _patience(path))
+    deadline = began + min(left, RETRY if STATE.keeper.late == path else TIMEOUT)
     if deadline <= now:
         raise KeeperError(
             f"the keeper did not answer in time earlier at this exit, which waits for it "

@@ -16,9 +16,6 @@ from sharedarrays.protocol import keeper as wire
 from sharedarrays.protocol.handles import REPLY_SIZE, Kind, Reply, Request, Snapshot, Status
 from sharedarrays.protocol.unix import check_same_user, connect_unix, runtime_dir, socket_pid
 
-__all__ = ["ASK_TIMEOUT", "ASK_AT_ONCE", "Answer", "KeeperAnswer", "handle_servers", "ask_all"]
-__all__ += ["ask_keeper", "drop_mapping", "drop_kept"]
-
 ASK_TIMEOUT = 1.0  # seconds one process is given to accept and answer
 ASK_AT_ONCE = 32  # handle servers asked at the same time at most (one thread each)
 

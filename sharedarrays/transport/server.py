@@ -1,7 +1,6 @@
 """The handle server: a thread of every process that pickles an array, listening in the
 private runtime directory. It checks each request's peer uid (same user only) and secret,
-then sends the chunks' fds or acts on a notice (:mod:`sharedarrays.protocol.handles`).
-"""
+then sends the chunks' fds or acts on a notice (:mod:`sharedarrays.protocol.handles`)."""
 
 from __future__ import annotations
 
@@ -52,8 +51,8 @@ _ASKED_LIMIT = 256  # block tokens remembered as asked DONE for before they were
 
 
 class HandleServer:
-    """Serves this process's allocations' fds to authenticated importers (one per process;
-    at most :data:`MAX_CONNECTIONS` connections, the longest idle closed first)."""
+    """Serves this process's allocations' fds to authenticated importers; ``conns``: the open
+    connections' peers, the longest idle first (closed first past :data:`MAX_CONNECTIONS`)."""
 
     def __init__(self) -> None:
         directory = runtime_dir()
@@ -61,39 +60,19 @@ class HandleServer:
         self.path = str(directory / f"{os.getpid()}-{os.urandom(4).hex()}.sock")
         self._sock = _listen(self.path)
         self._pid = os.getpid()
-        self._closed = False
-        self._conns: dict[socket.socket, Credentials] = {}  # oldest use first
+        self._stopped = False
+        self.conns: dict[socket.socket, Credentials] = {}
+        # each kind's handler is the method named after it (each sends its own reply, if any)
         self._handlers: dict[Kind, Callable[[socket.socket, Credentials, Request], None]] = {
-            Kind.FETCH: self._send_handles,
-            Kind.GROW: self._send_handles,
-            Kind.RELEASED: self._released,
-            Kind.CLOSED: self._closed_by,
-            Kind.LOADED: self._loaded,
-            Kind.SNAPSHOT: self._snapshot,
-            Kind.DROP: self._drop_parked,
-            Kind.DONE: self._done,
-            Kind.ASK: self._asked,
-        }  # (each sends its own reply, if any)
-        self._thread = threading.Thread(
-            target=self._serve, name="sharedarrays-handles", daemon=True
-        )
+            kind: getattr(self, f"_{kind.name.lower()}") for kind in Kind
+        }
         try:
-            self._thread.start()
+            threading.Thread(target=self._serve, name="sharedarrays-handles", daemon=True).start()
         except RuntimeError as e:  # no thread can start: no socket is left behind
             self._sock.close()
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
             raise thread_error("cannot start the handle server's thread", e) from None
-
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` was called."""
-        return self._closed
-
-    @property
-    def connections(self) -> int:
-        """How many importer connections are open now."""
-        return len(self._conns)
 
     def _serve(self) -> None:
         sel = selectors.DefaultSelector()
@@ -101,7 +80,7 @@ class HandleServer:
         next_housekeeping = time.monotonic() + HOUSEKEEPING
         failing = False  # reported the current run of errors already
         try:
-            while not self._closed:
+            while not self._stopped:
                 try:
                     events = sel.select(max(next_housekeeping - time.monotonic(), 0.0))
                     if time.monotonic() >= next_housekeeping:
@@ -115,32 +94,27 @@ class HandleServer:
                         else:
                             self._request(sel, key.fileobj)  # type: ignore[arg-type]
                     failing = False
-                except Exception as e:  # EMFILE and the like: back off, keep serving
-                    if self.closed:
-                        return  # closed under the selector
-                    if not failing:
+                except Exception as e:  # EMFILE and the like (or closed under the selector)
+                    if not (failing or self._stopped):
                         print(f"sharedarrays: handle server: {e!r}; retrying", file=sys.stderr)
                     failing = True
                     time.sleep(BACKOFF)
         finally:
-            for conn in list(self._conns):
+            for conn in list(self.conns):
                 conn.close()
-            self._conns.clear()
+            self.conns.clear()
             sel.close()
 
     def _listen_again(self, sel: selectors.BaseSelector) -> None:
         """Listen again where the runtime directory was removed, at the same path if possible."""
-        try:
-            os.stat(self.path)
+        if os.path.exists(self.path):
             return
-        except FileNotFoundError:
-            pass
         directory = runtime_dir()  # (made again)
         path = self.path
         if Path(path).parent != directory:
             path = str(directory / f"{os.getpid()}-{os.urandom(4).hex()}.sock")
         listener = _listen(path)
-        if self._closed:  # (closed meanwhile, at exit)
+        if self._stopped:  # (closed meanwhile, at exit)
             listener.close()
             with contextlib.suppress(OSError):
                 os.unlink(path)
@@ -157,9 +131,9 @@ class HandleServer:
         except BlockingIOError:
             return
         except OSError as e:
-            if e.errno not in (errno.EMFILE, errno.ENFILE) or not self._conns:
+            if e.errno not in (errno.EMFILE, errno.ENFILE) or not self.conns:
                 raise
-            self._drop(sel, next(iter(self._conns)))  # no fd left: the longest idle goes
+            self._hang_up(sel, next(iter(self.conns)))  # no fd left: the longest idle goes
             return  # and the next round accepts
         try:
             conn.setblocking(False)
@@ -167,21 +141,21 @@ class HandleServer:
         except OSError:
             conn.close()
             return
-        while len(self._conns) >= MAX_CONNECTIONS:  # the longest idle goes
-            self._drop(sel, next(iter(self._conns)))
-        self._conns[conn] = peer
+        while len(self.conns) >= MAX_CONNECTIONS:  # the longest idle goes
+            self._hang_up(sel, next(iter(self.conns)))
+        self.conns[conn] = peer
         sel.register(conn, selectors.EVENT_READ)
 
-    def _drop(self, sel: selectors.BaseSelector, conn: socket.socket) -> None:
-        self._conns.pop(conn, None)
+    def _hang_up(self, sel: selectors.BaseSelector, conn: socket.socket) -> None:
+        self.conns.pop(conn, None)
         with contextlib.suppress(KeyError, ValueError):
             sel.unregister(conn)
         conn.close()
 
     def _request(self, sel: selectors.BaseSelector, conn: socket.socket) -> None:
-        peer = self._conns.pop(conn, None)
+        peer = self.conns.pop(conn, None)
         if peer is None:
-            self._drop(sel, conn)
+            self._hang_up(sel, conn)
             return
         request: bytes | None
         try:
@@ -191,66 +165,51 @@ class HandleServer:
         except OSError:
             request = b""  # the client went away; nothing to clean up beyond the socket
         try:
-            if request:
-                self._answer(conn, peer, request)
+            if request and peer.uid != os.getuid():
+                _reply(conn, Status.BAD_UID)
+            elif request:
+                try:
+                    decoded = Request.decode(request)
+                    handler = self._handlers[decoded.kind]
+                except (PayloadError, KeyError):  # (a kind without a handler: refused too)
+                    _reply(conn, Status.BAD_REQUEST)
+                else:
+                    handler(conn, peer, decoded)
         except OSError:
             request = b""  # gone, or not reading its replies (its socket buffer is full)
         except Exception as e:  # a bug must not stop the server: this client gets EOF
             print(f"sharedarrays: handle server: {e!r} answering pid {peer.pid}", file=sys.stderr)
             request = b""
         if request is None or (request and peer.uid == os.getuid()):
-            self._conns[conn] = peer  # most recently used last
+            self.conns[conn] = peer  # most recently used last
         else:  # hung up, or another user (told so once)
-            self._drop(sel, conn)
+            self._hang_up(sel, conn)
 
-    def _answer(self, conn: socket.socket, peer: Credentials, data: bytes) -> None:
-        """Answer one request from ``conn``, by the handler of its kind."""
-        if peer.uid != os.getuid():
-            _reply(conn, Status.BAD_UID)
-            return
-        try:
-            request = Request.decode(data)
-            handler = self._handlers[request.kind]
-        except (PayloadError, KeyError):  # (a kind without a handler: refused too)
-            _reply(conn, Status.BAD_REQUEST)
-            return
-        handler(conn, peer, request)
-
-    def _closed_by(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
-        """``CLOSED``: the peer freed its import: maybe the memory can go now."""
+    def _closed(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
+        """``CLOSED``: the peer freed its import (maybe the memory can go now); ``DONE``: it
+        closed its last view of a block after ``count`` loads."""
         alloc = _found(request)
         _reply(conn, Status.GONE if alloc is None else Status.OK)
-        if alloc is not None:
+        if alloc is not None and request.kind is Kind.CLOSED:
             alloc.closed_by(peer.pid)
+        elif alloc is not None:
+            servers = [s for s in alloc.served_servers() if socket_pid(s) == peer.pid]
+            alloc.done_by_importers(request.count, servers)
 
-    def _served(self, conn: socket.socket, request: Request) -> allocation.Allocation | None:
-        """The allocation ``request`` names if its secret is right, else ``None`` (refused)."""
-        alloc = registry.lookup(request.alloc_id, draining=True)
-        if alloc is None or not hmac.compare_digest(request.secret, alloc.secret):
-            _reply(conn, Status.GONE if alloc is None else Status.BAD_SECRET)
-            return None
-        return alloc
+    _done = _closed
 
     def _released(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
         """``RELEASED``: the process that served us released the allocation (or block)."""
         alloc = STATE.memory.blocks.get(request.secret)
         if alloc is None or request.alloc_id != block_id(request.secret):
-            alloc = self._served(conn, request)
+            alloc = _found(request, conn)
         if alloc is None:
             return
         _reply(conn, Status.OK)
         alloc.flight.note_loaded(request.count)  # its payloads that came back to their exporter
         _off_thread(alloc.orphan)  # a release may hand over to the keeper: not here
 
-    def _done(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
-        """``DONE``: an importer closed its last view of a block after ``count`` loads."""
-        alloc = _found(request)
-        _reply(conn, Status.GONE if alloc is None else Status.OK)
-        if alloc is not None:
-            servers = [s for s in alloc.served_servers() if socket_pid(s) == peer.pid]
-            alloc.done_by_importers(request.count, servers)
-
-    def _asked(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
+    def _ask(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
         """``ASK``: a block's exporter released it and waits for this process's ``DONE``."""
         _reply(conn, Status.OK)
         memory = STATE.memory
@@ -261,9 +220,9 @@ class HandleServer:
         if alloc is not None and request.alloc_id == block_id(request.secret):
             _off_thread(alloc.ask_done)
 
-    def _send_handles(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
+    def _fetch(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
         """``FETCH`` and ``GROW``: send the chunk handles (``GROW``: from ``request.count``)."""
-        alloc = self._served(conn, request)
+        alloc = _found(request, conn)
         if alloc is None:
             return
         pid = peer.pid
@@ -298,24 +257,28 @@ class HandleServer:
                     os.close(fd)
         del alloc
 
+    _grow = _fetch
+
     def _loaded(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
         """``LOADED`` (no reply): fewer in flight; up to :data:`READ_AHEAD` more are read too."""
-        _note_loaded(request)
-        for _ in range(READ_AHEAD):
-            try:
-                ahead = conn.recv(COUNTED_SIZE, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-                if len(ahead) < COUNTED_SIZE or not ahead.startswith(Kind.LOADED.value):
+        for ahead in range(READ_AHEAD + 1):
+            if ahead:  # the next message, if it is a LOADED too
+                try:
+                    peek = conn.recv(COUNTED_SIZE, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+                    if len(peek) < COUNTED_SIZE or not peek.startswith(Kind.LOADED.value):
+                        return
+                    request = Request.decode(conn.recv(COUNTED_SIZE))
+                except OSError:
                     return
-                request = Request.decode(conn.recv(COUNTED_SIZE))
-            except OSError:
-                return
-            _note_loaded(request)
+            alloc = _found(request)
+            if alloc is not None:  # (a wrong secret: ignored, no reply)
+                alloc.flight.note_loaded(request.count)
 
     def _snapshot(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
         """``SNAPSHOT``: what this process holds; metadata only, no handle or secret."""
         _reply(conn, Status.OK, snapshot().encode())
 
-    def _drop_parked(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
+    def _drop(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
         """``DROP``: release this process's parked mapping (``GONE``, ``NOT_ALLOWED`` if used)."""
         if STATE.memory.cache.drop(request.alloc_id):  # (kept for reuse: freed now)
             _reply(conn, Status.OK)
@@ -336,17 +299,16 @@ class HandleServer:
 
     def forget_in_child(self) -> None:
         """In a forked child: close the parent's socket and connections, keeping the file."""
-        for conn in self._conns:
+        for conn in self.conns:
             conn.close()
-        self._conns.clear()
-        self._sock.close()
-        self._closed = True
+        self.conns.clear()
+        self.close()  # (not this process's: the file stays)
 
     def close(self) -> None:
         """Stop serving and remove the socket file. Idempotent."""
-        if self._closed:
+        if self._stopped:
             return
-        self._closed = True
+        self._stopped = True
         if self._pid == os.getpid():
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
@@ -399,19 +361,15 @@ def _reply(conn: socket.socket, status: Status, body: bytes = b"") -> None:
     conn.send(Reply(status, 0, body).encode())
 
 
-def _found(request: Request) -> allocation.Allocation | None:
-    """The allocation ``request`` names (draining too), if its secret is right."""
+def _found(request: Request, conn: socket.socket | None = None) -> allocation.Allocation | None:
+    """The allocation ``request`` names (draining too) if its secret is right; else ``None``,
+    and ``GONE`` or ``BAD_SECRET`` replied on ``conn`` if given."""
     alloc = registry.lookup(request.alloc_id, draining=True)
     if alloc is not None and hmac.compare_digest(request.secret, alloc.secret):
         return alloc
+    if conn is not None:
+        _reply(conn, Status.GONE if alloc is None else Status.BAD_SECRET)
     return None
-
-
-def _note_loaded(request: Request) -> None:
-    """Count a ``LOADED`` notice whose secret is right (others are ignored: no reply)."""
-    alloc = _found(request)
-    if alloc is not None:
-        alloc.flight.note_loaded(request.count)
 
 
 def _off_thread(fn: Callable[[], object]) -> None:

@@ -94,7 +94,7 @@ def test_a_client_refuses_a_server_of_another_user(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(unix, "peer_credentials", lambda sock: other)
     with pytest.raises(sa.PermissionDenied, match="runs as another user"):
         client.fetch_handles(path, os.getpid(), a.allocation.id, a.allocation.secret)
-    assert client.kept_connections() == 0
+    assert len(process.STATE.connections.by_server) == 0
 
 
 def test_kept_connections_to_servers_that_hung_up_are_closed() -> None:
@@ -107,13 +107,13 @@ def test_kept_connections_to_servers_that_hung_up_are_closed() -> None:
     ends[0].close()  # (its server's process exited)
     ends[2].close()
     kept = client.TIDY_CONNECTIONS - 1
-    assert client.kept_connections() == kept  # (below the tidy mark: no poll)
+    assert len(process.STATE.connections.by_server) == kept  # (below the tidy mark: no poll)
     fresh, other = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     client.keep_connection("/new", fresh)
-    assert client.kept_connections() == kept + 1
+    assert len(process.STATE.connections.by_server) == kept + 1
     last, another = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     client.keep_connection("/newer", last)  # (at the tidy mark: the two hung up are closed)
-    assert client.kept_connections() == kept + 2 - 2
+    assert len(process.STATE.connections.by_server) == kept + 2 - 2
     client.close_connections()
     for end in (ends[1], other, another):
         end.close()
@@ -139,7 +139,7 @@ def test_connections_to_ended_pool_workers_do_not_pile_up() -> None:
         pool.join()
         assert got.get().tolist() == [float(n)] * n
         got.close()
-        counts.append((client.kept_connections(), sockets()))
+        counts.append((len(process.STATE.connections.by_server), sockets()))
     # (a connection to an ended worker's server is closed by the next notice to it, or
     # when TIDY_CONNECTIONS are kept and the next is kept: never more, however many pools;
     # other sockets this process opens on first use may come in any round)

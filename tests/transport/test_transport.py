@@ -232,9 +232,9 @@ def test_requests_to_one_server_reuse_one_connection(fd_baseline: None) -> None:
     assert process.STATE.connections.by_server[server] is kept  # no new connect per request
     assert process.STATE.server.server is not None
     deadline = time.monotonic() + 10  # the server thread files the connection after replying
-    while process.STATE.server.server.connections != 1 and time.monotonic() < deadline:
+    while len(process.STATE.server.server.conns) != 1 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert process.STATE.server.server.connections == 1
+    assert len(process.STATE.server.server.conns) == 1
     assert transport.open_connections() == 2  # this process at both ends
     client.close_connections()
     assert server not in process.STATE.connections.by_server
