@@ -48,8 +48,15 @@ class Kind(enum.Enum):
         return self in (Kind.GROW, Kind.RELEASED, Kind.LOADED, Kind.DONE)
 
 
-Status = enum.IntEnum("Status", "OK GONE BAD_SECRET BAD_UID BAD_REQUEST NOT_ALLOWED", start=0)
-"""A reply's status byte: the members are 0 to 5, in this order (the wire's values)."""
+class Status(enum.IntEnum):
+    """A reply's status byte."""
+
+    OK = 0
+    GONE = 1
+    BAD_SECRET = 2
+    BAD_UID = 3
+    BAD_REQUEST = 4
+    NOT_ALLOWED = 5
 
 
 @dataclass(frozen=True)
