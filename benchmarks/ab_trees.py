@@ -2,11 +2,15 @@
 
     python benchmarks/ab_trees.py [--pairs 1000] [--size 1M] [--case warm|results]
         [--device cpu|cuda:0] [--growable] [--env-b NAME=VALUE ...] TREE_A TREE_B
+    python benchmarks/ab_trees.py [options] --off natives|parts|decoded TREE
+
+``--off`` measures what one cache of the warm path buys: tree B is a copy of TREE with that
+cache switched off (one line of it replaced, see :data:`OFF`).
 
 A TREE is a folder holding a ``sharedarrays`` package (e.g. ``git archive REV sharedarrays |
 tar -x -C DIR``, or a worktree). Each tree gets a side process (``PYTHONPATH=TREE``) with a
-1 MiB array (host, or ``--device``'s) and a spawned worker. A round on a side: the side pickles the array with
-multiprocessing's ``ForkingPickler`` (warm: it was pickled before), sends the bytes through a
+1 MiB array (host, or ``--device``'s) and a spawned worker. A round on a side: the side
+pickles the array with multiprocessing's ``ForkingPickler`` (warm: it was pickled before), sends the bytes through a
 pipe, and the worker loads them, takes ``.array`` and closes the view. Pairs alternate the
 order (A then B, B then A), so both trees meet the same machine state and each order is
 half the pairs. Printed: the median of each part per tree (``pickle``: the side's dump;
@@ -23,14 +27,33 @@ import io
 import multiprocessing as mp
 import os
 import pickle
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 PARTS = ("pickle", "load", "round")
+OFF = {  # cache: (file, its line, the line that switches it off)
+    "natives": (
+        "memory/lease.py",
+        "last = natives.pop(key, None)",
+        "last = natives.pop(key, None) and None",
+    ),
+    "parts": (
+        "importing.py",
+        "if blob is not None and fds is None and not alloc.growable:",
+        "if False:",
+    ),
+    "decoded": (
+        "protocol/payload.py",
+        "known: Payload | None = STATE.pickling.decoded.get(data)",
+        "known: Payload | None = None",
+    ),
+}
 
 
 def _dumps(obj: object) -> bytes:
@@ -106,9 +129,25 @@ def _side(size: int, case: str, device: str, growable: bool) -> None:
     a.close()
 
 
+def _without(tree: str, cache: str) -> str:
+    """A copy of ``tree`` with ``cache`` switched off (:data:`OFF`), in a temporary folder."""
+    path, line, off = OFF[cache]
+    copy = os.path.join(tempfile.mkdtemp(prefix=f"ab-{cache}-off-"), "tree")
+    shutil.copytree(tree, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    target = os.path.join(copy, "sharedarrays", path)
+    with open(target) as f:
+        text = f.read()
+    if text.count(line) != 1:
+        raise SystemExit(f"{path}: the line {line!r} is not there once; update OFF")
+    with open(target, "w") as f:
+        f.write(text.replace(line, off))
+    return copy
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("trees", nargs=2)
+    parser.add_argument("trees", nargs="+", help="TREE_A TREE_B, or one TREE with --off")
+    parser.add_argument("--off", choices=sorted(OFF), help="B: TREE with this cache off")
     parser.add_argument("--pairs", type=int, default=1000)
     parser.add_argument("--size", type=int, default=1 << 20)
     parser.add_argument(
@@ -125,6 +164,10 @@ def main() -> None:
     )
     parser.add_argument("--side", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if len(args.trees) != (1 if args.off else 2):
+        parser.error("give TREE_A TREE_B, or one TREE with --off")
+    if args.off:
+        args.trees.append(_without(args.trees[0], args.off))
     sides = []
     for tree in args.trees:
         env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))

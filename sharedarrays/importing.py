@@ -149,6 +149,8 @@ class ReceivedPart:
         self.token = None  # (waited for; kept where the load failed, for a re-pickle)
         self.bind(alloc)
         blob = self.blob
+        # kept for the next message with these bytes: a warm load takes ~20 us on the host
+        # with it, 11-16 us more without (ab_trees.py --off parts, 1,000 pairs x 4)
         if blob is not None and fds is None and not alloc.growable:
             remember(STATE.pickling.received, blob, self, _RECEIVED_LIMIT)
         return alloc

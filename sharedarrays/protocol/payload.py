@@ -213,6 +213,8 @@ class Payload:
     def from_bytes(cls, data: object) -> Payload:
         """Decode and validate a payload (remembered by its bytes); PayloadError for anything
         but an unaltered, well-formed payload of this version."""
+        # remembered: a growable array's warm load (which keeps no part) is 30-42 us faster
+        # on the host (ab_trees.py --off decoded --growable, 1,000 pairs x 4)
         if type(data) is bytes:
             known: Payload | None = STATE.pickling.decoded.get(data)
             if known is not None:
