@@ -1,6 +1,6 @@
 """Interleaved A/B of a warm host handoff between two trees of the library, in pairs.
 
-    python benchmarks/ab_trees.py [--pairs 1000] [--size 1M] [--case warm|results]
+    python benchmarks/ab_trees.py [--pairs 1000] [--size 1M] [--case warm|results|pool]
         [--device cpu|cuda:0] [--growable] [--env-b NAME=VALUE ...] TREE_A TREE_B
     python benchmarks/ab_trees.py [options] --off natives|parts|decoded TREE
 
@@ -37,6 +37,7 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 PARTS = ("pickle", "load", "round")
+POOL_WORKERS, POOL_TASKS = 4, 16  # the pool case: an sa.Pool's workers, and tasks per round
 OFF = {  # cache: (file, its line, the line that switches it off)
     "natives": (
         "memory/lease.py",
@@ -85,12 +86,20 @@ def _maker(conn: Any, size: int, device: str) -> None:
         conn.send_bytes(blob)
 
 
+def _pooled(spec: tuple[int, str]) -> Any:
+    """The ``pool`` case's task: a new array, returned through the Pool."""
+    import sharedarrays as sa
+
+    return sa.empty(spec[0], dtype="uint8", device=spec[1], pack=False)
+
+
 def _side(size: int, case: str, device: str, growable: bool) -> None:
     import sharedarrays as sa
 
     a = sa.empty(size, dtype="uint8", device=device, capacity=2 * size if growable else None)
     ctx = mp.get_context("spawn")
     mine, theirs = ctx.Pipe()
+    pool = sa.Pool(POOL_WORKERS) if case == "pool" else None
     if case == "results":
         worker = ctx.Process(target=_maker, args=(theirs, size, device), daemon=True)
     else:
@@ -99,6 +108,12 @@ def _side(size: int, case: str, device: str, growable: bool) -> None:
 
     def one() -> str:
         t0 = time.perf_counter_ns()
+        if pool is not None:  # (the round alone: 16 new arrays returned, each read, closed)
+            for x in pool.imap_unordered(_pooled, [(size, device)] * POOL_TASKS):
+                x.array[0].item()
+                x.close()
+                del x
+            return f"0 0 {time.perf_counter_ns() - t0}"
         if case == "results":  # (parts: the worker's make + pickle, the load here, all)
             mine.send_bytes(b"r")
             made = int(mine.recv_bytes())
@@ -126,6 +141,8 @@ def _side(size: int, case: str, device: str, growable: bool) -> None:
         print(one(), flush=True)
     mine.send_bytes(b"")
     worker.join(10)
+    if pool is not None:
+        pool.terminate()
     a.close()
 
 
@@ -152,10 +169,11 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=1 << 20)
     parser.add_argument(
         "--case",
-        choices=("warm", "results"),
+        choices=("warm", "results", "pool"),
         default="warm",
         help="warm: a worker loads the side's array again; results: a worker returns a new "
-        "array each round, which the side loads, reads and closes",
+        "array each round, which the side loads, reads and closes; pool: an sa.Pool(4) "
+        "returns 16 new arrays a round (only the round is timed)",
     )
     parser.add_argument("--device", default="cpu", help="the arrays' device (cpu, cuda:0)")
     parser.add_argument("--growable", action="store_true", help="warm: a growable array")

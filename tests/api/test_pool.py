@@ -191,6 +191,30 @@ def test_a_worker_killed_mid_task_fails_the_pending_tasks_and_the_pool_goes_on(m
 
 
 @pytest.mark.timeout(240)
+def test_results_waiting_in_the_pipe_do_not_wake_the_worker_handler(monkeypatch):
+    # (the standard library's handler waits on the result pipe too, and spins while a
+    # result waits there for the result thread; here only exits and notices wake it)
+    import multiprocessing.pool as mp_pool
+    import threading
+
+    wakes = []
+    real_wait = mp_pool.wait
+
+    def counted(objects, timeout=None):
+        ready = real_wait(objects, timeout)
+        if "_handle_workers" in threading.current_thread().name:
+            wakes.append(len(ready))
+        return ready
+
+    monkeypatch.setattr(mp_pool, "wait", counted)
+    with sa.Pool(2) as pool:
+        assert sum(pool.map(abs, range(-300, 0), chunksize=1)) == sum(range(1, 301))
+        assert len(wakes) <= 3, f"the worker handler woke {len(wakes)} times for 300 results"
+        pool.close()
+        pool.join()
+
+
+@pytest.mark.timeout(240)
 def test_a_closed_pool_whose_worker_died_still_joins():
     # (the failed task leaves the pool's cache as a finished one does, waking its worker
     # thread when the cache empties: else join() after close() would wait forever)
