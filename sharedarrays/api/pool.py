@@ -3,7 +3,8 @@
 worker cannot import (a notebook's, a lambda) go by value; a dead worker fails the job it ran
 (:class:`~sharedarrays.WorkerLost`) and the pool goes on; a task's ``sys.exit()``
 (:class:`~sharedarrays.TaskExited`), or an argument or result that cannot be loaded (each is
-pickled on its own), is that task's error."""
+pickled on its own), is that task's error; results waiting in the pipe do not wake the
+pool's worker thread."""
 
 from __future__ import annotations
 
