@@ -60,6 +60,8 @@ LAYERS = ("foundation", "protocol", "backends", "memory", "transport", "importin
 
 Hook = Callable[[], None]
 FORK = ("before fork", "in a forked child", "after fork")  # when at_fork's hooks run
+BEFORE_FORK, IN_CHILD, AFTER_FORK = FORK
+AT_EXIT = "at exit"
 
 
 def _name(fn: Hook) -> str:
@@ -70,7 +72,7 @@ class _Hook(NamedTuple):
     layer: str
     order: int
     fn: Hook
-    when: str = "at exit"  # or one of FORK
+    when: str = AT_EXIT  # or one of FORK
     processes: bool = True  # (at exit) also at the end of a multiprocessing.Process
 
 
@@ -98,7 +100,7 @@ class _Hooks:
             raise ValueError("at_fork needs at least one hook")
         if hooks[0].layer not in LAYERS:
             raise ValueError(f"layer must be one of {', '.join(LAYERS)}, not {hooks[0].layer!r}")
-        table, sign = ("exit", -1) if hooks[0].when == "at exit" else ("fork", 1)
+        table, sign = ("exit", -1) if hooks[0].when == AT_EXIT else ("fork", 1)
         with self.lock:
             entries: list[_Hook] = getattr(self, table)
             if all(h in entries for h in hooks):
@@ -114,9 +116,9 @@ class _Hooks:
 
     def run_fork(self, when: str) -> None:
         """Run the fork hooks of ``when``: bottom layer first, but top first before a fork."""
-        if when == FORK[1]:
+        if when == IN_CHILD:
             self.lock = threading.Lock()  # another thread of the parent may have held it
-        for hook in reversed(self.fork) if when == FORK[0] else self.fork:
+        for hook in reversed(self.fork) if when == BEFORE_FORK else self.fork:
             if hook.when == when:
                 _call(hook.fn, hook.when)
 
@@ -151,8 +153,8 @@ class ProcessState:
         """In a forked child: the pid, each section in order, then the ``after_in_child`` hooks."""
         self.pid = os.getpid()
         for section in [s for s in vars(self).values() if hasattr(s, "reset_in_child")]:
-            _call(section.reset_in_child, FORK[1])
-        self.hooks.run_fork(FORK[1])
+            _call(section.reset_in_child, IN_CHILD)
+        self.hooks.run_fork(IN_CHILD)
 
 
 STATE = ProcessState()
@@ -175,13 +177,13 @@ def at_fork(
 def at_exit(fn: Hook, layer: str, *, order: int = 0, processes: bool = True) -> None:
     """Run ``fn`` (idempotent: it may run twice) when this process exits, top layer first;
     with ``processes``, also at the end of a ``multiprocessing.Process`` (no atexit there)."""
-    STATE.hooks.add(_Hook(layer, order, fn, "at exit", processes))
+    STATE.hooks.add(_Hook(layer, order, fn, AT_EXIT, processes))
 
 
 os.register_at_fork(
-    before=functools.partial(STATE.hooks.run_fork, FORK[0]),
+    before=functools.partial(STATE.hooks.run_fork, BEFORE_FORK),
     after_in_child=STATE.reset_in_child,
-    after_in_parent=functools.partial(STATE.hooks.run_fork, FORK[2]),
+    after_in_parent=functools.partial(STATE.hooks.run_fork, AFTER_FORK),
 )
 atexit.register(STATE.hooks.run_exit)
 STATE.hooks.finalize_in_process()

@@ -147,19 +147,24 @@ def keep_connection(server: str, sock: socket.socket) -> None:
     with STATE.connections.lock:
         by_server = STATE.connections.by_server
         if server not in by_server:
-            if len(by_server) >= TIDY_CONNECTIONS:  # close those that poll readable: hung up
-                poller = select.poll()
-                by_fd = {}
-                for path, kept in by_server.items():
-                    poller.register(kept, select.POLLIN | select.POLLHUP | select.POLLERR)
-                    by_fd[kept.fileno()] = path
-                for fd, _ in poller.poll(0):
-                    by_server.pop(by_fd[fd]).close()
+            if len(by_server) >= TIDY_CONNECTIONS:
+                _close_hung_up(by_server)
             while len(by_server) >= MAX_CLIENT_CONNECTIONS:
                 by_server.pop(next(iter(by_server))).close()
             by_server[server] = sock
             return
     sock.close()
+
+
+def _close_hung_up(by_server: dict[str, socket.socket]) -> None:
+    """Close the kept connections that poll readable (hung up); under the connections lock."""
+    poller = select.poll()
+    by_fd = {}
+    for path, kept in by_server.items():
+        poller.register(kept, select.POLLIN | select.POLLHUP | select.POLLERR)
+        by_fd[kept.fileno()] = path
+    for fd, _ in poller.poll(0):
+        by_server.pop(by_fd[fd]).close()
 
 
 def _fetch(
@@ -295,22 +300,27 @@ def queue_notice(
 def _send_notices(notices: NoticesState) -> None:
     while True:
         servers, messages = notices.queue.get()
-        if not servers:  # queued by report_load: the warm-load counts gathered
-            with notices.unreported_lock:
-                reports, notices.unreported = notices.unreported, {}
-            for (server, alloc_id, secret), count in reports.items():
-                sock = take_connection(server)
-                if sock is None:
-                    continue  # (the sender counts them in flight until the bound: the safe side)
-                try:
-                    sock.send(Request(Kind.LOADED, alloc_id, secret, count).encode())
-                except OSError:
-                    sock.close()
-                    continue
-                keep_connection(server, sock)
+        if not servers:  # (queued by report_load)
+            _send_reports(notices)
         for path, message in zip(servers, messages):
             _send(path, message)
         notices.in_flight.pop()
+
+
+def _send_reports(notices: NoticesState) -> None:
+    """Send the warm-load counts gathered by :func:`report_load` (no reply: ``LOADED``)."""
+    with notices.unreported_lock:
+        reports, notices.unreported = notices.unreported, {}
+    for (server, alloc_id, secret), count in reports.items():
+        sock = take_connection(server)
+        if sock is None:
+            continue  # (the sender counts them in flight until the bound: the safe side)
+        try:
+            sock.send(Request(Kind.LOADED, alloc_id, secret, count).encode())
+        except OSError:
+            sock.close()
+            continue
+        keep_connection(server, sock)
 
 
 def _send(path: str, message: bytes) -> None:

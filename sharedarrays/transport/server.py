@@ -190,9 +190,11 @@ class HandleServer:
         closed its last view of a block after ``count`` loads."""
         alloc = _found(request)
         _reply(conn, Status.GONE if alloc is None else Status.OK)
-        if alloc is not None and request.kind is Kind.CLOSED:
+        if alloc is None:
+            return
+        if request.kind is Kind.CLOSED:
             alloc.closed_by(peer.pid)
-        elif alloc is not None:
+        else:
             servers = [s for s in alloc.served_servers() if socket_pid(s) == peer.pid]
             alloc.done_by_importers(request.count, servers)
 
