@@ -99,12 +99,15 @@ def _side(size: int, case: str, device: str, growable: bool) -> None:
     a = sa.empty(size, dtype="uint8", device=device, capacity=2 * size if growable else None)
     ctx = mp.get_context("spawn")
     mine, theirs = ctx.Pipe()
-    pool = sa.Pool(POOL_WORKERS) if case == "pool" else None
-    if case == "results":
+    pool = worker = None
+    if case == "pool":
+        pool = sa.Pool(POOL_WORKERS)
+    elif case == "results":
         worker = ctx.Process(target=_maker, args=(theirs, size, device), daemon=True)
     else:
         worker = ctx.Process(target=_worker, args=(theirs,), daemon=True)
-    worker.start()
+    if worker is not None:
+        worker.start()
 
     def one() -> str:
         t0 = time.perf_counter_ns()
@@ -139,8 +142,9 @@ def _side(size: int, case: str, device: str, growable: bool) -> None:
         if line.strip() != "r":
             break
         print(one(), flush=True)
-    mine.send_bytes(b"")
-    worker.join(10)
+    if worker is not None:
+        mine.send_bytes(b"")
+        worker.join(10)
     if pool is not None:
         pool.terminate()
     a.close()
