@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import multiprocessing.reduction
 import pickle
@@ -155,20 +156,28 @@ class Parts(RunBase):
     def results(self) -> None:
         """:data:`RESULTS_WORKERS` spawn workers return :data:`RESULTS_TASKS` new arrays of
         each size per round, which the parent reads (a sum where the memory is) and lets go:
-        sharedarrays and torch.multiprocessing (CUDA) in one pool, alternated in balanced
-        rounds (both orders)."""
-        families = ["sharedarrays"]
+        sharedarrays through ``sa.Pool`` and through the standard Pool, and
+        torch.multiprocessing (CUDA) through the standard Pool, alternated in balanced rounds
+        (both orders)."""
+        families = ["sharedarrays", "sharedarrays, std Pool"]
         if self.cfg.is_cuda and self.peers.why_not("torch") is None:
             families.append("torch")
         else:
             self.skip("results torch", self.peers.why_not("torch") or "no CUDA device")
-        tasks = {"sharedarrays": task_result, "torch": task_result_torch}
+        tasks = {name: task_result for name in families} | {"torch": task_result_torch}
         n = RESULTS_TASKS
         out: dict[str, Any] = {"tasks": n, "workers": RESULTS_WORKERS, "sizes": {}}
         log(f"[results] {RESULTS_WORKERS} workers return {n} new arrays per round")
         preload = "torch" if "torch" in families else None
         try:
-            with spawn_pool(self.cfg, RESULTS_WORKERS, None, preload) as pool:
+            with contextlib.ExitStack() as stack:
+                # sharedarrays through sa.Pool; the standard Pool (torch.multiprocessing's)
+                # for torch, and for sharedarrays in a second row
+                std = stack.enter_context(spawn_pool(self.cfg, RESULTS_WORKERS, None, preload))
+                pools = {name: std for name in families}
+                pools["sharedarrays"] = stack.enter_context(
+                    spawn_pool(self.cfg, RESULTS_WORKERS, None, preload, sa_pool=True)
+                )
                 for nbytes in RESULTS_SIZES["cuda" if self.cfg.is_cuda else "cpu"]:
                     expected = sum(range(n)) * (nbytes // 4)
 
@@ -178,7 +187,7 @@ class Parts(RunBase):
                         t0 = time.perf_counter()
                         total = 0.0
                         specs = [(nbytes, float(i)) for i in range(n)]
-                        for got in pool.imap_unordered(tasks[name], specs):
+                        for got in pools[name].imap_unordered(tasks[name], specs):
                             total += float(got.sum()) if name == "torch" else _sum(got)
                             del got
                         dt = time.perf_counter() - t0

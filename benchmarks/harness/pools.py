@@ -114,13 +114,21 @@ def time_case(
 
 @contextlib.contextmanager
 def spawn_pool(
-    cfg: Config, workers: int = 1, memory_resource: Any = None, preload: str | None = None
+    cfg: Config,
+    workers: int = 1,
+    memory_resource: Any = None,
+    preload: str | None = None,
+    sa_pool: bool = False,
 ) -> Iterator[Pool]:
-    """A spawn Pool whose workers have started (CUDA and ``preload`` initialised)."""
-    ctx = multiprocessing.get_context("spawn")
-    pool = ctx.Pool(
-        workers, initializer=init_worker, initargs=(cfg.device, memory_resource, preload)
-    )
+    """A spawn Pool whose workers have started (CUDA and ``preload`` initialised): the
+    standard library's, or ``sa.Pool`` where ``sa_pool``."""
+    initargs = (cfg.device, memory_resource, preload)
+    if sa_pool:
+        import sharedarrays as sa
+
+        pool: Pool = sa.Pool(workers, init_worker, initargs, context="spawn")
+    else:
+        pool = multiprocessing.get_context("spawn").Pool(workers, init_worker, initargs)
     try:
         pool.starmap_async(task_floor, [(FLOOR_ARG, False)] * workers, chunksize=1).get(
             TASK_TIMEOUT * 2
