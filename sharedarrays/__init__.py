@@ -55,52 +55,17 @@ if _typing.TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
-__all__ = [
-    # creating and sharing arrays
-    "empty",
-    "zeros",
-    "ones",
-    "full",
-    "empty_like",
-    "zeros_like",
-    "ones_like",
-    "full_like",
-    "from_array",
-    "asarray",
-    "share",
-    # the array
-    "SharedDeviceArray",
-    "load",
-    "synchronize",
-    "no_sync",
-    # named arrays
-    "attach",
-    "list_named",
-    "unlink",
-    "NamedArray",
-    # processes
-    "Pool",
-    "ProcessPoolExecutor",
-    # seeing memory
-    "show",
-    "MemoryMap",
-    "node_map",
-    # devices and memory systems
-    "Device",
-    "list_backends",
-    # Dask
-    "to_dask",
-    "from_dask",
-    # ordering
-    "Timeline",
-    "ExternalSemaphore",
-    # errors (the others: sharedarrays.errors, and attributes of the package)
-    "SharedArrayError",
-    "BackendUnavailable",
-    "OutOfMemory",
-    "NameNotFound",
-    "WorkerLost",
-]
+# creating and sharing arrays
+__all__ = ["empty", "zeros", "ones", "full", "empty_like", "zeros_like", "ones_like", "full_like"]
+__all__ += ["from_array", "asarray", "share"]
+__all__ += ["SharedDeviceArray", "load", "synchronize", "no_sync"]  # the array
+__all__ += ["attach", "list_named", "unlink", "NamedArray"]  # named arrays
+__all__ += ["Pool", "ProcessPoolExecutor"]  # processes
+__all__ += ["show", "MemoryMap", "node_map"]  # seeing memory
+__all__ += ["Device", "list_backends"]  # devices and memory systems
+__all__ += ["to_dask", "from_dask", "Timeline", "ExternalSemaphore"]  # Dask, ordering
+# errors (the others: sharedarrays.errors, and attributes of the package)
+__all__ += ["SharedArrayError", "BackendUnavailable", "OutOfMemory", "NameNotFound", "WorkerLost"]
 
 _LAZY = _MappingProxyType(
     {

@@ -4,30 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = [
-    "SharedArrayError",
-    "BackendUnavailable",
-    "PeerAccessUnavailable",
-    "ClosedArrayError",
-    "HandleUnavailable",
-    "PermissionDenied",
-    "PayloadError",
-    "NameExists",
-    "NameNotFound",
-    "KeeperError",
-    "InUse",
-    "ResizeRefused",
-    "OutOfMemory",
-    "NotShareable",
-    "WrongNode",
-    "WorkerLost",
-    "TaskExited",
-    "TaskNotLoaded",
-    "WaitTimeout",
-    "MisalignedView",
-    "ThreadUnavailable",
-    "SettingError",
-]
+__all__ = ["SharedArrayError", "BackendUnavailable", "PeerAccessUnavailable", "ClosedArrayError"]
+__all__ += ["HandleUnavailable", "PermissionDenied", "PayloadError", "NameExists", "NameNotFound"]
+__all__ += ["KeeperError", "InUse", "ResizeRefused", "OutOfMemory", "NotShareable", "WrongNode"]
+__all__ += ["WorkerLost", "TaskExited", "TaskNotLoaded", "WaitTimeout", "MisalignedView"]
+__all__ += ["ThreadUnavailable", "SettingError"]
 
 
 class SharedArrayError(Exception):
