@@ -24,7 +24,8 @@ from sharedarrays.errors import (
     fd_limit_error,
 )
 from sharedarrays.memory.allocation import Allocation
-from sharedarrays.memory.lease import Lease, use_clock
+from sharedarrays.memory.info import use_clock
+from sharedarrays.memory.lease import Lease
 from sharedarrays.memory.registry import lookup, revive
 from sharedarrays.memory.reservation import close_fds
 from sharedarrays.node import NODE_VARIABLE, this_node
@@ -48,8 +49,8 @@ def import_part(blob: bytes, token: object = None, fds: object = None) -> Receiv
     """What a pickled message part calls, once per message: a new part, or that of an
     earlier message with the same payload bytes whose allocation is still mapped here (load
     counted, token waited for). PayloadError for a malformed payload or token."""
-    if token is not None and type(token) is not bytes:
-        raise PayloadError("the ordering token that travelled with the payload is malformed")
+    if token is not None:  # (no call for none: a warm load per message)
+        check_token(token)
     if fds is None and type(blob) is bytes:
         part: ReceivedPart | None = STATE.pickling.received.get(blob)
         if part is not None:
@@ -294,13 +295,12 @@ def _count_load(alloc: Allocation, p: Payload, pid: int) -> None:
 
 
 def load_again(alloc: Allocation, p: Payload, sync: bytes | None) -> bool:
-    """Load ``p`` again as ``alloc`` (the same bytes as before): count it, wait for ``sync``.
-    ``False``, doing nothing, where ``alloc`` is no longer mapped here under that id or grows."""
+    """Load ``p`` again as ``alloc`` (the same bytes as before): count it, wait for ``sync``
+    (checked by the caller). ``False``, doing nothing, where ``alloc`` is no longer mapped
+    here under that id or grows."""
     pid = STATE.pid  # (os.getpid(): a system call, microseconds on a cold path)
     if alloc.released or alloc.pid != pid or p.capacity is not None or alloc.id != p.alloc_id:
         return False
-    if sync is not None:
-        check_token(sync)
     alloc.last_used = use_clock()  # (its views may share a lease kept alive)
     _count_load(alloc, p, pid)
     if sync is not None:

@@ -14,8 +14,7 @@ import numpy as np
 
 from sharedarrays._cpython import ITEM_ALONE, LOCAL_ALONE, refcount
 from sharedarrays.errors import ClosedArrayError
-from sharedarrays.memory.info import AllocationRecords
-from sharedarrays.memory.info import use_clock as use_clock
+from sharedarrays.memory.info import AllocationRecords, use_clock
 from sharedarrays.memory.reservation import Reservation
 from sharedarrays.process import STATE, running
 from sharedarrays.protocol.payload import remember

@@ -55,12 +55,7 @@ def parked_allocations() -> list[Allocation]:
 
 def drop_parked(only_orphans: bool = False) -> int:
     """Release parked allocations (``only_orphans``: of gone sources); how many it released."""
-    with STATE.memory.lock:
-        victims: list[Allocation] = [
-            a
-            for a in STATE.memory.parked.values()
-            if a.parked and (not only_orphans or not running(a.origin.pid))
-        ]
+    victims = [a for a in parked_allocations() if not only_orphans or not running(a.origin.pid)]
     return sum(a.release() for a in victims)
 
 
