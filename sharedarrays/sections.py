@@ -209,13 +209,11 @@ class PoolsState:
     def __init__(self) -> None:
         self.worker: tuple[Any, int] | None = None
         self.loaded: dict[bytes, Callable[..., Any]] = {}
-        self.lock = threading.Lock()
         self.main: dict[str, Any] = {}
         self.dask = False
 
     def reset_in_child(self) -> None:
         self.worker = None
-        self.lock = threading.Lock()
 
 
 class ViewsState:

@@ -27,6 +27,7 @@ from typing import Any, TypeVar, cast
 from sharedarrays.api.poolqueues import PoolTable, ResultQueue, TaskQueue, Workers, start_worker
 from sharedarrays.errors import SharedArrayError, TaskExited, WorkerLost
 from sharedarrays.process import STATE
+from sharedarrays.protocol.payload import remember
 
 __all__ = ["Pool", "ProcessPoolExecutor", "ForkAfterCudaError", "ExecutorBroken", "by_value"]
 __all__ += ["ByValue", "DEFAULT_START_METHOD", "get_context", "cuda_initialised"]
@@ -80,16 +81,12 @@ class ByValue:
         self.name: str = getattr(fn, "__qualname__", type(fn).__name__)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        pools = STATE.pools
-        fn = pools.loaded.get(self.blob)
+        fn = STATE.pools.loaded.get(self.blob)
         if fn is None:
             import cloudpickle
 
             fn = _in_main_namespace(cloudpickle.loads(self.blob), {})
-            with pools.lock:
-                if len(pools.loaded) >= _LOADED_MAX:
-                    pools.loaded.pop(next(iter(pools.loaded)))
-                pools.loaded[self.blob] = fn
+            remember(STATE.pools.loaded, self.blob, fn, _LOADED_MAX)
         return fn(*args, **kwargs)
 
     def __repr__(self) -> str:

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, cast
 
 from sharedarrays.backends import Chunk, MappingBackend, round_up
 from sharedarrays.errors import PayloadError, ResizeRefused
 from sharedarrays.memory.info import AllocationRecords
-from sharedarrays.memory.lease import Lease, drop_end
+from sharedarrays.memory.lease import Lease
 from sharedarrays.memory.reservation import Reservation, back_to_back, close_fds, teardown
 from sharedarrays.settings import env_number
 
@@ -113,9 +114,9 @@ class Growth(AllocationRecords):
             if keep == len(self._chunks):
                 return
             with self._lock:  # (the lease ends here, but exclude's, bound what may go)
-                ends = dict(self._ends)
+                ends = self._ends.copy()
             if exclude is not None and exclude.allocation is self:
-                drop_end(ends, exclude.end)
+                ends -= Counter((exclude.end,))
             reached = max(ends, default=0)
             if reached > kept:
                 raise ResizeRefused(

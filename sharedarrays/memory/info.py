@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -97,7 +98,7 @@ class AllocationRecords:
         self._reservation = Reservation(backend, address, self.capacity)
         self.growable = capacity is not None  # (made with a capacity: may grow and shrink)
         self._chunk_bytes: int | None = None
-        self._ends: dict[int, int] = {}  # (growable) lease ends -> leases: bounds shrinking
+        self._ends: Counter[int] = Counter()  # (growable) leases by end: bounds shrinking
         self.growth_lock = threading.RLock()  # held while chunks are added, removed or served
         self._lock = threading.Lock()
         self._leases = 0

@@ -7,6 +7,7 @@ import os
 import sys
 import time
 import warnings
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -34,15 +35,6 @@ def keep_imports() -> int:
 
 
 NATIVES_KEPT = 1024  # most native arrays an allocation keeps for reuse, one per view layout
-
-
-def drop_end(ends: dict[int, int], end: int) -> None:
-    """Count one lease less reaching byte ``end`` in ``ends`` (end -> leases)."""
-    left = ends.get(end, 0) - 1
-    if left > 0:
-        ends[end] = left
-    else:
-        ends.pop(end, None)
 
 
 class Lease(Generic[_L]):
@@ -98,7 +90,7 @@ class Leasing(AllocationRecords):
                 return self.kept_lease  # type: ignore[no-any-return]  # (parked: the kept one)
             self._leases += 1
             if self.growable:  # (ends bound shrinking)
-                self._ends[end] = self._ends.get(end, 0) + 1
+                self._ends[end] += 1
             reservation = self._reservation if pin else None
         return Lease(self, end, reservation)
 
@@ -168,7 +160,7 @@ class Leasing(AllocationRecords):
     def _unlease(self, end: int) -> None:
         with self._lock:
             if self.growable:
-                drop_end(self._ends, end)
+                self._ends -= Counter((end,))
             self._leases -= 1
             if self._view_leases() or self.released:  # (idle: none but the native base's)
                 return
