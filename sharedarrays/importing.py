@@ -50,7 +50,7 @@ def import_part(blob: bytes, token: object = None, fds: object = None) -> Receiv
     earlier message with the same payload bytes whose allocation is still mapped here (load
     counted, token waited for). PayloadError for a malformed payload or token."""
     if token is not None:  # (no call for none: a warm load per message)
-        check_token(token)
+        token = check_token(token)
     if fds is None and type(blob) is bytes:
         part: ReceivedPart | None = STATE.pickling.received.get(blob)
         if part is not None:
@@ -476,10 +476,11 @@ def _detach(fds: tuple[Any, ...]) -> list[int]:
     return carried
 
 
-def check_token(sync: object) -> None:
-    """Refuse a malformed ordering token (:class:`PayloadError`)."""
+def check_token(sync: object) -> bytes | None:
+    """``sync``, an ordering token or ``None``; PayloadError where it is malformed."""
     if sync is not None and (type(sync) is not bytes or not 0 < len(sync) <= 256):
         raise PayloadError("the ordering token that travelled with the payload is malformed")
+    return sync
 
 
 def _check_node(p: Payload, carried: list[int] | None) -> None:
