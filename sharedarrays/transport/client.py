@@ -11,6 +11,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any, cast
 
@@ -351,16 +352,20 @@ def _send(path: str, message: bytes) -> None:
 
 
 def start_notifier() -> None:
-    """Start the thread that sends release notices, if it does not run (after a fork)."""
+    """Start the thread that sends release notices, if it does not run (after a fork); at
+    shutdown none starts: those it would tell see that the process ended for themselves."""
     notices = STATE.notices
-    if sys.is_finalizing():  # no thread starts now (it would hang): the process is ending,
-        return  # and those it would tell see that for themselves
     if notices.thread is None or not notices.thread.is_alive():
-        notifier = threading.Thread(
-            target=_send_notices, args=(notices,), name="sharedarrays-notices", daemon=True
-        )
-        try:
-            notifier.start()
-        except RuntimeError:  # at interpreter shutdown (3.12: no new threads)
-            return
-        notices.thread = notifier
+        notices.thread = start_thread(_send_notices, "sharedarrays-notices", notices)
+
+
+def start_thread(target: Callable[..., object], name: str, *args: Any) -> threading.Thread | None:
+    """A daemon thread running ``target(*args)``, started; ``None`` where none can start."""
+    if sys.is_finalizing():  # (it would hang)
+        return None
+    thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+    try:
+        thread.start()
+    except RuntimeError:  # (3.12 starts no thread at shutdown; or no thread is left)
+        return None
+    return thread

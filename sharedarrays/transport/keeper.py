@@ -10,7 +10,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from multiprocessing import spawn
@@ -30,6 +29,7 @@ from sharedarrays.memory import allocation, registry
 from sharedarrays.process import STATE, at_exit
 from sharedarrays.protocol import keeper as wire
 from sharedarrays.protocol import unix
+from sharedarrays.transport.client import start_thread
 
 TIMEOUT = 10.0  # seconds to wait for the keeper to start or answer, per call and per exit
 RETRY = 1.0  # seconds to wait for a keeper that was late before, until it answers again
@@ -109,13 +109,8 @@ def _launch() -> subprocess.Popen[bytes] | None:
         ) from None
     finally:
         os.close(log)
-    if sys.is_finalizing():  # no thread starts now (it would hang): init reaps it
-        return None
-    try:  # reap it if it exits before we do
-        threading.Thread(target=proc.wait, name="sharedarrays-keeper-reaper", daemon=True).start()
-    except RuntimeError:  # at interpreter shutdown (a hand-over at exit): init reaps it
-        return None
-    return proc
+    # reaped if it exits before we do; where no thread starts (at shutdown) init reaps it
+    return proc if start_thread(proc.wait, "sharedarrays-keeper-reaper") else None
 
 
 def _why_it_exited(status: int | None) -> str:

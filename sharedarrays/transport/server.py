@@ -42,6 +42,7 @@ from sharedarrays.protocol.unix import (
     send_fds,
     socket_pid,
 )
+from sharedarrays.transport.client import start_thread
 
 MAX_CONNECTIONS = 256  # importer connections kept open at most (the longest idle closed)
 HOUSEKEEPING = 5.0  # seconds between checks for parked mappings whose source process died
@@ -381,17 +382,9 @@ def _off_thread(fn: Callable[[], object]) -> None:
     state.jobs.put(fn)
     if state.helper is not None and state.helper.is_alive():
         return
-    if not sys.is_finalizing():
-        helper = threading.Thread(
-            target=_run_jobs, args=(state.jobs, True), name="sharedarrays-release", daemon=True
-        )
-        try:
-            helper.start()
-            state.helper = helper
-            return
-        except RuntimeError:  # (3.12 starts no thread at shutdown; or no thread is left)
-            pass
-    _run_jobs(state.jobs, False)
+    state.helper = start_thread(_run_jobs, "sharedarrays-release", state.jobs, True)
+    if state.helper is None:
+        _run_jobs(state.jobs, False)
 
 
 def _run_jobs(jobs: queue.SimpleQueue[Callable[[], object]], block: bool) -> None:
