@@ -154,8 +154,7 @@ class Keeper:
         """Remove the socket, drop every connection, close every held fd, free the lock."""
         for name in (self.path, os.path.join(os.path.dirname(self.path), ASIDE_NAME)):
             if _file_id(name) == self._bound:  # (not another keeper's, bound since)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(name)
+                Path(name).unlink(missing_ok=True)
         for peer in list(self._peers.values()):
             self._hang_up(peer)
         for entry in list(self._entries.values()):
@@ -488,8 +487,7 @@ def _bind(directory: Path, lock_fd: int = -1) -> tuple[int, socket.socket, Any, 
             os.ftruncate(new, 0)
             os.write(new, f"{os.getpid()}\n".encode())
         for name in (path, directory / ASIDE_NAME):  # left by a keeper that died
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(name)
+            Path(name).unlink(missing_ok=True)
         sock.bind(path)
         os.chmod(path, 0o600)
         sock.listen(128)

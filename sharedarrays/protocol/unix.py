@@ -19,8 +19,7 @@ from pathlib import Path
 
 from sharedarrays.errors import HandleUnavailable, PermissionDenied
 
-SCM_MAX_FD = 253  # most fds the kernel passes in one SCM_RIGHTS message
-FDS_PER_MESSAGE = 250  # fds sent per message (below SCM_MAX_FD)
+FDS_PER_MESSAGE = 250  # fds sent per message (the kernel's SCM_MAX_FD is 253)
 MAX_PATH = 107  # longest Unix socket path in bytes (sun_path less its NUL)
 BACKOFF = 0.05  # seconds between tries to connect to a listener whose queue is full
 RUN_USER = Path("/run/user")  # where systemd makes each user's runtime directory
@@ -63,16 +62,15 @@ def connect_unix(path: str, deadline: float, timeout: float, what: str = "") -> 
             sock.connect(path)
             if what:
                 check_same_user(sock, what)
+            return sock
         except BlockingIOError:
             sock.close()
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"{path} did not accept a connection") from None
             time.sleep(BACKOFF)
-            continue
         except BaseException:
             sock.close()
             raise
-        return sock
 
 
 def send_fds(sock: socket.socket, message: bytes, fds: Sequence[int]) -> None:

@@ -99,8 +99,7 @@ def _connect(server: str, gone: str, pid: int | None = None) -> socket.socket:
     try:
         while True:
             try:
-                sock = connect_unix(server, deadline, TIMEOUT, f"the handle server {server}")
-                break
+                return connect_unix(server, deadline, TIMEOUT, f"the handle server {server}")
             except FileNotFoundError:
                 if pid is None or not _runs(pid) or time.monotonic() >= deadline:
                     raise
@@ -130,7 +129,6 @@ def _connect(server: str, gone: str, pid: int | None = None) -> socket.socket:
             f"{e.strerror or e}. It is not a sharedarrays handle server: the payload was "
             "made for another machine or altered; ask its exporter for a new one"
         ) from None
-    return sock
 
 
 def _runs(pid: int) -> bool:

@@ -78,10 +78,9 @@ def _notify_on_release(alloc: allocation.Allocation) -> None:
     own = server.path if server is not None else None
     servers = [p for p in alloc.served_servers() if p != own]
     block = alloc.block if alloc.origin.created_here else None
-    if servers and block is not None:  # (kept for reuse: importers may know an older id)
-        client.queue_notice(servers, Kind.RELEASED, block_id(block), block, alloc)
-    elif servers:
-        client.queue_notice(servers, Kind.RELEASED, alloc.id, alloc.secret, alloc)
+    if servers:  # a block kept for reuse goes by its token: importers may know an older id
+        key = (alloc.id, alloc.secret) if block is None else (block_id(block), block)
+        client.queue_notice(servers, Kind.RELEASED, *key, alloc)
 
 
 def _notify_done(alloc: allocation.Allocation, loads: int) -> None:

@@ -258,7 +258,6 @@ class HandleServer:
             finally:
                 for fd in temporary:
                     os.close(fd)
-        del alloc
 
     _grow = _fetch
 
@@ -313,8 +312,7 @@ class HandleServer:
             return
         self._stopped = True
         if self._pid == os.getpid():
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
+            Path(self.path).unlink(missing_ok=True)
             with contextlib.suppress(OSError):
                 self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
@@ -427,7 +425,6 @@ def _remove_stale_sockets(directory: Path) -> None:
             try:
                 probe.connect(str(entry))
             except ConnectionRefusedError:
-                with contextlib.suppress(FileNotFoundError):
-                    entry.unlink()
+                entry.unlink(missing_ok=True)
             except OSError:
                 pass  # it listens with a full queue, is gone already, or is not ours to judge
