@@ -1,10 +1,6 @@
-"""Command line: ``python -m sharedarrays demo | top | ls | rm | keeper | status``.
-
-``demo`` shares a large array with a Pool; ``top`` and ``ls`` show the node-wide map
-(:mod:`sharedarrays.api.nodemap`); ``rm`` unlinks names and frees parked and orphaned
-allocations by id; ``keeper`` and ``status`` start and ask this user's keeper. The benchmark
-is a script of the repository: ``python benchmarks/bench.py``.
-"""
+"""Command line: ``python -m sharedarrays demo | top | ls | rm | keeper | status``: ``top`` and
+``ls`` show the node-wide map (:mod:`sharedarrays.api.nodemap`), ``rm`` unlinks names and frees
+parked and orphaned allocations, ``keeper`` and ``status`` start and ask this user's keeper."""
 
 from __future__ import annotations
 
@@ -214,8 +210,8 @@ def _top(args: argparse.Namespace) -> int:
 
 def _ls(args: argparse.Namespace) -> int:
     from sharedarrays.api import named, nodemap
-    from sharedarrays.api.widgets.model import fmt_bytes
     from sharedarrays.api.widgets.render import COLUMNS, row_cells
+    from sharedarrays.memory.info import format_bytes
 
     try:
         rows = named.list_named(parked=args.all, all_namespaces=args.all_namespaces)
@@ -240,7 +236,7 @@ def _ls(args: argparse.Namespace) -> int:
                 str(r.shape),
                 r.dtype.name,
                 str(r.device),
-                fmt_bytes(r.size),
+                format_bytes(r.size),
                 r.creator,
                 time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created)),
                 ",".join(map(str, r.pids)) or "-",

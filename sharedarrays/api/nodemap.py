@@ -278,12 +278,6 @@ def find(node: NodeMap, target: str) -> NodeAllocation:
     )
 
 
-def _drop(pid: int, alloc_id: str) -> Status | None:
-    """Ask process ``pid`` to drop ``alloc_id``: its answer, ``None`` without one."""
-    path = next((p for server, p in transport_node.handle_servers() if server == pid), None)
-    return None if path is None else transport_node.drop_mapping(path, alloc_id)
-
-
 def free(row: NodeAllocation, confirm: Callable[[str], bool] | None = None) -> list[str]:
     """Release what keeps ``row``'s memory though no view uses it; what was done, in words.
 
@@ -320,7 +314,7 @@ def free(row: NodeAllocation, confirm: Callable[[str], bool] | None = None) -> l
         elif status != NOT_FOUND:
             raise KeeperError(keeper.refusal("the keeper refused", error))
     for h in row.importers:
-        if h.parked and _drop(h.pid, row.alloc_id) is Status.OK:
+        if h.parked and transport_node.drop_mapping(h.pid, row.alloc_id) is Status.OK:
             done.append(f"pid {h.pid} dropped its parked mapping")
     attached = [str(h.pid) for h in row.importers if not h.parked and h.views < 0]
     if attached:
@@ -347,7 +341,7 @@ def _drain(row: NodeAllocation) -> list[str]:
             "it cannot be freed from outside. Close it in those processes (close the arrays, or "
             "let them exit): the exporter then frees it"
         )
-    answer = _drop(row.exporter_pid, row.alloc_id)
+    answer = transport_node.drop_mapping(row.exporter_pid, row.alloc_id)
     if answer is Status.NOT_ALLOWED:
         raise InUse(
             f"allocation {row.alloc_id}: its exporter (pid {row.exporter_pid}) still waits for "

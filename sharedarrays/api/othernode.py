@@ -13,8 +13,7 @@ from sharedarrays.errors import WrongNode
 
 __all__ = ["OtherNodeArray", "read_by_distributed"]
 
-DISTRIBUTED_LOADS = ("distributed.protocol.pickle", "loads")
-"""The module and function through which distributed unpickles everything it receives."""
+DISTRIBUTED_LOADS = ("distributed.protocol.pickle", "loads")  # (it unpickles all it receives)
 
 
 def read_by_distributed(caller: FrameType | None) -> bool:

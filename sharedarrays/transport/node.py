@@ -89,8 +89,11 @@ def ask_all(timeout: float = ASK_TIMEOUT) -> list[Answer]:
         return list(pool.map(lambda server: ask(server[0], server[1], timeout), servers))
 
 
-def drop_mapping(path: str, alloc_id: str, timeout: float = ASK_TIMEOUT) -> Status | None:
-    """Ask the server at ``path`` to drop its parked ``alloc_id``: its status, or ``None``."""
+def drop_mapping(pid: int, alloc_id: str, timeout: float = ASK_TIMEOUT) -> Status | None:
+    """Ask process ``pid`` to drop its parked ``alloc_id``: its status, ``None`` without one."""
+    path = next((p for server, p in handle_servers() if server == pid), None)
+    if path is None:
+        return None
     try:
         _, reply = _ask(path, Request(Kind.DROP, alloc_id, _NO_SECRET), timeout)
         return Status(reply.status)

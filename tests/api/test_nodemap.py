@@ -384,9 +384,9 @@ def test_rm_never_reaches_another_users_process_or_keeper(
             assert "Traceback" not in out.stderr, out.stderr
             assert out.stderr.startswith("rm: "), out.stderr
         # and asked directly, the transport refuses both before sending anything
-        assert transport_node.drop_mapping(str(ours / f"{pid}-0ther.sock"), FAKE_ID) is None
-        assert transport_node.ask(pid, str(ours / f"{pid}-0ther.sock")).status == "refused"
         monkeypatch.setattr(transport_node, "runtime_dir", lambda: ours)
+        assert transport_node.drop_mapping(pid, FAKE_ID) is None
+        assert transport_node.ask(pid, str(ours / f"{pid}-0ther.sock")).status == "refused"
         assert transport_node.ask_keeper().status == "refused"
         with pytest.raises(sa.KeeperError):
             transport_node.drop_kept(FAKE_ID)

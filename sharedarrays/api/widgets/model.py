@@ -16,7 +16,6 @@ from sharedarrays.process import STATE, running
 from sharedarrays.protocol.payload import view_extent
 
 Span = tuple[int, int]
-fmt_bytes = format_bytes  # ("4 KiB", "1.5 MiB"; the widgets' and the CLI's name)
 ServedInfo = Served  # one time this process served the allocation's handles: pid, time
 MIN_INTERVAL, MAX_INTERVAL = 0.2, 3600.0  # the auto-refresh interval's bounds (s)
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"  # a live widget's display data
@@ -98,8 +97,8 @@ class ReservationMap:
             return f"a slab of packed small arrays: {len(self.views)} views in it"
         start, stop = self.own
         return (
-            f"packed: this array's {fmt_bytes(stop - start)} at offset {start:#x} of a "
-            f"{fmt_bytes(self.size)} slab shared with "
+            f"packed: this array's {format_bytes(stop - start)} at offset {start:#x} of a "
+            f"{format_bytes(self.size)} slab shared with "
             f"{plural(self.neighbours, 'other small array view')}"
         )
 
@@ -297,7 +296,7 @@ def table_rows(maps: Sequence[ReservationMap]) -> list[TableRow]:
 
 def _table_parts(m: ReservationMap) -> Iterator[tuple[str, int, int, str]]:
     marks = "".join(f", {mark}" for mark in m.marks)
-    granularity = fmt_bytes(m.granularity)
+    granularity = format_bytes(m.granularity)
     yield "reservation", 0, m.size, f"{m.backend} {m.device}, granularity {granularity}{marks}"
     for c in m.chunks:
         yield (

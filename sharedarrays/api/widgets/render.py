@@ -1,7 +1,6 @@
-"""Drawing the maps: this process's as text, HTML (an SVG map, the side table, the provenance
-panel) and a PNG (matplotlib); the node's as text and HTML. Stable markers: ``div.sa-memory-map``
-with the data attributes ``allocations``, ``shown``, ``chunks``, ``views`` and ``rows``; each
-chunk bar a ``rect.sa-chunk``, each table row a ``tr.sa-row``."""
+"""Drawing the maps: this process's as text, HTML (SVG map, side table, provenance) and PNG; the
+node's as text and HTML. Stable markers: ``div.sa-memory-map`` with ``data-`` ``allocations``,
+``shown``, ``chunks``, ``views`` and ``rows``; chunk bars ``rect.sa-chunk``, rows ``tr.sa-row``."""
 
 from __future__ import annotations
 
@@ -12,7 +11,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from sharedarrays.api.nodemap import STATES, Holder, NodeAllocation, NodeMap
-from sharedarrays.api.widgets.model import ReservationMap, fmt_bytes, plural, table_rows
+from sharedarrays.api.widgets.model import ReservationMap, plural, table_rows
+from sharedarrays.memory.info import format_bytes
 
 PALETTE = tuple(  # chunk colours, by chunk index (cycled)
     "#4e79a7 #f28e2b #59a14f #b07aa1 #76b7b2 #edc948 #9c755f #e15759 #bab0ac #ff9da7".split()  # noqa: SIM905
@@ -71,9 +71,9 @@ def render_text(maps: Sequence[ReservationMap]) -> str:
     if not maps:
         return _EMPTY
     return "\n".join(
-        f"{m.short_id}{_marks(m)} {m.backend} {m.device} {m.address:#x}+{fmt_bytes(m.size)} "
+        f"{m.short_id}{_marks(m)} {m.backend} {m.device} {m.address:#x}+{format_bytes(m.size)} "
         f"{plural(len(m.chunks), 'chunk')}, {plural(len(m.views), 'view')}, "
-        f"{fmt_bytes(m.lost)} lost to granularity, access {m.access_text}, "
+        f"{format_bytes(m.lost)} lost to granularity, access {m.access_text}, "
         f"{m.origin_text}; {m.served_text}" + (f"; {m.packed_text}" if m.slab else "")
         for m in maps
     )
@@ -81,10 +81,10 @@ def render_text(maps: Sequence[ReservationMap]) -> str:
 
 def _draw(m: ReservationMap, pen: Any) -> None:  # (pen: an _Svg or a _Png)
     a, size = m.address, max(m.size, 1)
-    mapped = f", {fmt_bytes(m.mapped)} mapped" if m.mapped < m.size else ""
+    mapped = f", {format_bytes(m.mapped)} mapped" if m.mapped < m.size else ""
     pen.begin(_levels(m))
     head = (
-        f"{m.short_id}{_marks(m)}  {m.backend} {m.device}  {fmt_bytes(m.size)} reserved{mapped}"
+        f"{m.short_id}{_marks(m)}  {m.backend} {m.device}  {format_bytes(m.size)} reserved{mapped}"
         f" in {plural(len(m.chunks), 'chunk')}  ·  {m.origin_text}"
     )
     pen.text(0, "head", head, fontweight="bold")
@@ -95,9 +95,9 @@ def _draw(m: ReservationMap, pen: Any) -> None:  # (pen: an _Svg or a _Png)
     for c in m.chunks:
         tip = (
             f"mapping of chunk {c.chunk} at offset {c.start:#x}: {a + c.start:#x}-"
-            f"{a + c.start + c.size:#x} ({fmt_bytes(c.size)}, fd {c.fd}, {c.access})"
+            f"{a + c.start + c.size:#x} ({format_bytes(c.size)}, fd {c.fd}, {c.access})"
         )
-        labels = (f"chunk {c.chunk} · {fmt_bytes(c.size)}", f"{c.chunk}: {fmt_bytes(c.size)}")
+        labels = (f"chunk {c.chunk} · {format_bytes(c.size)}", f"{c.chunk}: {format_bytes(c.size)}")
         label = next((t for t in labels if c.size / size > _CHAR * (len(t) + 1)), "")
         pen.rect(c.start / size, c.size / size, "chunk", tip, c.chunk, label)
     for g in m.gaps:
@@ -105,14 +105,14 @@ def _draw(m: ReservationMap, pen: Any) -> None:  # (pen: an _Svg or a _Png)
         pen.rect(g.start / size, g.size / size, "unmapped", tip)
     if m.lost:
         tip = (
-            f"lost to granularity: {fmt_bytes(m.lost)} mapped beyond the views "
+            f"lost to granularity: {format_bytes(m.lost)} mapped beyond the views "
             f"({a + m.used:#x}-{a + m.used + m.lost:#x})"
         )
         pen.rect(m.used / size, m.lost / size, "lost", tip)
     pen.text(0, "foot", f"{a:#x}", family="monospace")
     pen.text(1, "foot", f"{a + m.size:#x}", family="monospace")
     if m.lost:
-        pen.text(0.5, "foot", f"{fmt_bytes(m.lost)} {_LOST}", color="#c00")
+        pen.text(0.5, "foot", f"{format_bytes(m.lost)} {_LOST}", color="#c00")
     elif m.slab:
         pen.text(0.5, "foot", m.packed_text, cls="sa-packed")
 
@@ -205,7 +205,7 @@ def render_html(maps: Sequence[ReservationMap], title: str = "shared memory map"
     table = "".join(
         f'<tr class="sa-row" data-kind="{_e(r.kind)}"><td>{_e(r.alloc_id)}</td>'
         f"<td>{_e(r.kind)}</td><td class='sa-num'>{r.start:#x}</td>"
-        f"<td class='sa-num'>{r.stop:#x}</td><td class='sa-num'>{_e(fmt_bytes(r.size))}</td>"
+        f"<td class='sa-num'>{r.stop:#x}</td><td class='sa-num'>{_e(format_bytes(r.size))}</td>"
         f"<td>{_e(r.detail)}</td></tr>"
         for r in rows
     )
@@ -330,8 +330,8 @@ def row_cells(row: NodeAllocation) -> tuple[str, ...]:
         row.state,
         row.backend,
         row.device,
-        fmt_bytes(row.size),
-        fmt_bytes(row.lost) if row.lost else "0",
+        format_bytes(row.size),
+        format_bytes(row.lost) if row.lost else "0",
         exporter,
         " ".join(_holder(h) for h in row.holders) or "-",
         f"{row.age / unit_s:{spec}}{unit}",
@@ -341,8 +341,8 @@ def row_cells(row: NodeAllocation) -> tuple[str, ...]:
 def summary_lines(node: NodeMap) -> list[str]:
     """One line per device with what sharedarrays holds there, one about the processes."""
     lines = [
-        f"{d.device}: {fmt_bytes(d.bytes)} in {plural(d.allocations, 'allocation')} "
-        f"({fmt_bytes(d.lost)} lost to granularity)"
+        f"{d.device}: {format_bytes(d.bytes)} in {plural(d.allocations, 'allocation')} "
+        f"({format_bytes(d.lost)} lost to granularity)"
         for d in node.devices
     ] or ["no shared allocations"]
     silent = [p for p in node.processes if p.status != "ok"]
