@@ -222,7 +222,7 @@ class ViewsState:
 
     def __init__(self) -> None:
         self.tracking = False
-        self.live: dict[int, Any] = {}
+        self.live: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
         self.lock = threading.Lock()
         self.cells: dict[str, list[Any]] = {}
         self.shells: list[Any] = []

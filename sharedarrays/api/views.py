@@ -4,9 +4,7 @@
 
 from __future__ import annotations
 
-import functools
 import gc
-import weakref
 from typing import Any, Protocol, TypeGuard
 
 import numpy as np
@@ -32,15 +30,9 @@ class ArrayView(Protocol):
     readonly: bool
 
 
-def _forget(key: int, ref: weakref.ref[Any]) -> None:
-    """Drop a dead view's entry (unless a newer view reused its id)."""
-    if STATE.views.live.get(key) is ref:
-        STATE.views.live.pop(key, None)
-
-
 def track(view: object) -> None:
     """Count ``view`` among the live views (called once ``STATE.views.tracking``)."""
-    STATE.views.live[id(view)] = weakref.ref(view, functools.partial(_forget, id(view)))
+    STATE.views.live[id(view)] = view
 
 
 def is_view(obj: object) -> TypeGuard[ArrayView]:
@@ -60,5 +52,5 @@ def live_views() -> list[ArrayView]:
                     # (one still being made has no lease slot yet: its track() comes)
                     if is_view(obj) and hasattr(obj, "_lease") and id(obj) not in state.live:
                         track(obj)
-    # (dict.copy is atomic, where iterating the dict meets another thread's views)
-    return [v for v in (ref() for ref in state.live.copy().values()) if v is not None]
+    # (valuerefs copies the refs at once, where iterating meets another thread's views)
+    return [v for v in (ref() for ref in state.live.valuerefs()) if v is not None]
