@@ -224,7 +224,7 @@ class ViewsState:
         self.tracking = False
         self.live: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
         self.lock = threading.Lock()
-        self.cells: dict[str, list[Any]] = {}
+        self.cells: dict[str, weakref.WeakSet[Any]] = {}
         self.shells: list[Any] = []
 
     def reset_in_child(self) -> None:

@@ -71,15 +71,14 @@ def stop_on_rerun(view: Any) -> None:
     if shell not in STATE.views.shells:
         shell.events.register("pre_run_cell", _on_cell)
         STATE.views.shells.append(shell)
-    refs = [r for r in STATE.views.cells.get(cell, []) if r() not in (None, view)]
-    STATE.views.cells[cell] = [*refs, weakref.ref(view)]
+    STATE.views.cells.setdefault(cell, weakref.WeakSet()).add(view)
 
 
 def _on_cell(info: Any = None) -> None:  # (the shell's pre_run_cell hook)
     cell = getattr(info, "cell_id", None) or current_cell()
-    for ref in STATE.views.cells.pop(cell, []) if cell else []:
+    for view in list(STATE.views.cells.pop(cell, ())) if cell else []:
         with contextlib.suppress(Exception):  # (a hook must never fail the user's cell)
-            ref().stop()  # (a collected view: AttributeError on None)
+            view.stop()
 
 
 class _Shown:
