@@ -93,11 +93,12 @@ def _draw(m: ReservationMap, pen: Any) -> None:  # (pen: an _Svg or a _Png)
         tip = f"view {v.label}: {a + v.start:#x}-{a + v.stop:#x}"
         pen.bracket(v.start / size, v.stop / size, v.level, v.label, tip)
     for c in m.chunks:
+        nbytes = format_bytes(c.size)
         tip = (
             f"mapping of chunk {c.chunk} at offset {c.start:#x}: {a + c.start:#x}-"
-            f"{a + c.start + c.size:#x} ({format_bytes(c.size)}, fd {c.fd}, {c.access})"
+            f"{a + c.start + c.size:#x} ({nbytes}, fd {c.fd}, {c.access})"
         )
-        labels = (f"chunk {c.chunk} · {format_bytes(c.size)}", f"{c.chunk}: {format_bytes(c.size)}")
+        labels = (f"chunk {c.chunk} · {nbytes}", f"{c.chunk}: {nbytes}")
         label = next((t for t in labels if c.size / size > _CHAR * (len(t) + 1)), "")
         pen.rect(c.start / size, c.size / size, "chunk", tip, c.chunk, label)
     for g in m.gaps:
