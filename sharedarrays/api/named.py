@@ -5,7 +5,6 @@ creator exited, ``sa.unlink("x")``; in a namespace per project (:func:`namespace
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,25 +32,20 @@ from sharedarrays.transport import keeper
 __all__ = ["NAMESPACE_VARIABLE", "PROJECT_MARKERS", "NamedArray", "attach", "check_name"]
 __all__ += ["list_named", "namespace", "publish", "qualify", "unlink"]
 
-_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-
 
 def check_name(name: object) -> str:
-    """``name`` if it is a valid array name (TypeError, ValueError if not): 1 to 128 of
-    ``A-Z a-z 0-9 . _ -``, not starting with ``._-``, after ``"ns/"`` or ``"/"`` (global)."""
-    if not isinstance(name, str):
-        raise TypeError(f"an array name is a str, not {type(name).__name__}")
-    space, _, base = name.rpartition("/")
-    good_space = space == "" or (
-        _WORD.fullmatch(space) and len(space) <= keeper_protocol.MAX_NAMESPACE
-    )
-    if not (good_space and _WORD.fullmatch(base) and len(base) <= keeper_protocol.MAX_NAME):
+    """``name`` if it is a valid array name (TypeError, ValueError if not): a keeper name
+    (:func:`sharedarrays.protocol.keeper.check_name`), or ``"/name"`` for a global one."""
+    global_name = isinstance(name, str) and name.startswith("/") and name.count("/") == 1
+    try:
+        keeper_protocol.check_name(str(name)[1:] if global_name else name)
+    except ValueError:
         raise ValueError(
             f"invalid array name {name!r}: use 1 to {keeper_protocol.MAX_NAME} characters from "
             "A-Z a-z 0-9 . _ -, starting with a letter or digit ('ns/name' names it in "
             "namespace ns, '/name' a global name)"
-        )
-    return name
+        ) from None
+    return str(name)
 
 
 def qualify(name: str) -> str:
@@ -124,16 +118,13 @@ def attach(name: str) -> SharedDeviceArray:
         if found.alloc_id != alloc_id:
             raise KeeperError("the keeper sent an inconsistent reply")
         blob = found.to_bytes()
+        carried, fds = tuple(_Fd(fd) for fd in fds), []  # load's to close from here on
+        attached = load(blob, fds=carried)
     except BaseException:
         for fd in fds:
             os.close(fd)
         if held is not None:
             keeper.release(held)
-        raise
-    try:
-        attached = load(blob, fds=tuple(_Fd(fd) for fd in fds))
-    except BaseException:
-        keeper.release(alloc_id)
         raise
     STATE.keeper.kept[attached.allocation] = key
     return attached
