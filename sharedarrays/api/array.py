@@ -173,7 +173,7 @@ class SharedDeviceArray(ShapeViews):
             native = self.array
             if type(native) is np.ndarray:  # (NumPy's scalar; CuPy's and torch's: 0-d)
                 return native[cast(Any, native_key(key))]
-        return self._derive(layout, view, self._dtype)
+        return self._derive(layout, view)
 
     def _layout(self, writeable: bool = False) -> np.ndarray[Any, Any]:
         """A probe with this view's layout, on which NumPy lays out views; never read."""
@@ -187,13 +187,13 @@ class SharedDeviceArray(ShapeViews):
         return np.asarray(SimpleNamespace(__array_interface__=interface))
 
     def _derive(
-        self, layout: np.ndarray[Any, Any], view: np.ndarray[Any, Any], dtype: np.dtype[Any]
+        self, layout: np.ndarray[Any, Any], view: np.ndarray[Any, Any]
     ) -> SharedDeviceArray:
         """A shared view laid out as ``view``, a view of ``layout`` (from :meth:`_layout`)."""
         delta = view.__array_interface__["data"][0] - layout.__array_interface__["data"][0]
         shape, strides = tuple(view.shape), tuple(view.strides)
         derived = SharedDeviceArray(
-            self.allocation, dtype, shape, strides, self._offset + delta, self._readonly
+            self.allocation, view.dtype, shape, strides, self._offset + delta, self._readonly
         )
         derived._base = self if self._base is None else self._base
         return derived

@@ -101,16 +101,15 @@ class ShapeViews(ArrayBase):
 
     __slots__ = ()
 
-    def _on_layout(self: _S, how: Callable[[Any], Any], dtype: np.dtype[Any] | None = None) -> _S:
-        """The shared view(s) (of ``dtype``, default this view's) of ``how(layout probe)``."""
+    def _on_layout(self: _S, how: Callable[[Any], Any]) -> _S:
+        """The shared view(s) of ``how(layout probe)``."""
         layout = self._layout()
-        new = self._dtype if dtype is None else dtype
-        return cast(_S, self._derive_all(layout, how(layout), new))
+        return cast(_S, self._derive_all(layout, how(layout)))
 
-    def _derive_all(self, layout: np.ndarray[Any, Any], result: Any, dtype: np.dtype[Any]) -> Any:
+    def _derive_all(self, layout: np.ndarray[Any, Any], result: Any) -> Any:
         if isinstance(result, (list, tuple)):
-            return type(result)(self._derive_all(layout, r, dtype) for r in result)
-        return self if result is layout else self._derive(layout, result, dtype)
+            return type(result)(self._derive_all(layout, r) for r in result)
+        return self if result is layout else self._derive(layout, result)
 
     @property
     def flags(self) -> ArrayFlags:
@@ -141,9 +140,8 @@ class ShapeViews(ArrayBase):
             raise ValueError("cannot set WRITEBACKIFCOPY flag to True")  # (NumPy's words)
 
     def _part(self: _S, name: str) -> _S:
-        layout = self._layout()
-        part = getattr(layout, name)  # (real of real values: the probe, still a new view)
-        return self._derive(layout, part, part.dtype)
+        layout = self._layout()  # (real of real values: the probe, still a new view)
+        return self._derive(layout, getattr(layout, name))
 
     @property
     def real(self: _S) -> _S:
@@ -192,7 +190,7 @@ class ShapeViews(ArrayBase):
     def getfield(self: _S, dtype: Any, offset: int = 0) -> _S:
         """A shared view like :meth:`numpy.ndarray.getfield`."""
         new = shareable_dtype(dtype, f"a.array.getfield({dtype!r}, ...) is a native view of it")
-        return self._on_layout(lambda layout: layout.getfield(new, offset), new)
+        return self._on_layout(lambda layout: layout.getfield(new, offset))
 
     def setfield(self, val: Any, dtype: Any, offset: int = 0) -> None:
         """Like :meth:`numpy.ndarray.setfield`, in shared memory."""
@@ -242,17 +240,15 @@ class ShapeViews(ArrayBase):
             return native.view(type=type) if dtype is None else native.view(dtype, type)
         layout = self._layout()
         if dtype is None:
-            return self._derive(layout, layout, self._dtype)
+            return self._derive(layout, layout)
         new = shareable_dtype(dtype, f"a.array.view({dtype!r}) is a native view of it")
-        return self._derive(layout, layout.view(new), new)
+        return self._derive(layout, layout.view(new))
 
     def reshape(self, *shape: Any, order: str = "C", copy: bool | None = None) -> Any:
         """A shared view where NumPy's reshape would not copy, else a native copy."""
-        if not shape:
-            raise TypeError("reshape() takes exactly 1 argument (0 given)")  # (NumPy's words)
-        new: Any = shape[0] if len(shape) == 1 else shape
         # checks the shape with NumPy's errors, reading nothing (every stride is 0)
-        np.broadcast_to(np.False_, self._shape).reshape(new, order=order)  # type: ignore[call-overload]
+        np.broadcast_to(np.False_, self._shape).reshape(*shape, order=order)  # type: ignore[call-overload]
+        new: Any = shape[0] if len(shape) == 1 else shape
         if copy:
             return self.array.reshape(new, order=order).copy(order="K")
         layout = self._layout()
@@ -262,23 +258,18 @@ class ShapeViews(ArrayBase):
             if copy is False:
                 raise
             return self.array.reshape(new, order=order)
-        return self._derive(layout, view, self._dtype)
+        return self._derive(layout, view)
 
     def ravel(self, order: str | None = "C") -> Any:
         """A 1-d view (shared) where NumPy's ravel gives a view, else a native copy."""
-        if order is None:  # (NumPy's ravel(None) is ravel("C"))
-            order = "C"
-        elif not isinstance(order, str):
-            raise TypeError(f"order must be str, not {type(order).__name__}")
-        if order not in ("C", "c", "F", "f", "A", "a", "K", "k"):
-            raise ValueError(f"order must be one of 'C', 'F', 'A', or 'K' (got {order!r})")
+        np.empty(0).ravel(cast(Any, order))  # NumPy's checks and errors for ``order``
         layout = self._layout()
         flags = layout.flags
-        kind = order.upper()
+        kind = "C" if order is None else order.upper()  # (NumPy's ravel(None) is ravel("C"))
         if kind == "A":
             kind = "F" if flags.f_contiguous and not flags.c_contiguous else "C"
         if (kind == "C" and flags.c_contiguous) or (kind == "F" and flags.f_contiguous):
-            return self._derive(layout, layout.reshape(-1, order=cast(Any, kind)), self._dtype)
+            return self._derive(layout, layout.reshape(-1, order=cast(Any, kind)))
         if kind == "K":  # contiguous in the order of its strides (e.g. a transpose): a view
             perm = sorted(range(layout.ndim), key=lambda i: -layout.strides[i])
             permuted = layout.transpose(perm)
@@ -286,7 +277,7 @@ class ShapeViews(ArrayBase):
                 s >= 0 for s, n in zip(layout.strides, layout.shape, strict=True) if n > 1
             )
             if permuted.flags.c_contiguous and forward:
-                return self._derive(layout, permuted.reshape(-1), self._dtype)
+                return self._derive(layout, permuted.reshape(-1))
         return self.array.ravel(order)
 
     # growth (arrays made with capacity=) ------------------------------------------------
