@@ -103,7 +103,6 @@ class SharedDeviceArray(ShapeViews):
         if STATE.views.tracking:
             views.track(self)
 
-    # metadata ---------------------------------------------------------------------------
     base: SharedDeviceArray | None = _field(
         "_base", "The view this one was derived from (``None`` if made or loaded)."
     )
@@ -136,7 +135,6 @@ class SharedDeviceArray(ShapeViews):
         lambda a: a.allocation.address + a._offset, "Address of the first element here."
     )
 
-    # data -------------------------------------------------------------------------------
     @property
     def array(self) -> Any:
         """The zero-copy native array (NumPy, CuPy, or torch on Ascend); keeps the mapping."""
@@ -220,7 +218,6 @@ class SharedDeviceArray(ShapeViews):
         self._interfaced = native
         return native.__cuda_array_interface__  # type: ignore[no-any-return]
 
-    # lifecycle --------------------------------------------------------------------------
     def close(self) -> None:
         """Close this view (later use: ClosedArrayError); the mapping goes with the last user
         here. Idempotent."""
@@ -239,7 +236,6 @@ class SharedDeviceArray(ShapeViews):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # pickling ---------------------------------------------------------------------------
     def payload(self) -> Payload:
         """What a pickle of this view carries, as one payload (starts the handle server)."""
         return dataclasses.replace(
@@ -283,10 +279,8 @@ class SharedDeviceArray(ShapeViews):
 
 
 def _intern(value: _T) -> _T:
-    """The one object equal to ``value`` (a tuple of ints, or a str): ``STATE.pickling``'s
-    ``interned``. Views of one layout then share their fields, which a pickle writes once
-    and the importer checks once: a 10,000-view message loads ~30% faster (host,
-    ``bench.py --only many``: 42-44 ms against 59-64 ms without)."""
+    """The one object equal to ``value`` (a tuple of ints, or a str): views of one layout then
+    share their fields, which a pickle writes once and the importer checks once."""
     interned = STATE.pickling.interned
     if len(interned) >= 4096:
         interned.clear()
@@ -327,7 +321,6 @@ def _reduce(for_multiprocessing: bool, a: SharedDeviceArray) -> tuple[Any, tuple
 reduction.ForkingPickler.register(SharedDeviceArray, functools.partial(_reduce, True))
 
 
-# pickling: one allocation's part of a message ------------------------------------------------
 def allocation_payload(alloc: Allocation) -> Payload:
     """The payload of the whole allocation (its bytes) that pickles of its views carry."""
     pid, server = os.getpid(), alloc.source_server  # a growable array names its exporter
@@ -394,12 +387,6 @@ class MessagePart:
         if self.allocation.source_server is None:
             self.allocation.flight.note_sent()
         return _rebuild_view, (self.blob, token)
-
-    def received_here(self) -> importing.ReceivedPart:
-        """The part as a reduction called in place takes it: nothing counted or waited for."""
-        part = importing.ReceivedPart(Payload.from_bytes(self.blob), None, None)
-        part.bind(self.allocation)
-        return part
 
 
 def message_part(alloc: Allocation, carry_fds: bool) -> MessagePart:
@@ -488,7 +475,10 @@ def _rebuild_view(
             return importing.import_part(part, view, fds)
         if type(part) is not MessagePart:
             raise PayloadError("a pickled view is corrupted: its allocation's part is missing")
-        part = part.received_here()  # a reduction called in place: this process's own part
+        # a reduction called in place: this process's own part, nothing counted or waited for
+        here = importing.ReceivedPart(Payload.from_bytes(part.blob), None, None)
+        here.bind(part.allocation)
+        part = here
     try:
         alloc, lease, dtype, shape, strides, offset, readonly, end = part.take(view)
     except WrongNode as refused:

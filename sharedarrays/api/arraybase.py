@@ -247,7 +247,6 @@ class ArrayBase:
     def __contains__(self, value: object) -> bool:
         return bool(_native(value) in self.array)
 
-    # interop ---------------------------------------------------------------------------
     def get(self) -> np.ndarray[Any, Any]:
         """Copy the data into a new NumPy array in host memory."""
         native = self.array
@@ -292,7 +291,6 @@ class ArrayBase:
     # above CuPy's (100): cupy_array + a defers to a.__radd__, which unwraps a
     __array_priority__ = 200.0
 
-    # NumPy dispatch ---------------------------------------------------------------------
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
         """Ufuncs on the native arrays; shared ``out=`` arrays are written and returned."""
         # NumPy's x.mean(out=a) divides the sum in place only where it is an ndarray: the
@@ -390,7 +388,6 @@ class ArrayBase:
             return self
         return self.array.byteswap(False)
 
-    # display ----------------------------------------------------------------------------
     def _allocation_line(self) -> str:
         """One line about the shared memory behind this open view."""
         a = self.allocation
@@ -434,7 +431,6 @@ class ArrayBase:
         """``format(a, spec)`` as the native array formats (``f"{a[0]:.2f}"``)."""
         return format(repr(self) if self._lease is None else self.array, spec)
 
-    # device work ------------------------------------------------------------------------
     def synchronize(self) -> None:
         """Wait until the work queued so far on this array's device is done (every stream
         of its context on CUDA): before another process reads what this one wrote."""

@@ -297,10 +297,7 @@ def _like(
         if isinstance(info, dict) and "shape" in info and "typestr" in info:
             like_shape = tuple(int(n) for n in info["shape"])
             like_dtype = np.dtype(info["typestr"])
-            raw = info.get("strides")
-            strides = (
-                contiguous_strides(like_shape, like_dtype.itemsize) if raw is None else tuple(raw)
-            )
+            strides = tuple(info.get("strides") or ())  # (none: C-contiguous)
         else:
             host = np.asarray(obj)
             like_shape, like_dtype, strides = host.shape, host.dtype, host.strides

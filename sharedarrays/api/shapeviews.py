@@ -280,7 +280,6 @@ class ShapeViews(ArrayBase):
                 return self._derive(layout, permuted.reshape(-1))
         return self.array.ravel(order)
 
-    # growth (arrays made with capacity=) ------------------------------------------------
     def resize(self, length: int) -> None:
         """Set the length along axis 0 of a growable array in place, without copying; in its
         creator only, through a C-contiguous view from the first byte (as created, ``a[:k]``).
