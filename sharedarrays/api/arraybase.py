@@ -140,10 +140,12 @@ def _methods(writes: bool, *names: str) -> tuple[Callable[..., Any], ...]:
 
     def make(name: str) -> Callable[..., Any]:
         def method(self: ArrayBase, *args: Any, **kwargs: Any) -> Any:
-            if not writes:
-                return self._call(name, *args, **kwargs)
-            getattr(self._writable_native(), name)(*[_native(x) for x in args], **kwargs)
-            return None
+            if writes:
+                getattr(self._writable_native(), name)(*[_native(x) for x in args], **kwargs)
+                return None
+            native = self.array  # (``out=`` as for ufuncs; itself: this view)
+            result = _apply(getattr(native, name), args, kwargs)
+            return self if result is native else result
 
         method.__name__ = method.__qualname__ = name
         how = ", in shared memory" if writes else "; a native result"
@@ -328,12 +330,6 @@ class ArrayBase:
         if namespace is not None:
             return namespace(api_version=api_version)
         return sys.modules[type(native).__module__.partition(".")[0]]
-
-    def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        """The native array's method ``name`` (``out=`` as for ufuncs; itself: this view)."""
-        native = self.array
-        result = _apply(getattr(native, name), args, kwargs)
-        return self if result is native else result
 
     # reductions and other reads: native results (``out=a`` writes in place); ``dumps`` is a
     # copy's pickle (pickle.dumps(a) shares the memory); astype(copy=False) to the same dtype

@@ -42,30 +42,24 @@ def namespace() -> str | None:
     )
     if setting is not None:
         return None if setting == "/" else setting
-    return _project_namespace(_cwd())
+    return _project(_cwd())[1]
 
 
 @functools.lru_cache(maxsize=16)
-def _project_root(cwd: str) -> Path:
+def _project(cwd: str) -> tuple[Path, str]:
+    """The project directory of ``cwd`` (or ``cwd``, in none) and its namespace."""
     here = Path(cwd).resolve()
-    for directory in (here, *here.parents):
-        if any((directory / marker).exists() for marker in PROJECT_MARKERS):
-            return directory
-    return here
-
-
-@functools.lru_cache(maxsize=16)
-def _project_namespace(cwd: str) -> str:
-    root = _project_root(cwd)
+    marked = (d for d in (here, *here.parents) if any((d / m).exists() for m in PROJECT_MARKERS))
+    root = next(marked, here)
     word = re.sub(r"[^A-Za-z0-9._-]", "_", root.name).lstrip("._-")[:40] or "root"
-    return f"{word}-{hashlib.sha256(str(root).encode()).hexdigest()[:8]}"
+    return root, f"{word}-{hashlib.sha256(str(root).encode()).hexdigest()[:8]}"
 
 
 def whose() -> str:
     """Where this process's namespace comes from, for messages."""
     if os.environ.get(NAMESPACE_VARIABLE, "").strip():
         return f"set by {NAMESPACE_VARIABLE}"
-    return f"of the project directory {_project_root(_cwd())}"
+    return f"of the project directory {_project(_cwd())[0]}"
 
 
 def _cwd() -> str:
