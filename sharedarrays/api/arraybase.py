@@ -265,13 +265,11 @@ class ArrayBase:
                 "allowed; use a.get() to copy it to the host"
             )
         native: np.ndarray[Any, Any] = self.array
-        if copy:
-            native = native.copy()
         if dtype is not None and np.dtype(dtype) != native.dtype:
             if copy is False:
                 raise ValueError("a dtype conversion needs a copy")
-            native = native.astype(dtype)
-        return native
+            return native.astype(dtype)  # (a copy)
+        return native.copy() if copy else native
 
     def __dlpack__(self, **kwargs: Any) -> Any:
         return self.array.__dlpack__(**kwargs)
