@@ -220,7 +220,8 @@ class BorrowingBackend(Backend, Protocol):
 
 
 class DeviceBase:
-    """What accelerator backends share: the device, fork detection, size checks, no sealing."""
+    """What backends share: the device, fork detection, size checks, no sealing, and ordering
+    by synchronising the device at handoff (importers wait for nothing; CUDA's differs)."""
 
     name: ClassVar[str]
     peer_access: ClassVar[bool]
@@ -280,6 +281,16 @@ class DeviceBase:
 
     def reopen_readonly(self, fd: int) -> int | None:
         return None
+
+    def export_sync(self) -> bytes | None:
+        self.synchronize()
+        return None
+
+    def export_fence(self) -> object | None:
+        return self.export_sync()
+
+    def import_sync(self, token: bytes) -> None:
+        pass
 
 
 class VendorCalls:
@@ -354,20 +365,3 @@ class VendorCalls:
         def stream(self) -> int: ...
         def export_pointer(self, pointer: int) -> bytes: ...
         def import_pointer(self, pool: Any, data: bytes) -> int: ...
-
-
-class SyncOrdering:
-    """Ordering by synchronising the device at handoff: importers wait for nothing."""
-
-    if TYPE_CHECKING:
-
-        def synchronize(self) -> None: ...
-
-    def export_sync(self) -> bytes | None:
-        self.synchronize()
-        return None
-
-    export_fence = export_sync
-
-    def import_sync(self, token: bytes) -> None:
-        pass

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from sharedarrays.backends.base import Access, Chunk, DType, NativeView, Shape, SyncOrdering
+from sharedarrays.backends.base import Access, Chunk, DeviceBase, DType, NativeView, Shape
 from sharedarrays.backends.device import CPU, Device
 from sharedarrays.backends.registry import Registration, register
 from sharedarrays.errors import (
@@ -100,11 +100,9 @@ def memory_available() -> tuple[int, str] | None:
         return None
     if b"MemAvailable" not in info:
         return None
-    available = info[b"MemAvailable"] + info.get(b"SwapFree", 0)
-    how = (
-        f"MemAvailable {_gib(info[b'MemAvailable'])} + SwapFree "
-        f"{_gib(info.get(b'SwapFree', 0))} in /proc/meminfo"
-    )
+    free, swap = info[b"MemAvailable"], info.get(b"SwapFree", 0)
+    available = free + swap
+    how = f"MemAvailable {_gib(free)} + SwapFree {_gib(swap)} in /proc/meminfo"
     if mode == 2 and b"CommitLimit" in info and b"Committed_AS" in info:
         commit = max(info[b"CommitLimit"] - info[b"Committed_AS"], 0)
         if commit < available:
@@ -188,7 +186,7 @@ def to_numpy(obj: Any) -> Array:
     return np.asarray(obj)
 
 
-class HostBackend(SyncOrdering):
+class HostBackend(DeviceBase):
     """Host memory shared through memfd file descriptors (the ``"host"`` backend)."""
 
     name: ClassVar[str] = "host"
@@ -358,15 +356,8 @@ class HostBackend(SyncOrdering):
         )
 
     def to_native(self, obj: Any) -> Array:
-        if isinstance(obj, np.ndarray):
-            return obj
-        if hasattr(obj, "__cuda_array_interface__"):
-            get = getattr(obj, "get", None)  # CuPy
-            if callable(get):
-                return np.asarray(get())
-            cpu = getattr(obj, "cpu", None)  # torch
-            if callable(cpu):
-                return np.asarray(cpu())
+        if isinstance(obj, np.ndarray) or hasattr(obj, "__cuda_array_interface__"):
+            return to_numpy(obj)
         if hasattr(obj, "__dlpack__") and not hasattr(obj, "__array__"):
             return np.from_dlpack(obj)
         return np.asarray(obj)

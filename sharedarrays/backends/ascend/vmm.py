@@ -17,7 +17,7 @@ import numpy as np
 
 from sharedarrays.backends.ascend import runtime as rt
 from sharedarrays.backends.ascend.runtime import AclError, check, load_acl, why_unusable
-from sharedarrays.backends.base import Chunk, DeviceBase, NativeView, SyncOrdering, installed
+from sharedarrays.backends.base import Chunk, DeviceBase, NativeView, installed
 from sharedarrays.backends.device import Device
 from sharedarrays.backends.dlpack import KDL_EXT_DEV, dl_dtype, dlpack_view
 from sharedarrays.backends.host import host_native, to_numpy
@@ -64,7 +64,7 @@ def _torch_layout(dtype: np.dtype[Any], strides: tuple[int, ...]) -> bool:
     return all(s >= 0 and s % dtype.itemsize == 0 for s in strides)
 
 
-class AscendBackend(SyncOrdering, DeviceBase):
+class AscendBackend(DeviceBase):
     """Memory of one Ascend NPU (``Device("npu", N)``). Native arrays are torch tensors where
     torch_npu is importable (through DLPack; untested on hardware), else NumPy views where the
     CPU addresses the memory (the simulated driver), else read-only NumPy copies."""

@@ -270,18 +270,17 @@ def _device_reason(index: int, backend: str) -> str | None:
     return None
 
 
-def why_unusable(index: int | None = None, backend: str = "cuda-vmm") -> str | None:
-    """Why CUDA backend ``backend`` cannot be used on device ``index`` (default 0) here, or
-    ``None``: what is missing (a package, the driver, a device or a feature of it, or a fork
-    after CUDA was initialised) and what to do. Never raises; asked once."""
-    idx = 0 if index is None else int(index)
+def why_unusable(index: int = 0, backend: str = "cuda-vmm") -> str | None:
+    """Why CUDA backend ``backend`` cannot be used on device ``index`` here, or ``None``: what
+    is missing (a package, the driver, a device or a feature of it, or a fork after CUDA was
+    initialised) and what to do. Never raises; asked once."""
     if backend not in _NEEDS:
         return f"unknown CUDA backend {backend!r}; the CUDA backends are {', '.join(_NEEDS)}"
     what = "checking CUDA unexpectedly"
     return (
         _fork_reason()
         or cached_reason(("cuda",), _driver_reason, what)
-        or cached_reason(("cuda", idx, backend), lambda: _device_reason(idx, backend), what)
+        or cached_reason(("cuda", index, backend), lambda: _device_reason(index, backend), what)
     )
 
 

@@ -9,7 +9,7 @@ import os
 import types
 from typing import Any, ClassVar
 
-from sharedarrays.backends.base import DeviceBase, NativeView, SyncOrdering, VendorCalls, installed
+from sharedarrays.backends.base import DeviceBase, NativeView, VendorCalls, installed
 from sharedarrays.backends.device import Device
 from sharedarrays.backends.hip.runtime import HipError, check, load_hip, why_unusable
 from sharedarrays.backends.host import host_native, to_numpy
@@ -81,7 +81,7 @@ class HipCalls(VendorCalls):
         return int(self.call("MemPoolImportPointer", pool, _ExportData.from_buffer_copy(data)))
 
 
-class HipDevice(SyncOrdering, DeviceBase):
+class HipDevice(DeviceBase):
     """One AMD GPU (``Device("hip", N)``); native arrays are CuPy's (ROCm build), else NumPy
     views on an integrated device, else read-only NumPy copies (no write is lost)."""
 

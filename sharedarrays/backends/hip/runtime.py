@@ -7,12 +7,11 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import importlib
-import importlib.util
 import os
 import types
 from typing import Any
 
-from sharedarrays.backends.base import cached_reason
+from sharedarrays.backends.base import cached_reason, installed
 from sharedarrays.backends.base import loadable as _loadable
 from sharedarrays.errors import DriverError, OutOfMemory
 
@@ -66,26 +65,16 @@ def check(result: Any, call: str) -> Any:
     return rest[0] if len(rest) == 1 else rest
 
 
-def _library_reason() -> str | None:  # why hip-python cannot load, or None
-    if ctypes.util.find_library("amdhip64") is None and not _loadable("libamdhip64.so"):
-        return (
-            "no AMD GPU: libamdhip64 not found (install ROCm; HIP also needs hip-python: "
-            f"{INSTALL_HINT})"
-        )
-    try:
-        found = importlib.util.find_spec("hip") is not None
-    except (ImportError, ValueError):
-        found = False
-    if not found:
-        return f"no AMD GPU support: the hip-python package is not installed ({INSTALL_HINT})"
-    return None
-
-
 def _reason(index: int, feature: str) -> str | None:
     name = module_name()
-    why = _library_reason() if name == DEFAULT_MODULE else None
-    if why is not None:
-        return why
+    if name == DEFAULT_MODULE:  # hip-python and the library it loads
+        if ctypes.util.find_library("amdhip64") is None and not _loadable("libamdhip64.so"):
+            return (
+                "no AMD GPU: libamdhip64 not found (install ROCm; HIP also needs hip-python: "
+                f"{INSTALL_HINT})"
+            )
+        if not installed("hip"):
+            return f"no AMD GPU support: the hip-python package is not installed ({INSTALL_HINT})"
     try:
         hip = load_hip()
     except ImportError as exc:
