@@ -10,6 +10,7 @@ import ctypes
 import errno
 import functools
 import importlib.util
+import operator
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -316,10 +317,7 @@ class VendorCalls:
         self._backend = backend
         self.device: Device = backend.device
         self._m = backend._d
-        self.enum: dict[str, Any] = {}
-        for use, name in self.enums.items():
-            enum, _, member = name.partition(".")
-            self.enum[use] = getattr(getattr(self._m, enum), member)
+        self.enum = {use: operator.attrgetter(name)(self._m) for use, name in self.enums.items()}
         self.fd_type = self.enum["fd_type"]
 
     def call(self, name: str, *args: Any, what: str = "") -> Any:
