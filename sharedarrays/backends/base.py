@@ -1,7 +1,6 @@
 """The Backend protocols (a backend makes and imports *chunks*: mapping backends map them into
-reservations, pointer backends give one per allocation), and what accelerator backends share.
-Optional methods: ``native_memory``/``native_view``/``native_intact``, ``admit(chunk, pid)``.
-"""
+reservations, pointer backends give one per allocation; optional methods: ``native_memory``,
+``native_view``, ``native_intact``, ``admit(chunk, pid)``), and what the backends share."""
 
 from __future__ import annotations
 

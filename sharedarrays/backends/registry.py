@@ -4,6 +4,7 @@ unusable, and for the process-wide backend object."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -74,8 +75,7 @@ def register(reg: Registration) -> None:
     if known is not None and known != reg:
         raise ValueError(f"a backend named {reg.name!r} is already registered")
     if reg.kind != "cpu":
-        kind = reg.kind
-        add_kind(kind, lambda index: kind_unusable(kind, index))
+        add_kind(reg.kind, functools.partial(kind_unusable, reg.kind))
     STATE.backends.registrations[reg.name] = reg
 
 

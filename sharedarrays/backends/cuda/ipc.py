@@ -152,4 +152,4 @@ class CudaIpcBackend(CudaDevice):
                 check(self._d.cuMemFree(ptr), "cuMemFree")
 
 
-register(Registration.of(CudaIpcBackend, "cuda", 1, lambda i: why_unusable(i, CudaIpcBackend.name)))
+register(Registration.of(CudaIpcBackend, "cuda", 1, lambda i: why_unusable(i, "cuda-ipc")))

@@ -46,6 +46,4 @@ class CudaPoolBackend(PoolBackend, CudaDevice):
     _too_large = staticmethod(_too_large)
 
 
-register(
-    Registration.of(CudaPoolBackend, "cuda", 2, lambda i: why_unusable(i, CudaPoolBackend.name))
-)
+register(Registration.of(CudaPoolBackend, "cuda", 2, lambda i: why_unusable(i, "cuda-pool")))

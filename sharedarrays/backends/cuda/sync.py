@@ -121,9 +121,8 @@ def _next_slot(driver: Any, ring: _Ring) -> tuple[Any, bytes]:  # (a new one if 
             return slot
         if err != _CUDA_ERROR_NOT_READY:
             check((err,), "cuEventQuery")
-    flags = int(driver.CUevent_flags.CU_EVENT_INTERPROCESS) | int(
-        driver.CUevent_flags.CU_EVENT_DISABLE_TIMING
-    )
+    kinds = driver.CUevent_flags
+    flags = int(kinds.CU_EVENT_INTERPROCESS) | int(kinds.CU_EVENT_DISABLE_TIMING)
     event = check(driver.cuEventCreate(flags), "cuEventCreate(INTERPROCESS)")
     try:
         handle = opaque_bytes(check(driver.cuIpcGetEventHandle(event), "cuIpcGetEventHandle"))
