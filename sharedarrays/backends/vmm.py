@@ -23,7 +23,6 @@ class VmmBackend(DeviceBase):
     zeroed: ClassVar[bool] = False
     maps: ClassVar[bool] = True
     exporter_owned: ClassVar[bool] = False
-    granularity: int  # the recommended one: 2 MiB on an H200
     _peer_reason: Callable[[int, int], str | None]  # asked where peer_access
 
     def __init__(self, device: Device) -> None:
@@ -31,8 +30,12 @@ class VmmBackend(DeviceBase):
         calls = self._calls = self.calls(self)
         with self.context():
             flag = calls.enum["granularity"]
-            self.granularity = int(calls.call("MemGetAllocationGranularity", calls.prop, flag))
+            self._granularity = int(calls.call("MemGetAllocationGranularity", calls.prop, flag))
         self._access = {access: [calls.access(device.index, access)] for access in ACCESS}
+
+    @property
+    def granularity(self) -> int:  # recommended: 2 MiB on an H200
+        return self._granularity
 
     def _release(self, handle: int) -> None:  # undoing a failed step
         with contextlib.suppress(DriverError):
@@ -106,7 +109,7 @@ class VmmBackend(DeviceBase):
     def reserve(self, size: int) -> int:
         self._check_size(size, "a reservation size")
         thing, what = "a reservation of address space", f"({size} bytes)"
-        args = (size, self.granularity, 0, 0)
+        args = (size, self._granularity, 0, 0)
         with self.context():
             return int(self._calls.allocating(thing, size, "MemAddressReserve", *args, what=what))
 
