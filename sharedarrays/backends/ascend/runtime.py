@@ -121,19 +121,17 @@ def load_acl() -> Any:
     process; ``OSError``, ``ImportError`` or :class:`AclError` (``aclInit`` failed)."""
     name = module_name()
     state = STATE.backends
-    acl = state.acl.get(name)
-    if acl is None:
-        with state.driver_lock:
-            acl = state.acl.get(name)
-            if acl is None:
-                acl = importlib.import_module(name) if name else ctypes.CDLL(LIBRARY)
-                for call, argtypes in _SIGNATURES.items() if not name else ():
-                    getattr(acl, call).argtypes = argtypes  # the library's C signatures
-                    getattr(acl, call).restype = ctypes.c_int
-                code = int(acl.aclInit(None))
-                if code != ACL_ERROR_REPEAT_INITIALIZE:
-                    check(code, "aclInit")
-                state.acl[name] = acl
+    with state.driver_lock:
+        acl = state.acl.get(name)
+        if acl is None:
+            acl = importlib.import_module(name) if name else ctypes.CDLL(LIBRARY)
+            for call, argtypes in _SIGNATURES.items() if not name else ():
+                getattr(acl, call).argtypes = argtypes  # the library's C signatures
+                getattr(acl, call).restype = ctypes.c_int
+            code = int(acl.aclInit(None))
+            if code != ACL_ERROR_REPEAT_INITIALIZE:
+                check(code, "aclInit")
+            state.acl[name] = acl
     return acl
 
 
