@@ -62,8 +62,7 @@ def _destroy(on: CudaDevice, call: str, handle: Any, pid: int) -> None:
 
 
 class _Destroyed:
-    """A driver object of one device's primary context, destroyed by :meth:`close` (which is
-    idempotent) or when freed."""
+    """A driver object, destroyed by :meth:`close` (idempotent) or when freed."""
 
     destroy: ClassVar[str]  # the driver call
 

@@ -1,8 +1,6 @@
-"""Cross-process ordering of GPU work: the exporter records an interprocess event on its
-stream (none when idle, one per message) and sends its *token*; the importer's stream waits.
-Events come from a per-device ring whose pending slots are not reused (it grows up to
-:data:`RING_LIMIT`, then export waits); a token names its exporter, whose exit ends the wait.
-"""
+"""Cross-process ordering of GPU work: the exporter records an interprocess event (from a
+per-device ring of at most :data:`RING_LIMIT`) on its stream and sends its *token*, naming the
+exporter, whose exit ends the wait; the importer's stream waits. None when idle."""
 
 from __future__ import annotations
 
