@@ -22,6 +22,7 @@ from sharedarrays.backends.cuda.driver import (
     FORK_REASON,
     CudaDriverError,
     CudaOutOfMemory,
+    OnDevice,
     check,
     current_stream,
     load_driver,
@@ -54,7 +55,7 @@ def _c_contiguous(shape: Shape, strides: Shape, itemsize: int) -> bool:
     return 0 not in shape and strides == contiguous_strides(shape, itemsize)
 
 
-def _destroy(on: CudaDevice, call: str, handle: Any, pid: int) -> None:
+def _destroy(on: OnDevice, call: str, handle: Any, pid: int) -> None:
     """``call(handle)``, not in a fork child (its copy is the parent's)."""
     if os.getpid() == pid:
         with on.context():
@@ -66,7 +67,7 @@ class _Destroyed:
 
     destroy: ClassVar[str]  # the driver call
 
-    def __init__(self, on: CudaDevice, handle: Any) -> None:
+    def __init__(self, on: OnDevice, handle: Any) -> None:
         self._on, self._handle, self._pid = on, handle, os.getpid()
         self._finalizer = weakref.finalize(self, _destroy, on, self.destroy, handle, self._pid)
 
@@ -80,7 +81,7 @@ class ValueReader(_Destroyed):
 
     destroy = "cuStreamDestroy"
 
-    def __init__(self, on: CudaDevice) -> None:
+    def __init__(self, on: OnDevice) -> None:
         d = load_driver()
         with on.context():
             flags = int(d.CUstream_flags.CU_STREAM_NON_BLOCKING)

@@ -11,9 +11,10 @@ import importlib.util
 import os
 import sys
 import types
-from typing import Any
+from typing import Any, Protocol
 
 from sharedarrays.backends.base import cached_reason
+from sharedarrays.backends.device import Device
 from sharedarrays.errors import DriverError, OutOfMemory
 from sharedarrays.process import STATE, at_fork
 
@@ -34,6 +35,17 @@ _CUDA_ERROR_NOT_INITIALIZED = 3
 
 # Modules whose presence means CUDA may have been initialised in this process.
 _CUDA_USERS = ("cuda.bindings.driver", "cupy", "torch", "numba.cuda", "jax")
+
+
+class OnDevice(Protocol):
+    """What :mod:`.sync` and :mod:`.device`'s stream objects need of a CUDA backend."""
+
+    @property
+    def device(self) -> Device: ...
+
+    def context(self) -> contextlib.AbstractContextManager[None]: ...
+
+    def stream_token(self, stream: int) -> bytes | None: ...
 
 
 class CudaDriverError(DriverError):

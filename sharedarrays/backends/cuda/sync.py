@@ -10,10 +10,11 @@ import os
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sharedarrays import process
 from sharedarrays.backends.cuda.driver import (
+    OnDevice,
     check,
     current_stream,
     load_driver,
@@ -23,9 +24,6 @@ from sharedarrays.backends.cuda.driver import (
 from sharedarrays.errors import PayloadError
 from sharedarrays.process import running, start_time
 from sharedarrays.protocol import token as wire
-
-if TYPE_CHECKING:
-    from sharedarrays.backends.cuda.device import CudaDevice
 
 RING_LIMIT = 256  # most events in one device's ring
 TOKEN_SIZE = wire.TOKEN_SIZE
@@ -68,7 +66,7 @@ class Fence:
 _new_fence = object.__new__
 
 
-def export_fence(on: CudaDevice) -> Fence | None:
+def export_fence(on: OnDevice) -> Fence | None:
     """The live :class:`Fence` of this thread and stream, else a new one; ``None`` inside
     :func:`no_sync`. No helpers: every array asks, a call costs 1-2 us in a woken thread."""
     if _no_sync.get():
@@ -136,7 +134,7 @@ def _next_slot(driver: Any, ring: _Ring) -> tuple[Any, bytes]:  # (a new one if 
     return slot
 
 
-def export_sync(on: CudaDevice) -> bytes | None:
+def export_sync(on: OnDevice) -> bytes | None:
     """The token of an event recorded on ``on``'s current stream now (``None``: idle, or
     inside :func:`no_sync`)."""
     if _no_sync.get():
@@ -144,7 +142,7 @@ def export_sync(on: CudaDevice) -> bytes | None:
     return on.stream_token(current_stream(on.device.index))
 
 
-def record(on: CudaDevice, stream: int) -> bytes:
+def record(on: OnDevice, stream: int) -> bytes:
     driver = load_driver()
     state = process.STATE.backends
     with state.sync_lock, on.context():
@@ -198,7 +196,7 @@ def _drop_exited(driver: Any, sender: int) -> None:  # destroy exited exporters'
             driver.cuEventDestroy(event)
 
 
-def import_sync(on: CudaDevice, token: bytes) -> None:
+def import_sync(on: OnDevice, token: bytes) -> None:
     """Make ``on``'s current stream wait for the event a token names (none for an exited
     exporter's or the one it waited for last); ``PayloadError``: a malformed token."""
     driver = load_driver()
