@@ -62,31 +62,19 @@ def _destroy(on: OnDevice, call: str, handle: Any, pid: int) -> None:
             getattr(load_driver(), call)(handle)
 
 
-class _Destroyed:
-    """A driver object, destroyed by :meth:`close` (idempotent) or when freed."""
-
-    destroy: ClassVar[str]  # the driver call
-
-    def __init__(self, on: OnDevice, handle: Any) -> None:
-        self._on, self._handle, self._pid = on, handle, os.getpid()
-        self._finalizer = weakref.finalize(self, _destroy, on, self.destroy, handle, self._pid)
-
-    def close(self) -> None:
-        self._finalizer()
-
-
-class ValueReader(_Destroyed):
+class ValueReader:
     """Reads 64-bit words of device memory on a private non-blocking stream (not blocked by
-    a stream waiting)."""
-
-    destroy = "cuStreamDestroy"
+    a stream waiting), destroyed by :meth:`close` or when freed."""
 
     def __init__(self, on: OnDevice) -> None:
         d = load_driver()
+        self._on = on
         with on.context():
             flags = int(d.CUstream_flags.CU_STREAM_NON_BLOCKING)
-            super().__init__(on, check(d.cuStreamCreate(flags), "cuStreamCreate"))
+            self._stream = check(d.cuStreamCreate(flags), "cuStreamCreate")
         self._lock = threading.Lock()
+        stream, pid = self._stream, os.getpid()
+        self._finalizer = weakref.finalize(self, _destroy, on, "cuStreamDestroy", stream, pid)
 
     def read(self, address: int) -> int:
         d = load_driver()
@@ -94,16 +82,24 @@ class ValueReader(_Destroyed):
         with self._lock, self._on.context():
             if not self._finalizer.alive:
                 raise ClosedArrayError("this value reader was closed")
-            result = d.cuMemcpyDtoHAsync(out.ctypes.data, address, 8, self._handle)
+            result = d.cuMemcpyDtoHAsync(out.ctypes.data, address, 8, self._stream)
             check(result, "cuMemcpyDtoHAsync")
-            check(d.cuStreamSynchronize(self._handle), "cuStreamSynchronize")
+            check(d.cuStreamSynchronize(self._stream), "cuStreamSynchronize")
         return int(out[0])
 
+    def close(self) -> None:  # idempotent
+        self._finalizer()
 
-class ImportedSemaphore(_Destroyed):
-    """A ``CUexternalSemaphore`` imported into one device's primary context."""
 
-    destroy = "cuDestroyExternalSemaphore"
+class ImportedSemaphore:
+    """A ``CUexternalSemaphore`` imported into one device's primary context, destroyed by
+    :meth:`close` or when freed."""
+
+    def __init__(self, on: OnDevice, handle: Any) -> None:
+        self._handle: Any = handle
+        self._pid = os.getpid()
+        destroy = "cuDestroyExternalSemaphore"
+        self._finalizer = weakref.finalize(self, _destroy, on, destroy, handle, self._pid)
 
     def live(self) -> Any:
         """The driver handle (``ClosedArrayError``: closed; ``BackendUnavailable``: forked)."""
@@ -112,6 +108,9 @@ class ImportedSemaphore(_Destroyed):
         if os.getpid() != self._pid:
             raise BackendUnavailable("an external semaphore cannot be used after fork")
         return self._handle
+
+    def close(self) -> None:  # idempotent
+        self._finalizer()
 
 
 class CudaCalls(VendorCalls):
