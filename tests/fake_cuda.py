@@ -17,7 +17,6 @@ ones of cuda-bindings, which import without a GPU.
 from __future__ import annotations
 
 import enum
-import importlib.util
 import itertools
 import os
 import types
@@ -26,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from sharedarrays.backends.cuda import driver as cuda_driver
 from sharedarrays.process import STATE
 
 
@@ -112,14 +112,8 @@ def use_fake(monkeypatch: pytest.MonkeyPatch, driver: Any) -> None:
     monkeypatch.setattr(state, "cuda_count", 0)
     monkeypatch.setattr(state, "cuda_forked", False)
     monkeypatch.setattr(state, "cuda_parent_had", False)
-    real_find_spec = importlib.util.find_spec
-
-    def find_spec(name: str, *args: Any) -> Any:
-        if name == "cupy":
-            return object()
-        return real_find_spec(name, *args)
-
-    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    real = cuda_driver.installed
+    monkeypatch.setattr(cuda_driver, "installed", lambda name: name == "cupy" or real(name))
 
 
 # ============================================================================================

@@ -8,7 +8,6 @@ was initialised) is in ``test_cuda_vmm.py``.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import pickle
 import subprocess
@@ -105,7 +104,7 @@ def test_fake_no_bindings(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_fake_no_cupy(fake: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    monkeypatch.setattr(cuda_driver, "installed", lambda name: False)
     reason = why_unusable()
     assert reason is not None and "CuPy" in reason and INSTALL_HINT in reason
 

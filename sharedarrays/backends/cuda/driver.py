@@ -7,13 +7,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib
-import importlib.util
 import os
 import sys
 import types
 from typing import Any, Protocol
 
-from sharedarrays.backends.base import cached_reason
+from sharedarrays.backends.base import cached_reason, installed
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import DriverError, OutOfMemory
 from sharedarrays.process import STATE, at_fork
@@ -170,11 +169,7 @@ def _driver_reason() -> str | None:  # and counts the devices
             f"the CUDA backend needs the cuda-bindings package, which is not installed ({exc}): "
             f"{INSTALL_HINT}"
         )
-    try:
-        has_cupy = importlib.util.find_spec("cupy") is not None
-    except (ImportError, ValueError):
-        has_cupy = False
-    if not has_cupy:
+    if not installed("cupy"):
         return (
             "the CUDA backend needs CuPy, which is not installed: "
             f"{INSTALL_HINT} (it installs cupy-cuda13x)"
