@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -139,6 +140,9 @@ def test_connections_to_ended_pool_workers_do_not_pile_up() -> None:
         pool.join()
         assert got.get().tolist() == [float(n)] * n
         got.close()
+        deadline = time.monotonic() + 10  # (the notifier tells the ended server: let it)
+        while client.pending_notices() and time.monotonic() < deadline:
+            time.sleep(0.01)
         counts.append((len(process.STATE.connections.by_server), sockets()))
     # (a connection to an ended worker's server is closed by the next notice to it, or
     # when TIDY_CONNECTIONS are kept and the next is kept: never more, however many pools;
