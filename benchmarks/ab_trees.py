@@ -1,8 +1,8 @@
 """Interleaved A/B of a warm host handoff between two trees of the library, in pairs.
 
-    python benchmarks/ab_trees.py [--pairs 1000] [--size 1M] [--case warm|results|pool]
+    python benchmarks/ab_trees.py [--pairs 1000] [--size 1M] [--case warm|results|pool|full]
         [--device cpu|cuda:0] [--growable] [--env-b NAME=VALUE ...] TREE_A TREE_B
-    python benchmarks/ab_trees.py [options] --off natives|parts|decoded TREE
+    python benchmarks/ab_trees.py [options] --off natives|parts|decoded|memset TREE
 
 ``--off`` measures what one cache of the warm path buys: tree B is a copy of TREE with that
 cache switched off (one line of it replaced, see :data:`OFF`).
@@ -54,6 +54,11 @@ OFF = {  # cache: (file, its line, the line that switches it off)
         "known: Payload | None = STATE.pickling.decoded.get(data)",
         "known: Payload | None = None",
     ),
+    "memset": (  # (not a cache: sa.full's driver memset; --case full)
+        "api/creation.py",
+        'fill = getattr(alloc.backend, "fill", None)',
+        "fill = None",
+    ),
 }
 
 
@@ -104,7 +109,7 @@ def _side(size: int, case: str, device: str, growable: bool) -> None:
         pool = sa.Pool(POOL_WORKERS)
     elif case == "results":
         worker = ctx.Process(target=_maker, args=(theirs, size, device), daemon=True)
-    else:
+    elif case == "warm":
         worker = ctx.Process(target=_worker, args=(theirs,), daemon=True)
     if worker is not None:
         worker.start()
@@ -117,6 +122,13 @@ def _side(size: int, case: str, device: str, growable: bool) -> None:
                 x.close()
                 del x
             return f"0 0 {time.perf_counter_ns() - t0}"
+        if case == "full":  # (a new float32 array of ones, made here, read, closed)
+            x = sa.full(size // 4, 1.0, "float32", device=device, pack=False)
+            x.array[-1].item()
+            x.close()
+            del x
+            dt = time.perf_counter_ns() - t0
+            return f"0 {dt} {dt}"
         if case == "results":  # (parts: the worker's make + pickle, the load here, all)
             mine.send_bytes(b"r")
             made = int(mine.recv_bytes())
@@ -173,11 +185,12 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=1 << 20)
     parser.add_argument(
         "--case",
-        choices=("warm", "results", "pool"),
+        choices=("warm", "results", "pool", "full"),
         default="warm",
         help="warm: a worker loads the side's array again; results: a worker returns a new "
         "array each round, which the side loads, reads and closes; pool: an sa.Pool(4) "
-        "returns 16 new arrays a round (only the round is timed)",
+        "returns 16 new arrays a round (only the round is timed); full: the side makes a "
+        "new float32 array of ones (sa.full) and reads it",
     )
     parser.add_argument("--device", default="cpu", help="the arrays' device (cpu, cuda:0)")
     parser.add_argument("--growable", action="store_true", help="warm: a growable array")

@@ -131,8 +131,10 @@ def _fill(a: SharedDeviceArray, value: Any, progress: bool | None) -> SharedDevi
     """``a`` with every element set to ``value`` (no work for zeros in fresh memory)."""
     alloc = a.allocation  # (memfd reads zero; a slab's room is never reused, its memory may be)
     if not (alloc.backend.zeroed and not alloc.reused and np.ndim(value) == 0 and value == 0):
+        fill = getattr(alloc.backend, "fill", None)  # (a driver memset, where one does it)
         for native, key in _blocks(a, progress, "fill"):
-            native[key] = value
+            if fill is None or not fill(native[key], value):
+                native[key] = value
     return a
 
 

@@ -32,11 +32,13 @@ from typing import Any
 import numpy as np
 import pytest
 from cuda_helpers import ROOT, Spin, child_env
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sharedarrays.backends.base import Backend, Chunk, NativeView
 from sharedarrays.backends.cuda import driver as cuda_driver
 from sharedarrays.backends.cuda import sync
-from sharedarrays.backends.cuda.device import CudaVmmBackend
+from sharedarrays.backends.cuda.device import CudaVmmBackend, memset_word
 from sharedarrays.backends.cuda.driver import (
     FORK_REASON,
     why_unusable,
@@ -657,3 +659,58 @@ def test_fork_after_cupy_init_is_refused(be: CudaVmmBackend) -> None:
     answer = json.loads(proc.stdout.strip().splitlines()[-1])
     assert answer["child"] == FORK_REASON
     assert answer["parent"] is None
+
+
+# ============================================================================================
+# filling new arrays by a driver memset (CPU: the word; GPU: the values)
+
+_FILL_DTYPES = ["bool", "uint8", "int8", "int16", "float16", "int32", "uint32", "float32"]
+_FILL_DTYPES += ["int64", "float64", "complex64", "complex128"]
+
+
+@given(
+    dtype=st.sampled_from(_FILL_DTYPES),
+    value=st.one_of(
+        st.integers(-(2**70), 2**70), st.floats(allow_nan=True), st.booleans(), st.complex_numbers()
+    ),
+)
+@settings(max_examples=400, deadline=None)
+def test_memset_word_repeats_to_exactly_numpys_bytes(dtype: str, value: Any) -> None:
+    dt = np.dtype(dtype)
+    word = memset_word(value, dt)
+    if word is None:
+        return  # (CuPy fills it)
+    width, pattern = word
+    expected = np.full(3, value, dtype=dt)  # (a value memset_word takes, NumPy casts cleanly)
+    assert (pattern.to_bytes(width, sys.byteorder) * (3 * dt.itemsize // width)) == (
+        expected.tobytes()
+    )
+
+
+def test_memset_word_leaves_what_does_not_repeat_or_cast_to_cupy() -> None:
+    assert memset_word(3.0, np.dtype("float64")) is None  # (its halves differ)
+    assert memset_word(300, np.dtype("uint8")) is None  # (wraps: CuPy's rule, not ours)
+    assert memset_word(1.5, np.dtype("int32")) is None
+    assert memset_word(1e300, np.dtype("float32")) is None  # (overflows)
+    assert memset_word(1 + 2j, np.dtype("float32")) is None
+    assert memset_word([1, 2], np.dtype("int32")) is None
+    assert memset_word(0.0, np.dtype("float64")) == (1, 0)
+    assert memset_word(1.0, np.dtype("float32")) == (4, 0x3F800000)
+    assert memset_word(-1, np.dtype("int16")) == (1, 0xFF)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", _FILL_DTYPES)
+def test_full_fills_every_element_on_the_device(be: CudaVmmBackend, dtype: str) -> None:
+    import sharedarrays as sa
+
+    kind = np.dtype(dtype).kind
+    for value in (0, 1, 7, True, *((-2.5,) if kind in "fc" else (-3,) if kind == "i" else ())):
+        expected = np.full((37, 129), value).astype(dtype)
+        for order in ("C", "F"):
+            # (closed and made again: the second one reuses memory with the first's values)
+            for _ in range(2):
+                a = sa.full((37, 129), value, dtype, device="cuda:0", order=order, pack=False)
+                got = a.array.get()
+                a.close()
+                np.testing.assert_array_equal(got, expected, err_msg=f"{value!r} {order}")

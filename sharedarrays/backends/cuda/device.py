@@ -9,6 +9,7 @@ import os
 import sys
 import threading
 import types
+import warnings
 import weakref
 from collections.abc import Iterator
 from typing import Any, ClassVar, Literal
@@ -53,6 +54,27 @@ def _c_contiguous(shape: Shape, strides: Shape, itemsize: int) -> bool:
     if len(shape) == 1:
         return strides[0] == itemsize and shape[0] > 0
     return 0 not in shape and strides == contiguous_strides(shape, itemsize)
+
+
+def memset_word(value: Any, dtype: np.dtype[Any]) -> tuple[int, int] | None:
+    """``(width, word)``: ``dtype``'s bytes of ``value`` are ``word`` repeated every ``width``
+    (1, 2 or 4) bytes, so a driver memset writes them; ``None`` where they do not repeat so, or
+    ``value`` is not a number that ``dtype`` holds exactly (integers) or that casts cleanly."""
+    if np.ndim(value) != 0 or dtype.kind not in "biufc":
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (a ComplexWarning, an overflow: CuPy decides)
+        try:
+            cast = np.asarray(value).astype(dtype)
+            if dtype.kind in "biu" and cast != value:
+                return None
+        except (TypeError, ValueError, ArithmeticError, Warning):
+            return None
+    data = cast.tobytes()
+    for width in (1, 2, 4):
+        if data == data[:width] * (len(data) // width):
+            return width, int.from_bytes(data[:width], sys.byteorder)
+    return None
 
 
 def _destroy(on: OnDevice, call: str, handle: Any, pid: int) -> None:
@@ -238,6 +260,21 @@ class CudaDevice(DeviceBase):
                 yield
             finally:
                 d.cuCtxPopCurrent()
+
+    def fill(self, native: Any, value: Any) -> bool:
+        """Fill the contiguous CuPy array ``native`` with ``value`` by a driver memset on the
+        current stream, where :func:`memset_word` allows (else ``False``: the caller fills).
+        Buys 0.34 against CuPy's 1.28 ms for 1 GiB of float32 (H100; ``ab_trees.py --case
+        full --off memset``)."""
+        word = memset_word(value, native.dtype)
+        if word is None or not (native.flags.c_contiguous or native.flags.f_contiguous):
+            return False
+        width, pattern = word
+        memset = {1: "cuMemsetD8Async", 2: "cuMemsetD16Async", 4: "cuMemsetD32Async"}[width]
+        with self.context():
+            args = (native.data.ptr, pattern, native.nbytes // width, self.current_stream())
+            check(getattr(self._d, memset)(*args), memset)
+        return True
 
     def mem_get_info(self) -> tuple[int, int]:
         with self.context():
