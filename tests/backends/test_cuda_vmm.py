@@ -694,9 +694,10 @@ def test_memset_word_leaves_what_does_not_repeat_or_cast_to_cupy() -> None:
     assert memset_word(1e300, np.dtype("float32")) is None  # (overflows)
     assert memset_word(1 + 2j, np.dtype("float32")) is None
     assert memset_word([1, 2], np.dtype("int32")) is None
-    assert memset_word(0.0, np.dtype("float64")) == (1, 0)
+    assert memset_word(0.0, np.dtype("float64")) == (4, 0)
     assert memset_word(1.0, np.dtype("float32")) == (4, 0x3F800000)
-    assert memset_word(-1, np.dtype("int16")) == (1, 0xFF)
+    assert memset_word(-1, np.dtype("int16")) == (2, 0xFFFF)
+    assert memset_word(0, np.dtype("uint8")) == (1, 0)
 
 
 @pytest.mark.gpu
