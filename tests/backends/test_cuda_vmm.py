@@ -694,6 +694,8 @@ def test_memset_word_leaves_what_does_not_repeat_or_cast_to_cupy() -> None:
     assert memset_word(1e300, np.dtype("float32")) is None  # (overflows)
     assert memset_word(1 + 2j, np.dtype("float32")) is None
     assert memset_word([1, 2], np.dtype("int32")) is None
+    assert memset_word("3", np.dtype("float32")) is None  # (CuPy's error, as before)
+    assert memset_word(2**70, np.dtype("float32")) is None
     assert memset_word(0.0, np.dtype("float64")) == (4, 0)
     assert memset_word(1.0, np.dtype("float32")) == (4, 0x3F800000)
     assert memset_word(-1, np.dtype("int16")) == (2, 0xFFFF)

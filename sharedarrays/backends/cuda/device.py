@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import numbers
 import os
 import sys
 import threading
@@ -60,12 +61,14 @@ def memset_word(value: Any, dtype: np.dtype[Any]) -> tuple[int, int] | None:
     """``(width, word)``: ``dtype``'s bytes of ``value`` are ``word`` repeated every ``width``
     (4, else 2, else 1) bytes, so a driver memset writes them; ``None`` where they do not
     repeat so, or ``value`` is not a number ``dtype`` holds exactly (integers) or casts to."""
-    if np.ndim(value) != 0 or dtype.kind not in "biufc":
+    number = isinstance(value, (numbers.Number, np.generic))
+    source = np.asarray(value) if number else None  # (a Python int past int64: object)
+    if source is None or source.dtype.kind not in "biufc" or dtype.kind not in "biufc":
         return None
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # (a ComplexWarning, an overflow: CuPy decides)
         try:
-            cast = np.asarray(value).astype(dtype)
+            cast = source.astype(dtype)
             if dtype.kind in "biu" and cast != value:
                 return None
         except (TypeError, ValueError, ArithmeticError, Warning):
