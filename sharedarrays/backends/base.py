@@ -1,6 +1,7 @@
 """The Backend protocols (a backend makes and imports *chunks*: mapping backends map them into
 reservations, pointer backends give one per allocation; optional methods: ``native_memory``,
-``native_view``, ``native_intact``, ``admit(chunk, pid)``), and what the backends share."""
+``native_view``, ``native_intact``, ``admit(chunk, pid)``, ``fill(native, value)``), and what
+the backends share."""
 
 from __future__ import annotations
 
