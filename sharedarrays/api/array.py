@@ -190,8 +190,11 @@ class SharedDeviceArray(ShapeViews):
         """A shared view laid out as ``view``, a view of ``layout`` (from :meth:`_layout`)."""
         delta = view.__array_interface__["data"][0] - layout.__array_interface__["data"][0]
         shape, strides = tuple(view.shape), tuple(view.strides)
+        # (the probe's dtype is made from a type string: the same one is this view's, with
+        # what a type string cannot say, such as metadata)
+        dtype = self._dtype if view.dtype == self._dtype else view.dtype
         derived = SharedDeviceArray(
-            self.allocation, view.dtype, shape, strides, self._offset + delta, self._readonly
+            self.allocation, dtype, shape, strides, self._offset + delta, self._readonly
         )
         derived._base = self if self._base is None else self._base
         return derived

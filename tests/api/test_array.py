@@ -50,6 +50,15 @@ def test_views_write_through_with_offsets_and_negative_strides() -> None:
     np.testing.assert_array_equal(w.get(), ref[1:4, ::-3][::-1, None, 1])
 
 
+def test_derived_views_keep_the_dtype_with_what_a_type_string_cannot_say() -> None:
+    dt = np.dtype("float32", metadata={"unit": "m"})
+    with sa.zeros((4, 3), dt, device="cpu") as a:
+        for derived in (a[1:], a.T, a.reshape(12), a.ravel(), a.view(), a.real):
+            assert derived.dtype.metadata == {"unit": "m"}
+        assert a.view("int32").dtype == np.dtype("int32")  # (a new dtype: NumPy's)
+        assert sa.zeros(4, ">f4", device="cpu")[1:].dtype == np.dtype(">f4")
+
+
 def test_an_element_index_gives_numpys_scalar_and_with_ellipsis_a_0d_view() -> None:
     # (a 0-d view followed later writes: a[0], a[1] = a[1], a[0] left [2, 2, ...], and
     # random.shuffle(a) duplicated values, where NumPy's scalars are copies)
