@@ -95,6 +95,10 @@ def _forms(op: _Op, iop: _Op | None = None) -> tuple[_Method, ...]:
     return binary, reflected, inplace
 
 
+def _unary(op: Callable[[Any], Any]) -> Callable[[ArrayBase], Any]:
+    return lambda self: op(self.array)
+
+
 # NumPy functions that write their first argument (checked here: CuPy has no read-only flag)
 _WRITES_FIRST: frozenset[Callable[..., Any]] = frozenset(
     {np.copyto, np.place, np.put, np.putmask, np.fill_diagonal, np.put_along_axis}
@@ -226,11 +230,12 @@ class ArrayBase:
     __xor__, __rxor__, __ixor__ = _forms(operator.xor, operator.ixor)
     __lshift__, __rlshift__, __ilshift__ = _forms(operator.lshift, operator.ilshift)
     __rshift__, __rrshift__, __irshift__ = _forms(operator.rshift, operator.irshift)
-    # (bool ... complex: size 1 only, NumPy's errors otherwise)
-    __neg__, __pos__, __invert__, __abs__, __bool__, __float__, __int__, __complex__ = (
-        lambda self, op=op: op(self.array)
-        for op in (operator.neg, operator.pos, operator.invert, abs, bool, float, int, complex)
-    )
+    __neg__ = _unary(operator.neg)
+    __pos__ = _unary(operator.pos)
+    __invert__ = _unary(operator.invert)
+    __abs__ = _unary(abs)
+    # scalars (size 1 only, NumPy's errors otherwise)
+    __bool__, __float__, __int__, __complex__ = map(_unary, (bool, float, int, complex))
 
     def __round__(self, ndigits: int | None = None) -> Any:
         native = self.array
