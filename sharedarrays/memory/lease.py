@@ -7,7 +7,6 @@ import os
 import sys
 import time
 import warnings
-from collections import Counter
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -159,8 +158,10 @@ class Leasing(AllocationRecords):
 
     def _unlease(self, end: int) -> None:
         with self._lock:
-            if self.growable:
-                self._ends -= Counter((end,))
+            if self.growable:  # (in place: ``-= Counter(...)`` would copy every end)
+                self._ends[end] -= 1
+                if not self._ends[end]:
+                    del self._ends[end]
             self._leases -= 1
             if self._view_leases() or self.released:  # (idle: none but the native base's)
                 return
