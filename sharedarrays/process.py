@@ -12,7 +12,7 @@ import threading
 import traceback
 from collections.abc import Callable
 from multiprocessing import util
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from sharedarrays import sections
 
@@ -30,6 +30,18 @@ def running(pid: int) -> bool:
     except PermissionError:
         pass
     return True
+
+
+def start_thread(target: Callable[..., object], name: str, *args: Any) -> threading.Thread | None:
+    """A daemon thread running ``target(*args)``, started; ``None`` where none can start."""
+    if sys.is_finalizing():  # (it would hang)
+        return None
+    thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+    try:
+        thread.start()
+    except RuntimeError:  # (3.12 starts no thread at shutdown; or no thread is left)
+        return None
+    return thread
 
 
 def _proc(pid: int, name: str, size: int = -1) -> bytes | None:

@@ -8,15 +8,12 @@ import errno
 import os
 import select
 import socket
-import sys
-import threading
 import time
-from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any, cast
 
 from sharedarrays.errors import HandleUnavailable, PayloadError, PermissionDenied, SharedArrayError
-from sharedarrays.process import STATE, at_exit
+from sharedarrays.process import STATE, at_exit, start_thread
 from sharedarrays.protocol.handles import REPLY_SIZE, Growth, Handles, Kind, Reply, Request, Status
 from sharedarrays.protocol.unix import (
     BACKOFF,
@@ -355,15 +352,3 @@ def start_notifier() -> None:
     notices = STATE.notices
     if notices.thread is None or not notices.thread.is_alive():
         notices.thread = start_thread(_send_notices, "sharedarrays-notices", notices)
-
-
-def start_thread(target: Callable[..., object], name: str, *args: Any) -> threading.Thread | None:
-    """A daemon thread running ``target(*args)``, started; ``None`` where none can start."""
-    if sys.is_finalizing():  # (it would hang)
-        return None
-    thread = threading.Thread(target=target, args=args, name=name, daemon=True)
-    try:
-        thread.start()
-    except RuntimeError:  # (3.12 starts no thread at shutdown; or no thread is left)
-        return None
-    return thread

@@ -26,10 +26,9 @@ from sharedarrays.errors import (
     PermissionDenied,
 )
 from sharedarrays.memory import allocation, registry
-from sharedarrays.process import STATE, at_exit
+from sharedarrays.process import STATE, at_exit, start_thread
 from sharedarrays.protocol import keeper as wire
 from sharedarrays.protocol import unix
-from sharedarrays.transport.client import start_thread
 
 TIMEOUT = 10.0  # seconds to wait for the keeper to start or answer, per call and per exit
 RETRY = 1.0  # seconds to wait for a keeper that was late before, until it answers again

@@ -21,7 +21,7 @@ from pathlib import Path
 from sharedarrays.errors import PayloadError, thread_error
 from sharedarrays.memory import allocation, registry
 from sharedarrays.memory.cache import block_id
-from sharedarrays.process import STATE, command_line, running
+from sharedarrays.process import STATE, command_line, running, start_thread
 from sharedarrays.protocol.handles import (
     COUNTED_SIZE,
     MAX_REQUEST,
@@ -42,7 +42,6 @@ from sharedarrays.protocol.unix import (
     send_fds,
     socket_pid,
 )
-from sharedarrays.transport.client import start_thread
 
 MAX_CONNECTIONS = 256  # importer connections kept open at most (the longest idle closed)
 HOUSEKEEPING = 5.0  # seconds between checks for parked mappings whose source process died
