@@ -63,11 +63,23 @@ for which in "AB":
         for name, r in data.get("many", {}).get("methods", {}).items():
             key = f"many {name}, arrays/s"
             rows.setdefault(key, {"A": [], "B": []})[which].append(r["arrays_per_s"])
+        extra = {
+            "many memory / payload bytes": data.get("many", {}).get("memory_ratio"),
+            "bandwidth shared, GB/s": data.get("bandwidth", {}).get("shared_GBps"),
+            "bandwidth shared / plain": data.get("bandwidth", {}).get("ratio"),
+        }
+        for key, value in extra.items():
+            if isinstance(value, (int, float)):
+                rows.setdefault(key, {"A": [], "B": []})[which].append(value)
+def f(v: float) -> str:
+    return f"{v:.1f}" if abs(v) >= 100 else f"{v:.3f}"
+
+
 print(f"\n{'figure':<44}{'A (median of passes)':>22}{'B':>12}{'B - A':>10}")
 for key, got in rows.items():
     if got["A"] and got["B"]:
         ma, mb = statistics.median(got["A"]), statistics.median(got["B"])
-        print(f"{key:<44}{ma:>22.1f}{mb:>12.1f}{mb - ma:>+10.1f}")
-        print(f"{'':<8}A: {', '.join(f'{v:.1f}' for v in got['A'])}")
-        print(f"{'':<8}B: {', '.join(f'{v:.1f}' for v in got['B'])}")
+        print(f"{key:<44}{f(ma):>22}{f(mb):>12}{f(mb - ma):>10}")
+        print(f"{'':<8}A: {', '.join(map(f, got['A']))}")
+        print(f"{'':<8}B: {', '.join(map(f, got['B']))}")
 PY
