@@ -199,6 +199,8 @@ class ReceivedPart:
                 or (not self._stale and self._lease_thread == threading.get_ident())
             )
         ):
+            if self._stale and alloc.pool_server is not None:  # a block's load: leased
+                alloc.flight.note_block_lease()
             self._stale = False
         else:
             try:

@@ -312,7 +312,8 @@ def test_arrays_returned_to_their_exporter_are_not_left_in_flight(
     private_keeper: Path,  # noqa: F811
 ) -> None:
     """A worker that returns the parent's array (``return a``) counts that payload in
-    flight; the parent's release notice says it came back, so the worker's release hands
+    flight; the parent says it came back (asking the worker for ``DONE``), so the memory goes
+    to the parent's cache at once, and when the cache is emptied the worker's release hands
     nothing to the keeper. (One task: the parent's own payload is fetched, so it keeps
     nothing in flight either, and no keeper starts at all.)"""
     import workers
@@ -324,7 +325,11 @@ def test_arrays_returned_to_their_exporter_are_not_left_in_flight(
         assert int(back.get()[0]) == 1 and back.allocation is a.allocation
         del a, back
         gc.collect()
-        deadline = time.monotonic() + 60  # the worker drops it when told of the release
+        deadline = time.monotonic() + 60  # (not the in-flight bound: told at once)
+        while draining_allocations() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not draining_allocations() and empty_cache() > 0
+        # the worker drops it when told the memory was freed
         while alloc_id in pool.apply(workers.mapped_ids) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert alloc_id not in pool.apply(workers.mapped_ids)

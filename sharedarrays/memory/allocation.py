@@ -269,9 +269,15 @@ class Allocation(Leasing, Growth):
                 if not drain and not cached:
                     self._free()
             # (servers that say DONE unasked are not asked: a message less per result, 49-108
-            # us less per 1 MiB result on the host, benchmarks/ab_trees.py --case results)
+            # us less per 1 MiB result on the host, benchmarks/ab_trees.py --case results;
+            # unless payloads of theirs came back here, which they count in flight till told)
             if cacheable and drain:
-                unasked = [s for s in self.served_servers() if s not in self.flight.reporting]
+                flight = self.flight
+                unasked = [
+                    s
+                    for s in self.served_servers()
+                    if s not in flight.reporting or flight.returned(s)
+                ]
                 for hook in STATE.memory.ask_hooks if unasked else ():
                     hook(self, unasked)
         finally:

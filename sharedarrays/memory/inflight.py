@@ -105,7 +105,8 @@ class InFlight:
     def take_block_loads(self) -> int:
         """(An importer of a block) the loads to report ``DONE`` now (0 while not yet)."""
         with self._lock:
-            if self._unleased or self._sent or self.servers:
+            in_flight = _within_bound(self._sent - self._fetched, self._sent_at)[0]
+            if self._unleased or in_flight or self.servers:
                 return 0
             loads, self._loads = self._loads, 0
             return loads
@@ -122,6 +123,11 @@ class InFlight:
         """How many payloads from the process of handle server ``server`` were loaded here."""
         with self._lock:
             return self._returned.get(server, 0)
+
+    def take_returned(self, server: str) -> int:
+        """:meth:`returned`, counted from zero again (told once: not told twice)."""
+        with self._lock:
+            return self._returned.pop(server, 0)
 
     def in_flight(self) -> tuple[int, float]:
         """Payloads that may still be loaded and seconds left of their bound, or ``(0, 0.0)``."""

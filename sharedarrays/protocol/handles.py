@@ -41,11 +41,12 @@ class Kind(enum.Enum):
     SNAPSHOT = b"SAS1"  # what do you hold? (Snapshot; id and secret zeros, not read)
     DROP = b"SAD1"  # drop your parked mapping of it (secret not read: costs an import)
     DONE = b"SAU1"  # importer: my last view of your block closed, after count loads
-    ASK = b"SAQ1"  # exporter: say DONE when your last view of this block goes
+    ASK = b"SAQ2"  # exporter: say DONE when your last view of this block goes (count of
+    # your payloads that came back here, loaded: no longer in flight there)
 
     @property
     def counted(self) -> bool:
-        return self in (Kind.GROW, Kind.RELEASED, Kind.LOADED, Kind.DONE)
+        return self in (Kind.GROW, Kind.RELEASED, Kind.LOADED, Kind.DONE, Kind.ASK)
 
 
 class Status(enum.IntEnum):

@@ -90,10 +90,14 @@ def _notify_done(alloc: allocation.Allocation, loads: int) -> None:
 
 
 def _ask_done(alloc: allocation.Allocation, servers: list[str]) -> None:
-    """Ask ``servers`` to say ``DONE`` when their last view of the released block ``alloc`` goes."""
+    """Ask ``servers`` to say ``DONE`` when their last view of the released block ``alloc`` goes
+    (and tell each how many of its payloads came back here: not in flight there any more)."""
     block = alloc.block
-    if block is not None and servers:
-        client.queue_notice(servers, Kind.ASK, block_id(block), block)
+    if block is None:
+        return
+    for server in servers:
+        count = min(alloc.flight.take_returned(server), 1 << 31)
+        client.queue_notice([server], Kind.ASK, block_id(block), block, count=count)
 
 
 STATE.memory.release_hooks.append(_notify_on_release)

@@ -220,6 +220,7 @@ class HandleServer:
             if alloc is None:
                 remember(memory.asked, request.secret, None, _ASKED_LIMIT)
         if alloc is not None and request.alloc_id == block_id(request.secret):
+            alloc.flight.note_loaded(request.count)  # its payloads that came back to us
             _off_thread(alloc.ask_done)
 
     def _fetch(self, conn: socket.socket, peer: Credentials, request: Request) -> None:

@@ -107,6 +107,25 @@ def test_memory_a_parent_still_holds_is_never_reused() -> None:
         assert sum(pool.apply(workers.cache_counts)[0] for _ in range(8)) > 0
 
 
+@pytest.mark.timeout(180)
+def test_views_returned_by_workers_let_the_argument_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers return views of the parent's array (pickled by them: in flight there until
+    told they came back). Once the parent lets go of the array and the views, its memory
+    goes to the cache at once, not after the in-flight bound (300 s here)."""
+    monkeypatch.setenv("SHAREDARRAYS_IN_FLIGHT", "300")
+    with mp.get_context("spawn").Pool(2) as pool:
+        for rnd in range(4):
+            a = sa.full(N, float(rnd), device="cpu")
+            alloc_id = a.allocation.id
+            views = pool.map(workers.echo, [a] * 4)
+            assert [float(v.get()[-1]) for v in views] == [rnd] * 4
+            del a, views
+            deadline = time.monotonic() + 60
+            while alloc_id in STATE.memory.draining and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert alloc_id not in STATE.memory.draining, f"round {rnd}: held till the bound"
+
+
 @pytest.mark.timeout(120)
 def test_a_worker_exiting_with_results_in_flight_still_delivers_them() -> None:
     """maxtasksperchild=1: each worker exits right after returning its array, before the
