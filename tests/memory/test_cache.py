@@ -126,6 +126,22 @@ def test_views_returned_by_workers_let_the_argument_go(monkeypatch: pytest.Monke
             assert alloc_id not in STATE.memory.draining, f"round {rnd}: held till the bound"
 
 
+@pytest.mark.timeout(180)
+def test_a_worker_that_keeps_the_argument_keeps_its_memory_from_reuse() -> None:
+    """The views a worker returned came back, but it holds the array itself: once the
+    parent lets go, the memory is not reused for the parent's next arrays meanwhile."""
+    with mp.get_context("spawn").Pool(1) as pool:
+        a = sa.full(N, 5.0, device="cpu")
+        views = pool.map(workers.hold_and_view, [a] * 3)
+        del a, views
+        fresh = []
+        for _ in range(20):  # (each would take the memory, were it let go)
+            fresh.append(sa.full(N, 9.0, device="cpu"))
+            time.sleep(0.05)
+        assert pool.apply(workers.held_values) == [5.0] * 6
+        assert pool.apply(workers.release_held) == 3
+
+
 @pytest.mark.timeout(120)
 def test_a_worker_exiting_with_results_in_flight_still_delivers_them() -> None:
     """maxtasksperchild=1: each worker exits right after returning its array, before the
