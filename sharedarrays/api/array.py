@@ -21,7 +21,7 @@ import numpy as np
 from sharedarrays import importing
 from sharedarrays._cpython import caller_frame, mark_no_spawn_in_thread, spawning_process
 from sharedarrays.api import keeping, othernode, views
-from sharedarrays.api.arraybase import _READONLY, ArrayBase, assignable, check_key, native_key
+from sharedarrays.api.arraybase import ArrayBase, assignable, check_key, native_key
 from sharedarrays.api.shapeviews import ShapeViews
 from sharedarrays.backends import NativeView, get_backend
 from sharedarrays.backends.device import Device, DeviceLike, parse_device
@@ -201,9 +201,7 @@ class SharedDeviceArray(ShapeViews):
 
     def __setitem__(self, key: object, value: object) -> None:
         """Write through to shared memory, with any index the native array takes."""
-        if self._readonly:
-            raise ValueError(_READONLY)
-        native = self.array
+        native = self._writable_native()
         if not isinstance(value, type(native)) and (
             isinstance(value, (np.ndarray, SharedDeviceArray))
             or hasattr(value, "__cuda_array_interface__")

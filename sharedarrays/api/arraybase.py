@@ -49,10 +49,8 @@ def _native(obj: Any) -> Any:
 
 def _native_nested(obj: Any) -> Any:
     """:func:`_native` through lists, tuples and dicts (``np.concatenate([a, b])``)."""
-    if type(obj) is list:
-        return [_native_nested(x) for x in obj]
-    if type(obj) is tuple:
-        return tuple(_native_nested(x) for x in obj)
+    if type(obj) in (list, tuple):
+        return type(obj)(_native_nested(x) for x in obj)
     if type(obj) is dict:
         return {k: _native_nested(v) for k, v in obj.items()}
     return _native(obj)

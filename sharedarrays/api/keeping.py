@@ -25,8 +25,7 @@ NAMESPACE_VARIABLE = "SHAREDARRAYS_NAMESPACE"
 """The setting that names this process's namespace (``/``: the global one)."""
 PROJECT_MARKERS = (".git", "pyproject.toml")
 """What makes a directory a project's root, for the default namespace."""
-MAX_NAMESPACE = keeper_protocol.MAX_NAMESPACE
-_SETTING = re.compile(rf"/|[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_NAMESPACE - 1}}}")
+_SETTING = re.compile(rf"/|[A-Za-z0-9][A-Za-z0-9._-]{{0,{keeper_protocol.MAX_NAMESPACE - 1}}}")
 
 
 def namespace() -> str | None:
@@ -37,7 +36,7 @@ def namespace() -> str | None:
     setting = env_word(
         NAMESPACE_VARIABLE,
         _SETTING,
-        f"a namespace (1 to {MAX_NAMESPACE} characters from A-Z a-z 0-9 . _ -, "
+        f"a namespace (1 to {keeper_protocol.MAX_NAMESPACE} characters from A-Z a-z 0-9 . _ -, "
         "starting with a letter or digit) or / (the global namespace)",
     )
     if setting is not None:

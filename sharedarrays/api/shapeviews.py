@@ -195,8 +195,7 @@ class ShapeViews(ArrayBase):
     def setfield(self, val: Any, dtype: Any, offset: int = 0) -> None:
         """Like :meth:`numpy.ndarray.setfield`, in shared memory."""
         self._writable_native()
-        field: Any = self.getfield(dtype, offset)
-        field[...] = val
+        cast(Any, self.getfield(dtype, offset))[...] = val
 
     @property
     def data(self) -> Any:
