@@ -62,11 +62,9 @@ def _apply(
     """``func`` on the native arrays; shared ``out=`` arrays (unless ``native_out``) returned."""
     out = kwargs.get("out")
     outs = out if isinstance(out, tuple) else () if out is None else (out,)
-    for o in outs:  # (refused as NumPy refuses, where read-only or closed)
-        if isinstance(o, ArrayBase):
-            o._writable_native()
+    # the shared outs by their native arrays (refused as NumPy refuses: read-only or closed)
+    shared = {id(o._writable_native()): o for o in outs if isinstance(o, ArrayBase)}
     result = func(*_native_nested(args), **_native_nested(kwargs))
-    shared = {id(o.array): o for o in outs if isinstance(o, ArrayBase)}
     if native_out or not shared:
         return result
     if isinstance(result, tuple):
