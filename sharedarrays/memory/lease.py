@@ -170,8 +170,7 @@ class Leasing(AllocationRecords):
         with self._lock:
             if self._view_leases() or self.released:
                 return
-            park = not self._release_when_idle
-            park = park and not self.origin.created_here and not self._orphaned
+            park = not (self._release_when_idle or self.origin.created_here or self._orphaned)
         # drop a mapping whose source exited (getppid: cheap check for a Pool's parent)
         pid = self.origin.pid
         limit = keep_imports() if park and (pid == os.getppid() or running(pid)) else 0
