@@ -6,7 +6,6 @@ from __future__ import annotations
 from sharedarrays.memory.allocation import Allocation as Allocation
 from sharedarrays.memory.cache import empty_cache as empty_cache
 from sharedarrays.memory.growth import DEFAULT_CHUNK_BYTES as DEFAULT_CHUNK_BYTES
-from sharedarrays.memory.growth import MAX_CHUNKS as MAX_CHUNKS
 from sharedarrays.memory.growth import chunk_sizes as chunk_sizes
 from sharedarrays.memory.growth import growth_sizes as growth_sizes
 from sharedarrays.memory.inflight import Served as Served
