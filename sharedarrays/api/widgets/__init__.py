@@ -7,24 +7,13 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from sharedarrays.api.widgets.model import (
-    ChunkBar,
-    Gap,
-    ReservationMap,
-    ServedInfo,
-    TableRow,
-    ViewBracket,
-    build_map,
-    build_maps,
-    table_rows,
-    views_of,
-)
+from sharedarrays.api.widgets import view
+from sharedarrays.api.widgets.model import build_map, build_maps, table_rows, views_of
 from sharedarrays.api.widgets.render import render_html, render_png, render_text
-from sharedarrays.api.widgets.view import MemoryMap, NodeView, live_or_static
+from sharedarrays.api.widgets.view import MemoryMap, NodeView
 
-__all__ = ["show", "MemoryMap", "NodeView", "live_or_static", "ReservationMap", "ChunkBar", "Gap"]
-__all__ += ["ViewBracket", "ServedInfo", "TableRow", "build_map", "build_maps", "table_rows"]
-__all__ += ["views_of", "render_html", "render_png", "render_text"]
+__all__ = ["show", "MemoryMap", "NodeView", "build_map", "build_maps", "table_rows", "views_of"]
+__all__ += ["render_html", "render_png", "render_text"]
 
 
 def show(
@@ -55,4 +44,5 @@ def show(
     if scope == "node" and target is not None:
         raise ValueError("show(scope='node') shows every allocation: give no target")
     cls = NodeView if scope == "node" else partial(MemoryMap, target)
-    return live_or_static(cls(interval=interval, auto_refresh=auto_refresh))
+    shown = cls(interval=interval, auto_refresh=auto_refresh)
+    return shown.widget if view.in_kernel() else shown

@@ -16,7 +16,6 @@ from sharedarrays.process import STATE, running
 from sharedarrays.protocol.payload import view_extent
 
 Span = tuple[int, int]
-ServedInfo = Served  # one time this process served the allocation's handles: pid, time
 MIN_INTERVAL, MAX_INTERVAL = 0.2, 3600.0  # the auto-refresh interval's bounds (s)
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"  # a live widget's display data
 
@@ -75,7 +74,7 @@ class ReservationMap:
     created_here: bool
     origin_pid: int
     origin_time: float
-    served: tuple[ServedInfo, ...]
+    served: tuple[Served, ...]
     mapped: int
     lifetime: str
     holders: tuple[int, ...]

@@ -47,11 +47,6 @@ def in_kernel() -> bool:
     return kernel_shell() is not None and widgets_available()
 
 
-def live_or_static(shown: Any) -> Any:
-    """The map's live widget where :func:`in_kernel`, else the map."""
-    return shown.widget if in_kernel() else shown
-
-
 def current_cell() -> str | None:
     """The id of the cell the kernel runs now (JupyterLab's and Notebook 7's ``cellId``)."""
     try:
