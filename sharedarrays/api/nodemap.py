@@ -26,7 +26,7 @@ from sharedarrays.transport import node as transport_node
 
 __all__ = ["LEFT_ALONE", "MAX_TIMEOUT", "STATES", "Holder", "NodeAllocation", "NodeProcess"]
 __all__ += ["DeviceSummary", "NodeMap", "node_map", "find", "free"]
-__all__ += ["ProcessGpuMemory", "available", "driver_usage", "cross_check", "render_text"]
+__all__ += ["ProcessGpuMemory", "available", "cross_check", "render_text"]
 
 STATES = ("live", "draining", "cached", "named", "parked", "orphaned")
 """An allocation's states, strongest first: a view uses it; exporter-owned memory its exporter
@@ -378,30 +378,24 @@ def available() -> str | None:
     return None
 
 
-def driver_usage() -> dict[tuple[int, str], int | None]:
-    """The bytes the driver reports per (pid, ``"cuda:N"``); empty where NVML cannot be asked."""
+def cross_check(node: NodeMap) -> list[ProcessGpuMemory]:
+    """Driver bytes against sharedarrays' per process and GPU (empty without NVML)."""
     try:
         import pynvml as nv
 
         nv.nvmlInit()
     except Exception:
-        return {}
-    usage: dict[tuple[int, str], int | None] = {}
+        return []
+    driver: dict[tuple[int, str], int | None] = {}  # (pid, "cuda:N"): bytes, None unknown
     try:
         for index in range(nv.nvmlDeviceGetCount()):
             handle = nv.nvmlDeviceGetHandleByIndex(index)
             for proc in nv.nvmlDeviceGetComputeRunningProcesses(handle):
                 used = proc.usedGpuMemory
                 ok = isinstance(used, int) and used >= 0
-                usage[(int(proc.pid), f"cuda:{index}")] = int(used) if ok else None
+                driver[(int(proc.pid), f"cuda:{index}")] = int(used) if ok else None
     finally:
         nv.nvmlShutdown()
-    return usage
-
-
-def cross_check(node: NodeMap) -> list[ProcessGpuMemory]:
-    """Driver bytes against sharedarrays' per process and GPU (empty without NVML)."""
-    driver = driver_usage()
     if not driver:
         return []
     mine: dict[tuple[int, str], int] = {}
