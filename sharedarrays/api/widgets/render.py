@@ -62,10 +62,6 @@ def _levels(m: ReservationMap) -> int:  # (the rows of view brackets above its b
     return max((v.level for v in m.views), default=-1) + 1
 
 
-def _more(total: int) -> str:  # (under a picture or table of MAX_DRAWN of total)
-    return f"… {plural(total - MAX_DRAWN, 'more allocation')} not shown (of {total})"
-
-
 def render_text(maps: Sequence[ReservationMap]) -> str:
     """A plain-text summary: one line per allocation."""
     if not maps:
@@ -191,12 +187,15 @@ def render_html(maps: Sequence[ReservationMap], title: str = "shared memory map"
     )
     if not maps:
         return f"{_CSS}<div {attrs}><h4>{_e(title)}</h4><p>{_EMPTY}</p></div>"
-    more = f'<p class="sa-more">{_e(_more(len(maps)))}</p>' if len(maps) > len(shown) else ""
+    left_out = _e(
+        f"… {plural(len(maps) - MAX_DRAWN, 'more allocation')} not shown (of {len(maps)})"
+    )
+    more = f'<p class="sa-more">{left_out}</p>' if len(maps) > len(shown) else ""
     pen = _Svg()
     for m in shown:
         _draw(m, pen)
     if more:
-        pen.out.append(f'<text x="{_PAD}" y="{pen.y + 12}">{_e(_more(len(maps)))}</text>')
+        pen.out.append(f'<text x="{_PAD}" y="{pen.y + 12}">{left_out}</text>')
         pen.y += 18
     svg = (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{pen.y}" '
