@@ -125,15 +125,11 @@ class RecordLock(NamedTuple):
     table: PoolTable
     byte: int
 
-    def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
-        """Take the lock (``timeout`` is ignored); a closed table's is taken at once."""
+    def acquire(self) -> bool:
+        """Take the lock, waiting; a closed table's is taken at once."""
         fd = self.table.fd
-        if fd < 0:  # (the standard library's pool takes its task lock as it ends, at last)
-            return True
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX if block else fcntl.LOCK_EX | fcntl.LOCK_NB, 1, self.byte)
-        except (BlockingIOError, PermissionError):
-            return False
+        if fd >= 0:  # (closed: the standard library's pool takes its task lock as it ends)
+            fcntl.lockf(fd, fcntl.LOCK_EX, 1, self.byte)
         return True
 
     def release(self) -> None:
