@@ -150,13 +150,10 @@ def node_map(timeout: float = transport_node.ASK_TIMEOUT) -> NodeMap:
         command = command_line(kept.pid)
         processes.append(NodeProcess(kept.pid, command, kept.status, len(kept.arrays), size))
     commands = {pid: snap.command for pid, snap in reports}
-    rows = sorted(
-        (
-            _join(i, held.get(i, []), docs.get(i), kept.pid or 0, commands, now)
-            for i in {*held, *docs}
-        ),
-        key=lambda r: (-r.size, r.alloc_id),
-    )
+    rows = [
+        _join(i, held.get(i, []), docs.get(i), kept.pid or 0, commands, now) for i in {*held, *docs}
+    ]
+    rows.sort(key=lambda r: (-r.size, r.alloc_id))
     totals: dict[str, list[int]] = {}
     for r in rows:
         t = totals.setdefault(r.device, [0, 0, 0])
