@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple, Protocol, 
 import numpy as np
 
 from sharedarrays.backends.device import Device
-from sharedarrays.errors import BackendUnavailable, PayloadError, fd_limit_error
+from sharedarrays.errors import BackendUnavailable, fd_limit_error
 from sharedarrays.process import STATE
 
 Access = Literal["rw", "r", "none"]
@@ -260,18 +260,11 @@ class DeviceBase:
                 "the 'spawn' or 'forkserver' start method"
             )
 
-    def _check_size(self, size: int, what: str) -> None:
+    def _check_size(self, size: int, what: str, error: type[Exception] = ValueError) -> None:
         if size <= 0 or size % self.granularity:
-            raise ValueError(
-                f"{what} must be a positive multiple of the granularity "
+            raise error(
+                f"{what} must be a positive multiple of {self.device}'s granularity "
                 f"({self.granularity} bytes), got {size}"
-            )
-
-    def _check_import_size(self, size: int) -> None:
-        if size <= 0 or size % self.granularity:
-            raise PayloadError(
-                f"chunk size {size} is not a positive multiple of {self.device}'s "
-                f"granularity ({self.granularity} bytes)"
             )
 
     def check_memory(self, nbytes: int) -> None:

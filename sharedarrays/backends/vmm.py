@@ -65,7 +65,7 @@ class VmmBackend(DeviceBase):
         for no exported allocation or another device's (a too-large size fails in :meth:`map`)."""
         calls = self._calls
         try:
-            self._check_import_size(size)
+            self._check_size(size, "the payload's chunk size", PayloadError)
             args, what = (fd, calls.fd_type), f"({calls.fd_name})"
             with self.context():
                 try:

@@ -9,6 +9,7 @@ import ctypes.util
 import importlib
 import os
 import types
+from ctypes import POINTER, c_char_p, c_int, c_int32, c_size_t, c_uint32, c_uint64, c_void_p
 from typing import Any
 
 from sharedarrays.backends.base import cached_reason
@@ -47,48 +48,37 @@ ACL_MEMCPY_DEVICE_TO_HOST = 2
 
 
 class MemLocation(ctypes.Structure):  # aclrtMemLocation
-    _fields_ = [("id", ctypes.c_uint32), ("type", ctypes.c_int)]
+    _fields_ = [("id", c_uint32), ("type", c_int)]
 
 
 class PhysicalMemProp(ctypes.Structure):  # aclrtPhysicalMemProp
     _fields_ = [
-        ("handleType", ctypes.c_int),
-        ("allocationType", ctypes.c_int),
-        ("memAttr", ctypes.c_int),
+        ("handleType", c_int),
+        ("allocationType", c_int),
+        ("memAttr", c_int),
         ("location", MemLocation),
-        ("reserve", ctypes.c_uint64),
+        ("reserve", c_uint64),
     ]
 
 
-_P = ctypes.POINTER
 _SIGNATURES = types.MappingProxyType({
-    "aclInit": (ctypes.c_char_p,),
-    "aclrtSetDevice": (ctypes.c_int32,),
-    "aclrtGetDevice": (_P(ctypes.c_int32),),
-    "aclrtGetDeviceCount": (_P(ctypes.c_uint32),),
+    "aclInit": (c_char_p,),
+    "aclrtSetDevice": (c_int32,),
+    "aclrtGetDevice": (POINTER(c_int32),),
+    "aclrtGetDeviceCount": (POINTER(c_uint32),),
     "aclrtSynchronizeDevice": (),
-    "aclrtGetMemInfo": (ctypes.c_int, _P(ctypes.c_size_t), _P(ctypes.c_size_t)),
-    "aclrtMemGetAllocationGranularity": (_P(PhysicalMemProp), ctypes.c_int, _P(ctypes.c_size_t)),
-    "aclrtMallocPhysical": (
-        _P(ctypes.c_void_p), ctypes.c_size_t, _P(PhysicalMemProp), ctypes.c_uint64
-    ),
-    "aclrtFreePhysical": (ctypes.c_void_p,),
-    "aclrtReserveMemAddress": (
-        _P(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_uint64
-    ),
-    "aclrtReleaseMemAddress": (ctypes.c_void_p,),
-    "aclrtMapMem": (
-        ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_uint64
-    ),
-    "aclrtUnmapMem": (ctypes.c_void_p,),
-    "aclrtMemExportToShareableHandle": (
-        ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64, _P(ctypes.c_uint64)
-    ),
-    "aclrtMemSetPidToShareableHandle": (ctypes.c_uint64, _P(ctypes.c_int32), ctypes.c_size_t),
-    "aclrtMemImportFromShareableHandle": (ctypes.c_uint64, ctypes.c_int32, _P(ctypes.c_void_p)),
-    "aclrtMemcpy": (
-        ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
-    ),
+    "aclrtGetMemInfo": (c_int, POINTER(c_size_t), POINTER(c_size_t)),
+    "aclrtMemGetAllocationGranularity": (POINTER(PhysicalMemProp), c_int, POINTER(c_size_t)),
+    "aclrtMallocPhysical": (POINTER(c_void_p), c_size_t, POINTER(PhysicalMemProp), c_uint64),
+    "aclrtFreePhysical": (c_void_p,),
+    "aclrtReserveMemAddress": (POINTER(c_void_p), c_size_t, c_size_t, c_void_p, c_uint64),
+    "aclrtReleaseMemAddress": (c_void_p,),
+    "aclrtMapMem": (c_void_p, c_size_t, c_size_t, c_void_p, c_uint64),
+    "aclrtUnmapMem": (c_void_p,),
+    "aclrtMemExportToShareableHandle": (c_void_p, c_int, c_uint64, POINTER(c_uint64)),
+    "aclrtMemSetPidToShareableHandle": (c_uint64, POINTER(c_int32), c_size_t),
+    "aclrtMemImportFromShareableHandle": (c_uint64, c_int32, POINTER(c_void_p)),
+    "aclrtMemcpy": (c_void_p, c_size_t, c_void_p, c_size_t, c_int),
 })  # fmt: skip
 """The C signature of every call the backend makes (all return ``aclError``)."""
 
@@ -127,7 +117,7 @@ def load_acl() -> Any:
             acl = importlib.import_module(name) if name else ctypes.CDLL(LIBRARY)
             for call, argtypes in _SIGNATURES.items() if not name else ():
                 getattr(acl, call).argtypes = argtypes  # the library's C signatures
-                getattr(acl, call).restype = ctypes.c_int
+                getattr(acl, call).restype = c_int
             code = int(acl.aclInit(None))
             if code != ACL_ERROR_REPEAT_INITIALIZE:
                 check(code, "aclInit")
@@ -150,7 +140,7 @@ def _reason(index: int) -> str | None:
         return f"no Ascend NPU: libascendcl not found ({exc})"
     except AclError as exc:
         return str(exc)
-    count = ctypes.c_uint32(0)
+    count = c_uint32(0)
     try:
         check(acl.aclrtGetDeviceCount(ctypes.pointer(count)), "aclrtGetDeviceCount")
     except AclError as exc:

@@ -11,7 +11,7 @@ import struct
 import threading
 import warnings
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 
@@ -51,8 +51,7 @@ def torch_npu_from_dlpack() -> Callable[[Any], Any] | None:
         dlpack = importlib.import_module("torch.utils.dlpack")
     except ImportError:
         return None
-    consume: Callable[[Any], Any] = dlpack.from_dlpack
-    return consume
+    return cast("Callable[[Any], Any]", dlpack.from_dlpack)
 
 
 def _torch_layout(dtype: np.dtype[Any], strides: tuple[int, ...]) -> bool:
@@ -168,7 +167,7 @@ class AscendBackend(DeviceBase):
             os.close(fd)  # CANN sends no fds
         if len(export) != EXPORT_BYTES:
             raise PayloadError(f"an ascend handle is {EXPORT_BYTES} bytes, not {len(export)}")
-        self._check_import_size(size)
+        self._check_size(size, "the payload's chunk size", PayloadError)
         (shareable,) = struct.unpack("<Q", export)
         self._on_device()
         try:
