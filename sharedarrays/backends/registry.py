@@ -204,8 +204,7 @@ def list_backends(device: str | int | Device | None = None) -> dict[str, str | N
         dev = parse_name(device)
         if not dev.needs_context:
             raise ValueError(f"list_backends(device=...) takes an accelerator device, not {dev}")
-    out: dict[str, str | None] = {}
-    for reg in registrations():
-        index = dev.index if dev is not None and reg.kind == dev.kind else 0
-        out[reg.name] = reg.why_unusable(index)
-    return out
+    return {
+        r.name: r.why_unusable(dev.index if dev is not None and r.kind == dev.kind else 0)
+        for r in registrations()
+    }

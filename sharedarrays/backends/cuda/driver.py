@@ -39,11 +39,9 @@ _CUDA_USERS = ("cuda.bindings.driver", "cupy", "torch", "numba.cuda", "jax")
 class OnDevice(Protocol):
     """What :mod:`.sync` and :mod:`.device`'s stream objects need of a CUDA backend."""
 
-    @property
-    def device(self) -> Device: ...
+    device: Device
 
     def context(self) -> contextlib.AbstractContextManager[None]: ...
-
     def stream_token(self, stream: int) -> bytes | None: ...
 
 
