@@ -77,12 +77,10 @@ def _reason(index: int, feature: str) -> str | None:
             return f"no AMD GPU support: the hip-python package is not installed ({INSTALL_HINT})"
     try:
         hip = load_hip()
-    except ImportError as exc:
-        if "amdhip64" in str(exc):
+    except (ImportError, OSError) as exc:  # OSError: hip-python could not dlopen libamdhip64
+        if isinstance(exc, OSError) or "amdhip64" in str(exc):
             return f"no AMD GPU: libamdhip64 not found ({exc})"
         return f"the HIP module {name!r} cannot be imported ({exc})"
-    except OSError as exc:  # hip-python could not dlopen libamdhip64.so
-        return f"no AMD GPU: libamdhip64 not found ({exc})"
     attribute, what = FEATURES[feature]
     try:
         count = check(hip.hipGetDeviceCount(), "hipGetDeviceCount")
