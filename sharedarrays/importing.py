@@ -1,6 +1,5 @@
-"""Importing: a message's parts as loaded here (:class:`ReceivedPart`, decoded once per
-message; a warm handoff takes the last part again) and the allocation a payload names, found
-or mapped by the chain of :data:`RESOLVERS` (:func:`load_payload`)."""
+"""A message's parts as loaded here (:class:`ReceivedPart`; a warm handoff takes the last one
+again) and the allocation a payload names, found or mapped by :data:`RESOLVERS`."""
 
 from __future__ import annotations
 
@@ -46,9 +45,8 @@ def use_reconstructor(fn: Callable[..., Any]) -> None:
 
 
 def import_part(blob: bytes, token: object = None, fds: object = None) -> ReceivedPart:
-    """What a pickled message part calls, once per message: a new part, or that of an
-    earlier message with the same payload bytes whose allocation is still mapped here (load
-    counted, token waited for). PayloadError for a malformed payload or token."""
+    """A pickled part's reconstructor, once per message: a new part, or that of an earlier
+    message of the same bytes still mapped here (load counted, token waited for)."""
     if token is not None:  # (no call for none: a warm load per message)
         token = check_token(token)
     if fds is None and type(blob) is bytes:
@@ -65,8 +63,8 @@ def import_part(blob: bytes, token: object = None, fds: object = None) -> Receiv
 
 
 class ReceivedPart:
-    """One allocation's part of a message loaded here: its payload, the allocation once the
-    first view found it, and the last view layout checked; pickled again, payload and token."""
+    """One allocation's part of a message loaded here, its allocation once found and the last
+    view layout checked."""
 
     __slots__ = (
         "payload",
@@ -127,8 +125,8 @@ class ReceivedPart:
         self.readonly = self.payload.readonly or alloc.access != "rw"
 
     def lease(self, readonly: bool) -> tuple[Allocation, Lease[Allocation] | None]:
-        """The allocation (:meth:`find` on first use) and a new lease for the part's views to
-        share (``None`` if growable); ClosedArrayError if it was released here since."""
+        """The allocation (:meth:`find` on first use) and a new lease for the part's views
+        (``None`` if growable); ClosedArrayError if it was released here since."""
         alloc = self.allocation
         if alloc is None:
             alloc = self.find(readonly)
@@ -214,7 +212,7 @@ class ReceivedPart:
 @dataclasses.dataclass(slots=True)
 class Request:
     """What the resolvers share: the ``payload``, the fds ``carried`` with it (owned here
-    until used or closed; ``None``: none), and the ``failures`` of the sources asked so far."""
+    until used or closed), and the ``failures`` of the sources asked so far."""
 
     payload: Payload
     carried: list[int] | None = None
@@ -241,8 +239,7 @@ Resolver = Callable[[Request], Allocation | None]  # (None: pass to the next ste
 
 
 def mapped_here(req: Request) -> Allocation | None:
-    """The allocation if mapped here already (a growable one catches up with the carried
-    fds, which are closed otherwise)."""
+    """The allocation if mapped here already (a growable one catches up)."""
     return _mapped(req.payload, req.carried)
 
 
@@ -297,9 +294,8 @@ def _count_load(alloc: Allocation, p: Payload, pid: int) -> None:
 
 
 def load_again(alloc: Allocation, p: Payload, sync: bytes | None) -> bool:
-    """Load ``p`` again as ``alloc`` (the same bytes as before): count it, wait for ``sync``
-    (checked by the caller). ``False``, doing nothing, where ``alloc`` is no longer mapped
-    here under that id or grows."""
+    """Load ``p`` again as ``alloc``: count it, wait for ``sync`` (checked); ``False``, doing
+    nothing, where ``alloc`` is no longer mapped here under that id or grows."""
     pid = STATE.pid  # (os.getpid(): a system call, microseconds on a cold path)
     if alloc.released or alloc.pid != pid or p.capacity is not None or alloc.id != p.alloc_id:
         return False
@@ -348,8 +344,7 @@ def in_message(req: Request) -> Allocation | None:
 
 
 def from_exporter(req: Request) -> Allocation | None:
-    """The allocation mapped from handles the exporter's handle server sends, or ``None``
-    (recorded in ``req.failures``)."""
+    """The allocation mapped from the exporter's handles, or ``None`` (recorded)."""
     p = req.payload
     req.backend()
     try:
@@ -392,8 +387,7 @@ RESOLVERS = (mapped_here, reused_block, in_message, from_exporter, from_keeper)
 
 
 def resolve(req: Request, resolvers: tuple[Resolver, ...] = RESOLVERS) -> Allocation:
-    """Ask ``resolvers`` in order for ``req``'s allocation; when every one passed, raise the
-    last source's :class:`HandleUnavailable`."""
+    """The first answer of ``resolvers`` for ``req``; else the last HandleUnavailable."""
     for resolver in resolvers:
         alloc = resolver(req)
         if alloc is not None:
@@ -409,9 +403,8 @@ def resolve(req: Request, resolvers: tuple[Resolver, ...] = RESOLVERS) -> Alloca
 def load_payload(
     p: Payload, sync: bytes | None = None, fds: tuple[Any, ...] | None = None
 ) -> Allocation:
-    """Find or map ``p``'s allocation through :data:`RESOLVERS`, then wait for the ordering
-    token ``sync``; ``fds``: objects whose ``detach()`` gives an fd (multiprocessing's DupFd).
-    WrongNode for a payload of another node (nothing is opened)."""
+    """Find or map ``p``'s allocation, then wait for the ordering token ``sync``; ``fds``:
+    objects whose ``detach()`` gives an fd (multiprocessing's DupFd)."""
     check_token(sync)
     carried: list[int] | None = None
     if fds is not None:
@@ -508,8 +501,7 @@ def _map(
     capacity: int = 0,
     used: int = 0,
 ) -> Allocation:
-    """Map an allocation from the chunks a resolver found (taking ``fds``); ``capacity`` and
-    ``used`` of a growable array, 0 if unsaid."""
+    """Map an allocation from the chunks a resolver found (taking ``fds``)."""
     p = req.payload
     backend = req.backend()
     access: Access = "r" if p.readonly else "rw"

@@ -205,9 +205,8 @@ class HeldAllocation:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """The body of a ``SNAPSHOT`` reply: what the process ``pid`` (its ``command`` line)
-    holds: at most :data:`MAX_SNAPSHOT_ROWS` ``allocations``, the largest, and how many
-    more (``left_out``)."""
+    """The body of a ``SNAPSHOT`` reply: what process ``pid`` (its ``command``) holds, the
+    largest :data:`MAX_SNAPSHOT_ROWS` ``allocations`` and how many more (``left_out``)."""
 
     pid: int
     command: str

@@ -131,8 +131,7 @@ def _numeric_dtype(value: object, what: str) -> np.dtype[Any]:
 def misaligned(
     dtype: np.dtype[Any], shape: tuple[int, ...], strides: tuple[int, ...], offset: int
 ) -> str:
-    """Why a view of device memory is misaligned for ``dtype`` (fatal to a CUDA context),
-    or "" if it is not."""
+    """Why a view of device memory is misaligned for ``dtype`` (fatal to a CUDA context)."""
     mask = dtype.alignment - 1
     bits = offset
     for n, st in zip(shape, strides):
@@ -211,8 +210,7 @@ class Payload:
 
     @classmethod
     def from_bytes(cls, data: object) -> Payload:
-        """Decode and validate a payload (remembered by its bytes); PayloadError for anything
-        but an unaltered, well-formed payload of this version."""
+        """Decode and validate a payload (remembered by its bytes); else PayloadError."""
         # remembered: a growable array's warm load (which keeps no part) is 30-42 us faster
         # on the host (ab_trees.py --off decoded --growable, 1,000 pairs x 4)
         if type(data) is bytes:

@@ -52,9 +52,9 @@ def check_same_user(sock: socket.socket, what: str) -> Credentials:
 
 
 def connect_unix(path: str, deadline: float, timeout: float, what: str = "") -> socket.socket:
-    """A ``SOCK_SEQPACKET`` connection to ``path`` with ``timeout`` set on it, its peer checked
-    (:func:`check_same_user`) if ``what`` names it; a full accept queue is retried until
-    ``deadline``, then TimeoutError (other OSErrors are raised)."""
+    """A ``SOCK_SEQPACKET`` connection to ``path`` with ``timeout`` set on it; if ``what``
+    names it, PermissionDenied where it is another user's (:func:`check_same_user`). A full
+    accept queue is retried until ``deadline``, then TimeoutError (other OSErrors raised)."""
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
@@ -68,8 +68,13 @@ def connect_unix(path: str, deadline: float, timeout: float, what: str = "") -> 
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"{path} did not accept a connection") from None
             time.sleep(BACKOFF)
-        except BaseException:
+        except BaseException as e:
             sock.close()
+            if what and type(e) is PermissionError:  # (a socket file of another user)
+                raise PermissionDenied(
+                    f"cannot connect to {what}: it belongs to another user. Arrays are shared "
+                    "only between processes of the same user"
+                ) from None
             raise
 
 

@@ -63,8 +63,7 @@ def fetch_handles(
     server: str, pid: int, alloc_id: str, secret: bytes, reply_to: str | None = None
 ) -> tuple[list[int], list[int], tuple[bytes, ...]]:
     """An allocation's chunk sizes, fds (the caller's) and a pointer backend's portable
-    handles from the handle server at ``server``: HandleUnavailable where it is gone or no
-    longer has them; PermissionDenied for another user's server or a wrong secret."""
+    handles from its handle server; HandleUnavailable, or PermissionDenied where refused."""
     body, fds = _fetch(server, pid, alloc_id, secret, reply_to, None)
     handles = cast(Handles, body)
     return handles.sizes, fds, handles.exports or ()
@@ -90,8 +89,8 @@ def close_connections() -> None:
 
 
 def _connect(server: str, gone: str, pid: int | None = None) -> socket.socket:
-    """A connection to the handle server at ``server``, checked to run as this user (a full
-    queue, or a missing socket while ``pid`` runs, retried until :data:`TIMEOUT`)."""
+    """A connection to the handle server at ``server`` of this user (a full queue, or a
+    missing socket while ``pid`` runs, retried until :data:`TIMEOUT`)."""
     deadline = time.monotonic() + TIMEOUT
     try:
         while True:
@@ -108,13 +107,8 @@ def _connect(server: str, gone: str, pid: int | None = None) -> socket.socket:
         ) from None
     except (FileNotFoundError, ConnectionRefusedError):
         raise HandleUnavailable(gone) from None
-    except PermissionDenied:  # (the check's: it runs as another user)
+    except PermissionDenied:  # (another user's)
         raise
-    except PermissionError:
-        raise PermissionDenied(
-            f"cannot connect to the handle server {server}: it belongs to another user. "
-            "Arrays are shared only between processes of the same user"
-        ) from None
     except OSError as e:
         if e.errno in (errno.EMFILE, errno.ENFILE):
             raise HandleUnavailable(
@@ -347,8 +341,8 @@ def _send(path: str, message: bytes) -> None:
 
 
 def start_notifier() -> None:
-    """Start the thread that sends release notices, if it does not run (after a fork); at
-    shutdown none starts: those it would tell see that the process ended for themselves."""
+    """Start the notices' thread if it does not run (after a fork); none starts at shutdown:
+    those it would tell see that the process ended for themselves."""
     notices = STATE.notices
     if notices.thread is None or not notices.thread.is_alive():
         notices.thread = start_thread(_send_notices, "sharedarrays-notices", notices)

@@ -45,8 +45,7 @@ def catch_up_to(alloc: Allocation, p: Payload, received: list[int]) -> Allocatio
 
 def catch_up(alloc: Allocation) -> None:
     """Map the chunks the exporter of ``alloc`` (a growable import) added since, and take its
-    length (``alloc.used``); PayloadError where it shrank and grew again since, or ``alloc``
-    does not know its exporter."""
+    length (``alloc.used``); PayloadError where that cannot be done."""
     server = alloc.source_server
     if server is None:  # (inherited through fork: every growable import sets it)
         raise PayloadError(

@@ -149,12 +149,8 @@ def _try_connect(path: str, deadline: float) -> socket.socket | None:
         ) from None
     except (FileNotFoundError, ConnectionRefusedError):
         return None
-    except PermissionDenied:  # (the check's: it runs as another user)
+    except PermissionDenied:  # (another user's)
         raise
-    except PermissionError:
-        raise PermissionDenied(
-            f"cannot connect to the keeper {path}: it belongs to another user"
-        ) from None
     except OSError as e:
         if e.errno in (errno.EMFILE, errno.ENFILE):
             raise NoRoomForFiles(
