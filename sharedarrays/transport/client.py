@@ -72,8 +72,7 @@ def fetch_handles(
 def fetch_growth(
     server: str, pid: int, alloc_id: str, secret: bytes, first: int, reply_to: str | None = None
 ) -> tuple[list[int], int, int, list[int]]:
-    """A growable array's chunk sizes, capacity and length now, and the fds of its chunks
-    from index ``first`` (the caller's), from its exporter; raises as :func:`fetch_handles`."""
+    """:func:`fetch_handles` of a growable array: sizes, capacity, length, fds from ``first``."""
     body, fds = _fetch(server, pid, alloc_id, secret, reply_to, first)
     growth = cast(Growth, body)
     return growth.sizes, growth.capacity, growth.used, fds
@@ -322,8 +321,7 @@ def _send(path: str, message: bytes) -> None:
         try:
             if sock is None:  # (a full queue: TimeoutError at once; never another user's)
                 sock = connect_unix(path, 0.0, NOTICE_TIMEOUT, f"the handle server {path}")
-            else:
-                sock.settimeout(NOTICE_TIMEOUT)
+            sock.settimeout(NOTICE_TIMEOUT)
             sock.sendall(message)
             if sock.recv(REPLY_SIZE):
                 sock.settimeout(TIMEOUT)
