@@ -228,7 +228,6 @@ def _fetch(
 
 
 def _fetch_failed(e: OSError, gone: str, alloc_id: str, pid: int) -> HandleUnavailable:
-    """What a handle request that failed with ``e`` raises."""
     if isinstance(e, TimeoutError):
         return HandleUnavailable(
             f"the process that shared allocation {alloc_id} (pid {pid}) did not answer (with "

@@ -48,7 +48,6 @@ def _log_path() -> Path:
 
 
 def _answered(path: str, answered: bool) -> None:
-    """Note whether the keeper at ``path`` answered in time."""
     state = STATE.keeper
     if not answered:
         state.late = path
