@@ -154,10 +154,15 @@ def test_producer_exits_before_the_consumer_reads(tmp_path: Path) -> None:
 
 
 def test_device_memory_returns_to_baseline() -> None:
-    empty_cache()  # (what earlier tests left for reuse: freed now, not in the window)
-    before = free_memory()
-    a = sa.zeros(256 << 20, "uint8")
-    assert free_memory() <= before - (256 << 20) + (2 << 20)
+    for _ in range(5):  # (memory an earlier test left, freed in the window: measure again)
+        empty_cache()  # (what earlier tests left for reuse: freed now, not in the window)
+        before = free_memory()
+        a = sa.zeros(256 << 20, "uint8")
+        taken = before - free_memory()
+        if taken >= (256 << 20) - (2 << 20):
+            break
+        a.close()  # (its memory back to the cache, emptied at the top)
+    assert taken >= (256 << 20) - (2 << 20), f"only {taken / 2**20:.1f} MiB taken"
     with mp.get_context("spawn").Pool(2) as pool:
         assert pool.map(workers.cuda_read_sum, [a[: 1 << 20], a[1 << 20 :]]) == [0.0, 0.0]
         a.close()
