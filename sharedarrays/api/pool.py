@@ -27,6 +27,7 @@ from sharedarrays.api.poolqueues import PoolTable, ResultQueue, TaskQueue, Worke
 from sharedarrays.errors import SharedArrayError, TaskExited, WorkerLost
 from sharedarrays.process import STATE
 from sharedarrays.protocol.payload import remember
+from sharedarrays.transport import handles
 
 __all__ = ["Pool", "ProcessPoolExecutor", "ForkAfterCudaError", "ExecutorBroken", "by_value"]
 __all__ += ["ByValue", "DEFAULT_START_METHOD", "get_context", "cuda_initialised"]
@@ -299,10 +300,26 @@ class Pool(multiprocessing.pool.Pool):
             self._pool = Workers(workers, cache, self._table)
         super()._repopulate_pool()  # type: ignore[misc]
 
+    def close(self) -> None:
+        """Let the workers exit once the tasks submitted are done."""
+        try:
+            self._ask_done()
+        finally:
+            super().close()
+
     def terminate(self) -> None:
         """Stop the workers now; let go of the pool's shared state."""
-        super().terminate()
-        self._table.close()
+        try:
+            self._ask_done()
+        finally:
+            super().terminate()
+            self._table.close()
+
+    def _ask_done(self) -> None:
+        # idle workers that stop unasked never tell the warm loads of this process's arrays,
+        # whose memory then waits for the in-flight bound (60 s) before its reuse
+        if self._state == multiprocessing.pool.RUN and not self._cache:  # type: ignore[attr-defined]
+            handles.ask_done_before_exit(w.pid for w in self._pool if w.is_alive())
 
     def join(self) -> None:
         """Wait for the workers to exit, and let go of the pool's shared state."""

@@ -7,13 +7,14 @@ import errno
 import os
 import sys
 import time
+from collections.abc import Iterable
 
 from sharedarrays.errors import HandleUnavailable
 from sharedarrays.memory import allocation, registry
-from sharedarrays.memory.cache import block_id
+from sharedarrays.memory.cache import DONE_WAIT, block_id
 from sharedarrays.process import STATE, at_exit
 from sharedarrays.protocol.handles import Kind
-from sharedarrays.protocol.unix import MAX_PATH, runtime_dir
+from sharedarrays.protocol.unix import MAX_PATH, runtime_dir, socket_pid
 from sharedarrays.settings import env_number
 from sharedarrays.transport import client
 from sharedarrays.transport.server import HandleServer
@@ -98,6 +99,25 @@ def _ask_done(alloc: allocation.Allocation, servers: list[str]) -> None:
     for server in servers:
         count = min(alloc.flight.take_returned(server), 1 << 31)
         client.queue_notice([server], Kind.ASK, block_id(block), block, count=count)
+
+
+def ask_done_before_exit(pids: Iterable[int]) -> None:
+    """Ask processes ``pids`` (a pool's idle workers about to stop) to say ``DONE`` for the
+    blocks made here that they loaded, and wait for it (at most ``DONE_WAIT`` seconds): their
+    warm loads are told only when asked, and a process stopped unasked leaves the memory out
+    of reuse until the in-flight bound."""
+    pids = set(pids)
+    with STATE.memory.lock:
+        blocks = [a for a in STATE.memory.registry.values() if a.cacheable()]
+    asked = []
+    for alloc in blocks:
+        servers = [s for s in alloc.served_servers() if socket_pid(s) in pids]
+        if servers and alloc.flight.undone()[0]:
+            _ask_done(alloc, servers)
+            asked.append(alloc)
+    deadline = time.monotonic() + DONE_WAIT
+    while any(a.flight.undone()[0] for a in asked) and time.monotonic() < deadline:
+        time.sleep(0.002)
 
 
 STATE.memory.release_hooks.append(_notify_on_release)
