@@ -440,6 +440,14 @@ class ProcessPoolExecutor(concurrent.futures.ProcessPoolExecutor):
         extra = {} if max_tasks_per_child is None else {"max_tasks_per_child": max_tasks_per_child}
         super().__init__(max_workers, ctx, initializer, initargs, **extra)
 
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """The standard library's, asking idle workers to say ``DONE`` first (as :class:`Pool`)."""
+        try:
+            if not self._pending_work_items and not self._shutdown_thread:
+                handles.ask_done_before_exit(self._processes or ())
+        finally:
+            super().shutdown(wait, cancel_futures=cancel_futures)
+
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         """Schedule ``fn(*args, **kwargs)`` in a worker (ExecutorBroken after a death)."""
         try:

@@ -127,20 +127,25 @@ def test_views_returned_by_workers_let_the_argument_go(monkeypatch: pytest.Monke
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("end", ["with", "close"])
+@pytest.mark.parametrize("end", ["with", "close", "executor"])
 def test_an_ended_sa_pool_lets_the_argument_go(monkeypatch: pytest.MonkeyPatch, end: str) -> None:
     """``with sa.Pool(...)`` stops its workers before the parent lets go of the argument
-    (``close``: they exit): asked as the pool ends, its idle workers say ``DONE`` first, so
-    the memory goes to the cache at once, not after the in-flight bound (300 s here)."""
+    (``close``, an executor's ``shutdown``: they exit): asked as the pool ends, its idle
+    workers say ``DONE`` first, so the memory goes to the cache at once, not after the
+    in-flight bound (300 s here)."""
     monkeypatch.setenv("SHAREDARRAYS_IN_FLIGHT", "300")
     for rnd in range(3):
         a = sa.full(N, float(rnd), device="cpu")
         alloc_id = a.allocation.id
-        with sa.Pool(2) as pool:
-            assert pool.map(workers.checksum, [a] * 4) == [rnd * N] * 4
-            if end == "close":
-                pool.close()
-                pool.join()
+        if end == "executor":
+            with sa.ProcessPoolExecutor(2) as ex:
+                assert list(ex.map(workers.checksum, [a] * 4)) == [rnd * N] * 4
+        else:
+            with sa.Pool(2) as pool:
+                assert pool.map(workers.checksum, [a] * 4) == [rnd * N] * 4
+                if end == "close":
+                    pool.close()
+                    pool.join()
         del a
         deadline = time.monotonic() + 20
         while alloc_id in STATE.memory.draining and time.monotonic() < deadline:
