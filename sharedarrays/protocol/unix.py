@@ -115,7 +115,7 @@ def recv_into(sock: socket.socket, size: int, maxfds: int, fds: list[int]) -> tu
     guard = threading.current_thread() is threading.main_thread() and callable(
         signal.getsignal(signal.SIGINT)
     )
-    if guard and not select.select([sock], [], [], sock.gettimeout())[0]:
+    if guard and not _readable(sock, sock.gettimeout()):
         raise TimeoutError("timed out")
     length = max(1, min(sock.recv_into(bytearray(1), 1, _PEEK_LENGTH), size))  # (peeked)
     caught: list[typing.Any] = []
@@ -129,6 +129,14 @@ def recv_into(sock: socket.socket, size: int, maxfds: int, fds: list[int]) -> tu
     if caught and callable(handler):
         handler(*caught[0])  # (the KeyboardInterrupt, now that the fds are owned)
     return msg, flags
+
+
+def _readable(sock: socket.socket, timeout: float | None) -> bool:
+    """Whether ``sock`` has something to read within ``timeout`` seconds (``None``: waits).
+    (poll, not select: a process holding thousands of arrays' fds numbers sockets past 1024.)"""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(None if timeout is None else timeout * 1000))
 
 
 def check_truncated(flags: int) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import resource
 import shutil
 import socket
 import tempfile
@@ -61,6 +63,31 @@ def test_fds_go_in_batches_and_all_arrive(
     finally:
         for fd in [*got, one, two]:
             os.close(fd)
+
+
+def test_fds_arrive_on_a_socket_numbered_past_1024() -> None:
+    """A process with thousands of arrays holds their fds: a socket numbered past select()'s
+    1024 still receives (on the main thread, where a SIGINT is held off meanwhile)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1100:
+        pytest.skip(f"the hard fd limit is {hard}: no fd past 1024 here")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1100), hard))
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        high = socket.socket(fileno=fcntl.fcntl(b.fileno(), fcntl.F_DUPFD, 1050))
+        r, w = os.pipe()
+        socket.send_fds(a, [b"x"], [r])
+        got: list[int] = []
+        assert high.fileno() >= 1050
+        assert unix.recv_into(high, 16, 4, got)[0] == b"x" and len(got) == 1
+        os.close(got[0])
+        high.close()
+        os.close(r)
+        os.close(w)
+    finally:
+        a.close()
+        b.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_a_sender_that_stops_early_is_noticed(pair: tuple[socket.socket, socket.socket]) -> None:
