@@ -75,6 +75,8 @@ def _notify_on_release(alloc: allocation.Allocation) -> None:
         return  # inherited across fork: the parent still holds it
     if alloc.backend.exporter_owned and not alloc.origin.created_here and alloc.source_server:
         client.queue_notice([alloc.source_server], Kind.CLOSED, alloc.id, alloc.secret)
+    if alloc.pool_server is not None:  # a block's import unmapped (evicted): its loads closed
+        _notify_done(alloc, alloc.flight.take_block_loads())
     server: HandleServer | None = STATE.server.server
     own = server.path if server is not None else None
     servers = [p for p in alloc.served_servers() if p != own]
@@ -86,7 +88,7 @@ def _notify_on_release(alloc: allocation.Allocation) -> None:
 
 def _notify_done(alloc: allocation.Allocation, loads: int) -> None:
     """Tell a block's exporter that its last view here closed, after ``loads`` payloads."""
-    if alloc.pool_server is not None:
+    if alloc.pool_server is not None and loads:
         client.queue_notice([alloc.pool_server], Kind.DONE, alloc.id, alloc.secret, count=loads)
 
 

@@ -154,6 +154,27 @@ def test_an_ended_sa_pool_lets_the_argument_go(monkeypatch: pytest.MonkeyPatch, 
 
 
 @pytest.mark.timeout(180)
+def test_imports_a_worker_unmapped_say_done(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker keeps at most ``SHAREDARRAYS_KEEP_IMPORTS`` idle mappings (2 here); one it
+    unmaps says ``DONE`` then (nobody can ask it later), so once the parent lets go, all the
+    arrays' memory is kept for reuse (not freed unreported after ``DONE_WAIT``)."""
+    monkeypatch.setenv("SHAREDARRAYS_KEEP_IMPORTS", "2")
+    STATE.memory.cache.trim()
+    with mp.get_context("spawn").Pool(1) as pool:
+        arrays = [sa.full(N, float(i), device="cpu") for i in range(8)]
+        assert pool.map(workers.checksum, arrays) == [i * N for i in range(8)]
+        ids = {a.allocation.id for a in arrays}
+        del arrays
+        deadline = time.monotonic() + 60
+        kept: set[str] = set()
+        while kept != ids and time.monotonic() < deadline:
+            time.sleep(0.05)
+            kept = {a.id for a in STATE.memory.cache.kept()} & ids
+        assert len(kept) == len(ids)
+    STATE.memory.cache.trim()
+
+
+@pytest.mark.timeout(180)
 def test_a_worker_that_keeps_the_argument_keeps_its_memory_from_reuse() -> None:
     """The views a worker returned came back, but it holds the array itself: once the
     parent lets go, the memory is not reused for the parent's next arrays meanwhile."""
