@@ -75,7 +75,9 @@ def _notify_on_release(alloc: allocation.Allocation) -> None:
         return  # inherited across fork: the parent still holds it
     if alloc.backend.exporter_owned and not alloc.origin.created_here and alloc.source_server:
         client.queue_notice([alloc.source_server], Kind.CLOSED, alloc.id, alloc.secret)
-    if alloc.pool_server is not None:  # a block's import unmapped (evicted): its loads closed
+    # a block's import unmapped (evicted): its loads are closed, unless the keeper now holds
+    # the memory for payloads of it in flight (then the exporter must not reuse it)
+    if alloc.pool_server is not None and not alloc.flight.was_handed_over:
         _notify_done(alloc, alloc.flight.take_block_loads())
     server: HandleServer | None = STATE.server.server
     own = server.path if server is not None else None
