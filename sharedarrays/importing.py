@@ -281,16 +281,14 @@ def _mapped(p: Payload, carried: list[int] | None) -> Allocation | None:
 
 def _count_load(alloc: Allocation, p: Payload, pid: int) -> None:
     """Count a load here of ``p``, a payload of ``alloc`` (``pid``: this process's)."""
-    if p.block is not None and p.pid != pid:
-        alloc.flight.note_block_load()
-    if p.pid == pid:  # one of this process's payloads came back: not in flight
+    if p.pid != pid:  # its sender counts it in flight until told
+        alloc.flight.note_imported(p.server, p.block is not None)
+        if alloc.backend.exporter_owned:  # the exporter waits for its payloads: say so
+            client.report_load(p.server, p.alloc_id, p.secret)
+    else:  # one of this process's payloads came back: not in flight
         alloc.flight.note_loaded()
         if p.block is not None:  # (and no importer's: its views here hold the memory)
             alloc.flight.note_done(1)
-    else:  # its sender counts it in flight until told
-        alloc.flight.note_returned(p.server)
-        if alloc.backend.exporter_owned:  # the exporter waits for its payloads: say so
-            client.report_load(p.server, p.alloc_id, p.secret)
 
 
 def load_again(alloc: Allocation, p: Payload, sync: bytes | None) -> bool:

@@ -195,8 +195,6 @@ class PicklingState:
         self.interned: dict[Any, Any] = {}
         self.reduce_hooks: dict[str, Callable[[], None]] = {}
         self.reconstructor: Callable[..., Any] | None = None
-        # allocation -> (pid, generation, its payload's bytes): api/array.allocation_bytes
-        self.encoded = weakref.WeakKeyDictionary[Any, tuple[int, int, bytes]]()
 
     def reset_in_child(self) -> None:
         self.received.clear()

@@ -357,13 +357,8 @@ def allocation_payload(alloc: Allocation) -> Payload:
 
 
 def allocation_bytes(alloc: Allocation) -> bytes:
-    """The encoded :func:`allocation_payload`, once per allocation, process and generation."""
-    encoded = STATE.pickling.encoded
-    cached = encoded.get(alloc)
-    pid = STATE.pid
-    if cached is None or cached[0] != pid or cached[1] != alloc.generation:
-        cached = encoded[alloc] = (pid, alloc.generation, allocation_payload(alloc).to_bytes())
-    return cached[2]
+    """The encoded :func:`allocation_payload`, as pickles of ``alloc``'s views carry it."""
+    return allocation_payload(alloc).to_bytes()
 
 
 @dataclasses.dataclass(eq=False)
@@ -391,9 +386,13 @@ class MessagePart:
 
 
 def message_part(alloc: Allocation, carry_fds: bool) -> MessagePart:
-    """The part of ``alloc`` in the message this thread is pickling, made at its first view."""
+    """The part of ``alloc`` in the message this thread is pickling, made at its first view.
+
+    This thread's table keeps, by allocation, ``[the live part (weakly), the allocation
+    (weakly), its payload's bytes, (pid, generation) they were made for]``: the payload is
+    encoded once, and a warm message's part costs no lookup but this one."""
     parts = STATE.pickling.parts
-    refs: dict[Any, weakref.ref[MessagePart]] | None = getattr(parts, "refs", None)
+    refs: dict[Any, list[Any]] | None = getattr(parts, "refs", None)
     if refs is None:
         refs = parts.refs = {}
         # spawning_process() raises and catches inside where no spawn ever ran in this
@@ -401,24 +400,25 @@ def message_part(alloc: Allocation, carry_fds: bool) -> MessagePart:
         mark_no_spawn_in_thread()
     # (the spawn's id, not the Popen: a key would keep it, and its pipes, open)
     key = (alloc.id, id(spawning_process())) if carry_fds else alloc.id
-    ref = refs.get(key)
-    found = None if ref is None else ref()
+    entry = refs.get(key)
     now = (STATE.pid, alloc.generation)
-    # (its payload still the allocation's: no cache lookup per view, ~6% of a 10,000-view
-    # message on the host, bench.py --only many)
-    if found is not None and found.allocation is alloc and found.made == now:
-        return found
-    blob = allocation_bytes(alloc)
+    if entry is not None and entry[1]() is alloc and entry[3] == now:
+        found = entry[0]()
+        if found is not None:  # (a view after the first of this message)
+            return found  # type: ignore[no-any-return]
+    else:
+        entry = [None, weakref.ref(alloc), allocation_bytes(alloc), now]
+        if len(refs) >= _PARTS_TIDY and len(refs) >= getattr(parts, "tidy_at", _PARTS_TIDY):
+            for k in [k for k, e in refs.items() if e[1]() is None]:
+                del refs[k]
+            # (next sweep when the table has doubled: a sweep per part would be quadratic)
+            parts.tidy_at = max(_PARTS_TIDY, 2 * len(refs))
+        refs[key] = entry
     fds = None
     if carry_fds:  # (once per spawn and allocation: a spawner refuses an fd passed twice)
         fds = tuple(reduction.DupFd(fd) for fd in alloc.chunk_fds())
-    made = MessagePart(alloc, blob, alloc.backend.export_fence(), fds, now)
-    if len(refs) >= _PARTS_TIDY and len(refs) >= getattr(parts, "tidy_at", _PARTS_TIDY):
-        for k in [k for k, r in refs.items() if r() is None]:
-            del refs[k]
-        # (next sweep when the table has doubled: a sweep per part would be quadratic)
-        parts.tidy_at = max(_PARTS_TIDY, 2 * len(refs))
-    refs[key] = weakref.ref(made)
+    made = MessagePart(alloc, entry[2], alloc.backend.export_fence(), fds, now)
+    entry[0] = weakref.ref(made)
     return made
 
 

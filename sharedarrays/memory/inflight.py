@@ -111,12 +111,15 @@ class InFlight:
             loads, self._loads = self._loads, 0
             return loads
 
-    def note_returned(self, server: str) -> None:
-        """A payload from the process of handle server ``server`` (one served) loaded here."""
-        if server not in self.servers:  # (a warm load: no lock)
+    def note_imported(self, server: str, block: bool) -> None:
+        """A payload from the process of handle server ``server`` was loaded here (``block``:
+        a block's, counted as unleased until its view takes a lease)."""
+        if not block and server not in self.servers:  # (most warm loads: no lock)
             return
         with self._lock:
-            if server in self.servers:
+            if block:
+                self._unleased += 1
+            if server in self.servers:  # (one this process served the memory to)
                 self._returned[server] = self._returned.get(server, 0) + 1
 
     def returned(self, server: str) -> int:
