@@ -54,7 +54,7 @@ def import_part(blob: bytes, token: object = None, fds: object = None) -> Receiv
         if part is not None:
             alloc = part.allocation
             if alloc is not None and load_again(alloc, part.payload, token):
-                part._stale = True  # (a new message: see ReceivedPart.take)
+                part.pending += 1  # (a new message: see ReceivedPart.take)
                 return part
             STATE.pickling.received.pop(blob, None)
     elif fds is not None and type(fds) is not tuple:
@@ -78,7 +78,7 @@ class ReceivedPart:
         "_layout",
         "_device",
         "_growable",
-        "_stale",
+        "pending",
         "_lease_thread",
     )
 
@@ -99,7 +99,9 @@ class ReceivedPart:
         self._lease: weakref.ref[Lease[Allocation]] | None = None
         self.readonly = payload.readonly  # every view of it is read-only here
         self._growable = False  # (its allocation's, once bound)
-        self._stale = False  # (the lease referred to is an earlier message's)
+        # messages loaded whose first view has not taken a lease yet: a block's load is
+        # counted then, so a DONE said meanwhile never counts it (memory/inflight.py)
+        self.pending = 1
         self._lease_thread = 0  # (the thread that took the lease referred to)
         # (shape, strides, dtype string, dtype, low, high, alignment mask) of the last view
         self._layout: tuple[Any, ...] | None = None
@@ -130,7 +132,6 @@ class ReceivedPart:
         alloc = self.allocation
         if alloc is None:
             alloc = self.find(readonly)
-        self._stale = False
         lease = None
         if not self._growable:
             lease = alloc.lease()
@@ -189,23 +190,24 @@ class ReceivedPart:
         alloc = self.allocation
         ref = self._lease
         lease = None if ref is None else ref()
+        pending = self.pending
         if (
-            lease is not None
-            and alloc is not None
-            and (
+            lease is None
+            or alloc is None
+            or not (
                 lease is alloc.kept_lease
-                or (not self._stale and self._lease_thread == threading.get_ident())
+                or (not pending and self._lease_thread == threading.get_ident())
             )
         ):
-            if self._stale and alloc.pool_server is not None:  # a block's load: leased
-                alloc.flight.note_block_lease()
-            self._stale = False
-        else:
             try:
                 alloc, lease = self.lease(fields[4])
             except ClosedArrayError:  # a parked mapping dropped since it was found: map anew
                 self.find(fields[4])
                 alloc, lease = self.lease(fields[4])
+        if pending:  # a new message's first view
+            self.pending = pending - 1
+            if alloc.pool_server is not None:  # a block's load, now leased
+                alloc.flight.note_block_lease()
         return (alloc, lease, *fields)
 
 
@@ -282,7 +284,8 @@ def _mapped(p: Payload, carried: list[int] | None) -> Allocation | None:
 def _count_load(alloc: Allocation, p: Payload, pid: int) -> None:
     """Count a load here of ``p``, a payload of ``alloc`` (``pid``: this process's)."""
     if p.pid != pid:  # its sender counts it in flight until told
-        alloc.flight.note_imported(p.server, p.block is not None)
+        if p.server in alloc.flight.servers:  # (a process this one served it to)
+            alloc.flight.note_returned(p.server)
         if alloc.backend.exporter_owned:  # the exporter waits for its payloads: say so
             client.report_load(p.server, p.alloc_id, p.secret)
     else:  # one of this process's payloads came back: not in flight
@@ -325,7 +328,7 @@ def reused_block(req: Request) -> Allocation | None:
         memory.parked.pop(alloc.id, None)
         alloc.id, alloc.secret = p.alloc_id, p.secret
         alloc.generation += 1
-        alloc.flight.note_block_load(first=True)
+        alloc.flight.note_block_renamed()
         memory.registry[alloc.id] = alloc
         memory.parked[alloc.id] = alloc
     close_fds(req.carried or [])
@@ -433,7 +436,6 @@ def _take_block(alloc: Allocation, p: Payload) -> None:
     if block is None or alloc.block is not None or alloc.origin.created_here:
         return
     alloc.block, alloc.pool_server = block, p.server
-    alloc.flight.note_block_load()
     with STATE.memory.lock:
         STATE.memory.blocks[block] = alloc
         asked = STATE.memory.asked.pop(block, False) is None

@@ -479,6 +479,7 @@ def _rebuild_view(
         # a reduction called in place: this process's own part, nothing counted or waited for
         here = importing.ReceivedPart(Payload.from_bytes(part.blob), None, None)
         here.bind(part.allocation)
+        here.pending = 0
         part = here
     try:
         alloc, lease, dtype, shape, strides, offset, readonly, end = part.take(view)

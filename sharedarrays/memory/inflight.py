@@ -51,8 +51,7 @@ class InFlight:
         # asked once, says DONE at each later load's end unasked (memory/lease.py)
         self.reporting: set[str] = set()
         self._done = 0  # payloads of a block pickled here that importers closed (DONE)
-        self._loads = 0  # (block importer) loaded and leased since the last DONE
-        self._unleased = 0  # (block importer) loaded, no lease yet
+        self._loads = 0  # (block importer) loads whose view took a lease, since the last DONE
         self._holders: set[int] = set()  # exporter-owned memory: importers not done yet
         self._served_chunks: dict[int, int] = {}  # pid -> chunks it may map
 
@@ -88,38 +87,30 @@ class InFlight:
         with self._lock:
             return _within_bound(self._sent - self._done, self._sent_at)
 
-    def note_block_load(self, first: bool = False) -> None:
-        """(An importer of a block) a payload was loaded (``first``: under a new id)."""
+    def note_block_renamed(self) -> None:
+        """(An importer of a block) its exporter reused the memory under a new id: every
+        load of the old one was reported."""
         with self._lock:
-            if first:
-                self._loads = self._unleased = 0
-            self._unleased += 1
+            self._loads = 0
 
     def note_block_lease(self) -> None:
-        """(An importer of a block) a load's view took a lease."""
+        """(An importer of a block) a load's first view took a lease: one more to report."""
         with self._lock:
-            if self._unleased:
-                self._unleased -= 1
-                self._loads += 1
+            self._loads += 1
 
     def take_block_loads(self) -> int:
         """(An importer of a block) the loads to report ``DONE`` now (0 while not yet)."""
         with self._lock:
             in_flight = _within_bound(self._sent - self._fetched, self._sent_at)[0]
-            if self._unleased or in_flight or self.servers:
+            if in_flight or self.servers:
                 return 0
             loads, self._loads = self._loads, 0
             return loads
 
-    def note_imported(self, server: str, block: bool) -> None:
-        """A payload from the process of handle server ``server`` was loaded here (``block``:
-        a block's, counted as unleased until its view takes a lease)."""
-        if not block and server not in self.servers:  # (most warm loads: no lock)
-            return
+    def note_returned(self, server: str) -> None:
+        """A payload from the process of handle server ``server`` (one served) loaded here."""
         with self._lock:
-            if block:
-                self._unleased += 1
-            if server in self.servers:  # (one this process served the memory to)
+            if server in self.servers:
                 self._returned[server] = self._returned.get(server, 0) + 1
 
     def returned(self, server: str) -> int:

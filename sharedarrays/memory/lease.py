@@ -79,8 +79,6 @@ class Leasing(AllocationRecords):
         if end is None:
             end = self.size
         self.last_used = use_clock()
-        if self.pool_server is not None:
-            self.flight.note_block_lease()
         with self._lock:
             if self.released:
                 raise ClosedArrayError(f"allocation {self.id} was released in this process")

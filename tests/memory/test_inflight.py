@@ -41,8 +41,8 @@ def test_served_processes_holders_and_returned_payloads() -> None:
     assert f.served_servers() == ["/srv/a"]
     assert f.holders() == (os.getppid(),)  # one that exited is forgotten
     assert f.mapping_past(2) == [os.getppid()] and f.mapping_past(3) == []
-    f.note_imported("/srv/b", False)  # not a process served: not counted
-    f.note_imported("/srv/a", False)
+    f.note_returned("/srv/b")  # not a process served: not counted
+    f.note_returned("/srv/a")
     assert f.returned("/srv/a") == 1 and f.returned("/srv/b") == 0
     f.closed_by(os.getppid())
     assert f.holders() == ()
