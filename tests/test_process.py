@@ -138,6 +138,7 @@ def test_the_package_hooks_are_in_layer_order() -> None:
     assert [n for _, n in names] == [
         "sharedarrays.backends.cuda.driver._after_fork_in_parent",
         "sharedarrays.backends.cuda.driver._before_fork",
+        "sharedarrays.memory.cache._keep_inherited_memory_from_reuse",
     ]
     exits = [process._name(h.fn) for h in process.STATE.hooks.exit]
     assert exits == [

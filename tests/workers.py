@@ -355,6 +355,13 @@ def die_after_reading_a_task() -> None:
     poolqueues.read_message = read_then_die
 
 
+def read_twice(a: Any, out: Any, go: Any) -> None:
+    """Put ``a``'s first value, wait for ``go``, put it again (the view held meanwhile)."""
+    out.put(float(a.array[0]))
+    go.wait(60)
+    out.put(float(a.array[0]))
+
+
 def new_filled(args: tuple[int, int]) -> Any:
     """A new host array of ``n`` float64 filled with ``value`` (a result made in a worker)."""
     import sharedarrays as sa

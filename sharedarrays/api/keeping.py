@@ -118,7 +118,7 @@ def keep(a: ArrayBase, name: str | None) -> None:
     what = f"cannot name the array {name!r}" if name else "cannot park the array"
     keeper.raise_for(status, body, what)
     keeper.hold(alloc.id)
-    alloc.block = None  # (its memory is never reused: the keeper may serve it to anyone)
+    alloc.drop_block()  # (the keeper may serve it to anyone)
     STATE.keeper.kept[alloc] = name
 
 

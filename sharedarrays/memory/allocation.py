@@ -310,6 +310,14 @@ class Allocation(Leasing, Growth):
             and not self.flight.was_handed_over
         )
 
+    def drop_block(self) -> None:
+        """Take the memory out of reuse, where a process nobody can ask for ``DONE`` may hold
+        it: made here, it is never cached (its payloads carry no block from now on);
+        imported, it never says ``DONE`` (its exporter waits for the in-flight bound)."""
+        if self.block is not None:
+            self.block = self.pool_server = None
+            self.generation += 1
+
     def done_by_importers(self, count: int, servers: Iterable[str] = ()) -> None:
         """An importer said ``DONE`` for ``count`` payloads; its ``servers`` say it unasked
         for the block's later loads."""

@@ -9,7 +9,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from sharedarrays.process import STATE, at_exit
+from sharedarrays.process import STATE, at_exit, at_fork
 from sharedarrays.settings import env_number
 
 Allocation = Any  # (memory.allocation imports this module)
@@ -135,4 +135,15 @@ def _release_at_exit() -> None:
     STATE.memory.cache.trim()
 
 
+def _keep_inherited_memory_from_reuse() -> None:
+    # (before fork) a forked child inherits the host memory of this process's views, and
+    # nobody can ask it for DONE: that memory is never reused (CUDA's is unusable there)
+    with STATE.memory.lock:
+        allocs = [a for a in STATE.memory.registry.values() if not a.device.needs_context]
+    for alloc in allocs:
+        if alloc.view_leases:
+            alloc.drop_block()
+
+
 at_exit(_release_at_exit, "memory")
+at_fork("memory", before=_keep_inherited_memory_from_reuse)

@@ -107,7 +107,7 @@ def pack_into_slab(backend: Backend, nbytes: int) -> tuple[Allocation, int]:
         current = STATE.memory.slabs.get(key)
         if current is None or current[1] + need > current[0].allocation.size:
             lease = Allocation.create(backend, size).lease()
-            lease.allocation.block = None  # (never reused: its room is never reused either)
+            lease.allocation.drop_block()  # (its room is never reused either)
             STATE.memory.packed.add(lease.allocation)
             offset = 0
         else:

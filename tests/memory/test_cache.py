@@ -232,3 +232,33 @@ def test_cuda_results_keep_their_values_and_a_trim_returns_device_memory() -> No
     free_before = cupy.cuda.runtime.memGetInfo()[0]
     assert STATE.memory.cache.trim() == 4 * (64 << 20)
     assert cupy.cuda.runtime.memGetInfo()[0] - free_before >= 4 * (64 << 20)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("how", ["spawn-argument", "fork-argument", "fork-after-import"])
+def test_memory_a_process_holds_untracked_is_never_reused(how: str) -> None:
+    """A spawned Process's argument (its fds travel with it) and what a forked child inherits
+    are held where nobody can ask for DONE: letting go here, and making arrays that would
+    take the memory, never changes what that process reads."""
+    method = how.split("-")[0]
+    ctx = mp.get_context(method)
+    out, go = ctx.Queue(), ctx.Event()
+    with mp.get_context("spawn").Pool(1) as pool:
+        if how == "fork-after-import":  # (made by a worker: the fork inherits an import)
+            a = pool.apply(workers.new_filled, ((N, 3),))
+        else:
+            a = sa.full(N, 3.0, device="cpu", pack=False)
+        child = ctx.Process(target=workers.read_twice, args=(a, out, go))
+        child.start()
+        assert out.get(timeout=60) == 3.0
+        del a
+        if how == "fork-after-import":  # (the worker's next arrays would take the memory)
+            fresh = pool.map(workers.new_filled, [(N, 9)] * 8)
+        else:
+            fresh = [sa.full(N, 9.0, device="cpu", pack=False) for _ in range(8)]
+        time.sleep(0.2)
+        go.set()
+        assert out.get(timeout=60) == 3.0
+        child.join(60)
+        assert child.exitcode == 0
+        del fresh
