@@ -262,3 +262,27 @@ def test_memory_a_process_holds_untracked_is_never_reused(how: str) -> None:
         child.join(60)
         assert child.exitcode == 0
         del fresh
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(180)
+def test_cuda_memory_a_spawned_process_takes_as_argument_is_never_reused() -> None:
+    """The same on a GPU: the argument's chunks travel as fds, and the parent's next arrays
+    of its size never land in the memory the child still reads."""
+    why = sa.list_backends()["cuda-vmm"]
+    if why is not None:
+        pytest.skip(f"cuda-vmm cannot be used here: {why}")
+    ctx = mp.get_context("spawn")
+    out, go = ctx.Queue(), ctx.Event()
+    a = sa.full(N, 3.0, device="cuda:0", pack=False)
+    child = ctx.Process(target=workers.read_twice, args=(a, out, go))
+    child.start()
+    assert out.get(timeout=120) == 3.0
+    del a
+    fresh = [sa.full(N, 9.0, device="cuda:0", pack=False) for _ in range(8)]
+    sa.synchronize()
+    go.set()
+    assert out.get(timeout=60) == 3.0
+    child.join(60)
+    assert child.exitcode == 0
+    del fresh
