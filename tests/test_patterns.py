@@ -26,6 +26,7 @@ from conftest import fd_targets, open_fds
 from keeper_helpers import private_keeper  # noqa: F401 - fixture
 
 import sharedarrays as sa
+from sharedarrays.memory import cache
 from sharedarrays.memory.cache import empty_cache
 from sharedarrays.memory.registry import draining_allocations, drop_parked, reap_draining
 from sharedarrays.protocol import keeper as wire
@@ -310,6 +311,7 @@ def test_a_payload_never_loaded_leaks_nothing(
 @pytest.mark.timeout(120)
 def test_arrays_returned_to_their_exporter_are_not_left_in_flight(
     private_keeper: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A worker that returns the parent's array (``return a``) counts that payload in
     flight; the parent says it came back (asking the worker for ``DONE``), so the memory goes
@@ -318,6 +320,8 @@ def test_arrays_returned_to_their_exporter_are_not_left_in_flight(
     nothing in flight either, and no keeper starts at all.)"""
     import workers
 
+    # (a DONE that a loaded 2-core machine delays past 1 s must not free the memory instead)
+    monkeypatch.setattr(cache, "DONE_WAIT", 60.0)
     a = sa.zeros(pw.N, dtype="int64", device="cpu")
     alloc_id = a.allocation.id
     with sa.Pool(1, context="spawn") as pool:
