@@ -284,8 +284,7 @@ def _mapped(p: Payload, carried: list[int] | None) -> Allocation | None:
 def _count_load(alloc: Allocation, p: Payload, pid: int) -> None:
     """Count a load here of ``p``, a payload of ``alloc`` (``pid``: this process's)."""
     if p.pid != pid:  # its sender counts it in flight until told
-        if p.server in alloc.flight.servers:  # (a process this one served it to)
-            alloc.flight.note_returned(p.server)
+        alloc.flight.note_returned(p.server)
         if alloc.backend.exporter_owned:  # the exporter waits for its payloads: say so
             client.report_load(p.server, p.alloc_id, p.secret)
     else:  # one of this process's payloads came back: not in flight

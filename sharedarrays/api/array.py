@@ -398,9 +398,9 @@ def message_part(alloc: Allocation, carry_fds: bool) -> MessagePart:
         # spawning_process() raises and catches inside where no spawn ever ran in this
         # thread (10-15 us per view on a cold path): made a plain read
         mark_no_spawn_in_thread()
-    # (the spawn's id, not the Popen: a key would keep it, and its pipes, open)
     if carry_fds:  # (the spawned process holds the chunks' fds: nobody can ask it for DONE)
         alloc.drop_block()
+    # (the spawn's id, not the Popen: a key would keep it, and its pipes, open)
     key = (alloc.id, id(spawning_process())) if carry_fds else alloc.id
     entry = refs.get(key)
     now = (STATE.pid, alloc.generation)

@@ -109,6 +109,8 @@ class InFlight:
 
     def note_returned(self, server: str) -> None:
         """A payload from the process of handle server ``server`` (one served) loaded here."""
+        if server not in self.servers:  # (a warm load: no lock)
+            return
         with self._lock:
             if server in self.servers:
                 self._returned[server] = self._returned.get(server, 0) + 1
