@@ -27,7 +27,6 @@ from sharedarrays.api.creation import (
 from sharedarrays.api.named import NamedArray, attach, list_named, unlink
 from sharedarrays.backends import list_backends
 from sharedarrays.backends.cuda import driver as _cuda_driver  # noqa: F401 - installs the fork-after-CUDA hook
-from sharedarrays.backends.cuda.sync import no_sync
 from sharedarrays.backends.device import Device
 from sharedarrays.errors import *  # noqa: F403 - every error is an attribute, few in __all__
 from sharedarrays.errors import (
@@ -50,6 +49,7 @@ if _typing.TYPE_CHECKING:
     from sharedarrays.api.pool import Pool, ProcessPoolExecutor
     from sharedarrays.api.semaphore import ExternalSemaphore, Timeline
     from sharedarrays.api.widgets import MemoryMap, show
+    from sharedarrays.backends.cuda.sync import no_sync
     from sharedarrays.memory import Allocation as Allocation
     from sharedarrays.memory import live_allocations as live_allocations
 
@@ -76,6 +76,7 @@ _LAZY = _MappingProxyType(
             "api.nodemap": ("node_map",),
             "api.dask": ("to_dask", "from_dask"),
             "api.semaphore": ("Timeline", "ExternalSemaphore"),
+            "backends.cuda.sync": ("no_sync",),
             "memory": ("Allocation", "live_allocations"),  # internals, kept as attributes
         }.items()
         for name in names

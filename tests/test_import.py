@@ -24,6 +24,10 @@ NOT_AT_IMPORT = (
     "sharedarrays.api.pool*",
     "sharedarrays.api.dask*",
     "sharedarrays.bench*",
+    "sharedarrays.backends.cuda.device",  # the accelerators: registered when first asked for
+    "sharedarrays.backends.cuda.sync",
+    "sharedarrays.backends.hip*",
+    "sharedarrays.backends.ascend*",
     "dask",
     "distributed",
     "matplotlib",
@@ -64,6 +68,20 @@ def test_lazy_names_load_their_module_on_first_use() -> None:
         "                  pool.__module__, 'Pool' in vars(sa)]))\n"
     )
     assert _fresh(code) == [False, True, "sharedarrays.api.pool", True]
+
+
+def test_accelerator_backends_register_when_first_asked_for() -> None:
+    code = (
+        "import sys, json, sharedarrays as sa\n"
+        "from sharedarrays.backends import registry\n"
+        "before = [m in sys.modules for m in registry.ACCELERATORS]\n"
+        "reg = registry.registration('hip-pool')\n"  # (a name not registered yet)
+        "after = [m in sys.modules for m in registry.ACCELERATORS]\n"
+        "print(json.dumps([before, after, reg.kind, registry.names(), sa.no_sync.__name__]))\n"
+    )
+    before, after, kind, names, no_sync = _fresh(code)  # type: ignore[misc]
+    assert not any(before) and all(after) and kind == "hip" and no_sync == "no_sync"
+    assert names == ["host", "cuda-vmm", "cuda-ipc", "cuda-pool", "hip-vmm", "hip-pool", "ascend"]
 
 
 def test_all_is_small_and_every_name_resolves() -> None:

@@ -20,9 +20,8 @@ from sharedarrays.api.arraybase import assignable, operator_index, shareable_dty
 from sharedarrays.api.named import publish
 from sharedarrays.api.options import CreationKeywords, CreationOptions
 from sharedarrays.backends import BorrowingBackend, choose_backend, get_backend
-from sharedarrays.backends.ascend.vmm import is_npu_dlpack
 from sharedarrays.backends.device import CPU, Device, DeviceLike, parse_device
-from sharedarrays.backends.dlpack import KDL_ROCM
+from sharedarrays.backends.dlpack import KDL_ROCM, is_npu_dlpack
 from sharedarrays.errors import NotShareable, SharedArrayError
 from sharedarrays.memory import PACK_BYTES, Allocation, pack_into_slab
 from sharedarrays.protocol.payload import contiguous_strides

@@ -1,7 +1,10 @@
-"""Memory systems behind the :class:`~.base.Backend` protocol, one module or folder each,
-registered when imported here (none loads a driver until used)."""
+"""Memory systems behind the :class:`~.base.Backend` protocol, one module or folder each.
+The host backend registers here; the accelerators' modules register when a backend is first
+asked for (:func:`~.registry.load_accelerators`), and none loads a driver until used."""
 
 from __future__ import annotations
+
+import functools
 
 from sharedarrays.backends import host as _host  # noqa: F401 - registers "host"
 from sharedarrays.backends import registry as _registry
@@ -15,10 +18,7 @@ from sharedarrays.backends.base import (
     StreamBackend,
     round_up,
 )
-from sharedarrays.backends.cuda import device as _cuda  # noqa: F401 - registers "cuda-vmm"
-from sharedarrays.backends.cuda import ipc as _cuda_ipc  # noqa: F401 - registers "cuda-ipc"
-from sharedarrays.backends.cuda import pool as _cuda_pool  # noqa: F401 - registers "cuda-pool"
-from sharedarrays.backends.hip import device as _hip  # noqa: F401 - registers "hip-*"
+from sharedarrays.backends.device import add_kind as _add_kind
 from sharedarrays.backends.registry import *  # noqa: F403
 
 __all__ = [
@@ -33,5 +33,6 @@ __all__ = [
     *_registry.__all__,
 ]
 
-# after the GPUs: auto and sa.list_backends() take device kinds in registration order
-from sharedarrays.backends.ascend import vmm as _ascend  # noqa: F401 - registers "ascend"
+# the accelerators' device kinds, in the order device=None and sa.list_backends() take them
+for _kind in ("cuda", "hip", "npu"):
+    _add_kind(_kind, functools.partial(_registry.kind_unusable, _kind))

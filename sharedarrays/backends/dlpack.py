@@ -15,9 +15,18 @@ from sharedarrays.errors import BackendUnavailable
 KDL_CPU = 1  # kDLCPU
 KDL_ROCM = 10  # kDLROCM
 KDL_EXT_DEV = 12  # kDLExtDev: PyTorch's PrivateUse1 devices, such as torch_npu's npu
+KDL_ASCEND = 21  # kDLAscend (after DLPack 1.3); torch_npu reports and takes kDLExtDev
 
 # DLDataTypeCode, by NumPy's dtype kind
 _CODES = types.MappingProxyType({"i": 0, "u": 1, "f": 2, "c": 5, "b": 6})
+
+
+def is_npu_dlpack(obj: object, device_type: int) -> bool:
+    """Whether an object whose ``__dlpack_device__`` gave ``device_type`` is Ascend memory."""
+    if device_type == KDL_ASCEND:
+        return True
+    kind = getattr(getattr(obj, "device", None), "type", None)
+    return device_type == KDL_EXT_DEV and kind == "npu"
 
 
 def dl_dtype(dtype: np.dtype[Any]) -> tuple[int, int, int]:

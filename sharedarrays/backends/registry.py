@@ -5,6 +5,7 @@ unusable, and for the process-wide backend object."""
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,7 @@ from sharedarrays.process import STATE
 __all__ = [
     "Registration",
     "register",
+    "load_accelerators",
     "registration",
     "registrations",
     "names",
@@ -34,8 +36,31 @@ def _usable(index: int) -> str | None:
     return None
 
 
+ACCELERATORS = (
+    "sharedarrays.backends.cuda.device",
+    "sharedarrays.backends.cuda.ipc",
+    "sharedarrays.backends.cuda.pool",
+    "sharedarrays.backends.hip.device",
+    "sharedarrays.backends.ascend.vmm",
+)
+"""The modules registering the accelerator backends, imported when a name this process has
+not registered, or the whole list, is first asked for (not by ``import sharedarrays``)."""
+
+
+def load_accelerators() -> None:
+    """Import (once) every module of :data:`ACCELERATORS`, each registering its backends."""
+    for module in ACCELERATORS:
+        importlib.import_module(module)
+
+
 def _registered(name: object) -> Registration | None:
-    return STATE.backends.registrations.get(name) if isinstance(name, str) else None
+    if not isinstance(name, str):
+        return None
+    reg = STATE.backends.registrations.get(name)
+    if reg is None:
+        load_accelerators()
+        reg = STATE.backends.registrations.get(name)
+    return reg
 
 
 @dataclass(frozen=True)
@@ -71,7 +96,7 @@ class Registration:
 
 def register(reg: Registration) -> None:
     """Add a backend (and its device kind); ``ValueError`` if the name is taken."""
-    known = _registered(reg.name)
+    known = STATE.backends.registrations.get(reg.name)
     if known is not None and known != reg:
         raise ValueError(f"a backend named {reg.name!r} is already registered")
     if reg.kind != "cpu":
@@ -89,6 +114,7 @@ def registration(name: str) -> Registration:
 
 def registrations(kind: str | None = None) -> list[Registration]:
     """The registered backends (of one kind) in ``backend="auto"``'s order."""
+    load_accelerators()
     order = {k: i for i, k in enumerate(kinds())}
     regs = [r for r in STATE.backends.registrations.values() if kind is None or r.kind == kind]
     return sorted(regs, key=lambda r: (order[r.kind], r.preference))

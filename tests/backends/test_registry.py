@@ -18,6 +18,7 @@ from sharedarrays.backends import (
     get_backend,
     handle_check,
     kind_unusable,
+    load_accelerators,
     names,
     register,
     registration,
@@ -36,6 +37,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "sharedarrays"
 @pytest.fixture
 def clean_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     """Registrations and device kinds made by a test are gone after it."""
+    load_accelerators()  # (registered once per process: never into a copy that goes)
     for name in ("registrations", "objects", "kinds"):
         monkeypatch.setattr(STATE.backends, name, dict(getattr(STATE.backends, name)))
 

@@ -30,15 +30,6 @@ from sharedarrays.errors import (
 )
 
 EXPORT_BYTES = 8  # a chunk's export: the uint64 shareable handle, little-endian
-KDL_ASCEND = 21  # kDLAscend (after DLPack 1.3); torch_npu reports and takes kDLExtDev
-
-
-def is_npu_dlpack(obj: object, device_type: int) -> bool:
-    """Whether an object whose ``__dlpack_device__`` gave ``device_type`` is Ascend memory."""
-    if device_type == KDL_ASCEND:
-        return True
-    kind = getattr(getattr(obj, "device", None), "type", None)
-    return device_type == KDL_EXT_DEV and kind == "npu"
 
 
 def torch_npu_from_dlpack() -> Callable[[Any], Any] | None:
