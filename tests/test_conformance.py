@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
@@ -195,7 +196,8 @@ def test_release_while_an_importer_holds_it(target: Target) -> None:
     a = target.from_array(np.arange(100_000, dtype=np.float64), pack=False)
     alloc_id = a.allocation.id
     waits = target.exporter_owned or a.allocation.block is not None
-    child = ctx.Process(target=cw.hold_then_read, args=(pickle.dumps(a), ready, go, result))
+    blob = bytes(ForkingPickler.dumps(a))  # (multiprocessing's, loaded once: memory it
+    child = ctx.Process(target=cw.hold_then_read, args=(blob, ready, go, result))  # may reuse)
     child.start()
     try:
         assert ready.wait(60), "the importer did not load the array"

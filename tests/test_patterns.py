@@ -271,12 +271,12 @@ def test_a_payload_never_loaded_of_cached_memory_leaks_nothing(
 ) -> None:
     """Memory its exporter keeps for reuse waits for a payload in flight in the exporter
     (nothing goes to the keeper) for the payload's bound, then is let go."""
-    import pickle
+    from multiprocessing.reduction import ForkingPickler
 
     monkeypatch.setenv("SHAREDARRAYS_IN_FLIGHT", "5")  # (1 s could pass before the check)
     a = sa.zeros(pw.N, device="cpu", pack=False)
     alloc_id = a.allocation.id
-    pickle.dumps(a)  # never loaded
+    ForkingPickler.dumps(a)  # never loaded (multiprocessing's: a plain pickle is not cached)
     del a
     gc.collect()
     assert [x.id for x in draining_allocations()] == [alloc_id] and _keeper_holds() == 0

@@ -362,6 +362,24 @@ def read_twice(a: Any, out: Any, go: Any) -> None:
     out.put(float(a.array[0]))
 
 
+def load_and_read_twice(blob: bytes, out: Any, go: Any, close_first: bool) -> None:
+    """:func:`read_twice` of ``blob`` (a pickle, or a payload's bytes for ``sa.load``);
+    ``close_first``: close the view after the first read, put ``"closed"`` and wait for
+    ``go`` (alive: its ``DONE`` is said as its view closes, not at its exit)."""
+    import pickle
+
+    import sharedarrays as sa
+
+    a = pickle.loads(blob) if blob[:1] == b"\x80" else sa.load(blob)
+    if close_first:
+        out.put(float(a.array[0]))
+        a.close()
+        out.put("closed")
+        go.wait(60)
+        return
+    read_twice(a, out, go)
+
+
 def new_filled(args: tuple[int, int]) -> Any:
     """A new host array of ``n`` float64 filled with ``value`` (a result made in a worker)."""
     import sharedarrays as sa

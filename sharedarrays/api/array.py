@@ -238,7 +238,9 @@ class SharedDeviceArray(ShapeViews):
         self.close()
 
     def payload(self) -> Payload:
-        """What a pickle of this view carries, as one payload (starts the handle server)."""
+        """What a pickle of this view carries, as one payload (starts the handle server).
+        Any number of processes may load it: the memory is never reused (no ``DONE`` counts)."""
+        self.allocation.drop_block()
         return dataclasses.replace(
             allocation_payload(self.allocation),
             dtype=self._dtype,
@@ -295,6 +297,8 @@ def _reduce(for_multiprocessing: bool, a: SharedDeviceArray) -> tuple[Any, tuple
     if lease is None:
         raise a._closed()
     alloc = lease.allocation  # (a.allocation, without its frame)
+    if not for_multiprocessing:  # a plain pickle may be loaded by any number of processes,
+        alloc.drop_block()  # so no count of DONEs tells when its memory is free for reuse
     # (not for growable memory, whose server records who maps its chunks, nor for
     # exporter-owned memory, whose exporter must see every importer)
     carry_fds = (

@@ -4,6 +4,7 @@ that find their parked mappings of it again."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import pickle
 import time
 
 import numpy as np
@@ -265,6 +266,40 @@ def test_memory_a_process_holds_untracked_is_never_reused(how: str) -> None:
         child.join(60)
         assert child.exitcode == 0
         del fresh
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("how", ["pickle-loaded-twice", "payload-bytes"])
+def test_memory_of_a_payload_any_process_may_load_is_never_reused(how: str) -> None:
+    """A plain pickle (loaded here by two processes, one of which closes its view first) and
+    ``a.payload()``'s bytes can be loaded any number of times: letting go here, and making
+    arrays that would take the memory, never changes what a process still holding it reads."""
+    ctx = mp.get_context("spawn")
+    out, closer, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    a = sa.full(N, 3.0, device="cpu", pack=False)
+    blob = pickle.dumps(a) if how == "pickle-loaded-twice" else a.payload().to_bytes()
+    procs = [ctx.Process(target=workers.load_and_read_twice, args=(blob, out, go, False))]
+    if how == "pickle-loaded-twice":
+        args = (blob, closer, go, True)
+        procs.append(ctx.Process(target=workers.load_and_read_twice, args=args))
+    for p in procs:
+        p.start()
+    try:
+        assert out.get(timeout=60) == 3.0
+        if how == "pickle-loaded-twice":  # (its DONE counts as many loads as were pickled)
+            assert [closer.get(timeout=60) for _ in range(2)] == [3.0, "closed"]
+            time.sleep(0.5)
+        del a
+        fresh = [sa.full(N, 9.0, device="cpu", pack=False) for _ in range(8)]
+        time.sleep(0.2)
+        go.set()
+        assert out.get(timeout=60) == 3.0
+        del fresh
+    finally:
+        go.set()
+        for p in procs:
+            p.join(60)
+    assert [p.exitcode for p in procs] == [0] * len(procs)
 
 
 @pytest.mark.gpu
