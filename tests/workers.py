@@ -380,6 +380,19 @@ def load_and_read_twice(blob: bytes, out: Any, go: Any, close_first: bool) -> No
     read_twice(a, out, go)
 
 
+def listed_by_block_around_a_plain_pickle(a: Any) -> tuple[bool, bool]:
+    """Whether this import of ``a`` is listed by its block before and after a plain pickle
+    of it (which takes its memory out of reuse)."""
+    import pickle
+
+    from sharedarrays.process import STATE
+
+    alloc = a.allocation
+    before = any(x is alloc for x in STATE.memory.blocks.values())
+    pickle.dumps(a)
+    return before, any(x is alloc for x in STATE.memory.blocks.values())
+
+
 def new_filled(args: tuple[int, int]) -> Any:
     """A new host array of ``n`` float64 filled with ``value`` (a result made in a worker)."""
     import sharedarrays as sa

@@ -315,6 +315,9 @@ class Allocation(Leasing, Growth):
         it: made here, it is never cached (its payloads carry no block from now on);
         imported, it never says ``DONE`` (its exporter waits for the in-flight bound)."""
         if self.block is not None:
+            with STATE.memory.lock:  # (an import is found by its block no more)
+                if STATE.memory.blocks.get(self.block) is self:
+                    del STATE.memory.blocks[self.block]
             self.block = self.pool_server = None
             self.generation += 1
 

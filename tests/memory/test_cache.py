@@ -302,6 +302,13 @@ def test_memory_of_a_payload_any_process_may_load_is_never_reused(how: str) -> N
     assert [p.exitcode for p in procs] == [0] * len(procs)
 
 
+@pytest.mark.timeout(120)
+def test_an_import_taken_out_of_reuse_is_no_longer_listed_by_its_block() -> None:
+    a = sa.full(N, 3.0, device="cpu", pack=False)
+    with mp.get_context("spawn").Pool(1) as pool:
+        assert pool.apply(workers.listed_by_block_around_a_plain_pickle, (a,)) == (True, False)
+
+
 @pytest.mark.gpu
 @pytest.mark.timeout(180)
 def test_cuda_memory_a_spawned_process_takes_as_argument_is_never_reused() -> None:
