@@ -19,6 +19,7 @@ class BackendsState:
     def __init__(self) -> None:
         self.registrations: dict[str, Any] = {}
         self.kinds: dict[str, Callable[[int], str | None]] = {}
+        self.accelerators_loaded = False  # (registry.load_accelerators ran)
         self.objects: dict[tuple[str, Any], Any] = {}
         self.reasons: dict[tuple[Any, ...], str | None] = {}
         self.cuda_driver: Any = None

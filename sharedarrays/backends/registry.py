@@ -49,8 +49,11 @@ not registered, or the whole list, is first asked for (not by ``import sharedarr
 
 def load_accelerators() -> None:
     """Import (once) every module of :data:`ACCELERATORS`, each registering its backends."""
-    for module in ACCELERATORS:
-        importlib.import_module(module)
+    state = STATE.backends
+    if not state.accelerators_loaded:  # (checked first: registrations() runs per sa.empty)
+        for module in ACCELERATORS:
+            importlib.import_module(module)
+        state.accelerators_loaded = True
 
 
 def _registered(name: object) -> Registration | None:
