@@ -380,6 +380,22 @@ def load_and_read_twice(blob: bytes, out: Any, go: Any, close_first: bool) -> No
     read_twice(a, out, go)
 
 
+def forward_then_close(received: Any, forward: Any, told: Any, out: Any, go: Any) -> None:
+    """Take an array from queue ``received``, put it on queue ``forward``, close it when
+    ``told`` (then put ``"closed"`` on ``out``), and stay alive until ``go``."""
+    a = received.get(timeout=60)
+    forward.put(a)
+    told.get(timeout=60)
+    a.close()
+    out.put("closed")
+    go.wait(60)
+
+
+def read_twice_from(queue: Any, out: Any, go: Any) -> None:
+    """:func:`read_twice` of the array taken from ``queue``."""
+    read_twice(queue.get(timeout=60), out, go)
+
+
 def listed_by_block_around_a_plain_pickle(a: Any) -> tuple[bool, bool]:
     """Whether this import of ``a`` is listed by its block before and after a plain pickle
     of it (which takes its memory out of reuse)."""

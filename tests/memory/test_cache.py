@@ -302,6 +302,37 @@ def test_memory_of_a_payload_any_process_may_load_is_never_reused(how: str) -> N
     assert [p.exitcode for p in procs] == [0] * len(procs)
 
 
+@pytest.mark.timeout(180)
+def test_memory_a_forwarded_payload_holds_is_never_reused() -> None:
+    """An importer forwards the array to a third process and closes its own view: letting go
+    here, and making arrays that would take the memory, never changes what the third reads."""
+    ctx = mp.get_context("spawn")
+    to_b, to_c, tell, said, read = ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Queue()
+    go = ctx.Event()
+    b = ctx.Process(target=workers.forward_then_close, args=(to_b, to_c, tell, said, go))
+    c = ctx.Process(target=workers.read_twice_from, args=(to_c, read, go))
+    b.start()
+    c.start()
+    try:
+        a = sa.full(N, 3.0, device="cpu", pack=False)
+        to_b.put(a)
+        assert read.get(timeout=60) == 3.0  # (the third process loaded it)
+        tell.put("close")
+        assert said.get(timeout=60) == "closed"
+        time.sleep(0.5)  # (the forwarder's notices arrive)
+        del a
+        fresh = [sa.full(N, 9.0, device="cpu", pack=False) for _ in range(8)]
+        time.sleep(0.2)
+        go.set()
+        assert read.get(timeout=60) == 3.0
+        del fresh
+    finally:
+        go.set()
+        for p in (b, c):
+            p.join(60)
+    assert (b.exitcode, c.exitcode) == (0, 0)
+
+
 @pytest.mark.timeout(120)
 def test_an_import_taken_out_of_reuse_is_no_longer_listed_by_its_block() -> None:
     a = sa.full(N, 3.0, device="cpu", pack=False)
