@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import pickle
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -268,6 +269,16 @@ def test_memory_a_process_holds_untracked_is_never_reused(how: str) -> None:
         del fresh
 
 
+def _new_arrays_then_read_again(out: Any, go: Any) -> None:
+    """Make arrays that would take the memory just let go of, then let the process still
+    holding it read again: it reads what was written before (3.0)."""
+    fresh = [sa.full(N, 9.0, device="cpu", pack=False) for _ in range(8)]
+    time.sleep(0.2)
+    go.set()
+    assert out.get(timeout=60) == 3.0
+    del fresh
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("how", ["pickle-loaded-twice", "payload-bytes"])
 def test_memory_of_a_payload_any_process_may_load_is_never_reused(how: str) -> None:
@@ -290,11 +301,7 @@ def test_memory_of_a_payload_any_process_may_load_is_never_reused(how: str) -> N
             assert [closer.get(timeout=60) for _ in range(2)] == [3.0, "closed"]
             time.sleep(0.5)
         del a
-        fresh = [sa.full(N, 9.0, device="cpu", pack=False) for _ in range(8)]
-        time.sleep(0.2)
-        go.set()
-        assert out.get(timeout=60) == 3.0
-        del fresh
+        _new_arrays_then_read_again(out, go)
     finally:
         go.set()
         for p in procs:
@@ -321,11 +328,7 @@ def test_memory_a_forwarded_payload_holds_is_never_reused() -> None:
         assert said.get(timeout=60) == "closed"
         time.sleep(0.5)  # (the forwarder's notices arrive)
         del a
-        fresh = [sa.full(N, 9.0, device="cpu", pack=False) for _ in range(8)]
-        time.sleep(0.2)
-        go.set()
-        assert read.get(timeout=60) == 3.0
-        del fresh
+        _new_arrays_then_read_again(read, go)
     finally:
         go.set()
         for p in (b, c):
