@@ -196,8 +196,9 @@ def test_release_while_an_importer_holds_it(target: Target) -> None:
     a = target.from_array(np.arange(100_000, dtype=np.float64), pack=False)
     alloc_id = a.allocation.id
     waits = target.exporter_owned or a.allocation.block is not None
-    blob = bytes(ForkingPickler.dumps(a))  # (multiprocessing's, loaded once: memory it
-    child = ctx.Process(target=cw.hold_then_read, args=(blob, ready, go, result))  # may reuse)
+    # (multiprocessing's pickle, loaded once: the memory its exporter may keep for reuse)
+    blob = bytes(ForkingPickler.dumps(a))
+    child = ctx.Process(target=cw.hold_then_read, args=(blob, ready, go, result))
     child.start()
     try:
         assert ready.wait(60), "the importer did not load the array"

@@ -104,7 +104,7 @@ def keep(a: ArrayBase, name: str | None) -> None:
             f"the keeper holds arrays of at most {keeper_protocol.MAX_CHUNKS} chunks; this one has "
             f"{len(chunks)} (pass a larger chunk_bytes)"
         )
-    doc = a.payload().to_doc()
+    doc = a.payload().to_doc()  # (its memory out of reuse now: the keeper may serve it to anyone)
     allow = None if alloc.allow_pids is None else sorted(alloc.allow_pids)
     req = keeper_protocol.Keep(alloc.id, alloc.secret, name, chunks, doc, allow)
     handles, temporary = alloc.handles_for_importers()  # read-only ones for readonly arrays
@@ -118,7 +118,6 @@ def keep(a: ArrayBase, name: str | None) -> None:
     what = f"cannot name the array {name!r}" if name else "cannot park the array"
     keeper.raise_for(status, body, what)
     keeper.hold(alloc.id)
-    alloc.drop_block()  # (the keeper may serve it to anyone)
     STATE.keeper.kept[alloc] = name
 
 
