@@ -1,6 +1,6 @@
 """Interleaved A/B of a warm host handoff between two trees of the library, in pairs.
 
-    python benchmarks/ab_trees.py [--pairs 1000] [--size 1M] [--case warm|results|pool|full]
+    python benchmarks/ab_trees.py [--pairs 1000] [--size 1M] [--case warm|cold|results|pool|full]
         [--device cpu|cuda:0] [--growable] [--env-b NAME=VALUE ...] TREE_A TREE_B
     python benchmarks/ab_trees.py [options] --off natives|parts|decoded|memset TREE
 
@@ -10,8 +10,8 @@ cache switched off (one line of it replaced, see :data:`OFF`).
 A TREE is a folder holding a ``sharedarrays`` package (e.g. ``git archive REV sharedarrays |
 tar -x -C DIR``, or a worktree). Each tree gets a side process (``PYTHONPATH=TREE``) with a
 1 MiB array (host, or ``--device``'s) and a spawned worker. A round on a side: the side
-pickles the array with multiprocessing's ``ForkingPickler`` (warm: it was pickled before), sends the bytes through a
-pipe, and the worker loads them, takes ``.array`` and closes the view. Pairs alternate the
+pickles the array with multiprocessing's ``ForkingPickler`` (warm: it was pickled before;
+cold: a new one each round, as the bench's cold part does), sends the bytes through a pipe, and the worker loads them, takes ``.array`` and closes the view. Pairs alternate the
 order (A then B, B then A), so both trees meet the same machine state and each order is
 half the pairs. Printed: the median of each part per tree (``pickle``: the side's dump;
 ``load``: the worker's load, ``.array`` and ``close``; ``round``: the whole round trip, pipe
@@ -101,7 +101,11 @@ def _pooled(spec: tuple[int, str]) -> Any:
 def _side(size: int, case: str, device: str, growable: bool) -> None:
     import sharedarrays as sa
 
+    def new() -> Any:
+        return sa.empty(size, dtype="uint8", device=device, pack=False)
+
     a = sa.empty(size, dtype="uint8", device=device, capacity=2 * size if growable else None)
+    fresh = [new()] if case == "cold" else []  # (the cold case's next array, made untimed)
     ctx = mp.get_context("spawn")
     mine, theirs = ctx.Pipe()
     pool = worker = None
@@ -109,12 +113,13 @@ def _side(size: int, case: str, device: str, growable: bool) -> None:
         pool = sa.Pool(POOL_WORKERS)
     elif case == "results":
         worker = ctx.Process(target=_maker, args=(theirs, size, device), daemon=True)
-    elif case == "warm":
+    elif case in ("warm", "cold"):
         worker = ctx.Process(target=_worker, args=(theirs,), daemon=True)
     if worker is not None:
         worker.start()
 
     def one() -> str:
+        x = fresh[0] if fresh else a
         t0 = time.perf_counter_ns()
         if pool is not None:  # (the round alone: 16 new arrays returned, each read, closed)
             for x in pool.imap_unordered(_pooled, [(size, device)] * POOL_TASKS):
@@ -140,11 +145,14 @@ def _side(size: int, case: str, device: str, growable: bool) -> None:
             del x
             t2 = time.perf_counter_ns()
             return f"{made} {t2 - t1} {t2 - t0}"
-        blob = _dumps(a)
+        blob = _dumps(x)
         t1 = time.perf_counter_ns()
         mine.send_bytes(blob)
         load = int(mine.recv_bytes())
         t2 = time.perf_counter_ns()
+        if fresh:  # (cold: closed, and the next one made, outside the round's time)
+            x.close()
+            fresh[0] = new()
         return f"{t1 - t0} {load} {t2 - t0}"
 
     for _ in range(50):  # warm: the payload cached, the worker's mapping kept
@@ -159,7 +167,8 @@ def _side(size: int, case: str, device: str, growable: bool) -> None:
         worker.join(10)
     if pool is not None:
         pool.terminate()
-    a.close()
+    for x in [a, *fresh]:
+        x.close()
 
 
 def _without(tree: str, cache: str) -> str:
@@ -185,9 +194,10 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=1 << 20)
     parser.add_argument(
         "--case",
-        choices=("warm", "results", "pool", "full"),
+        choices=("warm", "cold", "results", "pool", "full"),
         default="warm",
-        help="warm: a worker loads the side's array again; results: a worker returns a new "
+        help="warm: a worker loads the side's array again; cold: a new array each round, "
+        "which the worker never saw (SHAREDARRAYS_CACHE_BYTES=0: no memory reused); results: a worker returns a new "
         "array each round, which the side loads, reads and closes; pool: an sa.Pool(4) "
         "returns 16 new arrays a round (only the round is timed); full: the side makes a "
         "new float32 array of ones (sa.full) and reads it",
@@ -206,6 +216,8 @@ def main() -> None:
     sides = []
     for tree in args.trees:
         env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
+        if args.case == "cold":
+            env["SHAREDARRAYS_CACHE_BYTES"] = "0"
         if sides:
             env.update(item.split("=", 1) for item in args.env_b)
         p = subprocess.Popen(
