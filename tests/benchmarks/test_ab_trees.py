@@ -50,3 +50,15 @@ def test_a_short_run_prints_the_paired_differences(tree: Path) -> None:
     ).stdout
     assert "20 interleaved pairs, warm" in out
     assert "B - A (order-balanced)" in out
+
+
+def test_a_short_cold_run_prints_the_paired_differences(tree: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--pairs", "10", "--case", "cold", str(tree), str(tree)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=True,
+    ).stdout
+    assert "10 interleaved pairs, cold" in out
+    assert "B - A (order-balanced)" in out
