@@ -1,7 +1,7 @@
 """Interleaved A/B of a warm host handoff between two trees of the library, in pairs.
 
     python benchmarks/ab_trees.py [--pairs 1000] [--size 1M] [--case warm|cold|results|pool|full]
-        [--device cpu|cuda:0] [--growable] [--env-b NAME=VALUE ...] TREE_A TREE_B
+        [--device cpu|cuda:0] [--growable] [--burst N] [--env-b NAME=VALUE ...] TREE_A TREE_B
     python benchmarks/ab_trees.py [options] --off natives|parts|decoded|memset TREE
 
 ``--off`` measures what one cache of the warm path buys: tree B is a copy of TREE with that
@@ -98,7 +98,7 @@ def _pooled(spec: tuple[int, str]) -> Any:
     return sa.empty(spec[0], dtype="uint8", device=spec[1], pack=False)
 
 
-def _side(size: int, case: str, device: str, growable: bool) -> None:
+def _side(size: int, case: str, device: str, growable: bool, burst: int = 1) -> None:
     import sharedarrays as sa
 
     def new() -> Any:
@@ -121,12 +121,13 @@ def _side(size: int, case: str, device: str, growable: bool) -> None:
     def one() -> str:
         x = fresh[0] if fresh else a
         t0 = time.perf_counter_ns()
-        if pool is not None:  # (the round alone: 16 new arrays returned, each read, closed)
-            for x in pool.imap_unordered(_pooled, [(size, device)] * POOL_TASKS):
-                x.array[0].item()
-                x.close()
-                del x
-            return f"0 0 {time.perf_counter_ns() - t0}"
+        if pool is not None:  # (16 new arrays returned, each read, closed; per round)
+            for _ in range(burst):
+                for x in pool.imap_unordered(_pooled, [(size, device)] * POOL_TASKS):
+                    x.array[0].item()
+                    x.close()
+                    del x
+            return f"0 0 {(time.perf_counter_ns() - t0) // burst}"
         if case == "full":  # (a new float32 array of ones, made here, read, closed)
             x = sa.full(size // 4, 1.0, "float32", device=device, pack=False)
             x.array[-1].item()
@@ -202,6 +203,13 @@ def main() -> None:
         "returns 16 new arrays a round (only the round is timed); full: the side makes a "
         "new float32 array of ones (sa.full) and reads it",
     )
+    parser.add_argument(
+        "--burst",
+        type=int,
+        default=1,
+        help="pool: rounds a side runs back to back per turn (their mean is its sample), as "
+        "a program returning results all along does; 1: the other side's round in between",
+    )
     parser.add_argument("--device", default="cpu", help="the arrays' device (cpu, cuda:0)")
     parser.add_argument("--growable", action="store_true", help="warm: a growable array")
     parser.add_argument(
@@ -231,6 +239,8 @@ def main() -> None:
                 args.case,
                 "--device",
                 args.device,
+                "--burst",
+                str(args.burst),
                 *(["--growable"] if args.growable else []),
                 "x",
                 "x",
@@ -300,7 +310,9 @@ def main() -> None:
 
 if __name__ == "__main__":
     if "--side" in sys.argv:
-        opt = {k: sys.argv[sys.argv.index(k) + 1] for k in ("--size", "--case", "--device")}
-        _side(int(opt["--size"]), opt["--case"], opt["--device"], "--growable" in sys.argv)
+        keys = ("--size", "--case", "--device", "--burst")
+        opt = {k: sys.argv[sys.argv.index(k) + 1] for k in keys}
+        growable = "--growable" in sys.argv
+        _side(int(opt["--size"]), opt["--case"], opt["--device"], growable, int(opt["--burst"]))
     else:
         main()

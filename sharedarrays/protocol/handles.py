@@ -40,13 +40,19 @@ class Kind(enum.Enum):
     LOADED = b"SAL1"  # importer: I loaded count of your payloads warm (no reply)
     SNAPSHOT = b"SAS1"  # what do you hold? (Snapshot; id and secret zeros, not read)
     DROP = b"SAD1"  # drop your parked mapping of it (secret not read: costs an import)
-    DONE = b"SAU1"  # importer: my last view of your block closed, after count loads
+    DONE = b"SAU2"  # importer: my last view of your block closed, after count loads (no reply)
     ASK = b"SAQ2"  # exporter: say DONE when your last view of this block goes (count of
     # your payloads that came back here, loaded: no longer in flight there)
 
     @property
     def counted(self) -> bool:
         return self in (Kind.GROW, Kind.RELEASED, Kind.LOADED, Kind.DONE, Kind.ASK)
+
+    @property
+    def replied(self) -> bool:
+        """Whether the server answers it: not the notices sent as results flow (a sender
+        waiting for each answer fell behind: memory of a block waited for its DONE)."""
+        return self not in (Kind.LOADED, Kind.DONE)
 
 
 class Status(enum.IntEnum):

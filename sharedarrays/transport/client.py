@@ -291,7 +291,10 @@ def _send_notices(notices: NoticesState) -> None:
         if not servers:  # (queued by report_load)
             _send_reports(notices)
         for path, message in zip(servers, messages):
-            _send(path, message)
+            if Kind(message[:4]).replied:
+                _send(path, message)
+            else:
+                _post(path, message)
         notices.in_flight.pop()
 
 
@@ -309,6 +312,27 @@ def _send_reports(notices: NoticesState) -> None:
             sock.close()
             continue
         keep_connection(server, sock)
+
+
+def _post(path: str, message: bytes) -> None:
+    """Send one notice that has no reply on the connection kept to ``path`` (replaced once
+    if the server had closed it); one gone, another user's or with a full queue is told
+    nothing (its memory waits for the bounds instead)."""
+    sock = take_connection(path)
+    for last in (sock is None, True):
+        try:
+            if sock is None:  # (never another user's)
+                sock = connect_unix(path, 0.0, NOTICE_TIMEOUT, f"the handle server {path}")
+                sock.settimeout(TIMEOUT)
+            sock.send(message, socket.MSG_DONTWAIT)
+            keep_connection(path, sock)
+            return
+        except (OSError, PermissionDenied):
+            if sock is not None:
+                sock.close()
+            sock = None
+            if last:
+                return
 
 
 def _send(path: str, message: bytes) -> None:

@@ -46,8 +46,9 @@ from sharedarrays.protocol.unix import (
 MAX_CONNECTIONS = 256  # importer connections kept open at most (the longest idle closed)
 HOUSEKEEPING = 5.0  # seconds between checks for parked mappings whose source process died
 BACKOFF = 0.05  # seconds waited after an error no connection is to blame for (EMFILE)
-READ_AHEAD = 16  # most LOADED notices read on one connection per round: none starves
+READ_AHEAD = 16  # most notices read on one connection per round: none starves
 _ASKED_LIMIT = 256  # block tokens remembered as asked DONE for before they were listed
+_NOTICES = tuple(kind.value for kind in Kind if not kind.replied)  # (read ahead)
 
 
 class HandleServer:
@@ -186,19 +187,11 @@ class HandleServer:
             self._hang_up(sel, conn)
 
     def _closed(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
-        """``CLOSED``: the peer freed its import (maybe the memory can go now); ``DONE``: it
-        closed its last view of a block after ``count`` loads."""
+        """``CLOSED``: the peer freed its import (maybe the memory can go now)."""
         alloc = _found(request)
         _reply(conn, Status.GONE if alloc is None else Status.OK)
-        if alloc is None:
-            return
-        if request.kind is Kind.CLOSED:
+        if alloc is not None:
             alloc.closed_by(peer.pid)
-        else:
-            servers = [s for s in alloc.served_servers() if socket_pid(s) == peer.pid]
-            alloc.done_by_importers(request.count, servers)
-
-    _done = _closed
 
     def _released(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
         """``RELEASED``: the process that served us released the allocation (or block)."""
@@ -262,19 +255,27 @@ class HandleServer:
     _grow = _fetch
 
     def _loaded(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
-        """``LOADED`` (no reply): fewer in flight; up to :data:`READ_AHEAD` more are read too."""
+        """``LOADED`` and ``DONE`` (no reply): fewer payloads in flight, or a block's importer
+        closed its last view after ``count`` loads; up to :data:`READ_AHEAD` more are read."""
         for ahead in range(READ_AHEAD + 1):
-            if ahead:  # the next message, if it is a LOADED too
+            if ahead:  # the next message, if it is a notice too
                 try:
                     peek = conn.recv(COUNTED_SIZE, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-                    if len(peek) < COUNTED_SIZE or not peek.startswith(Kind.LOADED.value):
+                    if len(peek) < COUNTED_SIZE or peek[:4] not in _NOTICES:
                         return
                     request = Request.decode(conn.recv(COUNTED_SIZE))
                 except OSError:
                     return
             alloc = _found(request)
-            if alloc is not None:  # (a wrong secret: ignored, no reply)
+            if alloc is None:  # (a wrong secret: ignored)
+                continue
+            if request.kind is Kind.LOADED:
                 alloc.flight.note_loaded(request.count)
+            else:
+                servers = [s for s in alloc.served_servers() if socket_pid(s) == peer.pid]
+                alloc.done_by_importers(request.count, servers)
+
+    _done = _loaded
 
     def _snapshot(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
         """``SNAPSHOT``: what this process holds; metadata only, no handle or secret."""

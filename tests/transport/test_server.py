@@ -152,6 +152,28 @@ def test_connections_to_ended_pool_workers_do_not_pile_up() -> None:
     assert counts[-1][1] <= counts[0][1] + 2, counts  # (piling up: one more per pool)
 
 
+def test_done_is_counted_and_not_answered() -> None:
+    """DONE (a block's importer closed its last view) is a notice: the server counts it and
+    sends nothing back, so that the importer's notifier never waits on a busy exporter."""
+    a = sa.empty(1 << 16, "uint8", device="cpu", pack=False)
+    alloc = a.allocation
+    assert alloc.block is not None
+    alloc.flight.note_sent()  # (a payload of it in flight, as a pickle for a Pool makes)
+    assert not alloc.flight.all_done()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.settimeout(10)
+        s.connect(transport.server_address())
+        s.send(Request(Kind.DONE, alloc.id, alloc.secret, 1).encode())
+        deadline = time.monotonic() + 10
+        while not alloc.flight.all_done() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert alloc.flight.all_done()
+        s.setblocking(False)
+        with pytest.raises(BlockingIOError):  # (an answer would have come before the count)
+            s.recv(1 << 10)
+    a.close()
+
+
 def test_loaded_notices_are_read_a_bounded_number_at_a_time() -> None:
     """One wake-up reads the notice that woke the server and at most ``READ_AHEAD`` more
     from that connection: the rest wait for the next round, behind the other connections."""
