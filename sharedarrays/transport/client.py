@@ -303,25 +303,19 @@ def _send_reports(notices: NoticesState) -> None:
     with notices.unreported_lock:
         reports, notices.unreported = notices.unreported, {}
     for (server, alloc_id, secret), count in reports.items():
-        sock = take_connection(server)
-        if sock is None:
-            continue  # (the sender counts them in flight until the bound: the safe side)
-        try:
-            sock.send(Request(Kind.LOADED, alloc_id, secret, count).encode())
-        except OSError:
-            sock.close()
-            continue
-        keep_connection(server, sock)
+        # (on a kept connection only: else the sender counts them in flight till the bound)
+        _post(server, Request(Kind.LOADED, alloc_id, secret, count).encode(), connect=False)
 
 
-def _post(path: str, message: bytes) -> None:
-    """Send one notice that has no reply on the connection kept to ``path`` (replaced once
-    if the server had closed it); one gone, another user's or with a full queue is told
-    nothing (its memory waits for the bounds instead)."""
+def _post(path: str, message: bytes, connect: bool = True) -> None:
+    """Send one notice that has no reply on the connection kept to ``path`` (``connect``: a
+    new one where none is kept or the server had closed it); one gone, another user's or
+    with a full queue is told nothing (its memory waits for the bounds instead)."""
     sock = take_connection(path)
-    for last in (sock is None, True):
+    while sock is not None or connect:
         try:
             if sock is None:  # (never another user's)
+                connect = False  # (once)
                 sock = connect_unix(path, 0.0, NOTICE_TIMEOUT, f"the handle server {path}")
                 sock.settimeout(TIMEOUT)
             sock.send(message, socket.MSG_DONTWAIT)
@@ -331,8 +325,6 @@ def _post(path: str, message: bytes) -> None:
             if sock is not None:
                 sock.close()
             sock = None
-            if last:
-                return
 
 
 def _send(path: str, message: bytes) -> None:
