@@ -26,6 +26,7 @@ from conftest import fd_targets, open_fds
 from keeper_helpers import private_keeper  # noqa: F401 - fixture
 
 import sharedarrays as sa
+from sharedarrays.api.pool import cuda_initialised
 from sharedarrays.memory import cache
 from sharedarrays.memory.cache import empty_cache
 from sharedarrays.memory.registry import draining_allocations, drop_parked, reap_draining
@@ -104,8 +105,9 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 def _context(method: str, backend: str) -> Any:
     """The start method's context; ``None`` where CUDA refuses it (fork after CUDA was
-    initialised, asserted here: the pattern is the refusal)."""
-    if method == "fork" and backend.startswith("cuda"):
+    initialised, asserted here: the pattern is the refusal), also for host memory once a
+    CUDA case ran in this process (``-m "gpu or not gpu"`` on a GPU machine)."""
+    if method == "fork" and (backend.startswith("cuda") or cuda_initialised()):
         with pytest.raises(sa.ForkAfterCudaError):
             sa.Pool(1, context="fork")
         return None
