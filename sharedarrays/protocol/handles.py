@@ -50,8 +50,8 @@ class Kind(enum.Enum):
 
     @property
     def replied(self) -> bool:
-        """Whether the server answers it: not the notices sent as results flow (a sender
-        waiting for each answer fell behind: memory of a block waited for its DONE)."""
+        """Whether the server answers it; not the notices sent as arrays flow, which must
+        never wait on a busy exporter (a block waits for its DONE to be reused)."""
         return self not in (Kind.LOADED, Kind.DONE)
 
 
