@@ -11,7 +11,8 @@ A TREE is a folder holding a ``sharedarrays`` package (e.g. ``git archive REV sh
 tar -x -C DIR``, or a worktree). Each tree gets a side process (``PYTHONPATH=TREE``) with a
 1 MiB array (host, or ``--device``'s) and a spawned worker. A round on a side: the side
 pickles the array with multiprocessing's ``ForkingPickler`` (warm: it was pickled before;
-cold: a new one each round, as the bench's cold part does), sends the bytes through a pipe, and the worker loads them, takes ``.array`` and closes the view. Pairs alternate the
+cold: a new one each round, as the bench's cold part does), sends the bytes through a pipe,
+and the worker loads them, takes ``.array`` and closes the view. Pairs alternate the
 order (A then B, B then A), so both trees meet the same machine state and each order is
 half the pairs. Printed: the median of each part per tree (``pickle``: the side's dump;
 ``load``: the worker's load, ``.array`` and ``close``; ``round``: the whole round trip, pipe
@@ -198,8 +199,9 @@ def main() -> None:
         choices=("warm", "cold", "results", "pool", "full"),
         default="warm",
         help="warm: a worker loads the side's array again; cold: a new array each round, "
-        "which the worker never saw (SHAREDARRAYS_CACHE_BYTES=0: no memory reused); results: a worker returns a new "
-        "array each round, which the side loads, reads and closes; pool: an sa.Pool(4) "
+        "which the worker never saw (SHAREDARRAYS_CACHE_BYTES=0: no memory reused); results: "
+        "a worker returns a new array each round, which the side loads, reads and closes; "
+        "pool: an sa.Pool(4) "
         "returns 16 new arrays a round (only the round is timed); full: the side makes a "
         "new float32 array of ones (sa.full) and reads it",
     )

@@ -291,10 +291,7 @@ def _send_notices(notices: NoticesState) -> None:
         if not servers:  # (queued by report_load)
             _send_reports(notices)
         for path, message in zip(servers, messages):
-            if Kind(message[:4]).replied:
-                _send(path, message)
-            else:
-                _post(path, message)
+            _send(path, message)
         notices.in_flight.pop()
 
 
@@ -304,53 +301,34 @@ def _send_reports(notices: NoticesState) -> None:
         reports, notices.unreported = notices.unreported, {}
     for (server, alloc_id, secret), count in reports.items():
         # (on a kept connection only: else the sender counts them in flight till the bound)
-        _post(server, Request(Kind.LOADED, alloc_id, secret, count).encode(), connect=False)
+        _send(server, Request(Kind.LOADED, alloc_id, secret, count).encode(), connect=False)
 
 
-def _post(path: str, message: bytes, connect: bool = True) -> None:
-    """Send one notice that has no reply on the connection kept to ``path`` (``connect``: a
-    new one where none is kept or the server had closed it); one gone, another user's or
-    with a full queue is told nothing (its memory waits for the bounds instead)."""
+def _send(path: str, message: bytes, connect: bool = True) -> None:
+    """Send one notice on the connection kept to ``path`` (``connect``: a new one where none
+    is kept; replaced once if the server had closed it) and wait for its reply where its kind
+    has one; a server gone, stopped or overloaded, or another user's, is told nothing."""
+    replied = Kind(message[:4]).replied
     sock = take_connection(path)
     while sock is not None or connect:
         try:
-            if sock is None:  # (never another user's)
-                connect = False  # (once)
-                sock = connect_unix(path, 0.0, NOTICE_TIMEOUT, f"the handle server {path}")
-                sock.settimeout(TIMEOUT)
-            sock.send(message, socket.MSG_DONTWAIT)
-            keep_connection(path, sock)
-            return
-        except (OSError, PermissionDenied):
-            if sock is not None:
-                sock.close()
-            sock = None
-
-
-def _send(path: str, message: bytes) -> None:
-    """Send one notice and wait for its reply on the connection kept to ``path`` (replaced
-    once if the server had closed it); one gone, or another user's, is told nothing."""
-    sock = take_connection(path)
-    reused = sock is not None
-    while True:
-        try:
             if sock is None:  # (a full queue: TimeoutError at once; never another user's)
+                connect = False  # (once)
                 sock = connect_unix(path, 0.0, NOTICE_TIMEOUT, f"the handle server {path}")
             sock.settimeout(NOTICE_TIMEOUT)
             sock.sendall(message)
-            if sock.recv(REPLY_SIZE):
-                sock.settimeout(TIMEOUT)
-                keep_connection(path, sock)
-                return
+            if replied and not sock.recv(REPLY_SIZE):
+                raise ConnectionResetError  # (the server had closed it)
+            sock.settimeout(TIMEOUT)
+            keep_connection(path, sock)
+            return
         except TimeoutError:
-            reused = False  # (stopped or overloaded: not asked twice)
+            connect = False  # (stopped or overloaded: not asked twice)
         except (OSError, PermissionDenied):
             pass
         if sock is not None:
             sock.close()
-        if not reused:
-            return
-        sock, reused = None, False
+        sock = None
 
 
 def start_notifier() -> None:

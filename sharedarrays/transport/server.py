@@ -254,7 +254,7 @@ class HandleServer:
 
     _grow = _fetch
 
-    def _loaded(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
+    def _notice(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
         """``LOADED`` and ``DONE`` (no reply): fewer payloads in flight, or a block's importer
         closed its last view after ``count`` loads; up to :data:`READ_AHEAD` more are read."""
         for ahead in range(READ_AHEAD + 1):
@@ -275,7 +275,7 @@ class HandleServer:
                 servers = [s for s in alloc.served_servers() if socket_pid(s) == peer.pid]
                 alloc.done_by_importers(request.count, servers)
 
-    _done = _loaded
+    _loaded = _done = _notice
 
     def _snapshot(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
         """``SNAPSHOT``: what this process holds; metadata only, no handle or secret."""
