@@ -2,7 +2,7 @@
 
     python benchmarks/ab_trees.py [--pairs 1000] [--size 1M] [--case warm|cold|results|pool|full]
         [--device cpu|cuda:0] [--growable] [--burst N] [--env-b NAME=VALUE ...] TREE_A TREE_B
-    python benchmarks/ab_trees.py [options] --off natives|parts|decoded|memset TREE
+    python benchmarks/ab_trees.py [options] --off natives|parts|decoded|memset|takefds TREE
 
 ``--off`` measures what one cache of the warm path buys: tree B is a copy of TREE with that
 cache switched off (one line of it replaced, see :data:`OFF`).
@@ -59,6 +59,11 @@ OFF = {  # cache: (file, its line, the line that switches it off)
         "api/creation.py",
         'fill = getattr(alloc.backend, "fill", None)',
         "fill = None",
+    ),
+    "takefds": (  # (not a cache: a first load takes the chunk fds, else asks for them)
+        "importing.py",
+        "taken = take_fds(p.pid, [*fds.chunks, fds.table])",
+        "taken = None",
     ),
 }
 

@@ -27,9 +27,13 @@ from sharedarrays.memory.info import use_clock
 from sharedarrays.memory.lease import Lease
 from sharedarrays.memory.registry import lookup, revive
 from sharedarrays.memory.reservation import close_fds
+from sharedarrays.memory.takeable import took_what_it_named
 from sharedarrays.node import NODE_VARIABLE, this_node
 from sharedarrays.process import STATE
+from sharedarrays.protocol.handles import Kind
 from sharedarrays.protocol.payload import Payload, check_view, remember
+from sharedarrays.protocol.unix import take_fds
+from sharedarrays.settings import env_number
 from sharedarrays.transport import client, keeper
 from sharedarrays.transport import handles as transport
 from sharedarrays.transport.growth import catch_up_to, shrunk
@@ -343,6 +347,33 @@ def in_message(req: Request) -> Allocation | None:
     return alloc
 
 
+def from_exporter_fds(req: Request) -> Allocation | None:
+    """The allocation mapped from chunk fds taken out of the exporter (no request, no wait
+    for its threads), proven by its take table (:mod:`~sharedarrays.memory.takeable`), then
+    told so; ``None`` where the payload names none, the kernel refuses or the proof fails."""
+    p, fds = req.payload, req.payload.fds
+    if fds is None or p.pid == STATE.pid or req.carried is not None:
+        return None
+    if not env_number("SHAREDARRAYS_TAKE_FDS", 1, 0):
+        return None
+    here = transport.server_address()  # (first: where no thread can start, nothing is taken)
+    taken = take_fds(p.pid, [*fds.chunks, fds.table])  # (the table last)
+    if taken is None:
+        return None
+    table = taken.pop()
+    try:
+        proven = took_what_it_named(table, fds, p.alloc_id, p.secret)
+    finally:
+        os.close(table)
+    if not proven:  # released since, or a wrong secret: the exporter says which
+        close_fds(taken)
+        return None
+    alloc = _map(req, list(p.chunks), taken)
+    # (sent now, not queued: the exporter learns of it before any result of this process)
+    client.send_notice(p.server, Kind.TOOK, p.alloc_id, p.secret, len(taken), here)
+    return alloc
+
+
 def from_exporter(req: Request) -> Allocation | None:
     """The allocation mapped from the exporter's handles, or ``None`` (recorded)."""
     p = req.payload
@@ -382,7 +413,7 @@ def from_keeper(req: Request) -> Allocation | None:
     return alloc
 
 
-RESOLVERS = (mapped_here, reused_block, in_message, from_exporter, from_keeper)
+RESOLVERS = (mapped_here, reused_block, in_message, from_exporter_fds, from_exporter, from_keeper)
 """The chain :func:`load_payload` asks, in order; the first answer wins."""
 
 

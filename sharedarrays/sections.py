@@ -69,6 +69,7 @@ class MemoryState:
         self.release_hooks: list[Callable[[Any], None]] = []
         self.hand_over_hooks: list[Callable[[Any, int, float], None]] = []
         self.cache: Any = None  # the ChunkCache (sharedarrays.memory.cache sets it)
+        self.takeable: Any = None  # the TakeTable (sharedarrays.memory.takeable sets it)
         self.done_hooks: list[Callable[[Any, int], None]] = []
         self.ask_hooks: list[Callable[[Any, list[str]], None]] = []
         self.blocks: dict[bytes, Any] = {}  # an importer's allocations by block token
@@ -102,6 +103,8 @@ class MemoryState:
         if self.cache is not None:
             self.inherited.extend(self.cache.kept())
             self.cache = type(self.cache)()  # (what the parent keeps is its own)
+        if self.takeable is not None:
+            self.takeable.reset_in_child()
         for alloc_id in [k for k, a in self.registry.items() if a.released]:
             # being released by a thread of the parent: no thread here finishes it
             self.inherited.append(self.registry.pop(alloc_id))
@@ -114,11 +117,14 @@ class MemoryState:
 
 class ConnectionsState:
     """``STATE.connections``: open connections to handle servers by path (a request takes its
-    one out while it runs); a forked child closes its copies."""
+    one out while it runs), libc's ``syscall`` (``False``: no ``pidfd_getfd`` here) and the
+    processes that ``refused`` it; a forked child closes its copies."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.by_server: dict[str, socket.socket] = {}
+        self.syscall: Any = None
+        self.refused: dict[int, None] = {}
 
     def reset_in_child(self) -> None:
         for sock in self.by_server.values():

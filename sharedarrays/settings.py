@@ -57,6 +57,7 @@ NUMBERS: MappingProxyType[str, int | float] = MappingProxyType(
         "SHAREDARRAYS_IN_FLIGHT": 0.0,
         "SHAREDARRAYS_EXIT_WAIT": 0.0,
         "SHAREDARRAYS_CACHE_BYTES": 0,
+        "SHAREDARRAYS_TAKE_FDS": 0,
     }
 )
 """Every number setting's minimum, of its kind (read where it is used, by :func:`env_number`)."""

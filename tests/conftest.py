@@ -184,6 +184,16 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     summarise_skips(terminalreporter)
 
 
+@pytest.fixture(autouse=True)
+def _transport_loads_ask_the_server(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The handle server's tests (``tests/transport/``) load through it: no load there takes
+    the fds out of an exporter itself (those that test taking set the setting back to 1)."""
+    if request.path.parent.name == "transport":
+        monkeypatch.setenv("SHAREDARRAYS_TAKE_FDS", "0")  # (spawned workers inherit it)
+
+
 @pytest.fixture
 def no_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     """Arrays made in the test (and its children) are not kept for reuse when released

@@ -165,6 +165,17 @@ def stop(pid: int, timeout: float = 30.0) -> None:
         time.sleep(0.001)
 
 
+def takes_refused() -> str | None:
+    """Why this system refuses a parent the fds of its children (``pidfd_getfd``), or ``None``."""
+    release = os.uname().release
+    if tuple(int(x) for x in release.split(".")[:2]) < (5, 6):
+        return f"Linux {release} has no pidfd_getfd (5.6 and later)"
+    scope = Path("/proc/sys/kernel/yama/ptrace_scope")
+    if scope.exists() and int(scope.read_text()) >= 2:
+        return f"Yama's ptrace_scope is {scope.read_text().strip()}: only admins may take fds"
+    return None
+
+
 def close_pipes(proc: subprocess.Popen[str]) -> None:
     """Close a finished child's pipes (each test counts its fds)."""
     for f in (proc.stdin, proc.stdout, proc.stderr):

@@ -11,13 +11,14 @@ import errno
 import mmap
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from keeper_helpers import private_keeper, py, spawn
+from keeper_helpers import private_keeper, py, spawn, takes_refused
 
 import sharedarrays as sa
 from sharedarrays import importing
@@ -26,6 +27,7 @@ from sharedarrays.importing import (
     RESOLVERS,
     Request,
     from_exporter,
+    from_exporter_fds,
     from_keeper,
     in_message,
     mapped_here,
@@ -35,7 +37,9 @@ from sharedarrays.importing import (
 from sharedarrays.memory.allocation import Allocation
 from sharedarrays.memory.registry import lookup
 from sharedarrays.protocol.payload import Payload
+from sharedarrays.protocol.unix import take_fds
 from sharedarrays.transport import client
+from sharedarrays.transport import node as transport_node
 from sharedarrays.transport.growth import catch_up
 
 __all__ = ["private_keeper"]  # a fixture, used by name
@@ -51,6 +55,11 @@ for line in sys.stdin:
     if line.strip() == "grow":
         a.append(np.arange(1_000_000.0))
         print(len(a.allocation.chunks), a.allocation.used, flush=True)
+    elif line.strip() == "replace":  # a new array, likely on the fd numbers a had
+        fds, alloc = a.allocation.chunk_fds(), a.allocation
+        a.close()
+        a = sa.from_array(np.full(16, 7.0), device="cpu", pack=False)
+        print(alloc.released, a.allocation.chunk_fds() == fds, flush=True)
     else:
         break
 """
@@ -113,7 +122,8 @@ def _is_open(fd: int) -> bool:
 
 
 def test_the_chain_asks_in_order() -> None:
-    assert (mapped_here, reused_block, in_message, from_exporter, from_keeper) == RESOLVERS
+    chain = (mapped_here, reused_block, in_message, from_exporter_fds, from_exporter, from_keeper)
+    assert chain == RESOLVERS
 
 
 def test_resolve_stops_at_the_first_answer() -> None:
@@ -174,6 +184,80 @@ def test_from_exporter_asks_the_exporter_s_handle_server(exporter: _Exporter) ->
     assert alloc is not None and req.failures == ()
     assert alloc.chunk_sizes() == list(p.chunks)
     np.testing.assert_array_equal(_data(alloc, p), np.arange(16.0))
+
+
+def _never(*args: object, **kwargs: object) -> Any:
+    raise AssertionError("the exporter's handle server was asked")
+
+
+def test_from_exporter_fds_takes_them_and_the_exporter_hears_of_it(
+    exporter: _Exporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if why := takes_refused():
+        pytest.skip(why)
+    p = exporter.payload
+    assert p.fds is not None and len(p.fds.chunks) == len(p.chunks)
+    monkeypatch.setattr(client, "fetch_handles", _never)
+    req = Request(p)
+    alloc = from_exporter_fds(req)
+    assert alloc is not None and req.failures == ()
+    np.testing.assert_array_equal(_data(alloc, p), np.arange(16.0))
+    for _ in range(300):  # (TOOK travels without a reply: the exporter records it served)
+        answer = transport_node.ask(p.pid, p.server)
+        rows = answer.snapshot.allocations if answer.snapshot else ()
+        if any(r.alloc_id == p.alloc_id and os.getpid() in dict(r.served) for r in rows):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the exporter never recorded this process as served: {answer}")
+
+
+def test_from_exporter_fds_needs_the_slot_intact(exporter: _Exporter) -> None:
+    if why := takes_refused():
+        pytest.skip(why)
+    p = exporter.payload
+    assert p.fds is not None
+    wrong = [
+        dataclasses.replace(p, secret=bytes(32)),  # (not the allocation's secret)
+        dataclasses.replace(p, fds=p.fds._replace(slot=p.fds.slot + 1)),  # (another's slot)
+        dataclasses.replace(p, fds=p.fds._replace(table=0)),  # (not the table: its stdin)
+        dataclasses.replace(p, fds=None),
+    ]
+    for payload in wrong:
+        before = sorted(os.listdir("/proc/self/fd"))
+        assert from_exporter_fds(Request(payload)) is None
+        assert sorted(os.listdir("/proc/self/fd")) == before  # (what it took, closed)
+    alloc = from_exporter(Request(p))  # (the next resolver answers)
+    assert alloc is not None
+    np.testing.assert_array_equal(_data(alloc, p), np.arange(16.0))
+
+
+def test_fds_of_a_released_allocation_are_not_taken_for_it() -> None:
+    if why := takes_refused():
+        pytest.skip(why)
+    e = _Exporter(", pack=False")  # (not in a slab, which other arrays keep)
+    try:
+        p = e.payload
+        released, reused = e.ask("replace")  # (its slot cleared before its fds closed)
+        assert released == "True"
+        if reused != "True":
+            pytest.skip("the new array did not get the released one's fd numbers")
+        assert from_exporter_fds(Request(p)) is None  # (else: the new array's memory)
+    finally:
+        e.stop()
+
+
+def test_take_fds_refuses_a_process_that_is_gone() -> None:
+    p = _payload_of_exited()
+    assert take_fds(p.pid, [0]) is None
+    assert from_exporter_fds(Request(p)) is None
+
+
+@pytest.mark.parametrize("options", [", readonly=True", ", capacity=1 << 20"])
+def test_read_only_and_growable_exports_name_no_fds(options: str) -> None:
+    out = py(_EXPORTER.format(before="", options=options), input="exit\n")
+    p = Payload.from_bytes(bytes.fromhex(out.stdout.split()[0]))
+    assert p.fds is None  # (their server checks what each importer may map)
 
 
 def test_from_exporter_records_why_it_passes() -> None:

@@ -336,8 +336,9 @@ def allocation_payload(alloc: Allocation) -> Payload:
             f"its length changes in the process that made it (pid {alloc.origin.pid}); "
             "pickle it there, or hand on a copy (sa.from_array(a.get()))"
         )
+    fds = None
     if server is None:
-        server = transport.server_address()
+        server, fds = transport.server_address(), alloc.takeable_fds()
     else:
         pid = alloc.origin.pid
     chunks = tuple(alloc.chunk_sizes())
@@ -357,6 +358,7 @@ def allocation_payload(alloc: Allocation) -> Payload:
         capacity=alloc.capacity if alloc.growable else None,
         node=this_node(),
         block=alloc.block if alloc.cacheable() else None,
+        fds=fds,
     )
 
 

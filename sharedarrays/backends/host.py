@@ -194,6 +194,7 @@ class HostBackend(DeviceBase):
     maps: ClassVar[bool] = True
     exporter_owned: ClassVar[bool] = False
     peer_access: ClassVar[bool] = False
+    fds_taken: ClassVar[bool] = True
     granularity = mmap.PAGESIZE
 
     def __init__(self, device: Device = CPU) -> None:

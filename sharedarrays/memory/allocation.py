@@ -237,6 +237,7 @@ class Allocation(Leasing, Growth):
                 return False
             else:
                 self.released = True
+                STATE.memory.takeable.clear(self.id)  # (before any fd of it may close)
         if kept is not None or base is not None:
             del kept, base, last
             if not self.released:  # native arrays live on: not parked

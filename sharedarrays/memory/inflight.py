@@ -108,12 +108,10 @@ class InFlight:
             return loads
 
     def note_returned(self, server: str) -> None:
-        """A payload from the process of handle server ``server`` (one served) loaded here."""
-        if server not in self.servers:  # (a warm load: no lock)
-            return
+        """A payload from the process of handle server ``server`` loaded here (counted also
+        before that process is known as served: its ``TOOK`` may come after its payloads)."""
         with self._lock:
-            if server in self.servers:
-                self._returned[server] = self._returned.get(server, 0) + 1
+            self._returned[server] = self._returned.get(server, 0) + 1
 
     def returned(self, server: str) -> int:
         """How many payloads from the process of handle server ``server`` were loaded here."""

@@ -15,7 +15,9 @@ from sharedarrays.backends import Access, Backend, Chunk
 from sharedarrays.backends.device import Device
 from sharedarrays.memory.inflight import InFlight, Served
 from sharedarrays.memory.reservation import Reservation, back_to_back, close_fds
+from sharedarrays.memory.takeable import TakeTable
 from sharedarrays.process import STATE
+from sharedarrays.protocol.payload import MAX_TAKEN, Takeable
 
 
 @dataclass(frozen=True)
@@ -166,6 +168,23 @@ class AllocationRecords:
     def chunk_fds(self) -> list[int]:
         """The chunks' exported fds, owned by this allocation (do not close them)."""
         return [c.fd for c in self._chunks if c.fd >= 0 or self.backend.maps]
+
+    def takeable_fds(self) -> Takeable | None:
+        """Where an importer may take the chunk fds from this process itself (its slot in the
+        take table, written once); ``None`` where it must ask: a backend whose fds are not
+        taken, a read-only or allow-listed export (the server checks those), growable memory
+        (its server counts the chunks served), too many chunks."""
+        if (
+            not self.backend.maps
+            or not getattr(self.backend, "fds_taken", False)
+            or self.export_readonly
+            or self.allow_pids is not None
+            or self.growable
+            or len(self._chunks) > MAX_TAKEN
+        ):
+            return None
+        table: TakeTable = STATE.memory.takeable
+        return table.add(self.id, self.secret, self.chunk_fds())
 
     def exports(self) -> tuple[bytes, ...]:
         """A pointer backend's portable chunk handles (empty on a mapping backend)."""

@@ -43,16 +43,17 @@ class Kind(enum.Enum):
     DONE = b"SAU2"  # importer: my last view of your block closed, after count loads (no reply)
     ASK = b"SAQ2"  # exporter: say DONE when your last view of this block goes (count of
     # your payloads that came back here, loaded: no longer in flight there)
+    TOOK = b"SAT2"  # importer: I took count chunk fds from your fd table (no reply)
 
     @property
     def counted(self) -> bool:
-        return self in (Kind.GROW, Kind.RELEASED, Kind.LOADED, Kind.DONE, Kind.ASK)
+        return self in (Kind.GROW, Kind.RELEASED, Kind.LOADED, Kind.DONE, Kind.ASK, Kind.TOOK)
 
     @property
     def replied(self) -> bool:
         """Whether the server answers it; not the notices sent as arrays flow, which must
         never wait on a busy exporter (a block waits for its DONE to be reused)."""
-        return self not in (Kind.LOADED, Kind.DONE)
+        return self not in (Kind.LOADED, Kind.DONE, Kind.TOOK)
 
 
 class Status(enum.IntEnum):

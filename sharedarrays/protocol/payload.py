@@ -24,11 +24,12 @@ MAX_PAYLOAD_BYTES = 1 << 20
 MAX_NDIM = 64
 MAX_SIZE = 1 << 47  # bound on every size, offset, stride and count: x86-64's 128 TiB
 MAX_DEVICES = 1 << 10  # device ordinals are below this
+MAX_TAKEN = 250  # most chunk fds a payload names for taking (as many as one message sends)
 _HEX32 = re.compile(r"^[0-9a-f]{32}\Z")
 _HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
 _DTYPE = re.compile(r"^[<>|=]?[biufc][0-9]{1,2}\Z")
 _BACKEND = re.compile(r"^[a-z][a-z0-9-]{0,31}\Z")  # (whether it is known: the importer's question)
-_OPTIONAL = frozenset(("capacity", "node", "block"))
+_OPTIONAL = frozenset(("capacity", "node", "block", "fds"))
 _DECODED_LIMIT = 16384  # validated payloads remembered by their bytes (warm loads skip JSON)
 
 
@@ -156,7 +157,8 @@ class Payload:
     ``secret``: whoever holds it may import it, the ``pid`` serving its handles at ``server``,
     ``chunks`` sizes), the view (``dtype``, ``shape``, ``strides`` and ``offset`` in bytes,
     ``readonly``), maybe a growable array's ``capacity``, the maker's ``node`` (a load
-    elsewhere is refused), the ``block`` token of memory kept for reuse."""
+    elsewhere is refused), the ``block`` token of memory kept for reuse, and where an importer
+    may take the chunks' ``fds`` from the exporter itself (:class:`Takeable`)."""
 
     backend: str
     device: int
@@ -173,6 +175,7 @@ class Payload:
     capacity: int | None = None
     node: str | None = None
     block: bytes | None = None
+    fds: Takeable | None = None
 
     @property
     def size(self) -> int:
@@ -186,7 +189,8 @@ class Payload:
     def to_doc(self) -> dict[str, Any]:
         """The payload as its JSON body's dict (what :meth:`from_doc` takes back)."""
         block = None if self.block is None else self.block.hex()
-        optional = {"capacity": self.capacity, "node": self.node, "block": block}
+        fds = None if self.fds is None else [*self.fds[:3], list(self.fds.chunks)]
+        optional = {"capacity": self.capacity, "node": self.node, "block": block, "fds": fds}
         return {
             "backend": self.backend,
             "device": self.device,
@@ -290,8 +294,31 @@ class Payload:
             block = bytes.fromhex(
                 _text(block, _HEX64.match, "payload field 'block' must be 64 hex digits")
             )
+        fds = _takeable(doc["fds"], len(chunks)) if "fds" in doc else None
         memory = (backend, device, alloc_id, secret, pid, server, chunks)
-        return cls(*memory, dtype, shape, strides, offset, readonly, capacity, node, block)
+        return cls(*memory, dtype, shape, strides, offset, readonly, capacity, node, block, fds)
+
+
+class Takeable(NamedTuple):
+    """The exporter's fds that an importer may take itself (``pidfd_getfd``): its take
+    ``table``'s fd and inode, the allocation's ``slot`` there, the ``chunks``' fds
+    (:mod:`sharedarrays.memory.takeable` says how the slot proves what was taken)."""
+
+    table: int
+    inode: int
+    slot: int
+    chunks: tuple[int, ...]
+
+
+def _takeable(v: object, chunks: int) -> Takeable:
+    """The ``fds`` field: ``[table fd, its inode, slot, [chunk fd, ...]]``."""
+    if type(v) is not list or len(v) != 4 or chunks > MAX_TAKEN:
+        raise PayloadError("payload field 'fds' must be [table fd, inode, slot, chunk fds]")
+    table, inode, slot = _ints(v[:3], "fds", 0, (1 << 64) - 1, 3, "payload")
+    fds = _ints(v[3], "fds", 0, (1 << 31) - 1, chunks, "payload")
+    if len(fds) != chunks or table >= 1 << 31 or slot >= 1 << 31:
+        raise PayloadError("payload field 'fds' must name one fd per chunk")
+    return Takeable(table, inode, slot, fds)
 
 
 # a payload's required fields: its record's (``id`` for ``alloc_id``) less the optional ones

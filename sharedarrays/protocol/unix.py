@@ -1,9 +1,12 @@
 """Unix sockets of this user: where they live (:func:`runtime_dir`), who is at the other end
-(:func:`check_same_user`), fds across them in batches (:func:`send_fds`, :func:`recv_fds`)."""
+(:func:`check_same_user`), fds across them in batches (:func:`send_fds`, :func:`recv_fds`);
+fds taken from another process without asking it (:func:`take_fds`)."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import os
 import select
 import signal
@@ -14,10 +17,12 @@ import tempfile
 import threading
 import time
 import typing
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from sharedarrays.errors import HandleUnavailable, PermissionDenied
+from sharedarrays.process import STATE
+from sharedarrays.protocol.payload import remember
 
 FDS_PER_MESSAGE = 250  # fds sent per message (the kernel's SCM_MAX_FD is 253)
 MAX_PATH = 107  # longest Unix socket path in bytes (sun_path less its NUL)
@@ -27,6 +32,8 @@ RUNTIME_DIR_TRIES = 100  # names tried for the fallback runtime directory
 _CRED = struct.Struct("3i")  # pid, uid, gid
 _PEEK_LENGTH = int(socket.MSG_PEEK | socket.MSG_TRUNC)
 _MSG_CTRUNC = int(socket.MSG_CTRUNC)  # (a plain int: IntFlag's & makes a flag object)
+PIDFD_GETFD = 438  # pidfd_getfd(2)'s number on every Linux architecture (Linux 5.6 and later)
+REFUSED_LIMIT = 256  # processes remembered as refusing take_fds (each refusal may be logged)
 
 
 class Credentials(typing.NamedTuple):
@@ -111,24 +118,73 @@ def recv_fds(
 def recv_into(sock: socket.socket, size: int, maxfds: int, fds: list[int]) -> tuple[bytes, int]:
     """``socket.recv_fds``, its fds appended to ``fds``: the message and its flags. A SIGINT
     meanwhile is delivered once the fds are in ``fds`` (none left without an owner)."""
-    # (elsewhere no Python handler can run between the receive and the append)
-    guard = threading.current_thread() is threading.main_thread() and callable(
-        signal.getsignal(signal.SIGINT)
-    )
-    if guard and not _readable(sock, sock.gettimeout()):
+    # (waited for first, where a SIGINT can be deferred: the wait itself stays interruptible)
+    main = threading.current_thread() is threading.main_thread()
+    if main and not _readable(sock, sock.gettimeout()):
         raise TimeoutError("timed out")
     length = max(1, min(sock.recv_into(bytearray(1), 1, _PEEK_LENGTH), size))  # (peeked)
-    caught: list[typing.Any] = []
-    handler = signal.signal(signal.SIGINT, lambda *args: caught.append(args)) if guard else None
-    try:
+    with sigint_deferred():
         msg, got, flags, _ = socket.recv_fds(sock, length, maxfds)
         fds.extend(got)
-    finally:
-        if guard:
-            signal.signal(signal.SIGINT, handler)
-    if caught and callable(handler):
-        handler(*caught[0])  # (the KeyboardInterrupt, now that the fds are owned)
     return msg, flags
+
+
+@contextlib.contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """Deliver a SIGINT that comes meanwhile at the end, so that a KeyboardInterrupt cannot
+    fall between a system call that makes fds and the list that owns them."""
+    # (elsewhere than the main thread no Python handler runs meanwhile)
+    handler = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(handler):
+        yield
+        return
+    caught: list[typing.Any] = []
+    signal.signal(signal.SIGINT, lambda *args: caught.append(args))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    if caught:
+        handler(*caught[0])  # (the KeyboardInterrupt, now that the fds are owned)
+
+
+def take_fds(pid: int, fds: Sequence[int]) -> list[int] | None:
+    """Copies of process ``pid``'s ``fds`` (``pidfd_getfd(2)``: no request, no wait for its
+    threads), the caller's to close; ``None`` where the kernel refuses: before Linux 5.6,
+    ``pid`` gone, or no right to trace it (another user; under Yama's ``ptrace_scope`` 1,
+    a process that is not this one's descendant). A refusing process is not asked again."""
+    state = STATE.connections
+    if state.syscall is None:  # (looked up once: dlsym costs microseconds)
+        state.syscall = getattr(ctypes.CDLL(None, use_errno=True), "syscall", False)
+    if state.syscall is False or pid in state.refused:
+        return None
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:  # (gone; or ENOSYS before Linux 5.3)
+        return None
+    taken: list[int] = []
+    refusal = 0
+    try:
+        with sigint_deferred():  # (a KeyboardInterrupt comes after the loop: taken is closed)
+            for fd in fds:
+                got = state.syscall(PIDFD_GETFD, pidfd, fd, 0)
+                if got < 0:
+                    refusal = ctypes.get_errno() or errno.EIO
+                    break
+                taken.append(got)
+    except BaseException:
+        refusal = -1
+        raise
+    finally:
+        os.close(pidfd)
+        if refusal:
+            for fd in taken:
+                os.close(fd)
+    if refusal == errno.ENOSYS:
+        state.syscall = False
+    elif refusal == errno.EPERM:
+        remember(state.refused, pid, None, REFUSED_LIMIT)
+    return None if refusal else taken
 
 
 def _readable(sock: socket.socket, timeout: float | None) -> bool:

@@ -273,16 +273,30 @@ def pending_notices() -> int:
 
 
 def queue_notice(
-    servers: list[str], kind: Kind, alloc_id: str, secret: bytes, alloc: Any = None, count: int = 0
+    servers: list[str],
+    kind: Kind,
+    alloc_id: str,
+    secret: bytes,
+    alloc: Any = None,
+    count: int = 0,
+    reply_to: str = "",
 ) -> None:
     """Queue a notice for each of ``servers`` (with ``alloc``: the count of its payloads each
     returned, else ``count``) and start the notifier if it does not run; never blocks."""
     counts = [min(alloc.flight.returned(path), 1 << 31) if alloc else count for path in servers]
-    messages = [Request(kind, alloc_id, secret, n).encode() for n in counts]
+    messages = [Request(kind, alloc_id, secret, n, reply_to).encode() for n in counts]
     start_notifier()
     notices = STATE.notices
     notices.in_flight.append(None)
     notices.queue.put((servers, messages))
+
+
+def send_notice(
+    server: str, kind: Kind, alloc_id: str, secret: bytes, count: int, reply_to: str
+) -> None:
+    """Send a notice (one of no reply) from this thread now: it reaches ``server``'s socket
+    before anything this thread sends after it, on any channel."""
+    _send(server, Request(kind, alloc_id, secret, count, reply_to).encode())
 
 
 def _send_notices(notices: NoticesState) -> None:

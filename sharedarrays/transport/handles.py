@@ -113,9 +113,11 @@ def ask_done_before_exit(pids: Iterable[int]) -> None:
     pids = set(pids)
     with STATE.memory.lock:
         blocks = [a for a in STATE.memory.registry.values() if a.cacheable()]
+    # (each worker's server, served or not: one that took the fds may not have said so yet)
+    theirs = sorted(str(path) for path in runtime_dir().glob("*.sock") if socket_pid(path) in pids)
     asked = []
     for alloc in blocks:
-        servers = [s for s in alloc.served_servers() if socket_pid(s) in pids]
+        servers = sorted({*theirs, *(s for s in alloc.served_servers() if socket_pid(s) in pids)})
         if servers and alloc.flight.undone()[0]:
             _ask_done(alloc, servers)
             asked.append(alloc)

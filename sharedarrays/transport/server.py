@@ -42,6 +42,7 @@ from sharedarrays.protocol.unix import (
     send_fds,
     socket_pid,
 )
+from sharedarrays.transport import client
 
 MAX_CONNECTIONS = 256  # importer connections kept open at most (the longest idle closed)
 HOUSEKEEPING = 5.0  # seconds between checks for parked mappings whose source process died
@@ -241,12 +242,9 @@ class HandleServer:
                 else:  # a pointer backend: its portable handle, only after the checks above
                     body = Handles(sizes, alloc.exports_for(pid))
                 header = Reply(Status.OK, len(fds), body.encode()).encode()
-                # recorded first: a release must know whom to tell
-                server = request.reply_to if request.reply_to.startswith("/") else None
-                alloc.record_served(pid, server, len(sizes))
-                if server and alloc.block is not None and alloc.released:
-                    for hook in STATE.memory.ask_hooks:  # (it waits to reuse the memory)
-                        hook(alloc, [server])
+                _record_served(
+                    alloc, pid, request.reply_to, len(sizes)
+                )  # (first: a release tells it)
                 send_fds(conn, header, fds)
             finally:
                 for fd in temporary:
@@ -255,27 +253,35 @@ class HandleServer:
     _grow = _fetch
 
     def _notice(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
-        """``LOADED`` and ``DONE`` (no reply): fewer payloads in flight, or a block's importer
-        closed its last view after ``count`` loads; up to :data:`READ_AHEAD` more are read."""
+        """``LOADED``, ``DONE`` and ``TOOK`` (no reply): fewer payloads in flight, a block's
+        importer closed its last view after ``count`` loads, or an importer took the chunks'
+        fds itself (as if served); up to :data:`READ_AHEAD` more are read."""
         for ahead in range(READ_AHEAD + 1):
             if ahead:  # the next message, if it is a notice too
                 try:
                     peek = conn.recv(COUNTED_SIZE, socket.MSG_PEEK | socket.MSG_DONTWAIT)
                     if len(peek) < COUNTED_SIZE or peek[:4] not in _NOTICES:
                         return
-                    request = Request.decode(conn.recv(COUNTED_SIZE))
-                except OSError:
+                    request = Request.decode(conn.recv(MAX_REQUEST))
+                except (OSError, PayloadError):
                     return
             alloc = _found(request)
             if alloc is None:  # (a wrong secret: ignored)
+                if request.kind is Kind.TOOK and request.reply_to.startswith("/"):
+                    # released before its TOOK came: told as the served were (it checks)
+                    client.queue_notice(
+                        [request.reply_to], Kind.RELEASED, request.alloc_id, request.secret
+                    )
                 continue
             if request.kind is Kind.LOADED:
                 alloc.flight.note_loaded(request.count)
+            elif request.kind is Kind.TOOK:
+                _record_served(alloc, peer.pid, request.reply_to, request.count)
             else:
                 servers = [s for s in alloc.served_servers() if socket_pid(s) == peer.pid]
                 alloc.done_by_importers(request.count, servers)
 
-    _loaded = _done = _notice
+    _loaded = _done = _took = _notice
 
     def _snapshot(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
         """``SNAPSHOT``: what this process holds; metadata only, no handle or secret."""
@@ -357,6 +363,15 @@ def _served(alloc: allocation.Allocation, draining: bool) -> tuple[tuple[int, fl
     listed = {pid for pid, _ in rows}
     rows += [(pid, alloc.origin.time) for pid in holders if pid not in listed]
     return tuple(rows)
+
+
+def _record_served(alloc: allocation.Allocation, pid: int, reply_to: str, chunks: int) -> None:
+    """Record that process ``pid`` (handle server ``reply_to``) has ``chunks`` chunk fds."""
+    server = reply_to if reply_to.startswith("/") else None
+    alloc.record_served(pid, server, chunks)
+    if server and alloc.block is not None and alloc.released:
+        for hook in STATE.memory.ask_hooks:  # (it waits to reuse the memory)
+            hook(alloc, [server])
 
 
 def _reply(conn: socket.socket, status: Status, body: bytes = b"") -> None:

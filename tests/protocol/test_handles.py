@@ -43,9 +43,10 @@ def test_the_magics_are_pinned() -> None:
         "DROP": b"SAD1",
         "DONE": b"SAU2",
         "ASK": b"SAQ2",
+        "TOOK": b"SAT2",
     }
     assert [int(s) for s in Status] == list(range(6))
-    assert [k.name for k in Kind if not k.replied] == ["LOADED", "DONE"]
+    assert [k.name for k in Kind if not k.replied] == ["LOADED", "DONE", "TOOK"]
 
 
 @pytest.mark.parametrize("kind", list(Kind))

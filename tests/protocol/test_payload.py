@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -27,6 +28,8 @@ def fields() -> dict[str, object]:
 def test_round_trip() -> None:
     p = Payload.from_bytes(_BLOB)
     assert p.to_bytes() == _BLOB
+    assert p.fds is not None and p.fds.chunks == tuple(_A.allocation.chunk_fds())
+    assert p.fds.inode == os.fstat(p.fds.table).st_ino  # (this process's take table)
     assert p.alloc_id == _A.allocation.id and p.secret == _A.allocation.secret
     assert p.shape == (5, 4) and p.strides == (32, 8) and p.offset == 32
     assert p.dtype == np.float32
@@ -125,6 +128,18 @@ def test_resealed_field_tampering_never_escapes(key: str, value: object) -> None
         ("capacity", 2**64),
         ("dtype", "<f8\n"),  # (a regular expression's $ matched before a final newline)
         ("id", "0" * 32 + "\n"),
+        ("fds", []),
+        ("fds", [3, 1, 0, []]),  # (one fd per chunk)
+        ("fds", [3, 1, 0, [4, 5]]),
+        ("fds", [3, 1, 0]),
+        ("fds", [3, 1, 0, [-1]]),
+        ("fds", [3, 1, 0, [2**31]]),
+        ("fds", [2**31, 1, 0, [4]]),
+        ("fds", [3, 2**64, 0, [4]]),
+        ("fds", [3, 1, 2**31, [4]]),
+        ("fds", [3, True, 0, [4]]),
+        ("fds", [3, 1, 0, 4]),
+        ("fds", "3"),
     ],
 )
 def test_specific_bad_fields(key: str, value: object) -> None:

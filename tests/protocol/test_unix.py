@@ -1,4 +1,4 @@
-"""The Unix-socket helper: peer credentials, same-user checks, fds in batches."""
+"""The Unix-socket helper: peer credentials, same-user checks, fds in batches, fds taken."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import os
 import resource
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -162,3 +164,39 @@ def test_a_removed_runtime_dir_is_made_again(
     assert os.lstat(base / "sharedarrays").st_mode & 0o777 == 0o700
     shutil.rmtree(base)
     assert unix.runtime_dir() == tmp_path / f"sharedarrays-{uid}"
+
+
+@pytest.mark.timeout(60)
+def test_take_fds_copies_a_child_s_fds_and_refuses_what_is_not_there() -> None:
+    from keeper_helpers import takes_refused
+
+    if why := takes_refused():
+        pytest.skip(why)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys; fd = os.memfd_create('x'); print(fd, flush=True); sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        fd = int(child.stdout.readline())
+        before = sorted(os.listdir("/proc/self/fd"))
+        (taken,) = unix.take_fds(child.pid, [fd]) or [-1]
+        try:  # (the child's memfd itself, close-on-exec as pidfd_getfd makes it)
+            assert os.readlink(f"/proc/self/fd/{taken}").startswith("/memfd:x")
+            assert os.get_inheritable(taken) is False
+        finally:
+            os.close(taken)
+        assert unix.take_fds(child.pid, [fd, 1000]) is None  # (all or none)
+        assert sorted(os.listdir("/proc/self/fd")) == before
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        child.wait(timeout=30)
+        child.stdout.close()  # type: ignore[union-attr]
+    assert unix.take_fds(child.pid, [fd]) is None  # (gone)

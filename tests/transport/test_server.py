@@ -174,6 +174,35 @@ def test_done_is_counted_and_not_answered() -> None:
     a.close()
 
 
+def test_took_is_recorded_as_served_or_answered_released_when_too_late(
+    tmp_path: os.PathLike[str],
+) -> None:
+    """TOOK (an importer took the chunk fds itself) records it as served, with no answer;
+    for an allocation released and gone before the TOOK came, the server tells the importer
+    RELEASED, as it tells those it served when it releases."""
+    a = sa.empty(1 << 16, "uint8", device="cpu", pack=False)
+    alloc = a.allocation
+    path = os.path.join(tmp_path, "importer.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as importer:
+        importer.bind(path)
+        importer.listen()
+        importer.settimeout(10)
+        server = transport.server_address()
+        client.send_notice(server, Kind.TOOK, alloc.id, alloc.secret, 1, path)
+        deadline = time.monotonic() + 10
+        while path not in alloc.served_servers() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert path in alloc.served_servers() and alloc.served[-1].pid == os.getpid()
+        gone_id = os.urandom(16).hex()
+        client.send_notice(server, Kind.TOOK, gone_id, bytes(32), 1, path)
+        conn, _ = importer.accept()
+        with conn:
+            conn.settimeout(10)
+            told = Request.decode(conn.recv(1 << 10))
+        assert (told.kind, told.alloc_id) == (Kind.RELEASED, gone_id)
+    a.close()
+
+
 def test_loaded_notices_are_read_a_bounded_number_at_a_time() -> None:
     """One wake-up reads the notice that woke the server and at most ``READ_AHEAD`` more
     from that connection: the rest wait for the next round, behind the other connections."""
