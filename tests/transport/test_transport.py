@@ -398,10 +398,15 @@ def test_stale_socket_files_are_removed() -> None:
     assert not stale.exists()
 
 
+@pytest.mark.parametrize("take", ["0", "1"], ids=["asked", "taken"])
 @pytest.mark.parametrize("open_socket", [False, True], ids=["private-dir", "socket-opened"])
-def test_another_user_loading_a_payload_gets_permission_denied(open_socket: bool) -> None:
+def test_another_user_loading_a_payload_gets_permission_denied(
+    open_socket: bool, take: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The whole load path as a second OS user: a forked child drops to that user, forgets
-    the parent's mappings and loads the payload."""
+    the parent's mappings and loads the payload (also trying to take the fds itself: the
+    kernel refuses another user)."""
+    monkeypatch.setenv("SHAREDARRAYS_TAKE_FDS", take)
     user = other_user()
     if user is None:
         pytest.skip("needs root (to create a second OS user) and useradd")
@@ -416,11 +421,12 @@ def test_another_user_loading_a_payload_gets_permission_denied(open_socket: bool
                 from sharedarrays.process import STATE
 
                 STATE.memory.registry.clear()
-                try:
+                os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp()  # (its own: it gets as far
+                try:  # as asking, or taking, before it is refused)
                     pickle.loads(blob)
                     code = 1
-                except sa.PermissionDenied:
-                    code = 0
+                except sa.PermissionDenied:  # (and the kernel refused the take: remembered)
+                    code = 0 if take == "0" or os.getppid() in STATE.connections.refused else 4
                 except BaseException:
                     code = 2
             finally:
