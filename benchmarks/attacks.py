@@ -447,6 +447,7 @@ LOADER = (
     + r"""
 blob = bytes.fromhex(sys.stdin.readline())
 transport.server_address()
+sa.zeros(1, device="cpu").payload()  # (this process's take table: one memfd for its life)
 before = fds()
 t = time.monotonic()
 try:
@@ -631,13 +632,15 @@ say(outcomes=outcomes, took=time.monotonic() - t)
 
 
 def stopped_exporter(row: Row) -> None:
-    """``tries`` concurrent loads from an exporter stopped with SIGSTOP (listen queue 64)."""
+    """``tries`` concurrent loads from an exporter stopped with SIGSTOP (listen queue 64),
+    each asking its handle server (``SHAREDARRAYS_TAKE_FDS=0``: one that takes the fds out
+    of the exporter itself asks nothing, and loads)."""
     with runtime() as (env, _):
         exp, out = exporter(env)
         with exp:
             os.kill(exp.pid, signal.SIGSTOP)
             try:
-                r = Child(STOPPED_LOADS, env, str(row.tries))
+                r = Child(STOPPED_LOADS, {**env, "SHAREDARRAYS_TAKE_FDS": "0"}, str(row.tries))
                 with r:
                     r.send(out["blob"])
                     res = r.line(timeout=60)
@@ -1068,6 +1071,7 @@ class Handed:  # what multiprocessing's DupFd hands to sa.load
     def detach(self): return self.fd
 blob = bytes.fromhex(sys.stdin.readline())
 transport.server_address()
+sa.zeros(1, device="cpu").payload()  # (this process's take table: one memfd for its life)
 before = fds()
 try:
     v = sa.load(blob)
@@ -1960,6 +1964,7 @@ NODE_AT_FD_LIMIT = (
 import resource
 blob = bytes.fromhex(sys.stdin.readline())
 transport.server_address()
+sa.zeros(1, device="cpu").payload()  # (this process's take table: one memfd for its life)
 before = fds()
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
@@ -2423,7 +2428,8 @@ ATTACKS: list[tuple[str, Callable[[Row], None], int, str, set[str]]] = [
         "stopped-exporter",
         stopped_exporter,
         100,
-        "concurrent loads from a SIGSTOPped exporter (one load per try)",
+        "concurrent loads from a SIGSTOPped exporter, asking its handle server (one load "
+        "per try)",
         HU,
     ),
     (

@@ -159,9 +159,29 @@ def _try_connect(path: str, deadline: float) -> socket.socket | None:
         raise KeeperError(f"cannot connect to the keeper {path}: {e.strerror or e}") from None
 
 
+def _relisting_keeper(directory: Path) -> bool:
+    """Whether a keeper of this user runs in ``directory`` (its working directory) or in one
+    removed at that path: it listens there again within a quarter second (keeper/daemon.py)."""
+    names = (str(directory), f"{directory} (deleted)")
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):  # (gone, or another user's)
+                if os.readlink(f"/proc/{entry}/cwd") in names:
+                    with open(f"/proc/{entry}/cmdline", "rb") as f:
+                        if b"sharedarrays.keeper.daemon" in f.read():
+                            return True
+    return False
+
+
 def _open(path: str, start: bool, deadline: float) -> socket.socket:
-    """A new connection to the keeper at ``path`` by ``deadline``, starting one if ``start``."""
+    """A new connection to the keeper at ``path`` by ``deadline``, starting one if ``start``
+    (a keeper whose socket was removed listens again: waited for, not started again)."""
     sock = _try_connect(path, deadline)
+    if sock is None and _relisting_keeper(Path(path).parent):
+        wait = min(deadline, time.monotonic() + 1.0)
+        while sock is None and time.monotonic() < wait:
+            time.sleep(0.02)
+            sock = _try_connect(path, deadline)
     if sock is None and start:
         proc = _launch()
         while sock is None and time.monotonic() < deadline:

@@ -1121,3 +1121,22 @@ def test_a_removed_runtime_dir_is_made_again_and_sharing_goes_on(private_keeper:
         assert _keepers(private_keeper.parent) == [kpid]
     finally:
         exporter.communicate(input="\n", timeout=60)
+
+
+@pytest.mark.timeout(120)
+def test_a_name_is_found_at_once_after_the_runtime_dir_was_removed(private_keeper: Path) -> None:
+    """Asked the moment its socket was removed, before it listens again, the running keeper
+    is waited for (not another started, not "no keeper runs"): the name is found."""
+    exporter = spawn(_EXPORTER)
+    try:
+        assert exporter.stdout is not None
+        assert exporter.stdout.readline().strip(), exporter.stderr
+        kpid = lock_holder(private_keeper)
+        keeper.disconnect()
+        shutil.rmtree(private_keeper)
+        a = sa.attach("kept")  # (start=False: it used to say that no keeper runs)
+        np.testing.assert_array_equal(a.get(), np.arange(10.0))
+        a.close()
+        assert _keepers(private_keeper.parent) == [kpid]
+    finally:
+        exporter.communicate(input="\n\n", timeout=60)
