@@ -2428,8 +2428,7 @@ ATTACKS: list[tuple[str, Callable[[Row], None], int, str, set[str]]] = [
         "stopped-exporter",
         stopped_exporter,
         100,
-        "concurrent loads from a SIGSTOPped exporter, asking its handle server (one load "
-        "per try)",
+        "concurrent loads from a SIGSTOPped exporter, asking its handle server (one load per try)",
         HU,
     ),
     (
