@@ -61,6 +61,13 @@ def start_time(pid: int) -> int | None:
     return int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else None
 
 
+def parent_pid(pid: int) -> int | None:
+    """Process ``pid``'s parent's pid, or ``None``."""
+    stat = _proc(pid, "stat") or b""
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+
+
 def command_line(pid: int) -> str:
     """Process ``pid``'s arguments joined by spaces (at most 200 characters), or ``""``."""
     raw = _proc(pid, "cmdline", 800) or b""

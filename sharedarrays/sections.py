@@ -117,14 +117,16 @@ class MemoryState:
 
 class ConnectionsState:
     """``STATE.connections``: open connections to handle servers by path (a request takes its
-    one out while it runs), libc's ``syscall`` (``False``: no ``pidfd_getfd`` here) and the
-    processes that ``refused`` it; a forked child closes its copies."""
+    one out while it runs), libc's ``syscall`` (``False``: no ``pidfd_getfd`` here), the
+    processes that ``refused`` it and Yama's ``ptrace_scope``; a forked child closes its
+    copies."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.by_server: dict[str, socket.socket] = {}
         self.syscall: Any = None
         self.refused: dict[int, None] = {}
+        self.yama_scope: int | None = None  # (read once)
 
     def reset_in_child(self) -> None:
         for sock in self.by_server.values():

@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from sharedarrays.errors import HandleUnavailable, PermissionDenied
-from sharedarrays.process import STATE
+from sharedarrays.process import STATE, parent_pid
 from sharedarrays.protocol.payload import remember
 
 FDS_PER_MESSAGE = 250  # fds sent per message (the kernel's SCM_MAX_FD is 253)
@@ -156,7 +156,7 @@ def take_fds(pid: int, fds: Sequence[int]) -> list[int] | None:
     state = STATE.connections
     if state.syscall is None:  # (looked up once: dlsym costs microseconds)
         state.syscall = getattr(ctypes.CDLL(None, use_errno=True), "syscall", False)
-    if state.syscall is False or pid in state.refused:
+    if state.syscall is False or pid in state.refused or not _yama_allows(pid):
         return None
     try:
         pidfd = os.pidfd_open(pid)
@@ -185,6 +185,29 @@ def take_fds(pid: int, fds: Sequence[int]) -> list[int] | None:
     elif refusal == errno.EPERM:
         remember(state.refused, pid, None, REFUSED_LIMIT)
     return None if refusal else taken
+
+
+def _yama_allows(pid: int) -> bool:
+    """Whether Yama's ``ptrace_scope`` lets this process trace ``pid`` (not asked where it
+    does not: a refusal is logged): scope 0, root below scope 3, else a descendant."""
+    state = STATE.connections
+    if state.yama_scope is None:
+        try:
+            state.yama_scope = int(Path("/proc/sys/kernel/yama/ptrace_scope").read_text())
+        except (OSError, ValueError):
+            state.yama_scope = 0  # (no Yama)
+    if state.yama_scope == 0 or (os.geteuid() == 0 and state.yama_scope < 3):
+        return True
+    if state.yama_scope > 1:
+        return False
+    for _ in range(64):  # (up the parents to this process: a descendant)
+        parent = parent_pid(pid)
+        if parent is None or parent <= 1:
+            return False
+        if parent == STATE.pid:
+            return True
+        pid = parent
+    return False
 
 
 def _readable(sock: socket.socket, timeout: float | None) -> bool:

@@ -200,3 +200,31 @@ def test_take_fds_copies_a_child_s_fds_and_refuses_what_is_not_there() -> None:
         child.wait(timeout=30)
         child.stdout.close()  # type: ignore[union-attr]
     assert unix.take_fds(child.pid, [fd]) is None  # (gone)
+
+
+@pytest.mark.timeout(60)
+def test_take_fds_asks_yama_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where Yama would refuse (and log) the take, it is not tried: at scope 1 only this
+    process's descendants, at 2 only root, at 3 nobody; at 0 anyone of the user."""
+    from sharedarrays.process import STATE
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    try:
+        for scope, root, mine, parent in [
+            (0, False, True, True),
+            (1, False, True, False),
+            (1, True, True, True),
+            (2, False, False, False),
+            (2, True, True, True),
+            (3, True, False, False),
+        ]:
+            monkeypatch.setattr(STATE.connections, "yama_scope", scope)
+            monkeypatch.setattr(os, "geteuid", lambda root=root: 0 if root else 1000)
+            assert unix._yama_allows(child.pid) is mine, (scope, root)
+            assert unix._yama_allows(os.getppid()) is parent, (scope, root)
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        child.wait(timeout=30)
