@@ -295,8 +295,9 @@ def send_notice(
     server: str, kind: Kind, alloc_id: str, secret: bytes, count: int, reply_to: str
 ) -> None:
     """Send a notice (one of no reply) from this thread now: it reaches ``server``'s socket
-    before anything this thread sends after it, on any channel."""
-    _send(server, Request(kind, alloc_id, secret, count, reply_to).encode())
+    before anything this thread sends after it, on any channel. Never waits: a connection
+    whose buffer is full (the server stopped) is left for a new one, else it is dropped."""
+    _send(server, Request(kind, alloc_id, secret, count, reply_to).encode(), timeout=0.0)
 
 
 def _send_notices(notices: NoticesState) -> None:
@@ -318,18 +319,19 @@ def _send_reports(notices: NoticesState) -> None:
         _send(server, Request(Kind.LOADED, alloc_id, secret, count).encode(), connect=False)
 
 
-def _send(path: str, message: bytes, connect: bool = True) -> None:
+def _send(path: str, message: bytes, connect: bool = True, timeout: float = NOTICE_TIMEOUT) -> None:
     """Send one notice on the connection kept to ``path`` (``connect``: a new one where none
-    is kept; replaced once if the server had closed it) and wait for its reply where its kind
-    has one; a server gone, stopped or overloaded, or another user's, is told nothing."""
+    is kept; replaced once if the server had closed it or, within ``timeout``, not taken it)
+    and wait for its reply where its kind has one; a server gone, stopped or overloaded, or
+    another user's, is told nothing."""
     replied = Kind(message[:4]).replied
     sock = take_connection(path)
     while sock is not None or connect:
         try:
             if sock is None:  # (a full queue: TimeoutError at once; never another user's)
                 connect = False  # (once)
-                sock = connect_unix(path, 0.0, NOTICE_TIMEOUT, f"the handle server {path}")
-            sock.settimeout(NOTICE_TIMEOUT)
+                sock = connect_unix(path, 0.0, timeout, f"the handle server {path}")
+            sock.settimeout(timeout)
             sock.sendall(message)
             if replied and not sock.recv(REPLY_SIZE):
                 raise ConnectionResetError  # (the server had closed it)

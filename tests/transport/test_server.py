@@ -203,6 +203,25 @@ def test_took_is_recorded_as_served_or_answered_released_when_too_late(
     a.close()
 
 
+@pytest.mark.timeout(60)
+def test_a_notice_sent_while_loading_never_waits_for_a_stopped_server(
+    tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``send_notice`` (a load's TOOK) to a server that reads nothing: once a connection's
+    buffer is full it goes on a new one, then is dropped; it never waits NOTICE_TIMEOUT."""
+    monkeypatch.setattr(client, "NOTICE_TIMEOUT", 10.0)
+    path = os.path.join(tmp_path, "stopped.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as stopped:
+        stopped.bind(path)
+        stopped.listen(4)  # (never accepts, never reads)
+        start = time.monotonic()
+        for _ in range(2000):  # (more than one connection's buffer holds)
+            client.send_notice(path, Kind.TOOK, "00" * 16, bytes(32), 1, "")
+        took = time.monotonic() - start
+        client.close_connections()
+    assert took < client.NOTICE_TIMEOUT, f"2,000 notices took {took:.1f} s"
+
+
 def test_loaded_notices_are_read_a_bounded_number_at_a_time() -> None:
     """One wake-up reads the notice that woke the server and at most ``READ_AHEAD`` more
     from that connection: the rest wait for the next round, behind the other connections."""
