@@ -9,6 +9,7 @@ reused only once closed), and the payload's secret is the allocation's."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import os
@@ -29,8 +30,8 @@ def slot_content(alloc_id: str, secret: bytes) -> bytes:
 
 
 class TakeTable:
-    """This process's table (``STATE.memory.takeable``), made at its first slot; slots by
-    allocation id. A forked child closes its copy and makes its own."""
+    """This process's table (``STATE.memory.takeable``), made with its handle server (or its
+    first slot); slots by allocation id. A forked child closes its copy and makes its own."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -40,22 +41,30 @@ class TakeTable:
         self.free: list[int] = []
         self.end = 0  # slots ever used
 
+    def open(self) -> bool:
+        """Make the table's memfd if not yet made; whether there is one."""
+        with self.lock:
+            if self.fd < 0:
+                with contextlib.suppress(OSError):  # (out of fds: payloads name no fds)
+                    self.fd = os.memfd_create("sharedarrays-take-table", os.MFD_CLOEXEC)
+                    self.inode = os.fstat(self.fd).st_ino
+            return self.fd >= 0
+
     def add(self, alloc_id: str, secret: bytes, chunk_fds: list[int]) -> Takeable | None:
         """Write the slot of ``alloc_id`` (once) and say where its ``chunk_fds`` may be taken;
         ``None`` where the table is full or cannot be made (importers ask instead)."""
+        if not self.open():
+            return None
         with self.lock:
             slot = self.slots.get(alloc_id)
             if slot is None:
+                slot = self.free.pop() if self.free else self.end
+                if slot >= MAX_SLOTS:
+                    return None
                 try:
-                    if self.fd < 0:
-                        self.fd = os.memfd_create("sharedarrays-take-table", os.MFD_CLOEXEC)
-                        self.inode = os.fstat(self.fd).st_ino
-                    slot = self.free.pop() if self.free else self.end
-                    if slot >= MAX_SLOTS:
-                        return None
                     os.pwrite(self.fd, slot_content(alloc_id, secret), slot * SLOT_BYTES)
-                except OSError:  # (out of fds or memory: the payload names no fds)
-                    if slot is not None and slot < self.end:
+                except OSError:  # (out of memory: the payload names no fds)
+                    if slot < self.end:
                         self.free.append(slot)
                     return None
                 self.end = max(self.end, slot + 1)

@@ -47,6 +47,7 @@ def server_address() -> str:
                     f"{e.strerror or e}. {what}"
                 ) from None
             client.start_notifier()  # (now: release hooks may run in a finalizer)
+            STATE.memory.takeable.open()  # (with the server: files a process keeps for life)
         path: str = state.server.path
         return path
 
