@@ -29,7 +29,12 @@ import sharedarrays as sa
 from sharedarrays.api.pool import cuda_initialised
 from sharedarrays.memory import cache
 from sharedarrays.memory.cache import empty_cache
-from sharedarrays.memory.registry import draining_allocations, drop_parked, reap_draining
+from sharedarrays.memory.registry import (
+    draining_allocations,
+    drop_parked,
+    lookup,
+    reap_draining,
+)
 from sharedarrays.protocol import keeper as wire
 from sharedarrays.transport import client, keeper
 from sharedarrays.transport import handles as transport
@@ -330,9 +335,10 @@ def test_arrays_returned_to_their_exporter_are_not_left_in_flight(
         back = pool.apply(workers.add_one, (a,))
         assert int(back.get()[0]) == 1 and back.allocation is a.allocation
         del a, back
-        gc.collect()
         deadline = time.monotonic() + 60  # (not the in-flight bound: told at once)
-        while draining_allocations() and time.monotonic() < deadline:
+        # (released once the pool's result thread has let go of the result too)
+        while (lookup(alloc_id) or draining_allocations()) and time.monotonic() < deadline:
+            gc.collect()
             time.sleep(0.05)
         assert not draining_allocations() and empty_cache() > 0
         # the worker drops it when told the memory was freed
