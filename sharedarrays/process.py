@@ -54,18 +54,21 @@ def _proc(pid: int, name: str, size: int = -1) -> bytes | None:
         return None
 
 
-def start_time(pid: int) -> int | None:
-    """A process's start time in ticks since boot (with the pid, it names one), or ``None``."""
+def _stat_field(pid: int, index: int) -> int | None:
+    """Field ``index`` of ``/proc/<pid>/stat`` after the name (0: the state), or ``None``."""
     stat = _proc(pid, "stat") or b""
     fields = stat[stat.rfind(b")") + 2 :].split()  # after the name, which may hold spaces
-    return int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else None
+    return int(fields[index]) if len(fields) > index and fields[index].isdigit() else None
+
+
+def start_time(pid: int) -> int | None:
+    """A process's start time in ticks since boot (with the pid, it names one), or ``None``."""
+    return _stat_field(pid, 19)
 
 
 def parent_pid(pid: int) -> int | None:
     """Process ``pid``'s parent's pid, or ``None``."""
-    stat = _proc(pid, "stat") or b""
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+    return _stat_field(pid, 1)
 
 
 def command_line(pid: int) -> str:

@@ -17,6 +17,7 @@ from sharedarrays.protocol.handles import Kind
 from sharedarrays.protocol.unix import MAX_PATH, runtime_dir, socket_pid
 from sharedarrays.settings import env_number
 from sharedarrays.transport import client
+from sharedarrays.transport.node import handle_servers
 from sharedarrays.transport.server import HandleServer
 
 
@@ -115,7 +116,7 @@ def ask_done_before_exit(pids: Iterable[int]) -> None:
     with STATE.memory.lock:
         blocks = [a for a in STATE.memory.registry.values() if a.cacheable()]
     # (each worker's server, served or not: one that took the fds may not have said so yet)
-    theirs = sorted(str(path) for path in runtime_dir().glob("*.sock") if socket_pid(path) in pids)
+    theirs = [path for pid, path in handle_servers() if pid in pids]
     asked = []
     for alloc in blocks:
         servers = sorted({*theirs, *(s for s in alloc.served_servers() if socket_pid(s) in pids)})

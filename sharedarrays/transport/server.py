@@ -242,9 +242,8 @@ class HandleServer:
                 else:  # a pointer backend: its portable handle, only after the checks above
                     body = Handles(sizes, alloc.exports_for(pid))
                 header = Reply(Status.OK, len(fds), body.encode()).encode()
-                _record_served(
-                    alloc, pid, request.reply_to, len(sizes)
-                )  # (first: a release tells it)
+                # (recorded before the fds go: a release must know whom to tell)
+                _record_served(alloc, pid, request.reply_to, len(sizes))
                 send_fds(conn, header, fds)
             finally:
                 for fd in temporary:
