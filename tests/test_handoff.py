@@ -246,7 +246,12 @@ def test_plain_pickle_through_a_file_to_a_fresh_interpreter(tmp_path: Path, devi
     np.testing.assert_array_equal(a.get()[0], [0, 1, 2, 3])
 
 
-def test_exporter_exits_first_and_the_importer_keeps_working(tmp_path: Path) -> None:
+def test_exporter_exits_first_and_the_importer_keeps_working(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (no payload of ours kept in flight: the pool worker's TOOK or LOADED may come after its
+    # result, and the memory would go to the keeper, where the stale payload would find it)
+    monkeypatch.setenv("SHAREDARRAYS_IN_FLIGHT", "0")
     path, ready, go = tmp_path / "a.pkl", tmp_path / "ready", tmp_path / "go"
     code = f"import workers; workers.exporter_main({str(path)!r}, {str(ready)!r}, {str(go)!r})"
     exporter = subprocess.Popen([sys.executable, "-c", code])
