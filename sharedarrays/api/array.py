@@ -20,7 +20,7 @@ import numpy as np
 
 from sharedarrays import importing
 from sharedarrays._cpython import caller_frame, mark_no_spawn_in_thread, spawning_process
-from sharedarrays.api import keeping, othernode, views
+from sharedarrays.api import keeping, othernode
 from sharedarrays.api.arraybase import ArrayBase, assignable, check_key, native_key
 from sharedarrays.api.shapeviews import ShapeViews
 from sharedarrays.backends import NativeView, get_backend
@@ -100,8 +100,8 @@ class SharedDeviceArray(ShapeViews):
         self._interfaced: Any = None  # (whose __cuda_array_interface__ a consumer reads)
         self._packed: ViewTuple | None = None  # the view's fields as a pickle carries them
         self._base: SharedDeviceArray | None = None
-        if STATE.views.tracking:
-            views.track(self)
+        if STATE.views.tracking:  # (a live view, for the memory map: sharedarrays.api.views)
+            STATE.views.live[id(self)] = self
 
     base: SharedDeviceArray | None = _field(
         "_base", "The view this one was derived from (``None`` if made or loaded)."
@@ -240,15 +240,11 @@ class SharedDeviceArray(ShapeViews):
     def payload(self) -> Payload:
         """What a pickle of this view carries, as one payload (starts the handle server).
         Any number of processes may load it: the memory is never reused (no ``DONE`` counts)."""
-        self.allocation.drop_block()
-        return dataclasses.replace(
-            allocation_payload(self.allocation),
-            dtype=self._dtype,
-            shape=self._shape,
-            strides=self._strides,
-            offset=self._offset,
-            readonly=self._readonly or self.allocation.export_readonly,
-        )
+        alloc = self.allocation
+        alloc.drop_block()
+        readonly = self._readonly or alloc.export_readonly
+        view = ViewFields(self._offset, self._shape, self._strides, self._dtype, readonly)
+        return dataclasses.replace(allocation_payload(alloc), **view._asdict())
 
     def _view_tuple(self) -> ViewTuple:
         """The view's fields as a pickle carries them (once per view)."""
@@ -309,18 +305,11 @@ def _reduce(for_multiprocessing: bool, a: SharedDeviceArray) -> tuple[Any, tuple
         and alloc.backend.maps
     )
     # (isdisjoint against a keys view walks the smaller side, the hooks)
-    reduce_hooks = STATE.pickling.reduce_hooks
-    if (
-        reduce_hooks
-        and not for_multiprocessing
-        and not reduce_hooks.keys().isdisjoint(sys.modules.keys())
-    ):
-        for name in [name for name in reduce_hooks if name in sys.modules]:
-            reduce_hooks.pop(name)()
-    packed = a._packed
-    if packed is None:
-        packed = a._view_tuple()
-    return _rebuild_view, (message_part(alloc, carry_fds), packed)
+    hooks = STATE.pickling.reduce_hooks
+    if hooks and not for_multiprocessing and not hooks.keys().isdisjoint(sys.modules.keys()):
+        for name in [name for name in hooks if name in sys.modules]:
+            hooks.pop(name)()
+    return _rebuild_view, (message_part(alloc, carry_fds), a._packed or a._view_tuple())
 
 
 reduction.ForkingPickler.register(SharedDeviceArray, functools.partial(_reduce, True))
@@ -328,19 +317,17 @@ reduction.ForkingPickler.register(SharedDeviceArray, functools.partial(_reduce, 
 
 def allocation_payload(alloc: Allocation) -> Payload:
     """The payload of the whole allocation (its bytes) that pickles of its views carry."""
-    pid, server = os.getpid(), alloc.source_server  # a growable array names its exporter
-    if server is None and alloc.growable and not alloc.origin.created_here:
-        # inherited through fork: its length is its creator's, which this server cannot tell
-        raise NotShareable(
-            f"a growable array inherited through fork cannot be handed on from this process: "
-            f"its length changes in the process that made it (pid {alloc.origin.pid}); "
-            "pickle it there, or hand on a copy (sa.from_array(a.get()))"
-        )
-    fds = None
+    # (a growable array imported from elsewhere names its exporter)
+    pid, server, fds = alloc.origin.pid, alloc.source_server, None
     if server is None:
-        server, fds = transport.server_address(), alloc.takeable_fds()
-    else:
-        pid = alloc.origin.pid
+        if alloc.growable and not alloc.origin.created_here:
+            # inherited through fork: its length is its creator's, which this server cannot tell
+            raise NotShareable(
+                f"a growable array inherited through fork cannot be handed on from this process: "
+                f"its length changes in the process that made it (pid {alloc.origin.pid}); "
+                "pickle it there, or hand on a copy (sa.from_array(a.get()))"
+            )
+        pid, server, fds = os.getpid(), transport.server_address(), alloc.takeable_fds()
     chunks = tuple(alloc.chunk_sizes())
     return Payload(
         backend=alloc.backend.name,

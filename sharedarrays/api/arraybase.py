@@ -104,11 +104,9 @@ _WRITES_FIRST: frozenset[Callable[..., Any]] = frozenset(
 def _np_reshape(
     a: Any, shape: Any = None, order: str = "C", *, newshape: Any = None, copy: bool | None = None
 ) -> Any:
-    if shape is None:
-        if newshape is None:
-            raise TypeError("reshape() missing 1 required positional argument: 'shape'")
-        shape = newshape
-    return a.reshape(shape, order=order, copy=copy)
+    if shape is None and newshape is None:
+        raise TypeError("reshape() missing 1 required positional argument: 'shape'")
+    return a.reshape(newshape if shape is None else shape, order=order, copy=copy)
 
 
 # NumPy functions answered by the view's method (a shared view where NumPy gives a view)

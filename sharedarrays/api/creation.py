@@ -39,6 +39,7 @@ PROGRESS_BYTES = 256 << 20
 """Fills and copies from this many bytes on show a progress bar in a Jupyter kernel itself."""
 
 _BLOCK_BYTES = 64 << 20
+_DLPACK_KINDS = {2: "cuda", 13: "cuda", KDL_ROCM: "hip"}  # kDLCUDA, kDLCUDAManaged, kDLROCM
 
 
 def _shape(shape: ShapeLike) -> tuple[int, ...]:
@@ -192,16 +193,11 @@ def _source_device(obj: Any) -> Device | None:
     """The accelerator device of a CuPy/torch/CAI/DLPack object; None on the host."""
     if hasattr(obj, "__dlpack_device__"):
         try:
-            kind, index = obj.__dlpack_device__()
+            kind, index = map(int, obj.__dlpack_device__())
         except Exception:
             return None
-        if int(kind) in (2, 13):  # kDLCUDA, kDLCUDAManaged
-            return Device("cuda", int(index))
-        if int(kind) == KDL_ROCM:
-            return Device("hip", int(index))
-        if is_npu_dlpack(obj, int(kind)):
-            return Device("npu", int(index))
-        return None
+        name = _DLPACK_KINDS.get(kind) or ("npu" if is_npu_dlpack(obj, kind) else None)
+        return None if name is None else Device(name, index)
     if hasattr(obj, "__cuda_array_interface__"):
         dev = getattr(obj, "device", None)
         index = getattr(dev, "id", getattr(dev, "index", 0))

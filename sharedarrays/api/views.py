@@ -13,7 +13,7 @@ from sharedarrays.api.arraybase import ArrayBase
 from sharedarrays.memory.allocation import Allocation
 from sharedarrays.process import STATE
 
-__all__ = ["ArrayView", "track", "is_view", "live_views"]
+__all__ = ["ArrayView", "is_view", "live_views"]
 
 
 class ArrayView(Protocol):
@@ -28,11 +28,6 @@ class ArrayView(Protocol):
     offset: int
     nbytes: int
     readonly: bool
-
-
-def track(view: object) -> None:
-    """Count ``view`` among the live views (called once ``STATE.views.tracking``)."""
-    STATE.views.live[id(view)] = view
 
 
 def is_view(obj: object) -> TypeGuard[ArrayView]:
@@ -51,6 +46,6 @@ def live_views() -> list[ArrayView]:
                 for obj in gc.get_objects():
                     # (one still being made has no lease slot yet: its track() comes)
                     if is_view(obj) and hasattr(obj, "_lease") and id(obj) not in state.live:
-                        track(obj)
+                        state.live[id(obj)] = obj
     # (valuerefs copies the refs at once, where iterating meets another thread's views)
     return [v for v in (ref() for ref in state.live.valuerefs()) if v is not None]
