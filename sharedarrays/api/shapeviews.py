@@ -210,11 +210,10 @@ class ShapeViews(ArrayBase):
     def to_device(self, device: Any, /, *, stream: Any = None) -> Any:
         """The native array's ``to_device``; this view where that gives the native array."""
         to_device = self._native_attribute("to_device")
-        native = self.array
         if isinstance(device, Device):
             device = str(device)
         result = to_device(device) if stream is None else to_device(device, stream=stream)
-        return self if result is native else result
+        return self if result is self.array else result
 
     def _native_attribute(self, name: str) -> Any:
         """The native array's attribute ``name``, or an AttributeError naming both types."""

@@ -44,7 +44,7 @@ def live_views() -> list[ArrayView]:
             if not state.tracking:
                 state.tracking = True  # (first: a view made during the search is tracked)
                 for obj in gc.get_objects():
-                    # (one still being made has no lease slot yet: its track() comes)
+                    # (one still being made has no lease slot yet: its _init tracks it)
                     if is_view(obj) and hasattr(obj, "_lease") and id(obj) not in state.live:
                         state.live[id(obj)] = obj
     # (valuerefs copies the refs at once, where iterating meets another thread's views)
