@@ -248,14 +248,13 @@ class SharedDeviceArray(ShapeViews):
 
     def _view_tuple(self) -> ViewTuple:
         """The view's fields as a pickle carries them (once per view)."""
-        packed = self._packed
-        if packed is None:
+        if self._packed is None:
             shape, strides = _intern(self._shape), _intern(self._strides)
             offset, shape, strides, dtype, readonly = ViewFields(
                 self._offset, shape, strides, self._dtype, self._readonly
             ).to_tuple()
-            packed = self._packed = (offset, shape, strides, _intern(dtype), readonly)
-        return packed
+            self._packed = (offset, shape, strides, _intern(dtype), readonly)
+        return self._packed
 
     def park(self) -> None:
         """Hand this array's handles to this user's keeper, so that a payload of it still
