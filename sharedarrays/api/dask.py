@@ -18,9 +18,6 @@ from sharedarrays.process import STATE
 
 __all__ = ["register", "registered", "same_node_transfer", "to_dask", "from_dask"]
 
-PAYLOAD = "payload"
-DATA = "data"
-
 
 def registered() -> bool:
     """Whether :func:`register` ran in this process."""
@@ -62,7 +59,7 @@ def serialize(
     """distributed's ``dask_serialize``: the payload on one host, else the data (CuPy's
     ``"cuda"`` family on ``ucx://``)."""
     if same_node_transfer(context):
-        return {"form": PAYLOAD}, [pickle.dumps(a, protocol=5)]
+        return {"form": "payload"}, [pickle.dumps(a, protocol=5)]
     from distributed.protocol.serialize import serialize as dask_serialize_any
 
     recipient = ((context or {}).get("recipient") or {}).get("address", "")
@@ -70,12 +67,12 @@ def serialize(
     header, frames = dask_serialize_any(
         a.array, serializers=(family,), on_error="raise", context=context
     )
-    return {"form": DATA, "kind": a.device.kind, "data": header}, list(frames)
+    return {"form": "data", "kind": a.device.kind, "data": header}, list(frames)
 
 
 def deserialize(header: dict[str, Any], frames: list[Any]) -> SharedDeviceArray:
     """distributed's ``dask_deserialize``: the payload loaded, or the data in a new array."""
-    if header.get("form") == PAYLOAD:
+    if header.get("form") == "payload":
         a = pickle.loads(frames[0])
         if not isinstance(a, SharedDeviceArray):
             raise TypeError("a shared array's Dask message did not hold a shared array")

@@ -74,8 +74,7 @@ def _cwd() -> str:
 def local_name(key: str) -> str:
     """A keeper name as this process writes it: ``"name"`` here, else :func:`shown`."""
     space, slash, base = key.rpartition("/")
-    here = namespace() if slash else None
-    return base if slash and space == here else shown(key)
+    return base if slash and space == namespace() else shown(key)
 
 
 def shown(key: str) -> str:
