@@ -13,6 +13,7 @@ from pathlib import Path
 from sharedarrays.api.arraybase import ArrayBase
 from sharedarrays.errors import HandleUnavailable, NameNotFound, SettingError
 from sharedarrays.memory.allocation import Allocation
+from sharedarrays.memory.reservation import close_fds
 from sharedarrays.process import STATE
 from sharedarrays.protocol import keeper as keeper_protocol
 from sharedarrays.settings import env_word
@@ -110,10 +111,8 @@ def keep(a: ArrayBase, name: str | None) -> None:
     try:
         status, body, fds = keeper.request(req, handles)
     finally:
-        for fd in temporary:
-            os.close(fd)
-    for fd in fds:
-        os.close(fd)
+        close_fds(temporary)
+    close_fds(fds)
     what = f"cannot name the array {name!r}" if name else "cannot park the array"
     keeper.raise_for(status, body, what)
     keeper.hold(alloc.id)

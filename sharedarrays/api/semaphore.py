@@ -34,7 +34,7 @@ def timeline_value(value: object) -> int:
     return int(value)
 
 
-class ExternalSemaphore:
+class ExternalSemaphore(contextlib.AbstractContextManager["ExternalSemaphore"]):
     """A semaphore another API (Vulkan, say) exported, imported into CUDA (:meth:`from_fd`),
     signalled and awaited on the current stream; ``kind``: ``"opaque"`` or ``"timeline"``."""
 
@@ -94,9 +94,6 @@ class ExternalSemaphore:
         handle, self._handle = self._handle, None
         if handle is not None:
             self._backend.destroy_semaphore(handle)
-
-    def __enter__(self) -> ExternalSemaphore:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
