@@ -49,8 +49,8 @@ def use_reconstructor(fn: Callable[..., Any]) -> None:
 
 
 def import_part(blob: bytes, token: object = None, fds: object = None) -> ReceivedPart:
-    """A pickled part's reconstructor, once per message: a new part, or that of an earlier
-    message of the same bytes still mapped here (load counted, token waited for)."""
+    """A pickled part's reconstructor: a new part, or that of an earlier message of the same
+    bytes still mapped here (load counted, token waited for)."""
     if token is not None:  # (no call for none: a warm load per message)
         token = check_token(token)
     if fds is None and type(blob) is bytes:
@@ -67,8 +67,7 @@ def import_part(blob: bytes, token: object = None, fds: object = None) -> Receiv
 
 
 class ReceivedPart:
-    """One allocation's part of a message loaded here, its allocation once found and the last
-    view layout checked."""
+    """One allocation's part of a message loaded here, its allocation and last view layout."""
 
     __slots__ = (
         "payload",
@@ -249,7 +248,7 @@ def mapped_here(req: Request) -> Allocation | None:
     return _mapped(req.payload, req.carried)
 
 
-def _mapped(p: Payload, carried: list[int] | None) -> Allocation | None:
+def _mapped(p: Payload, carried: list[int] | None) -> Allocation | None:  # (no Request: warm)
     alloc = lookup(p.alloc_id)
     if alloc is not None and alloc.released:
         # another thread releases it (registered while the keeper takes its handles): once
@@ -286,7 +285,6 @@ def _mapped(p: Payload, carried: list[int] | None) -> Allocation | None:
 
 
 def _count_load(alloc: Allocation, p: Payload, pid: int) -> None:
-    """Count a load here of ``p``, a payload of ``alloc`` (``pid``: this process's)."""
     if p.pid != pid:  # its sender counts it in flight until told
         alloc.flight.note_returned(p.server)
         if alloc.backend.exporter_owned:  # the exporter waits for its payloads: say so
@@ -348,9 +346,9 @@ def in_message(req: Request) -> Allocation | None:
 
 
 def from_exporter_fds(req: Request) -> Allocation | None:
-    """The allocation mapped from chunk fds taken out of the exporter (no request, no wait
-    for its threads), proven by its take table (:mod:`~sharedarrays.memory.takeable`), then
-    told so; ``None`` where the payload names none, the kernel refuses or the proof fails."""
+    """The allocation mapped from chunk fds taken out of the exporter (no request, no wait),
+    proven by its take table (:mod:`~sharedarrays.memory.takeable`), then told so; ``None``
+    where the payload names none, the kernel refuses or the proof fails."""
     p, fds = req.payload, req.payload.fds
     if fds is None or p.pid == STATE.pid or req.carried is not None:
         return None
@@ -461,7 +459,7 @@ def load_payload(
 
 
 def _take_block(alloc: Allocation, p: Payload) -> None:
-    """List a newly mapped allocation by its block, count the load, say ``DONE`` if asked."""
+    """List a newly mapped allocation by its block; say ``DONE`` if asked."""
     block = p.block
     if block is None or alloc.block is not None or alloc.origin.created_here:
         return
@@ -474,7 +472,7 @@ def _take_block(alloc: Allocation, p: Payload) -> None:
 
 
 def _detach(fds: tuple[Any, ...]) -> list[int]:
-    """The fds that travelled with a payload, received; all closed where one fails."""
+    """The fds that travelled with a payload; all closed where one fails."""
     carried: list[int] = []
     try:
         for travelled in fds:
@@ -502,7 +500,7 @@ def _detach(fds: tuple[Any, ...]) -> list[int]:
 
 
 def check_token(sync: object) -> bytes | None:
-    """``sync``, an ordering token or ``None``; PayloadError where it is malformed."""
+    """``sync`` if an ordering token or ``None``; else PayloadError."""
     if sync is not None and (type(sync) is not bytes or not 0 < len(sync) <= 256):
         raise PayloadError("the ordering token that travelled with the payload is malformed")
     return sync

@@ -81,14 +81,13 @@ class Allocation(Leasing, Growth):
             capacity = max(round_up(capacity, backend.granularity), sum(sizes))
         cacheable = backend.maps and capacity is None and not peers and not readonly
         cacheable = cacheable and sum(sizes) <= cache_bytes()
-        if cacheable:  # a new allocation on cached memory of these sizes, if any
-            old = STATE.memory.cache.take(backend.name, backend.device, sizes)
-            if old is not None:
-                alloc = cls(backend, *_fresh(), old.address, old._chunks, "rw")
-                alloc.block, alloc.used, alloc.reused = old.block, nbytes, True
-                alloc.flight.servers.update(old.flight.servers)  # (told when it is freed at last)
-                alloc.flight.reporting.update(old.flight.reporting)
-                return alloc
+        old = STATE.memory.cache.take(backend.name, backend.device, sizes) if cacheable else None
+        if old is not None:  # a new allocation on cached memory of these sizes
+            alloc = cls(backend, *_fresh(), old.address, old._chunks, "rw")
+            alloc.block, alloc.used, alloc.reused = old.block, nbytes, True
+            alloc.flight.servers.update(old.flight.servers)  # (told when it is freed at last)
+            alloc.flight.reporting.update(old.flight.reporting)
+            return alloc
         for last_try in (False, True):  # (out of memory or fds: empty the cache, again)
             try:
                 backend.check_memory(sum(sizes))
@@ -173,40 +172,33 @@ class Allocation(Leasing, Growth):
         readonly: bool = False,
     ) -> Allocation:
         # make, map and (with seal) seal the chunks; everything is released on failure
+        if peers and not backend.maps:
+            raise ValueError(
+                f"access for other devices needs backend='cuda-vmm' ({backend.name} memory "
+                "cannot be granted to peers here)"
+            )
+        mapper = cast(MappingBackend, backend)
         total = sum(sizes)
-        write_sealed = False
-        if not backend.maps:  # the chunk comes with its own address
-            if peers:
-                raise ValueError(
-                    f"access for other devices needs backend='cuda-vmm' ({backend.name} memory "
-                    "cannot be granted to peers here)"
-                )
-            chunk = make_chunk(total)
-            try:
-                write_sealed = seal and backend.seal(chunk, readonly)
-            except BaseException:
-                teardown(backend, 0, 0, [], [chunk])
-                raise
-            alloc = cls(backend, alloc_id, secret, origin, chunk.address, [chunk], access)
-        else:
-            mapper = cast(MappingBackend, backend)
-            reserved = total if capacity is None else round_up(capacity, backend.granularity)
-            chunks: list[Chunk] = []
-            mapped: list[tuple[int, int]] = []
-            address = 0
-            try:
+        reserved = total if capacity is None else round_up(capacity, backend.granularity)
+        chunks: list[Chunk] = []
+        mapped: list[tuple[int, int]] = []
+        address = 0
+        try:
+            if not backend.maps:  # one chunk, which comes with its own address
+                chunks.append(make_chunk(total))
+                address, capacity = chunks[0].address, None
+            else:
                 address = mapper.reserve(reserved)
                 for offset, size in zip(accumulate(sizes, initial=0), sizes):
                     chunks.append(make_chunk(size))
                     mapper.map(address + offset, size, chunks[-1], 0)
                     mapped.append((offset, size))
                 mapper.set_access(address, total, access, peers)
-                if seal:
-                    write_sealed = all([backend.seal(c, readonly) for c in chunks])
-            except BaseException:
-                teardown(backend, address, reserved, mapped, chunks)
-                raise
-            alloc = cls(backend, alloc_id, secret, origin, address, chunks, access, capacity, peers)
+            write_sealed = seal and all([backend.seal(c, readonly) for c in chunks])
+        except BaseException:
+            teardown(backend, address, reserved, mapped, chunks)
+            raise
+        alloc = cls(backend, alloc_id, secret, origin, address, chunks, access, capacity, peers)
         alloc.export_readonly, alloc.write_sealed = readonly, write_sealed and readonly
         return alloc
 
@@ -273,12 +265,8 @@ class Allocation(Leasing, Growth):
             # us less per 1 MiB result on the host, benchmarks/ab_trees.py --case results;
             # unless payloads of theirs came back here, which they count in flight till told)
             if cacheable and drain:
-                flight = self.flight
-                unasked = [
-                    s
-                    for s in self.served_servers()
-                    if s not in flight.reporting or flight.returned(s)
-                ]
+                reporting, returned = self.flight.reporting, self.flight.returned
+                unasked = [s for s in self.served_servers() if s not in reporting or returned(s)]
                 for hook in STATE.memory.ask_hooks if unasked else ():
                     hook(self, unasked)
         finally:
@@ -368,7 +356,7 @@ class Allocation(Leasing, Growth):
 
     def busy(self) -> bool:
         """Whether a payload pickled here may still be loaded."""
-        return self.in_flight()[0] > 0
+        return self.flight.in_flight()[0] > 0
 
     def hand_over(self, say: bool = True) -> tuple[int, str] | None:
         """Give the handles of payloads in flight to the keeper; on a failure, how many will not

@@ -53,7 +53,8 @@ class ChunkCache:
             self._kept[alloc.block] = alloc
             self.nbytes += alloc.capacity
             over = self._over(limit)
-        _free(over)
+        for old in over:
+            old.free_cached()
         return True
 
     def take(self, backend_name: str, device: object, sizes: list[int]) -> Allocation | None:
@@ -72,7 +73,8 @@ class ChunkCache:
         """Free all that is kept; returns the bytes freed."""
         with self._lock:
             freed, over = self.nbytes, self._over(0)
-        _free(over)
+        for alloc in over:
+            alloc.free_cached()
         return freed
 
     def drop(self, alloc_id: str) -> bool:
@@ -80,7 +82,8 @@ class ChunkCache:
         with self._lock:
             gone = [self._kept.pop(b) for b, a in list(self._kept.items()) if a.id == alloc_id]
             self.nbytes -= sum(a.capacity for a in gone)
-        _free(gone)
+        for alloc in gone:
+            alloc.free_cached()
         return bool(gone)
 
     def kept(self) -> list[Allocation]:
@@ -95,11 +98,6 @@ class ChunkCache:
             self.nbytes -= alloc.capacity
             over.append(alloc)
         return over
-
-
-def _free(allocs: list[Allocation]) -> None:
-    for alloc in allocs:
-        alloc.free_cached()
 
 
 STATE.memory.cache = ChunkCache()

@@ -93,12 +93,10 @@ class Growth(AllocationRecords):
         try:
             if len(sizes) != len(pending):
                 raise PayloadError(f"{len(sizes)} chunk sizes but {len(pending)} handles")
-
-            def import_next(size: int) -> Chunk:
-                return self.backend.import_chunk(pending.pop(0), size)
-
             with self.growth_lock:
-                self._add_chunks(sizes, import_next, capacity)
+                self._add_chunks(
+                    sizes, lambda size: self.backend.import_chunk(pending.pop(0), size), capacity
+                )
         finally:
             close_fds(pending)
 

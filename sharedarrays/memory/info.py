@@ -235,11 +235,10 @@ class AllocationRecords:
         """A multi-line table of the reservation, its mappings and their chunks."""
         o = self.origin
         stamp = time.strftime("%H:%M:%S", time.localtime(o.time))
-        owned = self.backend.exporter_owned
+        owned = " (the exporter must outlive every importer)" if self.backend.exporter_owned else ""
         lines = [
             f"allocation {self.id} on {self.device} ({self.backend.name}), {o.role}, since {stamp}",
-            f"memory kept alive by: {self.lifetime}"
-            + (" (the exporter must outlive every importer)" if owned else ""),
+            f"memory kept alive by: {self.lifetime}{owned}",
             f"reservation {self.address:#x}-{self.address + self.capacity:#x} "
             f"({format_bytes(self.capacity)}, {format_bytes(self.size)} mapped)",
             f"{'mapping':>8} {'offset':>12} {'size':>10} {'chunk':>6} {'fd':>4} access",

@@ -77,9 +77,7 @@ def reap_draining() -> int:
 def held_elsewhere() -> list[Allocation]:
     """Exporter-owned allocations made here that other running processes still hold."""
     with STATE.memory.lock:
-        mine: list[Allocation] = [
-            a for a in STATE.memory.registry.values() if a.origin.created_here
-        ]
+        mine = [a for a in STATE.memory.registry.values() if a.origin.created_here]
         mine += STATE.memory.draining.values()
     return [a for a in mine if a.backend.exporter_owned and (a.holders or a.busy())]
 

@@ -80,16 +80,15 @@ class TakeTable:
             try:
                 os.pwrite(self.fd, bytes(SLOT_BYTES), slot * SLOT_BYTES)
             except OSError:  # (never seen) no slot may outlive its fds: a new, empty table
-                self._reset()
+                self.reset_in_child()
             else:
                 self.free.append(slot)
 
-    def _reset(self) -> None:
+    def reset_in_child(self) -> None:
+        """Close the table and start a new, empty one (also where a slot cannot be cleared)."""
         if self.fd >= 0:
             os.close(self.fd)
         self.__init__()  # type: ignore[misc]
-
-    reset_in_child = _reset
 
 
 def took_what_it_named(table: int, fds: Takeable, alloc_id: str, secret: bytes) -> bool:

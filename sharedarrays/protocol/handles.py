@@ -80,9 +80,8 @@ class Request:
 
     def encode(self) -> bytes:
         head = (self.kind.value, bytes.fromhex(self.alloc_id), self.secret)
-        if self.kind.counted:
-            return _COUNTED.pack(*head, self.count) + self.reply_to.encode()
-        return _PLAIN.pack(*head) + self.reply_to.encode()
+        packed = _COUNTED.pack(*head, self.count) if self.kind.counted else _PLAIN.pack(*head)
+        return packed + self.reply_to.encode()
 
     @classmethod
     def decode(cls, data: bytes) -> Request:
@@ -276,14 +275,12 @@ def _served(v: object) -> bool:
     )
 
 
-_CHECKS: MappingProxyType[str, Callable[[Any], bool]] = MappingProxyType(
-    {
-        "str": lambda v: type(v) is str and 0 < len(v) <= 64,
-        "int": _natural,
-        "float": _real,
-        "bool": lambda v: type(v) is bool,
-    }
-)
+_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "str": lambda v: type(v) is str and 0 < len(v) <= 64,
+    "int": _natural,
+    "float": _real,
+    "bool": lambda v: type(v) is bool,
+}
 _ROW: MappingProxyType[str, Callable[[Any], bool]] = MappingProxyType(  # keys in field order
     {"id": lambda v: _hex(v, 32, 32)}
     | {f.name: _CHECKS.get(str(f.type), _served) for f in fields(HeldAllocation)[1:]}

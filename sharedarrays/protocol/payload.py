@@ -104,12 +104,11 @@ def _ints(
 def _text(v: object, matches: Callable[[str], object], error: str) -> Any:
     """``v``, if a string that ``matches`` (and can be encoded); else PayloadError(``error``)."""
     try:
-        ok = type(v) is str and matches(v)
+        if type(v) is str and matches(v):
+            return v
     except UnicodeError:
-        ok = False
-    if not ok:
-        raise PayloadError(error)
-    return v
+        pass
+    raise PayloadError(error)
 
 
 def _numeric_dtype(value: object, what: str) -> np.dtype[Any]:
