@@ -377,15 +377,12 @@ def from_exporter(req: Request) -> Allocation | None:
     p = req.payload
     req.backend()
     try:
+        ask, here = (p.server, p.pid, p.alloc_id, p.secret), transport.server_address()
         if p.capacity is not None:
-            sizes, capacity, used, fds = client.fetch_growth(
-                p.server, p.pid, p.alloc_id, p.secret, 0, reply_to=transport.server_address()
-            )
+            sizes, capacity, used, fds = client.fetch_growth(*ask, 0, reply_to=here)
             exports: tuple[bytes, ...] = ()
         else:
-            sizes, fds, exports = client.fetch_handles(
-                p.server, p.pid, p.alloc_id, p.secret, reply_to=transport.server_address()
-            )
+            sizes, fds, exports = client.fetch_handles(*ask, reply_to=here)
             capacity = used = 0
     except HandleUnavailable as gone:  # the exporter is gone: a keeper may hold it
         req.failed(gone)

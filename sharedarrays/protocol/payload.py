@@ -132,14 +132,13 @@ def misaligned(
     dtype: np.dtype[Any], shape: tuple[int, ...], strides: tuple[int, ...], offset: int
 ) -> str:
     """Why a view of device memory is misaligned for ``dtype`` (fatal to a CUDA context)."""
-    mask = dtype.alignment - 1
     bits = offset
     for n, st in zip(shape, strides):
         if n == 0:
             return ""
         if n > 1:
             bits |= st
-    if not bits & mask:
+    if not bits & (dtype.alignment - 1):
         return ""
     return (
         f"a view of {dtype} on device memory at byte offset {offset} with strides "
