@@ -49,11 +49,6 @@ def idle_seconds() -> float:
     return env_number("SHAREDARRAYS_KEEPER_IDLE", 30.0, 0.0)
 
 
-def max_connections() -> int:
-    """Connections the keeper keeps open at most (``SHAREDARRAYS_KEEPER_CONNECTIONS``)."""
-    return env_number("SHAREDARRAYS_KEEPER_CONNECTIONS", MAX_CONNECTIONS, 1)
-
-
 def _say(message: str) -> None:
     print(f"sharedarrays keeper: {message}", file=sys.stderr, flush=True)
 
@@ -159,8 +154,6 @@ class Keeper:
             self._hang_up(peer)
         for entry in list(self._entries.values()):
             self._free(entry)
-        with contextlib.suppress(KeyError, ValueError):
-            self._selector.unregister(self._listener)
         self._listener.close()
         self._selector.close()
         os.close(self._lock_fd)
@@ -511,7 +504,9 @@ def _file_id(file: str | Path | int) -> tuple[int, int] | None:
 
 def main() -> int:
     """Run the keeper in this process until it is idle: 0, or 3 where another one runs."""
-    idle, limit = idle_seconds(), max_connections()
+    idle = idle_seconds()
+    limit = env_number("SHAREDARRAYS_KEEPER_CONNECTIONS", MAX_CONNECTIONS, 1)
+
     # a connection per process and a handle per chunk: raise the soft limit of open files
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != hard:

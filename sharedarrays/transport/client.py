@@ -64,9 +64,8 @@ def fetch_handles(
 ) -> tuple[list[int], list[int], tuple[bytes, ...]]:
     """An allocation's chunk sizes, fds (the caller's) and a pointer backend's portable
     handles from its handle server; HandleUnavailable, or PermissionDenied where refused."""
-    body, fds = _fetch(server, pid, alloc_id, secret, reply_to, None)
-    handles = cast(Handles, body)
-    return handles.sizes, fds, handles.exports or ()
+    handles, fds = _fetch(server, pid, alloc_id, secret, reply_to, None)
+    return handles.sizes, fds, cast(Handles, handles).exports or ()
 
 
 def fetch_growth(
@@ -88,8 +87,8 @@ def close_connections() -> None:
 
 
 def _connect(server: str, gone: str, pid: int | None = None) -> socket.socket:
-    """A connection to the handle server at ``server`` of this user (a full queue, or a
-    missing socket while ``pid`` runs, retried until :data:`TIMEOUT`)."""
+    """A connection to this user's handle server ``server``, retried until :data:`TIMEOUT`
+    past a full queue (and a missing socket while ``pid`` runs)."""
     deadline = time.monotonic() + TIMEOUT
     try:
         while True:
@@ -160,7 +159,7 @@ def _fetch(
     server: str, pid: int, alloc_id: str, secret: bytes, reply_to: str | None, first: int | None
 ) -> tuple[Handles | Growth, list[int]]:
     """One ``FETCH`` (``first`` None) or ``GROW`` request: the reply's body and fds (retried
-    once on a kept connection the server had closed)."""
+    once where a kept connection had been closed by the server)."""
     gone = _GONE.format(alloc_id=alloc_id, pid=pid)
     tail = reply_to if reply_to and len(reply_to.encode()) <= MAX_PATH else ""
     kind = Kind.FETCH if first is None else Kind.GROW
@@ -214,33 +213,29 @@ def _fetch(
             consistent = len(fds) == max(len(body.sizes) - first, 0)
         if not consistent:
             raise PayloadError(_INCONSISTENT)
-        result, fds = fds, []
+        result, fds = fds, []  # (the caller's now: not closed below)
         return body, result
     except SharedArrayError:
         raise
-    except OSError as e:  # (TimeoutError too)
-        raise _fetch_failed(e, gone, alloc_id, pid) from None
+    except TimeoutError:
+        raise HandleUnavailable(
+            f"the process that shared allocation {alloc_id} (pid {pid}) did not answer (with "
+            f"all its handles) within {TIMEOUT:g} s: it is stopped or overloaded. Try again "
+            "when it runs"
+        ) from None
+    except OSError as e:
+        if e.errno in (errno.ECONNRESET, errno.EPIPE):
+            raise HandleUnavailable(gone) from None
+        raise HandleUnavailable(
+            f"asking the process that shared allocation {alloc_id} (pid {pid}) for its "
+            f"handles failed: {e.strerror or e}. Close some files in this process if it has "
+            "too many open, and try again"
+        ) from None
     finally:
         for fd in fds:
             os.close(fd)
         if sock is not None:
             sock.close()
-
-
-def _fetch_failed(e: OSError, gone: str, alloc_id: str, pid: int) -> HandleUnavailable:
-    if isinstance(e, TimeoutError):
-        return HandleUnavailable(
-            f"the process that shared allocation {alloc_id} (pid {pid}) did not answer (with "
-            f"all its handles) within {TIMEOUT:g} s: it is stopped or overloaded. Try again "
-            "when it runs"
-        )
-    if e.errno in (errno.ECONNRESET, errno.EPIPE):
-        return HandleUnavailable(gone)
-    return HandleUnavailable(
-        f"asking the process that shared allocation {alloc_id} (pid {pid}) for its "
-        f"handles failed: {e.strerror or e}. Close some files in this process if it has "
-        "too many open, and try again"
-    )
 
 
 def take_connection(server: str) -> socket.socket | None:
@@ -268,7 +263,7 @@ def report_load(server: str, alloc_id: str, secret: bytes) -> None:
 
 
 def pending_notices() -> int:
-    """How many release and close notices this process has queued and not yet sent."""
+    """How many notices this process has queued and not yet sent."""
     return len(STATE.notices.in_flight)
 
 
@@ -286,9 +281,9 @@ def queue_notice(
     counts = [min(alloc.flight.returned(path), 1 << 31) if alloc else count for path in servers]
     messages = [Request(kind, alloc_id, secret, n, reply_to).encode() for n in counts]
     start_notifier()
-    notices = STATE.notices
-    notices.in_flight.append(None)
-    notices.queue.put((servers, messages))
+    STATE.notices.in_flight.append(None)
+    STATE.notices.queue.put((servers, messages))
+
 
 
 def send_notice(
@@ -303,20 +298,15 @@ def send_notice(
 def _send_notices(notices: NoticesState) -> None:
     while True:
         servers, messages = notices.queue.get()
-        if not servers:  # (queued by report_load)
-            _send_reports(notices)
+        if not servers:  # the warm-load counts gathered by report_load (LOADED: no reply)
+            with notices.unreported_lock:
+                reports, notices.unreported = notices.unreported, {}
+            for (server, alloc_id, secret), count in reports.items():
+                # (on a kept connection only: else the sender counts them in flight till the bound)
+                _send(server, Request(Kind.LOADED, alloc_id, secret, count).encode(), False)
         for path, message in zip(servers, messages):
             _send(path, message)
         notices.in_flight.pop()
-
-
-def _send_reports(notices: NoticesState) -> None:
-    """Send the warm-load counts gathered by :func:`report_load` (no reply: ``LOADED``)."""
-    with notices.unreported_lock:
-        reports, notices.unreported = notices.unreported, {}
-    for (server, alloc_id, secret), count in reports.items():
-        # (on a kept connection only: else the sender counts them in flight till the bound)
-        _send(server, Request(Kind.LOADED, alloc_id, secret, count).encode(), connect=False)
 
 
 def _send(path: str, message: bytes, connect: bool = True, timeout: float = NOTICE_TIMEOUT) -> None:
