@@ -50,11 +50,10 @@ class BackendsState:
 
 
 class MemoryState:
-    """``STATE.memory``: the allocations of this process (``memory/``): ``registry`` by id,
-    ``parked`` (imports with no live view, least recently used first), ``draining`` (released,
-    still served), ``slabs`` (current slab, first free byte), ``inherited`` (a forked child's,
-    never released); the ``*_hooks`` tell the transport layer of releases, hand-overs, notices.
-    """
+    """``STATE.memory``: this process's allocations: ``registry`` by id, ``parked`` (imports
+    with no live view, least recently used first), ``draining`` (released, still served),
+    ``slabs`` (current slab, first free byte), ``inherited`` (a forked child's, never
+    released); the ``*_hooks`` tell the transport layer of releases, hand-overs, notices."""
 
     def __init__(self) -> None:
         self.registry: dict[str, Any] = {}
@@ -116,10 +115,9 @@ class MemoryState:
 
 
 class ConnectionsState:
-    """``STATE.connections``: open connections to handle servers by path (a request takes its
-    one out while it runs), libc's ``syscall`` (``False``: no ``pidfd_getfd`` here), the
-    processes that ``refused`` it and Yama's ``ptrace_scope``; a forked child closes its
-    copies."""
+    """``STATE.connections``: open connections to handle servers by path (taken out while in
+    use), libc's ``syscall`` (``False``: no ``pidfd_getfd`` here), the processes that
+    ``refused`` it and Yama's ``ptrace_scope``; a forked child closes its copies."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()

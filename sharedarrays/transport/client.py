@@ -285,7 +285,6 @@ def queue_notice(
     STATE.notices.queue.put((servers, messages))
 
 
-
 def send_notice(
     server: str, kind: Kind, alloc_id: str, secret: bytes, count: int, reply_to: str
 ) -> None:

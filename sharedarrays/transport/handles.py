@@ -49,8 +49,8 @@ def server_address() -> str:
                 ) from None
             client.start_notifier()  # (now: release hooks may run in a finalizer)
             STATE.memory.takeable.open()  # (with the server: files a process keeps for life)
-        path: str = state.server.path
-        return path
+        return str(state.server.path)
+
 
 
 def shutdown_server() -> None:
