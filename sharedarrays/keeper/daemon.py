@@ -506,7 +506,6 @@ def main() -> int:
     """Run the keeper in this process until it is idle: 0, or 3 where another one runs."""
     idle = idle_seconds()
     limit = env_number("SHAREDARRAYS_KEEPER_CONNECTIONS", MAX_CONNECTIONS, 1)
-
     # a connection per process and a handle per chunk: raise the soft limit of open files
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != hard:

@@ -87,8 +87,8 @@ def close_connections() -> None:
 
 
 def _connect(server: str, gone: str, pid: int | None = None) -> socket.socket:
-    """A connection to this user's handle server ``server``, retried until :data:`TIMEOUT`
-    past a full queue (and a missing socket while ``pid`` runs)."""
+    """A connection to the handle server at ``server`` of this user (a full queue, or a
+    missing socket while ``pid`` runs, retried until :data:`TIMEOUT`)."""
     deadline = time.monotonic() + TIMEOUT
     try:
         while True:
@@ -159,7 +159,7 @@ def _fetch(
     server: str, pid: int, alloc_id: str, secret: bytes, reply_to: str | None, first: int | None
 ) -> tuple[Handles | Growth, list[int]]:
     """One ``FETCH`` (``first`` None) or ``GROW`` request: the reply's body and fds (retried
-    once where a kept connection had been closed by the server)."""
+    once on a kept connection the server had closed)."""
     gone = _GONE.format(alloc_id=alloc_id, pid=pid)
     tail = reply_to if reply_to and len(reply_to.encode()) <= MAX_PATH else ""
     kind = Kind.FETCH if first is None else Kind.GROW
@@ -213,29 +213,33 @@ def _fetch(
             consistent = len(fds) == max(len(body.sizes) - first, 0)
         if not consistent:
             raise PayloadError(_INCONSISTENT)
-        result, fds = fds, []  # (the caller's now: not closed below)
+        result, fds = fds, []
         return body, result
     except SharedArrayError:
         raise
-    except TimeoutError:
-        raise HandleUnavailable(
-            f"the process that shared allocation {alloc_id} (pid {pid}) did not answer (with "
-            f"all its handles) within {TIMEOUT:g} s: it is stopped or overloaded. Try again "
-            "when it runs"
-        ) from None
-    except OSError as e:
-        if e.errno in (errno.ECONNRESET, errno.EPIPE):
-            raise HandleUnavailable(gone) from None
-        raise HandleUnavailable(
-            f"asking the process that shared allocation {alloc_id} (pid {pid}) for its "
-            f"handles failed: {e.strerror or e}. Close some files in this process if it has "
-            "too many open, and try again"
-        ) from None
+    except OSError as e:  # (TimeoutError too)
+        raise _fetch_failed(e, gone, alloc_id, pid) from None
     finally:
         for fd in fds:
             os.close(fd)
         if sock is not None:
             sock.close()
+
+
+def _fetch_failed(e: OSError, gone: str, alloc_id: str, pid: int) -> HandleUnavailable:
+    if isinstance(e, TimeoutError):
+        return HandleUnavailable(
+            f"the process that shared allocation {alloc_id} (pid {pid}) did not answer (with "
+            f"all its handles) within {TIMEOUT:g} s: it is stopped or overloaded. Try again "
+            "when it runs"
+        )
+    if e.errno in (errno.ECONNRESET, errno.EPIPE):
+        return HandleUnavailable(gone)
+    return HandleUnavailable(
+        f"asking the process that shared allocation {alloc_id} (pid {pid}) for its "
+        f"handles failed: {e.strerror or e}. Close some files in this process if it has "
+        "too many open, and try again"
+    )
 
 
 def take_connection(server: str) -> socket.socket | None:

@@ -52,7 +52,6 @@ def server_address() -> str:
         return str(state.server.path)
 
 
-
 def shutdown_server() -> None:
     """Stop this process's handle server (at exit; importers then get HandleUnavailable)."""
     state = STATE.server
