@@ -267,7 +267,7 @@ def _rm(args: argparse.Namespace) -> int:
                 named.unlink(target)
                 continue
             except (NameNotFound, ValueError, TypeError):
-                if not (len(target) >= 4 and all(c in "0123456789abcdef" for c in target)):
+                if not re.fullmatch("[0-9a-f]{4,}", target):  # (not an id's start either)
                     raise
             row = nodemap.find(nodemap.node_map(), target)
             done = nodemap.free(row, (lambda _: True) if args.yes else _ask)
