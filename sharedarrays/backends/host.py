@@ -37,6 +37,7 @@ _libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 _MAP_FAILED = ctypes.c_void_p(-1).value
 _MAP_FIXED = 0x10
 _MAP_NORESERVE = 0x4000
+_PLACEHOLDER = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE  # a reservation: no swap
 _PROT = types.MappingProxyType(
     {"rw": mmap.PROT_READ | mmap.PROT_WRITE, "r": mmap.PROT_READ, "none": 0}
 )
@@ -271,8 +272,7 @@ class HostBackend(DeviceBase):
             os.close(fd)
 
     def reserve(self, size: int) -> int:
-        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE
-        address: int | None = _libc.mmap(None, size, 0, flags, -1, 0)
+        address: int | None = _libc.mmap(None, size, 0, _PLACEHOLDER, -1, 0)
         if address is None or address == _MAP_FAILED:
             err = ctypes.get_errno()
             raise OutOfMemory(
@@ -286,8 +286,7 @@ class HostBackend(DeviceBase):
         _check(_libc.munmap(address, size), "free reservation")
 
     def map(self, address: int, size: int, chunk: Chunk, chunk_offset: int = 0) -> None:
-        flags = mmap.MAP_SHARED | _MAP_FIXED
-        got = _libc.mmap(address, size, 0, flags, chunk.fd, chunk_offset)
+        got = _libc.mmap(address, size, 0, mmap.MAP_SHARED | _MAP_FIXED, chunk.fd, chunk_offset)
         if got is None or got == _MAP_FAILED:
             err = ctypes.get_errno()
             if err == errno.ENOMEM:
@@ -325,8 +324,7 @@ class HostBackend(DeviceBase):
 
     def unmap(self, address: int, size: int) -> None:
         # put the PROT_NONE placeholder back: a hole could be taken by another mmap
-        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE | _MAP_FIXED
-        _check_mmap(_libc.mmap(address, size, 0, flags, -1, 0), "unmap")
+        _check_mmap(_libc.mmap(address, size, 0, _PLACEHOLDER | _MAP_FIXED, -1, 0), "unmap")
 
     def synchronize(self) -> None:  # host memory is accessed synchronously
         pass
