@@ -228,7 +228,7 @@ class DeviceBase:
     peer_access: ClassVar[bool]
     calls: ClassVar[type[VendorCalls]]  # the vendor's table (VMM and pool backends)
     # whether an importer may take the chunks' fds from their exporter (pidfd_getfd: no
-    # request); off where a taken fd's import is not yet tested (CUDA, HIP: on a GPU first)
+    # request); off where a taken fd's import is not yet tested on the device (HIP)
     fds_taken: ClassVar[bool] = False
     device: Device
     _pid: int
