@@ -15,12 +15,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import workers
+from keeper_helpers import takes_refused
 
 import sharedarrays as sa
 from sharedarrays.memory.allocation import Allocation
 from sharedarrays.memory.cache import empty_cache
 from sharedarrays.memory.registry import lookup
 from sharedarrays.process import STATE
+from sharedarrays.protocol.handles import Kind
+from sharedarrays.transport.handles import server_address
 
 METHODS = [m for m in ("fork", "spawn", "forkserver") if m in mp.get_all_start_methods()]
 
@@ -244,6 +247,37 @@ def test_plain_pickle_through_a_file_to_a_fresh_interpreter(tmp_path: Path, devi
     assert out.stdout.strip() == f"{a.device} {want}"
     np.testing.assert_array_equal(a.get()[1:], -1)
     np.testing.assert_array_equal(a.get()[0], [0, 1, 2, 3])
+
+
+@pytest.mark.timeout(120)
+def test_an_array_closed_after_its_taker_answered_stays_from_the_keeper(
+    monkeypatch: pytest.MonkeyPatch, no_cache: None
+) -> None:
+    """A worker that takes the fds says TOOK before it answers, but the exporter may read it
+    after the answer: its handle server reads what it was sent before a hand-over. (Memory
+    kept for reuse waits for its importers' DONE instead: not handed over.)"""
+    if why := takes_refused():
+        pytest.skip(why)
+    a = sa.from_array(np.arange(1000.0), device="cpu", pack=False)
+    server_address()  # (starts the handle server)
+    server = STATE.server.server
+    assert server is not None
+    took = server._handlers[Kind.TOOK]
+    read: list[int] = []
+
+    def read_late(*args: object) -> None:  # (a busy exporter: read a while after)
+        time.sleep(0.5)
+        read.append(1)
+        took(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setitem(server._handlers, Kind.TOOK, read_late)
+    with mp.get_context("spawn").Pool(1) as p:
+        assert p.apply(workers.checksum, (a,)) == np.arange(1000.0).sum()
+    alloc = a.allocation
+    a.close()
+    assert read  # (the worker took the fds)
+    assert not alloc.flight.was_handed_over  # (else the keeper holds it up to 60 s)
+    assert alloc.released and lookup(alloc.id) is None
 
 
 def test_exporter_exits_first_and_the_importer_keeps_working(

@@ -44,6 +44,7 @@ class Kind(enum.Enum):
     ASK = b"SAQ2"  # exporter: say DONE when your last view of this block goes (count of
     # your payloads that came back here, loaded: no longer in flight there)
     TOOK = b"SAT2"  # importer: I took count chunk fds from your fd table (no reply)
+    SETTLE = b"SAY1"  # the process itself: read what was sent to you, then answer (no id)
 
     @property
     def counted(self) -> bool:

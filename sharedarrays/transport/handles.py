@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterable
 
@@ -17,8 +18,10 @@ from sharedarrays.protocol.handles import Kind
 from sharedarrays.protocol.unix import MAX_PATH, runtime_dir, socket_pid
 from sharedarrays.settings import env_number
 from sharedarrays.transport import client
-from sharedarrays.transport.node import handle_servers
+from sharedarrays.transport.node import handle_servers, settle
 from sharedarrays.transport.server import HandleServer
+
+SETTLE_TIMEOUT = 0.5  # seconds a hand-over waits for its own handle server (then it hands over)
 
 
 def server_address() -> str:
@@ -127,7 +130,16 @@ def ask_done_before_exit(pids: Iterable[int]) -> None:
         time.sleep(0.002)
 
 
+def _settle_own_server() -> None:
+    """Have this process's handle server read the notices sent to it so far (not asked from
+    its own thread, which would wait for itself)."""
+    server: HandleServer | None = STATE.server.server
+    if server is not None and threading.current_thread() is not server.thread:
+        settle(server.path, SETTLE_TIMEOUT)
+
+
 STATE.memory.release_hooks.append(_notify_on_release)
+STATE.memory.settle_hooks.append(_settle_own_server)
 STATE.memory.done_hooks.append(_notify_done)
 STATE.memory.ask_hooks.append(_ask_done)
 

@@ -101,6 +101,15 @@ def drop_mapping(pid: int, alloc_id: str, timeout: float = ASK_TIMEOUT) -> Statu
         return None
 
 
+def settle(path: str, timeout: float = ASK_TIMEOUT) -> bool:
+    """Have the handle server at ``path`` read what was sent to it so far (``SETTLE``);
+    whether it answered."""
+    try:
+        return _ask(path, Request(Kind.SETTLE, _NO_ID, _NO_SECRET), timeout)[1].status == 0
+    except (OSError, PermissionDenied, PayloadError, ValueError):
+        return False
+
+
 def _keeper_request(
     request: wire.List | wire.Drop, timeout: float, pids: list[int]
 ) -> tuple[int, dict[str, Any]]:

@@ -68,8 +68,9 @@ class HandleServer:
         self._handlers: dict[Kind, Callable[[socket.socket, Credentials, Request], None]] = {
             kind: getattr(self, f"_{kind.name.lower()}") for kind in Kind
         }
+        self.thread = threading.Thread(target=self._serve, name="sharedarrays-handles", daemon=True)
         try:
-            threading.Thread(target=self._serve, name="sharedarrays-handles", daemon=True).start()
+            self.thread.start()
         except RuntimeError as e:  # no thread can start: no socket is left behind
             self._sock.close()
             with contextlib.suppress(OSError):
@@ -77,7 +78,7 @@ class HandleServer:
             raise thread_error("cannot start the handle server's thread", e) from None
 
     def _serve(self) -> None:
-        sel = selectors.DefaultSelector()
+        sel = self._sel = selectors.DefaultSelector()
         sel.register(self._sock, selectors.EVENT_READ)
         next_housekeeping = time.monotonic() + HOUSEKEEPING
         failing = False  # reported the current run of errors already
@@ -126,27 +127,29 @@ class HandleServer:
         self._sock, self.path = listener, path
         sel.register(listener, selectors.EVENT_READ)
 
-    def _accept(self, sel: selectors.BaseSelector) -> None:
-        """Accept one importer; one that does not read its replies is dropped."""
+    def _accept(self, sel: selectors.BaseSelector) -> bool:
+        """Accept one importer (whether one was waiting); one that does not read its replies
+        is dropped."""
         try:
             conn, _ = self._sock.accept()
         except BlockingIOError:
-            return
+            return False
         except OSError as e:
             if e.errno not in (errno.EMFILE, errno.ENFILE) or not self.conns:
                 raise
             self._hang_up(sel, next(iter(self.conns)))  # no fd left: the longest idle goes
-            return  # and the next round accepts
+            return False  # and the next round accepts
         try:
             conn.setblocking(False)
             peer = peer_credentials(conn)
         except OSError:
             conn.close()
-            return
+            return True
         while len(self.conns) >= MAX_CONNECTIONS:  # the longest idle goes
             self._hang_up(sel, next(iter(self.conns)))
         self.conns[conn] = peer
         sel.register(conn, selectors.EVENT_READ)
+        return True
 
     def _hang_up(self, sel: selectors.BaseSelector, conn: socket.socket) -> None:
         self.conns.pop(conn, None)
@@ -281,6 +284,17 @@ class HandleServer:
                 alloc.done_by_importers(request.count, servers)
 
     _loaded = _done = _took = _notice
+
+    def _settle(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
+        """``SETTLE``: read what every other connection sent before this one, then answer.
+        (This process, about to hand memory with payloads in flight to the keeper: the
+        ``TOOK`` of an importer that took the fds was sent before the importer's answer.)"""
+        while self._accept(self._sel):  # (connections made before this one's come first)
+            pass
+        for other in list(self.conns):
+            if other in self.conns:  # (reads nothing where nothing was sent)
+                self._request(self._sel, other)
+        _reply(conn, Status.OK)
 
     def _snapshot(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
         """``SNAPSHOT``: what this process holds; metadata only, no handle or secret."""
@@ -420,6 +434,7 @@ def _listen(path: str) -> socket.socket:
         sock.bind(new)
         os.chmod(new, 0o600)
         sock.listen(64)
+        sock.setblocking(False)  # (accepted only while one waits: SETTLE accepts them all)
         os.rename(new, path)
     except BaseException:
         sock.close()

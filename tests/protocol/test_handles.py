@@ -44,6 +44,7 @@ def test_the_magics_are_pinned() -> None:
         "DONE": b"SAU2",
         "ASK": b"SAQ2",
         "TOOK": b"SAT2",
+        "SETTLE": b"SAY1",
     }
     assert [int(s) for s in Status] == list(range(6))
     assert [k.name for k in Kind if not k.replied] == ["LOADED", "DONE", "TOOK"]
