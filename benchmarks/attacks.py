@@ -263,7 +263,8 @@ def memfds(pid: int) -> int:
     n = 0
     for fd in os.listdir(f"/proc/{pid}/fd"):
         with contextlib.suppress(OSError):
-            n += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/memfd:sharedarrays")
+            # (a chunk's name: not the pool's queues nor the take table, sharedarrays-*)
+            n += os.readlink(f"/proc/{pid}/fd/{fd}").split(" ")[0] == "/memfd:sharedarrays"
     return n
 
 
@@ -978,7 +979,7 @@ first = int(arr[0])
 chunk_fds = []
 for fd in os.listdir("/proc/self/fd"):
     try:
-        if os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:sharedarrays"):
+        if os.readlink(f"/proc/self/fd/{fd}").split(" ")[0] == "/memfd:sharedarrays":  # (a chunk)
             chunk_fds.append(int(fd))
     except OSError:
         pass  # (listdir's own fd)
@@ -1134,7 +1135,7 @@ def memfds():
     n = 0
     for fd in os.listdir(f"/proc/{kpid}/fd"):
         try:
-            n += os.readlink(f"/proc/{kpid}/fd/{fd}").startswith("/memfd:sharedarrays")
+            n += os.readlink(f"/proc/{kpid}/fd/{fd}").split(" ")[0] == "/memfd:sharedarrays"
         except OSError:
             pass
     return n
