@@ -280,6 +280,31 @@ def test_an_array_closed_after_its_taker_answered_stays_from_the_keeper(
     assert alloc.released and lookup(alloc.id) is None
 
 
+def test_a_handle_server_that_does_not_settle_is_not_waited_for_again(
+    monkeypatch: pytest.MonkeyPatch, no_cache: None
+) -> None:
+    """Hand-overs (an exit with many arrays in flight) wait for one unanswered SETTLE only."""
+    from sharedarrays.transport import handles
+
+    server_address()
+    server = STATE.server.server
+    assert server is not None
+    monkeypatch.setattr(server, "unsettled", False)
+    asked: list[str] = []
+
+    def unanswered(path: str, timeout: float) -> bool:
+        asked.append(path)
+        return False
+
+    monkeypatch.setattr(handles, "settle", unanswered)
+    monkeypatch.setenv("SHAREDARRAYS_IN_FLIGHT", "0.5")  # (what the keeper gets, briefly)
+    for _ in range(3):
+        a = sa.zeros(16, device="cpu", pack=False)
+        pickle.dumps(a)  # (in flight: its release hands it over)
+        a.close()
+    assert asked == [server.path]
+
+
 def test_exporter_exits_first_and_the_importer_keeps_working(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

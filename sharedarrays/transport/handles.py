@@ -132,10 +132,13 @@ def ask_done_before_exit(pids: Iterable[int]) -> None:
 
 def _settle_own_server() -> None:
     """Have this process's handle server read the notices sent to it so far (not asked from
-    its own thread, which would wait for itself)."""
+    its own thread, which would wait for itself; nor again once it did not answer: an exit
+    with many arrays in flight must not wait for it each time)."""
     server: HandleServer | None = STATE.server.server
-    if server is not None and threading.current_thread() is not server.thread:
-        settle(server.path, SETTLE_TIMEOUT)
+    if server is None or server.unsettled or threading.current_thread() is server.thread:
+        return
+    if not settle(server.path, SETTLE_TIMEOUT):
+        server.unsettled = True
 
 
 STATE.memory.release_hooks.append(_notify_on_release)

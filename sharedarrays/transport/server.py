@@ -63,6 +63,7 @@ class HandleServer:
         self._sock = _listen(self.path)
         self._pid = os.getpid()
         self._stopped = False
+        self.unsettled = False  # a SETTLE of this process's was not answered in time
         self.conns: dict[socket.socket, Credentials] = {}
         # each kind's handler is the method named after it (each sends its own reply, if any)
         self._handlers: dict[Kind, Callable[[socket.socket, Credentials, Request], None]] = {
