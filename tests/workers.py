@@ -282,6 +282,13 @@ def made_here(n: int) -> Any:
     return sa.full(n, float(n), device="cpu", pack=False)
 
 
+def small_made_here(n: int) -> Any:
+    """A new array of ``n`` float64 values ``n``, made in this worker's slab (with the rest)."""
+    import sharedarrays as sa
+
+    return sa.full(n, float(n), device="cpu")
+
+
 def made_here_pickled(n: int) -> bytes:
     """:func:`made_here`'s array pickled, and dropped here before the bytes are returned."""
     import pickle

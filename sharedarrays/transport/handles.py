@@ -113,12 +113,19 @@ def ask_done_before_exit(pids: Iterable[int]) -> None:
     """Ask processes ``pids`` (a pool's idle workers about to stop) to say ``DONE`` for the
     blocks made here that they loaded, and wait for it (at most ``DONE_WAIT`` seconds): their
     warm loads are told only when asked, and a process stopped unasked leaves the memory out
-    of reuse until the in-flight bound."""
+    of reuse until the in-flight bound. Their arrays loaded here again (warm: not told) are
+    told now (``LOADED``), and the notices sent before the wait ends: else a worker hands
+    them to the keeper at its exit, for payloads it counts in flight."""
     pids = set(pids)
     with STATE.memory.lock:
-        blocks = [a for a in STATE.memory.registry.values() if a.cacheable()]
+        live = list(STATE.memory.registry.values())
+    blocks = [a for a in live if a.cacheable()]
     # (each worker's server, served or not: one that took the fds may not have said so yet)
     theirs = [path for pid, path in handle_servers() if pid in pids]
+    for alloc in live:
+        for server in theirs if alloc.block is None else ():  # (a block's: told by DONE)
+            if count := min(alloc.flight.take_returned(server), 1 << 31):
+                client.queue_notice([server], Kind.LOADED, alloc.id, alloc.secret, count=count)
     asked = []
     for alloc in blocks:
         servers = sorted({*theirs, *(s for s in alloc.served_servers() if socket_pid(s) in pids)})
@@ -126,7 +133,9 @@ def ask_done_before_exit(pids: Iterable[int]) -> None:
             _ask_done(alloc, servers)
             asked.append(alloc)
     deadline = time.monotonic() + DONE_WAIT
-    while any(a.flight.undone()[0] for a in asked) and time.monotonic() < deadline:
+    while time.monotonic() < deadline and (
+        client.pending_notices() or any(a.flight.undone()[0] for a in asked)
+    ):
         time.sleep(0.002)
 
 

@@ -904,3 +904,21 @@ def test_a_function_the_worker_cannot_find_is_that_jobs_error(tmp_path):
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=200)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split("\n")[:2] == ["bad: TaskNotLoaded True", "ok: [1, 2, 3, 4, 5, 6, 7, 8]"]
+
+
+@pytest.mark.timeout(120)
+def test_an_ended_pool_leaves_its_workers_nothing_to_hand_to_the_keeper(no_cache: None) -> None:
+    """A worker's results loaded here again (warm) are told to it at the pool's end: it
+    counts them in flight, and would hand its memory to the keeper at its exit."""
+    import workers
+
+    from sharedarrays.transport.node import ask_keeper
+
+    pool = sa.Pool(2)
+    pids = [w.pid for w in pool._pool]  # type: ignore[attr-defined]
+    results = pool.map(workers.small_made_here, range(1, 9), chunksize=1)
+    assert [float(r.get()[0]) for r in results] == [float(n) for n in range(1, 9)]
+    pool.close()
+    pool.join()
+    kept = [a for a in ask_keeper().arrays if a.get("creator") in pids]
+    assert kept == []
