@@ -105,7 +105,7 @@ def settle(path: str, timeout: float = ASK_TIMEOUT) -> bool:
     """Have the handle server at ``path`` read what was sent to it so far (``SETTLE``);
     whether it answered."""
     try:
-        return _ask(path, Request(Kind.SETTLE, _NO_ID, _NO_SECRET), timeout)[1].status == 0
+        return _ask(path, Request(Kind.SETTLE, _NO_ID, _NO_SECRET), timeout)[1].status == Status.OK
     except (OSError, PermissionDenied, PayloadError, ValueError):
         return False
 
