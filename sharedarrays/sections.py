@@ -67,7 +67,7 @@ class MemoryState:
         self.inherited: list[object] = []
         self.release_hooks: list[Callable[[Any], None]] = []
         self.hand_over_hooks: list[Callable[[Any, int, float], None]] = []
-        self.settle_hooks: list[Callable[[], None]] = []  # (before a hand-over)
+        self.settle_hooks: list[Callable[[Any], None]] = []  # (before a hand-over)
         self.cache: Any = None  # the ChunkCache (sharedarrays.memory.cache sets it)
         self.takeable: Any = None  # the TakeTable (sharedarrays.memory.takeable sets it)
         self.done_hooks: list[Callable[[Any, int], None]] = []

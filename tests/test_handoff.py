@@ -289,10 +289,10 @@ def test_a_handle_server_that_does_not_settle_is_not_waited_for_again(
     server_address()
     server = STATE.server.server
     assert server is not None
-    monkeypatch.setattr(server, "unsettled", False)
+    monkeypatch.setattr(server, "silent", set())
     asked: list[str] = []
 
-    def unanswered(path: str, timeout: float) -> bool:
+    def unanswered(path: str, timeout: float, asker: str = "") -> bool:
         asked.append(path)
         return False
 

@@ -143,6 +143,7 @@ def test_the_package_hooks_are_in_layer_order() -> None:
     exits = [process._name(h.fn) for h in process.STATE.hooks.exit]
     assert exits == [
         "sharedarrays.transport.keeper._hand_over_at_exit",
+        "sharedarrays.transport.server.tell_loads",
         "sharedarrays.transport.handles._drain_at_exit",
         "sharedarrays.transport.handles.shutdown_server",
         "sharedarrays.transport.client.close_connections",

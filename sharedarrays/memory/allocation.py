@@ -364,11 +364,10 @@ class Allocation(Leasing, Growth):
         if self.pid != os.getpid() or self.growable or not self.backend.maps:
             return None
         count, seconds = self.in_flight()
-        if count and getattr(self.backend, "fds_taken", False):
-            # (an importer that took the fds said TOOK before it answered, and that answer
-            # may be why this runs: the handle server reads what it was sent so far first)
+        if count:  # (those served may have loaded payloads warm, untold; an importer that
+            # took the fds said TOOK before its answer, which may be why this runs)
             for settle in STATE.memory.settle_hooks:
-                settle()
+                settle(self)
             count, seconds = self.in_flight()
         if not count:
             return None

@@ -118,6 +118,11 @@ class InFlight:
         with self._lock:
             return self._returned.get(server, 0)
 
+    def returned_from(self) -> list[str]:
+        """The handle servers whose processes' payloads were loaded here and not told yet."""
+        with self._lock:
+            return list(self._returned)
+
     def take_returned(self, server: str) -> int:
         """:meth:`returned`, counted from zero again (told once: not told twice)."""
         with self._lock:

@@ -45,6 +45,7 @@ class Kind(enum.Enum):
     # your payloads that came back here, loaded: no longer in flight there)
     TOOK = b"SAT2"  # importer: I took count chunk fds from your fd table (no reply)
     SETTLE = b"SAY1"  # the process itself: read what was sent to you, then answer (no id)
+    TELL = b"SAN1"  # exporter: send me LOADED for your warm loads of my payloads, then answer
 
     @property
     def counted(self) -> bool:

@@ -13,13 +13,13 @@ from collections.abc import Iterable
 from sharedarrays.errors import HandleUnavailable
 from sharedarrays.memory import allocation, registry
 from sharedarrays.memory.cache import DONE_WAIT, block_id
-from sharedarrays.process import STATE, at_exit
+from sharedarrays.process import STATE, at_exit, running
 from sharedarrays.protocol.handles import Kind
 from sharedarrays.protocol.unix import MAX_PATH, runtime_dir, socket_pid
 from sharedarrays.settings import env_number
 from sharedarrays.transport import client
 from sharedarrays.transport.node import handle_servers, settle
-from sharedarrays.transport.server import HandleServer
+from sharedarrays.transport.server import HandleServer, tell_loads
 
 SETTLE_TIMEOUT = 0.5  # seconds a hand-over waits for its own handle server (then it hands over)
 
@@ -111,21 +111,18 @@ def _ask_done(alloc: allocation.Allocation, servers: list[str]) -> None:
 
 def ask_done_before_exit(pids: Iterable[int]) -> None:
     """Ask processes ``pids`` (a pool's idle workers about to stop) to say ``DONE`` for the
-    blocks made here that they loaded, and wait for it (at most ``DONE_WAIT`` seconds): their
-    warm loads are told only when asked, and a process stopped unasked leaves the memory out
-    of reuse until the in-flight bound. Their arrays loaded here again (warm: not told) are
-    told now (``LOADED``), and the notices sent before the wait ends: else a worker hands
-    them to the keeper at its exit, for payloads it counts in flight."""
+    blocks made here that they loaded, and wait for it (at most ``DONE_WAIT`` seconds), and to
+    tell their warm loads of this process's other arrays (``TELL``): warm loads are told only
+    when asked, and a process stopped unasked leaves the memory out of reuse, or with the
+    keeper, until the in-flight bound. (Their own arrays: each asks at its exit hand-over.)"""
     pids = set(pids)
     with STATE.memory.lock:
         live = list(STATE.memory.registry.values())
     blocks = [a for a in live if a.cacheable()]
     # (each worker's server, served or not: one that took the fds may not have said so yet)
     theirs = [path for pid, path in handle_servers() if pid in pids]
-    for alloc in live:
-        for server in theirs if alloc.block is None else ():  # (a block's: told by DONE)
-            if count := min(alloc.flight.take_returned(server), 1 << 31):
-                client.queue_notice([server], Kind.LOADED, alloc.id, alloc.secret, count=count)
+    if any(a.in_flight()[0] for a in live):
+        gather_loads(theirs)  # (this process's arrays they loaded warm: told now or never)
     asked = []
     for alloc in blocks:
         servers = sorted({*theirs, *(s for s in alloc.served_servers() if socket_pid(s) in pids)})
@@ -133,25 +130,35 @@ def ask_done_before_exit(pids: Iterable[int]) -> None:
             _ask_done(alloc, servers)
             asked.append(alloc)
     deadline = time.monotonic() + DONE_WAIT
-    while time.monotonic() < deadline and (
-        client.pending_notices() or any(a.flight.undone()[0] for a in asked)
-    ):
+    while time.monotonic() < deadline and any(a.flight.undone()[0] for a in asked):
         time.sleep(0.002)
 
 
-def _settle_own_server() -> None:
-    """Have this process's handle server read the notices sent to it so far (not asked from
-    its own thread, which would wait for itself; nor again once it did not answer: an exit
-    with many arrays in flight must not wait for it each time)."""
+def gather_loads(servers: Iterable[str]) -> None:
+    """Have ``servers`` (processes served this process's memory) tell their warm loads of its
+    payloads, and this process's own server read that and every ``TOOK`` sent to it so far:
+    payloads loaded stop counting in flight. Not asked from the server's own thread (which
+    would wait for itself), nor of a server that once left it unanswered (an exit with many
+    arrays in flight must not wait for it each time); at most :data:`SETTLE_TIMEOUT` each."""
     server: HandleServer | None = STATE.server.server
-    if server is None or server.unsettled or threading.current_thread() is server.thread:
+    if server is None or threading.current_thread() is server.thread:
         return
-    if not settle(server.path, SETTLE_TIMEOUT):
-        server.unsettled = True
+    own = server.path
+    for path in servers:
+        if path in server.silent or path == own or not running(socket_pid(path) or 0):
+            continue
+        if not settle(path, SETTLE_TIMEOUT, asker=own):
+            server.silent.add(path)
+    if own not in server.silent and not settle(own, SETTLE_TIMEOUT):
+        server.silent.add(own)
+
+
+def _gather_served(alloc: allocation.Allocation) -> None:
+    gather_loads(alloc.served_servers())
 
 
 STATE.memory.release_hooks.append(_notify_on_release)
-STATE.memory.settle_hooks.append(_settle_own_server)
+STATE.memory.settle_hooks.append(_gather_served)
 STATE.memory.done_hooks.append(_notify_done)
 STATE.memory.ask_hooks.append(_ask_done)
 
@@ -199,3 +206,4 @@ def _drain_at_exit() -> None:
 
 
 at_exit(_drain_at_exit, "transport", order=1)  # runs before shutdown_server
+at_exit(tell_loads, "transport")  # (before the drain waits: exporters learn what loaded here)

@@ -101,11 +101,13 @@ def drop_mapping(pid: int, alloc_id: str, timeout: float = ASK_TIMEOUT) -> Statu
         return None
 
 
-def settle(path: str, timeout: float = ASK_TIMEOUT) -> bool:
-    """Have the handle server at ``path`` read what was sent to it so far (``SETTLE``);
-    whether it answered."""
+def settle(path: str, timeout: float = ASK_TIMEOUT, asker: str = "") -> bool:
+    """Have the handle server at ``path`` read what was sent to it so far (``SETTLE``), or,
+    with ``asker`` (this process's server), send it ``LOADED`` for the warm loads there of this
+    process's payloads (``TELL``); whether it answered."""
+    request = Request(Kind.TELL if asker else Kind.SETTLE, _NO_ID, _NO_SECRET, reply_to=asker)
     try:
-        return _ask(path, Request(Kind.SETTLE, _NO_ID, _NO_SECRET), timeout)[1].status == Status.OK
+        return _ask(path, request, timeout)[1].status == Status.OK
     except (OSError, PermissionDenied, PayloadError, ValueError):
         return False
 

@@ -63,7 +63,7 @@ class HandleServer:
         self._sock = _listen(self.path)
         self._pid = os.getpid()
         self._stopped = False
-        self.unsettled = False  # a SETTLE of this process's was not answered in time
+        self.silent: set[str] = set()  # servers (this one too) that left SETTLE or TELL unanswered
         self.conns: dict[socket.socket, Credentials] = {}
         # each kind's handler is the method named after it (each sends its own reply, if any)
         self._handlers: dict[Kind, Callable[[socket.socket, Credentials, Request], None]] = {
@@ -297,6 +297,17 @@ class HandleServer:
                 self._request(self._sel, other)
         _reply(conn, Status.OK)
 
+    def _tell(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
+        """``TELL``: send the asker (its server ``reply_to``) ``LOADED`` for the warm loads here
+        of its payloads, then answer (it is about to hand memory with payloads in flight to
+        the keeper, or its pool's workers are about to stop)."""
+        asker = request.reply_to
+        if socket_pid(asker) != peer.pid:
+            _reply(conn, Status.BAD_REQUEST)
+            return
+        tell_loads(asker)
+        _reply(conn, Status.OK)
+
     def _snapshot(self, conn: socket.socket, peer: Credentials, request: Request) -> None:
         """``SNAPSHOT``: what this process holds; metadata only, no handle or secret."""
         _reply(conn, Status.OK, snapshot().encode())
@@ -386,6 +397,16 @@ def _record_served(alloc: allocation.Allocation, pid: int, reply_to: str, chunks
     if server and alloc.block is not None and alloc.released:
         for hook in STATE.memory.ask_hooks:  # (it waits to reuse the memory)
             hook(alloc, [server])
+
+
+def tell_loads(asker: str | None = None) -> None:
+    """Send ``LOADED`` now for the warm loads here of other processes' payloads (only of the
+    process of server ``asker``, if given): each counts them in flight until told, and hands
+    its memory to the keeper at its release or exit for those."""
+    for alloc in registry.live_allocations():
+        for server in [asker] if asker else alloc.flight.returned_from():
+            if count := min(alloc.flight.take_returned(server), 1 << 31):
+                client.send_notice(server, Kind.LOADED, alloc.id, alloc.secret, count, "")
 
 
 def _reply(conn: socket.socket, status: Status, body: bytes = b"") -> None:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -922,3 +923,67 @@ def test_an_ended_pool_leaves_its_workers_nothing_to_hand_to_the_keeper(no_cache
     pool.join()
     kept = [a for a in ask_keeper().arrays if a.get("creator") in pids]
     assert kept == []
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("end", ["pool first", "array first", "stdlib pool first"])
+def test_an_array_loaded_warm_by_workers_is_not_handed_to_the_keeper(
+    no_cache: None, end: str
+) -> None:
+    """This process's array, loaded again (warm: not told) by the workers for each task, is
+    asked of them before a release hands memory to the keeper, and told by them as they exit
+    (a standard library pool closed): nothing is left in flight."""
+    import multiprocessing
+
+    import workers
+
+    from sharedarrays.transport.node import ask_keeper
+
+    x = sa.from_array(np.arange(1 << 20, dtype=np.float64), device="cpu")  # (no slab's)
+    alloc_id = x.allocation.id
+    stdlib = end == "stdlib pool first"
+    pool = multiprocessing.get_context("spawn").Pool(2) if stdlib else sa.Pool(2)
+    try:
+        assert pool.map(workers.checksum, [x] * 8, chunksize=1) == [float(x.sum())] * 8
+        if end != "array first":
+            pool.close()
+            pool.join()
+        del x
+        kept = [a for a in ask_keeper().arrays if a.get("id") == alloc_id]
+        assert kept == []
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+_EXIT_AFTER_A_POOL = """
+import os, sys
+import numpy as np
+import sharedarrays as sa
+import workers
+
+if __name__ == "__main__":
+    x = sa.from_array(np.arange(1 << 20, dtype=np.float64), device="cpu")
+    with sa.Pool(2) as pool:
+        assert pool.map(workers.checksum, [x] * 8, chunksize=1) == [float(x.sum())] * 8
+    print(x.allocation.id)
+"""
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("cache", ["0", str(1 << 30)])
+def test_an_exit_after_a_pool_hands_the_keeper_nothing(tmp_path: Path, cache: str) -> None:
+    """A script that passed its array to a pool's workers (each loaded it warm after the
+    first time) and exits with the array open: the pool's end asked the workers, nothing is
+    in flight, and the keeper gets nothing (memory kept for reuse, or not)."""
+    from sharedarrays.transport.node import ask_keeper
+
+    script = tmp_path / "exit_after_a_pool.py"
+    script.write_text(_EXIT_AFTER_A_POOL)
+    env = {**os.environ, "SHAREDARRAYS_CACHE_BYTES": cache}
+    r = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=200, env=env
+    )
+    assert r.returncode == 0, r.stderr
+    alloc_id = r.stdout.split()[-1]
+    assert [a for a in ask_keeper().arrays if a.get("id") == alloc_id] == []

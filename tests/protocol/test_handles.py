@@ -45,6 +45,7 @@ def test_the_magics_are_pinned() -> None:
         "ASK": b"SAQ2",
         "TOOK": b"SAT2",
         "SETTLE": b"SAY1",
+        "TELL": b"SAN1",
     }
     assert [int(s) for s in Status] == list(range(6))
     assert [k.name for k in Kind if not k.replied] == ["LOADED", "DONE", "TOOK"]

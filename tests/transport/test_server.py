@@ -203,6 +203,35 @@ def test_took_is_recorded_as_served_or_answered_released_when_too_late(
     a.close()
 
 
+def test_tell_sends_the_askers_warm_loads_once(tmp_path: os.PathLike[str]) -> None:
+    """TELL (an exporter about to hand memory to the keeper) gets ``LOADED`` for the loads
+    here of its payloads that were not told, before the answer; only for its own server."""
+    a = sa.empty(1 << 16, "uint8", device="cpu", pack=False)
+    alloc = a.allocation
+    path = os.path.join(tmp_path, f"{os.getpid()}-0123abcd.sock")  # (the asker: this pid)
+    for _ in range(3):
+        alloc.flight.note_returned(path)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as asker:
+        asker.bind(path)
+        asker.listen()
+        asker.settimeout(10)
+        server = transport.server_address()
+        other = os.path.join(tmp_path, f"{os.getpid() + 1}-0123abcd.sock")
+        for reply_to, status in ((other, Status.BAD_REQUEST), (path, Status.OK)):
+            request = Request(Kind.TELL, "0" * 32, bytes(32), reply_to=reply_to)
+            assert _ask(server, request.encode()).status == status
+        conn, _ = asker.accept()
+        with conn:
+            conn.settimeout(10)
+            told = Request.decode(conn.recv(1 << 10))
+            assert (told.kind, told.alloc_id, told.count) == (Kind.LOADED, alloc.id, 3)
+            assert _ask(server, request.encode()).status == Status.OK  # (told once)
+            conn.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                conn.recv(1 << 10)
+    a.close()
+
+
 @pytest.mark.timeout(60)
 def test_a_notice_sent_while_loading_never_waits_for_a_stopped_server(
     tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
