@@ -402,8 +402,11 @@ def _record_served(alloc: allocation.Allocation, pid: int, reply_to: str, chunks
 def tell_loads(asker: str | None = None) -> None:
     """Send ``LOADED`` now for the warm loads here of other processes' payloads (only of the
     process of server ``asker``, if given): each counts them in flight until told, and hands
-    its memory to the keeper at its release or exit for those."""
+    its memory to the keeper at its release or exit for those. (Exporter-owned memory's
+    warm loads were told as they came: :func:`client.report_load`.)"""
     for alloc in registry.live_allocations():
+        if alloc.backend.exporter_owned:
+            continue
         for server in [asker] if asker else alloc.flight.returned_from():
             if count := min(alloc.flight.take_returned(server), 1 << 31):
                 client.send_notice(server, Kind.LOADED, alloc.id, alloc.secret, count, "")
