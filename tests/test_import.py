@@ -34,6 +34,8 @@ NOT_AT_IMPORT = (
     "ipywidgets",
     "cupy",
     "torch",
+    "concurrent.futures",  # (it loads logging: some 10 ms; the node map's asking needs it)
+    "logging",
 )
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +83,8 @@ def ask_all(timeout: float = ASK_TIMEOUT) -> list[Answer]:
     servers = [(pid, path) for pid, path in handle_servers() if pid != os.getpid()]
     if len(servers) <= 1:
         return [ask(pid, path, timeout) for pid, path in servers]
+    from concurrent.futures import ThreadPoolExecutor  # (not at import: it loads logging)
+
     workers = min(ASK_AT_ONCE, len(servers))
     with ThreadPoolExecutor(workers, thread_name_prefix="sharedarrays-ask") as pool:
         return list(pool.map(lambda server: ask(server[0], server[1], timeout), servers))
