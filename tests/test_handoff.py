@@ -292,9 +292,9 @@ def test_a_handle_server_that_does_not_settle_is_not_waited_for_again(
     monkeypatch.setattr(server, "silent", set())
     asked: list[str] = []
 
-    def unanswered(path: str, timeout: float, asker: str = "") -> bool:
-        asked.append(path)
-        return False
+    def unanswered(paths: list[str], timeout: float, asker: str = "") -> list[str]:
+        asked.extend(paths)
+        return paths
 
     monkeypatch.setattr(handles, "settle", unanswered)
     monkeypatch.setenv("SHAREDARRAYS_IN_FLIGHT", "0.5")  # (what the keeper gets, briefly)
@@ -303,6 +303,39 @@ def test_a_handle_server_that_does_not_settle_is_not_waited_for_again(
         pickle.dumps(a)  # (in flight: its release hands it over)
         a.close()
     assert asked == [server.path]
+
+
+@pytest.mark.timeout(60)
+def test_stopped_importers_delay_a_hand_over_by_the_settle_bound_in_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four served processes that do not answer TELL (stopped: they never accept) cost a
+    hand-over one SETTLE_TIMEOUT in all, not one each, and are not asked again."""
+    import socket
+
+    from sharedarrays.transport import handles
+
+    server_address()
+    server = STATE.server.server
+    assert server is not None
+    monkeypatch.setattr(server, "silent", set())
+    stopped = []
+    for i in range(4):  # (listening, never accepting: as a SIGSTOPped process's server)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        sock.bind(str(tmp_path / f"{os.getpid()}-0000000{i}.sock"))
+        sock.listen()
+        stopped.append(sock)
+    paths = [s.getsockname() for s in stopped]
+    began = time.monotonic()
+    handles.gather_loads(paths)
+    took = time.monotonic() - began
+    assert server.silent == set(paths)
+    assert took < 3 * handles.SETTLE_TIMEOUT  # (one each would be at least 4)
+    began = time.monotonic()
+    handles.gather_loads(paths)
+    assert time.monotonic() - began < handles.SETTLE_TIMEOUT  # (not asked again)
+    for sock in stopped:
+        sock.close()
 
 
 def test_exporter_exits_first_and_the_importer_keeps_working(

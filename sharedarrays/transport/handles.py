@@ -139,18 +139,16 @@ def gather_loads(servers: Iterable[str]) -> None:
     payloads, and this process's own server read that and every ``TOOK`` sent to it so far:
     payloads loaded stop counting in flight. Not asked from the server's own thread (which
     would wait for itself), nor of a server that once left it unanswered (an exit with many
-    arrays in flight must not wait for it each time); at most :data:`SETTLE_TIMEOUT` each."""
+    arrays in flight must not wait for it each time); :data:`SETTLE_TIMEOUT` for the others
+    (asked at once), and as long for this process's own."""
     server: HandleServer | None = STATE.server.server
     if server is None or threading.current_thread() is server.thread:
         return
-    own = server.path
-    for path in servers:
-        if path in server.silent or path == own or not running(socket_pid(path) or 0):
-            continue
-        if not settle(path, SETTLE_TIMEOUT, asker=own):
-            server.silent.add(path)
-    if own not in server.silent and not settle(own, SETTLE_TIMEOUT):
-        server.silent.add(own)
+    own, silent = server.path, server.silent
+    asked = [p for p in servers if p not in silent and p != own and running(socket_pid(p) or 0)]
+    silent.update(settle(asked, SETTLE_TIMEOUT, asker=own))  # (all at once)
+    if own not in silent:
+        silent.update(settle([own], SETTLE_TIMEOUT))
 
 
 def _gather_served(alloc: allocation.Allocation) -> None:

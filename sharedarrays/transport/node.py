@@ -5,6 +5,7 @@ never waited for. Nothing here maps memory or sees a secret."""
 from __future__ import annotations
 
 import os
+import select
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -102,15 +103,45 @@ def drop_mapping(pid: int, alloc_id: str, timeout: float = ASK_TIMEOUT) -> Statu
         return None
 
 
-def settle(path: str, timeout: float = ASK_TIMEOUT, asker: str = "") -> bool:
-    """Have the handle server at ``path`` read what was sent to it so far (``SETTLE``), or,
-    with ``asker`` (this process's server), send it ``LOADED`` for the warm loads there of this
-    process's payloads (``TELL``); whether it answered."""
+def settle(paths: list[str], timeout: float = ASK_TIMEOUT, asker: str = "") -> list[str]:
+    """Have the handle servers at ``paths`` read what was sent to them so far (``SETTLE``),
+    or, with ``asker`` (this process's server), send it ``LOADED`` for the warm loads there of
+    this process's payloads (``TELL``); all asked at once, the paths that did not answer in
+    ``timeout`` seconds (a stopped process) returned."""
     request = Request(Kind.TELL if asker else Kind.SETTLE, _NO_ID, _NO_SECRET, reply_to=asker)
-    try:
-        return _ask(path, request, timeout)[1].status == Status.OK
-    except (OSError, PermissionDenied, PayloadError, ValueError):
-        return False
+    deadline = time.monotonic() + timeout
+    silent, waiting = [], {}
+    for path in paths:
+        try:
+            sock = connect_unix(path, deadline, timeout)
+        except OSError:
+            silent.append(path)
+            continue
+        try:
+            check_same_user(sock, path)
+            sock.send(request.encode())
+            waiting[sock.fileno()] = (path, sock)
+        except (OSError, PermissionDenied):
+            sock.close()
+            silent.append(path)
+    poller = select.poll()
+    for fd in waiting:
+        poller.register(fd, select.POLLIN)
+    while waiting and (left := deadline - time.monotonic()) > 0:
+        for fd, _ in poller.poll(left * 1000):
+            poller.unregister(fd)
+            path, sock = waiting.pop(fd)
+            with sock:
+                try:
+                    if Reply.decode(sock.recv(REPLY_SIZE)).status == Status.OK:
+                        continue
+                except (OSError, PayloadError):
+                    pass
+            silent.append(path)
+    for path, sock in waiting.values():
+        sock.close()
+        silent.append(path)
+    return silent
 
 
 def _keeper_request(
