@@ -229,7 +229,12 @@ class Overhead(RunBase):
 
         allocation_bytes = handoff_part("allocation_bytes")
 
-        steps: dict[str, list[float]] = {"fetch": [], "map": [], "driver": []}
+        steps: dict[str, list[float]] = {
+            "fetch": [],
+            "map": [],
+            "driver": [],
+            "driver_teardown": [],
+        }
         try:
             for _ in range(BOUND_REPEATS):
                 a = sa.empty(size // 4, "float32", device=self.cfg.device)
@@ -247,7 +252,8 @@ class Overhead(RunBase):
         out["repeats"] = BOUND_REPEATS
         out["bound_ms"] = out["fetch_ms"] + out["map_ms"]
         driver = (
-            f"; the driver's own import + map + access of the same chunks {out['driver_ms']:.3f} ms"
+            f"; the driver's own import + map + access of the same chunks {out['driver_ms']:.3f} "
+            f"ms, and {out['driver_teardown_ms']:.3f} ms to undo them"
             if "driver_ms" in out
             else ""
         )
