@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import multiprocessing
 import multiprocessing.reduction
 import pickle
@@ -160,10 +161,12 @@ class Parts(RunBase):
         torch.multiprocessing (CUDA) through the standard Pool, alternated in balanced rounds
         (both orders)."""
         families = ["sharedarrays", "sharedarrays, std Pool"]
-        if self.cfg.is_cuda and self.peers.why_not("torch") is None:
+        # (on the host, torch's CPU tensors: torch.multiprocessing shares them in shm files)
+        why_not = self.peers.why_not("torch") if self.cfg.is_cuda else _no_torch()
+        if why_not is None:
             families.append("torch")
         else:
-            self.skip("results torch", self.peers.why_not("torch") or "no CUDA device")
+            self.skip("results torch", why_not)
         tasks = {name: task_result for name in families} | {"torch": task_result_torch}
         n = RESULTS_TASKS
         out: dict[str, Any] = {"tasks": n, "workers": RESULTS_WORKERS, "sizes": {}}
@@ -383,3 +386,12 @@ def _log_many(out: dict[str, Any]) -> None:
 def _sum(a: Any) -> float:
     """The sum of a shared array where its memory is (CuPy on a GPU, NumPy on the host)."""
     return float(a.array.sum())
+
+
+def _no_torch() -> str | None:
+    """Why torch (CPU) cannot be the results part's peer on the host, or None."""
+    try:
+        importlib.import_module("torch.multiprocessing")  # (registers its reductions)
+    except ImportError as e:
+        return f"torch is not installed: {e}"
+    return None

@@ -162,11 +162,12 @@ def task_result(spec: tuple[int, float]) -> Any:
 
 
 def task_result_torch(spec: tuple[int, float]) -> Any:
-    """The ``results`` part (torch.multiprocessing): a new CUDA tensor, returned."""
+    """The ``results`` part (torch.multiprocessing): a new tensor (CUDA, else CPU), returned."""
     import torch
+    import torch.multiprocessing  # (its reductions: a CPU tensor goes by an shm file)
 
     nbytes, value = spec
-    device = f"cuda:{_worker_state['index']}"
+    device = f"cuda:{_worker_state['index']}" if _worker_state.get("cuda") else "cpu"
     return torch.full((nbytes // 4,), value, dtype=torch.float32, device=device)
 
 
