@@ -21,7 +21,7 @@ from sharedarrays.transport import client
 from sharedarrays.transport.node import handle_servers, settle
 from sharedarrays.transport.server import HandleServer, tell_loads
 
-SETTLE_TIMEOUT = 0.5  # seconds a hand-over waits for its own handle server (then it hands over)
+SETTLE_TIMEOUT = 0.5  # seconds a hand-over waits for those served, then its own server
 
 
 def server_address() -> str:
