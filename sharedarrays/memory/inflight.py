@@ -89,9 +89,10 @@ class InFlight:
 
     def note_block_renamed(self) -> None:
         """(An importer of a block) its exporter reused the memory under a new id: every
-        load of the old one was reported."""
+        load of the old one was reported, and none of them is the new one's to tell."""
         with self._lock:
             self._loads = 0
+            self._returned.clear()
 
     def note_block_lease(self) -> None:
         """(An importer of a block) a load's first view took a lease: one more to report."""

@@ -281,8 +281,9 @@ def queue_notice(
     reply_to: str = "",
 ) -> None:
     """Queue a notice for each of ``servers`` (with ``alloc``: the count of its payloads each
-    returned, else ``count``) and start the notifier if it does not run; never blocks."""
-    counts = [min(alloc.flight.returned(path), 1 << 31) if alloc else count for path in servers]
+    returned, taken: told once, by this notice or a ``TELL``; else ``count``) and start the
+    notifier if it does not run; never blocks."""
+    counts = [min(alloc.flight.take_returned(p), 1 << 31) if alloc else count for p in servers]
     messages = [Request(kind, alloc_id, secret, n, reply_to).encode() for n in counts]
     start_notifier()
     STATE.notices.in_flight.append(None)

@@ -112,8 +112,8 @@ def settle(paths: list[str], timeout: float = ASK_TIMEOUT, asker: str = "") -> l
     deadline = time.monotonic() + timeout
     silent, waiting = [], {}
     for path in paths:
-        try:
-            sock = connect_unix(path, deadline, timeout)
+        try:  # (a full accept queue, a stopped process's: silent at once, not waited for)
+            sock = connect_unix(path, 0.0, timeout)
         except OSError:
             silent.append(path)
             continue

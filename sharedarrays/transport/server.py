@@ -403,9 +403,11 @@ def tell_loads(asker: str | None = None) -> None:
     """Send ``LOADED`` now for the warm loads here of other processes' payloads (only of the
     process of server ``asker``, if given): each counts them in flight until told, and hands
     its memory to the keeper at its release or exit for those. (Exporter-owned memory's
-    warm loads were told as they came: :func:`client.report_load`.)"""
+    warm loads were told as they came: :func:`client.report_load`; a forked child's CUDA or
+    growable allocations, which it did not adopt, are the parent's to tell.)"""
+    pid = os.getpid()
     for alloc in registry.live_allocations():
-        if alloc.backend.exporter_owned:
+        if alloc.backend.exporter_owned or alloc.pid != pid:
             continue
         for server in [asker] if asker else alloc.flight.returned_from():
             if count := min(alloc.flight.take_returned(server), 1 << 31):

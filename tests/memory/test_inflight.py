@@ -72,3 +72,13 @@ def test_a_payload_loaded_back_by_its_exporter_leaves_the_next_one_in_flight() -
     assert a.allocation.in_flight()[0] == 0
     pickle.dumps(a)
     assert a.allocation.in_flight()[0] == 1
+
+
+def test_a_renamed_block_keeps_no_warm_loads_of_its_old_array() -> None:
+    """An importer's block reused by its exporter under a new id: the old array's warm loads,
+    told under the new id, would count the new array's payloads in flight as loaded."""
+    f = InFlight()
+    f.note_returned("/srv/a")
+    f.note_returned("/srv/a")
+    f.note_block_renamed()
+    assert f.returned_from() == [] and f.take_returned("/srv/a") == 0

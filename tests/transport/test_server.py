@@ -232,6 +232,57 @@ def test_tell_sends_the_askers_warm_loads_once(tmp_path: os.PathLike[str]) -> No
     a.close()
 
 
+def test_tell_loads_leaves_what_a_forked_child_did_not_adopt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A forked child keeps its parent's record of a CUDA or growable allocation (not adopted:
+    still the parent's pid); its warm loads are the parent's to tell, not the child's too."""
+    a = sa.empty(1 << 16, "uint8", device="cpu", pack=False)
+    alloc = a.allocation
+    alloc.flight.note_returned("/srv/exporter")
+    sent: list[tuple[str, str, int]] = []
+    monkeypatch.setattr(
+        client, "send_notice", lambda path, kind, i, s, n, r: sent.append((path, i, n))
+    )
+    monkeypatch.setattr(alloc, "pid", os.getpid() + 1)  # (inherited, not adopted)
+    handle_server.tell_loads()
+    assert sent == [] and alloc.flight.returned("/srv/exporter") == 1
+    monkeypatch.undo()
+    monkeypatch.setattr(
+        client, "send_notice", lambda path, kind, i, s, n, r: sent.append((path, i, n))
+    )
+    handle_server.tell_loads()
+    assert sent == [("/srv/exporter", alloc.id, 1)]
+    a.close()
+
+
+@pytest.mark.timeout(60)
+def test_settle_gives_up_on_a_full_accept_queue_at_once(tmp_path: os.PathLike[str]) -> None:
+    """A server whose accept queue is full (a stopped process's) is silent at once: the
+    others asked with it still get the whole bound to answer."""
+    from sharedarrays.transport import node
+
+    full = os.path.join(tmp_path, f"{os.getpid()}-0000000f.sock")
+    queued = []
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as stopped:
+        stopped.bind(full)
+        stopped.listen(0)
+        while True:  # (fill its queue)
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            s.setblocking(False)
+            queued.append(s)
+            try:
+                s.connect(full)
+            except BlockingIOError:
+                break
+        own = transport.server_address()
+        try:
+            assert node.settle([full, own], 2.0) == [full]
+        finally:
+            for s in queued:
+                s.close()
+
+
 @pytest.mark.timeout(60)
 def test_a_notice_sent_while_loading_never_waits_for_a_stopped_server(
     tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
