@@ -113,15 +113,14 @@ def settle(paths: list[str], timeout: float = ASK_TIMEOUT, asker: str = "") -> l
     silent, waiting = [], {}
     for path in paths:
         try:  # (a full accept queue, a stopped process's: silent at once, not waited for)
-            sock = connect_unix(path, 0.0, timeout)
-        except OSError:
+            sock = connect_unix(path, 0.0, timeout, f"the handle server {path}")
+        except (OSError, PermissionDenied):
             silent.append(path)
             continue
         try:
-            check_same_user(sock, path)
             sock.send(request.encode())
             waiting[sock.fileno()] = (path, sock)
-        except (OSError, PermissionDenied):
+        except OSError:
             sock.close()
             silent.append(path)
     poller = select.poll()

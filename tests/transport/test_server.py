@@ -244,14 +244,13 @@ def test_tell_loads_leaves_what_a_forked_child_did_not_adopt(
     monkeypatch.setattr(
         client, "send_notice", lambda path, kind, i, s, n, r: sent.append((path, i, n))
     )
-    monkeypatch.setattr(alloc, "pid", os.getpid() + 1)  # (inherited, not adopted)
-    handle_server.tell_loads()
+    pid, alloc.pid = alloc.pid, os.getpid() + 1  # (inherited, not adopted)
+    try:
+        handle_server.tell_loads()
+    finally:
+        alloc.pid = pid
     assert sent == [] and alloc.flight.returned("/srv/exporter") == 1
-    monkeypatch.undo()
-    monkeypatch.setattr(
-        client, "send_notice", lambda path, kind, i, s, n, r: sent.append((path, i, n))
-    )
-    handle_server.tell_loads()
+    handle_server.tell_loads()  # (its own: told)
     assert sent == [("/srv/exporter", alloc.id, 1)]
     a.close()
 
